@@ -1,0 +1,18 @@
+// One function per subcommand: it declares the options and sets the callback that calls the
+// engine. Parsing and printing only; no maths here.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace ptool::cli {
+
+// Options every command shares (DESIGN §1).
+struct Common {
+    std::string device = "cpu";
+    std::string dtype;
+    int verbosity = 0;  // -v +1, -q -1
+};
+
+void add_run_command(CLI::App& app, Common& common);
+
+}  // namespace ptool::cli

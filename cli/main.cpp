@@ -1,0 +1,43 @@
+// ptool: plans and verifies parallel training.
+//   ptool --help; ptool run models/mlp.yaml --steps 2
+// Exit codes: 0 agrees, 1 mismatch, 2 bad input, 3 runtime failure (DESIGN §1).
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+    auto logger = spdlog::stderr_color_mt("ptool");
+    spdlog::set_default_logger(logger);
+    spdlog::set_pattern("%^%l%$: %v");
+
+    CLI::App app{"ptool: plan and verify parallel training (data, tensor, 2-D) against a single-device reference"};
+    app.set_version_flag("--version", std::string("ptool ") + PTOOL_VERSION);
+    app.require_subcommand(1);
+    ptool::cli::Common common;
+    app.add_flag_function("-v,--verbose", [&](int64_t n) { common.verbosity += static_cast<int>(n); },
+                          "more output (repeatable)");
+    app.add_flag_function("-q,--quiet", [&](int64_t n) { common.verbosity -= static_cast<int>(n); },
+                          "less output");
+    ptool::cli::add_run_command(app, common);
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        int code = app.exit(e);
+        return code == 0 ? 0 : 2;
+    } catch (const ptool::InputError& e) {
+        spdlog::error("{}", e.what());
+        return 2;
+    } catch (const ptool::RuntimeError& e) {
+        spdlog::error("{}", e.what());
+        return 3;
+    } catch (const std::exception& e) {
+        spdlog::critical("{}", e.what());
+        return 3;
+    }
+    return 0;
+}

@@ -1,0 +1,84 @@
+// Backend: the handful of compute operations the modules call, one implementation per device.
+//
+// CPU (backend/cpu, OpenBLAS + loops) is the oracle; the CUDA backend (backend/cuda) implements
+// the same interface and is tested against it op by op. Shapes are in the comments:
+// every op takes contiguous tensors. "acc" = accumulate into the output (+=) instead of writing.
+#pragma once
+
+#include <string>
+
+#include "core/tensor.h"
+
+namespace ptool {
+
+enum class Activation { relu, gelu, gelu_tanh, silu, tanh };
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual Device device() const = 0;
+    virtual std::string name() const = 0;  // "cpu (OpenBLAS 0.3.21)"
+
+    // c = alpha * op(a) @ op(b) + beta * c. a: [batch.., M, K] (or [.., K, M] if trans_a),
+    // b: [batch.., K, N] (or [.., N, K] if trans_b) or 2-D (shared by every batch), c: [batch.., M, N].
+    virtual void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                      double alpha = 1.0, double beta = 0.0) = 0;
+
+    // Elementwise. out may alias an input.
+    virtual void activation(Activation act, const Tensor& x, Tensor& y) = 0;
+    virtual void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+    virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+    virtual void mul(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+    virtual void axpy(double alpha, const Tensor& x, Tensor& y) = 0;  // y += alpha * x
+    virtual void scale(const Tensor& x, double s, Tensor& out) = 0;
+    virtual void fill(Tensor& t, double value) = 0;
+    virtual void copy(const Tensor& src, Tensor& dst) = 0;  // converts dtype
+
+    // y: [rows, n] += bias: [n];  db: [n] (+)= sum over rows of dy: [rows, n]
+    virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
+    virtual void sum_rows(const Tensor& dy, Tensor& db, bool acc) = 0;
+    virtual double sum_all(const Tensor& x) = 0;  // accumulated in double
+
+    // Norms over the last dim (layer_norm, rms_norm) or over rows per channel (batch_norm, x: [N, C]).
+    // weight/bias may be undefined tensors (elementwise_affine=False). mean/rstd: [rows] or [C], float32.
+    virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool rms,
+                            Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+    virtual void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
+                                     const Tensor& rstd, const Tensor& dy, bool rms, Tensor& dx,
+                                     Tensor* dw, Tensor* db) = 0;  // dw, db accumulate
+    // Per-channel moments of x: [N, C] -> mean [C], biased var [C] (float32 for 16-bit inputs).
+    virtual void channel_moments(const Tensor& x, Tensor& mean, Tensor& var) = 0;
+    virtual void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                  const Tensor& w, const Tensor& b, Tensor& y) = 0;
+    // Per-channel sum(dy) and sum(dy * xhat): [C] each, what the backward needs (and sync BN reduces).
+    virtual void batch_norm_grad_sums(const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                      const Tensor& dy, Tensor& sum_dy, Tensor& sum_dy_xhat) = 0;
+    // dx = w*rstd*(dy - sum_dy/count - xhat*sum_dy_xhat/count)
+    virtual void batch_norm_backward_input(const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                           const Tensor& w, const Tensor& dy, const Tensor& sum_dy,
+                                           const Tensor& sum_dy_xhat, double count, Tensor& dx) = 0;
+
+    // ids: [...] int64/int32, w: [V, D], y: [..., D]; backward accumulates into dw.
+    virtual void embedding(const Tensor& ids, const Tensor& w, Tensor& y) = 0;
+    virtual void embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dw) = 0;
+
+    // Attention helpers. x: [A, B, C, D] -> y: [A, C, B, D].
+    virtual void transpose12(const Tensor& x, Tensor& y) = 0;
+    // Row softmax over the last dim of x: [.., T, S]; causal masks s > t (+ S - T offset).
+    virtual void softmax(const Tensor& x, bool causal, Tensor& y) = 0;
+    virtual void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+
+    // Losses return the loss and write d(loss)/d(input) (upstream gradient 1).
+    virtual double cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) = 0;
+    virtual double mse(const Tensor& out, const Tensor& target, Tensor& dout) = 0;
+
+    // Optimizer steps, torch.optim's update order. Buffers are in the parameter's dtype.
+    virtual void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buf, double lr, double momentum,
+                          double weight_decay, bool first_step) = 0;
+    virtual void adamw_step(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq, int64_t step,
+                            double lr, double beta1, double beta2, double eps, double weight_decay) = 0;
+};
+
+Backend& backend_for(Device device);
+
+}  // namespace ptool

@@ -1,0 +1,147 @@
+// Embedding, attention helpers (head transpose, row softmax) and losses on the CPU.
+#include <cmath>
+#include <limits>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace ptool {
+
+int64_t id_at(const Tensor& ids, int64_t i) {
+    if (ids.dtype() == DType::int64) return ids.data<int64_t>()[i];
+    PTOOL_REQUIRE(ids.dtype() == DType::int32, "ids must be int64 or int32, got {}", dtype_name(ids.dtype()));
+    return ids.data<int32_t>()[i];
+}
+
+void CpuBackend::embedding(const Tensor& ids, const Tensor& w, Tensor& y) {
+    const int64_t vocab = w.size(0), d = w.size(1), n = ids.numel();
+    size_t row = static_cast<size_t>(d) * dtype_size(w.dtype());
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = id_at(ids, i);
+        if (id < 0 || id >= vocab)
+            throw InputError(fmt::format("token id {} at position {} is out of range for an embedding of {} rows",
+                                         id, i, vocab));
+        std::memcpy(static_cast<char*>(y.raw()) + i * row, static_cast<const char*>(w.raw()) + id * row, row);
+    }
+}
+
+void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dw) {
+    const int64_t d = dw.size(1), n = ids.numel();
+    dispatch_float(dw.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        const T* pdy = dy.data<T>();
+        T* pdw = dw.data<T>();
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t id = id_at(ids, i);
+            for (int64_t j = 0; j < d; ++j) pdw[id * d + j] = T(A(pdw[id * d + j]) + A(pdy[i * d + j]));
+        }
+    });
+}
+
+void CpuBackend::transpose12(const Tensor& x, Tensor& y) {
+    PTOOL_REQUIRE(x.dim() == 4, "transpose12 expects 4-D, got {}", shape_str(x.shape()));
+    const int64_t a = x.size(0), b = x.size(1), c = x.size(2), d = x.size(3);
+    PTOOL_REQUIRE(y.shape() == (Shape{a, c, b, d}), "transpose12: y {} for x {}", shape_str(y.shape()),
+                  shape_str(x.shape()));
+    const size_t row = static_cast<size_t>(d) * dtype_size(x.dtype());
+    const char* px = static_cast<const char*>(x.raw());
+    char* py = static_cast<char*>(y.raw());
+    for (int64_t i = 0; i < a; ++i)
+        for (int64_t j = 0; j < b; ++j)
+            for (int64_t k = 0; k < c; ++k)
+                std::memcpy(py + ((i * c + k) * b + j) * row, px + ((i * b + j) * c + k) * row, row);
+}
+
+void CpuBackend::softmax(const Tensor& x, bool causal, Tensor& y) {
+    const int64_t s = x.size(-1), t = x.dim() >= 2 ? x.size(-2) : 1, rows = s == 0 ? 0 : x.numel() / s;
+    dispatch_float(x.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        const T* px = x.data<T>();
+        T* py = y.data<T>();
+        for (int64_t r = 0; r < rows; ++r) {
+            // query position r % t sees keys [0, limit); the offset aligns the last query with the last key
+            const int64_t limit = causal ? std::min(s, (r % t) + 1 + (s - t)) : s;
+            A mx = -std::numeric_limits<A>::infinity();
+            for (int64_t j = 0; j < limit; ++j) mx = std::max(mx, A(px[r * s + j]));
+            A sum = 0;
+            for (int64_t j = 0; j < limit; ++j) sum += std::exp(A(px[r * s + j]) - mx);
+            for (int64_t j = 0; j < s; ++j)
+                py[r * s + j] = T(j < limit ? std::exp(A(px[r * s + j]) - mx) / sum : A(0));
+        }
+    });
+}
+
+// dx = y * (dy - sum(dy * y)) per row
+void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+    const int64_t s = y.size(-1), rows = s == 0 ? 0 : y.numel() / s;
+    dispatch_float(y.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        const T *py = y.data<T>(), *pdy = dy.data<T>();
+        T* pdx = dx.data<T>();
+        for (int64_t r = 0; r < rows; ++r) {
+            A dot = 0;
+            for (int64_t j = 0; j < s; ++j) dot += A(py[r * s + j]) * A(pdy[r * s + j]);
+            for (int64_t j = 0; j < s; ++j) pdx[r * s + j] = T(A(py[r * s + j]) * (A(pdy[r * s + j]) - dot));
+        }
+    });
+}
+
+// torch.nn.functional.cross_entropy, reduction='mean', ignore_index=-100. logits: [N, V], target: [N].
+double CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) {
+    const int64_t v = logits.size(-1), n = v == 0 ? 0 : logits.numel() / v;
+    PTOOL_REQUIRE(target.numel() == n, "cross_entropy: {} targets for {} rows", target.numel(), n);
+    int64_t valid = 0;
+    for (int64_t i = 0; i < n; ++i) valid += id_at(target, i) != -100;
+    return dispatch_float(logits.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        const T* pl = logits.data<T>();
+        T* pd = dlogits.data<T>();
+        double loss = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t t = id_at(target, i);
+            if (t != -100 && (t < 0 || t >= v))
+                throw InputError(fmt::format("class id {} at position {} is out of range for {} classes", t, i, v));
+            A mx = -std::numeric_limits<A>::infinity();
+            for (int64_t j = 0; j < v; ++j) mx = std::max(mx, A(pl[i * v + j]));
+            A sum = 0;
+            for (int64_t j = 0; j < v; ++j) sum += std::exp(A(pl[i * v + j]) - mx);
+            const A lse = mx + std::log(sum);
+            if (t != -100) loss += static_cast<double>(lse - A(pl[i * v + t]));
+            for (int64_t j = 0; j < v; ++j) {
+                A g = t == -100 ? A(0) : std::exp(A(pl[i * v + j]) - lse) - A(j == t ? 1 : 0);
+                pd[i * v + j] = T(g / A(valid));
+            }
+        }
+        return static_cast<double>(static_cast<A>(loss / static_cast<double>(valid)));
+    });
+}
+
+// torch.nn.functional.mse_loss, reduction='mean'.
+double CpuBackend::mse(const Tensor& out, const Tensor& target, Tensor& dout) {
+    require_same_shape(out, target, "mse");
+    const double n = static_cast<double>(out.numel());
+    return dispatch_float(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        const T *po = out.data<T>(), *pt = target.data<T>();
+        T* pd = dout.data<T>();
+        double loss = 0.0;
+        for (int64_t i = 0, m = out.numel(); i < m; ++i) {
+            const A diff = A(po[i]) - A(pt[i]);
+            loss += static_cast<double>(diff * diff);
+            pd[i] = T(A(2) * diff / A(n));
+        }
+        return static_cast<double>(static_cast<A>(loss / n));
+    });
+}
+
+Backend& backend_for(Device device) {
+    static CpuBackend cpu;
+    if (device == Device::cpu) return cpu;
+    throw InputError("ptool was built without CUDA support: --device cuda is not available");
+}
+
+}  // namespace ptool

@@ -1,0 +1,87 @@
+// GEMM on the CPU: cblas_sgemm / cblas_dgemm; 16-bit inputs are widened to float, multiplied
+// with sgemm (fp32 accumulation) and rounded once on store.
+#include <cblas.h>
+
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace ptool {
+namespace {
+
+struct GemmDims {
+    int64_t batch, m, n, k;
+    bool b_shared;  // b is 2-D: one matrix for every batch
+};
+
+GemmDims gemm_dims(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c) {
+    PTOOL_REQUIRE(a.dim() >= 2 && b.dim() >= 2 && c.dim() >= 2, "gemm needs matrices: {} {} {}",
+                  shape_str(a.shape()), shape_str(b.shape()), shape_str(c.shape()));
+    GemmDims d{};
+    d.m = ta ? a.size(-1) : a.size(-2);
+    d.k = ta ? a.size(-2) : a.size(-1);
+    int64_t kb = tb ? b.size(-1) : b.size(-2);
+    d.n = tb ? b.size(-2) : b.size(-1);
+    d.batch = a.numel() / (d.m * d.k == 0 ? 1 : d.m * d.k);
+    d.b_shared = b.dim() == 2 && d.batch != 1;
+    PTOOL_REQUIRE(kb == d.k && c.size(-2) == d.m && c.size(-1) == d.n,
+                  "gemm shapes do not agree: a {}{} b {}{} c {}", shape_str(a.shape()), ta ? "^T" : "",
+                  shape_str(b.shape()), tb ? "^T" : "", shape_str(c.shape()));
+    PTOOL_REQUIRE(c.numel() == d.batch * d.m * d.n && (d.b_shared || b.numel() == d.batch * d.k * d.n),
+                  "gemm batch sizes do not agree: a {} b {} c {}", shape_str(a.shape()),
+                  shape_str(b.shape()), shape_str(c.shape()));
+    return d;
+}
+
+template <class T>
+void gemm_blas(const T* a, bool ta, const T* b, bool tb, T* c, const GemmDims& d, double alpha, double beta) {
+    const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+    const int lda = static_cast<int>(ta ? d.m : d.k), ldb = static_cast<int>(tb ? d.k : d.n);
+    for (int64_t i = 0; i < d.batch; ++i) {
+        const T* ai = a + i * d.m * d.k;
+        const T* bi = d.b_shared ? b : b + i * d.k * d.n;
+        T* ci = c + i * d.m * d.n;
+        if constexpr (std::is_same_v<T, double>) {
+            cblas_dgemm(CblasRowMajor, opa, opb, d.m, d.n, d.k, alpha, ai, lda, bi, ldb, beta, ci, d.n);
+        } else {
+            cblas_sgemm(CblasRowMajor, opa, opb, d.m, d.n, d.k, static_cast<float>(alpha), ai, lda, bi,
+                        ldb, static_cast<float>(beta), ci, d.n);
+        }
+    }
+}
+
+template <class T>
+std::vector<float> widen(const Tensor& t) {
+    std::vector<float> out(t.numel());
+    const T* p = t.data<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) out[i] = static_cast<float>(p[i]);
+    return out;
+}
+
+}  // namespace
+
+void CpuBackend::gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, double alpha,
+                      double beta) {
+    require_same_dtype(a, b, "gemm");
+    require_same_dtype(a, c, "gemm");
+    GemmDims d = gemm_dims(a, ta, b, tb, c);
+    if (d.m == 0 || d.n == 0) return;
+    dispatch_float(a.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+            gemm_blas<T>(a.data<T>(), ta, b.data<T>(), tb, c.data<T>(), d, alpha, beta);
+        } else {
+            std::vector<float> fa = widen<T>(a), fb = widen<T>(b), fc = widen<T>(c);
+            gemm_blas<float>(fa.data(), ta, fb.data(), tb, fc.data(), d, alpha, beta);
+            T* pc = c.data<T>();
+            for (int64_t i = 0; i < c.numel(); ++i) pc[i] = T(fc[i]);
+        }
+    });
+}
+
+std::string CpuBackend::name() const {
+    const char* config = openblas_get_config();
+    return fmt::format("cpu ({})", config ? config : "OpenBLAS");
+}
+
+}  // namespace ptool

@@ -1,0 +1,37 @@
+// safetensors files: 8-byte little-endian header length, a JSON header
+// {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}},
+// then the raw little-endian data. PyTorch users read them with the `safetensors` package.
+//
+// Reading validates everything against the file size before touching the data: header length,
+// JSON, dtypes, shapes (overflow), offsets in range, contiguous and non-overlapping, byte counts.
+// Any violation is InputError naming the file and the tensor. Writing is atomic (temp + rename).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ptool {
+
+struct TensorFile {
+    std::vector<std::pair<std::string, Tensor>> tensors;  // in header order
+    std::map<std::string, std::string> metadata;
+
+    const Tensor* find(const std::string& name) const;
+    void add(std::string name, Tensor t) { tensors.emplace_back(std::move(name), std::move(t)); }
+};
+
+TensorFile read_safetensors(const std::string& path);
+TensorFile parse_safetensors(const std::string& bytes, const std::string& name);  // for tests and fuzzing
+
+// Writes path atomically: a temporary file in the same folder, flushed and fsync'ed, then renamed.
+// Refuses to replace an existing file unless overwrite is set.
+void write_safetensors(const std::string& path, const TensorFile& file, bool overwrite = true);
+std::string serialize_safetensors(const TensorFile& file);
+
+// Writes bytes to path atomically (same rules as write_safetensors).
+void write_file_atomic(const std::string& path, const std::string& bytes, bool overwrite);
+
+}  // namespace ptool

@@ -1,0 +1,138 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace ptool {
+
+int64_t numel_of(const Shape& s) {
+    int64_t n = 1;
+    for (int64_t d : s) n *= d;
+    return n;
+}
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+    PTOOL_REQUIRE(device == Device::cpu, "device storage is allocated by the cuda backend");
+    size_t rounded = (bytes + 63) / 64 * 64;
+    data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (!data_) throw RuntimeError(fmt::format("out of host memory allocating {} bytes", bytes));
+    std::memset(data_, 0, rounded == 0 ? 64 : rounded);
+}
+
+Storage::~Storage() { std::free(data_); }
+
+Tensor::Tensor(Shape shape, DType dtype, Device device)
+    : shape_(std::move(shape)), dtype_(dtype), device_(device) {
+    for (int64_t d : shape_) PTOOL_REQUIRE(d >= 0, "negative size in shape {}", shape_str(shape_));
+    storage_ = std::make_shared<Storage>(nbytes(), device);
+}
+
+Tensor Tensor::full(Shape shape, DType dtype, double value) {
+    Tensor t(std::move(shape), dtype);
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, value);
+    return t;
+}
+
+Tensor Tensor::from_doubles(const Shape& shape, DType dtype, const std::vector<double>& values) {
+    Tensor t(shape, dtype);
+    PTOOL_REQUIRE(static_cast<int64_t>(values.size()) == t.numel(), "{} values for shape {}",
+                  values.size(), shape_str(shape));
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, values[i]);
+    return t;
+}
+
+int64_t Tensor::size(int64_t d) const {
+    int64_t nd = dim();
+    if (d < 0) d += nd;
+    PTOOL_REQUIRE(d >= 0 && d < nd, "dim {} out of range for shape {}", d, shape_str(shape_));
+    return shape_[d];
+}
+
+void* Tensor::raw() const {
+    PTOOL_REQUIRE(storage_, "use of an undefined tensor");
+    return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(dtype_size(dtype_));
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+    PTOOL_REQUIRE(numel_of(shape) == numel(), "cannot reshape {} to {}", shape_str(shape_),
+                  shape_str(shape));
+    Tensor t = *this;
+    t.shape_ = std::move(shape);
+    return t;
+}
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+    if (d < 0) d += dim();
+    PTOOL_REQUIRE(d >= 0 && d < dim() && start >= 0 && length >= 0 && start + length <= shape_[d],
+                  "narrow({}, {}, {}) out of range for {}", d, start, length, shape_str(shape_));
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < d; ++i) outer *= shape_[i];
+    for (int64_t i = d + 1; i < dim(); ++i) inner *= shape_[i];
+    Shape out_shape = shape_;
+    out_shape[d] = length;
+    if (outer == 1) {  // contiguous slab: a view
+        Tensor t = *this;
+        t.offset_ += start * inner;
+        t.shape_ = out_shape;
+        return t;
+    }
+    Tensor t(out_shape, dtype_, device_);
+    size_t es = dtype_size(dtype_);
+    const char* src = static_cast<const char*>(raw());
+    char* dst = static_cast<char*>(t.raw());
+    for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(dst + o * length * inner * es, src + (o * shape_[d] + start) * inner * es,
+                    length * inner * es);
+    return t;
+}
+
+Tensor Tensor::clone() const {
+    Tensor t(shape_, dtype_, device_);
+    std::memcpy(t.raw(), raw(), nbytes());
+    return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+    if (dtype == dtype_) return clone();
+    Tensor t(shape_, dtype, device_);
+    for (int64_t i = 0; i < numel(); ++i) t.set(i, item(i));
+    return t;
+}
+
+double Tensor::item(int64_t i) const {
+    PTOOL_REQUIRE(i >= 0 && i < numel(), "index {} out of range for {}", i, shape_str(shape_));
+    switch (dtype_) {
+        case DType::int64: return static_cast<double>(data<int64_t>()[i]);
+        case DType::int32: return static_cast<double>(data<int32_t>()[i]);
+        default:
+            return dispatch_float(dtype_, [&](auto tag) -> double {
+                using T = decltype(tag);
+                return static_cast<double>(static_cast<acc_t<T>>(data<T>()[i]));
+            });
+    }
+}
+
+void Tensor::set(int64_t i, double v) {
+    PTOOL_REQUIRE(i >= 0 && i < numel(), "index {} out of range for {}", i, shape_str(shape_));
+    switch (dtype_) {
+        case DType::int64: data<int64_t>()[i] = static_cast<int64_t>(v); return;
+        case DType::int32: data<int32_t>()[i] = static_cast<int32_t>(v); return;
+        default:
+            dispatch_float(dtype_, [&](auto tag) {
+                using T = decltype(tag);
+                data<T>()[i] = T(static_cast<acc_t<T>>(v));
+            });
+    }
+}
+
+std::vector<double> Tensor::to_doubles() const {
+    std::vector<double> out(numel());
+    for (int64_t i = 0; i < numel(); ++i) out[i] = item(i);
+    return out;
+}
+
+}  // namespace ptool

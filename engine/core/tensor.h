@@ -1,0 +1,90 @@
+// Tensor: shape, dtype, device and shared owned storage. Always contiguous (row-major).
+//
+// A view shares storage at an element offset; narrow(0, ...) of a contiguous tensor is a view,
+// which is how dim-0 shards and batch slices avoid copies. Shards along other dims are copies
+// (see backend ops). Copy semantics are shallow like torch.Tensor; clone() deep-copies.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace ptool {
+
+using Shape = std::vector<int64_t>;
+
+int64_t numel_of(const Shape& s);
+std::string shape_str(const Shape& s);  // "[12, 10]"
+
+enum class Device { cpu, cuda };
+const char* device_name(Device d);
+
+// Raw bytes on one device. CPU storage is 64-byte aligned host memory.
+class Storage {
+public:
+    Storage(size_t bytes, Device device);
+    ~Storage();
+    Storage(const Storage&) = delete;
+    Storage& operator=(const Storage&) = delete;
+
+    void* data() { return data_; }
+    size_t bytes() const { return bytes_; }
+    Device device() const { return device_; }
+
+private:
+    void* data_ = nullptr;
+    size_t bytes_ = 0;
+    Device device_;
+};
+
+class Tensor {
+public:
+    Tensor() = default;
+    Tensor(Shape shape, DType dtype, Device device = Device::cpu);  // zero-filled
+
+    static Tensor zeros(Shape shape, DType dtype) { return Tensor(std::move(shape), dtype); }
+    static Tensor full(Shape shape, DType dtype, double value);
+    static Tensor scalar(double value, DType dtype) { return full({}, dtype, value); }
+    // Copies host data into a new tensor of the given dtype (values converted).
+    static Tensor from_doubles(const Shape& shape, DType dtype, const std::vector<double>& values);
+
+    bool defined() const { return storage_ != nullptr; }
+    const Shape& shape() const { return shape_; }
+    int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+    int64_t size(int64_t d) const;  // negative d counts from the end
+    int64_t numel() const { return numel_of(shape_); }
+    DType dtype() const { return dtype_; }
+    Device device() const { return device_; }
+    size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+
+    void* raw() const;
+    template <class T>
+    T* data() const {
+        PTOOL_REQUIRE(dtype_of<T>() == dtype_, "data<{}>() on a {} tensor", dtype_name(dtype_of<T>()),
+                      dtype_name(dtype_));
+        return static_cast<T*>(raw());
+    }
+
+    Tensor reshape(Shape shape) const;                         // view; numel must match
+    Tensor narrow(int64_t dim, int64_t start, int64_t length) const;  // view for dim 0, else copy
+    Tensor clone() const;
+    Tensor to(DType dtype) const;  // converted copy (a clone when the dtype is the same)
+    bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
+
+    // Element access for tests and small host-side logic (slow: converts through double).
+    double item(int64_t flat_index = 0) const;
+    void set(int64_t flat_index, double value);
+    std::vector<double> to_doubles() const;
+
+private:
+    std::shared_ptr<Storage> storage_;
+    int64_t offset_ = 0;  // in elements
+    Shape shape_;
+    DType dtype_ = DType::float32;
+    Device device_ = Device::cpu;
+};
+
+}  // namespace ptool

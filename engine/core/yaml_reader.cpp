@@ -1,0 +1,262 @@
+#include "core/yaml_reader.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace ptool {
+namespace {
+
+// Rejects documents whose nesting would make yaml-cpp recurse deeply, before it parses them.
+void prescan(const std::string& text, const std::string& name, const YamlLimits& limits) {
+    if (text.size() > limits.max_bytes)
+        throw InputError(SourceLocation{name, 1, 1},
+                         fmt::format("file is {} bytes, over the limit of {}", text.size(), limits.max_bytes));
+    int line = 1, col = 0, flow = 0, dashes = 0;
+    bool in_comment = false, line_start = true;
+    char quote = 0;
+    for (char c : text) {
+        ++col;
+        if (c == '\n') {
+            ++line, col = 0, in_comment = false, line_start = true, dashes = 0;
+            continue;
+        }
+        if (in_comment) continue;
+        if (quote) {
+            if (c == quote) quote = 0;
+            continue;
+        }
+        if (line_start && c != ' ' && c != '-') line_start = false;
+        if (line_start && col > 4 * limits.max_depth)
+            throw InputError(SourceLocation{name, line, col}, "indentation is deeper than the nesting limit");
+        if (c == '-' && line_start && ++dashes > limits.max_depth)
+            throw InputError(SourceLocation{name, line, col}, "block sequences nest deeper than the limit");
+        if (c == '#') in_comment = true;
+        else if (c == '"' || c == '\'') quote = c;
+        else if (c == '[' || c == '{') {
+            if (++flow > limits.max_depth)
+                throw InputError(SourceLocation{name, line, col},
+                                 fmt::format("nesting deeper than {} levels", limits.max_depth));
+        } else if (c == ']' || c == '}') flow = std::max(0, flow - 1);
+    }
+}
+
+void check_tree(const YAML::Node& node, int depth, int64_t& count, const YamlNode& root,
+                const YamlLimits& limits) {
+    if (++count > limits.max_nodes)
+        root.fail(fmt::format("document has more than {} nodes", limits.max_nodes));
+    if (depth > limits.max_depth) YamlNode(node, nullptr).fail("nesting deeper than the limit");
+    if (node.IsMap()) {
+        for (const auto& kv : node) check_tree(kv.second, depth + 1, count, root, limits);
+    } else if (node.IsSequence()) {
+        for (const auto& item : node) check_tree(item, depth + 1, count, root, limits);
+    }
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        cur[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j)
+            cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+        std::swap(prev, cur);
+    }
+    return prev[b.size()];
+}
+
+}  // namespace
+
+SourceLocation YamlNode::where() const {
+    const YAML::Mark m = node_.Mark();
+    if (m.is_null()) return SourceLocation{file_ ? *file_ : "", 0, 0};
+    return SourceLocation{file_ ? *file_ : "", m.line + 1, m.column + 1};
+}
+
+void YamlNode::fail(const std::string& message) const { throw InputError(where(), message); }
+
+std::string YamlNode::as_string(const std::string& what) const {
+    if (!node_.IsScalar()) fail(fmt::format("{} must be a string", what));
+    return node_.Scalar();
+}
+
+int64_t YamlNode::as_int(const std::string& what) const {
+    if (!node_.IsScalar()) fail(fmt::format("{} must be an integer", what));
+    const std::string& s = node_.Scalar();
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+        v = std::stoll(s, &used, 10);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != s.size() || s.empty()) fail(fmt::format("{} must be an integer, got '{}'", what, s));
+    return v;
+}
+
+int64_t YamlNode::as_positive_int(const std::string& what) const {
+    int64_t v = as_int(what);
+    if (v <= 0) fail(fmt::format("{} must be positive, got {}", what, v));
+    if (v > (int64_t{1} << 40)) fail(fmt::format("{} is too large: {}", what, v));
+    return v;
+}
+
+double YamlNode::as_double(const std::string& what) const {
+    if (!node_.IsScalar()) fail(fmt::format("{} must be a number", what));
+    const std::string& s = node_.Scalar();
+    size_t used = 0;
+    double v = 0;
+    try {
+        v = std::stod(s, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != s.size() || s.empty()) fail(fmt::format("{} must be a number, got '{}'", what, s));
+    return v;
+}
+
+bool YamlNode::as_bool(const std::string& what) const {
+    if (node_.IsScalar()) {
+        const std::string& s = node_.Scalar();
+        if (s == "true" || s == "True") return true;
+        if (s == "false" || s == "False") return false;
+    }
+    fail(fmt::format("{} must be true or false", what));
+}
+
+std::vector<YamlNode> YamlNode::items(const std::string& what) const {
+    if (!node_.IsSequence()) fail(fmt::format("{} must be a list", what));
+    std::vector<YamlNode> out;
+    for (const auto& item : node_) out.emplace_back(item, file_);
+    return out;
+}
+
+Shape YamlNode::as_shape(const std::string& what) const {
+    Shape s;
+    for (const YamlNode& d : items(what)) s.push_back(d.as_positive_int(what + " entries"));
+    if (s.empty() || s.size() > 8) fail(fmt::format("{} must have 1 to 8 dims", what));
+    int64_t n = 1;
+    for (int64_t d : s) {
+        if (n > (int64_t{1} << 40) / d) fail(fmt::format("{} is too large", what));
+        n *= d;
+    }
+    return s;
+}
+
+std::string YamlNode::text() const {
+    YAML::Emitter out;
+    out << node_;
+    return out.c_str();
+}
+
+YamlMap::YamlMap(const YamlNode& node, std::string what) : node_(node), what_(std::move(what)) {
+    if (!node.is_map()) node.fail(fmt::format("{} must be a map of keys", what_));
+    std::set<std::string> seen;
+    for (const auto& kv : node.raw()) {
+        YamlNode key(kv.first, std::make_shared<std::string>(node.file()));
+        std::string k = key.as_string("a key");
+        if (!seen.insert(k).second) key.fail(fmt::format("duplicate key '{}' in {}", k, what_));
+    }
+}
+
+bool YamlMap::has(const std::string& key) {
+    queried_.insert(key);
+    return static_cast<bool>(node_.raw()[key]);
+}
+
+std::optional<YamlNode> YamlMap::get(const std::string& key) {
+    if (!has(key)) return std::nullopt;
+    return YamlNode(node_.raw()[key], std::make_shared<std::string>(node_.file()));
+}
+
+YamlNode YamlMap::at(const std::string& key) {
+    auto v = get(key);
+    if (!v) node_.fail(fmt::format("{} is missing the key '{}'", what_, key));
+    return *v;
+}
+
+std::string YamlMap::string_or(const std::string& key, const std::string& fallback) {
+    auto v = get(key);
+    return v ? v->as_string(fmt::format("'{}' of {}", key, what_)) : fallback;
+}
+
+int64_t YamlMap::int_or(const std::string& key, int64_t fallback) {
+    auto v = get(key);
+    return v ? v->as_int(fmt::format("'{}' of {}", key, what_)) : fallback;
+}
+
+double YamlMap::double_or(const std::string& key, double fallback) {
+    auto v = get(key);
+    return v ? v->as_double(fmt::format("'{}' of {}", key, what_)) : fallback;
+}
+
+bool YamlMap::bool_or(const std::string& key, bool fallback) {
+    auto v = get(key);
+    return v ? v->as_bool(fmt::format("'{}' of {}", key, what_)) : fallback;
+}
+
+void YamlMap::finish() const {
+    std::vector<std::string> known(queried_.begin(), queried_.end());
+    for (const auto& kv : node_.raw()) {
+        std::string k = kv.first.Scalar();
+        if (queried_.count(k)) continue;
+        YamlNode key(kv.first, std::make_shared<std::string>(node_.file()));
+        key.fail(fmt::format("unknown key '{}' in {}{}", k, what_, did_you_mean(k, known)));
+    }
+}
+
+YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits) {
+    prescan(text, name, limits);
+    auto file = std::make_shared<const std::string>(name);
+    YAML::Node root;
+    try {
+        root = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+        throw InputError(SourceLocation{name, e.mark.line + 1, e.mark.column + 1}, e.msg);
+    }
+    YamlNode out(root, file);
+    if (!root.IsMap()) {
+        if (root.IsNull()) throw InputError(SourceLocation{name, 1, 1}, "file is empty");
+        out.fail("the top level must be a map of keys");
+    }
+    int64_t count = 0;
+    check_tree(root, 0, count, out, limits);
+    return out;
+}
+
+std::string read_text_file(const std::string& path, size_t max_bytes) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw InputError(SourceLocation{path, 0, 0}, "cannot open file");
+    in.seekg(0, std::ios::end);
+    const std::streamoff size = in.tellg();
+    if (size < 0) throw InputError(SourceLocation{path, 0, 0}, "cannot read file");
+    if (static_cast<size_t>(size) > max_bytes)
+        throw InputError(SourceLocation{path, 1, 1}, fmt::format("file is {} bytes, over the limit of {}", size, max_bytes));
+    in.seekg(0);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+YamlNode load_yaml_file(const std::string& path, const YamlLimits& limits) {
+    return load_yaml_text(read_text_file(path, limits.max_bytes), path, limits);
+}
+
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+    std::string best;
+    size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+    for (const auto& c : candidates) {
+        size_t d = edit_distance(word, c);
+        if (d < best_d) best_d = d, best = c;
+    }
+    return best;
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+    std::string m = closest_match(word, candidates);
+    if (!m.empty()) return fmt::format(" (did you mean '{}'?)", m);
+    if (candidates.empty()) return "";
+    return fmt::format(" (valid: {})", fmt::join(candidates, ", "));
+}
+
+}  // namespace ptool

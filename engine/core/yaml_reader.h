@@ -1,0 +1,87 @@
+// Strict YAML reading for model and plan files.
+//
+// yaml-cpp accepts duplicate keys silently and recurses on nesting, so ptool:
+//   - rejects documents over the size, line, nesting-depth and node-count limits before and after parsing;
+//   - rejects duplicate keys and unknown keys ("did you mean" the closest known key);
+//   - reports every error as InputError at file:line:column (1-based) of the offending node.
+// YamlMap records every key the loader asks about; finish() rejects the rest.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace ptool {
+
+struct YamlLimits {
+    size_t max_bytes = 4 << 20;
+    int max_depth = 64;
+    int64_t max_nodes = 200000;
+};
+
+class YamlNode {
+public:
+    YamlNode(YAML::Node node, std::shared_ptr<const std::string> file) : node_(node), file_(std::move(file)) {}
+
+    const YAML::Node& raw() const { return node_; }
+    const std::string& file() const { return *file_; }
+    SourceLocation where() const;
+    [[noreturn]] void fail(const std::string& message) const;
+
+    bool is_map() const { return node_.IsMap(); }
+    bool is_seq() const { return node_.IsSequence(); }
+    bool is_scalar() const { return node_.IsScalar(); }
+    bool is_null() const { return node_.IsNull(); }
+
+    std::string as_string(const std::string& what) const;
+    int64_t as_int(const std::string& what) const;
+    int64_t as_positive_int(const std::string& what) const;  // > 0
+    double as_double(const std::string& what) const;
+    bool as_bool(const std::string& what) const;
+    std::vector<YamlNode> items(const std::string& what) const;  // a sequence's elements
+    Shape as_shape(const std::string& what) const;               // [d0, d1, ...], each > 0
+    std::string text() const;                                    // the node as YAML text
+
+private:
+    YAML::Node node_;
+    std::shared_ptr<const std::string> file_;
+};
+
+class YamlMap {
+public:
+    YamlMap(const YamlNode& node, std::string what);  // what: "linear 'net1'", for messages
+
+    const YamlNode& node() const { return node_; }
+    bool has(const std::string& key);
+    std::optional<YamlNode> get(const std::string& key);
+    YamlNode at(const std::string& key);  // required
+    std::string string_or(const std::string& key, const std::string& fallback);
+    int64_t int_or(const std::string& key, int64_t fallback);
+    double double_or(const std::string& key, double fallback);
+    bool bool_or(const std::string& key, bool fallback);
+    void finish() const;  // unknown keys are errors
+
+private:
+    YamlNode node_;
+    std::string what_;
+    std::set<std::string> queried_;
+};
+
+// The whole file, refused (InputError) when it cannot be read or is over max_bytes.
+std::string read_text_file(const std::string& path, size_t max_bytes);
+// Reads and parses a file under the limits; the root must be a map.
+YamlNode load_yaml_file(const std::string& path, const YamlLimits& limits = {});
+YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits = {});
+
+// The closest candidate by edit distance, or "" when none is close.
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace ptool

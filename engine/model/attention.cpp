@@ -1,0 +1,117 @@
+// Multi-head (and grouped-query) self-attention with explicit backward.
+//   q = q_proj(x) -> [B, H, T, hd]     k, v = k_proj(x), v_proj(x) -> [B, KV, T, hd], expanded to H heads
+//   s = q @ k^T / sqrt(hd)  [B*H, T, T];  p = softmax(s) (causal: key j <= query i)
+//   o = p @ v  [B*H, T, hd] -> [B, T, dim];  y = o_proj(o)
+// backward: dp = do @ v^T, dv = p^T @ do, ds = softmax'(p, dp) / sqrt(hd), dq = ds @ k, dk = ds^T @ q.
+#include <cmath>
+
+#include "model/blocks.h"
+
+namespace ptool {
+
+Attention::Attention(std::string name, SourceLocation where, int64_t dim, int64_t heads, int64_t kv_heads,
+                     bool causal, bool bias, DType dtype)
+    : Module("attention", std::move(name), std::move(where)), dim_(dim), heads_(heads), kv_heads_(kv_heads),
+      causal_(causal) {
+    if (dim % heads != 0) this->fail(fmt::format("attention dim {} is not divisible by heads {}", dim, heads));
+    if (heads % kv_heads != 0)
+        this->fail(fmt::format("attention heads {} is not divisible by kv_heads {}", heads, kv_heads));
+    const int64_t kv_dim = dim / heads * kv_heads;
+    add_child("q_proj", std::make_shared<Linear>("q_proj", this->where(), dim, dim, bias, dtype));
+    add_child("k_proj", std::make_shared<Linear>("k_proj", this->where(), dim, kv_dim, bias, dtype));
+    add_child("v_proj", std::make_shared<Linear>("v_proj", this->where(), dim, kv_dim, bias, dtype));
+    add_child("o_proj", std::make_shared<Linear>("o_proj", this->where(), dim, dim, bias, dtype));
+}
+
+Shape Attention::output_shape(const Shape& in) const {
+    if (in.size() != 3 || in[2] != dim_)
+        fail(fmt::format("attention '{}' expects [batch, seq, {}], got {}", fqn(), dim_, shape_str(in)));
+    return in;
+}
+
+namespace {
+
+// [B, T, n*hd] -> [B*n, T, hd]
+Tensor split_heads(Backend& be, const Tensor& x, int64_t n) {
+    const int64_t b = x.size(0), t = x.size(1), hd = x.size(2) / n;
+    Tensor y({b, n, t, hd}, x.dtype(), x.device());
+    be.transpose12(x.reshape({b, t, n, hd}), y);
+    return y.reshape({b * n, t, hd});
+}
+
+// [B*n, T, hd] -> [B, T, n*hd]
+Tensor merge_heads(Backend& be, const Tensor& x, int64_t b) {
+    const int64_t n = x.size(0) / b, t = x.size(1), hd = x.size(2);
+    Tensor y({b, t, n, hd}, x.dtype(), x.device());
+    be.transpose12(x.reshape({b, n, t, hd}), y);
+    return y.reshape({b, t, n * hd});
+}
+
+// [B*KV, T, hd] -> [B*H, T, hd]: query head h reads kv head h / group.
+Tensor expand_kv(Backend& be, const Tensor& kv, int64_t b, int64_t heads, int64_t kv_heads) {
+    if (heads == kv_heads) return kv;
+    const int64_t group = heads / kv_heads;
+    Tensor out({b * heads, kv.size(1), kv.size(2)}, kv.dtype(), kv.device());
+    for (int64_t i = 0; i < b * heads; ++i) {
+        Tensor dst = out.narrow(0, i, 1);
+        be.copy(kv.narrow(0, (i / heads) * kv_heads + (i % heads) / group, 1), dst);
+    }
+    return out;
+}
+
+// The adjoint of expand_kv: sums the gradients of the query heads that share a kv head.
+Tensor reduce_kv(Backend& be, const Tensor& d, int64_t b, int64_t heads, int64_t kv_heads) {
+    if (heads == kv_heads) return d;
+    const int64_t group = heads / kv_heads;
+    Tensor out({b * kv_heads, d.size(1), d.size(2)}, d.dtype(), d.device());
+    for (int64_t i = 0; i < b * heads; ++i) {
+        Tensor dst = out.narrow(0, (i / heads) * kv_heads + (i % heads) / group, 1);
+        be.axpy(1.0, d.narrow(0, i, 1), dst);
+    }
+    return out;
+}
+
+}  // namespace
+
+Tensor Attention::forward_impl(RunContext& ctx, const Tensor& x) {
+    Backend& be = *ctx.backend;
+    const int64_t b = x.size(0), t = x.size(1), hd = dim_ / heads_;
+    Tensor q = split_heads(be, proj(0).forward(ctx, x), heads_);                                  // [B*H, T, hd]
+    Tensor k = expand_kv(be, split_heads(be, proj(1).forward(ctx, x), kv_heads_), b, heads_, kv_heads_);
+    Tensor v = expand_kv(be, split_heads(be, proj(2).forward(ctx, x), kv_heads_), b, heads_, kv_heads_);
+    Tensor s({b * heads_, t, t}, x.dtype(), x.device());
+    be.gemm(q, false, k, true, s, 1.0 / std::sqrt(static_cast<double>(hd)));
+    Tensor p = empty_like(s);
+    be.softmax(s, causal_, p);
+    Tensor o({b * heads_, t, hd}, x.dtype(), x.device());
+    be.gemm(p, false, v, false, o);
+    save({q, k, v, p});
+    return proj(3).forward(ctx, merge_heads(be, o, b));
+}
+
+Tensor Attention::backward_impl(RunContext& ctx, const Tensor& dy) {
+    Backend& be = *ctx.backend;
+    std::vector<Tensor> sv = restore();
+    const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &p = sv[3];
+    const int64_t b = dy.size(0), hd = dim_ / heads_;
+    Tensor d_o = split_heads(be, proj(3).backward(ctx, dy), heads_);  // [B*H, T, hd]
+    Tensor dp = empty_like(p), dv = empty_like(v), ds = empty_like(p);
+    be.gemm(d_o, false, v, true, dp);
+    be.gemm(p, true, d_o, false, dv);
+    be.softmax_backward(p, dp, ds);
+    Tensor dq = empty_like(q), dk = empty_like(k);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    be.gemm(ds, false, k, false, dq, scale);
+    be.gemm(ds, true, q, false, dk, scale);
+    // backward through the projections in reverse order of their forward calls
+    // (tensors a module returned are never written in place: observers may hold them)
+    Tensor dx_v = proj(2).backward(ctx, merge_heads(be, reduce_kv(be, dv, b, heads_, kv_heads_), b));
+    Tensor dx_k = proj(1).backward(ctx, merge_heads(be, reduce_kv(be, dk, b, heads_, kv_heads_), b));
+    Tensor dx_q = proj(0).backward(ctx, merge_heads(be, dq, b));
+    Tensor dx = empty_like(dx_v);
+    be.add(dx_v, dx_k, dx);
+    be.axpy(1.0, dx_q, dx);
+    return dx;
+}
+
+}  // namespace ptool

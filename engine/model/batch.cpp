@@ -1,0 +1,112 @@
+#include "model/batch.h"
+
+#include <set>
+
+#include "core/rng.h"
+#include "core/yaml_reader.h"
+
+namespace ptool {
+
+Tensor generate_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, const std::string& what) {
+    CounterRng rng(seed, stream_id("data", what));
+    Tensor t(spec.shape, spec.ids ? DType::int64 : float_dtype);
+    for (int64_t i = 0; i < t.numel(); ++i)
+        t.set(i, spec.ids ? static_cast<double>(rng.below(i, static_cast<uint64_t>(spec.range))) : rng.normal(i));
+    return t;
+}
+
+DataSource::DataSource(const Model& model, const TensorFile* data_file, std::string data_path)
+    : model_(model), file_(data_file), path_(std::move(data_path)) {
+    gen_input_ = generate_tensor(model.input, model.dtype, model.seed, "input");
+    if (model.target) gen_target_ = generate_tensor(*model.target, model.dtype, model.seed, "target");
+    if (!file_) return;
+    std::vector<std::string> known = {"input", "target"};
+    for (const auto& [name, t] : file_->tensors) {
+        bool ok = name == "input" || name == "target";
+        if (name.rfind("step", 0) == 0) {
+            size_t dot = name.find('.');
+            std::string suffix = dot == std::string::npos ? "" : name.substr(dot + 1);
+            ok = dot != std::string::npos && dot > 4 && (suffix == "input" || suffix == "target") &&
+                 name.find_first_not_of("0123456789", 4) == dot;
+        }
+        if (!ok)
+            throw InputError(SourceLocation{path_, 0, 0},
+                             fmt::format("unexpected tensor '{}' in a data file (keys: input, target, step{{k}}.input, "
+                                         "step{{k}}.target){}",
+                                         name, did_you_mean(name, known)));
+    }
+    for (int64_t s = 0; s < model.steps; ++s) batch(s);  // validate every step's shapes up front
+}
+
+bool DataSource::varies_per_step() const {
+    if (!file_) return false;
+    for (const auto& [name, t] : file_->tensors)
+        if (name.rfind("step", 0) == 0) return true;
+    return false;
+}
+
+Tensor DataSource::pick(const std::string& key, int64_t step, const TensorSpec& spec, const Tensor& generated) const {
+    if (!file_) return generated;
+    const std::string step_key = fmt::format("step{}.{}", step, key);
+    const Tensor* t = file_->find(step_key);
+    std::string name = step_key;
+    if (!t) t = file_->find(key), name = key;
+    if (!t) return generated;
+    if (t->shape() != spec.shape)
+        throw InputError(SourceLocation{path_, 0, 0}, fmt::format("tensor '{}' is {}, the model's batch needs {}", name,
+                                                                  shape_str(t->shape()), shape_str(spec.shape)));
+    if (spec.ids) {
+        if (dtype_is_float(t->dtype()))
+            throw InputError(SourceLocation{path_, 0, 0},
+                             fmt::format("tensor '{}' holds ids and must be int64 or int32, got {}", name,
+                                         dtype_name(t->dtype())));
+        for (int64_t i = 0; i < t->numel(); ++i) {
+            const double id = t->item(i);
+            if (id < 0 || id >= static_cast<double>(spec.range))
+                if (!(key == "target" && id == -100))
+                    throw InputError(SourceLocation{path_, 0, 0}, fmt::format("tensor '{}' element {} is {}, outside [0, {})",
+                                                                              name, i, id, spec.range));
+        }
+        return t->to(DType::int64);
+    }
+    if (!dtype_is_float(t->dtype()))
+        throw InputError(SourceLocation{path_, 0, 0},
+                         fmt::format("tensor '{}' must be floating point, got {}", name, dtype_name(t->dtype())));
+    return t->to(model_.dtype);
+}
+
+Batch DataSource::batch(int64_t step) const {
+    Batch b;
+    b.input = pick("input", step, model_.input, gen_input_);
+    if (model_.target) b.target = pick("target", step, *model_.target, gen_target_);
+    return b;
+}
+
+void load_state_dict(Model& model, const TensorFile& file, const std::string& path) {
+    std::set<std::string> expected, seen;
+    for (const auto& [name, p] : model.state_dict()) expected.insert(name);
+    for (const auto& [name, t] : file.tensors) {
+        if (!expected.count(name))
+            throw InputError(SourceLocation{path, 0, 0},
+                             fmt::format("unexpected key '{}' in the state_dict{}", name,
+                                         did_you_mean(name, std::vector<std::string>(expected.begin(), expected.end()))));
+    }
+    for (const auto& [name, p] : model.state_dict()) {
+        const Tensor* t = file.find(name);
+        if (!t) {
+            if (p->value.dtype() == DType::int64) continue;  // num_batches_tracked may be absent
+            throw InputError(SourceLocation{path, 0, 0}, fmt::format("missing key '{}' in the state_dict", name));
+        }
+        if (t->shape() != p->value.shape())
+            throw InputError(SourceLocation{path, 0, 0}, fmt::format("'{}' is {} in the file, the model needs {}", name,
+                                                                     shape_str(t->shape()), shape_str(p->value.shape())));
+        if (dtype_is_float(t->dtype()) != dtype_is_float(p->value.dtype()))
+            throw InputError(SourceLocation{path, 0, 0},
+                             fmt::format("'{}' is {} in the file, the model needs {}", name, dtype_name(t->dtype()),
+                                         dtype_name(p->value.dtype())));
+        Tensor converted = t->to(p->value.dtype());
+        std::memcpy(p->value.raw(), converted.raw(), converted.nbytes());
+    }
+}
+
+}  // namespace ptool

@@ -1,0 +1,70 @@
+// Composite modules: attention (q/k/v/o projections), gated_mlp (Llama's MLP) and the
+// containers sequential, repeat (nn.ModuleList of sequentials) and residual. `shared` needs no
+// class: the builder registers the same module object under a second name, as PyTorch does.
+#pragma once
+
+#include "model/layers.h"
+
+namespace ptool {
+
+// Multi-head self-attention on x: [B, T, dim]; heads of size dim/heads; kv_heads < heads is
+// grouped-query attention (each kv head serves heads/kv_heads query heads). softmax(q k^T / sqrt(hd)).
+class Attention : public Module {
+public:
+    Attention(std::string name, SourceLocation where, int64_t dim, int64_t heads, int64_t kv_heads, bool causal,
+              bool bias, DType dtype);
+    Shape output_shape(const Shape& in) const override;
+    int64_t heads() const { return heads_; }
+    int64_t kv_heads() const { return kv_heads_; }
+
+protected:
+    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+
+private:
+    Linear& proj(int i) const { return static_cast<Linear&>(*children()[i].second); }
+    int64_t dim_, heads_, kv_heads_;
+    bool causal_;
+};
+
+// y = down_proj(act(gate_proj(x)) * up_proj(x))
+class GatedMlp : public Module {
+public:
+    GatedMlp(std::string name, SourceLocation where, int64_t dim, int64_t hidden, Activation act, bool bias,
+             DType dtype);
+    Shape output_shape(const Shape& in) const override;
+
+protected:
+    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+
+private:
+    Module& child(int i) const { return *children()[i].second; }
+    Activation act_;
+};
+
+// Runs its children in order; `repeat` is a sequential whose children are sequentials "0".."n-1".
+class Sequential : public Module {
+public:
+    Sequential(std::string type, std::string name, SourceLocation where)
+        : Module(std::move(type), std::move(name), std::move(where)) {}
+    Shape output_shape(const Shape& in) const override;
+    bool takes_ids() const override;
+
+protected:
+    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+};
+
+// y = x + body(x), body a sequential of the listed modules.
+class Residual : public Sequential {
+public:
+    Residual(std::string name, SourceLocation where) : Sequential("residual", std::move(name), std::move(where)) {}
+    Shape output_shape(const Shape& in) const override;
+
+protected:
+    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+};
+
+}  // namespace ptool

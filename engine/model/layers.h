@@ -1,0 +1,128 @@
+// Leaf modules: linear, activations, identity, norms, embedding, dropout.
+// Each mirrors its torch.nn counterpart: parameter names, shapes ([out, in] weights) and default init.
+#pragma once
+
+#include "model/module.h"
+
+namespace ptool {
+
+// nn.Linear: y = x @ W^T + b. weight [out, in], bias [out]. A tied weight is another module's parameter.
+class Linear : public Module {
+public:
+    Linear(std::string name, SourceLocation where, int64_t in, int64_t out, bool bias, DType dtype,
+           ParamPtr tied_weight = nullptr);
+    Shape output_shape(const Shape& in) const override;
+    void init_params(uint64_t seed) override;
+    int64_t in_features() const { return in_; }
+    int64_t out_features() const { return out_; }
+    bool tied() const { return tied_; }
+
+protected:
+    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+
+private:
+    int64_t in_, out_;
+    bool tied_;
+};
+
+// relu, gelu (erf or tanh), silu, tanh: elementwise, no parameters.
+class ActivationModule : public Module {
+public:
+    ActivationModule(std::string type, std::string name, SourceLocation where, Activation act)
+        : Module(std::move(type), std::move(name), std::move(where)), act_(act) {}
+    Activation activation() const { return act_; }
+
+protected:
+    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+
+private:
+    Activation act_;
+};
+
+class Identity : public Module {
+public:
+    Identity(std::string name, SourceLocation where) : Module("identity", std::move(name), std::move(where)) {}
+
+protected:
+    Tensor forward_impl(RunContext&, const Tensor& x) override { return x; }
+    Tensor backward_impl(RunContext&, const Tensor& dy) override { return dy; }
+};
+
+// nn.LayerNorm / nn.RMSNorm over the last dim: weight [d] (ones), bias [d] (zeros; layer_norm only).
+class Norm : public Module {
+public:
+    Norm(std::string type, std::string name, SourceLocation where, int64_t dim, double eps, bool affine,
+         bool bias, DType dtype);
+    Shape output_shape(const Shape& in) const override;
+    void init_params(uint64_t seed) override;
+    bool rms() const { return type() == "rms_norm"; }
+
+protected:
+    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+
+private:
+    int64_t dim_;
+    double eps_;
+};
+
+// nn.BatchNorm1d on [N, C], training mode: batch statistics normalise, running stats
+// (momentum 0.1, unbiased variance) are buffers, as is num_batches_tracked.
+class BatchNorm : public Module {
+public:
+    BatchNorm(std::string name, SourceLocation where, int64_t features, double eps, double momentum,
+              DType dtype);
+    Shape output_shape(const Shape& in) const override;
+    void init_params(uint64_t seed) override;
+
+protected:
+    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+
+private:
+    int64_t features_;
+    double eps_, momentum_;
+};
+
+// nn.Embedding: ids [...] -> [..., dim]; weight [num, dim] ~ N(0, 1).
+class Embedding : public Module {
+public:
+    Embedding(std::string name, SourceLocation where, int64_t num, int64_t dim, DType dtype);
+    Shape output_shape(const Shape& in) const override;
+    bool takes_ids() const override { return true; }
+    void init_params(uint64_t seed) override;
+
+protected:
+    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+
+private:
+    int64_t num_, dim_;
+};
+
+// nn.Dropout(p). The mask is drawn from the counter-based RNG keyed by (seed, step, module,
+// element index), so every run and every sharding draws the same mask. Identity in eval mode.
+class Dropout : public Module {
+public:
+    Dropout(std::string name, SourceLocation where, double p)
+        : Module("dropout", std::move(name), std::move(where)), p_(p) {}
+    double p() const { return p_; }
+    // The scaled keep mask (0 or 1/(1-p)) for elements [offset, offset + numel) of the full tensor.
+    Tensor mask(const RunContext& ctx, const Shape& shape, DType dtype, int64_t offset = 0) const;
+
+protected:
+    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+
+private:
+    double p_;
+};
+
+// Fills t with U(-bound, bound) drawn for (seed, "init", fqn), element i from index i.
+void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound);
+void init_normal(Tensor& t, uint64_t seed, const std::string& fqn, double stddev);
+void fill_value(Tensor& t, double value);  // host-side fill, for init
+
+}  // namespace ptool

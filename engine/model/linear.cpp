@@ -1,0 +1,60 @@
+// nn.Linear with explicit backward:
+//   forward   y = x @ W^T + b        x: [rows, in], W: [out, in], y: [rows, out]
+//   backward  dW += dy^T @ x          dW: [out, in]
+//             db += sum_rows(dy)      db: [out]
+//             dx  = dy @ W            dx: [rows, in]
+#include <cmath>
+
+#include "model/layers.h"
+
+namespace ptool {
+
+Linear::Linear(std::string name, SourceLocation where, int64_t in, int64_t out, bool bias, DType dtype,
+               ParamPtr tied_weight)
+    : Module("linear", std::move(name), std::move(where)), in_(in), out_(out), tied_(tied_weight != nullptr) {
+    register_param("weight", tied_weight ? tied_weight : make_param({out, in}, dtype));
+    if (bias) register_param("bias", make_param({out}, dtype));
+}
+
+Shape Linear::output_shape(const Shape& in) const {
+    if (in.empty() || in.back() != in_)
+        fail(fmt::format("linear '{}' expects inputs [..., {}], got {}", fqn(), in_, shape_str(in)));
+    Shape out = in;
+    out.back() = out_;
+    return out;
+}
+
+// kaiming_uniform_(a=sqrt(5)) gives bound 1/sqrt(in) for the weight; the bias uses the same bound.
+void Linear::init_params(uint64_t seed) {
+    const double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;
+    if (!tied_) init_uniform(param("weight")->value, seed, join_name(fqn(), "weight"), bound);
+    if (auto b = param("bias")) init_uniform(b->value, seed, join_name(fqn(), "bias"), bound);
+}
+
+Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
+    const Tensor x2 = x.reshape({x.numel() / in_, in_});
+    Shape out_shape = x.shape();
+    out_shape.back() = out_;
+    Tensor y(out_shape, x.dtype(), x.device());
+    Tensor y2 = y.reshape({x2.size(0), out_});
+    ctx.backend->gemm(x2, false, param("weight")->value, true, y2);
+    if (auto b = param("bias")) ctx.backend->add_bias(y2, b->value);
+    save({x2});
+    return y;
+}
+
+Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
+    const Tensor x2 = restore()[0];
+    const Tensor dy2 = dy.reshape({x2.size(0), out_});
+    ParamPtr w = param("weight");
+    ctx.backend->gemm(dy2, true, x2, false, w->grad, 1.0, 1.0);
+    if (auto b = param("bias")) ctx.backend->sum_rows(dy2, b->grad, true);
+    Shape in_shape = dy.shape();
+    in_shape.back() = in_;
+    Tensor dx(in_shape, dy.dtype(), dy.device());
+    Tensor dx2 = dx.reshape({x2.size(0), in_});
+    ctx.backend->gemm(dy2, false, w->value, false, dx2);
+    return dx;
+}
+
+}  // namespace ptool

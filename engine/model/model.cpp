@@ -1,0 +1,39 @@
+#include <set>
+
+#include "model/model.h"
+
+namespace ptool {
+
+static std::vector<std::pair<std::string, ParamPtr>> unique_entries(const Module& root, bool buffers) {
+    std::vector<std::pair<std::string, ParamPtr>> out;
+    std::set<const Parameter*> seen;
+    for_each_param(
+        root,
+        [&](const std::string& name, const ParamPtr& p) {
+            if (seen.insert(p.get()).second) out.emplace_back(name, p);
+        },
+        buffers);
+    return out;
+}
+
+std::vector<std::pair<std::string, ParamPtr>> Model::named_parameters() const { return unique_entries(*root, false); }
+std::vector<std::pair<std::string, ParamPtr>> Model::named_buffers() const { return unique_entries(*root, true); }
+
+// PyTorch's state_dict order: per module, its parameters then its buffers, then its children.
+static void walk_state(const Module& m, const std::string& prefix, std::vector<std::pair<std::string, ParamPtr>>& out) {
+    for (const auto& e : m.params()) out.emplace_back(join_name(prefix, e.name), e.param);
+    for (const auto& e : m.buffers()) out.emplace_back(join_name(prefix, e.name), e.param);
+    for (const auto& [name, child] : m.children()) walk_state(*child, join_name(prefix, name), out);
+}
+
+std::vector<std::pair<std::string, ParamPtr>> Model::state_dict() const {
+    std::vector<std::pair<std::string, ParamPtr>> out;
+    walk_state(*root, "", out);
+    return out;
+}
+
+void Model::init_params() {
+    for_each_module(*root, [&](const std::string&, Module& m) { m.init_params(seed); });
+}
+
+}  // namespace ptool

@@ -1,0 +1,61 @@
+// Model: the module tree built from a model YAML file, with its batch, loss, optimizer and dtype.
+//
+//   Model m = load_model("models/mlp.yaml");
+//   m.root->forward(ctx, input) ...
+// Names become PyTorch FQNs; load_model validates every key, type and shape (shape inference over
+// the whole tree) before anything is computed, and throws InputError at file:line:column.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/blocks.h"
+
+namespace ptool {
+
+enum class LossKind { sum, mean, mse, cross_entropy };
+const char* loss_name(LossKind k);
+
+struct TensorSpec {
+    Shape shape;
+    bool ids = false;   // integer ids (tokens or class ids), else floats ~ N(0, 1)
+    int64_t range = 0;  // ids are drawn from [0, range)
+};
+
+struct OptimizerSpec {
+    std::string type = "sgd";  // sgd | adamw
+    double lr = 1e-3;
+    double momentum = 0.0;
+    double weight_decay = 0.0;
+    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+
+struct Model {
+    std::string name;
+    std::string path;
+    std::string yaml_text;  // the file as read
+    DType dtype = DType::float32;
+    uint64_t seed = 0;
+    int64_t steps = 1;
+    TensorSpec input;
+    std::optional<TensorSpec> target;
+    LossKind loss = LossKind::sum;
+    OptimizerSpec optimizer;
+    std::shared_ptr<Sequential> root;  // fqn ""
+    Shape output_shape;
+
+    // named_parameters(): registration order, each parameter once (first name).
+    std::vector<std::pair<std::string, ParamPtr>> named_parameters() const;
+    // named_buffers(), likewise.
+    std::vector<std::pair<std::string, ParamPtr>> named_buffers() const;
+    // state_dict(): parameters then buffers per module, every name (tied/shared ones too).
+    std::vector<std::pair<std::string, ParamPtr>> state_dict() const;
+    void init_params();  // PyTorch's default init from the counter-based RNG
+};
+
+// dtype_override: `--dtype` on the command line ("" keeps the file's).
+Model load_model(const std::string& path, const std::string& dtype_override = "");
+Model load_model_text(const std::string& text, const std::string& name, const std::string& dtype_override = "");
+
+}  // namespace ptool

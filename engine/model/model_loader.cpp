@@ -1,0 +1,273 @@
+// Model YAML -> module tree. Every key is checked; module types, defaults and names follow torch.nn.
+#include <cfloat>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "core/yaml_reader.h"
+#include "model/model.h"
+
+namespace ptool {
+namespace {
+
+const std::vector<std::string> kModuleTypes = {
+    "linear",     "relu",      "gelu",      "silu",      "tanh",     "identity",  "layer_norm",
+    "rms_norm",   "batch_norm", "embedding", "dropout",   "attention", "gated_mlp", "sequential",
+    "repeat",     "residual",  "shared"};
+
+struct Builder {
+    DType dtype;
+    std::map<std::string, std::shared_ptr<Module>> by_fqn;  // every module built so far
+
+    std::shared_ptr<Module> lookup(YamlNode where, const std::string& fqn, const char* key) {
+        auto it = by_fqn.find(fqn);
+        if (it == by_fqn.end()) {
+            std::vector<std::string> names;
+            for (const auto& [n, m] : by_fqn) names.push_back(n);
+            where.fail(fmt::format("'{}: {}' names no earlier module{}", key, fqn, did_you_mean(fqn, names)));
+        }
+        return it->second;
+    }
+
+    Activation activation_of(YamlMap& m, const std::string& key, const std::string& fallback) {
+        std::string a = m.string_or(key, fallback);
+        if (a == "silu") return Activation::silu;
+        if (a == "relu") return Activation::relu;
+        if (a == "gelu") return Activation::gelu;
+        if (a == "tanh") return Activation::tanh;
+        m.at(key).fail(fmt::format("unknown activation '{}' (valid: silu, relu, gelu, tanh)", a));
+    }
+
+    void children(YamlMap& m, Module& parent, const std::string& prefix) {
+        std::set<std::string> names;
+        for (const YamlNode& item : m.at("modules").items(fmt::format("'modules' of '{}'", prefix))) {
+            auto [name, child] = build(item, prefix);
+            if (!names.insert(name).second) item.fail(fmt::format("duplicate module name '{}'", name));
+            parent.add_child(name, child);
+        }
+        if (names.empty()) m.at("modules").fail(fmt::format("'{}' has no modules", prefix.empty() ? "model" : prefix));
+    }
+
+    std::pair<std::string, std::shared_ptr<Module>> build(const YamlNode& node, const std::string& prefix) {
+        YamlMap m(node, "a module");
+        const std::string name = m.at("name").as_string("a module's 'name'");
+        if (name.empty() || name.find_first_of(". \t") != std::string::npos)
+            m.at("name").fail(fmt::format("module name '{}' must be non-empty, without dots or spaces", name));
+        const std::string fqn = join_name(prefix, name);
+        YamlNode type_node = m.at("type");
+        const std::string type = type_node.as_string("'type'");
+        const std::string what = fmt::format("{} '{}'", type, fqn);
+        YamlMap mm(node, what);  // re-read with a precise description for the messages below
+        mm.at("name");
+        mm.at("type");
+        std::shared_ptr<Module> mod = make(mm, type, type_node, name, fqn, node.where());
+        mm.finish();
+        mod->set_fqn(fqn);
+        if (type != "shared") by_fqn.emplace(fqn, mod);
+        return {name, mod};
+    }
+
+    std::shared_ptr<Module> make(YamlMap& m, const std::string& type, const YamlNode& type_node,
+                                 const std::string& name, const std::string& fqn, const SourceLocation& where) {
+        auto pos = [&](const char* key) { return m.at(key).as_positive_int(fmt::format("'{}'", key)); };
+        if (type == "linear") {
+            const int64_t in = pos("in"), out = pos("out");
+            ParamPtr tied;
+            if (auto t = m.get("tie")) {
+                auto target = lookup(*t, t->as_string("'tie'"), "tie");
+                tied = target->param("weight");
+                if (!tied) t->fail(fmt::format("'tie: {}' names a module with no weight", target->fqn()));
+                if (tied->value.shape() != Shape{out, in})
+                    t->fail(fmt::format("'tie: {}' weight is {}, but this linear needs [{}, {}] ([out, in])",
+                                        target->fqn(), shape_str(tied->value.shape()), out, in));
+            }
+            return std::make_shared<Linear>(name, where, in, out, m.bool_or("bias", true), dtype, tied);
+        }
+        if (type == "relu") return std::make_shared<ActivationModule>(type, name, where, Activation::relu);
+        if (type == "silu") return std::make_shared<ActivationModule>(type, name, where, Activation::silu);
+        if (type == "tanh") return std::make_shared<ActivationModule>(type, name, where, Activation::tanh);
+        if (type == "gelu") {
+            std::string approx = m.string_or("approximate", "none");
+            if (approx != "none" && approx != "tanh")
+                m.at("approximate").fail(fmt::format("gelu approximate must be none or tanh, got '{}'", approx));
+            return std::make_shared<ActivationModule>(type, name, where,
+                                                      approx == "tanh" ? Activation::gelu_tanh : Activation::gelu);
+        }
+        if (type == "identity") return std::make_shared<Identity>(name, where);
+        if (type == "layer_norm" || type == "rms_norm") {
+            // nn.LayerNorm eps 1e-5; nn.RMSNorm eps=None means torch.finfo(dtype).eps
+            const double default_eps = type == "layer_norm" ? 1e-5 : (dtype == DType::float64 ? DBL_EPSILON
+                                                                    : dtype == DType::bfloat16 ? 0.0078125
+                                                                    : dtype == DType::float16 ? 0.0009765625
+                                                                                              : FLT_EPSILON);
+            const bool bias = type == "layer_norm" && m.bool_or("bias", true);
+            return std::make_shared<Norm>(type, name, where, pos("dim"), m.double_or("eps", default_eps),
+                                          m.bool_or("elementwise_affine", true), bias, dtype);
+        }
+        if (type == "batch_norm")
+            return std::make_shared<BatchNorm>(name, where, pos("features"), m.double_or("eps", 1e-5),
+                                               m.double_or("momentum", 0.1), dtype);
+        if (type == "embedding") return std::make_shared<Embedding>(name, where, pos("vocab"), pos("dim"), dtype);
+        if (type == "dropout") {
+            const double p = m.double_or("p", 0.5);
+            if (!(p >= 0.0 && p < 1.0)) m.at("p").fail(fmt::format("dropout p must be in [0, 1), got {}", p));
+            return std::make_shared<Dropout>(name, where, p);
+        }
+        if (type == "attention") {
+            const int64_t heads = pos("heads");
+            const int64_t kv = m.has("kv_heads") ? pos("kv_heads") : heads;
+            return std::make_shared<Attention>(name, where, pos("dim"), heads, kv, m.bool_or("causal", false),
+                                               m.bool_or("bias", true), dtype);
+        }
+        if (type == "gated_mlp")
+            return std::make_shared<GatedMlp>(name, where, pos("dim"), pos("hidden"),
+                                              activation_of(m, "activation", "silu"), m.bool_or("bias", false), dtype);
+        if (type == "sequential" || type == "residual") {
+            std::shared_ptr<Sequential> s;
+            if (type == "residual") s = std::make_shared<Residual>(name, where);
+            else s = std::make_shared<Sequential>(type, name, where);
+            children(m, *s, fqn);
+            return s;
+        }
+        if (type == "repeat") {
+            const int64_t count = pos("count");
+            if (count > 4096) m.at("count").fail("repeat count over 4096");
+            auto list = std::make_shared<Sequential>("repeat", name, where);
+            for (int64_t i = 0; i < count; ++i) {
+                auto copy = std::make_shared<Sequential>("sequential", std::to_string(i), where);
+                const std::string cfqn = join_name(fqn, std::to_string(i));
+                copy->set_fqn(cfqn);
+                children(m, *copy, cfqn);
+                by_fqn.emplace(cfqn, copy);
+                list->add_child(std::to_string(i), copy);
+            }
+            return list;
+        }
+        if (type == "shared") {
+            YamlNode target = m.at("module");
+            return lookup(target, target.as_string("'module'"), "module");
+        }
+        type_node.fail(fmt::format("unknown module type '{}'{}", type, did_you_mean(type, kModuleTypes)));
+    }
+};
+
+TensorSpec parse_tensor_spec(const YamlNode& node, const std::string& what) {
+    TensorSpec spec;
+    if (node.is_seq()) {
+        spec.shape = node.as_shape(what);
+        return spec;
+    }
+    YamlMap m(node, what);
+    spec.shape = m.at("tokens").as_shape(fmt::format("'tokens' of {}", what));
+    spec.ids = true;
+    spec.range = m.at("vocab").as_positive_int(fmt::format("'vocab' of {}", what));
+    m.finish();
+    return spec;
+}
+
+OptimizerSpec parse_optimizer(const YamlNode& node) {
+    YamlMap m(node, "the optimizer");
+    OptimizerSpec o;
+    YamlNode type = m.at("type");
+    o.type = type.as_string("optimizer 'type'");
+    if (o.type == "sgd") {
+        o.lr = m.double_or("lr", 1e-3);
+        o.momentum = m.double_or("momentum", 0.0);
+        o.weight_decay = m.double_or("weight_decay", 0.0);
+    } else if (o.type == "adamw") {
+        o.lr = m.double_or("lr", 1e-3);
+        o.weight_decay = m.double_or("weight_decay", 1e-2);
+        o.eps = m.double_or("eps", 1e-8);
+        if (auto b = m.get("betas")) {
+            auto items = b->items("'betas'");
+            if (items.size() != 2) b->fail("'betas' must be [beta1, beta2]");
+            o.beta1 = items[0].as_double("beta1");
+            o.beta2 = items[1].as_double("beta2");
+            if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1)) b->fail("betas must be in [0, 1)");
+        }
+    } else {
+        type.fail(fmt::format("unknown optimizer '{}'{}", o.type, did_you_mean(o.type, {"sgd", "adamw"})));
+    }
+    if (!(o.lr >= 0)) m.at("lr").fail("lr must be >= 0");
+    m.finish();
+    return o;
+}
+
+LossKind parse_loss(const YamlNode& node) {
+    const std::string s = node.as_string("'loss'");
+    for (LossKind k : {LossKind::sum, LossKind::mean, LossKind::mse, LossKind::cross_entropy})
+        if (s == loss_name(k)) return k;
+    node.fail(fmt::format("unknown loss '{}'{}", s, did_you_mean(s, {"sum", "mean", "mse", "cross_entropy"})));
+}
+
+}  // namespace
+
+const char* loss_name(LossKind k) {
+    switch (k) {
+        case LossKind::sum: return "sum";
+        case LossKind::mean: return "mean";
+        case LossKind::mse: return "mse";
+        case LossKind::cross_entropy: return "cross_entropy";
+    }
+    return "?";
+}
+
+Model load_model_text(const std::string& text, const std::string& path, const std::string& dtype_override) {
+    YamlNode root = load_yaml_text(text, path);
+    YamlMap m(root, "the model");
+    Model model;
+    model.path = path;
+    model.yaml_text = text;
+    model.name = m.string_or("name", std::filesystem::path(path).stem().string());
+    if (auto d = m.get("dtype")) {
+        try {
+            model.dtype = parse_dtype(d->as_string("'dtype'"));
+        } catch (const InputError& e) {
+            d->fail(e.what());
+        }
+    }
+    if (!dtype_override.empty()) model.dtype = parse_dtype(dtype_override);
+    model.seed = static_cast<uint64_t>(m.int_or("seed", 0));
+    model.steps = m.has("steps") ? m.at("steps").as_positive_int("'steps'") : 1;
+    YamlMap batch(m.at("batch"), "'batch'");
+    model.input = parse_tensor_spec(batch.at("input"), "'batch.input'");
+    if (auto t = batch.get("target")) model.target = parse_tensor_spec(*t, "'batch.target'");
+    batch.finish();
+    if (auto l = m.get("loss")) model.loss = parse_loss(*l);
+    if (auto o = m.get("optimizer")) model.optimizer = parse_optimizer(*o);
+
+    Builder b{model.dtype, {}};
+    model.root = std::make_shared<Sequential>("sequential", "", root.where());
+    b.children(m, *model.root, "");
+    m.finish();
+    for_each_module(*model.root, [](const std::string& fqn, Module& mod) { mod.set_fqn(fqn); });
+
+    // Shape inference over the whole tree: every size error is found before any compute.
+    if (model.input.ids != model.root->takes_ids())
+        m.at("batch").fail(model.input.ids ? "batch.input is tokens, but the first module is not an embedding"
+                                           : "the first module is an embedding: batch.input must be {tokens, vocab}");
+    model.output_shape = model.root->output_shape(model.input.shape);
+    const Shape& out = model.output_shape;
+    if (model.loss == LossKind::cross_entropy) {
+        Shape want(out.begin(), out.end() - 1);
+        if (!model.target) model.target = TensorSpec{want, true, out.back()};
+        if (model.target->shape != want)
+            batch.at("target").fail(fmt::format("cross_entropy on output {} needs target {}, got {}", shape_str(out),
+                                                shape_str(want), shape_str(model.target->shape)));
+        model.target->ids = true;
+        model.target->range = out.back();
+    } else if (model.loss == LossKind::mse) {
+        if (!model.target) model.target = TensorSpec{out, false, 0};
+        if (model.target->shape != out || model.target->ids)
+            batch.at("target").fail(fmt::format("mse on output {} needs a float target of the same shape",
+                                                shape_str(out)));
+    }
+    model.init_params();
+    return model;
+}
+
+Model load_model(const std::string& path, const std::string& dtype_override) {
+    return load_model_text(read_text_file(path, YamlLimits{}.max_bytes), path, dtype_override);
+}
+
+}  // namespace ptool

@@ -1,0 +1,76 @@
+#include "model/module.h"
+
+#include <set>
+
+namespace ptool {
+
+Tensor Module::forward(RunContext& ctx, const Tensor& x) {
+    Tensor y = forward_impl(ctx, x);
+    if (ctx.observer) ctx.observer(*this, "forward", y);
+    return y;
+}
+
+Tensor Module::backward(RunContext& ctx, const Tensor& dy) {
+    Tensor dx = backward_impl(ctx, dy);
+    if (ctx.observer && dx.defined()) ctx.observer(*this, "backward", dx);
+    return dx;
+}
+
+std::vector<Tensor> Module::restore() {
+    PTOOL_REQUIRE(!saved_.empty(), "backward of '{}' without a forward", fqn_);
+    std::vector<Tensor> t = std::move(saved_.back());
+    saved_.pop_back();
+    return t;
+}
+
+ParamPtr Module::param(const std::string& name) const {
+    for (const auto& e : params_)
+        if (e.name == name) return e.param;
+    return nullptr;
+}
+
+std::string join_name(const std::string& prefix, const std::string& name) {
+    if (prefix.empty()) return name;
+    if (name.empty()) return prefix;
+    return prefix + "." + name;
+}
+
+static void walk_params(const Module& m, const std::string& prefix,
+                        const std::function<void(const std::string&, const ParamPtr&)>& fn, bool buffers) {
+    for (const auto& e : buffers ? m.buffers() : m.params()) fn(join_name(prefix, e.name), e.param);
+    for (const auto& [name, child] : m.children()) walk_params(*child, join_name(prefix, name), fn, buffers);
+}
+
+void for_each_param(const Module& root, const std::function<void(const std::string&, const ParamPtr&)>& fn,
+                    bool buffers) {
+    walk_params(root, "", fn, buffers);
+}
+
+static void walk_modules(Module& m, const std::string& prefix, std::set<const Module*>& seen,
+                         const std::function<void(const std::string&, Module&)>& fn) {
+    if (!seen.insert(&m).second) return;
+    fn(prefix, m);
+    for (const auto& [name, child] : m.children()) walk_modules(*child, join_name(prefix, name), seen, fn);
+}
+
+void for_each_module(const Module& root, const std::function<void(const std::string&, Module&)>& fn) {
+    std::set<const Module*> seen;
+    walk_modules(const_cast<Module&>(root), "", seen, fn);
+}
+
+ParamPtr make_param(Shape shape, DType dtype) {
+    auto p = std::make_shared<Parameter>();
+    p->value = Tensor(shape, dtype);
+    p->grad = Tensor(shape, dtype);
+    return p;
+}
+
+ParamPtr make_buffer(Shape shape, DType dtype) {
+    auto p = std::make_shared<Parameter>();
+    p->value = Tensor(std::move(shape), dtype);
+    return p;
+}
+
+Tensor empty_like(const Tensor& t) { return Tensor(t.shape(), t.dtype(), t.device()); }
+
+}  // namespace ptool

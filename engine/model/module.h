@@ -1,0 +1,108 @@
+// Module: one node of the model tree, with explicit forward and backward (no autograd tape).
+//
+// Names follow PyTorch: a module's parameters are registered under local names ("weight",
+// "bias"), children under theirs ("net1", "0"), and full names join them with dots
+// ("layers.0.net1.weight"). A module reached twice (`shared`) or a parameter owned twice
+// (`tie:`) is the same object under two names, as in PyTorch: state_dict lists both names,
+// named_parameters the first only.
+//
+// forward() saves what backward() needs on a per-module stack, so a module called twice in one
+// step (`shared`) pops its saves in reverse order.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace ptool {
+
+struct Parameter {
+    Tensor value;
+    Tensor grad;  // same shape and dtype; zeroed by zero_grad()
+};
+using ParamPtr = std::shared_ptr<Parameter>;
+
+// Per-step state shared by every module during one forward/backward.
+struct RunContext {
+    Backend* backend = nullptr;
+    uint64_t seed = 0;
+    int64_t step = 0;
+    bool training = true;
+    // Called after each module's forward (output) and backward (input gradient), for divergence
+    // localisation; may be empty.
+    std::function<void(const class Module&, const char* phase, const Tensor&)> observer;
+};
+
+class Module {
+public:
+    Module(std::string type, std::string name, SourceLocation where)
+        : type_(std::move(type)), name_(std::move(name)), where_(std::move(where)) {}
+    virtual ~Module() = default;
+
+    const std::string& type() const { return type_; }
+    const std::string& name() const { return name_; }
+    const std::string& fqn() const { return fqn_; }
+    const SourceLocation& where() const { return where_; }
+
+    // The output shape for an input shape; throws InputError naming this module when they do not fit.
+    virtual Shape output_shape(const Shape& in) const { return in; }
+    // Input is floating activations except for embedding (integer ids).
+    virtual bool takes_ids() const { return false; }
+    // Fills this module's own parameters and buffers (not its children's) with PyTorch's default
+    // init, drawn from the counter-based RNG keyed by (seed, "init", parameter fqn).
+    virtual void init_params(uint64_t /*seed*/) {}
+
+    Tensor forward(RunContext& ctx, const Tensor& x);
+    Tensor backward(RunContext& ctx, const Tensor& dy);
+
+    struct Entry {
+        std::string name;
+        ParamPtr param;
+    };
+    const std::vector<Entry>& params() const { return params_; }
+    const std::vector<Entry>& buffers() const { return buffers_; }
+    const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
+
+    void set_fqn(const std::string& fqn) { fqn_ = fqn; }
+    void register_param(const std::string& name, ParamPtr p) { params_.push_back({name, std::move(p)}); }
+    void register_buffer(const std::string& name, ParamPtr b) { buffers_.push_back({name, std::move(b)}); }
+    void add_child(const std::string& name, std::shared_ptr<Module> m) { children_.push_back({name, std::move(m)}); }
+    ParamPtr param(const std::string& name) const;  // nullptr when absent
+
+    size_t saved_depth() const { return saved_.size(); }
+
+protected:
+    virtual Tensor forward_impl(RunContext& ctx, const Tensor& x) = 0;
+    virtual Tensor backward_impl(RunContext& ctx, const Tensor& dy) = 0;
+    [[noreturn]] void fail(const std::string& message) const { throw InputError(where_, message); }
+
+    void save(std::vector<Tensor> tensors) { saved_.push_back(std::move(tensors)); }
+    std::vector<Tensor> restore();
+
+private:
+    std::string type_, name_, fqn_;
+    SourceLocation where_;
+    std::vector<Entry> params_, buffers_;
+    std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+    std::vector<std::vector<Tensor>> saved_;
+};
+
+// Walks the tree in registration order: fn(full_name, parameter). Shared objects appear under every name.
+void for_each_param(const Module& root, const std::function<void(const std::string&, const ParamPtr&)>& fn,
+                    bool buffers = false);
+// Every module in forward registration order, first name only: fn(fqn, module).
+void for_each_module(const Module& root, const std::function<void(const std::string&, Module&)>& fn);
+
+// Allocates a parameter with a zero gradient.
+ParamPtr make_param(Shape shape, DType dtype);
+ParamPtr make_buffer(Shape shape, DType dtype);  // no gradient
+
+Tensor empty_like(const Tensor& t);
+std::string join_name(const std::string& prefix, const std::string& name);
+
+}  // namespace ptool

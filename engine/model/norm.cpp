@@ -1,0 +1,137 @@
+// layer_norm, rms_norm (over the last dim) and batch_norm (per channel of [N, C]).
+#include <cmath>
+
+#include "model/layers.h"
+
+namespace ptool {
+namespace {
+DType stat_dtype(DType dt) { return dt == DType::float64 ? DType::float64 : DType::float32; }
+}  // namespace
+
+Norm::Norm(std::string type, std::string name, SourceLocation where, int64_t dim, double eps, bool affine,
+           bool bias, DType dtype)
+    : Module(std::move(type), std::move(name), std::move(where)), dim_(dim), eps_(eps) {
+    if (affine) register_param("weight", make_param({dim}, dtype));
+    if (affine && bias) register_param("bias", make_param({dim}, dtype));
+}
+
+Shape Norm::output_shape(const Shape& in) const {
+    if (in.empty() || in.back() != dim_)
+        fail(fmt::format("{} '{}' normalises a last dim of {}, got input {}", type(), fqn(), dim_, shape_str(in)));
+    return in;
+}
+
+void Norm::init_params(uint64_t) {
+    if (auto w = param("weight")) fill_value(w->value, 1.0);
+    if (auto b = param("bias")) fill_value(b->value, 0.0);
+}
+
+Tensor Norm::forward_impl(RunContext& ctx, const Tensor& x) {
+    const int64_t rows = x.numel() / dim_;
+    Tensor y = empty_like(x), mean({rows}, stat_dtype(x.dtype())), rstd({rows}, stat_dtype(x.dtype()));
+    ParamPtr w = param("weight"), b = param("bias");
+    ctx.backend->layer_norm(x, w ? w->value : Tensor(), b ? b->value : Tensor(), eps_, rms(), y, mean, rstd);
+    save({x, mean, rstd});
+    return y;
+}
+
+Tensor Norm::backward_impl(RunContext& ctx, const Tensor& dy) {
+    std::vector<Tensor> s = restore();
+    Tensor dx = empty_like(dy);
+    ParamPtr w = param("weight"), b = param("bias");
+    ctx.backend->layer_norm_backward(s[0], w ? w->value : Tensor(), s[1], s[2], dy, rms(), dx,
+                                     w ? &w->grad : nullptr, b ? &b->grad : nullptr);
+    return dx;
+}
+
+BatchNorm::BatchNorm(std::string name, SourceLocation where, int64_t features, double eps, double momentum,
+                     DType dtype)
+    : Module("batch_norm", std::move(name), std::move(where)), features_(features), eps_(eps), momentum_(momentum) {
+    register_param("weight", make_param({features}, dtype));
+    register_param("bias", make_param({features}, dtype));
+    register_buffer("running_mean", make_buffer({features}, dtype));
+    register_buffer("running_var", make_buffer({features}, dtype));
+    register_buffer("num_batches_tracked", make_buffer({}, DType::int64));
+}
+
+Shape BatchNorm::output_shape(const Shape& in) const {
+    if (in.size() != 2 || in[1] != features_)
+        fail(fmt::format("batch_norm '{}' expects [N, {}], got {}", fqn(), features_, shape_str(in)));
+    if (in[0] < 2) fail(fmt::format("batch_norm '{}' needs more than 1 value per channel in training", fqn()));
+    return in;
+}
+
+void BatchNorm::init_params(uint64_t) {
+    fill_value(param("weight")->value, 1.0);
+    fill_value(param("bias")->value, 0.0);
+    fill_value(buffers()[0].param->value, 0.0);
+    fill_value(buffers()[1].param->value, 1.0);
+    buffers()[2].param->value.set(0, 0);
+}
+
+Tensor BatchNorm::forward_impl(RunContext& ctx, const Tensor& x) {
+    const DType sd = stat_dtype(x.dtype());
+    Tensor mean({features_}, sd), var({features_}, sd), rstd({features_}, sd);
+    ctx.backend->channel_moments(x, mean, var);
+    const double n = static_cast<double>(x.size(0));
+    Tensor& running_mean = buffers()[0].param->value;
+    Tensor& running_var = buffers()[1].param->value;
+    for (int64_t c = 0; c < features_; ++c) {
+        rstd.set(c, 1.0 / std::sqrt(var.item(c) + eps_));
+        // running stats: momentum update, unbiased variance (torch.nn.BatchNorm1d)
+        running_mean.set(c, (1 - momentum_) * running_mean.item(c) + momentum_ * mean.item(c));
+        running_var.set(c, (1 - momentum_) * running_var.item(c) + momentum_ * var.item(c) * n / (n - 1));
+    }
+    Tensor& tracked = buffers()[2].param->value;
+    tracked.set(0, tracked.item(0) + 1);
+    Tensor y = empty_like(x);
+    ctx.backend->batch_norm_apply(x, mean, rstd, param("weight")->value, param("bias")->value, y);
+    save({x, mean, rstd});
+    return y;
+}
+
+Tensor BatchNorm::backward_impl(RunContext& ctx, const Tensor& dy) {
+    std::vector<Tensor> s = restore();
+    const DType sd = stat_dtype(dy.dtype());
+    Tensor sum_dy({features_}, sd), sum_dy_xhat({features_}, sd);
+    ctx.backend->batch_norm_grad_sums(s[0], s[1], s[2], dy, sum_dy, sum_dy_xhat);
+    ParamPtr w = param("weight"), b = param("bias");
+    for (int64_t c = 0; c < features_; ++c) {
+        w->grad.set(c, w->grad.item(c) + sum_dy_xhat.item(c));
+        b->grad.set(c, b->grad.item(c) + sum_dy.item(c));
+    }
+    Tensor dx = empty_like(dy);
+    ctx.backend->batch_norm_backward_input(s[0], s[1], s[2], w->value, dy, sum_dy, sum_dy_xhat,
+                                           static_cast<double>(dy.size(0)), dx);
+    return dx;
+}
+
+Embedding::Embedding(std::string name, SourceLocation where, int64_t num, int64_t dim, DType dtype)
+    : Module("embedding", std::move(name), std::move(where)), num_(num), dim_(dim) {
+    register_param("weight", make_param({num, dim}, dtype));
+}
+
+Shape Embedding::output_shape(const Shape& in) const {
+    Shape out = in;
+    out.push_back(dim_);
+    return out;
+}
+
+void Embedding::init_params(uint64_t seed) { init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), 1.0); }
+
+Tensor Embedding::forward_impl(RunContext& ctx, const Tensor& ids) {
+    PTOOL_REQUIRE(!dtype_is_float(ids.dtype()), "embedding '{}' needs integer ids, got {}", fqn(),
+                  dtype_name(ids.dtype()));
+    Tensor y(output_shape(ids.shape()), param("weight")->value.dtype(), ids.device());
+    ctx.backend->embedding(ids, param("weight")->value, y);
+    save({ids});
+    return y;
+}
+
+Tensor Embedding::backward_impl(RunContext& ctx, const Tensor& dy) {
+    const Tensor ids = restore()[0];
+    ctx.backend->embedding_backward(ids, dy, param("weight")->grad);
+    return Tensor();  // ids have no gradient
+}
+
+}  // namespace ptool

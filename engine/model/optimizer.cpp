@@ -1,0 +1,23 @@
+#include "model/optimizer.h"
+
+namespace ptool {
+
+void Optimizer::step(const std::vector<std::pair<std::string, ParamPtr>>& params) {
+    ++step_;
+    for (const auto& [name, p] : params) {
+        State& s = state_[p.get()];
+        const bool first = !s.a.defined();
+        if (first) {
+            s.a = empty_like(p->value);
+            if (spec_.type == "adamw") s.b = empty_like(p->value);
+        }
+        if (spec_.type == "sgd") {
+            backend_.sgd_step(p->value, p->grad, s.a, spec_.lr, spec_.momentum, spec_.weight_decay, first);
+        } else {
+            backend_.adamw_step(p->value, p->grad, s.a, s.b, step_, spec_.lr, spec_.beta1, spec_.beta2, spec_.eps,
+                                spec_.weight_decay);
+        }
+    }
+}
+
+}  // namespace ptool
