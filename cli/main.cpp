@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
     CLI::App app{"ptool: plan and verify parallel training (data, tensor, 2-D) against a single-device reference"};
     app.set_version_flag("--version", std::string("ptool ") + PTOOL_VERSION);
     app.require_subcommand(1);
+    app.fallthrough();  // -v/-q also after the subcommand
     ptool::cli::Common common;
     app.add_flag_function("-v,--verbose", [&](int64_t n) { common.verbosity += static_cast<int>(n); },
                           "more output (repeatable)");

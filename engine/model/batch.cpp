@@ -21,13 +21,15 @@ DataSource::DataSource(const Model& model, const TensorFile* data_file, std::str
     if (model.target) gen_target_ = generate_tensor(*model.target, model.dtype, model.seed, "target");
     if (!file_) return;
     std::vector<std::string> known = {"input", "target"};
+    int64_t last_step = model.steps - 1;
     for (const auto& [name, t] : file_->tensors) {
         bool ok = name == "input" || name == "target";
         if (name.rfind("step", 0) == 0) {
             size_t dot = name.find('.');
             std::string suffix = dot == std::string::npos ? "" : name.substr(dot + 1);
             ok = dot != std::string::npos && dot > 4 && (suffix == "input" || suffix == "target") &&
-                 name.find_first_not_of("0123456789", 4) == dot;
+                 name.find_first_not_of("0123456789", 4) == dot && dot - 4 <= 5;  // k < 100000
+            if (ok) last_step = std::max<int64_t>(last_step, std::stoll(name.substr(4, dot - 4)));
         }
         if (!ok)
             throw InputError(SourceLocation{path_, 0, 0},
@@ -35,7 +37,7 @@ DataSource::DataSource(const Model& model, const TensorFile* data_file, std::str
                                          "step{{k}}.target){}",
                                          name, did_you_mean(name, known)));
     }
-    for (int64_t s = 0; s < model.steps; ++s) batch(s);  // validate every step's shapes up front
+    for (int64_t s = 0; s <= last_step; ++s) batch(s);  // validate every key's shape up front
 }
 
 bool DataSource::varies_per_step() const {

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# End-to-end tests of the ptool binary: exit codes (0/2), messages on stderr, --dump output.
+#   bash tests/cli_test.sh build/cli/ptool .
+set -u
+ptool=$1
+root=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passes=0
+
+expect() {  # expect CODE "stderr fragment" -- command...
+    local code=$1 frag=$2
+    shift 3
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    local rc=$?
+    if [[ $rc -ne $code ]] || ! grep -qF -- "$frag" "$tmp/err" "$tmp/out"; then
+        echo "FAIL: $* -> exit $rc (want $code), output:"; cat "$tmp/out" "$tmp/err"
+        failures=$((failures + 1))
+    else
+        passes=$((passes + 1))
+    fi
+}
+
+expect 0 "step   1  loss" -- "$ptool" run "$root/models/mlp.yaml"
+expect 0 "Run single-device training" -- "$ptool" run --help
+expect 0 "run" -- "$ptool" --help
+expect 2 "cannot open file" -- "$ptool" run "$tmp/none.yaml"
+printf 'batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: linaer, in: 2, out: 2}\n' >"$tmp/bad.yaml"
+expect 2 "bad.yaml:3:21: unknown module type 'linaer' (did you mean 'linear'?)" -- "$ptool" run "$tmp/bad.yaml"
+expect 2 "unknown dtype 'float8'" -- "$ptool" run "$root/models/mlp.yaml" --dtype float8
+expect 2 "" -- "$ptool" run "$root/models/mlp.yaml" --steps -1
+expect 2 "" -- "$ptool" frobnicate
+head -c 20 /dev/urandom >"$tmp/junk.safetensors"
+expect 2 "junk.safetensors" -- "$ptool" run "$root/models/mlp.yaml" --init "$tmp/junk.safetensors"
+expect 0 "wrote" -- "$ptool" run "$root/models/mlp.yaml" --dump "$tmp/d.safetensors"
+# the dump is a safetensors file with golden keys: its init params load back as --init
+python3 - "$tmp/d.safetensors" "$tmp/init.safetensors" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+h = json.loads(data[8:8 + n])
+for key in ["init.param.net1.weight", "data.input", "step0.loss", "step1.grad.net2.bias", "step1.param.net1.weight"]:
+    assert key in h, key
+assert h["init.param.net1.weight"]["shape"] == [16, 10]
+keep = {k: v for k, v in h.items() if k.startswith("init.param.")}
+blob, out, off = b"", {}, 0
+for k, v in keep.items():
+    b, e = v["data_offsets"]
+    chunk = data[8 + n + b:8 + n + e]
+    out[k[len("init.param."):]] = {"dtype": v["dtype"], "shape": v["shape"], "data_offsets": [off, off + len(chunk)]}
+    blob += chunk; off += len(chunk)
+hdr = json.dumps(out).encode()
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(hdr)) + hdr + blob)
+PY
+"$ptool" run "$root/models/mlp.yaml" -q --dump "$tmp/d2.safetensors" --init "$tmp/init.safetensors"
+if cmp -s "$tmp/d.safetensors" "$tmp/d2.safetensors"; then passes=$((passes + 1)); else
+    echo "FAIL: --init with the dumped parameters changed the results"; failures=$((failures + 1)); fi
+
+echo "$passes passed, $failures failed"
+[[ $failures -eq 0 ]]

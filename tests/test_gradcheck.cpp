@@ -1,0 +1,101 @@
+// Every module type's backward against central finite differences in float64.
+// The loss is mse against a random target (or cross_entropy), so the output gradient is not uniform.
+#include <cmath>
+
+#include "model/batch.h"
+#include "model/loss.h"
+#include "test_helpers.h"
+
+using namespace ptool;
+
+namespace {
+
+double run_loss(Model& m, const Batch& b, Tensor* dx) {
+    Backend& be = backend_for(Device::cpu);
+    for (const auto& [n, p] : m.named_parameters()) be.fill(p->grad, 0.0);
+    RunContext ctx{&be, m.seed, 0, true, {}};
+    Tensor out = m.root->forward(ctx, b.input);
+    LossResult l = compute_loss(be, m.loss, out, b.target);
+    Tensor d = m.root->backward(ctx, l.grad);
+    if (dx) *dx = d;
+    return l.value;
+}
+
+// Checks up to `samples` elements of t spread over it: analytic[i] vs (f(t+h) - f(t-h)) / 2h.
+void check_elements(Model& m, const Batch& b, Tensor t, const Tensor& analytic, const std::string& what) {
+    const double h = 1e-6;
+    const int64_t n = t.numel(), stride = std::max<int64_t>(1, n / 40);
+    for (int64_t i = 0; i < n; i += stride) {
+        const double v = t.item(i);
+        t.set(i, v + h);
+        const double up = run_loss(m, b, nullptr);
+        t.set(i, v - h);
+        const double down = run_loss(m, b, nullptr);
+        t.set(i, v);
+        const double numeric = (up - down) / (2 * h);
+        INFO(what << "[" << i << "]: analytic " << analytic.item(i) << " numeric " << numeric);
+        REQUIRE(std::abs(analytic.item(i) - numeric) <= 1e-7 + 1e-5 * std::abs(numeric));
+    }
+}
+
+void gradcheck(const std::string& modules, const std::string& batch = "input: [3, 4]\n  target: [3, 4]",
+               const std::string& loss = "mse") {
+    const std::string yaml = "seed: 11\nbatch:\n  " + batch + "\nloss: " + loss + "\nmodules:\n" + modules;
+    Model m = load_model_text(yaml, "gradcheck.yaml", "float64");
+    DataSource data(m);
+    Batch b = data.batch(0);
+    Tensor dx;
+    run_loss(m, b, &dx);
+    std::vector<std::pair<std::string, Tensor>> grads;
+    for (const auto& [name, p] : m.named_parameters()) grads.emplace_back(name, p->grad.clone());
+    REQUIRE((!grads.empty() || dx.defined()));
+    auto params = m.named_parameters();
+    for (size_t k = 0; k < params.size(); ++k) check_elements(m, b, params[k].second->value, grads[k].second, params[k].first);
+    if (dx.defined()) check_elements(m, b, b.input, dx.clone(), "input");
+}
+
+}  // namespace
+
+TEST_CASE("gradcheck: linear with and without bias", "[cpu][gradcheck]") {
+    gradcheck("  - {name: a, type: linear, in: 4, out: 5}\n  - {name: b, type: linear, in: 5, out: 4, bias: false}\n");
+}
+
+TEST_CASE("gradcheck: activations", "[cpu][gradcheck]") {
+    for (std::string act : {"relu", "gelu", "silu", "tanh", "identity"}) {
+        INFO(act);
+        gradcheck("  - {name: a, type: linear, in: 4, out: 4}\n  - {name: f, type: " + act + "}\n");
+    }
+    gradcheck("  - {name: a, type: linear, in: 4, out: 4}\n  - {name: f, type: gelu, approximate: tanh}\n");
+}
+
+TEST_CASE("gradcheck: layer_norm, rms_norm, batch_norm", "[cpu][gradcheck]") {
+    gradcheck("  - {name: a, type: linear, in: 4, out: 4}\n  - {name: n, type: layer_norm, dim: 4}\n");
+    gradcheck("  - {name: n, type: layer_norm, dim: 4, elementwise_affine: false}\n");
+    gradcheck("  - {name: a, type: linear, in: 4, out: 4}\n  - {name: n, type: rms_norm, dim: 4}\n");
+    gradcheck("  - {name: a, type: linear, in: 4, out: 4}\n  - {name: n, type: batch_norm, features: 4}\n"
+              "  - {name: b, type: linear, in: 4, out: 4}\n");
+}
+
+TEST_CASE("gradcheck: embedding with a tied head and cross_entropy", "[cpu][gradcheck]") {
+    gradcheck("  - {name: wte, type: embedding, vocab: 7, dim: 4}\n  - {name: n, type: layer_norm, dim: 4}\n"
+              "  - {name: head, type: linear, in: 4, out: 7, bias: false, tie: wte}\n",
+              "input: {tokens: [2, 3], vocab: 7}", "cross_entropy");
+}
+
+TEST_CASE("gradcheck: dropout uses one mask per step", "[cpu][gradcheck]") {
+    gradcheck("  - {name: a, type: linear, in: 4, out: 4}\n  - {name: d, type: dropout, p: 0.3}\n");
+}
+
+TEST_CASE("gradcheck: attention, causal, grouped-query", "[cpu][gradcheck]") {
+    const std::string batch = "input: [2, 3, 8]\n  target: [2, 3, 8]";
+    gradcheck("  - {name: attn, type: attention, dim: 8, heads: 2}\n", batch);
+    gradcheck("  - {name: attn, type: attention, dim: 8, heads: 4, kv_heads: 2, causal: true, bias: false}\n", batch);
+}
+
+TEST_CASE("gradcheck: gated_mlp and containers (repeat, residual, shared)", "[cpu][gradcheck]") {
+    gradcheck("  - {name: mlp, type: gated_mlp, dim: 4, hidden: 6}\n");
+    gradcheck("  - name: layers\n    type: repeat\n    count: 2\n    modules:\n"
+              "      - {name: net1, type: linear, in: 4, out: 4}\n      - {name: act, type: tanh}\n"
+              "  - name: res\n    type: residual\n    modules:\n      - {name: l, type: linear, in: 4, out: 4}\n"
+              "  - {name: again, type: shared, module: layers.0}\n");
+}

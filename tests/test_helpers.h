@@ -1,0 +1,21 @@
+// Helpers shared by the unit tests.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "core/error.h"
+
+// Runs fn, expects an InputError whose message contains every fragment.
+template <class F>
+void require_input_error(F&& fn, std::initializer_list<std::string> fragments) {
+    try {
+        fn();
+    } catch (const ptool::InputError& e) {
+        const std::string msg = e.what();
+        INFO("message: " << msg);
+        for (const auto& f : fragments) CHECK(msg.find(f) != std::string::npos);
+        return;
+    }
+    FAIL("expected an InputError");
+}

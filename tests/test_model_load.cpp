@@ -1,0 +1,111 @@
+// Model YAML: PyTorch names, default init, and every kind of bad input as a positioned error.
+#include <cmath>
+
+#include "model/batch.h"
+#include "model/model.h"
+#include "test_helpers.h"
+
+using namespace ptool;
+
+namespace {
+std::vector<std::string> names(const std::vector<std::pair<std::string, ParamPtr>>& v) {
+    std::vector<std::string> out;
+    for (const auto& [n, p] : v) out.push_back(n);
+    return out;
+}
+const std::string kHead = "batch: {input: [4, 2]}\nmodules:\n";
+}  // namespace
+
+TEST_CASE("FQNs follow PyTorch: ModuleList indices, nested children, shared and tied names", "[cpu]") {
+    Model stacked = load_model(PTOOL_SOURCE_DIR "/models/mlp_stacked.yaml");
+    CHECK(names(stacked.named_parameters()) ==
+          std::vector<std::string>{"layers.0.net1.weight", "layers.0.net1.bias", "layers.0.net2.weight",
+                                   "layers.0.net2.bias", "layers.1.net1.weight", "layers.1.net1.bias",
+                                   "layers.1.net2.weight", "layers.1.net2.bias"});
+    Model shared = load_model(PTOOL_SOURCE_DIR "/models/mpy_shared.yaml");
+    auto sd = names(shared.state_dict());
+    CHECK(std::find(sd.begin(), sd.end(), "m2.1.running_var") != sd.end());
+    CHECK(std::find(sd.begin(), sd.end(), "m1.m.1.num_batches_tracked") != sd.end());
+    CHECK(shared.named_parameters().size() == 6);  // one module, registered twice
+    Model gpt = load_model(PTOOL_SOURCE_DIR "/models/gpt_block.yaml");
+    auto gp = names(gpt.named_parameters());
+    CHECK(std::find(gp.begin(), gp.end(), "lm_head.weight") == gp.end());  // tied: first name only
+    CHECK(std::find(gp.begin(), gp.end(), "attn_block.attn.q_proj.weight") != gp.end());
+    auto gs = names(gpt.state_dict());
+    CHECK(std::find(gs.begin(), gs.end(), "lm_head.weight") != gs.end());
+    CHECK(gpt.output_shape == Shape{4, 16, 64});
+}
+
+TEST_CASE("default init: nn.Linear U(-1/sqrt(in), 1/sqrt(in)), nn.Embedding N(0, 1), norms ones and zeros", "[cpu]") {
+    Model m = load_model_text(kHead + "  - {name: a, type: linear, in: 2, out: 400}\n"
+                                      "  - {name: n, type: layer_norm, dim: 400}\n",
+                              "m.yaml");
+    const Tensor& w = m.named_parameters()[0].second->value;
+    const double bound = 1 / std::sqrt(2.0);
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+        REQUIRE(std::abs(w.item(i)) <= bound);
+        sum += w.item(i), sq += w.item(i) * w.item(i);
+    }
+    CHECK(std::abs(sum / w.numel()) < 0.05);
+    CHECK(std::abs(sq / w.numel() - bound * bound / 3) < 0.02);  // variance of U(-b, b) is b^2 / 3
+    CHECK(m.named_parameters()[2].second->value.item(7) == 1.0);
+    CHECK(m.named_parameters()[3].second->value.item(7) == 0.0);
+    Model e = load_model_text("batch: {input: {tokens: [2], vocab: 5000}}\nmodules:\n"
+                              "  - {name: emb, type: embedding, vocab: 5000, dim: 4}\n",
+                              "e.yaml");
+    const Tensor& ew = e.named_parameters()[0].second->value;
+    double esq = 0;
+    for (int64_t i = 0; i < ew.numel(); ++i) esq += ew.item(i) * ew.item(i);
+    CHECK(std::abs(esq / ew.numel() - 1.0) < 0.05);
+}
+
+TEST_CASE("bad model files exit as input errors at file:line:column", "[cpu]") {
+    auto bad = [](const std::string& text, std::initializer_list<std::string> frags) {
+        require_input_error([&] { load_model_text(text, "bad.yaml"); }, frags);
+    };
+    bad("batch: {input: [4, 2]\nmodules: []\n", {"bad.yaml:"});  // malformed
+    bad(kHead + "  - {name: a, type: linear, in: 2, out: 2, biass: true}\n",
+        {"bad.yaml:3:", "unknown key 'biass'", "did you mean 'bias'"});
+    bad(kHead + "  - {name: a, type: linear, in: 2, in: 3, out: 2}\n", {"bad.yaml:3:", "duplicate key 'in'"});
+    bad(kHead + "  - {name: a, type: linear, in: two, out: 2}\n", {"bad.yaml:3:", "'in' must be an integer"});
+    bad(kHead + "  - {name: a, type: linear, out: 2}\n", {"bad.yaml:3:", "missing the key 'in'"});
+    bad(kHead + "  - {name: a, type: linear, in: 2, out: 0}\n", {"bad.yaml:3:", "'out' must be positive"});
+    bad(kHead + "  - {name: a, type: linear, in: 2, out: -4}\n", {"must be positive"});
+    bad(kHead + "  - {name: a, type: lienar, in: 2, out: 2}\n", {"bad.yaml:3:", "unknown module type 'lienar'", "'linear'"});
+    bad(kHead + "  - {name: a, type: shared, module: nope}\n", {"bad.yaml:3:", "names no earlier module"});
+    bad(kHead + "  - {name: a, type: linear, in: 2, out: 2, tie: b}\n", {"'tie: b' names no earlier module"});
+    bad(kHead + "  - {name: a, type: linear, in: 2, out: 3}\n  - {name: b, type: linear, in: 3, out: 2, tie: a}\n",
+        {"bad.yaml:4:", "'tie: a' weight is [3, 2]", "needs [2, 3]"});
+    bad(kHead + "  - {name: a, type: linear, in: 3, out: 2}\n", {"bad.yaml:3:", "linear 'a' expects inputs [..., 3], got [4, 2]"});
+    bad(kHead + "  - {name: a, type: linear, in: 2, out: 2}\n  - {name: a, type: relu}\n", {"duplicate module name 'a'"});
+    bad(kHead + "  - {name: a, type: attention, dim: 6, heads: 4}\n", {"not divisible by heads"});
+    bad(kHead + "  - {name: a.b, type: relu}\n", {"without dots"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nloss: hinge\n", {"bad.yaml:4:7", "unknown loss 'hinge'"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\noptimizer: {type: adam}\n", {"unknown optimizer 'adam'", "'adamw'"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\ndtype: float8\n", {"bad.yaml:4:8", "unknown dtype"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nsteps: 0\n", {"'steps' must be positive"});
+    bad("modules:\n  - {name: a, type: relu}\n", {"missing the key 'batch'"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: e, type: embedding, vocab: 4, dim: 2}\n", {"must be {tokens, vocab}"});
+}
+
+TEST_CASE("init files are strict like load_state_dict, data files check names, shapes and ids", "[cpu]") {
+    Model m = load_model_text(kHead + "  - {name: a, type: linear, in: 2, out: 3}\n", "m.yaml");
+    TensorFile f;
+    f.add("a.weight", Tensor({3, 2}, DType::float64));
+    require_input_error([&] { load_state_dict(m, f, "init.st"); }, {"init.st", "missing key 'a.bias'"});
+    f.add("a.bias", Tensor({4}, DType::float32));
+    require_input_error([&] { load_state_dict(m, f, "init.st"); }, {"'a.bias' is [4]"});
+    f.tensors.back().second = Tensor::full({3}, DType::float32, 0.5);
+    f.add("a.bais", Tensor({3}, DType::float32));
+    require_input_error([&] { load_state_dict(m, f, "init.st"); }, {"unexpected key 'a.bais'"});
+    f.tensors.pop_back();
+    load_state_dict(m, f, "init.st");
+    CHECK(m.named_parameters()[1].second->value.item(2) == 0.5);
+
+    TensorFile d;
+    d.add("inputs", Tensor({4, 2}, DType::float32));
+    require_input_error([&] { DataSource(m, &d, "data.st"); }, {"data.st", "unexpected tensor 'inputs'", "'input'"});
+    d.tensors[0] = {"step1.input", Tensor({4, 3}, DType::float32)};
+    require_input_error([&] { DataSource(m, &d, "data.st"); }, {"'step1.input' is [4, 3]"});
+}

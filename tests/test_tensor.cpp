@@ -1,0 +1,38 @@
+#include <cmath>
+#include <limits>
+
+#include "core/tensor.h"
+#include "test_helpers.h"
+
+using namespace ptool;
+
+TEST_CASE("bf16 and fp16 round to nearest even and keep inf and NaN", "[cpu]") {
+    CHECK(static_cast<float>(bf16_t(1.0f)) == 1.0f);
+    // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even one (1)
+    CHECK(static_cast<float>(bf16_t(1.0f + 1.0f / 256)) == 1.0f);
+    CHECK(static_cast<float>(bf16_t(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256);
+    CHECK(std::isnan(static_cast<float>(bf16_t(std::numeric_limits<float>::quiet_NaN()))));
+    CHECK(static_cast<float>(f16_t(65504.0f)) == 65504.0f);
+    CHECK(std::isinf(static_cast<float>(f16_t(65520.0f))));
+    CHECK(static_cast<float>(f16_t(1.0f + 1.0f / 2048)) == 1.0f);  // tie to even
+    CHECK(static_cast<float>(f16_t(5.960464477539063e-08f)) == 5.960464477539063e-08f);  // smallest subnormal
+    for (uint32_t h = 0; h < 0x7c00; ++h) REQUIRE(float_to_half(half_to_float(static_cast<uint16_t>(h))) == h);
+}
+
+TEST_CASE("narrow on dim 0 is a view, on other dims a copy with torch.chunk-style offsets", "[cpu]") {
+    Tensor t = Tensor::from_doubles({4, 3}, DType::float32, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+    Tensor rows = t.narrow(0, 1, 2);
+    CHECK(rows.shares_storage(t));
+    CHECK(rows.to_doubles() == std::vector<double>{3, 4, 5, 6, 7, 8});
+    Tensor cols = t.narrow(1, 1, 2);
+    CHECK_FALSE(cols.shares_storage(t));
+    CHECK(cols.to_doubles() == std::vector<double>{1, 2, 4, 5, 7, 8, 10, 11});
+    rows.set(0, 42);
+    CHECK(t.item(3) == 42);
+}
+
+TEST_CASE("reshape keeps storage and checks the element count", "[cpu]") {
+    Tensor t({2, 6}, DType::float64);
+    CHECK(t.reshape({3, 4}).shares_storage(t));
+    CHECK_THROWS(t.reshape({5}));
+}
