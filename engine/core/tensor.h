@@ -25,7 +25,7 @@ const char* device_name(Device d);
 // Raw bytes on one device. CPU storage is 64-byte aligned host memory.
 class Storage {
 public:
-    Storage(size_t bytes, Device device);
+    Storage(size_t bytes, Device device, bool zero = true);
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
@@ -44,6 +44,8 @@ class Tensor {
 public:
     Tensor() = default;
     Tensor(Shape shape, DType dtype, Device device = Device::cpu);  // zero-filled
+    // Uninitialised storage, for outputs a kernel overwrites completely.
+    static Tensor empty(Shape shape, DType dtype, Device device = Device::cpu);
 
     static Tensor zeros(Shape shape, DType dtype) { return Tensor(std::move(shape), dtype); }
     static Tensor full(Shape shape, DType dtype, double value);

@@ -34,7 +34,7 @@ namespace {
 // [B, T, n*hd] -> [B*n, T, hd]
 Tensor split_heads(Backend& be, const Tensor& x, int64_t n) {
     const int64_t b = x.size(0), t = x.size(1), hd = x.size(2) / n;
-    Tensor y({b, n, t, hd}, x.dtype(), x.device());
+    Tensor y = Tensor::empty({b, n, t, hd}, x.dtype(), x.device());
     be.transpose12(x.reshape({b, t, n, hd}), y);
     return y.reshape({b * n, t, hd});
 }
@@ -42,7 +42,7 @@ Tensor split_heads(Backend& be, const Tensor& x, int64_t n) {
 // [B*n, T, hd] -> [B, T, n*hd]
 Tensor merge_heads(Backend& be, const Tensor& x, int64_t b) {
     const int64_t n = x.size(0) / b, t = x.size(1), hd = x.size(2);
-    Tensor y({b, t, n, hd}, x.dtype(), x.device());
+    Tensor y = Tensor::empty({b, t, n, hd}, x.dtype(), x.device());
     be.transpose12(x.reshape({b, n, t, hd}), y);
     return y.reshape({b, t, n * hd});
 }

@@ -35,7 +35,7 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
     const Tensor x2 = x.reshape({x.numel() / in_, in_});
     Shape out_shape = x.shape();
     out_shape.back() = out_;
-    Tensor y(out_shape, x.dtype(), x.device());
+    Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
     Tensor y2 = y.reshape({x2.size(0), out_});
     ctx.backend->gemm(x2, false, param("weight")->value, true, y2);
     if (auto b = param("bias")) ctx.backend->add_bias(y2, b->value);
@@ -51,7 +51,7 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
     if (auto b = param("bias")) ctx.backend->sum_rows(dy2, b->grad, true);
     Shape in_shape = dy.shape();
     in_shape.back() = in_;
-    Tensor dx(in_shape, dy.dtype(), dy.device());
+    Tensor dx = Tensor::empty(in_shape, dy.dtype(), dy.device());
     Tensor dx2 = dx.reshape({x2.size(0), in_});
     ctx.backend->gemm(dy2, false, w->value, false, dx2);
     return dx;

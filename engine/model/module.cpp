@@ -71,6 +71,6 @@ ParamPtr make_buffer(Shape shape, DType dtype) {
     return p;
 }
 
-Tensor empty_like(const Tensor& t) { return Tensor(t.shape(), t.dtype(), t.device()); }
+Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
 
 }  // namespace ptool

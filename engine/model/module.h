@@ -102,7 +102,7 @@ void for_each_module(const Module& root, const std::function<void(const std::str
 ParamPtr make_param(Shape shape, DType dtype);
 ParamPtr make_buffer(Shape shape, DType dtype);  // no gradient
 
-Tensor empty_like(const Tensor& t);
+Tensor empty_like(const Tensor& t);  // uninitialised: for outputs a kernel overwrites
 std::string join_name(const std::string& prefix, const std::string& name);
 
 }  // namespace ptool

@@ -8,8 +8,8 @@ void Optimizer::step(const std::vector<std::pair<std::string, ParamPtr>>& params
         State& s = state_[p.get()];
         const bool first = !s.a.defined();
         if (first) {
-            s.a = empty_like(p->value);
-            if (spec_.type == "adamw") s.b = empty_like(p->value);
+            s.a = Tensor(p->value.shape(), p->value.dtype(), p->value.device());  // zeros
+            if (spec_.type == "adamw") s.b = Tensor(p->value.shape(), p->value.dtype(), p->value.device());
         }
         if (spec_.type == "sgd") {
             backend_.sgd_step(p->value, p->grad, s.a, spec_.lr, spec_.momentum, spec_.weight_decay, first);

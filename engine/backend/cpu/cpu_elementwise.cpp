@@ -2,6 +2,7 @@
 // Arithmetic is in acc_t<T> (float for fp32/bf16/fp16, double for fp64); formulas follow
 // PyTorch's CPU kernels so fp32 results agree to rounding.
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 
@@ -143,11 +144,11 @@ void CpuBackend::sum_rows(const Tensor& dy, Tensor& db, bool acc) {
         using T = decltype(tag);
         const T* pd = dy.data<T>();
         T* pb = db.data<T>();
-        for (int64_t j = 0; j < n; ++j) {
-            double s = acc ? static_cast<double>(acc_t<T>(pb[j])) : 0.0;
-            for (int64_t r = 0; r < rows; ++r) s += static_cast<double>(acc_t<T>(pd[r * n + j]));
-            pb[j] = T(static_cast<acc_t<T>>(s));
-        }
+        std::vector<double> s(n, 0.0);  // row-major walk: contiguous reads
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < n; ++j) s[j] += static_cast<double>(acc_t<T>(pd[r * n + j]));
+        for (int64_t j = 0; j < n; ++j)
+            pb[j] = T(static_cast<acc_t<T>>(s[j] + (acc ? static_cast<double>(acc_t<T>(pb[j])) : 0.0)));
     });
 }
 
