@@ -57,5 +57,10 @@ PY
 if cmp -s "$tmp/d.safetensors" "$tmp/d2.safetensors"; then passes=$((passes + 1)); else
     echo "FAIL: --init with the dumped parameters changed the results"; failures=$((failures + 1)); fi
 
+# the all-module-types example of docs/model_format.md runs as written
+{ printf 'batch:\n  input: {tokens: [2, 8], vocab: 64}\nsteps: 2\n'
+  awk '/^```yaml$/{n++; next} n==2 && /^```$/{exit} n==2{print}' "$root/docs/model_format.md"; } >"$tmp/doc_example.yaml"
+expect 0 "step   1  loss" -- "$ptool" run "$tmp/doc_example.yaml"
+
 echo "$passes passed, $failures failed"
 [[ $failures -eq 0 ]]

@@ -1,0 +1,36 @@
+// GPU discovery through the CUDA runtime: count, names, SM counts, driver/runtime versions.
+// Built only when CMake finds a CUDA toolkit; engine/backend/gpu_info.cpp picks it.
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/gpu_info.h"
+
+namespace ptool {
+
+GpuInfo query_gpus_cuda() {
+    GpuInfo info;
+    info.built_with_cuda = true;
+    int runtime = 0;
+    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    info.runtime_version = runtime;
+    int driver = 0;
+    cudaDriverGetVersion(&driver);  // 0 when no driver is installed
+    info.driver_version = driver;
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {  // no driver or no device: not an error, there is just no GPU
+        info.why_none = cudaGetErrorString(err);
+        (void)cudaGetLastError();
+        return info;
+    }
+    for (int i = 0; i < count; ++i) {
+        cudaDeviceProp prop{};
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, i));
+        info.devices.push_back({prop.name, prop.multiProcessorCount, prop.major * 10 + prop.minor,
+                                static_cast<size_t>(prop.totalGlobalMem)});
+    }
+    if (count == 0) info.why_none = "the CUDA runtime sees no device";
+    return info;
+}
+
+}  // namespace ptool

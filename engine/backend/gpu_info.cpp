@@ -1,0 +1,17 @@
+// The one place that knows whether this build has CUDA.
+#include "backend/gpu_info.h"
+
+namespace ptool {
+
+#ifdef PTOOL_HAVE_CUDA
+GpuInfo query_gpus_cuda();
+GpuInfo query_gpus() { return query_gpus_cuda(); }
+#else
+GpuInfo query_gpus() {
+    GpuInfo info;
+    info.why_none = "ptool was built without CUDA (no CUDA toolkit found at configure time)";
+    return info;
+}
+#endif
+
+}  // namespace ptool
