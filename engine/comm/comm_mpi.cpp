@@ -1,0 +1,226 @@
+#include "comm/comm_mpi.h"
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+namespace ptool {
+namespace {
+
+void mpi_check(int rc, const char* what) {
+    if (rc == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw RuntimeError(fmt::format("{} failed: {}", what, std::string(msg, len)));
+}
+#define MPI_CHECK(stmt) mpi_check((stmt), #stmt)
+
+int as_int(size_t n, const char* what) {
+    if (n > static_cast<size_t>(INT_MAX))
+        throw RuntimeError(fmt::format("{}: {} bytes exceed MPI's int count", what, n));
+    return static_cast<int>(n);
+}
+
+}  // namespace
+
+bool launched_by_mpi() {
+    // OpenMPI's mpirun sets OMPI_COMM_WORLD_SIZE; PMI/PMIx launchers (srun) set PMI_SIZE or PMIX_RANK
+    return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+void mpi_init_once() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return;
+    int provided = 0;
+    MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    std::atexit([] {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Finalize();
+    });
+}
+
+int mpi_world_rank() {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+int mpi_world_size() {
+    int n = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    return n;
+}
+
+void mpi_abort_job(const std::string& message, int code) {
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions options) : options_(options) {
+    MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::wait(MPI_Request& req, const CollectiveDesc& d) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
+    int done = 0;
+    for (int spins = 0;; ++spins) {
+        MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (done) return;
+        if (std::chrono::steady_clock::now() >= deadline)
+            mpi_abort_job(fmt::format("rank {} timed out after {} s in {} (a rank never arrived, or is in another "
+                                      "collective)",
+                                      mpi_world_rank(), options_.timeout_seconds, d.str()),
+                          3);
+        if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+}
+
+void MpiCommunicator::check(const CollectiveDesc& d) {
+    if (!options_.check_consistency) return;
+    std::vector<CollectiveDesc> all(size_);
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallgather(&d, sizeof d, MPI_BYTE, all.data(), sizeof d, MPI_BYTE, comm_, &req));
+    wait(req, d);
+    for (int r = 0; r < size_; ++r) {
+        if (all[r].matches(d)) continue;
+        const int lo = std::min(rank_, r), hi = std::max(rank_, r);
+        throw RuntimeError(fmt::format("collective mismatch: rank {} {} vs rank {} {}", hi, all[hi].str(), lo, all[lo].str()));
+    }
+}
+
+void MpiCommunicator::reduce_chunk(const Tensor& in, void* out, int64_t rows, int64_t row, ReduceOp op,
+                                   const CollectiveDesc& d) {
+    // all-to-all: chunk j of every rank's tensor goes to rank j, which reduces in rank order
+    const size_t es = dtype_size(in.dtype());
+    std::vector<int> send_counts(size_), send_displs(size_), recv_counts(size_), recv_displs(size_);
+    const Chunk mine = chunk_of(rows, size_, rank_);
+    for (int j = 0; j < size_; ++j) {
+        const Chunk c = chunk_of(rows, size_, j);
+        send_counts[j] = as_int(c.length * row * es, "reduce");
+        send_displs[j] = as_int(c.offset * row * es, "reduce");
+        recv_counts[j] = as_int(mine.length * row * es, "reduce");
+        recv_displs[j] = as_int(j * mine.length * row * es, "reduce");
+    }
+    std::vector<char> recv(static_cast<size_t>(size_) * mine.length * row * es);
+    MPI_Request req;
+    MPI_CHECK(MPI_Ialltoallv(in.raw(), send_counts.data(), send_displs.data(), MPI_BYTE, recv.data(), recv_counts.data(),
+                             recv_displs.data(), MPI_BYTE, comm_, &req));
+    wait(req, d);
+    std::vector<const void*> ins(size_);
+    for (int j = 0; j < size_; ++j) ins[j] = recv.data() + recv_displs[j];
+    if (mine.length * row) reduce_in_rank_order(ins, out, mine.length * row, in.dtype(), op);
+}
+
+void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
+    count("all_reduce", static_cast<int64_t>(t.nbytes()));
+    const CollectiveDesc d = describe("all_reduce", t, sequence_++);
+    check(d);
+    const int64_t n = t.numel();
+    const size_t es = dtype_size(t.dtype());
+    const Chunk mine = chunk_of(n, size_, rank_);
+    std::vector<char> part(mine.length * es);
+    reduce_chunk(t.reshape({n}), part.data(), n, 1, op, d);
+    std::vector<int> counts(size_), displs(size_);
+    for (int j = 0; j < size_; ++j) {
+        const Chunk c = chunk_of(n, size_, j);
+        counts[j] = as_int(c.length * es, "all_reduce"), displs[j] = as_int(c.offset * es, "all_reduce");
+    }
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallgatherv(part.data(), counts[rank_], MPI_BYTE, t.raw(), counts.data(), displs.data(), MPI_BYTE,
+                              comm_, &req));
+    wait(req, d);
+}
+
+void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
+    count("all_gather", static_cast<int64_t>(out.nbytes()));
+    const CollectiveDesc d = describe("all_gather", in, sequence_++, -1, true);
+    check(d);
+    int64_t mine = static_cast<int64_t>(in.nbytes());
+    std::vector<int64_t> sizes(size_);
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallgather(&mine, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm_, &req));
+    wait(req, d);
+    std::vector<int> counts(size_), displs(size_);
+    int64_t total = 0;
+    for (int j = 0; j < size_; ++j) {
+        counts[j] = as_int(sizes[j], "all_gather"), displs[j] = as_int(total, "all_gather");
+        total += sizes[j];
+    }
+    PTOOL_REQUIRE(total == static_cast<int64_t>(out.nbytes()), "all_gather: output {} holds {} bytes, ranks sent {}",
+                  shape_str(out.shape()), out.nbytes(), total);
+    MPI_CHECK(MPI_Iallgatherv(in.raw(), counts[rank_], MPI_BYTE, out.raw(), counts.data(), displs.data(), MPI_BYTE,
+                              comm_, &req));
+    wait(req, d);
+}
+
+void MpiCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+    count("reduce_scatter", static_cast<int64_t>(in.nbytes()));
+    const CollectiveDesc d = describe("reduce_scatter", in, sequence_++);
+    check(d);
+    const int64_t rows = in.dim() ? in.size(0) : 1, row = row_numel(in);
+    PTOOL_REQUIRE(out.numel() == chunk_of(rows, size_, rank_).length * row, "reduce_scatter: output {}",
+                  shape_str(out.shape()));
+    reduce_chunk(in, out.raw(), rows, row, op, d);
+}
+
+void MpiCommunicator::broadcast(Tensor& t, int root) {
+    count("broadcast", static_cast<int64_t>(t.nbytes()));
+    const CollectiveDesc d = describe("broadcast", t, sequence_++, root);
+    check(d);
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibcast(t.raw(), as_int(t.nbytes(), "broadcast"), MPI_BYTE, root, comm_, &req));
+    wait(req, d);
+}
+
+void MpiCommunicator::all_to_all(const Tensor& in, Tensor& out) {
+    count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    const CollectiveDesc d = describe("all_to_all", in, sequence_++);
+    check(d);
+    PTOOL_REQUIRE(in.numel() % size_ == 0 && out.numel() == in.numel(), "all_to_all: {} elements over {} ranks",
+                  in.numel(), size_);
+    const int chunk = as_int(in.nbytes() / size_, "all_to_all");
+    MPI_Request req;
+    MPI_CHECK(MPI_Ialltoall(in.raw(), chunk, MPI_BYTE, out.raw(), chunk, MPI_BYTE, comm_, &req));
+    wait(req, d);
+}
+
+void MpiCommunicator::barrier() {
+    CollectiveDesc d;
+    d.op = 5;
+    d.sequence = sequence_++;
+    check(d);
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibarrier(comm_, &req));
+    wait(req, d);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+    CollectiveDesc d;
+    d.op = 6;
+    d.sequence = sequence_++;
+    check(d);
+    MPI_Comm sub;
+    MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+    auto out = std::make_unique<MpiCommunicator>(sub, options_);
+    MPI_Comm_free(&sub);
+    return out;
+}
+
+}  // namespace ptool

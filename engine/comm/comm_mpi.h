@@ -1,0 +1,51 @@
+// The MPI communicator (OpenMPI): one process per rank, started by mpirun or srun.
+//
+// Collectives are nonblocking MPI calls polled against a deadline, so a stuck rank ends the job
+// (MPI_Abort, exit 3) with a message instead of hanging. Reductions are an all-to-all of chunks
+// followed by the same rank-order reduction the threads communicator uses and an all-gather:
+// results are bitwise those of the threads communicator. The consistency check all-gathers each
+// rank's collective descriptor first.
+#pragma once
+
+#include <mpi.h>
+
+#include "comm/communicator.h"
+
+namespace ptool {
+
+bool launched_by_mpi();  // mpirun/srun set the environment ptool checks
+void mpi_init_once();    // MPI_Init_thread, and MPI_Finalize at exit
+int mpi_world_rank();
+int mpi_world_size();
+[[noreturn]] void mpi_abort_job(const std::string& message, int code);  // prints, then MPI_Abort
+
+class MpiCommunicator final : public Communicator {
+public:
+    MpiCommunicator(MPI_Comm comm, CommOptions options);  // takes a duplicate of comm
+    ~MpiCommunicator() override;
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    std::string backend() const override { return "mpi"; }
+
+    void all_reduce(Tensor& t, ReduceOp op) override;
+    void all_gather(const Tensor& in, Tensor& out) override;
+    void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override;
+    void broadcast(Tensor& t, int root) override;
+    void all_to_all(const Tensor& in, Tensor& out) override;
+    void barrier() override;
+    std::unique_ptr<Communicator> split(int color, int key) override;
+
+private:
+    void check(const CollectiveDesc& d);
+    void wait(MPI_Request& req, const CollectiveDesc& d);
+    // Rank-ordered reduction of rows [chunk r] of every rank's in into out (this rank's chunk).
+    void reduce_chunk(const Tensor& in, void* out, int64_t rows, int64_t row, ReduceOp op, const CollectiveDesc& d);
+
+    MPI_Comm comm_;
+    int rank_ = 0, size_ = 1;
+    CommOptions options_;
+    int64_t sequence_ = 0;
+};
+
+}  // namespace ptool

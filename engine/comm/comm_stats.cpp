@@ -1,0 +1,27 @@
+#include "comm/comm_stats.h"
+
+namespace ptool {
+
+void CommCounter::add(const std::string& op, const std::string& mesh_dim, int64_t bytes) {
+    CommTotals& t = by_key_[{op, mesh_dim, module_}];
+    t.calls += 1;
+    t.bytes += bytes;
+}
+
+std::map<std::string, CommTotals> CommCounter::by_op() const {
+    std::map<std::string, CommTotals> out;
+    for (const auto& [key, t] : by_key_) {
+        CommTotals& o = out[std::get<0>(key)];
+        o.calls += t.calls;
+        o.bytes += t.bytes;
+    }
+    return out;
+}
+
+CommTotals CommCounter::total() const {
+    CommTotals out;
+    for (const auto& [key, t] : by_key_) out.calls += t.calls, out.bytes += t.bytes;
+    return out;
+}
+
+}  // namespace ptool

@@ -1,0 +1,36 @@
+// Collective accounting, as PyTorch's CommDebugMode reports it: per op, per mesh dim and per
+// module (the scope the runner sets), the number of calls and the bytes of the logical tensor
+// (all_reduce and broadcast: the tensor; all_gather: the gathered output; reduce_scatter and
+// all_to_all: the input). Per rank; each rank owns one counter.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+
+namespace ptool {
+
+struct CommTotals {
+    int64_t calls = 0;
+    int64_t bytes = 0;
+};
+
+class CommCounter {
+public:
+    void add(const std::string& op, const std::string& mesh_dim, int64_t bytes);
+    void set_module(std::string fqn) { module_ = std::move(fqn); }
+    const std::string& module() const { return module_; }
+    void reset() { by_key_.clear(); }
+
+    using Key = std::tuple<std::string, std::string, std::string>;  // op, mesh dim, module
+    const std::map<Key, CommTotals>& entries() const { return by_key_; }
+    std::map<std::string, CommTotals> by_op() const;  // summed over dims and modules
+    CommTotals total() const;
+
+private:
+    std::string module_;
+    std::map<Key, CommTotals> by_key_;
+};
+
+}  // namespace ptool

@@ -1,0 +1,240 @@
+#include "comm/comm_threads.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace ptool {
+
+void AbortState::abort(const std::string& why) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!aborted.load()) message = why;
+    aborted.store(true);
+}
+
+ThreadGroup::ThreadGroup(int n_, std::shared_ptr<AbortState> abort_, std::vector<int> world_ranks_)
+    : n(n_), abort(std::move(abort_)), world_ranks(std::move(world_ranks_)), in(n_), out(n_), count(n_), desc(n_),
+      inside(n_, false), posted(n_, false), split_args(n_) {}
+
+void ThreadsCommunicator::sync(const std::function<void()>& on_last) {
+    ThreadGroup& g = *group_;
+    std::unique_lock<std::mutex> lk(g.mu);
+    const uint64_t gen = g.generation;
+    if (++g.arrived == g.n) {
+        if (on_last) on_last();
+        g.arrived = 0;
+        ++g.generation;
+        g.cv.notify_all();
+        return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
+    while (g.generation == gen) {
+        if (g.abort->aborted.load()) {
+            --g.arrived;
+            std::lock_guard<std::mutex> al(g.abort->mu);
+            throw AbortedError(g.abort->message);
+        }
+        if (std::chrono::steady_clock::now() >= deadline) {
+            --g.arrived;
+            lk.unlock();
+            timeout();
+        }
+        g.cv.wait_for(lk, std::chrono::milliseconds(20));
+    }
+}
+
+void ThreadsCommunicator::timeout() {
+    ThreadGroup& g = *group_;
+    std::string waiting;
+    {
+        std::lock_guard<std::mutex> lk(g.mu);
+        for (int r = 0; r < g.n; ++r)
+            waiting += fmt::format("; rank {} {}", g.world_ranks[r],
+                                   g.inside[r]   ? "waits in " + g.desc[r].str()
+                                   : g.posted[r] ? "never arrived (last: " + g.desc[r].str() + ")"
+                                                 : "never arrived (no collective yet)");
+    }
+    const std::string msg = fmt::format("rank {} timed out after {} s in {}{}", g.world_ranks[rank_],
+                                        options_.timeout_seconds, g.desc[rank_].str(), waiting);
+    g.abort->abort(msg);
+    throw RuntimeError(msg);
+}
+
+void ThreadsCommunicator::enter(const CollectiveDesc& d, const void* in, void* out, int64_t count,
+                                const std::function<void()>& on_last) {
+    ThreadGroup& g = *group_;
+    {
+        std::lock_guard<std::mutex> lk(g.mu);
+        g.in[rank_] = in, g.out[rank_] = out, g.count[rank_] = count, g.desc[rank_] = d, g.inside[rank_] = true;
+        g.posted[rank_] = true;
+    }
+    sync(on_last);
+    // Every rank runs the same comparison on the same posted descriptors, so all agree on the verdict.
+    for (int r = 0; r < g.n; ++r) {
+        CollectiveDesc mine = g.desc[rank_], theirs = g.desc[r];
+        if (!options_.check_consistency) mine.sequence = theirs.sequence = 0;  // shapes and dtypes still guard memory
+        if (!theirs.matches(mine)) {
+            const int lo = std::min(rank_, r), hi = std::max(rank_, r);
+            const std::string msg = fmt::format("collective mismatch: rank {} {} vs rank {} {}", g.world_ranks[hi],
+                                                g.desc[hi].str(), g.world_ranks[lo], g.desc[lo].str());
+            g.abort->abort(msg);
+            throw RuntimeError(msg);
+        }
+    }
+}
+
+void ThreadsCommunicator::leave() {
+    sync();
+    std::lock_guard<std::mutex> lk(group_->mu);
+    group_->inside[rank_] = false;
+}
+
+void ThreadsCommunicator::all_reduce(Tensor& t, ReduceOp op) {
+    count("all_reduce", static_cast<int64_t>(t.nbytes()));
+    const int64_t n = t.numel();
+    const size_t es = dtype_size(t.dtype());
+    ThreadGroup& g = *group_;
+    enter(describe("all_reduce", t, sequence_++), t.raw(), t.raw(), n, [&] {
+        if (g.scratch.size() < t.nbytes()) g.scratch.resize(t.nbytes());
+    });
+    const Chunk c = chunk_of(n, g.n, rank_);  // reduce my chunk of everyone's tensor
+    std::vector<const void*> ins(g.n);
+    for (int r = 0; r < g.n; ++r) ins[r] = static_cast<const char*>(g.in[r]) + c.offset * es;
+    if (c.length) reduce_in_rank_order(ins, g.scratch.data() + c.offset * es, c.length, t.dtype(), op);
+    sync();
+    std::memcpy(t.raw(), g.scratch.data(), t.nbytes());
+    leave();
+}
+
+void ThreadsCommunicator::all_gather(const Tensor& in, Tensor& out) {
+    count("all_gather", static_cast<int64_t>(out.nbytes()));
+    ThreadGroup& g = *group_;
+    enter(describe("all_gather", in, sequence_++, -1, true), in.raw(), out.raw(), in.dim() ? in.size(0) : 1);
+    const int64_t row = row_numel(in);
+    const size_t row_bytes = static_cast<size_t>(row) * dtype_size(in.dtype());
+    int64_t total = 0;
+    for (int r = 0; r < g.n; ++r) total += g.count[r];
+    PTOOL_REQUIRE(out.numel() == total * row, "all_gather: output {} cannot hold {} rows of {}", shape_str(out.shape()),
+                  total, row);
+    char* dst = static_cast<char*>(out.raw());
+    for (int r = 0; r < g.n; ++r) {
+        std::memcpy(dst, g.in[r], g.count[r] * row_bytes);
+        dst += g.count[r] * row_bytes;
+    }
+    leave();
+}
+
+void ThreadsCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+    count("reduce_scatter", static_cast<int64_t>(in.nbytes()));
+    ThreadGroup& g = *group_;
+    enter(describe("reduce_scatter", in, sequence_++), in.raw(), out.raw(), in.numel());
+    const int64_t rows = in.dim() ? in.size(0) : 1, row = row_numel(in);
+    const Chunk c = chunk_of(rows, g.n, rank_);
+    PTOOL_REQUIRE(out.numel() == c.length * row, "reduce_scatter: output {} for a chunk of {} rows of {}",
+                  shape_str(out.shape()), c.length, row);
+    const size_t es = dtype_size(in.dtype());
+    std::vector<const void*> ins(g.n);
+    for (int r = 0; r < g.n; ++r) ins[r] = static_cast<const char*>(g.in[r]) + c.offset * row * es;
+    if (c.length * row) reduce_in_rank_order(ins, out.raw(), c.length * row, in.dtype(), op);
+    leave();
+}
+
+void ThreadsCommunicator::broadcast(Tensor& t, int root) {
+    count("broadcast", static_cast<int64_t>(t.nbytes()));
+    PTOOL_REQUIRE(root >= 0 && root < size(), "broadcast root {} outside [0, {})", root, size());
+    enter(describe("broadcast", t, sequence_++, root), t.raw(), t.raw(), t.numel());
+    if (rank_ != root) std::memcpy(t.raw(), group_->in[root], t.nbytes());
+    leave();
+}
+
+void ThreadsCommunicator::all_to_all(const Tensor& in, Tensor& out) {
+    count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    ThreadGroup& g = *group_;
+    PTOOL_REQUIRE(in.numel() % g.n == 0 && out.numel() == in.numel(), "all_to_all: {} elements over {} ranks",
+                  in.numel(), g.n);
+    enter(describe("all_to_all", in, sequence_++), in.raw(), out.raw(), in.numel());
+    const size_t chunk = in.nbytes() / g.n;
+    for (int r = 0; r < g.n; ++r)
+        std::memcpy(static_cast<char*>(out.raw()) + r * chunk, static_cast<const char*>(g.in[r]) + rank_ * chunk, chunk);
+    leave();
+}
+
+void ThreadsCommunicator::barrier() {
+    CollectiveDesc d;
+    d.op = 5;
+    d.sequence = sequence_++;
+    enter(d, nullptr, nullptr, 0);
+    leave();
+}
+
+std::unique_ptr<Communicator> ThreadsCommunicator::split(int color, int key) {
+    ThreadGroup& g = *group_;
+    CollectiveDesc d;
+    d.op = 6;
+    d.sequence = sequence_++;
+    {
+        std::lock_guard<std::mutex> lk(g.mu);
+        g.split_args[rank_] = {color, key};
+    }
+    enter(d, nullptr, nullptr, 0);
+    std::vector<std::pair<int, int>> members;  // (key, parent rank) of my color
+    for (int r = 0; r < g.n; ++r)
+        if (g.split_args[r].first == color) members.push_back({g.split_args[r].second, r});
+    std::sort(members.begin(), members.end());
+    int new_rank = 0;
+    std::vector<int> world;
+    for (size_t i = 0; i < members.size(); ++i) {
+        if (members[i].second == rank_) new_rank = static_cast<int>(i);
+        world.push_back(g.world_ranks[members[i].second]);
+    }
+    std::shared_ptr<ThreadGroup> sub;
+    {
+        std::lock_guard<std::mutex> lk(g.mu);
+        auto& slot = g.splits[{d.sequence, color}];
+        if (!slot) slot = std::make_shared<ThreadGroup>(static_cast<int>(members.size()), g.abort, world);
+        sub = slot;
+    }
+    leave();
+    auto comm = std::make_unique<ThreadsCommunicator>(sub, new_rank, options_);
+    return comm;
+}
+
+void run_rank_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn) {
+    std::vector<int> world(n);
+    for (int r = 0; r < n; ++r) world[r] = r;
+    auto abort = std::make_shared<AbortState>();
+    auto group = std::make_shared<ThreadGroup>(n, abort, world);
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(n);
+    for (int r = 0; r < n; ++r) {
+        threads.emplace_back([&, r] {
+            ThreadsCommunicator comm(group, r, options);
+            try {
+                fn(comm);
+            } catch (const AbortedError&) {
+                // another rank failed first; its message is the one reported
+            } catch (const std::exception& e) {
+                const std::string what = e.what();
+                const bool prefixed = what.rfind("rank ", 0) == 0 || what.rfind("collective mismatch", 0) == 0;
+                abort->abort(prefixed ? what : fmt::format("rank {} failed: {}", r, what));
+                errors[r] = std::current_exception();
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    if (abort->aborted.load()) {
+        for (const auto& e : errors) {  // an input error on a rank is still an input error (exit 2)
+            if (!e) continue;
+            try {
+                std::rethrow_exception(e);
+            } catch (const InputError&) {
+                throw;
+            } catch (...) {
+            }
+        }
+        throw RuntimeError(abort->message);
+    }
+}
+
+}  // namespace ptool

@@ -1,0 +1,94 @@
+// The threads communicator: N rank threads in one process, collectives through shared memory.
+//
+// A collective is two barriers: ranks post their buffers, pass barrier A, each computes its own
+// part by reading the others' buffers (reductions in rank order), and pass barrier B before any
+// buffer may change. all_reduce reduces chunk r on rank r into a shared scratch buffer
+// (reduce-scatter), then every rank copies the whole (all-gather): each rank moves 2(n-1)/n of
+// the data, as a ring does.
+//
+// Barriers wait with a deadline and poll a job-wide abort flag, so a rank that throws or never
+// arrives ends every rank of every group within the timeout, with one message naming the rank,
+// the collective and what every rank of the group was doing.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace ptool {
+
+// Shared by every group of one job: the first failure, and whether the job is aborting.
+struct AbortState {
+    std::atomic<bool> aborted{false};
+    std::mutex mu;
+    std::string message;
+    void abort(const std::string& why);  // keeps the first message
+};
+
+// Thrown on ranks that stop because another rank failed (not the root cause).
+class AbortedError : public RuntimeError {
+public:
+    using RuntimeError::RuntimeError;
+};
+
+struct ThreadGroup {
+    ThreadGroup(int n, std::shared_ptr<AbortState> abort, std::vector<int> world_ranks);
+    const int n;
+    std::shared_ptr<AbortState> abort;
+    std::vector<int> world_ranks;  // member i's rank in the job, for messages
+    std::mutex mu;
+    std::condition_variable cv;
+    int arrived = 0;
+    uint64_t generation = 0;
+    std::vector<const void*> in;
+    std::vector<void*> out;
+    std::vector<int64_t> count;        // per-rank dim-0 size (all_gather) or element count
+    std::vector<CollectiveDesc> desc;  // what each rank is in, for checks and timeout messages
+    std::vector<bool> inside;          // rank is inside a collective of this group now
+    std::vector<bool> posted;          // rank has entered at least one collective
+    std::vector<char> scratch;         // all_reduce staging, grown by the last arriver
+    std::vector<std::pair<int, int>> split_args;  // (color, key) per rank
+    std::map<std::pair<int64_t, int>, std::shared_ptr<ThreadGroup>> splits;
+};
+
+class ThreadsCommunicator final : public Communicator {
+public:
+    ThreadsCommunicator(std::shared_ptr<ThreadGroup> group, int rank, CommOptions options)
+        : group_(std::move(group)), rank_(rank), options_(options) {}
+
+    int rank() const override { return rank_; }
+    int size() const override { return group_->n; }
+    std::string backend() const override { return "threads"; }
+
+    void all_reduce(Tensor& t, ReduceOp op) override;
+    void all_gather(const Tensor& in, Tensor& out) override;
+    void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override;
+    void broadcast(Tensor& t, int root) override;
+    void all_to_all(const Tensor& in, Tensor& out) override;
+    void barrier() override;
+    std::unique_ptr<Communicator> split(int color, int key) override;
+
+private:
+    // Posts this rank's buffers and descriptor, waits for all, checks consistency.
+    void enter(const CollectiveDesc& d, const void* in, void* out, int64_t count,
+               const std::function<void()>& on_last = {});
+    void sync(const std::function<void()>& on_last = {});  // barrier with deadline and abort polling
+    void leave();
+    [[noreturn]] void timeout();
+
+    std::shared_ptr<ThreadGroup> group_;
+    int rank_;
+    CommOptions options_;
+    int64_t sequence_ = 0;
+};
+
+// Runs fn(comm) on n rank threads; rethrows the root-cause failure (RuntimeError naming the rank)
+// after every thread has ended.
+void run_rank_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn);
+
+}  // namespace ptool

@@ -1,0 +1,92 @@
+// Communicator: the collectives ranks use, as small as NCCL's API.
+//
+//   all_reduce(t, op)          t: same shape on every rank, reduced in place (sum | avg | max)
+//   all_gather(in, out)        out = concat of every rank's in along dim 0 (dim-0 sizes may differ)
+//   reduce_scatter(in, out, op) in: the full tensor; out: this rank's torch.chunk of the reduction along dim 0
+//   broadcast(t, root)         t := root's t
+//   all_to_all(in, out)        in and out split in `size` equal dim-0 chunks; chunk j of in goes to rank j
+//   barrier()
+//   split(color, key)          sub-communicator of the ranks with the same color, ordered by key
+//
+// Every implementation reduces in rank order (sum over ranks 0..n-1 in acc_t, one rounding), so
+// results are bitwise the same on every rank, every run, and across the threads and mpi backends.
+// Every collective is checked for consistency across ranks (op, dtype, shape, sequence number)
+// unless disabled, has a timeout, and is counted in a CommCounter.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/comm_stats.h"
+#include "core/tensor.h"
+
+namespace ptool {
+
+enum class ReduceOp { sum, avg, max };
+const char* reduce_op_name(ReduceOp op);
+
+struct CommOptions {
+    double timeout_seconds = 300;
+    bool check_consistency = true;
+};
+
+class Communicator {
+public:
+    virtual ~Communicator() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual std::string backend() const = 0;  // "threads", "mpi"
+
+    virtual void all_reduce(Tensor& t, ReduceOp op) = 0;
+    virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+    virtual void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) = 0;
+    virtual void broadcast(Tensor& t, int root) = 0;
+    virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
+    virtual void barrier() = 0;
+    virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+    // Where this communicator counts its collectives, and the mesh dim name it counts them under.
+    void set_counter(std::shared_ptr<CommCounter> counter, std::string label) {
+        counter_ = std::move(counter);
+        label_ = std::move(label);
+    }
+    const std::shared_ptr<CommCounter>& counter() const { return counter_; }
+
+protected:
+    void count(const char* op, int64_t bytes) {
+        if (counter_) counter_->add(op, label_, bytes);
+    }
+
+private:
+    std::shared_ptr<CommCounter> counter_;
+    std::string label_;
+};
+
+// Elements per dim-0 row, from the shape (so a tensor with zero rows still has a row size).
+int64_t row_numel(const Tensor& t);
+
+// torch.chunk semantics: chunks of ceil(n / parts) elements, the last ones shorter or empty.
+struct Chunk {
+    int64_t offset, length;
+};
+Chunk chunk_of(int64_t n, int parts, int index);
+
+// out[i] = reduce over ranks r = 0..n-1 (in that order) of inputs[r][i], in acc_t<T>, one rounding.
+void reduce_in_rank_order(const std::vector<const void*>& inputs, void* out, int64_t count, DType dtype, ReduceOp op);
+
+// A collective's identity, compared across ranks before it runs: "all_reduce#10 float32 [16, 10]".
+struct CollectiveDesc {
+    int op = 0;  // index into the op table below
+    int dtype = 0;
+    int ndim = 0;
+    int64_t dims[8] = {};
+    int64_t sequence = 0;
+    int64_t root = -1;
+    int64_t shape_free = 0;  // all_gather: dim 0 may differ between ranks
+
+    bool matches(const CollectiveDesc& other) const;
+    std::string str() const;
+};
+CollectiveDesc describe(const char* op, const Tensor& t, int64_t sequence, int64_t root = -1, bool dim0_free = false);
+
+}  // namespace ptool

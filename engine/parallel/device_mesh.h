@@ -1,0 +1,47 @@
+// DeviceMesh: ranks laid out row-major over named dims, as torch.distributed's DeviceMesh:
+// mesh = arange(world).reshape(sizes). For {dp: 2, tp: 4}, rank 6 is at (dp 1, tp 2); its tp
+// group is ranks 4..7 and its dp group ranks 2 and 6. One sub-communicator per dim, made with
+// split (MPI_Comm_split, thread groups), each counting its collectives under the dim's name.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace ptool {
+
+struct MeshDim {
+    std::string name;
+    int size = 1;
+};
+
+class DeviceMesh {
+public:
+    // Collective over world: every rank must construct its mesh at the same point.
+    DeviceMesh(std::vector<MeshDim> dims, Communicator& world, std::shared_ptr<CommCounter> counter);
+
+    int world_size() const { return world_.size(); }
+    int rank() const { return world_.rank(); }
+    const std::vector<MeshDim>& dims() const { return dims_; }
+    int ndim() const { return static_cast<int>(dims_.size()); }
+    int dim_index(const std::string& name) const;  // -1 when absent
+    int coord(int dim) const { return coords_[dim]; }
+    const std::vector<int>& coords() const { return coords_; }
+    Communicator& comm(int dim) const { return *comms_[dim]; }
+    Communicator& world() const { return world_; }
+    const std::shared_ptr<CommCounter>& counter() const { return counter_; }
+
+    static std::vector<int> coords_of(int rank, const std::vector<MeshDim>& dims);
+    static int rank_of(const std::vector<int>& coords, const std::vector<MeshDim>& dims);
+
+private:
+    std::vector<MeshDim> dims_;
+    Communicator& world_;
+    std::shared_ptr<CommCounter> counter_;
+    std::vector<int> coords_;
+    std::vector<std::unique_ptr<Communicator>> comms_;
+};
+
+}  // namespace ptool

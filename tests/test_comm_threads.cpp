@@ -1,0 +1,118 @@
+// The threads communicator: the conformance suite at world sizes 1-8, bitwise agreement across
+// ranks and runs, and the failure paths (a rank throws, a rank never arrives, mismatched collectives).
+#include <chrono>
+#include <cstring>
+
+#include "comm/comm_threads.h"
+#include "comm_conformance.h"
+#include "test_helpers.h"
+
+using namespace ptool;
+
+TEST_CASE("threads communicator passes the conformance suite at world sizes 1 to 8", "[cpu]") {
+    for (int n = 1; n <= 8; ++n) {
+        std::mutex mu;
+        ConformanceReport total;
+        run_rank_threads(n, CommOptions{}, [&](Communicator& c) {
+            ConformanceReport rep;
+            run_comm_conformance(c, rep);
+            std::lock_guard<std::mutex> lk(mu);
+            total.passed += rep.passed, total.failed += rep.failed;
+            total.failures.insert(total.failures.end(), rep.failures.begin(), rep.failures.end());
+        });
+        INFO("world size " << n << ": " << (total.failures.empty() ? "" : total.failures[0]));
+        CHECK(total.failed == 0);
+        CHECK(total.passed > 100 * n);
+    }
+}
+
+TEST_CASE("threads all_reduce is bitwise identical across ranks and runs", "[cpu]") {
+    auto once = [] {
+        std::vector<std::vector<float>> results(4);
+        run_rank_threads(4, CommOptions{}, [&](Communicator& c) {
+            Tensor t({1000}, DType::float32);
+            for (int64_t i = 0; i < 1000; ++i) t.set(i, std::sin(0.37 * i + c.rank()) * 1e3);
+            c.all_reduce(t, ReduceOp::sum);
+            results[c.rank()].assign(t.data<float>(), t.data<float>() + 1000);
+        });
+        return results;
+    };
+    auto a = once(), b = once();
+    for (int r = 0; r < 4; ++r) {
+        CHECK(std::memcmp(a[r].data(), a[0].data(), 4000) == 0);
+        CHECK(std::memcmp(a[r].data(), b[r].data(), 4000) == 0);
+    }
+}
+
+namespace {
+template <class F>
+std::string failure_of(int n, double timeout, F&& body, double* seconds) {
+    CommOptions o;
+    o.timeout_seconds = timeout;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string msg;
+    try {
+        run_rank_threads(n, o, body);
+    } catch (const RuntimeError& e) {
+        msg = e.what();
+    }
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return msg;
+}
+}  // namespace
+
+TEST_CASE("a rank that throws ends every rank with one message naming it", "[cpu]") {
+    double s = 0;
+    std::string msg = failure_of(4, 30, [](Communicator& c) {
+        Tensor t({8}, DType::float32);
+        c.all_reduce(t, ReduceOp::sum);
+        if (c.rank() == 2) throw std::runtime_error("injected failure");
+        c.all_reduce(t, ReduceOp::sum);  // ranks 0, 1, 3 wait here and must be released
+    }, &s);
+    CHECK(msg == "rank 2 failed: injected failure");
+    CHECK(s < 5);
+}
+
+TEST_CASE("a rank that never arrives times out on every rank, naming the collective and who waits where", "[cpu]") {
+    double s = 0;
+    std::string msg = failure_of(3, 1.0, [](Communicator& c) {
+        Tensor t({16, 10}, DType::float32);
+        c.all_reduce(t, ReduceOp::sum);
+        if (c.rank() == 1) return;  // leaves without the second all_reduce
+        c.all_reduce(t, ReduceOp::sum);
+    }, &s);
+    INFO(msg);
+    CHECK(msg.find("timed out after 1 s in all_reduce#1 float32 [16, 10]") != std::string::npos);
+    CHECK(msg.find("rank 1 never arrived (last: all_reduce#0 float32 [16, 10])") != std::string::npos);
+    CHECK(s >= 1.0);
+    CHECK(s < 4.0);
+}
+
+TEST_CASE("mismatched collectives are reported instead of hanging", "[cpu]") {
+    double s = 0;
+    std::string msg = failure_of(2, 30, [](Communicator& c) {
+        for (int i = 0; i < 10; ++i) c.barrier();
+        if (c.rank() == 1) {
+            Tensor t({16, 10}, DType::float32);
+            c.all_reduce(t, ReduceOp::sum);
+        } else {
+            Tensor in({4, 10}, DType::float32), out({8, 10}, DType::float32);
+            c.all_gather(in, out);
+        }
+    }, &s);
+    CHECK(msg == "collective mismatch: rank 1 all_reduce#10 float32 [16, 10] vs rank 0 all_gather#10 float32 [4, 10]");
+    CHECK(s < 5);
+}
+
+TEST_CASE("a timeout in a sub-group releases ranks waiting in another group", "[cpu]") {
+    double s = 0;
+    std::string msg = failure_of(4, 1.0, [](Communicator& c) {
+        auto sub = c.split(c.rank() % 2, c.rank());
+        Tensor t({4}, DType::float32);
+        if (c.rank() == 0) sub->all_reduce(t, ReduceOp::sum);  // rank 2, its partner, never comes
+        else if (c.rank() != 2) c.barrier();                   // 1 and 3 wait on the world for 0 and 2
+    }, &s);
+    INFO(msg);
+    CHECK(msg.find("timed out") != std::string::npos);
+    CHECK(s < 4.0);
+}
