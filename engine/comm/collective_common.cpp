@@ -30,12 +30,12 @@ Chunk chunk_of(int64_t n, int parts, int index) {
     return {begin, std::min<int64_t>(n, begin + size) - begin};
 }
 
-void reduce_in_rank_order(const std::vector<const void*>& inputs, void* out, int64_t count, DType dtype, ReduceOp op) {
+void reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vector<void*>& outs, int64_t count,
+                          DType dtype, ReduceOp op) {
     const int n = static_cast<int>(inputs.size());
     dispatch_float(dtype, [&](auto tag) {
         using T = decltype(tag);
         using A = acc_t<T>;
-        T* o = static_cast<T*>(out);
         constexpr int64_t kBlock = 4096;  // accumulate a block in acc_t, then round once
         A acc[kBlock];
         for (int64_t start = 0; start < count; start += kBlock) {
@@ -52,7 +52,10 @@ void reduce_in_rank_order(const std::vector<const void*>& inputs, void* out, int
             }
             if (op == ReduceOp::avg)
                 for (int64_t i = 0; i < len; ++i) acc[i] /= A(n);
-            for (int64_t i = 0; i < len; ++i) o[start + i] = T(acc[i]);
+            for (void* out : outs) {  // block by block: safe when an out aliases an input
+                T* o = static_cast<T*>(out) + start;
+                for (int64_t i = 0; i < len; ++i) o[i] = T(acc[i]);
+            }
         }
     });
 }

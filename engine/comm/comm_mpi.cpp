@@ -125,7 +125,7 @@ void MpiCommunicator::reduce_chunk(const Tensor& in, void* out, int64_t rows, in
     wait(req, d);
     std::vector<const void*> ins(size_);
     for (int j = 0; j < size_; ++j) ins[j] = recv.data() + recv_displs[j];
-    if (mine.length * row) reduce_in_rank_order(ins, out, mine.length * row, in.dtype(), op);
+    if (mine.length * row) reduce_in_rank_order(ins, {out}, mine.length * row, in.dtype(), op);
 }
 
 void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {

@@ -17,12 +17,11 @@ ThreadGroup::ThreadGroup(int n_, std::shared_ptr<AbortState> abort_, std::vector
     : n(n_), abort(std::move(abort_)), world_ranks(std::move(world_ranks_)), in(n_), out(n_), count(n_), desc(n_),
       inside(n_, false), posted(n_, false), split_args(n_) {}
 
-void ThreadsCommunicator::sync(const std::function<void()>& on_last) {
+void ThreadsCommunicator::sync() {
     ThreadGroup& g = *group_;
     std::unique_lock<std::mutex> lk(g.mu);
     const uint64_t gen = g.generation;
     if (++g.arrived == g.n) {
-        if (on_last) on_last();
         g.arrived = 0;
         ++g.generation;
         g.cv.notify_all();
@@ -61,15 +60,14 @@ void ThreadsCommunicator::timeout() {
     throw RuntimeError(msg);
 }
 
-void ThreadsCommunicator::enter(const CollectiveDesc& d, const void* in, void* out, int64_t count,
-                                const std::function<void()>& on_last) {
+void ThreadsCommunicator::enter(const CollectiveDesc& d, const void* in, void* out, int64_t count) {
     ThreadGroup& g = *group_;
     {
         std::lock_guard<std::mutex> lk(g.mu);
         g.in[rank_] = in, g.out[rank_] = out, g.count[rank_] = count, g.desc[rank_] = d, g.inside[rank_] = true;
         g.posted[rank_] = true;
     }
-    sync(on_last);
+    sync();
     // Every rank runs the same comparison on the same posted descriptors, so all agree on the verdict.
     for (int r = 0; r < g.n; ++r) {
         CollectiveDesc mine = g.desc[rank_], theirs = g.desc[r];
@@ -90,20 +88,23 @@ void ThreadsCommunicator::leave() {
     group_->inside[rank_] = false;
 }
 
+// One pass: rank r reduces chunk r of every rank's tensor and stores it into chunk r of every
+// rank's tensor. Only rank r touches chunk r of any buffer, so this is race-free in place; each
+// rank reads and writes n * (size / n) bytes, the least a shared-memory all_reduce can move.
 void ThreadsCommunicator::all_reduce(Tensor& t, ReduceOp op) {
     count("all_reduce", static_cast<int64_t>(t.nbytes()));
     const int64_t n = t.numel();
     const size_t es = dtype_size(t.dtype());
     ThreadGroup& g = *group_;
-    enter(describe("all_reduce", t, sequence_++), t.raw(), t.raw(), n, [&] {
-        if (g.scratch.size() < t.nbytes()) g.scratch.resize(t.nbytes());
-    });
-    const Chunk c = chunk_of(n, g.n, rank_);  // reduce my chunk of everyone's tensor
+    enter(describe("all_reduce", t, sequence_++), t.raw(), t.raw(), n);
+    const Chunk c = chunk_of(n, g.n, rank_);
     std::vector<const void*> ins(g.n);
-    for (int r = 0; r < g.n; ++r) ins[r] = static_cast<const char*>(g.in[r]) + c.offset * es;
-    if (c.length) reduce_in_rank_order(ins, g.scratch.data() + c.offset * es, c.length, t.dtype(), op);
-    sync();
-    std::memcpy(t.raw(), g.scratch.data(), t.nbytes());
+    std::vector<void*> outs(g.n);
+    for (int r = 0; r < g.n; ++r) {
+        ins[r] = static_cast<const char*>(g.in[r]) + c.offset * es;
+        outs[r] = static_cast<char*>(g.out[r]) + c.offset * es;
+    }
+    if (c.length) reduce_in_rank_order(ins, outs, c.length, t.dtype(), op);
     leave();
 }
 
@@ -119,7 +120,7 @@ void ThreadsCommunicator::all_gather(const Tensor& in, Tensor& out) {
                   total, row);
     char* dst = static_cast<char*>(out.raw());
     for (int r = 0; r < g.n; ++r) {
-        std::memcpy(dst, g.in[r], g.count[r] * row_bytes);
+        if (dst != g.in[r]) std::memcpy(dst, g.in[r], g.count[r] * row_bytes);  // in place: already there
         dst += g.count[r] * row_bytes;
     }
     leave();
@@ -136,7 +137,7 @@ void ThreadsCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp
     const size_t es = dtype_size(in.dtype());
     std::vector<const void*> ins(g.n);
     for (int r = 0; r < g.n; ++r) ins[r] = static_cast<const char*>(g.in[r]) + c.offset * row * es;
-    if (c.length * row) reduce_in_rank_order(ins, out.raw(), c.length * row, in.dtype(), op);
+    if (c.length * row) reduce_in_rank_order(ins, {out.raw()}, c.length * row, in.dtype(), op);
     leave();
 }
 

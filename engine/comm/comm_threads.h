@@ -2,9 +2,8 @@
 //
 // A collective is two barriers: ranks post their buffers, pass barrier A, each computes its own
 // part by reading the others' buffers (reductions in rank order), and pass barrier B before any
-// buffer may change. all_reduce reduces chunk r on rank r into a shared scratch buffer
-// (reduce-scatter), then every rank copies the whole (all-gather): each rank moves 2(n-1)/n of
-// the data, as a ring does.
+// buffer may change. all_reduce is one pass: rank r reduces chunk r of every rank's tensor and
+// stores the result into chunk r of every rank's tensor.
 //
 // Barriers wait with a deadline and poll a job-wide abort flag, so a rank that throws or never
 // arrives ends every rank of every group within the timeout, with one message naming the rank,
@@ -51,7 +50,6 @@ struct ThreadGroup {
     std::vector<CollectiveDesc> desc;  // what each rank is in, for checks and timeout messages
     std::vector<bool> inside;          // rank is inside a collective of this group now
     std::vector<bool> posted;          // rank has entered at least one collective
-    std::vector<char> scratch;         // all_reduce staging, grown by the last arriver
     std::vector<std::pair<int, int>> split_args;  // (color, key) per rank
     std::map<std::pair<int64_t, int>, std::shared_ptr<ThreadGroup>> splits;
 };
@@ -75,9 +73,8 @@ public:
 
 private:
     // Posts this rank's buffers and descriptor, waits for all, checks consistency.
-    void enter(const CollectiveDesc& d, const void* in, void* out, int64_t count,
-               const std::function<void()>& on_last = {});
-    void sync(const std::function<void()>& on_last = {});  // barrier with deadline and abort polling
+    void enter(const CollectiveDesc& d, const void* in, void* out, int64_t count);
+    void sync();  // barrier with deadline and abort polling
     void leave();
     [[noreturn]] void timeout();
 

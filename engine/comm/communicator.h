@@ -71,8 +71,10 @@ struct Chunk {
 };
 Chunk chunk_of(int64_t n, int parts, int index);
 
-// out[i] = reduce over ranks r = 0..n-1 (in that order) of inputs[r][i], in acc_t<T>, one rounding.
-void reduce_in_rank_order(const std::vector<const void*>& inputs, void* out, int64_t count, DType dtype, ReduceOp op);
+// outs[k][i] = reduce over ranks r = 0..n-1 (in that order) of inputs[r][i], in acc_t<T>, one
+// rounding; the result is stored to every out (an out may alias an input at the same offset).
+void reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vector<void*>& outs, int64_t count,
+                          DType dtype, ReduceOp op);
 
 // A collective's identity, compared across ranks before it runs: "all_reduce#10 float32 [16, 10]".
 struct CollectiveDesc {

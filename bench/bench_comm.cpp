@@ -1,0 +1,106 @@
+// bench_comm: all_reduce / all_gather / reduce_scatter bandwidth, with nccl-tests' definitions
+// (doc/PERFORMANCE.md): algbw = bytes / time; busbw = algbw * 2(n-1)/n for all_reduce and
+// algbw * (n-1)/n for all_gather and reduce_scatter (bytes = the full tensor). Printed next to
+// single-thread memcpy bandwidth measured in the same run.
+//   ./build/bench/bench_comm [RANKS] [MAX_MIB]          threads, in-process (default 4 ranks, 256 MiB)
+//   mpirun -np 4 ./build/bench/bench_comm 0 [MAX_MIB]    mpi
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "comm/comm_mpi.h"
+#include "comm/comm_threads.h"
+
+using namespace ptool;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double memcpy_gbps(size_t bytes) {
+    std::vector<char> a(bytes, 1), b(bytes, 2);
+    double best = 1e30;
+    for (int i = 0; i < 5; ++i) {
+        auto t0 = Clock::now();
+        std::memcpy(b.data(), a.data(), bytes);
+        best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return bytes / best / 1e9;
+}
+
+struct Row {
+    size_t bytes;
+    double seconds[3];
+};
+
+// Collective over c: times each op at each size; rank 0's numbers are returned.
+std::vector<Row> measure(Communicator& c, size_t max_bytes) {
+    std::vector<Row> rows;
+    const int n = c.size();
+    for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
+        const int64_t elems = static_cast<int64_t>(bytes / 4);
+        const int64_t padded = (elems + n - 1) / n * n;  // all_gather / reduce_scatter need n equal chunks
+        Tensor full({padded}, DType::float32), part({padded / n}, DType::float32);
+        const int iters = static_cast<int>(std::clamp<size_t>((size_t{1} << 30) / bytes, 3, 200));
+        Row r{bytes, {}};
+        for (int op = 0; op < 3; ++op) {
+            auto run = [&] {
+                if (op == 0) c.all_reduce(full, ReduceOp::sum);
+                if (op == 1) c.all_gather(part, full);
+                if (op == 2) c.reduce_scatter(full, part, ReduceOp::sum);
+            };
+            run();  // warm-up
+            c.barrier();
+            auto t0 = Clock::now();
+            for (int i = 0; i < iters; ++i) run();
+            c.barrier();
+            r.seconds[op] = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+        }
+        rows.push_back(r);
+    }
+    return rows;
+}
+
+void print(const std::vector<Row>& rows, int n, const char* backend, double memcpy_bw) {
+    std::printf("bench_comm %s, %d ranks; single-thread memcpy %.2f GB/s (the limit)\n", backend, n, memcpy_bw);
+    std::printf("%12s  %26s  %26s  %26s\n", "", "all_reduce", "all_gather", "reduce_scatter");
+    std::printf("%12s  %8s %8s %8s  %8s %8s %8s  %8s %8s %8s\n", "bytes", "us", "algbw", "busbw", "us", "algbw",
+                "busbw", "us", "algbw", "busbw");
+    const double factor[3] = {2.0 * (n - 1) / n, double(n - 1) / n, double(n - 1) / n};
+    double worst_large = 1e30;
+    for (const Row& r : rows) {
+        std::printf("%12zu ", r.bytes);
+        for (int op = 0; op < 3; ++op) {
+            const double alg = r.bytes / r.seconds[op] / 1e9, bus = alg * factor[op];
+            std::printf("  %8.1f %8.2f %8.2f", r.seconds[op] * 1e6, alg, bus);
+            if (r.bytes >= (size_t{64} << 20) && n > 1) worst_large = std::min(worst_large, bus);
+        }
+        std::printf("\n");
+    }
+    if (worst_large < 1e30)
+        std::printf("busbw >= 64 MiB, worst op: %.2f GB/s = %.0f%% of memcpy (target >= 50%%)\n", worst_large,
+                    100 * worst_large / memcpy_bw);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const int ranks = argc > 1 ? std::atoi(argv[1]) : 4;
+    const size_t max_bytes = (argc > 2 ? std::atoi(argv[2]) : 256) * (size_t{1} << 20);
+    const double mem_bw = memcpy_gbps(size_t{256} << 20);
+    if (launched_by_mpi()) {
+        mpi_init_once();
+        MpiCommunicator world(MPI_COMM_WORLD, CommOptions{});
+        auto rows = measure(world, max_bytes);
+        if (world.rank() == 0) print(rows, world.size(), "mpi", mem_bw);
+        return 0;
+    }
+    std::vector<Row> rows;
+    run_rank_threads(ranks, CommOptions{}, [&](Communicator& c) {
+        auto r = measure(c, max_bytes);
+        if (c.rank() == 0) rows = r;
+    });
+    print(rows, ranks, "threads", mem_bw);
+    return 0;
+}
