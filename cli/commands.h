@@ -14,5 +14,6 @@ struct Common {
 };
 
 void add_run_command(CLI::App& app, Common& common);
+void add_verify_command(CLI::App& app, Common& common, int& exit_code);
 
 }  // namespace ptool::cli

@@ -23,7 +23,9 @@ int main(int argc, char** argv) {
                           "more output (repeatable)");
     app.add_flag_function("-q,--quiet", [&](int64_t n) { common.verbosity -= static_cast<int>(n); },
                           "less output");
+    int exit_code = 0;
     ptool::cli::add_run_command(app, common);
+    ptool::cli::add_verify_command(app, common, exit_code);
 
     try {
         app.parse(argc, argv);
@@ -37,8 +39,8 @@ int main(int argc, char** argv) {
         spdlog::error("{}", e.what());
         return 3;
     } catch (const std::exception& e) {
-        spdlog::critical("{}", e.what());
+        spdlog::error("{}", e.what());
         return 3;
     }
-    return 0;
+    return exit_code;
 }

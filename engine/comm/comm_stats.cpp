@@ -3,6 +3,7 @@
 namespace ptool {
 
 void CommCounter::add(const std::string& op, const std::string& mesh_dim, int64_t bytes) {
+    if (paused_) return;
     CommTotals& t = by_key_[{op, mesh_dim, module_}];
     t.calls += 1;
     t.bytes += bytes;

@@ -22,6 +22,9 @@ public:
     void set_module(std::string fqn) { module_ = std::move(fqn); }
     const std::string& module() const { return module_; }
     void reset() { by_key_.clear(); }
+    // Verification's own gathers are not part of the plan's communication: they run paused.
+    void set_paused(bool paused) { paused_ = paused; }
+    bool paused() const { return paused_; }
 
     using Key = std::tuple<std::string, std::string, std::string>;  // op, mesh dim, module
     const std::map<Key, CommTotals>& entries() const { return by_key_; }
@@ -30,6 +33,7 @@ public:
 
 private:
     std::string module_;
+    bool paused_ = false;
     std::map<Key, CommTotals> by_key_;
 };
 

@@ -16,6 +16,9 @@ public:
     int64_t in_features() const { return in_; }
     int64_t out_features() const { return out_; }
     bool tied() const { return tied_; }
+    // Rowwise tensor parallelism adds the bias once, after the reduction: the style's hooks then
+    // own the bias and forward/backward here leave it alone.
+    void set_defer_bias(bool defer) { defer_bias_ = defer; }
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -24,6 +27,7 @@ protected:
 private:
     int64_t in_, out_;
     bool tied_;
+    bool defer_bias_ = false;
 };
 
 // relu, gelu (erf or tanh), silu, tanh: elementwise, no parameters.

@@ -32,27 +32,29 @@ void Linear::init_params(uint64_t seed) {
 }
 
 Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
-    const Tensor x2 = x.reshape({x.numel() / in_, in_});
+    const int64_t in = x.size(-1);  // in_, or in_/tp under rowwise parallelism
+    const Tensor x2 = x.reshape({x.numel() / in, in});
+    const int64_t out = param("weight")->value.size(0);  // out_, or its shard under colwise
     Shape out_shape = x.shape();
-    out_shape.back() = out_;
+    out_shape.back() = out;
     Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
-    Tensor y2 = y.reshape({x2.size(0), out_});
+    Tensor y2 = y.reshape({x2.size(0), out});
     ctx.backend->gemm(x2, false, param("weight")->value, true, y2);
-    if (auto b = param("bias")) ctx.backend->add_bias(y2, b->value);
+    if (auto b = param("bias"); b && !defer_bias_) ctx.backend->add_bias(y2, b->value);
     save({x2});
     return y;
 }
 
 Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
     const Tensor x2 = restore()[0];
-    const Tensor dy2 = dy.reshape({x2.size(0), out_});
+    const Tensor dy2 = dy.reshape({x2.size(0), dy.size(-1)});
     ParamPtr w = param("weight");
     ctx.backend->gemm(dy2, true, x2, false, w->grad, 1.0, 1.0);
-    if (auto b = param("bias")) ctx.backend->sum_rows(dy2, b->grad, true);
+    if (auto b = param("bias"); b && !defer_bias_) ctx.backend->sum_rows(dy2, b->grad, true);
     Shape in_shape = dy.shape();
-    in_shape.back() = in_;
+    in_shape.back() = x2.size(1);
     Tensor dx = Tensor::empty(in_shape, dy.dtype(), dy.device());
-    Tensor dx2 = dx.reshape({x2.size(0), in_});
+    Tensor dx2 = dx.reshape({x2.size(0), x2.size(1)});
     ctx.backend->gemm(dy2, false, w->value, false, dx2);
     return dx;
 }

@@ -5,13 +5,15 @@
 namespace ptool {
 
 Tensor Module::forward(RunContext& ctx, const Tensor& x) {
-    Tensor y = forward_impl(ctx, x);
+    Tensor y = hooks_ ? hooks_->post_forward(ctx, *this, forward_impl(ctx, hooks_->pre_forward(ctx, *this, x)))
+                      : forward_impl(ctx, x);
     if (ctx.observer) ctx.observer(*this, "forward", y);
     return y;
 }
 
 Tensor Module::backward(RunContext& ctx, const Tensor& dy) {
-    Tensor dx = backward_impl(ctx, dy);
+    Tensor dx = hooks_ ? backward_impl(ctx, hooks_->post_forward_backward(ctx, *this, dy)) : backward_impl(ctx, dy);
+    if (hooks_ && dx.defined()) dx = hooks_->pre_forward_backward(ctx, *this, dx);
     if (ctx.observer && dx.defined()) ctx.observer(*this, "backward", dx);
     return dx;
 }

@@ -38,6 +38,18 @@ struct RunContext {
     std::function<void(const class Module&, const char* phase, const Tensor&)> observer;
 };
 
+// Forward/backward hooks around a module, as PyTorch's module pre-/post-forward hooks; the
+// tensor-parallel styles are hooks (parallel/tp_styles.h). Each *_backward is the adjoint of its
+// forward hook. Hooks keep their own saves (a shared module runs them twice per step).
+class ModuleHooks {
+public:
+    virtual ~ModuleHooks() = default;
+    virtual Tensor pre_forward(RunContext&, Module&, const Tensor& x) { return x; }
+    virtual Tensor post_forward(RunContext&, Module&, const Tensor& y) { return y; }
+    virtual Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) { return dy; }
+    virtual Tensor pre_forward_backward(RunContext&, Module&, const Tensor& dx) { return dx; }
+};
+
 class Module {
 public:
     Module(std::string type, std::string name, SourceLocation where)
@@ -75,6 +87,8 @@ public:
     ParamPtr param(const std::string& name) const;  // nullptr when absent
 
     size_t saved_depth() const { return saved_.size(); }
+    void set_hooks(std::shared_ptr<ModuleHooks> hooks) { hooks_ = std::move(hooks); }
+    ModuleHooks* hooks() const { return hooks_.get(); }
 
 protected:
     virtual Tensor forward_impl(RunContext& ctx, const Tensor& x) = 0;
@@ -90,6 +104,7 @@ private:
     std::vector<Entry> params_, buffers_;
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
     std::vector<std::vector<Tensor>> saved_;
+    std::shared_ptr<ModuleHooks> hooks_;
 };
 
 // Walks the tree in registration order: fn(full_name, parameter). Shared objects appear under every name.

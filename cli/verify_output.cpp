@@ -1,0 +1,100 @@
+#include "cli/verify_output.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+
+namespace ptool::cli {
+
+std::string format_bytes(int64_t b) {
+    if (b < 1024) return fmt::format("{} B", b);
+    if (b < (1 << 20)) return fmt::format("{:.1f} KiB", b / 1024.0);
+    if (b < (1 << 30)) return fmt::format("{:.1f} MiB", b / 1048576.0);
+    return fmt::format("{:.2f} GiB", b / 1073741824.0);
+}
+
+std::string format_counts(const CommCounter& c, int64_t steps) {
+    std::vector<std::string> parts;
+    for (const auto& [op, t] : c.by_op()) {
+        const int64_t calls = t.calls / std::max<int64_t>(1, steps);
+        parts.push_back(fmt::format("{} x{} ({})", op, calls, format_bytes(t.bytes / std::max<int64_t>(1, steps))));
+    }
+    return parts.empty() ? std::string("none") : fmt::format("{}", fmt::join(parts, ", "));
+}
+
+static std::string num(double v) {
+    if (std::isinf(v)) return "inf";
+    return fmt::format("{:.2e}", v);
+}
+
+void print_report(const VerifyReport& report, const std::string& model_path, const Model& model, int verbosity) {
+    for (const PlanReport& p : report.plans) {
+        const int64_t steps = p.run.steps.empty() ? 1 : static_cast<int64_t>(p.run.steps.size());
+        fmt::print("ptool verify {} {}: {} ranks ({}), {} step{}, {} rtol {:g} atol {:g}\n", model_path, p.plan_path,
+                   p.run.world_size, p.run.backend, steps, steps == 1 ? "" : "s", dtype_name(model.dtype), p.tol.rtol,
+                   p.tol.atol);
+        for (const auto& w : p.warnings) fmt::print("warning: {}\n", w);
+        if (verbosity >= 0) {
+            fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9} {:>8}  {}\n", "tensor", "max abs", "max rel", "ULP", "headroom",
+                       "replicas", "verdict");
+            for (const TensorReport& t : p.tensors) {
+                if (verbosity == 0 && t.pass && p.tensors.size() > 60) continue;  // large models: failures only
+                fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9.3f} {:>8}  {}\n", t.name, num(t.diff.max_abs),
+                           num(t.diff.max_rel), t.diff.max_ulp, std::isinf(t.diff.headroom) ? 1e9 : t.diff.headroom,
+                           t.replicas, !t.diff.shape_ok ? "MISSING/SHAPE" : (t.pass ? "ok" : "MISMATCH"));
+            }
+        }
+        if (!p.localisation.empty()) fmt::print("  {}\n", p.localisation);
+        fmt::print("{}: {} {}/{} tensors agree · reference {:.2f} ms, parallel {:.2f} ms · collectives per step: {}",
+                   p.plan_path, p.pass ? "PASS" : "FAIL", p.passed, p.passed + p.failed, report.reference_seconds * 1e3,
+                   p.run.seconds * 1e3, format_counts(p.run.step_counts, steps));
+        if (p.run.init_counts.total().calls) fmt::print("; at start: {}", format_counts(p.run.init_counts, 1));
+        fmt::print("\n");
+    }
+    if (report.plans.size() > 1) {
+        fmt::print("\n  {:<40} {:>6} {:>7} {:>7}  {}\n", "plan", "ranks", "agree", "differ", "verdict");
+        for (const PlanReport& p : report.plans)
+            fmt::print("  {:<40} {:>6} {:>7} {:>7}  {}\n", p.plan_path, p.run.world_size, p.passed, p.failed,
+                       p.pass ? "PASS" : "FAIL");
+    }
+}
+
+static nlohmann::json counts_json(const CommCounter& c) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [key, t] : c.entries())
+        out.push_back({{"op", std::get<0>(key)}, {"mesh_dim", std::get<1>(key)}, {"module", std::get<2>(key)},
+                       {"calls", t.calls}, {"bytes", t.bytes}});
+    return out;
+}
+
+void write_json_report(const VerifyReport& report, const std::string& model_path, const std::string& path) {
+    nlohmann::json j;
+    j["model"] = model_path;
+    j["pass"] = report.pass;
+    j["reference_seconds"] = report.reference_seconds;
+    j["plans"] = nlohmann::json::array();
+    auto finite = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+    for (const PlanReport& p : report.plans) {
+        nlohmann::json jp;
+        jp["plan"] = p.plan_path;
+        jp["pass"] = p.pass;
+        jp["world_size"] = p.run.world_size;
+        jp["backend"] = p.run.backend;
+        jp["seconds"] = p.run.seconds;
+        jp["rtol"] = p.tol.rtol;
+        jp["atol"] = p.tol.atol;
+        jp["warnings"] = p.warnings;
+        jp["localisation"] = p.localisation;
+        jp["collectives"] = {{"start", counts_json(p.run.init_counts)}, {"steps", counts_json(p.run.step_counts)}};
+        jp["tensors"] = nlohmann::json::array();
+        for (const TensorReport& t : p.tensors)
+            jp["tensors"].push_back({{"name", t.name}, {"pass", t.pass}, {"max_abs", finite(t.diff.max_abs)},
+                                     {"max_rel", finite(t.diff.max_rel)}, {"ulp", t.diff.max_ulp},
+                                     {"headroom", finite(t.diff.headroom)}, {"replicas", t.replicas}});
+        j["plans"].push_back(jp);
+    }
+    write_file_atomic(path, j.dump(2) + "\n", true);
+}
+
+}  // namespace ptool::cli

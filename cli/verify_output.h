@@ -1,0 +1,14 @@
+// Printing verify results: the terminal table and summary, and the JSON file.
+#pragma once
+
+#include "model/model.h"
+#include "verify/verify.h"
+
+namespace ptool::cli {
+
+void print_report(const VerifyReport& report, const std::string& model_path, const Model& model, int verbosity);
+void write_json_report(const VerifyReport& report, const std::string& model_path, const std::string& path);
+std::string format_bytes(int64_t bytes);
+std::string format_counts(const CommCounter& c, int64_t steps);  // "all_reduce x2 (1.2 KiB), ..."
+
+}  // namespace ptool::cli

@@ -1,0 +1,146 @@
+#include "parallel/parallelize.h"
+
+#include <set>
+
+#include "core/tensor_ops.h"
+
+namespace ptool {
+namespace {
+
+const std::set<std::string> kElementwise = {"relu", "gelu", "silu", "tanh", "identity", "dropout"};
+
+std::string at(const SourceLocation& w) { return w.str() + ": "; }
+
+void check_applicable(const PlanEntry& e, const Module& m) {
+    const std::string& s = e.style.style;
+    if ((s == "colwise" || s == "rowwise") && m.type() != "linear")
+        throw InputError(e.where, fmt::format("'{}' matches '{}', a {}: {} applies to linear modules", e.pattern,
+                                              m.fqn(), m.type(), s));
+    if ((s == "colwise" || s == "rowwise") && static_cast<const Linear&>(m).tied())
+        throw InputError(e.where, fmt::format("'{}' has a tied weight: {} of tied weights is not supported", m.fqn(), s));
+}
+
+// Follows placements through the leaves in forward order and warns where a module that needs
+// whole rows gets a tensor sharded on its last dim. Containers are transparent here (a residual's
+// skip connection and attention's internals are not modelled).
+void lint_dataflow(const Model& model, const Resolution& res, const Plan& plan, std::vector<std::string>& warnings) {
+    std::map<const Module*, const ResolvedStyle*> styled;
+    for (const auto& r : res.styles) styled[r.module] = &r;
+    Placement act = res.input_placement;
+    std::string producer = "the model input";
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+        auto it = styled.find(&m);
+        if (it != styled.end()) {
+            const StyleSpec& s = it->second->entry->style;
+            if (s.style == "colwise") act = s.output_layouts.value_or(Placement::shard(-1));
+            else if (s.style == "rowwise") act = s.output_layouts.value_or(Placement::replicate());
+            else if (s.desired_output_layouts) act = *s.desired_output_layouts;
+            else if (s.desired_input_layouts && m.children().empty()) act = *s.desired_input_layouts;
+            producer = fqn.empty() ? "the root module" : "'" + fqn + "'";
+            return;
+        }
+        if (!m.children().empty()) return;
+        const bool last_dim_sharded = act.is_shard() && act.dim == -1;
+        if (last_dim_sharded && !kElementwise.count(m.type()))
+            warnings.push_back(fmt::format("{}{} outputs {} but '{}' ({}) needs whole rows: give it a style, or have "
+                                           "{} output replicate",
+                                           at(plan.tp_plan_where), producer, act.str(), fqn, m.type(), producer));
+        if (act.is_shard() && m.type() == "dropout")
+            warnings.push_back(fmt::format("{}dropout '{}' runs on a sharded activation: its mask is drawn per local "
+                                           "element, not per global one, so it differs from the reference",
+                                           at(plan.tp_plan_where), fqn));
+        if (!kElementwise.count(m.type())) producer = "'" + fqn + "'";
+    });
+}
+
+}  // namespace
+
+Resolution resolve_plan(const Model& model, const Plan& plan) {
+    Resolution res;
+    if (!plan.has_tensor_parallel) return res;
+    if (plan.tp_plan.empty()) res.warnings.push_back(at(plan.tp_plan_where) + "the tensor_parallel plan is empty: nothing is parallelized");
+    std::map<const Module*, const PlanEntry*> owner;
+    int tp = 1;
+    for (const MeshDim& d : plan.mesh)
+        if (d.name == plan.tp_mesh_dim) tp = d.size;
+    for (const PlanEntry& e : plan.tp_plan) {
+        int matched = 0;
+        for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+            if (!fqn_matches(e.pattern, fqn)) return;
+            ++matched;
+            check_applicable(e, m);
+            if (owner.count(&m))
+                throw InputError(e.where, fmt::format("'{}' and '{}' (line {}) both match '{}': one style per module",
+                                                      e.pattern, owner[&m]->pattern, owner[&m]->where.line, fqn));
+            owner[&m] = &e;
+        });
+        if (!matched) res.warnings.push_back(fmt::format("{}pattern '{}' matched no module", at(e.where), e.pattern));
+    }
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+        auto it = owner.find(&m);
+        if (it == owner.end()) return;
+        res.styles.push_back({fqn, &m, it->second});
+        const std::string& s = it->second->style.style;
+        if (s == "colwise" || s == "rowwise") {
+            const auto& lin = static_cast<const Linear&>(m);
+            const int64_t n = s == "colwise" ? lin.out_features() : lin.in_features();
+            if (n % tp != 0) {
+                std::vector<int64_t> sizes;
+                for (int r = 0; r < tp; ++r) sizes.push_back(chunk_of(n, tp, r).length);
+                res.warnings.push_back(fmt::format("{}'{}' {}: {} {} over {} ranks are uneven ({})", at(it->second->where),
+                                                   fqn, s, n, s == "colwise" ? "output features" : "input features", tp,
+                                                   fmt::join(sizes, ", ")));
+            }
+        }
+    });
+    // the model input arrives as the input_layouts of the first styled module on the path of first children
+    const Module* m = model.root.get();
+    while (m) {
+        auto it = owner.find(m);
+        if (it != owner.end() && (it->second->style.input_layouts || it->second->style.style == "rowwise")) {
+            res.input_placement = it->second->style.input_layouts.value_or(Placement::shard(-1));
+            break;
+        }
+        m = m->children().empty() ? nullptr : m->children()[0].second.get();
+    }
+    lint_dataflow(model, res, plan, res.warnings);
+    return res;
+}
+
+void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMesh& mesh,
+                 const std::shared_ptr<TpState>& state) {
+    if (!plan.has_tensor_parallel) return;
+    Communicator& comm = mesh.comm(mesh.dim_index(plan.tp_mesh_dim));
+    state->comm = &comm;
+    const int n = comm.size(), r = comm.rank();
+    auto shard_param = [&](const std::string& fqn, ParamPtr p, int64_t dim) {
+        Tensor full = p->value;
+        if (plan.src_data_rank) comm.broadcast(full, *plan.src_data_rank);  // rank k's weights are the source
+        int index = r;
+        if (state->fault.hits("wrong_shard_offset", fqn)) index = (r + 1) % n;
+        Tensor local = chunk(full, n, index, dim);
+        if (state->fault.hits("wrong_shard_dim", fqn)) {  // the shard taken along the other dim, same size
+            Tensor other = chunk(full, n, index, 1 - dim);
+            if (other.numel() == local.numel()) local = other.reshape(local.shape());
+        }
+        p->value = local;
+        p->grad = Tensor(local.shape(), local.dtype(), local.device());
+        state->param_placement[p.get()] = Placement::shard(dim);
+    };
+    auto counter = mesh.counter();
+    for (const ResolvedStyle& rs : res.styles) {
+        if (counter) counter->set_module(rs.fqn);
+        const std::string& s = rs.entry->style.style;
+        if (s == "colwise") {
+            shard_param(rs.fqn, rs.module->param("weight"), 0);
+            if (auto b = rs.module->param("bias")) shard_param(rs.fqn, b, 0);
+        } else if (s == "rowwise") {
+            shard_param(rs.fqn, rs.module->param("weight"), 1);
+            if (auto b = rs.module->param("bias"); b && plan.src_data_rank) comm.broadcast(b->value, *plan.src_data_rank);
+        }
+        rs.module->set_hooks(make_style_hooks(rs.entry->style, *rs.module, state));
+    }
+    if (counter) counter->set_module("");
+}
+
+}  // namespace ptool

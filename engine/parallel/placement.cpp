@@ -1,0 +1,46 @@
+#include "parallel/placement.h"
+
+#include <regex>
+
+#include "comm/communicator.h"
+#include "core/tensor_ops.h"
+
+namespace ptool {
+
+Placement Placement::normalized(int64_t ndim) const {
+    if (!is_shard()) return *this;
+    return shard(normalize_dim(dim, ndim));
+}
+
+bool Placement::same_as(const Placement& o, int64_t ndim) const {
+    if (kind != o.kind) return false;
+    return !is_shard() || normalize_dim(dim, ndim) == normalize_dim(o.dim, ndim);
+}
+
+std::string Placement::str() const {
+    switch (kind) {
+        case Kind::replicate: return "Replicate()";
+        case Kind::shard: return fmt::format("Shard({})", dim);
+        case Kind::partial: return "Partial(sum)";
+    }
+    return "?";
+}
+
+bool parse_placement(const std::string& text, Placement* out) {
+    static const std::regex shard_re(R"(^\s*shard\(\s*(-?\d{1,2})\s*\)\s*$)", std::regex::icase);
+    std::smatch m;
+    if (text == "replicate" || text == "Replicate()") return *out = Placement::replicate(), true;
+    if (text == "partial" || text == "Partial()") return *out = Placement::partial(), true;
+    if (std::regex_match(text, m, shard_re)) return *out = Placement::shard(std::stoll(m[1].str())), true;
+    return false;
+}
+
+Shape local_shape(const Shape& global, const Placement& p, int parts, int index) {
+    if (!p.is_shard()) return global;
+    Shape s = global;
+    const int64_t d = normalize_dim(p.dim, static_cast<int64_t>(global.size()));
+    s[d] = chunk_of(global[d], parts, index).length;
+    return s;
+}
+
+}  // namespace ptool

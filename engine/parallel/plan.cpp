@@ -1,0 +1,169 @@
+#include "parallel/plan.h"
+
+#include <fnmatch.h>
+
+#include <filesystem>
+#include <set>
+
+#include "core/yaml_reader.h"
+
+namespace ptool {
+namespace {
+
+const std::vector<std::string> kStyles = {"colwise", "rowwise", "prepare_input", "prepare_output",
+                                          "prepare_input_output"};
+
+std::vector<std::string> split_dots(const std::string& s) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    for (size_t i = 0; i <= s.size(); ++i)
+        if (i == s.size() || s[i] == '.') out.push_back(s.substr(start, i - start)), start = i + 1;
+    return out;
+}
+
+std::optional<Placement> layout(YamlMap& m, const char* key) {
+    auto v = m.get(key);
+    if (!v) return std::nullopt;
+    Placement p;
+    const std::string text = v->as_string(fmt::format("'{}'", key));
+    if (!parse_placement(text, &p))
+        v->fail(fmt::format("'{}: {}' is not a layout (valid: replicate, shard(d), partial)", key, text));
+    return p;
+}
+
+StyleSpec parse_style(const YamlNode& node, const std::string& pattern) {
+    StyleSpec s;
+    const std::string what = fmt::format("the style of '{}'", pattern);
+    std::optional<YamlMap> m;
+    if (node.is_map()) m.emplace(node, what);
+    const YamlNode style_node = m ? m->at("style") : node;
+    s.style = style_node.as_string("a style");
+    if (std::find(kStyles.begin(), kStyles.end(), s.style) == kStyles.end())
+        style_node.fail(fmt::format("unknown style '{}'{}", s.style, did_you_mean(s.style, kStyles)));
+    if (!m) return s;
+    const bool prepare = s.style.rfind("prepare_", 0) == 0;
+    const bool has_in = s.style != "prepare_output", has_out = s.style != "prepare_input";
+    if (has_in) s.input_layouts = layout(*m, "input_layouts");
+    if (has_out) s.output_layouts = layout(*m, "output_layouts");
+    if (prepare) {
+        if (has_in) s.desired_input_layouts = layout(*m, "desired_input_layouts");
+        if (has_out) s.desired_output_layouts = layout(*m, "desired_output_layouts");
+        if (has_in && (!s.input_layouts || !s.desired_input_layouts))
+            node.fail(fmt::format("{} needs input_layouts and desired_input_layouts", s.style));
+        if (has_out && (!s.output_layouts || !s.desired_output_layouts))
+            node.fail(fmt::format("{} needs output_layouts and desired_output_layouts", s.style));
+    }
+    s.use_local_output = m->bool_or("use_local_output", true);
+    m->finish();
+    return s;
+}
+
+}  // namespace
+
+int Plan::world_size() const {
+    int n = 1;
+    for (const auto& d : mesh) n *= d.size;
+    return n;
+}
+
+bool Plan::compares(const std::string& what) const {
+    return std::find(verify.compare.begin(), verify.compare.end(), what) != verify.compare.end();
+}
+
+bool fqn_matches(const std::string& pattern, const std::string& fqn) {
+    if (pattern.empty() || fqn.empty()) return pattern.empty() && fqn.empty();
+    const auto p = split_dots(pattern), f = split_dots(fqn);
+    if (p.size() != f.size()) return false;
+    for (size_t i = 0; i < p.size(); ++i)
+        if (fnmatch(p[i].c_str(), f[i].c_str(), 0) != 0) return false;
+    return true;
+}
+
+Plan load_plan_text(const std::string& text, const std::string& path) {
+    YamlNode root = load_yaml_text(text, path);
+    YamlMap m(root, "the plan");
+    Plan plan;
+    plan.path = path;
+    plan.yaml_text = text;
+    plan.name = std::filesystem::path(path).stem().string();
+
+    YamlNode mesh = m.at("mesh");
+    plan.mesh_where = mesh.where();
+    if (!mesh.is_map()) mesh.fail("'mesh' must be a map of named dims, e.g. {tp: 4}");
+    std::set<std::string> names;
+    for (const auto& kv : mesh.raw()) {
+        YamlNode key(kv.first, std::make_shared<std::string>(path)), value(kv.second, std::make_shared<std::string>(path));
+        const std::string name = key.as_string("a mesh dim name");
+        if (!names.insert(name).second) key.fail(fmt::format("duplicate key '{}' in the mesh", name));
+        const int64_t size = value.as_positive_int(fmt::format("mesh dim '{}'", name));
+        if (size > 4096) value.fail(fmt::format("mesh dim '{}' of {} ranks is over the limit of 4096", name, size));
+        plan.mesh.push_back({name, static_cast<int>(size)});
+    }
+    if (plan.mesh.empty()) mesh.fail("'mesh' has no dims");
+    if (plan.world_size() > 4096) mesh.fail(fmt::format("the mesh has {} ranks, over the limit of 4096", plan.world_size()));
+
+    if (auto tp = m.get("tensor_parallel")) {
+        YamlMap t(*tp, "'tensor_parallel'");
+        plan.has_tensor_parallel = true;
+        YamlNode dim = t.at("mesh_dim");
+        plan.tp_mesh_dim = dim.as_string("'mesh_dim'");
+        if (!names.count(plan.tp_mesh_dim))
+            dim.fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", plan.tp_mesh_dim,
+                                 did_you_mean(plan.tp_mesh_dim, std::vector<std::string>(names.begin(), names.end()))));
+        if (auto src = t.get("src_data_rank")) {
+            if (src->is_null()) {
+                plan.src_data_rank = std::nullopt;
+            } else {
+                const int64_t r = src->as_int("'src_data_rank'");
+                int tp_size = 1;
+                for (const auto& d : plan.mesh)
+                    if (d.name == plan.tp_mesh_dim) tp_size = d.size;
+                if (r < 0 || r >= tp_size)
+                    src->fail(fmt::format("src_data_rank {} is outside the {} ranks of '{}'", r, tp_size, plan.tp_mesh_dim));
+                plan.src_data_rank = static_cast<int>(r);
+            }
+        }
+        YamlNode entries = t.at("plan");
+        plan.tp_plan_where = entries.where();
+        if (!entries.is_map() && !entries.is_null()) entries.fail("'plan' must be a map of FQN pattern: style");
+        std::set<std::string> patterns;
+        if (entries.is_map())
+            for (const auto& kv : entries.raw()) {
+                YamlNode key(kv.first, std::make_shared<std::string>(path));
+                const std::string pattern = key.as_string("a pattern");
+                if (!patterns.insert(pattern).second) key.fail(fmt::format("duplicate key '{}' in the plan", pattern));
+                plan.tp_plan.push_back({pattern, parse_style(YamlNode(kv.second, std::make_shared<std::string>(path)), pattern),
+                                        key.where()});
+            }
+        t.finish();
+    }
+    if (auto dp = m.get("data_parallel"))
+        dp->fail("data_parallel is not implemented yet: this version verifies tensor-parallel plans");
+    if (auto v = m.get("verify")) {
+        YamlMap vm(*v, "'verify'");
+        if (vm.has("steps")) plan.verify.steps = vm.at("steps").as_positive_int("'steps'");
+        if (auto c = vm.get("compare")) {
+            plan.verify.compare.clear();
+            for (const YamlNode& item : c->items("'compare'")) {
+                const std::string w = item.as_string("a compare entry");
+                const std::vector<std::string> valid = {"output", "loss", "grad", "param"};
+                if (std::find(valid.begin(), valid.end(), w) == valid.end())
+                    item.fail(fmt::format("unknown compare entry '{}'{}", w, did_you_mean(w, valid)));
+                plan.verify.compare.push_back(w);
+            }
+        }
+        if (auto tol = vm.get("tolerance")) {
+            YamlMap tm(*tol, "'tolerance'");
+            if (tm.has("rtol")) plan.verify.rtol = tm.at("rtol").as_double("'rtol'");
+            if (tm.has("atol")) plan.verify.atol = tm.at("atol").as_double("'atol'");
+            tm.finish();
+        }
+        vm.finish();
+    }
+    m.finish();
+    return plan;
+}
+
+Plan load_plan(const std::string& path) { return load_plan_text(read_text_file(path, YamlLimits{}.max_bytes), path); }
+
+}  // namespace ptool

@@ -1,0 +1,63 @@
+// Plan YAML: the mesh, parallelize_module's plan for the tensor-parallel dim, and what verify
+// compares. Strict like the model YAML: every error is an InputError at file:line:column.
+//
+//   mesh: {tp: 4}
+//   tensor_parallel:
+//     mesh_dim: tp
+//     src_data_rank: 0        # rank whose full weights are split and sent; null = no communication
+//     plan:
+//       "layers.*.net1": colwise
+//       "layers.*.net2": {style: rowwise, output_layouts: shard(0)}
+//   verify: {steps: 2, compare: [output, loss, grad, param], tolerance: {rtol: 1.3e-6, atol: 1e-5}}
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "parallel/device_mesh.h"
+#include "parallel/placement.h"
+
+namespace ptool {
+
+struct StyleSpec {
+    std::string style;  // colwise | rowwise | prepare_input | prepare_output | prepare_input_output
+    std::optional<Placement> input_layouts, output_layouts, desired_input_layouts, desired_output_layouts;
+    bool use_local_output = true;
+};
+
+struct PlanEntry {
+    std::string pattern;  // FQN pattern, fnmatch per dotted atom; "" is the root module
+    StyleSpec style;
+    SourceLocation where;  // the pattern's key
+};
+
+struct VerifySpec {
+    int64_t steps = 0;  // 0: the model's
+    std::vector<std::string> compare = {"output", "loss", "grad", "param"};
+    std::optional<double> rtol, atol;
+};
+
+struct Plan {
+    std::string path, yaml_text, name;
+    std::vector<MeshDim> mesh;
+    SourceLocation mesh_where;
+    bool has_tensor_parallel = false;
+    std::string tp_mesh_dim;
+    std::optional<int> src_data_rank = 0;  // nullopt: each rank builds its own shard
+    std::vector<PlanEntry> tp_plan;
+    SourceLocation tp_plan_where;
+    VerifySpec verify;
+
+    int world_size() const;
+    bool compares(const std::string& what) const;
+};
+
+Plan load_plan(const std::string& path);
+Plan load_plan_text(const std::string& text, const std::string& path);
+
+// fnmatch per dotted atom: "layers.*.net[1-2]" matches "layers.0.net1"; "" matches only "".
+bool fqn_matches(const std::string& pattern, const std::string& fqn);
+
+}  // namespace ptool

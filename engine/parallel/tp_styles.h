@@ -1,0 +1,45 @@
+// Tensor-parallel styles as module hooks, as PyTorch's ColwiseParallel / RowwiseParallel /
+// PrepareModuleInput(Output) install forward hooks. Between modules activations are plain local
+// tensors (use_local_output); TpState tracks the placement of the current activation and
+// gradient so that a module's output can be gathered to full size for comparison.
+//
+//   colwise (Megatron's ColumnParallelLinear): weight Shard(0), bias Shard(0).
+//     in: input_layouts (Replicate) -> Replicate; out: Shard(-1) -> output_layouts (Shard(-1)).
+//     backward: the input gradient is Partial -> all_reduce (Megatron's f: copy fwd, all-reduce bwd).
+//   rowwise (RowParallelLinear): weight Shard(1), bias Replicate, added once after the reduction.
+//     in: input_layouts (Shard(-1)) -> Shard(-1); out: Partial -> output_layouts (Replicate:
+//     all_reduce, Megatron's g; Shard(0): reduce_scatter).
+//   prepare_input / prepare_output / prepare_input_output: redistribute only.
+#pragma once
+
+#include <map>
+#include <memory>
+
+#include "model/model.h"
+#include "parallel/plan.h"
+#include "parallel/redistribute.h"
+
+namespace ptool {
+
+// Bugs injected on purpose (PTOOL_FAULT=kind:fqn) to prove that verify catches and localises them.
+struct Fault {
+    std::string kind;  // skip_all_reduce | bias_every_rank | skip_grad_all_reduce | wrong_shard_dim | wrong_shard_offset
+    std::string fqn;
+    bool hits(const char* k, const std::string& module) const { return kind == k && fqn == module; }
+};
+Fault parse_fault(const char* env);  // "" or null: no fault; a bad value is an InputError
+
+struct TpState {
+    Communicator* comm = nullptr;  // the tensor-parallel mesh dim
+    Placement act = Placement::replicate();   // of the activation flowing forward
+    Placement grad = Placement::replicate();  // of the gradient flowing backward
+    std::map<const Parameter*, Placement> param_placement;  // sharded parameters; the rest are Replicate
+    Fault fault;
+};
+
+std::shared_ptr<ModuleHooks> make_style_hooks(const StyleSpec& spec, Module& module, std::shared_ptr<TpState> state);
+
+// Full size of a tensor placed as p, from local sizes (exchanged, uncounted, when p is a Shard).
+Shape global_shape(const Tensor& local, const Placement& p, Communicator& comm);
+
+}  // namespace ptool

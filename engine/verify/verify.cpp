@@ -1,0 +1,139 @@
+#include "verify/verify.h"
+
+#include <cstdlib>
+
+#include "comm/comm_threads.h"
+#include "model/model.h"
+
+namespace ptool {
+namespace {
+
+std::string event_label(const ModuleEvent& e) {
+    const std::string name = e.fqn.empty() ? "(root)" : e.fqn;
+    return e.phase == "forward" ? fmt::format("forward `{}` output", name) : fmt::format("backward `{}` input gradient", name);
+}
+
+// The first module, in the order things were computed (forward, then backward), whose output or
+// input gradient leaves tolerance while what was computed just before it still agreed.
+std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol) {
+    for (size_t s = 0; s < ref.steps.size() && s < par.steps.size(); ++s) {
+        const auto &re = ref.steps[s].events, &pe = par.steps[s].events;
+        if (re.size() != pe.size() || re.empty()) continue;
+        double prev_rel = 0;
+        std::string prev = "the step's input";
+        for (size_t i = 0; i < re.size(); ++i) {
+            if (re[i].fqn != pe[i].fqn || re[i].phase != pe[i].phase) break;
+            const TensorDiff d = compare_tensors(pe[i].full, re[i].full, tol);
+            if (!d.pass)
+                return fmt::format("first divergence: step {} {}, max rel {:.2g} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
+                                   s, event_label(re[i]), d.max_rel, d.max_abs, prev, prev_rel);
+            prev_rel = d.max_rel;
+            prev = event_label(re[i]);
+        }
+    }
+    return "";
+}
+
+}  // namespace
+
+int64_t steps_for(const VerifyInputs& in, const Plan& plan, const VerifyOptions& opt, int64_t model_steps) {
+    if (opt.steps > 0) return opt.steps;
+    if (plan.verify.steps > 0) return plan.verify.steps;
+    return model_steps;
+}
+
+Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, DType dtype) {
+    Tolerance t = default_tolerance(dtype);
+    if (plan.verify.rtol) t.rtol = *plan.verify.rtol;
+    if (plan.verify.atol) t.atol = *plan.verify.atol;
+    if (opt.rtol) t.rtol = *opt.rtol;
+    if (opt.atol) t.atol = *opt.atol;
+    return t;
+}
+
+PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan, const Tolerance& tol) {
+    PlanReport rep;
+    rep.plan_path = plan.path;
+    rep.tol = tol;
+    for (size_t s = 0; s < reference.steps.size() && s < parallel.steps.size(); ++s) {
+        const StepRecord &r = reference.steps[s], &p = parallel.steps[s];
+        for (const auto& [name, expected] : r.tensors) {
+            const std::string kind = name.substr(name.find('.') + 1, name.find('.', name.find('.') + 1) - name.find('.') - 1);
+            if (!plan.compares(kind) && kind != "buffer") continue;
+            const Tensor* actual = nullptr;
+            for (const auto& [pn, pt] : p.tensors)
+                if (pn == name) actual = &pt;
+            TensorReport tr;
+            tr.name = name;
+            if (!actual) {
+                tr.pass = false;
+                tr.diff.shape_ok = false;
+            } else {
+                tr.diff = compare_tensors(*actual, expected, tol);
+                tr.pass = tr.diff.pass;
+            }
+            const bool differs = std::find(p.inconsistent.begin(), p.inconsistent.end(), name) != p.inconsistent.end();
+            const bool sharded = std::find(p.sharded.begin(), p.sharded.end(), name) != p.sharded.end();
+            tr.replicas = differs ? "DIFFER" : (sharded ? "-" : "equal");
+            if (differs) tr.pass = false;
+            (tr.pass ? rep.passed : rep.failed) += 1;
+            rep.tensors.push_back(std::move(tr));
+        }
+    }
+    rep.pass = rep.failed == 0;
+    if (!rep.pass) rep.localisation = localise(reference, parallel, tol);
+    return rep;
+}
+
+VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& plans, const VerifyOptions& opt) {
+    VerifyReport report;
+    const Model probe = load_model_text(in.model_text, in.model_path, in.dtype_override);
+    const Fault fault = parse_fault(std::getenv("PTOOL_FAULT"));
+    std::map<int64_t, RunRecord> references;  // by step count: one reference serves every plan
+    for (const Plan& plan : plans) {
+        VerifyInputs job = in;
+        job.steps = steps_for(in, plan, opt, probe.steps);
+        if (!references.count(job.steps)) {
+            references[job.steps] = run_reference_record(job);
+            report.reference_seconds += references[job.steps].seconds;
+        }
+        const Resolution res = resolve_plan(probe, plan);  // lint before anything runs
+        RunRecord par;
+        run_rank_threads(plan.world_size(), opt.comm,
+                         [&](Communicator& world) { run_parallel_rank(world, job, plan, fault, &par); });
+        PlanReport rep = compare_runs(references[job.steps], par, plan, tolerance_for(plan, opt, probe.dtype));
+        rep.warnings = res.warnings;
+        rep.run = std::move(par);
+        report.pass = report.pass && rep.pass;
+        report.plans.push_back(std::move(rep));
+    }
+    return report;
+}
+
+VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const std::vector<Plan>& plans,
+                             const VerifyOptions& opt) {
+    VerifyReport report;
+    const Model probe = load_model_text(in.model_text, in.model_path, in.dtype_override);
+    const Fault fault = parse_fault(std::getenv("PTOOL_FAULT"));
+    for (const Plan& plan : plans) {
+        if (plan.world_size() != world.size())
+            throw InputError(plan.mesh_where, fmt::format("the mesh has {} ranks but mpirun started {}", plan.world_size(),
+                                                          world.size()));
+        VerifyInputs job = in;
+        job.steps = steps_for(in, plan, opt, probe.steps);
+        const Resolution res = resolve_plan(probe, plan);
+        RunRecord par;
+        run_parallel_rank(world, job, plan, fault, &par);
+        if (world.rank() != 0) continue;
+        RunRecord ref = run_reference_record(job);
+        report.reference_seconds += ref.seconds;
+        PlanReport rep = compare_runs(ref, par, plan, tolerance_for(plan, opt, probe.dtype));
+        rep.warnings = res.warnings;
+        rep.run = std::move(par);
+        report.pass = report.pass && rep.pass;
+        report.plans.push_back(std::move(rep));
+    }
+    return report;
+}
+
+}  // namespace ptool
