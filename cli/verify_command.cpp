@@ -14,7 +14,7 @@ namespace {
 
 struct VerifyArgs {
     std::string model, init, data, json;
-    std::vector<std::string> plans;
+    std::vector<std::string> plans, mesh;
     int64_t steps = 0;
     double rtol = -1, atol = -1, timeout = 300;
     bool no_check = false;
@@ -31,6 +31,22 @@ int verify(const VerifyArgs& a, const Common& c) {
     if (!a.data.empty()) data = read_safetensors(a.data), in.data = &data, in.data_path = a.data;
     std::vector<Plan> plans;
     for (const auto& p : a.plans) plans.push_back(load_plan(p));
+    for (const auto& m : a.mesh) {  // --mesh tp=8: resize a mesh dim of every plan
+        const size_t eq = m.find('=');
+        int size = 0;
+        try {
+            size = eq == std::string::npos ? 0 : std::stoi(m.substr(eq + 1));
+        } catch (const std::exception&) {
+        }
+        if (size <= 0 || size > 4096) throw InputError(fmt::format("--mesh '{}': expected NAME=SIZE, e.g. tp=8", m));
+        for (Plan& p : plans) {
+            bool found = false;
+            for (MeshDim& d : p.mesh)
+                if (d.name == m.substr(0, eq)) d.size = size, found = true;
+            if (!found) throw InputError(p.mesh_where, fmt::format("--mesh {}: the plan has no mesh dim '{}'", m, m.substr(0, eq)));
+            if (p.src_data_rank && *p.src_data_rank >= size) p.src_data_rank = 0;
+        }
+    }
     VerifyOptions opt;
     opt.steps = a.steps;
     if (a.rtol >= 0) opt.rtol = a.rtol;
@@ -84,6 +100,7 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code) {
     cmd->add_option("--rtol", a->rtol, "relative tolerance (default: the plan's, else torch.testing's for the dtype)");
     cmd->add_option("--atol", a->atol, "absolute tolerance");
     cmd->add_option("--json", a->json, "write the results as JSON");
+    cmd->add_option("--mesh", a->mesh, "resize a mesh dim of every plan, e.g. --mesh tp=8 (repeatable)");
     cmd->add_option("--timeout", a->timeout, "seconds a rank may wait in one collective (default 300)")
         ->check(CLI::PositiveNumber);
     cmd->add_flag("--no-collective-check", a->no_check, "skip comparing (op, dtype, shape, sequence) across ranks");

@@ -119,7 +119,7 @@ void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMe
         int index = r;
         if (state->fault.hits("wrong_shard_offset", fqn)) index = (r + 1) % n;
         Tensor local = chunk(full, n, index, dim);
-        if (state->fault.hits("wrong_shard_dim", fqn)) {  // the shard taken along the other dim, same size
+        if (state->fault.hits("wrong_shard_dim", fqn) && full.dim() == 2) {  // the shard taken along the other dim
             Tensor other = chunk(full, n, index, 1 - dim);
             if (other.numel() == local.numel()) local = other.reshape(local.shape());
         }

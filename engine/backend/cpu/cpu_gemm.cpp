@@ -22,12 +22,13 @@ GemmDims gemm_dims(const Tensor& a, bool ta, const Tensor& b, bool tb, const Ten
     d.k = ta ? a.size(-2) : a.size(-1);
     int64_t kb = tb ? b.size(-1) : b.size(-2);
     d.n = tb ? b.size(-2) : b.size(-1);
-    d.batch = a.numel() / (d.m * d.k == 0 ? 1 : d.m * d.k);
+    d.batch = 1;  // the leading dims of c (a's may hold no elements when k == 0)
+    for (int64_t i = 0; i + 2 < c.dim(); ++i) d.batch *= c.shape()[i];
     d.b_shared = b.dim() == 2 && d.batch != 1;
     PTOOL_REQUIRE(kb == d.k && c.size(-2) == d.m && c.size(-1) == d.n,
                   "gemm shapes do not agree: a {}{} b {}{} c {}", shape_str(a.shape()), ta ? "^T" : "",
                   shape_str(b.shape()), tb ? "^T" : "", shape_str(c.shape()));
-    PTOOL_REQUIRE(c.numel() == d.batch * d.m * d.n && (d.b_shared || b.numel() == d.batch * d.k * d.n),
+    PTOOL_REQUIRE(a.numel() == d.batch * d.m * d.k && (d.b_shared || b.numel() == d.batch * d.k * d.n),
                   "gemm batch sizes do not agree: a {} b {} c {}", shape_str(a.shape()),
                   shape_str(b.shape()), shape_str(c.shape()));
     return d;
@@ -66,6 +67,11 @@ void CpuBackend::gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor
     require_same_dtype(a, c, "gemm");
     GemmDims d = gemm_dims(a, ta, b, tb, c);
     if (d.m == 0 || d.n == 0) return;
+    if (d.k == 0) {  // an empty sum: c = beta * c (an uneven shard can hold no columns)
+        if (beta == 0.0) fill(c, 0.0);
+        else scale(c, beta, c);
+        return;
+    }
     dispatch_float(a.dtype(), [&](auto tag) {
         using T = decltype(tag);
         if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
