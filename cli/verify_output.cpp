@@ -34,7 +34,6 @@ void print_report(const VerifyReport& report, const std::string& model_path, con
         fmt::print("ptool verify {} {}: {} ranks ({}), {} step{}, {} rtol {:g} atol {:g}\n", model_path, p.plan_path,
                    p.run.world_size, p.run.backend, steps, steps == 1 ? "" : "s", dtype_name(model.dtype), p.tol.rtol,
                    p.tol.atol);
-        for (const auto& w : p.warnings) fmt::print("warning: {}\n", w);
         if (verbosity >= 0) {
             fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9} {:>8}  {}\n", "tensor", "max abs", "max rel", "ULP", "headroom",
                        "replicas", "verdict");

@@ -171,8 +171,14 @@ std::optional<YamlNode> YamlMap::get(const std::string& key) {
 
 YamlNode YamlMap::at(const std::string& key) {
     auto v = get(key);
-    if (!v) node_.fail(fmt::format("{} is missing the key '{}'", what_, key));
-    return *v;
+    if (v) return *v;
+    for (const auto& kv : node_.raw()) {  // a near miss among the keys nobody asked for is a typo of this one
+        const std::string k = kv.first.Scalar();
+        if (queried_.count(k) || closest_match(k, {key}).empty()) continue;
+        YamlNode(kv.first, std::make_shared<std::string>(node_.file()))
+            .fail(fmt::format("unknown key '{}' in {} (did you mean '{}'?)", k, what_, key));
+    }
+    node_.fail(fmt::format("{} is missing the key '{}'", what_, key));
 }
 
 std::string YamlMap::string_or(const std::string& key, const std::string& fallback) {

@@ -33,6 +33,10 @@ void Linear::init_params(uint64_t seed) {
 
 Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
     const int64_t in = x.size(-1);  // in_, or in_/tp under rowwise parallelism
+    if (in != param("weight")->value.size(1))
+        fail(fmt::format("linear '{}' got an input of {} features but its weight takes {}: under tensor parallelism "
+                         "the activation reaching it is sharded; give '{}' a style, or make its producer output replicate",
+                         fqn(), in, param("weight")->value.size(1), fqn()));
     const Tensor x2 = x.reshape({x.numel() / in, in});
     const int64_t out = param("weight")->value.size(0);  // out_, or its shard under colwise
     Shape out_shape = x.shape();

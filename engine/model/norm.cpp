@@ -27,6 +27,10 @@ void Norm::init_params(uint64_t) {
 }
 
 Tensor Norm::forward_impl(RunContext& ctx, const Tensor& x) {
+    if (x.size(-1) != dim_)
+        fail(fmt::format("{} '{}' got a last dim of {} but normalises {}: under tensor parallelism the activation "
+                         "reaching it is sharded",
+                         type(), fqn(), x.size(-1), dim_));
     const int64_t rows = x.numel() / dim_;
     Tensor y = empty_like(x), mean({rows}, stat_dtype(x.dtype())), rstd({rows}, stat_dtype(x.dtype()));
     ParamPtr w = param("weight"), b = param("bias");

@@ -1,5 +1,7 @@
 #include "verify/verify.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdlib>
 
 #include "comm/comm_threads.h"
@@ -98,6 +100,7 @@ VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& 
             report.reference_seconds += references[job.steps].seconds;
         }
         const Resolution res = resolve_plan(probe, plan);  // lint before anything runs
+        for (const auto& w : res.warnings) spdlog::warn("{}", w);
         RunRecord par;
         run_rank_threads(plan.world_size(), opt.comm,
                          [&](Communicator& world) { run_parallel_rank(world, job, plan, fault, &par); });
@@ -122,6 +125,8 @@ VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const 
         VerifyInputs job = in;
         job.steps = steps_for(in, plan, opt, probe.steps);
         const Resolution res = resolve_plan(probe, plan);
+        if (world.rank() == 0)
+            for (const auto& w : res.warnings) spdlog::warn("{}", w);
         RunRecord par;
         run_parallel_rank(world, job, plan, fault, &par);
         if (world.rank() != 0) continue;
