@@ -245,7 +245,9 @@ def main():
 
     opt_cfg = cfg.get("optimizer", {"type": "sgd"})
     params = list(model.parameters())
-    if opt_cfg["type"] == "sgd":
+    if not params:  # a parameter-free model (identity): torch.optim refuses an empty list
+        opt = None
+    elif opt_cfg["type"] == "sgd":
         opt = torch.optim.SGD(params, lr=opt_cfg.get("lr", 1e-3), momentum=opt_cfg.get("momentum", 0.0),
                               weight_decay=opt_cfg.get("weight_decay", 0.0), foreach=False)
     else:
@@ -260,11 +262,13 @@ def main():
         s = f"step{step}."
         inp = ref.get(s + "input", ref.get("data.input"))
         target = ref.get(s + "target", ref.get("data.target"))
-        opt.zero_grad(set_to_none=False)
+        if opt:
+            opt.zero_grad(set_to_none=False)
         out = model(inp)
         loss = compute_loss(cfg.get("loss", "sum"), out, target)
         loss.backward()
-        opt.step()
+        if opt:
+            opt.step()
         checker.check(s + "loss", ref[s + "loss"], loss)
         checker.check(s + "output", ref[s + "output"], out)
         for name, p in model.named_parameters():
