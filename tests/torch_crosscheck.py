@@ -266,7 +266,8 @@ def main():
             opt.zero_grad(set_to_none=False)
         out = model(inp)
         loss = compute_loss(cfg.get("loss", "sum"), out, target)
-        loss.backward()
+        if loss.requires_grad:
+            loss.backward()
         if opt:
             opt.step()
         checker.check(s + "loss", ref[s + "loss"], loss)
