@@ -81,6 +81,11 @@ def seeds():
                       f"{what}: src_data_rank 1 sends the weights: {start} collectives at start")
             if plan == "mlp_src_data_rank_null":
                 check(start == 0, f"{what}: src_data_rank null must not communicate at start, saw {start}")
+    # transformer blocks: attention heads split across ranks (GQA too), Megatron MLPs
+    for model, plan, sizes in (("gpt_block", "gpt_block_tp", (2, 4)), ("llama_block", "llama_block_tp", (2,))):
+        for ws in sizes:
+            rc, out, rep = verify(model, plan, "--mesh", f"tp={ws}")
+            check(rc == 0 and rep["pass"] and len(rep["plans"][0]["tensors"]) >= 48, f"{model} x {plan} tp={ws}: {rc}\n{out}")
     # several plans: one reference, a matrix
     rc, out, rep = verify("mlp", "mlp_colwise_replicate,mlp_star,mlp_root_module")
     check(rc == 0 and len(rep["plans"]) == 3 and "verdict" in out, f"matrix of 3 plans: {rc}\n{out}")
@@ -133,6 +138,9 @@ BAD_PLANS = [  # plan text, message fragments (the first is file:line:column)
 
 
 def bad_plans():
+    rc, out, _ = verify("gpt_block", "gpt_block_tp", "--mesh", "tp=8")
+    check(rc == 2 and "'attn_block.attn.q_proj' colwise splits 4 heads over 8 ranks" in out and "gpt_block_tp.yaml:7:5:" in out,
+          f"attention heads not divisible by tp: exit {rc}\n{out}")
     with tempfile.TemporaryDirectory() as tmp:
         for i, (text, frags) in enumerate(BAD_PLANS):
             path = os.path.join(tmp, f"bad{i}.yaml")

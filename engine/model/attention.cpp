@@ -76,16 +76,20 @@ Tensor reduce_kv(Backend& be, const Tensor& d, int64_t b, int64_t heads, int64_t
 Tensor Attention::forward_impl(RunContext& ctx, const Tensor& x) {
     Backend& be = *ctx.backend;
     const int64_t b = x.size(0), t = x.size(1), hd = dim_ / heads_;
-    Tensor q = split_heads(be, proj(0).forward(ctx, x), heads_);                                  // [B*H, T, hd]
-    Tensor k = expand_kv(be, split_heads(be, proj(1).forward(ctx, x), kv_heads_), b, heads_, kv_heads_);
-    Tensor v = expand_kv(be, split_heads(be, proj(2).forward(ctx, x), kv_heads_), b, heads_, kv_heads_);
-    Tensor s({b * heads_, t, t}, x.dtype(), x.device());
+    // Under tensor parallelism q/k/v are colwise: this rank holds heads/tp query heads and
+    // kv_heads/tp kv heads; heads are independent, so the same code runs on the local ones.
+    Tensor q_flat = proj(0).forward(ctx, x), k_flat = proj(1).forward(ctx, x), v_flat = proj(2).forward(ctx, x);
+    const int64_t heads = q_flat.size(-1) / hd, kv_heads = k_flat.size(-1) / hd;
+    Tensor q = split_heads(be, q_flat, heads);  // [B*H, T, hd]
+    Tensor k = expand_kv(be, split_heads(be, k_flat, kv_heads), b, heads, kv_heads);
+    Tensor v = expand_kv(be, split_heads(be, v_flat, kv_heads), b, heads, kv_heads);
+    Tensor s = Tensor::empty({b * heads, t, t}, x.dtype(), x.device());
     be.gemm(q, false, k, true, s, 1.0 / std::sqrt(static_cast<double>(hd)));
     Tensor p = empty_like(s);
     be.softmax(s, causal_, p);
-    Tensor o({b * heads_, t, hd}, x.dtype(), x.device());
+    Tensor o = Tensor::empty({b * heads, t, hd}, x.dtype(), x.device());
     be.gemm(p, false, v, false, o);
-    save({q, k, v, p});
+    save({q, k, v, p, Tensor::scalar(static_cast<double>(kv_heads), DType::float64)});
     return proj(3).forward(ctx, merge_heads(be, o, b));
 }
 
@@ -93,8 +97,9 @@ Tensor Attention::backward_impl(RunContext& ctx, const Tensor& dy) {
     Backend& be = *ctx.backend;
     std::vector<Tensor> sv = restore();
     const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &p = sv[3];
-    const int64_t b = dy.size(0), hd = dim_ / heads_;
-    Tensor d_o = split_heads(be, proj(3).backward(ctx, dy), heads_);  // [B*H, T, hd]
+    const int64_t b = dy.size(0), hd = dim_ / heads_, heads = q.size(0) / b;
+    const int64_t kv_heads = static_cast<int64_t>(sv[4].item());
+    Tensor d_o = split_heads(be, proj(3).backward(ctx, dy), heads);  // [B*H, T, hd]
     Tensor dp = empty_like(p), dv = empty_like(v), ds = empty_like(p);
     be.gemm(d_o, false, v, true, dp);
     be.gemm(p, true, d_o, false, dv);
@@ -105,8 +110,8 @@ Tensor Attention::backward_impl(RunContext& ctx, const Tensor& dy) {
     be.gemm(ds, true, q, false, dk, scale);
     // backward through the projections in reverse order of their forward calls
     // (tensors a module returned are never written in place: observers may hold them)
-    Tensor dx_v = proj(2).backward(ctx, merge_heads(be, reduce_kv(be, dv, b, heads_, kv_heads_), b));
-    Tensor dx_k = proj(1).backward(ctx, merge_heads(be, reduce_kv(be, dk, b, heads_, kv_heads_), b));
+    Tensor dx_v = proj(2).backward(ctx, merge_heads(be, reduce_kv(be, dv, b, heads, kv_heads), b));
+    Tensor dx_k = proj(1).backward(ctx, merge_heads(be, reduce_kv(be, dk, b, heads, kv_heads), b));
     Tensor dx_q = proj(0).backward(ctx, merge_heads(be, dq, b));
     Tensor dx = empty_like(dx_v);
     be.add(dx_v, dx_k, dx);

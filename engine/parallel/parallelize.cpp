@@ -3,6 +3,7 @@
 #include <set>
 
 #include "core/tensor_ops.h"
+#include "model/blocks.h"
 
 namespace ptool {
 namespace {
@@ -91,6 +92,20 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
                                                    fqn, s, n, s == "colwise" ? "output features" : "input features", tp,
                                                    fmt::join(sizes, ", ")));
             }
+        }
+    });
+    // attention under TP: q/k/v colwise split whole heads (DESIGN §5: heads % tp == 0 is checked)
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+        auto* attn = dynamic_cast<Attention*>(&m);
+        if (!attn) return;
+        for (const auto& [name, child] : m.children()) {
+            auto it = owner.find(child.get());
+            if (it == owner.end() || it->second->style.style != "colwise") continue;
+            const int64_t heads = name == "q_proj" ? attn->heads() : attn->kv_heads();
+            if (name != "o_proj" && heads % tp != 0)
+                throw InputError(it->second->where,
+                                 fmt::format("'{}.{}' colwise splits {} {}heads over {} ranks: heads must divide evenly",
+                                             fqn, name, heads, name == "q_proj" ? "" : "kv ", tp));
         }
     });
     // the model input arrives as the input_layouts of the first styled module on the path of first children

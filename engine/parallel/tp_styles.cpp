@@ -39,7 +39,7 @@ public:
         return redistribute(y, Placement::shard(-1), out_, top().out_global, comm());
     }
     Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) override {
-        Tensor d = redistribute_backward(dy, st_->grad, Placement::shard(-1), top().out_global, comm());
+        Tensor d = redistribute_backward(dy, grad_placement_of(out_), Placement::shard(-1), top().out_global, comm());
         st_->grad = Placement::shard(-1);
         return d;
     }
@@ -99,13 +99,13 @@ public:
             Tensor piece = Tensor::empty({dy.size(-1)}, dy.dtype(), dy.device());
             ctx.backend->sum_rows(dy.reshape({dy.numel() / dy.size(-1), dy.size(-1)}), piece, false);
             // the bias is Replicate: its gradient must be the full sum on every rank
-            const Placement g = st_->grad.normalized(dy.dim());
+            const Placement g = grad_placement_of(out_).normalized(dy.dim());
             Placement as = Placement::replicate();
             if (g.is_partial() || (g.is_shard() && g.dim != dy.dim() - 1)) as = Placement::partial();
             if (g.is_shard() && g.dim == dy.dim() - 1) as = Placement::shard(0);
             ctx.backend->axpy(1.0, redistribute(piece, as, Placement::replicate(), bias->value.shape(), comm()), bias->grad);
         }
-        Tensor d = redistribute_backward(dy, st_->grad, Placement::partial(), top().out_global, comm());
+        Tensor d = redistribute_backward(dy, grad_placement_of(out_), Placement::partial(), top().out_global, comm());
         st_->grad = Placement::replicate();
         return d;
     }
@@ -147,14 +147,14 @@ public:
     }
     Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) override {
         if (!out_) return dy;
-        Tensor d = redistribute_backward(dy, st_->grad, *out_, top().out_global, comm());
+        Tensor d = redistribute_backward(dy, grad_placement_of(*want_out_), *out_, top().out_global, comm());
         st_->grad = grad_placement_of(*out_);
         return d;
     }
     Tensor pre_forward_backward(RunContext&, Module&, const Tensor& dx) override {
         Tensor d = dx;
         if (in_) {
-            d = redistribute_backward(dx, st_->grad, *in_, top().in_global, comm());
+            d = redistribute_backward(dx, grad_placement_of(*want_in_), *in_, top().in_global, comm());
             st_->grad = grad_placement_of(*in_);
         }
         saved_.pop_back();

@@ -1,7 +1,9 @@
 // Tensor-parallel styles as module hooks, as PyTorch's ColwiseParallel / RowwiseParallel /
 // PrepareModuleInput(Output) install forward hooks. Between modules activations are plain local
-// tensors (use_local_output); TpState tracks the placement of the current activation and
-// gradient so that a module's output can be gathered to full size for comparison.
+// tensors (use_local_output). Invariant: a gradient has the placement its tensor had in the
+// forward (Partial -> Replicate), so each hook's backward knows its gradient's placement from its
+// own forward, even where modules fan out (attention's q/k/v). TpState tracks the placement of
+// the latest activation and gradient only for observers that gather them to full size.
 //
 //   colwise (Megatron's ColumnParallelLinear): weight Shard(0), bias Shard(0).
 //     in: input_layouts (Replicate) -> Replicate; out: Shard(-1) -> output_layouts (Shard(-1)).
