@@ -139,7 +139,7 @@ BAD_PLANS = [  # plan text, message fragments (the first is file:line:column)
 
 def bad_plans():
     rc, out, _ = verify("gpt_block", "gpt_block_tp", "--mesh", "tp=8")
-    check(rc == 2 and "'attn_block.attn.q_proj' colwise splits 4 heads over 8 ranks" in out and "gpt_block_tp.yaml:7:5:" in out,
+    check(rc == 2 and "'attn_block.attn.q_proj' colwise splits 4 heads over 8 ranks" in out and "gpt_block_tp.yaml:8:5:" in out,
           f"attention heads not divisible by tp: exit {rc}\n{out}")
     with tempfile.TemporaryDirectory() as tmp:
         for i, (text, frags) in enumerate(BAD_PLANS):
