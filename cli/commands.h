@@ -15,5 +15,6 @@ struct Common {
 
 void add_run_command(CLI::App& app, Common& common);
 void add_verify_command(CLI::App& app, Common& common, int& exit_code);
+void add_explain_command(CLI::App& app, Common& common);
 
 }  // namespace ptool::cli

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
     int exit_code = 0;
     ptool::cli::add_run_command(app, common);
     ptool::cli::add_verify_command(app, common, exit_code);
+    ptool::cli::add_explain_command(app, common);
 
     try {
         app.parse(argc, argv);

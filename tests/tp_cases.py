@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """End-to-end tensor-parallel cases of `ptool verify`, run by ctest.
 
-    tp_cases.py PTOOL ROOT GROUP      GROUP: seeds | faults | bad_plans | mpi
+    tp_cases.py PTOOL ROOT GROUP      GROUP: seeds | faults | bad_plans | mpi | explain
 seeds: every shipped test_parallelize_api case at world sizes 2, 4 and 8: exit 0, every tensor
 agrees, the expected warnings, and src_data_rank's collective counts (1: > 0 at start; null: 0).
 faults: each injected bug (PTOOL_FAULT) exits 1 and names the right module and phase.
 bad_plans: schema errors and lint errors exit 2 with file:line:column and the message.
 mpi: a TP case under `mpirun -np 4` gives the same verdicts and bitwise the same numbers as threads.
+explain: the collectives `ptool explain` derives without running equal those `ptool verify` measures.
 """
 import json
 import os
@@ -175,6 +176,31 @@ def mpi():
     check(rc == 2 and "the mesh has 2 ranks but mpirun started 4" in out, f"mpi world mismatch: exit {rc}\n{out}")
 
 
-{"seeds": seeds, "faults": faults, "bad_plans": bad_plans, "mpi": mpi}[GROUP]()
+def explain():
+    """explain's collectives per step (derived, no run) equal what verify measures, for every shipped plan."""
+    cases = [(m, p) for m, p, _ in SEEDS] + [("gpt_block", "gpt_block_tp"), ("llama_block", "llama_block_tp")]
+    for model, plan in cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            ej = os.path.join(tmp, "e.json")
+            p = subprocess.run([PTOOL, "explain", f"{ROOT}/models/{model}.yaml", f"{ROOT}/plans/{plan}.yaml", "--json", ej],
+                               capture_output=True, text=True, timeout=120)
+            if p.returncode != 0:
+                check(False, f"explain {model} x {plan}: exit {p.returncode}\n{p.stderr}")
+                continue
+            derived = {}
+            for c in json.load(open(ej))["collectives_per_step"]:
+                derived.setdefault(c["op"], [0, 0])
+                derived[c["op"]][0] += 1
+                derived[c["op"]][1] += c["bytes"]
+        rc, out, rep = verify(model, plan, "--steps", "1")
+        measured = {}
+        for c in rep["plans"][0]["collectives"]["steps"]:
+            measured.setdefault(c["op"], [0, 0])
+            measured[c["op"]][0] += c["calls"]
+            measured[c["op"]][1] += c["bytes"]
+        check(derived == measured, f"explain {model} x {plan}: derived {derived} != measured {measured}")
+
+
+{"seeds": seeds, "faults": faults, "bad_plans": bad_plans, "mpi": mpi, "explain": explain}[GROUP]()
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -1,0 +1,95 @@
+// ptool explain MODEL PLAN: lint the plan and show what it does per rank, without running ranks.
+#include <spdlog/spdlog.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/verify_output.h"
+#include "core/safetensors.h"
+#include "plan/explain.h"
+
+namespace ptool::cli {
+namespace {
+
+struct ExplainArgs {
+    std::string model, plan, json;
+};
+
+std::string local_shapes(const ParamLayout& p) {  // "[3, 16] x3, [1, 16]"
+    std::vector<std::pair<Shape, int>> runs;
+    for (const Shape& s : p.local) {
+        if (!runs.empty() && runs.back().first == s) ++runs.back().second;
+        else runs.push_back({s, 1});
+    }
+    std::vector<std::string> parts;
+    for (const auto& [s, k] : runs) parts.push_back(k > 1 ? fmt::format("{} x{}", shape_str(s), k) : shape_str(s));
+    return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+void explain(const ExplainArgs& a, const Common& c) {
+    Model model = load_model(a.model, c.dtype);
+    Plan plan = load_plan(a.plan);
+    Explanation ex = explain_plan(model, plan);
+    for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w);
+    fmt::print("ptool explain {} {}: mesh {}, tensor parallel over '{}' ({} ranks), model input {}\n", a.model, a.plan,
+               [&] {
+                   std::vector<std::string> d;
+                   for (const auto& m : plan.mesh) d.push_back(fmt::format("{}={}", m.name, m.size));
+                   return fmt::format("{}", fmt::join(d, " x "));
+               }(),
+               plan.tp_mesh_dim, ex.tp, ex.resolution.input_placement.str());
+    fmt::print("\n  {:<28} {:<18} {:<22} {:<16} {:<16}\n", "module", "pattern", "style", "input", "output");
+    for (const auto& m : ex.modules)
+        fmt::print("  {:<28} {:<18} {:<22} {:<16} {:<16}\n", m.fqn.empty() ? "(root)" : m.fqn,
+                   m.pattern.empty() ? "\"\"" : m.pattern, m.style, shape_str(m.input), shape_str(m.output));
+    fmt::print("\n  {:<34} {:<14} {:<14} {}\n", "parameter", "placement", "full", "local per rank");
+    for (const auto& m : ex.modules)
+        for (const auto& p : m.params)
+            fmt::print("  {:<34} {:<14} {:<14} {}\n", p.fqn, p.placement.str(), shape_str(p.full), local_shapes(p));
+    fmt::print("\n  collectives per training step (per rank; bytes of the logical tensor):\n");
+    std::map<std::string, std::pair<int64_t, int64_t>> totals;
+    for (const auto& cc : ex.step_comm) {
+        fmt::print("    {:<9} {:<26} {:<15} {}\n", cc.phase, cc.module.empty() ? "(root)" : cc.module, cc.op,
+                   format_bytes(cc.bytes));
+        totals[cc.op].first += 1, totals[cc.op].second += cc.bytes;
+    }
+    if (ex.step_comm.empty()) fmt::print("    none\n");
+    std::vector<std::string> t;
+    for (const auto& [op, v] : totals) t.push_back(fmt::format("{} x{} ({})", op, v.first, format_bytes(v.second)));
+    fmt::print("  total: {}\n", t.empty() ? std::string("none") : fmt::format("{}", fmt::join(t, ", ")));
+    fmt::print("  at start: {}\n", plan.src_data_rank ? fmt::format("parameters of styled modules broadcast from rank {}", *plan.src_data_rank)
+                                                     : std::string("none (src_data_rank: null)"));
+    fmt::print("\n  memory per rank: ");
+    for (int r = 0; r < ex.tp; ++r)
+        fmt::print("{}rank {}: params {} (training {})", r ? ", " : "", r, format_bytes(ex.param_bytes[r]),
+                   format_bytes(ex.training_bytes[r]));
+    fmt::print("\n  (training = parameters + gradients + {} optimizer state)\n", model.optimizer.type);
+    if (!a.json.empty()) {
+        nlohmann::json j;
+        j["model"] = a.model;
+        j["plan"] = a.plan;
+        j["warnings"] = ex.resolution.warnings;
+        j["collectives_per_step"] = nlohmann::json::array();
+        for (const auto& cc : ex.step_comm)
+            j["collectives_per_step"].push_back({{"op", cc.op}, {"bytes", cc.bytes}, {"module", cc.module}, {"phase", cc.phase}});
+        j["param_bytes_per_rank"] = ex.param_bytes;
+        j["training_bytes_per_rank"] = ex.training_bytes;
+        write_file_atomic(a.json, j.dump(2) + "\n", true);
+    }
+}
+
+}  // namespace
+
+void add_explain_command(CLI::App& app, Common& common) {
+    auto a = std::make_shared<ExplainArgs>();
+    CLI::App* cmd = app.add_subcommand(
+        "explain", "Lint PLAN for MODEL, then show styles, placements, local shapes, collectives and memory per rank");
+    cmd->add_option("MODEL", a->model, "model YAML file")->required();
+    cmd->add_option("PLAN", a->plan, "plan YAML file")->required();
+    cmd->add_option("--dtype", common.dtype, "override the model's dtype");
+    cmd->add_option("--json", a->json, "write the collectives and memory as JSON");
+    cmd->callback([a, &common] { explain(*a, common); });
+}
+
+}  // namespace ptool::cli

@@ -1,0 +1,48 @@
+// ptool explain: what a plan does, without starting any rank. Lint (resolve_plan), then per
+// module: pattern, style, parameter placements and local shapes per rank, the collectives of one
+// training step with their bytes, and the parameter memory of each rank.
+//
+// Activation shapes come from one forward pass of the model on one device. Collectives are
+// derived from the same redistribution rules the style hooks execute (redistribute_cost mirrors
+// redistribute), and tests check them against the counts a verify run measures.
+#pragma once
+
+#include "parallel/parallelize.h"
+
+namespace ptool {
+
+struct CommCost {
+    std::string op;  // as CommCounter names them
+    int64_t bytes = 0;
+    std::string module, phase;  // "forward" | "backward"
+};
+
+// The collectives redistribute(from -> to) runs for a tensor of shape `global` (bytes counted as CommCounter does).
+std::vector<CommCost> redistribute_cost(const Placement& from, const Placement& to, const Shape& global, int ranks,
+                                        size_t element_size);
+
+struct ParamLayout {
+    std::string fqn;
+    Placement placement;
+    Shape full;
+    std::vector<Shape> local;  // per rank of the tp dim
+};
+
+struct ModuleExplain {
+    std::string fqn, pattern, style;
+    Shape input, output;  // global
+    std::vector<ParamLayout> params;
+};
+
+struct Explanation {
+    Resolution resolution;
+    int tp = 1;
+    std::vector<ModuleExplain> modules;
+    std::vector<CommCost> step_comm;   // one training step, in execution order (forward, then backward)
+    std::vector<int64_t> param_bytes;  // per tp rank
+    std::vector<int64_t> training_bytes;  // parameters + gradients + optimizer state, per tp rank
+};
+
+Explanation explain_plan(Model& model, const Plan& plan);
+
+}  // namespace ptool
