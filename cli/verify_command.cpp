@@ -25,7 +25,7 @@ int verify(const VerifyArgs& a, const Common& c) {
     in.model_path = a.model;
     in.model_text = read_text_file(a.model, YamlLimits{}.max_bytes);
     in.dtype_override = c.dtype;
-    const Model probe = load_model_text(in.model_text, a.model, c.dtype);  // bad model: exit 2 before any rank starts
+    const Model probe = load_model_text(in.model_text, a.model, c.dtype, false);  // bad model: exit 2 before any rank starts
     TensorFile init, data;
     if (!a.init.empty()) init = read_safetensors(a.init), in.init = &init, in.init_path = a.init;
     if (!a.data.empty()) data = read_safetensors(a.data), in.data = &data, in.data_path = a.data;

@@ -42,9 +42,10 @@ static double to_unit(uint32_t hi, uint32_t lo) {
     return static_cast<double>(bits & ((1ull << 53) - 1)) * (1.0 / 9007199254740992.0);
 }
 
+// One Philox block (128 bits) serves two consecutive indices: words 0-1 the even, 2-3 the odd.
 double CounterRng::uniform(uint64_t index) const {
-    auto r = philox4x32(seed_, stream_, index);
-    return to_unit(r[0], r[1]);
+    auto r = philox4x32(seed_, stream_, index >> 1);
+    return (index & 1) ? to_unit(r[2], r[3]) : to_unit(r[0], r[1]);
 }
 
 double CounterRng::normal(uint64_t index) const {

@@ -21,8 +21,8 @@ class CounterRng {
 public:
     CounterRng(uint64_t seed, uint64_t stream) : seed_(seed), stream_(stream) {}
 
-    double uniform(uint64_t index) const;  // U[0, 1), 53 bits
-    double normal(uint64_t index) const;   // N(0, 1), Box-Muller on one Philox block
+    double uniform(uint64_t index) const;  // U[0, 1), 53 bits; indices 2k and 2k+1 share a Philox block
+    double normal(uint64_t index) const;   // N(0, 1), Box-Muller on one Philox block (counter = index)
     uint64_t below(uint64_t index, uint64_t n) const;  // uniform integer in [0, n)
 
 private:

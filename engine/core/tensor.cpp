@@ -24,6 +24,7 @@ namespace {
 const bool kHeapTuned = [] {
     mallopt(M_MMAP_THRESHOLD, 1 << 30);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_ARENA_MAX, 1);  // rank threads: per-thread arenas mmap large blocks regardless of the threshold
     return true;
 }();
 }  // namespace

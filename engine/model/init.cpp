@@ -5,18 +5,48 @@
 
 namespace ptool {
 
+namespace {
+// t[i] = f(global index of i), one dtype dispatch per tensor.
+template <class F>
+void fill_by_index(Tensor& t, F&& f) {
+    dispatch_float(t.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        T* p = t.data<T>();
+        for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = T(static_cast<acc_t<T>>(f(i)));
+    });
+}
+}  // namespace
+
 void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound) {
     CounterRng rng(seed, stream_id("init", fqn));
-    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, -bound + 2.0 * bound * rng.uniform(i));
+    fill_by_index(t, [&](int64_t i) { return -bound + 2.0 * bound * rng.uniform(i); });
+}
+
+void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double bound, const Shape& full, int64_t dim,
+                        int64_t offset) {
+    CounterRng rng(seed, stream_id("init", fqn));
+    int64_t inner = 1;  // elements per step along dim
+    for (size_t d = dim + 1; d < full.size(); ++d) inner *= full[d];
+    const int64_t local_len = t.dim() ? t.shape()[dim] : 1;
+    fill_by_index(t, [&](int64_t i) {
+        // local index (outer, k, in) -> global (outer, offset + k, in)
+        const int64_t in = i % inner, k = (i / inner) % local_len, outer = i / (inner * local_len);
+        const int64_t g = (outer * full[dim] + offset + k) * inner + in;
+        return -bound + 2.0 * bound * rng.uniform(static_cast<uint64_t>(g));
+    });
 }
 
 void init_normal(Tensor& t, uint64_t seed, const std::string& fqn, double stddev) {
     CounterRng rng(seed, stream_id("init", fqn));
-    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, stddev * rng.normal(i));
+    fill_by_index(t, [&](int64_t i) { return stddev * rng.normal(i); });
 }
 
 void fill_value(Tensor& t, double value) {
-    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, value);
+    if (!dtype_is_float(t.dtype())) {
+        for (int64_t i = 0; i < t.numel(); ++i) t.set(i, value);
+        return;
+    }
+    fill_by_index(t, [&](int64_t) { return value; });
 }
 
 }  // namespace ptool

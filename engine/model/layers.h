@@ -19,6 +19,9 @@ public:
     // Rowwise tensor parallelism adds the bias once, after the reduction: the style's hooks then
     // own the bias and forward/backward here leave it alone.
     void set_defer_bias(bool defer) { defer_bias_ = defer; }
+    // Fills `local`, the shard [offset, offset + local.size(dim)) along `dim` of parameter `name`
+    // (dim -1: the whole parameter), with exactly the values init_params gives those elements.
+    void init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim, int64_t offset) const;
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -126,6 +129,9 @@ private:
 
 // Fills t with U(-bound, bound) drawn for (seed, "init", fqn), element i from index i.
 void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound);
+// The same for a shard: local element i takes the draw of full element global_index(i).
+void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double bound, const Shape& full, int64_t dim,
+                        int64_t offset);
 void init_normal(Tensor& t, uint64_t seed, const std::string& fqn, double stddev);
 void fill_value(Tensor& t, double value);  // host-side fill, for init
 

@@ -31,6 +31,13 @@ void Linear::init_params(uint64_t seed) {
     if (auto b = param("bias")) init_uniform(b->value, seed, join_name(fqn(), "bias"), bound);
 }
 
+void Linear::init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim, int64_t offset) const {
+    const double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;
+    const Shape full = name == "weight" ? Shape{out_, in_} : Shape{out_};
+    if (dim < 0) init_uniform(local, seed, join_name(fqn(), name), bound);
+    else init_uniform_shard(local, seed, join_name(fqn(), name), bound, full, dim, offset);
+}
+
 Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
     const int64_t in = x.size(-1);  // in_, or in_/tp under rowwise parallelism
     if (in != param("weight")->value.size(1))

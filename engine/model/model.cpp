@@ -36,4 +36,10 @@ void Model::init_params() {
     for_each_module(*root, [&](const std::string&, Module& m) { m.init_params(seed); });
 }
 
+void Model::init_params_except(const std::function<bool(const Module&)>& skip) {
+    for_each_module(*root, [&](const std::string&, Module& m) {
+        if (!skip(m)) m.init_params(seed);
+    });
+}
+
 }  // namespace ptool

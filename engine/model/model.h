@@ -52,10 +52,14 @@ struct Model {
     // state_dict(): parameters then buffers per module, every name (tied/shared ones too).
     std::vector<std::pair<std::string, ParamPtr>> state_dict() const;
     void init_params();  // PyTorch's default init from the counter-based RNG
+    // The same, leaving out the modules skip() names (a rank that builds their shards itself).
+    void init_params_except(const std::function<bool(const Module&)>& skip);
 };
 
-// dtype_override: `--dtype` on the command line ("" keeps the file's).
+// dtype_override: `--dtype` on the command line ("" keeps the file's). Without init, parameter
+// storage is uninitialised until init_params / a state_dict / shard init fills it.
 Model load_model(const std::string& path, const std::string& dtype_override = "");
-Model load_model_text(const std::string& text, const std::string& name, const std::string& dtype_override = "");
+Model load_model_text(const std::string& text, const std::string& name, const std::string& dtype_override = "",
+                      bool init = true);
 
 }  // namespace ptool

@@ -212,7 +212,7 @@ const char* loss_name(LossKind k) {
     return "?";
 }
 
-Model load_model_text(const std::string& text, const std::string& path, const std::string& dtype_override) {
+Model load_model_text(const std::string& text, const std::string& path, const std::string& dtype_override, bool init) {
     YamlNode root = load_yaml_text(text, path);
     YamlMap m(root, "the model");
     Model model;
@@ -262,7 +262,7 @@ Model load_model_text(const std::string& text, const std::string& path, const st
             batch.at("target").fail(fmt::format("mse on output {} needs a float target of the same shape",
                                                 shape_str(out)));
     }
-    model.init_params();
+    if (init) model.init_params();
     return model;
 }
 

@@ -60,16 +60,19 @@ void for_each_module(const Module& root, const std::function<void(const std::str
     walk_modules(const_cast<Module&>(root), "", seen, fn);
 }
 
+// Uninitialised: init_params (or a state_dict, or a rank's shard init) writes every element, and
+// gradients are zeroed at the start of every step. Untouched pages cost nothing, which matters
+// for rank models that keep only a shard of each parameter.
 ParamPtr make_param(Shape shape, DType dtype) {
     auto p = std::make_shared<Parameter>();
-    p->value = Tensor(shape, dtype);
-    p->grad = Tensor(shape, dtype);
+    p->value = Tensor::empty(shape, dtype);
+    p->grad = Tensor::empty(shape, dtype);
     return p;
 }
 
 ParamPtr make_buffer(Shape shape, DType dtype) {
     auto p = std::make_shared<Parameter>();
-    p->value = Tensor(std::move(shape), dtype);
+    p->value = Tensor::empty(std::move(shape), dtype);
     return p;
 }
 

@@ -113,7 +113,7 @@ void for_each_param(const Module& root, const std::function<void(const std::stri
 // Every module in forward registration order, first name only: fn(fqn, module).
 void for_each_module(const Module& root, const std::function<void(const std::string&, Module&)>& fn);
 
-// Allocates a parameter with a zero gradient.
+// Allocates a parameter and its gradient, uninitialised (see module.cpp).
 ParamPtr make_param(Shape shape, DType dtype);
 ParamPtr make_buffer(Shape shape, DType dtype);  // no gradient
 

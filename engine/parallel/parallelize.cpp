@@ -122,13 +122,28 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     return res;
 }
 
+bool shards_parameters(const Resolution& res, const Module& m) {
+    for (const ResolvedStyle& rs : res.styles)
+        if (rs.module == &m) return rs.entry->style.style == "colwise" || rs.entry->style.style == "rowwise";
+    return false;
+}
+
 void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMesh& mesh,
-                 const std::shared_ptr<TpState>& state) {
+                 const std::shared_ptr<TpState>& state, bool build_own_shards) {
     if (!plan.has_tensor_parallel) return;
     Communicator& comm = mesh.comm(mesh.dim_index(plan.tp_mesh_dim));
     state->comm = &comm;
     const int n = comm.size(), r = comm.rank();
-    auto shard_param = [&](const std::string& fqn, ParamPtr p, int64_t dim) {
+    auto shard_param = [&](const std::string& fqn, ParamPtr p, int64_t dim, const Linear& lin, const char* name) {
+        if (build_own_shards) {  // draw this rank's slice only: no communication, no full tensor
+            const Chunk c = chunk_of(p->value.size(dim), n, r);
+            Tensor local = Tensor::empty(local_shape(p->value.shape(), Placement::shard(dim), n, r), p->value.dtype());
+            lin.init_shard(model.seed, name, local, dim, c.offset);
+            p->value = local;
+            p->grad = Tensor::empty(local.shape(), local.dtype());
+            state->param_placement[p.get()] = Placement::shard(dim);
+            return;
+        }
         Tensor full = p->value;
         if (plan.src_data_rank) comm.broadcast(full, *plan.src_data_rank);  // rank k's weights are the source
         int index = r;
@@ -139,19 +154,21 @@ void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMe
             if (other.numel() == local.numel()) local = other.reshape(local.shape());
         }
         p->value = local;
-        p->grad = Tensor(local.shape(), local.dtype(), local.device());
+        p->grad = Tensor::empty(local.shape(), local.dtype(), local.device());
         state->param_placement[p.get()] = Placement::shard(dim);
     };
     auto counter = mesh.counter();
     for (const ResolvedStyle& rs : res.styles) {
         if (counter) counter->set_module(rs.fqn);
         const std::string& s = rs.entry->style.style;
-        if (s == "colwise") {
-            shard_param(rs.fqn, rs.module->param("weight"), 0);
-            if (auto b = rs.module->param("bias")) shard_param(rs.fqn, b, 0);
-        } else if (s == "rowwise") {
-            shard_param(rs.fqn, rs.module->param("weight"), 1);
-            if (auto b = rs.module->param("bias"); b && plan.src_data_rank) comm.broadcast(b->value, *plan.src_data_rank);
+        if (s == "colwise" || s == "rowwise") {
+            const auto& lin = static_cast<const Linear&>(*rs.module);
+            shard_param(rs.fqn, rs.module->param("weight"), s == "colwise" ? 0 : 1, lin, "weight");
+            if (auto b = rs.module->param("bias")) {
+                if (s == "colwise") shard_param(rs.fqn, b, 0, lin, "bias");
+                else if (build_own_shards) lin.init_shard(model.seed, "bias", b->value, -1, 0);  // Replicate
+                else if (plan.src_data_rank) comm.broadcast(b->value, *plan.src_data_rank);
+            }
         }
         rs.module->set_hooks(make_style_hooks(rs.entry->style, *rs.module, state));
     }

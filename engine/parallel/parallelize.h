@@ -26,7 +26,12 @@ Resolution resolve_plan(const Model& model, const Plan& plan);
 
 // Shards the parameters of the resolved modules on this rank (broadcast from src_data_rank first,
 // counted under the module's name, or no communication when it is null) and installs the hooks.
+// build_own_shards: the styled modules' parameters were never initialised; each rank draws only
+// its own shard from the counter-based RNG (src_data_rank: null), never touching the full tensors.
 void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMesh& mesh,
-                 const std::shared_ptr<TpState>& state);
+                 const std::shared_ptr<TpState>& state, bool build_own_shards = false);
+
+// Whether a module's parameters are sharded by the plan (colwise / rowwise).
+bool shards_parameters(const Resolution& res, const Module& m);
 
 }  // namespace ptool

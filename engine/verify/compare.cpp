@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace ptool {
 namespace {
@@ -30,6 +31,17 @@ int64_t ordered(const Tensor& t, int64_t i) {
     }
 }
 
+std::vector<double> as_doubles(const Tensor& t) {
+    if (!dtype_is_float(t.dtype())) return t.to_doubles();
+    std::vector<double> out(t.numel());
+    dispatch_float(t.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T* p = t.data<T>();
+        for (int64_t i = 0, n = t.numel(); i < n; ++i) out[i] = static_cast<double>(static_cast<acc_t<T>>(p[i]));
+    });
+    return out;
+}
+
 }  // namespace
 
 Tolerance default_tolerance(DType dt) {
@@ -49,8 +61,9 @@ TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const T
         return d;
     }
     const bool same_dtype = actual.dtype() == expected.dtype();
+    const std::vector<double> av = as_doubles(actual), ev = as_doubles(expected);
     for (int64_t i = 0, n = actual.numel(); i < n; ++i) {
-        const double a = actual.item(i), e = expected.item(i);
+        const double a = av[i], e = ev[i];
         if (std::isnan(a) || std::isnan(e) || std::isinf(a) != std::isinf(e) || (std::isinf(a) && a != e)) {
             d.max_abs = d.max_rel = d.headroom = std::numeric_limits<double>::infinity();
             d.pass = false;

@@ -11,8 +11,8 @@
 namespace ptool {
 namespace {
 
-Model build_model(const VerifyInputs& in) {
-    Model m = load_model_text(in.model_text, in.model_path, in.dtype_override);
+Model build_model(const VerifyInputs& in, bool init = true) {
+    Model m = load_model_text(in.model_text, in.model_path, in.dtype_override, init && !in.init);
     if (in.init) load_state_dict(m, *in.init, in.init_path);
     return m;
 }
@@ -80,7 +80,9 @@ RunRecord run_reference_record(const VerifyInputs& in) {
 }
 
 void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& plan, const Fault& fault, RunRecord* out) {
-    Model model = build_model(in);
+    // src_data_rank null: every rank builds its own shards (an injected fault needs the full tensors)
+    const bool own_shards = plan.has_tensor_parallel && !plan.src_data_rank && !in.init && fault.kind.empty();
+    Model model = build_model(in, !own_shards);
     DataSource data(model, in.data, in.data_path);
     Backend& be = backend_for(Device::cpu);
     auto counter = std::make_shared<CommCounter>();
@@ -88,7 +90,8 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
     auto st = std::make_shared<TpState>();
     st->fault = fault;
     const Resolution res = resolve_plan(model, plan);
-    parallelize(model, plan, res, mesh, st);
+    if (own_shards) model.init_params_except([&](const Module& m) { return shards_parameters(res, m); });
+    parallelize(model, plan, res, mesh, st, own_shards);
     Communicator& tp = st->comm ? *st->comm : world;
     const bool rank0 = world.rank() == 0;
     RunRecord rec;

@@ -89,7 +89,7 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
 
 VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& plans, const VerifyOptions& opt) {
     VerifyReport report;
-    const Model probe = load_model_text(in.model_text, in.model_path, in.dtype_override);
+    const Model probe = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
     const Fault fault = parse_fault(std::getenv("PTOOL_FAULT"));
     std::map<int64_t, RunRecord> references;  // by step count: one reference serves every plan
     for (const Plan& plan : plans) {
@@ -116,7 +116,7 @@ VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& 
 VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const std::vector<Plan>& plans,
                              const VerifyOptions& opt) {
     VerifyReport report;
-    const Model probe = load_model_text(in.model_text, in.model_path, in.dtype_override);
+    const Model probe = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
     const Fault fault = parse_fault(std::getenv("PTOOL_FAULT"));
     for (const Plan& plan : plans) {
         if (plan.world_size() != world.size())

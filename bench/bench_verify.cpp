@@ -1,0 +1,41 @@
+// bench_verify: `ptool verify` of the GEMM-heavy MLP under a TP plan (net1 colwise, net2 rowwise)
+// at tp 2, 4 and 8, against the time of its FLOPs at the OpenBLAS sgemm rate measured in the same
+// run. verify runs the reference and the parallel model, so the limit is 2x the step's GEMMs.
+//   ./build/bench/bench_verify [MODEL] [PLAN]
+#include <chrono>
+#include <cstdio>
+
+#include "core/yaml_reader.h"
+#include "gemm_limit.h"
+#include "verify/verify.h"
+
+using namespace ptool;
+
+int main(int argc, char** argv) {
+    const std::string model_path = argc > 1 ? argv[1] : PTOOL_SOURCE_DIR "/models/gemm_mlp.yaml";
+    const std::string plan_path = argc > 2 ? argv[2] : PTOOL_SOURCE_DIR "/plans/gemm_mlp_tp.yaml";
+    VerifyInputs in;
+    in.model_path = model_path;
+    in.model_text = read_text_file(model_path, 1 << 22);
+    const Model model = load_model_text(in.model_text, model_path);
+    const bench::GemmLimit lim = bench::measure_gemm_limit(model, 3);
+    const double limit = 2 * lim.seconds;
+    std::printf("bench_verify %s: %.2f GFLOP per step; reference + parallel at the sgemm rate (%.1f GFLOP/s): %.1f ms\n",
+                model.name.c_str(), lim.flops / 1e9, lim.flops / lim.seconds / 1e9, limit * 1e3);
+    std::printf("  %4s  %10s  %10s  %10s  %8s\n", "tp", "verify ms", "reference", "parallel", "x limit");
+    for (int tp : {2, 4, 8}) {
+        Plan plan = load_plan(plan_path);
+        plan.mesh[0].size = tp;
+        for (bool events : {false, true}) {
+            in.record_events = events;
+            const auto t0 = std::chrono::steady_clock::now();
+            VerifyReport r = verify_in_process(in, {plan}, VerifyOptions{});
+            const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            std::printf("  %4d  %10.1f  %10.1f  %10.1f  %8.2f  %s%s\n", tp, total * 1e3, r.reference_seconds * 1e3,
+                        r.plans[0].run.seconds * 1e3, total / limit, r.pass ? "PASS" : "FAIL",
+                        events ? " (with per-module gathers for localisation)" : "");
+        }
+    }
+    std::printf("target: verify within 1.5x of the limit\n");
+    return 0;
+}

@@ -1,0 +1,63 @@
+// The OpenBLAS sgemm limit for a model's linear layers, measured in the benchmark's own run.
+// A linear [rows, in] -> [rows, out] costs 3 GEMMs per training step (y = x W^T, dW = dy^T x,
+// dx = dy W), 2 * rows * in * out FLOPs each.
+#pragma once
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "model/model.h"
+
+namespace ptool::bench {
+
+template <class F>
+double best_seconds(int repeats, F&& f) {
+    double best = 1e30;
+    for (int i = 0; i < repeats; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        f();
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+}
+
+struct GemmLimit {
+    int gemms = 0;
+    double flops = 0;    // one training step
+    double seconds = 0;  // the same GEMMs at the measured sgemm rate
+};
+
+inline GemmLimit measure_gemm_limit(const Model& model, int repeats) {
+    struct Gemm {
+        int m, n, k;
+        bool ta, tb;
+    };
+    std::vector<Gemm> gemms;
+    GemmLimit lim;
+    const int64_t rows = numel_of(model.input.shape) / (model.input.ids ? 1 : model.input.shape.back());
+    for_each_module(*model.root, [&](const std::string&, Module& m) {
+        if (auto* l = dynamic_cast<Linear*>(&m)) {
+            const int in = static_cast<int>(l->in_features()), out = static_cast<int>(l->out_features());
+            const int r = static_cast<int>(rows);
+            gemms.push_back({r, out, in, false, true});
+            gemms.push_back({out, in, r, true, false});
+            gemms.push_back({r, in, out, false, false});
+            lim.flops += 3.0 * 2.0 * static_cast<double>(rows) * in * out;
+        }
+    });
+    for (const Gemm& g : gemms) {
+        std::vector<float> a(static_cast<size_t>(g.m) * g.k, 0.5f), b(static_cast<size_t>(g.k) * g.n, 0.25f),
+            c(static_cast<size_t>(g.m) * g.n);
+        lim.seconds += best_seconds(repeats, [&] {
+            cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k,
+                        1.0f, a.data(), g.ta ? g.m : g.k, b.data(), g.tb ? g.k : g.n, 0.0f, c.data(), g.n);
+        });
+    }
+    lim.gemms = static_cast<int>(gemms.size());
+    return lim;
+}
+
+}  // namespace ptool::bench
