@@ -150,11 +150,11 @@ def build(spec, prefix, registry, dtype):
     elif t == "identity":
         m = nn.Identity()
     elif t == "layer_norm":
-        m = LayerNorm(spec["dim"], spec.get("eps", 1e-5), spec.get("elementwise_affine", True), spec.get("bias", True))
+        m = LayerNorm(spec["dim"], float(spec.get("eps", 1e-5)), spec.get("elementwise_affine", True), spec.get("bias", True))
     elif t == "rms_norm":
-        m = RMSNorm(spec["dim"], spec.get("eps", FINFO_EPS[dtype]), spec.get("elementwise_affine", True))
+        m = RMSNorm(spec["dim"], float(spec.get("eps", FINFO_EPS[dtype])), spec.get("elementwise_affine", True))
     elif t == "batch_norm":
-        m = nn.BatchNorm1d(spec["features"], eps=spec.get("eps", 1e-5), momentum=spec.get("momentum", 0.1))
+        m = nn.BatchNorm1d(spec["features"], eps=float(spec.get("eps", 1e-5)), momentum=spec.get("momentum", 0.1))
     elif t == "embedding":
         m = nn.Embedding(spec["vocab"], spec["dim"])
     elif t == "dropout":
@@ -243,7 +243,9 @@ def main():
     if unexpected:
         raise SystemExit(f"cross-check: ptool dumped names PyTorch does not have: {unexpected}")
 
-    opt_cfg = cfg.get("optimizer", {"type": "sgd"})
+    # PyYAML follows YAML 1.1, where 1e-6 (no dot) is a string; ptool reads it as a number
+    opt_cfg = {k: (float(v) if k in ("lr", "momentum", "weight_decay", "eps") else v)
+               for k, v in cfg.get("optimizer", {"type": "sgd"}).items()}
     params = list(model.parameters())
     if not params:  # a parameter-free model (identity): torch.optim refuses an empty list
         opt = None
