@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The main job on a fresh Debian machine: install what is missing, build, run ptool on shipped models.
+# The main job on a fresh Debian machine: install what is missing, build, then verify shipped
+# tensor-parallel plans against the single-device reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 ./build/cli/ptool run models/mlp.yaml
-./build/cli/ptool run models/gpt_block.yaml
+./build/cli/ptool verify models/mlp_stacked.yaml plans/mlp_stacked_multi_wildcard.yaml
+./build/cli/ptool verify models/gpt_block.yaml plans/gpt_block_tp.yaml -q
+./build/cli/ptool explain models/mlp.yaml plans/mlp_root_module.yaml
