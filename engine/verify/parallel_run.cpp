@@ -6,6 +6,7 @@
 #include "model/batch.h"
 #include "model/loss.h"
 #include "model/optimizer.h"
+#include "comm/comm_threads.h"
 #include "verify/compare.h"
 
 namespace ptool {
@@ -44,38 +45,14 @@ bool replicas_agree(const Tensor& t, Communicator& comm) {
 
 }  // namespace
 
+// The reference is the same loop on a one-rank mesh with no plan: every redistribution is a
+// no-op at world size 1, so it computes exactly the single-device training steps.
 RunRecord run_reference_record(const VerifyInputs& in) {
-    Model model = build_model(in);
-    DataSource data(model, in.data, in.data_path);
-    Backend& be = backend_for(Device::cpu);
-    Optimizer optimizer(model.optimizer, be);
-    const auto params = model.named_parameters();
+    Plan single;
+    single.mesh = {{"world", 1}};
     RunRecord rec;
+    run_rank_threads(1, CommOptions{}, [&](Communicator& world) { run_parallel_rank(world, in, single, Fault{}, &rec); });
     rec.backend = "reference";
-    for (int64_t step = 0; step < in.steps; ++step) {
-        StepRecord sr;
-        sr.step = step;
-        const auto t0 = std::chrono::steady_clock::now();
-        for (const auto& [name, p] : params) be.fill(p->grad, 0.0);
-        RunContext ctx{&be, model.seed, step, true, {}};
-        if (in.record_events)
-            ctx.observer = [&](const Module& m, const char* phase, const Tensor& t) {
-                sr.events.push_back({m.fqn(), phase, t.clone()});
-            };
-        Batch b = data.batch(step);
-        Tensor out = model.root->forward(ctx, b.input);
-        LossResult loss = compute_loss(be, model.loss, out, b.target);
-        model.root->backward(ctx, loss.grad);
-        optimizer.step(params);
-        rec.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const std::string s = fmt::format("step{}.", step);
-        sr.tensors.emplace_back(s + "output", out);
-        sr.tensors.emplace_back(s + "loss", Tensor::scalar(loss.value, model.dtype));
-        for (const auto& [name, p] : params) sr.tensors.emplace_back(s + "grad." + name, p->grad.clone());
-        for (const auto& [name, p] : params) sr.tensors.emplace_back(s + "param." + name, p->value.clone());
-        for (const auto& [name, b] : model.named_buffers()) sr.tensors.emplace_back(s + "buffer." + name, b->value.clone());
-        rec.steps.push_back(std::move(sr));
-    }
     return rec;
 }
 
