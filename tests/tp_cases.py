@@ -83,10 +83,12 @@ def seeds():
             if plan == "mlp_src_data_rank_null":
                 check(start == 0, f"{what}: src_data_rank null must not communicate at start, saw {start}")
     # transformer blocks: attention heads split across ranks (GQA too), Megatron MLPs
-    for model, plan, sizes in (("gpt_block", "gpt_block_tp", (2, 4)), ("llama_block", "llama_block_tp", (2,))):
+    for model, plan, sizes in (("gpt_block", "gpt_block_tp", (2, 4)), ("llama_block", "llama_block_tp", (2,)),
+                               ("seq_mlp", "seq_mlp_sp", (2, 3, 4)), ("embedding_head", "embedding_colwise", (2, 3)),
+                               ("embedding_head", "embedding_rowwise", (2, 5))):
         for ws in sizes:
             rc, out, rep = verify(model, plan, "--mesh", f"tp={ws}")
-            check(rc == 0 and rep["pass"] and len(rep["plans"][0]["tensors"]) >= 48, f"{model} x {plan} tp={ws}: {rc}\n{out}")
+            check(rc == 0 and rep["pass"] and len(rep["plans"][0]["tensors"]) >= 24, f"{model} x {plan} tp={ws}: {rc}\n{out}")
     # several plans: one reference, a matrix
     rc, out, rep = verify("mlp", "mlp_colwise_replicate,mlp_star,mlp_root_module")
     check(rc == 0 and len(rep["plans"]) == 3 and "verdict" in out, f"matrix of 3 plans: {rc}\n{out}")
@@ -127,7 +129,7 @@ BAD_PLANS = [  # plan text, message fragments (the first is file:line:column)
     ("mesh: {tp: 0}\n", [":1:", "must be positive"]),
     ("mesh: {tp: 4}\ntensor_parallel:\n  mesh_dim: tp\n  src_data_rank: 4\n  plan: {}\n", [":4:", "src_data_rank 4"]),
     ("mesh: {tp: 4}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n    relu: colwise\n",
-     [":5:5:", "'relu' matches 'relu', a relu: colwise applies to linear modules"]),
+     [":5:5:", "'relu' matches 'relu', a relu: colwise applies to linear and embedding modules"]),
     ("mesh: {tp: 4}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n    net*: colwise\n    net1: rowwise\n",
      [":6:5:", "both match 'net1'"]),
     ("mesh: {tp: 4}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n    net1: {style: prepare_input, input_layouts: replicate}\n",
@@ -135,6 +137,8 @@ BAD_PLANS = [  # plan text, message fragments (the first is file:line:column)
     ("mesh: {tp: 4}\nverify: {compare: [output, gradient]}\n", [":2:", "unknown compare entry 'gradient' (valid: output, loss, grad, param)"]),
     ("mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp}\n", [":2:", "data_parallel is not implemented yet"]),
     ("mesh: [4]\n", [":1:", "'mesh' must be a map"]),
+    ("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n    net1: sequence_parallel\n",
+     [":5:5:", "'net1' matches 'net1', a linear: sequence_parallel applies to layer_norm, rms_norm and dropout"]),
 ]
 
 
@@ -149,6 +153,17 @@ def bad_plans():
             rc, out, _ = verify("mlp", path)
             ok = rc == 2 and all(f in out for f in frags) and (path + frags[0]) in out
             check(ok, f"bad plan {i}: exit {rc}, want 2 with {frags}\n{out}")
+    rc, out, _ = verify("gpt_block", "embedding_colwise", "--mesh", "tp=2")
+    check(rc == 2 and "'wte' has a tied weight" in out, f"colwise on a tied embedding: exit {rc}\n{out}")
+    # a norm fed sequence-sharded activations without sequence_parallel: its gradients are partial sums
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "nosp.yaml")
+        open(path, "w").write("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n    net1: colwise\n"
+                              "    net2: {style: rowwise, output_layouts: shard(1)}\n")
+        rc, out, rep = verify("seq_mlp", path)
+        check(rc == 1 and "'norm2' (rms_norm) gets Shard(1) activations from 'net2'" in out
+              and "step0.grad.norm2.weight" in [t["name"] for t in rep["plans"][0]["tensors"] if not t["pass"]],
+              f"lint: norm on sequence shards without sequence_parallel: exit {rc}\n{out}")
     # lint warnings that do not stop the run: a sharded activation fed to a module that needs whole rows
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "lint.yaml")
@@ -178,7 +193,9 @@ def mpi():
 
 def explain():
     """explain's collectives per step (derived, no run) equal what verify measures, for every shipped plan."""
-    cases = [(m, p) for m, p, _ in SEEDS] + [("gpt_block", "gpt_block_tp"), ("llama_block", "llama_block_tp")]
+    cases = [(m, p) for m, p, _ in SEEDS] + [("gpt_block", "gpt_block_tp"), ("llama_block", "llama_block_tp"),
+                                             ("seq_mlp", "seq_mlp_sp"), ("embedding_head", "embedding_colwise"),
+                                             ("embedding_head", "embedding_rowwise")]
     for model, plan in cases:
         with tempfile.TemporaryDirectory() as tmp:
             ej = os.path.join(tmp, "e.json")

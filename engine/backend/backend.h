@@ -58,7 +58,8 @@ public:
                                            const Tensor& w, const Tensor& dy, const Tensor& sum_dy,
                                            const Tensor& sum_dy_xhat, double count, Tensor& dx) = 0;
 
-    // ids: [...] int64/int32, w: [V, D], y: [..., D]; backward accumulates into dw.
+    // ids: [...] int64/int32, w: [V, D], y: [..., D]; backward accumulates into dw. A negative id
+    // is a row another rank holds (vocab-parallel embedding): zeros forward, skipped backward.
     virtual void embedding(const Tensor& ids, const Tensor& w, Tensor& y) = 0;
     virtual void embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dw) = 0;
 

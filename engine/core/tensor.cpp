@@ -160,4 +160,10 @@ std::vector<double> Tensor::to_doubles() const {
     return out;
 }
 
+int64_t id_at(const Tensor& ids, int64_t i) {
+    if (ids.dtype() == DType::int64) return ids.data<int64_t>()[i];
+    PTOOL_REQUIRE(ids.dtype() == DType::int32, "ids must be int64 or int32, got {}", dtype_name(ids.dtype()));
+    return ids.data<int32_t>()[i];
+}
+
 }  // namespace ptool

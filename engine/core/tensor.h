@@ -89,4 +89,7 @@ private:
     Device device_ = Device::cpu;
 };
 
+// Element i of an int64 or int32 id tensor.
+int64_t id_at(const Tensor& ids, int64_t i);
+
 }  // namespace ptool

@@ -22,18 +22,33 @@ void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound
     fill_by_index(t, [&](int64_t i) { return -bound + 2.0 * bound * rng.uniform(i); });
 }
 
+namespace {
+// The flat index in the full tensor of local element i of a shard along dim starting at offset.
+struct ShardIndex {
+    int64_t inner = 1, local_len, full_len, offset;
+    ShardIndex(const Tensor& t, const Shape& full, int64_t dim, int64_t off)
+        : local_len(t.dim() ? t.shape()[dim] : 1), full_len(full[dim]), offset(off) {
+        for (size_t d = dim + 1; d < full.size(); ++d) inner *= full[d];
+    }
+    uint64_t operator()(int64_t i) const {  // local (outer, k, in) -> global (outer, offset + k, in)
+        const int64_t in = i % inner, k = (i / inner) % local_len, outer = i / (inner * local_len);
+        return static_cast<uint64_t>((outer * full_len + offset + k) * inner + in);
+    }
+};
+}  // namespace
+
 void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double bound, const Shape& full, int64_t dim,
                         int64_t offset) {
     CounterRng rng(seed, stream_id("init", fqn));
-    int64_t inner = 1;  // elements per step along dim
-    for (size_t d = dim + 1; d < full.size(); ++d) inner *= full[d];
-    const int64_t local_len = t.dim() ? t.shape()[dim] : 1;
-    fill_by_index(t, [&](int64_t i) {
-        // local index (outer, k, in) -> global (outer, offset + k, in)
-        const int64_t in = i % inner, k = (i / inner) % local_len, outer = i / (inner * local_len);
-        const int64_t g = (outer * full[dim] + offset + k) * inner + in;
-        return -bound + 2.0 * bound * rng.uniform(static_cast<uint64_t>(g));
-    });
+    const ShardIndex global(t, full, dim, offset);
+    fill_by_index(t, [&](int64_t i) { return -bound + 2.0 * bound * rng.uniform(global(i)); });
+}
+
+void init_normal_shard(Tensor& t, uint64_t seed, const std::string& fqn, double stddev, const Shape& full, int64_t dim,
+                       int64_t offset) {
+    CounterRng rng(seed, stream_id("init", fqn));
+    const ShardIndex global(t, full, dim, offset);
+    fill_by_index(t, [&](int64_t i) { return stddev * rng.normal(global(i)); });
 }
 
 void init_normal(Tensor& t, uint64_t seed, const std::string& fqn, double stddev) {

@@ -100,13 +100,22 @@ public:
     Shape output_shape(const Shape& in) const override;
     bool takes_ids() const override { return true; }
     void init_params(uint64_t seed) override;
+    int64_t vocab() const { return num_; }
+    int64_t dim() const { return dim_; }
+    // Vocab-parallel (rowwise): this rank holds rows [offset, offset + weight rows); other ids
+    // look up zeros here and the ranks' outputs are summed.
+    void set_vocab_offset(int64_t offset) { vocab_offset_ = offset; }
+    // The same as Linear::init_shard, for the weight.
+    void init_shard(uint64_t seed, Tensor& local, int64_t dim, int64_t offset) const;
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
     Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
 
 private:
+    Tensor local_ids(const Tensor& ids) const;
     int64_t num_, dim_;
+    int64_t vocab_offset_ = -1;  // -1: the whole vocabulary
 };
 
 // nn.Dropout(p). The mask is drawn from the counter-based RNG keyed by (seed, step, module,
@@ -133,6 +142,8 @@ void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound
 void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double bound, const Shape& full, int64_t dim,
                         int64_t offset);
 void init_normal(Tensor& t, uint64_t seed, const std::string& fqn, double stddev);
+void init_normal_shard(Tensor& t, uint64_t seed, const std::string& fqn, double stddev, const Shape& full, int64_t dim,
+                       int64_t offset);
 void fill_value(Tensor& t, double value);  // host-side fill, for init
 
 }  // namespace ptool

@@ -123,12 +123,31 @@ Shape Embedding::output_shape(const Shape& in) const {
 
 void Embedding::init_params(uint64_t seed) { init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), 1.0); }
 
+void Embedding::init_shard(uint64_t seed, Tensor& local, int64_t dim, int64_t offset) const {
+    init_normal_shard(local, seed, join_name(fqn(), "weight"), 1.0, {num_, dim_}, dim, offset);
+}
+
+Tensor Embedding::local_ids(const Tensor& ids) const {
+    if (vocab_offset_ < 0) return ids;
+    const int64_t rows = param("weight")->value.size(0);
+    Tensor local(ids.shape(), DType::int64);
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+        const int64_t id = id_at(ids, i) - vocab_offset_;
+        local.data<int64_t>()[i] = id >= 0 && id < rows ? id : -1;  // -1: another rank's row
+    }
+    return local;
+}
+
 Tensor Embedding::forward_impl(RunContext& ctx, const Tensor& ids) {
     PTOOL_REQUIRE(!dtype_is_float(ids.dtype()), "embedding '{}' needs integer ids, got {}", fqn(),
                   dtype_name(ids.dtype()));
-    Tensor y(output_shape(ids.shape()), param("weight")->value.dtype(), ids.device());
-    ctx.backend->embedding(ids, param("weight")->value, y);
-    save({ids});
+    const Tensor& w = param("weight")->value;
+    Shape out = ids.shape();
+    out.push_back(w.size(1));  // dim, or dim/tp under colwise
+    Tensor y = Tensor::empty(out, w.dtype(), ids.device());
+    const Tensor local = local_ids(ids);
+    ctx.backend->embedding(local, w, y);
+    save({local});
     return y;
 }
 

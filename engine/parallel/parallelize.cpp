@@ -12,14 +12,24 @@ const std::set<std::string> kElementwise = {"relu", "gelu", "silu", "tanh", "ide
 
 std::string at(const SourceLocation& w) { return w.str() + ": "; }
 
-void check_applicable(const PlanEntry& e, const Module& m) {
+void check_applicable(const PlanEntry& e, const Module& m, const Model& model) {
     const std::string& s = e.style.style;
-    if ((s == "colwise" || s == "rowwise") && m.type() != "linear")
-        throw InputError(e.where, fmt::format("'{}' matches '{}', a {}: {} applies to linear modules", e.pattern,
-                                              m.fqn(), m.type(), s));
-    if ((s == "colwise" || s == "rowwise") && static_cast<const Linear&>(m).tied())
-        throw InputError(e.where, fmt::format("'{}' has a tied weight: {} of tied weights is not supported", m.fqn(), s));
+    if ((s == "colwise" || s == "rowwise") && m.type() != "linear" && m.type() != "embedding")
+        throw InputError(e.where, fmt::format("'{}' matches '{}', a {}: {} applies to linear and embedding modules",
+                                              e.pattern, m.fqn(), m.type(), s));
+    if (s == "sequence_parallel" && m.type() != "layer_norm" && m.type() != "rms_norm" && m.type() != "dropout")
+        throw InputError(e.where, fmt::format("'{}' matches '{}', a {}: sequence_parallel applies to layer_norm, "
+                                              "rms_norm and dropout",
+                                              e.pattern, m.fqn(), m.type()));
+    if (s == "colwise" || s == "rowwise") {  // a weight reachable under two names cannot be sharded for one
+        int names = 0;
+        for (const auto& [name, p] : model.state_dict()) names += p == m.param("weight");
+        if (names > 1)
+            throw InputError(e.where, fmt::format("'{}' has a tied weight: {} of tied weights is not supported", m.fqn(), s));
+    }
 }
+
+bool is_embedding(const Module& m) { return m.type() == "embedding"; }
 
 // Follows placements through the leaves in forward order and warns where a module that needs
 // whole rows gets a tensor sharded on its last dim. Containers are transparent here (a residual's
@@ -33,7 +43,8 @@ void lint_dataflow(const Model& model, const Resolution& res, const Plan& plan, 
         auto it = styled.find(&m);
         if (it != styled.end()) {
             const StyleSpec& s = it->second->entry->style;
-            if (s.style == "colwise") act = s.output_layouts.value_or(Placement::shard(-1));
+            if (s.style == "sequence_parallel") act = Placement::shard(1);
+            else if (s.style == "colwise") act = s.output_layouts.value_or(Placement::shard(-1));
             else if (s.style == "rowwise") act = s.output_layouts.value_or(Placement::replicate());
             else if (s.desired_output_layouts) act = *s.desired_output_layouts;
             else if (s.desired_input_layouts && m.children().empty()) act = *s.desired_input_layouts;
@@ -46,6 +57,12 @@ void lint_dataflow(const Model& model, const Resolution& res, const Plan& plan, 
             warnings.push_back(fmt::format("{}{} outputs {} but '{}' ({}) needs whole rows: give it a style, or have "
                                            "{} output replicate",
                                            at(plan.tp_plan_where), producer, act.str(), fqn, m.type(), producer));
+        const bool rows_sharded = act.is_shard() && act.dim != -1;
+        if (rows_sharded && !m.params().empty())
+            warnings.push_back(fmt::format("{}'{}' ({}) gets {} activations from {}: each rank's gradients of its "
+                                           "replicated parameters cover only its rows and are not reduced: give it "
+                                           "sequence_parallel, or gather the activation first",
+                                           at(plan.tp_plan_where), fqn, m.type(), act.str(), producer));
         if (act.is_shard() && m.type() == "dropout")
             warnings.push_back(fmt::format("{}dropout '{}' runs on a sharded activation: its mask is drawn per local "
                                            "element, not per global one, so it differs from the reference",
@@ -69,7 +86,7 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
         for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
             if (!fqn_matches(e.pattern, fqn)) return;
             ++matched;
-            check_applicable(e, m);
+            check_applicable(e, m, model);
             if (owner.count(&m))
                 throw InputError(e.where, fmt::format("'{}' and '{}' (line {}) both match '{}': one style per module",
                                                       e.pattern, owner[&m]->pattern, owner[&m]->where.line, fqn));
@@ -83,14 +100,22 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
         res.styles.push_back({fqn, &m, it->second});
         const std::string& s = it->second->style.style;
         if (s == "colwise" || s == "rowwise") {
-            const auto& lin = static_cast<const Linear&>(m);
-            const int64_t n = s == "colwise" ? lin.out_features() : lin.in_features();
+            int64_t n = 0;
+            const char* what = "";
+            if (is_embedding(m)) {
+                const auto& e = static_cast<const Embedding&>(m);
+                n = s == "colwise" ? e.dim() : e.vocab();
+                what = s == "colwise" ? "embedding dims" : "vocabulary rows";
+            } else {
+                const auto& lin = static_cast<const Linear&>(m);
+                n = s == "colwise" ? lin.out_features() : lin.in_features();
+                what = s == "colwise" ? "output features" : "input features";
+            }
             if (n % tp != 0) {
                 std::vector<int64_t> sizes;
                 for (int r = 0; r < tp; ++r) sizes.push_back(chunk_of(n, tp, r).length);
                 res.warnings.push_back(fmt::format("{}'{}' {}: {} {} over {} ranks are uneven ({})", at(it->second->where),
-                                                   fqn, s, n, s == "colwise" ? "output features" : "input features", tp,
-                                                   fmt::join(sizes, ", ")));
+                                                   fqn, s, n, what, tp, fmt::join(sizes, ", ")));
             }
         }
     });
@@ -112,7 +137,12 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     const Module* m = model.root.get();
     while (m) {
         auto it = owner.find(m);
-        if (it != owner.end() && (it->second->style.input_layouts || it->second->style.style == "rowwise")) {
+        if (it != owner.end() && it->second->style.style == "sequence_parallel") {
+            res.input_placement = Placement::shard(1);
+            break;
+        }
+        if (it != owner.end() && !is_embedding(*m) &&
+            (it->second->style.input_layouts || it->second->style.style == "rowwise")) {
             res.input_placement = it->second->style.input_layouts.value_or(Placement::shard(-1));
             break;
         }
@@ -134,11 +164,12 @@ void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMe
     Communicator& comm = mesh.comm(mesh.dim_index(plan.tp_mesh_dim));
     state->comm = &comm;
     const int n = comm.size(), r = comm.rank();
-    auto shard_param = [&](const std::string& fqn, ParamPtr p, int64_t dim, const Linear& lin, const char* name) {
+    auto shard_param = [&](const std::string& fqn, ParamPtr p, int64_t dim, const Module& mod, const char* name) {
         if (build_own_shards) {  // draw this rank's slice only: no communication, no full tensor
             const Chunk c = chunk_of(p->value.size(dim), n, r);
             Tensor local = Tensor::empty(local_shape(p->value.shape(), Placement::shard(dim), n, r), p->value.dtype());
-            lin.init_shard(model.seed, name, local, dim, c.offset);
+            if (is_embedding(mod)) static_cast<const Embedding&>(mod).init_shard(model.seed, local, dim, c.offset);
+            else static_cast<const Linear&>(mod).init_shard(model.seed, name, local, dim, c.offset);
             p->value = local;
             p->grad = Tensor::empty(local.shape(), local.dtype());
             state->param_placement[p.get()] = Placement::shard(dim);
@@ -161,7 +192,13 @@ void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMe
     for (const ResolvedStyle& rs : res.styles) {
         if (counter) counter->set_module(rs.fqn);
         const std::string& s = rs.entry->style.style;
-        if (s == "colwise" || s == "rowwise") {
+        if ((s == "colwise" || s == "rowwise") && is_embedding(*rs.module)) {
+            // colwise: the embedding dim (weight Shard(1)); rowwise: the vocabulary (Shard(0))
+            auto& emb = static_cast<Embedding&>(*rs.module);
+            const int64_t dim = s == "colwise" ? 1 : 0;
+            shard_param(rs.fqn, rs.module->param("weight"), dim, emb, "weight");
+            if (s == "rowwise") emb.set_vocab_offset(chunk_of(emb.vocab(), n, r).offset);
+        } else if (s == "colwise" || s == "rowwise") {
             const auto& lin = static_cast<const Linear&>(*rs.module);
             shard_param(rs.fqn, rs.module->param("weight"), s == "colwise" ? 0 : 1, lin, "weight");
             if (auto b = rs.module->param("bias")) {

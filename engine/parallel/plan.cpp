@@ -10,8 +10,8 @@
 namespace ptool {
 namespace {
 
-const std::vector<std::string> kStyles = {"colwise", "rowwise", "prepare_input", "prepare_output",
-                                          "prepare_input_output"};
+const std::vector<std::string> kStyles = {"colwise", "rowwise", "sequence_parallel", "prepare_input",
+                                          "prepare_output", "prepare_input_output"};
 
 std::vector<std::string> split_dots(const std::string& s) {
     std::vector<std::string> out;
@@ -41,6 +41,11 @@ StyleSpec parse_style(const YamlNode& node, const std::string& pattern) {
     if (std::find(kStyles.begin(), kStyles.end(), s.style) == kStyles.end())
         style_node.fail(fmt::format("unknown style '{}'{}", s.style, did_you_mean(s.style, kStyles)));
     if (!m) return s;
+    if (s.style == "sequence_parallel") {  // SequenceParallel(sequence_dim=1): no layouts to choose
+        s.use_local_output = m->bool_or("use_local_output", true);
+        m->finish();
+        return s;
+    }
     const bool prepare = s.style.rfind("prepare_", 0) == 0;
     const bool has_in = s.style != "prepare_output", has_out = s.style != "prepare_input";
     if (has_in) s.input_layouts = layout(*m, "input_layouts");

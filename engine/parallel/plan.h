@@ -22,7 +22,7 @@
 namespace ptool {
 
 struct StyleSpec {
-    std::string style;  // colwise | rowwise | prepare_input | prepare_output | prepare_input_output
+    std::string style;  // colwise | rowwise | sequence_parallel | prepare_input | prepare_output | prepare_input_output
     std::optional<Placement> input_layouts, output_layouts, desired_input_layouts, desired_output_layouts;
     bool use_local_output = true;
 };

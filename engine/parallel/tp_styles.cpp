@@ -165,6 +165,91 @@ private:
     std::optional<Placement> in_, want_in_, out_, want_out_;
 };
 
+// Embedding colwise: the embedding dim is sharded (weight Shard(1)); output Shard(-1).
+class ColwiseEmbeddingHooks final : public StyleHooks {
+public:
+    ColwiseEmbeddingHooks(const StyleSpec& s, Embedding& e, std::shared_ptr<TpState> st)
+        : StyleHooks(std::move(st)), out_(s.output_layouts.value_or(Placement::shard(-1))), dim_(e.dim()) {}
+    Tensor pre_forward(RunContext&, Module&, const Tensor& ids) override {
+        saved_.push_back({});
+        return ids;  // ids are replicated
+    }
+    Tensor post_forward(RunContext&, Module&, const Tensor& y) override {
+        top().out_global = y.shape();
+        top().out_global.back() = dim_;
+        st_->act = out_;
+        return redistribute(y, Placement::shard(-1), out_, top().out_global, comm());
+    }
+    Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) override {
+        Tensor d = redistribute_backward(dy, grad_placement_of(out_), Placement::shard(-1), top().out_global, comm());
+        saved_.pop_back();  // ids have no gradient: pre_forward_backward never runs
+        return d;
+    }
+
+private:
+    Placement out_;
+    int64_t dim_;
+};
+
+// Embedding rowwise (vocab-parallel): the vocabulary is sharded (weight Shard(0)); each rank looks
+// up the ids it holds, zeros for the rest, so the output is Partial -> output_layouts.
+class RowwiseEmbeddingHooks final : public StyleHooks {
+public:
+    RowwiseEmbeddingHooks(const StyleSpec& s, std::shared_ptr<TpState> st)
+        : StyleHooks(std::move(st)), out_(s.output_layouts.value_or(Placement::replicate())) {}
+    Tensor pre_forward(RunContext&, Module&, const Tensor& ids) override {
+        saved_.push_back({});
+        return ids;
+    }
+    Tensor post_forward(RunContext&, Module&, const Tensor& y) override {
+        top().out_global = y.shape();
+        st_->act = out_;
+        return redistribute(y, Placement::partial(), out_, top().out_global, comm());
+    }
+    Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) override {
+        Tensor d = redistribute_backward(dy, grad_placement_of(out_), Placement::partial(), top().out_global, comm());
+        saved_.pop_back();
+        return d;
+    }
+
+private:
+    Placement out_;
+};
+
+// sequence_parallel (Megatron-SP) on layer_norm / rms_norm / dropout: the activation stays
+// Shard(1) (sequence), the module runs on its local rows, and its replicated parameters' gradients,
+// each a sum over this rank's rows only, are all_reduced.
+class SequenceParallelHooks final : public StyleHooks {
+public:
+    explicit SequenceParallelHooks(std::shared_ptr<TpState> st) : StyleHooks(std::move(st)) {}
+    Tensor pre_forward(RunContext&, Module&, const Tensor& x) override {
+        st_->act = Placement::shard(1);
+        return x;
+    }
+    Tensor post_forward_backward(RunContext&, Module& m, const Tensor& dy) override {
+        std::vector<Tensor> before;  // this call's contribution is what backward adds to the grads
+        for (const auto& e : m.params()) before.push_back(e.param->grad.clone());
+        snapshots_.push_back(std::move(before));
+        return dy;
+    }
+    Tensor pre_forward_backward(RunContext& ctx, Module& m, const Tensor& dx) override {
+        std::vector<Tensor> before = std::move(snapshots_.back());
+        snapshots_.pop_back();
+        for (size_t i = 0; i < m.params().size(); ++i) {
+            Tensor& g = m.params()[i].param->grad;
+            Tensor delta = g.clone();
+            ctx.backend->axpy(-1.0, before[i], delta);  // this call's contribution
+            comm().all_reduce(delta, ReduceOp::sum);    // Partial -> Replicate
+            ctx.backend->add(before[i], delta, g);
+        }
+        st_->grad = Placement::shard(1);
+        return dx;
+    }
+
+private:
+    std::vector<std::vector<Tensor>> snapshots_;
+};
+
 }  // namespace
 
 Fault parse_fault(const char* env) {
@@ -197,6 +282,11 @@ Shape global_shape(const Tensor& local, const Placement& p, Communicator& comm) 
 }
 
 std::shared_ptr<ModuleHooks> make_style_hooks(const StyleSpec& spec, Module& module, std::shared_ptr<TpState> state) {
+    if (spec.style == "sequence_parallel") return std::make_shared<SequenceParallelHooks>(std::move(state));
+    if (auto* emb = dynamic_cast<Embedding*>(&module)) {
+        if (spec.style == "colwise") return std::make_shared<ColwiseEmbeddingHooks>(spec, *emb, std::move(state));
+        if (spec.style == "rowwise") return std::make_shared<RowwiseEmbeddingHooks>(spec, std::move(state));
+    }
     if (spec.style == "colwise" || spec.style == "rowwise") {
         auto* lin = dynamic_cast<Linear*>(&module);
         PTOOL_REQUIRE(lin, "{} on a {} (checked when the plan was resolved)", spec.style, module.type());

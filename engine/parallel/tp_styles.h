@@ -12,6 +12,9 @@
 //     in: input_layouts (Shard(-1)) -> Shard(-1); out: Partial -> output_layouts (Replicate:
 //     all_reduce, Megatron's g; Shard(0): reduce_scatter).
 //   prepare_input / prepare_output / prepare_input_output: redistribute only.
+//   embedding colwise: weight Shard(1), output Shard(-1); rowwise (vocab-parallel): weight
+//     Shard(0), each rank looks up its ids, output Partial -> output_layouts (Replicate).
+//   sequence_parallel (norms, dropout): activations Shard(1); parameter gradients all_reduced.
 #pragma once
 
 #include <map>

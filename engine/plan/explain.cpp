@@ -29,7 +29,17 @@ void style_comm(const StyleSpec& s, const Module& m, const Shape& in, const Shap
                 std::vector<CommCost>& fwd, std::vector<CommCost>& bwd) {
     auto add = [&](std::vector<CommCost>& list, std::vector<CommCost> c) { list.insert(list.end(), c.begin(), c.end()); };
     const Placement R = Placement::replicate(), last = Placement::shard(-1), P = Placement::partial();
-    if (s.style == "colwise") {
+    if (s.style == "sequence_parallel") {  // parameter gradients are partial sums over rows
+        for (const auto& e : m.params()) add(bwd, redistribute_cost(P, R, e.param->value.shape(), n, es));
+    } else if (m.type() == "embedding" && s.style == "colwise") {
+        const Placement o = s.output_layouts.value_or(last);
+        add(fwd, redistribute_cost(last, o, out, n, es));
+        add(bwd, redistribute_cost(grad_of(o), last, out, n, es));
+    } else if (m.type() == "embedding" && s.style == "rowwise") {
+        const Placement o = s.output_layouts.value_or(R);
+        add(fwd, redistribute_cost(P, o, out, n, es));
+        add(bwd, redistribute_cost(grad_of(o), R, out, n, es));
+    } else if (s.style == "colwise") {
         const Placement i = s.input_layouts.value_or(R), o = s.output_layouts.value_or(last);
         add(fwd, redistribute_cost(i, R, in, n, es));
         add(fwd, redistribute_cost(last, o, out, n, es));
@@ -105,6 +115,7 @@ Explanation explain_plan(Model& model, const Plan& plan) {
         std::map<const Module*, const StyleSpec*> style_of;
         for (const ResolvedStyle& rs : ex.resolution.styles) style_of[rs.module] = &rs.entry->style;
         auto output_of = [](const StyleSpec& s) -> std::optional<Placement> {
+            if (s.style == "sequence_parallel") return Placement::shard(1);
             if (s.style == "colwise") return s.output_layouts.value_or(Placement::shard(-1));
             if (s.style == "rowwise") return s.output_layouts.value_or(Placement::replicate());
             return s.desired_output_layouts;
@@ -133,7 +144,15 @@ Explanation explain_plan(Model& model, const Plan& plan) {
         for (auto& c : fwd) c.module = rs.fqn, c.phase = "forward", ex.step_comm.push_back(c);
         for (auto& c : bwd) c.module = rs.fqn, c.phase = "backward";
         backward_lists.push_back(bwd);
-        if (me.style == "colwise" || me.style == "rowwise") {
+        if ((me.style == "colwise" || me.style == "rowwise") && rs.module->type() == "embedding") {
+            ParamPtr p = rs.module->param("weight");
+            ParamLayout pl;
+            pl.fqn = join_name(rs.fqn, "weight");
+            pl.full = p->value.shape();
+            pl.placement = Placement::shard(me.style == "colwise" ? 1 : 0);
+            for (int r = 0; r < n; ++r) pl.local.push_back(local_shape(pl.full, pl.placement, n, r));
+            me.params.push_back(pl);
+        } else if (me.style == "colwise" || me.style == "rowwise") {
             const int64_t wdim = me.style == "colwise" ? 0 : 1;
             for (const char* pname : {"weight", "bias"}) {
                 ParamPtr p = rs.module->param(pname);

@@ -6,18 +6,16 @@
 
 namespace ptool {
 
-int64_t id_at(const Tensor& ids, int64_t i) {
-    if (ids.dtype() == DType::int64) return ids.data<int64_t>()[i];
-    PTOOL_REQUIRE(ids.dtype() == DType::int32, "ids must be int64 or int32, got {}", dtype_name(ids.dtype()));
-    return ids.data<int32_t>()[i];
-}
-
 void CpuBackend::embedding(const Tensor& ids, const Tensor& w, Tensor& y) {
     const int64_t vocab = w.size(0), d = w.size(1), n = ids.numel();
     size_t row = static_cast<size_t>(d) * dtype_size(w.dtype());
     for (int64_t i = 0; i < n; ++i) {
         const int64_t id = id_at(ids, i);
-        if (id < 0 || id >= vocab)
+        if (id < 0) {
+            std::memset(static_cast<char*>(y.raw()) + i * row, 0, row);
+            continue;
+        }
+        if (id >= vocab)
             throw InputError(fmt::format("token id {} at position {} is out of range for an embedding of {} rows",
                                          id, i, vocab));
         std::memcpy(static_cast<char*>(y.raw()) + i * row, static_cast<const char*>(w.raw()) + id * row, row);
@@ -33,6 +31,7 @@ void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dy, Tensor&
         T* pdw = dw.data<T>();
         for (int64_t i = 0; i < n; ++i) {
             const int64_t id = id_at(ids, i);
+            if (id < 0) continue;
             for (int64_t j = 0; j < d; ++j) pdw[id * d + j] = T(A(pdw[id * d + j]) + A(pdy[i * d + j]));
         }
     });

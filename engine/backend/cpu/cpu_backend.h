@@ -59,6 +59,5 @@ public:
 // Checks shared by the backends' entry points.
 void require_same_shape(const Tensor& a, const Tensor& b, const char* op);
 void require_same_dtype(const Tensor& a, const Tensor& b, const char* op);
-int64_t id_at(const Tensor& ids, int64_t i);  // int64 or int32 ids as int64
 
 }  // namespace ptool
