@@ -16,5 +16,7 @@ struct Common {
 void add_run_command(CLI::App& app, Common& common);
 void add_verify_command(CLI::App& app, Common& common, int& exit_code);
 void add_explain_command(CLI::App& app, Common& common);
+void add_golden_command(CLI::App& app, Common& common, int& exit_code);
+std::vector<std::string> split_lines(const std::string& s);
 
 }  // namespace ptool::cli

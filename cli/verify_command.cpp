@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
+#include "cli/golden_replay.h"
 #include "cli/verify_output.h"
 #include "comm/comm_mpi.h"
 #include "core/safetensors.h"
@@ -13,7 +14,8 @@ namespace ptool::cli {
 namespace {
 
 struct VerifyArgs {
-    std::string model, init, data, json;
+    std::string model, init, data, json, golden, junit;
+    bool update = false;
     std::vector<std::string> plans, mesh;
     int64_t steps = 0;
     double rtol = -1, atol = -1, timeout = 300;
@@ -21,6 +23,20 @@ struct VerifyArgs {
 };
 
 int verify(const VerifyArgs& a, const Common& c) {
+    GoldenOptions gopt;
+    gopt.junit = a.junit, gopt.json = a.json, gopt.update = a.update;
+    gopt.verify.steps = a.steps;
+    if (a.rtol >= 0) gopt.verify.rtol = a.rtol;
+    if (a.atol >= 0) gopt.verify.atol = a.atol;
+    gopt.verify.comm.timeout_seconds = a.timeout;
+    gopt.verify.comm.check_consistency = !a.no_check;
+    if (looks_like_golden_arg(a.model)) {  // ptool verify golden/ [more files or folders]
+        std::vector<std::string> args = {a.model};
+        args.insert(args.end(), a.plans.begin(), a.plans.end());
+        return verify_golden_files(args, gopt, c);
+    }
+    if (a.plans.empty()) throw InputError("verify needs MODEL PLAN... (or golden files / folders)");
+    if (!a.junit.empty() || a.update) throw InputError("--junit and --update apply to `ptool verify GOLDEN...`");
     VerifyInputs in;
     in.model_path = a.model;
     in.model_text = read_text_file(a.model, YamlLimits{}.max_bytes);
@@ -78,6 +94,16 @@ int verify(const VerifyArgs& a, const Common& c) {
         world.broadcast(t, 0);
         return static_cast<int>(t.item());
     }
+    if (!a.golden.empty()) {  // three-way: parallel vs reference, reference vs golden, parallel vs golden
+        if (plans.size() != 1) throw InputError("--golden compares one plan");
+        GoldenCase g = load_golden(a.golden);
+        CaseResult r = replay_case(g, in, plans[0], gopt, c);
+        for (const auto& d : r.directions)
+            fmt::print("{}: {} {}/{} tensors agree\n", d.plan_path, d.pass ? "PASS" : "FAIL", d.passed, d.passed + d.failed);
+        if (!r.detail.empty()) fmt::print("  {}\n", r.detail);
+        fmt::print("{}: {}\n", a.golden, r.verdict);
+        return r.verdict == "PASS" ? 0 : 1;
+    }
     VerifyReport report = verify_in_process(in, plans, opt);
     print_report(report, a.model, probe, c.verbosity);
     if (!a.json.empty()) write_json_report(report, a.model, a.json);
@@ -90,8 +116,8 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code) {
     auto a = std::make_shared<VerifyArgs>();
     CLI::App* cmd = app.add_subcommand(
         "verify", "Run MODEL on one device and under each PLAN, and compare outputs, losses, gradients and parameters");
-    cmd->add_option("MODEL", a->model, "model YAML file")->required();
-    cmd->add_option("PLAN", a->plans, "plan YAML files (one reference run serves them all)")->required();
+    cmd->add_option("MODEL", a->model, "model YAML file, or golden files / folders to replay (the CI form)")->required();
+    cmd->add_option("PLAN", a->plans, "plan YAML files (one reference run serves them all)");
     cmd->add_option("--init", a->init, "initial parameters and buffers (safetensors, PyTorch state_dict names)");
     cmd->add_option("--data", a->data, "batch data (safetensors: input, target, step{k}.input, step{k}.target)");
     cmd->add_option("--steps", a->steps, "training steps (default: the plan's verify.steps, else the model's)")
@@ -100,6 +126,9 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code) {
     cmd->add_option("--rtol", a->rtol, "relative tolerance (default: the plan's, else torch.testing's for the dtype)");
     cmd->add_option("--atol", a->atol, "absolute tolerance");
     cmd->add_option("--json", a->json, "write the results as JSON");
+    cmd->add_option("--golden", a->golden, "also compare reference and parallel results with this golden file");
+    cmd->add_option("--junit", a->junit, "with golden files: write JUnit XML, one testcase per case");
+    cmd->add_flag("--update", a->update, "with golden files: re-record cases whose numbers moved (model and plan unchanged)");
     cmd->add_option("--mesh", a->mesh, "resize a mesh dim of every plan, e.g. --mesh tp=8 (repeatable)");
     cmd->add_option("--timeout", a->timeout, "seconds a rank may wait in one collective (default 300)")
         ->check(CLI::PositiveNumber);

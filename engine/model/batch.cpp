@@ -93,12 +93,10 @@ void load_state_dict(Model& model, const TensorFile& file, const std::string& pa
                              fmt::format("unexpected key '{}' in the state_dict{}", name,
                                          did_you_mean(name, std::vector<std::string>(expected.begin(), expected.end()))));
     }
+    std::set<const Parameter*> loaded;  // a tied or shared parameter is satisfied by any of its names
     for (const auto& [name, p] : model.state_dict()) {
         const Tensor* t = file.find(name);
-        if (!t) {
-            if (p->value.dtype() == DType::int64) continue;  // num_batches_tracked may be absent
-            throw InputError(SourceLocation{path, 0, 0}, fmt::format("missing key '{}' in the state_dict", name));
-        }
+        if (!t) continue;
         if (t->shape() != p->value.shape())
             throw InputError(SourceLocation{path, 0, 0}, fmt::format("'{}' is {} in the file, the model needs {}", name,
                                                                      shape_str(t->shape()), shape_str(p->value.shape())));
@@ -108,6 +106,11 @@ void load_state_dict(Model& model, const TensorFile& file, const std::string& pa
                                          dtype_name(p->value.dtype())));
         Tensor converted = t->to(p->value.dtype());
         std::memcpy(p->value.raw(), converted.raw(), converted.nbytes());
+        loaded.insert(p.get());
+    }
+    for (const auto& [name, p] : model.state_dict()) {
+        if (loaded.count(p.get()) || p->value.dtype() == DType::int64) continue;  // num_batches_tracked may be absent
+        throw InputError(SourceLocation{path, 0, 0}, fmt::format("missing key '{}' in the state_dict", name));
     }
 }
 

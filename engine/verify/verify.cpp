@@ -109,6 +109,7 @@ VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& 
         rep.run = std::move(par);
         report.pass = report.pass && rep.pass;
         report.plans.push_back(std::move(rep));
+        report.reference = references[job.steps];
     }
     return report;
 }
@@ -137,6 +138,7 @@ VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const 
         rep.run = std::move(par);
         report.pass = report.pass && rep.pass;
         report.plans.push_back(std::move(rep));
+        report.reference = std::move(ref);
     }
     return report;
 }

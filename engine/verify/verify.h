@@ -30,6 +30,7 @@ struct PlanReport {
 
 struct VerifyReport {
     std::vector<PlanReport> plans;
+    RunRecord reference;  // the reference run (of the last plan's step count)
     double reference_seconds = 0;
     bool pass = true;
 };

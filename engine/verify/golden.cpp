@@ -1,0 +1,142 @@
+#include "verify/golden.h"
+
+#include <cblas.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "backend/gpu_info.h"
+#include "core/rng.h"
+#include "core/yaml_reader.h"
+#include "model/batch.h"
+#include "verify/reference.h"
+
+namespace ptool {
+namespace fs = std::filesystem;
+
+std::string text_hash(const std::string& text) { return fmt::format("{:016x}", stream_id(text)); }
+
+TensorFile record_golden(const VerifyInputs& in, const Plan& plan, const VerifyOptions& opt) {
+    Model model = load_model_text(in.model_text, in.model_path, in.dtype_override, !in.init);
+    if (in.init) load_state_dict(model, *in.init, in.init_path);
+    DataSource data(model, in.data, in.data_path);
+    GoldenWriter writer(model, data.varies_per_step());
+    ReferenceOptions ro;
+    ro.steps = steps_for(in, plan, opt, model.steps);
+    run_reference(model, data, ro, [&](const StepResult& r) { writer.add_step(r); });
+    TensorFile file = std::move(writer.file());
+    const Tolerance tol = tolerance_for(plan, opt, model.dtype);
+    char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+    int len = 0;
+    MPI_Get_library_version(mpi_version, &len);
+    const GpuInfo gpu = query_gpus();
+    auto& md = file.metadata;
+    md["model_yaml"] = in.model_text;
+    md["plan_yaml"] = plan.yaml_text;
+    md["model_hash"] = text_hash(in.model_text);
+    md["plan_hash"] = text_hash(plan.yaml_text);
+    md["model_path"] = in.model_path;
+    md["plan_path"] = plan.path;
+    md["dtype"] = dtype_name(model.dtype);
+    md["device"] = "cpu";
+    md["steps"] = std::to_string(ro.steps);
+    md["rtol"] = fmt::format("{:g}", tol.rtol);
+    md["atol"] = fmt::format("{:g}", tol.atol);
+    md["ptool_version"] = PTOOL_VERSION;
+    md["openblas"] = openblas_get_config() ? openblas_get_config() : "";
+    md["mpi"] = std::string(mpi_version, strnlen(mpi_version, sizeof mpi_version));
+    md["cuda"] = gpu.runtime_version ? std::to_string(gpu.runtime_version) : "none";
+    md["gpu"] = gpu.devices.empty() ? "none" : gpu.devices[0].name;
+    return file;
+}
+
+GoldenCase load_golden(const std::string& path) {
+    GoldenCase c;
+    c.path = path;
+    c.file = read_safetensors(path);
+    auto need = [&](const char* key) -> std::string {
+        auto it = c.file.metadata.find(key);
+        if (it == c.file.metadata.end())
+            throw InputError(SourceLocation{path, 0, 0}, fmt::format("not a ptool golden file: __metadata__ has no '{}'", key));
+        return it->second;
+    };
+    c.model_yaml = need("model_yaml");
+    c.plan_yaml = need("plan_yaml");
+    c.model_path = need("model_path");
+    c.plan_path = need("plan_path");
+    if (text_hash(c.model_yaml) != need("model_hash")) c.stale = "the recorded model text does not match its hash (edited)";
+    else if (text_hash(c.plan_yaml) != need("plan_hash")) c.stale = "the recorded plan text does not match its hash (edited)";
+    for (const auto& [file, text] : {std::pair{c.model_path, c.model_yaml}, std::pair{c.plan_path, c.plan_yaml}}) {
+        std::error_code ec;
+        if (!c.stale.empty() || !fs::is_regular_file(file, ec)) continue;
+        std::ifstream f(file, std::ios::binary);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        if (ss.str() != text) c.stale = fmt::format("{} changed since it was recorded (re-record with `ptool golden record`)", file);
+    }
+    bool has_step = false;
+    for (const auto& [name, t] : c.file.tensors) has_step = has_step || name.rfind("step0.loss", 0) == 0;
+    if (!has_step) throw InputError(SourceLocation{path, 0, 0}, "golden file has no 'step0.loss' tensor");
+    return c;
+}
+
+PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, const Tolerance& tol,
+                               const std::string& label) {
+    PlanReport rep;
+    rep.plan_path = label;
+    rep.tol = tol;
+    for (const auto& [name, expected] : golden.tensors) {
+        if (name.rfind("step", 0) != 0) continue;
+        const size_t dot = name.find('.');
+        const std::string kind = name.substr(dot + 1, name.find('.', dot + 1) - dot - 1);
+        if (kind == "input" || kind == "target") continue;
+        const int64_t step = std::stoll(name.substr(4, dot - 4));
+        const Tensor* actual = nullptr;
+        if (step < static_cast<int64_t>(run.steps.size()))
+            for (const auto& [n, t] : run.steps[step].tensors)
+                if (n == name) actual = &t;
+        TensorReport tr;
+        tr.name = name;
+        tr.replicas = "-";
+        if (!actual) {
+            tr.pass = false;
+            tr.diff.shape_ok = false;
+        } else {
+            tr.diff = compare_tensors(*actual, expected.to(actual->dtype()), tol);
+            tr.pass = tr.diff.pass;
+        }
+        (tr.pass ? rep.passed : rep.failed) += 1;
+        rep.tensors.push_back(std::move(tr));
+    }
+    rep.pass = rep.failed == 0;
+    return rep;
+}
+
+bool looks_like_golden_arg(const std::string& arg) {
+    std::error_code ec;
+    return fs::is_directory(arg, ec) || (arg.size() > 12 && arg.substr(arg.size() - 12) == ".safetensors");
+}
+
+std::vector<std::string> golden_paths(const std::vector<std::string>& args) {
+    std::vector<std::string> out;
+    for (const auto& a : args) {
+        std::error_code ec;
+        if (fs::is_directory(a, ec)) {
+            std::vector<std::string> found;
+            for (const auto& e : fs::directory_iterator(a))
+                if (e.path().extension() == ".safetensors" && e.path().filename().string()[0] != '.')
+                    found.push_back(e.path().string());
+            std::sort(found.begin(), found.end());
+            if (found.empty()) throw InputError(SourceLocation{a, 0, 0}, "folder holds no *.safetensors golden files");
+            out.insert(out.end(), found.begin(), found.end());
+        } else {
+            out.push_back(a);
+        }
+    }
+    return out;
+}
+
+}  // namespace ptool
