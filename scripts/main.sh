@@ -9,3 +9,4 @@ scripts/build.sh
 ./build/cli/ptool verify models/mlp_stacked.yaml plans/mlp_stacked_multi_wildcard.yaml
 ./build/cli/ptool verify models/gpt_block.yaml plans/gpt_block_tp.yaml -q
 ./build/cli/ptool explain models/mlp.yaml plans/mlp_root_module.yaml
+./build/cli/ptool verify golden/ -q

@@ -1,6 +1,7 @@
 #include "core/safetensors.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +21,37 @@ constexpr uint64_t kMaxHeader = 100u << 20;  // as the reference implementation
 [[noreturn]] void bad(const std::string& file, const std::string& msg) {
     throw InputError(SourceLocation{file, 0, 0}, msg);
 }
+
+// The temporary file being written, removed if SIGINT or SIGTERM arrives meanwhile: an
+// interrupted write leaves the old file and nothing else. (SIGKILL cannot be caught: the temp
+// file then stays, the target is still never partial.)
+char g_pending_tmp[4096];
+volatile sig_atomic_t g_pending = 0;
+
+void remove_pending_and_reraise(int sig) {
+    if (g_pending) unlink(g_pending_tmp);  // async-signal-safe
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void track_tmp(const std::string& path) {
+    static const bool installed = [] {
+        for (int sig : {SIGINT, SIGTERM}) {
+            struct sigaction sa {};
+            sa.sa_handler = remove_pending_and_reraise;
+            sigaction(sig, &sa, nullptr);
+        }
+        return true;
+    }();
+    (void)installed;
+    g_pending = 0;
+    if (path.size() < sizeof g_pending_tmp) {
+        std::memcpy(g_pending_tmp, path.c_str(), path.size() + 1);
+        g_pending = 1;
+    }
+}
+
+void untrack_tmp() { g_pending = 0; }
 
 }  // namespace
 
@@ -150,6 +182,7 @@ void write_file_atomic(const std::string& path, const std::string& bytes, bool o
     int fd = mkstemp(buf.data());
     if (fd < 0) throw InputError(SourceLocation{path, 0, 0}, fmt::format("cannot create a file here: {}", std::strerror(errno)));
     const std::string tmp(buf.data());
+    track_tmp(tmp);
     size_t done = 0;
     while (done < bytes.size()) {
         ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -158,20 +191,24 @@ void write_file_atomic(const std::string& path, const std::string& bytes, bool o
             int err = errno;
             ::close(fd);
             ::unlink(tmp.c_str());
+            untrack_tmp();
             throw RuntimeError(fmt::format("{}: write failed: {}", path, std::strerror(err)));
         }
         done += static_cast<size_t>(n);
     }
     if (::fsync(fd) != 0 || ::close(fd) != 0) {
         ::unlink(tmp.c_str());
+        untrack_tmp();
         throw RuntimeError(fmt::format("{}: flush failed: {}", path, std::strerror(errno)));
     }
     ::chmod(tmp.c_str(), 0644);
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
         int err = errno;
         ::unlink(tmp.c_str());
+        untrack_tmp();
         throw RuntimeError(fmt::format("{}: rename failed: {}", path, std::strerror(err)));
     }
+    untrack_tmp();
 }
 
 void write_safetensors(const std::string& path, const TensorFile& file, bool overwrite) {

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Re-records golden/ from every shipped plan; each plan's header names its model (the first
+# "models/NAME.yaml" in the file). Run after a deliberate change of numerics; CI replays golden/
+# with `ptool verify golden/`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ptool=${PTOOL:-./build/cli/ptool}
+mkdir -p golden
+for plan in plans/*.yaml; do
+    name=$(basename "$plan" .yaml)
+    [[ $name == gemm_mlp_tp ]] && continue  # benchmark-sized (8.4M parameters): bench/ runs it
+    model=$(grep -o -m1 'models/[a-z_0-9]*\.yaml' "$plan") || { echo "$plan names no model" >&2; exit 2; }
+    "$ptool" golden record "$model" "$plan" -o "golden/$name.safetensors" --force
+done

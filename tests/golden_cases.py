@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Golden files end to end, run by ctest.
+
+    golden_cases.py PTOOL ROOT
+Replays golden/ (exit 0; JUnit validated with xmllint against tests/data/junit.xsd); drift (one
+tensor pushed past tolerance fails naming the tensor and the case); stale cases (edited text,
+changed model file); bitwise reproducible records; damaged files (exit 2 naming the file); an
+interrupted record (SIGTERM) leaves the old file intact and no temporary file; --update; a
+golden recorded by PyTorch itself (tools/torch_golden.py) accepted by `verify --golden`.
+"""
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from torch_model import read_safetensors, write_safetensors, ptool_hash  # noqa: E402
+import json  # noqa: E402
+import struct  # noqa: E402
+
+PTOOL, ROOT = sys.argv[1], sys.argv[2]
+passed, failed = 0, 0
+
+
+def check(ok, what):
+    global passed, failed
+    passed, failed = (passed + 1, failed) if ok else (passed, failed + 1)
+    if not ok:
+        print("FAIL:", what)
+
+
+def run(*args, **kw):
+    p = subprocess.run([PTOOL, *args], capture_output=True, text=True, timeout=300, **kw)
+    return p.returncode, p.stdout + p.stderr
+
+
+def metadata(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8:8 + n]).get("__metadata__", {})
+
+
+def rewrite(src, dst, change_tensors=None, change_meta=None, drop=()):
+    tensors = read_safetensors(src)
+    meta = metadata(src)
+    if change_tensors:
+        change_tensors(tensors)
+    if change_meta:
+        change_meta(meta)
+    write_safetensors(dst, [(k, v) for k, v in tensors.items() if k not in drop], meta)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    os.chdir(ROOT)
+    # replay every shipped case, with JUnit that a CI system reads
+    junit = os.path.join(tmp, "junit.xml")
+    rc, out = run("verify", "golden/", "--junit", junit, "-q")
+    check(rc == 0 and "0 failed, 0 stale" in out, f"golden/ replay: exit {rc}\n{out}")
+    x = subprocess.run(["xmllint", "--noout", "--schema", "tests/data/junit.xsd", junit], capture_output=True, text=True)
+    check(x.returncode == 0, f"JUnit does not validate: {x.stderr}")
+
+    # drift: one tensor just past tolerance (2x the allowed error of its first element)
+    case = os.path.join(tmp, "drift")
+    os.mkdir(case)
+    src = "golden/mlp_stacked_multi_wildcard.safetensors"
+
+    def push(t):
+        g = t["step0.grad.layers.1.net2.weight"]
+        e = g.flatten()[0].item()
+        g.view(-1)[0] = e + 2 * (1e-5 + 1.3e-6 * abs(e))
+    rewrite(src, os.path.join(case, "drifted.safetensors"), change_tensors=push)
+    rc, out = run("verify", case, "--junit", junit)
+    check(rc == 1 and "drifted.safetensors: FAIL" in out and "step0.grad.layers.1.net2.weight" in out,
+          f"drift not caught: exit {rc}\n{out}")
+    check("step0.grad.layers.1.net2.weight" in open(junit).read(), "JUnit failure names the tensor")
+
+    # stale: the embedded text edited (hash no longer matches), and the recorded model file changed since
+    stale = os.path.join(tmp, "stale")
+    os.mkdir(stale)
+    rewrite(src, os.path.join(stale, "edited.safetensors"),
+            change_meta=lambda m: m.update(model_yaml=m["model_yaml"].replace("lr: 0.25", "lr: 0.5")))
+    rc, out = run("verify", os.path.join(stale, "edited.safetensors"))
+    check(rc == 1 and "STALE" in out and "does not match its hash" in out, f"edited text: exit {rc}\n{out}")
+    model = os.path.join(tmp, "model.yaml")
+    shutil.copy("models/mlp.yaml", model)
+    rec = os.path.join(stale, "moved.safetensors")
+    rc, out = run("golden", "record", model, "plans/mlp_root_module.yaml", "-o", rec)
+    open(model, "a").write("# edited after recording\n")
+    rc, out = run("verify", rec)
+    check(rc == 1 and "STALE" in out and "changed since it was recorded" in out, f"changed model file: exit {rc}\n{out}")
+
+    # bitwise reproducible records; refusing to overwrite without --force
+    a, b = os.path.join(tmp, "a.safetensors"), os.path.join(tmp, "b.safetensors")
+    run("golden", "record", "models/gpt_block.yaml", "plans/gpt_block_tp.yaml", "-o", a)
+    run("golden", "record", "models/gpt_block.yaml", "plans/gpt_block_tp.yaml", "-o", b)
+    check(open(a, "rb").read() == open(b, "rb").read(), "two records of the same case differ")
+    rc, out = run("golden", "record", "models/gpt_block.yaml", "plans/gpt_block_tp.yaml", "-o", a)
+    check(rc == 2 and "use --force" in out, f"overwrite without --force: exit {rc}\n{out}")
+    rc, out = run("golden", "diff", a, b)
+    check(rc == 0 and "0 of" in out, f"golden diff of identical files: exit {rc}\n{out}")
+
+    # damaged files: exit 2 naming the file
+    good = open(src, "rb").read()
+    n = struct.unpack("<Q", good[:8])[0]
+    damaged = {
+        "truncated": good[:len(good) // 2],
+        "lying_header": struct.pack("<Q", n + 1000) + good[8:],
+        "wrong_dtype": good.replace(b'"F32"', b'"Q8"', 1),
+    }
+    for name, data in damaged.items():
+        path = os.path.join(tmp, name + ".safetensors")
+        open(path, "wb").write(data)
+        rc, out = run("verify", path)
+        check(rc == 2 and path in out, f"damaged {name}: exit {rc}\n{out}")
+    missing = os.path.join(tmp, "missing.safetensors")
+    rewrite(src, missing, drop=("step0.loss",))
+    rc, out = run("verify", missing)
+    check(rc == 2 and "step0.loss" in out, f"missing step0.loss: exit {rc}\n{out}")
+    broken = os.path.join(tmp, "broken.safetensors")
+    rewrite(src, broken, change_meta=lambda m: m.update(model_yaml="modules: [", model_hash=ptool_hash("modules: [")))
+    rc, out = run("verify", broken)
+    check(rc == 2 and "broken.safetensors[model_yaml]:" in out, f"model text that does not parse: exit {rc}\n{out}")
+
+    # an interrupted record: the old file stays whole, no temporary file is left
+    target = os.path.join(tmp, "slow.safetensors")
+    shutil.copy("golden/mlp_star.safetensors", target)
+    before = open(target, "rb").read()
+    for delay in (0.05, 0.3, 0.8):
+        p = subprocess.Popen([PTOOL, "golden", "record", "models/gemm_mlp.yaml", "plans/gemm_mlp_tp.yaml", "-o", target,
+                              "--force"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=60)
+        now = open(target, "rb").read()
+        complete = now == before or (p.returncode == 0 and len(now) > 8 and "model_yaml" in metadata(target))
+        check(complete, f"SIGTERM after {delay}s left a partial {target}")
+        check(not glob.glob(os.path.join(tmp, ".slow.safetensors.tmp-*")), f"SIGTERM after {delay}s left a temp file")
+        if now != before:
+            shutil.copy("golden/mlp_star.safetensors", target)
+
+    # --update re-records a case whose numbers moved (model and plan unchanged), and says what moved
+    upd = os.path.join(tmp, "update")
+    os.mkdir(upd)
+    rewrite(src, os.path.join(upd, "moved.safetensors"), change_tensors=push)
+    rc, out = run("verify", upd, "--update")
+    check(rc == 0 and "updated" in out and "moved: step0.grad.layers.1.net2.weight" in out, f"--update: exit {rc}\n{out}")
+    rc, out = run("verify", upd)
+    check(rc == 0 and "PASS" in out, f"after --update: exit {rc}\n{out}")
+
+    # a golden recorded by PyTorch itself
+    for model, plan in (("mlp", "mlp_root_module"), ("gpt_block", "gpt_block_tp")):
+        tg = os.path.join(tmp, f"torch_{model}.safetensors")
+        p = subprocess.run([sys.executable, "tools/torch_golden.py", f"models/{model}.yaml", f"plans/{plan}.yaml", "-o", tg],
+                           capture_output=True, text=True, timeout=300)
+        rc, out = run("verify", f"models/{model}.yaml", f"plans/{plan}.yaml", "--golden", tg)
+        check(p.returncode == 0 and rc == 0 and "reference vs golden: PASS" in out, f"torch golden {model}: exit {rc}\n{p.stderr}{out}")
+
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)

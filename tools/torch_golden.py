@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Record a ptool golden file from PyTorch itself.
+
+    /usr/bin/python3 tools/torch_golden.py models/mlp.yaml plans/mlp_root_module.yaml -o torch_mlp.safetensors
+    ptool verify models/mlp.yaml plans/mlp_root_module.yaml --golden torch_mlp.safetensors
+
+Builds the model YAML in PyTorch with PyTorch's own default init (torch.manual_seed(seed)) and
+data (torch.randn, torch.randint), trains the model's steps with torch.optim, and writes what
+ptool's golden format holds: init.param.*, init.buffer.*, data.*, step{k}.loss/output/grad.*/
+param.*/buffer.*, and the metadata (model and plan text with ptool's hashes, dtype, tolerance).
+ptool replays a golden from its recorded init and data, so the file checks ptool's reference and
+parallel runs against PyTorch's numbers. Needs Debian's python3-torch and python3-yaml only.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from torch_model import TOLERANCE, build_model, compute_loss, make_optimizer, ptool_hash, write_safetensors  # noqa: E402
+
+
+def batch_tensor(spec, dtype, classes=None):
+    if spec is None:
+        return None
+    if isinstance(spec, dict):  # {tokens: shape, vocab: n}
+        return torch.randint(0, spec["vocab"], spec["tokens"])
+    if classes is not None:
+        return torch.randint(0, classes, spec)
+    return torch.randn(spec, dtype=dtype)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("plan")
+    ap.add_argument("-o", "--output", required=True)
+    ap.add_argument("--steps", type=int, default=0)
+    args = ap.parse_args()
+    model_text, plan_text = open(args.model).read(), open(args.plan).read()
+    cfg = yaml.safe_load(model_text)
+    plan = yaml.safe_load(plan_text) or {}
+    torch.manual_seed(cfg.get("seed", 0))
+    model, dtype = build_model(cfg)
+    steps = args.steps or (plan.get("verify") or {}).get("steps") or cfg.get("steps", 1)
+    loss_kind = cfg.get("loss", "sum")
+    inp = batch_tensor(cfg["batch"]["input"], dtype)
+    with torch.no_grad():
+        out_shape = model(inp).shape
+    torch.manual_seed(cfg.get("seed", 0))  # the probe above changed nothing but BatchNorm's running stats
+    model, dtype = build_model(cfg)
+    target_spec = cfg["batch"].get("target")
+    if loss_kind == "cross_entropy":
+        target = batch_tensor(target_spec or list(out_shape[:-1]), dtype, classes=out_shape[-1])
+    elif loss_kind == "mse":
+        target = batch_tensor(target_spec or list(out_shape), dtype)
+    else:
+        target = None
+
+    tensors = [("init.param." + n, p.detach().clone()) for n, p in model.named_parameters()]
+    tensors += [("init.buffer." + n, b.detach().clone()) for n, b in model.named_buffers()]
+    tensors.append(("data.input", inp))
+    if target is not None:
+        tensors.append(("data.target", target))
+    opt = make_optimizer(cfg, list(model.parameters()))
+    model.train()
+    for step in range(steps):
+        if opt:
+            opt.zero_grad(set_to_none=False)
+        out = model(inp)
+        loss = compute_loss(loss_kind, out, target)
+        if loss.requires_grad:
+            loss.backward()
+        if opt:
+            opt.step()
+        s = f"step{step}."
+        tensors += [(s + "loss", loss.detach().clone()), (s + "output", out.detach().clone())]
+        tensors += [(s + "grad." + n, p.grad.detach().clone()) for n, p in model.named_parameters()]
+        tensors += [(s + "param." + n, p.detach().clone()) for n, p in model.named_parameters()]
+        tensors += [(s + "buffer." + n, b.detach().clone()) for n, b in model.named_buffers()]
+    rtol, atol = TOLERANCE[dtype]
+    metadata = {
+        "model_yaml": model_text, "plan_yaml": plan_text, "model_hash": ptool_hash(model_text),
+        "plan_hash": ptool_hash(plan_text), "model_path": args.model, "plan_path": args.plan,
+        "dtype": cfg.get("dtype", "float32"), "device": "cpu", "steps": str(steps), "rtol": f"{rtol:g}",
+        "atol": f"{atol:g}", "ptool_version": "none", "producer": f"PyTorch {torch.__version__}",
+    }
+    write_safetensors(args.output, tensors, metadata)
+    print(f"wrote {args.output}: {len(tensors)} tensors, {steps} steps of {args.model} from PyTorch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()
