@@ -98,8 +98,10 @@ int verify(const VerifyArgs& a, const Common& c) {
         if (plans.size() != 1) throw InputError("--golden compares one plan");
         GoldenCase g = load_golden(a.golden);
         CaseResult r = replay_case(g, in, plans[0], gopt, c);
-        for (const auto& d : r.directions)
+        for (const auto& d : r.directions) {
+            if (c.verbosity >= 0) fmt::print("{}:\n", d.plan_path), print_table(d, c.verbosity);
             fmt::print("{}: {} {}/{} tensors agree\n", d.plan_path, d.pass ? "PASS" : "FAIL", d.passed, d.passed + d.failed);
+        }
         if (!r.detail.empty()) fmt::print("  {}\n", r.detail);
         fmt::print("{}: {}\n", a.golden, r.verdict);
         return r.verdict == "PASS" ? 0 : 1;

@@ -28,22 +28,24 @@ static std::string num(double v) {
     return fmt::format("{:.2e}", v);
 }
 
+void print_table(const PlanReport& p, int verbosity) {
+    fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9} {:>8}  {}\n", "tensor", "max abs", "max rel", "ULP", "headroom", "replicas",
+               "verdict");
+    for (const TensorReport& t : p.tensors) {
+        if (verbosity == 0 && t.pass && p.tensors.size() > 60) continue;  // large models: failures only
+        fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9.3f} {:>8}  {}\n", t.name, num(t.diff.max_abs), num(t.diff.max_rel),
+                   t.diff.max_ulp, std::isinf(t.diff.headroom) ? 1e9 : t.diff.headroom, t.replicas,
+                   !t.diff.shape_ok ? "MISSING/SHAPE" : (t.pass ? "ok" : "MISMATCH"));
+    }
+}
+
 void print_report(const VerifyReport& report, const std::string& model_path, const Model& model, int verbosity) {
     for (const PlanReport& p : report.plans) {
         const int64_t steps = p.run.steps.empty() ? 1 : static_cast<int64_t>(p.run.steps.size());
         fmt::print("ptool verify {} {}: {} ranks ({}), {} step{}, {} rtol {:g} atol {:g}\n", model_path, p.plan_path,
                    p.run.world_size, p.run.backend, steps, steps == 1 ? "" : "s", dtype_name(model.dtype), p.tol.rtol,
                    p.tol.atol);
-        if (verbosity >= 0) {
-            fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9} {:>8}  {}\n", "tensor", "max abs", "max rel", "ULP", "headroom",
-                       "replicas", "verdict");
-            for (const TensorReport& t : p.tensors) {
-                if (verbosity == 0 && t.pass && p.tensors.size() > 60) continue;  // large models: failures only
-                fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9.3f} {:>8}  {}\n", t.name, num(t.diff.max_abs),
-                           num(t.diff.max_rel), t.diff.max_ulp, std::isinf(t.diff.headroom) ? 1e9 : t.diff.headroom,
-                           t.replicas, !t.diff.shape_ok ? "MISSING/SHAPE" : (t.pass ? "ok" : "MISMATCH"));
-            }
-        }
+        if (verbosity >= 0) print_table(p, verbosity);
         if (!p.localisation.empty()) fmt::print("  {}\n", p.localisation);
         fmt::print("{}: {} {}/{} tensors agree · reference {:.2f} ms, parallel {:.2f} ms · collectives per step: {}",
                    p.plan_path, p.pass ? "PASS" : "FAIL", p.passed, p.passed + p.failed, report.reference_seconds * 1e3,

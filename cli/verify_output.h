@@ -6,6 +6,7 @@
 
 namespace ptool::cli {
 
+void print_table(const PlanReport& p, int verbosity);  // tensor, errors, ULP, headroom, replicas, verdict
 void print_report(const VerifyReport& report, const std::string& model_path, const Model& model, int verbosity);
 void write_json_report(const VerifyReport& report, const std::string& model_path, const std::string& path);
 std::string format_bytes(int64_t bytes);
