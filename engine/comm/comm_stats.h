@@ -37,4 +37,22 @@ private:
     std::map<Key, CommTotals> by_key_;
 };
 
+// Pauses a counter (which may be null) for the scope: shape metadata and verification's own
+// gathers are not the plan's communication.
+class CountingPaused {
+public:
+    explicit CountingPaused(CommCounter* c) : c_(c), was_(c && c->paused()) {
+        if (c_) c_->set_paused(true);
+    }
+    ~CountingPaused() {
+        if (c_) c_->set_paused(was_);
+    }
+    CountingPaused(const CountingPaused&) = delete;
+    CountingPaused& operator=(const CountingPaused&) = delete;
+
+private:
+    CommCounter* c_;
+    bool was_;
+};
+
 }  // namespace ptool

@@ -17,6 +17,13 @@ protected:
     explicit StyleHooks(std::shared_ptr<TpState> s) : st_(std::move(s)) {}
     Communicator& comm() { return *st_->comm; }
     Shapes& top() { return saved_.back(); }
+    // A local output holding this rank's columns of a last dim of `full_last`, handed on as `out`.
+    Tensor from_last_dim_shard(const Tensor& y, int64_t full_last, const Placement& out) {
+        top().out_global = y.shape();
+        top().out_global.back() = full_last;
+        st_->act = out;
+        return redistribute(y, Placement::shard(-1), out, top().out_global, comm());
+    }
     std::shared_ptr<TpState> st_;
     std::vector<Shapes> saved_;
 };
@@ -33,10 +40,7 @@ public:
         return redistribute(x, in_, Placement::replicate(), top().in_global, comm());
     }
     Tensor post_forward(RunContext&, Module&, const Tensor& y) override {
-        top().out_global = y.shape();
-        top().out_global.back() = out_features_;
-        st_->act = out_;
-        return redistribute(y, Placement::shard(-1), out_, top().out_global, comm());
+        return from_last_dim_shard(y, out_features_, out_);
     }
     Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) override {
         Tensor d = redistribute_backward(dy, grad_placement_of(out_), Placement::shard(-1), top().out_global, comm());
@@ -174,12 +178,7 @@ public:
         saved_.push_back({});
         return ids;  // ids are replicated
     }
-    Tensor post_forward(RunContext&, Module&, const Tensor& y) override {
-        top().out_global = y.shape();
-        top().out_global.back() = dim_;
-        st_->act = out_;
-        return redistribute(y, Placement::shard(-1), out_, top().out_global, comm());
-    }
+    Tensor post_forward(RunContext&, Module&, const Tensor& y) override { return from_last_dim_shard(y, dim_, out_); }
     Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) override {
         Tensor d = redistribute_backward(dy, grad_placement_of(out_), Placement::shard(-1), top().out_global, comm());
         saved_.pop_back();  // ids have no gradient: pre_forward_backward never runs
@@ -271,10 +270,10 @@ Shape global_shape(const Tensor& local, const Placement& p, Communicator& comm) 
     const int64_t d = p.normalized(local.dim()).dim;
     Tensor mine = Tensor::scalar(static_cast<double>(local.size(d)), DType::int64).reshape({1});
     Tensor all({comm.size()}, DType::int64);
-    const bool was = comm.counter() && comm.counter()->paused();
-    if (comm.counter()) comm.counter()->set_paused(true);  // shape metadata, not the plan's traffic
-    comm.all_gather(mine, all);
-    if (comm.counter()) comm.counter()->set_paused(was);
+    {
+        CountingPaused pause(comm.counter().get());  // shape metadata, not the plan's traffic
+        comm.all_gather(mine, all);
+    }
     Shape g = local.shape();
     g[d] = 0;
     for (int r = 0; r < comm.size(); ++r) g[d] += static_cast<int64_t>(all.item(r));

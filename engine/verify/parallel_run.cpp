@@ -18,21 +18,6 @@ Model build_model(const VerifyInputs& in, bool init = true) {
     return m;
 }
 
-// Pauses a counter for verification's own gathers.
-class Uncounted {
-public:
-    explicit Uncounted(CommCounter* c) : c_(c), was_(c && c->paused()) {
-        if (c_) c_->set_paused(true);
-    }
-    ~Uncounted() {
-        if (c_) c_->set_paused(was_);
-    }
-
-private:
-    CommCounter* c_;
-    bool was_;
-};
-
 // Rank 0 learns whether every rank holds the same bytes of a replicated tensor.
 bool replicas_agree(const Tensor& t, Communicator& comm) {
     if (comm.size() == 1) return true;
@@ -88,7 +73,7 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
         RunContext ctx{&be, model.seed, step, true, {}};
         if (in.record_events)
             ctx.observer = [&](const Module& m, const char* phase, const Tensor& t) {
-                Uncounted pause(counter.get());
+                CountingPaused pause(counter.get());
                 const Placement p = std::string(phase) == "forward" ? st->act : st->grad;
                 Tensor full = full_tensor(t, p, global_shape(t, p, tp), tp);
                 if (rank0) sr.events.push_back({m.fqn(), phase, full.shares_storage(t) ? full.clone() : full});
@@ -106,7 +91,7 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
         optimizer.step(params);
         rec.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-        Uncounted pause(counter.get());
+        CountingPaused pause(counter.get());
         const std::string s = fmt::format("step{}.", step);
         auto record = [&](const std::string& name, const Tensor& local, const Placement& p) {
             Tensor full = full_tensor(local, p, global_shape(local, p, tp), tp);
