@@ -53,10 +53,12 @@ void lint_dataflow(const Model& model, const Resolution& res, const Plan& plan, 
         }
         if (!m.children().empty()) return;
         const bool last_dim_sharded = act.is_shard() && act.dim == -1;
-        if (last_dim_sharded && !kElementwise.count(m.type()))
+        if (last_dim_sharded && !kElementwise.count(m.type())) {
             warnings.push_back(fmt::format("{}{} outputs {} but '{}' ({}) needs whole rows: give it a style, or have "
                                            "{} output replicate",
                                            at(plan.tp_plan_where), producer, act.str(), fqn, m.type(), producer));
+            act = Placement::replicate();  // one finding per cause: what follows is judged as if it were fixed
+        }
         const bool rows_sharded = act.is_shard() && act.dim != -1;
         if (rows_sharded && !m.params().empty())
             warnings.push_back(fmt::format("{}'{}' ({}) gets {} activations from {}: each rank's gradients of its "
