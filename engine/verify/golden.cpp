@@ -78,7 +78,13 @@ GoldenCase load_golden(const std::string& path) {
         if (ss.str() != text) c.stale = fmt::format("{} changed since it was recorded (re-record with `ptool golden record`)", file);
     }
     bool has_step = false;
-    for (const auto& [name, t] : c.file.tensors) has_step = has_step || name.rfind("step0.loss", 0) == 0;
+    for (const auto& [name, t] : c.file.tensors) {
+        has_step = has_step || name == "step0.loss";
+        if (name.rfind("step", 0) != 0) continue;
+        const size_t dot = name.find('.');
+        if (dot == std::string::npos || dot == 4 || dot > 9 || name.find_first_not_of("0123456789", 4) != dot)
+            throw InputError(SourceLocation{path, 0, 0}, fmt::format("tensor '{}': a step key must read step{{k}}.NAME", name));
+    }
     if (!has_step) throw InputError(SourceLocation{path, 0, 0}, "golden file has no 'step0.loss' tensor");
     return c;
 }
