@@ -62,4 +62,8 @@ Model load_model(const std::string& path, const std::string& dtype_override = ""
 Model load_model_text(const std::string& text, const std::string& name, const std::string& dtype_override = "",
                       bool init = true);
 
+// Refuses models whose parameters would exceed this many bytes (InputError naming the total), checked
+// from the YAML before anything is allocated. 0: no limit (the default). The fuzzers set one.
+void set_model_byte_limit(int64_t bytes);
+
 }  // namespace ptool

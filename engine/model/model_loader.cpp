@@ -15,8 +15,18 @@ const std::vector<std::string> kModuleTypes = {
     "rms_norm",   "batch_norm", "embedding", "dropout",   "attention", "gated_mlp", "sequential",
     "repeat",     "residual",  "shared"};
 
+int64_t g_byte_limit = 0;
+
 struct Builder {
     DType dtype;
+    int64_t bytes = 0;  // parameters built so far
+
+    // Called before each parameterised module is built, with its parameter count.
+    void account(const YamlNode& where, int64_t params) {
+        bytes += params * static_cast<int64_t>(dtype_size(dtype));
+        if (g_byte_limit > 0 && bytes > g_byte_limit)
+            where.fail(fmt::format("the model's parameters reach {} bytes, over the limit of {}", bytes, g_byte_limit));
+    }
     std::map<std::string, std::shared_ptr<Module>> by_fqn;  // every module built so far
 
     std::shared_ptr<Module> lookup(YamlNode where, const std::string& fqn, const char* key) {
@@ -72,6 +82,7 @@ struct Builder {
         auto pos = [&](const char* key) { return m.at(key).as_positive_int(fmt::format("'{}'", key)); };
         if (type == "linear") {
             const int64_t in = pos("in"), out = pos("out");
+            account(m.node(), in > (int64_t{1} << 40) / out ? (int64_t{1} << 40) : in * out + out);
             ParamPtr tied;
             if (auto t = m.get("tie")) {
                 auto target = lookup(*t, t->as_string("'tie'"), "tie");
@@ -94,6 +105,8 @@ struct Builder {
                                                       approx == "tanh" ? Activation::gelu_tanh : Activation::gelu);
         }
         if (type == "identity") return std::make_shared<Identity>(name, where);
+        if (type == "layer_norm" || type == "rms_norm" || type == "batch_norm")
+            account(m.node(), 4 * pos(type == "batch_norm" ? "features" : "dim"));
         if (type == "layer_norm" || type == "rms_norm") {
             // nn.LayerNorm eps 1e-5; nn.RMSNorm eps=None means torch.finfo(dtype).eps
             const double default_eps = type == "layer_norm" ? 1e-5 : (dtype == DType::float64 ? DBL_EPSILON
@@ -107,7 +120,11 @@ struct Builder {
         if (type == "batch_norm")
             return std::make_shared<BatchNorm>(name, where, pos("features"), m.double_or("eps", 1e-5),
                                                m.double_or("momentum", 0.1), dtype);
-        if (type == "embedding") return std::make_shared<Embedding>(name, where, pos("vocab"), pos("dim"), dtype);
+        if (type == "embedding") {
+            const int64_t vocab = pos("vocab"), dim = pos("dim");
+            account(m.node(), vocab > (int64_t{1} << 40) / dim ? (int64_t{1} << 40) : vocab * dim);
+            return std::make_shared<Embedding>(name, where, vocab, dim, dtype);
+        }
         if (type == "dropout") {
             const double p = m.double_or("p", 0.5);
             if (!(p >= 0.0 && p < 1.0)) m.at("p").fail(fmt::format("dropout p must be in [0, 1), got {}", p));
@@ -115,9 +132,15 @@ struct Builder {
         }
         if (type == "attention") {
             const int64_t heads = pos("heads");
+            const int64_t adim = pos("dim");
+            account(m.node(), adim > (int64_t{1} << 19) ? (int64_t{1} << 40) : 4 * adim * (adim + 1));
             const int64_t kv = m.has("kv_heads") ? pos("kv_heads") : heads;
             return std::make_shared<Attention>(name, where, pos("dim"), heads, kv, m.bool_or("causal", false),
                                                m.bool_or("bias", true), dtype);
+        }
+        if (type == "gated_mlp") {
+            const int64_t gdim = pos("dim"), hidden = pos("hidden");
+            account(m.node(), gdim > (int64_t{1} << 40) / hidden ? (int64_t{1} << 40) : 3 * gdim * hidden);
         }
         if (type == "gated_mlp")
             return std::make_shared<GatedMlp>(name, where, pos("dim"), pos("hidden"),
@@ -133,7 +156,7 @@ struct Builder {
             const int64_t count = pos("count");
             if (count > 4096) m.at("count").fail("repeat count over 4096");
             auto list = std::make_shared<Sequential>("repeat", name, where);
-            for (int64_t i = 0; i < count; ++i) {
+            for (int64_t i = 0; i < count; ++i) {  // each copy's modules account for themselves
                 auto copy = std::make_shared<Sequential>("sequential", std::to_string(i), where);
                 const std::string cfqn = join_name(fqn, std::to_string(i));
                 copy->set_fqn(cfqn);
@@ -202,6 +225,8 @@ LossKind parse_loss(const YamlNode& node) {
 
 }  // namespace
 
+void set_model_byte_limit(int64_t bytes) { g_byte_limit = bytes; }
+
 const char* loss_name(LossKind k) {
     switch (k) {
         case LossKind::sum: return "sum";
@@ -236,7 +261,8 @@ Model load_model_text(const std::string& text, const std::string& path, const st
     if (auto l = m.get("loss")) model.loss = parse_loss(*l);
     if (auto o = m.get("optimizer")) model.optimizer = parse_optimizer(*o);
 
-    Builder b{model.dtype, {}};
+    Builder b{model.dtype, 0, {}};
+    b.account(batch.node(), numel_of(model.input.shape) + (model.target ? numel_of(model.target->shape) : 0));
     model.root = std::make_shared<Sequential>("sequential", "", root.where());
     b.children(m, *model.root, "");
     m.finish();

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Fuzzes the model YAML loader, the plan YAML loader and the safetensors reader with libFuzzer
+# (clang, ASan + UBSan), each for SECONDS (default 60), seeded with the shipped files.
+#   scripts/fuzz.sh [SECONDS]          CI runs it with 60; run longer by hand, e.g. scripts/fuzz.sh 600
+# Findings (crash-*, oom-*, timeout-*) land in build-fuzz/findings/ and fail the script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+command -v clang++ >/dev/null || { scripts/setup.sh; sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo; $sudo apt-get install -y -qq clang >/dev/null; }
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DPTOOL_FUZZ=ON -DPTOOL_WITH_CUDA=OFF -DBUILD_TESTING=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_model_yaml fuzz_plan_yaml fuzz_safetensors >/dev/null
+mkdir -p build-fuzz/findings
+status=0
+for h in fuzz_model_yaml:models fuzz_plan_yaml:plans fuzz_safetensors:golden; do
+    name=${h%%:*}
+    corpus=build-fuzz/corpus/$name
+    mkdir -p "$corpus"
+    cp -n "${h#*:}"/* "$corpus"/ 2>/dev/null || true
+    echo "fuzz: $name for ${seconds}s"
+    if ! ./build-fuzz/tests/fuzz/$name "$corpus" -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 \
+        -timeout=10 -artifact_prefix=build-fuzz/findings/"$name"- -print_final_stats=1 2>build-fuzz/$name.log; then
+        status=1
+        tail -30 build-fuzz/$name.log
+    fi
+    grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|cov:" build-fuzz/$name.log | tail -3
+done
+exit $status
