@@ -12,6 +12,8 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -DPTOOL_FUZZ=ON -DPTOOL_WITH_CUDA=
 cmake --build build-fuzz -j"$(nproc)" --target fuzz_model_yaml fuzz_plan_yaml fuzz_safetensors >/dev/null
 mkdir -p build-fuzz/findings
 status=0
+passes=0
+failures=0
 for h in fuzz_model_yaml:models fuzz_plan_yaml:plans fuzz_safetensors:golden; do
     name=${h%%:*}
     corpus=build-fuzz/corpus/$name
@@ -21,8 +23,12 @@ for h in fuzz_model_yaml:models fuzz_plan_yaml:plans fuzz_safetensors:golden; do
     if ! ./build-fuzz/tests/fuzz/$name "$corpus" -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 \
         -timeout=10 -artifact_prefix=build-fuzz/findings/"$name"- -print_final_stats=1 2>build-fuzz/$name.log; then
         status=1
+        failures=$((failures + 1))
         tail -30 build-fuzz/$name.log
+    else
+        passes=$((passes + 1))
     fi
     grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|cov:" build-fuzz/$name.log | tail -3
 done
+echo "fuzz: $passes passed, $failures failed"
 exit $status
