@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/verify_output.h"
+#include "model/batch.h"
 
 namespace ptool::cli {
 namespace {
@@ -17,8 +18,7 @@ void golden_inputs(const TensorFile& g, TensorFile& init, TensorFile& data) {
         if (name.rfind("init.param.", 0) == 0) init.add(name.substr(11), t);
         else if (name.rfind("init.buffer.", 0) == 0) init.add(name.substr(12), t);
         else if (name == "data.input" || name == "data.target") data.add(name.substr(5), t);
-        else if (name.rfind("step", 0) == 0 && (name.size() > 6 && (name.substr(name.find('.') + 1) == "input" ||
-                                                                     name.substr(name.find('.') + 1) == "target")))
+        else if (auto key = parse_step_key(name); key && (key->rest == "input" || key->rest == "target"))
             data.add(name, t);
     }
 }

@@ -7,6 +7,14 @@
 
 namespace ptool {
 
+std::optional<StepKey> parse_step_key(const std::string& name) {
+    const size_t dot = name.find('.');
+    if (name.rfind("step", 0) != 0 || dot == std::string::npos || dot == 4 || dot > 9 ||
+        name.find_first_not_of("0123456789", 4) != dot || dot + 1 == name.size())
+        return std::nullopt;
+    return StepKey{std::stoll(name.substr(4, dot - 4)), name.substr(dot + 1)};
+}
+
 Tensor generate_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, const std::string& what) {
     CounterRng rng(seed, stream_id("data", what));
     Tensor t(spec.shape, spec.ids ? DType::int64 : float_dtype);
@@ -24,12 +32,9 @@ DataSource::DataSource(const Model& model, const TensorFile* data_file, std::str
     int64_t last_step = model.steps - 1;
     for (const auto& [name, t] : file_->tensors) {
         bool ok = name == "input" || name == "target";
-        if (name.rfind("step", 0) == 0) {
-            size_t dot = name.find('.');
-            std::string suffix = dot == std::string::npos ? "" : name.substr(dot + 1);
-            ok = dot != std::string::npos && dot > 4 && (suffix == "input" || suffix == "target") &&
-                 name.find_first_not_of("0123456789", 4) == dot && dot - 4 <= 5;  // k < 100000
-            if (ok) last_step = std::max<int64_t>(last_step, std::stoll(name.substr(4, dot - 4)));
+        if (auto key = parse_step_key(name); key && (key->rest == "input" || key->rest == "target")) {
+            ok = true;
+            last_step = std::max(last_step, key->step);
         }
         if (!ok)
             throw InputError(SourceLocation{path_, 0, 0},

@@ -7,6 +7,8 @@
 // converted to the model's dtype. --init loads a PyTorch state_dict (strict, as load_state_dict).
 #pragma once
 
+#include <optional>
+
 #include "core/safetensors.h"
 #include "model/model.h"
 
@@ -30,6 +32,15 @@ private:
     std::string path_;
     Tensor gen_input_, gen_target_;
 };
+
+// A golden-format per-step key, "step{k}.NAME" with k < 100000: the step and NAME ("loss",
+// "grad.net1.weight", "input"). nullopt for anything else ("step", "stepX.loss", "step1").
+struct StepKey {
+    int64_t step;
+    std::string rest;
+    std::string kind() const { return rest.substr(0, rest.find('.')); }  // "grad" of "grad.net1.weight"
+};
+std::optional<StepKey> parse_step_key(const std::string& name);
 
 Tensor generate_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, const std::string& what);
 

@@ -33,7 +33,7 @@ std::vector<std::pair<std::string, ParamPtr>> Model::state_dict() const {
 }
 
 void Model::init_params() {
-    for_each_module(*root, [&](const std::string&, Module& m) { m.init_params(seed); });
+    init_params_except([](const Module&) { return false; });
 }
 
 void Model::init_params_except(const std::function<bool(const Module&)>& skip) {

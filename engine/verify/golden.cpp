@@ -80,9 +80,7 @@ GoldenCase load_golden(const std::string& path) {
     bool has_step = false;
     for (const auto& [name, t] : c.file.tensors) {
         has_step = has_step || name == "step0.loss";
-        if (name.rfind("step", 0) != 0) continue;
-        const size_t dot = name.find('.');
-        if (dot == std::string::npos || dot == 4 || dot > 9 || name.find_first_not_of("0123456789", 4) != dot)
+        if (name.rfind("step", 0) == 0 && !parse_step_key(name))
             throw InputError(SourceLocation{path, 0, 0}, fmt::format("tensor '{}': a step key must read step{{k}}.NAME", name));
     }
     if (!has_step) throw InputError(SourceLocation{path, 0, 0}, "golden file has no 'step0.loss' tensor");
@@ -95,11 +93,9 @@ PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, c
     rep.plan_path = label;
     rep.tol = tol;
     for (const auto& [name, expected] : golden.tensors) {
-        if (name.rfind("step", 0) != 0) continue;
-        const size_t dot = name.find('.');
-        const std::string kind = name.substr(dot + 1, name.find('.', dot + 1) - dot - 1);
-        if (kind == "input" || kind == "target") continue;
-        const int64_t step = std::stoll(name.substr(4, dot - 4));
+        const auto key = parse_step_key(name);  // validated by load_golden
+        if (!key || key->kind() == "input" || key->kind() == "target") continue;
+        const int64_t step = key->step;
         const Tensor* actual = nullptr;
         if (step < static_cast<int64_t>(run.steps.size()))
             for (const auto& [n, t] : run.steps[step].tensors)

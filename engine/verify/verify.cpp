@@ -5,7 +5,9 @@
 #include <cstdlib>
 
 #include "comm/comm_threads.h"
+#include "model/batch.h"
 #include "model/model.h"
+#include "parallel/parallelize.h"
 
 namespace ptool {
 namespace {
@@ -36,6 +38,17 @@ std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance
     return "";
 }
 
+// Compares one plan's run with the reference and adds it to the report.
+void add_plan(VerifyReport& report, RunRecord reference, RunRecord parallel, const Plan& plan, const Resolution& res,
+              const Tolerance& tol) {
+    PlanReport rep = compare_runs(reference, parallel, plan, tol);
+    rep.warnings = res.warnings;
+    rep.run = std::move(parallel);
+    report.pass = report.pass && rep.pass;
+    report.plans.push_back(std::move(rep));
+    report.reference = std::move(reference);
+}
+
 }  // namespace
 
 int64_t steps_for(const VerifyInputs& in, const Plan& plan, const VerifyOptions& opt, int64_t model_steps) {
@@ -60,7 +73,7 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
     for (size_t s = 0; s < reference.steps.size() && s < parallel.steps.size(); ++s) {
         const StepRecord &r = reference.steps[s], &p = parallel.steps[s];
         for (const auto& [name, expected] : r.tensors) {
-            const std::string kind = name.substr(name.find('.') + 1, name.find('.', name.find('.') + 1) - name.find('.') - 1);
+            const std::string kind = parse_step_key(name)->kind();  // names this file's runners made
             if (!plan.compares(kind) && kind != "buffer") continue;
             const Tensor* actual = nullptr;
             for (const auto& [pn, pt] : p.tensors)
@@ -104,12 +117,7 @@ VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& 
         RunRecord par;
         run_rank_threads(plan.world_size(), opt.comm,
                          [&](Communicator& world) { run_parallel_rank(world, job, plan, fault, &par); });
-        PlanReport rep = compare_runs(references[job.steps], par, plan, tolerance_for(plan, opt, probe.dtype));
-        rep.warnings = res.warnings;
-        rep.run = std::move(par);
-        report.pass = report.pass && rep.pass;
-        report.plans.push_back(std::move(rep));
-        report.reference = references[job.steps];
+        add_plan(report, references[job.steps], std::move(par), plan, res, tolerance_for(plan, opt, probe.dtype));
     }
     return report;
 }
@@ -133,12 +141,7 @@ VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const 
         if (world.rank() != 0) continue;
         RunRecord ref = run_reference_record(job);
         report.reference_seconds += ref.seconds;
-        PlanReport rep = compare_runs(ref, par, plan, tolerance_for(plan, opt, probe.dtype));
-        rep.warnings = res.warnings;
-        rep.run = std::move(par);
-        report.pass = report.pass && rep.pass;
-        report.plans.push_back(std::move(rep));
-        report.reference = std::move(ref);
+        add_plan(report, std::move(ref), std::move(par), plan, res, tolerance_for(plan, opt, probe.dtype));
     }
     return report;
 }
