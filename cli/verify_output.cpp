@@ -35,7 +35,7 @@ void print_table(const PlanReport& p, int verbosity) {
         if (verbosity == 0 && t.pass && p.tensors.size() > 60) continue;  // large models: failures only
         fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9.3f} {:>8}  {}\n", t.name, num(t.diff.max_abs), num(t.diff.max_rel),
                    t.diff.max_ulp, std::isinf(t.diff.headroom) ? 1e9 : t.diff.headroom, t.replicas,
-                   !t.diff.shape_ok ? "MISSING/SHAPE" : (t.pass ? "ok" : "MISMATCH"));
+                   !t.diff.shape_ok ? "MISSING/SHAPE" : t.replicas == "ignored" ? "ignored" : (t.pass ? "ok" : "MISMATCH"));
     }
 }
 
@@ -46,6 +46,13 @@ void print_report(const VerifyReport& report, const std::string& model_path, con
                    p.run.world_size, p.run.backend, steps, steps == 1 ? "" : "s", dtype_name(model.dtype), p.tol.rtol,
                    p.tol.atol);
         if (verbosity >= 0) print_table(p, verbosity);
+        for (const std::string& n : p.notes) fmt::print("  {}\n", n);
+        if (p.run.dp_buckets) {
+            const int64_t ar = p.run.step_counts.by_op().count("all_reduce") ? p.run.step_counts.by_op().at("all_reduce").bytes / steps : 0;
+            fmt::print("  data parallel: {} bucket{}, gradient all_reduce {} per step for {} of gradients, bucket copies {} per step\n",
+                       p.run.dp_buckets, p.run.dp_buckets == 1 ? "" : "s", format_bytes(ar), format_bytes(p.run.grad_bytes),
+                       format_bytes(p.run.bucket_copy_bytes));
+        }
         if (!p.localisation.empty()) fmt::print("  {}\n", p.localisation);
         fmt::print("{}: {} {}/{} tensors agree · reference {:.2f} ms, parallel {:.2f} ms · collectives per step: {}",
                    p.plan_path, p.pass ? "PASS" : "FAIL", p.passed, p.passed + p.failed, report.reference_seconds * 1e3,
@@ -87,6 +94,9 @@ void write_json_report(const VerifyReport& report, const std::string& model_path
         jp["atol"] = p.tol.atol;
         jp["warnings"] = p.warnings;
         jp["localisation"] = p.localisation;
+        jp["notes"] = p.notes;
+        jp["data_parallel"] = {{"buckets", p.run.dp_buckets}, {"gradient_bytes", p.run.grad_bytes},
+                               {"bucket_copy_bytes", p.run.bucket_copy_bytes}};
         jp["collectives"] = {{"start", counts_json(p.run.init_counts)}, {"steps", counts_json(p.run.step_counts)}};
         jp["tensors"] = nlohmann::json::array();
         for (const TensorReport& t : p.tensors)

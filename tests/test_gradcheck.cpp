@@ -13,7 +13,7 @@ namespace {
 double run_loss(Model& m, const Batch& b, Tensor* dx) {
     Backend& be = backend_for(Device::cpu);
     for (const auto& [n, p] : m.named_parameters()) be.fill(p->grad, 0.0);
-    RunContext ctx{&be, m.seed, 0, true, {}};
+    RunContext ctx{&be, m.seed, 0, true, 0, {}};
     Tensor out = m.root->forward(ctx, b.input);
     LossResult l = compute_loss(be, m.loss, out, b.target);
     Tensor d = m.root->backward(ctx, l.grad);

@@ -135,7 +135,7 @@ BAD_PLANS = [  # plan text, message fragments (the first is file:line:column)
     ("mesh: {tp: 4}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n    net1: {style: prepare_input, input_layouts: replicate}\n",
      [":5:", "needs input_layouts and desired_input_layouts"]),
     ("mesh: {tp: 4}\nverify: {compare: [output, gradient]}\n", [":2:", "unknown compare entry 'gradient' (valid: output, loss, grad, param)"]),
-    ("mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp}\n", [":2:", "data_parallel is not implemented yet"]),
+    ("mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicat}\n", [":2:", "unknown mode 'replicat'", "did you mean 'replicate'"]),
     ("mesh: [4]\n", [":1:", "'mesh' must be a map"]),
     ("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n    net1: sequence_parallel\n",
      [":5:5:", "'net1' matches 'net1', a linear: sequence_parallel applies to layer_norm, rms_norm and dropout"]),

@@ -31,7 +31,8 @@ Tensor Dropout::forward_impl(RunContext& ctx, const Tensor& x) {
         save({});
         return x;
     }
-    Tensor m = mask(ctx, x.shape(), x.dtype());
+    const int64_t row = x.dim() > 0 && x.size(0) > 0 ? x.numel() / x.size(0) : 0;
+    Tensor m = mask(ctx, x.shape(), x.dtype(), ctx.row_offset * row);  // the reference's mask for these rows
     Tensor y = empty_like(x);
     ctx.backend->mul(x, m, y);
     save({m});

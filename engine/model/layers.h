@@ -2,6 +2,7 @@
 // Each mirrors its torch.nn counterpart: parameter names, shapes ([out, in] weights) and default init.
 #pragma once
 
+#include "comm/communicator.h"
 #include "model/module.h"
 
 namespace ptool {
@@ -83,6 +84,12 @@ public:
               DType dtype);
     Shape output_shape(const Shape& in) const override;
     void init_params(uint64_t seed) override;
+    // SyncBatchNorm: statistics over the batch of every rank of `group` (data parallel). Forward
+    // all_gathers each rank's per-channel mean and variance, backward all_reduces sum(dy) and
+    // sum(dy * xhat), as torch.nn.SyncBatchNorm. The parameters' own gradients stay local (DDP
+    // averages them). nullptr: local statistics.
+    void set_sync_group(Communicator* group) { sync_ = group; }
+    bool synced() const { return sync_ != nullptr; }
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -91,6 +98,7 @@ protected:
 private:
     int64_t features_;
     double eps_, momentum_;
+    Communicator* sync_ = nullptr;
 };
 
 // nn.Embedding: ids [...] -> [..., dim]; weight [num, dim] ~ N(0, 1).

@@ -14,8 +14,42 @@ Tensor Module::forward(RunContext& ctx, const Tensor& x) {
 Tensor Module::backward(RunContext& ctx, const Tensor& dy) {
     Tensor dx = hooks_ ? backward_impl(ctx, hooks_->post_forward_backward(ctx, *this, dy)) : backward_impl(ctx, dy);
     if (hooks_ && dx.defined()) dx = hooks_->pre_forward_backward(ctx, *this, dx);
+    if (hooks_) hooks_->post_backward(ctx, *this);
     if (ctx.observer && dx.defined()) ctx.observer(*this, "backward", dx);
     return dx;
+}
+
+namespace {
+
+class ChainedHooks : public ModuleHooks {
+public:
+    ChainedHooks(std::shared_ptr<ModuleHooks> outer, std::shared_ptr<ModuleHooks> inner)
+        : outer_(std::move(outer)), inner_(std::move(inner)) {}
+    Tensor pre_forward(RunContext& c, Module& m, const Tensor& x) override {
+        return inner_->pre_forward(c, m, outer_->pre_forward(c, m, x));
+    }
+    Tensor post_forward(RunContext& c, Module& m, const Tensor& y) override {
+        return outer_->post_forward(c, m, inner_->post_forward(c, m, y));
+    }
+    Tensor post_forward_backward(RunContext& c, Module& m, const Tensor& dy) override {
+        return inner_->post_forward_backward(c, m, outer_->post_forward_backward(c, m, dy));
+    }
+    Tensor pre_forward_backward(RunContext& c, Module& m, const Tensor& dx) override {
+        return outer_->pre_forward_backward(c, m, inner_->pre_forward_backward(c, m, dx));
+    }
+    void post_backward(RunContext& c, Module& m) override {
+        inner_->post_backward(c, m);
+        outer_->post_backward(c, m);
+    }
+
+private:
+    std::shared_ptr<ModuleHooks> outer_, inner_;
+};
+
+}  // namespace
+
+void Module::add_outer_hooks(std::shared_ptr<ModuleHooks> outer) {
+    hooks_ = hooks_ ? std::make_shared<ChainedHooks>(std::move(outer), std::move(hooks_)) : std::move(outer);
 }
 
 std::vector<Tensor> Module::restore() {

@@ -33,6 +33,7 @@ struct RunContext {
     uint64_t seed = 0;
     int64_t step = 0;
     bool training = true;
+    int64_t row_offset = 0;  // global row of this rank's first batch row (data parallel): dropout's mask index
     // Called after each module's forward (output) and backward (input gradient), for divergence
     // localisation; may be empty.
     std::function<void(const class Module&, const char* phase, const Tensor&)> observer;
@@ -48,6 +49,9 @@ public:
     virtual Tensor post_forward(RunContext&, Module&, const Tensor& y) { return y; }
     virtual Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) { return dy; }
     virtual Tensor pre_forward_backward(RunContext&, Module&, const Tensor& dx) { return dx; }
+    // The module's backward is done (its parameters' gradients are complete), also when it has no
+    // input gradient (embeddings): fully_shard's reduce_scatter.
+    virtual void post_backward(RunContext&, Module&) {}
 };
 
 class Module {
@@ -88,6 +92,9 @@ public:
 
     size_t saved_depth() const { return saved_.size(); }
     void set_hooks(std::shared_ptr<ModuleHooks> hooks) { hooks_ = std::move(hooks); }
+    // Wraps the hooks the module has (tensor parallel's) in outer ones (fully_shard's): the outer
+    // pre_forward runs first and its post_forward last, and their adjoints the other way round.
+    void add_outer_hooks(std::shared_ptr<ModuleHooks> outer);
     ModuleHooks* hooks() const { return hooks_.get(); }
 
 protected:

@@ -77,7 +77,27 @@ Tensor BatchNorm::forward_impl(RunContext& ctx, const Tensor& x) {
     const DType sd = stat_dtype(x.dtype());
     Tensor mean({features_}, sd), var({features_}, sd), rstd({features_}, sd);
     ctx.backend->channel_moments(x, mean, var);
-    const double n = static_cast<double>(x.size(0));
+    double n = static_cast<double>(x.size(0));
+    if (sync_ && sync_->size() > 1) {
+        // every rank's [mean, var] (equal batch sizes: data parallel splits evenly), combined in
+        // rank order in double: mean = avg(mean_r), var = avg(var_r + (mean_r - mean)^2)
+        const int world = sync_->size();
+        Tensor local({1, 2 * features_}, sd), all({world, 2 * features_}, sd);
+        for (int64_t c = 0; c < features_; ++c) local.set(c, mean.item(c)), local.set(features_ + c, var.item(c));
+        sync_->all_gather(local, all);
+        for (int64_t c = 0; c < features_; ++c) {
+            double m = 0, v = 0;
+            for (int r = 0; r < world; ++r) m += all.item(r * 2 * features_ + c);
+            m /= world;
+            for (int r = 0; r < world; ++r) {
+                const double d = all.item(r * 2 * features_ + c) - m;
+                v += all.item(r * 2 * features_ + features_ + c) + d * d;
+            }
+            mean.set(c, m);
+            var.set(c, v / world);
+        }
+        n *= world;
+    }
     Tensor& running_mean = buffers()[0].param->value;
     Tensor& running_var = buffers()[1].param->value;
     for (int64_t c = 0; c < features_; ++c) {
@@ -104,9 +124,17 @@ Tensor BatchNorm::backward_impl(RunContext& ctx, const Tensor& dy) {
         w->grad.set(c, w->grad.item(c) + sum_dy_xhat.item(c));
         b->grad.set(c, b->grad.item(c) + sum_dy.item(c));
     }
+    double count = static_cast<double>(dy.size(0));
+    if (sync_ && sync_->size() > 1) {  // the input gradient needs the sums over the global batch
+        Tensor sums({2 * features_}, sd);
+        for (int64_t c = 0; c < features_; ++c) sums.set(c, sum_dy.item(c)), sums.set(features_ + c, sum_dy_xhat.item(c));
+        sync_->all_reduce(sums, ReduceOp::sum);
+        sum_dy = sums.narrow(0, 0, features_).clone();
+        sum_dy_xhat = sums.narrow(0, features_, features_).clone();
+        count *= sync_->size();
+    }
     Tensor dx = empty_like(dy);
-    ctx.backend->batch_norm_backward_input(s[0], s[1], s[2], w->value, dy, sum_dy, sum_dy_xhat,
-                                           static_cast<double>(dy.size(0)), dx);
+    ctx.backend->batch_norm_backward_input(s[0], s[1], s[2], w->value, dy, sum_dy, sum_dy_xhat, count, dx);
     return dx;
 }
 

@@ -75,9 +75,16 @@ void lint_dataflow(const Model& model, const Resolution& res, const Plan& plan, 
 
 }  // namespace
 
+static void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& res);
+
 Resolution resolve_plan(const Model& model, const Plan& plan) {
     Resolution res;
-    if (!plan.has_tensor_parallel) return res;
+    res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
+    if (plan.has_tensor_parallel) resolve_tensor_parallel(model, plan, res);
+    return res;
+}
+
+static void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& res) {
     if (plan.tp_plan.empty()) res.warnings.push_back(at(plan.tp_plan_where) + "the tensor_parallel plan is empty: nothing is parallelized");
     std::map<const Module*, const PlanEntry*> owner;
     int tp = 1;
@@ -151,7 +158,6 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
         m = m->children().empty() ? nullptr : m->children()[0].second.get();
     }
     lint_dataflow(model, res, plan, res.warnings);
-    return res;
 }
 
 bool shards_parameters(const Resolution& res, const Module& m) {
@@ -178,7 +184,11 @@ void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMe
             return;
         }
         Tensor full = p->value;
-        if (plan.src_data_rank) comm.broadcast(full, *plan.src_data_rank);  // rank k's weights are the source
+        if (plan.src_data_rank) {  // rank k's weights are the source; the others' must not matter
+            const int src = state->fault.hits("wrong_src_rank", fqn) ? (*plan.src_data_rank + 1) % n : *plan.src_data_rank;
+            if (r != *plan.src_data_rank) poison_replica(full, r);
+            comm.broadcast(full, src);
+        }
         int index = r;
         if (state->fault.hits("wrong_shard_offset", fqn)) index = (r + 1) % n;
         Tensor local = chunk(full, n, index, dim);
@@ -206,7 +216,11 @@ void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMe
             if (auto b = rs.module->param("bias")) {
                 if (s == "colwise") shard_param(rs.fqn, b, 0, lin, "bias");
                 else if (build_own_shards) lin.init_shard(model.seed, "bias", b->value, -1, 0);  // Replicate
-                else if (plan.src_data_rank) comm.broadcast(b->value, *plan.src_data_rank);
+                else if (plan.src_data_rank) {
+                    if (r != *plan.src_data_rank) poison_replica(b->value, r);
+                    comm.broadcast(b->value, state->fault.hits("wrong_src_rank", rs.fqn) ? (*plan.src_data_rank + 1) % n
+                                                                                         : *plan.src_data_rank);
+                }
             }
         }
         rs.module->set_hooks(make_style_hooks(rs.entry->style, *rs.module, state));

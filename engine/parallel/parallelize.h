@@ -3,6 +3,7 @@
 // parameters and install their style hooks.
 #pragma once
 
+#include "parallel/data_parallel.h"
 #include "parallel/tp_styles.h"
 
 namespace ptool {
@@ -17,6 +18,10 @@ struct Resolution {
     std::vector<ResolvedStyle> styles;     // in forward registration order
     std::vector<std::string> warnings;     // "plan.yaml:6:3: pattern 'x' matched no module", ...
     Placement input_placement;             // how the model input reaches the ranks
+    DataParallelResolution dp;             // the data_parallel section, resolved
+    // Findings that make a mismatch with the reference expected, shown with a failing verdict as
+    // its cause ("loss: sum under data parallel ...", BatchNorm with local statistics).
+    std::vector<std::string> causes;
 };
 
 // Errors (exit 2) for styles on modules they cannot apply to, overlapping patterns, tied weights

@@ -63,12 +63,67 @@ StyleSpec parse_style(const YamlNode& node, const std::string& pattern) {
     return s;
 }
 
+std::vector<std::string> string_list(const YamlNode& node, const char* what) {
+    std::vector<std::string> out;
+    for (const YamlNode& item : node.items(fmt::format("'{}'", what))) out.push_back(item.as_string(fmt::format("an entry of '{}'", what)));
+    return out;
+}
+
+DataParallelSpec parse_data_parallel(const YamlNode& node, const Plan& plan, const std::set<std::string>& names) {
+    YamlMap d(node, "'data_parallel'");
+    DataParallelSpec s;
+    s.where = node.where();
+    YamlNode dim = d.at("mesh_dim");
+    s.mesh_dim = dim.as_string("'mesh_dim'");
+    if (!names.count(s.mesh_dim))
+        dim.fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", s.mesh_dim,
+                             did_you_mean(s.mesh_dim, std::vector<std::string>(names.begin(), names.end()))));
+    if (plan.has_tensor_parallel && plan.tp_mesh_dim == s.mesh_dim)
+        dim.fail(fmt::format("data_parallel and tensor_parallel both use mesh dim '{}': give each its own dim, e.g. "
+                             "mesh: {{dp: 2, tp: 2}}", s.mesh_dim));
+    if (auto mode = d.get("mode")) {
+        s.mode = mode->as_string("'mode'");
+        const std::vector<std::string> modes = {"replicate", "fully_shard"};
+        if (std::find(modes.begin(), modes.end(), s.mode) == modes.end())
+            mode->fail(fmt::format("unknown mode '{}'{} (valid: replicate, fully_shard)", s.mode, did_you_mean(s.mode, modes)));
+    }
+    if (auto v = d.get("modules")) {
+        s.modules = string_list(*v, "modules");
+        s.modules_where = v->where();
+        if (s.modules.empty()) v->fail("'modules' is empty: name the modules to replicate, or leave it out for the root");
+        if (s.mode == "fully_shard") v->fail("'modules' names replicate() roots; in mode fully_shard list units under 'fully_shard'");
+    }
+    if (auto v = d.get("fully_shard")) {
+        s.fully_shard = string_list(*v, "fully_shard");
+        s.fully_shard_where = v->where();
+    }
+    if (auto v = d.get("bucket_cap_mb")) {
+        s.bucket_cap_mb = v->as_double("'bucket_cap_mb'");
+        if (!(s.bucket_cap_mb > 0) || s.bucket_cap_mb > 1e6) v->fail(fmt::format("bucket_cap_mb {} must be in (0, 1e6]", s.bucket_cap_mb));
+    }
+    s.gradient_as_bucket_view = d.bool_or("gradient_as_bucket_view", false);
+    if (auto v = d.get("ignored_modules")) {
+        s.ignored_modules = string_list(*v, "ignored_modules");
+        s.ignored_where = v->where();
+    }
+    s.broadcast_buffers = d.bool_or("broadcast_buffers", true);
+    s.sync_batch_norm = d.bool_or("sync_batch_norm", false);
+    d.finish();
+    return s;
+}
+
 }  // namespace
 
 int Plan::world_size() const {
     int n = 1;
     for (const auto& d : mesh) n *= d.size;
     return n;
+}
+
+int Plan::dim_size(const std::string& name) const {
+    for (const auto& d : mesh)
+        if (d.name == name) return d.size;
+    return 1;
 }
 
 bool Plan::compares(const std::string& what) const {
@@ -142,8 +197,7 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
             }
         t.finish();
     }
-    if (auto dp = m.get("data_parallel"))
-        dp->fail("data_parallel is not implemented yet: this version verifies tensor-parallel plans");
+    if (auto dp = m.get("data_parallel")) plan.data_parallel = parse_data_parallel(*dp, plan, names);
     if (auto v = m.get("verify")) {
         YamlMap vm(*v, "'verify'");
         if (vm.has("steps")) plan.verify.steps = vm.at("steps").as_positive_int("'steps'");

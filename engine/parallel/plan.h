@@ -8,6 +8,16 @@
 //     plan:
 //       "layers.*.net1": colwise
 //       "layers.*.net2": {style: rowwise, output_layouts: shard(0)}
+//   data_parallel:
+//     mesh_dim: dp
+//     mode: replicate          # replicate (DDP) | fully_shard (FSDP2: the root is a unit)
+//     modules: [""]            # replicate() these modules, each its own DDP with its own buckets
+//     fully_shard: [linears.*] # fully_shard() units (patterns), in either mode
+//     bucket_cap_mb: 25
+//     gradient_as_bucket_view: false
+//     ignored_modules: [fc1]
+//     broadcast_buffers: true
+//     sync_batch_norm: false
 //   verify: {steps: 2, compare: [output, loss, grad, param], tolerance: {rtol: 1.3e-6, atol: 1e-5}}
 #pragma once
 
@@ -33,6 +43,20 @@ struct PlanEntry {
     SourceLocation where;  // the pattern's key
 };
 
+// data_parallel: DDP's replicate() and FSDP2's fully_shard() on one mesh dim (DESIGN §5).
+struct DataParallelSpec {
+    std::string mesh_dim;
+    std::string mode = "replicate";           // replicate | fully_shard
+    std::vector<std::string> modules = {""};  // replicate() roots (exact FQNs)
+    std::vector<std::string> fully_shard;     // fully_shard() units: FQN patterns
+    double bucket_cap_mb = 25;
+    bool gradient_as_bucket_view = false;
+    std::vector<std::string> ignored_modules;  // exact FQNs
+    bool broadcast_buffers = true;
+    bool sync_batch_norm = false;
+    SourceLocation where, modules_where, fully_shard_where, ignored_where;
+};
+
 struct VerifySpec {
     int64_t steps = 0;  // 0: the model's
     std::vector<std::string> compare = {"output", "loss", "grad", "param"};
@@ -48,9 +72,11 @@ struct Plan {
     std::optional<int> src_data_rank = 0;  // nullopt: each rank builds its own shard
     std::vector<PlanEntry> tp_plan;
     SourceLocation tp_plan_where;
+    std::optional<DataParallelSpec> data_parallel;
     VerifySpec verify;
 
     int world_size() const;
+    int dim_size(const std::string& name) const;  // 1 for a dim the mesh lacks
     bool compares(const std::string& what) const;
 };
 

@@ -251,6 +251,10 @@ private:
 
 }  // namespace
 
+void poison_replica(Tensor& t, int rank) {
+    for (int64_t k = 0; k < t.numel(); ++k) t.set(k, t.item(k) * -0.5 + 0.25 + rank);
+}
+
 Fault parse_fault(const char* env) {
     Fault f;
     if (!env || !*env) return f;
@@ -258,10 +262,13 @@ Fault parse_fault(const char* env) {
     const size_t colon = s.find(':');
     f.kind = s.substr(0, colon);
     f.fqn = colon == std::string::npos ? "" : s.substr(colon + 1);
-    const std::vector<std::string> kinds = {"skip_all_reduce", "bias_every_rank", "skip_grad_all_reduce",
-                                            "wrong_shard_dim", "wrong_shard_offset"};
+    const std::vector<std::string> kinds = {"skip_all_reduce",  "bias_every_rank",       "skip_grad_all_reduce",
+                                            "wrong_shard_dim",  "wrong_shard_offset",    "wrong_src_rank",
+                                            "skip_bucket",      "grad_sum",              "skip_buffer_broadcast",
+                                            "sync_ignored",     "skip_reduce_scatter",   "stale_param"};
     if (std::find(kinds.begin(), kinds.end(), f.kind) == kinds.end() || f.fqn.empty())
-        throw InputError(fmt::format("PTOOL_FAULT='{}': expected KIND:MODULE with KIND one of {}", s, fmt::join(kinds, ", ")));
+        throw InputError(fmt::format("PTOOL_FAULT='{}': expected KIND:FQN (or KIND:* for every place) with KIND one of {}",
+                                     s, fmt::join(kinds, ", ")));
     return f;
 }
 

@@ -26,13 +26,22 @@
 
 namespace ptool {
 
-// Bugs injected on purpose (PTOOL_FAULT=kind:fqn) to prove that verify catches and localises them.
+// Bugs injected on purpose (PTOOL_FAULT=kind:fqn, fqn * for every place) to prove that verify
+// catches and localises them. Tensor parallel: skip_all_reduce, bias_every_rank,
+// skip_grad_all_reduce, wrong_shard_dim, wrong_shard_offset (module FQNs), wrong_src_rank.
+// Data parallel: skip_bucket (the bucket holding a parameter FQN), grad_sum (summed, not
+// averaged), skip_buffer_broadcast, sync_ignored (ignored modules averaged anyway),
+// skip_reduce_scatter and stale_param (fully_shard unit FQNs).
 struct Fault {
-    std::string kind;  // skip_all_reduce | bias_every_rank | skip_grad_all_reduce | wrong_shard_dim | wrong_shard_offset
+    std::string kind;
     std::string fqn;
-    bool hits(const char* k, const std::string& module) const { return kind == k && fqn == module; }
+    bool hits(const char* k, const std::string& where) const { return kind == k && (fqn == "*" || fqn == where); }
 };
-Fault parse_fault(const char* env);  // "" or null: no fault; a bad value is an InputError
+Fault parse_fault(const char* env);
+
+// Overwrites a tensor that a broadcast is about to replace with values no correct run produces
+// (rank-dependent), so that a broadcast that is skipped or sent from the wrong rank is caught.
+void poison_replica(Tensor& t, int rank);  // "" or null: no fault; a bad value is an InputError
 
 struct TpState {
     Communicator* comm = nullptr;  // the tensor-parallel mesh dim

@@ -103,7 +103,7 @@ Explanation explain_plan(Model& model, const Plan& plan) {
     recorder->shapes = &shapes;
     for (const ResolvedStyle& rs : ex.resolution.styles) rs.module->set_hooks(recorder);
     DataSource data(model);
-    RunContext ctx{&backend_for(Device::cpu), model.seed, 0, true, {}};
+    RunContext ctx{&backend_for(Device::cpu), model.seed, 0, true, 0, {}};
     model.root->forward(ctx, data.batch(0).input);
     for (const ResolvedStyle& rs : ex.resolution.styles) rs.module->set_hooks(nullptr);
 

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/tensor_ops.h"
+#include "model/module.h"
 #include "model/batch.h"
 #include "model/loss.h"
 #include "model/optimizer.h"
@@ -54,56 +55,117 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
     const Resolution res = resolve_plan(model, plan);
     if (own_shards) model.init_params_except([&](const Module& m) { return shards_parameters(res, m); });
     parallelize(model, plan, res, mesh, st, own_shards);
-    Communicator& tp = st->comm ? *st->comm : world;
+    std::unique_ptr<DataParallel> dp;
+    if (res.dp.active) dp = std::make_unique<DataParallel>(model, plan, res.dp, mesh, be, fault);
+    // a dim the plan does not use is a one-rank group here, so the same code serves every plan
+    std::unique_ptr<Communicator> solo_tp = st->comm ? nullptr : world.split(world.rank(), 0);
+    std::unique_ptr<Communicator> solo_dp = dp ? nullptr : world.split(world.rank(), 0);
+    Communicator& tp = st->comm ? *st->comm : *solo_tp;
+    Communicator& dpc = dp ? dp->comm() : *solo_dp;
     const bool rank0 = world.rank() == 0;
     RunRecord rec;
     rec.init_counts = *counter;
     counter->reset();
     Optimizer optimizer(model.optimizer, be);
     const auto params = model.named_parameters();
-    auto placement_of = [&](const ParamPtr& p) {
-        auto it = st->param_placement.find(p.get());
+    auto tp_placement = [&](const Parameter* p) {
+        auto it = st->param_placement.find(p);
         return it == st->param_placement.end() ? Placement::replicate() : it->second;
     };
+    auto dp_placement = [&](const Parameter* p) { return dp ? dp->placement(p) : Placement::replicate(); };
+    // the full tensor from this rank's piece: the dp dim first (fully_shard shards the TP-local tensor)
+    auto gather = [&](const Tensor& local, const Placement& on_dp, const Placement& on_tp) {
+        Tensor t = on_dp.is_replicate() ? local : full_tensor(local, on_dp, global_shape(local, on_dp, dpc), dpc);
+        return full_tensor(t, on_tp, global_shape(t, on_tp, tp), tp);
+    };
+    // under data parallel, a mean loss over each rank's rows makes activation gradients dp times
+    // the reference's (DDP's average puts the parameter gradients right): scaled for comparison
+    const double event_grad_scale = dpc.size() > 1 && model.loss != LossKind::sum ? 1.0 / dpc.size() : 1.0;
+    {
+        CountingPaused pause(counter.get());
+        for (const auto& [name, p] : model.state_dict()) {
+            const bool buffer = p->grad.numel() == 0 && p->value.numel() != 0;
+            Tensor full = gather(p->value, buffer ? Placement::replicate() : dp_placement(p.get()),
+                                 buffer ? Placement::replicate() : tp_placement(p.get()));
+            if (rank0) rec.init_state.emplace_back(name, full.shares_storage(p->value) ? full.clone() : full);
+        }
+    }
+    rec.unique_params = static_cast<int64_t>(params.size());
+    for (const auto& r : res.dp.replicas) rec.dp_buckets += static_cast<int64_t>(r.buckets.size());
+    for (const auto& r : res.dp.replicas)
+        for (const auto& b : r.buckets) rec.grad_bytes += b.bytes;
+    const int64_t rows_per_rank = model.input.shape.empty() ? 0 : model.input.shape[0] / dpc.size();
     for (int64_t step = 0; step < in.steps; ++step) {
         StepRecord sr;
         sr.step = step;
         const auto t0 = std::chrono::steady_clock::now();
         for (const auto& [name, p] : params) be.fill(p->grad, 0.0);
-        RunContext ctx{&be, model.seed, step, true, {}};
+        RunContext ctx{&be, model.seed, step, true, dpc.rank() * rows_per_rank, {}};
         if (in.record_events)
             ctx.observer = [&](const Module& m, const char* phase, const Tensor& t) {
                 CountingPaused pause(counter.get());
-                const Placement p = std::string(phase) == "forward" ? st->act : st->grad;
-                Tensor full = full_tensor(t, p, global_shape(t, p, tp), tp);
+                const bool forward = std::string(phase) == "forward";
+                Tensor full = gather(t, dpc.size() > 1 ? Placement::shard(0) : Placement::replicate(), forward ? st->act : st->grad);
+                if (!forward && event_grad_scale != 1.0) {
+                    Tensor scaled = empty_like(full);
+                    be.scale(full, event_grad_scale, scaled);
+                    full = scaled;
+                }
                 if (rank0) sr.events.push_back({m.fqn(), phase, full.shares_storage(t) ? full.clone() : full});
             };
         Batch b = data.batch(step);
+        if (dpc.size() > 1) {  // this rank's rows of the global batch
+            b.input = chunk(b.input, dpc.size(), dpc.rank(), 0);
+            if (b.target.defined()) b.target = chunk(b.target, dpc.size(), dpc.rank(), 0);
+        }
+        if (dp) dp->before_forward();
         st->act = res.input_placement;
         Tensor x = redistribute(b.input, Placement::replicate(), res.input_placement, b.input.shape(), tp);
         Tensor y = model.root->forward(ctx, x);
-        Tensor y_full = redistribute(y, st->act, Placement::replicate(), model.output_shape, tp);
+        Shape local_out = model.output_shape;  // this rank's rows of it under data parallel
+        if (!local_out.empty()) local_out[0] /= dpc.size();
+        Tensor y_full = redistribute(y, st->act, Placement::replicate(), local_out, tp);
         LossResult loss = compute_loss(be, model.loss, y_full, b.target);
         const Placement out_placement = st->act;
-        Tensor dy = redistribute_backward(loss.grad, Placement::replicate(), out_placement, model.output_shape, tp);
+        Tensor dy = redistribute_backward(loss.grad, Placement::replicate(), out_placement, local_out, tp);
         st->grad = out_placement.is_partial() ? Placement::replicate() : out_placement;
         model.root->backward(ctx, dy);
+        if (dp) dp->after_backward();
         optimizer.step(params);
         rec.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (dp) rec.bucket_copy_bytes = dp->bucket_copy_bytes();
 
         CountingPaused pause(counter.get());
         const std::string s = fmt::format("step{}.", step);
-        auto record = [&](const std::string& name, const Tensor& local, const Placement& p) {
-            Tensor full = full_tensor(local, p, global_shape(local, p, tp), tp);
-            if (p.is_replicate() && !replicas_agree(local, world) && rank0) sr.inconsistent.push_back(name);
-            if (!p.is_replicate() && rank0) sr.sharded.push_back(name);
-            if (rank0) sr.tensors.emplace_back(name, full.shares_storage(local) ? full.clone() : full);
+        auto agree = [&](const Tensor& local, const Placement& p, Communicator& comm) {
+            return !p.is_replicate() || replicas_agree(local, comm);
         };
-        record(s + "output", y_full, Placement::replicate());
-        record(s + "loss", Tensor::scalar(loss.value, model.dtype), Placement::replicate());
-        for (const auto& [name, p] : params) record(s + "grad." + name, p->grad, placement_of(p));
-        for (const auto& [name, p] : params) record(s + "param." + name, p->value, placement_of(p));
-        for (const auto& [name, bf] : model.named_buffers()) record(s + "buffer." + name, bf->value, Placement::replicate());
+        auto record = [&](const std::string& name, const Tensor& local, const Placement& on_dp, const Placement& on_tp,
+                          bool ignored = false) {
+            Tensor full = gather(local, on_dp, on_tp);
+            const bool tp_ok = agree(local, on_tp, tp), dp_ok = agree(local, on_dp, dpc);
+            const bool has_replicas = (on_tp.is_replicate() && tp.size() > 1) || (on_dp.is_replicate() && dpc.size() > 1);
+            std::string status = has_replicas ? "equal" : "-";
+            if (ignored && dpc.size() > 1) status = dp_ok ? "SYNCED" : "ignored";
+            if (!tp_ok || (!dp_ok && !ignored)) status = "DIFFER";
+            if (rank0) {
+                sr.replicas[name] = status;
+                sr.tensors.emplace_back(name, full.shares_storage(local) ? full.clone() : full);
+            }
+        };
+        // each rank's output rows and loss are its own: gathered and combined as the global batch's
+        const Placement rows = dpc.size() > 1 ? Placement::shard(0) : Placement::replicate();
+        record(s + "output", y_full, rows, Placement::replicate());
+        Tensor loss_t = Tensor::scalar(loss.value, DType::float64).reshape({1});
+        if (dpc.size() > 1) dpc.all_reduce(loss_t, model.loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg);
+        record(s + "loss", Tensor::scalar(loss_t.item(0), model.dtype), Placement::replicate(), Placement::replicate());
+        if (dpc.size() > 1 && rank0) sr.replicas[s + "loss"] = "-";  // combined from each rank's own
+        for (const auto& [name, p] : params)
+            record(s + "grad." + name, p->grad, dp_placement(p.get()), tp_placement(p.get()), dp && dp->ignored(name));
+        for (const auto& [name, p] : params)
+            record(s + "param." + name, p->value, dp_placement(p.get()), tp_placement(p.get()), dp && dp->ignored(name));
+        for (const auto& [name, bf] : model.named_buffers())
+            record(s + "buffer." + name, bf->value, Placement::replicate(), Placement::replicate());
         if (rank0) rec.steps.push_back(std::move(sr));
     }
     rec.step_counts = *counter;

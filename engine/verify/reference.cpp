@@ -19,7 +19,7 @@ void run_reference(Model& model, const DataSource& data, const ReferenceOptions&
         r.batch = data.batch(step);
         const auto t0 = std::chrono::steady_clock::now();
         for (const auto& [name, p] : params) be.fill(p->grad, 0.0);
-        RunContext ctx{&be, model.seed, step, true, {}};
+        RunContext ctx{&be, model.seed, step, true, 0, {}};
         r.output = model.root->forward(ctx, r.batch.input);
         LossResult loss = compute_loss(be, model.loss, r.output, r.batch.target);
         model.root->backward(ctx, loss.grad);

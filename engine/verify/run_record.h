@@ -4,6 +4,7 @@
 // the order they were computed (for divergence localisation).
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,12 @@ struct ModuleEvent {
 struct StepRecord {
     int64_t step = 0;
     std::vector<std::pair<std::string, Tensor>> tensors;
-    std::vector<std::string> inconsistent;  // replicated tensors whose copies differ between ranks
-    std::vector<std::string> sharded;       // tensors held as shards (no replicas to compare)
+    // How the ranks' copies of each tensor compare (DESIGN §6, expected equality):
+    //   equal    every replica is bitwise the same        DIFFER   replicas that should agree differ
+    //   -        held as shards only, no replicas          ignored  differs across dp ranks, as an
+    //   SYNCED   an ignored module's replicas agree: it            ignored module's must
+    //            was synchronised after all
+    std::map<std::string, std::string> replicas;
     std::vector<ModuleEvent> events;
 };
 
@@ -33,6 +38,13 @@ struct RunRecord {
     double seconds = 0;       // training steps only
     int world_size = 1;
     std::string backend;      // "threads", "mpi", or "reference"
+    // Replica invariants after construction (data parallel): the full parameters and buffers,
+    // state_dict names, before the first step; compared bitwise with the reference's.
+    std::vector<std::pair<std::string, Tensor>> init_state;
+    int64_t unique_params = 0;       // named_parameters() count: shared modules stay one
+    int64_t dp_buckets = 0;          // DDP buckets per step
+    int64_t bucket_copy_bytes = 0;   // copied into/out of buckets per step (0 with bucket views)
+    int64_t grad_bytes = 0;          // of the synchronised gradients (local shapes)
 };
 
 }  // namespace ptool

@@ -38,11 +38,46 @@ std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance
     return "";
 }
 
+// Replica invariants (test_jit_data_parallel, test_replicate's state_dict tests): after the
+// parallel model is built (shards, broadcasts), its state_dict has the reference's names and,
+// gathered, bitwise the reference's values; shared modules are still one module (as many
+// unique parameters). A failure counts as one failed check.
+void check_init_state(const RunRecord& ref, const RunRecord& par, PlanReport& rep) {
+    if (ref.init_state.empty() || par.init_state.empty()) return;
+    std::vector<std::string> renamed, differ;
+    for (size_t i = 0; i < std::max(ref.init_state.size(), par.init_state.size()); ++i) {
+        if (i >= ref.init_state.size() || i >= par.init_state.size() || ref.init_state[i].first != par.init_state[i].first) {
+            renamed.push_back(i < par.init_state.size() ? par.init_state[i].first : ref.init_state[i].first);
+            continue;
+        }
+        if (!bitwise_equal(par.init_state[i].second, ref.init_state[i].second)) differ.push_back(ref.init_state[i].first);
+    }
+    const bool shared_ok = ref.unique_params == par.unique_params;
+    if (renamed.empty() && differ.empty() && shared_ok) {
+        rep.notes.push_back(fmt::format("state_dict after construction: {} keys, the reference's names, bitwise its "
+                                        "values; {} unique parameters",
+                                        ref.init_state.size(), par.unique_params));
+        return;
+    }
+    rep.failed += 1;
+    if (!renamed.empty())
+        rep.notes.push_back(fmt::format("FAIL state_dict keys differ from the reference's: {}", fmt::join(renamed, ", ")));
+    if (!differ.empty())
+        rep.notes.push_back(fmt::format("FAIL after construction, {} of {} tensors differ from the reference's (a broadcast "
+                                        "missed or sent from the wrong rank?): {}",
+                                        differ.size(), ref.init_state.size(), fmt::join(differ, ", ")));
+    if (!shared_ok)
+        rep.notes.push_back(fmt::format("FAIL {} unique parameters, the reference has {}: a shared module was copied",
+                                        par.unique_params, ref.unique_params));
+}
+
 // Compares one plan's run with the reference and adds it to the report.
 void add_plan(VerifyReport& report, RunRecord reference, RunRecord parallel, const Plan& plan, const Resolution& res,
               const Tolerance& tol) {
     PlanReport rep = compare_runs(reference, parallel, plan, tol);
     rep.warnings = res.warnings;
+    if (!rep.pass)
+        for (const std::string& c : res.causes) rep.notes.push_back("cause: " + c);
     rep.run = std::move(parallel);
     report.pass = report.pass && rep.pass;
     report.plans.push_back(std::move(rep));
@@ -87,14 +122,15 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
                 tr.diff = compare_tensors(*actual, expected, tol);
                 tr.pass = tr.diff.pass;
             }
-            const bool differs = std::find(p.inconsistent.begin(), p.inconsistent.end(), name) != p.inconsistent.end();
-            const bool sharded = std::find(p.sharded.begin(), p.sharded.end(), name) != p.sharded.end();
-            tr.replicas = differs ? "DIFFER" : (sharded ? "-" : "equal");
-            if (differs) tr.pass = false;
+            auto status = p.replicas.find(name);
+            tr.replicas = status == p.replicas.end() ? "-" : status->second;
+            if (tr.replicas == "DIFFER" || tr.replicas == "SYNCED") tr.pass = false;
+            if (tr.replicas == "ignored") tr.pass = true;  // an ignored module's tensors differ by design
             (tr.pass ? rep.passed : rep.failed) += 1;
             rep.tensors.push_back(std::move(tr));
         }
     }
+    check_init_state(reference, parallel, rep);
     rep.pass = rep.failed == 0;
     if (!rep.pass) rep.localisation = localise(reference, parallel, tol);
     return rep;

@@ -24,6 +24,7 @@ struct PlanReport {
     int passed = 0, failed = 0;
     bool pass = true;
     std::string localisation;  // "first divergence: ..." when something failed
+    std::vector<std::string> notes;   // replica invariants; the expected causes of a mismatch
     RunRecord run;             // counts, time, world size
     Tolerance tol;
 };

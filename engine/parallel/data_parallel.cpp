@@ -1,0 +1,293 @@
+#include "parallel/data_parallel.h"
+
+#include <map>
+
+#include "core/rng.h"
+#include "core/yaml_reader.h"
+#include "core/tensor_ops.h"
+
+namespace ptool {
+namespace {
+
+bool under(const std::string& name, const std::string& module) {
+    return module.empty() || name == module || name.rfind(module + ".", 0) == 0;
+}
+
+std::string at(const SourceLocation& w) { return w.str() + ": "; }
+
+// Sets the counter's module for the scope: the data-parallel collectives are counted under the
+// replicate() root or fully_shard unit they belong to.
+class ModuleScope {
+public:
+    ModuleScope(CommCounter* c, const std::string& fqn) : c_(c), was_(c ? c->module() : "") {
+        if (c_) c_->set_module(fqn);
+    }
+    ~ModuleScope() {
+        if (c_) c_->set_module(was_);
+    }
+
+private:
+    CommCounter* c_;
+    std::string was_;
+};
+
+}  // namespace
+
+std::vector<BucketSpec> assign_buckets(const std::vector<std::pair<std::string, int64_t>>& params_and_bytes,
+                                       int64_t cap_bytes) {
+    std::vector<BucketSpec> out;
+    BucketSpec open;
+    for (auto it = params_and_bytes.rbegin(); it != params_and_bytes.rend(); ++it) {
+        open.params.push_back(it->first);
+        open.bytes += it->second;
+        if (open.bytes >= cap_bytes) out.push_back(std::move(open)), open = BucketSpec{};
+    }
+    if (!open.params.empty()) out.push_back(std::move(open));
+    return out;
+}
+
+DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan, std::vector<std::string>& warnings,
+                                             std::vector<std::string>& causes) {
+    DataParallelResolution res;
+    if (!plan.data_parallel) return res;
+    const DataParallelSpec& spec = *plan.data_parallel;
+    res.active = true;
+    res.size = plan.dim_size(spec.mesh_dim);
+    std::vector<std::string> module_names;
+    std::map<std::string, const Module*> modules;
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+        module_names.push_back(fqn);
+        modules[fqn] = &m;
+    });
+    auto check_module = [&](const std::string& fqn, const SourceLocation& where, const char* what) {
+        if (!modules.count(fqn))
+            throw InputError(where, fmt::format("{} '{}' is not a module of the model{}", what, fqn,
+                                                did_you_mean(fqn, module_names)));
+    };
+
+    // the global batch splits evenly over the dp ranks (DESIGN §5)
+    const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0];
+    if (rows % res.size != 0) {
+        std::vector<int64_t> sizes;
+        for (int r = 0; r < res.size; ++r) sizes.push_back(chunk_of(rows, res.size, r).length);
+        throw InputError(spec.where, fmt::format("the global batch of {} rows does not split evenly over the {} ranks of "
+                                                 "'{}' (rows per rank: {}): make the batch a multiple of {}",
+                                                 rows, res.size, spec.mesh_dim, fmt::join(sizes, ", "), res.size));
+    }
+
+    // fully_shard units: the listed patterns, and the root in mode fully_shard
+    std::vector<std::string> unit_fqns;
+    if (spec.mode == "fully_shard") unit_fqns.push_back("");
+    for (const std::string& pattern : spec.fully_shard) {
+        int matched = 0;
+        for (const std::string& fqn : module_names)
+            if (fqn_matches(pattern, fqn) && std::find(unit_fqns.begin(), unit_fqns.end(), fqn) == unit_fqns.end())
+                unit_fqns.push_back(fqn), ++matched;
+        if (!matched) warnings.push_back(fmt::format("{}fully_shard pattern '{}' matched no module", at(spec.fully_shard_where), pattern));
+    }
+    std::stable_sort(unit_fqns.begin(), unit_fqns.end(), [](const std::string& a, const std::string& b) {
+        return (a.empty() ? 0 : std::count(a.begin(), a.end(), '.') + 1) < (b.empty() ? 0 : std::count(b.begin(), b.end(), '.') + 1);
+    });
+    for (const std::string& m : spec.ignored_modules) check_module(m, spec.ignored_where, "ignored module");
+    if (spec.mode == "replicate")
+        for (size_t i = 0; i < spec.modules.size(); ++i) {
+            check_module(spec.modules[i], spec.modules_where, "replicate() module");
+            for (size_t j = 0; j < spec.modules.size(); ++j)
+                if (i != j && under(spec.modules[j], spec.modules[i]))
+                    throw InputError(spec.modules_where, fmt::format("replicate() on '{}' and on '{}' inside it: a "
+                                                                     "parameter belongs to one replicate() root",
+                                                                     spec.modules[i], spec.modules[j]));
+        }
+
+    // each parameter: ignored, managed by its innermost unit, or in the bucket of its replicate() root
+    std::map<std::string, std::vector<std::pair<std::string, int64_t>>> per_root;
+    res.units.clear();
+    for (const std::string& u : unit_fqns) res.units.push_back({u, {}});
+    for (const auto& [name, p] : model.named_parameters()) {
+        bool ignored = false;
+        for (const std::string& m : spec.ignored_modules) ignored = ignored || under(name, m);
+        if (ignored) {
+            res.ignored_params.insert(name);
+            continue;
+        }
+        FsdpUnitSpec* unit = nullptr;
+        for (FsdpUnitSpec& u : res.units)  // outermost first: the last match is the innermost
+            if (under(name, u.fqn)) unit = &u;
+        if (unit) {
+            unit->params.push_back(name);
+            continue;
+        }
+        for (const std::string& root : spec.modules)
+            if (spec.mode == "replicate" && under(name, root))
+                per_root[root].push_back({name, static_cast<int64_t>(p->value.nbytes())});
+    }
+    const int64_t cap = static_cast<int64_t>(spec.bucket_cap_mb * 1024 * 1024);
+    if (spec.mode == "replicate")
+        for (const std::string& root : spec.modules) res.replicas.push_back({root, assign_buckets(per_root[root], cap)});
+    if (spec.mode == "replicate" && spec.broadcast_buffers)
+        for (const auto& [name, b] : model.named_buffers()) {
+            bool synced = false, ignored = false;
+            for (const std::string& root : spec.modules) synced = synced || under(name, root);
+            for (const std::string& m : spec.ignored_modules) ignored = ignored || under(name, m);
+            if (synced && !ignored) res.synced_buffers.insert(name);
+        }
+
+    for (const std::string& fqn : module_names)
+        if (modules[fqn]->type() == "batch_norm") res.batch_norms.push_back(fqn);
+    if (res.size > 1) {
+        if (model.loss == LossKind::sum)
+            causes.push_back(fmt::format("{}loss: sum under data parallel: each rank sums its own part of the batch and "
+                                         "DDP averages the gradients over the {} ranks, so they come out 1/{} of the "
+                                         "reference's (use loss: mean or mse)",
+                                         at(spec.where), res.size, res.size));
+        if (!spec.sync_batch_norm)
+            for (const std::string& bn : res.batch_norms)
+                causes.push_back(fmt::format("{}batch_norm '{}' normalises with the statistics of each rank's local "
+                                             "batch (sync_batch_norm: false): its output, everything after it and its "
+                                             "running statistics differ from the reference (sync_batch_norm: true "
+                                             "gives parity)",
+                                             at(spec.where), bn));
+        if (!spec.ignored_modules.empty())
+            causes.push_back(fmt::format("{}ignored_modules [{}]: their gradients are not averaged, so they and then "
+                                         "their parameters differ across ranks, and after the first step so does "
+                                         "everything computed from them",
+                                         at(spec.ignored_where), fmt::join(spec.ignored_modules, ", ")));
+    }
+    return res;
+}
+
+DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh,
+                           Backend& be, const Fault& fault)
+    : model_(model), res_(res), comm_(&mesh.comm(mesh.dim_index(plan.data_parallel->mesh_dim))),
+      counter_(mesh.counter()), be_(be), fault_(fault) {
+    const DataParallelSpec& spec = *plan.data_parallel;
+    bucket_view_ = spec.gradient_as_bucket_view;
+    const auto named_params = model.named_parameters(), named_buffers = model.named_buffers();
+    std::map<std::string, ParamPtr> params(named_params.begin(), named_params.end());
+    std::map<std::string, ParamPtr> buffers(named_buffers.begin(), named_buffers.end());
+
+    if (spec.sync_batch_norm)
+        for_each_module(*model.root, [&](const std::string&, Module& m) {
+            if (auto* bn = dynamic_cast<BatchNorm*>(&m)) bn->set_sync_group(comm_);
+        });
+
+    // DDP's construction: dp rank 0's parameters and buffers to every rank. The other ranks start
+    // from deliberately different values (as the seed's test seeds each rank with its rank), so a
+    // broadcast that does not happen shows up as replicas that differ.
+    std::vector<ParamPtr> states;
+    for (const auto& replica : res.replicas)
+        for (const BucketSpec& b : replica.buckets)
+            for (const std::string& name : b.params) states.push_back(params.at(name));
+    for (const std::string& name : res.synced_buffers) buffers_.push_back(buffers.at(name)), states.push_back(buffers.at(name));
+    if (comm_->rank() != 0)
+        for (const ParamPtr& p : states) poison_replica(p->value, comm_->rank());
+    {
+        ModuleScope scope(counter_.get(), spec.modules.size() == 1 ? spec.modules[0] : "");
+        std::vector<ParamPtr> sent;
+        for (const ParamPtr& p : states) {
+            bool is_buffer = std::find(buffers_.begin(), buffers_.end(), p) != buffers_.end();
+            if (is_buffer && fault.kind == "skip_buffer_broadcast") continue;
+            sent.push_back(p);
+        }
+        broadcast_coalesced(sent);
+    }
+
+    // the buckets: flat buffers per replicate() root, in reduction order
+    for (const auto& replica : res.replicas)
+        for (const BucketSpec& spec_b : replica.buckets) {
+            Bucket b;
+            b.root = replica.root;
+            int64_t numel = 0;
+            for (const std::string& name : spec_b.params) {
+                b.params.push_back(params.at(name));
+                b.names.push_back(name);
+                numel += params.at(name)->grad.numel();
+            }
+            b.flat = Tensor({numel}, b.params[0]->grad.dtype());
+            if (bucket_view_) {  // the gradients become views of the bucket: no copies
+                int64_t off = 0;
+                for (const ParamPtr& p : b.params) {
+                    const int64_t n = p->grad.numel();
+                    p->grad = b.flat.narrow(0, off, n).reshape(p->grad.shape());
+                    off += n;
+                }
+            }
+            buckets_.push_back(std::move(b));
+        }
+    if (fault.kind == "sync_ignored" && !res.ignored_params.empty()) {  // the ignored modules averaged after all
+        Bucket b;
+        int64_t numel = 0;
+        for (const std::string& name : res.ignored_params) {
+            b.params.push_back(params.at(name));
+            b.names.push_back(name);
+            numel += params.at(name)->grad.numel();
+        }
+        b.flat = Tensor({numel}, b.params[0]->grad.dtype());
+        buckets_.push_back(std::move(b));
+    }
+    if (!res.units.empty()) fsdp_ = std::make_unique<FullyShard>(model, res.units, *comm_, be, fault);
+}
+
+Placement DataParallel::placement(const Parameter* p) const {
+    return fsdp_ && fsdp_->manages(p) ? Placement::shard(0) : Placement::replicate();
+}
+
+void DataParallel::broadcast_coalesced(const std::vector<ParamPtr>& tensors) {
+    std::map<DType, std::vector<ParamPtr>> by_dtype;  // one flat broadcast per dtype, as _broadcast_coalesced
+    for (const ParamPtr& p : tensors) by_dtype[p->value.dtype()].push_back(p);
+    for (auto& [dtype, list] : by_dtype) {
+        int64_t numel = 0;
+        for (const ParamPtr& p : list) numel += p->value.numel();
+        Tensor flat({numel}, dtype);
+        int64_t off = 0;
+        for (const ParamPtr& p : list) {
+            Tensor dst = flat.narrow(0, off, p->value.numel()).reshape(p->value.shape());
+            be_.copy(p->value, dst);
+            off += p->value.numel();
+        }
+        comm_->broadcast(flat, 0);
+        off = 0;
+        for (const ParamPtr& p : list) {
+            be_.copy(flat.narrow(0, off, p->value.numel()).reshape(p->value.shape()), p->value);
+            off += p->value.numel();
+        }
+    }
+}
+
+void DataParallel::before_forward() {
+    if (buffers_.empty() || fault_.kind == "skip_buffer_broadcast") return;
+    ModuleScope scope(counter_.get(), res_.replicas.size() == 1 ? res_.replicas[0].root : "");
+    broadcast_coalesced(buffers_);
+}
+
+void DataParallel::after_backward() {
+    copy_bytes_ = 0;
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+        Bucket& b = buckets_[i];
+        bool skip = false;
+        for (const std::string& name : b.names) skip = skip || fault_.hits("skip_bucket", name);
+        if (skip) continue;
+        if (!bucket_view_) {
+            int64_t off = 0;
+            for (const ParamPtr& p : b.params) {
+                Tensor dst = b.flat.narrow(0, off, p->grad.numel()).reshape(p->grad.shape());
+                be_.copy(p->grad, dst);
+                off += p->grad.numel();
+            }
+            copy_bytes_ += 2 * static_cast<int64_t>(b.flat.nbytes());
+        }
+        {
+            ModuleScope scope(counter_.get(), b.root);
+            comm_->all_reduce(b.flat, fault_.hits("grad_sum", b.root) ? ReduceOp::sum : ReduceOp::avg);
+        }
+        if (!bucket_view_) {
+            int64_t off = 0;
+            for (const ParamPtr& p : b.params) {
+                be_.copy(b.flat.narrow(0, off, p->grad.numel()).reshape(p->grad.shape()), p->grad);
+                off += p->grad.numel();
+            }
+        }
+    }
+}
+
+}  // namespace ptool

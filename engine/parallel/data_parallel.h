@@ -1,0 +1,100 @@
+// Data parallelism on one mesh dim, as PyTorch's composable replicate() (DDP) and fully_shard()
+// (FSDP2) run it (DESIGN §5):
+//
+//   replicate: parameters and buffers broadcast from dp rank 0 when it is built; buffers again
+//     before every forward (broadcast_buffers); after backward the gradients are averaged with one
+//     all_reduce per bucket: buckets of bucket_cap_mb filled in reverse registration order (a
+//     bucket closes once it reaches the cap, as DDP's compute_bucket_assignment_by_size), flat
+//     buffers that the gradients are views of with gradient_as_bucket_view. ignored_modules are
+//     not synchronised. BatchNorm keeps local statistics unless sync_batch_norm.
+//   fully_shard: see fully_shard.h. replicate() skips the parameters fully_shard manages.
+//
+// The resolution (which parameter is synchronised how) is computed from FQNs once, before
+// anything runs; every rank then applies it to its own model.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+
+#include "model/model.h"
+#include "parallel/fully_shard.h"
+#include "parallel/plan.h"
+#include "parallel/tp_styles.h"
+
+namespace ptool {
+
+// One DDP bucket: parameter FQNs in the order they are packed, and their bytes.
+struct BucketSpec {
+    std::vector<std::string> params;
+    int64_t bytes = 0;
+};
+
+// DDP's assignment: walk the parameters in reverse registration order, add each to the open
+// bucket, close it once it holds >= cap bytes (so a bucket exceeds the cap by at most its last
+// parameter, and a parameter larger than the cap is a bucket of its own).
+std::vector<BucketSpec> assign_buckets(const std::vector<std::pair<std::string, int64_t>>& params_and_bytes,
+                                       int64_t cap_bytes);
+
+struct DataParallelResolution {
+    bool active = false;
+    int size = 1;  // ranks of the dp dim
+    // one per replicate() root: its synchronised parameters' buckets
+    struct Replica {
+        std::string root;
+        std::vector<BucketSpec> buckets;
+    };
+    std::vector<Replica> replicas;
+    std::vector<FsdpUnitSpec> units;       // fully_shard units, outermost first
+    std::set<std::string> ignored_params;  // FQNs under ignored_modules
+    std::set<std::string> synced_buffers;  // broadcast from dp rank 0
+    std::vector<std::string> batch_norms;  // FQNs of the BatchNorm modules
+};
+
+// Errors (exit 2): unknown modules (with did-you-mean), a batch that does not split evenly over
+// the dp ranks, nested replicate() roots. Findings that explain an expected mismatch (loss: sum,
+// BatchNorm with local statistics, ignored modules) go to `causes`; patterns matching nothing
+// to `warnings`.
+DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan, std::vector<std::string>& warnings,
+                                             std::vector<std::string>& causes);
+
+// One rank's data-parallel state, built after tensor parallelism (it shards or replicates the
+// TP-local tensors).
+class DataParallel {
+public:
+    DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh, Backend& be,
+                 const Fault& fault);
+
+    Communicator& comm() const { return *comm_; }
+    bool ignored(const std::string& param_fqn) const { return res_.ignored_params.count(param_fqn) > 0; }
+    // Shard(0) for the parameters fully_shard manages, Replicate otherwise.
+    Placement placement(const Parameter* p) const;
+
+    void before_forward();  // broadcast_buffers: dp rank 0's buffers to every rank
+    void after_backward();  // the bucketed gradient all_reduce (fully_shard reduced its own in the hooks)
+    // Bytes copied into and out of the buckets per step (0 with gradient_as_bucket_view).
+    int64_t bucket_copy_bytes() const { return copy_bytes_; }
+
+private:
+    struct Bucket {
+        std::string root;
+        std::vector<ParamPtr> params;
+        std::vector<std::string> names;
+        Tensor flat;
+    };
+    void broadcast_coalesced(const std::vector<ParamPtr>& tensors);
+
+    Model& model_;
+    const DataParallelResolution& res_;
+    Communicator* comm_;
+    std::shared_ptr<CommCounter> counter_;
+    Backend& be_;
+    Fault fault_;
+    bool bucket_view_ = false;
+    std::vector<Bucket> buckets_;
+    std::vector<ParamPtr> buffers_;  // synced buffers
+    std::unique_ptr<FullyShard> fsdp_;
+    int64_t copy_bytes_ = 0;
+};
+
+}  // namespace ptool

@@ -1,0 +1,183 @@
+#include "parallel/fully_shard.h"
+
+#include <map>
+
+#include "core/tensor_ops.h"
+
+namespace ptool {
+
+// One unit: its parameters, their shards, and the flat layout both collectives use. Rank r's
+// region of the flat buffer holds, per parameter, rows chunk_of(rows, n, r) padded to the
+// largest chunk (ceil(rows / n)), so every rank's region has the same size `region`.
+struct FullyShard::State : ModuleHooks {
+    struct Managed {
+        std::string name;
+        ParamPtr p;
+        Shape full_shape;
+        int64_t row = 1;      // elements per dim-0 row
+        int64_t padded = 0;   // rows per rank in the flat buffer
+        int64_t offset = 0;   // of this parameter in a rank's region
+        Tensor shard, shard_grad;
+        Tensor full, full_grad;  // while unsharded
+    };
+    std::string fqn;
+    bool root = false;
+    std::vector<Managed> params;
+    int64_t region = 0;
+    Communicator* comm = nullptr;
+    Backend* be = nullptr;
+    Fault fault;
+    int64_t gathers = 0;
+    int unsharded = 0;  // > 0 while a forward or backward holds the full parameters
+
+    void unshard(bool for_backward) {
+        const int n = comm->size();
+        const bool stale = fault.hits("stale_param", fqn) && gathers > 0;  // reuses the last full parameters
+        if (!stale) {
+            Tensor local = Tensor({region}, params[0].shard.dtype());
+            for (Managed& m : params) {
+                if (m.shard.numel() == 0) continue;
+                Tensor dst = local.narrow(0, m.offset, m.shard.numel()).reshape(m.shard.shape());
+                be->copy(m.shard, dst);
+            }
+            Tensor all = Tensor::empty({n * region}, local.dtype());
+            {
+                auto c = comm->counter();
+                const std::string was = c ? c->module() : "";
+                if (c) c->set_module(fqn);
+                comm->all_gather(local, all);
+                if (c) c->set_module(was);
+            }
+            ++gathers;
+            for (Managed& m : params) {
+                m.full = Tensor::empty(m.full_shape, m.shard.dtype());
+                for (int r = 0; r < n; ++r) {
+                    const Chunk c = chunk_of(m.full_shape[0], n, r);
+                    if (c.length == 0) continue;
+                    Tensor src = all.narrow(0, r * region + m.offset, c.length * m.row);
+                    Tensor dst = m.full.narrow(0, c.offset, c.length);
+                    Tensor dst_flat = dst.reshape({c.length * m.row});
+                    be->copy(src, dst_flat);
+                }
+            }
+        }
+        for (Managed& m : params) {
+            m.p->value = m.full;
+            if (for_backward) {
+                m.full_grad = Tensor(m.full_shape, m.shard.dtype());
+                m.p->grad = m.full_grad;
+            }
+        }
+    }
+
+    void reshard() {
+        for (Managed& m : params) {
+            m.p->value = m.shard;
+            m.p->grad = m.shard_grad;
+        }
+    }
+
+    void reduce_grads() {
+        const int n = comm->size(), r = comm->rank();
+        const DType dt = params[0].shard.dtype();
+        Tensor out({region}, dt);
+        if (fault.hits("skip_reduce_scatter", fqn)) {  // each rank keeps its own rows of its own gradient
+            for (Managed& m : params) {
+                const Chunk c = chunk_of(m.full_shape[0], n, r);
+                if (c.length == 0) continue;
+                Tensor src = m.full_grad.narrow(0, c.offset, c.length).reshape({c.length * m.row});
+                Tensor dst = out.narrow(0, m.offset, c.length * m.row);
+                be->copy(src, dst);
+            }
+        } else {
+            Tensor in({n * region}, dt);
+            for (Managed& m : params)
+                for (int k = 0; k < n; ++k) {
+                    const Chunk c = chunk_of(m.full_shape[0], n, k);
+                    if (c.length == 0) continue;
+                    Tensor src = m.full_grad.narrow(0, c.offset, c.length).reshape({c.length * m.row});
+                    Tensor dst = in.narrow(0, k * region + m.offset, c.length * m.row);
+                    be->copy(src, dst);
+                }
+            auto cnt = comm->counter();
+            const std::string was = cnt ? cnt->module() : "";
+            if (cnt) cnt->set_module(fqn);
+            comm->reduce_scatter(in, out, ReduceOp::avg);
+            if (cnt) cnt->set_module(was);
+        }
+        for (Managed& m : params) {  // accumulate: a shared unit runs its backward more than once
+            if (m.shard_grad.numel() == 0) continue;
+            Tensor part = out.narrow(0, m.offset, m.shard_grad.numel()).reshape(m.shard_grad.shape());
+            be->axpy(1.0, part, m.shard_grad);
+        }
+    }
+
+    Tensor pre_forward(RunContext&, Module&, const Tensor& x) override {
+        unshard(false);
+        return x;
+    }
+    Tensor post_forward(RunContext&, Module&, const Tensor& y) override {
+        if (!root) reshard();
+        return y;
+    }
+    Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) override {
+        if (root) {  // kept from the forward
+            for (Managed& m : params) {
+                m.full_grad = Tensor(m.full_shape, m.shard.dtype());
+                m.p->grad = m.full_grad;
+            }
+        } else {
+            unshard(true);
+        }
+        return dy;
+    }
+    void post_backward(RunContext&, Module&) override {
+        reduce_grads();
+        reshard();
+    }
+};
+
+FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be,
+                       const Fault& fault) {
+    const auto named = model.named_parameters();
+    std::map<std::string, ParamPtr> by_name(named.begin(), named.end());
+    std::map<std::string, Module*> modules;
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) { modules[fqn] = &m; });
+    const int n = dp.size(), r = dp.rank();
+    for (const FsdpUnitSpec& u : units) {
+        if (u.params.empty()) continue;  // nothing of its own to shard: FSDP2 makes no group either
+        auto st = std::make_shared<State>();
+        st->fqn = u.fqn;
+        st->root = u.fqn.empty();
+        st->comm = &dp;
+        st->be = &be;
+        st->fault = fault;
+        for (const std::string& name : u.params) {
+            State::Managed m;
+            m.name = name;
+            m.p = by_name.at(name);
+            m.full_shape = m.p->value.shape();
+            PTOOL_REQUIRE(!m.full_shape.empty(), "fully_shard of the scalar parameter '{}'", name);
+            m.row = m.p->value.numel() / std::max<int64_t>(1, m.full_shape[0]);
+            m.padded = chunk_of(m.full_shape[0], n, 0).length;
+            m.offset = st->region;
+            st->region += m.padded * m.row;
+            m.shard = chunk(m.p->value, n, r, 0);
+            m.shard_grad = Tensor(m.shard.shape(), m.shard.dtype());
+            m.p->value = m.shard;
+            m.p->grad = m.shard_grad;
+            st->params.push_back(std::move(m));
+        }
+        modules.at(u.fqn)->add_outer_hooks(st);
+        units_.push_back(st);
+    }
+}
+
+bool FullyShard::manages(const Parameter* p) const {
+    for (const auto& u : units_)
+        for (const auto& m : u->params)
+            if (m.p.get() == p) return true;
+    return false;
+}
+
+}  // namespace ptool

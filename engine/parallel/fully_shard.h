@@ -1,0 +1,37 @@
+// fully_shard (FSDP2 / ZeRO-3) as module hooks. Each unit's parameters (its subtree's, less those
+// of inner units) are Shard(0) on the dp dim, torch.chunk-sized (uneven sizes padded in the flat
+// buffers, as FSDP2 pads). Per unit and step:
+//   pre_forward   all_gather of the unit's shards (one flat collective) -> full parameters
+//   post_forward  reshard (drop the full parameters); the root unit keeps them, as FSDP2's root
+//   backward      all_gather again when resharded, full-size gradients
+//   post_backward reduce_scatter(avg) of the full gradients into the local shards, reshard
+// The optimizer then steps on the shards, so its state is sharded too.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "parallel/tp_styles.h"
+
+namespace ptool {
+
+struct FsdpUnitSpec {
+    std::string fqn;                  // the unit module ("" is the root)
+    std::vector<std::string> params;  // FQNs it manages
+};
+
+class FullyShard {
+public:
+    // Shards every unit's parameters on this rank (no communication) and installs the hooks.
+    FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be, const Fault& fault);
+    bool manages(const Parameter* p) const;
+
+    struct State;
+
+private:
+    std::vector<std::shared_ptr<State>> units_;
+};
+
+}  // namespace ptool
