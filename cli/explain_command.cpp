@@ -32,13 +32,15 @@ void explain(const ExplainArgs& a, const Common& c) {
     Plan plan = load_plan(a.plan);
     Explanation ex = explain_plan(model, plan);
     for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w);
-    fmt::print("ptool explain {} {}: mesh {}, tensor parallel over '{}' ({} ranks), model input {}\n", a.model, a.plan,
+    fmt::print("ptool explain {} {}: mesh {}, tensor parallel over '{}' ({} ranks), data parallel over '{}' ({} ranks), model input {}\n", a.model, a.plan,
                [&] {
                    std::vector<std::string> d;
                    for (const auto& m : plan.mesh) d.push_back(fmt::format("{}={}", m.name, m.size));
                    return fmt::format("{}", fmt::join(d, " x "));
                }(),
-               plan.tp_mesh_dim, ex.tp, ex.resolution.input_placement.str());
+               plan.tp_mesh_dim, ex.tp, plan.data_parallel ? plan.data_parallel->mesh_dim : "", ex.dp,
+               ex.resolution.input_placement.str());
+    for (const std::string& c : ex.resolution.causes) fmt::print("  expect a mismatch: {}\n", c);
     fmt::print("\n  {:<28} {:<18} {:<22} {:<16} {:<16}\n", "module", "pattern", "style", "input", "output");
     for (const auto& m : ex.modules)
         fmt::print("  {:<28} {:<18} {:<22} {:<16} {:<16}\n", m.fqn.empty() ? "(root)" : m.fqn,
@@ -47,6 +49,8 @@ void explain(const ExplainArgs& a, const Common& c) {
     for (const auto& m : ex.modules)
         for (const auto& p : m.params)
             fmt::print("  {:<34} {:<14} {:<14} {}\n", p.fqn, p.placement.str(), shape_str(p.full), local_shapes(p));
+    if (!ex.data_parallel.empty()) fmt::print("\n  data parallel ({}):\n", plan.data_parallel->mode);
+    for (const std::string& line : ex.data_parallel) fmt::print("    {}\n", line);
     fmt::print("\n  collectives per training step (per rank; bytes of the logical tensor):\n");
     std::map<std::string, std::pair<int64_t, int64_t>> totals;
     for (const auto& cc : ex.step_comm) {
@@ -58,8 +62,14 @@ void explain(const ExplainArgs& a, const Common& c) {
     std::vector<std::string> t;
     for (const auto& [op, v] : totals) t.push_back(fmt::format("{} x{} ({})", op, v.first, format_bytes(v.second)));
     fmt::print("  total: {}\n", t.empty() ? std::string("none") : fmt::format("{}", fmt::join(t, ", ")));
-    fmt::print("  at start: {}\n", plan.src_data_rank ? fmt::format("parameters of styled modules broadcast from rank {}", *plan.src_data_rank)
-                                                     : std::string("none (src_data_rank: null)"));
+    std::vector<std::string> start;
+    if (plan.has_tensor_parallel)
+        start.push_back(plan.src_data_rank ? fmt::format("parameters of styled modules broadcast from tp rank {}", *plan.src_data_rank)
+                                           : std::string("no broadcast for tensor parallel (src_data_rank: null)"));
+    if (plan.data_parallel && !ex.resolution.dp.replicas.empty())
+        start.push_back(fmt::format("replicate()'s parameters{} broadcast from {} rank 0",
+                                    ex.resolution.dp.synced_buffers.empty() ? "" : " and buffers", plan.data_parallel->mesh_dim));
+    fmt::print("  at start: {}\n", start.empty() ? std::string("none") : fmt::format("{}", fmt::join(start, "; ")));
     fmt::print("\n  memory per rank: ");
     for (int r = 0; r < ex.tp; ++r)
         fmt::print("{}rank {}: params {} (training {})", r ? ", " : "", r, format_bytes(ex.param_bytes[r]),
@@ -70,6 +80,8 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["model"] = a.model;
         j["plan"] = a.plan;
         j["warnings"] = ex.resolution.warnings;
+        j["causes"] = ex.resolution.causes;
+        j["data_parallel"] = ex.data_parallel;
         j["collectives_per_step"] = nlohmann::json::array();
         for (const auto& cc : ex.step_comm)
             j["collectives_per_step"].push_back({{"op", cc.op}, {"bytes", cc.bytes}, {"module", cc.module}, {"phase", cc.phase}});

@@ -48,7 +48,7 @@ void print_report(const VerifyReport& report, const std::string& model_path, con
         if (verbosity >= 0) print_table(p, verbosity);
         for (const std::string& n : p.notes) fmt::print("  {}\n", n);
         if (p.run.dp_buckets) {
-            const int64_t ar = p.run.step_counts.by_op().count("all_reduce") ? p.run.step_counts.by_op().at("all_reduce").bytes / steps : 0;
+            const int64_t ar = p.run.bucket_allreduce_bytes;
             fmt::print("  data parallel: {} bucket{}, gradient all_reduce {} per step for {} of gradients, bucket copies {} per step\n",
                        p.run.dp_buckets, p.run.dp_buckets == 1 ? "" : "s", format_bytes(ar), format_bytes(p.run.grad_bytes),
                        format_bytes(p.run.bucket_copy_bytes));

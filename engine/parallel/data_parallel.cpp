@@ -261,7 +261,7 @@ void DataParallel::before_forward() {
 }
 
 void DataParallel::after_backward() {
-    copy_bytes_ = 0;
+    copy_bytes_ = allreduce_bytes_ = 0;
     for (size_t i = 0; i < buckets_.size(); ++i) {
         Bucket& b = buckets_[i];
         bool skip = false;
@@ -279,6 +279,7 @@ void DataParallel::after_backward() {
         {
             ModuleScope scope(counter_.get(), b.root);
             comm_->all_reduce(b.flat, fault_.hits("grad_sum", b.root) ? ReduceOp::sum : ReduceOp::avg);
+            allreduce_bytes_ += static_cast<int64_t>(b.flat.nbytes());
         }
         if (!bucket_view_) {
             int64_t off = 0;

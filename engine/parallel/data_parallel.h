@@ -74,6 +74,7 @@ public:
     void after_backward();  // the bucketed gradient all_reduce (fully_shard reduced its own in the hooks)
     // Bytes copied into and out of the buckets per step (0 with gradient_as_bucket_view).
     int64_t bucket_copy_bytes() const { return copy_bytes_; }
+    int64_t bucket_allreduce_bytes() const { return allreduce_bytes_; }  // per step
 
 private:
     struct Bucket {
@@ -94,7 +95,7 @@ private:
     std::vector<Bucket> buckets_;
     std::vector<ParamPtr> buffers_;  // synced buffers
     std::unique_ptr<FullyShard> fsdp_;
-    int64_t copy_bytes_ = 0;
+    int64_t copy_bytes_ = 0, allreduce_bytes_ = 0;
 };
 
 }  // namespace ptool

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 
 #include "core/tensor_ops.h"
 #include "model/batch.h"
@@ -104,7 +105,8 @@ Explanation explain_plan(Model& model, const Plan& plan) {
     for (const ResolvedStyle& rs : ex.resolution.styles) rs.module->set_hooks(recorder);
     DataSource data(model);
     RunContext ctx{&backend_for(Device::cpu), model.seed, 0, true, 0, {}};
-    model.root->forward(ctx, data.batch(0).input);
+    ex.dp = ex.resolution.dp.size;
+    model.root->forward(ctx, chunk(data.batch(0).input, ex.dp, 0, 0));  // one data-parallel rank's rows
     for (const ResolvedStyle& rs : ex.resolution.styles) rs.module->set_hooks(nullptr);
 
     // the step's collectives: styled modules' forward costs in forward order, backward in reverse
@@ -168,7 +170,9 @@ Explanation explain_plan(Model& model, const Plan& plan) {
         }
         ex.modules.push_back(std::move(me));
     }
-    for (auto& c : redistribute_cost(out_placement, Placement::replicate(), model.output_shape, n, es))
+    Shape out_rows = model.output_shape;
+    if (!out_rows.empty()) out_rows[0] /= ex.dp;
+    for (auto& c : redistribute_cost(out_placement, Placement::replicate(), out_rows, n, es))
         c.module = "(loss)", c.phase = "forward", ex.step_comm.push_back(c);
     for (auto it = backward_lists.rbegin(); it != backward_lists.rend(); ++it)
         ex.step_comm.insert(ex.step_comm.end(), it->begin(), it->end());
@@ -179,12 +183,22 @@ Explanation explain_plan(Model& model, const Plan& plan) {
         for (const auto& pl : me.params)
             for (const auto& [name, p] : model.named_parameters())
                 if (name == pl.fqn) layouts[p.get()] = &pl;
+    auto tp_local = [&](const Parameter* p, int r) {
+        auto it = layouts.find(p);
+        return it == layouts.end() ? p->value.shape() : it->second->local[r];
+    };
+    if (ex.resolution.dp.active) explain_data_parallel(model, plan, ex, tp_local);
     const double state = model.optimizer.type == "adamw" ? 2 : (model.optimizer.momentum != 0 ? 1 : 0);
+    std::set<const Parameter*> fsdp;
+    for (const auto& u : ex.resolution.dp.units)
+        for (const auto& [name, p] : model.named_parameters())
+            if (std::find(u.params.begin(), u.params.end(), name) != u.params.end()) fsdp.insert(p.get());
     for (int r = 0; r < n; ++r) {
         int64_t bytes = 0;
         for (const auto& [name, p] : model.named_parameters()) {
-            auto it = layouts.find(p.get());
-            bytes += (it == layouts.end() ? p->value.numel() : numel_of(it->second->local[r])) * static_cast<int64_t>(es);
+            Shape local = tp_local(p.get(), r);
+            if (fsdp.count(p.get()) && !local.empty()) local[0] = chunk_of(local[0], ex.dp, 0).length;  // dp rank 0's shard
+            bytes += numel_of(local) * static_cast<int64_t>(es);
         }
         ex.param_bytes.push_back(bytes);
         ex.training_bytes.push_back(static_cast<int64_t>(bytes * (2 + state)));

@@ -7,6 +7,8 @@
 // redistribute), and tests check them against the counts a verify run measures.
 #pragma once
 
+#include <functional>
+
 #include "parallel/parallelize.h"
 
 namespace ptool {
@@ -37,6 +39,8 @@ struct ModuleExplain {
 struct Explanation {
     Resolution resolution;
     int tp = 1;
+    int dp = 1;
+    std::vector<std::string> data_parallel;  // what replicate/fully_shard do: buckets, units (lines)
     std::vector<ModuleExplain> modules;
     std::vector<CommCost> step_comm;   // one training step, in execution order (forward, then backward)
     std::vector<int64_t> param_bytes;  // per tp rank
@@ -44,5 +48,11 @@ struct Explanation {
 };
 
 Explanation explain_plan(Model& model, const Plan& plan);
+
+// The data-parallel part (explain_dp.cpp): DDP's buckets and buffer broadcasts, fully_shard's
+// all_gathers and reduce_scatters, SyncBatchNorm's collectives, added to ex.step_comm; the
+// parameter bytes fully_shard leaves each rank. tp_local(p): a parameter's numel on tp rank r.
+void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex,
+                           const std::function<Shape(const Parameter*, int tp_rank)>& tp_local);
 
 }  // namespace ptool

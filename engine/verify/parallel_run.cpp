@@ -55,8 +55,11 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
     const Resolution res = resolve_plan(model, plan);
     if (own_shards) model.init_params_except([&](const Module& m) { return shards_parameters(res, m); });
     parallelize(model, plan, res, mesh, st, own_shards);
+    // DDP fills its buckets with the tensors it sees: the TP-local shards, so resolved again here
+    std::vector<std::string> unused;
+    const DataParallelResolution dp_res = res.dp.active ? resolve_data_parallel(model, plan, unused, unused) : res.dp;
     std::unique_ptr<DataParallel> dp;
-    if (res.dp.active) dp = std::make_unique<DataParallel>(model, plan, res.dp, mesh, be, fault);
+    if (dp_res.active) dp = std::make_unique<DataParallel>(model, plan, dp_res, mesh, be, fault);
     // a dim the plan does not use is a one-rank group here, so the same code serves every plan
     std::unique_ptr<Communicator> solo_tp = st->comm ? nullptr : world.split(world.rank(), 0);
     std::unique_ptr<Communicator> solo_dp = dp ? nullptr : world.split(world.rank(), 0);
@@ -85,14 +88,19 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
         CountingPaused pause(counter.get());
         for (const auto& [name, p] : model.state_dict()) {
             const bool buffer = p->grad.numel() == 0 && p->value.numel() != 0;
-            Tensor full = gather(p->value, buffer ? Placement::replicate() : dp_placement(p.get()),
-                                 buffer ? Placement::replicate() : tp_placement(p.get()));
+            const Placement on_dp = buffer ? Placement::replicate() : dp_placement(p.get());
+            const Placement on_tp = buffer ? Placement::replicate() : tp_placement(p.get());
+            Tensor full = gather(p->value, on_dp, on_tp);
+            const bool ignored = dp && dp->ignored(name);
+            const bool agree = (!on_tp.is_replicate() || replicas_agree(p->value, tp)) &&
+                               (ignored || !on_dp.is_replicate() || replicas_agree(p->value, dpc));
+            if (rank0 && !agree) rec.init_replicas_differ.push_back(name);
             if (rank0) rec.init_state.emplace_back(name, full.shares_storage(p->value) ? full.clone() : full);
         }
     }
     rec.unique_params = static_cast<int64_t>(params.size());
-    for (const auto& r : res.dp.replicas) rec.dp_buckets += static_cast<int64_t>(r.buckets.size());
-    for (const auto& r : res.dp.replicas)
+    for (const auto& r : dp_res.replicas) rec.dp_buckets += static_cast<int64_t>(r.buckets.size());
+    for (const auto& r : dp_res.replicas)
         for (const auto& b : r.buckets) rec.grad_bytes += b.bytes;
     const int64_t rows_per_rank = model.input.shape.empty() ? 0 : model.input.shape[0] / dpc.size();
     for (int64_t step = 0; step < in.steps; ++step) {
@@ -133,7 +141,7 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
         if (dp) dp->after_backward();
         optimizer.step(params);
         rec.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (dp) rec.bucket_copy_bytes = dp->bucket_copy_bytes();
+        if (dp) rec.bucket_copy_bytes = dp->bucket_copy_bytes(), rec.bucket_allreduce_bytes = dp->bucket_allreduce_bytes();
 
         CountingPaused pause(counter.get());
         const std::string s = fmt::format("step{}.", step);

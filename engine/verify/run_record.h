@@ -41,9 +41,11 @@ struct RunRecord {
     // Replica invariants after construction (data parallel): the full parameters and buffers,
     // state_dict names, before the first step; compared bitwise with the reference's.
     std::vector<std::pair<std::string, Tensor>> init_state;
+    std::vector<std::string> init_replicas_differ;  // state tensors whose replicas differ after construction
     int64_t unique_params = 0;       // named_parameters() count: shared modules stay one
     int64_t dp_buckets = 0;          // DDP buckets per step
     int64_t bucket_copy_bytes = 0;   // copied into/out of buckets per step (0 with bucket views)
+    int64_t bucket_allreduce_bytes = 0;  // DDP's gradient all_reduce per step
     int64_t grad_bytes = 0;          // of the synchronised gradients (local shapes)
 };
 

@@ -53,7 +53,8 @@ void check_init_state(const RunRecord& ref, const RunRecord& par, PlanReport& re
         if (!bitwise_equal(par.init_state[i].second, ref.init_state[i].second)) differ.push_back(ref.init_state[i].first);
     }
     const bool shared_ok = ref.unique_params == par.unique_params;
-    if (renamed.empty() && differ.empty() && shared_ok) {
+    const auto& split = par.init_replicas_differ;
+    if (renamed.empty() && differ.empty() && shared_ok && split.empty()) {
         rep.notes.push_back(fmt::format("state_dict after construction: {} keys, the reference's names, bitwise its "
                                         "values; {} unique parameters",
                                         ref.init_state.size(), par.unique_params));
@@ -66,6 +67,11 @@ void check_init_state(const RunRecord& ref, const RunRecord& par, PlanReport& re
         rep.notes.push_back(fmt::format("FAIL after construction, {} of {} tensors differ from the reference's (a broadcast "
                                         "missed or sent from the wrong rank?): {}",
                                         differ.size(), ref.init_state.size(), fmt::join(differ, ", ")));
+    if (!split.empty())
+        rep.notes.push_back(fmt::format("FAIL after construction, the replicas of {} differ across ranks (a broadcast "
+                                        "missed?): {}",
+                                        split.size() == 1 ? "one tensor" : fmt::format("{} tensors", split.size()),
+                                        fmt::join(split, ", ")));
     if (!shared_ok)
         rep.notes.push_back(fmt::format("FAIL {} unique parameters, the reference has {}: a shared module was copied",
                                         par.unique_params, ref.unique_params));

@@ -1,0 +1,75 @@
+#include <map>
+
+#include "plan/explain.h"
+
+namespace ptool {
+
+void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex,
+                           const std::function<Shape(const Parameter*, int tp_rank)>& tp_local) {
+    const DataParallelResolution& dp = ex.resolution.dp;
+    const DataParallelSpec& spec = *plan.data_parallel;
+    const int n = dp.size;
+    const auto named = model.named_parameters(), buffers = model.named_buffers();
+    std::map<std::string, const Parameter*> by_name;
+    for (const auto& [name, p] : named) by_name[name] = p.get();
+    auto local_bytes = [&](const std::string& name) {  // on tp rank 0, as DDP sees it
+        const Parameter* p = by_name.at(name);
+        return numel_of(tp_local(p, 0)) * static_cast<int64_t>(dtype_size(p->value.dtype()));
+    };
+    std::vector<CommCost> forward, backward;
+
+    if (!dp.synced_buffers.empty()) {  // before every forward: one flat broadcast per dtype
+        std::map<DType, int64_t> bytes;
+        for (const auto& [name, b] : buffers)
+            if (dp.synced_buffers.count(name)) bytes[b->value.dtype()] += static_cast<int64_t>(b->value.nbytes());
+        for (const auto& [dt, b] : bytes)
+            forward.push_back({"broadcast", b, dp.replicas.size() == 1 ? dp.replicas[0].root : "", "forward"});
+    }
+    // fully_shard units: outermost first in forward; reduce_scatter (and the re-gather) in backward
+    for (const FsdpUnitSpec& u : dp.units) {
+        if (u.params.empty()) continue;
+        int64_t region = 0;
+        for (const std::string& name : u.params) {
+            const Shape s = tp_local(by_name.at(name), 0);
+            const int64_t rows = s.empty() ? 1 : s[0], row = rows ? numel_of(s) / rows : 0;
+            region += chunk_of(rows, n, 0).length * row * static_cast<int64_t>(dtype_size(model.dtype));
+        }
+        forward.push_back({"all_gather", n * region, u.fqn, "forward"});
+        if (!u.fqn.empty()) backward.insert(backward.begin(), {"all_gather", n * region, u.fqn, "backward"});
+        backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1), {"reduce_scatter", n * region, u.fqn, "backward"});
+        ex.data_parallel.push_back(fmt::format("fully_shard '{}': {} parameter{}, Shard(0) on '{}', {} B per rank in "
+                                               "the flat buffer",
+                                               u.fqn.empty() ? "(root)" : u.fqn, u.params.size(),
+                                               u.params.size() == 1 ? "" : "s", spec.mesh_dim, region));
+    }
+    if (spec.sync_batch_norm && n > 1)  // SyncBatchNorm: stats all_gather forward, sums all_reduce backward
+        for (const std::string& bn : dp.batch_norms)
+            for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+                if (fqn != bn) return;
+                const int64_t c = m.param("weight")->value.numel();
+                const int64_t sd = model.dtype == DType::float64 ? 8 : 4;
+                int calls = 0;  // a shared module runs once per name it has
+                for (const auto& [name, p] : model.state_dict()) calls += p == m.param("weight");
+                for (int k = 0; k < calls; ++k) {
+                    forward.push_back({"all_gather", n * 2 * c * sd, fqn, "forward"});
+                    backward.insert(backward.begin(), {"all_reduce", 2 * c * sd, fqn, "backward"});
+                }
+            });
+    for (const auto& replica : dp.replicas) {
+        int k = 0;
+        for (const BucketSpec& b : replica.buckets) {
+            int64_t bytes = 0;
+            for (const std::string& name : b.params) bytes += local_bytes(name);
+            backward.push_back({"all_reduce", bytes, replica.root, "backward"});
+            ex.data_parallel.push_back(fmt::format("replicate '{}' bucket {}: {} ({}), all_reduce avg after backward",
+                                                   replica.root.empty() ? "(root)" : replica.root, k++,
+                                                   fmt::join(b.params, ", "), bytes));
+        }
+    }
+    if (!dp.ignored_params.empty())
+        ex.data_parallel.push_back(fmt::format("not synchronised (ignored_modules): {}", fmt::join(dp.ignored_params, ", ")));
+    ex.step_comm.insert(ex.step_comm.begin(), forward.begin(), forward.end());
+    ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());
+}
+
+}  // namespace ptool
