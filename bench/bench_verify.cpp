@@ -1,9 +1,13 @@
 // bench_verify: `ptool verify` of the GEMM-heavy MLP under a TP plan (net1 colwise, net2 rowwise)
-// at tp 2, 4 and 8, against the time of its FLOPs at the OpenBLAS sgemm rate measured in the same
-// run. verify runs the reference and the parallel model, so the limit is 2x the step's GEMMs.
-//   ./build/bench/bench_verify [MODEL] [PLAN]
+// at tp 2, 4 and 8, or a DDP plan at dp 2 and 4, against the time of its FLOPs at the OpenBLAS
+// sgemm rate measured in the same run. verify runs the reference and the parallel model, so the
+// limit is 2x the step's GEMMs. For DDP it also prints the gradient all_reduce bytes per step
+// against the model's gradient bytes (must be 1x: every gradient in exactly one bucket).
+//   ./build/bench/bench_verify [MODEL] [PLAN]      (default: gemm_mlp, plans/gemm_mlp_tp.yaml)
+//   ./build/bench/bench_verify models/gemm_mlp.yaml plans/gemm_mlp_ddp.yaml
 #include <chrono>
 #include <cstdio>
+#include <vector>
 
 #include "core/yaml_reader.h"
 #include "gemm_limit.h"
@@ -22,8 +26,11 @@ int main(int argc, char** argv) {
     const double limit = 2 * lim.seconds;
     std::printf("bench_verify %s: %.2f GFLOP per step; reference + parallel at the sgemm rate (%.1f GFLOP/s): %.1f ms\n",
                 model.name.c_str(), lim.flops / 1e9, lim.flops / lim.seconds / 1e9, limit * 1e3);
-    std::printf("  %4s  %10s  %10s  %10s  %8s\n", "tp", "verify ms", "reference", "parallel", "x limit");
-    for (int tp : {2, 4, 8}) {
+    const bool ddp = load_plan(plan_path).data_parallel.has_value();
+    int64_t grad_bytes = 0;
+    for (const auto& [name, p] : model.named_parameters()) grad_bytes += static_cast<int64_t>(p->grad.nbytes());
+    std::printf("  %4s  %10s  %10s  %10s  %8s\n", ddp ? "dp" : "tp", "verify ms", "reference", "parallel", "x limit");
+    for (int tp : ddp ? std::vector<int>{2, 4} : std::vector<int>{2, 4, 8}) {
         Plan plan = load_plan(plan_path);
         plan.mesh[0].size = tp;
         for (bool events : {false, true}) {
@@ -34,6 +41,10 @@ int main(int argc, char** argv) {
             std::printf("  %4d  %10.1f  %10.1f  %10.1f  %8.2f  %s%s\n", tp, total * 1e3, r.reference_seconds * 1e3,
                         r.plans[0].run.seconds * 1e3, total / limit, r.pass ? "PASS" : "FAIL",
                         events ? " (with per-module gathers for localisation)" : "");
+            if (ddp && !events)
+                std::printf("        gradient all_reduce %.1f MiB per step in %lld buckets = %.3fx the model's %.1f MiB of gradients\n",
+                            r.plans[0].run.bucket_allreduce_bytes / 1048576.0, static_cast<long long>(r.plans[0].run.dp_buckets),
+                            static_cast<double>(r.plans[0].run.bucket_allreduce_bytes) / grad_bytes, grad_bytes / 1048576.0);
         }
     }
     std::printf("target: verify within 1.5x of the limit\n");

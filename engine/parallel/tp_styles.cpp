@@ -251,8 +251,16 @@ private:
 
 }  // namespace
 
-void poison_replica(Tensor& t, int rank) {
-    for (int64_t k = 0; k < t.numel(); ++k) t.set(k, t.item(k) * -0.5 + 0.25 + rank);
+void poison_replica(Tensor& t, int rank) {  // t := 0.25 + rank - t / 2
+    if (t.dtype() == DType::int64 || t.dtype() == DType::int32) {  // counters (num_batches_tracked): few elements
+        for (int64_t k = 0; k < t.numel(); ++k) t.set(k, t.item(k) + 1 + rank);
+        return;
+    }
+    Backend& be = backend_for(t.device());
+    Tensor shift = Tensor::empty(t.shape(), t.dtype(), t.device());
+    be.fill(shift, 0.25 + rank);
+    be.axpy(-0.5, t, shift);
+    be.copy(shift, t);
 }
 
 Fault parse_fault(const char* env) {
