@@ -85,6 +85,29 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["collectives_per_step"] = nlohmann::json::array();
         for (const auto& cc : ex.step_comm)
             j["collectives_per_step"].push_back({{"op", cc.op}, {"bytes", cc.bytes}, {"module", cc.module}, {"phase", cc.phase}});
+        j["modules"] = nlohmann::json::array();
+        for (const auto& m : ex.modules) {
+            std::vector<std::string> params;
+            for (const auto& p : m.params) params.push_back(p.fqn);
+            std::string type;
+            for_each_module(*model.root, [&](const std::string& fqn, Module& mod) {
+                if (fqn == m.fqn) type = mod.type();
+            });
+            j["modules"].push_back({{"fqn", m.fqn}, {"style", m.style}, {"type", type}, {"params", params}});
+        }
+        j["params"] = nlohmann::json::array();
+        for (const auto& [name, p] : model.named_parameters()) j["params"].push_back(name);
+        j["src_data_rank"] = plan.has_tensor_parallel && plan.src_data_rank ? nlohmann::json(*plan.src_data_rank) : nlohmann::json(nullptr);
+        j["tp"] = ex.tp;
+        j["dp"] = ex.dp;
+        const DataParallelResolution& dp = ex.resolution.dp;
+        j["buckets"] = nlohmann::json::array();
+        for (const auto& r : dp.replicas)
+            for (const auto& b : r.buckets) j["buckets"].push_back({{"root", r.root}, {"params", b.params}});
+        j["units"] = nlohmann::json::array();
+        for (const auto& u : dp.units) j["units"].push_back({{"fqn", u.fqn}, {"params", u.params}});
+        j["ignored_params"] = std::vector<std::string>(dp.ignored_params.begin(), dp.ignored_params.end());
+        j["synced_buffers"] = std::vector<std::string>(dp.synced_buffers.begin(), dp.synced_buffers.end());
         j["param_bytes_per_rank"] = ex.param_bytes;
         j["training_bytes_per_rank"] = ex.training_bytes;
         write_file_atomic(a.json, j.dump(2) + "\n", true);

@@ -189,12 +189,17 @@ void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMe
             if (r != *plan.src_data_rank) poison_replica(full, r);
             comm.broadcast(full, src);
         }
-        int index = r;
-        if (state->fault.hits("wrong_shard_offset", fqn)) index = (r + 1) % n;
-        Tensor local = chunk(full, n, index, dim);
-        if (state->fault.hits("wrong_shard_dim", fqn) && full.dim() == 2) {  // the shard taken along the other dim
-            Tensor other = chunk(full, n, index, 1 - dim);
-            if (other.numel() == local.numel()) local = other.reshape(local.shape());
+        Tensor local = chunk(full, n, r, dim);
+        if (state->fault.hits("wrong_shard_offset", fqn) && local.numel() > 0) {
+            // off by one row: this rank's chunk size, taken one row later (earlier at the end)
+            const Chunk c = chunk_of(full.size(dim), n, r);
+            const int64_t start = c.offset + c.length < full.size(dim) ? c.offset + 1 : c.offset - 1;
+            if (start >= 0) local = movedim(movedim(full, dim, 0).narrow(0, start, c.length).clone(), 0, dim).clone();
+        }
+        if (state->fault.hits("wrong_shard_dim", fqn) && full.dim() == 2 && local.numel() > 0) {
+            // sharded along the other dim: that chunk's values poured into this shard's shape
+            Tensor other = chunk(full, n, r, 1 - dim);
+            for (int64_t i = 0; i < local.numel(); ++i) local.set(i, other.numel() ? other.item(i % other.numel()) : 0.0);
         }
         p->value = local;
         p->grad = Tensor::empty(local.shape(), local.dtype(), local.device());

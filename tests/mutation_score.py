@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Mutation score of the verifier: every injected parallelism bug (PTOOL_FAULT) over every shipped
+case it applies to. Prints the table (class, cases, detected, localised) and fails unless every
+mutant is detected and >= 90% of each class are localised to the right module and phase.
+
+    mutation_score.py PTOOL ROOT
+
+Which cases a class applies to comes from `ptool explain --json` (styled modules, their
+collectives, buckets, fully_shard units, ignored parameters, broadcast buffers). Detected: verify
+exits 1. Localised: the report names the right place, per class:
+  TP forward faults      first divergence is the module's forward output
+  TP backward fault      first divergence is the module's input gradient
+  shard / broadcast      the state_dict check after construction names the module's parameter
+  DP gradient faults     the broken parameter's step-0 gradient fails
+  ignored synced         the ignored gradient is reported SYNCED
+  stale fully_shard      first divergence is in the unit, at step 1
+"""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+PTOOL, ROOT = sys.argv[1], sys.argv[2]
+
+
+def cases():
+    for plan in sorted(glob.glob(f"{ROOT}/plans/*.yaml")):
+        name = os.path.basename(plan)[:-5]
+        if name.startswith("gemm_mlp") or name == "mpy_bn_local":
+            continue  # benchmark-sized; fails by design
+        model = re.search(r"models/[a-z_0-9]*\.yaml", open(plan).read()).group(0)
+        yield f"{ROOT}/{model}", plan
+
+
+def explain(model, plan):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "e.json")
+        subprocess.run([PTOOL, "explain", model, plan, "--json", out], capture_output=True, check=True, timeout=60)
+        return json.load(open(out))
+
+
+def mutants(ex):
+    """(class, fault, check) for one case; check(report) -> localised?"""
+    def first_div(text):
+        return lambda r: text in r["localisation"]
+
+    def note_names(fqn):
+        return lambda r: any("after construction" in n and re.search(rf"(^|[ ,:]){re.escape(fqn)}\.", n) for n in r["notes"])
+
+    def grad_fails(*params):
+        names = {f"step0.grad.{p}" for p in params}
+        return lambda r: any(t["name"] in names and not t["pass"] for t in r["tensors"])
+
+    comm = {}
+    for c in ex["collectives_per_step"]:
+        comm.setdefault((c["module"], c["phase"]), set()).add(c["op"])
+    if ex["tp"] > 1:
+        for m in ex["modules"]:
+            fqn, style, linear = m["fqn"], m["style"], m["type"] == "linear"
+            # the model's first linear: its input gradient is the model input's, which no parameter
+            # depends on (PyTorch does not even compute it): skipping its all_reduce changes nothing
+            first = ex["params"] and ex["params"][0] in m["params"]
+            if style == "colwise" and linear and not first:
+                yield ("skip_grad_all_reduce", f"skip_grad_all_reduce:{fqn}", first_div(f"backward `{fqn}` input gradient"))
+            if style == "rowwise" and linear and "all_reduce" in comm.get((fqn, "forward"), set()):
+                yield ("skip_all_reduce", f"skip_all_reduce:{fqn}", first_div(f"forward `{fqn}` output"))
+                if f"{fqn}.bias" in m["params"]:
+                    yield ("bias_every_rank", f"bias_every_rank:{fqn}", first_div(f"forward `{fqn}` output"))
+            if style in ("colwise", "rowwise") and linear:
+                yield ("wrong_shard_dim", f"wrong_shard_dim:{fqn}", note_names(fqn))
+                yield ("wrong_shard_offset", f"wrong_shard_offset:{fqn}", note_names(fqn))
+            if style in ("colwise", "rowwise") and ex["src_data_rank"] is not None:
+                yield ("wrong_src_rank", f"wrong_src_rank:{fqn}", note_names(fqn))
+    if ex["dp"] > 1:
+        roots = sorted({b["root"] for b in ex["buckets"]})
+        for b in ex["buckets"]:
+            yield ("skip_bucket", f"skip_bucket:{b['params'][0]}", grad_fails(*b["params"]))
+        for root in roots:
+            yield ("grad_sum", f"grad_sum:{root if root else '*'}",
+                   grad_fails(*[p for b in ex["buckets"] if b["root"] == root for p in b["params"]]))
+        if ex["synced_buffers"]:
+            buf = ex["synced_buffers"][0]
+            yield ("skip_buffer_broadcast", "skip_buffer_broadcast:*",
+                   lambda r, b=buf: any("after construction" in n and b in n for n in r["notes"]))
+        if ex["ignored_params"]:
+            p = ex["ignored_params"][0]
+            yield ("sync_ignored", "sync_ignored:*",
+                   lambda r, p=p: any(t["name"] == f"step0.grad.{p}" and t["replicas"] == "SYNCED" for t in r["tensors"]))
+        for u in ex["units"]:
+            if not u["params"]:
+                continue
+            unit = u["fqn"] if u["fqn"] else "*"
+            yield ("skip_reduce_scatter", f"skip_reduce_scatter:{unit}", grad_fails(*u["params"]))
+            prefix = f"`{u['fqn']}" if u["fqn"] else "`"
+            yield ("stale_param", f"stale_param:{unit}", lambda r, pre=prefix: "step 1 forward " + pre in r["localisation"])
+
+
+def main():
+    table, misses = {}, []
+    for model, plan in cases():
+        ex = explain(model, plan)
+        for cls, fault, localised in mutants(ex):
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "r.json")
+                p = subprocess.run([PTOOL, "verify", model, plan, "--json", out, "-q"], capture_output=True, text=True,
+                                   env=dict(os.environ, PTOOL_FAULT=fault), timeout=120)
+                rep = json.load(open(out))["plans"][0] if os.path.exists(out) else None
+            row = table.setdefault(cls, [set(), 0, 0, 0])
+            row[0].add(os.path.basename(plan))
+            row[1] += 1
+            det = p.returncode == 1
+            loc = det and rep is not None and localised(rep)
+            row[2] += det
+            row[3] += loc
+            if not loc:
+                misses.append(f"{cls}: {fault} on {os.path.basename(plan)}: exit {p.returncode}, "
+                              f"{'not localised: ' + (rep['localisation'] if rep else '') if det else 'NOT DETECTED'}")
+    print(f"{'class':<24} {'cases':>5} {'mutants':>7} {'detected':>9} {'localised':>9}")
+    ok = True
+    for cls, (plans, n, det, loc) in sorted(table.items()):
+        print(f"{cls:<24} {len(plans):>5} {n:>7} {det:>4} {100 * det / n:3.0f}% {loc:>4} {100 * loc / n:3.0f}%")
+        ok = ok and det == n and loc >= 0.9 * n
+    total = sum(r[1] for r in table.values())
+    print(f"{len(table)} classes, {total} mutants: detected {sum(r[2] for r in table.values())}, "
+          f"localised {sum(r[3] for r in table.values())}")
+    for m in misses:
+        print("  miss:", m)
+    ok = ok and len(table) >= 12
+    print("PASS" if ok else "FAIL")
+    sys.exit(0 if ok else 1)
+
+
+main()
