@@ -121,7 +121,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
             if (spec.mode == "replicate" && under(name, root))
                 per_root[root].push_back({name, static_cast<int64_t>(p->value.nbytes())});
     }
-    const int64_t cap = static_cast<int64_t>(spec.bucket_cap_mb * 1024 * 1024);
+    const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(spec.bucket_cap_mb * 1024 * 1024));
     if (spec.mode == "replicate")
         for (const std::string& root : spec.modules) res.replicas.push_back({root, assign_buckets(per_root[root], cap)});
     if (spec.mode == "replicate" && spec.broadcast_buffers)

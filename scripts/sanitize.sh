@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sanitizer jobs (CI runs both after the tests):
+#   scripts/sanitize.sh address   ASan + UBSan build (build-asan/), the whole ctest suite
+#   scripts/sanitize.sh thread    TSan build (build-tsan/), the threads communicator and the
+#                                 in-process verify tests (rank threads are where races live)
+# Any sanitizer report fails the test that triggered it (halt_on_error / exitcode).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind=${1:?usage: scripts/sanitize.sh address|thread}
+case $kind in
+  address) dir=build-asan; flags=address,undefined
+           export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ;;
+  thread)  dir=build-tsan; flags=thread; export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ;;
+  *) echo "unknown sanitizer '$kind'" >&2; exit 2 ;;
+esac
+scripts/setup.sh --test
+# OpenMPI's own allocations and threads are not ours: the MPI tests run in the ASan job only,
+# without leak detection (detect_leaks=0 above); the CUDA code is left out (nvcc takes no -fsanitize).
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTOOL_SANITIZE=$flags -DPTOOL_WITH_CUDA=OFF > /dev/null
+cmake --build "$dir" -j"$(nproc)" 2>&1 | grep -E "error|warning: " || true
+test -x "$dir/cli/ptool"
+cd "$dir"
+if [[ $kind == address ]]; then
+  ctest --output-on-failure -j"$(nproc)" -E "torch_crosscheck"  # the cross-check checks numerics against PyTorch, not memory
+else
+  ctest --output-on-failure -j"$(nproc)" -R "test_comm_threads|test_parallel|tp_seeds|dp_cases"
+fi
