@@ -7,9 +7,11 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "comm/rank_supervisor.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+    if (std::optional<int> code = ptool::supervise_rank()) return *code;  // under mpirun: this process only waits
     auto logger = spdlog::stderr_color_mt("ptool");
     spdlog::set_default_logger(logger);
     spdlog::set_pattern("%^%l%$: %v");

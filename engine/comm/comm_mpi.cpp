@@ -1,5 +1,7 @@
 #include "comm/comm_mpi.h"
 
+#include "comm/rank_supervisor.h"
+
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -80,9 +82,13 @@ MpiCommunicator::~MpiCommunicator() {
 void MpiCommunicator::wait(MPI_Request& req, const CollectiveDesc& d) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
     int done = 0;
+    set_rank_activity("in " + d.str());
     for (int spins = 0;; ++spins) {
         MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-        if (done) return;
+        if (done) {
+            set_rank_activity("after " + d.str());
+            return;
+        }
         if (std::chrono::steady_clock::now() >= deadline)
             mpi_abort_job(fmt::format("rank {} timed out after {} s in {} (a rank never arrived, or is in another "
                                       "collective)",
@@ -125,7 +131,7 @@ void MpiCommunicator::reduce_chunk(const Tensor& in, void* out, int64_t rows, in
     wait(req, d);
     std::vector<const void*> ins(size_);
     for (int j = 0; j < size_; ++j) ins[j] = recv.data() + recv_displs[j];
-    if (mine.length * row) reduce_in_rank_order(ins, {out}, mine.length * row, in.dtype(), op);
+    if (mine.length * row > 0) reduce_in_rank_order(ins, {out}, mine.length * row, in.dtype(), op);
 }
 
 void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
