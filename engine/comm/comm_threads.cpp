@@ -137,7 +137,7 @@ void ThreadsCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp
     const size_t es = dtype_size(in.dtype());
     std::vector<const void*> ins(g.n);
     for (int r = 0; r < g.n; ++r) ins[r] = static_cast<const char*>(g.in[r]) + c.offset * row * es;
-    if (c.length * row) reduce_in_rank_order(ins, {out.raw()}, c.length * row, in.dtype(), op);
+    if (c.length * row > 0) reduce_in_rank_order(ins, {out.raw()}, c.length * row, in.dtype(), op);
     leave();
 }
 

@@ -15,8 +15,6 @@ int64_t numel_of(const Shape& s) {
 
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
-const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
-
 namespace {
 // Activations are allocated and freed every step. By default glibc serves blocks over 128 KiB with
 // mmap and unmaps them on free, so every step page-faults its activations in again (a third of a
@@ -30,7 +28,11 @@ const bool kHeapTuned = [] {
 }  // namespace
 
 Storage::Storage(size_t bytes, Device device, bool zero) : bytes_(bytes), device_(device) {
-    PTOOL_REQUIRE(device == Device::cpu, "device storage is allocated by the cuda backend");
+    if (device != Device::cpu) {
+        data_ = device_memory().allocate(bytes);
+        if (zero) device_memory().zero(data_, bytes);
+        return;
+    }
     (void)kHeapTuned;
     size_t rounded = (bytes + 63) / 64 * 64;
     data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
@@ -38,7 +40,10 @@ Storage::Storage(size_t bytes, Device device, bool zero) : bytes_(bytes), device
     if (zero) std::memset(data_, 0, rounded == 0 ? 64 : rounded);
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+    if (device_ == Device::cpu) std::free(data_);
+    else device_memory().release(data_, bytes_);
+}
 
 Tensor::Tensor(Shape shape, DType dtype, Device device)
     : shape_(std::move(shape)), dtype_(dtype), device_(device) {
@@ -105,24 +110,25 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
         t.shape_ = out_shape;
         return t;
     }
-    Tensor t(out_shape, dtype_, device_);
-    size_t es = dtype_size(dtype_);
-    const char* src = static_cast<const char*>(raw());
-    char* dst = static_cast<char*>(t.raw());
-    for (int64_t o = 0; o < outer; ++o)
-        std::memcpy(dst + o * length * inner * es, src + (o * shape_[d] + start) * inner * es,
-                    length * inner * es);
+    Tensor t = empty(out_shape, dtype_, device_);
+    const size_t es = dtype_size(dtype_);
+    if (t.numel() == 0) return t;
+    copy_rows(t.raw(), length * inner * es, device_, static_cast<const char*>(raw()) + start * inner * es,
+              shape_[d] * inner * es, device_, length * inner * es, outer);
     return t;
 }
 
-Tensor Tensor::clone() const {
-    Tensor t = empty(shape_, dtype_, device_);
-    std::memcpy(t.raw(), raw(), nbytes());
+Tensor Tensor::clone() const { return to_device(device_); }
+
+Tensor Tensor::to_device(Device device) const {
+    Tensor t = empty(shape_, dtype_, device);
+    copy_bytes(t.raw(), device, raw(), device_, nbytes());
     return t;
 }
 
 Tensor Tensor::to(DType dtype) const {
     if (dtype == dtype_) return clone();
+    if (device_ != Device::cpu) return to_device(Device::cpu).to(dtype).to_device(device_);
     Tensor t(shape_, dtype, device_);
     for (int64_t i = 0; i < numel(); ++i) t.set(i, item(i));
     return t;
@@ -130,6 +136,7 @@ Tensor Tensor::to(DType dtype) const {
 
 double Tensor::item(int64_t i) const {
     PTOOL_REQUIRE(i >= 0 && i < numel(), "index {} out of range for {}", i, shape_str(shape_));
+    if (device_ != Device::cpu) return narrow_element(i).to_device(Device::cpu).item(0);
     switch (dtype_) {
         case DType::int64: return static_cast<double>(data<int64_t>()[i]);
         case DType::int32: return static_cast<double>(data<int32_t>()[i]);
@@ -143,6 +150,13 @@ double Tensor::item(int64_t i) const {
 
 void Tensor::set(int64_t i, double v) {
     PTOOL_REQUIRE(i >= 0 && i < numel(), "index {} out of range for {}", i, shape_str(shape_));
+    if (device_ != Device::cpu) {
+        Tensor host({}, dtype_);
+        host.set(0, v);
+        Tensor dst = narrow_element(i);
+        copy_bytes(dst.raw(), device_, host.raw(), Device::cpu, dtype_size(dtype_));
+        return;
+    }
     switch (dtype_) {
         case DType::int64: data<int64_t>()[i] = static_cast<int64_t>(v); return;
         case DType::int32: data<int32_t>()[i] = static_cast<int32_t>(v); return;
@@ -154,13 +168,22 @@ void Tensor::set(int64_t i, double v) {
     }
 }
 
+Tensor Tensor::narrow_element(int64_t i) const {
+    Tensor t = reshape({numel()});
+    t.offset_ += i;
+    t.shape_ = {};
+    return t;
+}
+
 std::vector<double> Tensor::to_doubles() const {
+    if (device_ != Device::cpu) return to_device(Device::cpu).to_doubles();
     std::vector<double> out(numel());
     for (int64_t i = 0; i < numel(); ++i) out[i] = item(i);
     return out;
 }
 
 int64_t id_at(const Tensor& ids, int64_t i) {
+    if (ids.device() != Device::cpu) return static_cast<int64_t>(ids.item(i));
     if (ids.dtype() == DType::int64) return ids.data<int64_t>()[i];
     PTOOL_REQUIRE(ids.dtype() == DType::int32, "ids must be int64 or int32, got {}", dtype_name(ids.dtype()));
     return ids.data<int32_t>()[i];

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "core/dtype.h"
 
 namespace ptool {
@@ -19,10 +20,8 @@ using Shape = std::vector<int64_t>;
 int64_t numel_of(const Shape& s);
 std::string shape_str(const Shape& s);  // "[12, 10]"
 
-enum class Device { cpu, cuda };
-const char* device_name(Device d);
-
-// Raw bytes on one device. CPU storage is 64-byte aligned host memory.
+// Raw bytes on one device. CPU storage is 64-byte aligned host memory; cuda storage comes from
+// the registered DeviceMemory (the CUDA backend's caching allocator).
 class Storage {
 public:
     Storage(size_t bytes, Device device, bool zero = true);
@@ -74,14 +73,18 @@ public:
     Tensor narrow(int64_t dim, int64_t start, int64_t length) const;  // view for dim 0, else copy
     Tensor clone() const;
     Tensor to(DType dtype) const;  // converted copy (a clone when the dtype is the same)
+    Tensor to_device(Device device) const;  // a copy on `device` (a clone when it is already there)
     bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
 
-    // Element access for tests and small host-side logic (slow: converts through double).
+    // Element access for tests and small host-side logic (slow: converts through double; on a
+    // cuda tensor each call is a device copy).
     double item(int64_t flat_index = 0) const;
     void set(int64_t flat_index, double value);
     std::vector<double> to_doubles() const;
 
 private:
+    Tensor narrow_element(int64_t flat_index) const;  // a 0-d view of one element
+
     std::shared_ptr<Storage> storage_;
     int64_t offset_ = 0;  // in elements
     Shape shape_;

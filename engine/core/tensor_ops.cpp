@@ -14,6 +14,7 @@ Tensor movedim(const Tensor& t, int64_t from, int64_t to) {
     from = normalize_dim(from, t.dim());
     to = normalize_dim(to, t.dim());
     if (from == to) return t;
+    if (t.device() != Device::cpu) return movedim(t.to_device(Device::cpu), from, to).to_device(t.device());
     std::vector<int64_t> order;  // order[i] = source dim of output dim i
     for (int64_t d = 0; d < t.dim(); ++d)
         if (d != from) order.push_back(d);
@@ -54,13 +55,14 @@ Tensor cat(const std::vector<Tensor>& pieces, int64_t dim) {
     for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
     for (int64_t d = dim + 1; d < first.dim(); ++d) inner *= shape[d];
     const size_t es = dtype_size(first.dtype());
+    const size_t out_row = static_cast<size_t>(shape[dim] * inner) * es;
     char* dst = static_cast<char*>(out.raw());
-    for (int64_t o = 0; o < outer; ++o)
-        for (const Tensor& p : pieces) {
-            const size_t bytes = static_cast<size_t>(p.shape()[dim] * inner) * es;
-            std::memcpy(dst, static_cast<const char*>(p.raw()) + o * bytes, bytes);
-            dst += bytes;
-        }
+    for (const Tensor& p : pieces) {  // each piece is `outer` rows of its own width in out's rows
+        PTOOL_REQUIRE(p.device() == first.device(), "cat: pieces on different devices");
+        const size_t bytes = static_cast<size_t>(p.shape()[dim] * inner) * es;
+        if (bytes && outer) copy_rows(dst, out_row, out.device(), p.raw(), bytes, p.device(), bytes, outer);
+        dst += bytes;
+    }
     return out;
 }
 

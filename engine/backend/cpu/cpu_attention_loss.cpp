@@ -137,10 +137,4 @@ double CpuBackend::mse(const Tensor& out, const Tensor& target, Tensor& dout) {
     });
 }
 
-Backend& backend_for(Device device) {
-    static CpuBackend cpu;
-    if (device == Device::cpu) return cpu;
-    throw InputError("ptool was built without CUDA support: --device cuda is not available");
-}
-
 }  // namespace ptool

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/op_shapes.h"
 
 namespace ptool {
 
@@ -55,9 +56,5 @@ public:
     void adamw_step(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq, int64_t step,
                     double lr, double beta1, double beta2, double eps, double weight_decay) override;
 };
-
-// Checks shared by the backends' entry points.
-void require_same_shape(const Tensor& a, const Tensor& b, const char* op);
-void require_same_dtype(const Tensor& a, const Tensor& b, const char* op);
 
 }  // namespace ptool

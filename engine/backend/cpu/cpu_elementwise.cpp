@@ -8,16 +8,6 @@
 
 namespace ptool {
 
-void require_same_shape(const Tensor& a, const Tensor& b, const char* op) {
-    PTOOL_REQUIRE(a.shape() == b.shape(), "{}: shapes {} and {} differ", op, shape_str(a.shape()),
-                  shape_str(b.shape()));
-}
-
-void require_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
-    PTOOL_REQUIRE(a.dtype() == b.dtype(), "{}: dtypes {} and {} differ", op, dtype_name(a.dtype()),
-                  dtype_name(b.dtype()));
-}
-
 namespace {
 
 template <class A>

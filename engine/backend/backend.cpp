@@ -1,0 +1,21 @@
+// The one place that picks a backend for a device, and knows whether this build has CUDA.
+#include "backend/backend.h"
+
+#include "backend/cpu/cpu_backend.h"
+#ifdef PTOOL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace ptool {
+
+Backend& backend_for(Device device) {
+    static CpuBackend cpu;
+    if (device == Device::cpu) return cpu;
+#ifdef PTOOL_HAVE_CUDA
+    return cuda_backend();
+#else
+    throw InputError("ptool was built without CUDA support: --device cuda is not available");
+#endif
+}
+
+}  // namespace ptool

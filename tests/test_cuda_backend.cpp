@@ -1,0 +1,227 @@
+// The CUDA backend against the CPU backend (the oracle), op by op, in float32, float64 and
+// bfloat16, plus the caching allocator's counters on the device. Needs a GPU: without one the
+// binary prints why and exits 4, which ctest reports as skipped.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/gpu_info.h"
+#include "core/rng.h"
+
+using namespace ptool;
+
+namespace {
+
+Backend& cpu() { return backend_for(Device::cpu); }
+Backend& gpu() { return backend_for(Device::cuda); }
+
+Tensor random(const Shape& s, DType dt, uint64_t seed, double lo = -2.0, double hi = 2.0) {
+    CounterRng rng(seed, 7);
+    Tensor t(s, dt);
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, lo + (hi - lo) * rng.uniform(static_cast<uint64_t>(i)));
+    return t;
+}
+
+Tensor ids(const Shape& s, int64_t vocab, uint64_t seed) {
+    CounterRng rng(seed, 9);
+    Tensor t(s, DType::int64);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<int64_t>()[i] = static_cast<int64_t>(rng.below(i, vocab));
+    return t;
+}
+
+double rtol_of(DType dt) { return dt == DType::float64 ? 1e-12 : dt == DType::bfloat16 ? 1.6e-2 : 1e-5; }
+
+// cpu_result vs the GPU result copied back, elementwise |a - b| <= atol + rtol |a|.
+void expect_close(const Tensor& cpu_t, const Tensor& gpu_t, const std::string& what, double atol = 1e-5) {
+    const Tensor g = gpu_t.to_device(Device::cpu);
+    REQUIRE(g.shape() == cpu_t.shape());
+    const double rtol = rtol_of(cpu_t.dtype());
+    int64_t bad = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < cpu_t.numel(); ++i) {
+        const double a = cpu_t.item(i), b = g.item(i), err = std::abs(a - b);
+        if (!(err <= atol + rtol * std::abs(a))) ++bad, worst = std::max(worst, err);
+    }
+    INFO(what << " in " << dtype_name(cpu_t.dtype()) << ": " << bad << " of " << cpu_t.numel()
+              << " elements out of tolerance, worst " << worst);
+    CHECK(bad == 0);
+}
+
+Tensor on_gpu(const Tensor& t) { return t.to_device(Device::cuda); }
+
+const DType kDtypes[] = {DType::float32, DType::float64, DType::bfloat16};
+
+}  // namespace
+
+TEST_CASE("cuda gemm matches the cpu for every transpose, batch and dtype", "[cuda]") {
+    for (DType dt : kDtypes)
+        for (int ta = 0; ta < 2; ++ta)
+            for (int tb = 0; tb < 2; ++tb) {
+                const int64_t m = 33, n = 47, k = 129;
+                Tensor a = random(ta ? Shape{3, k, m} : Shape{3, m, k}, dt, 1);
+                Tensor b = random(tb ? Shape{n, k} : Shape{k, n}, dt, 2);  // shared across the batch
+                Tensor c = random({3, m, n}, dt, 3), gc = on_gpu(c);
+                cpu().gemm(a, ta, b, tb, c, 0.5, 1.0);
+                gpu().gemm(on_gpu(a), ta, on_gpu(b), tb, gc, 0.5, 1.0);
+                expect_close(c, gc, fmt::format("gemm ta={} tb={}", ta, tb), dt == DType::bfloat16 ? 1e-1 : 1e-4);
+            }
+}
+
+TEST_CASE("cuda elementwise, activations and optimizer steps match the cpu", "[cuda]") {
+    for (DType dt : kDtypes) {
+        const Shape s{67, 129};
+        Tensor x = random(s, dt, 4), y = random(s, dt, 5);
+        Tensor gx = on_gpu(x), gy = on_gpu(y);
+        for (Activation act : {Activation::relu, Activation::gelu, Activation::gelu_tanh, Activation::silu,
+                               Activation::tanh}) {
+            Tensor out(s, dt), gout = on_gpu(out);
+            cpu().activation(act, x, out);
+            gpu().activation(act, gx, gout);
+            expect_close(out, gout, "activation");
+            cpu().activation_backward(act, x, y, out);
+            gpu().activation_backward(act, gx, gy, gout);
+            expect_close(out, gout, "activation_backward");
+        }
+        Tensor out(s, dt), gout = on_gpu(out);
+        cpu().add(x, y, out), gpu().add(gx, gy, gout), expect_close(out, gout, "add");
+        cpu().mul(x, y, out), gpu().mul(gx, gy, gout), expect_close(out, gout, "mul");
+        cpu().scale(x, 0.3, out), gpu().scale(gx, 0.3, gout), expect_close(out, gout, "scale");
+        Tensor acc = y.clone(), gacc = on_gpu(y);
+        cpu().axpy(-0.7, x, acc), gpu().axpy(-0.7, gx, gacc), expect_close(acc, gacc, "axpy");
+        cpu().fill(out, 1.25), gpu().fill(gout, 1.25), expect_close(out, gout, "fill");
+        Tensor bias = random({129}, dt, 6), yb = y.clone(), gyb = on_gpu(y);
+        cpu().add_bias(yb, bias), gpu().add_bias(gyb, on_gpu(bias)), expect_close(yb, gyb, "add_bias");
+        Tensor db = random({129}, dt, 7), gdb = on_gpu(db);
+        cpu().sum_rows(x, db, true), gpu().sum_rows(gx, gdb, true);
+        expect_close(db, gdb, "sum_rows", 0.0);  // the same order in double: bitwise
+        CHECK(std::abs(cpu().sum_all(x) - gpu().sum_all(gx)) <= 1e-9 * std::abs(cpu().sum_all(x)) + 1e-9);
+        Tensor conv(s, DType::float32), gconv = on_gpu(conv);
+        cpu().copy(x, conv), gpu().copy(gx, gconv), expect_close(conv, gconv, "copy (convert)", 0.0);
+        // optimizers: two steps each, momentum and weight decay on
+        Tensor p = x.clone(), gp = on_gpu(x), buf(s, dt), gbuf = on_gpu(buf);
+        for (int step = 1; step <= 2; ++step) {
+            cpu().sgd_step(p, y, buf, 0.1, 0.9, 0.01, step == 1);
+            gpu().sgd_step(gp, gy, gbuf, 0.1, 0.9, 0.01, step == 1);
+        }
+        expect_close(p, gp, "sgd_step");
+        Tensor q = x.clone(), gq = on_gpu(x), m(s, dt), v(s, dt), gm = on_gpu(m), gv = on_gpu(v);
+        for (int step = 1; step <= 2; ++step) {
+            cpu().adamw_step(q, y, m, v, step, 1e-3, 0.9, 0.999, 1e-8, 0.01);
+            gpu().adamw_step(gq, gy, gm, gv, step, 1e-3, 0.9, 0.999, 1e-8, 0.01);
+        }
+        expect_close(q, gq, "adamw_step");
+        expect_close(v, gv, "adamw exp_avg_sq");
+    }
+}
+
+TEST_CASE("cuda norms match the cpu (layer, rms, batch; forward and backward)", "[cuda]") {
+    for (DType dt : kDtypes) {
+        const DType sd = dt == DType::float64 ? DType::float64 : DType::float32;
+        for (bool rms : {false, true}) {
+            const int64_t rows = 37, d = 1500;  // d > 1024: threads loop within the row
+            Tensor x = random({rows, d}, dt, 8), w = random({d}, dt, 9), b = random({d}, dt, 10);
+            Tensor y({rows, d}, dt), mean({rows}, sd), rstd({rows}, sd);
+            Tensor gx = on_gpu(x), gw = on_gpu(w), gb = on_gpu(b), gy = on_gpu(y), gmean = on_gpu(mean),
+                   grstd = on_gpu(rstd);
+            cpu().layer_norm(x, w, b, 1e-5, rms, y, mean, rstd);
+            gpu().layer_norm(gx, gw, gb, 1e-5, rms, gy, gmean, grstd);
+            expect_close(y, gy, rms ? "rms_norm" : "layer_norm");
+            expect_close(rstd, grstd, "layer_norm rstd");
+            Tensor dy = random({rows, d}, dt, 11), dx({rows, d}, dt), dw(w.shape(), dt), dbias(b.shape(), dt);
+            Tensor gdx = on_gpu(dx), gdw = on_gpu(dw), gdbias = on_gpu(dbias);
+            cpu().layer_norm_backward(x, w, mean, rstd, dy, rms, dx, &dw, &dbias);
+            gpu().layer_norm_backward(gx, gw, gmean, grstd, on_gpu(dy), rms, gdx, &gdw, &gdbias);
+            expect_close(dx, gdx, "layer_norm_backward dx");
+            expect_close(dw, gdw, "layer_norm_backward dw", 1e-4);
+            expect_close(dbias, gdbias, "layer_norm_backward db", 1e-4);
+        }
+        const int64_t n = 64, c = 33;
+        Tensor x = random({n, c}, dt, 12), mean({c}, sd), var({c}, sd), gmean = on_gpu(mean), gvar = on_gpu(var);
+        Tensor gx = on_gpu(x);
+        cpu().channel_moments(x, mean, var), gpu().channel_moments(gx, gmean, gvar);
+        expect_close(mean, gmean, "channel_moments mean", 0.0);
+        expect_close(var, gvar, "channel_moments var", 0.0);
+        Tensor rstd({c}, sd);
+        for (int64_t j = 0; j < c; ++j) rstd.set(j, 1.0 / std::sqrt(var.item(j) + 1e-5));
+        Tensor grstd = on_gpu(rstd), w = random({c}, dt, 13), b = random({c}, dt, 14), y({n, c}, dt), gy = on_gpu(y);
+        cpu().batch_norm_apply(x, mean, rstd, w, b, y);
+        gpu().batch_norm_apply(gx, gmean, grstd, on_gpu(w), on_gpu(b), gy);
+        expect_close(y, gy, "batch_norm_apply");
+        Tensor dy = random({n, c}, dt, 15), s1({c}, sd), s2({c}, sd), gs1 = on_gpu(s1), gs2 = on_gpu(s2);
+        cpu().batch_norm_grad_sums(x, mean, rstd, dy, s1, s2);
+        gpu().batch_norm_grad_sums(gx, gmean, grstd, on_gpu(dy), gs1, gs2);
+        expect_close(s1, gs1, "batch_norm_grad_sums", 1e-9);
+        expect_close(s2, gs2, "batch_norm_grad_sums xhat", 1e-9);
+        Tensor dx({n, c}, dt), gdx = on_gpu(dx);
+        cpu().batch_norm_backward_input(x, mean, rstd, w, dy, s1, s2, n, dx);
+        gpu().batch_norm_backward_input(gx, gmean, grstd, on_gpu(w), on_gpu(dy), gs1, gs2, n, gdx);
+        expect_close(dx, gdx, "batch_norm_backward_input");
+    }
+}
+
+TEST_CASE("cuda embedding, attention helpers and losses match the cpu", "[cuda]") {
+    for (DType dt : kDtypes) {
+        Tensor w = random({50, 24}, dt, 16), tok = ids({4, 9}, 50, 17);
+        tok.data<int64_t>()[3] = -1;  // another rank's row
+        Tensor y({4, 9, 24}, dt), gy = on_gpu(y);
+        cpu().embedding(tok, w, y), gpu().embedding(on_gpu(tok), on_gpu(w), gy);
+        expect_close(y, gy, "embedding", 0.0);
+        Tensor dy = random({4, 9, 24}, dt, 18), dw = random({50, 24}, dt, 19), gdw = on_gpu(dw);
+        cpu().embedding_backward(tok, dy, dw), gpu().embedding_backward(on_gpu(tok), on_gpu(dy), gdw);
+        expect_close(dw, gdw, "embedding_backward", 0.0);  // same order, same rounding
+        Tensor bad = tok.clone();
+        bad.data<int64_t>()[5] = 50;
+        CHECK_THROWS_WITH(gpu().embedding(on_gpu(bad), on_gpu(w), gy), Catch::Contains("token id 50 at position 5"));
+
+        Tensor x = random({2, 3, 5, 7}, dt, 20), t({2, 5, 3, 7}, dt), gt = on_gpu(t);
+        cpu().transpose12(x, t), gpu().transpose12(on_gpu(x), gt), expect_close(t, gt, "transpose12", 0.0);
+        for (bool causal : {false, true}) {
+            Tensor s = random({2, 3, 6, 9}, dt, 21), p(s.shape(), dt), gp = on_gpu(p);
+            cpu().softmax(s, causal, p), gpu().softmax(on_gpu(s), causal, gp), expect_close(p, gp, "softmax");
+            Tensor d = random(s.shape(), dt, 22), dx(s.shape(), dt), gdx = on_gpu(dx);
+            cpu().softmax_backward(p, d, dx), gpu().softmax_backward(on_gpu(p), on_gpu(d), gdx);
+            expect_close(dx, gdx, "softmax_backward");
+        }
+        Tensor logits = random({13, 2000}, dt, 23), target = ids({13}, 2000, 24), dl(logits.shape(), dt),
+               gdl = on_gpu(dl);
+        target.data<int64_t>()[2] = -100;  // ignore_index
+        const double l_cpu = cpu().cross_entropy(logits, target, dl);
+        const double l_gpu = gpu().cross_entropy(on_gpu(logits), on_gpu(target), gdl);
+        CHECK(std::abs(l_cpu - l_gpu) <= rtol_of(dt) * std::abs(l_cpu));
+        expect_close(dl, gdl, "cross_entropy dlogits");
+        Tensor o = random({31, 17}, dt, 25), tg = random({31, 17}, dt, 26), dout(o.shape(), dt), gdout = on_gpu(dout);
+        const double m_cpu = cpu().mse(o, tg, dout), m_gpu = gpu().mse(on_gpu(o), on_gpu(tg), gdout);
+        CHECK(std::abs(m_cpu - m_gpu) <= rtol_of(dt) * std::abs(m_cpu));
+        expect_close(dout, gdout, "mse dout");
+    }
+}
+
+TEST_CASE("cuda tensors: copies, views and the caching allocator's counters", "[cuda]") {
+    const AllocatorStats before = cuda_memory_stats();
+    {
+        Tensor h = random({64, 30}, DType::float32, 27);
+        Tensor g = on_gpu(h);
+        CHECK(cuda_memory_stats().in_use >= before.in_use + 64 * 30 * 4);
+        CHECK(g.narrow(1, 5, 10).to_device(Device::cpu).to_doubles() == h.narrow(1, 5, 10).to_doubles());
+        CHECK(g.narrow(0, 3, 4).item(7) == h.narrow(0, 3, 4).item(7));
+        g.set(11, 42.0);
+        CHECK(g.item(11) == 42.0);
+        CHECK(g.to(DType::float64).to_device(Device::cpu).item(0) == h.item(0));
+    }
+    const AllocatorStats after = cuda_memory_stats();
+    CHECK(after.in_use == before.in_use);  // every block came back
+    CHECK(after.peak_in_use >= before.in_use + 64 * 30 * 4);
+}
+
+int main(int argc, char** argv) {
+    const GpuInfo info = query_gpus();
+    if (info.devices.empty()) {
+        std::printf("SKIP: the CUDA backend tests need a GPU: %s\n", info.why_none.c_str());
+        return 4;
+    }
+    return Catch::Session().run(argc, argv);
+}

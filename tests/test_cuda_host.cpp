@@ -1,0 +1,125 @@
+// The CUDA backend's host-side logic, which runs on every machine: the caching allocator's
+// accounting (over a host fake of cudaMalloc) and the kernels' launch sizes.
+#include <cstdlib>
+#include <set>
+#include <vector>
+
+#include "backend/cuda/caching_allocator.h"
+#include "backend/cuda/launch_config.h"
+#include "test_helpers.h"
+
+using namespace ptool;
+
+namespace {
+struct FakeDriver final : RawAllocator {
+    size_t capacity = size_t{1} << 30, used = 0;
+    std::set<void*> live;
+    std::vector<size_t> sizes;
+    std::unordered_map<void*, size_t> size_of;
+    void* malloc(size_t bytes) override {
+        if (used + bytes > capacity) return nullptr;
+        void* p = std::aligned_alloc(512, bytes);
+        live.insert(p), size_of[p] = bytes, used += bytes, sizes.push_back(bytes);
+        return p;
+    }
+    void free(void* p) override {
+        REQUIRE(live.erase(p) == 1);  // a double free or a foreign pointer would fail here
+        used -= size_of[p];
+        std::free(p);
+    }
+};
+}  // namespace
+
+TEST_CASE("caching allocator rounds to 512 bytes and counts in-use, peak and reserved bytes", "[cpu]") {
+    FakeDriver driver;
+    {
+        CachingAllocator a(driver);
+        CHECK(CachingAllocator::round_size(0) == 512);
+        CHECK(CachingAllocator::round_size(1) == 512);
+        CHECK(CachingAllocator::round_size(512) == 512);
+        CHECK(CachingAllocator::round_size(513) == 1024);
+        void* p = a.allocate(1000);
+        void* q = a.allocate(4096);
+        CHECK(reinterpret_cast<uintptr_t>(p) % 512 == 0);
+        AllocatorStats s = a.stats();
+        CHECK(s.in_use == 1024 + 4096);
+        CHECK(s.reserved == 1024 + 4096);
+        CHECK(s.driver_allocations == 2);
+        a.release(p);
+        s = a.stats();
+        CHECK(s.in_use == 4096);
+        CHECK(s.peak_in_use == 1024 + 4096);
+        CHECK(s.reserved == 1024 + 4096);  // cached, not returned
+        a.reset_peaks();
+        CHECK(a.stats().peak_in_use == 4096);
+        a.release(q);
+        CHECK(a.stats().in_use == 0);
+        a.empty_cache();
+        CHECK(a.stats().reserved == 0);
+        CHECK(driver.live.empty());
+        CHECK(a.stats().driver_frees == 2);
+    }
+    CHECK(driver.used == 0);
+}
+
+TEST_CASE("caching allocator reuses the smallest fitting block of the same stream only", "[cpu]") {
+    FakeDriver driver;
+    CachingAllocator a(driver);
+    void* big = a.allocate(8192, 1);
+    void* small = a.allocate(2048, 1);
+    a.release(big);
+    a.release(small);
+    CHECK(a.allocate(1500, 1) == small);  // smallest block that fits
+    CHECK(a.allocate(2048, 2) != big);    // another stream: a fresh block, never stream 1's
+    CHECK(a.stats().cache_hits == 1);
+    CHECK(a.allocate(8000, 1) == big);
+    CHECK(a.stats().cache_hits == 2);
+    // a cached block much larger than the request is not used for it (no splitting, bounded waste)
+    void* huge = a.allocate(size_t{64} << 20, 3);
+    a.release(huge);
+    void* tiny = a.allocate(512, 3);
+    CHECK(tiny != huge);
+    a.release(tiny);
+    CHECK(a.allocate((size_t{64} << 20) - 4096, 3) == huge);
+}
+
+TEST_CASE("caching allocator frees its cache and retries when the driver is out of memory", "[cpu]") {
+    FakeDriver driver;
+    driver.capacity = 3 << 20;
+    CachingAllocator a(driver);
+    void* p = a.allocate(2 << 20);
+    a.release(p);  // cached: 2 MiB reserved, 0 in use
+    void* q = a.allocate(size_t{5} << 19);  // 2.5 MiB: does not fit next to the cached block
+    CHECK(q != nullptr);
+    CHECK(a.stats().reserved == size_t{5} << 19);
+    CHECK(a.stats().driver_frees == 1);
+    try {
+        a.allocate(size_t{1} << 20);
+        FAIL("expected an out-of-memory error");
+    } catch (const RuntimeError& e) {
+        CHECK(std::string(e.what()).find("CUDA out of memory: tried to allocate 1048576 bytes; 2621440 bytes in use") !=
+              std::string::npos);
+    }
+    CHECK(a.stats().in_use == size_t{5} << 19);  // the failed request changed nothing
+    a.release(q);
+    CHECK_THROWS_WITH(a.release(reinterpret_cast<void*>(0x1000)), Catch::Contains("did not allocate"));
+}
+
+TEST_CASE("launch sizes: grid-stride elementwise and one block per row", "[cpu]") {
+    using namespace ptool::cuda;
+    CHECK(elementwise_launch(0, 132).grid == 0);
+    CHECK(elementwise_launch(1, 132).grid == 1);
+    CHECK(elementwise_launch(256, 132).grid == 1);
+    CHECK(elementwise_launch(257, 132).grid == 2);
+    CHECK(elementwise_launch(int64_t{1} << 40, 132).grid == 132 * 32);  // beyond int range: capped, the kernel loops
+    CHECK(elementwise_launch(1000, 0).grid == 1);
+    CHECK(elementwise_launch(1000, 132).block == 256);
+    CHECK(row_block(1) == 32);
+    CHECK(row_block(33) == 64);
+    CHECK(row_block(4096) == 1024);
+    CHECK(rows_launch(0, 10).grid == 0);
+    CHECK(rows_launch(10, 100).grid == 10);
+    CHECK(rows_launch(10, 100).block == 128);
+    CHECK(rows_launch(int64_t{1} << 20, 8).grid == 65535);
+    CHECK(reduction_shared_bytes(1024, 2, 4) == 256);
+}
