@@ -9,6 +9,7 @@ namespace ptool::cli {
 // Options every command shares (DESIGN §1).
 struct Common {
     std::string device = "cpu";
+    bool tf32 = false;
     std::string dtype;
     int verbosity = 0;  // -v +1, -q -1
 };

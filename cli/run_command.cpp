@@ -23,6 +23,7 @@ Device parse_device(const std::string& s) {
 void run(const RunArgs& a, const Common& c) {
     Model model = load_model(a.model, c.dtype);
     const Device device = parse_device(c.device);
+    configure_backends({c.tf32, 0});
     if (!a.init.empty()) load_state_dict(model, read_safetensors(a.init), a.init);
     TensorFile data_file;
     if (!a.data.empty()) data_file = read_safetensors(a.data);
@@ -49,6 +50,7 @@ void run(const RunArgs& a, const Common& c) {
         writer.file().metadata["model_yaml"] = model.yaml_text;
         writer.file().metadata["dtype"] = dtype_name(model.dtype);
         writer.file().metadata["device"] = device_name(device);
+        writer.file().metadata["backend"] = backend_for(device).name();  // GPU name, SMs, cuBLAS version on cuda
         write_safetensors(a.dump, writer.file());
         if (c.verbosity >= 0) fmt::print("wrote {}\n", a.dump);
     }
@@ -65,6 +67,7 @@ void add_run_command(CLI::App& app, Common& common) {
     cmd->add_option("--steps", args->steps, "training steps (default: the model's `steps`)")->check(CLI::PositiveNumber);
     cmd->add_option("--dtype", common.dtype, "override the model's dtype: float32, bfloat16, float16, float64");
     cmd->add_option("--device", common.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+    cmd->add_flag("--tf32", common.tf32, "allow TF32 tensor-core math in fp32 GEMMs on cuda (off by default)");
     cmd->add_option("--dump", args->dump,
                     "write every step's tensors in golden format (init.param.*, step{k}.loss/output/grad.*/param.*)");
     cmd->callback([args, &common] { run(*args, common); });

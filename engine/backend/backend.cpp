@@ -7,12 +7,17 @@
 #endif
 
 namespace ptool {
+namespace {
+BackendOptions configured;
+}  // namespace
+
+void configure_backends(const BackendOptions& options) { configured = options; }
 
 Backend& backend_for(Device device) {
     static CpuBackend cpu;
     if (device == Device::cpu) return cpu;
 #ifdef PTOOL_HAVE_CUDA
-    return cuda_backend();
+    return cuda_backend(CudaOptions{configured.tf32, configured.cuda_device});
 #else
     throw InputError("ptool was built without CUDA support: --device cuda is not available");
 #endif

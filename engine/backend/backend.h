@@ -18,6 +18,7 @@ public:
     virtual ~Backend() = default;
     virtual Device device() const = 0;
     virtual std::string name() const = 0;  // "cpu (OpenBLAS 0.3.21)"
+    virtual void synchronize() {}          // waits for the calling thread's queued work (GPU)
 
     // c = alpha * op(a) @ op(b) + beta * c. a: [batch.., M, K] (or [.., K, M] if trans_a),
     // b: [batch.., K, N] (or [.., N, K] if trans_b) or 2-D (shared by every batch), c: [batch.., M, N].
@@ -80,6 +81,12 @@ public:
                             double lr, double beta1, double beta2, double eps, double weight_decay) = 0;
 };
 
-Backend& backend_for(Device device);
+// How the process's backends are set up; call before the first backend_for(Device::cuda).
+struct BackendOptions {
+    bool tf32 = false;    // --tf32: allow TF32 tensor-core math in fp32 GEMMs (off: bitwise-stable fp32)
+    int cuda_device = 0;  // the GPU this process uses
+};
+void configure_backends(const BackendOptions& options);
+Backend& backend_for(Device device);  // cuda: RuntimeError when the build or the machine has no GPU
 
 }  // namespace ptool

@@ -20,10 +20,11 @@ Tensor ActivationModule::backward_impl(RunContext& ctx, const Tensor& dy) {
 
 Tensor Dropout::mask(const RunContext& ctx, const Shape& shape, DType dtype, int64_t offset) const {
     CounterRng rng(ctx.seed, stream_id("dropout", fqn(), static_cast<uint64_t>(ctx.step)));
-    Tensor m(shape, dtype);
+    const Device device = ctx.backend ? ctx.backend->device() : Device::cpu;
+    Tensor m(shape, dtype);  // drawn on the host (the counter RNG is host code), then moved
     const double keep_scale = 1.0 / (1.0 - p_);
     for (int64_t i = 0; i < m.numel(); ++i) m.set(i, rng.uniform(offset + i) < p_ ? 0.0 : keep_scale);
-    return m;
+    return device == Device::cpu ? m : m.to_device(device);
 }
 
 Tensor Dropout::forward_impl(RunContext& ctx, const Tensor& x) {

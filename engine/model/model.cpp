@@ -42,4 +42,12 @@ void Model::init_params_except(const std::function<bool(const Module&)>& skip) {
     });
 }
 
+void Model::to_device(Device device) {
+    auto move = [device](Tensor& t) {
+        if (t.defined() && t.device() != device) t = t.to_device(device);
+    };
+    for (auto& [name, p] : named_parameters()) move(p->value), move(p->grad);
+    for (auto& [name, b] : named_buffers()) move(b->value);
+}
+
 }  // namespace ptool

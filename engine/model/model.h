@@ -54,6 +54,8 @@ struct Model {
     void init_params();  // PyTorch's default init from the counter-based RNG
     // The same, leaving out the modules skip() names (a rank that builds their shards itself).
     void init_params_except(const std::function<bool(const Module&)>& skip);
+    // Moves every parameter (value and grad) and buffer to `device`; tied parameters stay one.
+    void to_device(Device device);
 };
 
 // dtype_override: `--dtype` on the command line ("" keeps the file's). Without init, parameter

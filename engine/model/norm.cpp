@@ -6,6 +6,14 @@
 namespace ptool {
 namespace {
 DType stat_dtype(DType dt) { return dt == DType::float64 ? DType::float64 : DType::float32; }
+
+// BatchNorm's per-channel bookkeeping (sync, running statistics) is small host arithmetic: it
+// works on host views of the tensors (the tensors themselves on the CPU) and writes them back.
+Tensor on_host(const Tensor& t) { return t.device() == Device::cpu ? t : t.to_device(Device::cpu); }
+Tensor on_device(const Tensor& host, Device d) { return d == Device::cpu ? host : host.to_device(d); }
+void write_back(Tensor& dst, const Tensor& host) {
+    if (dst.raw() != host.raw()) copy_bytes(dst.raw(), dst.device(), host.raw(), Device::cpu, dst.nbytes());
+}
 }  // namespace
 
 Norm::Norm(std::string type, std::string name, SourceLocation where, int64_t dim, double eps, bool affine,
@@ -32,7 +40,8 @@ Tensor Norm::forward_impl(RunContext& ctx, const Tensor& x) {
                          "reaching it is sharded",
                          type(), fqn(), x.size(-1), dim_));
     const int64_t rows = x.numel() / dim_;
-    Tensor y = empty_like(x), mean({rows}, stat_dtype(x.dtype())), rstd({rows}, stat_dtype(x.dtype()));
+    Tensor y = empty_like(x), mean({rows}, stat_dtype(x.dtype()), x.device()),
+           rstd({rows}, stat_dtype(x.dtype()), x.device());
     ParamPtr w = param("weight"), b = param("bias");
     ctx.backend->layer_norm(x, w ? w->value : Tensor(), b ? b->value : Tensor(), eps_, rms(), y, mean, rstd);
     save({x, mean, rstd});
@@ -75,8 +84,9 @@ void BatchNorm::init_params(uint64_t) {
 
 Tensor BatchNorm::forward_impl(RunContext& ctx, const Tensor& x) {
     const DType sd = stat_dtype(x.dtype());
-    Tensor mean({features_}, sd), var({features_}, sd), rstd({features_}, sd);
-    ctx.backend->channel_moments(x, mean, var);
+    Tensor mean_d({features_}, sd, x.device()), var_d({features_}, sd, x.device()), rstd({features_}, sd);
+    ctx.backend->channel_moments(x, mean_d, var_d);
+    Tensor mean = on_host(mean_d), var = on_host(var_d);
     double n = static_cast<double>(x.size(0));
     if (sync_ && sync_->size() > 1) {
         // every rank's [mean, var] (equal batch sizes: data parallel splits evenly), combined in
@@ -98,16 +108,20 @@ Tensor BatchNorm::forward_impl(RunContext& ctx, const Tensor& x) {
         }
         n *= world;
     }
-    Tensor& running_mean = buffers()[0].param->value;
-    Tensor& running_var = buffers()[1].param->value;
+    Tensor running_mean = on_host(buffers()[0].param->value);
+    Tensor running_var = on_host(buffers()[1].param->value);
     for (int64_t c = 0; c < features_; ++c) {
         rstd.set(c, 1.0 / std::sqrt(var.item(c) + eps_));
         // running stats: momentum update, unbiased variance (torch.nn.BatchNorm1d)
         running_mean.set(c, (1 - momentum_) * running_mean.item(c) + momentum_ * mean.item(c));
         running_var.set(c, (1 - momentum_) * running_var.item(c) + momentum_ * var.item(c) * n / (n - 1));
     }
+    write_back(buffers()[0].param->value, running_mean);
+    write_back(buffers()[1].param->value, running_var);
     Tensor& tracked = buffers()[2].param->value;
     tracked.set(0, tracked.item(0) + 1);
+    mean = on_device(mean, x.device());
+    rstd = on_device(rstd, x.device());
     Tensor y = empty_like(x);
     ctx.backend->batch_norm_apply(x, mean, rstd, param("weight")->value, param("bias")->value, y);
     save({x, mean, rstd});
@@ -117,13 +131,17 @@ Tensor BatchNorm::forward_impl(RunContext& ctx, const Tensor& x) {
 Tensor BatchNorm::backward_impl(RunContext& ctx, const Tensor& dy) {
     std::vector<Tensor> s = restore();
     const DType sd = stat_dtype(dy.dtype());
-    Tensor sum_dy({features_}, sd), sum_dy_xhat({features_}, sd);
-    ctx.backend->batch_norm_grad_sums(s[0], s[1], s[2], dy, sum_dy, sum_dy_xhat);
+    Tensor sum_dy_d({features_}, sd, dy.device()), sum_dy_xhat_d({features_}, sd, dy.device());
+    ctx.backend->batch_norm_grad_sums(s[0], s[1], s[2], dy, sum_dy_d, sum_dy_xhat_d);
+    Tensor sum_dy = on_host(sum_dy_d), sum_dy_xhat = on_host(sum_dy_xhat_d);
     ParamPtr w = param("weight"), b = param("bias");
+    Tensor wg = on_host(w->grad), bg = on_host(b->grad);
     for (int64_t c = 0; c < features_; ++c) {
-        w->grad.set(c, w->grad.item(c) + sum_dy_xhat.item(c));
-        b->grad.set(c, b->grad.item(c) + sum_dy.item(c));
+        wg.set(c, wg.item(c) + sum_dy_xhat.item(c));
+        bg.set(c, bg.item(c) + sum_dy.item(c));
     }
+    write_back(w->grad, wg);
+    write_back(b->grad, bg);
     double count = static_cast<double>(dy.size(0));
     if (sync_ && sync_->size() > 1) {  // the input gradient needs the sums over the global batch
         Tensor sums({2 * features_}, sd);
@@ -134,7 +152,8 @@ Tensor BatchNorm::backward_impl(RunContext& ctx, const Tensor& dy) {
         count *= sync_->size();
     }
     Tensor dx = empty_like(dy);
-    ctx.backend->batch_norm_backward_input(s[0], s[1], s[2], w->value, dy, sum_dy, sum_dy_xhat, count, dx);
+    ctx.backend->batch_norm_backward_input(s[0], s[1], s[2], w->value, dy, on_device(sum_dy, dy.device()),
+                                           on_device(sum_dy_xhat, dy.device()), count, dx);
     return dx;
 }
 
@@ -158,12 +177,13 @@ void Embedding::init_shard(uint64_t seed, Tensor& local, int64_t dim, int64_t of
 Tensor Embedding::local_ids(const Tensor& ids) const {
     if (vocab_offset_ < 0) return ids;
     const int64_t rows = param("weight")->value.size(0);
+    const Tensor host = ids.device() == Device::cpu ? ids : ids.to_device(Device::cpu);
     Tensor local(ids.shape(), DType::int64);
     for (int64_t i = 0; i < ids.numel(); ++i) {
-        const int64_t id = id_at(ids, i) - vocab_offset_;
+        const int64_t id = id_at(host, i) - vocab_offset_;
         local.data<int64_t>()[i] = id >= 0 && id < rows ? id : -1;  // -1: another rank's row
     }
-    return local;
+    return ids.device() == Device::cpu ? local : local.to_device(ids.device());
 }
 
 Tensor Embedding::forward_impl(RunContext& ctx, const Tensor& ids) {

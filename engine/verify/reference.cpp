@@ -10,6 +10,8 @@ namespace ptool {
 void run_reference(Model& model, const DataSource& data, const ReferenceOptions& opt,
                    const std::function<void(const StepResult&)>& on_step) {
     Backend& be = backend_for(opt.device);
+    model.to_device(opt.device);  // built and initialised on the host
+    const auto to_host = [](const Tensor& t) { return t.to_device(Device::cpu); };  // a copy, also on the host
     Optimizer optimizer(model.optimizer, be);
     const auto params = model.named_parameters();
     const auto buffers = model.named_buffers();
@@ -17,21 +19,25 @@ void run_reference(Model& model, const DataSource& data, const ReferenceOptions&
         StepResult r;
         r.step = step;
         r.batch = data.batch(step);
+        const Tensor input = r.batch.input.to_device(opt.device);
+        const Tensor target = r.batch.target.defined() ? r.batch.target.to_device(opt.device) : Tensor();
         const auto t0 = std::chrono::steady_clock::now();
         for (const auto& [name, p] : params) be.fill(p->grad, 0.0);
         RunContext ctx{&be, model.seed, step, true, 0, {}};
-        r.output = model.root->forward(ctx, r.batch.input);
-        LossResult loss = compute_loss(be, model.loss, r.output, r.batch.target);
+        const Tensor output = model.root->forward(ctx, input);
+        LossResult loss = compute_loss(be, model.loss, output, target);
         model.root->backward(ctx, loss.grad);
         optimizer.step(params);
+        be.synchronize();  // the step's kernels are done before it is timed
         r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        r.output = to_host(output);
         r.loss = loss.value;
         r.loss_tensor = Tensor::scalar(loss.value, model.dtype);
         for (const auto& [name, p] : params) {
-            r.grads.emplace_back(name, p->grad.clone());
-            r.params.emplace_back(name, p->value.clone());
+            r.grads.emplace_back(name, to_host(p->grad));
+            r.params.emplace_back(name, to_host(p->value));
         }
-        for (const auto& [name, b] : buffers) r.buffers.emplace_back(name, b->value.clone());
+        for (const auto& [name, b] : buffers) r.buffers.emplace_back(name, to_host(b->value));
         on_step(r);
     }
 }

@@ -14,6 +14,7 @@ public:
     explicit CudaBackend(const CudaOptions& options) : options_(options) {}
     Device device() const override { return Device::cuda; }
     std::string name() const override;
+    void synchronize() override { cuda_synchronize_current_stream(); }
 
     void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
               double beta) override;
