@@ -20,6 +20,9 @@ void ConformanceReport::expect(bool ok, const std::string& what) {
 namespace {
 
 const DType kDtypes[] = {DType::float32, DType::float64, DType::bfloat16, DType::float16};
+Device g_device = Device::cpu;  // where the collectives' tensors live (cuda: the cuda_local communicator)
+
+Tensor on_device(const Tensor& host) { return g_device == Device::cpu ? host : host.to_device(g_device); }
 
 // Rank r's element i: small integers (exact sums in every dtype) or N(0, 1) draws.
 double value(int rank, int64_t i, bool integer, uint64_t salt) {
@@ -30,7 +33,7 @@ double value(int rank, int64_t i, bool integer, uint64_t salt) {
 Tensor rank_tensor(int rank, Shape shape, DType dt, bool integer, uint64_t salt) {
     Tensor t(shape, dt);
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, value(rank, i, integer, salt));
-    return t;
+    return on_device(t);
 }
 
 // The serial computation: element by element, ranks in order, in the dtype's accumulate type.
@@ -70,7 +73,7 @@ void check_all_gather(Communicator& c, ConformanceReport& rep) {
             const Chunk mine = chunk_of(rows, c.size(), c.rank());
             Tensor full = rank_tensor(0, {rows, 3}, dt, false, 5);  // every rank holds a torch.chunk of it
             Tensor in = full.narrow(0, mine.offset, mine.length).clone();
-            Tensor out({rows, 3}, dt);
+            Tensor out({rows, 3}, dt, g_device);
             c.all_gather(in, out);
             rep.expect(out.to_doubles() == full.to_doubles(), tag("all_gather", dt, rows * 3) + " chunks do not reassemble");
         }
@@ -82,7 +85,7 @@ void check_reduce_scatter(Communicator& c, ConformanceReport& rep) {
             for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
                 Tensor in = rank_tensor(c.rank(), {rows, 2}, dt, false, 13);
                 const Chunk mine = chunk_of(rows, c.size(), c.rank());
-                Tensor out({mine.length, 2}, dt);
+                Tensor out({mine.length, 2}, dt, g_device);
                 c.reduce_scatter(in, out, op);
                 bool ok = true;
                 for (int64_t i = 0; i < out.numel() && ok; ++i)
@@ -101,9 +104,10 @@ void check_broadcast_all_to_all(Communicator& c, ConformanceReport& rep) {
         }
     for (DType dt : kDtypes) {
         const int n = c.size();
-        Tensor in({n * 2, 3}, dt), out({n * 2, 3}, dt);
+        Tensor host({n * 2, 3}, dt), out({n * 2, 3}, dt, g_device);
         // chunk j goes to rank j; values stay below 256, exact in bf16
-        for (int64_t i = 0; i < in.numel(); ++i) in.set(i, (c.rank() * 100 + i) % 251);
+        for (int64_t i = 0; i < host.numel(); ++i) host.set(i, (c.rank() * 100 + i) % 251);
+        Tensor in = on_device(host);
         c.all_to_all(in, out);
         bool ok = true;
         for (int src = 0; src < n; ++src)
@@ -124,7 +128,7 @@ void check_mesh(Communicator& world, ConformanceReport& rep) {
         DeviceMesh mesh(dims, world, counter);
         for (int d = 0; d < mesh.ndim(); ++d) {
             // sum of world ranks over my group = sum over coordinates k of rank_of(coords with dim d = k)
-            Tensor t = Tensor::full({3}, DType::float64, world.rank());
+            Tensor t = on_device(Tensor::full({3}, DType::float64, world.rank()));
             mesh.comm(d).all_reduce(t, ReduceOp::sum);
             double expected = 0;
             std::vector<int> c = mesh.coords();
@@ -144,11 +148,11 @@ void check_counting(Communicator& world, ConformanceReport& rep) {
     auto counter = std::make_shared<CommCounter>();
     world.set_counter(counter, "world");
     counter->set_module("net1");
-    Tensor t({4, 4}, DType::float32);
+    Tensor t({4, 4}, DType::float32, g_device);
     world.all_reduce(t, ReduceOp::sum);
     world.all_reduce(t, ReduceOp::sum);
     counter->set_module("net2");
-    Tensor out({4 * world.size(), 4}, DType::float32);
+    Tensor out({4 * world.size(), 4}, DType::float32, g_device);
     world.all_gather(t, out);
     auto by_op = counter->by_op();
     rep.expect(by_op["all_reduce"].calls == 2 && by_op["all_reduce"].bytes == 128 && by_op["all_gather"].calls == 1 &&
@@ -160,7 +164,8 @@ void check_counting(Communicator& world, ConformanceReport& rep) {
 
 }  // namespace
 
-void run_comm_conformance(Communicator& world, ConformanceReport& report) {
+void run_comm_conformance(Communicator& world, ConformanceReport& report, Device device) {
+    g_device = device;
     check_all_reduce(world, report);
     check_all_gather(world, report);
     check_reduce_scatter(world, report);

@@ -6,10 +6,13 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/gpu_info.h"
+#include "comm/comm_threads.h"
+#include "comm_conformance.h"
 #include "core/rng.h"
 
 using namespace ptool;
@@ -215,6 +218,27 @@ TEST_CASE("cuda tensors: copies, views and the caching allocator's counters", "[
     const AllocatorStats after = cuda_memory_stats();
     CHECK(after.in_use == before.in_use);  // every block came back
     CHECK(after.peak_in_use >= before.in_use + 64 * 30 * 4);
+}
+
+TEST_CASE("cuda_local passes the communicator conformance suite at world sizes 1 to 8", "[cuda]") {
+    for (int n = 1; n <= 8; ++n) {
+        std::mutex mu;
+        ConformanceReport report;
+        std::string name;
+        run_rank_threads(n, CommOptions{}, [&](Communicator& comm) {
+            gpu();  // this rank thread: the device and its own stream
+            ConformanceReport mine;
+            run_comm_conformance(comm, mine, Device::cuda);
+            std::lock_guard lock(mu);
+            report.passed += mine.passed, report.failed += mine.failed;
+            report.failures.insert(report.failures.end(), mine.failures.begin(), mine.failures.end());
+            name = comm.backend();
+        }, Device::cuda);
+        INFO("world size " << n << ": " << (report.failures.empty() ? "" : report.failures[0]));
+        CHECK(report.failed == 0);
+        CHECK(report.passed > 0);
+        CHECK(name == "cuda_local");
+    }
 }
 
 int main(int argc, char** argv) {

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <thread>
 
+#include "comm/device_reduce.h"
+
 namespace ptool {
 
 void AbortState::abort(const std::string& why) {
@@ -60,8 +62,22 @@ void ThreadsCommunicator::timeout() {
     throw RuntimeError(msg);
 }
 
-void ThreadsCommunicator::enter(const CollectiveDesc& d, const void* in, void* out, int64_t count) {
+void ThreadsCommunicator::copy(void* dst, const void* src, size_t bytes, Device device) {
+    if (bytes == 0 || dst == src) return;
+    if (device == Device::cpu) std::memcpy(dst, src, bytes);
+    else copy_bytes(dst, device, src, device, bytes);
+}
+
+void ThreadsCommunicator::reduce(const std::vector<const void*>& ins, const std::vector<void*>& outs, int64_t count,
+                                 DType dtype, ReduceOp op, Device device) {
+    if (count <= 0) return;
+    if (device == Device::cpu) reduce_in_rank_order(ins, outs, count, dtype, op);
+    else device_reduce_in_rank_order(ins, outs, count, dtype, op);
+}
+
+void ThreadsCommunicator::enter(const CollectiveDesc& d, const void* in, void* out, int64_t count, Device device) {
     ThreadGroup& g = *group_;
+    if (device != Device::cpu) device_memory().synchronize();  // this rank's buffers are complete before others read
     {
         std::lock_guard<std::mutex> lk(g.mu);
         g.in[rank_] = in, g.out[rank_] = out, g.count[rank_] = count, g.desc[rank_] = d, g.inside[rank_] = true;
@@ -82,7 +98,8 @@ void ThreadsCommunicator::enter(const CollectiveDesc& d, const void* in, void* o
     }
 }
 
-void ThreadsCommunicator::leave() {
+void ThreadsCommunicator::leave(Device device) {
+    if (device != Device::cpu) device_memory().synchronize();  // this rank's writes land before anyone goes on
     sync();
     std::lock_guard<std::mutex> lk(group_->mu);
     group_->inside[rank_] = false;
@@ -96,7 +113,7 @@ void ThreadsCommunicator::all_reduce(Tensor& t, ReduceOp op) {
     const int64_t n = t.numel();
     const size_t es = dtype_size(t.dtype());
     ThreadGroup& g = *group_;
-    enter(describe("all_reduce", t, sequence_++), t.raw(), t.raw(), n);
+    enter(describe("all_reduce", t, sequence_++), t.raw(), t.raw(), n, t.device());
     const Chunk c = chunk_of(n, g.n, rank_);
     std::vector<const void*> ins(g.n);
     std::vector<void*> outs(g.n);
@@ -104,14 +121,17 @@ void ThreadsCommunicator::all_reduce(Tensor& t, ReduceOp op) {
         ins[r] = static_cast<const char*>(g.in[r]) + c.offset * es;
         outs[r] = static_cast<char*>(g.out[r]) + c.offset * es;
     }
-    if (c.length) reduce_in_rank_order(ins, outs, c.length, t.dtype(), op);
-    leave();
+    reduce(ins, outs, c.length, t.dtype(), op, t.device());
+    leave(t.device());
 }
 
 void ThreadsCommunicator::all_gather(const Tensor& in, Tensor& out) {
     count("all_gather", static_cast<int64_t>(out.nbytes()));
     ThreadGroup& g = *group_;
-    enter(describe("all_gather", in, sequence_++, -1, true), in.raw(), out.raw(), in.dim() ? in.size(0) : 1);
+    PTOOL_REQUIRE(in.device() == out.device(), "all_gather: input on {}, output on {}", device_name(in.device()),
+                  device_name(out.device()));
+    enter(describe("all_gather", in, sequence_++, -1, true), in.raw(), out.raw(), in.dim() ? in.size(0) : 1,
+          in.device());
     const int64_t row = row_numel(in);
     const size_t row_bytes = static_cast<size_t>(row) * dtype_size(in.dtype());
     int64_t total = 0;
@@ -120,16 +140,18 @@ void ThreadsCommunicator::all_gather(const Tensor& in, Tensor& out) {
                   total, row);
     char* dst = static_cast<char*>(out.raw());
     for (int r = 0; r < g.n; ++r) {
-        if (dst != g.in[r]) std::memcpy(dst, g.in[r], g.count[r] * row_bytes);  // in place: already there
+        copy(dst, g.in[r], g.count[r] * row_bytes, in.device());  // in place (dst == in): already there
         dst += g.count[r] * row_bytes;
     }
-    leave();
+    leave(in.device());
 }
 
 void ThreadsCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
     count("reduce_scatter", static_cast<int64_t>(in.nbytes()));
     ThreadGroup& g = *group_;
-    enter(describe("reduce_scatter", in, sequence_++), in.raw(), out.raw(), in.numel());
+    PTOOL_REQUIRE(in.device() == out.device(), "reduce_scatter: input on {}, output on {}", device_name(in.device()),
+                  device_name(out.device()));
+    enter(describe("reduce_scatter", in, sequence_++), in.raw(), out.raw(), in.numel(), in.device());
     const int64_t rows = in.dim() ? in.size(0) : 1, row = row_numel(in);
     const Chunk c = chunk_of(rows, g.n, rank_);
     PTOOL_REQUIRE(out.numel() == c.length * row, "reduce_scatter: output {} for a chunk of {} rows of {}",
@@ -137,16 +159,16 @@ void ThreadsCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp
     const size_t es = dtype_size(in.dtype());
     std::vector<const void*> ins(g.n);
     for (int r = 0; r < g.n; ++r) ins[r] = static_cast<const char*>(g.in[r]) + c.offset * row * es;
-    if (c.length * row > 0) reduce_in_rank_order(ins, {out.raw()}, c.length * row, in.dtype(), op);
-    leave();
+    reduce(ins, {out.raw()}, c.length * row, in.dtype(), op, in.device());
+    leave(in.device());
 }
 
 void ThreadsCommunicator::broadcast(Tensor& t, int root) {
     count("broadcast", static_cast<int64_t>(t.nbytes()));
     PTOOL_REQUIRE(root >= 0 && root < size(), "broadcast root {} outside [0, {})", root, size());
-    enter(describe("broadcast", t, sequence_++, root), t.raw(), t.raw(), t.numel());
-    if (rank_ != root) std::memcpy(t.raw(), group_->in[root], t.nbytes());
-    leave();
+    enter(describe("broadcast", t, sequence_++, root), t.raw(), t.raw(), t.numel(), t.device());
+    if (rank_ != root) copy(t.raw(), group_->in[root], t.nbytes(), t.device());
+    leave(t.device());
 }
 
 void ThreadsCommunicator::all_to_all(const Tensor& in, Tensor& out) {
@@ -154,11 +176,14 @@ void ThreadsCommunicator::all_to_all(const Tensor& in, Tensor& out) {
     ThreadGroup& g = *group_;
     PTOOL_REQUIRE(in.numel() % g.n == 0 && out.numel() == in.numel(), "all_to_all: {} elements over {} ranks",
                   in.numel(), g.n);
-    enter(describe("all_to_all", in, sequence_++), in.raw(), out.raw(), in.numel());
+    PTOOL_REQUIRE(in.device() == out.device(), "all_to_all: input on {}, output on {}", device_name(in.device()),
+                  device_name(out.device()));
+    enter(describe("all_to_all", in, sequence_++), in.raw(), out.raw(), in.numel(), in.device());
     const size_t chunk = in.nbytes() / g.n;
     for (int r = 0; r < g.n; ++r)
-        std::memcpy(static_cast<char*>(out.raw()) + r * chunk, static_cast<const char*>(g.in[r]) + rank_ * chunk, chunk);
-    leave();
+        copy(static_cast<char*>(out.raw()) + r * chunk, static_cast<const char*>(g.in[r]) + rank_ * chunk, chunk,
+             in.device());
+    leave(in.device());
 }
 
 void ThreadsCommunicator::barrier() {
@@ -197,11 +222,12 @@ std::unique_ptr<Communicator> ThreadsCommunicator::split(int color, int key) {
         sub = slot;
     }
     leave();
-    auto comm = std::make_unique<ThreadsCommunicator>(sub, new_rank, options_);
+    auto comm = std::make_unique<ThreadsCommunicator>(sub, new_rank, options_, device_);
     return comm;
 }
 
-void run_rank_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn) {
+void run_rank_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn,
+                      Device device) {
     std::vector<int> world(n);
     for (int r = 0; r < n; ++r) world[r] = r;
     auto abort = std::make_shared<AbortState>();
@@ -210,7 +236,7 @@ void run_rank_threads(int n, const CommOptions& options, const std::function<voi
     std::vector<std::exception_ptr> errors(n);
     for (int r = 0; r < n; ++r) {
         threads.emplace_back([&, r] {
-            ThreadsCommunicator comm(group, r, options);
+            ThreadsCommunicator comm(group, r, options, device);
             try {
                 fn(comm);
             } catch (const AbortedError&) {

@@ -8,6 +8,13 @@
 // Barriers wait with a deadline and poll a job-wide abort flag, so a rank that throws or never
 // arrives ends every rank of every group within the timeout, with one message naming the rank,
 // the collective and what every rank of the group was doing.
+//
+// cuda_local is this communicator over device memory (DESIGN §4: N virtual ranks on one GPU,
+// one stream per rank thread): a collective on cuda tensors waits for the rank's own stream
+// before posting its buffers (they are complete when others read them), moves data with device
+// copies and reduces with a kernel in rank order (comm/device_reduce.h), and waits for its
+// stream again before the closing barrier. Host tensors in the same job (BatchNorm's per-channel
+// statistics) still take the host path.
 #pragma once
 
 #include <atomic>
@@ -56,12 +63,12 @@ struct ThreadGroup {
 
 class ThreadsCommunicator final : public Communicator {
 public:
-    ThreadsCommunicator(std::shared_ptr<ThreadGroup> group, int rank, CommOptions options)
-        : group_(std::move(group)), rank_(rank), options_(options) {}
+    ThreadsCommunicator(std::shared_ptr<ThreadGroup> group, int rank, CommOptions options, Device device = Device::cpu)
+        : group_(std::move(group)), rank_(rank), options_(options), device_(device) {}
 
     int rank() const override { return rank_; }
     int size() const override { return group_->n; }
-    std::string backend() const override { return "threads"; }
+    std::string backend() const override { return device_ == Device::cpu ? "threads" : "cuda_local"; }
 
     void all_reduce(Tensor& t, ReduceOp op) override;
     void all_gather(const Tensor& in, Tensor& out) override;
@@ -73,19 +80,25 @@ public:
 
 private:
     // Posts this rank's buffers and descriptor, waits for all, checks consistency.
-    void enter(const CollectiveDesc& d, const void* in, void* out, int64_t count);
+    void enter(const CollectiveDesc& d, const void* in, void* out, int64_t count, Device device = Device::cpu);
     void sync();  // barrier with deadline and abort polling
-    void leave();
+    void leave(Device device = Device::cpu);
+    // Data movement on the tensors' device: host memcpy / rank-order reduction, or their device forms.
+    static void copy(void* dst, const void* src, size_t bytes, Device device);
+    static void reduce(const std::vector<const void*>& ins, const std::vector<void*>& outs, int64_t count, DType dtype,
+                       ReduceOp op, Device device);
     [[noreturn]] void timeout();
 
     std::shared_ptr<ThreadGroup> group_;
     int rank_;
     CommOptions options_;
+    Device device_;  // the memory the job's tensors live in: names the backend
     int64_t sequence_ = 0;
 };
 
 // Runs fn(comm) on n rank threads; rethrows the root-cause failure (RuntimeError naming the rank)
-// after every thread has ended.
-void run_rank_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn);
+// after every thread has ended. device cuda: the communicators are cuda_local.
+void run_rank_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn,
+                      Device device = Device::cpu);
 
 }  // namespace ptool

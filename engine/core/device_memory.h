@@ -21,6 +21,7 @@ public:
     virtual void* allocate(size_t bytes) = 0;
     virtual void release(void* p, size_t bytes) = 0;
     virtual void zero(void* p, size_t bytes) = 0;
+    virtual void synchronize() = 0;  // waits for the calling thread's queued device work
     // height rows of width bytes, from src (rows spitch apart) to dst (rows dpitch apart); either
     // side may be host or device.
     virtual void copy_2d(void* dst, size_t dpitch, Device dst_device, const void* src, size_t spitch,

@@ -44,6 +44,7 @@ public:
         CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, cuda::stream()));
         CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
     }
+    void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(cuda::stream())); }
     AllocatorStats stats() const { return allocator_.stats(); }
 
 private:
