@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/device_memory.h"
+
 namespace ptool::cli {
 
 // Options every command shares (DESIGN §1).
@@ -19,5 +21,7 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code);
 void add_explain_command(CLI::App& app, Common& common);
 void add_golden_command(CLI::App& app, Common& common, int& exit_code);
 std::vector<std::string> split_lines(const std::string& s);
+void add_device_options(CLI::App* cmd, Common& common);  // --device cpu|cuda, --tf32
+ptool::Device select_device(const Common& common);       // configures the backends, returns the device
 
 }  // namespace ptool::cli

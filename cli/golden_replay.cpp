@@ -94,12 +94,14 @@ CaseResult replay_case(const GoldenCase& c, const VerifyInputs& base, const Plan
 
 int verify_golden_files(const std::vector<std::string>& args, const GoldenOptions& opt, const Common& common) {
     std::vector<CaseResult> results;
+    const Device device = select_device(common);  // --device cuda: CPU-recorded goldens replayed on the GPU
     for (const std::string& path : golden_paths(args)) {
         GoldenCase c = load_golden(path);
         VerifyInputs in;
         in.model_path = c.path + "[model_yaml]";
         in.model_text = c.model_yaml;
         in.dtype_override = common.dtype;
+        in.device = device;
         load_model_text(in.model_text, in.model_path, common.dtype, false);  // a model that no longer parses: exit 2
         const Plan plan = load_plan_text(c.plan_yaml, c.path + "[plan_yaml]");
         CaseResult r = replay_case(c, in, plan, opt, common);

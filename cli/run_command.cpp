@@ -14,16 +14,9 @@ struct RunArgs {
     int64_t steps = 0;
 };
 
-Device parse_device(const std::string& s) {
-    if (s == "cpu") return Device::cpu;
-    if (s == "cuda") return Device::cuda;
-    throw InputError(fmt::format("unknown device '{}' (valid: cpu, cuda)", s));
-}
-
 void run(const RunArgs& a, const Common& c) {
     Model model = load_model(a.model, c.dtype);
-    const Device device = parse_device(c.device);
-    configure_backends({c.tf32, 0});
+    const Device device = select_device(c);
     if (!a.init.empty()) load_state_dict(model, read_safetensors(a.init), a.init);
     TensorFile data_file;
     if (!a.data.empty()) data_file = read_safetensors(a.data);
@@ -66,8 +59,7 @@ void add_run_command(CLI::App& app, Common& common) {
     cmd->add_option("--data", args->data, "batch data (safetensors: input, target, step{k}.input, step{k}.target)");
     cmd->add_option("--steps", args->steps, "training steps (default: the model's `steps`)")->check(CLI::PositiveNumber);
     cmd->add_option("--dtype", common.dtype, "override the model's dtype: float32, bfloat16, float16, float64");
-    cmd->add_option("--device", common.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-    cmd->add_flag("--tf32", common.tf32, "allow TF32 tensor-core math in fp32 GEMMs on cuda (off by default)");
+    add_device_options(cmd, common);
     cmd->add_option("--dump", args->dump,
                     "write every step's tensors in golden format (init.param.*, step{k}.loss/output/grad.*/param.*)");
     cmd->callback([args, &common] { run(*args, common); });

@@ -41,6 +41,7 @@ int verify(const VerifyArgs& a, const Common& c) {
     in.model_path = a.model;
     in.model_text = read_text_file(a.model, YamlLimits{}.max_bytes);
     in.dtype_override = c.dtype;
+    in.device = select_device(c);
     const Model probe = load_model_text(in.model_text, a.model, c.dtype, false);  // bad model: exit 2 before any rank starts
     TensorFile init, data;
     if (!a.init.empty()) init = read_safetensors(a.init), in.init = &init, in.init_path = a.init;
@@ -125,6 +126,7 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code) {
     cmd->add_option("--steps", a->steps, "training steps (default: the plan's verify.steps, else the model's)")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--dtype", common.dtype, "override the model's dtype");
+    add_device_options(cmd, common);
     cmd->add_option("--rtol", a->rtol, "relative tolerance (default: the plan's, else torch.testing's for the dtype)");
     cmd->add_option("--atol", a->atol, "absolute tolerance");
     cmd->add_option("--json", a->json, "write the results as JSON");

@@ -62,5 +62,18 @@ if cmp -s "$tmp/d.safetensors" "$tmp/d2.safetensors"; then passes=$((passes + 1)
   awk '/^```yaml$/{n++; next} n==2 && /^```$/{exit} n==2{print}' "$root/docs/model_format.md"; } >"$tmp/doc_example.yaml"
 expect 0 "step   1  loss" -- "$ptool" run "$tmp/doc_example.yaml"
 
+# --device cuda: on a GPU the same verdict as on the CPU; without one it says why (2: a build
+# without CUDA; 3: no device), before any rank starts
+expect 2 "--tf32 applies to --device cuda" -- "$ptool" verify "$root/models/mlp_stacked.yaml" "$root/plans/mlp_stacked_multi_wildcard.yaml" --tf32
+"$ptool" run "$root/models/mlp.yaml" --device cuda -q >"$tmp/cuda_out" 2>&1
+cuda_rc=$?
+case $cuda_rc in
+  0) expect 0 "PASS" -- "$ptool" verify "$root/models/mlp_stacked.yaml" "$root/plans/mlp_stacked_multi_wildcard.yaml" --device cuda
+     expect 0 "PASS" -- "$ptool" verify "$root/golden" --device cuda ;;
+  2) expect 2 "built without CUDA support" -- "$ptool" run "$root/models/mlp.yaml" --device cuda ;;
+  3) expect 3 "no CUDA device is available" -- "$ptool" verify "$root/models/mlp_stacked.yaml" "$root/plans/mlp_stacked_multi_wildcard.yaml" --device cuda ;;
+  *) echo "FAIL: ptool run --device cuda exited $cuda_rc"; cat "$tmp/cuda_out"; failures=$((failures + 1)) ;;
+esac
+
 echo "$passes passed, $failures failed"
 [[ $failures -eq 0 ]]

@@ -158,7 +158,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
 
 DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh,
                            Backend& be, const Fault& fault)
-    : model_(model), res_(res), comm_(&mesh.comm(mesh.dim_index(plan.data_parallel->mesh_dim))),
+    : res_(res), comm_(&mesh.comm(mesh.dim_index(plan.data_parallel->mesh_dim))),
       counter_(mesh.counter()), be_(be), fault_(fault) {
     const DataParallelSpec& spec = *plan.data_parallel;
     bucket_view_ = spec.gradient_as_bucket_view;
@@ -203,7 +203,7 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
                 b.names.push_back(name);
                 numel += params.at(name)->grad.numel();
             }
-            b.flat = Tensor({numel}, b.params[0]->grad.dtype());
+            b.flat = Tensor({numel}, b.params[0]->grad.dtype(), b.params[0]->grad.device());
             if (bucket_view_) {  // the gradients become views of the bucket: no copies
                 int64_t off = 0;
                 for (const ParamPtr& p : b.params) {
@@ -222,7 +222,7 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
             b.names.push_back(name);
             numel += params.at(name)->grad.numel();
         }
-        b.flat = Tensor({numel}, b.params[0]->grad.dtype());
+        b.flat = Tensor({numel}, b.params[0]->grad.dtype(), b.params[0]->grad.device());
         buckets_.push_back(std::move(b));
     }
     if (!res.units.empty()) fsdp_ = std::make_unique<FullyShard>(model, res.units, *comm_, be, fault);

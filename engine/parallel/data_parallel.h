@@ -85,7 +85,6 @@ private:
     };
     void broadcast_coalesced(const std::vector<ParamPtr>& tensors);
 
-    Model& model_;
     const DataParallelResolution& res_;
     Communicator* comm_;
     std::shared_ptr<CommCounter> counter_;

@@ -34,13 +34,13 @@ struct FullyShard::State : ModuleHooks {
         const int n = comm->size();
         const bool stale = fault.hits("stale_param", fqn) && gathers > 0;  // reuses the last full parameters
         if (!stale) {
-            Tensor local = Tensor({region}, params[0].shard.dtype());
+            Tensor local = Tensor({region}, params[0].shard.dtype(), params[0].shard.device());
             for (Managed& m : params) {
                 if (m.shard.numel() == 0) continue;
                 Tensor dst = local.narrow(0, m.offset, m.shard.numel()).reshape(m.shard.shape());
                 be->copy(m.shard, dst);
             }
-            Tensor all = Tensor::empty({n * region}, local.dtype());
+            Tensor all = Tensor::empty({n * region}, local.dtype(), local.device());
             {
                 auto c = comm->counter();
                 const std::string was = c ? c->module() : "";
@@ -50,7 +50,7 @@ struct FullyShard::State : ModuleHooks {
             }
             ++gathers;
             for (Managed& m : params) {
-                m.full = Tensor::empty(m.full_shape, m.shard.dtype());
+                m.full = Tensor::empty(m.full_shape, m.shard.dtype(), m.shard.device());
                 for (int r = 0; r < n; ++r) {
                     const Chunk c = chunk_of(m.full_shape[0], n, r);
                     if (c.length == 0) continue;
@@ -64,7 +64,7 @@ struct FullyShard::State : ModuleHooks {
         for (Managed& m : params) {
             m.p->value = m.full;
             if (for_backward) {
-                m.full_grad = Tensor(m.full_shape, m.shard.dtype());
+                m.full_grad = Tensor(m.full_shape, m.shard.dtype(), m.shard.device());
                 m.p->grad = m.full_grad;
             }
         }
@@ -123,7 +123,7 @@ struct FullyShard::State : ModuleHooks {
     Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) override {
         if (root) {  // kept from the forward
             for (Managed& m : params) {
-                m.full_grad = Tensor(m.full_shape, m.shard.dtype());
+                m.full_grad = Tensor(m.full_shape, m.shard.dtype(), m.shard.device());
                 m.p->grad = m.full_grad;
             }
         } else {
@@ -163,7 +163,7 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
             m.offset = st->region;
             st->region += m.padded * m.row;
             m.shard = chunk(m.p->value, n, r, 0);
-            m.shard_grad = Tensor(m.shard.shape(), m.shard.dtype());
+            m.shard_grad = Tensor(m.shard.shape(), m.shard.dtype(), m.shard.device());
             m.p->value = m.shard;
             m.p->grad = m.shard_grad;
             st->params.push_back(std::move(m));

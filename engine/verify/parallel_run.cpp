@@ -37,11 +37,13 @@ uint64_t digest(const Tensor& t) {
     return h ^ (h >> 29);
 }
 
+Tensor on_host(const Tensor& t) { return t.device() == Device::cpu ? t : t.to_device(Device::cpu); }
+
 // Whether every rank of comm holds the same bytes of a replicated tensor (known to every rank).
 bool replicas_agree(const Tensor& t, Communicator& comm) {
     if (comm.size() == 1) return true;
     Tensor mine({1}, DType::int64), all({comm.size()}, DType::int64);
-    mine.data<int64_t>()[0] = static_cast<int64_t>(digest(t));
+    mine.data<int64_t>()[0] = static_cast<int64_t>(digest(on_host(t)));
     comm.all_gather(mine, all);
     for (int r = 1; r < comm.size(); ++r)
         if (all.data<int64_t>()[r] != all.data<int64_t>()[0]) return false;
@@ -56,7 +58,8 @@ RunRecord run_reference_record(const VerifyInputs& in) {
     Plan single;
     single.mesh = {{"world", 1}};
     RunRecord rec;
-    run_rank_threads(1, CommOptions{}, [&](Communicator& world) { run_parallel_rank(world, in, single, Fault{}, &rec); });
+    run_rank_threads(
+        1, CommOptions{}, [&](Communicator& world) { run_parallel_rank(world, in, single, Fault{}, &rec); }, in.device);
     rec.backend = "reference";
     return rec;
 }
@@ -66,7 +69,7 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
     const bool own_shards = plan.has_tensor_parallel && !plan.src_data_rank && !in.init && fault.kind.empty();
     Model model = build_model(in, !own_shards);
     DataSource data(model, in.data, in.data_path);
-    Backend& be = backend_for(Device::cpu);
+    Backend& be = backend_for(in.device);  // on cuda: this rank thread's device and stream
     auto counter = std::make_shared<CommCounter>();
     DeviceMesh mesh(plan.mesh, world, counter);
     auto st = std::make_shared<TpState>();
@@ -74,6 +77,7 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
     const Resolution res = resolve_plan(model, plan);
     if (own_shards) model.init_params_except([&](const Module& m) { return shards_parameters(res, m); });
     parallelize(model, plan, res, mesh, st, own_shards);
+    model.to_device(in.device);  // built, initialised and TP-sharded on the host
     // DDP fills its buckets with the tensors it sees: the TP-local shards, so resolved again here
     std::vector<std::string> unused;
     const DataParallelResolution dp_res = res.dp.active ? resolve_data_parallel(model, plan, unused, unused) : res.dp;
@@ -114,7 +118,7 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
             const bool agree = (!on_tp.is_replicate() || replicas_agree(p->value, tp)) &&
                                (ignored || !on_dp.is_replicate() || replicas_agree(p->value, dpc));
             if (rank0 && !agree) rec.init_replicas_differ.push_back(name);
-            if (rank0) rec.init_state.emplace_back(name, full.shares_storage(p->value) ? full.clone() : full);
+            if (rank0) rec.init_state.emplace_back(name, full.shares_storage(p->value) ? full.clone() : on_host(full));
         }
     }
     rec.unique_params = static_cast<int64_t>(params.size());
@@ -138,9 +142,13 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
                     be.scale(full, event_grad_scale, scaled);
                     full = scaled;
                 }
-                if (rank0) sr.events.push_back({m.fqn(), phase, full.shares_storage(t) ? full.clone() : full});
+                if (rank0) sr.events.push_back({m.fqn(), phase, full.shares_storage(t) ? on_host(full).clone() : on_host(full)});
             };
         Batch b = data.batch(step);
+        if (in.device != Device::cpu) {
+            b.input = b.input.to_device(in.device);
+            if (b.target.defined()) b.target = b.target.to_device(in.device);
+        }
         if (dpc.size() > 1) {  // this rank's rows of the global batch
             b.input = chunk(b.input, dpc.size(), dpc.rank(), 0);
             if (b.target.defined()) b.target = chunk(b.target, dpc.size(), dpc.rank(), 0);
@@ -159,6 +167,7 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
         model.root->backward(ctx, dy);
         if (dp) dp->after_backward();
         optimizer.step(params);
+        be.synchronize();
         rec.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (dp) rec.bucket_copy_bytes = dp->bucket_copy_bytes(), rec.bucket_allreduce_bytes = dp->bucket_allreduce_bytes();
 
@@ -177,7 +186,7 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
             if (!tp_ok || (!dp_ok && !ignored)) status = "DIFFER";
             if (rank0) {
                 sr.replicas[name] = status;
-                sr.tensors.emplace_back(name, full.shares_storage(local) ? full.clone() : full);
+                sr.tensors.emplace_back(name, full.shares_storage(local) ? on_host(full).clone() : on_host(full));
             }
         };
         // each rank's output rows and loss are its own: gathered and combined as the global batch's

@@ -17,6 +17,9 @@ struct VerifyInputs {
     std::string data_path;
     int64_t steps = 1;
     bool record_events = true;
+    // Where the ranks compute (--device). cuda: every rank thread on one GPU with its own stream,
+    // collectives through cuda_local; recorded tensors are copied to the host for comparison.
+    Device device = Device::cpu;
 };
 
 // out: filled on rank 0 of world only.
