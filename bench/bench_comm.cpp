@@ -1,15 +1,18 @@
 // bench_comm: all_reduce / all_gather / reduce_scatter bandwidth, with nccl-tests' definitions
 // (doc/PERFORMANCE.md): algbw = bytes / time; busbw = algbw * 2(n-1)/n for all_reduce and
 // algbw * (n-1)/n for all_gather and reduce_scatter (bytes = the full tensor). Printed next to
-// single-thread memcpy bandwidth measured in the same run.
+// single-thread memcpy bandwidth measured in the same run (cuda: device-to-device copy bandwidth).
 //   ./build/bench/bench_comm [RANKS] [MAX_MIB]          threads, in-process (default 4 ranks, 256 MiB)
+//   ./build/bench/bench_comm RANKS MAX_MIB cuda         cuda_local: RANKS virtual ranks on one GPU
 //   mpirun -np 4 ./build/bench/bench_comm 0 [MAX_MIB]    mpi
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "comm/comm_mpi.h"
 #include "comm/comm_threads.h"
 
@@ -29,19 +32,31 @@ double memcpy_gbps(size_t bytes) {
     return bytes / best / 1e9;
 }
 
+double device_copy_gbps(size_t bytes, Device device) {  // one device-to-device copy, as memcpy_gbps
+    backend_for(device);
+    Tensor a({static_cast<int64_t>(bytes / 4)}, DType::float32, device), b = a.clone();
+    double best = 1e30;
+    for (int i = 0; i < 5; ++i) {
+        auto t0 = Clock::now();
+        copy_bytes(b.raw(), device, a.raw(), device, bytes);  // synchronous
+        best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return bytes / best / 1e9;
+}
+
 struct Row {
     size_t bytes;
     double seconds[3];
 };
 
 // Collective over c: times each op at each size; rank 0's numbers are returned.
-std::vector<Row> measure(Communicator& c, size_t max_bytes) {
+std::vector<Row> measure(Communicator& c, size_t max_bytes, Device device = Device::cpu) {
     std::vector<Row> rows;
     const int n = c.size();
     for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
         const int64_t elems = static_cast<int64_t>(bytes / 4);
         const int64_t padded = (elems + n - 1) / n * n;  // all_gather / reduce_scatter need n equal chunks
-        Tensor full({padded}, DType::float32), part({padded / n}, DType::float32);
+        Tensor full({padded}, DType::float32, device), part({padded / n}, DType::float32, device);
         const int iters = static_cast<int>(std::clamp<size_t>((size_t{1} << 30) / bytes, 3, 200));
         Row r{bytes, {}};
         for (int op = 0; op < 3; ++op) {
@@ -63,7 +78,8 @@ std::vector<Row> measure(Communicator& c, size_t max_bytes) {
 }
 
 void print(const std::vector<Row>& rows, int n, const char* backend, double memcpy_bw) {
-    std::printf("bench_comm %s, %d ranks; single-thread memcpy %.2f GB/s (the limit)\n", backend, n, memcpy_bw);
+    std::printf("bench_comm %s, %d ranks; %s %.2f GB/s (the limit)\n", backend, n,
+                std::string(backend) == "cuda_local" ? "device-to-device copy" : "single-thread memcpy", memcpy_bw);
     std::printf("%12s  %26s  %26s  %26s\n", "", "all_reduce", "all_gather", "reduce_scatter");
     std::printf("%12s  %8s %8s %8s  %8s %8s %8s  %8s %8s %8s\n", "bytes", "us", "algbw", "busbw", "us", "algbw",
                 "busbw", "us", "algbw", "busbw");
@@ -85,9 +101,23 @@ void print(const std::vector<Row>& rows, int n, const char* backend, double memc
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main_impl(int argc, char** argv) {
     const int ranks = argc > 1 ? std::atoi(argv[1]) : 4;
     const size_t max_bytes = (argc > 2 ? std::atoi(argv[2]) : 256) * (size_t{1} << 20);
+    if (argc > 3 && std::string(argv[3]) == "cuda") {
+        const double dev_bw = device_copy_gbps(size_t{256} << 20, Device::cuda);
+        std::vector<Row> rows;
+        run_rank_threads(
+            ranks, CommOptions{},
+            [&](Communicator& c) {
+                backend_for(Device::cuda);  // this rank thread's stream
+                auto r = measure(c, max_bytes, Device::cuda);
+                if (c.rank() == 0) rows = r;
+            },
+            Device::cuda);
+        print(rows, ranks, "cuda_local", dev_bw);
+        return 0;
+    }
     const double mem_bw = memcpy_gbps(size_t{256} << 20);
     if (launched_by_mpi()) {
         mpi_init_once();
@@ -103,4 +133,13 @@ int main(int argc, char** argv) {
     });
     print(rows, ranks, "threads", mem_bw);
     return 0;
+}
+
+int main(int argc, char** argv) {
+    try {
+        return main_impl(argc, argv);
+    } catch (const std::exception& e) {  // e.g. no GPU for the cuda mode
+        std::fprintf(stderr, "%s: %s\n", "bench_comm", e.what());
+        return 1;
+    }
 }

@@ -5,8 +5,12 @@
 // against the model's gradient bytes (must be 1x: every gradient in exactly one bucket).
 //   ./build/bench/bench_verify [MODEL] [PLAN]      (default: gemm_mlp, plans/gemm_mlp_tp.yaml)
 //   ./build/bench/bench_verify models/gemm_mlp.yaml plans/gemm_mlp_ddp.yaml
+//   ./build/bench/bench_verify models/gemm_mlp.yaml plans/gemm_mlp_tp.yaml cuda [tf32]
+//     on one GPU (cuda_local): the limit is cuBLAS on the same shapes, and the parallel step's
+//     GEMM rate is printed against it (target >= 70%)
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "core/yaml_reader.h"
@@ -15,17 +19,21 @@
 
 using namespace ptool;
 
-int main(int argc, char** argv) {
+int main_impl(int argc, char** argv) {
     const std::string model_path = argc > 1 ? argv[1] : PTOOL_SOURCE_DIR "/models/gemm_mlp.yaml";
     const std::string plan_path = argc > 2 ? argv[2] : PTOOL_SOURCE_DIR "/plans/gemm_mlp_tp.yaml";
+    const bool cuda = argc > 3 && std::string(argv[3]) == "cuda";
+    configure_backends({argc > 4 && std::string(argv[4]) == "tf32", 0});
     VerifyInputs in;
     in.model_path = model_path;
     in.model_text = read_text_file(model_path, 1 << 22);
+    in.device = cuda ? Device::cuda : Device::cpu;
     const Model model = load_model_text(in.model_text, model_path);
-    const bench::GemmLimit lim = bench::measure_gemm_limit(model, 3);
+    const bench::GemmLimit lim = bench::measure_gemm_limit(model, 3, in.device);
     const double limit = 2 * lim.seconds;
-    std::printf("bench_verify %s: %.2f GFLOP per step; reference + parallel at the sgemm rate (%.1f GFLOP/s): %.1f ms\n",
-                model.name.c_str(), lim.flops / 1e9, lim.flops / lim.seconds / 1e9, limit * 1e3);
+    std::printf("bench_verify %s on %s: %.2f GFLOP per step; reference + parallel at the %s rate (%.1f GFLOP/s): %.1f ms\n",
+                model.name.c_str(), backend_for(in.device).name().c_str(), lim.flops / 1e9, cuda ? "cuBLAS" : "sgemm",
+                lim.flops / lim.seconds / 1e9, limit * 1e3);
     const bool ddp = load_plan(plan_path).data_parallel.has_value();
     int64_t grad_bytes = 0;
     for (const auto& [name, p] : model.named_parameters()) grad_bytes += static_cast<int64_t>(p->grad.nbytes());
@@ -41,6 +49,13 @@ int main(int argc, char** argv) {
             std::printf("  %4d  %10.1f  %10.1f  %10.1f  %8.2f  %s%s\n", tp, total * 1e3, r.reference_seconds * 1e3,
                         r.plans[0].run.seconds * 1e3, total / limit, r.pass ? "PASS" : "FAIL",
                         events ? " (with per-module gathers for localisation)" : "");
+            if (!events) {  // the parallel step's GEMM FLOPs over its time, against the limit's rate
+                // every rank computes at once on the same device(s): together they do the model's FLOPs
+                const double steps = static_cast<double>(r.plans[0].run.steps.size());
+                const double rate = lim.flops * steps / r.plans[0].run.seconds, limit_rate = lim.flops / lim.seconds;
+                std::printf("        parallel step: %.1f GFLOP/s = %.0f%% of the %s rate on the same shapes\n", rate / 1e9,
+                            100 * rate / limit_rate, cuda ? "cuBLAS" : "sgemm");
+            }
             if (ddp && !events)
                 std::printf("        gradient all_reduce %.1f MiB per step in %lld buckets = %.3fx the model's %.1f MiB of gradients\n",
                             r.plans[0].run.bucket_allreduce_bytes / 1048576.0, static_cast<long long>(r.plans[0].run.dp_buckets),
@@ -49,4 +64,13 @@ int main(int argc, char** argv) {
     }
     std::printf("target: verify within 1.5x of the limit\n");
     return 0;
+}
+
+int main(int argc, char** argv) {
+    try {
+        return main_impl(argc, argv);
+    } catch (const std::exception& e) {  // e.g. no GPU for the cuda mode
+        std::fprintf(stderr, "%s: %s\n", "bench_verify", e.what());
+        return 1;
+    }
 }

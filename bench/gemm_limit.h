@@ -1,4 +1,5 @@
-// The OpenBLAS sgemm limit for a model's linear layers, measured in the benchmark's own run.
+// The GEMM limit for a model's linear layers, measured in the benchmark's own run: OpenBLAS sgemm
+// on the CPU, the backend's cuBLAS GEMM on device tensors for cuda (the same shapes, synchronised).
 // A linear [rows, in] -> [rows, out] costs 3 GEMMs per training step (y = x W^T, dW = dy^T x,
 // dx = dy W), 2 * rows * in * out FLOPs each.
 #pragma once
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/model.h"
 
 namespace ptool::bench {
@@ -30,7 +32,7 @@ struct GemmLimit {
     double seconds = 0;  // the same GEMMs at the measured sgemm rate
 };
 
-inline GemmLimit measure_gemm_limit(const Model& model, int repeats) {
+inline GemmLimit measure_gemm_limit(const Model& model, int repeats, Device device = Device::cpu) {
     struct Gemm {
         int m, n, k;
         bool ta, tb;
@@ -49,6 +51,19 @@ inline GemmLimit measure_gemm_limit(const Model& model, int repeats) {
         }
     });
     for (const Gemm& g : gemms) {
+        if (device != Device::cpu) {
+            Backend& be = backend_for(device);
+            Tensor a(g.ta ? Shape{g.k, g.m} : Shape{g.m, g.k}, model.dtype, device);
+            Tensor b(g.tb ? Shape{g.n, g.k} : Shape{g.k, g.n}, model.dtype, device);
+            Tensor c({g.m, g.n}, model.dtype, device);
+            be.gemm(a, g.ta, b, g.tb, c);  // warm-up (cuBLAS picks its kernel)
+            be.synchronize();
+            lim.seconds += best_seconds(repeats, [&] {
+                be.gemm(a, g.ta, b, g.tb, c);
+                be.synchronize();
+            });
+            continue;
+        }
         std::vector<float> a(static_cast<size_t>(g.m) * g.k, 0.5f), b(static_cast<size_t>(g.k) * g.n, 0.25f),
             c(static_cast<size_t>(g.m) * g.n);
         lim.seconds += best_seconds(repeats, [&] {
