@@ -41,7 +41,7 @@ TensorFile record_golden(const VerifyInputs& in, const Plan& plan, const VerifyO
     md["model_path"] = in.model_path;
     md["plan_path"] = plan.path;
     md["dtype"] = dtype_name(model.dtype);
-    md["device"] = "cpu";
+    md["device"] = device_name(in.device);
     md["steps"] = std::to_string(ro.steps);
     md["rtol"] = fmt::format("{:g}", tol.rtol);
     md["atol"] = fmt::format("{:g}", tol.atol);
@@ -50,6 +50,9 @@ TensorFile record_golden(const VerifyInputs& in, const Plan& plan, const VerifyO
     md["mpi"] = std::string(mpi_version, strnlen(mpi_version, sizeof mpi_version));
     md["cuda"] = gpu.runtime_version ? std::to_string(gpu.runtime_version) : "none";
     md["gpu"] = gpu.devices.empty() ? "none" : gpu.devices[0].name;
+    md["gpu_sms"] = gpu.devices.empty() ? "0" : std::to_string(gpu.devices[0].sm_count);
+    md["cublas"] = gpu.cublas_version ? std::to_string(gpu.cublas_version) : "none";
+    md["nccl"] = gpu.nccl_version ? std::to_string(gpu.nccl_version) : "none";
     return file;
 }
 

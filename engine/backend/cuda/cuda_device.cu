@@ -1,6 +1,10 @@
 // GPU discovery through the CUDA runtime: count, names, SM counts, driver/runtime versions.
 // Built only when CMake finds a CUDA toolkit; engine/backend/gpu_info.cpp picks it.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#ifdef PTOOL_HAVE_NCCL
+#include <nccl.h>
+#endif
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/gpu_info.h"
@@ -16,6 +20,14 @@ GpuInfo query_gpus_cuda() {
     int driver = 0;
     cudaDriverGetVersion(&driver);  // 0 when no driver is installed
     info.driver_version = driver;
+    int major = 0, minor = 0, patch = 0;
+    if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+        info.cublas_version = major * 10000 + minor * 100 + patch;
+#ifdef PTOOL_HAVE_NCCL
+    ncclGetVersion(&info.nccl_version);
+#endif
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {  // no driver or no device: not an error, there is just no GPU
