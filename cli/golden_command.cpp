@@ -21,6 +21,7 @@ void record(const GoldenArgs& a, const Common& c) {
     in.model_path = a.model;
     in.model_text = read_text_file(a.model, YamlLimits{}.max_bytes);
     in.dtype_override = c.dtype;
+    in.device = select_device(c);  // a GPU-recorded golden says so in its metadata
     TensorFile init, data;
     if (!a.init.empty()) init = read_safetensors(a.init), in.init = &init, in.init_path = a.init;
     if (!a.data.empty()) data = read_safetensors(a.data), in.data = &data, in.data_path = a.data;
@@ -106,6 +107,7 @@ void add_golden_command(CLI::App& app, Common& common, int& exit_code) {
     rec->add_option("--data", a->data, "batch data (safetensors)");
     rec->add_option("--steps", a->steps, "steps (default: the plan's verify.steps, else the model's)")->check(CLI::PositiveNumber);
     rec->add_option("--dtype", common.dtype, "override the model's dtype");
+    add_device_options(rec, common);
     rec->add_option("--rtol", a->rtol, "tolerance recorded with the case");
     rec->add_option("--atol", a->atol, "tolerance recorded with the case");
     rec->callback([a, &common] { record(*a, common); });

@@ -26,6 +26,7 @@ TensorFile record_golden(const VerifyInputs& in, const Plan& plan, const VerifyO
     GoldenWriter writer(model, data.varies_per_step());
     ReferenceOptions ro;
     ro.steps = steps_for(in, plan, opt, model.steps);
+    ro.device = in.device;
     run_reference(model, data, ro, [&](const StepResult& r) { writer.add_step(r); });
     TensorFile file = std::move(writer.file());
     const Tolerance tol = tolerance_for(plan, opt, model.dtype);
