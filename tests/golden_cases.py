@@ -145,6 +145,24 @@ with tempfile.TemporaryDirectory() as tmp:
         check(not glob.glob(os.path.join(tmp, ".slow.safetensors.tmp-*")), f"SIGTERM after {delay}s left a temp file")
         if now != before:
             shutil.copy("golden/mlp_star.safetensors", target)
+    # SIGKILL mid-write cannot be caught: the old file is still whole, and the temp file the killed
+    # writer left is removed by the next write to the same path
+    p = subprocess.Popen([PTOOL, "golden", "record", "models/gemm_mlp.yaml", "plans/gemm_mlp_tp.yaml", "-o", target,
+                          "--force"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    p.kill()
+    p.wait(timeout=60)
+    now = open(target, "rb").read()
+    check(now == before or "model_yaml" in metadata(target), "SIGKILL left a partial golden file")
+    stale = os.path.join(tmp, f".slow.safetensors.tmp-{p.pid}-abcdef")
+    open(stale, "wb").write(b"partial")  # what a writer killed after creating its temp file leaves
+    before_tmp, before_cwd = set(os.listdir(tmp)), set(os.listdir("."))
+    rc, out = run("golden", "record", "models/mlp.yaml", "plans/mlp_root_module.yaml", "-o", target, "--force")
+    check(rc == 0 and not glob.glob(os.path.join(tmp, ".slow.safetensors.tmp-*")),
+          f"the next write did not remove a killed writer's temp file: exit {rc}\n{out}")
+    # nothing written but the named file: the folder holds what it held (less the stale temp file)
+    check(set(os.listdir(tmp)) == before_tmp - {os.path.basename(stale)} and set(os.listdir(".")) == before_cwd,
+          "golden record wrote somewhere other than its output path")
 
     # --update re-records a case whose numbers moved (model and plan unchanged), and says what moved
     upd = os.path.join(tmp, "update")

@@ -23,8 +23,9 @@ constexpr uint64_t kMaxHeader = 100u << 20;  // as the reference implementation
 }
 
 // The temporary file being written, removed if SIGINT or SIGTERM arrives meanwhile: an
-// interrupted write leaves the old file and nothing else. (SIGKILL cannot be caught: the temp
-// file then stays, the target is still never partial.)
+// interrupted write leaves the old file and nothing else. SIGKILL cannot be caught: the temp
+// file (named after the writer's pid) then stays until the next write to the same path removes
+// the temp files of writers that no longer exist. The target is never partial either way.
 char g_pending_tmp[4096];
 volatile sig_atomic_t g_pending = 0;
 
@@ -176,7 +177,15 @@ void write_file_atomic(const std::string& path, const std::string& bytes, bool o
         throw InputError(SourceLocation{path, 0, 0}, "file exists (use --force to replace it)");
     fs::path target(path);
     fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-    std::string tmpl = (dir / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+    // leftovers of killed writers: ".NAME.tmp-PID-XXXXXX" whose PID is gone
+    const std::string prefix = "." + target.filename().string() + ".tmp-";
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind(prefix, 0) != 0) continue;
+        const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+        if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(entry.path(), ec);
+    }
+    std::string tmpl = (dir / fmt::format("{}{}-XXXXXX", prefix, ::getpid())).string();
     std::vector<char> buf(tmpl.begin(), tmpl.end());
     buf.push_back('\0');
     int fd = mkstemp(buf.data());
