@@ -20,7 +20,7 @@ void ConformanceReport::expect(bool ok, const std::string& what) {
 namespace {
 
 const DType kDtypes[] = {DType::float32, DType::float64, DType::bfloat16, DType::float16};
-Device g_device = Device::cpu;  // where the collectives' tensors live (cuda: the cuda_local communicator)
+thread_local Device g_device = Device::cpu;  // per rank thread: where the collectives' tensors live (cuda: the cuda_local communicator)
 
 Tensor on_device(const Tensor& host) { return g_device == Device::cpu ? host : host.to_device(g_device); }
 

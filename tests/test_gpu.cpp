@@ -13,11 +13,12 @@ int main() {
         std::printf("FAIL: built with the CUDA toolkit but the runtime reports version %d\n", info.runtime_version);
         return 1;
     }
-    if (info.cublas_version < 120000) {  // read from the library: no GPU needed
-        std::printf("FAIL: cuBLAS reports version %d\n", info.cublas_version);
+    const int cublas = query_cublas_version();  // dlopens cuBLAS: no GPU needed
+    if (cublas < 120000) {
+        std::printf("FAIL: cuBLAS reports version %d\n", cublas);
         return 1;
     }
-    std::printf("CUDA runtime %d, cuBLAS %d, NCCL %d\n", info.runtime_version, info.cublas_version, info.nccl_version);
+    std::printf("CUDA runtime %d, cuBLAS %d, NCCL %d\n", info.runtime_version, cublas, info.nccl_version);
 #endif
     if (info.devices.empty()) {
         std::printf("SKIP: no GPU: %s\n", info.why_none.c_str());

@@ -17,12 +17,14 @@ struct GpuInfo {
     bool built_with_cuda = false;
     int runtime_version = 0;  // 13000 for CUDA 13.0
     int driver_version = 0;
-    int cublas_version = 0;   // 130000 for cuBLAS 13.0.0 (from the library, no GPU needed)
     int nccl_version = 0;     // 22800 for NCCL 2.28.0; 0 when the build has no NCCL
     std::vector<GpuDevice> devices;
     std::string why_none;  // when devices is empty
 };
 
 GpuInfo query_gpus();
+// cuBLAS's version (130100 for 13.1.0), read from the library, which this loads (0.7 s, once per
+// process: call it only where cuBLAS is used anyway); 0 without CUDA or when it cannot be loaded.
+int query_cublas_version();
 
 }  // namespace ptool

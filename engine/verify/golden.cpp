@@ -52,7 +52,9 @@ TensorFile record_golden(const VerifyInputs& in, const Plan& plan, const VerifyO
     md["cuda"] = gpu.runtime_version ? std::to_string(gpu.runtime_version) : "none";
     md["gpu"] = gpu.devices.empty() ? "none" : gpu.devices[0].name;
     md["gpu_sms"] = gpu.devices.empty() ? "0" : std::to_string(gpu.devices[0].sm_count);
-    md["cublas"] = gpu.cublas_version ? std::to_string(gpu.cublas_version) : "none";
+    // cuBLAS is loaded only where it computes: a CPU record does not pay its 0.7 s start-up
+    const int cublas = in.device == Device::cuda ? query_cublas_version() : 0;
+    md["cublas"] = cublas ? std::to_string(cublas) : in.device == Device::cuda ? "none" : "unused (cpu)";
     md["nccl"] = gpu.nccl_version ? std::to_string(gpu.nccl_version) : "none";
     return file;
 }

@@ -1,25 +1,30 @@
 // GEMM on the GPU: cublasGemmStridedBatchedEx for every dtype. Row-major C = op(A) op(B) is
 // column-major C^T = op(B)^T op(A)^T, so A and B swap places in the call. fp32 computes in
 // fp32 (TF32 only with --tf32), 16-bit types in fp32 with one rounding on store, as on the CPU.
-#include <cublas_v2.h>
-
+#include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
-#define CUBLAS_CHECK(stmt) PTOOL_CHECK_GEN(stmt, CUBLAS_STATUS_SUCCESS, cublasGetStatusString)
+#define CUBLAS_CHECK(stmt) PTOOL_CHECK_GEN(stmt, CUBLAS_STATUS_SUCCESS, blas().status_string)
 
 namespace ptool {
 namespace {
+
+const cuda::CublasApi& blas() {
+    const cuda::CublasApi* api = cuda::cublas();
+    if (!api) throw RuntimeError(fmt::format("--device cuda: {}", cuda::cublas_load_error()));
+    return *api;
+}
 
 cublasHandle_t handle() {  // one per thread: a handle is not to be shared between rank threads
     thread_local struct Handle {
         cublasHandle_t h = nullptr;
         ~Handle() {
-            if (h) cublasDestroy(h);
+            if (h) blas().destroy(h);
         }
     } current;
-    if (!current.h) CUBLAS_CHECK(cublasCreate(&current.h));
-    CUBLAS_CHECK(cublasSetStream(current.h, cuda::stream()));
+    if (!current.h) CUBLAS_CHECK(blas().create(&current.h));
+    CUBLAS_CHECK(blas().set_stream(current.h, cuda::stream()));
     return current.h;
 }
 
@@ -54,7 +59,7 @@ void CudaBackend::gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tenso
     const void* beta_p = type == CUDA_R_64F ? static_cast<const void*>(&beta) : &beta_f;
     const int m = as_int(d.m, "M"), n = as_int(d.n, "N"), k = as_int(d.k, "K");
     const int lda = ta ? m : k, ldb = tb ? k : n;
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+    CUBLAS_CHECK(blas().gemm_strided_batched_ex(
         handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, alpha_p, b.raw(), type, ldb,
         d.b_shared ? 0 : d.k * d.n, a.raw(), type, lda, d.m * d.k, beta_p, c.raw(), type, n, d.m * d.n,
         as_int(d.batch, "batch"), compute, CUBLAS_GEMM_DEFAULT));
@@ -64,7 +69,7 @@ std::string CudaBackend::name() const {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
     int cublas = 0;
-    cublasGetVersion(handle(), &cublas);
+    blas().get_version(handle(), &cublas);
     return fmt::format("cuda ({}, {} SMs, cuBLAS {}{})", prop.name, prop.multiProcessorCount, cublas,
                        options_.tf32 ? ", TF32 allowed" : "");
 }
