@@ -6,6 +6,7 @@
 #include "cli/golden_replay.h"
 #include "cli/verify_output.h"
 #include "comm/comm_mpi.h"
+#include "comm/comm_nccl.h"
 #include "core/safetensors.h"
 #include "core/yaml_reader.h"
 #include "verify/verify.h"
@@ -76,7 +77,9 @@ int verify(const VerifyArgs& a, const Common& c) {
         MpiCommunicator world(MPI_COMM_WORLD, opt.comm);
         int code = 3;
         try {
-            VerifyReport report = verify_on_world(world, in, plans, opt);
+            // on GPUs the ranks' collectives go through NCCL, bootstrapped over MPI
+            std::unique_ptr<Communicator> gpus = in.device == Device::cuda ? make_nccl_world(world, opt.comm) : nullptr;
+            VerifyReport report = verify_on_world(gpus ? *gpus : world, in, plans, opt);
             code = report.pass ? 0 : 1;
             if (world.rank() == 0) {
                 print_report(report, a.model, probe, c.verbosity);

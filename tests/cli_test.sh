@@ -62,6 +62,7 @@ if cmp -s "$tmp/d.safetensors" "$tmp/d2.safetensors"; then passes=$((passes + 1)
   awk '/^```yaml$/{n++; next} n==2 && /^```$/{exit} n==2{print}' "$root/docs/model_format.md"; } >"$tmp/doc_example.yaml"
 expect 0 "step   1  loss" -- "$ptool" run "$tmp/doc_example.yaml"
 
+mpirun=(timeout 120 mpirun --oversubscribe --allow-run-as-root)
 # --device cuda: on a GPU the same verdict as on the CPU; without one it says why (2: a build
 # without CUDA; 3: no device), before any rank starts
 expect 2 "--tf32 applies to --device cuda" -- "$ptool" verify "$root/models/mlp_stacked.yaml" "$root/plans/mlp_stacked_multi_wildcard.yaml" --tf32
@@ -69,9 +70,15 @@ expect 2 "--tf32 applies to --device cuda" -- "$ptool" verify "$root/models/mlp_
 cuda_rc=$?
 case $cuda_rc in
   0) expect 0 "PASS" -- "$ptool" verify "$root/models/mlp_stacked.yaml" "$root/plans/mlp_stacked_multi_wildcard.yaml" --device cuda
-     expect 0 "PASS" -- "$ptool" verify "$root/golden" --device cuda ;;
+     expect 0 "PASS" -- "$ptool" verify "$root/golden" --device cuda
+     # mpirun: one process per GPU over NCCL (a 1-rank mesh fits every GPU machine); more ranks
+     # on the node than GPUs is an input error naming both counts
+     gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+     expect 0 "ranks (nccl)" -- "${mpirun[@]}" -np 1 "$ptool" verify "$root/models/mlp_stacked_mse.yaml" "$root/plans/mlp_stacked_dp2_tp2.yaml" --mesh dp=1 --mesh tp=1 --device cuda
+     expect 2 "sees $gpus GPU" -- "${mpirun[@]}" -np $((gpus + 1)) "$ptool" verify "$root/models/mlp_stacked_mse.yaml" "$root/plans/mlp_stacked_dp2_tp2.yaml" --device cuda ;;
   2) expect 2 "built without CUDA support" -- "$ptool" run "$root/models/mlp.yaml" --device cuda ;;
-  3) expect 3 "no CUDA device is available" -- "$ptool" verify "$root/models/mlp_stacked.yaml" "$root/plans/mlp_stacked_multi_wildcard.yaml" --device cuda ;;
+  3) expect 3 "no CUDA device is available" -- "$ptool" verify "$root/models/mlp_stacked.yaml" "$root/plans/mlp_stacked_multi_wildcard.yaml" --device cuda
+     expect 3 "no CUDA device is available on this node" -- "${mpirun[@]}" -np 2 "$ptool" verify "$root/models/mlp_stacked_mse.yaml" "$root/plans/mlp_stacked_dp2_tp2.yaml" --mesh tp=1 --device cuda ;;
   *) echo "FAIL: ptool run --device cuda exited $cuda_rc"; cat "$tmp/cuda_out"; failures=$((failures + 1)) ;;
 esac
 

@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <functional>
 #include <mutex>
+#include <thread>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/gpu_info.h"
+#include "comm/comm_nccl.h"
 #include "comm/comm_threads.h"
 #include "comm_conformance.h"
 #include "core/rng.h"
@@ -239,6 +241,56 @@ TEST_CASE("cuda_local passes the communicator conformance suite at world sizes 1
         CHECK(report.passed > 0);
         CHECK(name == "cuda_local");
     }
+}
+
+// nccl at world size 1 runs on every GPU machine; sizes 2..8 where the machine has the GPUs.
+TEST_CASE("nccl passes the communicator conformance suite on one GPU per rank", "[cuda]") {
+    const int gpus = static_cast<int>(query_gpus().devices.size());
+    for (int n = 1; n <= std::min(gpus, 8); ++n) {
+        std::mutex mu;
+        ConformanceReport report;
+        std::string name;
+        run_nccl_threads(n, CommOptions{}, [&](Communicator& comm) {
+            ConformanceReport mine;
+            run_comm_conformance(comm, mine, Device::cuda);
+            std::lock_guard lock(mu);
+            report.passed += mine.passed, report.failed += mine.failed;
+            report.failures.insert(report.failures.end(), mine.failures.begin(), mine.failures.end());
+            name = comm.backend();
+        });
+        INFO("world size " << n << ": " << (report.failures.empty() ? "" : report.failures[0]));
+        CHECK(report.failed == 0);
+        CHECK(report.passed > 0);
+        CHECK(name == "nccl");
+    }
+}
+
+TEST_CASE("nccl: host tensors are staged through the device, results bitwise the threads communicator's", "[cuda]") {
+    Tensor t = random({37, 5}, DType::float32, 41);
+    Tensor on_threads = t.clone(), on_nccl = t.clone();
+    run_rank_threads(1, CommOptions{}, [&](Communicator& c) { c.all_reduce(on_threads, ReduceOp::avg); });
+    run_nccl_threads(1, CommOptions{}, [&](Communicator& c) { c.all_reduce(on_nccl, ReduceOp::avg); });
+    CHECK(on_nccl.device() == Device::cpu);
+    CHECK(on_nccl.to_doubles() == on_threads.to_doubles());
+}
+
+// Failure paths need two ranks, so two GPUs; a one-GPU machine reports the case as not run.
+TEST_CASE("a nccl rank that never arrives times out on every rank; a mismatch is named", "[cuda]") {
+    if (query_gpus().devices.size() < 2) {
+        WARN("needs 2 GPUs: not run on this machine");
+        return;
+    }
+    CommOptions quick;
+    quick.timeout_seconds = 1;
+    CHECK_THROWS_WITH(run_nccl_threads(2, quick, [&](Communicator& c) {
+        Tensor x = Tensor({4}, DType::float32, Device::cuda);
+        if (c.rank() == 1) c.all_reduce(x, ReduceOp::sum);
+        else std::this_thread::sleep_for(std::chrono::seconds(3));  // rank 0 never arrives
+    }), Catch::Contains("rank 1 timed out after 1 s in all_reduce#0"));
+    CHECK_THROWS_WITH(run_nccl_threads(2, CommOptions{}, [&](Communicator& c) {
+        Tensor x = Tensor({4 + c.rank()}, DType::float32, Device::cuda);
+        c.all_reduce(x, ReduceOp::sum);
+    }), Catch::Contains("collective mismatch: rank 1 all_reduce#0 float32 [5] vs rank 0 all_reduce#0 float32 [4]"));
 }
 
 int main(int argc, char** argv) {

@@ -6,7 +6,7 @@
 
 namespace ptool {
 namespace {
-const char* const kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier", "split"};
+const char* const kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier", "split", "init"};
 }
 
 const char* reduce_op_name(ReduceOp op) {

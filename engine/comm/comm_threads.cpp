@@ -226,19 +226,16 @@ std::unique_ptr<Communicator> ThreadsCommunicator::split(int color, int key) {
     return comm;
 }
 
-void run_rank_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn,
-                      Device device) {
-    std::vector<int> world(n);
-    for (int r = 0; r < n; ++r) world[r] = r;
-    auto abort = std::make_shared<AbortState>();
-    auto group = std::make_shared<ThreadGroup>(n, abort, world);
+void run_threads(int n, const std::shared_ptr<AbortState>& abort,
+                 const std::function<std::unique_ptr<Communicator>(int rank)>& make_comm,
+                 const std::function<void(Communicator&)>& fn) {
     std::vector<std::thread> threads;
     std::vector<std::exception_ptr> errors(n);
     for (int r = 0; r < n; ++r) {
         threads.emplace_back([&, r] {
-            ThreadsCommunicator comm(group, r, options, device);
             try {
-                fn(comm);
+                std::unique_ptr<Communicator> comm = make_comm(r);
+                fn(*comm);
             } catch (const AbortedError&) {
                 // another rank failed first; its message is the one reported
             } catch (const std::exception& e) {
@@ -262,6 +259,16 @@ void run_rank_threads(int n, const CommOptions& options, const std::function<voi
         }
         throw RuntimeError(abort->message);
     }
+}
+
+void run_rank_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn,
+                      Device device) {
+    std::vector<int> world(n);
+    for (int r = 0; r < n; ++r) world[r] = r;
+    auto abort = std::make_shared<AbortState>();
+    auto group = std::make_shared<ThreadGroup>(n, abort, world);
+    run_threads(
+        n, abort, [&](int r) { return std::make_unique<ThreadsCommunicator>(group, r, options, device); }, fn);
 }
 
 }  // namespace ptool

@@ -96,6 +96,13 @@ private:
     int64_t sequence_ = 0;
 };
 
+// Runs fn(*make_comm(r)) on n threads, r = 0..n-1; a rank that throws aborts the job (abort) and
+// the root-cause failure is rethrown after every thread has ended: an InputError as itself, any
+// other as RuntimeError naming the rank. Shared by the threads, cuda_local and nccl runners.
+void run_threads(int n, const std::shared_ptr<AbortState>& abort,
+                 const std::function<std::unique_ptr<Communicator>(int rank)>& make_comm,
+                 const std::function<void(Communicator&)>& fn);
+
 // Runs fn(comm) on n rank threads; rethrows the root-cause failure (RuntimeError naming the rank)
 // after every thread has ended. device cuda: the communicators are cuda_local.
 void run_rank_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn,

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "comm/comm_choice.h"
 #include "comm/comm_threads.h"
 #include "model/batch.h"
 #include "model/model.h"
@@ -157,7 +158,7 @@ VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& 
         const Resolution res = resolve_plan(probe, plan);  // lint before anything runs
         for (const auto& w : res.warnings) spdlog::warn("{}", w);
         RunRecord par;
-        run_rank_threads(
+        run_ranks(
             plan.world_size(), opt.comm, [&](Communicator& world) { run_parallel_rank(world, job, plan, fault, &par); },
             in.device);
         add_plan(report, references[job.steps], std::move(par), plan, res, tolerance_for(plan, opt, probe.dtype));
@@ -168,9 +169,6 @@ VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& 
 VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const std::vector<Plan>& plans,
                              const VerifyOptions& opt) {
     VerifyReport report;
-    if (in.device != Device::cpu)
-        throw InputError("--device cuda under mpirun needs the nccl communicator, which is not built yet; run "
-                         "in-process (cuda_local: every rank on one GPU)");
     const Model probe = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
     const Fault fault = parse_fault(std::getenv("PTOOL_FAULT"));
     for (const Plan& plan : plans) {

@@ -1,11 +1,9 @@
 #include "backend/cuda/cublas_loader.h"
 
-#include <dlfcn.h>
-
 #include <mutex>
 #include <type_traits>
 
-#include "core/error.h"
+#include "backend/cuda/dl_library.h"
 
 namespace ptool::cuda {
 namespace {
@@ -17,19 +15,12 @@ std::string error;
 
 template <class F>
 bool resolve(void* lib, const char* name, F& out) {
-    out = reinterpret_cast<F>(dlsym(lib, name));
-    if (!out) error = fmt::format("libcublas has no symbol {}", name);
-    return out != nullptr;
+    return dl_resolve(lib, "libcublas", name, out, error);
 }
 
 void load() {
-    const std::string soname = fmt::format("libcublas.so.{}", CUBLAS_VER_MAJOR);
-    void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        const char* why = dlerror();
-        error = fmt::format("cannot load {}: {}", soname, why ? why : "unknown error");
-        return;
-    }
+    void* lib = dl_open(fmt::format("libcublas.so.{}", CUBLAS_VER_MAJOR), error);
+    if (!lib) return;
     loaded = resolve(lib, "cublasCreate_v2", api.create) && resolve(lib, "cublasDestroy_v2", api.destroy) &&
              resolve(lib, "cublasSetStream_v2", api.set_stream) &&
              resolve(lib, "cublasGemmStridedBatchedEx", api.gemm_strided_batched_ex) &&

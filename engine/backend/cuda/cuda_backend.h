@@ -28,6 +28,11 @@ struct CudaOptions {
 Backend& cuda_backend(const CudaOptions& options = {});
 AllocatorStats cuda_memory_stats();  // the caching allocator's counters (zeros before first use)
 
+// Pins the calling thread to one GPU before its first CUDA work (the nccl communicator's rank
+// threads, one per GPU): its stream, allocations and kernels live there. Threads that never call
+// it use the process's device (CudaOptions::device).
+void cuda_set_thread_device(int device);
+
 // The current thread's stream (created on first use; one per rank thread) and a wait for it.
 void* cuda_current_stream();
 void cuda_synchronize_current_stream();

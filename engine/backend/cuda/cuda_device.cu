@@ -1,10 +1,10 @@
 // GPU discovery through the CUDA runtime: count, names, SM counts, driver/runtime versions.
 // Built only when CMake finds a CUDA toolkit; engine/backend/gpu_info.cpp picks it.
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/dl_library.h"
 #include "backend/gpu_info.h"
 
 namespace ptool {
@@ -18,10 +18,11 @@ GpuInfo query_gpus_cuda() {
     int driver = 0;
     cudaDriverGetVersion(&driver);  // 0 when no driver is installed
     info.driver_version = driver;
-    // NCCL's version without linking it (a linked NCCL adds ~20 ms to every process start)
-    if (void* nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL)) {
-        using GetVersion = int (*)(int*);
-        if (auto get = reinterpret_cast<GetVersion>(dlsym(nccl, "ncclGetVersion"))) get(&info.nccl_version);
+    // NCCL's version without linking it (comm/nccl_api.h loads NCCL the same way for the nccl communicator)
+    std::string why;
+    if (void* nccl = cuda::dl_open("libnccl.so.2", why)) {
+        int (*get)(int*) = nullptr;
+        if (cuda::dl_resolve(nccl, "libnccl", "ncclGetVersion", get, why)) get(&info.nccl_version);
     }
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);

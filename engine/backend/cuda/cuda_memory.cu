@@ -57,7 +57,8 @@ std::once_flag init_once;
 CudaMemory* memory = nullptr;
 Backend* backend = nullptr;
 CudaOptions chosen;
-int sms = 0;
+int sms = 0;                         // of the process's device (a node's GPUs are one model)
+thread_local int thread_device = -1;  // cuda_set_thread_device's pin, or -1: the process's device
 
 void init(const CudaOptions& options) {
     int count = 0;
@@ -87,8 +88,17 @@ int sm_count() { return sms; }
 Backend& cuda_backend(const CudaOptions& options) {
     std::call_once(init_once, [&] { init(options); });
     if (!backend) throw RuntimeError("the CUDA backend failed to start earlier in this process");
-    CUDA_CHECK(cudaSetDevice(chosen.device));  // rank threads start on device 0 otherwise
+    // rank threads start on device 0 otherwise; nccl rank threads are pinned to their own GPU
+    CUDA_CHECK(cudaSetDevice(thread_device >= 0 ? thread_device : chosen.device));
     return *backend;
+}
+
+void cuda_set_thread_device(int device) {
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    PTOOL_REQUIRE(device >= 0 && device < count, "device {} does not exist ({} visible)", device, count);
+    thread_device = device;
+    CUDA_CHECK(cudaSetDevice(device));
 }
 
 AllocatorStats cuda_memory_stats() { return memory ? memory->stats() : AllocatorStats{}; }

@@ -1,0 +1,374 @@
+#include "comm/comm_nccl.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "comm/device_reduce.h"
+#include "comm/nccl_api.h"
+#include "comm/rank_supervisor.h"
+
+namespace ptool {
+namespace {
+
+static_assert(sizeof(NcclId) == sizeof(ncclUniqueId), "NcclId holds an ncclUniqueId");
+
+const NcclApi& nccl() {
+    const NcclApi* api = nccl_api();
+    if (!api) throw RuntimeError(fmt::format("nccl communicator: {}", nccl_load_error()));
+    return *api;
+}
+
+ncclComm_t as_comm(void* c) { return static_cast<ncclComm_t>(c); }
+cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_current_stream()); }
+
+ncclConfig_t nonblocking() {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // calls return ncclInProgress; await() polls, so a lost peer is a timeout
+    return config;
+}
+
+// A device buffer from the caching allocator, for the duration of one collective.
+struct DeviceBuffer {
+    explicit DeviceBuffer(size_t n) : bytes(n), p(n ? device_memory().allocate(n) : nullptr) {}
+    ~DeviceBuffer() {
+        if (p) device_memory().release(p, bytes);
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    char* at(size_t offset) const { return static_cast<char*>(p) + offset; }
+    size_t bytes;
+    void* p;
+};
+
+// A tensor's bytes on the device: itself, or a staged copy of a host tensor (copied back by done()).
+struct OnDevice {
+    explicit OnDevice(const Tensor& t) : host(t), dev(t.device() == Device::cuda ? t : t.to_device(Device::cuda)) {}
+    void done() {  // the collective wrote dev: bring it home
+        if (host.device() == Device::cpu && host.nbytes())
+            copy_bytes(host.raw(), Device::cpu, dev.raw(), Device::cuda, host.nbytes());
+    }
+    Tensor host, dev;
+};
+
+}  // namespace
+
+NcclId nccl_unique_id() {
+    ncclUniqueId id;
+    const ncclResult_t r = nccl().get_unique_id(&id);
+    if (r != ncclSuccess) throw RuntimeError(fmt::format("ncclGetUniqueId failed: {}", nccl().error_string(r)));
+    NcclId out;
+    std::memcpy(out.bytes, &id, sizeof id);
+    return out;
+}
+
+#define NCCL_CALL(stmt)                                                                                          \
+    do {                                                                                                         \
+        const ncclResult_t r_ = (stmt);                                                                          \
+        if (r_ != ncclSuccess && r_ != ncclInProgress)                                                           \
+            fail(fmt::format("{} failed: {} ({})", #stmt, nccl().error_string(r_), nccl().last_error(as_comm(comm_)))); \
+    } while (0)
+
+NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int size, CommOptions options,
+                                   std::shared_ptr<AbortState> abort)
+    : comm_(nullptr), rank_(rank), size_(size), options_(options), abort_(std::move(abort)) {
+    for (int r = 0; r < size; ++r) world_ranks_.push_back(r);
+    ncclUniqueId uid;
+    std::memcpy(&uid, id.bytes, sizeof uid);
+    ncclConfig_t config = nonblocking();
+    ncclComm_t c = nullptr;
+    const ncclResult_t r = nccl().init_rank_config(&c, size, uid, rank, &config);
+    comm_ = c;
+    if (r != ncclSuccess && r != ncclInProgress)
+        fail(fmt::format("ncclCommInitRankConfig failed on rank {}: {}", rank, nccl().error_string(r)));
+    CollectiveDesc d;
+    d.op = 7;  // init: named in a timeout message
+    await(d, false);
+}
+
+NcclCommunicator::NcclCommunicator(void* comm, int rank, int size, CommOptions options,
+                                   std::shared_ptr<AbortState> abort, std::vector<int> world_ranks)
+    : comm_(comm), rank_(rank), size_(size), options_(options), abort_(std::move(abort)),
+      world_ranks_(std::move(world_ranks)) {}
+
+NcclCommunicator::~NcclCommunicator() {
+    if (!comm_) return;
+    const NcclApi* api = nccl_api();
+    if (!api) return;
+    ncclComm_t c = as_comm(comm_);
+    if (abort_ && abort_->aborted.load()) {
+        api->abort(c);  // peers may be gone: finalize could wait for them
+        return;
+    }
+    // finalize flushes what is queued; poll it like any collective, abort if it never completes
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
+    ncclResult_t state = api->finalize(c);
+    while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        api->get_async_error(c, &state);
+    }
+    if (state == ncclSuccess) api->destroy(c);
+    else api->abort(c);
+}
+
+void NcclCommunicator::fail(const std::string& message) {
+    const std::string msg = message.rfind("rank ", 0) == 0 ? message
+                                                            : fmt::format("rank {}: {}", world_ranks_[rank_], message);
+    if (abort_) abort_->abort(msg);
+    if (comm_) nccl().abort(as_comm(comm_)), comm_ = nullptr;
+    throw RuntimeError(msg);
+}
+
+void NcclCommunicator::await(const CollectiveDesc& d, bool stream_too) {
+    if (!comm_) throw RuntimeError(fmt::format("rank {}: the nccl communicator was aborted", world_ranks_[rank_]));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
+    set_rank_activity("in " + d.str());
+    for (int spins = 0;; ++spins) {
+        ncclResult_t state = ncclSuccess;
+        nccl().get_async_error(as_comm(comm_), &state);
+        if (state != ncclSuccess && state != ncclInProgress)
+            fail(fmt::format("rank {}: NCCL error in {}: {} ({})", world_ranks_[rank_], d.str(),
+                             nccl().error_string(state), nccl().last_error(as_comm(comm_))));
+        bool done = state == ncclSuccess;
+        if (done && stream_too) {
+            const cudaError_t e = cudaStreamQuery(stream());
+            if (e == cudaErrorNotReady) done = false;
+            else if (e != cudaSuccess)
+                fail(fmt::format("rank {}: CUDA error in {}: {}", world_ranks_[rank_], d.str(), cudaGetErrorString(e)));
+        }
+        if (done) break;
+        if (abort_ && abort_->aborted.load()) {
+            nccl().abort(as_comm(comm_)), comm_ = nullptr;
+            std::lock_guard<std::mutex> lk(abort_->mu);
+            throw AbortedError(abort_->message);
+        }
+        if (std::chrono::steady_clock::now() >= deadline)
+            fail(fmt::format("rank {} timed out after {} s in {} (a rank never arrived, or is in another collective)",
+                             world_ranks_[rank_], options_.timeout_seconds, d.str()));
+        if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    set_rank_activity("after " + d.str());
+}
+
+std::vector<char> NcclCommunicator::exchange(const CollectiveDesc& d, const void* mine, size_t bytes) {
+    DeviceBuffer buf(bytes * size_);
+    copy_bytes(buf.at(bytes * rank_), Device::cuda, mine, Device::cpu, bytes);
+    NCCL_CALL(nccl().all_gather(buf.at(bytes * rank_), buf.p, bytes, ncclUint8, as_comm(comm_), stream()));
+    await(d);
+    std::vector<char> all(bytes * size_);
+    copy_bytes(all.data(), Device::cpu, buf.p, Device::cuda, all.size());
+    return all;
+}
+
+std::vector<CollectiveDesc> NcclCommunicator::check(const CollectiveDesc& d, bool always) {
+    if (!options_.check_consistency && !always) return {};
+    const std::vector<char> bytes = exchange(d, &d, sizeof d);
+    std::vector<CollectiveDesc> all(size_);
+    std::memcpy(all.data(), bytes.data(), bytes.size());
+    for (int r = 0; r < size_; ++r) {
+        CollectiveDesc mine = d, theirs = all[r];
+        if (!options_.check_consistency) mine.sequence = theirs.sequence = 0;  // shapes still guard memory
+        if (theirs.matches(mine)) continue;
+        const int lo = std::min(rank_, r), hi = std::max(rank_, r);
+        fail(fmt::format("collective mismatch: rank {} {} vs rank {} {}", world_ranks_[hi], all[hi].str(),
+                         world_ranks_[lo], all[lo].str()));
+    }
+    return all;
+}
+
+void NcclCommunicator::reduce_chunk(const void* in, void* out, int64_t rows, int64_t row, DType dtype, ReduceOp op,
+                                    const CollectiveDesc& d) {
+    const size_t es = dtype_size(dtype);
+    const Chunk mine = chunk_of(rows, size_, rank_);
+    const size_t mine_bytes = static_cast<size_t>(mine.length * row) * es;
+    DeviceBuffer recv(mine_bytes * size_);
+    const char* src = static_cast<const char*>(in);
+    // chunk j of every rank's buffer to rank j, in one group (the bytes of a ring reduce-scatter)
+    NCCL_CALL(nccl().group_start());
+    for (int j = 0; j < size_; ++j) {
+        const Chunk c = chunk_of(rows, size_, j);
+        const size_t c_bytes = static_cast<size_t>(c.length * row) * es;
+        if (j == rank_) {
+            if (mine_bytes) CUDA_CHECK(cudaMemcpyAsync(recv.at(j * mine_bytes), src + c.offset * row * es, mine_bytes,
+                                                       cudaMemcpyDeviceToDevice, stream()));
+            continue;
+        }
+        if (c_bytes) NCCL_CALL(nccl().send(src + c.offset * row * es, c_bytes, ncclUint8, j, as_comm(comm_), stream()));
+        if (mine_bytes) NCCL_CALL(nccl().recv(recv.at(j * mine_bytes), mine_bytes, ncclUint8, j, as_comm(comm_), stream()));
+    }
+    NCCL_CALL(nccl().group_end());
+    await(d);
+    if (!mine_bytes) return;
+    std::vector<const void*> ins(size_);
+    for (int j = 0; j < size_; ++j) ins[j] = recv.at(j * mine_bytes);
+    device_reduce_in_rank_order(ins, {out}, mine.length * row, dtype, op);
+}
+
+void NcclCommunicator::all_reduce(Tensor& t, ReduceOp op) {
+    count("all_reduce", static_cast<int64_t>(t.nbytes()));
+    const CollectiveDesc d = describe("all_reduce", t, sequence_++);
+    check(d);
+    OnDevice x(t);
+    const int64_t n = t.numel();
+    const size_t es = dtype_size(t.dtype());
+    // every rank's part padded to torch.chunk's chunk size, so one ncclAllGather lands each at its offset
+    const int64_t per = (n + size_ - 1) / size_;
+    if (n == 0) return;
+    const bool even = per * size_ == n;
+    DeviceBuffer part(per * es), padded(even ? 0 : per * size_ * es);
+    reduce_chunk(x.dev.raw(), part.p, n, 1, t.dtype(), op, d);
+    void* gathered = even ? x.dev.raw() : padded.p;
+    NCCL_CALL(nccl().all_gather(part.p, gathered, per * es, ncclUint8, as_comm(comm_), stream()));
+    if (!even && n) CUDA_CHECK(cudaMemcpyAsync(x.dev.raw(), padded.p, n * es, cudaMemcpyDeviceToDevice, stream()));
+    await(d);
+    x.done();
+}
+
+void NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
+    count("all_gather", static_cast<int64_t>(out.nbytes()));
+    const CollectiveDesc d = describe("all_gather", in, sequence_++, -1, true);
+    const std::vector<CollectiveDesc> all = check(d, true);  // dim-0 sizes may differ: always exchanged
+    const int64_t row = row_numel(in);
+    const size_t row_bytes = static_cast<size_t>(row) * dtype_size(in.dtype());
+    std::vector<int64_t> rows(size_);
+    int64_t total = 0;
+    for (int r = 0; r < size_; ++r) total += rows[r] = all[r].ndim ? all[r].dims[0] : 1;
+    PTOOL_REQUIRE(out.numel() == total * row, "all_gather: output {} cannot hold {} rows of {}", shape_str(out.shape()),
+                  total, row);
+    OnDevice src(in), dst(out);
+    const bool equal = std::all_of(rows.begin(), rows.end(), [&](int64_t k) { return k == rows[0]; });
+    if (equal) {
+        NCCL_CALL(nccl().all_gather(src.dev.raw(), dst.dev.raw(), rows[0] * row_bytes, ncclUint8, as_comm(comm_),
+                                    stream()));
+    } else {  // uneven: rank r broadcasts its rows into their place
+        NCCL_CALL(nccl().group_start());
+        int64_t offset = 0;
+        for (int r = 0; r < size_; ++r) {
+            char* at = static_cast<char*>(dst.dev.raw()) + offset * row_bytes;
+            if (rows[r])
+                NCCL_CALL(nccl().broadcast(r == rank_ ? src.dev.raw() : at, at, rows[r] * row_bytes, ncclUint8, r,
+                                           as_comm(comm_), stream()));
+            offset += rows[r];
+        }
+        NCCL_CALL(nccl().group_end());
+    }
+    await(d);
+    dst.done();
+}
+
+void NcclCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+    count("reduce_scatter", static_cast<int64_t>(in.nbytes()));
+    const CollectiveDesc d = describe("reduce_scatter", in, sequence_++);
+    check(d);
+    const int64_t rows = in.dim() ? in.size(0) : 1, row = row_numel(in);
+    PTOOL_REQUIRE(out.numel() == chunk_of(rows, size_, rank_).length * row, "reduce_scatter: output {}",
+                  shape_str(out.shape()));
+    OnDevice src(in), dst(out);
+    reduce_chunk(src.dev.raw(), dst.dev.raw(), rows, row, in.dtype(), op, d);
+    await(d);
+    dst.done();
+}
+
+void NcclCommunicator::broadcast(Tensor& t, int root) {
+    count("broadcast", static_cast<int64_t>(t.nbytes()));
+    PTOOL_REQUIRE(root >= 0 && root < size_, "broadcast root {} outside [0, {})", root, size_);
+    const CollectiveDesc d = describe("broadcast", t, sequence_++, root);
+    check(d);
+    OnDevice x(t);
+    NCCL_CALL(nccl().broadcast(x.dev.raw(), x.dev.raw(), t.nbytes(), ncclUint8, root, as_comm(comm_), stream()));
+    await(d);
+    x.done();
+}
+
+void NcclCommunicator::all_to_all(const Tensor& in, Tensor& out) {
+    count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    PTOOL_REQUIRE(in.numel() % size_ == 0 && out.numel() == in.numel(), "all_to_all: {} elements over {} ranks",
+                  in.numel(), size_);
+    const CollectiveDesc d = describe("all_to_all", in, sequence_++);
+    check(d);
+    OnDevice src(in), dst(out);
+    const size_t chunk = in.nbytes() / size_;
+    const char* s = static_cast<const char*>(src.dev.raw());
+    char* o = static_cast<char*>(dst.dev.raw());
+    NCCL_CALL(nccl().group_start());
+    for (int j = 0; j < size_ && chunk; ++j) {
+        if (j == rank_) {
+            CUDA_CHECK(cudaMemcpyAsync(o + j * chunk, s + j * chunk, chunk, cudaMemcpyDeviceToDevice, stream()));
+            continue;
+        }
+        NCCL_CALL(nccl().send(s + j * chunk, chunk, ncclUint8, j, as_comm(comm_), stream()));
+        NCCL_CALL(nccl().recv(o + j * chunk, chunk, ncclUint8, j, as_comm(comm_), stream()));
+    }
+    NCCL_CALL(nccl().group_end());
+    await(d);
+    dst.done();
+}
+
+void NcclCommunicator::barrier() {
+    CollectiveDesc d;
+    d.op = 5;
+    d.sequence = sequence_++;
+    check(d, true);  // an all-gather every rank must join
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
+    CollectiveDesc d;
+    d.op = 6;
+    d.sequence = sequence_++;
+    check(d);
+    const int64_t mine[2] = {color, key};
+    const std::vector<char> bytes = exchange(d, mine, sizeof mine);
+    std::vector<std::pair<int64_t, int>> members;  // (key, parent rank) of my color
+    for (int r = 0; r < size_; ++r) {
+        int64_t theirs[2];
+        std::memcpy(theirs, bytes.data() + r * sizeof mine, sizeof mine);
+        if (theirs[0] == color) members.push_back({theirs[1], r});
+    }
+    std::sort(members.begin(), members.end());
+    int new_rank = 0;
+    std::vector<int> world;
+    for (size_t i = 0; i < members.size(); ++i) {
+        if (members[i].second == rank_) new_rank = static_cast<int>(i);
+        world.push_back(world_ranks_[members[i].second]);
+    }
+    ncclConfig_t config = nonblocking();
+    ncclComm_t sub = nullptr;
+    NCCL_CALL(nccl().split(as_comm(comm_), color, key, &sub, &config));
+    await(d, false);  // the parent's pending split
+    auto out = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(sub, new_rank, static_cast<int>(members.size()),
+                                                                      options_, abort_, std::move(world)));
+    out->await(d, false);  // the child's initialisation
+    return out;
+}
+
+void run_nccl_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn) {
+    const NcclId id = nccl_unique_id();
+    auto abort = std::make_shared<AbortState>();
+    run_threads(
+        n, abort,
+        [&](int r) {
+            cuda_set_thread_device(r);  // rank r on GPU r: its stream, memory and kernels
+            backend_for(Device::cuda);  // started (device memory registered) before the first buffer
+            return std::make_unique<NcclCommunicator>(id, r, n, options, abort);
+        },
+        fn);
+}
+
+std::unique_ptr<Communicator> make_nccl_world(Communicator& bootstrap, const CommOptions& options) {
+    // the calling thread is on the process's GPU (gpu_for_local_rank, chosen before the backend started)
+    NcclId id{};
+    if (bootstrap.rank() == 0) id = nccl_unique_id();
+    Tensor t({static_cast<int64_t>(sizeof id / sizeof(int64_t))}, DType::int64);
+    std::memcpy(t.raw(), id.bytes, sizeof id);
+    bootstrap.broadcast(t, 0);
+    std::memcpy(id.bytes, t.raw(), sizeof id);
+    return std::make_unique<NcclCommunicator>(id, bootstrap.rank(), bootstrap.size(), options, nullptr);
+}
+
+}  // namespace ptool
