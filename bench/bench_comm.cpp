@@ -3,7 +3,9 @@
 // algbw * (n-1)/n for all_gather and reduce_scatter (bytes = the full tensor). Printed next to
 // single-thread memcpy bandwidth measured in the same run (cuda: device-to-device copy bandwidth).
 //   ./build/bench/bench_comm [RANKS] [MAX_MIB]          threads, in-process (default 4 ranks, 256 MiB)
-//   ./build/bench/bench_comm RANKS MAX_MIB cuda         cuda_local: RANKS virtual ranks on one GPU
+//   ./build/bench/bench_comm RANKS MAX_MIB cuda         verify's choice: nccl with a GPU per rank, else cuda_local
+//   ./build/bench/bench_comm RANKS MAX_MIB cuda_local   RANKS virtual ranks on one GPU
+//   ./build/bench/bench_comm RANKS MAX_MIB nccl         one GPU per rank (RANKS <= GPUs)
 //   mpirun -np 4 ./build/bench/bench_comm 0 [MAX_MIB]    mpi
 #include <algorithm>
 #include <chrono>
@@ -13,7 +15,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "comm/comm_choice.h"
 #include "comm/comm_mpi.h"
+#include "comm/comm_nccl.h"
 #include "comm/comm_threads.h"
 
 using namespace ptool;
@@ -79,7 +83,7 @@ std::vector<Row> measure(Communicator& c, size_t max_bytes, Device device = Devi
 
 void print(const std::vector<Row>& rows, int n, const char* backend, double memcpy_bw) {
     std::printf("bench_comm %s, %d ranks; %s %.2f GB/s (the limit)\n", backend, n,
-                std::string(backend) == "cuda_local" ? "device-to-device copy" : "single-thread memcpy", memcpy_bw);
+                std::string(backend) == "threads" || std::string(backend) == "mpi" ? "single-thread memcpy" : "device-to-device copy", memcpy_bw);
     std::printf("%12s  %26s  %26s  %26s\n", "", "all_reduce", "all_gather", "reduce_scatter");
     std::printf("%12s  %8s %8s %8s  %8s %8s %8s  %8s %8s %8s\n", "bytes", "us", "algbw", "busbw", "us", "algbw",
                 "busbw", "us", "algbw", "busbw");
@@ -104,18 +108,20 @@ void print(const std::vector<Row>& rows, int n, const char* backend, double memc
 int main_impl(int argc, char** argv) {
     const int ranks = argc > 1 ? std::atoi(argv[1]) : 4;
     const size_t max_bytes = (argc > 2 ? std::atoi(argv[2]) : 256) * (size_t{1} << 20);
-    if (argc > 3 && std::string(argv[3]) == "cuda") {
+    const std::string mode = argc > 3 ? argv[3] : "";
+    if (mode == "cuda" || mode == "cuda_local" || mode == "nccl") {
         const double dev_bw = device_copy_gbps(size_t{256} << 20, Device::cuda);
         std::vector<Row> rows;
-        run_rank_threads(
-            ranks, CommOptions{},
-            [&](Communicator& c) {
-                backend_for(Device::cuda);  // this rank thread's stream
-                auto r = measure(c, max_bytes, Device::cuda);
-                if (c.rank() == 0) rows = r;
-            },
-            Device::cuda);
-        print(rows, ranks, "cuda_local", dev_bw);
+        std::string backend;
+        const auto rank = [&](Communicator& c) {
+            backend_for(Device::cuda);  // this rank thread's device and stream
+            auto r = measure(c, max_bytes, Device::cuda);
+            if (c.rank() == 0) rows = r, backend = c.backend();
+        };
+        if (mode == "nccl") run_nccl_threads(ranks, CommOptions{}, rank);  // one GPU per rank
+        else if (mode == "cuda_local") run_rank_threads(ranks, CommOptions{}, rank, Device::cuda);
+        else run_ranks(ranks, CommOptions{}, rank, Device::cuda);  // what verify would pick
+        print(rows, ranks, backend.c_str(), dev_bw);
         return 0;
     }
     const double mem_bw = memcpy_gbps(size_t{256} << 20);

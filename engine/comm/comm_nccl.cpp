@@ -118,8 +118,8 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 void NcclCommunicator::fail(const std::string& message) {
-    const std::string msg = message.rfind("rank ", 0) == 0 ? message
-                                                            : fmt::format("rank {}: {}", world_ranks_[rank_], message);
+    const bool named = message.rfind("rank ", 0) == 0 || message.rfind("collective mismatch", 0) == 0;
+    const std::string msg = named ? message : fmt::format("rank {}: {}", world_ranks_[rank_], message);
     if (abort_) abort_->abort(msg);
     if (comm_) nccl().abort(as_comm(comm_)), comm_ = nullptr;
     throw RuntimeError(msg);
