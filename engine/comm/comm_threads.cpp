@@ -233,8 +233,9 @@ void run_threads(int n, const std::shared_ptr<AbortState>& abort,
     std::vector<std::exception_ptr> errors(n);
     for (int r = 0; r < n; ++r) {
         threads.emplace_back([&, r] {
+            std::unique_ptr<Communicator> comm;  // outlives the catch: ended after the job knows of a failure
             try {
-                std::unique_ptr<Communicator> comm = make_comm(r);
+                comm = make_comm(r);
                 fn(*comm);
             } catch (const AbortedError&) {
                 // another rank failed first; its message is the one reported
