@@ -4,7 +4,7 @@
 #include <set>
 #include <vector>
 
-#include "backend/cuda/caching_allocator.h"
+#include "core/caching_allocator.h"
 #include "backend/cuda/launch_config.h"
 #include "test_helpers.h"
 

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/host_memory.h"
 #include "core/tensor.h"
 #include "test_helpers.h"
 
@@ -35,4 +36,25 @@ TEST_CASE("reshape keeps storage and checks the element count", "[cpu]") {
     Tensor t({2, 6}, DType::float64);
     CHECK(t.reshape({3, 4}).shares_storage(t));
     CHECK_THROWS(t.reshape({5}));
+}
+
+TEST_CASE("large host tensors reuse freed blocks and still start zeroed", "[cpu]") {
+    const AllocatorStats before = host_block_stats();
+    void* first = nullptr;
+    {
+        Tensor t({1024, 1024}, DType::float32);  // 4 MiB: a large block
+        first = t.raw();
+        CHECK(reinterpret_cast<uintptr_t>(first) % 64 == 0);
+        for (int64_t i = 0; i < t.numel(); i += 4099) t.data<float>()[i] = 7.0f;
+    }
+    Tensor again({1024, 1024}, DType::float32);  // the same size again: the cached block, zero-filled
+    CHECK(again.raw() == first);
+    bool zero = true;
+    for (int64_t i = 0; i < again.numel(); ++i) zero = zero && again.data<float>()[i] == 0.0f;
+    CHECK(zero);
+    const AllocatorStats after = host_block_stats();
+    CHECK(after.cache_hits >= before.cache_hits + 1);
+    CHECK(after.in_use >= before.in_use + (size_t{4} << 20));
+    Tensor small({16}, DType::float32);  // the heap, not the block cache
+    CHECK(host_block_stats().allocations == after.allocations);
 }

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/gpu_info.h"
 #include "comm/comm_nccl.h"
 #include "comm/comm_threads.h"
@@ -59,8 +60,9 @@ int gpu_for_local_rank(LocalRank local, int visible_gpus) {
 
 void run_ranks(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn, Device device) {
     const int gpus = device == Device::cpu ? 0 : static_cast<int>(query_gpus().devices.size());
-    if (in_process_comm(device, n, gpus) == CommKind::nccl) run_nccl_threads(n, options, fn);
-    else run_rank_threads(n, options, fn, device);
+    if (in_process_comm(device, n, gpus) == CommKind::nccl) return run_nccl_threads(n, options, fn);
+    const GemmThreadShare share(device == Device::cpu ? n : 1);  // the rank threads share the cores
+    run_rank_threads(n, options, fn, device);
 }
 
 }  // namespace ptool

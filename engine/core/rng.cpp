@@ -4,25 +4,6 @@
 
 namespace ptool {
 
-std::array<uint32_t, 4> philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo) {
-    constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // multipliers
-    constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Weyl key increments
-    uint32_t c0 = static_cast<uint32_t>(counter_lo), c1 = static_cast<uint32_t>(counter_lo >> 32);
-    uint32_t c2 = static_cast<uint32_t>(counter_hi), c3 = static_cast<uint32_t>(counter_hi >> 32);
-    uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-    for (int round = 0; round < 10; ++round) {
-        uint64_t p0 = static_cast<uint64_t>(kM0) * c0;
-        uint64_t p1 = static_cast<uint64_t>(kM1) * c2;
-        uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-        uint32_t n1 = static_cast<uint32_t>(p1);
-        uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-        uint32_t n3 = static_cast<uint32_t>(p0);
-        c0 = n0, c1 = n1, c2 = n2, c3 = n3;
-        k0 += kW0, k1 += kW1;
-    }
-    return {c0, c1, c2, c3};
-}
-
 uint64_t stream_id(std::string_view a, std::string_view b, uint64_t c) {
     uint64_t h = 1469598103934665603ull;
     auto mix = [&](unsigned char byte) {
@@ -37,15 +18,18 @@ uint64_t stream_id(std::string_view a, std::string_view b, uint64_t c) {
     return h;
 }
 
-static double to_unit(uint32_t hi, uint32_t lo) {
-    uint64_t bits = (static_cast<uint64_t>(hi) << 21) ^ (lo >> 11);  // 53 bits
-    return static_cast<double>(bits & ((1ull << 53) - 1)) * (1.0 / 9007199254740992.0);
-}
-
-// One Philox block (128 bits) serves two consecutive indices: words 0-1 the even, 2-3 the odd.
-double CounterRng::uniform(uint64_t index) const {
-    auto r = philox4x32(seed_, stream_, index >> 1);
-    return (index & 1) ? to_unit(r[2], r[3]) : to_unit(r[0], r[1]);
+void CounterRng::uniform_run(uint64_t first, int64_t n, double* out) const {
+    int64_t i = 0;
+    for (; i < n && ((first + i) & 1); ++i) out[i] = uniform(first + i);  // to an even index
+    std::array<uint32_t, 4> blocks[16];
+    for (; i + 32 <= n; i += 32) {
+        philox4x32_x16(seed_, stream_, (first + i) >> 1, blocks);
+        for (int k = 0; k < 16; ++k) {
+            out[i + 2 * k] = to_unit(blocks[k][0], blocks[k][1]);
+            out[i + 2 * k + 1] = to_unit(blocks[k][2], blocks[k][3]);
+        }
+    }
+    for (; i < n; ++i) out[i] = uniform(first + i);
 }
 
 double CounterRng::normal(uint64_t index) const {

@@ -12,22 +12,87 @@
 
 namespace ptool {
 
-std::array<uint32_t, 4> philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo);
+// Inline: initialisation draws one block per two elements of every parameter (8.4M for gemm_mlp).
+inline std::array<uint32_t, 4> philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo) {
+    constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // multipliers
+    constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Weyl key increments
+    uint32_t c0 = static_cast<uint32_t>(counter_lo), c1 = static_cast<uint32_t>(counter_lo >> 32);
+    uint32_t c2 = static_cast<uint32_t>(counter_hi), c3 = static_cast<uint32_t>(counter_hi >> 32);
+    uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+    for (int round = 0; round < 10; ++round) {
+        const uint64_t p0 = static_cast<uint64_t>(kM0) * c0;
+        const uint64_t p1 = static_cast<uint64_t>(kM1) * c2;
+        const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+        const uint32_t n1 = static_cast<uint32_t>(p1);
+        const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+        const uint32_t n3 = static_cast<uint32_t>(p0);
+        c0 = n0, c1 = n1, c2 = n2, c3 = n3;
+        k0 += kW0, k1 += kW1;
+    }
+    return {c0, c1, c2, c3};
+}
 
 // 64-bit FNV-1a of the parts, separated so ("ab","c") != ("a","bc").
 uint64_t stream_id(std::string_view a, std::string_view b = {}, uint64_t c = 0);
 
+// Philox blocks for counters (counter_hi, lo + k), k < 16, computed lane by lane so the compiler
+// vectorises the rounds: out[k] is philox4x32(key, counter_hi, lo + k) (tested equal).
+inline void philox4x32_x16(uint64_t key, uint64_t counter_hi, uint64_t lo, std::array<uint32_t, 4>* out) {
+    constexpr int kLanes = 16;
+    constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+    constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+    uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
+    for (int k = 0; k < kLanes; ++k) {
+        const uint64_t ctr = lo + static_cast<uint64_t>(k);
+        c0[k] = static_cast<uint32_t>(ctr), c1[k] = static_cast<uint32_t>(ctr >> 32);
+        c2[k] = static_cast<uint32_t>(counter_hi), c3[k] = static_cast<uint32_t>(counter_hi >> 32);
+    }
+    uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+    for (int round = 0; round < 10; ++round) {
+        for (int k = 0; k < kLanes; ++k) {
+            const uint64_t p0 = static_cast<uint64_t>(kM0) * c0[k];
+            const uint64_t p1 = static_cast<uint64_t>(kM1) * c2[k];
+            const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[k] ^ k0;
+            const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[k] ^ k1;
+            c1[k] = static_cast<uint32_t>(p1);
+            c3[k] = static_cast<uint32_t>(p0);
+            c0[k] = n0, c2[k] = n2;
+        }
+        k0 += kW0, k1 += kW1;
+    }
+    for (int k = 0; k < kLanes; ++k) out[k] = {c0[k], c1[k], c2[k], c3[k]};
+}
+
+// 53 bits of two Philox words as a double in [0, 1).
+inline double to_unit(uint32_t hi, uint32_t lo) {
+    const uint64_t bits = (static_cast<uint64_t>(hi) << 21) ^ (lo >> 11);
+    return static_cast<double>(bits & ((1ull << 53) - 1)) * (1.0 / 9007199254740992.0);
+}
+
+// A value drawn by index is the same however it is reached; the object remembers its last Philox
+// block so that consecutive uniform indices 2k, 2k+1 cost one block (it is per thread, not shared).
 class CounterRng {
 public:
     CounterRng(uint64_t seed, uint64_t stream) : seed_(seed), stream_(stream) {}
 
-    double uniform(uint64_t index) const;  // U[0, 1), 53 bits; indices 2k and 2k+1 share a Philox block
+    // U[0, 1), 53 bits; indices 2k and 2k+1 share a Philox block (words 0-1 the even, 2-3 the odd)
+    double uniform(uint64_t index) const {
+        if ((index >> 1) != last_block_) {  // never equal at first: a block index is below 2^63
+            last_ = philox4x32(seed_, stream_, index >> 1);
+            last_block_ = index >> 1;
+        }
+        return (index & 1) ? to_unit(last_[2], last_[3]) : to_unit(last_[0], last_[1]);
+    }
+    // out[i] = uniform(first + i) for i < n, 16 blocks at a time (init of a whole tensor)
+    void uniform_run(uint64_t first, int64_t n, double* out) const;
     double normal(uint64_t index) const;   // N(0, 1), Box-Muller on one Philox block (counter = index)
     uint64_t below(uint64_t index, uint64_t n) const;  // uniform integer in [0, n)
 
 private:
     uint64_t seed_;
     uint64_t stream_;
+    mutable uint64_t last_block_ = ~uint64_t{0};
+    mutable std::array<uint32_t, 4> last_{};
 };
 
 }  // namespace ptool

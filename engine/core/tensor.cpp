@@ -1,9 +1,8 @@
 #include "core/tensor.h"
 
-#include <malloc.h>
-
-#include <cstdlib>
 #include <cstring>
+
+#include "core/host_memory.h"
 
 namespace ptool {
 
@@ -15,33 +14,18 @@ int64_t numel_of(const Shape& s) {
 
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
-namespace {
-// Activations are allocated and freed every step. By default glibc serves blocks over 128 KiB with
-// mmap and unmaps them on free, so every step page-faults its activations in again (a third of a
-// GEMM-heavy step, measured with bench_run + perf). Keeping them in the heap reuses the pages.
-const bool kHeapTuned = [] {
-    mallopt(M_MMAP_THRESHOLD, 1 << 30);
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
-    mallopt(M_ARENA_MAX, 1);  // rank threads: per-thread arenas mmap large blocks regardless of the threshold
-    return true;
-}();
-}  // namespace
-
 Storage::Storage(size_t bytes, Device device, bool zero) : bytes_(bytes), device_(device) {
     if (device != Device::cpu) {
         data_ = device_memory().allocate(bytes);
         if (zero) device_memory().zero(data_, bytes);
         return;
     }
-    (void)kHeapTuned;
-    size_t rounded = (bytes + 63) / 64 * 64;
-    data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-    if (!data_) throw RuntimeError(fmt::format("out of host memory allocating {} bytes", bytes));
-    if (zero) std::memset(data_, 0, rounded == 0 ? 64 : rounded);
+    data_ = host_allocate(bytes);
+    if (zero) std::memset(data_, 0, bytes == 0 ? 64 : (bytes + 63) / 64 * 64);  // the padding too, as allocated
 }
 
 Storage::~Storage() {
-    if (device_ == Device::cpu) std::free(data_);
+    if (device_ == Device::cpu) host_release(data_, bytes_);
     else device_memory().release(data_, bytes_);
 }
 

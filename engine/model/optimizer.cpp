@@ -6,9 +6,11 @@ void Optimizer::step(const std::vector<std::pair<std::string, ParamPtr>>& params
     ++step_;
     for (const auto& [name, p] : params) {
         State& s = state_[p.get()];
-        const bool first = !s.a.defined();
-        if (first) {
-            s.a = Tensor(p->value.shape(), p->value.dtype(), p->value.device());  // zeros
+        const bool first = !s.started;
+        if (first) {  // plain SGD keeps no state, as torch.optim.SGD with momentum 0
+            s.started = true;
+            if (spec_.type == "adamw" || spec_.momentum != 0.0)
+                s.a = Tensor(p->value.shape(), p->value.dtype(), p->value.device());  // zeros
             if (spec_.type == "adamw") s.b = Tensor(p->value.shape(), p->value.dtype(), p->value.device());
         }
         if (spec_.type == "sgd") {

@@ -17,7 +17,8 @@ public:
 
 private:
     struct State {
-        Tensor a, b;  // sgd: momentum_buffer; adamw: exp_avg, exp_avg_sq
+        bool started = false;
+        Tensor a, b;  // sgd: momentum_buffer (none without momentum); adamw: exp_avg, exp_avg_sq
     };
     OptimizerSpec spec_;
     Backend& backend_;

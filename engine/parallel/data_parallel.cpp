@@ -203,7 +203,8 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
                 b.names.push_back(name);
                 numel += params.at(name)->grad.numel();
             }
-            b.flat = Tensor({numel}, b.params[0]->grad.dtype(), b.params[0]->grad.device());
+            // uninitialised: every step writes it whole (gradients copied in, or zeroed as its views)
+            b.flat = Tensor::empty({numel}, b.params[0]->grad.dtype(), b.params[0]->grad.device());
             if (bucket_view_) {  // the gradients become views of the bucket: no copies
                 int64_t off = 0;
                 for (const ParamPtr& p : b.params) {
@@ -238,7 +239,8 @@ void DataParallel::broadcast_coalesced(const std::vector<ParamPtr>& tensors) {
     for (auto& [dtype, list] : by_dtype) {
         int64_t numel = 0;
         for (const ParamPtr& p : list) numel += p->value.numel();
-        Tensor flat({numel}, dtype);
+        // on the parameters' device (a host buffer handed to the cuda backend's copy was a bug); every element copied in below
+        Tensor flat = Tensor::empty({numel}, dtype, list.front()->value.device());
         int64_t off = 0;
         for (const ParamPtr& p : list) {
             Tensor dst = flat.narrow(0, off, p->value.numel()).reshape(p->value.shape());

@@ -20,30 +20,13 @@ Model build_model(const VerifyInputs& in, bool init = true) {
     return m;
 }
 
-// A 64-bit digest of a tensor's bytes (8 bytes at a time, multiply-xorshift mixing): replicas are
-// compared by digest, so checking a 32 MiB gradient moves 8 bytes per rank, not 32 MiB.
-uint64_t digest(const Tensor& t) {
-    const auto* p = static_cast<const unsigned char*>(t.raw());
-    const size_t n = t.nbytes();
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        std::memcpy(&w, p + i, 8);
-        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
-        h ^= h >> 31;
-    }
-    for (; i < n; ++i) h = (h ^ p[i]) * 0x94D049BB133111EBull;
-    return h ^ (h >> 29);
-}
-
 Tensor on_host(const Tensor& t) { return t.device() == Device::cpu ? t : t.to_device(Device::cpu); }
 
 // Whether every rank of comm holds the same bytes of a replicated tensor (known to every rank).
 bool replicas_agree(const Tensor& t, Communicator& comm) {
     if (comm.size() == 1) return true;
     Tensor mine({1}, DType::int64), all({comm.size()}, DType::int64);
-    mine.data<int64_t>()[0] = static_cast<int64_t>(digest(on_host(t)));
+    mine.data<int64_t>()[0] = static_cast<int64_t>(tensor_digest(on_host(t)));
     comm.all_gather(mine, all);
     for (int r = 1; r < comm.size(); ++r)
         if (all.data<int64_t>()[r] != all.data<int64_t>()[0]) return false;
@@ -118,7 +101,7 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
             const bool agree = (!on_tp.is_replicate() || replicas_agree(p->value, tp)) &&
                                (ignored || !on_dp.is_replicate() || replicas_agree(p->value, dpc));
             if (rank0 && !agree) rec.init_replicas_differ.push_back(name);
-            if (rank0) rec.init_state.emplace_back(name, full.shares_storage(p->value) ? full.clone() : on_host(full));
+            if (rank0) rec.init_state.emplace_back(name, tensor_digest(on_host(full)));
         }
     }
     rec.unique_params = static_cast<int64_t>(params.size());
@@ -173,6 +156,7 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
 
         CountingPaused pause(counter.get());
         const std::string s = fmt::format("step{}.", step);
+        const bool last_step = step + 1 == in.steps;
         auto agree = [&](const Tensor& local, const Placement& p, Communicator& comm) {
             return !p.is_replicate() || replicas_agree(local, comm);
         };
@@ -186,7 +170,9 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
             if (!tp_ok || (!dp_ok && !ignored)) status = "DIFFER";
             if (rank0) {
                 sr.replicas[name] = status;
-                sr.tensors.emplace_back(name, full.shares_storage(local) ? on_host(full).clone() : on_host(full));
+                // the last step's tensors are not written again: recorded in place, not copied
+                const bool copy = full.shares_storage(local) && full.device() == Device::cpu && !last_step;
+                sr.tensors.emplace_back(name, copy ? on_host(full).clone() : on_host(full));
             }
         };
         // each rank's output rows and loss are its own: gathered and combined as the global batch's

@@ -38,9 +38,10 @@ struct RunRecord {
     double seconds = 0;       // training steps only
     int world_size = 1;
     std::string backend;      // "threads", "mpi", or "reference"
-    // Replica invariants after construction (data parallel): the full parameters and buffers,
-    // state_dict names, before the first step; compared bitwise with the reference's.
-    std::vector<std::pair<std::string, Tensor>> init_state;
+    // Replica invariants after construction (data parallel): the digests (tensor_digest) of the
+    // full parameters and buffers by state_dict name, before the first step; compared with the
+    // reference's, so "bitwise equal" costs 8 bytes per tensor rather than a copy of the model.
+    std::vector<std::pair<std::string, uint64_t>> init_state;
     std::vector<std::string> init_replicas_differ;  // state tensors whose replicas differ after construction
     int64_t unique_params = 0;       // named_parameters() count: shared modules stay one
     int64_t dp_buckets = 0;          // DDP buckets per step

@@ -51,7 +51,7 @@ void check_init_state(const RunRecord& ref, const RunRecord& par, PlanReport& re
             renamed.push_back(i < par.init_state.size() ? par.init_state[i].first : ref.init_state[i].first);
             continue;
         }
-        if (!bitwise_equal(par.init_state[i].second, ref.init_state[i].second)) differ.push_back(ref.init_state[i].first);
+        if (par.init_state[i].second != ref.init_state[i].second) differ.push_back(ref.init_state[i].first);
     }
     const bool shared_ok = ref.unique_params == par.unique_params;
     const auto& split = par.init_replicas_differ;

@@ -2,10 +2,29 @@
 // other backend is tested against, so clarity beats speed except in gemm.
 #pragma once
 
+#include <algorithm>
+
 #include "backend/backend.h"
 #include "backend/op_shapes.h"
 
 namespace ptool {
+
+// OpenBLAS threads per GEMM while `ranks` ranks (rank threads of this process, or processes of one
+// node under mpirun) share the machine's cores: the cores OpenBLAS would use alone, divided among
+// them, at least one. Two rank threads each starting OpenBLAS's two threads on two cores spent a
+// tenth of a DDP verify yielding (perf). Restores the count on destruction; results are bitwise
+// the same at any thread count (OpenBLAS splits a GEMM's rows and columns, never its k sum).
+class GemmThreadShare {
+public:
+    explicit GemmThreadShare(int ranks);
+    ~GemmThreadShare();
+    GemmThreadShare(const GemmThreadShare&) = delete;
+    GemmThreadShare& operator=(const GemmThreadShare&) = delete;
+    static int threads_for(int cores, int ranks) { return ranks > 1 ? std::max(1, cores / ranks) : cores; }
+
+private:
+    int saved_;
+};
 
 class CpuBackend final : public Backend {
 public:

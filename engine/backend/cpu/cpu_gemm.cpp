@@ -60,6 +60,12 @@ void CpuBackend::gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor
     });
 }
 
+GemmThreadShare::GemmThreadShare(int ranks) : saved_(openblas_get_num_threads()) {
+    openblas_set_num_threads(threads_for(saved_, ranks));
+}
+
+GemmThreadShare::~GemmThreadShare() { openblas_set_num_threads(saved_); }
+
 std::string CpuBackend::name() const {
     const char* config = openblas_get_config();
     return fmt::format("cpu ({})", config ? config : "OpenBLAS");

@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
-#include "backend/cuda/caching_allocator.h"
+#include "core/caching_allocator.h"
 
 namespace ptool {
 

@@ -1,4 +1,4 @@
-#include "backend/cuda/caching_allocator.h"
+#include "core/caching_allocator.h"
 
 #include <algorithm>
 
@@ -31,9 +31,9 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
             p = raw_.malloc(size);
         }
         if (!p)
-            throw RuntimeError(fmt::format("CUDA out of memory: tried to allocate {} bytes; {} bytes in use, {} reserved, "
+            throw RuntimeError(fmt::format("{} out of memory: tried to allocate {} bytes; {} bytes in use, {} reserved, "
                                            "peak {} in use",
-                                           size, stats_.in_use, stats_.reserved, stats_.peak_in_use));
+                                           what_, size, stats_.in_use, stats_.reserved, stats_.peak_in_use));
         ++stats_.driver_allocations;
         stats_.reserved += size;
         stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);

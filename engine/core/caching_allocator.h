@@ -1,10 +1,11 @@
-// The CUDA backend's caching allocator: device memory is expensive to get (cudaMalloc
-// synchronises the device) and cheap to keep, so freed blocks are cached and reused, as
-// PyTorch's CUDACachingAllocator does, and every byte is counted: in use, peak in use, reserved
-// from the driver, peak reserved. `explain --measure` and the memory report read these numbers.
+// A caching allocator, as PyTorch's CUDACachingAllocator: memory that is expensive to get and
+// cheap to keep is cached when freed and reused, and every byte is counted: in use, peak in use,
+// reserved from the driver, peak reserved. Two users: the CUDA backend's device memory (cudaMalloc
+// synchronises the device; `explain --measure` and the memory report read the counters), and
+// large host tensors (fresh host pages cost a page fault each; see core/tensor.cpp).
 //
-// Pure host logic over a RawAllocator (cudaMalloc/cudaFree in the backend, a host fake in the
-// tests), so it is unit-tested on machines without a GPU.
+// Pure host logic over a RawAllocator (cudaMalloc/cudaFree, mmap/munmap, a fake in the tests), so
+// it is unit-tested on machines without a GPU.
 //   - sizes round up to 512 bytes (every block is 512-byte aligned, as cuBLAS wants);
 //   - a request takes the smallest cached block of the same stream that fits and wastes at most
 //     max(1 MiB, the request) (no splitting: a block is used whole);
@@ -45,7 +46,8 @@ public:
     static constexpr size_t kRound = 512;
     static constexpr size_t kMaxWaste = size_t{1} << 20;
 
-    explicit CachingAllocator(RawAllocator& raw) : raw_(raw) {}
+    // what: the memory's name in the out-of-memory message ("CUDA", "host")
+    explicit CachingAllocator(RawAllocator& raw, const char* what = "CUDA") : raw_(raw), what_(what) {}
     ~CachingAllocator();
     CachingAllocator(const CachingAllocator&) = delete;
     CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -66,6 +68,7 @@ private:
     void free_cached_locked();
 
     RawAllocator& raw_;
+    const char* what_;
     mutable std::mutex mutex_;
     std::unordered_map<void*, Block> live_;
     std::multimap<std::pair<uintptr_t, size_t>, void*> cached_;  // (stream, size) -> block

@@ -1,0 +1,71 @@
+// verify's tensor comparison and digests: the in-place, per-dtype loop gives the numbers of the
+// plain rule (|a - e| <= atol + rtol |e|, ULPs in the dtype), and digests tell tensors apart.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "verify/compare.h"
+#include "test_helpers.h"
+
+using namespace ptool;
+
+TEST_CASE("compare_tensors: max abs/rel error, headroom and ULPs of float32 and bfloat16", "[cpu]") {
+    Tensor e = Tensor::from_doubles({2, 3}, DType::float32, {1.0, -2.0, 0.5, 4.0, 0.0, 3.0});
+    Tensor a = e.clone();
+    const TensorDiff same = compare_tensors(a, e, {1.3e-6, 1e-5});
+    CHECK(same.pass);
+    CHECK(same.max_abs == 0);
+    CHECK(same.max_ulp == 0);
+    a.data<float>()[3] = std::nextafter(4.0f, 5.0f);  // one ULP at 4: 2^-21
+    a.data<float>()[4] = 1e-6f;                       // against an expected 0: relative error infinite
+    const TensorDiff d = compare_tensors(a, e, {1.3e-6, 1e-5});
+    CHECK(d.max_abs == static_cast<double>(1e-6f));  // the larger of 2^-21 and 1e-6
+    CHECK(d.max_rel == std::numeric_limits<double>::infinity());
+    CHECK(d.headroom == Approx(static_cast<double>(1e-6f) / 1e-5));  // vs 2^-21 / (1e-5 + 1.3e-6 * 4) = 0.031
+    const float tiny = 1e-6f;
+    int32_t tiny_bits;
+    std::memcpy(&tiny_bits, &tiny, 4);
+    CHECK(d.max_ulp == tiny_bits);  // from 0 to 1e-6: every positive float below it
+    CHECK(d.pass);
+    a.data<float>()[0] = 1.001f;
+    CHECK_FALSE(compare_tensors(a, e, {1.3e-6, 1e-5}).pass);
+
+    Tensor eb = Tensor::from_doubles({2}, DType::bfloat16, {1.0, -1.0});
+    Tensor ab = Tensor::from_doubles({2}, DType::bfloat16, {1.0078125, -1.0});  // next bf16 above 1
+    const TensorDiff b = compare_tensors(ab, eb, default_tolerance(DType::bfloat16));
+    CHECK(b.max_ulp == 1);
+    CHECK(b.max_abs == 0.0078125);
+    CHECK(b.pass);
+}
+
+TEST_CASE("compare_tensors: NaN never passes, bitwise equal or not; mixed dtypes compare values", "[cpu]") {
+    Tensor e = Tensor::from_doubles({3}, DType::float32, {1.0, 2.0, 3.0});
+    Tensor a = e.clone();
+    a.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+    Tensor a2 = a.clone();
+    CHECK_FALSE(compare_tensors(a, a2, {}).pass);  // bitwise equal, still a NaN
+    CHECK_FALSE(compare_tensors(a, e, {}).pass);
+    CHECK(compare_tensors(a, e, {}).headroom == std::numeric_limits<double>::infinity());
+    Tensor e64 = Tensor::from_doubles({3}, DType::float64, {1.0, 2.0, 3.0000001});
+    const TensorDiff m = compare_tensors(e, e64, {1.3e-6, 1e-5});
+    CHECK(m.pass);
+    CHECK(m.max_abs == Approx(1e-7).margin(1e-9));
+    CHECK(m.max_ulp == 0);  // no ULP distance across dtypes
+    CHECK_FALSE(compare_tensors(Tensor({3, 1}, DType::float32), e, {}).shape_ok);
+}
+
+TEST_CASE("tensor_digest: equal tensors agree; a bit, a shape or a dtype apart differ", "[cpu]") {
+    Tensor t({1000 * 8 + 3}, DType::float32);  // not a multiple of the 32-byte stride: a tail
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, std::sin(0.1 * static_cast<double>(i)));
+    const uint64_t h = tensor_digest(t);
+    CHECK(tensor_digest(t.clone()) == h);
+    for (int64_t byte : {int64_t{0}, int64_t{17}, int64_t{4 * 4000 + 9}, static_cast<int64_t>(t.nbytes()) - 1}) {
+        Tensor u = t.clone();
+        static_cast<unsigned char*>(u.raw())[byte] ^= 0x10;
+        CHECK(tensor_digest(u) != h);
+    }
+    Tensor s = Tensor::from_doubles({2, 3}, DType::float32, {1, 2, 3, 4, 5, 6});
+    CHECK(tensor_digest(s) != tensor_digest(s.reshape({3, 2})));
+    Tensor z32({4}, DType::float32), zi({4}, DType::int32);  // the same zero bytes
+    CHECK(tensor_digest(z32) != tensor_digest(zi));
+}
