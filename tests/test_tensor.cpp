@@ -47,14 +47,18 @@ TEST_CASE("large host tensors reuse freed blocks and still start zeroed", "[cpu]
         CHECK(reinterpret_cast<uintptr_t>(first) % 64 == 0);
         for (int64_t i = 0; i < t.numel(); i += 4099) t.data<float>()[i] = 7.0f;
     }
-    Tensor again({1024, 1024}, DType::float32);  // the same size again: the cached block, zero-filled
-    CHECK(again.raw() == first);
+    Tensor again({1024, 1024}, DType::float32);  // the same size again: zero-filled
     bool zero = true;
     for (int64_t i = 0; i < again.numel(); ++i) zero = zero && again.data<float>()[i] == 0.0f;
     CHECK(zero);
     const AllocatorStats after = host_block_stats();
+#if defined(__SANITIZE_ADDRESS__)
+    CHECK(after.allocations == before.allocations);  // ASan builds: every block from the watched heap
+#else
+    CHECK(again.raw() == first);  // the cached block
     CHECK(after.cache_hits >= before.cache_hits + 1);
     CHECK(after.in_use >= before.in_use + (size_t{4} << 20));
+#endif
     Tensor small({16}, DType::float32);  // the heap, not the block cache
     CHECK(host_block_stats().allocations == after.allocations);
 }

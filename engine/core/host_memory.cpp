@@ -11,7 +11,20 @@
 namespace ptool {
 namespace {
 
+// Under AddressSanitizer every block comes from the heap, so that an overflow of a large tensor is
+// still reported (ASan does not watch mmap'd memory or a block reused from a cache).
+#if defined(__SANITIZE_ADDRESS__)
+#define PTOOL_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PTOOL_ASAN 1
+#endif
+#endif
+#ifdef PTOOL_ASAN
+constexpr size_t kLargeBlock = ~size_t{0};
+#else
 constexpr size_t kLargeBlock = size_t{1} << 20;
+#endif
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kMaxCachedUnused = size_t{1} << 30;
 
