@@ -30,6 +30,14 @@ Chunk chunk_of(int64_t n, int parts, int index) {
     return {begin, std::min<int64_t>(n, begin + size) - begin};
 }
 
+RowChunk reduce_scatter_rows(const Tensor& in, const Tensor& out, int parts, int index) {
+    const int64_t rows = in.dim() ? in.size(0) : 1, row = row_numel(in);
+    const Chunk c = chunk_of(rows, parts, index);
+    PTOOL_REQUIRE(out.numel() == c.length * row, "reduce_scatter: output {} for a chunk of {} rows of {}",
+                  shape_str(out.shape()), c.length, row);
+    return {rows, row, c};
+}
+
 void reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vector<void*>& outs, int64_t count,
                           DType dtype, ReduceOp op) {
     const int n = static_cast<int>(inputs.size());

@@ -180,10 +180,8 @@ void MpiCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op)
     count("reduce_scatter", static_cast<int64_t>(in.nbytes()));
     const CollectiveDesc d = describe("reduce_scatter", in, sequence_++);
     check(d);
-    const int64_t rows = in.dim() ? in.size(0) : 1, row = row_numel(in);
-    PTOOL_REQUIRE(out.numel() == chunk_of(rows, size_, rank_).length * row, "reduce_scatter: output {}",
-                  shape_str(out.shape()));
-    reduce_chunk(in, out.raw(), rows, row, op, d);
+    const RowChunk rc = reduce_scatter_rows(in, out, size_, rank_);
+    reduce_chunk(in, out.raw(), rc.rows, rc.row, op, d);
 }
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {

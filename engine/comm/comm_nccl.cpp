@@ -266,11 +266,9 @@ void NcclCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op
     count("reduce_scatter", static_cast<int64_t>(in.nbytes()));
     const CollectiveDesc d = describe("reduce_scatter", in, sequence_++);
     check(d);
-    const int64_t rows = in.dim() ? in.size(0) : 1, row = row_numel(in);
-    PTOOL_REQUIRE(out.numel() == chunk_of(rows, size_, rank_).length * row, "reduce_scatter: output {}",
-                  shape_str(out.shape()));
+    const RowChunk rc = reduce_scatter_rows(in, out, size_, rank_);
     OnDevice src(in), dst(out);
-    reduce_chunk(src.dev.raw(), dst.dev.raw(), rows, row, in.dtype(), op, d);
+    reduce_chunk(src.dev.raw(), dst.dev.raw(), rc.rows, rc.row, in.dtype(), op, d);
     await(d);
     dst.done();
 }

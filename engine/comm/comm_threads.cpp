@@ -152,10 +152,7 @@ void ThreadsCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp
     PTOOL_REQUIRE(in.device() == out.device(), "reduce_scatter: input on {}, output on {}", device_name(in.device()),
                   device_name(out.device()));
     enter(describe("reduce_scatter", in, sequence_++), in.raw(), out.raw(), in.numel(), in.device());
-    const int64_t rows = in.dim() ? in.size(0) : 1, row = row_numel(in);
-    const Chunk c = chunk_of(rows, g.n, rank_);
-    PTOOL_REQUIRE(out.numel() == c.length * row, "reduce_scatter: output {} for a chunk of {} rows of {}",
-                  shape_str(out.shape()), c.length, row);
+    const auto [rows, row, c] = reduce_scatter_rows(in, out, g.n, rank_);
     const size_t es = dtype_size(in.dtype());
     std::vector<const void*> ins(g.n);
     for (int r = 0; r < g.n; ++r) ins[r] = static_cast<const char*>(g.in[r]) + c.offset * row * es;

@@ -71,6 +71,14 @@ struct Chunk {
 };
 Chunk chunk_of(int64_t n, int parts, int index);
 
+// reduce_scatter's contract: rank `index` of `parts` receives its chunk of in's dim-0 rows; out
+// must hold exactly that many rows (RuntimeError naming the shapes otherwise).
+struct RowChunk {
+    int64_t rows, row;  // in's dim-0 rows, elements per row
+    Chunk chunk;        // this rank's rows
+};
+RowChunk reduce_scatter_rows(const Tensor& in, const Tensor& out, int parts, int index);
+
 // outs[k][i] = reduce over ranks r = 0..n-1 (in that order) of inputs[r][i], in acc_t<T>, one
 // rounding; the result is stored to every out (an out may alias an input at the same offset).
 void reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vector<void*>& outs, int64_t count,
