@@ -8,6 +8,20 @@
 
 using namespace ptool;
 
+RanksConformance run_conformance_on_ranks(const std::function<void(const RankFn&)>& launch, ptool::Device device) {
+    std::mutex mu;
+    RanksConformance all;
+    launch([&](ptool::Communicator& comm) {
+        ConformanceReport mine;
+        run_comm_conformance(comm, mine, device);
+        std::lock_guard lock(mu);
+        all.report.passed += mine.passed, all.report.failed += mine.failed;
+        all.report.failures.insert(all.report.failures.end(), mine.failures.begin(), mine.failures.end());
+        all.backend = comm.backend();
+    });
+    return all;
+}
+
 void ConformanceReport::expect(bool ok, const std::string& what) {
     if (ok) {
         ++passed;

@@ -3,6 +3,7 @@
 // in-process, mpi under mpirun, cuda_local on a GPU; later nccl).
 #pragma once
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -18,3 +19,13 @@ struct ConformanceReport {
 // Collective over world: every rank calls it. device cuda: every tensor is device memory (cuda_local).
 void run_comm_conformance(ptool::Communicator& world, ConformanceReport& report,
                           ptool::Device device = ptool::Device::cpu);
+
+// The suite on every rank of an in-process launcher (launch(fn) runs fn on each rank thread, as
+// run_rank_threads or run_nccl_threads), the ranks' reports merged; backend: the communicator's name.
+struct RanksConformance {
+    ConformanceReport report;
+    std::string backend;
+};
+using RankFn = std::function<void(ptool::Communicator&)>;
+RanksConformance run_conformance_on_ranks(const std::function<void(const RankFn&)>& launch,
+                                          ptool::Device device = ptool::Device::cpu);

@@ -11,15 +11,8 @@ using namespace ptool;
 
 TEST_CASE("threads communicator passes the conformance suite at world sizes 1 to 8", "[cpu]") {
     for (int n = 1; n <= 8; ++n) {
-        std::mutex mu;
-        ConformanceReport total;
-        run_rank_threads(n, CommOptions{}, [&](Communicator& c) {
-            ConformanceReport rep;
-            run_comm_conformance(c, rep);
-            std::lock_guard<std::mutex> lk(mu);
-            total.passed += rep.passed, total.failed += rep.failed;
-            total.failures.insert(total.failures.end(), rep.failures.begin(), rep.failures.end());
-        });
+        const ConformanceReport total =
+            run_conformance_on_ranks([&](const RankFn& fn) { run_rank_threads(n, CommOptions{}, fn); }).report;
         INFO("world size " << n << ": " << (total.failures.empty() ? "" : total.failures[0]));
         CHECK(total.failed == 0);
         CHECK(total.passed > 100 * n);

@@ -224,18 +224,14 @@ TEST_CASE("cuda tensors: copies, views and the caching allocator's counters", "[
 
 TEST_CASE("cuda_local passes the communicator conformance suite at world sizes 1 to 8", "[cuda]") {
     for (int n = 1; n <= 8; ++n) {
-        std::mutex mu;
-        ConformanceReport report;
-        std::string name;
-        run_rank_threads(n, CommOptions{}, [&](Communicator& comm) {
-            gpu();  // this rank thread: the device and its own stream
-            ConformanceReport mine;
-            run_comm_conformance(comm, mine, Device::cuda);
-            std::lock_guard lock(mu);
-            report.passed += mine.passed, report.failed += mine.failed;
-            report.failures.insert(report.failures.end(), mine.failures.begin(), mine.failures.end());
-            name = comm.backend();
-        }, Device::cuda);
+        const auto [report, name] = run_conformance_on_ranks(
+            [&](const RankFn& fn) {
+                run_rank_threads(n, CommOptions{}, [&](Communicator& comm) {
+                    gpu();  // this rank thread: the device and its own stream
+                    fn(comm);
+                }, Device::cuda);
+            },
+            Device::cuda);
         INFO("world size " << n << ": " << (report.failures.empty() ? "" : report.failures[0]));
         CHECK(report.failed == 0);
         CHECK(report.passed > 0);
@@ -247,17 +243,8 @@ TEST_CASE("cuda_local passes the communicator conformance suite at world sizes 1
 TEST_CASE("nccl passes the communicator conformance suite on one GPU per rank", "[cuda]") {
     const int gpus = static_cast<int>(query_gpus().devices.size());
     for (int n = 1; n <= std::min(gpus, 8); ++n) {
-        std::mutex mu;
-        ConformanceReport report;
-        std::string name;
-        run_nccl_threads(n, CommOptions{}, [&](Communicator& comm) {
-            ConformanceReport mine;
-            run_comm_conformance(comm, mine, Device::cuda);
-            std::lock_guard lock(mu);
-            report.passed += mine.passed, report.failed += mine.failed;
-            report.failures.insert(report.failures.end(), mine.failures.begin(), mine.failures.end());
-            name = comm.backend();
-        });
+        const auto [report, name] =
+            run_conformance_on_ranks([&](const RankFn& fn) { run_nccl_threads(n, CommOptions{}, fn); }, Device::cuda);
         INFO("world size " << n << ": " << (report.failures.empty() ? "" : report.failures[0]));
         CHECK(report.failed == 0);
         CHECK(report.passed > 0);
