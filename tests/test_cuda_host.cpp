@@ -1,10 +1,12 @@
 // The CUDA backend's host-side logic, which runs on every machine: the caching allocator's
-// accounting (over a host fake of cudaMalloc) and the kernels' launch sizes.
+// accounting (over a host fake of cudaMalloc), the kernels' launch sizes, and the lazy loading
+// of libraries (cuBLAS and NCCL are dlopened on first use), here over libm.
 #include <cstdlib>
 #include <set>
 #include <vector>
 
 #include "core/caching_allocator.h"
+#include "backend/cuda/dl_library.h"
 #include "backend/cuda/launch_config.h"
 #include "test_helpers.h"
 
@@ -122,4 +124,34 @@ TEST_CASE("launch sizes: grid-stride elementwise and one block per row", "[cpu]"
     CHECK(rows_launch(10, 100).block == 128);
     CHECK(rows_launch(int64_t{1} << 20, 8).grid == 65535);
     CHECK(reduction_shared_bytes(1024, 2, 4) == 256);
+}
+
+namespace {
+struct MathApi {
+    double (*cos)(double) = nullptr;
+    double (*missing)(double) = nullptr;
+};
+}  // namespace
+
+TEST_CASE("a lazily loaded library fills its table once, or says which library or symbol is missing", "[cpu]") {
+    static int fills = 0;
+    cuda::LazyLibrary<MathApi> libm("libm.so.6", "libm", [](const cuda::DlSymbols& resolve, MathApi& api) {
+        ++fills;
+        return resolve("cos", api.cos);
+    });
+    REQUIRE(libm.get() != nullptr);
+    CHECK(libm.get()->cos(0.0) == 1.0);
+    CHECK(libm.error().empty());
+    CHECK(fills == 1);  // loaded on the first get() only
+
+    cuda::LazyLibrary<MathApi> lacking("libm.so.6", "libm", [](const cuda::DlSymbols& resolve, MathApi& api) {
+        return resolve("cos", api.cos) && resolve("ptool_no_such_symbol", api.missing);
+    });
+    CHECK(lacking.get() == nullptr);
+    CHECK(lacking.error() == "libm has no symbol ptool_no_such_symbol");
+
+    cuda::LazyLibrary<MathApi> absent("libptool-absent.so.1", "libptool-absent",
+                                      [](const cuda::DlSymbols&, MathApi&) { return true; });
+    CHECK(absent.get() == nullptr);
+    CHECK(absent.error().rfind("cannot load libptool-absent.so.1: ", 0) == 0);
 }

@@ -1,46 +1,30 @@
 #include "comm/nccl_api.h"
 
-#include <mutex>
-
 #include "backend/cuda/dl_library.h"
 
 namespace ptool {
 namespace {
 
-std::once_flag once;
-NcclApi api;
-bool loaded = false;
-std::string error;
-
-template <class F>
-bool resolve(void* lib, const char* name, F& out) {
-    return cuda::dl_resolve(lib, "libnccl", name, out, error);
+bool fill(const cuda::DlSymbols& resolve, NcclApi& api) {
+    return resolve("ncclGetVersion", api.get_version) && resolve("ncclGetUniqueId", api.get_unique_id) &&
+           resolve("ncclCommInitRankConfig", api.init_rank_config) && resolve("ncclCommSplit", api.split) &&
+           resolve("ncclCommGetAsyncError", api.get_async_error) && resolve("ncclCommAbort", api.abort) &&
+           resolve("ncclCommFinalize", api.finalize) && resolve("ncclCommDestroy", api.destroy) &&
+           resolve("ncclAllGather", api.all_gather) && resolve("ncclBroadcast", api.broadcast) &&
+           resolve("ncclSend", api.send) && resolve("ncclRecv", api.recv) &&
+           resolve("ncclGroupStart", api.group_start) && resolve("ncclGroupEnd", api.group_end) &&
+           resolve("ncclGetErrorString", api.error_string) && resolve("ncclGetLastError", api.last_error);
 }
 
-void load() {
-    void* lib = cuda::dl_open(fmt::format("libnccl.so.{}", NCCL_MAJOR), error);
-    if (!lib) return;
-    loaded = resolve(lib, "ncclGetVersion", api.get_version) && resolve(lib, "ncclGetUniqueId", api.get_unique_id) &&
-             resolve(lib, "ncclCommInitRankConfig", api.init_rank_config) &&
-             resolve(lib, "ncclCommSplit", api.split) && resolve(lib, "ncclCommGetAsyncError", api.get_async_error) &&
-             resolve(lib, "ncclCommAbort", api.abort) && resolve(lib, "ncclCommFinalize", api.finalize) &&
-             resolve(lib, "ncclCommDestroy", api.destroy) && resolve(lib, "ncclAllGather", api.all_gather) &&
-             resolve(lib, "ncclBroadcast", api.broadcast) && resolve(lib, "ncclSend", api.send) &&
-             resolve(lib, "ncclRecv", api.recv) && resolve(lib, "ncclGroupStart", api.group_start) &&
-             resolve(lib, "ncclGroupEnd", api.group_end) && resolve(lib, "ncclGetErrorString", api.error_string) &&
-             resolve(lib, "ncclGetLastError", api.last_error);
+cuda::LazyLibrary<NcclApi>& library() {
+    static cuda::LazyLibrary<NcclApi> lib(fmt::format("libnccl.so.{}", NCCL_MAJOR), "libnccl", fill);
+    return lib;
 }
 
 }  // namespace
 
-const NcclApi* nccl_api() {
-    std::call_once(once, load);
-    return loaded ? &api : nullptr;
-}
+const NcclApi* nccl_api() { return library().get(); }
 
-const std::string& nccl_load_error() {
-    nccl_api();
-    return error;
-}
+const std::string& nccl_load_error() { return library().error(); }
 
 }  // namespace ptool

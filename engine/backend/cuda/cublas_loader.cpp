@@ -1,6 +1,5 @@
 #include "backend/cuda/cublas_loader.h"
 
-#include <mutex>
 #include <type_traits>
 
 #include "backend/cuda/dl_library.h"
@@ -8,25 +7,12 @@
 namespace ptool::cuda {
 namespace {
 
-std::once_flag once;
-CublasApi api;
-bool loaded = false;
-std::string error;
-
-template <class F>
-bool resolve(void* lib, const char* name, F& out) {
-    return dl_resolve(lib, "libcublas", name, out, error);
-}
-
-void load() {
-    void* lib = dl_open(fmt::format("libcublas.so.{}", CUBLAS_VER_MAJOR), error);
-    if (!lib) return;
-    loaded = resolve(lib, "cublasCreate_v2", api.create) && resolve(lib, "cublasDestroy_v2", api.destroy) &&
-             resolve(lib, "cublasSetStream_v2", api.set_stream) &&
-             resolve(lib, "cublasGemmStridedBatchedEx", api.gemm_strided_batched_ex) &&
-             resolve(lib, "cublasGetVersion_v2", api.get_version) &&
-             resolve(lib, "cublasGetProperty", api.get_property) &&
-             resolve(lib, "cublasGetStatusString", api.status_string);
+bool fill(const DlSymbols& resolve, CublasApi& api) {
+    return resolve("cublasCreate_v2", api.create) && resolve("cublasDestroy_v2", api.destroy) &&
+           resolve("cublasSetStream_v2", api.set_stream) &&
+           resolve("cublasGemmStridedBatchedEx", api.gemm_strided_batched_ex) &&
+           resolve("cublasGetVersion_v2", api.get_version) && resolve("cublasGetProperty", api.get_property) &&
+           resolve("cublasGetStatusString", api.status_string);
 }
 
 // the overload the table's pointer names must exist with exactly that signature; decltype does not
@@ -35,16 +21,15 @@ static_assert(std::is_same_v<decltype(static_cast<decltype(CublasApi::gemm_strid
                                  &cublasGemmStridedBatchedEx)),
                              decltype(CublasApi::gemm_strided_batched_ex)>);
 
+LazyLibrary<CublasApi>& library() {
+    static LazyLibrary<CublasApi> lib(fmt::format("libcublas.so.{}", CUBLAS_VER_MAJOR), "libcublas", fill);
+    return lib;
+}
+
 }  // namespace
 
-const CublasApi* cublas() {
-    std::call_once(once, load);
-    return loaded ? &api : nullptr;
-}
+const CublasApi* cublas() { return library().get(); }
 
-const std::string& cublas_load_error() {
-    cublas();
-    return error;
-}
+const std::string& cublas_load_error() { return library().error(); }
 
 }  // namespace ptool::cuda

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 
+#include <mutex>
 #include <string>
 
 #include "core/error.h"
@@ -27,5 +28,51 @@ bool dl_resolve(void* lib, const char* library, const char* name, F& out, std::s
     if (!out) error = fmt::format("{} has no symbol {}", library, name);
     return out != nullptr;
 }
+
+// The symbols of an opened library, for filling a table: sym("name", table.entry) is false, with
+// the error set, when the library lacks the symbol.
+class DlSymbols {
+public:
+    DlSymbols(void* lib, const char* library, std::string& error) : lib_(lib), library_(library), error_(error) {}
+    template <class F>
+    bool operator()(const char* name, F& out) const {
+        return dl_resolve(lib_, library_, name, out, error_);
+    }
+
+private:
+    void* lib_;
+    const char* library_;
+    std::string& error_;
+};
+
+// A table of function pointers from a library opened on first use (thread-safe): get() is the
+// table, or nullptr when the library or one of its symbols is missing, and error() says which.
+template <class Api>
+class LazyLibrary {
+public:
+    using Fill = bool (*)(const DlSymbols& sym, Api& api);  // resolves every entry
+    LazyLibrary(std::string soname, const char* library, Fill fill)
+        : soname_(std::move(soname)), library_(library), fill_(fill) {}
+
+    const Api* get() {
+        std::call_once(once_, [this] {
+            if (void* lib = dl_open(soname_, error_)) loaded_ = fill_(DlSymbols(lib, library_, error_), api_);
+        });
+        return loaded_ ? &api_ : nullptr;
+    }
+    const std::string& error() {
+        get();
+        return error_;
+    }
+
+private:
+    std::string soname_;
+    const char* library_;
+    Fill fill_;
+    std::once_flag once_;
+    Api api_{};
+    bool loaded_ = false;
+    std::string error_;
+};
 
 }  // namespace ptool::cuda
