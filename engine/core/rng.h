@@ -12,23 +12,28 @@
 
 namespace ptool {
 
+// Philox4x32-10's constants and one round on a counter (c0, c1, c2, c3) under key (k0, k1); the
+// scalar and the 16-lane generator share it.
+namespace philox {
+constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // multipliers
+constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Weyl key increments
+inline void round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0, uint32_t k1) {
+    const uint64_t p0 = static_cast<uint64_t>(kM0) * c0;
+    const uint64_t p1 = static_cast<uint64_t>(kM1) * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0, c2 = n2;
+}
+}  // namespace philox
+
 // Inline: initialisation draws one block per two elements of every parameter (8.4M for gemm_mlp).
 inline std::array<uint32_t, 4> philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo) {
-    constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // multipliers
-    constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Weyl key increments
     uint32_t c0 = static_cast<uint32_t>(counter_lo), c1 = static_cast<uint32_t>(counter_lo >> 32);
     uint32_t c2 = static_cast<uint32_t>(counter_hi), c3 = static_cast<uint32_t>(counter_hi >> 32);
     uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-    for (int round = 0; round < 10; ++round) {
-        const uint64_t p0 = static_cast<uint64_t>(kM0) * c0;
-        const uint64_t p1 = static_cast<uint64_t>(kM1) * c2;
-        const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-        const uint32_t n1 = static_cast<uint32_t>(p1);
-        const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-        const uint32_t n3 = static_cast<uint32_t>(p0);
-        c0 = n0, c1 = n1, c2 = n2, c3 = n3;
-        k0 += kW0, k1 += kW1;
-    }
+    for (int r = 0; r < 10; ++r, k0 += philox::kW0, k1 += philox::kW1) philox::round(c0, c1, c2, c3, k0, k1);
     return {c0, c1, c2, c3};
 }
 
@@ -39,8 +44,6 @@ uint64_t stream_id(std::string_view a, std::string_view b = {}, uint64_t c = 0);
 // vectorises the rounds: out[k] is philox4x32(key, counter_hi, lo + k) (tested equal).
 inline void philox4x32_x16(uint64_t key, uint64_t counter_hi, uint64_t lo, std::array<uint32_t, 4>* out) {
     constexpr int kLanes = 16;
-    constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-    constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
     uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
     for (int k = 0; k < kLanes; ++k) {
         const uint64_t ctr = lo + static_cast<uint64_t>(k);
@@ -48,18 +51,8 @@ inline void philox4x32_x16(uint64_t key, uint64_t counter_hi, uint64_t lo, std::
         c2[k] = static_cast<uint32_t>(counter_hi), c3[k] = static_cast<uint32_t>(counter_hi >> 32);
     }
     uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-    for (int round = 0; round < 10; ++round) {
-        for (int k = 0; k < kLanes; ++k) {
-            const uint64_t p0 = static_cast<uint64_t>(kM0) * c0[k];
-            const uint64_t p1 = static_cast<uint64_t>(kM1) * c2[k];
-            const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[k] ^ k0;
-            const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[k] ^ k1;
-            c1[k] = static_cast<uint32_t>(p1);
-            c3[k] = static_cast<uint32_t>(p0);
-            c0[k] = n0, c2[k] = n2;
-        }
-        k0 += kW0, k1 += kW1;
-    }
+    for (int r = 0; r < 10; ++r, k0 += philox::kW0, k1 += philox::kW1)
+        for (int k = 0; k < kLanes; ++k) philox::round(c0[k], c1[k], c2[k], c3[k], k0, k1);
     for (int k = 0; k < kLanes; ++k) out[k] = {c0[k], c1[k], c2[k], c3[k]};
 }
 
