@@ -19,11 +19,9 @@ int64_t ordered_bits(double v) {
     std::memcpy(&b, &v, 8);
     return b < 0 ? std::numeric_limits<int64_t>::min() - b : b;
 }
-int64_t ordered_bits(bf16_t v) {
-    const int64_t mag = v.bits & 0x7fff;
-    return (v.bits & 0x8000) ? -mag : mag;
-}
-int64_t ordered_bits(f16_t v) {
+template <class Half>  // bf16_t, f16_t: sign and magnitude in 16 bits
+    requires requires(Half h) { h.bits; }
+int64_t ordered_bits(Half v) {
     const int64_t mag = v.bits & 0x7fff;
     return (v.bits & 0x8000) ? -mag : mag;
 }

@@ -23,8 +23,8 @@ struct TensorDiff {
 TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const Tolerance& tol);
 bool bitwise_equal(const Tensor& a, const Tensor& b);
 
-// A 64-bit digest of a host tensor's dtype, shape and bytes (8 bytes at a time, multiply-xorshift
-// mixing): replicas and construction-time state are compared by digest, so checking a 32 MiB
+// A 64-bit digest of a host tensor's dtype, shape and bytes (multiply-xorshift mixing in four
+// lanes of 8 bytes): replicas and construction-time state are compared by digest, so checking a 32 MiB
 // gradient moves 8 bytes per rank, not 32 MiB. Equal digests stand for bitwise equality (a
 // collision between two different tensors has probability about 2^-64).
 uint64_t tensor_digest(const Tensor& t);
