@@ -24,8 +24,9 @@ struct FakeDriver final : RawAllocator {
         live.insert(p), size_of[p] = bytes, used += bytes, sizes.push_back(bytes);
         return p;
     }
-    void free(void* p) override {
+    void free(void* p, size_t bytes) override {
         REQUIRE(live.erase(p) == 1);  // a double free or a foreign pointer would fail here
+        REQUIRE(bytes == size_of[p]);  // the size it was allocated with
         used -= size_of[p];
         std::free(p);
     }

@@ -9,7 +9,7 @@ namespace ptool {
 CachingAllocator::~CachingAllocator() {
     std::lock_guard lock(mutex_);
     free_cached_locked();
-    for (auto& [p, b] : live_) raw_.free(p);  // tensors outliving the backend: give the memory back anyway
+    for (auto& [p, b] : live_) raw_.free(p, b.size);  // tensors outliving the backend: give the memory back anyway
 }
 
 void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
@@ -61,7 +61,7 @@ void CachingAllocator::empty_cache() {
 
 void CachingAllocator::free_cached_locked() {
     for (auto& [key, p] : cached_) {
-        raw_.free(p);
+        raw_.free(p, key.second);
         stats_.reserved -= key.second;
         ++stats_.driver_frees;
     }

@@ -27,7 +27,7 @@ class RawAllocator {
 public:
     virtual ~RawAllocator() = default;
     virtual void* malloc(size_t bytes) = 0;  // nullptr when the device is out of memory
-    virtual void free(void* p) = 0;
+    virtual void free(void* p, size_t bytes) = 0;  // bytes: as passed to malloc
 };
 
 struct AllocatorStats {

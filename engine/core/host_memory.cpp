@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -41,8 +42,9 @@ const bool kHeapTuned = [] {
 // pages are "never", 4 KiB pages as before; "always" needs none).
 class HugePageMappings final : public RawAllocator {
 public:
+    static size_t mapped_size(size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
     void* malloc(size_t bytes) override {
-        const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+        const size_t size = mapped_size(bytes);
         void* raw = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (raw == MAP_FAILED) return nullptr;
         const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
@@ -52,23 +54,9 @@ public:
         if (end > tail) munmap(reinterpret_cast<void*>(tail), end - tail);
         void* p = reinterpret_cast<void*>(aligned);
         madvise(p, size, MADV_HUGEPAGE);
-        sizes_mutex_.lock();
-        sizes_[p] = size;
-        sizes_mutex_.unlock();
         return p;
     }
-    void free(void* p) override {
-        sizes_mutex_.lock();
-        auto it = sizes_.find(p);
-        const size_t size = it->second;
-        sizes_.erase(it);
-        sizes_mutex_.unlock();
-        munmap(p, size);
-    }
-
-private:
-    std::mutex sizes_mutex_;
-    std::unordered_map<void*, size_t> sizes_;
+    void free(void* p, size_t bytes) override { munmap(p, mapped_size(bytes)); }
 };
 
 // Never destroyed: tensors in static objects may be freed after every other static.
@@ -80,12 +68,12 @@ CachingAllocator& large_blocks() {
 
 }  // namespace
 
-void* host_allocate(size_t bytes) {
+void* host_allocate(size_t bytes, bool zero) {
     (void)kHeapTuned;
-    if (bytes >= kLargeBlock) return large_blocks().allocate(bytes);
-    const size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
+    const size_t padded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;  // whole 64-byte lines
+    void* p = bytes >= kLargeBlock ? large_blocks().allocate(padded) : std::aligned_alloc(64, padded);
     if (!p) throw RuntimeError(fmt::format("out of host memory allocating {} bytes", bytes));
+    if (zero) std::memset(p, 0, padded);
     return p;
 }
 

@@ -15,7 +15,8 @@
 
 namespace ptool {
 
-void* host_allocate(size_t bytes);  // 64-byte aligned, uninitialised; RuntimeError when out of memory
+// 64-byte aligned, zero-filled (padding included) or uninitialised; RuntimeError when out of memory
+void* host_allocate(size_t bytes, bool zero);
 void host_release(void* p, size_t bytes);
 AllocatorStats host_block_stats();  // the large blocks' counters
 void host_empty_cache();            // returns the cached large blocks to the system

@@ -1,7 +1,5 @@
 #include "core/tensor.h"
 
-#include <cstring>
-
 #include "core/host_memory.h"
 
 namespace ptool {
@@ -20,8 +18,7 @@ Storage::Storage(size_t bytes, Device device, bool zero) : bytes_(bytes), device
         if (zero) device_memory().zero(data_, bytes);
         return;
     }
-    data_ = host_allocate(bytes);
-    if (zero) std::memset(data_, 0, bytes == 0 ? 64 : (bytes + 63) / 64 * 64);  // the padding too, as allocated
+    data_ = host_allocate(bytes, zero);
 }
 
 Storage::~Storage() {

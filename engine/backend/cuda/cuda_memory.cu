@@ -20,7 +20,7 @@ struct CudaDriver final : RawAllocator {
         }
         return p;
     }
-    void free(void* p) override { cudaFree(p); }
+    void free(void* p, size_t) override { cudaFree(p); }
 };
 
 class CudaMemory final : public DeviceMemory {
