@@ -2,7 +2,7 @@
 // cheap to keep is cached when freed and reused, and every byte is counted: in use, peak in use,
 // reserved from the driver, peak reserved. Two users: the CUDA backend's device memory (cudaMalloc
 // synchronises the device; `explain --measure` and the memory report read the counters), and
-// large host tensors (fresh host pages cost a page fault each; see core/tensor.cpp).
+// large host tensors (fresh host pages cost a page fault each; see core/host_memory.h).
 //
 // Pure host logic over a RawAllocator (cudaMalloc/cudaFree, mmap/munmap, a fake in the tests), so
 // it is unit-tested on machines without a GPU.
