@@ -109,3 +109,12 @@ TEST_CASE("a timeout in a sub-group releases ranks waiting in another group", "[
     CHECK(msg.find("timed out") != std::string::npos);
     CHECK(s < 4.0);
 }
+
+TEST_CASE("collective descriptors name every op of the table, init included; an unknown name is an error", "[cpu]") {
+    CHECK(describe("barrier", 3).str().rfind("barrier#3 ", 0) == 0);
+    CHECK(describe("split", 4).str().rfind("split#4 ", 0) == 0);
+    CHECK(describe("init", 0).str().rfind("init#0 ", 0) == 0);  // past the table's first seven
+    CHECK(describe("all_gather", Tensor({2, 3}, DType::float32), 5).str() == "all_gather#5 float32 [2, 3]");
+    CHECK_FALSE(describe("barrier", 1).matches(describe("split", 1)));
+    CHECK_THROWS(describe("allreduce", 0));
+}

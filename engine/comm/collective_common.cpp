@@ -1,6 +1,7 @@
 // What every communicator shares: chunking, rank-ordered reduction, collective descriptors.
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "comm/communicator.h"
 
@@ -82,14 +83,20 @@ std::string CollectiveDesc::str() const {
     return fmt::format("{}#{} {} {}", kOps[op], sequence, dtype_name(static_cast<DType>(dtype)), shape);
 }
 
-CollectiveDesc describe(const char* op, const Tensor& t, int64_t sequence, int64_t root, bool dim0_free) {
+CollectiveDesc describe(const char* op, int64_t sequence) {
     CollectiveDesc d;
-    for (int i = 0; i < 7; ++i)
-        if (std::strcmp(kOps[i], op) == 0) d.op = i;
+    const auto it = std::find_if(std::begin(kOps), std::end(kOps), [&](const char* name) { return std::strcmp(name, op) == 0; });
+    PTOOL_REQUIRE(it != std::end(kOps), "describe: unknown collective {}", op);
+    d.op = static_cast<int>(it - std::begin(kOps));
+    d.sequence = sequence;
+    return d;
+}
+
+CollectiveDesc describe(const char* op, const Tensor& t, int64_t sequence, int64_t root, bool dim0_free) {
+    CollectiveDesc d = describe(op, sequence);
     d.dtype = static_cast<int>(t.dtype());
     d.ndim = static_cast<int>(std::min<int64_t>(8, t.dim()));
     for (int i = 0; i < d.ndim; ++i) d.dims[i] = t.shape()[i];
-    d.sequence = sequence;
     d.root = root;
     d.shape_free = dim0_free;
     return d;

@@ -206,9 +206,7 @@ void MpiCommunicator::all_to_all(const Tensor& in, Tensor& out) {
 }
 
 void MpiCommunicator::barrier() {
-    CollectiveDesc d;
-    d.op = 5;
-    d.sequence = sequence_++;
+    const CollectiveDesc d = describe("barrier", sequence_++);
     check(d);
     MPI_Request req;
     MPI_CHECK(MPI_Ibarrier(comm_, &req));
@@ -216,9 +214,7 @@ void MpiCommunicator::barrier() {
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
-    CollectiveDesc d;
-    d.op = 6;
-    d.sequence = sequence_++;
+    const CollectiveDesc d = describe("split", sequence_++);
     check(d);
     MPI_Comm sub;
     MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));

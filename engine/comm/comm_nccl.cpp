@@ -87,9 +87,7 @@ NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int size, CommOpt
     comm_ = c;
     if (r != ncclSuccess && r != ncclInProgress)
         fail(fmt::format("ncclCommInitRankConfig failed on rank {}: {}", rank, nccl().error_string(r)));
-    CollectiveDesc d;
-    d.op = 7;  // init: named in a timeout message
-    await(d, false);
+    await(describe("init", 0), false);  // named in a timeout message
 }
 
 NcclCommunicator::NcclCommunicator(void* comm, int rank, int size, CommOptions options,
@@ -309,16 +307,12 @@ void NcclCommunicator::all_to_all(const Tensor& in, Tensor& out) {
 }
 
 void NcclCommunicator::barrier() {
-    CollectiveDesc d;
-    d.op = 5;
-    d.sequence = sequence_++;
+    const CollectiveDesc d = describe("barrier", sequence_++);
     check(d, true);  // an all-gather every rank must join
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
-    CollectiveDesc d;
-    d.op = 6;
-    d.sequence = sequence_++;
+    const CollectiveDesc d = describe("split", sequence_++);
     check(d);
     const int64_t mine[2] = {color, key};
     const std::vector<char> bytes = exchange(d, mine, sizeof mine);

@@ -184,18 +184,14 @@ void ThreadsCommunicator::all_to_all(const Tensor& in, Tensor& out) {
 }
 
 void ThreadsCommunicator::barrier() {
-    CollectiveDesc d;
-    d.op = 5;
-    d.sequence = sequence_++;
+    const CollectiveDesc d = describe("barrier", sequence_++);
     enter(d, nullptr, nullptr, 0);
     leave();
 }
 
 std::unique_ptr<Communicator> ThreadsCommunicator::split(int color, int key) {
     ThreadGroup& g = *group_;
-    CollectiveDesc d;
-    d.op = 6;
-    d.sequence = sequence_++;
+    const CollectiveDesc d = describe("split", sequence_++);
     {
         std::lock_guard<std::mutex> lk(g.mu);
         g.split_args[rank_] = {color, key};

@@ -98,5 +98,6 @@ struct CollectiveDesc {
     std::string str() const;
 };
 CollectiveDesc describe(const char* op, const Tensor& t, int64_t sequence, int64_t root = -1, bool dim0_free = false);
+CollectiveDesc describe(const char* op, int64_t sequence);  // no tensor: barrier, split, init
 
 }  // namespace ptool
