@@ -223,7 +223,7 @@ void NcclCommunicator::all_reduce(Tensor& t, ReduceOp op) {
     reduce_chunk(x.dev.raw(), part.p, n, 1, t.dtype(), op, d);
     void* gathered = even ? x.dev.raw() : padded.p;
     NCCL_CALL(nccl().all_gather(part.p, gathered, per * es, ncclUint8, as_comm(comm_), stream()));
-    if (!even && n) CUDA_CHECK(cudaMemcpyAsync(x.dev.raw(), padded.p, n * es, cudaMemcpyDeviceToDevice, stream()));
+    if (!even) CUDA_CHECK(cudaMemcpyAsync(x.dev.raw(), padded.p, n * es, cudaMemcpyDeviceToDevice, stream()));
     await(d);
     x.done();
 }
