@@ -80,7 +80,8 @@ struct FullyShard::State : ModuleHooks {
     void reduce_grads() {
         const int n = comm->size(), r = comm->rank();
         const DType dt = params[0].shard.dtype();
-        Tensor out({region}, dt);
+        const Device dev = params[0].shard.device();
+        Tensor out({region}, dt, dev);
         if (fault.hits("skip_reduce_scatter", fqn)) {  // each rank keeps its own rows of its own gradient
             for (Managed& m : params) {
                 const Chunk c = chunk_of(m.full_shape[0], n, r);
@@ -90,7 +91,7 @@ struct FullyShard::State : ModuleHooks {
                 be->copy(src, dst);
             }
         } else {
-            Tensor in({n * region}, dt);
+            Tensor in({n * region}, dt, dev);
             for (Managed& m : params)
                 for (int k = 0; k < n; ++k) {
                     const Chunk c = chunk_of(m.full_shape[0], n, k);
