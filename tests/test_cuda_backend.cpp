@@ -286,5 +286,6 @@ int main(int argc, char** argv) {
         std::printf("SKIP: the CUDA backend tests need a GPU: %s\n", info.why_none.c_str());
         return 4;
     }
+    backend_for(Device::cuda);  // selects the CUDA backend, as --device cuda does: device tensors need it
     return Catch::Session().run(argc, argv);
 }
