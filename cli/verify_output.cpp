@@ -35,16 +35,17 @@ void print_table(const PlanReport& p, int verbosity) {
         if (verbosity == 0 && t.pass && p.tensors.size() > 60) continue;  // large models: failures only
         fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9.3f} {:>8}  {}\n", t.name, num(t.diff.max_abs), num(t.diff.max_rel),
                    t.diff.max_ulp, std::isinf(t.diff.headroom) ? 1e9 : t.diff.headroom, t.replicas,
-                   !t.diff.shape_ok ? "MISSING/SHAPE" : t.replicas == "ignored" ? "ignored" : (t.pass ? "ok" : "MISMATCH"));
+                   !t.diff.shape_ok ? "MISSING/SHAPE" : t.replicas == "ignored" ? "ignored"
+                   : !t.pass ? "MISMATCH" : t.diff.by_frobenius ? fmt::format("ok (rel Frobenius {:.1e})", t.diff.rel_fro) : "ok");
     }
 }
 
 void print_report(const VerifyReport& report, const std::string& model_path, const Model& model, int verbosity) {
     for (const PlanReport& p : report.plans) {
         const int64_t steps = p.run.steps.empty() ? 1 : static_cast<int64_t>(p.run.steps.size());
-        fmt::print("ptool verify {} {}: {} ranks ({}), {} step{}, {} rtol {:g} atol {:g}\n", model_path, p.plan_path,
+        fmt::print("ptool verify {} {}: {} ranks ({}), {} step{}, {} rtol {:g} atol {:g}{}\n", model_path, p.plan_path,
                    p.run.world_size, p.run.backend, steps, steps == 1 ? "" : "s", dtype_name(model.dtype), p.tol.rtol,
-                   p.tol.atol);
+                   p.tol.atol, p.tol.rel_fro > 0 ? fmt::format(", or relative Frobenius error <= {:.2g}", p.tol.rel_fro) : "");
         if (verbosity >= 0) print_table(p, verbosity);
         for (const std::string& n : p.notes) fmt::print("  {}\n", n);
         if (p.run.dp_buckets) {
@@ -92,6 +93,7 @@ void write_json_report(const VerifyReport& report, const std::string& model_path
         jp["seconds"] = p.run.seconds;
         jp["rtol"] = p.tol.rtol;
         jp["atol"] = p.tol.atol;
+        jp["rel_fro"] = p.tol.rel_fro;  // 0: the elementwise rule alone
         jp["warnings"] = p.warnings;
         jp["localisation"] = p.localisation;
         jp["notes"] = p.notes;
@@ -102,7 +104,8 @@ void write_json_report(const VerifyReport& report, const std::string& model_path
         for (const TensorReport& t : p.tensors)
             jp["tensors"].push_back({{"name", t.name}, {"pass", t.pass}, {"max_abs", finite(t.diff.max_abs)},
                                      {"max_rel", finite(t.diff.max_rel)}, {"ulp", t.diff.max_ulp},
-                                     {"headroom", finite(t.diff.headroom)}, {"replicas", t.replicas}});
+                                     {"headroom", finite(t.diff.headroom)}, {"rel_fro", finite(t.diff.rel_fro)},
+                                     {"by_frobenius", t.diff.by_frobenius}, {"replicas", t.replicas}});
         j["plans"].push_back(jp);
     }
     write_file_atomic(path, j.dump(2) + "\n", true);

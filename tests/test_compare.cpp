@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "verify/compare.h"
+#include "verify/verify.h"
 #include "test_helpers.h"
 
 using namespace ptool;
@@ -68,4 +69,54 @@ TEST_CASE("tensor_digest: equal tensors agree; a bit, a shape or a dtype apart d
     CHECK(tensor_digest(s) != tensor_digest(s.reshape({3, 2})));
     Tensor z32({4}, DType::float32), zi({4}, DType::int32);  // the same zero bytes
     CHECK(tensor_digest(z32) != tensor_digest(zi));
+}
+
+TEST_CASE("low precision: the relative Frobenius bound passes rounding noise, not a wrong result", "[cpu]") {
+    CHECK(default_tolerance(DType::float32).rel_fro == 0);  // fp32/fp64: the elementwise rule alone
+    const Tolerance tol = default_tolerance(DType::bfloat16, 3);
+    CHECK(tol.rel_fro == Approx(4 * std::pow(1.03, 3) * 0x1p-7));
+    // a rowwise sum of two bf16 partials against the full-precision sum, rounded once: where they
+    // cancel, a 1-ULP difference of the partials is infinitely far in relative terms
+    const std::vector<double> big = {3.0, -2.5, 1.75, 0.0, 2.0, -1.0, 0.5, 1.25};
+    Tensor e = Tensor::from_doubles({8}, DType::bfloat16, big), a = e.clone();
+    a.set(3, 0.0078125);  // expected 0: fails torch.testing's rule (atol 1e-5)
+    const TensorDiff d = compare_tensors(a, e, tol);
+    CHECK(d.headroom > 1);
+    CHECK(d.rel_fro == Approx(0.0078125 / std::sqrt(3.0 * 3 + 2.5 * 2.5 + 1.75 * 1.75 + 4 + 1 + 0.25 + 1.5625)).epsilon(1e-3));
+    CHECK(d.by_frobenius);
+    CHECK(d.pass);
+    Tolerance elementwise = tol;
+    elementwise.rel_fro = 0;  // an explicit --rtol/--atol: the elementwise rule alone
+    CHECK_FALSE(compare_tensors(a, e, elementwise).pass);
+    Tensor wrong = e.clone();
+    for (int64_t i = 0; i < 8; ++i) wrong.set(i, 0.5 * big[i]);  // a gradient 1/dp of the reference's
+    const TensorDiff w = compare_tensors(wrong, e, tol);
+    CHECK(w.rel_fro == Approx(0.5));
+    CHECK_FALSE(w.pass);
+}
+
+TEST_CASE("low precision: a gradient zero in exact arithmetic is judged against its module's gradient", "[cpu]") {
+    // attention's key bias: softmax ignores a shift shared by every key, so its gradient is rounding
+    // noise; measured against itself that noise is O(1), against the module's weight gradient it is not
+    RunRecord ref, par;
+    StepRecord r, p;
+    Tensor w = Tensor::from_doubles({2, 2}, DType::bfloat16, {0.5, -0.25, 1.0, 0.75});
+    Tensor bias = Tensor::from_doubles({2}, DType::bfloat16, {1e-4, -2e-4});
+    Tensor bias_noise = Tensor::from_doubles({2}, DType::bfloat16, {-1e-4, 1e-4});
+    r.tensors = {{"step0.grad.attn.k_proj.weight", w}, {"step0.grad.attn.k_proj.bias", bias}};
+    p.tensors = {{"step0.grad.attn.k_proj.weight", w.clone()}, {"step0.grad.attn.k_proj.bias", bias_noise}};
+    ref.steps.push_back(r);
+    par.steps.push_back(p);
+    Plan plan;
+    Tolerance tol = default_tolerance(DType::bfloat16, 4);
+    const PlanReport rep = compare_runs(ref, par, plan, tol);
+    REQUIRE(rep.tensors.size() == 2);
+    CHECK(rep.tensors[1].pass);
+    CHECK(rep.tensors[1].diff.by_frobenius);
+    CHECK(rep.tensors[1].diff.rel_fro < tol.rel_fro);
+    CHECK(rep.pass);
+    tol.rel_fro = 0;
+    CHECK_FALSE(compare_runs(ref, par, plan, tol).pass);  // elementwise: 3e-4 > atol 1e-5
+    par.steps[0].tensors[1].second = Tensor::from_doubles({2}, DType::bfloat16, {0.5, 0.5});  // a real error
+    CHECK_FALSE(compare_runs(ref, par, plan, default_tolerance(DType::bfloat16, 4)).pass);
 }

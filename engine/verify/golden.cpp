@@ -29,7 +29,7 @@ TensorFile record_golden(const VerifyInputs& in, const Plan& plan, const VerifyO
     ro.device = in.device;
     run_reference(model, data, ro, [&](const StepResult& r) { writer.add_step(r); });
     TensorFile file = std::move(writer.file());
-    const Tolerance tol = tolerance_for(plan, opt, model.dtype);
+    const Tolerance tol = tolerance_for(plan, opt, model);
     char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
     int len = 0;
     MPI_Get_library_version(mpi_version, &len);

@@ -151,7 +151,8 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
         if (dp) dp->after_backward();
         optimizer.step(params);
         be.synchronize();
-        rec.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        sr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rec.seconds += sr.seconds;
         if (dp) rec.bucket_copy_bytes = dp->bucket_copy_bytes(), rec.bucket_allreduce_bytes = dp->bucket_allreduce_bytes();
 
         CountingPaused pause(counter.get());

@@ -21,6 +21,7 @@ struct ModuleEvent {
 
 struct StepRecord {
     int64_t step = 0;
+    double seconds = 0;  // this step's forward + backward + optimizer (synchronised), not its recording
     std::vector<std::pair<std::string, Tensor>> tensors;
     // How the ranks' copies of each tensor compare (DESIGN §6, expected equality):
     //   equal    every replica is bitwise the same        DIFFER   replicas that should agree differ

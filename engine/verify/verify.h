@@ -53,6 +53,6 @@ VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const 
 PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan, const Tolerance& tol);
 
 int64_t steps_for(const VerifyInputs& in, const Plan& plan, const VerifyOptions& opt, int64_t model_steps);
-Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, DType dtype);
+Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model& model);
 
 }  // namespace ptool
