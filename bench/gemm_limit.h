@@ -1,7 +1,9 @@
 // The GEMM limit for a model's linear layers, measured in the benchmark's own run: OpenBLAS sgemm
 // on the CPU, the backend's cuBLAS GEMM on device tensors for cuda (the same shapes, synchronised).
 // A linear [rows, in] -> [rows, out] costs 3 GEMMs per training step (y = x W^T, dW = dy^T x,
-// dx = dy W), 2 * rows * in * out FLOPs each.
+// dx = dy W), 2 * rows * in * out FLOPs each. Given a TP plan and its size, the shapes are the
+// ranks' shards (colwise divides out, rowwise divides in; other linears are replicated) and each
+// runs once per rank: the GEMMs a parallel step of every rank on one device really does.
 #pragma once
 
 #include <cblas.h>
@@ -12,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "model/model.h"
+#include "parallel/plan.h"
 
 namespace ptool::bench {
 
@@ -32,22 +35,30 @@ struct GemmLimit {
     double seconds = 0;  // the same GEMMs at the measured sgemm rate
 };
 
-inline GemmLimit measure_gemm_limit(const Model& model, int repeats, Device device = Device::cpu) {
+inline GemmLimit measure_gemm_limit(const Model& model, int repeats, Device device = Device::cpu,
+                                    const Plan* plan = nullptr, int tp = 1) {
     struct Gemm {
         int m, n, k;
         bool ta, tb;
+        int copies = 1;  // ranks that run this shape
     };
     std::vector<Gemm> gemms;
     GemmLimit lim;
     const int64_t rows = numel_of(model.input.shape) / (model.input.ids ? 1 : model.input.shape.back());
-    for_each_module(*model.root, [&](const std::string&, Module& m) {
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         if (auto* l = dynamic_cast<Linear*>(&m)) {
-            const int in = static_cast<int>(l->in_features()), out = static_cast<int>(l->out_features());
+            int in = static_cast<int>(l->in_features()), out = static_cast<int>(l->out_features());
+            for (const PlanEntry& e : plan ? plan->tp_plan : std::vector<PlanEntry>{})
+                if (fqn_matches(e.pattern, fqn)) {
+                    if (e.style.style == "colwise") out /= tp;
+                    if (e.style.style == "rowwise") in /= tp;
+                    break;
+                }
             const int r = static_cast<int>(rows);
-            gemms.push_back({r, out, in, false, true});
-            gemms.push_back({out, in, r, true, false});
-            gemms.push_back({r, in, out, false, false});
-            lim.flops += 3.0 * 2.0 * static_cast<double>(rows) * in * out;
+            gemms.push_back({r, out, in, false, true, tp});
+            gemms.push_back({out, in, r, true, false, tp});
+            gemms.push_back({r, in, out, false, false, tp});
+            lim.flops += tp * 3.0 * 2.0 * static_cast<double>(rows) * in * out;
         }
     });
     for (const Gemm& g : gemms) {
@@ -58,7 +69,7 @@ inline GemmLimit measure_gemm_limit(const Model& model, int repeats, Device devi
             Tensor c({g.m, g.n}, model.dtype, device);
             be.gemm(a, g.ta, b, g.tb, c);  // warm-up (cuBLAS picks its kernel)
             be.synchronize();
-            lim.seconds += best_seconds(repeats, [&] {
+            lim.seconds += g.copies * best_seconds(repeats, [&] {
                 be.gemm(a, g.ta, b, g.tb, c);
                 be.synchronize();
             });
@@ -66,12 +77,12 @@ inline GemmLimit measure_gemm_limit(const Model& model, int repeats, Device devi
         }
         std::vector<float> a(static_cast<size_t>(g.m) * g.k, 0.5f), b(static_cast<size_t>(g.k) * g.n, 0.25f),
             c(static_cast<size_t>(g.m) * g.n);
-        lim.seconds += best_seconds(repeats, [&] {
+        lim.seconds += g.copies * best_seconds(repeats, [&] {
             cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k,
                         1.0f, a.data(), g.ta ? g.m : g.k, b.data(), g.tb ? g.k : g.n, 0.0f, c.data(), g.n);
         });
     }
-    lim.gemms = static_cast<int>(gemms.size());
+    for (const Gemm& g : gemms) lim.gemms += g.copies;
     return lim;
 }
 
