@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU checks of the CUDA backend, on a machine with an NVIDIA GPU:
+#   scripts/gpu_checks.sh [BUILD] [LOGS] [STEP...]   (default: build, gpu-logs, every step)
+# Each step's output goes to LOGS/STEP.log; a summary line per step (exit status, seconds) and the
+# log's tail go to stdout. Steps: ctest (ctest -L cuda), golden (every shipped case replayed with
+# --device cuda: the CPU-recorded numbers within fp32 tolerance), repro (a golden recorded twice on
+# the GPU is bitwise the same), bf16 (the GEMM MLP and the GPT block at bf16 tolerance), nccl (a
+# 1-rank mesh, which verify runs over nccl), verdicts (each shipped case, cpu and cuda verdicts
+# side by side), bench (bench_verify at TP 2/4/8 and bench_comm on cuda_local). From a bundle (scripts/gpu_bundle.sh) set LD_LIBRARY_PATH first.
+set -u
+cd "$(dirname "$0")/.."
+build=${1:-build} logs=${2:-gpu-logs}
+shift $(($# < 2 ? $# : 2))
+steps=${*:-ctest golden repro bf16 nccl verdicts bench}
+mkdir -p "$logs"
+ptool=$build/cli/ptool
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+run_step() {  # NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s%N)
+  timeout "$limit" "$@" >>"$logs/$name.log" 2>&1
+  rc=$?
+  printf '== %-22s exit %3d  %7.1f s  %s\n' "$name" "$rc" "$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { print (b - a) / 1e9 }')" "$*"
+  tail -n "${TAIL:-6}" "$logs/$name.log" | sed 's/^/   /'
+}
+
+for step in $steps; do
+  case $step in
+    ctest) run_step ctest 420 ctest --test-dir "$build" -L cuda --output-on-failure ;;
+    golden) run_step golden 300 "$ptool" verify golden --device cuda ;;
+    repro)
+      for i in 1 2; do
+        run_step repro 120 "$ptool" golden record models/gpt_block.yaml plans/gpt_block_tp.yaml --device cuda -o "$tmp/r$i.safetensors"
+      done
+      run_step repro 60 cmp "$tmp/r1.safetensors" "$tmp/r2.safetensors"
+      run_step repro 60 "$ptool" golden show "$tmp/r1.safetensors" ;;
+    bf16)
+      run_step bf16 120 "$ptool" verify models/gemm_mlp.yaml plans/gemm_mlp_tp.yaml --dtype bfloat16 --device cuda
+      run_step bf16 120 "$ptool" verify models/gpt_block.yaml plans/gpt_block_tp.yaml --dtype bfloat16 --device cuda
+      run_step bf16 120 "$ptool" verify models/llama_block.yaml plans/llama_block_tp.yaml --dtype bfloat16 --device cuda ;;
+    verdicts)  # every shipped golden case run from its YAML on both devices: the verdicts must agree
+      for g in golden/*.safetensors; do
+        c=$(basename "$g" .safetensors)
+        cpu=$(timeout 120 "$ptool" verify "$g" -q >/dev/null 2>&1; echo $?)
+        gpu=$(timeout 120 "$ptool" verify "$g" -q --device cuda >"$tmp/out" 2>&1; echo $?)
+        echo "$c cpu=$cpu cuda=$gpu $([ "$cpu" = "$gpu" ] && echo same || echo DIFFERENT)" >>"$logs/verdicts.log"
+        [ "$cpu" = "$gpu" ] || cat "$tmp/out" >>"$logs/verdicts.log"
+      done
+      TAIL=40 run_step verdicts 10 grep -c same "$logs/verdicts.log" ;;
+    nccl)  # a 1-rank mesh on a GPU machine: verify picks nccl, in-process (ncclCommInitAll over one GPU)
+      run_step nccl 120 "$ptool" verify models/mlp_stacked_mse.yaml plans/mlp_stacked_dp2_tp2.yaml --mesh dp=1 --mesh tp=1 --device cuda ;;
+    bench)
+      run_step bench 400 "$build/bench/bench_verify" models/gemm_mlp_4k.yaml plans/gemm_mlp_tp.yaml cuda
+      run_step bench 300 "$build/bench/bench_comm" 8 256 cuda_local ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
