@@ -65,7 +65,7 @@ void ThreadsCommunicator::timeout() {
 void ThreadsCommunicator::copy(void* dst, const void* src, size_t bytes, Device device) {
     if (bytes == 0 || dst == src) return;
     if (device == Device::cpu) std::memcpy(dst, src, bytes);
-    else copy_bytes(dst, device, src, device, bytes);
+    else device_memory().copy_device_async(dst, src, bytes);  // leave() waits for the rank's stream
 }
 
 void ThreadsCommunicator::reduce(const std::vector<const void*>& ins, const std::vector<void*>& outs, int64_t count,

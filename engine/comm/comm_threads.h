@@ -83,7 +83,8 @@ private:
     void enter(const CollectiveDesc& d, const void* in, void* out, int64_t count, Device device = Device::cpu);
     void sync();  // barrier with deadline and abort polling
     void leave(Device device = Device::cpu);
-    // Data movement on the tensors' device: host memcpy / rank-order reduction, or their device forms.
+    // Data movement on the tensors' device: host memcpy / rank-order reduction, or their device forms
+    // (device copies are queued on the rank's stream: leave() waits for them).
     static void copy(void* dst, const void* src, size_t bytes, Device device);
     static void reduce(const std::vector<const void*>& ins, const std::vector<void*>& outs, int64_t count, DType dtype,
                        ReduceOp op, Device device);

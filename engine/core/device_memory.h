@@ -26,6 +26,10 @@ public:
     // side may be host or device.
     virtual void copy_2d(void* dst, size_t dpitch, Device dst_device, const void* src, size_t spitch,
                          Device src_device, size_t width, size_t height) = 0;
+    // The one exception: device-to-device bytes queued on the calling thread's stream, in order
+    // with its kernels; in place after synchronize(). For collectives that copy several pieces and
+    // wait once (cuda_local's all_gather).
+    virtual void copy_device_async(void* dst, const void* src, size_t bytes) = 0;
 };
 
 void register_device_memory(DeviceMemory* memory);  // the CUDA backend calls this once

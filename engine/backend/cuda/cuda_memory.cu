@@ -44,6 +44,9 @@ public:
         CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, cuda::stream()));
         CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
     }
+    void copy_device_async(void* dst, const void* src, size_t bytes) override {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::stream()));
+    }
     void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(cuda::stream())); }
     AllocatorStats stats() const { return allocator_.stats(); }
 
