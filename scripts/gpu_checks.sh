@@ -2,7 +2,8 @@
 # The GPU checks of the CUDA backend, on a machine with an NVIDIA GPU:
 #   scripts/gpu_checks.sh [BUILD] [LOGS] [STEP...]   (default: build, gpu-logs, every step)
 # Each step's output goes to LOGS/STEP.log; a summary line per step (exit status, seconds) and the
-# log's tail go to stdout. Steps: ctest (ctest -L cuda), golden (every shipped case replayed with
+# log's tail go to stdout. Steps: ctest (ctest -L cuda), cli (tests/cli_test.sh: its GPU branch
+# runs --device cuda and, with mpirun on the PATH, nccl under mpirun), golden (every shipped case replayed with
 # --device cuda: the CPU-recorded numbers within fp32 tolerance), repro (a golden recorded twice on
 # the GPU is bitwise the same), bf16 (the GEMM MLP and the GPT block at bf16 tolerance), nccl (a
 # 1-rank mesh, which verify runs over nccl), verdicts (each shipped case, cpu and cuda verdicts
@@ -11,7 +12,7 @@ set -u
 cd "$(dirname "$0")/.."
 build=${1:-build} logs=${2:-gpu-logs}
 shift $(($# < 2 ? $# : 2))
-steps=${*:-ctest golden repro bf16 nccl verdicts bench}
+steps=${*:-ctest cli golden repro bf16 nccl verdicts bench}
 mkdir -p "$logs"
 ptool=$build/cli/ptool
 tmp=$(mktemp -d)
@@ -50,6 +51,8 @@ for step in $steps; do
         [ "$cpu" = "$gpu" ] || cat "$tmp/out" >>"$logs/verdicts.log"
       done
       TAIL=40 run_step verdicts 10 grep -c same "$logs/verdicts.log" ;;
+    cli)  # the CLI tests, whose GPU branch verifies with --device cuda and under mpirun over nccl
+      run_step cli 300 bash tests/cli_test.sh "$ptool" . ;;
     nccl)  # a 1-rank mesh on a GPU machine: verify picks nccl, in-process (ncclCommInitAll over one GPU)
       run_step nccl 120 "$ptool" verify models/mlp_stacked_mse.yaml plans/mlp_stacked_dp2_tp2.yaml --mesh dp=1 --mesh tp=1 --device cuda ;;
     bench)
