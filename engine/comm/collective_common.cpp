@@ -25,12 +25,6 @@ int64_t row_numel(const Tensor& t) {
     return row;
 }
 
-Chunk chunk_of(int64_t n, int parts, int index) {
-    const int64_t size = (n + parts - 1) / parts;
-    const int64_t begin = std::min<int64_t>(n, size * index);
-    return {begin, std::min<int64_t>(n, begin + size) - begin};
-}
-
 RowChunk reduce_scatter_rows(const Tensor& in, const Tensor& out, int parts, int index) {
     const int64_t rows = in.dim() ? in.size(0) : 1, row = row_numel(in);
     const Chunk c = chunk_of(rows, parts, index);

@@ -19,6 +19,7 @@
 
 #include "comm/comm_stats.h"
 #include "core/tensor.h"
+#include "core/tensor_ops.h"  // Chunk, chunk_of
 
 namespace ptool {
 
@@ -65,11 +66,6 @@ private:
 // Elements per dim-0 row, from the shape (so a tensor with zero rows still has a row size).
 int64_t row_numel(const Tensor& t);
 
-// torch.chunk semantics: chunks of ceil(n / parts) elements, the last ones shorter or empty.
-struct Chunk {
-    int64_t offset, length;
-};
-Chunk chunk_of(int64_t n, int parts, int index);
 
 // reduce_scatter's contract: rank `index` of `parts` receives its chunk of in's dim-0 rows; out
 // must hold exactly that many rows (RuntimeError naming the shapes otherwise).

@@ -1,5 +1,6 @@
 #include "core/tensor_ops.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace ptool {
@@ -10,33 +11,57 @@ int64_t normalize_dim(int64_t dim, int64_t ndim) {
     return d;
 }
 
-Tensor movedim(const Tensor& t, int64_t from, int64_t to) {
-    from = normalize_dim(from, t.dim());
-    to = normalize_dim(to, t.dim());
-    if (from == to) return t;
-    if (t.device() != Device::cpu) return movedim(t.to_device(Device::cpu), from, to).to_device(t.device());
-    std::vector<int64_t> order;  // order[i] = source dim of output dim i
-    for (int64_t d = 0; d < t.dim(); ++d)
-        if (d != from) order.push_back(d);
-    order.insert(order.begin() + to, from);
-    Shape out_shape;
-    for (int64_t d : order) out_shape.push_back(t.shape()[d]);
-    Tensor out = Tensor::empty(out_shape, t.dtype(), t.device());
-    std::vector<int64_t> src_stride(t.dim(), 1);
-    for (int64_t d = t.dim() - 2; d >= 0; --d) src_stride[d] = src_stride[d + 1] * t.shape()[d + 1];
-    const size_t es = dtype_size(t.dtype());
-    const char* src = static_cast<const char*>(t.raw());
-    char* dst = static_cast<char*>(out.raw());
-    std::vector<int64_t> idx(t.dim(), 0);
-    for (int64_t i = 0, n = out.numel(); i < n; ++i) {
-        int64_t off = 0;
-        for (int64_t d = 0; d < t.dim(); ++d) off += idx[d] * src_stride[order[d]];
-        std::memcpy(dst + i * es, src + off * es, es);
-        for (int64_t d = t.dim() - 1; d >= 0; --d) {
-            if (++idx[d] < out_shape[d]) break;
-            idx[d] = 0;
-        }
+Chunk chunk_of(int64_t n, int parts, int index) {
+    const int64_t size = (n + parts - 1) / parts;
+    const int64_t begin = std::min<int64_t>(n, size * index);
+    return {begin, std::min<int64_t>(n, begin + size) - begin};
+}
+
+namespace {
+
+// t's shape as [P, M, Q] around dim: the elements before it, along it, after it.
+struct AroundDim {
+    int64_t outer = 1, along = 1, inner = 1;
+};
+AroundDim around_dim(const Shape& shape, int64_t dim) {
+    AroundDim a;
+    for (int64_t i = 0; i < static_cast<int64_t>(shape.size()); ++i)
+        (i < dim ? a.outer : i == dim ? a.along : a.inner) *= shape[i];
+    return a;
+}
+
+// Between the tensor [P, M, Q] and its packed chunks [M, P * Q], one direction or the other.
+void copy_chunks(const AroundDim& a, int parts, size_t es, Device device, const char* src, char* dst, bool pack) {
+    for (int r = 0; r < parts; ++r) {
+        const Chunk c = chunk_of(a.along, parts, r);
+        if (c.length == 0 || a.outer * a.inner == 0) continue;
+        const size_t width = static_cast<size_t>(c.length * a.inner) * es, full_row = static_cast<size_t>(a.along * a.inner) * es;
+        const size_t at_full = static_cast<size_t>(c.offset * a.inner) * es;
+        const size_t at_packed = static_cast<size_t>(c.offset * a.outer * a.inner) * es;
+        if (pack) copy_rows(dst + at_packed, width, device, src + at_full, full_row, device, width, a.outer);
+        else copy_rows(dst + at_full, full_row, device, src + at_packed, width, device, width, a.outer);
     }
+}
+
+}  // namespace
+
+Tensor pack_chunks(const Tensor& t, int parts, int64_t dim) {
+    dim = normalize_dim(dim, t.dim());
+    const AroundDim a = around_dim(t.shape(), dim);
+    Tensor out = Tensor::empty({a.along, a.outer * a.inner}, t.dtype(), t.device());
+    copy_chunks(a, parts, dtype_size(t.dtype()), t.device(), static_cast<const char*>(t.raw()),
+                static_cast<char*>(out.raw()), true);
+    return out;
+}
+
+Tensor unpack_chunks(const Tensor& packed, const Shape& shape, int parts, int64_t dim) {
+    dim = normalize_dim(dim, static_cast<int64_t>(shape.size()));
+    const AroundDim a = around_dim(shape, dim);
+    PTOOL_REQUIRE(packed.numel() == a.outer * a.along * a.inner, "unpack_chunks: {} elements for shape {}", packed.numel(),
+                  shape_str(shape));
+    Tensor out = Tensor::empty(shape, packed.dtype(), packed.device());
+    copy_chunks(a, parts, dtype_size(packed.dtype()), packed.device(), static_cast<const char*>(packed.raw()),
+                static_cast<char*>(out.raw()), false);
     return out;
 }
 
@@ -68,9 +93,8 @@ Tensor cat(const std::vector<Tensor>& pieces, int64_t dim) {
 
 Tensor chunk(const Tensor& t, int parts, int index, int64_t dim) {
     dim = normalize_dim(dim, t.dim());
-    const int64_t n = t.shape()[dim], size = (n + parts - 1) / parts;
-    const int64_t begin = std::min<int64_t>(n, size * index), end = std::min<int64_t>(n, begin + size);
-    Tensor piece = t.narrow(dim, begin, end - begin);
+    const Chunk c = chunk_of(t.shape()[dim], parts, index);
+    Tensor piece = t.narrow(dim, c.offset, c.length);
     return piece.shares_storage(t) ? piece.clone() : piece;
 }
 

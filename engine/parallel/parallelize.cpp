@@ -194,7 +194,7 @@ void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMe
             // off by one row: this rank's chunk size, taken one row later (earlier at the end)
             const Chunk c = chunk_of(full.size(dim), n, r);
             const int64_t start = c.offset + c.length < full.size(dim) ? c.offset + 1 : c.offset - 1;
-            if (start >= 0) local = movedim(movedim(full, dim, 0).narrow(0, start, c.length).clone(), 0, dim).clone();
+            if (start >= 0) local = full.narrow(dim, start, c.length).clone();
         }
         if (state->fault.hits("wrong_shard_dim", fqn) && full.dim() == 2 && local.numel() > 0) {
             // sharded along the other dim: that chunk's values poured into this shard's shape

@@ -6,25 +6,32 @@
 namespace ptool {
 namespace {
 
-// all_gather along dim d with torch.chunk pieces: move d to the front, gather rows, move back.
+// all_gather along dim d with torch.chunk pieces. Dim 0 is the collective's own; another dim's
+// shards travel as rows of [size(d), rest] (pack_chunks) and are unpacked once.
 Tensor gather_dim(const Tensor& local, int64_t d, const Shape& global, Communicator& comm) {
-    Shape front_global = global;
-    std::swap(front_global[0], front_global[d]);
-    Tensor front = movedim(local, d, 0);
-    Shape out_shape = front.shape();
-    out_shape[0] = global[d];
-    Tensor out = Tensor::empty(out_shape, local.dtype(), local.device());
-    comm.all_gather(front, out);
-    return movedim(out, 0, d);
+    if (d == 0) {
+        Tensor out = Tensor::empty(global, local.dtype(), local.device());
+        comm.all_gather(local, out);
+        return out;
+    }
+    const int64_t along = global[d], rest = along ? numel_of(global) / along : 0;
+    Tensor packed = Tensor::empty({along, rest}, local.dtype(), local.device());
+    comm.all_gather(local.reshape({local.size(d), rest}), packed);
+    return unpack_chunks(packed, global, comm.size(), d);
 }
 
 Tensor reduce_scatter_dim(const Tensor& full_partial, int64_t d, Communicator& comm) {
-    Tensor front = movedim(full_partial, d, 0);
-    Shape out_shape = front.shape();
-    out_shape[0] = chunk_of(front.size(0), comm.size(), comm.rank()).length;
-    Tensor out = Tensor::empty(out_shape, front.dtype(), front.device());
-    comm.reduce_scatter(front, out, ReduceOp::sum);
-    return movedim(out, 0, d);
+    Shape local_shape = full_partial.shape();
+    local_shape[d] = chunk_of(local_shape[d], comm.size(), comm.rank()).length;
+    if (d == 0) {
+        Tensor out = Tensor::empty(local_shape, full_partial.dtype(), full_partial.device());
+        comm.reduce_scatter(full_partial, out, ReduceOp::sum);
+        return out;
+    }
+    const Tensor packed = pack_chunks(full_partial, comm.size(), d);
+    Tensor out = Tensor::empty({local_shape[d], packed.size(1)}, packed.dtype(), packed.device());
+    comm.reduce_scatter(packed, out, ReduceOp::sum);
+    return out.reshape(local_shape);
 }
 
 }  // namespace
