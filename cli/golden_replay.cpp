@@ -62,6 +62,7 @@ CaseResult replay_case(const GoldenCase& c, const VerifyInputs& base, const Plan
     VerifyInputs in = base;
     in.init = &init, in.init_path = c.path + "[init.*]";
     in.data = &data, in.data_path = c.path + "[data]";
+    in.golden = &c.file;  // the parallel run is compared with it as it records
     VerifyOptions vo = opt.verify;
     auto md = [&](const char* k) { return c.file.metadata.count(k) ? c.file.metadata.at(k) : std::string(); };
     if (!vo.steps && !md("steps").empty()) vo.steps = std::stoll(md("steps"));

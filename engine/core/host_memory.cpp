@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -27,7 +28,7 @@ constexpr size_t kLargeBlock = ~size_t{0};
 constexpr size_t kLargeBlock = size_t{1} << 20;
 #endif
 constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kMaxCachedUnused = size_t{1} << 30;
+constexpr size_t kMinCachedUnused = size_t{1} << 30;
 
 // Small blocks stay in the heap: glibc's default serves blocks over 128 KiB with mmap and unmaps
 // them on free, which faulted every step's mid-sized tensors in again.
@@ -83,7 +84,9 @@ void host_release(void* p, size_t bytes) {
     CachingAllocator& cache = large_blocks();
     cache.release(p);
     const AllocatorStats s = cache.stats();
-    if (s.reserved - s.in_use > kMaxCachedUnused) cache.empty_cache();
+    // unused blocks are kept up to what is in use (at least 1 GiB): a model freed while its record
+    // lives on is the next model's memory, not fresh pages the kernel zeroes again
+    if (s.reserved - s.in_use > std::max(kMinCachedUnused, s.in_use)) cache.empty_cache();
 }
 
 AllocatorStats host_block_stats() { return large_blocks().stats(); }

@@ -6,7 +6,9 @@
 // (clear_page), and a verify of the 8.4M-parameter gemm_mlp under DDP spent more time there than
 // in its GEMMs (perf). The reference run, the rank models and every step allocate the same
 // shapes, so a freed block is nearly always reused whole; 2 MiB pages cut the faults of the blocks
-// that are new by 512x. The cache is emptied (munmap) when it holds more than 1 GiB unused.
+// that are new by 512x. The cache is emptied (munmap) when its unused blocks exceed both 1 GiB and
+// the bytes in use (so it never holds more than twice what is live, and a model freed while its
+// record lives on becomes the next model's memory).
 #pragma once
 
 #include <cstddef>

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <unordered_map>
 
 #include "core/tensor_ops.h"
 #include "model/module.h"
@@ -33,11 +34,43 @@ bool replicas_agree(const Tensor& t, Communicator& comm) {
     return true;
 }
 
+// What rank 0 compares a tensor with as it records it (VerifyInputs::compare_with, ::golden), by name.
+class Expected {
+public:
+    explicit Expected(const VerifyInputs& in) : in_(in) {
+        if (in.golden)
+            for (const auto& [name, t] : in.golden->tensors) golden_[name] = &t;
+    }
+    void at_step(int64_t step) {
+        reference_.clear();
+        if (in_.compare_with && step < static_cast<int64_t>(in_.compare_with->steps.size()))
+            for (const auto& [name, t] : in_.compare_with->steps[step].tensors) reference_[name] = &t;
+    }
+    const Tensor* reference(const std::string& name) const { return find(reference_, name); }
+    const Tensor* golden(const std::string& name) const { return find(golden_, name); }
+
+private:
+    static const Tensor* find(const std::unordered_map<std::string, const Tensor*>& m, const std::string& name) {
+        auto it = m.find(name);
+        return it == m.end() ? nullptr : it->second;
+    }
+    const VerifyInputs& in_;
+    std::unordered_map<std::string, const Tensor*> reference_, golden_;
+};
+
+const ModuleEvent* expected_event(const RunRecord& reference, int64_t step, size_t index) {
+    if (step >= static_cast<int64_t>(reference.steps.size())) return nullptr;
+    const auto& events = reference.steps[step].events;
+    return index < events.size() ? &events[index] : nullptr;
+}
+
 }  // namespace
 
 // The reference is the same loop on a one-rank mesh with no plan: every redistribution is a
 // no-op at world size 1, so it computes exactly the single-device training steps.
-RunRecord run_reference_record(const VerifyInputs& in) {
+RunRecord run_reference_record(const VerifyInputs& inputs) {
+    VerifyInputs in = inputs;  // the reference keeps its tensors: every plan is compared with them
+    in.compare_with = nullptr, in.golden = nullptr;
     Plan single;
     single.mesh = {{"world", 1}};
     RunRecord rec;
@@ -109,9 +142,11 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
     for (const auto& r : dp_res.replicas)
         for (const auto& b : r.buckets) rec.grad_bytes += b.bytes;
     const int64_t rows_per_rank = model.input.shape.empty() ? 0 : model.input.shape[0] / dpc.size();
+    Expected expected(in);
     for (int64_t step = 0; step < in.steps; ++step) {
         StepRecord sr;
         sr.step = step;
+        if (rank0) expected.at_step(step);
         RunContext ctx{&be, model.seed, step, true, dpc.rank() * rows_per_rank, {}};
         if (in.record_events)
             ctx.observer = [&](const Module& m, const char* phase, const Tensor& t) {
@@ -123,7 +158,15 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
                     be.scale(full, event_grad_scale, scaled);
                     full = scaled;
                 }
-                if (rank0) sr.events.push_back({m.fqn(), phase, full.shares_storage(t) ? on_host(full).clone() : on_host(full)});
+                if (!rank0) return;
+                if (!in.compare_with) {
+                    sr.events.push_back({m.fqn(), phase, full.shares_storage(t) ? on_host(full).clone() : on_host(full), {}});
+                    return;
+                }
+                ModuleEvent e{m.fqn(), phase, Tensor(), {}};
+                const ModuleEvent* ref = expected_event(*in.compare_with, step, sr.events.size());
+                if (ref && ref->fqn == e.fqn && ref->phase == e.phase) e.diff = compare_tensors(on_host(full), ref->full, in.tol);
+                sr.events.push_back(std::move(e));
             };
         Batch b = data.batch(step);
         if (in.device != Device::cpu) {
@@ -173,12 +216,17 @@ void run_parallel_rank(Communicator& world, const VerifyInputs& in, const Plan& 
             std::string status = has_replicas ? "equal" : "-";
             if (ignored && dpc.size() > 1) status = dp_ok ? "SYNCED" : "ignored";
             if (!tp_ok || (!dp_ok && !ignored)) status = "DIFFER";
-            if (rank0) {
-                sr.replicas[name] = status;
-                // the last step's tensors are not written again: recorded in place, not copied
-                const bool copy = full.shares_storage(local) && full.device() == Device::cpu && !last_step;
-                sr.tensors.emplace_back(name, copy ? on_host(full).clone() : on_host(full));
+            if (!rank0) return;
+            sr.replicas[name] = status;
+            if (in.compare_with || in.golden) {  // compared now, kept as diffs
+                const Tensor host = on_host(full);
+                if (const Tensor* e = expected.reference(name)) sr.vs_reference[name] = compare_tensors(host, *e, in.tol);
+                if (const Tensor* g = expected.golden(name)) sr.vs_golden[name] = compare_tensors(host, g->to(host.dtype()), in.tol);
+                return;
             }
+            // the last step's tensors are not written again: recorded in place, not copied
+            const bool copy = full.shares_storage(local) && full.device() == Device::cpu && !last_step;
+            sr.tensors.emplace_back(name, copy ? on_host(full).clone() : on_host(full));
         };
         // each rank's output rows and loss are its own: gathered and combined as the global batch's
         const Placement rows = dpc.size() > 1 ? Placement::shard(0) : Placement::replicate();

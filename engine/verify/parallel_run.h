@@ -20,6 +20,13 @@ struct VerifyInputs {
     // Where the ranks compute (--device). cuda: every rank thread on one GPU with its own stream,
     // collectives through cuda_local; recorded tensors are copied to the host for comparison.
     Device device = Device::cpu;
+    // In-process verify knows what a parallel run is compared with before it starts. Rank 0 then
+    // compares each tensor as soon as it is gathered and keeps the diff (StepRecord::vs_reference,
+    // vs_golden; ModuleEvent::diff), not the tensor: the run holds one gathered tensor at a time
+    // instead of every step's state. Null: the tensors are recorded (mpirun, the reference).
+    const RunRecord* compare_with = nullptr;  // the reference's record
+    const TensorFile* golden = nullptr;       // a golden file (--golden, replay)
+    Tolerance tol;                            // the plan's (tolerance_for)
 };
 
 // out: filled on rank 0 of world only.

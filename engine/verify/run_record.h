@@ -8,21 +8,28 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "comm/comm_stats.h"
 #include "core/tensor.h"
+#include "verify/compare.h"
 
 namespace ptool {
 
 struct ModuleEvent {
     std::string fqn;
     std::string phase;  // "forward" (the module's output) or "backward" (its input gradient)
-    Tensor full;
+    Tensor full;                         // undefined when compared as recorded (diff)
+    std::optional<TensorDiff> diff;      // against the reference's event at the same place
 };
 
 struct StepRecord {
     int64_t step = 0;
     double seconds = 0;  // this step's forward + backward + optimizer (synchronised), not its recording
     std::vector<std::pair<std::string, Tensor>> tensors;
+    // Compared as recorded (VerifyInputs::compare_with, ::golden): the diffs by golden name, in place
+    // of the tensors, against the reference's tensor and the golden file's.
+    std::map<std::string, TensorDiff> vs_reference, vs_golden;
     // How the ranks' copies of each tensor compare (DESIGN §6, expected equality):
     //   equal    every replica is bitwise the same        DIFFER   replicas that should agree differ
     //   -        held as shards only, no replicas          ignored  differs across dp ranks, as an
@@ -31,6 +38,13 @@ struct StepRecord {
     std::map<std::string, std::string> replicas;
     std::vector<ModuleEvent> events;
 };
+
+// The step's recorded tensor of that name, or null (compared as recorded, or missing).
+inline const Tensor* find_tensor(const StepRecord& step, const std::string& name) {
+    for (const auto& [n, t] : step.tensors)
+        if (n == name) return &t;
+    return nullptr;
+}
 
 struct RunRecord {
     std::vector<StepRecord> steps;

@@ -30,7 +30,8 @@ std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance
         std::string prev = "the step's input";
         for (size_t i = 0; i < re.size(); ++i) {
             if (re[i].fqn != pe[i].fqn || re[i].phase != pe[i].phase) break;
-            const TensorDiff d = compare_tensors(pe[i].full, re[i].full, tol);
+            if (!pe[i].diff && !pe[i].full.defined()) break;
+            const TensorDiff d = pe[i].diff ? *pe[i].diff : compare_tensors(pe[i].full, re[i].full, tol);
             if (!d.pass)
                 return fmt::format("first divergence: step {} {}, max rel {:.2g} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
                                    s, event_label(re[i]), d.max_rel, d.max_abs, prev, prev_rel);
@@ -147,18 +148,12 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
         for (const auto& [name, expected] : r.tensors) {
             const std::string kind = parse_step_key(name)->kind();  // names this file's runners made
             if (!plan.compares(kind) && kind != "buffer") continue;
-            const Tensor* actual = nullptr;
-            for (const auto& [pn, pt] : p.tensors)
-                if (pn == name) actual = &pt;
             TensorReport tr;
             tr.name = name;
-            if (!actual) {
-                tr.pass = false;
-                tr.diff.shape_ok = false;
-            } else {
-                tr.diff = compare_tensors(*actual, expected, tol);
-                tr.pass = tr.diff.pass;
-            }
+            if (const Tensor* actual = find_tensor(p, name)) tr.diff = compare_tensors(*actual, expected, tol);
+            else if (auto d = p.vs_reference.find(name); d != p.vs_reference.end()) tr.diff = d->second;  // compared as recorded
+            else tr.diff.shape_ok = tr.diff.pass = false;  // missing
+            tr.pass = tr.diff.pass;
             auto status = p.replicas.find(name);
             tr.replicas = status == p.replicas.end() ? "-" : status->second;
             if (tr.replicas == "DIFFER" || tr.replicas == "SYNCED") tr.pass = false;
@@ -188,11 +183,13 @@ VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& 
         }
         const Resolution res = resolve_plan(probe, plan);  // lint before anything runs
         for (const auto& w : res.warnings) spdlog::warn("{}", w);
+        job.compare_with = &references[job.steps];  // compared as recorded: the run keeps diffs, not tensors
+        job.tol = tolerance_for(plan, opt, probe);
         RunRecord par;
         run_ranks(
             plan.world_size(), opt.comm, [&](Communicator& world) { run_parallel_rank(world, job, plan, fault, &par); },
             in.device);
-        add_plan(report, references[job.steps], std::move(par), plan, res, tolerance_for(plan, opt, probe));
+        add_plan(report, references[job.steps], std::move(par), plan, res, job.tol);
     }
     return report;
 }
