@@ -76,6 +76,9 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out = run("verify", case, "--junit", junit)
     check(rc == 1 and "drifted.safetensors: FAIL" in out and "step0.grad.layers.1.net2.weight" in out,
           f"drift not caught: exit {rc}\n{out}")
+    # both runs are held to the golden: the parallel run's tensors are compared as it records them
+    check("reference vs golden: step0.grad.layers.1.net2.weight" in out and
+          "parallel vs golden: step0.grad.layers.1.net2.weight" in out, f"drift not caught in both directions:\n{out}")
     check("step0.grad.layers.1.net2.weight" in open(junit).read(), "JUnit failure names the tensor")
 
     # stale: the embedded text edited (hash no longer matches), and the recorded model file changed since

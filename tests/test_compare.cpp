@@ -2,9 +2,12 @@
 // plain rule (|a - e| <= atol + rtol |e|, ULPs in the dtype), and digests tell tensors apart.
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <sstream>
 
 #include "verify/compare.h"
+#include "comm/comm_choice.h"
 #include "verify/verify.h"
 #include "test_helpers.h"
 
@@ -119,4 +122,53 @@ TEST_CASE("low precision: a gradient zero in exact arithmetic is judged against 
     CHECK_FALSE(compare_runs(ref, par, plan, tol).pass);  // elementwise: 3e-4 > atol 1e-5
     par.steps[0].tensors[1].second = Tensor::from_doubles({2}, DType::bfloat16, {0.5, 0.5});  // a real error
     CHECK_FALSE(compare_runs(ref, par, plan, default_tolerance(DType::bfloat16, 4)).pass);
+}
+
+namespace {
+std::string read_text(const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+}  // namespace
+
+TEST_CASE("in-process verify compares as it records: the report of comparing stored records", "[cpu]") {
+    // a 2-D mesh (dp x tp, rowwise weights gathered along dim 1), correct and with a fault
+    const std::string dir = PTOOL_SOURCE_DIR;
+    VerifyInputs in;
+    in.model_path = dir + "/models/mlp_stacked_mse.yaml";
+    in.model_text = read_text(in.model_path);
+    const Plan plan = load_plan(dir + "/plans/mlp_stacked_dp2_tp2.yaml");
+    in.steps = 2;
+    for (const char* fault : {"", "skip_all_reduce:layers.1.net2"}) {
+        INFO("fault '" << fault << "'");
+        const Fault f = parse_fault(fault);
+        const Model probe = load_model_text(in.model_text, in.model_path, "", false);
+        const Tolerance tol = tolerance_for(plan, VerifyOptions{}, probe);
+        const RunRecord ref = run_reference_record(in);
+        RunRecord stored, streamed;
+        VerifyInputs as_recorded = in;
+        as_recorded.compare_with = &ref, as_recorded.tol = tol;
+        run_ranks(plan.world_size(), CommOptions{}, [&](Communicator& w) { run_parallel_rank(w, in, plan, f, &stored); },
+                  Device::cpu);
+        run_ranks(plan.world_size(), CommOptions{},
+                  [&](Communicator& w) { run_parallel_rank(w, as_recorded, plan, f, &streamed); }, Device::cpu);
+        REQUIRE(streamed.steps.size() == 2);
+        CHECK(streamed.steps[0].tensors.empty());  // diffs, not tensors
+        CHECK_FALSE(stored.steps[0].tensors.empty());
+        const PlanReport a = compare_runs(ref, stored, plan, tol), b = compare_runs(ref, streamed, plan, tol);
+        CHECK(a.pass == (*fault == 0));
+        CHECK(b.pass == a.pass);
+        CHECK(b.passed == a.passed);
+        CHECK(b.failed == a.failed);
+        CHECK(b.localisation == a.localisation);
+        if (*fault) CHECK(b.localisation.find("first divergence: step 0 forward `layers.1.net2` output") == 0);
+        REQUIRE(b.tensors.size() == a.tensors.size());
+        for (size_t i = 0; i < a.tensors.size(); ++i) {
+            CHECK(b.tensors[i].name == a.tensors[i].name);
+            CHECK(b.tensors[i].diff.max_abs == a.tensors[i].diff.max_abs);
+            CHECK(b.tensors[i].replicas == a.tensors[i].replicas);
+        }
+    }
 }
