@@ -16,6 +16,8 @@
 #include "comm/comm_threads.h"
 #include "comm_conformance.h"
 #include "core/rng.h"
+#include "core/tensor_ops.h"
+#include "parallel/redistribute.h"
 
 using namespace ptool;
 
@@ -237,6 +239,31 @@ TEST_CASE("cuda_local passes the communicator conformance suite at world sizes 1
         CHECK(report.passed > 0);
         CHECK(name == "cuda_local");
     }
+}
+
+TEST_CASE("cuda_local redistributes shards of any dim on the device, bitwise the host's", "[cuda]") {
+    // shards of dims other than 0 travel packed (pack_chunks): strided device copies, no host trip
+    for (const Shape& shape : {Shape{5, 7, 3}, Shape{4, 6}})
+        for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d)
+            for (int n : {2, 3}) {
+                INFO("shape " << shape_str(shape) << " dim " << d << " world size " << n);
+                const Tensor full = random(shape, DType::float32, 51);
+                std::vector<int> gathered(n, 0), scattered(n, 0);
+                run_rank_threads(n, CommOptions{}, [&](Communicator& c) {
+                    gpu();
+                    const Tensor local = on_gpu(chunk(full, n, c.rank(), d));
+                    const Tensor g = full_tensor(local, Placement::shard(d), shape, c);
+                    gathered[c.rank()] = g.device() == Device::cuda && g.to_device(Device::cpu).to_doubles() == full.to_doubles();
+                    const Tensor mine = redistribute(on_gpu(full), Placement::partial(), Placement::shard(d), shape, c);
+                    Tensor sum = full.clone();
+                    cpu().scale(full, static_cast<double>(n), sum);  // n equal summands: fl(n x) either way
+                    scattered[c.rank()] = mine.to_device(Device::cpu).to_doubles() == chunk(sum, n, c.rank(), d).to_doubles();
+                }, Device::cuda);
+                for (int r = 0; r < n; ++r) {
+                    CHECK(gathered[r] == 1);
+                    CHECK(scattered[r] == 1);
+                }
+            }
 }
 
 // nccl at world size 1 runs on every GPU machine; sizes 2..8 where the machine has the GPUs.
