@@ -58,6 +58,39 @@ TEST_CASE("compare_tensors: NaN never passes, bitwise equal or not; mixed dtypes
     CHECK_FALSE(compare_tensors(Tensor({3, 1}, DType::float32), e, {}).shape_ok);
 }
 
+TEST_CASE("compare_tensors: a large tensor, compared in blocks on threads, gives the one-pass numbers", "[cpu]") {
+    // 3M elements: 12 blocks; the worst element, a NaN and a bitwise-equal copy in late blocks
+    const int64_t n = 3'000'000;
+    Tensor e({n}, DType::float32), a({n}, DType::float32);
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = static_cast<float>(std::sin(0.001 * i));
+        e.data<float>()[i] = v, a.data<float>()[i] = v + static_cast<float>(1e-7 * ((i % 7) - 3));
+    }
+    a.data<float>()[n - 5] = e.data<float>()[n - 5] + 1e-3f;  // the worst: in the last block
+    double err2 = 0, ref2 = 0, act2 = 0, worst = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double w = a.data<float>()[i], v = e.data<float>()[i];
+        err2 += (w - v) * (w - v), ref2 += v * v, act2 += w * w, worst = std::max(worst, std::abs(w - v));
+    }
+    const Tolerance loose_norm{1.3e-6, 1e-5, 1.0};  // a Frobenius bound, so norms are summed
+    const TensorDiff d = compare_tensors(a, e, loose_norm);
+    CHECK(d.max_abs == worst);
+    CHECK(d.headroom == Approx(worst / (1e-5 + 1.3e-6 * std::abs(e.data<float>()[n - 5]))));
+    CHECK(d.headroom > 1);
+    CHECK(d.by_frobenius);  // past the elementwise rule, within the (loose) norm bound
+    CHECK(d.ref_norm == Approx(std::sqrt(ref2)).epsilon(1e-12));
+    CHECK(d.err_norm == Approx(std::sqrt(err2)).epsilon(1e-12));
+    CHECK_FALSE(compare_tensors(a, e, {1.3e-6, 1e-5}).pass);
+    Tensor same = a.clone();
+    const TensorDiff eq = compare_tensors(same, a, loose_norm);
+    CHECK(eq.pass);
+    CHECK(eq.max_abs == 0);
+    CHECK(eq.ref_norm == Approx(std::sqrt(act2)).epsilon(1e-12));
+    same.data<float>()[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_FALSE(compare_tensors(same, same.clone(), {}).pass);  // bitwise equal, a NaN in the last block
+    CHECK(compare_tensors(same, a, {}).headroom == std::numeric_limits<double>::infinity());
+}
+
 TEST_CASE("tensor_digest: equal tensors agree; a bit, a shape or a dtype apart differ", "[cpu]") {
     Tensor t({1000 * 8 + 3}, DType::float32);  // not a multiple of the 32-byte stride: a tail
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, std::sin(0.1 * static_cast<double>(i)));

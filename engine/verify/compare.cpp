@@ -1,8 +1,11 @@
 #include "verify/compare.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
 namespace ptool {
@@ -77,6 +80,72 @@ Tolerance default_tolerance(DType dt, int depth) {
     }
 }
 
+namespace {
+
+// One range of a same-dtype float comparison: its part of the maxima and of the two sums.
+struct Part {
+    TensorDiff d;
+    double err2 = 0, ref2 = 0;
+};
+
+Part compare_range(const Tensor& actual, const Tensor& expected, const Tolerance& tol, bool equal_bytes, int64_t begin,
+                   int64_t end) {
+    Part part;
+    const Accumulate acc{tol, part.d, part.err2, part.ref2};
+    const bool frobenius = tol.rel_fro > 0;  // else a bitwise-equal tensor's norm is not needed: not summed
+    dispatch_float(actual.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T *pa = actual.data<T>(), *pe = expected.data<T>();
+        if (equal_bytes) {  // bitwise equal: only NaN can fail
+            for (int64_t i = begin; i < end; ++i) {
+                const double v = static_cast<acc_t<T>>(pa[i]);
+                if (std::isnan(v)) acc(v, v);
+                else if (frobenius && !std::isinf(v)) part.ref2 += v * v;  // the norm a module's tensors are judged by
+            }
+            return;
+        }
+        for (int64_t i = begin; i < end; ++i) {
+            acc(static_cast<acc_t<T>>(pa[i]), static_cast<acc_t<T>>(pe[i]));
+            part.d.max_ulp = std::max(part.d.max_ulp, std::abs(ordered_bits(pa[i]) - ordered_bits(pe[i])));
+        }
+    });
+    return part;
+}
+
+// Tensors of at least kSplitAt elements are compared in blocks of kBlock on up to 8 threads (rank 0
+// compares while the other rank threads sleep in their next collective), and the blocks' sums are
+// added in block order: the numbers do not depend on the thread count.
+constexpr int64_t kBlock = int64_t{1} << 18, kSplitAt = int64_t{1} << 20;
+
+Part compare_blocks(const Tensor& actual, const Tensor& expected, const Tolerance& tol, bool equal_bytes) {
+    const int64_t n = actual.numel();
+    if (n < kSplitAt) return compare_range(actual, expected, tol, equal_bytes, 0, n);
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    std::vector<Part> parts(static_cast<size_t>(blocks));
+    std::atomic<int64_t> next{0};
+    auto work = [&] {
+        for (int64_t b; (b = next.fetch_add(1)) < blocks;)
+            parts[b] = compare_range(actual, expected, tol, equal_bytes, b * kBlock, std::min(n, (b + 1) * kBlock));
+    };
+    const int threads = static_cast<int>(std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::min<int64_t>(8, blocks)));
+    std::vector<std::thread> helpers;
+    for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
+    work();
+    for (auto& h : helpers) h.join();
+    Part all;
+    for (const Part& p : parts) {
+        all.err2 += p.err2, all.ref2 += p.ref2;
+        all.d.max_abs = std::max(all.d.max_abs, p.d.max_abs);
+        all.d.max_rel = std::max(all.d.max_rel, p.d.max_rel);
+        all.d.headroom = std::max(all.d.headroom, p.d.headroom);
+        all.d.max_ulp = std::max(all.d.max_ulp, p.d.max_ulp);
+        all.d.pass = all.d.pass && p.d.pass;
+    }
+    return all;
+}
+
+}  // namespace
+
 TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const Tolerance& tol) {
     TensorDiff d;
     if (actual.shape() != expected.shape()) {
@@ -85,33 +154,15 @@ TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const T
         return d;
     }
     double err2 = 0, ref2 = 0;
-    const Accumulate acc{tol, d, err2, ref2};
     const int64_t n = actual.numel();
     if (actual.dtype() == expected.dtype() && dtype_is_float(actual.dtype())) {
-        // one pass over the two buffers in their own dtype (no double copies: 8.4M-element
-        // gradients are compared in place)
-        const bool frobenius = tol.rel_fro > 0;  // else a bitwise-equal tensor's norm is not needed: not summed
-        if (std::memcmp(actual.raw(), expected.raw(), actual.nbytes()) == 0) {  // bitwise equal: only NaN can fail
-            dispatch_float(actual.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                const T* p = actual.data<T>();
-                for (int64_t i = 0; i < n; ++i) {
-                    const double v = static_cast<acc_t<T>>(p[i]);
-                    if (std::isnan(v)) acc(v, v);
-                    else if (frobenius && !std::isinf(v)) ref2 += v * v;  // the norm a module's tensors are judged by
-                }
-            });
-        } else {
-            dispatch_float(actual.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                const T *pa = actual.data<T>(), *pe = expected.data<T>();
-                for (int64_t i = 0; i < n; ++i) {
-                    acc(static_cast<acc_t<T>>(pa[i]), static_cast<acc_t<T>>(pe[i]));
-                    d.max_ulp = std::max(d.max_ulp, std::abs(ordered_bits(pa[i]) - ordered_bits(pe[i])));
-                }
-            });
-        }
+        // in place in the tensors' own dtype (no double copies: 134M-element gradients are compared
+        // as they are), in blocks on several threads when large
+        const bool equal_bytes = std::memcmp(actual.raw(), expected.raw(), actual.nbytes()) == 0;
+        const Part p = compare_blocks(actual, expected, tol, equal_bytes);
+        d = p.d, err2 = p.err2, ref2 = p.ref2;
     } else {  // mixed dtypes or integers: through doubles, no ULP distance across dtypes
+        const Accumulate acc{tol, d, err2, ref2};
         const std::vector<double> av = as_doubles(actual), ev = as_doubles(expected);
         const bool same_dtype = actual.dtype() == expected.dtype();
         for (int64_t i = 0; i < n; ++i) {
