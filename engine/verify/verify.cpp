@@ -199,6 +199,8 @@ VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const 
     VerifyReport report;
     const Model probe = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
     const Fault fault = parse_fault(std::getenv("PTOOL_FAULT"));
+    const bool rank0 = world.rank() == 0;
+    std::map<int64_t, RunRecord> references;  // rank 0, by step count: one reference serves every plan
     for (const Plan& plan : plans) {
         if (plan.world_size() != world.size())
             throw InputError(plan.mesh_where, fmt::format("the mesh has {} ranks but mpirun started {}", plan.world_size(),
@@ -206,14 +208,20 @@ VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const 
         VerifyInputs job = in;
         job.steps = steps_for(in, plan, opt, probe.steps);
         const Resolution res = resolve_plan(probe, plan);
-        if (world.rank() == 0)
+        if (rank0)
             for (const auto& w : res.warnings) spdlog::warn("{}", w);
+        // Rank 0 runs the reference first, so that it compares the parallel run's tensors as it
+        // gathers them (as in-process); the other ranks wait here, within the collective timeout,
+        // as they wait for rank 0's report at the end.
+        if (rank0 && !references.count(job.steps)) {
+            references[job.steps] = run_reference_record(job);
+            report.reference_seconds += references[job.steps].seconds;
+        }
+        world.barrier();
+        if (rank0) job.compare_with = &references[job.steps], job.tol = tolerance_for(plan, opt, probe);
         RunRecord par;
         run_parallel_rank(world, job, plan, fault, &par);
-        if (world.rank() != 0) continue;
-        RunRecord ref = run_reference_record(job);
-        report.reference_seconds += ref.seconds;
-        add_plan(report, std::move(ref), std::move(par), plan, res, tolerance_for(plan, opt, probe));
+        if (rank0) add_plan(report, references[job.steps], std::move(par), plan, res, job.tol);
     }
     return report;
 }

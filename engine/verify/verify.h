@@ -45,7 +45,8 @@ struct VerifyOptions {
 // Runs everything in this process: the reference, then each plan on rank threads.
 VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& plans, const VerifyOptions& opt);
 
-// Under mpirun: every process calls this with the MPI world; rank 0 gets the report.
+// Under mpirun: every process calls this with the MPI world; rank 0 runs the reference first,
+// compares the parallel run as it is gathered, and gets the report.
 VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const std::vector<Plan>& plans,
                              const VerifyOptions& opt);
 
