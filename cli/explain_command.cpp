@@ -75,6 +75,10 @@ void explain(const ExplainArgs& a, const Common& c) {
         fmt::print("{}rank {}: params {} (training {})", r ? ", " : "", r, format_bytes(ex.param_bytes[r]),
                    format_bytes(ex.training_bytes[r]));
     fmt::print("\n  (training = parameters + gradients + {} optimizer state)\n", model.optimizer.type);
+    const int64_t steps = plan.verify.steps > 0 ? plan.verify.steps : model.steps;
+    fmt::print("  verify keeps on the host: the reference's record, {} step{} x {} = {} (every tensor it compares, full size:\n"
+               "  parameters, gradients, buffers, output, and each module's output and input gradient; `verify --steps` changes it)\n",
+               steps, steps == 1 ? "" : "s", format_bytes(ex.record_step_bytes), format_bytes(steps * ex.record_step_bytes));
     if (!a.json.empty()) {
         nlohmann::json j;
         j["model"] = a.model;
@@ -110,6 +114,8 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["synced_buffers"] = std::vector<std::string>(dp.synced_buffers.begin(), dp.synced_buffers.end());
         j["param_bytes_per_rank"] = ex.param_bytes;
         j["training_bytes_per_rank"] = ex.training_bytes;
+        j["verify_record_bytes_per_step"] = ex.record_step_bytes;
+        j["verify_steps"] = steps;
         write_file_atomic(a.json, j.dump(2) + "\n", true);
     }
 }

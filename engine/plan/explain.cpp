@@ -75,12 +75,15 @@ void style_comm(const StyleSpec& s, const Module& m, const Shape& in, const Shap
 
 namespace {
 
-// Every styled module's global input and output shape, from one forward pass on one device.
+// Every module's global input and output shape, from one forward pass on one device, and the
+// bytes of the floating-point inputs (their gradients are verify's backward events).
 // Uses (and leaves saves on) `model`: pass a model loaded for this purpose.
 struct ShapeRecorder : ModuleHooks {
     std::map<const Module*, std::pair<Shape, Shape>>* shapes = nullptr;
+    int64_t float_input_bytes = 0;
     Tensor pre_forward(RunContext&, Module& m, const Tensor& x) override {
         (*shapes)[&m].first = x.shape();
+        if (dtype_is_float(x.dtype())) float_input_bytes += static_cast<int64_t>(x.nbytes());
         return x;
     }
     Tensor post_forward(RunContext&, Module& m, const Tensor& y) override {
@@ -102,12 +105,23 @@ Explanation explain_plan(Model& model, const Plan& plan) {
     std::map<const Module*, std::pair<Shape, Shape>> shapes;
     auto recorder = std::make_shared<ShapeRecorder>();
     recorder->shapes = &shapes;
-    for (const ResolvedStyle& rs : ex.resolution.styles) rs.module->set_hooks(recorder);
+    for_each_module(*model.root, [&](const std::string&, Module& m) { m.set_hooks(recorder); });
     DataSource data(model);
-    RunContext ctx{&backend_for(Device::cpu), model.seed, 0, true, 0, {}};
+    int64_t output_bytes = 0;  // every module's forward output: verify's forward events
+    RunContext ctx{&backend_for(Device::cpu), model.seed, 0, true, 0,
+                   [&](const Module&, const char*, const Tensor& y) { output_bytes += static_cast<int64_t>(y.nbytes()); }};
     ex.dp = ex.resolution.dp.size;
-    model.root->forward(ctx, chunk(data.batch(0).input, ex.dp, 0, 0));  // one data-parallel rank's rows
-    for (const ResolvedStyle& rs : ex.resolution.styles) rs.module->set_hooks(nullptr);
+    const Tensor batch = data.batch(0).input, rows = chunk(batch, ex.dp, 0, 0);
+    const Tensor out = model.root->forward(ctx, rows);  // one data-parallel rank's rows
+    for_each_module(*model.root, [&](const std::string&, Module& m) { m.set_hooks(nullptr); });
+
+    // verify's record of one step on rank 0, every tensor full size: parameters, gradients,
+    // buffers, output, loss, and every module's output and input gradient (localisation's events)
+    const double full_rows = batch.dim() && rows.dim() && rows.size(0) ? static_cast<double>(batch.size(0)) / rows.size(0) : 1.0;
+    ex.record_step_bytes = static_cast<int64_t>(std::llround((output_bytes + recorder->float_input_bytes + out.nbytes()) * full_rows));
+    ex.record_step_bytes += static_cast<int64_t>(es);  // the loss
+    for (const auto& [name, p] : model.named_parameters()) ex.record_step_bytes += 2 * static_cast<int64_t>(p->value.nbytes());
+    for (const auto& [name, b] : model.named_buffers()) ex.record_step_bytes += static_cast<int64_t>(b->value.nbytes());
 
     // the step's collectives: styled modules' forward costs in forward order, backward in reverse
     std::vector<std::vector<CommCost>> backward_lists;

@@ -45,6 +45,9 @@ struct Explanation {
     std::vector<CommCost> step_comm;   // one training step, in execution order (forward, then backward)
     std::vector<int64_t> param_bytes;  // per tp rank
     std::vector<int64_t> training_bytes;  // parameters + gradients + optimizer state, per tp rank
+    // What verify's reference keeps per step on rank 0's host (every tensor it compares, full
+    // size: parameters, gradients, buffers, output, loss, each module's output and input gradient).
+    int64_t record_step_bytes = 0;
 };
 
 Explanation explain_plan(Model& model, const Plan& plan);
