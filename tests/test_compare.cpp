@@ -2,9 +2,7 @@
 // plain rule (|a - e| <= atol + rtol |e|, ULPs in the dtype), and digests tell tensors apart.
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "verify/compare.h"
 #include "comm/comm_choice.h"
@@ -156,15 +154,6 @@ TEST_CASE("low precision: a gradient zero in exact arithmetic is judged against 
     par.steps[0].tensors[1].second = Tensor::from_doubles({2}, DType::bfloat16, {0.5, 0.5});  // a real error
     CHECK_FALSE(compare_runs(ref, par, plan, default_tolerance(DType::bfloat16, 4)).pass);
 }
-
-namespace {
-std::string read_text(const std::string& path) {
-    std::ifstream f(path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-}  // namespace
 
 TEST_CASE("in-process verify compares as it records: the report of comparing stored records", "[cpu]") {
     // a 2-D mesh (dp x tp, rowwise weights gathered along dim 1), correct and with a fault

@@ -2,8 +2,6 @@
 // bytes a reference run really records in a step: tensors and module events, for every shipped
 // model small enough to run here, on one device and with the batch split over 2 dp ranks.
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "plan/explain.h"
 #include "verify/parallel_run.h"
@@ -13,12 +11,6 @@ using namespace ptool;
 
 namespace {
 
-std::string read_text(const std::string& path) {
-    std::ifstream f(path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
 
 int64_t recorded_bytes(const StepRecord& s) {
     int64_t bytes = 0;

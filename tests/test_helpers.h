@@ -2,6 +2,8 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "core/error.h"
@@ -18,4 +20,12 @@ void require_input_error(F&& fn, std::initializer_list<std::string> fragments) {
         return;
     }
     FAIL("expected an InputError");
+}
+
+// A whole text file (shipped models and plans).
+inline std::string read_text(const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
 }
