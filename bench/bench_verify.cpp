@@ -26,7 +26,7 @@ int main_impl(int argc, char** argv) {
     const std::string plan_path = argc > 2 ? argv[2] : PTOOL_SOURCE_DIR "/plans/gemm_mlp_tp.yaml";
     const bool cuda = argc > 3 && std::string(argv[3]) == "cuda";
     configure_backends({argc > 4 && std::string(argv[4]) == "tf32", 0});
-    VerifyInputs in;
+    RunInputs in;
     in.model_path = model_path;
     in.model_text = read_text_file(model_path, 1 << 22);
     in.device = cuda ? Device::cuda : Device::cpu;
@@ -40,15 +40,18 @@ int main_impl(int argc, char** argv) {
     int64_t grad_bytes = 0;
     for (const auto& [name, p] : model.named_parameters()) grad_bytes += static_cast<int64_t>(p->grad.nbytes());
     std::printf("  %4s  %10s  %10s  %10s  %8s\n", ddp ? "dp" : "tp", "verify ms", "reference", "parallel", "x limit");
-    VerifyOptions opt;
-    if (cuda) opt.steps = 4;
+    VerifyJob job;
+    job.inputs = in;
+    if (cuda) job.options.steps = 4;
+    const auto launch = in_process_launch(in.device, job.options.comm);
     for (int tp : ddp ? std::vector<int>{2, 4} : std::vector<int>{2, 4, 8}) {
         Plan plan = load_plan(plan_path);
         plan.mesh[0].size = tp;
         for (bool events : cuda ? std::vector<bool>{false} : std::vector<bool>{false, true}) {
-            in.record_events = events;
+            job.options.events = events;
+            job.plans = {plan};
             const auto t0 = std::chrono::steady_clock::now();
-            VerifyReport r = verify_in_process(in, {plan}, opt);
+            const VerifyReport r = verify(job, *launch);
             const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             std::printf("  %4d  %10.1f  %10.1f  %10.1f  %8.2f  %s%s\n", tp, total * 1e3, r.reference_seconds * 1e3,
                         r.plans[0].run.seconds * 1e3, total / limit, r.pass ? "PASS" : "FAIL",

@@ -49,9 +49,9 @@ inline GemmLimit measure_gemm_limit(const Model& model, int repeats, Device devi
         if (auto* l = dynamic_cast<Linear*>(&m)) {
             int in = static_cast<int>(l->in_features()), out = static_cast<int>(l->out_features());
             for (const PlanEntry& e : plan ? plan->tp_plan : std::vector<PlanEntry>{})
-                if (fqn_matches(e.pattern, fqn)) {
-                    if (e.style.style == "colwise") out /= tp;
-                    if (e.style.style == "rowwise") in /= tp;
+                if (fqn_matches(e.pattern, fqn)) {  // the weight's sharded dim: [out, in]
+                    for (const ParamPlacement& pp : e.style.style->params(m))
+                        if (pp.param == "weight" && pp.placement.is_shard()) (pp.placement.dim == 0 ? out : in) /= tp;
                     break;
                 }
             const int r = static_cast<int>(rows);

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/verify_output.h"
 #include "core/safetensors.h"
+#include "core/yaml_reader.h"
 #include "plan/explain.h"
 
 namespace ptool::cli {
@@ -28,7 +29,7 @@ std::string local_shapes(const ParamLayout& p) {  // "[3, 16] x3, [1, 16]"
 }
 
 void explain(const ExplainArgs& a, const Common& c) {
-    Model model = load_model(a.model, c.dtype);
+    const Model model = load_model_text(read_text_file(a.model, YamlLimits{}.max_bytes), a.model, c.dtype, false);
     Plan plan = load_plan(a.plan);
     Explanation ex = explain_plan(model, plan);
     for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w);
@@ -54,7 +55,7 @@ void explain(const ExplainArgs& a, const Common& c) {
     fmt::print("\n  collectives per training step (per rank; bytes of the logical tensor):\n");
     std::map<std::string, std::pair<int64_t, int64_t>> totals;
     for (const auto& cc : ex.step_comm) {
-        fmt::print("    {:<9} {:<26} {:<15} {}\n", cc.phase, cc.module.empty() ? "(root)" : cc.module, cc.op,
+        fmt::print("    {:<9} {:<26} {:<15} {}\n", phase_name(cc.phase), cc.module.empty() ? "(root)" : cc.module, cc.op,
                    format_bytes(cc.bytes));
         totals[cc.op].first += 1, totals[cc.op].second += cc.bytes;
     }
@@ -88,7 +89,7 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["data_parallel"] = ex.data_parallel;
         j["collectives_per_step"] = nlohmann::json::array();
         for (const auto& cc : ex.step_comm)
-            j["collectives_per_step"].push_back({{"op", cc.op}, {"bytes", cc.bytes}, {"module", cc.module}, {"phase", cc.phase}});
+            j["collectives_per_step"].push_back({{"op", cc.op}, {"bytes", cc.bytes}, {"module", cc.module}, {"phase", phase_name(cc.phase)}});
         j["modules"] = nlohmann::json::array();
         for (const auto& m : ex.modules) {
             std::vector<std::string> params;

@@ -17,7 +17,7 @@ struct GoldenArgs {
 };
 
 void record(const GoldenArgs& a, const Common& c) {
-    VerifyInputs in;
+    RunInputs in;
     in.model_path = a.model;
     in.model_text = read_text_file(a.model, YamlLimits{}.max_bytes);
     in.dtype_override = c.dtype;
@@ -28,8 +28,8 @@ void record(const GoldenArgs& a, const Common& c) {
     const Plan plan = load_plan(a.plan);
     VerifyOptions opt;
     opt.steps = a.steps;
-    if (a.rtol >= 0) opt.rtol = a.rtol;
-    if (a.atol >= 0) opt.atol = a.atol;
+    if (a.rtol >= 0) opt.tolerance.rtol = a.rtol;
+    if (a.atol >= 0) opt.tolerance.atol = a.atol;
     TensorFile file = record_golden(in, plan, opt);
     write_safetensors(a.out, file, a.force);
     fmt::print("wrote {}: {} tensors, {} steps of {} x {}\n", a.out, file.tensors.size(), file.metadata["steps"], a.model,
@@ -56,7 +56,7 @@ void show(const GoldenArgs& a) {
 int diff(const GoldenArgs& a) {
     TensorFile x = read_safetensors(a.a), y = read_safetensors(a.b);
     const DType dt = x.tensors.empty() ? DType::float32 : x.tensors[0].second.dtype();
-    Tolerance tol = default_tolerance(dt);
+    Tolerance tol = Tolerance::for_dtype(dt);
     tol.rel_fro = 0;  // the elementwise rule alone: without the model there is no depth to size the bf16 bound by
     if (a.rtol >= 0) tol.rtol = a.rtol;
     if (a.atol >= 0) tol.atol = a.atol;

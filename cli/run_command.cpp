@@ -1,10 +1,9 @@
 // ptool run MODEL: single-device training steps; prints loss and time per step.
-#include <spdlog/spdlog.h>
-
 #include "cli/commands.h"
+#include "comm/comm_threads.h"
 #include "core/safetensors.h"
-#include "model/batch.h"
-#include "verify/reference.h"
+#include "core/yaml_reader.h"
+#include "verify/golden.h"
 
 namespace ptool::cli {
 namespace {
@@ -15,38 +14,40 @@ struct RunArgs {
 };
 
 void run(const RunArgs& a, const Common& c) {
-    Model model = load_model(a.model, c.dtype);
-    const Device device = select_device(c);
-    if (!a.init.empty()) load_state_dict(model, read_safetensors(a.init), a.init);
-    TensorFile data_file;
-    if (!a.data.empty()) data_file = read_safetensors(a.data);
-    DataSource data(model, a.data.empty() ? nullptr : &data_file, a.data);
-    ReferenceOptions opt;
-    opt.steps = a.steps > 0 ? a.steps : model.steps;
-    opt.device = device;
-
+    RunInputs in;
+    in.model_path = a.model;
+    in.model_text = read_text_file(a.model, YamlLimits{}.max_bytes);
+    in.dtype_override = c.dtype;
+    const Model model = load_model_text(in.model_text, a.model, c.dtype, false);  // exit 2 before anything runs
+    in.device = select_device(c);
+    TensorFile init, data;
+    if (!a.init.empty()) init = read_safetensors(a.init), in.init = &init, in.init_path = a.init;
+    if (!a.data.empty()) data = read_safetensors(a.data), in.data = &data, in.data_path = a.data;
+    const int64_t steps = a.steps > 0 ? a.steps : model.steps;
     int64_t n_params = 0;
     for (const auto& [name, p] : model.named_parameters()) n_params += p->value.numel();
     if (c.verbosity >= 0)
         fmt::print("ptool run {}: {} parameters, {}, {}, {} step{}\n", a.model, n_params, dtype_name(model.dtype),
-                   backend_for(device).name(), opt.steps, opt.steps == 1 ? "" : "s");
-    GoldenWriter writer(model, data.varies_per_step());
+                   backend_for(in.device).name(), steps, steps == 1 ? "" : "s");
+    RecordOptions ro;
+    ro.events = false;
+    ro.init_tensors = !a.dump.empty();
     double total = 0;
-    run_reference(model, data, opt, [&](const StepResult& r) {
-        total += r.seconds;
-        if (c.verbosity >= 0) fmt::print("step {:>3}  loss {:.8g}  {:.3f} ms\n", r.step, r.loss, r.seconds * 1e3);
-        if (!a.dump.empty()) writer.add_step(r);
-    });
+    ro.on_step = [&](int64_t k, double loss, double seconds) {
+        total += seconds;
+        if (c.verbosity >= 0) fmt::print("step {:>3}  loss {:.8g}  {:.3f} ms\n", k, loss, seconds * 1e3);
+    };
+    const RunRecord rec = record_reference(in, steps, ro);
     if (c.verbosity >= 0) fmt::print("total {:.3f} ms\n", total * 1e3);
-    if (!a.dump.empty()) {
-        writer.file().metadata["ptool_version"] = PTOOL_VERSION;
-        writer.file().metadata["model_yaml"] = model.yaml_text;
-        writer.file().metadata["dtype"] = dtype_name(model.dtype);
-        writer.file().metadata["device"] = device_name(device);
-        writer.file().metadata["backend"] = backend_for(device).name();  // GPU name, SMs, cuBLAS version on cuda
-        write_safetensors(a.dump, writer.file());
-        if (c.verbosity >= 0) fmt::print("wrote {}\n", a.dump);
-    }
+    if (a.dump.empty()) return;
+    TensorFile file = golden_tensors(rec, in, steps);
+    file.metadata["ptool_version"] = PTOOL_VERSION;
+    file.metadata["model_yaml"] = in.model_text;
+    file.metadata["dtype"] = dtype_name(model.dtype);
+    file.metadata["device"] = device_name(in.device);
+    file.metadata["backend"] = backend_for(in.device).name();  // GPU name, SMs, cuBLAS version on cuda
+    write_safetensors(a.dump, file);
+    if (c.verbosity >= 0) fmt::print("wrote {}\n", a.dump);
 }
 
 }  // namespace

@@ -34,17 +34,17 @@ void print_table(const PlanReport& p, int verbosity) {
     for (const TensorReport& t : p.tensors) {
         if (verbosity == 0 && t.pass && p.tensors.size() > 60) continue;  // large models: failures only
         fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9.3f} {:>8}  {}\n", t.name, num(t.diff.max_abs), num(t.diff.max_rel),
-                   t.diff.max_ulp, std::isinf(t.diff.headroom) ? 1e9 : t.diff.headroom, t.replicas,
-                   !t.diff.shape_ok ? "MISSING/SHAPE" : t.replicas == "ignored" ? "ignored"
+                   t.diff.max_ulp, std::isinf(t.diff.headroom) ? 1e9 : t.diff.headroom, replica_state_name(t.replicas),
+                   !t.diff.shape_ok ? "MISSING/SHAPE" : t.replicas == ReplicaState::ignored ? "ignored"
                    : !t.pass ? "MISMATCH" : t.diff.by_frobenius ? fmt::format("ok (rel Frobenius {:.1e})", t.diff.rel_fro) : "ok");
     }
 }
 
-void print_report(const VerifyReport& report, const std::string& model_path, const Model& model, int verbosity) {
+void print_report(const VerifyReport& report, const std::string& model_path, int verbosity) {
     for (const PlanReport& p : report.plans) {
         const int64_t steps = p.run.steps.empty() ? 1 : static_cast<int64_t>(p.run.steps.size());
         fmt::print("ptool verify {} {}: {} ranks ({}), {} step{}, {} rtol {:g} atol {:g}{}\n", model_path, p.plan_path,
-                   p.run.world_size, p.run.backend, steps, steps == 1 ? "" : "s", dtype_name(model.dtype), p.tol.rtol,
+                   p.run.world_size, p.run.backend, steps, steps == 1 ? "" : "s", dtype_name(report.dtype), p.tol.rtol,
                    p.tol.atol, p.tol.rel_fro > 0 ? fmt::format(", or relative Frobenius error <= {:.2g}", p.tol.rel_fro) : "");
         if (verbosity >= 0) print_table(p, verbosity);
         for (const std::string& n : p.notes) fmt::print("  {}\n", n);
@@ -105,10 +105,67 @@ void write_json_report(const VerifyReport& report, const std::string& model_path
             jp["tensors"].push_back({{"name", t.name}, {"pass", t.pass}, {"max_abs", finite(t.diff.max_abs)},
                                      {"max_rel", finite(t.diff.max_rel)}, {"ulp", t.diff.max_ulp},
                                      {"headroom", finite(t.diff.headroom)}, {"rel_fro", finite(t.diff.rel_fro)},
-                                     {"by_frobenius", t.diff.by_frobenius}, {"replicas", t.replicas}});
+                                     {"by_frobenius", t.diff.by_frobenius}, {"replicas", replica_state_name(t.replicas)}});
         j["plans"].push_back(jp);
     }
     write_file_atomic(path, j.dump(2) + "\n", true);
+}
+
+namespace {
+
+std::string xml_escape(const std::string& s) {
+    std::string o;
+    for (char c : s) {
+        switch (c) {
+            case '&': o += "&amp;"; break;
+            case '<': o += "&lt;"; break;
+            case '>': o += "&gt;"; break;
+            case '"': o += "&quot;"; break;
+            default: o += (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') ? ' ' : c;
+        }
+    }
+    return o;
+}
+
+bool failed(const CaseResult& c) { return c.verdict == Verdict::fail || c.verdict == Verdict::stale; }
+
+}  // namespace
+
+void write_junit(const std::vector<CaseResult>& cases, const std::string& path) {
+    int failures = 0;
+    double total = 0;
+    for (const auto& c : cases) failures += failed(c), total += c.seconds;
+    std::string x = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+    x += fmt::format("<testsuites name=\"ptool verify\" tests=\"{}\" failures=\"{}\" errors=\"0\" time=\"{:.3f}\">\n",
+                     cases.size(), failures, total);
+    x += fmt::format("  <testsuite name=\"golden\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"0\" time=\"{:.3f}\">\n",
+                     cases.size(), failures, total);
+    for (const auto& c : cases) {
+        x += fmt::format("    <testcase classname=\"ptool.golden\" name=\"{}\" time=\"{:.3f}\"", xml_escape(c.path), c.seconds);
+        if (failed(c))
+            x += fmt::format(">\n      <failure type=\"{}\" message=\"{}\">{}</failure>\n    </testcase>\n",
+                             c.verdict == Verdict::stale ? "stale" : "mismatch",
+                             xml_escape(std::string(verdict_name(c.verdict)) + ": " + c.detail.substr(0, 300)), xml_escape(c.detail));
+        else
+            x += "/>\n";
+    }
+    x += "  </testsuite>\n</testsuites>\n";
+    write_file_atomic(path, x, true);
+}
+
+void write_cases_json(const std::vector<CaseResult>& cases, const std::string& path) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& r : cases) {
+        nlohmann::json jc{{"file", r.path}, {"verdict", verdict_name(r.verdict)}, {"detail", r.detail}, {"seconds", r.seconds}};
+        for (const auto& d : r.directions) {
+            nlohmann::json jd{{"pass", d.pass}, {"passed", d.passed}, {"failed", d.failed}};
+            for (const auto& t : d.tensors)
+                if (!t.pass) jd["failures"].push_back({{"name", t.name}, {"max_abs", t.diff.max_abs}});
+            jc["directions"][d.plan_path] = jd;
+        }
+        j.push_back(jc);
+    }
+    write_file_atomic(path, nlohmann::json{{"cases", j}}.dump(2) + "\n", true);
 }
 
 }  // namespace ptool::cli

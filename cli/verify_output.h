@@ -1,14 +1,16 @@
-// Printing verify results: the terminal table and summary, and the JSON file.
+// Printing verify results: the terminal table and summary, the JSON file, and golden replays'
+// JUnit XML and JSON.
 #pragma once
 
-#include "model/model.h"
-#include "verify/verify.h"
+#include "verify/golden_replay.h"
 
 namespace ptool::cli {
 
 void print_table(const PlanReport& p, int verbosity);  // tensor, errors, ULP, headroom, replicas, verdict
-void print_report(const VerifyReport& report, const std::string& model_path, const Model& model, int verbosity);
+void print_report(const VerifyReport& report, const std::string& model_path, int verbosity);
 void write_json_report(const VerifyReport& report, const std::string& model_path, const std::string& path);
+void write_junit(const std::vector<CaseResult>& cases, const std::string& path);
+void write_cases_json(const std::vector<CaseResult>& cases, const std::string& path);
 std::string format_bytes(int64_t bytes);
 std::string format_counts(const CommCounter& c, int64_t steps);  // "all_reduce x2 (1.2 KiB), ..."
 

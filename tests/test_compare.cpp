@@ -6,6 +6,7 @@
 
 #include "verify/compare.h"
 #include "comm/comm_choice.h"
+#include "verify/faults.h"
 #include "verify/verify.h"
 #include "test_helpers.h"
 
@@ -34,7 +35,7 @@ TEST_CASE("compare_tensors: max abs/rel error, headroom and ULPs of float32 and 
 
     Tensor eb = Tensor::from_doubles({2}, DType::bfloat16, {1.0, -1.0});
     Tensor ab = Tensor::from_doubles({2}, DType::bfloat16, {1.0078125, -1.0});  // next bf16 above 1
-    const TensorDiff b = compare_tensors(ab, eb, default_tolerance(DType::bfloat16));
+    const TensorDiff b = compare_tensors(ab, eb, Tolerance::for_dtype(DType::bfloat16));
     CHECK(b.max_ulp == 1);
     CHECK(b.max_abs == 0.0078125);
     CHECK(b.pass);
@@ -106,8 +107,8 @@ TEST_CASE("tensor_digest: equal tensors agree; a bit, a shape or a dtype apart d
 }
 
 TEST_CASE("low precision: the relative Frobenius bound passes rounding noise, not a wrong result", "[cpu]") {
-    CHECK(default_tolerance(DType::float32).rel_fro == 0);  // fp32/fp64: the elementwise rule alone
-    const Tolerance tol = default_tolerance(DType::bfloat16, 3);
+    CHECK(Tolerance::for_dtype(DType::float32).rel_fro == 0);  // fp32/fp64: the elementwise rule alone
+    const Tolerance tol = Tolerance::for_dtype(DType::bfloat16, 3);
     CHECK(tol.rel_fro == Approx(4 * std::pow(1.03, 3) * 0x1p-7));
     // a rowwise sum of two bf16 partials against the full-precision sum, rounded once: where they
     // cancel, a 1-ULP difference of the partials is infinitely far in relative terms
@@ -142,7 +143,7 @@ TEST_CASE("low precision: a gradient zero in exact arithmetic is judged against 
     ref.steps.push_back(r);
     par.steps.push_back(p);
     Plan plan;
-    Tolerance tol = default_tolerance(DType::bfloat16, 4);
+    Tolerance tol = Tolerance::for_dtype(DType::bfloat16, 4);
     const PlanReport rep = compare_runs(ref, par, plan, tol);
     REQUIRE(rep.tensors.size() == 2);
     CHECK(rep.tensors[1].pass);
@@ -152,30 +153,32 @@ TEST_CASE("low precision: a gradient zero in exact arithmetic is judged against 
     tol.rel_fro = 0;
     CHECK_FALSE(compare_runs(ref, par, plan, tol).pass);  // elementwise: 3e-4 > atol 1e-5
     par.steps[0].tensors[1].second = Tensor::from_doubles({2}, DType::bfloat16, {0.5, 0.5});  // a real error
-    CHECK_FALSE(compare_runs(ref, par, plan, default_tolerance(DType::bfloat16, 4)).pass);
+    CHECK_FALSE(compare_runs(ref, par, plan, Tolerance::for_dtype(DType::bfloat16, 4)).pass);
 }
 
 TEST_CASE("in-process verify compares as it records: the report of comparing stored records", "[cpu]") {
     // a 2-D mesh (dp x tp, rowwise weights gathered along dim 1), correct and with a fault
     const std::string dir = PTOOL_SOURCE_DIR;
-    VerifyInputs in;
+    RunInputs in;
     in.model_path = dir + "/models/mlp_stacked_mse.yaml";
     in.model_text = read_text(in.model_path);
     const Plan plan = load_plan(dir + "/plans/mlp_stacked_dp2_tp2.yaml");
-    in.steps = 2;
     for (const char* fault : {"", "skip_all_reduce:layers.1.net2"}) {
         INFO("fault '" << fault << "'");
         const Fault f = parse_fault(fault);
         const Model probe = load_model_text(in.model_text, in.model_path, "", false);
         const Tolerance tol = tolerance_for(plan, VerifyOptions{}, probe);
-        const RunRecord ref = run_reference_record(in);
+        const RunRecord ref = record_reference(in, 2, RecordOptions{});
         RunRecord stored, streamed;
-        VerifyInputs as_recorded = in;
+        RecordOptions as_recorded;
         as_recorded.compare_with = &ref, as_recorded.tol = tol;
-        run_ranks(plan.world_size(), CommOptions{}, [&](Communicator& w) { run_parallel_rank(w, in, plan, f, &stored); },
-                  Device::cpu);
-        run_ranks(plan.world_size(), CommOptions{},
-                  [&](Communicator& w) { run_parallel_rank(w, as_recorded, plan, f, &streamed); }, Device::cpu);
+        for (auto [opt, out] : {std::pair{RecordOptions{}, &stored}, std::pair{as_recorded, &streamed}})
+            run_ranks(plan.world_size(), CommOptions{}, [&, opt = opt, out = out](Communicator& w) {
+                const auto layer = fault_layer(f);
+                Run run(in, plan, w, layer.get());
+                RunRecord r = record_run(run, 2, opt);
+                if (w.rank() == 0) *out = std::move(r);
+            }, Device::cpu);
         REQUIRE(streamed.steps.size() == 2);
         CHECK(streamed.steps[0].tensors.empty());  // diffs, not tensors
         CHECK_FALSE(stored.steps[0].tensors.empty());

@@ -90,7 +90,7 @@ TEST_CASE("one all_reduce per bucket per step, counted on the dp dim") {
         Model m = load("mlp_stacked_mse");
         auto counter = std::make_shared<CommCounter>();
         DeviceMesh mesh(plan.mesh, world, counter);
-        DataParallel dp(m, plan, res, mesh, backend_for(Device::cpu), Fault{});
+        DataParallel dp(m, plan, res, mesh, backend_for(Device::cpu));
         counter->reset();
         for (const auto& [name, p] : m.named_parameters()) backend_for(Device::cpu).fill(p->grad, world.rank() + 1.0);
         dp.after_backward();

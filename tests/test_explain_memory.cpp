@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "plan/explain.h"
-#include "verify/parallel_run.h"
+#include "verify/verify.h"
 #include "test_helpers.h"
 
 using namespace ptool;
@@ -27,15 +27,14 @@ TEST_CASE("explain's verify record per step is what the reference records", "[cp
     for (const auto& entry : std::filesystem::directory_iterator(dir + "/models")) {
         const std::string path = entry.path().string(), stem = entry.path().stem().string();
         if (entry.path().extension() != ".yaml" || stem.rfind("gemm_mlp", 0) == 0) continue;  // bench-sized
-        VerifyInputs in;
+        RunInputs in;
         in.model_path = path;
         in.model_text = read_text(path);
-        in.steps = 1;
-        const RunRecord ref = run_reference_record(in);
+        const RunRecord ref = record_reference(in, 1, RecordOptions{});
         REQUIRE(ref.steps.size() == 1);
         for (const char* mesh : {"mesh: {world: 1}\n", "mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n"}) {
             INFO(stem << " with " << mesh);
-            Model m = load_model_text(in.model_text, path, "", true);
+            const Model m = load_model_text(in.model_text, path, "", false);
             if (std::string(mesh).find("dp") != std::string::npos && m.input.shape.at(0) % 2) continue;  // rows must split
             const Explanation ex = explain_plan(m, load_plan_text(mesh, "test.yaml"));
             CHECK(ex.record_step_bytes == recorded_bytes(ref.steps[0]));

@@ -14,9 +14,9 @@ double run_loss(Model& m, const Batch& b, Tensor* dx) {
     Backend& be = backend_for(Device::cpu);
     for (const auto& [n, p] : m.named_parameters()) be.fill(p->grad, 0.0);
     RunContext ctx{&be, m.seed, 0, true, 0, {}};
-    Tensor out = m.root->forward(ctx, b.input);
+    Tensor out = m.root->forward(ctx, b.input).t;
     LossResult l = compute_loss(be, m.loss, out, b.target);
-    Tensor d = m.root->backward(ctx, l.grad);
+    Tensor d = m.root->backward(ctx, l.grad).t;
     if (dx) *dx = d;
     return l.value;
 }

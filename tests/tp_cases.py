@@ -144,7 +144,8 @@ BAD_PLANS = [  # plan text, message fragments (the first is file:line:column)
 
 def bad_plans():
     rc, out, _ = verify("gpt_block", "gpt_block_tp", "--mesh", "tp=8")
-    check(rc == 2 and "'attn_block.attn.q_proj' colwise splits 4 heads over 8 ranks" in out and "gpt_block_tp.yaml:8:5:" in out,
+    check(rc == 2 and "attention 'attn_block.attn' splits its heads over 8 ranks: its 4 query heads" in out
+          and "gpt_block_tp.yaml:8:5:" in out and "gpt_block.yaml:14:" in out,
           f"attention heads not divisible by tp: exit {rc}\n{out}")
     with tempfile.TemporaryDirectory() as tmp:
         for i, (text, frags) in enumerate(BAD_PLANS):
@@ -164,13 +165,13 @@ def bad_plans():
         check(rc == 1 and "'norm2' (rms_norm) gets Shard(1) activations from 'net2'" in out
               and "step0.grad.norm2.weight" in [t["name"] for t in rep["plans"][0]["tensors"] if not t["pass"]],
               f"lint: norm on sequence shards without sequence_parallel: exit {rc}\n{out}")
-    # lint warnings that do not stop the run: a sharded activation fed to a module that needs whole rows
+    # a sharded activation fed to a module that needs whole rows: exit 2 before any rank starts
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "lint.yaml")
         open(path, "w").write("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n    layers.0.net1: colwise\n")
         rc, out, rep = verify("mlp_stacked", path)
         check(rc == 2 and "'layers.0.net1' outputs Shard(-1) but 'layers.0.net2' (linear) needs whole rows" in out
-              and "mlp_stacked.yaml:13:" in out and "linear 'layers.0.net2' got an input of 8 features" in out,
+              and "mlp_stacked.yaml:13:" in out and "lint.yaml:5:5:" in out and "have 'layers.0.net1' output replicate" in out,
               f"lint: sharded output into a plain linear: exit {rc}\n{out}")
 
 

@@ -89,7 +89,7 @@ void MpiCommunicator::wait(MPI_Request& req, const CollectiveDesc& d) {
             set_rank_activity("after " + d.str());
             return;
         }
-        if (std::chrono::steady_clock::now() >= deadline)
+        if (options_.timeout_seconds > 0 && std::chrono::steady_clock::now() >= deadline)
             mpi_abort_job(fmt::format("rank {} timed out after {} s in {} (a rank never arrived, or is in another "
                                       "collective)",
                                       mpi_world_rank(), options_.timeout_seconds, d.str()),

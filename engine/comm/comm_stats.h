@@ -21,6 +21,10 @@ public:
     void add(const std::string& op, const std::string& mesh_dim, int64_t bytes);
     void set_module(std::string fqn) { module_ = std::move(fqn); }
     const std::string& module() const { return module_; }
+    // Which of a module's collectives runs now ("bucket 1"), for layers that wrap a communicator
+    // (fault injection); not counted separately.
+    void set_site(std::string site) { site_ = std::move(site); }
+    const std::string& site() const { return site_; }
     void reset() { by_key_.clear(); }
     // Verification's own gathers are not part of the plan's communication: they run paused.
     void set_paused(bool paused) { paused_ = paused; }
@@ -32,9 +36,27 @@ public:
     CommTotals total() const;
 
 private:
-    std::string module_;
+    std::string module_, site_;
     bool paused_ = false;
     std::map<Key, CommTotals> by_key_;
+};
+
+// Sets a counter's module and site (either may be null/empty) for the scope.
+class CommScope {
+public:
+    CommScope(CommCounter* c, const std::string& module, std::string site = "")
+        : c_(c), module_(c ? c->module() : ""), site_(c ? c->site() : "") {
+        if (c_) c_->set_module(module), c_->set_site(std::move(site));
+    }
+    ~CommScope() {
+        if (c_) c_->set_module(module_), c_->set_site(site_);
+    }
+    CommScope(const CommScope&) = delete;
+    CommScope& operator=(const CommScope&) = delete;
+
+private:
+    CommCounter* c_;
+    std::string module_, site_;
 };
 
 // Pauses a counter (which may be null) for the scope: shape metadata and verification's own

@@ -27,7 +27,7 @@ enum class ReduceOp { sum, avg, max };
 const char* reduce_op_name(ReduceOp op);
 
 struct CommOptions {
-    double timeout_seconds = 300;
+    double timeout_seconds = 300;  // per collective; 0: none (mpi: waiting for rank 0's own work)
     bool check_consistency = true;
 };
 

@@ -40,6 +40,15 @@ const char* dtype_safetensors_name(DType dt) {
     return "?";
 }
 
+double dtype_eps(DType dt) {
+    switch (dt) {
+        case DType::float64: return 0x1p-52;
+        case DType::bfloat16: return 0x1p-7;
+        case DType::float16: return 0x1p-10;
+        default: return 0x1p-23;
+    }
+}
+
 bool dtype_is_float(DType dt) { return dt != DType::int64 && dt != DType::int32; }
 
 DType parse_dtype(const std::string& name) {

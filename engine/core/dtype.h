@@ -20,6 +20,7 @@ size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);             // "float32", as the model YAML spells it
 const char* dtype_safetensors_name(DType dt);  // "F32", as safetensors headers spell it
 bool dtype_is_float(DType dt);
+double dtype_eps(DType dt);                    // torch.finfo(dtype).eps (floating dtypes)
 DType parse_dtype(const std::string& name);    // throws InputError naming the valid choices
 bool parse_safetensors_dtype(const std::string& name, DType* out);
 

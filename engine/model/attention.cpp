@@ -5,6 +5,7 @@
 // backward: dp = do @ v^T, dv = p^T @ do, ds = softmax'(p, dp) / sqrt(hd), dq = ds @ k, dk = ds^T @ q.
 #include <cmath>
 
+#include "core/tensor_ops.h"
 #include "model/blocks.h"
 
 namespace ptool {
@@ -73,33 +74,64 @@ Tensor reduce_kv(Backend& be, const Tensor& d, int64_t b, int64_t heads, int64_t
 
 }  // namespace
 
-Tensor Attention::forward_impl(RunContext& ctx, const Tensor& x) {
+Layout Attention::layout(LayoutVisitor& v, const Layout& in) const {
+    const Layout q = v.call(proj(0), in), k = v.call(proj(1), in), val = v.call(proj(2), in);
+    if (!q.p.same_as(k.p, 3) || !q.p.same_as(val.p, 3))
+        conflict(fmt::format("attention '{}' gets q, k and v with different placements ({}, {}, {}): lay out q_proj, "
+                             "k_proj and v_proj alike",
+                             fqn(), q.p.str(), k.p.str(), val.p.str()));
+    const Placement p = q.p.normalized(3);
+    if (p.is_partial()) conflict(fmt::format("attention '{}' gets partial sums from its projections: reduce them first", fqn()));
+    if (p.is_shard() && p.dim == 1)
+        conflict(fmt::format("attention '{}' needs the whole sequence in q, k and v but gets it Shard(1): gather the "
+                             "sequence in the projections (input_layouts shard(1) on q/k/v, as Megatron-SP), or "
+                             "prepare_input shard(1) -> replicate on '{}'",
+                             fqn(), fqn()));
+    if (p.is_shard() && p.dim == 2) {  // heads split over ranks: whole heads, and the kv groups with them
+        const int64_t hd = dim_ / heads_, n = v.parts();
+        for (int r = 0; r < n; ++r) {
+            const int64_t qh = chunk_of(q.global[2], static_cast<int>(n), r).length, kh = chunk_of(k.global[2], static_cast<int>(n), r).length;
+            if (qh % hd != 0 || kh % hd != 0 || qh / hd != kh / hd * (heads_ / kv_heads_))
+                conflict(fmt::format("attention '{}' splits its heads over {} ranks: its {} query heads and {} kv heads "
+                                     "must each divide evenly",
+                                     fqn(), n, heads_, kv_heads_));
+        }
+    }
+    return v.call(proj(3), Layout{{q.global[0], q.global[1], dim_}, q.p});
+}
+
+Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     Backend& be = *ctx.backend;
-    const int64_t b = x.size(0), t = x.size(1), hd = dim_ / heads_;
+    const int64_t hd = dim_ / heads_;
     // Under tensor parallelism q/k/v are colwise: this rank holds heads/tp query heads and
-    // kv_heads/tp kv heads; heads are independent, so the same code runs on the local ones.
-    Tensor q_flat = proj(0).forward(ctx, x), k_flat = proj(1).forward(ctx, x), v_flat = proj(2).forward(ctx, x);
-    const int64_t heads = q_flat.size(-1) / hd, kv_heads = k_flat.size(-1) / hd;
-    Tensor q = split_heads(be, q_flat, heads);  // [B*H, T, hd]
-    Tensor k = expand_kv(be, split_heads(be, k_flat, kv_heads), b, heads, kv_heads);
-    Tensor v = expand_kv(be, split_heads(be, v_flat, kv_heads), b, heads, kv_heads);
-    Tensor s = Tensor::empty({b * heads, t, t}, x.dtype(), x.device());
+    // kv_heads/tp kv heads; heads are independent, so the same code runs on the local ones. The
+    // batch and sequence come from the projections (Megatron-SP gathers the sequence in them).
+    const Placed q_flat = proj(0).forward(ctx, x), k_flat = proj(1).forward(ctx, x), v_flat = proj(2).forward(ctx, x);
+    const int64_t b = q_flat.t.size(0), t = q_flat.t.size(1);
+    const int64_t heads = q_flat.t.size(-1) / hd, kv_heads = k_flat.t.size(-1) / hd;
+    PTOOL_REQUIRE(heads * hd == q_flat.t.size(-1) && kv_heads * hd == k_flat.t.size(-1), "attention '{}': partial heads", fqn());
+    Tensor q = split_heads(be, q_flat.t, heads);  // [B*H, T, hd]
+    Tensor k = expand_kv(be, split_heads(be, k_flat.t, kv_heads), b, heads, kv_heads);
+    Tensor v = expand_kv(be, split_heads(be, v_flat.t, kv_heads), b, heads, kv_heads);
+    Tensor s = Tensor::empty({b * heads, t, t}, q.dtype(), q.device());
     be.gemm(q, false, k, true, s, 1.0 / std::sqrt(static_cast<double>(hd)));
     Tensor p = empty_like(s);
     be.softmax(s, causal_, p);
-    Tensor o = Tensor::empty({b * heads, t, hd}, x.dtype(), x.device());
+    Tensor o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
     be.gemm(p, false, v, false, o);
     save({q, k, v, p, Tensor::scalar(static_cast<double>(kv_heads), DType::float64)});
-    return proj(3).forward(ctx, merge_heads(be, o, b));
+    return proj(3).forward(ctx, {merge_heads(be, o, b), q_flat.p, {q_flat.global[0], q_flat.global[1], dim_}});
 }
 
-Tensor Attention::backward_impl(RunContext& ctx, const Tensor& dy) {
+Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layout&) {
     Backend& be = *ctx.backend;
     std::vector<Tensor> sv = restore();
     const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &p = sv[3];
-    const int64_t b = dy.size(0), hd = dim_ / heads_, heads = q.size(0) / b;
+    const int64_t hd = dim_ / heads_;
     const int64_t kv_heads = static_cast<int64_t>(sv[4].item());
-    Tensor d_o = split_heads(be, proj(3).backward(ctx, dy), heads);  // [B*H, T, hd]
+    const Placed d_out = proj(3).backward(ctx, dy);  // [B, T, H*hd] as q/k/v's gradients are placed
+    const int64_t b = d_out.t.size(0), heads = q.size(0) / b;
+    Tensor d_o = split_heads(be, d_out.t, heads);  // [B*H, T, hd]
     Tensor dp = empty_like(p), dv = empty_like(v), ds = empty_like(p);
     be.gemm(d_o, false, v, true, dp);
     be.gemm(p, true, d_o, false, dv);
@@ -110,13 +142,14 @@ Tensor Attention::backward_impl(RunContext& ctx, const Tensor& dy) {
     be.gemm(ds, true, q, false, dk, scale);
     // backward through the projections in reverse order of their forward calls
     // (tensors a module returned are never written in place: observers may hold them)
-    Tensor dx_v = proj(2).backward(ctx, merge_heads(be, reduce_kv(be, dv, b, heads, kv_heads), b));
-    Tensor dx_k = proj(1).backward(ctx, merge_heads(be, reduce_kv(be, dk, b, heads, kv_heads), b));
-    Tensor dx_q = proj(0).backward(ctx, merge_heads(be, dq, b));
-    Tensor dx = empty_like(dx_v);
-    be.add(dx_v, dx_k, dx);
-    be.axpy(1.0, dx_q, dx);
-    return dx;
+    const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};
+    const Placed dx_v = proj(2).backward(ctx, {merge_heads(be, reduce_kv(be, dv, b, heads, kv_heads), b), d_out.p, kv_global});
+    const Placed dx_k = proj(1).backward(ctx, {merge_heads(be, reduce_kv(be, dk, b, heads, kv_heads), b), d_out.p, kv_global});
+    const Placed dx_q = proj(0).backward(ctx, {merge_heads(be, dq, b), d_out.p, q_global});
+    Tensor dx = empty_like(dx_v.t);
+    be.add(dx_v.t, dx_k.t, dx);
+    be.axpy(1.0, dx_q.t, dx);
+    return {dx, dx_v.p, dx_v.global};
 }
 
 }  // namespace ptool

@@ -14,12 +14,15 @@ public:
     Attention(std::string name, SourceLocation where, int64_t dim, int64_t heads, int64_t kv_heads, bool causal,
               bool bias, DType dtype);
     Shape output_shape(const Shape& in) const override;
+    // q, k and v must have one placement: Replicate, Shard(0) (batch) or Shard(-1) (whole heads per
+    // rank); the sequence (from the projections, so Megatron-SP gathers it in q/k/v) must be whole.
+    Layout layout(LayoutVisitor& v, const Layout& in) const override;
     int64_t heads() const { return heads_; }
     int64_t kv_heads() const { return kv_heads_; }
 
 protected:
-    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
-    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+    Placed forward_placed(RunContext& ctx, const Placed& x) override;
+    Placed backward_placed(RunContext& ctx, const Placed& dy, const Layout& in) override;
 
 private:
     Linear& proj(int i) const { return static_cast<Linear&>(*children()[i].second); }
@@ -33,10 +36,11 @@ public:
     GatedMlp(std::string name, SourceLocation where, int64_t dim, int64_t hidden, Activation act, bool bias,
              DType dtype);
     Shape output_shape(const Shape& in) const override;
+    Layout layout(LayoutVisitor& v, const Layout& in) const override;  // gate and up agree
 
 protected:
-    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
-    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+    Placed forward_placed(RunContext& ctx, const Placed& x) override;
+    Placed backward_placed(RunContext& ctx, const Placed& dy, const Layout& in) override;
 
 private:
     Module& child(int i) const { return *children()[i].second; }
@@ -49,11 +53,12 @@ public:
     Sequential(std::string type, std::string name, SourceLocation where)
         : Module(std::move(type), std::move(name), std::move(where)) {}
     Shape output_shape(const Shape& in) const override;
+    Layout layout(LayoutVisitor& v, const Layout& in) const override;
     bool takes_ids() const override;
 
 protected:
-    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
-    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+    Placed forward_placed(RunContext& ctx, const Placed& x) override;
+    Placed backward_placed(RunContext& ctx, const Placed& dy, const Layout& in) override;
 };
 
 // y = x + body(x), body a sequential of the listed modules.
@@ -61,10 +66,11 @@ class Residual : public Sequential {
 public:
     Residual(std::string name, SourceLocation where) : Sequential("residual", std::move(name), std::move(where)) {}
     Shape output_shape(const Shape& in) const override;
+    Layout layout(LayoutVisitor& v, const Layout& in) const override;  // the body keeps the input's layout
 
 protected:
-    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
-    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+    Placed forward_placed(RunContext& ctx, const Placed& x) override;
+    Placed backward_placed(RunContext& ctx, const Placed& dy, const Layout& in) override;
 };
 
 }  // namespace ptool

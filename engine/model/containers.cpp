@@ -15,31 +15,42 @@ Shape GatedMlp::output_shape(const Shape& in) const {
     return child(2).output_shape(child(0).output_shape(in));
 }
 
-Tensor GatedMlp::forward_impl(RunContext& ctx, const Tensor& x) {
-    Backend& be = *ctx.backend;
-    Tensor g = child(0).forward(ctx, x);  // [.., hidden]
-    Tensor u = child(1).forward(ctx, x);
-    Tensor a = empty_like(g), h = empty_like(g);
-    be.activation(act_, g, a);
-    be.mul(a, u, h);
-    save({g, a, u});
-    return child(2).forward(ctx, h);
+Layout GatedMlp::layout(LayoutVisitor& v, const Layout& in) const {
+    const Layout g = v.call(child(0), in), u = v.call(child(1), in);
+    if (!g.same_as(u))
+        conflict(fmt::format("gated_mlp '{}' multiplies gate_proj's output ({}) by up_proj's ({}): they need one "
+                             "placement (style gate_proj and up_proj alike)",
+                             fqn(), g.str(), u.str()));
+    if (g.p.is_partial())
+        conflict(fmt::format("gated_mlp '{}' applies its activation to partial sums from gate_proj: reduce them first", fqn()));
+    return v.call(child(2), g);
 }
 
-Tensor GatedMlp::backward_impl(RunContext& ctx, const Tensor& dy) {
+Placed GatedMlp::forward_placed(RunContext& ctx, const Placed& x) {
+    Backend& be = *ctx.backend;
+    const Placed g = child(0).forward(ctx, x);  // [.., hidden]
+    const Placed u = child(1).forward(ctx, x);
+    Tensor a = empty_like(g.t), h = empty_like(g.t);
+    be.activation(act_, g.t, a);
+    be.mul(a, u.t, h);
+    save({g.t, a, u.t});
+    return child(2).forward(ctx, {h, g.p, g.global});
+}
+
+Placed GatedMlp::backward_placed(RunContext& ctx, const Placed& dy, const Layout&) {
     Backend& be = *ctx.backend;
     std::vector<Tensor> s = restore();
     const Tensor &g = s[0], &a = s[1], &u = s[2];
-    Tensor dh = child(2).backward(ctx, dy);
-    Tensor du = empty_like(dh), da = empty_like(dh), dg = empty_like(dh);
-    be.mul(dh, a, du);
-    be.mul(dh, u, da);
+    const Placed dh = child(2).backward(ctx, dy);
+    Tensor du = empty_like(dh.t), da = empty_like(dh.t), dg = empty_like(dh.t);
+    be.mul(dh.t, a, du);
+    be.mul(dh.t, u, da);
     be.activation_backward(act_, g, da, dg);
-    Tensor dx_up = child(1).backward(ctx, du);
-    Tensor dx_gate = child(0).backward(ctx, dg);
-    Tensor dx = empty_like(dx_up);
-    be.add(dx_up, dx_gate, dx);
-    return dx;
+    const Placed dx_up = child(1).backward(ctx, {du, dh.p, dh.global});
+    const Placed dx_gate = child(0).backward(ctx, {dg, dh.p, dh.global});
+    Tensor dx = empty_like(dx_up.t);
+    be.add(dx_up.t, dx_gate.t, dx);
+    return {dx, dx_up.p, dx_up.global};
 }
 
 Shape Sequential::output_shape(const Shape& in) const {
@@ -48,16 +59,22 @@ Shape Sequential::output_shape(const Shape& in) const {
     return s;
 }
 
+Layout Sequential::layout(LayoutVisitor& v, const Layout& in) const {
+    Layout h = in;
+    for (const auto& [name, child] : children()) h = v.call(*child, h);
+    return h;
+}
+
 bool Sequential::takes_ids() const { return !children().empty() && children()[0].second->takes_ids(); }
 
-Tensor Sequential::forward_impl(RunContext& ctx, const Tensor& x) {
-    Tensor h = x;
+Placed Sequential::forward_placed(RunContext& ctx, const Placed& x) {
+    Placed h = x;
     for (const auto& [name, child] : children()) h = child->forward(ctx, h);
     return h;
 }
 
-Tensor Sequential::backward_impl(RunContext& ctx, const Tensor& dy) {
-    Tensor d = dy;
+Placed Sequential::backward_placed(RunContext& ctx, const Placed& dy, const Layout&) {
+    Placed d = dy;
     for (auto it = children().rbegin(); it != children().rend(); ++it) d = it->second->backward(ctx, d);
     return d;
 }
@@ -70,18 +87,28 @@ Shape Residual::output_shape(const Shape& in) const {
     return out;
 }
 
-Tensor Residual::forward_impl(RunContext& ctx, const Tensor& x) {
-    Tensor body = Sequential::forward_impl(ctx, x);
-    Tensor y = empty_like(x);
-    ctx.backend->add(x, body, y);
-    return y;
+Layout Residual::layout(LayoutVisitor& v, const Layout& in) const {
+    const Layout body = Sequential::layout(v, in);
+    if (!body.same_as(in))
+        conflict(fmt::format("residual '{}' adds its input ({}) to its body's output ({}): they need one placement",
+                             fqn(), in.str(), body.str()));
+    return in;
 }
 
-Tensor Residual::backward_impl(RunContext& ctx, const Tensor& dy) {
-    Tensor dbody = Sequential::backward_impl(ctx, dy);
-    Tensor dx = empty_like(dy);
-    ctx.backend->add(dy, dbody, dx);
-    return dx;
+Placed Residual::forward_placed(RunContext& ctx, const Placed& x) {
+    const Placed body = Sequential::forward_placed(ctx, x);
+    PTOOL_REQUIRE(body.t.shape() == x.t.shape(), "residual '{}': body {} vs input {} (the lint checks layouts)", fqn(),
+                  shape_str(body.t.shape()), shape_str(x.t.shape()));
+    Tensor y = empty_like(x.t);
+    ctx.backend->add(x.t, body.t, y);
+    return {y, x.p, x.global};
+}
+
+Placed Residual::backward_placed(RunContext& ctx, const Placed& dy, const Layout& in) {
+    const Placed dbody = Sequential::backward_placed(ctx, dy, in);
+    Tensor dx = empty_like(dy.t);
+    ctx.backend->add(dy.t, dbody.t, dx);
+    return {dx, dy.p, dy.global};
 }
 
 }  // namespace ptool

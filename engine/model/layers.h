@@ -13,6 +13,7 @@ public:
     Linear(std::string name, SourceLocation where, int64_t in, int64_t out, bool bias, DType dtype,
            ParamPtr tied_weight = nullptr);
     Shape output_shape(const Shape& in) const override;
+    Placement out_placement(const Layout& in) const override;  // whole rows: not Shard(-1), not Partial
     void init_params(uint64_t seed) override;
     int64_t in_features() const { return in_; }
     int64_t out_features() const { return out_; }
@@ -20,9 +21,7 @@ public:
     // Rowwise tensor parallelism adds the bias once, after the reduction: the style's hooks then
     // own the bias and forward/backward here leave it alone.
     void set_defer_bias(bool defer) { defer_bias_ = defer; }
-    // Fills `local`, the shard [offset, offset + local.size(dim)) along `dim` of parameter `name`
-    // (dim -1: the whole parameter), with exactly the values init_params gives those elements.
-    void init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim, int64_t offset) const;
+    void init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim, int64_t offset) const override;
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -64,6 +63,7 @@ public:
     Norm(std::string type, std::string name, SourceLocation where, int64_t dim, double eps, bool affine,
          bool bias, DType dtype);
     Shape output_shape(const Shape& in) const override;
+    Placement out_placement(const Layout& in) const override;  // whole rows
     void init_params(uint64_t seed) override;
     bool rms() const { return type() == "rms_norm"; }
 
@@ -83,6 +83,7 @@ public:
     BatchNorm(std::string name, SourceLocation where, int64_t features, double eps, double momentum,
               DType dtype);
     Shape output_shape(const Shape& in) const override;
+    Placement out_placement(const Layout& in) const override;  // the whole batch: Replicate only
     void init_params(uint64_t seed) override;
     // SyncBatchNorm: statistics over the batch of every rank of `group` (data parallel). Forward
     // all_gathers each rank's per-channel mean and variance, backward all_reduces sum(dy) and
@@ -106,6 +107,7 @@ class Embedding : public Module {
 public:
     Embedding(std::string name, SourceLocation where, int64_t num, int64_t dim, DType dtype);
     Shape output_shape(const Shape& in) const override;
+    Placement out_placement(const Layout& in) const override;  // ids sharded by batch or sequence stay so
     bool takes_ids() const override { return true; }
     void init_params(uint64_t seed) override;
     int64_t vocab() const { return num_; }
@@ -113,8 +115,7 @@ public:
     // Vocab-parallel (rowwise): this rank holds rows [offset, offset + weight rows); other ids
     // look up zeros here and the ranks' outputs are summed.
     void set_vocab_offset(int64_t offset) { vocab_offset_ = offset; }
-    // The same as Linear::init_shard, for the weight.
-    void init_shard(uint64_t seed, Tensor& local, int64_t dim, int64_t offset) const;
+    void init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim, int64_t offset) const override;
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;

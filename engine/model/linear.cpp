@@ -24,6 +24,14 @@ Shape Linear::output_shape(const Shape& in) const {
     return out;
 }
 
+Placement Linear::out_placement(const Layout& in) const {
+    const Placement p = in.p.normalized(static_cast<int64_t>(in.global.size()));
+    if (p.is_shard() && p.dim == static_cast<int64_t>(in.global.size()) - 1)
+        conflict(fmt::format("'{}' (linear) needs whole rows", fqn()));
+    if (p.is_partial()) conflict(fmt::format("'{}' (linear) needs a reduced input, not partial sums", fqn()));
+    return p;
+}
+
 // kaiming_uniform_(a=sqrt(5)) gives bound 1/sqrt(in) for the weight; the bias uses the same bound.
 void Linear::init_params(uint64_t seed) {
     const double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;

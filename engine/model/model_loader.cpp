@@ -109,10 +109,7 @@ struct Builder {
             account(m.node(), 4 * pos(type == "batch_norm" ? "features" : "dim"));
         if (type == "layer_norm" || type == "rms_norm") {
             // nn.LayerNorm eps 1e-5; nn.RMSNorm eps=None means torch.finfo(dtype).eps
-            const double default_eps = type == "layer_norm" ? 1e-5 : (dtype == DType::float64 ? DBL_EPSILON
-                                                                    : dtype == DType::bfloat16 ? 0.0078125
-                                                                    : dtype == DType::float16 ? 0.0009765625
-                                                                                              : FLT_EPSILON);
+            const double default_eps = type == "layer_norm" ? 1e-5 : dtype_eps(dtype);
             const bool bias = type == "layer_norm" && m.bool_or("bias", true);
             return std::make_shared<Norm>(type, name, where, pos("dim"), m.double_or("eps", default_eps),
                                           m.bool_or("elementwise_affine", true), bias, dtype);

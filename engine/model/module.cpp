@@ -4,20 +4,60 @@
 
 namespace ptool {
 
-Tensor Module::forward(RunContext& ctx, const Tensor& x) {
-    Tensor y = hooks_ ? hooks_->post_forward(ctx, *this, forward_impl(ctx, hooks_->pre_forward(ctx, *this, x)))
-                      : forward_impl(ctx, x);
-    if (ctx.observer) ctx.observer(*this, "forward", y);
+const char* phase_name(Phase p) { return p == Phase::forward ? "forward" : "backward"; }
+
+Placed Module::forward(RunContext& ctx, const Placed& x) {
+    const Placed in = hooks_ ? hooks_->pre_forward(ctx, *this, x) : x;
+    inputs_.push_back(in.layout());
+    const std::optional<Placement> computed = hooks_ ? hooks_->compute_out(*this) : std::nullopt;
+    Placed y = computed ? Placed{forward_impl(ctx, in.t), *computed, output_shape(in.global)} : forward_placed(ctx, in);
+    if (hooks_) y = hooks_->post_forward(ctx, *this, y);
+    if (ctx.observer) ctx.observer(*this, Phase::forward, y);
     return y;
 }
 
-Tensor Module::backward(RunContext& ctx, const Tensor& dy) {
-    Tensor dx = hooks_ ? backward_impl(ctx, hooks_->post_forward_backward(ctx, *this, dy)) : backward_impl(ctx, dy);
+Placed Module::backward(RunContext& ctx, const Placed& dy) {
+    PTOOL_REQUIRE(!inputs_.empty(), "backward of '{}' without a forward", fqn_);
+    const Layout in = std::move(inputs_.back());
+    inputs_.pop_back();
+    const Placed d = hooks_ ? hooks_->post_forward_backward(ctx, *this, dy) : dy;
+    const std::optional<Placement> computed = hooks_ ? hooks_->compute_grad_in(*this) : std::nullopt;
+    Placed dx;
+    if (!computed) dx = backward_placed(ctx, d, in);
+    else if (Tensor t = backward_impl(ctx, d.t); t.defined()) dx = {t, *computed, in.global};
     if (hooks_ && dx.defined()) dx = hooks_->pre_forward_backward(ctx, *this, dx);
     if (hooks_) hooks_->post_backward(ctx, *this);
-    if (ctx.observer && dx.defined()) ctx.observer(*this, "backward", dx);
+    if (ctx.observer && dx.defined()) ctx.observer(*this, Phase::backward, dx);
     return dx;
 }
+
+Placed Module::forward_placed(RunContext& ctx, const Placed& x) {
+    return {forward_impl(ctx, x.t), out_placement(x.layout()), output_shape(x.global)};
+}
+
+Placed Module::backward_placed(RunContext& ctx, const Placed& dy, const Layout& in) {
+    Tensor dx = backward_impl(ctx, dy.t);
+    if (!dx.defined()) return {};  // ids have no gradient
+    return {dx, grad_placement(in.p), in.global};
+}
+
+Tensor Module::forward_impl(RunContext&, const Tensor&) {
+    PTOOL_REQUIRE(false, "'{}' ({}) computes on placed tensors only", fqn_, type_);
+    return {};
+}
+
+Tensor Module::backward_impl(RunContext&, const Tensor&) {
+    PTOOL_REQUIRE(false, "'{}' ({}) computes on placed tensors only", fqn_, type_);
+    return {};
+}
+
+Layout Module::layout(LayoutVisitor&, const Layout& in) const { return {output_shape(in.global), out_placement(in)}; }
+
+void Module::init_shard(uint64_t, const std::string& param, Tensor&, int64_t, int64_t) const {
+    PTOOL_REQUIRE(false, "'{}' ({}) cannot initialise a shard of '{}'", fqn_, type_, param);
+}
+
+void Module::conflict(const std::string& message) const { throw LayoutError(where_, message); }
 
 namespace {
 
@@ -25,21 +65,29 @@ class ChainedHooks : public ModuleHooks {
 public:
     ChainedHooks(std::shared_ptr<ModuleHooks> outer, std::shared_ptr<ModuleHooks> inner)
         : outer_(std::move(outer)), inner_(std::move(inner)) {}
-    Tensor pre_forward(RunContext& c, Module& m, const Tensor& x) override {
+    Placed pre_forward(RunContext& c, Module& m, const Placed& x) override {
         return inner_->pre_forward(c, m, outer_->pre_forward(c, m, x));
     }
-    Tensor post_forward(RunContext& c, Module& m, const Tensor& y) override {
+    Placed post_forward(RunContext& c, Module& m, const Placed& y) override {
         return outer_->post_forward(c, m, inner_->post_forward(c, m, y));
     }
-    Tensor post_forward_backward(RunContext& c, Module& m, const Tensor& dy) override {
+    Placed post_forward_backward(RunContext& c, Module& m, const Placed& dy) override {
         return inner_->post_forward_backward(c, m, outer_->post_forward_backward(c, m, dy));
     }
-    Tensor pre_forward_backward(RunContext& c, Module& m, const Tensor& dx) override {
+    Placed pre_forward_backward(RunContext& c, Module& m, const Placed& dx) override {
         return outer_->pre_forward_backward(c, m, inner_->pre_forward_backward(c, m, dx));
     }
     void post_backward(RunContext& c, Module& m) override {
         inner_->post_backward(c, m);
         outer_->post_backward(c, m);
+    }
+    std::optional<Placement> compute_out(const Module& m) const override {
+        auto p = inner_->compute_out(m);
+        return p ? p : outer_->compute_out(m);
+    }
+    std::optional<Placement> compute_grad_in(const Module& m) const override {
+        auto p = inner_->compute_grad_in(m);
+        return p ? p : outer_->compute_grad_in(m);
     }
 
 private:

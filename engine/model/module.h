@@ -12,12 +12,14 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "model/placed.h"
 
 namespace ptool {
 
@@ -26,6 +28,12 @@ struct Parameter {
     Tensor grad;  // same shape and dtype; zeroed by zero_grad()
 };
 using ParamPtr = std::shared_ptr<Parameter>;
+
+// What an observer sees: a module's output (forward) or its input gradient (backward).
+enum class Phase { forward, backward };
+const char* phase_name(Phase p);  // "forward", "backward"
+
+class Module;
 
 // Per-step state shared by every module during one forward/backward.
 struct RunContext {
@@ -36,22 +44,43 @@ struct RunContext {
     int64_t row_offset = 0;  // global row of this rank's first batch row (data parallel): dropout's mask index
     // Called after each module's forward (output) and backward (input gradient), for divergence
     // localisation; may be empty.
-    std::function<void(const class Module&, const char* phase, const Tensor&)> observer;
+    std::function<void(const Module&, Phase, const Placed&)> observer;
 };
 
 // Forward/backward hooks around a module, as PyTorch's module pre-/post-forward hooks; the
-// tensor-parallel styles are hooks (parallel/tp_styles.h). Each *_backward is the adjoint of its
+// tensor-parallel styles are hooks (parallel/style.h). Each *_backward is the adjoint of its
 // forward hook. Hooks keep their own saves (a shared module runs them twice per step).
 class ModuleHooks {
 public:
     virtual ~ModuleHooks() = default;
-    virtual Tensor pre_forward(RunContext&, Module&, const Tensor& x) { return x; }
-    virtual Tensor post_forward(RunContext&, Module&, const Tensor& y) { return y; }
-    virtual Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) { return dy; }
-    virtual Tensor pre_forward_backward(RunContext&, Module&, const Tensor& dx) { return dx; }
+    virtual Placed pre_forward(RunContext&, Module&, const Placed& x) { return x; }
+    virtual Placed post_forward(RunContext&, Module&, const Placed& y) { return y; }
+    virtual Placed post_forward_backward(RunContext&, Module&, const Placed& dy) { return dy; }
+    virtual Placed pre_forward_backward(RunContext&, Module&, const Placed& dx) { return dx; }
     // The module's backward is done (its parameters' gradients are complete), also when it has no
     // input gradient (embeddings): fully_shard's reduce_scatter.
     virtual void post_backward(RunContext&, Module&) {}
+    // Where the hook's sharding changes what the module computes (a colwise linear makes Shard(-1)
+    // out of a Replicate input, and a Partial input gradient): those placements, read instead of
+    // the module's own rule. nullopt: the module's rule.
+    virtual std::optional<Placement> compute_out(const Module&) const { return std::nullopt; }
+    virtual std::optional<Placement> compute_grad_in(const Module&) const { return std::nullopt; }
+};
+
+// The static counterpart of forward: a container asks the visitor for each child's output layout
+// (parallel/layout_pass.h applies the child's style and records the call).
+class LayoutVisitor {
+public:
+    virtual ~LayoutVisitor() = default;
+    virtual Layout call(const Module& child, const Layout& in) = 0;
+    virtual int parts() const = 0;  // ranks of the tensor-parallel dim
+};
+
+// An activation's layout that a module cannot compute on (a sharded last dim into a plain linear,
+// sequence shards into attention): exit 2 from the lint, which adds where and how to fix it.
+class LayoutError : public InputError {
+public:
+    using InputError::InputError;
 };
 
 class Module {
@@ -72,9 +101,20 @@ public:
     // Fills this module's own parameters and buffers (not its children's) with PyTorch's default
     // init, drawn from the counter-based RNG keyed by (seed, "init", parameter fqn).
     virtual void init_params(uint64_t /*seed*/) {}
+    // Fills `local`, the piece [offset, offset + local.size(dim)) along `dim` of parameter `param`
+    // (dim -1: the whole parameter), with exactly the values init_params gives those elements, so a
+    // rank builds its shard without the full tensor (src_data_rank: null). Linear and embedding.
+    virtual void init_shard(uint64_t seed, const std::string& param, Tensor& local, int64_t dim, int64_t offset) const;
 
-    Tensor forward(RunContext& ctx, const Tensor& x);
-    Tensor backward(RunContext& ctx, const Tensor& dy);
+    // Runs the hooks and the module, and reports the output (input gradient) to ctx.observer.
+    Placed forward(RunContext& ctx, const Placed& x);
+    Placed backward(RunContext& ctx, const Placed& dy);
+
+    // Static: the output layout for an input layout; containers route their children through v.
+    // Leaves: output_shape and out_placement. Throws LayoutError on a conflict.
+    virtual Layout layout(LayoutVisitor& v, const Layout& in) const;
+    // Leaves: the output placement for an input layout. Elementwise modules keep it.
+    virtual Placement out_placement(const Layout& in) const { return in.p; }
 
     struct Entry {
         std::string name;
@@ -90,16 +130,22 @@ public:
     void add_child(const std::string& name, std::shared_ptr<Module> m) { children_.push_back({name, std::move(m)}); }
     ParamPtr param(const std::string& name) const;  // nullptr when absent
 
-    size_t saved_depth() const { return saved_.size(); }
     void set_hooks(std::shared_ptr<ModuleHooks> hooks) { hooks_ = std::move(hooks); }
     // Wraps the hooks the module has (tensor parallel's) in outer ones (fully_shard's): the outer
     // pre_forward runs first and its post_forward last, and their adjoints the other way round.
     void add_outer_hooks(std::shared_ptr<ModuleHooks> outer);
-    ModuleHooks* hooks() const { return hooks_.get(); }
+    const std::shared_ptr<ModuleHooks>& hooks() const { return hooks_; }
 
 protected:
-    virtual Tensor forward_impl(RunContext& ctx, const Tensor& x) = 0;
-    virtual Tensor backward_impl(RunContext& ctx, const Tensor& dy) = 0;
+    // Leaves compute on local tensors; the placements follow from the layout rules.
+    virtual Tensor forward_impl(RunContext& ctx, const Tensor& x);
+    virtual Tensor backward_impl(RunContext& ctx, const Tensor& dy);
+    // Containers hand Placed values to their children; the default wraps forward_impl/backward_impl.
+    // `in` is this call's input layout (its gradient has the same placement, Partial -> Replicate).
+    virtual Placed forward_placed(RunContext& ctx, const Placed& x);
+    virtual Placed backward_placed(RunContext& ctx, const Placed& dy, const Layout& in);
+    // Throws LayoutError naming this module.
+    [[noreturn]] void conflict(const std::string& message) const;
     [[noreturn]] void fail(const std::string& message) const { throw InputError(where_, message); }
 
     void save(std::vector<Tensor> tensors) { saved_.push_back(std::move(tensors)); }
@@ -111,6 +157,7 @@ private:
     std::vector<Entry> params_, buffers_;
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
     std::vector<std::vector<Tensor>> saved_;
+    std::vector<Layout> inputs_;  // per call: the input layout (after the pre-forward hook)
     std::shared_ptr<ModuleHooks> hooks_;
 };
 

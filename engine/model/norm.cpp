@@ -29,6 +29,14 @@ Shape Norm::output_shape(const Shape& in) const {
     return in;
 }
 
+Placement Norm::out_placement(const Layout& in) const {
+    const Placement p = in.p.normalized(static_cast<int64_t>(in.global.size()));
+    if (p.is_shard() && p.dim == static_cast<int64_t>(in.global.size()) - 1)
+        conflict(fmt::format("'{}' ({}) needs whole rows", fqn(), type()));
+    if (p.is_partial()) conflict(fmt::format("'{}' ({}) needs a reduced input, not partial sums", fqn(), type()));
+    return p;
+}
+
 void Norm::init_params(uint64_t) {
     if (auto w = param("weight")) fill_value(w->value, 1.0);
     if (auto b = param("bias")) fill_value(b->value, 0.0);
@@ -72,6 +80,14 @@ Shape BatchNorm::output_shape(const Shape& in) const {
         fail(fmt::format("batch_norm '{}' expects [N, {}], got {}", fqn(), features_, shape_str(in)));
     if (in[0] < 2) fail(fmt::format("batch_norm '{}' needs more than 1 value per channel in training", fqn()));
     return in;
+}
+
+Placement BatchNorm::out_placement(const Layout& in) const {
+    if (!in.p.is_replicate())
+        conflict(fmt::format("'{}' (batch_norm) normalises each channel over the whole batch and needs it replicated "
+                             "on the tensor-parallel dim",
+                             fqn()));
+    return in.p;
 }
 
 void BatchNorm::init_params(uint64_t) {
@@ -168,9 +184,15 @@ Shape Embedding::output_shape(const Shape& in) const {
     return out;
 }
 
+Placement Embedding::out_placement(const Layout& in) const {
+    if (in.p.is_partial()) conflict(fmt::format("'{}' (embedding) needs whole ids, not partial sums", fqn()));
+    return in.p.normalized(static_cast<int64_t>(in.global.size()));
+}
+
 void Embedding::init_params(uint64_t seed) { init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), 1.0); }
 
-void Embedding::init_shard(uint64_t seed, Tensor& local, int64_t dim, int64_t offset) const {
+void Embedding::init_shard(uint64_t seed, const std::string&, Tensor& local, int64_t dim, int64_t offset) const {
+    if (dim < 0) return init_normal(local, seed, join_name(fqn(), "weight"), 1.0);
     init_normal_shard(local, seed, join_name(fqn(), "weight"), 1.0, {num_, dim_}, dim, offset);
 }
 

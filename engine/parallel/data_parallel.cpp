@@ -15,22 +15,6 @@ bool under(const std::string& name, const std::string& module) {
 
 std::string at(const SourceLocation& w) { return w.str() + ": "; }
 
-// Sets the counter's module for the scope: the data-parallel collectives are counted under the
-// replicate() root or fully_shard unit they belong to.
-class ModuleScope {
-public:
-    ModuleScope(CommCounter* c, const std::string& fqn) : c_(c), was_(c ? c->module() : "") {
-        if (c_) c_->set_module(fqn);
-    }
-    ~ModuleScope() {
-        if (c_) c_->set_module(was_);
-    }
-
-private:
-    CommCounter* c_;
-    std::string was_;
-};
-
 }  // namespace
 
 std::vector<BucketSpec> assign_buckets(const std::vector<std::pair<std::string, int64_t>>& params_and_bytes,
@@ -65,7 +49,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
                                                 did_you_mean(fqn, module_names)));
     };
 
-    // the global batch splits evenly over the dp ranks (DESIGN §5)
+    // the global batch splits evenly over the dp ranks
     const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0];
     if (rows % res.size != 0) {
         std::vector<int64_t> sizes;
@@ -156,10 +140,21 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
     return res;
 }
 
+void poison_replica(Tensor& t, int rank) {  // t := 0.25 + rank - t / 2
+    if (t.dtype() == DType::int64 || t.dtype() == DType::int32) {  // counters (num_batches_tracked): few elements
+        for (int64_t k = 0; k < t.numel(); ++k) t.set(k, t.item(k) + 1 + rank);
+        return;
+    }
+    Backend& be = backend_for(t.device());
+    Tensor shift = Tensor::empty(t.shape(), t.dtype(), t.device());
+    be.fill(shift, 0.25 + rank);
+    be.axpy(-0.5, t, shift);
+    be.copy(shift, t);
+}
+
 DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh,
-                           Backend& be, const Fault& fault)
-    : res_(res), comm_(&mesh.comm(mesh.dim_index(plan.data_parallel->mesh_dim))),
-      counter_(mesh.counter()), be_(be), fault_(fault) {
+                           Backend& be)
+    : res_(res), comm_(&mesh.comm(mesh.dim_index(plan.data_parallel->mesh_dim))), counter_(mesh.counter()), be_(be) {
     const DataParallelSpec& spec = *plan.data_parallel;
     bucket_view_ = spec.gradient_as_bucket_view;
     const auto named_params = model.named_parameters(), named_buffers = model.named_buffers();
@@ -182,14 +177,8 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
     if (comm_->rank() != 0)
         for (const ParamPtr& p : states) poison_replica(p->value, comm_->rank());
     {
-        ModuleScope scope(counter_.get(), spec.modules.size() == 1 ? spec.modules[0] : "");
-        std::vector<ParamPtr> sent;
-        for (const ParamPtr& p : states) {
-            bool is_buffer = std::find(buffers_.begin(), buffers_.end(), p) != buffers_.end();
-            if (is_buffer && fault.kind == "skip_buffer_broadcast") continue;
-            sent.push_back(p);
-        }
-        broadcast_coalesced(sent);
+        CommScope scope(counter_.get(), spec.modules.size() == 1 ? spec.modules[0] : "", "construction");
+        broadcast_coalesced(states);
     }
 
     // the buckets: flat buffers per replicate() root, in reduction order
@@ -215,18 +204,7 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
             }
             buckets_.push_back(std::move(b));
         }
-    if (fault.kind == "sync_ignored" && !res.ignored_params.empty()) {  // the ignored modules averaged after all
-        Bucket b;
-        int64_t numel = 0;
-        for (const std::string& name : res.ignored_params) {
-            b.params.push_back(params.at(name));
-            b.names.push_back(name);
-            numel += params.at(name)->grad.numel();
-        }
-        b.flat = Tensor({numel}, b.params[0]->grad.dtype(), b.params[0]->grad.device());
-        buckets_.push_back(std::move(b));
-    }
-    if (!res.units.empty()) fsdp_ = std::make_unique<FullyShard>(model, res.units, *comm_, be, fault);
+    if (!res.units.empty()) fsdp_ = std::make_unique<FullyShard>(model, res.units, *comm_, be);
 }
 
 Placement DataParallel::placement(const Parameter* p) const {
@@ -257,18 +235,16 @@ void DataParallel::broadcast_coalesced(const std::vector<ParamPtr>& tensors) {
 }
 
 void DataParallel::before_forward() {
-    if (buffers_.empty() || fault_.kind == "skip_buffer_broadcast") return;
-    ModuleScope scope(counter_.get(), res_.replicas.size() == 1 ? res_.replicas[0].root : "");
+    if (buffers_.empty()) return;
+    CommScope scope(counter_.get(), res_.replicas.size() == 1 ? res_.replicas[0].root : "", "buffers");
     broadcast_coalesced(buffers_);
 }
 
 void DataParallel::after_backward() {
     copy_bytes_ = allreduce_bytes_ = 0;
-    for (size_t i = 0; i < buckets_.size(); ++i) {
-        Bucket& b = buckets_[i];
-        bool skip = false;
-        for (const std::string& name : b.names) skip = skip || fault_.hits("skip_bucket", name);
-        if (skip) continue;
+    std::map<std::string, int> index;  // of each bucket within its root
+    for (Bucket& b : buckets_) {
+        const int k = index[b.root]++;
         if (!bucket_view_) {
             int64_t off = 0;
             for (const ParamPtr& p : b.params) {
@@ -279,8 +255,8 @@ void DataParallel::after_backward() {
             copy_bytes_ += 2 * static_cast<int64_t>(b.flat.nbytes());
         }
         {
-            ModuleScope scope(counter_.get(), b.root);
-            comm_->all_reduce(b.flat, fault_.hits("grad_sum", b.root) ? ReduceOp::sum : ReduceOp::avg);
+            CommScope scope(counter_.get(), b.root, fmt::format("bucket {}", k));
+            comm_->all_reduce(b.flat, ReduceOp::avg);
             allreduce_bytes_ += static_cast<int64_t>(b.flat.nbytes());
         }
         if (!bucket_view_) {

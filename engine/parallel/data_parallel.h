@@ -1,5 +1,5 @@
 // Data parallelism on one mesh dim, as PyTorch's composable replicate() (DDP) and fully_shard()
-// (FSDP2) run it (DESIGN §5):
+// (FSDP2) run it:
 //
 //   replicate: parameters and buffers broadcast from dp rank 0 when it is built; buffers again
 //     before every forward (broadcast_buffers); after backward the gradients are averaged with one
@@ -20,7 +20,6 @@
 #include "model/model.h"
 #include "parallel/fully_shard.h"
 #include "parallel/plan.h"
-#include "parallel/tp_styles.h"
 
 namespace ptool {
 
@@ -59,11 +58,12 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
                                              std::vector<std::string>& causes);
 
 // One rank's data-parallel state, built after tensor parallelism (it shards or replicates the
-// TP-local tensors).
+// TP-local tensors). Its collectives run under the counter's scope: the replicate() root or the
+// fully_shard unit as module, and "bucket K" as the site of bucket K's all_reduce (the K-th of its
+// root), "buffers" for the buffer broadcasts.
 class DataParallel {
 public:
-    DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh, Backend& be,
-                 const Fault& fault);
+    DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh, Backend& be);
 
     Communicator& comm() const { return *comm_; }
     bool ignored(const std::string& param_fqn) const { return res_.ignored_params.count(param_fqn) > 0; }
@@ -89,12 +89,15 @@ private:
     Communicator* comm_;
     std::shared_ptr<CommCounter> counter_;
     Backend& be_;
-    Fault fault_;
     bool bucket_view_ = false;
     std::vector<Bucket> buckets_;
     std::vector<ParamPtr> buffers_;  // synced buffers
     std::unique_ptr<FullyShard> fsdp_;
     int64_t copy_bytes_ = 0, allreduce_bytes_ = 0;
 };
+
+// Overwrites a tensor that a broadcast is about to replace with values no correct run produces
+// (rank-dependent), so that a broadcast that is skipped or sent from the wrong rank is caught.
+void poison_replica(Tensor& t, int rank);
 
 }  // namespace ptool

@@ -4,6 +4,7 @@
 // split (MPI_Comm_split, thread groups), each counting its collectives under the dim's name.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,8 @@ public:
     Communicator& comm(int dim) const { return *comms_[dim]; }
     Communicator& world() const { return world_; }
     const std::shared_ptr<CommCounter>& counter() const { return counter_; }
+    // Replaces dim `dim`'s communicator with wrap(it) (a decorator that owns it: fault injection).
+    void wrap(int dim, const std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>& wrap);
 
     static std::vector<int> coords_of(int rank, const std::vector<MeshDim>& dims);
     static int rank_of(const std::vector<int>& coords, const std::vector<MeshDim>& dims);

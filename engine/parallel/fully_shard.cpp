@@ -26,39 +26,29 @@ struct FullyShard::State : ModuleHooks {
     int64_t region = 0;
     Communicator* comm = nullptr;
     Backend* be = nullptr;
-    Fault fault;
-    int64_t gathers = 0;
-    int unsharded = 0;  // > 0 while a forward or backward holds the full parameters
 
     void unshard(bool for_backward) {
         const int n = comm->size();
-        const bool stale = fault.hits("stale_param", fqn) && gathers > 0;  // reuses the last full parameters
-        if (!stale) {
-            Tensor local = Tensor({region}, params[0].shard.dtype(), params[0].shard.device());
-            for (Managed& m : params) {
-                if (m.shard.numel() == 0) continue;
-                Tensor dst = local.narrow(0, m.offset, m.shard.numel()).reshape(m.shard.shape());
-                be->copy(m.shard, dst);
-            }
-            Tensor all = Tensor::empty({n * region}, local.dtype(), local.device());
-            {
-                auto c = comm->counter();
-                const std::string was = c ? c->module() : "";
-                if (c) c->set_module(fqn);
-                comm->all_gather(local, all);
-                if (c) c->set_module(was);
-            }
-            ++gathers;
-            for (Managed& m : params) {
-                m.full = Tensor::empty(m.full_shape, m.shard.dtype(), m.shard.device());
-                for (int r = 0; r < n; ++r) {
-                    const Chunk c = chunk_of(m.full_shape[0], n, r);
-                    if (c.length == 0) continue;
-                    Tensor src = all.narrow(0, r * region + m.offset, c.length * m.row);
-                    Tensor dst = m.full.narrow(0, c.offset, c.length);
-                    Tensor dst_flat = dst.reshape({c.length * m.row});
-                    be->copy(src, dst_flat);
-                }
+        Tensor local = Tensor({region}, params[0].shard.dtype(), params[0].shard.device());
+        for (Managed& m : params) {
+            if (m.shard.numel() == 0) continue;
+            Tensor dst = local.narrow(0, m.offset, m.shard.numel()).reshape(m.shard.shape());
+            be->copy(m.shard, dst);
+        }
+        Tensor all = Tensor::empty({n * region}, local.dtype(), local.device());
+        {
+            CommScope scope(comm->counter().get(), fqn, "unshard");
+            comm->all_gather(local, all);
+        }
+        for (Managed& m : params) {
+            m.full = Tensor::empty(m.full_shape, m.shard.dtype(), m.shard.device());
+            for (int r = 0; r < n; ++r) {
+                const Chunk c = chunk_of(m.full_shape[0], n, r);
+                if (c.length == 0) continue;
+                Tensor src = all.narrow(0, r * region + m.offset, c.length * m.row);
+                Tensor dst = m.full.narrow(0, c.offset, c.length);
+                Tensor dst_flat = dst.reshape({c.length * m.row});
+                be->copy(src, dst_flat);
             }
         }
         for (Managed& m : params) {
@@ -78,33 +68,22 @@ struct FullyShard::State : ModuleHooks {
     }
 
     void reduce_grads() {
-        const int n = comm->size(), r = comm->rank();
+        const int n = comm->size();
         const DType dt = params[0].shard.dtype();
         const Device dev = params[0].shard.device();
         Tensor out({region}, dt, dev);
-        if (fault.hits("skip_reduce_scatter", fqn)) {  // each rank keeps its own rows of its own gradient
-            for (Managed& m : params) {
-                const Chunk c = chunk_of(m.full_shape[0], n, r);
+        Tensor in({n * region}, dt, dev);  // rank k's region: its rows of every parameter, padded
+        for (Managed& m : params)
+            for (int k = 0; k < n; ++k) {
+                const Chunk c = chunk_of(m.full_shape[0], n, k);
                 if (c.length == 0) continue;
                 Tensor src = m.full_grad.narrow(0, c.offset, c.length).reshape({c.length * m.row});
-                Tensor dst = out.narrow(0, m.offset, c.length * m.row);
+                Tensor dst = in.narrow(0, k * region + m.offset, c.length * m.row);
                 be->copy(src, dst);
             }
-        } else {
-            Tensor in({n * region}, dt, dev);
-            for (Managed& m : params)
-                for (int k = 0; k < n; ++k) {
-                    const Chunk c = chunk_of(m.full_shape[0], n, k);
-                    if (c.length == 0) continue;
-                    Tensor src = m.full_grad.narrow(0, c.offset, c.length).reshape({c.length * m.row});
-                    Tensor dst = in.narrow(0, k * region + m.offset, c.length * m.row);
-                    be->copy(src, dst);
-                }
-            auto cnt = comm->counter();
-            const std::string was = cnt ? cnt->module() : "";
-            if (cnt) cnt->set_module(fqn);
+        {
+            CommScope scope(comm->counter().get(), fqn, "reduce_grads");
             comm->reduce_scatter(in, out, ReduceOp::avg);
-            if (cnt) cnt->set_module(was);
         }
         for (Managed& m : params) {  // accumulate: a shared unit runs its backward more than once
             if (m.shard_grad.numel() == 0) continue;
@@ -113,15 +92,15 @@ struct FullyShard::State : ModuleHooks {
         }
     }
 
-    Tensor pre_forward(RunContext&, Module&, const Tensor& x) override {
+    Placed pre_forward(RunContext&, Module&, const Placed& x) override {
         unshard(false);
         return x;
     }
-    Tensor post_forward(RunContext&, Module&, const Tensor& y) override {
+    Placed post_forward(RunContext&, Module&, const Placed& y) override {
         if (!root) reshard();
         return y;
     }
-    Tensor post_forward_backward(RunContext&, Module&, const Tensor& dy) override {
+    Placed post_forward_backward(RunContext&, Module&, const Placed& dy) override {
         if (root) {  // kept from the forward
             for (Managed& m : params) {
                 m.full_grad = Tensor(m.full_shape, m.shard.dtype(), m.shard.device());
@@ -138,8 +117,7 @@ struct FullyShard::State : ModuleHooks {
     }
 };
 
-FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be,
-                       const Fault& fault) {
+FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be) {
     const auto named = model.named_parameters();
     std::map<std::string, ParamPtr> by_name(named.begin(), named.end());
     std::map<std::string, Module*> modules;
@@ -152,7 +130,6 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
         st->root = u.fqn.empty();
         st->comm = &dp;
         st->be = &be;
-        st->fault = fault;
         for (const std::string& name : u.params) {
             State::Managed m;
             m.name = name;

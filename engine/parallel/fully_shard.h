@@ -5,15 +5,16 @@
 //   post_forward  reshard (drop the full parameters); the root unit keeps them, as FSDP2's root
 //   backward      all_gather again when resharded, full-size gradients
 //   post_backward reduce_scatter(avg) of the full gradients into the local shards, reshard
-// The optimizer then steps on the shards, so its state is sharded too.
+// The optimizer then steps on the shards, so its state is sharded too. The collectives run under
+// the unit's FQN as the counter's module, with site "unshard" and "reduce_grads".
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "model/model.h"
-#include "parallel/tp_styles.h"
 
 namespace ptool {
 
@@ -25,7 +26,7 @@ struct FsdpUnitSpec {
 class FullyShard {
 public:
     // Shards every unit's parameters on this rank (no communication) and installs the hooks.
-    FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be, const Fault& fault);
+    FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be);
     bool manages(const Parameter* p) const;
 
     struct State;

@@ -1,42 +1,44 @@
-// parallelize_module for ptool: resolve the plan's patterns against the model (no communication;
-// the lint findings of DESIGN §6 that need no run), then, on each rank, shard the matched modules'
-// parameters and install their style hooks.
+// parallelize_module for ptool. resolve_plan matches the plan's patterns against the model and
+// lints it (no communication, no tensor): each style checks the modules it is given, and the
+// layout pass follows every activation's placement through the step. parallelize then, on each
+// rank, distributes the styled modules' parameters and installs the styles' hooks.
 #pragma once
 
 #include "parallel/data_parallel.h"
-#include "parallel/tp_styles.h"
+#include "parallel/layout_pass.h"
 
 namespace ptool {
 
-struct ResolvedStyle {
-    std::string fqn;
-    Module* module = nullptr;
-    const PlanEntry* entry = nullptr;
-};
-
 struct Resolution {
-    std::vector<ResolvedStyle> styles;     // in forward registration order
-    std::vector<std::string> warnings;     // "plan.yaml:6:3: pattern 'x' matched no module", ...
-    Placement input_placement;             // how the model input reaches the ranks
-    DataParallelResolution dp;             // the data_parallel section, resolved
+    std::vector<ResolvedStyle> styles;  // in forward registration order
+    std::vector<std::string> warnings;  // "plan.yaml:6:3: pattern 'x' matched no module", ...
+    int tp = 1;                         // ranks of the tensor-parallel dim
+    Placement input_placement;          // how the model input reaches the ranks
+    LayoutReport layouts;               // every module call's layouts and the step's collectives
+    DataParallelResolution dp;          // the data_parallel section, resolved
     // Findings that make a mismatch with the reference expected, shown with a failing verdict as
     // its cause ("loss: sum under data parallel ...", BatchNorm with local statistics).
     std::vector<std::string> causes;
+
+    const ResolvedStyle* style_of(const Module& m) const;  // null: unstyled
 };
 
-// Errors (exit 2) for styles on modules they cannot apply to, overlapping patterns, tied weights
-// under colwise/rowwise; warnings for patterns matching nothing, an empty plan, uneven shards,
-// sharded activations fed to modules that need them whole, dropout on sharded activations.
+// Errors (exit 2) for styles on modules they cannot apply to, overlapping patterns, layout
+// conflicts; warnings for patterns matching nothing, an empty plan, uneven shards, parameters
+// whose gradients stay partial. The model need not be initialised.
 Resolution resolve_plan(const Model& model, const Plan& plan);
 
-// Shards the parameters of the resolved modules on this rank (broadcast from src_data_rank first,
-// counted under the module's name, or no communication when it is null) and installs the hooks.
-// build_own_shards: the styled modules' parameters were never initialised; each rank draws only
-// its own shard from the counter-based RNG (src_data_rank: null), never touching the full tensors.
-void parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMesh& mesh,
-                 const std::shared_ptr<TpState>& state, bool build_own_shards = false);
+// A distributed parameter's placement on the tensor-parallel dim and its full shape.
+struct TpParam {
+    Placement placement;
+    Shape global;
+};
+using TpParams = std::map<const Parameter*, TpParam>;
 
-// Whether a module's parameters are sharded by the plan (colwise / rowwise).
-bool shards_parameters(const Resolution& res, const Module& m);
+// Distributes the styled modules' parameters on this rank (src_data_rank's broadcast, counted
+// under the module's name, then the rank's chunk; or, with build_own_shards, each rank draws only
+// its own piece from the counter-based RNG: no communication, no full tensor) and installs the
+// styles' hooks. Returns the distributed parameters.
+TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMesh& mesh, bool build_own_shards = false);
 
 }  // namespace ptool

@@ -10,9 +10,6 @@
 namespace ptool {
 namespace {
 
-const std::vector<std::string> kStyles = {"colwise", "rowwise", "sequence_parallel", "prepare_input",
-                                          "prepare_output", "prepare_input_output"};
-
 std::vector<std::string> split_dots(const std::string& s) {
     std::vector<std::string> out;
     size_t start = 0;
@@ -21,45 +18,19 @@ std::vector<std::string> split_dots(const std::string& s) {
     return out;
 }
 
-std::optional<Placement> layout(YamlMap& m, const char* key) {
-    auto v = m.get(key);
-    if (!v) return std::nullopt;
-    Placement p;
-    const std::string text = v->as_string(fmt::format("'{}'", key));
-    if (!parse_placement(text, &p))
-        v->fail(fmt::format("'{}: {}' is not a layout (valid: replicate, shard(d), partial)", key, text));
-    return p;
-}
-
+// `pattern: style` or `pattern: {style: ..., options}`; each style reads its own options.
 StyleSpec parse_style(const YamlNode& node, const std::string& pattern) {
-    StyleSpec s;
     const std::string what = fmt::format("the style of '{}'", pattern);
     std::optional<YamlMap> m;
     if (node.is_map()) m.emplace(node, what);
     const YamlNode style_node = m ? m->at("style") : node;
-    s.style = style_node.as_string("a style");
-    if (std::find(kStyles.begin(), kStyles.end(), s.style) == kStyles.end())
-        style_node.fail(fmt::format("unknown style '{}'{}", s.style, did_you_mean(s.style, kStyles)));
-    if (!m) return s;
-    if (s.style == "sequence_parallel") {  // SequenceParallel(sequence_dim=1): no layouts to choose
-        s.use_local_output = m->bool_or("use_local_output", true);
-        m->finish();
-        return s;
-    }
-    const bool prepare = s.style.rfind("prepare_", 0) == 0;
-    const bool has_in = s.style != "prepare_output", has_out = s.style != "prepare_input";
-    if (has_in) s.input_layouts = layout(*m, "input_layouts");
-    if (has_out) s.output_layouts = layout(*m, "output_layouts");
-    if (prepare) {
-        if (has_in) s.desired_input_layouts = layout(*m, "desired_input_layouts");
-        if (has_out) s.desired_output_layouts = layout(*m, "desired_output_layouts");
-        if (has_in && (!s.input_layouts || !s.desired_input_layouts))
-            node.fail(fmt::format("{} needs input_layouts and desired_input_layouts", s.style));
-        if (has_out && (!s.output_layouts || !s.desired_output_layouts))
-            node.fail(fmt::format("{} needs output_layouts and desired_output_layouts", s.style));
-    }
-    s.use_local_output = m->bool_or("use_local_output", true);
-    m->finish();
+    const std::string name = style_node.as_string("a style");
+    StyleSpec s;
+    s.style = find_style(name);
+    if (!s.style) style_node.fail(fmt::format("unknown style '{}'{}", name, did_you_mean(name, style_names())));
+    YamlMap options = m ? std::move(*m) : YamlMap(YamlNode(YAML::Node(YAML::NodeType::Map), std::make_shared<std::string>(node.file())), what);
+    s.style->parse(options, node, s);
+    options.finish();
     return s;
 }
 
@@ -126,6 +97,16 @@ int Plan::dim_size(const std::string& name) const {
     return 1;
 }
 
+void Plan::resize_mesh(const std::string& name, int size, const std::string& flag) {
+    bool found = false;
+    for (MeshDim& d : mesh)
+        if (d.name == name) d.size = size, found = true;
+    if (!found) throw InputError(mesh_where, fmt::format("{}: the plan has no mesh dim '{}'", flag, name));
+    if (has_tensor_parallel && src_data_rank && *src_data_rank >= tp_size())
+        throw InputError(src_data_rank_where, fmt::format("src_data_rank {} is outside the {} ranks of '{}' ({})",
+                                                          *src_data_rank, tp_size(), tp_mesh_dim, flag));
+}
+
 bool Plan::compares(const std::string& what) const {
     return std::find(verify.compare.begin(), verify.compare.end(), what) != verify.compare.end();
 }
@@ -171,13 +152,12 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
             dim.fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", plan.tp_mesh_dim,
                                  did_you_mean(plan.tp_mesh_dim, std::vector<std::string>(names.begin(), names.end()))));
         if (auto src = t.get("src_data_rank")) {
+            plan.src_data_rank_where = src->where();
             if (src->is_null()) {
                 plan.src_data_rank = std::nullopt;
             } else {
                 const int64_t r = src->as_int("'src_data_rank'");
-                int tp_size = 1;
-                for (const auto& d : plan.mesh)
-                    if (d.name == plan.tp_mesh_dim) tp_size = d.size;
+                const int tp_size = plan.dim_size(plan.tp_mesh_dim);
                 if (r < 0 || r >= tp_size)
                     src->fail(fmt::format("src_data_rank {} is outside the {} ranks of '{}'", r, tp_size, plan.tp_mesh_dim));
                 plan.src_data_rank = static_cast<int>(r);
@@ -213,8 +193,8 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
         }
         if (auto tol = vm.get("tolerance")) {
             YamlMap tm(*tol, "'tolerance'");
-            if (tm.has("rtol")) plan.verify.rtol = tm.at("rtol").as_double("'rtol'");
-            if (tm.has("atol")) plan.verify.atol = tm.at("atol").as_double("'atol'");
+            if (tm.has("rtol")) plan.verify.tolerance.rtol = tm.at("rtol").as_double("'rtol'");
+            if (tm.has("atol")) plan.verify.tolerance.atol = tm.at("atol").as_double("'atol'");
             tm.finish();
         }
         vm.finish();

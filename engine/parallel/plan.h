@@ -26,16 +26,11 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tolerance.h"
 #include "parallel/device_mesh.h"
-#include "parallel/placement.h"
+#include "parallel/style.h"
 
 namespace ptool {
-
-struct StyleSpec {
-    std::string style;  // colwise | rowwise | sequence_parallel | prepare_input | prepare_output | prepare_input_output
-    std::optional<Placement> input_layouts, output_layouts, desired_input_layouts, desired_output_layouts;
-    bool use_local_output = true;
-};
 
 struct PlanEntry {
     std::string pattern;  // FQN pattern, fnmatch per dotted atom; "" is the root module
@@ -43,7 +38,7 @@ struct PlanEntry {
     SourceLocation where;  // the pattern's key
 };
 
-// data_parallel: DDP's replicate() and FSDP2's fully_shard() on one mesh dim (DESIGN §5).
+// data_parallel: DDP's replicate() and FSDP2's fully_shard() on one mesh dim.
 struct DataParallelSpec {
     std::string mesh_dim;
     std::string mode = "replicate";           // replicate | fully_shard
@@ -60,7 +55,7 @@ struct DataParallelSpec {
 struct VerifySpec {
     int64_t steps = 0;  // 0: the model's
     std::vector<std::string> compare = {"output", "loss", "grad", "param"};
-    std::optional<double> rtol, atol;
+    Tolerance::Override tolerance;
 };
 
 struct Plan {
@@ -70,6 +65,7 @@ struct Plan {
     bool has_tensor_parallel = false;
     std::string tp_mesh_dim;
     std::optional<int> src_data_rank = 0;  // nullopt: each rank builds its own shard
+    SourceLocation src_data_rank_where;
     std::vector<PlanEntry> tp_plan;
     SourceLocation tp_plan_where;
     std::optional<DataParallelSpec> data_parallel;
@@ -77,7 +73,11 @@ struct Plan {
 
     int world_size() const;
     int dim_size(const std::string& name) const;  // 1 for a dim the mesh lacks
+    int tp_size() const { return has_tensor_parallel ? dim_size(tp_mesh_dim) : 1; }
     bool compares(const std::string& what) const;
+    // `--mesh NAME=SIZE`: resizes a dim and checks the plan again (src_data_rank must stay a rank
+    // of the tensor-parallel dim). InputError naming the flag otherwise.
+    void resize_mesh(const std::string& name, int size, const std::string& flag);
 };
 
 Plan load_plan(const std::string& path);

@@ -34,37 +34,61 @@ Tensor reduce_scatter_dim(const Tensor& full_partial, int64_t d, Communicator& c
     return out.reshape(local_shape);
 }
 
-}  // namespace
-
-Tensor redistribute(const Tensor& local, const Placement& from_in, const Placement& to_in, const Shape& global,
-                    Communicator& comm) {
-    const int64_t nd = static_cast<int64_t>(global.size());
-    const Placement from = from_in.normalized(nd), to = to_in.normalized(nd);
-    if (comm.size() == 1) return local;  // Megatron's helpers: nothing to do at world size 1
-    if (from.same_as(to, nd)) return local;
-    if (from.is_shard() && to.is_replicate()) return gather_dim(local, from.dim, global, comm);
-    if (from.is_partial() && to.is_replicate()) {
-        Tensor out = local.clone();
-        comm.all_reduce(out, ReduceOp::sum);
-        return out;
+const char* op_name(RedistOp op) {
+    switch (op) {
+        case RedistOp::all_gather: return "all_gather";
+        case RedistOp::all_reduce: return "all_reduce";
+        case RedistOp::reduce_scatter: return "reduce_scatter";
+        default: return "";
     }
-    if (from.is_partial() && to.is_shard()) return reduce_scatter_dim(local, to.dim, comm);
-    if (from.is_replicate() && to.is_shard()) return chunk(local, comm.size(), comm.rank(), to.dim);
-    if (from.is_shard() && to.is_shard())
-        return chunk(gather_dim(local, from.dim, global, comm), comm.size(), comm.rank(), to.dim);
-    if (from.is_replicate() && to.is_partial()) {
-        Tensor out = local.clone();
-        if (comm.rank() != 0) backend_for(out.device()).fill(out, 0.0);
-        return out;
-    }
-    throw InputError(fmt::format("cannot redistribute {} to {}", from.str(), to.str()));
 }
 
-Tensor redistribute_backward(const Tensor& grad_local, const Placement& grad_placement, const Placement& from,
-                             const Shape& global, Communicator& comm) {
-    // the gradient of a Partial tensor is Replicate: every summand receives the whole gradient
-    const Placement want = from.is_partial() ? Placement::replicate() : from;
-    return redistribute(grad_local, grad_placement, want, global, comm);
+}  // namespace
+
+std::vector<RedistStep> redistribution_steps(const Placement& from_in, const Placement& to_in, int64_t ndim, int parts) {
+    const Placement from = from_in.normalized(ndim), to = to_in.normalized(ndim);
+    if (parts == 1 || from.same_as(to, ndim)) return {};  // Megatron's helpers: nothing to do at world size 1
+    if (from.is_shard() && to.is_replicate()) return {{RedistOp::all_gather, from.dim}};
+    if (from.is_partial() && to.is_replicate()) return {{RedistOp::all_reduce}};
+    if (from.is_partial() && to.is_shard()) return {{RedistOp::reduce_scatter, to.dim}};
+    if (from.is_replicate() && to.is_shard()) return {{RedistOp::chunk, to.dim}};
+    if (from.is_shard() && to.is_shard()) return {{RedistOp::all_gather, from.dim}, {RedistOp::chunk, to.dim}};
+    if (from.is_replicate() && to.is_partial()) return {{RedistOp::zero_others}};
+    return {{RedistOp::all_gather, from.dim}, {RedistOp::zero_others}};  // Shard -> Partial
+}
+
+std::vector<CommCost> redistribute_cost(const Placement& from, const Placement& to, const Shape& global, int parts,
+                                        size_t element_size) {
+    std::vector<CommCost> out;
+    const int64_t bytes = numel_of(global) * static_cast<int64_t>(element_size);
+    for (const RedistStep& s : redistribution_steps(from, to, static_cast<int64_t>(global.size()), parts))
+        if (*op_name(s.op)) out.push_back({op_name(s.op), bytes, "", Phase::forward});
+    return out;
+}
+
+Tensor redistribute(const Tensor& local, const Placement& from, const Placement& to, const Shape& global,
+                    Communicator& comm) {
+    Tensor t = local;
+    for (const RedistStep& s : redistribution_steps(from, to, static_cast<int64_t>(global.size()), comm.size())) {
+        switch (s.op) {
+            case RedistOp::all_gather: t = gather_dim(t, s.dim, global, comm); break;
+            case RedistOp::all_reduce:
+                t = t.clone();
+                comm.all_reduce(t, ReduceOp::sum);
+                break;
+            case RedistOp::reduce_scatter: t = reduce_scatter_dim(t, s.dim, comm); break;
+            case RedistOp::chunk: t = chunk(t, comm.size(), comm.rank(), s.dim); break;
+            case RedistOp::zero_others:
+                t = t.clone();
+                if (comm.rank() != 0) backend_for(t.device()).fill(t, 0.0);
+                break;
+        }
+    }
+    return t;
+}
+
+Placed redistribute(const Placed& x, const Placement& to, Communicator& comm) {
+    return {redistribute(x.t, x.p, to, x.global, comm), to, x.global};
 }
 
 Tensor full_tensor(const Tensor& local, const Placement& p, const Shape& global, Communicator& comm) {

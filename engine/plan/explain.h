@@ -1,10 +1,9 @@
-// ptool explain: what a plan does, without starting any rank. Lint (resolve_plan), then per
-// module: pattern, style, parameter placements and local shapes per rank, the collectives of one
-// training step with their bytes, and the parameter memory of each rank.
-//
-// Activation shapes come from one forward pass of the model on one device. Collectives are
-// derived from the same redistribution rules the style hooks execute (redistribute_cost mirrors
-// redistribute), and tests check them against the counts a verify run measures.
+// ptool explain: what a plan does, without running anything. Everything comes from the plan's
+// resolution and its layout pass (parallel/layout_pass.h): per styled module its pattern, style,
+// input and output shapes and parameter placements with the local shapes per rank; the collectives
+// of one training step with their bytes (the styles' rules and data parallelism's); the parameter
+// memory of each rank; and what verify's reference keeps per step. Tests check the collectives
+// against the counts a verify run measures and the record size against a reference's record.
 #pragma once
 
 #include <functional>
@@ -12,16 +11,6 @@
 #include "parallel/parallelize.h"
 
 namespace ptool {
-
-struct CommCost {
-    std::string op;  // as CommCounter names them
-    int64_t bytes = 0;
-    std::string module, phase;  // "forward" | "backward"
-};
-
-// The collectives redistribute(from -> to) runs for a tensor of shape `global` (bytes counted as CommCounter does).
-std::vector<CommCost> redistribute_cost(const Placement& from, const Placement& to, const Shape& global, int ranks,
-                                        size_t element_size);
 
 struct ParamLayout {
     std::string fqn;
@@ -42,19 +31,19 @@ struct Explanation {
     int dp = 1;
     std::vector<std::string> data_parallel;  // what replicate/fully_shard do: buckets, units (lines)
     std::vector<ModuleExplain> modules;
-    std::vector<CommCost> step_comm;   // one training step, in execution order (forward, then backward)
-    std::vector<int64_t> param_bytes;  // per tp rank
+    std::vector<CommCost> step_comm;      // one training step, in execution order (forward, then backward)
+    std::vector<int64_t> param_bytes;     // per tp rank
     std::vector<int64_t> training_bytes;  // parameters + gradients + optimizer state, per tp rank
     // What verify's reference keeps per step on rank 0's host (every tensor it compares, full
     // size: parameters, gradients, buffers, output, loss, each module's output and input gradient).
     int64_t record_step_bytes = 0;
 };
 
-Explanation explain_plan(Model& model, const Plan& plan);
+Explanation explain_plan(const Model& model, const Plan& plan);
 
 // The data-parallel part (explain_dp.cpp): DDP's buckets and buffer broadcasts, fully_shard's
 // all_gathers and reduce_scatters, SyncBatchNorm's collectives, added to ex.step_comm; the
-// parameter bytes fully_shard leaves each rank. tp_local(p): a parameter's numel on tp rank r.
+// parameter bytes fully_shard leaves each rank. tp_local(p): a parameter's shape on tp rank r.
 void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex,
                            const std::function<Shape(const Parameter*, int tp_rank)>& tp_local);
 

@@ -23,7 +23,7 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
         for (const auto& [name, b] : buffers)
             if (dp.synced_buffers.count(name)) bytes[b->value.dtype()] += static_cast<int64_t>(b->value.nbytes());
         for (const auto& [dt, b] : bytes)
-            forward.push_back({"broadcast", b, dp.replicas.size() == 1 ? dp.replicas[0].root : "", "forward"});
+            forward.push_back({"broadcast", b, dp.replicas.size() == 1 ? dp.replicas[0].root : "", Phase::forward});
     }
     // fully_shard units: outermost first in forward; reduce_scatter (and the re-gather) in backward
     for (const FsdpUnitSpec& u : dp.units) {
@@ -34,9 +34,9 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
             const int64_t rows = s.empty() ? 1 : s[0], row = rows ? numel_of(s) / rows : 0;
             region += chunk_of(rows, n, 0).length * row * static_cast<int64_t>(dtype_size(model.dtype));
         }
-        forward.push_back({"all_gather", n * region, u.fqn, "forward"});
-        if (!u.fqn.empty()) backward.insert(backward.begin(), {"all_gather", n * region, u.fqn, "backward"});
-        backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1), {"reduce_scatter", n * region, u.fqn, "backward"});
+        forward.push_back({"all_gather", n * region, u.fqn, Phase::forward});
+        if (!u.fqn.empty()) backward.insert(backward.begin(), {"all_gather", n * region, u.fqn, Phase::backward});
+        backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1), {"reduce_scatter", n * region, u.fqn, Phase::backward});
         ex.data_parallel.push_back(fmt::format("fully_shard '{}': {} parameter{}, Shard(0) on '{}', {} B per rank in "
                                                "the flat buffer",
                                                u.fqn.empty() ? "(root)" : u.fqn, u.params.size(),
@@ -51,8 +51,8 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
                 int calls = 0;  // a shared module runs once per name it has
                 for (const auto& [name, p] : model.state_dict()) calls += p == m.param("weight");
                 for (int k = 0; k < calls; ++k) {
-                    forward.push_back({"all_gather", n * 2 * c * sd, fqn, "forward"});
-                    backward.insert(backward.begin(), {"all_reduce", 2 * c * sd, fqn, "backward"});
+                    forward.push_back({"all_gather", n * 2 * c * sd, fqn, Phase::forward});
+                    backward.insert(backward.begin(), {"all_reduce", 2 * c * sd, fqn, Phase::backward});
                 }
             });
     for (const auto& replica : dp.replicas) {
@@ -60,7 +60,7 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
         for (const BucketSpec& b : replica.buckets) {
             int64_t bytes = 0;
             for (const std::string& name : b.params) bytes += local_bytes(name);
-            backward.push_back({"all_reduce", bytes, replica.root, "backward"});
+            backward.push_back({"all_reduce", bytes, replica.root, Phase::backward});
             ex.data_parallel.push_back(fmt::format("replicate '{}' bucket {}: {} ({}), all_reduce avg after backward",
                                                    replica.root.empty() ? "(root)" : replica.root, k++,
                                                    fmt::join(b.params, ", "), bytes));

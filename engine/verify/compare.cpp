@@ -65,21 +65,6 @@ std::vector<double> as_doubles(const Tensor& t) {
 
 }  // namespace
 
-double frobenius_bound(DType dt, int depth) {
-    const double eps = dt == DType::bfloat16 ? 0x1p-7 : dt == DType::float16 ? 0x1p-10
-                     : dt == DType::float64 ? 0x1p-52 : 0x1p-23;  // torch.finfo(dtype).eps
-    return 4.0 * std::pow(1.03, std::max(depth, 1)) * eps;
-}
-
-Tolerance default_tolerance(DType dt, int depth) {
-    switch (dt) {
-        case DType::float64: return {1e-7, 1e-7};
-        case DType::bfloat16: return {1.6e-2, 1e-5, frobenius_bound(dt, depth)};
-        case DType::float16: return {1e-3, 1e-5, frobenius_bound(dt, depth)};
-        default: return {1.3e-6, 1e-5};
-    }
-}
-
 namespace {
 
 // One range of a same-dtype float comparison: its part of the maxima and of the two sums.
@@ -201,10 +186,6 @@ uint64_t tensor_digest(const Tensor& t) {
     for (; i < n; ++i) lane[0] = (lane[0] ^ p[i]) * 0x94D049BB133111EBull;
     for (int k = 0; k < 4; ++k) h = mix(h, lane[k]);
     return h ^ (h >> 29);
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-    return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 }  // namespace ptool

@@ -12,23 +12,42 @@
 #include "core/rng.h"
 #include "core/yaml_reader.h"
 #include "model/batch.h"
-#include "verify/reference.h"
 
 namespace ptool {
 namespace fs = std::filesystem;
 
 std::string text_hash(const std::string& text) { return fmt::format("{:016x}", stream_id(text)); }
 
-TensorFile record_golden(const VerifyInputs& in, const Plan& plan, const VerifyOptions& opt) {
-    Model model = load_model_text(in.model_text, in.model_path, in.dtype_override, !in.init);
-    if (in.init) load_state_dict(model, *in.init, in.init_path);
-    DataSource data(model, in.data, in.data_path);
-    GoldenWriter writer(model, data.varies_per_step());
-    ReferenceOptions ro;
-    ro.steps = steps_for(in, plan, opt, model.steps);
-    ro.device = in.device;
-    run_reference(model, data, ro, [&](const StepResult& r) { writer.add_step(r); });
-    TensorFile file = std::move(writer.file());
+TensorFile golden_tensors(const RunRecord& reference, const RunInputs& in, int64_t steps) {
+    TensorFile file;
+    for (const auto& [name, t] : reference.init_tensors) file.add(name, t);
+    const Model probe = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
+    const DataSource data(probe, in.data, in.data_path);
+    const bool per_step = data.varies_per_step();
+    for (int64_t k = 0; k < steps && k < static_cast<int64_t>(reference.steps.size()); ++k) {
+        const std::string s = fmt::format("step{}.", k);
+        const Batch b = data.batch(k);
+        if (per_step || k == 0) {
+            file.add((per_step ? s : std::string("data.")) + "input", b.input);
+            if (b.target.defined()) file.add((per_step ? s : std::string("data.")) + "target", b.target);
+        }
+        const StepRecord& sr = reference.steps[k];
+        for (const char* first : {"loss", "output"})
+            if (const Tensor* t = find_tensor(sr, s + first)) file.add(s + first, *t);
+        for (const char* kind : {"grad.", "param.", "buffer."})
+            for (const auto& [name, t] : sr.tensors)
+                if (name.rfind(s + kind, 0) == 0) file.add(name, t);
+    }
+    return file;
+}
+
+TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOptions& opt) {
+    const Model model = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
+    const int64_t steps = steps_for(plan, opt, model.steps);
+    RecordOptions ro;
+    ro.events = false;
+    ro.init_tensors = true;
+    TensorFile file = golden_tensors(record_reference(in, steps, ro), in, steps);
     const Tolerance tol = tolerance_for(plan, opt, model);
     char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
     int len = 0;
@@ -43,7 +62,7 @@ TensorFile record_golden(const VerifyInputs& in, const Plan& plan, const VerifyO
     md["plan_path"] = plan.path;
     md["dtype"] = dtype_name(model.dtype);
     md["device"] = device_name(in.device);
-    md["steps"] = std::to_string(ro.steps);
+    md["steps"] = std::to_string(steps);
     md["rtol"] = fmt::format("{:g}", tol.rtol);
     md["atol"] = fmt::format("{:g}", tol.atol);
     md["ptool_version"] = PTOOL_VERSION;
@@ -57,6 +76,16 @@ TensorFile record_golden(const VerifyInputs& in, const Plan& plan, const VerifyO
     md["cublas"] = cublas ? std::to_string(cublas) : in.device == Device::cuda ? "none" : "unused (cpu)";
     md["nccl"] = gpu.nccl_version ? std::to_string(gpu.nccl_version) : "none";
     return file;
+}
+
+void golden_inputs(const TensorFile& g, TensorFile& init, TensorFile& data) {
+    for (const auto& [name, t] : g.tensors) {
+        if (name.rfind("init.param.", 0) == 0) init.add(name.substr(11), t);
+        else if (name.rfind("init.buffer.", 0) == 0) init.add(name.substr(12), t);
+        else if (name == "data.input" || name == "data.target") data.add(name.substr(5), t);
+        else if (auto key = parse_step_key(name); key && (key->rest == "input" || key->rest == "target"))
+            data.add(name, t);
+    }
 }
 
 GoldenCase load_golden(const std::string& path) {
@@ -104,7 +133,7 @@ PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, c
         const int64_t step = key->step;
         TensorReport tr;
         tr.name = name;
-        tr.replicas = "-";
+        tr.replicas = ReplicaState::sharded;
         tr.diff.shape_ok = tr.diff.pass = false;  // missing, unless the run has it
         if (step < static_cast<int64_t>(run.steps.size())) {
             const StepRecord& sr = run.steps[step];
@@ -113,7 +142,7 @@ PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, c
             if (const Tensor* actual = find_tensor(sr, name)) tr.diff = compare_tensors(*actual, expected.to(actual->dtype()), tol);
             else if (auto d = sr.vs_golden.find(name); d != sr.vs_golden.end()) tr.diff = d->second;  // compared as recorded
         }
-        tr.pass = tr.diff.pass || (tr.diff.shape_ok && tr.replicas == "ignored");  // an ignored module's tensors differ by design
+        tr.pass = tr.diff.pass || (tr.diff.shape_ok && tr.replicas == ReplicaState::ignored);  // an ignored module's tensors differ by design
         (tr.pass ? rep.passed : rep.failed) += 1;
         rep.tensors.push_back(std::move(tr));
     }

@@ -1,12 +1,16 @@
-// Golden files: a case (model + plan) recorded in the golden format (DESIGN §3), replayed later.
+// Golden files: a case (model + plan) recorded in the golden format, replayed later. The format,
+// in one place:
 //
-//   init.param.{fqn}, init.buffer.{fqn}, data.input/target (or step{k}.input/target),
-//   step{k}.loss/output/grad.{fqn}/param.{fqn}/buffer.{fqn} of the single-device reference;
-//   __metadata__: model_yaml, plan_yaml, model_hash, plan_hash (FNV-1a 64, hex: detects edits,
-//   not tampering), model_path, plan_path, dtype, device, steps, rtol, atol, ptool_version,
-//   openblas, mpi, cuda, gpu.
+//   init.param.{fqn}, init.buffer.{fqn}         the initial state (named_parameters, named_buffers)
+//   data.input, data.target                     the batch, when every step uses the same one,
+//     or step{k}.input, step{k}.target          per step (k from 0)
+//   step{k}.loss, .output, .grad.{fqn}, .param.{fqn}, .buffer.{fqn}
+//                                               the single-device reference after step k
+//   __metadata__: model_yaml, plan_yaml, model_hash, plan_hash (FNV-1a 64, hex: detects edits, not
+//   tampering), model_path, plan_path, dtype, device, steps, rtol, atol, ptool_version, openblas,
+//   mpi, cuda, gpu, gpu_sms, cublas, nccl.
 // Replaying loads the golden's own initial parameters and data, so a golden recorded by another
-// framework (tools/torch_golden.py) replays the same way.
+// framework (tools/torch_golden.py) replays the same way (verify/golden_replay.h).
 #pragma once
 
 #include "core/safetensors.h"
@@ -16,8 +20,12 @@ namespace ptool {
 
 std::string text_hash(const std::string& text);  // FNV-1a 64, 16 hex digits
 
+// A recorded reference's tensors in the golden format (the record kept its init tensors); the
+// batches come from `in`'s data (or the model's generated batch).
+TensorFile golden_tensors(const RunRecord& reference, const RunInputs& in, int64_t steps);
+
 // Runs the reference of (model, plan) and returns the golden file's tensors and metadata.
-TensorFile record_golden(const VerifyInputs& in, const Plan& plan, const VerifyOptions& opt);
+TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOptions& opt);
 
 struct GoldenCase {
     std::string path;
@@ -28,6 +36,9 @@ struct GoldenCase {
 
 // Reads and validates a golden file (exit 2 on a damaged one: missing metadata or tensors).
 GoldenCase load_golden(const std::string& path);
+
+// The golden's own initial state and data, as --init and --data would give them.
+void golden_inputs(const TensorFile& golden, TensorFile& init, TensorFile& data);
 
 // Compares a run with a golden file's recorded steps: one report row per golden step tensor.
 PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, const Tolerance& tol,

@@ -1,50 +1,51 @@
 // What one run (the reference, or a parallel plan) leaves to compare: per step, full-size tensors
-// under their golden names (step{k}.output, .loss, .grad.{fqn}, .param.{fqn}, .buffer.{fqn}), the
-// replicated tensors that differed across ranks, and every module's output and input gradient in
-// the order they were computed (for divergence localisation).
+// under their golden names (step{k}.output, .loss, .grad.{fqn}, .param.{fqn}, .buffer.{fqn}), how
+// the ranks' copies of each agree, and every module's output and input gradient in the order they
+// were computed (for divergence localisation).
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include <optional>
-
 #include "comm/comm_stats.h"
-#include "core/tensor.h"
+#include "model/module.h"
 #include "verify/compare.h"
 
 namespace ptool {
 
+// How the ranks' copies of a tensor compare (replicated tensors must be bitwise equal):
+enum class ReplicaState {
+    equal,    // every replica is bitwise the same
+    sharded,  // held as shards only, no replicas ("-")
+    differ,   // replicas that should agree differ ("DIFFER")
+    ignored,  // an ignored module's: it differs across dp ranks, as it must
+    synced,   // an ignored module's replicas agree: it was synchronised after all ("SYNCED")
+};
+const char* replica_state_name(ReplicaState s);  // "equal", "-", "DIFFER", "ignored", "SYNCED"
+inline bool replica_failure(ReplicaState s) { return s == ReplicaState::differ || s == ReplicaState::synced; }
+
 struct ModuleEvent {
     std::string fqn;
-    std::string phase;  // "forward" (the module's output) or "backward" (its input gradient)
-    Tensor full;                         // undefined when compared as recorded (diff)
-    std::optional<TensorDiff> diff;      // against the reference's event at the same place
+    Phase phase = Phase::forward;   // the module's output, or (backward) its input gradient
+    Tensor full;                     // undefined when compared as recorded (diff)
+    std::optional<TensorDiff> diff;  // against the reference's event at the same place
 };
 
 struct StepRecord {
     int64_t step = 0;
     double seconds = 0;  // this step's forward + backward + optimizer (synchronised), not its recording
     std::vector<std::pair<std::string, Tensor>> tensors;
-    // Compared as recorded (VerifyInputs::compare_with, ::golden): the diffs by golden name, in place
-    // of the tensors, against the reference's tensor and the golden file's.
+    // Compared as recorded (RecordOptions::compare_with, ::golden): the diffs by golden name, in
+    // place of the tensors, against the reference's tensor and the golden file's.
     std::map<std::string, TensorDiff> vs_reference, vs_golden;
-    // How the ranks' copies of each tensor compare (DESIGN §6, expected equality):
-    //   equal    every replica is bitwise the same        DIFFER   replicas that should agree differ
-    //   -        held as shards only, no replicas          ignored  differs across dp ranks, as an
-    //   SYNCED   an ignored module's replicas agree: it            ignored module's must
-    //            was synchronised after all
-    std::map<std::string, std::string> replicas;
+    std::map<std::string, ReplicaState> replicas;
     std::vector<ModuleEvent> events;
 };
 
 // The step's recorded tensor of that name, or null (compared as recorded, or missing).
-inline const Tensor* find_tensor(const StepRecord& step, const std::string& name) {
-    for (const auto& [n, t] : step.tensors)
-        if (n == name) return &t;
-    return nullptr;
-}
+const Tensor* find_tensor(const StepRecord& step, const std::string& name);
 
 struct RunRecord {
     std::vector<StepRecord> steps;
@@ -52,7 +53,9 @@ struct RunRecord {
     CommCounter step_counts;  // collectives of all training steps (rank 0)
     double seconds = 0;       // training steps only
     int world_size = 1;
-    std::string backend;      // "threads", "mpi", or "reference"
+    std::string backend;      // "threads", "mpi", "cuda_local", "nccl", or "reference"
+    // The initial parameters and buffers (init.param.*, init.buffer.*), kept for golden files.
+    std::vector<std::pair<std::string, Tensor>> init_tensors;
     // Replica invariants after construction (data parallel): the digests (tensor_digest) of the
     // full parameters and buffers by state_dict name, before the first step; compared with the
     // reference's, so "bitwise equal" costs 8 bytes per tensor rather than a copy of the model.

@@ -2,87 +2,78 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cmath>
 #include <cstdlib>
 #include <map>
 
 #include "comm/comm_choice.h"
+#include "comm/comm_mpi.h"
+#include "comm/comm_nccl.h"
 #include "comm/comm_threads.h"
-#include "model/batch.h"
-#include "model/model.h"
-#include "parallel/parallelize.h"
+#include "core/yaml_reader.h"
+#include "verify/faults.h"
+#include "verify/golden_replay.h"
 
 namespace ptool {
 namespace {
 
-std::string event_label(const ModuleEvent& e) {
-    const std::string name = e.fqn.empty() ? "(root)" : e.fqn;
-    return e.phase == "forward" ? fmt::format("forward `{}` output", name) : fmt::format("backward `{}` input gradient", name);
-}
+class InProcess final : public Launch {
+public:
+    InProcess(Device d, CommOptions c) : device_(d), comm_(c) {}
+    bool rank0() const override { return true; }
+    void run(int ranks, const SourceLocation&, const std::function<void(Communicator&)>& fn) override {
+        run_ranks(ranks, comm_, fn, device_);
+    }
+    void wait_for_rank0() override {}
+    int exit_code(const std::function<int()>& body) override { return body(); }
 
-// The first module, in the order things were computed (forward, then backward), whose output or
-// input gradient leaves tolerance while what was computed just before it still agreed.
-std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol) {
-    for (size_t s = 0; s < ref.steps.size() && s < par.steps.size(); ++s) {
-        const auto &re = ref.steps[s].events, &pe = par.steps[s].events;
-        if (re.size() != pe.size() || re.empty()) continue;
-        double prev_rel = 0;
-        std::string prev = "the step's input";
-        for (size_t i = 0; i < re.size(); ++i) {
-            if (re[i].fqn != pe[i].fqn || re[i].phase != pe[i].phase) break;
-            if (!pe[i].diff && !pe[i].full.defined()) break;
-            const TensorDiff d = pe[i].diff ? *pe[i].diff : compare_tensors(pe[i].full, re[i].full, tol);
-            if (!d.pass)
-                return fmt::format("first divergence: step {} {}, max rel {:.2g} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
-                                   s, event_label(re[i]), d.max_rel, d.max_abs, prev, prev_rel);
-            prev_rel = d.max_rel;
-            prev = event_label(re[i]);
+private:
+    Device device_;
+    CommOptions comm_;
+};
+
+class UnderMpi final : public Launch {
+public:
+    UnderMpi(Device d, CommOptions c) {
+        mpi_init_once();
+        world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, c);
+        CommOptions patient = c;
+        patient.timeout_seconds = 0;  // rank 0's reference may take longer than any collective
+        patient_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, patient);
+        // on GPUs the ranks' collectives go through NCCL, bootstrapped over MPI
+        if (d == Device::cuda) gpus_ = make_nccl_world(*world_, c);
+    }
+    bool rank0() const override { return world_->rank() == 0; }
+    void run(int ranks, const SourceLocation& where, const std::function<void(Communicator&)>& fn) override {
+        if (ranks != world_->size())
+            throw InputError(where, fmt::format("the mesh has {} ranks but mpirun started {}", ranks, world_->size()));
+        fn(gpus_ ? *gpus_ : *world_);
+    }
+    void wait_for_rank0() override { patient_->barrier(); }
+    int exit_code(const std::function<int()>& body) override {
+        int code = 3;
+        try {
+            code = body();
+        } catch (const InputError& e) {
+            mpi_abort_job(e.what(), 2);
+        } catch (const std::exception& e) {
+            const std::string what = e.what();
+            mpi_abort_job(what.rfind("rank ", 0) == 0 || what.rfind("collective", 0) == 0
+                              ? what
+                              : fmt::format("rank {} failed: {}", world_->rank(), what),
+                          3);
         }
+        Tensor t = Tensor::scalar(code, DType::float32);  // every process exits with rank 0's verdict
+        patient_->broadcast(t, 0);
+        return static_cast<int>(t.item());
     }
-    return "";
-}
 
-// Replica invariants (test_jit_data_parallel, test_replicate's state_dict tests): after the
-// parallel model is built (shards, broadcasts), its state_dict has the reference's names and,
-// gathered, bitwise the reference's values; shared modules are still one module (as many
-// unique parameters). A failure counts as one failed check.
-void check_init_state(const RunRecord& ref, const RunRecord& par, PlanReport& rep) {
-    if (ref.init_state.empty() || par.init_state.empty()) return;
-    std::vector<std::string> renamed, differ;
-    for (size_t i = 0; i < std::max(ref.init_state.size(), par.init_state.size()); ++i) {
-        if (i >= ref.init_state.size() || i >= par.init_state.size() || ref.init_state[i].first != par.init_state[i].first) {
-            renamed.push_back(i < par.init_state.size() ? par.init_state[i].first : ref.init_state[i].first);
-            continue;
-        }
-        if (par.init_state[i].second != ref.init_state[i].second) differ.push_back(ref.init_state[i].first);
-    }
-    const bool shared_ok = ref.unique_params == par.unique_params;
-    const auto& split = par.init_replicas_differ;
-    if (renamed.empty() && differ.empty() && shared_ok && split.empty()) {
-        rep.notes.push_back(fmt::format("state_dict after construction: {} keys, the reference's names, bitwise its "
-                                        "values; {} unique parameters",
-                                        ref.init_state.size(), par.unique_params));
-        return;
-    }
-    rep.failed += 1;
-    if (!renamed.empty())
-        rep.notes.push_back(fmt::format("FAIL state_dict keys differ from the reference's: {}", fmt::join(renamed, ", ")));
-    if (!differ.empty())
-        rep.notes.push_back(fmt::format("FAIL after construction, {} of {} tensors differ from the reference's (a broadcast "
-                                        "missed or sent from the wrong rank?): {}",
-                                        differ.size(), ref.init_state.size(), fmt::join(differ, ", ")));
-    if (!split.empty())
-        rep.notes.push_back(fmt::format("FAIL after construction, the replicas of {} differ across ranks (a broadcast "
-                                        "missed?): {}",
-                                        split.size() == 1 ? "one tensor" : fmt::format("{} tensors", split.size()),
-                                        fmt::join(split, ", ")));
-    if (!shared_ok)
-        rep.notes.push_back(fmt::format("FAIL {} unique parameters, the reference has {}: a shared module was copied",
-                                        par.unique_params, ref.unique_params));
-}
+private:
+    std::unique_ptr<MpiCommunicator> world_, patient_;
+    std::unique_ptr<Communicator> gpus_;
+};
 
-// Compares one plan's run with the reference and adds it to the report.
-void add_plan(VerifyReport& report, RunRecord reference, RunRecord parallel, const Plan& plan, const Resolution& res,
+// Adds one plan's comparison with the reference to the report (rank 0).
+void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parallel, const Plan& plan, const Resolution& res,
               const Tolerance& tol) {
     PlanReport rep = compare_runs(reference, parallel, plan, tol);
     rep.warnings = res.warnings;
@@ -91,12 +82,21 @@ void add_plan(VerifyReport& report, RunRecord reference, RunRecord parallel, con
     rep.run = std::move(parallel);
     report.pass = report.pass && rep.pass;
     report.plans.push_back(std::move(rep));
-    report.reference = std::move(reference);
+    report.reference = reference;
 }
 
 }  // namespace
 
-int64_t steps_for(const VerifyInputs& in, const Plan& plan, const VerifyOptions& opt, int64_t model_steps) {
+std::unique_ptr<Launch> in_process_launch(Device device, const CommOptions& comm) {
+    return std::make_unique<InProcess>(device, comm);
+}
+
+std::unique_ptr<Launch> make_launch(Device device, const CommOptions& comm) {
+    if (launched_by_mpi()) return std::make_unique<UnderMpi>(device, comm);
+    return in_process_launch(device, comm);
+}
+
+int64_t steps_for(const Plan& plan, const VerifyOptions& opt, int64_t model_steps) {
     if (opt.steps > 0) return opt.steps;
     if (plan.verify.steps > 0) return plan.verify.steps;
     return model_steps;
@@ -105,125 +105,130 @@ int64_t steps_for(const VerifyInputs& in, const Plan& plan, const VerifyOptions&
 Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model& model) {
     int depth = 0;  // leaf modules: no tensor is further than that from the output
     for_each_module(*model.root, [&](const std::string&, Module& m) { depth += m.children().empty(); });
-    Tolerance t = default_tolerance(model.dtype, depth);
-    if (plan.verify.rtol || plan.verify.atol || opt.rtol || opt.atol) t.rel_fro = 0;  // a tolerance asked for is the rule
-    if (plan.verify.rtol) t.rtol = *plan.verify.rtol;
-    if (plan.verify.atol) t.atol = *plan.verify.atol;
-    if (opt.rtol) t.rtol = *opt.rtol;
-    if (opt.atol) t.atol = *opt.atol;
-    return t;
+    return Tolerance::for_dtype(model.dtype, depth).with(plan.verify.tolerance).with(opt.tolerance);
 }
 
-// Low precision (compare.h): a grad or param that fails alone is measured against its module's
-// (the same step's tensors of that kind whose names differ only in the last atom, flattened).
-void judge_by_module(PlanReport& rep, const Tolerance& tol) {
-    auto group_of = [](const std::string& name) {
-        const auto k = parse_step_key(name);
-        if (!k || (k->kind() != "grad" && k->kind() != "param")) return std::string();
-        return name.substr(0, name.rfind('.'));
-    };
-    std::map<std::string, double> ref2;
-    for (const TensorReport& t : rep.tensors)
-        if (const std::string g = group_of(t.name); !g.empty()) ref2[g] += t.diff.ref_norm * t.diff.ref_norm;
-    for (TensorReport& t : rep.tensors) {
-        const std::string g = group_of(t.name);
-        if (t.pass || g.empty() || !t.diff.shape_ok || std::isinf(t.diff.err_norm) || t.replicas == "DIFFER" ||
-            t.replicas == "SYNCED")
-            continue;
-        const double module_norm = std::sqrt(ref2[g]);
-        if (module_norm > 0 && t.diff.err_norm <= tol.rel_fro * module_norm) {
-            t.diff.rel_fro = t.diff.err_norm / module_norm;
-            t.diff.by_frobenius = t.diff.pass = t.pass = true;
-            rep.failed -= 1, rep.passed += 1;
-        }
-    }
+RunRecord record_reference(const RunInputs& in, int64_t steps, const RecordOptions& opt) {
+    const Plan single = single_device_plan();
+    RunRecord rec;
+    run_ranks(1, CommOptions{}, [&](Communicator& world) {
+        Run run(in, single, world);
+        rec = record_run(run, steps, opt);
+    }, in.device);
+    rec.backend = "reference";
+    return rec;
 }
 
-PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan, const Tolerance& tol) {
-    PlanReport rep;
-    rep.plan_path = plan.path;
-    rep.tol = tol;
-    for (size_t s = 0; s < reference.steps.size() && s < parallel.steps.size(); ++s) {
-        const StepRecord &r = reference.steps[s], &p = parallel.steps[s];
-        for (const auto& [name, expected] : r.tensors) {
-            const std::string kind = parse_step_key(name)->kind();  // names this file's runners made
-            if (!plan.compares(kind) && kind != "buffer") continue;
-            TensorReport tr;
-            tr.name = name;
-            if (const Tensor* actual = find_tensor(p, name)) tr.diff = compare_tensors(*actual, expected, tol);
-            else if (auto d = p.vs_reference.find(name); d != p.vs_reference.end()) tr.diff = d->second;  // compared as recorded
-            else tr.diff.shape_ok = tr.diff.pass = false;  // missing
-            tr.pass = tr.diff.pass;
-            auto status = p.replicas.find(name);
-            tr.replicas = status == p.replicas.end() ? "-" : status->second;
-            if (tr.replicas == "DIFFER" || tr.replicas == "SYNCED") tr.pass = false;
-            if (tr.replicas == "ignored") tr.pass = true;  // an ignored module's tensors differ by design
-            (tr.pass ? rep.passed : rep.failed) += 1;
-            rep.tensors.push_back(std::move(tr));
-        }
-    }
-    if (tol.rel_fro > 0) judge_by_module(rep, tol);
-    check_init_state(reference, parallel, rep);
-    rep.pass = rep.failed == 0;
-    if (!rep.pass) rep.localisation = localise(reference, parallel, tol);
-    return rep;
-}
-
-VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& plans, const VerifyOptions& opt) {
+VerifyReport verify(const VerifyJob& job, Launch& launch) {
     VerifyReport report;
-    const Model probe = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
+    const Model probe = load_model_text(job.inputs.model_text, job.inputs.model_path, job.inputs.dtype_override, false);
     const Fault fault = parse_fault(std::getenv("PTOOL_FAULT"));
-    std::map<int64_t, RunRecord> references;  // by step count: one reference serves every plan
-    for (const Plan& plan : plans) {
-        VerifyInputs job = in;
-        job.steps = steps_for(in, plan, opt, probe.steps);
-        if (!references.count(job.steps)) {
-            references[job.steps] = run_reference_record(job);
-            report.reference_seconds += references[job.steps].seconds;
-        }
-        const Resolution res = resolve_plan(probe, plan);  // lint before anything runs
-        for (const auto& w : res.warnings) spdlog::warn("{}", w);
-        job.compare_with = &references[job.steps];  // compared as recorded: the run keeps diffs, not tensors
-        job.tol = tolerance_for(plan, opt, probe);
-        RunRecord par;
-        run_ranks(
-            plan.world_size(), opt.comm, [&](Communicator& world) { run_parallel_rank(world, job, plan, fault, &par); },
-            in.device);
-        add_plan(report, references[job.steps], std::move(par), plan, res, job.tol);
-    }
-    return report;
-}
-
-VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const std::vector<Plan>& plans,
-                             const VerifyOptions& opt) {
-    VerifyReport report;
-    const Model probe = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
-    const Fault fault = parse_fault(std::getenv("PTOOL_FAULT"));
-    const bool rank0 = world.rank() == 0;
+    report.dtype = probe.dtype;
     std::map<int64_t, RunRecord> references;  // rank 0, by step count: one reference serves every plan
-    for (const Plan& plan : plans) {
-        if (plan.world_size() != world.size())
-            throw InputError(plan.mesh_where, fmt::format("the mesh has {} ranks but mpirun started {}", plan.world_size(),
-                                                          world.size()));
-        VerifyInputs job = in;
-        job.steps = steps_for(in, plan, opt, probe.steps);
-        const Resolution res = resolve_plan(probe, plan);
-        if (rank0)
+    for (const Plan& plan : job.plans) {
+        const int64_t steps = steps_for(plan, job.options, probe.steps);
+        const Resolution res = resolve_plan(probe, plan);  // the lint, before anything runs
+        if (launch.rank0())
             for (const auto& w : res.warnings) spdlog::warn("{}", w);
-        // Rank 0 runs the reference first, so that it compares the parallel run's tensors as it
-        // gathers them (as in-process); the other ranks wait here, within the collective timeout,
-        // as they wait for rank 0's report at the end.
-        if (rank0 && !references.count(job.steps)) {
-            references[job.steps] = run_reference_record(job);
-            report.reference_seconds += references[job.steps].seconds;
+        RecordOptions ro;
+        ro.events = job.options.events;
+        ro.golden = job.golden;
+        ro.tol = tolerance_for(plan, job.options, probe);
+        // rank 0 runs the reference first and compares the parallel run's tensors with it as it
+        // gathers them; under mpirun the other ranks wait for it
+        if (launch.rank0() && !references.count(steps)) {
+            RecordOptions ref = ro;
+            ref.golden = nullptr;
+            references[steps] = record_reference(job.inputs, steps, ref);
+            report.reference_seconds += references[steps].seconds;
         }
-        world.barrier();
-        if (rank0) job.compare_with = &references[job.steps], job.tol = tolerance_for(plan, opt, probe);
+        launch.wait_for_rank0();
+        if (launch.rank0()) ro.compare_with = &references[steps];
         RunRecord par;
-        run_parallel_rank(world, job, plan, fault, &par);
-        if (rank0) add_plan(report, references[job.steps], std::move(par), plan, res, job.tol);
+        launch.run(plan.world_size(), plan.mesh_where, [&](Communicator& world) {
+            const std::unique_ptr<RunLayer> layer = fault_layer(fault);
+            Run run(job.inputs, plan, world, layer.get());
+            RunRecord r = record_run(run, steps, ro);
+            if (world.rank() == 0) par = std::move(r);
+        });
+        if (launch.rank0()) add_plan(report, references[steps], std::move(par), plan, res, ro.tol);
     }
     return report;
+}
+
+namespace {
+
+// Every file of a MODEL PLAN... command, read and checked; the job's inputs point into it.
+struct LoadedCommand {
+    VerifyJob job;
+    std::unique_ptr<TensorFile> init, data;
+    std::unique_ptr<GoldenCase> golden;
+};
+
+LoadedCommand load_command(const VerifyCommand& cmd) {
+    LoadedCommand l;
+    RunInputs& in = l.job.inputs;
+    in.model_path = cmd.model;
+    in.model_text = read_text_file(cmd.model, YamlLimits{}.max_bytes);
+    in.dtype_override = cmd.dtype;
+    in.device = cmd.device;
+    load_model_text(in.model_text, cmd.model, cmd.dtype, false);  // a bad model: exit 2 before any rank starts
+    if (!cmd.init.empty()) l.init = std::make_unique<TensorFile>(read_safetensors(cmd.init)), in.init = l.init.get(), in.init_path = cmd.init;
+    if (!cmd.data.empty()) l.data = std::make_unique<TensorFile>(read_safetensors(cmd.data)), in.data = l.data.get(), in.data_path = cmd.data;
+    for (const auto& p : cmd.plans) l.job.plans.push_back(load_plan(p));
+    for (const auto& m : cmd.mesh) {  // --mesh tp=8: resize a mesh dim of every plan
+        const size_t eq = m.find('=');
+        int size = 0;
+        try {
+            size = eq == std::string::npos ? 0 : std::stoi(m.substr(eq + 1));
+        } catch (const std::exception&) {
+        }
+        if (size <= 0 || size > 4096) throw InputError(fmt::format("--mesh '{}': expected NAME=SIZE, e.g. tp=8", m));
+        for (Plan& p : l.job.plans) p.resize_mesh(m.substr(0, eq), size, "--mesh " + m);
+    }
+    l.job.options = cmd.options;
+    if (!cmd.golden.empty()) {
+        if (l.job.plans.size() != 1) throw InputError("--golden compares one plan");
+        l.golden = std::make_unique<GoldenCase>(load_golden(cmd.golden));
+    }
+    return l;
+}
+
+}  // namespace
+
+int run_verify_command(const VerifyCommand& cmd, const std::function<void(const VerifyReport&)>& on_report,
+                       const std::function<void(const CaseResult&)>& on_case) {
+    ReplayOptions replay;
+    replay.update = cmd.update;
+    replay.verify = cmd.options;
+    if (looks_like_golden_arg(cmd.model)) {  // ptool verify golden/ [more files or folders]: in one process
+        std::vector<std::string> args = {cmd.model};
+        args.insert(args.end(), cmd.plans.begin(), cmd.plans.end());
+        if (!cmd.init.empty() || !cmd.data.empty() || !cmd.golden.empty() || !cmd.mesh.empty())
+            throw InputError("golden files replay their own init, data and plan: --init, --data, --golden and --mesh apply to MODEL PLAN...");
+        const auto launch = make_launch(cmd.device, cmd.options.comm);
+        return launch->exit_code([&] {
+            if (!launch->rank0()) return 0;  // the other ranks of an mpirun job wait for rank 0's verdict
+            int bad = 0;
+            for (const CaseResult& r : replay_golden_files(args, replay, cmd.device, cmd.dtype, on_case))
+                bad += r.verdict == Verdict::fail || r.verdict == Verdict::stale;
+            return bad ? 1 : 0;
+        });
+    }
+    if (cmd.plans.empty()) throw InputError("verify needs MODEL PLAN... (or golden files / folders)");
+    if (cmd.update) throw InputError("--update applies to `ptool verify GOLDEN...`");
+    const LoadedCommand l = load_command(cmd);
+    const auto launch = make_launch(cmd.device, cmd.options.comm);
+    return launch->exit_code([&] {
+        if (l.golden) {  // three-way: parallel vs reference, reference vs golden, parallel vs golden
+            const CaseResult r = replay_case(*l.golden, l.job.inputs, l.job.plans[0], replay, *launch);
+            if (launch->rank0() && on_case) on_case(r);
+            return r.verdict == Verdict::pass ? 0 : 1;
+        }
+        const VerifyReport report = verify(l.job, *launch);
+        if (launch->rank0() && on_report) on_report(report);
+        return report.pass ? 0 : 1;
+    });
 }
 
 }  // namespace ptool

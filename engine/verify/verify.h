@@ -1,59 +1,77 @@
-// ptool verify: one reference run, each plan's parallel run, and their comparison tensor by tensor
-// and step by step, with replica consistency and the localisation of the first divergence.
+// ptool verify: one reference run per step count, each plan's parallel run, and their comparison
+// tensor by tensor and step by step, with replica consistency and the localisation of the first
+// divergence; optionally three ways, against a golden file. The same code runs in one process
+// (rank threads) and under mpirun (one process per rank): only the Launch differs.
 #pragma once
 
-#include <optional>
+#include <memory>
 
-#include "comm/communicator.h"
-#include "verify/compare.h"
-#include "verify/parallel_run.h"
+#include "verify/recorder.h"
+#include "verify/report.h"
 
 namespace ptool {
 
-struct TensorReport {
-    std::string name;  // golden name: step0.grad.net1.weight
-    TensorDiff diff;
-    std::string replicas;  // "equal", "DIFFER", or "-" (sharded)
-    bool pass = true;
-};
-
-struct PlanReport {
-    std::string plan_path;
-    std::vector<std::string> warnings;
-    std::vector<TensorReport> tensors;
-    int passed = 0, failed = 0;
-    bool pass = true;
-    std::string localisation;  // "first divergence: ..." when something failed
-    std::vector<std::string> notes;   // replica invariants; the expected causes of a mismatch
-    RunRecord run;             // counts, time, world size
-    Tolerance tol;
-};
-
-struct VerifyReport {
-    std::vector<PlanReport> plans;
-    RunRecord reference;  // the reference run (of the last plan's step count)
-    double reference_seconds = 0;
-    bool pass = true;
-};
-
 struct VerifyOptions {
-    std::optional<double> rtol, atol;  // command line: over the plan's, over the dtype's
-    int64_t steps = 0;                 // command line: over the plan's, over the model's
+    int64_t steps = 0;              // over the plan's, over the model's
+    Tolerance::Override tolerance;  // over the plan's, over the dtype's
     CommOptions comm;
+    bool events = true;  // localisation's per-module gathers (benches measure without them too)
 };
 
-// Runs everything in this process: the reference, then each plan on rank threads.
-VerifyReport verify_in_process(const VerifyInputs& in, const std::vector<Plan>& plans, const VerifyOptions& opt);
+struct VerifyJob {
+    RunInputs inputs;
+    std::vector<Plan> plans;
+    VerifyOptions options;
+    const TensorFile* golden = nullptr;  // compared as recorded too: --golden, golden replay
+};
 
-// Under mpirun: every process calls this with the MPI world; rank 0 runs the reference first,
-// compares the parallel run as it is gathered, and gets the report.
-VerifyReport verify_on_world(Communicator& world, const VerifyInputs& in, const std::vector<Plan>& plans,
-                             const VerifyOptions& opt);
+// How a verify's ranks run.
+class Launch {
+public:
+    virtual ~Launch() = default;
+    virtual bool rank0() const = 0;  // this process reports (and runs the reference)
+    // Runs fn on every rank of a `ranks`-rank world: threads in this process, or this process's
+    // rank of the mpirun job (whose size must be `ranks`; InputError at `where` otherwise).
+    virtual void run(int ranks, const SourceLocation& where, const std::function<void(Communicator&)>& fn) = 0;
+    // Waits for rank 0's work outside the collectives (its reference run): no deadline.
+    virtual void wait_for_rank0() = 0;
+    // The process's exit code: body's on rank 0. Under mpirun a failure on any rank ends the job
+    // through MPI_Abort (2 for bad input, 3 otherwise), named; in-process it propagates.
+    virtual int exit_code(const std::function<int()>& body) = 0;
+};
 
-// Compares a parallel run with the reference (rank 0 side).
-PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan, const Tolerance& tol);
+// Under mpirun/srun: MPI (on GPUs, NCCL bootstrapped over it). Else threads in this process.
+std::unique_ptr<Launch> make_launch(Device device, const CommOptions& comm);
+std::unique_ptr<Launch> in_process_launch(Device device, const CommOptions& comm);
 
-int64_t steps_for(const VerifyInputs& in, const Plan& plan, const VerifyOptions& opt, int64_t model_steps);
+VerifyReport verify(const VerifyJob& job, Launch& launch);  // the report is rank 0's
+
+// The reference: the job's model on one device, `steps` steps, recorded whole.
+RunRecord record_reference(const RunInputs& in, int64_t steps, const RecordOptions& opt);
+
+int64_t steps_for(const Plan& plan, const VerifyOptions& opt, int64_t model_steps);
 Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model& model);
+
+struct CaseResult;
+
+// `ptool verify` as the command line names it: MODEL PLAN... (with --golden FILE, three ways), or
+// golden files and folders to replay.
+struct VerifyCommand {
+    std::string model;               // a model YAML, or a golden file / folder
+    std::vector<std::string> plans;  // plan YAMLs, or more golden files / folders
+    std::string init, data, golden;
+    std::vector<std::string> mesh;   // --mesh NAME=SIZE, each applied to every plan
+    std::string dtype;
+    Device device = Device::cpu;
+    bool update = false;  // golden replay: re-record cases whose numbers moved
+    VerifyOptions options;
+};
+
+// Runs a verify command in this process or as this process's rank of an mpirun job, with the same
+// checks and exit codes either way: every file is read and checked before any rank starts (2), a
+// failed rank is 3, a mismatch 1. Rank 0's results go to the callbacks as they are ready: each
+// golden case's, or the report (with the --golden case's three comparisons, if any).
+int run_verify_command(const VerifyCommand& cmd, const std::function<void(const VerifyReport&)>& on_report,
+                       const std::function<void(const CaseResult&)>& on_case);
 
 }  // namespace ptool

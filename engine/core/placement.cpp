@@ -1,8 +1,7 @@
-#include "parallel/placement.h"
+#include "core/placement.h"
 
 #include <regex>
 
-#include "comm/communicator.h"
 #include "core/tensor_ops.h"
 
 namespace ptool {
@@ -26,6 +25,8 @@ std::string Placement::str() const {
     return "?";
 }
 
+Placement grad_placement(const Placement& p) { return p.is_partial() ? Placement::replicate() : p; }
+
 bool parse_placement(const std::string& text, Placement* out) {
     static const std::regex shard_re(R"(^\s*shard\(\s*(-?\d{1,2})\s*\)\s*$)", std::regex::icase);
     std::smatch m;
@@ -41,6 +42,10 @@ Shape local_shape(const Shape& global, const Placement& p, int parts, int index)
     const int64_t d = normalize_dim(p.dim, static_cast<int64_t>(global.size()));
     s[d] = chunk_of(global[d], parts, index).length;
     return s;
+}
+
+std::string Layout::str() const {
+    return fmt::format("{} {}", shape_str(global), p.is_shard() ? p.normalized(static_cast<int64_t>(global.size())).str() : p.str());
 }
 
 }  // namespace ptool

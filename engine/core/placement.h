@@ -1,6 +1,8 @@
 // Placement of a tensor along one mesh dim, as torch.distributed.tensor's: Replicate, Shard(d)
 // (torch.chunk semantics for uneven sizes: chunks of ceil(n/p), the last ones shorter or empty),
-// Partial (each rank holds a summand).
+// Partial (each rank holds a summand). A Layout is the static description of an activation on
+// the tensor-parallel dim: its full shape and its placement, no data (explain and the lint work
+// on layouts; the runtime's Placed, model/placed.h, is a local tensor with its layout).
 #pragma once
 
 #include <string>
@@ -25,10 +27,23 @@ struct Placement {
     std::string str() const;  // "Replicate()", "Shard(0)", "Partial(sum)"
 };
 
+// The placement of a tensor's gradient: the tensor's own, except that every summand of a Partial
+// tensor receives the whole gradient (Partial -> Replicate).
+Placement grad_placement(const Placement& p);
+
 // "replicate", "shard(0)", "shard(-1)", "partial"; false when the text is none of these.
 bool parse_placement(const std::string& text, Placement* out);
 
 // The local shape of a tensor of global shape `global` on coordinate `index` of `parts`.
 Shape local_shape(const Shape& global, const Placement& p, int parts, int index);
+
+struct Layout {
+    Shape global;  // the full tensor's shape on the tensor-parallel dim
+    Placement p;
+    bool same_as(const Layout& o) const {
+        return global == o.global && p.same_as(o.p, static_cast<int64_t>(global.size()));
+    }
+    std::string str() const;  // "[4, 16, 32] Shard(1)"
+};
 
 }  // namespace ptool

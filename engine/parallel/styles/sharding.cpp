@@ -1,0 +1,29 @@
+#include "parallel/styles/sharding.h"
+
+#include "core/tensor_ops.h"
+
+namespace ptool::styles {
+
+const Linear* as_linear(const Module& m) { return dynamic_cast<const Linear*>(&m); }
+const Embedding* as_embedding(const Module& m) { return dynamic_cast<const Embedding*>(&m); }
+bool linear_or_embedding(const Module& m) { return as_linear(m) || as_embedding(m); }
+
+void parse_io_layouts(YamlMap& m, StyleSpec& s) {
+    s.input_layouts = parse_layout_key(m, "input_layouts");
+    s.output_layouts = parse_layout_key(m, "output_layouts");
+    s.use_local_output = m.bool_or("use_local_output", true);
+}
+
+void check_sharded_weight(const StyleCheck& c, std::string_view style, int64_t size, const char* what) {
+    int names = 0;  // a weight reachable under two names cannot be sharded for one of them
+    for (const auto& [name, p] : c.model.state_dict()) names += p == c.module.param("weight");
+    if (names > 1)
+        throw InputError(c.where, fmt::format("'{}' has a tied weight: {} of tied weights is not supported", c.module.fqn(), style));
+    if (size % c.parts == 0) return;
+    std::vector<int64_t> sizes;
+    for (int r = 0; r < c.parts; ++r) sizes.push_back(chunk_of(size, c.parts, r).length);
+    c.warnings.push_back(fmt::format("{}: '{}' {}: {} {} over {} ranks are uneven ({})", c.where.str(), c.module.fqn(), style,
+                                     size, what, c.parts, fmt::join(sizes, ", ")));
+}
+
+}  // namespace ptool::styles

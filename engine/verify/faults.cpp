@@ -1,0 +1,225 @@
+#include "verify/faults.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/tensor_ops.h"
+
+namespace ptool {
+namespace {
+
+const std::vector<std::string>& kinds() {
+    static const std::vector<std::string> k = {"skip_all_reduce", "bias_every_rank",     "skip_grad_all_reduce",
+                                               "wrong_shard_dim", "wrong_shard_offset",  "wrong_src_rank",
+                                               "skip_bucket",     "grad_sum",            "skip_buffer_broadcast",
+                                               "sync_ignored",    "skip_reduce_scatter", "stale_param"};
+    return k;
+}
+
+// A style's hooks with one of its reductions broken: a partial output or input gradient relabelled
+// as if it were reduced (so the style's redistribution skips the collective), or rowwise's bias
+// added to every rank's partial sum.
+class FaultHooks final : public ModuleHooks {
+public:
+    FaultHooks(std::shared_ptr<ModuleHooks> inner, std::string kind, int parts)
+        : inner_(std::move(inner)), kind_(std::move(kind)), parts_(parts) {}
+    Placed pre_forward(RunContext& c, Module& m, const Placed& x) override { return inner_->pre_forward(c, m, x); }
+    Placed post_forward(RunContext& c, Module& m, const Placed& y) override {
+        if (!y.p.is_partial()) return inner_->post_forward(c, m, y);
+        if (kind_ == "skip_all_reduce") return inner_->post_forward(c, m, y.relabeled(Placement::replicate()));
+        ParamPtr bias = m.param("bias");
+        if (kind_ != "bias_every_rank" || !bias) return inner_->post_forward(c, m, y);
+        // every rank adds the bias to its summand; with the one the style adds after the
+        // reduction, n biases in all
+        Tensor biased = y.t.clone(), b = bias->value.clone();
+        c.backend->scale(bias->value, static_cast<double>(parts_ - 1) / parts_, b);
+        Tensor rows = biased.reshape({biased.numel() / b.numel(), b.numel()});
+        c.backend->add_bias(rows, b);
+        return inner_->post_forward(c, m, {biased, y.p, y.global});
+    }
+    Placed post_forward_backward(RunContext& c, Module& m, const Placed& dy) override {
+        return inner_->post_forward_backward(c, m, dy);
+    }
+    Placed pre_forward_backward(RunContext& c, Module& m, const Placed& dx) override {
+        if (kind_ == "skip_grad_all_reduce" && dx.p.is_partial()) return inner_->pre_forward_backward(c, m, dx.relabeled(Placement::replicate()));
+        return inner_->pre_forward_backward(c, m, dx);
+    }
+    void post_backward(RunContext& c, Module& m) override { inner_->post_backward(c, m); }
+    std::optional<Placement> compute_out(const Module& m) const override { return inner_->compute_out(m); }
+    std::optional<Placement> compute_grad_in(const Module& m) const override { return inner_->compute_grad_in(m); }
+
+private:
+    std::shared_ptr<ModuleHooks> inner_;
+    std::string kind_;
+    int parts_;
+};
+
+// A mesh dim's communicator with the collectives of one scope broken. The scope is the counter's
+// module and site, which the parallel code sets around its collectives.
+class FaultComm final : public Communicator {
+public:
+    using Buckets = std::map<std::string, std::vector<std::string>>;  // root -> bucket K -> the fault's parameter or ""
+    FaultComm(std::unique_ptr<Communicator> inner, Fault fault, const Buckets& buckets)
+        : inner_(std::move(inner)), fault_(std::move(fault)), buckets_(buckets) {
+        set_counter(inner_->counter(), "");  // the inner communicator counts
+    }
+    int rank() const override { return inner_->rank(); }
+    int size() const override { return inner_->size(); }
+    std::string backend() const override { return inner_->backend(); }
+    void all_gather(const Tensor& in, Tensor& out) override {
+        if (!fault_.hits("stale_param", module()) || site() != "unshard") return inner_->all_gather(in, out);
+        auto [it, first] = stale_.try_emplace(module());
+        if (first) {
+            inner_->all_gather(in, out);
+            it->second = out.clone();
+        } else {
+            backend_for(out.device()).copy(it->second, out);  // the first gather's parameters, again
+        }
+    }
+    void all_reduce(Tensor& t, ReduceOp op) override {
+        if (site().rfind("bucket ", 0) == 0) {
+            if (skips_bucket()) return;
+            if (fault_.hits("grad_sum", module())) op = ReduceOp::sum;
+        }
+        inner_->all_reduce(t, op);
+    }
+    void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+        if (!fault_.hits("skip_reduce_scatter", module()) || site() != "reduce_grads") return inner_->reduce_scatter(in, out, op);
+        const Tensor mine = chunk(in, size(), rank(), 0);  // this rank's rows of its own gradient, unreduced
+        backend_for(out.device()).copy(mine, out);
+    }
+    void broadcast(Tensor& t, int root) override {
+        inner_->broadcast(t, fault_.hits("wrong_src_rank", module()) ? (root + 1) % size() : root);
+    }
+    void all_to_all(const Tensor& in, Tensor& out) override { inner_->all_to_all(in, out); }
+    void barrier() override { inner_->barrier(); }
+    std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
+
+private:
+    std::string module() const { return counter() ? counter()->module() : ""; }
+    std::string site() const { return counter() ? counter()->site() : ""; }
+    bool skips_bucket() const {  // site "bucket K" of module ROOT holds the fault's parameter
+        if (fault_.kind != "skip_bucket") return false;
+        auto it = buckets_.find(module());
+        const size_t k = std::stoul(site().substr(7));
+        if (it == buckets_.end() || k >= it->second.size()) return false;
+        return fault_.fqn == "*" || it->second[k] == fault_.fqn;
+    }
+    std::unique_ptr<Communicator> inner_;
+    Fault fault_;
+    const Buckets& buckets_;  // the layer's, filled once data parallelism is resolved
+    std::map<std::string, Tensor> stale_;
+};
+
+class FaultLayer final : public RunLayer {
+public:
+    explicit FaultLayer(Fault f) : fault_(std::move(f)) {}
+
+    bool needs_full_parameters() const override { return true; }
+
+    void wrap_mesh(DeviceMesh& mesh, const Plan& plan) override {
+        for (int d = 0; d < mesh.ndim(); ++d) {
+            const bool dp = plan.data_parallel && mesh.dims()[d].name == plan.data_parallel->mesh_dim;
+            const bool tp = plan.has_tensor_parallel && mesh.dims()[d].name == plan.tp_mesh_dim;
+            if (!dp && !tp) continue;
+            mesh.wrap(d, [&](std::unique_ptr<Communicator> c) { return std::make_unique<FaultComm>(std::move(c), fault_, buckets_); });
+        }
+    }
+
+    void before_parallelize(const Model& model, const Resolution& res) override {
+        for (const ResolvedStyle& rs : res.styles)
+            if (fault_.hits("wrong_shard_dim", rs.fqn) || fault_.hits("wrong_shard_offset", rs.fqn))
+                for (const ParamPlacement& pp : rs.entry->style.style->params(*rs.module))
+                    if (pp.placement.is_shard()) full_[rs.module->param(pp.param).get()] = rs.module->param(pp.param)->value.clone();
+        (void)model;
+    }
+
+    void after_parallelize(Model& model, const Plan& plan, const Resolution& res, const TpParams& params, DeviceMesh& mesh) override;
+
+    DataParallelResolution data_parallel(const DataParallelResolution& r) override;
+
+private:
+    Fault fault_;
+    FaultComm::Buckets buckets_;
+    std::map<const Parameter*, Tensor> full_;
+};
+
+// wrong_shard_offset: the rank's chunk one row later (earlier at the end); wrong_shard_dim: the
+// chunk along the other dim poured into this shard's shape.
+Tensor wrong_shard(const Fault& f, const Tensor& full, int64_t dim, int n, int r, const Tensor& local) {
+    if (local.numel() == 0) return local;
+    if (f.kind == "wrong_shard_offset") {
+        const Chunk c = chunk_of(full.size(dim), n, r);
+        const int64_t start = c.offset + c.length < full.size(dim) ? c.offset + 1 : c.offset - 1;
+        return start >= 0 ? full.narrow(dim, start, c.length).clone() : local;
+    }
+    if (full.dim() != 2) return local;
+    const Tensor other = chunk(full, n, r, 1 - dim);
+    Tensor out = local.clone();
+    for (int64_t i = 0; i < out.numel(); ++i) out.set(i, other.numel() ? other.item(i % other.numel()) : 0.0);
+    return out;
+}
+
+void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolution& res, const TpParams& params, DeviceMesh& mesh) {
+    if (fault_.kind == "skip_buffer_broadcast" && plan.data_parallel) {
+        // the replicas start apart, as DDP's do before its broadcast, and the broadcast never comes
+        const int dp_rank = mesh.comm(mesh.dim_index(plan.data_parallel->mesh_dim)).rank();
+        for (const auto& [name, b] : model.named_buffers())
+            if (dp_rank != 0 && res.dp.synced_buffers.count(name)) poison_replica(b->value, dp_rank);
+    }
+    if (!plan.has_tensor_parallel) return;
+    Communicator& tp = mesh.comm(mesh.dim_index(plan.tp_mesh_dim));
+    for (const ResolvedStyle& rs : res.styles) {
+        if (fault_.hits("skip_all_reduce", rs.fqn) || fault_.hits("bias_every_rank", rs.fqn) ||
+            fault_.hits("skip_grad_all_reduce", rs.fqn))
+            rs.module->set_hooks(std::make_shared<FaultHooks>(rs.module->hooks(), fault_.kind, tp.size()));
+        for (const auto& [pp, full] : full_) {
+            const ParamPtr p = rs.module->param("weight") && rs.module->param("weight").get() == pp ? rs.module->param("weight")
+                               : rs.module->param("bias") && rs.module->param("bias").get() == pp ? rs.module->param("bias")
+                                                                                                  : nullptr;
+            if (!p) continue;
+            const int64_t dim = normalize_dim(params.at(pp).placement.dim, full.dim());
+            p->value = wrong_shard(fault_, full, dim, tp.size(), tp.rank(), p->value);
+        }
+    }
+}
+
+DataParallelResolution FaultLayer::data_parallel(const DataParallelResolution& r) {
+    DataParallelResolution out = r;
+    if (fault_.kind == "skip_buffer_broadcast") out.synced_buffers.clear();
+    if (fault_.kind == "sync_ignored" && !out.ignored_params.empty()) {  // averaged in a bucket of their own
+        if (out.replicas.empty()) out.replicas.push_back({"", {}});
+        BucketSpec b;
+        b.params.assign(out.ignored_params.begin(), out.ignored_params.end());
+        out.replicas[0].buckets.push_back(b);
+        out.ignored_params.clear();
+    }
+    for (const auto& replica : out.replicas)  // skip_bucket: which bucket K of a root holds the parameter
+        for (const BucketSpec& b : replica.buckets) {
+            const bool holds = std::find(b.params.begin(), b.params.end(), fault_.fqn) != b.params.end();
+            buckets_[replica.root].push_back(holds ? fault_.fqn : std::string());
+        }
+    return out;
+}
+
+}  // namespace
+
+Fault parse_fault(const char* env) {
+    Fault f;
+    if (!env || !*env) return f;
+    const std::string s(env);
+    const size_t colon = s.find(':');
+    f.kind = s.substr(0, colon);
+    f.fqn = colon == std::string::npos ? "" : s.substr(colon + 1);
+    if (std::find(kinds().begin(), kinds().end(), f.kind) == kinds().end() || f.fqn.empty())
+        throw InputError(fmt::format("PTOOL_FAULT='{}': expected KIND:FQN (or KIND:* for every place) with KIND one of {}", s,
+                                     fmt::join(kinds(), ", ")));
+    return f;
+}
+
+std::unique_ptr<RunLayer> fault_layer(const Fault& fault) {
+    if (fault.empty()) return nullptr;
+    return std::make_unique<FaultLayer>(fault);
+}
+
+}  // namespace ptool

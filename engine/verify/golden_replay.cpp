@@ -1,0 +1,94 @@
+#include "verify/golden_replay.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "model/batch.h"
+
+namespace ptool {
+namespace {
+
+std::string worst(const PlanReport& r, size_t n) {
+    std::vector<const TensorReport*> bad;
+    for (const auto& t : r.tensors)
+        if (!t.pass) bad.push_back(&t);
+    std::sort(bad.begin(), bad.end(), [](auto* a, auto* b) { return a->diff.headroom > b->diff.headroom; });
+    std::vector<std::string> parts;
+    for (size_t i = 0; i < bad.size() && i < n; ++i)
+        parts.push_back(bad[i]->diff.shape_ok ? fmt::format("{} (max abs {:.3g}, headroom {:.3g})", bad[i]->name,
+                                                            bad[i]->diff.max_abs, bad[i]->diff.headroom)
+                                              : fmt::format("{} (missing or shape differs)", bad[i]->name));
+    return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+// The golden's recorded steps and tolerance, unless the command line says otherwise.
+VerifyOptions case_options(const GoldenCase& c, VerifyOptions vo) {
+    auto md = [&](const char* k) { return c.file.metadata.count(k) ? c.file.metadata.at(k) : std::string(); };
+    if (!vo.steps && !md("steps").empty()) vo.steps = std::stoll(md("steps"));
+    if (!vo.tolerance.rtol && !md("rtol").empty()) vo.tolerance.rtol = std::stod(md("rtol"));
+    if (!vo.tolerance.atol && !md("atol").empty()) vo.tolerance.atol = std::stod(md("atol"));
+    return vo;
+}
+
+}  // namespace
+
+CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& plan, const ReplayOptions& opt, Launch& launch) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CaseResult res;
+    res.path = c.path;
+    res.world_size = plan.world_size();
+    TensorFile init, data;
+    golden_inputs(c.file, init, data);
+    VerifyJob job;
+    job.inputs = base;
+    job.inputs.init = &init, job.inputs.init_path = c.path + "[init.*]";
+    job.inputs.data = &data, job.inputs.data_path = c.path + "[data]";
+    job.plans = {plan};
+    job.options = case_options(c, opt.verify);
+    job.golden = &c.file;  // the parallel run is compared with it as it records
+    const VerifyReport vr = verify(job, launch);
+    if (!launch.rank0()) return res;
+    const Tolerance tol = vr.plans[0].tol;
+    res.directions.push_back(vr.plans[0]);
+    res.directions.push_back(compare_with_golden(vr.reference, c.file, tol, "reference vs golden"));
+    res.directions.push_back(compare_with_golden(vr.plans[0].run, c.file, tol, "parallel vs golden"));
+    res.directions[0].plan_path = "parallel vs reference";
+    const bool pass = std::all_of(res.directions.begin(), res.directions.end(), [](auto& d) { return d.pass; });
+    res.verdict = pass ? Verdict::pass : Verdict::fail;
+    if (!c.stale.empty()) res.verdict = Verdict::stale, res.detail = c.stale;
+    if (res.verdict == Verdict::fail) {
+        for (const auto& d : res.directions)
+            if (!d.pass) res.detail += fmt::format("{}{}: {}", res.detail.empty() ? "" : "; ", d.plan_path, worst(d, 3));
+        if (!res.directions[0].localisation.empty()) res.detail += "; " + res.directions[0].localisation;
+    }
+    if (res.verdict == Verdict::fail && opt.update && !res.directions[1].pass) {  // the numbers moved: re-record, loudly
+        TensorFile fresh = record_golden(job.inputs, plan, job.options);
+        fresh.metadata = c.file.metadata;
+        write_safetensors(c.path, fresh, true);
+        res.detail = fmt::format("updated: moved: {}", worst(res.directions[1], 5));
+        res.verdict = Verdict::updated;
+    }
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return res;
+}
+
+std::vector<CaseResult> replay_golden_files(const std::vector<std::string>& args, const ReplayOptions& opt, Device device,
+                                            const std::string& dtype, const std::function<void(const CaseResult&)>& on_case) {
+    std::vector<CaseResult> results;
+    const auto launch = in_process_launch(device, opt.verify.comm);
+    for (const std::string& path : golden_paths(args)) {
+        const GoldenCase c = load_golden(path);
+        RunInputs in;
+        in.model_path = c.path + "[model_yaml]";
+        in.model_text = c.model_yaml;
+        in.dtype_override = dtype;
+        in.device = device;
+        load_model_text(in.model_text, in.model_path, dtype, false);  // a model that no longer parses: exit 2
+        const Plan plan = load_plan_text(c.plan_yaml, c.path + "[plan_yaml]");
+        results.push_back(replay_case(c, in, plan, opt, *launch));
+        if (on_case) on_case(results.back());
+    }
+    return results;
+}
+
+}  // namespace ptool

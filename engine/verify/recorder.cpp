@@ -1,0 +1,205 @@
+#include "verify/recorder.h"
+
+#include <unordered_map>
+
+#include "core/tensor_ops.h"
+#include "model/batch.h"
+#include "parallel/redistribute.h"
+
+namespace ptool {
+namespace {
+
+Tensor on_host(const Tensor& t) { return t.device() == Device::cpu ? t : t.to_device(Device::cpu); }
+
+// Whether every rank of comm holds the same bytes of a replicated tensor (known to every rank).
+bool replicas_agree(const Tensor& t, Communicator& comm) {
+    if (comm.size() == 1) return true;
+    Tensor mine({1}, DType::int64), all({comm.size()}, DType::int64);
+    mine.data<int64_t>()[0] = static_cast<int64_t>(tensor_digest(on_host(t)));
+    comm.all_gather(mine, all);
+    for (int r = 1; r < comm.size(); ++r)
+        if (all.data<int64_t>()[r] != all.data<int64_t>()[0]) return false;
+    return true;
+}
+
+// The full size of dim `p.dim` from every rank's local size (uncounted metadata).
+Shape global_shape(const Tensor& local, const Placement& p, Communicator& comm) {
+    if (!p.is_shard() || comm.size() == 1) return local.shape();
+    const int64_t d = p.normalized(local.dim()).dim;
+    Tensor mine = Tensor::scalar(static_cast<double>(local.size(d)), DType::int64).reshape({1});
+    Tensor all({comm.size()}, DType::int64);
+    comm.all_gather(mine, all);
+    Shape g = local.shape();
+    g[d] = 0;
+    for (int r = 0; r < comm.size(); ++r) g[d] += static_cast<int64_t>(all.item(r));
+    return g;
+}
+
+class Recorder {
+public:
+    Recorder(Run& run, const RecordOptions& opt)
+        : run_(run), opt_(opt), rank0_(run.world().rank() == 0), tp_(run.tp()), dp_(run.dp()) {
+        if (opt.golden)
+            for (const auto& [name, t] : opt.golden->tensors) golden_[name] = &t;
+    }
+
+    // A parameter's (or the output's) full tensor from this rank's piece: the dp dim first
+    // (fully_shard shards the TP-local tensor).
+    Tensor gather(const Tensor& local, const Placement& on_dp, const Placement& on_tp) {
+        Tensor t = on_dp.is_replicate() ? local : full_tensor(local, on_dp, global_shape(local, on_dp, dp_), dp_);
+        return full_tensor(t, on_tp, global_shape(t, on_tp, tp_), tp_);
+    }
+
+    // An activation's: whole on the tp dim by its layout, then every dp rank's rows.
+    Tensor gather(const Placed& x) {
+        const Tensor t = full_tensor(x.t, x.p, x.global, tp_);
+        return dp_.size() > 1 ? full_tensor(t, Placement::shard(0), global_shape(t, Placement::shard(0), dp_), dp_) : t;
+    }
+
+    void construction(RunRecord& rec) {
+        CountingPaused pause(&run_.counter());
+        for (const auto& [name, p] : run_.model().state_dict()) {
+            const bool buffer = p->grad.numel() == 0 && p->value.numel() != 0;
+            const Placement on_dp = buffer ? Placement::replicate() : run_.dp_placement(p.get());
+            const Placement on_tp = buffer ? Placement::replicate() : run_.tp_placement(p.get());
+            const Tensor full = gather(p->value, on_dp, on_tp);
+            const bool ignored = run_.ignored(name);
+            const bool agree = (!on_tp.is_replicate() || replicas_agree(p->value, tp_)) &&
+                               (ignored || !on_dp.is_replicate() || replicas_agree(p->value, dp_));
+            if (!rank0_) continue;
+            if (!agree) rec.init_replicas_differ.push_back(name);
+            rec.init_state.emplace_back(name, tensor_digest(on_host(full)));
+        }
+        if (opt_.init_tensors) {  // golden files: init.param.* then init.buffer.*, each tensor once
+            for (const auto& [name, p] : run_.model().named_parameters()) {
+                const Tensor full = gather(p->value, run_.dp_placement(p.get()), run_.tp_placement(p.get()));
+                if (rank0_) rec.init_tensors.emplace_back("init.param." + name, on_host(full).clone());
+            }
+            for (const auto& [name, b] : run_.model().named_buffers())
+                if (rank0_) rec.init_tensors.emplace_back("init.buffer." + name, on_host(b->value).clone());
+        }
+        rec.unique_params = static_cast<int64_t>(run_.model().named_parameters().size());
+        for (const auto& r : run_.resolution().dp.replicas) {
+            rec.dp_buckets += static_cast<int64_t>(r.buckets.size());
+            for (const auto& b : r.buckets) rec.grad_bytes += b.bytes;
+        }
+    }
+
+    StepObserver observer(StepRecord& sr) {
+        if (!opt_.events) return nullptr;
+        // under data parallel a mean loss over each rank's rows makes activation gradients dp times
+        // the reference's (DDP's average puts the parameter gradients right): scaled for comparison
+        const double scale = dp_.size() > 1 && run_.model().loss != LossKind::sum ? 1.0 / dp_.size() : 1.0;
+        return [this, &sr, scale](const Module& m, Phase phase, const Placed& x) {
+            CountingPaused pause(&run_.counter());
+            Tensor full = gather(x);
+            if (phase == Phase::backward && scale != 1.0) {
+                Tensor scaled = empty_like(full);
+                run_.backend().scale(full, scale, scaled);
+                full = scaled;
+            }
+            if (!rank0_) return;
+            ModuleEvent e{m.fqn(), phase, Tensor(), {}};
+            if (!opt_.compare_with) {
+                e.full = full.shares_storage(x.t) ? on_host(full).clone() : on_host(full);
+            } else if (const ModuleEvent* ref = reference_event(sr.step, sr.events.size()); ref && ref->fqn == e.fqn && ref->phase == phase) {
+                e.diff = compare_tensors(on_host(full), ref->full, opt_.tol);
+            }
+            sr.events.push_back(std::move(e));
+        };
+    }
+
+    void step(StepRecord& sr, const StepOutput& out, bool last_step) {
+        CountingPaused pause(&run_.counter());
+        reference_.clear();
+        if (rank0_ && opt_.compare_with && sr.step < static_cast<int64_t>(opt_.compare_with->steps.size()))
+            for (const auto& [name, t] : opt_.compare_with->steps[sr.step].tensors) reference_[name] = &t;
+        const std::string s = fmt::format("step{}.", sr.step);
+        // each rank's output rows and loss are its own: gathered and combined as the global batch's
+        const Placement rows = dp_.size() > 1 ? Placement::shard(0) : Placement::replicate();
+        record(sr, s + "output", out.output.t, rows, Placement::replicate(), false, last_step);
+        Tensor loss = Tensor::scalar(out.loss, DType::float64).reshape({1});
+        if (dp_.size() > 1) dp_.all_reduce(loss, run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg);
+        record(sr, s + "loss", Tensor::scalar(loss.item(0), run_.model().dtype), Placement::replicate(), Placement::replicate(),
+               false, last_step);
+        if (dp_.size() > 1 && rank0_) sr.replicas[s + "loss"] = ReplicaState::sharded;  // combined from each rank's own
+        const auto params = run_.model().named_parameters();
+        for (const auto& [name, p] : params)
+            record(sr, s + "grad." + name, p->grad, run_.dp_placement(p.get()), run_.tp_placement(p.get()), run_.ignored(name), last_step);
+        for (const auto& [name, p] : params)
+            record(sr, s + "param." + name, p->value, run_.dp_placement(p.get()), run_.tp_placement(p.get()), run_.ignored(name), last_step);
+        for (const auto& [name, b] : run_.model().named_buffers())
+            record(sr, s + "buffer." + name, b->value, Placement::replicate(), Placement::replicate(), false, last_step);
+    }
+
+private:
+    const ModuleEvent* reference_event(int64_t step, size_t index) const {
+        const RunRecord& ref = *opt_.compare_with;
+        if (step >= static_cast<int64_t>(ref.steps.size())) return nullptr;
+        const auto& events = ref.steps[step].events;
+        return index < events.size() ? &events[index] : nullptr;
+    }
+
+    ReplicaState replica_state(const Tensor& local, const Placement& on_dp, const Placement& on_tp, bool ignored) {
+        const bool tp_ok = !on_tp.is_replicate() || replicas_agree(local, tp_);
+        const bool dp_ok = !on_dp.is_replicate() || replicas_agree(local, dp_);
+        const bool replicas = (on_tp.is_replicate() && tp_.size() > 1) || (on_dp.is_replicate() && dp_.size() > 1);
+        ReplicaState state = replicas ? ReplicaState::equal : ReplicaState::sharded;
+        if (ignored && dp_.size() > 1) state = dp_ok ? ReplicaState::synced : ReplicaState::ignored;
+        if (!tp_ok || (!dp_ok && !ignored)) state = ReplicaState::differ;
+        return state;
+    }
+
+    void record(StepRecord& sr, const std::string& name, const Tensor& local, const Placement& on_dp, const Placement& on_tp,
+                bool ignored, bool last_step) {
+        const Tensor full = gather(local, on_dp, on_tp);
+        const ReplicaState state = replica_state(local, on_dp, on_tp, ignored);
+        if (!rank0_) return;
+        sr.replicas[name] = state;
+        if (opt_.compare_with || opt_.golden) {  // compared now, kept as diffs
+            const Tensor host = on_host(full);
+            if (auto it = reference_.find(name); it != reference_.end()) sr.vs_reference[name] = compare_tensors(host, *it->second, opt_.tol);
+            if (auto it = golden_.find(name); it != golden_.end())
+                sr.vs_golden[name] = compare_tensors(host, it->second->to(host.dtype()), opt_.tol);
+            return;
+        }
+        // the last step's tensors are not written again: recorded in place, not copied
+        const bool copy = full.shares_storage(local) && full.device() == Device::cpu && !last_step;
+        sr.tensors.emplace_back(name, copy ? on_host(full).clone() : on_host(full));
+    }
+
+    Run& run_;
+    const RecordOptions& opt_;
+    const bool rank0_;
+    Communicator &tp_, &dp_;
+    std::unordered_map<std::string, const Tensor*> reference_, golden_;
+};
+
+}  // namespace
+
+RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
+    Recorder recorder(run, opt);
+    RunRecord rec;
+    rec.init_counts = run.counter();  // the construction's collectives (src_data_rank)
+    run.counter().reset();
+    recorder.construction(rec);
+    const bool rank0 = run.world().rank() == 0;
+    for (int64_t k = 0; k < steps; ++k) {
+        StepRecord sr;
+        sr.step = k;
+        const StepOutput out = run.step(k, recorder.observer(sr));
+        sr.seconds = out.seconds;
+        rec.seconds += out.seconds;
+        if (const DataParallel* dp = run.data_parallel())
+            rec.bucket_copy_bytes = dp->bucket_copy_bytes(), rec.bucket_allreduce_bytes = dp->bucket_allreduce_bytes();
+        recorder.step(sr, out, k + 1 == steps);
+        if (rank0 && opt.on_step) opt.on_step(k, out.loss, out.seconds);
+        if (rank0) rec.steps.push_back(std::move(sr));
+    }
+    rec.step_counts = run.counter();
+    rec.world_size = run.world().size();
+    rec.backend = run.world().backend();
+    return rank0 ? rec : RunRecord{};
+}
+
+}  // namespace ptool

@@ -1,0 +1,29 @@
+// Recording a run: what a Run leaves to compare, on rank 0 of its world. After construction, the
+// state's digests and whether the replicas agree; per step, the output, loss, every gradient,
+// parameter and buffer gathered to full size under its golden name, whether the ranks' copies of
+// each replicated tensor are bitwise equal (by digest, per mesh dim), and every module's output
+// and input gradient (localisation's events). The gathers run with the counter paused: they are
+// verification's, not the plan's. With compare_with / golden, rank 0 compares each tensor as it is
+// gathered and keeps the diff, not the tensor: a run holds one gathered tensor at a time.
+#pragma once
+
+#include "verify/run.h"
+#include "verify/run_record.h"
+
+namespace ptool {
+
+struct RecordOptions {
+    bool events = true;                       // module outputs and input gradients (localisation)
+    bool init_tensors = false;                // keep init.param.* / init.buffer.* (golden files)
+    const RunRecord* compare_with = nullptr;  // the reference's record
+    const TensorFile* golden = nullptr;       // a golden file (--golden, replay)
+    Tolerance tol;                            // for compare_with and golden
+    // Called after each step on rank 0 with the step's number, loss and seconds (`ptool run`'s lines).
+    std::function<void(int64_t, double, double)> on_step;
+};
+
+// Steps `run` `steps` times and records it. Every rank of the run's world calls it; the record is
+// rank 0's (the others return an empty one).
+RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt);
+
+}  // namespace ptool

@@ -1,0 +1,158 @@
+#include "verify/report.h"
+
+#include <cmath>
+#include <map>
+
+#include "model/batch.h"
+#include "parallel/plan.h"
+
+namespace ptool {
+namespace {
+
+std::string event_label(const ModuleEvent& e) {
+    const std::string name = e.fqn.empty() ? "(root)" : e.fqn;
+    return e.phase == Phase::forward ? fmt::format("forward `{}` output", name) : fmt::format("backward `{}` input gradient", name);
+}
+
+// Replica invariants (test_jit_data_parallel, test_replicate's state_dict tests): after the
+// parallel model is built (shards, broadcasts), its state_dict has the reference's names and,
+// gathered, bitwise the reference's values; shared modules are still one module (as many
+// unique parameters). A failure counts as one failed check.
+void check_init_state(const RunRecord& ref, const RunRecord& par, PlanReport& rep) {
+    if (ref.init_state.empty() || par.init_state.empty()) return;
+    std::vector<std::string> renamed, differ;
+    for (size_t i = 0; i < std::max(ref.init_state.size(), par.init_state.size()); ++i) {
+        if (i >= ref.init_state.size() || i >= par.init_state.size() || ref.init_state[i].first != par.init_state[i].first) {
+            renamed.push_back(i < par.init_state.size() ? par.init_state[i].first : ref.init_state[i].first);
+            continue;
+        }
+        if (par.init_state[i].second != ref.init_state[i].second) differ.push_back(ref.init_state[i].first);
+    }
+    const bool shared_ok = ref.unique_params == par.unique_params;
+    const auto& split = par.init_replicas_differ;
+    if (renamed.empty() && differ.empty() && shared_ok && split.empty()) {
+        rep.notes.push_back(fmt::format("state_dict after construction: {} keys, the reference's names, bitwise its "
+                                        "values; {} unique parameters",
+                                        ref.init_state.size(), par.unique_params));
+        return;
+    }
+    rep.failed += 1;
+    if (!renamed.empty())
+        rep.notes.push_back(fmt::format("FAIL state_dict keys differ from the reference's: {}", fmt::join(renamed, ", ")));
+    if (!differ.empty())
+        rep.notes.push_back(fmt::format("FAIL after construction, {} of {} tensors differ from the reference's (a broadcast "
+                                        "missed or sent from the wrong rank?): {}",
+                                        differ.size(), ref.init_state.size(), fmt::join(differ, ", ")));
+    if (!split.empty())
+        rep.notes.push_back(fmt::format("FAIL after construction, the replicas of {} differ across ranks (a broadcast "
+                                        "missed?): {}",
+                                        split.size() == 1 ? "one tensor" : fmt::format("{} tensors", split.size()),
+                                        fmt::join(split, ", ")));
+    if (!shared_ok)
+        rep.notes.push_back(fmt::format("FAIL {} unique parameters, the reference has {}: a shared module was copied",
+                                        par.unique_params, ref.unique_params));
+}
+
+// Low precision (core/tolerance.h): a grad or param that fails alone is measured against its
+// module's (the same step's tensors of that kind whose names differ only in the last atom, flattened).
+void judge_by_module(PlanReport& rep, const Tolerance& tol) {
+    auto group_of = [](const std::string& name) {
+        const auto k = parse_step_key(name);
+        if (!k || (k->kind() != "grad" && k->kind() != "param")) return std::string();
+        return name.substr(0, name.rfind('.'));
+    };
+    std::map<std::string, double> ref2;
+    for (const TensorReport& t : rep.tensors)
+        if (const std::string g = group_of(t.name); !g.empty()) ref2[g] += t.diff.ref_norm * t.diff.ref_norm;
+    for (TensorReport& t : rep.tensors) {
+        const std::string g = group_of(t.name);
+        if (t.pass || g.empty() || !t.diff.shape_ok || std::isinf(t.diff.err_norm) || replica_failure(t.replicas)) continue;
+        const double module_norm = std::sqrt(ref2[g]);
+        if (module_norm > 0 && t.diff.err_norm <= tol.rel_fro * module_norm) {
+            t.diff.rel_fro = t.diff.err_norm / module_norm;
+            t.diff.by_frobenius = t.diff.pass = t.pass = true;
+            rep.failed -= 1, rep.passed += 1;
+        }
+    }
+}
+
+}  // namespace
+
+const char* verdict_name(Verdict v) {
+    switch (v) {
+        case Verdict::pass: return "PASS";
+        case Verdict::fail: return "FAIL";
+        case Verdict::stale: return "STALE";
+        case Verdict::updated: return "UPDATED";
+    }
+    return "?";
+}
+
+const char* replica_state_name(ReplicaState s) {
+    switch (s) {
+        case ReplicaState::equal: return "equal";
+        case ReplicaState::sharded: return "-";
+        case ReplicaState::differ: return "DIFFER";
+        case ReplicaState::ignored: return "ignored";
+        case ReplicaState::synced: return "SYNCED";
+    }
+    return "?";
+}
+
+const Tensor* find_tensor(const StepRecord& step, const std::string& name) {
+    for (const auto& [n, t] : step.tensors)
+        if (n == name) return &t;
+    return nullptr;
+}
+
+std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol) {
+    for (size_t s = 0; s < ref.steps.size() && s < par.steps.size(); ++s) {
+        const auto &re = ref.steps[s].events, &pe = par.steps[s].events;
+        if (re.size() != pe.size() || re.empty()) continue;
+        double prev_rel = 0;
+        std::string prev = "the step's input";
+        for (size_t i = 0; i < re.size(); ++i) {
+            if (re[i].fqn != pe[i].fqn || re[i].phase != pe[i].phase) break;
+            if (!pe[i].diff && !pe[i].full.defined()) break;
+            const TensorDiff d = pe[i].diff ? *pe[i].diff : compare_tensors(pe[i].full, re[i].full, tol);
+            if (!d.pass)
+                return fmt::format("first divergence: step {} {}, max rel {:.2g} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
+                                   s, event_label(re[i]), d.max_rel, d.max_abs, prev, prev_rel);
+            prev_rel = d.max_rel;
+            prev = event_label(re[i]);
+        }
+    }
+    return "";
+}
+
+PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan, const Tolerance& tol) {
+    PlanReport rep;
+    rep.plan_path = plan.path;
+    rep.tol = tol;
+    for (size_t s = 0; s < reference.steps.size() && s < parallel.steps.size(); ++s) {
+        const StepRecord &r = reference.steps[s], &p = parallel.steps[s];
+        for (const auto& [name, expected] : r.tensors) {
+            const std::string kind = parse_step_key(name)->kind();  // names the recorder made
+            if (!plan.compares(kind) && kind != "buffer") continue;
+            TensorReport tr;
+            tr.name = name;
+            if (const Tensor* actual = find_tensor(p, name)) tr.diff = compare_tensors(*actual, expected, tol);
+            else if (auto d = p.vs_reference.find(name); d != p.vs_reference.end()) tr.diff = d->second;  // compared as recorded
+            else tr.diff.shape_ok = tr.diff.pass = false;  // missing
+            tr.pass = tr.diff.pass;
+            auto status = p.replicas.find(name);
+            tr.replicas = status == p.replicas.end() ? ReplicaState::sharded : status->second;
+            if (replica_failure(tr.replicas)) tr.pass = false;
+            if (tr.replicas == ReplicaState::ignored) tr.pass = true;  // an ignored module's tensors differ by design
+            (tr.pass ? rep.passed : rep.failed) += 1;
+            rep.tensors.push_back(std::move(tr));
+        }
+    }
+    if (tol.rel_fro > 0) judge_by_module(rep, tol);
+    check_init_state(reference, parallel, rep);
+    rep.pass = rep.failed == 0;
+    if (!rep.pass) rep.localisation = localise(reference, parallel, tol);
+    return rep;
+}
+
+}  // namespace ptool

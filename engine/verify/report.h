@@ -1,0 +1,51 @@
+// A verify's results: per plan, every compared tensor's diff and verdict, the replica checks, the
+// first divergence, and the run's counts; how they are judged (compare_runs).
+#pragma once
+
+#include "verify/run_record.h"
+
+namespace ptool {
+
+struct Plan;
+
+struct TensorReport {
+    std::string name;  // golden name: step0.grad.net1.weight
+    TensorDiff diff;
+    ReplicaState replicas = ReplicaState::sharded;
+    bool pass = true;
+};
+
+struct PlanReport {
+    std::string plan_path;  // or, for a golden case's comparisons, "parallel vs reference", ...
+    std::vector<std::string> warnings;
+    std::vector<TensorReport> tensors;
+    int passed = 0, failed = 0;
+    bool pass = true;
+    std::string localisation;        // "first divergence: ..." when something failed
+    std::vector<std::string> notes;  // replica invariants; the expected causes of a mismatch
+    RunRecord run;                   // counts, time, world size
+    Tolerance tol;
+};
+
+struct VerifyReport {
+    DType dtype = DType::float32;  // the model's, as run
+    std::vector<PlanReport> plans;
+    RunRecord reference;  // the reference run (of the last plan's step count)
+    double reference_seconds = 0;
+    bool pass = true;
+};
+
+// A golden case's verdict.
+enum class Verdict { pass, fail, stale, updated };
+const char* verdict_name(Verdict v);  // "PASS", "FAIL", "STALE", "UPDATED"
+
+// Compares a parallel run with the reference, tensor by tensor (rank 0 side): the tolerance, the
+// low-precision module rule, replica states, the state after construction, and where a failure
+// first appeared.
+PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan, const Tolerance& tol);
+
+// The first module, in the order things were computed (forward, then backward), whose output or
+// input gradient leaves tolerance while what was computed just before it still agreed; "" if none.
+std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol);
+
+}  // namespace ptool

@@ -1,0 +1,108 @@
+#include "verify/run.h"
+
+#include <chrono>
+
+#include "core/tensor_ops.h"
+#include "model/loss.h"
+#include "parallel/redistribute.h"
+
+namespace ptool {
+namespace {
+
+Model build_model(const RunInputs& in, bool init) {
+    Model m = load_model_text(in.model_text, in.model_path, in.dtype_override, init && !in.init);
+    if (in.init) load_state_dict(m, *in.init, in.init_path);
+    return m;
+}
+
+// src_data_rank: null, and nothing else needs the full parameters: every rank draws only its own
+// pieces of the distributed ones from the counter-based RNG.
+bool builds_own_shards(const RunInputs& in, const Plan& plan, const RunLayer* layer) {
+    return plan.has_tensor_parallel && !plan.src_data_rank && !in.init && !(layer && layer->needs_full_parameters());
+}
+
+}  // namespace
+
+Plan single_device_plan() {
+    Plan p;
+    p.mesh = {{"world", 1}};
+    return p;
+}
+
+Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer)
+    : model_(build_model(in, !builds_own_shards(in, plan, layer))), plan_(plan), world_(world),
+      be_(backend_for(in.device)), counter_(std::make_shared<CommCounter>()), device_(in.device) {
+    data_ = std::make_unique<DataSource>(model_, in.data, in.data_path);
+    mesh_ = std::make_unique<DeviceMesh>(plan.mesh, world, counter_);
+    if (layer) layer->wrap_mesh(*mesh_, plan);
+    res_ = resolve_plan(model_, plan);
+    const bool own = builds_own_shards(in, plan, layer);
+    if (own)
+        model_.init_params_except([&](const Module& m) {
+            const ResolvedStyle* rs = res_.style_of(m);
+            return rs && !rs->entry->style.style->params(m).empty();
+        });
+    if (layer) layer->before_parallelize(model_, res_);
+    tp_params_ = parallelize(model_, plan, res_, *mesh_, own);
+    if (layer) layer->after_parallelize(model_, plan, res_, tp_params_, *mesh_);
+    model_.to_device(in.device);  // built, initialised and distributed on the host
+    if (res_.dp.active) {
+        // DDP fills its buckets with the tensors it sees: the TP-local ones, so resolved again here
+        std::vector<std::string> unused;
+        res_.dp = resolve_data_parallel(model_, plan, unused, unused);
+        executed_dp_ = layer ? layer->data_parallel(res_.dp) : res_.dp;
+        data_parallel_ = std::make_unique<DataParallel>(model_, plan, executed_dp_, *mesh_, be_);
+    }
+    // a dim the plan does not use is a one-rank group, so the same code serves every plan
+    if (plan.has_tensor_parallel) tp_ = &mesh_->comm(mesh_->dim_index(plan.tp_mesh_dim));
+    else solo_tp_ = world.split(world.rank(), 0), tp_ = solo_tp_.get();
+    if (data_parallel_) dp_ = &data_parallel_->comm();
+    else solo_dp_ = world.split(world.rank(), 0), dp_ = solo_dp_.get();
+    optimizer_ = std::make_unique<Optimizer>(model_.optimizer, be_);
+}
+
+Run::~Run() = default;
+
+Placement Run::tp_placement(const Parameter* p) const {
+    auto it = tp_params_.find(p);
+    return it == tp_params_.end() ? Placement::replicate() : it->second.placement;
+}
+
+Placement Run::dp_placement(const Parameter* p) const {
+    return data_parallel_ ? data_parallel_->placement(p) : Placement::replicate();
+}
+
+StepOutput Run::step(int64_t k, const StepObserver& observer) {
+    Batch b = data_->batch(k);
+    if (device_ != Device::cpu) {
+        b.input = b.input.to_device(device_);
+        if (b.target.defined()) b.target = b.target.to_device(device_);
+    }
+    const int64_t rows = b.input.dim() ? b.input.size(0) / dp_->size() : 0;
+    if (dp_->size() > 1) {  // this rank's rows of the global batch
+        b.input = chunk(b.input, dp_->size(), dp_->rank(), 0);
+        if (b.target.defined()) b.target = chunk(b.target, dp_->size(), dp_->rank(), 0);
+    }
+    // timed from the batch on the device to the optimizer step's end (the ranks' host-to-device
+    // copies of the batch are data loading: at tp=8 on an H100 they were half of a step)
+    be_.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto params = model_.named_parameters();
+    for (const auto& [name, p] : params) be_.fill(p->grad, 0.0);
+    if (data_parallel_) data_parallel_->before_forward();
+    RunContext ctx{&be_, model_.seed, k, true, dp_->rank() * rows, observer};
+    const Placed x = redistribute(Placed(b.input), res_.input_placement, *tp_);
+    const Placed y = model_.root->forward(ctx, x);
+    StepOutput out;
+    out.output = redistribute(y, Placement::replicate(), *tp_);  // the loss sees the whole output
+    LossResult loss = compute_loss(be_, model_.loss, out.output.t, b.target);
+    out.loss = loss.value;
+    model_.root->backward(ctx, redistribute(Placed(loss.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_));
+    if (data_parallel_) data_parallel_->after_backward();
+    optimizer_->step(params);
+    be_.synchronize();
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+}
+
+}  // namespace ptool

@@ -1,0 +1,100 @@
+// Run: the one training loop. A Run is one rank's model, laid out on a mesh as a plan says, and
+// steps it as a PyTorch loop does: zero_grad, forward, loss, backward, the data-parallel gradient
+// sync, optimizer.step(). The single-device reference is the same Run on a one-rank mesh with no
+// plan (every redistribution is then a no-op). `ptool run`, `golden record`, verify's reference
+// and parallel runs, and the benches all step a Run; verify/recorder.h records what it leaves.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "core/safetensors.h"
+#include "model/batch.h"
+#include "model/optimizer.h"
+#include "parallel/parallelize.h"
+
+namespace ptool {
+
+struct RunInputs {
+    std::string model_path, model_text, dtype_override;
+    const TensorFile* init = nullptr;  // --init: a state_dict
+    std::string init_path;
+    const TensorFile* data = nullptr;  // --data
+    std::string data_path;
+    // Where the ranks compute. cuda: rank threads on one GPU (cuda_local) or one per GPU (nccl);
+    // models are built on the host and moved.
+    Device device = Device::cpu;
+};
+
+// The plan of the single-device reference: a one-rank mesh, nothing parallel.
+Plan single_device_plan();
+
+// A layer that wraps parts of a run from outside; every default leaves the run as it is.
+// Fault injection (verify/faults.h) is one: it wraps communicators and hooks to break them.
+class RunLayer {
+public:
+    virtual ~RunLayer() = default;
+    // Whether the layer needs every parameter built whole (src_data_rank: null then broadcasts nothing
+    // but each rank still draws its own shard from the full tensor).
+    virtual bool needs_full_parameters() const { return false; }
+    virtual void wrap_mesh(DeviceMesh&, const Plan&) {}
+    // Before the styles distribute the parameters (they are whole here).
+    virtual void before_parallelize(const Model&, const Resolution&) {}
+    // After the styles are installed: parameters and hooks as parallelize left them.
+    virtual void after_parallelize(Model&, const Plan&, const Resolution&, const TpParams&, DeviceMesh&) {}
+    // The data-parallel resolution the run executes (the one it is judged by is the plan's).
+    virtual DataParallelResolution data_parallel(const DataParallelResolution& r) { return r; }
+};
+
+using StepObserver = std::function<void(const Module&, Phase, const Placed&)>;
+
+struct StepOutput {
+    Placed output;       // gathered for the loss: Replicate on tp, this dp rank's rows
+    double loss = 0;     // over this dp rank's rows
+    double seconds = 0;  // forward + backward + gradient sync + optimizer, synchronised
+};
+
+class Run {
+public:
+    // Builds the model on this rank (of `world`, whose size is the plan's world size), the mesh,
+    // the tensor-parallel styles and data parallelism. Collective over `world`.
+    Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer = nullptr);
+    ~Run();
+
+    // One training step on step k's batch; `observer` sees every module's output and input gradient.
+    StepOutput step(int64_t k, const StepObserver& observer = nullptr);
+
+    const Model& model() const { return model_; }
+    const Plan& plan() const { return plan_; }
+    const Resolution& resolution() const { return res_; }
+    Backend& backend() const { return be_; }
+    CommCounter& counter() const { return *counter_; }
+    Communicator& world() const { return world_; }
+    Communicator& tp() const { return *tp_; }  // a one-rank group when the plan has no such dim
+    Communicator& dp() const { return *dp_; }
+    const DataParallel* data_parallel() const { return data_parallel_.get(); }
+    // A parameter's placement on each dim and its full shape.
+    Placement tp_placement(const Parameter* p) const;
+    Placement dp_placement(const Parameter* p) const;
+    bool ignored(const std::string& param) const { return res_.dp.ignored_params.count(param) > 0; }
+
+private:
+    Model model_;
+    const Plan& plan_;
+    Communicator& world_;
+    Backend& be_;
+    std::unique_ptr<DataSource> data_;
+    std::shared_ptr<CommCounter> counter_;
+    std::unique_ptr<DeviceMesh> mesh_;
+    Resolution res_;
+    TpParams tp_params_;
+    DataParallelResolution executed_dp_;  // what the layer let run (res_.dp: what the plan says)
+    std::unique_ptr<DataParallel> data_parallel_;
+    std::unique_ptr<Communicator> solo_tp_, solo_dp_;
+    Communicator* tp_ = nullptr;
+    Communicator* dp_ = nullptr;
+    std::unique_ptr<Optimizer> optimizer_;
+    Device device_;
+};
+
+}  // namespace ptool
