@@ -8,7 +8,7 @@
 
 namespace ptool::cli {
 
-// Options every command shares (DESIGN §1).
+// Options every command shares.
 struct Common {
     std::string device = "cpu";
     bool tf32 = false;

@@ -1,6 +1,6 @@
 // ptool: plans and verifies parallel training.
 //   ptool --help; ptool run models/mlp.yaml --steps 2
-// Exit codes: 0 agrees, 1 mismatch, 2 bad input, 3 runtime failure (DESIGN §1).
+// Exit codes: 0 agrees, 1 mismatch, 2 bad input, 3 runtime failure (docs/architecture.md).
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 

@@ -1,4 +1,4 @@
-// Which communicator a job runs on, and which GPU a process takes (DESIGN §4). Pure logic over
+// Which communicator a job runs on, and which GPU a process takes (docs/architecture.md, GPUs). Pure logic over
 // the device, the rank count, the visible GPUs and the launcher's environment, so it is tested
 // on machines without a GPU.
 //

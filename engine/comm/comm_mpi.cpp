@@ -53,11 +53,6 @@ int mpi_world_rank() {
     return r;
 }
 
-int mpi_world_size() {
-    int n = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    return n;
-}
 
 void mpi_abort_job(const std::string& message, int code) {
     std::fprintf(stderr, "error: %s\n", message.c_str());

@@ -16,7 +16,6 @@ namespace ptool {
 bool launched_by_mpi();  // mpirun/srun set the environment ptool checks
 void mpi_init_once();    // MPI_Init_thread, and MPI_Finalize at exit
 int mpi_world_rank();
-int mpi_world_size();
 [[noreturn]] void mpi_abort_job(const std::string& message, int code);  // prints, then MPI_Abort
 
 class MpiCommunicator final : public Communicator {

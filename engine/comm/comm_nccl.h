@@ -1,4 +1,4 @@
-// The nccl communicator: one rank per GPU, collectives through NCCL (DESIGN §4).
+// The nccl communicator: one rank per GPU, collectives through NCCL (docs/architecture.md, GPUs).
 //
 // Two launchers, one class:
 //   in-process  N rank threads, one per GPU, when the process sees >= N GPUs (run_nccl_threads);

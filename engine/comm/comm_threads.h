@@ -9,7 +9,7 @@
 // arrives ends every rank of every group within the timeout, with one message naming the rank,
 // the collective and what every rank of the group was doing.
 //
-// cuda_local is this communicator over device memory (DESIGN §4: N virtual ranks on one GPU,
+// cuda_local is this communicator over device memory (docs/architecture.md, GPUs: N virtual ranks on one GPU,
 // one stream per rank thread): a collective on cuda tensors waits for the rank's own stream
 // before posting its buffers (they are complete when others read them), moves data with device
 // copies and reduces with a kernel in rank order (comm/device_reduce.h), and waits for its

@@ -1,6 +1,6 @@
 // Errors and invariant checks.
 //
-// Three kinds of failure map to ptool's exit codes (DESIGN §1):
+// Three kinds of failure map to ptool's exit codes (docs/architecture.md):
 //   InputError   -> exit 2: bad YAML, plan, file or flag; carries file:line:column when known.
 //   RuntimeError -> exit 3: collective timeout, rank failure, CUDA/NCCL error.
 //   (exit 1 is not an exception: it is a verdict.)

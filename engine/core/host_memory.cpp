@@ -91,6 +91,4 @@ void host_release(void* p, size_t bytes) {
 
 AllocatorStats host_block_stats() { return large_blocks().stats(); }
 
-void host_empty_cache() { large_blocks().empty_cache(); }
-
 }  // namespace ptool

@@ -21,6 +21,5 @@ namespace ptool {
 void* host_allocate(size_t bytes, bool zero);
 void host_release(void* p, size_t bytes);
 AllocatorStats host_block_stats();  // the large blocks' counters
-void host_empty_cache();            // returns the cached large blocks to the system
 
 }  // namespace ptool

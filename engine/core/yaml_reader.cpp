@@ -244,10 +244,6 @@ std::string read_text_file(const std::string& path, size_t max_bytes) {
     return ss.str();
 }
 
-YamlNode load_yaml_file(const std::string& path, const YamlLimits& limits) {
-    return load_yaml_text(read_text_file(path, limits.max_bytes), path, limits);
-}
-
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
     std::string best;
     size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;

@@ -80,8 +80,6 @@ private:
 
 // The whole file, refused (InputError) when it cannot be read or is over max_bytes.
 std::string read_text_file(const std::string& path, size_t max_bytes);
-// Reads and parses a file under the limits; the root must be a map.
-YamlNode load_yaml_file(const std::string& path, const YamlLimits& limits = {});
 YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits = {});
 
 // The closest candidate by edit distance, or "" when none is close.

@@ -13,7 +13,6 @@ class Optimizer {
 public:
     Optimizer(OptimizerSpec spec, Backend& backend) : spec_(std::move(spec)), backend_(backend) {}
     void step(const std::vector<std::pair<std::string, ParamPtr>>& params);
-    int64_t steps_taken() const { return step_; }
 
 private:
     struct State {

@@ -8,6 +8,12 @@ namespace {
 
 std::string at(const SourceLocation& w) { return w.str() + ": "; }
 
+bool shards_any(const std::vector<ParamPlacement>& params) {
+    for (const ParamPlacement& pp : params)
+        if (pp.placement.is_shard()) return true;
+    return false;
+}
+
 // Each module matched by exactly one pattern, and the style applies to it.
 std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, const Plan& plan, Resolution& res) {
     std::map<const Module*, const PlanEntry*> owner;
@@ -55,6 +61,8 @@ void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& r
 
 }  // namespace
 
+bool builds_own_pieces(const ResolvedStyle& rs) { return shards_any(rs.entry->style.style->params(*rs.module)); }
+
 const ResolvedStyle* Resolution::style_of(const Module& m) const {
     for (const ResolvedStyle& rs : styles)
         if (rs.module == &m) return &rs;
@@ -85,12 +93,15 @@ TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, Devi
     for (const ResolvedStyle& rs : res.styles) {
         if (counter) counter->set_module(rs.fqn);  // src_data_rank's broadcasts are counted under the module
         const StyleSpec& spec = rs.entry->style;
-        for (const ParamPlacement& pp : spec.style->params(*rs.module)) {
+        const std::vector<ParamPlacement> params = spec.style->params(*rs.module);
+        for (const ParamPlacement& pp : params) {
             ParamPtr p = rs.module->param(pp.param);
             const Shape global = p->value.shape();
             const int64_t dim = pp.placement.is_shard() ? normalize_dim(pp.placement.dim, static_cast<int64_t>(global.size())) : -1;
             Tensor local;
-            if (build_own_shards) {  // draw this rank's piece only: no communication, no full tensor
+            if (build_own_shards && dim < 0 && !shards_any(params)) {  // initialised whole, as the module's own
+                local = p->value;
+            } else if (build_own_shards) {  // draw this rank's piece only: no communication, no full tensor
                 local = Tensor::empty(local_shape(global, pp.placement, n, r), p->value.dtype());
                 rs.module->init_shard(model.seed, pp.param, local, dim, dim < 0 ? 0 : chunk_of(global[dim], n, r).offset);
             } else {

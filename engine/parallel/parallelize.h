@@ -41,4 +41,8 @@ using TpParams = std::map<const Parameter*, TpParam>;
 // styles' hooks. Returns the distributed parameters.
 TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMesh& mesh, bool build_own_shards = false);
 
+// Whether a style cuts one of a module's parameters: its rank then builds that module's
+// parameters itself under src_data_rank: null (the model's init leaves the module out).
+bool builds_own_pieces(const ResolvedStyle& rs);
+
 }  // namespace ptool

@@ -2,6 +2,7 @@
 
 #include <fnmatch.h>
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -120,20 +121,14 @@ bool fqn_matches(const std::string& pattern, const std::string& fqn) {
     return true;
 }
 
-Plan load_plan_text(const std::string& text, const std::string& path) {
-    YamlNode root = load_yaml_text(text, path);
-    YamlMap m(root, "the plan");
-    Plan plan;
-    plan.path = path;
-    plan.yaml_text = text;
-    plan.name = std::filesystem::path(path).stem().string();
+namespace {
 
-    YamlNode mesh = m.at("mesh");
+std::set<std::string> parse_mesh(const YamlNode& mesh, Plan& plan) {
     plan.mesh_where = mesh.where();
     if (!mesh.is_map()) mesh.fail("'mesh' must be a map of named dims, e.g. {tp: 4}");
     std::set<std::string> names;
     for (const auto& kv : mesh.raw()) {
-        YamlNode key(kv.first, std::make_shared<std::string>(path)), value(kv.second, std::make_shared<std::string>(path));
+        YamlNode key(kv.first, std::make_shared<std::string>(mesh.file())), value(kv.second, std::make_shared<std::string>(mesh.file()));
         const std::string name = key.as_string("a mesh dim name");
         if (!names.insert(name).second) key.fail(fmt::format("duplicate key '{}' in the mesh", name));
         const int64_t size = value.as_positive_int(fmt::format("mesh dim '{}'", name));
@@ -142,63 +137,86 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
     }
     if (plan.mesh.empty()) mesh.fail("'mesh' has no dims");
     if (plan.world_size() > 4096) mesh.fail(fmt::format("the mesh has {} ranks, over the limit of 4096", plan.world_size()));
+    return names;
+}
 
-    if (auto tp = m.get("tensor_parallel")) {
-        YamlMap t(*tp, "'tensor_parallel'");
-        plan.has_tensor_parallel = true;
-        YamlNode dim = t.at("mesh_dim");
-        plan.tp_mesh_dim = dim.as_string("'mesh_dim'");
-        if (!names.count(plan.tp_mesh_dim))
-            dim.fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", plan.tp_mesh_dim,
-                                 did_you_mean(plan.tp_mesh_dim, std::vector<std::string>(names.begin(), names.end()))));
-        if (auto src = t.get("src_data_rank")) {
-            plan.src_data_rank_where = src->where();
-            if (src->is_null()) {
-                plan.src_data_rank = std::nullopt;
-            } else {
-                const int64_t r = src->as_int("'src_data_rank'");
-                const int tp_size = plan.dim_size(plan.tp_mesh_dim);
-                if (r < 0 || r >= tp_size)
-                    src->fail(fmt::format("src_data_rank {} is outside the {} ranks of '{}'", r, tp_size, plan.tp_mesh_dim));
-                plan.src_data_rank = static_cast<int>(r);
-            }
+void parse_tensor_parallel(const YamlNode& node, Plan& plan, const std::set<std::string>& names) {
+    YamlMap t(node, "'tensor_parallel'");
+    plan.has_tensor_parallel = true;
+    YamlNode dim = t.at("mesh_dim");
+    plan.tp_mesh_dim = dim.as_string("'mesh_dim'");
+    if (!names.count(plan.tp_mesh_dim))
+        dim.fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", plan.tp_mesh_dim,
+                             did_you_mean(plan.tp_mesh_dim, std::vector<std::string>(names.begin(), names.end()))));
+    if (auto src = t.get("src_data_rank")) {
+        plan.src_data_rank_where = src->where();
+        if (src->is_null()) {
+            plan.src_data_rank = std::nullopt;
+        } else {
+            const int64_t r = src->as_int("'src_data_rank'");
+            if (r < 0 || r >= plan.tp_size())
+                src->fail(fmt::format("src_data_rank {} is outside the {} ranks of '{}'", r, plan.tp_size(), plan.tp_mesh_dim));
+            plan.src_data_rank = static_cast<int>(r);
         }
-        YamlNode entries = t.at("plan");
-        plan.tp_plan_where = entries.where();
-        if (!entries.is_map() && !entries.is_null()) entries.fail("'plan' must be a map of FQN pattern: style");
-        std::set<std::string> patterns;
-        if (entries.is_map())
-            for (const auto& kv : entries.raw()) {
-                YamlNode key(kv.first, std::make_shared<std::string>(path));
-                const std::string pattern = key.as_string("a pattern");
-                if (!patterns.insert(pattern).second) key.fail(fmt::format("duplicate key '{}' in the plan", pattern));
-                plan.tp_plan.push_back({pattern, parse_style(YamlNode(kv.second, std::make_shared<std::string>(path)), pattern),
-                                        key.where()});
-            }
-        t.finish();
     }
+    YamlNode entries = t.at("plan");
+    plan.tp_plan_where = entries.where();
+    if (!entries.is_map() && !entries.is_null()) entries.fail("'plan' must be a map of FQN pattern: style");
+    std::set<std::string> patterns;
+    if (entries.is_map())
+        for (const auto& kv : entries.raw()) {
+            YamlNode key(kv.first, std::make_shared<std::string>(node.file()));
+            const std::string pattern = key.as_string("a pattern");
+            if (!patterns.insert(pattern).second) key.fail(fmt::format("duplicate key '{}' in the plan", pattern));
+            plan.tp_plan.push_back({pattern, parse_style(YamlNode(kv.second, std::make_shared<std::string>(node.file())), pattern),
+                                    key.where()});
+        }
+    t.finish();
+}
+
+double tolerance_value(YamlMap& m, const char* key) {
+    YamlNode v = m.at(key);
+    const double x = v.as_double(fmt::format("'{}'", key));
+    if (!std::isfinite(x) || x < 0) v.fail(fmt::format("'{}: {}' must be a finite number >= 0", key, x));
+    return x;
+}
+
+void parse_verify(const YamlNode& node, Plan& plan) {
+    YamlMap vm(node, "'verify'");
+    if (vm.has("steps")) plan.verify.steps = vm.at("steps").as_positive_int("'steps'");
+    if (auto c = vm.get("compare")) {
+        plan.verify.compare.clear();
+        for (const YamlNode& item : c->items("'compare'")) {
+            const std::string w = item.as_string("a compare entry");
+            const std::vector<std::string> valid = {"output", "loss", "grad", "param"};
+            if (std::find(valid.begin(), valid.end(), w) == valid.end())
+                item.fail(fmt::format("unknown compare entry '{}'{}", w, did_you_mean(w, valid)));
+            plan.verify.compare.push_back(w);
+        }
+        if (plan.verify.compare.empty()) c->fail("'compare' is empty: a verify that compares nothing would pass anything");
+    }
+    if (auto tol = vm.get("tolerance")) {
+        YamlMap tm(*tol, "'tolerance'");
+        if (tm.has("rtol")) plan.verify.tolerance.rtol = tolerance_value(tm, "rtol");
+        if (tm.has("atol")) plan.verify.tolerance.atol = tolerance_value(tm, "atol");
+        tm.finish();
+    }
+    vm.finish();
+}
+
+}  // namespace
+
+Plan load_plan_text(const std::string& text, const std::string& path) {
+    YamlNode root = load_yaml_text(text, path);
+    YamlMap m(root, "the plan");
+    Plan plan;
+    plan.path = path;
+    plan.yaml_text = text;
+    plan.name = std::filesystem::path(path).stem().string();
+    const std::set<std::string> names = parse_mesh(m.at("mesh"), plan);
+    if (auto tp = m.get("tensor_parallel")) parse_tensor_parallel(*tp, plan, names);
     if (auto dp = m.get("data_parallel")) plan.data_parallel = parse_data_parallel(*dp, plan, names);
-    if (auto v = m.get("verify")) {
-        YamlMap vm(*v, "'verify'");
-        if (vm.has("steps")) plan.verify.steps = vm.at("steps").as_positive_int("'steps'");
-        if (auto c = vm.get("compare")) {
-            plan.verify.compare.clear();
-            for (const YamlNode& item : c->items("'compare'")) {
-                const std::string w = item.as_string("a compare entry");
-                const std::vector<std::string> valid = {"output", "loss", "grad", "param"};
-                if (std::find(valid.begin(), valid.end(), w) == valid.end())
-                    item.fail(fmt::format("unknown compare entry '{}'{}", w, did_you_mean(w, valid)));
-                plan.verify.compare.push_back(w);
-            }
-        }
-        if (auto tol = vm.get("tolerance")) {
-            YamlMap tm(*tol, "'tolerance'");
-            if (tm.has("rtol")) plan.verify.tolerance.rtol = tm.at("rtol").as_double("'rtol'");
-            if (tm.has("atol")) plan.verify.tolerance.atol = tm.at("atol").as_double("'atol'");
-            tm.finish();
-        }
-        vm.finish();
-    }
+    if (auto v = m.get("verify")) parse_verify(*v, plan);
     m.finish();
     return plan;
 }

@@ -40,7 +40,7 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     if (own)
         model_.init_params_except([&](const Module& m) {
             const ResolvedStyle* rs = res_.style_of(m);
-            return rs && !rs->entry->style.style->params(m).empty();
+            return rs && builds_own_pieces(*rs);
         });
     if (layer) layer->before_parallelize(model_, res_);
     tp_params_ = parallelize(model_, plan, res_, *mesh_, own);

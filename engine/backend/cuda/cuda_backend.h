@@ -2,7 +2,7 @@
 // stream (one stream per rank thread, so virtual ranks on one GPU do not serialise each other
 // and each rank's work is ordered).
 //
-// Determinism (DESIGN §4): no atomics in any reduction (every sum has one fixed order: a
+// Determinism (docs/architecture.md, GPUs): no atomics in any reduction (every sum has one fixed order: a
 // thread walks its stride in order, then a fixed tree), CUBLAS_WORKSPACE_CONFIG=:4096:8 is set
 // before cuBLAS starts, and TF32 is off unless --tf32 asks for it. So a run is bitwise
 // reproducible run to run on the same GPU. 16-bit GEMMs use cublasGemmEx with fp32 compute.
