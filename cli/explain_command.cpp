@@ -33,32 +33,36 @@ void explain(const ExplainArgs& a, const Common& c) {
     Plan plan = load_plan(a.plan);
     Explanation ex = explain_plan(model, plan);
     for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w);
-    fmt::print("ptool explain {} {}: mesh {}, tensor parallel over '{}' ({} ranks), data parallel over '{}' ({} ranks), model input {}\n", a.model, a.plan,
-               [&] {
-                   std::vector<std::string> d;
-                   for (const auto& m : plan.mesh) d.push_back(fmt::format("{}={}", m.name, m.size));
-                   return fmt::format("{}", fmt::join(d, " x "));
-               }(),
-               plan.tp_mesh_dim, ex.tp, plan.data_parallel ? plan.data_parallel->mesh_dim : "", ex.dp,
-               ex.resolution.input_placement.str());
+    std::vector<std::string> mesh, parts;
+    for (const auto& m : plan.mesh) mesh.push_back(fmt::format("{}={}", m.name, m.size));
+    parts.push_back(fmt::format("mesh {}", fmt::join(mesh, " x ")));
+    if (plan.has_tensor_parallel) parts.push_back(fmt::format("tensor parallel over '{}' ({} ranks)", plan.tp_mesh_dim, ex.tp));
+    if (plan.data_parallel) parts.push_back(fmt::format("data parallel over '{}' ({} ranks)", plan.data_parallel->mesh_dim, ex.dp));
+    parts.push_back(fmt::format("model input {}", ex.resolution.input_placement.str()));
+    fmt::print("ptool explain {} {}: {}\n", a.model, a.plan, fmt::join(parts, ", "));
     for (const std::string& c : ex.resolution.causes) fmt::print("  expect a mismatch: {}\n", c);
-    fmt::print("\n  {:<28} {:<18} {:<22} {:<16} {:<16}\n", "module", "pattern", "style", "input", "output");
-    for (const auto& m : ex.modules)
-        fmt::print("  {:<28} {:<18} {:<22} {:<16} {:<16}\n", m.fqn.empty() ? "(root)" : m.fqn,
-                   m.pattern.empty() ? "\"\"" : m.pattern, m.style, shape_str(m.input), shape_str(m.output));
-    fmt::print("\n  {:<34} {:<14} {:<14} {}\n", "parameter", "placement", "full", "local per rank");
-    for (const auto& m : ex.modules)
-        for (const auto& p : m.params)
-            fmt::print("  {:<34} {:<14} {:<14} {}\n", p.fqn, p.placement.str(), shape_str(p.full), local_shapes(p));
+    if (!ex.modules.empty()) {
+        std::vector<std::vector<std::string>> rows = {{"module", "pattern", "style", "input", "output"}};
+        for (const auto& m : ex.modules)
+            rows.push_back({m.fqn.empty() ? "(root)" : m.fqn, m.pattern.empty() ? "\"\"" : m.pattern, m.style,
+                            shape_str(m.input), shape_str(m.output)});
+        fmt::print("\n");
+        print_columns(rows, "  ");
+        rows = {{"parameter", "placement", "full", "local per rank"}};
+        for (const auto& m : ex.modules)
+            for (const auto& p : m.params) rows.push_back({p.fqn, p.placement.str(), shape_str(p.full), local_shapes(p)});
+        if (rows.size() > 1) fmt::print("\n"), print_columns(rows, "  ");
+    }
     if (!ex.data_parallel.empty()) fmt::print("\n  data parallel ({}):\n", plan.data_parallel->mode);
     for (const std::string& line : ex.data_parallel) fmt::print("    {}\n", line);
     fmt::print("\n  collectives per training step (per rank; bytes of the logical tensor):\n");
     std::map<std::string, std::pair<int64_t, int64_t>> totals;
+    std::vector<std::vector<std::string>> rows;
     for (const auto& cc : ex.step_comm) {
-        fmt::print("    {:<9} {:<26} {:<15} {}\n", phase_name(cc.phase), cc.module.empty() ? "(root)" : cc.module, cc.op,
-                   format_bytes(cc.bytes));
+        rows.push_back({phase_name(cc.phase), cc.module.empty() ? "(root)" : cc.module, cc.op, format_bytes(cc.bytes)});
         totals[cc.op].first += 1, totals[cc.op].second += cc.bytes;
     }
+    print_columns(rows, "    ");
     if (ex.step_comm.empty()) fmt::print("    none\n");
     std::vector<std::string> t;
     for (const auto& [op, v] : totals) t.push_back(fmt::format("{} x{} ({})", op, v.first, format_bytes(v.second)));

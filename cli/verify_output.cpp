@@ -14,6 +14,17 @@ std::string format_bytes(int64_t b) {
     return fmt::format("{:.2f} GiB", b / 1073741824.0);
 }
 
+void print_columns(const std::vector<std::vector<std::string>>& rows, const std::string& indent) {
+    std::vector<size_t> width;
+    for (const auto& r : rows)
+        for (size_t i = 0; i < r.size(); ++i) width.resize(std::max(width.size(), r.size())), width[i] = std::max(width[i], r[i].size());
+    for (const auto& r : rows) {
+        std::string line = indent;
+        for (size_t i = 0; i < r.size(); ++i) line += i + 1 < r.size() ? fmt::format("{:<{}}  ", r[i], width[i]) : r[i];
+        fmt::print("{}\n", line);
+    }
+}
+
 std::string format_counts(const CommCounter& c, int64_t steps) {
     std::vector<std::string> parts;
     for (const auto& [op, t] : c.by_op()) {

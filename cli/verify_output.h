@@ -12,6 +12,8 @@ void write_json_report(const VerifyReport& report, const std::string& model_path
 void write_junit(const std::vector<CaseResult>& cases, const std::string& path);
 void write_cases_json(const std::vector<CaseResult>& cases, const std::string& path);
 std::string format_bytes(int64_t bytes);
+// Prints rows as left-aligned columns as wide as their widest cell (the first row is the header).
+void print_columns(const std::vector<std::vector<std::string>>& rows, const std::string& indent);
 std::string format_counts(const CommCounter& c, int64_t steps);  // "all_reduce x2 (1.2 KiB), ..."
 
 }  // namespace ptool::cli

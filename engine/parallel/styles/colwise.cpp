@@ -9,12 +9,9 @@
 namespace ptool::styles {
 namespace {
 
-class Colwise final : public Style {
+class Colwise final : public ShardingStyle {
 public:
     std::string_view name() const override { return "colwise"; }
-    bool applies_to(const Module& m) const override { return linear_or_embedding(m); }
-    std::string_view applies_to_text() const override { return "linear and embedding modules"; }
-    void parse(YamlMap& m, const YamlNode&, StyleSpec& s) const override { parse_io_layouts(m, s); }
 
     void check(const StyleCheck& c) const override {
         if (const Linear* lin = as_linear(c.module)) check_sharded_weight(c, name(), lin->out_features(), "output features");

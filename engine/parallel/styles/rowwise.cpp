@@ -45,12 +45,9 @@ private:
     std::vector<Tensor> pieces_;  // per call: this call's bias gradient, as its rows of dy give it
 };
 
-class Rowwise final : public Style {
+class Rowwise final : public ShardingStyle {
 public:
     std::string_view name() const override { return "rowwise"; }
-    bool applies_to(const Module& m) const override { return linear_or_embedding(m); }
-    std::string_view applies_to_text() const override { return "linear and embedding modules"; }
-    void parse(YamlMap& m, const YamlNode&, StyleSpec& s) const override { parse_io_layouts(m, s); }
 
     void check(const StyleCheck& c) const override {
         if (const Linear* lin = as_linear(c.module)) check_sharded_weight(c, name(), lin->in_features(), "input features");

@@ -8,7 +8,7 @@ const Linear* as_linear(const Module& m) { return dynamic_cast<const Linear*>(&m
 const Embedding* as_embedding(const Module& m) { return dynamic_cast<const Embedding*>(&m); }
 bool linear_or_embedding(const Module& m) { return as_linear(m) || as_embedding(m); }
 
-void parse_io_layouts(YamlMap& m, StyleSpec& s) {
+void ShardingStyle::parse(YamlMap& m, const YamlNode&, StyleSpec& s) const {
     s.input_layouts = parse_layout_key(m, "input_layouts");
     s.output_layouts = parse_layout_key(m, "output_layouts");
     s.use_local_output = m.bool_or("use_local_output", true);

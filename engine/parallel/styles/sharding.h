@@ -9,8 +9,14 @@ const Linear* as_linear(const Module& m);
 const Embedding* as_embedding(const Module& m);
 bool linear_or_embedding(const Module& m);
 
-// input_layouts, output_layouts, use_local_output.
-void parse_io_layouts(YamlMap& m, StyleSpec& s);
+// A style that shards a linear's or an embedding's weight: the modules it applies to and its
+// options (input_layouts, output_layouts, use_local_output) are the same for both.
+class ShardingStyle : public Style {
+public:
+    bool applies_to(const Module& m) const override { return linear_or_embedding(m); }
+    std::string_view applies_to_text() const override { return "linear and embedding modules"; }
+    void parse(YamlMap& m, const YamlNode& node, StyleSpec& s) const override;
+};
 
 // A weight reachable under two names (tied) is refused; a dim that does not split evenly over the
 // ranks is a warning naming the chunk sizes (torch.chunk).
