@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
     const int repeats = argc > 2 ? std::atoi(argv[2]) : 3;
     RunInputs in;
     in.model_path = path;
-    in.model_text = read_text_file(path, 1 << 22);
+    in.model_text = read_file(path, 1 << 22);
     in.dtype_override = "float32";
     const Model model = load_model_text(in.model_text, path, "float32", false);
     const bench::GemmLimit lim = bench::measure_gemm_limit(model, repeats);

@@ -28,7 +28,7 @@ int main_impl(int argc, char** argv) {
     configure_backends({argc > 4 && std::string(argv[4]) == "tf32", 0});
     RunInputs in;
     in.model_path = model_path;
-    in.model_text = read_text_file(model_path, 1 << 22);
+    in.model_text = read_file(model_path, 1 << 22);
     in.device = cuda ? Device::cuda : Device::cpu;
     const Model model = load_model_text(in.model_text, model_path);
     const bench::GemmLimit lim = bench::measure_gemm_limit(model, 3, in.device);

@@ -29,7 +29,7 @@ std::string local_shapes(const ParamLayout& p) {  // "[3, 16] x3, [1, 16]"
 }
 
 void explain(const ExplainArgs& a, const Common& c) {
-    const Model model = load_model_text(read_text_file(a.model, YamlLimits{}.max_bytes), a.model, c.dtype, false);
+    const Model model = load_model_text(read_file(a.model, YamlLimits{}.max_bytes), a.model, c.dtype, false);
     Plan plan = load_plan(a.plan);
     Explanation ex = explain_plan(model, plan);
     for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w);
@@ -121,7 +121,7 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["training_bytes_per_rank"] = ex.training_bytes;
         j["verify_record_bytes_per_step"] = ex.record_step_bytes;
         j["verify_steps"] = steps;
-        write_file_atomic(a.json, j.dump(2) + "\n", true);
+        write_file(a.json, j.dump(2) + "\n", true);
     }
 }
 

@@ -19,7 +19,7 @@ struct GoldenArgs {
 void record(const GoldenArgs& a, const Common& c) {
     RunInputs in;
     in.model_path = a.model;
-    in.model_text = read_text_file(a.model, YamlLimits{}.max_bytes);
+    in.model_text = read_file(a.model, YamlLimits{}.max_bytes);
     in.dtype_override = c.dtype;
     in.device = select_device(c);  // a GPU-recorded golden says so in its metadata
     TensorFile init, data;

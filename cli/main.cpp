@@ -4,6 +4,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include "cli/commands.h"
@@ -42,8 +45,16 @@ int main(int argc, char** argv) {
     } catch (const ptool::RuntimeError& e) {
         spdlog::error("{}", e.what());
         return 3;
+    } catch (const std::bad_alloc&) {
+        spdlog::error("out of memory: an allocation failed (a smaller model, fewer ranks or steps, or more memory)");
+        return 3;
     } catch (const std::exception& e) {
         spdlog::error("{}", e.what());
+        return 3;
+    }
+    // what was printed must have arrived: a full disk or a closed pipe on stdout is a failure
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+        spdlog::error("cannot write to standard output: {}", std::strerror(errno));
         return 3;
     }
     return exit_code;

@@ -16,7 +16,7 @@ struct RunArgs {
 void run(const RunArgs& a, const Common& c) {
     RunInputs in;
     in.model_path = a.model;
-    in.model_text = read_text_file(a.model, YamlLimits{}.max_bytes);
+    in.model_text = read_file(a.model, YamlLimits{}.max_bytes);
     in.dtype_override = c.dtype;
     const Model model = load_model_text(in.model_text, a.model, c.dtype, false);  // exit 2 before anything runs
     in.device = select_device(c);

@@ -119,7 +119,7 @@ void write_json_report(const VerifyReport& report, const std::string& model_path
                                      {"by_frobenius", t.diff.by_frobenius}, {"replicas", replica_state_name(t.replicas)}});
         j["plans"].push_back(jp);
     }
-    write_file_atomic(path, j.dump(2) + "\n", true);
+    write_file(path, j.dump(2) + "\n", true);
 }
 
 namespace {
@@ -161,7 +161,7 @@ void write_junit(const std::vector<CaseResult>& cases, const std::string& path) 
             x += "/>\n";
     }
     x += "  </testsuite>\n</testsuites>\n";
-    write_file_atomic(path, x, true);
+    write_file(path, x, true);
 }
 
 void write_cases_json(const std::vector<CaseResult>& cases, const std::string& path) {
@@ -176,7 +176,7 @@ void write_cases_json(const std::vector<CaseResult>& cases, const std::string& p
         }
         j.push_back(jc);
     }
-    write_file_atomic(path, nlohmann::json{{"cases", j}}.dump(2) + "\n", true);
+    write_file(path, nlohmann::json{{"cases", j}}.dump(2) + "\n", true);
 }
 
 }  // namespace ptool::cli

@@ -25,7 +25,7 @@ expect() {  # expect CODE "stderr fragment" -- command...
 expect 0 "step   1  loss" -- "$ptool" run "$root/models/mlp.yaml"
 expect 0 "Run single-device training" -- "$ptool" run --help
 expect 0 "run" -- "$ptool" --help
-expect 2 "cannot open file" -- "$ptool" run "$tmp/none.yaml"
+expect 2 "no such file" -- "$ptool" run "$tmp/none.yaml"
 printf 'batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: linaer, in: 2, out: 2}\n' >"$tmp/bad.yaml"
 expect 2 "bad.yaml:3:21: unknown module type 'linaer' (did you mean 'linear'?)" -- "$ptool" run "$tmp/bad.yaml"
 expect 2 "unknown dtype 'float8'" -- "$ptool" run "$root/models/mlp.yaml" --dtype float8

@@ -41,14 +41,28 @@ TEST_CASE("compare_tensors: max abs/rel error, headroom and ULPs of float32 and 
     CHECK(b.pass);
 }
 
-TEST_CASE("compare_tensors: NaN never passes, bitwise equal or not; mixed dtypes compare values", "[cpu]") {
+TEST_CASE("compare_tensors: NaN and inf agree only with themselves at the same place; mixed dtypes compare values", "[cpu]") {
     Tensor e = Tensor::from_doubles({3}, DType::float32, {1.0, 2.0, 3.0});
     Tensor a = e.clone();
     a.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
     Tensor a2 = a.clone();
-    CHECK_FALSE(compare_tensors(a, a2, {}).pass);  // bitwise equal, still a NaN
-    CHECK_FALSE(compare_tensors(a, e, {}).pass);
-    CHECK(compare_tensors(a, e, {}).headroom == std::numeric_limits<double>::infinity());
+    const TensorDiff same = compare_tensors(a, a2, {});  // a file diffed with itself
+    CHECK(same.pass);
+    CHECK(same.nonfinite == 1);
+    const TensorDiff d = compare_tensors(a, e, {});  // a NaN against a number: reported as nan
+    CHECK_FALSE(d.pass);
+    CHECK(std::isnan(d.max_abs));
+    CHECK(std::isnan(d.headroom));
+    CHECK_FALSE(compare_tensors(e, a, {}).pass);
+    Tensor other_place = e.clone();
+    other_place.data<float>()[2] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_FALSE(compare_tensors(a, other_place, {}).pass);  // both hold a NaN, at different places
+    Tensor inf = e.clone(), minus_inf = e.clone();
+    inf.data<float>()[0] = std::numeric_limits<float>::infinity();
+    minus_inf.data<float>()[0] = -std::numeric_limits<float>::infinity();
+    CHECK(compare_tensors(inf, inf.clone(), {}).pass);
+    CHECK_FALSE(compare_tensors(inf, minus_inf, {}).pass);
+    CHECK(compare_tensors(inf, e, {}).max_abs == std::numeric_limits<double>::infinity());
     Tensor e64 = Tensor::from_doubles({3}, DType::float64, {1.0, 2.0, 3.0000001});
     const TensorDiff m = compare_tensors(e, e64, {1.3e-6, 1e-5});
     CHECK(m.pass);
@@ -86,8 +100,10 @@ TEST_CASE("compare_tensors: a large tensor, compared in blocks on threads, gives
     CHECK(eq.max_abs == 0);
     CHECK(eq.ref_norm == Approx(std::sqrt(act2)).epsilon(1e-12));
     same.data<float>()[n - 1] = std::numeric_limits<float>::quiet_NaN();
-    CHECK_FALSE(compare_tensors(same, same.clone(), {}).pass);  // bitwise equal, a NaN in the last block
-    CHECK(compare_tensors(same, a, {}).headroom == std::numeric_limits<double>::infinity());
+    CHECK(compare_tensors(same, same.clone(), {}).pass);  // bitwise equal, a NaN in the last block at the same place
+    CHECK(compare_tensors(same, same.clone(), {}).nonfinite == 1);
+    CHECK(std::isnan(compare_tensors(same, a, {}).headroom));  // against a number
+    CHECK_FALSE(compare_tensors(same, a, {}).pass);
 }
 
 TEST_CASE("tensor_digest: equal tensors agree; a bit, a shape or a dtype apart differ", "[cpu]") {

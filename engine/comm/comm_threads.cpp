@@ -1,5 +1,7 @@
 #include "comm/comm_threads.h"
 
+#include <system_error>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -225,20 +227,30 @@ void run_threads(int n, const std::shared_ptr<AbortState>& abort,
     std::vector<std::thread> threads;
     std::vector<std::exception_ptr> errors(n);
     for (int r = 0; r < n; ++r) {
-        threads.emplace_back([&, r] {
+        auto rank = [&, r] {
             std::unique_ptr<Communicator> comm;  // outlives the catch: ended after the job knows of a failure
             try {
                 comm = make_comm(r);
                 fn(*comm);
             } catch (const AbortedError&) {
                 // another rank failed first; its message is the one reported
+            } catch (const std::bad_alloc&) {
+                abort->abort(fmt::format("rank {} ran out of memory (an allocation failed)", r));
+                errors[r] = std::current_exception();
             } catch (const std::exception& e) {
                 const std::string what = e.what();
                 const bool prefixed = what.rfind("rank ", 0) == 0 || what.rfind("collective mismatch", 0) == 0;
                 abort->abort(prefixed ? what : fmt::format("rank {} failed: {}", r, what));
                 errors[r] = std::current_exception();
             }
-        });
+        };
+        try {
+            threads.emplace_back(rank);
+        } catch (const std::system_error& e) {  // the ranks already started stop at their next collective
+            abort->abort(fmt::format("cannot start rank {} of {} as a thread: {} (a resource ran out: threads or memory)",
+                                     r, n, e.what()));
+            break;
+        }
     }
     for (auto& t : threads) t.join();
     if (abort->aborted.load()) {

@@ -1,5 +1,7 @@
 #include "core/safetensors.h"
 
+#include "core/files.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -16,43 +18,12 @@
 namespace ptool {
 namespace {
 
-constexpr uint64_t kMaxHeader = 100u << 20;  // as the reference implementation
+constexpr uint64_t kMaxHeader = 100u << 20;      // as the reference implementation
+constexpr uint64_t kMaxFileBytes = uint64_t{1} << 40;  // 1 TiB: what a stream may send before it is refused
 
 [[noreturn]] void bad(const std::string& file, const std::string& msg) {
     throw InputError(SourceLocation{file, 0, 0}, msg);
 }
-
-// The temporary file being written, removed if SIGINT or SIGTERM arrives meanwhile: an
-// interrupted write leaves the old file and nothing else. SIGKILL cannot be caught: the temp
-// file (named after the writer's pid) then stays until the next write to the same path removes
-// the temp files of writers that no longer exist. The target is never partial either way.
-char g_pending_tmp[4096];
-volatile sig_atomic_t g_pending = 0;
-
-void remove_pending_and_reraise(int sig) {
-    if (g_pending) unlink(g_pending_tmp);  // async-signal-safe
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-void track_tmp(const std::string& path) {
-    static const bool installed = [] {
-        for (int sig : {SIGINT, SIGTERM}) {
-            struct sigaction sa {};
-            sa.sa_handler = remove_pending_and_reraise;
-            sigaction(sig, &sa, nullptr);
-        }
-        return true;
-    }();
-    (void)installed;
-    g_pending = 0;
-    if (path.size() < sizeof g_pending_tmp) {
-        std::memcpy(g_pending_tmp, path.c_str(), path.size() + 1);
-        g_pending = 1;
-    }
-}
-
-void untrack_tmp() { g_pending = 0; }
 
 }  // namespace
 
@@ -139,15 +110,7 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
     return out;
 }
 
-TensorFile read_safetensors(const std::string& path) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(path, ec)) bad(path, "no such file");
-    std::ifstream in(path, std::ios::binary);
-    if (!in) bad(path, "cannot open file");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return parse_safetensors(ss.str(), path);
-}
+TensorFile read_safetensors(const std::string& path) { return parse_safetensors(read_file(path, kMaxFileBytes), path); }
 
 std::string serialize_safetensors(const TensorFile& file) {
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -170,58 +133,8 @@ std::string serialize_safetensors(const TensorFile& file) {
     return out;
 }
 
-void write_file_atomic(const std::string& path, const std::string& bytes, bool overwrite) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    if (!overwrite && fs::exists(path, ec))
-        throw InputError(SourceLocation{path, 0, 0}, "file exists (use --force to replace it)");
-    fs::path target(path);
-    fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-    // leftovers of killed writers: ".NAME.tmp-PID-XXXXXX" whose PID is gone
-    const std::string prefix = "." + target.filename().string() + ".tmp-";
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-        const std::string name = entry.path().filename().string();
-        if (name.rfind(prefix, 0) != 0) continue;
-        const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-        if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(entry.path(), ec);
-    }
-    std::string tmpl = (dir / fmt::format("{}{}-XXXXXX", prefix, ::getpid())).string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    int fd = mkstemp(buf.data());
-    if (fd < 0) throw InputError(SourceLocation{path, 0, 0}, fmt::format("cannot create a file here: {}", std::strerror(errno)));
-    const std::string tmp(buf.data());
-    track_tmp(tmp);
-    size_t done = 0;
-    while (done < bytes.size()) {
-        ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            int err = errno;
-            ::close(fd);
-            ::unlink(tmp.c_str());
-            untrack_tmp();
-            throw RuntimeError(fmt::format("{}: write failed: {}", path, std::strerror(err)));
-        }
-        done += static_cast<size_t>(n);
-    }
-    if (::fsync(fd) != 0 || ::close(fd) != 0) {
-        ::unlink(tmp.c_str());
-        untrack_tmp();
-        throw RuntimeError(fmt::format("{}: flush failed: {}", path, std::strerror(errno)));
-    }
-    ::chmod(tmp.c_str(), 0644);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        int err = errno;
-        ::unlink(tmp.c_str());
-        untrack_tmp();
-        throw RuntimeError(fmt::format("{}: rename failed: {}", path, std::strerror(err)));
-    }
-    untrack_tmp();
-}
-
 void write_safetensors(const std::string& path, const TensorFile& file, bool overwrite) {
-    write_file_atomic(path, serialize_safetensors(file), overwrite);
+    write_file(path, serialize_safetensors(file), overwrite);
 }
 
 }  // namespace ptool

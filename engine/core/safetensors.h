@@ -4,7 +4,8 @@
 //
 // Reading validates everything against the file size before touching the data: header length,
 // JSON, dtypes, shapes (overflow), offsets in range, contiguous and non-overlapping, byte counts.
-// Any violation is InputError naming the file and the tensor. Writing is atomic (temp + rename).
+// Any violation is InputError naming the file and the tensor. Files are read and written through
+// core/files.h (type checks, byte caps, atomic writes).
 #pragma once
 
 #include <map>
@@ -26,12 +27,9 @@ struct TensorFile {
 TensorFile read_safetensors(const std::string& path);
 TensorFile parse_safetensors(const std::string& bytes, const std::string& name);  // for tests and fuzzing
 
-// Writes path atomically: a temporary file in the same folder, flushed and fsync'ed, then renamed.
+// Writes path as core/files.h's write_file does (atomically; never replacing a non-regular file).
 // Refuses to replace an existing file unless overwrite is set.
 void write_safetensors(const std::string& path, const TensorFile& file, bool overwrite = true);
 std::string serialize_safetensors(const TensorFile& file);
-
-// Writes bytes to path atomically (same rules as write_safetensors).
-void write_file_atomic(const std::string& path, const std::string& bytes, bool overwrite);
 
 }  // namespace ptool

@@ -10,6 +10,12 @@ int64_t numel_of(const Shape& s) {
     return n;
 }
 
+int64_t leading_numel(const Shape& s) {
+    int64_t n = 1;
+    for (size_t i = 0; i + 1 < s.size(); ++i) n *= s[i];
+    return n;
+}
+
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 Storage::Storage(size_t bytes, Device device, bool zero) : bytes_(bytes), device_(device) {

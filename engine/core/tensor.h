@@ -18,6 +18,7 @@ namespace ptool {
 using Shape = std::vector<int64_t>;
 
 int64_t numel_of(const Shape& s);
+int64_t leading_numel(const Shape& s);  // the product of every dim but the last (the rows of a [.., n] tensor)
 std::string shape_str(const Shape& s);  // "[12, 10]"
 
 // Raw bytes on one device. CPU storage is 64-byte aligned host memory; cuda storage comes from

@@ -1,6 +1,7 @@
 #include "core/tensor_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace ptool {
@@ -9,6 +10,17 @@ int64_t normalize_dim(int64_t dim, int64_t ndim) {
     const int64_t d = dim < 0 ? dim + ndim : dim;
     if (d < 0 || d >= ndim) throw InputError(fmt::format("dim {} is out of range for a {}-d tensor", dim, ndim));
     return d;
+}
+
+int64_t first_nonfinite(const Tensor& t) {
+    if (!dtype_is_float(t.dtype())) return -1;
+    return dispatch_float(t.dtype(), [&](auto tag) -> int64_t {
+        using T = decltype(tag);
+        const T* p = t.data<T>();
+        for (int64_t i = 0, n = t.numel(); i < n; ++i)
+            if (!std::isfinite(static_cast<double>(static_cast<acc_t<T>>(p[i])))) return i;
+        return -1;
+    });
 }
 
 Chunk chunk_of(int64_t n, int parts, int index) {

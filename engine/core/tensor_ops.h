@@ -10,6 +10,9 @@ namespace ptool {
 
 int64_t normalize_dim(int64_t dim, int64_t ndim);  // negative counts from the end; throws when out of range
 
+// The flat index of the first NaN or infinite element of a host tensor, -1 when every one is finite.
+int64_t first_nonfinite(const Tensor& t);
+
 // torch.chunk semantics: chunks of ceil(n / parts) elements, the last ones shorter or empty.
 struct Chunk {
     int64_t offset, length;

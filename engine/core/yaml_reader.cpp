@@ -41,17 +41,59 @@ void prescan(const std::string& text, const std::string& name, const YamlLimits&
     }
 }
 
-void check_tree(const YAML::Node& node, int depth, int64_t& count, const YamlNode& root,
-                const YamlLimits& limits) {
-    if (++count > limits.max_nodes)
-        root.fail(fmt::format("document has more than {} nodes", limits.max_nodes));
-    if (depth > limits.max_depth) YamlNode(node, nullptr).fail("nesting deeper than the limit");
-    if (node.IsMap()) {
-        for (const auto& kv : node) check_tree(kv.second, depth + 1, count, root, limits);
-    } else if (node.IsSequence()) {
-        for (const auto& item : node) check_tree(item, depth + 1, count, root, limits);
+bool valid_utf8(const std::string& s) {
+    for (size_t i = 0; i < s.size();) {
+        const unsigned char c = static_cast<unsigned char>(s[i]);
+        const int n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
+        if (n < 0 || i + n >= s.size() + (n == 0)) return false;
+        for (int k = 1; k <= n; ++k)
+            if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+        if ((n == 1 && c < 0xC2) || (n == 2 && c == 0xE0 && static_cast<unsigned char>(s[i + 1]) < 0xA0) ||
+            (n == 3 && (c > 0xF4 || (c == 0xF0 && static_cast<unsigned char>(s[i + 1]) < 0x90))))
+            return false;  // overlong encodings, beyond U+10FFFF
+        i += n + 1;
     }
+    return true;
 }
+
+// What ptool's YAML is: plain maps, sequences and scalars. Tags (!!python/object, !!binary),
+// merge keys and anchors that contain themselves are refused where they stand, as are strings
+// that are not UTF-8, the node count and the nesting depth over their limits.
+struct TreeCheck {
+    std::shared_ptr<const std::string> file;
+    const YamlLimits& limits;
+    int64_t count = 0;
+    std::vector<YAML::Node> ancestors;
+
+    [[noreturn]] void fail(const YAML::Node& n, const std::string& msg) const { YamlNode(n, std::const_pointer_cast<std::string>(file)).fail(msg); }
+
+    void scalar(const YAML::Node& n) const {
+        if (!valid_utf8(n.Scalar())) fail(n, "text that is not valid UTF-8");
+    }
+
+    void check(const YAML::Node& node) {
+        if (++count > limits.max_nodes) fail(node, fmt::format("the document has more than {} nodes", limits.max_nodes));
+        if (static_cast<int>(ancestors.size()) > limits.max_depth) fail(node, "nesting deeper than the limit");
+        for (const YAML::Node& a : ancestors)
+            if (a.is(node)) fail(node, "an alias refers to a node that contains it (a cycle): write the value out");
+        const std::string& tag = node.Tag();
+        if (!tag.empty() && tag != "?" && tag != "!")
+            fail(node, fmt::format("YAML tags are not supported ('{}'): write the plain value", tag));
+        if (node.IsScalar()) return scalar(node);
+        ancestors.push_back(node);
+        if (node.IsMap()) {
+            for (const auto& kv : node) {
+                if (kv.first.IsScalar() && kv.first.Scalar() == "<<" && kv.first.Tag() == "?")
+                    fail(kv.first, "merge keys ('<<') are not supported: write the keys out");
+                check(kv.first);
+                check(kv.second);
+            }
+        } else if (node.IsSequence()) {
+            for (const auto& item : node) check(item);
+        }
+        ancestors.pop_back();
+    }
+};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
     std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -214,34 +256,23 @@ void YamlMap::finish() const {
 YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits) {
     prescan(text, name, limits);
     auto file = std::make_shared<const std::string>(name);
-    YAML::Node root;
+    std::vector<YAML::Node> docs;
     try {
-        root = YAML::Load(text);
+        docs = YAML::LoadAll(text);
     } catch (const YAML::Exception& e) {
         throw InputError(SourceLocation{name, e.mark.line + 1, e.mark.column + 1}, e.msg);
     }
-    YamlNode out(root, file);
+    if (docs.empty()) throw InputError(SourceLocation{name, 1, 1}, "file is empty");
+    if (docs.size() > 1)
+        YamlNode(docs[1], std::const_pointer_cast<std::string>(file)).fail("a second YAML document: a file holds one ('---' starts another)");
+    const YAML::Node& root = docs[0];
+    YamlNode out(root, std::const_pointer_cast<std::string>(file));
     if (!root.IsMap()) {
         if (root.IsNull()) throw InputError(SourceLocation{name, 1, 1}, "file is empty");
         out.fail("the top level must be a map of keys");
     }
-    int64_t count = 0;
-    check_tree(root, 0, count, out, limits);
+    TreeCheck{file, limits}.check(root);
     return out;
-}
-
-std::string read_text_file(const std::string& path, size_t max_bytes) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw InputError(SourceLocation{path, 0, 0}, "cannot open file");
-    in.seekg(0, std::ios::end);
-    const std::streamoff size = in.tellg();
-    if (size < 0) throw InputError(SourceLocation{path, 0, 0}, "cannot read file");
-    if (static_cast<size_t>(size) > max_bytes)
-        throw InputError(SourceLocation{path, 1, 1}, fmt::format("file is {} bytes, over the limit of {}", size, max_bytes));
-    in.seekg(0);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/tensor.h"
 
 namespace ptool {
@@ -78,8 +79,6 @@ private:
     std::set<std::string> queried_;
 };
 
-// The whole file, refused (InputError) when it cannot be read or is over max_bytes.
-std::string read_text_file(const std::string& path, size_t max_bytes);
 YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits = {});
 
 // The closest candidate by edit distance, or "" when none is close.

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "core/rng.h"
+#include "core/tensor_ops.h"
 #include "core/yaml_reader.h"
 
 namespace ptool {
@@ -79,7 +80,12 @@ Tensor DataSource::pick(const std::string& key, int64_t step, const TensorSpec& 
     if (!dtype_is_float(t->dtype()))
         throw InputError(SourceLocation{path_, 0, 0},
                          fmt::format("tensor '{}' must be floating point, got {}", name, dtype_name(t->dtype())));
-    return t->to(model_.dtype);
+    Tensor converted = t->to(model_.dtype);
+    if (const int64_t i = first_nonfinite(converted); i >= 0)
+        throw InputError(SourceLocation{path_, 0, 0},
+                         fmt::format("tensor '{}' element {} is {} in {}: a run on it would compare nothing meaningful",
+                                     name, i, converted.item(i), dtype_name(model_.dtype)));
+    return converted;
 }
 
 Batch DataSource::batch(int64_t step) const {
@@ -110,6 +116,10 @@ void load_state_dict(Model& model, const TensorFile& file, const std::string& pa
                              fmt::format("'{}' is {} in the file, the model needs {}", name, dtype_name(t->dtype()),
                                          dtype_name(p->value.dtype())));
         Tensor converted = t->to(p->value.dtype());
+        if (const int64_t i = first_nonfinite(converted); i >= 0)
+            throw InputError(SourceLocation{path, 0, 0}, fmt::format("'{}' element {} is {} in {}: a run from it would "
+                                                                     "compare nothing meaningful",
+                                                                     name, i, converted.item(i), dtype_name(converted.dtype())));
         std::memcpy(p->value.raw(), converted.raw(), converted.nbytes());
         loaded.insert(p.get());
     }

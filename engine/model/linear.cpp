@@ -52,7 +52,7 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
         fail(fmt::format("linear '{}' got an input of {} features but its weight takes {}: under tensor parallelism "
                          "the activation reaching it is sharded; give '{}' a style, or make its producer output replicate",
                          fqn(), in, param("weight")->value.size(1), fqn()));
-    const Tensor x2 = x.reshape({x.numel() / in, in});
+    const Tensor x2 = x.reshape({leading_numel(x.shape()), in});  // in may be 0: an empty rowwise shard
     const int64_t out = param("weight")->value.size(0);  // out_, or its shard under colwise
     Shape out_shape = x.shape();
     out_shape.back() = out;

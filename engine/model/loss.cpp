@@ -17,8 +17,8 @@ LossResult compute_loss(Backend& be, LossKind kind, const Tensor& output, const 
         case LossKind::mse: r.value = be.mse(output, target, r.grad); break;
         case LossKind::cross_entropy: {
             const int64_t v = output.size(-1);
-            Tensor g2 = r.grad.reshape({output.numel() / v, v});
-            r.value = be.cross_entropy(output.reshape({output.numel() / v, v}), target, g2);
+            Tensor g2 = r.grad.reshape({leading_numel(output.shape()), v});
+            r.value = be.cross_entropy(output.reshape({leading_numel(output.shape()), v}), target, g2);
             break;
         }
     }

@@ -64,8 +64,10 @@ Model load_model(const std::string& path, const std::string& dtype_override = ""
 Model load_model_text(const std::string& text, const std::string& name, const std::string& dtype_override = "",
                       bool init = true);
 
-// Refuses models whose parameters would exceed this many bytes (InputError naming the total), checked
-// from the YAML before anything is allocated. 0: no limit (the default). The fuzzers set one.
+// Refuses models whose parameters and batch would exceed this many bytes (InputError at the key
+// that crosses it), checked from the YAML before anything is allocated; every product of sizes is
+// checked for overflow. Default 8 GiB, or the environment's PTOOL_MODEL_BYTE_LIMIT (bytes, or
+// with K/M/G/T, or none); 0: no limit. The fuzzers set 64 MiB.
 void set_model_byte_limit(int64_t bytes);
 
 }  // namespace ptool

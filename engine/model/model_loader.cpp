@@ -15,7 +15,47 @@ const std::vector<std::string> kModuleTypes = {
     "rms_norm",   "batch_norm", "embedding", "dropout",   "attention", "gated_mlp", "sequential",
     "repeat",     "residual",  "shared"};
 
-int64_t g_byte_limit = 0;
+// A product of sizes, or InputError at `where` when it leaves int64.
+int64_t mul(const YamlNode& where, int64_t a, int64_t b) {
+    int64_t r = 0;
+    if (__builtin_mul_overflow(a, b, &r)) where.fail(fmt::format("sizes overflow: {} x {} is beyond 2^63", a, b));
+    return r;
+}
+
+int64_t add(const YamlNode& where, int64_t a, int64_t b) {
+    int64_t r = 0;
+    if (__builtin_add_overflow(a, b, &r)) where.fail(fmt::format("sizes overflow: {} + {} is beyond 2^63", a, b));
+    return r;
+}
+
+int64_t numel_checked(const YamlNode& where, const Shape& s) {
+    int64_t n = 1;
+    for (int64_t d : s) n = mul(where, n, d);
+    return n;
+}
+
+int64_t parse_byte_count(const char* text) {  // "8589934592", "8G", "512M", "none"
+    if (!text || !*text) return -1;
+    if (std::string(text) == "none" || std::string(text) == "0") return 0;
+    char* end = nullptr;
+    const double v = std::strtod(text, &end);
+    const std::string unit = end ? end : "";
+    const double scale = unit.empty() ? 1 : unit == "K" ? 1024.0 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0
+                       : unit == "T" ? 1099511627776.0 : -1;
+    if (!(v > 0) || scale < 0 || v * scale > 9e18)
+        throw InputError(fmt::format("PTOOL_MODEL_BYTE_LIMIT='{}': expected bytes, e.g. 8589934592, 8G or 512M, or none", text));
+    return static_cast<int64_t>(v * scale);
+}
+
+// The most bytes of parameters and batch a model may have when it is built: 8 GiB unless the
+// environment says otherwise (PTOOL_MODEL_BYTE_LIMIT; set_model_byte_limit for the fuzzers).
+int64_t& byte_limit() {
+    static int64_t limit = [] {
+        const int64_t env = parse_byte_count(std::getenv("PTOOL_MODEL_BYTE_LIMIT"));
+        return env >= 0 ? env : int64_t{8} << 30;
+    }();
+    return limit;
+}
 
 struct Builder {
     DType dtype;
@@ -23,9 +63,11 @@ struct Builder {
 
     // Called before each parameterised module is built, with its parameter count.
     void account(const YamlNode& where, int64_t params) {
-        bytes += params * static_cast<int64_t>(dtype_size(dtype));
-        if (g_byte_limit > 0 && bytes > g_byte_limit)
-            where.fail(fmt::format("the model's parameters reach {} bytes, over the limit of {}", bytes, g_byte_limit));
+        bytes = add(where, bytes, mul(where, params, static_cast<int64_t>(dtype_size(dtype))));
+        if (byte_limit() > 0 && bytes > byte_limit())
+            where.fail(fmt::format("the model reaches {} bytes of parameters and batch, over the limit of {} "
+                                   "(PTOOL_MODEL_BYTE_LIMIT raises it)",
+                                   bytes, byte_limit()));
     }
     std::map<std::string, std::shared_ptr<Module>> by_fqn;  // every module built so far
 
@@ -82,7 +124,7 @@ struct Builder {
         auto pos = [&](const char* key) { return m.at(key).as_positive_int(fmt::format("'{}'", key)); };
         if (type == "linear") {
             const int64_t in = pos("in"), out = pos("out");
-            account(m.node(), in > (int64_t{1} << 40) / out ? (int64_t{1} << 40) : in * out + out);
+            account(m.at("out"), add(m.node(), mul(m.at("out"), in, out), out));
             ParamPtr tied;
             if (auto t = m.get("tie")) {
                 auto target = lookup(*t, t->as_string("'tie'"), "tie");
@@ -106,7 +148,7 @@ struct Builder {
         }
         if (type == "identity") return std::make_shared<Identity>(name, where);
         if (type == "layer_norm" || type == "rms_norm" || type == "batch_norm")
-            account(m.node(), 4 * pos(type == "batch_norm" ? "features" : "dim"));
+            account(m.node(), mul(m.node(), 4, pos(type == "batch_norm" ? "features" : "dim")));
         if (type == "layer_norm" || type == "rms_norm") {
             // nn.LayerNorm eps 1e-5; nn.RMSNorm eps=None means torch.finfo(dtype).eps
             const double default_eps = type == "layer_norm" ? 1e-5 : dtype_eps(dtype);
@@ -119,7 +161,7 @@ struct Builder {
                                                m.double_or("momentum", 0.1), dtype);
         if (type == "embedding") {
             const int64_t vocab = pos("vocab"), dim = pos("dim");
-            account(m.node(), vocab > (int64_t{1} << 40) / dim ? (int64_t{1} << 40) : vocab * dim);
+            account(m.at("dim"), mul(m.at("dim"), vocab, dim));
             return std::make_shared<Embedding>(name, where, vocab, dim, dtype);
         }
         if (type == "dropout") {
@@ -130,14 +172,14 @@ struct Builder {
         if (type == "attention") {
             const int64_t heads = pos("heads");
             const int64_t adim = pos("dim");
-            account(m.node(), adim > (int64_t{1} << 19) ? (int64_t{1} << 40) : 4 * adim * (adim + 1));
+            account(m.at("dim"), mul(m.at("dim"), 4, mul(m.at("dim"), adim, add(m.at("dim"), adim, 1))));
             const int64_t kv = m.has("kv_heads") ? pos("kv_heads") : heads;
             return std::make_shared<Attention>(name, where, pos("dim"), heads, kv, m.bool_or("causal", false),
                                                m.bool_or("bias", true), dtype);
         }
         if (type == "gated_mlp") {
             const int64_t gdim = pos("dim"), hidden = pos("hidden");
-            account(m.node(), gdim > (int64_t{1} << 40) / hidden ? (int64_t{1} << 40) : 3 * gdim * hidden);
+            account(m.at("hidden"), mul(m.at("hidden"), 3, mul(m.at("hidden"), gdim, hidden)));
         }
         if (type == "gated_mlp")
             return std::make_shared<GatedMlp>(name, where, pos("dim"), pos("hidden"),
@@ -222,7 +264,7 @@ LossKind parse_loss(const YamlNode& node) {
 
 }  // namespace
 
-void set_model_byte_limit(int64_t bytes) { g_byte_limit = bytes; }
+void set_model_byte_limit(int64_t bytes) { byte_limit() = bytes; }
 
 const char* loss_name(LossKind k) {
     switch (k) {
@@ -259,7 +301,8 @@ Model load_model_text(const std::string& text, const std::string& path, const st
     if (auto o = m.get("optimizer")) model.optimizer = parse_optimizer(*o);
 
     Builder b{model.dtype, 0, {}};
-    b.account(batch.node(), numel_of(model.input.shape) + (model.target ? numel_of(model.target->shape) : 0));
+    b.account(batch.node(), add(batch.node(), numel_checked(batch.at("input"), model.input.shape),
+                                model.target ? numel_checked(batch.at("target"), model.target->shape) : 0));
     model.root = std::make_shared<Sequential>("sequential", "", root.where());
     b.children(m, *model.root, "");
     m.finish();
@@ -290,7 +333,7 @@ Model load_model_text(const std::string& text, const std::string& path, const st
 }
 
 Model load_model(const std::string& path, const std::string& dtype_override) {
-    return load_model_text(read_text_file(path, YamlLimits{}.max_bytes), path, dtype_override);
+    return load_model_text(read_file(path, YamlLimits{}.max_bytes), path, dtype_override);
 }
 
 }  // namespace ptool

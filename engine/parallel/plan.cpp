@@ -221,6 +221,6 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
     return plan;
 }
 
-Plan load_plan(const std::string& path) { return load_plan_text(read_text_file(path, YamlLimits{}.max_bytes), path); }
+Plan load_plan(const std::string& path) { return load_plan_text(read_file(path, YamlLimits{}.max_bytes), path); }
 
 }  // namespace ptool

@@ -36,14 +36,18 @@ struct Accumulate {
     double& err2;  // sum of (a - e)^2
     double& ref2;  // sum of e^2
     void operator()(double a, double e) const {
-        if (std::isnan(a) || std::isnan(e) || std::isinf(a) != std::isinf(e) || (std::isinf(a) && a != e)) {
-            d.max_abs = d.max_rel = d.headroom = std::numeric_limits<double>::infinity();
+        if (!std::isfinite(a) || !std::isfinite(e)) {
+            ++d.nonfinite;
+            if ((std::isnan(a) && std::isnan(e)) || a == e) return;  // the same NaN or infinity at the same place
+            const double bad = std::isnan(a) || std::isnan(e) ? std::numeric_limits<double>::quiet_NaN()
+                                                              : std::numeric_limits<double>::infinity();
+            if (!std::isnan(d.max_abs)) d.max_abs = d.max_rel = d.headroom = bad;
             d.pass = false;
             return;
         }
-        const double abs_err = std::isinf(a) ? 0.0 : std::abs(a - e);
+        const double abs_err = std::abs(a - e);
         err2 += abs_err * abs_err;
-        if (!std::isinf(e)) ref2 += e * e;
+        ref2 += e * e;
         d.max_abs = std::max(d.max_abs, abs_err);
         if (e != 0) d.max_rel = std::max(d.max_rel, abs_err / std::abs(e));
         else if (abs_err > 0) d.max_rel = std::numeric_limits<double>::infinity();
@@ -84,8 +88,8 @@ Part compare_range(const Tensor& actual, const Tensor& expected, const Tolerance
         if (equal_bytes) {  // bitwise equal: only NaN can fail
             for (int64_t i = begin; i < end; ++i) {
                 const double v = static_cast<acc_t<T>>(pa[i]);
-                if (std::isnan(v)) acc(v, v);
-                else if (frobenius && !std::isinf(v)) part.ref2 += v * v;  // the norm a module's tensors are judged by
+                if (!std::isfinite(v)) acc(v, v);
+                else if (frobenius) part.ref2 += v * v;  // the norm a module's tensors are judged by
             }
             return;
         }
@@ -120,10 +124,12 @@ Part compare_blocks(const Tensor& actual, const Tensor& expected, const Toleranc
     Part all;
     for (const Part& p : parts) {
         all.err2 += p.err2, all.ref2 += p.ref2;
-        all.d.max_abs = std::max(all.d.max_abs, p.d.max_abs);
-        all.d.max_rel = std::max(all.d.max_rel, p.d.max_rel);
-        all.d.headroom = std::max(all.d.headroom, p.d.headroom);
+        auto worst = [](double a, double b) { return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b); };
+        all.d.max_abs = worst(all.d.max_abs, p.d.max_abs);
+        all.d.max_rel = worst(all.d.max_rel, p.d.max_rel);
+        all.d.headroom = worst(all.d.headroom, p.d.headroom);
         all.d.max_ulp = std::max(all.d.max_ulp, p.d.max_ulp);
+        all.d.nonfinite += p.d.nonfinite;
         all.d.pass = all.d.pass && p.d.pass;
     }
     return all;
@@ -155,7 +161,7 @@ TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const T
             if (same_dtype) d.max_ulp = std::max(d.max_ulp, static_cast<int64_t>(std::abs(av[i] - ev[i])));
         }
     }
-    d.err_norm = std::isinf(d.max_abs) ? std::numeric_limits<double>::infinity() : std::sqrt(err2);
+    d.err_norm = std::isfinite(d.max_abs) ? std::sqrt(err2) : std::numeric_limits<double>::infinity();
     d.ref_norm = std::sqrt(ref2);
     d.rel_fro = d.ref_norm > 0 ? d.err_norm / d.ref_norm : (d.err_norm > 0 ? std::numeric_limits<double>::infinity() : 0.0);
     const bool elementwise = d.pass && d.headroom <= 1.0;

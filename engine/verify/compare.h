@@ -11,6 +11,10 @@ namespace ptool {
 
 struct TensorDiff {
     bool shape_ok = true;
+    // Elements where either side is NaN or infinite. They agree only where both hold the same
+    // (NaN and NaN, or the same infinity) at the same place; elsewhere the tensor fails and its
+    // errors read nan (a NaN against a number) or inf.
+    int64_t nonfinite = 0;
     double max_abs = 0, max_rel = 0, headroom = 0;
     double rel_fro = 0;       // ||a - e||_F / ||e||_F (inf when e is zero and a is not)
     double err_norm = 0, ref_norm = 0;  // ||a - e||_F and ||e||_F (ref_norm 0 for bitwise-equal tensors without rel_fro)

@@ -169,7 +169,7 @@ LoadedCommand load_command(const VerifyCommand& cmd) {
     LoadedCommand l;
     RunInputs& in = l.job.inputs;
     in.model_path = cmd.model;
-    in.model_text = read_text_file(cmd.model, YamlLimits{}.max_bytes);
+    in.model_text = read_file(cmd.model, YamlLimits{}.max_bytes);
     in.dtype_override = cmd.dtype;
     in.device = cmd.device;
     load_model_text(in.model_text, cmd.model, cmd.dtype, false);  // a bad model: exit 2 before any rank starts

@@ -13,7 +13,7 @@ namespace {
 template <class A>
 A act_forward(Activation act, A x) {
     switch (act) {
-        case Activation::relu: return x > A(0) ? x : A(0);
+        case Activation::relu: return x > A(0) || x != x ? x : A(0);  // NaN stays NaN, as torch.relu
         case Activation::gelu: return A(0.5) * x * (A(1) + std::erf(x * A(M_SQRT1_2)));
         case Activation::gelu_tanh: {
             const A beta = A(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = A(0.044715);
@@ -28,7 +28,7 @@ A act_forward(Activation act, A x) {
 template <class A>
 A act_derivative(Activation act, A x) {
     switch (act) {
-        case Activation::relu: return x > A(0) ? A(1) : A(0);
+        case Activation::relu: return x <= A(0) ? A(0) : A(1);  // threshold_backward: NaN passes the gradient
         case Activation::gelu: {
             const A cdf = A(0.5) * (A(1) + std::erf(x * A(M_SQRT1_2)));
             const A pdf = std::exp(A(-0.5) * x * x) * A(M_2_SQRTPI * M_SQRT1_2 * 0.5);

@@ -1,0 +1,192 @@
+#include "core/files.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "core/error.h"
+
+namespace ptool {
+namespace fs = std::filesystem;
+namespace {
+
+[[noreturn]] void refuse(const std::string& path, const std::string& msg) { throw InputError(SourceLocation{path, 0, 0}, msg); }
+
+// Descriptor limits and memory are resources (exit 3); a path that is not there is bad input.
+[[noreturn]] void open_failed(const std::string& path, int err, const char* what) {
+    if (err == EMFILE || err == ENFILE || err == ENOMEM)
+        throw RuntimeError(fmt::format("{}: cannot open the file {}: {} (a resource ran out)", path, what, std::strerror(err)));
+    refuse(path, err == ENOENT ? std::string("no such file") : fmt::format("cannot open the file {}: {}", what, std::strerror(err)));
+}
+
+// The temporary file being written, removed if SIGINT, SIGTERM or SIGHUP arrives meanwhile.
+char g_pending_tmp[4096];
+volatile sig_atomic_t g_pending = 0;
+
+void remove_pending_and_reraise(int sig) {
+    if (g_pending) unlink(g_pending_tmp);  // async-signal-safe
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void track_tmp(const std::string& path) {
+    static const bool installed = [] {
+        for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+            struct sigaction sa {};
+            sa.sa_handler = remove_pending_and_reraise;
+            sigaction(sig, &sa, nullptr);
+        }
+        return true;
+    }();
+    (void)installed;
+    g_pending = 0;
+    if (path.size() < sizeof g_pending_tmp) {
+        std::memcpy(g_pending_tmp, path.c_str(), path.size() + 1);
+        g_pending = 1;
+    }
+}
+
+void untrack_tmp() { g_pending = 0; }
+
+void write_all(int fd, const std::string& bytes, const std::string& path) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+        const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) throw RuntimeError(fmt::format("{}: write failed: {}", path, std::strerror(n < 0 ? errno : ENOSPC)));
+        done += static_cast<size_t>(n);
+    }
+}
+
+// Devices, FIFOs and sockets are written through, never replaced.
+void write_through(const std::string& path, const std::string& bytes) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENXIO) refuse(path, "a FIFO with no reader: nothing would read what is written");
+        open_failed(path, errno, "for writing");
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    try {
+        write_all(fd, bytes, path);
+    } catch (...) {
+        ::close(fd);
+        throw;
+    }
+    if (::close(fd) != 0 && errno != EINTR) throw RuntimeError(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
+}
+
+// A regular file, or a path that does not exist yet: temp file, fsync, rename.
+void write_atomic(const std::string& path, const std::string& bytes) {
+    std::error_code ec;
+    const fs::path target(path);
+    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    // leftovers of killed writers: ".NAME.tmp-PID-XXXXXX" whose PID is gone
+    const std::string prefix = "." + target.filename().string() + ".tmp-";
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind(prefix, 0) != 0) continue;
+        const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+        if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(entry.path(), ec);
+    }
+    const std::string tmpl = (dir / fmt::format("{}{}-XXXXXX", prefix, ::getpid())).string();
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    const int fd = mkstemp(buf.data());
+    if (fd < 0) open_failed(path, errno, "(its temporary file)");
+    const std::string tmp(buf.data());
+    track_tmp(tmp);
+    auto fail = [&](const std::string& message) {
+        ::unlink(tmp.c_str());
+        untrack_tmp();
+        throw RuntimeError(message);
+    };
+    try {
+        write_all(fd, bytes, path);
+    } catch (const RuntimeError& e) {
+        ::close(fd);
+        fail(e.what());
+    }
+    if (::fsync(fd) != 0 || ::close(fd) != 0) fail(fmt::format("{}: flush failed: {}", path, std::strerror(errno)));
+    ::chmod(tmp.c_str(), 0644);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(fmt::format("{}: rename failed: {}", path, std::strerror(errno)));
+    untrack_tmp();
+}
+
+}  // namespace
+
+std::string read_file(const std::string& path, size_t max_bytes) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) open_failed(path, errno, "");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+        ::close(fd);
+        refuse(path, S_ISDIR(st.st_mode) ? "is a directory, not a file" : "cannot read the file");
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // a FIFO with no writer has read as empty
+    if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes) {
+        ::close(fd);
+        throw InputError(SourceLocation{path, 1, 1}, fmt::format("file is {} bytes, over the limit of {}", st.st_size, max_bytes));
+    }
+    std::string out;
+    char chunk[1 << 16];
+    for (;;) {
+        const ssize_t n = ::read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            const int err = errno;
+            ::close(fd);
+            refuse(path, fmt::format("cannot read the file: {}", std::strerror(err)));
+        }
+        if (n == 0) break;
+        if (out.size() + static_cast<size_t>(n) > max_bytes) {
+            ::close(fd);
+            refuse(path, fmt::format("reads more than {} bytes without ending (a device or a stream, not a file?)", max_bytes));
+        }
+        out.append(chunk, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return out;
+}
+
+void check_output(const std::string& path, bool overwrite) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {  // follows a symlink to what would be written
+        if (S_ISDIR(st.st_mode)) refuse(path, "is a directory: name a file to write");
+        if (S_ISREG(st.st_mode) && !overwrite) refuse(path, "file exists (use --force to replace it)");
+        if (S_ISREG(st.st_mode) && ::access(path.c_str(), W_OK) != 0) refuse(path, "the file is not writable");
+        return;
+    }
+    const fs::path target(path);
+    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) refuse(path, fmt::format("the folder '{}' does not exist", dir.string()));
+    if (::access(dir.c_str(), W_OK) != 0) refuse(path, fmt::format("the folder '{}' is not writable", dir.string()));
+}
+
+void write_file(const std::string& path, const std::string& bytes, bool overwrite) {
+    std::string at = path;
+    struct stat st {};
+    for (int hops = 0; ::lstat(at.c_str(), &st) == 0 && S_ISLNK(st.st_mode); ++hops) {  // write the target, keep the link
+        std::error_code ec;
+        const fs::path link(at), to = fs::read_symlink(link, ec);
+        if (ec || hops == 40) refuse(path, ec ? fmt::format("cannot read the symlink: {}", ec.message()) : std::string("a loop of symlinks"));
+        at = (to.is_absolute() ? to : link.parent_path() / to).string();
+    }
+    if (at != path) return write_file(at, bytes, overwrite);
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        if (S_ISDIR(st.st_mode)) refuse(path, "is a directory: name a file to write");
+        return write_through(path, bytes);
+    }
+    check_output(path, overwrite);
+    write_atomic(path, bytes);
+}
+
+}  // namespace ptool
