@@ -22,6 +22,7 @@ void add_explain_command(CLI::App& app, Common& common);
 void add_golden_command(CLI::App& app, Common& common, int& exit_code);
 std::vector<std::string> split_lines(const std::string& s);
 void add_device_options(CLI::App* cmd, Common& common);  // --device cpu|cuda, --tf32
+const CLI::Validator& finite_non_negative();               // --rtol, --atol: NaN and negatives are bad input
 ptool::Device select_device(const Common& common);       // configures the backends, returns the device
 
 }  // namespace ptool::cli

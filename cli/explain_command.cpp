@@ -29,6 +29,7 @@ std::string local_shapes(const ParamLayout& p) {  // "[3, 16] x3, [1, 16]"
 }
 
 void explain(const ExplainArgs& a, const Common& c) {
+    if (!a.json.empty()) check_output(a.json, true);
     const Model model = load_model_text(read_file(a.model, YamlLimits{}.max_bytes), a.model, c.dtype, false);
     Plan plan = load_plan(a.plan);
     Explanation ex = explain_plan(model, plan);

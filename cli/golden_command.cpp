@@ -17,6 +17,7 @@ struct GoldenArgs {
 };
 
 void record(const GoldenArgs& a, const Common& c) {
+    check_output(a.out, a.force);  // before the run, not after it
     RunInputs in;
     in.model_path = a.model;
     in.model_text = read_file(a.model, YamlLimits{}.max_bytes);
@@ -30,6 +31,8 @@ void record(const GoldenArgs& a, const Common& c) {
     opt.steps = a.steps;
     if (a.rtol >= 0) opt.tolerance.rtol = a.rtol;
     if (a.atol >= 0) opt.tolerance.atol = a.atol;
+    const Model probe = load_model_text(in.model_text, a.model, c.dtype, false);
+    if (in.data) check_data_steps(*in.data, a.data, steps_for(plan, opt, probe.steps));
     TensorFile file = record_golden(in, plan, opt);
     write_safetensors(a.out, file, a.force);
     fmt::print("wrote {}: {} tensors, {} steps of {} x {}\n", a.out, file.tensors.size(), file.metadata["steps"], a.model,
@@ -106,11 +109,11 @@ void add_golden_command(CLI::App& app, Common& common, int& exit_code) {
     rec->add_flag("--force", a->force, "replace an existing file");
     rec->add_option("--init", a->init, "initial parameters (safetensors state_dict)");
     rec->add_option("--data", a->data, "batch data (safetensors)");
-    rec->add_option("--steps", a->steps, "steps (default: the plan's verify.steps, else the model's)")->check(CLI::PositiveNumber);
+    rec->add_option("--steps", a->steps, "steps (default: the plan's verify.steps, else the model's)")->check(CLI::Range(int64_t{1}, kMaxSteps));
     rec->add_option("--dtype", common.dtype, "override the model's dtype");
     add_device_options(rec, common);
-    rec->add_option("--rtol", a->rtol, "tolerance recorded with the case");
-    rec->add_option("--atol", a->atol, "tolerance recorded with the case");
+    rec->add_option("--rtol", a->rtol, "tolerance recorded with the case")->check(finite_non_negative());
+    rec->add_option("--atol", a->atol, "tolerance recorded with the case")->check(finite_non_negative());
     rec->callback([a, &common] { record(*a, common); });
     CLI::App* sh = g->add_subcommand("show", "Print a golden file's metadata and tensors (dtype, shape, norm)");
     sh->add_option("FILE", a->a, "golden file")->required();
@@ -118,8 +121,8 @@ void add_golden_command(CLI::App& app, Common& common, int& exit_code) {
     CLI::App* df = g->add_subcommand("diff", "Compare two golden files tensor by tensor");
     df->add_option("A", a->a, "golden file")->required();
     df->add_option("B", a->b, "golden file")->required();
-    df->add_option("--rtol", a->rtol, "relative tolerance (default: torch.testing's for the dtype)");
-    df->add_option("--atol", a->atol, "absolute tolerance");
+    df->add_option("--rtol", a->rtol, "relative tolerance (default: torch.testing's for the dtype)")->check(finite_non_negative());
+    df->add_option("--atol", a->atol, "absolute tolerance")->check(finite_non_negative());
     df->callback([a, &exit_code] { exit_code = diff(*a); });
 }
 

@@ -14,6 +14,7 @@ struct RunArgs {
 };
 
 void run(const RunArgs& a, const Common& c) {
+    if (!a.dump.empty()) check_output(a.dump, true);
     RunInputs in;
     in.model_path = a.model;
     in.model_text = read_file(a.model, YamlLimits{}.max_bytes);
@@ -24,6 +25,7 @@ void run(const RunArgs& a, const Common& c) {
     if (!a.init.empty()) init = read_safetensors(a.init), in.init = &init, in.init_path = a.init;
     if (!a.data.empty()) data = read_safetensors(a.data), in.data = &data, in.data_path = a.data;
     const int64_t steps = a.steps > 0 ? a.steps : model.steps;
+    if (in.data) check_data_steps(*in.data, a.data, steps);
     int64_t n_params = 0;
     for (const auto& [name, p] : model.named_parameters()) n_params += p->value.numel();
     if (c.verbosity >= 0)
@@ -58,7 +60,7 @@ void add_run_command(CLI::App& app, Common& common) {
     cmd->add_option("MODEL", args->model, "model YAML file")->required();
     cmd->add_option("--init", args->init, "initial parameters and buffers (safetensors, PyTorch state_dict names)");
     cmd->add_option("--data", args->data, "batch data (safetensors: input, target, step{k}.input, step{k}.target)");
-    cmd->add_option("--steps", args->steps, "training steps (default: the model's `steps`)")->check(CLI::PositiveNumber);
+    cmd->add_option("--steps", args->steps, "training steps (default: the model's `steps`)")->check(CLI::Range(int64_t{1}, kMaxSteps));
     cmd->add_option("--dtype", common.dtype, "override the model's dtype: float32, bfloat16, float16, float64");
     add_device_options(cmd, common);
     cmd->add_option("--dump", args->dump,

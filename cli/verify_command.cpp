@@ -39,6 +39,8 @@ int verify(VerifyArgs& a, const Common& c) {
     cmd.options.comm.check_consistency = !a.no_check;
     const bool replay = looks_like_golden_arg(cmd.model);
     if (!replay && !a.junit.empty()) throw InputError("--junit applies to `ptool verify GOLDEN...`");
+    for (const std::string& out : {a.json, a.junit})
+        if (!out.empty()) check_output(out, true);  // before the run, not after it
     cmd.device = select_device(c);
     std::vector<CaseResult> cases;
     std::string model_path = cmd.model;
@@ -78,11 +80,11 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code) {
     cmd->add_option("--init", a->cmd.init, "initial parameters and buffers (safetensors, PyTorch state_dict names)");
     cmd->add_option("--data", a->cmd.data, "batch data (safetensors: input, target, step{k}.input, step{k}.target)");
     cmd->add_option("--steps", a->cmd.options.steps, "training steps (default: the plan's verify.steps, else the model's)")
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::Range(int64_t{1}, kMaxSteps));
     cmd->add_option("--dtype", common.dtype, "override the model's dtype");
     add_device_options(cmd, common);
-    cmd->add_option("--rtol", a->rtol, "relative tolerance (default: the plan's, else torch.testing's for the dtype)");
-    cmd->add_option("--atol", a->atol, "absolute tolerance");
+    cmd->add_option("--rtol", a->rtol, "relative tolerance (default: the plan's, else torch.testing's for the dtype)")->check(finite_non_negative());
+    cmd->add_option("--atol", a->atol, "absolute tolerance")->check(finite_non_negative());
     cmd->add_option("--json", a->json, "write the results as JSON");
     cmd->add_option("--golden", a->cmd.golden, "also compare reference and parallel results with this golden file");
     cmd->add_option("--junit", a->junit, "with golden files: write JUnit XML, one testcase per case");

@@ -47,7 +47,8 @@ void print_table(const PlanReport& p, int verbosity) {
         fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9.3f} {:>8}  {}\n", t.name, num(t.diff.max_abs), num(t.diff.max_rel),
                    t.diff.max_ulp, std::isinf(t.diff.headroom) ? 1e9 : t.diff.headroom, replica_state_name(t.replicas),
                    !t.diff.shape_ok ? "MISSING/SHAPE" : t.replicas == ReplicaState::ignored ? "ignored"
-                   : !t.pass ? "MISMATCH" : t.diff.by_frobenius ? fmt::format("ok (rel Frobenius {:.1e})", t.diff.rel_fro) : "ok");
+                   : !t.pass ? "MISMATCH" : t.diff.by_frobenius ? fmt::format("ok (rel Frobenius {:.1e})", t.diff.rel_fro)
+                   : t.diff.nonfinite ? fmt::format("ok ({} non-finite, the same on both sides)", t.diff.nonfinite) : "ok");
     }
 }
 
@@ -116,7 +117,8 @@ void write_json_report(const VerifyReport& report, const std::string& model_path
             jp["tensors"].push_back({{"name", t.name}, {"pass", t.pass}, {"max_abs", finite(t.diff.max_abs)},
                                      {"max_rel", finite(t.diff.max_rel)}, {"ulp", t.diff.max_ulp},
                                      {"headroom", finite(t.diff.headroom)}, {"rel_fro", finite(t.diff.rel_fro)},
-                                     {"by_frobenius", t.diff.by_frobenius}, {"replicas", replica_state_name(t.replicas)}});
+                                     {"by_frobenius", t.diff.by_frobenius}, {"nonfinite", t.diff.nonfinite},
+                                     {"replicas", replica_state_name(t.replicas)}});
         j["plans"].push_back(jp);
     }
     write_file(path, j.dump(2) + "\n", true);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the model YAML loader, the plan YAML loader and the safetensors reader with libFuzzer
-# (clang, ASan + UBSan), each for SECONDS (default 60), seeded with the shipped files.
+# (clang, ASan + UBSan), each for SECONDS (default 60), seeded with the shipped files; and
+# fuzz_model_plan, which generates valid model + plan pairs and runs explain and a one-step verify.
 #   scripts/fuzz.sh [SECONDS]          CI runs it with 60; run longer by hand, e.g. scripts/fuzz.sh 600
 # Findings (crash-*, oom-*, timeout-*) land in build-fuzz/findings/ and fail the script.
 set -euo pipefail
@@ -9,16 +10,19 @@ seconds=${1:-60}
 command -v clang++ >/dev/null || { scripts/setup.sh; sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo; $sudo apt-get install -y -qq clang >/dev/null; }
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DPTOOL_FUZZ=ON -DPTOOL_WITH_CUDA=OFF -DBUILD_TESTING=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_model_yaml fuzz_plan_yaml fuzz_safetensors >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_model_yaml fuzz_plan_yaml fuzz_safetensors fuzz_model_plan >/dev/null
 mkdir -p build-fuzz/findings
 status=0
 passes=0
 failures=0
-for h in fuzz_model_yaml:models fuzz_plan_yaml:plans fuzz_safetensors:golden; do
+for h in fuzz_model_yaml:models fuzz_plan_yaml:plans fuzz_safetensors:golden fuzz_model_plan:; do
     name=${h%%:*}
     corpus=build-fuzz/corpus/$name
     mkdir -p "$corpus"
-    cp -n "${h#*:}"/* "$corpus"/ 2>/dev/null || true
+    if [[ -n "${h#*:}" ]]; then cp -n "${h#*:}"/* "$corpus"/ 2>/dev/null || true
+    else  # the generator reads its choices from the bytes: start from long random inputs, not empty ones
+        for i in $(seq 64); do [[ -f "$corpus/seed$i" ]] || head -c 600 /dev/urandom >"$corpus/seed$i"; done
+    fi
     echo "fuzz: $name for ${seconds}s"
     if ! ./build-fuzz/tests/fuzz/$name "$corpus" -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 \
         -timeout=10 -artifact_prefix=build-fuzz/findings/"$name"- -print_final_stats=1 2>build-fuzz/$name.log; then

@@ -67,6 +67,9 @@ with tempfile.TemporaryDirectory() as tmp:
     case("--steps 0", 2, [mlp, root, "--steps", "0"], 4)
     case("golden replay", 0, [replay], 2, fragment="1 passed")
     case("--update without golden files", 2, [mlp, root, "--update"], 4, fragment="--update")
+    # the collective timeout bounds a collective, not rank 0's reference (3.8 s here against 1 s)
+    case("a reference longer than --timeout", 0, [f"{M}/gemm_mlp.yaml", f"{P}/gemm_mlp_tp.yaml", "--mesh", "tp=2",
+                                                  "--steps", "10", "--timeout", "1"], 2, fragment="PASS")
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -164,8 +164,11 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 0 and not glob.glob(os.path.join(tmp, ".slow.safetensors.tmp-*")),
           f"the next write did not remove a killed writer's temp file: exit {rc}\n{out}")
     # nothing written but the named file: the folder holds what it held (less the stale temp file)
-    check(set(os.listdir(tmp)) == before_tmp - {os.path.basename(stale)} and set(os.listdir(".")) == before_cwd,
-          "golden record wrote somewhere other than its output path")
+    # (the killed writer's own temp file, if it got as far as creating one, is gone too)
+    leftovers = {f for f in before_tmp if f.startswith(".slow.safetensors.tmp-")}
+    check(set(os.listdir(tmp)) == before_tmp - leftovers and set(os.listdir(".")) == before_cwd,
+          f"golden record wrote somewhere other than its output path: {set(os.listdir(tmp)) ^ before_tmp}, "
+          f"{set(os.listdir('.')) ^ before_cwd}")
 
     # --update re-records a case whose numbers moved (model and plan unchanged), and says what moved
     upd = os.path.join(tmp, "update")

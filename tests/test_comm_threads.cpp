@@ -118,3 +118,33 @@ TEST_CASE("collective descriptors name every op of the table, init included; an 
     CHECK_FALSE(describe("barrier", 1).matches(describe("split", 1)));
     CHECK_THROWS(describe("allreduce", 0));
 }
+
+TEST_CASE("zero-size tensors flow through every collective", "[cpu]") {
+    // torch.chunk gives empty chunks (16 features over 5 ranks: 4, 4, 4, 4, 0), and a rank may hold nothing
+    std::vector<std::string> errors(3);
+    std::vector<double> gathered(3, -1);
+    run_rank_threads(3, CommOptions{}, [&](Communicator& c) {
+        try {
+            Tensor empty({0, 4}, DType::float32);
+            c.all_reduce(empty, ReduceOp::sum);
+            c.broadcast(empty, 1);
+            Tensor none({0, 4}, DType::float32);
+            c.all_gather(empty, none);  // every piece empty
+            Tensor mine({c.rank() == 2 ? 0 : 1, 4}, DType::float32), all({2, 4}, DType::float32);
+            for (int64_t i = 0; i < mine.numel(); ++i) mine.set(i, 1.0 + c.rank());
+            c.all_gather(mine, all);  // the last rank's piece empty
+            gathered[c.rank()] = all.item(0) + all.item(4);
+            Tensor out({c.rank() == 2 ? 0 : 1, 4}, DType::float32);
+            Tensor in({2, 4}, DType::float32);
+            c.reduce_scatter(in, out, ReduceOp::avg);  // chunks of 2 rows over 3 ranks: 1, 1, 0
+            c.barrier();
+        } catch (const std::exception& e) {
+            errors[c.rank()] = e.what();
+        }
+    });
+    for (int r = 0; r < 3; ++r) {
+        INFO("rank " << r << ": " << errors[r]);
+        CHECK(errors[r].empty());
+        CHECK(gathered[r] == 3.0);  // rank 0's 1 and rank 1's 2
+    }
+}

@@ -213,3 +213,39 @@ TEST_CASE("in-process verify compares as it records: the report of comparing sto
         }
     }
 }
+
+TEST_CASE("zero-size tensors flow through every op and the comparison", "[cpu]") {
+    Backend& be = backend_for(Device::cpu);
+    const Tensor x({0, 4}, DType::float32), w({3, 4}, DType::float32), w0({3, 0}, DType::float32);
+    Tensor y({0, 3}, DType::float32), y2({2, 3}, DType::float32), a({2, 0}, DType::float32);
+    be.gemm(x, false, w, true, y);  // no rows
+    be.fill(y2, 7.0);
+    be.gemm(a, false, w0, true, y2);  // an empty sum (a rowwise shard with no columns): zeros
+    CHECK(y2.item(0) == 0.0);
+    Tensor e({0, 4}, DType::float32), d({0, 4}, DType::float32);
+    for (Activation act : {Activation::relu, Activation::gelu, Activation::gelu_tanh, Activation::silu, Activation::tanh}) {
+        be.activation(act, x, e);
+        be.activation_backward(act, x, x, d);
+    }
+    be.add(x, x, e), be.mul(x, x, e), be.axpy(2.0, x, e), be.scale(x, 3.0, e), be.copy(x, e);
+    Tensor bias({4}, DType::float32), db({4}, DType::float32);
+    be.add_bias(e, bias);
+    be.sum_rows(e, db, false);
+    CHECK(db.item(0) == 0.0);
+    CHECK(be.sum_all(x) == 0.0);
+    Tensor mean({0}, DType::float32), rstd({0}, DType::float32);
+    be.layer_norm(x, bias, bias, 1e-5, false, e, mean, rstd);
+    be.layer_norm_backward(x, bias, mean, rstd, x, false, d, &db, &db);
+    Tensor s({0, 5, 5}, DType::float32), sy({0, 5, 5}, DType::float32);
+    be.softmax(s, true, sy);
+    be.softmax_backward(sy, s, sy);
+    const Tensor ids({0}, DType::int64), table({8, 4}, DType::float32);
+    Tensor rows({0, 4}, DType::float32), dtable({8, 4}, DType::float32);
+    be.embedding(ids, table, rows);
+    be.embedding_backward(ids, rows, dtable);
+    const TensorDiff diff = compare_tensors(x, x.clone(), Tolerance{});
+    CHECK(diff.pass);
+    CHECK(diff.max_abs == 0);
+    CHECK_FALSE(compare_tensors(x, Tensor({4, 0}, DType::float32), Tolerance{}).shape_ok);
+    CHECK(tensor_digest(x) != tensor_digest(Tensor({0, 5}, DType::float32)));
+}

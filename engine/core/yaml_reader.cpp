@@ -271,7 +271,7 @@ YamlNode load_yaml_text(const std::string& text, const std::string& name, const 
         if (root.IsNull()) throw InputError(SourceLocation{name, 1, 1}, "file is empty");
         out.fail("the top level must be a map of keys");
     }
-    TreeCheck{file, limits}.check(root);
+    TreeCheck{file, limits, 0, {}}.check(root);
     return out;
 }
 

@@ -4,6 +4,14 @@
 
 namespace ptool {
 
+Placement ActivationModule::out_placement(const Layout& in) const {
+    if (in.p.is_partial())
+        conflict(fmt::format("'{}' ({}) is not linear: applied to each rank's partial sum it does not give the activation "
+                             "of the sum (reduce it first)",
+                             fqn(), type()));
+    return in.p;
+}
+
 Tensor ActivationModule::forward_impl(RunContext& ctx, const Tensor& x) {
     Tensor y = empty_like(x);
     ctx.backend->activation(act_, x, y);

@@ -11,9 +11,18 @@ namespace ptool {
 std::optional<StepKey> parse_step_key(const std::string& name) {
     const size_t dot = name.find('.');
     if (name.rfind("step", 0) != 0 || dot == std::string::npos || dot == 4 || dot > 9 ||
-        name.find_first_not_of("0123456789", 4) != dot || dot + 1 == name.size())
+        name.find_first_not_of("0123456789", 4) != dot || dot + 1 == name.size() || (name[4] == '0' && dot > 5))
         return std::nullopt;
     return StepKey{std::stoll(name.substr(4, dot - 4)), name.substr(dot + 1)};
+}
+
+void check_data_steps(const TensorFile& data, const std::string& path, int64_t steps) {
+    if (data.tensors.empty())
+        throw InputError(SourceLocation{path, 0, 0}, "the data file holds no tensors (keys: input, target, step{k}.input, step{k}.target)");
+    for (const auto& [name, t] : data.tensors)
+        if (auto key = parse_step_key(name); key && key->step >= steps)
+            throw InputError(SourceLocation{path, 0, 0}, fmt::format("'{}' is for step {}, but the run has {} step{} (0..{})", name,
+                                                                     key->step, steps, steps == 1 ? "" : "s", steps - 1));
 }
 
 Tensor generate_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, const std::string& what) {

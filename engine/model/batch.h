@@ -33,14 +33,19 @@ private:
     Tensor gen_input_, gen_target_;
 };
 
-// A golden-format per-step key, "step{k}.NAME" with k < 100000: the step and NAME ("loss",
-// "grad.net1.weight", "input"). nullopt for anything else ("step", "stepX.loss", "step1").
+// A golden-format per-step key, "step{k}.NAME" with k < kMaxSteps written without leading zeros:
+// the step and NAME ("loss", "grad.net1.weight", "input"). nullopt for anything else ("step",
+// "stepX.loss", "step1", "step01.loss").
 struct StepKey {
     int64_t step;
     std::string rest;
     std::string kind() const { return rest.substr(0, rest.find('.')); }  // "grad" of "grad.net1.weight"
 };
 std::optional<StepKey> parse_step_key(const std::string& name);
+
+// A --data file for a run of `steps` steps: refused (InputError naming the key) when it holds no
+// tensor or a step{k} key at or beyond `steps`.
+void check_data_steps(const TensorFile& data, const std::string& path, int64_t steps);
 
 Tensor generate_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, const std::string& what);
 

@@ -39,6 +39,7 @@ public:
     ActivationModule(std::string type, std::string name, SourceLocation where, Activation act)
         : Module(std::move(type), std::move(name), std::move(where)), act_(act) {}
     Activation activation() const { return act_; }
+    Placement out_placement(const Layout& in) const override;  // not on partial sums
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;

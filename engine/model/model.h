@@ -15,6 +15,10 @@
 namespace ptool {
 
 enum class LossKind { sum, mean, mse, cross_entropy };
+
+// The most training steps a run takes (model `steps`, plan `verify.steps`, --steps, a golden's
+// metadata): a step keeps every tensor's record, and golden keys count steps in five digits.
+constexpr int64_t kMaxSteps = 100000;
 const char* loss_name(LossKind k);
 
 struct TensorSpec {

@@ -293,6 +293,7 @@ Model load_model_text(const std::string& text, const std::string& path, const st
     if (!dtype_override.empty()) model.dtype = parse_dtype(dtype_override);
     model.seed = static_cast<uint64_t>(m.int_or("seed", 0));
     model.steps = m.has("steps") ? m.at("steps").as_positive_int("'steps'") : 1;
+    if (model.steps > kMaxSteps) m.at("steps").fail(fmt::format("steps {} is over the limit of {}", model.steps, kMaxSteps));
     YamlMap batch(m.at("batch"), "'batch'");
     model.input = parse_tensor_spec(batch.at("input"), "'batch.input'");
     if (auto t = batch.get("target")) model.target = parse_tensor_spec(*t, "'batch.target'");
@@ -313,6 +314,14 @@ Model load_model_text(const std::string& text, const std::string& path, const st
         m.at("batch").fail(model.input.ids ? "batch.input is tokens, but the first module is not an embedding"
                                            : "the first module is an embedding: batch.input must be {tokens, vocab}");
     model.output_shape = model.root->output_shape(model.input.shape);
+    if (model.input.ids) {  // the ids drawn must be rows of the embedding that looks them up
+        const Module* first = model.root.get();
+        while (!first->children().empty()) first = first->children()[0].second.get();
+        if (const auto* e = dynamic_cast<const Embedding*>(first); e && model.input.range > e->vocab())
+            batch.at("input").fail(fmt::format("batch.input draws ids from [0, {}) but embedding '{}' has {} rows: its vocab "
+                                               "must be at most {}",
+                                               model.input.range, e->fqn(), e->vocab(), e->vocab()));
+    }
     const Shape& out = model.output_shape;
     if (model.loss == LossKind::cross_entropy) {
         Shape want(out.begin(), out.end() - 1);

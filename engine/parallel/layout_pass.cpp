@@ -1,5 +1,7 @@
 #include "parallel/layout_pass.h"
 
+#include <set>
+
 #include "parallel/plan.h"
 
 namespace ptool {
@@ -29,7 +31,7 @@ public:
             throw InputError(fmt::format("{}{}", where_of_producer(), explain_conflict(m, in, e)));
         }
         stack_.pop_back();
-        if (!rs && m.children().empty()) lint_unstyled_leaf(m, in);
+        if (!rs && m.children().empty()) lint_leaf(m, in, {});
         if (rs) producer_ = {fmt::format("'{}'", m.fqn()), rs->entry};
         report.calls[index].out = out;
         return out;
@@ -39,10 +41,19 @@ public:
     std::vector<Marker> markers;
 
 private:
+    // A placement's shard dim must exist in the tensor it is applied to ("shard(7)" of a 3-d activation).
+    static void check_dim(const Placement& p, const Layout& t, const ResolvedStyle& rs, const char* which) {
+        const int64_t nd = static_cast<int64_t>(t.global.size());
+        if (p.is_shard() && (p.dim >= nd || p.dim < -nd))
+            throw InputError(rs.entry->where, fmt::format("'{}' ({}): shard({}) for its {} is out of range for a {}-d tensor {}",
+                                                          rs.fqn, rs.entry->style.name(), p.dim, which, nd, shape_str(t.global)));
+    }
+
     Layout styled(const Module& m, const ResolvedStyle& rs, const Layout& in) {
         const StyleSpec& spec = rs.entry->style;
         const StyleRule r = spec.style->rule(m, spec);
         const int64_t nd = static_cast<int64_t>(in.global.size());
+        if (r.pre) check_dim(r.pre->from, in, rs, "input"), check_dim(r.pre->to, in, rs, "input");
         const size_t es = dtype_size(model_.dtype);
         Layout x = in;
         if (r.pre) {
@@ -50,10 +61,17 @@ private:
             add(report.forward, redistribute_cost(in.p, r.pre->to, in.global, parts_, es), m, Phase::forward);
             x.p = r.pre->to;
         }
+        if (m.children().empty()) {  // parameters the style neither distributes nor reduces see only the compute input's rows
+            std::set<std::string> handled;
+            for (const ParamPlacement& pp : spec.style->params(m)) handled.insert(pp.param);
+            for (const ParamGradSync& s : spec.style->grad_syncs(m, spec, x)) handled.insert(s.param);
+            lint_leaf(m, x, handled);
+        }
         const size_t pre_marker = markers.size();
         markers.emplace_back();  // filled below: its gradient's way back runs after the children's
         Layout y = r.compute_out ? Layout{m.output_shape(x.global), *r.compute_out} : m.layout(*this, x);
         Marker back;
+        if (r.post) check_dim(r.post->from, y, rs, "output"), check_dim(r.post->to, y, rs, "output");
         if (r.post) {
             if (!y.p.same_as(r.post->from, static_cast<int64_t>(y.global.size())))
                 throw InputError(rs.entry->where,
@@ -112,10 +130,12 @@ private:
     }
 
     // A module with parameters fed sequence or batch shards computes its parameter gradients over
-    // this rank's rows only; unstyled, nothing reduces them.
-    void lint_unstyled_leaf(const Module& m, const Layout& in) {
+    // this rank's rows only; unless its style reduces them (`handled`), nothing does.
+    void lint_leaf(const Module& m, const Layout& in, const std::set<std::string>& handled) {
         const Placement p = in.p.normalized(static_cast<int64_t>(in.global.size()));
-        if (p.is_shard() && !m.params().empty())
+        bool partial_grads = false;
+        for (const auto& e : m.params()) partial_grads = partial_grads || !handled.count(e.name);
+        if (p.is_shard() && partial_grads)
             report.warnings.push_back(fmt::format("{}'{}' ({}) gets {} activations from {}: each rank's gradients of its "
                                                   "replicated parameters cover only its rows and are not reduced: give it "
                                                   "sequence_parallel, or gather the activation first",

@@ -42,7 +42,13 @@ Placement model_input_placement(const Model& model, const std::map<const Module*
     for (const Module* m = model.root.get(); m; m = m->children().empty() ? nullptr : m->children()[0].second.get()) {
         auto it = owner.find(m);
         if (it == owner.end()) continue;
-        if (auto pre = it->second->style.style->rule(*m, it->second->style).pre) return pre->from;
+        auto pre = it->second->style.style->rule(*m, it->second->style).pre;
+        if (!pre) continue;
+        if (pre->from.is_partial())  // the batch is data, not summands
+            throw InputError(it->second->where, fmt::format("'{}' declares the model input Partial(sum): the batch is data, "
+                                                            "not partial sums; declare replicate or shard(d)",
+                                                            m->fqn().empty() ? "(root)" : m->fqn()));
+        return pre->from;
     }
     return Placement::replicate();
 }

@@ -183,7 +183,10 @@ double tolerance_value(YamlMap& m, const char* key) {
 
 void parse_verify(const YamlNode& node, Plan& plan) {
     YamlMap vm(node, "'verify'");
-    if (vm.has("steps")) plan.verify.steps = vm.at("steps").as_positive_int("'steps'");
+    if (vm.has("steps")) {
+        plan.verify.steps = vm.at("steps").as_positive_int("'steps'");
+        if (plan.verify.steps > kMaxSteps) vm.at("steps").fail(fmt::format("steps {} is over the limit of {}", plan.verify.steps, kMaxSteps));
+    }
     if (auto c = vm.get("compare")) {
         plan.verify.compare.clear();
         for (const YamlNode& item : c->items("'compare'")) {

@@ -29,6 +29,12 @@ int64_t ordered_bits(Half v) {
     return (v.bits & 0x8000) ? -mag : mag;
 }
 
+// |a - b| of two ordered bit patterns, saturating (doubles of opposite sign are more than 2^63 apart).
+int64_t ulp_distance(int64_t a, int64_t b) {
+    const uint64_t d = a > b ? static_cast<uint64_t>(a) - static_cast<uint64_t>(b) : static_cast<uint64_t>(b) - static_cast<uint64_t>(a);
+    return d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(d);
+}
+
 // One element of the comparison; the ULP distance only where both tensors have one dtype.
 struct Accumulate {
     const Tolerance& tol;
@@ -95,7 +101,7 @@ Part compare_range(const Tensor& actual, const Tensor& expected, const Tolerance
         }
         for (int64_t i = begin; i < end; ++i) {
             acc(static_cast<acc_t<T>>(pa[i]), static_cast<acc_t<T>>(pe[i]));
-            part.d.max_ulp = std::max(part.d.max_ulp, std::abs(ordered_bits(pa[i]) - ordered_bits(pe[i])));
+            part.d.max_ulp = std::max(part.d.max_ulp, ulp_distance(ordered_bits(pa[i]), ordered_bits(pe[i])));
         }
     });
     return part;

@@ -4,6 +4,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -88,6 +90,34 @@ void golden_inputs(const TensorFile& g, TensorFile& init, TensorFile& data) {
     }
 }
 
+namespace {
+
+int64_t metadata_steps(const std::string& path, const std::string& text) {
+    int64_t v = 0;
+    size_t used = 0;
+    try {
+        v = std::stoll(text, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != text.size() || v < 1 || v > kMaxSteps)
+        throw InputError(SourceLocation{path, 0, 0}, fmt::format("__metadata__ 'steps' is '{}': expected a step count in [1, {}]", text, kMaxSteps));
+    return v;
+}
+
+double metadata_tolerance(const std::string& path, const char* key, const std::string& text) {
+    double v = -1;
+    size_t used = 0;
+    try {
+        v = std::stod(text, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != text.size() || !std::isfinite(v) || v < 0)
+        throw InputError(SourceLocation{path, 0, 0}, fmt::format("__metadata__ '{}' is '{}': expected a finite number >= 0", key, text));
+    return v;
+}
+
+}  // namespace
+
 GoldenCase load_golden(const std::string& path) {
     GoldenCase c;
     c.path = path;
@@ -104,6 +134,16 @@ GoldenCase load_golden(const std::string& path) {
     c.plan_path = need("plan_path");
     if (text_hash(c.model_yaml) != need("model_hash")) c.stale = "the recorded model text does not match its hash (edited)";
     else if (text_hash(c.plan_yaml) != need("plan_hash")) c.stale = "the recorded plan text does not match its hash (edited)";
+    if (!c.stale.empty()) return c;  // nothing is built from an edited case's metadata
+    const auto& md = c.file.metadata;
+    if (md.count("steps")) c.steps = metadata_steps(path, md.at("steps"));
+    if (md.count("rtol")) c.tolerance.rtol = metadata_tolerance(path, "rtol", md.at("rtol"));
+    if (md.count("atol")) c.tolerance.atol = metadata_tolerance(path, "atol", md.at("atol"));
+    for (const auto& [name, t] : c.file.tensors)
+        if (name.rfind("step", 0) == 0 && !parse_step_key(name))
+            throw InputError(SourceLocation{path, 0, 0}, fmt::format("tensor '{}': a step key must read step{{k}}.NAME", name));
+    load_model_text(c.model_yaml, path + "[model_yaml]", "", false);  // a case whose texts do not parse: exit 2
+    load_plan_text(c.plan_yaml, path + "[plan_yaml]");
     for (const auto& [file, text] : {std::pair{c.model_path, c.model_yaml}, std::pair{c.plan_path, c.plan_yaml}}) {
         std::error_code ec;
         if (!c.stale.empty() || !fs::is_regular_file(file, ec)) continue;
@@ -112,14 +152,32 @@ GoldenCase load_golden(const std::string& path) {
         ss << f.rdbuf();
         if (ss.str() != text) c.stale = fmt::format("{} changed since it was recorded (re-record with `ptool golden record`)", file);
     }
-    bool has_step = false;
-    for (const auto& [name, t] : c.file.tensors) {
-        has_step = has_step || name == "step0.loss";
-        if (name.rfind("step", 0) == 0 && !parse_step_key(name))
-            throw InputError(SourceLocation{path, 0, 0}, fmt::format("tensor '{}': a step key must read step{{k}}.NAME", name));
-    }
-    if (!has_step) throw InputError(SourceLocation{path, 0, 0}, "golden file has no 'step0.loss' tensor");
     return c;
+}
+
+void require_golden_tensors(const GoldenCase& c, const Model& model, int64_t steps) {
+    std::set<std::string> held;
+    for (const auto& [name, t] : c.file.tensors) held.insert(name);
+    auto need = [&](const std::string& name) {
+        if (!held.count(name))
+            throw InputError(SourceLocation{c.path, 0, 0}, fmt::format("the golden has no '{}', which its model implies over {} "
+                                                                       "step{} (a stripped or damaged file?)",
+                                                                       name, steps, steps == 1 ? "" : "s"));
+    };
+    const auto params = model.named_parameters(), buffers = model.named_buffers();
+    for (const auto& [name, p] : params) need("init.param." + name);
+    for (const auto& [name, b] : buffers) need("init.buffer." + name);
+    for (int64_t k = 0; k < steps; ++k) {
+        const std::string s = fmt::format("step{}.", k);
+        for (const char* what : {"input", "target"}) {
+            if (std::string(what) == "target" && !model.target) continue;
+            if (!held.count(std::string("data.") + what)) need(s + what);
+        }
+        need(s + "loss");
+        need(s + "output");
+        for (const auto& [name, p] : params) need(s + "grad." + name), need(s + "param." + name);
+        for (const auto& [name, b] : buffers) need(s + "buffer." + name);
+    }
 }
 
 PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, const Tolerance& tol,

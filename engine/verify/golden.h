@@ -32,10 +32,19 @@ struct GoldenCase {
     TensorFile file;
     std::string model_yaml, plan_yaml, model_path, plan_path;
     std::string stale;  // why the case no longer matches its files ("" when it does)
+    int64_t steps = 0;  // as recorded (0: not recorded)
+    Tolerance::Override tolerance;
 };
 
-// Reads and validates a golden file (exit 2 on a damaged one: missing metadata or tensors).
+// Reads and validates a golden file (exit 2 on a damaged one: missing metadata, metadata that is
+// not what a plan would accept, step keys that are not canonical). The hashes are checked first:
+// a case whose text was edited is STALE and nothing is built from it.
 GoldenCase load_golden(const std::string& path);
+
+// Every tensor a golden must hold for its model over `steps` steps (exit 2 naming the first missing):
+// init.param.* and init.buffer.* of every parameter and buffer, the data, and per step the loss,
+// output, every gradient, parameter and buffer.
+void require_golden_tensors(const GoldenCase& c, const Model& model, int64_t steps);
 
 // The golden's own initial state and data, as --init and --data would give them.
 void golden_inputs(const TensorFile& golden, TensorFile& init, TensorFile& data);

@@ -23,10 +23,9 @@ std::string worst(const PlanReport& r, size_t n) {
 
 // The golden's recorded steps and tolerance, unless the command line says otherwise.
 VerifyOptions case_options(const GoldenCase& c, VerifyOptions vo) {
-    auto md = [&](const char* k) { return c.file.metadata.count(k) ? c.file.metadata.at(k) : std::string(); };
-    if (!vo.steps && !md("steps").empty()) vo.steps = std::stoll(md("steps"));
-    if (!vo.tolerance.rtol && !md("rtol").empty()) vo.tolerance.rtol = std::stod(md("rtol"));
-    if (!vo.tolerance.atol && !md("atol").empty()) vo.tolerance.atol = std::stod(md("atol"));
+    if (!vo.steps) vo.steps = c.steps;
+    if (!vo.tolerance.rtol) vo.tolerance.rtol = c.tolerance.rtol;
+    if (!vo.tolerance.atol) vo.tolerance.atol = c.tolerance.atol;
     return vo;
 }
 
@@ -37,6 +36,13 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
     CaseResult res;
     res.path = c.path;
     res.world_size = plan.world_size();
+    if (!c.stale.empty()) {  // nothing runs from an edited case
+        res.verdict = Verdict::stale, res.detail = c.stale;
+        return res;
+    }
+    const VerifyOptions options = case_options(c, opt.verify);
+    const Model probe = load_model_text(base.model_text, base.model_path, base.dtype_override, false);
+    require_golden_tensors(c, probe, steps_for(plan, options, probe.steps));
     TensorFile init, data;
     golden_inputs(c.file, init, data);
     VerifyJob job;
@@ -44,7 +50,7 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
     job.inputs.init = &init, job.inputs.init_path = c.path + "[init.*]";
     job.inputs.data = &data, job.inputs.data_path = c.path + "[data]";
     job.plans = {plan};
-    job.options = case_options(c, opt.verify);
+    job.options = options;
     job.golden = &c.file;  // the parallel run is compared with it as it records
     const VerifyReport vr = verify(job, launch);
     if (!launch.rank0()) return res;
@@ -55,7 +61,6 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
     res.directions[0].plan_path = "parallel vs reference";
     const bool pass = std::all_of(res.directions.begin(), res.directions.end(), [](auto& d) { return d.pass; });
     res.verdict = pass ? Verdict::pass : Verdict::fail;
-    if (!c.stale.empty()) res.verdict = Verdict::stale, res.detail = c.stale;
     if (res.verdict == Verdict::fail) {
         for (const auto& d : res.directions)
             if (!d.pass) res.detail += fmt::format("{}{}: {}", res.detail.empty() ? "" : "; ", d.plan_path, worst(d, 3));
@@ -78,6 +83,11 @@ std::vector<CaseResult> replay_golden_files(const std::vector<std::string>& args
     const auto launch = in_process_launch(device, opt.verify.comm);
     for (const std::string& path : golden_paths(args)) {
         const GoldenCase c = load_golden(path);
+        if (!c.stale.empty()) {  // reported, not built from
+            results.push_back({path, Verdict::stale, c.stale, {}, 1, 0.0});
+            if (on_case) on_case(results.back());
+            continue;
+        }
         RunInputs in;
         in.model_path = c.path + "[model_yaml]";
         in.model_text = c.model_yaml;

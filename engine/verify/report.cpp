@@ -149,6 +149,13 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
         }
     }
     if (tol.rel_fro > 0) judge_by_module(rep, tol);
+    std::vector<std::string> nonfinite;
+    for (const TensorReport& t : rep.tensors)
+        if (t.diff.nonfinite > 0) nonfinite.push_back(t.name);
+    if (!nonfinite.empty())
+        rep.notes.push_back(fmt::format("non-finite values (NaN or inf) in {} tensor{}, first {}: they agree only where both runs "
+                                        "hold the same value at the same place; a run that diverged proves little",
+                                        nonfinite.size(), nonfinite.size() == 1 ? "" : "s", nonfinite[0]));
     check_init_state(reference, parallel, rep);
     rep.pass = rep.failed == 0;
     if (!rep.pass) rep.localisation = localise(reference, parallel, tol);

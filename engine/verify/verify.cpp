@@ -187,6 +187,12 @@ LoadedCommand load_command(const VerifyCommand& cmd) {
         for (Plan& p : l.job.plans) p.resize_mesh(m.substr(0, eq), size, "--mesh " + m);
     }
     l.job.options = cmd.options;
+    if (l.data) {
+        const Model probe = load_model_text(in.model_text, cmd.model, cmd.dtype, false);
+        int64_t steps = 0;
+        for (const Plan& p : l.job.plans) steps = std::max(steps, steps_for(p, cmd.options, probe.steps));
+        check_data_steps(*l.data, cmd.data, steps);
+    }
     if (!cmd.golden.empty()) {
         if (l.job.plans.size() != 1) throw InputError("--golden compares one plan");
         l.golden = std::make_unique<GoldenCase>(load_golden(cmd.golden));
