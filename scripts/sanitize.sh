@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 kind=${1:?usage: scripts/sanitize.sh address|thread}
 case $kind in
   address) dir=build-asan; flags=address,undefined
-           export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ;;
+           export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+           export PTOOL_SANITIZER=address ;;
   thread)  dir=build-tsan; flags=thread; export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ;;
   *) echo "unknown sanitizer '$kind'" >&2; exit 2 ;;
 esac
