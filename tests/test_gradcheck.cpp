@@ -13,7 +13,7 @@ namespace {
 double run_loss(Model& m, const Batch& b, Tensor* dx) {
     Backend& be = backend_for(Device::cpu);
     for (const auto& [n, p] : m.named_parameters()) be.fill(p->grad, 0.0);
-    RunContext ctx{&be, m.seed, 0, true, 0, {}};
+    RunContext ctx{&be, m.seed, 0, true, 0, 0, 1, {}};
     Tensor out = m.root->forward(ctx, b.input).t;
     LossResult l = compute_loss(be, m.loss, out, b.target);
     Tensor d = m.root->backward(ctx, l.grad).t;
@@ -90,6 +90,13 @@ TEST_CASE("gradcheck: attention, causal, grouped-query", "[cpu][gradcheck]") {
     const std::string batch = "input: [2, 3, 8]\n  target: [2, 3, 8]";
     gradcheck("  - {name: attn, type: attention, dim: 8, heads: 2}\n", batch);
     gradcheck("  - {name: attn, type: attention, dim: 8, heads: 4, kv_heads: 2, causal: true, bias: false}\n", batch);
+}
+
+TEST_CASE("gradcheck: attention with rotary embeddings and per-projection bias", "[cpu][gradcheck]") {
+    const std::string batch = "input: [2, 5, 8]\n  target: [2, 5, 8]";
+    gradcheck("  - {name: attn, type: attention, dim: 8, heads: 2, kv_heads: 1, causal: true, qkv_bias: true, o_bias: false, "
+              "rope_theta: 10000.0}\n",
+              batch);
 }
 
 TEST_CASE("gradcheck: gated_mlp and containers (repeat, residual, shared)", "[cpu][gradcheck]") {

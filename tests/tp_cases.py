@@ -155,7 +155,8 @@ def bad_plans():
             ok = rc == 2 and all(f in out for f in frags) and (path + frags[0]) in out
             check(ok, f"bad plan {i}: exit {rc}, want 2 with {frags}\n{out}")
     rc, out, _ = verify("gpt_block", "embedding_colwise", "--mesh", "tp=2")
-    check(rc == 2 and "'wte' has a tied weight" in out, f"colwise on a tied embedding: exit {rc}\n{out}")
+    check(rc == 2 and "'wte' and 'lm_head' share one parameter: 'wte' (colwise) places it Shard(1) but 'lm_head' (unstyled) uses it whole" in out,
+          f"colwise on a tied embedding, its head unstyled: exit {rc}\n{out}")
     # a norm fed sequence-sharded activations without sequence_parallel: its gradients are partial sums
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "nosp.yaml")

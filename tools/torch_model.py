@@ -81,20 +81,39 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
 
 
+def rotate_half(x):
+    """Hugging Face Llama's rotate_half."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_tables(theta, hd, t, dtype):
+    """Hugging Face LlamaRotaryEmbedding's cos and sin for positions 0..t-1 (computed in float32)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    freqs = torch.outer(torch.arange(t).float(), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 class Attention(nn.Module):
-    def __init__(self, dim, heads, kv_heads, causal, bias):
+    def __init__(self, dim, heads, kv_heads, causal, qkv_bias, o_bias, rope_theta=None):
         super().__init__()
         self.heads, self.kv_heads, self.causal, self.hd = heads, kv_heads, causal, dim // heads
-        self.q_proj = nn.Linear(dim, dim, bias=bias)
-        self.k_proj = nn.Linear(dim, self.hd * kv_heads, bias=bias)
-        self.v_proj = nn.Linear(dim, self.hd * kv_heads, bias=bias)
-        self.o_proj = nn.Linear(dim, dim, bias=bias)
+        self.rope_theta = rope_theta
+        self.q_proj = nn.Linear(dim, dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(dim, self.hd * kv_heads, bias=qkv_bias)
+        self.v_proj = nn.Linear(dim, self.hd * kv_heads, bias=qkv_bias)
+        self.o_proj = nn.Linear(dim, dim, bias=o_bias)
 
     def forward(self, x):
         b, t, c = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        if self.rope_theta is not None:  # HF apply_rotary_pos_emb, before repeat_kv
+            cos, sin = rope_tables(self.rope_theta, self.hd, t, q.dtype)
+            q = (q * cos) + (rotate_half(q) * sin)
+            k = (k * cos) + (rotate_half(k) * sin)
         group = self.heads // self.kv_heads
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
@@ -149,8 +168,10 @@ def build(spec, prefix, registry, dtype):
             raise SystemExit("cross-check: dropout masks come from ptool's counter-based RNG; use p: 0 here")
         m = nn.Dropout(0.0)
     elif t == "attention":
+        bias = spec.get("bias", True)
         m = Attention(spec["dim"], spec["heads"], spec.get("kv_heads", spec["heads"]), spec.get("causal", False),
-                      spec.get("bias", True))
+                      spec.get("qkv_bias", bias), spec.get("o_bias", bias),
+                      float(spec["rope_theta"]) if "rope_theta" in spec else None)
     elif t == "gated_mlp":
         m = GatedMlp(spec["dim"], spec["hidden"], ACTS[spec.get("activation", "silu")], spec.get("bias", False))
     elif t in ("sequential", "residual"):

@@ -10,18 +10,21 @@
 
 namespace ptool {
 
-Attention::Attention(std::string name, SourceLocation where, int64_t dim, int64_t heads, int64_t kv_heads,
-                     bool causal, bool bias, DType dtype)
-    : Module("attention", std::move(name), std::move(where)), dim_(dim), heads_(heads), kv_heads_(kv_heads),
-      causal_(causal) {
-    if (dim % heads != 0) this->fail(fmt::format("attention dim {} is not divisible by heads {}", dim, heads));
-    if (heads % kv_heads != 0)
-        this->fail(fmt::format("attention heads {} is not divisible by kv_heads {}", heads, kv_heads));
-    const int64_t kv_dim = dim / heads * kv_heads;
-    add_child("q_proj", std::make_shared<Linear>("q_proj", this->where(), dim, dim, bias, dtype));
-    add_child("k_proj", std::make_shared<Linear>("k_proj", this->where(), dim, kv_dim, bias, dtype));
-    add_child("v_proj", std::make_shared<Linear>("v_proj", this->where(), dim, kv_dim, bias, dtype));
-    add_child("o_proj", std::make_shared<Linear>("o_proj", this->where(), dim, dim, bias, dtype));
+Attention::Attention(std::string name, SourceLocation where, const Options& o, DType dtype)
+    : Module("attention", std::move(name), std::move(where)), dim_(o.dim), heads_(o.heads), kv_heads_(o.kv_heads),
+      causal_(o.causal) {
+    if (dim_ % heads_ != 0) this->fail(fmt::format("attention dim {} is not divisible by heads {}", dim_, heads_));
+    if (heads_ % kv_heads_ != 0)
+        this->fail(fmt::format("attention heads {} is not divisible by kv_heads {}", heads_, kv_heads_));
+    const int64_t hd = dim_ / heads_, kv_dim = hd * kv_heads_;
+    if (o.rope_theta) {
+        if (hd % 2 != 0) this->fail(fmt::format("rope needs an even head dim, got {}", hd));
+        rope_.emplace(*o.rope_theta, hd);
+    }
+    add_child("q_proj", std::make_shared<Linear>("q_proj", this->where(), dim_, dim_, o.qkv_bias, dtype));
+    add_child("k_proj", std::make_shared<Linear>("k_proj", this->where(), dim_, kv_dim, o.qkv_bias, dtype));
+    add_child("v_proj", std::make_shared<Linear>("v_proj", this->where(), dim_, kv_dim, o.qkv_bias, dtype));
+    add_child("o_proj", std::make_shared<Linear>("o_proj", this->where(), dim_, dim_, o.o_bias, dtype));
 }
 
 Shape Attention::output_shape(const Shape& in) const {
@@ -111,7 +114,9 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     const int64_t heads = q_flat.t.size(-1) / hd, kv_heads = k_flat.t.size(-1) / hd;
     PTOOL_REQUIRE(heads * hd == q_flat.t.size(-1) && kv_heads * hd == k_flat.t.size(-1), "attention '{}': partial heads", fqn());
     Tensor q = split_heads(be, q_flat.t, heads);  // [B*H, T, hd]
-    Tensor k = expand_kv(be, split_heads(be, k_flat.t, kv_heads), b, heads, kv_heads);
+    Tensor k_heads = split_heads(be, k_flat.t, kv_heads);
+    if (rope_) q = rope_->forward(be, q), k_heads = rope_->forward(be, k_heads);  // before the kv heads are shared, as HF
+    Tensor k = expand_kv(be, k_heads, b, heads, kv_heads);
     Tensor v = expand_kv(be, split_heads(be, v_flat.t, kv_heads), b, heads, kv_heads);
     Tensor s = Tensor::empty({b * heads, t, t}, q.dtype(), q.device());
     be.gemm(q, false, k, true, s, 1.0 / std::sqrt(static_cast<double>(hd)));
@@ -144,7 +149,9 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     // (tensors a module returned are never written in place: observers may hold them)
     const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};
     const Placed dx_v = proj(2).backward(ctx, {merge_heads(be, reduce_kv(be, dv, b, heads, kv_heads), b), d_out.p, kv_global});
-    const Placed dx_k = proj(1).backward(ctx, {merge_heads(be, reduce_kv(be, dk, b, heads, kv_heads), b), d_out.p, kv_global});
+    Tensor dk_heads = reduce_kv(be, dk, b, heads, kv_heads);
+    if (rope_) dq = rope_->backward(be, dq), dk_heads = rope_->backward(be, dk_heads);
+    const Placed dx_k = proj(1).backward(ctx, {merge_heads(be, dk_heads, b), d_out.p, kv_global});
     const Placed dx_q = proj(0).backward(ctx, {merge_heads(be, dq, b), d_out.p, q_global});
     Tensor dx = empty_like(dx_v.t);
     be.add(dx_v.t, dx_k.t, dx);

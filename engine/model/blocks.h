@@ -3,16 +3,25 @@
 // class: the builder registers the same module object under a second name, as PyTorch does.
 #pragma once
 
+#include <optional>
+
 #include "model/layers.h"
+#include "model/rope.h"
 
 namespace ptool {
 
 // Multi-head self-attention on x: [B, T, dim]; heads of size dim/heads; kv_heads < heads is
 // grouped-query attention (each kv head serves heads/kv_heads query heads). softmax(q k^T / sqrt(hd)).
+// q/k/v and o_proj have biases as qkv_bias and o_bias say (Qwen2: q/k/v only); rope, when set,
+// rotates q and k (model/rope.h).
 class Attention : public Module {
 public:
-    Attention(std::string name, SourceLocation where, int64_t dim, int64_t heads, int64_t kv_heads, bool causal,
-              bool bias, DType dtype);
+    struct Options {
+        int64_t dim = 0, heads = 1, kv_heads = 1;
+        bool causal = false, qkv_bias = true, o_bias = true;
+        std::optional<double> rope_theta;
+    };
+    Attention(std::string name, SourceLocation where, const Options& o, DType dtype);
     Shape output_shape(const Shape& in) const override;
     // q, k and v must have one placement: Replicate, Shard(0) (batch) or Shard(-1) (whole heads per
     // rank); the sequence (from the projections, so Megatron-SP gathers it in q/k/v) must be whole.
@@ -28,6 +37,7 @@ private:
     Linear& proj(int i) const { return static_cast<Linear&>(*children()[i].second); }
     int64_t dim_, heads_, kv_heads_;
     bool causal_;
+    std::optional<Rope> rope_;
 };
 
 // y = down_proj(act(gate_proj(x)) * up_proj(x))

@@ -128,18 +128,21 @@ private:
     int64_t vocab_offset_ = -1;  // -1: the whole vocabulary
 };
 
-// nn.Dropout(p). The mask is drawn from the counter-based RNG keyed by (seed, step, module,
-// element index), so every run and every sharding draws the same mask. Identity in eval mode.
+// nn.Dropout(p). The mask is drawn from the counter-based RNG keyed by (seed, step, module) at
+// each element's index in the whole tensor: its global batch row (data parallel) and, for a shard,
+// its place in the full activation (tensor parallel) -- Megatron's model-parallel RNG semantics:
+// a sharded activation's mask equals the reference's, a replicated region draws the same mask on
+// every tp rank. Identity in eval mode.
 class Dropout : public Module {
 public:
     Dropout(std::string name, SourceLocation where, double p)
         : Module("dropout", std::move(name), std::move(where)), p_(p) {}
     double p() const { return p_; }
-    // The scaled keep mask (0 or 1/(1-p)) for elements [offset, offset + numel) of the full tensor.
-    Tensor mask(const RunContext& ctx, const Shape& shape, DType dtype, int64_t offset = 0) const;
+    // The scaled keep mask (0 or 1/(1-p)) of this rank's piece of the activation x.
+    Tensor mask(const RunContext& ctx, const Placed& x) const;
 
 protected:
-    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Placed forward_placed(RunContext& ctx, const Placed& x) override;
     Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
 
 private:

@@ -1,5 +1,6 @@
 // Model YAML -> module tree. Every key is checked; module types, defaults and names follow torch.nn.
 #include <cfloat>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -173,9 +174,16 @@ struct Builder {
             const int64_t heads = pos("heads");
             const int64_t adim = pos("dim");
             account(m.at("dim"), mul(m.at("dim"), 4, mul(m.at("dim"), adim, add(m.at("dim"), adim, 1))));
-            const int64_t kv = m.has("kv_heads") ? pos("kv_heads") : heads;
-            return std::make_shared<Attention>(name, where, pos("dim"), heads, kv, m.bool_or("causal", false),
-                                               m.bool_or("bias", true), dtype);
+            Attention::Options o;
+            o.dim = adim, o.heads = heads, o.kv_heads = m.has("kv_heads") ? pos("kv_heads") : heads;
+            o.causal = m.bool_or("causal", false);
+            const bool bias = m.bool_or("bias", true);  // bias sets both; qkv_bias and o_bias each their own
+            o.qkv_bias = m.bool_or("qkv_bias", bias), o.o_bias = m.bool_or("o_bias", bias);
+            if (auto r = m.get("rope_theta")) {
+                o.rope_theta = r->as_double("'rope_theta'");
+                if (!(*o.rope_theta > 0) || !std::isfinite(*o.rope_theta)) r->fail(fmt::format("rope_theta must be > 0, got {}", *o.rope_theta));
+            }
+            return std::make_shared<Attention>(name, where, o, dtype);
         }
         if (type == "gated_mlp") {
             const int64_t gdim = pos("dim"), hidden = pos("hidden");

@@ -42,6 +42,7 @@ struct RunContext {
     int64_t step = 0;
     bool training = true;
     int64_t row_offset = 0;  // global row of this rank's first batch row (data parallel): dropout's mask index
+    int tp_rank = 0, tp_parts = 1;  // this rank on the tensor-parallel dim: where a shard sits in its tensor
     // Called after each module's forward (output) and backward (input gradient), for divergence
     // localisation; may be empty.
     std::function<void(const Module&, Phase, const Placed&)> observer;

@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "parallel/loss_parallel.h"
 #include "parallel/plan.h"
 
 namespace ptool {
@@ -140,10 +141,6 @@ private:
                                                   "replicated parameters cover only its rows and are not reduced: give it "
                                                   "sequence_parallel, or gather the activation first",
                                                   where_of_producer(), m.fqn(), m.type(), in.p.str(), producer_.name));
-        if (!in.p.is_replicate() && m.type() == "dropout")
-            report.warnings.push_back(fmt::format("{}dropout '{}' runs on a sharded activation: its mask is drawn per local "
-                                                  "element, not per global one, so it differs from the reference",
-                                                  where_of_producer(), m.fqn()));
     }
 
     struct Producer {
@@ -161,17 +158,23 @@ private:
 }  // namespace
 
 LayoutReport propagate_layouts(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles,
-                               const Layout& input, int parts, const SourceLocation& plan_where) {
+                               const Layout& input, int parts, const SourceLocation& plan_where, bool loss_parallel) {
     Pass pass(model, styles, parts, plan_where);
     pass.report.input = input;
     pass.report.output = pass.call(*model.root, input);
-    // the runner gathers the output for the loss, and hands the loss's gradient back as the output's
+    // the runner gathers the output for the loss and hands the loss's gradient back as the output's;
+    // with loss_parallel the loss runs on the shards (parallel/loss_parallel.h)
     const Layout& out = pass.report.output;
     const size_t es = dtype_size(model.dtype);
-    for (CommCost c : redistribute_cost(out.p, Placement::replicate(), out.global, parts, es))
-        c.module = "(loss)", pass.report.forward.push_back(c);
-    for (CommCost c : redistribute_cost(Placement::replicate(), grad_placement(out.p), out.global, parts, es))
-        c.module = "(loss)", c.phase = Phase::backward, pass.report.backward.push_back(c);
+    if (loss_parallel && parts > 1) {
+        for (const auto& [op, bytes] : vocab_parallel_cross_entropy_cost(out.global, model.dtype))
+            pass.report.forward.push_back({op, bytes, "(loss)", Phase::forward});
+    } else {
+        for (CommCost c : redistribute_cost(out.p, Placement::replicate(), out.global, parts, es))
+            c.module = "(loss)", pass.report.forward.push_back(c);
+        for (CommCost c : redistribute_cost(Placement::replicate(), grad_placement(out.p), out.global, parts, es))
+            c.module = "(loss)", c.phase = Phase::backward, pass.report.backward.push_back(c);
+    }
     for (auto it = pass.markers.rbegin(); it != pass.markers.rend(); ++it)
         pass.report.backward.insert(pass.report.backward.end(), it->begin(), it->end());
     return std::move(pass.report);

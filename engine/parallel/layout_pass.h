@@ -42,7 +42,8 @@ struct LayoutReport {
 };
 
 // input: the model input's layout; `styles` by module. Throws InputError (exit 2) on a conflict.
+// loss_parallel: cross_entropy on the sharded output (its collectives) instead of gathering it.
 LayoutReport propagate_layouts(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles,
-                               const Layout& input, int parts, const SourceLocation& plan_where);
+                               const Layout& input, int parts, const SourceLocation& plan_where, bool loss_parallel = false);
 
 }  // namespace ptool

@@ -53,6 +53,46 @@ Placement model_input_placement(const Model& model, const std::map<const Module*
     return Placement::replicate();
 }
 
+// A parameter owned by several modules (`tie:`, `shared`) is one tensor: every module that uses it
+// must see it placed the same way (Megatron's shared embedding: the vocabulary sharded for the
+// embedding's rowwise and the head's colwise alike), and its gradient sums every use on each rank.
+void check_tied(const Model& model, const std::map<const Module*, const PlanEntry*>& owner) {
+    struct Use {
+        const Module* module;
+        Placement placement;
+        const PlanEntry* entry;
+    };
+    std::map<const Parameter*, std::vector<Use>> uses;
+    for_each_module(*model.root, [&](const std::string&, Module& m) {
+        auto it = owner.find(&m);
+        for (const auto& e : m.params()) {
+            Placement p = Placement::replicate();  // unstyled, or a style that leaves it whole
+            if (it != owner.end())
+                for (const ParamPlacement& pp : it->second->style.style->params(m))
+                    if (pp.param == e.name) p = pp.placement;
+            uses[e.param.get()].push_back({&m, p, it == owner.end() ? nullptr : it->second});
+        }
+    });
+    for (const auto& [param, list] : uses) {
+        if (list.size() < 2) continue;
+        const int64_t nd = param->value.dim();
+        for (const Use& u : list) {
+            if (u.placement.same_as(list[0].placement, nd)) continue;
+            const Use& styled = u.entry ? u : list[0];
+            const Use& other = u.entry ? list[0] : u;
+            auto describe = [](const Use& x) {
+                return x.entry ? fmt::format("'{}' ({}) places it {}", x.module->fqn(), x.entry->style.name(), x.placement.str())
+                               : fmt::format("'{}' (unstyled) uses it whole", x.module->fqn());
+            };
+            throw InputError(styled.entry ? styled.entry->where : other.entry->where,
+                             fmt::format("'{}' and '{}' share one parameter: {} but {}; place it the same way for every "
+                                         "module that uses it (Megatron's tied embedding: rowwise on the embedding, "
+                                         "colwise on the head, both Shard(0))",
+                                         list[0].module->fqn(), u.module->fqn(), describe(styled), describe(other)));
+        }
+    }
+}
+
 void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& res) {
     if (plan.tp_plan.empty()) res.warnings.push_back(at(plan.tp_plan_where) + "the tensor_parallel plan is empty: nothing is parallelized");
     const auto owner = match_patterns(model, plan, res);
@@ -62,6 +102,7 @@ void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& r
         res.styles.push_back({fqn, &m, it->second});
         it->second->style.style->check({model, m, it->second->pattern, it->second->where, res.tp, res.warnings});
     });
+    check_tied(model, owner);
     res.input_placement = model_input_placement(model, owner);
 }
 
@@ -85,7 +126,17 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     Shape rows = model.input.shape;  // one dp rank's rows (the batch splits evenly: checked above)
     if (!rows.empty()) rows[0] /= res.dp.size;
     res.layouts = propagate_layouts(model, styles, {rows, res.input_placement}, res.tp,
-                                    plan.has_tensor_parallel ? plan.tp_plan_where : plan.mesh_where);
+                                    plan.has_tensor_parallel ? plan.tp_plan_where : plan.mesh_where, plan.loss_parallel);
+    if (plan.loss_parallel) {  // the loss must be a cross_entropy over classes the output holds sharded
+        const Layout& out = res.layouts.output;
+        const int64_t nd = static_cast<int64_t>(out.global.size());
+        if (model.loss != LossKind::cross_entropy || !out.p.same_as(Placement::shard(-1), nd))
+            throw InputError(plan.loss_parallel_where,
+                             fmt::format("loss_parallel computes cross_entropy on an output sharded over its classes (Shard(-1)); "
+                                         "this model's loss is {} on an output {}: style its head colwise with output_layouts "
+                                         "shard(-1), or drop loss_parallel",
+                                         loss_name(model.loss), out.str()));
+    }
     res.warnings.insert(res.warnings.end(), res.layouts.warnings.begin(), res.layouts.warnings.end());
     return res;
 }
@@ -102,6 +153,7 @@ TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, Devi
         const std::vector<ParamPlacement> params = spec.style->params(*rs.module);
         for (const ParamPlacement& pp : params) {
             ParamPtr p = rs.module->param(pp.param);
+            if (out.count(p.get())) continue;  // tied: distributed once, for every module that shares it
             const Shape global = p->value.shape();
             const int64_t dim = pp.placement.is_shard() ? normalize_dim(pp.placement.dim, static_cast<int64_t>(global.size())) : -1;
             Tensor local;

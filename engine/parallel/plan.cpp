@@ -159,6 +159,10 @@ void parse_tensor_parallel(const YamlNode& node, Plan& plan, const std::set<std:
             plan.src_data_rank = static_cast<int>(r);
         }
     }
+    if (auto lp = t.get("loss_parallel")) {
+        plan.loss_parallel = lp->as_bool("'loss_parallel'");
+        plan.loss_parallel_where = lp->where();
+    }
     YamlNode entries = t.at("plan");
     plan.tp_plan_where = entries.where();
     if (!entries.is_map() && !entries.is_null()) entries.fail("'plan' must be a map of FQN pattern: style");

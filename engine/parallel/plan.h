@@ -5,6 +5,7 @@
 //   tensor_parallel:
 //     mesh_dim: tp
 //     src_data_rank: 0        # rank whose full weights are split and sent; null = no communication
+//     loss_parallel: false    # cross_entropy on the vocabulary-sharded output (no gather)
 //     plan:
 //       "layers.*.net1": colwise
 //       "layers.*.net2": {style: rowwise, output_layouts: shard(0)}
@@ -68,6 +69,9 @@ struct Plan {
     SourceLocation src_data_rank_where;
     std::vector<PlanEntry> tp_plan;
     SourceLocation tp_plan_where;
+    // cross_entropy on the vocabulary-sharded output, no gather (parallel/loss_parallel.h)
+    bool loss_parallel = false;
+    SourceLocation loss_parallel_where;
     std::optional<DataParallelSpec> data_parallel;
     VerifySpec verify;
 

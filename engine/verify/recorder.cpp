@@ -116,8 +116,7 @@ public:
             for (const auto& [name, t] : opt_.compare_with->steps[sr.step].tensors) reference_[name] = &t;
         const std::string s = fmt::format("step{}.", sr.step);
         // each rank's output rows and loss are its own: gathered and combined as the global batch's
-        const Placement rows = dp_.size() > 1 ? Placement::shard(0) : Placement::replicate();
-        record(sr, s + "output", out.output.t, rows, Placement::replicate(), false, last_step);
+        record(sr, s + "output", out.output, last_step);
         Tensor loss = Tensor::scalar(out.loss, DType::float64).reshape({1});
         if (dp_.size() > 1) dp_.all_reduce(loss, run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg);
         record(sr, s + "loss", Tensor::scalar(loss.item(0), run_.model().dtype), Placement::replicate(), Placement::replicate(),
@@ -150,10 +149,20 @@ private:
         return state;
     }
 
+    // The output: gathered by its layout (each dp rank's rows are its own).
+    void record(StepRecord& sr, const std::string& name, const Placed& out, bool last_step) {
+        const Tensor full = gather(out);
+        const Placement rows = dp_.size() > 1 ? Placement::shard(0) : Placement::replicate();
+        keep(sr, name, out.t, full, replica_state(out.t, rows, out.p, false), last_step);
+    }
+
     void record(StepRecord& sr, const std::string& name, const Tensor& local, const Placement& on_dp, const Placement& on_tp,
                 bool ignored, bool last_step) {
         const Tensor full = gather(local, on_dp, on_tp);
-        const ReplicaState state = replica_state(local, on_dp, on_tp, ignored);
+        keep(sr, name, local, full, replica_state(local, on_dp, on_tp, ignored), last_step);
+    }
+
+    void keep(StepRecord& sr, const std::string& name, const Tensor& local, const Tensor& full, ReplicaState state, bool last_step) {
         if (!rank0_) return;
         sr.replicas[name] = state;
         if (opt_.compare_with || opt_.golden) {  // compared now, kept as diffs

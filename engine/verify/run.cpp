@@ -4,6 +4,7 @@
 
 #include "core/tensor_ops.h"
 #include "model/loss.h"
+#include "parallel/loss_parallel.h"
 #include "parallel/redistribute.h"
 
 namespace ptool {
@@ -90,14 +91,21 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     const auto params = model_.named_parameters();
     for (const auto& [name, p] : params) be_.fill(p->grad, 0.0);
     if (data_parallel_) data_parallel_->before_forward();
-    RunContext ctx{&be_, model_.seed, k, true, dp_->rank() * rows, observer};
+    RunContext ctx{&be_, model_.seed, k, true, dp_->rank() * rows, tp_->rank(), tp_->size(), observer};
     const Placed x = redistribute(Placed(b.input), res_.input_placement, *tp_);
     const Placed y = model_.root->forward(ctx, x);
     StepOutput out;
-    out.output = redistribute(y, Placement::replicate(), *tp_);  // the loss sees the whole output
-    LossResult loss = compute_loss(be_, model_.loss, out.output.t, b.target);
-    out.loss = loss.value;
-    model_.root->backward(ctx, redistribute(Placed(loss.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_));
+    Placed dy;
+    if (plan_.loss_parallel) {  // cross_entropy on the vocabulary shards: nothing gathered
+        const LossResult loss = vocab_parallel_cross_entropy(y, b.target, *tp_);
+        out.output = y, out.loss = loss.value, dy = {loss.grad, y.p, y.global};
+    } else {
+        out.output = redistribute(y, Placement::replicate(), *tp_);  // the loss sees the whole output
+        const LossResult loss = compute_loss(be_, model_.loss, out.output.t, b.target);
+        out.loss = loss.value;
+        dy = redistribute(Placed(loss.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
+    }
+    model_.root->backward(ctx, dy);
     if (data_parallel_) data_parallel_->after_backward();
     optimizer_->step(params);
     be_.synchronize();

@@ -49,7 +49,7 @@ public:
 using StepObserver = std::function<void(const Module&, Phase, const Placed&)>;
 
 struct StepOutput {
-    Placed output;       // gathered for the loss: Replicate on tp, this dp rank's rows
+    Placed output;       // as the loss saw it: gathered (Replicate on tp), or sharded under loss_parallel; this dp rank's rows
     double loss = 0;     // over this dp rank's rows
     double seconds = 0;  // forward + backward + gradient sync + optimizer, synchronised
 };

@@ -15,10 +15,6 @@ void ShardingStyle::parse(YamlMap& m, const YamlNode&, StyleSpec& s) const {
 }
 
 void check_sharded_weight(const StyleCheck& c, std::string_view style, int64_t size, const char* what) {
-    int names = 0;  // a weight reachable under two names cannot be sharded for one of them
-    for (const auto& [name, p] : c.model.state_dict()) names += p == c.module.param("weight");
-    if (names > 1)
-        throw InputError(c.where, fmt::format("'{}' has a tied weight: {} of tied weights is not supported", c.module.fqn(), style));
     if (size % c.parts == 0) return;
     std::vector<int64_t> sizes;
     for (int r = 0; r < c.parts; ++r) sizes.push_back(chunk_of(size, c.parts, r).length);

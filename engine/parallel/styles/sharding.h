@@ -18,8 +18,8 @@ public:
     void parse(YamlMap& m, const YamlNode& node, StyleSpec& s) const override;
 };
 
-// A weight reachable under two names (tied) is refused; a dim that does not split evenly over the
-// ranks is a warning naming the chunk sizes (torch.chunk).
+// A dim that does not split evenly over the ranks is a warning naming the chunk sizes (torch.chunk).
+// (A tied weight is checked across its modules by resolve_plan.)
 void check_sharded_weight(const StyleCheck& c, std::string_view style, int64_t size, const char* what);
 
 }  // namespace ptool::styles

@@ -1,0 +1,53 @@
+#include "model/rope.h"
+
+#include <cmath>
+
+namespace ptool {
+
+Rope::Tables Rope::tables(const Tensor& like) const {
+    const int64_t n = like.size(0), t = like.size(1), half = hd_ / 2;
+    Tensor c({t, hd_}, like.dtype()), s({t, hd_}, like.dtype()), m({hd_, hd_}, like.dtype());
+    for (int64_t i = 0; i < half; ++i) {
+        // as HF: inv_freq in float32, then position * inv_freq in float32, cos/sin of that
+        const float inv_freq = static_cast<float>(1.0 / std::pow(theta_, static_cast<double>(2 * i) / static_cast<double>(hd_)));
+        for (int64_t p = 0; p < t; ++p) {
+            const float angle = static_cast<float>(p) * inv_freq;
+            for (int64_t k : {i, i + half}) c.set(p * hd_ + k, std::cos(angle)), s.set(p * hd_ + k, std::sin(angle));
+        }
+        m.set(i * hd_ + i + half, -1.0);  // rotate_half: out[i] = -x[i + half], out[i + half] = x[i]
+        m.set((i + half) * hd_ + i, 1.0);
+    }
+    Tables out{Tensor::empty({n, t, hd_}, like.dtype(), like.device()), Tensor::empty({n, t, hd_}, like.dtype(), like.device()),
+               m.to_device(like.device())};
+    const Tensor cd = c.to_device(like.device()), sd = s.to_device(like.device());
+    for (int64_t j = 0; j < n; ++j) {  // the same table for every head of every batch row
+        Tensor co = out.cos.narrow(0, j, 1).reshape({t, hd_}), so = out.sin.narrow(0, j, 1).reshape({t, hd_});
+        copy_bytes(co.raw(), like.device(), cd.raw(), like.device(), cd.nbytes());
+        copy_bytes(so.raw(), like.device(), sd.raw(), like.device(), sd.nbytes());
+    }
+    return out;
+}
+
+Tensor Rope::forward(Backend& be, const Tensor& x) const {
+    if (x.numel() == 0) return x.clone();
+    const Tables tb = tables(x);
+    Tensor rotated = Tensor::empty(x.shape(), x.dtype(), x.device()), a = Tensor::empty(x.shape(), x.dtype(), x.device());
+    be.gemm(x, false, tb.rotate, true, rotated);  // rotate_half(x)
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+    be.mul(x, tb.cos, y);
+    be.mul(rotated, tb.sin, a);
+    be.add(y, a, y);
+    return y;
+}
+
+Tensor Rope::backward(Backend& be, const Tensor& dy) const {
+    if (dy.numel() == 0) return dy.clone();
+    const Tables tb = tables(dy);
+    Tensor ds = Tensor::empty(dy.shape(), dy.dtype(), dy.device()), dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    be.mul(dy, tb.sin, ds);
+    be.mul(dy, tb.cos, dx);
+    be.gemm(ds, false, tb.rotate, false, dx, 1.0, 1.0);  // + (dy * sin) @ M
+    return dx;
+}
+
+}  // namespace ptool

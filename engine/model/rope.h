@@ -1,0 +1,30 @@
+// Rotary position embedding (RoPE) as Hugging Face Llama applies it to q and k: per head,
+//   y = x * cos + rotate_half(x) * sin,   rotate_half(x) = cat(-x[hd/2:], x[:hd/2])
+// with cos/sin of positions 0..T-1 times inv_freq = 1 / theta^(2i/hd), i < hd/2, the frequencies
+// repeated for both halves (emb = cat(freqs, freqs)). rotate_half is a signed permutation, applied
+// as a GEMM with a +-1 matrix (exact), so the op runs on any backend with the rounding of PyTorch's
+// `q * cos + rotate_half(q) * sin`. backward: dx = dy * cos + (dy * sin) @ M, rotate_half(x) = x @ M^T.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace ptool {
+
+class Rope {
+public:
+    Rope(double theta, int64_t head_dim) : theta_(theta), hd_(head_dim) {}
+    double theta() const { return theta_; }
+    // x: [N, T, hd] (N = batch x heads), positions 0..T-1 along dim 1.
+    Tensor forward(Backend& be, const Tensor& x) const;
+    Tensor backward(Backend& be, const Tensor& dy) const;
+
+private:
+    struct Tables {
+        Tensor cos, sin, rotate;  // [N, T, hd], [N, T, hd], [hd, hd]
+    };
+    Tables tables(const Tensor& like) const;
+    double theta_;
+    int64_t hd_;
+};
+
+}  // namespace ptool
