@@ -18,7 +18,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 import torch  # noqa: E402
 import yaml  # noqa: E402
-from torch_model import TOLERANCE, build_model, compute_loss, make_optimizer, read_safetensors  # noqa: E402
+from torch_model import TOLERANCE, build_model, make_optimizer, read_safetensors, train_step  # noqa: E402
 
 
 class Checker:
@@ -77,14 +77,7 @@ def main():
         s = f"step{step}."
         inp = ref.get(s + "input", ref.get("data.input"))
         target = ref.get(s + "target", ref.get("data.target"))
-        if opt:
-            opt.zero_grad(set_to_none=False)
-        out = model(inp)
-        loss = compute_loss(cfg.get("loss", "sum"), out, target)
-        if loss.requires_grad:
-            loss.backward()
-        if opt:
-            opt.step()
+        loss, out = train_step(model, cfg, opt, inp, target)
         checker.check(s + "loss", ref[s + "loss"], loss)
         checker.check(s + "output", ref[s + "output"], out)
         for name, p in model.named_parameters():

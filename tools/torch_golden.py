@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import yaml  # noqa: E402
-from torch_model import TOLERANCE, build_model, compute_loss, make_optimizer, ptool_hash, write_safetensors  # noqa: E402
+from torch_model import TOLERANCE, build_model, make_optimizer, ptool_hash, train_step, write_safetensors  # noqa: E402
 
 
 def batch_tensor(spec, dtype, classes=None):
@@ -66,14 +66,7 @@ def main():
     opt = make_optimizer(cfg, list(model.parameters()))
     model.train()
     for step in range(steps):
-        if opt:
-            opt.zero_grad(set_to_none=False)
-        out = model(inp)
-        loss = compute_loss(loss_kind, out, target)
-        if loss.requires_grad:
-            loss.backward()
-        if opt:
-            opt.step()
+        loss, out = train_step(model, cfg, opt, inp, target)
         s = f"step{step}."
         tensors += [(s + "loss", loss.detach().clone()), (s + "output", out.detach().clone())]
         tensors += [(s + "grad." + n, p.grad.detach().clone()) for n, p in model.named_parameters()]

@@ -193,6 +193,31 @@ def build(spec, prefix, registry, dtype):
     return m
 
 
+def train_step(model, cfg, opt, inp, target):
+    """One optimizer step as ptool's: gradient_accumulation microbatches of rows (each loss divided by
+    their count), clip_grad_norm, the optimizer. Returns (the losses summed, the outputs concatenated)."""
+    n = int(cfg.get("gradient_accumulation", 1))
+    rows = inp.shape[0] // n
+    if opt:
+        opt.zero_grad(set_to_none=False)
+    outs, total = [], None
+    for j in range(n):
+        mb_target = target[j * rows:(j + 1) * rows] if target is not None else None
+        out = model(inp[j * rows:(j + 1) * rows])
+        loss = compute_loss(cfg.get("loss", "sum"), out, mb_target)
+        if n > 1:
+            loss = loss / n
+        if loss.requires_grad:
+            loss.backward()
+        outs.append(out.detach())
+        total = loss.detach() if total is None else total + loss.detach()
+    if cfg.get("clip_grad_norm"):
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), float(cfg["clip_grad_norm"]))
+    if opt:
+        opt.step()
+    return total, torch.cat(outs)
+
+
 def compute_loss(kind, out, target):
     if kind == "sum":
         return out.sum()

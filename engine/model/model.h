@@ -46,6 +46,10 @@ struct Model {
     std::optional<TensorSpec> target;
     LossKind loss = LossKind::sum;
     OptimizerSpec optimizer;
+    // gradient_accumulation: N microbatches of rows per optimizer step, each loss divided by N.
+    int64_t gradient_accumulation = 1;
+    // clip_grad_norm: torch.nn.utils.clip_grad_norm_(params, max_norm) before each step (0: none).
+    double clip_grad_norm = 0;
     std::shared_ptr<Sequential> root;  // fqn ""
     Shape output_shape;
 

@@ -308,6 +308,18 @@ Model load_model_text(const std::string& text, const std::string& path, const st
     batch.finish();
     if (auto l = m.get("loss")) model.loss = parse_loss(*l);
     if (auto o = m.get("optimizer")) model.optimizer = parse_optimizer(*o);
+    if (auto g = m.get("gradient_accumulation")) {
+        model.gradient_accumulation = g->as_positive_int("'gradient_accumulation'");
+        const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0];
+        if (rows % model.gradient_accumulation != 0)
+            g->fail(fmt::format("gradient_accumulation {} does not divide the batch's {} rows into equal microbatches",
+                                model.gradient_accumulation, rows));
+    }
+    if (auto c = m.get("clip_grad_norm")) {
+        model.clip_grad_norm = c->as_double("'clip_grad_norm'");
+        if (!(model.clip_grad_norm > 0) || !std::isfinite(model.clip_grad_norm))
+            c->fail(fmt::format("clip_grad_norm must be a finite number > 0, got {}", model.clip_grad_norm));
+    }
 
     Builder b{model.dtype, 0, {}};
     b.account(batch.node(), add(batch.node(), numel_checked(batch.at("input"), model.input.shape),

@@ -49,8 +49,13 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
                                                 did_you_mean(fqn, module_names)));
     };
 
-    // the global batch splits evenly over the dp ranks
+    // the global batch splits evenly over the dp ranks (every microbatch does, under accumulation)
     const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0];
+    if (model.gradient_accumulation > 1 && rows % (res.size * model.gradient_accumulation) != 0)
+        throw InputError(spec.where, fmt::format("each of the {} microbatches of {} rows (gradient_accumulation) does not split "
+                                                 "evenly over the {} ranks of '{}'",
+                                                 model.gradient_accumulation, rows / model.gradient_accumulation, res.size,
+                                                 spec.mesh_dim));
     if (rows % res.size != 0) {
         std::vector<int64_t> sizes;
         for (int r = 0; r < res.size; ++r) sizes.push_back(chunk_of(rows, res.size, r).length);

@@ -124,7 +124,7 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     std::map<const Module*, const ResolvedStyle*> styles;
     for (const ResolvedStyle& rs : res.styles) styles[rs.module] = &rs;
     Shape rows = model.input.shape;  // one dp rank's rows (the batch splits evenly: checked above)
-    if (!rows.empty()) rows[0] /= res.dp.size;
+    if (!rows.empty()) rows[0] /= res.dp.size * model.gradient_accumulation;  // and one microbatch's
     res.layouts = propagate_layouts(model, styles, {rows, res.input_placement}, res.tp,
                                     plan.has_tensor_parallel ? plan.tp_plan_where : plan.mesh_where, plan.loss_parallel);
     if (plan.loss_parallel) {  // the loss must be a cross_entropy over classes the output holds sharded

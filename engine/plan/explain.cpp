@@ -3,6 +3,7 @@
 #include <set>
 
 #include "core/tensor_ops.h"
+#include "parallel/grad_norm.h"
 
 namespace ptool {
 namespace {
@@ -16,7 +17,8 @@ int64_t record_bytes_per_step(const Model& model, const LayoutReport& layouts, i
         events += numel_of(c.out.global);
         if (!c.module->takes_ids()) events += numel_of(c.in.global);
     }
-    int64_t bytes = (events + numel_of(layouts.output.global)) * es * dp + es;  // the calls', the output, the loss
+    // the layout pass walks one microbatch of one dp rank's rows
+    int64_t bytes = (events + numel_of(layouts.output.global)) * es * dp * model.gradient_accumulation + es;  // the calls', the output, the loss
     for (const auto& [name, p] : model.named_parameters()) bytes += 2 * static_cast<int64_t>(p->value.nbytes());
     for (const auto& [name, b] : model.named_buffers()) bytes += static_cast<int64_t>(b->value.nbytes());
     return bytes;
@@ -51,8 +53,10 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
     std::set<const Module*> explained;  // a shared module's first call
     for (const CallLayout& call : layouts.calls)
         if (call.style && explained.insert(call.module).second) ex.modules.push_back(explain_module(*call.style, call, ex.tp));
-    ex.step_comm = layouts.forward;
-    ex.step_comm.insert(ex.step_comm.end(), layouts.backward.begin(), layouts.backward.end());
+    for (int64_t j = 0; j < model.gradient_accumulation; ++j) {  // each microbatch's forward and backward
+        ex.step_comm.insert(ex.step_comm.end(), layouts.forward.begin(), layouts.forward.end());
+        ex.step_comm.insert(ex.step_comm.end(), layouts.backward.begin(), layouts.backward.end());
+    }
     ex.record_step_bytes = record_bytes_per_step(model, layouts, ex.dp);
 
     // memory per rank: parameters, gradients, optimizer state (SGD momentum 1x, AdamW 2x)
@@ -66,6 +70,9 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
         return it == distributed.end() ? p->value.shape() : it->second->local[r];
     };
     if (ex.resolution.dp.active) explain_data_parallel(model, plan, ex, tp_local);
+    if (model.clip_grad_norm > 0)
+        for (const auto& [op, bytes] : clip_grad_norm_cost(static_cast<int64_t>(model.named_parameters().size()), ex.tp, ex.dp))
+            ex.step_comm.push_back({op, bytes, "(clip)", Phase::backward});
     const double state = model.optimizer.type == "adamw" ? 2 : (model.optimizer.momentum != 0 ? 1 : 0);
     std::set<const Parameter*> fsdp;
     for (const auto& u : ex.resolution.dp.units)

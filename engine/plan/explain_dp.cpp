@@ -55,12 +55,13 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
                     backward.insert(backward.begin(), {"all_reduce", 2 * c * sd, fqn, Phase::backward});
                 }
             });
+    std::vector<CommCost> sync;  // once per step, after the last microbatch (DDP's no_sync before it)
     for (const auto& replica : dp.replicas) {
         int k = 0;
         for (const BucketSpec& b : replica.buckets) {
             int64_t bytes = 0;
             for (const std::string& name : b.params) bytes += local_bytes(name);
-            backward.push_back({"all_reduce", bytes, replica.root, Phase::backward});
+            sync.push_back({"all_reduce", bytes, replica.root, Phase::backward});
             ex.data_parallel.push_back(fmt::format("replicate '{}' bucket {}: {} ({}), all_reduce avg after backward",
                                                    replica.root.empty() ? "(root)" : replica.root, k++,
                                                    fmt::join(b.params, ", "), bytes));
@@ -68,8 +69,11 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
     }
     if (!dp.ignored_params.empty())
         ex.data_parallel.push_back(fmt::format("not synchronised (ignored_modules): {}", fmt::join(dp.ignored_params, ", ")));
-    ex.step_comm.insert(ex.step_comm.begin(), forward.begin(), forward.end());
-    ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());
+    for (int64_t j = 0; j < model.gradient_accumulation; ++j) {  // buffers, units and SyncBatchNorm: every microbatch
+        ex.step_comm.insert(ex.step_comm.begin(), forward.begin(), forward.end());
+        ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());
+    }
+    ex.step_comm.insert(ex.step_comm.end(), sync.begin(), sync.end());
 }
 
 }  // namespace ptool

@@ -116,7 +116,7 @@ public:
             for (const auto& [name, t] : opt_.compare_with->steps[sr.step].tensors) reference_[name] = &t;
         const std::string s = fmt::format("step{}.", sr.step);
         // each rank's output rows and loss are its own: gathered and combined as the global batch's
-        record(sr, s + "output", out.output, last_step);
+        record_output(sr, s + "output", out.outputs, last_step);
         Tensor loss = Tensor::scalar(out.loss, DType::float64).reshape({1});
         if (dp_.size() > 1) dp_.all_reduce(loss, run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg);
         record(sr, s + "loss", Tensor::scalar(loss.item(0), run_.model().dtype), Placement::replicate(), Placement::replicate(),
@@ -149,11 +149,14 @@ private:
         return state;
     }
 
-    // The output: gathered by its layout (each dp rank's rows are its own).
-    void record(StepRecord& sr, const std::string& name, const Placed& out, bool last_step) {
-        const Tensor full = gather(out);
+    // The output: each microbatch's gathered by its layout (every dp rank holds its part of each),
+    // the microbatches concatenated in order, as the reference's rows are.
+    void record_output(StepRecord& sr, const std::string& name, const std::vector<Placed>& outs, bool last_step) {
+        std::vector<Tensor> full, local;
+        for (const Placed& o : outs) full.push_back(gather(o)), local.push_back(o.t);
+        const Tensor whole = full.size() == 1 ? full[0] : cat(full, 0), mine = local.size() == 1 ? local[0] : cat(local, 0);
         const Placement rows = dp_.size() > 1 ? Placement::shard(0) : Placement::replicate();
-        keep(sr, name, out.t, full, replica_state(out.t, rows, out.p, false), last_step);
+        keep(sr, name, mine, whole, replica_state(mine, rows, outs[0].p, false), last_step);
     }
 
     void record(StepRecord& sr, const std::string& name, const Tensor& local, const Placement& on_dp, const Placement& on_tp,

@@ -4,6 +4,7 @@
 
 #include "core/tensor_ops.h"
 #include "model/loss.h"
+#include "parallel/grad_norm.h"
 #include "parallel/loss_parallel.h"
 #include "parallel/redistribute.h"
 
@@ -32,7 +33,7 @@ Plan single_device_plan() {
 
 Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer)
     : model_(build_model(in, !builds_own_shards(in, plan, layer))), plan_(plan), world_(world),
-      be_(backend_for(in.device)), counter_(std::make_shared<CommCounter>()), device_(in.device) {
+      be_(backend_for(in.device)), counter_(std::make_shared<CommCounter>()), device_(in.device), layer_(layer) {
     data_ = std::make_unique<DataSource>(model_, in.data, in.data_path);
     mesh_ = std::make_unique<DeviceMesh>(plan.mesh, world, counter_);
     if (layer) layer->wrap_mesh(*mesh_, plan);
@@ -73,40 +74,63 @@ Placement Run::dp_placement(const Parameter* p) const {
     return data_parallel_ ? data_parallel_->placement(p) : Placement::replicate();
 }
 
+// One microbatch: forward, the loss (divided by the microbatch count), backward.
+Run::Microbatch Run::microbatch(RunContext& ctx, const Tensor& input, const Tensor& target, double scale) {
+    const Placed x = redistribute(Placed(input), res_.input_placement, *tp_);
+    const Placed y = model_.root->forward(ctx, x);
+    Microbatch mb;
+    LossResult loss;
+    if (plan_.loss_parallel) {  // cross_entropy on the vocabulary shards: nothing gathered
+        loss = vocab_parallel_cross_entropy(y, target, *tp_);
+        mb.output = y;
+    } else {
+        mb.output = redistribute(y, Placement::replicate(), *tp_);  // the loss sees the whole output
+        loss = compute_loss(be_, model_.loss, mb.output.t, target);
+    }
+    mb.loss = loss.value * scale;
+    if (scale != 1.0) be_.scale(loss.grad, scale, loss.grad);
+    const Placed dy = plan_.loss_parallel ? Placed{loss.grad, y.p, y.global}
+                                          : redistribute(Placed(loss.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
+    model_.root->backward(ctx, dy);
+    return mb;
+}
+
+void Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params) {
+    GradNormInputs in;
+    in.params = params;
+    in.sharded_on_tp = [&](const Parameter* p) { return tp_placement(p).is_shard(); };
+    in.sharded_on_dp = [&](const Parameter* p) { return dp_placement(p).is_shard(); };
+    clip_grad_norm(in, model_.clip_grad_norm, *tp_, *dp_, be_);
+}
+
 StepOutput Run::step(int64_t k, const StepObserver& observer) {
     Batch b = data_->batch(k);
     if (device_ != Device::cpu) {
         b.input = b.input.to_device(device_);
         if (b.target.defined()) b.target = b.target.to_device(device_);
     }
-    const int64_t rows = b.input.dim() ? b.input.size(0) / dp_->size() : 0;
-    if (dp_->size() > 1) {  // this rank's rows of the global batch
-        b.input = chunk(b.input, dp_->size(), dp_->rank(), 0);
-        if (b.target.defined()) b.target = chunk(b.target, dp_->size(), dp_->rank(), 0);
-    }
+    // N microbatches of the global batch; under data parallelism each is split over the dp ranks
+    const int64_t n = model_.gradient_accumulation, rows = b.input.dim() ? b.input.size(0) : 0;
+    const int64_t mine = rows / n / dp_->size();  // this rank's rows of each microbatch
     // timed from the batch on the device to the optimizer step's end (the ranks' host-to-device
     // copies of the batch are data loading: at tp=8 on an H100 they were half of a step)
     be_.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     const auto params = model_.named_parameters();
     for (const auto& [name, p] : params) be_.fill(p->grad, 0.0);
-    if (data_parallel_) data_parallel_->before_forward();
-    RunContext ctx{&be_, model_.seed, k, true, dp_->rank() * rows, tp_->rank(), tp_->size(), observer};
-    const Placed x = redistribute(Placed(b.input), res_.input_placement, *tp_);
-    const Placed y = model_.root->forward(ctx, x);
     StepOutput out;
-    Placed dy;
-    if (plan_.loss_parallel) {  // cross_entropy on the vocabulary shards: nothing gathered
-        const LossResult loss = vocab_parallel_cross_entropy(y, b.target, *tp_);
-        out.output = y, out.loss = loss.value, dy = {loss.grad, y.p, y.global};
-    } else {
-        out.output = redistribute(y, Placement::replicate(), *tp_);  // the loss sees the whole output
-        const LossResult loss = compute_loss(be_, model_.loss, out.output.t, b.target);
-        out.loss = loss.value;
-        dy = redistribute(Placed(loss.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
+    for (int64_t j = 0; j < n; ++j) {
+        const int64_t first = j * (rows / n) + dp_->rank() * mine;
+        if (data_parallel_) data_parallel_->before_forward();
+        RunContext ctx{&be_, model_.seed, k, true, first, tp_->rank(), tp_->size(), observer};
+        const Microbatch mb = microbatch(ctx, b.input.narrow(0, first, mine),
+                                         b.target.defined() ? b.target.narrow(0, first, mine) : Tensor(), 1.0 / static_cast<double>(n));
+        out.outputs.push_back(mb.output);
+        out.loss += mb.loss;
     }
-    model_.root->backward(ctx, dy);
-    if (data_parallel_) data_parallel_->after_backward();
+    if (layer_) layer_->before_gradient_sync(model_, world_);
+    if (data_parallel_) data_parallel_->after_backward();  // once per step (DDP's no_sync on the others)
+    if (model_.clip_grad_norm > 0) clip_gradients(params);
     optimizer_->step(params);
     be_.synchronize();
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

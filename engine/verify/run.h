@@ -44,13 +44,17 @@ public:
     virtual void after_parallelize(Model&, const Plan&, const Resolution&, const TpParams&, DeviceMesh&) {}
     // The data-parallel resolution the run executes (the one it is judged by is the plan's).
     virtual DataParallelResolution data_parallel(const DataParallelResolution& r) { return r; }
+    // After a step's backward, before the gradients are synchronised across dp ranks.
+    virtual void before_gradient_sync(Model&, Communicator& /*world*/) {}
 };
 
 using StepObserver = std::function<void(const Module&, Phase, const Placed&)>;
 
 struct StepOutput {
-    Placed output;       // as the loss saw it: gathered (Replicate on tp), or sharded under loss_parallel; this dp rank's rows
-    double loss = 0;     // over this dp rank's rows
+    // per microbatch, as the loss saw it: gathered (Replicate on tp), or sharded under loss_parallel;
+    // this dp rank's rows of it
+    std::vector<Placed> outputs;
+    double loss = 0;     // over this dp rank's rows: the microbatches' losses, each divided by their count
     double seconds = 0;  // forward + backward + gradient sync + optimizer, synchronised
 };
 
@@ -61,7 +65,9 @@ public:
     Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer = nullptr);
     ~Run();
 
-    // One training step on step k's batch; `observer` sees every module's output and input gradient.
+    // One training step on step k's batch: gradient_accumulation microbatches (each divided over
+    // the dp ranks), then the gradient sync, clipping and the optimizer step. `observer` sees every
+    // module's output and input gradient.
     StepOutput step(int64_t k, const StepObserver& observer = nullptr);
 
     const Model& model() const { return model_; }
@@ -79,6 +85,13 @@ public:
     bool ignored(const std::string& param) const { return res_.dp.ignored_params.count(param) > 0; }
 
 private:
+    struct Microbatch {
+        Placed output;
+        double loss = 0;
+    };
+    Microbatch microbatch(RunContext& ctx, const Tensor& input, const Tensor& target, double scale);
+    void clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params);
+
     Model model_;
     const Plan& plan_;
     Communicator& world_;
@@ -95,6 +108,7 @@ private:
     Communicator* dp_ = nullptr;
     std::unique_ptr<Optimizer> optimizer_;
     Device device_;
+    RunLayer* layer_ = nullptr;
 };
 
 }  // namespace ptool
