@@ -19,6 +19,8 @@ struct TensorDiff {
     double rel_fro = 0;       // ||a - e||_F / ||e||_F (inf when e is zero and a is not)
     double err_norm = 0, ref_norm = 0;  // ||a - e||_F and ||e||_F (ref_norm 0 for bitwise-equal tensors without rel_fro)
     bool by_frobenius = false;  // failed the elementwise rule, passed by the Frobenius bound
+    bool by_gradients = false;  // a parameter that failed the elementwise rule while its gradients agreed and
+                                // its update is the optimizer's on them (verify/report.h, update rule)
     int64_t max_ulp = 0;
     bool pass = true;
 };

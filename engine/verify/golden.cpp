@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "core/yaml_reader.h"
 #include "model/batch.h"
+#include "model/optimizer.h"
 
 namespace ptool {
 namespace fs = std::filesystem;
@@ -180,8 +181,39 @@ void require_golden_tensors(const GoldenCase& c, const Model& model, int64_t ste
     }
 }
 
-PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, const Tolerance& tol,
-                               const std::string& label) {
+namespace {
+
+// The golden's parameters that are what ptool's optimizer makes of the golden's own gradients,
+// stepped from its init.param.* (AdamW only; empty otherwise).
+std::set<std::string> consistent_updates(const TensorFile& golden, const OptimizerSpec& spec, const Tolerance& tol) {
+    std::set<std::string> out;
+    if (spec.type != "adamw") return out;
+    std::vector<std::pair<std::string, ParamPtr>> shadow;
+    for (const auto& [name, t] : golden.tensors)
+        if (name.rfind("init.param.", 0) == 0) {
+            auto p = std::make_shared<Parameter>();
+            p->value = t.clone();
+            shadow.emplace_back(name.substr(11), p);
+        }
+    Optimizer opt(spec, backend_for(Device::cpu));
+    for (int64_t k = 0;; ++k) {
+        const std::string s = fmt::format("step{}.", k);
+        for (auto& [name, p] : shadow) {
+            const Tensor* g = golden.find(s + "grad." + name);
+            if (!g) return out;
+            p->grad = g->to(p->value.dtype());
+        }
+        opt.step(shadow);
+        for (const auto& [name, p] : shadow)
+            if (const Tensor* v = golden.find(s + "param." + name); v && compare_tensors(v->to(p->value.dtype()), p->value, tol).pass)
+                out.insert(s + "param." + name);
+    }
+}
+
+}  // namespace
+
+PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, const Tolerance& tol, const std::string& label,
+                               const OptimizerSpec& optimizer, bool reference) {
     PlanReport rep;
     rep.plan_path = label;
     rep.tol = tol;
@@ -204,6 +236,16 @@ PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, c
         (tr.pass ? rep.passed : rep.failed) += 1;
         rep.tensors.push_back(std::move(tr));
     }
+    const std::set<std::string> golden_ok = consistent_updates(golden, optimizer, tol);
+    apply_update_rule(rep, [&](const std::string& name) {
+        if (!golden_ok.count(name)) return false;
+        if (reference) return true;
+        const auto k = parse_step_key(name);
+        if (k->step >= static_cast<int64_t>(run.steps.size())) return false;
+        const auto& shadow = run.steps[k->step].vs_shadow;
+        auto it = shadow.find(name);
+        return it != shadow.end() && it->second.pass;
+    });
     rep.pass = rep.failed == 0;
     return rep;
 }

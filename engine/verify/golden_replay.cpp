@@ -56,8 +56,8 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
     if (!launch.rank0()) return res;
     const Tolerance tol = vr.plans[0].tol;
     res.directions.push_back(vr.plans[0]);
-    res.directions.push_back(compare_with_golden(vr.reference, c.file, tol, "reference vs golden"));
-    res.directions.push_back(compare_with_golden(vr.plans[0].run, c.file, tol, "parallel vs golden"));
+    res.directions.push_back(compare_with_golden(vr.reference, c.file, tol, "reference vs golden", probe.optimizer, true));
+    res.directions.push_back(compare_with_golden(vr.plans[0].run, c.file, tol, "parallel vs golden", probe.optimizer, false));
     res.directions[0].plan_path = "parallel vs reference";
     const bool pass = std::all_of(res.directions.begin(), res.directions.end(), [](auto& d) { return d.pass; });
     res.verdict = pass ? Verdict::pass : Verdict::fail;

@@ -4,6 +4,7 @@
 
 #include "core/tensor_ops.h"
 #include "model/batch.h"
+#include "model/optimizer.h"
 #include "parallel/redistribute.h"
 
 namespace ptool {
@@ -41,6 +42,22 @@ public:
         : run_(run), opt_(opt), rank0_(run.world().rank() == 0), tp_(run.tp()), dp_(run.dp()) {
         if (opt.golden)
             for (const auto& [name, t] : opt.golden->tensors) golden_[name] = &t;
+    }
+
+    // The shadow optimizer (rank 0, compared runs, AdamW): the model's optimizer stepping full-size
+    // copies of the parameters with the gradients this run recorded, so each step's parameters can
+    // be checked against what the optimizer makes of the run's own gradients (verify/report.cpp).
+    void start_shadow() {  // collective: every rank gathers, rank 0 keeps
+        if (!opt_.shadow_optimizer || run_.model().optimizer.type != "adamw") return;
+        CountingPaused pause(&run_.counter());
+        for (const auto& [name, p] : run_.model().named_parameters()) {
+            const Tensor full = gather(p->value, run_.dp_placement(p.get()), run_.tp_placement(p.get()));
+            if (!rank0_) continue;
+            auto s = std::make_shared<Parameter>();
+            s->value = on_host(full).clone();
+            shadow_.emplace_back(name, s);
+        }
+        if (rank0_) shadow_opt_ = std::make_unique<Optimizer>(run_.model().optimizer, backend_for(Device::cpu));
     }
 
     // A parameter's (or the output's) full tensor from this rank's piece: the dp dim first
@@ -123,10 +140,19 @@ public:
                false, last_step);
         if (dp_.size() > 1 && rank0_) sr.replicas[s + "loss"] = ReplicaState::sharded;  // combined from each rank's own
         const auto params = run_.model().named_parameters();
-        for (const auto& [name, p] : params)
-            record(sr, s + "grad." + name, p->grad, run_.dp_placement(p.get()), run_.tp_placement(p.get()), run_.ignored(name), last_step);
-        for (const auto& [name, p] : params)
-            record(sr, s + "param." + name, p->value, run_.dp_placement(p.get()), run_.tp_placement(p.get()), run_.ignored(name), last_step);
+        for (size_t i = 0; i < params.size(); ++i) {
+            const auto& [name, p] = params[i];
+            const Tensor g = record(sr, s + "grad." + name, p->grad, run_.dp_placement(p.get()), run_.tp_placement(p.get()),
+                                    run_.ignored(name), last_step);
+            if (!shadow_.empty()) shadow_[i].second->grad = g.clone();
+        }
+        if (!shadow_.empty()) shadow_opt_->step(shadow_);  // what the optimizer makes of these gradients
+        for (size_t i = 0; i < params.size(); ++i) {
+            const auto& [name, p] = params[i];
+            const Tensor v = record(sr, s + "param." + name, p->value, run_.dp_placement(p.get()), run_.tp_placement(p.get()),
+                                    run_.ignored(name), last_step);
+            if (!shadow_.empty()) sr.vs_shadow[s + "param." + name] = compare_tensors(v, shadow_[i].second->value, opt_.tol);
+        }
         for (const auto& [name, b] : run_.model().named_buffers())
             record(sr, s + "buffer." + name, b->value, Placement::replicate(), Placement::replicate(), false, last_step);
     }
@@ -159,29 +185,33 @@ private:
         keep(sr, name, mine, whole, replica_state(mine, rows, outs[0].p, false), last_step);
     }
 
-    void record(StepRecord& sr, const std::string& name, const Tensor& local, const Placement& on_dp, const Placement& on_tp,
-                bool ignored, bool last_step) {
+    // Returns the full tensor on the host (rank 0).
+    Tensor record(StepRecord& sr, const std::string& name, const Tensor& local, const Placement& on_dp, const Placement& on_tp,
+                  bool ignored, bool last_step) {
         const Tensor full = gather(local, on_dp, on_tp);
-        keep(sr, name, local, full, replica_state(local, on_dp, on_tp, ignored), last_step);
+        return keep(sr, name, local, full, replica_state(local, on_dp, on_tp, ignored), last_step);
     }
 
-    void keep(StepRecord& sr, const std::string& name, const Tensor& local, const Tensor& full, ReplicaState state, bool last_step) {
-        if (!rank0_) return;
+    Tensor keep(StepRecord& sr, const std::string& name, const Tensor& local, const Tensor& full, ReplicaState state, bool last_step) {
+        if (!rank0_) return {};
         sr.replicas[name] = state;
         if (opt_.compare_with || opt_.golden) {  // compared now, kept as diffs
             const Tensor host = on_host(full);
             if (auto it = reference_.find(name); it != reference_.end()) sr.vs_reference[name] = compare_tensors(host, *it->second, opt_.tol);
             if (auto it = golden_.find(name); it != golden_.end())
                 sr.vs_golden[name] = compare_tensors(host, it->second->to(host.dtype()), opt_.tol);
-            return;
+            return host;
         }
         // the last step's tensors are not written again: recorded in place, not copied
         const bool copy = full.shares_storage(local) && full.device() == Device::cpu && !last_step;
         sr.tensors.emplace_back(name, copy ? on_host(full).clone() : on_host(full));
+        return sr.tensors.back().second;
     }
 
     Run& run_;
     const RecordOptions& opt_;
+    std::vector<std::pair<std::string, ParamPtr>> shadow_;
+    std::unique_ptr<Optimizer> shadow_opt_;
     const bool rank0_;
     Communicator &tp_, &dp_;
     std::unordered_map<std::string, const Tensor*> reference_, golden_;
@@ -195,6 +225,7 @@ RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
     rec.init_counts = run.counter();  // the construction's collectives (src_data_rank)
     run.counter().reset();
     recorder.construction(rec);
+    recorder.start_shadow();
     const bool rank0 = run.world().rank() == 0;
     for (int64_t k = 0; k < steps; ++k) {
         StepRecord sr;

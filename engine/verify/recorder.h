@@ -18,6 +18,9 @@ struct RecordOptions {
     const RunRecord* compare_with = nullptr;  // the reference's record
     const TensorFile* golden = nullptr;       // a golden file (--golden, replay)
     Tolerance tol;                            // for compare_with and golden
+    // Also step the model's optimizer (AdamW) on full copies with the run's own gradients, and
+    // record how each parameter compares with that (StepRecord::vs_shadow): every rank, one value.
+    bool shadow_optimizer = false;
     // Called after each step on rank 0 with the step's number, loss and seconds (`ptool run`'s lines).
     std::function<void(int64_t, double, double)> on_step;
 };

@@ -78,6 +78,24 @@ void judge_by_module(PlanReport& rep, const Tolerance& tol) {
 
 }  // namespace
 
+void apply_update_rule(PlanReport& rep, const std::function<bool(const std::string&)>& consistent) {
+    std::map<std::string, int64_t> first_bad_grad;  // parameter -> the first step its gradient failed
+    for (const TensorReport& t : rep.tensors)
+        if (auto k = parse_step_key(t.name); k && k->kind() == "grad" && !t.pass) {
+            const std::string param = k->rest.substr(5);
+            if (!first_bad_grad.count(param)) first_bad_grad[param] = k->step;
+        }
+    for (TensorReport& t : rep.tensors) {
+        const auto k = parse_step_key(t.name);
+        if (t.pass || !k || k->kind() != "param" || !t.diff.shape_ok || t.diff.nonfinite || replica_failure(t.replicas)) continue;
+        const std::string param = k->rest.substr(6);
+        if (auto it = first_bad_grad.find(param); it != first_bad_grad.end() && it->second <= k->step) continue;
+        if (!consistent(t.name)) continue;
+        t.diff.by_gradients = t.diff.pass = t.pass = true;
+        rep.failed -= 1, rep.passed += 1;
+    }
+}
+
 const char* verdict_name(Verdict v) {
     switch (v) {
         case Verdict::pass: return "PASS";
@@ -105,22 +123,33 @@ const Tensor* find_tensor(const StepRecord& step, const std::string& name) {
     return nullptr;
 }
 
-std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol) {
+std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol, const PlanReport& rep) {
+    double prev_rel = 0;
+    std::string prev = "the step's input";
+    auto diverged = [&](int64_t step, const std::string& what, const TensorDiff& d) {
+        return fmt::format("first divergence: step {} {}, max rel {:.2g} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
+                           step, what, d.max_rel, d.max_abs, prev, prev_rel);
+    };
     for (size_t s = 0; s < ref.steps.size() && s < par.steps.size(); ++s) {
         const auto &re = ref.steps[s].events, &pe = par.steps[s].events;
-        if (re.size() != pe.size() || re.empty()) continue;
-        double prev_rel = 0;
-        std::string prev = "the step's input";
-        for (size_t i = 0; i < re.size(); ++i) {
+        for (size_t i = 0; re.size() == pe.size() && i < re.size(); ++i) {
             if (re[i].fqn != pe[i].fqn || re[i].phase != pe[i].phase) break;
             if (!pe[i].diff && !pe[i].full.defined()) break;
             const TensorDiff d = pe[i].diff ? *pe[i].diff : compare_tensors(pe[i].full, re[i].full, tol);
-            if (!d.pass)
-                return fmt::format("first divergence: step {} {}, max rel {:.2g} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
-                                   s, event_label(re[i]), d.max_rel, d.max_abs, prev, prev_rel);
+            if (!d.pass) return diverged(static_cast<int64_t>(s), event_label(re[i]), d);
             prev_rel = d.max_rel;
             prev = event_label(re[i]);
         }
+        // after the backward: the parameters' gradients, then the optimizer's updates
+        for (const char* kind : {"grad", "param"})
+            for (const TensorReport& t : rep.tensors) {
+                const auto k = parse_step_key(t.name);
+                if (!k || k->step != static_cast<int64_t>(s) || k->kind() != kind) continue;
+                const std::string what = fmt::format("{} of `{}`", *kind == 'g' ? "gradient" : "update", k->rest.substr(k->kind().size() + 1));
+                if (!t.pass) return diverged(static_cast<int64_t>(s), what, t.diff);
+                prev_rel = t.diff.max_rel;
+                prev = what;
+            }
     }
     return "";
 }
@@ -149,6 +178,13 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
         }
     }
     if (tol.rel_fro > 0) judge_by_module(rep, tol);
+    apply_update_rule(rep, [&](const std::string& name) {  // the parallel run's update is its optimizer's on its gradients
+        const auto k = parse_step_key(name);
+        if (k->step >= static_cast<int64_t>(parallel.steps.size())) return false;
+        const auto& shadow = parallel.steps[k->step].vs_shadow;
+        auto it = shadow.find(name);
+        return it != shadow.end() && it->second.pass;
+    });
     std::vector<std::string> nonfinite;
     for (const TensorReport& t : rep.tensors)
         if (t.diff.nonfinite > 0) nonfinite.push_back(t.name);
@@ -158,7 +194,7 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
                                         nonfinite.size(), nonfinite.size() == 1 ? "" : "s", nonfinite[0]));
     check_init_state(reference, parallel, rep);
     rep.pass = rep.failed == 0;
-    if (!rep.pass) rep.localisation = localise(reference, parallel, tol);
+    if (!rep.pass) rep.localisation = localise(reference, parallel, tol, rep);
     return rep;
 }
 

@@ -2,6 +2,8 @@
 // first divergence, and the run's counts; how they are judged (compare_runs).
 #pragma once
 
+#include <functional>
+
 #include "verify/run_record.h"
 
 namespace ptool {
@@ -44,8 +46,19 @@ const char* verdict_name(Verdict v);  // "PASS", "FAIL", "STALE", "UPDATED"
 // first appeared.
 PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan, const Tolerance& tol);
 
-// The first module, in the order things were computed (forward, then backward), whose output or
-// input gradient leaves tolerance while what was computed just before it still agreed; "" if none.
-std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol);
+// The update rule (optimizer-aware verdicts). An adaptive optimizer divides by the gradient's
+// running RMS: AdamW's first update is lr * g / (|g| + eps), so where |g| is near eps (a bias whose
+// exact gradient is zero, a weight few rows touch) rounding-sized gradient noise moves the element
+// by up to lr either way. A parameter that fails the elementwise rule still passes when every one
+// of its gradients so far agreed and `consistent(name)` says its update is the optimizer's own on
+// those gradients (the shadow optimizer's parameter, StepRecord::vs_shadow). A wrong update (a
+// stale or skipped step, a wrong shard) is inconsistent and fails; a wrong gradient fails first.
+void apply_update_rule(PlanReport& rep, const std::function<bool(const std::string& param_key)>& consistent);
+
+// The first divergence, in the order things were computed: per step, every module's output
+// (forward) and input gradient (backward), then the parameters' gradients, then their updates (the
+// step's parameters). Names the first that leaves tolerance and what agreed just before it; "" if
+// nothing does. `rep` holds the step tensors' verdicts (after the update rule).
+std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol, const PlanReport& rep);
 
 }  // namespace ptool

@@ -40,6 +40,9 @@ struct StepRecord {
     // Compared as recorded (RecordOptions::compare_with, ::golden): the diffs by golden name, in
     // place of the tensors, against the reference's tensor and the golden file's.
     std::map<std::string, TensorDiff> vs_reference, vs_golden;
+    // A parameter against the model's optimizer applied to this run's own gradients (AdamW): its
+    // update is what its gradients allow (RecordOptions::shadow_optimizer).
+    std::map<std::string, TensorDiff> vs_shadow;
     std::map<std::string, ReplicaState> replicas;
     std::vector<ModuleEvent> events;
 };

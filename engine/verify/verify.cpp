@@ -132,13 +132,14 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
             for (const auto& w : res.warnings) spdlog::warn("{}", w);
         RecordOptions ro;
         ro.events = job.options.events;
+        ro.shadow_optimizer = true;
         ro.golden = job.golden;
         ro.tol = tolerance_for(plan, job.options, probe);
         // rank 0 runs the reference first and compares the parallel run's tensors with it as it
         // gathers them; under mpirun the other ranks wait for it
         if (launch.rank0() && !references.count(steps)) {
             RecordOptions ref = ro;
-            ref.golden = nullptr;
+            ref.golden = nullptr, ref.shadow_optimizer = false;
             references[steps] = record_reference(job.inputs, steps, ref);
             report.reference_seconds += references[steps].seconds;
         }
