@@ -7,8 +7,20 @@ namespace ptool {
 const char* phase_name(Phase p) { return p == Phase::forward ? "forward" : "backward"; }
 
 Placed Module::forward(RunContext& ctx, const Placed& x) {
+    if (checkpointed_ && ctx.recording) {  // keep the input only: nothing below saves for backward
+        checkpoint_inputs_.push_back(x);
+        ctx.recording = false;
+        Placed y = forward_hooked(ctx, x);
+        ctx.recording = true;
+        return y;
+    }
+    return forward_hooked(ctx, x);
+}
+
+Placed Module::forward_hooked(RunContext& ctx, const Placed& x) {
     const Placed in = hooks_ ? hooks_->pre_forward(ctx, *this, x) : x;
-    inputs_.push_back(in.layout());
+    saving_ = ctx.recording;
+    if (ctx.recording) inputs_.push_back(in.layout());
     const std::optional<Placement> computed = hooks_ ? hooks_->compute_out(*this) : std::nullopt;
     Placed y = computed ? Placed{forward_impl(ctx, in.t), *computed, output_shape(in.global)} : forward_placed(ctx, in);
     if (hooks_) y = hooks_->post_forward(ctx, *this, y);
@@ -17,6 +29,16 @@ Placed Module::forward(RunContext& ctx, const Placed& x) {
 }
 
 Placed Module::backward(RunContext& ctx, const Placed& dy) {
+    if (checkpointed_) {  // recompute the forward, recording, unobserved, then run the backward it saved for
+        PTOOL_REQUIRE(!checkpoint_inputs_.empty(), "backward of checkpointed '{}' without a forward", fqn_);
+        const Placed x = std::move(checkpoint_inputs_.back());
+        checkpoint_inputs_.pop_back();
+        auto observer = std::move(ctx.observer);
+        const bool was = ctx.recomputing;
+        ctx.observer = nullptr, ctx.recomputing = true;
+        forward_hooked(ctx, x);
+        ctx.observer = std::move(observer), ctx.recomputing = was;
+    }
     PTOOL_REQUIRE(!inputs_.empty(), "backward of '{}' without a forward", fqn_);
     const Layout in = std::move(inputs_.back());
     inputs_.pop_back();

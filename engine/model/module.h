@@ -46,6 +46,9 @@ struct RunContext {
     // Called after each module's forward (output) and backward (input gradient), for divergence
     // localisation; may be empty.
     std::function<void(const Module&, Phase, const Placed&)> observer;
+    // Activation checkpointing: a checkpointed module's first forward keeps nothing for backward
+    // (recording off), and its backward first recomputes its forward (recomputing on).
+    bool recording = true, recomputing = false;
 };
 
 // Forward/backward hooks around a module, as PyTorch's module pre-/post-forward hooks; the
@@ -126,6 +129,10 @@ public:
     const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
 
     void set_fqn(const std::string& fqn) { fqn_ = fqn; }
+    // Activation checkpointing (torch.utils.checkpoint): the module keeps only its input in forward
+    // and recomputes its forward (hooks and collectives included, not observed) in backward.
+    void set_checkpointed(bool on) { checkpointed_ = on; }
+    bool checkpointed() const { return checkpointed_; }
     void register_param(const std::string& name, ParamPtr p) { params_.push_back({name, std::move(p)}); }
     void register_buffer(const std::string& name, ParamPtr b) { buffers_.push_back({name, std::move(b)}); }
     void add_child(const std::string& name, std::shared_ptr<Module> m) { children_.push_back({name, std::move(m)}); }
@@ -149,7 +156,9 @@ protected:
     [[noreturn]] void conflict(const std::string& message) const;
     [[noreturn]] void fail(const std::string& message) const { throw InputError(where_, message); }
 
-    void save(std::vector<Tensor> tensors) { saved_.push_back(std::move(tensors)); }
+    void save(std::vector<Tensor> tensors) {
+        if (saving_) saved_.push_back(std::move(tensors));
+    }
     std::vector<Tensor> restore();
 
 private:
@@ -159,6 +168,9 @@ private:
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
     std::vector<std::vector<Tensor>> saved_;
     std::vector<Layout> inputs_;  // per call: the input layout (after the pre-forward hook)
+    bool checkpointed_ = false, saving_ = true;
+    std::vector<Placed> checkpoint_inputs_;  // per checkpointed call: its input
+    Placed forward_hooked(RunContext& ctx, const Placed& x);  // hooks + the module, no checkpointing
     std::shared_ptr<ModuleHooks> hooks_;
 };
 

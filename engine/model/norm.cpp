@@ -124,18 +124,20 @@ Tensor BatchNorm::forward_impl(RunContext& ctx, const Tensor& x) {
         }
         n *= world;
     }
-    Tensor running_mean = on_host(buffers()[0].param->value);
-    Tensor running_var = on_host(buffers()[1].param->value);
-    for (int64_t c = 0; c < features_; ++c) {
-        rstd.set(c, 1.0 / std::sqrt(var.item(c) + eps_));
-        // running stats: momentum update, unbiased variance (torch.nn.BatchNorm1d)
-        running_mean.set(c, (1 - momentum_) * running_mean.item(c) + momentum_ * mean.item(c));
-        running_var.set(c, (1 - momentum_) * running_var.item(c) + momentum_ * var.item(c) * n / (n - 1));
+    for (int64_t c = 0; c < features_; ++c) rstd.set(c, 1.0 / std::sqrt(var.item(c) + eps_));
+    if (!ctx.recomputing) {  // a checkpoint's recompute updates nothing twice
+        Tensor running_mean = on_host(buffers()[0].param->value);
+        Tensor running_var = on_host(buffers()[1].param->value);
+        for (int64_t c = 0; c < features_; ++c) {
+            // running stats: momentum update, unbiased variance (torch.nn.BatchNorm1d)
+            running_mean.set(c, (1 - momentum_) * running_mean.item(c) + momentum_ * mean.item(c));
+            running_var.set(c, (1 - momentum_) * running_var.item(c) + momentum_ * var.item(c) * n / (n - 1));
+        }
+        write_back(buffers()[0].param->value, running_mean);
+        write_back(buffers()[1].param->value, running_var);
+        Tensor& tracked = buffers()[2].param->value;
+        tracked.set(0, tracked.item(0) + 1);
     }
-    write_back(buffers()[0].param->value, running_mean);
-    write_back(buffers()[1].param->value, running_var);
-    Tensor& tracked = buffers()[2].param->value;
-    tracked.set(0, tracked.item(0) + 1);
     mean = on_device(mean, x.device());
     rstd = on_device(rstd, x.device());
     Tensor y = empty_like(x);

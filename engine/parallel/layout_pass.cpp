@@ -14,8 +14,9 @@ using Marker = std::vector<CommCost>;
 
 class Pass final : public LayoutVisitor {
 public:
-    Pass(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles, int parts, SourceLocation plan_where)
-        : model_(model), styles_(styles), parts_(parts), plan_where_(std::move(plan_where)) {}
+    Pass(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles, int parts, SourceLocation plan_where,
+         const std::set<const Module*>& checkpointed)
+        : model_(model), styles_(styles), parts_(parts), plan_where_(std::move(plan_where)), checkpointed_(checkpointed) {}
 
     int parts() const override { return parts_; }
 
@@ -25,6 +26,7 @@ public:
         const ResolvedStyle* rs = it == styles_.end() ? nullptr : it->second;
         report.calls.push_back({&m, m.fqn(), rs, in, {}, static_cast<int>(stack_.size())});
         stack_.push_back(&m);
+        const size_t forward_before = report.forward.size();
         Layout out;
         try {
             out = rs ? styled(m, *rs, in) : m.layout(*this, in);
@@ -35,6 +37,11 @@ public:
         if (!rs && m.children().empty()) lint_leaf(m, in, {});
         if (rs) producer_ = {fmt::format("'{}'", m.fqn()), rs->entry};
         report.calls[index].out = out;
+        if (checkpointed_.count(&m)) {  // its backward starts by running this forward again
+            Marker again(report.forward.begin() + static_cast<std::ptrdiff_t>(forward_before), report.forward.end());
+            for (CommCost& c : again) c.phase = Phase::backward;
+            markers.push_back(std::move(again));
+        }
         return out;
     }
 
@@ -153,13 +160,15 @@ private:
     SourceLocation plan_where_;
     std::vector<const Module*> stack_;
     Producer producer_;
+    const std::set<const Module*>& checkpointed_;
 };
 
 }  // namespace
 
 LayoutReport propagate_layouts(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles,
-                               const Layout& input, int parts, const SourceLocation& plan_where, bool loss_parallel) {
-    Pass pass(model, styles, parts, plan_where);
+                               const Layout& input, int parts, const SourceLocation& plan_where, bool loss_parallel,
+                               const std::set<const Module*>& checkpointed) {
+    Pass pass(model, styles, parts, plan_where, checkpointed);
     pass.report.input = input;
     pass.report.output = pass.call(*model.root, input);
     // the runner gathers the output for the loss and hands the loss's gradient back as the output's;

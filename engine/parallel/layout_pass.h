@@ -11,6 +11,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 
 #include "parallel/redistribute.h"
 #include "parallel/style.h"
@@ -43,7 +44,9 @@ struct LayoutReport {
 
 // input: the model input's layout; `styles` by module. Throws InputError (exit 2) on a conflict.
 // loss_parallel: cross_entropy on the sharded output (its collectives) instead of gathering it.
+// checkpointed: modules whose forward (its collectives included) runs again in backward.
 LayoutReport propagate_layouts(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles,
-                               const Layout& input, int parts, const SourceLocation& plan_where, bool loss_parallel = false);
+                               const Layout& input, int parts, const SourceLocation& plan_where, bool loss_parallel = false,
+                               const std::set<const Module*>& checkpointed = {});
 
 }  // namespace ptool

@@ -119,6 +119,15 @@ const ResolvedStyle* Resolution::style_of(const Module& m) const {
 Resolution resolve_plan(const Model& model, const Plan& plan) {
     Resolution res;
     res.tp = plan.tp_size();
+    for (const std::string& pattern : plan.activation_checkpointing) {
+        size_t found = 0;
+        for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+            if (fqn_matches(pattern, fqn)) res.checkpointed.insert(&m), ++found;
+        });
+        if (!found)
+            res.warnings.push_back(fmt::format("{}activation_checkpointing pattern '{}' matched no module",
+                                               at(plan.activation_checkpointing_where), pattern));
+    }
     res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
     if (plan.has_tensor_parallel) resolve_tensor_parallel(model, plan, res);
     std::map<const Module*, const ResolvedStyle*> styles;
@@ -126,7 +135,8 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     Shape rows = model.input.shape;  // one dp rank's rows (the batch splits evenly: checked above)
     if (!rows.empty()) rows[0] /= res.dp.size * model.gradient_accumulation;  // and one microbatch's
     res.layouts = propagate_layouts(model, styles, {rows, res.input_placement}, res.tp,
-                                    plan.has_tensor_parallel ? plan.tp_plan_where : plan.mesh_where, plan.loss_parallel);
+                                    plan.has_tensor_parallel ? plan.tp_plan_where : plan.mesh_where, plan.loss_parallel,
+                                    res.checkpointed);
     if (plan.loss_parallel) {  // the loss must be a cross_entropy over classes the output holds sharded
         const Layout& out = res.layouts.output;
         const int64_t nd = static_cast<int64_t>(out.global.size());

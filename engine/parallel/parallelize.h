@@ -4,6 +4,8 @@
 // rank, distributes the styled modules' parameters and installs the styles' hooks.
 #pragma once
 
+#include <set>
+
 #include "parallel/data_parallel.h"
 #include "parallel/layout_pass.h"
 
@@ -16,6 +18,7 @@ struct Resolution {
     Placement input_placement;          // how the model input reaches the ranks
     LayoutReport layouts;               // every module call's layouts and the step's collectives
     DataParallelResolution dp;          // the data_parallel section, resolved
+    std::set<const Module*> checkpointed;  // activation_checkpointing's modules
     // Findings that make a mismatch with the reference expected, shown with a failing verdict as
     // its cause ("loss: sum under data parallel ...", BatchNorm with local statistics).
     std::vector<std::string> causes;

@@ -223,6 +223,11 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
     const std::set<std::string> names = parse_mesh(m.at("mesh"), plan);
     if (auto tp = m.get("tensor_parallel")) parse_tensor_parallel(*tp, plan, names);
     if (auto dp = m.get("data_parallel")) plan.data_parallel = parse_data_parallel(*dp, plan, names);
+    if (auto ac = m.get("activation_checkpointing")) {
+        plan.activation_checkpointing = string_list(*ac, "activation_checkpointing");
+        plan.activation_checkpointing_where = ac->where();
+        if (plan.activation_checkpointing.empty()) ac->fail("'activation_checkpointing' is empty: name the modules to checkpoint");
+    }
     if (auto v = m.get("verify")) parse_verify(*v, plan);
     m.finish();
     return plan;

@@ -73,6 +73,10 @@ struct Plan {
     bool loss_parallel = false;
     SourceLocation loss_parallel_where;
     std::optional<DataParallelSpec> data_parallel;
+    // activation_checkpointing: module patterns whose forward keeps only its input and is
+    // recomputed in backward (torch.utils.checkpoint)
+    std::vector<std::string> activation_checkpointing;
+    SourceLocation activation_checkpointing_where;
     VerifySpec verify;
 
     int world_size() const;

@@ -59,7 +59,7 @@ Placed StyleHooks::pre_forward(RunContext&, Module&, const Placed& x) {
 
 Placed StyleHooks::post_forward(RunContext& ctx, Module& m, const Placed& y) {
     const Placed out = finish_forward(ctx, m, rule_.post ? redistribute(y, rule_.post->to, tp_) : y);
-    outputs_.push_back(out.layout());
+    if (ctx.recording) outputs_.push_back(out.layout());  // a checkpointed forward keeps nothing
     return out;
 }
 

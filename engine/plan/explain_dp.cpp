@@ -25,6 +25,13 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
         for (const auto& [dt, b] : bytes)
             forward.push_back({"broadcast", b, dp.replicas.size() == 1 ? dp.replicas[0].root : "", Phase::forward});
     }
+    // a module under activation checkpointing runs its forward again in backward: its unit's
+    // all_gather and SyncBatchNorm's too
+    auto recomputed = [&](const std::string& fqn) {
+        for (const Module* c : ex.resolution.checkpointed)
+            if (c->fqn().empty() || fqn == c->fqn() || fqn.rfind(c->fqn() + ".", 0) == 0) return true;
+        return false;
+    };
     // fully_shard units: outermost first in forward; reduce_scatter (and the re-gather) in backward
     for (const FsdpUnitSpec& u : dp.units) {
         if (u.params.empty()) continue;
@@ -35,6 +42,7 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
             region += chunk_of(rows, n, 0).length * row * static_cast<int64_t>(dtype_size(model.dtype));
         }
         forward.push_back({"all_gather", n * region, u.fqn, Phase::forward});
+        if (recomputed(u.fqn)) backward.insert(backward.begin(), {"all_gather", n * region, u.fqn, Phase::backward});
         if (!u.fqn.empty()) backward.insert(backward.begin(), {"all_gather", n * region, u.fqn, Phase::backward});
         backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1), {"reduce_scatter", n * region, u.fqn, Phase::backward});
         ex.data_parallel.push_back(fmt::format("fully_shard '{}': {} parameter{}, Shard(0) on '{}', {} B per rank in "
@@ -52,6 +60,7 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
                 for (const auto& [name, p] : model.state_dict()) calls += p == m.param("weight");
                 for (int k = 0; k < calls; ++k) {
                     forward.push_back({"all_gather", n * 2 * c * sd, fqn, Phase::forward});
+                    if (recomputed(fqn)) backward.insert(backward.begin(), {"all_gather", n * 2 * c * sd, fqn, Phase::backward});
                     backward.insert(backward.begin(), {"all_reduce", 2 * c * sd, fqn, Phase::backward});
                 }
             });

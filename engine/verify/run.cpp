@@ -38,6 +38,7 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     mesh_ = std::make_unique<DeviceMesh>(plan.mesh, world, counter_);
     if (layer) layer->wrap_mesh(*mesh_, plan);
     res_ = resolve_plan(model_, plan);
+    for (const Module* m : res_.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
     const bool own = builds_own_shards(in, plan, layer);
     if (own)
         model_.init_params_except([&](const Module& m) {
