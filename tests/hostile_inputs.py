@@ -105,6 +105,16 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(0, ["PASS"], "verify", f"{M}/seq_mlp.yaml", f"{P}/seq_mlp_sp.yaml", "--mesh", "tp=5", "-q")
     expect(0, ["PASS"], "verify", f"{M}/embedding_head.yaml", f"{P}/embedding_colwise.yaml", "--mesh", "tp=5", "-q")
     expect(0, ["PASS"], "verify", f"{M}/mlp_stacked_adamw.yaml", f"{P}/mlp_stacked_fully_shard.yaml", "--mesh", "dp=8", "-q")
+    # batch rows 2 over tp 4 (Shard(0)): two ranks run attention (GQA) on an empty batch (found by
+    # fuzz_model_plan); the plan is wrong (b1's gradients cover only each rank's rows), so a warning and FAIL
+    attn = write(T("attn_rows.yaml"), "batch: {input: {tokens: [2, 2], vocab: 16}}\nmodules:\n"
+                 "  - {name: wte, type: embedding, vocab: 16, dim: 8}\n"
+                 "  - {name: b0, type: attention, dim: 8, heads: 4, kv_heads: 2}\n"
+                 "  - {name: b1, type: attention, dim: 8, heads: 4, kv_heads: 2}\n"
+                 "  - {name: head, type: linear, in: 8, out: 16}\n")
+    rows_plan = write(T("attn_rows_plan.yaml"), "mesh: {tp: 4}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n"
+                      "    b0.o_proj: {style: rowwise, input_layouts: replicate, output_layouts: shard(0)}\n")
+    expect(1, ["'b1.q_proj' (linear) gets Shard(0) activations", "FAIL"], "verify", attn, rows_plan)
 
     # 3. outputs never replace what is not a regular file; write errors are errors
     for dev in ("/dev/null", "/dev/full"):

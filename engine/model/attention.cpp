@@ -43,9 +43,9 @@ Tensor split_heads(Backend& be, const Tensor& x, int64_t n) {
     return y.reshape({b * n, t, hd});
 }
 
-// [B*n, T, hd] -> [B, T, n*hd]
-Tensor merge_heads(Backend& be, const Tensor& x, int64_t b) {
-    const int64_t n = x.size(0) / b, t = x.size(1), hd = x.size(2);
+// [B*n, T, hd] -> [B, T, n*hd] (n given: B may be 0 on a rank whose batch shard is empty)
+Tensor merge_heads(Backend& be, const Tensor& x, int64_t b, int64_t n) {
+    const int64_t t = x.size(1), hd = x.size(2);
     Tensor y = Tensor::empty({b, t, n, hd}, x.dtype(), x.device());
     be.transpose12(x.reshape({b, n, t, hd}), y);
     return y.reshape({b, t, n * hd});
@@ -124,8 +124,9 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     be.softmax(s, causal_, p);
     Tensor o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
     be.gemm(p, false, v, false, o);
-    save({q, k, v, p, Tensor::scalar(static_cast<double>(kv_heads), DType::float64)});
-    return proj(3).forward(ctx, {merge_heads(be, o, b), q_flat.p, {q_flat.global[0], q_flat.global[1], dim_}});
+    save({q, k, v, p, Tensor::scalar(static_cast<double>(heads), DType::float64),
+          Tensor::scalar(static_cast<double>(kv_heads), DType::float64)});
+    return proj(3).forward(ctx, {merge_heads(be, o, b, heads), q_flat.p, {q_flat.global[0], q_flat.global[1], dim_}});
 }
 
 Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layout&) {
@@ -133,9 +134,9 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     std::vector<Tensor> sv = restore();
     const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &p = sv[3];
     const int64_t hd = dim_ / heads_;
-    const int64_t kv_heads = static_cast<int64_t>(sv[4].item());
+    const int64_t heads = static_cast<int64_t>(sv[4].item()), kv_heads = static_cast<int64_t>(sv[5].item());
     const Placed d_out = proj(3).backward(ctx, dy);  // [B, T, H*hd] as q/k/v's gradients are placed
-    const int64_t b = d_out.t.size(0), heads = q.size(0) / b;
+    const int64_t b = d_out.t.size(0);
     Tensor d_o = split_heads(be, d_out.t, heads);  // [B*H, T, hd]
     Tensor dp = empty_like(p), dv = empty_like(v), ds = empty_like(p);
     be.gemm(d_o, false, v, true, dp);
@@ -148,11 +149,11 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     // backward through the projections in reverse order of their forward calls
     // (tensors a module returned are never written in place: observers may hold them)
     const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};
-    const Placed dx_v = proj(2).backward(ctx, {merge_heads(be, reduce_kv(be, dv, b, heads, kv_heads), b), d_out.p, kv_global});
+    const Placed dx_v = proj(2).backward(ctx, {merge_heads(be, reduce_kv(be, dv, b, heads, kv_heads), b, kv_heads), d_out.p, kv_global});
     Tensor dk_heads = reduce_kv(be, dk, b, heads, kv_heads);
     if (rope_) dq = rope_->backward(be, dq), dk_heads = rope_->backward(be, dk_heads);
-    const Placed dx_k = proj(1).backward(ctx, {merge_heads(be, dk_heads, b), d_out.p, kv_global});
-    const Placed dx_q = proj(0).backward(ctx, {merge_heads(be, dq, b), d_out.p, q_global});
+    const Placed dx_k = proj(1).backward(ctx, {merge_heads(be, dk_heads, b, kv_heads), d_out.p, kv_global});
+    const Placed dx_q = proj(0).backward(ctx, {merge_heads(be, dq, b, heads), d_out.p, q_global});
     Tensor dx = empty_like(dx_v.t);
     be.add(dx_v.t, dx_k.t, dx);
     be.axpy(1.0, dx_q.t, dx);
