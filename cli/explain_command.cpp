@@ -107,6 +107,28 @@ void explain(const ExplainArgs& a, const Common& c) {
         }
         j["params"] = nlohmann::json::array();
         for (const auto& [name, p] : model.named_parameters()) j["params"].push_back(name);
+        // every module call of the step, as the layout pass saw it (what mutation_score.py reads to
+        // find where a fault class applies): its layouts, its own parameters, checkpointed or not
+        std::map<const Parameter*, std::vector<std::string>> users;
+        j["calls"] = nlohmann::json::array();
+        for (const CallLayout& c : ex.resolution.layouts.calls) {
+            std::vector<std::string> own;
+            for (const auto& e : c.module->params()) {
+                own.push_back(join_name(c.fqn, e.name));
+                auto& u = users[e.param.get()];
+                if (std::find(u.begin(), u.end(), c.fqn) == u.end()) u.push_back(c.fqn);
+            }
+            nlohmann::json call = {{"fqn", c.fqn}, {"type", c.module->type()}, {"in", c.in.p.str()}, {"out", c.out.p.str()},
+                                   {"params", own}, {"checkpointed", ex.resolution.checkpointed.count(c.module) > 0}};
+            if (const auto* d = dynamic_cast<const Dropout*>(c.module)) call["p"] = d->p();
+            j["calls"].push_back(call);
+        }
+        j["tied"] = nlohmann::json::array();  // parameters more than one module uses
+        for (const auto& [name, p] : model.named_parameters())
+            if (users[p.get()].size() > 1) j["tied"].push_back({{"param", name}, {"modules", users[p.get()]}});
+        j["loss_parallel"] = plan.loss_parallel;
+        j["clip_grad_norm"] = model.clip_grad_norm;
+        j["mixed_precision"] = plan.mixed_precision ? nlohmann::json(dtype_name(plan.mixed_precision->param_dtype)) : nlohmann::json(nullptr);
         j["src_data_rank"] = plan.has_tensor_parallel && plan.src_data_rank ? nlohmann::json(*plan.src_data_rank) : nlohmann::json(nullptr);
         j["tp"] = ex.tp;
         j["dp"] = ex.dp;

@@ -39,7 +39,7 @@ void run(const RunArgs& a, const Common& c) {
         total += seconds;
         if (c.verbosity >= 0) fmt::print("step {:>3}  loss {:.8g}  {:.3f} ms\n", k, loss, seconds * 1e3);
     };
-    const RunRecord rec = record_reference(in, steps, ro);
+    const RunRecord rec = record_reference(in, single_device_plan(), steps, ro);
     if (c.verbosity >= 0) fmt::print("total {:.3f} ms\n", total * 1e3);
     if (a.dump.empty()) return;
     TensorFile file = golden_tensors(rec, in, steps);

@@ -47,8 +47,10 @@ void print_table(const PlanReport& p, int verbosity) {
         fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9.3f} {:>8}  {}\n", t.name, num(t.diff.max_abs), num(t.diff.max_rel),
                    t.diff.max_ulp, std::isinf(t.diff.headroom) ? 1e9 : t.diff.headroom, replica_state_name(t.replicas),
                    !t.diff.shape_ok ? "MISSING/SHAPE" : t.replicas == ReplicaState::ignored ? "ignored"
+                   : !t.pass && t.diff.systematic ? fmt::format("MISMATCH (error {:.1e} of its module's norm: beyond rounding)", t.diff.rel_fro)
                    : !t.pass ? "MISMATCH" : t.diff.by_frobenius ? fmt::format("ok (rel Frobenius {:.1e})", t.diff.rel_fro)
-                   : t.diff.by_gradients ? std::string("ok (gradients agree; AdamW's update amplifies their rounding)")
+                   : t.diff.by_gradients ? std::string(p.tol.masters ? "ok (gradients agree; the update is the optimizer's on them)"
+                                                                     : "ok (gradients agree; AdamW's update amplifies their rounding)")
                    : t.diff.nonfinite ? fmt::format("ok ({} non-finite, the same on both sides)", t.diff.nonfinite) : "ok");
     }
 }
@@ -56,9 +58,13 @@ void print_table(const PlanReport& p, int verbosity) {
 void print_report(const VerifyReport& report, const std::string& model_path, int verbosity) {
     for (const PlanReport& p : report.plans) {
         const int64_t steps = p.run.steps.empty() ? 1 : static_cast<int64_t>(p.run.steps.size());
-        fmt::print("ptool verify {} {}: {} ranks ({}), {} step{}, {} rtol {:g} atol {:g}{}\n", model_path, p.plan_path,
-                   p.run.world_size, p.run.backend, steps, steps == 1 ? "" : "s", dtype_name(report.dtype), p.tol.rtol,
-                   p.tol.atol, p.tol.rel_fro > 0 ? fmt::format(", or relative Frobenius error <= {:.2g}", p.tol.rel_fro) : "");
+        fmt::print("ptool verify {} {}: {} ranks ({}), {} step{}, {} rtol {:g} atol {:g}{}{}\n", model_path, p.plan_path,
+                   p.run.world_size, p.run.backend, steps, steps == 1 ? "" : "s",
+                   p.tol.masters ? "mixed precision: computed tensors" : dtype_name(report.dtype), p.tol.rtol, p.tol.atol,
+                   p.tol.rel_fro > 0 ? fmt::format(", or relative Frobenius error <= {:.2g}", p.tol.rel_fro) : "",
+                   p.tol.masters ? fmt::format("; {} master parameters rtol {:g} atol {:g}", dtype_name(report.dtype),
+                                               p.tol.masters->rtol, p.tol.masters->atol)
+                                 : "");
         if (verbosity >= 0 || !p.pass) print_table(p, verbosity);  // -q: the failing tensors only
         for (const std::string& n : p.notes) fmt::print("  {}\n", n);
         if (p.run.dp_buckets) {

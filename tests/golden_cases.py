@@ -180,12 +180,18 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 0 and "PASS" in out, f"after --update: exit {rc}\n{out}")
 
     # a golden recorded by PyTorch itself
-    for model, plan in (("mlp", "mlp_root_module"), ("gpt_block", "gpt_block_tp")):
+    # (the training configurations: tied vocab-parallel head + loss_parallel + SP with dropout, RoPE/GQA
+    # with AdamW defaults, accumulation and clipping under TP+SP, FSDP x TP with checkpointing, DDP x TP
+    # in bf16 mixed precision)
+    for model, plan in (("mlp", "mlp_root_module"), ("gpt_block", "gpt_block_tp"), ("gpt2_tied", "gpt2_tied_tp_sp"),
+                        ("gpt2_tied", "gpt2_tied_ddp_ac"), ("llama_rope", "llama_rope_tp_sp"),
+                        ("llama_rope", "llama_rope_fsdp_tp_ac"), ("llama_rope", "llama_rope_ddp_tp_bf16")):
         tg = os.path.join(tmp, f"torch_{model}.safetensors")
         p = subprocess.run([sys.executable, "tools/torch_golden.py", f"models/{model}.yaml", f"plans/{plan}.yaml", "-o", tg],
                            capture_output=True, text=True, timeout=300)
         rc, out = run("verify", f"models/{model}.yaml", f"plans/{plan}.yaml", "--golden", tg)
-        check(p.returncode == 0 and rc == 0 and "reference vs golden: PASS" in out, f"torch golden {model}: exit {rc}\n{p.stderr}{out}")
+        check(p.returncode == 0 and rc == 0 and "reference vs golden: PASS" in out and "parallel vs golden: PASS" in out,
+              f"torch golden {model} x {plan}: exit {rc}\n{p.stderr}{out}")
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -184,7 +184,7 @@ TEST_CASE("in-process verify compares as it records: the report of comparing sto
         const Fault f = parse_fault(fault);
         const Model probe = load_model_text(in.model_text, in.model_path, "", false);
         const Tolerance tol = tolerance_for(plan, VerifyOptions{}, probe);
-        const RunRecord ref = record_reference(in, 2, RecordOptions{});
+        const RunRecord ref = record_reference(in, single_device_plan(), 2, RecordOptions{});
         RunRecord stored, streamed;
         RecordOptions as_recorded;
         as_recorded.compare_with = &ref, as_recorded.tol = tol;

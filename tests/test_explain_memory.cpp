@@ -30,7 +30,7 @@ TEST_CASE("explain's verify record per step is what the reference records", "[cp
         RunInputs in;
         in.model_path = path;
         in.model_text = read_text(path);
-        const RunRecord ref = record_reference(in, 1, RecordOptions{});
+        const RunRecord ref = record_reference(in, single_device_plan(), 1, RecordOptions{});
         REQUIRE(ref.steps.size() == 1);
         for (const char* mesh : {"mesh: {world: 1}\n", "mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n"}) {
             INFO(stem << " with " << mesh);

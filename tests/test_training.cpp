@@ -22,7 +22,7 @@ RunInputs inputs(const std::string& text, const std::string& dtype = "", const T
 RunRecord train(const RunInputs& in, int64_t steps) {
     RecordOptions ro;
     ro.init_tensors = true;
-    return record_reference(in, steps, ro);
+    return record_reference(in, single_device_plan(), steps, ro);
 }
 
 double item(const RunRecord& r, int64_t step, const std::string& name) {

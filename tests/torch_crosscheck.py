@@ -90,9 +90,11 @@ def main():
         s = f"step{step}."
         inp = ref.get(s + "input", ref.get("data.input"))
         target = ref.get(s + "target", ref.get("data.target"))
-        loss, out = train_step(model, cfg, opt, inp, target)
+        loss, out = train_step(model, cfg, opt, inp, target, step)
         checker.check(s + "loss", ref[s + "loss"], loss)
         checker.check(s + "output", ref[s + "output"], out)
+        if train_step.grad_norm is not None:
+            checker.check(s + "grad_norm", ref[s + "grad_norm"], train_step.grad_norm.to(torch.float64).reshape(()))
         if shadow_opt:
             for name, t in shadow.items():
                 t.grad = ref[s + "grad." + name].clone()

@@ -85,7 +85,8 @@ def seeds():
     # transformer blocks: attention heads split across ranks (GQA too), Megatron MLPs
     for model, plan, sizes in (("gpt_block", "gpt_block_tp", (2, 4)), ("llama_block", "llama_block_tp", (2,)),
                                ("seq_mlp", "seq_mlp_sp", (2, 3, 4)), ("embedding_head", "embedding_colwise", (2, 3)),
-                               ("embedding_head", "embedding_rowwise", (2, 5))):
+                               ("embedding_head", "embedding_rowwise", (2, 5)), ("gpt2_tied", "gpt2_tied_tp_sp", (2, 4)),
+                               ("llama_rope", "llama_rope_tp_sp", (2,))):
         for ws in sizes:
             rc, out, rep = verify(model, plan, "--mesh", f"tp={ws}")
             check(rc == 0 and rep["pass"] and len(rep["plans"][0]["tensors"]) >= 24, f"{model} x {plan} tp={ws}: {rc}\n{out}")
@@ -197,7 +198,8 @@ def explain():
     """explain's collectives per step (derived, no run) equal what verify measures, for every shipped plan."""
     cases = [(m, p) for m, p, _ in SEEDS] + [("gpt_block", "gpt_block_tp"), ("llama_block", "llama_block_tp"),
                                              ("seq_mlp", "seq_mlp_sp"), ("embedding_head", "embedding_colwise"),
-                                             ("embedding_head", "embedding_rowwise")]
+                                             ("embedding_head", "embedding_rowwise"), ("gpt2_tied", "gpt2_tied_tp_sp"),
+                                             ("llama_rope", "llama_rope_tp_sp")]
     for model, plan in cases:
         with tempfile.TemporaryDirectory() as tmp:
             ej = os.path.join(tmp, "e.json")

@@ -164,9 +164,7 @@ def build(spec, prefix, registry, dtype):
     elif t == "embedding":
         m = nn.Embedding(spec["vocab"], spec["dim"])
     elif t == "dropout":
-        if spec.get("p", 0.5) != 0:
-            raise SystemExit("cross-check: dropout masks come from ptool's counter-based RNG; use p: 0 here")
-        m = nn.Dropout(0.0)
+        m = CounterDropout(float(spec.get("p", 0.5)), fqn)
     elif t == "attention":
         bias = spec.get("bias", True)
         m = Attention(spec["dim"], spec["heads"], spec.get("kv_heads", spec["heads"]), spec.get("causal", False),
@@ -193,17 +191,37 @@ def build(spec, prefix, registry, dtype):
     return m
 
 
-def train_step(model, cfg, opt, inp, target):
+def train_step(model, cfg, opt, inp, target, step=0, compute=None):
     """One optimizer step as ptool's: gradient_accumulation microbatches of rows (each loss divided by
-    their count), clip_grad_norm, the optimizer. Returns (the losses summed, the outputs concatenated)."""
+    their count), clip_grad_norm, the optimizer. Returns (the losses summed, the outputs concatenated).
+
+    compute: mixed precision (a copy of the model in param_dtype, as FSDP2's MixedPrecisionPolicy
+    computes): each step casts the masters into it, runs forward and backward there (the input cast,
+    the loss on the output cast back to the masters' dtype, as torchtitan), and casts its gradients
+    into the masters' .grad; clipping and the optimizer step the masters."""
     n = int(cfg.get("gradient_accumulation", 1))
     rows = inp.shape[0] // n
     if opt:
         opt.zero_grad(set_to_none=False)
+    run = model
+    if compute is not None:
+        run = compute
+        with torch.no_grad():
+            for pc, pm in zip(compute.parameters(), model.parameters()):
+                pc.copy_(pm)
+                pc.grad = None
+    dtype = next(model.parameters()).dtype if list(model.parameters()) else torch.float32
+    CounterDropout.ctx.update(seed=int(cfg.get("seed", 0)), step=step)
     outs, total = [], None
     for j in range(n):
         mb_target = target[j * rows:(j + 1) * rows] if target is not None else None
-        out = model(inp[j * rows:(j + 1) * rows])
+        x = inp[j * rows:(j + 1) * rows]
+        if compute is not None and x.is_floating_point():
+            x = x.to(next(compute.parameters()).dtype)
+        CounterDropout.ctx["row"] = j * rows
+        out = run(x)
+        if compute is not None:
+            out = out.to(dtype)
         loss = compute_loss(cfg.get("loss", "sum"), out, mb_target)
         if n > 1:
             loss = loss / n
@@ -211,11 +229,64 @@ def train_step(model, cfg, opt, inp, target):
             loss.backward()
         outs.append(out.detach())
         total = loss.detach() if total is None else total + loss.detach()
+    if compute is not None:
+        for pc, pm in zip(compute.parameters(), model.parameters()):
+            pm.grad = pc.grad.to(pm.dtype) if pc.grad is not None else torch.zeros_like(pm)
+    norm = None
     if cfg.get("clip_grad_norm"):
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()), float(cfg["clip_grad_norm"]))
+        norm = torch.nn.utils.clip_grad_norm_(list(model.parameters()), float(cfg["clip_grad_norm"]))
     if opt:
         opt.step()
+    train_step.grad_norm = norm  # clip_grad_norm_'s return (ptool's step{k}.grad_norm), or None
     return total, torch.cat(outs)
+
+
+# ptool's counter-based RNG (core/rng.h: Philox4x32-10, FNV-1a stream ids), for dropout masks
+_M32 = 0xFFFFFFFF
+
+
+def stream_id(a, b=b"", c=0):
+    h = 1469598103934665603
+    for byte in a + b"\xff" + b + b"\xfe" + c.to_bytes(8, "little"):
+        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def philox4x32(key, hi, lo):
+    c0, c1, c2, c3 = lo & _M32, (lo >> 32) & _M32, hi & _M32, (hi >> 32) & _M32
+    k0, k1 = key & _M32, (key >> 32) & _M32
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c2, c1, c3 = ((p1 >> 32) ^ c1 ^ k0) & _M32, ((p0 >> 32) ^ c3 ^ k1) & _M32, p1 & _M32, p0 & _M32
+        k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
+    return c0, c1, c2, c3
+
+
+def counter_uniform(seed, stream, index):
+    r = philox4x32(seed, stream, index >> 1)
+    hi, lo = (r[2], r[3]) if index & 1 else (r[0], r[1])
+    return (((hi << 21) ^ (lo >> 11)) & ((1 << 53) - 1)) / 9007199254740992.0
+
+
+class CounterDropout(nn.Module):
+    """ptool's dropout: element i of the whole activation (rows counted from the step's batch) is
+    dropped when U(seed, stream_id("dropout", fqn, step), i) < p; kept ones scaled by 1/(1-p)."""
+    ctx = {"seed": 0, "step": 0, "row": 0}
+
+    def __init__(self, p, fqn):
+        super().__init__()
+        self.p, self.fqn = p, fqn
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        c = CounterDropout.ctx
+        stream = stream_id(b"dropout", self.fqn.encode(), c["step"])
+        per_row = x[0].numel() if x.dim() else 1
+        base = c["row"] * per_row
+        keep = 1.0 / (1.0 - self.p)
+        m = [0.0 if counter_uniform(c["seed"], stream, base + i) < self.p else keep for i in range(x.numel())]
+        return x * torch.tensor(m, dtype=torch.float64).reshape(x.shape).to(x.dtype)
 
 
 def compute_loss(kind, out, target):
@@ -270,7 +341,4 @@ def make_optimizer(cfg, params):
 
 def ptool_hash(text):
     """ptool's text_hash: FNV-1a 64 over the text, separators as core/rng.cpp's stream_id."""
-    h = 1469598103934665603
-    for byte in text.encode() + b"\xff" + b"\xfe" + bytes(8):
-        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
+    return f"{stream_id(text.encode()):016x}"

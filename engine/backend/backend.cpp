@@ -23,4 +23,11 @@ Backend& backend_for(Device device) {
 #endif
 }
 
+Tensor to_dtype(Backend& be, const Tensor& t, DType dt) {
+    if (t.dtype() == dt) return t;
+    Tensor out = Tensor::empty(t.shape(), dt, t.device());
+    be.copy(t, out);
+    return out;
+}
+
 }  // namespace ptool

@@ -89,4 +89,7 @@ struct BackendOptions {
 void configure_backends(const BackendOptions& options);
 Backend& backend_for(Device device);  // cuda: RuntimeError when the build or the machine has no GPU
 
+// t in dtype dt on its device: t itself when it already is, else a converted copy (round to nearest even).
+Tensor to_dtype(Backend& be, const Tensor& t, DType dt);
+
 }  // namespace ptool

@@ -5,6 +5,7 @@
 #include "core/rng.h"
 #include "core/yaml_reader.h"
 #include "core/tensor_ops.h"
+#include "parallel/mixed_precision.h"
 
 namespace ptool {
 namespace {
@@ -64,6 +65,11 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
                                                  rows, res.size, spec.mesh_dim, fmt::join(sizes, ", "), res.size));
     }
 
+    if (plan.mixed_precision && spec.gradient_as_bucket_view && plan.mixed_precision->reduce_dtype != model.dtype)
+        throw InputError(plan.mixed_precision->where,
+                         fmt::format("gradient_as_bucket_view makes the gradients ({}) views of the buckets, which hold "
+                                     "reduce_dtype {}: drop one of them",
+                                     dtype_name(model.dtype), dtype_name(plan.mixed_precision->reduce_dtype)));
     // fully_shard units: the listed patterns, and the root in mode fully_shard
     std::vector<std::string> unit_fqns;
     if (spec.mode == "fully_shard") unit_fqns.push_back("");
@@ -90,6 +96,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
 
     // each parameter: ignored, managed by its innermost unit, or in the bucket of its replicate() root
     std::map<std::string, std::vector<std::pair<std::string, int64_t>>> per_root;
+    std::vector<std::string> unmanaged;  // ignored, or under no unit and no replicate() root
     res.units.clear();
     for (const std::string& u : unit_fqns) res.units.push_back({u, {}});
     for (const auto& [name, p] : model.named_parameters()) {
@@ -97,6 +104,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
         for (const std::string& m : spec.ignored_modules) ignored = ignored || under(name, m);
         if (ignored) {
             res.ignored_params.insert(name);
+            unmanaged.push_back(name);
             continue;
         }
         FsdpUnitSpec* unit = nullptr;
@@ -106,10 +114,15 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
             unit->params.push_back(name);
             continue;
         }
+        bool replicated = false;
         for (const std::string& root : spec.modules)
-            if (spec.mode == "replicate" && under(name, root))
+            if (spec.mode == "replicate" && under(name, root)) {
                 per_root[root].push_back({name, static_cast<int64_t>(p->value.nbytes())});
+                replicated = true;
+            }
+        if (!replicated) unmanaged.push_back(name);
     }
+    check_mixed_precision(model, plan, unmanaged);
     const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(spec.bucket_cap_mb * 1024 * 1024));
     if (spec.mode == "replicate")
         for (const std::string& root : spec.modules) res.replicas.push_back({root, assign_buckets(per_root[root], cap)});
@@ -197,8 +210,10 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
                 b.names.push_back(name);
                 numel += params.at(name)->grad.numel();
             }
-            // uninitialised: every step writes it whole (gradients copied in, or zeroed as its views)
-            b.flat = Tensor::empty({numel}, b.params[0]->grad.dtype(), b.params[0]->grad.device());
+            // uninitialised: every step writes it whole (gradients copied in, or zeroed as its views); in
+            // mixed precision's reduce_dtype (the copies in and out convert)
+            const DType dt = plan.mixed_precision ? plan.mixed_precision->reduce_dtype : b.params[0]->grad.dtype();
+            b.flat = Tensor::empty({numel}, dt, b.params[0]->grad.device());
             if (bucket_view_) {  // the gradients become views of the bucket: no copies
                 int64_t off = 0;
                 for (const ParamPtr& p : b.params) {
@@ -209,7 +224,8 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
             }
             buckets_.push_back(std::move(b));
         }
-    if (!res.units.empty()) fsdp_ = std::make_unique<FullyShard>(model, res.units, *comm_, be);
+    if (!res.units.empty())
+        fsdp_ = std::make_unique<FullyShard>(model, res.units, *comm_, be, plan.mixed_precision ? &*plan.mixed_precision : nullptr);
 }
 
 Placement DataParallel::placement(const Parameter* p) const {

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "core/tensor_ops.h"
+#include "parallel/plan.h"
 
 namespace ptool {
 
@@ -26,10 +27,11 @@ struct FullyShard::State : ModuleHooks {
     int64_t region = 0;
     Communicator* comm = nullptr;
     Backend* be = nullptr;
+    DType compute = DType::float32, reduce = DType::float32;  // the gathered parameters' and the reduction's
 
     void unshard(bool for_backward) {
         const int n = comm->size();
-        Tensor local = Tensor({region}, params[0].shard.dtype(), params[0].shard.device());
+        Tensor local = Tensor({region}, compute, params[0].shard.device());  // the copies convert to compute
         for (Managed& m : params) {
             if (m.shard.numel() == 0) continue;
             Tensor dst = local.narrow(0, m.offset, m.shard.numel()).reshape(m.shard.shape());
@@ -41,7 +43,7 @@ struct FullyShard::State : ModuleHooks {
             comm->all_gather(local, all);
         }
         for (Managed& m : params) {
-            m.full = Tensor::empty(m.full_shape, m.shard.dtype(), m.shard.device());
+            m.full = Tensor::empty(m.full_shape, compute, m.shard.device());
             for (int r = 0; r < n; ++r) {
                 const Chunk c = chunk_of(m.full_shape[0], n, r);
                 if (c.length == 0) continue;
@@ -54,7 +56,7 @@ struct FullyShard::State : ModuleHooks {
         for (Managed& m : params) {
             m.p->value = m.full;
             if (for_backward) {
-                m.full_grad = Tensor(m.full_shape, m.shard.dtype(), m.shard.device());
+                m.full_grad = Tensor(m.full_shape, compute, m.shard.device());
                 m.p->grad = m.full_grad;
             }
         }
@@ -69,7 +71,7 @@ struct FullyShard::State : ModuleHooks {
 
     void reduce_grads() {
         const int n = comm->size();
-        const DType dt = params[0].shard.dtype();
+        const DType dt = reduce;
         const Device dev = params[0].shard.device();
         Tensor out({region}, dt, dev);
         Tensor in({n * region}, dt, dev);  // rank k's region: its rows of every parameter, padded
@@ -88,7 +90,7 @@ struct FullyShard::State : ModuleHooks {
         for (Managed& m : params) {  // accumulate: a shared unit runs its backward more than once
             if (m.shard_grad.numel() == 0) continue;
             Tensor part = out.narrow(0, m.offset, m.shard_grad.numel()).reshape(m.shard_grad.shape());
-            be->axpy(1.0, part, m.shard_grad);
+            be->axpy(1.0, to_dtype(*be, part, m.shard_grad.dtype()), m.shard_grad);  // reduce_dtype -> the masters'
         }
     }
 
@@ -103,7 +105,7 @@ struct FullyShard::State : ModuleHooks {
     Placed post_forward_backward(RunContext&, Module&, const Placed& dy) override {
         if (root) {  // kept from the forward
             for (Managed& m : params) {
-                m.full_grad = Tensor(m.full_shape, m.shard.dtype(), m.shard.device());
+                m.full_grad = Tensor(m.full_shape, compute, m.shard.device());
                 m.p->grad = m.full_grad;
             }
         } else {
@@ -117,7 +119,8 @@ struct FullyShard::State : ModuleHooks {
     }
 };
 
-FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be) {
+FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be,
+                       const MixedPrecisionSpec* mp) {
     const auto named = model.named_parameters();
     std::map<std::string, ParamPtr> by_name(named.begin(), named.end());
     std::map<std::string, Module*> modules;
@@ -130,6 +133,8 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
         st->root = u.fqn.empty();
         st->comm = &dp;
         st->be = &be;
+        st->compute = mp ? mp->param_dtype : model.dtype;
+        st->reduce = mp ? mp->reduce_dtype : model.dtype;
         for (const std::string& name : u.params) {
             State::Managed m;
             m.name = name;

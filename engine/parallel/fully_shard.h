@@ -26,7 +26,10 @@ struct FsdpUnitSpec {
 class FullyShard {
 public:
     // Shards every unit's parameters on this rank (no communication) and installs the hooks.
-    FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be);
+    // mp: mixed precision (FSDP2's MixedPrecisionPolicy): gathers in param_dtype, reduce_scatters in
+    // reduce_dtype, the shards (the optimizer's masters) keep the model's dtype. Null: none.
+    FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be,
+               const struct MixedPrecisionSpec* mp = nullptr);
     bool manages(const Parameter* p) const;
 
     struct State;

@@ -15,8 +15,9 @@ using Marker = std::vector<CommCost>;
 class Pass final : public LayoutVisitor {
 public:
     Pass(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles, int parts, SourceLocation plan_where,
-         const std::set<const Module*>& checkpointed)
-        : model_(model), styles_(styles), parts_(parts), plan_where_(std::move(plan_where)), checkpointed_(checkpointed) {}
+         const std::set<const Module*>& checkpointed, DType compute)
+        : model_(model), styles_(styles), parts_(parts), plan_where_(std::move(plan_where)), checkpointed_(checkpointed),
+          es_(dtype_size(compute)) {}
 
     int parts() const override { return parts_; }
 
@@ -62,7 +63,7 @@ private:
         const StyleRule r = spec.style->rule(m, spec);
         const int64_t nd = static_cast<int64_t>(in.global.size());
         if (r.pre) check_dim(r.pre->from, in, rs, "input"), check_dim(r.pre->to, in, rs, "input");
-        const size_t es = dtype_size(model_.dtype);
+        const size_t es = es_;
         Layout x = in;
         if (r.pre) {
             if (!in.p.same_as(r.pre->from, nd)) declared_input_conflict(m, rs, in, r.pre->from);
@@ -161,20 +162,22 @@ private:
     std::vector<const Module*> stack_;
     Producer producer_;
     const std::set<const Module*>& checkpointed_;
+    size_t es_;  // bytes per element of what travels: activations and their gradients, in the compute dtype
 };
 
 }  // namespace
 
 LayoutReport propagate_layouts(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles,
-                               const Layout& input, int parts, const SourceLocation& plan_where, bool loss_parallel,
-                               const std::set<const Module*>& checkpointed) {
-    Pass pass(model, styles, parts, plan_where, checkpointed);
+                               const Layout& input, int parts, const SourceLocation& plan_where, const LayoutPassOptions& options) {
+    Pass pass(model, styles, parts, plan_where, options.checkpointed, options.compute.value_or(model.dtype));
+    const bool loss_parallel = options.loss_parallel;
     pass.report.input = input;
     pass.report.output = pass.call(*model.root, input);
     // the runner gathers the output for the loss and hands the loss's gradient back as the output's;
-    // with loss_parallel the loss runs on the shards (parallel/loss_parallel.h)
+    // with loss_parallel the loss runs on the shards (parallel/loss_parallel.h); under mixed
+    // precision the output is gathered in param_dtype and the loss computed in the model's dtype
     const Layout& out = pass.report.output;
-    const size_t es = dtype_size(model.dtype);
+    const size_t es = dtype_size(options.compute.value_or(model.dtype));
     if (loss_parallel && parts > 1) {
         for (const auto& [op, bytes] : vocab_parallel_cross_entropy_cost(out.global, model.dtype))
             pass.report.forward.push_back({op, bytes, "(loss)", Phase::forward});

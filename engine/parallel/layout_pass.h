@@ -42,11 +42,15 @@ struct LayoutReport {
     std::vector<std::string> warnings;
 };
 
+struct LayoutPassOptions {
+    bool loss_parallel = false;  // cross_entropy on the sharded output (its collectives) instead of gathering it
+    std::set<const Module*> checkpointed;  // modules whose forward (its collectives included) runs again in backward
+    std::optional<DType> compute;  // mixed precision's param_dtype: what activations and gradients travel in
+};
+
 // input: the model input's layout; `styles` by module. Throws InputError (exit 2) on a conflict.
-// loss_parallel: cross_entropy on the sharded output (its collectives) instead of gathering it.
-// checkpointed: modules whose forward (its collectives included) runs again in backward.
 LayoutReport propagate_layouts(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles,
-                               const Layout& input, int parts, const SourceLocation& plan_where, bool loss_parallel = false,
-                               const std::set<const Module*>& checkpointed = {});
+                               const Layout& input, int parts, const SourceLocation& plan_where,
+                               const LayoutPassOptions& options = {});
 
 }  // namespace ptool

@@ -23,6 +23,7 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
     }
     LossResult r;
     r.grad = Tensor::empty(x.shape(), x.dtype());
+    CommScope scope(tp.counter().get(), "(loss)", "loss_parallel");
     dispatch_float(x.dtype(), [&](auto tag) {
         using T = decltype(tag);
         using A = acc_t<T>;

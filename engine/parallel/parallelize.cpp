@@ -134,9 +134,12 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     for (const ResolvedStyle& rs : res.styles) styles[rs.module] = &rs;
     Shape rows = model.input.shape;  // one dp rank's rows (the batch splits evenly: checked above)
     if (!rows.empty()) rows[0] /= res.dp.size * model.gradient_accumulation;  // and one microbatch's
+    LayoutPassOptions options;
+    options.loss_parallel = plan.loss_parallel;
+    options.checkpointed = res.checkpointed;
+    if (plan.mixed_precision) options.compute = plan.mixed_precision->param_dtype;
     res.layouts = propagate_layouts(model, styles, {rows, res.input_placement}, res.tp,
-                                    plan.has_tensor_parallel ? plan.tp_plan_where : plan.mesh_where, plan.loss_parallel,
-                                    res.checkpointed);
+                                    plan.has_tensor_parallel ? plan.tp_plan_where : plan.mesh_where, options);
     if (plan.loss_parallel) {  // the loss must be a cross_entropy over classes the output holds sharded
         const Layout& out = res.layouts.output;
         const int64_t nd = static_cast<int64_t>(out.global.size());

@@ -41,7 +41,31 @@ std::vector<std::string> string_list(const YamlNode& node, const char* what) {
     return out;
 }
 
-DataParallelSpec parse_data_parallel(const YamlNode& node, const Plan& plan, const std::set<std::string>& names) {
+MixedPrecisionSpec parse_mixed_precision(const YamlNode& node) {
+    YamlMap mm(node, "'mixed_precision'");
+    MixedPrecisionSpec p;
+    p.where = node.where();
+    auto dtype_of = [&](const char* key) {
+        YamlNode v = mm.at(key);
+        DType dt = DType::float32;
+        try {
+            dt = parse_dtype(v.as_string(fmt::format("'{}'", key)));
+        } catch (const InputError& e) {
+            v.fail(e.what());
+        }
+        if (!dtype_is_float(dt)) v.fail(fmt::format("'{}' must be a floating dtype, got {}", key, dtype_name(dt)));
+        return dt;
+    };
+    p.param_dtype = dtype_of("param_dtype");
+    p.reduce_dtype = mm.has("reduce_dtype") ? dtype_of("reduce_dtype") : p.param_dtype;
+    p.cast_forward_inputs = mm.bool_or("cast_forward_inputs", true);
+    mm.finish();
+    return p;
+}
+
+// data_parallel (and its mixed_precision, which the reference shares: it is numerics, not layout)
+DataParallelSpec parse_data_parallel(const YamlNode& node, const Plan& plan, const std::set<std::string>& names,
+                                     std::optional<MixedPrecisionSpec>& mixed_precision) {
     YamlMap d(node, "'data_parallel'");
     DataParallelSpec s;
     s.where = node.where();
@@ -80,6 +104,7 @@ DataParallelSpec parse_data_parallel(const YamlNode& node, const Plan& plan, con
     }
     s.broadcast_buffers = d.bool_or("broadcast_buffers", true);
     s.sync_batch_norm = d.bool_or("sync_batch_norm", false);
+    if (auto mp = d.get("mixed_precision")) mixed_precision = parse_mixed_precision(*mp);
     d.finish();
     return s;
 }
@@ -222,7 +247,7 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
     plan.name = std::filesystem::path(path).stem().string();
     const std::set<std::string> names = parse_mesh(m.at("mesh"), plan);
     if (auto tp = m.get("tensor_parallel")) parse_tensor_parallel(*tp, plan, names);
-    if (auto dp = m.get("data_parallel")) plan.data_parallel = parse_data_parallel(*dp, plan, names);
+    if (auto dp = m.get("data_parallel")) plan.data_parallel = parse_data_parallel(*dp, plan, names, plan.mixed_precision);
     if (auto ac = m.get("activation_checkpointing")) {
         plan.activation_checkpointing = string_list(*ac, "activation_checkpointing");
         plan.activation_checkpointing_where = ac->where();

@@ -19,6 +19,7 @@
 //     ignored_modules: [fc1]
 //     broadcast_buffers: true
 //     sync_batch_norm: false
+//     mixed_precision: {param_dtype: bfloat16, reduce_dtype: float32}
 //   verify: {steps: 2, compare: [output, loss, grad, param], tolerance: {rtol: 1.3e-6, atol: 1e-5}}
 #pragma once
 
@@ -37,6 +38,18 @@ struct PlanEntry {
     std::string pattern;  // FQN pattern, fnmatch per dotted atom; "" is the root module
     StyleSpec style;
     SourceLocation where;  // the pattern's key
+};
+
+// Mixed precision (FSDP2's MixedPrecisionPolicy; DDP's _MixedPrecision): the model's parameters
+// stay in its dtype (the optimizer's masters); forward and backward compute with copies in
+// param_dtype; gradients are reduced across dp ranks in reduce_dtype (default: param_dtype).
+// Written under data_parallel, as PyTorch configures it; the single-device reference computes
+// with the same policy (parallel/mixed_precision.h).
+struct MixedPrecisionSpec {
+    DType param_dtype = DType::float32;
+    DType reduce_dtype = DType::float32;
+    bool cast_forward_inputs = true;
+    SourceLocation where;
 };
 
 // data_parallel: DDP's replicate() and FSDP2's fully_shard() on one mesh dim.
@@ -73,6 +86,7 @@ struct Plan {
     bool loss_parallel = false;
     SourceLocation loss_parallel_where;
     std::optional<DataParallelSpec> data_parallel;
+    std::optional<MixedPrecisionSpec> mixed_precision;  // data_parallel.mixed_precision
     // activation_checkpointing: module patterns whose forward keeps only its input and is
     // recomputed in backward (torch.utils.checkpoint)
     std::vector<std::string> activation_checkpointing;

@@ -10,15 +10,18 @@ namespace {
 
 // verify's record of one step on rank 0, every tensor full size: parameters, gradients, buffers,
 // output, loss, and every module call's output and (for float inputs) input gradient.
-int64_t record_bytes_per_step(const Model& model, const LayoutReport& layouts, int dp) {
+int64_t record_bytes_per_step(const Model& model, const Plan& plan, const LayoutReport& layouts, int dp) {
     const int64_t es = static_cast<int64_t>(dtype_size(model.dtype));
+    // module outputs and input gradients in the compute dtype (mixed precision's param_dtype)
+    const int64_t ce = static_cast<int64_t>(dtype_size(plan.mixed_precision ? plan.mixed_precision->param_dtype : model.dtype));
     int64_t events = 0;
     for (const CallLayout& c : layouts.calls) {
         events += numel_of(c.out.global);
         if (!c.module->takes_ids()) events += numel_of(c.in.global);
     }
     // the layout pass walks one microbatch of one dp rank's rows
-    int64_t bytes = (events + numel_of(layouts.output.global)) * es * dp * model.gradient_accumulation + es;  // the calls', the output, the loss
+    int64_t bytes = (events * ce + numel_of(layouts.output.global) * es) * dp * model.gradient_accumulation + es;  // the calls', the output, the loss
+    if (model.clip_grad_norm > 0) bytes += 8;  // the gradients' norm (float64)
     for (const auto& [name, p] : model.named_parameters()) bytes += 2 * static_cast<int64_t>(p->value.nbytes());
     for (const auto& [name, b] : model.named_buffers()) bytes += static_cast<int64_t>(b->value.nbytes());
     return bytes;
@@ -57,7 +60,7 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
         ex.step_comm.insert(ex.step_comm.end(), layouts.forward.begin(), layouts.forward.end());
         ex.step_comm.insert(ex.step_comm.end(), layouts.backward.begin(), layouts.backward.end());
     }
-    ex.record_step_bytes = record_bytes_per_step(model, layouts, ex.dp);
+    ex.record_step_bytes = record_bytes_per_step(model, plan, layouts, ex.dp);
 
     // memory per rank: parameters, gradients, optimizer state (SGD momentum 1x, AdamW 2x)
     std::map<const Parameter*, const ParamLayout*> distributed;

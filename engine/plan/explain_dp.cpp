@@ -12,9 +12,12 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
     const auto named = model.named_parameters(), buffers = model.named_buffers();
     std::map<std::string, const Parameter*> by_name;
     for (const auto& [name, p] : named) by_name[name] = p.get();
+    // mixed precision: fully_shard gathers param_dtype and reduce_scatters reduce_dtype; DDP's buckets hold reduce_dtype
+    const DType gathered = plan.mixed_precision ? plan.mixed_precision->param_dtype : model.dtype;
+    const DType reduced = plan.mixed_precision ? plan.mixed_precision->reduce_dtype : model.dtype;
     auto local_bytes = [&](const std::string& name) {  // on tp rank 0, as DDP sees it
         const Parameter* p = by_name.at(name);
-        return numel_of(tp_local(p, 0)) * static_cast<int64_t>(dtype_size(p->value.dtype()));
+        return numel_of(tp_local(p, 0)) * static_cast<int64_t>(dtype_size(plan.mixed_precision ? reduced : p->value.dtype()));
     };
     std::vector<CommCost> forward, backward;
 
@@ -35,16 +38,19 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
     // fully_shard units: outermost first in forward; reduce_scatter (and the re-gather) in backward
     for (const FsdpUnitSpec& u : dp.units) {
         if (u.params.empty()) continue;
-        int64_t region = 0;
+        int64_t region = 0;  // elements per rank in the flat buffer
         for (const std::string& name : u.params) {
             const Shape s = tp_local(by_name.at(name), 0);
             const int64_t rows = s.empty() ? 1 : s[0], row = rows ? numel_of(s) / rows : 0;
-            region += chunk_of(rows, n, 0).length * row * static_cast<int64_t>(dtype_size(model.dtype));
+            region += chunk_of(rows, n, 0).length * row;
         }
-        forward.push_back({"all_gather", n * region, u.fqn, Phase::forward});
-        if (recomputed(u.fqn)) backward.insert(backward.begin(), {"all_gather", n * region, u.fqn, Phase::backward});
-        if (!u.fqn.empty()) backward.insert(backward.begin(), {"all_gather", n * region, u.fqn, Phase::backward});
-        backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1), {"reduce_scatter", n * region, u.fqn, Phase::backward});
+        const int64_t gather = n * region * static_cast<int64_t>(dtype_size(gathered));
+        const int64_t scatter = n * region * static_cast<int64_t>(dtype_size(reduced));
+        forward.push_back({"all_gather", gather, u.fqn, Phase::forward});
+        if (recomputed(u.fqn)) backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
+        if (!u.fqn.empty()) backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
+        backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1), {"reduce_scatter", scatter, u.fqn, Phase::backward});
+        region *= static_cast<int64_t>(dtype_size(model.dtype));
         ex.data_parallel.push_back(fmt::format("fully_shard '{}': {} parameter{}, Shard(0) on '{}', {} B per rank in "
                                                "the flat buffer",
                                                u.fqn.empty() ? "(root)" : u.fqn, u.params.size(),

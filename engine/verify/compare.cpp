@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "model/batch.h"
+
 namespace ptool {
 namespace {
 
@@ -87,7 +89,7 @@ Part compare_range(const Tensor& actual, const Tensor& expected, const Tolerance
                    int64_t end) {
     Part part;
     const Accumulate acc{tol, part.d, part.err2, part.ref2};
-    const bool frobenius = tol.rel_fro > 0;  // else a bitwise-equal tensor's norm is not needed: not summed
+    const bool frobenius = tol.rel_fro > 0 || tol.systematic > 0;  // else a bitwise-equal tensor's norm is not needed
     dispatch_float(actual.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T *pa = actual.data<T>(), *pe = expected.data<T>();
@@ -198,6 +200,12 @@ uint64_t tensor_digest(const Tensor& t) {
     for (; i < n; ++i) lane[0] = (lane[0] ^ p[i]) * 0x94D049BB133111EBull;
     for (int k = 0; k < 4; ++k) h = mix(h, lane[k]);
     return h ^ (h >> 29);
+}
+
+Tolerance rule_for(const Tolerance& tol, const std::string& key) {
+    if (!tol.masters) return tol;
+    const auto k = parse_step_key(key);
+    return k && k->kind() == "param" ? tol.for_masters() : tol;
 }
 
 }  // namespace ptool

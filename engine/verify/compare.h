@@ -19,6 +19,8 @@ struct TensorDiff {
     double rel_fro = 0;       // ||a - e||_F / ||e||_F (inf when e is zero and a is not)
     double err_norm = 0, ref_norm = 0;  // ||a - e||_F and ||e||_F (ref_norm 0 for bitwise-equal tensors without rel_fro)
     bool by_frobenius = false;  // failed the elementwise rule, passed by the Frobenius bound
+    bool systematic = false;    // a gradient whose every element passed but whose error is beyond rounding
+                                // (Tolerance::systematic, judged against its module's in verify/report.cpp)
     bool by_gradients = false;  // a parameter that failed the elementwise rule while its gradients agreed and
                                 // its update is the optimizer's on them (verify/report.h, update rule)
     int64_t max_ulp = 0;
@@ -26,6 +28,9 @@ struct TensorDiff {
 };
 
 TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const Tolerance& tol);
+
+// The rule for a recorded tensor: the masters' (Tolerance::masters) for step{k}.param.*, else tol.
+Tolerance rule_for(const Tolerance& tol, const std::string& key);
 
 // A 64-bit digest of a host tensor's dtype, shape and bytes (multiply-xorshift mixing in four
 // lanes of 8 bytes): replicas and construction-time state are compared by digest, so checking a 32 MiB

@@ -9,10 +9,11 @@ namespace ptool {
 namespace {
 
 const std::vector<std::string>& kinds() {
-    static const std::vector<std::string> k = {"skip_all_reduce", "bias_every_rank",     "skip_grad_all_reduce",
-                                               "wrong_shard_dim", "wrong_shard_offset",  "wrong_src_rank",
-                                               "skip_bucket",     "grad_sum",            "skip_buffer_broadcast",
-                                               "sync_ignored",    "skip_reduce_scatter", "stale_param"};
+    static const std::vector<std::string> k = {
+        "skip_all_reduce", "bias_every_rank",   "skip_grad_all_reduce", "wrong_shard_dim",     "wrong_shard_offset",
+        "wrong_src_rank",  "skip_bucket",       "grad_sum",             "skip_buffer_broadcast", "sync_ignored",
+        "skip_reduce_scatter", "stale_param",   "grad_scale",           "clip_local_norm",     "tied_grad",
+        "loss_parallel_local", "dropout_same_mask", "recompute_mask",   "masters_rounded"};
     return k;
 }
 
@@ -54,6 +55,50 @@ private:
     int parts_;
 };
 
+// Faults on modules that have no style: hooks added outside the ones they have.
+//   tied_grad          the module's backward leaves its weight's gradient as it found it
+//   dropout_same_mask  the mask is drawn as if the activation were whole on every rank
+//   recompute_mask     activation checkpointing's recompute draws its mask for another step
+class ModuleFaultHooks final : public ModuleHooks {
+public:
+    explicit ModuleFaultHooks(std::string kind) : kind_(std::move(kind)) {}
+    Placed pre_forward(RunContext& c, Module&, const Placed& x) override {
+        if (kind_ == "recompute_mask" && c.recomputing) c.step += 1000003, shifted_ = true;
+        if (kind_ != "dropout_same_mask") return x;
+        layouts_.push_back(x.layout());
+        if (c.recording) backward_layouts_.push_back(x.layout());
+        return {x.t, Placement::replicate(), x.t.shape()};
+    }
+    Placed post_forward(RunContext& c, Module&, const Placed& y) override {
+        if (shifted_) c.step -= 1000003, shifted_ = false;
+        if (kind_ != "dropout_same_mask") return y;
+        const Layout l = layouts_.back();
+        layouts_.pop_back();
+        return {y.t, l.p, l.global};
+    }
+    Placed pre_forward_backward(RunContext&, Module&, const Placed& dx) override {
+        if (kind_ != "dropout_same_mask" || backward_layouts_.empty()) return dx;
+        const Layout l = backward_layouts_.back();  // the input's true layout, for its gradient
+        backward_layouts_.pop_back();
+        return {dx.t, grad_placement(l.p), l.global};
+    }
+    Placed post_forward_backward(RunContext&, Module& m, const Placed& dy) override {
+        if (kind_ == "tied_grad" && m.param("weight")) kept_.push_back(m.param("weight")->grad.clone());
+        return dy;
+    }
+    void post_backward(RunContext& c, Module& m) override {
+        if (kind_ != "tied_grad" || kept_.empty()) return;
+        c.backend->copy(kept_.back(), m.param("weight")->grad);
+        kept_.pop_back();
+    }
+
+private:
+    std::string kind_;
+    std::vector<Layout> layouts_, backward_layouts_;
+    std::vector<Tensor> kept_;
+    bool shifted_ = false;
+};
+
 // A mesh dim's communicator with the collectives of one scope broken. The scope is the counter's
 // module and site, which the parallel code sets around its collectives.
 class FaultComm final : public Communicator {
@@ -77,6 +122,9 @@ public:
         }
     }
     void all_reduce(Tensor& t, ReduceOp op) override {
+        if ((fault_.kind == "clip_local_norm" && site() == "clip_grad_norm") ||
+            (fault_.kind == "loss_parallel_local" && site() == "loss_parallel"))
+            return;  // each rank keeps its own
         if (site().rfind("bucket ", 0) == 0) {
             if (skips_bucket()) return;
             if (fault_.hits("grad_sum", module())) op = ReduceOp::sum;
@@ -118,6 +166,7 @@ public:
     bool needs_full_parameters() const override { return true; }
 
     void wrap_mesh(DeviceMesh& mesh, const Plan& plan) override {
+        plan_ = &plan;
         for (int d = 0; d < mesh.ndim(); ++d) {
             const bool dp = plan.data_parallel && mesh.dims()[d].name == plan.data_parallel->mesh_dim;
             const bool tp = plan.has_tensor_parallel && mesh.dims()[d].name == plan.tp_mesh_dim;
@@ -138,8 +187,19 @@ public:
 
     DataParallelResolution data_parallel(const DataParallelResolution& r) override;
 
+    void before_gradient_sync(Model& model, Communicator& world) override {
+        const bool last = world.rank() == world.size() - 1;
+        for (const auto& [name, p] : model.named_parameters()) {
+            Backend& be = backend_for(p->grad.device());
+            if (fault_.hits("grad_scale", name) && last) be.scale(p->grad, 1.001, p->grad);
+            if (fault_.kind == "masters_rounded" && plan_ && plan_->mixed_precision)  // the optimizer steps param_dtype values
+                be.copy(to_dtype(be, p->value, plan_->mixed_precision->param_dtype), p->value);
+        }
+    }
+
 private:
     Fault fault_;
+    const Plan* plan_ = nullptr;
     FaultComm::Buckets buckets_;
     std::map<const Parameter*, Tensor> full_;
 };
@@ -167,6 +227,11 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
         for (const auto& [name, b] : model.named_buffers())
             if (dp_rank != 0 && res.dp.synced_buffers.count(name)) poison_replica(b->value, dp_rank);
     }
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+        const bool dropout = m.type() == "dropout";
+        if (fault_.hits("tied_grad", fqn) || (dropout && (fault_.hits("dropout_same_mask", fqn) || fault_.hits("recompute_mask", fqn))))
+            m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(fault_.kind));
+    });
     if (!plan.has_tensor_parallel) return;
     Communicator& tp = mesh.comm(mesh.dim_index(plan.tp_mesh_dim));
     for (const ResolvedStyle& rs : res.styles) {

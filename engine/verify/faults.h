@@ -16,6 +16,16 @@
 //     sync_ignored           ignored modules' gradients are averaged anyway
 //     skip_reduce_scatter    a fully_shard unit's ranks keep their own rows of their own gradient
 //     stale_param            a fully_shard unit reuses its first all_gather's parameters
+//   training configurations
+//     grad_scale:PARAM       the last rank's gradient of PARAM is scaled by 1.001 before the sync
+//     clip_local_norm:*      clip_grad_norm uses each rank's local norm (its all_reduces skipped)
+//     tied_grad:MODULE       MODULE's use of its (tied) weight adds nothing to the weight's gradient
+//     loss_parallel_local:*  loss_parallel's max and sum-exp all_reduces are skipped
+//     dropout_same_mask:FQN  a dropout draws its mask by local index (every tp rank the same mask)
+//     recompute_mask:FQN     a dropout's mask in activation checkpointing's recompute is drawn anew
+//   mixed precision
+//     masters_rounded:*      the optimizer steps parameters rounded to param_dtype (no fp32 masters)
+//     reduce_in_param_dtype:*  gradients are reduced in param_dtype, not reduce_dtype
 #pragma once
 
 #include "verify/run.h"

@@ -24,8 +24,12 @@ std::string worst(const PlanReport& r, size_t n) {
 // The golden's recorded steps and tolerance, unless the command line says otherwise.
 VerifyOptions case_options(const GoldenCase& c, VerifyOptions vo) {
     if (!vo.steps) vo.steps = c.steps;
-    if (!vo.tolerance.rtol) vo.tolerance.rtol = c.tolerance.rtol;
-    if (!vo.tolerance.atol) vo.tolerance.atol = c.tolerance.atol;
+    // the golden's recorded rule, where the command line's --rtol/--atol do not replace it (those
+    // rule every tensor, masters too, elementwise)
+    Tolerance::Override o = c.tolerance;
+    if (vo.tolerance.rtol) o.rtol = vo.tolerance.rtol, o.master_rtol.reset(), o.rel_fro.reset();
+    if (vo.tolerance.atol) o.atol = vo.tolerance.atol, o.master_atol.reset(), o.rel_fro.reset();
+    vo.tolerance = o;
     return vo;
 }
 

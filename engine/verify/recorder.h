@@ -4,7 +4,8 @@
 // each replicated tensor are bitwise equal (by digest, per mesh dim), and every module's output
 // and input gradient (localisation's events). The gathers run with the counter paused: they are
 // verification's, not the plan's. With compare_with / golden, rank 0 compares each tensor as it is
-// gathered and keeps the diff, not the tensor: a run holds one gathered tensor at a time.
+// gathered; with compare_with it keeps the diff, not the tensor: a parallel run holds one gathered
+// tensor at a time.
 #pragma once
 
 #include "verify/run.h"
@@ -21,6 +22,9 @@ struct RecordOptions {
     // Also step the model's optimizer (AdamW) on full copies with the run's own gradients, and
     // record how each parameter compares with that (StepRecord::vs_shadow): every rank, one value.
     bool shadow_optimizer = false;
+    // After each step whose parameters left tolerance, continue from the truth's: the golden's if
+    // any, else compare_with's (Recorder::resync). Every rank passes the same value.
+    bool resync = false;
     // Called after each step on rank 0 with the step's number, loss and seconds (`ptool run`'s lines).
     std::function<void(int64_t, double, double)> on_step;
 };

@@ -1,6 +1,7 @@
 #include "verify/report.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "model/batch.h"
@@ -53,12 +54,14 @@ void check_init_state(const RunRecord& ref, const RunRecord& par, PlanReport& re
                                         par.unique_params, ref.unique_params));
 }
 
-// Low precision (core/tolerance.h): a grad or param that fails alone is measured against its
-// module's (the same step's tensors of that kind whose names differ only in the last atom, flattened).
+}  // namespace
+
 void judge_by_module(PlanReport& rep, const Tolerance& tol) {
-    auto group_of = [](const std::string& name) {
+    if (tol.rel_fro <= 0 && tol.systematic <= 0) return;
+    auto group_of = [&](const std::string& name) {
         const auto k = parse_step_key(name);
-        if (!k || (k->kind() != "grad" && k->kind() != "param")) return std::string();
+        // mixed precision's masters are full precision: their rule is elementwise (and the update rule)
+        if (!k || (k->kind() != "grad" && (k->kind() != "param" || tol.masters))) return std::string();
         return name.substr(0, name.rfind('.'));
     };
     std::map<std::string, double> ref2;
@@ -66,17 +69,20 @@ void judge_by_module(PlanReport& rep, const Tolerance& tol) {
         if (const std::string g = group_of(t.name); !g.empty()) ref2[g] += t.diff.ref_norm * t.diff.ref_norm;
     for (TensorReport& t : rep.tensors) {
         const std::string g = group_of(t.name);
-        if (t.pass || g.empty() || !t.diff.shape_ok || std::isinf(t.diff.err_norm) || replica_failure(t.replicas)) continue;
+        if (g.empty() || !t.diff.shape_ok || std::isinf(t.diff.err_norm) || replica_failure(t.replicas)) continue;
         const double module_norm = std::sqrt(ref2[g]);
-        if (module_norm > 0 && t.diff.err_norm <= tol.rel_fro * module_norm) {
+        if (!t.pass && tol.rel_fro > 0 && module_norm > 0 && t.diff.err_norm <= tol.rel_fro * module_norm) {
             t.diff.rel_fro = t.diff.err_norm / module_norm;
             t.diff.by_frobenius = t.diff.pass = t.pass = true;
             rep.failed -= 1, rep.passed += 1;
+        } else if (t.pass && tol.systematic > 0 && parse_step_key(t.name)->kind() == "grad" &&
+                   t.diff.err_norm > tol.systematic * module_norm && t.replicas != ReplicaState::ignored) {
+            t.diff.rel_fro = module_norm > 0 ? t.diff.err_norm / module_norm : std::numeric_limits<double>::infinity();
+            t.diff.systematic = true, t.diff.pass = t.pass = false;
+            rep.failed += 1, rep.passed -= 1;
         }
     }
 }
-
-}  // namespace
 
 void apply_update_rule(PlanReport& rep, const std::function<bool(const std::string&)>& consistent) {
     std::map<std::string, int64_t> first_bad_grad;  // parameter -> the first step its gradient failed
@@ -127,8 +133,10 @@ std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance
     double prev_rel = 0;
     std::string prev = "the step's input";
     auto diverged = [&](int64_t step, const std::string& what, const TensorDiff& d) {
-        return fmt::format("first divergence: step {} {}, max rel {:.2g} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
-                           step, what, d.max_rel, d.max_abs, prev, prev_rel);
+        const std::string how = d.systematic ? fmt::format("error {:.2g} of its module's norm, beyond rounding", d.rel_fro)
+                                             : fmt::format("max rel {:.2g}", d.max_rel);
+        return fmt::format("first divergence: step {} {}, {} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
+                           step, what, how, d.max_abs, prev, prev_rel);
     };
     for (size_t s = 0; s < ref.steps.size() && s < par.steps.size(); ++s) {
         const auto &re = ref.steps[s].events, &pe = par.steps[s].events;
@@ -140,12 +148,14 @@ std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance
             prev_rel = d.max_rel;
             prev = event_label(re[i]);
         }
-        // after the backward: the parameters' gradients, then the optimizer's updates
-        for (const char* kind : {"grad", "param"})
+        // after the backward: the parameters' gradients, their norm (clip_grad_norm), then the
+        // optimizer's updates
+        for (const std::string kind : {"grad", "grad_norm", "param"})
             for (const TensorReport& t : rep.tensors) {
                 const auto k = parse_step_key(t.name);
                 if (!k || k->step != static_cast<int64_t>(s) || k->kind() != kind) continue;
-                const std::string what = fmt::format("{} of `{}`", *kind == 'g' ? "gradient" : "update", k->rest.substr(k->kind().size() + 1));
+                const std::string what = kind == "grad_norm" ? std::string("gradient norm (clip_grad_norm's, before clipping)")
+                                         : fmt::format("{} of `{}`", kind == "grad" ? "gradient" : "update", k->rest.substr(kind.size() + 1));
                 if (!t.pass) return diverged(static_cast<int64_t>(s), what, t.diff);
                 prev_rel = t.diff.max_rel;
                 prev = what;
@@ -162,10 +172,10 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
         const StepRecord &r = reference.steps[s], &p = parallel.steps[s];
         for (const auto& [name, expected] : r.tensors) {
             const std::string kind = parse_step_key(name)->kind();  // names the recorder made
-            if (!plan.compares(kind) && kind != "buffer") continue;
+            if (!plan.compares(kind == "grad_norm" ? "grad" : kind) && kind != "buffer") continue;
             TensorReport tr;
             tr.name = name;
-            if (const Tensor* actual = find_tensor(p, name)) tr.diff = compare_tensors(*actual, expected, tol);
+            if (const Tensor* actual = find_tensor(p, name)) tr.diff = compare_tensors(*actual, expected, rule_for(tol, name));
             else if (auto d = p.vs_reference.find(name); d != p.vs_reference.end()) tr.diff = d->second;  // compared as recorded
             else tr.diff.shape_ok = tr.diff.pass = false;  // missing
             tr.pass = tr.diff.pass;
@@ -177,7 +187,7 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
             rep.tensors.push_back(std::move(tr));
         }
     }
-    if (tol.rel_fro > 0) judge_by_module(rep, tol);
+    judge_by_module(rep, tol);
     apply_update_rule(rep, [&](const std::string& name) {  // the parallel run's update is its optimizer's on its gradients
         const auto k = parse_step_key(name);
         if (k->step >= static_cast<int64_t>(parallel.steps.size())) return false;

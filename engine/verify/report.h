@@ -53,6 +53,12 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
 // of its gradients so far agreed and `consistent(name)` says its update is the optimizer's own on
 // those gradients (the shadow optimizer's parameter, StepRecord::vs_shadow). A wrong update (a
 // stale or skipped step, a wrong shard) is inconsistent and fails; a wrong gradient fails first.
+// The module rules, over a report's step{k}.grad.* (and, without mixed precision, param.*) tensors
+// grouped by module (the names that differ only in their last atom): in low precision a tensor that
+// fails alone passes when its error is within Tolerance::rel_fro of its module's norm; in float32/64
+// a gradient that passes elementwise fails when its error exceeds Tolerance::systematic of it.
+void judge_by_module(PlanReport& rep, const Tolerance& tol);
+
 void apply_update_rule(PlanReport& rep, const std::function<bool(const std::string& param_key)>& consistent);
 
 // The first divergence, in the order things were computed: per step, every module's output

@@ -31,6 +31,12 @@ Plan single_device_plan() {
     return p;
 }
 
+Plan reference_plan(const Plan& plan) {
+    Plan p = single_device_plan();
+    p.mixed_precision = plan.mixed_precision;
+    return p;
+}
+
 Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer)
     : model_(build_model(in, !builds_own_shards(in, plan, layer))), plan_(plan), world_(world),
       be_(backend_for(in.device)), counter_(std::make_shared<CommCounter>()), device_(in.device), layer_(layer) {
@@ -61,6 +67,12 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     else solo_tp_ = world.split(world.rank(), 0), tp_ = solo_tp_.get();
     if (data_parallel_) dp_ = &data_parallel_->comm();
     else solo_dp_ = world.split(world.rank(), 0), dp_ = solo_dp_.get();
+    if (plan.mixed_precision && (plan.mixed_precision->param_dtype != model_.dtype)) {
+        if (!plan.data_parallel) check_mixed_precision(model_, plan, {});  // the reference's (the plan's checked them all)
+        mixed_precision_ = std::make_unique<MixedPrecision>(model_, *plan.mixed_precision, be_, [&](const Parameter* p) {
+            return data_parallel_ && data_parallel_->placement(p).is_shard();  // fully_shard casts its own
+        });
+    }
     optimizer_ = std::make_unique<Optimizer>(model_.optimizer, be_);
 }
 
@@ -75,33 +87,39 @@ Placement Run::dp_placement(const Parameter* p) const {
     return data_parallel_ ? data_parallel_->placement(p) : Placement::replicate();
 }
 
-// One microbatch: forward, the loss (divided by the microbatch count), backward.
+// One microbatch: forward, the loss (divided by the microbatch count), backward. Under mixed
+// precision the input is cast to param_dtype (cast_forward_inputs), the loss sees the output cast
+// back to the model's dtype and its gradient goes back in param_dtype.
 Run::Microbatch Run::microbatch(RunContext& ctx, const Tensor& input, const Tensor& target, double scale) {
-    const Placed x = redistribute(Placed(input), res_.input_placement, *tp_);
+    const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
+    const Tensor in = dtype_is_float(input.dtype()) ? to_dtype(be_, input, compute) : input;
+    const Placed x = redistribute(Placed(in), res_.input_placement, *tp_);
     const Placed y = model_.root->forward(ctx, x);
     Microbatch mb;
     LossResult loss;
     if (plan_.loss_parallel) {  // cross_entropy on the vocabulary shards: nothing gathered
-        loss = vocab_parallel_cross_entropy(y, target, *tp_);
-        mb.output = y;
+        mb.output = {to_dtype(be_, y.t, model_.dtype), y.p, y.global};
+        loss = vocab_parallel_cross_entropy(mb.output, target, *tp_);
     } else {
         mb.output = redistribute(y, Placement::replicate(), *tp_);  // the loss sees the whole output
+        mb.output.t = to_dtype(be_, mb.output.t, model_.dtype);
         loss = compute_loss(be_, model_.loss, mb.output.t, target);
     }
     mb.loss = loss.value * scale;
     if (scale != 1.0) be_.scale(loss.grad, scale, loss.grad);
-    const Placed dy = plan_.loss_parallel ? Placed{loss.grad, y.p, y.global}
-                                          : redistribute(Placed(loss.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
+    const Tensor grad = to_dtype(be_, loss.grad, compute);
+    const Placed dy = plan_.loss_parallel ? Placed{grad, y.p, y.global}
+                                          : redistribute(Placed(grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
     model_.root->backward(ctx, dy);
     return mb;
 }
 
-void Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params) {
+double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params) {
     GradNormInputs in;
     in.params = params;
     in.sharded_on_tp = [&](const Parameter* p) { return tp_placement(p).is_shard(); };
     in.sharded_on_dp = [&](const Parameter* p) { return dp_placement(p).is_shard(); };
-    clip_grad_norm(in, model_.clip_grad_norm, *tp_, *dp_, be_);
+    return clip_grad_norm(in, model_.clip_grad_norm, *tp_, *dp_, be_);
 }
 
 StepOutput Run::step(int64_t k, const StepObserver& observer) {
@@ -119,6 +137,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto params = model_.named_parameters();
     for (const auto& [name, p] : params) be_.fill(p->grad, 0.0);
+    if (mixed_precision_) mixed_precision_->to_compute();
     StepOutput out;
     for (int64_t j = 0; j < n; ++j) {
         const int64_t first = j * (rows / n) + dp_->rank() * mine;
@@ -129,9 +148,10 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
         out.outputs.push_back(mb.output);
         out.loss += mb.loss;
     }
+    if (mixed_precision_) mixed_precision_->to_masters();
     if (layer_) layer_->before_gradient_sync(model_, world_);
     if (data_parallel_) data_parallel_->after_backward();  // once per step (DDP's no_sync on the others)
-    if (model_.clip_grad_norm > 0) clip_gradients(params);
+    if (model_.clip_grad_norm > 0) out.grad_norm = clip_gradients(params);
     optimizer_->step(params);
     be_.synchronize();
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

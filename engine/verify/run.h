@@ -11,6 +11,7 @@
 #include "core/safetensors.h"
 #include "model/batch.h"
 #include "model/optimizer.h"
+#include "parallel/mixed_precision.h"
 #include "parallel/parallelize.h"
 
 namespace ptool {
@@ -28,6 +29,9 @@ struct RunInputs {
 
 // The plan of the single-device reference: a one-rank mesh, nothing parallel.
 Plan single_device_plan();
+// The reference of `plan`: single_device_plan() computing as the plan does (its mixed precision;
+// what it lays out where is the plan's own business).
+Plan reference_plan(const Plan& plan);
 
 // A layer that wraps parts of a run from outside; every default leaves the run as it is.
 // Fault injection (verify/faults.h) is one: it wraps communicators and hooks to break them.
@@ -55,6 +59,7 @@ struct StepOutput {
     // this dp rank's rows of it
     std::vector<Placed> outputs;
     double loss = 0;     // over this dp rank's rows: the microbatches' losses, each divided by their count
+    double grad_norm = 0;  // clip_grad_norm: the gradients' total norm before clipping (clip_grad_norm_'s return)
     double seconds = 0;  // forward + backward + gradient sync + optimizer, synchronised
 };
 
@@ -90,7 +95,7 @@ private:
         double loss = 0;
     };
     Microbatch microbatch(RunContext& ctx, const Tensor& input, const Tensor& target, double scale);
-    void clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params);
+    double clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params);
 
     Model model_;
     const Plan& plan_;
@@ -106,6 +111,7 @@ private:
     std::unique_ptr<Communicator> solo_tp_, solo_dp_;
     Communicator* tp_ = nullptr;
     Communicator* dp_ = nullptr;
+    std::unique_ptr<MixedPrecision> mixed_precision_;  // the plan's policy, where it casts anything
     std::unique_ptr<Optimizer> optimizer_;
     Device device_;
     RunLayer* layer_ = nullptr;

@@ -85,6 +85,13 @@ void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parall
     report.reference = reference;
 }
 
+// What makes two plans' references differ: their mixed precision.
+std::string numerics_key(const Plan& plan) {
+    if (!plan.mixed_precision) return "";
+    const MixedPrecisionSpec& mp = *plan.mixed_precision;
+    return fmt::format("{}/{}/{}", dtype_name(mp.param_dtype), dtype_name(mp.reduce_dtype), mp.cast_forward_inputs);
+}
+
 }  // namespace
 
 std::unique_ptr<Launch> in_process_launch(Device device, const CommOptions& comm) {
@@ -105,11 +112,13 @@ int64_t steps_for(const Plan& plan, const VerifyOptions& opt, int64_t model_step
 Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model& model) {
     int depth = 0;  // leaf modules: no tensor is further than that from the output
     for_each_module(*model.root, [&](const std::string&, Module& m) { depth += m.children().empty(); });
-    return Tolerance::for_dtype(model.dtype, depth).with(plan.verify.tolerance).with(opt.tolerance);
+    // mixed precision: the compute dtype's rule, the masters' for the parameters
+    const DType compute = plan.mixed_precision ? plan.mixed_precision->param_dtype : model.dtype;
+    return Tolerance::for_policy(model.dtype, compute, depth).with(plan.verify.tolerance).with(opt.tolerance);
 }
 
-RunRecord record_reference(const RunInputs& in, int64_t steps, const RecordOptions& opt) {
-    const Plan single = single_device_plan();
+RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps, const RecordOptions& opt) {
+    const Plan single = reference_plan(plan);
     RunRecord rec;
     run_ranks(1, CommOptions{}, [&](Communicator& world) {
         Run run(in, single, world);
@@ -124,7 +133,8 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
     const Model probe = load_model_text(job.inputs.model_text, job.inputs.model_path, job.inputs.dtype_override, false);
     const Fault fault = parse_fault(std::getenv("PTOOL_FAULT"));
     report.dtype = probe.dtype;
-    std::map<int64_t, RunRecord> references;  // rank 0, by step count: one reference serves every plan
+    // rank 0, by step count and numerics: one reference serves every plan that computes alike
+    std::map<std::pair<int64_t, std::string>, RunRecord> references;
     for (const Plan& plan : job.plans) {
         const int64_t steps = steps_for(plan, job.options, probe.steps);
         const Resolution res = resolve_plan(probe, plan);  // the lint, before anything runs
@@ -135,16 +145,18 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         ro.shadow_optimizer = true;
         ro.golden = job.golden;
         ro.tol = tolerance_for(plan, job.options, probe);
+        ro.resync = true;  // each step judged from the state the runs agree on (recorder.h)
         // rank 0 runs the reference first and compares the parallel run's tensors with it as it
         // gathers them; under mpirun the other ranks wait for it
-        if (launch.rank0() && !references.count(steps)) {
+        const std::pair<int64_t, std::string> key = {steps, numerics_key(plan)};
+        if (launch.rank0() && !references.count(key)) {
             RecordOptions ref = ro;
-            ref.golden = nullptr, ref.shadow_optimizer = false;
-            references[steps] = record_reference(job.inputs, steps, ref);
-            report.reference_seconds += references[steps].seconds;
+            ref.shadow_optimizer = false;  // with a golden, the reference continues from its parameters
+            references[key] = record_reference(job.inputs, plan, steps, ref);
+            report.reference_seconds += references[key].seconds;
         }
         launch.wait_for_rank0();
-        if (launch.rank0()) ro.compare_with = &references[steps];
+        if (launch.rank0()) ro.compare_with = &references[key];
         RunRecord par;
         launch.run(plan.world_size(), plan.mesh_where, [&](Communicator& world) {
             const std::unique_ptr<RunLayer> layer = fault_layer(fault);
@@ -152,7 +164,7 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
             RunRecord r = record_run(run, steps, ro);
             if (world.rank() == 0) par = std::move(r);
         });
-        if (launch.rank0()) add_plan(report, references[steps], std::move(par), plan, res, ro.tol);
+        if (launch.rank0()) add_plan(report, references[key], std::move(par), plan, res, ro.tol);
     }
     return report;
 }

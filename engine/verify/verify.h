@@ -46,8 +46,9 @@ std::unique_ptr<Launch> in_process_launch(Device device, const CommOptions& comm
 
 VerifyReport verify(const VerifyJob& job, Launch& launch);  // the report is rank 0's
 
-// The reference: the job's model on one device, `steps` steps, recorded whole.
-RunRecord record_reference(const RunInputs& in, int64_t steps, const RecordOptions& opt);
+// The reference of `plan`: the job's model on one device computing as the plan does (its mixed
+// precision: reference_plan), `steps` steps, recorded whole.
+RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps, const RecordOptions& opt);
 
 int64_t steps_for(const Plan& plan, const VerifyOptions& opt, int64_t model_steps);
 Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model& model);

@@ -111,7 +111,19 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
         std::memcpy(dst.raw(), src.raw(), src.nbytes());
         return;
     }
-    for (int64_t i = 0, n = src.numel(); i < n; ++i) dst.set(i, src.item(i));
+    if (!dtype_is_float(src.dtype()) || !dtype_is_float(dst.dtype())) {
+        for (int64_t i = 0, n = src.numel(); i < n; ++i) dst.set(i, src.item(i));
+        return;
+    }
+    dispatch_float(src.dtype(), [&](auto s) {  // mixed precision's casts: one typed loop
+        dispatch_float(dst.dtype(), [&](auto d) {
+            using S = decltype(s);
+            using D = decltype(d);
+            const S* ps = src.data<S>();
+            D* pd = dst.data<D>();
+            for (int64_t i = 0, n = src.numel(); i < n; ++i) pd[i] = D(static_cast<acc_t<S>>(ps[i]));
+        });
+    });
 }
 
 void CpuBackend::add_bias(Tensor& y, const Tensor& bias) {

@@ -1,0 +1,53 @@
+#include "parallel/mixed_precision.h"
+
+namespace ptool {
+
+MixedPrecision::MixedPrecision(Model& model, const MixedPrecisionSpec& spec, Backend& be,
+                               const std::function<bool(const Parameter*)>& managed_elsewhere)
+    : spec_(spec), be_(be) {
+    if (spec.param_dtype == model.dtype) return;
+    for (const auto& [name, p] : model.named_parameters())
+        if (!managed_elsewhere(p.get())) entries_.push_back({p, {}, {}, {}, {}});
+}
+
+void MixedPrecision::to_compute() {
+    for (Entry& e : entries_) {
+        e.master = e.p->value, e.master_grad = e.p->grad;  // the grad may be a DDP bucket's view: kept
+        e.value = to_dtype(be_, e.master, spec_.param_dtype);
+        if (!e.grad.defined()) e.grad = Tensor::empty(e.master.shape(), spec_.param_dtype, e.master.device());
+        be_.fill(e.grad, 0.0);
+        e.p->value = e.value, e.p->grad = e.grad;
+    }
+}
+
+void MixedPrecision::to_masters() {
+    for (Entry& e : entries_) {
+        be_.copy(e.grad, e.master_grad);  // param_dtype -> the master's
+        e.p->value = e.master, e.p->grad = e.master_grad;
+        e.value = Tensor();  // the copy lives for one step, as FSDP's unsharded parameters
+    }
+}
+
+void check_mixed_precision(const Model& model, const Plan& plan, const std::vector<std::string>& unmanaged_params) {
+    if (!plan.mixed_precision) return;
+    const MixedPrecisionSpec& mp = *plan.mixed_precision;
+    if (mp.param_dtype == model.dtype) return;  // nothing is cast (reduce_dtype alone: the buckets)
+    if (!unmanaged_params.empty())
+        throw InputError(mp.where, fmt::format("mixed_precision casts the parameters data_parallel manages, and '{}' is not "
+                                               "one (ignored, or outside the replicate() roots): its {} weight would meet "
+                                               "{} activations, which PyTorch refuses. Manage it, or drop mixed_precision",
+                                               unmanaged_params[0], dtype_name(model.dtype), dtype_name(mp.param_dtype)));
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+        if (m.type() == "batch_norm")
+            throw InputError(mp.where, fmt::format("mixed_precision with batch_norm '{}': its running statistics are "
+                                                   "buffers in {} that no policy here casts; ptool does not run it",
+                                                   fqn, dtype_name(model.dtype)));
+    });
+    if (!mp.cast_forward_inputs && !model.input.ids)
+        throw InputError(mp.where, fmt::format("cast_forward_inputs: false leaves the {} input as it is, and the first "
+                                               "layer's {} weights would meet it (PyTorch refuses the mix): cast it "
+                                               "(cast_forward_inputs: true)",
+                                               dtype_name(model.dtype), dtype_name(mp.param_dtype)));
+}
+
+}  // namespace ptool
