@@ -18,18 +18,12 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks  # noqa: E402
+
 PTOOL, ROOT, GROUP = sys.argv[1], sys.argv[2], sys.argv[3]
-passed, failed = 0, 0
+check = Checks()
 SHUFFLED = f"{ROOT}/models/data/replicate_net_shuffled.safetensors"
-
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what)
 
 
 def verify(model, plan, *args, env=None, mpi=0):
@@ -204,4 +198,4 @@ def explain():
 
 
 {"cases": cases, "faults": faults, "bad_plans": bad_plans, "mpi": mpi, "explain": explain}[GROUP]()
-print(f"{passed} passed, {failed} failed")
+check.finish()

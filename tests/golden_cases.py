@@ -17,20 +17,16 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks  # noqa: E402
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from torch_model import read_safetensors, write_safetensors, ptool_hash  # noqa: E402
 import json  # noqa: E402
 import struct  # noqa: E402
 
 PTOOL, ROOT = sys.argv[1], sys.argv[2]
-passed, failed = 0, 0
-
-
-def check(ok, what):
-    global passed, failed
-    passed, failed = (passed + 1, failed) if ok else (passed, failed + 1)
-    if not ok:
-        print("FAIL:", what)
+check = Checks()
 
 
 def run(*args, **kw):
@@ -193,5 +189,4 @@ with tempfile.TemporaryDirectory() as tmp:
         check(p.returncode == 0 and rc == 0 and "reference vs golden: PASS" in out and "parallel vs golden: PASS" in out,
               f"torch golden {model} x {plan}: exit {rc}\n{p.stderr}{out}")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+check.finish()

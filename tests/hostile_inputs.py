@@ -16,16 +16,12 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks  # noqa: E402
+
 PTOOL, ROOT = sys.argv[1], sys.argv[2]
 M, P, G = f"{ROOT}/models", f"{ROOT}/plans", f"{ROOT}/golden"
-passed, failed = 0, 0
-
-
-def check(ok, what):
-    global passed, failed
-    passed, failed = (passed + 1, failed) if ok else (passed, failed + 1)
-    if not ok:
-        print("FAIL:", what)
+check = Checks()
 
 
 def run(*args, env=None, timeout=60, stdout=subprocess.PIPE):
@@ -237,5 +233,4 @@ with tempfile.TemporaryDirectory() as tmp:
     p.wait(timeout=60)
     check(not any(f.startswith(".hup.safetensors.tmp-") for f in os.listdir(tmp)), "SIGHUP left a temp file")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+check.finish()

@@ -15,17 +15,11 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks  # noqa: E402
+
 PTOOL, ROOT, GROUP = sys.argv[1], sys.argv[2], sys.argv[3]
-passed, failed = 0, 0
-
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what)
+check = Checks()
 
 
 def verify(model, plan, *args, env=None, mpi=0):
@@ -223,5 +217,4 @@ def explain():
 
 
 {"seeds": seeds, "faults": faults, "bad_plans": bad_plans, "mpi": mpi, "explain": explain}[GROUP]()
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+check.finish()
