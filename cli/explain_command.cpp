@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -9,12 +10,14 @@
 #include "core/safetensors.h"
 #include "core/yaml_reader.h"
 #include "plan/explain.h"
+#include "plan/simulate.h"
 
 namespace ptool::cli {
 namespace {
 
 struct ExplainArgs {
     std::string model, plan, json;
+    std::vector<std::string> mesh;
 };
 
 std::string local_shapes(const ParamLayout& p) {  // "[3, 16] x3, [1, 16]"
@@ -30,9 +33,18 @@ std::string local_shapes(const ParamLayout& p) {  // "[3, 16] x3, [1, 16]"
 
 void explain(const ExplainArgs& a, const Common& c) {
     if (!a.json.empty()) check_output(a.json, true);
-    const Model model = load_model_text(read_file(a.model, YamlLimits{}.max_bytes), a.model, c.dtype, false);
+    RunInputs in;
+    in.model_path = a.model;
+    in.model_text = read_file(a.model, YamlLimits{}.max_bytes);
+    in.dtype_override = c.dtype;
+    std::optional<MetaAllocation> meta(std::in_place);  // shapes only: no parameter is allocated
+    const Model model = load_model_text(in.model_text, a.model, c.dtype, false);
+    meta.reset();
     Plan plan = load_plan(a.plan);
+    apply_mesh_flags(plan, a.mesh);
     Explanation ex = explain_plan(model, plan);
+    const int64_t steps = plan.verify.steps > 0 ? plan.verify.steps : model.steps;
+    const std::vector<RankMemory> memory = predict_memory(in, plan, steps);
     for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w);
     std::vector<std::string> mesh, parts;
     for (const auto& m : plan.mesh) mesh.push_back(fmt::format("{}={}", m.name, m.size));
@@ -76,12 +88,19 @@ void explain(const ExplainArgs& a, const Common& c) {
         start.push_back(fmt::format("replicate()'s parameters{} broadcast from {} rank 0",
                                     ex.resolution.dp.synced_buffers.empty() ? "" : " and buffers", plan.data_parallel->mesh_dim));
     fmt::print("  at start: {}\n", start.empty() ? std::string("none") : fmt::format("{}", fmt::join(start, "; ")));
-    fmt::print("\n  memory per rank: ");
-    for (int r = 0; r < ex.tp; ++r)
-        fmt::print("{}rank {}: params {} (training {})", r ? ", " : "", r, format_bytes(ex.param_bytes[r]),
-                   format_bytes(ex.training_bytes[r]));
-    fmt::print("\n  (training = parameters + gradients + {} optimizer state)\n", model.optimizer.type);
-    const int64_t steps = plan.verify.steps > 0 ? plan.verify.steps : model.steps;
+    // the steps executed on meta tensors (plan/simulate.h): every tensor the ranks would hold
+    fmt::print("\n  memory per rank (predicted: {} step{} simulated; the peak, what was resident before it, and at the peak):\n",
+               steps, steps == 1 ? "" : "s");
+    std::vector<std::vector<std::string>> mrows = {{"rank", "peak", "resident", "at the peak"}};
+    for (const RankMemory& m : memory) {
+        std::vector<std::string> uses;
+        for (int u = 0; u < kMemoryUses; ++u)
+            if (m.at_peak[u] > 0) uses.push_back(fmt::format("{} {}", memory_use_name(static_cast<MemoryUse>(u)), format_bytes(m.at_peak[u])));
+        mrows.push_back({std::to_string(m.rank), format_bytes(m.peak), format_bytes(m.resident), fmt::format("{}", fmt::join(uses, ", "))});
+    }
+    print_columns(mrows, "    ");
+    if (static_cast<int>(memory.size()) < plan.world_size())
+        fmt::print("    (the other ranks hold what one of these holds: their shards are the same sizes)\n");
     fmt::print("  verify keeps on the host: the reference's record, {} step{} x {} = {} (every tensor it compares, full size:\n"
                "  parameters, gradients, buffers, output, and each module's output and input gradient; `verify --steps` changes it)\n",
                steps, steps == 1 ? "" : "s", format_bytes(ex.record_step_bytes), format_bytes(steps * ex.record_step_bytes));
@@ -140,8 +159,11 @@ void explain(const ExplainArgs& a, const Common& c) {
         for (const auto& u : dp.units) j["units"].push_back({{"fqn", u.fqn}, {"params", u.params}});
         j["ignored_params"] = std::vector<std::string>(dp.ignored_params.begin(), dp.ignored_params.end());
         j["synced_buffers"] = std::vector<std::string>(dp.synced_buffers.begin(), dp.synced_buffers.end());
-        j["param_bytes_per_rank"] = ex.param_bytes;
-        j["training_bytes_per_rank"] = ex.training_bytes;
+        j["memory"] = nlohmann::json::array();  // distinct ranks, predicted (plan/simulate.h)
+        for (const RankMemory& m : memory) j["memory"].push_back(memory_json(m, "predicted_peak_bytes"));
+        int64_t elements = 0;
+        for (const auto& [name, p] : model.named_parameters()) elements += p->value.numel();
+        j["parameters"] = elements;  // unique parameter elements
         j["verify_record_bytes_per_step"] = ex.record_step_bytes;
         j["verify_steps"] = steps;
         write_file(a.json, j.dump(2) + "\n", true);
@@ -158,6 +180,7 @@ void add_explain_command(CLI::App& app, Common& common) {
     cmd->add_option("PLAN", a->plan, "plan YAML file")->required();
     cmd->add_option("--dtype", common.dtype, "override the model's dtype");
     cmd->add_option("--json", a->json, "write the collectives and memory as JSON");
+    cmd->add_option("--mesh", a->mesh, "resize a mesh dim of the plan, e.g. --mesh tp=8 (repeatable)");
     cmd->callback([a, &common] { explain(*a, common); });
 }
 

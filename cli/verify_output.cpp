@@ -88,6 +88,13 @@ void print_report(const VerifyReport& report, const std::string& model_path, int
     }
 }
 
+nlohmann::json memory_json(const RankMemory& m, const char* peak_key) {
+    nlohmann::json by_use;
+    for (int u = 0; u < kMemoryUses; ++u)
+        if (m.at_peak[u] != 0) by_use[memory_use_name(static_cast<MemoryUse>(u))] = m.at_peak[u];
+    return {{"rank", m.rank}, {peak_key, m.peak}, {"resident_bytes", m.resident}, {"at_peak", by_use}};
+}
+
 static nlohmann::json counts_json(const CommCounter& c) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& [key, t] : c.entries())
@@ -119,6 +126,8 @@ void write_json_report(const VerifyReport& report, const std::string& model_path
         jp["data_parallel"] = {{"buckets", p.run.dp_buckets}, {"gradient_bytes", p.run.grad_bytes},
                                {"bucket_copy_bytes", p.run.bucket_copy_bytes}};
         jp["collectives"] = {{"start", counts_json(p.run.init_counts)}, {"steps", counts_json(p.run.step_counts)}};
+        jp["memory"] = nlohmann::json::array();  // per rank: the training steps' tensors (core/memory_account.h)
+        for (const RankMemory& m : p.run.memory) jp["memory"].push_back(memory_json(m, "measured_peak_bytes"));
         jp["tensors"] = nlohmann::json::array();
         for (const TensorReport& t : p.tensors)
             jp["tensors"].push_back({{"name", t.name}, {"pass", t.pass}, {"max_abs", finite(t.diff.max_abs)},

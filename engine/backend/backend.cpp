@@ -2,6 +2,7 @@
 #include "backend/backend.h"
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/meta/meta_backend.h"
 #ifdef PTOOL_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -16,6 +17,7 @@ void configure_backends(const BackendOptions& options) { configured = options; }
 Backend& backend_for(Device device) {
     static CpuBackend cpu;
     if (device == Device::cpu) return cpu;
+    if (device == Device::meta) return meta_backend();
 #ifdef PTOOL_HAVE_CUDA
     return cuda_backend(CudaOptions{configured.tf32, configured.cuda_device});
 #else

@@ -45,6 +45,11 @@ public:
     virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
     virtual void barrier() = 0;
     virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+    // split, where the caller knows the group it makes (this rank's place and the group's size, as
+    // a mesh does): a simulated rank builds the group from that alone. Collective like split.
+    virtual std::unique_ptr<Communicator> split_known(int color, int key, int /*group_rank*/, int /*group_size*/) {
+        return split(color, key);
+    }
 
     // Where this communicator counts its collectives, and the mesh dim name it counts them under.
     void set_counter(std::shared_ptr<CommCounter> counter, std::string label) {

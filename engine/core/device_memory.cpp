@@ -10,7 +10,7 @@ namespace {
 std::atomic<DeviceMemory*> registered{nullptr};
 }  // namespace
 
-const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+const char* device_name(Device d) { return d == Device::cpu ? "cpu" : d == Device::cuda ? "cuda" : "meta"; }
 
 void register_device_memory(DeviceMemory* memory) { registered.store(memory); }
 
@@ -24,7 +24,7 @@ DeviceMemory& device_memory() {
 
 void copy_rows(void* dst, size_t dpitch, Device dst_device, const void* src, size_t spitch, Device src_device,
                size_t width, size_t height) {
-    if (width == 0 || height == 0) return;
+    if (width == 0 || height == 0 || dst_device == Device::meta || src_device == Device::meta) return;
     if (dst_device == Device::cpu && src_device == Device::cpu) {
         if (dpitch == width && spitch == width) {
             std::memcpy(dst, src, width * height);

@@ -18,7 +18,18 @@ int64_t leading_numel(const Shape& s) {
 
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
-Storage::Storage(size_t bytes, Device device, bool zero) : bytes_(bytes), device_(device) {
+namespace {
+thread_local bool t_meta_allocation = false;
+}  // namespace
+
+bool meta_allocation_active() { return t_meta_allocation; }
+MetaAllocation::MetaAllocation() : saved_(t_meta_allocation) { t_meta_allocation = true; }
+MetaAllocation::~MetaAllocation() { t_meta_allocation = saved_; }
+
+Storage::Storage(size_t bytes, Device device, bool zero)
+    : bytes_(bytes), device_(device), account_(current_memory_account()), use_(current_memory_use()) {
+    if (account_) account_->charge(static_cast<int64_t>(bytes), use_);
+    if (device == Device::meta) return;
     if (device != Device::cpu) {
         data_ = device_memory().allocate(bytes);
         if (zero) device_memory().zero(data_, bytes);
@@ -28,28 +39,31 @@ Storage::Storage(size_t bytes, Device device, bool zero) : bytes_(bytes), device
 }
 
 Storage::~Storage() {
+    if (account_) account_->credit(static_cast<int64_t>(bytes_), use_);
+    if (device_ == Device::meta) return;
     if (device_ == Device::cpu) host_release(data_, bytes_);
     else device_memory().release(data_, bytes_);
 }
 
 Tensor::Tensor(Shape shape, DType dtype, Device device)
-    : shape_(std::move(shape)), dtype_(dtype), device_(device) {
+    : shape_(std::move(shape)), dtype_(dtype), device_(device == Device::cpu && t_meta_allocation ? Device::meta : device) {
     for (int64_t d : shape_) PTOOL_REQUIRE(d >= 0, "negative size in shape {}", shape_str(shape_));
-    storage_ = std::make_shared<Storage>(nbytes(), device);
+    storage_ = std::make_shared<Storage>(nbytes(), device_);
 }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
     Tensor t;
     t.shape_ = std::move(shape);
     t.dtype_ = dtype;
-    t.device_ = device;
+    t.device_ = device == Device::cpu && t_meta_allocation ? Device::meta : device;
     for (int64_t d : t.shape_) PTOOL_REQUIRE(d >= 0, "negative size in shape {}", shape_str(t.shape_));
-    t.storage_ = std::make_shared<Storage>(t.nbytes(), device, false);
+    t.storage_ = std::make_shared<Storage>(t.nbytes(), t.device_, false);
     return t;
 }
 
 Tensor Tensor::full(Shape shape, DType dtype, double value) {
     Tensor t(std::move(shape), dtype);
+    if (t.device_ == Device::meta) return t;
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, value);
     return t;
 }
@@ -71,6 +85,7 @@ int64_t Tensor::size(int64_t d) const {
 
 void* Tensor::raw() const {
     PTOOL_REQUIRE(storage_, "use of an undefined tensor");
+    if (device_ == Device::meta) return nullptr;  // no bytes: copies to and from it move nothing
     return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(dtype_size(dtype_));
 }
 
@@ -99,7 +114,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
     }
     Tensor t = empty(out_shape, dtype_, device_);
     const size_t es = dtype_size(dtype_);
-    if (t.numel() == 0) return t;
+    if (t.numel() == 0 || device_ == Device::meta) return t;
     copy_rows(t.raw(), length * inner * es, device_, static_cast<const char*>(raw()) + start * inner * es,
               shape_[d] * inner * es, device_, length * inner * es, outer);
     return t;
@@ -115,6 +130,7 @@ Tensor Tensor::to_device(Device device) const {
 
 Tensor Tensor::to(DType dtype) const {
     if (dtype == dtype_) return clone();
+    if (device_ == Device::meta) return empty(shape_, dtype, device_);
     if (device_ != Device::cpu) return to_device(Device::cpu).to(dtype).to_device(device_);
     Tensor t(shape_, dtype, device_);
     for (int64_t i = 0; i < numel(); ++i) t.set(i, item(i));
@@ -123,6 +139,7 @@ Tensor Tensor::to(DType dtype) const {
 
 double Tensor::item(int64_t i) const {
     PTOOL_REQUIRE(i >= 0 && i < numel(), "index {} out of range for {}", i, shape_str(shape_));
+    if (device_ == Device::meta) return 0;  // host bookkeeping in a simulated step runs on zeros
     if (device_ != Device::cpu) return narrow_element(i).to_device(Device::cpu).item(0);
     switch (dtype_) {
         case DType::int64: return static_cast<double>(data<int64_t>()[i]);
@@ -137,6 +154,7 @@ double Tensor::item(int64_t i) const {
 
 void Tensor::set(int64_t i, double v) {
     PTOOL_REQUIRE(i >= 0 && i < numel(), "index {} out of range for {}", i, shape_str(shape_));
+    if (device_ == Device::meta) return;  // and keeps nothing
     if (device_ != Device::cpu) {
         Tensor host({}, dtype_);
         host.set(0, v);

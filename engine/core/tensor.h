@@ -12,6 +12,7 @@
 
 #include "core/device_memory.h"
 #include "core/dtype.h"
+#include "core/memory_account.h"
 
 namespace ptool {
 
@@ -22,7 +23,8 @@ int64_t leading_numel(const Shape& s);  // the product of every dim but the last
 std::string shape_str(const Shape& s);  // "[12, 10]"
 
 // Raw bytes on one device. CPU storage is 64-byte aligned host memory; cuda storage comes from
-// the registered DeviceMemory (the CUDA backend's caching allocator).
+// the registered DeviceMemory (the CUDA backend's caching allocator); meta storage has none.
+// Each is charged to the allocating thread's memory account (core/memory_account.h).
 class Storage {
 public:
     Storage(size_t bytes, Device device, bool zero = true);
@@ -38,6 +40,22 @@ private:
     void* data_ = nullptr;
     size_t bytes_ = 0;
     Device device_;
+    std::shared_ptr<MemoryAccount> account_;
+    MemoryUse use_ = MemoryUse::other;
+};
+
+// While in scope, the calling thread's host allocations are meta tensors: a model built in it has
+// shapes and no bytes (a 70B model's structure in kilobytes; the model byte limit does not apply).
+bool meta_allocation_active();
+class MetaAllocation {
+public:
+    MetaAllocation();
+    ~MetaAllocation();
+    MetaAllocation(const MetaAllocation&) = delete;
+    MetaAllocation& operator=(const MetaAllocation&) = delete;
+
+private:
+    bool saved_;
 };
 
 class Tensor {
@@ -78,7 +96,8 @@ public:
     bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
 
     // Element access for tests and small host-side logic (slow: converts through double; on a
-    // cuda tensor each call is a device copy).
+    // cuda tensor each call is a device copy; a meta tensor reads zeros and keeps no writes, so
+    // host bookkeeping runs unchanged in a simulated step).
     double item(int64_t flat_index = 0) const;
     void set(int64_t flat_index, double value);
     std::vector<double> to_doubles() const;

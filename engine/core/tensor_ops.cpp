@@ -61,6 +61,7 @@ Tensor pack_chunks(const Tensor& t, int parts, int64_t dim) {
     dim = normalize_dim(dim, t.dim());
     const AroundDim a = around_dim(t.shape(), dim);
     Tensor out = Tensor::empty({a.along, a.outer * a.inner}, t.dtype(), t.device());
+    if (t.device() == Device::meta) return out;  // no bytes to move
     copy_chunks(a, parts, dtype_size(t.dtype()), t.device(), static_cast<const char*>(t.raw()),
                 static_cast<char*>(out.raw()), true);
     return out;
@@ -72,6 +73,7 @@ Tensor unpack_chunks(const Tensor& packed, const Shape& shape, int parts, int64_
     PTOOL_REQUIRE(packed.numel() == a.outer * a.along * a.inner, "unpack_chunks: {} elements for shape {}", packed.numel(),
                   shape_str(shape));
     Tensor out = Tensor::empty(shape, packed.dtype(), packed.device());
+    if (packed.device() == Device::meta) return out;
     copy_chunks(a, parts, dtype_size(packed.dtype()), packed.device(), static_cast<const char*>(packed.raw()),
                 static_cast<char*>(out.raw()), false);
     return out;
@@ -88,6 +90,7 @@ Tensor cat(const std::vector<Tensor>& pieces, int64_t dim) {
         shape[dim] += p.shape()[dim];
     }
     Tensor out = Tensor::empty(shape, first.dtype(), first.device());
+    if (out.device() == Device::meta) return out;
     int64_t outer = 1, inner = 1;
     for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
     for (int64_t d = dim + 1; d < first.dim(); ++d) inner *= shape[d];

@@ -28,6 +28,7 @@ Tensor ActivationModule::backward_impl(RunContext& ctx, const Tensor& dy) {
 }
 
 Tensor Dropout::mask(const RunContext& ctx, const Placed& x) const {
+    if (x.t.device() == Device::meta) return Tensor::empty(x.t.shape(), x.t.dtype(), Device::meta);  // a simulated step
     CounterRng rng(ctx.seed, stream_id("dropout", fqn(), static_cast<uint64_t>(ctx.step)));
     const Device device = ctx.backend ? ctx.backend->device() : Device::cpu;
     const Shape& local = x.t.shape();

@@ -43,11 +43,12 @@ void Model::init_params_except(const std::function<bool(const Module&)>& skip) {
 }
 
 void Model::to_device(Device device) {
-    auto move = [device](Tensor& t) {
+    auto move = [device](Tensor& t, MemoryUse use) {
+        MemoryUseScope scope(use);
         if (t.defined() && t.device() != device) t = t.to_device(device);
     };
-    for (auto& [name, p] : named_parameters()) move(p->value), move(p->grad);
-    for (auto& [name, b] : named_buffers()) move(b->value);
+    for (auto& [name, p] : named_parameters()) move(p->value, MemoryUse::parameters), move(p->grad, MemoryUse::gradients);
+    for (auto& [name, b] : named_buffers()) move(b->value, MemoryUse::parameters);
 }
 
 }  // namespace ptool

@@ -65,7 +65,7 @@ struct Builder {
     // Called before each parameterised module is built, with its parameter count.
     void account(const YamlNode& where, int64_t params) {
         bytes = add(where, bytes, mul(where, params, static_cast<int64_t>(dtype_size(dtype))));
-        if (byte_limit() > 0 && bytes > byte_limit())
+        if (byte_limit() > 0 && bytes > byte_limit() && !meta_allocation_active())  // meta models allocate nothing
             where.fail(fmt::format("the model reaches {} bytes of parameters and batch, over the limit of {} "
                                    "(PTOOL_MODEL_BYTE_LIMIT raises it)",
                                    bytes, byte_limit()));

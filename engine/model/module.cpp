@@ -169,13 +169,18 @@ void for_each_module(const Module& root, const std::function<void(const std::str
 // for rank models that keep only a shard of each parameter.
 ParamPtr make_param(Shape shape, DType dtype) {
     auto p = std::make_shared<Parameter>();
-    p->value = Tensor::empty(shape, dtype);
+    {
+        MemoryUseScope use(MemoryUse::parameters);
+        p->value = Tensor::empty(shape, dtype);
+    }
+    MemoryUseScope use(MemoryUse::gradients);
     p->grad = Tensor::empty(shape, dtype);
     return p;
 }
 
 ParamPtr make_buffer(Shape shape, DType dtype) {
     auto p = std::make_shared<Parameter>();
+    MemoryUseScope use(MemoryUse::parameters);
     p->value = Tensor::empty(std::move(shape), dtype);
     return p;
 }

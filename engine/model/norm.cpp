@@ -9,8 +9,9 @@ DType stat_dtype(DType dt) { return dt == DType::float64 ? DType::float64 : DTyp
 
 // BatchNorm's per-channel bookkeeping (sync, running statistics) is small host arithmetic: it
 // works on host views of the tensors (the tensors themselves on the CPU) and writes them back.
-Tensor on_host(const Tensor& t) { return t.device() == Device::cpu ? t : t.to_device(Device::cpu); }
-Tensor on_device(const Tensor& host, Device d) { return d == Device::cpu ? host : host.to_device(d); }
+// (a meta tensor stands in for its host copy: a simulated step allocates what a CPU run does)
+Tensor on_host(const Tensor& t) { return t.device() != Device::cuda ? t : t.to_device(Device::cpu); }
+Tensor on_device(const Tensor& host, Device d) { return d != Device::cuda ? host : host.to_device(d); }
 void write_back(Tensor& dst, const Tensor& host) {
     if (dst.raw() != host.raw()) copy_bytes(dst.raw(), dst.device(), host.raw(), Device::cpu, dst.nbytes());
 }

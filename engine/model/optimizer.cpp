@@ -9,6 +9,7 @@ void Optimizer::step(const std::vector<std::pair<std::string, ParamPtr>>& params
         const bool first = !s.started;
         if (first) {  // plain SGD keeps no state, as torch.optim.SGD with momentum 0
             s.started = true;
+            MemoryUseScope use(MemoryUse::optimizer);
             if (spec_.type == "adamw" || spec_.momentum != 0.0)
                 s.a = Tensor(p->value.shape(), p->value.dtype(), p->value.device());  // zeros
             if (spec_.type == "adamw") s.b = Tensor(p->value.shape(), p->value.dtype(), p->value.device());

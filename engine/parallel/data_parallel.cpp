@@ -159,6 +159,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
 }
 
 void poison_replica(Tensor& t, int rank) {  // t := 0.25 + rank - t / 2
+    if (t.device() == Device::meta) return;
     if (t.dtype() == DType::int64 || t.dtype() == DType::int32) {  // counters (num_batches_tracked): few elements
         for (int64_t k = 0; k < t.numel(); ++k) t.set(k, t.item(k) + 1 + rank);
         return;
@@ -213,6 +214,7 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
             // uninitialised: every step writes it whole (gradients copied in, or zeroed as its views); in
             // mixed precision's reduce_dtype (the copies in and out convert)
             const DType dt = plan.mixed_precision ? plan.mixed_precision->reduce_dtype : b.params[0]->grad.dtype();
+            MemoryUseScope use(MemoryUse::buckets);
             b.flat = Tensor::empty({numel}, dt, b.params[0]->grad.device());
             if (bucket_view_) {  // the gradients become views of the bucket: no copies
                 int64_t off = 0;

@@ -28,7 +28,7 @@ DeviceMesh::DeviceMesh(std::vector<MeshDim> dims, Communicator& world, std::shar
         // color: my position along every other dim; key: my position along d
         std::vector<int> others = coords_;
         others[d] = 0;
-        comms_.push_back(world.split(rank_of(others, dims_), coords_[d]));
+        comms_.push_back(world.split_known(rank_of(others, dims_), coords_[d], coords_[d], dims_[d].size));
         comms_.back()->set_counter(counter_, dims_[d].name);
     }
 }

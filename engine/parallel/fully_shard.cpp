@@ -30,6 +30,7 @@ struct FullyShard::State : ModuleHooks {
     DType compute = DType::float32, reduce = DType::float32;  // the gathered parameters' and the reduction's
 
     void unshard(bool for_backward) {
+        MemoryUseScope use(MemoryUse::communication);  // the flat buffers; the unit's parameters below
         const int n = comm->size();
         Tensor local = Tensor({region}, compute, params[0].shard.device());  // the copies convert to compute
         for (Managed& m : params) {
@@ -42,6 +43,7 @@ struct FullyShard::State : ModuleHooks {
             CommScope scope(comm->counter().get(), fqn, "unshard");
             comm->all_gather(local, all);
         }
+        MemoryUseScope unsharded(MemoryUse::fsdp_unsharded);
         for (Managed& m : params) {
             m.full = Tensor::empty(m.full_shape, compute, m.shard.device());
             for (int r = 0; r < n; ++r) {
@@ -70,6 +72,7 @@ struct FullyShard::State : ModuleHooks {
     }
 
     void reduce_grads() {
+        MemoryUseScope use(MemoryUse::communication);
         const int n = comm->size();
         const DType dt = reduce;
         const Device dev = params[0].shard.device();
@@ -104,6 +107,7 @@ struct FullyShard::State : ModuleHooks {
     }
     Placed post_forward_backward(RunContext&, Module&, const Placed& dy) override {
         if (root) {  // kept from the forward
+            MemoryUseScope use(MemoryUse::fsdp_unsharded);
             for (Managed& m : params) {
                 m.full_grad = Tensor(m.full_shape, compute, m.shard.device());
                 m.p->grad = m.full_grad;
@@ -145,7 +149,11 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
             m.padded = chunk_of(m.full_shape[0], n, 0).length;
             m.offset = st->region;
             st->region += m.padded * m.row;
-            m.shard = chunk(m.p->value, n, r, 0);
+            {
+                MemoryUseScope use(MemoryUse::parameters);
+                m.shard = chunk(m.p->value, n, r, 0);
+            }
+            MemoryUseScope use(MemoryUse::gradients);
             m.shard_grad = Tensor(m.shard.shape(), m.shard.dtype(), m.shard.device());
             m.p->value = m.shard;
             m.p->grad = m.shard_grad;

@@ -9,6 +9,17 @@ namespace ptool {
 
 LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& target, Communicator& tp) {
     const Device device = logits.t.device();
+    if (device == Device::meta) {  // a simulated step: its tensors and collectives, no values
+        const int64_t rows = leading_numel(logits.t.shape());
+        LossResult r;
+        r.grad = Tensor::empty(logits.t.shape(), logits.t.dtype(), device);
+        CommScope scope(tp.counter().get(), "(loss)", "loss_parallel");
+        Tensor mx = Tensor::empty({rows}, logits.t.dtype(), device), sum = empty_like(mx), picked = empty_like(mx);
+        tp.all_reduce(mx, ReduceOp::max);  // the row maxima, sums of exponentials, target logits
+        tp.all_reduce(sum, ReduceOp::sum);
+        tp.all_reduce(picked, ReduceOp::sum);
+        return r;
+    }
     const Tensor x = device == Device::cpu ? logits.t : logits.t.to_device(Device::cpu);
     const Tensor ids = target.device() == Device::cpu ? target : target.to_device(Device::cpu);
     const int64_t vocab = logits.global.back(), local = x.size(-1), rows = leading_numel(x.shape());

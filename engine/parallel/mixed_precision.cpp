@@ -11,6 +11,7 @@ MixedPrecision::MixedPrecision(Model& model, const MixedPrecisionSpec& spec, Bac
 }
 
 void MixedPrecision::to_compute() {
+    MemoryUseScope use(MemoryUse::mixed_precision);
     for (Entry& e : entries_) {
         e.master = e.p->value, e.master_grad = e.p->grad;  // the grad may be a DDP bucket's view: kept
         e.value = to_dtype(be_, e.master, spec_.param_dtype);

@@ -170,6 +170,7 @@ TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, Devi
             const Shape global = p->value.shape();
             const int64_t dim = pp.placement.is_shard() ? normalize_dim(pp.placement.dim, static_cast<int64_t>(global.size())) : -1;
             Tensor local;
+            MemoryUseScope use(MemoryUse::parameters);
             if (build_own_shards && dim < 0 && !shards_any(params)) {  // initialised whole, as the module's own
                 local = p->value;
             } else if (build_own_shards) {  // draw this rank's piece only: no communication, no full tensor
@@ -184,6 +185,7 @@ TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, Devi
                 local = dim < 0 ? full : chunk(full, n, r, dim);
             }
             p->value = local;
+            MemoryUseScope grads(MemoryUse::gradients);
             p->grad = Tensor::empty(local.shape(), local.dtype(), local.device());
             out[p.get()] = {pp.placement, global};
         }

@@ -260,4 +260,17 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
 
 Plan load_plan(const std::string& path) { return load_plan_text(read_file(path, YamlLimits{}.max_bytes), path); }
 
+void apply_mesh_flags(Plan& plan, const std::vector<std::string>& flags) {
+    for (const std::string& m : flags) {
+        const size_t eq = m.find('=');
+        int size = 0;
+        try {
+            size = eq == std::string::npos ? 0 : std::stoi(m.substr(eq + 1));
+        } catch (const std::exception&) {
+        }
+        if (size <= 0 || size > 4096) throw InputError(fmt::format("--mesh '{}': expected NAME=SIZE, e.g. tp=8", m));
+        plan.resize_mesh(m.substr(0, eq), size, "--mesh " + m);
+    }
+}
+
 }  // namespace ptool

@@ -103,6 +103,9 @@ struct Plan {
 };
 
 Plan load_plan(const std::string& path);
+// `--mesh NAME=SIZE` flags (verify, explain), each resizing a dim of the plan; InputError naming
+// the flag when it does not read NAME=SIZE with 1 <= SIZE <= 4096, or the plan refuses it.
+void apply_mesh_flags(Plan& plan, const std::vector<std::string>& flags);
 Plan load_plan_text(const std::string& text, const std::string& path);
 
 // fnmatch per dotted atom: "layers.*.net[1-2]" matches "layers.0.net1"; "" matches only "".

@@ -76,22 +76,6 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
     if (model.clip_grad_norm > 0)
         for (const auto& [op, bytes] : clip_grad_norm_cost(static_cast<int64_t>(model.named_parameters().size()), ex.tp, ex.dp))
             ex.step_comm.push_back({op, bytes, "(clip)", Phase::backward});
-    const double state = model.optimizer.type == "adamw" ? 2 : (model.optimizer.momentum != 0 ? 1 : 0);
-    std::set<const Parameter*> fsdp;
-    for (const auto& u : ex.resolution.dp.units)
-        for (const auto& [name, p] : model.named_parameters())
-            if (std::find(u.params.begin(), u.params.end(), name) != u.params.end()) fsdp.insert(p.get());
-    const size_t es = dtype_size(model.dtype);
-    for (int r = 0; r < ex.tp; ++r) {
-        int64_t bytes = 0;
-        for (const auto& [name, p] : model.named_parameters()) {
-            Shape local = tp_local(p.get(), r);
-            if (fsdp.count(p.get()) && !local.empty()) local[0] = chunk_of(local[0], ex.dp, 0).length;  // dp rank 0's shard
-            bytes += numel_of(local) * static_cast<int64_t>(es);
-        }
-        ex.param_bytes.push_back(bytes);
-        ex.training_bytes.push_back(static_cast<int64_t>(bytes * (2 + state)));
-    }
     return ex;
 }
 

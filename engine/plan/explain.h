@@ -32,8 +32,6 @@ struct Explanation {
     std::vector<std::string> data_parallel;  // what replicate/fully_shard do: buckets, units (lines)
     std::vector<ModuleExplain> modules;
     std::vector<CommCost> step_comm;      // one training step, in execution order (forward, then backward)
-    std::vector<int64_t> param_bytes;     // per tp rank
-    std::vector<int64_t> training_bytes;  // parameters + gradients + optimizer state, per tp rank
     // What verify's reference keeps per step on rank 0's host (every tensor it compares, full
     // size: parameters, gradients, buffers, output, loss, each module's output and input gradient).
     int64_t record_step_bytes = 0;

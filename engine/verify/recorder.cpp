@@ -36,6 +36,14 @@ Shape global_shape(const Shape& local, const Placement& p, Communicator& comm) {
     return g;
 }
 
+// Verification's own work inside a run (gathers, comparisons, the shadow optimizer): neither its
+// collectives nor its tensors are the plan's, so neither is counted.
+struct Unaccounted {
+    CountingPaused comm;
+    MemoryScope memory;
+    explicit Unaccounted(CommCounter* c) : comm(c), memory(nullptr) {}
+};
+
 class Recorder {
 public:
     Recorder(Run& run, const RecordOptions& opt)
@@ -51,7 +59,7 @@ public:
         // AdamW amplifies rounding-sized gradient differences; under mixed precision every update
         // carries the compute dtype's into the full-precision masters
         if (!opt_.shadow_optimizer || (run_.model().optimizer.type != "adamw" && !opt_.tol.masters)) return;
-        CountingPaused pause(&run_.counter());
+        Unaccounted pause(&run_.counter());
         for (const auto& [name, p] : run_.model().named_parameters()) {
             const Tensor full = gather(p->value, run_.dp_placement(p.get()), run_.tp_placement(p.get()));
             if (!rank0_) continue;
@@ -76,7 +84,7 @@ public:
     }
 
     void construction(RunRecord& rec) {
-        CountingPaused pause(&run_.counter());
+        Unaccounted pause(&run_.counter());
         for (const auto& [name, p] : run_.model().state_dict()) {
             const bool buffer = p->grad.numel() == 0 && p->value.numel() != 0;
             const Placement on_dp = buffer ? Placement::replicate() : run_.dp_placement(p.get());
@@ -110,7 +118,7 @@ public:
         // the reference's (DDP's average puts the parameter gradients right): scaled for comparison
         const double scale = dp_.size() > 1 && run_.model().loss != LossKind::sum ? 1.0 / dp_.size() : 1.0;
         return [this, &sr, scale](const Module& m, Phase phase, const Placed& x) {
-            CountingPaused pause(&run_.counter());
+            Unaccounted pause(&run_.counter());
             Tensor full = gather(x);
             if (phase == Phase::backward && scale != 1.0) {
                 Tensor scaled = empty_like(full);
@@ -129,7 +137,7 @@ public:
     }
 
     void step(StepRecord& sr, const StepOutput& out, bool last_step) {
-        CountingPaused pause(&run_.counter());
+        Unaccounted pause(&run_.counter());
         reference_.clear();
         if (rank0_ && opt_.compare_with && sr.step < static_cast<int64_t>(opt_.compare_with->steps.size()))
             for (const auto& [name, t] : opt_.compare_with->steps[sr.step].tensors) reference_[name] = &t;
@@ -183,7 +191,7 @@ public:
                 if (!run_.ignored(name) && it != diffs.end() && it->second.max_abs != 0 && truth.count(s + name)) flag.set(0, 1);
             }
         Communicator& world = run_.world();
-        CountingPaused pause(&run_.counter());
+        Unaccounted pause(&run_.counter());
         world.broadcast(flag, 0);
         if (flag.item(0) == 0) return;
         for (size_t i = 0; i < params.size(); ++i) {

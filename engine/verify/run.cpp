@@ -1,6 +1,7 @@
 #include "verify/run.h"
 
 #include <chrono>
+#include <optional>
 
 #include "core/tensor_ops.h"
 #include "model/loss.h"
@@ -12,6 +13,10 @@ namespace ptool {
 namespace {
 
 Model build_model(const RunInputs& in, bool init) {
+    if (in.device == Device::meta) {  // shapes only: nothing initialised, nothing allocated
+        MetaAllocation meta;
+        return load_model_text(in.model_text, in.model_path, in.dtype_override, false);
+    }
     Model m = load_model_text(in.model_text, in.model_path, in.dtype_override, init && !in.init);
     if (in.init) load_state_dict(m, *in.init, in.init_path);
     return m;
@@ -20,7 +25,8 @@ Model build_model(const RunInputs& in, bool init) {
 // src_data_rank: null, and nothing else needs the full parameters: every rank draws only its own
 // pieces of the distributed ones from the counter-based RNG.
 bool builds_own_shards(const RunInputs& in, const Plan& plan, const RunLayer* layer) {
-    return plan.has_tensor_parallel && !plan.src_data_rank && !in.init && !(layer && layer->needs_full_parameters());
+    return plan.has_tensor_parallel && !plan.src_data_rank && !in.init && !(layer && layer->needs_full_parameters()) &&
+           in.device != Device::meta;
 }
 
 }  // namespace
@@ -40,7 +46,12 @@ Plan reference_plan(const Plan& plan) {
 Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer)
     : model_(build_model(in, !builds_own_shards(in, plan, layer))), plan_(plan), world_(world),
       be_(backend_for(in.device)), counter_(std::make_shared<CommCounter>()), device_(in.device), layer_(layer) {
-    data_ = std::make_unique<DataSource>(model_, in.data, in.data_path);
+    {
+        std::optional<MetaAllocation> meta;
+        if (in.device == Device::meta) meta.emplace();
+        MemoryUseScope use(MemoryUse::batch);
+        data_ = std::make_unique<DataSource>(model_, in.data, in.data_path);
+    }
     mesh_ = std::make_unique<DeviceMesh>(plan.mesh, world, counter_);
     if (layer) layer->wrap_mesh(*mesh_, plan);
     res_ = resolve_plan(model_, plan);
@@ -91,6 +102,7 @@ Placement Run::dp_placement(const Parameter* p) const {
 // precision the input is cast to param_dtype (cast_forward_inputs), the loss sees the output cast
 // back to the model's dtype and its gradient goes back in param_dtype.
 Run::Microbatch Run::microbatch(RunContext& ctx, const Tensor& input, const Tensor& target, double scale) {
+    MemoryUseScope use(MemoryUse::activations);
     const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
     const Tensor in = dtype_is_float(input.dtype()) ? to_dtype(be_, input, compute) : input;
     const Placed x = redistribute(Placed(in), res_.input_placement, *tp_);
@@ -124,7 +136,7 @@ double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& 
 
 StepOutput Run::step(int64_t k, const StepObserver& observer) {
     Batch b = data_->batch(k);
-    if (device_ != Device::cpu) {
+    if (b.input.device() != device_) {
         b.input = b.input.to_device(device_);
         if (b.target.defined()) b.target = b.target.to_device(device_);
     }

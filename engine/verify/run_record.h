@@ -4,12 +4,14 @@
 // were computed (for divergence localisation).
 #pragma once
 
+#include <array>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/comm_stats.h"
+#include "core/memory_account.h"
 #include "model/module.h"
 #include "verify/compare.h"
 
@@ -47,6 +49,15 @@ struct StepRecord {
     std::vector<ModuleEvent> events;
 };
 
+// One rank's tensor memory over a run's steps (core/memory_account.h): measured by verify,
+// predicted by plan/simulate.h.
+struct RankMemory {
+    int rank = 0;
+    int64_t peak = 0;      // the steps' peak of live tensor bytes (after the model is built)
+    int64_t resident = 0;  // live when the first step starts: parameters, gradients, buffers, the batch
+    std::array<int64_t, kMemoryUses> at_peak{};  // the peak by use
+};
+
 // The step's recorded tensor of that name, or null (compared as recorded, or missing).
 const Tensor* find_tensor(const StepRecord& step, const std::string& name);
 
@@ -69,6 +80,7 @@ struct RunRecord {
     int64_t bucket_copy_bytes = 0;   // copied into/out of buckets per step (0 with bucket views)
     int64_t bucket_allreduce_bytes = 0;  // DDP's gradient all_reduce per step
     int64_t grad_bytes = 0;          // of the synchronised gradients (local shapes)
+    std::vector<RankMemory> memory;  // per world rank, measured (a parallel run's)
 };
 
 }  // namespace ptool

@@ -72,6 +72,23 @@ private:
     std::unique_ptr<Communicator> gpus_;
 };
 
+// Every rank's memory on rank 0 (verification's: not counted).
+std::vector<RankMemory> gather_memory(const RankMemory& m, Communicator& world) {
+    const int64_t width = 2 + kMemoryUses;
+    Tensor mine({width}, DType::int64), all({width * world.size()}, DType::int64);
+    mine.data<int64_t>()[0] = m.peak, mine.data<int64_t>()[1] = m.resident;
+    for (int u = 0; u < kMemoryUses; ++u) mine.data<int64_t>()[2 + u] = m.at_peak[u];
+    CountingPaused pause(world.counter().get());
+    world.all_gather(mine, all);
+    std::vector<RankMemory> out(world.size());
+    for (int r = 0; r < world.size(); ++r) {
+        const int64_t* v = all.data<int64_t>() + r * width;
+        out[r].rank = r, out[r].peak = v[0], out[r].resident = v[1];
+        for (int u = 0; u < kMemoryUses; ++u) out[r].at_peak[u] = v[2 + u];
+    }
+    return out;
+}
+
 // Adds one plan's comparison with the reference to the report (rank 0).
 void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parallel, const Plan& plan, const Resolution& res,
               const Tolerance& tol) {
@@ -160,9 +177,22 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         RunRecord par;
         launch.run(plan.world_size(), plan.mesh_where, [&](Communicator& world) {
             const std::unique_ptr<RunLayer> layer = fault_layer(fault);
-            Run run(job.inputs, plan, world, layer.get());
-            RunRecord r = record_run(run, steps, ro);
-            if (world.rank() == 0) par = std::move(r);
+            // each rank's tensors are charged to its account (verification's own are not: the
+            // recorder's work runs unaccounted), the measured side of explain's prediction
+            auto account = std::make_shared<MemoryAccount>();
+            RunRecord r;
+            RankMemory mine;
+            {
+                MemoryScope scope(account);
+                Run run(job.inputs, plan, world, layer.get());
+                account->reset_peak();
+                mine.resident = account->live();
+                r = record_run(run, steps, ro);
+                mine.peak = account->peak();
+                for (int u = 0; u < kMemoryUses; ++u) mine.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
+            }
+            std::vector<RankMemory> all = gather_memory(mine, world);
+            if (world.rank() == 0) par = std::move(r), par.memory = std::move(all);
         });
         if (launch.rank0()) add_plan(report, references[key], std::move(par), plan, res, ro.tol);
     }
@@ -189,16 +219,7 @@ LoadedCommand load_command(const VerifyCommand& cmd) {
     if (!cmd.init.empty()) l.init = std::make_unique<TensorFile>(read_safetensors(cmd.init)), in.init = l.init.get(), in.init_path = cmd.init;
     if (!cmd.data.empty()) l.data = std::make_unique<TensorFile>(read_safetensors(cmd.data)), in.data = l.data.get(), in.data_path = cmd.data;
     for (const auto& p : cmd.plans) l.job.plans.push_back(load_plan(p));
-    for (const auto& m : cmd.mesh) {  // --mesh tp=8: resize a mesh dim of every plan
-        const size_t eq = m.find('=');
-        int size = 0;
-        try {
-            size = eq == std::string::npos ? 0 : std::stoi(m.substr(eq + 1));
-        } catch (const std::exception&) {
-        }
-        if (size <= 0 || size > 4096) throw InputError(fmt::format("--mesh '{}': expected NAME=SIZE, e.g. tp=8", m));
-        for (Plan& p : l.job.plans) p.resize_mesh(m.substr(0, eq), size, "--mesh " + m);
-    }
+    for (Plan& p : l.job.plans) apply_mesh_flags(p, cmd.mesh);
     l.job.options = cmd.options;
     if (l.data) {
         const Model probe = load_model_text(in.model_text, cmd.model, cmd.dtype, false);

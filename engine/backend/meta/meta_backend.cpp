@@ -1,0 +1,96 @@
+#include "backend/meta/meta_backend.h"
+
+namespace ptool {
+namespace {
+
+thread_local MetaWork t_work;
+
+double bytes_of(std::initializer_list<const Tensor*> ts) {
+    double b = 0;
+    for (const Tensor* t : ts)
+        if (t && t->defined()) b += static_cast<double>(t->nbytes());
+    return b;
+}
+
+class MetaBackend final : public Backend {
+public:
+    Device device() const override { return Device::meta; }
+    std::string name() const override { return "meta (no kernels)"; }
+
+    void gemm(const Tensor& a, bool trans_a, const Tensor&, bool, Tensor& c, double, double) override {
+        const int64_t k = trans_a ? a.size(-2) : a.size(-1);
+        t_work.gemm_flops += 2.0 * static_cast<double>(c.numel()) * static_cast<double>(k);
+        ++t_work.kernels;
+    }
+    void activation(Activation, const Tensor& x, Tensor& y) override { touch({&x, &y}); }
+    void activation_backward(Activation, const Tensor& x, const Tensor& dy, Tensor& dx) override { touch({&x, &dy, &dx}); }
+    void add(const Tensor& a, const Tensor& b, Tensor& out) override { touch({&a, &b, &out}); }
+    void mul(const Tensor& a, const Tensor& b, Tensor& out) override { touch({&a, &b, &out}); }
+    void axpy(double, const Tensor& x, Tensor& y) override { touch({&x, &y, &y}); }
+    void scale(const Tensor& x, double, Tensor& out) override { touch({&x, &out}); }
+    void fill(Tensor& t, double) override { touch({&t}); }
+    void copy(const Tensor& src, Tensor& dst) override { touch({&src, &dst}); }
+    void add_bias(Tensor& y, const Tensor& bias) override { touch({&y, &y, &bias}); }
+    void sum_rows(const Tensor& dy, Tensor& db, bool) override { touch({&dy, &db}); }
+    double sum_all(const Tensor& x) override {
+        touch({&x});
+        return 0;
+    }
+    void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double, bool, Tensor& y, Tensor& mean,
+                    Tensor& rstd) override {
+        touch({&x, &w, &b, &y, &mean, &rstd});
+    }
+    void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy, bool,
+                             Tensor& dx, Tensor* dw, Tensor* db) override {
+        touch({&x, &w, &mean, &rstd, &dy, &dx, dw, db});
+    }
+    void channel_moments(const Tensor& x, Tensor& mean, Tensor& var) override { touch({&x, &mean, &var}); }
+    void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w, const Tensor& b,
+                          Tensor& y) override {
+        touch({&x, &mean, &rstd, &w, &b, &y});
+    }
+    void batch_norm_grad_sums(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& sum_dy,
+                              Tensor& sum_dy_xhat) override {
+        touch({&x, &mean, &rstd, &dy, &sum_dy, &sum_dy_xhat});
+    }
+    void batch_norm_backward_input(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w, const Tensor& dy,
+                                   const Tensor& sum_dy, const Tensor& sum_dy_xhat, double, Tensor& dx) override {
+        touch({&x, &mean, &rstd, &w, &dy, &sum_dy, &sum_dy_xhat, &dx});
+    }
+    void embedding(const Tensor& ids, const Tensor&, Tensor& y) override { touch({&ids, &y, &y}); }
+    void embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dw) override { touch({&ids, &dy, &dy}), (void)dw; }
+    void transpose12(const Tensor& x, Tensor& y) override { touch({&x, &y}); }
+    void softmax(const Tensor& x, bool, Tensor& y) override { touch({&x, &y}); }
+    void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override { touch({&y, &dy, &dx}); }
+    double cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) override {
+        touch({&logits, &target, &dlogits});
+        return 0;
+    }
+    double mse(const Tensor& out, const Tensor& target, Tensor& dout) override {
+        touch({&out, &target, &dout});
+        return 0;
+    }
+    void sgd_step(Tensor& p, const Tensor& g, Tensor& buf, double, double, double, bool) override {
+        touch({&p, &g, &buf, &p, &buf});
+    }
+    void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, int64_t, double, double, double, double, double) override {
+        touch({&p, &g, &m, &v, &p, &m, &v});
+    }
+
+private:
+    static void touch(std::initializer_list<const Tensor*> ts) {
+        t_work.memory_bytes += bytes_of(ts);
+        ++t_work.kernels;
+    }
+};
+
+}  // namespace
+
+MetaWork& meta_work() { return t_work; }
+
+Backend& meta_backend() {
+    static MetaBackend meta;
+    return meta;
+}
+
+}  // namespace ptool

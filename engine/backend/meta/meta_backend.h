@@ -1,0 +1,21 @@
+// The meta backend: every op of the Backend interface on meta tensors (core/device_memory.h),
+// computing nothing and counting what it would cost: the GEMMs' FLOPs and the bytes the other
+// ops read and write. plan/simulate.h executes a training step with it to predict a rank's
+// memory (the tensors the step allocates) and time (its work at a device's rates).
+#pragma once
+
+#include "backend/backend.h"
+
+namespace ptool {
+
+// What the ops the calling thread ran on the meta backend would cost, since the last reset.
+struct MetaWork {
+    double gemm_flops = 0;   // 2 * M * N * K per GEMM (batched: per batch)
+    double memory_bytes = 0; // bytes every other op reads and writes (its tensors' sizes)
+    int64_t kernels = 0;     // ops launched
+};
+MetaWork& meta_work();  // the calling thread's
+
+Backend& meta_backend();
+
+}  // namespace ptool

@@ -1,0 +1,71 @@
+#include "core/memory_account.h"
+
+namespace ptool {
+namespace {
+thread_local std::shared_ptr<MemoryAccount> t_account;
+thread_local MemoryUse t_use = MemoryUse::other;
+}  // namespace
+
+const char* memory_use_name(MemoryUse u) {
+    switch (u) {
+        case MemoryUse::parameters: return "parameters";
+        case MemoryUse::gradients: return "gradients";
+        case MemoryUse::optimizer: return "optimizer";
+        case MemoryUse::activations: return "activations";
+        case MemoryUse::communication: return "communication";
+        case MemoryUse::fsdp_unsharded: return "fsdp_unsharded";
+        case MemoryUse::buckets: return "buckets";
+        case MemoryUse::mixed_precision: return "mixed_precision";
+        case MemoryUse::batch: return "batch";
+        default: return "other";
+    }
+}
+
+void MemoryAccount::charge(int64_t bytes, MemoryUse use) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ += bytes;
+    live_by_[static_cast<int>(use)] += bytes;
+    if (live_ > peak_) peak_ = live_, at_peak_ = live_by_;
+}
+
+void MemoryAccount::credit(int64_t bytes, MemoryUse use) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ -= bytes;
+    live_by_[static_cast<int>(use)] -= bytes;
+}
+
+int64_t MemoryAccount::live() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_;
+}
+
+int64_t MemoryAccount::peak() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+}
+
+int64_t MemoryAccount::at_peak(MemoryUse use) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return at_peak_[static_cast<int>(use)];
+}
+
+void MemoryAccount::reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    peak_ = live_, at_peak_ = live_by_;
+}
+
+MemoryScope::MemoryScope(std::shared_ptr<MemoryAccount> account) : saved_(std::move(t_account)) {
+    t_account = std::move(account);
+}
+
+MemoryScope::~MemoryScope() { t_account = std::move(saved_); }
+
+MemoryUseScope::MemoryUseScope(MemoryUse use) : saved_(t_use) { t_use = use; }
+
+MemoryUseScope::~MemoryUseScope() { t_use = saved_; }
+
+std::shared_ptr<MemoryAccount> current_memory_account() { return t_account; }
+
+MemoryUse current_memory_use() { return t_use; }
+
+}  // namespace ptool

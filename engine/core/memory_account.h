@@ -1,0 +1,83 @@
+// Memory accounts: the tensor bytes a rank holds, by what they are for, and their peak.
+//
+// Every Storage charges its bytes to the account of the thread that allocated it (none: not
+// counted) under the thread's current use, and credits them back when it is freed, from whatever
+// thread. A real run's rank thread and a simulated one (plan/simulate.h: the step executed on
+// meta tensors) count the same way, so the predicted peak and the measured one are the same
+// quantity: the tensors' logical bytes (not what a caching allocator reserves).
+//
+//   auto account = std::make_shared<MemoryAccount>();
+//   { MemoryScope scope(account); ... Run run(...); account->reset_peak(); run.step(0); }
+//   account->peak(), account->at_peak(MemoryUse::activations)
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+namespace ptool {
+
+// What a tensor is for, as the code that allocates it declares (MemoryUseScope); `other` by default.
+enum class MemoryUse {
+    parameters,      // model parameters (TP-local, fully_shard's shards) and buffers
+    gradients,       // their gradients
+    optimizer,       // optimizer state (momentum, AdamW's two moments)
+    activations,     // forward and backward: what modules save and their temporaries
+    communication,   // redistribution buffers, gathered and packed tensors
+    fsdp_unsharded,  // fully_shard's gathered parameters and their full gradients
+    buckets,         // DDP's flat gradient buckets
+    mixed_precision, // the compute copies of the parameters and their gradients
+    batch,           // the step's data
+    other,
+    count_
+};
+constexpr int kMemoryUses = static_cast<int>(MemoryUse::count_);
+const char* memory_use_name(MemoryUse u);  // "activations"
+
+class MemoryAccount {
+public:
+    void charge(int64_t bytes, MemoryUse use);
+    void credit(int64_t bytes, MemoryUse use);
+    int64_t live() const;
+    int64_t peak() const;
+    int64_t at_peak(MemoryUse use) const;  // bytes of `use` live at the peak
+    // Starts a new peak from what is live now (after the model is built: a step's peak).
+    void reset_peak();
+
+private:
+    mutable std::mutex mu_;
+    int64_t live_ = 0, peak_ = 0;
+    std::array<int64_t, kMemoryUses> live_by_{}, at_peak_{};
+};
+
+// The calling thread's account while in scope (null: nothing counted, e.g. verification's own
+// gathers inside a run), restored after.
+class MemoryScope {
+public:
+    explicit MemoryScope(std::shared_ptr<MemoryAccount> account);
+    ~MemoryScope();
+    MemoryScope(const MemoryScope&) = delete;
+    MemoryScope& operator=(const MemoryScope&) = delete;
+
+private:
+    std::shared_ptr<MemoryAccount> saved_;
+};
+
+// The use the calling thread's allocations are charged to while in scope.
+class MemoryUseScope {
+public:
+    explicit MemoryUseScope(MemoryUse use);
+    ~MemoryUseScope();
+    MemoryUseScope(const MemoryUseScope&) = delete;
+    MemoryUseScope& operator=(const MemoryUseScope&) = delete;
+
+private:
+    MemoryUse saved_;
+};
+
+// For Storage: the calling thread's account and use now.
+std::shared_ptr<MemoryAccount> current_memory_account();
+MemoryUse current_memory_use();
+
+}  // namespace ptool

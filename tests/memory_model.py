@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Predicted vs measured memory per rank, for every shipped plan.
+
+    memory_model.py PTOOL ROOT [--table]
+
+`ptool explain --json` predicts each distinct rank's peak by executing the plan's steps on meta
+tensors (plan/simulate.h); `ptool verify --json` measures every rank's peak from the tensors its
+thread allocated (core/memory_account.h). Fails unless every predicted rank is within 5% of its
+measurement (and, for the ranks explain leaves out, of a rank it predicted). --table prints the
+README's table.
+"""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks  # noqa: E402
+
+PTOOL, ROOT = sys.argv[1], sys.argv[2]
+TABLE = "--table" in sys.argv
+check = Checks()
+
+
+def cases():
+    for plan in sorted(glob.glob(f"{ROOT}/plans/*.yaml")):
+        name = os.path.basename(plan)[:-5]
+        if name.startswith("gemm_mlp"):
+            continue  # benchmark-sized: bench/ runs them
+        model = re.search(r"models/[a-z_0-9]*\.yaml", open(plan).read()).group(0)
+        yield f"{ROOT}/{model}", plan
+
+
+rows = []
+with tempfile.TemporaryDirectory() as tmp:
+    for model, plan in cases():
+        name = os.path.basename(plan)[:-5]
+        ej, vj = os.path.join(tmp, "e.json"), os.path.join(tmp, "v.json")
+        p = subprocess.run([PTOOL, "explain", model, plan, "--json", ej], capture_output=True, text=True, timeout=120)
+        q = subprocess.run([PTOOL, "verify", model, plan, "--json", vj, "-q"], capture_output=True, text=True, timeout=300)
+        if p.returncode != 0 or not os.path.exists(vj):
+            check(False, f"{name}: explain exit {p.returncode}, verify exit {q.returncode}\n{p.stderr}{q.stdout}{q.stderr}")
+            continue
+        predicted = {m["rank"]: m["predicted_peak_bytes"] for m in json.load(open(ej))["memory"]}
+        measured = {m["rank"]: m["measured_peak_bytes"] for m in json.load(open(vj))["plans"][0]["memory"]}
+        worst = 0.0
+        for rank, meas in measured.items():
+            pred = predicted.get(rank)
+            if pred is None:  # a rank like one explain did predict: within 5% of the closest
+                pred = min(predicted.values(), key=lambda v: abs(v - meas))
+            err = abs(pred - meas) / meas if meas else float(pred != 0)
+            worst = max(worst, err)
+            check(err <= 0.05, f"{name} rank {rank}: predicted {pred} B, measured {meas} B ({100 * err:.1f}%)")
+        rows.append((name, len(measured), max(predicted.values()), max(measured.values()), worst))
+if TABLE:
+    print(f"{'plan':<30} {'ranks':>5} {'predicted peak':>15} {'measured peak':>14} {'worst error':>11}")
+    for name, n, pred, meas, err in rows:
+        print(f"{name:<30} {n:>5} {pred:>15,} {meas:>14,} {100 * err:>10.2f}%")
+check.finish()
