@@ -4,8 +4,52 @@
 #include <fstream>
 #include <sstream>
 
+#include <yaml-cpp/eventhandler.h>
+
 namespace ptool {
 namespace {
+
+// yaml-cpp 0.7's LoadAll loops forever, allocating, on a token no rule consumes in block context
+// (a ',' outside brackets: jbeder/yaml-cpp#1040, fixed upstream by #1319): each call to
+// HandleNextDocument "starts" a document at the same position. This pass walks the documents with
+// a parser that only notes where each starts, and stops at the first that makes no progress or at
+// the second document, which a ptool file never has.
+struct DocumentStarts : YAML::EventHandler {
+    std::vector<YAML::Mark> starts;
+    void OnDocumentStart(const YAML::Mark& m) override { starts.push_back(m); }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+};
+
+void check_documents(const std::string& text, const std::string& name) {
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentStarts docs;
+    try {
+        while (docs.starts.size() < 3 && parser.HandleNextDocument(docs)) {
+            const size_t n = docs.starts.size();
+            if (n >= 2 && docs.starts[n - 1].pos == docs.starts[n - 2].pos) {
+                const YAML::Mark& m = docs.starts.back();
+                const char c = m.pos >= 0 && static_cast<size_t>(m.pos) < text.size() ? text[m.pos] : '?';
+                throw InputError(SourceLocation{name, m.line + 1, m.column + 1},
+                                 fmt::format("unexpected '{}' (outside brackets it cannot start a value)", c));
+            }
+        }
+    } catch (const YAML::Exception& e) {
+        throw InputError(SourceLocation{name, e.mark.line + 1, e.mark.column + 1}, e.msg);
+    }
+    if (docs.starts.size() >= 2) {
+        const YAML::Mark& m = docs.starts[1];
+        throw InputError(SourceLocation{name, m.line + 1, m.column + 1},
+                         "a second YAML document: a file holds one ('---' starts another)");
+    }
+}
 
 // Rejects documents whose nesting would make yaml-cpp recurse deeply, before it parses them.
 void prescan(const std::string& text, const std::string& name, const YamlLimits& limits) {
@@ -255,17 +299,14 @@ void YamlMap::finish() const {
 
 YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits) {
     prescan(text, name, limits);
+    check_documents(text, name);
     auto file = std::make_shared<const std::string>(name);
-    std::vector<YAML::Node> docs;
+    YAML::Node root;
     try {
-        docs = YAML::LoadAll(text);
+        root = YAML::Load(text);  // one document: check_documents refused a second
     } catch (const YAML::Exception& e) {
         throw InputError(SourceLocation{name, e.mark.line + 1, e.mark.column + 1}, e.msg);
     }
-    if (docs.empty()) throw InputError(SourceLocation{name, 1, 1}, "file is empty");
-    if (docs.size() > 1)
-        YamlNode(docs[1], std::const_pointer_cast<std::string>(file)).fail("a second YAML document: a file holds one ('---' starts another)");
-    const YAML::Node& root = docs[0];
     YamlNode out(root, std::const_pointer_cast<std::string>(file));
     if (!root.IsMap()) {
         if (root.IsNull()) throw InputError(SourceLocation{name, 1, 1}, "file is empty");

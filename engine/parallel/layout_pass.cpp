@@ -14,9 +14,9 @@ using Marker = std::vector<CommCost>;
 
 class Pass final : public LayoutVisitor {
 public:
-    Pass(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles, int parts, SourceLocation plan_where,
+    Pass(const std::map<const Module*, const ResolvedStyle*>& styles, int parts, SourceLocation plan_where,
          const std::set<const Module*>& checkpointed, DType compute)
-        : model_(model), styles_(styles), parts_(parts), plan_where_(std::move(plan_where)), checkpointed_(checkpointed),
+        : styles_(styles), parts_(parts), plan_where_(std::move(plan_where)), checkpointed_(checkpointed),
           es_(dtype_size(compute)) {}
 
     int parts() const override { return parts_; }
@@ -155,7 +155,6 @@ private:
         std::string name = "the model input";
         const PlanEntry* entry = nullptr;
     };
-    const Model& model_;
     const std::map<const Module*, const ResolvedStyle*>& styles_;
     int parts_;
     SourceLocation plan_where_;
@@ -169,7 +168,7 @@ private:
 
 LayoutReport propagate_layouts(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles,
                                const Layout& input, int parts, const SourceLocation& plan_where, const LayoutPassOptions& options) {
-    Pass pass(model, styles, parts, plan_where, options.checkpointed, options.compute.value_or(model.dtype));
+    Pass pass(styles, parts, plan_where, options.checkpointed, options.compute.value_or(model.dtype));
     const bool loss_parallel = options.loss_parallel;
     pass.report.input = input;
     pass.report.output = pass.call(*model.root, input);
