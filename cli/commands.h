@@ -19,6 +19,7 @@ struct Common {
 void add_run_command(CLI::App& app, Common& common);
 void add_verify_command(CLI::App& app, Common& common, int& exit_code);
 void add_explain_command(CLI::App& app, Common& common);
+void add_plan_command(CLI::App& app);
 void add_golden_command(CLI::App& app, Common& common, int& exit_code);
 std::vector<std::string> split_lines(const std::string& s);
 void add_device_options(CLI::App* cmd, Common& common);  // --device cpu|cuda, --tf32

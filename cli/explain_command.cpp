@@ -10,13 +10,15 @@
 #include "core/safetensors.h"
 #include "core/yaml_reader.h"
 #include "plan/explain.h"
+#include "plan/cluster.h"
 #include "plan/simulate.h"
+#include "plan/time_model.h"
 
 namespace ptool::cli {
 namespace {
 
 struct ExplainArgs {
-    std::string model, plan, json;
+    std::string model, plan, json, cluster;
     std::vector<std::string> mesh;
 };
 
@@ -31,6 +33,17 @@ std::string local_shapes(const ParamLayout& p) {  // "[3, 16] x3, [1, 16]"
     return fmt::format("{}", fmt::join(parts, ", "));
 }
 
+std::string rank_ranges(const std::vector<int>& ranks) {  // ascending: "0-3, 8-11"
+    std::vector<std::string> parts;
+    for (size_t i = 0; i < ranks.size();) {
+        size_t j = i;
+        while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+        parts.push_back(j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+        i = j + 1;
+    }
+    return fmt::format("{}", fmt::join(parts, ", "));
+}
+
 void explain(const ExplainArgs& a, const Common& c) {
     if (!a.json.empty()) check_output(a.json, true);
     RunInputs in;
@@ -42,9 +55,11 @@ void explain(const ExplainArgs& a, const Common& c) {
     meta.reset();
     Plan plan = load_plan(a.plan);
     apply_mesh_flags(plan, a.mesh);
+    std::optional<Cluster> cluster;
+    if (!a.cluster.empty()) cluster = load_cluster(a.cluster);
     Explanation ex = explain_plan(model, plan);
     const int64_t steps = plan.verify.steps > 0 ? plan.verify.steps : model.steps;
-    const std::vector<RankMemory> memory = predict_memory(in, plan, steps);
+    const std::vector<PredictedRank> memory = predict_ranks(in, model, plan, steps);
     for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w);
     std::vector<std::string> mesh, parts;
     for (const auto& m : plan.mesh) mesh.push_back(fmt::format("{}={}", m.name, m.size));
@@ -91,19 +106,41 @@ void explain(const ExplainArgs& a, const Common& c) {
     // the steps executed on meta tensors (plan/simulate.h): every tensor the ranks would hold
     fmt::print("\n  memory per rank (predicted: {} step{} simulated; the peak, what was resident before it, and at the peak):\n",
                steps, steps == 1 ? "" : "s");
-    std::vector<std::vector<std::string>> mrows = {{"rank", "peak", "resident", "at the peak"}};
-    for (const RankMemory& m : memory) {
+    std::vector<std::vector<std::string>> mrows = {{"ranks", "peak", "resident", "at the peak"}};
+    for (const PredictedRank& pm : memory) {
+        const RankMemory& m = pm.sim.memory;
         std::vector<std::string> uses;
         for (int u = 0; u < kMemoryUses; ++u)
             if (m.at_peak[u] > 0) uses.push_back(fmt::format("{} {}", memory_use_name(static_cast<MemoryUse>(u)), format_bytes(m.at_peak[u])));
-        mrows.push_back({std::to_string(m.rank), format_bytes(m.peak), format_bytes(m.resident), fmt::format("{}", fmt::join(uses, ", "))});
+        mrows.push_back({rank_ranges(pm.ranks), format_bytes(m.peak), format_bytes(m.resident), fmt::format("{}", fmt::join(uses, ", "))});
     }
     print_columns(mrows, "    ");
-    if (static_cast<int>(memory.size()) < plan.world_size())
-        fmt::print("    (the other ranks hold what one of these holds: their shards are the same sizes)\n");
     fmt::print("  verify keeps on the host: the reference's record, {} step{} x {} = {} (every tensor it compares, full size:\n"
                "  parameters, gradients, buffers, output, and each module's output and input gradient; `verify --steps` changes it)\n",
                steps, steps == 1 ? "" : "s", format_bytes(ex.record_step_bytes), format_bytes(steps * ex.record_step_bytes));
+    std::vector<StepTime> times;
+    if (cluster) {
+        const DType compute = plan.mixed_precision ? plan.mixed_precision->param_dtype : model.dtype;
+        fmt::print("\n  time per step on {} ({} x {} GPUs; the last simulated step; docs/planning.md):\n", cluster->name,
+                   cluster->nodes, cluster->gpus_per_node);
+        if (plan.world_size() > cluster->world_size())
+            spdlog::warn("the plan's {} ranks are more than the cluster's {} GPUs", plan.world_size(), cluster->world_size());
+        std::vector<std::vector<std::string>> trows = {{"ranks", "compute", "communication", "step", "MFU"}};
+        for (const PredictedRank& pr : memory) {
+            const StepTime t = predict_step_time(pr.sim.step_work, by_op_dim(pr.sim.step_comm), plan, *cluster, compute);
+            std::vector<std::string> comm;
+            for (const auto& [dim, ct] : t.by_dim)
+                comm.push_back(fmt::format("{} {:.1f} ms ({}, {})", dim, ct.seconds * 1e3, format_bytes(static_cast<int64_t>(ct.bytes)),
+                                           ct.inter_node ? "inter-node" : "intra-node"));
+            trows.push_back({rank_ranges(pr.ranks), fmt::format("{:.1f} ms", t.compute * 1e3),
+                             comm.empty() ? "none" : fmt::format("{}", fmt::join(comm, ", ")), fmt::format("{:.1f} ms", t.step * 1e3),
+                             fmt::format("{:.1f}%", 100 * mfu(t, *cluster, compute))});
+            times.push_back(t);
+        }
+        print_columns(trows, "    ");
+        fmt::print("    (data-parallel collectives overlap the compute, tensor-parallel ones do not; MFU: the step's GEMM\n"
+                   "     FLOPs, activation checkpointing's recompute not counted, over the peak)\n");
+    }
     if (!a.json.empty()) {
         nlohmann::json j;
         j["model"] = a.model;
@@ -159,13 +196,28 @@ void explain(const ExplainArgs& a, const Common& c) {
         for (const auto& u : dp.units) j["units"].push_back({{"fqn", u.fqn}, {"params", u.params}});
         j["ignored_params"] = std::vector<std::string>(dp.ignored_params.begin(), dp.ignored_params.end());
         j["synced_buffers"] = std::vector<std::string>(dp.synced_buffers.begin(), dp.synced_buffers.end());
-        j["memory"] = nlohmann::json::array();  // distinct ranks, predicted (plan/simulate.h)
-        for (const RankMemory& m : memory) j["memory"].push_back(memory_json(m, "predicted_peak_bytes"));
+        j["memory"] = nlohmann::json::array();  // one entry per rank class, predicted (plan/simulate.h)
+        for (const PredictedRank& m : memory) {
+            nlohmann::json e = memory_json(m.sim.memory, "predicted_peak_bytes");
+            e["ranks"] = m.ranks;
+            j["memory"].push_back(e);
+        }
         int64_t elements = 0;
         for (const auto& [name, p] : model.named_parameters()) elements += p->value.numel();
         j["parameters"] = elements;  // unique parameter elements
         j["verify_record_bytes_per_step"] = ex.record_step_bytes;
         j["verify_steps"] = steps;
+        if (cluster) {
+            j["time"] = nlohmann::json::array();  // per rank class, seconds
+            for (size_t i = 0; i < times.size(); ++i) {
+                nlohmann::json by_dim;
+                for (const auto& [dim, ct] : times[i].by_dim)
+                    by_dim[dim] = {{"seconds", ct.seconds}, {"bytes", ct.bytes}, {"calls", ct.calls}, {"inter_node", ct.inter_node}};
+                j["time"].push_back({{"ranks", memory[i].ranks}, {"compute_seconds", times[i].compute},
+                                     {"step_seconds", times[i].step}, {"gemm_flops", times[i].gemm_flops},
+                                     {"model_flops", times[i].model_flops}, {"collectives", by_dim}});
+            }
+        }
         write_file(a.json, j.dump(2) + "\n", true);
     }
 }
@@ -180,6 +232,7 @@ void add_explain_command(CLI::App& app, Common& common) {
     cmd->add_option("PLAN", a->plan, "plan YAML file")->required();
     cmd->add_option("--dtype", common.dtype, "override the model's dtype");
     cmd->add_option("--json", a->json, "write the collectives and memory as JSON");
+    cmd->add_option("--cluster", a->cluster, "predict the step time on this cluster (clusters/*.yaml)");
     cmd->add_option("--mesh", a->mesh, "resize a mesh dim of the plan, e.g. --mesh tp=8 (repeatable)");
     cmd->callback([a, &common] { explain(*a, common); });
 }

@@ -1,5 +1,7 @@
 #include "model/module.h"
 
+#include "backend/meta/meta_backend.h"
+
 #include <set>
 
 namespace ptool {
@@ -36,7 +38,10 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
         auto observer = std::move(ctx.observer);
         const bool was = ctx.recomputing;
         ctx.observer = nullptr, ctx.recomputing = true;
+        const bool meta_was = meta_work().recomputing;  // the meta backend counts the recompute's FLOPs apart
+        meta_work().recomputing = true;
         forward_hooked(ctx, x);
+        meta_work().recomputing = meta_was;
         ctx.observer = std::move(observer), ctx.recomputing = was;
     }
     PTOOL_REQUIRE(!inputs_.empty(), "backward of '{}' without a forward", fqn_);

@@ -6,8 +6,10 @@ namespace ptool {
 
 Rope::Tables Rope::tables(const Tensor& like) const {
     const int64_t n = like.size(0), t = like.size(1), half = hd_ / 2;
-    Tensor c({t, hd_}, like.dtype()), s({t, hd_}, like.dtype()), m({hd_, hd_}, like.dtype());
-    for (int64_t i = 0; i < half; ++i) {
+    const bool meta = like.device() == Device::meta;  // shapes only: the same tensors, no values
+    const Device host = meta ? Device::meta : Device::cpu;
+    Tensor c({t, hd_}, like.dtype(), host), s({t, hd_}, like.dtype(), host), m({hd_, hd_}, like.dtype(), host);
+    for (int64_t i = 0; i < half && !meta; ++i) {
         // as HF: inv_freq in float32, then position * inv_freq in float32, cos/sin of that
         const float inv_freq = static_cast<float>(1.0 / std::pow(theta_, static_cast<double>(2 * i) / static_cast<double>(hd_)));
         for (int64_t p = 0; p < t; ++p) {
@@ -20,7 +22,7 @@ Rope::Tables Rope::tables(const Tensor& like) const {
     Tables out{Tensor::empty({n, t, hd_}, like.dtype(), like.device()), Tensor::empty({n, t, hd_}, like.dtype(), like.device()),
                m.to_device(like.device())};
     const Tensor cd = c.to_device(like.device()), sd = s.to_device(like.device());
-    for (int64_t j = 0; j < n; ++j) {  // the same table for every head of every batch row
+    for (int64_t j = 0; j < n && !meta; ++j) {  // the same table for every head of every batch row
         Tensor co = out.cos.narrow(0, j, 1).reshape({t, hd_}), so = out.sin.narrow(0, j, 1).reshape({t, hd_});
         copy_bytes(co.raw(), like.device(), cd.raw(), like.device(), cd.nbytes());
         copy_bytes(so.raw(), like.device(), sd.raw(), like.device(), sd.nbytes());

@@ -64,10 +64,12 @@ struct FullyShard::State : ModuleHooks {
         }
     }
 
-    void reshard() {
+    void reshard() {  // frees the unsharded parameters and gradients, as FSDP2's reshard does
         for (Managed& m : params) {
             m.p->value = m.shard;
             m.p->grad = m.shard_grad;
+            m.full = Tensor();
+            m.full_grad = Tensor();
         }
     }
 

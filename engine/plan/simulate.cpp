@@ -1,6 +1,11 @@
 #include "plan/simulate.h"
 
+#include <atomic>
+#include <map>
 #include <set>
+#include <thread>
+
+#include "core/tensor_ops.h"
 
 #include "comm/comm_simulated.h"
 
@@ -30,28 +35,60 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     return sim;
 }
 
-std::vector<RankMemory> predict_memory(const RunInputs& in, const Plan& plan, int64_t steps) {
-    std::vector<RankMemory> out;
-    for (int r : distinct_ranks(plan)) out.push_back(simulate_rank(in, plan, r, steps).memory);
+std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
+    std::set<int64_t> dims;
+    for (const auto& [name, p] : model.state_dict())
+        for (int64_t d : p->value.shape()) dims.insert(d);
+    for (int64_t d : model.input.shape) dims.insert(d);
+    if (model.target)
+        for (int64_t d : model.target->shape) dims.insert(d);
+    const int tp = plan.tp_size();
+    const int dp = plan.data_parallel ? plan.dim_size(plan.data_parallel->mesh_dim) : 1;
+    std::map<std::vector<int64_t>, size_t> index;
+    std::vector<RankClass> out;
+    for (int r = 0; r < plan.world_size(); ++r) {
+        int t = 0, d = 0, rest = r;  // r's mesh coordinates, row-major
+        for (size_t i = plan.mesh.size(); i-- > 0;) {
+            const int c = rest % plan.mesh[i].size;
+            rest /= plan.mesh[i].size;
+            if (plan.has_tensor_parallel && plan.mesh[i].name == plan.tp_mesh_dim) t = c;
+            if (plan.data_parallel && plan.mesh[i].name == plan.data_parallel->mesh_dim) d = c;
+        }
+        std::vector<int64_t> key;
+        for (int64_t v : dims) {
+            const int64_t a = chunk_of(v, tp, t).length;
+            key.insert(key.end(), {a, chunk_of(a, dp, d).length, chunk_of(v, dp, d).length});
+        }
+        auto [it, fresh] = index.emplace(key, out.size());
+        if (fresh) out.push_back({});
+        out[it->second].ranks.push_back(r);
+    }
     return out;
 }
 
-std::vector<int> distinct_ranks(const Plan& plan) {
-    const int tp = plan.tp_size();
-    const int dp = plan.data_parallel ? plan.dim_size(plan.data_parallel->mesh_dim) : 1;
-    std::set<int> out;
-    for (int d : {0, dp - 1})
-        for (int t = 0; t < tp; ++t) {
-            std::vector<int> coords(plan.mesh.size(), 0);
-            for (size_t i = 0; i < plan.mesh.size(); ++i) {
-                if (plan.has_tensor_parallel && plan.mesh[i].name == plan.tp_mesh_dim) coords[i] = t;
-                if (plan.data_parallel && plan.mesh[i].name == plan.data_parallel->mesh_dim) coords[i] = d;
+std::vector<PredictedRank> predict_ranks(const RunInputs& in, const Model& model, const Plan& plan, int64_t steps,
+                                            unsigned threads) {
+    const std::vector<RankClass> classes = rank_classes(model, plan);
+    std::vector<PredictedRank> out(classes.size());
+    std::vector<std::exception_ptr> errors(classes.size());
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+        for (size_t i; (i = next++) < classes.size();) {
+            try {
+                out[i] = {simulate_rank(in, plan, classes[i].ranks[0], steps), classes[i].ranks};
+            } catch (...) {
+                errors[i] = std::current_exception();
             }
-            int r = 0;
-            for (size_t i = 0; i < plan.mesh.size(); ++i) r = r * plan.mesh[i].size + coords[i];
-            out.insert(r);
         }
-    return {out.begin(), out.end()};
+    };
+    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> pool;
+    for (unsigned k = 1; k < std::min<size_t>(threads, classes.size()); ++k) pool.emplace_back(work);
+    work();
+    for (auto& th : pool) th.join();
+    for (auto& e : errors)
+        if (e) std::rethrow_exception(e);
+    return out;
 }
 
 }  // namespace ptool

@@ -31,11 +31,22 @@ struct RankSimulation {
 // in.model_text (in.device is ignored: meta). Throws InputError as a Run would (the lint).
 RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, int64_t steps);
 
-// Every distinct rank's memory over `steps` steps (simulated, in rank order).
-std::vector<RankMemory> predict_memory(const RunInputs& in, const Plan& plan, int64_t steps);
+// Ranks that hold tensors of the same sizes: `ranks` (world ranks, ascending), represented by the
+// first. Two ranks are in one class when torch.chunk gives them pieces of the same length of every
+// dimension a plan can split (each parameter dimension and the batch's, over tp, over dp, and the
+// tp piece over dp, as fully_shard splits it): what differs between them is values, not sizes.
+struct RankClass {
+    std::vector<int> ranks;
+};
+std::vector<RankClass> rank_classes(const Model& model, const Plan& plan);
 
-// The ranks whose memory can differ (uneven torch.chunk shards): every tp rank at dp rank 0 and at
-// the last dp rank, by world rank; the rest repeat one of them.
-std::vector<int> distinct_ranks(const Plan& plan);
+struct PredictedRank {
+    RankSimulation sim;      // of the class's first rank
+    std::vector<int> ranks;  // every rank it stands for
+};
+// Each rank class simulated for `steps` steps, on up to `threads` threads (0: one per core); in
+// class order. `model` is the loaded model (on meta: load it under MetaAllocation).
+std::vector<PredictedRank> predict_ranks(const RunInputs& in, const Model& model, const Plan& plan, int64_t steps,
+                                            unsigned threads = 0);
 
 }  // namespace ptool

@@ -19,7 +19,9 @@ public:
 
     void gemm(const Tensor& a, bool trans_a, const Tensor&, bool, Tensor& c, double, double) override {
         const int64_t k = trans_a ? a.size(-2) : a.size(-1);
-        t_work.gemm_flops += 2.0 * static_cast<double>(c.numel()) * static_cast<double>(k);
+        const double flops = 2.0 * static_cast<double>(c.numel()) * static_cast<double>(k);
+        t_work.gemm_flops += flops;
+        if (t_work.recomputing) t_work.recompute_flops += flops;
         ++t_work.kernels;
     }
     void activation(Activation, const Tensor& x, Tensor& y) override { touch({&x, &y}); }

@@ -1,0 +1,37 @@
+// A cluster file (clusters/*.yaml): what the planner and the time model know about the machines a
+// plan will run on. GPUs per node and nodes, memory per GPU, peak dense FLOP/s per dtype, the share
+// of it large GEMMs reach, memory bandwidth, and the two link classes a collective can cross:
+// inside a node (NVLink) and across nodes (InfiniBand/RoCE), each as per-GPU bandwidth per direction
+// and latency. docs/planning.md has the format and where each number comes from.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace ptool {
+
+struct Link {
+    double bandwidth = 0;  // bytes/s per GPU per direction (nccl-tests' busbw of a ring at large sizes)
+    double latency = 0;    // seconds per ring hop
+};
+
+struct Cluster {
+    std::string name, path;
+    int nodes = 1;
+    int gpus_per_node = 1;
+    double memory_bytes = 0;    // per GPU
+    double reserved_bytes = 0;  // per GPU, not for tensors: CUDA context, NCCL buffers, allocator slack
+    std::map<DType, double> flops;  // peak dense FLOP/s per compute dtype
+    double gemm_efficiency = 1;     // the fraction of peak that large GEMMs reach
+    double memory_bandwidth = 0;    // bytes/s: what the other ops are bound by
+    Link intra, inter;
+    int world_size() const { return nodes * gpus_per_node; }
+    double peak_flops(DType dt) const;  // InputError-free: 0 when the file names no rate for dt
+};
+
+Cluster load_cluster(const std::string& path);
+Cluster load_cluster_text(const std::string& text, const std::string& name);
+
+}  // namespace ptool

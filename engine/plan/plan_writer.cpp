@@ -1,0 +1,174 @@
+#include "plan/plan_writer.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+#include <map>
+#include <set>
+
+namespace ptool {
+namespace {
+
+enum class Act { replicate, sequence, features };
+
+struct Writer {
+    TensorParallelTemplate out;
+    bool has_sequence = false;     // token input: sequence parallel
+    const Module* last = nullptr;  // the last module with parameters in forward order: the head
+    std::map<const Module*, Act> seen;
+
+    void fail(const Module& m, const std::string& why) {
+        if (out.unsupported.empty()) out.unsupported = fmt::format("{} '{}': {}", m.type(), m.fqn(), why);
+    }
+    void add(const std::string& pattern, const std::string& style) { out.entries.push_back({pattern, style}); }
+
+    Act visit(const Module& m, const std::string& pattern, Act a) {
+        if (!out.unsupported.empty()) return a;
+        if (auto it = seen.find(&m); it != seen.end()) {  // a shared module runs again: as it ran
+            if (it->second != a) fail(m, "reused on another layout");
+            return transfer(m, a);
+        }
+        seen[&m] = a;
+        const std::string& t = m.type();
+        if (t == "sequential" || t == "repeat" || t == "residual") {
+            Act cur = a;
+            bool first = true;
+            for (const auto& [name, child] : m.children()) {
+                if (t == "repeat" && !first) break;  // every element is the first's copy
+                first = false;
+                const std::string p = pattern.empty() ? (t == "repeat" ? "*" : name)
+                                                      : pattern + "." + (t == "repeat" ? std::string("*") : name);
+                const Act before = cur;
+                cur = visit(*child, p, cur);
+                if (t == "repeat" && cur != before) fail(m, "an element ends in another layout than it starts");
+            }
+            if (t == "residual" && cur != a) fail(m, "its body ends in another layout than its input (the sum needs one)");
+            return cur;
+        }
+        if (t == "embedding") {
+            if (a != Act::replicate) return fail(m, "its ids are not replicated"), a;
+            add(pattern, has_sequence ? "{style: rowwise, input_layouts: replicate, output_layouts: shard(1)}"
+                                      : "{style: rowwise, input_layouts: replicate}");
+            return has_sequence ? Act::sequence : Act::replicate;
+        }
+        if (t == "layer_norm" || t == "rms_norm") {
+            if (a == Act::features) fail(m, "normalises over features a colwise linear split");
+            if (a == Act::sequence) add(pattern, "sequence_parallel");
+            return a;
+        }
+        if (t == "dropout" || t == "relu" || t == "silu" || t == "tanh" || t == "gelu" || t == "identity") return a;
+        if (t == "attention" || t == "gated_mlp") {
+            if (a == Act::features) return fail(m, "its input is split over features"), a;
+            const bool attn = t == "attention";
+            if (a == Act::sequence) add(pattern, "{style: prepare_input, input_layouts: shard(1), desired_input_layouts: replicate}");
+            add(pattern + (attn ? ".[qkv]_proj" : ".[gu]*_proj"), "colwise");
+            add(pattern + (attn ? ".o_proj" : ".down_proj"), a == Act::sequence ? "{style: rowwise, output_layouts: shard(1)}" : "rowwise");
+            return a;
+        }
+        if (t == "linear") {
+            if (&m == last && a == Act::features) {  // the second of a Megatron pair ends the model
+                add(pattern, "rowwise");
+                out.loss_parallel = false;
+                return Act::replicate;
+            }
+            if (&m == last) {
+                const std::string in = a == Act::sequence ? "input_layouts: shard(1), " : "";
+                if (out.loss_parallel)
+                    add(pattern, fmt::format("{{style: colwise, {}output_layouts: shard(-1), use_local_output: false}}", in));
+                else
+                    add(pattern, fmt::format("{{style: colwise, {}output_layouts: replicate}}", in));
+                return Act::replicate;
+            }
+            if (a == Act::features) {
+                add(pattern, has_sequence ? "{style: rowwise, output_layouts: shard(1)}" : "rowwise");
+                return has_sequence ? Act::sequence : Act::replicate;
+            }
+            add(pattern, a == Act::sequence ? "{style: colwise, input_layouts: shard(1)}" : "colwise");
+            return Act::features;
+        }
+        fail(m, "no tensor-parallel rule for this module type");
+        return a;
+    }
+
+    // A shared module's second run: the layout it leaves (its entries are written).
+    Act transfer(const Module& m, Act a) {
+        if (m.type() == "embedding") return has_sequence ? Act::sequence : Act::replicate;
+        if (m.type() == "linear") return &m == last ? Act::replicate : a == Act::features ? (has_sequence ? Act::sequence : Act::replicate) : Act::features;
+        return a;
+    }
+};
+
+void find_last(const Module& m, const Module*& last) {
+    if (m.type() == "linear") last = &m;
+    if (m.type() == "attention" || m.type() == "gated_mlp") last = &m;  // its linears are its own
+    else
+        for (const auto& [name, child] : m.children()) find_last(*child, last);
+}
+
+bool has_batch_norm(const Module& m) {
+    if (m.type() == "batch_norm") return true;
+    for (const auto& [name, child] : m.children())
+        if (has_batch_norm(*child)) return true;
+    return false;
+}
+
+}  // namespace
+
+TensorParallelTemplate tensor_parallel_template(const Model& model) {
+    Writer w;
+    w.has_sequence = model.input.ids && model.input.shape.size() == 2 && !model.root->children().empty() &&
+                     model.root->children().front().second->type() == "embedding";
+    w.out.sequence_parallel = w.has_sequence;
+    find_last(*model.root, w.last);
+    if (w.last && w.last->type() != "linear") w.last = nullptr;
+    w.out.loss_parallel = model.loss == LossKind::cross_entropy && w.last;
+    w.visit(*model.root, "", Act::replicate);
+    if (w.out.entries.empty() && w.out.unsupported.empty()) w.out.unsupported = "no module to split";
+    return w.out;
+}
+
+std::vector<std::string> repeated_blocks(const Model& model) {
+    std::vector<std::string> out;
+    std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& p) {
+        if (m.type() == "repeat") {
+            out.push_back(p.empty() ? "*" : p + ".*");
+            return;
+        }
+        for (const auto& [name, child] : m.children()) walk(*child, p.empty() ? name : p + "." + name);
+    };
+    walk(*model.root, "");
+    return out;
+}
+
+std::string write_plan(const Model& model, const TensorParallelTemplate& tp, const PlanChoice& c) {
+    std::string s;
+    std::vector<std::string> dims;
+    const bool dp_section = c.dp > 1 || c.param_dtype;
+    if (dp_section) dims.push_back(fmt::format("dp: {}", c.dp));
+    if (c.tp > 1) dims.push_back(fmt::format("tp: {}", c.tp));
+    if (dims.empty()) dims.push_back("world: 1");
+    s += fmt::format("mesh: {{{}}}\n", fmt::join(dims, ", "));
+    auto list = [](const std::vector<std::string>& v) {
+        std::vector<std::string> q;
+        for (const auto& x : v) q.push_back("\"" + x + "\"");
+        return fmt::format("[{}]", fmt::join(q, ", "));
+    };
+    if (c.tp > 1) {
+        s += "tensor_parallel:\n  mesh_dim: tp\n";
+        if (tp.loss_parallel) s += "  loss_parallel: true\n";
+        s += "  plan:\n";
+        for (const auto& [pattern, style] : tp.entries) s += fmt::format("    \"{}\": {}\n", pattern, style);
+    }
+    const std::vector<std::string> blocks = repeated_blocks(model);
+    if (dp_section) {
+        s += fmt::format("data_parallel:\n  mesh_dim: dp\n  mode: {}\n", c.dp_mode);
+        if (c.dp_mode == "fully_shard") s += fmt::format("  fully_shard: {}\n", list(blocks));
+        if (has_batch_norm(*model.root)) s += "  sync_batch_norm: true\n";  // the reference's statistics
+        if (c.param_dtype)
+            s += fmt::format("  mixed_precision: {{param_dtype: {}, reduce_dtype: {}}}\n", *c.param_dtype, dtype_name(model.dtype));
+    }
+    if (c.checkpoint && !blocks.empty()) s += fmt::format("activation_checkpointing: {}\n", list(blocks));
+    return s;
+}
+
+}  // namespace ptool

@@ -1,0 +1,51 @@
+// Writing a plan for a model from its module tree, as torchtitan writes Llama's by hand: the
+// tensor-parallel plan with sequence parallelism where the model has a sequence (token input), the
+// data-parallel section, activation checkpointing; as plan YAML text that load_plan_text reads.
+//
+// The tensor-parallel rules follow the activation's layout through the modules in forward order
+// (Replicate, Shard(1) = sequence shards, Shard(-1) = a colwise linear's feature shards):
+//   embedding on replicated ids        rowwise, output Shard(1) (the sequence)
+//   layer_norm, rms_norm on Shard(1)   sequence_parallel
+//   attention, gated_mlp               prepare_input Shard(1) -> Replicate; q/k/v (gate/up) colwise;
+//                                      o (down) rowwise, output Shard(1)
+//   linear, not the last module        colwise (input Shard(1) gathered): Shard(-1)
+//   linear on Shard(-1)                rowwise, output Shard(1) (or Replicate without a sequence)
+//   the last linear                    on Shard(-1): rowwise (the pair's second), output Replicate;
+//                                      else colwise, output Shard(-1) kept sharded: loss_parallel under
+//                                      cross_entropy, else gathered to Replicate
+//   dropout, activations               follow their input
+//   residual                           its body must end in the layout it started in
+// A repeat is written once with '*' for its index. A model with batch_norm gets sync_batch_norm:
+// true under data parallelism (the reference's statistics). Any other module (batch_norm, a norm on feature
+// shards) has no rule: the model gets no tensor-parallel plan and the planner says why.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace ptool {
+
+struct TensorParallelTemplate {
+    std::vector<std::pair<std::string, std::string>> entries;  // pattern -> style (YAML flow text)
+    bool loss_parallel = false;
+    bool sequence_parallel = false;
+    std::string unsupported;  // why the model has no plan ("" when it has one)
+};
+TensorParallelTemplate tensor_parallel_template(const Model& model);
+
+// Patterns of each repeat's elements ("layers.*"): fully_shard units and checkpointed modules.
+std::vector<std::string> repeated_blocks(const Model& model);
+
+struct PlanChoice {
+    int dp = 1, tp = 1;
+    std::string dp_mode = "fully_shard";       // fully_shard | replicate
+    bool checkpoint = false;                   // activation checkpointing of repeated_blocks
+    std::optional<std::string> param_dtype;    // mixed precision (reduce in the model's dtype)
+};
+// The plan's YAML text (without comments).
+std::string write_plan(const Model& model, const TensorParallelTemplate& tp, const PlanChoice& c);
+
+}  // namespace ptool

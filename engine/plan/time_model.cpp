@@ -1,0 +1,66 @@
+#include "plan/time_model.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace ptool {
+
+bool dim_inside_node(const Plan& plan, const std::string& dim, const Cluster& c) {
+    int64_t stride = 1;  // row-major: the product of the sizes of the dims after it
+    for (size_t i = plan.mesh.size(); i-- > 0;) {
+        if (plan.mesh[i].name == dim) {
+            const int64_t span = stride * plan.mesh[i].size;
+            return span <= c.gpus_per_node && c.gpus_per_node % span == 0;
+        }
+        stride *= plan.mesh[i].size;
+    }
+    return plan.world_size() <= c.gpus_per_node;  // "world": every rank
+}
+
+double collective_seconds(const std::string& op, double bytes, int64_t calls, int n, const Link& link) {
+    if (n <= 1 || calls == 0) return 0;
+    const double f = static_cast<double>(n - 1) / n, hops = n - 1;
+    if (op == "all_reduce") return 2 * f * bytes / link.bandwidth + calls * 2 * hops * link.latency;
+    if (op == "broadcast") return bytes / link.bandwidth + calls * hops * link.latency;
+    return f * bytes / link.bandwidth + calls * hops * link.latency;  // all_gather, reduce_scatter, all_to_all
+}
+
+CommByOpDim by_op_dim(const CommCounter& comm) {
+    CommByOpDim out;
+    for (const auto& [key, totals] : comm.entries()) {
+        CommTotals& o = out[{std::get<0>(key), std::get<1>(key)}];
+        o.calls += totals.calls, o.bytes += totals.bytes;
+    }
+    return out;
+}
+
+double mfu(const StepTime& t, const Cluster& c, DType compute) {
+    const double peak = c.peak_flops(compute);
+    return t.step > 0 && peak > 0 ? t.model_flops / (t.step * peak) : 0;
+}
+
+StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const Plan& plan, const Cluster& c, DType compute) {
+    StepTime t;
+    t.gemm_flops = work.gemm_flops;
+    t.model_flops = work.gemm_flops - work.recompute_flops;
+    const double rate = c.peak_flops(compute) * c.gemm_efficiency;
+    if (rate <= 0)
+        throw InputError(SourceLocation{c.path, 1, 1}, fmt::format("the cluster names no 'tflops' for {}, the plan's compute dtype",
+                                                                   dtype_name(compute)));
+    t.compute = work.gemm_flops / rate + work.memory_bytes / c.memory_bandwidth;
+    const std::string dp = plan.data_parallel ? plan.data_parallel->mesh_dim : "";
+    for (const auto& [key, totals] : comm) {
+        const auto& [op, dim] = key;
+        const int n = dim == "world" || dim.empty() ? plan.world_size() : plan.dim_size(dim);
+        const bool inside = dim_inside_node(plan, dim, c);
+        const double s = collective_seconds(op, static_cast<double>(totals.bytes), totals.calls, n, inside ? c.intra : c.inter);
+        CommTime& ct = t.by_dim[dim];
+        ct.seconds += s, ct.bytes += static_cast<double>(totals.bytes), ct.calls += totals.calls, ct.inter_node = !inside;
+        (dim == dp ? t.overlappable : t.blocking) += s;
+    }
+    t.step = t.compute + t.blocking + std::max(0.0, t.overlappable - t.compute);
+    return t;
+}
+
+}  // namespace ptool

@@ -1,0 +1,56 @@
+// The time model: a rank's training step on a cluster (plan/cluster.h), from what simulating it
+// counted (plan/simulate.h): its GEMM FLOPs, the bytes its other ops touch, and its collectives
+// per mesh dim.
+//
+//   compute  = gemm_flops / (peak FLOP/s of the compute dtype x gemm_efficiency)
+//            + other ops' bytes / memory bandwidth
+//   a collective over n ranks moving B bytes (CommCounter's logical size), as nccl-tests' ring:
+//            all_reduce      2(n-1)/n B / bw + 2(n-1) latency
+//            all_gather, reduce_scatter, all_to_all   (n-1)/n B / bw + (n-1) latency
+//            broadcast       B / bw + (n-1) latency
+//   bw and latency are the intra-node link's when every group of that mesh dim sits inside a node
+//   (ranks are numbered row-major over the mesh and fill nodes in order), else the inter-node link's.
+//   step     = compute + blocking + max(0, overlappable - compute)
+// where overlappable is the data-parallel mesh dim's collectives (DDP's buckets and fully_shard's
+// gathers and reduce-scatters run on their own stream beside the compute, as PyTorch's do) and
+// blocking the rest (tensor parallel's sit between the ops that need them). docs/planning.md.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "backend/meta/meta_backend.h"
+#include "comm/comm_stats.h"
+#include "parallel/plan.h"
+#include "plan/cluster.h"
+
+namespace ptool {
+
+struct CommTime {
+    double seconds = 0;
+    double bytes = 0;  // logical bytes (CommCounter's)
+    int64_t calls = 0;
+    bool inter_node = false;
+};
+
+struct StepTime {
+    double compute = 0, blocking = 0, overlappable = 0, step = 0;
+    double gemm_flops = 0;   // executed, recompute included
+    double model_flops = 0;  // the training step's own (without activation checkpointing's recompute): MFU's
+    std::map<std::string, CommTime> by_dim;  // mesh dim -> its collectives
+};
+
+// Whether every group along mesh dim `dim` of `plan` lies inside one node of `c`.
+bool dim_inside_node(const Plan& plan, const std::string& dim, const Cluster& c);
+// The ring cost of `calls` collectives `op` moving `bytes` in total over n ranks on `link`.
+double collective_seconds(const std::string& op, double bytes, int64_t calls, int n, const Link& link);
+
+// A step's collectives per (op, mesh dim), summed over modules.
+using CommByOpDim = std::map<std::pair<std::string, std::string>, CommTotals>;
+CommByOpDim by_op_dim(const CommCounter& comm);
+
+StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const Plan& plan, const Cluster& c, DType compute);
+// MFU: model FLOPs per second over the peak of the compute dtype.
+double mfu(const StepTime& t, const Cluster& c, DType compute);
+
+}  // namespace ptool

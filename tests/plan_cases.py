@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""ptool plan, end to end.
+
+    plan_cases.py PTOOL ROOT
+
+1. Every plan it finds for every shipped model (on clusters/cpu_local.yaml, 2 and 4 ranks) is a
+   plan ptool reads without a warning and verifies: PASS against the single-device reference.
+2. Its numbers are explain's: for Llama-3-8B shapes on 16 H100s, each listed plan's memory (less
+   the prefetch term) and step time equal those of explain simulating the whole model (the planner
+   simulates 2 and 3 blocks and extrapolates), within 1%.
+3. It says why shapes fail: tp across a node, heads that do not split, a cap nothing fits under.
+4. Bad input: a damaged cluster file, more ranks than GPUs, no fit with -o: exit 2, nothing written.
+"""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks  # noqa: E402
+
+PTOOL, ROOT = sys.argv[1], sys.argv[2]
+check = Checks()
+CPU = f"{ROOT}/clusters/cpu_local.yaml"
+H100 = f"{ROOT}/clusters/h100_8x8.yaml"
+
+
+def run(*args, timeout=300):
+    p = subprocess.run([PTOOL, *args], capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def model_accumulation(path):
+    m = re.search(r"^gradient_accumulation:\s*(\d+)", open(path).read(), re.M)
+    return int(m.group(1)) if m else 1
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    j = os.path.join(tmp, "p.json")
+    # 1. every plan found verifies
+    verified = 0
+    for model in sorted(glob.glob(f"{ROOT}/models/*.yaml")):
+        name = os.path.basename(model)[:-5]
+        if name.startswith("gemm_mlp"):
+            continue  # benchmark-sized
+        for world in ("2", "4"):
+            rc, out = run("plan", model, "--cluster", CPU, "--world-size", world, "--json", j, "--mixed-precision", "none")
+            if not check(rc == 0, f"plan {name} x{world}: exit {rc}\n{out}") and rc != 0:
+                continue
+            for k, c in enumerate(json.load(open(j))["candidates"]):
+                if c["microbatches"] != model_accumulation(model):
+                    continue  # it would need another model file
+                plan = os.path.join(tmp, f"{name}_{world}_{k}.yaml")
+                open(plan, "w").write(c["plan"])
+                rc, out = run("explain", model, plan)
+                check(rc == 0 and "warning" not in out, f"{name} x{world} #{k}: explain exit {rc} or warnings\n{c['plan']}\n{out}")
+                rc, out = run("verify", model, plan, "-q")
+                check(rc == 0, f"{name} x{world} #{k}: verify exit {rc}\n{c['plan']}\n{out[-3000:]}")
+                verified += 1
+    check(verified >= 40, f"only {verified} planned plans verified")
+    print(f"verified {verified} plans that ptool plan wrote")
+
+    # 2. extrapolated numbers are the full simulation's
+    m8 = os.path.join(tmp, "llama3_8b.yaml")  # two steps: explain then sees the optimizer's state too
+    open(m8, "w").write(re.sub(r"^steps: \d+", "steps: 2", open(f"{ROOT}/models/scale/llama3_8b.yaml").read(), flags=re.M))
+    rc, out = run("plan", m8, "--cluster", H100, "--world-size", "16", "--json", j)
+    check(rc == 0, f"plan llama3_8b: exit {rc}\n{out}")
+    cands = json.load(open(j))["candidates"] if rc == 0 else []
+    check(len(cands) >= 3, f"llama3_8b on 16 H100s: {len(cands)} plans fit")
+    for k, c in enumerate(cands[:4]):
+        if c["microbatches"] != 1:
+            continue
+        plan, ej = os.path.join(tmp, f"p8_{k}.yaml"), os.path.join(tmp, "e.json")
+        open(plan, "w").write(c["plan"])
+        rc, out = run("explain", m8, plan, "--cluster", H100, "--json", ej)
+        if not check(rc == 0, f"explain llama3_8b #{k}: exit {rc}\n{out}"):
+            continue
+        e = json.load(open(ej))
+        full_peak, full_step = e["memory"][0]["predicted_peak_bytes"], e["time"][0]["step_seconds"]
+        planned = c["peak_bytes"] - c["prefetch_bytes"]
+        check(abs(planned - full_peak) <= 0.01 * full_peak, f"#{k}: planned peak {planned:.0f} B, explain's {full_peak} B")
+        check(abs(c["step_seconds"] - full_step) <= 0.01 * full_step, f"#{k}: planned step {c['step_seconds']} s, explain's {full_step} s")
+
+    # 3. reasons
+    c4 = os.path.join(tmp, "c4.yaml")
+    open(c4, "w").write(open(H100).read().replace("gpus_per_node: 8", "gpus_per_node: 4").replace("nodes: 8", "nodes: 16"))
+    rc, out = run("plan", m8, "--cluster", c4, "--world-size", "16")
+    check(rc == 0 and "tp=8: crosses a node of 4 GPUs" in out, f"tp=8 over nodes of 4 not refused as such\n{out}")
+    rc, out = run("plan", f"{ROOT}/models/llama_rope.yaml", "--cluster", CPU)
+    check(rc == 0 and "dp=1 x tp=4: attention" in out and "heads" in out, f"4 heads / 2 kv heads over tp=4 not refused\n{out}")
+    rc, out = run("plan", m8, "--cluster", H100, "--world-size", "8", "--memory-cap", "1")
+    check(rc == 0 and "no candidate fits" in out and "> 1.0 GiB" in out, f"a 1 GiB cap: no fit not reported\n{out}")
+
+    # 4. bad input
+    bad = os.path.join(tmp, "bad.yaml")
+    open(bad, "w").write(open(H100).read().replace("gpus_per_node: 8", "gpus_per_node: -8"))
+    rc, out = run("plan", m8, "--cluster", bad)
+    check(rc == 2 and re.search(r"bad\.yaml:\d+:\d+: ", out), f"negative gpus_per_node: exit {rc}\n{out}")
+    open(bad, "w").write(open(H100).read().replace("tflops:", "tflop:"))
+    rc, out = run("plan", m8, "--cluster", bad)
+    check(rc == 2 and "did you mean 'tflops'" in out, f"misspelt key: exit {rc}\n{out}")
+    rc, out = run("plan", m8, "--cluster", H100, "--world-size", "128")
+    check(rc == 2 and "more than" in out, f"128 ranks on 64 GPUs: exit {rc}\n{out}")
+    target = os.path.join(tmp, "out.yaml")
+    rc, out = run("plan", m8, "--cluster", H100, "--world-size", "8", "--memory-cap", "1", "-o", target)
+    check(rc == 2 and not os.path.exists(target), f"-o with no fit: exit {rc}, wrote {os.path.exists(target)}\n{out}")
+
+    # 5. 70B on 64 H100s: the plan it writes is one explain reads clean
+    rc, out = run("plan", f"{ROOT}/models/scale/llama3_70b.yaml", "--cluster", H100, "-o", target)
+    check(rc == 0 and os.path.exists(target), f"plan llama3_70b: exit {rc}\n{out}")
+    if rc == 0:
+        rc, out = run("explain", f"{ROOT}/models/scale/llama3_70b.yaml", target)
+        check(rc == 0 and "warning" not in out, f"explain of the 70B plan: exit {rc}\n{out[-2000:]}")
+check.finish()
