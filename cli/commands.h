@@ -19,7 +19,10 @@ struct Common {
 void add_run_command(CLI::App& app, Common& common);
 void add_verify_command(CLI::App& app, Common& common, int& exit_code);
 void add_explain_command(CLI::App& app, Common& common);
-void add_plan_command(CLI::App& app);
+void add_plan_command(CLI::App& app, Common& common, int& exit_code);
+void add_shrink_command(CLI::App& app);
+// shrink_model (plan/shrink.h) of the model file for the plan file, linted with the plan.
+std::string shrunk_model_checked(const std::string& model_path, const std::string& plan_path);
 void add_golden_command(CLI::App& app, Common& common, int& exit_code);
 std::vector<std::string> split_lines(const std::string& s);
 void add_device_options(CLI::App* cmd, Common& common);  // --device cpu|cuda, --tf32

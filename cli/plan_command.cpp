@@ -2,7 +2,10 @@
 // fastest plans that fit and why the other shapes do not, and write the best as a plan YAML.
 #include <spdlog/spdlog.h>
 
+#include <stdlib.h>
+
 #include <chrono>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -10,12 +13,14 @@
 #include "core/files.h"
 #include "core/yaml_reader.h"
 #include "plan/search.h"
+#include "verify/verify.h"
 
 namespace ptool::cli {
 namespace {
 
 struct PlanArgs {
     std::string model, cluster, output, json, mixed_precision = "bfloat16";
+    bool verify = false;
     int world_size = 0, top = 5;
     double memory_cap_gib = 0;
 };
@@ -38,7 +43,39 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
     return s;
 }
 
-void plan(const PlanArgs& a) {
+// The best plan on a proxy of the model (plan/shrink.h), verified here: exit code as verify's.
+int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& common) {
+    namespace fs = std::filesystem;
+    std::string dir = (fs::temp_directory_path() / "ptool-plan-XXXXXX").string();
+    if (!mkdtemp(dir.data())) throw RuntimeError(fmt::format("cannot create a temporary folder {}", dir));
+    struct Remove {
+        std::string d;
+        ~Remove() {
+            std::error_code ec;
+            fs::remove_all(d, ec);
+        }
+    } remove{dir};
+    const std::string plan_path = a.output.empty() ? dir + "/plan.yaml" : a.output;
+    if (a.output.empty()) write_file(plan_path, best.plan_text, true);
+    std::string model_text = read_file(a.model, YamlLimits{}.max_bytes);
+    if (best.microbatches != best.model_microbatches) {  // the proxy runs the accumulation the plan needs
+        const std::string tmp_model = dir + "/model.yaml";
+        write_file(tmp_model, model_variant(model_text, 0, best.microbatches), true);
+        model_text = read_file(tmp_model, YamlLimits{}.max_bytes);
+    }
+    const std::string src = dir + "/source.yaml", proxy = dir + "/proxy.yaml";
+    write_file(src, model_text, true);
+    write_file(proxy, shrunk_model_checked(src, plan_path), true);
+    fmt::print("\n  verifying the best plan on a proxy of the model (ptool shrink: 2 blocks, small widths that split alike):\n");
+    VerifyCommand cmd;
+    cmd.model = proxy;
+    cmd.plans = {plan_path};
+    cmd.device = select_device(common);
+    return run_verify_command(
+        cmd, [&](const VerifyReport& report) { print_report(report, proxy, common.verbosity); }, [](const CaseResult&) {});
+}
+
+int plan(const PlanArgs& a, const Common& common) {
     if (!a.output.empty()) check_output(a.output, true);
     if (!a.json.empty()) check_output(a.json, true);
     const Cluster cluster = load_cluster(a.cluster);
@@ -80,6 +117,11 @@ void plan(const PlanArgs& a) {
         write_file(a.output, header(a, cluster, r, r.fitting[0]) + r.fitting[0].plan_text, true);
         fmt::print("  wrote {}\n", a.output);
     }
+    int code = 0;
+    if (a.verify) {
+        if (r.fitting.empty()) throw InputError("--verify: no candidate fits");
+        code = verify_on_proxy(a, r.fitting[0], common);
+    }
     if (!a.json.empty()) {
         nlohmann::json j;
         j["model"] = a.model, j["cluster"] = cluster.name, j["world_size"] = r.world_size;
@@ -95,11 +137,12 @@ void plan(const PlanArgs& a) {
         for (const Rejection& x : r.rejected) j["rejected"].push_back({{"shape", x.shape}, {"reason", x.reason}});
         write_file(a.json, j.dump(2) + "\n", true);
     }
+    return code;
 }
 
 }  // namespace
 
-void add_plan_command(CLI::App& app) {
+void add_plan_command(CLI::App& app, Common& common, int& exit_code) {
     auto a = std::make_shared<PlanArgs>();
     CLI::App* cmd = app.add_subcommand("plan", "Search data x tensor parallel plans for MODEL on a cluster, fastest that fit first");
     cmd->add_option("MODEL", a->model, "model YAML file")->required();
@@ -111,7 +154,9 @@ void add_plan_command(CLI::App& app) {
     cmd->add_option("--mixed-precision", a->mixed_precision, "compute dtype (param_dtype) or none (default bfloat16)");
     cmd->add_option("-o,--output", a->output, "write the best plan as YAML");
     cmd->add_option("--json", a->json, "write every candidate and rejection as JSON");
-    cmd->callback([a] { plan(*a); });
+    cmd->add_flag("--verify", a->verify, "verify the best plan here on a proxy of the model (ptool shrink)");
+    add_device_options(cmd, common);
+    cmd->callback([a, &common, &exit_code] { exit_code = plan(*a, common); });
 }
 
 }  // namespace ptool::cli

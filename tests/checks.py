@@ -8,11 +8,14 @@ class Checks:
         self.passed = self.failed = 0
 
     def __call__(self, ok, what):
+        """Counts and returns ok (so `if not check(...): continue` skips what depends on it)."""
+        ok = bool(ok)
         if ok:
             self.passed += 1
         else:
             self.failed += 1
             print("FAIL:", what)
+        return ok
 
     def finish(self):
         print(f"{self.passed} passed, {self.failed} failed")

@@ -16,25 +16,6 @@
 namespace ptool {
 namespace {
 
-// The model's text with its one long repeat at `count` blocks (0: as written) and `microbatches`.
-std::string model_variant(const std::string& text, int64_t count, int64_t microbatches) {
-    YAML::Node doc = YAML::Load(text);  // the loader accepted it already
-    if (count > 0) {
-        std::function<void(YAML::Node)> walk = [&](YAML::Node mods) {
-            if (!mods || !mods.IsSequence()) return;
-            for (YAML::Node m : mods) {
-                if (m["type"] && m["type"].Scalar() == "repeat" && m["count"] && m["count"].as<int64_t>() >= 4) m["count"] = count;
-                walk(m["modules"]);
-            }
-        };
-        walk(doc["modules"]);
-    }
-    doc["gradient_accumulation"] = microbatches;
-    YAML::Emitter e;
-    e << doc;
-    return e.c_str();
-}
-
 int long_repeats(const Model& m) {
     int n = 0;
     std::function<void(const Module&)> walk = [&](const Module& x) {
@@ -106,6 +87,24 @@ Simulated extrapolate(const Simulated& a, const Simulated& b, double k) {
 }
 
 }  // namespace
+
+std::string model_variant(const std::string& text, int64_t count, int64_t microbatches) {
+    YAML::Node doc = YAML::Load(text);  // the loader accepted it already
+    if (count > 0) {
+        std::function<void(YAML::Node)> walk = [&](YAML::Node mods) {
+            if (!mods || !mods.IsSequence()) return;
+            for (YAML::Node m : mods) {
+                if (m["type"] && m["type"].Scalar() == "repeat" && m["count"] && m["count"].as<int64_t>() >= 4) m["count"] = count;
+                walk(m["modules"]);
+            }
+        };
+        walk(doc["modules"]);
+    }
+    doc["gradient_accumulation"] = microbatches;
+    YAML::Emitter e;
+    e << doc;
+    return e.c_str();
+}
 
 SearchResult search_plans(const std::string& model_text, const std::string& name, const Cluster& cluster, const SearchOptions& o) {
     SearchResult r;

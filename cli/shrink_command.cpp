@@ -1,0 +1,40 @@
+// ptool shrink MODEL PLAN: write a proxy of MODEL that PLAN splits as it splits MODEL, small enough
+// to verify here (plan/shrink.h).
+#include "cli/commands.h"
+#include "core/files.h"
+#include "core/yaml_reader.h"
+#include "model/model.h"
+#include "parallel/plan.h"
+#include "plan/explain.h"
+#include "plan/shrink.h"
+
+namespace ptool::cli {
+
+std::string shrunk_model_checked(const std::string& model_path, const std::string& plan_path) {
+    const std::string text = read_file(model_path, YamlLimits{}.max_bytes);
+    {
+        MetaAllocation meta;  // the loader's errors, with positions in the real file
+        load_model_text(text, model_path, "", false);
+    }
+    const Plan plan = load_plan(plan_path);
+    const std::string proxy = shrink_model(text, model_path, plan);
+    const Model m = load_model_text(proxy, model_path + " (proxy)", "", false);
+    explain_plan(m, plan);  // the plan's lint on the proxy: a plan that splits the model splits it
+    return proxy;
+}
+
+void add_shrink_command(CLI::App& app) {
+    auto model = std::make_shared<std::string>(), plan = std::make_shared<std::string>(), out = std::make_shared<std::string>();
+    CLI::App* cmd = app.add_subcommand("shrink", "Write a small proxy of MODEL that PLAN splits as it splits MODEL (to verify here)");
+    cmd->add_option("MODEL", *model, "model YAML file")->required();
+    cmd->add_option("PLAN", *plan, "plan YAML file")->required();
+    cmd->add_option("-o,--output", *out, "write the proxy here (default: print it)");
+    cmd->callback([model, plan, out] {
+        if (!out->empty()) check_output(*out, true);
+        const std::string proxy = shrunk_model_checked(*model, *plan);
+        if (out->empty()) fmt::print("{}", proxy);
+        else write_file(*out, proxy, true), fmt::print("wrote {}: verify it with `ptool verify {} {}`\n", *out, *out, *plan);
+    });
+}
+
+}  // namespace ptool::cli

@@ -1,0 +1,95 @@
+#include "plan/shrink.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <functional>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace ptool {
+namespace {
+
+const std::set<std::string> kSizeKeys = {"dim", "hidden", "in", "out", "vocab", "features"};
+
+void for_each_module(YAML::Node mods, const std::function<void(YAML::Node)>& fn) {
+    if (!mods || !mods.IsSequence()) return;
+    for (YAML::Node m : mods) {
+        fn(m);
+        for_each_module(m["modules"], fn);
+    }
+}
+
+int64_t as_int(const YAML::Node& n) { return n.as<int64_t>(); }
+
+}  // namespace
+
+std::string shrink_model(const std::string& model_text, const std::string& name, const Plan& plan) {
+    YAML::Node doc = YAML::Load(model_text);
+    const int64_t tp = plan.tp_size();
+    const int64_t dp = plan.data_parallel ? plan.dim_size(plan.data_parallel->mesh_dim) : 1;
+    const int64_t mb = doc["gradient_accumulation"] ? as_int(doc["gradient_accumulation"]) : 1;
+    const int64_t unit = std::lcm<int64_t>(tp, 8);
+
+    // attention dims first: they must be a multiple of the new head count
+    std::map<int64_t, int64_t> dim_heads;  // old dim -> lcm of its attentions' new head counts
+    for_each_module(doc["modules"], [&](YAML::Node m) {
+        if (!m["type"] || m["type"].Scalar() != "attention") return;
+        const int64_t heads = as_int(m["heads"]), kv = m["kv_heads"] ? as_int(m["kv_heads"]) : heads;
+        const int64_t kv2 = kv % tp == 0 ? tp : kv, heads2 = kv2 * (heads / kv);
+        m["heads"] = heads2;
+        if (m["kv_heads"]) m["kv_heads"] = kv2;
+        const int64_t d = as_int(m["dim"]);
+        dim_heads[d] = std::lcm(dim_heads.count(d) ? dim_heads[d] : 1, heads2);
+    });
+    std::set<int64_t> values;  // every size, the attention dims too: their order is kept
+    for (const auto& [d, h] : dim_heads) values.insert(d);
+    for_each_module(doc["modules"], [&](YAML::Node m) {
+        for (const std::string& k : kSizeKeys)
+            if (m[k] && m[k].IsScalar()) values.insert(as_int(m[k]));
+    });
+    YAML::Node batch = doc["batch"];
+    YAML::Node input = batch["input"];
+    const bool tokens = input.IsMap();
+    if (tokens && input["vocab"]) values.insert(as_int(input["vocab"]));
+    std::map<int64_t, int64_t> size;  // old -> new, increasing with the old
+    int64_t last = 0;
+    for (int64_t v : values) {
+        const int64_t step = dim_heads.count(v) ? std::lcm<int64_t>(dim_heads[v] * 8, unit) : unit;
+        size[v] = (last / step + 1) * step;
+        last = size[v];
+    }
+
+    for_each_module(doc["modules"], [&](YAML::Node m) {
+        if (m["type"] && m["type"].Scalar() == "repeat" && m["count"] && as_int(m["count"]) > 2) m["count"] = 2;
+        for (const std::string& key : kSizeKeys)
+            if (m[key] && m[key].IsScalar()) m[key] = size.at(as_int(m[key]));
+    });
+    const int64_t rows = dp * mb * 2;
+    YAML::Node shape = tokens ? input["tokens"] : input;
+    YAML::Node shrunk(YAML::NodeType::Sequence);
+    shrunk.SetStyle(YAML::EmitterStyle::Flow);
+    for (size_t i = 0; i < shape.size(); ++i) {
+        const int64_t v = as_int(shape[i]);
+        if (i == 0) shrunk.push_back(rows);
+        else if (!tokens && i + 1 == shape.size()) shrunk.push_back(size.count(v) ? size.at(v) : v);
+        else shrunk.push_back(2 * tp);
+    }
+    if (tokens) {
+        input["tokens"] = shrunk;
+        if (input["vocab"]) input["vocab"] = size.at(as_int(input["vocab"]));
+    } else {
+        batch["input"] = shrunk;
+    }
+    if (batch["target"]) batch.remove("target");  // its default follows the output
+    if (doc["name"]) doc["name"] = doc["name"].Scalar() + "_proxy";
+    YAML::Emitter e;
+    e << doc;
+    return fmt::format("# A proxy of {} for a plan of tp={} dp={} (ptool shrink; docs/planning.md): the same modules and\n"
+                       "# names, at most 2 blocks per repeat, sizes that still split as the plan splits them.\n{}\n",
+                       name, tp, dp, e.c_str());
+}
+
+}  // namespace ptool

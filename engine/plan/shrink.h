@@ -1,0 +1,25 @@
+// A proxy of a model for a plan (`ptool shrink`, `ptool plan --verify`): the same module tree and
+// names, at most 2 blocks per repeat, and sizes small enough to verify on this machine that still
+// split as the plan splits them, so the plan's semantics (styles, sequence parallelism,
+// fully_shard, checkpointing, mixed precision, loss_parallel) are checked before a cluster is used.
+//
+//   attention: kv_heads' = tp when tp divides kv_heads (else kept), heads' keeping the group size,
+//              head dim 8; its dim' = heads' x 8 (the lcm when several attentions share a dim)
+//   every other size (dim, hidden, in, out, vocab, features): the k-th distinct value, smallest
+//              first, becomes lcm(tp, 8) x k, so equal sizes stay equal and every size divides by tp
+//   batch: rows = dp x gradient_accumulation x 2; tokens' sequence (or a float input's middle dims)
+//              2 x tp; the last dim of a float input as the sizes above
+// Numbers change, structure and divisibility do not: a proxy that passes says the plan computes
+// what the single-device model computes, not that the real model fits (ptool plan's memory says).
+#pragma once
+
+#include <string>
+
+#include "parallel/plan.h"
+
+namespace ptool {
+
+// The proxy's YAML text. `model_text` must load (the model loader's errors are the caller's).
+std::string shrink_model(const std::string& model_text, const std::string& name, const Plan& plan);
+
+}  // namespace ptool
