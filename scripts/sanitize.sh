@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sanitizer jobs (CI runs both after the tests):
 #   scripts/sanitize.sh address   ASan + UBSan build (build-asan/), the whole ctest suite
-#   scripts/sanitize.sh thread    TSan build (build-tsan/), the threads communicator and the
-#                                 in-process verify tests (rank threads are where races live)
+#   scripts/sanitize.sh thread    TSan build (build-tsan/), the threads communicator, the
+#                                 in-process verify tests (rank threads are where races live) and
+#                                 the planning tests (explain and plan simulate ranks on threads)
 # Any sanitizer report fails the test that triggered it (halt_on_error / exitcode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,5 +32,5 @@ if [[ $kind == address ]]; then
   # 242 times with injected bugs: neither adds memory coverage the other tests lack (CI time)
   ctest --output-on-failure -j"$(nproc)" -E "torch_crosscheck|mutation_score"
 else
-  ctest --output-on-failure -j"$(nproc)" -R "test_comm_threads|test_parallel|tp_seeds|dp_cases"
+  ctest --output-on-failure -j"$(nproc)" -R "test_comm_threads|test_parallel|tp_seeds|dp_cases|memory_model"
 fi
