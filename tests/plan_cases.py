@@ -69,23 +69,28 @@ with tempfile.TemporaryDirectory() as tmp:
     # 2. extrapolated numbers are the full simulation's
     m8 = os.path.join(tmp, "llama3_8b.yaml")  # two steps: explain then sees the optimizer's state too
     open(m8, "w").write(re.sub(r"^steps: \d+", "steps: 2", open(f"{ROOT}/models/scale/llama3_8b.yaml").read(), flags=re.M))
-    rc, out = run("plan", m8, "--cluster", H100, "--world-size", "16", "--json", j)
-    check(rc == 0, f"plan llama3_8b: exit {rc}\n{out}")
-    cands = json.load(open(j))["candidates"] if rc == 0 else []
-    check(len(cands) >= 3, f"llama3_8b on 16 H100s: {len(cands)} plans fit")
-    for k, c in enumerate(cands[:4]):
-        if c["microbatches"] != 1:
-            continue
-        plan, ej = os.path.join(tmp, f"p8_{k}.yaml"), os.path.join(tmp, "e.json")
-        open(plan, "w").write(c["plan"])
-        rc, out = run("explain", m8, plan, "--cluster", H100, "--json", ej)
-        if not check(rc == 0, f"explain llama3_8b #{k}: exit {rc}\n{out}"):
-            continue
-        e = json.load(open(ej))
-        full_peak, full_step = e["memory"][0]["predicted_peak_bytes"], e["time"][0]["step_seconds"]
-        planned = c["peak_bytes"] - c["prefetch_bytes"]
-        check(abs(planned - full_peak) <= 0.01 * full_peak, f"#{k}: planned peak {planned:.0f} B, explain's {full_peak} B")
-        check(abs(c["step_seconds"] - full_step) <= 0.01 * full_step, f"#{k}: planned step {c['step_seconds']} s, explain's {full_step} s")
+    compared = 0
+    for world in ("16", "8"):
+        rc, out = run("plan", m8, "--cluster", H100, "--world-size", world, "--json", j)
+        check(rc == 0, f"plan llama3_8b x{world}: exit {rc}\n{out}")
+        cands = json.load(open(j))["candidates"] if rc == 0 else []
+        check(len(cands) >= 3, f"llama3_8b on {world} H100s: {len(cands)} plans fit")
+        for k, c in enumerate(cands[:8]):
+            if c["microbatches"] != 1:
+                continue
+            plan, ej = os.path.join(tmp, f"p8_{k}.yaml"), os.path.join(tmp, "e.json")
+            open(plan, "w").write(c["plan"])
+            rc, out = run("explain", m8, plan, "--cluster", H100, "--json", ej)
+            if not check(rc == 0, f"explain llama3_8b #{k}: exit {rc}\n{out}"):
+                continue
+            e = json.load(open(ej))
+            full_peak, full_step = e["memory"][0]["predicted_peak_bytes"], e["time"][0]["step_seconds"]
+            planned = c["peak_bytes"] - c["prefetch_bytes"]
+            what = f"x{world} #{k} ({c['dp']}x{c['tp']} {c['mode']} ac={c['activation_checkpointing']})"
+            check(abs(planned - full_peak) <= 0.01 * full_peak, f"{what}: planned peak {planned:.0f} B, explain's {full_peak} B")
+            check(abs(c["step_seconds"] - full_step) <= 0.01 * full_step, f"{what}: planned step {c['step_seconds']} s, explain's {full_step} s")
+            compared += 1
+    check(compared >= 8, f"only {compared} planned candidates compared with explain")
 
     # 3. reasons
     c4 = os.path.join(tmp, "c4.yaml")

@@ -1,10 +1,31 @@
 #include "core/memory_account.h"
 
+#include <algorithm>
+
 namespace ptool {
 namespace {
 thread_local std::shared_ptr<MemoryAccount> t_account;
 thread_local MemoryUse t_use = MemoryUse::other;
+thread_local const std::string* t_phase_fqn = nullptr;
+thread_local char t_phase_pass = 0;
 }  // namespace
+
+MemoryPhaseScope::MemoryPhaseScope(const std::string& fqn, char pass) : saved_fqn_(t_phase_fqn), saved_pass_(t_phase_pass) {
+    t_phase_fqn = &fqn, t_phase_pass = pass;
+}
+
+MemoryPhaseScope::~MemoryPhaseScope() { t_phase_fqn = saved_fqn_, t_phase_pass = saved_pass_; }
+
+void MemoryAccount::track_phases() {
+    std::lock_guard<std::mutex> lock(mu_);
+    track_phases_ = true;
+    phase_peaks_.clear();
+}
+
+std::map<std::string, int64_t> MemoryAccount::phase_peaks() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return phase_peaks_;
+}
 
 const char* memory_use_name(MemoryUse u) {
     switch (u) {
@@ -26,6 +47,12 @@ void MemoryAccount::charge(int64_t bytes, MemoryUse use) {
     live_ += bytes;
     live_by_[static_cast<int>(use)] += bytes;
     if (live_ > peak_) peak_ = live_, at_peak_ = live_by_;
+    if (track_phases_) {
+        std::string key = t_phase_fqn ? *t_phase_fqn : std::string();
+        if (t_phase_pass) key += '/', key += t_phase_pass;
+        int64_t& p = phase_peaks_[key];
+        p = std::max(p, live_);
+    }
 }
 
 void MemoryAccount::credit(int64_t bytes, MemoryUse use) {

@@ -13,8 +13,10 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 namespace ptool {
 
@@ -44,11 +46,16 @@ public:
     int64_t at_peak(MemoryUse use) const;  // bytes of `use` live at the peak
     // Starts a new peak from what is live now (after the model is built: a step's peak).
     void reset_peak();
+    // Also keep the peak within each phase (MemoryPhaseScope: "layers.1.attn_block/b"), from now.
+    void track_phases();
+    std::map<std::string, int64_t> phase_peaks() const;
 
 private:
     mutable std::mutex mu_;
     int64_t live_ = 0, peak_ = 0;
     std::array<int64_t, kMemoryUses> live_by_{}, at_peak_{};
+    bool track_phases_ = false;
+    std::map<std::string, int64_t> phase_peaks_;
 };
 
 // The calling thread's account while in scope (null: nothing counted, e.g. verification's own
@@ -74,6 +81,20 @@ public:
 
 private:
     MemoryUse saved_;
+};
+
+// The module and pass the calling thread's allocations happen in while in scope ('f' forward,
+// 'b' backward, 'r' a checkpoint's recompute), for accounts that track phases: the planner
+// extrapolates each phase's peak over repeated blocks (plan/search.h). `fqn` must outlive it.
+class MemoryPhaseScope {
+public:
+    MemoryPhaseScope(const std::string& fqn, char pass);
+    ~MemoryPhaseScope();
+    MemoryPhaseScope(const MemoryPhaseScope&) = delete;
+    MemoryPhaseScope& operator=(const MemoryPhaseScope&) = delete;
+private:
+    const std::string* saved_fqn_;
+    char saved_pass_;
 };
 
 // For Storage: the calling thread's account and use now.

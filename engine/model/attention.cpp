@@ -5,6 +5,7 @@
 // backward: dp = do @ v^T, dv = p^T @ do, ds = softmax'(p, dp) / sqrt(hd), dq = ds @ k, dk = ds^T @ q.
 #include <cmath>
 
+#include "backend/meta/meta_backend.h"
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
 
@@ -12,7 +13,7 @@ namespace ptool {
 
 Attention::Attention(std::string name, SourceLocation where, const Options& o, DType dtype)
     : Module("attention", std::move(name), std::move(where)), dim_(o.dim), heads_(o.heads), kv_heads_(o.kv_heads),
-      causal_(o.causal) {
+      causal_(o.causal), flash_(o.flash) {
     if (dim_ % heads_ != 0) this->fail(fmt::format("attention dim {} is not divisible by heads {}", dim_, heads_));
     if (heads_ % kv_heads_ != 0)
         this->fail(fmt::format("attention heads {} is not divisible by kv_heads {}", heads_, kv_heads_));
@@ -103,6 +104,15 @@ Layout Attention::layout(LayoutVisitor& v, const Layout& in) const {
     return v.call(proj(3), Layout{{q.global[0], q.global[1], dim_}, q.p});
 }
 
+Tensor Attention::probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t n) const {
+    const int64_t t = q.size(1), hd = q.size(2);
+    Tensor s = Tensor::empty({n, t, t}, q.dtype(), q.device());
+    be.gemm(q.narrow(0, i, n), false, k.narrow(0, i, n), true, s, 1.0 / std::sqrt(static_cast<double>(hd)));
+    Tensor p = empty_like(s);
+    be.softmax(s, causal_, p);
+    return p;
+}
+
 Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     Backend& be = *ctx.backend;
     const int64_t hd = dim_ / heads_;
@@ -118,14 +128,20 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     if (rope_) q = rope_->forward(be, q), k_heads = rope_->forward(be, k_heads);  // before the kv heads are shared, as HF
     Tensor k = expand_kv(be, k_heads, b, heads, kv_heads);
     Tensor v = expand_kv(be, split_heads(be, v_flat.t, kv_heads), b, heads, kv_heads);
-    Tensor s = Tensor::empty({b * heads, t, t}, q.dtype(), q.device());
-    be.gemm(q, false, k, true, s, 1.0 / std::sqrt(static_cast<double>(hd)));
-    Tensor p = empty_like(s);
-    be.softmax(s, causal_, p);
     Tensor o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
-    be.gemm(p, false, v, false, o);
-    save({q, k, v, p, Tensor::scalar(static_cast<double>(heads), DType::float64),
-          Tensor::scalar(static_cast<double>(kv_heads), DType::float64)});
+    if (!flash_) {
+        const Tensor p = probabilities(be, q, k, 0, b * heads);
+        be.gemm(p, false, v, false, o);
+        save({q, k, v, p, Tensor::scalar(static_cast<double>(heads), DType::float64),
+              Tensor::scalar(static_cast<double>(kv_heads), DType::float64)});
+    } else {  // one head at a time: no [B*H, T, T] tensor lives
+        for (int64_t i = 0; i < b * heads; ++i) {
+            Tensor oi = o.narrow(0, i, 1);
+            be.gemm(probabilities(be, q, k, i, 1), false, v.narrow(0, i, 1), false, oi);
+        }
+        save({q, k, v, Tensor(), Tensor::scalar(static_cast<double>(heads), DType::float64),
+              Tensor::scalar(static_cast<double>(kv_heads), DType::float64)});
+    }
     return proj(3).forward(ctx, {merge_heads(be, o, b, heads), q_flat.p, {q_flat.global[0], q_flat.global[1], dim_}});
 }
 
@@ -138,14 +154,26 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     const Placed d_out = proj(3).backward(ctx, dy);  // [B, T, H*hd] as q/k/v's gradients are placed
     const int64_t b = d_out.t.size(0);
     Tensor d_o = split_heads(be, d_out.t, heads);  // [B*H, T, hd]
-    Tensor dp = empty_like(p), dv = empty_like(v), ds = empty_like(p);
-    be.gemm(d_o, false, v, true, dp);
-    be.gemm(p, true, d_o, false, dv);
-    be.softmax_backward(p, dp, ds);
-    Tensor dq = empty_like(q), dk = empty_like(k);
+    Tensor dv = empty_like(v), dq = empty_like(q), dk = empty_like(k);
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    be.gemm(ds, false, k, false, dq, scale);
-    be.gemm(ds, true, q, false, dk, scale);
+    // eager: every head at once from the kept probabilities; flash: each head's recomputed
+    const int64_t n = flash_ ? 1 : b * heads;
+    for (int64_t i = 0; i < b * heads; i += n) {
+        Tensor pi = p;
+        if (flash_) {  // recomputed: the meta backend counts its FLOPs as recompute, not the model's
+            const bool was = meta_work().recomputing;
+            meta_work().recomputing = true;
+            pi = probabilities(be, q, k, i, n);
+            meta_work().recomputing = was;
+        }
+        const Tensor d_oi = d_o.narrow(0, i, n), vi = v.narrow(0, i, n), ki = k.narrow(0, i, n), qi = q.narrow(0, i, n);
+        Tensor dp = empty_like(pi), ds = empty_like(pi), dvi = dv.narrow(0, i, n), dqi = dq.narrow(0, i, n), dki = dk.narrow(0, i, n);
+        be.gemm(d_oi, false, vi, true, dp);
+        be.gemm(pi, true, d_oi, false, dvi);
+        be.softmax_backward(pi, dp, ds);
+        be.gemm(ds, false, ki, false, dqi, scale);
+        be.gemm(ds, true, qi, false, dki, scale);
+    }
     // backward through the projections in reverse order of their forward calls
     // (tensors a module returned are never written in place: observers may hold them)
     const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};

@@ -20,6 +20,10 @@ public:
         int64_t dim = 0, heads = 1, kv_heads = 1;
         bool causal = false, qkv_bias = true, o_bias = true;
         std::optional<double> rope_theta;
+        // attn_implementation: eager keeps the softmax probabilities [B*H, T, T] for backward (HF's
+        // "eager"); flash keeps q, k, v and recomputes scores and probabilities in backward, one head
+        // at a time, as FlashAttention and SDPA's flash kernel do: the same values, no T^2 tensor kept.
+        bool flash = false;
     };
     Attention(std::string name, SourceLocation where, const Options& o, DType dtype);
     Shape output_shape(const Shape& in) const override;
@@ -35,8 +39,10 @@ protected:
 
 private:
     Linear& proj(int i) const { return static_cast<Linear&>(*children()[i].second); }
+    // One head slice [i, i+n) of the batched heads: scores and probabilities.
+    Tensor probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t n) const;
     int64_t dim_, heads_, kv_heads_;
-    bool causal_;
+    bool causal_, flash_;
     std::optional<Rope> rope_;
 };
 

@@ -179,6 +179,11 @@ struct Builder {
             o.causal = m.bool_or("causal", false);
             const bool bias = m.bool_or("bias", true);  // bias sets both; qkv_bias and o_bias each their own
             o.qkv_bias = m.bool_or("qkv_bias", bias), o.o_bias = m.bool_or("o_bias", bias);
+            if (auto impl = m.get("attn_implementation")) {
+                const std::string v = impl->as_string("'attn_implementation'");
+                if (v != "eager" && v != "flash") impl->fail(fmt::format("attn_implementation '{}': valid: eager, flash", v));
+                o.flash = v == "flash";
+            }
             if (auto r = m.get("rope_theta")) {
                 o.rope_theta = r->as_double("'rope_theta'");
                 if (!(*o.rope_theta > 0) || !std::isfinite(*o.rope_theta)) r->fail(fmt::format("rope_theta must be > 0, got {}", *o.rope_theta));

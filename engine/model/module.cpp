@@ -1,6 +1,7 @@
 #include "model/module.h"
 
 #include "backend/meta/meta_backend.h"
+#include "core/memory_account.h"
 
 #include <set>
 
@@ -20,6 +21,7 @@ Placed Module::forward(RunContext& ctx, const Placed& x) {
 }
 
 Placed Module::forward_hooked(RunContext& ctx, const Placed& x) {
+    MemoryPhaseScope phase(fqn_, ctx.recomputing ? 'r' : 'f');
     const Placed in = hooks_ ? hooks_->pre_forward(ctx, *this, x) : x;
     saving_ = ctx.recording;
     if (ctx.recording) inputs_.push_back(in.layout());
@@ -44,6 +46,7 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
         meta_work().recomputing = meta_was;
         ctx.observer = std::move(observer), ctx.recomputing = was;
     }
+    MemoryPhaseScope phase(fqn_, 'b');
     PTOOL_REQUIRE(!inputs_.empty(), "backward of '{}' without a forward", fqn_);
     const Layout in = std::move(inputs_.back());
     inputs_.pop_back();

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <functional>
 #include <mutex>
-#include <regex>
 #include <thread>
 
 #include "core/error.h"
@@ -45,8 +44,17 @@ int64_t largest_block_params(const Model& m) {  // the largest repeat element's 
 }
 
 std::string without_location(const std::string& what) {  // "plan.yaml:3:5: msg" -> "msg"
-    static const std::regex loc("^[^:]*:[0-9]+:[0-9]+: ");
-    return std::regex_replace(what, loc, "");
+    size_t pos = what.find(": ");
+    while (pos != std::string::npos) {  // the first ": " after "NAME:LINE:COL"
+        size_t colon2 = what.rfind(':', pos - 1);
+        size_t colon1 = colon2 == std::string::npos || colon2 == 0 ? std::string::npos : what.rfind(':', colon2 - 1);
+        auto digits = [&](size_t a, size_t b) {
+            return b > a && what.find_first_not_of("0123456789", a) >= b;
+        };
+        if (colon1 != std::string::npos && digits(colon1 + 1, colon2) && digits(colon2 + 1, pos)) return what.substr(pos + 2);
+        pos = what.find(": ", pos + 2);
+    }
+    return what;
 }
 
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1ull << 30)); }
@@ -55,21 +63,43 @@ struct Simulated {
     RankMemory memory;
     MetaWork work;
     CommByOpDim comm;
+    std::map<std::string, int64_t> phases;  // peak per module pass, the blocks' named first/last
 };
 
-Simulated simulate(const std::string& model_text, const std::string& name, const Plan& plan) {
+// "layers.2.attn_block/b" of a repeat "layers" of `count` blocks -> "layers.last.attn_block/b";
+// block 0 -> "first"; a block between them -> "" (its peaks are below the last's: fewer saved).
+std::string block_phase(const std::string& label, const std::string& repeat, int64_t count) {
+    if (label.rfind(repeat + ".", 0) != 0) return label;
+    const size_t start = repeat.size() + 1, end = label.find_first_of("./", start);
+    const int64_t index = std::stoll(label.substr(start, end - start));
+    const std::string rest = end == std::string::npos ? "" : label.substr(end);
+    if (index == 0) return repeat + ".first" + rest;
+    if (index == count - 1) return repeat + ".last" + rest;
+    return "";
+}
+
+Simulated simulate(const std::string& model_text, const std::string& name, const Plan& plan, const std::string& repeat = "",
+                   int64_t count = 0) {
     RunInputs in;
     in.model_path = name;
     in.model_text = model_text;
-    RankSimulation s = simulate_rank(in, plan, 0, 2);
-    return {s.memory, s.step_work, by_op_dim(s.step_comm)};
+    RankSimulation s = simulate_rank(in, plan, 0, 2, !repeat.empty());
+    Simulated out{s.memory, s.step_work, by_op_dim(s.step_comm), {}};
+    for (const auto& [label, peak] : s.phase_peaks)
+        if (std::string key = block_phase(label, repeat, count); !key.empty()) out.phases[key] = std::max(out.phases[key], peak);
+    return out;
 }
 
-// a + (b - a) * k, field by field: memory and work that grow by one block per step from a to b.
+// a + (b - a) * k, field by field: memory and work that grow by one block per step from a to b. The
+// peak is the largest of the phases' peaks extrapolated each on its own: which phase peaks can
+// change with the number of blocks (the loss's buffers with few, the last block's backward with many).
 Simulated extrapolate(const Simulated& a, const Simulated& b, double k) {
     auto lin = [k](double x, double y) { return x + (y - x) * k; };
     Simulated o;
     o.memory.peak = static_cast<int64_t>(lin(a.memory.peak, b.memory.peak));
+    for (const auto& [key, pa] : a.phases)
+        if (auto it = b.phases.find(key); it != b.phases.end())
+            o.memory.peak = std::max(o.memory.peak, static_cast<int64_t>(lin(pa, it->second)));
     o.memory.resident = static_cast<int64_t>(lin(a.memory.resident, b.memory.resident));
     for (int u = 0; u < kMemoryUses; ++u) o.memory.at_peak[u] = static_cast<int64_t>(lin(a.memory.at_peak[u], b.memory.at_peak[u]));
     o.work.gemm_flops = lin(a.work.gemm_flops, b.work.gemm_flops);
@@ -119,15 +149,13 @@ SearchResult search_plans(const std::string& model_text, const std::string& name
     const TensorParallelTemplate tpl = tensor_parallel_template(full);
     r.tp_unsupported = tpl.unsupported;
     const std::vector<std::string> blocks = repeated_blocks(full);
-    const int64_t layers = [&] {
-        int64_t n = 0;
-        std::function<void(const Module&)> walk = [&](const Module& x) {
-            if (x.type() == "repeat" && x.children().size() >= 4) n = static_cast<int64_t>(x.children().size());
-            for (const auto& [nm, c] : x.children()) walk(*c);
-        };
-        walk(*full.root);
-        return n;
-    }();
+    int64_t layers = 0;
+    std::string repeat_fqn;  // the repeat extrapolated over
+    std::function<void(const Module&)> find_repeat = [&](const Module& x) {
+        if (x.type() == "repeat" && x.children().size() >= 4) layers = static_cast<int64_t>(x.children().size()), repeat_fqn = x.fqn();
+        for (const auto& [nm, c] : x.children()) find_repeat(*c);
+    };
+    find_repeat(*full.root);
     const bool extrapolate_blocks = long_repeats(full) == 1;
     const double block_unsharded = static_cast<double>(largest_block_params(full)) * dtype_size(r.compute);
     const int64_t rows = full.input.shape.at(0);
@@ -207,8 +235,8 @@ SearchResult search_plans(const std::string& model_text, const std::string& name
                     Simulated s;
                     try {
                         if (extrapolate_blocks) {
-                            const Simulated a = simulate(model_variant(model_text, 2, mb), name, plan);
-                            const Simulated b = simulate(model_variant(model_text, 3, mb), name, plan);
+                            const Simulated a = simulate(model_variant(model_text, 2, mb), name, plan, repeat_fqn, 2);
+                            const Simulated b = simulate(model_variant(model_text, 3, mb), name, plan, repeat_fqn, 3);
                             s = extrapolate(a, b, static_cast<double>(layers - 2));
                         } else {
                             s = simulate(model_variant(model_text, 0, mb), name, plan);

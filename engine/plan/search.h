@@ -6,8 +6,9 @@
 // as loss: sum averaged by DDP, is refused with that cause) and simulated on meta tensors (plan/simulate.h) for
 // two steps (the optimizer's state exists from the second), rank 0 only: the lint refuses uneven
 // shards, so every rank holds the same sizes. A model with one repeat of L >= 4 blocks is simulated
-// with 2 and 3 blocks and its memory, work and collectives extrapolated linearly to L (exact for
-// what grows per block; checked against full simulations in tests). Fitting candidates (peak plus
+// with 2 and 3 blocks and its work, collectives and each phase's peak (module pass, blocks named
+// first and last) extrapolated linearly to L, the largest phase giving the peak (checked against
+// full simulations in tests/plan_cases.py). Fitting candidates (peak plus
 // fully_shard's prefetch of the next unit within the memory cap) are ranked by the time model
 // (plan/time_model.h). docs/planning.md.
 #pragma once

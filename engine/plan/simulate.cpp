@@ -11,7 +11,7 @@
 
 namespace ptool {
 
-RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, int64_t steps) {
+RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, int64_t steps, bool track_phases) {
     RunInputs in = base;
     in.device = Device::meta;
     in.init = nullptr;  // meta parameters hold no values
@@ -21,6 +21,7 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     Run run(in, plan, world);
     RankSimulation sim;
     account->reset_peak();
+    if (track_phases) account->track_phases();
     sim.memory.rank = rank;
     sim.memory.resident = account->live();
     for (int64_t k = 0; k < std::max<int64_t>(1, steps); ++k) {
@@ -32,6 +33,7 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     for (int u = 0; u < kMemoryUses; ++u) sim.memory.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
     sim.step_comm = run.counter();
     sim.step_work = meta_work();
+    if (track_phases) sim.phase_peaks = account->phase_peaks();
     return sim;
 }
 

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <array>
+#include <map>
+#include <string>
 
 #include "backend/meta/meta_backend.h"
 #include "comm/comm_stats.h"
@@ -25,11 +27,12 @@ struct RankSimulation {
     RankMemory memory;
     CommCounter step_comm;  // the last step's collectives
     MetaWork step_work;     // the last step's work
+    std::map<std::string, int64_t> phase_peaks;  // with track_phases: the peak within each module pass
 };
 
 // Steps `steps` steps of `plan` as world rank `rank` on meta tensors. The model comes from
 // in.model_text (in.device is ignored: meta). Throws InputError as a Run would (the lint).
-RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, int64_t steps);
+RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, int64_t steps, bool track_phases = false);
 
 // Ranks that hold tensors of the same sizes: `ranks` (world ranks, ascending), represented by the
 // first. Two ranks are in one class when torch.chunk gives them pieces of the same length of every
