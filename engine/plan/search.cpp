@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
-#include <mutex>
 #include <thread>
 
 #include "core/error.h"
@@ -136,156 +135,187 @@ std::string model_variant(const std::string& text, int64_t count, int64_t microb
     return e.c_str();
 }
 
-SearchResult search_plans(const std::string& model_text, const std::string& name, const Cluster& cluster, const SearchOptions& o) {
-    SearchResult r;
-    std::optional<MetaAllocation> meta(std::in_place);
-    const Model full = load_model_text(model_text, name, "", false);
-    meta.reset();
-    r.world_size = o.world_size > 0 ? o.world_size : cluster.world_size();
-    r.memory_cap = o.memory_cap > 0 ? o.memory_cap : cluster.memory_bytes - cluster.reserved_bytes;
-    r.compute = o.param_dtype ? parse_dtype(*o.param_dtype) : full.dtype;
-    if (r.world_size > cluster.world_size())
-        throw InputError(fmt::format("--world-size {} is more than {}'s {} GPUs", r.world_size, cluster.name, cluster.world_size()));
-    const TensorParallelTemplate tpl = tensor_parallel_template(full);
-    r.tp_unsupported = tpl.unsupported;
-    const std::vector<std::string> blocks = repeated_blocks(full);
-    int64_t layers = 0;
-    std::string repeat_fqn;  // the repeat extrapolated over
-    std::function<void(const Module&)> find_repeat = [&](const Module& x) {
-        if (x.type() == "repeat" && x.children().size() >= 4) layers = static_cast<int64_t>(x.children().size()), repeat_fqn = x.fqn();
-        for (const auto& [nm, c] : x.children()) find_repeat(*c);
-    };
-    find_repeat(*full.root);
-    const bool extrapolate_blocks = long_repeats(full) == 1;
-    const double block_unsharded = static_cast<double>(largest_block_params(full)) * dtype_size(r.compute);
-    const int64_t rows = full.input.shape.at(0);
-    std::mutex mu;
+namespace {
 
-    // One (tp, mode, checkpoint) group: microbatches 1, 2, 4, ... until one fits.
-    struct Group {
-        PlanChoice choice;
-    };
-    std::vector<Group> groups;
-    for (int tp = 1; tp <= r.world_size; ++tp) {
-        if (r.world_size % tp) continue;
-        const int dp = r.world_size / tp;
-        const std::string shape = fmt::format("tp={}", tp);
-        if (tp > 1 && !tpl.unsupported.empty()) {
-            r.rejected.push_back({shape, "no tensor-parallel plan: " + tpl.unsupported});
-            continue;
-        }
-        if (tp > cluster.gpus_per_node || cluster.gpus_per_node % tp) {
-            r.rejected.push_back({shape, fmt::format("crosses a node of {} GPUs (tensor parallelism's collectives block the compute: NVLink only)",
-                                                     cluster.gpus_per_node)});
-            continue;
-        }
-        if (rows % dp) {
-            r.rejected.push_back({fmt::format("dp={} x tp={}", dp, tp), fmt::format("the batch's {} rows do not split over dp={}", rows, dp)});
-            continue;
-        }
-        PlanChoice base;
-        base.dp = dp, base.tp = tp, base.param_dtype = o.param_dtype;
-        {  // the lint, once per mesh: divisibility of heads, features, vocab, sequence
-            PlanChoice c = base;
-            c.dp_mode = "fully_shard";
-            try {
-                const Plan plan = load_plan_text(write_plan(full, tpl, c), "generated.yaml");
-                const Explanation ex = explain_plan(full, plan);
-                std::string uneven;
-                for (const auto& w : ex.resolution.warnings)
-                    if (w.find("uneven") != std::string::npos && uneven.empty()) uneven = without_location(w);
-                if (uneven.empty() && !ex.resolution.causes.empty()) uneven = without_location(ex.resolution.causes.front());
-                if (!uneven.empty()) {  // uneven shards, or a plan that changes what is computed
-                    r.rejected.push_back({fmt::format("dp={} x tp={}", dp, tp), uneven});
-                    continue;
-                }
-            } catch (const InputError& e) {
-                r.rejected.push_back({fmt::format("dp={} x tp={}", dp, tp), without_location(e.what())});
-                continue;
-            }
-        }
-        for (const char* mode : {"fully_shard", "replicate"}) {
-            if (dp == 1 && std::string(mode) == "replicate") continue;  // one rank: nothing to choose
-            for (bool ckpt : {false, true}) {
-                if (ckpt && blocks.empty()) continue;
-                PlanChoice c = base;
-                c.dp_mode = mode, c.checkpoint = ckpt;
-                groups.push_back({c});
-            }
-        }
+// What one search knows about the model, and its two stages: the meshes (the lint, once per
+// dp x tp) and each (mesh, mode, checkpointing) group's microbatches until one fits.
+class Search {
+public:
+    Search(const std::string& model_text, const std::string& name, const Cluster& cluster, const SearchOptions& o)
+        : text_(model_text), name_(name), cluster_(cluster), o_(o), full_(load_meta(model_text, name)) {
+        r_.world_size = o.world_size > 0 ? o.world_size : cluster.world_size();
+        r_.memory_cap = o.memory_cap > 0 ? o.memory_cap : cluster.memory_bytes - cluster.reserved_bytes;
+        r_.compute = o.param_dtype ? parse_dtype(*o.param_dtype) : full_.dtype;
+        if (r_.world_size > cluster.world_size())
+            throw InputError(fmt::format("--world-size {} is more than {}'s {} GPUs", r_.world_size, cluster.name, cluster.world_size()));
+        tpl_ = tensor_parallel_template(full_);
+        r_.tp_unsupported = tpl_.unsupported;
+        blocks_ = repeated_blocks(full_);
+        std::function<void(const Module&)> find = [&](const Module& x) {
+            if (x.type() == "repeat" && x.children().size() >= 4) layers_ = static_cast<int64_t>(x.children().size()), repeat_ = x.fqn();
+            for (const auto& [n, c] : x.children()) find(*c);
+        };
+        find(*full_.root);
+        extrapolate_ = long_repeats(full_) == 1;
+        block_unsharded_ = static_cast<double>(largest_block_params(full_)) * dtype_size(r_.compute);
+        rows_ = full_.input.shape.at(0);
     }
 
-    std::atomic<size_t> next{0};
-    std::atomic<int> evaluated{0};
-    std::exception_ptr error;
-    auto work = [&] {
-        for (size_t gi; (gi = next++) < groups.size();) {
-            const PlanChoice& c = groups[gi].choice;
-            const std::string shape = fmt::format("dp={} x tp={} {}{}", c.dp, c.tp, c.dp_mode, c.checkpoint ? " checkpointed" : "");
-            try {
-                const std::string plan_text = write_plan(full, tpl, c);
-                const Plan plan = load_plan_text(plan_text, "generated.yaml");
-                double least = 0;
-                int least_mb = 0;
-                bool fitted = false;
-                std::string refused;
-                for (int64_t mb = full.gradient_accumulation; mb <= std::max<int64_t>(o.max_microbatches, full.gradient_accumulation) &&
-                                                               rows % (static_cast<int64_t>(c.dp) * mb) == 0;
-                     mb *= 2) {
-                    Simulated s;
-                    try {
-                        if (extrapolate_blocks) {
-                            const Simulated a = simulate(model_variant(model_text, 2, mb), name, plan, repeat_fqn, 2);
-                            const Simulated b = simulate(model_variant(model_text, 3, mb), name, plan, repeat_fqn, 3);
-                            s = extrapolate(a, b, static_cast<double>(layers - 2));
-                        } else {
-                            s = simulate(model_variant(model_text, 0, mb), name, plan);
-                        }
-                    } catch (const InputError& e) {
-                        refused = without_location(e.what());
-                        break;
-                    }
-                    ++evaluated;
-                    Candidate cand;
-                    cand.choice = c, cand.microbatches = static_cast<int>(mb), cand.plan_text = plan_text, cand.extrapolated = extrapolate_blocks;
-                    cand.model_microbatches = static_cast<int>(full.gradient_accumulation);
-                    cand.prefetch = c.dp_mode == "fully_shard" && c.dp > 1 ? block_unsharded / c.tp : 0;
-                    cand.peak = static_cast<double>(s.memory.peak) + cand.prefetch;
-                    if (least_mb == 0 || cand.peak < least) least = cand.peak, least_mb = static_cast<int>(mb);
-                    if (cand.peak > r.memory_cap) continue;
-                    cand.time = predict_step_time(s.work, s.comm, plan, cluster, r.compute);
-                    cand.mfu = mfu(cand.time, cluster, r.compute);
-                    std::lock_guard<std::mutex> lock(mu);
-                    r.fitting.push_back(cand);
-                    fitted = true;
-                    break;
+    SearchResult run() {
+        const std::vector<PlanChoice> groups = meshes();
+        std::vector<std::optional<Candidate>> fits(groups.size());
+        std::vector<std::optional<Rejection>> refusals(groups.size());
+        std::vector<int> counts(groups.size(), 0);
+        std::vector<std::exception_ptr> errors(groups.size());
+        std::atomic<size_t> next{0};
+        auto work = [&] {
+            for (size_t i; (i = next++) < groups.size();) {
+                try {
+                    evaluate(groups[i], fits[i], refusals[i], counts[i]);
+                } catch (...) {
+                    errors[i] = std::current_exception();
                 }
-                if (!fitted) {
-                    std::lock_guard<std::mutex> lock(mu);
-                    if (!refused.empty()) r.rejected.push_back({shape, refused});
-                    else if (least_mb == 0) r.rejected.push_back({shape, fmt::format("the batch's {} rows do not split into microbatches", rows)});
-                    else
-                        r.rejected.push_back({shape, fmt::format("needs {} > {} per GPU (at best, with {} microbatch{})", gib(least),
-                                                                 gib(r.memory_cap), least_mb, least_mb == 1 ? "" : "es")});
+            }
+        };
+        const unsigned threads = o_.threads ? o_.threads : std::max(1u, std::thread::hardware_concurrency());
+        std::vector<std::thread> pool;
+        for (unsigned k = 1; k < std::min<size_t>(threads, groups.size()); ++k) pool.emplace_back(work);
+        work();
+        for (auto& t : pool) t.join();
+        for (size_t i = 0; i < groups.size(); ++i) {  // in group order: the same output on any thread count
+            if (errors[i]) std::rethrow_exception(errors[i]);
+            if (fits[i]) r_.fitting.push_back(*fits[i]);
+            if (refusals[i]) r_.rejected.push_back(*refusals[i]);
+            r_.evaluated += counts[i];
+        }
+        std::stable_sort(r_.fitting.begin(), r_.fitting.end(), [](const Candidate& a, const Candidate& b) {
+            if (a.time.step != b.time.step) return a.time.step < b.time.step;
+            return a.peak < b.peak;
+        });
+        return std::move(r_);
+    }
+
+private:
+    static Model load_meta(const std::string& text, const std::string& name) {
+        MetaAllocation meta;
+        return load_model_text(text, name, "", false);
+    }
+
+    // The dp x tp meshes the lint accepts, each with its modes and checkpointing; the rest rejected.
+    std::vector<PlanChoice> meshes() {
+        std::vector<PlanChoice> groups;
+        for (int tp = 1; tp <= r_.world_size; ++tp) {
+            if (r_.world_size % tp) continue;
+            const int dp = r_.world_size / tp;
+            const std::string mesh = fmt::format("dp={} x tp={}", dp, tp);
+            if (tp > 1 && !tpl_.unsupported.empty()) {
+                r_.rejected.push_back({fmt::format("tp={}", tp), "no tensor-parallel plan: " + tpl_.unsupported});
+                continue;
+            }
+            if (tp > cluster_.gpus_per_node || cluster_.gpus_per_node % tp) {
+                r_.rejected.push_back({fmt::format("tp={}", tp),
+                                       fmt::format("crosses a node of {} GPUs (tensor parallelism's collectives block the compute: "
+                                                   "NVLink only)", cluster_.gpus_per_node)});
+                continue;
+            }
+            if (rows_ % dp) {
+                r_.rejected.push_back({mesh, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp)});
+                continue;
+            }
+            PlanChoice base;
+            base.dp = dp, base.tp = tp, base.param_dtype = o_.param_dtype;
+            if (std::string why = lint(base); !why.empty()) {
+                r_.rejected.push_back({mesh, why});
+                continue;
+            }
+            for (const char* mode : {"fully_shard", "replicate"}) {
+                if (dp == 1 && std::string(mode) == "replicate") continue;  // one rank: nothing to choose
+                for (bool ckpt : {false, true}) {
+                    if (ckpt && blocks_.empty()) continue;
+                    PlanChoice c = base;
+                    c.dp_mode = mode, c.checkpoint = ckpt;
+                    groups.push_back(c);
                 }
-            } catch (...) {
-                std::lock_guard<std::mutex> lock(mu);
-                if (!error) error = std::current_exception();
             }
         }
-    };
-    const unsigned threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
-    std::vector<std::thread> pool;
-    for (unsigned k = 1; k < std::min<size_t>(threads, groups.size()); ++k) pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
-    if (error) std::rethrow_exception(error);
-    r.evaluated = evaluated;
-    std::sort(r.fitting.begin(), r.fitting.end(), [](const Candidate& a, const Candidate& b) {
-        if (a.time.step != b.time.step) return a.time.step < b.time.step;
-        return a.peak < b.peak;
-    });
-    return r;
+        return groups;
+    }
+
+    // Why explain's rules refuse the mesh ("" if they do not): uneven shards (heads, features,
+    // vocab, sequence), a conflict, or a plan that changes what is computed.
+    std::string lint(PlanChoice c) const {
+        c.dp_mode = "fully_shard";
+        try {
+            const Explanation ex = explain_plan(full_, load_plan_text(write_plan(full_, tpl_, c), "generated.yaml"));
+            for (const auto& w : ex.resolution.warnings)
+                if (w.find("uneven") != std::string::npos) return without_location(w);
+            if (!ex.resolution.causes.empty()) return without_location(ex.resolution.causes.front());
+        } catch (const InputError& e) {
+            return without_location(e.what());
+        }
+        return "";
+    }
+
+    Simulated simulate_with(int64_t mb, const Plan& plan) const {
+        if (!extrapolate_) return simulate(model_variant(text_, 0, mb), name_, plan);
+        const Simulated a = simulate(model_variant(text_, 2, mb), name_, plan, repeat_, 2);
+        const Simulated b = simulate(model_variant(text_, 3, mb), name_, plan, repeat_, 3);
+        return extrapolate(a, b, static_cast<double>(layers_ - 2));
+    }
+
+    // The model's microbatches, doubled until the group's plan fits under the cap.
+    void evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::optional<Rejection>& refusal, int& count) const {
+        const std::string shape = fmt::format("dp={} x tp={} {}{}", c.dp, c.tp, c.dp_mode, c.checkpoint ? " checkpointed" : "");
+        const std::string plan_text = write_plan(full_, tpl_, c);
+        const Plan plan = load_plan_text(plan_text, "generated.yaml");
+        const int64_t first = full_.gradient_accumulation, last = std::max<int64_t>(o_.max_microbatches, first);
+        double least = 0;
+        int64_t least_mb = 0;
+        for (int64_t mb = first; mb <= last && rows_ % (static_cast<int64_t>(c.dp) * mb) == 0; mb *= 2) {
+            Simulated s;
+            try {
+                s = simulate_with(mb, plan);
+            } catch (const InputError& e) {
+                refusal = Rejection{shape, without_location(e.what())};
+                return;
+            }
+            ++count;
+            Candidate cand;
+            cand.choice = c, cand.microbatches = static_cast<int>(mb), cand.model_microbatches = static_cast<int>(first);
+            cand.plan_text = plan_text, cand.extrapolated = extrapolate_;
+            cand.prefetch = c.dp_mode == "fully_shard" && c.dp > 1 ? block_unsharded_ / c.tp : 0;
+            cand.peak = static_cast<double>(s.memory.peak) + cand.prefetch;
+            if (least_mb == 0 || cand.peak < least) least = cand.peak, least_mb = mb;
+            if (cand.peak > r_.memory_cap) continue;
+            cand.time = predict_step_time(s.work, s.comm, plan, cluster_, r_.compute);
+            cand.mfu = mfu(cand.time, cluster_, r_.compute);
+            fit = std::move(cand);
+            return;
+        }
+        if (least_mb == 0) refusal = Rejection{shape, fmt::format("the batch's {} rows do not split into microbatches", rows_)};
+        else
+            refusal = Rejection{shape, fmt::format("needs {} > {} per GPU (at best, with {} microbatch{})", gib(least), gib(r_.memory_cap),
+                                                   least_mb, least_mb == 1 ? "" : "es")};
+    }
+
+    const std::string& text_;
+    const std::string& name_;
+    const Cluster& cluster_;
+    const SearchOptions& o_;
+    const Model full_;
+    SearchResult r_;
+    TensorParallelTemplate tpl_;
+    std::vector<std::string> blocks_;
+    int64_t layers_ = 0, rows_ = 0;
+    std::string repeat_;  // the repeat extrapolated over
+    bool extrapolate_ = false;
+    double block_unsharded_ = 0;
+};
+
+}  // namespace
+
+SearchResult search_plans(const std::string& model_text, const std::string& name, const Cluster& cluster, const SearchOptions& o) {
+    return Search(model_text, name, cluster, o).run();
 }
 
 }  // namespace ptool
