@@ -17,6 +17,7 @@ struct Common {
 };
 
 void add_run_command(CLI::App& app, Common& common);
+std::string version_text();  // ptool --version
 void add_verify_command(CLI::App& app, Common& common, int& exit_code);
 void add_explain_command(CLI::App& app, Common& common);
 void add_plan_command(CLI::App& app, Common& common, int& exit_code);

@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
     spdlog::set_pattern("%^%l%$: %v");
 
     CLI::App app{"ptool: plan and verify parallel training (data, tensor, 2-D) against a single-device reference"};
-    app.set_version_flag("--version", std::string("ptool ") + PTOOL_VERSION);
+    app.add_flag_callback("--version", [] { throw CLI::CallForVersion(ptool::cli::version_text(), 0); },
+                          "print the version and what this build can use (CUDA, cuBLAS, NCCL, MPI, OpenBLAS)");
     app.require_subcommand(1);
     app.fallthrough();  // -v/-q also after the subcommand
     ptool::cli::Common common;

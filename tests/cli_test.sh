@@ -25,6 +25,9 @@ expect() {  # expect CODE "stderr fragment" -- command...
 expect 0 "step   1  loss" -- "$ptool" run "$root/models/mlp.yaml"
 expect 0 "Run single-device training" -- "$ptool" run --help
 expect 0 "run" -- "$ptool" --help
+expect 0 "  OpenBLAS: OpenBLAS" -- "$ptool" --version   # with the build's CUDA, NCCL and MPI
+expect 0 "  MPI: " -- "$ptool" --version
+expect 0 "  CUDA: " -- "$ptool" --version
 expect 2 "no such file" -- "$ptool" run "$tmp/none.yaml"
 printf 'batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: linaer, in: 2, out: 2}\n' >"$tmp/bad.yaml"
 expect 2 "bad.yaml:3:21: unknown module type 'linaer' (did you mean 'linear'?)" -- "$ptool" run "$tmp/bad.yaml"

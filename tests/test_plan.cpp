@@ -46,3 +46,15 @@ TEST_CASE("the plan search gives the same plans on one thread and on several", "
     }
     for (size_t i = 1; i < one.fitting.size(); ++i) CHECK(one.fitting[i - 1].time.step <= one.fitting[i].time.step);
 }
+
+TEST_CASE("a 1-D mesh needs no mesh_dim; a 2-D mesh names it", "[cpu]") {
+    const Plan tp = load_plan_text("mesh: {tp: 2}\ntensor_parallel:\n  plan: {net1: colwise}\n", "p.yaml");
+    CHECK(tp.tp_mesh_dim == "tp");
+    const Plan dp = load_plan_text("mesh: {dp: 4}\ndata_parallel: {mode: replicate}\n", "p.yaml");
+    REQUIRE(dp.data_parallel);
+    CHECK(dp.data_parallel->mesh_dim == "dp");
+    CHECK_THROWS_WITH(load_plan_text("mesh: {dp: 2, tp: 2}\ndata_parallel: {mode: replicate}\n", "p.yaml"),
+                      Catch::Contains("p.yaml:2:16: 'data_parallel' needs 'mesh_dim': the mesh has 2 dims (dp, tp)"));
+    CHECK_THROWS_WITH(load_plan_text("mesh: {dp: 2}\ndata_parallel: {mode: replicate}\ntensor_parallel: {plan: {a: colwise}}\n", "p.yaml"),
+                      Catch::Contains("both use mesh dim 'dp'"));
+}

@@ -69,14 +69,20 @@ DataParallelSpec parse_data_parallel(const YamlNode& node, const Plan& plan, con
     YamlMap d(node, "'data_parallel'");
     DataParallelSpec s;
     s.where = node.where();
-    YamlNode dim = d.at("mesh_dim");
-    s.mesh_dim = dim.as_string("'mesh_dim'");
-    if (!names.count(s.mesh_dim))
-        dim.fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", s.mesh_dim,
-                             did_you_mean(s.mesh_dim, std::vector<std::string>(names.begin(), names.end()))));
+    const std::optional<YamlNode> dim = d.get("mesh_dim");
+    if (!dim && names.size() == 1) {
+        s.mesh_dim = *names.begin();  // a 1-D mesh: its one dim, as PyTorch's 1-D DeviceMesh
+    } else {
+        if (!dim)
+            node.fail(fmt::format("'data_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(), fmt::join(names, ", ")));
+        s.mesh_dim = dim->as_string("'mesh_dim'");
+        if (!names.count(s.mesh_dim))
+            dim->fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", s.mesh_dim,
+                                  did_you_mean(s.mesh_dim, std::vector<std::string>(names.begin(), names.end()))));
+    }
     if (plan.has_tensor_parallel && plan.tp_mesh_dim == s.mesh_dim)
-        dim.fail(fmt::format("data_parallel and tensor_parallel both use mesh dim '{}': give each its own dim, e.g. "
-                             "mesh: {{dp: 2, tp: 2}}", s.mesh_dim));
+        (dim ? *dim : node).fail(fmt::format("data_parallel and tensor_parallel both use mesh dim '{}': give each its own dim, e.g. "
+                                             "mesh: {{dp: 2, tp: 2}}", s.mesh_dim));
     if (auto mode = d.get("mode")) {
         s.mode = mode->as_string("'mode'");
         const std::vector<std::string> modes = {"replicate", "fully_shard"};
@@ -168,11 +174,17 @@ std::set<std::string> parse_mesh(const YamlNode& mesh, Plan& plan) {
 void parse_tensor_parallel(const YamlNode& node, Plan& plan, const std::set<std::string>& names) {
     YamlMap t(node, "'tensor_parallel'");
     plan.has_tensor_parallel = true;
-    YamlNode dim = t.at("mesh_dim");
-    plan.tp_mesh_dim = dim.as_string("'mesh_dim'");
-    if (!names.count(plan.tp_mesh_dim))
-        dim.fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", plan.tp_mesh_dim,
-                             did_you_mean(plan.tp_mesh_dim, std::vector<std::string>(names.begin(), names.end()))));
+    if (!t.has("mesh_dim") && names.size() == 1) {  // a 1-D mesh: its one dim, as PyTorch's 1-D DeviceMesh
+        plan.tp_mesh_dim = *names.begin();
+    } else {
+        if (!t.has("mesh_dim"))
+            node.fail(fmt::format("'tensor_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(), fmt::join(names, ", ")));
+        YamlNode dim = t.at("mesh_dim");
+        plan.tp_mesh_dim = dim.as_string("'mesh_dim'");
+        if (!names.count(plan.tp_mesh_dim))
+            dim.fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", plan.tp_mesh_dim,
+                                 did_you_mean(plan.tp_mesh_dim, std::vector<std::string>(names.begin(), names.end()))));
+    }
     if (auto src = t.get("src_data_rank")) {
         plan.src_data_rank_where = src->where();
         if (src->is_null()) {
