@@ -28,9 +28,10 @@ cmake --build "$dir" -j"$(nproc)" "${targets[@]}" 2>&1 | grep -E "error|warning:
 test -x "$dir/cli/ptool"
 cd "$dir"
 if [[ $kind == address ]]; then
-  # the cross-check tests numerics against PyTorch, and mutation_score re-runs the verify cases
-  # 242 times with injected bugs: neither adds memory coverage the other tests lack (CI time)
-  ctest --output-on-failure -j"$(nproc)" -E "torch_crosscheck|mutation_score"
+  # the cross-check tests numerics against PyTorch, mutation_score re-runs the verify cases 242
+  # times with injected bugs, plan_cases verifies 150 plans the planner wrote (the planner's own
+  # code runs in test_parallel): none adds memory coverage the other tests lack (CI time)
+  ctest --output-on-failure -j"$(nproc)" -E "torch_crosscheck|mutation_score|plan_cases"
 else
   ctest --output-on-failure -j"$(nproc)" -R "test_comm_threads|test_parallel|tp_seeds|dp_cases|memory_model"
 fi
