@@ -31,46 +31,28 @@ std::vector<BucketSpec> assign_buckets(const std::vector<std::pair<std::string, 
     return out;
 }
 
-DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan, std::vector<std::string>& warnings,
-                                             std::vector<std::string>& causes) {
-    DataParallelResolution res;
-    if (!plan.data_parallel) return res;
-    const DataParallelSpec& spec = *plan.data_parallel;
-    res.active = true;
-    res.size = plan.dim_size(spec.mesh_dim);
-    std::vector<std::string> module_names;
-    std::map<std::string, const Module*> modules;
-    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        module_names.push_back(fqn);
-        modules[fqn] = &m;
-    });
-    auto check_module = [&](const std::string& fqn, const SourceLocation& where, const char* what) {
-        if (!modules.count(fqn))
-            throw InputError(where, fmt::format("{} '{}' is not a module of the model{}", what, fqn,
-                                                did_you_mean(fqn, module_names)));
-    };
+namespace {
 
-    // the global batch splits evenly over the dp ranks (every microbatch does, under accumulation)
+// The global batch splits evenly over the dp ranks (every microbatch does, under accumulation).
+void check_batch_split(const Model& model, const DataParallelSpec& spec, int size) {
     const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0];
-    if (model.gradient_accumulation > 1 && rows % (res.size * model.gradient_accumulation) != 0)
+    if (model.gradient_accumulation > 1 && rows % (size * model.gradient_accumulation) != 0)
         throw InputError(spec.where, fmt::format("each of the {} microbatches of {} rows (gradient_accumulation) does not split "
                                                  "evenly over the {} ranks of '{}'",
-                                                 model.gradient_accumulation, rows / model.gradient_accumulation, res.size,
+                                                 model.gradient_accumulation, rows / model.gradient_accumulation, size,
                                                  spec.mesh_dim));
-    if (rows % res.size != 0) {
+    if (rows % size != 0) {
         std::vector<int64_t> sizes;
-        for (int r = 0; r < res.size; ++r) sizes.push_back(chunk_of(rows, res.size, r).length);
+        for (int r = 0; r < size; ++r) sizes.push_back(chunk_of(rows, size, r).length);
         throw InputError(spec.where, fmt::format("the global batch of {} rows does not split evenly over the {} ranks of "
                                                  "'{}' (rows per rank: {}): make the batch a multiple of {}",
-                                                 rows, res.size, spec.mesh_dim, fmt::join(sizes, ", "), res.size));
+                                                 rows, size, spec.mesh_dim, fmt::join(sizes, ", "), size));
     }
+}
 
-    if (plan.mixed_precision && spec.gradient_as_bucket_view && plan.mixed_precision->reduce_dtype != model.dtype)
-        throw InputError(plan.mixed_precision->where,
-                         fmt::format("gradient_as_bucket_view makes the gradients ({}) views of the buckets, which hold "
-                                     "reduce_dtype {}: drop one of them",
-                                     dtype_name(model.dtype), dtype_name(plan.mixed_precision->reduce_dtype)));
-    // fully_shard units: the listed patterns, and the root in mode fully_shard
+// fully_shard units: the listed patterns, and the root in mode fully_shard; outermost first.
+std::vector<std::string> fsdp_unit_fqns(const DataParallelSpec& spec, const std::vector<std::string>& module_names,
+                                        std::vector<std::string>& warnings) {
     std::vector<std::string> unit_fqns;
     if (spec.mode == "fully_shard") unit_fqns.push_back("");
     for (const std::string& pattern : spec.fully_shard) {
@@ -83,22 +65,32 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
     std::stable_sort(unit_fqns.begin(), unit_fqns.end(), [](const std::string& a, const std::string& b) {
         return (a.empty() ? 0 : std::count(a.begin(), a.end(), '.') + 1) < (b.empty() ? 0 : std::count(b.begin(), b.end(), '.') + 1);
     });
-    for (const std::string& m : spec.ignored_modules) check_module(m, spec.ignored_where, "ignored module");
-    if (spec.mode == "replicate")
-        for (size_t i = 0; i < spec.modules.size(); ++i) {
-            check_module(spec.modules[i], spec.modules_where, "replicate() module");
-            for (size_t j = 0; j < spec.modules.size(); ++j)
-                if (i != j && under(spec.modules[j], spec.modules[i]))
-                    throw InputError(spec.modules_where, fmt::format("replicate() on '{}' and on '{}' inside it: a "
-                                                                     "parameter belongs to one replicate() root",
-                                                                     spec.modules[i], spec.modules[j]));
-        }
+    return unit_fqns;
+}
 
-    // each parameter: ignored, managed by its innermost unit, or in the bucket of its replicate() root
+// ignored_modules and replicate() roots name modules; no root inside another.
+void check_roots(const DataParallelSpec& spec, const std::vector<std::string>& module_names) {
+    auto check_module = [&](const std::string& fqn, const SourceLocation& where, const char* what) {
+        if (std::find(module_names.begin(), module_names.end(), fqn) == module_names.end())
+            throw InputError(where, fmt::format("{} '{}' is not a module of the model{}", what, fqn, did_you_mean(fqn, module_names)));
+    };
+    for (const std::string& m : spec.ignored_modules) check_module(m, spec.ignored_where, "ignored module");
+    if (spec.mode != "replicate") return;
+    for (size_t i = 0; i < spec.modules.size(); ++i) {
+        check_module(spec.modules[i], spec.modules_where, "replicate() module");
+        for (size_t j = 0; j < spec.modules.size(); ++j)
+            if (i != j && under(spec.modules[j], spec.modules[i]))
+                throw InputError(spec.modules_where, fmt::format("replicate() on '{}' and on '{}' inside it: a "
+                                                                 "parameter belongs to one replicate() root",
+                                                                 spec.modules[i], spec.modules[j]));
+    }
+}
+
+// Each parameter: ignored, managed by its innermost unit, or in the bucket of its replicate()
+// root; returns the unmanaged ones (ignored, or under no unit and no root).
+std::vector<std::string> assign_parameters(const Model& model, const DataParallelSpec& spec, DataParallelResolution& res) {
     std::map<std::string, std::vector<std::pair<std::string, int64_t>>> per_root;
-    std::vector<std::string> unmanaged;  // ignored, or under no unit and no replicate() root
-    res.units.clear();
-    for (const std::string& u : unit_fqns) res.units.push_back({u, {}});
+    std::vector<std::string> unmanaged;
     for (const auto& [name, p] : model.named_parameters()) {
         bool ignored = false;
         for (const std::string& m : spec.ignored_modules) ignored = ignored || under(name, m);
@@ -122,7 +114,6 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
             }
         if (!replicated) unmanaged.push_back(name);
     }
-    check_mixed_precision(model, plan, unmanaged);
     const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(spec.bucket_cap_mb * 1024 * 1024));
     if (spec.mode == "replicate")
         for (const std::string& root : spec.modules) res.replicas.push_back({root, assign_buckets(per_root[root], cap)});
@@ -133,28 +124,56 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
             for (const std::string& m : spec.ignored_modules) ignored = ignored || under(name, m);
             if (synced && !ignored) res.synced_buffers.insert(name);
         }
+    return unmanaged;
+}
 
-    for (const std::string& fqn : module_names)
-        if (modules[fqn]->type() == "batch_norm") res.batch_norms.push_back(fqn);
-    if (res.size > 1) {
-        if (model.loss == LossKind::sum)
-            causes.push_back(fmt::format("{}loss: sum under data parallel: each rank sums its own part of the batch and "
-                                         "DDP averages the gradients over the {} ranks, so they come out 1/{} of the "
-                                         "reference's (use loss: mean or mse)",
-                                         at(spec.where), res.size, res.size));
-        if (!spec.sync_batch_norm)
-            for (const std::string& bn : res.batch_norms)
-                causes.push_back(fmt::format("{}batch_norm '{}' normalises with the statistics of each rank's local "
-                                             "batch (sync_batch_norm: false): its output, everything after it and its "
-                                             "running statistics differ from the reference (sync_batch_norm: true "
-                                             "gives parity)",
-                                             at(spec.where), bn));
-        if (!spec.ignored_modules.empty())
-            causes.push_back(fmt::format("{}ignored_modules [{}]: their gradients are not averaged, so they and then "
-                                         "their parameters differ across ranks, and after the first step so does "
-                                         "everything computed from them",
-                                         at(spec.ignored_where), fmt::join(spec.ignored_modules, ", ")));
-    }
+// What makes a correct data-parallel run differ from the reference, said before it runs.
+void expected_causes(const Model& model, const DataParallelSpec& spec, const DataParallelResolution& res,
+                     std::vector<std::string>& causes) {
+    if (res.size <= 1) return;
+    if (model.loss == LossKind::sum)
+        causes.push_back(fmt::format("{}loss: sum under data parallel: each rank sums its own part of the batch and "
+                                     "DDP averages the gradients over the {} ranks, so they come out 1/{} of the "
+                                     "reference's (use loss: mean or mse)",
+                                     at(spec.where), res.size, res.size));
+    if (!spec.sync_batch_norm)
+        for (const std::string& bn : res.batch_norms)
+            causes.push_back(fmt::format("{}batch_norm '{}' normalises with the statistics of each rank's local "
+                                         "batch (sync_batch_norm: false): its output, everything after it and its "
+                                         "running statistics differ from the reference (sync_batch_norm: true "
+                                         "gives parity)",
+                                         at(spec.where), bn));
+    if (!spec.ignored_modules.empty())
+        causes.push_back(fmt::format("{}ignored_modules [{}]: their gradients are not averaged, so they and then "
+                                     "their parameters differ across ranks, and after the first step so does "
+                                     "everything computed from them",
+                                     at(spec.ignored_where), fmt::join(spec.ignored_modules, ", ")));
+}
+
+}  // namespace
+
+DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan, std::vector<std::string>& warnings,
+                                             std::vector<std::string>& causes) {
+    DataParallelResolution res;
+    if (!plan.data_parallel) return res;
+    const DataParallelSpec& spec = *plan.data_parallel;
+    res.active = true;
+    res.size = plan.dim_size(spec.mesh_dim);
+    std::vector<std::string> module_names;
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+        module_names.push_back(fqn);
+        if (m.type() == "batch_norm") res.batch_norms.push_back(fqn);
+    });
+    check_batch_split(model, spec, res.size);
+    if (plan.mixed_precision && spec.gradient_as_bucket_view && plan.mixed_precision->reduce_dtype != model.dtype)
+        throw InputError(plan.mixed_precision->where,
+                         fmt::format("gradient_as_bucket_view makes the gradients ({}) views of the buckets, which hold "
+                                     "reduce_dtype {}: drop one of them",
+                                     dtype_name(model.dtype), dtype_name(plan.mixed_precision->reduce_dtype)));
+    for (const std::string& u : fsdp_unit_fqns(spec, module_names, warnings)) res.units.push_back({u, {}});
+    check_roots(spec, module_names);
+    check_mixed_precision(model, plan, assign_parameters(model, spec, res));
+    expected_causes(model, spec, res, causes);
     return res;
 }
 
