@@ -120,7 +120,7 @@ void explain(const ExplainArgs& a, const Common& c) {
                steps, steps == 1 ? "" : "s", format_bytes(ex.record_step_bytes), format_bytes(steps * ex.record_step_bytes));
     std::vector<StepTime> times;
     if (cluster) {
-        const DType compute = plan.mixed_precision ? plan.mixed_precision->param_dtype : model.dtype;
+        const DType compute = plan.compute_dtype(model.dtype);
         fmt::print("\n  time per step on {} ({} x {} GPUs; the last simulated step; docs/planning.md):\n", cluster->name,
                    cluster->nodes, cluster->gpus_per_node);
         if (plan.world_size() > cluster->world_size())

@@ -13,6 +13,7 @@
 #include "core/files.h"
 #include "core/yaml_reader.h"
 #include "plan/search.h"
+#include "plan/shrink.h"
 #include "verify/verify.h"
 
 namespace ptool::cli {
@@ -27,14 +28,13 @@ struct PlanArgs {
 
 std::string seconds_str(double s) { return s >= 1 ? fmt::format("{:.2f} s", s) : s >= 1e-3 ? fmt::format("{:.1f} ms", s * 1e3) : fmt::format("{:.0f} us", s * 1e6); }
 
-std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1ull << 30)); }
-
 std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, const Candidate& c) {
     std::string s = fmt::format(
         "# Written by `ptool plan {} --cluster {} --world-size {}`: the fastest of {} fitting candidates.\n"
         "# Predicted per GPU on {}: peak {} of {} ({} of it fully_shard's prefetch of the next unit),\n"
         "# step {:.0f} ms (compute {:.0f} ms, blocking collectives {:.0f} ms, data-parallel {:.0f} ms overlapped), MFU {:.1f}%.\n",
-        a.model, a.cluster, r.world_size, r.fitting.size(), cl.name, gib(c.peak), gib(r.memory_cap), gib(c.prefetch),
+        a.model, a.cluster, r.world_size, r.fitting.size(), cl.name, format_bytes(static_cast<int64_t>(c.peak)),
+        format_bytes(static_cast<int64_t>(r.memory_cap)), format_bytes(static_cast<int64_t>(c.prefetch)),
         c.time.step * 1e3, c.time.compute * 1e3, c.time.blocking * 1e3, c.time.overlappable * 1e3, 100 * c.mfu);
     if (c.microbatches != c.model_microbatches)
         s += fmt::format("# Needs `gradient_accumulation: {}` in the model (its rows per dp rank in {} microbatches).\n",
@@ -89,7 +89,7 @@ int plan(const PlanArgs& a, const Common& common) {
     const SearchResult r = search_plans(text, a.model, cluster, o);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("ptool plan {} on {} ({} GPUs, {} per GPU for tensors; {} compute): {} candidates simulated in {:.2f} s\n", a.model,
-               cluster.name, r.world_size, gib(r.memory_cap), dtype_name(r.compute), r.evaluated, seconds);
+               cluster.name, r.world_size, format_bytes(static_cast<int64_t>(r.memory_cap)), dtype_name(r.compute), r.evaluated, seconds);
     if (!r.tp_unsupported.empty()) fmt::print("  no tensor parallelism: {}\n", r.tp_unsupported);
     std::vector<std::vector<std::string>> rows = {
         {"#", "mesh", "data parallel", "checkpoint", "micro", "memory/GPU", "comm/step", "compute", "step", "MFU"}};

@@ -94,6 +94,8 @@ struct Plan {
     VerifySpec verify;
 
     int world_size() const;
+    // What forward and backward compute in: mixed_precision's param_dtype, else the model's dtype.
+    DType compute_dtype(DType model_dtype) const { return mixed_precision ? mixed_precision->param_dtype : model_dtype; }
     int dim_size(const std::string& name) const;  // 1 for a dim the mesh lacks
     int tp_size() const { return has_tensor_parallel ? dim_size(tp_mesh_dim) : 1; }
     bool compares(const std::string& what) const;

@@ -13,7 +13,7 @@ namespace {
 int64_t record_bytes_per_step(const Model& model, const Plan& plan, const LayoutReport& layouts, int dp) {
     const int64_t es = static_cast<int64_t>(dtype_size(model.dtype));
     // module outputs and input gradients in the compute dtype (mixed precision's param_dtype)
-    const int64_t ce = static_cast<int64_t>(dtype_size(plan.mixed_precision ? plan.mixed_precision->param_dtype : model.dtype));
+    const int64_t ce = static_cast<int64_t>(dtype_size(plan.compute_dtype(model.dtype)));
     int64_t events = 0;
     for (const CallLayout& c : layouts.calls) {
         events += numel_of(c.out.global);

@@ -13,7 +13,7 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
     std::map<std::string, const Parameter*> by_name;
     for (const auto& [name, p] : named) by_name[name] = p.get();
     // mixed precision: fully_shard gathers param_dtype and reduce_scatters reduce_dtype; DDP's buckets hold reduce_dtype
-    const DType gathered = plan.mixed_precision ? plan.mixed_precision->param_dtype : model.dtype;
+    const DType gathered = plan.compute_dtype(model.dtype);
     const DType reduced = plan.mixed_precision ? plan.mixed_precision->reduce_dtype : model.dtype;
     auto local_bytes = [&](const std::string& name) {  // on tp rank 0, as DDP sees it
         const Parameter* p = by_name.at(name);

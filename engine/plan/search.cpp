@@ -1,46 +1,15 @@
 #include "plan/search.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
-#include <atomic>
-#include <functional>
-#include <thread>
 
 #include "core/error.h"
+#include "core/parallel_for.h"
 #include "plan/explain.h"
+#include "plan/shrink.h"
 #include "plan/simulate.h"
 
 namespace ptool {
 namespace {
-
-int long_repeats(const Model& m) {
-    int n = 0;
-    std::function<void(const Module&)> walk = [&](const Module& x) {
-        if (x.type() == "repeat" && x.children().size() >= 4) ++n;
-        for (const auto& [name, c] : x.children()) walk(*c);
-    };
-    walk(*m.root);
-    return n;
-}
-
-int64_t largest_block_params(const Model& m) {  // the largest repeat element's parameter elements
-    int64_t best = 0;
-    std::function<void(const Module&)> walk = [&](const Module& x) {
-        if (x.type() == "repeat" && !x.children().empty()) {
-            int64_t n = 0;
-            std::function<void(const Module&)> count = [&](const Module& y) {
-                for (const auto& p : y.params()) n += p.param->value.numel();
-                for (const auto& [name, c] : y.children()) count(*c);
-            };
-            count(*x.children().front().second);
-            best = std::max(best, n);
-        }
-        for (const auto& [name, c] : x.children()) walk(*c);
-    };
-    walk(*m.root);
-    return best;
-}
 
 std::string without_location(const std::string& what) {  // "plan.yaml:3:5: msg" -> "msg"
     size_t pos = what.find(": ");
@@ -117,24 +86,6 @@ Simulated extrapolate(const Simulated& a, const Simulated& b, double k) {
 
 }  // namespace
 
-std::string model_variant(const std::string& text, int64_t count, int64_t microbatches) {
-    YAML::Node doc = YAML::Load(text);  // the loader accepted it already
-    if (count > 0) {
-        std::function<void(YAML::Node)> walk = [&](YAML::Node mods) {
-            if (!mods || !mods.IsSequence()) return;
-            for (YAML::Node m : mods) {
-                if (m["type"] && m["type"].Scalar() == "repeat" && m["count"] && m["count"].as<int64_t>() >= 4) m["count"] = count;
-                walk(m["modules"]);
-            }
-        };
-        walk(doc["modules"]);
-    }
-    doc["gradient_accumulation"] = microbatches;
-    YAML::Emitter e;
-    e << doc;
-    return e.c_str();
-}
-
 namespace {
 
 // What one search knows about the model, and its two stages: the meshes (the lint, once per
@@ -151,13 +102,17 @@ public:
         tpl_ = tensor_parallel_template(full_);
         r_.tp_unsupported = tpl_.unsupported;
         blocks_ = repeated_blocks(full_);
-        std::function<void(const Module&)> find = [&](const Module& x) {
-            if (x.type() == "repeat" && x.children().size() >= 4) layers_ = static_cast<int64_t>(x.children().size()), repeat_ = x.fqn();
-            for (const auto& [n, c] : x.children()) find(*c);
-        };
-        find(*full_.root);
-        extrapolate_ = long_repeats(full_) == 1;
-        block_unsharded_ = static_cast<double>(largest_block_params(full_)) * dtype_size(r_.compute);
+        int long_repeats = 0;
+        int64_t block_params = 0;  // the largest repeat element's parameter elements
+        for_each_module(*full_.root, [&](const std::string& fqn, Module& m) {
+            if (m.type() != "repeat" || m.children().empty()) return;
+            int64_t n = 0;
+            for_each_param(*m.children().front().second, [&](const std::string&, const ParamPtr& p) { n += p->value.numel(); });
+            block_params = std::max(block_params, n);
+            if (m.children().size() >= 4) ++long_repeats, layers_ = static_cast<int64_t>(m.children().size()), repeat_ = fqn;
+        });
+        extrapolate_ = long_repeats == 1;
+        block_unsharded_ = static_cast<double>(block_params) * dtype_size(r_.compute);
         rows_ = full_.input.shape.at(0);
     }
 
@@ -166,24 +121,8 @@ public:
         std::vector<std::optional<Candidate>> fits(groups.size());
         std::vector<std::optional<Rejection>> refusals(groups.size());
         std::vector<int> counts(groups.size(), 0);
-        std::vector<std::exception_ptr> errors(groups.size());
-        std::atomic<size_t> next{0};
-        auto work = [&] {
-            for (size_t i; (i = next++) < groups.size();) {
-                try {
-                    evaluate(groups[i], fits[i], refusals[i], counts[i]);
-                } catch (...) {
-                    errors[i] = std::current_exception();
-                }
-            }
-        };
-        const unsigned threads = o_.threads ? o_.threads : std::max(1u, std::thread::hardware_concurrency());
-        std::vector<std::thread> pool;
-        for (unsigned k = 1; k < std::min<size_t>(threads, groups.size()); ++k) pool.emplace_back(work);
-        work();
-        for (auto& t : pool) t.join();
+        parallel_for(groups.size(), o_.threads, [&](size_t i) { evaluate(groups[i], fits[i], refusals[i], counts[i]); });
         for (size_t i = 0; i < groups.size(); ++i) {  // in group order: the same output on any thread count
-            if (errors[i]) std::rethrow_exception(errors[i]);
             if (fits[i]) r_.fitting.push_back(*fits[i]);
             if (refusals[i]) r_.rejected.push_back(*refusals[i]);
             r_.evaluated += counts[i];

@@ -58,10 +58,6 @@ struct SearchResult {
     DType compute = DType::float32;
 };
 
-// The model's text (YAML, comments dropped) with every repeat of 4 or more blocks at `count` blocks
-// (0: as written) and gradient_accumulation `microbatches`.
-std::string model_variant(const std::string& text, int64_t count, int64_t microbatches);
-
 // model_text: the model file's text (already loadable); name for messages.
 SearchResult search_plans(const std::string& model_text, const std::string& name, const Cluster& cluster, const SearchOptions& o);
 

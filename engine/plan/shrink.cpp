@@ -26,6 +26,18 @@ int64_t as_int(const YAML::Node& n) { return n.as<int64_t>(); }
 
 }  // namespace
 
+std::string model_variant(const std::string& text, int64_t count, int64_t microbatches) {
+    YAML::Node doc = YAML::Load(text);  // the loader accepted it already
+    if (count > 0)
+        for_each_module(doc["modules"], [&](YAML::Node m) {
+            if (m["type"] && m["type"].Scalar() == "repeat" && m["count"] && as_int(m["count"]) >= 4) m["count"] = count;
+        });
+    doc["gradient_accumulation"] = microbatches;
+    YAML::Emitter e;
+    e << doc;
+    return e.c_str();
+}
+
 std::string shrink_model(const std::string& model_text, const std::string& name, const Plan& plan) {
     YAML::Node doc = YAML::Load(model_text);
     const int64_t tp = plan.tp_size();

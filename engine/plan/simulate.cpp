@@ -1,11 +1,11 @@
 #include "plan/simulate.h"
 
-#include <atomic>
 #include <map>
 #include <set>
-#include <thread>
 
+#include "core/parallel_for.h"
 #include "core/tensor_ops.h"
+#include "parallel/device_mesh.h"
 
 #include "comm/comm_simulated.h"
 
@@ -49,12 +49,11 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
     std::map<std::vector<int64_t>, size_t> index;
     std::vector<RankClass> out;
     for (int r = 0; r < plan.world_size(); ++r) {
-        int t = 0, d = 0, rest = r;  // r's mesh coordinates, row-major
-        for (size_t i = plan.mesh.size(); i-- > 0;) {
-            const int c = rest % plan.mesh[i].size;
-            rest /= plan.mesh[i].size;
-            if (plan.has_tensor_parallel && plan.mesh[i].name == plan.tp_mesh_dim) t = c;
-            if (plan.data_parallel && plan.mesh[i].name == plan.data_parallel->mesh_dim) d = c;
+        const std::vector<int> coords = DeviceMesh::coords_of(r, plan.mesh);
+        int t = 0, d = 0;
+        for (size_t i = 0; i < plan.mesh.size(); ++i) {
+            if (plan.has_tensor_parallel && plan.mesh[i].name == plan.tp_mesh_dim) t = coords[i];
+            if (plan.data_parallel && plan.mesh[i].name == plan.data_parallel->mesh_dim) d = coords[i];
         }
         std::vector<int64_t> key;
         for (int64_t v : dims) {
@@ -72,24 +71,8 @@ std::vector<PredictedRank> predict_ranks(const RunInputs& in, const Model& model
                                             unsigned threads) {
     const std::vector<RankClass> classes = rank_classes(model, plan);
     std::vector<PredictedRank> out(classes.size());
-    std::vector<std::exception_ptr> errors(classes.size());
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-        for (size_t i; (i = next++) < classes.size();) {
-            try {
-                out[i] = {simulate_rank(in, plan, classes[i].ranks[0], steps), classes[i].ranks};
-            } catch (...) {
-                errors[i] = std::current_exception();
-            }
-        }
-    };
-    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-    std::vector<std::thread> pool;
-    for (unsigned k = 1; k < std::min<size_t>(threads, classes.size()); ++k) pool.emplace_back(work);
-    work();
-    for (auto& th : pool) th.join();
-    for (auto& e : errors)
-        if (e) std::rethrow_exception(e);
+    parallel_for(classes.size(), threads,
+                 [&](size_t i) { out[i] = {simulate_rank(in, plan, classes[i].ranks[0], steps), classes[i].ranks}; });
     return out;
 }
 

@@ -130,7 +130,7 @@ Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model&
     int depth = 0;  // leaf modules: no tensor is further than that from the output
     for_each_module(*model.root, [&](const std::string&, Module& m) { depth += m.children().empty(); });
     // mixed precision: the compute dtype's rule, the masters' for the parameters
-    const DType compute = plan.mixed_precision ? plan.mixed_precision->param_dtype : model.dtype;
+    const DType compute = plan.compute_dtype(model.dtype);
     return Tolerance::for_policy(model.dtype, compute, depth).with(plan.verify.tolerance).with(opt.tolerance);
 }
 
