@@ -22,6 +22,7 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code);
 void add_explain_command(CLI::App& app, Common& common);
 void add_plan_command(CLI::App& app, Common& common, int& exit_code);
 void add_shrink_command(CLI::App& app);
+void add_import_command(CLI::App& app);  // import hf, import hf-tp-plan
 // shrink_model (plan/shrink.h) of the model file for the plan file, linted with the plan.
 std::string shrunk_model_checked(const std::string& model_path, const std::string& plan_path);
 void add_golden_command(CLI::App& app, Common& common, int& exit_code);

@@ -1,6 +1,7 @@
 // ptool golden record | show | diff.
 #include <cmath>
 
+#include "model/checkpoint.h"
 #include "cli/commands.h"
 #include "cli/verify_output.h"
 #include "core/yaml_reader.h"
@@ -24,7 +25,7 @@ void record(const GoldenArgs& a, const Common& c) {
     in.dtype_override = c.dtype;
     in.device = select_device(c);  // a GPU-recorded golden says so in its metadata
     TensorFile init, data;
-    if (!a.init.empty()) init = read_safetensors(a.init), in.init = &init, in.init_path = a.init;
+    if (!a.init.empty()) init = read_checkpoint(a.init), in.init = &init, in.init_path = a.init;
     if (!a.data.empty()) data = read_safetensors(a.data), in.data = &data, in.data_path = a.data;
     const Plan plan = load_plan(a.plan);
     VerifyOptions opt;

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
     ptool::cli::add_explain_command(app, common);
     ptool::cli::add_plan_command(app, common, exit_code);
     ptool::cli::add_shrink_command(app);
+    ptool::cli::add_import_command(app);
     ptool::cli::add_golden_command(app, common, exit_code);
 
     try {

@@ -1,4 +1,5 @@
 // ptool run MODEL: single-device training steps; prints loss and time per step.
+#include "model/checkpoint.h"
 #include "cli/commands.h"
 #include "comm/comm_threads.h"
 #include "core/safetensors.h"
@@ -22,7 +23,7 @@ void run(const RunArgs& a, const Common& c) {
     const Model model = load_model_text(in.model_text, a.model, c.dtype, false);  // exit 2 before anything runs
     in.device = select_device(c);
     TensorFile init, data;
-    if (!a.init.empty()) init = read_safetensors(a.init), in.init = &init, in.init_path = a.init;
+    if (!a.init.empty()) init = read_checkpoint(a.init), in.init = &init, in.init_path = a.init;
     if (!a.data.empty()) data = read_safetensors(a.data), in.data = &data, in.data_path = a.data;
     const int64_t steps = a.steps > 0 ? a.steps : model.steps;
     if (in.data) check_data_steps(*in.data, a.data, steps);

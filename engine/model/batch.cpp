@@ -5,6 +5,7 @@
 #include "core/rng.h"
 #include "core/tensor_ops.h"
 #include "core/yaml_reader.h"
+#include "model/checkpoint.h"
 
 namespace ptool {
 
@@ -105,7 +106,8 @@ Batch DataSource::batch(int64_t step) const {
     return b;
 }
 
-void load_state_dict(Model& model, const TensorFile& file, const std::string& path) {
+void load_state_dict(Model& model, const TensorFile& checkpoint, const std::string& path) {
+    const TensorFile file = to_state_dict_layout(model.checkpoint_format, checkpoint, path);
     std::set<std::string> expected, seen;
     for (const auto& [name, p] : model.state_dict()) expected.insert(name);
     for (const auto& [name, t] : file.tensors) {

@@ -128,6 +128,25 @@ private:
     int64_t vocab_offset_ = -1;  // -1: the whole vocabulary
 };
 
+// GPT-2's learned positions (HF `wpe`): y = x + weight[0:T] for x [batch, T, dim]; weight
+// [positions, dim] ~ N(0, 1) as nn.Embedding. Rows of the batch may be sharded (data parallel);
+// the sequence and the features must be whole (each row of the weight is a position).
+class PositionEmbedding : public Module {
+public:
+    PositionEmbedding(std::string name, SourceLocation where, int64_t positions, int64_t dim, DType dtype);
+    Shape output_shape(const Shape& in) const override;
+    Placement out_placement(const Layout& in) const override;
+    void init_params(uint64_t seed) override;
+
+protected:
+    Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+    Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+
+private:
+    Tensor position_ids(const Tensor& x) const;
+    int64_t positions_, dim_;
+};
+
 // nn.Dropout(p). The mask is drawn from the counter-based RNG keyed by (seed, step, module) at
 // each element's index in the whole tensor: its global batch row (data parallel) and, for a shard,
 // its place in the full activation (tensor parallel) -- Megatron's model-parallel RNG semantics:

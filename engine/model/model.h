@@ -50,6 +50,8 @@ struct Model {
     int64_t gradient_accumulation = 1;
     // clip_grad_norm: torch.nn.utils.clip_grad_norm_(params, max_norm) before each step (0: none).
     double clip_grad_norm = 0;
+    // checkpoint_format: how --init's keys read (model/checkpoint.h): pytorch (the state_dict's), hf_gpt2.
+    std::string checkpoint_format = "pytorch";
     std::shared_ptr<Sequential> root;  // fqn ""
     Shape output_shape;
 

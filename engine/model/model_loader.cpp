@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/yaml_reader.h"
+#include "model/checkpoint.h"
 #include "model/model.h"
 
 namespace ptool {
@@ -13,8 +14,15 @@ namespace {
 
 const std::vector<std::string> kModuleTypes = {
     "linear",     "relu",      "gelu",      "silu",      "tanh",     "identity",  "layer_norm",
-    "rms_norm",   "batch_norm", "embedding", "dropout",   "attention", "gated_mlp", "sequential",
-    "repeat",     "residual",  "shared"};
+    "rms_norm",   "batch_norm", "embedding", "position_embedding", "dropout",   "attention", "gated_mlp",
+    "sequential", "repeat",     "residual",  "shared"};
+
+// The names a container's children take in its namespace: a transparent child's (an unnamed
+// residual or sequential) are its children's, as if they were written in the parent.
+void names_in_scope(const std::string& name, const Module& child, std::vector<std::string>& out) {
+    if (!child.transparent()) return out.push_back(name);
+    for (const auto& [n, c] : child.children()) names_in_scope(n, *c, out);
+}
 
 // A product of sizes, or InputError at `where` when it leaves int64.
 int64_t mul(const YamlNode& where, int64_t a, int64_t b) {
@@ -95,7 +103,10 @@ struct Builder {
         std::set<std::string> names;
         for (const YamlNode& item : m.at("modules").items(fmt::format("'modules' of '{}'", prefix))) {
             auto [name, child] = build(item, prefix);
-            if (!names.insert(name).second) item.fail(fmt::format("duplicate module name '{}'", name));
+            std::vector<std::string> scoped;
+            names_in_scope(name, *child, scoped);
+            for (const std::string& n : scoped)
+                if (!names.insert(n).second) item.fail(fmt::format("duplicate module name '{}'", join_name(prefix, n)));
             parent.add_child(name, child);
         }
         if (names.empty()) m.at("modules").fail(fmt::format("'{}' has no modules", prefix.empty() ? "model" : prefix));
@@ -103,20 +114,25 @@ struct Builder {
 
     std::pair<std::string, std::shared_ptr<Module>> build(const YamlNode& node, const std::string& prefix) {
         YamlMap m(node, "a module");
-        const std::string name = m.at("name").as_string("a module's 'name'");
-        if (name.empty() || name.find_first_of(". \t") != std::string::npos)
+        // a residual or sequential without a name is transparent: its modules keep the parent's
+        // prefix (the structure of a forward() that owns no submodule, e.g. HF's decoder layers)
+        const bool transparent = !m.has("name") && m.has("type") && (m.at("type").as_string("'type'") == "residual" ||
+                                                                      m.at("type").as_string("'type'") == "sequential");
+        const std::string name = transparent ? "" : m.at("name").as_string("a module's 'name'");
+        if (!transparent && (name.empty() || name.find_first_of(". \t") != std::string::npos))
             m.at("name").fail(fmt::format("module name '{}' must be non-empty, without dots or spaces", name));
         const std::string fqn = join_name(prefix, name);
         YamlNode type_node = m.at("type");
         const std::string type = type_node.as_string("'type'");
         const std::string what = fmt::format("{} '{}'", type, fqn);
         YamlMap mm(node, what);  // re-read with a precise description for the messages below
-        mm.at("name");
+        if (!transparent) mm.at("name");
         mm.at("type");
         std::shared_ptr<Module> mod = make(mm, type, type_node, name, fqn, node.where());
         mm.finish();
         mod->set_fqn(fqn);
-        if (type != "shared") by_fqn.emplace(fqn, mod);
+        if (transparent) mod->set_transparent();
+        else if (type != "shared") by_fqn.emplace(fqn, mod);
         return {name, mod};
     }
 
@@ -164,6 +180,11 @@ struct Builder {
             const int64_t vocab = pos("vocab"), dim = pos("dim");
             account(m.at("dim"), mul(m.at("dim"), vocab, dim));
             return std::make_shared<Embedding>(name, where, vocab, dim, dtype);
+        }
+        if (type == "position_embedding") {
+            const int64_t positions = pos("positions"), dim = pos("dim");
+            account(m.at("dim"), mul(m.at("dim"), positions, dim));
+            return std::make_shared<PositionEmbedding>(name, where, positions, dim, dtype);
         }
         if (type == "dropout") {
             const double p = m.double_or("p", 0.5);
@@ -324,6 +345,14 @@ Model load_model_text(const std::string& text, const std::string& path, const st
         model.clip_grad_norm = c->as_double("'clip_grad_norm'");
         if (!(model.clip_grad_norm > 0) || !std::isfinite(model.clip_grad_norm))
             c->fail(fmt::format("clip_grad_norm must be a finite number > 0, got {}", model.clip_grad_norm));
+    }
+
+    if (auto f = m.get("checkpoint_format")) {
+        model.checkpoint_format = f->as_string("'checkpoint_format'");
+        const auto& known = checkpoint_formats();
+        if (std::find(known.begin(), known.end(), model.checkpoint_format) == known.end())
+            f->fail(fmt::format("checkpoint_format '{}': valid: {}{}", model.checkpoint_format, fmt::join(known, ", "),
+                                did_you_mean(model.checkpoint_format, known)));
     }
 
     Builder b{model.dtype, 0, {}};

@@ -28,7 +28,7 @@ Placed Module::forward_hooked(RunContext& ctx, const Placed& x) {
     const std::optional<Placement> computed = hooks_ ? hooks_->compute_out(*this) : std::nullopt;
     Placed y = computed ? Placed{forward_impl(ctx, in.t), *computed, output_shape(in.global)} : forward_placed(ctx, in);
     if (hooks_) y = hooks_->post_forward(ctx, *this, y);
-    if (ctx.observer) ctx.observer(*this, Phase::forward, y);
+    if (ctx.observer && !transparent_) ctx.observer(*this, Phase::forward, y);
     return y;
 }
 
@@ -57,7 +57,7 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
     else if (Tensor t = backward_impl(ctx, d.t); t.defined()) dx = {t, *computed, in.global};
     if (hooks_ && dx.defined()) dx = hooks_->pre_forward_backward(ctx, *this, dx);
     if (hooks_) hooks_->post_backward(ctx, *this);
-    if (ctx.observer && dx.defined()) ctx.observer(*this, Phase::backward, dx);
+    if (ctx.observer && dx.defined() && !transparent_) ctx.observer(*this, Phase::backward, dx);
     return dx;
 }
 
@@ -163,7 +163,7 @@ void for_each_param(const Module& root, const std::function<void(const std::stri
 static void walk_modules(Module& m, const std::string& prefix, std::set<const Module*>& seen,
                          const std::function<void(const std::string&, Module&)>& fn) {
     if (!seen.insert(&m).second) return;
-    fn(prefix, m);
+    if (!m.transparent()) fn(prefix, m);
     for (const auto& [name, child] : m.children()) walk_modules(*child, join_name(prefix, name), seen, fn);
 }
 

@@ -129,6 +129,11 @@ public:
     const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
 
     void set_fqn(const std::string& fqn) { fqn_ = fqn; }
+    // An unnamed residual or sequential: its children's names join its parent's, it is not one of
+    // named_modules() (for_each_module passes it over, so no plan pattern matches it), and it
+    // reports no events of its own (its fqn is its parent's).
+    void set_transparent() { transparent_ = true; }
+    bool transparent() const { return transparent_; }
     // Activation checkpointing (torch.utils.checkpoint): the module keeps only its input in forward
     // and recomputes its forward (hooks and collectives included, not observed) in backward.
     void set_checkpointed(bool on) { checkpointed_ = on; }
@@ -168,7 +173,7 @@ private:
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
     std::vector<std::vector<Tensor>> saved_;
     std::vector<Layout> inputs_;  // per call: the input layout (after the pre-forward hook)
-    bool checkpointed_ = false, saving_ = true;
+    bool checkpointed_ = false, saving_ = true, transparent_ = false;
     std::vector<Placed> checkpoint_inputs_;  // per checkpointed call: its input
     Placed forward_hooked(RunContext& ctx, const Placed& x);  // hooks + the module, no checkpointing
     std::shared_ptr<ModuleHooks> hooks_;
@@ -177,7 +182,8 @@ private:
 // Walks the tree in registration order: fn(full_name, parameter). Shared objects appear under every name.
 void for_each_param(const Module& root, const std::function<void(const std::string&, const ParamPtr&)>& fn,
                     bool buffers = false);
-// Every module in forward registration order, first name only: fn(fqn, module).
+// Every module in forward registration order, first name only: fn(fqn, module). Transparent
+// containers are passed over (their children are visited).
 void for_each_module(const Module& root, const std::function<void(const std::string&, Module&)>& fn);
 
 // Allocates a parameter and its gradient, uninitialised (see module.cpp).

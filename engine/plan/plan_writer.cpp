@@ -36,8 +36,7 @@ struct Writer {
             for (const auto& [name, child] : m.children()) {
                 if (t == "repeat" && !first) break;  // every element is the first's copy
                 first = false;
-                const std::string p = pattern.empty() ? (t == "repeat" ? "*" : name)
-                                                      : pattern + "." + (t == "repeat" ? std::string("*") : name);
+                const std::string p = join_name(pattern, t == "repeat" ? std::string("*") : name);  // transparent: ""
                 const Act before = cur;
                 cur = visit(*child, p, cur);
                 if (t == "repeat" && cur != before) fail(m, "an element ends in another layout than it starts");
@@ -54,6 +53,10 @@ struct Writer {
         if (t == "layer_norm" || t == "rms_norm") {
             if (a == Act::features) fail(m, "normalises over features a colwise linear split");
             if (a == Act::sequence) add(pattern, "sequence_parallel");
+            return a;
+        }
+        if (t == "position_embedding") {  // positions are rows of its weight: whole sequences only
+            if (a != Act::replicate) fail(m, "needs whole sequences and features");
             return a;
         }
         if (t == "dropout" || t == "relu" || t == "silu" || t == "tanh" || t == "gelu" || t == "identity") return a;
@@ -116,8 +119,11 @@ bool has_batch_norm(const Module& m) {
 
 TensorParallelTemplate tensor_parallel_template(const Model& model) {
     Writer w;
-    w.has_sequence = model.input.ids && model.input.shape.size() == 2 && !model.root->children().empty() &&
-                     model.root->children().front().second->type() == "embedding";
+    const Module* first = model.root.get();
+    while (!first->children().empty()) first = first->children().front().second.get();
+    bool positions = false;  // GPT-2's wpe adds positions to whole sequences: the writer then plans no sequence parallelism
+    for_each_module(*model.root, [&](const std::string&, Module& m) { positions |= m.type() == "position_embedding"; });
+    w.has_sequence = model.input.ids && model.input.shape.size() == 2 && first->type() == "embedding" && !positions;
     w.out.sequence_parallel = w.has_sequence;
     find_last(*model.root, w.last);
     if (w.last && w.last->type() != "linear") w.last = nullptr;
@@ -134,7 +140,7 @@ std::vector<std::string> repeated_blocks(const Model& model) {
             out.push_back(p.empty() ? "*" : p + ".*");
             return;
         }
-        for (const auto& [name, child] : m.children()) walk(*child, p.empty() ? name : p + "." + name);
+        for (const auto& [name, child] : m.children()) walk(*child, join_name(p, name));
     };
     walk(*model.root, "");
     return out;

@@ -1,3 +1,4 @@
+#include "model/checkpoint.h"
 #include "verify/verify.h"
 
 #include <spdlog/spdlog.h>
@@ -216,7 +217,7 @@ LoadedCommand load_command(const VerifyCommand& cmd) {
     in.dtype_override = cmd.dtype;
     in.device = cmd.device;
     load_model_text(in.model_text, cmd.model, cmd.dtype, false);  // a bad model: exit 2 before any rank starts
-    if (!cmd.init.empty()) l.init = std::make_unique<TensorFile>(read_safetensors(cmd.init)), in.init = l.init.get(), in.init_path = cmd.init;
+    if (!cmd.init.empty()) l.init = std::make_unique<TensorFile>(read_checkpoint(cmd.init)), in.init = l.init.get(), in.init_path = cmd.init;
     if (!cmd.data.empty()) l.data = std::make_unique<TensorFile>(read_safetensors(cmd.data)), in.data = l.data.get(), in.data_path = cmd.data;
     for (const auto& p : cmd.plans) l.job.plans.push_back(load_plan(p));
     for (Plan& p : l.job.plans) apply_mesh_flags(p, cmd.mesh);

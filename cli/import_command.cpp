@@ -1,0 +1,56 @@
+// ptool import hf CONFIG.json / ptool import hf-tp-plan CONFIG.json: Hugging Face configs as
+// ptool's model and plan files (import/hf_import.h).
+#include "cli/commands.h"
+#include "core/files.h"
+#include "import/hf_import.h"
+#include "model/model.h"
+#include "parallel/plan.h"
+
+namespace ptool::cli {
+namespace {
+
+void emit(const HfImport& r, const std::string& out, const std::string& what) {
+    for (const std::string& w : r.warnings) fmt::print(stderr, "warning: {}\n", w);
+    if (out.empty()) return fmt::print("{}", r.yaml);
+    write_file(out, r.yaml, true);
+    fmt::print("wrote {}: {}\n", out, what);
+}
+
+}  // namespace
+
+void add_import_command(CLI::App& app) {
+    CLI::App* imp = app.add_subcommand("import", "Turn other tools' files into ptool's");
+    imp->require_subcommand(1);
+    auto config = std::make_shared<std::string>(), out = std::make_shared<std::string>();
+    auto opt = std::make_shared<HfImportOptions>();
+
+    CLI::App* hf = imp->add_subcommand("hf", "A Hugging Face config.json (llama, mistral, qwen2, gpt2) as a model YAML with HF's names");
+    hf->add_option("CONFIG", *config, "config.json")->required();
+    hf->add_option("--batch", opt->batch, "rows per step (default 1)")->check(CLI::PositiveNumber);
+    hf->add_option("--seq", opt->seq, "tokens per row (default min(max positions, 2048))")->check(CLI::PositiveNumber);
+    hf->add_option("-o,--output", *out, "write the model here (default: print it)");
+    hf->callback([config, out, opt] {
+        if (!out->empty()) check_output(*out, true);
+        const HfImport r = import_hf_model(*config, *opt);
+        int64_t params = 0;
+        {
+            MetaAllocation meta;  // the file it writes must load; its count is HF's num_parameters()
+            const Model m = load_model_text(r.yaml, out->empty() ? *config + " (imported)" : *out, "", false);
+            for (const auto& [name, p] : m.named_parameters()) params += p->value.numel();
+        }
+        emit(r, *out, fmt::format("{} parameters", params));
+    });
+
+    CLI::App* tp = imp->add_subcommand("hf-tp-plan", "A model's transformers tp plan (base_model_tp_plan) as a plan YAML");
+    tp->add_option("CONFIG", *config, "config.json")->required();
+    tp->add_option("--tp", opt->tp, "tensor-parallel ranks of the plan's mesh (default 2)")->check(CLI::PositiveNumber);
+    tp->add_option("-o,--output", *out, "write the plan here (default: print it)");
+    tp->callback([config, out, opt] {
+        if (!out->empty()) check_output(*out, true);
+        const HfImport r = import_hf_tp_plan(*config, *opt);
+        load_plan_text(r.yaml, out->empty() ? *config + " (tp plan)" : *out);  // it must parse as a plan
+        emit(r, *out, "verify it with `ptool verify MODEL " + (out->empty() ? std::string("PLAN") : *out) + "`");
+    });
+}
+
+}  // namespace ptool::cli

@@ -1,0 +1,35 @@
+// Hugging Face configs into ptool's files (docs/hf_import.md).
+//
+// import_hf_model: a `config.json` of the llama, mistral, qwen2 or gpt2 families becomes a model
+// YAML whose parameters carry HF's FQNs (model.layers.0.self_attn.q_proj.weight, lm_head.weight;
+// transformer.h.0.ln_1.weight for GPT-2), so `--init` takes the model's safetensors checkpoint and
+// the parameter count is HF's. Fields that change the computation and that ptool does not model
+// (sliding windows, MoE, rope_scaling, a head_dim other than hidden/heads) are exit 2 at the field.
+//
+// import_hf_tp_plan: the family's transformers `base_model_tp_plan` (or the config's own) and the
+// causal-LM head's `_tp_plan`, as a plan YAML; an entry ptool has no style for is exit 2 with why.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ptool {
+
+struct HfImportOptions {
+    int64_t batch = 1;  // rows of the model's batch
+    int64_t seq = 0;    // tokens per row; 0: min(max_position_embeddings, 2048)
+    int tp = 2;         // the plan's mesh size (hf-tp-plan)
+};
+
+struct HfImport {
+    std::string yaml;                   // the file's text
+    std::vector<std::string> warnings;  // what the config says that ptool does not model, e.g. attention dropout
+};
+
+// The config's model_type when ptool imports it; else exit 2 at the field.
+std::string hf_model_type(const std::string& config_path);
+
+HfImport import_hf_model(const std::string& config_path, const HfImportOptions& opt);
+HfImport import_hf_tp_plan(const std::string& config_path, const HfImportOptions& opt);
+
+}  // namespace ptool

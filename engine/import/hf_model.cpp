@@ -1,0 +1,262 @@
+// `ptool import hf CONFIG.json`: a Hugging Face config of the llama, mistral, qwen2 or gpt2 family
+// as a model YAML with HF's module names. The config is read with the YAML reader (JSON is YAML's
+// flow style), so every refusal points at its field: file:line:column.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
+
+#include "core/yaml_reader.h"
+#include "import/hf_import.h"
+
+namespace ptool {
+namespace {
+
+// A config.json with HF's defaults for absent fields.
+class Config {
+public:
+    Config(const std::string& path) : root_(load_yaml_text(read_file(path, 1 << 20), path)), map_(root_, "the config") {
+        if (!root_.is_map()) root_.fail("a Hugging Face config.json is a JSON object");
+    }
+    const YamlNode& root() const { return root_; }
+    bool set(const std::string& key) {  // present and not null
+        auto n = map_.get(key);
+        return n && !n->is_null();
+    }
+    bool present(const std::string& key) { return map_.has(key); }
+    YamlNode at(const std::string& key) { return map_.at(key); }
+    int64_t pos(const std::string& key, int64_t fallback) {
+        return set(key) ? map_.at(key).as_positive_int(fmt::format("'{}'", key)) : fallback;
+    }
+    double num(const std::string& key, double fallback) { return set(key) ? map_.at(key).as_double(fmt::format("'{}'", key)) : fallback; }
+    bool flag(const std::string& key, bool fallback) { return set(key) ? map_.at(key).as_bool(fmt::format("'{}'", key)) : fallback; }
+    std::string str(const std::string& key, const std::string& fallback) {
+        return set(key) ? map_.at(key).as_string(fmt::format("'{}'", key)) : fallback;
+    }
+    // Fails at the key when it is present (and not null, false or 0): a feature ptool does not model.
+    void refuse_if_set(const std::string& key, const std::string& why) {
+        if (!set(key)) return;
+        const YamlNode n = map_.at(key);
+        if (n.is_scalar() && (n.raw().Scalar() == "false" || n.raw().Scalar() == "0")) return;
+        n.fail(fmt::format("'{}' is set: {}", key, why));
+    }
+
+private:
+    YamlNode root_;
+    YamlMap map_;
+};
+
+std::string yaml_number(double v) {
+    std::string s = fmt::format("{}", v);
+    if (s.find_first_of(".e") == std::string::npos) s += ".0";
+    return s;
+}
+
+// The model's name: the last part of _name_or_path (Qwen/Qwen2-0.5B -> Qwen2-0.5B), else the type.
+std::string model_name(Config& c, const std::string& type) {
+    std::string n = c.str("_name_or_path", "");
+    while (!n.empty() && n.back() == '/') n.pop_back();
+    if (auto slash = n.rfind('/'); slash != std::string::npos) n = n.substr(slash + 1);
+    std::string out;
+    for (char ch : n) out += std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.' ? ch : '_';
+    return out.empty() ? type : out;
+}
+
+// HF's ACT2FN names that ptool computes: (gated_mlp activation, elementwise module YAML).
+struct Act {
+    std::string gated, module;
+};
+Act activation(Config& c, const std::string& key, const std::string& fallback) {
+    const std::string a = c.str(key, fallback);
+    static const std::map<std::string, Act> known = {
+        {"silu", {"silu", "{type: silu}"}},   {"swish", {"silu", "{type: silu}"}},
+        {"relu", {"relu", "{type: relu}"}},   {"gelu", {"gelu", "{type: gelu}"}},
+        {"tanh", {"tanh", "{type: tanh}"}},   {"gelu_new", {"", "{type: gelu, approximate: tanh}"}},
+        {"gelu_pytorch_tanh", {"", "{type: gelu, approximate: tanh}"}},
+    };
+    auto it = known.find(a);
+    if (it == known.end()) {
+        std::vector<std::string> names;
+        for (const auto& [n, x] : known) names.push_back(n);
+        c.at(key).fail(fmt::format("activation '{}' is not one ptool computes{}", a, did_you_mean(a, names)));
+    }
+    return it->second;
+}
+
+struct Shape2 {
+    int64_t batch, seq;
+};
+
+Shape2 batch_shape(const HfImportOptions& opt, int64_t max_positions) {
+    return {opt.batch, opt.seq > 0 ? opt.seq : std::min<int64_t>(max_positions, 2048)};
+}
+
+// RoPE decoder families: what differs between llama, mistral and qwen2 (their config classes'
+// defaults and the attention's biases).
+struct DecoderFamily {
+    std::string config_class;
+    int64_t vocab, hidden, intermediate, layers, heads, kv_heads /* 0: heads */, max_positions;
+    double rope_theta;
+    bool qkv_bias_fixed /* Qwen2: q/k/v always biased, o never */;
+    int64_t sliding_window_default;  // 0: none
+};
+
+HfImport decoder(Config& c, const std::string& type, const DecoderFamily& f, const HfImportOptions& opt) {
+    HfImport out;
+    const int64_t vocab = c.pos("vocab_size", f.vocab), d = c.pos("hidden_size", f.hidden),
+                  inter = c.pos("intermediate_size", f.intermediate), layers = c.pos("num_hidden_layers", f.layers),
+                  heads = c.pos("num_attention_heads", f.heads),
+                  kv = c.pos("num_key_value_heads", f.kv_heads ? f.kv_heads : heads),
+                  max_pos = c.pos("max_position_embeddings", f.max_positions);
+    const double eps = c.num("rms_norm_eps", 1e-6), theta = c.num("rope_theta", f.rope_theta);
+    if (d % heads) c.at("num_attention_heads").fail(fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", d, heads));
+    if (heads % kv) c.at("num_key_value_heads").fail(fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", heads, kv));
+    if (c.set("head_dim") && c.pos("head_dim", 0) != d / heads)
+        c.at("head_dim").fail(fmt::format("head_dim {} differs from hidden_size / num_attention_heads = {}: ptool's attention "
+                                          "has heads of hidden/heads",
+                                          c.pos("head_dim", 0), d / heads));
+    const Shape2 b = batch_shape(opt, max_pos);
+    // fields that change the computation and are not modelled
+    c.refuse_if_set("rope_scaling", "scaled RoPE (llama3, yarn, linear, dynamic) is not modelled; ptool's RoPE is "
+                                    "rotate_half with rope_theta");
+    for (const char* moe : {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"})
+        c.refuse_if_set(moe, "mixture-of-experts layers are not modelled");
+    if (c.pos("pretraining_tp", 1) != 1) c.at("pretraining_tp").fail("'pretraining_tp' > 1 (sliced projections) is not modelled");
+    const bool sliding = type == "qwen2" ? c.flag("use_sliding_window", false) : true;
+    // absent: the config class's default; null: none
+    const int64_t window = c.present("sliding_window") ? c.pos("sliding_window", 0) : f.sliding_window_default;
+    if (sliding && window > 0 && window < b.seq) {
+        const std::string key = c.set("sliding_window") ? "sliding_window" : "model_type";
+        c.at(key).fail(fmt::format("sliding-window attention (window {}) over sequences of {} is not modelled; a window of "
+                                   "at least the sequence is plain causal attention (--seq {})",
+                                   window, b.seq, window));
+    }
+    if (c.num("attention_dropout", 0.0) > 0)
+        out.warnings.push_back(fmt::format("attention_dropout {} is not modelled (the attention probabilities are not dropped)",
+                                           c.num("attention_dropout", 0.0)));
+    const Act act = activation(c, "hidden_act", "silu");
+    if (act.gated.empty()) c.at("hidden_act").fail("the gated MLP computes silu, relu, gelu or tanh");
+    const bool bias = c.flag("attention_bias", false), mlp_bias = c.flag("mlp_bias", false);
+    const bool qkv_bias = f.qkv_bias_fixed || bias, o_bias = !f.qkv_bias_fixed && bias;
+    const bool tied = c.flag("tie_word_embeddings", false);
+
+    std::string& y = out.yaml;
+    y += fmt::format("# {} ({}, model_type {}) from {}: `ptool import hf`.\n", model_name(c, type), f.config_class, type,
+                     c.root().file());
+    y += "# Names are HF's: each decoder layer is two unnamed residuals (x + self_attn(input_layernorm(x)),\n"
+         "# x + mlp(post_attention_layernorm(x))), so parameters read model.layers.N.self_attn.q_proj.weight.\n";
+    y += fmt::format("# Float32 masters (torch_dtype {} is the checkpoint's; plans add bf16 compute with\n"
+                     "# data_parallel.mixed_precision). Optimizer: torch.optim.AdamW's defaults.\n",
+                     c.str("torch_dtype", "unset"));
+    for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
+    y += fmt::format("name: {}\nseed: 0\nbatch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n", model_name(c, type), b.batch,
+                     b.seq, vocab);
+    y += "  - name: model\n    type: sequential\n    modules:\n";
+    y += fmt::format("      - {{name: embed_tokens, type: embedding, vocab: {}, dim: {}}}\n", vocab, d);
+    y += fmt::format("      - name: layers\n        type: repeat\n        count: {}\n        modules:\n", layers);
+    y += "          - type: residual\n            modules:\n";
+    y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
+    y += fmt::format("              - {{name: self_attn, type: attention, dim: {}, heads: {}, kv_heads: {}, causal: true, "
+                     "rope_theta: {}, qkv_bias: {}, o_bias: {}}}\n",
+                     d, heads, kv, yaml_number(theta), qkv_bias, o_bias);
+    y += "          - type: residual\n            modules:\n";
+    y += fmt::format("              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
+    y += fmt::format("              - {{name: mlp, type: gated_mlp, dim: {}, hidden: {}, activation: {}, bias: {}}}\n", d, inter,
+                     act.gated, mlp_bias);
+    y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
+    y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab,
+                     tied ? ", tie: model.embed_tokens" : "");
+    y += "loss: cross_entropy\noptimizer: {type: adamw}\n";
+    return out;
+}
+
+HfImport gpt2(Config& c, const HfImportOptions& opt) {
+    HfImport out;
+    const int64_t vocab = c.pos("vocab_size", 50257), positions = c.pos("n_positions", 1024), d = c.pos("n_embd", 768),
+                  layers = c.pos("n_layer", 12), heads = c.pos("n_head", 12), inner = c.pos("n_inner", 4 * d);
+    if (d % heads) c.at("n_head").fail(fmt::format("n_embd {} is not a multiple of n_head {}", d, heads));
+    const double eps = c.num("layer_norm_epsilon", 1e-5), embd = c.num("embd_pdrop", 0.1), resid = c.num("resid_pdrop", 0.1);
+    const Shape2 b = batch_shape(opt, positions);
+    if (b.seq > positions) throw InputError(fmt::format("--seq {} is longer than n_positions {}", b.seq, positions));
+    if (!c.flag("scale_attn_weights", true)) c.at("scale_attn_weights").fail("unscaled attention scores are not modelled");
+    c.refuse_if_set("scale_attn_by_inverse_layer_idx", "per-layer score scaling is not modelled");
+    c.refuse_if_set("add_cross_attention", "cross-attention is not modelled");
+    if (const double p = c.num("attn_pdrop", 0.1); p > 0)
+        out.warnings.push_back(fmt::format("attn_pdrop {} is not modelled (the attention probabilities are not dropped)", p));
+    if (!(embd >= 0 && embd < 1)) c.at("embd_pdrop").fail("embd_pdrop must be in [0, 1)");
+    if (!(resid >= 0 && resid < 1)) c.at("resid_pdrop").fail("resid_pdrop must be in [0, 1)");
+    const Act act = activation(c, "activation_function", "gelu_new");
+    const bool tied = c.flag("tie_word_embeddings", true);
+
+    std::string& y = out.yaml;
+    y += fmt::format("# {} (GPT2Config, model_type gpt2) from {}: `ptool import hf`.\n", model_name(c, "gpt2"), c.root().file());
+    y += "# Names are HF's except inside attention: GPT-2's Conv1D c_attn ([in, 3 out]) is three projections here,\n"
+         "# attn.q_proj/k_proj/v_proj ([out, in] each), and attn.c_proj is attn.o_proj. checkpoint_format: hf_gpt2\n"
+         "# makes --init split and transpose them (docs/hf_import.md). Each block is two unnamed residuals.\n";
+    for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
+    y += fmt::format("name: {}\nseed: 0\ncheckpoint_format: hf_gpt2\nbatch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n",
+                     model_name(c, "gpt2"), b.batch, b.seq, vocab);
+    y += "  - name: transformer\n    type: sequential\n    modules:\n";
+    y += fmt::format("      - {{name: wte, type: embedding, vocab: {}, dim: {}}}\n", vocab, d);
+    y += fmt::format("      - {{name: wpe, type: position_embedding, positions: {}, dim: {}}}\n", positions, d);
+    y += fmt::format("      - {{name: drop, type: dropout, p: {}}}\n", yaml_number(embd));
+    y += fmt::format("      - name: h\n        type: repeat\n        count: {}\n        modules:\n", layers);
+    y += "          - type: residual\n            modules:\n";
+    y += fmt::format("              - {{name: ln_1, type: layer_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
+    y += fmt::format("              - {{name: attn, type: attention, dim: {}, heads: {}, causal: true}}\n", d, heads);
+    y += fmt::format("              - {{name: resid_dropout, type: dropout, p: {}}}\n", yaml_number(resid));
+    y += "          - type: residual\n            modules:\n";
+    y += fmt::format("              - {{name: ln_2, type: layer_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
+    y += "              - name: mlp\n                type: sequential\n                modules:\n";
+    y += fmt::format("                  - {{name: c_fc, type: linear, in: {}, out: {}}}\n", d, inner);
+    std::string act_yaml = act.module;
+    act_yaml.insert(1, "name: act, ");
+    y += fmt::format("                  - {}\n", act_yaml);
+    y += fmt::format("                  - {{name: c_proj, type: linear, in: {}, out: {}}}\n", inner, d);
+    y += fmt::format("                  - {{name: dropout, type: dropout, p: {}}}\n", yaml_number(resid));
+    y += fmt::format("      - {{name: ln_f, type: layer_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
+    y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab, tied ? ", tie: transformer.wte" : "");
+    y += "loss: cross_entropy\noptimizer: {type: adamw}\n";
+    return out;
+}
+
+using Importer = std::function<HfImport(Config&, const HfImportOptions&)>;
+
+const std::map<std::string, Importer>& importers() {
+    static const std::map<std::string, Importer> m = {
+        {"llama", [](Config& c, const HfImportOptions& o) {
+             return decoder(c, "llama", {"LlamaConfig", 32000, 4096, 11008, 32, 32, 0, 2048, 10000.0, false, 0}, o);
+         }},
+        {"mistral", [](Config& c, const HfImportOptions& o) {
+             return decoder(c, "mistral", {"MistralConfig", 32000, 4096, 14336, 32, 32, 8, 131072, 10000.0, false, 4096}, o);
+         }},
+        {"qwen2", [](Config& c, const HfImportOptions& o) {
+             return decoder(c, "qwen2", {"Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, true, 4096}, o);
+         }},
+        {"gpt2", [](Config& c, const HfImportOptions& o) { return gpt2(c, o); }},
+    };
+    return m;
+}
+
+}  // namespace
+
+std::string hf_model_type(const std::string& config_path) {
+    Config c(config_path);
+    const std::string type = c.at("model_type").as_string("'model_type'");
+    std::vector<std::string> names;
+    for (const auto& [n, f] : importers()) names.push_back(n);
+    if (!importers().count(type))
+        c.at("model_type").fail(fmt::format("model_type '{}' is not one ptool imports (valid: llama, mistral, qwen2, gpt2){}", type,
+                                            did_you_mean(type, names)));
+    return type;
+}
+
+HfImport import_hf_model(const std::string& config_path, const HfImportOptions& opt) {
+    if (opt.batch <= 0 || opt.seq < 0) throw InputError(fmt::format("--batch {} --seq {}: sizes must be positive", opt.batch, opt.seq));
+    const std::string type = hf_model_type(config_path);
+    Config c(config_path);
+    return importers().at(type)(c, opt);
+}
+
+}  // namespace ptool

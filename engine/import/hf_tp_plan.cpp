@@ -1,0 +1,104 @@
+// `ptool import hf-tp-plan CONFIG.json`: transformers' tensor-parallel plan for a model (the
+// config's "base_model_tp_plan", else its config class's, under the base model's prefix, plus the
+// causal-LM head's `_tp_plan`) as a plan YAML. Each transformers style maps to ptool's or is
+// refused with the reason (docs/hf_import.md has the table).
+#include <map>
+#include <optional>
+
+#include "core/yaml_reader.h"
+#include "import/hf_import.h"
+
+namespace ptool {
+
+namespace {
+
+// transformers' ParallelInterface names -> ptool plan entries ("" with the reason: refused).
+struct StyleMap {
+    std::string entry, why;
+};
+const std::map<std::string, StyleMap>& styles() {
+    static const std::map<std::string, StyleMap> m = {
+        {"colwise", {"colwise", ""}},
+        {"rowwise", {"rowwise", ""}},
+        {"colwise_rep", {"{style: colwise, output_layouts: replicate}", ""}},
+        {"rowwise_rep", {"{style: rowwise, input_layouts: replicate}", ""}},
+        // transformers' local_* run the same sharding on plain tensors instead of DTensors; ptool
+        // always hands local tensors between modules, so they are the same style here
+        {"local_colwise", {"colwise", ""}},
+        {"local_rowwise", {"rowwise", ""}},
+        {"sequence_parallel", {"sequence_parallel", ""}},
+        {"replicate", {"replicate", ""}},
+        {"gather", {"", "GatherParallel gathers a module's output for expert routing; ptool has no such style"}},
+        {"local", {"", "IsolatedParallel keeps a module rank-local (MoE experts); ptool has no such style"}},
+        {"local_packed_rowwise", {"", "packed (fused gate_up) weights are not modelled"}},
+        {"packed_colwise", {"", "packed (fused gate_up) weights are not modelled"}},
+        {"packed_rowwise", {"", "packed (fused gate_up) weights are not modelled"}},
+        {"ep_router", {"", "expert parallelism is not modelled"}},
+        {"grouped_gemm", {"", "grouped-GEMM experts are not modelled"}},
+    };
+    return m;
+}
+
+// The config classes' plans (transformers' LlamaConfig, MistralConfig and Qwen2Config agree).
+const std::vector<std::pair<std::string, std::string>> kDecoderPlan = {
+    {"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.k_proj", "colwise"},
+    {"layers.*.self_attn.v_proj", "colwise"}, {"layers.*.self_attn.o_proj", "rowwise"},
+    {"layers.*.mlp.gate_proj", "colwise"},    {"layers.*.mlp.up_proj", "colwise"},
+    {"layers.*.mlp.down_proj", "rowwise"},
+};
+
+}  // namespace
+
+HfImport import_hf_tp_plan(const std::string& config_path, const HfImportOptions& opt) {
+    if (opt.tp < 1) throw InputError(fmt::format("--tp {}: must be at least 1", opt.tp));
+    const std::string type = hf_model_type(config_path);
+    const std::string prefix = type == "gpt2" ? "transformer." : "model.";  // the base model's attribute
+    const YamlNode root = load_yaml_text(read_file(config_path, 1 << 20), config_path);
+    YamlMap m(root, "the config");
+    struct Entry {
+        std::string pattern, style;
+        std::optional<YamlNode> at;  // where the config says it
+    };
+    std::vector<Entry> entries;
+    std::string source;
+    if (auto plan = m.get("base_model_tp_plan"); plan && !plan->is_null()) {
+        if (!plan->is_map()) plan->fail("'base_model_tp_plan' must be an object of module pattern: style");
+        for (const auto& kv : plan->raw()) {
+            const YamlNode v(kv.second, std::make_shared<const std::string>(root.file()));
+            entries.push_back({kv.first.as<std::string>(), v.as_string("a tp plan style"), v});
+        }
+        source = "the config's base_model_tp_plan";
+    } else if (type == "gpt2") {
+        m.at("model_type").fail("GPT-2 has no base_model_tp_plan in transformers (and its fused Conv1D c_attn splits q, k and "
+                                "v across ranks wrongly under colwise); write the plan by hand");
+    } else {
+        for (const auto& [p, s] : kDecoderPlan) entries.push_back({p, s, std::nullopt});
+        source = fmt::format("transformers' {} base_model_tp_plan", type);
+    }
+    HfImport out;
+    std::string& y = out.yaml;
+    y += fmt::format("# Tensor parallelism for {} from {}: {} under the base model's prefix '{}', and\n"
+                     "# the causal-LM head's _tp_plan (lm_head: colwise_rep). `ptool import hf-tp-plan`.\n",
+                     type, root.file(), source, prefix);
+    y += fmt::format("mesh: {{tp: {}}}\ntensor_parallel:\n  plan:\n", opt.tp);
+    for (const Entry& e : entries) {
+        auto it = styles().find(e.style);
+        if (it == styles().end() || it->second.entry.empty()) {
+            const std::string why = it == styles().end() ? fmt::format("'{}' is not a transformers tp style ptool knows", e.style)
+                                                         : it->second.why;
+            const std::string msg = fmt::format("tp plan entry \"{}\": \"{}\": {}", e.pattern, e.style, why);
+            if (e.at) e.at->fail(msg);
+            throw InputError(msg);
+        }
+        y += fmt::format("    \"{}{}\": {}\n", prefix, e.pattern, it->second.entry);
+    }
+    // a tied head's weight is the embedding's: one parameter has one placement, so the embedding is
+    // sharded over the vocabulary with the head (Megatron's vocab-parallel embedding)
+    const auto tie = m.get("tie_word_embeddings");
+    const bool tied = tie && !tie->is_null() ? tie->as_bool("'tie_word_embeddings'") : type == "gpt2";
+    if (tied) y += fmt::format("    {}{}: rowwise  # tied to lm_head: vocab-parallel\n", prefix, type == "gpt2" ? "wte" : "embed_tokens");
+    y += "    lm_head: {style: colwise, output_layouts: replicate}\n";
+    return out;
+}
+
+}  // namespace ptool

@@ -1,0 +1,231 @@
+"""`ptool import hf` and `import hf-tp-plan` (docs/hf_import.md): parameter counts equal HF's,
+parameters carry HF's names, refusals are exit 2 at the config's field, HF checkpoints (sharded,
+GPT-2's Conv1D layout) load through --init with the values they hold, and imported models verify
+under the imported tp plans.
+
+    python3 tests/hf_import.py build/cli/ptool ."""
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+from checks import Checks
+
+PTOOL, ROOT = sys.argv[1], sys.argv[2]
+HF = f"{ROOT}/tests/data/hf"
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="ptool_hf_")
+
+
+def run(*args):
+    p = subprocess.run([PTOOL, *args], capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stdout + p.stderr
+
+
+def write_config(name, cfg):
+    path = f"{tmp}/{name}.json"
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    return path
+
+
+def line_of(path, key):  # 1-based line of "key": in a JSON file
+    for i, line in enumerate(open(path), 1):
+        if f'"{key}"' in line:
+            return i
+    return -1
+
+
+def write_safetensors(path, tensors):  # {name: (shape, [floats])}, F32
+    header, blobs, offset = {}, [], 0
+    for name, (shape, values) in tensors.items():
+        blob = struct.pack(f"<{len(values)}f", *values)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def read_safetensors(path):  # {name: (shape, [floats])} for F32 tensors
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, h in header.items():
+        if name == "__metadata__" or h["dtype"] != "F32":
+            continue
+        b, e = h["data_offsets"]
+        out[name] = (h["shape"], list(struct.unpack(f"<{(e - b) // 4}f", data[8 + n + b:8 + n + e])))
+    return out
+
+
+# 1. Parameter counts: HF's num_parameters() of the real configs.
+for cfg, count in [("qwen2-0.5b", 494032768), ("mistral-7b-v0.3", 7248023552), ("gpt2", 124439808),
+                   ("tinyllama-1.1b", 1100048384)]:
+    out = f"{tmp}/{cfg}.yaml"
+    rc, text = run("import", "hf", f"{HF}/{cfg}.json", "-o", out)
+    check(rc == 0 and f": {count} parameters" in text, f"import {cfg}: {count} parameters expected, got rc {rc}: {text}")
+    rc, text = run("explain", out, f"{ROOT}/plans/empty_plan.yaml", "--json", f"{tmp}/{cfg}.json.out")
+    if check(rc == 0, f"explain {cfg}: rc {rc}: {text[-400:]}"):
+        check(json.load(open(f"{tmp}/{cfg}.json.out"))["parameters"] == count, f"explain {cfg}: parameters != {count}")
+
+# 2. Names: a tiny Qwen2's parameters are HF's state_dict names (q/k/v biased, o not; tied head).
+qwen = f"{tmp}/tiny-qwen2.yaml"
+rc, text = run("import", "hf", f"{HF}/tiny-qwen2.json", "--batch", "2", "--seq", "8", "-o", qwen)
+check(rc == 0, f"import tiny-qwen2: {text}")
+rc, text = run("run", qwen, "--dump", f"{tmp}/qwen_dump.safetensors")
+check(rc == 0, f"run tiny-qwen2: {text}")
+names = {k[len("init.param."):] for k in read_safetensors(f"{tmp}/qwen_dump.safetensors") if k.startswith("init.param.")}
+want = {"model.embed_tokens.weight", "model.norm.weight"}
+for i in range(2):
+    p = f"model.layers.{i}."
+    want |= {p + f"self_attn.{x}_proj.{w}" for x in "qkv" for w in ("weight", "bias")} | {p + "self_attn.o_proj.weight"}
+    want |= {p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")}
+    want |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+check(names == want, f"tiny-qwen2 parameter names: extra {sorted(names - want)}, missing {sorted(want - names)}")
+
+# 3. Refusals: exit 2 at file:line:column of the field.
+base = json.load(open(f"{HF}/tiny-qwen2.json"))
+refusals = [
+    ("unknown model_type", dict(base, model_type="mixtral"), "model_type", "mixtral"),
+    ("sliding window shorter than the sequence", dict(base, model_type="mistral", sliding_window=4), "sliding_window", "sliding-window"),
+    ("qwen2 sliding window on", dict(base, use_sliding_window=True, sliding_window=4, max_window_layers=0), "sliding_window", "sliding-window"),
+    ("rope_scaling", dict(base, rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope_scaling", "rope_scaling"),
+    ("MoE", dict(base, num_local_experts=8), "num_local_experts", "experts"),
+    ("head_dim", dict(base, head_dim=16), "head_dim", "head_dim"),
+    ("activation", dict(base, hidden_act="quick_gelu"), "hidden_act", "quick_gelu"),
+    ("heads", dict(base, num_attention_heads=5), "num_attention_heads", "multiple"),
+]
+for what, cfg, key, fragment in refusals:
+    path = write_config(what.replace(" ", "_"), cfg)
+    rc, text = run("import", "hf", path, "--seq", "8")
+    at = f"{path}:{line_of(path, key)}:"
+    check(rc == 2 and at in text and fragment in text, f"{what}: exit 2 at {at} naming '{fragment}' expected, got {rc}: {text}")
+rc, text = run("import", "hf", write_config("window_ok", dict(base, model_type="mistral", sliding_window=8)), "--seq", "8")
+check(rc == 0, f"a sliding window as long as the sequence is causal attention: {text}")
+
+# 4. hf-tp-plan: the family plan, mapped styles, refusals at the entry.
+rc, text = run("import", "hf-tp-plan", f"{HF}/tiny-qwen2.json", "--tp", "2", "-o", f"{tmp}/qwen_tp.yaml")
+check(rc == 0, f"hf-tp-plan tiny-qwen2: {text}")
+plan = open(f"{tmp}/qwen_tp.yaml").read()
+check('"model.layers.*.self_attn.o_proj": rowwise' in plan and "model.embed_tokens: rowwise" in plan and
+      "lm_head: {style: colwise, output_layouts: replicate}" in plan, f"qwen tp plan:\n{plan}")
+rc, text = run("verify", qwen, f"{tmp}/qwen_tp.yaml", "--steps", "2")
+check(rc == 0 and "PASS" in text, f"verify tiny-qwen2 under its hf tp plan: {text[-600:]}")
+own = write_config("own_plan", dict(base, base_model_tp_plan={"layers.*.mlp.gate_proj": "local_colwise",
+                                                              "layers.*.mlp.up_proj": "local_colwise",
+                                                              "layers.*.mlp.down_proj": "local_rowwise"}))
+rc, text = run("import", "hf-tp-plan", own)
+check(rc == 0 and '"model.layers.*.mlp.gate_proj": colwise' in text and "self_attn" not in text,
+      f"the config's own base_model_tp_plan, local_* as their styles: {text}")
+bad = write_config("gather_plan", dict(base, base_model_tp_plan={"layers.*.mlp.gate_proj": "colwise", "layers.*.mlp": "gather"}))
+rc, text = run("import", "hf-tp-plan", bad)
+check(rc == 2 and f"{bad}:{line_of(bad, 'layers.*.mlp')}:" in text and "GatherParallel" in text,
+      f"gather refused at its entry: {rc}: {text}")
+rc, text = run("import", "hf-tp-plan", f"{HF}/gpt2.json")
+check(rc == 2 and "GPT-2 has no base_model_tp_plan" in text, f"gpt2 tp plan refused: {rc}: {text}")
+
+# 5. GPT-2: HF's checkpoint layout (no "transformer." prefix, Conv1D [in, out], fused c_attn, mask
+# buffers), sharded over two files with an index, loads into the imported model's parameters.
+gpt = f"{tmp}/tiny-gpt2.yaml"
+rc, text = run("import", "hf", f"{HF}/tiny-gpt2.json", "--batch", "2", "--seq", "8", "-o", gpt)
+check(rc == 0 and ": 28544 parameters" in text, f"import tiny-gpt2: {text}")
+cfg = json.load(open(f"{HF}/tiny-gpt2.json"))
+D, V, P, L = cfg["n_embd"], cfg["vocab_size"], cfg["n_positions"], cfg["n_layer"]
+counter = [0]
+
+
+def values(n):
+    counter[0] += 1
+    v = [((i * 7919 + counter[0] * 104729) % 2001 - 1000) / 4000.0 for i in range(n)]
+    return list(struct.unpack(f"<{n}f", struct.pack(f"<{n}f", *v)))  # float32 values
+
+
+hf = {"wte.weight": ([V, D], values(V * D)), "wpe.weight": ([P, D], values(P * D)),
+      "ln_f.weight": ([D], values(D)), "ln_f.bias": ([D], values(D))}
+for i in range(L):
+    p = f"h.{i}."
+    for ln in ("ln_1", "ln_2"):
+        hf[p + ln + ".weight"], hf[p + ln + ".bias"] = ([D], values(D)), ([D], values(D))
+    hf[p + "attn.c_attn.weight"], hf[p + "attn.c_attn.bias"] = ([D, 3 * D], values(3 * D * D)), ([3 * D], values(3 * D))
+    hf[p + "attn.c_proj.weight"], hf[p + "attn.c_proj.bias"] = ([D, D], values(D * D)), ([D], values(D))
+    hf[p + "mlp.c_fc.weight"], hf[p + "mlp.c_fc.bias"] = ([D, 4 * D], values(4 * D * D)), ([4 * D], values(4 * D))
+    hf[p + "mlp.c_proj.weight"], hf[p + "mlp.c_proj.bias"] = ([4 * D, D], values(4 * D * D)), ([D], values(D))
+    hf[p + "attn.bias"] = ([1, 1, P, P], [1.0] * (P * P))  # the causal mask buffer old checkpoints carry
+names_sorted = sorted(hf)
+half = len(names_sorted) // 2
+shards = {"model-00001-of-00002.safetensors": names_sorted[:half], "model-00002-of-00002.safetensors": names_sorted[half:]}
+for shard, keys in shards.items():
+    write_safetensors(f"{tmp}/{shard}", {k: hf[k] for k in keys})
+index = {"metadata": {"total_size": 0}, "weight_map": {k: s for s, keys in shards.items() for k in keys}}
+with open(f"{tmp}/model.safetensors.index.json", "w") as f:
+    json.dump(index, f, indent=2)
+
+
+def transpose(shape, v):
+    r, c = shape
+    return [v[i * c + j] for j in range(c) for i in range(r)]
+
+
+expect = {"transformer.wte.weight": hf["wte.weight"][1], "transformer.wpe.weight": hf["wpe.weight"][1],
+          "transformer.ln_f.weight": hf["ln_f.weight"][1]}
+for i in range(L):
+    p = f"h.{i}."
+    w = transpose([D, 3 * D], hf[p + "attn.c_attn.weight"][1])  # [3D, D]: q rows, then k, then v
+    for j, x in enumerate("qkv"):
+        expect[f"transformer.{p}attn.{x}_proj.weight"] = w[j * D * D:(j + 1) * D * D]
+        expect[f"transformer.{p}attn.{x}_proj.bias"] = hf[p + "attn.c_attn.bias"][1][j * D:(j + 1) * D]
+    expect[f"transformer.{p}attn.o_proj.weight"] = transpose([D, D], hf[p + "attn.c_proj.weight"][1])
+    expect[f"transformer.{p}mlp.c_fc.weight"] = transpose([D, 4 * D], hf[p + "mlp.c_fc.weight"][1])
+    expect[f"transformer.{p}mlp.c_proj.weight"] = transpose([4 * D, D], hf[p + "mlp.c_proj.weight"][1])
+    expect[f"transformer.{p}ln_2.bias"] = hf[p + "ln_2.bias"][1]
+rc, text = run("run", gpt, "--init", f"{tmp}/model.safetensors.index.json", "--dump", f"{tmp}/gpt_dump.safetensors")
+if check(rc == 0, f"run tiny-gpt2 --init index: {text}"):
+    dump = read_safetensors(f"{tmp}/gpt_dump.safetensors")
+    bad = [k for k, v in expect.items() if dump.get("init.param." + k, (None, None))[1] != v]
+    check(not bad, f"--init values differ from the checkpoint's (split/transposed) for {bad[:4]}")
+gpt_tp = f"{tmp}/gpt_tp.yaml"
+with open(gpt_tp, "w") as f:
+    f.write("mesh: {tp: 2}\ntensor_parallel:\n  plan:\n    transformer.wte: rowwise\n"
+            '    "transformer.h.*.attn.[qkv]_proj": colwise\n    "transformer.h.*.attn.o_proj": rowwise\n'
+            '    "transformer.h.*.mlp.c_fc": colwise\n    "transformer.h.*.mlp.c_proj": rowwise\n'
+            "    lm_head: {style: colwise, output_layouts: replicate}\n")
+rc, text = run("verify", gpt, gpt_tp, "--init", f"{tmp}/model.safetensors.index.json", "--steps", "2")
+check(rc == 0 and "PASS" in text, f"verify tiny-gpt2 from the HF checkpoint under TP: {text[-600:]}")
+
+# A damaged index: a shard path outside its directory, a tensor the index puts elsewhere.
+broken = dict(index, weight_map=dict(index["weight_map"], **{"wte.weight": "../model-00001-of-00002.safetensors"}))
+with open(f"{tmp}/broken.index.json", "w") as f:
+    json.dump(broken, f, indent=2)
+rc, text = run("run", gpt, "--init", f"{tmp}/broken.index.json")
+check(rc == 2 and "broken.index.json:" in text and "plain file name" in text, f"shard path with '/': {rc}: {text}")
+moved = dict(index, weight_map={k: ("model-00002-of-00002.safetensors" if k == names_sorted[0] else v)
+                                for k, v in index["weight_map"].items()})
+with open(f"{tmp}/moved.index.json", "w") as f:
+    json.dump(moved, f, indent=2)
+rc, text = run("run", gpt, "--init", f"{tmp}/moved.index.json")
+check(rc == 2 and names_sorted[0] in text, f"a tensor in another shard than the index says: {rc}: {text}")
+
+# position_embedding needs whole sequences: a sequence-sharded input is a lint error at the plan.
+seq_plan = f"{tmp}/gpt_seq.yaml"
+with open(seq_plan, "w") as f:
+    f.write("mesh: {tp: 2}\ntensor_parallel:\n  plan:\n"
+            "    transformer.wte: {style: rowwise, input_layouts: replicate, output_layouts: shard(1)}\n"
+            "    lm_head: {style: colwise, output_layouts: replicate}\n")
+rc, text = run("explain", gpt, seq_plan)
+check(rc == 2 and "position_embedding" in text and "whole sequences" in text, f"wpe on sequence shards: {rc}: {text}")
+# Transparent containers: their children's names share the parent's namespace.
+dup = f"{tmp}/dup.yaml"
+with open(dup, "w") as f:
+    f.write("batch: {input: [2, 4]}\nmodules:\n"
+            "  - type: residual\n    modules: [{name: norm, type: layer_norm, dim: 4}]\n"
+            "  - type: residual\n    modules: [{name: norm, type: layer_norm, dim: 4}]\n")
+rc, text = run("run", dup)
+check(rc == 2 and f"{dup}:6:" in text and "duplicate module name 'norm'" in text, f"duplicate through transparent residuals: {rc}: {text}")
+check.finish()
