@@ -227,5 +227,5 @@ with open(dup, "w") as f:
             "  - type: residual\n    modules: [{name: norm, type: layer_norm, dim: 4}]\n"
             "  - type: residual\n    modules: [{name: norm, type: layer_norm, dim: 4}]\n")
 rc, text = run("run", dup)
-check(rc == 2 and f"{dup}:6:" in text and "duplicate module name 'norm'" in text, f"duplicate through transparent residuals: {rc}: {text}")
+check(rc == 2 and f"{dup}:5:" in text and "duplicate module name 'norm'" in text, f"duplicate through transparent residuals: {rc}: {text}")
 check.finish()
