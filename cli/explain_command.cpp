@@ -142,7 +142,7 @@ void explain(const ExplainArgs& a, const Common& c) {
                    "     FLOPs, activation checkpointing's recompute not counted, over the peak)\n");
     }
     if (!a.json.empty()) {
-        nlohmann::json j;
+        nlohmann::json j = json_document("explain");
         j["model"] = a.model;
         j["plan"] = a.plan;
         j["warnings"] = ex.resolution.warnings;

@@ -123,7 +123,7 @@ int plan(const PlanArgs& a, const Common& common) {
         code = verify_on_proxy(a, r.fitting[0], common);
     }
     if (!a.json.empty()) {
-        nlohmann::json j;
+        nlohmann::json j = json_document("plan");
         j["model"] = a.model, j["cluster"] = cluster.name, j["world_size"] = r.world_size;
         j["memory_cap_bytes"] = r.memory_cap, j["evaluated"] = r.evaluated, j["seconds"] = seconds;
         j["candidates"] = nlohmann::json::array();

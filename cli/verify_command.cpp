@@ -12,7 +12,7 @@ namespace {
 
 struct VerifyArgs {
     VerifyCommand cmd;
-    std::string json, junit;
+    std::string json, junit, csv, html;
     double rtol = -1, atol = -1;
     bool no_check = false;
 };
@@ -38,8 +38,9 @@ int verify(VerifyArgs& a, const Common& c) {
     if (a.atol >= 0) cmd.options.tolerance.atol = a.atol;
     cmd.options.comm.check_consistency = !a.no_check;
     const bool replay = looks_like_golden_arg(cmd.model);
-    if (!replay && !a.junit.empty()) throw InputError("--junit applies to `ptool verify GOLDEN...`");
-    for (const std::string& out : {a.json, a.junit})
+    if (replay && (!a.csv.empty() || !a.html.empty())) throw InputError("--csv and --report apply to `ptool verify MODEL PLAN...`");
+    if (replay && cmd.options.strict) throw InputError("--strict applies to `ptool verify MODEL PLAN...` (golden cases record their plans' lint)");
+    for (const std::string& out : {a.json, a.junit, a.csv, a.html})
         if (!out.empty()) check_output(out, true);  // before the run, not after it
     cmd.device = select_device(c);
     std::vector<CaseResult> cases;
@@ -49,6 +50,9 @@ int verify(VerifyArgs& a, const Common& c) {
         [&](const VerifyReport& report) {
             print_report(report, model_path, c.verbosity);
             if (!a.json.empty()) write_json_report(report, model_path, a.json);
+            if (!a.junit.empty()) write_junit_report(report, model_path, a.junit);
+            if (!a.csv.empty()) write_csv_report(report, a.csv);
+            if (!a.html.empty()) write_html_report(report, model_path, a.html);
         },
         [&](const CaseResult& r) {
             print_case(r, !replay, c.verbosity);
@@ -87,7 +91,10 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code) {
     cmd->add_option("--atol", a->atol, "absolute tolerance")->check(finite_non_negative());
     cmd->add_option("--json", a->json, "write the results as JSON");
     cmd->add_option("--golden", a->cmd.golden, "also compare reference and parallel results with this golden file");
-    cmd->add_option("--junit", a->junit, "with golden files: write JUnit XML, one testcase per case");
+    cmd->add_option("--junit", a->junit, "write JUnit XML: a testcase per plan and per failing tensor (golden files: per case)");
+    cmd->add_option("--report", a->html, "write a self-contained HTML report (heat map of error per module and step, collectives, mesh)");
+    cmd->add_option("--csv", a->csv, "write the per-module, per-step numbers the report's heat map draws, as CSV");
+    cmd->add_flag("--strict", a->cmd.options.strict, "lint warnings (a pattern matching nothing, an empty plan) are failures");
     cmd->add_flag("--update", a->cmd.update, "with golden files: re-record cases whose numbers moved (model and plan unchanged)");
     cmd->add_option("--mesh", a->cmd.mesh, "resize a mesh dim of every plan, e.g. --mesh tp=8 (repeatable)");
     cmd->add_option("--timeout", a->cmd.options.comm.timeout_seconds, "seconds a rank may wait in one collective (default 300)")

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
+#include "model/batch.h"
 
 namespace ptool::cli {
 
@@ -95,6 +96,25 @@ nlohmann::json memory_json(const RankMemory& m, const char* peak_key) {
     return {{"rank", m.rank}, {peak_key, m.peak}, {"resident_bytes", m.resident}, {"at_peak", by_use}};
 }
 
+nlohmann::json json_document(const char* kind) {
+    return {{"schema_version", kJsonSchemaVersion}, {"kind", kind}, {"ptool", PTOOL_VERSION}};
+}
+
+nlohmann::json tensor_id(const std::string& golden_name) {
+    const auto k = parse_step_key(golden_name);
+    if (!k) return {{"kind", golden_name}};
+    const std::string kind = k->kind();
+    nlohmann::json id = {{"step", k->step}, {"kind", kind}};
+    if (k->rest.size() > kind.size()) id["fqn"] = k->rest.substr(kind.size() + 1);
+    return id;
+}
+
+static nlohmann::json diff_json(const TensorDiff& d) {
+    auto finite = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+    return {{"max_abs", finite(d.max_abs)}, {"max_rel", finite(d.max_rel)}, {"ulp", d.max_ulp}, {"headroom", finite(d.headroom)},
+            {"rel_fro", finite(d.rel_fro)}, {"nonfinite", d.nonfinite}};
+}
+
 static nlohmann::json counts_json(const CommCounter& c) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& [key, t] : c.entries())
@@ -104,7 +124,7 @@ static nlohmann::json counts_json(const CommCounter& c) {
 }
 
 void write_json_report(const VerifyReport& report, const std::string& model_path, const std::string& path) {
-    nlohmann::json j;
+    nlohmann::json j = json_document("verify");
     j["model"] = model_path;
     j["pass"] = report.pass;
     j["reference_seconds"] = report.reference_seconds;
@@ -122,6 +142,14 @@ void write_json_report(const VerifyReport& report, const std::string& model_path
         jp["rel_fro"] = p.tol.rel_fro;  // 0: the elementwise rule alone
         jp["warnings"] = p.warnings;
         jp["localisation"] = p.localisation;
+        if (p.divergence) {
+            const Divergence& d = *p.divergence;
+            nlohmann::json at = {{"step", d.step}, {"kind", d.kind}};
+            if (!d.fqn.empty()) at["fqn"] = d.fqn;
+            jp["divergence"] = {{"at", at}, {"diff", diff_json(d.diff)}, {"before", d.before}, {"text", d.text}};
+        } else {
+            jp["divergence"] = nullptr;
+        }
         jp["notes"] = p.notes;
         jp["data_parallel"] = {{"buckets", p.run.dp_buckets}, {"gradient_bytes", p.run.grad_bytes},
                                {"bucket_copy_bytes", p.run.bucket_copy_bytes}};
@@ -130,7 +158,7 @@ void write_json_report(const VerifyReport& report, const std::string& model_path
         for (const RankMemory& m : p.run.memory) jp["memory"].push_back(memory_json(m, "measured_peak_bytes"));
         jp["tensors"] = nlohmann::json::array();
         for (const TensorReport& t : p.tensors)
-            jp["tensors"].push_back({{"name", t.name}, {"pass", t.pass}, {"max_abs", finite(t.diff.max_abs)},
+            jp["tensors"].push_back({{"name", t.name}, {"id", tensor_id(t.name)}, {"pass", t.pass}, {"max_abs", finite(t.diff.max_abs)},
                                      {"max_rel", finite(t.diff.max_rel)}, {"ulp", t.diff.max_ulp},
                                      {"headroom", finite(t.diff.headroom)}, {"rel_fro", finite(t.diff.rel_fro)},
                                      {"by_frobenius", t.diff.by_frobenius}, {"by_gradients", t.diff.by_gradients}, {"nonfinite", t.diff.nonfinite},
@@ -140,48 +168,6 @@ void write_json_report(const VerifyReport& report, const std::string& model_path
     write_file(path, j.dump(2) + "\n", true);
 }
 
-namespace {
-
-std::string xml_escape(const std::string& s) {
-    std::string o;
-    for (char c : s) {
-        switch (c) {
-            case '&': o += "&amp;"; break;
-            case '<': o += "&lt;"; break;
-            case '>': o += "&gt;"; break;
-            case '"': o += "&quot;"; break;
-            default: o += (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') ? ' ' : c;
-        }
-    }
-    return o;
-}
-
-bool failed(const CaseResult& c) { return c.verdict == Verdict::fail || c.verdict == Verdict::stale; }
-
-}  // namespace
-
-void write_junit(const std::vector<CaseResult>& cases, const std::string& path) {
-    int failures = 0;
-    double total = 0;
-    for (const auto& c : cases) failures += failed(c), total += c.seconds;
-    std::string x = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-    x += fmt::format("<testsuites name=\"ptool verify\" tests=\"{}\" failures=\"{}\" errors=\"0\" time=\"{:.3f}\">\n",
-                     cases.size(), failures, total);
-    x += fmt::format("  <testsuite name=\"golden\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"0\" time=\"{:.3f}\">\n",
-                     cases.size(), failures, total);
-    for (const auto& c : cases) {
-        x += fmt::format("    <testcase classname=\"ptool.golden\" name=\"{}\" time=\"{:.3f}\"", xml_escape(c.path), c.seconds);
-        if (failed(c))
-            x += fmt::format(">\n      <failure type=\"{}\" message=\"{}\">{}</failure>\n    </testcase>\n",
-                             c.verdict == Verdict::stale ? "stale" : "mismatch",
-                             xml_escape(std::string(verdict_name(c.verdict)) + ": " + c.detail.substr(0, 300)), xml_escape(c.detail));
-        else
-            x += "/>\n";
-    }
-    x += "  </testsuite>\n</testsuites>\n";
-    write_file(path, x, true);
-}
-
 void write_cases_json(const std::vector<CaseResult>& cases, const std::string& path) {
     nlohmann::json j = nlohmann::json::array();
     for (const auto& r : cases) {
@@ -189,12 +175,14 @@ void write_cases_json(const std::vector<CaseResult>& cases, const std::string& p
         for (const auto& d : r.directions) {
             nlohmann::json jd{{"pass", d.pass}, {"passed", d.passed}, {"failed", d.failed}};
             for (const auto& t : d.tensors)
-                if (!t.pass) jd["failures"].push_back({{"name", t.name}, {"max_abs", t.diff.max_abs}});
+                if (!t.pass) jd["failures"].push_back({{"name", t.name}, {"id", tensor_id(t.name)}, {"max_abs", t.diff.max_abs}});
             jc["directions"][d.plan_path] = jd;
         }
         j.push_back(jc);
     }
-    write_file(path, nlohmann::json{{"cases", j}}.dump(2) + "\n", true);
+    nlohmann::json doc = json_document("golden_cases");
+    doc["cases"] = j;
+    write_file(path, doc.dump(2) + "\n", true);
 }
 
 }  // namespace ptool::cli

@@ -19,6 +19,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Checks  # noqa: E402
+from json_schema import validate_file  # noqa: E402
 
 PTOOL, ROOT = sys.argv[1], sys.argv[2]
 TABLE = "--table" in sys.argv
@@ -44,6 +45,9 @@ with tempfile.TemporaryDirectory() as tmp:
         if p.returncode != 0 or not os.path.exists(vj):
             check(False, f"{name}: explain exit {p.returncode}, verify exit {q.returncode}\n{p.stderr}{q.stdout}{q.stderr}")
             continue
+        for doc, kind in ((ej, "explain"), (vj, "verify")):  # every shipped plan's documents match docs/schema/
+            err = validate_file(doc, kind)
+            check(err is None, f"{name}: {err}")
         predicted = {r: m["predicted_peak_bytes"] for m in json.load(open(ej))["memory"] for r in m["ranks"]}
         measured = {m["rank"]: m["measured_peak_bytes"] for m in json.load(open(vj))["plans"][0]["memory"]}
         check(sorted(predicted) == sorted(measured), f"{name}: explain's rank classes cover {sorted(predicted)}, verify ran {sorted(measured)}")

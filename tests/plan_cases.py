@@ -24,6 +24,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Checks  # noqa: E402
+from json_schema import validate_file  # noqa: E402
 
 PTOOL, ROOT = sys.argv[1], sys.argv[2]
 check = Checks()
@@ -53,6 +54,8 @@ with tempfile.TemporaryDirectory() as tmp:
             rc, out = run("plan", model, "--cluster", CPU, "--world-size", world, "--json", j, "--mixed-precision", "none")
             if not check(rc == 0, f"plan {name} x{world}: exit {rc}\n{out}"):
                 continue
+            err = validate_file(j, "plan")  # docs/schema/plan.schema.json
+            check(err is None, f"plan {name} x{world}: {err}")
             for k, c in enumerate(json.load(open(j))["candidates"]):
                 if c["microbatches"] != model_accumulation(model):
                     continue  # it would need another model file

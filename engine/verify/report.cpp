@@ -129,14 +129,15 @@ const Tensor* find_tensor(const StepRecord& step, const std::string& name) {
     return nullptr;
 }
 
-std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol, const PlanReport& rep) {
+std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol, const PlanReport& rep) {
     double prev_rel = 0;
     std::string prev = "the step's input";
-    auto diverged = [&](int64_t step, const std::string& what, const TensorDiff& d) {
+    auto diverged = [&](int64_t step, const std::string& kind, const std::string& fqn, const std::string& what, const TensorDiff& d) {
         const std::string how = d.systematic ? fmt::format("error {:.2g} of its module's norm, beyond rounding", d.rel_fro)
                                              : fmt::format("max rel {:.2g}", d.max_rel);
-        return fmt::format("first divergence: step {} {}, {} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
-                           step, what, how, d.max_abs, prev, prev_rel);
+        return Divergence{step, kind, fqn, d, prev,
+                          fmt::format("first divergence: step {} {}, {} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
+                                      step, what, how, d.max_abs, prev, prev_rel)};
     };
     for (size_t s = 0; s < ref.steps.size() && s < par.steps.size(); ++s) {
         const auto &re = ref.steps[s].events, &pe = par.steps[s].events;
@@ -144,7 +145,7 @@ std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance
             if (re[i].fqn != pe[i].fqn || re[i].phase != pe[i].phase) break;
             if (!pe[i].diff && !pe[i].full.defined()) break;
             const TensorDiff d = pe[i].diff ? *pe[i].diff : compare_tensors(pe[i].full, re[i].full, tol);
-            if (!d.pass) return diverged(static_cast<int64_t>(s), event_label(re[i]), d);
+            if (!d.pass) return diverged(static_cast<int64_t>(s), phase_name(re[i].phase), re[i].fqn, event_label(re[i]), d);
             prev_rel = d.max_rel;
             prev = event_label(re[i]);
         }
@@ -154,14 +155,40 @@ std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance
             for (const TensorReport& t : rep.tensors) {
                 const auto k = parse_step_key(t.name);
                 if (!k || k->step != static_cast<int64_t>(s) || k->kind() != kind) continue;
+                const std::string fqn = kind == "grad_norm" ? std::string() : k->rest.substr(kind.size() + 1);
                 const std::string what = kind == "grad_norm" ? std::string("gradient norm (clip_grad_norm's, before clipping)")
-                                         : fmt::format("{} of `{}`", kind == "grad" ? "gradient" : "update", k->rest.substr(kind.size() + 1));
-                if (!t.pass) return diverged(static_cast<int64_t>(s), what, t.diff);
+                                         : fmt::format("{} of `{}`", kind == "grad" ? "gradient" : "update", fqn);
+                if (!t.pass) return diverged(static_cast<int64_t>(s), kind, fqn, what, t.diff);
                 prev_rel = t.diff.max_rel;
                 prev = what;
             }
     }
-    return "";
+    return std::nullopt;
+}
+
+std::vector<ErrorCell> error_cells(const PlanReport& rep) {
+    std::vector<ErrorCell> cells;
+    std::map<int64_t, std::vector<const TensorReport*>> by_step;
+    for (const TensorReport& t : rep.tensors)
+        if (const auto k = parse_step_key(t.name)) by_step[k->step].push_back(&t);
+    const int64_t steps = std::max<int64_t>(static_cast<int64_t>(rep.run.steps.size()), by_step.empty() ? 0 : by_step.rbegin()->first + 1);
+    for (int64_t s = 0; s < steps; ++s) {
+        if (s < static_cast<int64_t>(rep.run.steps.size()))
+            for (const ModuleEvent& e : rep.run.steps[s].events)
+                if (e.diff) cells.push_back({s, phase_name(e.phase), e.fqn, "", *e.diff, e.diff->pass});
+        for (const TensorReport* t : by_step[s]) {
+            const auto k = parse_step_key(t->name);
+            const std::string kind = k->kind();
+            std::string owner;
+            if (k->rest.size() > kind.size()) {
+                const std::string fqn = k->rest.substr(kind.size() + 1);
+                const size_t dot = fqn.rfind('.');
+                owner = dot == std::string::npos ? "" : fqn.substr(0, dot);
+            }
+            cells.push_back({s, kind, owner, t->name, t->diff, t->pass});
+        }
+    }
+    return cells;
 }
 
 PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan, const Tolerance& tol) {
@@ -204,7 +231,10 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
                                         nonfinite.size(), nonfinite.size() == 1 ? "" : "s", nonfinite[0]));
     check_init_state(reference, parallel, rep);
     rep.pass = rep.failed == 0;
-    if (!rep.pass) rep.localisation = localise(reference, parallel, tol, rep);
+    if (!rep.pass) {
+        rep.divergence = localise(reference, parallel, tol, rep);
+        if (rep.divergence) rep.localisation = rep.divergence->text;
+    }
     return rep;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 
 #include "verify/run_record.h"
 
@@ -17,16 +18,28 @@ struct TensorReport {
     bool pass = true;
 };
 
+// Where a failing run first left tolerance, in the order things were computed.
+struct Divergence {
+    int64_t step = 0;
+    std::string kind;  // "forward" (a module's output), "backward" (its input gradient), "grad", "grad_norm", "param"
+    std::string fqn;   // the module's (forward, backward) or the parameter's (grad, param); "" for grad_norm
+    TensorDiff diff;
+    std::string before;  // what agreed just before it ("the step's input" at the start)
+    std::string text;    // "first divergence: step 0 ..."
+};
+
 struct PlanReport {
     std::string plan_path;  // or, for a golden case's comparisons, "parallel vs reference", ...
     std::vector<std::string> warnings;
     std::vector<TensorReport> tensors;
     int passed = 0, failed = 0;
     bool pass = true;
-    std::string localisation;        // "first divergence: ..." when something failed
+    std::string localisation;        // "first divergence: ..." when something failed (divergence->text)
+    std::optional<Divergence> divergence;
     std::vector<std::string> notes;  // replica invariants; the expected causes of a mismatch
     RunRecord run;                   // counts, time, world size
     Tolerance tol;
+    std::vector<std::pair<std::string, int>> mesh;  // the plan's mesh dims (name, size), outermost first
 };
 
 struct VerifyReport {
@@ -59,12 +72,25 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
 // a gradient that passes elementwise fails when its error exceeds Tolerance::systematic of it.
 void judge_by_module(PlanReport& rep, const Tolerance& tol);
 
+// The numbers a report's heat map draws (`verify --csv`, `--report`): per step, each module's
+// forward output and input gradient (localisation's events; with `events` on) and each
+// parameter's gradient and update, with their diffs, in computation order.
+struct ErrorCell {
+    int64_t step = 0;
+    std::string kind;    // forward, backward, grad, param (the update), output, loss, grad_norm, buffer
+    std::string module;  // the module's fqn ("" the root); for grad/param/buffer the owner of the tensor
+    std::string tensor;  // the golden name for recorded tensors, "" for events
+    TensorDiff diff;
+    bool pass = true;
+};
+std::vector<ErrorCell> error_cells(const PlanReport& rep);
+
 void apply_update_rule(PlanReport& rep, const std::function<bool(const std::string& param_key)>& consistent);
 
 // The first divergence, in the order things were computed: per step, every module's output
 // (forward) and input gradient (backward), then the parameters' gradients, then their updates (the
 // step's parameters). Names the first that leaves tolerance and what agreed just before it; "" if
 // nothing does. `rep` holds the step tensors' verdicts (after the update rule).
-std::string localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol, const PlanReport& rep);
+std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol, const PlanReport& rep);
 
 }  // namespace ptool

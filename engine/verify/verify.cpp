@@ -92,9 +92,15 @@ std::vector<RankMemory> gather_memory(const RankMemory& m, Communicator& world) 
 
 // Adds one plan's comparison with the reference to the report (rank 0).
 void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parallel, const Plan& plan, const Resolution& res,
-              const Tolerance& tol) {
+              const Tolerance& tol, bool strict) {
     PlanReport rep = compare_runs(reference, parallel, plan, tol);
     rep.warnings = res.warnings;
+    for (const MeshDim& d : plan.mesh) rep.mesh.emplace_back(d.name, d.size);
+    if (strict && !rep.warnings.empty()) {
+        rep.pass = false;
+        rep.notes.push_back(fmt::format("FAIL under --strict: {} warning{} count as failures, the first: {}", rep.warnings.size(),
+                                        rep.warnings.size() == 1 ? "" : "s", rep.warnings[0]));
+    }
     if (!rep.pass)
         for (const std::string& c : res.causes) rep.notes.push_back("cause: " + c);
     rep.run = std::move(parallel);
@@ -195,7 +201,7 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
             std::vector<RankMemory> all = gather_memory(mine, world);
             if (world.rank() == 0) par = std::move(r), par.memory = std::move(all);
         });
-        if (launch.rank0()) add_plan(report, references[key], std::move(par), plan, res, ro.tol);
+        if (launch.rank0()) add_plan(report, references[key], std::move(par), plan, res, ro.tol, job.options.strict);
     }
     return report;
 }

@@ -16,6 +16,7 @@ struct VerifyOptions {
     Tolerance::Override tolerance;  // over the plan's, over the dtype's
     CommOptions comm;
     bool events = true;  // localisation's per-module gathers (benches measure without them too)
+    bool strict = false;  // --strict: a plan with lint warnings (a pattern matching nothing, an empty plan) fails
 };
 
 struct VerifyJob {
