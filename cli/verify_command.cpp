@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/verify_output.h"
+#include "core/progress.h"
 #include "core/safetensors.h"
 #include "verify/golden_replay.h"
 
@@ -43,11 +44,13 @@ int verify(VerifyArgs& a, const Common& c) {
     for (const std::string& out : {a.json, a.junit, a.csv, a.html})
         if (!out.empty()) check_output(out, true);  // before the run, not after it
     cmd.device = select_device(c);
+    ProgressScope progress(c.verbosity);  // phases on stderr (a terminal, or -v), their times at the end
     std::vector<CaseResult> cases;
     std::string model_path = cmd.model;
     const int code = run_verify_command(
         cmd,
         [&](const VerifyReport& report) {
+            Progress::get().phase("report");
             print_report(report, model_path, c.verbosity);
             if (!a.json.empty()) write_json_report(report, model_path, a.json);
             if (!a.junit.empty()) write_junit_report(report, model_path, a.junit);

@@ -77,4 +77,15 @@ with tempfile.TemporaryDirectory() as tmp:
     # golden replays take --junit, not --csv/--report/--strict
     rc, text = verify(f"{ROOT}/golden/mlp_root_module.safetensors", "--report", out["html"])
     check(rc == 2 and "--report apply to" in text, f"golden --report: {rc}\n{text}")
+# live progress: phases on stderr with -v, their times adding up to the wall time; none with -q
+p = subprocess.run([PTOOL, "verify", M, P, "--steps", "2", "-v"], capture_output=True, text=True, timeout=300)
+m = re.search(r"phases: (.*) = ([0-9.]+) s; wall ([0-9.]+) s", p.stderr)
+check(p.returncode == 0 and m and "reference step 2/2" in p.stderr and "parallel" in m.group(1) and "report" in m.group(1),
+      f"-v progress:\n{p.stderr}")
+if m:
+    parts = sum(float(x) for x in re.findall(r" ([0-9.]+) s", m.group(1)))
+    check(abs(parts - float(m.group(2))) <= 0.01 * len(m.group(1).split(",")) and abs(float(m.group(2)) - float(m.group(3))) <= 0.02,
+          f"phase times {parts} / {m.group(2)} vs wall {m.group(3)}")
+p = subprocess.run([PTOOL, "verify", M, P, "-q"], capture_output=True, text=True, timeout=300)
+check("phases:" not in p.stderr and "[" not in p.stderr, f"-q prints no progress:\n{p.stderr}")
 check.finish()

@@ -10,6 +10,7 @@
 #include "comm/comm_mpi.h"
 #include "comm/comm_nccl.h"
 #include "comm/comm_threads.h"
+#include "core/progress.h"
 #include "core/yaml_reader.h"
 #include "verify/faults.h"
 #include "verify/golden_replay.h"
@@ -176,11 +177,18 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         if (launch.rank0() && !references.count(key)) {
             RecordOptions ref = ro;
             ref.shadow_optimizer = false;  // with a golden, the reference continues from its parameters
+            Progress::get().phase("reference", fmt::format("{} step{} on one device", steps, steps == 1 ? "" : "s"));
+            ref.on_step = [steps](int64_t k, double, double) { Progress::get().step("reference", k, steps); };
             references[key] = record_reference(job.inputs, plan, steps, ref);
             report.reference_seconds += references[key].seconds;
         }
         launch.wait_for_rank0();
-        if (launch.rank0()) ro.compare_with = &references[key];
+        if (launch.rank0()) {
+            ro.compare_with = &references[key];
+            Progress::get().phase(fmt::format("parallel {}", plan.path),
+                                  fmt::format("{} ranks, each step compared as it is recorded", plan.world_size()));
+            ro.on_step = [steps](int64_t k, double, double) { Progress::get().step("parallel", k, steps); };
+        }
         RunRecord par;
         launch.run(plan.world_size(), plan.mesh_where, [&](Communicator& world) {
             const std::unique_ptr<RunLayer> layer = fault_layer(fault);
