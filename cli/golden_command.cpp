@@ -1,6 +1,7 @@
 // ptool golden record | show | diff.
 #include <cmath>
 
+#include "verify/golden_compact.h"
 #include "model/checkpoint.h"
 #include "cli/commands.h"
 #include "cli/verify_output.h"
@@ -12,12 +13,14 @@ namespace {
 
 struct GoldenArgs {
     std::string model, plan, out, init, data, a, b;
-    int64_t steps = 0;
-    bool force = false;
+    int64_t steps = 0, sample = 64;
+    bool force = false, compact = false;
     double rtol = -1, atol = -1;
 };
 
 void record(const GoldenArgs& a, const Common& c) {
+    if (a.compact && (!a.init.empty() || !a.data.empty()))
+        throw InputError("--compact records no init or data (a compact case replays ptool's seeded init and batch): drop --init/--data");
     check_output(a.out, a.force);  // before the run, not after it
     RunInputs in;
     in.model_path = a.model;
@@ -35,6 +38,7 @@ void record(const GoldenArgs& a, const Common& c) {
     const Model probe = load_model_text(in.model_text, a.model, c.dtype, false);
     if (in.data) check_data_steps(*in.data, a.data, steps_for(plan, opt, probe.steps));
     TensorFile file = record_golden(in, plan, opt);
+    if (a.compact) file = compact_golden(file, a.sample);
     write_safetensors(a.out, file, a.force);
     fmt::print("wrote {}: {} tensors, {} steps of {} x {}\n", a.out, file.tensors.size(), file.metadata["steps"], a.model,
                a.plan);
@@ -113,6 +117,9 @@ void add_golden_command(CLI::App& app, Common& common, int& exit_code) {
     rec->add_option("--steps", a->steps, "steps (default: the plan's verify.steps, else the model's)")->check(CLI::Range(int64_t{1}, kMaxSteps));
     rec->add_option("--dtype", common.dtype, "override the model's dtype");
     add_device_options(rec, common);
+    rec->add_flag("--compact", a->compact, "record losses, per-tensor norms and a sample of elements, not whole tensors "
+                                           "(docs/file_formats.md: what it can and cannot catch)");
+    rec->add_option("--sample", a->sample, "elements per tensor in a compact golden (default 64)")->check(CLI::Range(int64_t{1}, int64_t{9999999}));
     rec->add_option("--rtol", a->rtol, "tolerance recorded with the case")->check(finite_non_negative());
     rec->add_option("--atol", a->atol, "tolerance recorded with the case")->check(finite_non_negative());
     rec->callback([a, &common] { record(*a, common); });

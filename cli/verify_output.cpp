@@ -41,11 +41,15 @@ static std::string num(double v) {
 }
 
 void print_table(const PlanReport& p, int verbosity) {
-    fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9} {:>8}  {}\n", "tensor", "max abs", "max rel", "ULP", "headroom", "replicas",
+    auto shown = [&](const TensorReport& t) { return !(t.pass && (verbosity < 0 || (verbosity == 0 && p.tensors.size() > 60))); };
+    size_t w = 44;  // the name column fits the longest name shown (HF's FQNs run past 60)
+    for (const TensorReport& t : p.tensors)
+        if (shown(t)) w = std::max(w, t.name.size());
+    fmt::print("  {:<{}} {:>9} {:>9} {:>6} {:>9} {:>8}  {}\n", "tensor", w, "max abs", "max rel", "ULP", "headroom", "replicas",
                "verdict");
     for (const TensorReport& t : p.tensors) {
-        if (t.pass && (verbosity < 0 || (verbosity == 0 && p.tensors.size() > 60))) continue;  // -q, large models: failures only
-        fmt::print("  {:<44} {:>9} {:>9} {:>6} {:>9.3f} {:>8}  {}\n", t.name, num(t.diff.max_abs), num(t.diff.max_rel),
+        if (!shown(t)) continue;  // -q, large models: failures only
+        fmt::print("  {:<{}} {:>9} {:>9} {:>6} {:>9.3f} {:>8}  {}\n", t.name, w, num(t.diff.max_abs), num(t.diff.max_rel),
                    t.diff.max_ulp, std::isinf(t.diff.headroom) ? 1e9 : t.diff.headroom, replica_state_name(t.replicas),
                    !t.diff.shape_ok ? "MISSING/SHAPE" : t.replicas == ReplicaState::ignored ? "ignored"
                    : !t.pass && t.diff.systematic ? fmt::format("MISMATCH (error {:.1e} of its module's norm: beyond rounding)", t.diff.rel_fro)
@@ -82,9 +86,11 @@ void print_report(const VerifyReport& report, const std::string& model_path, int
         fmt::print("\n");
     }
     if (report.plans.size() > 1) {
-        fmt::print("\n  {:<40} {:>6} {:>7} {:>7}  {}\n", "plan", "ranks", "agree", "differ", "verdict");
+        size_t w = 40;
+        for (const PlanReport& p : report.plans) w = std::max(w, p.plan_path.size());
+        fmt::print("\n  {:<{}} {:>6} {:>7} {:>7}  {}\n", "plan", w, "ranks", "agree", "differ", "verdict");
         for (const PlanReport& p : report.plans)
-            fmt::print("  {:<40} {:>6} {:>7} {:>7}  {}\n", p.plan_path, p.run.world_size, p.passed, p.failed,
+            fmt::print("  {:<{}} {:>6} {:>7} {:>7}  {}\n", p.plan_path, w, p.run.world_size, p.passed, p.failed,
                        p.pass ? "PASS" : "FAIL");
     }
 }

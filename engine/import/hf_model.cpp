@@ -247,7 +247,7 @@ std::string hf_model_type(const std::string& config_path) {
     std::vector<std::string> names;
     for (const auto& [n, f] : importers()) names.push_back(n);
     if (!importers().count(type))
-        c.at("model_type").fail(fmt::format("model_type '{}' is not one ptool imports (valid: llama, mistral, qwen2, gpt2){}", type,
+        c.at("model_type").fail(fmt::format("model_type '{}' is not one ptool imports{}", type,
                                             did_you_mean(type, names)));
     return type;
 }

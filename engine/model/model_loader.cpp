@@ -351,8 +351,7 @@ Model load_model_text(const std::string& text, const std::string& path, const st
         model.checkpoint_format = f->as_string("'checkpoint_format'");
         const auto& known = checkpoint_formats();
         if (std::find(known.begin(), known.end(), model.checkpoint_format) == known.end())
-            f->fail(fmt::format("checkpoint_format '{}': valid: {}{}", model.checkpoint_format, fmt::join(known, ", "),
-                                did_you_mean(model.checkpoint_format, known)));
+            f->fail(fmt::format("unknown checkpoint_format '{}'{}", model.checkpoint_format, did_you_mean(model.checkpoint_format, known)));
     }
 
     Builder b{model.dtype, 0, {}};

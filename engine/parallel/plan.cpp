@@ -87,7 +87,7 @@ DataParallelSpec parse_data_parallel(const YamlNode& node, const Plan& plan, con
         s.mode = mode->as_string("'mode'");
         const std::vector<std::string> modes = {"replicate", "fully_shard"};
         if (std::find(modes.begin(), modes.end(), s.mode) == modes.end())
-            mode->fail(fmt::format("unknown mode '{}'{} (valid: replicate, fully_shard)", s.mode, did_you_mean(s.mode, modes)));
+            mode->fail(fmt::format("unknown mode '{}'{}", s.mode, did_you_mean(s.mode, modes)));  // names the valid ones once
     }
     if (auto v = d.get("modules")) {
         s.modules = string_list(*v, "modules");

@@ -148,6 +148,12 @@ GoldenCase load_golden(const std::string& path) {
     if (md.count("rel_fro")) c.tolerance.rel_fro = metadata_tolerance(path, "rel_fro", md.at("rel_fro"));
     if (md.count("master_rtol")) c.tolerance.master_rtol = metadata_tolerance(path, "master_rtol", md.at("master_rtol"));
     if (md.count("master_atol")) c.tolerance.master_atol = metadata_tolerance(path, "master_atol", md.at("master_atol"));
+    if (md.count("compact_sample")) {
+        const std::string& v = md.at("compact_sample");
+        if (v.empty() || v.size() > 7 || v.find_first_not_of("0123456789") != std::string::npos || std::stoll(v) < 1)
+            throw InputError(SourceLocation{path, 0, 0}, fmt::format("__metadata__ 'compact_sample' is '{}': expected a count in [1, 9999999]", v));
+        c.compact_sample = std::stoll(v);
+    }
     for (const auto& [name, t] : c.file.tensors)
         if (name.rfind("step", 0) == 0 && !parse_step_key(name))
             throw InputError(SourceLocation{path, 0, 0}, fmt::format("tensor '{}': a step key must read step{{k}}.NAME", name));
@@ -174,6 +180,18 @@ void require_golden_tensors(const GoldenCase& c, const Model& model, int64_t ste
                                                                        name, steps, steps == 1 ? "" : "s"));
     };
     const auto params = model.named_parameters(), buffers = model.named_buffers();
+    if (c.compact_sample) {  // no init or data; per step the losses whole, the rest as norm and sample
+        auto compact = [&](const std::string& name) { need(name + ".norm"), need(name + ".sample"); };
+        for (int64_t k = 0; k < steps; ++k) {
+            const std::string s = fmt::format("step{}.", k);
+            need(s + "loss");
+            if (model.clip_grad_norm > 0) need(s + "grad_norm");
+            compact(s + "output");
+            for (const auto& [name, p] : params) compact(s + "grad." + name), compact(s + "param." + name);
+            for (const auto& [name, b] : buffers) compact(s + "buffer." + name);
+        }
+        return;
+    }
     for (const auto& [name, p] : params) need("init.param." + name);
     for (const auto& [name, b] : buffers) need("init.buffer." + name);
     for (int64_t k = 0; k < steps; ++k) {

@@ -34,6 +34,7 @@ struct GoldenCase {
     std::string stale;  // why the case no longer matches its files ("" when it does)
     int64_t steps = 0;  // as recorded (0: not recorded)
     Tolerance::Override tolerance;
+    int64_t compact_sample = 0;  // a compact golden's sample size (verify/golden_compact.h); 0: full
 };
 
 // Reads and validates a golden file (exit 2 on a damaged one: missing metadata, metadata that is
