@@ -9,17 +9,10 @@
 namespace ptool::cli {
 namespace {
 
+// XML's five escapes; other control characters (invalid in XML 1.0) become spaces.
 std::string xml_escape(const std::string& s) {
     std::string o;
-    for (char c : s) {
-        switch (c) {
-            case '&': o += "&amp;"; break;
-            case '<': o += "&lt;"; break;
-            case '>': o += "&gt;"; break;
-            case '"': o += "&quot;"; break;
-            default: o += (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') ? ' ' : c;
-        }
-    }
+    for (char c : markup_escape(s)) o += (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') ? ' ' : c;
     return o;
 }
 

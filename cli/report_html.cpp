@@ -12,19 +12,7 @@
 namespace ptool::cli {
 namespace {
 
-std::string esc(const std::string& s) {
-    std::string o;
-    for (char c : s) {
-        switch (c) {
-            case '&': o += "&amp;"; break;
-            case '<': o += "&lt;"; break;
-            case '>': o += "&gt;"; break;
-            case '"': o += "&quot;"; break;
-            default: o += c;
-        }
-    }
-    return o;
-}
+std::string esc(const std::string& s) { return markup_escape(s); }
 
 std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.3g}", v) : "inf"; }
 

@@ -102,6 +102,20 @@ nlohmann::json memory_json(const RankMemory& m, const char* peak_key) {
     return {{"rank", m.rank}, {peak_key, m.peak}, {"resident_bytes", m.resident}, {"at_peak", by_use}};
 }
 
+std::string markup_escape(const std::string& s) {
+    std::string o;
+    for (char c : s) {
+        switch (c) {
+            case '&': o += "&amp;"; break;
+            case '<': o += "&lt;"; break;
+            case '>': o += "&gt;"; break;
+            case '"': o += "&quot;"; break;
+            default: o += c;
+        }
+    }
+    return o;
+}
+
 nlohmann::json json_document(const char* kind) {
     return {{"schema_version", kJsonSchemaVersion}, {"kind", kind}, {"ptool", PTOOL_VERSION}};
 }
