@@ -25,9 +25,14 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     app.fallthrough();  // -v/-q also after the subcommand
     ptool::cli::Common common;
-    app.add_flag_function("-v,--verbose", [&](int64_t n) { common.verbosity += static_cast<int>(n); },
+    // spdlog's level follows: -q warnings and errors only, default info (verify's phases), -v debug
+    // (a line per step where stderr is no terminal)
+    auto level = [&] {
+        spdlog::set_level(common.verbosity < 0 ? spdlog::level::warn : common.verbosity > 0 ? spdlog::level::debug : spdlog::level::info);
+    };
+    app.add_flag_function("-v,--verbose", [&](int64_t n) { common.verbosity += static_cast<int>(n), level(); },
                           "more output (repeatable)");
-    app.add_flag_function("-q,--quiet", [&](int64_t n) { common.verbosity -= static_cast<int>(n); },
+    app.add_flag_function("-q,--quiet", [&](int64_t n) { common.verbosity -= static_cast<int>(n), level(); },
                           "less output");
     int exit_code = 0;
     ptool::cli::add_run_command(app, common);

@@ -23,6 +23,7 @@ from checks import Checks  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from torch_model import read_safetensors, write_safetensors, ptool_hash  # noqa: E402
 import json  # noqa: E402
+from json_schema import validate_file  # noqa: E402
 import struct  # noqa: E402
 
 PTOOL, ROOT = sys.argv[1], sys.argv[2]
@@ -54,8 +55,11 @@ with tempfile.TemporaryDirectory() as tmp:
     os.chdir(ROOT)
     # replay every shipped case, with JUnit that a CI system reads
     junit = os.path.join(tmp, "junit.xml")
-    rc, out = run("verify", "golden/", "--junit", junit, "-q")
+    cases_json = os.path.join(tmp, "cases.json")
+    rc, out = run("verify", "golden/", "--junit", junit, "-q", "--json", cases_json)
     check(rc == 0 and "0 failed, 0 stale" in out, f"golden/ replay: exit {rc}\n{out}")
+    err = validate_file(cases_json, "golden_cases")  # every shipped case's document against docs/schema/
+    check(err is None, f"golden/ replay --json: {err}")
     x = subprocess.run(["xmllint", "--noout", "--schema", "tests/data/junit.xsd", junit], capture_output=True, text=True)
     check(x.returncode == 0, f"JUnit does not validate: {x.stderr}")
 

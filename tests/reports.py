@@ -34,6 +34,8 @@ with tempfile.TemporaryDirectory() as tmp:
         m = re.search(r"(PASS|FAIL) (\d+)/(\d+) tensors agree", text)
         failed = int(m.group(3)) - int(m.group(2)) if m else -1
         # JUnit: a testcase for the plan and one per failing tensor
+        x = subprocess.run(["xmllint", "--noout", "--schema", f"{ROOT}/tests/data/junit.xsd", out["xml"]], capture_output=True, text=True)
+        check(x.returncode == 0, f"{what} junit does not validate against tests/data/junit.xsd: {x.stderr}")
         root = ET.parse(out["xml"]).getroot()
         cases = root.findall(".//testcase")
         failures = [c for c in cases if c.find("failure") is not None]
@@ -77,7 +79,8 @@ with tempfile.TemporaryDirectory() as tmp:
     # golden replays take --junit, not --csv/--report/--strict
     rc, text = verify(f"{ROOT}/golden/mlp_root_module.safetensors", "--report", out["html"])
     check(rc == 2 and "--report apply to" in text, f"golden --report: {rc}\n{text}")
-# live progress: phases on stderr with -v, their times adding up to the wall time; none with -q
+# live progress: phases on stderr, a line per step with -v (stderr is no terminal here), their
+# times adding up to the wall time; none with -q
 p = subprocess.run([PTOOL, "verify", M, P, "--steps", "2", "-v"], capture_output=True, text=True, timeout=300)
 m = re.search(r"phases: (.*) = ([0-9.]+) s; wall ([0-9.]+) s", p.stderr)
 check(p.returncode == 0 and m and "reference step 2/2" in p.stderr and "parallel" in m.group(1) and "report" in m.group(1),
@@ -86,6 +89,9 @@ if m:
     parts = sum(float(x) for x in re.findall(r" ([0-9.]+) s", m.group(1)))
     check(abs(parts - float(m.group(2))) <= 0.01 * len(m.group(1).split(",")) and abs(float(m.group(2)) - float(m.group(3))) <= 0.02,
           f"phase times {parts} / {m.group(2)} vs wall {m.group(3)}")
+p = subprocess.run([PTOOL, "verify", M, P], capture_output=True, text=True, timeout=300)
+check("phases:" in p.stderr and "reference: 2 steps" in p.stderr and "step 1/2" not in p.stderr,
+      f"by default: phases, no step lines (not a terminal):\n{p.stderr}")
 p = subprocess.run([PTOOL, "verify", M, P, "-q"], capture_output=True, text=True, timeout=300)
 check("phases:" not in p.stderr and "[" not in p.stderr, f"-q prints no progress:\n{p.stderr}")
 check.finish()

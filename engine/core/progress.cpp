@@ -1,6 +1,6 @@
 #include "core/progress.h"
 
-#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,8 +13,10 @@ Progress& Progress::get() {
     return p;
 }
 
-void Progress::configure(bool enabled, bool live) {
-    enabled_ = enabled, live_ = live && enabled;
+double Progress::elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+
+void Progress::start(bool live) {
+    active_ = true, live_ = live && spdlog::should_log(spdlog::level::info);
     start_ = phase_start_ = Clock::now();
     current_ = "start";
     done_.clear();
@@ -24,50 +26,47 @@ void Progress::end_phase() {
     const double s = std::chrono::duration<double>(Clock::now() - phase_start_).count();
     done_.emplace_back(current_, s);
     if (line_open_) std::fputs("\n", stderr), line_open_ = false;
-    if (enabled_ && current_ != "start") fmt::print(stderr, "  {} done in {:.2f} s\n", current_, s);
     phase_start_ = Clock::now();
 }
 
 void Progress::phase(const std::string& name, const std::string& detail) {
-    if (!enabled_) return;
+    if (!active_) return;
     end_phase();
     current_ = name;
-    fmt::print(stderr, "[{:7.2f} s] {}{}{}\n", std::chrono::duration<double>(Clock::now() - start_).count(), name,
-               detail.empty() ? "" : ": ", detail);
-    std::fflush(stderr);
+    spdlog::info("[{:7.2f} s] {}{}{}", elapsed(), name, detail.empty() ? "" : ": ", detail);
 }
 
 void Progress::step(const std::string& what, int64_t k, int64_t n) {
-    if (!enabled_) return;
-    const double t = std::chrono::duration<double>(Clock::now() - start_).count();
-    if (live_) {
-        fmt::print(stderr, "\r[{:7.2f} s] {} step {}/{}", t, what, k + 1, n);
+    if (!active_) return;
+    if (live_) {  // one line, rewritten
+        fmt::print(stderr, "\r[{:7.2f} s] {} step {}/{}", elapsed(), what, k + 1, n);
+        std::fflush(stderr);
         line_open_ = true;
     } else {
-        fmt::print(stderr, "[{:7.2f} s] {} step {}/{}\n", t, what, k + 1, n);
+        spdlog::debug("[{:7.2f} s] {} step {}/{}", elapsed(), what, k + 1, n);
     }
-    std::fflush(stderr);
 }
 
 void Progress::finish() {
-    if (!enabled_) return;
+    if (!active_) return;
     end_phase();
     double sum = 0;
     std::string parts;
     for (const auto& [name, s] : done_) sum += s, parts += fmt::format("{}{} {:.2f} s", parts.empty() ? "" : ", ", name, s);
-    fmt::print(stderr, "phases: {} = {:.2f} s; wall {:.2f} s\n", parts, sum,
-               std::chrono::duration<double>(Clock::now() - start_).count());
-    enabled_ = false;
+    spdlog::info("phases: {} = {:.2f} s; wall {:.2f} s", parts, sum, elapsed());
+    active_ = false;
 }
 
-ProgressScope::ProgressScope(int verbosity) {
-    const bool terminal = isatty(fileno(stderr)) != 0;
-    Progress::get().configure(verbosity > 0 || (verbosity == 0 && terminal), terminal);
-}
+ProgressScope::ProgressScope() { Progress::get().start(isatty(fileno(stderr)) != 0); }
 
 ProgressScope::~ProgressScope() {
     if (std::uncaught_exceptions() == 0) Progress::get().finish();
-    else Progress::get().configure(false, false);
+    else Progress::get().stop();  // the error is what the command prints
+}
+
+void Progress::stop() {
+    if (line_open_) std::fputs("\n", stderr), line_open_ = false;
+    active_ = false;
 }
 
 }  // namespace ptool
