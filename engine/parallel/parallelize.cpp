@@ -1,5 +1,7 @@
 #include "parallel/parallelize.h"
 
+#include <algorithm>
+
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
 
@@ -109,6 +111,13 @@ void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& r
 }  // namespace
 
 bool builds_own_pieces(const ResolvedStyle& rs) { return shards_any(rs.entry->style.style->params(*rs.module)); }
+
+bool distributes_all_own(const ResolvedStyle& rs) {
+    const std::vector<ParamPlacement> params = rs.entry->style.style->params(*rs.module);
+    for (const auto& e : rs.module->params())
+        if (std::none_of(params.begin(), params.end(), [&](const ParamPlacement& pp) { return pp.param == e.name; })) return false;
+    return !rs.module->params().empty();
+}
 
 const ResolvedStyle* Resolution::style_of(const Module& m) const {
     for (const ResolvedStyle& rs : styles)

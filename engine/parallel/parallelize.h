@@ -47,5 +47,8 @@ TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, Devi
 // Whether a style cuts one of a module's parameters: its rank then builds that module's
 // parameters itself under src_data_rank: null (the model's init leaves the module out).
 bool builds_own_pieces(const ResolvedStyle& rs);
+// Whether the style distributes every parameter the module owns (so with src_data_rank all of them
+// come from the source rank's broadcast).
+bool distributes_all_own(const ResolvedStyle& rs);
 
 }  // namespace ptool

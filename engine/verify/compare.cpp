@@ -40,10 +40,9 @@ int64_t ulp_distance(int64_t a, int64_t b) {
 // One element of the comparison; the ULP distance only where both tensors have one dtype.
 struct Accumulate {
     const Tolerance& tol;
-    TensorDiff& d;
-    double& err2;  // sum of (a - e)^2
-    double& ref2;  // sum of e^2
+    DiffPiece& p;
     void operator()(double a, double e) const {
+        TensorDiff& d = p.d;
         if (!std::isfinite(a) || !std::isfinite(e)) {
             ++d.nonfinite;
             if ((std::isnan(a) && std::isnan(e)) || a == e) return;  // the same NaN or infinity at the same place
@@ -54,8 +53,8 @@ struct Accumulate {
             return;
         }
         const double abs_err = std::abs(a - e);
-        err2 += abs_err * abs_err;
-        ref2 += e * e;
+        p.err2.add(abs_err * abs_err);
+        p.ref2.add(e * e);
         d.max_abs = std::max(d.max_abs, abs_err);
         if (e != 0) d.max_rel = std::max(d.max_rel, abs_err / std::abs(e));
         else if (abs_err > 0) d.max_rel = std::numeric_limits<double>::infinity();
@@ -64,118 +63,271 @@ struct Accumulate {
     }
 };
 
-std::vector<double> as_doubles(const Tensor& t) {
-    if (!dtype_is_float(t.dtype())) return t.to_doubles();
-    std::vector<double> out(t.numel());
+double element(const Tensor& t, int64_t i) {  // any dtype, as a double (the mixed-dtype path)
+    if (!dtype_is_float(t.dtype())) return t.item(i);
+    double v = 0;
     dispatch_float(t.dtype(), [&](auto tag) {
         using T = decltype(tag);
-        const T* p = t.data<T>();
-        for (int64_t i = 0, n = t.numel(); i < n; ++i) out[i] = static_cast<double>(static_cast<acc_t<T>>(p[i]));
+        v = static_cast<double>(static_cast<acc_t<T>>(t.data<T>()[i]));
     });
+    return v;
+}
+
+// Contiguous runs of a piece: `n` elements from flat index `a` of the piece and `e` of the whole.
+struct Span {
+    int64_t a, e, n;
+};
+
+std::vector<Span> spans_of(const Shape& local, const Shape& global, const std::vector<int64_t>& offset) {
+    const int64_t nd = static_cast<int64_t>(local.size());
+    int64_t numel = 1;
+    for (int64_t d : local) numel *= d;
+    if (numel == 0) return {};
+    if (nd == 0) return {{0, 0, 1}};
+    // the trailing dims the piece covers whole are one run with the last partial dim
+    int64_t k = nd - 1;
+    while (k > 0 && local[k] == global[k] && offset[k] == 0) --k;
+    int64_t run = 1;
+    for (int64_t d = k; d < nd; ++d) run *= local[d];
+    std::vector<int64_t> stride(nd, 1);
+    for (int64_t d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * global[d + 1];
+    std::vector<Span> out;
+    std::vector<int64_t> idx(k, 0);  // over the dims before k
+    for (int64_t a = 0; a < numel; a += run) {
+        int64_t e = offset[k] * stride[k];
+        for (int64_t d = 0; d < k; ++d) e += (idx[d] + offset[d]) * stride[d];
+        if (!out.empty() && out.back().a + out.back().n == a && out.back().e + out.back().n == e) out.back().n += run;
+        else out.push_back({a, e, run});
+        for (int64_t d = k - 1; d >= 0 && ++idx[d] == local[d]; --d) idx[d] = 0;
+    }
     return out;
 }
 
-}  // namespace
-
-namespace {
-
-// One range of a same-dtype float comparison: its part of the maxima and of the two sums.
-struct Part {
-    TensorDiff d;
-    double err2 = 0, ref2 = 0;
-};
-
-Part compare_range(const Tensor& actual, const Tensor& expected, const Tolerance& tol, bool equal_bytes, int64_t begin,
-                   int64_t end) {
-    Part part;
-    const Accumulate acc{tol, part.d, part.err2, part.ref2};
-    const bool frobenius = tol.rel_fro > 0 || tol.systematic > 0;  // else a bitwise-equal tensor's norm is not needed
+// One batch of spans of a same-dtype float comparison.
+void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance& tol, const Span* begin, const Span* end,
+                   DiffPiece& part) {
+    const Accumulate acc{tol, part};
     dispatch_float(actual.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T *pa = actual.data<T>(), *pe = expected.data<T>();
-        if (equal_bytes) {  // bitwise equal: only NaN can fail
-            for (int64_t i = begin; i < end; ++i) {
-                const double v = static_cast<acc_t<T>>(pa[i]);
-                if (!std::isfinite(v)) acc(v, v);
-                else if (frobenius) part.ref2 += v * v;  // the norm a module's tensors are judged by
+        for (const Span* s = begin; s != end; ++s) {
+            const T *a = pa + s->a, *e = pe + s->e;
+            if (std::memcmp(a, e, static_cast<size_t>(s->n) * sizeof(T)) == 0) {  // bitwise equal: only NaN can fail
+                for (int64_t i = 0; i < s->n; ++i) {
+                    const double v = static_cast<acc_t<T>>(a[i]);
+                    if (!std::isfinite(v)) acc(v, v);
+                    else part.ref2.add(v * v);
+                }
+                continue;
             }
-            return;
-        }
-        for (int64_t i = begin; i < end; ++i) {
-            acc(static_cast<acc_t<T>>(pa[i]), static_cast<acc_t<T>>(pe[i]));
-            part.d.max_ulp = std::max(part.d.max_ulp, ulp_distance(ordered_bits(pa[i]), ordered_bits(pe[i])));
+            part.all_equal = false;
+            for (int64_t i = 0; i < s->n; ++i) {
+                acc(static_cast<acc_t<T>>(a[i]), static_cast<acc_t<T>>(e[i]));
+                part.d.max_ulp = std::max(part.d.max_ulp, ulp_distance(ordered_bits(a[i]), ordered_bits(e[i])));
+            }
         }
     });
-    return part;
 }
 
-// Tensors of at least kSplitAt elements are compared in blocks of kBlock on up to 8 threads (rank 0
-// compares while the other rank threads sleep in their next collective), and the blocks' sums are
-// added in block order: the numbers do not depend on the thread count.
+double worst(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b); }
+
+// Pieces of at least kSplitAt elements are compared in batches of about kBlock elements on up to 8
+// threads when `threads` (rank 0 comparing while the other rank threads wait); the sums are exact,
+// so nothing depends on the thread count or the order.
 constexpr int64_t kBlock = int64_t{1} << 18, kSplitAt = int64_t{1} << 20;
-
-Part compare_blocks(const Tensor& actual, const Tensor& expected, const Tolerance& tol, bool equal_bytes) {
-    const int64_t n = actual.numel();
-    if (n < kSplitAt) return compare_range(actual, expected, tol, equal_bytes, 0, n);
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-    std::vector<Part> parts(static_cast<size_t>(blocks));
-    std::atomic<int64_t> next{0};
-    auto work = [&] {
-        for (int64_t b; (b = next.fetch_add(1)) < blocks;)
-            parts[b] = compare_range(actual, expected, tol, equal_bytes, b * kBlock, std::min(n, (b + 1) * kBlock));
-    };
-    const int threads = static_cast<int>(std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::min<int64_t>(8, blocks)));
-    std::vector<std::thread> helpers;
-    for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
-    work();
-    for (auto& h : helpers) h.join();
-    Part all;
-    for (const Part& p : parts) {
-        all.err2 += p.err2, all.ref2 += p.ref2;
-        auto worst = [](double a, double b) { return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b); };
-        all.d.max_abs = worst(all.d.max_abs, p.d.max_abs);
-        all.d.max_rel = worst(all.d.max_rel, p.d.max_rel);
-        all.d.headroom = worst(all.d.headroom, p.d.headroom);
-        all.d.max_ulp = std::max(all.d.max_ulp, p.d.max_ulp);
-        all.d.nonfinite += p.d.nonfinite;
-        all.d.pass = all.d.pass && p.d.pass;
-    }
-    return all;
-}
 
 }  // namespace
 
-TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const Tolerance& tol) {
-    TensorDiff d;
-    if (actual.shape() != expected.shape()) {
-        d.shape_ok = d.pass = false;
+void ExactSum::add(double v) {
+    if (!(v > 0)) return;
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    int exp = static_cast<int>((bits >> 52) & 0x7ff);
+    uint64_t mant = bits & ((uint64_t{1} << 52) - 1);
+    if (exp) mant |= uint64_t{1} << 52;
+    else exp = 1;  // subnormal
+    const int pos = exp - 1;  // the mantissa's lowest bit is 2^(pos - 1074)
+    const unsigned __int128 x = static_cast<unsigned __int128>(mant) << (pos & 63);
+    int i = pos >> 6;
+    uint64_t lo = static_cast<uint64_t>(x), carry = static_cast<uint64_t>(x >> 64);
+    w[i] += lo;
+    carry += w[i] < lo;
+    for (++i; carry && i < kWords; ++i) {
+        w[i] += carry;
+        carry = w[i] < carry;
+    }
+}
+
+void ExactSum::add(const ExactSum& o) {
+    uint64_t carry = 0;
+    for (int i = 0; i < kWords; ++i) {
+        const uint64_t a = w[i], s = a + o.w[i];
+        const uint64_t c1 = s < a;
+        w[i] = s + carry;
+        carry = c1 + (w[i] < s);
+    }
+}
+
+double ExactSum::value() const {
+    double r = 0;
+    for (int i = kWords - 1; i >= 0; --i)
+        if (w[i]) r += std::ldexp(static_cast<double>(w[i]), 64 * i - 1074);
+    return r;
+}
+
+DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset, const Tolerance& tol,
+                        bool threads) {
+    DiffPiece piece;
+    piece.counted = true;
+    const Shape &local = actual.shape(), &global = expected.shape();
+    bool fits = local.size() == global.size() && offset.size() == local.size();
+    for (size_t d = 0; fits && d < local.size(); ++d) fits = offset[d] >= 0 && offset[d] + local[d] <= global[d];
+    if (!fits) {
+        piece.d.shape_ok = piece.d.pass = false;
+        piece.d.headroom = std::numeric_limits<double>::infinity();
+        return piece;
+    }
+    const std::vector<Span> spans = spans_of(local, global, offset);
+    const int64_t n = actual.numel();
+    if (actual.dtype() != expected.dtype() || !dtype_is_float(actual.dtype())) {
+        // mixed dtypes or integers: through doubles, no ULP distance across dtypes
+        const Accumulate acc{tol, piece};
+        const bool same_dtype = actual.dtype() == expected.dtype();
+        for (const Span& s : spans)
+            for (int64_t i = 0; i < s.n; ++i) {
+                const double a = element(actual, s.a + i), e = element(expected, s.e + i);
+                if (a != e || std::memcmp(&a, &e, 8) != 0) piece.all_equal = false;
+                acc(a, e);
+                if (same_dtype) piece.d.max_ulp = std::max(piece.d.max_ulp, static_cast<int64_t>(std::abs(a - e)));
+            }
+        return piece;
+    }
+    // in place in the tensors' own dtype (no double copies: 134M-element gradients are compared as
+    // they are), in batches on several threads when large
+    if (!threads || n < kSplitAt) {
+        compare_spans(actual, expected, tol, spans.data(), spans.data() + spans.size(), piece);
+        return piece;
+    }
+    std::vector<std::pair<size_t, size_t>> batches;  // [first, last) spans of about kBlock elements
+    std::vector<Span> cut;                            // long spans cut to kBlock
+    for (const Span& s : spans)
+        for (int64_t i = 0; i < s.n; i += kBlock) cut.push_back({s.a + i, s.e + i, std::min(kBlock, s.n - i)});
+    for (size_t i = 0; i < cut.size();) {
+        size_t j = i;
+        for (int64_t elems = 0; j < cut.size() && elems < kBlock; ++j) elems += cut[j].n;
+        batches.emplace_back(i, j), i = j;
+    }
+    std::vector<DiffPiece> parts(batches.size());
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+        for (size_t b; (b = next.fetch_add(1)) < batches.size();)
+            compare_spans(actual, expected, tol, cut.data() + batches[b].first, cut.data() + batches[b].second, parts[b]);
+    };
+    const int helpers_n = static_cast<int>(std::clamp<int64_t>(std::thread::hardware_concurrency(), 1,
+                                                                std::min<int64_t>(8, static_cast<int64_t>(batches.size()))));
+    std::vector<std::thread> helpers;
+    for (int t = 1; t < helpers_n; ++t) helpers.emplace_back(work);
+    work();
+    for (auto& h : helpers) h.join();
+    for (DiffPiece& p : parts) p.counted = true, merge_piece(piece, p);
+    return piece;
+}
+
+void merge_piece(DiffPiece& into, const DiffPiece& p) {
+    if (!p.counted) return;
+    into.counted = true;
+    into.err2.add(p.err2), into.ref2.add(p.ref2);
+    into.all_equal = into.all_equal && p.all_equal;
+    TensorDiff &a = into.d;
+    const TensorDiff& b = p.d;
+    a.max_abs = worst(a.max_abs, b.max_abs);
+    a.max_rel = worst(a.max_rel, b.max_rel);
+    a.headroom = worst(a.headroom, b.headroom);
+    a.max_ulp = std::max(a.max_ulp, b.max_ulp);
+    a.nonfinite += b.nonfinite;
+    a.pass = a.pass && b.pass;
+    a.shape_ok = a.shape_ok && b.shape_ok;
+}
+
+TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol) {
+    TensorDiff d = all.d;
+    if (!d.shape_ok) {
+        d.pass = false;
         d.headroom = std::numeric_limits<double>::infinity();
         return d;
     }
-    double err2 = 0, ref2 = 0;
-    const int64_t n = actual.numel();
-    if (actual.dtype() == expected.dtype() && dtype_is_float(actual.dtype())) {
-        // in place in the tensors' own dtype (no double copies: 134M-element gradients are compared
-        // as they are), in blocks on several threads when large
-        const bool equal_bytes = std::memcmp(actual.raw(), expected.raw(), actual.nbytes()) == 0;
-        const Part p = compare_blocks(actual, expected, tol, equal_bytes);
-        d = p.d, err2 = p.err2, ref2 = p.ref2;
-    } else {  // mixed dtypes or integers: through doubles, no ULP distance across dtypes
-        const Accumulate acc{tol, d, err2, ref2};
-        const std::vector<double> av = as_doubles(actual), ev = as_doubles(expected);
-        const bool same_dtype = actual.dtype() == expected.dtype();
-        for (int64_t i = 0; i < n; ++i) {
-            acc(av[i], ev[i]);
-            if (same_dtype) d.max_ulp = std::max(d.max_ulp, static_cast<int64_t>(std::abs(av[i] - ev[i])));
-        }
-    }
-    d.err_norm = std::isfinite(d.max_abs) ? std::sqrt(err2) : std::numeric_limits<double>::infinity();
-    d.ref_norm = std::sqrt(ref2);
+    // a bitwise-equal tensor's norm only where a Frobenius rule reads it
+    const bool frobenius = tol.rel_fro > 0 || tol.systematic > 0;
+    d.err_norm = std::isfinite(d.max_abs) ? std::sqrt(all.err2.value()) : std::numeric_limits<double>::infinity();
+    d.ref_norm = all.all_equal && !frobenius ? 0.0 : std::sqrt(all.ref2.value());
     d.rel_fro = d.ref_norm > 0 ? d.err_norm / d.ref_norm : (d.err_norm > 0 ? std::numeric_limits<double>::infinity() : 0.0);
     const bool elementwise = d.pass && d.headroom <= 1.0;
     d.by_frobenius = !elementwise && d.pass && tol.rel_fro > 0 && d.rel_fro <= tol.rel_fro;
     d.pass = elementwise || d.by_frobenius;
     return d;
+}
+
+void pack_piece(const DiffPiece& p, int64_t* out) {
+    auto bits = [](double v) {
+        int64_t b;
+        std::memcpy(&b, &v, 8);
+        return b;
+    };
+    out[0] = p.counted, out[1] = p.all_equal, out[2] = p.d.shape_ok, out[3] = p.d.pass, out[4] = p.d.nonfinite;
+    out[5] = p.d.max_ulp, out[6] = bits(p.d.max_abs), out[7] = bits(p.d.max_rel), out[8] = bits(p.d.headroom);
+    for (int i = 0; i < ExactSum::kWords; ++i) {
+        out[9 + i] = static_cast<int64_t>(p.err2.w[i]);
+        out[9 + ExactSum::kWords + i] = static_cast<int64_t>(p.ref2.w[i]);
+    }
+}
+
+DiffPiece unpack_piece(const int64_t* in) {
+    auto value = [](int64_t b) {
+        double v;
+        std::memcpy(&v, &b, 8);
+        return v;
+    };
+    DiffPiece p;
+    p.counted = in[0], p.all_equal = in[1], p.d.shape_ok = in[2], p.d.pass = in[3], p.d.nonfinite = in[4];
+    p.d.max_ulp = in[5], p.d.max_abs = value(in[6]), p.d.max_rel = value(in[7]), p.d.headroom = value(in[8]);
+    for (int i = 0; i < ExactSum::kWords; ++i) {
+        p.err2.w[i] = static_cast<uint64_t>(in[9 + i]);
+        p.ref2.w[i] = static_cast<uint64_t>(in[9 + ExactSum::kWords + i]);
+    }
+    return p;
+}
+
+TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const Tolerance& tol) {
+    if (actual.shape() != expected.shape()) {
+        TensorDiff d;
+        d.shape_ok = d.pass = false;
+        d.headroom = std::numeric_limits<double>::infinity();
+        return d;
+    }
+    return finish_diff(compare_piece(actual, expected, std::vector<int64_t>(actual.shape().size(), 0), tol, true), tol);
+}
+
+uint64_t element_hash_sum(const Tensor& piece, const Shape& global, const std::vector<int64_t>& offset) {
+    const Tensor h = piece.device() == Device::cpu ? piece : piece.to_device(Device::cpu);
+    const size_t es = dtype_size(h.dtype());
+    const auto* bytes = static_cast<const unsigned char*>(h.raw());
+    uint64_t sum = 0;
+    for (const Span& s : spans_of(h.shape(), global, offset))
+        for (int64_t i = 0; i < s.n; ++i) {
+            uint64_t v = 0;
+            std::memcpy(&v, bytes + static_cast<size_t>(s.a + i) * es, es);
+            uint64_t x = (static_cast<uint64_t>(s.e + i) * 0x9E3779B97F4A7C15ull) ^ (v * 0xD6E8FEB86659FD93ull);
+            x = (x ^ (x >> 32)) * 0xBF58476D1CE4E5B9ull;
+            x = (x ^ (x >> 29)) * 0x94D049BB133111EBull;
+            sum += x ^ (x >> 31);
+        }
+    return sum;
+}
+
+uint64_t finish_element_hash(uint64_t sum, DType dtype, const Shape& global) {
+    uint64_t h = sum ^ (static_cast<uint64_t>(dtype) * 0x9E3779B97F4A7C15ull);
+    for (int64_t d : global) h = (h ^ static_cast<uint64_t>(d)) * 0xBF58476D1CE4E5B9ull, h ^= h >> 31;
+    return h;
 }
 
 uint64_t tensor_digest(const Tensor& t) {

@@ -4,6 +4,9 @@
 // norms the low-precision rule and the module rule (verify/report.cpp) judge by.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "core/tensor.h"
 #include "core/tolerance.h"
 
@@ -28,6 +31,44 @@ struct TensorDiff {
 };
 
 TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const Tolerance& tol);
+
+// An exact, order-independent sum of non-negative doubles (a fixed-point accumulator over every
+// double's exponent range): the Frobenius sums of a tensor compared in pieces, on several ranks,
+// read exactly what comparing it whole reads.
+struct ExactSum {
+    static constexpr int kWords = 35;  // 2^-1074 .. 2^1024, and 2^64 terms of headroom
+    uint64_t w[kWords] = {};
+    void add(double v);  // v >= 0, finite
+    void add(const ExactSum& o);
+    double value() const;  // the same for the same sum, whatever the order of the terms
+};
+
+// A piece of a comparison: one rank's elements of a tensor, its maxima, counts and exact sums.
+// compare_tensors is compare_piece over the whole tensor, then finish_diff.
+struct DiffPiece {
+    TensorDiff d;
+    ExactSum err2, ref2;
+    bool counted = false;    // this piece holds elements (a replica that does not count holds none)
+    bool all_equal = true;   // every element bitwise equal to its expected one
+};
+// `actual` against the box of `expected` that starts at `offset` (one entry per dim) and has
+// actual's shape; `threads`: split large pieces over helper threads (rank 0 comparing alone).
+DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset, const Tolerance& tol,
+                        bool threads);
+void merge_piece(DiffPiece& into, const DiffPiece& piece);  // the maxima, counts and sums of both
+TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol);
+// A piece as int64 words (for a collective) and back.
+constexpr int kPieceWords = 9 + 2 * ExactSum::kWords;
+void pack_piece(const DiffPiece& p, int64_t* out);
+DiffPiece unpack_piece(const int64_t* in);
+
+// A 64-bit digest of a tensor's elements that does not depend on how the tensor is cut: the sum
+// (mod 2^64) over elements of a hash of (its flat index in the whole tensor, its bits), plus the
+// dtype and the whole tensor's shape. A piece at `offset` of `global` hashes its own elements;
+// the pieces' sums add up (mod 2^64) to the whole tensor's. Construction-time state is compared
+// this way (every rank hashes its piece: no gather).
+uint64_t element_hash_sum(const Tensor& piece, const Shape& global, const std::vector<int64_t>& offset);
+uint64_t finish_element_hash(uint64_t sum, DType dtype, const Shape& global);
 
 // The rule for a recorded tensor: the masters' (Tolerance::masters) for step{k}.param.*, else tol.
 Tolerance rule_for(const Tolerance& tol, const std::string& key);

@@ -1,5 +1,6 @@
 #include "verify/recorder.h"
 
+#include <optional>
 #include <unordered_map>
 
 #include "core/tensor_ops.h"
@@ -44,10 +45,25 @@ struct Unaccounted {
     explicit Unaccounted(CommCounter* c) : comm(c), memory(nullptr) {}
 };
 
+// A full tensor's digest, as the pieces of a sharded one add up to it (verify/compare.h).
+uint64_t state_digest(const Tensor& full) {
+    const Tensor h = on_host(full);
+    return finish_element_hash(element_hash_sum(h, h.shape(), std::vector<int64_t>(h.shape().size(), 0)), h.dtype(), h.shape());
+}
+
+// Where this rank's piece of a tensor sits in the whole one: the box at `offset` of `shape`, and
+// whether this rank counts it (one rank of each group of replicas does).
+struct Box {
+    std::vector<int64_t> offset;
+    Shape shape;
+    bool owner = true;
+};
+
 class Recorder {
 public:
     Recorder(Run& run, const RecordOptions& opt)
-        : run_(run), opt_(opt), rank0_(run.world().rank() == 0), tp_(run.tp()), dp_(run.dp()) {
+        : run_(run), opt_(opt), rank0_(run.world().rank() == 0), tp_(run.tp()), dp_(run.dp()),
+          local_(opt.rank_local && opt.compare_with) {  // a parallel run against a reference (which records whole)
         if (opt.golden)
             for (const auto& [name, t] : opt.golden->tensors) golden_[name] = &t;
     }
@@ -60,6 +76,15 @@ public:
         // carries the compute dtype's into the full-precision masters
         if (!opt_.shadow_optimizer || (run_.model().optimizer.type != "adamw" && !opt_.tol.masters)) return;
         Unaccounted pause(&run_.counter());
+        if (local_) {  // each rank steps its own pieces: the optimizer is elementwise
+            for (const auto& [name, p] : run_.model().named_parameters()) {
+                auto s = std::make_shared<Parameter>();
+                s->value = on_host(p->value).clone();
+                shadow_.emplace_back(name, s);
+            }
+            shadow_opt_ = std::make_unique<Optimizer>(run_.model().optimizer, backend_for(Device::cpu));
+            return;
+        }
         for (const auto& [name, p] : run_.model().named_parameters()) {
             const Tensor full = gather(p->value, run_.dp_placement(p.get()), run_.tp_placement(p.get()));
             if (!rank0_) continue;
@@ -89,13 +114,30 @@ public:
             const bool buffer = p->grad.numel() == 0 && p->value.numel() != 0;
             const Placement on_dp = buffer ? Placement::replicate() : run_.dp_placement(p.get());
             const Placement on_tp = buffer ? Placement::replicate() : run_.tp_placement(p.get());
+            if (local_ && !on_tp.is_partial()) {  // each rank hashes its piece; the sums add up to the whole's digest
+                const Shape tp_local = on_dp.is_replicate() ? p->value.shape() : global_shape(p->value.shape(), on_dp, dp_);
+                const Shape whole = global_shape(tp_local, on_tp, tp_);
+                const Box b = box_of(whole, on_dp, on_tp);
+                Tensor mine({1}, DType::int64), all({run_.world().size()}, DType::int64);
+                mine.data<int64_t>()[0] = b.owner ? static_cast<int64_t>(element_hash_sum(on_host(p->value), whole, b.offset)) : 0;
+                run_.world().all_gather(mine, all);
+                const bool ignored = run_.ignored(name);
+                const bool agree = (!on_tp.is_replicate() || replicas_agree(p->value, tp_)) &&
+                                   (ignored || !on_dp.is_replicate() || replicas_agree(p->value, dp_));
+                if (!rank0_) continue;
+                uint64_t sum = 0;
+                for (int r = 0; r < run_.world().size(); ++r) sum += static_cast<uint64_t>(all.data<int64_t>()[r]);
+                if (!agree) rec.init_replicas_differ.push_back(name);
+                rec.init_state.emplace_back(name, finish_element_hash(sum, p->value.dtype(), whole));
+                continue;
+            }
             const Tensor full = gather(p->value, on_dp, on_tp);
             const bool ignored = run_.ignored(name);
             const bool agree = (!on_tp.is_replicate() || replicas_agree(p->value, tp_)) &&
                                (ignored || !on_dp.is_replicate() || replicas_agree(p->value, dp_));
             if (!rank0_) continue;
             if (!agree) rec.init_replicas_differ.push_back(name);
-            rec.init_state.emplace_back(name, tensor_digest(on_host(full)));
+            rec.init_state.emplace_back(name, state_digest(full));
         }
         if (opt_.init_tensors) {  // golden files: init.param.* then init.buffer.*, each tensor once
             for (const auto& [name, p] : run_.model().named_parameters()) {
@@ -117,8 +159,25 @@ public:
         // under data parallel a mean loss over each rank's rows makes activation gradients dp times
         // the reference's (DDP's average puts the parameter gradients right): scaled for comparison
         const double scale = dp_.size() > 1 && run_.model().loss != LossKind::sum ? 1.0 / dp_.size() : 1.0;
-        return [this, &sr, scale](const Module& m, Phase phase, const Placed& x) {
+        auto index = std::make_shared<size_t>(0);  // this step's events so far, on every rank
+        return [this, &sr, scale, index](const Module& m, Phase phase, const Placed& x) {
             Unaccounted pause(&run_.counter());
+            if (local_ && !x.p.is_partial()) {
+                const ModuleEvent* ref = reference_event(sr.step, (*index)++);
+                std::optional<TensorDiff> diff;
+                if (ref && ref->fqn == m.fqn() && ref->phase == phase && ref->full.defined()) {
+                    Tensor mine = on_host(x.t);
+                    if (phase == Phase::backward && scale != 1.0) {
+                        Tensor scaled = empty_like(mine);
+                        backend_for(Device::cpu).scale(mine, scale, scaled);
+                        mine = scaled;
+                    }
+                    diff = reduce(piece(mine, ref->full, activation_box(ref->full.shape(), x), opt_.tol), opt_.tol);
+                }
+                if (rank0_) sr.events.push_back({m.fqn(), phase, Tensor(), diff});
+                return;
+            }
+            if (local_) ++*index;
             Tensor full = gather(x);
             if (phase == Phase::backward && scale != 1.0) {
                 Tensor scaled = empty_like(full);
@@ -139,7 +198,7 @@ public:
     void step(StepRecord& sr, const StepOutput& out, bool last_step) {
         Unaccounted pause(&run_.counter());
         reference_.clear();
-        if (rank0_ && opt_.compare_with && sr.step < static_cast<int64_t>(opt_.compare_with->steps.size()))
+        if ((rank0_ || local_) && opt_.compare_with && sr.step < static_cast<int64_t>(opt_.compare_with->steps.size()))
             for (const auto& [name, t] : opt_.compare_with->steps[sr.step].tensors) reference_[name] = &t;
         const std::string s = fmt::format("step{}.", sr.step);
         // each rank's output rows and loss are its own: gathered and combined as the global batch's
@@ -157,14 +216,23 @@ public:
             const auto& [name, p] = params[i];
             const Tensor g = record(sr, s + "grad." + name, p->grad, run_.dp_placement(p.get()), run_.tp_placement(p.get()),
                                     run_.ignored(name), last_step);
-            if (!shadow_.empty()) shadow_[i].second->grad = g.clone();
+            if (!shadow_.empty()) shadow_[i].second->grad = local_ ? on_host(p->grad).clone() : g.clone();
         }
         if (!shadow_.empty()) shadow_opt_->step(shadow_);  // what the optimizer makes of these gradients
         for (size_t i = 0; i < params.size(); ++i) {
             const auto& [name, p] = params[i];
             const Tensor v = record(sr, s + "param." + name, p->value, run_.dp_placement(p.get()), run_.tp_placement(p.get()),
                                     run_.ignored(name), last_step);
-            if (!shadow_.empty()) sr.vs_shadow[s + "param." + name] = compare_tensors(v, shadow_[i].second->value, opt_.tol.for_masters());
+            if (shadow_.empty()) continue;
+            if (local_) {  // this rank's piece against its shadow piece, counted once per group of replicas
+                Box b = box_of(p->value.shape(), run_.dp_placement(p.get()), run_.tp_placement(p.get()));
+                b.offset.assign(b.offset.size(), 0), b.shape = p->value.shape();
+                const Tolerance rule = opt_.tol.for_masters();
+                const TensorDiff d = reduce(piece(on_host(p->value), shadow_[i].second->value, b, rule), rule);
+                if (rank0_) sr.vs_shadow[s + "param." + name] = d;
+            } else if (rank0_) {
+                sr.vs_shadow[s + "param." + name] = compare_tensors(v, shadow_[i].second->value, opt_.tol.for_masters());
+            }
         }
         for (const auto& [name, b] : run_.model().named_buffers())
             record(sr, s + "buffer." + name, b->value, Placement::replicate(), Placement::replicate(), false, last_step);
@@ -198,6 +266,17 @@ public:
             const auto& [name, p] = params[i];
             if (run_.ignored(name)) continue;
             const Placement on_dp = run_.dp_placement(p.get()), on_tp = run_.tp_placement(p.get());
+            if (local_ && truth.count(s + name)) {  // each rank cuts its piece of the truth: no broadcast
+                const Tensor& t = *truth.at(s + name);
+                Tensor piece = on_tp.is_shard() ? chunk(t, tp_.size(), tp_.rank(), on_tp.normalized(t.dim()).dim) : t;
+                if (on_dp.is_shard()) piece = chunk(piece, dp_.size(), dp_.rank(), 0);
+                piece = piece.to(p->value.dtype());
+                PTOOL_REQUIRE(piece.shape() == p->value.shape(), "resync of '{}': {} for {}", name, shape_str(piece.shape()),
+                              shape_str(p->value.shape()));
+                if (!shadow_.empty()) shadow_[i].second->value = piece.clone();
+                run_.backend().copy(p->value.device() == Device::cpu ? piece : piece.to_device(p->value.device()), p->value);
+                continue;
+            }
             const Shape tp_local = on_dp.is_replicate() ? p->value.shape() : global_shape(p->value.shape(), on_dp, dp_);
             Tensor full(global_shape(tp_local, on_tp, tp_), p->value.dtype());
             if (rank0_) {
@@ -214,6 +293,83 @@ public:
     }
 
 private:
+    // A parameter-like tensor of `whole` shape placed on_tp, then (fully_shard) on_dp over the
+    // TP-local tensor's dim 0.
+    Box box_of(const Shape& whole, const Placement& on_dp, const Placement& on_tp) const {
+        Box b{std::vector<int64_t>(whole.size(), 0), whole, true};
+        if (on_tp.is_shard()) {
+            const int64_t d = on_tp.normalized(static_cast<int64_t>(whole.size())).dim;
+            const Chunk c = chunk_of(whole[d], tp_.size(), tp_.rank());
+            b.offset[d] += c.offset, b.shape[d] = c.length;
+        } else if (tp_.rank() != 0) {
+            b.owner = false;
+        }
+        if (on_dp.is_shard()) {
+            const int64_t d = on_dp.normalized(static_cast<int64_t>(whole.size())).dim;
+            const Chunk c = chunk_of(b.shape[d], dp_.size(), dp_.rank());
+            b.offset[d] += c.offset, b.shape[d] = c.length;
+        } else if (dp_.rank() != 0) {
+            b.owner = false;
+        }
+        return b;
+    }
+
+    // An activation: every dp rank's rows, then its layout on the tp dim (x.global: this dp rank's).
+    Box activation_box(const Shape& whole, const Placed& x) const {
+        Box b{std::vector<int64_t>(whole.size(), 0), whole, true};
+        if (whole.empty()) return b;
+        if (dp_.size() > 1) {
+            const Chunk c = chunk_of(whole[0], dp_.size(), dp_.rank());
+            b.offset[0] = c.offset, b.shape[0] = c.length;
+        }
+        if (x.p.is_shard()) {
+            const int64_t d = x.p.normalized(static_cast<int64_t>(whole.size())).dim;
+            const Chunk c = chunk_of(x.global[d], tp_.size(), tp_.rank());
+            b.offset[d] += c.offset, b.shape[d] = c.length;
+        } else if (tp_.rank() != 0) {
+            b.owner = false;
+        }
+        return b;
+    }
+
+    // This rank's part of a comparison: its piece against the box of the whole expected tensor (a
+    // piece of another shape than its box fails on every rank that holds one).
+    static DiffPiece piece(const Tensor& mine, const Tensor& expected, const Box& b, const Tolerance& tol) {
+        if (mine.shape() != b.shape) {
+            DiffPiece bad;
+            bad.counted = true, bad.d.shape_ok = bad.d.pass = false;
+            return bad;
+        }
+        return b.owner ? compare_piece(mine, expected, b.offset, tol, false) : DiffPiece{};
+    }
+
+    // Every rank's piece, merged in rank order on rank 0 (collective; meaningful on rank 0).
+    TensorDiff reduce(const DiffPiece& mine, const Tolerance& tol) {
+        Communicator& world = run_.world();
+        Tensor packed({kPieceWords}, DType::int64), all({world.size() * kPieceWords}, DType::int64);
+        pack_piece(mine, packed.data<int64_t>());
+        world.all_gather(packed, all);
+        DiffPiece merged;
+        for (int r = 0; r < world.size(); ++r) merge_piece(merged, unpack_piece(all.data<int64_t>() + r * kPieceWords));
+        return finish_diff(merged, tol);
+    }
+
+    // A parameter's or gradient's piece compared where it lies (rank-local).
+    void keep_local(StepRecord& sr, const std::string& name, const Tensor& local, const Placement& on_dp,
+                    const Placement& on_tp, ReplicaState state) {
+        const Tensor mine = on_host(local);
+        const Tolerance tol = rule_for(opt_.tol, name);
+        if (auto it = reference_.find(name); it != reference_.end()) {
+            const TensorDiff d = reduce(piece(mine, *it->second, box_of(it->second->shape(), on_dp, on_tp), tol), tol);
+            if (rank0_) sr.vs_reference[name] = d;
+        }
+        if (auto it = golden_.find(name); it != golden_.end()) {
+            const TensorDiff d = reduce(piece(mine, *it->second, box_of(it->second->shape(), on_dp, on_tp), tol), tol);
+            if (rank0_) sr.vs_golden[name] = d;
+        }
+        if (rank0_) sr.replicas[name] = state;
+    }
+
     const ModuleEvent* reference_event(int64_t step, size_t index) const {
         const RunRecord& ref = *opt_.compare_with;
         if (step >= static_cast<int64_t>(ref.steps.size())) return nullptr;
@@ -241,9 +397,13 @@ private:
         keep(sr, name, mine, whole, replica_state(mine, rows, outs[0].p, false), last_step);
     }
 
-    // Returns the full tensor on the host (rank 0).
+    // Returns the full tensor on the host (rank 0); rank-locally, nothing.
     Tensor record(StepRecord& sr, const std::string& name, const Tensor& local, const Placement& on_dp, const Placement& on_tp,
                   bool ignored, bool last_step) {
+        if (local_ && !on_tp.is_partial()) {
+            keep_local(sr, name, local, on_dp, on_tp, replica_state(local, on_dp, on_tp, ignored));
+            return {};
+        }
         const Tensor full = gather(local, on_dp, on_tp);
         return keep(sr, name, local, full, replica_state(local, on_dp, on_tp, ignored), last_step);
     }
@@ -272,6 +432,7 @@ private:
     const bool rank0_;
     Communicator &tp_, &dp_;
     std::unordered_map<std::string, const Tensor*> reference_, golden_;
+    const bool local_;
 };
 
 }  // namespace

@@ -3,9 +3,9 @@
 // parameter and buffer gathered to full size under its golden name, whether the ranks' copies of
 // each replicated tensor are bitwise equal (by digest, per mesh dim), and every module's output
 // and input gradient (localisation's events). The gathers run with the counter paused: they are
-// verification's, not the plan's. With compare_with / golden, rank 0 compares each tensor as it is
-// gathered; with compare_with it keeps the diff, not the tensor: a parallel run holds one gathered
-// tensor at a time.
+// verification's, not the plan's. With compare_with / golden, each tensor is compared as it is
+// recorded and the diff kept, not the tensor: rank-locally (RecordOptions::rank_local: no rank
+// holds another's piece) or, under mpirun, by rank 0 on one gathered tensor at a time.
 #pragma once
 
 #include "verify/run.h"
@@ -25,6 +25,11 @@ struct RecordOptions {
     // After each step whose parameters left tolerance, continue from the truth's: the golden's if
     // any, else compare_with's (Recorder::resync). Every rank passes the same value.
     bool resync = false;
+    // Every rank reads compare_with and golden (rank threads of one process) and compares its own
+    // pieces of the parameters, gradients and activations with the matching boxes of the truth's
+    // tensors in place; only the metrics are gathered (verify/compare.h: exact sums, so the numbers
+    // are what comparing whole tensors gives). Off: rank 0 gathers each tensor (mpirun).
+    bool rank_local = false;
     // Called after each step on rank 0 with the step's number, loss and seconds (`ptool run`'s lines).
     std::function<void(int64_t, double, double)> on_step;
 };

@@ -22,11 +22,17 @@ Model build_model(const RunInputs& in, bool init) {
     return m;
 }
 
-// src_data_rank: null, and nothing else needs the full parameters: every rank draws only its own
-// pieces of the distributed ones from the counter-based RNG.
+// Who draws the styled modules' initial values, when nothing else needs the full parameters
+// (no --init, no fault layer that cuts shards from full tensors): with src_data_rank null every
+// rank draws only its own pieces from the counter-based RNG; with src_data_rank k only rank k of
+// the tp dim draws them, whole, and broadcasts them (parallelize), so the other ranks neither
+// draw nor hold a full copy of the model (each receives one parameter at a time).
+bool draws_lazily(const RunInputs& in, const Plan& plan, const RunLayer* layer) {
+    return plan.has_tensor_parallel && !in.init && !(layer && layer->needs_full_parameters()) && in.device != Device::meta;
+}
+
 bool builds_own_shards(const RunInputs& in, const Plan& plan, const RunLayer* layer) {
-    return plan.has_tensor_parallel && !plan.src_data_rank && !in.init && !(layer && layer->needs_full_parameters()) &&
-           in.device != Device::meta;
+    return draws_lazily(in, plan, layer) && !plan.src_data_rank;
 }
 
 }  // namespace
@@ -44,7 +50,7 @@ Plan reference_plan(const Plan& plan) {
 }
 
 Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer)
-    : model_(build_model(in, !builds_own_shards(in, plan, layer))), plan_(plan), world_(world),
+    : model_(build_model(in, !draws_lazily(in, plan, layer))), plan_(plan), world_(world),
       be_(backend_for(in.device)), counter_(std::make_shared<CommCounter>()), device_(in.device), layer_(layer) {
     {
         std::optional<MetaAllocation> meta;
@@ -57,11 +63,14 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     res_ = resolve_plan(model_, plan);
     for (const Module* m : res_.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
     const bool own = builds_own_shards(in, plan, layer);
-    if (own)
+    if (draws_lazily(in, plan, layer)) {
+        // src_data_rank k: a rank other than k skips what rank k's broadcast overwrites
+        const bool receives = !own && mesh_->comm(mesh_->dim_index(plan.tp_mesh_dim)).rank() != *plan.src_data_rank;
         model_.init_params_except([&](const Module& m) {
             const ResolvedStyle* rs = res_.style_of(m);
-            return rs && builds_own_pieces(*rs);
+            return rs && (own ? builds_own_pieces(*rs) : receives && distributes_all_own(*rs));
         });
+    }
     if (layer) layer->before_parallelize(model_, res_);
     tp_params_ = parallelize(model_, plan, res_, *mesh_, own);
     if (layer) layer->after_parallelize(model_, plan, res_, tp_params_, *mesh_);

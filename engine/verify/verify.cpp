@@ -20,6 +20,7 @@ namespace {
 
 class InProcess final : public Launch {
 public:
+    bool shares_memory() const override { return true; }
     InProcess(Device d, CommOptions c) : device_(d), comm_(c) {}
     bool rank0() const override { return true; }
     void run(int ranks, const SourceLocation&, const std::function<void(Communicator&)>& fn) override {
@@ -35,6 +36,7 @@ private:
 
 class UnderMpi final : public Launch {
 public:
+    bool shares_memory() const override { return false; }
     UnderMpi(Device d, CommOptions c) {
         mpi_init_once();
         world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, c);
@@ -168,6 +170,7 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         RecordOptions ro;
         ro.events = job.options.events;
         ro.shadow_optimizer = true;
+        ro.rank_local = launch.shares_memory();
         ro.golden = job.golden;
         ro.tol = tolerance_for(plan, job.options, probe);
         ro.resync = true;  // each step judged from the state the runs agree on (recorder.h)

@@ -31,6 +31,9 @@ class Launch {
 public:
     virtual ~Launch() = default;
     virtual bool rank0() const = 0;  // this process reports (and runs the reference)
+    // Every rank is a thread of this process: each reads the reference's record and compares its
+    // own pieces in place (RecordOptions::rank_local). Under mpirun rank 0 gathers.
+    virtual bool shares_memory() const = 0;
     // Runs fn on every rank of a `ranks`-rank world: threads in this process, or this process's
     // rank of the mpirun job (whose size must be `ranks`; InputError at `where` otherwise).
     virtual void run(int ranks, const SourceLocation& where, const std::function<void(Communicator&)>& fn) = 0;
