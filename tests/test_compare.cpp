@@ -5,6 +5,10 @@
 #include <limits>
 
 #include "verify/compare.h"
+
+#include <vector>
+
+#include "core/tensor_ops.h"
 #include "comm/comm_choice.h"
 #include "verify/faults.h"
 #include "verify/verify.h"
@@ -104,6 +108,82 @@ TEST_CASE("compare_tensors: a large tensor, compared in blocks on threads, gives
     CHECK(compare_tensors(same, same.clone(), {}).nonfinite == 1);
     CHECK(std::isnan(compare_tensors(same, a, {}).headroom));  // against a number
     CHECK_FALSE(compare_tensors(same, a, {}).pass);
+}
+
+TEST_CASE("ExactSum: the same value whatever the order and grouping of its terms", "[cpu]") {
+    std::vector<double> terms;
+    for (int i = 0; i < 20000; ++i) terms.push_back(std::pow(1.7, (i % 97) - 48) * (1 + 1e-3 * i));
+    terms.push_back(std::numeric_limits<double>::denorm_min());
+    terms.push_back(1e300);
+    ExactSum forward, backward, halves_a, halves_b;
+    for (double t : terms) forward.add(t);
+    for (auto it = terms.rbegin(); it != terms.rend(); ++it) backward.add(*it);
+    for (size_t i = 0; i < terms.size(); ++i) (i % 3 ? halves_a : halves_b).add(terms[i]);
+    halves_a.add(halves_b);
+    CHECK(forward.value() == backward.value());
+    CHECK(forward.value() == halves_a.value());
+    // exact where doubles are not: 2^60 + 4096 x 1 (a double sum in this order stays at 2^60)
+    ExactSum big;
+    big.add(std::ldexp(1.0, 60));
+    for (int i = 0; i < 4096; ++i) big.add(1.0);
+    CHECK(big.value() == std::ldexp(1.0, 60) + 4096.0);
+}
+
+TEST_CASE("compare_piece: a tensor compared in pieces on ranks reads exactly the whole tensor's numbers", "[cpu]") {
+    // [7, 10] cut as torch.chunk cuts it: rows over 3 ranks (3, 3, 1), columns over 4 (3, 3, 3, 1),
+    // and both (a 2-D mesh); every piece against its box of the whole expected tensor
+    Tensor e({7, 10}, DType::float32), a({7, 10}, DType::float32);
+    for (int64_t i = 0; i < 70; ++i) {
+        e.data<float>()[i] = static_cast<float>(std::sin(0.37 * i) * 3);
+        a.data<float>()[i] = e.data<float>()[i] + static_cast<float>(1e-6 * ((i % 5) - 2));
+    }
+    a.data<float>()[33] = e.data<float>()[33] * 1.01f;  // the worst element
+    const Tolerance tol{1.3e-6, 1e-5, 0, 1e-4};
+    const TensorDiff whole = compare_tensors(a, e, tol);
+    auto by_pieces = [&](int row_parts, int col_parts) {
+        DiffPiece all;
+        for (int r = 0; r < row_parts; ++r)
+            for (int c = 0; c < col_parts; ++c) {
+                const Chunk rc = chunk_of(7, row_parts, r), cc = chunk_of(10, col_parts, c);
+                const Tensor piece = chunk(chunk(a, row_parts, r, 0), col_parts, c, 1);
+                DiffPiece p = compare_piece(piece, e, {rc.offset, cc.offset}, tol, false);
+                std::vector<int64_t> packed(kPieceWords);
+                pack_piece(p, packed.data());
+                merge_piece(all, unpack_piece(packed.data()));  // as the ranks' metrics travel
+            }
+        return finish_diff(all, tol);
+    };
+    for (auto [rows, cols] : {std::pair{3, 1}, {1, 4}, {3, 4}, {7, 10}}) {
+        const TensorDiff d = by_pieces(rows, cols);
+        CHECK(d.max_abs == whole.max_abs);
+        CHECK(d.max_rel == whole.max_rel);
+        CHECK(d.headroom == whole.headroom);
+        CHECK(d.max_ulp == whole.max_ulp);
+        CHECK(d.err_norm == whole.err_norm);  // exact sums: bitwise, not approximately
+        CHECK(d.ref_norm == whole.ref_norm);
+        CHECK(d.pass == whole.pass);
+    }
+    CHECK_FALSE(whole.pass);
+    // a piece that does not fit its box fails
+    CHECK_FALSE(compare_piece(chunk(a, 3, 0, 0), e, {5, 0}, tol, false).d.shape_ok);
+}
+
+TEST_CASE("element_hash_sum: pieces add up to the whole tensor's digest; one element apart differs", "[cpu]") {
+    Tensor t({6, 5}, DType::float32);
+    for (int64_t i = 0; i < 30; ++i) t.data<float>()[i] = static_cast<float>(i * 0.25 - 3);
+    const uint64_t whole = element_hash_sum(t, t.shape(), {0, 0});
+    uint64_t sum = 0;
+    for (int c = 0; c < 2; ++c)
+        for (int r = 0; r < 4; ++r)
+            sum += element_hash_sum(chunk(chunk(t, 2, c, 1), 4, r, 0), t.shape(), {chunk_of(6, 4, r).offset, chunk_of(5, 2, c).offset});
+    CHECK(sum == whole);
+    Tensor u = t.clone();
+    u.data<float>()[17] = std::nextafter(u.data<float>()[17], 100.0f);
+    CHECK(element_hash_sum(u, u.shape(), {0, 0}) != whole);
+    Tensor swapped = t.clone();
+    std::swap(swapped.data<float>()[3], swapped.data<float>()[4]);  // the same values elsewhere
+    CHECK(element_hash_sum(swapped, swapped.shape(), {0, 0}) != whole);
+    CHECK(finish_element_hash(whole, DType::float32, {6, 5}) != finish_element_hash(whole, DType::float32, {5, 6}));
 }
 
 TEST_CASE("tensor_digest: equal tensors agree; a bit, a shape or a dtype apart differ", "[cpu]") {

@@ -142,36 +142,37 @@ void ExactSum::add(double v) {
     if (!(v > 0)) return;
     uint64_t bits;
     std::memcpy(&bits, &v, 8);
-    int exp = static_cast<int>((bits >> 52) & 0x7ff);
+    int exp = static_cast<int>(bits >> 52);  // v > 0: no sign bit
     uint64_t mant = bits & ((uint64_t{1} << 52) - 1);
     if (exp) mant |= uint64_t{1} << 52;
     else exp = 1;  // subnormal
-    const int pos = exp - 1;  // the mantissa's lowest bit is 2^(pos - 1074)
-    const unsigned __int128 x = static_cast<unsigned __int128>(mant) << (pos & 63);
-    int i = pos >> 6;
-    uint64_t lo = static_cast<uint64_t>(x), carry = static_cast<uint64_t>(x >> 64);
-    w[i] += lo;
-    carry += w[i] < lo;
-    for (++i; carry && i < kWords; ++i) {
-        w[i] += carry;
-        carry = w[i] < carry;
-    }
+    const unsigned pos = static_cast<unsigned>(exp - 1);  // the mantissa's lowest bit is 2^(pos - 1074)
+    const unsigned i = pos / kDigit, sh = pos % kDigit;
+    constexpr uint64_t mask = (uint64_t{1} << kDigit) - 1;
+    w[i] += (mant << sh) & mask;
+    w[i + 1] += (mant >> (kDigit - sh - 1)) >> 1;  // two shifts: sh = 0 shifts by 52 in all
+    if (++pending == 4095) normalize();
+}
+
+void ExactSum::normalize() {
+    constexpr uint64_t mask = (uint64_t{1} << kDigit) - 1;
+    for (int i = 0; i + 1 < kWords; ++i) w[i + 1] += w[i] >> kDigit, w[i] &= mask;
+    pending = 0;
 }
 
 void ExactSum::add(const ExactSum& o) {
-    uint64_t carry = 0;
-    for (int i = 0; i < kWords; ++i) {
-        const uint64_t a = w[i], s = a + o.w[i];
-        const uint64_t c1 = s < a;
-        w[i] = s + carry;
-        carry = c1 + (w[i] < s);
-    }
+    ExactSum b = o;
+    b.normalize(), normalize();
+    for (int i = 0; i < kWords; ++i) w[i] += b.w[i];
+    normalize();
 }
 
 double ExactSum::value() const {
+    ExactSum n = *this;
+    n.normalize();
     double r = 0;
     for (int i = kWords - 1; i >= 0; --i)
-        if (w[i]) r += std::ldexp(static_cast<double>(w[i]), 64 * i - 1074);
+        if (n.w[i]) r += std::ldexp(static_cast<double>(n.w[i]), kDigit * i - 1074);
     return r;
 }
 
@@ -267,7 +268,9 @@ TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol) {
     return d;
 }
 
-void pack_piece(const DiffPiece& p, int64_t* out) {
+void pack_piece(const DiffPiece& piece, int64_t* out) {
+    DiffPiece p = piece;
+    p.err2.normalize(), p.ref2.normalize();
     auto bits = [](double v) {
         int64_t b;
         std::memcpy(&b, &v, 8);
@@ -307,21 +310,34 @@ TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const T
     return finish_diff(compare_piece(actual, expected, std::vector<int64_t>(actual.shape().size(), 0), tol, true), tol);
 }
 
+namespace {
+
+template <class Word>
+uint64_t hash_spans(const Word* p, const std::vector<Span>& spans) {
+    uint64_t sum = 0;
+    for (const Span& s : spans) {
+        const Word* a = p + s.a;
+        uint64_t index = static_cast<uint64_t>(s.e) * 0x9E3779B97F4A7C15ull;
+        for (int64_t i = 0; i < s.n; ++i, index += 0x9E3779B97F4A7C15ull) {
+            uint64_t x = index ^ static_cast<uint64_t>(a[i]);
+            x = (x ^ (x >> 29)) * 0xBF58476D1CE4E5B9ull;
+            sum += x ^ (x >> 32);
+        }
+    }
+    return sum;
+}
+
+}  // namespace
+
 uint64_t element_hash_sum(const Tensor& piece, const Shape& global, const std::vector<int64_t>& offset) {
     const Tensor h = piece.device() == Device::cpu ? piece : piece.to_device(Device::cpu);
-    const size_t es = dtype_size(h.dtype());
-    const auto* bytes = static_cast<const unsigned char*>(h.raw());
-    uint64_t sum = 0;
-    for (const Span& s : spans_of(h.shape(), global, offset))
-        for (int64_t i = 0; i < s.n; ++i) {
-            uint64_t v = 0;
-            std::memcpy(&v, bytes + static_cast<size_t>(s.a + i) * es, es);
-            uint64_t x = (static_cast<uint64_t>(s.e + i) * 0x9E3779B97F4A7C15ull) ^ (v * 0xD6E8FEB86659FD93ull);
-            x = (x ^ (x >> 32)) * 0xBF58476D1CE4E5B9ull;
-            x = (x ^ (x >> 29)) * 0x94D049BB133111EBull;
-            sum += x ^ (x >> 31);
-        }
-    return sum;
+    const std::vector<Span> spans = spans_of(h.shape(), global, offset);
+    switch (dtype_size(h.dtype())) {  // the element's bits, whatever its type
+        case 8: return hash_spans(static_cast<const uint64_t*>(h.raw()), spans);
+        case 4: return hash_spans(static_cast<const uint32_t*>(h.raw()), spans);
+        case 2: return hash_spans(static_cast<const uint16_t*>(h.raw()), spans);
+        default: return hash_spans(static_cast<const uint8_t*>(h.raw()), spans);
+    }
 }
 
 uint64_t finish_element_hash(uint64_t sum, DType dtype, const Shape& global) {

@@ -36,10 +36,15 @@ TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const T
 // double's exponent range): the Frobenius sums of a tensor compared in pieces, on several ranks,
 // read exactly what comparing it whole reads.
 struct ExactSum {
-    static constexpr int kWords = 35;  // 2^-1074 .. 2^1024, and 2^64 terms of headroom
+    // 52-bit digits of a fixed-point number whose lowest bit is 2^-1074, each word with 12 bits of
+    // room for carries that are propagated every 4095 additions (no branch per element).
+    static constexpr int kWords = 43;
+    static constexpr int kDigit = 52;
     uint64_t w[kWords] = {};
+    int pending = 0;  // additions since the carries were last propagated
     void add(double v);  // v >= 0, finite
     void add(const ExactSum& o);
+    void normalize();       // propagates the carries: every word < 2^52
     double value() const;  // the same for the same sum, whatever the order of the terms
 };
 
@@ -58,7 +63,7 @@ DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std:
 void merge_piece(DiffPiece& into, const DiffPiece& piece);  // the maxima, counts and sums of both
 TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol);
 // A piece as int64 words (for a collective) and back.
-constexpr int kPieceWords = 9 + 2 * ExactSum::kWords;
+constexpr int kPieceWords = 9 + 2 * ExactSum::kWords;  // sums packed normalized
 void pack_piece(const DiffPiece& p, int64_t* out);
 DiffPiece unpack_piece(const int64_t* in);
 

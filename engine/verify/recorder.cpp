@@ -57,6 +57,7 @@ struct Box {
     std::vector<int64_t> offset;
     Shape shape;
     bool owner = true;
+    bool sole_owner = false;  // no other rank compares a piece of this tensor
 };
 
 class Recorder {
@@ -311,6 +312,7 @@ private:
         } else if (dp_.rank() != 0) {
             b.owner = false;
         }
+        b.sole_owner = b.owner && !on_tp.is_shard() && !on_dp.is_shard();
         return b;
     }
 
@@ -334,13 +336,15 @@ private:
 
     // This rank's part of a comparison: its piece against the box of the whole expected tensor (a
     // piece of another shape than its box fails on every rank that holds one).
+    // A tensor replicated everywhere has one owner in the world, which compares it on helper
+    // threads (the other ranks wait); pieces are compared by their ranks at once, one thread each.
     static DiffPiece piece(const Tensor& mine, const Tensor& expected, const Box& b, const Tolerance& tol) {
         if (mine.shape() != b.shape) {
             DiffPiece bad;
             bad.counted = true, bad.d.shape_ok = bad.d.pass = false;
             return bad;
         }
-        return b.owner ? compare_piece(mine, expected, b.offset, tol, false) : DiffPiece{};
+        return b.owner ? compare_piece(mine, expected, b.offset, tol, b.sole_owner) : DiffPiece{};
     }
 
     // Every rank's piece, merged in rank order on rank 0 (collective; meaningful on rank 0).
