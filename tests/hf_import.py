@@ -67,7 +67,7 @@ def read_safetensors(path):  # {name: (shape, [floats])} for F32 tensors
 
 # 1. Parameter counts: HF's num_parameters() of the real configs.
 for cfg, count in [("qwen2-0.5b", 494032768), ("mistral-7b-v0.3", 7248023552), ("gpt2", 124439808),
-                   ("tinyllama-1.1b", 1100048384)]:
+                   ("tinyllama-1.1b", 1100048384), ("llama-3.1-8b", 8030261248)]:
     out = f"{tmp}/{cfg}.yaml"
     rc, text = run("import", "hf", f"{HF}/{cfg}.json", "-o", out)
     check(rc == 0 and f": {count} parameters" in text, f"import {cfg}: {count} parameters expected, got rc {rc}: {text}")
@@ -96,7 +96,8 @@ refusals = [
     ("unknown model_type", dict(base, model_type="mixtral"), "model_type", "mixtral"),
     ("sliding window shorter than the sequence", dict(base, model_type="mistral", sliding_window=4), "sliding_window", "sliding-window"),
     ("qwen2 sliding window on", dict(base, use_sliding_window=True, sliding_window=4, max_window_layers=0), "sliding_window", "sliding-window"),
-    ("rope_scaling", dict(base, rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope_scaling", "rope_scaling"),
+    ("rope_scaling yarn", dict(base, rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling", "'yarn' is not modelled"),
+    ("rope_scaling without factor", dict(base, rope_scaling={"rope_type": "linear"}), "rope_scaling", "factor"),
     ("MoE", dict(base, num_local_experts=8), "num_local_experts", "experts"),
     ("head_dim", dict(base, head_dim=16), "head_dim", "head_dim"),
     ("activation", dict(base, hidden_act="quick_gelu"), "hidden_act", "quick_gelu"),
@@ -107,6 +108,9 @@ for what, cfg, key, fragment in refusals:
     rc, text = run("import", "hf", path, "--seq", "8")
     at = f"{path}:{line_of(path, key)}:"
     check(rc == 2 and at in text and fragment in text, f"{what}: exit 2 at {at} naming '{fragment}' expected, got {rc}: {text}")
+rc, text = run("import", "hf", f"{HF}/llama-3.1-8b.json")
+check(rc == 0 and "rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, "
+      "original_max_position_embeddings: 8192.0}" in text, f"Llama 3.1's rope_scaling carried over: {text[-600:]}")
 rc, text = run("import", "hf", write_config("window_ok", dict(base, model_type="mistral", sliding_window=8)), "--seq", "8")
 check(rc == 0, f"a sliding window as long as the sequence is causal attention: {text}")
 

@@ -36,25 +36,59 @@ def read_safetensors(path):
     return out
 
 
+class Group:
+    """An unnamed (transparent) residual or sequential: its modules register on the container
+    around it, as code in that container's forward() (HF's decoder layers)."""
+
+    def __init__(self, residual, children):
+        self.residual, self.children = residual, children
+
+
 class Seq(nn.Module):
     """A container whose children run in order (nn.Sequential with explicit names)."""
 
     def __init__(self, children):
         super().__init__()
-        self.order = []
+        self.order = self._register(children)
+
+    def _register(self, children):
+        steps = []
         for name, mod in children:
-            self.add_module(name, mod)
-            self.order.append(name)
+            if isinstance(mod, Group):
+                steps.append((mod.residual, self._register(mod.children)))
+            else:
+                self.add_module(name, mod)
+                steps.append(name)
+        return steps
+
+    def _run(self, steps, x):
+        for step in steps:
+            if isinstance(step, str):
+                x = getattr(self, step)(x)
+            else:
+                residual, inner = step
+                y = self._run(inner, x)
+                x = x + y if residual else y
+        return x
 
     def forward(self, x):
-        for name in self.order:
-            x = getattr(self, name)(x)
-        return x
+        return self._run(self.order, x)
 
 
 class Residual(Seq):
     def forward(self, x):
         return x + super().forward(x)
+
+
+class PositionEmbedding(nn.Module):
+    """GPT-2's wpe added to its input: x + weight[:T] (HF: inputs_embeds + wpe(position_ids))."""
+
+    def __init__(self, positions, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(positions, dim))
+
+    def forward(self, x):
+        return x + self.weight[: x.shape[1]]
 
 
 class RMSNorm(nn.Module):
@@ -87,19 +121,37 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rope_tables(theta, hd, t, dtype):
+def scaled_inv_freq(inv_freq, scaling):
+    """transformers' rope_scaling: linear (every frequency / factor) and llama3
+    (_compute_llama3_parameters), in float32 as there."""
+    if not scaling:
+        return inv_freq
+    factor = float(scaling["factor"])
+    if scaling["type"] == "linear":
+        return inv_freq / factor
+    low, high = float(scaling.get("low_freq_factor", 1)), float(scaling.get("high_freq_factor", 4))
+    old = float(scaling.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * math.pi / inv_freq
+    llama = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * llama / factor + smooth * llama
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    return torch.where(medium, smoothed, llama)
+
+
+def rope_tables(theta, hd, t, dtype, scaling=None):
     """Hugging Face LlamaRotaryEmbedding's cos and sin for positions 0..t-1 (computed in float32)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    inv_freq = scaled_inv_freq(1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd)), scaling)
     freqs = torch.outer(torch.arange(t).float(), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, heads, kv_heads, causal, qkv_bias, o_bias, rope_theta=None):
+    def __init__(self, dim, heads, kv_heads, causal, qkv_bias, o_bias, rope_theta=None, rope_scaling=None):
         super().__init__()
         self.heads, self.kv_heads, self.causal, self.hd = heads, kv_heads, causal, dim // heads
-        self.rope_theta = rope_theta
+        self.rope_theta, self.rope_scaling = rope_theta, rope_scaling
         self.q_proj = nn.Linear(dim, dim, bias=qkv_bias)
         self.k_proj = nn.Linear(dim, self.hd * kv_heads, bias=qkv_bias)
         self.v_proj = nn.Linear(dim, self.hd * kv_heads, bias=qkv_bias)
@@ -111,7 +163,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
         if self.rope_theta is not None:  # HF apply_rotary_pos_emb, before repeat_kv
-            cos, sin = rope_tables(self.rope_theta, self.hd, t, q.dtype)
+            cos, sin = rope_tables(self.rope_theta, self.hd, t, q.dtype, self.rope_scaling)
             q = (q * cos) + (rotate_half(q) * sin)
             k = (k * cos) + (rotate_half(k) * sin)
         group = self.heads // self.kv_heads
@@ -144,6 +196,8 @@ FINFO_EPS = {torch.float32: torch.finfo(torch.float32).eps, torch.float64: torch
 
 def build(spec, prefix, registry, dtype):
     t = spec["type"]
+    if "name" not in spec and t in ("sequential", "residual"):  # transparent: its modules keep the prefix
+        return Group(t == "residual", [(c.get("name"), build(c, prefix, registry, dtype)) for c in spec["modules"]])
     fqn = f"{prefix}.{spec['name']}" if prefix else spec["name"]
     if t == "linear":
         m = nn.Linear(spec["in"], spec["out"], bias=spec.get("bias", True))
@@ -169,17 +223,19 @@ def build(spec, prefix, registry, dtype):
         bias = spec.get("bias", True)
         m = Attention(spec["dim"], spec["heads"], spec.get("kv_heads", spec["heads"]), spec.get("causal", False),
                       spec.get("qkv_bias", bias), spec.get("o_bias", bias),
-                      float(spec["rope_theta"]) if "rope_theta" in spec else None)
+                      float(spec["rope_theta"]) if "rope_theta" in spec else None, spec.get("rope_scaling"))
+    elif t == "position_embedding":
+        m = PositionEmbedding(spec["positions"], spec["dim"])
     elif t == "gated_mlp":
         m = GatedMlp(spec["dim"], spec["hidden"], ACTS[spec.get("activation", "silu")], spec.get("bias", False))
     elif t in ("sequential", "residual"):
         cls = Residual if t == "residual" else Seq
-        m = cls([(c["name"], build(c, fqn, registry, dtype)) for c in spec["modules"]])
+        m = cls([(c.get("name"), build(c, fqn, registry, dtype)) for c in spec["modules"]])
     elif t == "repeat":
         copies = []
         for i in range(spec["count"]):
             cf = f"{fqn}.{i}"
-            copy = Seq([(c["name"], build(c, cf, registry, dtype)) for c in spec["modules"]])
+            copy = Seq([(c.get("name"), build(c, cf, registry, dtype)) for c in spec["modules"]])
             registry[cf] = copy
             copies.append((str(i), copy))
         m = Seq(copies)

@@ -84,6 +84,28 @@ Act activation(Config& c, const std::string& key, const std::string& fallback) {
     return it->second;
 }
 
+// HF's rope_scaling as the attention's (", rope_scaling: {...}"), "" for none; the types ptool
+// does not compute are refused at the field.
+std::string rope_scaling(Config& c) {
+    if (!c.set("rope_scaling")) return "";
+    const YamlNode node = c.at("rope_scaling");
+    YamlMap m(node, "'rope_scaling'");
+    const std::string type = m.has("rope_type") ? m.at("rope_type").as_string("'rope_type'") : m.at("type").as_string("'type'");
+    if (type == "default") return "";
+    if (type != "linear" && type != "llama3")
+        node.fail(fmt::format("rope_scaling type '{}' is not modelled (ptool computes linear and llama3)", type));
+    auto num = [&](const char* key) {
+        const double v = m.at(key).as_double(fmt::format("rope_scaling '{}'", key));
+        if (!(v > 0) || !std::isfinite(v)) m.at(key).fail(fmt::format("rope_scaling '{}' must be a finite number > 0", key));
+        return yaml_number(v);
+    };
+    std::string out = fmt::format(", rope_scaling: {{type: {}, factor: {}", type, num("factor"));
+    if (type == "llama3")
+        out += fmt::format(", low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}", num("low_freq_factor"),
+                           num("high_freq_factor"), num("original_max_position_embeddings"));
+    return out + "}";
+}
+
 struct Shape2 {
     int64_t batch, seq;
 };
@@ -118,8 +140,7 @@ HfImport decoder(Config& c, const std::string& type, const DecoderFamily& f, con
                                           c.pos("head_dim", 0), d / heads));
     const Shape2 b = batch_shape(opt, max_pos);
     // fields that change the computation and are not modelled
-    c.refuse_if_set("rope_scaling", "scaled RoPE (llama3, yarn, linear, dynamic) is not modelled; ptool's RoPE is "
-                                    "rotate_half with rope_theta");
+    const std::string scaling = rope_scaling(c);
     for (const char* moe : {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"})
         c.refuse_if_set(moe, "mixture-of-experts layers are not modelled");
     if (c.pos("pretraining_tp", 1) != 1) c.at("pretraining_tp").fail("'pretraining_tp' > 1 (sliced projections) is not modelled");
@@ -158,8 +179,8 @@ HfImport decoder(Config& c, const std::string& type, const DecoderFamily& f, con
     y += "          - type: residual\n            modules:\n";
     y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
     y += fmt::format("              - {{name: self_attn, type: attention, dim: {}, heads: {}, kv_heads: {}, causal: true, "
-                     "rope_theta: {}, qkv_bias: {}, o_bias: {}}}\n",
-                     d, heads, kv, yaml_number(theta), qkv_bias, o_bias);
+                     "rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
+                     d, heads, kv, yaml_number(theta), scaling, qkv_bias, o_bias);
     y += "          - type: residual\n            modules:\n";
     y += fmt::format("              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
     y += fmt::format("              - {{name: mlp, type: gated_mlp, dim: {}, hidden: {}, activation: {}, bias: {}}}\n", d, inter,

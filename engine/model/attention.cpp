@@ -20,7 +20,7 @@ Attention::Attention(std::string name, SourceLocation where, const Options& o, D
     const int64_t hd = dim_ / heads_, kv_dim = hd * kv_heads_;
     if (o.rope_theta) {
         if (hd % 2 != 0) this->fail(fmt::format("rope needs an even head dim, got {}", hd));
-        rope_.emplace(*o.rope_theta, hd);
+        rope_.emplace(*o.rope_theta, hd, o.rope_scaling);
     }
     add_child("q_proj", std::make_shared<Linear>("q_proj", this->where(), dim_, dim_, o.qkv_bias, dtype));
     add_child("k_proj", std::make_shared<Linear>("k_proj", this->where(), dim_, kv_dim, o.qkv_bias, dtype));

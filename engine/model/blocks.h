@@ -20,6 +20,7 @@ public:
         int64_t dim = 0, heads = 1, kv_heads = 1;
         bool causal = false, qkv_bias = true, o_bias = true;
         std::optional<double> rope_theta;
+        RopeScaling rope_scaling;  // with rope_theta: HF's rope_scaling (linear, llama3)
         // attn_implementation: eager keeps the softmax probabilities [B*H, T, T] for backward (HF's
         // "eager"); flash keeps q, k, v and recomputes scores and probabilities in backward, one head
         // at a time, as FlashAttention and SDPA's flash kernel do: the same values, no T^2 tensor kept.

@@ -209,6 +209,29 @@ struct Builder {
                 o.rope_theta = r->as_double("'rope_theta'");
                 if (!(*o.rope_theta > 0) || !std::isfinite(*o.rope_theta)) r->fail(fmt::format("rope_theta must be > 0, got {}", *o.rope_theta));
             }
+            if (auto rs = m.get("rope_scaling")) {
+                if (!o.rope_theta) rs->fail("rope_scaling needs rope_theta (RoPE)");
+                YamlMap sm(*rs, "'rope_scaling'");
+                YamlNode type = sm.at("type");
+                o.rope_scaling.type = type.as_string("rope_scaling 'type'");
+                if (o.rope_scaling.type != "linear" && o.rope_scaling.type != "llama3")
+                    type.fail(fmt::format("rope_scaling type '{}'{}", o.rope_scaling.type,
+                                          did_you_mean(o.rope_scaling.type, {"linear", "llama3"})));
+                auto positive = [&](const char* key, double fallback) {
+                    const double v = sm.double_or(key, fallback);
+                    if (!(v > 0) || !std::isfinite(v)) sm.at(key).fail(fmt::format("rope_scaling {} must be a finite number > 0", key));
+                    return v;
+                };
+                o.rope_scaling.factor = positive("factor", 1.0);
+                if (o.rope_scaling.type == "llama3") {
+                    o.rope_scaling.low_freq_factor = positive("low_freq_factor", 1.0);
+                    o.rope_scaling.high_freq_factor = positive("high_freq_factor", 4.0);
+                    o.rope_scaling.original_max_position_embeddings = positive("original_max_position_embeddings", 8192.0);
+                    if (!(o.rope_scaling.high_freq_factor > o.rope_scaling.low_freq_factor))
+                        sm.at("high_freq_factor").fail("rope_scaling high_freq_factor must be above low_freq_factor");
+                }
+                sm.finish();
+            }
             return std::make_shared<Attention>(name, where, o, dtype);
         }
         if (type == "gated_mlp") {

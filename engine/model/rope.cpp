@@ -4,6 +4,20 @@
 
 namespace ptool {
 
+float Rope::inv_freq(int64_t i) const {
+    const double f = 1.0 / std::pow(theta_, static_cast<double>(2 * i) / static_cast<double>(hd_));
+    if (scaling_.type == "linear") return static_cast<float>(f / scaling_.factor);
+    if (scaling_.type != "llama3") return static_cast<float>(f);
+    const double pi = 3.14159265358979323846, wavelen = 2 * pi / f;
+    const double low_wavelen = scaling_.original_max_position_embeddings / scaling_.low_freq_factor;
+    const double high_wavelen = scaling_.original_max_position_embeddings / scaling_.high_freq_factor;
+    if (wavelen > low_wavelen) return static_cast<float>(f / scaling_.factor);  // low frequencies
+    if (wavelen < high_wavelen) return static_cast<float>(f);                   // high frequencies
+    const double smooth = (scaling_.original_max_position_embeddings / wavelen - scaling_.low_freq_factor) /
+                          (scaling_.high_freq_factor - scaling_.low_freq_factor);
+    return static_cast<float>((1 - smooth) * f / scaling_.factor + smooth * f);
+}
+
 Rope::Tables Rope::tables(const Tensor& like) const {
     const int64_t n = like.size(0), t = like.size(1), half = hd_ / 2;
     const bool meta = like.device() == Device::meta;  // shapes only: the same tensors, no values
@@ -11,9 +25,9 @@ Rope::Tables Rope::tables(const Tensor& like) const {
     Tensor c({t, hd_}, like.dtype(), host), s({t, hd_}, like.dtype(), host), m({hd_, hd_}, like.dtype(), host);
     for (int64_t i = 0; i < half && !meta; ++i) {
         // as HF: inv_freq in float32, then position * inv_freq in float32, cos/sin of that
-        const float inv_freq = static_cast<float>(1.0 / std::pow(theta_, static_cast<double>(2 * i) / static_cast<double>(hd_)));
+        const float freq = inv_freq(i);
         for (int64_t p = 0; p < t; ++p) {
-            const float angle = static_cast<float>(p) * inv_freq;
+            const float angle = static_cast<float>(p) * freq;
             for (int64_t k : {i, i + half}) c.set(p * hd_ + k, std::cos(angle)), s.set(p * hd_ + k, std::sin(angle));
         }
         m.set(i * hd_ + i + half, -1.0);  // rotate_half: out[i] = -x[i + half], out[i + half] = x[i]
