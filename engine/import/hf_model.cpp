@@ -131,6 +131,7 @@ HfImport decoder(Config& c, const std::string& type, const DecoderFamily& f, con
                   heads = c.pos("num_attention_heads", f.heads),
                   kv = c.pos("num_key_value_heads", f.kv_heads ? f.kv_heads : heads),
                   max_pos = c.pos("max_position_embeddings", f.max_positions);
+    if (layers > 4096) c.at("num_hidden_layers").fail(fmt::format("num_hidden_layers {} is over ptool's 4096 (repeat)", layers));
     const double eps = c.num("rms_norm_eps", 1e-6), theta = c.num("rope_theta", f.rope_theta);
     if (d % heads) c.at("num_attention_heads").fail(fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", d, heads));
     if (heads % kv) c.at("num_key_value_heads").fail(fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", heads, kv));
@@ -196,6 +197,7 @@ HfImport gpt2(Config& c, const HfImportOptions& opt) {
     HfImport out;
     const int64_t vocab = c.pos("vocab_size", 50257), positions = c.pos("n_positions", 1024), d = c.pos("n_embd", 768),
                   layers = c.pos("n_layer", 12), heads = c.pos("n_head", 12), inner = c.pos("n_inner", 4 * d);
+    if (layers > 4096) c.at("n_layer").fail(fmt::format("n_layer {} is over ptool's 4096 (repeat)", layers));
     if (d % heads) c.at("n_head").fail(fmt::format("n_embd {} is not a multiple of n_head {}", d, heads));
     const double eps = c.num("layer_norm_epsilon", 1e-5), embd = c.num("embd_pdrop", 0.1), resid = c.num("resid_pdrop", 0.1);
     const Shape2 b = batch_shape(opt, positions);

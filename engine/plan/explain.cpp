@@ -16,6 +16,7 @@ int64_t record_bytes_per_step(const Model& model, const Plan& plan, const Layout
     const int64_t ce = static_cast<int64_t>(dtype_size(plan.compute_dtype(model.dtype)));
     int64_t events = 0;
     for (const CallLayout& c : layouts.calls) {
+        if (c.module->transparent()) continue;  // reports no events (an unnamed residual)
         events += numel_of(c.out.global);
         if (!c.module->takes_ids()) events += numel_of(c.in.global);
     }
