@@ -1,6 +1,6 @@
 // libFuzzer harness, structure-aware: the input's bytes choose a *valid* model (a random module
-// tree: embeddings, linears, activations, norms, dropout, attention with GQA, gated MLPs,
-// residuals; random sizes, losses and optimizers) and a plan for it (a mesh with tp and dp dims,
+// tree: embeddings, GPT-2 position embeddings, linears, activations, norms, dropout, attention with GQA, gated MLPs,
+// residuals named or transparent; random sizes, losses and optimizers) and a plan for it (a mesh with tp and dp dims,
 // styles on random modules with random layouts, src_data_rank, replicate or fully_shard), as YAML
 // text, then runs `ptool explain` and a one-step `ptool verify` on them in this process. The only
 // outcomes allowed are those of exit 0, 1 and 2: a result (pass or mismatch) or an InputError.
@@ -32,8 +32,7 @@ struct Gen {
     }
 
     // One block of the body, keeping the width (so residuals and the head fit).
-    std::string block(const std::string& prefix, int i, int depth) {
-        const std::string name = fmt::format("b{}", i);
+    std::string block(const std::string& prefix, const std::string& name, int depth) {
         const int64_t hidden = pick({2, 4, 6, 8, 12, 16});
         switch (in.ConsumeIntegralInRange(0, depth > 1 ? 5 : 7)) {
             case 0: return "  - " + linear(prefix, name, width, width) + "\n";
@@ -60,11 +59,15 @@ struct Gen {
                                    name, width, heads, kv, in.ConsumeBool() ? "true" : "false", in.ConsumeBool() ? "true" : "false");
             }
             default: {
-                modules.push_back(prefix + name);
-                std::string s = fmt::format("  - name: {}\n    type: residual\n    modules:\n", name);
+                // named, or transparent (no name: its modules keep this prefix, as HF's decoder layers)
+                const bool transparent = in.ConsumeBool();
+                if (!transparent) modules.push_back(prefix + name);
+                std::string s = transparent ? std::string("  - type: residual\n    modules:\n")
+                                            : fmt::format("  - name: {}\n    type: residual\n    modules:\n", name);
                 const int n = in.ConsumeIntegralInRange(1, 3);
                 for (int k = 0; k < n; ++k) {
-                    std::string b = block(prefix + name + ".", k, depth + 1);
+                    std::string b = transparent ? block(prefix, fmt::format("{}_{}", name, k), depth + 1)
+                                                : block(prefix + name + ".", fmt::format("b{}", k), depth + 1);
                     for (size_t at = 0; (at = b.find('\n', at)) != std::string::npos && at + 1 < b.size(); ++at) b.insert(at + 1, "    ");
                     s += "    " + b;
                 }
@@ -84,9 +87,12 @@ struct Gen {
         else s += three_d ? fmt::format("batch:\n  input: [{}, {}, {}]\n", batch, seq, width) : fmt::format("batch:\n  input: [{}, {}]\n", batch, width);
         s += "modules:\n";
         if (tokens) s += fmt::format("  - {{name: wte, type: embedding, vocab: {}, dim: {}}}\n", vocab, width), modules.push_back("wte");
+        if (tokens && in.ConsumeBool())  // GPT-2's learned positions
+            s += fmt::format("  - {{name: wpe, type: position_embedding, positions: {}, dim: {}}}\n", seq + pick({0, 3}), width),
+                modules.push_back("wpe");
         const int blocks = in.ConsumeIntegralInRange(1, 5);
         for (int i = 0; i < blocks; ++i) {
-            std::string b = block("", i, three_d ? 0 : 1);  // attention only on [batch, seq, dim]
+            std::string b = block("", fmt::format("b{}", i), three_d ? 0 : 1);  // attention only on [batch, seq, dim]
             if (!three_d && b.find("attention") != std::string::npos) continue;
             s += b;
         }
