@@ -26,9 +26,6 @@ struct HfImport {
     std::vector<std::string> warnings;  // what the config says that ptool does not model, e.g. attention dropout
 };
 
-// The config's model_type when ptool imports it; else exit 2 at the field.
-std::string hf_model_type(const std::string& config_path);
-
 HfImport import_hf_model(const std::string& config_path, const HfImportOptions& opt);
 HfImport import_hf_tp_plan(const std::string& config_path, const HfImportOptions& opt);
 

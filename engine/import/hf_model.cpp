@@ -8,44 +8,11 @@
 #include <map>
 
 #include "core/yaml_reader.h"
+#include "import/hf_config.h"
 #include "import/hf_import.h"
 
 namespace ptool {
 namespace {
-
-// A config.json with HF's defaults for absent fields.
-class Config {
-public:
-    Config(const std::string& path) : root_(load_yaml_text(read_file(path, 1 << 20), path)), map_(root_, "the config") {
-        if (!root_.is_map()) root_.fail("a Hugging Face config.json is a JSON object");
-    }
-    const YamlNode& root() const { return root_; }
-    bool set(const std::string& key) {  // present and not null
-        auto n = map_.get(key);
-        return n && !n->is_null();
-    }
-    bool present(const std::string& key) { return map_.has(key); }
-    YamlNode at(const std::string& key) { return map_.at(key); }
-    int64_t pos(const std::string& key, int64_t fallback) {
-        return set(key) ? map_.at(key).as_positive_int(fmt::format("'{}'", key)) : fallback;
-    }
-    double num(const std::string& key, double fallback) { return set(key) ? map_.at(key).as_double(fmt::format("'{}'", key)) : fallback; }
-    bool flag(const std::string& key, bool fallback) { return set(key) ? map_.at(key).as_bool(fmt::format("'{}'", key)) : fallback; }
-    std::string str(const std::string& key, const std::string& fallback) {
-        return set(key) ? map_.at(key).as_string(fmt::format("'{}'", key)) : fallback;
-    }
-    // Fails at the key when it is present (and not null, false or 0): a feature ptool does not model.
-    void refuse_if_set(const std::string& key, const std::string& why) {
-        if (!set(key)) return;
-        const YamlNode n = map_.at(key);
-        if (n.is_scalar() && (n.raw().Scalar() == "false" || n.raw().Scalar() == "0")) return;
-        n.fail(fmt::format("'{}' is set: {}", key, why));
-    }
-
-private:
-    YamlNode root_;
-    YamlMap map_;
-};
 
 std::string yaml_number(double v) {
     std::string s = fmt::format("{}", v);
@@ -54,7 +21,7 @@ std::string yaml_number(double v) {
 }
 
 // The model's name: the last part of _name_or_path (Qwen/Qwen2-0.5B -> Qwen2-0.5B), else the type.
-std::string model_name(Config& c, const std::string& type) {
+std::string model_name(HfConfig& c, const std::string& type) {
     std::string n = c.str("_name_or_path", "");
     while (!n.empty() && n.back() == '/') n.pop_back();
     if (auto slash = n.rfind('/'); slash != std::string::npos) n = n.substr(slash + 1);
@@ -67,7 +34,7 @@ std::string model_name(Config& c, const std::string& type) {
 struct Act {
     std::string gated, module;
 };
-Act activation(Config& c, const std::string& key, const std::string& fallback) {
+Act activation(HfConfig& c, const std::string& key, const std::string& fallback) {
     const std::string a = c.str(key, fallback);
     static const std::map<std::string, Act> known = {
         {"silu", {"silu", "{type: silu}"}},   {"swish", {"silu", "{type: silu}"}},
@@ -86,7 +53,7 @@ Act activation(Config& c, const std::string& key, const std::string& fallback) {
 
 // HF's rope_scaling as the attention's (", rope_scaling: {...}"), "" for none; the types ptool
 // does not compute are refused at the field.
-std::string rope_scaling(Config& c) {
+std::string rope_scaling(HfConfig& c) {
     if (!c.set("rope_scaling")) return "";
     const YamlNode node = c.at("rope_scaling");
     YamlMap m(node, "'rope_scaling'");
@@ -124,7 +91,7 @@ struct DecoderFamily {
     int64_t sliding_window_default;  // 0: none
 };
 
-HfImport decoder(Config& c, const std::string& type, const DecoderFamily& f, const HfImportOptions& opt) {
+HfImport decoder(HfConfig& c, const std::string& type, const DecoderFamily& f, const HfImportOptions& opt) {
     HfImport out;
     const int64_t vocab = c.pos("vocab_size", f.vocab), d = c.pos("hidden_size", f.hidden),
                   inter = c.pos("intermediate_size", f.intermediate), layers = c.pos("num_hidden_layers", f.layers),
@@ -161,7 +128,7 @@ HfImport decoder(Config& c, const std::string& type, const DecoderFamily& f, con
     if (act.gated.empty()) c.at("hidden_act").fail("the gated MLP computes silu, relu, gelu or tanh");
     const bool bias = c.flag("attention_bias", false), mlp_bias = c.flag("mlp_bias", false);
     const bool qkv_bias = f.qkv_bias_fixed || bias, o_bias = !f.qkv_bias_fixed && bias;
-    const bool tied = c.flag("tie_word_embeddings", false);
+    const bool tied = hf_tied_head(c, type);
 
     std::string& y = out.yaml;
     y += fmt::format("# {} ({}, model_type {}) from {}: `ptool import hf`.\n", model_name(c, type), f.config_class, type,
@@ -193,7 +160,7 @@ HfImport decoder(Config& c, const std::string& type, const DecoderFamily& f, con
     return out;
 }
 
-HfImport gpt2(Config& c, const HfImportOptions& opt) {
+HfImport gpt2(HfConfig& c, const HfImportOptions& opt) {
     HfImport out;
     const int64_t vocab = c.pos("vocab_size", 50257), positions = c.pos("n_positions", 1024), d = c.pos("n_embd", 768),
                   layers = c.pos("n_layer", 12), heads = c.pos("n_head", 12), inner = c.pos("n_inner", 4 * d);
@@ -210,7 +177,7 @@ HfImport gpt2(Config& c, const HfImportOptions& opt) {
     if (!(embd >= 0 && embd < 1)) c.at("embd_pdrop").fail("embd_pdrop must be in [0, 1)");
     if (!(resid >= 0 && resid < 1)) c.at("resid_pdrop").fail("resid_pdrop must be in [0, 1)");
     const Act act = activation(c, "activation_function", "gelu_new");
-    const bool tied = c.flag("tie_word_embeddings", true);
+    const bool tied = hf_tied_head(c, "gpt2");
 
     std::string& y = out.yaml;
     y += fmt::format("# {} (GPT2Config, model_type gpt2) from {}: `ptool import hf`.\n", model_name(c, "gpt2"), c.root().file());
@@ -244,28 +211,27 @@ HfImport gpt2(Config& c, const HfImportOptions& opt) {
     return out;
 }
 
-using Importer = std::function<HfImport(Config&, const HfImportOptions&)>;
+using Importer = std::function<HfImport(HfConfig&, const HfImportOptions&)>;
 
 const std::map<std::string, Importer>& importers() {
     static const std::map<std::string, Importer> m = {
-        {"llama", [](Config& c, const HfImportOptions& o) {
+        {"llama", [](HfConfig& c, const HfImportOptions& o) {
              return decoder(c, "llama", {"LlamaConfig", 32000, 4096, 11008, 32, 32, 0, 2048, 10000.0, false, 0}, o);
          }},
-        {"mistral", [](Config& c, const HfImportOptions& o) {
+        {"mistral", [](HfConfig& c, const HfImportOptions& o) {
              return decoder(c, "mistral", {"MistralConfig", 32000, 4096, 14336, 32, 32, 8, 131072, 10000.0, false, 4096}, o);
          }},
-        {"qwen2", [](Config& c, const HfImportOptions& o) {
+        {"qwen2", [](HfConfig& c, const HfImportOptions& o) {
              return decoder(c, "qwen2", {"Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, true, 4096}, o);
          }},
-        {"gpt2", [](Config& c, const HfImportOptions& o) { return gpt2(c, o); }},
+        {"gpt2", [](HfConfig& c, const HfImportOptions& o) { return gpt2(c, o); }},
     };
     return m;
 }
 
 }  // namespace
 
-std::string hf_model_type(const std::string& config_path) {
-    Config c(config_path);
+std::string hf_model_type(HfConfig& c) {
     const std::string type = c.at("model_type").as_string("'model_type'");
     std::vector<std::string> names;
     for (const auto& [n, f] : importers()) names.push_back(n);
@@ -275,11 +241,12 @@ std::string hf_model_type(const std::string& config_path) {
     return type;
 }
 
+bool hf_tied_head(HfConfig& c, const std::string& type) { return c.flag("tie_word_embeddings", type == "gpt2"); }
+
 HfImport import_hf_model(const std::string& config_path, const HfImportOptions& opt) {
     if (opt.batch <= 0 || opt.seq < 0) throw InputError(fmt::format("--batch {} --seq {}: sizes must be positive", opt.batch, opt.seq));
-    const std::string type = hf_model_type(config_path);
-    Config c(config_path);
-    return importers().at(type)(c, opt);
+    HfConfig c(config_path);
+    return importers().at(hf_model_type(c))(c, opt);
 }
 
 }  // namespace ptool

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "core/yaml_reader.h"
+#include "import/hf_config.h"
 #include "import/hf_import.h"
 
 namespace ptool {
@@ -51,25 +52,26 @@ const std::vector<std::pair<std::string, std::string>> kDecoderPlan = {
 
 HfImport import_hf_tp_plan(const std::string& config_path, const HfImportOptions& opt) {
     if (opt.tp < 1) throw InputError(fmt::format("--tp {}: must be at least 1", opt.tp));
-    const std::string type = hf_model_type(config_path);
+    HfConfig c(config_path);
+    const std::string type = hf_model_type(c);
     const std::string prefix = type == "gpt2" ? "transformer." : "model.";  // the base model's attribute
-    const YamlNode root = load_yaml_text(read_file(config_path, 1 << 20), config_path);
-    YamlMap m(root, "the config");
+    const YamlNode& root = c.root();
     struct Entry {
         std::string pattern, style;
         std::optional<YamlNode> at;  // where the config says it
     };
     std::vector<Entry> entries;
     std::string source;
-    if (auto plan = m.get("base_model_tp_plan"); plan && !plan->is_null()) {
-        if (!plan->is_map()) plan->fail("'base_model_tp_plan' must be an object of module pattern: style");
-        for (const auto& kv : plan->raw()) {
+    if (c.set("base_model_tp_plan")) {
+        const YamlNode plan = c.at("base_model_tp_plan");
+        if (!plan.is_map()) plan.fail("'base_model_tp_plan' must be an object of module pattern: style");
+        for (const auto& kv : plan.raw()) {
             const YamlNode v(kv.second, std::make_shared<const std::string>(root.file()));
             entries.push_back({kv.first.as<std::string>(), v.as_string("a tp plan style"), v});
         }
         source = "the config's base_model_tp_plan";
     } else if (type == "gpt2") {
-        m.at("model_type").fail("GPT-2 has no base_model_tp_plan in transformers (and its fused Conv1D c_attn splits q, k and "
+        c.at("model_type").fail("GPT-2 has no base_model_tp_plan in transformers (and its fused Conv1D c_attn splits q, k and "
                                 "v across ranks wrongly under colwise); write the plan by hand");
     } else {
         for (const auto& [p, s] : kDecoderPlan) entries.push_back({p, s, std::nullopt});
@@ -94,9 +96,7 @@ HfImport import_hf_tp_plan(const std::string& config_path, const HfImportOptions
     }
     // a tied head's weight is the embedding's: one parameter has one placement, so the embedding is
     // sharded over the vocabulary with the head (Megatron's vocab-parallel embedding)
-    const auto tie = m.get("tie_word_embeddings");
-    const bool tied = tie && !tie->is_null() ? tie->as_bool("'tie_word_embeddings'") : type == "gpt2";
-    if (tied) y += fmt::format("    {}{}: rowwise  # tied to lm_head: vocab-parallel\n", prefix, type == "gpt2" ? "wte" : "embed_tokens");
+    if (hf_tied_head(c, type)) y += fmt::format("    {}{}: rowwise  # tied to lm_head: vocab-parallel\n", prefix, type == "gpt2" ? "wte" : "embed_tokens");
     y += "    lm_head: {style: colwise, output_layouts: replicate}\n";
     return out;
 }

@@ -63,16 +63,6 @@ struct Accumulate {
     }
 };
 
-double element(const Tensor& t, int64_t i) {  // any dtype, as a double (the mixed-dtype path)
-    if (!dtype_is_float(t.dtype())) return t.item(i);
-    double v = 0;
-    dispatch_float(t.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        v = static_cast<double>(static_cast<acc_t<T>>(t.data<T>()[i]));
-    });
-    return v;
-}
-
 // Contiguous runs of a piece: `n` elements from flat index `a` of the piece and `e` of the whole.
 struct Span {
     int64_t a, e, n;
@@ -196,7 +186,7 @@ DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std:
         const bool same_dtype = actual.dtype() == expected.dtype();
         for (const Span& s : spans)
             for (int64_t i = 0; i < s.n; ++i) {
-                const double a = element(actual, s.a + i), e = element(expected, s.e + i);
+                const double a = actual.item(s.a + i), e = expected.item(s.e + i);
                 if (a != e || std::memcmp(&a, &e, 8) != 0) piece.all_equal = false;
                 acc(a, e);
                 if (same_dtype) piece.d.max_ulp = std::max(piece.d.max_ulp, static_cast<int64_t>(std::abs(a - e)));

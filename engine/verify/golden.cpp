@@ -98,15 +98,16 @@ void golden_inputs(const TensorFile& g, TensorFile& init, TensorFile& data) {
 
 namespace {
 
-int64_t metadata_steps(const std::string& path, const std::string& text) {
+// A count in [1, max] written in decimal digits only (no sign, no spaces).
+int64_t metadata_count(const std::string& path, const char* key, const std::string& text, int64_t max, const char* what) {
     int64_t v = 0;
     size_t used = 0;
     try {
-        v = std::stoll(text, &used);
+        if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) v = std::stoll(text, &used);
     } catch (const std::exception&) {
     }
-    if (used != text.size() || v < 1 || v > kMaxSteps)
-        throw InputError(SourceLocation{path, 0, 0}, fmt::format("__metadata__ 'steps' is '{}': expected a step count in [1, {}]", text, kMaxSteps));
+    if (used != text.size() || v < 1 || v > max)
+        throw InputError(SourceLocation{path, 0, 0}, fmt::format("__metadata__ '{}' is '{}': expected {} in [1, {}]", key, text, what, max));
     return v;
 }
 
@@ -142,18 +143,13 @@ GoldenCase load_golden(const std::string& path) {
     else if (text_hash(c.plan_yaml) != need("plan_hash")) c.stale = "the recorded plan text does not match its hash (edited)";
     if (!c.stale.empty()) return c;  // nothing is built from an edited case's metadata
     const auto& md = c.file.metadata;
-    if (md.count("steps")) c.steps = metadata_steps(path, md.at("steps"));
+    if (md.count("steps")) c.steps = metadata_count(path, "steps", md.at("steps"), kMaxSteps, "a step count");
     if (md.count("rtol")) c.tolerance.rtol = metadata_tolerance(path, "rtol", md.at("rtol"));
     if (md.count("atol")) c.tolerance.atol = metadata_tolerance(path, "atol", md.at("atol"));
     if (md.count("rel_fro")) c.tolerance.rel_fro = metadata_tolerance(path, "rel_fro", md.at("rel_fro"));
     if (md.count("master_rtol")) c.tolerance.master_rtol = metadata_tolerance(path, "master_rtol", md.at("master_rtol"));
     if (md.count("master_atol")) c.tolerance.master_atol = metadata_tolerance(path, "master_atol", md.at("master_atol"));
-    if (md.count("compact_sample")) {
-        const std::string& v = md.at("compact_sample");
-        if (v.empty() || v.size() > 7 || v.find_first_not_of("0123456789") != std::string::npos || std::stoll(v) < 1)
-            throw InputError(SourceLocation{path, 0, 0}, fmt::format("__metadata__ 'compact_sample' is '{}': expected a count in [1, 9999999]", v));
-        c.compact_sample = std::stoll(v);
-    }
+    if (md.count("compact_sample")) c.compact_sample = metadata_count(path, "compact_sample", md.at("compact_sample"), 9999999, "a count");
     for (const auto& [name, t] : c.file.tensors)
         if (name.rfind("step", 0) == 0 && !parse_step_key(name))
             throw InputError(SourceLocation{path, 0, 0}, fmt::format("tensor '{}': a step key must read step{{k}}.NAME", name));

@@ -115,30 +115,15 @@ public:
             const bool buffer = p->grad.numel() == 0 && p->value.numel() != 0;
             const Placement on_dp = buffer ? Placement::replicate() : run_.dp_placement(p.get());
             const Placement on_tp = buffer ? Placement::replicate() : run_.tp_placement(p.get());
-            if (local_ && !on_tp.is_partial()) {  // each rank hashes its piece; the sums add up to the whole's digest
-                const Shape tp_local = on_dp.is_replicate() ? p->value.shape() : global_shape(p->value.shape(), on_dp, dp_);
-                const Shape whole = global_shape(tp_local, on_tp, tp_);
-                const Box b = box_of(whole, on_dp, on_tp);
-                Tensor mine({1}, DType::int64), all({run_.world().size()}, DType::int64);
-                mine.data<int64_t>()[0] = b.owner ? static_cast<int64_t>(element_hash_sum(on_host(p->value), whole, b.offset)) : 0;
-                run_.world().all_gather(mine, all);
-                const bool ignored = run_.ignored(name);
-                const bool agree = (!on_tp.is_replicate() || replicas_agree(p->value, tp_)) &&
-                                   (ignored || !on_dp.is_replicate() || replicas_agree(p->value, dp_));
-                if (!rank0_) continue;
-                uint64_t sum = 0;
-                for (int r = 0; r < run_.world().size(); ++r) sum += static_cast<uint64_t>(all.data<int64_t>()[r]);
-                if (!agree) rec.init_replicas_differ.push_back(name);
-                rec.init_state.emplace_back(name, finish_element_hash(sum, p->value.dtype(), whole));
-                continue;
-            }
-            const Tensor full = gather(p->value, on_dp, on_tp);
             const bool ignored = run_.ignored(name);
             const bool agree = (!on_tp.is_replicate() || replicas_agree(p->value, tp_)) &&
                                (ignored || !on_dp.is_replicate() || replicas_agree(p->value, dp_));
+            uint64_t digest = 0;  // collective either way; rank 0 keeps it
+            if (local_ && !on_tp.is_partial()) digest = piece_digest(p->value, on_dp, on_tp);
+            else if (const Tensor full = gather(p->value, on_dp, on_tp); rank0_) digest = state_digest(full);
             if (!rank0_) continue;
             if (!agree) rec.init_replicas_differ.push_back(name);
-            rec.init_state.emplace_back(name, state_digest(full));
+            rec.init_state.emplace_back(name, digest);
         }
         if (opt_.init_tensors) {  // golden files: init.param.* then init.buffer.*, each tensor once
             for (const auto& [name, p] : run_.model().named_parameters()) {
@@ -163,28 +148,24 @@ public:
         auto index = std::make_shared<size_t>(0);  // this step's events so far, on every rank
         return [this, &sr, scale, index](const Module& m, Phase phase, const Placed& x) {
             Unaccounted pause(&run_.counter());
+            auto as_reference = [&](const Tensor& t) {  // a backward event at the reference's scale
+                if (phase != Phase::backward || scale == 1.0) return t;
+                Tensor scaled = empty_like(t);
+                backend_for(t.device()).scale(t, scale, scaled);
+                return scaled;
+            };
             if (local_ && !x.p.is_partial()) {
                 const ModuleEvent* ref = reference_event(sr.step, (*index)++);
                 std::optional<TensorDiff> diff;
                 if (ref && ref->fqn == m.fqn() && ref->phase == phase && ref->full.defined()) {
-                    Tensor mine = on_host(x.t);
-                    if (phase == Phase::backward && scale != 1.0) {
-                        Tensor scaled = empty_like(mine);
-                        backend_for(Device::cpu).scale(mine, scale, scaled);
-                        mine = scaled;
-                    }
+                    const Tensor mine = as_reference(on_host(x.t));
                     diff = reduce(piece(mine, ref->full, activation_box(ref->full.shape(), x), opt_.tol), opt_.tol);
                 }
                 if (rank0_) sr.events.push_back({m.fqn(), phase, Tensor(), diff});
                 return;
             }
             if (local_) ++*index;
-            Tensor full = gather(x);
-            if (phase == Phase::backward && scale != 1.0) {
-                Tensor scaled = empty_like(full);
-                run_.backend().scale(full, scale, scaled);
-                full = scaled;
-            }
+            const Tensor full = as_reference(gather(x));
             if (!rank0_) return;
             ModuleEvent e{m.fqn(), phase, Tensor(), {}};
             if (!opt_.compare_with) {
@@ -226,8 +207,8 @@ public:
                                     run_.ignored(name), last_step);
             if (shadow_.empty()) continue;
             if (local_) {  // this rank's piece against its shadow piece, counted once per group of replicas
-                Box b = box_of(p->value.shape(), run_.dp_placement(p.get()), run_.tp_placement(p.get()));
-                b.offset.assign(b.offset.size(), 0), b.shape = p->value.shape();
+                const Placement on_dp = run_.dp_placement(p.get()), on_tp = run_.tp_placement(p.get());
+                const Box b{std::vector<int64_t>(p->value.dim(), 0), p->value.shape(), owns(on_dp, on_tp), sole_owner(on_dp, on_tp)};
                 const Tolerance rule = opt_.tol.for_masters();
                 const TensorDiff d = reduce(piece(on_host(p->value), shadow_[i].second->value, b, rule), rule);
                 if (rank0_) sr.vs_shadow[s + "param." + name] = d;
@@ -267,28 +248,24 @@ public:
             const auto& [name, p] = params[i];
             if (run_.ignored(name)) continue;
             const Placement on_dp = run_.dp_placement(p.get()), on_tp = run_.tp_placement(p.get());
+            Tensor piece;
             if (local_ && truth.count(s + name)) {  // each rank cuts its piece of the truth: no broadcast
-                const Tensor& t = *truth.at(s + name);
-                Tensor piece = on_tp.is_shard() ? chunk(t, tp_.size(), tp_.rank(), on_tp.normalized(t.dim()).dim) : t;
-                if (on_dp.is_shard()) piece = chunk(piece, dp_.size(), dp_.rank(), 0);
-                piece = piece.to(p->value.dtype());
+                piece = piece_of(*truth.at(s + name), on_dp, on_tp).to(p->value.dtype());
                 PTOOL_REQUIRE(piece.shape() == p->value.shape(), "resync of '{}': {} for {}", name, shape_str(piece.shape()),
                               shape_str(p->value.shape()));
                 if (!shadow_.empty()) shadow_[i].second->value = piece.clone();
-                run_.backend().copy(p->value.device() == Device::cpu ? piece : piece.to_device(p->value.device()), p->value);
-                continue;
+            } else {  // rank 0 broadcasts the whole truth; every rank cuts its piece
+                const Shape tp_local = on_dp.is_replicate() ? p->value.shape() : global_shape(p->value.shape(), on_dp, dp_);
+                Tensor full(global_shape(tp_local, on_tp, tp_), p->value.dtype());
+                if (rank0_) {
+                    const Tensor& t = *truth.at(s + name);
+                    PTOOL_REQUIRE(t.shape() == full.shape(), "resync of '{}': {} for {}", name, shape_str(t.shape()), shape_str(full.shape()));
+                    full = t.to(full.dtype()).clone();
+                    if (!shadow_.empty()) shadow_[i].second->value = full.clone();
+                }
+                world.broadcast(full, 0);
+                piece = piece_of(full, on_dp, on_tp);
             }
-            const Shape tp_local = on_dp.is_replicate() ? p->value.shape() : global_shape(p->value.shape(), on_dp, dp_);
-            Tensor full(global_shape(tp_local, on_tp, tp_), p->value.dtype());
-            if (rank0_) {
-                const Tensor& t = *truth.at(s + name);
-                PTOOL_REQUIRE(t.shape() == full.shape(), "resync of '{}': {} for {}", name, shape_str(t.shape()), shape_str(full.shape()));
-                full = t.to(full.dtype()).clone();
-                if (!shadow_.empty()) shadow_[i].second->value = full.clone();
-            }
-            world.broadcast(full, 0);
-            Tensor piece = on_tp.is_shard() ? chunk(full, tp_.size(), tp_.rank(), on_tp.normalized(full.dim()).dim) : full;
-            if (on_dp.is_shard()) piece = chunk(piece, dp_.size(), dp_.rank(), 0);
             run_.backend().copy(p->value.device() == Device::cpu ? piece : piece.to_device(p->value.device()), p->value);
         }
     }
@@ -297,23 +274,48 @@ private:
     // A parameter-like tensor of `whole` shape placed on_tp, then (fully_shard) on_dp over the
     // TP-local tensor's dim 0.
     Box box_of(const Shape& whole, const Placement& on_dp, const Placement& on_tp) const {
-        Box b{std::vector<int64_t>(whole.size(), 0), whole, true};
+        Box b{std::vector<int64_t>(whole.size(), 0), whole, owns(on_dp, on_tp), sole_owner(on_dp, on_tp)};
         if (on_tp.is_shard()) {
             const int64_t d = on_tp.normalized(static_cast<int64_t>(whole.size())).dim;
             const Chunk c = chunk_of(whole[d], tp_.size(), tp_.rank());
             b.offset[d] += c.offset, b.shape[d] = c.length;
-        } else if (tp_.rank() != 0) {
-            b.owner = false;
         }
         if (on_dp.is_shard()) {
             const int64_t d = on_dp.normalized(static_cast<int64_t>(whole.size())).dim;
             const Chunk c = chunk_of(b.shape[d], dp_.size(), dp_.rank());
             b.offset[d] += c.offset, b.shape[d] = c.length;
-        } else if (dp_.rank() != 0) {
-            b.owner = false;
         }
-        b.sole_owner = b.owner && !on_tp.is_shard() && !on_dp.is_shard();
         return b;
+    }
+
+    // Whether this rank counts its piece: one rank of each group of replicas (coordinate 0 on the
+    // dims the tensor is replicated over); and whether it is the only rank that counts one.
+    bool owns(const Placement& on_dp, const Placement& on_tp) const {
+        return (on_tp.is_shard() || tp_.rank() == 0) && (on_dp.is_shard() || dp_.rank() == 0);
+    }
+    bool sole_owner(const Placement& on_dp, const Placement& on_tp) const {
+        return owns(on_dp, on_tp) && !on_tp.is_shard() && !on_dp.is_shard();
+    }
+
+    // This rank's piece of a whole tensor (its tp chunk, then fully_shard's dp chunk of that), as
+    // the box box_of describes.
+    Tensor piece_of(const Tensor& whole, const Placement& on_dp, const Placement& on_tp) const {
+        Tensor piece = on_tp.is_shard() ? chunk(whole, tp_.size(), tp_.rank(), on_tp.normalized(whole.dim()).dim) : whole;
+        return on_dp.is_shard() ? chunk(piece, dp_.size(), dp_.rank(), 0) : piece;
+    }
+
+    // The whole tensor's state digest from the pieces (collective; meaningful on rank 0): each
+    // owner hashes its piece where it sits, rank 0 adds the sums (verify/compare.h).
+    uint64_t piece_digest(const Tensor& local, const Placement& on_dp, const Placement& on_tp) {
+        const Shape tp_local = on_dp.is_replicate() ? local.shape() : global_shape(local.shape(), on_dp, dp_);
+        const Shape whole = global_shape(tp_local, on_tp, tp_);
+        const Box b = box_of(whole, on_dp, on_tp);
+        Tensor mine({1}, DType::int64), all({run_.world().size()}, DType::int64);
+        mine.data<int64_t>()[0] = b.owner ? static_cast<int64_t>(element_hash_sum(on_host(local), whole, b.offset)) : 0;
+        run_.world().all_gather(mine, all);
+        uint64_t sum = 0;
+        for (int r = 0; r < run_.world().size(); ++r) sum += static_cast<uint64_t>(all.data<int64_t>()[r]);
+        return finish_element_hash(sum, local.dtype(), whole);
     }
 
     // An activation: every dp rank's rows, then its layout on the tp dim (x.global: this dp rank's).
