@@ -1,5 +1,10 @@
 // Model YAML: PyTorch names, default init, and every kind of bad input as a positioned error.
 #include <cmath>
+#include <cstring>
+
+#include "core/rng.h"
+#include "core/tensor_ops.h"
+#include "model/layers.h"
 
 #include "model/batch.h"
 #include "model/model.h"
@@ -8,6 +13,9 @@
 using namespace ptool;
 
 namespace {
+bool same_bits(const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
 std::vector<std::string> names(const std::vector<std::pair<std::string, ParamPtr>>& v) {
     std::vector<std::string> out;
     for (const auto& [n, p] : v) out.push_back(n);
@@ -108,4 +116,47 @@ TEST_CASE("init files are strict like load_state_dict, data files check names, s
     require_input_error([&] { DataSource(m, &d, "data.st"); }, {"data.st", "unexpected tensor 'inputs'", "'input'"});
     d.tensors[0] = {"step1.input", Tensor({4, 3}, DType::float32)};
     require_input_error([&] { DataSource(m, &d, "data.st"); }, {"'step1.input' is [4, 3]"});
+}
+
+TEST_CASE("a shard's init draws exactly the full tensor's slice (uniform and normal, any dim, uneven offsets)", "[cpu]") {
+    const Shape full{7, 5, 3};
+    Tensor whole_u(full, DType::float32), whole_n(full, DType::float32);
+    init_uniform(whole_u, 11, "w", 0.5);
+    init_normal(whole_n, 11, "w", 2.0);
+    const CounterRng rng(11, stream_id("init", "w"));  // element i is a function of i alone
+    for (int64_t i = 0; i < whole_u.numel(); ++i) {
+        CHECK(whole_u.item(i) == static_cast<float>(-0.5 + 1.0 * rng.uniform(static_cast<uint64_t>(i))));
+        CHECK(whole_n.item(i) == static_cast<float>(2.0 * rng.normal(static_cast<uint64_t>(i))));
+    }
+    for (int64_t dim = 0; dim < 3; ++dim)
+        for (int64_t offset = 0; offset < full[dim]; offset += 2) {
+            const int64_t len = std::min<int64_t>(2, full[dim] - offset);
+            Shape local = full;
+            local[dim] = len;
+            Tensor u(local, DType::float32), n(local, DType::float32);
+            init_uniform_shard(u, 11, "w", 0.5, full, dim, offset);
+            init_normal_shard(n, 11, "w", 2.0, full, dim, offset);
+            const int parts = static_cast<int>((full[dim] + 1) / 2);  // torch.chunk's pieces of 2
+            CHECK(same_bits(u, chunk(whole_u, parts, static_cast<int>(offset / 2), dim)));
+            CHECK(same_bits(n, chunk(whole_n, parts, static_cast<int>(offset / 2), dim)));
+        }
+}
+
+TEST_CASE("generated data: drawn once, every caller gets its own copy of the same values", "[cpu]") {
+    const TensorSpec spec{{64, 33}, false, 0};
+    Tensor a = generate_tensor(spec, DType::float32, 3, "input");
+    const Tensor b = generate_tensor(spec, DType::float32, 3, "input");
+    CHECK(!a.shares_storage(b));
+    CHECK(same_bits(a, b));
+    const CounterRng rng(3, stream_id("data", "input"));
+    for (int64_t i = 0; i < a.numel(); i += 97) CHECK(a.item(i) == static_cast<float>(rng.normal(static_cast<uint64_t>(i))));
+    a.set(0, 1e6);  // a caller's copy is its own
+    CHECK(generate_tensor(spec, DType::float32, 3, "input").item(0) == b.item(0));
+    const Tensor half = generate_tensor(spec, DType::bfloat16, 3, "input");  // keyed by dtype
+    CHECK(half.dtype() == DType::bfloat16);
+    CHECK(half.item(1) == static_cast<double>(static_cast<float>(bf16_t(static_cast<float>(rng.normal(1))))));
+    const Tensor ids = generate_tensor({{100}, true, 7}, DType::float32, 3, "target");
+    const CounterRng targets(3, stream_id("data", "target"));
+    CHECK(ids.dtype() == DType::int64);
+    for (int64_t i = 0; i < ids.numel(); ++i) CHECK(ids.item(i) == static_cast<double>(targets.below(static_cast<uint64_t>(i), 7)));
 }

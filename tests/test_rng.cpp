@@ -53,6 +53,17 @@ TEST_CASE("normal draws have mean 0 and variance 1; uniform draws cover [0, 1)",
     CHECK(umax > 0.999);
 }
 
+TEST_CASE("normal_run draws exactly normal(i), from any first index and length", "[cpu]") {
+    const CounterRng rng(5, stream_id("data", "input"));
+    for (uint64_t first : {uint64_t{0}, uint64_t{3}, uint64_t{0xFFFFFFF5ull}})
+        for (int64_t n : {0, 1, 15, 16, 17, 100}) {
+            std::vector<double> out(static_cast<size_t>(n) + 1, -7.0);
+            rng.normal_run(first, n, out.data());
+            for (int64_t i = 0; i < n; ++i) CHECK(out[i] == rng.normal(first + i));
+            CHECK(out[n] == -7.0);  // nothing written past n
+        }
+}
+
 TEST_CASE("the vectorised paths draw exactly the scalar values", "[cpu]") {
     // 16 lanes against the scalar Philox, across a carry of the low counter word into the high one
     for (uint64_t lo : {uint64_t{0}, uint64_t{0xFFFFFFF8ull}, ~uint64_t{0} - 7}) {

@@ -32,11 +32,24 @@ void CounterRng::uniform_run(uint64_t first, int64_t n, double* out) const {
     for (; i < n; ++i) out[i] = uniform(first + i);
 }
 
-double CounterRng::normal(uint64_t index) const {
-    auto r = philox4x32(seed_, stream_, index);
-    double u1 = 1.0 - to_unit(r[0], r[1]);  // (0, 1]: log is finite
-    double u2 = to_unit(r[2], r[3]);
+namespace {
+double box_muller(const std::array<uint32_t, 4>& r) {
+    const double u1 = 1.0 - to_unit(r[0], r[1]);  // (0, 1]: log is finite
+    const double u2 = to_unit(r[2], r[3]);
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+}  // namespace
+
+double CounterRng::normal(uint64_t index) const { return box_muller(philox4x32(seed_, stream_, index)); }
+
+void CounterRng::normal_run(uint64_t first, int64_t n, double* out) const {
+    int64_t i = 0;
+    std::array<uint32_t, 4> blocks[16];
+    for (; i + 16 <= n; i += 16) {
+        philox4x32_x16(seed_, stream_, first + i, blocks);
+        for (int k = 0; k < 16; ++k) out[i + k] = box_muller(blocks[k]);
+    }
+    for (; i < n; ++i) out[i] = normal(first + i);
 }
 
 uint64_t CounterRng::below(uint64_t index, uint64_t n) const {

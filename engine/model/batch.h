@@ -47,6 +47,11 @@ std::optional<StepKey> parse_step_key(const std::string& name);
 // tensor or a step{k} key at or beyond `steps`.
 void check_data_steps(const TensorFile& data, const std::string& path, int64_t steps);
 
+// A generated tensor (a pure function of seed, what, shape, dtype and range). Drawn once per
+// process and copied to each caller: the reference and every rank thread of a verify ask for the
+// same batch, and eight ranks drawing 512x1024 normals each took longer than their GEMMs' share.
+// The copy is the caller's own memory (its account's batch), as each rank holds its own batch.
+// Under MetaAllocation: the shape only.
 Tensor generate_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, const std::string& what);
 
 // Copies a state_dict file into the model's parameters and buffers. Missing or unexpected keys

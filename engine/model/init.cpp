@@ -19,52 +19,54 @@ void fill_by_index(Tensor& t, F&& f) {
 }
 }  // namespace
 
-void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound) {
-    CounterRng rng(seed, stream_id("init", fqn));
-    dispatch_float(t.dtype(), [&](auto tag) {  // fill_by_index's values, drawn 4096 at a time
+namespace {
+// t[i] = f(draw of global index g(i)), where draw(first, n, out) writes n consecutive indices' values
+// (uniform_run, normal_run): a shard along `dim` at `offset` of `full` is, for each index of the
+// dims before `dim`, one run of the full tensor's indices, drawn 4096 at a time.
+template <class Draw, class F>
+void fill_runs(Tensor& t, const Shape& full, int64_t dim, int64_t offset, Draw&& draw, F&& f) {
+    int64_t inner = 1;
+    for (size_t d = dim + 1; d < full.size(); ++d) inner *= full[d];
+    const int64_t local_len = t.dim() ? t.shape()[dim] : 1, full_len = full.empty() ? 1 : full[dim];
+    const int64_t run = local_len * inner, n = t.numel();
+    dispatch_float(t.dtype(), [&](auto tag) {
         using T = decltype(tag);
         T* p = t.data<T>();
-        double u[4096];
-        for (int64_t start = 0, n = t.numel(); start < n; start += 4096) {
-            const int64_t len = std::min<int64_t>(4096, n - start);
-            rng.uniform_run(static_cast<uint64_t>(start), len, u);
-            for (int64_t i = 0; i < len; ++i) p[start + i] = T(static_cast<acc_t<T>>(-bound + 2.0 * bound * u[i]));
+        double v[4096];
+        for (int64_t outer = 0; run > 0 && outer * run < n; ++outer) {
+            const int64_t first = (outer * full_len + offset) * inner;  // the run's first global index
+            for (int64_t start = 0; start < run; start += 4096) {
+                const int64_t len = std::min<int64_t>(4096, run - start);
+                draw(static_cast<uint64_t>(first + start), len, v);
+                for (int64_t i = 0; i < len; ++i) p[outer * run + start + i] = T(static_cast<acc_t<T>>(f(v[i])));
+            }
         }
     });
 }
-
-namespace {
-// The flat index in the full tensor of local element i of a shard along dim starting at offset.
-struct ShardIndex {
-    int64_t inner = 1, local_len, full_len, offset;
-    ShardIndex(const Tensor& t, const Shape& full, int64_t dim, int64_t off)
-        : local_len(t.dim() ? t.shape()[dim] : 1), full_len(full[dim]), offset(off) {
-        for (size_t d = dim + 1; d < full.size(); ++d) inner *= full[d];
-    }
-    uint64_t operator()(int64_t i) const {  // local (outer, k, in) -> global (outer, offset + k, in)
-        const int64_t in = i % inner, k = (i / inner) % local_len, outer = i / (inner * local_len);
-        return static_cast<uint64_t>((outer * full_len + offset + k) * inner + in);
-    }
-};
 }  // namespace
+
+void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound) {
+    init_uniform_shard(t, seed, fqn, bound, t.shape(), 0, 0);
+}
 
 void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double bound, const Shape& full, int64_t dim,
                         int64_t offset) {
-    CounterRng rng(seed, stream_id("init", fqn));
-    const ShardIndex global(t, full, dim, offset);
-    fill_by_index(t, [&](int64_t i) { return -bound + 2.0 * bound * rng.uniform(global(i)); });
+    const CounterRng rng(seed, stream_id("init", fqn));
+    fill_runs(
+        t, full, dim, offset, [&](uint64_t first, int64_t n, double* out) { rng.uniform_run(first, n, out); },
+        [&](double u) { return -bound + 2.0 * bound * u; });
 }
 
 void init_normal_shard(Tensor& t, uint64_t seed, const std::string& fqn, double stddev, const Shape& full, int64_t dim,
                        int64_t offset) {
-    CounterRng rng(seed, stream_id("init", fqn));
-    const ShardIndex global(t, full, dim, offset);
-    fill_by_index(t, [&](int64_t i) { return stddev * rng.normal(global(i)); });
+    const CounterRng rng(seed, stream_id("init", fqn));
+    fill_runs(
+        t, full, dim, offset, [&](uint64_t first, int64_t n, double* out) { rng.normal_run(first, n, out); },
+        [&](double z) { return stddev * z; });
 }
 
 void init_normal(Tensor& t, uint64_t seed, const std::string& fqn, double stddev) {
-    CounterRng rng(seed, stream_id("init", fqn));
-    fill_by_index(t, [&](int64_t i) { return stddev * rng.normal(i); });
+    init_normal_shard(t, seed, fqn, stddev, t.shape(), 0, 0);
 }
 
 void fill_value(Tensor& t, double value) {
