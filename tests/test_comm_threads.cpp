@@ -1,7 +1,11 @@
 // The threads communicator: the conformance suite at world sizes 1-8, bitwise agreement across
 // ranks and runs, and the failure paths (a rank throws, a rank never arrives, mismatched collectives).
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "comm/comm_threads.h"
 #include "comm_conformance.h"
@@ -147,4 +151,53 @@ TEST_CASE("zero-size tensors flow through every collective", "[cpu]") {
         CHECK(errors[r].empty());
         CHECK(gathered[r] == 3.0);  // rank 0's 1 and rank 1's 2
     }
+}
+
+TEST_CASE("more CPU ranks than cores take turns: at most one rank per core computes, results unchanged", "[cpu]") {
+    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const int n = std::min(4 * cores, 64);
+    std::atomic<int> computing{0}, most{0};
+    std::vector<double> sums(n);
+    run_rank_threads(n, CommOptions{}, [&](Communicator& c) {
+        Tensor t({4}, DType::float32);
+        for (int k = 0; k < 5; ++k) {
+            const int now = ++computing;
+            for (int seen = most.load(); now > seen && !most.compare_exchange_weak(seen, now);) {
+            }
+            const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+            while (std::chrono::steady_clock::now() < until) {
+            }  // "compute"
+            --computing;
+            t.set(0, c.rank() + 1);
+            c.all_reduce(t, ReduceOp::sum);  // waits give the core back
+        }
+        sums[c.rank()] = t.item(0);
+    });
+    INFO(n << " ranks on " << cores << " cores");
+    CHECK(most.load() <= cores);
+    CHECK(most.load() >= 1);
+    for (double s : sums) CHECK(s == n * (n + 1) / 2);
+}
+
+TEST_CASE("more CPU ranks than cores: a failure or a timeout still ends every rank", "[cpu]") {
+    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const int n = std::min(3 * cores, 48);
+    double s = 0;
+    std::string msg = failure_of(n, 30, [](Communicator& c) {
+        Tensor t({8}, DType::float32);
+        c.all_reduce(t, ReduceOp::sum);
+        if (c.rank() == 1) throw std::runtime_error("injected failure");
+        c.all_reduce(t, ReduceOp::sum);
+    }, &s);
+    CHECK(msg == "rank 1 failed: injected failure");
+    CHECK(s < 5);
+    msg = failure_of(n, 1.0, [](Communicator& c) {
+        Tensor t({4}, DType::float32);
+        c.all_reduce(t, ReduceOp::sum);
+        if (c.rank() == 0) return;  // never comes to the second
+        c.all_reduce(t, ReduceOp::sum);
+    }, &s);
+    INFO(msg);
+    CHECK(msg.find("timed out after 1 s") != std::string::npos);
+    CHECK(s < 4.0);
 }

@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "core/rng.h"
 #include "core/tensor_ops.h"
 #include "comm/comm_choice.h"
 #include "verify/faults.h"
@@ -328,4 +329,34 @@ TEST_CASE("zero-size tensors flow through every op and the comparison", "[cpu]")
     CHECK(diff.max_abs == 0);
     CHECK_FALSE(compare_tensors(x, Tensor({4, 0}, DType::float32), Tolerance{}).shape_ok);
     CHECK(tensor_digest(x) != tensor_digest(Tensor({0, 5}, DType::float32)));
+}
+
+TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every element (gated divisions)", "[cpu]") {
+    // random signs and magnitudes over 40 decades, exact zeros, subnormals, errors of a few ULPs to
+    // 10%: max_rel and headroom equal a plain loop that divides every element
+    const CounterRng rng(9, 4);
+    for (DType dt : {DType::float32, DType::float64})
+        for (const Tolerance& tol : {Tolerance{1.3e-6, 1e-5}, Tolerance{0, 0}, Tolerance{1e-2, 0}}) {
+            const int64_t n = 200'000;
+            Tensor a({n}, dt), e({n}, dt);
+            for (int64_t i = 0; i < n; ++i) {
+                const double mag = std::pow(10.0, 40 * rng.uniform(3 * i) - 30) * (rng.uniform(3 * i + 1) < 0.5 ? -1 : 1);
+                const double v = i % 101 == 0 ? 0.0 : i % 257 == 0 ? 1e-40 : mag;
+                const double rel = i % 13 == 0 ? 0.0 : std::pow(10.0, -8 + 7 * rng.uniform(3 * i + 2));
+                e.set(i, v), a.set(i, i % 97 == 0 ? 0.0 : v * (1 + rel));
+            }
+            double max_abs = 0, max_rel = 0, headroom = 0;
+            for (int64_t i = 0; i < n; ++i) {
+                const double x = a.item(i), y = e.item(i), err = std::abs(x - y), bound = tol.atol + tol.rtol * std::abs(y);
+                max_abs = std::max(max_abs, err);
+                if (y != 0) max_rel = std::max(max_rel, err / std::abs(y));
+                else if (err > 0) max_rel = std::numeric_limits<double>::infinity();
+                headroom = std::max(headroom, bound > 0 ? err / bound : (err > 0 ? 1e300 : 0.0));
+            }
+            const TensorDiff d = compare_tensors(a, e, tol);
+            INFO(dtype_name(dt) << " rtol " << tol.rtol << " atol " << tol.atol);
+            CHECK(d.max_abs == max_abs);
+            CHECK(d.max_rel == max_rel);
+            CHECK(d.headroom == headroom);
+        }
 }

@@ -17,20 +17,41 @@ void AbortState::abort(const std::string& why) {
     aborted.store(true);
 }
 
+void CoreSlots::acquire() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return free_ > 0; });
+    --free_;
+}
+
+void CoreSlots::release() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        ++free_;
+    }
+    cv_.notify_one();
+}
+
 ThreadGroup::ThreadGroup(int n_, std::shared_ptr<AbortState> abort_, std::vector<int> world_ranks_)
     : n(n_), abort(std::move(abort_)), world_ranks(std::move(world_ranks_)), in(n_), out(n_), count(n_), desc(n_),
       inside(n_, false), posted(n_, false), split_args(n_) {}
 
 void ThreadsCommunicator::sync() {
     ThreadGroup& g = *group_;
-    std::unique_lock<std::mutex> lk(g.mu);
-    const uint64_t gen = g.generation;
-    if (++g.arrived == g.n) {
-        g.arrived = 0;
-        ++g.generation;
-        g.cv.notify_all();
-        return;
+    uint64_t gen = 0;
+    {
+        std::lock_guard<std::mutex> lk(g.mu);
+        gen = g.generation;
+        if (++g.arrived == g.n) {
+            g.arrived = 0;
+            ++g.generation;
+            g.cv.notify_all();
+            return;
+        }
     }
+    // its core to a rank that computes until the others arrive, taken back after the group's lock
+    // is released (declared first, destroyed last)
+    const CoreSlots::Yielded waiting(g.cores.get());
+    std::unique_lock<std::mutex> lk(g.mu);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
     while (g.generation == gen) {
         if (g.abort->aborted.load()) {
@@ -213,7 +234,7 @@ std::unique_ptr<Communicator> ThreadsCommunicator::split(int color, int key) {
     {
         std::lock_guard<std::mutex> lk(g.mu);
         auto& slot = g.splits[{d.sequence, color}];
-        if (!slot) slot = std::make_shared<ThreadGroup>(static_cast<int>(members.size()), g.abort, world);
+        if (!slot) slot = std::make_shared<ThreadGroup>(static_cast<int>(members.size()), g.abort, world), slot->cores = g.cores;
         sub = slot;
     }
     leave();
@@ -273,8 +294,14 @@ void run_rank_threads(int n, const CommOptions& options, const std::function<voi
     for (int r = 0; r < n; ++r) world[r] = r;
     auto abort = std::make_shared<AbortState>();
     auto group = std::make_shared<ThreadGroup>(n, abort, world);
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    if (device == Device::cpu && cores > 0 && n > cores) group->cores = std::make_shared<CoreSlots>(cores);
     run_threads(
-        n, abort, [&](int r) { return std::make_unique<ThreadsCommunicator>(group, r, options, device); }, fn);
+        n, abort, [&](int r) { return std::make_unique<ThreadsCommunicator>(group, r, options, device); },
+        [&](Communicator& comm) {
+            const CoreSlots::Held core(group->cores.get());
+            fn(comm);
+        });
 }
 
 }  // namespace ptool

@@ -13,16 +13,19 @@
 namespace ptool {
 namespace {
 
-// Maps a float's bits to an integer that is monotone in the float's value (sign-magnitude -> two's complement).
+// Maps a float's bits to an integer that is monotone in the float's value: the magnitude, negated
+// for a negative sign (branch-free: the signs of compared gradients are random).
 int64_t ordered_bits(float v) {
     int32_t b;
     std::memcpy(&b, &v, 4);
-    return b < 0 ? std::numeric_limits<int32_t>::min() - static_cast<int64_t>(b) : b;
+    const int64_t mag = b & 0x7fffffff, neg = b >> 31;  // neg: 0 or -1
+    return (mag ^ neg) - neg;
 }
 int64_t ordered_bits(double v) {
     int64_t b;
     std::memcpy(&b, &v, 8);
-    return b < 0 ? std::numeric_limits<int64_t>::min() - b : b;
+    const int64_t mag = b & std::numeric_limits<int64_t>::max(), neg = b >> 63;
+    return (mag ^ neg) - neg;
 }
 template <class Half>  // bf16_t, f16_t: sign and magnitude in 16 bits
     requires requires(Half h) { h.bits; }
@@ -93,30 +96,75 @@ std::vector<Span> spans_of(const Shape& local, const Shape& global, const std::v
     return out;
 }
 
-// One batch of spans of a same-dtype float comparison.
+// Division-free tests that an error cannot raise a running maximum m of err / den: when
+// err < fl(fl(m (1 - 2^-50)) den), and that product is a normal finite double, then err / den < m
+// exactly, so its rounded quotient is at most m (rounding is monotone and m is a double). Only the
+// elements that pass the gate are divided, so the maxima are bitwise those of dividing every one.
+struct MaxGate {
+    double gate = 0;
+    static double of(double m) { return m * (1.0 - 0x1p-50); }
+    bool below(double err, double den) const {
+        const double p = gate * den;
+        return err < p && p > 0x1p-1000 && p < std::numeric_limits<double>::infinity();
+    }
+};
+
+// One batch of spans of a same-dtype float comparison. Finite elements take the fast path
+// (Accumulate's arithmetic, its divisions gated, the exact sums interleaved over two accumulators
+// each to break their memory dependency); non-finite ones go through Accumulate.
 void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance& tol, const Span* begin, const Span* end,
                    DiffPiece& part) {
     const Accumulate acc{tol, part};
+    ExactSum err2[4], ref2[4];
     dispatch_float(actual.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T *pa = actual.data<T>(), *pe = expected.data<T>();
+        TensorDiff& d = part.d;
+        MaxGate rel{MaxGate::of(d.max_rel)}, head{MaxGate::of(d.headroom)};
         for (const Span* s = begin; s != end; ++s) {
             const T *a = pa + s->a, *e = pe + s->e;
             if (std::memcmp(a, e, static_cast<size_t>(s->n) * sizeof(T)) == 0) {  // bitwise equal: only NaN can fail
                 for (int64_t i = 0; i < s->n; ++i) {
                     const double v = static_cast<acc_t<T>>(a[i]);
                     if (!std::isfinite(v)) acc(v, v);
-                    else part.ref2.add(v * v);
+                    else ref2[i & 3].add(v * v);
                 }
                 continue;
             }
             part.all_equal = false;
+            // the maxima in registers, written back around the non-finite path (Accumulate's)
+            double max_abs = d.max_abs, max_rel = d.max_rel, headroom = d.headroom;
+            int64_t max_ulp = d.max_ulp;
             for (int64_t i = 0; i < s->n; ++i) {
-                acc(static_cast<acc_t<T>>(a[i]), static_cast<acc_t<T>>(e[i]));
-                part.d.max_ulp = std::max(part.d.max_ulp, ulp_distance(ordered_bits(a[i]), ordered_bits(e[i])));
+                const double av = static_cast<acc_t<T>>(a[i]), ev = static_cast<acc_t<T>>(e[i]);
+                max_ulp = std::max(max_ulp, ulp_distance(ordered_bits(a[i]), ordered_bits(e[i])));
+                if (!std::isfinite(av) || !std::isfinite(ev)) [[unlikely]] {
+                    d.max_abs = max_abs, d.max_rel = max_rel, d.headroom = headroom;
+                    acc(av, ev);
+                    max_abs = d.max_abs, max_rel = d.max_rel, headroom = d.headroom;
+                    rel.gate = MaxGate::of(max_rel), head.gate = MaxGate::of(headroom);
+                    continue;
+                }
+                const double abs_err = std::abs(av - ev), mag = std::abs(ev);
+                err2[i & 3].add(abs_err * abs_err);
+                ref2[i & 3].add(ev * ev);
+                max_abs = std::max(max_abs, abs_err);
+                if (ev != 0) {
+                    if (!rel.below(abs_err, mag)) [[unlikely]]
+                        max_rel = std::max(max_rel, abs_err / mag), rel.gate = MaxGate::of(max_rel);
+                } else if (abs_err > 0) {
+                    max_rel = std::numeric_limits<double>::infinity(), rel.gate = MaxGate::of(max_rel);
+                }
+                const double bound = tol.atol + tol.rtol * mag;
+                if (!(bound > 0) || !head.below(abs_err, bound)) [[unlikely]] {
+                    headroom = std::max(headroom, bound > 0 ? abs_err / bound : (abs_err > 0 ? 1e300 : 0.0));
+                    head.gate = MaxGate::of(headroom);
+                }
             }
+            d.max_abs = max_abs, d.max_rel = max_rel, d.headroom = headroom, d.max_ulp = max_ulp;
         }
     });
+    for (int k = 0; k < 4; ++k) part.err2.add(err2[k]), part.ref2.add(ref2[k]);
 }
 
 double worst(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b); }
@@ -127,22 +175,6 @@ double worst(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::
 constexpr int64_t kBlock = int64_t{1} << 18, kSplitAt = int64_t{1} << 20;
 
 }  // namespace
-
-void ExactSum::add(double v) {
-    if (!(v > 0)) return;
-    uint64_t bits;
-    std::memcpy(&bits, &v, 8);
-    int exp = static_cast<int>(bits >> 52);  // v > 0: no sign bit
-    uint64_t mant = bits & ((uint64_t{1} << 52) - 1);
-    if (exp) mant |= uint64_t{1} << 52;
-    else exp = 1;  // subnormal
-    const unsigned pos = static_cast<unsigned>(exp - 1);  // the mantissa's lowest bit is 2^(pos - 1074)
-    const unsigned i = pos / kDigit, sh = pos % kDigit;
-    constexpr uint64_t mask = (uint64_t{1} << kDigit) - 1;
-    w[i] += (mant << sh) & mask;
-    w[i + 1] += (mant >> (kDigit - sh - 1)) >> 1;  // two shifts: sh = 0 shifts by 52 in all
-    if (++pending == 4095) normalize();
-}
 
 void ExactSum::normalize() {
     constexpr uint64_t mask = (uint64_t{1} << kDigit) - 1;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/tensor.h"
@@ -42,7 +43,18 @@ struct ExactSum {
     static constexpr int kDigit = 52;
     uint64_t w[kWords] = {};
     int pending = 0;  // additions since the carries were last propagated
-    void add(double v);  // v >= 0, finite
+    void add(double v) {  // v >= 0, finite; branch-free (a zero adds zero digits)
+        uint64_t bits;
+        std::memcpy(&bits, &v, 8);
+        const int biased = static_cast<int>(bits >> 52);  // v >= 0: no sign bit
+        const uint64_t mant = (bits & ((uint64_t{1} << 52) - 1)) | (static_cast<uint64_t>(biased != 0) << 52);
+        const unsigned pos = static_cast<unsigned>(biased - (biased != 0));  // the mantissa's lowest bit is 2^(pos - 1074)
+        const unsigned i = pos / kDigit, sh = pos % kDigit;
+        constexpr uint64_t mask = (uint64_t{1} << kDigit) - 1;
+        w[i] += (mant << sh) & mask;
+        w[i + 1] += (mant >> (kDigit - sh - 1)) >> 1;  // two shifts: sh = 0 shifts by 52 in all
+        if (++pending == 4095) normalize();
+    }
     void add(const ExactSum& o);
     void normalize();       // propagates the carries: every word < 2^52
     double value() const;  // the same for the same sum, whatever the order of the terms

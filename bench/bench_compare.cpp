@@ -1,0 +1,63 @@
+// bench_compare: verify's element comparison (compare_piece: max abs/rel error, ULPs, headroom and
+// the exact Frobenius sums) on a float32 gradient-sized tensor, against reading the same two
+// tensors with memcpy's rate measured in the same run (a comparison reads both once).
+//   ./build/bench/bench_compare [ELEMENTS]      (default 8M: gemm_mlp's net1.weight is 4M)
+// Rows: one thread (a rank comparing its own piece) and the helper threads (rank 0 comparing a
+// replicated tensor alone); equal tensors (the memcmp fast path) and tensors that differ in every
+// element by about one ULP (GEMMs blocked differently).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "verify/compare.h"
+
+using namespace ptool;
+
+namespace {
+template <class F>
+double best_seconds(int repeats, F&& f) {
+    double best = 1e30;
+    for (int i = 0; i < repeats; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+    const int64_t n = argc > 1 ? std::stoll(argv[1]) : int64_t{8} << 20;
+    Tensor expected({n}, DType::float32), actual({n}, DType::float32), same({n}, DType::float32);
+    const CounterRng rng(1, 2);
+    float *e = expected.data<float>(), *a = actual.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+        e[i] = static_cast<float>(rng.normal(static_cast<uint64_t>(i)) * 1e-3);
+        a[i] = e[i] * (1.0f + 1.2e-7f * static_cast<float>(i % 3 - 1));  // within a ULP or two
+    }
+    std::memcpy(same.raw(), expected.raw(), expected.nbytes());
+    std::vector<char> sink(expected.nbytes());
+    const double read = best_seconds(5, [&] {  // two tensors' bytes read (one copy reads one, writes one)
+        std::memcpy(sink.data(), expected.raw(), expected.nbytes());
+        std::memcpy(sink.data(), actual.raw(), actual.nbytes());
+    });
+    const Tolerance tol = Tolerance::for_policy(DType::float32, DType::float32, 3);
+    const std::vector<int64_t> origin = {0};
+    std::printf("bench_compare: %lld float32 elements; reading both with memcpy: %.2f ms = %.2f ns/element\n",
+                static_cast<long long>(n), read * 1e3, read * 1e9 / static_cast<double>(n));
+    std::printf("  %-34s %10s %12s %10s\n", "case", "ms", "ns/element", "x memcpy");
+    for (bool threads : {false, true})
+        for (bool differ : {true, false}) {
+            const Tensor& mine = differ ? actual : same;
+            TensorDiff d;
+            const double t = best_seconds(5, [&] { d = finish_diff(compare_piece(mine, expected, origin, tol, threads), tol); });
+            std::printf("  %-34s %10.2f %12.2f %10.2f  max_ulp %lld\n",
+                        (std::string(differ ? "differ by ~1 ULP" : "bitwise equal") + (threads ? ", helper threads" : ", one thread")).c_str(),
+                        t * 1e3, t * 1e9 / static_cast<double>(n), t / read, static_cast<long long>(d.max_ulp));
+        }
+    return 0;
+}
