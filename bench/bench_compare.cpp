@@ -59,5 +59,13 @@ int main(int argc, char** argv) {
                         (std::string(differ ? "differ by ~1 ULP" : "bitwise equal") + (threads ? ", helper threads" : ", one thread")).c_str(),
                         t * 1e3, t * 1e9 / static_cast<double>(n), t / read, static_cast<long long>(d.max_ulp));
         }
+    // replicas are compared by digest (every rank hashes its copy), construction state by element hash
+    uint64_t sink_digest = 0;
+    const double digest = best_seconds(5, [&] { sink_digest += tensor_digest(actual); });
+    const double element = best_seconds(5, [&] { sink_digest += element_hash_sum(actual, actual.shape(), origin); });
+    std::printf("  %-34s %10.2f %12.2f %10.2f\n", "tensor_digest (replicas)", digest * 1e3, digest * 1e9 / static_cast<double>(n),
+                digest / read);
+    std::printf("  %-34s %10.2f %12.2f %10.2f  (%llx)\n", "element_hash_sum (construction)", element * 1e3,
+                element * 1e9 / static_cast<double>(n), element / read, static_cast<unsigned long long>(sink_digest & 0xf));
     return 0;
 }
