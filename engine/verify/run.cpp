@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <optional>
+#include <set>
 
 #include "core/tensor_ops.h"
 #include "model/loss.h"
@@ -35,6 +36,31 @@ bool builds_own_shards(const RunInputs& in, const Plan& plan, const RunLayer* la
     return draws_lazily(in, plan, layer) && !plan.src_data_rank;
 }
 
+// Whether the run draws its initial values itself (after the mesh exists, so that it can leave
+// out what it receives), not --init's and not on meta.
+bool draws_init(const RunInputs& in) { return !in.init && in.device != Device::meta; }
+
+// What DDP's construction broadcasts from dp rank 0 (DataParallel): the replicated parameters of
+// its buckets and the synchronised buffers. A dp rank other than 0 need not draw a module whose
+// every parameter and buffer it receives: PyTorch's DDP broadcasts rank 0's state the same way.
+// Not under a fault layer: a mutation that skips the broadcast must see the values drawn.
+std::set<std::string> received_from_dp_rank0(const Resolution& res, const Communicator* dp, const RunLayer* layer) {
+    std::set<std::string> names;
+    if (layer || !res.dp.active || !dp || dp->rank() == 0) return names;
+    for (const auto& replica : res.dp.replicas)
+        for (const BucketSpec& b : replica.buckets) names.insert(b.params.begin(), b.params.end());
+    names.insert(res.dp.synced_buffers.begin(), res.dp.synced_buffers.end());
+    return names;
+}
+
+bool receives_all_state(const Module& m, const std::set<std::string>& received) {
+    if (received.empty() || (m.params().empty() && m.buffers().empty())) return false;
+    for (const auto* list : {&m.params(), &m.buffers()})
+        for (const auto& e : *list)
+            if (!received.count(join_name(m.fqn(), e.name))) return false;
+    return true;
+}
+
 }  // namespace
 
 Plan single_device_plan() {
@@ -50,7 +76,7 @@ Plan reference_plan(const Plan& plan) {
 }
 
 Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer)
-    : model_(build_model(in, !draws_lazily(in, plan, layer))), plan_(plan), world_(world),
+    : model_(build_model(in, false)), plan_(plan), world_(world),
       be_(backend_for(in.device)), counter_(std::make_shared<CommCounter>()), device_(in.device), layer_(layer) {
     {
         std::optional<MetaAllocation> meta;
@@ -63,12 +89,17 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     res_ = resolve_plan(model_, plan);
     for (const Module* m : res_.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
     const bool own = builds_own_shards(in, plan, layer);
-    if (draws_lazily(in, plan, layer)) {
-        // src_data_rank k: a rank other than k skips what rank k's broadcast overwrites
-        const bool receives = !own && mesh_->comm(mesh_->dim_index(plan.tp_mesh_dim)).rank() != *plan.src_data_rank;
+    if (draws_init(in)) {
+        // every module draws its own values, but for what this rank builds as pieces or receives:
+        // src_data_rank k's broadcast (a rank other than k), DDP's from dp rank 0
+        const bool lazy = draws_lazily(in, plan, layer);
+        const bool receives = lazy && !own && mesh_->comm(mesh_->dim_index(plan.tp_mesh_dim)).rank() != *plan.src_data_rank;
+        const Communicator* dp = res_.dp.active ? &mesh_->comm(mesh_->dim_index(plan.data_parallel->mesh_dim)) : nullptr;
+        const std::set<std::string> received = received_from_dp_rank0(res_, dp, layer);
         model_.init_params_except([&](const Module& m) {
             const ResolvedStyle* rs = res_.style_of(m);
-            return rs && (own ? builds_own_pieces(*rs) : receives && distributes_all_own(*rs));
+            if (rs) return lazy && (own ? builds_own_pieces(*rs) : receives && distributes_all_own(*rs));
+            return receives_all_state(m, received);
         });
     }
     if (layer) layer->before_parallelize(model_, res_);
