@@ -441,6 +441,21 @@ private:
     const bool local_;
 };
 
+// The world's step: from the first rank's start to the last rank's end. Rank threads of one
+// process that take turns on the cores (comm/comm_threads.h, CoreSlots) start their steps at
+// different times, and rank 0's own interval would miss what the others computed before it began.
+double world_step_seconds(Run& run, const StepOutput& out) {
+    Communicator& world = run.world();
+    Unaccounted pause(&run.counter());
+    Tensor mine({2}, DType::float64), all({2 * world.size()}, DType::float64);
+    mine.data<double>()[0] = out.started, mine.data<double>()[1] = out.started + out.seconds;
+    world.all_gather(mine, all);
+    double first = all.data<double>()[0], last = all.data<double>()[1];
+    for (int r = 1; r < world.size(); ++r)
+        first = std::min(first, all.data<double>()[2 * r]), last = std::max(last, all.data<double>()[2 * r + 1]);
+    return last - first;
+}
+
 }  // namespace
 
 RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
@@ -454,7 +469,8 @@ RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
     for (int64_t k = 0; k < steps; ++k) {
         StepRecord sr;
         sr.step = k;
-        const StepOutput out = run.step(k, recorder.observer(sr));
+        StepOutput out = run.step(k, recorder.observer(sr));
+        if (opt.rank_local && run.world().size() > 1) out.seconds = world_step_seconds(run, out);
         sr.seconds = out.seconds;
         rec.seconds += out.seconds;
         if (const DataParallel* dp = run.data_parallel())

@@ -207,6 +207,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     optimizer_->step(params);
     be_.synchronize();
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out.started = std::chrono::duration<double>(t0.time_since_epoch()).count();
     return out;
 }
 

@@ -61,6 +61,7 @@ struct StepOutput {
     double loss = 0;     // over this dp rank's rows: the microbatches' losses, each divided by their count
     double grad_norm = 0;  // clip_grad_norm: the gradients' total norm before clipping (clip_grad_norm_'s return)
     double seconds = 0;  // forward + backward + gradient sync + optimizer, synchronised
+    double started = 0;  // when this rank's step began (steady clock, seconds): ranks of one process compare
 };
 
 class Run {
