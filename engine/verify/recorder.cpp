@@ -441,21 +441,6 @@ private:
     const bool local_;
 };
 
-// The world's step: from the first rank's start to the last rank's end. Rank threads of one
-// process that take turns on the cores (comm/comm_threads.h, CoreSlots) start their steps at
-// different times, and rank 0's own interval would miss what the others computed before it began.
-double world_step_seconds(Run& run, const StepOutput& out) {
-    Communicator& world = run.world();
-    Unaccounted pause(&run.counter());
-    Tensor mine({2}, DType::float64), all({2 * world.size()}, DType::float64);
-    mine.data<double>()[0] = out.started, mine.data<double>()[1] = out.started + out.seconds;
-    world.all_gather(mine, all);
-    double first = all.data<double>()[0], last = all.data<double>()[1];
-    for (int r = 1; r < world.size(); ++r)
-        first = std::min(first, all.data<double>()[2 * r]), last = std::max(last, all.data<double>()[2 * r + 1]);
-    return last - first;
-}
-
 }  // namespace
 
 RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
@@ -470,7 +455,10 @@ RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
         StepRecord sr;
         sr.step = k;
         StepOutput out = run.step(k, recorder.observer(sr));
-        if (opt.rank_local && run.world().size() > 1) out.seconds = world_step_seconds(run, out);
+        if (opt.rank_local && run.world().size() > 1) {
+            Unaccounted pause(&run.counter());
+            out.seconds = world_step_seconds(run.world(), out.started, out.seconds);
+        }
         sr.seconds = out.seconds;
         rec.seconds += out.seconds;
         if (const DataParallel* dp = run.data_parallel())
@@ -484,6 +472,16 @@ RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
     rec.world_size = run.world().size();
     rec.backend = run.world().backend();
     return rank0 ? rec : RunRecord{};
+}
+
+double world_step_seconds(Communicator& world, double started, double seconds) {
+    Tensor mine({2}, DType::float64), all({2 * world.size()}, DType::float64);
+    mine.data<double>()[0] = started, mine.data<double>()[1] = started + seconds;
+    world.all_gather(mine, all);
+    double first = all.data<double>()[0], last = all.data<double>()[1];
+    for (int r = 1; r < world.size(); ++r)
+        first = std::min(first, all.data<double>()[2 * r]), last = std::max(last, all.data<double>()[2 * r + 1]);
+    return last - first;
 }
 
 }  // namespace ptool

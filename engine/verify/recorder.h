@@ -38,4 +38,9 @@ struct RecordOptions {
 // rank 0's (the others return an empty one).
 RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt);
 
+// The world's step from each rank's start and length on one clock (ranks of one process): the
+// first rank's start to the last rank's end (collective). Rank threads that take turns on the
+// cores start their steps at different times; rank 0's own interval would miss what ran before it.
+double world_step_seconds(Communicator& world, double started, double seconds);
+
 }  // namespace ptool
