@@ -3,6 +3,7 @@
 // sgemm rate measured in the same run. verify runs the reference and the parallel model, so the
 // limit is 2x the step's GEMMs. For DDP it also prints the gradient all_reduce bytes per step
 // against the model's gradient bytes (must be 1x: every gradient in exactly one bucket).
+// Each CPU row is the best of 3 verifies (the limit is the best of 3 GEMM runs).
 //   ./build/bench/bench_verify [MODEL] [PLAN]      (default: gemm_mlp, plans/gemm_mlp_tp.yaml)
 //   ./build/bench/bench_verify models/gemm_mlp.yaml plans/gemm_mlp_ddp.yaml
 //   ./build/bench/bench_verify models/gemm_mlp_4k.yaml plans/gemm_mlp_tp.yaml cuda [tf32]
@@ -45,6 +46,7 @@ int main_impl(int argc, char** argv) {
     job.inputs = in;
     if (cuda) job.options.steps = 4;
     const auto launch = in_process_launch(in.device, job.options.comm);
+    const int repeats = cuda ? 1 : 3;
     double worst = 0;  // the worst "x limit" of the rows
     for (int tp : ddp ? std::vector<int>{2, 4} : std::vector<int>{2, 4, 8}) {
         Plan plan = load_plan(plan_path);
@@ -52,9 +54,16 @@ int main_impl(int argc, char** argv) {
         for (bool events : cuda ? std::vector<bool>{false} : std::vector<bool>{false, true}) {
             job.options.events = events;
             job.plans = {plan};
-            const auto t0 = std::chrono::steady_clock::now();
-            const VerifyReport r = verify(job, *launch);
-            const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            // the best of `repeats` verifies, as the limit is the best of its GEMM runs (this VM's
+            // run-to-run spread is about 30%); the report is the fastest verify's
+            VerifyReport r;
+            double total = 1e30;
+            for (int rep = 0; rep < repeats; ++rep) {
+                const auto t0 = std::chrono::steady_clock::now();
+                VerifyReport one = verify(job, *launch);
+                const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                if (t < total) total = t, r = std::move(one);
+            }
             worst = std::max(worst, total / limit);
             std::printf("  %4d  %10.1f  %10.1f  %10.1f  %8.2f  %s%s\n", tp, total * 1e3, r.reference_seconds * 1e3,
                         r.plans[0].run.seconds * 1e3, total / limit, r.pass ? "PASS" : "FAIL",
