@@ -13,22 +13,12 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "gemm_limit.h"
 #include "verify/compare.h"
 
 using namespace ptool;
 
-namespace {
-template <class F>
-double best_seconds(int repeats, F&& f) {
-    double best = 1e30;
-    for (int i = 0; i < repeats; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        f();
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
-}
-}  // namespace
+using bench::best_seconds;
 
 int main(int argc, char** argv) {
     const int64_t n = argc > 1 ? std::stoll(argv[1]) : int64_t{8} << 20;

@@ -234,7 +234,10 @@ std::unique_ptr<Communicator> ThreadsCommunicator::split(int color, int key) {
     {
         std::lock_guard<std::mutex> lk(g.mu);
         auto& slot = g.splits[{d.sequence, color}];
-        if (!slot) slot = std::make_shared<ThreadGroup>(static_cast<int>(members.size()), g.abort, world), slot->cores = g.cores;
+        if (!slot) {
+            slot = std::make_shared<ThreadGroup>(static_cast<int>(members.size()), g.abort, world);
+            slot->cores = g.cores;  // the job's cores: a sub-group's waits give them back too
+        }
         sub = slot;
     }
     leave();

@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "core/tensor_ops.h"
 #include "core/yaml_reader.h"
+#include "model/layers.h"
 #include "model/checkpoint.h"
 
 namespace ptool {
@@ -39,16 +40,7 @@ Tensor draw_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, con
         for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<int64_t>(rng.below(i, static_cast<uint64_t>(spec.range)));
         return t;
     }
-    dispatch_float(t.dtype(), [&](auto tag) {  // N(0, 1) drawn 4096 at a time, rounded once to the dtype
-        using T = decltype(tag);
-        T* p = t.data<T>();
-        double v[4096];
-        for (int64_t start = 0, n = t.numel(); start < n; start += 4096) {
-            const int64_t len = std::min<int64_t>(4096, n - start);
-            rng.normal_run(static_cast<uint64_t>(start), len, v);
-            for (int64_t i = 0; i < len; ++i) p[start + i] = T(static_cast<acc_t<T>>(v[i]));
-        }
-    });
+    fill_normal(t, rng, 1.0);
     return t;
 }
 
@@ -65,8 +57,8 @@ std::deque<Drawn> g_drawn;
 
 Tensor generate_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, const std::string& what) {
     if (meta_allocation_active()) return Tensor(spec.shape, spec.ids ? DType::int64 : float_dtype);  // a simulated step's batch: its shape
-    const std::string key = fmt::format("{}/{}/{}/{}/{}/{}", seed, what, shape_str(spec.shape), spec.ids ? "ids" : dtype_name(float_dtype),
-                                        spec.range, spec.ids);
+    const std::string key =
+        fmt::format("{}/{}/{}/{}/{}", seed, what, shape_str(spec.shape), spec.ids ? "ids" : dtype_name(float_dtype), spec.range);
     std::lock_guard lock(g_drawn_mutex);  // the other ranks of a verify wait for the first one's draw, then copy it
     for (const Drawn& d : g_drawn)
         if (d.key == key) return d.t.clone();  // the caller's own copy, charged to its account

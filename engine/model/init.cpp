@@ -43,6 +43,11 @@ void fill_runs(Tensor& t, const Shape& full, int64_t dim, int64_t offset, Draw&&
         }
     });
 }
+void fill_normal_shard(Tensor& t, const CounterRng& rng, double stddev, const Shape& full, int64_t dim, int64_t offset) {
+    fill_runs(
+        t, full, dim, offset, [&](uint64_t first, int64_t n, double* out) { rng.normal_run(first, n, out); },
+        [&](double z) { return stddev * z; });
+}
 }  // namespace
 
 void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound) {
@@ -59,11 +64,10 @@ void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double
 
 void init_normal_shard(Tensor& t, uint64_t seed, const std::string& fqn, double stddev, const Shape& full, int64_t dim,
                        int64_t offset) {
-    const CounterRng rng(seed, stream_id("init", fqn));
-    fill_runs(
-        t, full, dim, offset, [&](uint64_t first, int64_t n, double* out) { rng.normal_run(first, n, out); },
-        [&](double z) { return stddev * z; });
+    fill_normal_shard(t, CounterRng(seed, stream_id("init", fqn)), stddev, full, dim, offset);
 }
+
+void fill_normal(Tensor& t, const CounterRng& rng, double stddev) { fill_normal_shard(t, rng, stddev, t.shape(), 0, 0); }
 
 void init_normal(Tensor& t, uint64_t seed, const std::string& fqn, double stddev) {
     init_normal_shard(t, seed, fqn, stddev, t.shape(), 0, 0);

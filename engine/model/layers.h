@@ -3,6 +3,7 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "core/rng.h"
 #include "model/module.h"
 
 namespace ptool {
@@ -177,5 +178,7 @@ void init_normal(Tensor& t, uint64_t seed, const std::string& fqn, double stddev
 void init_normal_shard(Tensor& t, uint64_t seed, const std::string& fqn, double stddev, const Shape& full, int64_t dim,
                        int64_t offset);
 void fill_value(Tensor& t, double value);  // host-side fill, for init
+// N(0, stddev) from rng, element i from index i (generated data: its own stream)
+void fill_normal(Tensor& t, const CounterRng& rng, double stddev);
 
 }  // namespace ptool

@@ -190,6 +190,15 @@ void poison_replica(Tensor& t, int rank) {  // t := 0.25 + rank - t / 2
     be.copy(shift, t);
 }
 
+std::vector<BroadcastState> construction_broadcast(const DataParallelResolution& res) {
+    std::vector<BroadcastState> out;
+    for (const auto& replica : res.replicas)
+        for (const BucketSpec& b : replica.buckets)
+            for (const std::string& name : b.params) out.push_back({name, false});
+    for (const std::string& name : res.synced_buffers) out.push_back({name, true});
+    return out;
+}
+
 DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh,
                            Backend& be)
     : res_(res), comm_(&mesh.comm(mesh.dim_index(plan.data_parallel->mesh_dim))), counter_(mesh.counter()), be_(be) {
@@ -208,10 +217,10 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
     // from deliberately different values (as the seed's test seeds each rank with its rank), so a
     // broadcast that does not happen shows up as replicas that differ.
     std::vector<ParamPtr> states;
-    for (const auto& replica : res.replicas)
-        for (const BucketSpec& b : replica.buckets)
-            for (const std::string& name : b.params) states.push_back(params.at(name));
-    for (const std::string& name : res.synced_buffers) buffers_.push_back(buffers.at(name)), states.push_back(buffers.at(name));
+    for (const BroadcastState& s : construction_broadcast(res)) {
+        states.push_back(s.buffer ? buffers.at(s.name) : params.at(s.name));
+        if (s.buffer) buffers_.push_back(states.back());
+    }
     if (comm_->rank() != 0)
         for (const ParamPtr& p : states) poison_replica(p->value, comm_->rank());
     {

@@ -50,6 +50,14 @@ struct DataParallelResolution {
     std::vector<std::string> batch_norms;  // FQNs of the BatchNorm modules
 };
 
+// What DDP's construction broadcasts from dp rank 0, in its order: every replica's bucket
+// parameters, then the synchronised buffers.
+struct BroadcastState {
+    std::string name;
+    bool buffer = false;
+};
+std::vector<BroadcastState> construction_broadcast(const DataParallelResolution& res);
+
 // Errors (exit 2): unknown modules (with did-you-mean), a batch that does not split evenly over
 // the dp ranks, nested replicate() roots. Findings that explain an expected mismatch (loss: sum,
 // BatchNorm with local statistics, ignored modules) go to `causes`; patterns matching nothing

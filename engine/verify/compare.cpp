@@ -110,7 +110,7 @@ struct MaxGate {
 };
 
 // One batch of spans of a same-dtype float comparison. Finite elements take the fast path
-// (Accumulate's arithmetic, its divisions gated, the exact sums interleaved over two accumulators
+// (Accumulate's arithmetic, its divisions gated, the exact sums interleaved over four accumulators
 // each to break their memory dependency); non-finite ones go through Accumulate.
 void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance& tol, const Span* begin, const Span* end,
                    DiffPiece& part) {

@@ -13,12 +13,13 @@
 namespace ptool {
 namespace {
 
-Model build_model(const RunInputs& in, bool init) {
+// The model's structure; its values from --init, else drawn by the Run once the mesh exists.
+Model build_model(const RunInputs& in) {
     if (in.device == Device::meta) {  // shapes only: nothing initialised, nothing allocated
         MetaAllocation meta;
         return load_model_text(in.model_text, in.model_path, in.dtype_override, false);
     }
-    Model m = load_model_text(in.model_text, in.model_path, in.dtype_override, init && !in.init);
+    Model m = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
     if (in.init) load_state_dict(m, *in.init, in.init_path);
     return m;
 }
@@ -40,16 +41,14 @@ bool builds_own_shards(const RunInputs& in, const Plan& plan, const RunLayer* la
 // out what it receives), not --init's and not on meta.
 bool draws_init(const RunInputs& in) { return !in.init && in.device != Device::meta; }
 
-// What DDP's construction broadcasts from dp rank 0 (DataParallel): the replicated parameters of
-// its buckets and the synchronised buffers. A dp rank other than 0 need not draw a module whose
-// every parameter and buffer it receives: PyTorch's DDP broadcasts rank 0's state the same way.
-// Not under a fault layer: a mutation that skips the broadcast must see the values drawn.
+// What a dp rank other than 0 receives from DDP's construction broadcast (construction_broadcast):
+// it need not draw a module whose every parameter and buffer it receives, as PyTorch's DDP starts
+// every replica from rank 0's state. Not under a fault layer: a mutation that skips the broadcast
+// must see the values drawn.
 std::set<std::string> received_from_dp_rank0(const Resolution& res, const Communicator* dp, const RunLayer* layer) {
     std::set<std::string> names;
     if (layer || !res.dp.active || !dp || dp->rank() == 0) return names;
-    for (const auto& replica : res.dp.replicas)
-        for (const BucketSpec& b : replica.buckets) names.insert(b.params.begin(), b.params.end());
-    names.insert(res.dp.synced_buffers.begin(), res.dp.synced_buffers.end());
+    for (const BroadcastState& s : construction_broadcast(res.dp)) names.insert(s.name);
     return names;
 }
 
@@ -76,7 +75,7 @@ Plan reference_plan(const Plan& plan) {
 }
 
 Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer)
-    : model_(build_model(in, false)), plan_(plan), world_(world),
+    : model_(build_model(in)), plan_(plan), world_(world),
       be_(backend_for(in.device)), counter_(std::make_shared<CommCounter>()), device_(in.device), layer_(layer) {
     {
         std::optional<MetaAllocation> meta;
