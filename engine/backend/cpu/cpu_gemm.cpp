@@ -1,7 +1,9 @@
 // GEMM on the CPU: cblas_sgemm / cblas_dgemm; 16-bit inputs are widened to float, multiplied
 // with sgemm (fp32 accumulation) and rounded once on store.
 #include <cblas.h>
+#include <dlfcn.h>
 
+#include <cstdlib>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -60,7 +62,32 @@ void CpuBackend::gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor
     });
 }
 
+namespace {
+
+// OpenBLAS's pthread workers spin (sched_yield) for 2^28 TSC cycles, about 0.1 s, after each job
+// before they sleep. Verify's rank threads, its comparison and its model construction run in those
+// gaps and lost a core's third to the spinning (perf: 10% of a bench_verify's cycles in
+// sched_yield). Where the user has not chosen (OPENBLAS_THREAD_TIMEOUT), the spin is cut to 2^20
+// cycles (about 0.4 ms: back-to-back GEMMs still find the workers awake): the variable is set, the
+// library rereads its environment and its workers are stopped; its next threaded GEMM starts them
+// again with the new timeout (the path a forked child takes). Builds without those entry points
+// (another BLAS, OpenBLAS with OpenMP) keep their own behaviour.
+bool quiet_blas_workers() {
+    if (std::getenv("OPENBLAS_THREAD_TIMEOUT") || std::getenv("GOTO_THREAD_TIMEOUT")) return false;
+    auto read_env = reinterpret_cast<void (*)()>(dlsym(RTLD_DEFAULT, "openblas_read_env"));
+    auto shutdown = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"));
+    if (!read_env || !shutdown) return false;
+    setenv("OPENBLAS_THREAD_TIMEOUT", "20", 0);
+    read_env();
+    shutdown();
+    return true;
+}
+const bool kBlasWorkersQuiet = quiet_blas_workers();  // at start-up, before any other thread
+
+}  // namespace
+
 GemmThreadShare::GemmThreadShare(int ranks) : saved_(openblas_get_num_threads()) {
+    (void)kBlasWorkersQuiet;
     openblas_set_num_threads(threads_for(saved_, ranks));
 }
 
