@@ -7,6 +7,7 @@
 #include "model/layers.h"
 
 #include "model/batch.h"
+#include "model/drawn_cache.h"
 #include "model/model.h"
 #include "test_helpers.h"
 
@@ -128,6 +129,7 @@ TEST_CASE("a shard's init draws exactly the full tensor's slice (uniform and nor
         CHECK(whole_u.item(i) == static_cast<float>(-0.5 + 1.0 * rng.uniform(static_cast<uint64_t>(i))));
         CHECK(whole_n.item(i) == static_cast<float>(2.0 * rng.normal(static_cast<uint64_t>(i))));
     }
+    drawn_tensors().clear();  // the shards draw their own runs, not the whole tensors' copies
     for (int64_t dim = 0; dim < 3; ++dim)
         for (int64_t offset = 0; offset < full[dim]; offset += 2) {
             const int64_t len = std::min<int64_t>(2, full[dim] - offset);
@@ -140,6 +142,43 @@ TEST_CASE("a shard's init draws exactly the full tensor's slice (uniform and nor
             CHECK(same_bits(u, chunk(whole_u, parts, static_cast<int>(offset / 2), dim)));
             CHECK(same_bits(n, chunk(whole_n, parts, static_cast<int>(offset / 2), dim)));
         }
+}
+
+TEST_CASE("a whole init drawn once: later shards and wholes copy it, bitwise, and own their copies", "[cpu]") {
+    const Shape full{6, 6};
+    drawn_tensors().clear();
+    Tensor whole(full, DType::float32);
+    init_uniform(whole, 5, "cached.w", 0.25);
+    const Tensor expected = whole.clone();
+    whole.set(0, 1e6);  // the drawing run's own tensor: the cache kept a copy
+    const CounterRng rng(5, stream_id("init", "cached.w"));
+    for (int64_t dim = 0; dim < 2; ++dim)
+        for (int64_t offset = 0; offset < full[dim]; offset += 3) {
+            Shape local = full;
+            local[dim] = 3;
+            Tensor shard(local, DType::float32);
+            init_uniform_shard(shard, 5, "cached.w", 0.25, full, dim, offset);
+            CHECK(same_bits(shard, chunk(expected, 2, static_cast<int>(offset / 3), dim)));
+            shard.set(0, -1e6);  // a copy, not the cache's storage
+        }
+    Tensor again(full, DType::float32);
+    init_uniform(again, 5, "cached.w", 0.25);
+    CHECK(same_bits(again, expected));
+    CHECK(again.item(0) == static_cast<float>(-0.25 + 0.5 * rng.uniform(0)));
+    // keyed by everything the values depend on: another bound, seed, dtype or shape draws anew
+    Tensor wider(full, DType::float32), reseeded(full, DType::float32), half(full, DType::bfloat16), longer({7, 6}, DType::float32);
+    init_uniform(wider, 5, "cached.w", 0.5);
+    init_uniform(reseeded, 6, "cached.w", 0.25);
+    init_uniform(half, 5, "cached.w", 0.25);
+    init_uniform(longer, 5, "cached.w", 0.25);
+    CHECK(wider.item(1) == static_cast<float>(-0.5 + 1.0 * rng.uniform(1)));
+    CHECK(reseeded.item(1) == static_cast<float>(-0.25 + 0.5 * CounterRng(6, stream_id("init", "cached.w")).uniform(1)));
+    CHECK(half.dtype() == DType::bfloat16);
+    CHECK(half.item(1) == static_cast<double>(static_cast<float>(bf16_t(static_cast<float>(-0.25 + 0.5 * rng.uniform(1))))));
+    CHECK(same_bits(longer.narrow(0, 0, 6), expected));  // element i is a function of i alone
+    Tensor normal(full, DType::float32);
+    init_normal(normal, 5, "cached.w", 0.25);  // the same scale, another distribution
+    CHECK(normal.item(1) == static_cast<float>(0.25 * rng.normal(1)));
 }
 
 TEST_CASE("generated data: drawn once, every caller gets its own copy of the same values", "[cpu]") {

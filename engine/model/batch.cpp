@@ -1,7 +1,5 @@
 #include "model/batch.h"
 
-#include <deque>
-#include <mutex>
 #include <set>
 
 #include "core/memory_account.h"
@@ -10,6 +8,7 @@
 #include "core/yaml_reader.h"
 #include "model/layers.h"
 #include "model/checkpoint.h"
+#include "model/drawn_cache.h"
 
 namespace ptool {
 
@@ -44,39 +43,14 @@ Tensor draw_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, con
     return t;
 }
 
-// Drawn tensors by (seed, what, shape, dtype, range), the most recent first, up to kCachedBytes.
-constexpr int64_t kCachedBytes = int64_t{256} << 20;
-struct Drawn {
-    std::string key;
-    Tensor t;
-};
-std::mutex g_drawn_mutex;
-std::deque<Drawn> g_drawn;
-
 }  // namespace
 
 Tensor generate_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, const std::string& what) {
     if (meta_allocation_active()) return Tensor(spec.shape, spec.ids ? DType::int64 : float_dtype);  // a simulated step's batch: its shape
-    const std::string key =
-        fmt::format("{}/{}/{}/{}/{}", seed, what, shape_str(spec.shape), spec.ids ? "ids" : dtype_name(float_dtype), spec.range);
-    std::lock_guard lock(g_drawn_mutex);  // the other ranks of a verify wait for the first one's draw, then copy it
-    for (const Drawn& d : g_drawn)
-        if (d.key == key) return d.t.clone();  // the caller's own copy, charged to its account
-    Tensor drawn;
-    {
-        MemoryScope verification(nullptr);  // the cache's copy belongs to no run
-        drawn = draw_tensor(spec, float_dtype, seed, what);
-    }
-    if (drawn.nbytes() <= kCachedBytes) {
-        g_drawn.push_front({key, drawn});
-        int64_t bytes = 0;
-        for (auto it = g_drawn.begin(); it != g_drawn.end(); ++it)
-            if ((bytes += static_cast<int64_t>(it->t.nbytes())) > kCachedBytes) {
-                g_drawn.erase(it, g_drawn.end());
-                break;
-            }
-    }
-    return drawn.clone();
+    const std::string key = fmt::format("data/{}/{}/{}/{}/{}", seed, what, shape_str(spec.shape),
+                                        spec.ids ? "ids" : dtype_name(float_dtype), spec.range);
+    // the other ranks of a verify wait for the first one's draw, then copy it (charged to their accounts)
+    return drawn_tensors().find_or_draw(key, [&] { return draw_tensor(spec, float_dtype, seed, what); }).clone();
 }
 
 DataSource::DataSource(const Model& model, const TensorFile* data_file, std::string data_path)

@@ -1,8 +1,12 @@
 // Default parameter init from the counter-based RNG: element i of parameter `fqn` is a function
-// of (seed, "init", fqn, i) alone, so a rank can build any shard of it without the rest.
+// of (seed, "init", fqn, i) alone, so a rank can build any shard of it without the rest. A whole
+// tensor drawn is kept in the process's DrawnCache: the ranks of a verify copy their boxes of the
+// reference's draw instead of drawing them again.
 #include <algorithm>
+#include <cstring>
 
 #include "core/rng.h"
+#include "model/drawn_cache.h"
 #include "model/layers.h"
 
 namespace ptool {
@@ -48,6 +52,32 @@ void fill_normal_shard(Tensor& t, const CounterRng& rng, double stddev, const Sh
         t, full, dim, offset, [&](uint64_t first, int64_t n, double* out) { rng.normal_run(first, n, out); },
         [&](double z) { return stddev * z; });
 }
+
+// t = the box of `whole` along `dim` at `offset` (t's shape elsewhere): one copy per run of fill_runs.
+void copy_box(const Tensor& whole, Tensor& t, int64_t dim, int64_t offset) {
+    const Shape& full = whole.shape();
+    int64_t inner = 1;
+    for (size_t d = dim + 1; d < full.size(); ++d) inner *= full[d];
+    const int64_t local_len = t.dim() ? t.shape()[dim] : 1, full_len = full.empty() ? 1 : full[dim];
+    const int64_t run = local_len * inner, n = t.numel();
+    const size_t esize = dtype_size(t.dtype());
+    const auto* src = static_cast<const char*>(whole.raw());
+    auto* dst = static_cast<char*>(t.raw());
+    for (int64_t outer = 0; run > 0 && outer * run < n; ++outer)
+        std::memcpy(dst + outer * run * esize, src + (outer * full_len + offset) * inner * esize, run * esize);
+}
+
+// A parameter's initial values: the box of the whole tensor drawn earlier in this process (the
+// reference run's, drawn whole), else drawn (runs of the whole tensor's indices); a whole tensor
+// drawn is kept for the ranks that follow. `what` names the distribution and its scale.
+template <class Fill>
+void init_cached(Tensor& t, uint64_t seed, const std::string& fqn, const std::string& what, const Shape& full, int64_t dim,
+                 int64_t offset, Fill&& fill) {
+    const std::string key = fmt::format("init/{}/{}/{}/{}/{}", seed, fqn, what, shape_str(full), dtype_name(t.dtype()));
+    if (const Tensor whole = drawn_tensors().find(key); whole.defined()) return copy_box(whole, t, dim, offset);
+    fill();
+    if (t.shape() == full) drawn_tensors().keep(key, t);
+}
 }  // namespace
 
 void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound) {
@@ -56,15 +86,19 @@ void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound
 
 void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double bound, const Shape& full, int64_t dim,
                         int64_t offset) {
-    const CounterRng rng(seed, stream_id("init", fqn));
-    fill_runs(
-        t, full, dim, offset, [&](uint64_t first, int64_t n, double* out) { rng.uniform_run(first, n, out); },
-        [&](double u) { return -bound + 2.0 * bound * u; });
+    init_cached(t, seed, fqn, fmt::format("uniform/{:a}", bound), full, dim, offset, [&] {
+        const CounterRng rng(seed, stream_id("init", fqn));
+        fill_runs(
+            t, full, dim, offset, [&](uint64_t first, int64_t n, double* out) { rng.uniform_run(first, n, out); },
+            [&](double u) { return -bound + 2.0 * bound * u; });
+    });
 }
 
 void init_normal_shard(Tensor& t, uint64_t seed, const std::string& fqn, double stddev, const Shape& full, int64_t dim,
                        int64_t offset) {
-    fill_normal_shard(t, CounterRng(seed, stream_id("init", fqn)), stddev, full, dim, offset);
+    init_cached(t, seed, fqn, fmt::format("normal/{:a}", stddev), full, dim, offset, [&] {
+        fill_normal_shard(t, CounterRng(seed, stream_id("init", fqn)), stddev, full, dim, offset);
+    });
 }
 
 void fill_normal(Tensor& t, const CounterRng& rng, double stddev) { fill_normal_shard(t, rng, stddev, t.shape(), 0, 0); }

@@ -1,0 +1,61 @@
+#include "model/drawn_cache.h"
+
+#include "core/memory_account.h"
+
+namespace ptool {
+
+Tensor DrawnCache::find(const std::string& key) {
+    std::lock_guard lock(mutex_);
+    for (const Entry& e : entries_)
+        if (e.key == key) return e.t;
+    return {};
+}
+
+Tensor DrawnCache::find_or_draw(const std::string& key, const std::function<Tensor()>& draw) {
+    std::lock_guard lock(mutex_);
+    for (const Entry& e : entries_)
+        if (e.key == key) return e.t;
+    Tensor drawn;
+    {
+        MemoryScope no_run(nullptr);
+        drawn = draw();
+    }
+    keep_locked(key, drawn);
+    return drawn;
+}
+
+void DrawnCache::keep(const std::string& key, const Tensor& t) {
+    if (static_cast<int64_t>(t.nbytes()) > budget_) return;
+    Tensor copy;
+    {
+        MemoryScope no_run(nullptr);
+        copy = t.clone();
+    }
+    std::lock_guard lock(mutex_);
+    for (const Entry& e : entries_)
+        if (e.key == key) return;  // another rank kept it first
+    keep_locked(key, std::move(copy));
+}
+
+void DrawnCache::keep_locked(const std::string& key, Tensor t) {
+    if (static_cast<int64_t>(t.nbytes()) > budget_) return;
+    entries_.push_front({key, std::move(t)});
+    int64_t bytes = 0;
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+        if ((bytes += static_cast<int64_t>(it->t.nbytes())) > budget_) {
+            entries_.erase(it, entries_.end());
+            break;
+        }
+}
+
+void DrawnCache::clear() {
+    std::lock_guard lock(mutex_);
+    entries_.clear();
+}
+
+DrawnCache& drawn_tensors() {
+    static auto* cache = new DrawnCache(int64_t{256} << 20);  // never destroyed: tensors may outlive statics
+    return *cache;
+}
+
+}  // namespace ptool
