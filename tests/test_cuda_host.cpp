@@ -77,13 +77,76 @@ TEST_CASE("caching allocator reuses the smallest fitting block of the same strea
     CHECK(a.stats().cache_hits == 1);
     CHECK(a.allocate(8000, 1) == big);
     CHECK(a.stats().cache_hits == 2);
-    // a cached block much larger than the request is not used for it (no splitting, bounded waste)
+    // a cached block much larger than a small request is not used for it (small requests never
+    // split a block, and waste at most max(1 MiB, the request))
     void* huge = a.allocate(size_t{64} << 20, 3);
     a.release(huge);
     void* tiny = a.allocate(512, 3);
     CHECK(tiny != huge);
     a.release(tiny);
     CHECK(a.allocate((size_t{64} << 20) - 4096, 3) == huge);
+}
+
+TEST_CASE("caching allocator splits cached blocks for large requests and merges freed pieces back", "[cpu]") {
+    constexpr size_t MiB = size_t{1} << 20;
+    FakeDriver driver;
+    {
+        CachingAllocator a(driver);
+        char* whole = static_cast<char*>(a.allocate(16 * MiB));
+        a.release(whole);
+        // two 8 MiB shards out of the freed 16 MiB tensor, back to back: no driver allocation
+        char* left = static_cast<char*>(a.allocate(8 * MiB));
+        char* right = static_cast<char*>(a.allocate(8 * MiB));
+        CHECK(left == whole);
+        CHECK(right == whole + 8 * MiB);
+        AllocatorStats s = a.stats();
+        CHECK(s.driver_allocations == 1);
+        CHECK(s.cache_hits == 2);
+        CHECK(s.in_use == 16 * MiB);
+        CHECK(s.reserved == 16 * MiB);
+        // a split leaves at most 1 MiB unused: 15.5 MiB takes a whole 16 MiB block
+        a.release(left);
+        a.release(right);  // merged: the 16 MiB block again, whatever the order of the frees
+        CHECK(a.allocate(16 * MiB) == whole);
+        a.release(whole);
+        char* most = static_cast<char*>(a.allocate(15 * MiB + MiB / 2));
+        CHECK(most == whole);
+        CHECK(a.stats().in_use == 16 * MiB);
+        a.release(most);
+        // three pieces freed middle, right, left merge back into one block
+        char* p1 = static_cast<char*>(a.allocate(4 * MiB));
+        char* p2 = static_cast<char*>(a.allocate(4 * MiB));
+        char* p3 = static_cast<char*>(a.allocate(8 * MiB));
+        CHECK(p2 == p1 + 4 * MiB);
+        CHECK(p3 == p2 + 4 * MiB);
+        CHECK(a.stats().driver_allocations == 1);
+        a.release(p2);
+        a.release(p3);
+        CHECK(a.allocate(12 * MiB) == p2);  // p2 and p3 merged
+        a.release(p2);
+        // a small request does not cut the large block
+        void* small = a.allocate(4096);
+        CHECK(small != static_cast<void*>(p1));
+        CHECK(a.stats().driver_allocations == 2);
+        // only whole segments go back: the one with p1 in use stays
+        a.empty_cache();
+        CHECK(a.stats().reserved == 16 * MiB + 4096);
+        CHECK(driver.live.size() == 2);
+        a.release(p1);
+        a.empty_cache();
+        CHECK(a.stats().reserved == 4096);
+        CHECK(driver.live.size() == 1);
+        // another stream never takes a piece of this stream's blocks
+        char* s1 = static_cast<char*>(a.allocate(16 * MiB, 1));
+        a.release(s1);
+        void* s2 = a.allocate(8 * MiB, 2);
+        CHECK((static_cast<char*>(s2) < s1 || static_cast<char*>(s2) >= s1 + 16 * MiB));
+        // tensors outliving the allocator: each segment back once, with the size it was allocated with
+        a.allocate(4 * MiB, 1);
+        a.allocate(4 * MiB, 1);
+    }
+    CHECK(driver.live.empty());
+    CHECK(driver.used == 0);
 }
 
 TEST_CASE("caching allocator frees its cache and retries when the driver is out of memory", "[cpu]") {

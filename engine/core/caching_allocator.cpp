@@ -1,31 +1,70 @@
 #include "core/caching_allocator.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
 namespace ptool {
 
+bool CachingAllocator::BySize::operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    if (a->size != b->size) return a->size < b->size;
+    return a->ptr < b->ptr;
+}
+
 CachingAllocator::~CachingAllocator() {
     std::lock_guard lock(mutex_);
     free_cached_locked();
-    for (auto& [p, b] : live_) raw_.free(p, b.size);  // tensors outliving the backend: give the memory back anyway
+    // tensors outliving the backend: give their segments back anyway, each once (from its first block)
+    std::vector<Block*> heads;
+    for (auto& [p, b] : live_) {
+        Block* h = b;
+        while (h->prev) h = h->prev;
+        heads.push_back(h);
+    }
+    std::sort(heads.begin(), heads.end());
+    heads.erase(std::unique(heads.begin(), heads.end()), heads.end());
+    for (Block* h : heads) {
+        size_t size = 0;
+        for (const Block* b = h; b; b = b->next) size += b->size;
+        raw_.free(h->ptr, size);
+        for (Block* b = h; b;) delete std::exchange(b, b->next);
+    }
+}
+
+// The smallest free block of `stream` that serves `size` (see the header's rules), out of the free set.
+CachingAllocator::Block* CachingAllocator::take_cached(size_t size, uintptr_t stream) {
+    Block key{nullptr, size, stream};
+    auto it = free_.lower_bound(&key);
+    if (it == free_.end() || (*it)->stream != stream) return nullptr;
+    Block* b = *it;
+    if (size <= kSmall && b->size - size > std::max(kSmall, size)) return nullptr;  // small: whole blocks, bounded waste
+    free_.erase(it);
+    return b;
+}
+
+// Cuts b (free, out of the free set) to `size` when a large request would leave more than kSmall
+// unused; the rest becomes a free block after it.
+void CachingAllocator::split(Block* b, size_t size) {
+    if (size <= kSmall || b->size - size <= kSmall) return;
+    auto* rest = new Block{b->ptr + size, b->size - size, b->stream, false, b, b->next};
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    free_.insert(rest);
 }
 
 void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
     const size_t size = round_size(bytes);
     std::lock_guard lock(mutex_);
     ++stats_.allocations;
-    void* p = nullptr;
-    size_t got = size;
-    auto it = cached_.lower_bound({stream, size});
-    if (it != cached_.end() && it->first.first == stream && it->first.second - size <= std::max(kMaxWaste, size)) {
-        p = it->second;
-        got = it->first.second;
-        cached_.erase(it);
+    Block* b = take_cached(size, stream);
+    if (b) {
         ++stats_.cache_hits;
     } else {
-        p = raw_.malloc(size);
+        void* p = raw_.malloc(size);
         if (!p) {  // out of memory: give the cache back and try once more
             free_cached_locked();
             p = raw_.malloc(size);
@@ -37,11 +76,14 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
         ++stats_.driver_allocations;
         stats_.reserved += size;
         stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+        b = new Block{static_cast<char*>(p), size, stream};
     }
-    live_.emplace(p, Block{got, stream});
-    stats_.in_use += got;
+    split(b, size);
+    b->allocated = true;
+    live_.emplace(b->ptr, b);
+    stats_.in_use += b->size;
     stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
-    return p;
+    return b->ptr;
 }
 
 void CachingAllocator::release(void* p) {
@@ -49,9 +91,27 @@ void CachingAllocator::release(void* p) {
     std::lock_guard lock(mutex_);
     auto it = live_.find(p);
     PTOOL_REQUIRE(it != live_.end(), "caching allocator: release of a pointer it did not allocate");
-    stats_.in_use -= it->second.size;
-    cached_.emplace(std::pair{it->second.stream, it->second.size}, p);
+    Block* b = it->second;
     live_.erase(it);
+    stats_.in_use -= b->size;
+    b->allocated = false;
+    // merge with the free neighbours: b absorbs the next one, the previous one absorbs b
+    if (Block* n = b->next; n && !n->allocated) {
+        free_.erase(n);
+        b->size += n->size;
+        b->next = n->next;
+        if (n->next) n->next->prev = b;
+        delete n;
+    }
+    if (Block* q = b->prev; q && !q->allocated) {
+        free_.erase(q);
+        q->size += b->size;
+        q->next = b->next;
+        if (b->next) b->next->prev = q;
+        delete b;
+        b = q;
+    }
+    free_.insert(b);
 }
 
 void CachingAllocator::empty_cache() {
@@ -59,13 +119,20 @@ void CachingAllocator::empty_cache() {
     free_cached_locked();
 }
 
+// Every free block that is a whole segment goes back to the driver.
 void CachingAllocator::free_cached_locked() {
-    for (auto& [key, p] : cached_) {
-        raw_.free(p, key.second);
-        stats_.reserved -= key.second;
+    for (auto it = free_.begin(); it != free_.end();) {
+        Block* b = *it;
+        if (b->prev || b->next) {
+            ++it;
+            continue;
+        }
+        raw_.free(b->ptr, b->size);
+        stats_.reserved -= b->size;
         ++stats_.driver_frees;
+        it = free_.erase(it);
+        delete b;
     }
-    cached_.clear();
 }
 
 AllocatorStats CachingAllocator::stats() const {

@@ -6,18 +6,25 @@
 //
 // Pure host logic over a RawAllocator (cudaMalloc/cudaFree, mmap/munmap, a fake in the tests), so
 // it is unit-tested on machines without a GPU.
-//   - sizes round up to 512 bytes (every block is 512-byte aligned, as cuBLAS wants);
-//   - a request takes the smallest cached block of the same stream that fits and wastes at most
-//     max(1 MiB, the request) (no splitting: a block is used whole);
+//   - sizes round up to 512 bytes (every block is 512-byte aligned, as cuBLAS wants); a segment
+//     (one driver allocation) is the rounded size of the request that made it;
+//   - a request takes the smallest cached block of the same stream that fits. A large request
+//     (over 1 MiB, PyTorch's large pool) splits it when more than 1 MiB would be left over: the
+//     rest stays cached. A small one uses a block whole and only when that wastes at most
+//     max(1 MiB, the request), so small tensors never cut up the blocks large ones need;
+//   - a freed block merges with the free blocks beside it in its segment: the pieces a split made
+//     become the whole block again (a verify's reference frees whole tensors, its ranks take their
+//     shards out of them, and the next reference finds the whole tensors again);
 //   - blocks are reused only on the stream that freed them, so a block freed by one rank's stream
 //     is never handed to another stream while the first may still be using it;
-//   - when the driver refuses, the cache is returned to it and the request retried once; a second
-//     refusal is a RuntimeError naming the request and the counters.
+//   - the cache goes back to the driver a whole segment at a time (a segment with a piece in use
+//     stays); when the driver refuses, the cache is returned to it and the request retried once; a
+//     second refusal is a RuntimeError naming the request and the counters.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
+#include <set>
 #include <mutex>
 #include <unordered_map>
 
@@ -44,7 +51,7 @@ struct AllocatorStats {
 class CachingAllocator {
 public:
     static constexpr size_t kRound = 512;
-    static constexpr size_t kMaxWaste = size_t{1} << 20;
+    static constexpr size_t kSmall = size_t{1} << 20;  // the largest small request; the most a split leaves unused
 
     // what: the memory's name in the out-of-memory message ("CUDA", "host")
     explicit CachingAllocator(RawAllocator& raw, const char* what = "CUDA") : raw_(raw), what_(what) {}
@@ -61,17 +68,27 @@ public:
     void reset_peaks();
 
 private:
+    // A piece of a segment; prev/next are its neighbours in the segment (nullptr at its ends).
     struct Block {
+        char* ptr;
         size_t size;
         uintptr_t stream;
+        bool allocated = false;
+        Block* prev = nullptr;
+        Block* next = nullptr;
     };
+    struct BySize {  // the free blocks by (stream, size, address): best fit is a lower_bound
+        bool operator()(const Block* a, const Block* b) const;
+    };
+    Block* take_cached(size_t size, uintptr_t stream);
+    void split(Block* b, size_t size);
     void free_cached_locked();
 
     RawAllocator& raw_;
     const char* what_;
     mutable std::mutex mutex_;
-    std::unordered_map<void*, Block> live_;
-    std::multimap<std::pair<uintptr_t, size_t>, void*> cached_;  // (stream, size) -> block
+    std::unordered_map<void*, Block*> live_;
+    std::set<Block*, BySize> free_;
     AllocatorStats stats_;
 };
 
