@@ -331,34 +331,59 @@ TEST_CASE("zero-size tensors flow through every op and the comparison", "[cpu]")
     CHECK(tensor_digest(x) != tensor_digest(Tensor({0, 5}, DType::float32)));
 }
 
+TEST_CASE("BinnedSum: exactly ExactSum's sum, across its flushes, subnormals and the largest doubles", "[cpu]") {
+    const CounterRng rng(3, 8);
+    std::vector<double> terms;
+    for (int i = 0; i < 30000; ++i) terms.push_back(std::ldexp(1 + rng.uniform(i), static_cast<int>(2040 * rng.uniform(i + 1'000'000)) - 1070));
+    for (int i = 0; i < 5000; ++i) terms.push_back(std::nextafter(2.0, 0.0));  // one bin's largest mantissa, past a flush
+    for (int i = 0; i < 100; ++i) terms.push_back(std::numeric_limits<double>::denorm_min() * (i + 1));
+    terms.push_back(std::numeric_limits<double>::max());
+    terms.push_back(0.0);
+    ExactSum plain;
+    BinnedSum binned;
+    for (double t : terms) plain.add(t), binned.add(t);
+    ExactSum got = binned.sum();
+    plain.normalize(), got.normalize();
+    CHECK(std::equal(std::begin(plain.w), std::end(plain.w), std::begin(got.w)));
+    CHECK(got.value() == plain.value());
+    CHECK(binned.sum().value() == plain.value());  // a second sum() adds nothing
+}
+
 TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every element (gated divisions)", "[cpu]") {
     // random signs and magnitudes over 40 decades, exact zeros, subnormals, errors of a few ULPs to
-    // 10%: max_rel and headroom equal a plain loop that divides every element
+    // 10%: max_rel and headroom equal a plain loop that divides every element, the norms a plain
+    // ExactSum of every element's squares; every element differing, or one in 1000 (whole equal
+    // chunks between)
     const CounterRng rng(9, 4);
     for (DType dt : {DType::float32, DType::float64})
-        for (const Tolerance& tol : {Tolerance{1.3e-6, 1e-5}, Tolerance{0, 0}, Tolerance{1e-2, 0}}) {
-            const int64_t n = 200'000;
-            Tensor a({n}, dt), e({n}, dt);
-            for (int64_t i = 0; i < n; ++i) {
-                const double mag = std::pow(10.0, 40 * rng.uniform(3 * i) - 30) * (rng.uniform(3 * i + 1) < 0.5 ? -1 : 1);
-                const double v = i % 101 == 0 ? 0.0 : i % 257 == 0 ? 1e-40 : mag;
-                const double rel = i % 13 == 0 ? 0.0 : std::pow(10.0, -8 + 7 * rng.uniform(3 * i + 2));
-                e.set(i, v), a.set(i, i % 97 == 0 ? 0.0 : v * (1 + rel));
+        for (const Tolerance& tol : {Tolerance{1.3e-6, 1e-5}, Tolerance{0, 0}, Tolerance{1e-2, 0}})
+            for (int64_t every : {1, 1000}) {
+                const int64_t n = 200'000;
+                Tensor a({n}, dt), e({n}, dt);
+                for (int64_t i = 0; i < n; ++i) {
+                    const double mag = std::pow(10.0, 40 * rng.uniform(3 * i) - 30) * (rng.uniform(3 * i + 1) < 0.5 ? -1 : 1);
+                    const double v = i % 101 == 0 ? 0.0 : i % 257 == 0 ? 1e-40 : mag;
+                    const double rel = i % 13 == 0 ? 0.0 : std::pow(10.0, -8 + 7 * rng.uniform(3 * i + 2));
+                    e.set(i, v), a.set(i, i % every != 0 ? e.item(i) : i % 97 == 0 ? 0.0 : v * (1 + rel));
+                }
+                double max_abs = 0, max_rel = 0, headroom = 0;
+                ExactSum err2, ref2;
+                for (int64_t i = 0; i < n; ++i) {
+                    const double x = a.item(i), y = e.item(i), err = std::abs(x - y), bound = tol.atol + tol.rtol * std::abs(y);
+                    max_abs = std::max(max_abs, err);
+                    if (y != 0) max_rel = std::max(max_rel, err / std::abs(y));
+                    else if (err > 0) max_rel = std::numeric_limits<double>::infinity();
+                    headroom = std::max(headroom, bound > 0 ? err / bound : (err > 0 ? 1e300 : 0.0));
+                    err2.add(err * err), ref2.add(y * y);
+                }
+                const TensorDiff d = compare_tensors(a, e, tol);
+                INFO(dtype_name(dt) << " rtol " << tol.rtol << " atol " << tol.atol << " one in " << every << " differs");
+                CHECK(d.max_abs == max_abs);
+                CHECK(d.max_rel == max_rel);
+                CHECK(d.headroom == headroom);
+                CHECK(d.err_norm == std::sqrt(err2.value()));
+                CHECK(d.ref_norm == std::sqrt(ref2.value()));
             }
-            double max_abs = 0, max_rel = 0, headroom = 0;
-            for (int64_t i = 0; i < n; ++i) {
-                const double x = a.item(i), y = e.item(i), err = std::abs(x - y), bound = tol.atol + tol.rtol * std::abs(y);
-                max_abs = std::max(max_abs, err);
-                if (y != 0) max_rel = std::max(max_rel, err / std::abs(y));
-                else if (err > 0) max_rel = std::numeric_limits<double>::infinity();
-                headroom = std::max(headroom, bound > 0 ? err / bound : (err > 0 ? 1e300 : 0.0));
-            }
-            const TensorDiff d = compare_tensors(a, e, tol);
-            INFO(dtype_name(dt) << " rtol " << tol.rtol << " atol " << tol.atol);
-            CHECK(d.max_abs == max_abs);
-            CHECK(d.max_rel == max_rel);
-            CHECK(d.headroom == headroom);
-        }
 }
 
 TEST_CASE("the world's step runs from the first rank's start to the last rank's end, on every rank", "[cpu]") {

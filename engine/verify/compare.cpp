@@ -109,33 +109,33 @@ struct MaxGate {
     }
 };
 
-// One batch of spans of a same-dtype float comparison. Finite elements take the fast path
-// (Accumulate's arithmetic, its divisions gated, the exact sums interleaved over four accumulators
-// each to break their memory dependency); non-finite ones go through Accumulate.
+// One batch of spans of a same-dtype float comparison, a chunk of kChunk elements at a time. A
+// chunk bitwise equal to its expected one adds only |e|^2 (an equal element can raise no maximum;
+// the parameters after a step that agrees are nearly all bitwise equal). Other chunks take the
+// fast path for finite elements (Accumulate's arithmetic, its divisions gated, the exact sums
+// binned); non-finite ones go through Accumulate.
+constexpr int64_t kChunk = 64;
 void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance& tol, const Span* begin, const Span* end,
                    DiffPiece& part) {
     const Accumulate acc{tol, part};
-    ExactSum err2[4], ref2[4];
+    BinnedSum err2, ref2;
     dispatch_float(actual.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T *pa = actual.data<T>(), *pe = expected.data<T>();
         TensorDiff& d = part.d;
         MaxGate rel{MaxGate::of(d.max_rel)}, head{MaxGate::of(d.headroom)};
-        for (const Span* s = begin; s != end; ++s) {
-            const T *a = pa + s->a, *e = pe + s->e;
-            if (std::memcmp(a, e, static_cast<size_t>(s->n) * sizeof(T)) == 0) {  // bitwise equal: only NaN can fail
-                for (int64_t i = 0; i < s->n; ++i) {
-                    const double v = static_cast<acc_t<T>>(a[i]);
-                    if (!std::isfinite(v)) acc(v, v);
-                    else ref2[i & 3].add(v * v);
-                }
-                continue;
+        auto equal = [&](const T* a, int64_t n) {  // bitwise equal: only NaN can fail
+            for (int64_t i = 0; i < n; ++i) {
+                const double v = static_cast<acc_t<T>>(a[i]);
+                if (!std::isfinite(v)) acc(v, v);
+                else ref2.add(v * v);
             }
-            part.all_equal = false;
+        };
+        auto differ = [&](const T* a, const T* e, int64_t n) {
             // the maxima in registers, written back around the non-finite path (Accumulate's)
             double max_abs = d.max_abs, max_rel = d.max_rel, headroom = d.headroom;
             int64_t max_ulp = d.max_ulp;
-            for (int64_t i = 0; i < s->n; ++i) {
+            for (int64_t i = 0; i < n; ++i) {
                 const double av = static_cast<acc_t<T>>(a[i]), ev = static_cast<acc_t<T>>(e[i]);
                 max_ulp = std::max(max_ulp, ulp_distance(ordered_bits(a[i]), ordered_bits(e[i])));
                 if (!std::isfinite(av) || !std::isfinite(ev)) [[unlikely]] {
@@ -146,8 +146,8 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
                     continue;
                 }
                 const double abs_err = std::abs(av - ev), mag = std::abs(ev);
-                err2[i & 3].add(abs_err * abs_err);
-                ref2[i & 3].add(ev * ev);
+                err2.add(abs_err * abs_err);
+                ref2.add(ev * ev);
                 max_abs = std::max(max_abs, abs_err);
                 if (ev != 0) {
                     if (!rel.below(abs_err, mag)) [[unlikely]]
@@ -162,9 +162,20 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
                 }
             }
             d.max_abs = max_abs, d.max_rel = max_rel, d.headroom = headroom, d.max_ulp = max_ulp;
-        }
+        };
+        for (const Span* s = begin; s != end; ++s)
+            for (int64_t i = 0; i < s->n; i += kChunk) {
+                const T *a = pa + s->a + i, *e = pe + s->e + i;
+                const int64_t n = std::min(kChunk, s->n - i);
+                if (std::memcmp(a, e, static_cast<size_t>(n) * sizeof(T)) == 0) {
+                    equal(a, n);
+                } else {
+                    part.all_equal = false;
+                    differ(a, e, n);
+                }
+            }
     });
-    for (int k = 0; k < 4; ++k) part.err2.add(err2[k]), part.ref2.add(ref2[k]);
+    part.err2.add(err2.sum()), part.ref2.add(ref2.sum());
 }
 
 double worst(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b); }
@@ -180,6 +191,13 @@ void ExactSum::normalize() {
     constexpr uint64_t mask = (uint64_t{1} << kDigit) - 1;
     for (int i = 0; i + 1 < kWords; ++i) w[i + 1] += w[i] >> kDigit, w[i] &= mask;
     pending = 0;
+}
+
+void BinnedSum::flush() {
+    // bin e holds mantissas whose lowest bit is 2^(e - 1075), or 2^-1074 for subnormals (e = 0)
+    for (int e = 0; e < kBins; ++e)
+        if (bin[e]) total.add_scaled(bin[e], static_cast<unsigned>(e - (e != 0))), bin[e] = 0;
+    count = 0;
 }
 
 void ExactSum::add(const ExactSum& o) {
