@@ -118,7 +118,14 @@ constexpr int64_t kChunk = 64;
 void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance& tol, const Span* begin, const Span* end,
                    DiffPiece& part) {
     const Accumulate acc{tol, part};
-    BinnedSum err2, ref2;
+    BinnedSum err2, ref2;  // at most one term each per element: flushed every kFlushEvery elements
+    int64_t since_flush = 0;
+    bool err_terms = false;  // err2 has terms since its last flush
+    auto count = [&](int64_t n) {
+        if ((since_flush += n) <= BinnedSum::kFlushEvery - kChunk) return;
+        if (err_terms) err2.flush(), err_terms = false;
+        ref2.flush(), since_flush = 0;
+    };
     dispatch_float(actual.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T *pa = actual.data<T>(), *pe = expected.data<T>();
@@ -128,7 +135,7 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
             for (int64_t i = 0; i < n; ++i) {
                 const double v = static_cast<acc_t<T>>(a[i]);
                 if (!std::isfinite(v)) acc(v, v);
-                else ref2.add(v * v);
+                else ref2.add_unflushed(v * v);
             }
         };
         auto differ = [&](const T* a, const T* e, int64_t n) {
@@ -137,7 +144,10 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
             int64_t max_ulp = d.max_ulp;
             for (int64_t i = 0; i < n; ++i) {
                 const double av = static_cast<acc_t<T>>(a[i]), ev = static_cast<acc_t<T>>(e[i]);
-                max_ulp = std::max(max_ulp, ulp_distance(ordered_bits(a[i]), ordered_bits(e[i])));
+                if constexpr (sizeof(T) < 8)  // ordered bits within +-2^31: no saturation
+                    max_ulp = std::max(max_ulp, std::abs(ordered_bits(a[i]) - ordered_bits(e[i])));
+                else
+                    max_ulp = std::max(max_ulp, ulp_distance(ordered_bits(a[i]), ordered_bits(e[i])));
                 if (!std::isfinite(av) || !std::isfinite(ev)) [[unlikely]] {
                     d.max_abs = max_abs, d.max_rel = max_rel, d.headroom = headroom;
                     acc(av, ev);
@@ -146,8 +156,8 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
                     continue;
                 }
                 const double abs_err = std::abs(av - ev), mag = std::abs(ev);
-                err2.add(abs_err * abs_err);
-                ref2.add(ev * ev);
+                err2.add_unflushed(abs_err * abs_err);
+                ref2.add_unflushed(ev * ev);
                 max_abs = std::max(max_abs, abs_err);
                 if (ev != 0) {
                     if (!rel.below(abs_err, mag)) [[unlikely]]
@@ -170,9 +180,10 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
                 if (std::memcmp(a, e, static_cast<size_t>(n) * sizeof(T)) == 0) {
                     equal(a, n);
                 } else {
-                    part.all_equal = false;
+                    part.all_equal = false, err_terms = true;
                     differ(a, e, n);
                 }
+                count(n);
             }
     });
     part.err2.add(err2.sum()), part.ref2.add(ref2.sum());
@@ -194,9 +205,15 @@ void ExactSum::normalize() {
 }
 
 void BinnedSum::flush() {
-    // bin e holds mantissas whose lowest bit is 2^(e - 1075), or 2^-1074 for subnormals (e = 0)
-    for (int e = 0; e < kBins; ++e)
-        if (bin[e]) total.add_scaled(bin[e], static_cast<unsigned>(e - (e != 0))), bin[e] = 0;
+    // bin e holds mantissas whose lowest bit is 2^(e - 1075), or 2^-1074 for subnormals (e = 0);
+    // a term's bins are few, so groups of eight empty ones are skipped at once
+    for (int g = 0; g < kBins; g += 8) {
+        uint64_t any = 0;
+        for (int e = g; e < g + 8; ++e) any |= bin[e];
+        if (!any) continue;
+        for (int e = g; e < g + 8; ++e)
+            if (bin[e]) total.add_scaled(bin[e], static_cast<unsigned>(e - (e != 0))), bin[e] = 0;
+    }
     count = 0;
 }
 

@@ -74,17 +74,22 @@ struct ExactSum {
 // of its exponent (one add, no shifts), and the bins are moved into the ExactSum every 2048 terms
 // (before a bin can overflow: 2048 * 2^53 = 2^64) and at the end. 16 KiB of bins.
 struct BinnedSum {
-    static constexpr int kBins = 2047;  // the biased exponents of finite doubles
+    static constexpr int kBins = 2048;  // the biased exponents of finite doubles (0..2046), and one spare
     static constexpr int kFlushEvery = 2048;
     uint64_t bin[kBins] = {};
     int count = 0;
     ExactSum total;
     void add(double v) {  // v >= 0, finite
+        add_unflushed(v);
+        if (++count == kFlushEvery) flush();
+    }
+    // add without counting: the caller flushes at least every kFlushEvery terms (a hot loop keeps
+    // one count in a register for several sums)
+    void add_unflushed(double v) {
         uint64_t bits;
         std::memcpy(&bits, &v, 8);
         const uint64_t e = bits >> 52;  // no sign bit
         bin[e] += (bits & ((uint64_t{1} << 52) - 1)) | (static_cast<uint64_t>(e != 0) << 52);
-        if (++count == kFlushEvery) flush();
     }
     void flush();  // the bins into total
     const ExactSum& sum() {
