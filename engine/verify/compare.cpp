@@ -411,19 +411,22 @@ uint64_t tensor_digest(const Tensor& t) {
     uint64_t h = 0x9E3779B97F4A7C15ull;
     h = mix(h, static_cast<uint64_t>(t.dtype()));
     for (int64_t d : t.shape()) h = mix(h, static_cast<uint64_t>(d));
-    // four independent lanes over 32-byte strides (one multiply chain was the digest's bound)
+    // eight independent lanes over 64-byte strides (a multiply chain is the bound: four lanes ran
+    // at 0.53 ns per float32 element, eight at 0.40: bench_compare)
+    constexpr int kLanes = 8;
     const auto* p = static_cast<const unsigned char*>(t.raw());
     const size_t n = t.nbytes();
-    uint64_t lane[4] = {h, h ^ 1, h ^ 2, h ^ 3};
+    uint64_t lane[kLanes];
+    for (int k = 0; k < kLanes; ++k) lane[k] = h ^ static_cast<uint64_t>(k);
     size_t i = 0;
-    for (; i + 32 <= n; i += 32)
-        for (int k = 0; k < 4; ++k) {
+    for (; i + 8 * kLanes <= n; i += 8 * kLanes)
+        for (int k = 0; k < kLanes; ++k) {
             uint64_t w;
             std::memcpy(&w, p + i + 8 * k, 8);
             lane[k] = mix(lane[k], w);
         }
     for (; i < n; ++i) lane[0] = (lane[0] ^ p[i]) * 0x94D049BB133111EBull;
-    for (int k = 0; k < 4; ++k) h = mix(h, lane[k]);
+    for (int k = 0; k < kLanes; ++k) h = mix(h, lane[k]);
     return h ^ (h >> 29);
 }
 
