@@ -181,6 +181,23 @@ TEST_CASE("a whole init drawn once: later shards and wholes copy it, bitwise, an
     CHECK(normal.item(1) == static_cast<float>(0.25 * rng.normal(1)));
 }
 
+TEST_CASE("DrawnCache keeps tensors up to a quarter of its budget, the most recent first", "[cpu]") {
+    DrawnCache cache(4096);
+    const Tensor quarter = Tensor::full({256}, DType::float32, 1.0), half = Tensor::full({512}, DType::float32, 2.0);
+    cache.keep("half", half);
+    CHECK_FALSE(cache.find("half").defined());  // 2 KiB of a 4 KiB budget: drawn by whoever needs it
+    for (int k = 0; k < 5; ++k) cache.keep(std::to_string(k), Tensor::full({256}, DType::float32, k));
+    CHECK_FALSE(cache.find("0").defined());  // five 1 KiB tensors: the oldest went
+    for (int k = 1; k < 5; ++k) CHECK(cache.find(std::to_string(k)).item(3) == k);
+    int draws = 0;
+    const Tensor got = cache.find_or_draw("4", [&] { return ++draws, quarter; });
+    CHECK(draws == 0);
+    CHECK(got.item(0) == 4.0);
+    cache.find_or_draw("new", [&] { return ++draws, quarter; });
+    cache.find_or_draw("new", [&] { return ++draws, quarter; });
+    CHECK(draws == 1);
+}
+
 TEST_CASE("generated data: drawn once, every caller gets its own copy of the same values", "[cpu]") {
     const TensorSpec spec{{64, 33}, false, 0};
     Tensor a = generate_tensor(spec, DType::float32, 3, "input");

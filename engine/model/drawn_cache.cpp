@@ -25,7 +25,7 @@ Tensor DrawnCache::find_or_draw(const std::string& key, const std::function<Tens
 }
 
 void DrawnCache::keep(const std::string& key, const Tensor& t) {
-    if (static_cast<int64_t>(t.nbytes()) > budget_) return;
+    if (!keeps(t)) return;
     Tensor copy;
     {
         MemoryScope no_run(nullptr);
@@ -37,8 +37,10 @@ void DrawnCache::keep(const std::string& key, const Tensor& t) {
     keep_locked(key, std::move(copy));
 }
 
+bool DrawnCache::keeps(const Tensor& t) const { return static_cast<int64_t>(t.nbytes()) <= budget_ / 4; }
+
 void DrawnCache::keep_locked(const std::string& key, Tensor t) {
-    if (static_cast<int64_t>(t.nbytes()) > budget_) return;
+    if (!keeps(t)) return;
     entries_.push_front({key, std::move(t)});
     int64_t bytes = 0;
     for (auto it = entries_.begin(); it != entries_.end(); ++it)
