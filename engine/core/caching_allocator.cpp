@@ -56,6 +56,15 @@ void CachingAllocator::split(Block* b, size_t size) {
     free_.insert(rest);
 }
 
+// a absorbs the block after it in its segment (both free, neither in the free set).
+void CachingAllocator::absorb_next(Block* a) {
+    Block* n = a->next;
+    a->size += n->size;
+    a->next = n->next;
+    if (n->next) n->next->prev = a;
+    delete n;
+}
+
 void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
     const size_t size = round_size(bytes);
     std::lock_guard lock(mutex_);
@@ -96,21 +105,8 @@ void CachingAllocator::release(void* p) {
     stats_.in_use -= b->size;
     b->allocated = false;
     // merge with the free neighbours: b absorbs the next one, the previous one absorbs b
-    if (Block* n = b->next; n && !n->allocated) {
-        free_.erase(n);
-        b->size += n->size;
-        b->next = n->next;
-        if (n->next) n->next->prev = b;
-        delete n;
-    }
-    if (Block* q = b->prev; q && !q->allocated) {
-        free_.erase(q);
-        q->size += b->size;
-        q->next = b->next;
-        if (b->next) b->next->prev = q;
-        delete b;
-        b = q;
-    }
+    if (Block* n = b->next; n && !n->allocated) free_.erase(n), absorb_next(b);
+    if (Block* q = b->prev; q && !q->allocated) free_.erase(q), absorb_next(q), b = q;
     free_.insert(b);
 }
 

@@ -82,6 +82,7 @@ private:
     };
     Block* take_cached(size_t size, uintptr_t stream);
     void split(Block* b, size_t size);
+    void absorb_next(Block* a);
     void free_cached_locked();
 
     RawAllocator& raw_;
