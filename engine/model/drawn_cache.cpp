@@ -4,17 +4,20 @@
 
 namespace ptool {
 
-Tensor DrawnCache::find(const std::string& key) {
-    std::lock_guard lock(mutex_);
+Tensor DrawnCache::find_locked(const std::string& key) const {
     for (const Entry& e : entries_)
         if (e.key == key) return e.t;
     return {};
 }
 
+Tensor DrawnCache::find(const std::string& key) {
+    std::lock_guard lock(mutex_);
+    return find_locked(key);
+}
+
 Tensor DrawnCache::find_or_draw(const std::string& key, const std::function<Tensor()>& draw) {
     std::lock_guard lock(mutex_);
-    for (const Entry& e : entries_)
-        if (e.key == key) return e.t;
+    if (Tensor t = find_locked(key); t.defined()) return t;
     Tensor drawn;
     {
         MemoryScope no_run(nullptr);
@@ -32,9 +35,7 @@ void DrawnCache::keep(const std::string& key, const Tensor& t) {
         copy = t.clone();
     }
     std::lock_guard lock(mutex_);
-    for (const Entry& e : entries_)
-        if (e.key == key) return;  // another rank kept it first
-    keep_locked(key, std::move(copy));
+    if (!find_locked(key).defined()) keep_locked(key, std::move(copy));  // else another rank kept it first
 }
 
 bool DrawnCache::keeps(const Tensor& t) const { return static_cast<int64_t>(t.nbytes()) <= budget_ / 4; }

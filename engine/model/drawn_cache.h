@@ -31,6 +31,7 @@ private:
     // tensors up to a quarter of the budget: a model of a few large tensors (134M parameters in
     // two 256 MiB weights) is drawn as before, its verify's peak memory unmoved by the cache
     bool keeps(const Tensor& t) const;
+    Tensor find_locked(const std::string& key) const;
     void keep_locked(const std::string& key, Tensor t);
     struct Entry {
         std::string key;

@@ -3,8 +3,8 @@
 // tensor drawn is kept in the process's DrawnCache: the ranks of a verify copy their boxes of the
 // reference's draw instead of drawing them again.
 #include <algorithm>
-#include <cstring>
 
+#include "core/device_memory.h"
 #include "core/rng.h"
 #include "model/drawn_cache.h"
 #include "model/layers.h"
@@ -53,18 +53,16 @@ void fill_normal_shard(Tensor& t, const CounterRng& rng, double stddev, const Sh
         [&](double z) { return stddev * z; });
 }
 
-// t = the box of `whole` along `dim` at `offset` (t's shape elsewhere): one copy per run of fill_runs.
+// t = the box of `whole` along `dim` at `offset` (t's shape elsewhere): the runs fill_runs draws,
+// as rows of a strided copy.
 void copy_box(const Tensor& whole, Tensor& t, int64_t dim, int64_t offset) {
     const Shape& full = whole.shape();
     int64_t inner = 1;
     for (size_t d = dim + 1; d < full.size(); ++d) inner *= full[d];
-    const int64_t local_len = t.dim() ? t.shape()[dim] : 1, full_len = full.empty() ? 1 : full[dim];
-    const int64_t run = local_len * inner, n = t.numel();
-    const size_t esize = dtype_size(t.dtype());
-    const auto* src = static_cast<const char*>(whole.raw());
-    auto* dst = static_cast<char*>(t.raw());
-    for (int64_t outer = 0; run > 0 && outer * run < n; ++outer)
-        std::memcpy(dst + outer * run * esize, src + (outer * full_len + offset) * inner * esize, run * esize);
+    const size_t es = dtype_size(t.dtype()), full_len = full.empty() ? 1 : full[dim];
+    const size_t run = static_cast<size_t>((t.dim() ? t.shape()[dim] : 1) * inner) * es;
+    copy_rows(t.raw(), run, t.device(), static_cast<const char*>(whole.raw()) + offset * inner * es, full_len * inner * es,
+              whole.device(), run, run ? t.nbytes() / run : 0);
 }
 
 // A parameter's initial values: the box of the whole tensor drawn earlier in this process (the
