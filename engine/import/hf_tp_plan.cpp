@@ -8,27 +8,30 @@
 #include "core/yaml_reader.h"
 #include "import/hf_config.h"
 #include "import/hf_import.h"
+#include "parallel/style_names.h"
 
 namespace ptool {
 
 namespace {
 
-// transformers' ParallelInterface names -> ptool plan entries ("" with the reason: refused).
+// transformers' ParallelInterface names (its vocabulary, the keys) -> ptool plan entries ("" with
+// the reason: refused).
 struct StyleMap {
     std::string entry, why;
 };
 const std::map<std::string, StyleMap>& styles() {
+    using namespace style_name;
     static const std::map<std::string, StyleMap> m = {
-        {"colwise", {"colwise", ""}},
-        {"rowwise", {"rowwise", ""}},
-        {"colwise_rep", {"{style: colwise, output_layouts: replicate}", ""}},
-        {"rowwise_rep", {"{style: rowwise, input_layouts: replicate}", ""}},
+        {"colwise", {entry(colwise), ""}},
+        {"rowwise", {entry(rowwise), ""}},
+        {"colwise_rep", {entry(colwise, "output_layouts: replicate"), ""}},
+        {"rowwise_rep", {entry(rowwise, "input_layouts: replicate"), ""}},
         // transformers' local_* run the same sharding on plain tensors instead of DTensors; ptool
         // always hands local tensors between modules, so they are the same style here
-        {"local_colwise", {"colwise", ""}},
-        {"local_rowwise", {"rowwise", ""}},
-        {"sequence_parallel", {"sequence_parallel", ""}},
-        {"replicate", {"replicate", ""}},
+        {"local_colwise", {entry(colwise), ""}},
+        {"local_rowwise", {entry(rowwise), ""}},
+        {"sequence_parallel", {entry(sequence_parallel), ""}},
+        {"replicate", {entry(replicate), ""}},
         {"gather", {"", "GatherParallel gathers a module's output for expert routing; ptool has no such style"}},
         {"local", {"", "IsolatedParallel keeps a module rank-local (MoE experts); ptool has no such style"}},
         {"local_packed_rowwise", {"", "packed (fused gate_up) weights are not modelled"}},
@@ -40,7 +43,8 @@ const std::map<std::string, StyleMap>& styles() {
     return m;
 }
 
-// The config classes' plans (transformers' LlamaConfig, MistralConfig and Qwen2Config agree).
+// The config classes' plans (transformers' LlamaConfig, MistralConfig and Qwen2Config agree), in
+// transformers' names.
 const std::vector<std::pair<std::string, std::string>> kDecoderPlan = {
     {"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.k_proj", "colwise"},
     {"layers.*.self_attn.v_proj", "colwise"}, {"layers.*.self_attn.o_proj", "rowwise"},
@@ -96,8 +100,10 @@ HfImport import_hf_tp_plan(const std::string& config_path, const HfImportOptions
     }
     // a tied head's weight is the embedding's: one parameter has one placement, so the embedding is
     // sharded over the vocabulary with the head (Megatron's vocab-parallel embedding)
-    if (hf_tied_head(c, type)) y += fmt::format("    {}{}: rowwise  # tied to lm_head: vocab-parallel\n", prefix, type == "gpt2" ? "wte" : "embed_tokens");
-    y += "    lm_head: {style: colwise, output_layouts: replicate}\n";
+    if (hf_tied_head(c, type))
+        y += fmt::format("    {}{}: {}  # tied to lm_head: vocab-parallel\n", prefix, type == "gpt2" ? "wte" : "embed_tokens",
+                         style_name::rowwise);
+    y += fmt::format("    lm_head: {}\n", style_name::entry(style_name::colwise, "output_layouts: replicate"));
     return out;
 }
 

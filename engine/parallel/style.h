@@ -22,6 +22,7 @@
 #include "comm/communicator.h"
 #include "core/yaml_reader.h"
 #include "model/model.h"
+#include "parallel/style_names.h"
 
 namespace ptool {
 

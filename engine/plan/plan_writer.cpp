@@ -6,8 +6,12 @@
 #include <map>
 #include <set>
 
+#include "parallel/style_names.h"
+
 namespace ptool {
 namespace {
+
+using namespace style_name;
 
 enum class Act { replicate, sequence, features };
 
@@ -46,13 +50,12 @@ struct Writer {
         }
         if (t == "embedding") {
             if (a != Act::replicate) return fail(m, "its ids are not replicated"), a;
-            add(pattern, has_sequence ? "{style: rowwise, input_layouts: replicate, output_layouts: shard(1)}"
-                                      : "{style: rowwise, input_layouts: replicate}");
+            add(pattern, entry(rowwise, has_sequence ? "input_layouts: replicate, output_layouts: shard(1)" : "input_layouts: replicate"));
             return has_sequence ? Act::sequence : Act::replicate;
         }
         if (t == "layer_norm" || t == "rms_norm") {
             if (a == Act::features) fail(m, "normalises over features a colwise linear split");
-            if (a == Act::sequence) add(pattern, "sequence_parallel");
+            if (a == Act::sequence) add(pattern, entry(sequence_parallel));
             return a;
         }
         if (t == "position_embedding") {  // positions are rows of its weight: whole sequences only
@@ -63,30 +66,28 @@ struct Writer {
         if (t == "attention" || t == "gated_mlp") {
             if (a == Act::features) return fail(m, "its input is split over features"), a;
             const bool attn = t == "attention";
-            if (a == Act::sequence) add(pattern, "{style: prepare_input, input_layouts: shard(1), desired_input_layouts: replicate}");
-            add(pattern + (attn ? ".[qkv]_proj" : ".[gu]*_proj"), "colwise");
-            add(pattern + (attn ? ".o_proj" : ".down_proj"), a == Act::sequence ? "{style: rowwise, output_layouts: shard(1)}" : "rowwise");
+            if (a == Act::sequence) add(pattern, entry(prepare_input, "input_layouts: shard(1), desired_input_layouts: replicate"));
+            add(pattern + (attn ? ".[qkv]_proj" : ".[gu]*_proj"), entry(colwise));
+            add(pattern + (attn ? ".o_proj" : ".down_proj"), entry(rowwise, a == Act::sequence ? "output_layouts: shard(1)" : ""));
             return a;
         }
         if (t == "linear") {
             if (&m == last && a == Act::features) {  // the second of a Megatron pair ends the model
-                add(pattern, "rowwise");
+                add(pattern, entry(rowwise));
                 out.loss_parallel = false;
                 return Act::replicate;
             }
             if (&m == last) {
                 const std::string in = a == Act::sequence ? "input_layouts: shard(1), " : "";
-                if (out.loss_parallel)
-                    add(pattern, fmt::format("{{style: colwise, {}output_layouts: shard(-1), use_local_output: false}}", in));
-                else
-                    add(pattern, fmt::format("{{style: colwise, {}output_layouts: replicate}}", in));
+                add(pattern, entry(colwise, in + (out.loss_parallel ? "output_layouts: shard(-1), use_local_output: false"
+                                                                    : "output_layouts: replicate")));
                 return Act::replicate;
             }
             if (a == Act::features) {
-                add(pattern, has_sequence ? "{style: rowwise, output_layouts: shard(1)}" : "rowwise");
+                add(pattern, entry(rowwise, has_sequence ? "output_layouts: shard(1)" : ""));
                 return has_sequence ? Act::sequence : Act::replicate;
             }
-            add(pattern, a == Act::sequence ? "{style: colwise, input_layouts: shard(1)}" : "colwise");
+            add(pattern, entry(colwise, a == Act::sequence ? "input_layouts: shard(1)" : ""));
             return Act::features;
         }
         fail(m, "no tensor-parallel rule for this module type");

@@ -11,7 +11,7 @@ namespace {
 
 class Colwise final : public ShardingStyle {
 public:
-    std::string_view name() const override { return "colwise"; }
+    std::string_view name() const override { return style_name::colwise; }
 
     void check(const StyleCheck& c) const override {
         if (const Linear* lin = as_linear(c.module)) check_sharded_weight(c, name(), lin->out_features(), "output features");

@@ -9,7 +9,7 @@ namespace {
 
 class Prepare final : public Style {
 public:
-    Prepare(const char* name, bool in, bool out) : name_(name), in_(in), out_(out) {}
+    Prepare(std::string_view name, bool in, bool out) : name_(name), in_(in), out_(out) {}
     std::string_view name() const override { return name_; }
     bool applies_to(const Module&) const override { return true; }
     std::string_view applies_to_text() const override { return "any module"; }
@@ -38,13 +38,13 @@ public:
     }
 
 private:
-    const char* name_;
+    std::string_view name_;
     bool in_, out_;
 };
 
-const bool registered = register_style(std::make_unique<Prepare>("prepare_input", true, false)) &&
-                        register_style(std::make_unique<Prepare>("prepare_output", false, true)) &&
-                        register_style(std::make_unique<Prepare>("prepare_input_output", true, true));
+const bool registered = register_style(std::make_unique<Prepare>(style_name::prepare_input, true, false)) &&
+                        register_style(std::make_unique<Prepare>(style_name::prepare_output, false, true)) &&
+                        register_style(std::make_unique<Prepare>(style_name::prepare_input_output, true, true));
 
 }  // namespace
 }  // namespace ptool::styles

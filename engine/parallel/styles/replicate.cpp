@@ -10,7 +10,7 @@ namespace {
 
 class Replicate final : public Style {
 public:
-    std::string_view name() const override { return "replicate"; }
+    std::string_view name() const override { return style_name::replicate; }
     bool applies_to(const Module&) const override { return true; }
     std::string_view applies_to_text() const override { return "any module"; }
     void parse(YamlMap& m, const YamlNode&, StyleSpec& s) const override {

@@ -47,7 +47,7 @@ private:
 
 class Rowwise final : public ShardingStyle {
 public:
-    std::string_view name() const override { return "rowwise"; }
+    std::string_view name() const override { return style_name::rowwise; }
 
     void check(const StyleCheck& c) const override {
         if (const Linear* lin = as_linear(c.module)) check_sharded_weight(c, name(), lin->in_features(), "input features");

@@ -36,7 +36,7 @@ private:
 
 class SequenceParallel final : public Style {
 public:
-    std::string_view name() const override { return "sequence_parallel"; }
+    std::string_view name() const override { return style_name::sequence_parallel; }
     bool applies_to(const Module& m) const override { return dynamic_cast<const Norm*>(&m) || dynamic_cast<const Dropout*>(&m); }
     std::string_view applies_to_text() const override { return "layer_norm, rms_norm and dropout"; }
     void parse(YamlMap& m, const YamlNode&, StyleSpec& s) const override {  // SequenceParallel(sequence_dim=1)
