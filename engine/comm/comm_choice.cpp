@@ -58,9 +58,11 @@ int gpu_for_local_rank(LocalRank local, int visible_gpus) {
     return local.rank;
 }
 
-void run_ranks(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn, Device device) {
+void run_ranks(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn, Device device,
+               std::shared_ptr<CoreSlots> cores) {
     const int gpus = device == Device::cpu ? 0 : static_cast<int>(query_gpus().devices.size());
     if (in_process_comm(device, n, gpus) == CommKind::nccl) return run_nccl_threads(n, options, fn);
+    if (cores) return run_rank_threads(n, options, fn, device, std::move(cores));
     const GemmThreadShare share(device == Device::cpu ? n : 1);  // the rank threads share the cores
     run_rank_threads(n, options, fn, device);
 }

@@ -10,6 +10,7 @@
 
 #include <functional>
 
+#include "comm/comm_threads.h"
 #include "comm/communicator.h"
 
 namespace ptool {
@@ -31,7 +32,10 @@ LocalRank launcher_local_rank();
 // GPUs (NCCL runs one rank per GPU; cuda_local is the in-process way to put several on one).
 int gpu_for_local_rank(LocalRank local, int visible_gpus);
 
-// Runs fn(comm) on n in-process ranks over in_process_comm(device, n, visible GPUs).
-void run_ranks(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn, Device device);
+// Runs fn(comm) on n in-process ranks over in_process_comm(device, n, visible GPUs). `cores`: CPU
+// rank threads of jobs that run at once (verify's reference beside its parallel run) take turns on
+// one set of cores, and the caller sets OpenBLAS's share (GemmThreadShare) for all of them.
+void run_ranks(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn, Device device,
+               std::shared_ptr<CoreSlots> cores = nullptr);
 
 }  // namespace ptool

@@ -292,13 +292,14 @@ void run_threads(int n, const std::shared_ptr<AbortState>& abort,
 }
 
 void run_rank_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn,
-                      Device device) {
+                      Device device, std::shared_ptr<CoreSlots> cores) {
     std::vector<int> world(n);
     for (int r = 0; r < n; ++r) world[r] = r;
     auto abort = std::make_shared<AbortState>();
     auto group = std::make_shared<ThreadGroup>(n, abort, world);
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    if (device == Device::cpu && cores > 0 && n > cores) group->cores = std::make_shared<CoreSlots>(cores);
+    const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+    if (cores) group->cores = std::move(cores);
+    else if (device == Device::cpu && hardware > 0 && n > hardware) group->cores = std::make_shared<CoreSlots>(hardware);
     run_threads(
         n, abort, [&](int r) { return std::make_unique<ThreadsCommunicator>(group, r, options, device); },
         [&](Communicator& comm) {

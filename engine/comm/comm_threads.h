@@ -139,8 +139,10 @@ void run_threads(int n, const std::shared_ptr<AbortState>& abort,
                  const std::function<void(Communicator&)>& fn);
 
 // Runs fn(comm) on n rank threads; rethrows the root-cause failure (RuntimeError naming the rank)
-// after every thread has ended. device cuda: the communicators are cuda_local.
+// after every thread has ended. device cuda: the communicators are cuda_local. `cores`: the slots
+// the ranks take turns on (shared with another job's ranks); null: the machine's cores when there
+// are more CPU ranks than cores, else none.
 void run_rank_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn,
-                      Device device = Device::cpu);
+                      Device device = Device::cpu, std::shared_ptr<CoreSlots> cores = nullptr);
 
 }  // namespace ptool

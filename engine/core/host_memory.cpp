@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -90,5 +91,16 @@ void host_release(void* p, size_t bytes) {
 }
 
 AllocatorStats host_block_stats() { return large_blocks().stats(); }
+
+int64_t available_host_memory() {
+    std::FILE* f = std::fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    long long kib = 0;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+    std::fclose(f);
+    return static_cast<int64_t>(kib) * 1024;
+}
 
 }  // namespace ptool

@@ -15,6 +15,7 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     RunInputs in = base;
     in.device = Device::meta;
     in.init = nullptr;  // meta parameters hold no values
+    in.data = nullptr;  // nor meta batches: a data file's tensors have the model's batch shapes (DataSource checks)
     SimulatedCommunicator world(rank, plan.world_size());
     auto account = std::make_shared<MemoryAccount>();
     MemoryScope scope(account);

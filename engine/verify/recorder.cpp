@@ -155,7 +155,18 @@ public:
                 return scaled;
             };
             if (local_ && !x.p.is_partial()) {
-                const ModuleEvent* ref = reference_event(sr.step, (*index)++);
+                const size_t at = (*index)++;
+                if (opt_.follow) {  // compared at the step's end, once the reference published it
+                    Tensor mine;
+                    if (activation_box(x.global, x).owner) {
+                        mine = as_reference(on_host(x.t));
+                        if (mine.shares_storage(x.t)) mine = mine.clone();
+                    }
+                    deferred_.push_back({at, m.fqn(), phase, Placed{mine, x.p, x.global}, x.t.shape(), true});
+                    if (rank0_) sr.events.push_back({m.fqn(), phase, Tensor(), {}});
+                    return;
+                }
+                const ModuleEvent* ref = reference_event(sr.step, at);
                 std::optional<TensorDiff> diff;
                 if (ref && ref->fqn == m.fqn() && ref->phase == phase && ref->full.defined()) {
                     const Tensor mine = as_reference(on_host(x.t));
@@ -170,6 +181,9 @@ public:
             ModuleEvent e{m.fqn(), phase, Tensor(), {}};
             if (!opt_.compare_with) {
                 e.full = full.shares_storage(x.t) ? on_host(full).clone() : on_host(full);
+            } else if (opt_.follow) {
+                const Tensor kept = full.shares_storage(x.t) ? on_host(full).clone() : on_host(full);
+                deferred_.push_back({sr.events.size(), e.fqn, phase, Placed{kept, x.p, x.global}, kept.shape(), false});
             } else if (const ModuleEvent* ref = reference_event(sr.step, sr.events.size()); ref && ref->fqn == e.fqn && ref->phase == phase) {
                 e.diff = compare_tensors(on_host(full), ref->full, opt_.tol);
             }
@@ -180,8 +194,10 @@ public:
     void step(StepRecord& sr, const StepOutput& out, bool last_step) {
         Unaccounted pause(&run_.counter());
         reference_.clear();
-        if ((rank0_ || local_) && opt_.compare_with && sr.step < static_cast<int64_t>(opt_.compare_with->steps.size()))
-            for (const auto& [name, t] : opt_.compare_with->steps[sr.step].tensors) reference_[name] = &t;
+        const StepRecord* ref_step = (rank0_ || local_) ? reference_step(sr.step) : nullptr;  // waits when following
+        if (ref_step)
+            for (const auto& [name, t] : ref_step->tensors) reference_[name] = &t;
+        compare_deferred(sr, ref_step);
         const std::string s = fmt::format("step{}.", sr.step);
         // each rank's output rows and loss are its own: gathered and combined as the global batch's
         record_output(sr, s + "output", out.outputs, last_step);
@@ -341,12 +357,14 @@ private:
     // A tensor replicated everywhere has one owner in the world, which compares it on helper
     // threads (the other ranks wait); pieces are compared by their ranks at once, one thread each.
     static DiffPiece piece(const Tensor& mine, const Tensor& expected, const Box& b, const Tolerance& tol) {
-        if (mine.shape() != b.shape) {
-            DiffPiece bad;
-            bad.counted = true, bad.d.shape_ok = bad.d.pass = false;
-            return bad;
-        }
+        if (mine.shape() != b.shape) return bad_shape();
         return b.owner ? compare_piece(mine, expected, b.offset, tol, b.sole_owner) : DiffPiece{};
+    }
+
+    static DiffPiece bad_shape() {
+        DiffPiece bad;
+        bad.counted = true, bad.d.shape_ok = bad.d.pass = false;
+        return bad;
     }
 
     // Every rank's piece, merged in rank order on rank 0 (collective; meaningful on rank 0).
@@ -376,11 +394,38 @@ private:
         if (rank0_) sr.replicas[name] = state;
     }
 
-    const ModuleEvent* reference_event(int64_t step, size_t index) const {
+    // The reference's step (null: none, or no reference); following one recorded beside this
+    // run, it waits until that step is published.
+    const StepRecord* reference_step(int64_t step) const {
+        if (!opt_.compare_with) return nullptr;
+        if (opt_.follow) return opt_.follow->step(step);
         const RunRecord& ref = *opt_.compare_with;
-        if (step >= static_cast<int64_t>(ref.steps.size())) return nullptr;
-        const auto& events = ref.steps[step].events;
-        return index < events.size() ? &events[index] : nullptr;
+        return step < static_cast<int64_t>(ref.steps.size()) ? &ref.steps[step] : nullptr;
+    }
+
+    const ModuleEvent* reference_event(int64_t step, size_t index) const {
+        const StepRecord* ref = reference_step(step);
+        return ref && index < ref->events.size() ? &ref->events[index] : nullptr;
+    }
+
+    // The step's module events kept while following the reference, compared now in the order they
+    // were recorded: rank-local ones collectively (every rank kept the same list), gathered ones
+    // on rank 0; the numbers are what comparing them inside the step gives.
+    void compare_deferred(StepRecord& sr, const StepRecord* ref_step) {
+        for (const Deferred& d : deferred_) {
+            const ModuleEvent* ref = ref_step && d.index < ref_step->events.size() ? &ref_step->events[d.index] : nullptr;
+            const bool same = ref && ref->fqn == d.fqn && ref->phase == d.phase;
+            if (!d.local) {
+                if (same) sr.events[d.index].diff = compare_tensors(d.x.t, ref->full, opt_.tol);
+                continue;
+            }
+            if (!same || !ref->full.defined()) continue;
+            const Box b = activation_box(ref->full.shape(), d.x);
+            const DiffPiece mine = d.shape != b.shape ? bad_shape() : b.owner ? piece(d.x.t, ref->full, b, opt_.tol) : DiffPiece{};
+            const TensorDiff diff = reduce(mine, opt_.tol);
+            if (rank0_) sr.events[d.index].diff = diff;
+        }
+        deferred_.clear();
     }
 
     ReplicaState replica_state(const Tensor& local, const Placement& on_dp, const Placement& on_tp, bool ignored) {
@@ -439,19 +484,34 @@ private:
     Communicator &tp_, &dp_;
     std::unordered_map<std::string, const Tensor*> reference_, golden_;
     const bool local_;
+    // A module event kept for comparison at the step's end (RecordOptions::follow): its index in
+    // the step's events, this rank's piece (rank-local: undefined on a rank that does not count
+    // it) or rank 0's gathered tensor, with the layout and shape it had.
+    struct Deferred {
+        size_t index;
+        std::string fqn;
+        Phase phase;
+        Placed x;
+        Shape shape;
+        bool local;
+    };
+    std::vector<Deferred> deferred_;
 };
 
 }  // namespace
 
 RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
     Recorder recorder(run, opt);
-    RunRecord rec;
+    RunRecord own;
+    RunRecord& rec = opt.publish ? opt.publish->record : own;  // published steps never move: reserved
+    const bool rank0 = run.world().rank() == 0;
+    if (rank0 && opt.publish) rec.steps.reserve(static_cast<size_t>(steps));
     rec.init_counts = run.counter();  // the construction's collectives (src_data_rank)
     run.counter().reset();
     recorder.construction(rec);
     recorder.start_shadow();
-    const bool rank0 = run.world().rank() == 0;
     for (int64_t k = 0; k < steps; ++k) {
+        if (opt.publish && opt.publish->cancelled()) throw RuntimeError("the reference run stopped: its parallel run failed");
         StepRecord sr;
         sr.step = k;
         StepOutput out = run.step(k, recorder.observer(sr));
@@ -467,11 +527,12 @@ RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
         if (opt.resync && k + 1 < steps) recorder.resync(sr);
         if (rank0 && opt.on_step) opt.on_step(k, out.loss, out.seconds);
         if (rank0) rec.steps.push_back(std::move(sr));
+        if (rank0 && opt.publish) opt.publish->publish(&rec.steps.back());
     }
     rec.step_counts = run.counter();
     rec.world_size = run.world().size();
     rec.backend = run.world().backend();
-    return rank0 ? rec : RunRecord{};
+    return rank0 && !opt.publish ? rec : RunRecord{};
 }
 
 double world_step_seconds(Communicator& world, double started, double seconds) {

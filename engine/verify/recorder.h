@@ -8,6 +8,7 @@
 // holds another's piece) or, under mpirun, by rank 0 on one gathered tensor at a time.
 #pragma once
 
+#include "verify/reference_stream.h"
 #include "verify/run.h"
 #include "verify/run_record.h"
 
@@ -32,6 +33,15 @@ struct RecordOptions {
     bool rank_local = false;
     // Called after each step on rank 0 with the step's number, loss and seconds (`ptool run`'s lines).
     std::function<void(int64_t, double, double)> on_step;
+    // A reference recorded beside its parallel run (verify, rank threads of one process). The
+    // reference (one rank) records into publish->record and publishes each step as it completes;
+    // it stops early when the stream is cancelled.
+    ReferenceStream* publish = nullptr;
+    // compare_with (== &follow->record) is that reference: its steps are read through follow, each
+    // once published. The step's module events are kept (this rank's pieces) and compared at the
+    // step's end, so no rank waits for the reference inside a step, where the others would wait
+    // for it in a collective.
+    ReferenceStream* follow = nullptr;
 };
 
 // Steps `run` `steps` times and records it. Every rank of the run's world calls it; the record is

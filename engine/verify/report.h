@@ -47,6 +47,7 @@ struct VerifyReport {
     std::vector<PlanReport> plans;
     RunRecord reference;  // the reference run (of the last plan's step count)
     double reference_seconds = 0;
+    bool reference_beside = false;  // recorded beside the parallel run (VerifyOptions::reference_beside)
     bool pass = true;
 };
 

@@ -5,14 +5,18 @@
 
 #include <cstdlib>
 #include <map>
+#include <thread>
 
+#include "backend/cpu/cpu_backend.h"
 #include "comm/comm_choice.h"
 #include "comm/comm_mpi.h"
 #include "comm/comm_nccl.h"
 #include "comm/comm_threads.h"
+#include "core/host_memory.h"
 #include "core/progress.h"
 #include "core/yaml_reader.h"
 #include "verify/faults.h"
+#include "plan/simulate.h"
 #include "verify/golden_replay.h"
 
 namespace ptool {
@@ -23,8 +27,9 @@ public:
     bool shares_memory() const override { return true; }
     InProcess(Device d, CommOptions c) : device_(d), comm_(c) {}
     bool rank0() const override { return true; }
-    void run(int ranks, const SourceLocation&, const std::function<void(Communicator&)>& fn) override {
-        run_ranks(ranks, comm_, fn, device_);
+    void run(int ranks, const SourceLocation&, const std::function<void(Communicator&)>& fn,
+             std::shared_ptr<CoreSlots> cores) override {
+        run_ranks(ranks, comm_, fn, device_, std::move(cores));
     }
     void wait_for_rank0() override {}
     int exit_code(const std::function<int()>& body) override { return body(); }
@@ -47,7 +52,8 @@ public:
         if (d == Device::cuda) gpus_ = make_nccl_world(*world_, c);
     }
     bool rank0() const override { return world_->rank() == 0; }
-    void run(int ranks, const SourceLocation& where, const std::function<void(Communicator&)>& fn) override {
+    void run(int ranks, const SourceLocation& where, const std::function<void(Communicator&)>& fn,
+             std::shared_ptr<CoreSlots>) override {
         if (ranks != world_->size())
             throw InputError(where, fmt::format("the mesh has {} ranks but mpirun started {}", ranks, world_->size()));
         fn(gpus_ ? *gpus_ : *world_);
@@ -119,6 +125,63 @@ std::string numerics_key(const Plan& plan) {
     return fmt::format("{}/{}/{}", dtype_name(mp.param_dtype), dtype_name(mp.reduce_dtype), mp.cast_forward_inputs);
 }
 
+// Whether the host can hold the reference beside the parallel run: on the CPU with two cores or
+// more, and when the reference's predicted peak (plan/simulate.h, on meta tensors) is at most half
+// the memory the host has available (the other half for the ranks and the records). Else, or when
+// the prediction fails, the reference runs first, as under mpirun.
+bool room_beside(const RunInputs& in, const Plan& plan, int64_t steps) {
+    if (in.device != Device::cpu || std::thread::hardware_concurrency() < 2) return false;
+    const int64_t available = available_host_memory();
+    if (available <= 0) return false;
+    try {
+        const RankSimulation sim = simulate_rank(in, reference_plan(plan), 0, steps);
+        return 2 * std::max(sim.memory.peak, sim.memory.resident) <= available;
+    } catch (const std::exception&) {
+        return false;
+    }
+}
+
+// The reference recording on a thread of its own beside the parallel run (rank 0 of one process):
+// the two share the machine's cores (one slot each rank and the reference, OpenBLAS's threads
+// divided among all of them), and the ranks read each step once it is published.
+struct ReferenceBeside {
+    std::shared_ptr<CoreSlots> cores;
+    ReferenceStream stream;
+    GemmThreadShare share;
+    std::exception_ptr error;
+    std::thread thread;
+
+    ReferenceBeside(const RunInputs& in, const Plan& plan, int64_t steps, RecordOptions opt)
+        : cores(std::make_shared<CoreSlots>(static_cast<int>(std::thread::hardware_concurrency()))),
+          stream(steps, cores), share(plan.world_size() + 1) {
+        opt.publish = &stream;
+        thread = std::thread([this, &in, plan, steps, opt] {
+            try {
+                record_reference(in, plan, steps, opt, cores);
+                stream.finish();
+            } catch (...) {
+                error = std::current_exception();
+                stream.finish(stream.cancelled() ? nullptr : error);  // stopped by the ranks' failure: theirs is the cause
+            }
+        });
+    }
+    ~ReferenceBeside() {
+        if (thread.joinable()) stream.cancel(), thread.join();
+    }
+    // The whole record, once the parallel run ended (rethrows the reference's failure)
+    RunRecord end() {
+        thread.join();
+        if (error) std::rethrow_exception(error);
+        return std::move(stream.record);
+    }
+    // After the parallel run failed: stops the reference; its own failure, if it failed first, is the cause
+    void end_after_failure() {
+        stream.cancel();
+        thread.join();
+        if (stream.failed()) std::rethrow_exception(error);
+    }
+};
+
 }  // namespace
 
 std::unique_ptr<Launch> in_process_launch(Device device, const CommOptions& comm) {
@@ -144,14 +207,15 @@ Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model&
     return Tolerance::for_policy(model.dtype, compute, depth).with(plan.verify.tolerance).with(opt.tolerance);
 }
 
-RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps, const RecordOptions& opt) {
+RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps, const RecordOptions& opt,
+                           std::shared_ptr<CoreSlots> cores) {
     const Plan single = reference_plan(plan);
     RunRecord rec;
     run_ranks(1, CommOptions{}, [&](Communicator& world) {
         Run run(in, single, world);
         rec = record_run(run, steps, opt);
-    }, in.device);
-    rec.backend = "reference";
+    }, in.device, std::move(cores));
+    (opt.publish ? opt.publish->record : rec).backend = "reference";
     return rec;
 }
 
@@ -177,41 +241,61 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         // rank 0 runs the reference first and compares the parallel run's tensors with it as it
         // gathers them; under mpirun the other ranks wait for it
         const std::pair<int64_t, std::string> key = {steps, numerics_key(plan)};
+        std::unique_ptr<ReferenceBeside> beside;
         if (launch.rank0() && !references.count(key)) {
             RecordOptions ref = ro;
             ref.shadow_optimizer = false;  // with a golden, the reference continues from its parameters
-            Progress::get().phase("reference", fmt::format("{} step{} on one device", steps, steps == 1 ? "" : "s"));
-            ref.on_step = [steps](int64_t k, double, double) { Progress::get().step("reference", k, steps); };
-            references[key] = record_reference(job.inputs, plan, steps, ref);
-            report.reference_seconds += references[key].seconds;
+            if (job.options.reference_beside && launch.shares_memory() && room_beside(job.inputs, plan, steps)) {
+                Progress::get().phase(fmt::format("reference + parallel {}", plan.path),
+                                      fmt::format("{} step{}, the reference on one device beside {} ranks, each step compared once both recorded it",
+                                                  steps, steps == 1 ? "" : "s", plan.world_size()));
+                beside = std::make_unique<ReferenceBeside>(job.inputs, plan, steps, ref);
+                report.reference_beside = true;
+            } else {
+                Progress::get().phase("reference", fmt::format("{} step{} on one device", steps, steps == 1 ? "" : "s"));
+                ref.on_step = [steps](int64_t k, double, double) { Progress::get().step("reference", k, steps); };
+                references[key] = record_reference(job.inputs, plan, steps, ref);
+                report.reference_seconds += references[key].seconds;
+            }
         }
         launch.wait_for_rank0();
         if (launch.rank0()) {
-            ro.compare_with = &references[key];
-            Progress::get().phase(fmt::format("parallel {}", plan.path),
-                                  fmt::format("{} ranks, each step compared as it is recorded", plan.world_size()));
+            ro.compare_with = beside ? &beside->stream.record : &references[key];
+            ro.follow = beside ? &beside->stream : nullptr;
+            if (!beside)
+                Progress::get().phase(fmt::format("parallel {}", plan.path),
+                                      fmt::format("{} ranks, each step compared as it is recorded", plan.world_size()));
             ro.on_step = [steps](int64_t k, double, double) { Progress::get().step("parallel", k, steps); };
         }
         RunRecord par;
-        launch.run(plan.world_size(), plan.mesh_where, [&](Communicator& world) {
-            const std::unique_ptr<RunLayer> layer = fault_layer(fault);
-            // each rank's tensors are charged to its account (verification's own are not: the
-            // recorder's work runs unaccounted), the measured side of explain's prediction
-            auto account = std::make_shared<MemoryAccount>();
-            RunRecord r;
-            RankMemory mine;
-            {
-                MemoryScope scope(account);
-                Run run(job.inputs, plan, world, layer.get());
-                account->reset_peak();
-                mine.resident = account->live();
-                r = record_run(run, steps, ro);
-                mine.peak = account->peak();
-                for (int u = 0; u < kMemoryUses; ++u) mine.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
-            }
-            std::vector<RankMemory> all = gather_memory(mine, world);
-            if (world.rank() == 0) par = std::move(r), par.memory = std::move(all);
-        });
+        try {
+            launch.run(plan.world_size(), plan.mesh_where, [&](Communicator& world) {
+                const std::unique_ptr<RunLayer> layer = fault_layer(fault);
+                // each rank's tensors are charged to its account (verification's own are not: the
+                // recorder's work runs unaccounted), the measured side of explain's prediction
+                auto account = std::make_shared<MemoryAccount>();
+                RunRecord r;
+                RankMemory mine;
+                {
+                    MemoryScope scope(account);
+                    Run run(job.inputs, plan, world, layer.get());
+                    account->reset_peak();
+                    mine.resident = account->live();
+                    r = record_run(run, steps, ro);
+                    mine.peak = account->peak();
+                    for (int u = 0; u < kMemoryUses; ++u) mine.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
+                }
+                std::vector<RankMemory> all = gather_memory(mine, world);
+                if (world.rank() == 0) par = std::move(r), par.memory = std::move(all);
+            }, beside ? beside->cores : nullptr);
+        } catch (...) {
+            if (beside) beside->end_after_failure();  // the reference's own failure, if that was the cause
+            throw;
+        }
+        if (beside) {
+            references[key] = beside->end();
+            report.reference_seconds += references[key].seconds;
+        }
         if (launch.rank0()) add_plan(report, references[key], std::move(par), plan, res, ro.tol, job.options.strict);
     }
     return report;

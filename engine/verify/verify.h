@@ -17,6 +17,9 @@ struct VerifyOptions {
     CommOptions comm;
     bool events = true;  // localisation's per-module gathers (benches measure without them too)
     bool strict = false;  // --strict: a plan with lint warnings (a pattern matching nothing, an empty plan) fails
+    // In one process on the CPU, run the reference beside the parallel run (ReferenceStream) when
+    // the host has the memory for both; off: the reference first, then the parallel run.
+    bool reference_beside = true;
 };
 
 struct VerifyJob {
@@ -36,7 +39,9 @@ public:
     virtual bool shares_memory() const = 0;
     // Runs fn on every rank of a `ranks`-rank world: threads in this process, or this process's
     // rank of the mpirun job (whose size must be `ranks`; InputError at `where` otherwise).
-    virtual void run(int ranks, const SourceLocation& where, const std::function<void(Communicator&)>& fn) = 0;
+    // `cores`: in-process, the core slots shared with a reference running beside (null: none).
+    virtual void run(int ranks, const SourceLocation& where, const std::function<void(Communicator&)>& fn,
+                     std::shared_ptr<CoreSlots> cores) = 0;
     // Waits for rank 0's work outside the collectives (its reference run): no deadline.
     virtual void wait_for_rank0() = 0;
     // The process's exit code: body's on rank 0. Under mpirun a failure on any rank ends the job
@@ -51,8 +56,10 @@ std::unique_ptr<Launch> in_process_launch(Device device, const CommOptions& comm
 VerifyReport verify(const VerifyJob& job, Launch& launch);  // the report is rank 0's
 
 // The reference of `plan`: the job's model on one device computing as the plan does (its mixed
-// precision: reference_plan), `steps` steps, recorded whole.
-RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps, const RecordOptions& opt);
+// precision: reference_plan), `steps` steps, recorded whole (into opt.publish's record when set;
+// `cores`: the slots it shares with the ranks beside it).
+RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps, const RecordOptions& opt,
+                           std::shared_ptr<CoreSlots> cores = nullptr);
 
 int64_t steps_for(const Plan& plan, const VerifyOptions& opt, int64_t model_steps);
 Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model& model);

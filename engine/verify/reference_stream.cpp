@@ -1,0 +1,53 @@
+#include "verify/reference_stream.h"
+
+#include "core/error.h"
+
+namespace ptool {
+
+void ReferenceStream::publish(const StepRecord* step) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        published_.push_back(step);
+    }
+    cv_.notify_all();
+}
+
+void ReferenceStream::finish(std::exception_ptr error) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        finished_ = true;
+        error_ = std::move(error);
+    }
+    cv_.notify_all();
+}
+
+bool ReferenceStream::failed() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return error_ != nullptr;
+}
+
+void ReferenceStream::cancel() {
+    cancelled_.store(true);
+    cv_.notify_all();
+}
+
+const StepRecord* ReferenceStream::step(int64_t k) {
+    auto ready = [&] { return static_cast<int64_t>(published_.size()) > k || finished_ || cancelled_.load(); };
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!ready()) {
+        lk.unlock();
+        const CoreSlots::Yielded waiting(cores_.get());  // given back first, taken again last
+        lk.lock();
+        cv_.wait(lk, ready);
+        lk.unlock();  // the core is taken again without the lock held
+    } else {
+        lk.unlock();
+    }
+    std::lock_guard<std::mutex> relock(mu_);
+    if (static_cast<int64_t>(published_.size()) > k) return published_[static_cast<size_t>(k)];
+    if (error_) throw RuntimeError("the reference run failed (its error follows the parallel run's)");
+    if (cancelled_.load()) throw RuntimeError("the reference run was cancelled");
+    return nullptr;
+}
+
+}  // namespace ptool

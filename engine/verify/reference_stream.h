@@ -1,0 +1,52 @@
+// The reference's record while it is being made, read by a parallel run that runs beside it
+// (verify, rank threads of one process): the reference thread publishes each step once its
+// record is complete; a parallel rank that needs step k waits for it with its core given back
+// (comm/comm_threads.h, CoreSlots), so the reference computes on it meanwhile. Nothing is read
+// before it is published, and a published step is never written again.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "comm/comm_threads.h"
+#include "verify/run_record.h"
+
+namespace ptool {
+
+class ReferenceStream {
+public:
+    ReferenceStream(int64_t steps, std::shared_ptr<CoreSlots> cores) : steps_(steps), cores_(std::move(cores)) {}
+
+    // The record the reference thread fills (record_run with RecordOptions::publish): complete
+    // once finish() was called without an error; read it whole only after the reference ended.
+    RunRecord record;
+
+    // --- the reference's side
+    int64_t steps() const { return steps_; }
+    void publish(const StepRecord* step);  // the next step, complete
+    void finish(std::exception_ptr error = nullptr);  // no more steps (error: the reference failed)
+    bool cancelled() const { return cancelled_.load(); }  // the parallel run failed: stop early
+    bool failed();  // finish() was given an error
+
+    // --- the parallel side
+    // Step k of the reference, waiting for it (its core given back meanwhile); null when the
+    // reference has no step k. Throws RuntimeError when the reference failed or was cancelled.
+    const StepRecord* step(int64_t k);
+    void cancel();  // the parallel run failed: the reference stops at its next step
+
+private:
+    const int64_t steps_;
+    std::shared_ptr<CoreSlots> cores_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<const StepRecord*> published_;
+    bool finished_ = false;
+    std::exception_ptr error_;
+    std::atomic<bool> cancelled_{false};
+};
+
+}  // namespace ptool

@@ -1,0 +1,150 @@
+// The reference recorded beside the parallel run (verify/reference_stream.h): the same numbers as
+// recording it first, every diff bitwise; the stream's waits give the core back, and failures on
+// either side reach the other.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "verify/compare.h"
+#include "verify/verify.h"
+#include "test_helpers.h"
+
+using namespace ptool;
+
+namespace {
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+void check_same(const TensorDiff& a, const TensorDiff& b) {
+    CHECK(a.shape_ok == b.shape_ok);
+    CHECK(a.nonfinite == b.nonfinite);
+    CHECK(same_bits(a.max_abs, b.max_abs));
+    CHECK(same_bits(a.max_rel, b.max_rel));
+    CHECK(same_bits(a.headroom, b.headroom));
+    CHECK(same_bits(a.rel_fro, b.rel_fro));
+    CHECK(same_bits(a.err_norm, b.err_norm));
+    CHECK(same_bits(a.ref_norm, b.ref_norm));
+    CHECK(a.max_ulp == b.max_ulp);
+    CHECK(a.pass == b.pass);
+}
+
+void check_same(const std::map<std::string, TensorDiff>& a, const std::map<std::string, TensorDiff>& b) {
+    REQUIRE(a.size() == b.size());
+    for (const auto& [name, d] : a) {
+        INFO(name);
+        REQUIRE(b.count(name));
+        check_same(d, b.at(name));
+    }
+}
+
+VerifyReport run_verify(const std::string& model, const std::string& plan, int64_t steps, bool beside, const char* mesh = nullptr) {
+    VerifyJob job;
+    job.inputs.model_path = PTOOL_SOURCE_DIR "/models/" + model + ".yaml";
+    job.inputs.model_text = read_text(job.inputs.model_path);
+    Plan p = load_plan(PTOOL_SOURCE_DIR "/plans/" + plan + ".yaml");
+    if (mesh) apply_mesh_flags(p, {mesh});
+    job.plans = {p};
+    job.options.steps = steps;
+    job.options.reference_beside = beside;
+    const auto launch = in_process_launch(Device::cpu, CommOptions{});
+    return verify(job, *launch);
+}
+
+}  // namespace
+
+TEST_CASE("the reference beside the parallel run gives the numbers of the reference first, bitwise", "[cpu]") {
+    struct Case {
+        const char* model;
+        const char* plan;
+        int64_t steps;
+        const char* mesh;
+    };
+    // TP with partial events (rowwise), attention, sequence parallel, DDP, FSDP + TP with AdamW
+    // over steps (resync), more ranks than cores
+    for (const Case& c : {Case{"mlp", "mlp_root_module", 2, nullptr}, Case{"gpt_block", "gpt_block_tp", 2, nullptr},
+                          Case{"seq_mlp", "seq_mlp_sp", 1, nullptr}, Case{"replicate_net", "replicate_multi_module", 2, nullptr},
+                          Case{"mlp_stacked_adamw", "mlp_stacked_fsdp_tp", 3, nullptr},
+                          Case{"mlp", "mlp_root_module", 1, "tp=8"}}) {
+        INFO(c.model << " x " << c.plan);
+        const VerifyReport first = run_verify(c.model, c.plan, c.steps, false, c.mesh);
+        const VerifyReport beside = run_verify(c.model, c.plan, c.steps, true, c.mesh);
+        CHECK_FALSE(first.reference_beside);
+        CHECK(beside.reference_beside);  // this machine has the cores and memory for it
+        CHECK(first.pass);
+        CHECK(beside.pass == first.pass);
+        REQUIRE(beside.plans.size() == 1);
+        const RunRecord &a = first.plans[0].run, &b = beside.plans[0].run;
+        REQUIRE(a.steps.size() == static_cast<size_t>(c.steps));
+        REQUIRE(b.steps.size() == a.steps.size());
+        for (size_t k = 0; k < a.steps.size(); ++k) {
+            check_same(a.steps[k].vs_reference, b.steps[k].vs_reference);
+            check_same(a.steps[k].vs_shadow, b.steps[k].vs_shadow);
+            CHECK(a.steps[k].replicas == b.steps[k].replicas);
+            REQUIRE(a.steps[k].events.size() == b.steps[k].events.size());
+            CHECK_FALSE(a.steps[k].events.empty());
+            for (size_t i = 0; i < a.steps[k].events.size(); ++i) {
+                const ModuleEvent &x = a.steps[k].events[i], &y = b.steps[k].events[i];
+                INFO(x.fqn);
+                CHECK(x.fqn == y.fqn);
+                CHECK(x.phase == y.phase);
+                REQUIRE(x.diff.has_value() == y.diff.has_value());
+                if (x.diff) check_same(*x.diff, *y.diff);
+            }
+        }
+        CHECK(a.init_state == b.init_state);
+        // the reference's record, whole in both
+        REQUIRE(first.reference.steps.size() == beside.reference.steps.size());
+        for (size_t k = 0; k < first.reference.steps.size(); ++k) {
+            const auto &ta = first.reference.steps[k].tensors, &tb = beside.reference.steps[k].tensors;
+            REQUIRE(ta.size() == tb.size());
+            for (size_t i = 0; i < ta.size(); ++i) {
+                CHECK(ta[i].first == tb[i].first);
+                CHECK(tensor_digest(ta[i].second) == tensor_digest(tb[i].second));
+            }
+        }
+        CHECK(beside.reference.backend == "reference");
+    }
+}
+
+TEST_CASE("a rank waiting for the reference's step gives its core to the reference", "[cpu]") {
+    auto cores = std::make_shared<CoreSlots>(1);  // one core: the waiter holds it until it waits
+    ReferenceStream stream(2, cores);
+    StepRecord s0;
+    s0.step = 0;
+    std::promise<const StepRecord*> got;
+    std::thread rank([&] {
+        const CoreSlots::Held core(cores.get());
+        got.set_value(stream.step(0));
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the rank waits, its core given back
+    std::thread reference([&] {
+        const CoreSlots::Held core(cores.get());  // would never be had if the rank kept it
+        stream.publish(&s0);
+    });
+    auto f = got.get_future();
+    REQUIRE(f.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+    CHECK(f.get() == &s0);
+    rank.join(), reference.join();
+    // a step the reference never makes: null once it finished
+    stream.finish();
+    CHECK(stream.step(1) == nullptr);
+    CHECK(stream.step(0) == &s0);  // published steps stay readable
+    CHECK_FALSE(stream.failed());
+}
+
+TEST_CASE("a failed reference fails its waiting ranks; failed ranks stop the reference", "[cpu]") {
+    ReferenceStream failing(1, nullptr);
+    std::thread reference([&] { failing.finish(std::make_exception_ptr(RuntimeError("out of host memory"))); });
+    CHECK_THROWS_AS(failing.step(0), RuntimeError);
+    reference.join();
+    CHECK(failing.failed());
+    ReferenceStream cancelled(1, nullptr);
+    CHECK_FALSE(cancelled.cancelled());
+    std::thread rank([&] { cancelled.cancel(); });
+    CHECK_THROWS_AS(cancelled.step(0), RuntimeError);  // a waiter is woken, not left waiting
+    rank.join();
+    CHECK(cancelled.cancelled());
+    CHECK_FALSE(cancelled.failed());
+}
