@@ -1,8 +1,10 @@
 // bench_verify: `ptool verify` of the GEMM-heavy MLP under a TP plan (net1 colwise, net2 rowwise)
 // at tp 2, 4 and 8, or a DDP plan at dp 2 and 4, against the time of its FLOPs at the OpenBLAS
 // sgemm rate measured in the same run. verify runs the reference and the parallel model, so the
-// limit is 2x the step's GEMMs. For DDP it also prints the gradient all_reduce bytes per step
-// against the model's gradient bytes (must be 1x: every gradient in exactly one bucket).
+// limit is 2x the step's GEMMs. On the CPU the reference runs beside the parallel run (docs/
+// architecture.md), so their step columns overlap in time. For DDP it also prints the gradient
+// all_reduce bytes per step against the model's gradient bytes (must be 1x: every gradient in
+// exactly one bucket).
 // Each CPU row is the best of 3 verifies (the limit is the best of 3 GEMM runs).
 //   ./build/bench/bench_verify [MODEL] [PLAN]      (default: gemm_mlp, plans/gemm_mlp_tp.yaml)
 //   ./build/bench/bench_verify models/gemm_mlp.yaml plans/gemm_mlp_ddp.yaml
@@ -78,7 +80,9 @@ int main_impl(int argc, char** argv) {
                             shards.seconds * 1e3, shards.flops / shards.seconds / 1e9, 100 * shards.seconds / best);
                 continue;
             }
-            if (!events) {  // the parallel step's GEMM FLOPs over its time, against the limit's rate
+            if (!events && r.reference_beside) {
+                std::printf("        the reference ran beside the parallel run on the same cores: their step times overlap\n");
+            } else if (!events) {  // the parallel step's GEMM FLOPs over its time, against the limit's rate
                 // every rank computes at once on the same device(s): together they do the model's FLOPs
                 const double steps = static_cast<double>(r.plans[0].run.steps.size());
                 const double rate = lim.flops * steps / r.plans[0].run.seconds, limit_rate = lim.flops / lim.seconds;
