@@ -351,7 +351,7 @@ TEST_CASE("BinnedSum: exactly ExactSum's sum, across its flushes, subnormals and
 
 TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every element (gated divisions)", "[cpu]") {
     // random signs and magnitudes over 40 decades, exact zeros, subnormals, errors of a few ULPs to
-    // 10%: max_rel and headroom equal a plain loop that divides every element, the norms a plain
+    // 10%, some of the opposite sign and far larger: max_rel and headroom equal a plain loop that divides every element, the norms a plain
     // ExactSum of every element's squares; every element differing, or one in 1000 (whole equal
     // chunks between)
     const CounterRng rng(9, 4);
@@ -364,9 +364,24 @@ TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every eleme
                     const double mag = std::pow(10.0, 40 * rng.uniform(3 * i) - 30) * (rng.uniform(3 * i + 1) < 0.5 ? -1 : 1);
                     const double v = i % 101 == 0 ? 0.0 : i % 257 == 0 ? 1e-40 : mag;
                     const double rel = i % 13 == 0 ? 0.0 : std::pow(10.0, -8 + 7 * rng.uniform(3 * i + 2));
-                    e.set(i, v), a.set(i, i % every != 0 ? e.item(i) : i % 97 == 0 ? 0.0 : v * (1 + rel));
+                    e.set(i, v), a.set(i, i % every != 0 ? e.item(i) : i % 97 == 0 ? 0.0 : i % 389 == 0 ? -v * 1e20 : v * (1 + rel));
                 }
                 double max_abs = 0, max_rel = 0, headroom = 0;
+                int64_t max_ulp = 0;  // |a - e| in units of the last place: the distance of their ordered bit patterns
+                for (int64_t i = 0; i < n; ++i) {
+                    if (dt == DType::float32) {
+                        int32_t x, y;
+                        std::memcpy(&x, a.data<float>() + i, 4), std::memcpy(&y, e.data<float>() + i, 4);
+                        const int64_t ox = x < 0 ? -int64_t{x & 0x7fffffff} : x, oy = y < 0 ? -int64_t{y & 0x7fffffff} : y;
+                        max_ulp = std::max(max_ulp, ox > oy ? ox - oy : oy - ox);
+                    } else {
+                        int64_t x, y;
+                        std::memcpy(&x, a.data<double>() + i, 8), std::memcpy(&y, e.data<double>() + i, 8);
+                        const __int128 ox = x < 0 ? -static_cast<__int128>(x & INT64_MAX) : x, oy = y < 0 ? -static_cast<__int128>(y & INT64_MAX) : y;
+                        const __int128 u = ox > oy ? ox - oy : oy - ox;
+                        max_ulp = std::max<int64_t>(max_ulp, u > INT64_MAX ? INT64_MAX : static_cast<int64_t>(u));
+                    }
+                }
                 ExactSum err2, ref2;
                 for (int64_t i = 0; i < n; ++i) {
                     const double x = a.item(i), y = e.item(i), err = std::abs(x - y), bound = tol.atol + tol.rtol * std::abs(y);
@@ -383,6 +398,7 @@ TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every eleme
                 CHECK(d.headroom == headroom);
                 CHECK(d.err_norm == std::sqrt(err2.value()));
                 CHECK(d.ref_norm == std::sqrt(ref2.value()));
+                CHECK(d.max_ulp == max_ulp);
             }
 }
 
