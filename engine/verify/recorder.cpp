@@ -167,12 +167,12 @@ public:
                     return;
                 }
                 const ModuleEvent* ref = reference_event(sr.step, at);
-                std::optional<TensorDiff> diff;
                 if (ref && ref->fqn == m.fqn() && ref->phase == phase && ref->full.defined()) {
                     const Tensor mine = as_reference(on_host(x.t));
-                    diff = reduce(piece(mine, ref->full, activation_box(ref->full.shape(), x), opt_.tol), opt_.tol);
+                    reduce_later(piece(mine, ref->full, activation_box(ref->full.shape(), x), opt_.tol), opt_.tol,
+                                 [&sr, i = sr.events.size()](const TensorDiff& d) { sr.events[i].diff = d; });
                 }
-                if (rank0_) sr.events.push_back({m.fqn(), phase, Tensor(), diff});
+                if (rank0_) sr.events.push_back({m.fqn(), phase, Tensor(), {}});
                 return;
             }
             if (local_) ++*index;
@@ -226,14 +226,15 @@ public:
                 const Placement on_dp = run_.dp_placement(p.get()), on_tp = run_.tp_placement(p.get());
                 const Box b{std::vector<int64_t>(p->value.dim(), 0), p->value.shape(), owns(on_dp, on_tp), sole_owner(on_dp, on_tp)};
                 const Tolerance rule = opt_.tol.for_masters();
-                const TensorDiff d = reduce(piece(on_host(p->value), shadow_[i].second->value, b, rule), rule);
-                if (rank0_) sr.vs_shadow[s + "param." + name] = d;
+                reduce_later(piece(on_host(p->value), shadow_[i].second->value, b, rule), rule,
+                             [&sr, key = s + "param." + name](const TensorDiff& d) { sr.vs_shadow[key] = d; });
             } else if (rank0_) {
                 sr.vs_shadow[s + "param." + name] = compare_tensors(v, shadow_[i].second->value, opt_.tol.for_masters());
             }
         }
         for (const auto& [name, b] : run_.model().named_buffers())
             record(sr, s + "buffer." + name, b->value, Placement::replicate(), Placement::replicate(), false, last_step);
+        flush_reduces();  // the step's comparisons, the module events' included
     }
 
     // Where this step's parameters differ from the truth's at all (the golden's, else the
@@ -367,15 +368,29 @@ private:
         return bad;
     }
 
-    // Every rank's piece, merged in rank order on rank 0 (collective; meaningful on rank 0).
-    TensorDiff reduce(const DiffPiece& mine, const Tolerance& tol) {
+    // Every rank's piece of a comparison, merged in rank order on rank 0, where `set` receives the
+    // diff. Queued: the step's comparisons travel in one all_gather at its end (flush_reduces), not
+    // one each (eight rank threads taking turns on two cores spent a third of a verify's comparison
+    // phase handing the cores round for them). Every rank queues the same list in the same order.
+    void reduce_later(const DiffPiece& mine, const Tolerance& tol, std::function<void(const TensorDiff&)> set) {
+        pending_.push_back({mine, tol, std::move(set)});
+    }
+
+    void flush_reduces() {  // collective
+        if (pending_.empty()) return;
         Communicator& world = run_.world();
-        Tensor packed({kPieceWords}, DType::int64), all({world.size() * kPieceWords}, DType::int64);
-        pack_piece(mine, packed.data<int64_t>());
+        const int64_t n = static_cast<int64_t>(pending_.size());
+        Tensor packed({n * kPieceWords}, DType::int64), all({world.size() * n * kPieceWords}, DType::int64);
+        for (int64_t i = 0; i < n; ++i) pack_piece(pending_[i].piece, packed.data<int64_t>() + i * kPieceWords);
         world.all_gather(packed, all);
-        DiffPiece merged;
-        for (int r = 0; r < world.size(); ++r) merge_piece(merged, unpack_piece(all.data<int64_t>() + r * kPieceWords));
-        return finish_diff(merged, tol);
+        if (rank0_)
+            for (int64_t i = 0; i < n; ++i) {
+                DiffPiece merged;
+                for (int r = 0; r < world.size(); ++r)
+                    merge_piece(merged, unpack_piece(all.data<int64_t>() + (r * n + i) * kPieceWords));
+                pending_[i].set(finish_diff(merged, pending_[i].tol));
+            }
+        pending_.clear();
     }
 
     // A parameter's or gradient's piece compared where it lies (rank-local).
@@ -383,14 +398,12 @@ private:
                     const Placement& on_tp, ReplicaState state) {
         const Tensor mine = on_host(local);
         const Tolerance tol = rule_for(opt_.tol, name);
-        if (auto it = reference_.find(name); it != reference_.end()) {
-            const TensorDiff d = reduce(piece(mine, *it->second, box_of(it->second->shape(), on_dp, on_tp), tol), tol);
-            if (rank0_) sr.vs_reference[name] = d;
-        }
-        if (auto it = golden_.find(name); it != golden_.end()) {
-            const TensorDiff d = reduce(piece(mine, *it->second, box_of(it->second->shape(), on_dp, on_tp), tol), tol);
-            if (rank0_) sr.vs_golden[name] = d;
-        }
+        if (auto it = reference_.find(name); it != reference_.end())
+            reduce_later(piece(mine, *it->second, box_of(it->second->shape(), on_dp, on_tp), tol), tol,
+                         [&sr, name](const TensorDiff& d) { sr.vs_reference[name] = d; });
+        if (auto it = golden_.find(name); it != golden_.end())
+            reduce_later(piece(mine, *it->second, box_of(it->second->shape(), on_dp, on_tp), tol), tol,
+                         [&sr, name](const TensorDiff& d) { sr.vs_golden[name] = d; });
         if (rank0_) sr.replicas[name] = state;
     }
 
@@ -422,8 +435,7 @@ private:
             if (!same || !ref->full.defined()) continue;
             const Box b = activation_box(ref->full.shape(), d.x);
             const DiffPiece mine = d.shape != b.shape ? bad_shape() : b.owner ? piece(d.x.t, ref->full, b, opt_.tol) : DiffPiece{};
-            const TensorDiff diff = reduce(mine, opt_.tol);
-            if (rank0_) sr.events[d.index].diff = diff;
+            reduce_later(mine, opt_.tol, [&sr, i = d.index](const TensorDiff& diff) { sr.events[i].diff = diff; });
         }
         deferred_.clear();
     }
@@ -496,6 +508,12 @@ private:
         bool local;
     };
     std::vector<Deferred> deferred_;
+    struct PendingReduce {
+        DiffPiece piece;
+        Tolerance tol;
+        std::function<void(const TensorDiff&)> set;  // on rank 0
+    };
+    std::vector<PendingReduce> pending_;
 };
 
 }  // namespace

@@ -141,26 +141,30 @@ bool room_beside(const RunInputs& in, const Plan& plan, int64_t steps) {
     }
 }
 
-// The reference recording on a thread of its own beside the parallel run (rank 0 of one process):
-// the two share the machine's cores (one slot each rank and the reference, OpenBLAS's threads
-// divided among all of them), and the ranks read each step once it is published.
+// The reference recording on a thread of its own beside the parallel run (rank 0 of one process),
+// on a core of its own from the start: the ranks take turns on the others (one slot each while it
+// computes) and get the reference's core when it ends; OpenBLAS's threads are divided among the
+// ranks and the reference. The ranks read each step once it is published.
 struct ReferenceBeside {
-    std::shared_ptr<CoreSlots> cores;
+    std::shared_ptr<CoreSlots> cores;      // the ranks'
+    std::shared_ptr<CoreSlots> own_core;   // the reference's
     ReferenceStream stream;
     GemmThreadShare share;
     std::exception_ptr error;
     std::thread thread;
 
     ReferenceBeside(const RunInputs& in, const Plan& plan, int64_t steps, RecordOptions opt)
-        : cores(std::make_shared<CoreSlots>(static_cast<int>(std::thread::hardware_concurrency()))),
-          stream(steps, cores), share(plan.world_size() + 1) {
+        : cores(std::make_shared<CoreSlots>(static_cast<int>(std::thread::hardware_concurrency()) - 1)),
+          own_core(std::make_shared<CoreSlots>(1)), stream(steps, cores), share(plan.world_size() + 1) {
         opt.publish = &stream;
         thread = std::thread([this, &in, plan, steps, opt] {
             try {
-                record_reference(in, plan, steps, opt, cores);
+                record_reference(in, plan, steps, opt, own_core);
+                cores->release();  // its core to the ranks
                 stream.finish();
             } catch (...) {
                 error = std::current_exception();
+                cores->release();
                 stream.finish(stream.cancelled() ? nullptr : error);  // stopped by the ranks' failure: theirs is the cause
             }
         });
