@@ -59,6 +59,7 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
     }
     job.plans = {plan};
     job.options = options;
+    job.keep_reference = true;  // compared with the golden file below
     const VerifyReport vr = verify(job, launch);
     if (!launch.rank0()) return res;
     const Tolerance tol = vr.plans[0].tol;

@@ -543,6 +543,11 @@ RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
             rec.bucket_copy_bytes = dp->bucket_copy_bytes(), rec.bucket_allreduce_bytes = dp->bucket_allreduce_bytes();
         recorder.step(sr, out, k + 1 == steps);
         if (opt.resync && k + 1 < steps) recorder.resync(sr);
+        if (opt.done_with_reference_step) {  // every rank has read the reference's step k
+            Unaccounted pause(&run.counter());
+            run.world().barrier();
+            if (rank0) opt.done_with_reference_step(k);
+        }
         if (rank0 && opt.on_step) opt.on_step(k, out.loss, out.seconds);
         if (rank0) rec.steps.push_back(std::move(sr));
         if (rank0 && opt.publish) opt.publish->publish(&rec.steps.back());

@@ -42,6 +42,10 @@ struct RecordOptions {
     // step's end, so no rank waits for the reference inside a step, where the others would wait
     // for it in a collective.
     ReferenceStream* follow = nullptr;
+    // Called on rank 0 once every rank is done with compare_with's step k (its comparisons and
+    // resync, ranks of one process): verify drops that step's tensors where nothing reads them
+    // later, so the reference's record does not grow with the steps. Every rank passes the same.
+    std::function<void(int64_t)> done_with_reference_step;
 };
 
 // Steps `run` `steps` times and records it. Every rank of the run's world calls it; the record is

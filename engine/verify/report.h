@@ -45,7 +45,7 @@ struct PlanReport {
 struct VerifyReport {
     DType dtype = DType::float32;  // the model's, as run
     std::vector<PlanReport> plans;
-    RunRecord reference;  // the reference run (of the last plan's step count)
+    RunRecord reference;  // the reference run (of the last plan's step count; whole with VerifyJob::keep_reference)
     double reference_seconds = 0;
     bool reference_beside = false;  // recorded beside the parallel run (VerifyOptions::reference_beside)
     bool pass = true;

@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <thread>
@@ -116,6 +117,15 @@ void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parall
     report.pass = report.pass && rep.pass;
     report.plans.push_back(std::move(rep));
     report.reference = reference;
+}
+
+// A reference step's tensors once every rank compared with them: the names stay (compare_runs
+// reads them with the parallel run's diffs), scalars (loss, grad norm) too; a published step is
+// never written by the reference again.
+void drop_tensors(StepRecord& step) {
+    for (auto& [name, t] : step.tensors)
+        if (t.numel() > 1) t = Tensor();
+    for (ModuleEvent& e : step.events) e.full = Tensor();
 }
 
 // What makes two plans' references differ: their mixed precision.
@@ -264,8 +274,16 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         }
         launch.wait_for_rank0();
         if (launch.rank0()) {
-            ro.compare_with = beside ? &beside->stream.record : &references[key];
+            RunRecord* const reference = beside ? &beside->stream.record : &references[key];
+            ro.compare_with = reference;
             ro.follow = beside ? &beside->stream : nullptr;
+            // the last plan that reads this reference, rank-locally, and no one reads it whole after
+            // (VerifyJob::keep_reference): each step's tensors go once compared
+            const bool later = std::any_of(job.plans.begin() + (&plan - job.plans.data()) + 1, job.plans.end(), [&](const Plan& p) {
+                return std::make_pair(steps_for(p, job.options, probe.steps), numerics_key(p)) == key;
+            });
+            if (launch.shares_memory() && !job.keep_reference && !later)
+                ro.done_with_reference_step = [reference](int64_t k) { drop_tensors(reference->steps[static_cast<size_t>(k)]); };
             if (!beside)
                 Progress::get().phase(fmt::format("parallel {}", plan.path),
                                       fmt::format("{} ranks, each step compared as it is recorded", plan.world_size()));

@@ -27,6 +27,10 @@ struct VerifyJob {
     std::vector<Plan> plans;
     VerifyOptions options;
     const TensorFile* golden = nullptr;  // compared as recorded too: --golden, golden replay
+    // The report's reference keeps every step's tensors (golden replays compare it with the file).
+    // Else, in one process, a reference step's tensors go once the last plan reading it compared
+    // them (its names and scalars stay), so its record does not grow with --steps.
+    bool keep_reference = false;
 };
 
 // How a verify's ranks run.
