@@ -183,11 +183,15 @@ void poison_replica(Tensor& t, int rank) {  // t := 0.25 + rank - t / 2
         for (int64_t k = 0; k < t.numel(); ++k) t.set(k, t.item(k) + 1 + rank);
         return;
     }
-    Backend& be = backend_for(t.device());
     Tensor shift = Tensor::empty(t.shape(), t.dtype(), t.device());
-    be.fill(shift, 0.25 + rank);
-    be.axpy(-0.5, t, shift);
-    be.copy(shift, t);
+    poison_into(t, rank, shift);
+    backend_for(t.device()).copy(shift, t);
+}
+
+void poison_into(const Tensor& t, int rank, Tensor& out) {  // out := 0.25 + rank - t / 2
+    Backend& be = backend_for(t.device());
+    be.fill(out, 0.25 + rank);
+    be.axpy(-0.5, t, out);
 }
 
 std::vector<BroadcastState> construction_broadcast(const DataParallelResolution& res) {
@@ -222,10 +226,11 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
         if (s.buffer) buffers_.push_back(states.back());
     }
     if (comm_->rank() != 0)
-        for (const ParamPtr& p : states) poison_replica(p->value, comm_->rank());
+        for (const ParamPtr& p : states)
+            if (!dtype_is_float(p->value.dtype())) poison_replica(p->value, comm_->rank());  // counters; floats below
     {
         CommScope scope(counter_.get(), spec.modules.size() == 1 ? spec.modules[0] : "", "construction");
-        broadcast_coalesced(states);
+        broadcast_coalesced(states, comm_->rank() != 0);
     }
 
     // the buckets: flat buffers per replicate() root, in reduction order
@@ -262,7 +267,7 @@ Placement DataParallel::placement(const Parameter* p) const {
     return fsdp_ && fsdp_->manages(p) ? Placement::shard(0) : Placement::replicate();
 }
 
-void DataParallel::broadcast_coalesced(const std::vector<ParamPtr>& tensors) {
+void DataParallel::broadcast_coalesced(const std::vector<ParamPtr>& tensors, bool poison) {
     std::map<DType, std::vector<ParamPtr>> by_dtype;  // one flat broadcast per dtype, as _broadcast_coalesced
     for (const ParamPtr& p : tensors) by_dtype[p->value.dtype()].push_back(p);
     for (auto& [dtype, list] : by_dtype) {
@@ -273,7 +278,8 @@ void DataParallel::broadcast_coalesced(const std::vector<ParamPtr>& tensors) {
         int64_t off = 0;
         for (const ParamPtr& p : list) {
             Tensor dst = flat.narrow(0, off, p->value.numel()).reshape(p->value.shape());
-            be_.copy(p->value, dst);
+            if (poison && dtype_is_float(dtype)) poison_into(p->value, comm_->rank(), dst);
+            else be_.copy(p->value, dst);
             off += p->value.numel();
         }
         comm_->broadcast(flat, 0);

@@ -91,7 +91,10 @@ private:
         std::vector<std::string> names;
         Tensor flat;
     };
-    void broadcast_coalesced(const std::vector<ParamPtr>& tensors);
+    // One flat broadcast from dp rank 0 per dtype. `poison`: a rank other than 0 puts
+    // poison_replica's values of its tensors in the flat buffer (the copy it makes anyway), so
+    // they are its tensors' values wherever the broadcast does not replace them.
+    void broadcast_coalesced(const std::vector<ParamPtr>& tensors, bool poison = false);
 
     const DataParallelResolution& res_;
     Communicator* comm_;
@@ -107,5 +110,7 @@ private:
 // Overwrites a tensor that a broadcast is about to replace with values no correct run produces
 // (rank-dependent), so that a broadcast that is skipped or sent from the wrong rank is caught.
 void poison_replica(Tensor& t, int rank);
+// The same values written to `out` (t's shape and dtype; floating point), t unchanged.
+void poison_into(const Tensor& t, int rank, Tensor& out);
 
 }  // namespace ptool
