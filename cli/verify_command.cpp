@@ -16,6 +16,7 @@ struct VerifyArgs {
     std::string json, junit, csv, html;
     double rtol = -1, atol = -1;
     bool no_check = false;
+    bool reference_first = false;
 };
 
 void print_case(const CaseResult& r, bool three_way, int verbosity) {
@@ -38,6 +39,7 @@ int verify(VerifyArgs& a, const Common& c) {
     if (a.rtol >= 0) cmd.options.tolerance.rtol = a.rtol;
     if (a.atol >= 0) cmd.options.tolerance.atol = a.atol;
     cmd.options.comm.check_consistency = !a.no_check;
+    cmd.options.reference_beside = !a.reference_first;
     const bool replay = looks_like_golden_arg(cmd.model);
     if (replay && (!a.csv.empty() || !a.html.empty())) throw InputError("--csv and --report apply to `ptool verify MODEL PLAN...`");
     if (replay && cmd.options.strict) throw InputError("--strict applies to `ptool verify MODEL PLAN...` (golden cases record their plans' lint)");
@@ -103,6 +105,8 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code) {
     cmd->add_option("--timeout", a->cmd.options.comm.timeout_seconds, "seconds a rank may wait in one collective (default 300)")
         ->check(CLI::PositiveNumber);
     cmd->add_flag("--no-collective-check", a->no_check, "skip comparing (op, dtype, shape, sequence) across ranks");
+    cmd->add_flag("--reference-first", a->reference_first,
+                  "run the single-device reference before the ranks, not beside them (one model in memory at a time)");
     cmd->callback([a, &common, &exit_code] { exit_code = verify(*a, common); });
 }
 

@@ -91,6 +91,10 @@ if m:
     parts = sum(float(x) for x in re.findall(r" ([0-9.]+) s", m.group(1)))
     check(abs(parts - float(m.group(2))) <= 0.01 * len(m.group(1).split(",")) and abs(float(m.group(2)) - float(m.group(3))) <= 0.02,
           f"phase times {parts} / {m.group(2)} vs wall {m.group(3)}")
+# --reference-first: the reference's own phase and step lines, then the parallel run's
+p = subprocess.run([PTOOL, "verify", M, P, "--steps", "2", "-v", "--reference-first"], capture_output=True, text=True, timeout=300)
+check(p.returncode == 0 and "reference step 2/2" in p.stderr and "parallel step 2/2" in p.stderr
+      and "reference + parallel" not in p.stderr, f"--reference-first progress:\n{p.stderr}")
 p = subprocess.run([PTOOL, "verify", M, P], capture_output=True, text=True, timeout=300)
 check("phases:" in p.stderr and re.search(r"reference[^:\n]*: 2 steps", p.stderr) and "step 1/2" not in p.stderr,
       f"by default: phases, no step lines (not a terminal):\n{p.stderr}")
