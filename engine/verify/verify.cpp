@@ -16,8 +16,8 @@
 #include "core/host_memory.h"
 #include "core/progress.h"
 #include "core/yaml_reader.h"
-#include "verify/faults.h"
 #include "plan/simulate.h"
+#include "verify/faults.h"
 #include "verify/golden_replay.h"
 
 namespace ptool {
