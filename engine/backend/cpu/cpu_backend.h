@@ -12,8 +12,10 @@ namespace ptool {
 // OpenBLAS threads per GEMM while `ranks` ranks (rank threads of this process, or processes of one
 // node under mpirun) share the machine's cores: the cores OpenBLAS would use alone, divided among
 // them, at least one. Two rank threads each starting OpenBLAS's two threads on two cores spent a
-// tenth of a DDP verify yielding (perf). Restores the count on destruction; results are bitwise
-// the same at any thread count (OpenBLAS splits a GEMM's rows and columns, never its k sum).
+// tenth of a DDP verify yielding (perf). Restores the count on destruction. A GEMM's last bits
+// can depend on the thread count (`ptool run models/gemm_mlp.yaml --dump` differs between
+// OPENBLAS_NUM_THREADS=1 and 2): runs are reproducible on one machine in one mode, and compared
+// with tolerances across them.
 class GemmThreadShare {
 public:
     explicit GemmThreadShare(int ranks);
