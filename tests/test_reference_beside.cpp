@@ -176,3 +176,29 @@ TEST_CASE("the reference's step tensors go once compared, unless the job keeps i
         CHECK(kept_bytes > 1000 * dropped_bytes);
     }
 }
+
+TEST_CASE("a throttled reference keeps at most two steps ahead of the ranks and lends them its core meanwhile", "[cpu]") {
+    auto cores = std::make_shared<CoreSlots>(0);  // the ranks' pool has no core of its own here
+    ReferenceStream stream(4, cores, true);
+    stream.wait_for_room(0), stream.wait_for_room(1);  // steps 0 and 1: nothing to wait for
+    std::promise<void> made;
+    std::thread reference([&] {
+        stream.wait_for_room(2);  // step 0 still held by the ranks
+        made.set_value();
+    });
+    auto f = made.get_future();
+    CHECK(f.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
+    {
+        const CoreSlots::Held core(cores.get());  // only the reference's lent core can be had
+        stream.released(0);
+    }
+    REQUIRE(f.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+    reference.join();
+    // cancelled while waiting: woken, and it stops
+    std::thread waiting([&] { CHECK_THROWS_AS(stream.wait_for_room(3 + 1), RuntimeError); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    stream.cancel();
+    waiting.join();
+    ReferenceStream free_running(4, nullptr, false);  // the job keeps the reference whole: no waits
+    free_running.wait_for_room(3);
+}

@@ -529,7 +529,7 @@ RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
     recorder.construction(rec);
     recorder.start_shadow();
     for (int64_t k = 0; k < steps; ++k) {
-        if (opt.publish && opt.publish->cancelled()) throw RuntimeError("the reference run stopped: its parallel run failed");
+        if (opt.publish) opt.publish->wait_for_room(k);  // at most two steps ahead of the ranks; throws once cancelled
         StepRecord sr;
         sr.step = k;
         StepOutput out = run.step(k, recorder.observer(sr));

@@ -1,5 +1,7 @@
 #include "verify/reference_stream.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace ptool {
@@ -24,6 +26,28 @@ void ReferenceStream::finish(std::exception_ptr error) {
 bool ReferenceStream::failed() {
     std::lock_guard<std::mutex> lk(mu_);
     return error_ != nullptr;
+}
+
+void ReferenceStream::released(int64_t k) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        released_ = std::max(released_, k + 1);
+    }
+    cv_.notify_all();
+}
+
+void ReferenceStream::wait_for_room(int64_t k) {
+    auto room = [&] { return !throttled_ || released_ >= k - 1 || cancelled_.load(); };
+    {
+        std::unique_lock<std::mutex> lk(mu_);
+        if (!room()) {
+            if (cores_) cores_->release();  // its core to the ranks while they catch up
+            cv_.wait(lk, room);
+            lk.unlock();
+            if (cores_) cores_->acquire();
+        }
+    }
+    if (cancelled_.load()) throw RuntimeError("the reference run stopped: its parallel run failed");
 }
 
 void ReferenceStream::cancel() {

@@ -163,9 +163,10 @@ struct ReferenceBeside {
     std::exception_ptr error;
     std::thread thread;
 
-    ReferenceBeside(const RunInputs& in, const Plan& plan, int64_t steps, RecordOptions opt)
+    // throttled: the ranks release each step once compared (VerifyJob::keep_reference off)
+    ReferenceBeside(const RunInputs& in, const Plan& plan, int64_t steps, RecordOptions opt, bool throttled)
         : cores(std::make_shared<CoreSlots>(static_cast<int>(std::thread::hardware_concurrency()) - 1)),
-          own_core(std::make_shared<CoreSlots>(1)), stream(steps, cores), share(plan.world_size() + 1) {
+          own_core(std::make_shared<CoreSlots>(1)), stream(steps, cores, throttled), share(plan.world_size() + 1) {
         opt.publish = &stream;
         thread = std::thread([this, &in, plan, steps, opt] {
             try {
@@ -255,6 +256,12 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         // rank 0 runs the reference first and compares the parallel run's tensors with it as it
         // gathers them; under mpirun the other ranks wait for it
         const std::pair<int64_t, std::string> key = {steps, numerics_key(plan)};
+        // the last plan that reads this reference, rank-locally, and no one reads it whole after
+        // (VerifyJob::keep_reference): each step's tensors go once compared
+        const bool later = std::any_of(job.plans.begin() + (&plan - job.plans.data()) + 1, job.plans.end(), [&](const Plan& p) {
+            return std::make_pair(steps_for(p, job.options, probe.steps), numerics_key(p)) == key;
+        });
+        const bool drop = launch.shares_memory() && !job.keep_reference && !later;
         std::unique_ptr<ReferenceBeside> beside;
         if (launch.rank0() && !references.count(key)) {
             RecordOptions ref = ro;
@@ -263,7 +270,7 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
                 Progress::get().phase(fmt::format("reference + parallel {}", plan.path),
                                       fmt::format("{} step{}, the reference on one device beside {} ranks, each step compared once both recorded it",
                                                   steps, steps == 1 ? "" : "s", plan.world_size()));
-                beside = std::make_unique<ReferenceBeside>(job.inputs, plan, steps, ref);
+                beside = std::make_unique<ReferenceBeside>(job.inputs, plan, steps, ref, drop);
                 report.reference_beside = true;
             } else {
                 Progress::get().phase("reference", fmt::format("{} step{} on one device", steps, steps == 1 ? "" : "s"));
@@ -277,13 +284,11 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
             RunRecord* const reference = beside ? &beside->stream.record : &references[key];
             ro.compare_with = reference;
             ro.follow = beside ? &beside->stream : nullptr;
-            // the last plan that reads this reference, rank-locally, and no one reads it whole after
-            // (VerifyJob::keep_reference): each step's tensors go once compared
-            const bool later = std::any_of(job.plans.begin() + (&plan - job.plans.data()) + 1, job.plans.end(), [&](const Plan& p) {
-                return std::make_pair(steps_for(p, job.options, probe.steps), numerics_key(p)) == key;
-            });
-            if (launch.shares_memory() && !job.keep_reference && !later)
-                ro.done_with_reference_step = [reference](int64_t k) { drop_tensors(reference->steps[static_cast<size_t>(k)]); };
+            if (drop)
+                ro.done_with_reference_step = [reference, stream = beside ? &beside->stream : nullptr](int64_t k) {
+                    drop_tensors(reference->steps[static_cast<size_t>(k)]);
+                    if (stream) stream->released(k);
+                };
             if (!beside)
                 Progress::get().phase(fmt::format("parallel {}", plan.path),
                                       fmt::format("{} ranks, each step compared as it is recorded", plan.world_size()));
