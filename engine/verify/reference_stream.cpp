@@ -51,7 +51,10 @@ void ReferenceStream::wait_for_room(int64_t k) {
 }
 
 void ReferenceStream::cancel() {
-    cancelled_.store(true);
+    {
+        std::lock_guard<std::mutex> lk(mu_);  // a waiter between its test and its sleep still sees it
+        cancelled_.store(true);
+    }
     cv_.notify_all();
 }
 
@@ -69,7 +72,7 @@ const StepRecord* ReferenceStream::step(int64_t k) {
     }
     std::lock_guard<std::mutex> relock(mu_);
     if (static_cast<int64_t>(published_.size()) > k) return published_[static_cast<size_t>(k)];
-    if (error_) throw RuntimeError("the reference run failed (its error follows the parallel run's)");
+    if (error_) throw RuntimeError("the reference run failed");  // verify reports the reference's own error
     if (cancelled_.load()) throw RuntimeError("the reference run was cancelled");
     return nullptr;
 }
