@@ -105,42 +105,21 @@ std::vector<Span> spans_of(const Shape& local, const Shape& global, const std::v
 // exactly, so its rounded quotient is at most m (rounding is monotone and m is a double). Only the
 // elements that pass the gate are divided, so the maxima are bitwise those of dividing every one.
 struct MaxGate {
+    static constexpr double kTiny = 0x1p-1000;  // the product is normal beyond it
     double gate = 0;
     static double of(double m) { return m * (1.0 - 0x1p-50); }
     bool below(double err, double den) const {
         const double p = gate * den;
-        return err < p && p > 0x1p-1000 && p < std::numeric_limits<double>::infinity();
+        return err < p && p > kTiny && p < std::numeric_limits<double>::infinity();
     }
 };
 
-// The common case of a float32 chunk that differs: every element finite and none able to raise
-// max_rel or headroom (both MaxGates hold: the same tests, in the same arithmetic, as the element
-// loop). Writes the squares the exact sums take (err2, ref2) and raises the chunk's max |a - e| and
-// ULP distance; false: the chunk takes the element loop, which computes it again from the start.
-// Four elements at a time with AVX2 where the CPU has it; the rest one at a time.
-struct FastGates {
-    double rel, head, atol, rtol;
-};
-constexpr double kInf = std::numeric_limits<double>::infinity(), kTiny = 0x1p-1000;
-
-bool differ_fast_scalar(const float* a, const float* e, int64_t n, const FastGates& g, double* err2, double* ref2,
-                        double& max_abs, int64_t& max_ulp) {
-    bool bad = false;
-    for (int64_t i = 0; i < n; ++i) {
-        const double av = a[i], ev = e[i];
-        const double abs_err = std::fabs(av - ev), mag = std::fabs(ev);
-        err2[i] = abs_err * abs_err, ref2[i] = ev * ev;
-        max_abs = std::max(max_abs, abs_err);
-        max_ulp = std::max(max_ulp, std::abs(ordered_bits(a[i]) - ordered_bits(e[i])));
-        const double pr = g.rel * mag, bound = g.atol + g.rtol * mag, ph = g.head * bound;
-        const bool finite = std::fabs(av) < kInf && mag < kInf;
-        const bool rel_ok = ev != 0 ? abs_err < pr && pr > kTiny && pr < kInf : !(abs_err > 0);
-        const bool head_ok = bound > 0 && abs_err < ph && ph > kTiny && ph < kInf;
-        bad = bad || !(finite && rel_ok && head_ok);
-    }
-    return !bad;
-}
-
+// The common case of a float32 chunk that differs, four elements at a time (AVX2, where the CPU
+// has it): every element finite and none able to raise max_rel or headroom (the MaxGates' tests,
+// in the same arithmetic, as the element loop makes them). Writes the squares the exact sums take
+// (err2, ref2) and raises max |a - e| and the ULP distance; false: the chunk takes the element
+// loop, which computes it again from the start (as does a chunk whose length is not a multiple of
+// four, and every chunk on a CPU without AVX2).
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 // Four floats' bits as int64 lanes monotone in the values (ordered_bits)
 __attribute__((target("avx2"))) inline __m256i ordered4(const float* p) {
@@ -148,14 +127,13 @@ __attribute__((target("avx2"))) inline __m256i ordered4(const float* p) {
     return _mm256_cvtepi32_epi64(_mm_sub_epi32(_mm_xor_si128(_mm_and_si128(b, _mm_set1_epi32(0x7fffffff)), neg), neg));
 }
 
-// The first n / 4 * 4 elements (the caller takes the rest, in code without AVX: a call from here
-// into SSE code would run it with the upper halves of the registers dirty)
-__attribute__((target("avx2"))) bool differ_fast_avx2(const float* a, const float* e, int64_t n, const FastGates& g,
-                                                       double* err2, double* ref2, double& max_abs, int64_t& max_ulp) {
-    const __m256d sign = _mm256_set1_pd(-0.0), inf = _mm256_set1_pd(kInf), tiny = _mm256_set1_pd(kTiny),
-                  zero = _mm256_setzero_pd();
-    const __m256d rel = _mm256_set1_pd(g.rel), head = _mm256_set1_pd(g.head), atol = _mm256_set1_pd(g.atol),
-                  rtol = _mm256_set1_pd(g.rtol);
+__attribute__((target("avx2"))) bool differ_fast_avx2(const float* a, const float* e, int64_t n, const MaxGate& rel_gate,
+                                                       const MaxGate& head_gate, const Tolerance& tol, double* err2,
+                                                       double* ref2, double& max_abs, int64_t& max_ulp) {
+    const __m256d sign = _mm256_set1_pd(-0.0), inf = _mm256_set1_pd(std::numeric_limits<double>::infinity()),
+                  tiny = _mm256_set1_pd(MaxGate::kTiny), zero = _mm256_setzero_pd();
+    const __m256d rel = _mm256_set1_pd(rel_gate.gate), head = _mm256_set1_pd(head_gate.gate), atol = _mm256_set1_pd(tol.atol),
+                  rtol = _mm256_set1_pd(tol.rtol);
     __m256d mabs = _mm256_set1_pd(max_abs), ok = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
     __m256i mulp = _mm256_set1_epi64x(max_ulp);
     for (int64_t i = 0; i + 4 <= n; i += 4) {
@@ -191,19 +169,13 @@ __attribute__((target("avx2"))) bool differ_fast_avx2(const float* a, const floa
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
 #endif
 
-bool differ_fast(const float* a, const float* e, int64_t n, const FastGates& g, double* err2, double* ref2, double& max_abs,
-                 int64_t& max_ulp) {
-    double chunk_abs = max_abs;
-    int64_t chunk_ulp = max_ulp, done = 0;
+bool differ_fast(const float* a, const float* e, int64_t n, const MaxGate& rel, const MaxGate& head, const Tolerance& tol,
+                 double* err2, double* ref2, double& max_abs, int64_t& max_ulp) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (kHaveAvx2) {
-        done = n / 4 * 4;
-        if (!differ_fast_avx2(a, e, done, g, err2, ref2, chunk_abs, chunk_ulp)) return false;
-    }
+    return kHaveAvx2 && n % 4 == 0 && differ_fast_avx2(a, e, n, rel, head, tol, err2, ref2, max_abs, max_ulp);
+#else
+    return false;
 #endif
-    if (!differ_fast_scalar(a + done, e + done, n - done, g, err2 + done, ref2 + done, chunk_abs, chunk_ulp)) return false;
-    max_abs = chunk_abs, max_ulp = chunk_ulp;
-    return true;
 }
 
 // One batch of spans of a same-dtype float comparison, a chunk of kChunk elements at a time. A
@@ -280,7 +252,7 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
                     part.all_equal = false, err_terms = true;
                     if constexpr (std::is_same_v<T, float>) {
                         double e2[kChunk], r2[kChunk];
-                        if (differ_fast(a, e, n, {rel.gate, head.gate, tol.atol, tol.rtol}, e2, r2, d.max_abs, d.max_ulp)) {
+                        if (differ_fast(a, e, n, rel, head, tol, e2, r2, d.max_abs, d.max_ulp)) {
                             for (int64_t k = 0; k < n; ++k) err2.add_unflushed(e2[k]), ref2.add_unflushed(r2[k]);
                             count(n);
                             continue;
