@@ -113,7 +113,7 @@ TEST_CASE("the reference beside the parallel run gives the numbers of the refere
 
 TEST_CASE("a rank waiting for the reference's step gives its core to the reference", "[cpu]") {
     auto cores = std::make_shared<CoreSlots>(1);  // one core: the waiter holds it until it waits
-    ReferenceStream stream(2, cores);
+    ReferenceStream stream(cores);
     StepRecord s0;
     s0.step = 0;
     std::promise<const StepRecord*> got;
@@ -138,12 +138,12 @@ TEST_CASE("a rank waiting for the reference's step gives its core to the referen
 }
 
 TEST_CASE("a failed reference fails its waiting ranks; failed ranks stop the reference", "[cpu]") {
-    ReferenceStream failing(1, nullptr);
+    ReferenceStream failing(nullptr);
     std::thread reference([&] { failing.finish(std::make_exception_ptr(RuntimeError("out of host memory"))); });
     CHECK_THROWS_AS(failing.step(0), RuntimeError);
     reference.join();
     CHECK(failing.failed());
-    ReferenceStream cancelled(1, nullptr);
+    ReferenceStream cancelled(nullptr);
     CHECK_FALSE(cancelled.cancelled());
     std::thread rank([&] { cancelled.cancel(); });
     CHECK_THROWS_AS(cancelled.step(0), RuntimeError);  // a waiter is woken, not left waiting
@@ -179,7 +179,7 @@ TEST_CASE("the reference's step tensors go once compared, unless the job keeps i
 
 TEST_CASE("a throttled reference keeps at most two steps ahead of the ranks and lends them its core meanwhile", "[cpu]") {
     auto cores = std::make_shared<CoreSlots>(0);  // the ranks' pool has no core of its own here
-    ReferenceStream stream(4, cores, true);
+    ReferenceStream stream(cores, true);
     stream.wait_for_room(0), stream.wait_for_room(1);  // steps 0 and 1: nothing to wait for
     std::promise<void> made;
     std::thread reference([&] {
@@ -199,6 +199,6 @@ TEST_CASE("a throttled reference keeps at most two steps ahead of the ranks and 
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     stream.cancel();
     waiting.join();
-    ReferenceStream free_running(4, nullptr, false);  // the job keeps the reference whole: no waits
+    ReferenceStream free_running(nullptr, false);  // the job keeps the reference whole: no waits
     free_running.wait_for_room(3);
 }

@@ -9,11 +9,13 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 
-#include "comm/comm_threads.h"
 #include "comm/communicator.h"
 
 namespace ptool {
+
+class CoreSlots;  // comm/comm_threads.h
 
 enum class CommKind { threads, cuda_local, nccl };
 const char* comm_kind_name(CommKind kind);

@@ -20,15 +20,14 @@ namespace ptool {
 class ReferenceStream {
 public:
     // throttled: the ranks release each step once done with it, and the reference waits for room
-    ReferenceStream(int64_t steps, std::shared_ptr<CoreSlots> cores, bool throttled = false)
-        : steps_(steps), cores_(std::move(cores)), throttled_(throttled) {}
+    explicit ReferenceStream(std::shared_ptr<CoreSlots> cores, bool throttled = false)
+        : cores_(std::move(cores)), throttled_(throttled) {}
 
     // The record the reference thread fills (record_run with RecordOptions::publish): complete
     // once finish() was called without an error; read it whole only after the reference ended.
     RunRecord record;
 
     // --- the reference's side
-    int64_t steps() const { return steps_; }
     void publish(const StepRecord* step);  // the next step, complete
     void finish(std::exception_ptr error = nullptr);  // no more steps (error: the reference failed)
     bool cancelled() const { return cancelled_.load(); }  // the parallel run failed: stop early
@@ -48,7 +47,6 @@ public:
     void released(int64_t k);
 
 private:
-    const int64_t steps_;
     std::shared_ptr<CoreSlots> cores_;
     std::mutex mu_;
     std::condition_variable cv_;

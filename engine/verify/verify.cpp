@@ -166,18 +166,16 @@ struct ReferenceBeside {
     // throttled: the ranks release each step once compared (VerifyJob::keep_reference off)
     ReferenceBeside(const RunInputs& in, const Plan& plan, int64_t steps, RecordOptions opt, bool throttled)
         : cores(std::make_shared<CoreSlots>(static_cast<int>(std::thread::hardware_concurrency()) - 1)),
-          own_core(std::make_shared<CoreSlots>(1)), stream(steps, cores, throttled), share(plan.world_size() + 1) {
+          own_core(std::make_shared<CoreSlots>(1)), stream(cores, throttled), share(plan.world_size() + 1) {
         opt.publish = &stream;
         thread = std::thread([this, &in, plan, steps, opt] {
             try {
                 record_reference(in, plan, steps, opt, own_core);
-                cores->release();  // its core to the ranks
-                stream.finish();
             } catch (...) {
                 error = std::current_exception();
-                cores->release();
-                stream.finish(stream.cancelled() ? nullptr : error);  // stopped by the ranks' failure: theirs is the cause
             }
+            cores->release();  // its core to the ranks
+            stream.finish(stream.cancelled() ? nullptr : error);  // stopped by the ranks' failure: theirs is the cause
         });
     }
     ~ReferenceBeside() {
