@@ -239,7 +239,8 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
     report.dtype = probe.dtype;
     // rank 0, by step count and numerics: one reference serves every plan that computes alike
     std::map<std::pair<int64_t, std::string>, RunRecord> references;
-    for (const Plan& plan : job.plans) {
+    for (size_t i = 0; i < job.plans.size(); ++i) {
+        const Plan& plan = job.plans[i];
         const int64_t steps = steps_for(plan, job.options, probe.steps);
         const Resolution res = resolve_plan(probe, plan);  // the lint, before anything runs
         if (launch.rank0())
@@ -251,12 +252,12 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         ro.golden = job.golden;
         ro.tol = tolerance_for(plan, job.options, probe);
         ro.resync = true;  // each step judged from the state the runs agree on (recorder.h)
-        // rank 0 runs the reference first and compares the parallel run's tensors with it as it
-        // gathers them; under mpirun the other ranks wait for it
+        // rank 0 runs the reference (beside the ranks, or first: under mpirun the other ranks wait
+        // for it), and the parallel run's tensors are compared with it as they are recorded
         const std::pair<int64_t, std::string> key = {steps, numerics_key(plan)};
         // the last plan that reads this reference, rank-locally, and no one reads it whole after
         // (VerifyJob::keep_reference): each step's tensors go once compared
-        const bool later = std::any_of(job.plans.begin() + (&plan - job.plans.data()) + 1, job.plans.end(), [&](const Plan& p) {
+        const bool later = std::any_of(job.plans.begin() + static_cast<std::ptrdiff_t>(i) + 1, job.plans.end(), [&](const Plan& p) {
             return std::make_pair(steps_for(p, job.options, probe.steps), numerics_key(p)) == key;
         });
         const bool drop = launch.shares_memory() && !job.keep_reference && !later;
