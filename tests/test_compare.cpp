@@ -349,6 +349,31 @@ TEST_CASE("BinnedSum: exactly ExactSum's sum, across its flushes, subnormals and
     CHECK(binned.sum().value() == plain.value());  // a second sum() adds nothing
 }
 
+TEST_CASE("compare_tensors: the exact sums reach the float32 extremes (every bin a square can fill)", "[cpu]") {
+    // the largest and smallest squares a float32 comparison makes: (FLT_MAX - -FLT_MAX)^2 = 2^258
+    // and (2^-149)^2 = 2^-298, in chunks that differ, and chunks that are bitwise equal, on the
+    // vector paths (whole chunks of 64) and the element loop (a tail of 3)
+    const float big = std::numeric_limits<float>::max(), tiny = std::numeric_limits<float>::denorm_min();
+    for (int64_t n : {int64_t{256}, int64_t{259}}) {
+        Tensor a({n}, DType::float32), e({n}, DType::float32);
+        for (int64_t i = 0; i < n; ++i) {
+            const float v = i % 4 == 0 ? big : i % 4 == 1 ? -big : i % 4 == 2 ? tiny : -tiny;
+            e.data<float>()[i] = v;
+            a.data<float>()[i] = i < 128 ? -v : v;  // the first two chunks differ, the rest are equal
+        }
+        ExactSum err2, ref2;
+        for (int64_t i = 0; i < n; ++i) {
+            const double x = a.data<float>()[i], y = e.data<float>()[i];
+            err2.add((x - y) * (x - y)), ref2.add(y * y);
+        }
+        const TensorDiff d = compare_tensors(a, e, Tolerance{});
+        INFO(n << " elements");
+        CHECK(d.err_norm == std::sqrt(err2.value()));
+        CHECK(d.ref_norm == std::sqrt(ref2.value()));
+        CHECK(d.err_norm > 1e38);
+    }
+}
+
 TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every element (gated divisions)", "[cpu]") {
     // random signs and magnitudes over 40 decades, exact zeros, subnormals, errors of a few ULPs to
     // 10%, some of the opposite sign and far larger: max_rel and headroom equal a plain loop that divides every element, the norms a plain

@@ -114,6 +114,13 @@ struct MaxGate {
     }
 };
 
+constexpr int64_t kChunk = 64;  // elements compared at a time
+
+// A chunk's terms of a BinnedSum, made four at a time and added by BinnedSum::add_terms
+struct BinTerms {
+    int64_t bin[kChunk], add[kChunk];
+};
+
 // The common case of a float32 chunk that differs, four elements at a time (AVX2, where the CPU
 // has it): every element finite and none able to raise max_rel or headroom (the MaxGates' tests,
 // in the same arithmetic, as the element loop makes them). Writes the squares the exact sums take
@@ -127,9 +134,19 @@ __attribute__((target("avx2"))) inline __m256i ordered4(const float* p) {
     return _mm256_cvtepi32_epi64(_mm_sub_epi32(_mm_xor_si128(_mm_and_si128(b, _mm_set1_epi32(0x7fffffff)), neg), neg));
 }
 
+// A BinnedSum's terms of four non-negative doubles: their bins (biased exponents) and the integers
+// added there (BinnedSum::add_unflushed's), stored at bin[0..3] and add[0..3].
+__attribute__((target("avx2"))) inline void binned4(__m256d v, int64_t* bin, int64_t* add) {
+    const __m256i bits = _mm256_castpd_si256(v), e = _mm256_srli_epi64(bits, 52);
+    const __m256i hidden = _mm256_andnot_si256(_mm256_cmpeq_epi64(e, _mm256_setzero_si256()), _mm256_set1_epi64x(int64_t{1} << 52));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bin), e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(add),
+                        _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x((int64_t{1} << 52) - 1)), hidden));
+}
+
 __attribute__((target("avx2"))) bool differ_fast_avx2(const float* a, const float* e, int64_t n, const MaxGate& rel_gate,
-                                                       const MaxGate& head_gate, const Tolerance& tol, double* err2,
-                                                       double* ref2, double& max_abs, int64_t& max_ulp) {
+                                                       const MaxGate& head_gate, const Tolerance& tol, BinTerms& err2,
+                                                       BinTerms& ref2, double& max_abs, int64_t& max_ulp) {
     const __m256d sign = _mm256_set1_pd(-0.0), inf = _mm256_set1_pd(std::numeric_limits<double>::infinity()),
                   tiny = _mm256_set1_pd(MaxGate::kTiny), zero = _mm256_setzero_pd();
     const __m256d rel = _mm256_set1_pd(rel_gate.gate), head = _mm256_set1_pd(head_gate.gate), atol = _mm256_set1_pd(tol.atol),
@@ -139,8 +156,8 @@ __attribute__((target("avx2"))) bool differ_fast_avx2(const float* a, const floa
     for (int64_t i = 0; i + 4 <= n; i += 4) {
         const __m256d av = _mm256_cvtps_pd(_mm_loadu_ps(a + i)), ev = _mm256_cvtps_pd(_mm_loadu_ps(e + i));
         const __m256d abs_err = _mm256_andnot_pd(sign, _mm256_sub_pd(av, ev)), mag = _mm256_andnot_pd(sign, ev);
-        _mm256_storeu_pd(err2 + i, _mm256_mul_pd(abs_err, abs_err));
-        _mm256_storeu_pd(ref2 + i, _mm256_mul_pd(ev, ev));
+        binned4(_mm256_mul_pd(abs_err, abs_err), err2.bin + i, err2.add + i);
+        binned4(_mm256_mul_pd(ev, ev), ref2.bin + i, ref2.add + i);
         mabs = _mm256_max_pd(mabs, abs_err);  // NaN-free wherever the chunk passes
         const __m256i u = _mm256_sub_epi64(ordered4(a + i), ordered4(e + i));
         const __m256i neg = _mm256_cmpgt_epi64(_mm256_setzero_si256(), u);
@@ -166,13 +183,34 @@ __attribute__((target("avx2"))) bool differ_fast_avx2(const float* a, const floa
     for (int k = 0; k < 4; ++k) max_abs = std::max(max_abs, m[k]), max_ulp = std::max(max_ulp, u[k]);
     return true;
 }
+// A float32 chunk that is bitwise equal to its expected one, every element finite: the terms of
+// the sum of squares; false (nothing to use) where an element is not finite.
+__attribute__((target("avx2"))) bool equal_fast_avx2(const float* a, int64_t n, BinTerms& ref2) {
+    const __m128i exponent = _mm_set1_epi32(0x7f800000);
+    __m128i nonfinite = _mm_setzero_si128();
+    for (int64_t i = 0; i + 4 <= n; i += 4) {
+        const __m128 v = _mm_loadu_ps(a + i);
+        nonfinite = _mm_or_si128(nonfinite, _mm_cmpeq_epi32(_mm_and_si128(_mm_castps_si128(v), exponent), exponent));
+        const __m256d d = _mm256_cvtps_pd(v);
+        binned4(_mm256_mul_pd(d, d), ref2.bin + i, ref2.add + i);
+    }
+    return _mm_testz_si128(nonfinite, nonfinite);
+}
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
 #endif
 
 bool differ_fast(const float* a, const float* e, int64_t n, const MaxGate& rel, const MaxGate& head, const Tolerance& tol,
-                 double* err2, double* ref2, double& max_abs, int64_t& max_ulp) {
+                 BinTerms& err2, BinTerms& ref2, double& max_abs, int64_t& max_ulp) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     return kHaveAvx2 && n % 4 == 0 && differ_fast_avx2(a, e, n, rel, head, tol, err2, ref2, max_abs, max_ulp);
+#else
+    return false;
+#endif
+}
+
+bool equal_fast(const float* a, int64_t n, BinTerms& ref2) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    return kHaveAvx2 && n % 4 == 0 && equal_fast_avx2(a, n, ref2);
 #else
     return false;
 #endif
@@ -183,11 +221,13 @@ bool differ_fast(const float* a, const float* e, int64_t n, const MaxGate& rel, 
 // the parameters after a step that agrees are nearly all bitwise equal). Other chunks take the
 // fast path for finite elements (Accumulate's arithmetic, its divisions gated, the exact sums
 // binned); non-finite ones go through Accumulate.
-constexpr int64_t kChunk = 64;
 void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance& tol, const Span* begin, const Span* end,
                    DiffPiece& part) {
     const Accumulate acc{tol, part};
-    BinnedSum err2, ref2;  // at most one term each per element: flushed every kFlushEvery elements
+    // at most one term each per element: flushed every kFlushEvery elements
+    const BinnedSum::Window window = dtype_size(actual.dtype()) < 8 ? BinnedSum::kFloatSquares : BinnedSum::kAll;
+    BinnedSum err2(window), ref2(window);
+    BinTerms e2, r2;  // a float32 chunk's terms, made by the vector paths
     int64_t since_flush = 0;
     bool err_terms = false;  // err2 has terms since its last flush
     auto count = [&](int64_t n) {
@@ -247,13 +287,21 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
                 const T *a = pa + s->a + i, *e = pe + s->e + i;
                 const int64_t n = std::min(kChunk, s->n - i);
                 if (std::memcmp(a, e, static_cast<size_t>(n) * sizeof(T)) == 0) {
+                    if constexpr (std::is_same_v<T, float>) {
+                        if (equal_fast(a, n, r2)) {
+                            for (int64_t k = 0; k < n; ++k) ref2.bin[r2.bin[k]] += static_cast<uint64_t>(r2.add[k]);
+                            count(n);
+                            continue;
+                        }
+                    }
                     equal(a, n);
                 } else {
                     part.all_equal = false, err_terms = true;
                     if constexpr (std::is_same_v<T, float>) {
-                        double e2[kChunk], r2[kChunk];
                         if (differ_fast(a, e, n, rel, head, tol, e2, r2, d.max_abs, d.max_ulp)) {
-                            for (int64_t k = 0; k < n; ++k) err2.add_unflushed(e2[k]), ref2.add_unflushed(r2[k]);
+                            for (int64_t k = 0; k < n; ++k)
+                                err2.bin[e2.bin[k]] += static_cast<uint64_t>(e2.add[k]),
+                                    ref2.bin[r2.bin[k]] += static_cast<uint64_t>(r2.add[k]);
                             count(n);
                             continue;
                         }
@@ -284,7 +332,7 @@ void ExactSum::normalize() {
 void BinnedSum::flush() {
     // bin e holds mantissas whose lowest bit is 2^(e - 1075), or 2^-1074 for subnormals (e = 0);
     // a term's bins are few, so groups of eight empty ones are skipped at once
-    for (int g = 0; g < kBins; g += 8) {
+    for (int g = lo; g < hi; g += 8) {
         uint64_t any = 0;
         for (int e = g; e < g + 8; ++e) any |= bin[e];
         if (!any) continue;
