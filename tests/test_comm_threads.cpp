@@ -179,6 +179,34 @@ TEST_CASE("more CPU ranks than cores take turns: at most one rank per core compu
     for (double s : sums) CHECK(s == n * (n + 1) / 2);
 }
 
+TEST_CASE("more CPU ranks than cores: ranks that compute without a collective take turns, not one after another", "[cpu]") {
+    // DDP's forward and backward have no collective: each rank computes pieces (modules) with
+    // take_turn() between them. Run to their next collective, the first ranks would end every
+    // piece before the last ones began; taking turns, every rank ends its first piece before any
+    // rank ends its last.
+    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const int n = std::min(3 * cores, 48), pieces = 8;
+    std::atomic<int> order{0};
+    std::vector<std::vector<int>> done(n, std::vector<int>(pieces));
+    run_rank_threads(n, CommOptions{}, [&](Communicator& c) {
+        for (int k = 0; k < pieces; ++k) {
+            const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3);  // past the 2 ms quantum
+            while (std::chrono::steady_clock::now() < until) {
+            }  // "compute"
+            done[c.rank()][k] = order++;
+            take_turn();
+        }
+        Tensor t({1}, DType::float32);
+        c.all_reduce(t, ReduceOp::sum);
+    });
+    int last_first = 0, first_last = n * pieces;
+    for (const auto& d : done) last_first = std::max(last_first, d.front()), first_last = std::min(first_last, d.back());
+    INFO(n << " ranks on " << cores << " cores: the last first piece ended " << last_first << "th, the first last piece "
+           << first_last << "th");
+    CHECK(last_first < first_last);
+    take_turn();  // outside a rank thread: nothing to hand over, returns at once
+}
+
 TEST_CASE("more CPU ranks than cores: a failure or a timeout still ends every rank", "[cpu]") {
     const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     const int n = std::min(3 * cores, 48);

@@ -19,16 +19,37 @@ void AbortState::abort(const std::string& why) {
 
 void CoreSlots::acquire() {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return free_ > 0; });
-    --free_;
+    if (free_ > 0 && waiting_.empty()) {
+        --free_;
+    } else {
+        Waiter me;
+        waiting_.push_back(&me);
+        me.cv.wait(lk, [&] { return me.granted; });
+    }
+    turn_started();
+}
+
+void CoreSlots::grant_front() {
+    Waiter* w = waiting_.front();
+    waiting_.pop_front();
+    w->granted = true;
+    w->cv.notify_one();  // under the lock: the waiter returns (and its cv goes) only after it is released
 }
 
 void CoreSlots::release() {
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        ++free_;
-    }
-    cv_.notify_one();
+    std::lock_guard<std::mutex> lk(mu_);
+    if (waiting_.empty()) ++free_;
+    else grant_front();
+}
+
+void CoreSlots::take_turn() {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (waiting_.empty()) return turn_started();
+    grant_front();
+    Waiter me;
+    waiting_.push_back(&me);
+    me.cv.wait(lk, [&] { return me.granted; });
+    turn_started();
 }
 
 ThreadGroup::ThreadGroup(int n_, std::shared_ptr<AbortState> abort_, std::vector<int> world_ranks_)

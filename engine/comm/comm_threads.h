@@ -19,12 +19,14 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/turns.h"
 
 namespace ptool {
 
@@ -46,17 +48,24 @@ public:
 // holds a core while it computes and gives it back while it waits in a collective. Eight tp ranks
 // on two cores then run two at a time, each GEMM with a core's caches to itself, instead of being
 // time-sliced by the kernel mid-GEMM (gemm_mlp's tp=8 step ran at 42-56% of the sgemm rate).
-// Nothing changes in what a rank computes or in which order the collectives see ranks.
-class CoreSlots {
+// Nothing changes in what a rank computes or in which order the collectives see ranks. Cores go to
+// waiting threads first come, first served, and a rank thread that computes for long takes turns
+// with the waiting ones (core/turns.h).
+class CoreSlots final : public TurnTaker {
 public:
     explicit CoreSlots(int cores) : free_(cores) {}
     void acquire();
     void release();
-    // A rank's core for the scope (null: no limit)
+    void take_turn() override;  // the core to the longest waiting thread, this one queued behind
+    // A rank's core for the scope (null: no limit); the thread takes turns on them meanwhile
     struct Held {
         CoreSlots* slots;
-        explicit Held(CoreSlots* s) : slots(s) { if (slots) slots->acquire(); }
-        ~Held() { if (slots) slots->release(); }
+        explicit Held(CoreSlots* s) : slots(s) {
+            if (slots) slots->acquire(), set_thread_turns(slots);
+        }
+        ~Held() {
+            if (slots) set_thread_turns(nullptr), slots->release();
+        }
         Held(const Held&) = delete;
         Held& operator=(const Held&) = delete;
     };
@@ -70,8 +79,13 @@ public:
     };
 
 private:
+    struct Waiter {
+        std::condition_variable cv;
+        bool granted = false;
+    };
+    void grant_front();  // mu_ held, a waiter queued: the core goes to the longest waiting
     std::mutex mu_;
-    std::condition_variable cv_;
+    std::deque<Waiter*> waiting_;
     int free_;
 };
 

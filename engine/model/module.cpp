@@ -2,6 +2,7 @@
 
 #include "backend/meta/meta_backend.h"
 #include "core/memory_account.h"
+#include "core/turns.h"
 
 #include <set>
 
@@ -21,6 +22,7 @@ Placed Module::forward(RunContext& ctx, const Placed& x) {
 }
 
 Placed Module::forward_hooked(RunContext& ctx, const Placed& x) {
+    take_turn();  // rank threads sharing cores advance together (core/turns.h)
     MemoryPhaseScope phase(fqn_, ctx.recomputing ? 'r' : 'f');
     const Placed in = hooks_ ? hooks_->pre_forward(ctx, *this, x) : x;
     saving_ = ctx.recording;
@@ -46,6 +48,7 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
         meta_work().recomputing = meta_was;
         ctx.observer = std::move(observer), ctx.recomputing = was;
     }
+    take_turn();
     MemoryPhaseScope phase(fqn_, 'b');
     PTOOL_REQUIRE(!inputs_.empty(), "backward of '{}' without a forward", fqn_);
     const Layout in = std::move(inputs_.back());
