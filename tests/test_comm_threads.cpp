@@ -190,7 +190,7 @@ TEST_CASE("more CPU ranks than cores: ranks that compute without a collective ta
     std::vector<std::vector<int>> done(n, std::vector<int>(pieces));
     run_rank_threads(n, CommOptions{}, [&](Communicator& c) {
         for (int k = 0; k < pieces; ++k) {
-            const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3);  // past the 2 ms quantum
+            const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3);  // four pass the 10 ms quantum
             while (std::chrono::steady_clock::now() < until) {
             }  // "compute"
             done[c.rank()][k] = order++;

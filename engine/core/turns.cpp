@@ -5,9 +5,10 @@
 namespace ptool {
 namespace {
 
-// Long enough that a hand-off (a few microseconds) is noise beside it, short beside a module of
-// the models worth sharing cores for (a GEMM of gemm_mlp's is 5-30 ms on one core)
-constexpr auto kQuantum = std::chrono::milliseconds(2);
+// Longer than the stretch between a TP plan's collectives, which hand the cores round already (2 ms
+// cost bench_verify's tp=8 about 5% in hand-offs and cold caches), and short beside a DDP rank's
+// forward and backward (gemm_mlp at dp=4: 60 ms on one core)
+constexpr auto kQuantum = std::chrono::milliseconds(10);
 
 thread_local TurnTaker* t_turns = nullptr;
 thread_local std::chrono::steady_clock::time_point t_since;  // this thread's turn began

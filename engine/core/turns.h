@@ -23,7 +23,7 @@ protected:
 void set_thread_turns(TurnTaker* turns);
 // This thread just got a core: its quantum starts now
 void turn_started();
-// Between two pieces of a computation: a turn to the others after a quantum (2 ms) on the core
+// Between two pieces of a computation: a turn to the others after a quantum (10 ms) on the core
 void take_turn();
 
 }  // namespace ptool
