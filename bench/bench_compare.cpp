@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
     for (bool threads : {false, true})
         for (const Case& c : {Case{"differ by ~1 ULP", actual}, Case{"1 in 10^4 differs", rare}, Case{"bitwise equal", same}}) {
             TensorDiff d;
-            const double t = best_seconds(5, [&] { d = finish_diff(compare_piece(c.actual, expected, origin, tol, threads), tol); });
+            const double t = best_seconds(5, [&] { d = finish_diff(compare_piece(c.actual, expected, origin, tol, threads ? compare_threads() : 1), tol); });
             std::printf("  %-34s %10.2f %12.2f %10.2f  max_ulp %lld\n",
                         (std::string(c.name) + (threads ? ", helper threads" : ", one thread")).c_str(), t * 1e3,
                         t * 1e9 / static_cast<double>(n), t / read, static_cast<long long>(d.max_ulp));

@@ -147,7 +147,7 @@ TEST_CASE("compare_piece: a tensor compared in pieces on ranks reads exactly the
             for (int c = 0; c < col_parts; ++c) {
                 const Chunk rc = chunk_of(7, row_parts, r), cc = chunk_of(10, col_parts, c);
                 const Tensor piece = chunk(chunk(a, row_parts, r, 0), col_parts, c, 1);
-                DiffPiece p = compare_piece(piece, e, {rc.offset, cc.offset}, tol, false);
+                DiffPiece p = compare_piece(piece, e, {rc.offset, cc.offset}, tol, 1);
                 std::vector<int64_t> packed(kPieceWords);
                 pack_piece(p, packed.data());
                 merge_piece(all, unpack_piece(packed.data()));  // as the ranks' metrics travel
@@ -166,7 +166,7 @@ TEST_CASE("compare_piece: a tensor compared in pieces on ranks reads exactly the
     }
     CHECK_FALSE(whole.pass);
     // a piece that does not fit its box fails
-    CHECK_FALSE(compare_piece(chunk(a, 3, 0, 0), e, {5, 0}, tol, false).d.shape_ok);
+    CHECK_FALSE(compare_piece(chunk(a, 3, 0, 0), e, {5, 0}, tol, 1).d.shape_ok);
 }
 
 TEST_CASE("element_hash_sum: pieces add up to the whole tensor's digest; one element apart differs", "[cpu]") {

@@ -9,35 +9,12 @@
 
 #include "verify/compare.h"
 #include "verify/verify.h"
+#include "same_runs.h"
 #include "test_helpers.h"
 
 using namespace ptool;
 
 namespace {
-
-bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
-
-void check_same(const TensorDiff& a, const TensorDiff& b) {
-    CHECK(a.shape_ok == b.shape_ok);
-    CHECK(a.nonfinite == b.nonfinite);
-    CHECK(same_bits(a.max_abs, b.max_abs));
-    CHECK(same_bits(a.max_rel, b.max_rel));
-    CHECK(same_bits(a.headroom, b.headroom));
-    CHECK(same_bits(a.rel_fro, b.rel_fro));
-    CHECK(same_bits(a.err_norm, b.err_norm));
-    CHECK(same_bits(a.ref_norm, b.ref_norm));
-    CHECK(a.max_ulp == b.max_ulp);
-    CHECK(a.pass == b.pass);
-}
-
-void check_same(const std::map<std::string, TensorDiff>& a, const std::map<std::string, TensorDiff>& b) {
-    REQUIRE(a.size() == b.size());
-    for (const auto& [name, d] : a) {
-        INFO(name);
-        REQUIRE(b.count(name));
-        check_same(d, b.at(name));
-    }
-}
 
 VerifyReport run_verify(const std::string& model, const std::string& plan, int64_t steps, bool beside, const char* mesh = nullptr,
                         bool keep_reference = false) {
@@ -77,25 +54,7 @@ TEST_CASE("the reference beside the parallel run gives the numbers of the refere
         CHECK(first.pass);
         CHECK(beside.pass == first.pass);
         REQUIRE(beside.plans.size() == 1);
-        const RunRecord &a = first.plans[0].run, &b = beside.plans[0].run;
-        REQUIRE(a.steps.size() == static_cast<size_t>(c.steps));
-        REQUIRE(b.steps.size() == a.steps.size());
-        for (size_t k = 0; k < a.steps.size(); ++k) {
-            check_same(a.steps[k].vs_reference, b.steps[k].vs_reference);
-            check_same(a.steps[k].vs_shadow, b.steps[k].vs_shadow);
-            CHECK(a.steps[k].replicas == b.steps[k].replicas);
-            REQUIRE(a.steps[k].events.size() == b.steps[k].events.size());
-            CHECK_FALSE(a.steps[k].events.empty());
-            for (size_t i = 0; i < a.steps[k].events.size(); ++i) {
-                const ModuleEvent &x = a.steps[k].events[i], &y = b.steps[k].events[i];
-                INFO(x.fqn);
-                CHECK(x.fqn == y.fqn);
-                CHECK(x.phase == y.phase);
-                REQUIRE(x.diff.has_value() == y.diff.has_value());
-                if (x.diff) check_same(*x.diff, *y.diff);
-            }
-        }
-        CHECK(a.init_state == b.init_state);
+        check_same_run(first.plans[0].run, beside.plans[0].run, static_cast<size_t>(c.steps));
         // the reference's record: its names in both, its step tensors dropped once compared (scalars kept)
         REQUIRE(first.reference.steps.size() == beside.reference.steps.size());
         for (size_t k = 0; k < first.reference.steps.size(); ++k) {

@@ -316,9 +316,9 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
 
 double worst(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b); }
 
-// Pieces of at least kSplitAt elements are compared in batches of about kBlock elements on up to 8
-// threads when `threads` (rank 0 comparing while the other rank threads wait); the sums are exact,
-// so nothing depends on the thread count or the order.
+// Pieces of at least kSplitAt elements are compared in batches of about kBlock elements on up to
+// `threads` threads (a rank comparing while the other rank threads wait); the sums are exact, so
+// nothing depends on the thread count or the order.
 constexpr int64_t kBlock = int64_t{1} << 18, kSplitAt = int64_t{1} << 20;
 
 }  // namespace
@@ -358,8 +358,10 @@ double ExactSum::value() const {
     return r;
 }
 
+int compare_threads() { return static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8)); }
+
 DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset, const Tolerance& tol,
-                        bool threads) {
+                        int threads) {
     DiffPiece piece;
     piece.counted = true;
     const Shape &local = actual.shape(), &global = expected.shape();
@@ -387,7 +389,7 @@ DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std:
     }
     // in place in the tensors' own dtype (no double copies: 134M-element gradients are compared as
     // they are), in batches on several threads when large
-    if (!threads || n < kSplitAt) {
+    if (threads <= 1 || n < kSplitAt) {
         compare_spans(actual, expected, tol, spans.data(), spans.data() + spans.size(), piece);
         return piece;
     }
@@ -406,8 +408,7 @@ DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std:
         for (size_t b; (b = next.fetch_add(1)) < batches.size();)
             compare_spans(actual, expected, tol, cut.data() + batches[b].first, cut.data() + batches[b].second, parts[b]);
     };
-    const int helpers_n = static_cast<int>(std::clamp<int64_t>(std::thread::hardware_concurrency(), 1,
-                                                                std::min<int64_t>(8, static_cast<int64_t>(batches.size()))));
+    const int helpers_n = static_cast<int>(std::min<int64_t>(threads, static_cast<int64_t>(batches.size())));
     std::vector<std::thread> helpers;
     for (int t = 1; t < helpers_n; ++t) helpers.emplace_back(work);
     work();
@@ -489,7 +490,7 @@ TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const T
         d.headroom = std::numeric_limits<double>::infinity();
         return d;
     }
-    return finish_diff(compare_piece(actual, expected, std::vector<int64_t>(actual.shape().size(), 0), tol, true), tol);
+    return finish_diff(compare_piece(actual, expected, std::vector<int64_t>(actual.shape().size(), 0), tol, compare_threads()), tol);
 }
 
 namespace {

@@ -118,9 +118,11 @@ struct DiffPiece {
     bool all_equal = true;   // every element bitwise equal to its expected one
 };
 // `actual` against the box of `expected` that starts at `offset` (one entry per dim) and has
-// actual's shape; `threads`: split large pieces over helper threads (rank 0 comparing alone).
+// actual's shape; a large piece is compared on up to `threads` threads (the calling one and
+// helpers; 1: the calling thread only). The numbers do not depend on it.
 DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset, const Tolerance& tol,
-                        bool threads);
+                        int threads);
+int compare_threads();  // the most a comparison takes: one per core, at most 8
 void merge_piece(DiffPiece& into, const DiffPiece& piece);  // the maxima, counts and sums of both
 TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol);
 // A piece as int64 words (for a collective) and back.

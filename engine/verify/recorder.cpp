@@ -52,12 +52,13 @@ uint64_t state_digest(const Tensor& full) {
 }
 
 // Where this rank's piece of a tensor sits in the whole one: the box at `offset` of `shape`, and
-// whether this rank counts it (one rank of each group of replicas does).
+// whether this rank counts it (one rank of each group of replicas does, or each its rows of it).
 struct Box {
     std::vector<int64_t> offset;
     Shape shape;
     bool owner = true;
-    bool sole_owner = false;  // no other rank compares a piece of this tensor
+    int threads = 1;           // compare_piece's: more where one rank compares a replicated tensor alone
+    Chunk rows{0, -1};         // the rows (dim 0) of the piece this rank compares; length -1: all
 };
 
 class Recorder {
@@ -224,7 +225,7 @@ public:
             if (shadow_.empty()) continue;
             if (local_) {  // this rank's piece against its shadow piece, counted once per group of replicas
                 const Placement on_dp = run_.dp_placement(p.get()), on_tp = run_.tp_placement(p.get());
-                const Box b{std::vector<int64_t>(p->value.dim(), 0), p->value.shape(), owns(on_dp, on_tp), sole_owner(on_dp, on_tp)};
+                const Box b{std::vector<int64_t>(p->value.dim(), 0), p->value.shape(), owns(on_dp, on_tp), threads(on_dp, on_tp)};
                 const Tolerance rule = opt_.tol.for_masters();
                 reduce_later(piece(on_host(p->value), shadow_[i].second->value, b, rule), rule,
                              [&sr, key = s + "param." + name](const TensorDiff& d) { sr.vs_shadow[key] = d; });
@@ -291,7 +292,7 @@ private:
     // A parameter-like tensor of `whole` shape placed on_tp, then (fully_shard) on_dp over the
     // TP-local tensor's dim 0.
     Box box_of(const Shape& whole, const Placement& on_dp, const Placement& on_tp) const {
-        Box b{std::vector<int64_t>(whole.size(), 0), whole, owns(on_dp, on_tp), sole_owner(on_dp, on_tp)};
+        Box b{std::vector<int64_t>(whole.size(), 0), whole, owns(on_dp, on_tp), threads(on_dp, on_tp)};
         if (on_tp.is_shard()) {
             const int64_t d = on_tp.normalized(static_cast<int64_t>(whole.size())).dim;
             const Chunk c = chunk_of(whole[d], tp_.size(), tp_.rank());
@@ -310,8 +311,35 @@ private:
     bool owns(const Placement& on_dp, const Placement& on_tp) const {
         return (on_tp.is_shard() || tp_.rank() == 0) && (on_dp.is_shard() || dp_.rank() == 0);
     }
-    bool sole_owner(const Placement& on_dp, const Placement& on_tp) const {
-        return owns(on_dp, on_tp) && !on_tp.is_shard() && !on_dp.is_shard();
+    // compare_piece's threads: all a comparison takes where this rank is the only one comparing a
+    // piece of the tensor (the other ranks wait), else its own
+    int threads(const Placement& on_dp, const Placement& on_tp) const {
+        return owns(on_dp, on_tp) && !on_tp.is_shard() && !on_dp.is_shard() ? compare_threads() : 1;
+    }
+
+    // box_of's box, compared by every replica that holds it bitwise (`state`, known on every rank
+    // after replica_state): each compares its chunk of the box's rows instead of one comparing it
+    // whole while the others wait. The copies are bitwise the same and the pieces' sums exact, so
+    // the numbers are those of comparing one copy whole; replicas that differ are not split (the
+    // coordinate-0 copy is compared whole, as box_of's).
+    Box shared_box(const Shape& whole, const Placement& on_dp, const Placement& on_tp, ReplicaState state) const {
+        Box b = box_of(whole, on_dp, on_tp);
+        const bool tp_agree = state == ReplicaState::equal || state == ReplicaState::synced || state == ReplicaState::ignored;
+        const bool dp_agree = state == ReplicaState::equal || state == ReplicaState::synced;
+        int parts = 1, index = 0;
+        bool owner = true;
+        auto over = [&](bool replicated, Communicator& c, bool agree) {
+            if (!replicated || c.size() == 1) return;
+            if (agree) index = index * c.size() + c.rank(), parts *= c.size();
+            else owner = owner && c.rank() == 0;
+        };
+        over(on_tp.is_replicate(), tp_, tp_agree);
+        over(on_dp.is_replicate(), dp_, dp_agree);
+        if (parts == 1 || b.shape.empty()) return b;  // a scalar stays with its coordinate-0 copy
+        b.owner = owner;
+        b.rows = chunk_of(b.shape[0], parts, index);
+        b.threads = std::max(1, compare_threads() / parts);
+        return b;
     }
 
     // This rank's piece of a whole tensor (its tp chunk, then fully_shard's dp chunk of that), as
@@ -353,13 +381,15 @@ private:
         return b;
     }
 
-    // This rank's part of a comparison: its piece against the box of the whole expected tensor (a
-    // piece of another shape than its box fails on every rank that holds one).
-    // A tensor replicated everywhere has one owner in the world, which compares it on helper
-    // threads (the other ranks wait); pieces are compared by their ranks at once, one thread each.
+    // This rank's part of a comparison: its piece (its rows of it) against the box of the whole
+    // expected tensor (a piece of another shape than its box fails on every rank that holds one).
     static DiffPiece piece(const Tensor& mine, const Tensor& expected, const Box& b, const Tolerance& tol) {
         if (mine.shape() != b.shape) return bad_shape();
-        return b.owner ? compare_piece(mine, expected, b.offset, tol, b.sole_owner) : DiffPiece{};
+        if (!b.owner) return DiffPiece{};
+        if (b.rows.length < 0) return compare_piece(mine, expected, b.offset, tol, b.threads);
+        std::vector<int64_t> at = b.offset;
+        at[0] += b.rows.offset;
+        return compare_piece(mine.narrow(0, b.rows.offset, b.rows.length), expected, at, tol, b.threads);
     }
 
     static DiffPiece bad_shape() {
@@ -399,10 +429,10 @@ private:
         const Tensor mine = on_host(local);
         const Tolerance tol = rule_for(opt_.tol, name);
         if (auto it = reference_.find(name); it != reference_.end())
-            reduce_later(piece(mine, *it->second, box_of(it->second->shape(), on_dp, on_tp), tol), tol,
+            reduce_later(piece(mine, *it->second, shared_box(it->second->shape(), on_dp, on_tp, state), tol), tol,
                          [&sr, name](const TensorDiff& d) { sr.vs_reference[name] = d; });
         if (auto it = golden_.find(name); it != golden_.end())
-            reduce_later(piece(mine, *it->second, box_of(it->second->shape(), on_dp, on_tp), tol), tol,
+            reduce_later(piece(mine, *it->second, shared_box(it->second->shape(), on_dp, on_tp, state), tol), tol,
                          [&sr, name](const TensorDiff& d) { sr.vs_golden[name] = d; });
         if (rank0_) sr.replicas[name] = state;
     }
