@@ -120,7 +120,8 @@ public:
             const bool agree = (!on_tp.is_replicate() || replicas_agree(p->value, tp_)) &&
                                (ignored || !on_dp.is_replicate() || replicas_agree(p->value, dp_));
             uint64_t digest = 0;  // collective either way; rank 0 keeps it
-            if (local_ && !on_tp.is_partial()) digest = piece_digest(p->value, on_dp, on_tp);
+            const ReplicaState state = !agree ? ReplicaState::differ : ignored ? ReplicaState::ignored : ReplicaState::equal;
+            if (local_ && !on_tp.is_partial()) digest = piece_digest(p->value, on_dp, on_tp, state);
             else if (const Tensor full = gather(p->value, on_dp, on_tp); rank0_) digest = state_digest(full);
             if (!rank0_) continue;
             if (!agree) rec.init_replicas_differ.push_back(name);
@@ -351,12 +352,21 @@ private:
 
     // The whole tensor's state digest from the pieces (collective; meaningful on rank 0): each
     // owner hashes its piece where it sits, rank 0 adds the sums (verify/compare.h).
-    uint64_t piece_digest(const Tensor& local, const Placement& on_dp, const Placement& on_tp) {
+    // Replicas that agree (`state`) hash their chunks of the rows (shared_box).
+    uint64_t piece_digest(const Tensor& local, const Placement& on_dp, const Placement& on_tp, ReplicaState state) {
         const Shape tp_local = on_dp.is_replicate() ? local.shape() : global_shape(local.shape(), on_dp, dp_);
         const Shape whole = global_shape(tp_local, on_tp, tp_);
-        const Box b = box_of(whole, on_dp, on_tp);
+        const Box b = shared_box(whole, on_dp, on_tp, state);
         Tensor mine({1}, DType::int64), all({run_.world().size()}, DType::int64);
-        mine.data<int64_t>()[0] = b.owner ? static_cast<int64_t>(element_hash_sum(on_host(local), whole, b.offset)) : 0;
+        if (b.owner && b.rows.length < 0) {
+            mine.data<int64_t>()[0] = static_cast<int64_t>(element_hash_sum(on_host(local), whole, b.offset));
+        } else if (b.owner) {
+            std::vector<int64_t> at = b.offset;
+            at[0] += b.rows.offset;
+            mine.data<int64_t>()[0] = static_cast<int64_t>(element_hash_sum(on_host(local).narrow(0, b.rows.offset, b.rows.length), whole, at));
+        } else {
+            mine.data<int64_t>()[0] = 0;
+        }
         run_.world().all_gather(mine, all);
         uint64_t sum = 0;
         for (int r = 0; r < run_.world().size(); ++r) sum += static_cast<uint64_t>(all.data<int64_t>()[r]);
