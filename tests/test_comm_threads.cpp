@@ -1,5 +1,8 @@
 // The threads communicator: the conformance suite at world sizes 1-8, bitwise agreement across
 // ranks and runs, and the failure paths (a rank throws, a rank never arrives, mismatched collectives).
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -9,6 +12,7 @@
 
 #include "comm/comm_threads.h"
 #include "comm_conformance.h"
+#include "core/cores.h"
 #include "test_helpers.h"
 
 using namespace ptool;
@@ -154,7 +158,7 @@ TEST_CASE("zero-size tensors flow through every collective", "[cpu]") {
 }
 
 TEST_CASE("more CPU ranks than cores take turns: at most one rank per core computes, results unchanged", "[cpu]") {
-    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const int cores = usable_cores();
     const int n = std::min(4 * cores, 64);
     std::atomic<int> computing{0}, most{0};
     std::vector<double> sums(n);
@@ -179,12 +183,42 @@ TEST_CASE("more CPU ranks than cores take turns: at most one rank per core compu
     for (double s : sums) CHECK(s == n * (n + 1) / 2);
 }
 
+TEST_CASE("the cores are those the process may run on: ranks pinned to one CPU take turns on it", "[cpu]") {
+    // taskset, a Slurm step's or a container's cpuset: the affinity mask, not the machine's CPUs
+    std::atomic<int> computing{0}, most{0};
+    int seen_cores = 0;
+    std::thread pinned([&] {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+        if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) return;  // seen_cores stays 0: fails below
+        seen_cores = usable_cores();
+        run_rank_threads(3, CommOptions{}, [&](Communicator& c) {  // the rank threads inherit the mask
+            for (int k = 0; k < 3; ++k) {
+                const int now = ++computing;
+                for (int m = most.load(); now > m && !most.compare_exchange_weak(m, now);) {
+                }
+                const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+                while (std::chrono::steady_clock::now() < until) {
+                }
+                --computing;
+                Tensor t({1}, DType::float32);
+                c.all_reduce(t, ReduceOp::sum);
+            }
+        });
+    });
+    pinned.join();
+    CHECK(seen_cores == 1);
+    CHECK(most.load() == 1);
+    CHECK(usable_cores() >= 1);
+}
+
 TEST_CASE("more CPU ranks than cores: ranks that compute without a collective take turns, not one after another", "[cpu]") {
     // DDP's forward and backward have no collective: each rank computes pieces (modules) with
     // take_turn() between them. Run to their next collective, the first ranks would end every
     // piece before the last ones began; taking turns, every rank ends its first piece before any
     // rank ends its last.
-    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const int cores = usable_cores();
     const int n = std::min(3 * cores, 48), pieces = 8;
     std::atomic<int> order{0};
     std::vector<std::vector<int>> done(n, std::vector<int>(pieces));
@@ -208,7 +242,7 @@ TEST_CASE("more CPU ranks than cores: ranks that compute without a collective ta
 }
 
 TEST_CASE("more CPU ranks than cores: a failure or a timeout still ends every rank", "[cpu]") {
-    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const int cores = usable_cores();
     const int n = std::min(3 * cores, 48);
     double s = 0;
     std::string msg = failure_of(n, 30, [](Communicator& c) {

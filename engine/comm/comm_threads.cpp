@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "comm/device_reduce.h"
+#include "core/cores.h"
 
 namespace ptool {
 
@@ -318,7 +319,7 @@ void run_rank_threads(int n, const CommOptions& options, const std::function<voi
     for (int r = 0; r < n; ++r) world[r] = r;
     auto abort = std::make_shared<AbortState>();
     auto group = std::make_shared<ThreadGroup>(n, abort, world);
-    const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+    const int hardware = usable_cores();
     if (cores) group->cores = std::move(cores);
     else if (device == Device::cpu && hardware > 0 && n > hardware) group->cores = std::make_shared<CoreSlots>(hardware);
     run_threads(

@@ -6,6 +6,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/cores.h"
+
 namespace ptool {
 
 void parallel_for(size_t n, unsigned threads, const std::function<void(size_t)>& fn) {
@@ -20,7 +22,7 @@ void parallel_for(size_t n, unsigned threads, const std::function<void(size_t)>&
             }
         }
     };
-    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+    if (threads == 0) threads = static_cast<unsigned>(usable_cores());
     std::vector<std::thread> pool;
     for (unsigned k = 1; k < std::min<size_t>(threads, n); ++k) pool.emplace_back(work);
     work();

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include "core/cores.h"
 #include "model/batch.h"
 
 namespace ptool {
@@ -358,7 +359,7 @@ double ExactSum::value() const {
     return r;
 }
 
-int compare_threads() { return static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8)); }
+int compare_threads() { return static_cast<int>(std::clamp(usable_cores(), 1, 8)); }
 
 DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset, const Tolerance& tol,
                         int threads) {

@@ -13,6 +13,7 @@
 #include "comm/comm_mpi.h"
 #include "comm/comm_nccl.h"
 #include "comm/comm_threads.h"
+#include "core/cores.h"
 #include "core/host_memory.h"
 #include "core/progress.h"
 #include "core/yaml_reader.h"
@@ -140,7 +141,7 @@ std::string numerics_key(const Plan& plan) {
 // the memory the host has available (the other half for the ranks and the records). Else, or when
 // the prediction fails, the reference runs first, as under mpirun.
 bool room_beside(const RunInputs& in, const Plan& plan, int64_t steps) {
-    if (in.device != Device::cpu || std::thread::hardware_concurrency() < 2) return false;
+    if (in.device != Device::cpu || usable_cores() < 2) return false;
     const int64_t available = available_host_memory();
     if (available <= 0) return false;
     try {
@@ -165,7 +166,7 @@ struct ReferenceBeside {
 
     // throttled: the ranks release each step once compared (VerifyJob::keep_reference off)
     ReferenceBeside(const RunInputs& in, const Plan& plan, int64_t steps, RecordOptions opt, bool throttled)
-        : cores(std::make_shared<CoreSlots>(static_cast<int>(std::thread::hardware_concurrency()) - 1)),
+        : cores(std::make_shared<CoreSlots>(usable_cores() - 1)),
           own_core(std::make_shared<CoreSlots>(1)), stream(cores, throttled), share(plan.world_size() + 1) {
         opt.publish = &stream;
         thread = std::thread([this, &in, plan, steps, opt] {
