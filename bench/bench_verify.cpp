@@ -7,8 +7,8 @@
 // exactly one bucket).
 // Each CPU row is the best of 3 verifies after one that is not timed (the limit is the best of 3
 // GEMM runs): the first verify at a world size maps the memory the caching allocator then reuses,
-// and its first touch of a page costs 0.4-2.2 ms per MiB on the CI VM (a one-verify process pays
-// it: docs/performance.md has `ptool verify`'s own times).
+// and its first touch of a page costs up to 2.2 ms per MiB on the CI VM (bench_first_touch; a
+// one-verify process pays it: docs/performance.md has `ptool verify`'s own times).
 //   ./build/bench/bench_verify [MODEL] [PLAN]      (default: gemm_mlp, plans/gemm_mlp_tp.yaml)
 //   ./build/bench/bench_verify models/gemm_mlp.yaml plans/gemm_mlp_ddp.yaml
 //   ./build/bench/bench_verify models/gemm_mlp_4k.yaml plans/gemm_mlp_tp.yaml cuda [tf32]
