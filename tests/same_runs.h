@@ -1,5 +1,6 @@
-// Two verifies' records compared bitwise: every diff's numbers, replica states, module events and
-// construction digests (the reference beside vs first, rank-local vs gathered comparison).
+// Two verifies of a shipped case whose records must agree bitwise: every diff's numbers, replica
+// states, module events and construction digests (the reference beside vs first, rank-local vs
+// gathered comparison).
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -8,7 +9,28 @@
 #include <map>
 #include <string>
 
+#include "test_helpers.h"
 #include "verify/run_record.h"
+#include "verify/verify.h"
+
+// A shipped model and plan (models/, plans/), the steps and a --mesh override (null: the plan's)
+struct ShippedCase {
+    const char* model;
+    const char* plan;
+    int64_t steps;
+    const char* mesh;
+};
+
+inline ptool::VerifyJob shipped_job(const ShippedCase& c) {
+    ptool::VerifyJob job;
+    job.inputs.model_path = PTOOL_SOURCE_DIR "/models/" + std::string(c.model) + ".yaml";
+    job.inputs.model_text = read_text(job.inputs.model_path);
+    ptool::Plan p = ptool::load_plan(PTOOL_SOURCE_DIR "/plans/" + std::string(c.plan) + ".yaml");
+    if (c.mesh) ptool::apply_mesh_flags(p, {c.mesh});
+    job.plans = {p};
+    job.options.steps = c.steps;
+    return job;
+}
 
 inline bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 

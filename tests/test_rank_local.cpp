@@ -4,9 +4,7 @@
 // job does), bitwise: the same maxima, exact sums, replica states and construction digests.
 #include <catch2/catch.hpp>
 
-#include "verify/verify.h"
 #include "same_runs.h"
-#include "test_helpers.h"
 
 using namespace ptool;
 
@@ -28,14 +26,8 @@ private:
     std::unique_ptr<Launch> inner_ = in_process_launch(Device::cpu, CommOptions{});
 };
 
-VerifyReport run_verify(const std::string& model, const std::string& plan, int64_t steps, bool rank_local, const char* mesh) {
-    VerifyJob job;
-    job.inputs.model_path = PTOOL_SOURCE_DIR "/models/" + model + ".yaml";
-    job.inputs.model_text = read_text(job.inputs.model_path);
-    Plan p = load_plan(PTOOL_SOURCE_DIR "/plans/" + plan + ".yaml");
-    if (mesh) apply_mesh_flags(p, {mesh});
-    job.plans = {p};
-    job.options.steps = steps;
+VerifyReport run_verify(const ShippedCase& c, bool rank_local) {
+    VerifyJob job = shipped_job(c);
     job.options.reference_beside = false;  // the same reference record for both
     if (rank_local) return verify(job, *in_process_launch(Device::cpu, CommOptions{}));
     Gathering gathering;
@@ -45,12 +37,7 @@ VerifyReport run_verify(const std::string& model, const std::string& plan, int64
 }  // namespace
 
 TEST_CASE("rank-local comparison gives the numbers of gathering every tensor to rank 0, bitwise", "[cpu]") {
-    struct Case {
-        const char* model;
-        const char* plan;
-        int64_t steps;
-        const char* mesh;
-    };
+    using Case = ShippedCase;
     // replicas split their rows: DDP (parameters and gradients over dp), an ignored module (its
     // replicas differ: compared whole by dp rank 0), TP's replicated biases over eight ranks, dp x tp
     // with AdamW's shadow optimizer, FSDP + TP, mixed precision's masters
@@ -61,8 +48,8 @@ TEST_CASE("rank-local comparison gives the numbers of gathering every tensor to 
                           Case{"mlp_stacked_adamw", "mlp_stacked_fsdp_tp", 2, nullptr},
                           Case{"llama_rope", "llama_rope_ddp_tp_bf16", 1, nullptr}}) {
         INFO(c.model << " x " << c.plan);
-        const VerifyReport gathered = run_verify(c.model, c.plan, c.steps, false, c.mesh);
-        const VerifyReport local = run_verify(c.model, c.plan, c.steps, true, c.mesh);
+        const VerifyReport gathered = run_verify(c, false);
+        const VerifyReport local = run_verify(c, true);
         CHECK(local.pass == gathered.pass);
         REQUIRE(local.plans.size() == 1);
         REQUIRE(gathered.plans.size() == 1);

@@ -18,13 +18,7 @@ namespace {
 
 VerifyReport run_verify(const std::string& model, const std::string& plan, int64_t steps, bool beside, const char* mesh = nullptr,
                         bool keep_reference = false) {
-    VerifyJob job;
-    job.inputs.model_path = PTOOL_SOURCE_DIR "/models/" + model + ".yaml";
-    job.inputs.model_text = read_text(job.inputs.model_path);
-    Plan p = load_plan(PTOOL_SOURCE_DIR "/plans/" + plan + ".yaml");
-    if (mesh) apply_mesh_flags(p, {mesh});
-    job.plans = {p};
-    job.options.steps = steps;
+    VerifyJob job = shipped_job({model.c_str(), plan.c_str(), steps, mesh});
     job.options.reference_beside = beside;
     job.keep_reference = keep_reference;
     const auto launch = in_process_launch(Device::cpu, CommOptions{});
@@ -34,14 +28,9 @@ VerifyReport run_verify(const std::string& model, const std::string& plan, int64
 }  // namespace
 
 TEST_CASE("the reference beside the parallel run gives the numbers of the reference first, bitwise", "[cpu]") {
-    struct Case {
-        const char* model;
-        const char* plan;
-        int64_t steps;
-        const char* mesh;
-    };
     // TP with partial events (rowwise), attention, sequence parallel, DDP, FSDP + TP with AdamW
     // over steps (resync), more ranks than cores
+    using Case = ShippedCase;
     for (const Case& c : {Case{"mlp", "mlp_root_module", 2, nullptr}, Case{"gpt_block", "gpt_block_tp", 2, nullptr},
                           Case{"seq_mlp", "seq_mlp_sp", 1, nullptr}, Case{"replicate_net", "replicate_multi_module", 2, nullptr},
                           Case{"mlp_stacked_adamw", "mlp_stacked_fsdp_tp", 3, nullptr},
