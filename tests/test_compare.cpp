@@ -331,6 +331,36 @@ TEST_CASE("zero-size tensors flow through every op and the comparison", "[cpu]")
     CHECK(tensor_digest(x) != tensor_digest(Tensor({0, 5}, DType::float32)));
 }
 
+TEST_CASE("tensor_digest is its definition on every length (the vector path the same as the scalar one)", "[cpu]") {
+    // eight lanes, each mixing word k of every whole 64-byte stripe in order (multiply-xorshift),
+    // the tail's bytes into lane 0, then the lanes into the dtype's and shape's hash: written out
+    // here in plain C++, against whichever path this CPU takes
+    auto mix = [](uint64_t h, uint64_t w) {
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+        return h ^ (h >> 31);
+    };
+    const CounterRng rng(5, 1);
+    for (int64_t n : {0, 1, 3, 15, 16, 17, 64, 100, 1000, 4099}) {
+        Tensor t({n}, DType::float32);
+        for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(rng.normal(static_cast<uint64_t>(i)));
+        uint64_t h = mix(0x9E3779B97F4A7C15ull, static_cast<uint64_t>(t.dtype()));
+        h = mix(h, static_cast<uint64_t>(n));
+        uint64_t lane[8];
+        for (int k = 0; k < 8; ++k) lane[k] = h ^ static_cast<uint64_t>(k);
+        const auto* p = static_cast<const unsigned char*>(t.raw());
+        const size_t bytes = t.nbytes(), whole = bytes / 64 * 64;
+        for (size_t i = 0; i < whole; i += 8) {
+            uint64_t w;
+            std::memcpy(&w, p + i, 8);
+            lane[(i / 8) % 8] = mix(lane[(i / 8) % 8], w);
+        }
+        for (size_t i = whole; i < bytes; ++i) lane[0] = (lane[0] ^ p[i]) * 0x94D049BB133111EBull;
+        for (uint64_t l : lane) h = mix(h, l);
+        INFO(n << " elements");
+        CHECK(tensor_digest(t) == (h ^ (h >> 29)));
+    }
+}
+
 TEST_CASE("BinnedSum: exactly ExactSum's sum, across its flushes, subnormals and the largest doubles", "[cpu]") {
     const CounterRng rng(3, 8);
     std::vector<double> terms;

@@ -141,9 +141,10 @@ uint64_t finish_element_hash(uint64_t sum, DType dtype, const Shape& global);
 // The rule for a recorded tensor: the masters' (Tolerance::masters) for step{k}.param.*, else tol.
 Tolerance rule_for(const Tolerance& tol, const std::string& key);
 
-// A 64-bit digest of a host tensor's dtype, shape and bytes (multiply-xorshift mixing in four
-// lanes of 8 bytes): replicas and construction-time state are compared by digest, so checking a 32 MiB
-// gradient moves 8 bytes per rank, not 32 MiB. Equal digests stand for bitwise equality (a
+// A 64-bit digest of a host tensor's dtype, shape and bytes (multiply-xorshift mixing in eight
+// lanes of 8 bytes; AVX-512 where the CPU has it, the same function): replicas and
+// construction-time state are compared by digest, so checking a 32 MiB gradient moves 8 bytes per
+// rank, not 32 MiB. Equal digests stand for bitwise equality (a
 // collision between two different tensors has probability about 2^-64).
 uint64_t tensor_digest(const Tensor& t);
 
