@@ -59,6 +59,13 @@ struct Box {
     bool owner = true;
     int threads = 1;           // compare_piece's: more where one rank compares a replicated tensor alone
     Chunk rows{0, -1};         // the rows (dim 0) of the piece this rank compares; length -1: all
+    // The part of this rank's piece it compares (its rows, or all of it) and where it starts in the whole
+    Tensor part(const Tensor& piece) const { return rows.length < 0 ? piece : piece.narrow(0, rows.offset, rows.length); }
+    std::vector<int64_t> part_offset() const {
+        std::vector<int64_t> at = offset;
+        if (rows.length >= 0) at[0] += rows.offset;
+        return at;
+    }
 };
 
 class Recorder {
@@ -358,15 +365,7 @@ private:
         const Shape whole = global_shape(tp_local, on_tp, tp_);
         const Box b = shared_box(whole, on_dp, on_tp, state);
         Tensor mine({1}, DType::int64), all({run_.world().size()}, DType::int64);
-        if (b.owner && b.rows.length < 0) {
-            mine.data<int64_t>()[0] = static_cast<int64_t>(element_hash_sum(on_host(local), whole, b.offset));
-        } else if (b.owner) {
-            std::vector<int64_t> at = b.offset;
-            at[0] += b.rows.offset;
-            mine.data<int64_t>()[0] = static_cast<int64_t>(element_hash_sum(on_host(local).narrow(0, b.rows.offset, b.rows.length), whole, at));
-        } else {
-            mine.data<int64_t>()[0] = 0;
-        }
+        mine.data<int64_t>()[0] = b.owner ? static_cast<int64_t>(element_hash_sum(b.part(on_host(local)), whole, b.part_offset())) : 0;
         run_.world().all_gather(mine, all);
         uint64_t sum = 0;
         for (int r = 0; r < run_.world().size(); ++r) sum += static_cast<uint64_t>(all.data<int64_t>()[r]);
@@ -395,11 +394,7 @@ private:
     // expected tensor (a piece of another shape than its box fails on every rank that holds one).
     static DiffPiece piece(const Tensor& mine, const Tensor& expected, const Box& b, const Tolerance& tol) {
         if (mine.shape() != b.shape) return bad_shape();
-        if (!b.owner) return DiffPiece{};
-        if (b.rows.length < 0) return compare_piece(mine, expected, b.offset, tol, b.threads);
-        std::vector<int64_t> at = b.offset;
-        at[0] += b.rows.offset;
-        return compare_piece(mine.narrow(0, b.rows.offset, b.rows.length), expected, at, tol, b.threads);
+        return b.owner ? compare_piece(b.part(mine), expected, b.part_offset(), tol, b.threads) : DiffPiece{};
     }
 
     static DiffPiece bad_shape() {
