@@ -223,6 +223,7 @@ TEST_CASE("more CPU ranks than cores: ranks that compute without a collective ta
     std::atomic<int> order{0};
     std::vector<std::vector<int>> done(n, std::vector<int>(pieces));
     run_rank_threads(n, CommOptions{}, [&](Communicator& c) {
+        c.barrier();  // every rank started (thread creation is slow under TSan) and queued for a core
         for (int k = 0; k < pieces; ++k) {
             const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3);  // four pass the 10 ms quantum
             while (std::chrono::steady_clock::now() < until) {
