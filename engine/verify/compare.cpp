@@ -117,9 +117,12 @@ struct MaxGate {
 
 constexpr int64_t kChunk = 64;  // elements compared at a time
 
-// A chunk's terms of a BinnedSum, made four at a time and added by BinnedSum::add_terms
+// A chunk's terms of a BinnedSum, made four at a time by the vector paths
 struct BinTerms {
     int64_t bin[kChunk], add[kChunk];
+    void add_to(BinnedSum& sum, int64_t n) const {  // the first n terms, unflushed (add_unflushed's)
+        for (int64_t k = 0; k < n; ++k) sum.bin[bin[k]] += static_cast<uint64_t>(add[k]);
+    }
 };
 
 // The common case of a float32 chunk that differs, four elements at a time (AVX2, where the CPU
@@ -290,7 +293,7 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
                 if (std::memcmp(a, e, static_cast<size_t>(n) * sizeof(T)) == 0) {
                     if constexpr (std::is_same_v<T, float>) {
                         if (equal_fast(a, n, r2)) {
-                            for (int64_t k = 0; k < n; ++k) ref2.bin[r2.bin[k]] += static_cast<uint64_t>(r2.add[k]);
+                            r2.add_to(ref2, n);
                             count(n);
                             continue;
                         }
@@ -300,9 +303,7 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
                     part.all_equal = false, err_terms = true;
                     if constexpr (std::is_same_v<T, float>) {
                         if (differ_fast(a, e, n, rel, head, tol, e2, r2, d.max_abs, d.max_ulp)) {
-                            for (int64_t k = 0; k < n; ++k)
-                                err2.bin[e2.bin[k]] += static_cast<uint64_t>(e2.add[k]),
-                                    ref2.bin[r2.bin[k]] += static_cast<uint64_t>(r2.add[k]);
+                            e2.add_to(err2, n), r2.add_to(ref2, n);
                             count(n);
                             continue;
                         }
