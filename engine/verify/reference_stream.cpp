@@ -36,17 +36,20 @@ void ReferenceStream::released(int64_t k) {
     cv_.notify_all();
 }
 
+template <class Ready>
+void ReferenceStream::wait_core_given_back(Ready ready) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (ready()) return;
+    lk.unlock();
+    const CoreSlots::Yielded waiting(cores_.get());  // given back first, taken again last
+    lk.lock();
+    cv_.wait(lk, ready);
+    lk.unlock();  // the core is taken again without the lock held
+}
+
 void ReferenceStream::wait_for_room(int64_t k) {
-    auto room = [&] { return !throttled_ || released_ >= k - 1 || cancelled_.load(); };
-    {
-        std::unique_lock<std::mutex> lk(mu_);
-        if (!room()) {
-            if (cores_) cores_->release();  // its core to the ranks while they catch up
-            cv_.wait(lk, room);
-            lk.unlock();
-            if (cores_) cores_->acquire();
-        }
-    }
+    // the reference's core goes to the ranks while they catch up
+    wait_core_given_back([&] { return !throttled_ || released_ >= k - 1 || cancelled_.load(); });
     if (cancelled_.load()) throw RuntimeError("the reference run stopped: its parallel run failed");
 }
 
@@ -59,17 +62,7 @@ void ReferenceStream::cancel() {
 }
 
 const StepRecord* ReferenceStream::step(int64_t k) {
-    auto ready = [&] { return static_cast<int64_t>(published_.size()) > k || finished_ || cancelled_.load(); };
-    std::unique_lock<std::mutex> lk(mu_);
-    if (!ready()) {
-        lk.unlock();
-        const CoreSlots::Yielded waiting(cores_.get());  // given back first, taken again last
-        lk.lock();
-        cv_.wait(lk, ready);
-        lk.unlock();  // the core is taken again without the lock held
-    } else {
-        lk.unlock();
-    }
+    wait_core_given_back([&] { return static_cast<int64_t>(published_.size()) > k || finished_ || cancelled_.load(); });
     std::lock_guard<std::mutex> relock(mu_);
     if (static_cast<int64_t>(published_.size()) > k) return published_[static_cast<size_t>(k)];
     if (error_) throw RuntimeError("the reference run failed");  // verify reports the reference's own error

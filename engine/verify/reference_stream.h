@@ -47,6 +47,10 @@ public:
     void released(int64_t k);
 
 private:
+    // Until ready() (read under the lock), the calling thread's core given back to the ranks' slots
+    template <class Ready>
+    void wait_core_given_back(Ready ready);
+
     std::shared_ptr<CoreSlots> cores_;
     std::mutex mu_;
     std::condition_variable cv_;
