@@ -239,7 +239,9 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
     const Fault fault = parse_fault(std::getenv("PTOOL_FAULT"));
     report.dtype = probe.dtype;
     // rank 0, by step count and numerics: one reference serves every plan that computes alike
-    std::map<std::pair<int64_t, std::string>, RunRecord> references;
+    using ReferenceKey = std::pair<int64_t, std::string>;
+    auto reference_key = [&](const Plan& p) { return ReferenceKey{steps_for(p, job.options, probe.steps), numerics_key(p)}; };
+    std::map<ReferenceKey, RunRecord> references;
     for (size_t i = 0; i < job.plans.size(); ++i) {
         const Plan& plan = job.plans[i];
         const int64_t steps = steps_for(plan, job.options, probe.steps);
@@ -255,12 +257,11 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         ro.resync = true;  // each step judged from the state the runs agree on (recorder.h)
         // rank 0 runs the reference (beside the ranks, or first: under mpirun the other ranks wait
         // for it), and the parallel run's tensors are compared with it as they are recorded
-        const std::pair<int64_t, std::string> key = {steps, numerics_key(plan)};
+        const ReferenceKey key = reference_key(plan);
         // the last plan that reads this reference, rank-locally, and no one reads it whole after
         // (VerifyJob::keep_reference): each step's tensors go once compared
-        const bool later = std::any_of(job.plans.begin() + static_cast<std::ptrdiff_t>(i) + 1, job.plans.end(), [&](const Plan& p) {
-            return std::make_pair(steps_for(p, job.options, probe.steps), numerics_key(p)) == key;
-        });
+        const bool later = std::any_of(job.plans.begin() + static_cast<std::ptrdiff_t>(i) + 1, job.plans.end(),
+                                       [&](const Plan& p) { return reference_key(p) == key; });
         const bool drop = launch.shares_memory() && !job.keep_reference && !later;
         std::unique_ptr<ReferenceBeside> beside;
         if (launch.rank0() && !references.count(key)) {
