@@ -225,9 +225,6 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
         states.push_back(s.buffer ? buffers.at(s.name) : params.at(s.name));
         if (s.buffer) buffers_.push_back(states.back());
     }
-    if (comm_->rank() != 0)
-        for (const ParamPtr& p : states)
-            if (!dtype_is_float(p->value.dtype())) poison_replica(p->value, comm_->rank());  // counters; floats below
     {
         CommScope scope(counter_.get(), spec.modules.size() == 1 ? spec.modules[0] : "", "construction");
         broadcast_coalesced(states, comm_->rank() != 0);
@@ -278,8 +275,12 @@ void DataParallel::broadcast_coalesced(const std::vector<ParamPtr>& tensors, boo
         int64_t off = 0;
         for (const ParamPtr& p : list) {
             Tensor dst = flat.narrow(0, off, p->value.numel()).reshape(p->value.shape());
-            if (poison && dtype_is_float(dtype)) poison_into(p->value, comm_->rank(), dst);
-            else be_.copy(p->value, dst);
+            if (poison && dtype_is_float(dtype)) {
+                poison_into(p->value, comm_->rank(), dst);  // straight into the copy it makes anyway
+            } else {
+                if (poison) poison_replica(p->value, comm_->rank());  // counters, in place
+                be_.copy(p->value, dst);
+            }
             off += p->value.numel();
         }
         comm_->broadcast(flat, 0);

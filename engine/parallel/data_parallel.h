@@ -91,9 +91,10 @@ private:
         std::vector<std::string> names;
         Tensor flat;
     };
-    // One flat broadcast from dp rank 0 per dtype. `poison`: a rank other than 0 puts
-    // poison_replica's values of its tensors in the flat buffer (the copy it makes anyway), so
-    // they are its tensors' values wherever the broadcast does not replace them.
+    // One flat broadcast from dp rank 0 per dtype. `poison`: a rank other than 0 starts from
+    // poison_replica's values of its tensors (floating-point ones written straight into the flat
+    // buffer, the copy it makes anyway), so they are its tensors' values wherever the broadcast
+    // does not replace them.
     void broadcast_coalesced(const std::vector<ParamPtr>& tensors, bool poison = false);
 
     const DataParallelResolution& res_;
