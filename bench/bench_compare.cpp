@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "gemm_limit.h"
 #include "verify/compare.h"
+#include "verify/digest.h"
 
 using namespace ptool;
 

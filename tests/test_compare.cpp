@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "verify/compare.h"
+#include "verify/digest.h"
 
 #include <vector>
 

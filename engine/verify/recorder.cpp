@@ -7,6 +7,7 @@
 #include "model/batch.h"
 #include "model/optimizer.h"
 #include "parallel/redistribute.h"
+#include "verify/digest.h"
 
 namespace ptool {
 namespace {
@@ -45,7 +46,7 @@ struct Unaccounted {
     explicit Unaccounted(CommCounter* c) : comm(c), memory(nullptr) {}
 };
 
-// A full tensor's digest, as the pieces of a sharded one add up to it (verify/compare.h).
+// A full tensor's digest, as the pieces of a sharded one add up to it (verify/digest.h).
 uint64_t state_digest(const Tensor& full) {
     const Tensor h = on_host(full);
     return finish_element_hash(element_hash_sum(h, h.shape(), std::vector<int64_t>(h.shape().size(), 0)), h.dtype(), h.shape());
@@ -358,7 +359,7 @@ private:
     }
 
     // The whole tensor's state digest from the pieces (collective; meaningful on rank 0): each
-    // owner hashes its piece where it sits, rank 0 adds the sums (verify/compare.h).
+    // owner hashes its piece where it sits, rank 0 adds the sums (verify/digest.h).
     // Replicas that agree (`state`) hash their chunks of the rows (shared_box).
     uint64_t piece_digest(const Tensor& local, const Placement& on_dp, const Placement& on_tp, ReplicaState state) {
         const Shape tp_local = on_dp.is_replicate() ? local.shape() : global_shape(local.shape(), on_dp, dp_);
