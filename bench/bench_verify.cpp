@@ -55,7 +55,7 @@ int main_impl(int argc, char** argv) {
     double worst = 0;  // the worst "x limit" of the rows
     for (int tp : ddp ? std::vector<int>{2, 4} : std::vector<int>{2, 4, 8}) {
         Plan plan = load_plan(plan_path);
-        plan.mesh[0].size = tp;
+        plan.resize_mesh(plan.mesh()[0].name, tp, "bench_verify");
         for (bool events : cuda ? std::vector<bool>{false} : std::vector<bool>{false, true}) {
             job.options.events = events;
             job.plans = {plan};

@@ -9,10 +9,7 @@
 #include "cli/verify_output.h"
 #include "core/safetensors.h"
 #include "core/yaml_reader.h"
-#include "plan/explain.h"
-#include "plan/cluster.h"
-#include "plan/simulate.h"
-#include "plan/time_model.h"
+#include "plan/explain_report.h"
 
 namespace ptool::cli {
 namespace {
@@ -46,27 +43,21 @@ std::string rank_ranges(const std::vector<int>& ranks) {  // ascending: "0-3, 8-
 
 void explain(const ExplainArgs& a, const Common& c) {
     if (!a.json.empty()) check_output(a.json, true);
-    RunInputs in;
+    ExplainInputs in;
     in.model_path = a.model;
     in.model_text = read_file(a.model, YamlLimits{}.max_bytes);
-    in.dtype_override = c.dtype;
-    std::optional<MetaAllocation> meta(std::in_place);  // shapes only: no parameter is allocated
-    const Model model = load_model_text(in.model_text, a.model, c.dtype, false);
-    meta.reset();
-    Plan plan = load_plan(a.plan);
-    apply_mesh_flags(plan, a.mesh);
-    std::optional<Cluster> cluster;
-    if (!a.cluster.empty()) cluster = load_cluster(a.cluster);
-    Explanation ex = explain_plan(model, plan);
-    const int64_t steps = plan.verify.steps > 0 ? plan.verify.steps : model.steps;
-    const std::vector<PredictedRank> memory = predict_ranks(in, model, plan, steps);
+    in.dtype = c.dtype;
+    in.plan_path = a.plan;
+    in.mesh = a.mesh;
+    in.cluster_path = a.cluster;
+    const ExplainReport r = explain_report(in);
+    const Model& model = r.model;
+    const Plan& plan = r.plan;
+    const Explanation& ex = r.ex;
+    const int64_t steps = r.steps;
+    const std::vector<PredictedRank>& memory = r.memory;
     for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w);
-    std::vector<std::string> mesh, parts;
-    for (const auto& m : plan.mesh) mesh.push_back(fmt::format("{}={}", m.name, m.size));
-    parts.push_back(fmt::format("mesh {}", fmt::join(mesh, " x ")));
-    if (plan.has_tensor_parallel) parts.push_back(fmt::format("tensor parallel over '{}' ({} ranks)", plan.tp_mesh_dim, ex.tp));
-    if (plan.data_parallel) parts.push_back(fmt::format("data parallel over '{}' ({} ranks)", plan.data_parallel->mesh_dim, ex.dp));
-    parts.push_back(fmt::format("model input {}", ex.resolution.input_placement.str()));
+    const std::vector<std::string>& parts = r.summary;
     fmt::print("ptool explain {} {}: {}\n", a.model, a.plan, fmt::join(parts, ", "));
     for (const std::string& c : ex.resolution.causes) fmt::print("  expect a mismatch: {}\n", c);
     if (!ex.modules.empty()) {
@@ -81,7 +72,7 @@ void explain(const ExplainArgs& a, const Common& c) {
             for (const auto& p : m.params) rows.push_back({p.fqn, p.placement.str(), shape_str(p.full), local_shapes(p)});
         if (rows.size() > 1) fmt::print("\n"), print_columns(rows, "  ");
     }
-    if (!ex.data_parallel.empty()) fmt::print("\n  data parallel ({}):\n", plan.data_parallel->mode);
+    if (!ex.data_parallel.empty()) fmt::print("\n  data parallel ({}):\n", r.data_parallel_title);
     for (const std::string& line : ex.data_parallel) fmt::print("    {}\n", line);
     fmt::print("\n  collectives per training step (per rank; bytes of the logical tensor):\n");
     std::map<std::string, std::pair<int64_t, int64_t>> totals;
@@ -95,13 +86,7 @@ void explain(const ExplainArgs& a, const Common& c) {
     std::vector<std::string> t;
     for (const auto& [op, v] : totals) t.push_back(fmt::format("{} x{} ({})", op, v.first, format_bytes(v.second)));
     fmt::print("  total: {}\n", t.empty() ? std::string("none") : fmt::format("{}", fmt::join(t, ", ")));
-    std::vector<std::string> start;
-    if (plan.has_tensor_parallel)
-        start.push_back(plan.src_data_rank ? fmt::format("parameters of styled modules broadcast from tp rank {}", *plan.src_data_rank)
-                                           : std::string("no broadcast for tensor parallel (src_data_rank: null)"));
-    if (plan.data_parallel && !ex.resolution.dp.replicas.empty())
-        start.push_back(fmt::format("replicate()'s parameters{} broadcast from {} rank 0",
-                                    ex.resolution.dp.synced_buffers.empty() ? "" : " and buffers", plan.data_parallel->mesh_dim));
+    const std::vector<std::string>& start = r.at_start;
     fmt::print("  at start: {}\n", start.empty() ? std::string("none") : fmt::format("{}", fmt::join(start, "; ")));
     // the steps executed on meta tensors (plan/simulate.h): every tensor the ranks would hold
     fmt::print("\n  memory per rank (predicted: {} step{} simulated; the peak, what was resident before it, and at the peak):\n",
@@ -118,7 +103,8 @@ void explain(const ExplainArgs& a, const Common& c) {
     fmt::print("  verify keeps on the host: the reference's record, {} step{} x {} = {} (every tensor it compares, full size:\n"
                "  parameters, gradients, buffers, output, and each module's output and input gradient; `verify --steps` changes it)\n",
                steps, steps == 1 ? "" : "s", format_bytes(ex.record_step_bytes), format_bytes(steps * ex.record_step_bytes));
-    std::vector<StepTime> times;
+    const std::vector<StepTime>& times = r.times;
+    const std::optional<Cluster>& cluster = r.cluster;
     if (cluster) {
         const DType compute = plan.compute_dtype(model.dtype);
         fmt::print("\n  time per step on {} ({} x {} GPUs; the last simulated step; docs/planning.md):\n", cluster->name,
@@ -126,8 +112,9 @@ void explain(const ExplainArgs& a, const Common& c) {
         if (plan.world_size() > cluster->world_size())
             spdlog::warn("the plan's {} ranks are more than the cluster's {} GPUs", plan.world_size(), cluster->world_size());
         std::vector<std::vector<std::string>> trows = {{"ranks", "compute", "communication", "step", "MFU"}};
-        for (const PredictedRank& pr : memory) {
-            const StepTime t = predict_step_time(pr.sim.step_work, by_op_dim(pr.sim.step_comm), plan, *cluster, compute);
+        for (size_t i = 0; i < memory.size(); ++i) {
+            const PredictedRank& pr = memory[i];
+            const StepTime& t = times[i];
             std::vector<std::string> comm;
             for (const auto& [dim, ct] : t.by_dim)
                 comm.push_back(fmt::format("{} {:.1f} ms ({}, {})", dim, ct.seconds * 1e3, format_bytes(static_cast<int64_t>(ct.bytes)),
@@ -135,7 +122,6 @@ void explain(const ExplainArgs& a, const Common& c) {
             trows.push_back({rank_ranges(pr.ranks), fmt::format("{:.1f} ms", t.compute * 1e3),
                              comm.empty() ? "none" : fmt::format("{}", fmt::join(comm, ", ")), fmt::format("{:.1f} ms", t.step * 1e3),
                              fmt::format("{:.1f}%", 100 * mfu(t, *cluster, compute))});
-            times.push_back(t);
         }
         print_columns(trows, "    ");
         fmt::print("    (data-parallel collectives overlap the compute, tensor-parallel ones do not; MFU: the step's GEMM\n"
@@ -185,7 +171,7 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["loss_parallel"] = plan.loss_parallel;
         j["clip_grad_norm"] = model.clip_grad_norm;
         j["mixed_precision"] = plan.mixed_precision ? nlohmann::json(dtype_name(plan.mixed_precision->param_dtype)) : nlohmann::json(nullptr);
-        j["src_data_rank"] = plan.has_tensor_parallel && plan.src_data_rank ? nlohmann::json(*plan.src_data_rank) : nlohmann::json(nullptr);
+        j["src_data_rank"] = plan.dims.has(DimRole::tp) && plan.src_data_rank ? nlohmann::json(*plan.src_data_rank) : nlohmann::json(nullptr);
         j["tp"] = ex.tp;
         j["dp"] = ex.dp;
         const DataParallelResolution& dp = ex.resolution.dp;

@@ -89,8 +89,8 @@ TEST_CASE("one all_reduce per bucket per step, counted on the dp dim") {
     run_rank_threads(2, CommOptions{}, [&](Communicator& world) {
         Model m = load("mlp_stacked_mse");
         auto counter = std::make_shared<CommCounter>();
-        DeviceMesh mesh(plan.mesh, world, counter);
-        DataParallel dp(m, plan, res, mesh, backend_for(Device::cpu));
+        DeviceMesh mesh(plan.mesh(), world, counter);
+        DataParallel dp(m, plan, res, mesh, mesh.comm(0), backend_for(Device::cpu));
         counter->reset();
         for (const auto& [name, p] : m.named_parameters()) backend_for(Device::cpu).fill(p->grad, world.rank() + 1.0);
         dp.after_backward();

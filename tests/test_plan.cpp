@@ -49,12 +49,57 @@ TEST_CASE("the plan search gives the same plans on one thread and on several", "
 
 TEST_CASE("a 1-D mesh needs no mesh_dim; a 2-D mesh names it", "[cpu]") {
     const Plan tp = load_plan_text("mesh: {tp: 2}\ntensor_parallel:\n  plan: {net1: colwise}\n", "p.yaml");
-    CHECK(tp.tp_mesh_dim == "tp");
+    CHECK(tp.dims.name(DimRole::tp) == "tp");
     const Plan dp = load_plan_text("mesh: {dp: 4}\ndata_parallel: {mode: replicate}\n", "p.yaml");
     REQUIRE(dp.data_parallel);
-    CHECK(dp.data_parallel->mesh_dim == "dp");
+    CHECK(dp.data_parallel->mesh_dims == std::vector<std::string>{"dp"});
+    CHECK(dp.dims.name(DimRole::dp_replicate) == "dp");
     CHECK_THROWS_WITH(load_plan_text("mesh: {dp: 2, tp: 2}\ndata_parallel: {mode: replicate}\n", "p.yaml"),
                       Catch::Contains("p.yaml:2:16: 'data_parallel' needs 'mesh_dim': the mesh has 2 dims (dp, tp)"));
     CHECK_THROWS_WITH(load_plan_text("mesh: {dp: 2}\ndata_parallel: {mode: replicate}\ntensor_parallel: {plan: {a: colwise}}\n", "p.yaml"),
                       Catch::Contains("both use mesh dim 'dp'"));
+}
+
+TEST_CASE("the plan's sections give its mesh dims their roles, checked in one place", "[cpu]") {
+    // HSDP x TP: fully_shard over [rep, shard], tensor parallel over tp
+    const Plan p = load_plan_text("mesh: {rep: 2, shard: 3, tp: 2}\ntensor_parallel: {mesh_dim: tp, plan: {fc: colwise}}\n"
+                                  "data_parallel: {mesh_dim: [rep, shard], mode: fully_shard}\n", "p.yaml");
+    const ParallelDims& d = p.dims;
+    CHECK(d.index(DimRole::dp_replicate) == 0);
+    CHECK(d.index(DimRole::dp_shard) == 1);
+    CHECK(d.index(DimRole::tp) == 2);
+    CHECK_FALSE(d.has(DimRole::pp));
+    CHECK(d.size(DimRole::pp) == 1);
+    CHECK(d.data_dims() == std::vector<int>{0, 1});
+    CHECK(d.data_size() == 6);
+    CHECK(d.param_nesting() == std::vector<int>{2, 0, 1});  // tp cuts first, fully_shard the tp piece's rows
+    CHECK(d.data_label() == "rep+shard");
+    CHECK(d.label_dims("rep+shard") == std::vector<int>{0, 1});
+    CHECK(d.label_dims("tp") == std::vector<int>{2});
+    CHECK(d.label_dims("world") == std::vector<int>{0, 1, 2});
+    CHECK(d.label_dims("nope").empty());
+    CHECK(p.data_parallel->hybrid());
+    CHECK(p.data_parallel->mesh_dim_names() == "rep x shard");
+    // one dim per mode: replicate is dp_replicate, fully_shard dp_shard; a dim no section names has no role
+    const Plan fs = load_plan_text("mesh: {dp: 4, spare: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard}\n", "p.yaml");
+    CHECK(fs.dims.index(DimRole::dp_shard) == 0);
+    CHECK_FALSE(fs.dims.has(DimRole::dp_replicate));
+    CHECK_FALSE(fs.dims.role(1).has_value());
+    // --mesh keeps the roles
+    Plan resized = p;
+    resized.resize_mesh("shard", 4, "--mesh shard=4");
+    CHECK(resized.dims.data_size() == 8);
+    CHECK(resized.dims.index(DimRole::dp_shard) == 1);
+
+    auto fails = [](const std::string& text, const std::string& message) {
+        CHECK_THROWS_WITH(load_plan_text(text, "p.yaml"), Catch::Contains(message));
+    };
+    fails("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, b]}\n", "p.yaml:2:27: two mesh dims ([replicate, shard]) are HSDP");
+    fails("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, b], mode: replicate}\n", "mode replicate takes one mesh dim");
+    fails("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, a], mode: fully_shard}\n", "p.yaml:2:31: mesh dim 'a' is named twice");
+    fails("mesh: {a: 2, b: 2, c: 2}\ndata_parallel: {mesh_dim: [a, b, c], mode: fully_shard}\n", "'mesh_dim' lists 3 dims");
+    fails("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, d], mode: fully_shard}\n",
+          "p.yaml:2:31: mesh_dim 'd' is not a dim of the mesh");
+    fails("mesh: {a: 2, tp: 2}\ntensor_parallel: {mesh_dim: tp, plan: {}}\ndata_parallel: {mesh_dim: [a, tp], mode: fully_shard}\n",
+          "p.yaml:3:31: data_parallel and tensor_parallel both use mesh dim 'tp'");
 }

@@ -37,6 +37,42 @@ bool parse_placement(const std::string& text, Placement* out);
 // The local shape of a tensor of global shape `global` on coordinate `index` of `parts`.
 Shape local_shape(const Shape& global, const Placement& p, int parts, int index);
 
+// A tensor's placement on every dim of a device mesh, as a DTensor's `placements`, together with
+// the order its shards nest in: `nested` lists the dims that cut (or hold partial sums of) the
+// tensor, outermost first; a dim it does not list holds it whole (Replicate). A colwise weight
+// under fully_shard x tensor parallel is {tp: Shard(0), dp: Shard(0)}: the tp rank's rows, then
+// the dp rank's rows of those (DTensor's _StridedShard); an activation under dp x tp is {dp:
+// Shard(0), tp: its layout}: the dp rank's batch rows, then the tp piece of those. Cutting walks
+// `nested` front to back, gathering back to front.
+struct Placements {
+    struct On {
+        int mesh_dim = 0;
+        Placement p;
+    };
+    std::vector<On> nested;
+
+    // Adds mesh dim `d` inside the dims already listed (nothing when p is Replicate).
+    Placements& then(int d, const Placement& p) {
+        if (!p.is_replicate()) nested.push_back({d, p});
+        return *this;
+    }
+    Placement on(int mesh_dim) const {
+        for (const On& o : nested)
+            if (o.mesh_dim == mesh_dim) return o.p;
+        return Placement::replicate();
+    }
+    bool any_shard() const {
+        for (const On& o : nested)
+            if (o.p.is_shard()) return true;
+        return false;
+    }
+    bool any_partial() const {
+        for (const On& o : nested)
+            if (o.p.is_partial()) return true;
+        return false;
+    }
+};
+
 struct Layout {
     Shape global;  // the full tensor's shape on the tensor-parallel dim
     Placement p;

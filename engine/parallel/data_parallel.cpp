@@ -40,13 +40,13 @@ void check_batch_split(const Model& model, const DataParallelSpec& spec, int siz
         throw InputError(spec.where, fmt::format("each of the {} microbatches of {} rows (gradient_accumulation) does not split "
                                                  "evenly over the {} ranks of '{}'",
                                                  model.gradient_accumulation, rows / model.gradient_accumulation, size,
-                                                 spec.mesh_dim));
+                                                 spec.mesh_dim_names()));
     if (rows % size != 0) {
         std::vector<int64_t> sizes;
         for (int r = 0; r < size; ++r) sizes.push_back(chunk_of(rows, size, r).length);
         throw InputError(spec.where, fmt::format("the global batch of {} rows does not split evenly over the {} ranks of "
                                                  "'{}' (rows per rank: {}): make the batch a multiple of {}",
-                                                 rows, size, spec.mesh_dim, fmt::join(sizes, ", "), size));
+                                                 rows, size, spec.mesh_dim_names(), fmt::join(sizes, ", "), size));
     }
 }
 
@@ -54,7 +54,7 @@ void check_batch_split(const Model& model, const DataParallelSpec& spec, int siz
 std::vector<std::string> fsdp_unit_fqns(const DataParallelSpec& spec, const std::vector<std::string>& module_names,
                                         std::vector<std::string>& warnings) {
     std::vector<std::string> unit_fqns;
-    if (spec.mode == "fully_shard") unit_fqns.push_back("");
+    if (spec.mode == DataParallelMode::fully_shard) unit_fqns.push_back("");
     for (const std::string& pattern : spec.fully_shard) {
         int matched = 0;
         for (const std::string& fqn : module_names)
@@ -75,7 +75,7 @@ void check_roots(const DataParallelSpec& spec, const std::vector<std::string>& m
             throw InputError(where, fmt::format("{} '{}' is not a module of the model{}", what, fqn, did_you_mean(fqn, module_names)));
     };
     for (const std::string& m : spec.ignored_modules) check_module(m, spec.ignored_where, "ignored module");
-    if (spec.mode != "replicate") return;
+    if (spec.mode != DataParallelMode::replicate) return;
     for (size_t i = 0; i < spec.modules.size(); ++i) {
         check_module(spec.modules[i], spec.modules_where, "replicate() module");
         for (size_t j = 0; j < spec.modules.size(); ++j)
@@ -108,16 +108,16 @@ std::vector<std::string> assign_parameters(const Model& model, const DataParalle
         }
         bool replicated = false;
         for (const std::string& root : spec.modules)
-            if (spec.mode == "replicate" && under(name, root)) {
+            if (spec.mode == DataParallelMode::replicate && under(name, root)) {
                 per_root[root].push_back({name, static_cast<int64_t>(p->value.nbytes())});
                 replicated = true;
             }
         if (!replicated) unmanaged.push_back(name);
     }
     const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(spec.bucket_cap_mb * 1024 * 1024));
-    if (spec.mode == "replicate")
+    if (spec.mode == DataParallelMode::replicate)
         for (const std::string& root : spec.modules) res.replicas.push_back({root, assign_buckets(per_root[root], cap)});
-    if (spec.mode == "replicate" && spec.broadcast_buffers)
+    if (spec.mode == DataParallelMode::replicate && spec.broadcast_buffers)
         for (const auto& [name, b] : model.named_buffers()) {
             bool synced = false, ignored = false;
             for (const std::string& root : spec.modules) synced = synced || under(name, root);
@@ -158,7 +158,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
     if (!plan.data_parallel) return res;
     const DataParallelSpec& spec = *plan.data_parallel;
     res.active = true;
-    res.size = plan.dim_size(spec.mesh_dim);
+    res.size = plan.dims.data_size();
     std::vector<std::string> module_names;
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         module_names.push_back(fqn);
@@ -204,9 +204,12 @@ std::vector<BroadcastState> construction_broadcast(const DataParallelResolution&
 }
 
 DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh,
-                           Backend& be)
-    : res_(res), comm_(&mesh.comm(mesh.dim_index(plan.data_parallel->mesh_dim))), counter_(mesh.counter()), be_(be) {
+                           Communicator& batch, Backend& be)
+    : res_(res), counter_(mesh.counter()), be_(be) {
     const DataParallelSpec& spec = *plan.data_parallel;
+    const ParallelDims& dims = plan.dims;
+    shard_dim_ = dims.has(DimRole::dp_shard) ? dims.index(DimRole::dp_shard) : dims.index(DimRole::dp_replicate);
+    comm_ = &mesh.comm(shard_dim_);  // one dim (replicate, or fully_shard); HSDP's replicate() has no buckets
     bucket_view_ = spec.gradient_as_bucket_view;
     const auto named_params = model.named_parameters(), named_buffers = model.named_buffers();
     std::map<std::string, ParamPtr> params(named_params.begin(), named_params.end());
@@ -214,7 +217,7 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
 
     if (spec.sync_batch_norm)
         for_each_module(*model.root, [&](const std::string&, Module& m) {
-            if (auto* bn = dynamic_cast<BatchNorm*>(&m)) bn->set_sync_group(comm_);
+            if (auto* bn = dynamic_cast<BatchNorm*>(&m)) bn->set_sync_group(&batch);
         });
 
     // DDP's construction: dp rank 0's parameters and buffers to every rank. The other ranks start
@@ -256,8 +259,11 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
             }
             buckets_.push_back(std::move(b));
         }
-    if (!res.units.empty())
-        fsdp_ = std::make_unique<FullyShard>(model, res.units, *comm_, be, plan.mixed_precision ? &*plan.mixed_precision : nullptr);
+    if (!res.units.empty()) {
+        Communicator* replicas = spec.hybrid() ? &mesh.comm(dims.index(DimRole::dp_replicate)) : nullptr;
+        fsdp_ = std::make_unique<FullyShard>(model, res.units, *comm_, replicas, be,
+                                             plan.mixed_precision ? &*plan.mixed_precision : nullptr);
+    }
 }
 
 Placement DataParallel::placement(const Parameter* p) const {

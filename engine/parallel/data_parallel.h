@@ -1,5 +1,5 @@
-// Data parallelism on one mesh dim, as PyTorch's composable replicate() (DDP) and fully_shard()
-// (FSDP2) run it:
+// Data parallelism on the data dims of the mesh (parallel/parallel_dims.h), as PyTorch's
+// composable replicate() (DDP) and fully_shard() (FSDP2) run it:
 //
 //   replicate: parameters and buffers broadcast from dp rank 0 when it is built; buffers again
 //     before every forward (broadcast_buffers); after backward the gradients are averaged with one
@@ -8,6 +8,9 @@
 //     buffers that the gradients are views of with gradient_as_bucket_view. ignored_modules are
 //     not synchronised. BatchNorm keeps local statistics unless sync_batch_norm.
 //   fully_shard: see fully_shard.h. replicate() skips the parameters fully_shard manages.
+//   HSDP (fully_shard over [replicate, shard] dims): units shard over the dp_shard dim and their
+//     reduce_scatter's result is then averaged over the dp_replicate dim (all_reduce), as FSDP2
+//     does on a 2-D mesh; the batch splits over both dims flattened.
 //
 // The resolution (which parameter is synchronised how) is computed from FQNs once, before
 // anything runs; every rank then applies it to its own model.
@@ -37,7 +40,7 @@ std::vector<BucketSpec> assign_buckets(const std::vector<std::pair<std::string, 
 
 struct DataParallelResolution {
     bool active = false;
-    int size = 1;  // ranks of the dp dim
+    int size = 1;  // ranks over which the batch is split: the data dims' (both, under HSDP)
     // one per replicate() root: its synchronised parameters' buckets
     struct Replica {
         std::string root;
@@ -71,12 +74,15 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
 // root), "buffers" for the buffer broadcasts.
 class DataParallel {
 public:
-    DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh, Backend& be);
+    // batch: the group the batch is split over (the data dims flattened): SyncBatchNorm's statistics.
+    DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh, Communicator& batch,
+                 Backend& be);
 
-    Communicator& comm() const { return *comm_; }
     bool ignored(const std::string& param_fqn) const { return res_.ignored_params.count(param_fqn) > 0; }
     // Shard(0) for the parameters fully_shard manages, Replicate otherwise.
     Placement placement(const Parameter* p) const;
+    // The mesh dim fully_shard shards on (dp_shard, or a replicate() dim with fully_shard units).
+    int shard_dim() const { return shard_dim_; }
 
     void before_forward();  // broadcast_buffers: dp rank 0's buffers to every rank
     void after_backward();  // the bucketed gradient all_reduce (fully_shard reduced its own in the hooks)
@@ -98,7 +104,8 @@ private:
     void broadcast_coalesced(const std::vector<ParamPtr>& tensors, bool poison = false);
 
     const DataParallelResolution& res_;
-    Communicator* comm_;
+    Communicator* comm_;  // replicate()'s buckets and buffers: the dp_replicate dim (mode replicate)
+    int shard_dim_ = -1;
     std::shared_ptr<CommCounter> counter_;
     Backend& be_;
     bool bucket_view_ = false;

@@ -33,6 +33,15 @@ DeviceMesh::DeviceMesh(std::vector<MeshDim> dims, Communicator& world, std::shar
     }
 }
 
+int DeviceMesh::add_group(const std::vector<int>& dims, const std::string& label) {
+    std::vector<int> others = coords_;  // color: my position along the other dims
+    int key = 0, size = 1;              // key: my position along `dims`, row-major
+    for (int d : dims) others[d] = 0, key = key * dims_[d].size + coords_[d], size *= dims_[d].size;
+    groups_.push_back(world_.split_known(rank_of(others, dims_), key, key, size));
+    groups_.back()->set_counter(counter_, label);
+    return static_cast<int>(groups_.size()) - 1;
+}
+
 int DeviceMesh::dim_index(const std::string& name) const {
     for (int d = 0; d < ndim(); ++d)
         if (dims_[d].name == name) return d;

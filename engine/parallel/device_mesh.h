@@ -33,6 +33,11 @@ public:
     Communicator& comm(int dim) const { return *comms_[dim]; }
     Communicator& world() const { return world_; }
     const std::shared_ptr<CommCounter>& counter() const { return counter_; }
+    // One group over several dims together (their ranks in row-major order of those dims, as
+    // DeviceMesh._flatten: the data dims of HSDP make one "dp" group for the batch), counted
+    // under `label`. Collective over world. Returns its index for group().
+    int add_group(const std::vector<int>& dims, const std::string& label);
+    Communicator& group(int index) const { return *groups_[index]; }
     // Replaces dim `dim`'s communicator with wrap(it) (a decorator that owns it: fault injection).
     void wrap(int dim, const std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>& wrap);
 
@@ -44,7 +49,7 @@ private:
     Communicator& world_;
     std::shared_ptr<CommCounter> counter_;
     std::vector<int> coords_;
-    std::vector<std::unique_ptr<Communicator>> comms_;
+    std::vector<std::unique_ptr<Communicator>> comms_, groups_;
 };
 
 }  // namespace ptool

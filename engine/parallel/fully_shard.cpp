@@ -26,6 +26,7 @@ struct FullyShard::State : ModuleHooks {
     std::vector<Managed> params;
     int64_t region = 0;
     Communicator* comm = nullptr;
+    Communicator* replicas = nullptr;  // HSDP: the shards' replicas, averaged after the reduce_scatter
     Backend* be = nullptr;
     DType compute = DType::float32, reduce = DType::float32;  // the gathered parameters' and the reduction's
 
@@ -91,6 +92,7 @@ struct FullyShard::State : ModuleHooks {
         {
             CommScope scope(comm->counter().get(), fqn, "reduce_grads");
             comm->reduce_scatter(in, out, ReduceOp::avg);
+            if (replicas) replicas->all_reduce(out, ReduceOp::avg);
         }
         for (Managed& m : params) {  // accumulate: a shared unit runs its backward more than once
             if (m.shard_grad.numel() == 0) continue;
@@ -125,8 +127,8 @@ struct FullyShard::State : ModuleHooks {
     }
 };
 
-FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be,
-                       const MixedPrecisionSpec* mp) {
+FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Communicator* replicas,
+                       Backend& be, const MixedPrecisionSpec* mp) {
     const auto named = model.named_parameters();
     std::map<std::string, ParamPtr> by_name(named.begin(), named.end());
     std::map<std::string, Module*> modules;
@@ -138,6 +140,7 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
         st->fqn = u.fqn;
         st->root = u.fqn.empty();
         st->comm = &dp;
+        st->replicas = replicas && replicas->size() > 1 ? replicas : nullptr;
         st->be = &be;
         st->compute = mp ? mp->param_dtype : model.dtype;
         st->reduce = mp ? mp->reduce_dtype : model.dtype;

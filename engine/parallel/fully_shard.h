@@ -4,7 +4,8 @@
 //   pre_forward   all_gather of the unit's shards (one flat collective) -> full parameters
 //   post_forward  reshard (drop the full parameters); the root unit keeps them, as FSDP2's root
 //   backward      all_gather again when resharded, full-size gradients
-//   post_backward reduce_scatter(avg) of the full gradients into the local shards, reshard
+//   post_backward reduce_scatter(avg) of the full gradients into the local shards (HSDP: then their
+//                 all_reduce(avg) over the replicate dim), reshard
 // The optimizer then steps on the shards, so its state is sharded too. The collectives run under
 // the unit's FQN as the counter's module, with site "unshard" and "reduce_grads".
 #pragma once
@@ -28,7 +29,8 @@ public:
     // Shards every unit's parameters on this rank (no communication) and installs the hooks.
     // mp: mixed precision (FSDP2's MixedPrecisionPolicy): gathers in param_dtype, reduce_scatters in
     // reduce_dtype, the shards (the optimizer's masters) keep the model's dtype. Null: none.
-    FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Backend& be,
+    // replicas: HSDP's replicate dim (null: none).
+    FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Communicator* replicas, Backend& be,
                const struct MixedPrecisionSpec* mp = nullptr);
     bool manages(const Parameter* p) const;
 

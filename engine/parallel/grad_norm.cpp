@@ -4,28 +4,28 @@
 
 namespace ptool {
 
-double clip_grad_norm(const GradNormInputs& in, double max_norm, Communicator& tp, Communicator& dp, Backend& be) {
+double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
     const int64_t n = static_cast<int64_t>(in.params.size());
-    Tensor on_tp({n}, DType::float64), whole({n}, DType::float64);  // squares of the pieces sharded on tp, and the rest
+    std::vector<double> sq(n, 0.0);  // per parameter: the squares of this rank's piece, then of more pieces
     for (int64_t i = 0; i < n; ++i) {
         const Tensor& g = in.params[i].second->grad;
         if (g.device() == Device::meta) continue;  // a simulated step: the collectives, no values
         const Tensor host = g.device() == Device::cpu ? g : g.to_device(Device::cpu);
-        double sq = 0;
-        for (double v : host.to_doubles()) sq += v * v;
-        (in.sharded_on_tp(in.params[i].second.get()) ? on_tp : whole).set(i, sq);
+        for (double v : host.to_doubles()) sq[i] += v * v;
     }
-    auto counter = tp.counter();
-    CommScope scope(counter.get(), "(clip)", "clip_grad_norm");
-    if (tp.size() > 1) tp.all_reduce(on_tp, ReduceOp::sum);
-    Tensor on_dp({n}, DType::float64), rest({n}, DType::float64);
-    for (int64_t i = 0; i < n; ++i) {
-        const double sq = on_tp.item(i) + whole.item(i);
-        (in.sharded_on_dp(in.params[i].second.get()) ? on_dp : rest).set(i, sq);
+    std::vector<Tensor> kept;  // each dim's pair lives to the end, as the whole computation's
+    for (const GradNormInputs::Dim& d : in.dims) {
+        Tensor on({n}, DType::float64), rest({n}, DType::float64);  // squares of the pieces sharded on d, and the rest
+        for (int64_t i = 0; i < n; ++i) (in.placements(in.params[i].second.get()).on(d.mesh_dim).is_shard() ? on : rest).set(i, sq[i]);
+        if (d.comm->size() > 1) {
+            CommScope scope(d.comm->counter().get(), "(clip)", "clip_grad_norm");
+            d.comm->all_reduce(on, ReduceOp::sum);
+        }
+        for (int64_t i = 0; i < n; ++i) sq[i] = on.item(i) + rest.item(i);
+        kept.push_back(std::move(on)), kept.push_back(std::move(rest));
     }
-    if (dp.size() > 1) dp.all_reduce(on_dp, ReduceOp::sum);
     double total = 0;
-    for (int64_t i = 0; i < n; ++i) total += on_dp.item(i) + rest.item(i);
+    for (int64_t i = 0; i < n; ++i) total += sq[i];
     const double norm = std::sqrt(total);
     const double coef = std::min(1.0, max_norm / (norm + 1e-6));
     if (coef < 1.0)
@@ -33,10 +33,10 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Communicator& t
     return norm;
 }
 
-std::vector<std::pair<const char*, int64_t>> clip_grad_norm_cost(int64_t params, int tp, int dp) {
+std::vector<std::pair<const char*, int64_t>> clip_grad_norm_cost(int64_t params, const std::vector<int>& dims) {
     std::vector<std::pair<const char*, int64_t>> out;
-    if (tp > 1) out.push_back({"all_reduce", params * 8});
-    if (dp > 1) out.push_back({"all_reduce", params * 8});
+    for (int size : dims)
+        if (size > 1) out.push_back({"all_reduce", params * 8});
     return out;
 }
 

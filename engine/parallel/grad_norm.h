@@ -1,27 +1,35 @@
 // clip_grad_norm: torch.nn.utils.clip_grad_norm_(parameters, max_norm) on a parallel model. The norm
 // is the L2 norm of the full gradients, not of a rank's pieces: each rank sums the squares of its
-// pieces per parameter (in double); the pieces sharded on the tp dim are summed over tp, then
-// those sharded on the dp dim over dp (a replicated piece counts once); the total is the same on
-// every rank, bitwise. Then clip_coef = max_norm / (norm + 1e-6), clamped to 1, scales every
-// gradient, as PyTorch does. The two all_reduces run under the counter's site "clip_grad_norm".
+// pieces per parameter (in double); then, dim by dim in the order that cuts parameters (tp, then the
+// data dims: ParallelDims::param_nesting), the squares of the pieces sharded on that dim are summed
+// over its ranks (a replicated piece counts once); the total is the same on every rank, bitwise.
+// Then clip_coef = max_norm / (norm + 1e-6), clamped to 1, scales every gradient, as PyTorch does.
+// The all_reduces (one per dim of more than one rank) run under the counter's site "clip_grad_norm".
 #pragma once
 
 #include <functional>
 
 #include "comm/communicator.h"
+#include "core/placement.h"
 #include "model/module.h"
 
 namespace ptool {
 
 struct GradNormInputs {
     std::vector<std::pair<std::string, ParamPtr>> params;
-    std::function<bool(const Parameter*)> sharded_on_tp, sharded_on_dp;
+    std::function<Placements(const Parameter*)> placements;
+    struct Dim {
+        int mesh_dim;
+        Communicator* comm;
+    };
+    std::vector<Dim> dims;  // in param_nesting order
 };
 
 // Returns the total norm before clipping.
-double clip_grad_norm(const GradNormInputs& in, double max_norm, Communicator& tp, Communicator& dp, Backend& be);
+double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be);
 
-// Its collectives per step: an all_reduce of one double per parameter on each dim of more than one rank.
-std::vector<std::pair<const char*, int64_t>> clip_grad_norm_cost(int64_t params, int tp, int dp);
+// Its collectives per step: an all_reduce of one double per parameter on each dim of more than one
+// rank (`dims`: the sizes of the dims that cut parameters).
+std::vector<std::pair<const char*, int64_t>> clip_grad_norm_cost(int64_t params, const std::vector<int>& dims);
 
 }  // namespace ptool

@@ -127,7 +127,7 @@ const ResolvedStyle* Resolution::style_of(const Module& m) const {
 
 Resolution resolve_plan(const Model& model, const Plan& plan) {
     Resolution res;
-    res.tp = plan.tp_size();
+    res.tp = plan.dims.size(DimRole::tp);
     for (const std::string& pattern : plan.activation_checkpointing) {
         size_t found = 0;
         for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
@@ -138,7 +138,7 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
                                                at(plan.activation_checkpointing_where), pattern));
     }
     res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
-    if (plan.has_tensor_parallel) resolve_tensor_parallel(model, plan, res);
+    if (plan.dims.has(DimRole::tp)) resolve_tensor_parallel(model, plan, res);
     std::map<const Module*, const ResolvedStyle*> styles;
     for (const ResolvedStyle& rs : res.styles) styles[rs.module] = &rs;
     Shape rows = model.input.shape;  // one dp rank's rows (the batch splits evenly: checked above)
@@ -148,7 +148,7 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     options.checkpointed = res.checkpointed;
     if (plan.mixed_precision) options.compute = plan.mixed_precision->param_dtype;
     res.layouts = propagate_layouts(model, styles, {rows, res.input_placement}, res.tp,
-                                    plan.has_tensor_parallel ? plan.tp_plan_where : plan.mesh_where, options);
+                                    plan.dims.has(DimRole::tp) ? plan.tp_plan_where : plan.mesh_where, options);
     if (plan.loss_parallel) {  // the loss must be a cross_entropy over classes the output holds sharded
         const Layout& out = res.layouts.output;
         const int64_t nd = static_cast<int64_t>(out.global.size());
@@ -165,8 +165,8 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
 
 TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMesh& mesh, bool build_own_shards) {
     TpParams out;
-    if (!plan.has_tensor_parallel) return out;
-    Communicator& comm = mesh.comm(mesh.dim_index(plan.tp_mesh_dim));
+    if (!plan.dims.has(DimRole::tp)) return out;
+    Communicator& comm = mesh.comm(plan.dims.index(DimRole::tp));
     const int n = comm.size(), r = comm.rank();
     auto counter = mesh.counter();
     for (const ResolvedStyle& rs : res.styles) {

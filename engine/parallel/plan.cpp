@@ -63,37 +63,95 @@ MixedPrecisionSpec parse_mixed_precision(const YamlNode& node) {
     return p;
 }
 
+// The roles the plan's sections give the mesh's dims, checked in one place as each section claims
+// its dims: a dim of the mesh, one role per dim.
+class RoleClaims {
+public:
+    explicit RoleClaims(const std::vector<MeshDim>& mesh) : mesh_(mesh), roles_(mesh.size()) {}
+    std::set<std::string> names() const {
+        std::set<std::string> out;
+        for (const MeshDim& d : mesh_) out.insert(d.name);
+        return out;
+    }
+    // `section`'s mesh_dim: the node naming it (or the section, for a 1-D mesh's implicit dim)
+    void claim(const std::string& dim, DimRole role, const YamlNode& where) {
+        const int d = index(dim);
+        if (d < 0) {
+            const std::set<std::string> all = names();
+            where.fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", dim,
+                                   did_you_mean(dim, std::vector<std::string>(all.begin(), all.end()))));
+        }
+        if (roles_[d]) {
+            const bool data = is_data_role(role) && is_data_role(*roles_[d]);
+            where.fail(data ? fmt::format("mesh dim '{}' is named twice in data_parallel's mesh_dim", dim)
+                            : fmt::format("data_parallel and tensor_parallel both use mesh dim '{}': give each its own dim, "
+                                          "e.g. mesh: {{dp: 2, tp: 2}}", dim));
+        }
+        roles_[d] = role;
+    }
+    // The role of a dim already claimed (data_parallel's, once its mode is read)
+    void set_role(const std::string& dim, DimRole role) { roles_[index(dim)] = role; }
+    ParallelDims dims() const { return ParallelDims(mesh_, roles_); }
+
+private:
+    int index(const std::string& name) const {
+        for (size_t d = 0; d < mesh_.size(); ++d)
+            if (mesh_[d].name == name) return static_cast<int>(d);
+        return -1;
+    }
+    std::vector<MeshDim> mesh_;
+    std::vector<std::optional<DimRole>> roles_;
+};
+
+// data_parallel's mesh_dim: one dim, or [replicate, shard] for HSDP (mode fully_shard), each with
+// the node that names it.
+std::vector<std::pair<std::string, YamlNode>> data_parallel_dims(const YamlNode& node, const std::optional<YamlNode>& dim,
+                                                                 const RoleClaims& claims) {
+    const std::set<std::string> names = claims.names();
+    if (!dim && names.size() == 1) return {{*names.begin(), node}};  // a 1-D mesh: its one dim, as PyTorch's 1-D DeviceMesh
+    if (!dim)
+        node.fail(fmt::format("'data_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(), fmt::join(names, ", ")));
+    if (!dim->is_seq()) return {{dim->as_string("'mesh_dim'"), *dim}};
+    std::vector<std::pair<std::string, YamlNode>> out;
+    for (const YamlNode& item : dim->items("'mesh_dim'")) out.push_back({item.as_string("an entry of 'mesh_dim'"), item});
+    if (out.size() != 2)
+        dim->fail(fmt::format("'mesh_dim' lists {} dims: data_parallel takes one dim, or two for HSDP "
+                              "([replicate, shard], mode fully_shard)", out.size()));
+    return out;
+}
+
 // data_parallel (and its mixed_precision, which the reference shares: it is numerics, not layout)
-DataParallelSpec parse_data_parallel(const YamlNode& node, const Plan& plan, const std::set<std::string>& names,
+DataParallelSpec parse_data_parallel(const YamlNode& node, RoleClaims& claims,
                                      std::optional<MixedPrecisionSpec>& mixed_precision) {
     YamlMap d(node, "'data_parallel'");
     DataParallelSpec s;
     s.where = node.where();
     const std::optional<YamlNode> dim = d.get("mesh_dim");
-    if (!dim && names.size() == 1) {
-        s.mesh_dim = *names.begin();  // a 1-D mesh: its one dim, as PyTorch's 1-D DeviceMesh
-    } else {
-        if (!dim)
-            node.fail(fmt::format("'data_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(), fmt::join(names, ", ")));
-        s.mesh_dim = dim->as_string("'mesh_dim'");
-        if (!names.count(s.mesh_dim))
-            dim->fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", s.mesh_dim,
-                                  did_you_mean(s.mesh_dim, std::vector<std::string>(names.begin(), names.end()))));
+    const auto dims = data_parallel_dims(node, dim, claims);
+    for (const auto& [name, where] : dims) {
+        claims.claim(name, DimRole::dp_replicate, where);  // its role once the mode is known
+        s.mesh_dims.push_back(name);
     }
-    if (plan.has_tensor_parallel && plan.tp_mesh_dim == s.mesh_dim)
-        (dim ? *dim : node).fail(fmt::format("data_parallel and tensor_parallel both use mesh dim '{}': give each its own dim, e.g. "
-                                             "mesh: {{dp: 2, tp: 2}}", s.mesh_dim));
     if (auto mode = d.get("mode")) {
-        s.mode = mode->as_string("'mode'");
+        const std::string m = mode->as_string("'mode'");
         const std::vector<std::string> modes = {"replicate", "fully_shard"};
-        if (std::find(modes.begin(), modes.end(), s.mode) == modes.end())
-            mode->fail(fmt::format("unknown mode '{}'{}", s.mode, did_you_mean(s.mode, modes)));  // names the valid ones once
+        if (std::find(modes.begin(), modes.end(), m) == modes.end())
+            mode->fail(fmt::format("unknown mode '{}'{}", m, did_you_mean(m, modes)));  // names the valid ones once
+        s.mode = m == "replicate" ? DataParallelMode::replicate : DataParallelMode::fully_shard;
+        if (s.hybrid() && s.mode == DataParallelMode::replicate)
+            mode->fail("mode replicate takes one mesh dim: two dims ([replicate, shard]) are HSDP, mode fully_shard");
+    } else if (s.hybrid()) {
+        dim->fail("two mesh dims ([replicate, shard]) are HSDP: it needs mode: fully_shard");
     }
+    // HSDP: replicated over the first dim, sharded over the second; else the mode's role
+    if (s.hybrid()) claims.set_role(s.mesh_dims[1], DimRole::dp_shard);
+    else if (s.mode == DataParallelMode::fully_shard) claims.set_role(s.mesh_dims[0], DimRole::dp_shard);
     if (auto v = d.get("modules")) {
         s.modules = string_list(*v, "modules");
         s.modules_where = v->where();
         if (s.modules.empty()) v->fail("'modules' is empty: name the modules to replicate, or leave it out for the root");
-        if (s.mode == "fully_shard") v->fail("'modules' names replicate() roots; in mode fully_shard list units under 'fully_shard'");
+        if (s.mode == DataParallelMode::fully_shard)
+            v->fail("'modules' names replicate() roots; in mode fully_shard list units under 'fully_shard'");
     }
     if (auto v = d.get("fully_shard")) {
         s.fully_shard = string_list(*v, "fully_shard");
@@ -117,26 +175,26 @@ DataParallelSpec parse_data_parallel(const YamlNode& node, const Plan& plan, con
 
 }  // namespace
 
-int Plan::world_size() const {
-    int n = 1;
-    for (const auto& d : mesh) n *= d.size;
-    return n;
+const char* data_parallel_mode_name(DataParallelMode m) {
+    return m == DataParallelMode::replicate ? "replicate" : "fully_shard";
 }
 
+std::string DataParallelSpec::mesh_dim_names() const { return fmt::format("{}", fmt::join(mesh_dims, " x ")); }
+
 int Plan::dim_size(const std::string& name) const {
-    for (const auto& d : mesh)
+    for (const auto& d : mesh())
         if (d.name == name) return d.size;
     return 1;
 }
 
 void Plan::resize_mesh(const std::string& name, int size, const std::string& flag) {
     bool found = false;
-    for (MeshDim& d : mesh)
-        if (d.name == name) d.size = size, found = true;
+    for (int d = 0; d < dims.ndim(); ++d)
+        if (mesh()[d].name == name) dims.resize(d, size), found = true;
     if (!found) throw InputError(mesh_where, fmt::format("{}: the plan has no mesh dim '{}'", flag, name));
-    if (has_tensor_parallel && src_data_rank && *src_data_rank >= tp_size())
+    if (dims.has(DimRole::tp) && src_data_rank && *src_data_rank >= dims.size(DimRole::tp))
         throw InputError(src_data_rank_where, fmt::format("src_data_rank {} is outside the {} ranks of '{}' ({})",
-                                                          *src_data_rank, tp_size(), tp_mesh_dim, flag));
+                                                          *src_data_rank, dims.size(DimRole::tp), dims.name(DimRole::tp), flag));
 }
 
 bool Plan::compares(const std::string& what) const {
@@ -154,45 +212,47 @@ bool fqn_matches(const std::string& pattern, const std::string& fqn) {
 
 namespace {
 
-std::set<std::string> parse_mesh(const YamlNode& mesh, Plan& plan) {
+std::vector<MeshDim> parse_mesh(const YamlNode& mesh, Plan& plan) {
     plan.mesh_where = mesh.where();
     if (!mesh.is_map()) mesh.fail("'mesh' must be a map of named dims, e.g. {tp: 4}");
     std::set<std::string> names;
+    std::vector<MeshDim> dims;
+    int64_t world = 1;
     for (const auto& kv : mesh.raw()) {
         YamlNode key(kv.first, std::make_shared<std::string>(mesh.file())), value(kv.second, std::make_shared<std::string>(mesh.file()));
         const std::string name = key.as_string("a mesh dim name");
         if (!names.insert(name).second) key.fail(fmt::format("duplicate key '{}' in the mesh", name));
         const int64_t size = value.as_positive_int(fmt::format("mesh dim '{}'", name));
         if (size > 4096) value.fail(fmt::format("mesh dim '{}' of {} ranks is over the limit of 4096", name, size));
-        plan.mesh.push_back({name, static_cast<int>(size)});
+        dims.push_back({name, static_cast<int>(size)});
+        world = std::min<int64_t>(world * size, int64_t{1} << 40);
     }
-    if (plan.mesh.empty()) mesh.fail("'mesh' has no dims");
-    if (plan.world_size() > 4096) mesh.fail(fmt::format("the mesh has {} ranks, over the limit of 4096", plan.world_size()));
-    return names;
+    if (dims.empty()) mesh.fail("'mesh' has no dims");
+    if (world > 4096) mesh.fail(fmt::format("the mesh has {} ranks, over the limit of 4096", world));
+    return dims;
 }
 
-void parse_tensor_parallel(const YamlNode& node, Plan& plan, const std::set<std::string>& names) {
+void parse_tensor_parallel(const YamlNode& node, Plan& plan, RoleClaims& claims) {
     YamlMap t(node, "'tensor_parallel'");
-    plan.has_tensor_parallel = true;
+    const std::set<std::string> names = claims.names();
     if (!t.has("mesh_dim") && names.size() == 1) {  // a 1-D mesh: its one dim, as PyTorch's 1-D DeviceMesh
-        plan.tp_mesh_dim = *names.begin();
+        claims.claim(*names.begin(), DimRole::tp, node);
     } else {
         if (!t.has("mesh_dim"))
             node.fail(fmt::format("'tensor_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(), fmt::join(names, ", ")));
         YamlNode dim = t.at("mesh_dim");
-        plan.tp_mesh_dim = dim.as_string("'mesh_dim'");
-        if (!names.count(plan.tp_mesh_dim))
-            dim.fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", plan.tp_mesh_dim,
-                                 did_you_mean(plan.tp_mesh_dim, std::vector<std::string>(names.begin(), names.end()))));
+        claims.claim(dim.as_string("'mesh_dim'"), DimRole::tp, dim);
     }
+    plan.dims = claims.dims();  // src_data_rank is checked against the tp dim's size
     if (auto src = t.get("src_data_rank")) {
         plan.src_data_rank_where = src->where();
         if (src->is_null()) {
             plan.src_data_rank = std::nullopt;
         } else {
             const int64_t r = src->as_int("'src_data_rank'");
-            if (r < 0 || r >= plan.tp_size())
-                src->fail(fmt::format("src_data_rank {} is outside the {} ranks of '{}'", r, plan.tp_size(), plan.tp_mesh_dim));
+            const int tp = plan.dims.size(DimRole::tp);
+            if (r < 0 || r >= tp)
+                src->fail(fmt::format("src_data_rank {} is outside the {} ranks of '{}'", r, tp, plan.dims.name(DimRole::tp)));
             plan.src_data_rank = static_cast<int>(r);
         }
     }
@@ -257,9 +317,10 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
     plan.path = path;
     plan.yaml_text = text;
     plan.name = std::filesystem::path(path).stem().string();
-    const std::set<std::string> names = parse_mesh(m.at("mesh"), plan);
-    if (auto tp = m.get("tensor_parallel")) parse_tensor_parallel(*tp, plan, names);
-    if (auto dp = m.get("data_parallel")) plan.data_parallel = parse_data_parallel(*dp, plan, names, plan.mixed_precision);
+    RoleClaims claims(parse_mesh(m.at("mesh"), plan));
+    if (auto tp = m.get("tensor_parallel")) parse_tensor_parallel(*tp, plan, claims);
+    if (auto dp = m.get("data_parallel")) plan.data_parallel = parse_data_parallel(*dp, claims, plan.mixed_precision);
+    plan.dims = claims.dims();
     if (auto ac = m.get("activation_checkpointing")) {
         plan.activation_checkpointing = string_list(*ac, "activation_checkpointing");
         plan.activation_checkpointing_where = ac->where();

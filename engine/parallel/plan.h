@@ -1,7 +1,7 @@
 // Plan YAML: the mesh, parallelize_module's plan for the tensor-parallel dim, and what verify
 // compares. Strict like the model YAML: every error is an InputError at file:line:column.
 //
-//   mesh: {tp: 4}
+//   mesh: {dp: 2, tp: 4}     # named dims; each section names the dims it uses (parallel/parallel_dims.h)
 //   tensor_parallel:
 //     mesh_dim: tp
 //     src_data_rank: 0        # rank whose full weights are split and sent; null = no communication
@@ -10,7 +10,7 @@
 //       "layers.*.net1": colwise
 //       "layers.*.net2": {style: rowwise, output_layouts: shard(0)}
 //   data_parallel:
-//     mesh_dim: dp
+//     mesh_dim: dp             # or [dp_replicate, dp_shard]: HSDP (fully_shard over a 2-D mesh)
 //     mode: replicate          # replicate (DDP) | fully_shard (FSDP2: the root is a unit)
 //     modules: [""]            # replicate() these modules, each its own DDP with its own buckets
 //     fully_shard: [linears.*] # fully_shard() units (patterns), in either mode
@@ -30,6 +30,7 @@
 #include "core/error.h"
 #include "core/tolerance.h"
 #include "parallel/device_mesh.h"
+#include "parallel/parallel_dims.h"
 #include "parallel/style.h"
 
 namespace ptool {
@@ -52,10 +53,16 @@ struct MixedPrecisionSpec {
     SourceLocation where;
 };
 
-// data_parallel: DDP's replicate() and FSDP2's fully_shard() on one mesh dim.
+// How data_parallel synchronises parameters: replicate() (DDP: every rank holds them whole) or
+// fully_shard() (FSDP2: the root is a unit; each rank holds its rows).
+enum class DataParallelMode { replicate, fully_shard };
+const char* data_parallel_mode_name(DataParallelMode m);  // "replicate", "fully_shard"
+
+// data_parallel: DDP's replicate() and FSDP2's fully_shard() on one mesh dim, or HSDP: fully_shard
+// over two (replicated over the first, sharded over the second, as fully_shard on a 2-D mesh).
 struct DataParallelSpec {
-    std::string mesh_dim;
-    std::string mode = "replicate";           // replicate | fully_shard
+    std::vector<std::string> mesh_dims;       // one, or [replicate, shard] (HSDP)
+    DataParallelMode mode = DataParallelMode::replicate;
     std::vector<std::string> modules = {""};  // replicate() roots (exact FQNs)
     std::vector<std::string> fully_shard;     // fully_shard() units: FQN patterns
     double bucket_cap_mb = 25;
@@ -64,6 +71,9 @@ struct DataParallelSpec {
     bool broadcast_buffers = true;
     bool sync_batch_norm = false;
     SourceLocation where, modules_where, fully_shard_where, ignored_where;
+
+    bool hybrid() const { return mesh_dims.size() == 2; }  // HSDP
+    std::string mesh_dim_names() const;                      // "dp", or "dp_replicate x dp_shard"
 };
 
 struct VerifySpec {
@@ -74,10 +84,11 @@ struct VerifySpec {
 
 struct Plan {
     std::string path, yaml_text, name;
-    std::vector<MeshDim> mesh;
+    // The mesh and the role each section gave its dims (tensor_parallel: tp; data_parallel:
+    // dp_replicate or dp_shard, both for HSDP): every parallel dimension is asked for by role.
+    ParallelDims dims;
     SourceLocation mesh_where;
-    bool has_tensor_parallel = false;
-    std::string tp_mesh_dim;
+    // tensor_parallel (present when dims has a tp dim)
     std::optional<int> src_data_rank = 0;  // nullopt: each rank builds its own shard
     SourceLocation src_data_rank_where;
     std::vector<PlanEntry> tp_plan;
@@ -93,11 +104,11 @@ struct Plan {
     SourceLocation activation_checkpointing_where;
     VerifySpec verify;
 
-    int world_size() const;
+    const std::vector<MeshDim>& mesh() const { return dims.mesh(); }
+    int world_size() const { return dims.world_size(); }
     // What forward and backward compute in: mixed_precision's param_dtype, else the model's dtype.
     DType compute_dtype(DType model_dtype) const { return mixed_precision ? mixed_precision->param_dtype : model_dtype; }
     int dim_size(const std::string& name) const;  // 1 for a dim the mesh lacks
-    int tp_size() const { return has_tensor_parallel ? dim_size(tp_mesh_dim) : 1; }
     bool compares(const std::string& what) const;
     // `--mesh NAME=SIZE`: resizes a dim and checks the plan again (src_data_rank must stay a rank
     // of the tensor-parallel dim). InputError naming the flag otherwise.

@@ -8,7 +8,10 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
                            const std::function<Shape(const Parameter*, int tp_rank)>& tp_local) {
     const DataParallelResolution& dp = ex.resolution.dp;
     const DataParallelSpec& spec = *plan.data_parallel;
-    const int n = dp.size;
+    // fully_shard's group: the dp_shard dim (or the replicate() dim its units share); the batch's is all data dims
+    const std::string& shard_dim = plan.mesh()[plan.dims.has(DimRole::dp_shard) ? plan.dims.index(DimRole::dp_shard)
+                                                                                 : plan.dims.index(DimRole::dp_replicate)].name;
+    const int n = plan.dim_size(shard_dim), batch = dp.size;
     const auto named = model.named_parameters(), buffers = model.named_buffers();
     std::map<std::string, const Parameter*> by_name;
     for (const auto& [name, p] : named) by_name[name] = p.get();
@@ -49,14 +52,19 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
         forward.push_back({"all_gather", gather, u.fqn, Phase::forward});
         if (recomputed(u.fqn)) backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
         if (!u.fqn.empty()) backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
+        const auto at = backward.begin() + (u.fqn.empty() ? 0 : 1);
+        if (spec.hybrid())  // HSDP: the reduced shard is averaged over its replicas
+            backward.insert(at, {"all_reduce", region * static_cast<int64_t>(dtype_size(reduced)), u.fqn, Phase::backward});
         backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1), {"reduce_scatter", scatter, u.fqn, Phase::backward});
         region *= static_cast<int64_t>(dtype_size(model.dtype));
-        ex.data_parallel.push_back(fmt::format("fully_shard '{}': {} parameter{}, Shard(0) on '{}', {} B per rank in "
+        ex.data_parallel.push_back(fmt::format("fully_shard '{}': {} parameter{}, Shard(0) on '{}'{}, {} B per rank in "
                                                "the flat buffer",
                                                u.fqn.empty() ? "(root)" : u.fqn, u.params.size(),
-                                               u.params.size() == 1 ? "" : "s", spec.mesh_dim, region));
+                                               u.params.size() == 1 ? "" : "s", shard_dim,
+                                               spec.hybrid() ? fmt::format(", replicated over '{}'", spec.mesh_dims[0]) : "",
+                                               region));
     }
-    if (spec.sync_batch_norm && n > 1)  // SyncBatchNorm: stats all_gather forward, sums all_reduce backward
+    if (spec.sync_batch_norm && batch > 1)  // SyncBatchNorm: stats all_gather forward, sums all_reduce backward
         for (const std::string& bn : dp.batch_norms)
             for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
                 if (fqn != bn) return;
@@ -65,8 +73,8 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
                 int calls = 0;  // a shared module runs once per name it has
                 for (const auto& [name, p] : model.state_dict()) calls += p == m.param("weight");
                 for (int k = 0; k < calls; ++k) {
-                    forward.push_back({"all_gather", n * 2 * c * sd, fqn, Phase::forward});
-                    if (recomputed(fqn)) backward.insert(backward.begin(), {"all_gather", n * 2 * c * sd, fqn, Phase::backward});
+                    forward.push_back({"all_gather", batch * 2 * c * sd, fqn, Phase::forward});
+                    if (recomputed(fqn)) backward.insert(backward.begin(), {"all_gather", batch * 2 * c * sd, fqn, Phase::backward});
                     backward.insert(backward.begin(), {"all_reduce", 2 * c * sd, fqn, Phase::backward});
                 }
             });

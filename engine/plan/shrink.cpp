@@ -40,8 +40,8 @@ std::string model_variant(const std::string& text, int64_t count, int64_t microb
 
 std::string shrink_model(const std::string& model_text, const std::string& name, const Plan& plan) {
     YAML::Node doc = YAML::Load(model_text);
-    const int64_t tp = plan.tp_size();
-    const int64_t dp = plan.data_parallel ? plan.dim_size(plan.data_parallel->mesh_dim) : 1;
+    const int64_t tp = plan.dims.size(DimRole::tp);
+    const int64_t dp = plan.dims.data_size();  // the batch's rows split over every data rank
     const int64_t mb = doc["gradient_accumulation"] ? as_int(doc["gradient_accumulation"]) : 1;
     const int64_t unit = std::lcm<int64_t>(tp, 8);
 

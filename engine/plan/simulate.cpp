@@ -45,21 +45,22 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
     for (int64_t d : model.input.shape) dims.insert(d);
     if (model.target)
         for (int64_t d : model.target->shape) dims.insert(d);
-    const int tp = plan.tp_size();
-    const int dp = plan.data_parallel ? plan.dim_size(plan.data_parallel->mesh_dim) : 1;
+    // tp: the tp dim; shard: the dim fully_shard cuts the tp piece's rows over; batch: the data
+    // dims flattened, over which the batch's rows split
+    const ParallelDims& pd = plan.dims;
+    const int shard_dim = pd.has(DimRole::dp_shard) ? pd.index(DimRole::dp_shard) : pd.index(DimRole::dp_replicate);
+    const int tp = pd.size(DimRole::tp), shard = shard_dim >= 0 ? plan.mesh()[shard_dim].size : 1, batch = pd.data_size();
     std::map<std::vector<int64_t>, size_t> index;
     std::vector<RankClass> out;
     for (int r = 0; r < plan.world_size(); ++r) {
-        const std::vector<int> coords = DeviceMesh::coords_of(r, plan.mesh);
-        int t = 0, d = 0;
-        for (size_t i = 0; i < plan.mesh.size(); ++i) {
-            if (plan.has_tensor_parallel && plan.mesh[i].name == plan.tp_mesh_dim) t = coords[i];
-            if (plan.data_parallel && plan.mesh[i].name == plan.data_parallel->mesh_dim) d = coords[i];
-        }
+        const std::vector<int> coords = DeviceMesh::coords_of(r, plan.mesh());
+        const int t = pd.has(DimRole::tp) ? coords[pd.index(DimRole::tp)] : 0, s = shard_dim >= 0 ? coords[shard_dim] : 0;
+        int b = 0;
+        for (int d : pd.data_dims()) b = b * plan.mesh()[d].size + coords[d];
         std::vector<int64_t> key;
         for (int64_t v : dims) {
             const int64_t a = chunk_of(v, tp, t).length;
-            key.insert(key.end(), {a, chunk_of(a, dp, d).length, chunk_of(v, dp, d).length});
+            key.insert(key.end(), {a, chunk_of(a, shard, s).length, chunk_of(v, batch, b).length});
         }
         auto [it, fresh] = index.emplace(key, out.size());
         if (fresh) out.push_back({});

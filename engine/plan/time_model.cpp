@@ -7,15 +7,22 @@
 namespace ptool {
 
 bool dim_inside_node(const Plan& plan, const std::string& dim, const Cluster& c) {
-    int64_t stride = 1;  // row-major: the product of the sizes of the dims after it
-    for (size_t i = plan.mesh.size(); i-- > 0;) {
-        if (plan.mesh[i].name == dim) {
-            const int64_t span = stride * plan.mesh[i].size;
-            return span <= c.gpus_per_node && c.gpus_per_node % span == 0;
-        }
-        stride *= plan.mesh[i].size;
+    const std::vector<int> dims = plan.dims.label_dims(dim);
+    const std::vector<MeshDim>& mesh = plan.mesh();
+    if (dims.size() == 1) {
+        int64_t stride = 1;  // row-major: the product of the sizes of the dims after it
+        for (size_t i = mesh.size(); i-- > static_cast<size_t>(dims[0]) + 1;) stride *= mesh[i].size;
+        const int64_t span = stride * mesh[dims[0]].size;
+        return span <= c.gpus_per_node && c.gpus_per_node % span == 0;
     }
-    return plan.world_size() <= c.gpus_per_node;  // "world": every rank
+    if (dims.empty() || dims.size() == mesh.size()) return plan.world_size() <= c.gpus_per_node;  // "world": every rank
+    // several dims flattened (the data dims): every rank in the node of its group's first
+    for (int r = 0; r < plan.world_size(); ++r) {
+        std::vector<int> first = DeviceMesh::coords_of(r, mesh);
+        for (int d : dims) first[d] = 0;
+        if (r / c.gpus_per_node != DeviceMesh::rank_of(first, mesh) / c.gpus_per_node) return false;
+    }
+    return true;
 }
 
 double collective_seconds(const std::string& op, double bytes, int64_t calls, int n, const Link& link) {
@@ -49,15 +56,19 @@ StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const 
         throw InputError(SourceLocation{c.path, 1, 1}, fmt::format("the cluster names no 'tflops' for {}, the plan's compute dtype",
                                                                    dtype_name(compute)));
     t.compute = work.gemm_flops / rate + work.memory_bytes / c.memory_bandwidth;
-    const std::string dp = plan.data_parallel ? plan.data_parallel->mesh_dim : "";
     for (const auto& [key, totals] : comm) {
         const auto& [op, dim] = key;
-        const int n = dim == "world" || dim.empty() ? plan.world_size() : plan.dim_size(dim);
+        const std::vector<int> dims = plan.dims.label_dims(dim);
+        int n = dims.empty() ? plan.world_size() : 1;
+        for (int d : dims) n *= plan.mesh()[d].size;
+        // the data dims' collectives (DDP's buckets, fully_shard's) overlap the compute; the rest block it
+        bool data = !dims.empty() && dim != "world";
+        for (int d : dims) data = data && plan.dims.is_data_dim(d);
         const bool inside = dim_inside_node(plan, dim, c);
         const double s = collective_seconds(op, static_cast<double>(totals.bytes), totals.calls, n, inside ? c.intra : c.inter);
         CommTime& ct = t.by_dim[dim];
         ct.seconds += s, ct.bytes += static_cast<double>(totals.bytes), ct.calls += totals.calls, ct.inter_node = !inside;
-        (dim == dp ? t.overlappable : t.blocking) += s;
+        (data ? t.overlappable : t.blocking) += s;
     }
     t.step = t.compute + t.blocking + std::max(0.0, t.overlappable - t.compute);
     return t;

@@ -168,9 +168,7 @@ public:
     void wrap_mesh(DeviceMesh& mesh, const Plan& plan) override {
         plan_ = &plan;
         for (int d = 0; d < mesh.ndim(); ++d) {
-            const bool dp = plan.data_parallel && mesh.dims()[d].name == plan.data_parallel->mesh_dim;
-            const bool tp = plan.has_tensor_parallel && mesh.dims()[d].name == plan.tp_mesh_dim;
-            if (!dp && !tp) continue;
+            if (!plan.dims.role(d)) continue;  // a dim no section uses: nothing of the plan's runs on it
             mesh.wrap(d, [&](std::unique_ptr<Communicator> c) { return std::make_unique<FaultComm>(std::move(c), fault_, buckets_); });
         }
     }
@@ -223,7 +221,8 @@ Tensor wrong_shard(const Fault& f, const Tensor& full, int64_t dim, int n, int r
 void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolution& res, const TpParams& params, DeviceMesh& mesh) {
     if (fault_.kind == "skip_buffer_broadcast" && plan.data_parallel) {
         // the replicas start apart, as DDP's do before its broadcast, and the broadcast never comes
-        const int dp_rank = mesh.comm(mesh.dim_index(plan.data_parallel->mesh_dim)).rank();
+        int dp_rank = 0;  // among every data rank
+        for (int d : plan.dims.data_dims()) dp_rank = dp_rank * mesh.dims()[d].size + mesh.coord(d);
         for (const auto& [name, b] : model.named_buffers())
             if (dp_rank != 0 && res.dp.synced_buffers.count(name)) poison_replica(b->value, dp_rank);
     }
@@ -232,8 +231,8 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
         if (fault_.hits("tied_grad", fqn) || (dropout && (fault_.hits("dropout_same_mask", fqn) || fault_.hits("recompute_mask", fqn))))
             m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(fault_.kind));
     });
-    if (!plan.has_tensor_parallel) return;
-    Communicator& tp = mesh.comm(mesh.dim_index(plan.tp_mesh_dim));
+    if (!plan.dims.has(DimRole::tp)) return;
+    Communicator& tp = mesh.comm(plan.dims.index(DimRole::tp));
     for (const ResolvedStyle& rs : res.styles) {
         if (fault_.hits("skip_all_reduce", rs.fqn) || fault_.hits("bias_every_rank", rs.fqn) ||
             fault_.hits("skip_grad_all_reduce", rs.fqn))

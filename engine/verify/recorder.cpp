@@ -1,5 +1,6 @@
 #include "verify/recorder.h"
 
+#include <algorithm>
 #include <optional>
 #include <unordered_map>
 
@@ -72,10 +73,15 @@ struct Box {
 class Recorder {
 public:
     Recorder(Run& run, const RecordOptions& opt)
-        : run_(run), opt_(opt), rank0_(run.world().rank() == 0), tp_(run.tp()), dp_(run.dp()),
+        : run_(run), opt_(opt), rank0_(run.world().rank() == 0), data_(run.data_comm()),
           local_(opt.rank_local && opt.compare_with) {  // a parallel run against a reference (which records whole)
         if (opt.golden)
             for (const auto& [name, t] : opt.golden->tensors) golden_[name] = &t;
+        // the dims in the order a replica's chunk is numbered (shared_box): those that cut
+        // parameters (tp, then the data dims), then any other
+        order_ = run.dims().param_nesting();
+        for (int d = 0; d < run.dims().ndim(); ++d)
+            if (std::find(order_.begin(), order_.end(), d) == order_.end()) order_.push_back(d);
     }
 
     // The shadow optimizer (rank 0, compared runs, AdamW): the model's optimizer stepping full-size
@@ -96,7 +102,7 @@ public:
             return;
         }
         for (const auto& [name, p] : run_.model().named_parameters()) {
-            const Tensor full = gather(p->value, run_.dp_placement(p.get()), run_.tp_placement(p.get()));
+            const Tensor full = gather(p->value, run_.placements(p.get()));
             if (!rank0_) continue;
             auto s = std::make_shared<Parameter>();
             s->value = on_host(full).clone();
@@ -105,39 +111,42 @@ public:
         if (rank0_) shadow_opt_ = std::make_unique<Optimizer>(run_.model().optimizer, backend_for(Device::cpu));
     }
 
-    // A parameter's (or the output's) full tensor from this rank's piece: the dp dim first
-    // (fully_shard shards the TP-local tensor).
-    Tensor gather(const Tensor& local, const Placement& on_dp, const Placement& on_tp) {
-        Tensor t = on_dp.is_replicate() ? local : full_tensor(local, on_dp, global_shape(local.shape(), on_dp, dp_), dp_);
-        return full_tensor(t, on_tp, global_shape(t.shape(), on_tp, tp_), tp_);
+    // A parameter's full tensor from this rank's piece: the innermost cut first (fully_shard's
+    // rows of the tp piece, then the tp piece).
+    Tensor gather(const Tensor& local, const Placements& pl) {
+        Tensor t = local;
+        for (auto it = pl.nested.rbegin(); it != pl.nested.rend(); ++it) {
+            Communicator& c = run_.comm(it->mesh_dim);
+            t = full_tensor(t, it->p, global_shape(t.shape(), it->p, c), c);
+        }
+        return t;
     }
 
-    // An activation's: whole on the tp dim by its layout, then every dp rank's rows.
+    // An activation's: whole on the tp dim by its layout, then every data rank's rows.
     Tensor gather(const Placed& x) {
-        const Tensor t = full_tensor(x.t, x.p, x.global, tp_);
-        return dp_.size() > 1 ? full_tensor(t, Placement::shard(0), global_shape(t.shape(), Placement::shard(0), dp_), dp_) : t;
+        const Tensor t = full_tensor(x.t, x.p, x.global, tp());
+        return data_.size() > 1 ? full_tensor(t, Placement::shard(0), global_shape(t.shape(), Placement::shard(0), data_), data_) : t;
     }
 
     void construction(RunRecord& rec) {
         Unaccounted pause(&run_.counter());
         for (const auto& [name, p] : run_.model().state_dict()) {
             const bool buffer = p->grad.numel() == 0 && p->value.numel() != 0;
-            const Placement on_dp = buffer ? Placement::replicate() : run_.dp_placement(p.get());
-            const Placement on_tp = buffer ? Placement::replicate() : run_.tp_placement(p.get());
+            const Placements pl = buffer ? Placements{} : run_.placements(p.get());
             const bool ignored = run_.ignored(name);
-            const bool agree = (!on_tp.is_replicate() || replicas_agree(p->value, tp_)) &&
-                               (ignored || !on_dp.is_replicate() || replicas_agree(p->value, dp_));
+            const Agreement a = agreement(p->value, pl);
+            const bool agree = a.model && (ignored || a.data);
             uint64_t digest = 0;  // collective either way; rank 0 keeps it
             const ReplicaState state = !agree ? ReplicaState::differ : ignored ? ReplicaState::ignored : ReplicaState::equal;
-            if (local_ && !on_tp.is_partial()) digest = piece_digest(p->value, on_dp, on_tp, state);
-            else if (const Tensor full = gather(p->value, on_dp, on_tp); rank0_) digest = state_digest(full);
+            if (local_ && !pl.any_partial()) digest = piece_digest(p->value, pl, state);
+            else if (const Tensor full = gather(p->value, pl); rank0_) digest = state_digest(full);
             if (!rank0_) continue;
             if (!agree) rec.init_replicas_differ.push_back(name);
             rec.init_state.emplace_back(name, digest);
         }
         if (opt_.init_tensors) {  // golden files: init.param.* then init.buffer.*, each tensor once
             for (const auto& [name, p] : run_.model().named_parameters()) {
-                const Tensor full = gather(p->value, run_.dp_placement(p.get()), run_.tp_placement(p.get()));
+                const Tensor full = gather(p->value, run_.placements(p.get()));
                 if (rank0_) rec.init_tensors.emplace_back("init.param." + name, on_host(full).clone());
             }
             for (const auto& [name, b] : run_.model().named_buffers())
@@ -154,7 +163,7 @@ public:
         if (!opt_.events) return nullptr;
         // under data parallel a mean loss over each rank's rows makes activation gradients dp times
         // the reference's (DDP's average puts the parameter gradients right): scaled for comparison
-        const double scale = dp_.size() > 1 && run_.model().loss != LossKind::sum ? 1.0 / dp_.size() : 1.0;
+        const double scale = data_.size() > 1 && run_.model().loss != LossKind::sum ? 1.0 / data_.size() : 1.0;
         auto index = std::make_shared<size_t>(0);  // this step's events so far, on every rank
         return [this, &sr, scale, index](const Module& m, Phase phase, const Placed& x) {
             Unaccounted pause(&run_.counter());
@@ -212,29 +221,25 @@ public:
         // each rank's output rows and loss are its own: gathered and combined as the global batch's
         record_output(sr, s + "output", out.outputs, last_step);
         Tensor loss = Tensor::scalar(out.loss, DType::float64).reshape({1});
-        if (dp_.size() > 1) dp_.all_reduce(loss, run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg);
-        record(sr, s + "loss", Tensor::scalar(loss.item(0), run_.model().dtype), Placement::replicate(), Placement::replicate(),
-               false, last_step);
-        if (dp_.size() > 1 && rank0_) sr.replicas[s + "loss"] = ReplicaState::sharded;  // combined from each rank's own
+        if (data_.size() > 1) data_.all_reduce(loss, run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg);
+        record(sr, s + "loss", Tensor::scalar(loss.item(0), run_.model().dtype), {}, false, last_step);
+        if (data_.size() > 1 && rank0_) sr.replicas[s + "loss"] = ReplicaState::sharded;  // combined from each rank's own
         if (run_.model().clip_grad_norm > 0)  // what clip_grad_norm_ returns: a scale of every gradient shows here
-            record(sr, s + "grad_norm", Tensor::scalar(out.grad_norm, DType::float64), Placement::replicate(),
-                   Placement::replicate(), false, last_step);
+            record(sr, s + "grad_norm", Tensor::scalar(out.grad_norm, DType::float64), {}, false, last_step);
         const auto params = run_.model().named_parameters();
         for (size_t i = 0; i < params.size(); ++i) {
             const auto& [name, p] = params[i];
-            const Tensor g = record(sr, s + "grad." + name, p->grad, run_.dp_placement(p.get()), run_.tp_placement(p.get()),
-                                    run_.ignored(name), last_step);
+            const Tensor g = record(sr, s + "grad." + name, p->grad, run_.placements(p.get()), run_.ignored(name), last_step);
             if (!shadow_.empty()) shadow_[i].second->grad = local_ ? on_host(p->grad).clone() : g.clone();
         }
         if (!shadow_.empty()) shadow_opt_->step(shadow_);  // what the optimizer makes of these gradients
         for (size_t i = 0; i < params.size(); ++i) {
             const auto& [name, p] = params[i];
-            const Tensor v = record(sr, s + "param." + name, p->value, run_.dp_placement(p.get()), run_.tp_placement(p.get()),
-                                    run_.ignored(name), last_step);
+            const Tensor v = record(sr, s + "param." + name, p->value, run_.placements(p.get()), run_.ignored(name), last_step);
             if (shadow_.empty()) continue;
             if (local_) {  // this rank's piece against its shadow piece, counted once per group of replicas
-                const Placement on_dp = run_.dp_placement(p.get()), on_tp = run_.tp_placement(p.get());
-                const Box b{std::vector<int64_t>(p->value.dim(), 0), p->value.shape(), owns(on_dp, on_tp), threads(on_dp, on_tp)};
+                const Placements pl = run_.placements(p.get());
+                const Box b{std::vector<int64_t>(p->value.dim(), 0), p->value.shape(), owns(pl), threads(pl)};
                 const Tolerance rule = opt_.tol.for_masters();
                 reduce_later(piece(on_host(p->value), shadow_[i].second->value, b, rule), rule,
                              [&sr, key = s + "param." + name](const TensorDiff& d) { sr.vs_shadow[key] = d; });
@@ -242,8 +247,7 @@ public:
                 sr.vs_shadow[s + "param." + name] = compare_tensors(v, shadow_[i].second->value, opt_.tol.for_masters());
             }
         }
-        for (const auto& [name, b] : run_.model().named_buffers())
-            record(sr, s + "buffer." + name, b->value, Placement::replicate(), Placement::replicate(), false, last_step);
+        for (const auto& [name, b] : run_.model().named_buffers()) record(sr, s + "buffer." + name, b->value, {}, false, last_step);
         flush_reduces();  // the step's comparisons, the module events' included
     }
 
@@ -274,16 +278,15 @@ public:
         for (size_t i = 0; i < params.size(); ++i) {
             const auto& [name, p] = params[i];
             if (run_.ignored(name)) continue;
-            const Placement on_dp = run_.dp_placement(p.get()), on_tp = run_.tp_placement(p.get());
+            const Placements pl = run_.placements(p.get());
             Tensor piece;
             if (local_ && truth.count(s + name)) {  // each rank cuts its piece of the truth: no broadcast
-                piece = piece_of(*truth.at(s + name), on_dp, on_tp).to(p->value.dtype());
+                piece = piece_of(*truth.at(s + name), pl).to(p->value.dtype());
                 PTOOL_REQUIRE(piece.shape() == p->value.shape(), "resync of '{}': {} for {}", name, shape_str(piece.shape()),
                               shape_str(p->value.shape()));
                 if (!shadow_.empty()) shadow_[i].second->value = piece.clone();
             } else {  // rank 0 broadcasts the whole truth; every rank cuts its piece
-                const Shape tp_local = on_dp.is_replicate() ? p->value.shape() : global_shape(p->value.shape(), on_dp, dp_);
-                Tensor full(global_shape(tp_local, on_tp, tp_), p->value.dtype());
+                Tensor full(whole_shape(p->value.shape(), pl), p->value.dtype());
                 if (rank0_) {
                     const Tensor& t = *truth.at(s + name);
                     PTOOL_REQUIRE(t.shape() == full.shape(), "resync of '{}': {} for {}", name, shape_str(t.shape()), shape_str(full.shape()));
@@ -291,59 +294,65 @@ public:
                     if (!shadow_.empty()) shadow_[i].second->value = full.clone();
                 }
                 world.broadcast(full, 0);
-                piece = piece_of(full, on_dp, on_tp);
+                piece = piece_of(full, pl);
             }
             run_.backend().copy(p->value.device() == Device::cpu ? piece : piece.to_device(p->value.device()), p->value);
         }
     }
 
 private:
-    // A parameter-like tensor of `whole` shape placed on_tp, then (fully_shard) on_dp over the
-    // TP-local tensor's dim 0.
-    Box box_of(const Shape& whole, const Placement& on_dp, const Placement& on_tp) const {
-        Box b{std::vector<int64_t>(whole.size(), 0), whole, owns(on_dp, on_tp), threads(on_dp, on_tp)};
-        if (on_tp.is_shard()) {
-            const int64_t d = on_tp.normalized(static_cast<int64_t>(whole.size())).dim;
-            const Chunk c = chunk_of(whole[d], tp_.size(), tp_.rank());
-            b.offset[d] += c.offset, b.shape[d] = c.length;
-        }
-        if (on_dp.is_shard()) {
-            const int64_t d = on_dp.normalized(static_cast<int64_t>(whole.size())).dim;
-            const Chunk c = chunk_of(b.shape[d], dp_.size(), dp_.rank());
-            b.offset[d] += c.offset, b.shape[d] = c.length;
+    Communicator& tp() const { return run_.comm(DimRole::tp); }
+
+    // The whole tensor's shape from this rank's piece's (uncounted metadata on each cutting dim).
+    Shape whole_shape(const Shape& local, const Placements& pl) const {
+        Shape s = local;
+        for (auto it = pl.nested.rbegin(); it != pl.nested.rend(); ++it) s = global_shape(s, it->p, run_.comm(it->mesh_dim));
+        return s;
+    }
+
+    // Where this rank's piece of a tensor of `whole` shape placed as `pl` sits: each cutting dim's
+    // chunk of what the dims outside it left (the tp piece, then fully_shard's rows of it).
+    Box box_of(const Shape& whole, const Placements& pl) const {
+        Box b{std::vector<int64_t>(whole.size(), 0), whole, owns(pl), threads(pl)};
+        for (const Placements::On& o : pl.nested) {
+            if (!o.p.is_shard()) continue;
+            const Communicator& c = run_.comm(o.mesh_dim);
+            const int64_t d = o.p.normalized(static_cast<int64_t>(whole.size())).dim;
+            const Chunk ch = chunk_of(b.shape[d], c.size(), c.rank());
+            b.offset[d] += ch.offset, b.shape[d] = ch.length;
         }
         return b;
     }
 
     // Whether this rank counts its piece: one rank of each group of replicas (coordinate 0 on the
-    // dims the tensor is replicated over); and whether it is the only rank that counts one.
-    bool owns(const Placement& on_dp, const Placement& on_tp) const {
-        return (on_tp.is_shard() || tp_.rank() == 0) && (on_dp.is_shard() || dp_.rank() == 0);
+    // dims the tensor is not sharded over).
+    bool owns(const Placements& pl) const {
+        for (int d = 0; d < run_.dims().ndim(); ++d)
+            if (!pl.on(d).is_shard() && run_.comm(d).rank() != 0) return false;
+        return true;
     }
     // compare_piece's threads: all a comparison takes where this rank is the only one comparing a
     // piece of the tensor (the other ranks wait), else its own
-    int threads(const Placement& on_dp, const Placement& on_tp) const {
-        return owns(on_dp, on_tp) && !on_tp.is_shard() && !on_dp.is_shard() ? compare_threads() : 1;
-    }
+    int threads(const Placements& pl) const { return owns(pl) && !pl.any_shard() ? compare_threads() : 1; }
 
     // box_of's box, compared by every replica that holds it bitwise (`state`, known on every rank
     // after replica_state): each compares its chunk of the box's rows instead of one comparing it
     // whole while the others wait. The copies are bitwise the same and the pieces' sums exact, so
     // the numbers are those of comparing one copy whole; replicas that differ are not split (the
-    // coordinate-0 copy is compared whole, as box_of's).
-    Box shared_box(const Shape& whole, const Placement& on_dp, const Placement& on_tp, ReplicaState state) const {
-        Box b = box_of(whole, on_dp, on_tp);
-        const bool tp_agree = state == ReplicaState::equal || state == ReplicaState::synced || state == ReplicaState::ignored;
-        const bool dp_agree = state == ReplicaState::equal || state == ReplicaState::synced;
+    // coordinate-0 copy is compared whole, as box_of's). Replicas over the data dims differ by
+    // design under an ignored module; those over the others never.
+    Box shared_box(const Shape& whole, const Placements& pl, ReplicaState state) const {
+        Box b = box_of(whole, pl);
+        const bool model_agree = state == ReplicaState::equal || state == ReplicaState::synced || state == ReplicaState::ignored;
+        const bool data_agree = state == ReplicaState::equal || state == ReplicaState::synced;
         int parts = 1, index = 0;
         bool owner = true;
-        auto over = [&](bool replicated, Communicator& c, bool agree) {
-            if (!replicated || c.size() == 1) return;
-            if (agree) index = index * c.size() + c.rank(), parts *= c.size();
+        for (int d : order_) {
+            const Communicator& c = run_.comm(d);
+            if (!pl.on(d).is_replicate() || c.size() == 1) continue;
+            if (run_.dims().is_data_dim(d) ? data_agree : model_agree) index = index * c.size() + c.rank(), parts *= c.size();
             else owner = owner && c.rank() == 0;
-        };
-        over(on_tp.is_replicate(), tp_, tp_agree);
-        over(on_dp.is_replicate(), dp_, dp_agree);
+        }
         if (parts == 1 || b.shape.empty()) return b;  // a scalar stays with its coordinate-0 copy
         b.owner = owner;
         b.rows = chunk_of(b.shape[0], parts, index);
@@ -351,20 +360,23 @@ private:
         return b;
     }
 
-    // This rank's piece of a whole tensor (its tp chunk, then fully_shard's dp chunk of that), as
-    // the box box_of describes.
-    Tensor piece_of(const Tensor& whole, const Placement& on_dp, const Placement& on_tp) const {
-        Tensor piece = on_tp.is_shard() ? chunk(whole, tp_.size(), tp_.rank(), on_tp.normalized(whole.dim()).dim) : whole;
-        return on_dp.is_shard() ? chunk(piece, dp_.size(), dp_.rank(), 0) : piece;
+    // This rank's piece of a whole tensor, as box_of describes it.
+    Tensor piece_of(const Tensor& whole, const Placements& pl) const {
+        Tensor piece = whole;
+        for (const Placements::On& o : pl.nested) {
+            if (!o.p.is_shard()) continue;
+            const Communicator& c = run_.comm(o.mesh_dim);
+            piece = chunk(piece, c.size(), c.rank(), o.p.normalized(piece.dim()).dim);
+        }
+        return piece;
     }
 
     // The whole tensor's state digest from the pieces (collective; meaningful on rank 0): each
     // owner hashes its piece where it sits, rank 0 adds the sums (verify/digest.h).
     // Replicas that agree (`state`) hash their chunks of the rows (shared_box).
-    uint64_t piece_digest(const Tensor& local, const Placement& on_dp, const Placement& on_tp, ReplicaState state) {
-        const Shape tp_local = on_dp.is_replicate() ? local.shape() : global_shape(local.shape(), on_dp, dp_);
-        const Shape whole = global_shape(tp_local, on_tp, tp_);
-        const Box b = shared_box(whole, on_dp, on_tp, state);
+    uint64_t piece_digest(const Tensor& local, const Placements& pl, ReplicaState state) {
+        const Shape whole = whole_shape(local.shape(), pl);
+        const Box b = shared_box(whole, pl, state);
         Tensor mine({1}, DType::int64), all({run_.world().size()}, DType::int64);
         mine.data<int64_t>()[0] = b.owner ? static_cast<int64_t>(element_hash_sum(b.part(on_host(local)), whole, b.part_offset())) : 0;
         run_.world().all_gather(mine, all);
@@ -373,21 +385,20 @@ private:
         return finish_element_hash(sum, local.dtype(), whole);
     }
 
-    // An activation: every dp rank's rows, then its layout on the tp dim (x.global: this dp rank's).
+    // An activation's placements: every data rank's rows (the data dims flattened), then its layout
+    // on the tp dim (x.global: this data rank's rows).
+    Placements activation_placements(const Placed& x) const {
+        Placements pl;
+        for (int d : run_.dims().data_dims()) pl.then(d, Placement::shard(0));
+        if (run_.dims().has(DimRole::tp)) pl.then(run_.dims().index(DimRole::tp), x.p);
+        return pl;
+    }
+
+    // An activation's box: every data rank's rows, then its layout on the tp dim.
     Box activation_box(const Shape& whole, const Placed& x) const {
-        Box b{std::vector<int64_t>(whole.size(), 0), whole, true};
-        if (whole.empty()) return b;
-        if (dp_.size() > 1) {
-            const Chunk c = chunk_of(whole[0], dp_.size(), dp_.rank());
-            b.offset[0] = c.offset, b.shape[0] = c.length;
-        }
-        if (x.p.is_shard()) {
-            const int64_t d = x.p.normalized(static_cast<int64_t>(whole.size())).dim;
-            const Chunk c = chunk_of(x.global[d], tp_.size(), tp_.rank());
-            b.offset[d] += c.offset, b.shape[d] = c.length;
-        } else if (tp_.rank() != 0) {
-            b.owner = false;
-        }
+        if (whole.empty()) return Box{{}, whole, true};
+        Box b = box_of(whole, activation_placements(x));
+        b.threads = 1;
         return b;
     }
 
@@ -430,15 +441,14 @@ private:
     }
 
     // A parameter's or gradient's piece compared where it lies (rank-local).
-    void keep_local(StepRecord& sr, const std::string& name, const Tensor& local, const Placement& on_dp,
-                    const Placement& on_tp, ReplicaState state) {
+    void keep_local(StepRecord& sr, const std::string& name, const Tensor& local, const Placements& pl, ReplicaState state) {
         const Tensor mine = on_host(local);
         const Tolerance tol = rule_for(opt_.tol, name);
         if (auto it = reference_.find(name); it != reference_.end())
-            reduce_later(piece(mine, *it->second, shared_box(it->second->shape(), on_dp, on_tp, state), tol), tol,
+            reduce_later(piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol), tol,
                          [&sr, name](const TensorDiff& d) { sr.vs_reference[name] = d; });
         if (auto it = golden_.find(name); it != golden_.end())
-            reduce_later(piece(mine, *it->second, shared_box(it->second->shape(), on_dp, on_tp, state), tol), tol,
+            reduce_later(piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol), tol,
                          [&sr, name](const TensorDiff& d) { sr.vs_golden[name] = d; });
         if (rank0_) sr.replicas[name] = state;
     }
@@ -476,13 +486,29 @@ private:
         deferred_.clear();
     }
 
-    ReplicaState replica_state(const Tensor& local, const Placement& on_dp, const Placement& on_tp, bool ignored) {
-        const bool tp_ok = !on_tp.is_replicate() || replicas_agree(local, tp_);
-        const bool dp_ok = !on_dp.is_replicate() || replicas_agree(local, dp_);
-        const bool replicas = (on_tp.is_replicate() && tp_.size() > 1) || (on_dp.is_replicate() && dp_.size() > 1);
-        ReplicaState state = replicas ? ReplicaState::equal : ReplicaState::sharded;
-        if (ignored && dp_.size() > 1) state = dp_ok ? ReplicaState::synced : ReplicaState::ignored;
-        if (!tp_ok || (!dp_ok && !ignored)) state = ReplicaState::differ;
+    // Whether a tensor's replicas agree bitwise, over the data dims and over the others (each dim
+    // it is replicated on is checked: collective on every rank, whatever the others' result).
+    struct Agreement {
+        bool model = true, data = true;
+        bool replicas = false;  // replicated over some dim of more than one rank
+    };
+    Agreement agreement(const Tensor& local, const Placements& pl) {
+        Agreement a;
+        for (int d : order_) {
+            if (!pl.on(d).is_replicate()) continue;
+            Communicator& c = run_.comm(d);
+            const bool ok = replicas_agree(local, c);
+            (run_.dims().is_data_dim(d) ? a.data : a.model) &= ok;
+            a.replicas = a.replicas || c.size() > 1;
+        }
+        return a;
+    }
+
+    ReplicaState replica_state(const Tensor& local, const Placements& pl, bool ignored) {
+        const Agreement a = agreement(local, pl);
+        ReplicaState state = a.replicas ? ReplicaState::equal : ReplicaState::sharded;
+        if (ignored && data_.size() > 1) state = a.data ? ReplicaState::synced : ReplicaState::ignored;
+        if (!a.model || (!a.data && !ignored)) state = ReplicaState::differ;
         return state;
     }
 
@@ -492,19 +518,18 @@ private:
         std::vector<Tensor> full, local;
         for (const Placed& o : outs) full.push_back(gather(o)), local.push_back(o.t);
         const Tensor whole = full.size() == 1 ? full[0] : cat(full, 0), mine = local.size() == 1 ? local[0] : cat(local, 0);
-        const Placement rows = dp_.size() > 1 ? Placement::shard(0) : Placement::replicate();
-        keep(sr, name, mine, whole, replica_state(mine, rows, outs[0].p, false), last_step);
+        keep(sr, name, mine, whole, replica_state(mine, activation_placements(outs[0]), false), last_step);
     }
 
     // Returns the full tensor on the host (rank 0); rank-locally, nothing.
-    Tensor record(StepRecord& sr, const std::string& name, const Tensor& local, const Placement& on_dp, const Placement& on_tp,
-                  bool ignored, bool last_step) {
-        if (local_ && !on_tp.is_partial()) {
-            keep_local(sr, name, local, on_dp, on_tp, replica_state(local, on_dp, on_tp, ignored));
+    Tensor record(StepRecord& sr, const std::string& name, const Tensor& local, const Placements& pl, bool ignored,
+                  bool last_step) {
+        if (local_ && !pl.any_partial()) {
+            keep_local(sr, name, local, pl, replica_state(local, pl, ignored));
             return {};
         }
-        const Tensor full = gather(local, on_dp, on_tp);
-        return keep(sr, name, local, full, replica_state(local, on_dp, on_tp, ignored), last_step);
+        const Tensor full = gather(local, pl);
+        return keep(sr, name, local, full, replica_state(local, pl, ignored), last_step);
     }
 
     Tensor keep(StepRecord& sr, const std::string& name, const Tensor& local, const Tensor& full, ReplicaState state, bool last_step) {
@@ -529,7 +554,8 @@ private:
     std::vector<std::pair<std::string, ParamPtr>> shadow_;
     std::unique_ptr<Optimizer> shadow_opt_;
     const bool rank0_;
-    Communicator &tp_, &dp_;
+    Communicator& data_;  // the batch's group: activations' rows, the loss
+    std::vector<int> order_;
     std::unordered_map<std::string, const Tensor*> reference_, golden_;
     const bool local_;
     // A module event kept for comparison at the step's end (RecordOptions::follow): its index in

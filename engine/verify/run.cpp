@@ -30,7 +30,7 @@ Model build_model(const RunInputs& in) {
 // the tp dim draws them, whole, and broadcasts them (parallelize), so the other ranks neither
 // draw nor hold a full copy of the model (each receives one parameter at a time).
 bool draws_lazily(const RunInputs& in, const Plan& plan, const RunLayer* layer) {
-    return plan.has_tensor_parallel && !in.init && !(layer && layer->needs_full_parameters()) && in.device != Device::meta;
+    return plan.dims.has(DimRole::tp) && !in.init && !(layer && layer->needs_full_parameters()) && in.device != Device::meta;
 }
 
 bool builds_own_shards(const RunInputs& in, const Plan& plan, const RunLayer* layer) {
@@ -64,7 +64,7 @@ bool receives_all_state(const Module& m, const std::set<std::string>& received) 
 
 Plan single_device_plan() {
     Plan p;
-    p.mesh = {{"world", 1}};
+    p.dims = ParallelDims({{"world", 1}}, {std::nullopt});
     return p;
 }
 
@@ -83,8 +83,13 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         MemoryUseScope use(MemoryUse::batch);
         data_ = std::make_unique<DataSource>(model_, in.data, in.data_path);
     }
-    mesh_ = std::make_unique<DeviceMesh>(plan.mesh, world, counter_);
+    mesh_ = std::make_unique<DeviceMesh>(plan.mesh(), world, counter_);
     if (layer) layer->wrap_mesh(*mesh_, plan);
+    // a role the plan does not have is a one-rank group, so the same code serves every plan
+    solo_ = world.split(world.rank(), 0);
+    tp_ = &comm(DimRole::tp);
+    const std::vector<int>& data = plan.dims.data_dims();
+    batch_ = data.empty() ? solo_.get() : data.size() == 1 ? &mesh_->comm(data[0]) : &mesh_->group(mesh_->add_group(data, plan.dims.data_label()));
     res_ = resolve_plan(model_, plan);
     for (const Module* m : res_.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
     const bool own = builds_own_shards(in, plan, layer);
@@ -92,9 +97,8 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         // every module draws its own values, but for what this rank builds as pieces or receives:
         // src_data_rank k's broadcast (a rank other than k), DDP's from dp rank 0
         const bool lazy = draws_lazily(in, plan, layer);
-        const bool receives = lazy && !own && mesh_->comm(mesh_->dim_index(plan.tp_mesh_dim)).rank() != *plan.src_data_rank;
-        const Communicator* dp = res_.dp.active ? &mesh_->comm(mesh_->dim_index(plan.data_parallel->mesh_dim)) : nullptr;
-        const std::set<std::string> received = received_from_dp_rank0(res_, dp, layer);
+        const bool receives = lazy && !own && tp_->rank() != *plan.src_data_rank;
+        const std::set<std::string> received = received_from_dp_rank0(res_, res_.dp.active ? batch_ : nullptr, layer);
         model_.init_params_except([&](const Module& m) {
             const ResolvedStyle* rs = res_.style_of(m);
             if (rs) return lazy && (own ? builds_own_pieces(*rs) : receives && distributes_all_own(*rs));
@@ -110,13 +114,8 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         std::vector<std::string> unused;
         res_.dp = resolve_data_parallel(model_, plan, unused, unused);
         executed_dp_ = layer ? layer->data_parallel(res_.dp) : res_.dp;
-        data_parallel_ = std::make_unique<DataParallel>(model_, plan, executed_dp_, *mesh_, be_);
+        data_parallel_ = std::make_unique<DataParallel>(model_, plan, executed_dp_, *mesh_, *batch_, be_);
     }
-    // a dim the plan does not use is a one-rank group, so the same code serves every plan
-    if (plan.has_tensor_parallel) tp_ = &mesh_->comm(mesh_->dim_index(plan.tp_mesh_dim));
-    else solo_tp_ = world.split(world.rank(), 0), tp_ = solo_tp_.get();
-    if (data_parallel_) dp_ = &data_parallel_->comm();
-    else solo_dp_ = world.split(world.rank(), 0), dp_ = solo_dp_.get();
     if (plan.mixed_precision && (plan.mixed_precision->param_dtype != model_.dtype)) {
         if (!plan.data_parallel) check_mixed_precision(model_, plan, {});  // the reference's (the plan's checked them all)
         mixed_precision_ = std::make_unique<MixedPrecision>(model_, *plan.mixed_precision, be_, [&](const Parameter* p) {
@@ -128,13 +127,13 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
 
 Run::~Run() = default;
 
-Placement Run::tp_placement(const Parameter* p) const {
-    auto it = tp_params_.find(p);
-    return it == tp_params_.end() ? Placement::replicate() : it->second.placement;
-}
+Communicator& Run::comm(DimRole role) const { return plan_.dims.has(role) ? mesh_->comm(plan_.dims.index(role)) : *solo_; }
 
-Placement Run::dp_placement(const Parameter* p) const {
-    return data_parallel_ ? data_parallel_->placement(p) : Placement::replicate();
+Placements Run::placements(const Parameter* p) const {
+    Placements out;
+    if (auto it = tp_params_.find(p); it != tp_params_.end()) out.then(plan_.dims.index(DimRole::tp), it->second.placement);
+    if (data_parallel_) out.then(data_parallel_->shard_dim(), data_parallel_->placement(p));
+    return out;
 }
 
 // One microbatch: forward, the loss (divided by the microbatch count), backward. Under mixed
@@ -168,9 +167,9 @@ Run::Microbatch Run::microbatch(RunContext& ctx, const Tensor& input, const Tens
 double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params) {
     GradNormInputs in;
     in.params = params;
-    in.sharded_on_tp = [&](const Parameter* p) { return tp_placement(p).is_shard(); };
-    in.sharded_on_dp = [&](const Parameter* p) { return dp_placement(p).is_shard(); };
-    return clip_grad_norm(in, model_.clip_grad_norm, *tp_, *dp_, be_);
+    in.placements = [&](const Parameter* p) { return placements(p); };
+    for (int d : plan_.dims.param_nesting()) in.dims.push_back({d, &mesh_->comm(d)});
+    return clip_grad_norm(in, model_.clip_grad_norm, be_);
 }
 
 StepOutput Run::step(int64_t k, const StepObserver& observer) {
@@ -181,7 +180,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     }
     // N microbatches of the global batch; under data parallelism each is split over the dp ranks
     const int64_t n = model_.gradient_accumulation, rows = b.input.dim() ? b.input.size(0) : 0;
-    const int64_t mine = rows / n / dp_->size();  // this rank's rows of each microbatch
+    const int64_t mine = rows / n / batch_->size();  // this rank's rows of each microbatch
     // timed from the batch on the device to the optimizer step's end (the ranks' host-to-device
     // copies of the batch are data loading: at tp=8 on an H100 they were half of a step)
     be_.synchronize();
@@ -191,7 +190,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     if (mixed_precision_) mixed_precision_->to_compute();
     StepOutput out;
     for (int64_t j = 0; j < n; ++j) {
-        const int64_t first = j * (rows / n) + dp_->rank() * mine;
+        const int64_t first = j * (rows / n) + batch_->rank() * mine;
         if (data_parallel_) data_parallel_->before_forward();
         RunContext ctx{&be_, model_.seed, k, true, first, tp_->rank(), tp_->size(), observer};
         const Microbatch mb = microbatch(ctx, b.input.narrow(0, first, mine),

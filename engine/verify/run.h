@@ -78,16 +78,20 @@ public:
 
     const Model& model() const { return model_; }
     const Plan& plan() const { return plan_; }
+    const ParallelDims& dims() const { return plan_.dims; }
     const Resolution& resolution() const { return res_; }
     Backend& backend() const { return be_; }
     CommCounter& counter() const { return *counter_; }
     Communicator& world() const { return world_; }
-    Communicator& tp() const { return *tp_; }  // a one-rank group when the plan has no such dim
-    Communicator& dp() const { return *dp_; }
+    // Mesh dim d's group (this rank and those that differ from it in coordinate d only).
+    Communicator& comm(int mesh_dim) const { return mesh_->comm(mesh_dim); }
+    // The group of a role's dim; a one-rank group when the plan has no such dim.
+    Communicator& comm(DimRole role) const;
+    // The group the batch's rows are split over: the data dims flattened (one rank without them).
+    Communicator& data_comm() const { return *batch_; }
     const DataParallel* data_parallel() const { return data_parallel_.get(); }
-    // A parameter's placement on each dim and its full shape.
-    Placement tp_placement(const Parameter* p) const;
-    Placement dp_placement(const Parameter* p) const;
+    // A parameter's placement on every mesh dim (the tp style's, then fully_shard's of its tp piece).
+    Placements placements(const Parameter* p) const;
     bool ignored(const std::string& param) const { return res_.dp.ignored_params.count(param) > 0; }
 
 private:
@@ -109,9 +113,9 @@ private:
     TpParams tp_params_;
     DataParallelResolution executed_dp_;  // what the layer let run (res_.dp: what the plan says)
     std::unique_ptr<DataParallel> data_parallel_;
-    std::unique_ptr<Communicator> solo_tp_, solo_dp_;
-    Communicator* tp_ = nullptr;
-    Communicator* dp_ = nullptr;
+    std::unique_ptr<Communicator> solo_;  // the one-rank group of a role the plan does not have
+    Communicator* tp_ = nullptr;          // comm(DimRole::tp): the activations' layouts are on it
+    Communicator* batch_ = nullptr;
     std::unique_ptr<MixedPrecision> mixed_precision_;  // the plan's policy, where it casts anything
     std::unique_ptr<Optimizer> optimizer_;
     Device device_;

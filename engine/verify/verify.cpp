@@ -106,7 +106,7 @@ void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parall
               const Tolerance& tol, bool strict) {
     PlanReport rep = compare_runs(reference, parallel, plan, tol);
     rep.warnings = res.warnings;
-    for (const MeshDim& d : plan.mesh) rep.mesh.emplace_back(d.name, d.size);
+    for (const MeshDim& d : plan.mesh()) rep.mesh.emplace_back(d.name, d.size);
     if (strict && !rep.warnings.empty()) {
         rep.pass = false;
         rep.notes.push_back(fmt::format("FAIL under --strict: {} warning{} count as failures, the first: {}", rep.warnings.size(),

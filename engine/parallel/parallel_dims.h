@@ -1,0 +1,77 @@
+// Parallel dimensions as data: which dim of a plan's mesh plays which role, after torchtitan's
+// ParallelDims. A role is one way of splitting the training job:
+//
+//   pp            pipeline: each rank holds a stage (a range of layers); activations go forward and
+//                 gradients back between stages (planned)
+//   dp_replicate  data parallel, replicated parameters: DDP's replicate(), or HSDP's outer dim
+//   dp_shard      data parallel, sharded parameters: fully_shard() (FSDP2/ZeRO-3), or HSDP's inner dim
+//   cp            context parallel: the sequence split over ranks for the whole model (planned)
+//   tp            tensor parallel: parallelize_module's styles cut modules' parameters and activations
+//   ep            expert parallel (planned)
+//
+// The plan's sections name the dims they use (tensor_parallel.mesh_dim; data_parallel.mesh_dim, a
+// list of two for HSDP); resolve_dims checks in one place that every named dim exists, that no dim
+// plays two roles and no role is played twice. A mesh dim that no section names has no role: its
+// ranks hold replicas of one run (they must be bitwise equal, and the recorder checks that they are).
+//
+// The batch's rows are split over the data dims (dp_replicate and dp_shard, flattened in mesh order:
+// torchtitan's "dp" mesh); a parameter is cut by tp, then fully_shard cuts the tp piece's rows over
+// dp_shard (param_nesting). Code that needs a dim asks for its role: no code outside plan parsing
+// spells a dim's name.
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "parallel/device_mesh.h"
+
+namespace ptool {
+
+enum class DimRole { pp, dp_replicate, dp_shard, cp, tp, ep };
+inline constexpr int kDimRoles = 6;
+const char* dim_role_name(DimRole r);  // "pp", "dp_replicate", ...
+bool is_data_role(DimRole r);         // dp_replicate, dp_shard
+
+class ParallelDims {
+public:
+    ParallelDims() = default;  // no mesh: one device
+    // roles[d]: mesh dim d's role, if any (InputError-free: resolve_dims has checked them)
+    ParallelDims(std::vector<MeshDim> mesh, std::vector<std::optional<DimRole>> roles);
+
+    const std::vector<MeshDim>& mesh() const { return mesh_; }
+    int ndim() const { return static_cast<int>(mesh_.size()); }
+    int world_size() const;
+    std::optional<DimRole> role(int mesh_dim) const { return roles_[mesh_dim]; }
+    int index(DimRole r) const { return index_[static_cast<int>(r)]; }  // -1: the mesh has no such dim
+    bool has(DimRole r) const { return index(r) >= 0; }
+    int size(DimRole r) const { return has(r) ? mesh_[index(r)].size : 1; }
+    const std::string& name(DimRole r) const;  // "" when absent
+    // The data dims (dp_replicate, dp_shard) in mesh order: the batch's rows split over their
+    // flattened group; its size is the product of theirs (1: none).
+    const std::vector<int>& data_dims() const { return data_dims_; }
+    int data_size() const;
+    bool is_data_dim(int mesh_dim) const;
+    // What the data dims' flattened group counts its collectives under: the one dim's name, or
+    // the names joined by '+' ("dp_replicate+dp_shard"); "" without data dims.
+    std::string data_label() const;
+    // The mesh dims a counter label stands for: a dim's name, the data label, or "world" (every
+    // dim); empty for a label of neither.
+    std::vector<int> label_dims(const std::string& label) const;
+    // The mesh dims that may cut a parameter, in the order they cut it: tp, then the data dims
+    // (fully_shard cuts the tp piece's rows over the dim it shards on: dp_shard, or a replicate()
+    // dim that also has fully_shard units). A parameter's Placements nest in this order.
+    std::vector<int> param_nesting() const;
+    // `--mesh NAME=SIZE`: the same roles on a resized dim
+    void resize(int mesh_dim, int size) { mesh_[mesh_dim].size = size; }
+
+private:
+    std::vector<MeshDim> mesh_;
+    std::vector<std::optional<DimRole>> roles_;
+    std::array<int, kDimRoles> index_{-1, -1, -1, -1, -1, -1};
+    std::vector<int> data_dims_;
+};
+
+}  // namespace ptool
