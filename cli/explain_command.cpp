@@ -88,7 +88,7 @@ void explain(const ExplainArgs& a, const Common& c) {
     fmt::print("  total: {}\n", t.empty() ? std::string("none") : fmt::format("{}", fmt::join(t, ", ")));
     const std::vector<std::string>& start = r.at_start;
     fmt::print("  at start: {}\n", start.empty() ? std::string("none") : fmt::format("{}", fmt::join(start, "; ")));
-    // the steps executed on meta tensors (plan/simulate.h): every tensor the ranks would hold
+    // the steps executed on meta tensors (train/simulate.h): every tensor the ranks would hold
     fmt::print("\n  memory per rank (predicted: {} step{} simulated; the peak, what was resident before it, and at the peak):\n",
                steps, steps == 1 ? "" : "s");
     std::vector<std::vector<std::string>> mrows = {{"ranks", "peak", "resident", "at the peak"}};
@@ -182,7 +182,7 @@ void explain(const ExplainArgs& a, const Common& c) {
         for (const auto& u : dp.units) j["units"].push_back({{"fqn", u.fqn}, {"params", u.params}});
         j["ignored_params"] = std::vector<std::string>(dp.ignored_params.begin(), dp.ignored_params.end());
         j["synced_buffers"] = std::vector<std::string>(dp.synced_buffers.begin(), dp.synced_buffers.end());
-        j["memory"] = nlohmann::json::array();  // one entry per rank class, predicted (plan/simulate.h)
+        j["memory"] = nlohmann::json::array();  // one entry per rank class, predicted (train/simulate.h)
         for (const PredictedRank& m : memory) {
             nlohmann::json e = memory_json(m.sim.memory, "predicted_peak_bytes");
             e["ranks"] = m.ranks;

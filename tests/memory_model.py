@@ -4,7 +4,7 @@
     memory_model.py PTOOL ROOT [--table]
 
 `ptool explain --json` predicts each distinct rank's peak by executing the plan's steps on meta
-tensors (plan/simulate.h); `ptool verify --json` measures every rank's peak from the tensors its
+tensors (train/simulate.h); `ptool verify --json` measures every rank's peak from the tensors its
 thread allocated (core/memory_account.h). explain simulates one rank per class of ranks whose
 shards have the same sizes and names the ranks each stands for; fails unless every rank's
 measurement is within 5% of its class's prediction. --table prints the README's table.

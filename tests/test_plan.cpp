@@ -1,7 +1,7 @@
 // Planning units: rank classes over uneven shards, and the plan search being the same on any
 // number of threads (it simulates candidates in parallel; TSan runs this file).
 #include "plan/search.h"
-#include "plan/simulate.h"
+#include "train/simulate.h"
 #include "test_helpers.h"
 
 using namespace ptool;

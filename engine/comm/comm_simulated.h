@@ -1,5 +1,5 @@
 // A simulated rank: one rank of a world that does not exist. Its collectives move nothing (the
-// tensors are meta) and count what they would send, so a step executed on it (plan/simulate.h)
+// tensors are meta) and count what they would send, so a step executed on it (train/simulate.h)
 // reports a real rank's collectives. A mesh built on it knows its groups from the mesh's shape
 // (split_known); any other split is a group of one.
 #pragma once

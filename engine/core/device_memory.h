@@ -14,7 +14,7 @@ namespace ptool {
 
 // meta: tensors with a shape, a dtype and no bytes (as PyTorch's meta device). Copies to or from
 // meta move nothing; backend_for(meta) runs no kernel. A step executed on meta tensors costs what
-// its bookkeeping costs: how plan/simulate.h predicts memory and work without allocating any.
+// its bookkeeping costs: how train/simulate.h predicts memory and work without allocating any.
 enum class Device { cpu, cuda, meta };
 const char* device_name(Device d);
 

@@ -2,7 +2,7 @@
 //
 // Every Storage charges its bytes to the account of the thread that allocated it (none: not
 // counted) under the thread's current use, and credits them back when it is freed, from whatever
-// thread. A real run's rank thread and a simulated one (plan/simulate.h: the step executed on
+// thread. A real run's rank thread and a simulated one (train/simulate.h: the step executed on
 // meta tensors) count the same way, so the predicted peak and the measured one are the same
 // quantity: the tensors' logical bytes (not what a caching allocator reserves).
 //

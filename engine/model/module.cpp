@@ -12,7 +12,7 @@ const char* phase_name(Phase p) { return p == Phase::forward ? "forward" : "back
 
 Placed Module::forward(RunContext& ctx, const Placed& x) {
     if (checkpointed_ && ctx.recording) {  // keep the input only: nothing below saves for backward
-        checkpoint_inputs_.push_back(x);
+        checkpoint_inputs_.push(ctx.microbatch, x);
         ctx.recording = false;
         Placed y = forward_hooked(ctx, x);
         ctx.recording = true;
@@ -26,7 +26,8 @@ Placed Module::forward_hooked(RunContext& ctx, const Placed& x) {
     MemoryPhaseScope phase(fqn_, ctx.recomputing ? 'r' : 'f');
     const Placed in = hooks_ ? hooks_->pre_forward(ctx, *this, x) : x;
     saving_ = ctx.recording;
-    if (ctx.recording) inputs_.push_back(in.layout());
+    microbatch_ = ctx.microbatch;
+    if (ctx.recording) inputs_.push(ctx.microbatch, in.layout());
     const std::optional<Placement> computed = hooks_ ? hooks_->compute_out(*this) : std::nullopt;
     Placed y = computed ? Placed{forward_impl(ctx, in.t), *computed, output_shape(in.global)} : forward_placed(ctx, in);
     if (hooks_) y = hooks_->post_forward(ctx, *this, y);
@@ -36,9 +37,8 @@ Placed Module::forward_hooked(RunContext& ctx, const Placed& x) {
 
 Placed Module::backward(RunContext& ctx, const Placed& dy) {
     if (checkpointed_) {  // recompute the forward, recording, unobserved, then run the backward it saved for
-        PTOOL_REQUIRE(!checkpoint_inputs_.empty(), "backward of checkpointed '{}' without a forward", fqn_);
-        const Placed x = std::move(checkpoint_inputs_.back());
-        checkpoint_inputs_.pop_back();
+        PTOOL_REQUIRE(!checkpoint_inputs_.empty(ctx.microbatch), "backward of checkpointed '{}' without a forward", fqn_);
+        const Placed x = checkpoint_inputs_.pop(ctx.microbatch);
         auto observer = std::move(ctx.observer);
         const bool was = ctx.recomputing;
         ctx.observer = nullptr, ctx.recomputing = true;
@@ -50,9 +50,9 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
     }
     take_turn();
     MemoryPhaseScope phase(fqn_, 'b');
-    PTOOL_REQUIRE(!inputs_.empty(), "backward of '{}' without a forward", fqn_);
-    const Layout in = std::move(inputs_.back());
-    inputs_.pop_back();
+    PTOOL_REQUIRE(!inputs_.empty(ctx.microbatch), "backward of '{}' without a forward", fqn_);
+    const Layout in = inputs_.pop(ctx.microbatch);
+    microbatch_ = ctx.microbatch;
     const Placed d = hooks_ ? hooks_->post_forward_backward(ctx, *this, dy) : dy;
     const std::optional<Placement> computed = hooks_ ? hooks_->compute_grad_in(*this) : std::nullopt;
     Placed dx;
@@ -131,13 +131,6 @@ private:
 
 void Module::add_outer_hooks(std::shared_ptr<ModuleHooks> outer) {
     hooks_ = hooks_ ? std::make_shared<ChainedHooks>(std::move(outer), std::move(hooks_)) : std::move(outer);
-}
-
-std::vector<Tensor> Module::restore() {
-    PTOOL_REQUIRE(!saved_.empty(), "backward of '{}' without a forward", fqn_);
-    std::vector<Tensor> t = std::move(saved_.back());
-    saved_.pop_back();
-    return t;
 }
 
 ParamPtr Module::param(const std::string& name) const {

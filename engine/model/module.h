@@ -6,8 +6,9 @@
 // (`tie:`) is the same object under two names, as in PyTorch: state_dict lists both names,
 // named_parameters the first only.
 //
-// forward() saves what backward() needs on a per-module stack, so a module called twice in one
-// step (`shared`) pops its saves in reverse order.
+// forward() saves what backward() needs per microbatch (model/microbatch_stack.h): a schedule may
+// run several microbatches' forwards before their backwards, and a module called twice in one
+// microbatch (`shared`) pops its saves in reverse order.
 #pragma once
 
 #include <functional>
@@ -19,6 +20,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "model/microbatch_stack.h"
 #include "model/placed.h"
 
 namespace ptool {
@@ -49,6 +51,9 @@ struct RunContext {
     // Activation checkpointing: a checkpointed module's first forward keeps nothing for backward
     // (recording off), and its backward first recomputes its forward (recomputing on).
     bool recording = true, recomputing = false;
+    // Which microbatch of the step this forward or backward is (train/schedule.h): what a forward
+    // saves is popped by the backward of the same microbatch.
+    int microbatch = 0;
 };
 
 // Forward/backward hooks around a module, as PyTorch's module pre-/post-forward hooks; the
@@ -162,19 +167,20 @@ protected:
     [[noreturn]] void fail(const std::string& message) const { throw InputError(where_, message); }
 
     void save(std::vector<Tensor> tensors) {
-        if (saving_) saved_.push_back(std::move(tensors));
+        if (saving_) saved_.push(microbatch_, std::move(tensors));
     }
-    std::vector<Tensor> restore();
+    std::vector<Tensor> restore() { return saved_.pop(microbatch_); }
 
 private:
     std::string type_, name_, fqn_;
     SourceLocation where_;
     std::vector<Entry> params_, buffers_;
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
-    std::vector<std::vector<Tensor>> saved_;
-    std::vector<Layout> inputs_;  // per call: the input layout (after the pre-forward hook)
+    MicrobatchStack<std::vector<Tensor>> saved_;
+    MicrobatchStack<Layout> inputs_;  // per call: the input layout (after the pre-forward hook)
     bool checkpointed_ = false, saving_ = true, transparent_ = false;
-    std::vector<Placed> checkpoint_inputs_;  // per checkpointed call: its input
+    int microbatch_ = 0;  // of the forward or backward running now (save and restore key on it)
+    MicrobatchStack<Placed> checkpoint_inputs_;  // per checkpointed call: its input
     Placed forward_hooked(RunContext& ctx, const Placed& x);  // hooks + the module, no checkpointing
     std::shared_ptr<ModuleHooks> hooks_;
 };

@@ -23,6 +23,7 @@ struct FullyShard::State : ModuleHooks {
     };
     std::string fqn;
     bool root = false;
+    bool gathered = false;  // the full parameters are unsharded now
     std::vector<Managed> params;
     int64_t region = 0;
     Communicator* comm = nullptr;
@@ -56,6 +57,7 @@ struct FullyShard::State : ModuleHooks {
                 be->copy(src, dst_flat);
             }
         }
+        gathered = true;
         for (Managed& m : params) {
             m.p->value = m.full;
             if (for_backward) {
@@ -66,6 +68,7 @@ struct FullyShard::State : ModuleHooks {
     }
 
     void reshard() {  // frees the unsharded parameters and gradients, as FSDP2's reshard does
+        gathered = false;
         for (Managed& m : params) {
             m.p->value = m.shard;
             m.p->grad = m.shard_grad;
@@ -110,7 +113,9 @@ struct FullyShard::State : ModuleHooks {
         return y;
     }
     Placed post_forward_backward(RunContext&, Module&, const Placed& dy) override {
-        if (root) {  // kept from the forward
+        // the root keeps its parameters from the forward, unless another microbatch's backward
+        // resharded them since (a schedule that runs several forwards first): gathered again
+        if (root && gathered) {
             MemoryUseScope use(MemoryUse::fsdp_unsharded);
             for (Managed& m : params) {
                 m.full_grad = Tensor(m.full_shape, compute, m.shard.device());

@@ -59,7 +59,7 @@ Placed StyleHooks::pre_forward(RunContext&, Module&, const Placed& x) {
 
 Placed StyleHooks::post_forward(RunContext& ctx, Module& m, const Placed& y) {
     const Placed out = finish_forward(ctx, m, rule_.post ? redistribute(y, rule_.post->to, tp_) : y);
-    if (ctx.recording) outputs_.push_back(out.layout());  // a checkpointed forward keeps nothing
+    if (ctx.recording) outputs_.push(ctx.microbatch, out.layout());  // a checkpointed forward keeps nothing
     return out;
 }
 
@@ -73,8 +73,7 @@ Placed StyleHooks::pre_forward_backward(RunContext&, Module&, const Placed& dx) 
 }
 
 void StyleHooks::post_backward(RunContext& ctx, Module& m) {
-    const Layout out = std::move(outputs_.back());
-    outputs_.pop_back();
+    const Layout out = outputs_.pop(ctx.microbatch);
     const std::vector<ParamGradSync> syncs = spec_.style->grad_syncs(m, spec_, out);
     if (syncs.empty()) return;
     const std::vector<Tensor> pieces = grad_pieces(ctx, m);

@@ -133,7 +133,7 @@ private:
     StyleSpec spec_;
     StyleRule rule_;
     Communicator& tp_;
-    std::vector<Layout> outputs_;  // per call: the declared output layout (shared modules run twice)
+    MicrobatchStack<Layout> outputs_;  // per call: the declared output layout (shared modules run twice)
 };
 
 }  // namespace ptool

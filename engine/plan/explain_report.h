@@ -8,7 +8,7 @@
 
 #include "plan/cluster.h"
 #include "plan/explain.h"
-#include "plan/simulate.h"
+#include "train/simulate.h"
 #include "plan/time_model.h"
 
 namespace ptool {

@@ -6,7 +6,7 @@
 #include "core/parallel_for.h"
 #include "plan/explain.h"
 #include "plan/shrink.h"
-#include "plan/simulate.h"
+#include "train/simulate.h"
 
 namespace ptool {
 namespace {

@@ -3,7 +3,7 @@
 // blocks or not, and the model's gradient_accumulation doubled until the batch fits (microbatches); plans are written by
 // plan/plan_writer.h. Each is linted (explain's rules: heads, kv heads, features, vocab and sequence
 // must divide by tp, rows by dp x microbatches; a mesh under which explain expects a mismatch, such
-// as loss: sum averaged by DDP, is refused with that cause) and simulated on meta tensors (plan/simulate.h) for
+// as loss: sum averaged by DDP, is refused with that cause) and simulated on meta tensors (train/simulate.h) for
 // two steps (the optimizer's state exists from the second), rank 0 only: the lint refuses uneven
 // shards, so every rank holds the same sizes. A model with one repeat of L >= 4 blocks is simulated
 // with 2 and 3 blocks and its work, collectives and each phase's peak (module pass, blocks named

@@ -1,5 +1,5 @@
 // The time model: a rank's training step on a cluster (plan/cluster.h), from what simulating it
-// counted (plan/simulate.h): its GEMM FLOPs, the bytes its other ops touch, and its collectives
+// counted (train/simulate.h): its GEMM FLOPs, the bytes its other ops touch, and its collectives
 // per mesh dim.
 //
 //   compute  = gemm_flops / (peak FLOP/s of the compute dtype x gemm_efficiency)

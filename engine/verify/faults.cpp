@@ -65,37 +65,34 @@ public:
     Placed pre_forward(RunContext& c, Module&, const Placed& x) override {
         if (kind_ == "recompute_mask" && c.recomputing) c.step += 1000003, shifted_ = true;
         if (kind_ != "dropout_same_mask") return x;
-        layouts_.push_back(x.layout());
-        if (c.recording) backward_layouts_.push_back(x.layout());
+        layouts_.push(c.microbatch, x.layout());
+        if (c.recording) backward_layouts_.push(c.microbatch, x.layout());
         return {x.t, Placement::replicate(), x.t.shape()};
     }
     Placed post_forward(RunContext& c, Module&, const Placed& y) override {
         if (shifted_) c.step -= 1000003, shifted_ = false;
         if (kind_ != "dropout_same_mask") return y;
-        const Layout l = layouts_.back();
-        layouts_.pop_back();
+        const Layout l = layouts_.pop(c.microbatch);
         return {y.t, l.p, l.global};
     }
-    Placed pre_forward_backward(RunContext&, Module&, const Placed& dx) override {
-        if (kind_ != "dropout_same_mask" || backward_layouts_.empty()) return dx;
-        const Layout l = backward_layouts_.back();  // the input's true layout, for its gradient
-        backward_layouts_.pop_back();
+    Placed pre_forward_backward(RunContext& c, Module&, const Placed& dx) override {
+        if (kind_ != "dropout_same_mask" || backward_layouts_.empty(c.microbatch)) return dx;
+        const Layout l = backward_layouts_.pop(c.microbatch);  // the input's true layout, for its gradient
         return {dx.t, grad_placement(l.p), l.global};
     }
-    Placed post_forward_backward(RunContext&, Module& m, const Placed& dy) override {
-        if (kind_ == "tied_grad" && m.param("weight")) kept_.push_back(m.param("weight")->grad.clone());
+    Placed post_forward_backward(RunContext& c, Module& m, const Placed& dy) override {
+        if (kind_ == "tied_grad" && m.param("weight")) kept_.push(c.microbatch, m.param("weight")->grad.clone());
         return dy;
     }
     void post_backward(RunContext& c, Module& m) override {
-        if (kind_ != "tied_grad" || kept_.empty()) return;
-        c.backend->copy(kept_.back(), m.param("weight")->grad);
-        kept_.pop_back();
+        if (kind_ != "tied_grad" || kept_.empty(c.microbatch)) return;
+        c.backend->copy(kept_.pop(c.microbatch), m.param("weight")->grad);
     }
 
 private:
     std::string kind_;
-    std::vector<Layout> layouts_, backward_layouts_;
-    std::vector<Tensor> kept_;
+    MicrobatchStack<Layout> layouts_, backward_layouts_;
+    MicrobatchStack<Tensor> kept_;
     bool shifted_ = false;
 };
 

@@ -28,7 +28,7 @@
 //     reduce_in_param_dtype:*  gradients are reduced in param_dtype, not reduce_dtype
 #pragma once
 
-#include "verify/run.h"
+#include "train/run.h"
 
 namespace ptool {
 

@@ -9,7 +9,7 @@
 #pragma once
 
 #include "verify/reference_stream.h"
-#include "verify/run.h"
+#include "train/run.h"
 #include "verify/run_record.h"
 
 namespace ptool {

@@ -13,6 +13,7 @@
 #include "comm/comm_stats.h"
 #include "core/memory_account.h"
 #include "model/module.h"
+#include "train/rank_memory.h"
 #include "verify/compare.h"
 
 namespace ptool {
@@ -47,15 +48,6 @@ struct StepRecord {
     std::map<std::string, TensorDiff> vs_shadow;
     std::map<std::string, ReplicaState> replicas;
     std::vector<ModuleEvent> events;
-};
-
-// One rank's tensor memory over a run's steps (core/memory_account.h): measured by verify,
-// predicted by plan/simulate.h.
-struct RankMemory {
-    int rank = 0;
-    int64_t peak = 0;      // the steps' peak of live tensor bytes (after the model is built)
-    int64_t resident = 0;  // live when the first step starts: parameters, gradients, buffers, the batch
-    std::array<int64_t, kMemoryUses> at_peak{};  // the peak by use
 };
 
 // The step's recorded tensor of that name, or null (compared as recorded, or missing).

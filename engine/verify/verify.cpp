@@ -17,7 +17,7 @@
 #include "core/host_memory.h"
 #include "core/progress.h"
 #include "core/yaml_reader.h"
-#include "plan/simulate.h"
+#include "train/simulate.h"
 #include "verify/faults.h"
 #include "verify/golden_replay.h"
 
@@ -137,7 +137,7 @@ std::string numerics_key(const Plan& plan) {
 }
 
 // Whether the host can hold the reference beside the parallel run: on the CPU with two cores or
-// more, and when the reference's predicted peak (plan/simulate.h, on meta tensors) is at most half
+// more, and when the reference's predicted peak (train/simulate.h, on meta tensors) is at most half
 // the memory the host has available (the other half for the ranks and the records). Else, or when
 // the prediction fails, the reference runs first, as under mpirun.
 bool room_beside(const RunInputs& in, const Plan& plan, int64_t steps) {

@@ -1,6 +1,6 @@
 // The meta backend: every op of the Backend interface on meta tensors (core/device_memory.h),
 // computing nothing and counting what it would cost: the GEMMs' FLOPs and the bytes the other
-// ops read and write. plan/simulate.h executes a training step with it to predict a rank's
+// ops read and write. train/simulate.h executes a training step with it to predict a rank's
 // memory (the tensors the step allocates) and time (its work at a device's rates).
 #pragma once
 

@@ -33,16 +33,12 @@ protected:
         const int64_t n = dy.t.size(-1);
         Tensor piece = Tensor::empty({n}, dy.t.dtype(), dy.t.device());
         ctx.backend->sum_rows(dy.t.reshape({n ? dy.t.numel() / n : 0, n}), piece, false);
-        pieces_.push_back(piece);
+        pieces_.push(ctx.microbatch, piece);
     }
-    std::vector<Tensor> grad_pieces(RunContext&, Module&) override {
-        Tensor piece = std::move(pieces_.back());
-        pieces_.pop_back();
-        return {piece};
-    }
+    std::vector<Tensor> grad_pieces(RunContext& ctx, Module&) override { return {pieces_.pop(ctx.microbatch)}; }
 
 private:
-    std::vector<Tensor> pieces_;  // per call: this call's bias gradient, as its rows of dy give it
+    MicrobatchStack<Tensor> pieces_;  // per call: this call's bias gradient, as its rows of dy give it
 };
 
 class Rowwise final : public ShardingStyle {

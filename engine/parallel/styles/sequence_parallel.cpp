@@ -12,14 +12,13 @@ public:
     using StyleHooks::StyleHooks;
 
 protected:
-    void start_backward(RunContext&, Module& m, const Placed&) override {
+    void start_backward(RunContext& ctx, Module& m, const Placed&) override {
         std::vector<Tensor> before;  // this call's contribution is what its backward adds to the grads
         for (const auto& e : m.params()) before.push_back(e.param->grad.clone());
-        before_.push_back(std::move(before));
+        before_.push(ctx.microbatch, std::move(before));
     }
     std::vector<Tensor> grad_pieces(RunContext& ctx, Module& m) override {
-        std::vector<Tensor> before = std::move(before_.back()), pieces;
-        before_.pop_back();
+        std::vector<Tensor> before = before_.pop(ctx.microbatch), pieces;
         for (size_t i = 0; i < m.params().size(); ++i) {
             Tensor& g = m.params()[i].param->grad;
             Tensor delta = g.clone();
@@ -31,7 +30,7 @@ protected:
     }
 
 private:
-    std::vector<std::vector<Tensor>> before_;
+    MicrobatchStack<std::vector<Tensor>> before_;
 };
 
 class SequenceParallel final : public Style {

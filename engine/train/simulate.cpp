@@ -1,4 +1,4 @@
-#include "plan/simulate.h"
+#include "train/simulate.h"
 
 #include <map>
 #include <set>

@@ -8,11 +8,15 @@
 #include <functional>
 #include <memory>
 
+#include <map>
+
 #include "core/safetensors.h"
 #include "model/batch.h"
 #include "model/optimizer.h"
 #include "parallel/mixed_precision.h"
+#include "model/loss.h"
 #include "parallel/parallelize.h"
+#include "train/schedule.h"
 
 namespace ptool {
 
@@ -94,12 +98,37 @@ public:
     Placements placements(const Parameter* p) const;
     bool ignored(const std::string& param) const { return res_.dp.ignored_params.count(param) > 0; }
 
+    const Schedule& schedule() const { return schedule_; }
+    // Runs the steps by another schedule of this rank's stages and microbatches (checked first):
+    // a one-stage GPipe order runs every forward before the backwards.
+    void set_schedule(Schedule s);
+
 private:
-    struct Microbatch {
-        Placed output;
+    // A microbatch between its forward and its backward: its context, what the forward made (the
+    // input as computed on, the output, the loss and its gradient placed as the output was).
+    struct Inflight {
+        RunContext ctx;
+        Tensor in;
+        Placed x, y, output, dy;
+        LossResult loss;
+        Tensor grad;
+        double loss_value = 0;
+    };
+    struct Done {
+        Placed output;  // as the loss saw it
         double loss = 0;
     };
-    Microbatch microbatch(RunContext& ctx, const Tensor& input, const Tensor& target, double scale);
+    // One step's state as its schedule runs: the batch, the microbatches in flight and done.
+    struct StepState {
+        int64_t step = 0;
+        StepObserver observer;
+        Batch batch;
+        int64_t microbatches = 1, rows = 0, mine = 0;
+        std::map<int, Inflight> inflight;
+        std::map<int, Done> done;
+    };
+    void forward(StepState& st, int m);
+    void backward(StepState& st, int m);
     double clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params);
 
     Model model_;
@@ -120,6 +149,7 @@ private:
     std::unique_ptr<Optimizer> optimizer_;
     Device device_;
     RunLayer* layer_ = nullptr;
+    Schedule schedule_;
 };
 
 }  // namespace ptool

@@ -1,4 +1,4 @@
-// Simulating a rank: the training steps a plan runs, executed by the one training loop (verify/
+// Simulating a rank: the training steps a plan runs, executed by the one training loop (train/
 // run.h) on meta tensors (core/device_memory.h) with a simulated communicator. Every module,
 // style hook, redistribution, fully_shard unit, bucket, mixed-precision copy and optimizer state
 // is allocated as it is in a real run, with no bytes behind it and no kernel run, so the rank's
@@ -18,8 +18,8 @@
 #include "backend/meta/meta_backend.h"
 #include "comm/comm_stats.h"
 #include "core/memory_account.h"
-#include "verify/run.h"
-#include "verify/run_record.h"
+#include "train/run.h"
+#include "train/rank_memory.h"
 
 namespace ptool {
 

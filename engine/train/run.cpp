@@ -1,4 +1,4 @@
-#include "verify/run.h"
+#include "train/run.h"
 
 #include <chrono>
 #include <optional>
@@ -123,9 +123,19 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         });
     }
     optimizer_ = std::make_unique<Optimizer>(model_.optimizer, be_);
+    schedule_ = accumulation_schedule(static_cast<int>(model_.gradient_accumulation));
+    check_schedule(schedule_);
 }
 
 Run::~Run() = default;
+
+void Run::set_schedule(Schedule s) {
+    PTOOL_REQUIRE(s.stages == schedule_.stages && s.microbatches == schedule_.microbatches,
+                  "a schedule of {} stages and {} microbatches for a run of {} and {}", s.stages, s.microbatches, schedule_.stages,
+                  schedule_.microbatches);
+    check_schedule(s);
+    schedule_ = std::move(s);
+}
 
 Communicator& Run::comm(DimRole role) const { return plan_.dims.has(role) ? mesh_->comm(plan_.dims.index(role)) : *solo_; }
 
@@ -136,32 +146,52 @@ Placements Run::placements(const Parameter* p) const {
     return out;
 }
 
-// One microbatch: forward, the loss (divided by the microbatch count), backward. Under mixed
-// precision the input is cast to param_dtype (cast_forward_inputs), the loss sees the output cast
-// back to the model's dtype and its gradient goes back in param_dtype.
-Run::Microbatch Run::microbatch(RunContext& ctx, const Tensor& input, const Tensor& target, double scale) {
+// A microbatch's forward: the model's forward, the loss (divided by the microbatch count) and
+// the loss's gradient, placed as the output was; kept until its backward. Under mixed precision
+// the input is cast to param_dtype (cast_forward_inputs), the loss sees the output cast back to the
+// model's dtype and its gradient goes back in param_dtype.
+void Run::forward(StepState& st, int m) {
+    const int64_t first = m * (st.rows / st.microbatches) + batch_->rank() * st.mine;
+    if (data_parallel_) data_parallel_->before_forward();
+    Inflight& f = st.inflight[m];
+    f.ctx = RunContext{&be_, model_.seed, st.step, true, first, tp_->rank(), tp_->size(), st.observer};
+    f.ctx.microbatch = m;
+    const Tensor input = st.batch.input.narrow(0, first, st.mine);
+    const Tensor target = st.batch.target.defined() ? st.batch.target.narrow(0, first, st.mine) : Tensor();
+    const double scale = 1.0 / static_cast<double>(st.microbatches);
     MemoryUseScope use(MemoryUse::activations);
     const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
-    const Tensor in = dtype_is_float(input.dtype()) ? to_dtype(be_, input, compute) : input;
-    const Placed x = redistribute(Placed(in), res_.input_placement, *tp_);
-    const Placed y = model_.root->forward(ctx, x);
-    Microbatch mb;
-    LossResult loss;
+    f.in = dtype_is_float(input.dtype()) ? to_dtype(be_, input, compute) : input;
+    f.x = redistribute(Placed(f.in), res_.input_placement, *tp_);
+    f.y = model_.root->forward(f.ctx, f.x);
+    const Placed& y = f.y;
     if (plan_.loss_parallel) {  // cross_entropy on the vocabulary shards: nothing gathered
-        mb.output = {to_dtype(be_, y.t, model_.dtype), y.p, y.global};
-        loss = vocab_parallel_cross_entropy(mb.output, target, *tp_);
+        f.output = {to_dtype(be_, y.t, model_.dtype), y.p, y.global};
+        f.loss = vocab_parallel_cross_entropy(f.output, target, *tp_);
     } else {
-        mb.output = redistribute(y, Placement::replicate(), *tp_);  // the loss sees the whole output
-        mb.output.t = to_dtype(be_, mb.output.t, model_.dtype);
-        loss = compute_loss(be_, model_.loss, mb.output.t, target);
+        f.output = redistribute(y, Placement::replicate(), *tp_);  // the loss sees the whole output
+        f.output.t = to_dtype(be_, f.output.t, model_.dtype);
+        f.loss = compute_loss(be_, model_.loss, f.output.t, target);
     }
-    mb.loss = loss.value * scale;
-    if (scale != 1.0) be_.scale(loss.grad, scale, loss.grad);
-    const Tensor grad = to_dtype(be_, loss.grad, compute);
-    const Placed dy = plan_.loss_parallel ? Placed{grad, y.p, y.global}
-                                          : redistribute(Placed(grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
-    model_.root->backward(ctx, dy);
-    return mb;
+    f.loss_value = f.loss.value * scale;
+    if (scale != 1.0) be_.scale(f.loss.grad, scale, f.loss.grad);
+    f.grad = to_dtype(be_, f.loss.grad, compute);
+    f.dy = plan_.loss_parallel ? Placed{f.grad, y.p, y.global}
+                               : redistribute(Placed(f.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
+}
+
+// A microbatch's backward from its loss's gradient; what its forward kept goes, but the output
+// and the loss, which the step returns.
+void Run::backward(StepState& st, int m) {
+    auto it = st.inflight.find(m);
+    PTOOL_REQUIRE(it != st.inflight.end(), "backward of microbatch {} without its forward", m);
+    Inflight& f = it->second;
+    {
+        MemoryUseScope use(MemoryUse::activations);
+        model_.root->backward(f.ctx, f.dy);
+    }
+    st.done[m] = {std::move(f.output), f.loss_value};
+    st.inflight.erase(it);
 }
 
 double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params) {
@@ -173,14 +203,19 @@ double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& 
 }
 
 StepOutput Run::step(int64_t k, const StepObserver& observer) {
-    Batch b = data_->batch(k);
+    StepState st;
+    st.step = k;
+    st.observer = observer;
+    st.batch = data_->batch(k);
+    Batch& b = st.batch;
     if (b.input.device() != device_) {
         b.input = b.input.to_device(device_);
         if (b.target.defined()) b.target = b.target.to_device(device_);
     }
-    // N microbatches of the global batch; under data parallelism each is split over the dp ranks
-    const int64_t n = model_.gradient_accumulation, rows = b.input.dim() ? b.input.size(0) : 0;
-    const int64_t mine = rows / n / batch_->size();  // this rank's rows of each microbatch
+    // N microbatches of the global batch; under data parallelism each is split over the data ranks
+    st.microbatches = schedule_.microbatches;
+    st.rows = b.input.dim() ? b.input.size(0) : 0;
+    st.mine = st.rows / st.microbatches / batch_->size();  // this rank's rows of each microbatch
     // timed from the batch on the device to the optimizer step's end (the ranks' host-to-device
     // copies of the batch are data loading: at tp=8 on an H100 they were half of a step)
     be_.synchronize();
@@ -189,20 +224,26 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     for (const auto& [name, p] : params) be_.fill(p->grad, 0.0);
     if (mixed_precision_) mixed_precision_->to_compute();
     StepOutput out;
-    for (int64_t j = 0; j < n; ++j) {
-        const int64_t first = j * (rows / n) + batch_->rank() * mine;
-        if (data_parallel_) data_parallel_->before_forward();
-        RunContext ctx{&be_, model_.seed, k, true, first, tp_->rank(), tp_->size(), observer};
-        const Microbatch mb = microbatch(ctx, b.input.narrow(0, first, mine),
-                                         b.target.defined() ? b.target.narrow(0, first, mine) : Tensor(), 1.0 / static_cast<double>(n));
-        out.outputs.push_back(mb.output);
-        out.loss += mb.loss;
+    for (const Action& a : schedule_.ranks[0]) {
+        switch (a.kind) {
+            case ActionKind::forward: forward(st, a.microbatch); break;
+            case ActionKind::backward: backward(st, a.microbatch); break;
+            case ActionKind::grad_sync:
+                if (mixed_precision_) mixed_precision_->to_masters();
+                if (layer_) layer_->before_gradient_sync(model_, world_);
+                if (data_parallel_) data_parallel_->after_backward();  // once per step (DDP's no_sync on the others)
+                break;
+            case ActionKind::clip:
+                if (model_.clip_grad_norm > 0) out.grad_norm = clip_gradients(params);
+                break;
+            case ActionKind::optimizer_step: optimizer_->step(params); break;
+            default: PTOOL_REQUIRE(false, "{} in a one-stage schedule", a.str());
+        }
     }
-    if (mixed_precision_) mixed_precision_->to_masters();
-    if (layer_) layer_->before_gradient_sync(model_, world_);
-    if (data_parallel_) data_parallel_->after_backward();  // once per step (DDP's no_sync on the others)
-    if (model_.clip_grad_norm > 0) out.grad_norm = clip_gradients(params);
-    optimizer_->step(params);
+    for (auto& [m, done] : st.done) {  // in microbatch order, as the reference's rows are
+        out.outputs.push_back(std::move(done.output));
+        out.loss += done.loss;
+    }
     be_.synchronize();
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out.started = std::chrono::duration<double>(t0.time_since_epoch()).count();
