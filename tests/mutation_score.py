@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Mutation score of the verifier: every injected parallelism bug (PTOOL_FAULT) over every shipped
 case it applies to. Prints the table (class, cases, detected, localised) and fails unless every
-mutant is detected and >= 90% of each class are localised to the right module and phase.
+mutant is detected and >= 90% of each class are localised to the right module and phase, and
+unless the README's table and docs/testing.md's totals are this run's.
 
     mutation_score.py PTOOL ROOT
 
@@ -162,17 +163,31 @@ def main():
             if not loc:
                 misses.append(f"{cls}: {fault} on {os.path.basename(plan)}: exit {p.returncode}, "
                               f"{'not localised: ' + (rep['localisation'] if rep else '') if det else 'NOT DETECTED'}")
-    print(f"{'class':<24} {'cases':>5} {'mutants':>7} {'detected':>9} {'localised':>9}")
+    lines = [f"{'class':<24} {'cases':>5} {'mutants':>7} {'detected':>9} {'localised':>9}"]
     ok = True
     for cls, (plans, n, det, loc) in sorted(table.items()):
-        print(f"{cls:<24} {len(plans):>5} {n:>7} {det:>4} {100 * det / n:3.0f}% {loc:>4} {100 * loc / n:3.0f}%")
+        lines.append(f"{cls:<24} {len(plans):>5} {n:>7} {det:>4} {100 * det / n:3.0f}% {loc:>4} {100 * loc / n:3.0f}%")
         ok = ok and det == n and loc >= 0.9 * n
-    total = sum(r[1] for r in table.values())
-    print(f"{len(table)} classes, {total} mutants: detected {sum(r[2] for r in table.values())}, "
-          f"localised {sum(r[3] for r in table.values())}")
+    total, detected, localised = (sum(r[i] for r in table.values()) for i in (1, 2, 3))
+    cases_hit = len(set().union(*(r[0] for r in table.values())))
+    lines.append(f"{len(table)} classes, {total} mutants: detected {detected}, localised {localised}")
+    print("\n".join(lines))
     for m in misses:
         print("  miss:", m)
     ok = ok and len(table) >= 19
+    # the README's table and docs/testing.md's totals are this run's
+    readme = open(f"{ROOT}/README.md").read().splitlines()
+    start = readme.index(lines[0]) if lines[0] in readme else -1
+    if start < 0 or readme[start:start + len(lines)] != lines:
+        print("README.md's mutation table is not this run's (paste the table above)")
+        ok = False
+    ran = len(list(cases()))
+    claim = re.search(r"Measured: (\d+) mutants over (\d+) cases \((\d+) with a fault that applies\), (\d+) detected, (\d+) localised",
+                      " ".join(open(f"{ROOT}/docs/testing.md").read().split()))
+    if not claim or tuple(map(int, claim.groups())) != (total, ran, cases_hit, detected, localised):
+        print(f"docs/testing.md says {claim and claim.group(0)!r}; this run: {total} mutants over {ran} cases ({cases_hit} "
+              f"with a fault that applies), {detected} detected, {localised} localised")
+        ok = False
     print("PASS" if ok else "FAIL")
     sys.exit(0 if ok else 1)
 

@@ -3,8 +3,10 @@
 
     plan_cases.py PTOOL ROOT
 
-1. Every plan it finds for every shipped model (on clusters/cpu_local.yaml, 2 and 4 ranks) is a
-   plan ptool reads without a warning and verifies: PASS against the single-device reference.
+1. Every plan it finds for every shipped model (on clusters/cpu_local.yaml, 2 and 4 ranks), in
+   float32 and with its default bfloat16 mixed precision, is a plan ptool reads without a warning
+   and verifies: PASS against the single-device reference. The number verified is the one the
+   README, docs/testing.md and docs/planning.md state.
 2. Its numbers are explain's: for Llama-3-8B shapes on 16 H100s, each listed plan's memory (less
    the prefetch term) and step time equal those of explain simulating the whole model (the planner
    simulates 2 and 3 blocks and extrapolates), within 1%.
@@ -44,30 +46,42 @@ def model_accumulation(path):
 
 with tempfile.TemporaryDirectory() as tmp:
     j = os.path.join(tmp, "p.json")
-    # 1. every plan found verifies
-    verified = 0
+    # 1. every plan found verifies: in float32 (--mixed-precision none) and as `ptool plan` proposes
+    # them by default (bfloat16 compute, float32 masters and reduce)
+    verified, skipped, by_precision = 0, 0, {}
     for model in sorted(glob.glob(f"{ROOT}/models/*.yaml")):
         name = os.path.basename(model)[:-5]
         if name.startswith("gemm_mlp"):
             continue  # benchmark-sized
-        for world in ("2", "4"):
-            rc, out = run("plan", model, "--cluster", CPU, "--world-size", world, "--json", j, "--mixed-precision", "none")
-            if not check(rc == 0, f"plan {name} x{world}: exit {rc}\n{out}"):
-                continue
-            err = validate_file(j, "plan")  # docs/schema/plan.schema.json
-            check(err is None, f"plan {name} x{world}: {err}")
-            for k, c in enumerate(json.load(open(j))["candidates"]):
-                if c["microbatches"] != model_accumulation(model):
-                    continue  # it would need another model file
-                plan = os.path.join(tmp, f"{name}_{world}_{k}.yaml")
-                open(plan, "w").write(c["plan"])
-                rc, out = run("explain", model, plan)
-                check(rc == 0 and "warning" not in out, f"{name} x{world} #{k}: explain exit {rc} or warnings\n{c['plan']}\n{out}")
-                rc, out = run("verify", model, plan, "-q")
-                check(rc == 0, f"{name} x{world} #{k}: verify exit {rc}\n{c['plan']}\n{out[-3000:]}")
-                verified += 1
-    check(verified >= 40, f"only {verified} planned plans verified")
-    print(f"verified {verified} plans that ptool plan wrote")
+        for precision, flags in (("float32", ["--mixed-precision", "none"]), ("bf16", [])):
+            for world in ("2", "4"):
+                what = f"{name} x{world} {precision}"
+                rc, out = run("plan", model, "--cluster", CPU, "--world-size", world, "--json", j, *flags)
+                if not check(rc == 0, f"plan {what}: exit {rc}\n{out}"):
+                    continue
+                err = validate_file(j, "plan")  # docs/schema/plan.schema.json
+                check(err is None, f"plan {what}: {err}")
+                for k, c in enumerate(json.load(open(j))["candidates"]):
+                    if c["microbatches"] != model_accumulation(model):
+                        skipped += 1
+                        continue  # it would need another model file
+                    mixed = "mixed_precision:" in c["plan"]
+                    check(mixed == (precision == "bf16"), f"{what} #{k}: mixed_precision section {mixed}\n{c['plan']}")
+                    plan = os.path.join(tmp, f"{name}_{world}_{precision}_{k}.yaml")
+                    open(plan, "w").write(c["plan"])
+                    rc, out = run("explain", model, plan)
+                    check(rc == 0 and "warning" not in out, f"{what} #{k}: explain exit {rc} or warnings\n{c['plan']}\n{out}")
+                    rc, out = run("verify", model, plan, "-q")
+                    check(rc == 0, f"{what} #{k}: verify exit {rc}\n{c['plan']}\n{out[-3000:]}")
+                    verified += 1
+                    by_precision[precision] = by_precision.get(precision, 0) + 1
+    print(f"verified {verified} plans that ptool plan wrote ({by_precision}); {skipped} candidates with other microbatches left out")
+    check(all(by_precision.get(p, 0) >= 40 for p in ("float32", "bf16")), f"too few planned plans verified: {by_precision}")
+    # the docs state this count (README, docs/testing.md, docs/planning.md): it must be this run's
+    for doc, pattern in (("README.md", r"`tests/plan_cases.py`, (\d+) plans"), ("docs/testing.md", r"verifies PASS \((\d+) plans"),
+                         ("docs/planning.md", r"on 2 and\s+4 ranks \((\d+) plans")):
+        m = re.search(pattern, open(f"{ROOT}/{doc}").read())
+        check(m and int(m.group(1)) == verified, f"{doc} says {m and m.group(0)!r}; this run verified {verified} planned plans")
 
     # 2. extrapolated numbers are the full simulation's
     m8 = os.path.join(tmp, "llama3_8b.yaml")  # two steps: explain then sees the optimizer's state too
@@ -141,7 +155,8 @@ with tempfile.TemporaryDirectory() as tmp:
         rc, out = run("verify", proxy, plan, "-q")
         check(rc == real, f"{name}: the proxy's verify exits {rc}, the model's {real}\n{open(proxy).read()}\n{out[-2000:]}")
         proxies += 1
-    check(proxies >= 35, f"only {proxies} proxies")
+    m = re.search(r"exit 0 or 1, (\d+) plans\)", open(f"{ROOT}/docs/planning.md").read())
+    check(proxies >= 35 and m and int(m.group(1)) == proxies, f"{proxies} proxies; docs/planning.md says {m and m.group(0)!r}")
     rc, out = run("plan", f"{ROOT}/models/scale/llama3_70b.yaml", "--cluster", H100, "--verify")
     check(rc == 0 and "PASS" in out and "verifying the best plan on a proxy" in out, f"plan --verify of the 70B: exit {rc}\n{out[-3000:]}")
 check.finish()

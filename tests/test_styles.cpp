@@ -1,7 +1,11 @@
 // The style registry, the styles' static rules through the layout pass (shapes, placements and
 // collectives without a tensor), and the lint's layout conflicts.
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <set>
 
+#include "comm/comm_threads.h"
+#include "verify/run.h"
 #include "verify/verify.h"
 #include "test_helpers.h"
 
@@ -20,6 +24,12 @@ const CallLayout& call(const LayoutReport& r, const std::string& fqn) {
         if (c.fqn == fqn) return c;
     FAIL("no call of '" << fqn << "'");
     return r.calls.front();
+}
+
+// "models/x.yaml": the model a shipped plan's header names ("model: models/x.yaml", "(model: ...)").
+std::string plan_model_path(const Plan& p) {
+    const size_t at = p.yaml_text.find("models/");
+    return p.yaml_text.substr(at, p.yaml_text.find(".yaml", at) + 5 - at);
 }
 
 std::map<std::string, std::pair<int, int64_t>> totals(const std::vector<CommCost>& costs) {
@@ -97,15 +107,11 @@ TEST_CASE("layout conflicts are exit-2 errors at the plan entry, with the fix", 
                         {"attention 'attn_block.self_attn' needs the whole sequence"});
 }
 
-TEST_CASE("a plan's lint leaves a correct plan alone and the runtime reads the same rule", "[cpu]") {
+TEST_CASE("a plan's lint leaves a correct plan alone and each styled call's layouts are its rule's", "[cpu]") {
     for (const char* name : {"gpt_block_tp", "llama_block_tp", "seq_mlp_sp", "mlp_stacked_fsdp_tp", "embedding_rowwise"}) {
         INFO(name);
         const Plan p = load_plan(std::string(PTOOL_SOURCE_DIR "/plans/") + name + ".yaml");
-        const std::string model_path = [&] {  // "model: models/x.yaml" or "(model: models/x.yaml)" in the header
-            const size_t at = p.yaml_text.find("models/");
-            return p.yaml_text.substr(at, p.yaml_text.find(".yaml", at) + 5 - at);
-        }();
-        const Model m = load_model_text(read_text(std::string(PTOOL_SOURCE_DIR "/") + model_path), model_path, "", false);
+        const Model m = load_model_text(read_text(std::string(PTOOL_SOURCE_DIR "/") + plan_model_path(p)), plan_model_path(p), "", false);
         const Resolution res = resolve_plan(m, p);
         CHECK(res.layouts.calls.size() >= 3);
         for (const ResolvedStyle& rs : res.styles) {
@@ -114,6 +120,133 @@ TEST_CASE("a plan's lint leaves a correct plan alone and the runtime reads the s
             if (rule.post) CHECK(call(res.layouts, rs.fqn).out.p.same_as(rule.post->to, static_cast<int64_t>(call(res.layouts, rs.fqn).out.global.size())));
         }
     }
+}
+
+namespace {
+
+// What one module call looked like at run time, from outside its hooks (as its caller sees it).
+struct SeenCall {
+    std::string fqn;
+    Layout in, out, grad_out, grad_in;  // grad_in: unset (empty shape) when it has no input gradient
+    bool backward = false;
+    std::string local_error;  // a local tensor whose shape is not its rank's piece of the layout
+};
+
+// Hooks outside every module's own (and its style's) that log each call's layouts and check each
+// local tensor against the piece its layout says this rank holds. A rank thread's own log.
+class Probe final : public ModuleHooks {
+public:
+    explicit Probe(std::vector<SeenCall>& log) : log_(log) {}
+    Placed pre_forward(RunContext& ctx, Module& m, const Placed& x) override {
+        if (ctx.recomputing) return x;  // a checkpointed module's recompute: not a call of the step
+        open_.push_back(log_.size());
+        log_.push_back({m.fqn(), x.layout(), {}, {}, {}, false, {}});
+        check_local(ctx, x, "input");
+        return x;
+    }
+    Placed post_forward(RunContext& ctx, Module&, const Placed& y) override {
+        if (ctx.recomputing) return y;
+        log_[open_.back()].out = y.layout();
+        check_local(ctx, y, "output");
+        forwards_.push_back(open_.back());
+        open_.pop_back();
+        return y;
+    }
+    Placed post_forward_backward(RunContext& ctx, Module&, const Placed& dy) override {
+        current_ = forwards_.back();  // a module's calls are undone last-in first-out, as its saves
+        forwards_.pop_back();
+        log_[current_].grad_out = dy.layout(), log_[current_].backward = true;
+        check_local(ctx, dy, "output gradient");
+        return dy;
+    }
+    Placed pre_forward_backward(RunContext& ctx, Module&, const Placed& dx) override {
+        log_[current_].grad_in = dx.layout();
+        check_local(ctx, dx, "input gradient");
+        return dx;
+    }
+
+private:
+    void check_local(const RunContext& ctx, const Placed& x, const char* what) {
+        const Shape want = local_shape(x.global, x.p, ctx.tp_parts, ctx.tp_rank);
+        if (x.t.shape() != want && log_[current_or_open()].local_error.empty())
+            log_[current_or_open()].local_error = fmt::format("tp rank {}: {} {} holds {}, its piece is {}", ctx.tp_rank, what,
+                                                             x.layout().str(), shape_str(x.t.shape()), shape_str(want));
+    }
+    size_t current_or_open() const { return open_.empty() ? current_ : open_.back(); }
+    std::vector<SeenCall>& log_;
+    std::vector<size_t> open_, forwards_;
+    size_t current_ = 0;
+};
+
+// Installs a Probe on every module after parallelize (outside the styles' hooks).
+class ProbeLayer final : public RunLayer {
+public:
+    explicit ProbeLayer(std::vector<SeenCall>& log) : log_(log) {}
+    void after_parallelize(Model& model, const Plan&, const Resolution&, const TpParams&, DeviceMesh&) override {
+        std::set<const Module*> seen;  // a shared module is one object under two names: one probe
+        for_each_module(*model.root, [&](const std::string&, Module& m) {
+            if (seen.insert(&m).second) m.add_outer_hooks(std::make_shared<Probe>(log_));
+        });
+    }
+
+private:
+    std::vector<SeenCall>& log_;
+};
+
+}  // namespace
+
+TEST_CASE("the runtime follows the layout pass: every call's layouts, gradients and local pieces", "[cpu]") {
+    // One training step of every shipped plan on rank threads, watched from outside each module's
+    // hooks: the layout each call receives and returns is the one the layout pass derived (the lint
+    // and explain read that pass, the run reads the styles' hooks), each gradient is placed as the
+    // gradient of its activation's layout (colwise's input gradient reduce_scattered back to
+    // Shard(1) under sequence parallelism, all_reduced to Replicate otherwise), and every rank's
+    // local tensor is the piece of the full shape its placement says it holds.
+    int plans = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(PTOOL_SOURCE_DIR "/plans")) {
+        const std::string name = entry.path().stem().string();
+        if (entry.path().extension() != ".yaml" || name.rfind("gemm_mlp", 0) == 0) continue;  // benchmark-sized
+        INFO(name);
+        const Plan plan = load_plan(entry.path().string());
+        RunInputs in;
+        in.model_path = std::string(PTOOL_SOURCE_DIR "/") + plan_model_path(plan);
+        in.model_text = read_text(in.model_path);
+        const int world = plan.world_size();
+        std::vector<std::vector<SeenCall>> seen(static_cast<size_t>(world));
+        std::vector<std::vector<CallLayout>> derived(static_cast<size_t>(world));
+        std::vector<int64_t> microbatches(static_cast<size_t>(world));
+        run_rank_threads(world, CommOptions{}, [&](Communicator& w) {  // Catch2 is not thread-safe: checked after the join
+            const size_t r = static_cast<size_t>(w.rank());
+            ProbeLayer probe(seen[r]);
+            Run run(in, plan, w, &probe);
+            run.step(0);
+            derived[r] = run.resolution().layouts.calls;
+            microbatches[r] = run.model().gradient_accumulation;
+        });
+        for (size_t r = 0; r < seen.size(); ++r) {
+            INFO("rank " << r);
+            const std::vector<CallLayout>& calls = derived[r];
+            REQUIRE(seen[r].size() == calls.size() * static_cast<size_t>(microbatches[r]));  // every call, per microbatch
+            for (size_t i = 0; i < seen[r].size(); ++i) {
+                const SeenCall& s = seen[r][i];
+                const CallLayout& c = calls[i % calls.size()];
+                INFO("call " << i << " '" << s.fqn << "': in " << s.in.str() << " (derived " << c.in.str() << "), out "
+                              << s.out.str() << " (derived " << c.out.str() << ")");
+                CHECK(s.fqn == c.fqn);
+                CHECK(s.in.same_as(c.in));
+                CHECK(s.out.same_as(c.out));
+                CHECK(s.local_error == "");
+                REQUIRE(s.backward);
+                INFO("output gradient " << s.grad_out.str() << ", input gradient " << s.grad_in.str());
+                CHECK(s.grad_out.same_as(Layout{c.out.global, grad_placement(c.out.p)}));
+                if (!s.grad_in.global.empty()) CHECK(s.grad_in.same_as(Layout{c.in.global, grad_placement(c.in.p)}));
+                if (name == "seq_mlp_sp" && s.fqn == "net1")  // colwise, input_layouts shard(1): the gradient goes back as Shard(1)
+                    CHECK(s.grad_in.p.same_as(Placement::shard(1), 3));
+            }
+        }
+        ++plans;
+    }
+    CHECK(plans >= 35);
 }
 
 namespace {
