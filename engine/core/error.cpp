@@ -1,5 +1,7 @@
 #include "core/error.h"
 
+#include "core/check.h"
+
 namespace ptool {
 
 std::string SourceLocation::str() const {
@@ -14,5 +16,11 @@ InputError::InputError(const SourceLocation& where, const std::string& message)
 void fail_invariant(const char* cond, const char* file, int line, const std::string& message) {
     throw std::logic_error(fmt::format("internal error at {}:{}: {} ({})", file, line, message, cond));
 }
+
+std::string check_failure_message(const char* stmt, const char* file, int line, const std::string& error) {
+    return fmt::format("{} failed at {}:{}: {}", stmt, file, line, error);
+}
+
+void throw_check_failure(const std::string& message) { throw RuntimeError(message); }
 
 }  // namespace ptool
