@@ -48,6 +48,7 @@ TEST_CASE("one check macro: the statement once, file:line, the library's words, 
         CHECK(std::string(e.what()).find("fake_call(FakeStatus::broken) failed at ") == 0);
         CHECK(std::string(e.what()).find(fmt::format("test_errors.cpp:{}: the device is broken", line)) !=
               std::string::npos);
+        CHECK(std::string(e.what()).find("../") == std::string::npos);  // the path from the source root
         CHECK(e.kind() == RuntimeError::Kind::other);
     }
     CHECK(calls == 3);

@@ -23,6 +23,8 @@ int as_int(size_t n, const char* what) {
     return static_cast<int>(n);
 }
 
+}  // namespace
+
 // One op of a batch in flight. A recv moves from its descriptor (stage header) to its bytes
 // (stage payload) to done; a send posts both at once and is done when both completed.
 struct MpiP2P {
@@ -35,6 +37,8 @@ struct MpiP2P {
     std::vector<char> scratch;  // a mismatched message's bytes, drained so its sender completes
     Stage stage = Stage::header;
 };
+
+namespace {
 
 // Ops given up (a timeout, a mismatch): receives are cancelled, sends cannot be, and MPI may
 // still complete either after the batch has thrown. Their buffers (descriptors, tensors,
@@ -281,8 +285,18 @@ void MpiCommunicator::batch_isend_irecv(const std::vector<P2POp>& ops) {
     if (ops.empty()) return;
     auto batch = std::make_shared<std::vector<MpiP2P>>();
     batch->reserve(ops.size());  // the requests point into it: no reallocation
+    try {
+        post_and_complete(*batch, ops);
+    } catch (...) {  // MPI may still use what was posted
+        give_up(batch);
+        throw;
+    }
+}
+
+void MpiCommunicator::post_and_complete(std::vector<MpiP2P>& batch, const std::vector<P2POp>& ops) {
+    const auto world = [&](int r) { return world_ranks_[r]; };
     for (const P2POp& op : ops) {
-        MpiP2P& m = batch->emplace_back();
+        MpiP2P& m = batch.emplace_back();
         m.kind = op.kind, m.peer = op.peer, m.tensor = *op.tensor,
         m.desc = describe_p2p(*op.tensor, op.tag, op.kind);
         const int bytes = as_int(m.desc.nbytes(), p2p_op_name(op.kind));
@@ -298,13 +312,12 @@ void MpiCommunicator::batch_isend_irecv(const std::vector<P2POp>& ops) {
     }
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
-    const MpiP2P& first = batch->front();
+    const MpiP2P& first = batch.front();
     set_rank_activity("in " + p2p_op_str(first.kind, world(first.peer), first.desc));
     for (int spins = 0;; ++spins) {
         bool all_done = true;
-        std::set<std::pair<int, int64_t>>
-            blocked;  // (peer, tag): an earlier recv still waits for its descriptor
-        for (MpiP2P& m : *batch) {
+        std::set<std::pair<int, int64_t>> blocked;  // (peer, tag) of a recv still waiting for its descriptor
+        for (MpiP2P& m : batch) {
             int done = 0;
             if (m.kind == P2POp::Kind::send && m.stage != MpiP2P::Stage::done) {
                 int header = 0;
@@ -313,8 +326,7 @@ void MpiCommunicator::batch_isend_irecv(const std::vector<P2POp>& ops) {
                 if (header && done) m.stage = MpiP2P::Stage::done;
             }
             if (m.kind == P2POp::Kind::recv && m.stage == MpiP2P::Stage::header) {
-                // descriptors of one channel are read in posting order, so the bytes' receives are posted in
-                // it too
+                // a channel's descriptors are read in posting order: its bytes' receives are posted in it too
                 if (!blocked.insert({m.peer, m.desc.tag}).second) {
                     all_done = false;
                     continue;
@@ -330,7 +342,6 @@ void MpiCommunicator::batch_isend_irecv(const std::vector<P2POp>& ops) {
                     m.scratch.resize(m.theirs.nbytes());
                     PTOOL_CHECK_MPI(MPI_Irecv(m.scratch.data(), as_int(m.scratch.size(), "recv"), MPI_BYTE,
                                               m.peer, tag, comm_, &m.payload));
-                    give_up(batch);
                     throw p2p_mismatch(world(rank_), world(m.peer), m.desc, m.theirs);
                 }
                 PTOOL_CHECK_MPI(MPI_Irecv(m.tensor.raw(), as_int(m.desc.nbytes(), "recv"), MPI_BYTE, m.peer,
@@ -346,12 +357,10 @@ void MpiCommunicator::batch_isend_irecv(const std::vector<P2POp>& ops) {
         if (all_done) break;
         if (options_.timeout_seconds > 0 && std::chrono::steady_clock::now() >= deadline) {
             const MpiP2P* pending = nullptr;
-            for (const MpiP2P& m : *batch)
+            for (const MpiP2P& m : batch)
                 if (!pending && m.stage != MpiP2P::Stage::done) pending = &m;
-            RuntimeError e = p2p_timeout(world(rank_), pending->kind, world(pending->peer), pending->desc,
-                                         options_.timeout_seconds, "");
-            give_up(batch);
-            throw e;
+            throw p2p_timeout(world(rank_), pending->kind, world(pending->peer), pending->desc,
+                              options_.timeout_seconds, "");
         }
         if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

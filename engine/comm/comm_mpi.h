@@ -24,6 +24,8 @@
 
 namespace ptool {
 
+struct MpiP2P;  // one point-to-point op in flight (comm_mpi.cpp)
+
 bool launched_by_mpi();  // mpirun/srun set the environment ptool checks
 void mpi_init_once();    // MPI_Init_thread, and MPI_Finalize at exit
 int mpi_world_rank();
@@ -49,6 +51,8 @@ public:
     void batch_isend_irecv(const std::vector<P2POp>& ops) override;
 
 private:
+    // Posts a batch's ops into `batch` and polls them to completion; throws leaving them posted.
+    void post_and_complete(std::vector<MpiP2P>& batch, const std::vector<P2POp>& ops);
     void check(const CollectiveDesc& d);
     void wait(MPI_Request& req, const CollectiveDesc& d);
     // Rank-ordered reduction of rows [chunk r] of every rank's in into out (this rank's chunk).

@@ -1,6 +1,7 @@
 #include "comm/p2p_board.h"
 
 #include <chrono>
+#include <exception>
 #include <optional>
 
 #include "comm/comm_threads.h"
@@ -84,12 +85,21 @@ void P2PBoard::exchange(int rank, const std::vector<P2POp>& ops, const P2PWait& 
         }
         if (!pairs.empty()) {
             lk.unlock();  // the senders wait for `done`, so their tensors stay as they are
-            for (auto [s, r] : pairs)
-                copy_bytes(r->tensor.raw(), r->tensor.device(), s->tensor.raw(), s->tensor.device(),
-                           r->desc.nbytes());
+            std::exception_ptr error;
+            try {
+                for (auto [s, r] : pairs)
+                    copy_bytes(r->tensor.raw(), r->tensor.device(), s->tensor.raw(), s->tensor.device(),
+                               r->desc.nbytes());
+            } catch (...) {  // a device error: the senders must not wait for copies that will not come
+                error = std::current_exception();
+            }
             lk.lock();
-            for (auto [s, r] : pairs) s->done = r->done = true;
+            for (auto [s, r] : pairs) s->done = r->done = true, s->failed = r->failed = error != nullptr;
             cv_.notify_all();
+            if (error) {  // the rank's runner aborts the job with it; the senders stop on `failed`
+                abandon(lk, rank, mine);
+                std::rethrow_exception(error);
+            }
         }
         const Post* pending = nullptr;
         bool failed = false;
@@ -101,8 +111,7 @@ void P2PBoard::exchange(int rank, const std::vector<P2POp>& ops, const P2PWait& 
             waiting_[rank].clear();
             return;
         }
-        if (how.abort->aborted.load() ||
-            failed) {  // a receiver of my sends found a mismatch: it aborted the job
+        if (how.abort->aborted.load() || failed) {  // failed: the receiver of a send of mine aborted the job
             abandon(lk, rank, mine);
             std::lock_guard<std::mutex> al(how.abort->mu);
             throw AbortedError(how.abort->message, how.abort->kind);

@@ -22,7 +22,7 @@
 
 namespace ptool {
 
-// "STMT failed at FILE:LINE: ERROR"
+// "STMT failed at FILE:LINE: ERROR" (FILE without the build's leading "../")
 std::string check_failure_message(const char* stmt, const char* file, int line, const std::string& error);
 [[noreturn]] void throw_check_failure(const std::string& message);  // RuntimeError (kind other)
 

@@ -2,6 +2,8 @@
 
 #include "core/check.h"
 
+#include <string_view>
+
 namespace ptool {
 
 std::string SourceLocation::str() const {
@@ -18,7 +20,9 @@ void fail_invariant(const char* cond, const char* file, int line, const std::str
 }
 
 std::string check_failure_message(const char* stmt, const char* file, int line, const std::string& error) {
-    return fmt::format("{} failed at {}:{}: {}", stmt, file, line, error);
+    std::string_view where(file);  // the build's relative path ("../../engine/..."): from the source root
+    while (where.starts_with("../") || where.starts_with("./")) where.remove_prefix(where.find('/') + 1);
+    return fmt::format("{} failed at {}:{}: {}", stmt, where, line, error);
 }
 
 void throw_check_failure(const std::string& message) { throw RuntimeError(message); }
