@@ -22,7 +22,8 @@
 // - A send is a rendezvous: it completes only once the matching recv has been posted and the
 //   bytes are copied (NCCL's ncclSend, MPI's synchronous mode). Nothing is buffered, so two ranks
 //   that both send first and receive after, outside one batch, deadlock as they would on NCCL:
-//   ptool reports it as a timeout instead of passing where the threads backend could buffer.
+//   ptool reports it (a timeout; nccl at once, from the descriptors it exchanges) instead of
+//   passing where the threads backend could buffer.
 // - batch_isend_irecv posts every op, then completes them all (ncclGroupStart/End; torch's
 //   batch_isend_irecv): ranks that send to each other in one batch never deadlock.
 // - A matched pair must agree on dtype and shape; the recv's tensor says what it expects. A
@@ -74,6 +75,11 @@ public:
     virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
     virtual void barrier() = 0;
     virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+    // split, where the caller knows the group it makes (this rank's place and the group's size, as
+    // a mesh does): a simulated rank builds the group from that alone. Collective like split.
+    virtual std::unique_ptr<Communicator> split_known(int color, int key, int /*group_rank*/, int /*group_size*/) {
+        return split(color, key);
+    }
 
     // Point-to-point (semantics above). send and recv are a batch of one op.
     virtual void send(const Tensor& t, int peer, int tag = 0);
@@ -81,11 +87,6 @@ public:
     // Posts every op, then completes them all (NCCL's group semantics, torch's batch_isend_irecv):
     // ranks that send to each other in one batch never deadlock.
     virtual void batch_isend_irecv(const std::vector<P2POp>& ops) = 0;
-    // split, where the caller knows the group it makes (this rank's place and the group's size, as
-    // a mesh does): a simulated rank builds the group from that alone. Collective like split.
-    virtual std::unique_ptr<Communicator> split_known(int color, int key, int /*group_rank*/, int /*group_size*/) {
-        return split(color, key);
-    }
 
     // Where this communicator counts its collectives, and the mesh dim name it counts them under.
     void set_counter(std::shared_ptr<CommCounter> counter, std::string label) {
