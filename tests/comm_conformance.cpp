@@ -186,4 +186,5 @@ void run_comm_conformance(Communicator& world, ConformanceReport& report, Device
     check_broadcast_all_to_all(world, report);
     check_mesh(world, report);
     check_counting(world, report);
+    check_p2p(world, report, device);
 }

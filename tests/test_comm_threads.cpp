@@ -1,5 +1,6 @@
-// The threads communicator: the conformance suite at world sizes 1-8, bitwise agreement across
-// ranks and runs, and the failure paths (a rank throws, a rank never arrives, mismatched collectives).
+// The threads communicator: the conformance suite at world sizes 1-8 (point-to-point included),
+// bitwise agreement across ranks and runs, and the failure paths (a rank throws, a rank never
+// arrives, mismatched collectives, point-to-point that cannot complete), classified by kind.
 #include <pthread.h>
 #include <sched.h>
 
@@ -61,6 +62,84 @@ std::string failure_of(int n, double timeout, F&& body, double* seconds) {
     return msg;
 }
 }  // namespace
+
+TEST_CASE("threads point-to-point failures end every rank within the timeout, naming both ranks and the tag", "[cpu]") {
+    for (int n : {2, 3}) {
+        ConformanceReport rep;
+        FailureLauncher launch;
+        launch.run = [n](double timeout, const RankFn& body) {
+            CommOptions o;
+            o.timeout_seconds = timeout;
+            FailureRun out;
+            const auto t0 = std::chrono::steady_clock::now();
+            try {
+                run_rank_threads(n, o, body);
+            } catch (const RuntimeError& e) {
+                out.message = e.what();
+            }
+            out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            return out;
+        };
+        run_p2p_failure_conformance(launch, rep);
+        INFO("world size " << n << ": " << (rep.failures.empty() ? "" : rep.failures[0]));
+        CHECK(rep.failed == 0);
+        CHECK(rep.passed == 6);
+    }
+}
+
+TEST_CASE("criss-crossed blocking sends time out where an eager buffer would have passed; a timeout names the peer's p2p op", "[cpu]") {
+    double s = 0;
+    std::string msg = failure_of(2, 1.0, [](Communicator& c) {
+        Tensor t({3}, DType::float32), u({3}, DType::float32);
+        c.send(t, 1 - c.rank(), 9);
+        c.recv(u, 1 - c.rank(), 9);
+    }, &s);
+    INFO(msg);
+    // the first rank to time out names the other, which waits in its own send
+    const bool zero_first = msg.rfind("rank 0: ", 0) == 0;
+    const int me = zero_first ? 0 : 1, peer = 1 - me;
+    CHECK(msg == fmt::format("rank {}: send to rank {} (tag 9, float32 [3]): no matching recv within 1 s (rank {} waits in "
+                             "send to rank {} (tag 9, float32 [3]))",
+                             me, peer, peer, me));
+    CHECK(s < 4.0);
+    // a collective's timeout says which p2p op a rank waits in
+    msg = failure_of(2, 1.0, [](Communicator& c) {
+        Tensor t({2}, DType::float32);
+        if (c.rank() == 0) c.all_reduce(t, ReduceOp::sum);
+        else c.recv(t, 0, 4);
+    }, &s);
+    INFO(msg);
+    CHECK((msg.find("rank 1 waits in recv from rank 0 (tag 4, float32 [2])") != std::string::npos ||
+           msg.find("rank 0 is in all_reduce#0 float32 [2]") != std::string::npos));
+}
+
+TEST_CASE("a rank's failure is classified by its kind, not by its message's words", "[cpu]") {
+    double s = 0;
+    // a message that names its rank (kind other than `other`) goes through as it is
+    CHECK(failure_of(2, 30, [](Communicator& c) {
+        if (c.rank() == 1) throw RuntimeError("rank 7 is named already", RuntimeError::Kind::timeout);
+        c.barrier();
+    }, &s) == "rank 7 is named already");
+    // any other gets the rank in front, even when its words start like a rank's
+    CHECK(failure_of(2, 30, [](Communicator& c) {
+        if (c.rank() == 1) throw RuntimeError("rank-like words, no rank");
+        c.barrier();
+    }, &s) == "rank 1 failed: rank-like words, no rank");
+    CHECK(failure_of(2, 30, [](Communicator& c) {
+        if (c.rank() == 0) throw std::runtime_error("collective mismatch lookalike");
+        c.barrier();
+    }, &s) == "rank 0 failed: collective mismatch lookalike");
+    // the job's root cause keeps its kind through run_rank_threads
+    try {
+        run_rank_threads(2, CommOptions{}, [](Communicator& c) {
+            Tensor t({4 + c.rank()}, DType::float32);
+            c.all_reduce(t, ReduceOp::sum);
+        });
+        FAIL("no throw");
+    } catch (const RuntimeError& e) {
+        CHECK(e.kind() == RuntimeError::Kind::mismatch);
+    }
+}
 
 TEST_CASE("a rank that throws ends every rank with one message naming it", "[cpu]") {
     double s = 0;

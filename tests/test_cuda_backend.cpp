@@ -3,6 +3,7 @@
 // binary prints why and exits 4, which ctest reports as skipped.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -61,6 +62,25 @@ void expect_close(const Tensor& cpu_t, const Tensor& gpu_t, const std::string& w
 Tensor on_gpu(const Tensor& t) { return t.to_device(Device::cuda); }
 
 const DType kDtypes[] = {DType::float32, DType::float64, DType::bfloat16};
+
+// The point-to-point failure cases' job on in-process ranks (cuda_local or nccl).
+FailureLauncher launcher(const std::function<void(int n, const CommOptions&, const RankFn&)>& run_ranks) {
+    FailureLauncher launch;
+    launch.run = [run_ranks](double timeout, const RankFn& body) {
+        CommOptions o;
+        o.timeout_seconds = timeout;
+        FailureRun out;
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+            run_ranks(2, o, body);
+        } catch (const RuntimeError& e) {
+            out.message = e.what();
+        }
+        out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return out;
+    };
+    return launch;
+}
 
 }  // namespace
 
@@ -241,6 +261,20 @@ TEST_CASE("cuda_local passes the communicator conformance suite at world sizes 1
     }
 }
 
+TEST_CASE("cuda_local point-to-point failures end every rank within the timeout, naming both ranks and the tag", "[cuda]") {
+    ConformanceReport rep;
+    run_p2p_failure_conformance(launcher([](int n, const CommOptions& o, const RankFn& body) {
+                                    run_rank_threads(n, o, [&](Communicator& c) {
+                                        gpu();
+                                        body(c);
+                                    }, Device::cuda);
+                                }),
+                                rep, Device::cuda);
+    INFO((rep.failures.empty() ? "" : rep.failures[0]));
+    CHECK(rep.failed == 0);
+    CHECK(rep.passed == 6);
+}
+
 TEST_CASE("cuda_local redistributes shards of any dim on the device, bitwise the host's", "[cuda]") {
     // shards of dims other than 0 travel packed (pack_chunks): strided device copies, no host trip
     for (const Shape& shape : {Shape{5, 7, 3}, Shape{4, 6}})
@@ -305,6 +339,19 @@ TEST_CASE("a nccl rank that never arrives times out on every rank; a mismatch is
         Tensor x = Tensor({4 + c.rank()}, DType::float32, Device::cuda);
         c.all_reduce(x, ReduceOp::sum);
     }), Catch::Contains("collective mismatch: rank 1 all_reduce#0 float32 [5] vs rank 0 all_reduce#0 float32 [4]"));
+}
+
+TEST_CASE("nccl point-to-point failures end every rank within the timeout, naming both ranks and the tag", "[cuda]") {
+    if (query_gpus().devices.size() < 2) {
+        WARN("needs 2 GPUs: not run on this machine");
+        return;
+    }
+    ConformanceReport rep;
+    run_p2p_failure_conformance(
+        launcher([](int n, const CommOptions& o, const RankFn& body) { run_nccl_threads(n, o, body); }), rep, Device::cuda);
+    INFO((rep.failures.empty() ? "" : rep.failures[0]));
+    CHECK(rep.failed == 0);
+    CHECK(rep.passed == 6);
 }
 
 int main(int argc, char** argv) {

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "comm/comm_threads.h"
-#include "verify/run.h"
+#include "train/run.h"
 #include "verify/verify.h"
 #include "test_helpers.h"
 

@@ -1,24 +1,21 @@
 #include "comm/comm_mpi.h"
 
+#include "comm/p2p.h"
 #include "comm/rank_supervisor.h"
+#include "core/check.h"
 
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <set>
 #include <thread>
 #include <vector>
 
 namespace ptool {
 namespace {
-
-void mpi_check(int rc, const char* what) {
-    if (rc == MPI_SUCCESS) return;
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    throw RuntimeError(fmt::format("{} failed: {}", what, std::string(msg, len)));
-}
-#define MPI_CHECK(stmt) mpi_check((stmt), #stmt)
 
 int as_int(size_t n, const char* what) {
     if (n > static_cast<size_t>(INT_MAX))
@@ -27,6 +24,50 @@ int as_int(size_t n, const char* what) {
 }
 
 }  // namespace
+
+// One op of a batch in flight. A recv moves from its descriptor (stage header) to its bytes
+// (stage payload) to done; a send posts both at once and is done when both completed.
+struct MpiP2P {
+    enum class Stage { header, payload, done };
+    P2POp::Kind kind = P2POp::Kind::send;
+    int peer = 0;
+    Tensor tensor;          // shares the op's storage (kept alive with the op if it is given up)
+    P2PDesc desc, theirs;   // this rank's; the sender's (recv)
+    MPI_Request header = MPI_REQUEST_NULL, payload = MPI_REQUEST_NULL;
+    std::vector<char> scratch;  // a mismatched message's bytes, drained so its sender completes
+    Stage stage = Stage::header;
+};
+
+namespace {
+
+// Ops given up (a timeout, a mismatch): receives are cancelled, sends cannot be, and MPI may
+// still complete either after the batch has thrown. Their buffers (descriptors, tensors,
+// scratch) stay reachable here until the process ends; failures end it soon anyway.
+void keep_until_exit(std::shared_ptr<std::vector<MpiP2P>> batch) {
+    static std::mutex mu;
+    static auto* kept = new std::vector<std::shared_ptr<std::vector<MpiP2P>>>;  // never destroyed: MPI may write late
+    std::lock_guard<std::mutex> lk(mu);
+    kept->push_back(std::move(batch));
+}
+
+void give_up(const std::shared_ptr<std::vector<MpiP2P>>& batch) {
+    for (MpiP2P& m : *batch)
+        for (MPI_Request* req : {&m.header, &m.payload}) {
+            if (*req == MPI_REQUEST_NULL) continue;
+            if (m.kind == P2POp::Kind::recv) MPI_Cancel(req);
+            MPI_Request_free(req);
+        }
+    keep_until_exit(batch);
+}
+
+}  // namespace
+
+std::string mpi_error_string(int code) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(code, msg, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", code);
+    return std::string(msg, len);
+}
 
 bool launched_by_mpi() {
     // OpenMPI's mpirun sets OMPI_COMM_WORLD_SIZE; PMI/PMIx launchers (srun) set PMI_SIZE or PMIX_RANK
@@ -38,7 +79,7 @@ void mpi_init_once() {
     MPI_Initialized(&initialized);
     if (initialized) return;
     int provided = 0;
-    MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+    PTOOL_CHECK_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     std::atexit([] {
         int finalized = 0;
@@ -62,10 +103,22 @@ void mpi_abort_job(const std::string& message, int code) {
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions options) : options_(options) {
-    MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+    PTOOL_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    MPI_Group group, world;
+    PTOOL_CHECK_MPI(MPI_Comm_group(comm_, &group));
+    PTOOL_CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
+    std::vector<int> mine(size_);
+    std::iota(mine.begin(), mine.end(), 0);
+    world_ranks_.resize(size_);
+    PTOOL_CHECK_MPI(MPI_Group_translate_ranks(group, size_, mine.data(), world, world_ranks_.data()));
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    int* ub = nullptr;
+    int found = 0;
+    if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &found) == MPI_SUCCESS && found && ub) tag_ub_ = *ub;
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -79,7 +132,7 @@ void MpiCommunicator::wait(MPI_Request& req, const CollectiveDesc& d) {
     int done = 0;
     set_rank_activity("in " + d.str());
     for (int spins = 0;; ++spins) {
-        MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        PTOOL_CHECK_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
         if (done) {
             set_rank_activity("after " + d.str());
             return;
@@ -97,12 +150,13 @@ void MpiCommunicator::check(const CollectiveDesc& d) {
     if (!options_.check_consistency) return;
     std::vector<CollectiveDesc> all(size_);
     MPI_Request req;
-    MPI_CHECK(MPI_Iallgather(&d, sizeof d, MPI_BYTE, all.data(), sizeof d, MPI_BYTE, comm_, &req));
+    PTOOL_CHECK_MPI(MPI_Iallgather(&d, sizeof d, MPI_BYTE, all.data(), sizeof d, MPI_BYTE, comm_, &req));
     wait(req, d);
     for (int r = 0; r < size_; ++r) {
         if (all[r].matches(d)) continue;
         const int lo = std::min(rank_, r), hi = std::max(rank_, r);
-        throw RuntimeError(fmt::format("collective mismatch: rank {} {} vs rank {} {}", hi, all[hi].str(), lo, all[lo].str()));
+        throw RuntimeError(fmt::format("collective mismatch: rank {} {} vs rank {} {}", hi, all[hi].str(), lo, all[lo].str()),
+                           RuntimeError::Kind::mismatch);
     }
 }
 
@@ -121,7 +175,7 @@ void MpiCommunicator::reduce_chunk(const Tensor& in, void* out, int64_t rows, in
     }
     std::vector<char> recv(static_cast<size_t>(size_) * mine.length * row * es);
     MPI_Request req;
-    MPI_CHECK(MPI_Ialltoallv(in.raw(), send_counts.data(), send_displs.data(), MPI_BYTE, recv.data(), recv_counts.data(),
+    PTOOL_CHECK_MPI(MPI_Ialltoallv(in.raw(), send_counts.data(), send_displs.data(), MPI_BYTE, recv.data(), recv_counts.data(),
                              recv_displs.data(), MPI_BYTE, comm_, &req));
     wait(req, d);
     std::vector<const void*> ins(size_);
@@ -144,7 +198,7 @@ void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
         counts[j] = as_int(c.length * es, "all_reduce"), displs[j] = as_int(c.offset * es, "all_reduce");
     }
     MPI_Request req;
-    MPI_CHECK(MPI_Iallgatherv(part.data(), counts[rank_], MPI_BYTE, t.raw(), counts.data(), displs.data(), MPI_BYTE,
+    PTOOL_CHECK_MPI(MPI_Iallgatherv(part.data(), counts[rank_], MPI_BYTE, t.raw(), counts.data(), displs.data(), MPI_BYTE,
                               comm_, &req));
     wait(req, d);
 }
@@ -156,7 +210,7 @@ void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
     int64_t mine = static_cast<int64_t>(in.nbytes());
     std::vector<int64_t> sizes(size_);
     MPI_Request req;
-    MPI_CHECK(MPI_Iallgather(&mine, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm_, &req));
+    PTOOL_CHECK_MPI(MPI_Iallgather(&mine, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm_, &req));
     wait(req, d);
     std::vector<int> counts(size_), displs(size_);
     int64_t total = 0;
@@ -166,7 +220,7 @@ void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
     }
     PTOOL_REQUIRE(total == static_cast<int64_t>(out.nbytes()), "all_gather: output {} holds {} bytes, ranks sent {}",
                   shape_str(out.shape()), out.nbytes(), total);
-    MPI_CHECK(MPI_Iallgatherv(in.raw(), counts[rank_], MPI_BYTE, out.raw(), counts.data(), displs.data(), MPI_BYTE,
+    PTOOL_CHECK_MPI(MPI_Iallgatherv(in.raw(), counts[rank_], MPI_BYTE, out.raw(), counts.data(), displs.data(), MPI_BYTE,
                               comm_, &req));
     wait(req, d);
 }
@@ -184,7 +238,7 @@ void MpiCommunicator::broadcast(Tensor& t, int root) {
     const CollectiveDesc d = describe("broadcast", t, sequence_++, root);
     check(d);
     MPI_Request req;
-    MPI_CHECK(MPI_Ibcast(t.raw(), as_int(t.nbytes(), "broadcast"), MPI_BYTE, root, comm_, &req));
+    PTOOL_CHECK_MPI(MPI_Ibcast(t.raw(), as_int(t.nbytes(), "broadcast"), MPI_BYTE, root, comm_, &req));
     wait(req, d);
 }
 
@@ -196,7 +250,7 @@ void MpiCommunicator::all_to_all(const Tensor& in, Tensor& out) {
                   in.numel(), size_);
     const int chunk = as_int(in.nbytes() / size_, "all_to_all");
     MPI_Request req;
-    MPI_CHECK(MPI_Ialltoall(in.raw(), chunk, MPI_BYTE, out.raw(), chunk, MPI_BYTE, comm_, &req));
+    PTOOL_CHECK_MPI(MPI_Ialltoall(in.raw(), chunk, MPI_BYTE, out.raw(), chunk, MPI_BYTE, comm_, &req));
     wait(req, d);
 }
 
@@ -204,7 +258,7 @@ void MpiCommunicator::barrier() {
     const CollectiveDesc d = describe("barrier", sequence_++);
     check(d);
     MPI_Request req;
-    MPI_CHECK(MPI_Ibarrier(comm_, &req));
+    PTOOL_CHECK_MPI(MPI_Ibarrier(comm_, &req));
     wait(req, d);
 }
 
@@ -212,10 +266,105 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
     const CollectiveDesc d = describe("split", sequence_++);
     check(d);
     MPI_Comm sub;
-    MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+    PTOOL_CHECK_MPI(MPI_Comm_split(comm_, color, key, &sub));
     auto out = std::make_unique<MpiCommunicator>(sub, options_);
     MPI_Comm_free(&sub);
     return out;
+}
+
+void MpiCommunicator::batch_isend_irecv(const std::vector<P2POp>& ops) {
+    const auto world = [&](int r) { return world_ranks_[r]; };
+    check_p2p_ops(ops, rank_, size_, world);
+    for (const P2POp& op : ops)
+        if (op.tag > (tag_ub_ - 1) / 2)
+            throw RuntimeError(
+                fmt::format("rank {}: {} with rank {}: tag {} is above what MPI carries here ({})",
+                            world(rank_), p2p_op_name(op.kind), world(op.peer), op.tag, (tag_ub_ - 1) / 2),
+                RuntimeError::Kind::misuse);
+    count_p2p(ops);
+    if (ops.empty()) return;
+    auto batch = std::make_shared<std::vector<MpiP2P>>();
+    batch->reserve(ops.size());  // the requests point into it: no reallocation
+    try {
+        post_and_complete(*batch, ops);
+    } catch (...) {  // MPI may still use what was posted
+        give_up(batch);
+        throw;
+    }
+}
+
+void MpiCommunicator::post_and_complete(std::vector<MpiP2P>& batch, const std::vector<P2POp>& ops) {
+    const auto world = [&](int r) { return world_ranks_[r]; };
+    for (const P2POp& op : ops) {
+        MpiP2P& m = batch.emplace_back();
+        m.kind = op.kind, m.peer = op.peer, m.tensor = *op.tensor,
+        m.desc = describe_p2p(*op.tensor, op.tag, op.kind);
+        const int bytes = as_int(m.desc.nbytes(), p2p_op_name(op.kind));
+        if (op.kind == P2POp::Kind::send) {
+            PTOOL_CHECK_MPI(
+                MPI_Issend(&m.desc, sizeof m.desc, MPI_BYTE, op.peer, 2 * op.tag, comm_, &m.header));
+            PTOOL_CHECK_MPI(
+                MPI_Issend(m.tensor.raw(), bytes, MPI_BYTE, op.peer, 2 * op.tag + 1, comm_, &m.payload));
+        } else {
+            PTOOL_CHECK_MPI(
+                MPI_Irecv(&m.theirs, sizeof m.theirs, MPI_BYTE, op.peer, 2 * op.tag, comm_, &m.header));
+        }
+    }
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
+    const MpiP2P& first = batch.front();
+    set_rank_activity("in " + p2p_op_str(first.kind, world(first.peer), first.desc));
+    for (int spins = 0;; ++spins) {
+        bool all_done = true;
+        std::set<std::pair<int, int64_t>> blocked;  // (peer, tag) of a recv still waiting for its descriptor
+        for (MpiP2P& m : batch) {
+            int done = 0;
+            if (m.kind == P2POp::Kind::send && m.stage != MpiP2P::Stage::done) {
+                int header = 0;
+                PTOOL_CHECK_MPI(MPI_Test(&m.header, &header, MPI_STATUS_IGNORE));
+                PTOOL_CHECK_MPI(MPI_Test(&m.payload, &done, MPI_STATUS_IGNORE));
+                if (header && done) m.stage = MpiP2P::Stage::done;
+            }
+            if (m.kind == P2POp::Kind::recv && m.stage == MpiP2P::Stage::header) {
+                // a channel's descriptors are read in posting order: its bytes' receives are posted in it too
+                if (!blocked.insert({m.peer, m.desc.tag}).second) {
+                    all_done = false;
+                    continue;
+                }
+                PTOOL_CHECK_MPI(MPI_Test(&m.header, &done, MPI_STATUS_IGNORE));
+                if (!done) {
+                    all_done = false;
+                    continue;
+                }
+                blocked.erase({m.peer, m.desc.tag});
+                const int tag = static_cast<int>(2 * m.desc.tag + 1);
+                if (!m.theirs.same_tensor(m.desc)) {  // drain its bytes (its sender completes), then fail
+                    m.scratch.resize(m.theirs.nbytes());
+                    PTOOL_CHECK_MPI(MPI_Irecv(m.scratch.data(), as_int(m.scratch.size(), "recv"), MPI_BYTE,
+                                              m.peer, tag, comm_, &m.payload));
+                    throw p2p_mismatch(world(rank_), world(m.peer), m.desc, m.theirs);
+                }
+                PTOOL_CHECK_MPI(MPI_Irecv(m.tensor.raw(), as_int(m.desc.nbytes(), "recv"), MPI_BYTE, m.peer,
+                                          tag, comm_, &m.payload));
+                m.stage = MpiP2P::Stage::payload;
+            }
+            if (m.kind == P2POp::Kind::recv && m.stage == MpiP2P::Stage::payload) {
+                PTOOL_CHECK_MPI(MPI_Test(&m.payload, &done, MPI_STATUS_IGNORE));
+                if (done) m.stage = MpiP2P::Stage::done;
+            }
+            all_done = all_done && m.stage == MpiP2P::Stage::done;
+        }
+        if (all_done) break;
+        if (options_.timeout_seconds > 0 && std::chrono::steady_clock::now() >= deadline) {
+            const MpiP2P* pending = nullptr;
+            for (const MpiP2P& m : batch)
+                if (!pending && m.stage != MpiP2P::Stage::done) pending = &m;
+            throw p2p_timeout(world(rank_), pending->kind, world(pending->peer), pending->desc,
+                              options_.timeout_seconds, "");
+        }
+        if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    set_rank_activity("after " + p2p_op_str(first.kind, world(first.peer), first.desc));
 }
 
 }  // namespace ptool

@@ -5,14 +5,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_check.h"
 #include "comm/device_reduce.h"
 #include "comm/nccl_api.h"
+#include "comm/p2p.h"
 #include "comm/rank_supervisor.h"
+#include "core/check.h"
 
 namespace ptool {
 namespace {
@@ -61,19 +63,11 @@ struct OnDevice {
 
 NcclId nccl_unique_id() {
     ncclUniqueId id;
-    const ncclResult_t r = nccl().get_unique_id(&id);
-    if (r != ncclSuccess) throw RuntimeError(fmt::format("ncclGetUniqueId failed: {}", nccl().error_string(r)));
+    PTOOL_CHECK_NCCL(nccl().get_unique_id(&id));
     NcclId out;
     std::memcpy(out.bytes, &id, sizeof id);
     return out;
 }
-
-#define NCCL_CALL(stmt)                                                                                          \
-    do {                                                                                                         \
-        const ncclResult_t r_ = (stmt);                                                                          \
-        if (r_ != ncclSuccess && r_ != ncclInProgress)                                                           \
-            fail(fmt::format("{} failed: {} ({})", #stmt, nccl().error_string(r_), nccl().last_error(as_comm(comm_)))); \
-    } while (0)
 
 NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int size, CommOptions options,
                                    std::shared_ptr<AbortState> abort)
@@ -83,10 +77,12 @@ NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int size, CommOpt
     std::memcpy(&uid, id.bytes, sizeof uid);
     ncclConfig_t config = nonblocking();
     ncclComm_t c = nullptr;
-    const ncclResult_t r = nccl().init_rank_config(&c, size, uid, rank, &config);
+    const auto failed = [&](const std::string& message) {
+        comm_ = c;  // what NCCL made of it is aborted
+        fail(message);
+    };
+    PTOOL_CHECK_NCCL_WITH(nccl().init_rank_config(&c, size, uid, rank, &config), failed);
     comm_ = c;
-    if (r != ncclSuccess && r != ncclInProgress)
-        fail(fmt::format("ncclCommInitRankConfig failed on rank {}: {}", rank, nccl().error_string(r)));
     await(describe("init", 0), false);  // named in a timeout message
 }
 
@@ -115,49 +111,64 @@ NcclCommunicator::~NcclCommunicator() {
     else api->abort(c);
 }
 
-void NcclCommunicator::fail(const std::string& message) {
-    const bool named = message.rfind("rank ", 0) == 0 || message.rfind("collective mismatch", 0) == 0;
+void NcclCommunicator::fail(const std::string& message, RuntimeError::Kind kind) {
+    const bool named = kind != RuntimeError::Kind::other;
     const std::string msg = named ? message : fmt::format("rank {}: {}", world_ranks_[rank_], message);
-    if (abort_) abort_->abort(msg);
+    if (!named) kind = RuntimeError::Kind::rank_failed;  // the message names the rank now
+    if (abort_) abort_->abort(msg, kind);
     if (comm_) nccl().abort(as_comm(comm_)), comm_ = nullptr;
-    throw RuntimeError(msg);
+    throw RuntimeError(msg, kind);
 }
 
 void NcclCommunicator::await(const CollectiveDesc& d, bool stream_too) {
-    if (!comm_) throw RuntimeError(fmt::format("rank {}: the nccl communicator was aborted", world_ranks_[rank_]));
+    await(d.str(), stream_too, [&] {
+        return RuntimeError(fmt::format("rank {} timed out after {} s in {} (a rank never arrived, or is in another "
+                                        "collective)",
+                                        world_ranks_[rank_], options_.timeout_seconds, d.str()),
+                            RuntimeError::Kind::timeout);
+    });
+}
+
+void NcclCommunicator::await(const std::string& what, bool stream_too, const std::function<RuntimeError()>& timeout) {
+    if (!comm_)
+        throw RuntimeError(fmt::format("rank {}: the nccl communicator was aborted", world_ranks_[rank_]),
+                           RuntimeError::Kind::rank_failed);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
-    set_rank_activity("in " + d.str());
+    set_rank_activity("in " + what);
     for (int spins = 0;; ++spins) {
         ncclResult_t state = ncclSuccess;
         nccl().get_async_error(as_comm(comm_), &state);
         if (state != ncclSuccess && state != ncclInProgress)
-            fail(fmt::format("rank {}: NCCL error in {}: {} ({})", world_ranks_[rank_], d.str(),
-                             nccl().error_string(state), nccl().last_error(as_comm(comm_))));
+            fail(fmt::format("rank {}: NCCL error in {}: {}", world_ranks_[rank_], what, nccl_error_string(state)),
+                 RuntimeError::Kind::rank_failed);
         bool done = state == ncclSuccess;
         if (done && stream_too) {
             const cudaError_t e = cudaStreamQuery(stream());
             if (e == cudaErrorNotReady) done = false;
             else if (e != cudaSuccess)
-                fail(fmt::format("rank {}: CUDA error in {}: {}", world_ranks_[rank_], d.str(), cudaGetErrorString(e)));
+                fail(fmt::format("rank {}: CUDA error in {}: {}", world_ranks_[rank_], what, cudaGetErrorString(e)),
+                     RuntimeError::Kind::rank_failed);
         }
         if (done) break;
         if (abort_ && abort_->aborted.load()) {
             nccl().abort(as_comm(comm_)), comm_ = nullptr;
             std::lock_guard<std::mutex> lk(abort_->mu);
-            throw AbortedError(abort_->message);
+            throw AbortedError(abort_->message, abort_->kind);
         }
-        if (std::chrono::steady_clock::now() >= deadline)
-            fail(fmt::format("rank {} timed out after {} s in {} (a rank never arrived, or is in another collective)",
-                             world_ranks_[rank_], options_.timeout_seconds, d.str()));
+        if (std::chrono::steady_clock::now() >= deadline) {
+            const RuntimeError e = timeout();
+            fail(e.what(), e.kind());
+        }
         if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
-    set_rank_activity("after " + d.str());
+    set_rank_activity("after " + what);
 }
 
 std::vector<char> NcclCommunicator::exchange(const CollectiveDesc& d, const void* mine, size_t bytes) {
     DeviceBuffer buf(bytes * size_);
     copy_bytes(buf.at(bytes * rank_), Device::cuda, mine, Device::cpu, bytes);
-    NCCL_CALL(nccl().all_gather(buf.at(bytes * rank_), buf.p, bytes, ncclUint8, as_comm(comm_), stream()));
+    PTOOL_CHECK_NCCL_WITH(
+        nccl().all_gather(buf.at(bytes * rank_), buf.p, bytes, ncclUint8, as_comm(comm_), stream()), fail);
     await(d);
     std::vector<char> all(bytes * size_);
     copy_bytes(all.data(), Device::cpu, buf.p, Device::cuda, all.size());
@@ -175,7 +186,8 @@ std::vector<CollectiveDesc> NcclCommunicator::check(const CollectiveDesc& d, boo
         if (theirs.matches(mine)) continue;
         const int lo = std::min(rank_, r), hi = std::max(rank_, r);
         fail(fmt::format("collective mismatch: rank {} {} vs rank {} {}", world_ranks_[hi], all[hi].str(),
-                         world_ranks_[lo], all[lo].str()));
+                         world_ranks_[lo], all[lo].str()),
+             RuntimeError::Kind::mismatch);
     }
     return all;
 }
@@ -188,19 +200,25 @@ void NcclCommunicator::reduce_chunk(const void* in, void* out, int64_t rows, int
     DeviceBuffer recv(mine_bytes * size_);
     const char* src = static_cast<const char*>(in);
     // chunk j of every rank's buffer to rank j, in one group (the bytes of a ring reduce-scatter)
-    NCCL_CALL(nccl().group_start());
+    PTOOL_CHECK_NCCL_WITH(nccl().group_start(), fail);
     for (int j = 0; j < size_; ++j) {
         const Chunk c = chunk_of(rows, size_, j);
         const size_t c_bytes = static_cast<size_t>(c.length * row) * es;
         if (j == rank_) {
-            if (mine_bytes) CUDA_CHECK(cudaMemcpyAsync(recv.at(j * mine_bytes), src + c.offset * row * es, mine_bytes,
+            if (mine_bytes) PTOOL_CHECK_CUDA(cudaMemcpyAsync(recv.at(j * mine_bytes), src + c.offset * row * es, mine_bytes,
                                                        cudaMemcpyDeviceToDevice, stream()));
             continue;
         }
-        if (c_bytes) NCCL_CALL(nccl().send(src + c.offset * row * es, c_bytes, ncclUint8, j, as_comm(comm_), stream()));
-        if (mine_bytes) NCCL_CALL(nccl().recv(recv.at(j * mine_bytes), mine_bytes, ncclUint8, j, as_comm(comm_), stream()));
+        if (c_bytes)
+            PTOOL_CHECK_NCCL_WITH(
+                nccl().send(src + c.offset * row * es, c_bytes, ncclUint8, j, as_comm(comm_), stream()),
+                fail);
+        if (mine_bytes)
+            PTOOL_CHECK_NCCL_WITH(
+                nccl().recv(recv.at(j * mine_bytes), mine_bytes, ncclUint8, j, as_comm(comm_), stream()),
+                fail);
     }
-    NCCL_CALL(nccl().group_end());
+    PTOOL_CHECK_NCCL_WITH(nccl().group_end(), fail);
     await(d);
     if (!mine_bytes) return;
     std::vector<const void*> ins(size_);
@@ -222,8 +240,10 @@ void NcclCommunicator::all_reduce(Tensor& t, ReduceOp op) {
     DeviceBuffer part(per * es), padded(even ? 0 : per * size_ * es);
     reduce_chunk(x.dev.raw(), part.p, n, 1, t.dtype(), op, d);
     void* gathered = even ? x.dev.raw() : padded.p;
-    NCCL_CALL(nccl().all_gather(part.p, gathered, per * es, ncclUint8, as_comm(comm_), stream()));
-    if (!even) CUDA_CHECK(cudaMemcpyAsync(x.dev.raw(), padded.p, n * es, cudaMemcpyDeviceToDevice, stream()));
+    PTOOL_CHECK_NCCL_WITH(nccl().all_gather(part.p, gathered, per * es, ncclUint8, as_comm(comm_), stream()),
+                          fail);
+    if (!even)
+        PTOOL_CHECK_CUDA(cudaMemcpyAsync(x.dev.raw(), padded.p, n * es, cudaMemcpyDeviceToDevice, stream()));
     await(d);
     x.done();
 }
@@ -242,19 +262,22 @@ void NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
     OnDevice src(in), dst(out);
     const bool equal = std::all_of(rows.begin(), rows.end(), [&](int64_t k) { return k == rows[0]; });
     if (equal) {
-        NCCL_CALL(nccl().all_gather(src.dev.raw(), dst.dev.raw(), rows[0] * row_bytes, ncclUint8, as_comm(comm_),
-                                    stream()));
+        PTOOL_CHECK_NCCL_WITH(nccl().all_gather(src.dev.raw(), dst.dev.raw(), rows[0] * row_bytes, ncclUint8,
+                                                as_comm(comm_), stream()),
+                              fail);
     } else {  // uneven: rank r broadcasts its rows into their place
-        NCCL_CALL(nccl().group_start());
+        PTOOL_CHECK_NCCL_WITH(nccl().group_start(), fail);
         int64_t offset = 0;
         for (int r = 0; r < size_; ++r) {
             char* at = static_cast<char*>(dst.dev.raw()) + offset * row_bytes;
             if (rows[r])
-                NCCL_CALL(nccl().broadcast(r == rank_ ? src.dev.raw() : at, at, rows[r] * row_bytes, ncclUint8, r,
-                                           as_comm(comm_), stream()));
+                PTOOL_CHECK_NCCL_WITH(
+                    nccl().broadcast(r == rank_ ? src.dev.raw() : at, at, rows[r] * row_bytes, ncclUint8, r,
+                                     as_comm(comm_), stream()),
+                    fail);
             offset += rows[r];
         }
-        NCCL_CALL(nccl().group_end());
+        PTOOL_CHECK_NCCL_WITH(nccl().group_end(), fail);
     }
     await(d);
     dst.done();
@@ -277,7 +300,9 @@ void NcclCommunicator::broadcast(Tensor& t, int root) {
     const CollectiveDesc d = describe("broadcast", t, sequence_++, root);
     check(d);
     OnDevice x(t);
-    NCCL_CALL(nccl().broadcast(x.dev.raw(), x.dev.raw(), t.nbytes(), ncclUint8, root, as_comm(comm_), stream()));
+    PTOOL_CHECK_NCCL_WITH(
+        nccl().broadcast(x.dev.raw(), x.dev.raw(), t.nbytes(), ncclUint8, root, as_comm(comm_), stream()),
+        fail);
     await(d);
     x.done();
 }
@@ -292,16 +317,18 @@ void NcclCommunicator::all_to_all(const Tensor& in, Tensor& out) {
     const size_t chunk = in.nbytes() / size_;
     const char* s = static_cast<const char*>(src.dev.raw());
     char* o = static_cast<char*>(dst.dev.raw());
-    NCCL_CALL(nccl().group_start());
+    PTOOL_CHECK_NCCL_WITH(nccl().group_start(), fail);
     for (int j = 0; j < size_ && chunk; ++j) {
         if (j == rank_) {
-            CUDA_CHECK(cudaMemcpyAsync(o + j * chunk, s + j * chunk, chunk, cudaMemcpyDeviceToDevice, stream()));
+            PTOOL_CHECK_CUDA(cudaMemcpyAsync(o + j * chunk, s + j * chunk, chunk, cudaMemcpyDeviceToDevice, stream()));
             continue;
         }
-        NCCL_CALL(nccl().send(s + j * chunk, chunk, ncclUint8, j, as_comm(comm_), stream()));
-        NCCL_CALL(nccl().recv(o + j * chunk, chunk, ncclUint8, j, as_comm(comm_), stream()));
+        PTOOL_CHECK_NCCL_WITH(nccl().send(s + j * chunk, chunk, ncclUint8, j, as_comm(comm_), stream()),
+                              fail);
+        PTOOL_CHECK_NCCL_WITH(nccl().recv(o + j * chunk, chunk, ncclUint8, j, as_comm(comm_), stream()),
+                              fail);
     }
-    NCCL_CALL(nccl().group_end());
+    PTOOL_CHECK_NCCL_WITH(nccl().group_end(), fail);
     await(d);
     dst.done();
 }
@@ -331,12 +358,104 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
     }
     ncclConfig_t config = nonblocking();
     ncclComm_t sub = nullptr;
-    NCCL_CALL(nccl().split(as_comm(comm_), color, key, &sub, &config));
+    PTOOL_CHECK_NCCL_WITH(nccl().split(as_comm(comm_), color, key, &sub, &config), fail);
     await(d, false);  // the parent's pending split
     auto out = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(sub, new_rank, static_cast<int>(members.size()),
                                                                       options_, abort_, std::move(world)));
     out->await(d, false);  // the child's initialisation
     return out;
+}
+
+// Point-to-point in two groups. (1) Descriptors both ways: for each op this rank sends its own
+// descriptor to the peer and receives one from it, so the group completes only once the peer has
+// posted as many ops with this rank (a rendezvous whatever NCCL buffers), and both sides learn
+// what the other posted: the k-th descriptor from a peer is the one of its k-th op with this rank.
+// Its sends pair with this rank's recvs from it, and its recvs with this rank's sends to it, each
+// with the first unpaired op of the same tag; both sides check the same pairs and throw the same
+// message. (2) The bytes: sends in posting order, receives in their senders' order.
+void NcclCommunicator::batch_isend_irecv(const std::vector<P2POp>& ops) {
+    const auto world = [&](int r) { return world_ranks_[r]; };
+    check_p2p_ops(ops, rank_, size_, world);
+    count_p2p(ops);
+    if (ops.empty()) return;
+    const size_t n = ops.size(), hb = sizeof(P2PDesc);
+    std::vector<P2PDesc> mine(n), theirs(n);
+    for (size_t i = 0; i < n; ++i) mine[i] = describe_p2p(*ops[i].tensor, ops[i].tag, ops[i].kind);
+    const P2POp& first = ops.front();
+    const std::string what =
+        p2p_op_str(first.kind, world(first.peer), mine.front()) +
+        (n > 1 ? fmt::format(" and {} more op{} of its batch", n - 1, n > 2 ? "s" : "") : "");
+    const auto timeout = [&] {
+        return p2p_timeout(world(rank_), first.kind, world(first.peer), mine.front(),
+                           options_.timeout_seconds,
+                           n > 1 ? fmt::format("or another of the {} ops of its batch", n) : "");
+    };
+    // (1) descriptors
+    DeviceBuffer out(n * hb), in(n * hb);
+    copy_bytes(out.p, Device::cuda, mine.data(), Device::cpu, n * hb);
+    PTOOL_CHECK_NCCL_WITH(nccl().group_start(), fail);
+    for (size_t i = 0; i < n; ++i) {
+        PTOOL_CHECK_NCCL_WITH(
+            nccl().send(out.at(i * hb), hb, ncclUint8, ops[i].peer, as_comm(comm_), stream()), fail);
+        PTOOL_CHECK_NCCL_WITH(
+            nccl().recv(in.at(i * hb), hb, ncclUint8, ops[i].peer, as_comm(comm_), stream()), fail);
+    }
+    PTOOL_CHECK_NCCL_WITH(nccl().group_end(), fail);
+    await(what, true, timeout);
+    copy_bytes(theirs.data(), Device::cpu, in.p, Device::cuda, n * hb);
+    // pair: partner[i] is the op of the peer's (its descriptor) that op i pairs with; the peer's
+    // sends in their posting order, as the bytes will arrive
+    std::vector<const P2PDesc*> partner(n, nullptr);
+    std::map<int, std::vector<size_t>>
+        arrival;                      // peer -> this rank's recv ops in the order of the peer's sends
+    for (size_t k = 0; k < n; ++k) {  // theirs[k]: the peer's op with this rank, in the peer's order
+        const int peer = ops[k].peer;
+        const auto want =
+            theirs[k].op == static_cast<int32_t>(P2POp::Kind::send) ? P2POp::Kind::recv : P2POp::Kind::send;
+        size_t match = n;
+        for (size_t j = 0; j < n && match == n; ++j)
+            if (ops[j].kind == want && ops[j].peer == peer && !partner[j] && mine[j].tag == theirs[k].tag)
+                match = j;
+        if (match == n) {  // the peer's op has no partner here: named from this rank's op in its slot
+            fail(p2p_unmatched(world(rank_), ops[k].kind, world(peer), mine[k], theirs[k]).what(),
+                 RuntimeError::Kind::mismatch);
+        }
+        partner[match] = &theirs[k];
+        if (want == P2POp::Kind::recv) arrival[peer].push_back(match);
+    }
+    for (size_t i = 0; i < n; ++i) {  // the receiver's view, on both sides: the same message
+        const P2PDesc& other = *partner[i];
+        if (other.same_tensor(mine[i])) continue;
+        const bool recv = ops[i].kind == P2POp::Kind::recv;
+        const int me = world(rank_), peer = world(ops[i].peer);
+        fail(recv ? p2p_mismatch(me, peer, mine[i], other).what()
+                  : p2p_mismatch(peer, me, other, mine[i]).what(),
+             RuntimeError::Kind::mismatch);
+    }
+    // (2) the bytes
+    std::vector<std::unique_ptr<OnDevice>> staged(n);
+    for (size_t i = 0; i < n; ++i) staged[i] = std::make_unique<OnDevice>(*ops[i].tensor);
+    std::map<int, size_t> next;  // peer -> how many of its messages have a posted receive
+    PTOOL_CHECK_NCCL_WITH(nccl().group_start(), fail);
+    for (size_t i = 0; i < n; ++i) {
+        const int peer = ops[i].peer;
+        if (ops[i].kind == P2POp::Kind::send) {
+            if (mine[i].nbytes())
+                PTOOL_CHECK_NCCL_WITH(nccl().send(staged[i]->dev.raw(), mine[i].nbytes(), ncclUint8, peer,
+                                                  as_comm(comm_), stream()),
+                                      fail);
+        } else {
+            const size_t j = arrival[peer][next[peer]++];
+            if (mine[j].nbytes())
+                PTOOL_CHECK_NCCL_WITH(nccl().recv(staged[j]->dev.raw(), mine[j].nbytes(), ncclUint8, peer,
+                                                  as_comm(comm_), stream()),
+                                      fail);
+        }
+    }
+    PTOOL_CHECK_NCCL_WITH(nccl().group_end(), fail);
+    await(what, true, timeout);
+    for (size_t i = 0; i < n; ++i)
+        if (ops[i].kind == P2POp::Kind::recv) staged[i]->done();
 }
 
 void run_nccl_threads(int n, const CommOptions& options, const std::function<void(Communicator&)>& fn) {

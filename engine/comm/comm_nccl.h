@@ -17,6 +17,16 @@
 // abort the communicator is ncclCommAbort-ed and the rank throws (exit 3, naming the rank and
 // the collective). The consistency check all-gathers every rank's collective descriptor first.
 // Host tensors (BatchNorm's statistics) are staged through device memory.
+//
+// Point-to-point is ncclSend/ncclRecv inside ncclGroupStart/End, in two groups: descriptors
+// (dtype, shape, tag, send or recv) both ways first, then the bytes. Each rank sends its
+// descriptor of every op to the op's peer and receives the peer's, so a send completes only once
+// its recv is posted (a rendezvous whatever NCCL buffers) and both ranks check the same pairs.
+// NCCL pairs ops by posting order and knows no tags: the descriptors pair each op with the peer's
+// first op of the same tag, and the receives of the bytes are posted in the sender's order. Tags
+// therefore reorder within one batch; across separate calls two ranks must post their ops with
+// each other in the same order (as on NCCL itself: the descriptors name the op posted instead).
+// Unverified on a GPU at the time of writing (no GPU where it was written).
 #pragma once
 
 #include <functional>
@@ -51,13 +61,18 @@ public:
     void all_to_all(const Tensor& in, Tensor& out) override;
     void barrier() override;
     std::unique_ptr<Communicator> split(int color, int key) override;
+    void batch_isend_irecv(const std::vector<P2POp>& ops) override;
 
 private:
     NcclCommunicator(void* comm, int rank, int size, CommOptions options, std::shared_ptr<AbortState> abort,
                      std::vector<int> world_ranks);
     // Waits until the communicator's pending work and this thread's stream are done.
     void await(const CollectiveDesc& d, bool stream = true);
-    [[noreturn]] void fail(const std::string& message);  // aborts the communicator and throws
+    // The same for any wait: `what` names it in activity and error messages; timeout() is the
+    // timeout's message.
+    void await(const std::string& what, bool stream, const std::function<RuntimeError()>& timeout);
+    // Aborts the communicator and throws; a message of kind other gets "rank R: " in front.
+    [[noreturn]] void fail(const std::string& message, RuntimeError::Kind kind = RuntimeError::Kind::other);
     std::vector<char> exchange(const CollectiveDesc& d, const void* mine, size_t bytes);  // all-gather of host bytes
     std::vector<CollectiveDesc> check(const CollectiveDesc& d, bool always = false);
     // Rank-order reduction of chunk rank() (chunk_of over rows) of every rank's device buffer in into out.

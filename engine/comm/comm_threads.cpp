@@ -12,9 +12,9 @@
 
 namespace ptool {
 
-void AbortState::abort(const std::string& why) {
+void AbortState::abort(const std::string& why, RuntimeError::Kind why_kind) {
     std::lock_guard<std::mutex> lk(mu);
-    if (!aborted.load()) message = why;
+    if (!aborted.load()) message = why, kind = why_kind;
     aborted.store(true);
 }
 
@@ -55,7 +55,7 @@ void CoreSlots::take_turn() {
 
 ThreadGroup::ThreadGroup(int n_, std::shared_ptr<AbortState> abort_, std::vector<int> world_ranks_)
     : n(n_), abort(std::move(abort_)), world_ranks(std::move(world_ranks_)), in(n_), out(n_), count(n_), desc(n_),
-      inside(n_, false), posted(n_, false), split_args(n_) {}
+      inside(n_, false), posted(n_, false), split_args(n_), p2p(n_) {}
 
 void ThreadsCommunicator::sync() {
     ThreadGroup& g = *group_;
@@ -79,7 +79,7 @@ void ThreadsCommunicator::sync() {
         if (g.abort->aborted.load()) {
             --g.arrived;
             std::lock_guard<std::mutex> al(g.abort->mu);
-            throw AbortedError(g.abort->message);
+            throw AbortedError(g.abort->message, g.abort->kind);
         }
         if (std::chrono::steady_clock::now() >= deadline) {
             --g.arrived;
@@ -95,16 +95,19 @@ void ThreadsCommunicator::timeout() {
     std::string waiting;
     {
         std::lock_guard<std::mutex> lk(g.mu);
-        for (int r = 0; r < g.n; ++r)
+        for (int r = 0; r < g.n; ++r) {
+            const std::string p2p = g.inside[r] ? "" : g.p2p.waiting(r);  // lock order: group, then board
             waiting += fmt::format("; rank {} {}", g.world_ranks[r],
-                                   g.inside[r]   ? "waits in " + g.desc[r].str()
-                                   : g.posted[r] ? "never arrived (last: " + g.desc[r].str() + ")"
-                                                 : "never arrived (no collective yet)");
+                                   g.inside[r]    ? "waits in " + g.desc[r].str()
+                                   : !p2p.empty() ? "waits in " + p2p
+                                   : g.posted[r]  ? "never arrived (last: " + g.desc[r].str() + ")"
+                                                  : "never arrived (no collective yet)");
+        }
     }
     const std::string msg = fmt::format("rank {} timed out after {} s in {}{}", g.world_ranks[rank_],
                                         options_.timeout_seconds, g.desc[rank_].str(), waiting);
-    g.abort->abort(msg);
-    throw RuntimeError(msg);
+    g.abort->abort(msg, RuntimeError::Kind::timeout);
+    throw RuntimeError(msg, RuntimeError::Kind::timeout);
 }
 
 void ThreadsCommunicator::copy(void* dst, const void* src, size_t bytes, Device device) {
@@ -137,8 +140,8 @@ void ThreadsCommunicator::enter(const CollectiveDesc& d, const void* in, void* o
             const int lo = std::min(rank_, r), hi = std::max(rank_, r);
             const std::string msg = fmt::format("collective mismatch: rank {} {} vs rank {} {}", g.world_ranks[hi],
                                                 g.desc[hi].str(), g.world_ranks[lo], g.desc[lo].str());
-            g.abort->abort(msg);
-            throw RuntimeError(msg);
+            g.abort->abort(msg, RuntimeError::Kind::mismatch);
+            throw RuntimeError(msg, RuntimeError::Kind::mismatch);
         }
     }
 }
@@ -267,6 +270,32 @@ std::unique_ptr<Communicator> ThreadsCommunicator::split(int color, int key) {
     return comm;
 }
 
+void ThreadsCommunicator::batch_isend_irecv(const std::vector<P2POp>& ops) {
+    ThreadGroup& g = *group_;
+    check_p2p_ops(ops, rank_, g.n, [&](int r) { return g.world_ranks[r]; });
+    count_p2p(ops);
+    for (const P2POp& op : ops)
+        if (op.kind == P2POp::Kind::send && op.tensor->device() == Device::cuda) {
+            device_memory().synchronize();  // what this rank sends is complete before the receiver copies it
+            break;
+        }
+    P2PWait how;
+    how.abort = g.abort.get();
+    how.timeout_seconds = options_.timeout_seconds;
+    how.cores = g.cores.get();
+    how.world_ranks = &g.world_ranks;
+    how.peer_context = [&g](int peer) {
+        std::lock_guard<std::mutex> lk(g.mu);
+        const int w = g.world_ranks[peer];
+        if (g.inside[peer]) return fmt::format("rank {} is in {}", w, g.desc[peer].str());
+        if (g.posted[peer])
+            return fmt::format("rank {} is in no collective or point-to-point op of this group (last: {})", w,
+                               g.desc[peer].str());
+        return fmt::format("rank {} is in no collective or point-to-point op of this group", w);
+    };
+    g.p2p.exchange(rank_, ops, how);
+}
+
 void run_threads(int n, const std::shared_ptr<AbortState>& abort,
                  const std::function<std::unique_ptr<Communicator>(int rank)>& make_comm,
                  const std::function<void(Communicator&)>& fn) {
@@ -281,12 +310,15 @@ void run_threads(int n, const std::shared_ptr<AbortState>& abort,
             } catch (const AbortedError&) {
                 // another rank failed first; its message is the one reported
             } catch (const std::bad_alloc&) {
-                abort->abort(fmt::format("rank {} ran out of memory (an allocation failed)", r));
+                abort->abort(fmt::format("rank {} ran out of memory (an allocation failed)", r),
+                             RuntimeError::Kind::rank_failed);
+                errors[r] = std::current_exception();
+            } catch (const RuntimeError& e) {
+                if (e.names_rank()) abort->abort(e.what(), e.kind());
+                else abort->abort(fmt::format("rank {} failed: {}", r, e.what()), RuntimeError::Kind::rank_failed);
                 errors[r] = std::current_exception();
             } catch (const std::exception& e) {
-                const std::string what = e.what();
-                const bool prefixed = what.rfind("rank ", 0) == 0 || what.rfind("collective mismatch", 0) == 0;
-                abort->abort(prefixed ? what : fmt::format("rank {} failed: {}", r, what));
+                abort->abort(fmt::format("rank {} failed: {}", r, e.what()), RuntimeError::Kind::rank_failed);
                 errors[r] = std::current_exception();
             }
         };
@@ -294,7 +326,8 @@ void run_threads(int n, const std::shared_ptr<AbortState>& abort,
             threads.emplace_back(rank);
         } catch (const std::system_error& e) {  // the ranks already started stop at their next collective
             abort->abort(fmt::format("cannot start rank {} of {} as a thread: {} (a resource ran out: threads or memory)",
-                                     r, n, e.what()));
+                                     r, n, e.what()),
+                         RuntimeError::Kind::other);
             break;
         }
     }
@@ -309,7 +342,7 @@ void run_threads(int n, const std::shared_ptr<AbortState>& abort,
             } catch (...) {
             }
         }
-        throw RuntimeError(abort->message);
+        throw RuntimeError(abort->message, abort->kind);
     }
 }
 

@@ -9,6 +9,9 @@
 // arrives ends every rank of every group within the timeout, with one message naming the rank,
 // the collective and what every rank of the group was doing.
 //
+// Point-to-point goes through the group's rendezvous board (comm/p2p_board.h): the receiver copies
+// the sender's bytes once both have posted; waits poll the same abort flag and deadline.
+//
 // cuda_local is this communicator over device memory (docs/architecture.md, GPUs: N virtual ranks on one GPU,
 // one stream per rank thread): a collective on cuda tensors waits for the rank's own stream
 // before posting its buffers (they are complete when others read them), moves data with device
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/p2p_board.h"
 #include "core/turns.h"
 
 namespace ptool {
@@ -35,10 +39,12 @@ struct AbortState {
     std::atomic<bool> aborted{false};
     std::mutex mu;
     std::string message;
-    void abort(const std::string& why);  // keeps the first message
+    RuntimeError::Kind kind = RuntimeError::Kind::other;  // the first failure's
+    void abort(const std::string& why, RuntimeError::Kind why_kind);  // keeps the first message
 };
 
-// Thrown on ranks that stop because another rank failed (not the root cause).
+// Thrown on ranks that stop because another rank failed (not the root cause); carries the root
+// cause's message and kind.
 class AbortedError : public RuntimeError {
 public:
     using RuntimeError::RuntimeError;
@@ -107,6 +113,7 @@ struct ThreadGroup {
     std::vector<std::pair<int, int>> split_args;  // (color, key) per rank
     std::map<std::pair<int64_t, int>, std::shared_ptr<ThreadGroup>> splits;
     std::shared_ptr<CoreSlots> cores;  // the job's (its splits share it); null: as many cores as ranks
+    P2PBoard p2p;                      // point-to-point between the group's ranks
 };
 
 class ThreadsCommunicator final : public Communicator {
@@ -125,6 +132,7 @@ public:
     void all_to_all(const Tensor& in, Tensor& out) override;
     void barrier() override;
     std::unique_ptr<Communicator> split(int color, int key) override;
+    void batch_isend_irecv(const std::vector<P2POp>& ops) override;
 
 private:
     // Posts this rank's buffers and descriptor, waits for all, checks consistency.

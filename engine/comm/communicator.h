@@ -7,15 +7,36 @@
 //   all_to_all(in, out)        in and out split in `size` equal dim-0 chunks; chunk j of in goes to rank j
 //   barrier()
 //   split(color, key)          sub-communicator of the ranks with the same color, ordered by key
+//   send(t, peer, tag)         point-to-point, as torch.distributed.send / recv / batch_isend_irecv:
+//   recv(t, peer, tag)         two ranks of this communicator, the others take no part
+//   batch_isend_irecv(ops)
 //
 // Every implementation reduces in rank order (sum over ranks 0..n-1 in acc_t, one rounding), so
 // results are bitwise the same on every rank, every run, and across the threads and mpi backends.
 // Every collective is checked for consistency across ranks (op, dtype, shape, sequence number)
 // unless disabled, has a timeout, and is counted in a CommCounter.
+//
+// Point-to-point semantics (every backend; docs/architecture.md, Communication):
+// - Messages between two ranks are matched in posting order per (source, destination, tag), as
+//   MPI's; p2p has its own order per channel and does not advance the collectives' sequence.
+// - A send is a rendezvous: it completes only once the matching recv has been posted and the
+//   bytes are copied (NCCL's ncclSend, MPI's synchronous mode). Nothing is buffered, so two ranks
+//   that both send first and receive after, outside one batch, deadlock as they would on NCCL:
+//   ptool reports it (a timeout; nccl at once, from the descriptors it exchanges) instead of
+//   passing where the threads backend could buffer.
+// - batch_isend_irecv posts every op, then completes them all (ncclGroupStart/End; torch's
+//   batch_isend_irecv): ranks that send to each other in one batch never deadlock.
+// - A matched pair must agree on dtype and shape; the recv's tensor says what it expects. A
+//   mismatch, or an op whose peer never posts its match within the communicator's timeout, is a
+//   RuntimeError naming both ranks (world ranks), the tag and both descriptors; a rank waiting in
+//   p2p is woken when another rank fails, as in a collective. A peer equal to this rank, or
+//   outside the group, is a RuntimeError (torch refuses it too). Empty tensors travel.
+// - Counted in the CommCounter as ops "send" and "recv" with the tensor's bytes.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/comm_stats.h"
 #include "core/tensor.h"
@@ -29,6 +50,15 @@ const char* reduce_op_name(ReduceOp op);
 struct CommOptions {
     double timeout_seconds = 300;  // per collective; 0: none (mpi: waiting for rank 0's own work)
     bool check_consistency = true;
+};
+
+// One point-to-point op of batch_isend_irecv, as torch.distributed.P2POp.
+struct P2POp {
+    enum class Kind { send, recv };
+    Kind kind;
+    Tensor* tensor;  // send: read; recv: written (its shape and dtype are what it expects)
+    int peer;        // a rank of this communicator
+    int tag = 0;     // >= 0
 };
 
 class Communicator {
@@ -51,6 +81,13 @@ public:
         return split(color, key);
     }
 
+    // Point-to-point (semantics above). send and recv are a batch of one op.
+    virtual void send(const Tensor& t, int peer, int tag = 0);
+    virtual void recv(Tensor& t, int peer, int tag = 0);
+    // Posts every op, then completes them all (NCCL's group semantics, torch's batch_isend_irecv):
+    // ranks that send to each other in one batch never deadlock.
+    virtual void batch_isend_irecv(const std::vector<P2POp>& ops) = 0;
+
     // Where this communicator counts its collectives, and the mesh dim name it counts them under.
     void set_counter(std::shared_ptr<CommCounter> counter, std::string label) {
         counter_ = std::move(counter);
@@ -62,6 +99,7 @@ protected:
     void count(const char* op, int64_t bytes) {
         if (counter_) counter_->add(op, label_, bytes);
     }
+    void count_p2p(const std::vector<P2POp>& ops);  // "send" / "recv" with each tensor's bytes
 
 private:
     std::shared_ptr<CommCounter> counter_;

@@ -33,4 +33,7 @@ struct NcclApi {
 const NcclApi* nccl_api();
 const std::string& nccl_load_error();
 
+// NCCL's words for a result and its last error (PTOOL_CHECK_NCCL, core/check.h).
+std::string nccl_error_string(ncclResult_t result);
+
 }  // namespace ptool

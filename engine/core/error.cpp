@@ -1,5 +1,9 @@
 #include "core/error.h"
 
+#include "core/check.h"
+
+#include <string_view>
+
 namespace ptool {
 
 std::string SourceLocation::str() const {
@@ -14,5 +18,13 @@ InputError::InputError(const SourceLocation& where, const std::string& message)
 void fail_invariant(const char* cond, const char* file, int line, const std::string& message) {
     throw std::logic_error(fmt::format("internal error at {}:{}: {} ({})", file, line, message, cond));
 }
+
+std::string check_failure_message(const char* stmt, const char* file, int line, const std::string& error) {
+    std::string_view where(file);  // the build's relative path ("../../engine/..."): from the source root
+    while (where.starts_with("../") || where.starts_with("./")) where.remove_prefix(where.find('/') + 1);
+    return fmt::format("{} failed at {}:{}: {}", stmt, where, line, error);
+}
+
+void throw_check_failure(const std::string& message) { throw RuntimeError(message); }
 
 }  // namespace ptool

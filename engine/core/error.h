@@ -4,6 +4,9 @@
 //   InputError   -> exit 2: bad YAML, plan, file or flag; carries file:line:column when known.
 //   RuntimeError -> exit 3: collective timeout, rank failure, CUDA/NCCL error.
 //   (exit 1 is not an exception: it is a verdict.)
+// A RuntimeError says what kind of failure it is (RuntimeError::Kind): the runners that report a
+// rank's failure add "rank R failed: " only to messages that do not already name the rank, and
+// they decide that from the kind, never from the message's text.
 // PTOOL_REQUIRE is for invariants of the engine itself; it never wraps side effects.
 #pragma once
 
@@ -30,7 +33,21 @@ public:
 
 class RuntimeError : public std::runtime_error {
 public:
-    using std::runtime_error::runtime_error;
+    enum class Kind {
+        other,        // a resource, a file, a library call: the message does not say which rank
+        mismatch,     // ranks disagree: a collective's or a point-to-point pair's descriptors differ
+        timeout,      // a collective or a point-to-point op waited past its deadline
+        rank_failed,  // a rank failed, ran out of memory or was stopped (the message names it)
+        misuse,       // a rank asked for what no peer can match (a send to itself, a peer outside the group)
+    };
+    explicit RuntimeError(const std::string& message, Kind kind = Kind::other)
+        : std::runtime_error(message), kind_(kind) {}
+    Kind kind() const { return kind_; }
+    // Whether the message already names the rank (or ranks) it is about: every kind but other.
+    bool names_rank() const { return kind_ != Kind::other; }
+
+private:
+    Kind kind_;
 };
 
 [[noreturn]] void fail_invariant(const char* cond, const char* file, int line, const std::string& message);

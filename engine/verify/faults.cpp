@@ -138,6 +138,9 @@ public:
     }
     void all_to_all(const Tensor& in, Tensor& out) override { inner_->all_to_all(in, out); }
     void barrier() override { inner_->barrier(); }
+    void send(const Tensor& t, int peer, int tag) override { inner_->send(t, peer, tag); }
+    void recv(Tensor& t, int peer, int tag) override { inner_->recv(t, peer, tag); }
+    void batch_isend_irecv(const std::vector<P2POp>& ops) override { inner_->batch_isend_irecv(ops); }
     std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
 
 private:

@@ -67,12 +67,10 @@ public:
             code = body();
         } catch (const InputError& e) {
             mpi_abort_job(e.what(), 2);
+        } catch (const RuntimeError& e) {  // a message that names its rank (a timeout, a mismatch) goes as it is
+            mpi_abort_job(e.names_rank() ? e.what() : fmt::format("rank {} failed: {}", world_->rank(), e.what()), 3);
         } catch (const std::exception& e) {
-            const std::string what = e.what();
-            mpi_abort_job(what.rfind("rank ", 0) == 0 || what.rfind("collective", 0) == 0
-                              ? what
-                              : fmt::format("rank {} failed: {}", world_->rank(), what),
-                          3);
+            mpi_abort_job(fmt::format("rank {} failed: {}", world_->rank(), e.what()), 3);
         }
         Tensor t = Tensor::scalar(code, DType::float32);  // every process exits with rank 0's verdict
         patient_->broadcast(t, 0);

@@ -32,4 +32,10 @@ const CublasApi* cublas() { return library().get(); }
 
 const std::string& cublas_load_error() { return library().error(); }
 
+std::string cublas_status_string(cublasStatus_t status) {
+    const CublasApi* api = cublas();
+    if (!api) return fmt::format("cublasStatus_t {}", static_cast<int>(status));
+    return api->status_string(status);
+}
+
 }  // namespace ptool::cuda

@@ -29,4 +29,7 @@ struct CublasApi {
 const CublasApi* cublas();
 const std::string& cublas_load_error();
 
+// cuBLAS's words for a status (PTOOL_CHECK_CUBLAS, core/check.h).
+std::string cublas_status_string(cublasStatus_t status);
+
 }  // namespace ptool::cuda

@@ -9,7 +9,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_check.h"
+#include "core/check.h"
 #include "backend/cuda/launch_config.h"
 
 namespace ptool::cuda {
@@ -88,6 +88,6 @@ __device__ A block_max(A v, A* scratch) {
 #define PTOOL_GRID_STRIDE(i, n) \
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
 
-inline void check_launch() { CUDA_CHECK(cudaGetLastError()); }
+inline void check_launch() { PTOOL_CHECK_CUDA(cudaGetLastError()); }
 
 }  // namespace ptool::cuda

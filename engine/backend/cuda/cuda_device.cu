@@ -3,7 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cublas_loader.h"
-#include "backend/cuda/cuda_check.h"
+#include "core/check.h"
 #include "backend/cuda/dl_library.h"
 #include "backend/gpu_info.h"
 
@@ -13,7 +13,7 @@ GpuInfo query_gpus_cuda() {
     GpuInfo info;
     info.built_with_cuda = true;
     int runtime = 0;
-    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    PTOOL_CHECK_CUDA(cudaRuntimeGetVersion(&runtime));
     info.runtime_version = runtime;
     int driver = 0;
     cudaDriverGetVersion(&driver);  // 0 when no driver is installed
@@ -33,7 +33,7 @@ GpuInfo query_gpus_cuda() {
     }
     for (int i = 0; i < count; ++i) {
         cudaDeviceProp prop{};
-        CUDA_CHECK(cudaGetDeviceProperties(&prop, i));
+        PTOOL_CHECK_CUDA(cudaGetDeviceProperties(&prop, i));
         info.devices.push_back({prop.name, prop.multiProcessorCount, prop.major * 10 + prop.minor,
                                 static_cast<size_t>(prop.totalGlobalMem)});
     }

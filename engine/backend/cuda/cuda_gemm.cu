@@ -5,8 +5,6 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
-#define CUBLAS_CHECK(stmt) PTOOL_CHECK_GEN(stmt, CUBLAS_STATUS_SUCCESS, blas().status_string)
-
 namespace ptool {
 namespace {
 
@@ -23,8 +21,8 @@ cublasHandle_t handle() {  // one per thread: a handle is not to be shared betwe
             if (h) blas().destroy(h);
         }
     } current;
-    if (!current.h) CUBLAS_CHECK(blas().create(&current.h));
-    CUBLAS_CHECK(blas().set_stream(current.h, cuda::stream()));
+    if (!current.h) PTOOL_CHECK_CUBLAS(blas().create(&current.h));
+    PTOOL_CHECK_CUBLAS(blas().set_stream(current.h, cuda::stream()));
     return current.h;
 }
 
@@ -59,7 +57,7 @@ void CudaBackend::gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tenso
     const void* beta_p = type == CUDA_R_64F ? static_cast<const void*>(&beta) : &beta_f;
     const int m = as_int(d.m, "M"), n = as_int(d.n, "N"), k = as_int(d.k, "K");
     const int lda = ta ? m : k, ldb = tb ? k : n;
-    CUBLAS_CHECK(blas().gemm_strided_batched_ex(
+    PTOOL_CHECK_CUBLAS(blas().gemm_strided_batched_ex(
         handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, alpha_p, b.raw(), type, ldb,
         d.b_shared ? 0 : d.k * d.n, a.raw(), type, lda, d.m * d.k, beta_p, c.raw(), type, n, d.m * d.n,
         as_int(d.batch, "batch"), compute, CUBLAS_GEMM_DEFAULT));
@@ -67,7 +65,7 @@ void CudaBackend::gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tenso
 
 std::string CudaBackend::name() const {
     cudaDeviceProp prop{};
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
+    PTOOL_CHECK_CUDA(cudaGetDeviceProperties(&prop, options_.device));
     int cublas = 0;
     blas().get_version(handle(), &cublas);
     return fmt::format("cuda ({}, {} SMs, cuBLAS {}{})", prop.name, prop.multiProcessorCount, cublas,

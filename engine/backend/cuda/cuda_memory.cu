@@ -34,20 +34,20 @@ public:
         allocator_.release(p);
     }
     void zero(void* p, size_t bytes) override {
-        CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda::stream()));
+        PTOOL_CHECK_CUDA(cudaMemsetAsync(p, 0, bytes, cuda::stream()));
     }
     void copy_2d(void* dst, size_t dpitch, Device dst_device, const void* src, size_t spitch, Device src_device,
                  size_t width, size_t height) override {
         const cudaMemcpyKind kind = src_device == Device::cpu
                                         ? (dst_device == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
                                         : (dst_device == Device::cpu ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
-        CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, cuda::stream()));
-        CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+        PTOOL_CHECK_CUDA(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, cuda::stream()));
+        PTOOL_CHECK_CUDA(cudaStreamSynchronize(cuda::stream()));
     }
     void copy_device_async(void* dst, const void* src, size_t bytes) override {
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::stream()));
+        PTOOL_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::stream()));
     }
-    void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(cuda::stream())); }
+    void synchronize() override { PTOOL_CHECK_CUDA(cudaStreamSynchronize(cuda::stream())); }
     AllocatorStats stats() const { return allocator_.stats(); }
 
 private:
@@ -73,8 +73,8 @@ void init(const CudaOptions& options) {
     }
     if (options.device < 0 || options.device >= count)
         throw RuntimeError(fmt::format("--device cuda: device {} does not exist ({} visible)", options.device, count));
-    CUDA_CHECK(cudaSetDevice(options.device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, options.device));
+    PTOOL_CHECK_CUDA(cudaSetDevice(options.device));
+    PTOOL_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, options.device));
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);  // deterministic cuBLAS reductions (before any handle)
     chosen = options;
     memory = new CudaMemory();
@@ -92,16 +92,16 @@ Backend& cuda_backend(const CudaOptions& options) {
     std::call_once(init_once, [&] { init(options); });
     if (!backend) throw RuntimeError("the CUDA backend failed to start earlier in this process");
     // rank threads start on device 0 otherwise; nccl rank threads are pinned to their own GPU
-    CUDA_CHECK(cudaSetDevice(thread_device >= 0 ? thread_device : chosen.device));
+    PTOOL_CHECK_CUDA(cudaSetDevice(thread_device >= 0 ? thread_device : chosen.device));
     return *backend;
 }
 
 void cuda_set_thread_device(int device) {
     int count = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&count));
+    PTOOL_CHECK_CUDA(cudaGetDeviceCount(&count));
     PTOOL_REQUIRE(device >= 0 && device < count, "device {} does not exist ({} visible)", device, count);
     thread_device = device;
-    CUDA_CHECK(cudaSetDevice(device));
+    PTOOL_CHECK_CUDA(cudaSetDevice(device));
 }
 
 AllocatorStats cuda_memory_stats() { return memory ? memory->stats() : AllocatorStats{}; }
@@ -113,10 +113,10 @@ void* cuda_current_stream() {
             if (s) cudaStreamSynchronize(s), cudaStreamDestroy(s);
         }
     } current;
-    if (!current.s) CUDA_CHECK(cudaStreamCreateWithFlags(&current.s, cudaStreamNonBlocking));
+    if (!current.s) PTOOL_CHECK_CUDA(cudaStreamCreateWithFlags(&current.s, cudaStreamNonBlocking));
     return current.s;
 }
 
-void cuda_synchronize_current_stream() { CUDA_CHECK(cudaStreamSynchronize(cuda::stream())); }
+void cuda_synchronize_current_stream() { PTOOL_CHECK_CUDA(cudaStreamSynchronize(cuda::stream())); }
 
 }  // namespace ptool
