@@ -190,7 +190,7 @@ private:
                 if (w.find("uneven") != std::string::npos) return without_location(w);
             if (!ex.resolution.causes.empty()) return without_location(ex.resolution.causes.front());
         } catch (const InputError& e) {
-            return without_location(e.what());
+            return e.message();
         }
         return "";
     }
@@ -215,7 +215,7 @@ private:
             try {
                 s = simulate_with(mb, plan);
             } catch (const InputError& e) {
-                refusal = Rejection{shape, without_location(e.what())};
+                refusal = Rejection{shape, e.message()};
                 return;
             }
             ++count;
