@@ -288,12 +288,18 @@ OptimizerSpec parse_optimizer(const YamlNode& node) {
     YamlMap m(node, "the optimizer");
     OptimizerSpec o;
     YamlNode type = m.at("type");
-    o.type = type.as_string("optimizer 'type'");
-    if (o.type == "sgd") {
+    const std::string name = type.as_string("optimizer 'type'");
+    auto kind = [&] {
+        for (OptimizerType t : {OptimizerType::sgd, OptimizerType::adamw})
+            if (name == optimizer_name(t)) return t;
+        type.fail(fmt::format("unknown optimizer '{}'{}", name, did_you_mean(name, {"sgd", "adamw"})));
+    };
+    o.type = kind();
+    if (o.type == OptimizerType::sgd) {
         o.lr = m.double_or("lr", 1e-3);
         o.momentum = m.double_or("momentum", 0.0);
         o.weight_decay = m.double_or("weight_decay", 0.0);
-    } else if (o.type == "adamw") {
+    } else {
         o.lr = m.double_or("lr", 1e-3);
         o.weight_decay = m.double_or("weight_decay", 1e-2);
         o.eps = m.double_or("eps", 1e-8);
@@ -304,8 +310,6 @@ OptimizerSpec parse_optimizer(const YamlNode& node) {
             o.beta2 = items[1].as_double("beta2");
             if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1)) b->fail("betas must be in [0, 1)");
         }
-    } else {
-        type.fail(fmt::format("unknown optimizer '{}'{}", o.type, did_you_mean(o.type, {"sgd", "adamw"})));
     }
     if (!(o.lr >= 0)) m.at("lr").fail("lr must be >= 0");
     m.finish();
