@@ -162,7 +162,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
     std::vector<std::string> module_names;
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         module_names.push_back(fqn);
-        if (m.type() == "batch_norm") res.batch_norms.push_back(fqn);
+        if (dynamic_cast<const BatchNorm*>(&m)) res.batch_norms.push_back(fqn);
     });
     check_batch_split(model, spec, res.size);
     if (plan.mixed_precision && spec.gradient_as_bucket_view && plan.mixed_precision->reduce_dtype != model.dtype)

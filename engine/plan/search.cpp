@@ -105,7 +105,7 @@ public:
         int long_repeats = 0;
         int64_t block_params = 0;  // the largest repeat element's parameter elements
         for_each_module(*full_.root, [&](const std::string& fqn, Module& m) {
-            if (m.type() != "repeat" || m.children().empty()) return;
+            if (!dynamic_cast<const Repeat*>(&m) || m.children().empty()) return;
             int64_t n = 0;
             for_each_param(*m.children().front().second, [&](const std::string&, const ParamPtr& p) { n += p->value.numel(); });
             block_params = std::max(block_params, n);
