@@ -60,7 +60,7 @@ void explain(const ExplainArgs& a, const Common& c) {
     Explanation ex = explain_plan(model, plan);
     const int64_t steps = plan.verify.steps > 0 ? plan.verify.steps : model.steps;
     const std::vector<PredictedRank> memory = predict_ranks(in, model, plan, steps);
-    for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w);
+    for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w.str());
     std::vector<std::string> mesh, parts;
     for (const auto& m : plan.mesh) mesh.push_back(fmt::format("{}={}", m.name, m.size));
     parts.push_back(fmt::format("mesh {}", fmt::join(mesh, " x ")));
@@ -68,7 +68,7 @@ void explain(const ExplainArgs& a, const Common& c) {
     if (plan.data_parallel) parts.push_back(fmt::format("data parallel over '{}' ({} ranks)", plan.data_parallel->mesh_dim, ex.dp));
     parts.push_back(fmt::format("model input {}", ex.resolution.input_placement.str()));
     fmt::print("ptool explain {} {}: {}\n", a.model, a.plan, fmt::join(parts, ", "));
-    for (const std::string& c : ex.resolution.causes) fmt::print("  expect a mismatch: {}\n", c);
+    for (const Diagnostic& c : ex.resolution.causes) fmt::print("  expect a mismatch: {}\n", c.str());
     if (!ex.modules.empty()) {
         std::vector<std::vector<std::string>> rows = {{"module", "pattern", "style", "input", "output"}};
         for (const auto& m : ex.modules)
@@ -145,8 +145,8 @@ void explain(const ExplainArgs& a, const Common& c) {
         nlohmann::json j = json_document("explain");
         j["model"] = a.model;
         j["plan"] = a.plan;
-        j["warnings"] = ex.resolution.warnings;
-        j["causes"] = ex.resolution.causes;
+        j["warnings"] = diagnostic_strings(ex.resolution.warnings);
+        j["causes"] = diagnostic_strings(ex.resolution.causes);
         j["data_parallel"] = ex.data_parallel;
         j["collectives_per_step"] = nlohmann::json::array();
         for (const auto& cc : ex.step_comm)

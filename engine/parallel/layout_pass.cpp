@@ -125,7 +125,6 @@ private:
 
     // The plan entry of the style that produced the activation (the plan's start for the model input).
     const SourceLocation& producer_where() const { return producer_.entry ? producer_.entry->where : plan_where_; }
-    std::string where_of_producer() const { return producer_where().str() + ": "; }
 
     std::string explain_conflict(const Module& m, const Layout& in, const LayoutError& e) const {
         if (!m.children().empty()) return fmt::format("{} ({})", e.message(), m.where().str());  // containers say what to do
@@ -140,10 +139,11 @@ private:
         bool partial_grads = false;
         for (const auto& e : m.params()) partial_grads = partial_grads || !handled.count(e.name);
         if (p.is_shard() && partial_grads)
-            report.warnings.push_back(fmt::format("{}'{}' ({}) gets {} activations from {}: each rank's gradients of its "
-                                                  "replicated parameters cover only its rows and are not reduced: give it "
-                                                  "sequence_parallel, or gather the activation first",
-                                                  where_of_producer(), m.fqn(), m.type(), in.p.str(), producer_.name));
+            report.warnings.push_back(
+                {producer_where(), fmt::format("'{}' ({}) gets {} activations from {}: each rank's gradients of its "
+                                               "replicated parameters cover only its rows and are not reduced: give it "
+                                               "sequence_parallel, or gather the activation first",
+                                               m.fqn(), m.type(), in.p.str(), producer_.name)});
     }
 
     struct Producer {
