@@ -204,7 +204,7 @@ Model load_model_text(const std::string& text, const std::string& path, const st
         try {
             model.dtype = parse_dtype(d->as_string("'dtype'"));
         } catch (const InputError& e) {
-            d->fail(e.what());
+            d->fail(e.message());
         }
     }
     if (!dtype_override.empty()) model.dtype = parse_dtype(dtype_override);
