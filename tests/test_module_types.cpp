@@ -1,6 +1,6 @@
 // The module-type registry (model/module_type.h): every registered type's parameter count is what
 // building it allocates, the registry refuses a second type of one name, unknown types are offered
-// in the documented order, and the types' rules are what the plan writer and shrink read.
+// in their listed order, and the types' rules are what the plan writer and shrink read.
 #include <map>
 #include <set>
 
@@ -109,7 +109,7 @@ TEST_CASE("module types: each registered type counts, before building, exactly w
     }
 }
 
-TEST_CASE("module types: the registry refuses a second type of one name and lists types in their documented order", "[cpu]") {
+TEST_CASE("module types: the registry refuses a second type of one name and lists types in their listed order", "[cpu]") {
     class Impostor final : public ModuleType {
     public:
         Impostor() : ModuleType("linear", 1) {}
@@ -122,7 +122,7 @@ TEST_CASE("module types: the registry refuses a second type of one name and list
     CHECK_THROWS_WITH(register_module_type(impostor), Catch::Contains("module type 'linear' registered twice"));
     CHECK(find_module_type("linear") == linear);  // the first stays
     CHECK(find_module_type("lienar") == nullptr);
-    // the order an unknown type's message offers them in (docs/model_format.md's)
+    // the order an unknown type's message offers them in, as the loader listed them before the registry
     CHECK(module_type_names() == std::vector<std::string>{"linear", "relu", "gelu", "silu", "tanh", "identity", "layer_norm",
                                                           "rms_norm", "batch_norm", "embedding", "position_embedding", "dropout",
                                                           "attention", "gated_mlp", "sequential", "repeat", "residual", "shared"});

@@ -58,6 +58,9 @@ struct ModuleEntry {
 int64_t size_mul(const YamlNode& where, int64_t a, int64_t b);
 int64_t size_add(const YamlNode& where, int64_t a, int64_t b);
 
+// (The fields below default to {} so that a type can name only the ones it uses:
+// `{.rule = TpRule::norm}`, `{.sizes = {"dim"}}`.)
+//
 // What plan/plan_writer.cpp does with a module of this type when it writes a Megatron-style
 // tensor-parallel plan. plan/ sits above model/, so a type names its rule here and the writer
 // implements each rule once; a new type that behaves as an existing one needs no writer change.
@@ -75,25 +78,25 @@ enum class TpRule {
 };
 struct TpTemplate {
     TpRule rule = TpRule::none;
-    std::string colwise, rowwise;  // projections: the children's patterns (".[qkv]_proj", ".o_proj")
+    std::string colwise = {}, rowwise = {};  // projections: the children's patterns (".[qkv]_proj", ".o_proj")
 };
 
 // What `ptool shrink` (plan/shrink.cpp) changes in an entry of this type to make a proxy model.
 struct ShrinkKeys {
     // Sizes: every size of the model maps to a small one, in the same order, that splits as the
     // plan splits it.
-    std::vector<std::string> sizes;
-    std::string count;  // a count of blocks: at most 2 in the proxy (and what plan extrapolates over)
+    std::vector<std::string> sizes = {};
+    std::string count = {};  // a count of blocks: at most 2 in the proxy (and what plan extrapolates over)
     // Attention heads: kv_heads becomes tp (when tp divides it), heads keeps its ratio to them,
     // and `heads_of` (a key of `sizes`) stays a multiple of heads x 8.
-    std::string heads, kv_heads, heads_of;
+    std::string heads = {}, kv_heads = {}, heads_of = {};
 };
 
 class ModuleType {
 public:
-    // name: the YAML spelling; listed: its place in the list of types that an unknown type's
-    // message offers (leaves, norms, embeddings, blocks, containers: the order docs/model_format.md
-    // introduces them in).
+    // name: the YAML spelling; listed: its place in the list of types an unknown type's message
+    // offers, and so which of equally close names "did you mean" picks (leaves, norms, embeddings,
+    // blocks, containers, in steps of 10: the order the loader has always listed them in).
     ModuleType(std::string name, int listed) : name_(std::move(name)), listed_(listed) {}
     virtual ~ModuleType() = default;
     const std::string& name() const { return name_; }

@@ -11,7 +11,7 @@ namespace {
 class ElementwiseType : public ModuleType {
 public:
     using ModuleType::ModuleType;
-    TpTemplate tp_template() const override { return {TpRule::elementwise, "", ""}; }
+    TpTemplate tp_template() const override { return {.rule = TpRule::elementwise}; }
 };
 
 // relu, silu, tanh: no keys.

@@ -40,8 +40,12 @@ public:
         if (auto rs = m.get("rope_scaling")) o.rope_scaling = rope_scaling(*rs, o);
         return std::make_shared<Attention>(e.name, e.where, o, b.dtype());
     }
-    TpTemplate tp_template() const override { return {TpRule::projections, ".[qkv]_proj", ".o_proj"}; }
-    ShrinkKeys shrink_keys() const override { return {{"dim"}, "", "heads", "kv_heads", "dim"}; }
+    TpTemplate tp_template() const override {
+        return {.rule = TpRule::projections, .colwise = ".[qkv]_proj", .rowwise = ".o_proj"};
+    }
+    ShrinkKeys shrink_keys() const override {
+        return {.sizes = {"dim"}, .heads = "heads", .kv_heads = "kv_heads", .heads_of = "dim"};
+    }
 
 private:
     // q_proj and o_proj [dim, dim], k_proj and v_proj [kv_heads x head dim, dim], and their biases.

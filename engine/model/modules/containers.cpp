@@ -19,8 +19,10 @@ public:
         b.account(at, size_add(at, size_mul(at, 3, size_mul(at, dim, hidden)), bias ? size_add(at, 2 * hidden, dim) : 0));
         return std::make_shared<GatedMlp>(e.name, e.where, dim, hidden, act, bias, b.dtype());
     }
-    TpTemplate tp_template() const override { return {TpRule::projections, ".[gu]*_proj", ".down_proj"}; }
-    ShrinkKeys shrink_keys() const override { return {{"dim", "hidden"}, "", "", "", ""}; }
+    TpTemplate tp_template() const override {
+        return {.rule = TpRule::projections, .colwise = ".[gu]*_proj", .rowwise = ".down_proj"};
+    }
+    ShrinkKeys shrink_keys() const override { return {.sizes = {"dim", "hidden"}}; }
 
 private:
     static Activation activation(YamlMap& m, const std::string& key, const std::string& fallback) {
@@ -44,7 +46,7 @@ public:
         return c;
     }
     bool transparent_without_name() const override { return true; }
-    TpTemplate tp_template() const override { return {rule_, "", ""}; }
+    TpTemplate tp_template() const override { return {.rule = rule_}; }
 
 private:
     TpRule rule_;
@@ -68,8 +70,8 @@ public:
         }
         return list;
     }
-    TpTemplate tp_template() const override { return {TpRule::repeat, "", ""}; }
-    ShrinkKeys shrink_keys() const override { return {{}, "count", "", "", ""}; }
+    TpTemplate tp_template() const override { return {.rule = TpRule::repeat}; }
+    ShrinkKeys shrink_keys() const override { return {.count = "count"}; }
 };
 
 // shared: module (an earlier module's FQN), registered again under this entry's name.
@@ -81,7 +83,8 @@ public:
         return b.lookup(target, target.as_string("'module'"), "module");
     }
     bool aliases() const override { return true; }
-    TpTemplate tp_template() const override { return {TpRule::none, "", ""}; }  // the module built is the earlier one's type
+    // Never asked: the module it builds is the earlier one, which has its own type.
+    TpTemplate tp_template() const override { return {.rule = TpRule::none}; }
 };
 
 const GatedMlpType gated_mlp_type;

@@ -15,8 +15,8 @@ public:
         b.account(e.keys.at("dim"), size_mul(e.keys.at("dim"), vocab, dim));
         return std::make_shared<Embedding>(e.name, e.where, vocab, dim, b.dtype());
     }
-    TpTemplate tp_template() const override { return {TpRule::embedding, "", ""}; }
-    ShrinkKeys shrink_keys() const override { return {{"vocab", "dim"}, "", "", "", ""}; }
+    TpTemplate tp_template() const override { return {.rule = TpRule::embedding}; }
+    ShrinkKeys shrink_keys() const override { return {.sizes = {"vocab", "dim"}}; }
 };
 const EmbeddingType embedding_type;
 PTOOL_REGISTER_MODULE_TYPE(embedding_type);

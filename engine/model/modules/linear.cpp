@@ -32,8 +32,8 @@ public:
         }
         return std::make_shared<Linear>(e.name, e.where, in, out, bias, b.dtype(), tied);
     }
-    TpTemplate tp_template() const override { return {TpRule::linear, "", ""}; }
-    ShrinkKeys shrink_keys() const override { return {{"in", "out"}, "", "", "", ""}; }
+    TpTemplate tp_template() const override { return {.rule = TpRule::linear}; }
+    ShrinkKeys shrink_keys() const override { return {.sizes = {"in", "out"}}; }
 };
 const LinearType linear_type;
 PTOOL_REGISTER_MODULE_TYPE(linear_type);

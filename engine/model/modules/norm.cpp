@@ -21,8 +21,8 @@ public:
         const double eps = m.double_or("eps", rms_ ? dtype_eps(b.dtype()) : 1e-5);
         return std::make_shared<Norm>(*this, e.name, e.where, dim, eps, affine, bias, rms_, b.dtype());
     }
-    TpTemplate tp_template() const override { return {TpRule::norm, "", ""}; }
-    ShrinkKeys shrink_keys() const override { return {{"dim"}, "", "", "", ""}; }
+    TpTemplate tp_template() const override { return {.rule = TpRule::norm}; }
+    ShrinkKeys shrink_keys() const override { return {.sizes = {"dim"}}; }
 
 private:
     bool rms_;
@@ -41,8 +41,8 @@ public:
                                            b.dtype());
     }
     // Statistics over the whole batch: no tensor-parallel rule (the writer plans none for the model).
-    TpTemplate tp_template() const override { return {TpRule::none, "", ""}; }
-    ShrinkKeys shrink_keys() const override { return {{"features"}, "", "", "", ""}; }
+    TpTemplate tp_template() const override { return {.rule = TpRule::none}; }
+    ShrinkKeys shrink_keys() const override { return {.sizes = {"features"}}; }
 };
 
 const NormType layer_norm_type("layer_norm", 70, false), rms_norm_type("rms_norm", 80, true);

@@ -17,9 +17,9 @@ public:
         return std::make_shared<PositionEmbedding>(e.name, e.where, positions, dim, b.dtype());
     }
     // Each row of its weight is a position: it needs whole sequences (and features).
-    TpTemplate tp_template() const override { return {TpRule::whole, "", ""}; }
+    TpTemplate tp_template() const override { return {.rule = TpRule::whole}; }
     // The proxy's sequences are short (2 x tp): its positions stay.
-    ShrinkKeys shrink_keys() const override { return {{"dim"}, "", "", "", ""}; }
+    ShrinkKeys shrink_keys() const override { return {.sizes = {"dim"}}; }
 };
 const PositionEmbeddingType position_embedding_type;
 PTOOL_REGISTER_MODULE_TYPE(position_embedding_type);
