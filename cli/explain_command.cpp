@@ -56,10 +56,10 @@ void explain(const ExplainArgs& a, const Common& c) {
     const Explanation& ex = r.ex;
     const int64_t steps = r.steps;
     const std::vector<PredictedRank>& memory = r.memory;
-    for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w);
+    for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w.str());
     const std::vector<std::string>& parts = r.summary;
     fmt::print("ptool explain {} {}: {}\n", a.model, a.plan, fmt::join(parts, ", "));
-    for (const std::string& c : ex.resolution.causes) fmt::print("  expect a mismatch: {}\n", c);
+    for (const Diagnostic& c : ex.resolution.causes) fmt::print("  expect a mismatch: {}\n", c.str());
     if (!ex.modules.empty()) {
         std::vector<std::vector<std::string>> rows = {{"module", "pattern", "style", "input", "output"}};
         for (const auto& m : ex.modules)
@@ -131,8 +131,8 @@ void explain(const ExplainArgs& a, const Common& c) {
         nlohmann::json j = json_document("explain");
         j["model"] = a.model;
         j["plan"] = a.plan;
-        j["warnings"] = ex.resolution.warnings;
-        j["causes"] = ex.resolution.causes;
+        j["warnings"] = diagnostic_strings(ex.resolution.warnings);
+        j["causes"] = diagnostic_strings(ex.resolution.causes);
         j["data_parallel"] = ex.data_parallel;
         j["collectives_per_step"] = nlohmann::json::array();
         for (const auto& cc : ex.step_comm)

@@ -36,7 +36,7 @@ TEST_CASE("every synchronised parameter is in exactly one bucket and ignored one
         for (const bool ignore : {false, true}) {
             const std::string text = fmt::format("mesh: {{dp: 2}}\ndata_parallel:\n  mesh_dim: dp\n  bucket_cap_mb: {}\n{}",
                                                  cap_mb, ignore ? "  ignored_modules: [layers.0.net1]\n" : "");
-            std::vector<std::string> warnings, causes;
+            std::vector<Diagnostic> warnings, causes;
             const DataParallelResolution res = resolve_data_parallel(m, plan_text(text), warnings, causes);
             std::map<std::string, int> seen;
             int64_t bytes = 0;
@@ -65,7 +65,7 @@ TEST_CASE("every synchronised parameter is in exactly one bucket and ignored one
 
 TEST_CASE("fully_shard units own the parameters of their subtree less inner units'") {
     Model m = load("toy_model");
-    std::vector<std::string> warnings, causes;
+    std::vector<Diagnostic> warnings, causes;
     const auto res = resolve_data_parallel(
         m, plan_text("mesh: {dp: 2}\ndata_parallel:\n  mesh_dim: dp\n  fully_shard: [\"linears.*\", linears]\n"), warnings, causes);
     std::map<std::string, std::vector<std::string>> owned;
@@ -78,10 +78,26 @@ TEST_CASE("fully_shard units own the parameters of their subtree less inner unit
     CHECK(res.replicas[0].buckets[0].params == std::vector<std::string>{"proj.weight"});
 }
 
+TEST_CASE("the data-parallel lint's warnings and causes carry their plan location and message as data") {
+    Model m = load("mlp_stacked");  // loss: sum
+    std::vector<Diagnostic> warnings, causes;
+    const Plan plan = plan_text("mesh: {dp: 2}\ndata_parallel:\n  mesh_dim: dp\n  mode: fully_shard\n  fully_shard: [nope]\n");
+    resolve_data_parallel(m, plan, warnings, causes);
+    REQUIRE(warnings.size() == 1);
+    CHECK(warnings[0].where.file == "test_plan.yaml");
+    CHECK(warnings[0].where.line == 5);
+    CHECK(warnings[0].message == "fully_shard pattern 'nope' matched no module");
+    CHECK(warnings[0].str() == warnings[0].where.str() + ": fully_shard pattern 'nope' matched no module");
+    REQUIRE(causes.size() == 1);
+    CHECK(causes[0].where.line == 3);  // the data_parallel section
+    CHECK(causes[0].message.rfind("loss: sum under data parallel: ", 0) == 0);
+    CHECK(Diagnostic{{}, "no place"}.str() == "no place");
+}
+
 TEST_CASE("one all_reduce per bucket per step, counted on the dp dim") {
     Model probe = load("mlp_stacked_mse");
     const Plan plan = plan_text("mesh: {dp: 2}\ndata_parallel:\n  mesh_dim: dp\n  bucket_cap_mb: 0.0005\n");
-    std::vector<std::string> warnings, causes;
+    std::vector<Diagnostic> warnings, causes;
     const auto res = resolve_data_parallel(probe, plan, warnings, causes);
     REQUIRE(res.replicas[0].buckets.size() > 2);
     int64_t measured[2] = {0, 0};

@@ -39,3 +39,25 @@ TEST_CASE("typed reads name the key and the expected type", "[cpu]") {
     require_input_error([&] { m.at("b").as_bool("'b'"); }, {"true or false"});
     require_input_error([&] { m.at("missing"); }, {"missing the key 'missing'"});
 }
+
+TEST_CASE("an input error carries its location and its bare message as data", "[cpu]") {
+    YamlNode root = load_yaml_text("a: 1\nout: 0\n", "bad.yaml");
+    YamlMap m(root, "x");
+    try {
+        m.at("out").as_positive_int("'out'");
+        FAIL("expected an InputError");
+    } catch (const InputError& e) {
+        CHECK(e.where().file == "bad.yaml");
+        CHECK(e.where().line == 2);
+        CHECK(e.where().column == 6);
+        CHECK(e.message() == "'out' must be positive, got 0");
+        CHECK(std::string(e.what()) == "bad.yaml:2:6: 'out' must be positive, got 0");  // what() as before
+    }
+    const InputError bare("no place");  // a flag, an environment variable
+    CHECK(bare.where().file.empty());
+    CHECK(bare.message() == "no place");
+    CHECK(std::string(bare.what()) == "no place");
+    const InputError file_only(SourceLocation{"plan.yaml", 0, 0}, "unreadable");
+    CHECK(file_only.message() == "unreadable");
+    CHECK(std::string(file_only.what()) == "plan.yaml: unreadable");
+}

@@ -25,10 +25,18 @@ struct SourceLocation {
     std::string str() const;
 };
 
+// what() is "file:line:column: message" (the message alone where the location is unknown); code
+// that needs the parts reads them, never parses what().
 class InputError : public std::runtime_error {
 public:
     InputError(const SourceLocation& where, const std::string& message);
-    explicit InputError(const std::string& message) : std::runtime_error(message) {}
+    explicit InputError(const std::string& message) : std::runtime_error(message), message_(message) {}
+    const SourceLocation& where() const { return where_; }  // file "": unknown
+    const std::string& message() const { return message_; }  // without the location
+
+private:
+    SourceLocation where_;
+    std::string message_;
 };
 
 class RuntimeError : public std::runtime_error {

@@ -64,24 +64,32 @@ private:
     Activation act_;
 };
 
-// Runs its children in order; `repeat` is a sequential whose children are sequentials "0".."n-1".
+// Runs its children in order (nn.Sequential; the model's root).
 class Sequential : public Module {
 public:
-    Sequential(std::string type, std::string name, SourceLocation where)
-        : Module(std::move(type), std::move(name), std::move(where)) {}
+    Sequential(std::string name, SourceLocation where);
     Shape output_shape(const Shape& in) const override;
     Layout layout(LayoutVisitor& v, const Layout& in) const override;
     bool takes_ids() const override;
 
 protected:
+    Sequential(const ModuleType& type, std::string name, SourceLocation where)  // residual, repeat
+        : Module(type, std::move(name), std::move(where)) {}
     Placed forward_placed(RunContext& ctx, const Placed& x) override;
     Placed backward_placed(RunContext& ctx, const Placed& dy, const Layout& in) override;
+};
+
+// nn.ModuleList of `count` copies of one block: children "0".."n-1", each a sequential of the
+// block's modules (what fully_shard, checkpointing and the planner take block by block).
+class Repeat : public Sequential {
+public:
+    Repeat(std::string name, SourceLocation where);
 };
 
 // y = x + body(x), body a sequential of the listed modules.
 class Residual : public Sequential {
 public:
-    Residual(std::string name, SourceLocation where) : Sequential("residual", std::move(name), std::move(where)) {}
+    Residual(std::string name, SourceLocation where);
     Shape output_shape(const Shape& in) const override;
     Layout layout(LayoutVisitor& v, const Layout& in) const override;  // the body keeps the input's layout
 

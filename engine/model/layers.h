@@ -37,8 +37,8 @@ private:
 // relu, gelu (erf or tanh), silu, tanh: elementwise, no parameters.
 class ActivationModule : public Module {
 public:
-    ActivationModule(std::string type, std::string name, SourceLocation where, Activation act)
-        : Module(std::move(type), std::move(name), std::move(where)), act_(act) {}
+    ActivationModule(const ModuleType& type, std::string name, SourceLocation where, Activation act)
+        : Module(type, std::move(name), std::move(where)), act_(act) {}
     Activation activation() const { return act_; }
     Placement out_placement(const Layout& in) const override;  // not on partial sums
 
@@ -52,7 +52,7 @@ private:
 
 class Identity : public Module {
 public:
-    Identity(std::string name, SourceLocation where) : Module("identity", std::move(name), std::move(where)) {}
+    Identity(std::string name, SourceLocation where);
 
 protected:
     Tensor forward_impl(RunContext&, const Tensor& x) override { return x; }
@@ -62,12 +62,13 @@ protected:
 // nn.LayerNorm / nn.RMSNorm over the last dim: weight [d] (ones), bias [d] (zeros; layer_norm only).
 class Norm : public Module {
 public:
-    Norm(std::string type, std::string name, SourceLocation where, int64_t dim, double eps, bool affine,
-         bool bias, DType dtype);
+    // rms: nn.RMSNorm (no mean subtracted, no bias), else nn.LayerNorm.
+    Norm(const ModuleType& type, std::string name, SourceLocation where, int64_t dim, double eps, bool affine,
+         bool bias, bool rms, DType dtype);
     Shape output_shape(const Shape& in) const override;
     Placement out_placement(const Layout& in) const override;  // whole rows
     void init_params(uint64_t seed) override;
-    bool rms() const { return type() == "rms_norm"; }
+    bool rms() const { return rms_; }
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -76,6 +77,7 @@ protected:
 private:
     int64_t dim_;
     double eps_;
+    bool rms_;
 };
 
 // nn.BatchNorm1d on [N, C], training mode: batch statistics normalise, running stats
@@ -155,8 +157,7 @@ private:
 // every tp rank. Identity in eval mode.
 class Dropout : public Module {
 public:
-    Dropout(std::string name, SourceLocation where, double p)
-        : Module("dropout", std::move(name), std::move(where)), p_(p) {}
+    Dropout(std::string name, SourceLocation where, double p);
     double p() const { return p_; }
     // The scaled keep mask (0 or 1/(1-p)) of this rank's piece of the activation x.
     Tensor mask(const RunContext& ctx, const Placed& x) const;

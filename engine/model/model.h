@@ -27,8 +27,11 @@ struct TensorSpec {
     int64_t range = 0;  // ids are drawn from [0, range)
 };
 
+enum class OptimizerType { sgd, adamw };  // torch.optim.SGD, torch.optim.AdamW
+const char* optimizer_name(OptimizerType t);  // the YAML's spelling: "sgd", "adamw"
+
 struct OptimizerSpec {
-    std::string type = "sgd";  // sgd | adamw
+    OptimizerType type = OptimizerType::sgd;
     double lr = 1e-3;
     double momentum = 0.0;
     double weight_decay = 0.0;

@@ -1,4 +1,5 @@
-// Model YAML -> module tree. Every key is checked; module types, defaults and names follow torch.nn.
+// Model YAML -> module tree. Every key is checked: the model's here, each module's by its type's
+// parse rule (model/module_type.h, model/modules/*.cpp); defaults and names follow torch.nn.
 #include <cfloat>
 #include <cmath>
 #include <filesystem>
@@ -8,14 +9,10 @@
 #include "core/yaml_reader.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "model/module_type.h"
 
 namespace ptool {
 namespace {
-
-const std::vector<std::string> kModuleTypes = {
-    "linear",     "relu",      "gelu",      "silu",      "tanh",     "identity",  "layer_norm",
-    "rms_norm",   "batch_norm", "embedding", "position_embedding", "dropout",   "attention", "gated_mlp",
-    "sequential", "repeat",     "residual",  "shared"};
 
 // The names a container's children take in its namespace: a transparent child's (an unnamed
 // residual or sequential) are its children's, as if they were written in the parent.
@@ -24,22 +21,9 @@ void names_in_scope(const std::string& name, const Module& child, std::vector<st
     for (const auto& [n, c] : child.children()) names_in_scope(n, *c, out);
 }
 
-// A product of sizes, or InputError at `where` when it leaves int64.
-int64_t mul(const YamlNode& where, int64_t a, int64_t b) {
-    int64_t r = 0;
-    if (__builtin_mul_overflow(a, b, &r)) where.fail(fmt::format("sizes overflow: {} x {} is beyond 2^63", a, b));
-    return r;
-}
-
-int64_t add(const YamlNode& where, int64_t a, int64_t b) {
-    int64_t r = 0;
-    if (__builtin_add_overflow(a, b, &r)) where.fail(fmt::format("sizes overflow: {} + {} is beyond 2^63", a, b));
-    return r;
-}
-
 int64_t numel_checked(const YamlNode& where, const Shape& s) {
     int64_t n = 1;
-    for (int64_t d : s) n = mul(where, n, d);
+    for (int64_t d : s) n = size_mul(where, n, d);
     return n;
 }
 
@@ -66,40 +50,32 @@ int64_t& byte_limit() {
     return limit;
 }
 
-struct Builder {
-    DType dtype;
-    int64_t bytes = 0;  // parameters built so far
+// The loader's side of a type's build (model/module_type.h): the byte limit, names, children.
+class Builder final : public ModuleBuilder {
+public:
+    explicit Builder(DType dtype) : dtype_(dtype) {}
+    DType dtype() const override { return dtype_; }
 
-    // Called before each parameterised module is built, with its parameter count.
-    void account(const YamlNode& where, int64_t params) {
-        bytes = add(where, bytes, mul(where, params, static_cast<int64_t>(dtype_size(dtype))));
-        if (byte_limit() > 0 && bytes > byte_limit() && !meta_allocation_active())  // meta models allocate nothing
+    using ModuleBuilder::account;
+    void account(const YamlNode& where, int64_t elements, DType dtype) override {
+        bytes_ = size_add(where, bytes_, size_mul(where, elements, static_cast<int64_t>(dtype_size(dtype))));
+        if (byte_limit() > 0 && bytes_ > byte_limit() && !meta_allocation_active())  // meta models allocate nothing
             where.fail(fmt::format("the model reaches {} bytes of parameters and batch, over the limit of {} "
                                    "(PTOOL_MODEL_BYTE_LIMIT raises it)",
-                                   bytes, byte_limit()));
+                                   bytes_, byte_limit()));
     }
-    std::map<std::string, std::shared_ptr<Module>> by_fqn;  // every module built so far
 
-    std::shared_ptr<Module> lookup(YamlNode where, const std::string& fqn, const char* key) {
-        auto it = by_fqn.find(fqn);
-        if (it == by_fqn.end()) {
+    std::shared_ptr<Module> lookup(const YamlNode& where, const std::string& fqn, const char* key) override {
+        auto it = by_fqn_.find(fqn);
+        if (it == by_fqn_.end()) {
             std::vector<std::string> names;
-            for (const auto& [n, m] : by_fqn) names.push_back(n);
+            for (const auto& [n, m] : by_fqn_) names.push_back(n);
             where.fail(fmt::format("'{}: {}' names no earlier module{}", key, fqn, did_you_mean(fqn, names)));
         }
         return it->second;
     }
 
-    Activation activation_of(YamlMap& m, const std::string& key, const std::string& fallback) {
-        std::string a = m.string_or(key, fallback);
-        if (a == "silu") return Activation::silu;
-        if (a == "relu") return Activation::relu;
-        if (a == "gelu") return Activation::gelu;
-        if (a == "tanh") return Activation::tanh;
-        m.at(key).fail(fmt::format("unknown activation '{}' (valid: silu, relu, gelu, tanh)", a));
-    }
-
-    void children(YamlMap& m, Module& parent, const std::string& prefix) {
+    void children(YamlMap& m, Module& parent, const std::string& prefix) override {
         std::set<std::string> names;
         for (const YamlNode& item : m.at("modules").items(fmt::format("'modules' of '{}'", prefix))) {
             auto [name, child] = build(item, prefix);
@@ -112,12 +88,18 @@ struct Builder {
         if (names.empty()) m.at("modules").fail(fmt::format("'{}' has no modules", prefix.empty() ? "model" : prefix));
     }
 
+    void name_module(const std::string& fqn, std::shared_ptr<Module> m) override { by_fqn_.emplace(fqn, std::move(m)); }
+
+private:
     std::pair<std::string, std::shared_ptr<Module>> build(const YamlNode& node, const std::string& prefix) {
         YamlMap m(node, "a module");
         // a residual or sequential without a name is transparent: its modules keep the parent's
         // prefix (the structure of a forward() that owns no submodule, e.g. HF's decoder layers)
-        const bool transparent = !m.has("name") && m.has("type") && (m.at("type").as_string("'type'") == "residual" ||
-                                                                      m.at("type").as_string("'type'") == "sequential");
+        auto may_be_transparent = [&] {
+            const ModuleType* t = find_module_type(m.at("type").as_string("'type'"));
+            return t && t->transparent_without_name();
+        };
+        const bool transparent = !m.has("name") && m.has("type") && may_be_transparent();
         const std::string name = transparent ? "" : m.at("name").as_string("a module's 'name'");
         if (!transparent && (name.empty() || name.find_first_of(". \t") != std::string::npos))
             m.at("name").fail(fmt::format("module name '{}' must be non-empty, without dots or spaces", name));
@@ -128,146 +110,20 @@ struct Builder {
         YamlMap mm(node, what);  // re-read with a precise description for the messages below
         if (!transparent) mm.at("name");
         mm.at("type");
-        std::shared_ptr<Module> mod = make(mm, type, type_node, name, fqn, node.where());
+        const ModuleType* t = find_module_type(type);
+        if (!t) type_node.fail(fmt::format("unknown module type '{}'{}", type, did_you_mean(type, module_type_names())));
+        ModuleEntry entry{mm, name, fqn, node.where()};
+        std::shared_ptr<Module> mod = t->build(*this, entry);
         mm.finish();
         mod->set_fqn(fqn);
         if (transparent) mod->set_transparent();
-        else if (type != "shared") by_fqn.emplace(fqn, mod);
+        else if (!t->aliases()) by_fqn_.emplace(fqn, mod);
         return {name, mod};
     }
 
-    std::shared_ptr<Module> make(YamlMap& m, const std::string& type, const YamlNode& type_node,
-                                 const std::string& name, const std::string& fqn, const SourceLocation& where) {
-        auto pos = [&](const char* key) { return m.at(key).as_positive_int(fmt::format("'{}'", key)); };
-        if (type == "linear") {
-            const int64_t in = pos("in"), out = pos("out");
-            account(m.at("out"), add(m.node(), mul(m.at("out"), in, out), out));
-            ParamPtr tied;
-            if (auto t = m.get("tie")) {
-                auto target = lookup(*t, t->as_string("'tie'"), "tie");
-                tied = target->param("weight");
-                if (!tied) t->fail(fmt::format("'tie: {}' names a module with no weight", target->fqn()));
-                if (tied->value.shape() != Shape{out, in})
-                    t->fail(fmt::format("'tie: {}' weight is {}, but this linear needs [{}, {}] ([out, in])",
-                                        target->fqn(), shape_str(tied->value.shape()), out, in));
-            }
-            return std::make_shared<Linear>(name, where, in, out, m.bool_or("bias", true), dtype, tied);
-        }
-        if (type == "relu") return std::make_shared<ActivationModule>(type, name, where, Activation::relu);
-        if (type == "silu") return std::make_shared<ActivationModule>(type, name, where, Activation::silu);
-        if (type == "tanh") return std::make_shared<ActivationModule>(type, name, where, Activation::tanh);
-        if (type == "gelu") {
-            std::string approx = m.string_or("approximate", "none");
-            if (approx != "none" && approx != "tanh")
-                m.at("approximate").fail(fmt::format("gelu approximate must be none or tanh, got '{}'", approx));
-            return std::make_shared<ActivationModule>(type, name, where,
-                                                      approx == "tanh" ? Activation::gelu_tanh : Activation::gelu);
-        }
-        if (type == "identity") return std::make_shared<Identity>(name, where);
-        if (type == "layer_norm" || type == "rms_norm" || type == "batch_norm")
-            account(m.node(), mul(m.node(), 4, pos(type == "batch_norm" ? "features" : "dim")));
-        if (type == "layer_norm" || type == "rms_norm") {
-            // nn.LayerNorm eps 1e-5; nn.RMSNorm eps=None means torch.finfo(dtype).eps
-            const double default_eps = type == "layer_norm" ? 1e-5 : dtype_eps(dtype);
-            const bool bias = type == "layer_norm" && m.bool_or("bias", true);
-            return std::make_shared<Norm>(type, name, where, pos("dim"), m.double_or("eps", default_eps),
-                                          m.bool_or("elementwise_affine", true), bias, dtype);
-        }
-        if (type == "batch_norm")
-            return std::make_shared<BatchNorm>(name, where, pos("features"), m.double_or("eps", 1e-5),
-                                               m.double_or("momentum", 0.1), dtype);
-        if (type == "embedding") {
-            const int64_t vocab = pos("vocab"), dim = pos("dim");
-            account(m.at("dim"), mul(m.at("dim"), vocab, dim));
-            return std::make_shared<Embedding>(name, where, vocab, dim, dtype);
-        }
-        if (type == "position_embedding") {
-            const int64_t positions = pos("positions"), dim = pos("dim");
-            account(m.at("dim"), mul(m.at("dim"), positions, dim));
-            return std::make_shared<PositionEmbedding>(name, where, positions, dim, dtype);
-        }
-        if (type == "dropout") {
-            const double p = m.double_or("p", 0.5);
-            if (!(p >= 0.0 && p < 1.0)) m.at("p").fail(fmt::format("dropout p must be in [0, 1), got {}", p));
-            return std::make_shared<Dropout>(name, where, p);
-        }
-        if (type == "attention") {
-            const int64_t heads = pos("heads");
-            const int64_t adim = pos("dim");
-            account(m.at("dim"), mul(m.at("dim"), 4, mul(m.at("dim"), adim, add(m.at("dim"), adim, 1))));
-            Attention::Options o;
-            o.dim = adim, o.heads = heads, o.kv_heads = m.has("kv_heads") ? pos("kv_heads") : heads;
-            o.causal = m.bool_or("causal", false);
-            const bool bias = m.bool_or("bias", true);  // bias sets both; qkv_bias and o_bias each their own
-            o.qkv_bias = m.bool_or("qkv_bias", bias), o.o_bias = m.bool_or("o_bias", bias);
-            if (auto impl = m.get("attn_implementation")) {
-                const std::string v = impl->as_string("'attn_implementation'");
-                if (v != "eager" && v != "flash") impl->fail(fmt::format("attn_implementation '{}': valid: eager, flash", v));
-                o.flash = v == "flash";
-            }
-            if (auto r = m.get("rope_theta")) {
-                o.rope_theta = r->as_double("'rope_theta'");
-                if (!(*o.rope_theta > 0) || !std::isfinite(*o.rope_theta)) r->fail(fmt::format("rope_theta must be > 0, got {}", *o.rope_theta));
-            }
-            if (auto rs = m.get("rope_scaling")) {
-                if (!o.rope_theta) rs->fail("rope_scaling needs rope_theta (RoPE)");
-                YamlMap sm(*rs, "'rope_scaling'");
-                YamlNode type = sm.at("type");
-                o.rope_scaling.type = type.as_string("rope_scaling 'type'");
-                if (o.rope_scaling.type != "linear" && o.rope_scaling.type != "llama3")
-                    type.fail(fmt::format("rope_scaling type '{}'{}", o.rope_scaling.type,
-                                          did_you_mean(o.rope_scaling.type, {"linear", "llama3"})));
-                auto positive = [&](const char* key, double fallback) {
-                    const double v = sm.double_or(key, fallback);
-                    if (!(v > 0) || !std::isfinite(v)) sm.at(key).fail(fmt::format("rope_scaling {} must be a finite number > 0", key));
-                    return v;
-                };
-                o.rope_scaling.factor = positive("factor", 1.0);
-                if (o.rope_scaling.type == "llama3") {
-                    o.rope_scaling.low_freq_factor = positive("low_freq_factor", 1.0);
-                    o.rope_scaling.high_freq_factor = positive("high_freq_factor", 4.0);
-                    o.rope_scaling.original_max_position_embeddings = positive("original_max_position_embeddings", 8192.0);
-                    if (!(o.rope_scaling.high_freq_factor > o.rope_scaling.low_freq_factor))
-                        sm.at("high_freq_factor").fail("rope_scaling high_freq_factor must be above low_freq_factor");
-                }
-                sm.finish();
-            }
-            return std::make_shared<Attention>(name, where, o, dtype);
-        }
-        if (type == "gated_mlp") {
-            const int64_t gdim = pos("dim"), hidden = pos("hidden");
-            account(m.at("hidden"), mul(m.at("hidden"), 3, mul(m.at("hidden"), gdim, hidden)));
-        }
-        if (type == "gated_mlp")
-            return std::make_shared<GatedMlp>(name, where, pos("dim"), pos("hidden"),
-                                              activation_of(m, "activation", "silu"), m.bool_or("bias", false), dtype);
-        if (type == "sequential" || type == "residual") {
-            std::shared_ptr<Sequential> s;
-            if (type == "residual") s = std::make_shared<Residual>(name, where);
-            else s = std::make_shared<Sequential>(type, name, where);
-            children(m, *s, fqn);
-            return s;
-        }
-        if (type == "repeat") {
-            const int64_t count = pos("count");
-            if (count > 4096) m.at("count").fail("repeat count over 4096");
-            auto list = std::make_shared<Sequential>("repeat", name, where);
-            for (int64_t i = 0; i < count; ++i) {  // each copy's modules account for themselves
-                auto copy = std::make_shared<Sequential>("sequential", std::to_string(i), where);
-                const std::string cfqn = join_name(fqn, std::to_string(i));
-                copy->set_fqn(cfqn);
-                children(m, *copy, cfqn);
-                by_fqn.emplace(cfqn, copy);
-                list->add_child(std::to_string(i), copy);
-            }
-            return list;
-        }
-        if (type == "shared") {
-            YamlNode target = m.at("module");
-            return lookup(target, target.as_string("'module'"), "module");
-        }
-        type_node.fail(fmt::format("unknown module type '{}'{}", type, did_you_mean(type, kModuleTypes)));
-    }
+    DType dtype_;
+    int64_t bytes_ = 0;  // parameters, buffers and batch counted so far
+    std::map<std::string, std::shared_ptr<Module>> by_fqn_;  // every module built so far
 };
 
 TensorSpec parse_tensor_spec(const YamlNode& node, const std::string& what) {
@@ -288,12 +144,18 @@ OptimizerSpec parse_optimizer(const YamlNode& node) {
     YamlMap m(node, "the optimizer");
     OptimizerSpec o;
     YamlNode type = m.at("type");
-    o.type = type.as_string("optimizer 'type'");
-    if (o.type == "sgd") {
+    const std::string name = type.as_string("optimizer 'type'");
+    auto kind = [&] {
+        for (OptimizerType t : {OptimizerType::sgd, OptimizerType::adamw})
+            if (name == optimizer_name(t)) return t;
+        type.fail(fmt::format("unknown optimizer '{}'{}", name, did_you_mean(name, {"sgd", "adamw"})));
+    };
+    o.type = kind();
+    if (o.type == OptimizerType::sgd) {
         o.lr = m.double_or("lr", 1e-3);
         o.momentum = m.double_or("momentum", 0.0);
         o.weight_decay = m.double_or("weight_decay", 0.0);
-    } else if (o.type == "adamw") {
+    } else {
         o.lr = m.double_or("lr", 1e-3);
         o.weight_decay = m.double_or("weight_decay", 1e-2);
         o.eps = m.double_or("eps", 1e-8);
@@ -304,8 +166,6 @@ OptimizerSpec parse_optimizer(const YamlNode& node) {
             o.beta2 = items[1].as_double("beta2");
             if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1)) b->fail("betas must be in [0, 1)");
         }
-    } else {
-        type.fail(fmt::format("unknown optimizer '{}'{}", o.type, did_you_mean(o.type, {"sgd", "adamw"})));
     }
     if (!(o.lr >= 0)) m.at("lr").fail("lr must be >= 0");
     m.finish();
@@ -344,7 +204,7 @@ Model load_model_text(const std::string& text, const std::string& path, const st
         try {
             model.dtype = parse_dtype(d->as_string("'dtype'"));
         } catch (const InputError& e) {
-            d->fail(e.what());
+            d->fail(e.message());
         }
     }
     if (!dtype_override.empty()) model.dtype = parse_dtype(dtype_override);
@@ -377,10 +237,10 @@ Model load_model_text(const std::string& text, const std::string& path, const st
             f->fail(fmt::format("unknown checkpoint_format '{}'{}", model.checkpoint_format, did_you_mean(model.checkpoint_format, known)));
     }
 
-    Builder b{model.dtype, 0, {}};
-    b.account(batch.node(), add(batch.node(), numel_checked(batch.at("input"), model.input.shape),
-                                model.target ? numel_checked(batch.at("target"), model.target->shape) : 0));
-    model.root = std::make_shared<Sequential>("sequential", "", root.where());
+    Builder b(model.dtype);
+    b.account(batch.node(), size_add(batch.node(), numel_checked(batch.at("input"), model.input.shape),
+                                     model.target ? numel_checked(batch.at("target"), model.target->shape) : 0));
+    model.root = std::make_shared<Sequential>("", root.where());
     b.children(m, *model.root, "");
     m.finish();
     for_each_module(*model.root, [](const std::string& fqn, Module& mod) { mod.set_fqn(fqn); });

@@ -3,12 +3,15 @@
 #include "backend/meta/meta_backend.h"
 #include "core/memory_account.h"
 #include "core/turns.h"
+#include "model/module_type.h"
 
 #include <set>
 
 namespace ptool {
 
 const char* phase_name(Phase p) { return p == Phase::forward ? "forward" : "backward"; }
+
+const std::string& Module::type() const { return type_->name(); }
 
 Placed Module::forward(RunContext& ctx, const Placed& x) {
     if (checkpointed_ && ctx.recording) {  // keep the input only: nothing below saves for backward
@@ -75,19 +78,19 @@ Placed Module::backward_placed(RunContext& ctx, const Placed& dy, const Layout& 
 }
 
 Tensor Module::forward_impl(RunContext&, const Tensor&) {
-    PTOOL_REQUIRE(false, "'{}' ({}) computes on placed tensors only", fqn_, type_);
+    PTOOL_REQUIRE(false, "'{}' ({}) computes on placed tensors only", fqn_, type());
     return {};
 }
 
 Tensor Module::backward_impl(RunContext&, const Tensor&) {
-    PTOOL_REQUIRE(false, "'{}' ({}) computes on placed tensors only", fqn_, type_);
+    PTOOL_REQUIRE(false, "'{}' ({}) computes on placed tensors only", fqn_, type());
     return {};
 }
 
 Layout Module::layout(LayoutVisitor&, const Layout& in) const { return {output_shape(in.global), out_placement(in)}; }
 
 void Module::init_shard(uint64_t, const std::string& param, Tensor&, int64_t, int64_t) const {
-    PTOOL_REQUIRE(false, "'{}' ({}) cannot initialise a shard of '{}'", fqn_, type_, param);
+    PTOOL_REQUIRE(false, "'{}' ({}) cannot initialise a shard of '{}'", fqn_, type(), param);
 }
 
 void Module::conflict(const std::string& message) const { throw LayoutError(where_, message); }

@@ -36,6 +36,7 @@ enum class Phase { forward, backward };
 const char* phase_name(Phase p);  // "forward", "backward"
 
 class Module;
+class ModuleType;  // model/module_type.h
 
 // Per-step state shared by every module during one forward/backward.
 struct RunContext {
@@ -94,11 +95,14 @@ public:
 
 class Module {
 public:
-    Module(std::string type, std::string name, SourceLocation where)
-        : type_(std::move(type)), name_(std::move(name)), where_(std::move(where)) {}
+    Module(const ModuleType& type, std::string name, SourceLocation where)
+        : type_(&type), name_(std::move(name)), where_(std::move(where)) {}
     virtual ~Module() = default;
 
-    const std::string& type() const { return type_; }
+    // The type the YAML's `type:` named (model/module_type.h: its parse, plan-writer and shrink
+    // rules); a `shared` entry is the earlier module itself.
+    const ModuleType& module_type() const { return *type_; }
+    const std::string& type() const;  // its name, for messages
     const std::string& name() const { return name_; }
     const std::string& fqn() const { return fqn_; }
     const SourceLocation& where() const { return where_; }
@@ -172,7 +176,8 @@ protected:
     std::vector<Tensor> restore() { return saved_.pop(microbatch_); }
 
 private:
-    std::string type_, name_, fqn_;
+    const ModuleType* type_;
+    std::string name_, fqn_;
     SourceLocation where_;
     std::vector<Entry> params_, buffers_;
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

@@ -2,6 +2,8 @@
 
 namespace ptool {
 
+const char* optimizer_name(OptimizerType t) { return t == OptimizerType::adamw ? "adamw" : "sgd"; }
+
 void Optimizer::step(const std::vector<std::pair<std::string, ParamPtr>>& params) {
     ++step_;
     for (const auto& [name, p] : params) {
@@ -10,11 +12,11 @@ void Optimizer::step(const std::vector<std::pair<std::string, ParamPtr>>& params
         if (first) {  // plain SGD keeps no state, as torch.optim.SGD with momentum 0
             s.started = true;
             MemoryUseScope use(MemoryUse::optimizer);
-            if (spec_.type == "adamw" || spec_.momentum != 0.0)
+            if (spec_.type == OptimizerType::adamw || spec_.momentum != 0.0)
                 s.a = Tensor(p->value.shape(), p->value.dtype(), p->value.device());  // zeros
-            if (spec_.type == "adamw") s.b = Tensor(p->value.shape(), p->value.dtype(), p->value.device());
+            if (spec_.type == OptimizerType::adamw) s.b = Tensor(p->value.shape(), p->value.dtype(), p->value.device());
         }
-        if (spec_.type == "sgd") {
+        if (spec_.type == OptimizerType::sgd) {
             backend_.sgd_step(p->value, p->grad, s.a, spec_.lr, spec_.momentum, spec_.weight_decay, first);
         } else {
             backend_.adamw_step(p->value, p->grad, s.a, s.b, step_, spec_.lr, spec_.beta1, spec_.beta2, spec_.eps,

@@ -14,8 +14,6 @@ bool under(const std::string& name, const std::string& module) {
     return module.empty() || name == module || name.rfind(module + ".", 0) == 0;
 }
 
-std::string at(const SourceLocation& w) { return w.str() + ": "; }
-
 }  // namespace
 
 std::vector<BucketSpec> assign_buckets(const std::vector<std::pair<std::string, int64_t>>& params_and_bytes,
@@ -52,7 +50,7 @@ void check_batch_split(const Model& model, const DataParallelSpec& spec, int siz
 
 // fully_shard units: the listed patterns, and the root in mode fully_shard; outermost first.
 std::vector<std::string> fsdp_unit_fqns(const DataParallelSpec& spec, const std::vector<std::string>& module_names,
-                                        std::vector<std::string>& warnings) {
+                                        std::vector<Diagnostic>& warnings) {
     std::vector<std::string> unit_fqns;
     if (spec.mode == DataParallelMode::fully_shard) unit_fqns.push_back("");
     for (const std::string& pattern : spec.fully_shard) {
@@ -60,7 +58,8 @@ std::vector<std::string> fsdp_unit_fqns(const DataParallelSpec& spec, const std:
         for (const std::string& fqn : module_names)
             if (fqn_matches(pattern, fqn) && std::find(unit_fqns.begin(), unit_fqns.end(), fqn) == unit_fqns.end())
                 unit_fqns.push_back(fqn), ++matched;
-        if (!matched) warnings.push_back(fmt::format("{}fully_shard pattern '{}' matched no module", at(spec.fully_shard_where), pattern));
+        if (!matched)
+            warnings.push_back({spec.fully_shard_where, fmt::format("fully_shard pattern '{}' matched no module", pattern)});
     }
     std::stable_sort(unit_fqns.begin(), unit_fqns.end(), [](const std::string& a, const std::string& b) {
         return (a.empty() ? 0 : std::count(a.begin(), a.end(), '.') + 1) < (b.empty() ? 0 : std::count(b.begin(), b.end(), '.') + 1);
@@ -129,31 +128,31 @@ std::vector<std::string> assign_parameters(const Model& model, const DataParalle
 
 // What makes a correct data-parallel run differ from the reference, said before it runs.
 void expected_causes(const Model& model, const DataParallelSpec& spec, const DataParallelResolution& res,
-                     std::vector<std::string>& causes) {
+                     std::vector<Diagnostic>& causes) {
     if (res.size <= 1) return;
     if (model.loss == LossKind::sum)
-        causes.push_back(fmt::format("{}loss: sum under data parallel: each rank sums its own part of the batch and "
-                                     "DDP averages the gradients over the {} ranks, so they come out 1/{} of the "
-                                     "reference's (use loss: mean or mse)",
-                                     at(spec.where), res.size, res.size));
+        causes.push_back({spec.where, fmt::format("loss: sum under data parallel: each rank sums its own part of the "
+                                                  "batch and DDP averages the gradients over the {} ranks, so they come "
+                                                  "out 1/{} of the reference's (use loss: mean or mse)",
+                                                  res.size, res.size)});
     if (!spec.sync_batch_norm)
         for (const std::string& bn : res.batch_norms)
-            causes.push_back(fmt::format("{}batch_norm '{}' normalises with the statistics of each rank's local "
-                                         "batch (sync_batch_norm: false): its output, everything after it and its "
-                                         "running statistics differ from the reference (sync_batch_norm: true "
-                                         "gives parity)",
-                                         at(spec.where), bn));
+            causes.push_back({spec.where, fmt::format("batch_norm '{}' normalises with the statistics of each rank's "
+                                                      "local batch (sync_batch_norm: false): its output, everything "
+                                                      "after it and its running statistics differ from the reference "
+                                                      "(sync_batch_norm: true gives parity)",
+                                                      bn)});
     if (!spec.ignored_modules.empty())
-        causes.push_back(fmt::format("{}ignored_modules [{}]: their gradients are not averaged, so they and then "
-                                     "their parameters differ across ranks, and after the first step so does "
-                                     "everything computed from them",
-                                     at(spec.ignored_where), fmt::join(spec.ignored_modules, ", ")));
+        causes.push_back({spec.ignored_where, fmt::format("ignored_modules [{}]: their gradients are not averaged, so "
+                                                          "they and then their parameters differ across ranks, and "
+                                                          "after the first step so does everything computed from them",
+                                                          fmt::join(spec.ignored_modules, ", "))});
 }
 
 }  // namespace
 
-DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan, std::vector<std::string>& warnings,
-                                             std::vector<std::string>& causes) {
+DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan, std::vector<Diagnostic>& warnings,
+                                             std::vector<Diagnostic>& causes) {
     DataParallelResolution res;
     if (!plan.data_parallel) return res;
     const DataParallelSpec& spec = *plan.data_parallel;
@@ -162,7 +161,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
     std::vector<std::string> module_names;
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         module_names.push_back(fqn);
-        if (m.type() == "batch_norm") res.batch_norms.push_back(fqn);
+        if (dynamic_cast<const BatchNorm*>(&m)) res.batch_norms.push_back(fqn);
     });
     check_batch_split(model, spec, res.size);
     if (plan.mixed_precision && spec.gradient_as_bucket_view && plan.mixed_precision->reduce_dtype != model.dtype)

@@ -20,6 +20,7 @@
 #include <memory>
 #include <set>
 
+#include "core/diagnostic.h"
 #include "model/model.h"
 #include "parallel/fully_shard.h"
 #include "parallel/plan.h"
@@ -65,8 +66,8 @@ std::vector<BroadcastState> construction_broadcast(const DataParallelResolution&
 // the dp ranks, nested replicate() roots. Findings that explain an expected mismatch (loss: sum,
 // BatchNorm with local statistics, ignored modules) go to `causes`; patterns matching nothing
 // to `warnings`.
-DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan, std::vector<std::string>& warnings,
-                                             std::vector<std::string>& causes);
+DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan, std::vector<Diagnostic>& warnings,
+                                             std::vector<Diagnostic>& causes);
 
 // One rank's data-parallel state, built after tensor parallelism (it shards or replicates the
 // TP-local tensors). Its collectives run under the counter's scope: the replicate() root or the

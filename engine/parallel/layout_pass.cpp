@@ -32,7 +32,7 @@ public:
         try {
             out = rs ? styled(m, *rs, in) : m.layout(*this, in);
         } catch (const LayoutError& e) {
-            throw InputError(fmt::format("{}{}", where_of_producer(), explain_conflict(m, in, e)));
+            throw InputError(producer_where(), explain_conflict(m, in, e));
         }
         stack_.pop_back();
         if (!rs && m.children().empty()) lint_leaf(m, in, {});
@@ -123,19 +123,13 @@ private:
                                      want, holder, actual, m.fqn()));
     }
 
-    std::string where_of_producer() const {
-        return (producer_.entry ? producer_.entry->where : plan_where_).str() + ": ";
-    }
+    // The plan entry of the style that produced the activation (the plan's start for the model input).
+    const SourceLocation& producer_where() const { return producer_.entry ? producer_.entry->where : plan_where_; }
 
     std::string explain_conflict(const Module& m, const Layout& in, const LayoutError& e) const {
-        if (!m.children().empty()) return fmt::format("{} ({})", strip_position(e.what()), m.where().str());  // containers say what to do
+        if (!m.children().empty()) return fmt::format("{} ({})", e.message(), m.where().str());  // containers say what to do
         return fmt::format("{} outputs {} but {} ({}): give it a style, or have {} output replicate", producer_.name,
-                           in.p.str(), strip_position(e.what()), m.where().str(), producer_.name);
-    }
-
-    static std::string strip_position(const std::string& what) {  // "file:1:2: message" -> "message"
-        const size_t at = what.find(": ");
-        return at == std::string::npos || what.find(' ') < at ? what : what.substr(at + 2);
+                           in.p.str(), e.message(), m.where().str(), producer_.name);
     }
 
     // A module with parameters fed sequence or batch shards computes its parameter gradients over
@@ -145,10 +139,11 @@ private:
         bool partial_grads = false;
         for (const auto& e : m.params()) partial_grads = partial_grads || !handled.count(e.name);
         if (p.is_shard() && partial_grads)
-            report.warnings.push_back(fmt::format("{}'{}' ({}) gets {} activations from {}: each rank's gradients of its "
-                                                  "replicated parameters cover only its rows and are not reduced: give it "
-                                                  "sequence_parallel, or gather the activation first",
-                                                  where_of_producer(), m.fqn(), m.type(), in.p.str(), producer_.name));
+            report.warnings.push_back(
+                {producer_where(), fmt::format("'{}' ({}) gets {} activations from {}: each rank's gradients of its "
+                                               "replicated parameters cover only its rows and are not reduced: give it "
+                                               "sequence_parallel, or gather the activation first",
+                                               m.fqn(), m.type(), in.p.str(), producer_.name)});
     }
 
     struct Producer {

@@ -39,7 +39,7 @@ struct LayoutReport {
     std::vector<CallLayout> calls;          // every module call, in forward order (a container before its children)
     Layout input, output;                   // the model's, on one dp rank's rows
     std::vector<CommCost> forward, backward;  // the step's collectives in the order they run
-    std::vector<std::string> warnings;
+    std::vector<Diagnostic> warnings;
 };
 
 struct LayoutPassOptions {

@@ -39,7 +39,7 @@ void check_mixed_precision(const Model& model, const Plan& plan, const std::vect
                                                "{} activations, which PyTorch refuses. Manage it, or drop mixed_precision",
                                                unmanaged_params[0], dtype_name(model.dtype), dtype_name(mp.param_dtype)));
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        if (m.type() == "batch_norm")
+        if (dynamic_cast<const BatchNorm*>(&m))
             throw InputError(mp.where, fmt::format("mixed_precision with batch_norm '{}': its running statistics are "
                                                    "buffers in {} that no policy here casts; ptool does not run it",
                                                    fqn, dtype_name(model.dtype)));

@@ -8,8 +8,6 @@
 namespace ptool {
 namespace {
 
-std::string at(const SourceLocation& w) { return w.str() + ": "; }
-
 bool shards_any(const std::vector<ParamPlacement>& params) {
     for (const ParamPlacement& pp : params)
         if (pp.placement.is_shard()) return true;
@@ -32,7 +30,7 @@ std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, con
                                                       e.pattern, owner[&m]->pattern, owner[&m]->where.line, fqn));
             owner[&m] = &e;
         });
-        if (!matched) res.warnings.push_back(fmt::format("{}pattern '{}' matched no module", at(e.where), e.pattern));
+        if (!matched) res.warnings.push_back({e.where, fmt::format("pattern '{}' matched no module", e.pattern)});
     }
     return owner;
 }
@@ -96,7 +94,8 @@ void check_tied(const Model& model, const std::map<const Module*, const PlanEntr
 }
 
 void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& res) {
-    if (plan.tp_plan.empty()) res.warnings.push_back(at(plan.tp_plan_where) + "the tensor_parallel plan is empty: nothing is parallelized");
+    if (plan.tp_plan.empty())
+        res.warnings.push_back({plan.tp_plan_where, "the tensor_parallel plan is empty: nothing is parallelized"});
     const auto owner = match_patterns(model, plan, res);
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         auto it = owner.find(&m);
@@ -134,8 +133,8 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
             if (fqn_matches(pattern, fqn)) res.checkpointed.insert(&m), ++found;
         });
         if (!found)
-            res.warnings.push_back(fmt::format("{}activation_checkpointing pattern '{}' matched no module",
-                                               at(plan.activation_checkpointing_where), pattern));
+            res.warnings.push_back({plan.activation_checkpointing_where,
+                                    fmt::format("activation_checkpointing pattern '{}' matched no module", pattern)});
     }
     res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
     if (plan.dims.has(DimRole::tp)) resolve_tensor_parallel(model, plan, res);

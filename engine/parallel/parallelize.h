@@ -13,7 +13,7 @@ namespace ptool {
 
 struct Resolution {
     std::vector<ResolvedStyle> styles;  // in forward registration order
-    std::vector<std::string> warnings;  // "plan.yaml:6:3: pattern 'x' matched no module", ...
+    std::vector<Diagnostic> warnings;  // plan.yaml:6:3 "pattern 'x' matched no module", ...
     int tp = 1;                         // ranks of the tensor-parallel dim
     Placement input_placement;          // how the model input reaches the ranks
     LayoutReport layouts;               // every module call's layouts and the step's collectives
@@ -21,7 +21,7 @@ struct Resolution {
     std::set<const Module*> checkpointed;  // activation_checkpointing's modules
     // Findings that make a mismatch with the reference expected, shown with a failing verdict as
     // its cause ("loss: sum under data parallel ...", BatchNorm with local statistics).
-    std::vector<std::string> causes;
+    std::vector<Diagnostic> causes;
 
     const ResolvedStyle* style_of(const Module& m) const;  // null: unstyled
 };

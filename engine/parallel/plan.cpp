@@ -51,7 +51,7 @@ MixedPrecisionSpec parse_mixed_precision(const YamlNode& node) {
         try {
             dt = parse_dtype(v.as_string(fmt::format("'{}'", key)));
         } catch (const InputError& e) {
-            v.fail(e.what());
+            v.fail(e.message());
         }
         if (!dtype_is_float(dt)) v.fail(fmt::format("'{}' must be a floating dtype, got {}", key, dtype_name(dt)));
         return dt;

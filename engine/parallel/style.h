@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/diagnostic.h"
 #include "core/yaml_reader.h"
 #include "model/model.h"
 #include "parallel/style_names.h"
@@ -70,7 +71,7 @@ struct StyleCheck {
     const std::string& pattern;
     const SourceLocation& where;  // the plan entry
     int parts;                    // ranks of the tensor-parallel dim
-    std::vector<std::string>& warnings;
+    std::vector<Diagnostic>& warnings;
 };
 
 class Style {

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "model/module_type.h"
 #include "parallel/style_names.h"
 
 namespace ptool {
@@ -14,6 +15,9 @@ namespace {
 using namespace style_name;
 
 enum class Act { replicate, sequence, features };
+
+// What the module's type says the writer does with it (model/module_type.h).
+TpRule rule_of(const Module& m) { return m.module_type().tp_template().rule; }
 
 struct Writer {
     TensorParallelTemplate out;
@@ -33,62 +37,62 @@ struct Writer {
             return transfer(m, a);
         }
         seen[&m] = a;
-        const std::string& t = m.type();
-        if (t == "sequential" || t == "repeat" || t == "residual") {
-            Act cur = a;
-            bool first = true;
-            for (const auto& [name, child] : m.children()) {
-                if (t == "repeat" && !first) break;  // every element is the first's copy
-                first = false;
-                const std::string p = join_name(pattern, t == "repeat" ? std::string("*") : name);  // transparent: ""
-                const Act before = cur;
-                cur = visit(*child, p, cur);
-                if (t == "repeat" && cur != before) fail(m, "an element ends in another layout than it starts");
+        const TpTemplate tpl = m.module_type().tp_template();
+        switch (tpl.rule) {
+            case TpRule::sequence:
+            case TpRule::repeat:
+            case TpRule::residual: {
+                const bool repeat = tpl.rule == TpRule::repeat;
+                Act cur = a;
+                bool first = true;
+                for (const auto& [name, child] : m.children()) {
+                    if (repeat && !first) break;  // every element is the first's copy
+                    first = false;
+                    const std::string p = join_name(pattern, repeat ? std::string("*") : name);  // transparent: ""
+                    const Act before = cur;
+                    cur = visit(*child, p, cur);
+                    if (repeat && cur != before) fail(m, "an element ends in another layout than it starts");
+                }
+                if (tpl.rule == TpRule::residual && cur != a) fail(m, "its body ends in another layout than its input (the sum needs one)");
+                return cur;
             }
-            if (t == "residual" && cur != a) fail(m, "its body ends in another layout than its input (the sum needs one)");
-            return cur;
-        }
-        if (t == "embedding") {
-            if (a != Act::replicate) return fail(m, "its ids are not replicated"), a;
-            add(pattern, entry(rowwise, has_sequence ? "input_layouts: replicate, output_layouts: shard(1)" : "input_layouts: replicate"));
-            return has_sequence ? Act::sequence : Act::replicate;
-        }
-        if (t == "layer_norm" || t == "rms_norm") {
-            if (a == Act::features) fail(m, "normalises over features a colwise linear split");
-            if (a == Act::sequence) add(pattern, entry(sequence_parallel));
-            return a;
-        }
-        if (t == "position_embedding") {  // positions are rows of its weight: whole sequences only
-            if (a != Act::replicate) fail(m, "needs whole sequences and features");
-            return a;
-        }
-        if (t == "dropout" || t == "relu" || t == "silu" || t == "tanh" || t == "gelu" || t == "identity") return a;
-        if (t == "attention" || t == "gated_mlp") {
-            if (a == Act::features) return fail(m, "its input is split over features"), a;
-            const bool attn = t == "attention";
-            if (a == Act::sequence) add(pattern, entry(prepare_input, "input_layouts: shard(1), desired_input_layouts: replicate"));
-            add(pattern + (attn ? ".[qkv]_proj" : ".[gu]*_proj"), entry(colwise));
-            add(pattern + (attn ? ".o_proj" : ".down_proj"), entry(rowwise, a == Act::sequence ? "output_layouts: shard(1)" : ""));
-            return a;
-        }
-        if (t == "linear") {
-            if (&m == last && a == Act::features) {  // the second of a Megatron pair ends the model
-                add(pattern, entry(rowwise));
-                out.loss_parallel = false;
-                return Act::replicate;
-            }
-            if (&m == last) {
-                const std::string in = a == Act::sequence ? "input_layouts: shard(1), " : "";
-                add(pattern, entry(colwise, in + (out.loss_parallel ? "output_layouts: shard(-1), use_local_output: false"
-                                                                    : "output_layouts: replicate")));
-                return Act::replicate;
-            }
-            if (a == Act::features) {
-                add(pattern, entry(rowwise, has_sequence ? "output_layouts: shard(1)" : ""));
+            case TpRule::embedding:
+                if (a != Act::replicate) return fail(m, "its ids are not replicated"), a;
+                add(pattern, entry(rowwise, has_sequence ? "input_layouts: replicate, output_layouts: shard(1)" : "input_layouts: replicate"));
                 return has_sequence ? Act::sequence : Act::replicate;
-            }
-            add(pattern, entry(colwise, a == Act::sequence ? "input_layouts: shard(1)" : ""));
-            return Act::features;
+            case TpRule::norm:
+                if (a == Act::features) fail(m, "normalises over features a colwise linear split");
+                if (a == Act::sequence) add(pattern, entry(sequence_parallel));
+                return a;
+            case TpRule::whole:  // positions are rows of its weight: whole sequences only
+                if (a != Act::replicate) fail(m, "needs whole sequences and features");
+                return a;
+            case TpRule::elementwise: return a;
+            case TpRule::projections:
+                if (a == Act::features) return fail(m, "its input is split over features"), a;
+                if (a == Act::sequence) add(pattern, entry(prepare_input, "input_layouts: shard(1), desired_input_layouts: replicate"));
+                add(pattern + tpl.colwise, entry(colwise));
+                add(pattern + tpl.rowwise, entry(rowwise, a == Act::sequence ? "output_layouts: shard(1)" : ""));
+                return a;
+            case TpRule::linear:
+                if (&m == last && a == Act::features) {  // the second of a Megatron pair ends the model
+                    add(pattern, entry(rowwise));
+                    out.loss_parallel = false;
+                    return Act::replicate;
+                }
+                if (&m == last) {
+                    const std::string in = a == Act::sequence ? "input_layouts: shard(1), " : "";
+                    add(pattern, entry(colwise, in + (out.loss_parallel ? "output_layouts: shard(-1), use_local_output: false"
+                                                                        : "output_layouts: replicate")));
+                    return Act::replicate;
+                }
+                if (a == Act::features) {
+                    add(pattern, entry(rowwise, has_sequence ? "output_layouts: shard(1)" : ""));
+                    return has_sequence ? Act::sequence : Act::replicate;
+                }
+                add(pattern, entry(colwise, a == Act::sequence ? "input_layouts: shard(1)" : ""));
+                return Act::features;
+            case TpRule::none: break;
         }
         fail(m, "no tensor-parallel rule for this module type");
         return a;
@@ -96,21 +100,22 @@ struct Writer {
 
     // A shared module's second run: the layout it leaves (its entries are written).
     Act transfer(const Module& m, Act a) {
-        if (m.type() == "embedding") return has_sequence ? Act::sequence : Act::replicate;
-        if (m.type() == "linear") return &m == last ? Act::replicate : a == Act::features ? (has_sequence ? Act::sequence : Act::replicate) : Act::features;
+        const TpRule rule = rule_of(m);
+        if (rule == TpRule::embedding) return has_sequence ? Act::sequence : Act::replicate;
+        if (rule == TpRule::linear) return &m == last ? Act::replicate : a == Act::features ? (has_sequence ? Act::sequence : Act::replicate) : Act::features;
         return a;
     }
 };
 
 void find_last(const Module& m, const Module*& last) {
-    if (m.type() == "linear") last = &m;
-    if (m.type() == "attention" || m.type() == "gated_mlp") last = &m;  // its linears are its own
+    if (rule_of(m) == TpRule::linear) last = &m;
+    if (rule_of(m) == TpRule::projections) last = &m;  // its linears are its own
     else
         for (const auto& [name, child] : m.children()) find_last(*child, last);
 }
 
 bool has_batch_norm(const Module& m) {
-    if (m.type() == "batch_norm") return true;
+    if (dynamic_cast<const BatchNorm*>(&m)) return true;
     for (const auto& [name, child] : m.children())
         if (has_batch_norm(*child)) return true;
     return false;
@@ -123,11 +128,11 @@ TensorParallelTemplate tensor_parallel_template(const Model& model) {
     const Module* first = model.root.get();
     while (!first->children().empty()) first = first->children().front().second.get();
     bool positions = false;  // GPT-2's wpe adds positions to whole sequences: the writer then plans no sequence parallelism
-    for_each_module(*model.root, [&](const std::string&, Module& m) { positions |= m.type() == "position_embedding"; });
-    w.has_sequence = model.input.ids && model.input.shape.size() == 2 && first->type() == "embedding" && !positions;
+    for_each_module(*model.root, [&](const std::string&, Module& m) { positions |= rule_of(m) == TpRule::whole; });
+    w.has_sequence = model.input.ids && model.input.shape.size() == 2 && rule_of(*first) == TpRule::embedding && !positions;
     w.out.sequence_parallel = w.has_sequence;
     find_last(*model.root, w.last);
-    if (w.last && w.last->type() != "linear") w.last = nullptr;
+    if (w.last && rule_of(*w.last) != TpRule::linear) w.last = nullptr;
     w.out.loss_parallel = model.loss == LossKind::cross_entropy && w.last;
     w.visit(*model.root, "", Act::replicate);
     if (w.out.entries.empty() && w.out.unsupported.empty()) w.out.unsupported = "no module to split";
@@ -137,7 +142,7 @@ TensorParallelTemplate tensor_parallel_template(const Model& model) {
 std::vector<std::string> repeated_blocks(const Model& model) {
     std::vector<std::string> out;
     std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& p) {
-        if (m.type() == "repeat") {
+        if (dynamic_cast<const Repeat*>(&m)) {
             out.push_back(p.empty() ? "*" : p + ".*");
             return;
         }

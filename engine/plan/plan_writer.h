@@ -3,7 +3,8 @@
 // data-parallel section, activation checkpointing; as plan YAML text that load_plan_text reads.
 //
 // The tensor-parallel rules follow the activation's layout through the modules in forward order
-// (Replicate, Shard(1) = sequence shards, Shard(-1) = a colwise linear's feature shards):
+// (Replicate, Shard(1) = sequence shards, Shard(-1) = a colwise linear's feature shards). Each
+// module type names the rule it follows (TpRule, model/module_type.h); by the types that use them:
 //   embedding on replicated ids        rowwise, output Shard(1) (the sequence)
 //   layer_norm, rms_norm on Shard(1)   sequence_parallel
 //   attention, gated_mlp               prepare_input Shard(1) -> Replicate; q/k/v (gate/up) colwise;
@@ -14,6 +15,7 @@
 //                                      else colwise, output Shard(-1) kept sharded: loss_parallel under
 //                                      cross_entropy, else gathered to Replicate
 //   dropout, activations               follow their input
+//   position_embedding                 needs whole sequences: the model gets no sequence parallelism
 //   residual                           its body must end in the layout it started in
 // A repeat is written once with '*' for its index. A model with batch_norm gets sync_batch_norm:
 // true under data parallelism (the reference's statistics). Any other module (batch_norm, a norm on feature

@@ -11,20 +11,6 @@
 namespace ptool {
 namespace {
 
-std::string without_location(const std::string& what) {  // "plan.yaml:3:5: msg" -> "msg"
-    size_t pos = what.find(": ");
-    while (pos != std::string::npos) {  // the first ": " after "NAME:LINE:COL"
-        size_t colon2 = what.rfind(':', pos - 1);
-        size_t colon1 = colon2 == std::string::npos || colon2 == 0 ? std::string::npos : what.rfind(':', colon2 - 1);
-        auto digits = [&](size_t a, size_t b) {
-            return b > a && what.find_first_not_of("0123456789", a) >= b;
-        };
-        if (colon1 != std::string::npos && digits(colon1 + 1, colon2) && digits(colon2 + 1, pos)) return what.substr(pos + 2);
-        pos = what.find(": ", pos + 2);
-    }
-    return what;
-}
-
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1ull << 30)); }
 
 struct Simulated {
@@ -105,7 +91,7 @@ public:
         int long_repeats = 0;
         int64_t block_params = 0;  // the largest repeat element's parameter elements
         for_each_module(*full_.root, [&](const std::string& fqn, Module& m) {
-            if (m.type() != "repeat" || m.children().empty()) return;
+            if (!dynamic_cast<const Repeat*>(&m) || m.children().empty()) return;
             int64_t n = 0;
             for_each_param(*m.children().front().second, [&](const std::string&, const ParamPtr& p) { n += p->value.numel(); });
             block_params = std::max(block_params, n);
@@ -186,11 +172,11 @@ private:
         c.dp_mode = "fully_shard";
         try {
             const Explanation ex = explain_plan(full_, load_plan_text(write_plan(full_, tpl_, c), "generated.yaml"));
-            for (const auto& w : ex.resolution.warnings)
-                if (w.find("uneven") != std::string::npos) return without_location(w);
-            if (!ex.resolution.causes.empty()) return without_location(ex.resolution.causes.front());
+            for (const Diagnostic& w : ex.resolution.warnings)
+                if (w.message.find("uneven") != std::string::npos) return w.message;
+            if (!ex.resolution.causes.empty()) return ex.resolution.causes.front().message;
         } catch (const InputError& e) {
-            return without_location(e.what());
+            return e.message();
         }
         return "";
     }
@@ -215,7 +201,7 @@ private:
             try {
                 s = simulate_with(mb, plan);
             } catch (const InputError& e) {
-                refusal = Rejection{shape, without_location(e.what())};
+                refusal = Rejection{shape, e.message()};
                 return;
             }
             ++count;

@@ -9,10 +9,17 @@
 
 #include <fmt/format.h>
 
+#include "model/module_type.h"
+
 namespace ptool {
 namespace {
 
-const std::set<std::string> kSizeKeys = {"dim", "hidden", "in", "out", "vocab", "features"};
+// What the entry's type says shrink changes in it (model/module_type.h); nothing for an unknown
+// type (the loader refused it already).
+ShrinkKeys keys_of(const YAML::Node& m) {
+    const ModuleType* t = m["type"] && m["type"].IsScalar() ? find_module_type(m["type"].Scalar()) : nullptr;
+    return t ? t->shrink_keys() : ShrinkKeys{};
+}
 
 void for_each_module(YAML::Node mods, const std::function<void(YAML::Node)>& fn) {
     if (!mods || !mods.IsSequence()) return;
@@ -30,7 +37,8 @@ std::string model_variant(const std::string& text, int64_t count, int64_t microb
     YAML::Node doc = YAML::Load(text);  // the loader accepted it already
     if (count > 0)
         for_each_module(doc["modules"], [&](YAML::Node m) {
-            if (m["type"] && m["type"].Scalar() == "repeat" && m["count"] && as_int(m["count"]) >= 4) m["count"] = count;
+            const ShrinkKeys k = keys_of(m);
+            if (!k.count.empty() && m[k.count] && as_int(m[k.count]) >= 4) m[k.count] = count;
         });
     doc["gradient_accumulation"] = microbatches;
     YAML::Emitter e;
@@ -48,19 +56,20 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     // attention dims first: they must be a multiple of the new head count
     std::map<int64_t, int64_t> dim_heads;  // old dim -> lcm of its attentions' new head counts
     for_each_module(doc["modules"], [&](YAML::Node m) {
-        if (!m["type"] || m["type"].Scalar() != "attention") return;
-        const int64_t heads = as_int(m["heads"]), kv = m["kv_heads"] ? as_int(m["kv_heads"]) : heads;
+        const ShrinkKeys k = keys_of(m);
+        if (k.heads.empty()) return;
+        const int64_t heads = as_int(m[k.heads]), kv = m[k.kv_heads] ? as_int(m[k.kv_heads]) : heads;
         const int64_t kv2 = kv % tp == 0 ? tp : kv, heads2 = kv2 * (heads / kv);
-        m["heads"] = heads2;
-        if (m["kv_heads"]) m["kv_heads"] = kv2;
-        const int64_t d = as_int(m["dim"]);
+        m[k.heads] = heads2;
+        if (m[k.kv_heads]) m[k.kv_heads] = kv2;
+        const int64_t d = as_int(m[k.heads_of]);
         dim_heads[d] = std::lcm(dim_heads.count(d) ? dim_heads[d] : 1, heads2);
     });
     std::set<int64_t> values;  // every size, the attention dims too: their order is kept
     for (const auto& [d, h] : dim_heads) values.insert(d);
     for_each_module(doc["modules"], [&](YAML::Node m) {
-        for (const std::string& k : kSizeKeys)
-            if (m[k] && m[k].IsScalar()) values.insert(as_int(m[k]));
+        for (const std::string& key : keys_of(m).sizes)
+            if (m[key] && m[key].IsScalar()) values.insert(as_int(m[key]));
     });
     YAML::Node batch = doc["batch"];
     YAML::Node input = batch["input"];
@@ -75,8 +84,9 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     }
 
     for_each_module(doc["modules"], [&](YAML::Node m) {
-        if (m["type"] && m["type"].Scalar() == "repeat" && m["count"] && as_int(m["count"]) > 2) m["count"] = 2;
-        for (const std::string& key : kSizeKeys)
+        const ShrinkKeys k = keys_of(m);
+        if (!k.count.empty() && m[k.count] && as_int(m[k.count]) > 2) m[k.count] = 2;
+        for (const std::string& key : k.sizes)
             if (m[key] && m[key].IsScalar()) m[key] = size.at(as_int(m[key]));
     });
     const int64_t rows = dp * mb * 2;

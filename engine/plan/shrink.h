@@ -5,7 +5,8 @@
 //
 //   attention: kv_heads' = tp when tp divides kv_heads (else kept), heads' keeping the group size,
 //              head dim 8; its dim' = heads' x 8 (the lcm when several attentions share a dim)
-//   every other size (dim, hidden, in, out, vocab, features): the k-th distinct value, smallest
+//   every other size (the keys each module type lists, model/module_type.h: dim, hidden, in, out,
+//              vocab, features): the k-th distinct value, smallest
 //              first, becomes lcm(tp, 8) x k, so equal sizes stay equal and every size divides by tp
 //   batch: rows = dp x gradient_accumulation x 2; tokens' sequence (or a float input's middle dims)
 //              2 x tp; the last dim of a float input as the sizes above

@@ -111,7 +111,7 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     model_.to_device(in.device);  // built, initialised and distributed on the host
     if (res_.dp.active) {
         // DDP fills its buckets with the tensors it sees: the TP-local ones, so resolved again here
-        std::vector<std::string> unused;
+        std::vector<Diagnostic> unused;
         res_.dp = resolve_data_parallel(model_, plan, unused, unused);
         executed_dp_ = layer ? layer->data_parallel(res_.dp) : res_.dp;
         data_parallel_ = std::make_unique<DataParallel>(model_, plan, executed_dp_, *mesh_, *batch_, be_);

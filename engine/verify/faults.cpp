@@ -227,7 +227,7 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
             if (dp_rank != 0 && res.dp.synced_buffers.count(name)) poison_replica(b->value, dp_rank);
     }
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        const bool dropout = m.type() == "dropout";
+        const bool dropout = dynamic_cast<const Dropout*>(&m) != nullptr;
         if (fault_.hits("tied_grad", fqn) || (dropout && (fault_.hits("dropout_same_mask", fqn) || fault_.hits("recompute_mask", fqn))))
             m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(fault_.kind));
     });

@@ -210,7 +210,7 @@ namespace {
 // stepped from its init.param.* (AdamW, or any optimizer under mixed precision; empty otherwise).
 std::set<std::string> consistent_updates(const TensorFile& golden, const OptimizerSpec& spec, const Tolerance& tol) {
     std::set<std::string> out;
-    if (spec.type != "adamw" && !tol.masters) return out;
+    if (spec.type != OptimizerType::adamw && !tol.masters) return out;
     std::vector<std::pair<std::string, ParamPtr>> shadow;
     for (const auto& [name, t] : golden.tensors)
         if (name.rfind("init.param.", 0) == 0) {

@@ -90,7 +90,7 @@ public:
     void start_shadow() {  // collective: every rank gathers, rank 0 keeps
         // AdamW amplifies rounding-sized gradient differences; under mixed precision every update
         // carries the compute dtype's into the full-precision masters
-        if (!opt_.shadow_optimizer || (run_.model().optimizer.type != "adamw" && !opt_.tol.masters)) return;
+        if (!opt_.shadow_optimizer || (run_.model().optimizer.type != OptimizerType::adamw && !opt_.tol.masters)) return;
         Unaccounted pause(&run_.counter());
         if (local_) {  // each rank steps its own pieces: the optimizer is elementwise
             for (const auto& [name, p] : run_.model().named_parameters()) {

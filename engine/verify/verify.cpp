@@ -103,7 +103,7 @@ std::vector<RankMemory> gather_memory(const RankMemory& m, Communicator& world) 
 void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parallel, const Plan& plan, const Resolution& res,
               const Tolerance& tol, bool strict) {
     PlanReport rep = compare_runs(reference, parallel, plan, tol);
-    rep.warnings = res.warnings;
+    rep.warnings = diagnostic_strings(res.warnings);
     for (const MeshDim& d : plan.mesh()) rep.mesh.emplace_back(d.name, d.size);
     if (strict && !rep.warnings.empty()) {
         rep.pass = false;
@@ -111,7 +111,7 @@ void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parall
                                         rep.warnings.size() == 1 ? "" : "s", rep.warnings[0]));
     }
     if (!rep.pass)
-        for (const std::string& c : res.causes) rep.notes.push_back("cause: " + c);
+        for (const Diagnostic& c : res.causes) rep.notes.push_back("cause: " + c.str());
     rep.run = std::move(parallel);
     report.pass = report.pass && rep.pass;
     report.plans.push_back(std::move(rep));
@@ -245,7 +245,7 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         const int64_t steps = steps_for(plan, job.options, probe.steps);
         const Resolution res = resolve_plan(probe, plan);  // the lint, before anything runs
         if (launch.rank0())
-            for (const auto& w : res.warnings) spdlog::warn("{}", w);
+            for (const auto& w : res.warnings) spdlog::warn("{}", w.str());
         RecordOptions ro;
         ro.events = job.options.events;
         ro.shadow_optimizer = true;

@@ -2,9 +2,55 @@
 #include <cmath>
 
 #include "model/layers.h"
+#include "model/module_type.h"
 
 namespace ptool {
 namespace {
+
+// layer_norm: dim, eps (1e-5), elementwise_affine (true), bias (true), as nn.LayerNorm;
+// rms_norm: dim, eps (torch.finfo(dtype).eps, as nn.RMSNorm(eps=None)), elementwise_affine (true).
+class NormType final : public ModuleType {
+public:
+    NormType(std::string name, int listed, bool rms) : ModuleType(std::move(name), listed), rms_(rms) {}
+    std::shared_ptr<Module> build(ModuleBuilder& b, ModuleEntry& e) const override {
+        YamlMap& m = e.keys;
+        const int64_t dim = e.positive("dim");
+        const bool affine = m.bool_or("elementwise_affine", true);
+        const bool bias = !rms_ && m.bool_or("bias", true);
+        b.account(m.node(), affine ? size_mul(m.node(), bias ? 2 : 1, dim) : 0);
+        const double eps = m.double_or("eps", rms_ ? dtype_eps(b.dtype()) : 1e-5);
+        return std::make_shared<Norm>(*this, e.name, e.where, dim, eps, affine, bias, rms_, b.dtype());
+    }
+    TpTemplate tp_template() const override { return {.rule = TpRule::norm}; }
+    ShrinkKeys shrink_keys() const override { return {.sizes = {"dim"}}; }
+
+private:
+    bool rms_;
+};
+
+// batch_norm: features, eps (1e-5), momentum (0.1), as nn.BatchNorm1d.
+class BatchNormType final : public ModuleType {
+public:
+    BatchNormType() : ModuleType("batch_norm", 90) {}
+    std::shared_ptr<Module> build(ModuleBuilder& b, ModuleEntry& e) const override {
+        YamlMap& m = e.keys;
+        const int64_t features = e.positive("features");
+        b.account(m.node(), size_mul(m.node(), 4, features));  // weight, bias, running_mean, running_var
+        b.account(m.node(), 1, DType::int64);                   // num_batches_tracked
+        return std::make_shared<BatchNorm>(e.name, e.where, features, m.double_or("eps", 1e-5), m.double_or("momentum", 0.1),
+                                           b.dtype());
+    }
+    // Statistics over the whole batch: no tensor-parallel rule (the writer plans none for the model).
+    TpTemplate tp_template() const override { return {.rule = TpRule::none}; }
+    ShrinkKeys shrink_keys() const override { return {.sizes = {"features"}}; }
+};
+
+const NormType layer_norm_type("layer_norm", 70, false), rms_norm_type("rms_norm", 80, true);
+const BatchNormType batch_norm_type;
+PTOOL_REGISTER_MODULE_TYPE(layer_norm_type);
+PTOOL_REGISTER_MODULE_TYPE(rms_norm_type);
+PTOOL_REGISTER_MODULE_TYPE(batch_norm_type);
+
 DType stat_dtype(DType dt) { return dt == DType::float64 ? DType::float64 : DType::float32; }
 
 // BatchNorm's per-channel bookkeeping (sync, running statistics) is small host arithmetic: it
@@ -17,9 +63,9 @@ void write_back(Tensor& dst, const Tensor& host) {
 }
 }  // namespace
 
-Norm::Norm(std::string type, std::string name, SourceLocation where, int64_t dim, double eps, bool affine,
-           bool bias, DType dtype)
-    : Module(std::move(type), std::move(name), std::move(where)), dim_(dim), eps_(eps) {
+Norm::Norm(const ModuleType& type, std::string name, SourceLocation where, int64_t dim, double eps, bool affine,
+           bool bias, bool rms, DType dtype)
+    : Module(type, std::move(name), std::move(where)), dim_(dim), eps_(eps), rms_(rms) {
     if (affine) register_param("weight", make_param({dim}, dtype));
     if (affine && bias) register_param("bias", make_param({dim}, dtype));
 }
@@ -68,7 +114,7 @@ Tensor Norm::backward_impl(RunContext& ctx, const Tensor& dy) {
 
 BatchNorm::BatchNorm(std::string name, SourceLocation where, int64_t features, double eps, double momentum,
                      DType dtype)
-    : Module("batch_norm", std::move(name), std::move(where)), features_(features), eps_(eps), momentum_(momentum) {
+    : Module(batch_norm_type, std::move(name), std::move(where)), features_(features), eps_(eps), momentum_(momentum) {
     register_param("weight", make_param({features}, dtype));
     register_param("bias", make_param({features}, dtype));
     register_buffer("running_mean", make_buffer({features}, dtype));
@@ -174,60 +220,6 @@ Tensor BatchNorm::backward_impl(RunContext& ctx, const Tensor& dy) {
     ctx.backend->batch_norm_backward_input(s[0], s[1], s[2], w->value, dy, on_device(sum_dy, dy.device()),
                                            on_device(sum_dy_xhat, dy.device()), count, dx);
     return dx;
-}
-
-Embedding::Embedding(std::string name, SourceLocation where, int64_t num, int64_t dim, DType dtype)
-    : Module("embedding", std::move(name), std::move(where)), num_(num), dim_(dim) {
-    register_param("weight", make_param({num, dim}, dtype));
-}
-
-Shape Embedding::output_shape(const Shape& in) const {
-    Shape out = in;
-    out.push_back(dim_);
-    return out;
-}
-
-Placement Embedding::out_placement(const Layout& in) const {
-    if (in.p.is_partial()) conflict(fmt::format("'{}' (embedding) needs whole ids, not partial sums", fqn()));
-    return in.p.normalized(static_cast<int64_t>(in.global.size()));
-}
-
-void Embedding::init_params(uint64_t seed) { init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), 1.0); }
-
-void Embedding::init_shard(uint64_t seed, const std::string&, Tensor& local, int64_t dim, int64_t offset) const {
-    if (dim < 0) return init_normal(local, seed, join_name(fqn(), "weight"), 1.0);
-    init_normal_shard(local, seed, join_name(fqn(), "weight"), 1.0, {num_, dim_}, dim, offset);
-}
-
-Tensor Embedding::local_ids(const Tensor& ids) const {
-    if (vocab_offset_ < 0) return ids;
-    const int64_t rows = param("weight")->value.size(0);
-    const Tensor host = ids.device() == Device::cpu ? ids : ids.to_device(Device::cpu);
-    Tensor local(ids.shape(), DType::int64);
-    for (int64_t i = 0; i < ids.numel(); ++i) {
-        const int64_t id = id_at(host, i) - vocab_offset_;
-        local.data<int64_t>()[i] = id >= 0 && id < rows ? id : -1;  // -1: another rank's row
-    }
-    return ids.device() == Device::cpu ? local : local.to_device(ids.device());
-}
-
-Tensor Embedding::forward_impl(RunContext& ctx, const Tensor& ids) {
-    PTOOL_REQUIRE(!dtype_is_float(ids.dtype()), "embedding '{}' needs integer ids, got {}", fqn(),
-                  dtype_name(ids.dtype()));
-    const Tensor& w = param("weight")->value;
-    Shape out = ids.shape();
-    out.push_back(w.size(1));  // dim, or dim/tp under colwise
-    Tensor y = Tensor::empty(out, w.dtype(), ids.device());
-    const Tensor local = local_ids(ids);
-    ctx.backend->embedding(local, w, y);
-    save({local});
-    return y;
-}
-
-Tensor Embedding::backward_impl(RunContext& ctx, const Tensor& dy) {
-    const Tensor ids = restore()[0];
-    ctx.backend->embedding_backward(ids, dy, param("weight")->grad);
-    return Tensor();  // ids have no gradient
 }
 
 }  // namespace ptool

@@ -8,11 +8,87 @@
 #include "backend/meta/meta_backend.h"
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
+#include "model/module_type.h"
 
 namespace ptool {
+namespace {
+
+// attention: dim, heads, kv_heads (= heads), causal (false), bias (true: sets both of) qkv_bias and
+// o_bias, attn_implementation (eager | flash), rope_theta, rope_scaling (docs/model_format.md).
+class AttentionType final : public ModuleType {
+public:
+    AttentionType() : ModuleType("attention", 130) {}
+    std::shared_ptr<Module> build(ModuleBuilder& b, ModuleEntry& e) const override {
+        YamlMap& m = e.keys;
+        Attention::Options o;
+        o.heads = e.positive("heads");
+        o.dim = e.positive("dim");
+        o.kv_heads = m.has("kv_heads") ? e.positive("kv_heads") : o.heads;
+        o.causal = m.bool_or("causal", false);
+        const bool bias = m.bool_or("bias", true);  // bias sets both; qkv_bias and o_bias each their own
+        o.qkv_bias = m.bool_or("qkv_bias", bias), o.o_bias = m.bool_or("o_bias", bias);
+        b.account(m.at("dim"), param_count(m.at("dim"), o));
+        if (auto impl = m.get("attn_implementation")) {
+            const std::string v = impl->as_string("'attn_implementation'");
+            if (v != "eager" && v != "flash") impl->fail(fmt::format("attn_implementation '{}': valid: eager, flash", v));
+            o.flash = v == "flash";
+        }
+        if (auto r = m.get("rope_theta")) {
+            o.rope_theta = r->as_double("'rope_theta'");
+            if (!(*o.rope_theta > 0) || !std::isfinite(*o.rope_theta)) r->fail(fmt::format("rope_theta must be > 0, got {}", *o.rope_theta));
+        }
+        if (auto rs = m.get("rope_scaling")) o.rope_scaling = rope_scaling(*rs, o);
+        return std::make_shared<Attention>(e.name, e.where, o, b.dtype());
+    }
+    TpTemplate tp_template() const override {
+        return {.rule = TpRule::projections, .colwise = ".[qkv]_proj", .rowwise = ".o_proj"};
+    }
+    ShrinkKeys shrink_keys() const override {
+        return {.sizes = {"dim"}, .heads = "heads", .kv_heads = "kv_heads", .heads_of = "dim"};
+    }
+
+private:
+    // q_proj and o_proj [dim, dim], k_proj and v_proj [kv_heads x head dim, dim], and their biases.
+    static int64_t param_count(const YamlNode& at, const Attention::Options& o) {
+        const int64_t kv_dim = o.dim / o.heads * o.kv_heads;  // not divisible: the constructor says so
+        const int64_t q = size_add(at, size_mul(at, o.dim, o.dim), o.qkv_bias ? o.dim : 0);
+        const int64_t kv = size_add(at, size_mul(at, kv_dim, o.dim), o.qkv_bias ? kv_dim : 0);
+        const int64_t out = size_add(at, size_mul(at, o.dim, o.dim), o.o_bias ? o.dim : 0);
+        return size_add(at, size_add(at, q, size_mul(at, 2, kv)), out);
+    }
+
+    static RopeScaling rope_scaling(const YamlNode& node, const Attention::Options& o) {
+        if (!o.rope_theta) node.fail("rope_scaling needs rope_theta (RoPE)");
+        YamlMap sm(node, "'rope_scaling'");
+        RopeScaling s;
+        YamlNode type = sm.at("type");
+        s.type = type.as_string("rope_scaling 'type'");
+        if (s.type != "linear" && s.type != "llama3")
+            type.fail(fmt::format("rope_scaling type '{}'{}", s.type, did_you_mean(s.type, {"linear", "llama3"})));
+        auto positive = [&](const char* key, double fallback) {
+            const double v = sm.double_or(key, fallback);
+            if (!(v > 0) || !std::isfinite(v)) sm.at(key).fail(fmt::format("rope_scaling {} must be a finite number > 0", key));
+            return v;
+        };
+        s.factor = positive("factor", 1.0);
+        if (s.type == "llama3") {
+            s.low_freq_factor = positive("low_freq_factor", 1.0);
+            s.high_freq_factor = positive("high_freq_factor", 4.0);
+            s.original_max_position_embeddings = positive("original_max_position_embeddings", 8192.0);
+            if (!(s.high_freq_factor > s.low_freq_factor))
+                sm.at("high_freq_factor").fail("rope_scaling high_freq_factor must be above low_freq_factor");
+        }
+        sm.finish();
+        return s;
+    }
+};
+const AttentionType attention_type;
+PTOOL_REGISTER_MODULE_TYPE(attention_type);
+
+}  // namespace
 
 Attention::Attention(std::string name, SourceLocation where, const Options& o, DType dtype)
-    : Module("attention", std::move(name), std::move(where)), dim_(o.dim), heads_(o.heads), kv_heads_(o.kv_heads),
+    : Module(attention_type, std::move(name), std::move(where)), dim_(o.dim), heads_(o.heads), kv_heads_(o.kv_heads),
       causal_(o.causal), flash_(o.flash) {
     if (dim_ % heads_ != 0) this->fail(fmt::format("attention dim {} is not divisible by heads {}", dim_, heads_));
     if (heads_ % kv_heads_ != 0)

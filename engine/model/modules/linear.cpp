@@ -6,12 +6,43 @@
 #include <cmath>
 
 #include "model/layers.h"
+#include "model/module_type.h"
 
 namespace ptool {
+namespace {
+
+// linear: in, out, bias (true), tie (an earlier module whose weight [out, in] this one uses).
+class LinearType final : public ModuleType {
+public:
+    LinearType() : ModuleType("linear", 10) {}
+    std::shared_ptr<Module> build(ModuleBuilder& b, ModuleEntry& e) const override {
+        YamlMap& m = e.keys;
+        const int64_t in = e.positive("in"), out = e.positive("out");
+        const bool bias = m.bool_or("bias", true);
+        const int64_t weight = m.has("tie") ? 0 : size_mul(m.at("out"), in, out);  // a tied weight is the other module's
+        b.account(m.at("out"), size_add(m.node(), weight, bias ? out : 0));
+        ParamPtr tied;
+        if (auto t = m.get("tie")) {
+            auto target = b.lookup(*t, t->as_string("'tie'"), "tie");
+            tied = target->param("weight");
+            if (!tied) t->fail(fmt::format("'tie: {}' names a module with no weight", target->fqn()));
+            if (tied->value.shape() != Shape{out, in})
+                t->fail(fmt::format("'tie: {}' weight is {}, but this linear needs [{}, {}] ([out, in])", target->fqn(),
+                                    shape_str(tied->value.shape()), out, in));
+        }
+        return std::make_shared<Linear>(e.name, e.where, in, out, bias, b.dtype(), tied);
+    }
+    TpTemplate tp_template() const override { return {.rule = TpRule::linear}; }
+    ShrinkKeys shrink_keys() const override { return {.sizes = {"in", "out"}}; }
+};
+const LinearType linear_type;
+PTOOL_REGISTER_MODULE_TYPE(linear_type);
+
+}  // namespace
 
 Linear::Linear(std::string name, SourceLocation where, int64_t in, int64_t out, bool bias, DType dtype,
                ParamPtr tied_weight)
-    : Module("linear", std::move(name), std::move(where)), in_(in), out_(out), tied_(tied_weight != nullptr) {
+    : Module(linear_type, std::move(name), std::move(where)), in_(in), out_(out), tied_(tied_weight != nullptr) {
     register_param("weight", tied_weight ? tied_weight : make_param({out, in}, dtype));
     if (bias) register_param("bias", make_param({out}, dtype));
 }

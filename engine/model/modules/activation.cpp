@@ -1,9 +1,80 @@
-// Parameter-free elementwise modules (relu, gelu, silu, tanh) and dropout.
+// Parameter-free elementwise modules (relu, gelu, silu, tanh, identity) and dropout.
 #include "core/rng.h"
 #include "core/tensor_ops.h"
 #include "model/layers.h"
+#include "model/module_type.h"
 
 namespace ptool {
+namespace {
+
+// Elementwise and parameter-free: they keep the activation's layout in a tensor-parallel plan.
+class ElementwiseType : public ModuleType {
+public:
+    using ModuleType::ModuleType;
+    TpTemplate tp_template() const override { return {.rule = TpRule::elementwise}; }
+};
+
+// relu, silu, tanh: no keys.
+class ActivationType final : public ElementwiseType {
+public:
+    ActivationType(std::string name, int listed, Activation act) : ElementwiseType(std::move(name), listed), act_(act) {}
+    std::shared_ptr<Module> build(ModuleBuilder&, ModuleEntry& e) const override {
+        return std::make_shared<ActivationModule>(*this, e.name, e.where, act_);
+    }
+
+private:
+    Activation act_;
+};
+
+// gelu: approximate (none: the exact erf; tanh), as nn.GELU.
+class GeluType final : public ElementwiseType {
+public:
+    GeluType() : ElementwiseType("gelu", 30) {}
+    std::shared_ptr<Module> build(ModuleBuilder&, ModuleEntry& e) const override {
+        const std::string approx = e.keys.string_or("approximate", "none");
+        if (approx != "none" && approx != "tanh")
+            e.keys.at("approximate").fail(fmt::format("gelu approximate must be none or tanh, got '{}'", approx));
+        return std::make_shared<ActivationModule>(*this, e.name, e.where, approx == "tanh" ? Activation::gelu_tanh : Activation::gelu);
+    }
+};
+
+class IdentityType final : public ElementwiseType {
+public:
+    IdentityType() : ElementwiseType("identity", 60) {}
+    std::shared_ptr<Module> build(ModuleBuilder&, ModuleEntry& e) const override {
+        return std::make_shared<Identity>(e.name, e.where);
+    }
+};
+
+// dropout: p (0.5), in [0, 1).
+class DropoutType final : public ElementwiseType {
+public:
+    DropoutType() : ElementwiseType("dropout", 120) {}
+    std::shared_ptr<Module> build(ModuleBuilder&, ModuleEntry& e) const override {
+        const double p = e.keys.double_or("p", 0.5);
+        if (!(p >= 0.0 && p < 1.0)) e.keys.at("p").fail(fmt::format("dropout p must be in [0, 1), got {}", p));
+        return std::make_shared<Dropout>(e.name, e.where, p);
+    }
+};
+
+const ActivationType relu_type("relu", 20, Activation::relu), silu_type("silu", 40, Activation::silu),
+    tanh_type("tanh", 50, Activation::tanh);
+const GeluType gelu_type;
+const IdentityType identity_type;
+const DropoutType dropout_type;
+PTOOL_REGISTER_MODULE_TYPE(relu_type);
+PTOOL_REGISTER_MODULE_TYPE(gelu_type);
+PTOOL_REGISTER_MODULE_TYPE(silu_type);
+PTOOL_REGISTER_MODULE_TYPE(tanh_type);
+PTOOL_REGISTER_MODULE_TYPE(identity_type);
+PTOOL_REGISTER_MODULE_TYPE(dropout_type);
+
+}  // namespace
+
+Identity::Identity(std::string name, SourceLocation where) : Module(identity_type, std::move(name), std::move(where)) {}
+
+Dropout::Dropout(std::string name, SourceLocation where, double p)
+    : Module(dropout_type, std::move(name), std::move(where)), p_(p) {}
 
 Placement ActivationModule::out_placement(const Layout& in) const {
     if (in.p.is_partial())

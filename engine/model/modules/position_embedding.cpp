@@ -2,11 +2,32 @@
 // position ids 0..T-1 added to the token embeddings): y = x + weight[0:T].
 #include "core/tensor_ops.h"
 #include "model/layers.h"
+#include "model/module_type.h"
 
 namespace ptool {
+namespace {
+
+// position_embedding: positions, dim.
+class PositionEmbeddingType final : public ModuleType {
+public:
+    PositionEmbeddingType() : ModuleType("position_embedding", 110) {}
+    std::shared_ptr<Module> build(ModuleBuilder& b, ModuleEntry& e) const override {
+        const int64_t positions = e.positive("positions"), dim = e.positive("dim");
+        b.account(e.keys.at("dim"), size_mul(e.keys.at("dim"), positions, dim));
+        return std::make_shared<PositionEmbedding>(e.name, e.where, positions, dim, b.dtype());
+    }
+    // Each row of its weight is a position: it needs whole sequences (and features).
+    TpTemplate tp_template() const override { return {.rule = TpRule::whole}; }
+    // The proxy's sequences are short (2 x tp): its positions stay.
+    ShrinkKeys shrink_keys() const override { return {.sizes = {"dim"}}; }
+};
+const PositionEmbeddingType position_embedding_type;
+PTOOL_REGISTER_MODULE_TYPE(position_embedding_type);
+
+}  // namespace
 
 PositionEmbedding::PositionEmbedding(std::string name, SourceLocation where, int64_t positions, int64_t dim, DType dtype)
-    : Module("position_embedding", std::move(name), std::move(where)), positions_(positions), dim_(dim) {
+    : Module(position_embedding_type, std::move(name), std::move(where)), positions_(positions), dim_(dim) {
     register_param("weight", make_param({positions, dim}, dtype));
 }
 
