@@ -1,12 +1,16 @@
 // Schedules (train/schedule.h): the lists each pipeline rank runs, check_schedule's refusals, and
 // microbatch-keyed state: a run whose forwards all come before its backwards (GPipe's order on one
 // stage) gives bitwise the gradients, parameters, outputs and losses of the one-stage loop.
+#include <fstream>
 #include <regex>
+#include <set>
+#include <sstream>
 
 #include "comm/comm_choice.h"
 #include "test_helpers.h"
 #include "train/run.h"
 #include "train/schedule.h"
+#include "pipeline_cases.h"
 
 using namespace ptool;
 
@@ -124,4 +128,54 @@ TEST_CASE("every forward before the backwards (GPipe's order) gives the one-stag
             for (size_t i = 0; i < loop[r].values.size(); ++i) CHECK(loop[r].values[i] == gpipe[r].values[i]);
         }
     }
+}
+
+TEST_CASE("two pipeline stages, their activations and gradients sent between rank threads, give the one-stage run bitwise",
+          "[cpu]") {
+    using namespace pipeline_test;
+    for (const Case& c : cases()) {
+        INFO(c.model << " split at " << c.split << ", " << schedule_kind_name(c.schedule) << ", " << c.microbatches
+                     << " microbatches");
+        const RunInputs in = inputs(c);
+        std::vector<Snapshot> one;
+        run_ranks(1, CommOptions{}, [&](Communicator& w) {
+            Run run(in, single_device_plan(), w);
+            one = steps_of(run, 2);
+        }, Device::cpu);
+        const Plan plan = pipeline_plan(c);
+        std::vector<std::vector<Snapshot>> stages(2);
+        std::vector<std::string> schedules(2);
+        run_ranks(2, CommOptions{}, [&](Communicator& w) {
+            Run run(in, plan, w);
+            for (const Action& a : run.schedule().ranks[run.stage()]) schedules[w.rank()] += a.str() + " ";
+            stages[w.rank()] = steps_of(run, 2);
+        }, Device::cpu);
+        CHECK(schedules[1].find("RECV_F0@1") == 0);  // stage 1 starts by receiving
+        std::set<std::string> held;
+        for (int s = 0; s < 2; ++s)
+            for (int k = 0; k < 2; ++k) {
+                for (const std::string& d : differences(one[k], stages[s][k], s == 1, k)) FAIL_CHECK("stage " << s << ": " << d);
+                for (const auto& [name, v] : stages[s][k].values) held.insert(name);
+            }
+        CHECK(held.size() == one[0].values.size());  // every parameter on exactly one stage
+        CHECK(stages[0][0].values.size() + stages[1][0].values.size() == one[0].values.size());
+    }
+}
+
+TEST_CASE("a pipeline plan's split points make one stage per rank of its pp dim", "[cpu]") {
+    pipeline_test::Case c{"llama_rope", "layers.1", ScheduleKind::gpipe, 2};
+    const RunInputs in = pipeline_test::inputs(c);
+    auto fails = [&](Plan plan, const std::string& message) {
+        INFO(message);
+        CHECK_THROWS_WITH(run_ranks(plan.world_size(), CommOptions{}, [&](Communicator& w) { Run run(in, plan, w); }, Device::cpu),
+                          Catch::Contains(message));
+    };
+    Plan p = pipeline_test::pipeline_plan(c);
+    p.pipeline->split_points = {"layers.1.attn_block"};
+    fails(p, "split point 'layers.1.attn_block' is not a module a stage can start at (the model's layers in forward order: "
+             "tok_embeddings, layers.0, layers.1, norm, output)");
+    p.pipeline->split_points = {"norm", "layers.1"};
+    fails(p, "split point 'layers.1' leaves stage 1 empty");
+    p.pipeline->split_points = {"layers.1", "norm"};
+    fails(p, "2 split points make 3 stages, but the pp dim 'pp' has 2 ranks");
 }

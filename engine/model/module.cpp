@@ -136,6 +136,13 @@ void Module::add_outer_hooks(std::shared_ptr<ModuleHooks> outer) {
     hooks_ = hooks_ ? std::make_shared<ChainedHooks>(std::move(outer), std::move(hooks_)) : std::move(outer);
 }
 
+void Module::keep_children(const std::function<bool(Module&)>& keep) {
+    std::vector<std::pair<std::string, std::shared_ptr<Module>>> kept;
+    for (auto& c : children_)
+        if (keep(*c.second)) kept.push_back(std::move(c));
+    children_ = std::move(kept);
+}
+
 ParamPtr Module::param(const std::string& name) const {
     for (const auto& e : params_)
         if (e.name == name) return e.param;

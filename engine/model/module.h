@@ -150,6 +150,8 @@ public:
     void register_param(const std::string& name, ParamPtr p) { params_.push_back({name, std::move(p)}); }
     void register_buffer(const std::string& name, ParamPtr b) { buffers_.push_back({name, std::move(b)}); }
     void add_child(const std::string& name, std::shared_ptr<Module> m) { children_.push_back({name, std::move(m)}); }
+    // Drops the children keep() refuses (a pipeline stage keeps its own layers: train/stage.h).
+    void keep_children(const std::function<bool(Module&)>& keep);
     ParamPtr param(const std::string& name) const;  // nullptr when absent
 
     void set_hooks(std::shared_ptr<ModuleHooks> hooks) { hooks_ = std::move(hooks); }

@@ -24,8 +24,23 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
         for (int64_t i = 0; i < n; ++i) sq[i] = on.item(i) + rest.item(i);
         kept.push_back(std::move(on)), kept.push_back(std::move(rest));
     }
+    if (in.stages && in.stages->size() > 1) {  // every stage's squares, in stage order
+        CommScope scope(in.stages->counter().get(), "(clip)", "clip_grad_norm");
+        const int k = in.stages->size();
+        Tensor count = Tensor::scalar(static_cast<double>(n), DType::int64).reshape({1}), counts({k}, DType::int64);
+        {
+            CountingPaused pause(in.stages->counter().get());  // the sizes are metadata
+            in.stages->all_gather(count, counts);
+        }
+        int64_t all = 0;
+        for (int r = 0; r < k; ++r) all += static_cast<int64_t>(counts.item(r));
+        Tensor mine({n}, DType::float64), every({all}, DType::float64);
+        for (int64_t i = 0; i < n; ++i) mine.set(i, sq[i]);
+        in.stages->all_gather(mine, every);
+        sq = every.to_doubles();
+    }
     double total = 0;
-    for (int64_t i = 0; i < n; ++i) total += sq[i];
+    for (double v : sq) total += v;
     const double norm = std::sqrt(total);
     const double coef = std::min(1.0, max_norm / (norm + 1e-6));
     if (coef < 1.0)

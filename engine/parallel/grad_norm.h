@@ -4,7 +4,9 @@
 // data dims: ParallelDims::param_nesting), the squares of the pieces sharded on that dim are summed
 // over its ranks (a replicated piece counts once); the total is the same on every rank, bitwise.
 // Then clip_coef = max_norm / (norm + 1e-6), clamped to 1, scales every gradient, as PyTorch does.
-// The all_reduces (one per dim of more than one rank) run under the counter's site "clip_grad_norm".
+// Under pipeline parallelism every stage's squares are all_gathered over the pp dim and summed in
+// the parameters' order. The collectives (one per dim of more than one rank) run under the
+// counter's site "clip_grad_norm".
 #pragma once
 
 #include <functional>
@@ -23,6 +25,9 @@ struct GradNormInputs {
         Communicator* comm;
     };
     std::vector<Dim> dims;  // in param_nesting order
+    // Pipeline parallel: the stages' group. Each stage holds its own parameters; their squares are
+    // gathered in stage order (the parameters' order) and summed in that order, as one device sums them.
+    Communicator* stages = nullptr;
 };
 
 // Returns the total norm before clipping.

@@ -175,6 +175,15 @@ DataParallelSpec parse_data_parallel(const YamlNode& node, RoleClaims& claims,
 
 }  // namespace
 
+const char* schedule_kind_name(ScheduleKind k) {
+    switch (k) {
+        case ScheduleKind::accumulation: return "accumulation";
+        case ScheduleKind::gpipe: return "gpipe";
+        case ScheduleKind::one_f_one_b: return "1f1b";
+    }
+    return "?";
+}
+
 const char* data_parallel_mode_name(DataParallelMode m) {
     return m == DataParallelMode::replicate ? "replicate" : "fully_shard";
 }

@@ -76,6 +76,20 @@ struct DataParallelSpec {
     std::string mesh_dim_names() const;                      // "dp", or "dp_replicate x dp_shard"
 };
 
+// The order a pipeline runs its microbatches in (train/schedule.h): accumulation is one stage's
+// F0 B0 F1 B1 ...; gpipe every forward, then every backward; 1f1b torch's Schedule1F1B.
+enum class ScheduleKind { accumulation, gpipe, one_f_one_b };
+const char* schedule_kind_name(ScheduleKind k);  // "accumulation", "gpipe", "1f1b"
+
+// pipeline_parallel: the model's layers in stages, one per rank of the pp dim, as
+// torch.distributed.pipelining runs them (train/stage.h, train/schedule.h).
+struct PipelineSpec {
+    std::vector<std::string> split_points;  // spine modules that start stages 1.. (torchtitan's split points)
+    ScheduleKind schedule = ScheduleKind::one_f_one_b;
+    int microbatches = 0;  // per step; 0: the model's gradient_accumulation
+    SourceLocation where;
+};
+
 struct VerifySpec {
     int64_t steps = 0;  // 0: the model's
     std::vector<std::string> compare = {"output", "loss", "grad", "param"};
@@ -98,6 +112,7 @@ struct Plan {
     SourceLocation loss_parallel_where;
     std::optional<DataParallelSpec> data_parallel;
     std::optional<MixedPrecisionSpec> mixed_precision;  // data_parallel.mixed_precision
+    std::optional<PipelineSpec> pipeline;  // its dim is the pp role's
     // activation_checkpointing: module patterns whose forward keeps only its input and is
     // recomputed in backward (torch.utils.checkpoint)
     std::vector<std::string> activation_checkpointing;

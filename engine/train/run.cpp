@@ -9,6 +9,7 @@
 #include "parallel/grad_norm.h"
 #include "parallel/loss_parallel.h"
 #include "parallel/redistribute.h"
+#include "train/stage.h"
 
 namespace ptool {
 namespace {
@@ -90,7 +91,8 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     tp_ = &comm(DimRole::tp);
     const std::vector<int>& data = plan.dims.data_dims();
     batch_ = data.empty() ? solo_.get() : data.size() == 1 ? &mesh_->comm(data[0]) : &mesh_->group(mesh_->add_group(data, plan.dims.data_label()));
-    res_ = resolve_plan(model_, plan);
+    res_ = resolve_plan(model_, plan);  // the whole model's (a stage's boundary layouts come from it)
+    if (plan.pipeline) keep_own_stage();
     for (const Module* m : res_.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
     const bool own = builds_own_shards(in, plan, layer);
     if (draws_init(in)) {
@@ -123,11 +125,51 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         });
     }
     optimizer_ = std::make_unique<Optimizer>(model_.optimizer, be_);
-    schedule_ = accumulation_schedule(static_cast<int>(model_.gradient_accumulation));
+    if (plan.pipeline) {
+        const int m = plan.pipeline->microbatches > 0 ? plan.pipeline->microbatches : static_cast<int>(model_.gradient_accumulation);
+        schedule_ = pipeline_schedule(plan.pipeline->schedule, stages_, m);
+    } else {
+        schedule_ = accumulation_schedule(static_cast<int>(model_.gradient_accumulation));
+    }
     check_schedule(schedule_);
 }
 
 Run::~Run() = default;
+
+// A pipeline rank keeps its stage's layers only (train/stage.h): the modules of the other
+// stages go before anything is initialised, and so do their styles and checkpointing. Its input
+// and output are the whole model's layouts at the stage's boundaries (one data rank's microbatch).
+void Run::keep_own_stage() {
+    PTOOL_REQUIRE(plan_.dims.has(DimRole::pp), "a pipeline plan without a pp dim");
+    const PipelineSpec& spec = *plan_.pipeline;
+    const std::vector<Module*> spine = model_spine(model_);
+    const std::vector<StageRange> ranges = stage_ranges(spine, spec.split_points, spec.where);
+    stages_ = plan_.dims.size(DimRole::pp);
+    if (static_cast<int>(ranges.size()) != stages_)
+        throw InputError(spec.where, fmt::format("{} split point{} make {} stages, but the pp dim '{}' has {} ranks: one stage per rank",
+                                                 spec.split_points.size(), spec.split_points.size() == 1 ? "" : "s", ranges.size(),
+                                                 plan_.dims.name(DimRole::pp), stages_));
+    stage_ = comm(DimRole::pp).rank();
+    const StageRange r = ranges[stage_];
+    stage_modules_.assign(spine.begin() + static_cast<std::ptrdiff_t>(r.begin), spine.begin() + static_cast<std::ptrdiff_t>(r.end));
+    auto call_of = [&](const Module* m) -> const CallLayout& {
+        for (const CallLayout& c : res_.layouts.calls)
+            if (c.module == m) return c;
+        PTOOL_REQUIRE(false, "no call of '{}' in the layout pass", m->fqn());
+        return res_.layouts.calls.front();
+    };
+    stage_in_ = call_of(stage_modules_.front()).in;
+    stage_out_ = call_of(stage_modules_.back()).out;
+    keep_stage(model_, spine, r);
+    std::set<const Module*> kept;
+    for_each_module(*model_.root, [&](const std::string&, Module& m) { kept.insert(&m); });
+    std::vector<ResolvedStyle> styles;
+    for (const ResolvedStyle& rs : res_.styles)
+        if (kept.count(rs.module)) styles.push_back(rs);
+    res_.styles = std::move(styles);
+    for (auto it = res_.checkpointed.begin(); it != res_.checkpointed.end();)
+        it = kept.count(*it) ? std::next(it) : res_.checkpointed.erase(it);
+}
 
 void Run::set_schedule(Schedule s) {
     PTOOL_REQUIRE(s.stages == schedule_.stages && s.microbatches == schedule_.microbatches,
@@ -156,14 +198,22 @@ void Run::forward(StepState& st, int m) {
     Inflight& f = st.inflight[m];
     f.ctx = RunContext{&be_, model_.seed, st.step, true, first, tp_->rank(), tp_->size(), st.observer};
     f.ctx.microbatch = m;
-    const Tensor input = st.batch.input.narrow(0, first, st.mine);
-    const Tensor target = st.batch.target.defined() ? st.batch.target.narrow(0, first, st.mine) : Tensor();
-    const double scale = 1.0 / static_cast<double>(st.microbatches);
     MemoryUseScope use(MemoryUse::activations);
     const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
-    f.in = dtype_is_float(input.dtype()) ? to_dtype(be_, input, compute) : input;
-    f.x = redistribute(Placed(f.in), res_.input_placement, *tp_);
-    f.y = model_.root->forward(f.ctx, f.x);
+    if (stage_ == 0) {
+        const Tensor input = st.batch.input.narrow(0, first, st.mine);
+        f.in = dtype_is_float(input.dtype()) ? to_dtype(be_, input, compute) : input;
+        f.x = redistribute(Placed(f.in), res_.input_placement, *tp_);
+    } else {  // what the stage before sent
+        auto it = st.received.find(m);
+        PTOOL_REQUIRE(it != st.received.end(), "stage {} runs F{} before receiving its input", stage_, m);
+        f.x = std::move(it->second);
+        st.received.erase(it);
+    }
+    f.y = stages_ == 1 ? model_.root->forward(f.ctx, f.x) : stage_forward(f.ctx, stage_modules_, f.x);
+    if (stage_ + 1 < stages_) return;  // sent on; its gradient comes back
+    const Tensor target = st.batch.target.defined() ? st.batch.target.narrow(0, first, st.mine) : Tensor();
+    const double scale = 1.0 / static_cast<double>(st.microbatches);
     const Placed& y = f.y;
     if (plan_.loss_parallel) {  // cross_entropy on the vocabulary shards: nothing gathered
         f.output = {to_dtype(be_, y.t, model_.dtype), y.p, y.global};
@@ -180,18 +230,57 @@ void Run::forward(StepState& st, int m) {
                                : redistribute(Placed(f.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
 }
 
-// A microbatch's backward from its loss's gradient; what its forward kept goes, but the output
-// and the loss, which the step returns.
+// A microbatch's backward from its loss's gradient (the last stage) or the one the next stage
+// sent; what its forward kept goes, but the output and the loss, which the step returns, and the
+// input's gradient a stage sends back.
 void Run::backward(StepState& st, int m) {
     auto it = st.inflight.find(m);
     PTOOL_REQUIRE(it != st.inflight.end(), "backward of microbatch {} without its forward", m);
     Inflight& f = it->second;
+    if (stage_ + 1 < stages_) {
+        auto g = st.received_grads.find(m);
+        PTOOL_REQUIRE(g != st.received_grads.end(), "stage {} runs B{} before receiving its output's gradient", stage_, m);
+        f.dy = std::move(g->second);
+        st.received_grads.erase(g);
+    }
     {
         MemoryUseScope use(MemoryUse::activations);
-        model_.root->backward(f.ctx, f.dy);
+        if (stages_ == 1) model_.root->backward(f.ctx, f.dy);
+        else if (Placed dx = stage_backward(f.ctx, stage_modules_, f.dy); stage_ > 0) st.to_send_back[m] = std::move(dx);
     }
-    st.done[m] = {std::move(f.output), f.loss_value};
+    if (stage_ + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value};
     st.inflight.erase(it);
+}
+
+// A run of consecutive sends and receives as one batch_isend_irecv over the pp dim (as torch
+// batches them), the receives into tensors of the boundary's local shape in the compute dtype.
+void Run::exchange(StepState& st, const std::vector<Action>& actions) {
+    const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
+    auto local = [&](const Layout& l, const Placement& p) {
+        return Placed{Tensor(local_shape(l.global, p, tp_->size(), tp_->rank()), compute, device_), p, l.global};
+    };
+    std::vector<P2POp> ops;
+    for (const Action& a : actions) {
+        const int tag = p2p_tag(a);
+        switch (a.kind) {
+            case ActionKind::send_forward: ops.push_back({P2POp::Kind::send, &st.inflight.at(a.microbatch).y.t, stage_ + 1, tag}); break;
+            case ActionKind::recv_forward: {
+                Placed& x = st.received[a.microbatch] = local(stage_in_, stage_in_.p);
+                ops.push_back({P2POp::Kind::recv, &x.t, stage_ - 1, tag});
+                break;
+            }
+            case ActionKind::send_backward: ops.push_back({P2POp::Kind::send, &st.to_send_back.at(a.microbatch).t, stage_ - 1, tag}); break;
+            case ActionKind::recv_backward: {
+                Placed& g = st.received_grads[a.microbatch] = local(stage_out_, grad_placement(stage_out_.p));
+                ops.push_back({P2POp::Kind::recv, &g.t, stage_ + 1, tag});
+                break;
+            }
+            default: PTOOL_REQUIRE(false, "{} is no send or receive", a.str());
+        }
+    }
+    comm(DimRole::pp).batch_isend_irecv(ops);
+    for (const Action& a : actions)
+        if (a.kind == ActionKind::send_backward) st.to_send_back.erase(a.microbatch);
 }
 
 double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params) {
@@ -199,6 +288,7 @@ double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& 
     in.params = params;
     in.placements = [&](const Parameter* p) { return placements(p); };
     for (int d : plan_.dims.param_nesting()) in.dims.push_back({d, &mesh_->comm(d)});
+    if (stages_ > 1) in.stages = &comm(DimRole::pp);
     return clip_grad_norm(in, model_.clip_grad_norm, be_);
 }
 
@@ -224,7 +314,16 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     for (const auto& [name, p] : params) be_.fill(p->grad, 0.0);
     if (mixed_precision_) mixed_precision_->to_compute();
     StepOutput out;
-    for (const Action& a : schedule_.ranks[0]) {
+    const std::vector<Action>& actions = schedule_.ranks[stage_];
+    for (size_t i = 0; i < actions.size(); ++i) {
+        const Action& a = actions[i];
+        if (a.is_p2p()) {  // with the sends and receives right after it
+            size_t j = i;
+            while (j < actions.size() && actions[j].is_p2p()) ++j;
+            exchange(st, std::vector<Action>(actions.begin() + static_cast<std::ptrdiff_t>(i), actions.begin() + static_cast<std::ptrdiff_t>(j)));
+            i = j - 1;
+            continue;
+        }
         switch (a.kind) {
             case ActionKind::forward: forward(st, a.microbatch); break;
             case ActionKind::backward: backward(st, a.microbatch); break;
@@ -237,7 +336,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
                 if (model_.clip_grad_norm > 0) out.grad_norm = clip_gradients(params);
                 break;
             case ActionKind::optimizer_step: optimizer_->step(params); break;
-            default: PTOOL_REQUIRE(false, "{} in a one-stage schedule", a.str());
+            default: PTOOL_REQUIRE(false, "{} is not run here", a.str());
         }
     }
     for (auto& [m, done] : st.done) {  // in microbatch order, as the reference's rows are

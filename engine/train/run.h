@@ -96,6 +96,8 @@ public:
     const DataParallel* data_parallel() const { return data_parallel_.get(); }
     // A parameter's placement on every mesh dim (the tp style's, then fully_shard's of its tp piece).
     Placements placements(const Parameter* p) const;
+    int stage() const { return stage_; }  // this rank's pipeline stage (0 without pp)
+    int stages() const { return stages_; }
     bool ignored(const std::string& param) const { return res_.dp.ignored_params.count(param) > 0; }
 
     const Schedule& schedule() const { return schedule_; }
@@ -126,9 +128,14 @@ private:
         int64_t microbatches = 1, rows = 0, mine = 0;
         std::map<int, Inflight> inflight;
         std::map<int, Done> done;
+        // a pipeline stage's: its inputs received, its outputs' gradients received, its inputs'
+        // gradients to send back
+        std::map<int, Placed> received, received_grads, to_send_back;
     };
     void forward(StepState& st, int m);
     void backward(StepState& st, int m);
+    void exchange(StepState& st, const std::vector<Action>& actions);
+    void keep_own_stage();
     double clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params);
 
     Model model_;
@@ -150,6 +157,11 @@ private:
     Device device_;
     RunLayer* layer_ = nullptr;
     Schedule schedule_;
+    // Pipeline parallel: this rank's stage of `stages_`, the spine modules it runs and the layouts
+    // at its boundaries (without pp: stage 0 of 1, the root runs whole).
+    int stage_ = 0, stages_ = 1;
+    std::vector<Module*> stage_modules_;
+    Layout stage_in_, stage_out_;
 };
 
 }  // namespace ptool

@@ -31,15 +31,6 @@ std::string Action::str() const {
     return fmt::format("{}{}@{}", action_kind_name(kind), microbatch, stage);
 }
 
-const char* schedule_kind_name(ScheduleKind k) {
-    switch (k) {
-        case ScheduleKind::accumulation: return "accumulation";
-        case ScheduleKind::gpipe: return "gpipe";
-        case ScheduleKind::one_f_one_b: return "1f1b";
-    }
-    return "?";
-}
-
 int p2p_tag(const Action& a) {
     const bool forward = a.kind == ActionKind::send_forward || a.kind == ActionKind::recv_forward;
     return 2 * a.microbatch + (forward ? 0 : 1);

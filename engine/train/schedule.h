@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "parallel/plan.h"  // ScheduleKind
 
 namespace ptool {
 
@@ -44,9 +45,6 @@ struct Action {
     bool is_p2p() const;
     std::string str() const;  // "F2@1" (forward of microbatch 2 on stage 1), "SEND_F2@1", "SYNC", ...
 };
-
-enum class ScheduleKind { accumulation, gpipe, one_f_one_b };
-const char* schedule_kind_name(ScheduleKind k);  // "accumulation", "gpipe", "1f1b"
 
 struct Schedule {
     ScheduleKind kind = ScheduleKind::accumulation;

@@ -1,0 +1,86 @@
+#include "train/stage.h"
+
+#include <set>
+
+#include "core/yaml_reader.h"
+
+namespace ptool {
+namespace {
+
+// Whether a container only chains its children (its forward is theirs in order): a sequential or
+// a repeat, but not a residual, nor a repeat's block (the unit a split point names).
+bool opened(const Module& m, const Module& parent) {
+    if (!dynamic_cast<const Sequential*>(&m) || dynamic_cast<const Residual*>(&m)) return false;
+    return !dynamic_cast<const Repeat*>(&parent);
+}
+
+void walk(Module& m, std::vector<Module*>& out) {
+    for (const auto& [name, child] : m.children()) {
+        if (opened(*child, m)) walk(*child, out);
+        else out.push_back(child.get());
+    }
+}
+
+// Keeps, under an opened container, the children that are kept modules or contain one.
+bool prune(Module& m, const std::set<const Module*>& kept) {
+    if (kept.count(&m)) return true;
+    bool any = false;
+    m.keep_children([&](Module& child) {
+        const bool keep = (opened(child, m) || kept.count(&child)) && prune(child, kept);
+        any = any || keep;
+        return keep;
+    });
+    return any;
+}
+
+}  // namespace
+
+std::vector<Module*> model_spine(const Model& model) {
+    std::vector<Module*> out;
+    walk(*model.root, out);
+    return out;
+}
+
+std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine, const std::vector<std::string>& split_points,
+                                     const SourceLocation& where) {
+    std::vector<StageRange> out{{0, spine.size()}};
+    for (const std::string& point : split_points) {
+        size_t at = spine.size();
+        for (size_t i = 0; i < spine.size(); ++i)
+            if (spine[i]->fqn() == point) at = i;
+        if (at == spine.size()) {
+            std::vector<std::string> names;
+            for (const Module* m : spine) names.push_back(m->fqn());
+            throw InputError(where, fmt::format("split point '{}' is not a module a stage can start at (the model's layers in "
+                                                "forward order: {}){}",
+                                                point, fmt::join(names, ", "), did_you_mean(point, names)));
+        }
+        if (at <= out.back().begin)
+            throw InputError(where, fmt::format("split point '{}' leaves stage {} empty: split points go in forward order, "
+                                                "each after the last",
+                                                point, out.size() - 1));
+        out.back().end = at;
+        out.push_back({at, spine.size()});
+    }
+    return out;
+}
+
+void keep_stage(Model& model, const std::vector<Module*>& spine, const StageRange& stage) {
+    const std::set<const Module*> kept(spine.begin() + static_cast<std::ptrdiff_t>(stage.begin),
+                                       spine.begin() + static_cast<std::ptrdiff_t>(stage.end));
+    prune(*model.root, kept);
+}
+
+Placed stage_forward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& x) {
+    Placed h = x;
+    for (Module* m : modules) h = m->forward(ctx, h);
+    return h;
+}
+
+Placed stage_backward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& dy) {
+    Placed d = dy;
+    for (auto it = modules.rbegin(); it != modules.rend(); ++it) d = (*it)->backward(ctx, d);
+    return d;
+}
+
+}  // namespace ptool

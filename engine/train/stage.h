@@ -1,0 +1,36 @@
+// A pipeline stage: the part of the model one pipeline rank holds and runs, as
+// torch.distributed.pipelining's PipelineStage over a copy of the model with the other stages'
+// layers deleted (torchtitan's pipeline_module_split). The model's **spine** is its modules in
+// forward order with the containers that only chain their children opened up: the root, a repeat
+// (nn.ModuleList) and a named sequential, but not a repeat's blocks nor a residual (whose forward
+// adds). Split points name spine modules that start a stage (torchtitan's
+// pipeline_parallel_split_points): for llama_rope, "layers.1" gives stage 0 {tok_embeddings,
+// layers.0} and stage 1 {layers.1, norm, output}. A stage keeps its modules under their own FQNs
+// (the state_dict names do not change) and runs them in order; the opened containers are not called
+// (they report no events, and may have no hooks).
+#pragma once
+
+#include "model/model.h"
+
+namespace ptool {
+
+// The model's spine, in forward order.
+std::vector<Module*> model_spine(const Model& model);
+
+struct StageRange {
+    size_t begin = 0, end = 0;  // spine indices [begin, end)
+};
+// The stages' ranges: one per split point plus one. InputError at `where` for a split point that is
+// no spine module, out of order, or that leaves a stage empty.
+std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine, const std::vector<std::string>& split_points,
+                                     const SourceLocation& where);
+
+// Removes every module outside the stage's spine range from the model (their parameters go with
+// them, unless a kept module shares one).
+void keep_stage(Model& model, const std::vector<Module*>& spine, const StageRange& stage);
+
+// The stage's forward and backward: its spine modules in order, and in reverse.
+Placed stage_forward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& x);
+Placed stage_backward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& dy);
+
+}  // namespace ptool
