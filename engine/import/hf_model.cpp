@@ -70,12 +70,15 @@ std::string rope_scaling(const HfConfig& c) {
         const JsonNode n = node.at(key);
         const double v = n.as_number(fmt::format("rope_scaling '{}'", key));
         if (!(v > 0) || v > 1e12) n.fail(fmt::format("rope_scaling '{}' must be a number in (0, 1e12]", key));
-        return yaml_number(v);
+        return v;
     };
-    std::string out = fmt::format(", rope_scaling: {{type: {}, factor: {}", type, num("factor"));
-    if (type == "llama3")
-        out += fmt::format(", low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}", num("low_freq_factor"),
-                           num("high_freq_factor"), num("original_max_position_embeddings"));
+    std::string out = fmt::format(", rope_scaling: {{type: {}, factor: {}", type, yaml_number(num("factor")));
+    if (type == "llama3") {
+        const double low = num("low_freq_factor"), high = num("high_freq_factor");
+        if (!(high > low)) node.at("high_freq_factor").fail("rope_scaling 'high_freq_factor' must be above 'low_freq_factor'");
+        out += fmt::format(", low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}", yaml_number(low),
+                           yaml_number(high), yaml_number(num("original_max_position_embeddings")));
+    }
     return out + "}";
 }
 

@@ -2,6 +2,7 @@
 // config's "base_model_tp_plan", else its config class's, under the base model's prefix, plus the
 // causal-LM head's `_tp_plan`) as a plan YAML. Each transformers style maps to ptool's or is
 // refused with the reason (docs/hf_import.md has the table).
+#include <algorithm>
 #include <map>
 #include <optional>
 
@@ -98,9 +99,10 @@ HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name
     }
     // a tied head's weight is the embedding's: one parameter has one placement, so the embedding is
     // sharded over the vocabulary with the head (Megatron's vocab-parallel embedding)
-    if (hf_tied_head(c, type))
-        y += fmt::format("    {}{}: {}  # tied to lm_head: vocab-parallel\n", prefix, type == "gpt2" ? "wte" : "embed_tokens",
-                         style_name::rowwise);
+    const std::string embedding = type == "gpt2" ? "wte" : "embed_tokens";
+    const bool planned = std::any_of(entries.begin(), entries.end(), [&](const Entry& e) { return e.pattern == embedding; });
+    if (hf_tied_head(c, type) && !planned)  // the config's own entry for it stands (a plan names a module once)
+        y += fmt::format("    {}{}: {}  # tied to lm_head: vocab-parallel\n", prefix, embedding, style_name::rowwise);
     y += fmt::format("    lm_head: {}\n", style_name::entry(style_name::colwise, "output_layouts: replicate"));
     return out;
 }

@@ -73,6 +73,10 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
         res.directions.push_back(compare_with_golden(vr.plans[0].run, c.file, tol, "parallel vs golden", probe.optimizer, false));
     }
     res.directions[0].plan_path = "parallel vs reference";
+    for (size_t i = 1; i < res.directions.size(); ++i) {  // the run each golden comparison judges: its world and backend, not its steps
+        const RunRecord& judged = res.directions[i].plan_path.rfind("reference", 0) == 0 ? vr.reference : vr.plans[0].run;
+        res.directions[i].run.world_size = judged.world_size, res.directions[i].run.backend = judged.backend;
+    }
     const bool pass = std::all_of(res.directions.begin(), res.directions.end(), [](auto& d) { return d.pass; });
     res.verdict = pass ? Verdict::pass : Verdict::fail;
     if (res.verdict == Verdict::fail) {
