@@ -116,7 +116,8 @@ void add_golden_command(CLI::App& app, Common& common, int& exit_code) {
     rec->add_flag("--force", a->force, "replace an existing file");
     rec->add_option("--init", a->init, "initial parameters (safetensors state_dict)");
     rec->add_option("--data", a->data, "batch data (safetensors)");
-    rec->add_option("--steps", a->steps, "steps (default: the plan's verify.steps, else the model's)")->transform(whole_number(1, kMaxSteps));
+    rec->add_option("--steps", a->steps, "steps (default: the plan's verify.steps, else the model's)")
+        ->transform(whole_number(1, kMaxSteps));
     rec->add_option("--dtype", common.dtype, "override the model's dtype");
     add_device_options(rec, common);
     rec->add_flag("--compact", a->compact, "record losses, per-tensor norms and a sample of elements, not whole tensors "

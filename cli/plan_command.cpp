@@ -36,7 +36,8 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
         "# Written by `ptool plan {} --cluster {} --world-size {}`: the fastest of {} fitting candidates.\n"
         "# Predicted per GPU on {}: peak {} of {} ({} of it fully_shard's prefetch of the next unit),\n"
         "# step {:.0f} ms (compute {:.0f} ms, blocking collectives {:.0f} ms, data-parallel {:.0f} ms overlapped), MFU {:.1f}%.\n",
-        yaml_comment(a.model), yaml_comment(a.cluster), r.world_size, r.fitting.size(), yaml_comment(cl.name), format_bytes(static_cast<int64_t>(c.peak)),
+        yaml_comment(a.model), yaml_comment(a.cluster), r.world_size, r.fitting.size(), yaml_comment(cl.name),  // names in comments: one printable line
+        format_bytes(static_cast<int64_t>(c.peak)),
         format_bytes(static_cast<int64_t>(r.memory_cap)), format_bytes(static_cast<int64_t>(c.prefetch)),
         c.time.step * 1e3, c.time.compute * 1e3, c.time.blocking * 1e3, c.time.overlappable * 1e3, 100 * c.mfu);
     if (c.microbatches != c.model_microbatches)

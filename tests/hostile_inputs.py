@@ -374,7 +374,11 @@ with tempfile.TemporaryDirectory() as tmp:
             ("eps0", base.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 0'), "0,", "'rms_norm_eps' must be a number in (0"),
             ("huge", base.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e400'), "1e400", "must be a finite number"),
             ("vocab", base.replace('"vocab_size": 96', '"vocab_size": 1099511627776'), "1099511627776", "over ptool's limit"),
-            ("dropout", base.replace('"hidden_act"', '"attention_dropout": 2, "hidden_act"'), "2,", "must be in [0, 1)")):
+            ("dropout", base.replace('"hidden_act"', '"attention_dropout": 2, "hidden_act"'), "2,", "must be in [0, 1)"),
+            # found by fuzz_hf_config: a head dim of 1 (32 heads of 32), which RoPE cannot rotate, wrote a model that did not load
+            ("odd_head", base.replace('"num_attention_heads": 4', '"num_attention_heads": 32').replace('"num_key_value_heads": 2',
+             '"num_key_value_heads": 32'), '32,\n  "num_hidden_layers"', "RoPE rotates pairs"),
+            ("absent", base.replace('  "num_attention_heads": 4,\n', ""), "{", "'num_attention_heads' is absent")):
         path = write(T(f"cfg_{name}.json"), text)
         expect(2, [f"cfg_{name}.json:{at(text, needle)}:", frag], "import", "hf", path, "--seq", "8", "-o", T("never.yaml"))
         check(not os.path.exists(T("never.yaml")), f"import of a bad config ({name}) wrote its output")

@@ -59,10 +59,12 @@ void FileRoles::check() const {
             if (entries_[j].output && (j > i || ids[i]->written_through)) continue;  // /dev/null twice replaces nothing
             const Entry &out = entries_[i], &other = entries_[j];
             const std::string same = out.path == other.path ? "" : fmt::format(" ('{}')", other.path);
-            throw InputError(SourceLocation{out.path, 0, 0},
-                             other.output ? fmt::format("{} and {} name the same file{}: each output needs its own", other.role, out.role, same)
-                                          : fmt::format("{} names the same file as the input {}{}: it would replace it; write elsewhere",
-                                                        out.role, other.role, same));
+            const std::string why = other.output ? fmt::format("{} and {} name the same file{}: each output needs its own",
+                                                               other.role, out.role, same)
+                                                 : fmt::format("{} names the same file as the input {}{}: it would replace it; write "
+                                                               "elsewhere",
+                                                               out.role, other.role, same);
+            throw InputError(SourceLocation{out.path, 0, 0}, why);
         }
     }
 }

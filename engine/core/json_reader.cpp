@@ -63,7 +63,9 @@ void check_depth(const std::string& text, const std::string& name, int max_depth
 size_t error_at(const std::string& text, size_t byte) {
     size_t p = std::min(byte, text.size());
     p = p > 0 ? p - 1 : 0;
-    auto number_char = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'; };
+    auto number_char = [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
+    };
     if (p < text.size() && std::isdigit(static_cast<unsigned char>(text[p])))
         while (p > 0 && number_char(text[p - 1])) --p;
     else if (p < text.size() && text[p] == '"' && p > 0)
@@ -253,7 +255,8 @@ JsonNode load_json_text(const std::string& text, const std::string& name, const 
         const size_t q = what.find('\''), q2 = q == std::string::npos ? q : what.find('\'', q + 1);
         const size_t at = q2 == std::string::npos ? std::string::npos : text.find(what.substr(q + 1, q2 - q - 1));
         const auto p = position_of(text, at == std::string::npos ? 0 : at);
-        throw InputError(SourceLocation{name, p.line, p.column}, fmt::format("a number must be a finite number: {}", what.substr(what.find(']') + 2)));
+        throw InputError(SourceLocation{name, p.line, p.column},
+                         fmt::format("a number must be a finite number: {}", what.substr(what.find(']') + 2)));
     }
     PositionScan scan{text, *doc};
     if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) scan.i = 3;  // a BOM, which nlohmann skips too
@@ -262,6 +265,8 @@ JsonNode load_json_text(const std::string& text, const std::string& name, const 
     return JsonNode(std::move(doc), &root->root);
 }
 
-JsonNode load_json(const std::string& path, const JsonLimits& limits) { return load_json_text(read_file(path, limits.max_bytes), path, limits); }
+JsonNode load_json(const std::string& path, const JsonLimits& limits) {
+    return load_json_text(read_file(path, limits.max_bytes), path, limits);
+}
 
 }  // namespace ptool

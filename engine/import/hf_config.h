@@ -32,6 +32,11 @@ public:
     std::string str(const std::string& key, const std::string& fallback) const {
         return set(key) ? at(key).as_string(fmt::format("'{}'", key)) : fallback;
     }
+    // Fails at the key's value, or at the object when the key is absent (its default is what fails).
+    [[noreturn]] void fail_at(const std::string& key, const std::string& message) const {
+        if (auto n = root_.get(key)) n->fail(message);
+        root_.fail(fmt::format("{} ('{}' is absent: the config class's default)", message, key));
+    }
     // Fails at the key when it is present and not null, false or 0: a feature ptool does not model.
     void refuse_if_set(const std::string& key, const std::string& why) const {
         if (!set(key)) return;

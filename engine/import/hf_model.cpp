@@ -49,7 +49,7 @@ Act activation(const HfConfig& c, const std::string& key, const std::string& fal
     if (it == known.end()) {
         std::vector<std::string> names;
         for (const auto& [n, x] : known) names.push_back(n);
-        c.at(key).fail(fmt::format("activation '{}' is not one ptool computes{}", a, did_you_mean(a, names)));
+        c.fail_at(key, fmt::format("activation '{}' is not one ptool computes{}", a, did_you_mean(a, names)));
     }
     return it->second;
 }
@@ -86,7 +86,7 @@ std::string rope_scaling(const HfConfig& c) {
 // model's YAML implies then fit, and a size that would not is refused here, at its field.
 int64_t size_field(const HfConfig& c, const std::string& key, int64_t fallback, int64_t max) {
     const int64_t v = c.pos(key, fallback);
-    if (v > max) c.at(key).fail(fmt::format("'{}' {} is over ptool's limit of {}", key, v, max));
+    if (v > max) c.fail_at(key, fmt::format("'{}' {} is over ptool's limit of {}", key, v, max));
     return v;
 }
 
@@ -94,13 +94,13 @@ int64_t size_field(const HfConfig& c, const std::string& key, int64_t fallback, 
 // of a negative number: NaN from the first step).
 double positive_field(const HfConfig& c, const std::string& key, double fallback) {
     const double v = c.num(key, fallback);
-    if (!(v > 0) || v > 1e30) c.at(key).fail(fmt::format("'{}' must be a number in (0, 1e30], got {}", key, v));
+    if (!(v > 0) || v > 1e30) c.fail_at(key, fmt::format("'{}' must be a number in (0, 1e30], got {}", key, v));
     return v;
 }
 
 double dropout_field(const HfConfig& c, const std::string& key, double fallback) {
     const double p = c.num(key, fallback);
-    if (!(p >= 0 && p < 1)) c.at(key).fail(fmt::format("'{}' must be in [0, 1), got {}", key, p));
+    if (!(p >= 0 && p < 1)) c.fail_at(key, fmt::format("'{}' must be in [0, 1), got {}", key, p));
     return p;
 }
 
@@ -138,12 +138,18 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
                   layers = c.pos("num_hidden_layers", f.layers), heads = c.pos("num_attention_heads", f.heads),
                   kv = c.pos("num_key_value_heads", f.kv_heads ? f.kv_heads : heads),
                   max_pos = size_field(c, "max_position_embeddings", f.max_positions, kMaxPositions);
-    if (layers > 4096) c.at("num_hidden_layers").fail(fmt::format("num_hidden_layers {} is over ptool's 4096 (repeat)", layers));
+    if (layers > 4096)
+        c.fail_at("num_hidden_layers", fmt::format("num_hidden_layers {} is over ptool's 4096 (repeat)", layers));
     const double eps = positive_field(c, "rms_norm_eps", 1e-6), theta = positive_field(c, "rope_theta", f.rope_theta);
-    if (d % heads) c.at("num_attention_heads").fail(fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", d, heads));
-    if (heads % kv) c.at("num_key_value_heads").fail(fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", heads, kv));
+    if (d % heads)
+        c.fail_at("num_attention_heads", fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", d, heads));
+    if (heads % kv)
+        c.fail_at("num_key_value_heads", fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", heads, kv));
+    if ((d / heads) % 2)  // found by fuzz_hf_config: the written model did not load
+        c.fail_at("num_attention_heads",
+                  fmt::format("the head dim hidden_size / num_attention_heads = {} is odd: RoPE rotates pairs", d / heads));
     if (c.set("head_dim") && c.pos("head_dim", 0) != d / heads)
-        c.at("head_dim").fail(fmt::format("head_dim {} differs from hidden_size / num_attention_heads = {}: ptool's attention "
+        c.fail_at("head_dim", fmt::format("head_dim {} differs from hidden_size / num_attention_heads = {}: ptool's attention "
                                           "has heads of hidden/heads",
                                           c.pos("head_dim", 0), d / heads));
     const Shape2 b = batch_shape(opt, max_pos);
@@ -151,20 +157,20 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     const std::string scaling = rope_scaling(c);
     for (const char* moe : {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"})
         c.refuse_if_set(moe, "mixture-of-experts layers are not modelled");
-    if (c.pos("pretraining_tp", 1) != 1) c.at("pretraining_tp").fail("'pretraining_tp' > 1 (sliced projections) is not modelled");
+    if (c.pos("pretraining_tp", 1) != 1) c.fail_at("pretraining_tp", "'pretraining_tp' > 1 (sliced projections) is not modelled");
     const bool sliding = type == "qwen2" ? c.flag("use_sliding_window", false) : true;
     // absent: the config class's default; null: none
     const int64_t window = c.present("sliding_window") ? c.pos("sliding_window", 0) : f.sliding_window_default;
     if (sliding && window > 0 && window < b.seq) {
         const std::string key = c.set("sliding_window") ? "sliding_window" : "model_type";
-        c.at(key).fail(fmt::format("sliding-window attention (window {}) over sequences of {} is not modelled; a window of "
+        c.fail_at(key, fmt::format("sliding-window attention (window {}) over sequences of {} is not modelled; a window of "
                                    "at least the sequence is plain causal attention (--seq {})",
                                    window, b.seq, window));
     }
     if (const double p = dropout_field(c, "attention_dropout", 0.0); p > 0)
         out.warnings.push_back(fmt::format("attention_dropout {} is not modelled (the attention probabilities are not dropped)", p));
     const Act act = activation(c, "hidden_act", "silu");
-    if (act.gated.empty()) c.at("hidden_act").fail("the gated MLP computes silu, relu, gelu or tanh");
+    if (act.gated.empty()) c.fail_at("hidden_act", "the gated MLP computes silu, relu, gelu or tanh");
     const bool bias = c.flag("attention_bias", false), mlp_bias = c.flag("mlp_bias", false);
     const bool qkv_bias = f.qkv_bias_fixed || bias, o_bias = !f.qkv_bias_fixed && bias;
     const bool tied = hf_tied_head(c, type);
@@ -204,13 +210,13 @@ HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
     const int64_t vocab = size_field(c, "vocab_size", 50257, kMaxVocab), positions = size_field(c, "n_positions", 1024, kMaxPositions),
                   d = size_field(c, "n_embd", 768, kMaxHidden), layers = c.pos("n_layer", 12), heads = c.pos("n_head", 12),
                   inner = size_field(c, "n_inner", 4 * d, kMaxIntermediate);
-    if (layers > 4096) c.at("n_layer").fail(fmt::format("n_layer {} is over ptool's 4096 (repeat)", layers));
-    if (d % heads) c.at("n_head").fail(fmt::format("n_embd {} is not a multiple of n_head {}", d, heads));
+    if (layers > 4096) c.fail_at("n_layer", fmt::format("n_layer {} is over ptool's 4096 (repeat)", layers));
+    if (d % heads) c.fail_at("n_head", fmt::format("n_embd {} is not a multiple of n_head {}", d, heads));
     const double eps = positive_field(c, "layer_norm_epsilon", 1e-5), embd = dropout_field(c, "embd_pdrop", 0.1),
                  resid = dropout_field(c, "resid_pdrop", 0.1);
     const Shape2 b = batch_shape(opt, positions);
     if (b.seq > positions) throw InputError(fmt::format("--seq {} is longer than n_positions {}", b.seq, positions));
-    if (!c.flag("scale_attn_weights", true)) c.at("scale_attn_weights").fail("unscaled attention scores are not modelled");
+    if (!c.flag("scale_attn_weights", true)) c.fail_at("scale_attn_weights", "unscaled attention scores are not modelled");
     c.refuse_if_set("scale_attn_by_inverse_layer_idx", "per-layer score scaling is not modelled");
     c.refuse_if_set("add_cross_attention", "cross-attention is not modelled");
     if (const double p = dropout_field(c, "attn_pdrop", 0.1); p > 0)
@@ -276,7 +282,7 @@ std::string hf_model_type(const HfConfig& c) {
     std::vector<std::string> names;
     for (const auto& [n, f] : importers()) names.push_back(n);
     if (!importers().count(type))
-        c.at("model_type").fail(fmt::format("model_type '{}' is not one ptool imports{}", type, did_you_mean(type, names)));
+        c.fail_at("model_type", fmt::format("model_type '{}' is not one ptool imports{}", type, did_you_mean(type, names)));
     return type;
 }
 

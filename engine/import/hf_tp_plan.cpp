@@ -74,7 +74,7 @@ HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name
             entries.push_back({pattern, v.as_string("a tp plan style"), v});
         source = "the config's base_model_tp_plan";
     } else if (type == "gpt2") {
-        c.at("model_type").fail("GPT-2 has no base_model_tp_plan in transformers (and its fused Conv1D c_attn splits q, k and "
+        c.fail_at("model_type", "GPT-2 has no base_model_tp_plan in transformers (and its fused Conv1D c_attn splits q, k and "
                                 "v across ranks wrongly under colwise); write the plan by hand");
     } else {
         for (const auto& [p, s] : kDecoderPlan) entries.push_back({p, s, std::nullopt});
@@ -89,8 +89,9 @@ HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name
     for (const Entry& e : entries) {
         auto it = styles().find(e.style);
         if (it == styles().end() || it->second.entry.empty()) {
-            const std::string why = it == styles().end() ? fmt::format("{} is not a transformers tp style ptool knows", yaml_quoted(e.style))
-                                                         : it->second.why;
+            const std::string why = it == styles().end()
+                                        ? fmt::format("{} is not a transformers tp style ptool knows", yaml_quoted(e.style))
+                                        : it->second.why;
             const std::string msg = fmt::format("tp plan entry {}: {}: {}", yaml_quoted(e.pattern), yaml_quoted(e.style), why);
             if (e.at) e.at->fail(msg);
             throw InputError(msg);

@@ -2,6 +2,8 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -279,14 +281,14 @@ void apply_mesh_flags(Plan& plan, const std::vector<std::string>& flags) {
         // NAME=SIZE, the whole text: "tp=1e3", "tp=2abc", "dp=1:tp=4" and "tp=2,dp=8" are not a size
         const size_t eq = m.find('=');
         const std::string name = eq == std::string::npos ? m : m.substr(0, eq);
-        const auto size = eq == std::string::npos ? std::nullopt : parse_whole_int(m.substr(eq + 1));
-        const bool word = !name.empty() && name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") == std::string::npos;
-        if (!word || !size || *size < 1 || *size > 4096)
+        const int64_t size = eq == std::string::npos ? 0 : parse_whole_int(m.substr(eq + 1)).value_or(0);
+        const bool word = !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+        if (!word || size < 1 || size > 4096)
             throw InputError(fmt::format("--mesh '{}': expected NAME=SIZE with SIZE a whole number in [1, 4096], e.g. tp=8 "
                                          "(one dim per --mesh: --mesh dp=2 --mesh tp=4)",
                                          m));
         if (!seen.insert(name).second) throw InputError(fmt::format("--mesh '{}': '{}' is resized twice", m, name));
-        plan.resize_mesh(name, static_cast<int>(*size), "--mesh " + m);
+        plan.resize_mesh(name, static_cast<int>(size), "--mesh " + m);
     }
 }
 

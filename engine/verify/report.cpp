@@ -122,8 +122,9 @@ std::string nonfinite_sides(const TensorDiff& d, const std::string& actual_side,
     if (d.nonfinite_actual && d.nonfinite_expected)
         return fmt::format("{} ({} element{}) and {} ({})", expected_side, d.nonfinite_expected, d.nonfinite_expected == 1 ? "" : "s",
                            actual_side, d.nonfinite_actual);
-    return d.nonfinite_expected ? fmt::format("{} ({} element{})", expected_side, d.nonfinite_expected, d.nonfinite_expected == 1 ? "" : "s")
-                                : fmt::format("{} ({} element{})", actual_side, d.nonfinite_actual, d.nonfinite_actual == 1 ? "" : "s");
+    const bool expected = d.nonfinite_expected > 0;
+    const int64_t n = expected ? d.nonfinite_expected : d.nonfinite_actual;
+    return fmt::format("{} ({} element{})", expected ? expected_side : actual_side, n, n == 1 ? "" : "s");
 }
 
 const char* verdict_name(Verdict v) {

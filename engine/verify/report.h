@@ -99,7 +99,8 @@ std::string nonfinite_sides(const TensorDiff& d, const std::string& actual_side,
 // The first divergence, in the order things were computed: per step, every module's output
 // (forward) and input gradient (backward), then the parameters' gradients, then their updates (the
 // step's parameters). Names the first that leaves tolerance, or holds a NaN or inf on either side
-// ("first non-finite value: ..."), and what agreed just before it; "" if nothing does. `rep` holds the step tensors' verdicts (after the update rule).
+// ("first non-finite value: ..."), and what agreed just before it; "" if nothing does. `rep`
+// holds the step tensors' verdicts (after the update rule).
 std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol, const PlanReport& rep);
 
 }  // namespace ptool
