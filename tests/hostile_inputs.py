@@ -420,6 +420,9 @@ with tempfile.TemporaryDirectory() as tmp:
         check(time.time() - t0 < 5, f"{args}: refused at once")
     json.dump({"weight_map": {"net1.weight": "one.safetensors\u0000.x"}}, open(T("shards/nul.json"), "w"))
     expect(2, ["nul.json:1:", "no NUL"], "verify", mlp, root, "--init", T("shards/nul.json"), "-q")
+    # found by fuzz_index: a repeated key whose first value differs from its last (was an uncaught exception, exit 3)
+    write(T("shards/dup.json"), '{"meta": {"total:": 40}, "meta": {"total": 40}, "weight_map": {"net1.weight": "one.safetensors"}}')
+    expect(2, ["dup.json:1:26:", 'duplicate key "meta"'], "verify", mlp, root, "--init", T("shards/dup.json"), "-q")
     far = T("far_model.yaml")
     with open(far, "wb") as f:
         f.truncate(20 << 30)  # sparse: 20 GiB that read whole would take 20 GiB of memory

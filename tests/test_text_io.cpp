@@ -25,6 +25,9 @@ TEST_CASE("strict JSON: what JSON is not is refused at its line and column", "[c
     require_input_error([] { load_json_text("a: 1\n", "c.json"); }, {"c.json:1:1"});
     require_input_error([] { load_json_text("{\"a\": 1, \"b\": {\"a\": 2, \"a\": 3}}", "c.json"); }, {"c.json:1:24", "duplicate key \"a\""});
     require_input_error([] { load_json_text(std::string(100, '[') + std::string(100, ']'), "c.json"); }, {"c.json:1:65", "nesting deeper"});
+    // found by fuzz_index: a repeated key whose first value holds a key its last lacks (the parsed
+    // tree keeps the last) ended in an uncaught nlohmann exception
+    require_input_error([] { load_json_text("{\"m\": {\"a:\": 1}, \"m\": {\"b\": [2]}}", "c.json"); }, {"c.json:1:18", "duplicate key \"m\""});
 }
 
 TEST_CASE("strict JSON: fields are typed, and a refusal is at the value", "[cpu]") {

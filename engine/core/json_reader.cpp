@@ -3,8 +3,10 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 #include "core/files.h"
 
@@ -107,23 +109,22 @@ struct PositionScan {
         advance();
         return s.substr(begin, i - begin);
     }
-    void value(const Json& v) {
+    // The text of value v (null: a value to walk past, positioning nothing).
+    void value(const Json* v) {
         skip_ws();
-        doc.value_pos[&v] = at;
+        if (v) doc.value_pos[v] = at;
         if (s[i] == '{') {
             advance();
-            std::set<std::string> seen;
             for (;;) {
                 skip_ws();
-                if (s[i] == '}') break;
+                if (i >= s.size() || s[i] == '}') break;
                 if (s[i] == ',') advance(), skip_ws();
                 const JsonDocument::Pos key_at = at;
                 const std::string key = Json::parse(string_token()).get<std::string>();
-                if (!seen.insert(key).second)
-                    throw InputError(SourceLocation{doc.file, key_at.line, key_at.column},
-                                     fmt::format("duplicate key {} (JSON leaves which one counts undefined)", Json(key).dump()));
-                const Json& child = v.at(key);
-                doc.key_pos[&child] = key_at;
+                const Json* child = nullptr;
+                if (v && v->is_object())
+                    if (auto it = v->find(key); it != v->end()) child = &*it;
+                if (child) doc.key_pos[child] = key_at;
                 skip_ws();
                 advance();  // ':'
                 value(child);
@@ -132,13 +133,13 @@ struct PositionScan {
             advance();
         } else if (s[i] == '[') {
             advance();
-            for (size_t k = 0; k < v.size(); ++k) {
+            for (size_t k = 0;; ++k) {
                 skip_ws();
-                if (s[i] == ',') advance();
-                value(v[k]);
+                if (i >= s.size() || s[i] == ']') break;
+                if (s[i] == ',') advance(), skip_ws();
+                value(v && v->is_array() && k < v->size() ? &(*v)[k] : nullptr);
             }
-            skip_ws();
-            advance();  // ']'
+            advance();
         } else if (s[i] == '"') {
             string_token();
         } else {
@@ -146,6 +147,29 @@ struct PositionScan {
         }
     }
 };
+
+// The first key that repeats in its object, in text nlohmann accepted (which keeps the last one
+// silently, so the parsed tree no longer matches the text): found on the text alone, before the
+// position pass walks the tree with it.
+std::optional<std::pair<size_t, std::string>> first_duplicate_key(const std::string& s) {
+    std::vector<std::pair<bool, std::set<std::string>>> open;  // per open bracket: an object?, its keys
+    for (size_t i = 0; i < s.size(); ++i) {
+        const char c = s[i];
+        if (c == '{' || c == '[') open.push_back({c == '{', {}});
+        else if ((c == '}' || c == ']') && !open.empty()) open.pop_back();
+        else if (c == '"') {
+            const size_t begin = i;
+            for (++i; i < s.size() && s[i] != '"'; ++i)
+                if (s[i] == '\\') ++i;
+            size_t next = i + 1;
+            while (next < s.size() && (s[next] == ' ' || s[next] == '\t' || s[next] == '\n' || s[next] == '\r')) ++next;
+            if (next >= s.size() || s[next] != ':' || open.empty() || !open.back().first) continue;
+            std::string key = Json::parse(s.substr(begin, i + 1 - begin)).get<std::string>();
+            if (!open.back().second.insert(key).second) return std::pair{begin, std::move(key)};
+        }
+    }
+    return std::nullopt;
+}
 
 std::string shown(const Json& v) {
     std::string t = v.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -258,9 +282,14 @@ JsonNode load_json_text(const std::string& text, const std::string& name, const 
         throw InputError(SourceLocation{name, p.line, p.column},
                          fmt::format("a number must be a finite number: {}", what.substr(what.find(']') + 2)));
     }
+    if (const auto dup = first_duplicate_key(text)) {
+        const auto p = position_of(text, dup->first);
+        throw InputError(SourceLocation{name, p.line, p.column},
+                         fmt::format("duplicate key {} (JSON leaves which one counts undefined; Python keeps the last)", Json(dup->second).dump()));
+    }
     PositionScan scan{text, *doc};
     if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) scan.i = 3;  // a BOM, which nlohmann skips too
-    scan.value(doc->root);
+    scan.value(&doc->root);
     const JsonDocument* root = doc.get();
     return JsonNode(std::move(doc), &root->root);
 }
