@@ -378,7 +378,9 @@ with tempfile.TemporaryDirectory() as tmp:
             # found by fuzz_hf_config: a head dim of 1 (32 heads of 32), which RoPE cannot rotate, wrote a model that did not load
             ("odd_head", base.replace('"num_attention_heads": 4', '"num_attention_heads": 32').replace('"num_key_value_heads": 2',
              '"num_key_value_heads": 32'), '32,\n  "num_hidden_layers"', "RoPE rotates pairs"),
-            ("absent", base.replace('  "num_attention_heads": 4,\n', ""), "{", "'num_attention_heads' is absent")):
+            ("absent", base.replace('  "num_attention_heads": 4,\n', ""), "{", "'num_attention_heads' is absent"),
+            # found by fuzz_hf_config: nlohmann ends its input at a NUL byte, so what followed one was never read
+            ("nul", base + "\0{\"a\0\": 1}", "\0", "a NUL byte")):
         path = write(T(f"cfg_{name}.json"), text)
         expect(2, [f"cfg_{name}.json:{at(text, needle)}:", frag], "import", "hf", path, "--seq", "8", "-o", T("never.yaml"))
         check(not os.path.exists(T("never.yaml")), f"import of a bad config ({name}) wrote its output")

@@ -28,6 +28,9 @@ TEST_CASE("strict JSON: what JSON is not is refused at its line and column", "[c
     // found by fuzz_index: a repeated key whose first value holds a key its last lacks (the parsed
     // tree keeps the last) ended in an uncaught nlohmann exception
     require_input_error([] { load_json_text("{\"m\": {\"a:\": 1}, \"m\": {\"b\": [2]}}", "c.json"); }, {"c.json:1:18", "duplicate key \"m\""});
+    // found by fuzz_hf_config: nlohmann ends its input at a NUL, so text after one was never read
+    using namespace std::string_literals;
+    require_input_error([] { load_json_text("{\"a\": 1}\n\0{\"a\0\": 2}"s, "c.json"); }, {"c.json:2:1", "a NUL byte"});
 }
 
 TEST_CASE("strict JSON: fields are typed, and a refusal is at the value", "[cpu]") {

@@ -266,6 +266,12 @@ JsonNode JsonNode::at(const std::string& key) const {
 JsonNode load_json_text(const std::string& text, const std::string& name, const JsonLimits& limits) {
     if (text.size() > limits.max_bytes)
         throw InputError(SourceLocation{name, 1, 1}, fmt::format("file is {} bytes, over the limit of {}", text.size(), limits.max_bytes));
+    // nlohmann ends its input at a NUL byte (for C strings): "{...}\0anything" would parse as the
+    // part before it (found by fuzz_hf_config). JSON text holds no raw NUL, in a string or outside.
+    if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+        const auto p = position_of(text, nul);
+        throw InputError(SourceLocation{name, p.line, p.column}, "not strict JSON: a NUL byte (inside a string, write \\u0000)");
+    }
     check_depth(text, name, limits.max_depth);
     auto doc = std::make_shared<JsonDocument>();
     doc->file = name;
@@ -282,14 +288,21 @@ JsonNode load_json_text(const std::string& text, const std::string& name, const 
         throw InputError(SourceLocation{name, p.line, p.column},
                          fmt::format("a number must be a finite number: {}", what.substr(what.find(']') + 2)));
     }
-    if (const auto dup = first_duplicate_key(text)) {
-        const auto p = position_of(text, dup->first);
-        throw InputError(SourceLocation{name, p.line, p.column},
-                         fmt::format("duplicate key {} (JSON leaves which one counts undefined; Python keeps the last)", Json(dup->second).dump()));
+    // Both passes walk text nlohmann accepted, so their tokens parse; were one not to, it is still
+    // this file that is not JSON ptool reads (exit 2), never an exception that ends the process.
+    try {
+        if (const auto dup = first_duplicate_key(text)) {
+            const auto p = position_of(text, dup->first);
+            throw InputError(SourceLocation{name, p.line, p.column},
+                             fmt::format("duplicate key {} (JSON leaves which one counts undefined; Python keeps the last)",
+                                         Json(dup->second).dump()));
+        }
+        PositionScan scan{text, *doc};
+        if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) scan.i = 3;  // a BOM, which nlohmann skips too
+        scan.value(&doc->root);
+    } catch (const Json::exception& e) {
+        throw InputError(SourceLocation{name, 1, 1}, parse_message(e.what()));
     }
-    PositionScan scan{text, *doc};
-    if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) scan.i = 3;  // a BOM, which nlohmann skips too
-    scan.value(&doc->root);
     const JsonDocument* root = doc.get();
     return JsonNode(std::move(doc), &root->root);
 }
