@@ -1,4 +1,4 @@
-// --device and --tf32, shared by run and verify; the tolerance options' check.
+// --device and --tf32, shared by run and verify.
 #include <cmath>
 #include <cstdlib>
 
@@ -15,18 +15,6 @@ void add_device_options(CLI::App* cmd, Common& common) {
     cmd->add_option("--device", common.device, "cpu or cuda (cuda: nccl, one rank per GPU, when there are GPUs enough; else every rank on one GPU, cuda_local)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     cmd->add_flag("--tf32", common.tf32, "allow TF32 tensor-core math in fp32 GEMMs on cuda (off by default)");
-}
-
-const CLI::Validator& finite_non_negative() {
-    static const CLI::Validator v(
-        [](std::string& text) -> std::string {
-            char* end = nullptr;
-            const double x = std::strtod(text.c_str(), &end);
-            if (end == text.c_str() || *end || !std::isfinite(x) || x < 0) return "must be a finite number >= 0, got '" + text + "'";
-            return "";
-        },
-        "NUMBER>=0");
-    return v;
 }
 
 Device select_device(const Common& common) {

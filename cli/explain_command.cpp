@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/verify_output.h"
+#include "core/file_roles.h"
 #include "core/safetensors.h"
 #include "core/yaml_reader.h"
 #include "plan/explain_report.h"
@@ -42,6 +43,7 @@ std::string rank_ranges(const std::vector<int>& ranks) {  // ascending: "0-3, 8-
 }
 
 void explain(const ExplainArgs& a, const Common& c) {
+    FileRoles().input("MODEL", a.model).input("PLAN", a.plan).input("--cluster", a.cluster).output("--json", a.json).check();
     if (!a.json.empty()) check_output(a.json, true);
     ExplainInputs in;
     in.model_path = a.model;
@@ -217,7 +219,7 @@ void add_explain_command(CLI::App& app, Common& common) {
     cmd->add_option("MODEL", a->model, "model YAML file")->required();
     cmd->add_option("PLAN", a->plan, "plan YAML file")->required();
     cmd->add_option("--dtype", common.dtype, "override the model's dtype");
-    cmd->add_option("--json", a->json, "write the collectives and memory as JSON");
+    cmd->add_option("--json", a->json, "write the collectives and memory as JSON")->check(output_path());
     cmd->add_option("--cluster", a->cluster, "predict the step time on this cluster (clusters/*.yaml)");
     cmd->add_option("--mesh", a->mesh, "resize a mesh dim of the plan, e.g. --mesh tp=8 (repeatable)");
     cmd->callback([a, &common] { explain(*a, common); });

@@ -5,6 +5,7 @@
 #include "model/checkpoint.h"
 #include "cli/commands.h"
 #include "cli/verify_output.h"
+#include "core/file_roles.h"
 #include "core/yaml_reader.h"
 #include "verify/golden.h"
 
@@ -21,6 +22,7 @@ struct GoldenArgs {
 void record(const GoldenArgs& a, const Common& c) {
     if (a.compact && (!a.init.empty() || !a.data.empty()))
         throw InputError("--compact records no init or data (a compact case replays ptool's seeded init and batch): drop --init/--data");
+    FileRoles().input("MODEL", a.model).input("PLAN", a.plan).input("--init", a.init).input("--data", a.data).output("-o", a.out).check();
     check_output(a.out, a.force);  // before the run, not after it
     RunInputs in;
     in.model_path = a.model;
@@ -110,16 +112,17 @@ void add_golden_command(CLI::App& app, Common& common, int& exit_code) {
     CLI::App* rec = g->add_subcommand("record", "Run MODEL's reference for PLAN and write a golden file (atomically)");
     rec->add_option("MODEL", a->model, "model YAML file")->required();
     rec->add_option("PLAN", a->plan, "plan YAML file (recorded with the case)")->required();
-    rec->add_option("-o,--output", a->out, "golden file to write (.safetensors)")->required();
+    rec->add_option("-o,--output", a->out, "golden file to write (.safetensors)")->required()->check(output_path());
     rec->add_flag("--force", a->force, "replace an existing file");
     rec->add_option("--init", a->init, "initial parameters (safetensors state_dict)");
     rec->add_option("--data", a->data, "batch data (safetensors)");
-    rec->add_option("--steps", a->steps, "steps (default: the plan's verify.steps, else the model's)")->check(CLI::Range(int64_t{1}, kMaxSteps));
+    rec->add_option("--steps", a->steps, "steps (default: the plan's verify.steps, else the model's)")
+        ->transform(whole_number(1, kMaxSteps));
     rec->add_option("--dtype", common.dtype, "override the model's dtype");
     add_device_options(rec, common);
     rec->add_flag("--compact", a->compact, "record losses, per-tensor norms and a sample of elements, not whole tensors "
                                            "(docs/file_formats.md: what it can and cannot catch)");
-    rec->add_option("--sample", a->sample, "elements per tensor in a compact golden (default 64)")->check(CLI::Range(int64_t{1}, int64_t{9999999}));
+    rec->add_option("--sample", a->sample, "elements per tensor in a compact golden (default 64)")->transform(whole_number(1, 9999999));
     rec->add_option("--rtol", a->rtol, "tolerance recorded with the case")->check(finite_non_negative());
     rec->add_option("--atol", a->atol, "tolerance recorded with the case")->check(finite_non_negative());
     rec->callback([a, &common] { record(*a, common); });

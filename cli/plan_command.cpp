@@ -10,7 +10,10 @@
 
 #include "cli/commands.h"
 #include "cli/verify_output.h"
+#include "core/file_roles.h"
 #include "core/files.h"
+#include "core/temp_paths.h"
+#include "core/yaml_writer.h"
 #include "core/yaml_reader.h"
 #include "plan/search.h"
 #include "plan/shrink.h"
@@ -33,7 +36,8 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
         "# Written by `ptool plan {} --cluster {} --world-size {}`: the fastest of {} fitting candidates.\n"
         "# Predicted per GPU on {}: peak {} of {} ({} of it fully_shard's prefetch of the next unit),\n"
         "# step {:.0f} ms (compute {:.0f} ms, blocking collectives {:.0f} ms, data-parallel {:.0f} ms overlapped), MFU {:.1f}%.\n",
-        a.model, a.cluster, r.world_size, r.fitting.size(), cl.name, format_bytes(static_cast<int64_t>(c.peak)),
+        yaml_comment(a.model), yaml_comment(a.cluster), r.world_size, r.fitting.size(), yaml_comment(cl.name),  // names in comments: one printable line
+        format_bytes(static_cast<int64_t>(c.peak)),
         format_bytes(static_cast<int64_t>(r.memory_cap)), format_bytes(static_cast<int64_t>(c.prefetch)),
         c.time.step * 1e3, c.time.compute * 1e3, c.time.blocking * 1e3, c.time.overlappable * 1e3, 100 * c.mfu);
     if (c.microbatches != c.model_microbatches)
@@ -45,16 +49,8 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
 
 // The best plan on a proxy of the model (plan/shrink.h), verified here: exit code as verify's.
 int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& common) {
-    namespace fs = std::filesystem;
-    std::string dir = (fs::temp_directory_path() / "ptool-plan-XXXXXX").string();
-    if (!mkdtemp(dir.data())) throw RuntimeError(fmt::format("cannot create a temporary folder {}", dir));
-    struct Remove {
-        std::string d;
-        ~Remove() {
-            std::error_code ec;
-            fs::remove_all(d, ec);
-        }
-    } remove{dir};
+    const TempDir tmp("ptool-plan");  // removed at the end, and on SIGINT, SIGTERM or SIGHUP
+    const std::string& dir = tmp.path();
     const std::string plan_path = a.output.empty() ? dir + "/plan.yaml" : a.output;
     if (a.output.empty()) write_file(plan_path, best.plan_text, true);
     std::string model_text = read_file(a.model, YamlLimits{}.max_bytes);
@@ -76,6 +72,7 @@ int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& comm
 }
 
 int plan(const PlanArgs& a, const Common& common) {
+    FileRoles().input("MODEL", a.model).input("--cluster", a.cluster).output("-o", a.output).output("--json", a.json).check();
     if (!a.output.empty()) check_output(a.output, true);
     if (!a.json.empty()) check_output(a.json, true);
     const Cluster cluster = load_cluster(a.cluster);
@@ -147,13 +144,13 @@ void add_plan_command(CLI::App& app, Common& common, int& exit_code) {
     CLI::App* cmd = app.add_subcommand("plan", "Search data x tensor parallel plans for MODEL on a cluster, fastest that fit first");
     cmd->add_option("MODEL", a->model, "model YAML file")->required();
     cmd->add_option("--cluster", a->cluster, "cluster YAML file (clusters/*.yaml)")->required();
-    cmd->add_option("--world-size", a->world_size, "GPUs to use (default: all the cluster's)")->check(CLI::PositiveNumber);
+    cmd->add_option("--world-size", a->world_size, "GPUs to use (default: all the cluster's)")->transform(whole_number(1, 1 << 20));
     cmd->add_option("--memory-cap", a->memory_cap_gib, "GiB per GPU for tensors (default: the cluster's memory less its reserve)")
-        ->check(CLI::PositiveNumber);
-    cmd->add_option("--top", a->top, "plans to list (default 5)")->check(CLI::PositiveNumber);
+        ->check(finite_number(0, 1 << 20, true));
+    cmd->add_option("--top", a->top, "plans to list (default 5)")->transform(whole_number(1, 1 << 20));
     cmd->add_option("--mixed-precision", a->mixed_precision, "compute dtype (param_dtype) or none (default bfloat16)");
-    cmd->add_option("-o,--output", a->output, "write the best plan as YAML");
-    cmd->add_option("--json", a->json, "write every candidate and rejection as JSON");
+    cmd->add_option("-o,--output", a->output, "write the best plan as YAML")->check(output_path());
+    cmd->add_option("--json", a->json, "write every candidate and rejection as JSON")->check(output_path());
     cmd->add_flag("--verify", a->verify, "verify the best plan here on a proxy of the model (ptool shrink)");
     add_device_options(cmd, common);
     cmd->callback([a, &common, &exit_code] { exit_code = plan(*a, common); });

@@ -2,6 +2,7 @@
 #include "model/checkpoint.h"
 #include "cli/commands.h"
 #include "comm/comm_threads.h"
+#include "core/file_roles.h"
 #include "core/safetensors.h"
 #include "core/yaml_reader.h"
 #include "verify/golden.h"
@@ -15,6 +16,7 @@ struct RunArgs {
 };
 
 void run(const RunArgs& a, const Common& c) {
+    FileRoles().input("MODEL", a.model).input("--init", a.init).input("--data", a.data).output("--dump", a.dump).check();
     if (!a.dump.empty()) check_output(a.dump, true);
     RunInputs in;
     in.model_path = a.model;
@@ -61,11 +63,12 @@ void add_run_command(CLI::App& app, Common& common) {
     cmd->add_option("MODEL", args->model, "model YAML file")->required();
     cmd->add_option("--init", args->init, "initial parameters and buffers (safetensors, PyTorch state_dict names)");
     cmd->add_option("--data", args->data, "batch data (safetensors: input, target, step{k}.input, step{k}.target)");
-    cmd->add_option("--steps", args->steps, "training steps (default: the model's `steps`)")->check(CLI::Range(int64_t{1}, kMaxSteps));
+    cmd->add_option("--steps", args->steps, "training steps (default: the model's `steps`)")->transform(whole_number(1, kMaxSteps));
     cmd->add_option("--dtype", common.dtype, "override the model's dtype: float32, bfloat16, float16, float64");
     add_device_options(cmd, common);
     cmd->add_option("--dump", args->dump,
-                    "write every step's tensors in golden format (init.param.*, step{k}.loss/output/grad.*/param.*)");
+                    "write every step's tensors in golden format (init.param.*, step{k}.loss/output/grad.*/param.*)")
+        ->check(output_path());
     cmd->callback([args, &common] { run(*args, common); });
 }
 

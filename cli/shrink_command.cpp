@@ -1,6 +1,7 @@
 // ptool shrink MODEL PLAN: write a proxy of MODEL that PLAN splits as it splits MODEL, small enough
 // to verify here (plan/shrink.h).
 #include "cli/commands.h"
+#include "core/file_roles.h"
 #include "core/files.h"
 #include "core/yaml_reader.h"
 #include "model/model.h"
@@ -28,8 +29,9 @@ void add_shrink_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("shrink", "Write a small proxy of MODEL that PLAN splits as it splits MODEL (to verify here)");
     cmd->add_option("MODEL", *model, "model YAML file")->required();
     cmd->add_option("PLAN", *plan, "plan YAML file")->required();
-    cmd->add_option("-o,--output", *out, "write the proxy here (default: print it)");
+    cmd->add_option("-o,--output", *out, "write the proxy here (default: print it)")->check(output_path());
     cmd->callback([model, plan, out] {
+        FileRoles().input("MODEL", *model).input("PLAN", *plan).output("-o", *out).check();
         if (!out->empty()) check_output(*out, true);
         const std::string proxy = shrunk_model_checked(*model, *plan);
         if (out->empty()) fmt::print("{}", proxy);

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/verify_output.h"
+#include "core/file_roles.h"
 #include "core/progress.h"
 #include "core/safetensors.h"
 #include "verify/golden_replay.h"
@@ -33,6 +34,42 @@ void print_case(const CaseResult& r, bool three_way, int verbosity) {
     fmt::print("{}: {}\n", r.path, verdict_name(r.verdict));
 }
 
+// `verify MODEL PLAN --golden FILE`: the case's three comparisons (parallel vs reference, reference
+// vs golden, parallel vs golden) as the report's plans, for --json, --junit, --csv and --report.
+VerifyReport case_report(const CaseResult& r) {
+    VerifyReport report;
+    report.dtype = r.dtype;
+    report.plans = r.directions;
+    report.reference_seconds = r.reference_seconds;
+    report.pass = r.verdict == Verdict::pass;
+    return report;
+}
+
+void write_outputs(const VerifyArgs& a, const VerifyReport& report, const std::string& model_path) {
+    if (!a.json.empty()) write_json_report(report, model_path, a.json);
+    if (!a.junit.empty()) write_junit_report(report, model_path, a.junit);
+    if (!a.csv.empty()) write_csv_report(report, a.csv);
+    if (!a.html.empty()) write_html_report(report, model_path, a.html);
+}
+
+// Every file the command reads and writes, by role: an output naming an input or another output
+// is refused before anything runs.
+void check_roles(const VerifyArgs& a, bool replay) {
+    const VerifyCommand& cmd = a.cmd;
+    FileRoles roles;
+    if (replay) {
+        std::vector<std::string> args = {cmd.model};
+        args.insert(args.end(), cmd.plans.begin(), cmd.plans.end());
+        for (const std::string& g : golden_paths(args)) roles.input("the golden file", g);
+    } else {
+        roles.input("MODEL", cmd.model);
+        for (const std::string& p : cmd.plans) roles.input("PLAN", p);
+    }
+    roles.input("--init", cmd.init).input("--data", cmd.data).input("--golden", cmd.golden);
+    roles.output("--json", a.json).output("--junit", a.junit).output("--csv", a.csv).output("--report", a.html);
+    roles.check();
+}
+
 int verify(VerifyArgs& a, const Common& c) {
     VerifyCommand& cmd = a.cmd;
     cmd.dtype = c.dtype;
@@ -43,6 +80,7 @@ int verify(VerifyArgs& a, const Common& c) {
     const bool replay = looks_like_golden_arg(cmd.model);
     if (replay && (!a.csv.empty() || !a.html.empty())) throw InputError("--csv and --report apply to `ptool verify MODEL PLAN...`");
     if (replay && cmd.options.strict) throw InputError("--strict applies to `ptool verify MODEL PLAN...` (golden cases record their plans' lint)");
+    check_roles(a, replay);
     for (const std::string& out : {a.json, a.junit, a.csv, a.html})
         if (!out.empty()) check_output(out, true);  // before the run, not after it
     cmd.device = select_device(c);
@@ -54,10 +92,7 @@ int verify(VerifyArgs& a, const Common& c) {
         [&](const VerifyReport& report) {
             Progress::get().phase("report");
             print_report(report, model_path, c.verbosity);
-            if (!a.json.empty()) write_json_report(report, model_path, a.json);
-            if (!a.junit.empty()) write_junit_report(report, model_path, a.junit);
-            if (!a.csv.empty()) write_csv_report(report, a.csv);
-            if (!a.html.empty()) write_html_report(report, model_path, a.html);
+            write_outputs(a, report, model_path);
         },
         [&](const CaseResult& r) {
             print_case(r, !replay, c.verbosity);
@@ -75,6 +110,7 @@ int verify(VerifyArgs& a, const Common& c) {
         if (!a.junit.empty()) write_junit(cases, a.junit);
         if (!a.json.empty()) write_cases_json(cases, a.json);
     }
+    if (!replay && !cases.empty()) write_outputs(a, case_report(cases.front()), model_path);  // --golden: rank 0
     return code;
 }
 
@@ -89,21 +125,24 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code) {
     cmd->add_option("--init", a->cmd.init, "initial parameters and buffers (safetensors, PyTorch state_dict names)");
     cmd->add_option("--data", a->cmd.data, "batch data (safetensors: input, target, step{k}.input, step{k}.target)");
     cmd->add_option("--steps", a->cmd.options.steps, "training steps (default: the plan's verify.steps, else the model's)")
-        ->check(CLI::Range(int64_t{1}, kMaxSteps));
+        ->transform(whole_number(1, kMaxSteps));
     cmd->add_option("--dtype", common.dtype, "override the model's dtype");
     add_device_options(cmd, common);
     cmd->add_option("--rtol", a->rtol, "relative tolerance (default: the plan's, else torch.testing's for the dtype)")->check(finite_non_negative());
     cmd->add_option("--atol", a->atol, "absolute tolerance")->check(finite_non_negative());
-    cmd->add_option("--json", a->json, "write the results as JSON");
+    cmd->add_option("--json", a->json, "write the results as JSON")->check(output_path());
     cmd->add_option("--golden", a->cmd.golden, "also compare reference and parallel results with this golden file");
-    cmd->add_option("--junit", a->junit, "write JUnit XML: a testcase per plan and per failing tensor (golden files: per case)");
-    cmd->add_option("--report", a->html, "write a self-contained HTML report (heat map of error per module and step, collectives, mesh)");
-    cmd->add_option("--csv", a->csv, "write the per-module, per-step numbers the report's heat map draws, as CSV");
+    cmd->add_option("--junit", a->junit, "write JUnit XML: a testcase per plan and per failing tensor (golden files: per case)")
+        ->check(output_path());
+    cmd->add_option("--report", a->html, "write a self-contained HTML report (heat map of error per module and step, collectives, mesh)")
+        ->check(output_path());
+    cmd->add_option("--csv", a->csv, "write the per-module, per-step numbers the report's heat map draws, as CSV")
+        ->check(output_path());
     cmd->add_flag("--strict", a->cmd.options.strict, "lint warnings (a pattern matching nothing, an empty plan) are failures");
     cmd->add_flag("--update", a->cmd.update, "with golden files: re-record cases whose numbers moved (model and plan unchanged)");
     cmd->add_option("--mesh", a->cmd.mesh, "resize a mesh dim of every plan, e.g. --mesh tp=8 (repeatable)");
     cmd->add_option("--timeout", a->cmd.options.comm.timeout_seconds, "seconds a rank may wait in one collective (default 300)")
-        ->check(CLI::PositiveNumber);
+        ->check(finite_number(0, 1e6, true));
     cmd->add_flag("--no-collective-check", a->no_check, "skip comparing (op, dtype, shape, sequence) across ranks");
     cmd->add_flag("--reference-first", a->reference_first,
                   "run the single-device reference before the ranks, not beside them (one model in memory at a time)");

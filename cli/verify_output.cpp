@@ -52,11 +52,12 @@ void print_table(const PlanReport& p, int verbosity) {
         fmt::print("  {:<{}} {:>9} {:>9} {:>6} {:>9.3f} {:>8}  {}\n", t.name, w, num(t.diff.max_abs), num(t.diff.max_rel),
                    t.diff.max_ulp, std::isinf(t.diff.headroom) ? 1e9 : t.diff.headroom, replica_state_name(t.replicas),
                    !t.diff.shape_ok ? "MISSING/SHAPE" : t.replicas == ReplicaState::ignored ? "ignored"
+                   : !t.pass && t.diff.nonfinite ? fmt::format("NON-FINITE ({} NaN or inf)", t.diff.nonfinite)
                    : !t.pass && t.diff.systematic ? fmt::format("MISMATCH (error {:.1e} of its module's norm: beyond rounding)", t.diff.rel_fro)
                    : !t.pass ? "MISMATCH" : t.diff.by_frobenius ? fmt::format("ok (rel Frobenius {:.1e})", t.diff.rel_fro)
                    : t.diff.by_gradients ? std::string(p.tol.masters ? "ok (gradients agree; the update is the optimizer's on them)"
                                                                      : "ok (gradients agree; AdamW's update amplifies their rounding)")
-                   : t.diff.nonfinite ? fmt::format("ok ({} non-finite, the same on both sides)", t.diff.nonfinite) : "ok");
+                   : "ok");
     }
 }
 

@@ -1,25 +1,36 @@
 #!/usr/bin/env bash
-# Fuzzes the model YAML loader, the plan YAML loader and the safetensors reader with libFuzzer
-# (clang, ASan + UBSan), each for SECONDS (default 60), seeded with the shipped files; and
-# fuzz_model_plan, which generates valid model + plan pairs and runs explain and a one-step verify.
-#   scripts/fuzz.sh [SECONDS]          CI runs it with 60; run longer by hand, e.g. scripts/fuzz.sh 600
+# Fuzzes the model YAML loader, the plan YAML loader, the safetensors reader, `import hf` on a
+# config.json, the cluster file loader and a sharded checkpoint's index with libFuzzer (clang,
+# ASan + UBSan), each for SECONDS (default 60), seeded with the shipped files; and fuzz_model_plan,
+# which generates valid model + plan pairs and runs explain and a one-step verify.
+#   scripts/fuzz.sh [SECONDS] [HARNESS...]   CI runs it with 60; run longer by hand, e.g. scripts/fuzz.sh 600
+#                                            (HARNESS: only those, e.g. fuzz_hf_config)
 # Findings (crash-*, oom-*, timeout-*) land in build-fuzz/findings/ and fail the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
+shift || true
+only=" $* "
 command -v clang++ >/dev/null || { scripts/setup.sh; sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo; $sudo apt-get install -y -qq clang >/dev/null; }
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DPTOOL_FUZZ=ON -DPTOOL_WITH_CUDA=OFF -DBUILD_TESTING=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_model_yaml fuzz_plan_yaml fuzz_safetensors fuzz_model_plan >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_model_yaml fuzz_plan_yaml fuzz_safetensors fuzz_model_plan \
+    fuzz_hf_config fuzz_cluster fuzz_index >/dev/null
 mkdir -p build-fuzz/findings
 status=0
 passes=0
 failures=0
-for h in fuzz_model_yaml:models fuzz_plan_yaml:plans fuzz_safetensors:golden fuzz_model_plan:; do
+for h in fuzz_model_yaml:models fuzz_plan_yaml:plans fuzz_safetensors:golden fuzz_model_plan: fuzz_hf_config:tests/data/hf \
+         fuzz_cluster:clusters fuzz_index:index; do
     name=${h%%:*}
+    [[ "$only" == "  " || "$only" == *" $name "* ]] || continue
     corpus=build-fuzz/corpus/$name
     mkdir -p "$corpus"
-    if [[ -n "${h#*:}" ]]; then cp -n "${h#*:}"/* "$corpus"/ 2>/dev/null || true
+    if [[ "${h#*:}" == index ]]; then  # indexes of the harness's two shards (a.safetensors: w, x; b.safetensors: y)
+        echo '{"metadata": {"total_size": 40}, "weight_map": {"w": "a.safetensors", "x": "a.safetensors", "y": "b.safetensors"}}' >"$corpus/full.json"
+        echo '{"weight_map": {"w": "a.safetensors", "y": "b.safetensors"}}' >"$corpus/part.json"
+        echo '{"weight_map": {"x": "b.safetensors"}}' >"$corpus/wrong.json"
+    elif [[ -n "${h#*:}" ]]; then cp -n "${h#*:}"/* "$corpus"/ 2>/dev/null || true
     else  # the generator reads its choices from the bytes: start from long random inputs, not empty ones
         for i in $(seq 64); do [[ -f "$corpus/seed$i" ]] || head -c 600 /dev/urandom >"$corpus/seed$i"; done
     fi

@@ -4,10 +4,12 @@
     hostile_inputs.py PTOOL ROOT
 
 Every command runs under a timeout; a hang, a signal (exit > 3 or negative) or the wrong exit code
-fails the class. docs/testing.md (Reliability) lists the classes.
+fails the class. docs/testing.md (Reliability) lists the classes; 13-21 are issue 34's third round
+(the newer commands: import hf, plan, shrink, cluster files, sharded --init, the report outputs).
 """
 import json
 import os
+import shutil
 import signal
 import stat
 import struct
@@ -15,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Checks  # noqa: E402
@@ -152,7 +156,7 @@ with tempfile.TemporaryDirectory() as tmp:
     fifo_in = T("in.fifo")
     os.mkfifo(fifo_in)
     expect(2, ["in.fifo", "empty"], "run", fifo_in, timeout=20)
-    expect(2, ["/dev/zero", "reads more than"], "run", "/dev/zero", timeout=20)
+    expect(2, ["/dev/zero", "is a device"], "run", "/dev/zero", timeout=20)
     expect(2, ["is a directory"], "run", tmp)
     expect(2, ["is a directory"], "verify", mlp, root, "--init", tmp)
 
@@ -236,5 +240,244 @@ with tempfile.TemporaryDirectory() as tmp:
     p.send_signal(signal.SIGHUP)
     p.wait(timeout=60)
     check(not any(f.startswith(".hup.safetensors.tmp-") for f in os.listdir(tmp)), "SIGHUP left a temp file")
+
+    # ---- third round (issue 34): the newer commands as hardened as verify ----
+    HF = f"{ROOT}/tests/data/hf"
+    qwen_cfg = f"{HF}/tiny-qwen2.json"
+    cpu = f"{ROOT}/clusters/cpu_local.yaml"
+    stacked = f"{M}/mlp_stacked.yaml"
+
+    def fresh(name, src):
+        shutil.copy(src, T(name))
+        return T(name)
+
+    def unchanged(path, src):
+        return open(path, "rb").read() == open(src, "rb").read()
+
+    # 13. an output that names an input (or another output) is refused before anything runs, by
+    # identity: device and inode after symlinks, whatever the spelling
+    m, p = fresh("in_m.yaml", mlp), fresh("in_p.yaml", root)
+    os.symlink(m, T("in_m_link.yaml"))
+    os.link(p, T("in_p_hard.yaml"))
+    cfg = fresh("in_c.json", qwen_cfg)
+    g = fresh("in_g.safetensors", f"{G}/mlp_root_module.safetensors")
+    cl = fresh("in_cl.yaml", cpu)
+    sm = fresh("in_stacked.yaml", stacked)
+    for args, frags in ((["verify", m, p, "--json", m], ["--json", "MODEL"]),
+                        (["verify", m, p, "--json", T("in_m_link.yaml")], ["--json", "MODEL"]),
+                        (["verify", m, p, "--junit", T("in_p_hard.yaml")], ["--junit", "PLAN"]),
+                        (["verify", m, p, "--csv", p], ["--csv", "PLAN"]),
+                        (["verify", m, p, "--report", m], ["--report", "MODEL"]),
+                        (["verify", m, p, "--json", T("same.out"), "--junit", T("./same.out")], ["--json and --junit name the same file"]),
+                        (["verify", g, "--json", g], ["--json", "golden file"]),
+                        (["shrink", m, p, "-o", p], ["-o", "PLAN"]),
+                        (["import", "hf", cfg, "-o", cfg], ["-o", "CONFIG"]),
+                        (["import", "hf-tp-plan", cfg, "-o", cfg], ["-o", "CONFIG"]),
+                        (["plan", sm, "--cluster", cl, "-o", sm], ["-o", "MODEL"]),
+                        (["plan", sm, "--cluster", cl, "-o", cl], ["-o", "--cluster"]),
+                        (["plan", sm, "--cluster", cl, "-o", T("pl.yaml"), "--json", T("pl.yaml")], ["name the same file"]),
+                        (["explain", m, p, "--json", p], ["--json", "PLAN"]),
+                        (["run", m, "--dump", m], ["--dump", "MODEL"]),
+                        (["golden", "record", m, p, "-o", p, "--force"], ["-o", "PLAN"])):
+        t0 = time.time()
+        expect(2, frags, *args)
+        check(time.time() - t0 < 10, f"{args}: refused before it runs")
+    for path, src in ((m, mlp), (p, root), (cfg, qwen_cfg), (g, f"{G}/mlp_root_module.safetensors"), (cl, cpu), (sm, stacked)):
+        check(unchanged(path, src), f"{path} was replaced by an output")
+    # the backstop: a file found only while running (an index's shard) is not replaced either
+    os.makedirs(T("shards"))
+    init = {k[len("init.param."):]: v for k, v in read_st(f"{G}/mlp_root_module.safetensors")[0].items() if k.startswith("init.param.")}
+    header, blob = read_st(f"{G}/mlp_root_module.safetensors")
+    tensors_file(T("shards/one.safetensors"), {k[len("init.param."):]: ("F32", e["shape"], list(struct.unpack(
+        f"<{(e['data_offsets'][1] - e['data_offsets'][0]) // 4}f", blob[e["data_offsets"][0]:e["data_offsets"][1]])))
+        for k, e in header.items() if k.startswith("init.param.")})
+    json.dump({"weight_map": {k: "one.safetensors" for k in init}}, open(T("shards/index.json"), "w"))
+    shard_before = open(T("shards/one.safetensors"), "rb").read()
+    expect(2, ["read it as an input"], "verify", mlp, root, "--init", T("shards/index.json"), "--json", T("shards/one.safetensors"), "-q")
+    check(open(T("shards/one.safetensors"), "rb").read() == shard_before, "a shard replaced by --json")
+    expect(0, [], "verify", mlp, root, "--json", "/dev/null", "--junit", "/dev/null", "-q")  # a device twice replaces nothing
+
+    # 14. what ptool writes into YAML: every string from an input is emitted quoted and escaped
+    # (or kept to a comment's printable line); each written file parsed back equals what was meant
+    hostile = "bf16\nsteps: 100000\ndtype: float64\r#\u2028clip_grad_norm: 1e-9\n# \"'"
+    ok_cfg = json.load(open(qwen_cfg))
+    json.dump(dict(ok_cfg, torch_dtype="bfloat16"), open(T("clean.json"), "w"))
+    json.dump(dict(ok_cfg, torch_dtype=hostile, _name_or_path="org/-"), open(T("inj.json"), "w"))
+    odd_name = T("odd\nverify: {tolerance: {rtol: 1e6}}\n\u0085x.json")
+    shutil.copy(T("inj.json"), odd_name)
+    expect(0, ["parameters"], "import", "hf", T("clean.json"), "--seq", "8", "-o", T("clean.yaml"))
+    for src in (T("inj.json"), odd_name):
+        expect(0, ["parameters"], "import", "hf", src, "--seq", "8", "-o", T("inj.yaml"))
+        got, want = yaml.safe_load(open(T("inj.yaml"))), yaml.safe_load(open(T("clean.yaml")))
+        check(got.pop("name") == "-", f"_name_or_path 'org/-' is the model's name '-'")  # a string, not a YAML sequence
+        want.pop("name")
+        check(got == want, f"import hf from {src!r}: the written model differs from the clean one\n{open(T('inj.yaml')).read()[:600]}")
+        expect(0, ["PASS"], "verify", T("inj.yaml"), f"{P}/empty_plan.yaml", "-q", "--steps", "1", "--mesh", "tp=2")
+    keys = {"layers.*.self_attn.k_proj\": colwise\n    \"model.layers.*.self_attn.q_proj": "rowwise",
+            "layers.*.mlp.gate_proj": "colwise", "a\u2028b: [x]": "colwise"}
+    json.dump(dict(ok_cfg, base_model_tp_plan=keys), open(T("tp.json"), "w"))
+    expect(0, [], "import", "hf-tp-plan", T("tp.json"), "-o", T("tp.yaml"))
+    plan = yaml.safe_load(open(T("tp.yaml")))["tensor_parallel"]["plan"]
+    want = {"model." + k: v for k, v in keys.items()}
+    check({k: v for k, v in plan.items() if k.startswith("model.layers") or k.startswith("model.a")} == want,
+          f"hf-tp-plan: the plan's entries are not the config's\n{plan}")
+    cl_inj = T("cl_inj.yaml")
+    open(cl_inj, "w").write(open(cpu).read().replace("name: cpu_local", 'name: "x\\nverify: {tolerance: {rtol: 1e6, atol: 1e6}}\\r#"'))
+    model_inj = T("m\nverify: {tolerance: {rtol: 1e6}}\n.yaml")
+    shutil.copy(stacked, model_inj)
+    expect(0, ["wrote"], "plan", stacked, "--cluster", cpu, "-o", T("plan_clean.yaml"))
+    expect(0, ["wrote"], "plan", model_inj, "--cluster", cl_inj, "-o", T("plan_inj.yaml"))
+    check(yaml.safe_load(open(T("plan_inj.yaml"))) == yaml.safe_load(open(T("plan_clean.yaml"))),
+          f"plan -o: a cluster name or file name changed the plan\n{open(T('plan_inj.yaml')).read()}")
+    expect(0, ["wrote"], "shrink", model_inj, T("plan_clean.yaml"), "-o", T("proxy_inj.yaml"))
+    expect(0, ["wrote"], "shrink", stacked, T("plan_clean.yaml"), "-o", T("proxy_clean.yaml"))
+    check(yaml.safe_load(open(T("proxy_inj.yaml"))) == yaml.safe_load(open(T("proxy_clean.yaml"))), "shrink -o: a file name changed the proxy")
+    # a module name with a quote and a newline: the plan's patterns are the model's names
+    odd = write(T("odd_names.yaml"), open(stacked).read().replace("name: layers", 'name: "la\\"y\\ners"'))
+    if check("la" in open(odd).read(), "odd_names.yaml"):
+        rc, out = run("plan", odd, "--cluster", cpu, "-o", T("odd_plan.yaml"))
+        if check(rc == 0, f"plan of a model with a quoted name: exit {rc}\n{out[-600:]}"):
+            written = yaml.safe_load(open(T("odd_plan.yaml")))
+            names = json.dumps(written)
+            check("la\\\"y\\ners" in names and "verify" not in written, f"plan -o: module names not read back as written\n{names}")
+
+    # 15. NaN verdicts: a run that is not finite agrees with nothing, reference and parallel alike
+    nan_model = write(T("nan_model.yaml"), "batch: {input: [4, 8]}\nmodules:\n  - {name: norm, type: layer_norm, dim: 8, eps: -1}\n"
+                      "  - {name: net1, type: linear, in: 8, out: 16}\n  - {name: net2, type: linear, in: 16, out: 8}\n"
+                      "loss: sum\noptimizer: {type: sgd, lr: 0.1}\nsteps: 2\n")
+    nan_plan = write(T("nan_plan.yaml"), "mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n    net1: colwise\n    net2: rowwise\n")
+    for env in (None, {"PTOOL_FAULT": "grad_scale:net1.weight"}, {"PTOOL_FAULT": "skip_grad_all_reduce:net2"}):
+        out = expect(1, ["first non-finite value: step 0 forward `norm` output", "in the reference", "and the parallel run",
+                         "NON-FINITE"], "verify", nan_model, nan_plan, "-q", "--json", T("nan.json"), env=env)
+        check(json.load(open(T("nan.json")))["pass"] is False, f"--json of a NaN run says pass ({env})")
+    expect(0, ["wrote"], "golden", "record", nan_model, nan_plan, "-o", T("nan_case.safetensors"))
+    expect(1, ["FAIL", "non-finite"], "verify", T("nan_case.safetensors"), "-q")  # its own golden: not an agreement either
+    expect(0, ["0 of"], "golden", "diff", T("nan_case.safetensors"), T("nan_case.safetensors"))  # a file is itself
+
+    # 16. import hf reads strict JSON, typed per field, errors at config.json:line:column
+    base = open(qwen_cfg).read()
+    def at(text, needle):  # 1-based line:column of needle's first character
+        i = text.index(needle)
+        return f"{text.count(chr(10), 0, i) + 1}:{i - text.rfind(chr(10), 0, i)}"
+    for name, text, needle, frag in (
+            ("yaml", "model_type: qwen2\nhidden_size: 32\n", "m", "not strict JSON"),
+            ("quotes", base.replace('"model_type": "qwen2"', "'model_type': 'qwen2'"), "'model_type'", "not strict JSON"),
+            ("comma", base.replace('"vocab_size": 96\n}', '"vocab_size": 96,\n}'), "}", "not strict JSON"),
+            ("zeros", base.replace('"vocab_size": 96', '"vocab_size": 096'), "096", "not strict JSON"),
+            ("comment", base.replace('{', '{ // c', 1), "/", "not strict JSON"),
+            ("nan", base.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": NaN'), "NaN", "not strict JSON"),
+            ("dup", base.replace('"vocab_size": 96', '"vocab_size": 96, "vocab_size": 80'), '"vocab_size": 80', "duplicate key"),
+            ("false", base.replace('"tie_word_embeddings": true', '"tie_word_embeddings": "false"'), '"false"', "must be true or false"),
+            ("string", base.replace('"hidden_size": 32', '"hidden_size": "32"'), '"32"', "must be an integer"),
+            ("float", base.replace('"hidden_size": 32', '"hidden_size": 32.0'), '32.0', "must be an integer"),
+            ("eps", base.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": -1'), "-1", "'rms_norm_eps' must be a number in (0"),
+            ("eps0", base.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 0'), "0,", "'rms_norm_eps' must be a number in (0"),
+            ("huge", base.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e400'), "1e400", "must be a finite number"),
+            ("vocab", base.replace('"vocab_size": 96', '"vocab_size": 1099511627776'), "1099511627776", "over ptool's limit"),
+            ("dropout", base.replace('"hidden_act"', '"attention_dropout": 2, "hidden_act"'), "2,", "must be in [0, 1)"),
+            # found by fuzz_hf_config: a head dim of 1 (32 heads of 32), which RoPE cannot rotate, wrote a model that did not load
+            ("odd_head", base.replace('"num_attention_heads": 4', '"num_attention_heads": 32').replace('"num_key_value_heads": 2',
+             '"num_key_value_heads": 32'), '32,\n  "num_hidden_layers"', "RoPE rotates pairs"),
+            ("absent", base.replace('  "num_attention_heads": 4,\n', ""), "{", "'num_attention_heads' is absent"),
+            # found by fuzz_hf_config: nlohmann ends its input at a NUL byte, so what followed one was never read
+            ("nul", base + "\0{\"a\0\": 1}", "\0", "a NUL byte")):
+        path = write(T(f"cfg_{name}.json"), text)
+        expect(2, [f"cfg_{name}.json:{at(text, needle)}:", frag], "import", "hf", path, "--seq", "8", "-o", T("never.yaml"))
+        check(not os.path.exists(T("never.yaml")), f"import of a bad config ({name}) wrote its output")
+    expect(2, [f"cfg_dup.json:{at(open(T('cfg_dup.json')).read(), chr(34) + 'vocab_size' + chr(34) + ': 80')}:"],
+           "import", "hf-tp-plan", T("cfg_dup.json"))
+
+    # 17. numbers are the whole text, finite and in range, for every flag and key that takes one
+    for mesh in ("tp=1e3", "dp=1:tp=4", "tp=2abc", "tp=2.0", "tp=2,dp=8", "tp=0", "tp=", "=2", "tp=99999"):
+        expect(2, ["--mesh"], "verify", mlp, root, "--mesh", mesh, "-q")
+    for cap in ("nan", "inf", "1e300", "-1", "0", "5GiB"):
+        expect(2, ["--memory-cap"], "plan", stacked, "--cluster", cpu, "--memory-cap", cap)
+    for key, bad in (("memory_gib: 5", "memory_gib: 1e300"), ("latency_us: 8", "latency_us: 1e308"), ("memory_gib: 5", "memory_gib: nan"),
+                     ("tflops: {float32: 0.030", "tflops: {float32: inf"), ("nodes: 1", "nodes: 1.5"), ("gpus_per_node: 4", "gpus_per_node: 4x")):
+        c = write(T("c_bad.yaml"), open(cpu).read().replace(key, bad))
+        expect(2, ["c_bad.yaml:"], "plan", stacked, "--cluster", c)
+    for flag in ("--csv", "--json", "--junit", "--report"):
+        expect(2, [flag], "verify", mlp, root, flag, "", "-q")
+    expect(2, ["-o"], "plan", stacked, "--cluster", cpu, "-o", "")
+    for args in (["verify", mlp, root, "--steps", "1e3"], ["verify", mlp, root, "--timeout", "nan"], ["verify", mlp, root, "--timeout", "1e300"],
+                 ["verify", mlp, root, "--rtol", "0x1p3"], ["run", mlp, "--steps", "2.0"], ["import", "hf", qwen_cfg, "--batch", "1e3"],
+                 ["import", "hf-tp-plan", qwen_cfg, "--tp", "2abc"], ["plan", stacked, "--cluster", cpu, "--world-size", "0x4"]):
+        expect(2, [], *args)
+    expect(0, ["10 steps"], "run", mlp, "--steps", "010")  # decimal, not octal
+    for text in ("eps: nan", "eps: inf", "eps: 1e999", "eps: 0x1p-3"):
+        expect(2, ["must be a finite number"], "run", write(T("num.yaml"), open(mlp).read().replace(
+            "{name: relu, type: relu}", f"{{name: ln, type: layer_norm, dim: 16, {text}}}")))
+    expect(2, ["must be an integer"], "run", write(T("num.yaml"), open(mlp).read().replace("in: 10,", "in: 1e1,")))
+    for opt in ("momentum: -1", "weight_decay: -0.5", "lr: inf"):  # torch.optim refuses them too
+        expect(2, [opt.split(":")[0]], "run", write(T("num.yaml"), open(mlp).read().replace("lr: 0.25", f"lr: 0.25, {opt}" if "lr" not in opt else opt)))
+
+    # 18. every read is type-checked and bounded: devices, NUL bytes, a golden's far model_path
+    os.symlink("/dev/zero", T("shards/zero.safetensors"))
+    json.dump({"weight_map": {"net1.weight": "zero.safetensors"}}, open(T("shards/zero.json"), "w"))
+    for args in (["verify", mlp, root, "--init", T("shards/zero.json")], ["verify", mlp, root, "--init", "/dev/zero"],
+                 ["golden", "show", "/dev/zero"], ["run", mlp, "--data", "/dev/urandom"], ["import", "hf", "/dev/zero"],
+                 ["plan", stacked, "--cluster", "/dev/zero"]):
+        t0 = time.time()
+        expect(2, ["is a device"], *args, timeout=20)
+        check(time.time() - t0 < 5, f"{args}: refused at once")
+    json.dump({"weight_map": {"net1.weight": "one.safetensors\u0000.x"}}, open(T("shards/nul.json"), "w"))
+    expect(2, ["nul.json:1:", "no NUL"], "verify", mlp, root, "--init", T("shards/nul.json"), "-q")
+    # found by fuzz_index: a repeated key whose first value differs from its last (was an uncaught exception, exit 3)
+    write(T("shards/dup.json"), '{"meta": {"total:": 40}, "meta": {"total": 40}, "weight_map": {"net1.weight": "one.safetensors"}}')
+    expect(2, ["dup.json:1:26:", 'duplicate key "meta"'], "verify", mlp, root, "--init", T("shards/dup.json"), "-q")
+    far = T("far_model.yaml")
+    with open(far, "wb") as f:
+        f.truncate(20 << 30)  # sparse: 20 GiB that read whole would take 20 GiB of memory
+    g_far = T("far.safetensors")
+    header, blob = read_st(f"{G}/mlp_root_module.safetensors")
+    header["__metadata__"]["model_path"] = far
+    h = json.dumps(header).encode()
+    open(g_far, "wb").write(struct.pack("<Q", len(h)) + h + blob)
+    if os.environ.get("PTOOL_SANITIZER") == "address":
+        print("skipped under AddressSanitizer: a memory limit (ulimit -v)")
+    else:
+        r = subprocess.run(["bash", "-c", f"ulimit -v 3000000; exec {PTOOL} verify {g_far} -q"], capture_output=True, text=True, timeout=120)
+        check(r.returncode == 1 and "STALE" in r.stdout + r.stderr, f"a golden whose model_path is a 20 GiB file: exit {r.returncode}\n{r.stderr[-500:]}")
+
+    # 19. cost near-linear in size: explain of 16,000 layers (0.7 s at 1,000 layers; it took 300 s)
+    deep = write(T("deep.yaml"), "batch: {input: [4, 8]}\nmodules:\n" + "".join(
+        f"  - {{name: l{i}, type: linear, in: 8, out: 8}}\n" for i in range(16000)) + "loss: sum\noptimizer: {type: sgd}\nsteps: 1\n")
+    deep_plan = write(T("deep_plan.yaml"), 'mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n    "l*[02468]": colwise\n'
+                      '    "l*[13579]": rowwise\n')
+    t0 = time.time()
+    expect(0, ["l15999"], "explain", deep, deep_plan, timeout=120)
+    check(time.time() - t0 < 60, f"explain of 16,000 layers took {time.time() - t0:.0f} s")
+
+    # 20. a signal leaves no temporary: plan --verify's folder, on SIGTERM, SIGINT and SIGHUP
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        tdir = T(f"tmpdir_{sig}")
+        os.makedirs(tdir)
+        proc = subprocess.Popen([PTOOL, "plan", stacked, "--cluster", cpu, "--verify"], env=dict(os.environ, TMPDIR=tdir),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(1000):  # until the folder exists
+            if os.listdir(tdir) or proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        made = bool(os.listdir(tdir))
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        check(made and not os.listdir(tdir), f"{signal.Signals(sig).name} during plan --verify left {os.listdir(tdir)} (made: {made})")
+
+    # 21. bugs found on the way: --golden writes its outputs; an hf_gpt2 model's golden replays
+    outs = {"--json": T("g3.json"), "--junit": T("g3.xml"), "--csv": T("g3.csv"), "--report": T("g3.html")}
+    expect(0, ["PASS"], "verify", mlp, root, "--golden", f"{G}/mlp_root_module.safetensors", "-q",
+           *[x for kv in outs.items() for x in kv])
+    for flag, path in outs.items():
+        check(os.path.exists(path) and os.path.getsize(path) > 0, f"verify --golden {flag}: nothing written")
+    if os.path.exists(outs["--json"]):
+        doc = json.load(open(outs["--json"]))
+        check(doc["pass"] is True and [p["plan"] for p in doc["plans"]] == ["parallel vs reference", "reference vs golden", "parallel vs golden"],
+              f"--golden --json: the three comparisons\n{json.dumps(doc)[:400]}")
+    gpt2_plan = write(T("gpt2_tp.yaml"), "mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n"
+                      '    "transformer.h.*.attn.[qkv]_proj": colwise\n    "transformer.h.*.attn.o_proj": rowwise\n'
+                      '    "transformer.h.*.mlp.c_fc": colwise\n    "transformer.h.*.mlp.c_proj": rowwise\n')
+    expect(0, ["wrote"], "golden", "record", f"{M}/hf_tiny_gpt2.yaml", gpt2_plan, "-o", T("gpt2.safetensors"))
+    expect(0, ["1 passed"], "verify", T("gpt2.safetensors"), "-q")
+    expect(0, ["PASS"], "verify", f"{M}/hf_tiny_gpt2.yaml", gpt2_plan, "--golden", T("gpt2.safetensors"), "-q")
 
 check.finish()

@@ -68,6 +68,14 @@ if __name__ == "__main__":
             d = doc["plans"][0]["divergence"]
             check(d is not None and d["at"] == {"step": 0, "kind": "forward", "fqn": "net1"},
                   f"structured divergence: {d}")
+        # verify --golden: the case's three comparisons are the document's plans
+        out = os.path.join(tmp, "three_way.json")
+        p = subprocess.run([PTOOL, "verify", f"{ROOT}/models/mlp.yaml", f"{ROOT}/plans/mlp_root_module.yaml", "-q", "--golden",
+                            f"{ROOT}/golden/mlp_root_module.safetensors", "--json", out], capture_output=True, text=True, timeout=300)
+        if check(p.returncode == 0 and os.path.exists(out), f"verify --golden --json: exit {p.returncode}\n{p.stdout}{p.stderr}"):
+            doc = json.load(open(out))
+            check(validate(doc, "verify") is None, f"verify --golden: {validate(doc, 'verify')}")
+            check(len(doc["plans"]) == 3, f"verify --golden: {len(doc['plans'])} plans")
         # the validator refuses what it should
         if "verify" in docs:
             for what, mutate in [

@@ -35,7 +35,7 @@ TEST_CASE("typed reads name the key and the expected type", "[cpu]") {
     YamlMap m(root, "x");
     require_input_error([&] { m.at("n").as_int("'n'"); }, {"f.yaml:1:4", "'n' must be an integer, got 'abc'"});
     require_input_error([&] { m.at("shape").as_shape("'shape'"); }, {"f.yaml:2:", "must be positive"});
-    require_input_error([&] { m.at("f").as_double("'f'"); }, {"must be a number"});
+    require_input_error([&] { m.at("f").as_double("'f'"); }, {"'f' must be a finite number, got '1.5x'"});
     require_input_error([&] { m.at("b").as_bool("'b'"); }, {"true or false"});
     require_input_error([&] { m.at("missing"); }, {"missing the key 'missing'"});
 }

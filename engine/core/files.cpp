@@ -10,9 +10,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "core/error.h"
+#include "core/temp_paths.h"
 
 namespace ptool {
 namespace fs = std::filesystem;
@@ -27,34 +30,15 @@ namespace {
     refuse(path, err == ENOENT ? std::string("no such file") : fmt::format("cannot open the file {}: {}", what, std::strerror(err)));
 }
 
-// The temporary file being written, removed if SIGINT, SIGTERM or SIGHUP arrives meanwhile.
-char g_pending_tmp[4096];
-volatile sig_atomic_t g_pending = 0;
+// The regular files read_file has read, by identity (device, inode): write_file does not replace
+// them (an output that names an input, whatever its spelling) unless released (golden --update).
+std::mutex g_read_mutex;
+std::set<std::pair<dev_t, ino_t>> g_read;
 
-void remove_pending_and_reraise(int sig) {
-    if (g_pending) unlink(g_pending_tmp);  // async-signal-safe
-    signal(sig, SIG_DFL);
-    raise(sig);
+void refuse_nul(const std::string& path) {
+    if (path.find('\0') != std::string::npos)
+        throw InputError(fmt::format("a file name with a NUL byte ('{}'): no file has one", path.substr(0, path.find('\0'))));
 }
-
-void track_tmp(const std::string& path) {
-    static const bool installed = [] {
-        for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
-            struct sigaction sa {};
-            sa.sa_handler = remove_pending_and_reraise;
-            sigaction(sig, &sa, nullptr);
-        }
-        return true;
-    }();
-    (void)installed;
-    g_pending = 0;
-    if (path.size() < sizeof g_pending_tmp) {
-        std::memcpy(g_pending_tmp, path.c_str(), path.size() + 1);
-        g_pending = 1;
-    }
-}
-
-void untrack_tmp() { g_pending = 0; }
 
 void write_all(int fd, const std::string& bytes, const std::string& path) {
     size_t done = 0;
@@ -102,10 +86,16 @@ void write_atomic(const std::string& path, const std::string& bytes) {
     const int fd = mkstemp(buf.data());
     if (fd < 0) open_failed(path, errno, "(its temporary file)");
     const std::string tmp(buf.data());
-    track_tmp(tmp);
+    int slot = -1;
+    try {
+        slot = track_temp(tmp);  // removed if a signal ends the process before the rename
+    } catch (...) {
+        ::close(fd), ::unlink(tmp.c_str());
+        throw;
+    }
     auto fail = [&](const std::string& message) {
         ::unlink(tmp.c_str());
-        untrack_tmp();
+        untrack_temp(slot);
         throw RuntimeError(message);
     };
     try {
@@ -117,23 +107,32 @@ void write_atomic(const std::string& path, const std::string& bytes) {
     if (::fsync(fd) != 0 || ::close(fd) != 0) fail(fmt::format("{}: flush failed: {}", path, std::strerror(errno)));
     ::chmod(tmp.c_str(), 0644);
     if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(fmt::format("{}: rename failed: {}", path, std::strerror(errno)));
-    untrack_tmp();
+    untrack_temp(slot);
 }
 
 }  // namespace
 
-std::string read_file(const std::string& path, size_t max_bytes) {
+std::string read_file(const std::string& path, size_t max_bytes, size_t max_stream_bytes) {
+    refuse_nul(path);
     const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) open_failed(path, errno, "");
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode) || S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode)) {
         ::close(fd);
-        refuse(path, S_ISDIR(st.st_mode) ? "is a directory, not a file" : "cannot read the file");
+        refuse(path, S_ISDIR(st.st_mode)                         ? "is a directory, not a file"
+                     : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "is a device, not a file (ptool reads files and pipes)"
+                     : S_ISSOCK(st.st_mode)                       ? "is a socket, not a file"
+                                                                  : "cannot read the file");
     }
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // a FIFO with no writer has read as empty
     if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes) {
         ::close(fd);
         throw InputError(SourceLocation{path, 1, 1}, fmt::format("file is {} bytes, over the limit of {}", st.st_size, max_bytes));
+    }
+    if (!S_ISREG(st.st_mode)) max_bytes = std::min(max_bytes, max_stream_bytes);  // a pipe says nothing of its size
+    else {
+        std::lock_guard lock(g_read_mutex);
+        g_read.emplace(st.st_dev, st.st_ino);
     }
     std::string out;
     char chunk[1 << 16];
@@ -157,6 +156,8 @@ std::string read_file(const std::string& path, size_t max_bytes) {
 }
 
 void check_output(const std::string& path, bool overwrite) {
+    refuse_nul(path);
+    if (path.empty()) throw InputError("an empty file name: name a file to write");
     struct stat st {};
     if (::stat(path.c_str(), &st) == 0) {  // follows a symlink to what would be written
         if (S_ISDIR(st.st_mode)) refuse(path, "is a directory: name a file to write");
@@ -171,7 +172,15 @@ void check_output(const std::string& path, bool overwrite) {
     if (::access(dir.c_str(), W_OK) != 0) refuse(path, fmt::format("the folder '{}' is not writable", dir.string()));
 }
 
+void release_input(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return;
+    std::lock_guard lock(g_read_mutex);
+    g_read.erase({st.st_dev, st.st_ino});
+}
+
 void write_file(const std::string& path, const std::string& bytes, bool overwrite) {
+    refuse_nul(path);
     std::string at = path;
     struct stat st {};
     for (int hops = 0; ::lstat(at.c_str(), &st) == 0 && S_ISLNK(st.st_mode); ++hops) {  // write the target, keep the link
@@ -186,6 +195,11 @@ void write_file(const std::string& path, const std::string& bytes, bool overwrit
         return write_through(path, bytes);
     }
     check_output(path, overwrite);
+    if (::stat(path.c_str(), &st) == 0) {
+        std::lock_guard lock(g_read_mutex);
+        if (g_read.count({st.st_dev, st.st_ino}))
+            refuse(path, "this command read it as an input: writing would replace it (name another file)");
+    }
     write_atomic(path, bytes);
 }
 

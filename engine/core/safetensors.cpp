@@ -19,7 +19,9 @@ namespace ptool {
 namespace {
 
 constexpr uint64_t kMaxHeader = 100u << 20;      // as the reference implementation
-constexpr uint64_t kMaxFileBytes = uint64_t{1} << 40;  // 1 TiB: what a stream may send before it is refused
+constexpr uint64_t kMaxFileBytes = uint64_t{1} << 40;  // 1 TiB: a regular file's size is checked before it is read
+// A pipe has no size to check: it is refused once it sends more than this (save a larger one to a file)
+constexpr uint64_t kMaxStreamBytes = uint64_t{1} << 30;
 
 [[noreturn]] void bad(const std::string& file, const std::string& msg) {
     throw InputError(SourceLocation{file, 0, 0}, msg);
@@ -110,7 +112,7 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
     return out;
 }
 
-TensorFile read_safetensors(const std::string& path) { return parse_safetensors(read_file(path, kMaxFileBytes), path); }
+TensorFile read_safetensors(const std::string& path) { return parse_safetensors(read_file(path, kMaxFileBytes, kMaxStreamBytes), path); }
 
 std::string serialize_safetensors(const TensorFile& file) {
     nlohmann::ordered_json header = nlohmann::ordered_json::object();

@@ -19,6 +19,9 @@ namespace ptool {
 struct TensorFile {
     std::vector<std::pair<std::string, Tensor>> tensors;  // in header order
     std::map<std::string, std::string> metadata;
+    // The tensors already carry a model's own state_dict names and shapes (a golden's init.*), so a
+    // model's checkpoint_format does not convert them again (model/checkpoint.h). Not in the file.
+    bool state_dict_layout = false;
 
     const Tensor* find(const std::string& name) const;
     void add(std::string name, Tensor t) { tensors.emplace_back(std::move(name), std::move(t)); }

@@ -6,6 +6,8 @@
 
 #include <yaml-cpp/eventhandler.h>
 
+#include "core/numbers.h"
+
 namespace ptool {
 namespace {
 
@@ -169,15 +171,9 @@ std::string YamlNode::as_string(const std::string& what) const {
 int64_t YamlNode::as_int(const std::string& what) const {
     if (!node_.IsScalar()) fail(fmt::format("{} must be an integer", what));
     const std::string& s = node_.Scalar();
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-        v = std::stoll(s, &used, 10);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used != s.size() || s.empty()) fail(fmt::format("{} must be an integer, got '{}'", what, s));
-    return v;
+    const auto v = parse_whole_int(s);  // the whole scalar: "2abc", "2.0" and "1e3" are not integers
+    if (!v) fail(fmt::format("{} must be an integer, got '{}'", what, s));
+    return *v;
 }
 
 int64_t YamlNode::as_positive_int(const std::string& what) const {
@@ -190,15 +186,9 @@ int64_t YamlNode::as_positive_int(const std::string& what) const {
 double YamlNode::as_double(const std::string& what) const {
     if (!node_.IsScalar()) fail(fmt::format("{} must be a number", what));
     const std::string& s = node_.Scalar();
-    size_t used = 0;
-    double v = 0;
-    try {
-        v = std::stod(s, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used != s.size() || s.empty()) fail(fmt::format("{} must be a number, got '{}'", what, s));
-    return v;
+    const auto v = parse_finite(s);  // the whole scalar, finite: no nan, inf, hex or 1e999
+    if (!v) fail(fmt::format("{} must be a finite number, got '{}'", what, s));
+    return *v;
 }
 
 bool YamlNode::as_bool(const std::string& what) const {

@@ -1,51 +1,58 @@
-// A Hugging Face config.json, read once with positions (JSON is YAML's flow style: the strict
-// YAML reader gives every refusal its file:line:column), with HF's defaults for absent fields.
-// Shared by the model and the tp-plan importers (import/hf_model.cpp, import/hf_tp_plan.cpp).
+// A Hugging Face config.json, read once as strict JSON with positions (core/json_reader.h: a
+// single quote, a trailing comma, a leading zero, a YAML config are refused at their place), each
+// field typed as transformers' config class types it (an integer is a JSON integer, a flag true or
+// false, a string a string: "false" is not false, "32" is not 32), with HF's defaults for absent
+// fields. Every refusal is at config.json:line:column. Shared by the model and the tp-plan
+// importers (import/hf_model.cpp, import/hf_tp_plan.cpp).
 #pragma once
 
 #include <string>
 
-#include "core/yaml_reader.h"
+#include "core/json_reader.h"
 
 namespace ptool {
 
 class HfConfig {
 public:
-    explicit HfConfig(const std::string& path) : root_(load_yaml_text(read_file(path, 1 << 20), path)), map_(root_, "the config") {
-        if (!root_.is_map()) root_.fail("a Hugging Face config.json is a JSON object");
+    HfConfig(const std::string& text, const std::string& name) : root_(load_json_text(text, name)) {
+        if (!root_.is_object()) root_.fail(fmt::format("a Hugging Face config.json is a JSON object, got {}", root_.type_name()));
     }
-    const YamlNode& root() const { return root_; }
-    bool set(const std::string& key) {  // present and not null
-        auto n = map_.get(key);
+    const JsonNode& root() const { return root_; }
+    bool set(const std::string& key) const {  // present and not null
+        auto n = root_.get(key);
         return n && !n->is_null();
     }
-    bool present(const std::string& key) { return map_.has(key); }
-    YamlNode at(const std::string& key) { return map_.at(key); }
-    int64_t pos(const std::string& key, int64_t fallback) {
-        return set(key) ? map_.at(key).as_positive_int(fmt::format("'{}'", key)) : fallback;
+    bool present(const std::string& key) const { return root_.get(key).has_value(); }
+    JsonNode at(const std::string& key) const { return root_.at(key); }
+    int64_t pos(const std::string& key, int64_t fallback) const {
+        return set(key) ? at(key).as_positive_int(fmt::format("'{}'", key)) : fallback;
     }
-    double num(const std::string& key, double fallback) { return set(key) ? map_.at(key).as_double(fmt::format("'{}'", key)) : fallback; }
-    bool flag(const std::string& key, bool fallback) { return set(key) ? map_.at(key).as_bool(fmt::format("'{}'", key)) : fallback; }
-    std::string str(const std::string& key, const std::string& fallback) {
-        return set(key) ? map_.at(key).as_string(fmt::format("'{}'", key)) : fallback;
+    double num(const std::string& key, double fallback) const { return set(key) ? at(key).as_number(fmt::format("'{}'", key)) : fallback; }
+    bool flag(const std::string& key, bool fallback) const { return set(key) ? at(key).as_bool(fmt::format("'{}'", key)) : fallback; }
+    std::string str(const std::string& key, const std::string& fallback) const {
+        return set(key) ? at(key).as_string(fmt::format("'{}'", key)) : fallback;
     }
-    // Fails at the key when it is present (and not null, false or 0): a feature ptool does not model.
-    void refuse_if_set(const std::string& key, const std::string& why) {
+    // Fails at the key's value, or at the object when the key is absent (its default is what fails).
+    [[noreturn]] void fail_at(const std::string& key, const std::string& message) const {
+        if (auto n = root_.get(key)) n->fail(message);
+        root_.fail(fmt::format("{} ('{}' is absent: the config class's default)", message, key));
+    }
+    // Fails at the key when it is present and not null, false or 0: a feature ptool does not model.
+    void refuse_if_set(const std::string& key, const std::string& why) const {
         if (!set(key)) return;
-        const YamlNode n = map_.at(key);
-        if (n.is_scalar() && (n.raw().Scalar() == "false" || n.raw().Scalar() == "0")) return;
+        const JsonNode n = at(key);
+        if ((n.value().is_boolean() && !n.value().get<bool>()) || (n.value().is_number() && n.value().get<double>() == 0)) return;
         n.fail(fmt::format("'{}' is set: {}", key, why));
     }
 
 private:
-    YamlNode root_;
-    YamlMap map_;
+    JsonNode root_;
 };
 
 // The config's model_type when ptool imports it; else exit 2 at the field.
-std::string hf_model_type(HfConfig& c);
+std::string hf_model_type(const HfConfig& c);
 // tie_word_embeddings, with the config class's default (PretrainedConfig's true for GPT-2; Llama,
 // Mistral and Qwen2's own classes say false).
-bool hf_tied_head(HfConfig& c, const std::string& type);
+bool hf_tied_head(const HfConfig& c, const std::string& type);
 
 }  // namespace ptool

@@ -5,6 +5,8 @@
 // transformer.h.0.ln_1.weight for GPT-2), so `--init` takes the model's safetensors checkpoint and
 // the parameter count is HF's. Fields that change the computation and that ptool does not model
 // (sliding windows, MoE, rope_scaling, a head_dim other than hidden/heads) are exit 2 at the field.
+// The config is strict JSON with typed fields (import/hf_config.h); what it says reaches the YAML
+// only as numbers, table entries or emitter-quoted strings (core/yaml_writer.h).
 //
 // import_hf_tp_plan: the family's transformers `base_model_tp_plan` (or the config's own) and the
 // causal-LM head's `_tp_plan`, as a plan YAML; an entry ptool has no style for is exit 2 with why.
@@ -28,5 +30,8 @@ struct HfImport {
 
 HfImport import_hf_model(const std::string& config_path, const HfImportOptions& opt);
 HfImport import_hf_tp_plan(const std::string& config_path, const HfImportOptions& opt);
+// The same from the config's text (`name` for the messages): the fuzzers' entry.
+HfImport import_hf_model_text(const std::string& text, const std::string& name, const HfImportOptions& opt);
+HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name, const HfImportOptions& opt);
 
 }  // namespace ptool

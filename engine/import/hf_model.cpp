@@ -1,6 +1,8 @@
 // `ptool import hf CONFIG.json`: a Hugging Face config of the llama, mistral, qwen2 or gpt2 family
-// as a model YAML with HF's module names. The config is read with the YAML reader (JSON is YAML's
-// flow style), so every refusal points at its field: file:line:column.
+// as a model YAML with HF's module names. The config is read as strict JSON with typed fields
+// (import/hf_config.h), so every refusal points at its field: config.json:line:column. What the
+// config says goes into the YAML as numbers ptool formats, names from fixed tables, or strings
+// through the YAML emitter (core/yaml_writer.h): no field can add a key to the file.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -8,6 +10,7 @@
 #include <map>
 
 #include "core/yaml_reader.h"
+#include "core/yaml_writer.h"
 #include "import/hf_config.h"
 #include "import/hf_import.h"
 
@@ -21,7 +24,7 @@ std::string yaml_number(double v) {
 }
 
 // The model's name: the last part of _name_or_path (Qwen/Qwen2-0.5B -> Qwen2-0.5B), else the type.
-std::string model_name(HfConfig& c, const std::string& type) {
+std::string model_name(const HfConfig& c, const std::string& type) {
     std::string n = c.str("_name_or_path", "");
     while (!n.empty() && n.back() == '/') n.pop_back();
     if (auto slash = n.rfind('/'); slash != std::string::npos) n = n.substr(slash + 1);
@@ -34,7 +37,7 @@ std::string model_name(HfConfig& c, const std::string& type) {
 struct Act {
     std::string gated, module;
 };
-Act activation(HfConfig& c, const std::string& key, const std::string& fallback) {
+Act activation(const HfConfig& c, const std::string& key, const std::string& fallback) {
     const std::string a = c.str(key, fallback);
     static const std::map<std::string, Act> known = {
         {"silu", {"silu", "{type: silu}"}},   {"swish", {"silu", "{type: silu}"}},
@@ -46,31 +49,59 @@ Act activation(HfConfig& c, const std::string& key, const std::string& fallback)
     if (it == known.end()) {
         std::vector<std::string> names;
         for (const auto& [n, x] : known) names.push_back(n);
-        c.at(key).fail(fmt::format("activation '{}' is not one ptool computes{}", a, did_you_mean(a, names)));
+        c.fail_at(key, fmt::format("activation '{}' is not one ptool computes{}", a, did_you_mean(a, names)));
     }
     return it->second;
 }
 
 // HF's rope_scaling as the attention's (", rope_scaling: {...}"), "" for none; the types ptool
 // does not compute are refused at the field.
-std::string rope_scaling(HfConfig& c) {
+std::string rope_scaling(const HfConfig& c) {
     if (!c.set("rope_scaling")) return "";
-    const YamlNode node = c.at("rope_scaling");
-    YamlMap m(node, "'rope_scaling'");
-    const std::string type = m.has("rope_type") ? m.at("rope_type").as_string("'rope_type'") : m.at("type").as_string("'type'");
+    const JsonNode node = c.at("rope_scaling");
+    if (!node.is_object()) node.fail(fmt::format("'rope_scaling' must be an object, got {}", node.type_name()));
+    const auto type_node = node.get("rope_type") ? node.get("rope_type") : node.get("type");
+    if (!type_node) node.fail("'rope_scaling' has no 'rope_type' (or 'type')");
+    const std::string type = type_node->as_string("rope_scaling's 'rope_type'");
     if (type == "default") return "";
     if (type != "linear" && type != "llama3")
         node.fail(fmt::format("rope_scaling type '{}' is not modelled (ptool computes linear and llama3)", type));
     auto num = [&](const char* key) {
-        const double v = m.at(key).as_double(fmt::format("rope_scaling '{}'", key));
-        if (!(v > 0) || !std::isfinite(v)) m.at(key).fail(fmt::format("rope_scaling '{}' must be a finite number > 0", key));
-        return yaml_number(v);
+        const JsonNode n = node.at(key);
+        const double v = n.as_number(fmt::format("rope_scaling '{}'", key));
+        if (!(v > 0) || v > 1e12) n.fail(fmt::format("rope_scaling '{}' must be a number in (0, 1e12]", key));
+        return v;
     };
-    std::string out = fmt::format(", rope_scaling: {{type: {}, factor: {}", type, num("factor"));
-    if (type == "llama3")
-        out += fmt::format(", low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}", num("low_freq_factor"),
-                           num("high_freq_factor"), num("original_max_position_embeddings"));
+    std::string out = fmt::format(", rope_scaling: {{type: {}, factor: {}", type, yaml_number(num("factor")));
+    if (type == "llama3") {
+        const double low = num("low_freq_factor"), high = num("high_freq_factor");
+        if (!(high > low)) node.at("high_freq_factor").fail("rope_scaling 'high_freq_factor' must be above 'low_freq_factor'");
+        out += fmt::format(", low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}", yaml_number(low),
+                           yaml_number(high), yaml_number(num("original_max_position_embeddings")));
+    }
     return out + "}";
+}
+
+// A positive size, at most `max` (what any published model stays well under): the products the
+// model's YAML implies then fit, and a size that would not is refused here, at its field.
+int64_t size_field(const HfConfig& c, const std::string& key, int64_t fallback, int64_t max) {
+    const int64_t v = c.pos(key, fallback);
+    if (v > max) c.fail_at(key, fmt::format("'{}' {} is over ptool's limit of {}", key, v, max));
+    return v;
+}
+
+// An epsilon or theta: a finite number > 0 (a norm with eps <= 0 divides by zero or takes the root
+// of a negative number: NaN from the first step).
+double positive_field(const HfConfig& c, const std::string& key, double fallback) {
+    const double v = c.num(key, fallback);
+    if (!(v > 0) || v > 1e30) c.fail_at(key, fmt::format("'{}' must be a number in (0, 1e30], got {}", key, v));
+    return v;
+}
+
+double dropout_field(const HfConfig& c, const std::string& key, double fallback) {
+    const double p = c.num(key, fallback);
+    if (!(p >= 0 && p < 1)) c.fail_at(key, fmt::format("'{}' must be in [0, 1), got {}", key, p));
+    return p;
 }
 
 struct Shape2 {
@@ -78,8 +109,17 @@ struct Shape2 {
 };
 
 Shape2 batch_shape(const HfImportOptions& opt, int64_t max_positions) {
-    return {opt.batch, opt.seq > 0 ? opt.seq : std::min<int64_t>(max_positions, 2048)};
+    const Shape2 b{opt.batch, opt.seq > 0 ? opt.seq : std::min<int64_t>(max_positions, 2048)};
+    if (b.batch > (int64_t{1} << 40) / b.seq)
+        throw InputError(fmt::format("--batch {} --seq {}: {} tokens per step is over ptool's limit of 2^40", b.batch, b.seq,
+                                     static_cast<double>(b.batch) * static_cast<double>(b.seq)));
+    return b;
 }
+
+// Sizes of any published model stay well under these; the model's parameter count then fits in
+// int64 whatever the combination (4096 layers of (4 d^2 + 3 d i) + 2 v d < 2^62).
+constexpr int64_t kMaxHidden = int64_t{1} << 20, kMaxIntermediate = int64_t{1} << 22, kMaxVocab = int64_t{1} << 26,
+                  kMaxPositions = int64_t{1} << 30;
 
 // RoPE decoder families: what differs between llama, mistral and qwen2 (their config classes'
 // defaults and the attention's biases).
@@ -91,19 +131,25 @@ struct DecoderFamily {
     int64_t sliding_window_default;  // 0: none
 };
 
-HfImport decoder(HfConfig& c, const std::string& type, const DecoderFamily& f, const HfImportOptions& opt) {
+HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily& f, const HfImportOptions& opt) {
     HfImport out;
-    const int64_t vocab = c.pos("vocab_size", f.vocab), d = c.pos("hidden_size", f.hidden),
-                  inter = c.pos("intermediate_size", f.intermediate), layers = c.pos("num_hidden_layers", f.layers),
-                  heads = c.pos("num_attention_heads", f.heads),
+    const int64_t vocab = size_field(c, "vocab_size", f.vocab, kMaxVocab), d = size_field(c, "hidden_size", f.hidden, kMaxHidden),
+                  inter = size_field(c, "intermediate_size", f.intermediate, kMaxIntermediate),
+                  layers = c.pos("num_hidden_layers", f.layers), heads = c.pos("num_attention_heads", f.heads),
                   kv = c.pos("num_key_value_heads", f.kv_heads ? f.kv_heads : heads),
-                  max_pos = c.pos("max_position_embeddings", f.max_positions);
-    if (layers > 4096) c.at("num_hidden_layers").fail(fmt::format("num_hidden_layers {} is over ptool's 4096 (repeat)", layers));
-    const double eps = c.num("rms_norm_eps", 1e-6), theta = c.num("rope_theta", f.rope_theta);
-    if (d % heads) c.at("num_attention_heads").fail(fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", d, heads));
-    if (heads % kv) c.at("num_key_value_heads").fail(fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", heads, kv));
+                  max_pos = size_field(c, "max_position_embeddings", f.max_positions, kMaxPositions);
+    if (layers > 4096)
+        c.fail_at("num_hidden_layers", fmt::format("num_hidden_layers {} is over ptool's 4096 (repeat)", layers));
+    const double eps = positive_field(c, "rms_norm_eps", 1e-6), theta = positive_field(c, "rope_theta", f.rope_theta);
+    if (d % heads)
+        c.fail_at("num_attention_heads", fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", d, heads));
+    if (heads % kv)
+        c.fail_at("num_key_value_heads", fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", heads, kv));
+    if ((d / heads) % 2)  // found by fuzz_hf_config: the written model did not load
+        c.fail_at("num_attention_heads",
+                  fmt::format("the head dim hidden_size / num_attention_heads = {} is odd: RoPE rotates pairs", d / heads));
     if (c.set("head_dim") && c.pos("head_dim", 0) != d / heads)
-        c.at("head_dim").fail(fmt::format("head_dim {} differs from hidden_size / num_attention_heads = {}: ptool's attention "
+        c.fail_at("head_dim", fmt::format("head_dim {} differs from hidden_size / num_attention_heads = {}: ptool's attention "
                                           "has heads of hidden/heads",
                                           c.pos("head_dim", 0), d / heads));
     const Shape2 b = batch_shape(opt, max_pos);
@@ -111,36 +157,35 @@ HfImport decoder(HfConfig& c, const std::string& type, const DecoderFamily& f, c
     const std::string scaling = rope_scaling(c);
     for (const char* moe : {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"})
         c.refuse_if_set(moe, "mixture-of-experts layers are not modelled");
-    if (c.pos("pretraining_tp", 1) != 1) c.at("pretraining_tp").fail("'pretraining_tp' > 1 (sliced projections) is not modelled");
+    if (c.pos("pretraining_tp", 1) != 1) c.fail_at("pretraining_tp", "'pretraining_tp' > 1 (sliced projections) is not modelled");
     const bool sliding = type == "qwen2" ? c.flag("use_sliding_window", false) : true;
     // absent: the config class's default; null: none
     const int64_t window = c.present("sliding_window") ? c.pos("sliding_window", 0) : f.sliding_window_default;
     if (sliding && window > 0 && window < b.seq) {
         const std::string key = c.set("sliding_window") ? "sliding_window" : "model_type";
-        c.at(key).fail(fmt::format("sliding-window attention (window {}) over sequences of {} is not modelled; a window of "
+        c.fail_at(key, fmt::format("sliding-window attention (window {}) over sequences of {} is not modelled; a window of "
                                    "at least the sequence is plain causal attention (--seq {})",
                                    window, b.seq, window));
     }
-    if (c.num("attention_dropout", 0.0) > 0)
-        out.warnings.push_back(fmt::format("attention_dropout {} is not modelled (the attention probabilities are not dropped)",
-                                           c.num("attention_dropout", 0.0)));
+    if (const double p = dropout_field(c, "attention_dropout", 0.0); p > 0)
+        out.warnings.push_back(fmt::format("attention_dropout {} is not modelled (the attention probabilities are not dropped)", p));
     const Act act = activation(c, "hidden_act", "silu");
-    if (act.gated.empty()) c.at("hidden_act").fail("the gated MLP computes silu, relu, gelu or tanh");
+    if (act.gated.empty()) c.fail_at("hidden_act", "the gated MLP computes silu, relu, gelu or tanh");
     const bool bias = c.flag("attention_bias", false), mlp_bias = c.flag("mlp_bias", false);
     const bool qkv_bias = f.qkv_bias_fixed || bias, o_bias = !f.qkv_bias_fixed && bias;
     const bool tied = hf_tied_head(c, type);
 
     std::string& y = out.yaml;
     y += fmt::format("# {} ({}, model_type {}) from {}: `ptool import hf`.\n", model_name(c, type), f.config_class, type,
-                     c.root().file());
+                     yaml_comment(c.root().file()));
     y += "# Names are HF's: each decoder layer is two unnamed residuals (x + self_attn(input_layernorm(x)),\n"
          "# x + mlp(post_attention_layernorm(x))), so parameters read model.layers.N.self_attn.q_proj.weight.\n";
     y += fmt::format("# Float32 masters (torch_dtype {} is the checkpoint's; plans add bf16 compute with\n"
                      "# data_parallel.mixed_precision). Optimizer: torch.optim.AdamW's defaults.\n",
-                     c.str("torch_dtype", "unset"));
+                     yaml_comment(c.str("torch_dtype", "unset")));
     for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
-    y += fmt::format("name: {}\nseed: 0\nbatch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n", model_name(c, type), b.batch,
-                     b.seq, vocab);
+    y += fmt::format("name: {}\nseed: 0\nbatch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n", yaml_scalar(model_name(c, type)),
+                     b.batch, b.seq, vocab);
     y += "  - name: model\n    type: sequential\n    modules:\n";
     y += fmt::format("      - {{name: embed_tokens, type: embedding, vocab: {}, dim: {}}}\n", vocab, d);
     y += fmt::format("      - name: layers\n        type: repeat\n        count: {}\n        modules:\n", layers);
@@ -160,33 +205,34 @@ HfImport decoder(HfConfig& c, const std::string& type, const DecoderFamily& f, c
     return out;
 }
 
-HfImport gpt2(HfConfig& c, const HfImportOptions& opt) {
+HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
     HfImport out;
-    const int64_t vocab = c.pos("vocab_size", 50257), positions = c.pos("n_positions", 1024), d = c.pos("n_embd", 768),
-                  layers = c.pos("n_layer", 12), heads = c.pos("n_head", 12), inner = c.pos("n_inner", 4 * d);
-    if (layers > 4096) c.at("n_layer").fail(fmt::format("n_layer {} is over ptool's 4096 (repeat)", layers));
-    if (d % heads) c.at("n_head").fail(fmt::format("n_embd {} is not a multiple of n_head {}", d, heads));
-    const double eps = c.num("layer_norm_epsilon", 1e-5), embd = c.num("embd_pdrop", 0.1), resid = c.num("resid_pdrop", 0.1);
+    const int64_t vocab = size_field(c, "vocab_size", 50257, kMaxVocab), positions = size_field(c, "n_positions", 1024, kMaxPositions),
+                  d = size_field(c, "n_embd", 768, kMaxHidden), layers = c.pos("n_layer", 12), heads = c.pos("n_head", 12),
+                  inner = size_field(c, "n_inner", 4 * d, kMaxIntermediate);
+    if (layers > 4096) c.fail_at("n_layer", fmt::format("n_layer {} is over ptool's 4096 (repeat)", layers));
+    if (d % heads) c.fail_at("n_head", fmt::format("n_embd {} is not a multiple of n_head {}", d, heads));
+    const double eps = positive_field(c, "layer_norm_epsilon", 1e-5), embd = dropout_field(c, "embd_pdrop", 0.1),
+                 resid = dropout_field(c, "resid_pdrop", 0.1);
     const Shape2 b = batch_shape(opt, positions);
     if (b.seq > positions) throw InputError(fmt::format("--seq {} is longer than n_positions {}", b.seq, positions));
-    if (!c.flag("scale_attn_weights", true)) c.at("scale_attn_weights").fail("unscaled attention scores are not modelled");
+    if (!c.flag("scale_attn_weights", true)) c.fail_at("scale_attn_weights", "unscaled attention scores are not modelled");
     c.refuse_if_set("scale_attn_by_inverse_layer_idx", "per-layer score scaling is not modelled");
     c.refuse_if_set("add_cross_attention", "cross-attention is not modelled");
-    if (const double p = c.num("attn_pdrop", 0.1); p > 0)
+    if (const double p = dropout_field(c, "attn_pdrop", 0.1); p > 0)
         out.warnings.push_back(fmt::format("attn_pdrop {} is not modelled (the attention probabilities are not dropped)", p));
-    if (!(embd >= 0 && embd < 1)) c.at("embd_pdrop").fail("embd_pdrop must be in [0, 1)");
-    if (!(resid >= 0 && resid < 1)) c.at("resid_pdrop").fail("resid_pdrop must be in [0, 1)");
     const Act act = activation(c, "activation_function", "gelu_new");
     const bool tied = hf_tied_head(c, "gpt2");
 
     std::string& y = out.yaml;
-    y += fmt::format("# {} (GPT2Config, model_type gpt2) from {}: `ptool import hf`.\n", model_name(c, "gpt2"), c.root().file());
+    y += fmt::format("# {} (GPT2Config, model_type gpt2) from {}: `ptool import hf`.\n", model_name(c, "gpt2"),
+                     yaml_comment(c.root().file()));
     y += "# Names are HF's except inside attention: GPT-2's Conv1D c_attn ([in, 3 out]) is three projections here,\n"
          "# attn.q_proj/k_proj/v_proj ([out, in] each), and attn.c_proj is attn.o_proj. checkpoint_format: hf_gpt2\n"
          "# makes --init split and transpose them (docs/hf_import.md). Each block is two unnamed residuals.\n";
     for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
     y += fmt::format("name: {}\nseed: 0\ncheckpoint_format: hf_gpt2\nbatch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n",
-                     model_name(c, "gpt2"), b.batch, b.seq, vocab);
+                     yaml_scalar(model_name(c, "gpt2")), b.batch, b.seq, vocab);
     y += "  - name: transformer\n    type: sequential\n    modules:\n";
     y += fmt::format("      - {{name: wte, type: embedding, vocab: {}, dim: {}}}\n", vocab, d);
     y += fmt::format("      - {{name: wpe, type: position_embedding, positions: {}, dim: {}}}\n", positions, d);
@@ -211,42 +257,45 @@ HfImport gpt2(HfConfig& c, const HfImportOptions& opt) {
     return out;
 }
 
-using Importer = std::function<HfImport(HfConfig&, const HfImportOptions&)>;
+using Importer = std::function<HfImport(const HfConfig&, const HfImportOptions&)>;
 
 const std::map<std::string, Importer>& importers() {
     static const std::map<std::string, Importer> m = {
-        {"llama", [](HfConfig& c, const HfImportOptions& o) {
+        {"llama", [](const HfConfig& c, const HfImportOptions& o) {
              return decoder(c, "llama", {"LlamaConfig", 32000, 4096, 11008, 32, 32, 0, 2048, 10000.0, false, 0}, o);
          }},
-        {"mistral", [](HfConfig& c, const HfImportOptions& o) {
+        {"mistral", [](const HfConfig& c, const HfImportOptions& o) {
              return decoder(c, "mistral", {"MistralConfig", 32000, 4096, 14336, 32, 32, 8, 131072, 10000.0, false, 4096}, o);
          }},
-        {"qwen2", [](HfConfig& c, const HfImportOptions& o) {
+        {"qwen2", [](const HfConfig& c, const HfImportOptions& o) {
              return decoder(c, "qwen2", {"Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, true, 4096}, o);
          }},
-        {"gpt2", [](HfConfig& c, const HfImportOptions& o) { return gpt2(c, o); }},
+        {"gpt2", [](const HfConfig& c, const HfImportOptions& o) { return gpt2(c, o); }},
     };
     return m;
 }
 
 }  // namespace
 
-std::string hf_model_type(HfConfig& c) {
+std::string hf_model_type(const HfConfig& c) {
     const std::string type = c.at("model_type").as_string("'model_type'");
     std::vector<std::string> names;
     for (const auto& [n, f] : importers()) names.push_back(n);
     if (!importers().count(type))
-        c.at("model_type").fail(fmt::format("model_type '{}' is not one ptool imports{}", type,
-                                            did_you_mean(type, names)));
+        c.fail_at("model_type", fmt::format("model_type '{}' is not one ptool imports{}", type, did_you_mean(type, names)));
     return type;
 }
 
-bool hf_tied_head(HfConfig& c, const std::string& type) { return c.flag("tie_word_embeddings", type == "gpt2"); }
+bool hf_tied_head(const HfConfig& c, const std::string& type) { return c.flag("tie_word_embeddings", type == "gpt2"); }
+
+HfImport import_hf_model_text(const std::string& text, const std::string& name, const HfImportOptions& opt) {
+    if (opt.batch <= 0 || opt.seq < 0) throw InputError(fmt::format("--batch {} --seq {}: sizes must be positive", opt.batch, opt.seq));
+    const HfConfig c(text, name);
+    return importers().at(hf_model_type(c))(c, opt);
+}
 
 HfImport import_hf_model(const std::string& config_path, const HfImportOptions& opt) {
-    if (opt.batch <= 0 || opt.seq < 0) throw InputError(fmt::format("--batch {} --seq {}: sizes must be positive", opt.batch, opt.seq));
-    HfConfig c(config_path);
-    return importers().at(hf_model_type(c))(c, opt);
+    return import_hf_model_text(read_file(config_path, JsonLimits{}.max_bytes), config_path, opt);
 }
 
 }  // namespace ptool

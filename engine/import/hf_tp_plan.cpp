@@ -2,10 +2,12 @@
 // config's "base_model_tp_plan", else its config class's, under the base model's prefix, plus the
 // causal-LM head's `_tp_plan`) as a plan YAML. Each transformers style maps to ptool's or is
 // refused with the reason (docs/hf_import.md has the table).
+#include <algorithm>
 #include <map>
 #include <optional>
 
-#include "core/yaml_reader.h"
+#include "core/files.h"
+#include "core/yaml_writer.h"
 #include "import/hf_config.h"
 #include "import/hf_import.h"
 #include "parallel/style_names.h"
@@ -54,28 +56,25 @@ const std::vector<std::pair<std::string, std::string>> kDecoderPlan = {
 
 }  // namespace
 
-HfImport import_hf_tp_plan(const std::string& config_path, const HfImportOptions& opt) {
+HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name, const HfImportOptions& opt) {
     if (opt.tp < 1) throw InputError(fmt::format("--tp {}: must be at least 1", opt.tp));
-    HfConfig c(config_path);
+    const HfConfig c(text, name);
     const std::string type = hf_model_type(c);
     const std::string prefix = type == "gpt2" ? "transformer." : "model.";  // the base model's attribute
-    const YamlNode& root = c.root();
+    const JsonNode& root = c.root();
     struct Entry {
         std::string pattern, style;
-        std::optional<YamlNode> at;  // where the config says it
+        std::optional<JsonNode> at;  // where the config says it
     };
     std::vector<Entry> entries;
     std::string source;
     if (c.set("base_model_tp_plan")) {
-        const YamlNode plan = c.at("base_model_tp_plan");
-        if (!plan.is_map()) plan.fail("'base_model_tp_plan' must be an object of module pattern: style");
-        for (const auto& kv : plan.raw()) {
-            const YamlNode v(kv.second, std::make_shared<const std::string>(root.file()));
-            entries.push_back({kv.first.as<std::string>(), v.as_string("a tp plan style"), v});
-        }
+        const JsonNode plan = c.at("base_model_tp_plan");
+        for (const auto& [pattern, v] : plan.members("'base_model_tp_plan' (module pattern: style)"))
+            entries.push_back({pattern, v.as_string("a tp plan style"), v});
         source = "the config's base_model_tp_plan";
     } else if (type == "gpt2") {
-        c.at("model_type").fail("GPT-2 has no base_model_tp_plan in transformers (and its fused Conv1D c_attn splits q, k and "
+        c.fail_at("model_type", "GPT-2 has no base_model_tp_plan in transformers (and its fused Conv1D c_attn splits q, k and "
                                 "v across ranks wrongly under colwise); write the plan by hand");
     } else {
         for (const auto& [p, s] : kDecoderPlan) entries.push_back({p, s, std::nullopt});
@@ -85,26 +84,32 @@ HfImport import_hf_tp_plan(const std::string& config_path, const HfImportOptions
     std::string& y = out.yaml;
     y += fmt::format("# Tensor parallelism for {} from {}: {} under the base model's prefix '{}', and\n"
                      "# the causal-LM head's _tp_plan (lm_head: colwise_rep). `ptool import hf-tp-plan`.\n",
-                     type, root.file(), source, prefix);
+                     type, yaml_comment(root.file()), source, prefix);
     y += fmt::format("mesh: {{tp: {}}}\ntensor_parallel:\n  plan:\n", opt.tp);
     for (const Entry& e : entries) {
         auto it = styles().find(e.style);
         if (it == styles().end() || it->second.entry.empty()) {
-            const std::string why = it == styles().end() ? fmt::format("'{}' is not a transformers tp style ptool knows", e.style)
-                                                         : it->second.why;
-            const std::string msg = fmt::format("tp plan entry \"{}\": \"{}\": {}", e.pattern, e.style, why);
+            const std::string why = it == styles().end()
+                                        ? fmt::format("{} is not a transformers tp style ptool knows", yaml_quoted(e.style))
+                                        : it->second.why;
+            const std::string msg = fmt::format("tp plan entry {}: {}: {}", yaml_quoted(e.pattern), yaml_quoted(e.style), why);
             if (e.at) e.at->fail(msg);
             throw InputError(msg);
         }
-        y += fmt::format("    \"{}{}\": {}\n", prefix, e.pattern, it->second.entry);
+        y += fmt::format("    {}: {}\n", yaml_quoted(prefix + e.pattern), it->second.entry);  // the key as the config spells it, quoted
     }
     // a tied head's weight is the embedding's: one parameter has one placement, so the embedding is
     // sharded over the vocabulary with the head (Megatron's vocab-parallel embedding)
-    if (hf_tied_head(c, type))
-        y += fmt::format("    {}{}: {}  # tied to lm_head: vocab-parallel\n", prefix, type == "gpt2" ? "wte" : "embed_tokens",
-                         style_name::rowwise);
+    const std::string embedding = type == "gpt2" ? "wte" : "embed_tokens";
+    const bool planned = std::any_of(entries.begin(), entries.end(), [&](const Entry& e) { return e.pattern == embedding; });
+    if (hf_tied_head(c, type) && !planned)  // the config's own entry for it stands (a plan names a module once)
+        y += fmt::format("    {}{}: {}  # tied to lm_head: vocab-parallel\n", prefix, embedding, style_name::rowwise);
     y += fmt::format("    lm_head: {}\n", style_name::entry(style_name::colwise, "output_layouts: replicate"));
     return out;
+}
+
+HfImport import_hf_tp_plan(const std::string& config_path, const HfImportOptions& opt) {
+    return import_hf_tp_plan_text(read_file(config_path, JsonLimits{}.max_bytes), config_path, opt);
 }
 
 }  // namespace ptool

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "core/tensor_ops.h"
-#include "core/yaml_reader.h"
+#include "core/json_reader.h"
 
 namespace ptool {
 namespace {
@@ -18,19 +18,16 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 
 TensorFile read_index(const std::string& path) {
-    // JSON is YAML's flow style: the reader gives positions for every refusal
-    const YamlNode root = load_yaml_text(read_file(path, 64 << 20), path, YamlLimits{64 << 20, 16, 2000000});
-    YamlMap m(root, "a safetensors index");
-    const YamlNode map = m.at("weight_map");
-    if (!map.is_map()) map.fail("'weight_map' must be an object of tensor name: shard file");
-    const auto file = std::make_shared<const std::string>(path);
+    const JsonNode root = load_json(path, JsonLimits{64 << 20, 16});  // strict JSON, positions for every refusal
+    if (!root.is_object()) root.fail(fmt::format("a safetensors index is a JSON object, got {}", root.type_name()));
+    const JsonNode map = root.at("weight_map");
     std::vector<std::pair<std::string, std::string>> wanted;  // tensor -> shard, index order
     std::map<std::string, std::string> shard_of;
-    for (const auto& kv : map.raw()) {
-        const YamlNode v(kv.second, file);
-        const std::string name = kv.first.as<std::string>(), shard = v.as_string("a shard file name");
-        if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
-            v.fail(fmt::format("shard '{}' for '{}': a plain file name beside the index is expected", shard, name));
+    for (const auto& [name, v] : map.members("'weight_map' (tensor name: shard file)")) {
+        const std::string shard = v.as_string(fmt::format("the shard of '{}'", name));
+        if (shard.empty() || shard.find_first_of(std::string("/\0", 2)) != std::string::npos || shard == "." || shard == "..")
+            v.fail(fmt::format("shard {} for '{}': a plain file name beside the index is expected (no '/', no NUL)",
+                               nlohmann::json(shard).dump(), name));
         if (!shard_of.emplace(name, shard).second) v.fail(fmt::format("'{}' is listed twice", name));
         wanted.emplace_back(name, shard);
     }
@@ -129,6 +126,7 @@ const std::vector<std::string>& checkpoint_formats() {
 TensorFile to_state_dict_layout(const std::string& format, const TensorFile& file, const std::string& path) {
     auto it = converters().find(format);
     PTOOL_REQUIRE(it != converters().end(), "checkpoint_format '{}' passed the loader", format);
+    if (file.state_dict_layout) return file;  // converted once already (a golden records the model's own)
     return it->second(file, path);
 }
 

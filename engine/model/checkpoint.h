@@ -16,7 +16,8 @@ namespace ptool {
 TensorFile read_checkpoint(const std::string& path);
 
 // The formats a model may declare (`checkpoint_format:`), and the conversion of a checkpoint of
-// that format into state_dict names and shapes. Unknown names are InputError.
+// that format into state_dict names and shapes (none for a file already in that layout,
+// TensorFile::state_dict_layout: a golden's init.*). Unknown names are InputError.
 const std::vector<std::string>& checkpoint_formats();
 TensorFile to_state_dict_layout(const std::string& format, const TensorFile& file, const std::string& path);
 

@@ -5,9 +5,8 @@
 namespace ptool {
 
 Tensor DrawnCache::find_locked(const std::string& key) const {
-    for (const Entry& e : entries_)
-        if (e.key == key) return e.t;
-    return {};
+    auto it = index_.find(key);
+    return it == index_.end() ? Tensor() : it->second->t;
 }
 
 Tensor DrawnCache::find(const std::string& key) {
@@ -42,18 +41,26 @@ bool DrawnCache::keeps(const Tensor& t) const { return static_cast<int64_t>(t.nb
 
 void DrawnCache::keep_locked(const std::string& key, Tensor t) {
     if (!keeps(t)) return;
+    if (auto it = index_.find(key); it != index_.end()) {  // a key is kept once (callers look first)
+        bytes_ -= static_cast<int64_t>(it->second->t.nbytes());
+        entries_.erase(it->second);
+        index_.erase(it);
+    }
+    bytes_ += static_cast<int64_t>(t.nbytes());
     entries_.push_front({key, std::move(t)});
-    int64_t bytes = 0;
-    for (auto it = entries_.begin(); it != entries_.end(); ++it)
-        if ((bytes += static_cast<int64_t>(it->t.nbytes())) > budget_) {
-            entries_.erase(it, entries_.end());
-            break;
-        }
+    index_[key] = entries_.begin();
+    while (bytes_ > budget_) {  // the least recently kept go first (the newest always fits: keeps())
+        bytes_ -= static_cast<int64_t>(entries_.back().t.nbytes());
+        index_.erase(entries_.back().key);
+        entries_.pop_back();
+    }
 }
 
 void DrawnCache::clear() {
     std::lock_guard lock(mutex_);
     entries_.clear();
+    index_.clear();
+    bytes_ = 0;
 }
 
 DrawnCache& drawn_tensors() {

@@ -7,10 +7,11 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
+#include <list>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "core/tensor.h"
 
@@ -39,7 +40,9 @@ private:
     };
     const int64_t budget_;
     std::mutex mutex_;
-    std::deque<Entry> entries_;
+    std::list<Entry> entries_;  // the most recently kept first
+    std::unordered_map<std::string, std::list<Entry>::iterator> index_;  // by key: a model of 16,000 layers draws 32,000 tensors
+    int64_t bytes_ = 0;
 };
 
 // The process's cache of generated data and initial parameters (256 MiB, tensors up to 64 MiB).

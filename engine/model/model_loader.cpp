@@ -168,6 +168,10 @@ OptimizerSpec parse_optimizer(const YamlNode& node) {
         }
     }
     if (!(o.lr >= 0)) m.at("lr").fail("lr must be >= 0");
+    // torch.optim's own checks ("Invalid momentum value", "Invalid weight_decay value", "Invalid epsilon value")
+    if (!(o.momentum >= 0)) m.at("momentum").fail("momentum must be >= 0");
+    if (!(o.weight_decay >= 0)) m.at("weight_decay").fail("weight_decay must be >= 0");
+    if (!(o.eps >= 0)) m.at("eps").fail("eps must be >= 0");
     m.finish();
     return o;
 }

@@ -2,10 +2,13 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <set>
 
+#include "core/numbers.h"
 #include "core/yaml_reader.h"
 
 namespace ptool {
@@ -343,15 +346,19 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
 Plan load_plan(const std::string& path) { return load_plan_text(read_file(path, YamlLimits{}.max_bytes), path); }
 
 void apply_mesh_flags(Plan& plan, const std::vector<std::string>& flags) {
+    std::set<std::string> seen;
     for (const std::string& m : flags) {
+        // NAME=SIZE, the whole text: "tp=1e3", "tp=2abc", "dp=1:tp=4" and "tp=2,dp=8" are not a size
         const size_t eq = m.find('=');
-        int size = 0;
-        try {
-            size = eq == std::string::npos ? 0 : std::stoi(m.substr(eq + 1));
-        } catch (const std::exception&) {
-        }
-        if (size <= 0 || size > 4096) throw InputError(fmt::format("--mesh '{}': expected NAME=SIZE, e.g. tp=8", m));
-        plan.resize_mesh(m.substr(0, eq), size, "--mesh " + m);
+        const std::string name = eq == std::string::npos ? m : m.substr(0, eq);
+        const int64_t size = eq == std::string::npos ? 0 : parse_whole_int(m.substr(eq + 1)).value_or(0);
+        const bool word = !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+        if (!word || size < 1 || size > 4096)
+            throw InputError(fmt::format("--mesh '{}': expected NAME=SIZE with SIZE a whole number in [1, 4096], e.g. tp=8 "
+                                         "(one dim per --mesh: --mesh dp=2 --mesh tp=4)",
+                                         m));
+        if (!seen.insert(name).second) throw InputError(fmt::format("--mesh '{}': '{}' is resized twice", m, name));
+        plan.resize_mesh(name, static_cast<int>(size), "--mesh " + m);
     }
 }
 

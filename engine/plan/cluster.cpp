@@ -5,18 +5,26 @@
 namespace ptool {
 namespace {
 
-double positive(YamlMap& m, const std::string& key, const std::string& what) {
+// A rate, size or time in (0, max]: finite, and far beyond any machine's, so that the time model's
+// products and the printed bytes and times stay finite numbers (1e300 GiB printed as a negative
+// byte count, a latency of 1e308 us as 300-digit times).
+double positive(YamlMap& m, const std::string& key, const std::string& what, double max) {
     YamlNode n = m.at(key);
     const double v = n.as_double(fmt::format("'{}' of {}", key, what));
-    if (!(v > 0)) n.fail(fmt::format("'{}' of {} must be > 0", key, what));
+    if (!(v > 0) || v > max) n.fail(fmt::format("'{}' of {} must be in (0, {:g}], got {:g}", key, what, max, v));
     return v;
 }
+
+constexpr double kMaxGib = 1 << 20;       // memory per GPU: 1 PiB
+constexpr double kMaxTflops = 1e6;        // per GPU
+constexpr double kMaxGbPerSecond = 1e6;   // 1 PB/s
+constexpr double kMaxLatencyUs = 1e6;     // 1 s per hop
 
 Link load_link(const YamlNode& node, const std::string& what) {
     YamlMap m(node, what);
     Link l;
-    l.bandwidth = positive(m, "bandwidth_gb_s", what) * 1e9;
-    l.latency = positive(m, "latency_us", what) * 1e-6;
+    l.bandwidth = positive(m, "bandwidth_gb_s", what, kMaxGbPerSecond) * 1e9;
+    l.latency = positive(m, "latency_us", what, kMaxLatencyUs) * 1e-6;
     m.finish();
     return l;
 }
@@ -36,7 +44,7 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
     c.nodes = static_cast<int>(m.at("nodes").as_positive_int("'nodes'"));
     c.gpus_per_node = static_cast<int>(m.at("gpus_per_node").as_positive_int("'gpus_per_node'"));
     if (static_cast<int64_t>(c.nodes) * c.gpus_per_node > 1 << 20) m.at("nodes").fail("more than 2^20 GPUs");
-    c.memory_bytes = positive(m, "memory_gib", "the cluster") * (1ull << 30);
+    c.memory_bytes = positive(m, "memory_gib", "the cluster", kMaxGib) * (1ull << 30);
     c.reserved_bytes = m.double_or("reserved_gib", 0) * (1ull << 30);
     if (!(c.reserved_bytes >= 0) || c.reserved_bytes >= c.memory_bytes)
         m.at("reserved_gib").fail("'reserved_gib' must be >= 0 and below 'memory_gib'");
@@ -50,12 +58,12 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
         } catch (const std::exception&) {
             YamlNode(kv.first, std::make_shared<std::string>(name)).fail(fmt::format("'{}' is not a dtype (float32, bfloat16, float16, float64)", key));
         }
-        c.flops[dt] = positive(fm, key, "'tflops'") * 1e12;
+        c.flops[dt] = positive(fm, key, "'tflops'", kMaxTflops) * 1e12;
     }
     fm.finish();
     c.gemm_efficiency = m.double_or("gemm_efficiency", 1.0);
     if (!(c.gemm_efficiency > 0 && c.gemm_efficiency <= 1)) m.at("gemm_efficiency").fail("'gemm_efficiency' must be in (0, 1]");
-    c.memory_bandwidth = positive(m, "memory_bandwidth_gb_s", "the cluster") * 1e9;
+    c.memory_bandwidth = positive(m, "memory_bandwidth_gb_s", "the cluster", kMaxGbPerSecond) * 1e9;
     c.intra = load_link(m.at("intra_node"), "'intra_node'");
     c.inter = c.nodes > 1 || m.has("inter_node") ? load_link(m.at("inter_node"), "'inter_node'") : c.intra;
     m.finish();

@@ -1,6 +1,7 @@
 #include "plan/explain.h"
 
 #include <set>
+#include <unordered_map>
 
 #include "core/tensor_ops.h"
 #include "parallel/grad_norm.h"
@@ -65,10 +66,12 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
 
     // memory per rank: parameters, gradients, optimizer state (SGD momentum 1x, AdamW 2x)
     std::map<const Parameter*, const ParamLayout*> distributed;
+    std::unordered_map<std::string, const Parameter*> by_name;  // once: a lookup per styled parameter, not a walk of the model
+    const auto params = model.named_parameters();
+    for (const auto& [name, p] : params) by_name.emplace(name, p.get());
     for (const auto& me : ex.modules)
         for (const auto& pl : me.params)
-            for (const auto& [name, p] : model.named_parameters())
-                if (name == pl.fqn) distributed[p.get()] = &pl;
+            if (auto it = by_name.find(pl.fqn); it != by_name.end()) distributed[it->second] = &pl;
     auto tp_local = [&](const Parameter* p, int r) {
         auto it = distributed.find(p);
         return it == distributed.end() ? p->value.shape() : it->second->local[r];
@@ -77,7 +80,7 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
     if (model.clip_grad_norm > 0) {
         std::vector<int> sizes;  // the dims that cut parameters, as clip_grad_norm reduces over them
         for (int d : plan.dims.param_nesting()) sizes.push_back(plan.mesh()[d].size);
-        for (const auto& [op, bytes] : clip_grad_norm_cost(static_cast<int64_t>(model.named_parameters().size()), sizes))
+        for (const auto& [op, bytes] : clip_grad_norm_cost(static_cast<int64_t>(params.size()), sizes))
             ex.step_comm.push_back({op, bytes, "(clip)", Phase::backward});
     }
     return ex;

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "core/yaml_writer.h"
 #include "model/module_type.h"
 #include "parallel/style_names.h"
 
@@ -162,14 +163,14 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
     s += fmt::format("mesh: {{{}}}\n", fmt::join(dims, ", "));
     auto list = [](const std::vector<std::string>& v) {
         std::vector<std::string> q;
-        for (const auto& x : v) q.push_back("\"" + x + "\"");
+        for (const auto& x : v) q.push_back(yaml_quoted(x));  // module names come from the model file
         return fmt::format("[{}]", fmt::join(q, ", "));
     };
     if (c.tp > 1) {
         s += "tensor_parallel:\n  mesh_dim: tp\n";
         if (tp.loss_parallel) s += "  loss_parallel: true\n";
         s += "  plan:\n";
-        for (const auto& [pattern, style] : tp.entries) s += fmt::format("    \"{}\": {}\n", pattern, style);
+        for (const auto& [pattern, style] : tp.entries) s += fmt::format("    {}: {}\n", yaml_quoted(pattern), style);
     }
     const std::vector<std::string> blocks = repeated_blocks(model);
     if (dp_section) {

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/yaml_writer.h"
 #include "model/module_type.h"
 
 namespace ptool {
@@ -111,7 +112,7 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     e << doc;
     return fmt::format("# A proxy of {} for a plan of tp={} dp={} (ptool shrink; docs/planning.md): the same modules and\n"
                        "# names, at most 2 blocks per repeat, sizes that still split as the plan splits them.\n{}\n",
-                       name, tp, dp, e.c_str());
+                       yaml_comment(name), tp, dp, e.c_str());
 }
 
 }  // namespace ptool

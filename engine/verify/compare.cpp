@@ -54,6 +54,7 @@ struct Accumulate {
         TensorDiff& d = p.d;
         if (!std::isfinite(a) || !std::isfinite(e)) {
             ++d.nonfinite;
+            d.nonfinite_actual += !std::isfinite(a), d.nonfinite_expected += !std::isfinite(e);
             if ((std::isnan(a) && std::isnan(e)) || a == e) return;  // the same NaN or infinity at the same place
             const double bad = std::isnan(a) || std::isnan(e) ? std::numeric_limits<double>::quiet_NaN()
                                                               : std::numeric_limits<double>::infinity();
@@ -403,6 +404,7 @@ void merge_piece(DiffPiece& into, const DiffPiece& p) {
     a.headroom = worst(a.headroom, b.headroom);
     a.max_ulp = std::max(a.max_ulp, b.max_ulp);
     a.nonfinite += b.nonfinite;
+    a.nonfinite_actual += b.nonfinite_actual, a.nonfinite_expected += b.nonfinite_expected;
     a.pass = a.pass && b.pass;
     a.shape_ok = a.shape_ok && b.shape_ok;
 }
@@ -435,9 +437,10 @@ void pack_piece(const DiffPiece& piece, int64_t* out) {
     };
     out[0] = p.counted, out[1] = p.all_equal, out[2] = p.d.shape_ok, out[3] = p.d.pass, out[4] = p.d.nonfinite;
     out[5] = p.d.max_ulp, out[6] = bits(p.d.max_abs), out[7] = bits(p.d.max_rel), out[8] = bits(p.d.headroom);
+    out[9] = p.d.nonfinite_actual, out[10] = p.d.nonfinite_expected;
     for (int i = 0; i < ExactSum::kWords; ++i) {
-        out[9 + i] = static_cast<int64_t>(p.err2.w[i]);
-        out[9 + ExactSum::kWords + i] = static_cast<int64_t>(p.ref2.w[i]);
+        out[11 + i] = static_cast<int64_t>(p.err2.w[i]);
+        out[11 + ExactSum::kWords + i] = static_cast<int64_t>(p.ref2.w[i]);
     }
 }
 
@@ -450,9 +453,10 @@ DiffPiece unpack_piece(const int64_t* in) {
     DiffPiece p;
     p.counted = in[0], p.all_equal = in[1], p.d.shape_ok = in[2], p.d.pass = in[3], p.d.nonfinite = in[4];
     p.d.max_ulp = in[5], p.d.max_abs = value(in[6]), p.d.max_rel = value(in[7]), p.d.headroom = value(in[8]);
+    p.d.nonfinite_actual = in[9], p.d.nonfinite_expected = in[10];
     for (int i = 0; i < ExactSum::kWords; ++i) {
-        p.err2.w[i] = static_cast<uint64_t>(in[9 + i]);
-        p.ref2.w[i] = static_cast<uint64_t>(in[9 + ExactSum::kWords + i]);
+        p.err2.w[i] = static_cast<uint64_t>(in[11 + i]);
+        p.ref2.w[i] = static_cast<uint64_t>(in[11 + ExactSum::kWords + i]);
     }
     return p;
 }

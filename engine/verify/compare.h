@@ -17,8 +17,10 @@ struct TensorDiff {
     bool shape_ok = true;
     // Elements where either side is NaN or infinite. They agree only where both hold the same
     // (NaN and NaN, or the same infinity) at the same place; elsewhere the tensor fails and its
-    // errors read nan (a NaN against a number) or inf.
+    // errors read nan (a NaN against a number) or inf. That is a file compared with itself (golden
+    // diff); a verify's verdicts fail any tensor with one (verify/report.h: fail_nonfinite).
     int64_t nonfinite = 0;
+    int64_t nonfinite_actual = 0, nonfinite_expected = 0;  // of each side
     double max_abs = 0, max_rel = 0, headroom = 0;
     double rel_fro = 0;       // ||a - e||_F / ||e||_F (inf when e is zero and a is not)
     double err_norm = 0, ref_norm = 0;  // ||a - e||_F and ||e||_F (ref_norm 0 for bitwise-equal tensors without rel_fro)
@@ -126,7 +128,7 @@ int compare_threads();  // the most a comparison takes: one per core, at most 8
 void merge_piece(DiffPiece& into, const DiffPiece& piece);  // the maxima, counts and sums of both
 TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol);
 // A piece as int64 words (for a collective) and back.
-constexpr int kPieceWords = 9 + 2 * ExactSum::kWords;  // sums packed normalized
+constexpr int kPieceWords = 11 + 2 * ExactSum::kWords;  // sums packed normalized
 void pack_piece(const DiffPiece& p, int64_t* out);
 DiffPiece unpack_piece(const int64_t* in);
 

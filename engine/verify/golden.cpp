@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "backend/gpu_info.h"
+#include "core/numbers.h"
 #include "core/rng.h"
 #include "core/yaml_reader.h"
 #include "model/batch.h"
@@ -87,6 +88,7 @@ TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOpti
 }
 
 void golden_inputs(const TensorFile& g, TensorFile& init, TensorFile& data) {
+    init.state_dict_layout = true;  // recorded with the model's names: hf_gpt2's conversion is not applied again
     for (const auto& [name, t] : g.tensors) {
         if (name.rfind("init.param.", 0) == 0) init.add(name.substr(11), t);
         else if (name.rfind("init.buffer.", 0) == 0) init.add(name.substr(12), t);
@@ -112,13 +114,8 @@ int64_t metadata_count(const std::string& path, const char* key, const std::stri
 }
 
 double metadata_tolerance(const std::string& path, const char* key, const std::string& text) {
-    double v = -1;
-    size_t used = 0;
-    try {
-        v = std::stod(text, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != text.size() || !std::isfinite(v) || v < 0)
+    const double v = parse_finite(text).value_or(-1);  // the whole text: no hex, nan or inf
+    if (v < 0)
         throw InputError(SourceLocation{path, 0, 0}, fmt::format("__metadata__ '{}' is '{}': expected a finite number >= 0", key, text));
     return v;
 }
@@ -157,11 +154,18 @@ GoldenCase load_golden(const std::string& path) {
     load_plan_text(c.plan_yaml, path + "[plan_yaml]");
     for (const auto& [file, text] : {std::pair{c.model_path, c.model_yaml}, std::pair{c.plan_path, c.plan_yaml}}) {
         std::error_code ec;
-        if (!c.stale.empty() || !fs::is_regular_file(file, ec)) continue;
-        std::ifstream f(file, std::ios::binary);
-        std::stringstream ss;
-        ss << f.rdbuf();
-        if (ss.str() != text) c.stale = fmt::format("{} changed since it was recorded (re-record with `ptool golden record`)", file);
+        if (!c.stale.empty() || file.find('\0') != std::string::npos || !fs::is_regular_file(file, ec)) continue;
+        // the sizes first: a path naming some large other file is not read whole to learn it differs
+        const uintmax_t size = fs::file_size(file, ec);
+        bool same = !ec && size == text.size();
+        if (same) {
+            try {
+                same = read_file(file, text.size()) == text;
+            } catch (const InputError&) {  // unreadable now: it is not the recorded text
+                same = false;
+            }
+        }
+        if (!same) c.stale = fmt::format("{} changed since it was recorded (re-record with `ptool golden record`)", file);
     }
     return c;
 }
@@ -274,6 +278,7 @@ PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, c
         auto it = shadow.find(name);
         return it != shadow.end() && it->second.pass;
     });
+    fail_nonfinite(rep, reference ? "the reference" : "the parallel run", "the golden");
     rep.pass = rep.failed == 0;
     return rep;
 }

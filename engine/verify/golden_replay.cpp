@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/files.h"
 #include "model/batch.h"
 #include "verify/golden_compact.h"
 
@@ -63,6 +64,7 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
     const VerifyReport vr = verify(job, launch);
     if (!launch.rank0()) return res;
     const Tolerance tol = vr.plans[0].tol;
+    res.dtype = vr.dtype, res.reference_seconds = vr.reference_seconds;
     res.directions.push_back(vr.plans[0]);
     if (c.compact_sample) {  // parallel vs reference whole; the reference vs the golden's norms and samples
         res.directions.push_back(compare_with_compact(vr.reference, c.file, tol, "reference vs compact golden"));
@@ -71,6 +73,10 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
         res.directions.push_back(compare_with_golden(vr.plans[0].run, c.file, tol, "parallel vs golden", probe.optimizer, false));
     }
     res.directions[0].plan_path = "parallel vs reference";
+    for (size_t i = 1; i < res.directions.size(); ++i) {  // the run each golden comparison judges: its world and backend, not its steps
+        const RunRecord& judged = res.directions[i].plan_path.rfind("reference", 0) == 0 ? vr.reference : vr.plans[0].run;
+        res.directions[i].run.world_size = judged.world_size, res.directions[i].run.backend = judged.backend;
+    }
     const bool pass = std::all_of(res.directions.begin(), res.directions.end(), [](auto& d) { return d.pass; });
     res.verdict = pass ? Verdict::pass : Verdict::fail;
     if (res.verdict == Verdict::fail) {
@@ -82,6 +88,7 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
         TensorFile fresh = record_golden(job.inputs, plan, job.options);
         if (c.compact_sample) fresh = compact_golden(fresh, c.compact_sample);
         fresh.metadata = c.file.metadata;
+        release_input(c.path);  // replayed from it, rewritten on purpose
         write_safetensors(c.path, fresh, true);
         res.detail = fmt::format("updated: moved: {}", worst(res.directions[1], 5));
         res.verdict = Verdict::updated;

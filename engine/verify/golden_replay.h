@@ -15,6 +15,8 @@ struct CaseResult {
     std::vector<PlanReport> directions;  // parallel vs reference, reference vs golden, parallel vs golden
     int world_size = 1;
     double seconds = 0;
+    DType dtype = DType::float32;  // the model's, as run
+    double reference_seconds = 0;
 };
 
 struct ReplayOptions {

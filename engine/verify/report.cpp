@@ -102,6 +102,31 @@ void apply_update_rule(PlanReport& rep, const std::function<bool(const std::stri
     }
 }
 
+void fail_nonfinite(PlanReport& rep, const std::string& actual_side, const std::string& expected_side) {
+    const TensorReport* first = nullptr;
+    int count = 0;
+    for (TensorReport& t : rep.tensors) {
+        if (t.diff.nonfinite == 0) continue;
+        if (!first) first = &t;
+        ++count;
+        if (t.pass) t.pass = t.diff.pass = false, rep.passed -= 1, rep.failed += 1;
+    }
+    if (!first) return;
+    const TensorDiff& d = first->diff;
+    rep.notes.push_back(fmt::format("FAIL non-finite values (NaN or inf) in {} tensor{}, first {} in {}: a run that is not finite "
+                                    "agrees with nothing (a norm's eps <= 0, a learning rate that diverges?)",
+                                    count, count == 1 ? "" : "s", first->name, nonfinite_sides(d, actual_side, expected_side)));
+}
+
+std::string nonfinite_sides(const TensorDiff& d, const std::string& actual_side, const std::string& expected_side) {
+    if (d.nonfinite_actual && d.nonfinite_expected)
+        return fmt::format("{} ({} element{}) and {} ({})", expected_side, d.nonfinite_expected, d.nonfinite_expected == 1 ? "" : "s",
+                           actual_side, d.nonfinite_actual);
+    const bool expected = d.nonfinite_expected > 0;
+    const int64_t n = expected ? d.nonfinite_expected : d.nonfinite_actual;
+    return fmt::format("{} ({} element{})", expected ? expected_side : actual_side, n, n == 1 ? "" : "s");
+}
+
 const char* verdict_name(Verdict v) {
     switch (v) {
         case Verdict::pass: return "PASS";
@@ -133,6 +158,10 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
     double prev_rel = 0;
     std::string prev = "the step's input";
     auto diverged = [&](int64_t step, const std::string& kind, const std::string& fqn, const std::string& what, const TensorDiff& d) {
+        if (d.nonfinite)  // the first NaN or inf, on either side: nothing after it means anything
+            return Divergence{step, kind, fqn, d, prev,
+                              fmt::format("first non-finite value: step {} {} holds NaN or inf in {}; before it, {} agreed and was finite",
+                                          step, what, nonfinite_sides(d, "the parallel run", "the reference"), prev)};
         const std::string how = d.systematic ? fmt::format("error {:.2g} of its module's norm, beyond rounding", d.rel_fro)
                                              : fmt::format("max rel {:.2g}", d.max_rel);
         return Divergence{step, kind, fqn, d, prev,
@@ -145,7 +174,7 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
             if (re[i].fqn != pe[i].fqn || re[i].phase != pe[i].phase) break;
             if (!pe[i].diff && !pe[i].full.defined()) break;
             const TensorDiff d = pe[i].diff ? *pe[i].diff : compare_tensors(pe[i].full, re[i].full, tol);
-            if (!d.pass) return diverged(static_cast<int64_t>(s), phase_name(re[i].phase), re[i].fqn, event_label(re[i]), d);
+            if (!d.pass || d.nonfinite) return diverged(static_cast<int64_t>(s), phase_name(re[i].phase), re[i].fqn, event_label(re[i]), d);
             prev_rel = d.max_rel;
             prev = event_label(re[i]);
         }
@@ -175,7 +204,7 @@ std::vector<ErrorCell> error_cells(const PlanReport& rep) {
     for (int64_t s = 0; s < steps; ++s) {
         if (s < static_cast<int64_t>(rep.run.steps.size()))
             for (const ModuleEvent& e : rep.run.steps[s].events)
-                if (e.diff) cells.push_back({s, phase_name(e.phase), e.fqn, "", *e.diff, e.diff->pass});
+                if (e.diff) cells.push_back({s, phase_name(e.phase), e.fqn, "", *e.diff, e.diff->pass && !e.diff->nonfinite});
         for (const TensorReport* t : by_step[s]) {
             const auto k = parse_step_key(t->name);
             const std::string kind = k->kind();
@@ -222,13 +251,7 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
         auto it = shadow.find(name);
         return it != shadow.end() && it->second.pass;
     });
-    std::vector<std::string> nonfinite;
-    for (const TensorReport& t : rep.tensors)
-        if (t.diff.nonfinite > 0) nonfinite.push_back(t.name);
-    if (!nonfinite.empty())
-        rep.notes.push_back(fmt::format("non-finite values (NaN or inf) in {} tensor{}, first {}: they agree only where both runs "
-                                        "hold the same value at the same place; a run that diverged proves little",
-                                        nonfinite.size(), nonfinite.size() == 1 ? "" : "s", nonfinite[0]));
+    fail_nonfinite(rep, "the parallel run", "the reference");
     check_init_state(reference, parallel, rep);
     rep.pass = rep.failed == 0;
     if (!rep.pass) {

@@ -88,10 +88,19 @@ std::vector<ErrorCell> error_cells(const PlanReport& rep);
 
 void apply_update_rule(PlanReport& rep, const std::function<bool(const std::string& param_key)>& consistent);
 
+// A verify's comparison is of finite runs: a tensor with a NaN or an infinity on either side fails,
+// whatever the other side holds (a NaN from the first step on both sides is not an agreement, and
+// would pass every injected bug too), and a note names the first such tensor and the side(s) that
+// hold it ("the reference (12 elements) and the parallel run (12)"). Comparing a file with itself
+// (`golden diff`) keeps TensorDiff's own rule: the same NaN at the same place is equal.
+void fail_nonfinite(PlanReport& rep, const std::string& actual_side, const std::string& expected_side);
+std::string nonfinite_sides(const TensorDiff& d, const std::string& actual_side, const std::string& expected_side);
+
 // The first divergence, in the order things were computed: per step, every module's output
 // (forward) and input gradient (backward), then the parameters' gradients, then their updates (the
-// step's parameters). Names the first that leaves tolerance and what agreed just before it; "" if
-// nothing does. `rep` holds the step tensors' verdicts (after the update rule).
+// step's parameters). Names the first that leaves tolerance, or holds a NaN or inf on either side
+// ("first non-finite value: ..."), and what agreed just before it; "" if nothing does. `rep`
+// holds the step tensors' verdicts (after the update rule).
 std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol, const PlanReport& rep);
 
 }  // namespace ptool

@@ -1,0 +1,34 @@
+// Temporary files and folders that a signal must not leave behind.
+//
+// A destructor does not run when SIGINT, SIGTERM or SIGHUP ends the process, so every temporary
+// ptool makes (an atomic write's `.NAME.tmp-PID-XXXXXX`, `plan --verify`'s `$TMPDIR/ptool-plan-*/`)
+// is registered here while it exists: on one of those signals the handler removes every registered
+// path (a folder with what it holds), with async-signal-safe calls only, and re-raises the signal
+// with its default action, so the process still ends as the signal says. SIGKILL cannot be caught:
+// core/files.h removes a killed writer's temporary files on the next write to the same path.
+#pragma once
+
+#include <string>
+
+namespace ptool {
+
+// Registers `path` for removal on a signal; returns its slot for untrack_temp. At most 32 at once
+// (more: RuntimeError, exit 3). The handlers are installed on the first call.
+int track_temp(const std::string& path);
+void untrack_temp(int slot);  // the path is gone or kept: no longer the handler's
+
+// A folder `$TMPDIR/PREFIX-XXXXXX`, removed with what it holds at scope exit and on a signal.
+class TempDir {
+public:
+    explicit TempDir(const std::string& prefix);
+    ~TempDir();
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+    int slot_ = -1;
+};
+
+}  // namespace ptool
