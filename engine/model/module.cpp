@@ -34,7 +34,7 @@ Placed Module::forward_hooked(RunContext& ctx, const Placed& x) {
     const std::optional<Placement> computed = hooks_ ? hooks_->compute_out(*this) : std::nullopt;
     Placed y = computed ? Placed{forward_impl(ctx, in.t), *computed, output_shape(in.global)} : forward_placed(ctx, in);
     if (hooks_) y = hooks_->post_forward(ctx, *this, y);
-    if (ctx.observer && !transparent_) ctx.observer(*this, Phase::forward, y);
+    if (ctx.observer && !transparent_) ctx.observer(*this, Phase::forward, ctx.microbatch, y);
     return y;
 }
 
@@ -63,7 +63,7 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
     else if (Tensor t = backward_impl(ctx, d.t); t.defined()) dx = {t, *computed, in.global};
     if (hooks_ && dx.defined()) dx = hooks_->pre_forward_backward(ctx, *this, dx);
     if (hooks_) hooks_->post_backward(ctx, *this);
-    if (ctx.observer && dx.defined() && !transparent_) ctx.observer(*this, Phase::backward, dx);
+    if (ctx.observer && dx.defined() && !transparent_) ctx.observer(*this, Phase::backward, ctx.microbatch, dx);
     return dx;
 }
 

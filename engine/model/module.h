@@ -46,9 +46,9 @@ struct RunContext {
     bool training = true;
     int64_t row_offset = 0;  // global row of this rank's first batch row (data parallel): dropout's mask index
     int tp_rank = 0, tp_parts = 1;  // this rank on the tensor-parallel dim: where a shard sits in its tensor
-    // Called after each module's forward (output) and backward (input gradient), for divergence
-    // localisation; may be empty.
-    std::function<void(const Module&, Phase, const Placed&)> observer;
+    // Called after each module's forward (output) and backward (input gradient) with the
+    // microbatch it belongs to, for divergence localisation; may be empty.
+    std::function<void(const Module&, Phase, int microbatch, const Placed&)> observer;
     // Activation checkpointing: a checkpointed module's first forward keeps nothing for backward
     // (recording off), and its backward first recomputes its forward (recomputing on).
     bool recording = true, recomputing = false;

@@ -56,7 +56,7 @@ public:
     virtual void before_gradient_sync(Model&, Communicator& /*world*/) {}
 };
 
-using StepObserver = std::function<void(const Module&, Phase, const Placed&)>;
+using StepObserver = std::function<void(const Module&, Phase, int microbatch, const Placed&)>;
 
 struct StepOutput {
     // per microbatch, as the loss saw it: gathered (Replicate on tp), or sharded under loss_parallel;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <unordered_map>
 
 #include "core/tensor_ops.h"
@@ -9,6 +10,7 @@
 #include "model/optimizer.h"
 #include "parallel/redistribute.h"
 #include "verify/digest.h"
+#include "verify/keyed_gather.h"
 
 namespace ptool {
 namespace {
@@ -79,9 +81,19 @@ public:
             for (const auto& [name, t] : opt.golden->tensors) golden_[name] = &t;
         // the dims in the order a replica's chunk is numbered (shared_box): those that cut
         // parameters (tp, then the data dims), then any other
-        order_ = run.dims().param_nesting();
+        // cutting parameters (tp, then the data dims), then any other but pp: a stage's tensors are
+        // its own, held by no other stage (neither replicas nor shards over pp)
+        const int pp = run.dims().index(DimRole::pp);
+        for (int d : run.dims().param_nesting())
+            if (d != pp) order_.push_back(d);
         for (int d = 0; d < run.dims().ndim(); ++d)
-            if (std::find(order_.begin(), order_.end(), d) == order_.end()) order_.push_back(d);
+            if (d != pp && std::find(order_.begin(), order_.end(), d) == order_.end()) order_.push_back(d);
+        leader_ = owns(Placements{});
+        // A pipeline run records rank-locally against a reference (each stage compares its own
+        // tensors, rank 0 hears the results by key); gathering whole tensors to rank 0 across stages
+        // (mpirun, golden files) comes with pipeline verification.
+        PTOOL_REQUIRE(run.stages() == 1 || (local_ && !opt.golden && !opt.init_tensors),
+                      "a pipeline run is recorded rank-locally against a reference only");
     }
 
     // The shadow optimizer (rank 0, compared runs, AdamW): the model's optimizer stepping full-size
@@ -130,20 +142,31 @@ public:
 
     void construction(RunRecord& rec) {
         Unaccounted pause(&run_.counter());
+        init_ = &rec;
         for (const auto& [name, p] : run_.model().state_dict()) {
             const bool buffer = p->grad.numel() == 0 && p->value.numel() != 0;
             const Placements pl = buffer ? Placements{} : run_.placements(p.get());
             const bool ignored = run_.ignored(name);
             const Agreement a = agreement(p->value, pl);
             const bool agree = a.model && (ignored || a.data);
-            uint64_t digest = 0;  // collective either way; rank 0 keeps it
             const ReplicaState state = !agree ? ReplicaState::differ : ignored ? ReplicaState::ignored : ReplicaState::equal;
-            if (local_ && !pl.any_partial()) digest = piece_digest(p->value, pl, state);
-            else if (const Tensor full = gather(p->value, pl); rank0_) digest = state_digest(full);
+            if (rank0_) init_index_[name] = rec.init_state.size(), rec.init_state.emplace_back(name, 0);
+            if (local_ && !pl.any_partial()) {  // the pieces' sums, added up on rank 0 (flush)
+                queue_digest(name, p->value, pl, state, agree);
+                continue;
+            }
+            const Tensor full = gather(p->value, pl);
             if (!rank0_) continue;
-            if (!agree) rec.init_replicas_differ.push_back(name);
-            rec.init_state.emplace_back(name, digest);
+            if (!agree) init_differ_.insert(name);
+            rec.init_state[init_index_.at(name)].second = state_digest(full);
         }
+        const int64_t unique = static_cast<int64_t>(run_.model().named_parameters().size());
+        if (rank0_) rec.unique_params = unique;
+        else if (run_.stages() > 1 && leader_) queue(Target::unique_params, "", {unique});
+        flush(nullptr);
+        for (const auto& [name, digest] : rec.init_state)  // in state_dict order
+            if (init_differ_.count(name)) rec.init_replicas_differ.push_back(name);
+        init_ = nullptr;
         if (opt_.init_tensors) {  // golden files: init.param.* then init.buffer.*, each tensor once
             for (const auto& [name, p] : run_.model().named_parameters()) {
                 const Tensor full = gather(p->value, run_.placements(p.get()));
@@ -152,7 +175,6 @@ public:
             for (const auto& [name, b] : run_.model().named_buffers())
                 if (rank0_) rec.init_tensors.emplace_back("init.buffer." + name, on_host(b->value).clone());
         }
-        rec.unique_params = static_cast<int64_t>(run_.model().named_parameters().size());
         for (const auto& r : run_.resolution().dp.replicas) {
             rec.dp_buckets += static_cast<int64_t>(r.buckets.size());
             for (const auto& b : r.buckets) rec.grad_bytes += b.bytes;
@@ -164,9 +186,13 @@ public:
         // under data parallel a mean loss over each rank's rows makes activation gradients dp times
         // the reference's (DDP's average puts the parameter gradients right): scaled for comparison
         const double scale = data_.size() > 1 && run_.model().loss != LossKind::sum ? 1.0 / data_.size() : 1.0;
-        auto index = std::make_shared<size_t>(0);  // this step's events so far, on every rank
-        return [this, &sr, scale, index](const Module& m, Phase phase, const Placed& x) {
+        auto calls = std::make_shared<std::map<std::string, int>>();  // this step's events so far, by key less call
+        event_index_.clear();
+        return [this, &sr, scale, calls](const Module& m, Phase phase, int microbatch, const Placed& x) {
             Unaccounted pause(&run_.counter());
+            ModuleEvent e{m.fqn(), phase, microbatch, 0, Tensor(), {}};
+            e.call = (*calls)[fmt::format("{}:{}:{}", microbatch, static_cast<int>(phase), e.fqn)]++;
+            const std::string key = event_key(e);
             auto as_reference = [&](const Tensor& t) {  // a backward event at the reference's scale
                 if (phase != Phase::backward || scale == 1.0) return t;
                 Tensor scaled = empty_like(t);
@@ -174,39 +200,31 @@ public:
                 return scaled;
             };
             if (local_ && !x.p.is_partial()) {
-                const size_t at = (*index)++;
                 if (opt_.follow) {  // compared at the step's end, once the reference published it
                     Tensor mine;
                     if (activation_box(x.global, x).owner) {
                         mine = as_reference(on_host(x.t));
                         if (mine.shares_storage(x.t)) mine = mine.clone();
                     }
-                    deferred_.push_back({at, m.fqn(), phase, Placed{mine, x.p, x.global}, x.t.shape(), true});
-                    if (rank0_) sr.events.push_back({m.fqn(), phase, Tensor(), {}});
-                    return;
-                }
-                const ModuleEvent* ref = reference_event(sr.step, at);
-                if (ref && ref->fqn == m.fqn() && ref->phase == phase && ref->full.defined()) {
+                    deferred_.push_back({key, Placed{mine, x.p, x.global}, x.t.shape(), true});
+                } else if (const ModuleEvent* ref = reference_event(sr.step, key); ref && ref->full.defined()) {
                     const Tensor mine = as_reference(on_host(x.t));
-                    reduce_later(piece(mine, ref->full, activation_box(ref->full.shape(), x), opt_.tol), opt_.tol,
-                                 [&sr, i = sr.events.size()](const TensorDiff& d) { sr.events[i].diff = d; });
+                    queue_diff(Target::event, key, piece(mine, ref->full, activation_box(ref->full.shape(), x), opt_.tol));
                 }
-                if (rank0_) sr.events.push_back({m.fqn(), phase, Tensor(), {}});
+                if (rank0_) add_event(sr, std::move(e));
                 return;
             }
-            if (local_) ++*index;
             const Tensor full = as_reference(gather(x));
             if (!rank0_) return;
-            ModuleEvent e{m.fqn(), phase, Tensor(), {}};
             if (!opt_.compare_with) {
                 e.full = full.shares_storage(x.t) ? on_host(full).clone() : on_host(full);
             } else if (opt_.follow) {
                 const Tensor kept = full.shares_storage(x.t) ? on_host(full).clone() : on_host(full);
-                deferred_.push_back({sr.events.size(), e.fqn, phase, Placed{kept, x.p, x.global}, kept.shape(), false});
-            } else if (const ModuleEvent* ref = reference_event(sr.step, sr.events.size()); ref && ref->fqn == e.fqn && ref->phase == phase) {
+                deferred_.push_back({key, Placed{kept, x.p, x.global}, kept.shape(), false});
+            } else if (const ModuleEvent* ref = reference_event(sr.step, key)) {
                 e.diff = compare_tensors(on_host(full), ref->full, opt_.tol);
             }
-            sr.events.push_back(std::move(e));
+            add_event(sr, std::move(e));
         };
     }
 
@@ -218,14 +236,16 @@ public:
             for (const auto& [name, t] : ref_step->tensors) reference_[name] = &t;
         compare_deferred(sr, ref_step);
         const std::string s = fmt::format("step{}.", sr.step);
-        // each rank's output rows and loss are its own: gathered and combined as the global batch's
-        record_output(sr, s + "output", out.outputs, last_step);
-        Tensor loss = Tensor::scalar(out.loss, DType::float64).reshape({1});
-        if (data_.size() > 1) data_.all_reduce(loss, run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg);
-        record(sr, s + "loss", Tensor::scalar(loss.item(0), run_.model().dtype), {}, false, last_step);
-        if (data_.size() > 1 && rank0_) sr.replicas[s + "loss"] = ReplicaState::sharded;  // combined from each rank's own
-        if (run_.model().clip_grad_norm > 0)  // what clip_grad_norm_ returns: a scale of every gradient shows here
-            record(sr, s + "grad_norm", Tensor::scalar(out.grad_norm, DType::float64), {}, false, last_step);
+        if (run_.stage() + 1 == run_.stages()) {  // the last stage's (every rank's without pp)
+            // each rank's output rows and loss are its own: gathered and combined as the global batch's
+            record_output(sr, s + "output", out.outputs, last_step);
+            Tensor loss = Tensor::scalar(out.loss, DType::float64).reshape({1});
+            if (data_.size() > 1) data_.all_reduce(loss, run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg);
+            record(sr, s + "loss", Tensor::scalar(loss.item(0), run_.model().dtype), {}, false, last_step);
+            if (data_.size() > 1) note_state(sr, s + "loss", ReplicaState::sharded);  // combined from each rank's own
+            if (run_.model().clip_grad_norm > 0)  // what clip_grad_norm_ returns: a scale of every gradient shows here
+                record(sr, s + "grad_norm", Tensor::scalar(out.grad_norm, DType::float64), {}, false, last_step);
+        }
         const auto params = run_.model().named_parameters();
         for (size_t i = 0; i < params.size(); ++i) {
             const auto& [name, p] = params[i];
@@ -240,15 +260,13 @@ public:
             if (local_) {  // this rank's piece against its shadow piece, counted once per group of replicas
                 const Placements pl = run_.placements(p.get());
                 const Box b{std::vector<int64_t>(p->value.dim(), 0), p->value.shape(), owns(pl), threads(pl)};
-                const Tolerance rule = opt_.tol.for_masters();
-                reduce_later(piece(on_host(p->value), shadow_[i].second->value, b, rule), rule,
-                             [&sr, key = s + "param." + name](const TensorDiff& d) { sr.vs_shadow[key] = d; });
+                queue_diff(Target::shadow, s + "param." + name, piece(on_host(p->value), shadow_[i].second->value, b, opt_.tol.for_masters()));
             } else if (rank0_) {
                 sr.vs_shadow[s + "param." + name] = compare_tensors(v, shadow_[i].second->value, opt_.tol.for_masters());
             }
         }
         for (const auto& [name, b] : run_.model().named_buffers()) record(sr, s + "buffer." + name, b->value, {}, false, last_step);
-        flush_reduces();  // the step's comparisons, the module events' included
+        flush(&sr);  // the step's comparisons, the module events' included
     }
 
     // Where this step's parameters differ from the truth's at all (the golden's, else the
@@ -266,11 +284,9 @@ public:
         const std::string s = fmt::format("step{}.param.", sr.step);
         const auto params = run_.model().named_parameters();
         Tensor flag = Tensor::scalar(0, DType::int64).reshape({1});
-        if (rank0_)
-            for (const auto& [name, p] : params) {
-                auto it = diffs.find(s + name);
-                if (!run_.ignored(name) && it != diffs.end() && it->second.max_abs != 0 && truth.count(s + name)) flag.set(0, 1);
-            }
+        if (rank0_)  // every stage's parameters' diffs reached rank 0 (flush)
+            for (auto it = diffs.lower_bound(s); it != diffs.end() && it->first.compare(0, s.size(), s) == 0; ++it)
+                if (!run_.ignored(it->first.substr(s.size())) && it->second.max_abs != 0 && truth.count(it->first)) flag.set(0, 1);
         Communicator& world = run_.world();
         Unaccounted pause(&run_.counter());
         world.broadcast(flag, 0);
@@ -325,9 +341,9 @@ private:
     }
 
     // Whether this rank counts its piece: one rank of each group of replicas (coordinate 0 on the
-    // dims the tensor is not sharded over).
+    // dims the tensor is not sharded over), in each pipeline stage.
     bool owns(const Placements& pl) const {
-        for (int d = 0; d < run_.dims().ndim(); ++d)
+        for (int d : order_)  // every dim but pp: each stage owns its own tensors
             if (!pl.on(d).is_shard() && run_.comm(d).rank() != 0) return false;
         return true;
     }
@@ -371,18 +387,17 @@ private:
         return piece;
     }
 
-    // The whole tensor's state digest from the pieces (collective; meaningful on rank 0): each
-    // owner hashes its piece where it sits, rank 0 adds the sums (verify/digest.h).
-    // Replicas that agree (`state`) hash their chunks of the rows (shared_box).
-    uint64_t piece_digest(const Tensor& local, const Placements& pl, ReplicaState state) {
+    // The whole tensor's state digest from the pieces: each owner hashes its piece where it sits,
+    // rank 0 adds the sums at the flush (verify/digest.h). Replicas that agree (`state`) hash
+    // their chunks of the rows (shared_box). Words: the sum, the dtype, whether the replicas
+    // agree, the whole shape.
+    void queue_digest(const std::string& name, const Tensor& local, const Placements& pl, ReplicaState state, bool agree) {
         const Shape whole = whole_shape(local.shape(), pl);
         const Box b = shared_box(whole, pl, state);
-        Tensor mine({1}, DType::int64), all({run_.world().size()}, DType::int64);
-        mine.data<int64_t>()[0] = b.owner ? static_cast<int64_t>(element_hash_sum(b.part(on_host(local)), whole, b.part_offset())) : 0;
-        run_.world().all_gather(mine, all);
-        uint64_t sum = 0;
-        for (int r = 0; r < run_.world().size(); ++r) sum += static_cast<uint64_t>(all.data<int64_t>()[r]);
-        return finish_element_hash(sum, local.dtype(), whole);
+        std::vector<int64_t> words{b.owner ? static_cast<int64_t>(element_hash_sum(b.part(on_host(local)), whole, b.part_offset())) : 0,
+                                   static_cast<int64_t>(local.dtype()), agree ? 1 : 0};
+        words.insert(words.end(), whole.begin(), whole.end());
+        queue(Target::digest, name, std::move(words));
     }
 
     // An activation's placements: every data rank's rows (the data dims flattened), then its layout
@@ -415,29 +430,102 @@ private:
         return bad;
     }
 
-    // Every rank's piece of a comparison, merged in rank order on rank 0, where `set` receives the
-    // diff. Queued: the step's comparisons travel in one all_gather at its end (flush_reduces), not
-    // one each (eight rank threads taking turns on two cores spent a third of a verify's comparison
-    // phase handing the cores round for them). Every rank queues the same list in the same order.
-    void reduce_later(const DiffPiece& mine, const Tolerance& tol, std::function<void(const TensorDiff&)> set) {
-        pending_.push_back({mine, tol, std::move(set)});
+    // What rank 0 hears from the ranks, by key (verify/keyed_gather.h): queued, the step's entries
+    // travel together at its end (flush), not one collective each (eight rank threads taking turns
+    // on two cores spent a third of a verify's comparison phase handing the cores round for them).
+    // Ranks may queue different lists (pipeline stages hold different tensors): rank 0 merges by
+    // key, in rank order, and the key says where the result goes.
+    enum class Target {
+        reference,      // a piece of a comparison with the reference's tensor: vs_reference[name]
+        golden,         // ... with the golden file's: vs_golden[name]
+        shadow,         // ... with the shadow optimizer's parameter: vs_shadow[name]
+        event,          // ... with the reference's module event: the event keyed `name`
+        state,          // a tensor's ReplicaState (from its stage's leader): replicas[name]
+        digest,         // a piece's state digest sum (construction): init_state[name]
+        unique_params,  // a stage's count of unique parameters (construction)
+    };
+    void queue(Target t, const std::string& name, std::vector<int64_t> words) {
+        queue_.push_back({fmt::format("{}|{}", static_cast<int>(t), name), std::move(words), 0});
+    }
+    void queue_diff(Target t, const std::string& name, const DiffPiece& piece) {
+        std::vector<int64_t> words(kPieceWords);
+        pack_piece(piece, words.data());
+        queue(t, name, std::move(words));
+    }
+    Tolerance tolerance(Target t, const std::string& name) const {
+        return t == Target::shadow ? opt_.tol.for_masters() : t == Target::event ? opt_.tol : rule_for(opt_.tol, name);
     }
 
-    void flush_reduces() {  // collective
-        if (pending_.empty()) return;
-        Communicator& world = run_.world();
-        const int64_t n = static_cast<int64_t>(pending_.size());
-        Tensor packed({n * kPieceWords}, DType::int64), all({world.size() * n * kPieceWords}, DType::int64);
-        for (int64_t i = 0; i < n; ++i) pack_piece(pending_[i].piece, packed.data<int64_t>() + i * kPieceWords);
-        world.all_gather(packed, all);
-        if (rank0_)
-            for (int64_t i = 0; i < n; ++i) {
-                DiffPiece merged;
-                for (int r = 0; r < world.size(); ++r)
-                    merge_piece(merged, unpack_piece(all.data<int64_t>() + (r * n + i) * kPieceWords));
-                pending_[i].set(finish_diff(merged, pending_[i].tol));
+    // A tensor's replica state, on rank 0: its own, or (pipeline) heard from the stage's leader.
+    void note_state(StepRecord& sr, const std::string& name, ReplicaState state) {
+        if (rank0_) sr.replicas[name] = state;
+        else if (run_.stages() > 1 && leader_) queue(Target::state, name, {static_cast<int64_t>(state)});
+    }
+
+    // Collective over the world: rank 0 merges every rank's queued entries by key and puts each
+    // result where its key says (sr: the step's; null: construction's, into init_).
+    void flush(StepRecord* sr) {
+        std::vector<KeyedEntry> entries = gather_keyed(run_.world(), queue_);
+        queue_.clear();
+        if (!rank0_) return;
+        struct Merged {
+            Target target;
+            std::string name;
+            DiffPiece piece;
+            uint64_t hash = 0;
+            std::vector<int64_t> words;  // the first entry's
+            bool differ = false;
+        };
+        std::vector<Merged> merged;
+        std::unordered_map<std::string, size_t> at;
+        for (KeyedEntry& e : entries) {
+            auto [it, fresh] = at.emplace(e.key, merged.size());
+            if (fresh) {
+                const size_t bar = e.key.find('|');
+                merged.push_back({static_cast<Target>(std::stoi(e.key.substr(0, bar))), e.key.substr(bar + 1), {}, 0, e.words, false});
             }
-        pending_.clear();
+            Merged& m = merged[it->second];
+            switch (m.target) {
+                case Target::digest: m.hash += static_cast<uint64_t>(e.words[0]), m.differ = m.differ || e.words[2] == 0; break;
+                case Target::unique_params: init_->unique_params += e.words[0]; break;
+                case Target::state: break;
+                default: merge_piece(m.piece, unpack_piece(e.words.data()));
+            }
+        }
+        for (Merged& m : merged) {
+            switch (m.target) {
+                case Target::reference: sr->vs_reference[m.name] = finish_diff(m.piece, tolerance(m.target, m.name)); break;
+                case Target::golden: sr->vs_golden[m.name] = finish_diff(m.piece, tolerance(m.target, m.name)); break;
+                case Target::shadow: sr->vs_shadow[m.name] = finish_diff(m.piece, tolerance(m.target, m.name)); break;
+                case Target::event: event_of(*sr, m.name).diff = finish_diff(m.piece, tolerance(m.target, m.name)); break;
+                case Target::state: sr->replicas[m.name] = static_cast<ReplicaState>(m.words[0]); break;
+                case Target::digest: {
+                    auto it = init_index_.find(m.name);
+                    if (it == init_index_.end())  // another stage's
+                        it = init_index_.emplace(m.name, init_->init_state.size()).first, init_->init_state.emplace_back(m.name, 0);
+                    const Shape whole(m.words.begin() + 3, m.words.end());
+                    init_->init_state[it->second].second = finish_element_hash(m.hash, static_cast<DType>(m.words[1]), whole);
+                    if (m.differ) init_differ_.insert(m.name);
+                    break;
+                }
+                case Target::unique_params: break;
+            }
+        }
+    }
+
+    // Rank 0's event of that key in the step: its own, or (another stage's) one made from the key.
+    void add_event(StepRecord& sr, ModuleEvent e) {
+        event_index_[event_key(e)] = sr.events.size();
+        sr.events.push_back(std::move(e));
+    }
+    ModuleEvent& event_of(StepRecord& sr, const std::string& key) {
+        if (auto it = event_index_.find(key); it != event_index_.end()) return sr.events[it->second];
+        ModuleEvent e;  // MICROBATCH:PHASE:CALL:FQN
+        size_t a = key.find(':'), b = key.find(':', a + 1), c = key.find(':', b + 1);
+        e.microbatch = std::stoi(key.substr(0, a)), e.phase = static_cast<Phase>(std::stoi(key.substr(a + 1, b - a - 1)));
+        e.call = std::stoi(key.substr(b + 1, c - b - 1)), e.fqn = key.substr(c + 1);
+        add_event(sr, std::move(e));
+        return sr.events.back();
     }
 
     // A parameter's or gradient's piece compared where it lies (rank-local).
@@ -445,12 +533,10 @@ private:
         const Tensor mine = on_host(local);
         const Tolerance tol = rule_for(opt_.tol, name);
         if (auto it = reference_.find(name); it != reference_.end())
-            reduce_later(piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol), tol,
-                         [&sr, name](const TensorDiff& d) { sr.vs_reference[name] = d; });
+            queue_diff(Target::reference, name, piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol));
         if (auto it = golden_.find(name); it != golden_.end())
-            reduce_later(piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol), tol,
-                         [&sr, name](const TensorDiff& d) { sr.vs_golden[name] = d; });
-        if (rank0_) sr.replicas[name] = state;
+            queue_diff(Target::golden, name, piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol));
+        note_state(sr, name, state);
     }
 
     // The reference's step (null: none, or no reference); following one recorded beside this
@@ -462,9 +548,16 @@ private:
         return step < static_cast<int64_t>(ref.steps.size()) ? &ref.steps[step] : nullptr;
     }
 
-    const ModuleEvent* reference_event(int64_t step, size_t index) const {
+    // The reference's event of that key in the step (null: none).
+    const ModuleEvent* reference_event(int64_t step, const std::string& key) {
         const StepRecord* ref = reference_step(step);
-        return ref && index < ref->events.size() ? &ref->events[index] : nullptr;
+        if (!ref) return nullptr;
+        if (ref != ref_events_of_) {
+            ref_events_.clear(), ref_events_of_ = ref;
+            for (const ModuleEvent& e : ref->events) ref_events_.emplace(event_key(e), &e);
+        }
+        auto it = ref_events_.find(key);
+        return it == ref_events_.end() ? nullptr : it->second;
     }
 
     // The step's module events kept while following the reference, compared now in the order they
@@ -472,16 +565,14 @@ private:
     // on rank 0; the numbers are what comparing them inside the step gives.
     void compare_deferred(StepRecord& sr, const StepRecord* ref_step) {
         for (const Deferred& d : deferred_) {
-            const ModuleEvent* ref = ref_step && d.index < ref_step->events.size() ? &ref_step->events[d.index] : nullptr;
-            const bool same = ref && ref->fqn == d.fqn && ref->phase == d.phase;
+            const ModuleEvent* ref = ref_step ? reference_event(sr.step, d.key) : nullptr;
             if (!d.local) {
-                if (same) sr.events[d.index].diff = compare_tensors(d.x.t, ref->full, opt_.tol);
+                if (ref) event_of(sr, d.key).diff = compare_tensors(d.x.t, ref->full, opt_.tol);
                 continue;
             }
-            if (!same || !ref->full.defined()) continue;
+            if (!ref || !ref->full.defined()) continue;
             const Box b = activation_box(ref->full.shape(), d.x);
-            const DiffPiece mine = d.shape != b.shape ? bad_shape() : b.owner ? piece(d.x.t, ref->full, b, opt_.tol) : DiffPiece{};
-            reduce_later(mine, opt_.tol, [&sr, i = d.index](const TensorDiff& diff) { sr.events[i].diff = diff; });
+            queue_diff(Target::event, d.key, d.shape != b.shape ? bad_shape() : b.owner ? piece(d.x.t, ref->full, b, opt_.tol) : DiffPiece{});
         }
         deferred_.clear();
     }
@@ -518,7 +609,18 @@ private:
         std::vector<Tensor> full, local;
         for (const Placed& o : outs) full.push_back(gather(o)), local.push_back(o.t);
         const Tensor whole = full.size() == 1 ? full[0] : cat(full, 0), mine = local.size() == 1 ? local[0] : cat(local, 0);
-        keep(sr, name, mine, whole, replica_state(mine, activation_placements(outs[0]), false), last_step);
+        const ReplicaState state = replica_state(mine, activation_placements(outs[0]), false);
+        if (run_.stages() > 1) {  // the last stage's leader compares it whole; rank 0 hears by key
+            auto it = reference_.find(name);
+            if (leader_ && it != reference_.end()) {
+                const Tensor host = on_host(whole);
+                const Box b{std::vector<int64_t>(host.dim(), 0), host.shape(), true, compare_threads()};
+                queue_diff(Target::reference, name, piece(host, *it->second, b, rule_for(opt_.tol, name)));
+            }
+            note_state(sr, name, state);
+            return;
+        }
+        keep(sr, name, mine, whole, state, last_step);
     }
 
     // Returns the full tensor on the host (rank 0); rank-locally, nothing.
@@ -558,24 +660,24 @@ private:
     std::vector<int> order_;
     std::unordered_map<std::string, const Tensor*> reference_, golden_;
     const bool local_;
-    // A module event kept for comparison at the step's end (RecordOptions::follow): its index in
-    // the step's events, this rank's piece (rank-local: undefined on a rank that does not count
-    // it) or rank 0's gathered tensor, with the layout and shape it had.
+    bool leader_ = false;  // coordinate 0 on every dim but pp: speaks for its stage (rank 0 without pp)
+    // A module event kept for comparison at the step's end (RecordOptions::follow): its key, this
+    // rank's piece (rank-local: undefined on a rank that does not count it) or rank 0's gathered
+    // tensor, with the layout and shape it had.
     struct Deferred {
-        size_t index;
-        std::string fqn;
-        Phase phase;
+        std::string key;
         Placed x;
         Shape shape;
         bool local;
     };
     std::vector<Deferred> deferred_;
-    struct PendingReduce {
-        DiffPiece piece;
-        Tolerance tol;
-        std::function<void(const TensorDiff&)> set;  // on rank 0
-    };
-    std::vector<PendingReduce> pending_;
+    std::vector<KeyedEntry> queue_;                          // for rank 0, sent at the next flush
+    std::unordered_map<std::string, size_t> event_index_;   // rank 0: the step's events by key
+    const StepRecord* ref_events_of_ = nullptr;              // the reference step ref_events_ indexes
+    std::unordered_map<std::string, const ModuleEvent*> ref_events_;
+    RunRecord* init_ = nullptr;                              // construction's record (flush)
+    std::unordered_map<std::string, size_t> init_index_;    // rank 0: init_state's index by name
+    std::set<std::string> init_differ_;                      // rank 0: state whose replicas differ
 };
 
 }  // namespace

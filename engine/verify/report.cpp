@@ -148,6 +148,10 @@ const char* replica_state_name(ReplicaState s) {
     return "?";
 }
 
+std::string event_key(const ModuleEvent& e) {
+    return fmt::format("{}:{}:{}:{}", e.microbatch, static_cast<int>(e.phase), e.call, e.fqn);
+}
+
 const Tensor* find_tensor(const StepRecord& step, const std::string& name) {
     for (const auto& [n, t] : step.tensors)
         if (n == name) return &t;
@@ -169,14 +173,20 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
                                       step, what, how, d.max_abs, prev, prev_rel)};
     };
     for (size_t s = 0; s < ref.steps.size() && s < par.steps.size(); ++s) {
-        const auto &re = ref.steps[s].events, &pe = par.steps[s].events;
-        for (size_t i = 0; re.size() == pe.size() && i < re.size(); ++i) {
-            if (re[i].fqn != pe[i].fqn || re[i].phase != pe[i].phase) break;
-            if (!pe[i].diff && !pe[i].full.defined()) break;
-            const TensorDiff d = pe[i].diff ? *pe[i].diff : compare_tensors(pe[i].full, re[i].full, tol);
-            if (!d.pass || d.nonfinite) return diverged(static_cast<int64_t>(s), phase_name(re[i].phase), re[i].fqn, event_label(re[i]), d);
+        // the reference's events in the order it computed them, each met by key in the parallel
+        // run's: an event the parallel run does not report (another stage's, not compared) is
+        // passed over; one reported without a comparison ends the walk (nothing after it is known)
+        std::map<std::string, const ModuleEvent*> by_key;
+        for (const ModuleEvent& e : par.steps[s].events) by_key.emplace(event_key(e), &e);
+        for (const ModuleEvent& re : ref.steps[s].events) {
+            const auto it = by_key.find(event_key(re));
+            if (it == by_key.end()) continue;
+            const ModuleEvent& pe = *it->second;
+            if (!pe.diff && !pe.full.defined()) break;
+            const TensorDiff d = pe.diff ? *pe.diff : compare_tensors(pe.full, re.full, tol);
+            if (!d.pass || d.nonfinite) return diverged(static_cast<int64_t>(s), phase_name(re.phase), re.fqn, event_label(re), d);
             prev_rel = d.max_rel;
-            prev = event_label(re[i]);
+            prev = event_label(re);
         }
         // after the backward: the parameters' gradients, their norm (clip_grad_norm), then the
         // optimizer's updates

@@ -29,12 +29,18 @@ enum class ReplicaState {
 const char* replica_state_name(ReplicaState s);  // "equal", "-", "DIFFER", "ignored", "SYNCED"
 inline bool replica_failure(ReplicaState s) { return s == ReplicaState::differ || s == ReplicaState::synced; }
 
+// A module event is keyed by (microbatch, module FQN, phase, call): the call counts that module's
+// events of that phase in the microbatch (a shared module is called more than once). Runs are
+// matched by key, not by position, so a pipeline stage's events meet the reference's.
 struct ModuleEvent {
     std::string fqn;
     Phase phase = Phase::forward;   // the module's output, or (backward) its input gradient
+    int microbatch = 0, call = 0;
     Tensor full;                     // undefined when compared as recorded (diff)
     std::optional<TensorDiff> diff;  // against the reference's event at the same place
 };
+
+std::string event_key(const ModuleEvent& e);  // "MICROBATCH:PHASE:CALL:FQN"
 
 struct StepRecord {
     int64_t step = 0;
