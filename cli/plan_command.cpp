@@ -67,6 +67,7 @@ int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& comm
     cmd.model = proxy;
     cmd.plans = {plan_path};
     cmd.device = select_device(common);
+    cmd.options.fault = fault_from_environment();
     return run_verify_command(
         cmd, [&](const VerifyReport& report) { print_report(report, proxy, common.verbosity); }, [](const CaseResult&) {});
 }
