@@ -6,6 +6,10 @@
 
 #include "core/device_memory.h"
 
+namespace ptool {
+struct Fault;
+}
+
 namespace ptool::cli {
 
 // Options every command shares.
@@ -34,5 +38,6 @@ CLI::Validator whole_number(int64_t lo, int64_t hi);       // --steps, --world-s
 CLI::Validator finite_number(double lo, double hi, bool lo_open);  // --timeout, --memory-cap
 const CLI::Validator& output_path();                       // --json, -o ...: not ""
 ptool::Device select_device(const Common& common);       // configures the backends, returns the device
+ptool::Fault fault_from_environment();                   // cli/fault_env.cpp: PTOOL_FAULT, parsed (exit 2 if bad)
 
 }  // namespace ptool::cli

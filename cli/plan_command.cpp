@@ -67,6 +67,7 @@ int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& comm
     cmd.model = proxy;
     cmd.plans = {plan_path};
     cmd.device = select_device(common);
+    cmd.options.fault = fault_from_environment();
     return run_verify_command(
         cmd, [&](const VerifyReport& report) { print_report(report, proxy, common.verbosity); }, [](const CaseResult&) {});
 }
@@ -94,8 +95,8 @@ int plan(const PlanArgs& a, const Common& common) {
         const Candidate& c = r.fitting[i];
         double bytes = 0;
         for (const auto& [dim, ct] : c.time.by_dim) bytes += ct.bytes;
-        rows.push_back({std::to_string(i + 1), fmt::format("dp{} x tp{}", c.choice.dp, c.choice.tp),
-                        c.choice.dp > 1 ? c.choice.dp_mode : "-", c.choice.checkpoint ? "yes" : "no", std::to_string(c.microbatches),
+        rows.push_back({std::to_string(i + 1), fmt::format("{} x tp{}", c.choice.dp_text(), c.choice.tp),
+                        c.choice.dp > 1 ? c.choice.mode_name() : "-", c.choice.checkpoint ? "yes" : "no", std::to_string(c.microbatches),
                         format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute), seconds_str(c.time.step),
                         fmt::format("{:.1f}%", 100 * c.mfu)});
     }
@@ -124,12 +125,14 @@ int plan(const PlanArgs& a, const Common& common) {
         j["model"] = a.model, j["cluster"] = cluster.name, j["world_size"] = r.world_size;
         j["memory_cap_bytes"] = r.memory_cap, j["evaluated"] = r.evaluated, j["seconds"] = seconds;
         j["candidates"] = nlohmann::json::array();
-        for (const Candidate& c : r.fitting)
+        for (const Candidate& c : r.fitting) {
             j["candidates"].push_back({{"dp", c.choice.dp}, {"tp", c.choice.tp}, {"mode", c.choice.dp_mode},
                                        {"activation_checkpointing", c.choice.checkpoint}, {"microbatches", c.microbatches},
                                        {"peak_bytes", c.peak}, {"prefetch_bytes", c.prefetch}, {"step_seconds", c.time.step},
                                        {"compute_seconds", c.time.compute}, {"blocking_seconds", c.time.blocking},
                                        {"overlappable_seconds", c.time.overlappable}, {"mfu", c.mfu}, {"plan", c.plan_text}});
+            if (c.choice.hybrid()) j["candidates"].back()["dp_replicate"] = c.choice.dp_replicate(), j["candidates"].back()["dp_shard"] = c.choice.dp_shard;
+        }
         j["rejected"] = nlohmann::json::array();
         for (const Rejection& x : r.rejected) j["rejected"].push_back({{"shape", x.shape}, {"reason", x.reason}});
         write_file(a.json, j.dump(2) + "\n", true);

@@ -84,6 +84,7 @@ int verify(VerifyArgs& a, const Common& c) {
     for (const std::string& out : {a.json, a.junit, a.csv, a.html})
         if (!out.empty()) check_output(out, true);  // before the run, not after it
     cmd.device = select_device(c);
+    cmd.options.fault = fault_from_environment();
     ProgressScope progress;  // phases on stderr as they happen (not with -q), their times at the end
     std::vector<CaseResult> cases;
     std::string model_path = cmd.model;

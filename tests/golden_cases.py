@@ -192,10 +192,12 @@ with tempfile.TemporaryDirectory() as tmp:
     # a golden recorded by PyTorch itself
     # (the training configurations: tied vocab-parallel head + loss_parallel + SP with dropout, RoPE/GQA
     # with AdamW defaults, accumulation and clipping under TP+SP, FSDP x TP with checkpointing, DDP x TP
-    # in bf16 mixed precision)
+    # in bf16 mixed precision, HSDP and HSDP x TP: HYBRID_SHARD's gradient is the average over the whole
+    # data group, which is what PyTorch's one-device step computes for the mean loss)
     for model, plan in (("mlp", "mlp_root_module"), ("gpt_block", "gpt_block_tp"), ("gpt2_tied", "gpt2_tied_tp_sp"),
                         ("gpt2_tied", "gpt2_tied_ddp_ac"), ("llama_rope", "llama_rope_tp_sp"),
-                        ("llama_rope", "llama_rope_fsdp_tp_ac"), ("llama_rope", "llama_rope_ddp_tp_bf16")):
+                        ("llama_rope", "llama_rope_fsdp_tp_ac"), ("llama_rope", "llama_rope_ddp_tp_bf16"),
+                        ("mlp_stacked_adamw", "mlp_stacked_hsdp"), ("mlp_stacked_adamw", "mlp_stacked_hsdp_tp")):
         tg = os.path.join(tmp, f"torch_{model}.safetensors")
         p = subprocess.run([sys.executable, "tools/torch_golden.py", f"models/{model}.yaml", f"plans/{plan}.yaml", "-o", tg],
                            capture_output=True, text=True, timeout=300)

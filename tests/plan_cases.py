@@ -7,6 +7,7 @@
    float32 and with its default bfloat16 mixed precision, is a plan ptool reads without a warning
    and verifies: PASS against the single-device reference. The number verified is the one the
    README, docs/testing.md and docs/planning.md state.
+   On two nodes of 2 (tests/data/cpu_2x2.yaml) every HSDP plan it finds verifies too.
 2. Its numbers are explain's: for Llama-3-8B shapes on 16 H100s, each listed plan's memory (less
    the prefetch term) and step time equal those of explain simulating the whole model (the planner
    simulates 2 and 3 blocks and extrapolates), within 1%.
@@ -31,6 +32,7 @@ from json_schema import validate_file  # noqa: E402
 PTOOL, ROOT = sys.argv[1], sys.argv[2]
 check = Checks()
 CPU = f"{ROOT}/clusters/cpu_local.yaml"
+CPU_2X2 = f"{ROOT}/tests/data/cpu_2x2.yaml"
 H100 = f"{ROOT}/clusters/h100_8x8.yaml"
 
 
@@ -82,6 +84,31 @@ with tempfile.TemporaryDirectory() as tmp:
                          ("docs/planning.md", r"on 2 and\s+4 ranks \((\d+) plans")):
         m = re.search(pattern, open(f"{ROOT}/{doc}").read())
         check(m and int(m.group(1)) == verified, f"{doc} says {m and m.group(0)!r}; this run verified {verified} planned plans")
+
+    # 1b. HSDP: on two nodes of 2 (tests/data/cpu_2x2.yaml), dp 4 spans the nodes and the planner
+    # also proposes fully_shard within a node replicated across them; every such plan verifies
+    hsdp = 0
+    for model in sorted(glob.glob(f"{ROOT}/models/*.yaml")):
+        name = os.path.basename(model)[:-5]
+        if name.startswith("gemm_mlp"):
+            continue
+        rc, out = run("plan", model, "--cluster", CPU_2X2, "--world-size", "4", "--mixed-precision", "none", "--json", j)
+        if not check(rc == 0, f"plan {name} on cpu_2x2: exit {rc}\n{out}"):
+            continue
+        err = validate_file(j, "plan")
+        check(err is None, f"plan {name} on cpu_2x2: {err}")
+        for k, c in enumerate(json.load(open(j))["candidates"]):
+            if "dp_shard" not in c or c["microbatches"] != model_accumulation(model):
+                continue
+            check(c["dp_replicate"] * c["dp_shard"] == c["dp"] and "mesh_dim: [dp_replicate, dp_shard]" in c["plan"],
+                  f"{name} #{k}: HSDP candidate {c['dp_replicate']} x {c['dp_shard']} of dp {c['dp']}\n{c['plan']}")
+            plan = os.path.join(tmp, f"{name}_hsdp_{k}.yaml")
+            open(plan, "w").write(c["plan"])
+            rc, out = run("verify", model, plan, "-q")
+            check(rc == 0, f"{name} #{k} (HSDP): verify exit {rc}\n{c['plan']}\n{out[-3000:]}")
+            hsdp += 1
+    print(f"verified {hsdp} HSDP plans that ptool plan wrote for two nodes of 2")
+    check(hsdp >= 10, f"too few planned HSDP plans verified: {hsdp}")
 
     # 2. extrapolated numbers are the full simulation's
     m8 = os.path.join(tmp, "llama3_8b.yaml")  # two steps: explain then sees the optimizer's state too

@@ -10,7 +10,9 @@ ptool's counter-based RNG, the plan's mixed precision as FSDP2 runs it), and wri
 ptool's golden format holds: init.param.*, init.buffer.*, data.*, step{k}.loss/output/grad.*/
 param.*/buffer.*, and the metadata (model and plan text with ptool's hashes, dtype, tolerance).
 ptool replays a golden from its recorded init and data, so the file checks ptool's reference and
-parallel runs against PyTorch's numbers. Needs Debian's python3-torch and python3-yaml only.
+parallel runs against PyTorch's numbers. The plan's layout is not run here: DDP, FSDP and HSDP
+(FSDP's ShardingStrategy.HYBRID_SHARD, fully_shard on a 2-D mesh) all average each gradient over the
+whole data group, which for the mean loss is this one-device step's gradient of the global batch. Needs Debian's python3-torch and python3-yaml only.
 """
 import argparse
 import copy

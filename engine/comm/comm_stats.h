@@ -16,15 +16,40 @@ struct CommTotals {
     int64_t bytes = 0;
 };
 
+// Which of a module's collectives runs now, set by the parallel code around them, for layers
+// that wrap a communicator (fault injection) to tell them apart; not counted separately.
+enum class CommSiteKind {
+    none,
+    construction,    // DDP's broadcast of the state at construction
+    buffers,         // DDP's broadcast of the buffers before each forward
+    bucket,          // DDP's all_reduce of one gradient bucket (CommSite::bucket: which, per root)
+    unshard,         // fully_shard's all_gather of a unit's parameters
+    reduce_grads,    // fully_shard's reduce_scatter of a unit's gradients (HSDP: and their all_reduce)
+    clip_grad_norm,  // clip_grad_norm's all_reduces of the squares
+    loss_parallel,   // loss_parallel's all_reduces of the row maxima and sums
+};
+
+struct CommSite {
+    CommSiteKind kind = CommSiteKind::none;
+    int bucket = -1;  // kind bucket: the bucket's index among its replicate() root's, in reduction order
+    CommSite() = default;
+    CommSite(CommSiteKind k) : kind(k) {}  // implicit: a site is its kind, but for a bucket's index
+    static CommSite of_bucket(int k) {
+        CommSite s(CommSiteKind::bucket);
+        s.bucket = k;
+        return s;
+    }
+    bool is(CommSiteKind k) const { return kind == k; }
+};
+
 class CommCounter {
 public:
     void add(const std::string& op, const std::string& mesh_dim, int64_t bytes);
     void set_module(std::string fqn) { module_ = std::move(fqn); }
     const std::string& module() const { return module_; }
-    // Which of a module's collectives runs now ("bucket 1"), for layers that wrap a communicator
-    // (fault injection); not counted separately.
-    void set_site(std::string site) { site_ = std::move(site); }
-    const std::string& site() const { return site_; }
+    // Which of a module's collectives runs now (CommSite), for layers that wrap a communicator.
+    void set_site(CommSite site) { site_ = site; }
+    const CommSite& site() const { return site_; }
     void reset() { by_key_.clear(); }
     // Verification's own gathers are not part of the plan's communication: they run paused.
     void set_paused(bool paused) { paused_ = paused; }
@@ -36,7 +61,8 @@ public:
     CommTotals total() const;
 
 private:
-    std::string module_, site_;
+    std::string module_;
+    CommSite site_;
     bool paused_ = false;
     std::map<Key, CommTotals> by_key_;
 };
@@ -44,9 +70,9 @@ private:
 // Sets a counter's module and site (either may be null/empty) for the scope.
 class CommScope {
 public:
-    CommScope(CommCounter* c, const std::string& module, std::string site = "")
-        : c_(c), module_(c ? c->module() : ""), site_(c ? c->site() : "") {
-        if (c_) c_->set_module(module), c_->set_site(std::move(site));
+    CommScope(CommCounter* c, const std::string& module, CommSite site = {})
+        : c_(c), module_(c ? c->module() : ""), site_(c ? c->site() : CommSite{}) {
+        if (c_) c_->set_module(module), c_->set_site(site);
     }
     ~CommScope() {
         if (c_) c_->set_module(module_), c_->set_site(site_);
@@ -56,7 +82,8 @@ public:
 
 private:
     CommCounter* c_;
-    std::string module_, site_;
+    std::string module_;
+    CommSite site_;
 };
 
 // Pauses a counter (which may be null) for the scope: shape metadata and verification's own

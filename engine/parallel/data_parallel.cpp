@@ -228,7 +228,7 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
         if (s.buffer) buffers_.push_back(states.back());
     }
     {
-        CommScope scope(counter_.get(), spec.modules.size() == 1 ? spec.modules[0] : "", "construction");
+        CommScope scope(counter_.get(), spec.modules.size() == 1 ? spec.modules[0] : "", CommSiteKind::construction);
         broadcast_coalesced(states, comm_->rank() != 0);
     }
 
@@ -299,7 +299,7 @@ void DataParallel::broadcast_coalesced(const std::vector<ParamPtr>& tensors, boo
 
 void DataParallel::before_forward() {
     if (buffers_.empty()) return;
-    CommScope scope(counter_.get(), res_.replicas.size() == 1 ? res_.replicas[0].root : "", "buffers");
+    CommScope scope(counter_.get(), res_.replicas.size() == 1 ? res_.replicas[0].root : "", CommSiteKind::buffers);
     broadcast_coalesced(buffers_);
 }
 
@@ -318,7 +318,7 @@ void DataParallel::after_backward() {
             copy_bytes_ += 2 * static_cast<int64_t>(b.flat.nbytes());
         }
         {
-            CommScope scope(counter_.get(), b.root, fmt::format("bucket {}", k));
+            CommScope scope(counter_.get(), b.root, CommSite::of_bucket(k));
             comm_->all_reduce(b.flat, ReduceOp::avg);
             allreduce_bytes_ += static_cast<int64_t>(b.flat.nbytes());
         }

@@ -42,7 +42,7 @@ struct FullyShard::State : ModuleHooks {
         }
         Tensor all = Tensor::empty({n * region}, local.dtype(), local.device());
         {
-            CommScope scope(comm->counter().get(), fqn, "unshard");
+            CommScope scope(comm->counter().get(), fqn, CommSiteKind::unshard);
             comm->all_gather(local, all);
         }
         MemoryUseScope unsharded(MemoryUse::fsdp_unsharded);
@@ -93,7 +93,7 @@ struct FullyShard::State : ModuleHooks {
                 be->copy(src, dst);
             }
         {
-            CommScope scope(comm->counter().get(), fqn, "reduce_grads");
+            CommScope scope(comm->counter().get(), fqn, CommSiteKind::reduce_grads);
             comm->reduce_scatter(in, out, ReduceOp::avg);
             if (replicas) replicas->all_reduce(out, ReduceOp::avg);
         }

@@ -18,14 +18,14 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
         Tensor on({n}, DType::float64), rest({n}, DType::float64);  // squares of the pieces sharded on d, and the rest
         for (int64_t i = 0; i < n; ++i) (in.placements(in.params[i].second.get()).on(d.mesh_dim).is_shard() ? on : rest).set(i, sq[i]);
         if (d.comm->size() > 1) {
-            CommScope scope(d.comm->counter().get(), "(clip)", "clip_grad_norm");
+            CommScope scope(d.comm->counter().get(), "(clip)", CommSiteKind::clip_grad_norm);
             d.comm->all_reduce(on, ReduceOp::sum);
         }
         for (int64_t i = 0; i < n; ++i) sq[i] = on.item(i) + rest.item(i);
         kept.push_back(std::move(on)), kept.push_back(std::move(rest));
     }
     if (in.stages && in.stages->size() > 1) {  // every stage's squares, in stage order
-        CommScope scope(in.stages->counter().get(), "(clip)", "clip_grad_norm");
+        CommScope scope(in.stages->counter().get(), "(clip)", CommSiteKind::clip_grad_norm);
         const int k = in.stages->size();
         Tensor count = Tensor::scalar(static_cast<double>(n), DType::int64).reshape({1}), counts({k}, DType::int64);
         {

@@ -13,7 +13,7 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
         const int64_t rows = leading_numel(logits.t.shape());
         LossResult r;
         r.grad = Tensor::empty(logits.t.shape(), logits.t.dtype(), device);
-        CommScope scope(tp.counter().get(), "(loss)", "loss_parallel");
+        CommScope scope(tp.counter().get(), "(loss)", CommSiteKind::loss_parallel);
         Tensor mx = Tensor::empty({rows}, logits.t.dtype(), device), sum = empty_like(mx), picked = empty_like(mx);
         tp.all_reduce(mx, ReduceOp::max);  // the row maxima, sums of exponentials, target logits
         tp.all_reduce(sum, ReduceOp::sum);
@@ -34,7 +34,7 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
     }
     LossResult r;
     r.grad = Tensor::empty(x.shape(), x.dtype());
-    CommScope scope(tp.counter().get(), "(loss)", "loss_parallel");
+    CommScope scope(tp.counter().get(), "(loss)", CommSiteKind::loss_parallel);
     dispatch_float(x.dtype(), [&](auto tag) {
         using T = decltype(tag);
         using A = acc_t<T>;

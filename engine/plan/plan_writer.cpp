@@ -157,7 +157,8 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
     std::string s;
     std::vector<std::string> dims;
     const bool dp_section = c.dp > 1 || c.param_dtype;
-    if (dp_section) dims.push_back(fmt::format("dp: {}", c.dp));
+    if (dp_section && c.hybrid()) dims.push_back(fmt::format("dp_replicate: {}, dp_shard: {}", c.dp_replicate(), c.dp_shard));
+    else if (dp_section) dims.push_back(fmt::format("dp: {}", c.dp));
     if (c.tp > 1) dims.push_back(fmt::format("tp: {}", c.tp));
     if (dims.empty()) dims.push_back("world: 1");
     s += fmt::format("mesh: {{{}}}\n", fmt::join(dims, ", "));
@@ -174,7 +175,7 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
     }
     const std::vector<std::string> blocks = repeated_blocks(model);
     if (dp_section) {
-        s += fmt::format("data_parallel:\n  mesh_dim: dp\n  mode: {}\n", c.dp_mode);
+        s += fmt::format("data_parallel:\n  mesh_dim: {}\n  mode: {}\n", c.hybrid() ? "[dp_replicate, dp_shard]" : "dp", c.dp_mode);
         if (c.dp_mode == "fully_shard") s += fmt::format("  fully_shard: {}\n", list(blocks));
         if (has_batch_norm(*model.root)) s += "  sync_batch_norm: true\n";  // the reference's statistics
         if (c.param_dtype)

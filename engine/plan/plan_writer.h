@@ -1,6 +1,7 @@
 // Writing a plan for a model from its module tree, as torchtitan writes Llama's by hand: the
 // tensor-parallel plan with sequence parallelism where the model has a sequence (token input), the
-// data-parallel section, activation checkpointing; as plan YAML text that load_plan_text reads.
+// data-parallel section (one dp dim, or HSDP's [dp_replicate, dp_shard]), activation
+// checkpointing; as plan YAML text that load_plan_text reads.
 //
 // The tensor-parallel rules follow the activation's layout through the modules in forward order
 // (Replicate, Shard(1) = sequence shards, Shard(-1) = a colwise linear's feature shards). Each
@@ -21,6 +22,8 @@
 // true under data parallelism (the reference's statistics). Any other module (batch_norm, a norm on feature
 // shards) has no rule: the model gets no tensor-parallel plan and the planner says why.
 #pragma once
+
+#include <fmt/format.h>
 
 #include <optional>
 #include <string>
@@ -44,8 +47,18 @@ std::vector<std::string> repeated_blocks(const Model& model);
 struct PlanChoice {
     int dp = 1, tp = 1;
     std::string dp_mode = "fully_shard";       // fully_shard | replicate
+    // HSDP (fully_shard on [dp_replicate, dp_shard]): the dp ranks as dp / dp_shard replicas of
+    // dp_shard shards; 0: one dp dim
+    int dp_shard = 0;
     bool checkpoint = false;                   // activation checkpointing of repeated_blocks
     std::optional<std::string> param_dtype;    // mixed precision (reduce in the model's dtype)
+
+    bool hybrid() const { return dp_shard > 1 && dp_shard < dp; }
+    int dp_replicate() const { return hybrid() ? dp / dp_shard : 1; }
+    std::string mode_name() const { return hybrid() ? "hsdp" : dp_mode; }  // "hsdp", "fully_shard", "replicate"
+    std::string dp_text() const {  // "dp8", or HSDP's "dp2x4" (replicas x shards)
+        return hybrid() ? fmt::format("dp{}x{}", dp_replicate(), dp_shard) : fmt::format("dp{}", dp);
+    }
 };
 // The plan's YAML text (without comments).
 std::string write_plan(const Model& model, const TensorParallelTemplate& tp, const PlanChoice& c);

@@ -153,12 +153,19 @@ private:
                 r_.rejected.push_back({mesh, why});
                 continue;
             }
-            for (const char* mode : {"fully_shard", "replicate"}) {
+            // HSDP, as torchtitan's dp_replicate x dp_shard: fully_shard over the dp ranks of a node,
+            // replicated across nodes (the reduce_scatter stays on NVLink; a 1/shard part of the
+            // gradients is all_reduced between nodes), where dp spans more than one node's
+            const int node_shard = cluster_.gpus_per_node / tp;
+            const bool hsdp = node_shard > 1 && dp > node_shard && dp % node_shard == 0;
+            for (const char* mode : {"fully_shard", "replicate", "hsdp"}) {
                 if (dp == 1 && std::string(mode) == "replicate") continue;  // one rank: nothing to choose
+                if (std::string(mode) == "hsdp" && !hsdp) continue;
                 for (bool ckpt : {false, true}) {
                     if (ckpt && blocks_.empty()) continue;
                     PlanChoice c = base;
-                    c.dp_mode = mode, c.checkpoint = ckpt;
+                    c.dp_mode = std::string(mode) == "hsdp" ? "fully_shard" : mode, c.checkpoint = ckpt;
+                    if (std::string(mode) == "hsdp") c.dp_shard = node_shard;
                     groups.push_back(c);
                 }
             }
@@ -190,7 +197,8 @@ private:
 
     // The model's microbatches, doubled until the group's plan fits under the cap.
     void evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::optional<Rejection>& refusal, int& count) const {
-        const std::string shape = fmt::format("dp={} x tp={} {}{}", c.dp, c.tp, c.dp_mode, c.checkpoint ? " checkpointed" : "");
+        const std::string dp = c.hybrid() ? fmt::format("{}x{}", c.dp_replicate(), c.dp_shard) : std::to_string(c.dp);
+        const std::string shape = fmt::format("dp={} x tp={} {}{}", dp, c.tp, c.mode_name(), c.checkpoint ? " checkpointed" : "");
         const std::string plan_text = write_plan(full_, tpl_, c);
         const Plan plan = load_plan_text(plan_text, "generated.yaml");
         const int64_t first = full_.gradient_accumulation, last = std::max<int64_t>(o_.max_microbatches, first);

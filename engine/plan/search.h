@@ -1,5 +1,6 @@
 // ptool plan: the search over how to run a model on a cluster. Candidates are dp x tp meshes
-// (tp within a node), fully_shard or replicate over dp, activation checkpointing of the repeated
+// (tp within a node), fully_shard or replicate over dp or, where dp spans nodes, HSDP (fully_shard
+// over a node's dp ranks, replicated across nodes), activation checkpointing of the repeated
 // blocks or not, and the model's gradient_accumulation doubled until the batch fits (microbatches); plans are written by
 // plan/plan_writer.h. Each is linted (explain's rules: heads, kv heads, features, vocab and sequence
 // must divide by tp, rows by dp x microbatches; a mesh under which explain expects a mismatch, such

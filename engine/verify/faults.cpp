@@ -8,28 +8,26 @@
 namespace ptool {
 namespace {
 
-const std::vector<std::string>& kinds() {
-    static const std::vector<std::string> k = {
-        "skip_all_reduce", "bias_every_rank",   "skip_grad_all_reduce", "wrong_shard_dim",     "wrong_shard_offset",
-        "wrong_src_rank",  "skip_bucket",       "grad_sum",             "skip_buffer_broadcast", "sync_ignored",
-        "skip_reduce_scatter", "stale_param",   "grad_scale",           "clip_local_norm",     "tied_grad",
-        "loss_parallel_local", "dropout_same_mask", "recompute_mask",   "masters_rounded"};
-    return k;
+// The table's rows are in the enum's order, so fault_class is an index.
+constexpr bool rows_in_enum_order() {
+    for (size_t i = 0; i < std::size(kFaultClasses); ++i)
+        if (static_cast<size_t>(kFaultClasses[i].kind) != i) return false;
+    return true;
 }
+static_assert(rows_in_enum_order(), "kFaultClasses: one row per FaultKind, in the enum's order");
 
 // A style's hooks with one of its reductions broken: a partial output or input gradient relabelled
 // as if it were reduced (so the style's redistribution skips the collective), or rowwise's bias
 // added to every rank's partial sum.
 class FaultHooks final : public ModuleHooks {
 public:
-    FaultHooks(std::shared_ptr<ModuleHooks> inner, std::string kind, int parts)
-        : inner_(std::move(inner)), kind_(std::move(kind)), parts_(parts) {}
+    FaultHooks(std::shared_ptr<ModuleHooks> inner, FaultKind kind, int parts) : inner_(std::move(inner)), kind_(kind), parts_(parts) {}
     Placed pre_forward(RunContext& c, Module& m, const Placed& x) override { return inner_->pre_forward(c, m, x); }
     Placed post_forward(RunContext& c, Module& m, const Placed& y) override {
         if (!y.p.is_partial()) return inner_->post_forward(c, m, y);
-        if (kind_ == "skip_all_reduce") return inner_->post_forward(c, m, y.relabeled(Placement::replicate()));
+        if (kind_ == FaultKind::skip_all_reduce) return inner_->post_forward(c, m, y.relabeled(Placement::replicate()));
         ParamPtr bias = m.param("bias");
-        if (kind_ != "bias_every_rank" || !bias) return inner_->post_forward(c, m, y);
+        if (kind_ != FaultKind::bias_every_rank || !bias) return inner_->post_forward(c, m, y);
         // every rank adds the bias to its summand; with the one the style adds after the
         // reduction, n biases in all
         Tensor biased = y.t.clone(), b = bias->value.clone();
@@ -42,7 +40,7 @@ public:
         return inner_->post_forward_backward(c, m, dy);
     }
     Placed pre_forward_backward(RunContext& c, Module& m, const Placed& dx) override {
-        if (kind_ == "skip_grad_all_reduce" && dx.p.is_partial()) return inner_->pre_forward_backward(c, m, dx.relabeled(Placement::replicate()));
+        if (kind_ == FaultKind::skip_grad_all_reduce && dx.p.is_partial()) return inner_->pre_forward_backward(c, m, dx.relabeled(Placement::replicate()));
         return inner_->pre_forward_backward(c, m, dx);
     }
     void post_backward(RunContext& c, Module& m) override { inner_->post_backward(c, m); }
@@ -51,7 +49,7 @@ public:
 
 private:
     std::shared_ptr<ModuleHooks> inner_;
-    std::string kind_;
+    FaultKind kind_;
     int parts_;
 };
 
@@ -61,43 +59,43 @@ private:
 //   recompute_mask     activation checkpointing's recompute draws its mask for another step
 class ModuleFaultHooks final : public ModuleHooks {
 public:
-    explicit ModuleFaultHooks(std::string kind) : kind_(std::move(kind)) {}
+    explicit ModuleFaultHooks(FaultKind kind) : kind_(kind) {}
     Placed pre_forward(RunContext& c, Module&, const Placed& x) override {
-        if (kind_ == "recompute_mask" && c.recomputing) c.step += 1000003, shifted_ = true;
-        if (kind_ != "dropout_same_mask") return x;
+        if (kind_ == FaultKind::recompute_mask && c.recomputing) c.step += 1000003, shifted_ = true;
+        if (kind_ != FaultKind::dropout_same_mask) return x;
         layouts_.push(c.microbatch, x.layout());
         if (c.recording) backward_layouts_.push(c.microbatch, x.layout());
         return {x.t, Placement::replicate(), x.t.shape()};
     }
     Placed post_forward(RunContext& c, Module&, const Placed& y) override {
         if (shifted_) c.step -= 1000003, shifted_ = false;
-        if (kind_ != "dropout_same_mask") return y;
+        if (kind_ != FaultKind::dropout_same_mask) return y;
         const Layout l = layouts_.pop(c.microbatch);
         return {y.t, l.p, l.global};
     }
     Placed pre_forward_backward(RunContext& c, Module&, const Placed& dx) override {
-        if (kind_ != "dropout_same_mask" || backward_layouts_.empty(c.microbatch)) return dx;
+        if (kind_ != FaultKind::dropout_same_mask || backward_layouts_.empty(c.microbatch)) return dx;
         const Layout l = backward_layouts_.pop(c.microbatch);  // the input's true layout, for its gradient
         return {dx.t, grad_placement(l.p), l.global};
     }
     Placed post_forward_backward(RunContext& c, Module& m, const Placed& dy) override {
-        if (kind_ == "tied_grad" && m.param("weight")) kept_.push(c.microbatch, m.param("weight")->grad.clone());
+        if (kind_ == FaultKind::tied_grad && m.param("weight")) kept_.push(c.microbatch, m.param("weight")->grad.clone());
         return dy;
     }
     void post_backward(RunContext& c, Module& m) override {
-        if (kind_ != "tied_grad" || kept_.empty(c.microbatch)) return;
+        if (kind_ != FaultKind::tied_grad || kept_.empty(c.microbatch)) return;
         c.backend->copy(kept_.pop(c.microbatch), m.param("weight")->grad);
     }
 
 private:
-    std::string kind_;
+    FaultKind kind_;
     MicrobatchStack<Layout> layouts_, backward_layouts_;
     MicrobatchStack<Tensor> kept_;
     bool shifted_ = false;
 };
 
 // A mesh dim's communicator with the collectives of one scope broken. The scope is the counter's
-// module and site, which the parallel code sets around its collectives.
+// module and site (comm/comm_stats.h), which the parallel code sets around its collectives.
 class FaultComm final : public Communicator {
 public:
     using Buckets = std::map<std::string, std::vector<std::string>>;  // root -> bucket K -> the fault's parameter or ""
@@ -109,7 +107,7 @@ public:
     int size() const override { return inner_->size(); }
     std::string backend() const override { return inner_->backend(); }
     void all_gather(const Tensor& in, Tensor& out) override {
-        if (!fault_.hits("stale_param", module()) || site() != "unshard") return inner_->all_gather(in, out);
+        if (!fault_.hits(FaultKind::stale_param, module()) || !site().is(CommSiteKind::unshard)) return inner_->all_gather(in, out);
         auto [it, first] = stale_.try_emplace(module());
         if (first) {
             inner_->all_gather(in, out);
@@ -119,22 +117,26 @@ public:
         }
     }
     void all_reduce(Tensor& t, ReduceOp op) override {
-        if ((fault_.kind == "clip_local_norm" && site() == "clip_grad_norm") ||
-            (fault_.kind == "loss_parallel_local" && site() == "loss_parallel"))
+        if ((fault_.is(FaultKind::clip_local_norm) && site().is(CommSiteKind::clip_grad_norm)) ||
+            (fault_.is(FaultKind::loss_parallel_local) && site().is(CommSiteKind::loss_parallel)))
             return;  // each rank keeps its own
-        if (site().rfind("bucket ", 0) == 0) {
+        if (site().is(CommSiteKind::bucket)) {
             if (skips_bucket()) return;
-            if (fault_.hits("grad_sum", module())) op = ReduceOp::sum;
+            if (fault_.hits(FaultKind::grad_sum, module())) op = ReduceOp::sum;
         }
+        // HSDP: the only all_reduce of a unit's reduce_grads is over the replicate dim; each
+        // replica keeps the shard its own dp_shard group averaged
+        if (fault_.hits(FaultKind::skip_replicate_all_reduce, module()) && site().is(CommSiteKind::reduce_grads)) return;
         inner_->all_reduce(t, op);
     }
     void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
-        if (!fault_.hits("skip_reduce_scatter", module()) || site() != "reduce_grads") return inner_->reduce_scatter(in, out, op);
+        if (!fault_.hits(FaultKind::skip_reduce_scatter, module()) || !site().is(CommSiteKind::reduce_grads))
+            return inner_->reduce_scatter(in, out, op);
         const Tensor mine = chunk(in, size(), rank(), 0);  // this rank's rows of its own gradient, unreduced
         backend_for(out.device()).copy(mine, out);
     }
     void broadcast(Tensor& t, int root) override {
-        inner_->broadcast(t, fault_.hits("wrong_src_rank", module()) ? (root + 1) % size() : root);
+        inner_->broadcast(t, fault_.hits(FaultKind::wrong_src_rank, module()) ? (root + 1) % size() : root);
     }
     void all_to_all(const Tensor& in, Tensor& out) override { inner_->all_to_all(in, out); }
     void barrier() override { inner_->barrier(); }
@@ -145,13 +147,13 @@ public:
 
 private:
     std::string module() const { return counter() ? counter()->module() : ""; }
-    std::string site() const { return counter() ? counter()->site() : ""; }
-    bool skips_bucket() const {  // site "bucket K" of module ROOT holds the fault's parameter
-        if (fault_.kind != "skip_bucket") return false;
+    CommSite site() const { return counter() ? counter()->site() : CommSite{}; }
+    bool skips_bucket() const {  // bucket K of module ROOT holds the fault's parameter
+        if (!fault_.is(FaultKind::skip_bucket)) return false;
         auto it = buckets_.find(module());
-        const size_t k = std::stoul(site().substr(7));
-        if (it == buckets_.end() || k >= it->second.size()) return false;
-        return fault_.fqn == "*" || it->second[k] == fault_.fqn;
+        const int k = site().bucket;
+        if (it == buckets_.end() || k < 0 || static_cast<size_t>(k) >= it->second.size()) return false;
+        return fault_.fqn == "*" || it->second[static_cast<size_t>(k)] == fault_.fqn;
     }
     std::unique_ptr<Communicator> inner_;
     Fault fault_;
@@ -175,7 +177,7 @@ public:
 
     void before_parallelize(const Model& model, const Resolution& res) override {
         for (const ResolvedStyle& rs : res.styles)
-            if (fault_.hits("wrong_shard_dim", rs.fqn) || fault_.hits("wrong_shard_offset", rs.fqn))
+            if (fault_.hits(FaultKind::wrong_shard_dim, rs.fqn) || fault_.hits(FaultKind::wrong_shard_offset, rs.fqn))
                 for (const ParamPlacement& pp : rs.entry->style.style->params(*rs.module))
                     if (pp.placement.is_shard()) full_[rs.module->param(pp.param).get()] = rs.module->param(pp.param)->value.clone();
         (void)model;
@@ -189,8 +191,8 @@ public:
         const bool last = world.rank() == world.size() - 1;
         for (const auto& [name, p] : model.named_parameters()) {
             Backend& be = backend_for(p->grad.device());
-            if (fault_.hits("grad_scale", name) && last) be.scale(p->grad, 1.001, p->grad);
-            if (fault_.kind == "masters_rounded" && plan_ && plan_->mixed_precision)  // the optimizer steps param_dtype values
+            if (fault_.hits(FaultKind::grad_scale, name) && last) be.scale(p->grad, 1.001, p->grad);
+            if (fault_.is(FaultKind::masters_rounded) && plan_ && plan_->mixed_precision)  // the optimizer steps param_dtype values
                 be.copy(to_dtype(be, p->value, plan_->mixed_precision->param_dtype), p->value);
         }
     }
@@ -206,7 +208,7 @@ private:
 // chunk along the other dim poured into this shard's shape.
 Tensor wrong_shard(const Fault& f, const Tensor& full, int64_t dim, int n, int r, const Tensor& local) {
     if (local.numel() == 0) return local;
-    if (f.kind == "wrong_shard_offset") {
+    if (f.is(FaultKind::wrong_shard_offset)) {
         const Chunk c = chunk_of(full.size(dim), n, r);
         const int64_t start = c.offset + c.length < full.size(dim) ? c.offset + 1 : c.offset - 1;
         return start >= 0 ? full.narrow(dim, start, c.length).clone() : local;
@@ -219,7 +221,7 @@ Tensor wrong_shard(const Fault& f, const Tensor& full, int64_t dim, int n, int r
 }
 
 void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolution& res, const TpParams& params, DeviceMesh& mesh) {
-    if (fault_.kind == "skip_buffer_broadcast" && plan.data_parallel) {
+    if (fault_.is(FaultKind::skip_buffer_broadcast) && plan.data_parallel) {
         // the replicas start apart, as DDP's do before its broadcast, and the broadcast never comes
         int dp_rank = 0;  // among every data rank
         for (int d : plan.dims.data_dims()) dp_rank = dp_rank * mesh.dims()[d].size + mesh.coord(d);
@@ -228,15 +230,16 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
     }
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         const bool dropout = dynamic_cast<const Dropout*>(&m) != nullptr;
-        if (fault_.hits("tied_grad", fqn) || (dropout && (fault_.hits("dropout_same_mask", fqn) || fault_.hits("recompute_mask", fqn))))
-            m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(fault_.kind));
+        if (fault_.hits(FaultKind::tied_grad, fqn) ||
+            (dropout && (fault_.hits(FaultKind::dropout_same_mask, fqn) || fault_.hits(FaultKind::recompute_mask, fqn))))
+            m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(*fault_.kind));
     });
     if (!plan.dims.has(DimRole::tp)) return;
     Communicator& tp = mesh.comm(plan.dims.index(DimRole::tp));
     for (const ResolvedStyle& rs : res.styles) {
-        if (fault_.hits("skip_all_reduce", rs.fqn) || fault_.hits("bias_every_rank", rs.fqn) ||
-            fault_.hits("skip_grad_all_reduce", rs.fqn))
-            rs.module->set_hooks(std::make_shared<FaultHooks>(rs.module->hooks(), fault_.kind, tp.size()));
+        if (fault_.hits(FaultKind::skip_all_reduce, rs.fqn) || fault_.hits(FaultKind::bias_every_rank, rs.fqn) ||
+            fault_.hits(FaultKind::skip_grad_all_reduce, rs.fqn))
+            rs.module->set_hooks(std::make_shared<FaultHooks>(rs.module->hooks(), *fault_.kind, tp.size()));
         for (const auto& [pp, full] : full_) {
             const ParamPtr p = rs.module->param("weight") && rs.module->param("weight").get() == pp ? rs.module->param("weight")
                                : rs.module->param("bias") && rs.module->param("bias").get() == pp ? rs.module->param("bias")
@@ -250,8 +253,8 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
 
 DataParallelResolution FaultLayer::data_parallel(const DataParallelResolution& r) {
     DataParallelResolution out = r;
-    if (fault_.kind == "skip_buffer_broadcast") out.synced_buffers.clear();
-    if (fault_.kind == "sync_ignored" && !out.ignored_params.empty()) {  // averaged in a bucket of their own
+    if (fault_.is(FaultKind::skip_buffer_broadcast)) out.synced_buffers.clear();
+    if (fault_.is(FaultKind::sync_ignored) && !out.ignored_params.empty()) {  // averaged in a bucket of their own
         if (out.replicas.empty()) out.replicas.push_back({"", {}});
         BucketSpec b;
         b.params.assign(out.ignored_params.begin(), out.ignored_params.end());
@@ -268,16 +271,33 @@ DataParallelResolution FaultLayer::data_parallel(const DataParallelResolution& r
 
 }  // namespace
 
-Fault parse_fault(const char* env) {
+const FaultClass& fault_class(FaultKind k) { return kFaultClasses[static_cast<size_t>(k)]; }
+
+const char* fault_section_name(FaultSection s) {
+    switch (s) {
+        case FaultSection::tensor_parallel: return "tensor parallel";
+        case FaultSection::data_parallel: return "data parallel";
+        case FaultSection::training: return "training configurations";
+        case FaultSection::mixed_precision: return "mixed precision";
+    }
+    return "";
+}
+
+Fault parse_fault(const char* text) {
     Fault f;
-    if (!env || !*env) return f;
-    const std::string s(env);
+    if (!text || !*text) return f;
+    const std::string s(text);
     const size_t colon = s.find(':');
-    f.kind = s.substr(0, colon);
+    const std::string kind = s.substr(0, colon);
     f.fqn = colon == std::string::npos ? "" : s.substr(colon + 1);
-    if (std::find(kinds().begin(), kinds().end(), f.kind) == kinds().end() || f.fqn.empty())
+    std::vector<std::string> names;
+    for (const FaultClass& c : kFaultClasses) {
+        names.push_back(c.name);
+        if (kind == c.name) f.kind = c.kind;
+    }
+    if (!f.kind || f.fqn.empty())
         throw InputError(fmt::format("PTOOL_FAULT='{}': expected KIND:FQN (or KIND:* for every place) with KIND one of {}", s,
-                                     fmt::join(kinds(), ", ")));
+                                     fmt::join(names, ", ")));
     return f;
 }
 

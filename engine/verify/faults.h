@@ -1,46 +1,115 @@
-// Fault injection: bugs put into a parallel run on purpose (PTOOL_FAULT=KIND:FQN, FQN * for every
-// place) to prove that verify catches and localises them. The faults are a RunLayer: they wrap the
-// styles' hooks, the mesh's communicators and the data-parallel resolution from outside, so no
-// production path knows about them.
-//   tensor parallel (module FQNs)
-//     skip_all_reduce        a module's forward reduction of partial sums is skipped (rowwise)
-//     bias_every_rank        rowwise's bias is added by every rank before the reduction
-//     skip_grad_all_reduce   a module's reduction of its partial input gradient is skipped (colwise)
-//     wrong_shard_dim        a sharded parameter is cut along the other dim
-//     wrong_shard_offset     a shard is taken one row late (early at the end)
-//     wrong_src_rank         src_data_rank's broadcast is sent from the next rank
-//   data parallel
-//     skip_bucket:PARAM      the bucket holding PARAM is not all_reduced
-//     grad_sum:ROOT          a replicate() root's buckets are summed, not averaged
-//     skip_buffer_broadcast  buffers are not broadcast (at construction, before each forward)
-//     sync_ignored           ignored modules' gradients are averaged anyway
-//     skip_reduce_scatter    a fully_shard unit's ranks keep their own rows of their own gradient
-//     stale_param            a fully_shard unit reuses its first all_gather's parameters
-//   training configurations
-//     grad_scale:PARAM       the last rank's gradient of PARAM is scaled by 1.001 before the sync
-//     clip_local_norm:*      clip_grad_norm uses each rank's local norm (its all_reduces skipped)
-//     tied_grad:MODULE       MODULE's use of its (tied) weight adds nothing to the weight's gradient
-//     loss_parallel_local:*  loss_parallel's max and sum-exp all_reduces are skipped
-//     dropout_same_mask:FQN  a dropout draws its mask by local index (every tp rank the same mask)
-//     recompute_mask:FQN     a dropout's mask in activation checkpointing's recompute is drawn anew
-//   mixed precision
-//     masters_rounded:*      the optimizer steps parameters rounded to param_dtype (no fp32 masters)
-//     reduce_in_param_dtype:*  gradients are reduced in param_dtype, not reduce_dtype
+// Fault injection: bugs put into a parallel run on purpose (KIND:FQN, FQN * for every place) to
+// prove that verify catches and localises them. The CLI reads PTOOL_FAULT and hands the parsed
+// fault to verify through VerifyOptions::fault; the engine never reads the environment for it. The
+// faults are a RunLayer: they wrap the styles' hooks, the mesh's communicators and the
+// data-parallel resolution from outside, so no production path knows about them.
+//
+// Every kind is one row of kFaultClasses below (its name, its section, what it breaks); the
+// message for an unknown kind lists the names from it, and the mutation score
+// (tests/mutation_score.py) runs each class over every shipped case it applies to.
 #pragma once
+
+#include <optional>
+#include <string>
 
 #include "train/run.h"
 
 namespace ptool {
 
-struct Fault {
-    std::string kind;
-    std::string fqn;
-    bool empty() const { return kind.empty(); }
-    bool hits(const char* k, const std::string& where) const { return kind == k && (fqn == "*" || fqn == where); }
+enum class FaultKind {
+    // tensor parallel (module FQNs)
+    skip_all_reduce,
+    bias_every_rank,
+    skip_grad_all_reduce,
+    wrong_shard_dim,
+    wrong_shard_offset,
+    wrong_src_rank,
+    // data parallel
+    skip_bucket,
+    grad_sum,
+    skip_buffer_broadcast,
+    sync_ignored,
+    skip_reduce_scatter,
+    stale_param,
+    skip_replicate_all_reduce,
+    // training configurations
+    grad_scale,
+    clip_local_norm,
+    tied_grad,
+    loss_parallel_local,
+    dropout_same_mask,
+    recompute_mask,
+    // mixed precision
+    masters_rounded,
 };
 
-// "" or null: no fault; anything but KIND:FQN with a known KIND is an InputError listing them.
-Fault parse_fault(const char* env);
+enum class FaultSection { tensor_parallel, data_parallel, training, mixed_precision };
+
+struct FaultClass {
+    FaultKind kind;
+    const char* name;    // PTOOL_FAULT's KIND
+    FaultSection section;
+    const char* target;  // what FQN names
+    const char* breaks;  // what the fault does
+};
+
+// One row per kind, in the order the names are listed.
+inline constexpr FaultClass kFaultClasses[] = {
+    {FaultKind::skip_all_reduce, "skip_all_reduce", FaultSection::tensor_parallel, "MODULE",
+     "a module's forward reduction of partial sums is skipped (rowwise)"},
+    {FaultKind::bias_every_rank, "bias_every_rank", FaultSection::tensor_parallel, "MODULE",
+     "rowwise's bias is added by every rank before the reduction"},
+    {FaultKind::skip_grad_all_reduce, "skip_grad_all_reduce", FaultSection::tensor_parallel, "MODULE",
+     "a module's reduction of its partial input gradient is skipped (colwise)"},
+    {FaultKind::wrong_shard_dim, "wrong_shard_dim", FaultSection::tensor_parallel, "MODULE",
+     "a sharded parameter is cut along the other dim"},
+    {FaultKind::wrong_shard_offset, "wrong_shard_offset", FaultSection::tensor_parallel, "MODULE",
+     "a shard is taken one row late (early at the end)"},
+    {FaultKind::wrong_src_rank, "wrong_src_rank", FaultSection::tensor_parallel, "MODULE",
+     "src_data_rank's broadcast is sent from the next rank"},
+    {FaultKind::skip_bucket, "skip_bucket", FaultSection::data_parallel, "PARAM",
+     "the bucket holding PARAM is not all_reduced"},
+    {FaultKind::grad_sum, "grad_sum", FaultSection::data_parallel, "ROOT",
+     "a replicate() root's buckets are summed, not averaged"},
+    {FaultKind::skip_buffer_broadcast, "skip_buffer_broadcast", FaultSection::data_parallel, "*",
+     "buffers are not broadcast (at construction, before each forward)"},
+    {FaultKind::sync_ignored, "sync_ignored", FaultSection::data_parallel, "*",
+     "ignored modules' gradients are averaged anyway"},
+    {FaultKind::skip_reduce_scatter, "skip_reduce_scatter", FaultSection::data_parallel, "UNIT",
+     "a fully_shard unit's ranks keep their own rows of their own gradient"},
+    {FaultKind::stale_param, "stale_param", FaultSection::data_parallel, "UNIT",
+     "a fully_shard unit reuses its first all_gather's parameters"},
+    {FaultKind::skip_replicate_all_reduce, "skip_replicate_all_reduce", FaultSection::data_parallel, "UNIT",
+     "HSDP: a unit's gradient is reduce_scattered over dp_shard but never all_reduced over dp_replicate"},
+    {FaultKind::grad_scale, "grad_scale", FaultSection::training, "PARAM",
+     "the last rank's gradient of PARAM is scaled by 1.001 before the sync"},
+    {FaultKind::clip_local_norm, "clip_local_norm", FaultSection::training, "*",
+     "clip_grad_norm uses each rank's local norm (its all_reduces skipped)"},
+    {FaultKind::tied_grad, "tied_grad", FaultSection::training, "MODULE",
+     "MODULE's use of its (tied) weight adds nothing to the weight's gradient"},
+    {FaultKind::loss_parallel_local, "loss_parallel_local", FaultSection::training, "*",
+     "loss_parallel's max and sum-exp all_reduces are skipped"},
+    {FaultKind::dropout_same_mask, "dropout_same_mask", FaultSection::training, "MODULE",
+     "a dropout draws its mask by local index (every tp rank the same mask)"},
+    {FaultKind::recompute_mask, "recompute_mask", FaultSection::training, "MODULE",
+     "a dropout's mask in activation checkpointing's recompute is drawn anew"},
+    {FaultKind::masters_rounded, "masters_rounded", FaultSection::mixed_precision, "*",
+     "the optimizer steps parameters rounded to param_dtype (no fp32 masters)"},
+};
+
+const FaultClass& fault_class(FaultKind k);
+const char* fault_section_name(FaultSection s);  // "tensor parallel", ...
+
+struct Fault {
+    std::optional<FaultKind> kind;  // none: no fault
+    std::string fqn;                // where: a module, parameter, unit or root's FQN, or * for every place
+    bool empty() const { return !kind; }
+    bool is(FaultKind k) const { return kind == k; }
+    bool hits(FaultKind k, const std::string& where) const { return kind == k && (fqn == "*" || fqn == where); }
+};
+
+// "" or null: no fault; anything but KIND:FQN with a known KIND is an InputError listing the kinds.
+Fault parse_fault(const char* text);
 
 // The layer that injects `fault` into a run (null for no fault).
 std::unique_ptr<RunLayer> fault_layer(const Fault& fault);

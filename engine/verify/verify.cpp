@@ -4,7 +4,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <thread>
 
@@ -234,7 +233,6 @@ RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps,
 VerifyReport verify(const VerifyJob& job, Launch& launch) {
     VerifyReport report;
     const Model probe = load_model_text(job.inputs.model_text, job.inputs.model_path, job.inputs.dtype_override, false);
-    const Fault fault = parse_fault(std::getenv("PTOOL_FAULT"));
     report.dtype = probe.dtype;
     // rank 0, by step count and numerics: one reference serves every plan that computes alike
     using ReferenceKey = std::pair<int64_t, std::string>;
@@ -296,7 +294,7 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         RunRecord par;
         try {
             launch.run(plan.world_size(), plan.mesh_where, [&](Communicator& world) {
-                const std::unique_ptr<RunLayer> layer = fault_layer(fault);
+                const std::unique_ptr<RunLayer> layer = fault_layer(job.options.fault);
                 // each rank's tensors are charged to its account (verification's own are not: the
                 // recorder's work runs unaccounted), the measured side of explain's prediction
                 auto account = std::make_shared<MemoryAccount>();

@@ -6,6 +6,7 @@
 
 #include <memory>
 
+#include "verify/faults.h"
 #include "verify/recorder.h"
 #include "verify/report.h"
 
@@ -20,6 +21,9 @@ struct VerifyOptions {
     // In one process on the CPU, run the reference beside the parallel run (ReferenceStream) when
     // the host has the memory for both; off: the reference first, then the parallel run.
     bool reference_beside = true;
+    // A bug injected into every parallel run on purpose (verify/faults.h); the CLI parses it from
+    // PTOOL_FAULT. Empty: none.
+    Fault fault;
 };
 
 struct VerifyJob {
