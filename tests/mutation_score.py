@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Mutation score of the verifier: every injected parallelism bug (PTOOL_FAULT) over every shipped
 case it applies to. Prints the table (class, cases, detected, localised) and fails unless every
-mutant is detected (but the KNOWN_GAPS below, which must stay undetected until fixed) and >= 90%
+mutant is detected and >= 90%
 of each class are localised to the right module and phase, and unless the README's table and
 docs/testing.md's totals are this run's.
 
@@ -34,18 +34,6 @@ import sys
 import tempfile
 
 PTOOL, ROOT = sys.argv[1], sys.argv[2]
-
-# Mutants verify does not catch today, each with why; the run fails if one of them is caught (then
-# drop it here and from the README) and counts them apart from the misses that fail it.
-KNOWN_GAPS = {
-    # HSDP: the last rank is in no dp_replicate group of rank 0's, and the recorder's bitwise replica
-    # check is collective over each group but only rank 0's verdict is reported: the scaled shard
-    # differs from its replica (ranks 1 and 3), which no rank that reports compares
-    # (engine/verify/recorder.cpp, Recorder::agreement)
-    ("grad_scale", "mlp_stacked_hsdp.yaml"): "replicas that differ outside rank 0's dp_replicate group are not reported",
-    ("grad_scale", "mlp_stacked_hsdp_tp.yaml"): "replicas that differ outside rank 0's dp_replicate group are not reported",
-}
-
 
 def cases():
     for plan in sorted(glob.glob(f"{ROOT}/plans/*.yaml")):
@@ -159,7 +147,7 @@ def training_mutants(ex, first_div, grad_fails):
 
 
 def main():
-    table, misses, gaps = {}, [], []
+    table, misses = {}, []
     for model, plan in cases():
         ex = explain(model, plan)
         for cls, fault, localised in mutants(ex):
@@ -175,30 +163,20 @@ def main():
             loc = det and rep is not None and localised(rep)
             row[2] += det
             row[3] += loc
-            gap = KNOWN_GAPS.get((cls, os.path.basename(plan)))
-            if gap and det:
-                misses.append(f"{cls}: {fault} on {os.path.basename(plan)} is caught now: drop it from KNOWN_GAPS")
-            elif gap:
-                gaps.append(f"{cls}: {fault} on {os.path.basename(plan)}: {gap}")
-            elif not loc:
+            if not loc:
                 misses.append(f"{cls}: {fault} on {os.path.basename(plan)}: exit {p.returncode}, "
                               f"{'not localised: ' + (rep['localisation'] if rep else '') if det else 'NOT DETECTED'}")
     lines = [f"{'class':<26} {'cases':>5} {'mutants':>7} {'detected':>9} {'localised':>9}"]
-    ok = not any("caught now" in m for m in misses)
+    ok = True
     for cls, (plans, n, det, loc) in sorted(table.items()):
         lines.append(f"{cls:<26} {len(plans):>5} {n:>7} {det:>4} {100 * det / n:3.0f}% {loc:>4} {100 * loc / n:3.0f}%")
-        known = sum(1 for g in gaps if g.startswith(cls + ":"))
-        ok = ok and det == n - known and loc >= 0.9 * (n - known)
+        ok = ok and det == n and loc >= 0.9 * n
     total, detected, localised = (sum(r[i] for r in table.values()) for i in (1, 2, 3))
     cases_hit = len(set().union(*(r[0] for r in table.values())))
     lines.append(f"{len(table)} classes, {total} mutants: detected {detected}, localised {localised}")
-    if gaps:
-        lines.append(f"known gaps (not detected, README and docs/testing.md): {len(gaps)}")
     print("\n".join(lines))
     for m in misses:
         print("  miss:", m)
-    for g in gaps:
-        print("  known gap:", g)
     ok = ok and len(table) >= 20
     # the README's table and docs/testing.md's totals are this run's
     readme = open(f"{ROOT}/README.md").read().splitlines()

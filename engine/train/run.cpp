@@ -92,6 +92,7 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     const std::vector<int>& data = plan.dims.data_dims();
     batch_ = data.empty() ? solo_.get() : data.size() == 1 ? &mesh_->comm(data[0]) : &mesh_->group(mesh_->add_group(data, plan.dims.data_label()));
     res_ = resolve_plan(model_, plan);  // the whole model's (a stage's boundary layouts come from it)
+    stage_comm_ = &world_, stage_dims_ = plan.mesh();
     if (plan.pipeline) keep_own_stage();
     for (const Module* m : res_.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
     const bool own = builds_own_shards(in, plan, layer);
@@ -150,6 +151,11 @@ void Run::keep_own_stage() {
                                                  spec.split_points.size(), spec.split_points.size() == 1 ? "" : "s", ranges.size(),
                                                  plan_.dims.name(DimRole::pp), stages_));
     stage_ = comm(DimRole::pp).rank();
+    std::vector<int> others;  // the stage's ranks: every dim but pp
+    stage_dims_.clear();
+    for (int d = 0; d < plan_.dims.ndim(); ++d)
+        if (d != plan_.dims.index(DimRole::pp)) others.push_back(d), stage_dims_.push_back(plan_.mesh()[d]);
+    stage_comm_ = &mesh_->group(mesh_->add_group(others, "stage"));
     const StageRange r = ranges[stage_];
     stage_modules_.assign(spine.begin() + static_cast<std::ptrdiff_t>(r.begin), spine.begin() + static_cast<std::ptrdiff_t>(r.end));
     auto call_of = [&](const Module* m) -> const CallLayout& {

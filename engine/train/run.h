@@ -93,6 +93,10 @@ public:
     Communicator& comm(DimRole role) const;
     // The group the batch's rows are split over: the data dims flattened (one rank without them).
     Communicator& data_comm() const { return *batch_; }
+    // Every rank of this rank's pipeline stage (the mesh's dims but pp, flattened in mesh order):
+    // the world without pp. Uncounted use only (verification's).
+    Communicator& stage_comm() const { return *stage_comm_; }
+    const std::vector<MeshDim>& stage_dims() const { return stage_dims_; }  // its dims, in mesh order
     const DataParallel* data_parallel() const { return data_parallel_.get(); }
     // A parameter's placement on every mesh dim (the tp style's, then fully_shard's of its tp piece).
     Placements placements(const Parameter* p) const;
@@ -160,6 +164,8 @@ private:
     // Pipeline parallel: this rank's stage of `stages_`, the spine modules it runs and the layouts
     // at its boundaries (without pp: stage 0 of 1, the root runs whole).
     int stage_ = 0, stages_ = 1;
+    Communicator* stage_comm_ = nullptr;
+    std::vector<MeshDim> stage_dims_;
     std::vector<Module*> stage_modules_;
     Layout stage_in_, stage_out_;
 };

@@ -17,17 +17,6 @@ namespace {
 
 Tensor on_host(const Tensor& t) { return t.device() == Device::cpu ? t : t.to_device(Device::cpu); }
 
-// Whether every rank of comm holds the same bytes of a replicated tensor (known to every rank).
-bool replicas_agree(const Tensor& t, Communicator& comm) {
-    if (comm.size() == 1) return true;
-    Tensor mine({1}, DType::int64), all({comm.size()}, DType::int64);
-    mine.data<int64_t>()[0] = static_cast<int64_t>(tensor_digest(on_host(t)));
-    comm.all_gather(mine, all);
-    for (int r = 1; r < comm.size(); ++r)
-        if (all.data<int64_t>()[r] != all.data<int64_t>()[0]) return false;
-    return true;
-}
-
 // The full size of dim `p.dim` from every rank's local size (uncounted metadata).
 Shape global_shape(const Shape& local, const Placement& p, Communicator& comm) {
     if (!p.is_shard() || comm.size() == 1) return local;
@@ -577,20 +566,38 @@ private:
         deferred_.clear();
     }
 
-    // Whether a tensor's replicas agree bitwise, over the data dims and over the others (each dim
-    // it is replicated on is checked: collective on every rank, whatever the others' result).
+    // Whether a tensor's replicas agree bitwise, over the data dims and over the others: every
+    // group of replicas on each dim it is replicated on, not only rank 0's (on a 2 x 2 HSDP mesh
+    // ranks 1 and 3 are a dp_replicate group rank 0 is not in). One all_gather of every stage
+    // rank's digest; each rank then checks each rank's copy against its group's coordinate-0 copy,
+    // so every rank knows the same verdict (collective over the stage, whatever the result).
     struct Agreement {
         bool model = true, data = true;
         bool replicas = false;  // replicated over some dim of more than one rank
     };
     Agreement agreement(const Tensor& local, const Placements& pl) {
         Agreement a;
-        for (int d : order_) {
-            if (!pl.on(d).is_replicate()) continue;
-            Communicator& c = run_.comm(d);
-            const bool ok = replicas_agree(local, c);
+        std::vector<int> dims;  // the replicated dims, as positions among the stage's dims
+        const int pp = run_.dims().index(DimRole::pp);
+        for (int d : order_)
+            if (pl.on(d).is_replicate() && run_.comm(d).size() > 1) dims.push_back(d);
+        if (dims.empty()) return a;
+        a.replicas = true;
+        Communicator& stage = run_.stage_comm();
+        Tensor mine({1}, DType::int64), all({stage.size()}, DType::int64);
+        mine.data<int64_t>()[0] = static_cast<int64_t>(tensor_digest(on_host(local)));
+        stage.all_gather(mine, all);
+        const std::vector<MeshDim>& sd = run_.stage_dims();
+        for (int d : dims) {
+            const int at = pp >= 0 && d > pp ? d - 1 : d;  // its position among the stage's dims
+            bool ok = true;
+            for (int r = 0; r < stage.size() && ok; ++r) {
+                std::vector<int> c = DeviceMesh::coords_of(r, sd);
+                if (c[at] == 0) continue;
+                c[at] = 0;
+                ok = all.data<int64_t>()[r] == all.data<int64_t>()[DeviceMesh::rank_of(c, sd)];
+            }
             (run_.dims().is_data_dim(d) ? a.data : a.model) &= ok;
-            a.replicas = a.replicas || c.size() > 1;
         }
         return a;
     }
