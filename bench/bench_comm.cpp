@@ -8,7 +8,8 @@
 // copy's own read + write rate: all_reduce reads n inputs and writes n outputs (2nB), all_gather
 // reads B and writes nB, reduce_scatter reads nB and writes B ((n+1)B each).
 //   ./build/bench/bench_comm [RANKS] [MAX_MIB]          threads, in-process (default 4 ranks, 256 MiB)
-//   ./build/bench/bench_comm RANKS MAX_MIB cuda         verify's choice: nccl with a GPU per rank, else cuda_local
+//   ./build/bench/bench_comm RANKS MAX_MIB cuda         verify's choice: nccl with a GPU per rank, else
+//   cuda_local
 //   ./build/bench/bench_comm RANKS MAX_MIB cuda_local   RANKS virtual ranks on one GPU
 //   ./build/bench/bench_comm RANKS MAX_MIB nccl         one GPU per rank (RANKS <= GPUs)
 //   mpirun -np 4 ./build/bench/bench_comm 0 [MAX_MIB]    mpi
@@ -86,14 +87,18 @@ std::vector<Row> measure(Communicator& c, size_t max_bytes, Device device = Devi
     return rows;
 }
 
-void print(const std::vector<Row>& rows, int n, const char* backend, double memcpy_bw, bool one_memory = false) {
+void print(const std::vector<Row>& rows, int n, const char* backend, double memcpy_bw,
+           bool one_memory = false) {
     std::printf("bench_comm %s, %d ranks; %s %.2f GB/s (the limit)\n", backend, n,
-                std::string(backend) == "threads" || std::string(backend) == "mpi" ? "single-thread memcpy" : "device-to-device copy", memcpy_bw);
+                std::string(backend) == "threads" || std::string(backend) == "mpi" ? "single-thread memcpy"
+                                                                                   : "device-to-device copy",
+                memcpy_bw);
     std::printf("%12s  %26s  %26s  %26s\n", "", "all_reduce", "all_gather", "reduce_scatter");
-    std::printf("%12s  %8s %8s %8s  %8s %8s %8s  %8s %8s %8s\n", "bytes", "us", "algbw", "busbw", "us", "algbw",
-                "busbw", "us", "algbw", "busbw");
+    std::printf("%12s  %8s %8s %8s  %8s %8s %8s  %8s %8s %8s\n", "bytes", "us", "algbw", "busbw", "us",
+                "algbw", "busbw", "us", "algbw", "busbw");
     const double factor[3] = {2.0 * (n - 1) / n, double(n - 1) / n, double(n - 1) / n};
-    const double traffic[3] = {2.0 * n, n + 1.0, n + 1.0};  // bytes read + written per byte of the full tensor
+    const double traffic[3] = {2.0 * n, n + 1.0,
+                               n + 1.0};  // bytes read + written per byte of the full tensor
     double worst_large = 1e30, worst_traffic[3] = {1e30, 1e30, 1e30};
     for (const Row& r : rows) {
         std::printf("%12zu ", r.bytes);
@@ -108,15 +113,18 @@ void print(const std::vector<Row>& rows, int n, const char* backend, double memc
         std::printf("\n");
     }
     if (worst_large < 1e30)
-        std::printf("busbw >= 64 MiB, worst op: %.2f GB/s = %.0f%% of %s%s\n", worst_large, 100 * worst_large / memcpy_bw,
-                    one_memory ? "the copy" : "memcpy", one_memory ? "" : " (target >= 50%)");
+        std::printf("busbw >= 64 MiB, worst op: %.2f GB/s = %.0f%% of %s%s\n", worst_large,
+                    100 * worst_large / memcpy_bw, one_memory ? "the copy" : "memcpy",
+                    one_memory ? "" : " (target >= 50%)");
     if (one_memory && worst_traffic[0] < 1e30) {  // the copy reads and writes its bytes once: 2x its rate
-        std::printf("memory traffic (least bytes read + written) >= 64 MiB, slowest size, against the copy's %.2f GB/s:",
-                    2 * memcpy_bw);
+        std::printf(
+            "memory traffic (least bytes read + written) >= 64 MiB, slowest size, against the copy's %.2f "
+            "GB/s:",
+            2 * memcpy_bw);
         const char* names[3] = {"all_reduce", "all_gather", "reduce_scatter"};
         for (int op = 0; op < 3; ++op)
-            std::printf(" %s %.0f GB/s = %.0f%%%s", names[op], worst_traffic[op], 100 * worst_traffic[op] / (2 * memcpy_bw),
-                        op == 0 ? " (target >= 50%)" : "");
+            std::printf(" %s %.0f GB/s = %.0f%%%s", names[op], worst_traffic[op],
+                        100 * worst_traffic[op] / (2 * memcpy_bw), op == 0 ? " (target >= 50%)" : "");
         std::printf("\n");
     }
 }
@@ -136,9 +144,12 @@ int main_impl(int argc, char** argv) {
             auto r = measure(c, max_bytes, Device::cuda);
             if (c.rank() == 0) rows = r, backend = c.backend();
         };
-        if (mode == "nccl") run_nccl_threads(ranks, CommOptions{}, rank);  // one GPU per rank
-        else if (mode == "cuda_local") run_rank_threads(ranks, CommOptions{}, rank, Device::cuda);
-        else run_ranks(ranks, CommOptions{}, rank, Device::cuda);  // what verify would pick
+        if (mode == "nccl")
+            run_nccl_threads(ranks, CommOptions{}, rank);  // one GPU per rank
+        else if (mode == "cuda_local")
+            run_rank_threads(ranks, CommOptions{}, rank, Device::cuda);
+        else
+            run_ranks(ranks, CommOptions{}, rank, Device::cuda);  // what verify would pick
         print(rows, ranks, backend.c_str(), dev_bw, backend == "cuda_local");
         return 0;
     }

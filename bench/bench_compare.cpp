@@ -24,7 +24,8 @@ using bench::best_seconds;
 
 int main(int argc, char** argv) {
     const int64_t n = argc > 1 ? std::stoll(argv[1]) : int64_t{8} << 20;
-    Tensor expected({n}, DType::float32), actual({n}, DType::float32), same({n}, DType::float32), rare({n}, DType::float32);
+    Tensor expected({n}, DType::float32), actual({n}, DType::float32), same({n}, DType::float32),
+        rare({n}, DType::float32);
     const CounterRng rng(1, 2);
     float *e = expected.data<float>(), *a = actual.data<float>();
     for (int64_t i = 0; i < n; ++i) {
@@ -49,20 +50,27 @@ int main(int argc, char** argv) {
         const Tensor& actual;
     };
     for (bool threads : {false, true})
-        for (const Case& c : {Case{"differ by ~1 ULP", actual}, Case{"1 in 10^4 differs", rare}, Case{"bitwise equal", same}}) {
+        for (const Case& c : {Case{"differ by ~1 ULP", actual}, Case{"1 in 10^4 differs", rare},
+                              Case{"bitwise equal", same}}) {
             TensorDiff d;
-            const double t = best_seconds(5, [&] { d = finish_diff(compare_piece(c.actual, expected, origin, tol, threads ? compare_threads() : 1), tol); });
+            const double t = best_seconds(5, [&] {
+                d = finish_diff(
+                    compare_piece(c.actual, expected, origin, tol, threads ? compare_threads() : 1), tol);
+            });
             std::printf("  %-34s %10.2f %12.2f %10.2f  max_ulp %lld\n",
-                        (std::string(c.name) + (threads ? ", helper threads" : ", one thread")).c_str(), t * 1e3,
-                        t * 1e9 / static_cast<double>(n), t / read, static_cast<long long>(d.max_ulp));
+                        (std::string(c.name) + (threads ? ", helper threads" : ", one thread")).c_str(),
+                        t * 1e3, t * 1e9 / static_cast<double>(n), t / read,
+                        static_cast<long long>(d.max_ulp));
         }
     // replicas are compared by digest (every rank hashes its copy), construction state by element hash
     uint64_t sink_digest = 0;
     const double digest = best_seconds(5, [&] { sink_digest += tensor_digest(actual); });
-    const double element = best_seconds(5, [&] { sink_digest += element_hash_sum(actual, actual.shape(), origin); });
-    std::printf("  %-34s %10.2f %12.2f %10.2f\n", "tensor_digest (replicas)", digest * 1e3, digest * 1e9 / static_cast<double>(n),
-                digest / read);
+    const double element =
+        best_seconds(5, [&] { sink_digest += element_hash_sum(actual, actual.shape(), origin); });
+    std::printf("  %-34s %10.2f %12.2f %10.2f\n", "tensor_digest (replicas)", digest * 1e3,
+                digest * 1e9 / static_cast<double>(n), digest / read);
     std::printf("  %-34s %10.2f %12.2f %10.2f  (%llx)\n", "element_hash_sum (construction)", element * 1e3,
-                element * 1e9 / static_cast<double>(n), element / read, static_cast<unsigned long long>(sink_digest & 0xf));
+                element * 1e9 / static_cast<double>(n), element / read,
+                static_cast<unsigned long long>(sink_digest & 0xf));
     return 0;
 }

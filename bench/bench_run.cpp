@@ -23,11 +23,12 @@ int main(int argc, char** argv) {
     ro.events = false;
     ro.on_step = [&](int64_t, double, double seconds) { step_seconds = std::min(step_seconds, seconds); };
     for (int i = 0; i < repeats; ++i) record_reference(in, single_device_plan(), 1, ro);
-    std::printf("bench_run %s: %d GEMMs, %.2f GFLOP per step, OpenBLAS threads %d\n", model.name.c_str(), lim.gemms,
-                lim.flops / 1e9, openblas_get_num_threads());
+    std::printf("bench_run %s: %d GEMMs, %.2f GFLOP per step, OpenBLAS threads %d\n", model.name.c_str(),
+                lim.gemms, lim.flops / 1e9, openblas_get_num_threads());
     std::printf("  sgemm on the same shapes: %8.2f ms  %7.1f GFLOP/s (the limit)\n", lim.seconds * 1e3,
                 lim.flops / lim.seconds / 1e9);
-    std::printf("  ptool step (fwd+bwd+sgd): %8.2f ms  %7.1f GFLOP/s\n", step_seconds * 1e3, lim.flops / step_seconds / 1e9);
+    std::printf("  ptool step (fwd+bwd+sgd): %8.2f ms  %7.1f GFLOP/s\n", step_seconds * 1e3,
+                lim.flops / step_seconds / 1e9);
     std::printf("  ratio to sgemm: %.1f%%  (target >= 70%%)\n", 100.0 * lim.seconds / step_seconds);
     return 0;
 }

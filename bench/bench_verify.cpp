@@ -40,13 +40,17 @@ int main_impl(int argc, char** argv) {
     const Model model = load_model_text(in.model_text, model_path);
     const bench::GemmLimit lim = bench::measure_gemm_limit(model, 3, in.device);
     const double limit = 2 * lim.seconds;
-    std::printf("bench_verify %s on %s: %.2f GFLOP per step; reference + parallel at the %s rate (%.1f GFLOP/s): %.1f ms\n",
-                model.name.c_str(), backend_for(in.device).name().c_str(), lim.flops / 1e9, cuda ? "cuBLAS" : "sgemm",
-                lim.flops / lim.seconds / 1e9, limit * 1e3);
+    std::printf(
+        "bench_verify %s on %s: %.2f GFLOP per step; reference + parallel at the %s rate (%.1f GFLOP/s): "
+        "%.1f ms\n",
+        model.name.c_str(), backend_for(in.device).name().c_str(), lim.flops / 1e9, cuda ? "cuBLAS" : "sgemm",
+        lim.flops / lim.seconds / 1e9, limit * 1e3);
     const bool ddp = load_plan(plan_path).data_parallel.has_value();
     int64_t grad_bytes = 0;
-    for (const auto& [name, p] : model.named_parameters()) grad_bytes += static_cast<int64_t>(p->grad.nbytes());
-    std::printf("  %4s  %10s  %10s  %10s  %8s\n", ddp ? "dp" : "tp", "verify ms", "reference", "parallel", "x limit");
+    for (const auto& [name, p] : model.named_parameters())
+        grad_bytes += static_cast<int64_t>(p->grad.nbytes());
+    std::printf("  %4s  %10s  %10s  %10s  %8s\n", ddp ? "dp" : "tp", "verify ms", "reference", "parallel",
+                "x limit");
     VerifyJob job;
     job.inputs = in;
     if (cuda) job.options.steps = 4;
@@ -71,32 +75,45 @@ int main_impl(int argc, char** argv) {
                 if (t < total) total = t, r = std::move(one);
             }
             worst = std::max(worst, total / limit);
-            std::printf("  %4d  %10.1f  %10.1f  %10.1f  %8.2f  %s%s\n", tp, total * 1e3, r.reference_seconds * 1e3,
-                        r.plans[0].run.seconds * 1e3, total / limit, r.pass ? "PASS" : "FAIL",
+            std::printf("  %4d  %10.1f  %10.1f  %10.1f  %8.2f  %s%s\n", tp, total * 1e3,
+                        r.reference_seconds * 1e3, r.plans[0].run.seconds * 1e3, total / limit,
+                        r.pass ? "PASS" : "FAIL",
                         events ? " (with per-module gathers for localisation)" : "");
             if (cuda) {  // the steady step against cuBLAS on the shards' shapes
                 const bench::GemmLimit shards = bench::measure_gemm_limit(model, 3, in.device, &plan, tp);
                 double best = 1e30;
-                for (size_t k = 1; k < r.plans[0].run.steps.size(); ++k) best = std::min(best, r.plans[0].run.steps[k].seconds);
-                std::printf("        parallel step %.2f ms (first %.2f ms): %.1f GFLOP/s; cuBLAS on the %d shard GEMMs of the "
-                            "%d ranks %.2f ms = %.1f GFLOP/s; GEMM part %.0f%% of cuBLAS (target >= 70%%)\n",
-                            best * 1e3, r.plans[0].run.steps[0].seconds * 1e3, shards.flops / best / 1e9, shards.gemms, tp,
-                            shards.seconds * 1e3, shards.flops / shards.seconds / 1e9, 100 * shards.seconds / best);
+                for (size_t k = 1; k < r.plans[0].run.steps.size(); ++k)
+                    best = std::min(best, r.plans[0].run.steps[k].seconds);
+                std::printf(
+                    "        parallel step %.2f ms (first %.2f ms): %.1f GFLOP/s; cuBLAS on the %d shard "
+                    "GEMMs of the "
+                    "%d ranks %.2f ms = %.1f GFLOP/s; GEMM part %.0f%% of cuBLAS (target >= 70%%)\n",
+                    best * 1e3, r.plans[0].run.steps[0].seconds * 1e3, shards.flops / best / 1e9,
+                    shards.gemms, tp, shards.seconds * 1e3, shards.flops / shards.seconds / 1e9,
+                    100 * shards.seconds / best);
                 continue;
             }
             if (!events && r.reference_beside) {
-                std::printf("        the reference ran beside the parallel run on the same cores: their step times overlap\n");
+                std::printf(
+                    "        the reference ran beside the parallel run on the same cores: their step times "
+                    "overlap\n");
             } else if (!events) {  // the parallel step's GEMM FLOPs over its time, against the limit's rate
                 // every rank computes at once on the same device(s): together they do the model's FLOPs
                 const double steps = static_cast<double>(r.plans[0].run.steps.size());
-                const double rate = lim.flops * steps / r.plans[0].run.seconds, limit_rate = lim.flops / lim.seconds;
-                std::printf("        parallel step: %.1f GFLOP/s = %.0f%% of the %s rate on the same shapes\n", rate / 1e9,
-                            100 * rate / limit_rate, cuda ? "cuBLAS" : "sgemm");
+                const double rate = lim.flops * steps / r.plans[0].run.seconds,
+                             limit_rate = lim.flops / lim.seconds;
+                std::printf(
+                    "        parallel step: %.1f GFLOP/s = %.0f%% of the %s rate on the same shapes\n",
+                    rate / 1e9, 100 * rate / limit_rate, cuda ? "cuBLAS" : "sgemm");
             }
             if (ddp && !events)
-                std::printf("        gradient all_reduce %.1f MiB per step in %lld buckets = %.3fx the model's %.1f MiB of gradients\n",
-                            r.plans[0].run.bucket_allreduce_bytes / 1048576.0, static_cast<long long>(r.plans[0].run.dp_buckets),
-                            static_cast<double>(r.plans[0].run.bucket_allreduce_bytes) / grad_bytes, grad_bytes / 1048576.0);
+                std::printf(
+                    "        gradient all_reduce %.1f MiB per step in %lld buckets = %.3fx the model's %.1f "
+                    "MiB of gradients\n",
+                    r.plans[0].run.bucket_allreduce_bytes / 1048576.0,
+                    static_cast<long long>(r.plans[0].run.dp_buckets),
+                    static_cast<double>(r.plans[0].run.bucket_allreduce_bytes) / grad_bytes,
+                    grad_bytes / 1048576.0);
         }
     }
     std::printf("worst x limit %.2f%s\n", worst, cuda ? "" : " (target: within 1.5x of the limit)");

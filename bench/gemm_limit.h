@@ -51,7 +51,8 @@ inline GemmLimit measure_gemm_limit(const Model& model, int repeats, Device devi
             for (const PlanEntry& e : plan ? plan->tp_plan : std::vector<PlanEntry>{})
                 if (fqn_matches(e.pattern, fqn)) {  // the weight's sharded dim: [out, in]
                     for (const ParamPlacement& pp : e.style.style->params(m))
-                        if (pp.param == "weight" && pp.placement.is_shard()) (pp.placement.dim == 0 ? out : in) /= tp;
+                        if (pp.param == "weight" && pp.placement.is_shard())
+                            (pp.placement.dim == 0 ? out : in) /= tp;
                     break;
                 }
             const int r = static_cast<int>(rows);
@@ -70,17 +71,18 @@ inline GemmLimit measure_gemm_limit(const Model& model, int repeats, Device devi
             be.gemm(a, g.ta, b, g.tb, c);  // warm-up (cuBLAS picks its kernel)
             be.synchronize();
             lim.seconds += g.copies * best_seconds(repeats, [&] {
-                be.gemm(a, g.ta, b, g.tb, c);
-                be.synchronize();
-            });
+                               be.gemm(a, g.ta, b, g.tb, c);
+                               be.synchronize();
+                           });
             continue;
         }
         std::vector<float> a(static_cast<size_t>(g.m) * g.k, 0.5f), b(static_cast<size_t>(g.k) * g.n, 0.25f),
             c(static_cast<size_t>(g.m) * g.n);
         lim.seconds += g.copies * best_seconds(repeats, [&] {
-            cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k,
-                        1.0f, a.data(), g.ta ? g.m : g.k, b.data(), g.tb ? g.k : g.n, 0.0f, c.data(), g.n);
-        });
+                           cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans,
+                                       g.tb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, 1.0f, a.data(),
+                                       g.ta ? g.m : g.k, b.data(), g.tb ? g.k : g.n, 0.0f, c.data(), g.n);
+                       });
     }
     for (const Gemm& g : gemms) lim.gemms += g.copies;
     return lim;

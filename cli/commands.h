@@ -33,11 +33,11 @@ void add_golden_command(CLI::App& app, Common& common, int& exit_code);
 std::vector<std::string> split_lines(const std::string& s);
 void add_device_options(CLI::App* cmd, Common& common);  // --device cpu|cuda, --tf32
 // cli/option_checks.cpp: numeric flags are their whole text, in range; output files are named
-const CLI::Validator& finite_non_negative();               // --rtol, --atol: NaN and negatives are bad input
-CLI::Validator whole_number(int64_t lo, int64_t hi);       // --steps, --world-size, --batch ...
+const CLI::Validator& finite_non_negative();          // --rtol, --atol: NaN and negatives are bad input
+CLI::Validator whole_number(int64_t lo, int64_t hi);  // --steps, --world-size, --batch ...
 CLI::Validator finite_number(double lo, double hi, bool lo_open);  // --timeout, --memory-cap
-const CLI::Validator& output_path();                       // --json, -o ...: not ""
-ptool::Device select_device(const Common& common);       // configures the backends, returns the device
-ptool::Fault fault_from_environment();                   // cli/fault_env.cpp: PTOOL_FAULT, parsed (exit 2 if bad)
+const CLI::Validator& output_path();                               // --json, -o ...: not ""
+ptool::Device select_device(const Common& common);  // configures the backends, returns the device
+ptool::Fault fault_from_environment();              // cli/fault_env.cpp: PTOOL_FAULT, parsed (exit 2 if bad)
 
 }  // namespace ptool::cli

@@ -12,9 +12,12 @@
 namespace ptool::cli {
 
 void add_device_options(CLI::App* cmd, Common& common) {
-    cmd->add_option("--device", common.device, "cpu or cuda (cuda: nccl, one rank per GPU, when there are GPUs enough; else every rank on one GPU, cuda_local)")
+    cmd->add_option("--device", common.device,
+                    "cpu or cuda (cuda: nccl, one rank per GPU, when there are GPUs enough; else every rank "
+                    "on one GPU, cuda_local)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
-    cmd->add_flag("--tf32", common.tf32, "allow TF32 tensor-core math in fp32 GEMMs on cuda (off by default)");
+    cmd->add_flag("--tf32", common.tf32,
+                  "allow TF32 tensor-core math in fp32 GEMMs on cuda (off by default)");
 }
 
 Device select_device(const Common& common) {
@@ -26,7 +29,8 @@ Device select_device(const Common& common) {
     if (device == Device::cuda && launched_by_mpi())  // one GPU per process: its node-local rank
         gpu = gpu_for_local_rank(launcher_local_rank(), static_cast<int>(query_gpus().devices.size()));
     configure_backends({common.tf32, gpu});
-    if (device == Device::cuda) backend_for(device);  // no GPU: exit 3 now, with the reason, before any rank starts
+    if (device == Device::cuda)
+        backend_for(device);  // no GPU: exit 3 now, with the reason, before any rank starts
     return device;
 }
 

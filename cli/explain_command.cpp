@@ -2,8 +2,8 @@
 #include <spdlog/spdlog.h>
 
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/verify_output.h"
@@ -23,11 +23,14 @@ struct ExplainArgs {
 std::string local_shapes(const ParamLayout& p) {  // "[3, 16] x3, [1, 16]"
     std::vector<std::pair<Shape, int>> runs;
     for (const Shape& s : p.local) {
-        if (!runs.empty() && runs.back().first == s) ++runs.back().second;
-        else runs.push_back({s, 1});
+        if (!runs.empty() && runs.back().first == s)
+            ++runs.back().second;
+        else
+            runs.push_back({s, 1});
     }
     std::vector<std::string> parts;
-    for (const auto& [s, k] : runs) parts.push_back(k > 1 ? fmt::format("{} x{}", shape_str(s), k) : shape_str(s));
+    for (const auto& [s, k] : runs)
+        parts.push_back(k > 1 ? fmt::format("{} x{}", shape_str(s), k) : shape_str(s));
     return fmt::format("{}", fmt::join(parts, ", "));
 }
 
@@ -43,7 +46,12 @@ std::string rank_ranges(const std::vector<int>& ranks) {  // ascending: "0-3, 8-
 }
 
 void explain(const ExplainArgs& a, const Common& c) {
-    FileRoles().input("MODEL", a.model).input("PLAN", a.plan).input("--cluster", a.cluster).output("--json", a.json).check();
+    FileRoles()
+        .input("MODEL", a.model)
+        .input("PLAN", a.plan)
+        .input("--cluster", a.cluster)
+        .output("--json", a.json)
+        .check();
     if (!a.json.empty()) check_output(a.json, true);
     ExplainInputs in;
     in.model_path = a.model;
@@ -71,7 +79,8 @@ void explain(const ExplainArgs& a, const Common& c) {
         print_columns(rows, "  ");
         rows = {{"parameter", "placement", "full", "local per rank"}};
         for (const auto& m : ex.modules)
-            for (const auto& p : m.params) rows.push_back({p.fqn, p.placement.str(), shape_str(p.full), local_shapes(p)});
+            for (const auto& p : m.params)
+                rows.push_back({p.fqn, p.placement.str(), shape_str(p.full), local_shapes(p)});
         if (rows.size() > 1) fmt::print("\n"), print_columns(rows, "  ");
     }
     if (!ex.data_parallel.empty()) fmt::print("\n  data parallel ({}):\n", r.data_parallel_title);
@@ -80,54 +89,71 @@ void explain(const ExplainArgs& a, const Common& c) {
     std::map<std::string, std::pair<int64_t, int64_t>> totals;
     std::vector<std::vector<std::string>> rows;
     for (const auto& cc : ex.step_comm) {
-        rows.push_back({phase_name(cc.phase), cc.module.empty() ? "(root)" : cc.module, cc.op, format_bytes(cc.bytes)});
+        rows.push_back(
+            {phase_name(cc.phase), cc.module.empty() ? "(root)" : cc.module, cc.op, format_bytes(cc.bytes)});
         totals[cc.op].first += 1, totals[cc.op].second += cc.bytes;
     }
     print_columns(rows, "    ");
     if (ex.step_comm.empty()) fmt::print("    none\n");
     std::vector<std::string> t;
-    for (const auto& [op, v] : totals) t.push_back(fmt::format("{} x{} ({})", op, v.first, format_bytes(v.second)));
+    for (const auto& [op, v] : totals)
+        t.push_back(fmt::format("{} x{} ({})", op, v.first, format_bytes(v.second)));
     fmt::print("  total: {}\n", t.empty() ? std::string("none") : fmt::format("{}", fmt::join(t, ", ")));
     const std::vector<std::string>& start = r.at_start;
-    fmt::print("  at start: {}\n", start.empty() ? std::string("none") : fmt::format("{}", fmt::join(start, "; ")));
+    fmt::print("  at start: {}\n",
+               start.empty() ? std::string("none") : fmt::format("{}", fmt::join(start, "; ")));
     // the steps executed on meta tensors (train/simulate.h): every tensor the ranks would hold
-    fmt::print("\n  memory per rank (predicted: {} step{} simulated; the peak, what was resident before it, and at the peak):\n",
-               steps, steps == 1 ? "" : "s");
+    fmt::print(
+        "\n  memory per rank (predicted: {} step{} simulated; the peak, what was resident before it, and at "
+        "the peak):\n",
+        steps, steps == 1 ? "" : "s");
     std::vector<std::vector<std::string>> mrows = {{"ranks", "peak", "resident", "at the peak"}};
     for (const PredictedRank& pm : memory) {
         const RankMemory& m = pm.sim.memory;
         std::vector<std::string> uses;
         for (int u = 0; u < kMemoryUses; ++u)
-            if (m.at_peak[u] > 0) uses.push_back(fmt::format("{} {}", memory_use_name(static_cast<MemoryUse>(u)), format_bytes(m.at_peak[u])));
-        mrows.push_back({rank_ranges(pm.ranks), format_bytes(m.peak), format_bytes(m.resident), fmt::format("{}", fmt::join(uses, ", "))});
+            if (m.at_peak[u] > 0)
+                uses.push_back(fmt::format("{} {}", memory_use_name(static_cast<MemoryUse>(u)),
+                                           format_bytes(m.at_peak[u])));
+        mrows.push_back({rank_ranges(pm.ranks), format_bytes(m.peak), format_bytes(m.resident),
+                         fmt::format("{}", fmt::join(uses, ", "))});
     }
     print_columns(mrows, "    ");
-    fmt::print("  verify keeps on the host: the reference's record, {} step{} x {} = {} (every tensor it compares, full size:\n"
-               "  parameters, gradients, buffers, output, and each module's output and input gradient; `verify --steps` changes it)\n",
-               steps, steps == 1 ? "" : "s", format_bytes(ex.record_step_bytes), format_bytes(steps * ex.record_step_bytes));
+    fmt::print(
+        "  verify keeps on the host: the reference's record, {} step{} x {} = {} (every tensor it compares, "
+        "full size:\n"
+        "  parameters, gradients, buffers, output, and each module's output and input gradient; `verify "
+        "--steps` changes it)\n",
+        steps, steps == 1 ? "" : "s", format_bytes(ex.record_step_bytes),
+        format_bytes(steps * ex.record_step_bytes));
     const std::vector<StepTime>& times = r.times;
     const std::optional<Cluster>& cluster = r.cluster;
     if (cluster) {
         const DType compute = plan.compute_dtype(model.dtype);
-        fmt::print("\n  time per step on {} ({} x {} GPUs; the last simulated step; docs/planning.md):\n", cluster->name,
-                   cluster->nodes, cluster->gpus_per_node);
+        fmt::print("\n  time per step on {} ({} x {} GPUs; the last simulated step; docs/planning.md):\n",
+                   cluster->name, cluster->nodes, cluster->gpus_per_node);
         if (plan.world_size() > cluster->world_size())
-            spdlog::warn("the plan's {} ranks are more than the cluster's {} GPUs", plan.world_size(), cluster->world_size());
+            spdlog::warn("the plan's {} ranks are more than the cluster's {} GPUs", plan.world_size(),
+                         cluster->world_size());
         std::vector<std::vector<std::string>> trows = {{"ranks", "compute", "communication", "step", "MFU"}};
         for (size_t i = 0; i < memory.size(); ++i) {
             const PredictedRank& pr = memory[i];
             const StepTime& t = times[i];
             std::vector<std::string> comm;
             for (const auto& [dim, ct] : t.by_dim)
-                comm.push_back(fmt::format("{} {:.1f} ms ({}, {})", dim, ct.seconds * 1e3, format_bytes(static_cast<int64_t>(ct.bytes)),
+                comm.push_back(fmt::format("{} {:.1f} ms ({}, {})", dim, ct.seconds * 1e3,
+                                           format_bytes(static_cast<int64_t>(ct.bytes)),
                                            ct.inter_node ? "inter-node" : "intra-node"));
             trows.push_back({rank_ranges(pr.ranks), fmt::format("{:.1f} ms", t.compute * 1e3),
-                             comm.empty() ? "none" : fmt::format("{}", fmt::join(comm, ", ")), fmt::format("{:.1f} ms", t.step * 1e3),
+                             comm.empty() ? "none" : fmt::format("{}", fmt::join(comm, ", ")),
+                             fmt::format("{:.1f} ms", t.step * 1e3),
                              fmt::format("{:.1f}%", 100 * mfu(t, *cluster, compute))});
         }
         print_columns(trows, "    ");
-        fmt::print("    (data-parallel collectives overlap the compute, tensor-parallel ones do not; MFU: the step's GEMM\n"
-                   "     FLOPs, activation checkpointing's recompute not counted, over the peak)\n");
+        fmt::print(
+            "    (data-parallel collectives overlap the compute, tensor-parallel ones do not; MFU: the "
+            "step's GEMM\n"
+            "     FLOPs, activation checkpointing's recompute not counted, over the peak)\n");
     }
     if (!a.json.empty()) {
         nlohmann::json j = json_document("explain");
@@ -138,7 +164,8 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["data_parallel"] = ex.data_parallel;
         j["collectives_per_step"] = nlohmann::json::array();
         for (const auto& cc : ex.step_comm)
-            j["collectives_per_step"].push_back({{"op", cc.op}, {"bytes", cc.bytes}, {"module", cc.module}, {"phase", phase_name(cc.phase)}});
+            j["collectives_per_step"].push_back(
+                {{"op", cc.op}, {"bytes", cc.bytes}, {"module", cc.module}, {"phase", phase_name(cc.phase)}});
         j["modules"] = nlohmann::json::array();
         for (const auto& m : ex.modules) {
             std::vector<std::string> params;
@@ -162,18 +189,25 @@ void explain(const ExplainArgs& a, const Common& c) {
                 auto& u = users[e.param.get()];
                 if (std::find(u.begin(), u.end(), c.fqn) == u.end()) u.push_back(c.fqn);
             }
-            nlohmann::json call = {{"fqn", c.fqn}, {"type", c.module->type()}, {"in", c.in.p.str()}, {"out", c.out.p.str()},
-                                   {"params", own}, {"checkpointed", ex.resolution.checkpointed.count(c.module) > 0}};
+            nlohmann::json call = {
+                {"fqn", c.fqn},       {"type", c.module->type()},
+                {"in", c.in.p.str()}, {"out", c.out.p.str()},
+                {"params", own},      {"checkpointed", ex.resolution.checkpointed.count(c.module) > 0}};
             if (const auto* d = dynamic_cast<const Dropout*>(c.module)) call["p"] = d->p();
             j["calls"].push_back(call);
         }
         j["tied"] = nlohmann::json::array();  // parameters more than one module uses
         for (const auto& [name, p] : model.named_parameters())
-            if (users[p.get()].size() > 1) j["tied"].push_back({{"param", name}, {"modules", users[p.get()]}});
+            if (users[p.get()].size() > 1)
+                j["tied"].push_back({{"param", name}, {"modules", users[p.get()]}});
         j["loss_parallel"] = plan.loss_parallel;
         j["clip_grad_norm"] = model.clip_grad_norm;
-        j["mixed_precision"] = plan.mixed_precision ? nlohmann::json(dtype_name(plan.mixed_precision->param_dtype)) : nlohmann::json(nullptr);
-        j["src_data_rank"] = plan.dims.has(DimRole::tp) && plan.src_data_rank ? nlohmann::json(*plan.src_data_rank) : nlohmann::json(nullptr);
+        j["mixed_precision"] = plan.mixed_precision
+                                   ? nlohmann::json(dtype_name(plan.mixed_precision->param_dtype))
+                                   : nlohmann::json(nullptr);
+        j["src_data_rank"] = plan.dims.has(DimRole::tp) && plan.src_data_rank
+                                 ? nlohmann::json(*plan.src_data_rank)
+                                 : nlohmann::json(nullptr);
         j["tp"] = ex.tp;
         j["dp"] = ex.dp;
         const DataParallelResolution& dp = ex.resolution.dp;
@@ -200,10 +234,16 @@ void explain(const ExplainArgs& a, const Common& c) {
             for (size_t i = 0; i < times.size(); ++i) {
                 nlohmann::json by_dim;
                 for (const auto& [dim, ct] : times[i].by_dim)
-                    by_dim[dim] = {{"seconds", ct.seconds}, {"bytes", ct.bytes}, {"calls", ct.calls}, {"inter_node", ct.inter_node}};
-                j["time"].push_back({{"ranks", memory[i].ranks}, {"compute_seconds", times[i].compute},
-                                     {"step_seconds", times[i].step}, {"gemm_flops", times[i].gemm_flops},
-                                     {"model_flops", times[i].model_flops}, {"collectives", by_dim}});
+                    by_dim[dim] = {{"seconds", ct.seconds},
+                                   {"bytes", ct.bytes},
+                                   {"calls", ct.calls},
+                                   {"inter_node", ct.inter_node}};
+                j["time"].push_back({{"ranks", memory[i].ranks},
+                                     {"compute_seconds", times[i].compute},
+                                     {"step_seconds", times[i].step},
+                                     {"gemm_flops", times[i].gemm_flops},
+                                     {"model_flops", times[i].model_flops},
+                                     {"collectives", by_dim}});
             }
         }
         write_file(a.json, j.dump(2) + "\n", true);
@@ -215,7 +255,8 @@ void explain(const ExplainArgs& a, const Common& c) {
 void add_explain_command(CLI::App& app, Common& common) {
     auto a = std::make_shared<ExplainArgs>();
     CLI::App* cmd = app.add_subcommand(
-        "explain", "Lint PLAN for MODEL, then show styles, placements, local shapes, collectives and memory per rank");
+        "explain",
+        "Lint PLAN for MODEL, then show styles, placements, local shapes, collectives and memory per rank");
     cmd->add_option("MODEL", a->model, "model YAML file")->required();
     cmd->add_option("PLAN", a->plan, "plan YAML file")->required();
     cmd->add_option("--dtype", common.dtype, "override the model's dtype");

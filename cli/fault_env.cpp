@@ -8,6 +8,8 @@
 
 namespace ptool::cli {
 
-Fault fault_from_environment() { return parse_fault(std::getenv("PTOOL_FAULT")); }
+Fault fault_from_environment() {
+    return parse_fault(std::getenv("PTOOL_FAULT"));
+}
 
 }  // namespace ptool::cli

@@ -17,7 +17,8 @@ void check_loads(const std::string& config, const HfImport& r, Load load) {
     try {
         load(r.yaml, config + " (imported)");
     } catch (const InputError& e) {
-        throw InputError(SourceLocation{config, 0, 0}, fmt::format("the file it imports as does not load: {}", e.what()));
+        throw InputError(SourceLocation{config, 0, 0},
+                         fmt::format("the file it imports as does not load: {}", e.what()));
     }
 }
 
@@ -36,10 +37,13 @@ void add_import_command(CLI::App& app) {
     auto config = std::make_shared<std::string>(), out = std::make_shared<std::string>();
     auto opt = std::make_shared<HfImportOptions>();
 
-    CLI::App* hf = imp->add_subcommand("hf", "A Hugging Face config.json (llama, mistral, qwen2, gpt2) as a model YAML with HF's names");
+    CLI::App* hf = imp->add_subcommand(
+        "hf", "A Hugging Face config.json (llama, mistral, qwen2, gpt2) as a model YAML with HF's names");
     hf->add_option("CONFIG", *config, "config.json")->required();
-    hf->add_option("--batch", opt->batch, "rows per step (default 1)")->transform(whole_number(1, int64_t{1} << 40));
-    hf->add_option("--seq", opt->seq, "tokens per row (default min(max positions, 2048))")->transform(whole_number(1, int64_t{1} << 40));
+    hf->add_option("--batch", opt->batch, "rows per step (default 1)")
+        ->transform(whole_number(1, int64_t{1} << 40));
+    hf->add_option("--seq", opt->seq, "tokens per row (default min(max positions, 2048))")
+        ->transform(whole_number(1, int64_t{1} << 40));
     hf->add_option("-o,--output", *out, "write the model here (default: print it)")->check(output_path());
     hf->callback([config, out, opt] {
         FileRoles().input("CONFIG", *config).output("-o", *out).check();
@@ -54,16 +58,20 @@ void add_import_command(CLI::App& app) {
         emit(r, *out, fmt::format("{} parameters", params));
     });
 
-    CLI::App* tp = imp->add_subcommand("hf-tp-plan", "A model's transformers tp plan (base_model_tp_plan) as a plan YAML");
+    CLI::App* tp = imp->add_subcommand("hf-tp-plan",
+                                       "A model's transformers tp plan (base_model_tp_plan) as a plan YAML");
     tp->add_option("CONFIG", *config, "config.json")->required();
-    tp->add_option("--tp", opt->tp, "tensor-parallel ranks of the plan's mesh (default 2)")->transform(whole_number(1, 4096));
+    tp->add_option("--tp", opt->tp, "tensor-parallel ranks of the plan's mesh (default 2)")
+        ->transform(whole_number(1, 4096));
     tp->add_option("-o,--output", *out, "write the plan here (default: print it)")->check(output_path());
     tp->callback([config, out, opt] {
         FileRoles().input("CONFIG", *config).output("-o", *out).check();
         if (!out->empty()) check_output(*out, true);
         const HfImport r = import_hf_tp_plan(*config, *opt);
-        check_loads(*config, r, [](const std::string& yaml, const std::string& name) { load_plan_text(yaml, name); });
-        emit(r, *out, "verify it with `ptool verify MODEL " + (out->empty() ? std::string("PLAN") : *out) + "`");
+        check_loads(*config, r,
+                    [](const std::string& yaml, const std::string& name) { load_plan_text(yaml, name); });
+        emit(r, *out,
+             "verify it with `ptool verify MODEL " + (out->empty() ? std::string("PLAN") : *out) + "`");
     });
 }
 

@@ -12,34 +12,45 @@ namespace {
 // XML's five escapes; other control characters (invalid in XML 1.0) become spaces.
 std::string xml_escape(const std::string& s) {
     std::string o;
-    for (char c : markup_escape(s)) o += (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') ? ' ' : c;
+    for (char c : markup_escape(s))
+        o += (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') ? ' ' : c;
     return o;
 }
 
-bool failed(const CaseResult& c) { return c.verdict == Verdict::fail || c.verdict == Verdict::stale; }
+bool failed(const CaseResult& c) {
+    return c.verdict == Verdict::fail || c.verdict == Verdict::stale;
+}
 
-std::string testcase(const std::string& classname, const std::string& name, double seconds, const std::string& failure_type,
-                     const std::string& message, const std::string& body) {
-    std::string x = fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3f}\"", xml_escape(classname), xml_escape(name), seconds);
+std::string testcase(const std::string& classname, const std::string& name, double seconds,
+                     const std::string& failure_type, const std::string& message, const std::string& body) {
+    std::string x = fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3f}\"",
+                                xml_escape(classname), xml_escape(name), seconds);
     if (failure_type.empty()) return x + "/>\n";
-    return x + fmt::format(">\n      <failure type=\"{}\" message=\"{}\">{}</failure>\n    </testcase>\n", failure_type,
-                           xml_escape(message), xml_escape(body));
+    return x + fmt::format(">\n      <failure type=\"{}\" message=\"{}\">{}</failure>\n    </testcase>\n",
+                           failure_type, xml_escape(message), xml_escape(body));
 }
 
 std::string document(int tests, int failures, double seconds, const std::string& suites) {
     return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" +
-           fmt::format("<testsuites name=\"ptool verify\" tests=\"{}\" failures=\"{}\" errors=\"0\" time=\"{:.3f}\">\n", tests,
-                       failures, seconds) +
+           fmt::format(
+               "<testsuites name=\"ptool verify\" tests=\"{}\" failures=\"{}\" errors=\"0\" "
+               "time=\"{:.3f}\">\n",
+               tests, failures, seconds) +
            suites + "</testsuites>\n";
 }
 
-std::string suite(const std::string& name, int tests, int failures, double seconds, const std::string& cases) {
-    return fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"0\" time=\"{:.3f}\">\n",
-                       xml_escape(name), tests, failures, seconds) +
+std::string suite(const std::string& name, int tests, int failures, double seconds,
+                  const std::string& cases) {
+    return fmt::format(
+               "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"0\" "
+               "time=\"{:.3f}\">\n",
+               xml_escape(name), tests, failures, seconds) +
            cases + "  </testsuite>\n";
 }
 
-std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.3g}", v) : "inf"; }
+std::string num(double v) {
+    return std::isfinite(v) ? fmt::format("{:.3g}", v) : "inf";
+}
 
 }  // namespace
 
@@ -57,8 +68,10 @@ void write_junit(const std::vector<CaseResult>& cases, const std::string& path) 
     std::string body;
     for (const auto& c : cases) {
         failures += failed(c), total += c.seconds;
-        body += testcase("ptool.golden", c.path, c.seconds, failed(c) ? (c.verdict == Verdict::stale ? "stale" : "mismatch") : "",
-                         whole_phrases(std::string(verdict_name(c.verdict)) + ": " + c.detail, 300), c.detail);
+        body +=
+            testcase("ptool.golden", c.path, c.seconds,
+                     failed(c) ? (c.verdict == Verdict::stale ? "stale" : "mismatch") : "",
+                     whole_phrases(std::string(verdict_name(c.verdict)) + ": " + c.detail, 300), c.detail);
     }
     const int n = static_cast<int>(cases.size());
     write_file(path, document(n, failures, total, suite("golden", n, failures, total, body)), true);
@@ -74,19 +87,25 @@ void write_junit_report(const VerifyReport& report, const std::string& model_pat
             for (const std::string& n : p.notes)
                 if (n.rfind("FAIL", 0) == 0) why = n;
         int t = 1, f = !p.pass;
-        cases += testcase("ptool.verify", p.plan_path, p.run.seconds, p.pass ? "" : "verify",
-                          whole_phrases(p.pass ? "" : fmt::format("FAIL {}/{} tensors agree; {}", p.passed, p.passed + p.failed, why), 300),
-                          fmt::format("ptool verify {} {}: {} ranks ({})\n{}\n{}", model_path, p.plan_path, p.run.world_size,
-                                      p.run.backend, why, fmt::join(p.notes, "\n")));
+        cases += testcase(
+            "ptool.verify", p.plan_path, p.run.seconds, p.pass ? "" : "verify",
+            whole_phrases(
+                p.pass ? "" : fmt::format("FAIL {}/{} tensors agree; {}", p.passed, p.passed + p.failed, why),
+                300),
+            fmt::format("ptool verify {} {}: {} ranks ({})\n{}\n{}", model_path, p.plan_path,
+                        p.run.world_size, p.run.backend, why, fmt::join(p.notes, "\n")));
         for (const TensorReport& r : p.tensors) {
             if (r.pass) continue;
             ++t, ++f;
-            const std::string what = !r.diff.shape_ok ? std::string("missing or of another shape")
-                                     : replica_failure(r.replicas) ? fmt::format("replicas {}", replica_state_name(r.replicas))
-                                     : fmt::format("max abs {} max rel {} headroom {} (ULP {})", num(r.diff.max_abs),
-                                                   num(r.diff.max_rel), num(r.diff.headroom), r.diff.max_ulp);
-            cases += testcase("ptool.verify." + p.plan_path, r.name, 0, "mismatch", what,
-                              fmt::format("{}: {}; rtol {:g} atol {:g}", r.name, what, p.tol.rtol, p.tol.atol));
+            const std::string what =
+                !r.diff.shape_ok ? std::string("missing or of another shape")
+                : replica_failure(r.replicas)
+                    ? fmt::format("replicas {}", replica_state_name(r.replicas))
+                    : fmt::format("max abs {} max rel {} headroom {} (ULP {})", num(r.diff.max_abs),
+                                  num(r.diff.max_rel), num(r.diff.headroom), r.diff.max_ulp);
+            cases +=
+                testcase("ptool.verify." + p.plan_path, r.name, 0, "mismatch", what,
+                         fmt::format("{}: {}; rtol {:g} atol {:g}", r.name, what, p.tol.rtol, p.tol.atol));
         }
         tests += t, failures += f, total += p.run.seconds;
         suites += suite(p.plan_path, t, f, p.run.seconds, cases);

@@ -14,26 +14,32 @@
 #include "core/error.h"
 
 int main(int argc, char** argv) {
-    if (std::optional<int> code = ptool::supervise_rank()) return *code;  // under mpirun: this process only waits
+    if (std::optional<int> code = ptool::supervise_rank())
+        return *code;  // under mpirun: this process only waits
     auto logger = spdlog::stderr_color_mt("ptool");
     spdlog::set_default_logger(logger);
     spdlog::set_pattern("%^%l%$: %v");
 
-    CLI::App app{"ptool: plan and verify parallel training (data, tensor, 2-D) against a single-device reference"};
-    app.add_flag_callback("--version", [] { throw CLI::CallForVersion(ptool::cli::version_text(), 0); },
-                          "print the version and what this build can use (CUDA, cuBLAS, NCCL, MPI, OpenBLAS)");
+    CLI::App app{
+        "ptool: plan and verify parallel training (data, tensor, 2-D) against a single-device reference"};
+    app.add_flag_callback(
+        "--version", [] { throw CLI::CallForVersion(ptool::cli::version_text(), 0); },
+        "print the version and what this build can use (CUDA, cuBLAS, NCCL, MPI, OpenBLAS)");
     app.require_subcommand(1);
     app.fallthrough();  // -v/-q also after the subcommand
     ptool::cli::Common common;
     // spdlog's level follows: -q warnings and errors only, default info (verify's phases), -v debug
     // (a line per step where stderr is no terminal)
     auto level = [&] {
-        spdlog::set_level(common.verbosity < 0 ? spdlog::level::warn : common.verbosity > 0 ? spdlog::level::debug : spdlog::level::info);
+        spdlog::set_level(common.verbosity < 0   ? spdlog::level::warn
+                          : common.verbosity > 0 ? spdlog::level::debug
+                                                 : spdlog::level::info);
     };
-    app.add_flag_function("-v,--verbose", [&](int64_t n) { common.verbosity += static_cast<int>(n), level(); },
-                          "more output (repeatable)");
-    app.add_flag_function("-q,--quiet", [&](int64_t n) { common.verbosity -= static_cast<int>(n), level(); },
-                          "less output");
+    app.add_flag_function(
+        "-v,--verbose", [&](int64_t n) { common.verbosity += static_cast<int>(n), level(); },
+        "more output (repeatable)");
+    app.add_flag_function(
+        "-q,--quiet", [&](int64_t n) { common.verbosity -= static_cast<int>(n), level(); }, "less output");
     int exit_code = 0;
     ptool::cli::add_run_command(app, common);
     ptool::cli::add_verify_command(app, common, exit_code);
@@ -55,7 +61,8 @@ int main(int argc, char** argv) {
         spdlog::error("{}", e.what());
         return 3;
     } catch (const std::bad_alloc&) {
-        spdlog::error("out of memory: an allocation failed (a smaller model, fewer ranks or steps, or more memory)");
+        spdlog::error(
+            "out of memory: an allocation failed (a smaller model, fewer ranks or steps, or more memory)");
         return 3;
     } catch (const std::exception& e) {
         spdlog::error("{}", e.what());

@@ -15,7 +15,8 @@ CLI::Validator whole_number(int64_t lo, int64_t hi) {
     return CLI::Validator(
         [lo, hi](std::string& text) -> std::string {
             const std::string why = check_int_text(text, lo, hi);
-            if (why.empty()) text = std::to_string(*parse_whole_int(text));  // CLI11 would read "010" as octal
+            if (why.empty())
+                text = std::to_string(*parse_whole_int(text));  // CLI11 would read "010" as octal
             return why;
         },
         fmt::format("INT in [{}, {}]", lo, hi));
@@ -23,7 +24,9 @@ CLI::Validator whole_number(int64_t lo, int64_t hi) {
 
 CLI::Validator finite_number(double lo, double hi, bool lo_open) {
     return CLI::Validator(
-        [lo, hi, lo_open](std::string& text) -> std::string { return check_real_text(text, lo, hi, lo_open); },
+        [lo, hi, lo_open](std::string& text) -> std::string {
+            return check_real_text(text, lo, hi, lo_open);
+        },
         fmt::format("NUMBER in {}{:g}, {:g}]", lo_open ? "(" : "[", lo, hi));
 }
 
@@ -34,7 +37,9 @@ const CLI::Validator& finite_non_negative() {
 
 const CLI::Validator& output_path() {
     static const CLI::Validator v(
-        [](std::string& text) -> std::string { return text.empty() ? std::string("an empty file name: name a file to write") : ""; },
+        [](std::string& text) -> std::string {
+            return text.empty() ? std::string("an empty file name: name a file to write") : "";
+        },
         "FILE");
     return v;
 }

@@ -1,7 +1,6 @@
 // ptool plan MODEL --cluster FILE: search how to run MODEL on a cluster (plan/search.h), print the
 // fastest plans that fit and why the other shapes do not, and write the best as a plan YAML.
 #include <spdlog/spdlog.h>
-
 #include <stdlib.h>
 
 #include <chrono>
@@ -13,8 +12,8 @@
 #include "core/file_roles.h"
 #include "core/files.h"
 #include "core/temp_paths.h"
-#include "core/yaml_writer.h"
 #include "core/yaml_reader.h"
+#include "core/yaml_writer.h"
 #include "plan/search.h"
 #include "plan/shrink.h"
 #include "verify/verify.h"
@@ -29,20 +28,27 @@ struct PlanArgs {
     double memory_cap_gib = 0;
 };
 
-std::string seconds_str(double s) { return s >= 1 ? fmt::format("{:.2f} s", s) : s >= 1e-3 ? fmt::format("{:.1f} ms", s * 1e3) : fmt::format("{:.0f} us", s * 1e6); }
+std::string seconds_str(double s) {
+    return s >= 1      ? fmt::format("{:.2f} s", s)
+           : s >= 1e-3 ? fmt::format("{:.1f} ms", s * 1e3)
+                       : fmt::format("{:.0f} us", s * 1e6);
+}
 
 std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, const Candidate& c) {
     std::string s = fmt::format(
         "# Written by `ptool plan {} --cluster {} --world-size {}`: the fastest of {} fitting candidates.\n"
         "# Predicted per GPU on {}: peak {} of {} ({} of it fully_shard's prefetch of the next unit),\n"
-        "# step {:.0f} ms (compute {:.0f} ms, blocking collectives {:.0f} ms, data-parallel {:.0f} ms overlapped), MFU {:.1f}%.\n",
-        yaml_comment(a.model), yaml_comment(a.cluster), r.world_size, r.fitting.size(), yaml_comment(cl.name),  // names in comments: one printable line
-        format_bytes(static_cast<int64_t>(c.peak)),
-        format_bytes(static_cast<int64_t>(r.memory_cap)), format_bytes(static_cast<int64_t>(c.prefetch)),
-        c.time.step * 1e3, c.time.compute * 1e3, c.time.blocking * 1e3, c.time.overlappable * 1e3, 100 * c.mfu);
+        "# step {:.0f} ms (compute {:.0f} ms, blocking collectives {:.0f} ms, data-parallel {:.0f} ms "
+        "overlapped), MFU {:.1f}%.\n",
+        yaml_comment(a.model), yaml_comment(a.cluster), r.world_size, r.fitting.size(),
+        yaml_comment(cl.name),  // names in comments: one printable line
+        format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(r.memory_cap)),
+        format_bytes(static_cast<int64_t>(c.prefetch)), c.time.step * 1e3, c.time.compute * 1e3,
+        c.time.blocking * 1e3, c.time.overlappable * 1e3, 100 * c.mfu);
     if (c.microbatches != c.model_microbatches)
-        s += fmt::format("# Needs `gradient_accumulation: {}` in the model (its rows per dp rank in {} microbatches).\n",
-                         c.microbatches, c.microbatches);
+        s += fmt::format(
+            "# Needs `gradient_accumulation: {}` in the model (its rows per dp rank in {} microbatches).\n",
+            c.microbatches, c.microbatches);
     s += "# Check it before the cluster: `ptool explain MODEL THIS_PLAN` (lint, memory per rank).\n";
     return s;
 }
@@ -62,56 +68,76 @@ int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& comm
     const std::string src = dir + "/source.yaml", proxy = dir + "/proxy.yaml";
     write_file(src, model_text, true);
     write_file(proxy, shrunk_model_checked(src, plan_path), true);
-    fmt::print("\n  verifying the best plan on a proxy of the model (ptool shrink: 2 blocks, small widths that split alike):\n");
+    fmt::print(
+        "\n  verifying the best plan on a proxy of the model (ptool shrink: 2 blocks, small widths that "
+        "split alike):\n");
     VerifyCommand cmd;
     cmd.model = proxy;
     cmd.plans = {plan_path};
     cmd.device = select_device(common);
     cmd.options.fault = fault_from_environment();
     return run_verify_command(
-        cmd, [&](const VerifyReport& report) { print_report(report, proxy, common.verbosity); }, [](const CaseResult&) {});
+        cmd, [&](const VerifyReport& report) { print_report(report, proxy, common.verbosity); },
+        [](const CaseResult&) {});
 }
 
 int plan(const PlanArgs& a, const Common& common) {
-    FileRoles().input("MODEL", a.model).input("--cluster", a.cluster).output("-o", a.output).output("--json", a.json).check();
+    FileRoles()
+        .input("MODEL", a.model)
+        .input("--cluster", a.cluster)
+        .output("-o", a.output)
+        .output("--json", a.json)
+        .check();
     if (!a.output.empty()) check_output(a.output, true);
     if (!a.json.empty()) check_output(a.json, true);
     const Cluster cluster = load_cluster(a.cluster);
     SearchOptions o;
     o.world_size = a.world_size;
     o.memory_cap = a.memory_cap_gib * (1ull << 30);
-    if (a.mixed_precision != "none") o.param_dtype = dtype_name(parse_dtype(a.mixed_precision));
-    else o.param_dtype.reset();
+    if (a.mixed_precision != "none")
+        o.param_dtype = dtype_name(parse_dtype(a.mixed_precision));
+    else
+        o.param_dtype.reset();
     const std::string text = read_file(a.model, YamlLimits{}.max_bytes);
     const auto t0 = std::chrono::steady_clock::now();
     const SearchResult r = search_plans(text, a.model, cluster, o);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    fmt::print("ptool plan {} on {} ({} GPUs, {} per GPU for tensors; {} compute): {} candidates simulated in {:.2f} s\n", a.model,
-               cluster.name, r.world_size, format_bytes(static_cast<int64_t>(r.memory_cap)), dtype_name(r.compute), r.evaluated, seconds);
+    fmt::print(
+        "ptool plan {} on {} ({} GPUs, {} per GPU for tensors; {} compute): {} candidates simulated in "
+        "{:.2f} s\n",
+        a.model, cluster.name, r.world_size, format_bytes(static_cast<int64_t>(r.memory_cap)),
+        dtype_name(r.compute), r.evaluated, seconds);
     if (!r.tp_unsupported.empty()) fmt::print("  no tensor parallelism: {}\n", r.tp_unsupported);
-    std::vector<std::vector<std::string>> rows = {
-        {"#", "mesh", "data parallel", "checkpoint", "micro", "memory/GPU", "comm/step", "compute", "step", "MFU"}};
+    std::vector<std::vector<std::string>> rows = {{"#", "mesh", "data parallel", "checkpoint", "micro",
+                                                   "memory/GPU", "comm/step", "compute", "step", "MFU"}};
     for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < a.top; ++i) {
         const Candidate& c = r.fitting[i];
         double bytes = 0;
         for (const auto& [dim, ct] : c.time.by_dim) bytes += ct.bytes;
         rows.push_back({std::to_string(i + 1), fmt::format("{} x tp{}", c.choice.dp_text(), c.choice.tp),
-                        c.choice.dp > 1 ? c.choice.mode_name() : "-", c.choice.checkpoint ? "yes" : "no", std::to_string(c.microbatches),
-                        format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute), seconds_str(c.time.step),
-                        fmt::format("{:.1f}%", 100 * c.mfu)});
+                        c.choice.dp > 1 ? c.choice.mode_name() : "-", c.choice.checkpoint ? "yes" : "no",
+                        std::to_string(c.microbatches), format_bytes(static_cast<int64_t>(c.peak)),
+                        format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute),
+                        seconds_str(c.time.step), fmt::format("{:.1f}%", 100 * c.mfu)});
     }
     fmt::print("\n");
-    if (r.fitting.empty()) fmt::print("  no candidate fits\n");
-    else print_columns(rows, "  ");
+    if (r.fitting.empty())
+        fmt::print("  no candidate fits\n");
+    else
+        print_columns(rows, "  ");
     if (!r.rejected.empty()) {
         fmt::print("\n  rejected:\n");
         for (const Rejection& j : r.rejected) fmt::print("    {}: {}\n", j.shape, j.reason);
     }
-    fmt::print("\n  (memory: rank 0 simulated for 2 steps on meta tensors{}; time: the cluster's rates, data-parallel\n"
-               "   collectives overlapped with the compute; docs/planning.md)\n",
-               !r.fitting.empty() && r.fitting[0].extrapolated ? ", the repeated blocks extrapolated from 2 and 3" : "");
+    fmt::print(
+        "\n  (memory: rank 0 simulated for 2 steps on meta tensors{}; time: the cluster's rates, "
+        "data-parallel\n"
+        "   collectives overlapped with the compute; docs/planning.md)\n",
+        !r.fitting.empty() && r.fitting[0].extrapolated ? ", the repeated blocks extrapolated from 2 and 3"
+                                                        : "");
     if (!a.output.empty()) {
-        if (r.fitting.empty()) throw InputError(fmt::format("no candidate fits: {} is not written", a.output));
+        if (r.fitting.empty())
+            throw InputError(fmt::format("no candidate fits: {} is not written", a.output));
         write_file(a.output, header(a, cluster, r, r.fitting[0]) + r.fitting[0].plan_text, true);
         fmt::print("  wrote {}\n", a.output);
     }
@@ -126,15 +152,26 @@ int plan(const PlanArgs& a, const Common& common) {
         j["memory_cap_bytes"] = r.memory_cap, j["evaluated"] = r.evaluated, j["seconds"] = seconds;
         j["candidates"] = nlohmann::json::array();
         for (const Candidate& c : r.fitting) {
-            j["candidates"].push_back({{"dp", c.choice.dp}, {"tp", c.choice.tp}, {"mode", c.choice.dp_mode},
-                                       {"activation_checkpointing", c.choice.checkpoint}, {"microbatches", c.microbatches},
-                                       {"peak_bytes", c.peak}, {"prefetch_bytes", c.prefetch}, {"step_seconds", c.time.step},
-                                       {"compute_seconds", c.time.compute}, {"blocking_seconds", c.time.blocking},
-                                       {"overlappable_seconds", c.time.overlappable}, {"mfu", c.mfu}, {"plan", c.plan_text}});
-            if (c.choice.hybrid()) j["candidates"].back()["dp_replicate"] = c.choice.dp_replicate(), j["candidates"].back()["dp_shard"] = c.choice.dp_shard;
+            j["candidates"].push_back({{"dp", c.choice.dp},
+                                       {"tp", c.choice.tp},
+                                       {"mode", c.choice.dp_mode},
+                                       {"activation_checkpointing", c.choice.checkpoint},
+                                       {"microbatches", c.microbatches},
+                                       {"peak_bytes", c.peak},
+                                       {"prefetch_bytes", c.prefetch},
+                                       {"step_seconds", c.time.step},
+                                       {"compute_seconds", c.time.compute},
+                                       {"blocking_seconds", c.time.blocking},
+                                       {"overlappable_seconds", c.time.overlappable},
+                                       {"mfu", c.mfu},
+                                       {"plan", c.plan_text}});
+            if (c.choice.hybrid())
+                j["candidates"].back()["dp_replicate"] = c.choice.dp_replicate(),
+                j["candidates"].back()["dp_shard"] = c.choice.dp_shard;
         }
         j["rejected"] = nlohmann::json::array();
-        for (const Rejection& x : r.rejected) j["rejected"].push_back({{"shape", x.shape}, {"reason", x.reason}});
+        for (const Rejection& x : r.rejected)
+            j["rejected"].push_back({{"shape", x.shape}, {"reason", x.reason}});
         write_file(a.json, j.dump(2) + "\n", true);
     }
     return code;
@@ -144,14 +181,18 @@ int plan(const PlanArgs& a, const Common& common) {
 
 void add_plan_command(CLI::App& app, Common& common, int& exit_code) {
     auto a = std::make_shared<PlanArgs>();
-    CLI::App* cmd = app.add_subcommand("plan", "Search data x tensor parallel plans for MODEL on a cluster, fastest that fit first");
+    CLI::App* cmd = app.add_subcommand(
+        "plan", "Search data x tensor parallel plans for MODEL on a cluster, fastest that fit first");
     cmd->add_option("MODEL", a->model, "model YAML file")->required();
     cmd->add_option("--cluster", a->cluster, "cluster YAML file (clusters/*.yaml)")->required();
-    cmd->add_option("--world-size", a->world_size, "GPUs to use (default: all the cluster's)")->transform(whole_number(1, 1 << 20));
-    cmd->add_option("--memory-cap", a->memory_cap_gib, "GiB per GPU for tensors (default: the cluster's memory less its reserve)")
+    cmd->add_option("--world-size", a->world_size, "GPUs to use (default: all the cluster's)")
+        ->transform(whole_number(1, 1 << 20));
+    cmd->add_option("--memory-cap", a->memory_cap_gib,
+                    "GiB per GPU for tensors (default: the cluster's memory less its reserve)")
         ->check(finite_number(0, 1 << 20, true));
     cmd->add_option("--top", a->top, "plans to list (default 5)")->transform(whole_number(1, 1 << 20));
-    cmd->add_option("--mixed-precision", a->mixed_precision, "compute dtype (param_dtype) or none (default bfloat16)");
+    cmd->add_option("--mixed-precision", a->mixed_precision,
+                    "compute dtype (param_dtype) or none (default bfloat16)");
     cmd->add_option("-o,--output", a->output, "write the best plan as YAML")->check(output_path());
     cmd->add_option("--json", a->json, "write every candidate and rejection as JSON")->check(output_path());
     cmd->add_flag("--verify", a->verify, "verify the best plan here on a proxy of the model (ptool shrink)");

@@ -1,10 +1,10 @@
 // ptool run MODEL: single-device training steps; prints loss and time per step.
-#include "model/checkpoint.h"
 #include "cli/commands.h"
 #include "comm/comm_threads.h"
 #include "core/file_roles.h"
 #include "core/safetensors.h"
 #include "core/yaml_reader.h"
+#include "model/checkpoint.h"
 #include "verify/golden.h"
 
 namespace ptool::cli {
@@ -16,13 +16,19 @@ struct RunArgs {
 };
 
 void run(const RunArgs& a, const Common& c) {
-    FileRoles().input("MODEL", a.model).input("--init", a.init).input("--data", a.data).output("--dump", a.dump).check();
+    FileRoles()
+        .input("MODEL", a.model)
+        .input("--init", a.init)
+        .input("--data", a.data)
+        .output("--dump", a.dump)
+        .check();
     if (!a.dump.empty()) check_output(a.dump, true);
     RunInputs in;
     in.model_path = a.model;
     in.model_text = read_file(a.model, YamlLimits{}.max_bytes);
     in.dtype_override = c.dtype;
-    const Model model = load_model_text(in.model_text, a.model, c.dtype, false);  // exit 2 before anything runs
+    const Model model =
+        load_model_text(in.model_text, a.model, c.dtype, false);  // exit 2 before anything runs
     in.device = select_device(c);
     TensorFile init, data;
     if (!a.init.empty()) init = read_checkpoint(a.init), in.init = &init, in.init_path = a.init;
@@ -32,8 +38,8 @@ void run(const RunArgs& a, const Common& c) {
     int64_t n_params = 0;
     for (const auto& [name, p] : model.named_parameters()) n_params += p->value.numel();
     if (c.verbosity >= 0)
-        fmt::print("ptool run {}: {} parameters, {}, {}, {} step{}\n", a.model, n_params, dtype_name(model.dtype),
-                   backend_for(in.device).name(), steps, steps == 1 ? "" : "s");
+        fmt::print("ptool run {}: {} parameters, {}, {}, {} step{}\n", a.model, n_params,
+                   dtype_name(model.dtype), backend_for(in.device).name(), steps, steps == 1 ? "" : "s");
     RecordOptions ro;
     ro.events = false;
     ro.init_tensors = !a.dump.empty();
@@ -59,15 +65,21 @@ void run(const RunArgs& a, const Common& c) {
 
 void add_run_command(CLI::App& app, Common& common) {
     auto args = std::make_shared<RunArgs>();
-    CLI::App* cmd = app.add_subcommand("run", "Run single-device training steps of MODEL and print the loss per step");
+    CLI::App* cmd =
+        app.add_subcommand("run", "Run single-device training steps of MODEL and print the loss per step");
     cmd->add_option("MODEL", args->model, "model YAML file")->required();
-    cmd->add_option("--init", args->init, "initial parameters and buffers (safetensors, PyTorch state_dict names)");
-    cmd->add_option("--data", args->data, "batch data (safetensors: input, target, step{k}.input, step{k}.target)");
-    cmd->add_option("--steps", args->steps, "training steps (default: the model's `steps`)")->transform(whole_number(1, kMaxSteps));
-    cmd->add_option("--dtype", common.dtype, "override the model's dtype: float32, bfloat16, float16, float64");
+    cmd->add_option("--init", args->init,
+                    "initial parameters and buffers (safetensors, PyTorch state_dict names)");
+    cmd->add_option("--data", args->data,
+                    "batch data (safetensors: input, target, step{k}.input, step{k}.target)");
+    cmd->add_option("--steps", args->steps, "training steps (default: the model's `steps`)")
+        ->transform(whole_number(1, kMaxSteps));
+    cmd->add_option("--dtype", common.dtype,
+                    "override the model's dtype: float32, bfloat16, float16, float64");
     add_device_options(cmd, common);
-    cmd->add_option("--dump", args->dump,
-                    "write every step's tensors in golden format (init.param.*, step{k}.loss/output/grad.*/param.*)")
+    cmd->add_option(
+           "--dump", args->dump,
+           "write every step's tensors in golden format (init.param.*, step{k}.loss/output/grad.*/param.*)")
         ->check(output_path());
     cmd->callback([args, &common] { run(*args, common); });
 }

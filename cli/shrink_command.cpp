@@ -25,8 +25,10 @@ std::string shrunk_model_checked(const std::string& model_path, const std::strin
 }
 
 void add_shrink_command(CLI::App& app) {
-    auto model = std::make_shared<std::string>(), plan = std::make_shared<std::string>(), out = std::make_shared<std::string>();
-    CLI::App* cmd = app.add_subcommand("shrink", "Write a small proxy of MODEL that PLAN splits as it splits MODEL (to verify here)");
+    auto model = std::make_shared<std::string>(), plan = std::make_shared<std::string>(),
+         out = std::make_shared<std::string>();
+    CLI::App* cmd = app.add_subcommand(
+        "shrink", "Write a small proxy of MODEL that PLAN splits as it splits MODEL (to verify here)");
     cmd->add_option("MODEL", *model, "model YAML file")->required();
     cmd->add_option("PLAN", *plan, "plan YAML file")->required();
     cmd->add_option("-o,--output", *out, "write the proxy here (default: print it)")->check(output_path());
@@ -34,8 +36,11 @@ void add_shrink_command(CLI::App& app) {
         FileRoles().input("MODEL", *model).input("PLAN", *plan).output("-o", *out).check();
         if (!out->empty()) check_output(*out, true);
         const std::string proxy = shrunk_model_checked(*model, *plan);
-        if (out->empty()) fmt::print("{}", proxy);
-        else write_file(*out, proxy, true), fmt::print("wrote {}: verify it with `ptool verify {} {}`\n", *out, *out, *plan);
+        if (out->empty())
+            fmt::print("{}", proxy);
+        else
+            write_file(*out, proxy, true),
+                fmt::print("wrote {}: verify it with `ptool verify {} {}`\n", *out, *out, *plan);
     });
 }
 

@@ -22,13 +22,14 @@ struct VerifyArgs {
 
 void print_case(const CaseResult& r, bool three_way, int verbosity) {
     if (!three_way) {
-        fmt::print("{}: {} ({} ranks, {:.0f} ms){}{}\n", r.path, verdict_name(r.verdict), r.world_size, r.seconds * 1e3,
-                   r.detail.empty() ? "" : " · ", r.detail);
+        fmt::print("{}: {} ({} ranks, {:.0f} ms){}{}\n", r.path, verdict_name(r.verdict), r.world_size,
+                   r.seconds * 1e3, r.detail.empty() ? "" : " · ", r.detail);
         return;
     }
     for (const auto& d : r.directions) {
         if (verbosity >= 0) fmt::print("{}:\n", d.plan_path), print_table(d, verbosity);
-        fmt::print("{}: {} {}/{} tensors agree\n", d.plan_path, d.pass ? "PASS" : "FAIL", d.passed, d.passed + d.failed);
+        fmt::print("{}: {} {}/{} tensors agree\n", d.plan_path, d.pass ? "PASS" : "FAIL", d.passed,
+                   d.passed + d.failed);
     }
     if (!r.detail.empty()) fmt::print("  {}\n", r.detail);
     fmt::print("{}: {}\n", r.path, verdict_name(r.verdict));
@@ -66,7 +67,10 @@ void check_roles(const VerifyArgs& a, bool replay) {
         for (const std::string& p : cmd.plans) roles.input("PLAN", p);
     }
     roles.input("--init", cmd.init).input("--data", cmd.data).input("--golden", cmd.golden);
-    roles.output("--json", a.json).output("--junit", a.junit).output("--csv", a.csv).output("--report", a.html);
+    roles.output("--json", a.json)
+        .output("--junit", a.junit)
+        .output("--csv", a.csv)
+        .output("--report", a.html);
     roles.check();
 }
 
@@ -78,8 +82,11 @@ int verify(VerifyArgs& a, const Common& c) {
     cmd.options.comm.check_consistency = !a.no_check;
     cmd.options.reference_beside = !a.reference_first;
     const bool replay = looks_like_golden_arg(cmd.model);
-    if (replay && (!a.csv.empty() || !a.html.empty())) throw InputError("--csv and --report apply to `ptool verify MODEL PLAN...`");
-    if (replay && cmd.options.strict) throw InputError("--strict applies to `ptool verify MODEL PLAN...` (golden cases record their plans' lint)");
+    if (replay && (!a.csv.empty() || !a.html.empty()))
+        throw InputError("--csv and --report apply to `ptool verify MODEL PLAN...`");
+    if (replay && cmd.options.strict)
+        throw InputError(
+            "--strict applies to `ptool verify MODEL PLAN...` (golden cases record their plans' lint)");
     check_roles(a, replay);
     for (const std::string& out : {a.json, a.junit, a.csv, a.html})
         if (!out.empty()) check_output(out, true);  // before the run, not after it
@@ -107,11 +114,13 @@ int verify(VerifyArgs& a, const Common& c) {
             stale += r.verdict == Verdict::stale;
             updated += r.verdict == Verdict::updated;
         }
-        fmt::print("golden: {} cases: {} passed, {} failed, {} stale, {} updated\n", cases.size(), passed, failed, stale, updated);
+        fmt::print("golden: {} cases: {} passed, {} failed, {} stale, {} updated\n", cases.size(), passed,
+                   failed, stale, updated);
         if (!a.junit.empty()) write_junit(cases, a.junit);
         if (!a.json.empty()) write_cases_json(cases, a.json);
     }
-    if (!replay && !cases.empty()) write_outputs(a, case_report(cases.front()), model_path);  // --golden: rank 0
+    if (!replay && !cases.empty())
+        write_outputs(a, case_report(cases.front()), model_path);  // --golden: rank 0
     return code;
 }
 
@@ -120,33 +129,51 @@ int verify(VerifyArgs& a, const Common& c) {
 void add_verify_command(CLI::App& app, Common& common, int& exit_code) {
     auto a = std::make_shared<VerifyArgs>();
     CLI::App* cmd = app.add_subcommand(
-        "verify", "Run MODEL on one device and under each PLAN, and compare outputs, losses, gradients and parameters");
-    cmd->add_option("MODEL", a->cmd.model, "model YAML file, or golden files / folders to replay (the CI form)")->required();
+        "verify",
+        "Run MODEL on one device and under each PLAN, and compare outputs, losses, gradients and parameters");
+    cmd->add_option("MODEL", a->cmd.model,
+                    "model YAML file, or golden files / folders to replay (the CI form)")
+        ->required();
     cmd->add_option("PLAN", a->cmd.plans, "plan YAML files (one reference run serves them all)");
-    cmd->add_option("--init", a->cmd.init, "initial parameters and buffers (safetensors, PyTorch state_dict names)");
-    cmd->add_option("--data", a->cmd.data, "batch data (safetensors: input, target, step{k}.input, step{k}.target)");
-    cmd->add_option("--steps", a->cmd.options.steps, "training steps (default: the plan's verify.steps, else the model's)")
+    cmd->add_option("--init", a->cmd.init,
+                    "initial parameters and buffers (safetensors, PyTorch state_dict names)");
+    cmd->add_option("--data", a->cmd.data,
+                    "batch data (safetensors: input, target, step{k}.input, step{k}.target)");
+    cmd->add_option("--steps", a->cmd.options.steps,
+                    "training steps (default: the plan's verify.steps, else the model's)")
         ->transform(whole_number(1, kMaxSteps));
     cmd->add_option("--dtype", common.dtype, "override the model's dtype");
     add_device_options(cmd, common);
-    cmd->add_option("--rtol", a->rtol, "relative tolerance (default: the plan's, else torch.testing's for the dtype)")->check(finite_non_negative());
+    cmd->add_option("--rtol", a->rtol,
+                    "relative tolerance (default: the plan's, else torch.testing's for the dtype)")
+        ->check(finite_non_negative());
     cmd->add_option("--atol", a->atol, "absolute tolerance")->check(finite_non_negative());
     cmd->add_option("--json", a->json, "write the results as JSON")->check(output_path());
-    cmd->add_option("--golden", a->cmd.golden, "also compare reference and parallel results with this golden file");
-    cmd->add_option("--junit", a->junit, "write JUnit XML: a testcase per plan and per failing tensor (golden files: per case)")
+    cmd->add_option("--golden", a->cmd.golden,
+                    "also compare reference and parallel results with this golden file");
+    cmd->add_option("--junit", a->junit,
+                    "write JUnit XML: a testcase per plan and per failing tensor (golden files: per case)")
         ->check(output_path());
-    cmd->add_option("--report", a->html, "write a self-contained HTML report (heat map of error per module and step, collectives, mesh)")
+    cmd->add_option(
+           "--report", a->html,
+           "write a self-contained HTML report (heat map of error per module and step, collectives, mesh)")
         ->check(output_path());
-    cmd->add_option("--csv", a->csv, "write the per-module, per-step numbers the report's heat map draws, as CSV")
+    cmd->add_option("--csv", a->csv,
+                    "write the per-module, per-step numbers the report's heat map draws, as CSV")
         ->check(output_path());
-    cmd->add_flag("--strict", a->cmd.options.strict, "lint warnings (a pattern matching nothing, an empty plan) are failures");
-    cmd->add_flag("--update", a->cmd.update, "with golden files: re-record cases whose numbers moved (model and plan unchanged)");
+    cmd->add_flag("--strict", a->cmd.options.strict,
+                  "lint warnings (a pattern matching nothing, an empty plan) are failures");
+    cmd->add_flag("--update", a->cmd.update,
+                  "with golden files: re-record cases whose numbers moved (model and plan unchanged)");
     cmd->add_option("--mesh", a->cmd.mesh, "resize a mesh dim of every plan, e.g. --mesh tp=8 (repeatable)");
-    cmd->add_option("--timeout", a->cmd.options.comm.timeout_seconds, "seconds a rank may wait in one collective (default 300)")
+    cmd->add_option("--timeout", a->cmd.options.comm.timeout_seconds,
+                    "seconds a rank may wait in one collective (default 300)")
         ->check(finite_number(0, 1e6, true));
-    cmd->add_flag("--no-collective-check", a->no_check, "skip comparing (op, dtype, shape, sequence) across ranks");
-    cmd->add_flag("--reference-first", a->reference_first,
-                  "run the single-device reference before the ranks, not beside them (one model in memory at a time)");
+    cmd->add_flag("--no-collective-check", a->no_check,
+                  "skip comparing (op, dtype, shape, sequence) across ranks");
+    cmd->add_flag(
+        "--reference-first", a->reference_first,
+        "run the single-device reference before the ranks, not beside them (one model in memory at a time)");
     cmd->callback([a, &common, &exit_code] { exit_code = verify(*a, common); });
 }
 

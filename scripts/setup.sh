@@ -7,7 +7,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config libcli11-dev libyaml-cpp-dev libspdlog-dev catch2
       libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev)
 if [[ "${1:-}" == "--test" ]]; then
-    pkgs+=(python3 python3-torch python3-yaml python3-numpy python3-jsonschema libxml2-utils)
+    pkgs+=(python3 python3-torch python3-yaml python3-numpy python3-jsonschema libxml2-utils clang-format)
 fi
 
 missing=()

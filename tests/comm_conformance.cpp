@@ -8,7 +8,8 @@
 
 using namespace ptool;
 
-RanksConformance run_conformance_on_ranks(const std::function<void(const RankFn&)>& launch, ptool::Device device) {
+RanksConformance run_conformance_on_ranks(const std::function<void(const RankFn&)>& launch,
+                                          ptool::Device device) {
     std::mutex mu;
     RanksConformance all;
     launch([&](ptool::Communicator& comm) {
@@ -34,9 +35,12 @@ void ConformanceReport::expect(bool ok, const std::string& what) {
 namespace {
 
 const DType kDtypes[] = {DType::float32, DType::float64, DType::bfloat16, DType::float16};
-thread_local Device g_device = Device::cpu;  // per rank thread: where the collectives' tensors live (cuda: the cuda_local communicator)
+thread_local Device g_device =
+    Device::cpu;  // per rank thread: where the collectives' tensors live (cuda: the cuda_local communicator)
 
-Tensor on_device(const Tensor& host) { return g_device == Device::cpu ? host : host.to_device(g_device); }
+Tensor on_device(const Tensor& host) {
+    return g_device == Device::cpu ? host : host.to_device(g_device);
+}
 
 // Rank r's element i: small integers (exact sums in every dtype) or N(0, 1) draws.
 double value(int rank, int64_t i, bool integer, uint64_t salt) {
@@ -65,7 +69,9 @@ double serial_reduce(int n, int64_t i, DType dt, ReduceOp op, bool integer, uint
     });
 }
 
-std::string tag(const char* op, DType dt, int64_t n) { return fmt::format("{} {} numel {}", op, dtype_name(dt), n); }
+std::string tag(const char* op, DType dt, int64_t n) {
+    return fmt::format("{} {} numel {}", op, dtype_name(dt), n);
+}
 
 void check_all_reduce(Communicator& c, ConformanceReport& rep) {
     for (DType dt : kDtypes)
@@ -75,8 +81,10 @@ void check_all_reduce(Communicator& c, ConformanceReport& rep) {
                     Tensor t = rank_tensor(c.rank(), {n}, dt, integer, 11);
                     c.all_reduce(t, op);
                     bool ok = true;
-                    for (int64_t i = 0; i < n && ok; ++i) ok = t.item(i) == serial_reduce(c.size(), i, dt, op, integer, 11);
-                    rep.expect(ok, tag("all_reduce", dt, n) + " " + reduce_op_name(op) + (integer ? " ints" : " normals") +
+                    for (int64_t i = 0; i < n && ok; ++i)
+                        ok = t.item(i) == serial_reduce(c.size(), i, dt, op, integer, 11);
+                    rep.expect(ok, tag("all_reduce", dt, n) + " " + reduce_op_name(op) +
+                                       (integer ? " ints" : " normals") +
                                        " differs from the serial rank-order reduction");
                 }
 }
@@ -89,7 +97,8 @@ void check_all_gather(Communicator& c, ConformanceReport& rep) {
             Tensor in = full.narrow(0, mine.offset, mine.length).clone();
             Tensor out({rows, 3}, dt, g_device);
             c.all_gather(in, out);
-            rep.expect(out.to_doubles() == full.to_doubles(), tag("all_gather", dt, rows * 3) + " chunks do not reassemble");
+            rep.expect(out.to_doubles() == full.to_doubles(),
+                       tag("all_gather", dt, rows * 3) + " chunks do not reassemble");
         }
 }
 
@@ -104,7 +113,8 @@ void check_reduce_scatter(Communicator& c, ConformanceReport& rep) {
                 bool ok = true;
                 for (int64_t i = 0; i < out.numel() && ok; ++i)
                     ok = out.item(i) == serial_reduce(c.size(), mine.offset * 2 + i, dt, op, false, 13);
-                rep.expect(ok, tag("reduce_scatter", dt, rows * 2) + " " + reduce_op_name(op) + " chunk is wrong");
+                rep.expect(
+                    ok, tag("reduce_scatter", dt, rows * 2) + " " + reduce_op_name(op) + " chunk is wrong");
             }
 }
 
@@ -125,7 +135,8 @@ void check_broadcast_all_to_all(Communicator& c, ConformanceReport& rep) {
         c.all_to_all(in, out);
         bool ok = true;
         for (int src = 0; src < n; ++src)
-            for (int64_t k = 0; k < 6; ++k) ok = ok && out.item(src * 6 + k) == (src * 100 + c.rank() * 6 + k) % 251;
+            for (int64_t k = 0; k < 6; ++k)
+                ok = ok && out.item(src * 6 + k) == (src * 100 + c.rank() * 6 + k) % 251;
         rep.expect(ok, tag("all_to_all", dt, n * 6));
     }
     c.barrier();
@@ -150,7 +161,8 @@ void check_mesh(Communicator& world, ConformanceReport& rep) {
                 c[d] = k;
                 expected += DeviceMesh::rank_of(c, dims);
             }
-            rep.expect(t.item(0) == expected && mesh.comm(d).size() == dims[d].size && mesh.comm(d).rank() == mesh.coord(d),
+            rep.expect(t.item(0) == expected && mesh.comm(d).size() == dims[d].size &&
+                           mesh.comm(d).rank() == mesh.coord(d),
                        fmt::format("mesh dim '{}' of {} groups the wrong ranks", dims[d].name, dims.size()));
         }
         rep.expect(counter->entries().size() == static_cast<size_t>(mesh.ndim()),
@@ -169,10 +181,12 @@ void check_counting(Communicator& world, ConformanceReport& rep) {
     Tensor out({4 * world.size(), 4}, DType::float32, g_device);
     world.all_gather(t, out);
     auto by_op = counter->by_op();
-    rep.expect(by_op["all_reduce"].calls == 2 && by_op["all_reduce"].bytes == 128 && by_op["all_gather"].calls == 1 &&
+    rep.expect(by_op["all_reduce"].calls == 2 && by_op["all_reduce"].bytes == 128 &&
+                   by_op["all_gather"].calls == 1 &&
                    by_op["all_gather"].bytes == static_cast<int64_t>(out.nbytes()),
                "CommCounter counts calls and bytes per op");
-    rep.expect(counter->entries().count({"all_gather", "world", "net2"}) == 1, "CommCounter scopes by module");
+    rep.expect(counter->entries().count({"all_gather", "world", "net2"}) == 1,
+               "CommCounter scopes by module");
     world.set_counter(nullptr, "");
 }
 

@@ -41,9 +41,11 @@ struct FailureRun {
     double seconds = 0;
 };
 struct FailureLauncher {
-    // Runs body on every rank of a fresh job (at least 2 ranks) whose communicator times out after `timeout` s.
+    // Runs body on every rank of a fresh job (at least 2 ranks) whose communicator times out after `timeout`
+    // s.
     std::function<FailureRun(double timeout, const RankFn& body)> run;
-    bool shares_abort = true;  // ranks share the job's abort flag (threads of one process): a failing rank wakes the others
+    bool shares_abort =
+        true;  // ranks share the job's abort flag (threads of one process): a failing rank wakes the others
 };
 // Point-to-point failures: a recv with no send, a send with no recv, criss-crossed blocking sends,
 // dtype and shape mismatches, and (shares_abort) a rank blocked in recv woken by another's failure;

@@ -30,14 +30,16 @@ int main(int argc, char** argv) {
         if (mode == "kill" && c.rank() == 1) std::raise(SIGKILL);
         if (mode == "p2p_timeout") {
             if (c.rank() == 1) c.recv(t, 0, 7);
-            std::this_thread::sleep_for(std::chrono::seconds(20));  // the others: until rank 1's error ends the job
+            std::this_thread::sleep_for(
+                std::chrono::seconds(20));  // the others: until rank 1's error ends the job
         } else if (mode == "p2p_mismatch") {
             Tensor wide({16, 20}, DType::float32);
             if (c.rank() == 0) c.send(t, 1, 7);
             if (c.rank() == 1) c.recv(wide, 0, 7);
             std::this_thread::sleep_for(std::chrono::seconds(20));
         } else if (mode == "p2p_throw") {
-            MpiCommunicator patient(MPI_COMM_WORLD, CommOptions{});  // 300 s: only the job's end stops its wait
+            MpiCommunicator patient(MPI_COMM_WORLD,
+                                    CommOptions{});  // 300 s: only the job's end stops its wait
             if (c.rank() == 1) throw std::runtime_error("injected failure");
             if (c.rank() == 0) patient.recv(t, 1, 0);
             std::this_thread::sleep_for(std::chrono::seconds(20));
@@ -53,7 +55,8 @@ int main(int argc, char** argv) {
             c.all_reduce(t, ReduceOp::sum);
         }
     } catch (const RuntimeError& e) {
-        mpi_abort_job(e.names_rank() ? e.what() : fmt::format("rank {} failed: {}", mpi_world_rank(), e.what()), 3);
+        mpi_abort_job(
+            e.names_rank() ? e.what() : fmt::format("rank {} failed: {}", mpi_world_rank(), e.what()), 3);
     } catch (const std::exception& e) {
         mpi_abort_job(fmt::format("rank {} failed: {}", mpi_world_rank(), e.what()), 3);
     }

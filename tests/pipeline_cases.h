@@ -4,8 +4,10 @@
 // torch.distributed.pipelining's own tests hold a pipelined model to its single-device run.
 #pragma once
 
+#include <fstream>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -44,7 +46,8 @@ inline RunInputs inputs(const Case& c) {
     std::stringstream ss;
     ss << f.rdbuf();
     static const std::regex line(R"(\ngradient_accumulation: *\d+)");
-    in.model_text = std::regex_replace(ss.str(), line, "") + "\ngradient_accumulation: " + std::to_string(c.microbatches) + "\n";
+    in.model_text = std::regex_replace(ss.str(), line, "") +
+                    "\ngradient_accumulation: " + std::to_string(c.microbatches) + "\n";
     return in;
 }
 
@@ -60,7 +63,8 @@ inline Snapshot snapshot(const Run& run, const StepOutput& s) {
     Snapshot out;
     out.loss = s.loss;
     for (const Placed& o : s.outputs) out.outputs.push_back(o.t.to_doubles());
-    for (const auto& [name, p] : run.model().named_parameters()) out.grads[name] = p->grad.to_doubles(), out.values[name] = p->value.to_doubles();
+    for (const auto& [name, p] : run.model().named_parameters())
+        out.grads[name] = p->grad.to_doubles(), out.values[name] = p->value.to_doubles();
     return out;
 }
 
@@ -83,11 +87,14 @@ inline std::vector<std::string> differences(const Snapshot& one, const Snapshot&
             out.push_back(fmt::format("step {}: '{}' is no parameter of the model", step, name));
             continue;
         }
-        if (v != one.values.at(name)) out.push_back(fmt::format("step {}: parameter '{}' differs", step, name));
-        if (stage.grads.at(name) != one.grads.at(name)) out.push_back(fmt::format("step {}: gradient of '{}' differs", step, name));
+        if (v != one.values.at(name))
+            out.push_back(fmt::format("step {}: parameter '{}' differs", step, name));
+        if (stage.grads.at(name) != one.grads.at(name))
+            out.push_back(fmt::format("step {}: gradient of '{}' differs", step, name));
     }
     if (last) {
-        if (stage.loss != one.loss) out.push_back(fmt::format("step {}: loss {} vs {}", step, stage.loss, one.loss));
+        if (stage.loss != one.loss)
+            out.push_back(fmt::format("step {}: loss {} vs {}", step, stage.loss, one.loss));
         if (stage.outputs != one.outputs) out.push_back(fmt::format("step {}: outputs differ", step));
     } else if (!stage.outputs.empty()) {
         out.push_back(fmt::format("step {}: a stage before the last returned outputs", step));

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <map>
 #include <string>
@@ -32,7 +31,9 @@ inline ptool::VerifyJob shipped_job(const ShippedCase& c) {
     return job;
 }
 
-inline bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+inline bool same_bits(double a, double b) {
+    return std::memcmp(&a, &b, sizeof a) == 0;
+}
 
 inline void check_same(const ptool::TensorDiff& a, const ptool::TensorDiff& b) {
     CHECK(a.shape_ok == b.shape_ok);
@@ -47,7 +48,8 @@ inline void check_same(const ptool::TensorDiff& a, const ptool::TensorDiff& b) {
     CHECK(a.pass == b.pass);
 }
 
-inline void check_same(const std::map<std::string, ptool::TensorDiff>& a, const std::map<std::string, ptool::TensorDiff>& b) {
+inline void check_same(const std::map<std::string, ptool::TensorDiff>& a,
+                       const std::map<std::string, ptool::TensorDiff>& b) {
     REQUIRE(a.size() == b.size());
     for (const auto& [name, d] : a) {
         INFO(name);

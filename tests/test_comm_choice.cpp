@@ -10,8 +10,12 @@ using namespace ptool;
 namespace {
 // Sets the launcher variables for one test and removes every one of them afterwards.
 struct LauncherEnv {
-    static constexpr const char* kAll[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_LOCALID",
-                                           "SLURM_NTASKS_PER_NODE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"};
+    static constexpr const char* kAll[] = {"OMPI_COMM_WORLD_LOCAL_RANK",
+                                           "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                           "SLURM_LOCALID",
+                                           "SLURM_NTASKS_PER_NODE",
+                                           "MPI_LOCALRANKID",
+                                           "MPI_LOCALNRANKS"};
     LauncherEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
         clear();
         for (const auto& [k, v] : vars) setenv(k, v, 1);
@@ -25,7 +29,7 @@ struct LauncherEnv {
 
 TEST_CASE("the in-process communicator follows the device and the GPU count", "[cpu]") {
     CHECK(in_process_comm(Device::cpu, 8, 8) == CommKind::threads);
-    CHECK(in_process_comm(Device::cuda, 8, 8) == CommKind::nccl);        // one rank per GPU
+    CHECK(in_process_comm(Device::cuda, 8, 8) == CommKind::nccl);  // one rank per GPU
     CHECK(in_process_comm(Device::cuda, 4, 8) == CommKind::nccl);
     CHECK(in_process_comm(Device::cuda, 8, 1) == CommKind::cuda_local);  // one H100 verifies a TP=8 plan
     CHECK(in_process_comm(Device::cuda, 8, 7) == CommKind::cuda_local);
@@ -65,6 +69,11 @@ TEST_CASE("an mpirun process takes the GPU of its node-local rank, one rank per 
     CHECK(gpu_for_local_rank({2, -1}, 4) == 2);  // the size unknown: the rank still has to fit
     require_input_error([] { gpu_for_local_rank({0, 2}, 1); }, {"runs 2 ranks", "sees 1 GPU", "cuda_local"});
     require_input_error([] { gpu_for_local_rank({4, -1}, 4); }, {"runs 5 ranks", "sees 4 GPUs"});
-    require_input_error([] { gpu_for_local_rank({-1, -1}, 4); }, {"node-local rank", "OMPI_COMM_WORLD_LOCAL_RANK"});
-    CHECK_THROWS_WITH(gpu_for_local_rank({0, 1}, 0), Catch::Contains("no CUDA device is available on this node"));
+    require_input_error(
+        [] {
+            gpu_for_local_rank({-1, -1}, 4);
+        },
+        {"node-local rank", "OMPI_COMM_WORLD_LOCAL_RANK"});
+    CHECK_THROWS_WITH(gpu_for_local_rank({0, 1}, 0),
+                      Catch::Contains("no CUDA device is available on this node"));
 }

@@ -80,16 +80,18 @@ int main() {
             rep.expect(false, "PTOOL_CHECK_MPI let a failed call pass");
         } catch (const RuntimeError& e) {
             const std::string what = e.what();
-            rep.expect(what.rfind("MPI_Send(nullptr, -1, MPI_BYTE, 0, 0, MPI_COMM_WORLD) failed at ", 0) == 0 &&
-                           what.find("test_comm_mpi.cpp:") != std::string::npos &&
-                           what.find(mpi_error_string(MPI_ERR_COUNT)) != std::string::npos,
-                       "PTOOL_CHECK_MPI's message: " + what);
+            rep.expect(
+                what.rfind("MPI_Send(nullptr, -1, MPI_BYTE, 0, 0, MPI_COMM_WORLD) failed at ", 0) == 0 &&
+                    what.find("test_comm_mpi.cpp:") != std::string::npos &&
+                    what.find(mpi_error_string(MPI_ERR_COUNT)) != std::string::npos,
+                "PTOOL_CHECK_MPI's message: " + what);
         }
 
         int counts[2] = {rep.passed, rep.failed}, totals[2] = {0, 0};
         MPI_Allreduce(counts, totals, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
         for (const auto& f : rep.failures) std::printf("rank %d FAILED: %s\n", world.rank(), f.c_str());
-        if (world.rank() == 0) std::printf("mpi world %d: %d passed, %d failed\n", world.size(), totals[0], totals[1]);
+        if (world.rank() == 0)
+            std::printf("mpi world %d: %d passed, %d failed\n", world.size(), totals[0], totals[1]);
         rep.failed = totals[1];
     }
     return rep.failed == 0 ? 0 : 1;

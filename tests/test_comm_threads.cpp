@@ -20,8 +20,9 @@ using namespace ptool;
 
 TEST_CASE("threads communicator passes the conformance suite at world sizes 1 to 8", "[cpu]") {
     for (int n = 1; n <= 8; ++n) {
-        const ConformanceReport total =
-            run_conformance_on_ranks([&](const RankFn& fn) { run_rank_threads(n, CommOptions{}, fn); }).report;
+        const ConformanceReport total = run_conformance_on_ranks([&](const RankFn& fn) {
+                                            run_rank_threads(n, CommOptions{}, fn);
+                                        }).report;
         INFO("world size " << n << ": " << (total.failures.empty() ? "" : total.failures[0]));
         CHECK(total.failed == 0);
         CHECK(total.passed > 100 * n);
@@ -63,7 +64,8 @@ std::string failure_of(int n, double timeout, F&& body, double* seconds) {
 }
 }  // namespace
 
-TEST_CASE("threads point-to-point failures end every rank within the timeout, naming both ranks and the tag", "[cpu]") {
+TEST_CASE("threads point-to-point failures end every rank within the timeout, naming both ranks and the tag",
+          "[cpu]") {
     for (int n : {2, 3}) {
         ConformanceReport rep;
         FailureLauncher launch;
@@ -87,27 +89,40 @@ TEST_CASE("threads point-to-point failures end every rank within the timeout, na
     }
 }
 
-TEST_CASE("criss-crossed blocking sends time out where an eager buffer would have passed; a timeout names the peer's p2p op", "[cpu]") {
+TEST_CASE(
+    "criss-crossed blocking sends time out where an eager buffer would have passed; a timeout names the "
+    "peer's p2p op",
+    "[cpu]") {
     double s = 0;
-    std::string msg = failure_of(2, 1.0, [](Communicator& c) {
-        Tensor t({3}, DType::float32), u({3}, DType::float32);
-        c.send(t, 1 - c.rank(), 9);
-        c.recv(u, 1 - c.rank(), 9);
-    }, &s);
+    std::string msg = failure_of(
+        2, 1.0,
+        [](Communicator& c) {
+            Tensor t({3}, DType::float32), u({3}, DType::float32);
+            c.send(t, 1 - c.rank(), 9);
+            c.recv(u, 1 - c.rank(), 9);
+        },
+        &s);
     INFO(msg);
     // the first rank to time out names the other, which waits in its own send
     const bool zero_first = msg.rfind("rank 0: ", 0) == 0;
     const int me = zero_first ? 0 : 1, peer = 1 - me;
-    CHECK(msg == fmt::format("rank {}: send to rank {} (tag 9, float32 [3]): no matching recv within 1 s (rank {} waits in "
-                             "send to rank {} (tag 9, float32 [3]))",
-                             me, peer, peer, me));
+    CHECK(msg ==
+          fmt::format(
+              "rank {}: send to rank {} (tag 9, float32 [3]): no matching recv within 1 s (rank {} waits in "
+              "send to rank {} (tag 9, float32 [3]))",
+              me, peer, peer, me));
     CHECK(s < 4.0);
     // a collective's timeout says which p2p op a rank waits in
-    msg = failure_of(2, 1.0, [](Communicator& c) {
-        Tensor t({2}, DType::float32);
-        if (c.rank() == 0) c.all_reduce(t, ReduceOp::sum);
-        else c.recv(t, 0, 4);
-    }, &s);
+    msg = failure_of(
+        2, 1.0,
+        [](Communicator& c) {
+            Tensor t({2}, DType::float32);
+            if (c.rank() == 0)
+                c.all_reduce(t, ReduceOp::sum);
+            else
+                c.recv(t, 0, 4);
+        },
+        &s);
     INFO(msg);
     CHECK((msg.find("rank 1 waits in recv from rank 0 (tag 4, float32 [2])") != std::string::npos ||
            msg.find("rank 0 is in all_reduce#0 float32 [2]") != std::string::npos));
@@ -116,19 +131,29 @@ TEST_CASE("criss-crossed blocking sends time out where an eager buffer would hav
 TEST_CASE("a rank's failure is classified by its kind, not by its message's words", "[cpu]") {
     double s = 0;
     // a message that names its rank (kind other than `other`) goes through as it is
-    CHECK(failure_of(2, 30, [](Communicator& c) {
-        if (c.rank() == 1) throw RuntimeError("rank 7 is named already", RuntimeError::Kind::timeout);
-        c.barrier();
-    }, &s) == "rank 7 is named already");
+    CHECK(failure_of(
+              2, 30,
+              [](Communicator& c) {
+                  if (c.rank() == 1)
+                      throw RuntimeError("rank 7 is named already", RuntimeError::Kind::timeout);
+                  c.barrier();
+              },
+              &s) == "rank 7 is named already");
     // any other gets the rank in front, even when its words start like a rank's
-    CHECK(failure_of(2, 30, [](Communicator& c) {
-        if (c.rank() == 1) throw RuntimeError("rank-like words, no rank");
-        c.barrier();
-    }, &s) == "rank 1 failed: rank-like words, no rank");
-    CHECK(failure_of(2, 30, [](Communicator& c) {
-        if (c.rank() == 0) throw std::runtime_error("collective mismatch lookalike");
-        c.barrier();
-    }, &s) == "rank 0 failed: collective mismatch lookalike");
+    CHECK(failure_of(
+              2, 30,
+              [](Communicator& c) {
+                  if (c.rank() == 1) throw RuntimeError("rank-like words, no rank");
+                  c.barrier();
+              },
+              &s) == "rank 1 failed: rank-like words, no rank");
+    CHECK(failure_of(
+              2, 30,
+              [](Communicator& c) {
+                  if (c.rank() == 0) throw std::runtime_error("collective mismatch lookalike");
+                  c.barrier();
+              },
+              &s) == "rank 0 failed: collective mismatch lookalike");
     // the job's root cause keeps its kind through run_rank_threads
     try {
         run_rank_threads(2, CommOptions{}, [](Communicator& c) {
@@ -143,24 +168,31 @@ TEST_CASE("a rank's failure is classified by its kind, not by its message's word
 
 TEST_CASE("a rank that throws ends every rank with one message naming it", "[cpu]") {
     double s = 0;
-    std::string msg = failure_of(4, 30, [](Communicator& c) {
-        Tensor t({8}, DType::float32);
-        c.all_reduce(t, ReduceOp::sum);
-        if (c.rank() == 2) throw std::runtime_error("injected failure");
-        c.all_reduce(t, ReduceOp::sum);  // ranks 0, 1, 3 wait here and must be released
-    }, &s);
+    std::string msg = failure_of(
+        4, 30,
+        [](Communicator& c) {
+            Tensor t({8}, DType::float32);
+            c.all_reduce(t, ReduceOp::sum);
+            if (c.rank() == 2) throw std::runtime_error("injected failure");
+            c.all_reduce(t, ReduceOp::sum);  // ranks 0, 1, 3 wait here and must be released
+        },
+        &s);
     CHECK(msg == "rank 2 failed: injected failure");
     CHECK(s < 5);
 }
 
-TEST_CASE("a rank that never arrives times out on every rank, naming the collective and who waits where", "[cpu]") {
+TEST_CASE("a rank that never arrives times out on every rank, naming the collective and who waits where",
+          "[cpu]") {
     double s = 0;
-    std::string msg = failure_of(3, 1.0, [](Communicator& c) {
-        Tensor t({16, 10}, DType::float32);
-        c.all_reduce(t, ReduceOp::sum);
-        if (c.rank() == 1) return;  // leaves without the second all_reduce
-        c.all_reduce(t, ReduceOp::sum);
-    }, &s);
+    std::string msg = failure_of(
+        3, 1.0,
+        [](Communicator& c) {
+            Tensor t({16, 10}, DType::float32);
+            c.all_reduce(t, ReduceOp::sum);
+            if (c.rank() == 1) return;  // leaves without the second all_reduce
+            c.all_reduce(t, ReduceOp::sum);
+        },
+        &s);
     INFO(msg);
     CHECK(msg.find("timed out after 1 s in all_reduce#1 float32 [16, 10]") != std::string::npos);
     CHECK(msg.find("rank 1 never arrived (last: all_reduce#0 float32 [16, 10])") != std::string::npos);
@@ -170,34 +202,45 @@ TEST_CASE("a rank that never arrives times out on every rank, naming the collect
 
 TEST_CASE("mismatched collectives are reported instead of hanging", "[cpu]") {
     double s = 0;
-    std::string msg = failure_of(2, 30, [](Communicator& c) {
-        for (int i = 0; i < 10; ++i) c.barrier();
-        if (c.rank() == 1) {
-            Tensor t({16, 10}, DType::float32);
-            c.all_reduce(t, ReduceOp::sum);
-        } else {
-            Tensor in({4, 10}, DType::float32), out({8, 10}, DType::float32);
-            c.all_gather(in, out);
-        }
-    }, &s);
-    CHECK(msg == "collective mismatch: rank 1 all_reduce#10 float32 [16, 10] vs rank 0 all_gather#10 float32 [4, 10]");
+    std::string msg = failure_of(
+        2, 30,
+        [](Communicator& c) {
+            for (int i = 0; i < 10; ++i) c.barrier();
+            if (c.rank() == 1) {
+                Tensor t({16, 10}, DType::float32);
+                c.all_reduce(t, ReduceOp::sum);
+            } else {
+                Tensor in({4, 10}, DType::float32), out({8, 10}, DType::float32);
+                c.all_gather(in, out);
+            }
+        },
+        &s);
+    CHECK(
+        msg ==
+        "collective mismatch: rank 1 all_reduce#10 float32 [16, 10] vs rank 0 all_gather#10 float32 [4, 10]");
     CHECK(s < 5);
 }
 
 TEST_CASE("a timeout in a sub-group releases ranks waiting in another group", "[cpu]") {
     double s = 0;
-    std::string msg = failure_of(4, 1.0, [](Communicator& c) {
-        auto sub = c.split(c.rank() % 2, c.rank());
-        Tensor t({4}, DType::float32);
-        if (c.rank() == 0) sub->all_reduce(t, ReduceOp::sum);  // rank 2, its partner, never comes
-        else if (c.rank() != 2) c.barrier();                   // 1 and 3 wait on the world for 0 and 2
-    }, &s);
+    std::string msg = failure_of(
+        4, 1.0,
+        [](Communicator& c) {
+            auto sub = c.split(c.rank() % 2, c.rank());
+            Tensor t({4}, DType::float32);
+            if (c.rank() == 0)
+                sub->all_reduce(t, ReduceOp::sum);  // rank 2, its partner, never comes
+            else if (c.rank() != 2)
+                c.barrier();  // 1 and 3 wait on the world for 0 and 2
+        },
+        &s);
     INFO(msg);
     CHECK(msg.find("timed out") != std::string::npos);
     CHECK(s < 4.0);
 }
 
-TEST_CASE("collective descriptors name every op of the table, init included; an unknown name is an error", "[cpu]") {
+TEST_CASE("collective descriptors name every op of the table, init included; an unknown name is an error",
+          "[cpu]") {
     CHECK(describe("barrier", 3).str().rfind("barrier#3 ", 0) == 0);
     CHECK(describe("split", 4).str().rfind("split#4 ", 0) == 0);
     CHECK(describe("init", 0).str().rfind("init#0 ", 0) == 0);  // past the table's first seven
@@ -236,7 +279,8 @@ TEST_CASE("zero-size tensors flow through every collective", "[cpu]") {
     }
 }
 
-TEST_CASE("more CPU ranks than cores take turns: at most one rank per core computes, results unchanged", "[cpu]") {
+TEST_CASE("more CPU ranks than cores take turns: at most one rank per core computes, results unchanged",
+          "[cpu]") {
     const int cores = usable_cores();
     const int n = std::min(4 * cores, 64);
     std::atomic<int> computing{0}, most{0};
@@ -270,7 +314,8 @@ TEST_CASE("the cores are those the process may run on: ranks pinned to one CPU t
         cpu_set_t one;
         CPU_ZERO(&one);
         CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
-        if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) return;  // seen_cores stays 0: fails below
+        if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0)
+            return;  // seen_cores stays 0: fails below
         seen_cores = usable_cores();
         run_rank_threads(3, CommOptions{}, [&](Communicator& c) {  // the rank threads inherit the mask
             for (int k = 0; k < 3; ++k) {
@@ -292,7 +337,9 @@ TEST_CASE("the cores are those the process may run on: ranks pinned to one CPU t
     CHECK(usable_cores() >= 1);
 }
 
-TEST_CASE("more CPU ranks than cores: ranks that compute without a collective take turns, not one after another", "[cpu]") {
+TEST_CASE(
+    "more CPU ranks than cores: ranks that compute without a collective take turns, not one after another",
+    "[cpu]") {
     // DDP's forward and backward have no collective: each rank computes pieces (modules) with
     // take_turn() between them. Run to their next collective, the first ranks would end every
     // piece before the last ones began; taking turns, every rank ends its first piece before any
@@ -304,7 +351,8 @@ TEST_CASE("more CPU ranks than cores: ranks that compute without a collective ta
     run_rank_threads(n, CommOptions{}, [&](Communicator& c) {
         c.barrier();  // every rank started (thread creation is slow under TSan) and queued for a core
         for (int k = 0; k < pieces; ++k) {
-            const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3);  // four pass the 10 ms quantum
+            const auto until = std::chrono::steady_clock::now() +
+                               std::chrono::milliseconds(3);  // four pass the 10 ms quantum
             while (std::chrono::steady_clock::now() < until) {
             }  // "compute"
             done[c.rank()][k] = order++;
@@ -314,9 +362,10 @@ TEST_CASE("more CPU ranks than cores: ranks that compute without a collective ta
         c.all_reduce(t, ReduceOp::sum);
     });
     int last_first = 0, first_last = n * pieces;
-    for (const auto& d : done) last_first = std::max(last_first, d.front()), first_last = std::min(first_last, d.back());
-    INFO(n << " ranks on " << cores << " cores: the last first piece ended " << last_first << "th, the first last piece "
-           << first_last << "th");
+    for (const auto& d : done)
+        last_first = std::max(last_first, d.front()), first_last = std::min(first_last, d.back());
+    INFO(n << " ranks on " << cores << " cores: the last first piece ended " << last_first
+           << "th, the first last piece " << first_last << "th");
     CHECK(last_first < first_last);
     take_turn();  // outside a rank thread: nothing to hand over, returns at once
 }
@@ -325,20 +374,26 @@ TEST_CASE("more CPU ranks than cores: a failure or a timeout still ends every ra
     const int cores = usable_cores();
     const int n = std::min(3 * cores, 48);
     double s = 0;
-    std::string msg = failure_of(n, 30, [](Communicator& c) {
-        Tensor t({8}, DType::float32);
-        c.all_reduce(t, ReduceOp::sum);
-        if (c.rank() == 1) throw std::runtime_error("injected failure");
-        c.all_reduce(t, ReduceOp::sum);
-    }, &s);
+    std::string msg = failure_of(
+        n, 30,
+        [](Communicator& c) {
+            Tensor t({8}, DType::float32);
+            c.all_reduce(t, ReduceOp::sum);
+            if (c.rank() == 1) throw std::runtime_error("injected failure");
+            c.all_reduce(t, ReduceOp::sum);
+        },
+        &s);
     CHECK(msg == "rank 1 failed: injected failure");
     CHECK(s < 5);
-    msg = failure_of(n, 1.0, [](Communicator& c) {
-        Tensor t({4}, DType::float32);
-        c.all_reduce(t, ReduceOp::sum);
-        if (c.rank() == 0) return;  // never comes to the second
-        c.all_reduce(t, ReduceOp::sum);
-    }, &s);
+    msg = failure_of(
+        n, 1.0,
+        [](Communicator& c) {
+            Tensor t({4}, DType::float32);
+            c.all_reduce(t, ReduceOp::sum);
+            if (c.rank() == 0) return;  // never comes to the second
+            c.all_reduce(t, ReduceOp::sum);
+        },
+        &s);
     INFO(msg);
     CHECK(msg.find("timed out after 1 s") != std::string::npos);
     CHECK(s < 4.0);

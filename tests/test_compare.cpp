@@ -3,18 +3,16 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-
-#include "verify/compare.h"
-#include "verify/digest.h"
-
 #include <vector>
 
+#include "comm/comm_choice.h"
 #include "core/rng.h"
 #include "core/tensor_ops.h"
-#include "comm/comm_choice.h"
+#include "test_helpers.h"
+#include "verify/compare.h"
+#include "verify/digest.h"
 #include "verify/faults.h"
 #include "verify/verify.h"
-#include "test_helpers.h"
 
 using namespace ptool;
 
@@ -47,7 +45,9 @@ TEST_CASE("compare_tensors: max abs/rel error, headroom and ULPs of float32 and 
     CHECK(b.pass);
 }
 
-TEST_CASE("compare_tensors: NaN and inf agree only with themselves at the same place; mixed dtypes compare values", "[cpu]") {
+TEST_CASE(
+    "compare_tensors: NaN and inf agree only with themselves at the same place; mixed dtypes compare values",
+    "[cpu]") {
     Tensor e = Tensor::from_doubles({3}, DType::float32, {1.0, 2.0, 3.0});
     Tensor a = e.clone();
     a.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
@@ -77,7 +77,8 @@ TEST_CASE("compare_tensors: NaN and inf agree only with themselves at the same p
     CHECK_FALSE(compare_tensors(Tensor({3, 1}, DType::float32), e, {}).shape_ok);
 }
 
-TEST_CASE("compare_tensors: a large tensor, compared in blocks on threads, gives the one-pass numbers", "[cpu]") {
+TEST_CASE("compare_tensors: a large tensor, compared in blocks on threads, gives the one-pass numbers",
+          "[cpu]") {
     // 3M elements: 12 blocks; the worst element, a NaN and a bitwise-equal copy in late blocks
     const int64_t n = 3'000'000;
     Tensor e({n}, DType::float32), a({n}, DType::float32);
@@ -106,7 +107,8 @@ TEST_CASE("compare_tensors: a large tensor, compared in blocks on threads, gives
     CHECK(eq.max_abs == 0);
     CHECK(eq.ref_norm == Approx(std::sqrt(act2)).epsilon(1e-12));
     same.data<float>()[n - 1] = std::numeric_limits<float>::quiet_NaN();
-    CHECK(compare_tensors(same, same.clone(), {}).pass);  // bitwise equal, a NaN in the last block at the same place
+    CHECK(compare_tensors(same, same.clone(), {})
+              .pass);  // bitwise equal, a NaN in the last block at the same place
     CHECK(compare_tensors(same, same.clone(), {}).nonfinite == 1);
     CHECK(std::isnan(compare_tensors(same, a, {}).headroom));  // against a number
     CHECK_FALSE(compare_tensors(same, a, {}).pass);
@@ -131,7 +133,8 @@ TEST_CASE("ExactSum: the same value whatever the order and grouping of its terms
     CHECK(big.value() == std::ldexp(1.0, 60) + 4096.0);
 }
 
-TEST_CASE("compare_piece: a tensor compared in pieces on ranks reads exactly the whole tensor's numbers", "[cpu]") {
+TEST_CASE("compare_piece: a tensor compared in pieces on ranks reads exactly the whole tensor's numbers",
+          "[cpu]") {
     // [7, 10] cut as torch.chunk cuts it: rows over 3 ranks (3, 3, 1), columns over 4 (3, 3, 3, 1),
     // and both (a 2-D mesh); every piece against its box of the whole expected tensor
     Tensor e({7, 10}, DType::float32), a({7, 10}, DType::float32);
@@ -170,14 +173,16 @@ TEST_CASE("compare_piece: a tensor compared in pieces on ranks reads exactly the
     CHECK_FALSE(compare_piece(chunk(a, 3, 0, 0), e, {5, 0}, tol, 1).d.shape_ok);
 }
 
-TEST_CASE("element_hash_sum: pieces add up to the whole tensor's digest; one element apart differs", "[cpu]") {
+TEST_CASE("element_hash_sum: pieces add up to the whole tensor's digest; one element apart differs",
+          "[cpu]") {
     Tensor t({6, 5}, DType::float32);
     for (int64_t i = 0; i < 30; ++i) t.data<float>()[i] = static_cast<float>(i * 0.25 - 3);
     const uint64_t whole = element_hash_sum(t, t.shape(), {0, 0});
     uint64_t sum = 0;
     for (int c = 0; c < 2; ++c)
         for (int r = 0; r < 4; ++r)
-            sum += element_hash_sum(chunk(chunk(t, 2, c, 1), 4, r, 0), t.shape(), {chunk_of(6, 4, r).offset, chunk_of(5, 2, c).offset});
+            sum += element_hash_sum(chunk(chunk(t, 2, c, 1), 4, r, 0), t.shape(),
+                                    {chunk_of(6, 4, r).offset, chunk_of(5, 2, c).offset});
     CHECK(sum == whole);
     Tensor u = t.clone();
     u.data<float>()[17] = std::nextafter(u.data<float>()[17], 100.0f);
@@ -185,7 +190,8 @@ TEST_CASE("element_hash_sum: pieces add up to the whole tensor's digest; one ele
     Tensor swapped = t.clone();
     std::swap(swapped.data<float>()[3], swapped.data<float>()[4]);  // the same values elsewhere
     CHECK(element_hash_sum(swapped, swapped.shape(), {0, 0}) != whole);
-    CHECK(finish_element_hash(whole, DType::float32, {6, 5}) != finish_element_hash(whole, DType::float32, {5, 6}));
+    CHECK(finish_element_hash(whole, DType::float32, {6, 5}) !=
+          finish_element_hash(whole, DType::float32, {5, 6}));
 }
 
 TEST_CASE("tensor_digest: equal tensors agree; a bit, a shape or a dtype apart differ", "[cpu]") {
@@ -193,7 +199,8 @@ TEST_CASE("tensor_digest: equal tensors agree; a bit, a shape or a dtype apart d
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, std::sin(0.1 * static_cast<double>(i)));
     const uint64_t h = tensor_digest(t);
     CHECK(tensor_digest(t.clone()) == h);
-    for (int64_t byte : {int64_t{0}, int64_t{17}, int64_t{4 * 4000 + 9}, static_cast<int64_t>(t.nbytes()) - 1}) {
+    for (int64_t byte :
+         {int64_t{0}, int64_t{17}, int64_t{4 * 4000 + 9}, static_cast<int64_t>(t.nbytes()) - 1}) {
         Tensor u = t.clone();
         static_cast<unsigned char*>(u.raw())[byte] ^= 0x10;
         CHECK(tensor_digest(u) != h);
@@ -215,7 +222,9 @@ TEST_CASE("low precision: the relative Frobenius bound passes rounding noise, no
     a.set(3, 0.0078125);  // expected 0: fails torch.testing's rule (atol 1e-5)
     const TensorDiff d = compare_tensors(a, e, tol);
     CHECK(d.headroom > 1);
-    CHECK(d.rel_fro == Approx(0.0078125 / std::sqrt(3.0 * 3 + 2.5 * 2.5 + 1.75 * 1.75 + 4 + 1 + 0.25 + 1.5625)).epsilon(1e-3));
+    CHECK(d.rel_fro ==
+          Approx(0.0078125 / std::sqrt(3.0 * 3 + 2.5 * 2.5 + 1.75 * 1.75 + 4 + 1 + 0.25 + 1.5625))
+              .epsilon(1e-3));
     CHECK(d.by_frobenius);
     CHECK(d.pass);
     Tolerance elementwise = tol;
@@ -228,7 +237,8 @@ TEST_CASE("low precision: the relative Frobenius bound passes rounding noise, no
     CHECK_FALSE(w.pass);
 }
 
-TEST_CASE("low precision: a gradient zero in exact arithmetic is judged against its module's gradient", "[cpu]") {
+TEST_CASE("low precision: a gradient zero in exact arithmetic is judged against its module's gradient",
+          "[cpu]") {
     // attention's key bias: softmax ignores a shift shared by every key, so its gradient is rounding
     // noise; measured against itself that noise is O(1), against the module's weight gradient it is not
     RunRecord ref, par;
@@ -271,12 +281,15 @@ TEST_CASE("in-process verify compares as it records: the report of comparing sto
         RecordOptions as_recorded;
         as_recorded.compare_with = &ref, as_recorded.tol = tol;
         for (auto [opt, out] : {std::pair{RecordOptions{}, &stored}, std::pair{as_recorded, &streamed}})
-            run_ranks(plan.world_size(), CommOptions{}, [&, opt = opt, out = out](Communicator& w) {
-                const auto layer = fault_layer(f);
-                Run run(in, plan, w, layer.get());
-                RunRecord r = record_run(run, 2, opt);
-                if (w.rank() == 0) *out = std::move(r);
-            }, Device::cpu);
+            run_ranks(
+                plan.world_size(), CommOptions{},
+                [&, opt = opt, out = out](Communicator& w) {
+                    const auto layer = fault_layer(f);
+                    Run run(in, plan, w, layer.get());
+                    RunRecord r = record_run(run, 2, opt);
+                    if (w.rank() == 0) *out = std::move(r);
+                },
+                Device::cpu);
         REQUIRE(streamed.steps.size() == 2);
         CHECK(streamed.steps[0].tensors.empty());  // diffs, not tensors
         CHECK_FALSE(stored.steps[0].tensors.empty());
@@ -286,7 +299,8 @@ TEST_CASE("in-process verify compares as it records: the report of comparing sto
         CHECK(b.passed == a.passed);
         CHECK(b.failed == a.failed);
         CHECK(b.localisation == a.localisation);
-        if (*fault) CHECK(b.localisation.find("first divergence: step 0 forward `layers.1.net2` output") == 0);
+        if (*fault)
+            CHECK(b.localisation.find("first divergence: step 0 forward `layers.1.net2` output") == 0);
         REQUIRE(b.tensors.size() == a.tensors.size());
         for (size_t i = 0; i < a.tensors.size(); ++i) {
             CHECK(b.tensors[i].name == a.tensors[i].name);
@@ -296,7 +310,8 @@ TEST_CASE("in-process verify compares as it records: the report of comparing sto
     }
 }
 
-TEST_CASE("parse_fault: every kind of the table by its name; the message for a bad one lists them all", "[cpu]") {
+TEST_CASE("parse_fault: every kind of the table by its name; the message for a bad one lists them all",
+          "[cpu]") {
     for (const FaultClass& c : kFaultClasses) {
         INFO(c.name);
         const Fault f = parse_fault((std::string(c.name) + ":layers.0").c_str());
@@ -330,7 +345,8 @@ TEST_CASE("zero-size tensors flow through every op and the comparison", "[cpu]")
     be.gemm(a, false, w0, true, y2);  // an empty sum (a rowwise shard with no columns): zeros
     CHECK(y2.item(0) == 0.0);
     Tensor e({0, 4}, DType::float32), d({0, 4}, DType::float32);
-    for (Activation act : {Activation::relu, Activation::gelu, Activation::gelu_tanh, Activation::silu, Activation::tanh}) {
+    for (Activation act :
+         {Activation::relu, Activation::gelu, Activation::gelu_tanh, Activation::silu, Activation::tanh}) {
         be.activation(act, x, e);
         be.activation_backward(act, x, x, d);
     }
@@ -357,7 +373,8 @@ TEST_CASE("zero-size tensors flow through every op and the comparison", "[cpu]")
     CHECK(tensor_digest(x) != tensor_digest(Tensor({0, 5}, DType::float32)));
 }
 
-TEST_CASE("tensor_digest is its definition on every length (the vector path the same as the scalar one)", "[cpu]") {
+TEST_CASE("tensor_digest is its definition on every length (the vector path the same as the scalar one)",
+          "[cpu]") {
     // eight lanes, each mixing word k of every whole 64-byte stripe in order (multiply-xorshift),
     // the tail's bytes into lane 0, then the lanes into the dtype's and shape's hash: written out
     // here in plain C++, against whichever path this CPU takes
@@ -368,7 +385,8 @@ TEST_CASE("tensor_digest is its definition on every length (the vector path the 
     const CounterRng rng(5, 1);
     for (int64_t n : {0, 1, 3, 15, 16, 17, 64, 100, 1000, 4099}) {
         Tensor t({n}, DType::float32);
-        for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(rng.normal(static_cast<uint64_t>(i)));
+        for (int64_t i = 0; i < n; ++i)
+            t.data<float>()[i] = static_cast<float>(rng.normal(static_cast<uint64_t>(i)));
         uint64_t h = mix(0x9E3779B97F4A7C15ull, static_cast<uint64_t>(t.dtype()));
         h = mix(h, static_cast<uint64_t>(n));
         uint64_t lane[8];
@@ -387,11 +405,15 @@ TEST_CASE("tensor_digest is its definition on every length (the vector path the 
     }
 }
 
-TEST_CASE("BinnedSum: exactly ExactSum's sum, across its flushes, subnormals and the largest doubles", "[cpu]") {
+TEST_CASE("BinnedSum: exactly ExactSum's sum, across its flushes, subnormals and the largest doubles",
+          "[cpu]") {
     const CounterRng rng(3, 8);
     std::vector<double> terms;
-    for (int i = 0; i < 30000; ++i) terms.push_back(std::ldexp(1 + rng.uniform(i), static_cast<int>(2040 * rng.uniform(i + 1'000'000)) - 1070));
-    for (int i = 0; i < 5000; ++i) terms.push_back(std::nextafter(2.0, 0.0));  // one bin's largest mantissa, past a flush
+    for (int i = 0; i < 30000; ++i)
+        terms.push_back(
+            std::ldexp(1 + rng.uniform(i), static_cast<int>(2040 * rng.uniform(i + 1'000'000)) - 1070));
+    for (int i = 0; i < 5000; ++i)
+        terms.push_back(std::nextafter(2.0, 0.0));  // one bin's largest mantissa, past a flush
     for (int i = 0; i < 100; ++i) terms.push_back(std::numeric_limits<double>::denorm_min() * (i + 1));
     terms.push_back(std::numeric_limits<double>::max());
     terms.push_back(0.0);
@@ -405,7 +427,8 @@ TEST_CASE("BinnedSum: exactly ExactSum's sum, across its flushes, subnormals and
     CHECK(binned.sum().value() == plain.value());  // a second sum() adds nothing
 }
 
-TEST_CASE("compare_tensors: the exact sums reach the float32 extremes (every bin a square can fill)", "[cpu]") {
+TEST_CASE("compare_tensors: the exact sums reach the float32 extremes (every bin a square can fill)",
+          "[cpu]") {
     // the largest and smallest squares a float32 comparison makes: (FLT_MAX - -FLT_MAX)^2 = 2^258
     // and (2^-149)^2 = 2^-298, in chunks that differ, and chunks that are bitwise equal, on the
     // vector paths (whole chunks of 64) and the element loop (a tail of 3)
@@ -430,11 +453,12 @@ TEST_CASE("compare_tensors: the exact sums reach the float32 extremes (every bin
     }
 }
 
-TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every element (gated divisions)", "[cpu]") {
+TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every element (gated divisions)",
+          "[cpu]") {
     // random signs and magnitudes over 40 decades, exact zeros, subnormals, errors of a few ULPs to
-    // 10%, some of the opposite sign and far larger: max_rel and headroom equal a plain loop that divides every element, the norms a plain
-    // ExactSum of every element's squares; every element differing, or one in 1000 (whole equal
-    // chunks between)
+    // 10%, some of the opposite sign and far larger: max_rel and headroom equal a plain loop that divides
+    // every element, the norms a plain ExactSum of every element's squares; every element differing, or one
+    // in 1000 (whole equal chunks between)
     const CounterRng rng(9, 4);
     for (DType dt : {DType::float32, DType::float64})
         for (const Tolerance& tol : {Tolerance{1.3e-6, 1e-5}, Tolerance{0, 0}, Tolerance{1e-2, 0}})
@@ -442,38 +466,50 @@ TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every eleme
                 const int64_t n = 200'000;
                 Tensor a({n}, dt), e({n}, dt);
                 for (int64_t i = 0; i < n; ++i) {
-                    const double mag = std::pow(10.0, 40 * rng.uniform(3 * i) - 30) * (rng.uniform(3 * i + 1) < 0.5 ? -1 : 1);
+                    const double mag = std::pow(10.0, 40 * rng.uniform(3 * i) - 30) *
+                                       (rng.uniform(3 * i + 1) < 0.5 ? -1 : 1);
                     const double v = i % 101 == 0 ? 0.0 : i % 257 == 0 ? 1e-40 : mag;
                     const double rel = i % 13 == 0 ? 0.0 : std::pow(10.0, -8 + 7 * rng.uniform(3 * i + 2));
-                    e.set(i, v), a.set(i, i % every != 0 ? e.item(i) : i % 97 == 0 ? 0.0 : i % 389 == 0 ? -v * 1e20 : v * (1 + rel));
+                    e.set(i, v), a.set(i, i % every != 0 ? e.item(i)
+                                          : i % 97 == 0  ? 0.0
+                                          : i % 389 == 0 ? -v * 1e20
+                                                         : v * (1 + rel));
                 }
                 double max_abs = 0, max_rel = 0, headroom = 0;
-                int64_t max_ulp = 0;  // |a - e| in units of the last place: the distance of their ordered bit patterns
+                int64_t max_ulp =
+                    0;  // |a - e| in units of the last place: the distance of their ordered bit patterns
                 for (int64_t i = 0; i < n; ++i) {
                     if (dt == DType::float32) {
                         int32_t x, y;
                         std::memcpy(&x, a.data<float>() + i, 4), std::memcpy(&y, e.data<float>() + i, 4);
-                        const int64_t ox = x < 0 ? -int64_t{x & 0x7fffffff} : x, oy = y < 0 ? -int64_t{y & 0x7fffffff} : y;
+                        const int64_t ox = x < 0 ? -int64_t{x & 0x7fffffff} : x,
+                                      oy = y < 0 ? -int64_t{y & 0x7fffffff} : y;
                         max_ulp = std::max(max_ulp, ox > oy ? ox - oy : oy - ox);
                     } else {
                         int64_t x, y;
                         std::memcpy(&x, a.data<double>() + i, 8), std::memcpy(&y, e.data<double>() + i, 8);
-                        const __int128 ox = x < 0 ? -static_cast<__int128>(x & INT64_MAX) : x, oy = y < 0 ? -static_cast<__int128>(y & INT64_MAX) : y;
+                        const __int128 ox = x < 0 ? -static_cast<__int128>(x & INT64_MAX) : x,
+                                       oy = y < 0 ? -static_cast<__int128>(y & INT64_MAX) : y;
                         const __int128 u = ox > oy ? ox - oy : oy - ox;
-                        max_ulp = std::max<int64_t>(max_ulp, u > INT64_MAX ? INT64_MAX : static_cast<int64_t>(u));
+                        max_ulp =
+                            std::max<int64_t>(max_ulp, u > INT64_MAX ? INT64_MAX : static_cast<int64_t>(u));
                     }
                 }
                 ExactSum err2, ref2;
                 for (int64_t i = 0; i < n; ++i) {
-                    const double x = a.item(i), y = e.item(i), err = std::abs(x - y), bound = tol.atol + tol.rtol * std::abs(y);
+                    const double x = a.item(i), y = e.item(i), err = std::abs(x - y),
+                                 bound = tol.atol + tol.rtol * std::abs(y);
                     max_abs = std::max(max_abs, err);
-                    if (y != 0) max_rel = std::max(max_rel, err / std::abs(y));
-                    else if (err > 0) max_rel = std::numeric_limits<double>::infinity();
+                    if (y != 0)
+                        max_rel = std::max(max_rel, err / std::abs(y));
+                    else if (err > 0)
+                        max_rel = std::numeric_limits<double>::infinity();
                     headroom = std::max(headroom, bound > 0 ? err / bound : (err > 0 ? 1e300 : 0.0));
                     err2.add(err * err), ref2.add(y * y);
                 }
                 const TensorDiff d = compare_tensors(a, e, tol);
-                INFO(dtype_name(dt) << " rtol " << tol.rtol << " atol " << tol.atol << " one in " << every << " differs");
+                INFO(dtype_name(dt) << " rtol " << tol.rtol << " atol " << tol.atol << " one in " << every
+                                    << " differs");
                 CHECK(d.max_abs == max_abs);
                 CHECK(d.max_rel == max_rel);
                 CHECK(d.headroom == headroom);
@@ -483,11 +519,15 @@ TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every eleme
             }
 }
 
-TEST_CASE("the world's step runs from the first rank's start to the last rank's end, on every rank", "[cpu]") {
+TEST_CASE("the world's step runs from the first rank's start to the last rank's end, on every rank",
+          "[cpu]") {
     std::vector<double> seen(3);
-    run_ranks(3, CommOptions{}, [&](Communicator& c) {  // starts 10, 12, 14; ends 11, 17, 15
-        const double started = 10 + 2 * c.rank(), seconds = c.rank() == 1 ? 5 : 1;
-        seen[c.rank()] = world_step_seconds(c, started, seconds);
-    }, Device::cpu);
+    run_ranks(
+        3, CommOptions{},
+        [&](Communicator& c) {  // starts 10, 12, 14; ends 11, 17, 15
+            const double started = 10 + 2 * c.rank(), seconds = c.rank() == 1 ? 5 : 1;
+            seen[c.rank()] = world_step_seconds(c, started, seconds);
+        },
+        Device::cpu);
     for (double s : seen) CHECK(s == 7.0);
 }

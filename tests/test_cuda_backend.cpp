@@ -24,8 +24,12 @@ using namespace ptool;
 
 namespace {
 
-Backend& cpu() { return backend_for(Device::cpu); }
-Backend& gpu() { return backend_for(Device::cuda); }
+Backend& cpu() {
+    return backend_for(Device::cpu);
+}
+Backend& gpu() {
+    return backend_for(Device::cuda);
+}
 
 Tensor random(const Shape& s, DType dt, uint64_t seed, double lo = -2.0, double hi = 2.0) {
     CounterRng rng(seed, 7);
@@ -41,7 +45,9 @@ Tensor ids(const Shape& s, int64_t vocab, uint64_t seed) {
     return t;
 }
 
-double rtol_of(DType dt) { return dt == DType::float64 ? 1e-12 : dt == DType::bfloat16 ? 1.6e-2 : 1e-5; }
+double rtol_of(DType dt) {
+    return dt == DType::float64 ? 1e-12 : dt == DType::bfloat16 ? 1.6e-2 : 1e-5;
+}
 
 // cpu_result vs the GPU result copied back, elementwise |a - b| <= atol + rtol |a|.
 void expect_close(const Tensor& cpu_t, const Tensor& gpu_t, const std::string& what, double atol = 1e-5) {
@@ -59,7 +65,9 @@ void expect_close(const Tensor& cpu_t, const Tensor& gpu_t, const std::string& w
     CHECK(bad == 0);
 }
 
-Tensor on_gpu(const Tensor& t) { return t.to_device(Device::cuda); }
+Tensor on_gpu(const Tensor& t) {
+    return t.to_device(Device::cuda);
+}
 
 const DType kDtypes[] = {DType::float32, DType::float64, DType::bfloat16};
 
@@ -94,7 +102,8 @@ TEST_CASE("cuda gemm matches the cpu for every transpose, batch and dtype", "[cu
                 Tensor c = random({3, m, n}, dt, 3), gc = on_gpu(c);
                 cpu().gemm(a, ta, b, tb, c, 0.5, 1.0);
                 gpu().gemm(on_gpu(a), ta, on_gpu(b), tb, gc, 0.5, 1.0);
-                expect_close(c, gc, fmt::format("gemm ta={} tb={}", ta, tb), dt == DType::bfloat16 ? 1e-1 : 1e-4);
+                expect_close(c, gc, fmt::format("gemm ta={} tb={}", ta, tb),
+                             dt == DType::bfloat16 ? 1e-1 : 1e-4);
             }
 }
 
@@ -167,14 +176,16 @@ TEST_CASE("cuda norms match the cpu (layer, rms, batch; forward and backward)", 
             expect_close(dbias, gdbias, "layer_norm_backward db", 1e-4);
         }
         const int64_t n = 64, c = 33;
-        Tensor x = random({n, c}, dt, 12), mean({c}, sd), var({c}, sd), gmean = on_gpu(mean), gvar = on_gpu(var);
+        Tensor x = random({n, c}, dt, 12), mean({c}, sd), var({c}, sd), gmean = on_gpu(mean),
+               gvar = on_gpu(var);
         Tensor gx = on_gpu(x);
         cpu().channel_moments(x, mean, var), gpu().channel_moments(gx, gmean, gvar);
         expect_close(mean, gmean, "channel_moments mean", 0.0);
         expect_close(var, gvar, "channel_moments var", 0.0);
         Tensor rstd({c}, sd);
         for (int64_t j = 0; j < c; ++j) rstd.set(j, 1.0 / std::sqrt(var.item(j) + 1e-5));
-        Tensor grstd = on_gpu(rstd), w = random({c}, dt, 13), b = random({c}, dt, 14), y({n, c}, dt), gy = on_gpu(y);
+        Tensor grstd = on_gpu(rstd), w = random({c}, dt, 13), b = random({c}, dt, 14), y({n, c}, dt),
+               gy = on_gpu(y);
         cpu().batch_norm_apply(x, mean, rstd, w, b, y);
         gpu().batch_norm_apply(gx, gmean, grstd, on_gpu(w), on_gpu(b), gy);
         expect_close(y, gy, "batch_norm_apply");
@@ -202,7 +213,8 @@ TEST_CASE("cuda embedding, attention helpers and losses match the cpu", "[cuda]"
         expect_close(dw, gdw, "embedding_backward", 0.0);  // same order, same rounding
         Tensor bad = tok.clone();
         bad.data<int64_t>()[5] = 50;
-        CHECK_THROWS_WITH(gpu().embedding(on_gpu(bad), on_gpu(w), gy), Catch::Contains("token id 50 at position 5"));
+        CHECK_THROWS_WITH(gpu().embedding(on_gpu(bad), on_gpu(w), gy),
+                          Catch::Contains("token id 50 at position 5"));
 
         Tensor x = random({2, 3, 5, 7}, dt, 20), t({2, 5, 3, 7}, dt), gt = on_gpu(t);
         cpu().transpose12(x, t), gpu().transpose12(on_gpu(x), gt), expect_close(t, gt, "transpose12", 0.0);
@@ -220,7 +232,8 @@ TEST_CASE("cuda embedding, attention helpers and losses match the cpu", "[cuda]"
         const double l_gpu = gpu().cross_entropy(on_gpu(logits), on_gpu(target), gdl);
         CHECK(std::abs(l_cpu - l_gpu) <= rtol_of(dt) * std::abs(l_cpu));
         expect_close(dl, gdl, "cross_entropy dlogits");
-        Tensor o = random({31, 17}, dt, 25), tg = random({31, 17}, dt, 26), dout(o.shape(), dt), gdout = on_gpu(dout);
+        Tensor o = random({31, 17}, dt, 25), tg = random({31, 17}, dt, 26), dout(o.shape(), dt),
+               gdout = on_gpu(dout);
         const double m_cpu = cpu().mse(o, tg, dout), m_gpu = gpu().mse(on_gpu(o), on_gpu(tg), gdout);
         CHECK(std::abs(m_cpu - m_gpu) <= rtol_of(dt) * std::abs(m_cpu));
         expect_close(dout, gdout, "mse dout");
@@ -248,10 +261,13 @@ TEST_CASE("cuda_local passes the communicator conformance suite at world sizes 1
     for (int n = 1; n <= 8; ++n) {
         const auto [report, name] = run_conformance_on_ranks(
             [&](const RankFn& fn) {
-                run_rank_threads(n, CommOptions{}, [&](Communicator& comm) {
-                    gpu();  // this rank thread: the device and its own stream
-                    fn(comm);
-                }, Device::cuda);
+                run_rank_threads(
+                    n, CommOptions{},
+                    [&](Communicator& comm) {
+                        gpu();  // this rank thread: the device and its own stream
+                        fn(comm);
+                    },
+                    Device::cuda);
             },
             Device::cuda);
         INFO("world size " << n << ": " << (report.failures.empty() ? "" : report.failures[0]));
@@ -261,13 +277,18 @@ TEST_CASE("cuda_local passes the communicator conformance suite at world sizes 1
     }
 }
 
-TEST_CASE("cuda_local point-to-point failures end every rank within the timeout, naming both ranks and the tag", "[cuda]") {
+TEST_CASE(
+    "cuda_local point-to-point failures end every rank within the timeout, naming both ranks and the tag",
+    "[cuda]") {
     ConformanceReport rep;
     run_p2p_failure_conformance(launcher([](int n, const CommOptions& o, const RankFn& body) {
-                                    run_rank_threads(n, o, [&](Communicator& c) {
-                                        gpu();
-                                        body(c);
-                                    }, Device::cuda);
+                                    run_rank_threads(
+                                        n, o,
+                                        [&](Communicator& c) {
+                                            gpu();
+                                            body(c);
+                                        },
+                                        Device::cuda);
                                 }),
                                 rep, Device::cuda);
     INFO((rep.failures.empty() ? "" : rep.failures[0]));
@@ -283,16 +304,23 @@ TEST_CASE("cuda_local redistributes shards of any dim on the device, bitwise the
                 INFO("shape " << shape_str(shape) << " dim " << d << " world size " << n);
                 const Tensor full = random(shape, DType::float32, 51);
                 std::vector<int> gathered(n, 0), scattered(n, 0);
-                run_rank_threads(n, CommOptions{}, [&](Communicator& c) {
-                    gpu();
-                    const Tensor local = on_gpu(chunk(full, n, c.rank(), d));
-                    const Tensor g = full_tensor(local, Placement::shard(d), shape, c);
-                    gathered[c.rank()] = g.device() == Device::cuda && g.to_device(Device::cpu).to_doubles() == full.to_doubles();
-                    const Tensor mine = redistribute(on_gpu(full), Placement::partial(), Placement::shard(d), shape, c);
-                    Tensor sum = full.clone();
-                    cpu().scale(full, static_cast<double>(n), sum);  // n equal summands: fl(n x) either way
-                    scattered[c.rank()] = mine.to_device(Device::cpu).to_doubles() == chunk(sum, n, c.rank(), d).to_doubles();
-                }, Device::cuda);
+                run_rank_threads(
+                    n, CommOptions{},
+                    [&](Communicator& c) {
+                        gpu();
+                        const Tensor local = on_gpu(chunk(full, n, c.rank(), d));
+                        const Tensor g = full_tensor(local, Placement::shard(d), shape, c);
+                        gathered[c.rank()] = g.device() == Device::cuda &&
+                                             g.to_device(Device::cpu).to_doubles() == full.to_doubles();
+                        const Tensor mine =
+                            redistribute(on_gpu(full), Placement::partial(), Placement::shard(d), shape, c);
+                        Tensor sum = full.clone();
+                        cpu().scale(full, static_cast<double>(n),
+                                    sum);  // n equal summands: fl(n x) either way
+                        scattered[c.rank()] = mine.to_device(Device::cpu).to_doubles() ==
+                                              chunk(sum, n, c.rank(), d).to_doubles();
+                    },
+                    Device::cuda);
                 for (int r = 0; r < n; ++r) {
                     CHECK(gathered[r] == 1);
                     CHECK(scattered[r] == 1);
@@ -304,8 +332,8 @@ TEST_CASE("cuda_local redistributes shards of any dim on the device, bitwise the
 TEST_CASE("nccl passes the communicator conformance suite on one GPU per rank", "[cuda]") {
     const int gpus = static_cast<int>(query_gpus().devices.size());
     for (int n = 1; n <= std::min(gpus, 8); ++n) {
-        const auto [report, name] =
-            run_conformance_on_ranks([&](const RankFn& fn) { run_nccl_threads(n, CommOptions{}, fn); }, Device::cuda);
+        const auto [report, name] = run_conformance_on_ranks(
+            [&](const RankFn& fn) { run_nccl_threads(n, CommOptions{}, fn); }, Device::cuda);
         INFO("world size " << n << ": " << (report.failures.empty() ? "" : report.failures[0]));
         CHECK(report.failed == 0);
         CHECK(report.passed > 0);
@@ -313,7 +341,8 @@ TEST_CASE("nccl passes the communicator conformance suite on one GPU per rank", 
     }
 }
 
-TEST_CASE("nccl: host tensors are staged through the device, results bitwise the threads communicator's", "[cuda]") {
+TEST_CASE("nccl: host tensors are staged through the device, results bitwise the threads communicator's",
+          "[cuda]") {
     Tensor t = random({37, 5}, DType::float32, 41);
     Tensor on_threads = t.clone(), on_nccl = t.clone();
     run_rank_threads(1, CommOptions{}, [&](Communicator& c) { c.all_reduce(on_threads, ReduceOp::avg); });
@@ -330,25 +359,36 @@ TEST_CASE("a nccl rank that never arrives times out on every rank; a mismatch is
     }
     CommOptions quick;
     quick.timeout_seconds = 1;
-    CHECK_THROWS_WITH(run_nccl_threads(2, quick, [&](Communicator& c) {
-        Tensor x = Tensor({4}, DType::float32, Device::cuda);
-        if (c.rank() == 1) c.all_reduce(x, ReduceOp::sum);
-        else std::this_thread::sleep_for(std::chrono::seconds(3));  // rank 0 never arrives
-    }), Catch::Contains("rank 1 timed out after 1 s in all_reduce#0"));
-    CHECK_THROWS_WITH(run_nccl_threads(2, CommOptions{}, [&](Communicator& c) {
-        Tensor x = Tensor({4 + c.rank()}, DType::float32, Device::cuda);
-        c.all_reduce(x, ReduceOp::sum);
-    }), Catch::Contains("collective mismatch: rank 1 all_reduce#0 float32 [5] vs rank 0 all_reduce#0 float32 [4]"));
+    CHECK_THROWS_WITH(run_nccl_threads(2, quick,
+                                       [&](Communicator& c) {
+                                           Tensor x = Tensor({4}, DType::float32, Device::cuda);
+                                           if (c.rank() == 1)
+                                               c.all_reduce(x, ReduceOp::sum);
+                                           else
+                                               std::this_thread::sleep_for(
+                                                   std::chrono::seconds(3));  // rank 0 never arrives
+                                       }),
+                      Catch::Contains("rank 1 timed out after 1 s in all_reduce#0"));
+    CHECK_THROWS_WITH(
+        run_nccl_threads(2, CommOptions{},
+                         [&](Communicator& c) {
+                             Tensor x = Tensor({4 + c.rank()}, DType::float32, Device::cuda);
+                             c.all_reduce(x, ReduceOp::sum);
+                         }),
+        Catch::Contains(
+            "collective mismatch: rank 1 all_reduce#0 float32 [5] vs rank 0 all_reduce#0 float32 [4]"));
 }
 
-TEST_CASE("nccl point-to-point failures end every rank within the timeout, naming both ranks and the tag", "[cuda]") {
+TEST_CASE("nccl point-to-point failures end every rank within the timeout, naming both ranks and the tag",
+          "[cuda]") {
     if (query_gpus().devices.size() < 2) {
         WARN("needs 2 GPUs: not run on this machine");
         return;
     }
     ConformanceReport rep;
     run_p2p_failure_conformance(
-        launcher([](int n, const CommOptions& o, const RankFn& body) { run_nccl_threads(n, o, body); }), rep, Device::cuda);
+        launcher([](int n, const CommOptions& o, const RankFn& body) { run_nccl_threads(n, o, body); }), rep,
+        Device::cuda);
     INFO((rep.failures.empty() ? "" : rep.failures[0]));
     CHECK(rep.failed == 0);
     CHECK(rep.passed == 6);

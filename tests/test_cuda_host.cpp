@@ -5,9 +5,9 @@
 #include <set>
 #include <vector>
 
-#include "core/caching_allocator.h"
 #include "backend/cuda/dl_library.h"
 #include "backend/cuda/launch_config.h"
+#include "core/caching_allocator.h"
 #include "test_helpers.h"
 
 using namespace ptool;
@@ -25,7 +25,7 @@ struct FakeDriver final : RawAllocator {
         return p;
     }
     void free(void* p, size_t bytes) override {
-        REQUIRE(live.erase(p) == 1);  // a double free or a foreign pointer would fail here
+        REQUIRE(live.erase(p) == 1);   // a double free or a foreign pointer would fail here
         REQUIRE(bytes == size_of[p]);  // the size it was allocated with
         used -= size_of[p];
         std::free(p);
@@ -154,7 +154,7 @@ TEST_CASE("caching allocator frees its cache and retries when the driver is out 
     driver.capacity = 3 << 20;
     CachingAllocator a(driver);
     void* p = a.allocate(2 << 20);
-    a.release(p);  // cached: 2 MiB reserved, 0 in use
+    a.release(p);                           // cached: 2 MiB reserved, 0 in use
     void* q = a.allocate(size_t{5} << 19);  // 2.5 MiB: does not fit next to the cached block
     CHECK(q != nullptr);
     CHECK(a.stats().reserved == size_t{5} << 19);
@@ -163,7 +163,8 @@ TEST_CASE("caching allocator frees its cache and retries when the driver is out 
         a.allocate(size_t{1} << 20);
         FAIL("expected an out-of-memory error");
     } catch (const RuntimeError& e) {
-        CHECK(std::string(e.what()).find("CUDA out of memory: tried to allocate 1048576 bytes; 2621440 bytes in use") !=
+        CHECK(std::string(e.what()).find(
+                  "CUDA out of memory: tried to allocate 1048576 bytes; 2621440 bytes in use") !=
               std::string::npos);
     }
     CHECK(a.stats().in_use == size_t{5} << 19);  // the failed request changed nothing
@@ -177,7 +178,8 @@ TEST_CASE("launch sizes: grid-stride elementwise and one block per row", "[cpu]"
     CHECK(elementwise_launch(1, 132).grid == 1);
     CHECK(elementwise_launch(256, 132).grid == 1);
     CHECK(elementwise_launch(257, 132).grid == 2);
-    CHECK(elementwise_launch(int64_t{1} << 40, 132).grid == 132 * 32);  // beyond int range: capped, the kernel loops
+    CHECK(elementwise_launch(int64_t{1} << 40, 132).grid ==
+          132 * 32);  // beyond int range: capped, the kernel loops
     CHECK(elementwise_launch(1000, 0).grid == 1);
     CHECK(elementwise_launch(1000, 132).block == 256);
     CHECK(row_block(1) == 32);
@@ -197,7 +199,8 @@ struct MathApi {
 };
 }  // namespace
 
-TEST_CASE("a lazily loaded library fills its table once, or says which library or symbol is missing", "[cpu]") {
+TEST_CASE("a lazily loaded library fills its table once, or says which library or symbol is missing",
+          "[cpu]") {
     static int fills = 0;
     cuda::LazyLibrary<MathApi> libm("libm.so.6", "libm", [](const cuda::DlSymbols& resolve, MathApi& api) {
         ++fills;

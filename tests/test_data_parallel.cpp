@@ -1,6 +1,5 @@
 // DDP's bucket assignment and coverage, and the data-parallel resolution of shipped plans.
 #include <catch2/catch.hpp>
-
 #include <map>
 
 #include "comm/comm_threads.h"
@@ -10,9 +9,13 @@ using namespace ptool;
 
 namespace {
 
-Model load(const std::string& name) { return load_model(PTOOL_SOURCE_DIR "/models/" + name + ".yaml"); }
+Model load(const std::string& name) {
+    return load_model(PTOOL_SOURCE_DIR "/models/" + name + ".yaml");
+}
 
-Plan plan_text(const std::string& text) { return load_plan_text(text, "test_plan.yaml"); }
+Plan plan_text(const std::string& text) {
+    return load_plan_text(text, "test_plan.yaml");
+}
 
 }  // namespace
 
@@ -34,8 +37,9 @@ TEST_CASE("every synchronised parameter is in exactly one bucket and ignored one
     Model m = load("mlp_stacked_mse");
     for (const double cap_mb : {25.0, 0.001, 0.0001, 1e-7}) {
         for (const bool ignore : {false, true}) {
-            const std::string text = fmt::format("mesh: {{dp: 2}}\ndata_parallel:\n  mesh_dim: dp\n  bucket_cap_mb: {}\n{}",
-                                                 cap_mb, ignore ? "  ignored_modules: [layers.0.net1]\n" : "");
+            const std::string text =
+                fmt::format("mesh: {{dp: 2}}\ndata_parallel:\n  mesh_dim: dp\n  bucket_cap_mb: {}\n{}",
+                            cap_mb, ignore ? "  ignored_modules: [layers.0.net1]\n" : "");
             std::vector<Diagnostic> warnings, causes;
             const DataParallelResolution res = resolve_data_parallel(m, plan_text(text), warnings, causes);
             std::map<std::string, int> seen;
@@ -67,7 +71,9 @@ TEST_CASE("fully_shard units own the parameters of their subtree less inner unit
     Model m = load("toy_model");
     std::vector<Diagnostic> warnings, causes;
     const auto res = resolve_data_parallel(
-        m, plan_text("mesh: {dp: 2}\ndata_parallel:\n  mesh_dim: dp\n  fully_shard: [\"linears.*\", linears]\n"), warnings, causes);
+        m,
+        plan_text("mesh: {dp: 2}\ndata_parallel:\n  mesh_dim: dp\n  fully_shard: [\"linears.*\", linears]\n"),
+        warnings, causes);
     std::map<std::string, std::vector<std::string>> owned;
     for (const auto& u : res.units) owned[u.fqn] = u.params;
     CHECK(owned["linears"].empty());
@@ -81,7 +87,8 @@ TEST_CASE("fully_shard units own the parameters of their subtree less inner unit
 TEST_CASE("the data-parallel lint's warnings and causes carry their plan location and message as data") {
     Model m = load("mlp_stacked");  // loss: sum
     std::vector<Diagnostic> warnings, causes;
-    const Plan plan = plan_text("mesh: {dp: 2}\ndata_parallel:\n  mesh_dim: dp\n  mode: fully_shard\n  fully_shard: [nope]\n");
+    const Plan plan = plan_text(
+        "mesh: {dp: 2}\ndata_parallel:\n  mesh_dim: dp\n  mode: fully_shard\n  fully_shard: [nope]\n");
     resolve_data_parallel(m, plan, warnings, causes);
     REQUIRE(warnings.size() == 1);
     CHECK(warnings[0].where.file == "test_plan.yaml");
@@ -108,10 +115,12 @@ TEST_CASE("one all_reduce per bucket per step, counted on the dp dim") {
         DeviceMesh mesh(plan.mesh(), world, counter);
         DataParallel dp(m, plan, res, mesh, mesh.comm(0), backend_for(Device::cpu));
         counter->reset();
-        for (const auto& [name, p] : m.named_parameters()) backend_for(Device::cpu).fill(p->grad, world.rank() + 1.0);
+        for (const auto& [name, p] : m.named_parameters())
+            backend_for(Device::cpu).fill(p->grad, world.rank() + 1.0);
         dp.after_backward();
         for (const auto& [key, t] : counter->entries())
-            if (std::get<0>(key) == "all_reduce" && std::get<1>(key) == "dp") measured[world.rank()] += t.calls;
+            if (std::get<0>(key) == "all_reduce" && std::get<1>(key) == "dp")
+                measured[world.rank()] += t.calls;
         for (const auto& [name, p] : m.named_parameters()) averaged[world.rank()].push_back(p->grad.item(0));
     });
     for (const auto& rank : averaged)

@@ -4,13 +4,12 @@
 #include <filesystem>
 
 #include "plan/explain.h"
-#include "verify/verify.h"
 #include "test_helpers.h"
+#include "verify/verify.h"
 
 using namespace ptool;
 
 namespace {
-
 
 int64_t recorded_bytes(const StepRecord& s) {
     int64_t bytes = 0;
@@ -32,10 +31,12 @@ TEST_CASE("explain's verify record per step is what the reference records", "[cp
         in.model_text = read_text(path);
         const RunRecord ref = record_reference(in, single_device_plan(), 1, RecordOptions{});
         REQUIRE(ref.steps.size() == 1);
-        for (const char* mesh : {"mesh: {world: 1}\n", "mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n"}) {
+        for (const char* mesh :
+             {"mesh: {world: 1}\n", "mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n"}) {
             INFO(stem << " with " << mesh);
             const Model m = load_model_text(in.model_text, path, "", false);
-            if (std::string(mesh).find("dp") != std::string::npos && m.input.shape.at(0) % 2) continue;  // rows must split
+            if (std::string(mesh).find("dp") != std::string::npos && m.input.shape.at(0) % 2)
+                continue;  // rows must split
             const Explanation ex = explain_plan(m, load_plan_text(mesh, "test.yaml"));
             CHECK(ex.record_step_bytes == recorded_bytes(ref.steps[0]));
         }

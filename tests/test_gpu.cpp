@@ -10,7 +10,8 @@ int main() {
     GpuInfo info = query_gpus();
 #ifdef PTOOL_TEST_EXPECT_CUDA
     if (!info.built_with_cuda || info.runtime_version < 12000) {
-        std::printf("FAIL: built with the CUDA toolkit but the runtime reports version %d\n", info.runtime_version);
+        std::printf("FAIL: built with the CUDA toolkit but the runtime reports version %d\n",
+                    info.runtime_version);
         return 1;
     }
     const int cublas = query_cublas_version();  // dlopens cuBLAS: no GPU needed

@@ -50,14 +50,17 @@ void gradcheck(const std::string& modules, const std::string& batch = "input: [3
     for (const auto& [name, p] : m.named_parameters()) grads.emplace_back(name, p->grad.clone());
     REQUIRE((!grads.empty() || dx.defined()));
     auto params = m.named_parameters();
-    for (size_t k = 0; k < params.size(); ++k) check_elements(m, b, params[k].second->value, grads[k].second, params[k].first);
+    for (size_t k = 0; k < params.size(); ++k)
+        check_elements(m, b, params[k].second->value, grads[k].second, params[k].first);
     if (dx.defined()) check_elements(m, b, b.input, dx.clone(), "input");
 }
 
 }  // namespace
 
 TEST_CASE("gradcheck: linear with and without bias", "[cpu][gradcheck]") {
-    gradcheck("  - {name: a, type: linear, in: 4, out: 5}\n  - {name: b, type: linear, in: 5, out: 4, bias: false}\n");
+    gradcheck(
+        "  - {name: a, type: linear, in: 4, out: 5}\n  - {name: b, type: linear, in: 5, out: 4, bias: "
+        "false}\n");
 }
 
 TEST_CASE("gradcheck: activations", "[cpu][gradcheck]") {
@@ -72,14 +75,16 @@ TEST_CASE("gradcheck: layer_norm, rms_norm, batch_norm", "[cpu][gradcheck]") {
     gradcheck("  - {name: a, type: linear, in: 4, out: 4}\n  - {name: n, type: layer_norm, dim: 4}\n");
     gradcheck("  - {name: n, type: layer_norm, dim: 4, elementwise_affine: false}\n");
     gradcheck("  - {name: a, type: linear, in: 4, out: 4}\n  - {name: n, type: rms_norm, dim: 4}\n");
-    gradcheck("  - {name: a, type: linear, in: 4, out: 4}\n  - {name: n, type: batch_norm, features: 4}\n"
-              "  - {name: b, type: linear, in: 4, out: 4}\n");
+    gradcheck(
+        "  - {name: a, type: linear, in: 4, out: 4}\n  - {name: n, type: batch_norm, features: 4}\n"
+        "  - {name: b, type: linear, in: 4, out: 4}\n");
 }
 
 TEST_CASE("gradcheck: embedding with a tied head and cross_entropy", "[cpu][gradcheck]") {
-    gradcheck("  - {name: wte, type: embedding, vocab: 7, dim: 4}\n  - {name: n, type: layer_norm, dim: 4}\n"
-              "  - {name: head, type: linear, in: 4, out: 7, bias: false, tie: wte}\n",
-              "input: {tokens: [2, 3], vocab: 7}", "cross_entropy");
+    gradcheck(
+        "  - {name: wte, type: embedding, vocab: 7, dim: 4}\n  - {name: n, type: layer_norm, dim: 4}\n"
+        "  - {name: head, type: linear, in: 4, out: 7, bias: false, tie: wte}\n",
+        "input: {tokens: [2, 3], vocab: 7}", "cross_entropy");
 }
 
 TEST_CASE("gradcheck: dropout uses one mask per step", "[cpu][gradcheck]") {
@@ -89,46 +94,60 @@ TEST_CASE("gradcheck: dropout uses one mask per step", "[cpu][gradcheck]") {
 TEST_CASE("gradcheck: attention, causal, grouped-query", "[cpu][gradcheck]") {
     const std::string batch = "input: [2, 3, 8]\n  target: [2, 3, 8]";
     gradcheck("  - {name: attn, type: attention, dim: 8, heads: 2}\n", batch);
-    gradcheck("  - {name: attn, type: attention, dim: 8, heads: 4, kv_heads: 2, causal: true, bias: false}\n", batch);
+    gradcheck("  - {name: attn, type: attention, dim: 8, heads: 4, kv_heads: 2, causal: true, bias: false}\n",
+              batch);
 }
 
 TEST_CASE("gradcheck: attention with rotary embeddings and per-projection bias", "[cpu][gradcheck]") {
     const std::string batch = "input: [2, 5, 8]\n  target: [2, 5, 8]";
-    gradcheck("  - {name: attn, type: attention, dim: 8, heads: 2, kv_heads: 1, causal: true, qkv_bias: true, o_bias: false, "
-              "rope_theta: 10000.0}\n",
-              batch);
+    gradcheck(
+        "  - {name: attn, type: attention, dim: 8, heads: 2, kv_heads: 1, causal: true, qkv_bias: true, "
+        "o_bias: false, "
+        "rope_theta: 10000.0}\n",
+        batch);
 }
 
 TEST_CASE("gradcheck: gated_mlp and containers (repeat, residual, shared)", "[cpu][gradcheck]") {
     gradcheck("  - {name: mlp, type: gated_mlp, dim: 4, hidden: 6}\n");
-    gradcheck("  - name: layers\n    type: repeat\n    count: 2\n    modules:\n"
-              "      - {name: net1, type: linear, in: 4, out: 4}\n      - {name: act, type: tanh}\n"
-              "  - name: res\n    type: residual\n    modules:\n      - {name: l, type: linear, in: 4, out: 4}\n"
-              "  - {name: again, type: shared, module: layers.0}\n");
+    gradcheck(
+        "  - name: layers\n    type: repeat\n    count: 2\n    modules:\n"
+        "      - {name: net1, type: linear, in: 4, out: 4}\n      - {name: act, type: tanh}\n"
+        "  - name: res\n    type: residual\n    modules:\n      - {name: l, type: linear, in: 4, out: 4}\n"
+        "  - {name: again, type: shared, module: layers.0}\n");
 }
 
-TEST_CASE("gradcheck: position_embedding, alone and after a token embedding (GPT-2's wte + wpe)", "[cpu][gradcheck]") {
+TEST_CASE("gradcheck: position_embedding, alone and after a token embedding (GPT-2's wte + wpe)",
+          "[cpu][gradcheck]") {
     // more positions than the sequence: rows past T get no gradient, as nn.Embedding's unused rows
-    gradcheck("  - {name: wpe, type: position_embedding, positions: 5, dim: 4}\n  - {name: a, type: linear, in: 4, out: 4}\n",
-              "input: [2, 3, 4]\n  target: [2, 3, 4]");
-    gradcheck("  - {name: wte, type: embedding, vocab: 7, dim: 4}\n  - {name: wpe, type: position_embedding, positions: 4, dim: 4}\n"
-              "  - {name: n, type: layer_norm, dim: 4}\n  - {name: head, type: linear, in: 4, out: 7, bias: false, tie: wte}\n",
-              "input: {tokens: [2, 3], vocab: 7}", "cross_entropy");
+    gradcheck(
+        "  - {name: wpe, type: position_embedding, positions: 5, dim: 4}\n  - {name: a, type: linear, in: 4, "
+        "out: 4}\n",
+        "input: [2, 3, 4]\n  target: [2, 3, 4]");
+    gradcheck(
+        "  - {name: wte, type: embedding, vocab: 7, dim: 4}\n  - {name: wpe, type: position_embedding, "
+        "positions: 4, dim: 4}\n"
+        "  - {name: n, type: layer_norm, dim: 4}\n  - {name: head, type: linear, in: 4, out: 7, bias: false, "
+        "tie: wte}\n",
+        "input: {tokens: [2, 3], vocab: 7}", "cross_entropy");
 }
 
-TEST_CASE("gradcheck: flash attention (recomputes the probabilities per head in backward)", "[cpu][gradcheck]") {
+TEST_CASE("gradcheck: flash attention (recomputes the probabilities per head in backward)",
+          "[cpu][gradcheck]") {
     const std::string batch = "input: [2, 5, 8]\n  target: [2, 5, 8]";
     gradcheck("  - {name: attn, type: attention, dim: 8, heads: 2, attn_implementation: flash}\n", batch);
-    gradcheck("  - {name: attn, type: attention, dim: 8, heads: 4, kv_heads: 2, causal: true, qkv_bias: true, o_bias: false, "
-              "rope_theta: 10000.0, attn_implementation: flash}\n",
-              batch);
+    gradcheck(
+        "  - {name: attn, type: attention, dim: 8, heads: 4, kv_heads: 2, causal: true, qkv_bias: true, "
+        "o_bias: false, "
+        "rope_theta: 10000.0, attn_implementation: flash}\n",
+        batch);
 }
 
 namespace {
 
 // The loss of one forward of a float64 model (no backward): to tell two models apart.
 double loss_of(const std::string& modules, const std::string& batch) {
-    Model m = load_model_text("seed: 11\nbatch:\n  " + batch + "\nloss: mse\nmodules:\n" + modules, "gradcheck.yaml", "float64");
+    Model m = load_model_text("seed: 11\nbatch:\n  " + batch + "\nloss: mse\nmodules:\n" + modules,
+                              "gradcheck.yaml", "float64");
     DataSource data(m);
     return run_loss(m, data.batch(0), nullptr);
 }
@@ -140,10 +159,13 @@ TEST_CASE("gradcheck: attention with rope_scaling (linear; Llama 3.1's llama3)",
     // original_max_position_embeddings 16 llama3 blends the first (between 16/4 and 16/1) and
     // divides the other three by factor, so both of its branches run.
     const std::string batch = "input: [2, 6, 16]\n  target: [2, 6, 16]";
-    const std::string attn = "  - {name: attn, type: attention, dim: 16, heads: 2, causal: true, rope_theta: 10000.0";
+    const std::string attn =
+        "  - {name: attn, type: attention, dim: 16, heads: 2, causal: true, rope_theta: 10000.0";
     const std::string linear = attn + ", rope_scaling: {type: linear, factor: 4.0}}\n";
-    const std::string llama3 = attn + ", rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, "
-                                      "original_max_position_embeddings: 16}}\n";
+    const std::string llama3 =
+        attn +
+        ", rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, "
+        "original_max_position_embeddings: 16}}\n";
     // the scaled frequencies reach the forward (else this would check plain RoPE again)
     const double plain = loss_of(attn + "}\n", batch);
     CHECK(loss_of(linear, batch) != plain);
@@ -151,7 +173,8 @@ TEST_CASE("gradcheck: attention with rope_scaling (linear; Llama 3.1's llama3)",
     CHECK(loss_of(llama3, batch) != loss_of(linear, batch));
     gradcheck(linear, batch);
     gradcheck(llama3, batch);
-    gradcheck(attn + ", kv_heads: 1, attn_implementation: flash, rope_scaling: {type: llama3, factor: 8.0, "
-                     "original_max_position_embeddings: 16}}\n",
+    gradcheck(attn +
+                  ", kv_heads: 1, attn_implementation: flash, rope_scaling: {type: llama3, factor: 8.0, "
+                  "original_max_position_embeddings: 16}}\n",
               batch);
 }

@@ -4,10 +4,9 @@
 
 #include "core/rng.h"
 #include "core/tensor_ops.h"
-#include "model/layers.h"
-
 #include "model/batch.h"
 #include "model/drawn_cache.h"
+#include "model/layers.h"
 #include "model/model.h"
 #include "test_helpers.h"
 
@@ -45,9 +44,11 @@ TEST_CASE("FQNs follow PyTorch: ModuleList indices, nested children, shared and 
     CHECK(gpt.output_shape == Shape{4, 16, 64});
 }
 
-TEST_CASE("default init: nn.Linear U(-1/sqrt(in), 1/sqrt(in)), nn.Embedding N(0, 1), norms ones and zeros", "[cpu]") {
-    Model m = load_model_text(kHead + "  - {name: a, type: linear, in: 2, out: 400}\n"
-                                      "  - {name: n, type: layer_norm, dim: 400}\n",
+TEST_CASE("default init: nn.Linear U(-1/sqrt(in), 1/sqrt(in)), nn.Embedding N(0, 1), norms ones and zeros",
+          "[cpu]") {
+    Model m = load_model_text(kHead +
+                                  "  - {name: a, type: linear, in: 2, out: 400}\n"
+                                  "  - {name: n, type: layer_norm, dim: 400}\n",
                               "m.yaml");
     const Tensor& w = m.named_parameters()[0].second->value;
     const double bound = 1 / std::sqrt(2.0);
@@ -60,9 +61,10 @@ TEST_CASE("default init: nn.Linear U(-1/sqrt(in), 1/sqrt(in)), nn.Embedding N(0,
     CHECK(std::abs(sq / w.numel() - bound * bound / 3) < 0.02);  // variance of U(-b, b) is b^2 / 3
     CHECK(m.named_parameters()[2].second->value.item(7) == 1.0);
     CHECK(m.named_parameters()[3].second->value.item(7) == 0.0);
-    Model e = load_model_text("batch: {input: {tokens: [2], vocab: 5000}}\nmodules:\n"
-                              "  - {name: emb, type: embedding, vocab: 5000, dim: 4}\n",
-                              "e.yaml");
+    Model e = load_model_text(
+        "batch: {input: {tokens: [2], vocab: 5000}}\nmodules:\n"
+        "  - {name: emb, type: embedding, vocab: 5000, dim: 4}\n",
+        "e.yaml");
     const Tensor& ew = e.named_parameters()[0].second->value;
     double esq = 0;
     for (int64_t i = 0; i < ew.numel(); ++i) esq += ew.item(i) * ew.item(i);
@@ -81,21 +83,31 @@ TEST_CASE("bad model files exit as input errors at file:line:column", "[cpu]") {
     bad(kHead + "  - {name: a, type: linear, out: 2}\n", {"bad.yaml:3:", "missing the key 'in'"});
     bad(kHead + "  - {name: a, type: linear, in: 2, out: 0}\n", {"bad.yaml:3:", "'out' must be positive"});
     bad(kHead + "  - {name: a, type: linear, in: 2, out: -4}\n", {"must be positive"});
-    bad(kHead + "  - {name: a, type: lienar, in: 2, out: 2}\n", {"bad.yaml:3:", "unknown module type 'lienar'", "'linear'"});
+    bad(kHead + "  - {name: a, type: lienar, in: 2, out: 2}\n",
+        {"bad.yaml:3:", "unknown module type 'lienar'", "'linear'"});
     bad(kHead + "  - {name: a, type: shared, module: nope}\n", {"bad.yaml:3:", "names no earlier module"});
     bad(kHead + "  - {name: a, type: linear, in: 2, out: 2, tie: b}\n", {"'tie: b' names no earlier module"});
-    bad(kHead + "  - {name: a, type: linear, in: 2, out: 3}\n  - {name: b, type: linear, in: 3, out: 2, tie: a}\n",
+    bad(kHead +
+            "  - {name: a, type: linear, in: 2, out: 3}\n  - {name: b, type: linear, in: 3, out: 2, tie: "
+            "a}\n",
         {"bad.yaml:4:", "'tie: a' weight is [3, 2]", "needs [2, 3]"});
-    bad(kHead + "  - {name: a, type: linear, in: 3, out: 2}\n", {"bad.yaml:3:", "linear 'a' expects inputs [..., 3], got [4, 2]"});
-    bad(kHead + "  - {name: a, type: linear, in: 2, out: 2}\n  - {name: a, type: relu}\n", {"duplicate module name 'a'"});
+    bad(kHead + "  - {name: a, type: linear, in: 3, out: 2}\n",
+        {"bad.yaml:3:", "linear 'a' expects inputs [..., 3], got [4, 2]"});
+    bad(kHead + "  - {name: a, type: linear, in: 2, out: 2}\n  - {name: a, type: relu}\n",
+        {"duplicate module name 'a'"});
     bad(kHead + "  - {name: a, type: attention, dim: 6, heads: 4}\n", {"not divisible by heads"});
     bad(kHead + "  - {name: a.b, type: relu}\n", {"without dots"});
-    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nloss: hinge\n", {"bad.yaml:4:7", "unknown loss 'hinge'"});
-    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\noptimizer: {type: adam}\n", {"unknown optimizer 'adam'", "'adamw'"});
-    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\ndtype: float8\n", {"bad.yaml:4:8", "unknown dtype"});
-    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nsteps: 0\n", {"'steps' must be positive"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nloss: hinge\n",
+        {"bad.yaml:4:7", "unknown loss 'hinge'"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\noptimizer: {type: adam}\n",
+        {"unknown optimizer 'adam'", "'adamw'"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\ndtype: float8\n",
+        {"bad.yaml:4:8", "unknown dtype"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nsteps: 0\n",
+        {"'steps' must be positive"});
     bad("modules:\n  - {name: a, type: relu}\n", {"missing the key 'batch'"});
-    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: e, type: embedding, vocab: 4, dim: 2}\n", {"must be {tokens, vocab}"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: e, type: embedding, vocab: 4, dim: 2}\n",
+        {"must be {tokens, vocab}"});
 }
 
 TEST_CASE("init files are strict like load_state_dict, data files check names, shapes and ids", "[cpu]") {
@@ -114,12 +126,15 @@ TEST_CASE("init files are strict like load_state_dict, data files check names, s
 
     TensorFile d;
     d.add("inputs", Tensor({4, 2}, DType::float32));
-    require_input_error([&] { DataSource(m, &d, "data.st"); }, {"data.st", "unexpected tensor 'inputs'", "'input'"});
+    require_input_error([&] { DataSource(m, &d, "data.st"); },
+                        {"data.st", "unexpected tensor 'inputs'", "'input'"});
     d.tensors[0] = {"step1.input", Tensor({4, 3}, DType::float32)};
     require_input_error([&] { DataSource(m, &d, "data.st"); }, {"'step1.input' is [4, 3]"});
 }
 
-TEST_CASE("a shard's init draws exactly the full tensor's slice (uniform and normal, any dim, uneven offsets)", "[cpu]") {
+TEST_CASE(
+    "a shard's init draws exactly the full tensor's slice (uniform and normal, any dim, uneven offsets)",
+    "[cpu]") {
     const Shape full{7, 5, 3};
     Tensor whole_u(full, DType::float32), whole_n(full, DType::float32);
     init_uniform(whole_u, 11, "w", 0.5);
@@ -144,7 +159,8 @@ TEST_CASE("a shard's init draws exactly the full tensor's slice (uniform and nor
         }
 }
 
-TEST_CASE("a whole init drawn once: later shards and wholes copy it, bitwise, and own their copies", "[cpu]") {
+TEST_CASE("a whole init drawn once: later shards and wholes copy it, bitwise, and own their copies",
+          "[cpu]") {
     const Shape full{6, 6};
     drawn_tensors().clear();
     Tensor whole(full, DType::float32);
@@ -166,15 +182,18 @@ TEST_CASE("a whole init drawn once: later shards and wholes copy it, bitwise, an
     CHECK(same_bits(again, expected));
     CHECK(again.item(0) == static_cast<float>(-0.25 + 0.5 * rng.uniform(0)));
     // keyed by everything the values depend on: another bound, seed, dtype or shape draws anew
-    Tensor wider(full, DType::float32), reseeded(full, DType::float32), half(full, DType::bfloat16), longer({7, 6}, DType::float32);
+    Tensor wider(full, DType::float32), reseeded(full, DType::float32), half(full, DType::bfloat16),
+        longer({7, 6}, DType::float32);
     init_uniform(wider, 5, "cached.w", 0.5);
     init_uniform(reseeded, 6, "cached.w", 0.25);
     init_uniform(half, 5, "cached.w", 0.25);
     init_uniform(longer, 5, "cached.w", 0.25);
     CHECK(wider.item(1) == static_cast<float>(-0.5 + 1.0 * rng.uniform(1)));
-    CHECK(reseeded.item(1) == static_cast<float>(-0.25 + 0.5 * CounterRng(6, stream_id("init", "cached.w")).uniform(1)));
+    CHECK(reseeded.item(1) ==
+          static_cast<float>(-0.25 + 0.5 * CounterRng(6, stream_id("init", "cached.w")).uniform(1)));
     CHECK(half.dtype() == DType::bfloat16);
-    CHECK(half.item(1) == static_cast<double>(static_cast<float>(bf16_t(static_cast<float>(-0.25 + 0.5 * rng.uniform(1))))));
+    CHECK(half.item(1) ==
+          static_cast<double>(static_cast<float>(bf16_t(static_cast<float>(-0.25 + 0.5 * rng.uniform(1))))));
     CHECK(same_bits(longer.narrow(0, 0, 6), expected));  // element i is a function of i alone
     Tensor normal(full, DType::float32);
     init_normal(normal, 5, "cached.w", 0.25);  // the same scale, another distribution
@@ -183,7 +202,8 @@ TEST_CASE("a whole init drawn once: later shards and wholes copy it, bitwise, an
 
 TEST_CASE("DrawnCache keeps tensors up to a quarter of its budget, the most recent first", "[cpu]") {
     DrawnCache cache(4096);
-    const Tensor quarter = Tensor::full({256}, DType::float32, 1.0), half = Tensor::full({512}, DType::float32, 2.0);
+    const Tensor quarter = Tensor::full({256}, DType::float32, 1.0),
+                 half = Tensor::full({512}, DType::float32, 2.0);
     cache.keep("half", half);
     CHECK_FALSE(cache.find("half").defined());  // 2 KiB of a 4 KiB budget: drawn by whoever needs it
     for (int k = 0; k < 5; ++k) cache.keep(std::to_string(k), Tensor::full({256}, DType::float32, k));
@@ -205,7 +225,8 @@ TEST_CASE("generated data: drawn once, every caller gets its own copy of the sam
     CHECK(!a.shares_storage(b));
     CHECK(same_bits(a, b));
     const CounterRng rng(3, stream_id("data", "input"));
-    for (int64_t i = 0; i < a.numel(); i += 97) CHECK(a.item(i) == static_cast<float>(rng.normal(static_cast<uint64_t>(i))));
+    for (int64_t i = 0; i < a.numel(); i += 97)
+        CHECK(a.item(i) == static_cast<float>(rng.normal(static_cast<uint64_t>(i))));
     a.set(0, 1e6);  // a caller's copy is its own
     CHECK(generate_tensor(spec, DType::float32, 3, "input").item(0) == b.item(0));
     const Tensor half = generate_tensor(spec, DType::bfloat16, 3, "input");  // keyed by dtype
@@ -214,5 +235,6 @@ TEST_CASE("generated data: drawn once, every caller gets its own copy of the sam
     const Tensor ids = generate_tensor({{100}, true, 7}, DType::float32, 3, "target");
     const CounterRng targets(3, stream_id("data", "target"));
     CHECK(ids.dtype() == DType::int64);
-    for (int64_t i = 0; i < ids.numel(); ++i) CHECK(ids.item(i) == static_cast<double>(targets.below(static_cast<uint64_t>(i), 7)));
+    for (int64_t i = 0; i < ids.numel(); ++i)
+        CHECK(ids.item(i) == static_cast<double>(targets.below(static_cast<uint64_t>(i), 7)));
 }

@@ -28,32 +28,48 @@ const std::map<std::string, std::vector<std::string>> kExamples = {
     {"layer_norm",
      {"batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: layer_norm, dim: 8}\n",
       "batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: layer_norm, dim: 8, bias: false}\n",
-      "batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: layer_norm, dim: 8, elementwise_affine: false}\n"}},
+      "batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: layer_norm, dim: 8, elementwise_affine: "
+      "false}\n"}},
     {"rms_norm",
      {"batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: rms_norm, dim: 8}\n",
-      "batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: rms_norm, dim: 8, elementwise_affine: false}\n"}},
+      "batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: rms_norm, dim: 8, elementwise_affine: "
+      "false}\n"}},
     {"batch_norm", {"batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: batch_norm, features: 8}\n"}},
-    {"embedding", {"batch: {input: {tokens: [2, 5], vocab: 11}}\nmodules:\n  - {name: e, type: embedding, vocab: 11, dim: 6}\n"}},
+    {"embedding",
+     {"batch: {input: {tokens: [2, 5], vocab: 11}}\nmodules:\n  - {name: e, type: embedding, vocab: 11, dim: "
+      "6}\n"}},
     {"position_embedding",
-     {"batch: {input: [2, 5, 6]}\nmodules:\n  - {name: p, type: position_embedding, positions: 7, dim: 6}\n"}},
+     {"batch: {input: [2, 5, 6]}\nmodules:\n  - {name: p, type: position_embedding, positions: 7, dim: "
+      "6}\n"}},
     {"dropout", {"batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: dropout, p: 0.1}\n"}},
     {"attention",
      {"batch: {input: [2, 3, 8]}\nmodules:\n  - {name: a, type: attention, dim: 8, heads: 4}\n",
-      "batch: {input: [2, 3, 8]}\nmodules:\n  - {name: a, type: attention, dim: 8, heads: 4, kv_heads: 2, bias: false}\n",
-      "batch: {input: [2, 3, 8]}\nmodules:\n  - {name: a, type: attention, dim: 8, heads: 4, kv_heads: 1, o_bias: false, "
+      "batch: {input: [2, 3, 8]}\nmodules:\n  - {name: a, type: attention, dim: 8, heads: 4, kv_heads: 2, "
+      "bias: false}\n",
+      "batch: {input: [2, 3, 8]}\nmodules:\n  - {name: a, type: attention, dim: 8, heads: 4, kv_heads: 1, "
+      "o_bias: false, "
       "rope_theta: 10000}\n"}},
     {"gated_mlp",
      {"batch: {input: [2, 3, 8]}\nmodules:\n  - {name: m, type: gated_mlp, dim: 8, hidden: 12}\n",
-      "batch: {input: [2, 3, 8]}\nmodules:\n  - {name: m, type: gated_mlp, dim: 8, hidden: 12, bias: true, activation: gelu}\n"}},
-    {"sequential", {"batch: {input: [4, 8]}\nmodules:\n  - {name: s, type: sequential, modules: [{name: a, type: linear, in: 8, out: 8}]}\n",
-                    "batch: {input: [4, 8]}\nmodules:\n  - {type: sequential, modules: [{name: a, type: linear, in: 8, out: 8}]}\n"}},
-    {"residual", {"batch: {input: [4, 8]}\nmodules:\n  - {name: r, type: residual, modules: [{name: a, type: rms_norm, dim: 8}]}\n",
-                  "batch: {input: [4, 8]}\nmodules:\n  - {type: residual, modules: [{name: a, type: linear, in: 8, out: 8}]}\n"}},
+      "batch: {input: [2, 3, 8]}\nmodules:\n  - {name: m, type: gated_mlp, dim: 8, hidden: 12, bias: true, "
+      "activation: gelu}\n"}},
+    {"sequential",
+     {"batch: {input: [4, 8]}\nmodules:\n  - {name: s, type: sequential, modules: [{name: a, type: linear, "
+      "in: 8, out: 8}]}\n",
+      "batch: {input: [4, 8]}\nmodules:\n  - {type: sequential, modules: [{name: a, type: linear, in: 8, "
+      "out: 8}]}\n"}},
+    {"residual",
+     {"batch: {input: [4, 8]}\nmodules:\n  - {name: r, type: residual, modules: [{name: a, type: rms_norm, "
+      "dim: 8}]}\n",
+      "batch: {input: [4, 8]}\nmodules:\n  - {type: residual, modules: [{name: a, type: linear, in: 8, out: "
+      "8}]}\n"}},
     {"repeat",
-     {"batch: {input: [4, 8]}\nmodules:\n  - {name: layers, type: repeat, count: 3, modules: [{name: a, type: linear, in: 8, out: 8}, "
+     {"batch: {input: [4, 8]}\nmodules:\n  - {name: layers, type: repeat, count: 3, modules: [{name: a, "
+      "type: linear, in: 8, out: 8}, "
       "{name: n, type: batch_norm, features: 8}]}\n"}},
     {"shared",
-     {"batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: linear, in: 8, out: 8}\n  - {name: b, type: shared, module: a}\n"}},
+     {"batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: linear, in: 8, out: 8}\n  - {name: b, type: "
+      "shared, module: a}\n"}},
 };
 
 // Restores the default byte limit when a test that changes it ends, however it ends.
@@ -81,7 +97,8 @@ bool has_type(const Module& m, const ModuleType* type) {
 
 }  // namespace
 
-TEST_CASE("module types: each registered type counts, before building, exactly what building it allocates", "[cpu]") {
+TEST_CASE("module types: each registered type counts, before building, exactly what building it allocates",
+          "[cpu]") {
     for (const std::string& type : module_type_names()) {
         INFO("type " << type);
         auto it = kExamples.find(type);
@@ -94,7 +111,8 @@ TEST_CASE("module types: each registered type counts, before building, exactly w
                 const Model m = load_model_text(text, "m.yaml", "", false);
                 int64_t n = 1;
                 for (int64_t d : m.input.shape) n *= d;
-                batch = n * static_cast<int64_t>(dtype_size(m.dtype));  // the batch counts in the model's dtype
+                batch =
+                    n * static_cast<int64_t>(dtype_size(m.dtype));  // the batch counts in the model's dtype
                 held = held_bytes(m);
                 const ModuleType* t = find_module_type(type);
                 CHECK((has_type(*m.root, t) || t->aliases()));  // `shared` builds the earlier module
@@ -102,14 +120,17 @@ TEST_CASE("module types: each registered type counts, before building, exactly w
             ByteLimit exact(batch + held);  // the model fits a limit of exactly what it allocates ...
             CHECK_NOTHROW(load_model_text(text, "m.yaml", "", false));
             ByteLimit one_less(batch + held - 1);  // ... and not one byte less
-            require_input_error([&] { load_model_text(text, "m.yaml", "", false); },
-                                {fmt::format("the model reaches {} bytes of parameters and batch, over the limit of {}", batch + held,
-                                             batch + held - 1)});
+            require_input_error(
+                [&] { load_model_text(text, "m.yaml", "", false); },
+                {fmt::format("the model reaches {} bytes of parameters and batch, over the limit of {}",
+                             batch + held, batch + held - 1)});
         }
     }
 }
 
-TEST_CASE("module types: the registry refuses a second type of one name and lists types in their listed order", "[cpu]") {
+TEST_CASE(
+    "module types: the registry refuses a second type of one name and lists types in their listed order",
+    "[cpu]") {
     class Impostor final : public ModuleType {
     public:
         Impostor() : ModuleType("linear", 1) {}
@@ -119,23 +140,30 @@ TEST_CASE("module types: the registry refuses a second type of one name and list
     static const Impostor impostor;
     const ModuleType* linear = find_module_type("linear");
     REQUIRE(linear != nullptr);
-    CHECK_THROWS_WITH(register_module_type(impostor), Catch::Contains("module type 'linear' registered twice"));
+    CHECK_THROWS_WITH(register_module_type(impostor),
+                      Catch::Contains("module type 'linear' registered twice"));
     CHECK(find_module_type("linear") == linear);  // the first stays
     CHECK(find_module_type("lienar") == nullptr);
     // the order an unknown type's message offers them in, as the loader listed them before the registry
-    CHECK(module_type_names() == std::vector<std::string>{"linear", "relu", "gelu", "silu", "tanh", "identity", "layer_norm",
-                                                          "rms_norm", "batch_norm", "embedding", "position_embedding", "dropout",
-                                                          "attention", "gated_mlp", "sequential", "repeat", "residual", "shared"});
+    CHECK(module_type_names() ==
+          std::vector<std::string>{"linear", "relu", "gelu", "silu", "tanh", "identity", "layer_norm",
+                                   "rms_norm", "batch_norm", "embedding", "position_embedding", "dropout",
+                                   "attention", "gated_mlp", "sequential", "repeat", "residual", "shared"});
     const std::string head = "batch: {input: [4, 2]}\nmodules:\n";
-    require_input_error([&] { load_model_text(head + "  - {name: a, type: selu}\n", "bad.yaml"); },
-                        {"bad.yaml:3:21: unknown module type 'selu' (did you mean 'relu'?)"});  // relu, gelu, silu tie: the first listed
+    require_input_error(
+        [&] { load_model_text(head + "  - {name: a, type: selu}\n", "bad.yaml"); },
+        {"bad.yaml:3:21: unknown module type 'selu' (did you mean 'relu'?)"});  // relu, gelu, silu tie: the
+                                                                                // first listed
     require_input_error([&] { load_model_text(head + "  - {name: a, type: conv2d}\n", "bad.yaml"); },
-                        {"unknown module type 'conv2d' (valid: linear, relu, gelu, silu, tanh, identity, layer_norm, rms_norm, "
-                         "batch_norm, embedding, position_embedding, dropout, attention, gated_mlp, sequential, repeat, residual, "
+                        {"unknown module type 'conv2d' (valid: linear, relu, gelu, silu, tanh, identity, "
+                         "layer_norm, rms_norm, "
+                         "batch_norm, embedding, position_embedding, dropout, attention, gated_mlp, "
+                         "sequential, repeat, residual, "
                          "shared)"});
 }
 
-TEST_CASE("module types: a module points at its registered type, whose rules the plan writer and shrink read", "[cpu]") {
+TEST_CASE("module types: a module points at its registered type, whose rules the plan writer and shrink read",
+          "[cpu]") {
     const Model m = load_model(PTOOL_SOURCE_DIR "/models/llama_rope.yaml");
     std::map<std::string, TpRule> rules;
     for_each_module(*m.root, [&](const std::string&, Module& mod) {
@@ -153,7 +181,8 @@ TEST_CASE("module types: a module points at its registered type, whose rules the
     CHECK(find_module_type("repeat")->shrink_keys().count == "count");
     CHECK(find_module_type("attention")->shrink_keys().heads == "heads");
     CHECK(find_module_type("embedding")->shrink_keys().sizes == std::vector<std::string>{"vocab", "dim"});
-    CHECK(find_module_type("position_embedding")->shrink_keys().sizes == std::vector<std::string>{"dim"});  // not its positions
+    CHECK(find_module_type("position_embedding")->shrink_keys().sizes ==
+          std::vector<std::string>{"dim"});  // not its positions
     CHECK(find_module_type("residual")->transparent_without_name());
     CHECK_FALSE(find_module_type("repeat")->transparent_without_name());
     CHECK(find_module_type("shared")->aliases());

@@ -32,14 +32,16 @@ int main() {
         for (int k = 0; k < 2; ++k) {
             ++checks;
             for (const std::string& d : differences(one[k], mine[k], run.stage() == 1, k)) {
-                std::fprintf(stderr, "FAIL %s split at %s, %s: stage %d: %s\n", c.model.c_str(), c.split.c_str(),
-                             schedule_kind_name(c.schedule), run.stage(), d.c_str());
+                std::fprintf(stderr, "FAIL %s split at %s, %s: stage %d: %s\n", c.model.c_str(),
+                             c.split.c_str(), schedule_kind_name(c.schedule), run.stage(), d.c_str());
                 ++failures;
             }
         }
     }
     Tensor t = Tensor::scalar(failures, DType::float64).reshape({1});
     world.all_reduce(t, ReduceOp::sum);
-    if (world.rank() == 0) std::printf("test_pipeline_mpi: %d stage-steps checked per rank, %d failures on all ranks\n", checks, static_cast<int>(t.item(0)));
+    if (world.rank() == 0)
+        std::printf("test_pipeline_mpi: %d stage-steps checked per rank, %d failures on all ranks\n", checks,
+                    static_cast<int>(t.item(0)));
     return t.item(0) == 0 ? 0 : 1;
 }

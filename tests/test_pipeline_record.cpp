@@ -9,8 +9,8 @@
 #include <set>
 
 #include "comm/comm_threads.h"
-#include "test_helpers.h"
 #include "pipeline_cases.h"
+#include "test_helpers.h"
 #include "verify/recorder.h"
 #include "verify/report.h"
 
@@ -47,8 +47,10 @@ RunRecord pipeline_record(const RunInputs& in, const Plan& plan, const RunRecord
 
 }  // namespace
 
-TEST_CASE("a two-stage run recorded against the one-stage reference: every tensor and module event met by key, bitwise",
-          "[cpu]") {
+TEST_CASE(
+    "a two-stage run recorded against the one-stage reference: every tensor and module event met by key, "
+    "bitwise",
+    "[cpu]") {
     for (const Case& c : cases()) {
         INFO(c.model << " split at " << c.split << ", " << schedule_kind_name(c.schedule));
         const RunInputs in = inputs(c);
@@ -78,7 +80,8 @@ TEST_CASE("a two-stage run recorded against the one-stage reference: every tenso
                 INFO("step " << k << " event " << event_key(e));
                 microbatches.insert(e.microbatch);
                 auto it = by_key.find(event_key(e));
-                if (it == by_key.end()) {  // only the containers the stages open (train/stage.h) are not called
+                if (it ==
+                    by_key.end()) {  // only the containers the stages open (train/stage.h) are not called
                     CHECK((e.fqn.empty() || c.split.rfind(e.fqn + ".", 0) == 0));
                     continue;
                 }
@@ -96,7 +99,8 @@ TEST_CASE("a two-stage run recorded against the one-stage reference: every tenso
     }
 }
 
-TEST_CASE("a wrong element of a stage-1 weight is localised to stage 1's first module event that reads it", "[cpu]") {
+TEST_CASE("a wrong element of a stage-1 weight is localised to stage 1's first module event that reads it",
+          "[cpu]") {
     const Case c{"mlp_stacked", "layers.1", ScheduleKind::one_f_one_b, 4};
     const RunInputs in = inputs(c);
     const RunRecord ref = reference_of(in, 1);

@@ -1,25 +1,30 @@
 // Planning units: rank classes over uneven shards, and the plan search being the same on any
 // number of threads (it simulates candidates in parallel; TSan runs this file).
 #include "plan/search.h"
-#include "train/simulate.h"
 #include "test_helpers.h"
+#include "train/simulate.h"
 
 using namespace ptool;
 
 TEST_CASE("rank classes follow torch.chunk's piece sizes", "[cpu]") {
-    const std::string text = "batch: {input: [5, 8]}\nmodules:\n  - {name: fc, type: linear, in: 8, out: 8}\nloss: mean\n";
+    const std::string text =
+        "batch: {input: [5, 8]}\nmodules:\n  - {name: fc, type: linear, in: 8, out: 8}\nloss: mean\n";
     MetaAllocation meta;
     const Model m = load_model_text(text, "m.yaml", "", false);
-    const Plan plan = load_plan_text("mesh: {dp: 4}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n", "p.yaml");
+    const Plan plan =
+        load_plan_text("mesh: {dp: 4}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n", "p.yaml");
     const std::vector<RankClass> classes = rank_classes(m, plan);
     REQUIRE(classes.size() == 3);  // rows 2, 2, 1, 0
     CHECK(classes[0].ranks == std::vector<int>{0, 1});
     CHECK(classes[1].ranks == std::vector<int>{2});
     CHECK(classes[2].ranks == std::vector<int>{3});
-    const Plan even = load_plan_text("mesh: {dp: 4, tp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n"
-                                     "tensor_parallel: {mesh_dim: tp, plan: {fc: colwise}}\n", "p.yaml");
-    const Model m8 = load_model_text("batch: {input: [8, 8]}\nmodules:\n  - {name: fc, type: linear, in: 8, out: 8}\nloss: mean\n",
-                                     "m.yaml", "", false);
+    const Plan even = load_plan_text(
+        "mesh: {dp: 4, tp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n"
+        "tensor_parallel: {mesh_dim: tp, plan: {fc: colwise}}\n",
+        "p.yaml");
+    const Model m8 = load_model_text(
+        "batch: {input: [8, 8]}\nmodules:\n  - {name: fc, type: linear, in: 8, out: 8}\nloss: mean\n",
+        "m.yaml", "", false);
     CHECK(rank_classes(m8, even).size() == 1);  // every piece the same size: one rank stands for 8
 }
 
@@ -36,7 +41,8 @@ TEST_CASE("the plan search gives the same plans on one thread and on several", "
     REQUIRE(one.fitting.size() >= 3);
     REQUIRE(one.fitting.size() == three.fitting.size());
     REQUIRE(one.rejected.size() == three.rejected.size());
-    for (size_t i = 0; i < one.rejected.size(); ++i) CHECK(one.rejected[i].reason == three.rejected[i].reason);
+    for (size_t i = 0; i < one.rejected.size(); ++i)
+        CHECK(one.rejected[i].reason == three.rejected[i].reason);
     for (size_t i = 0; i < one.fitting.size(); ++i) {
         INFO("candidate " << i);
         CHECK(one.fitting[i].plan_text == three.fitting[i].plan_text);
@@ -44,7 +50,8 @@ TEST_CASE("the plan search gives the same plans on one thread and on several", "
         CHECK(one.fitting[i].peak == three.fitting[i].peak);
         CHECK(one.fitting[i].time.step == three.fitting[i].time.step);
     }
-    for (size_t i = 1; i < one.fitting.size(); ++i) CHECK(one.fitting[i - 1].time.step <= one.fitting[i].time.step);
+    for (size_t i = 1; i < one.fitting.size(); ++i)
+        CHECK(one.fitting[i - 1].time.step <= one.fitting[i].time.step);
 }
 
 TEST_CASE("a 1-D mesh needs no mesh_dim; a 2-D mesh names it", "[cpu]") {
@@ -54,16 +61,22 @@ TEST_CASE("a 1-D mesh needs no mesh_dim; a 2-D mesh names it", "[cpu]") {
     REQUIRE(dp.data_parallel);
     CHECK(dp.data_parallel->mesh_dims == std::vector<std::string>{"dp"});
     CHECK(dp.dims.name(DimRole::dp_replicate) == "dp");
-    CHECK_THROWS_WITH(load_plan_text("mesh: {dp: 2, tp: 2}\ndata_parallel: {mode: replicate}\n", "p.yaml"),
-                      Catch::Contains("p.yaml:2:16: 'data_parallel' needs 'mesh_dim': the mesh has 2 dims (dp, tp)"));
-    CHECK_THROWS_WITH(load_plan_text("mesh: {dp: 2}\ndata_parallel: {mode: replicate}\ntensor_parallel: {plan: {a: colwise}}\n", "p.yaml"),
-                      Catch::Contains("both use mesh dim 'dp'"));
+    CHECK_THROWS_WITH(
+        load_plan_text("mesh: {dp: 2, tp: 2}\ndata_parallel: {mode: replicate}\n", "p.yaml"),
+        Catch::Contains("p.yaml:2:16: 'data_parallel' needs 'mesh_dim': the mesh has 2 dims (dp, tp)"));
+    CHECK_THROWS_WITH(
+        load_plan_text(
+            "mesh: {dp: 2}\ndata_parallel: {mode: replicate}\ntensor_parallel: {plan: {a: colwise}}\n",
+            "p.yaml"),
+        Catch::Contains("both use mesh dim 'dp'"));
 }
 
 TEST_CASE("the plan's sections give its mesh dims their roles, checked in one place", "[cpu]") {
     // HSDP x TP: fully_shard over [rep, shard], tensor parallel over tp
-    const Plan p = load_plan_text("mesh: {rep: 2, shard: 3, tp: 2}\ntensor_parallel: {mesh_dim: tp, plan: {fc: colwise}}\n"
-                                  "data_parallel: {mesh_dim: [rep, shard], mode: fully_shard}\n", "p.yaml");
+    const Plan p = load_plan_text(
+        "mesh: {rep: 2, shard: 3, tp: 2}\ntensor_parallel: {mesh_dim: tp, plan: {fc: colwise}}\n"
+        "data_parallel: {mesh_dim: [rep, shard], mode: fully_shard}\n",
+        "p.yaml");
     const ParallelDims& d = p.dims;
     CHECK(d.index(DimRole::dp_replicate) == 0);
     CHECK(d.index(DimRole::dp_shard) == 1);
@@ -81,7 +94,8 @@ TEST_CASE("the plan's sections give its mesh dims their roles, checked in one pl
     CHECK(p.data_parallel->hybrid());
     CHECK(p.data_parallel->mesh_dim_names() == "rep x shard");
     // one dim per mode: replicate is dp_replicate, fully_shard dp_shard; a dim no section names has no role
-    const Plan fs = load_plan_text("mesh: {dp: 4, spare: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard}\n", "p.yaml");
+    const Plan fs = load_plan_text(
+        "mesh: {dp: 4, spare: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard}\n", "p.yaml");
     CHECK(fs.dims.index(DimRole::dp_shard) == 0);
     CHECK_FALSE(fs.dims.has(DimRole::dp_replicate));
     CHECK_FALSE(fs.dims.role(1).has_value());
@@ -94,12 +108,18 @@ TEST_CASE("the plan's sections give its mesh dims their roles, checked in one pl
     auto fails = [](const std::string& text, const std::string& message) {
         CHECK_THROWS_WITH(load_plan_text(text, "p.yaml"), Catch::Contains(message));
     };
-    fails("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, b]}\n", "p.yaml:2:27: two mesh dims ([replicate, shard]) are HSDP");
-    fails("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, b], mode: replicate}\n", "mode replicate takes one mesh dim");
-    fails("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, a], mode: fully_shard}\n", "p.yaml:2:31: mesh dim 'a' is named twice");
-    fails("mesh: {a: 2, b: 2, c: 2}\ndata_parallel: {mesh_dim: [a, b, c], mode: fully_shard}\n", "'mesh_dim' lists 3 dims");
+    fails("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, b]}\n",
+          "p.yaml:2:27: two mesh dims ([replicate, shard]) are HSDP");
+    fails("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, b], mode: replicate}\n",
+          "mode replicate takes one mesh dim");
+    fails("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, a], mode: fully_shard}\n",
+          "p.yaml:2:31: mesh dim 'a' is named twice");
+    fails("mesh: {a: 2, b: 2, c: 2}\ndata_parallel: {mesh_dim: [a, b, c], mode: fully_shard}\n",
+          "'mesh_dim' lists 3 dims");
     fails("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, d], mode: fully_shard}\n",
           "p.yaml:2:31: mesh_dim 'd' is not a dim of the mesh");
-    fails("mesh: {a: 2, tp: 2}\ntensor_parallel: {mesh_dim: tp, plan: {}}\ndata_parallel: {mesh_dim: [a, tp], mode: fully_shard}\n",
-          "p.yaml:3:31: data_parallel and tensor_parallel both use mesh dim 'tp'");
+    fails(
+        "mesh: {a: 2, tp: 2}\ntensor_parallel: {mesh_dim: tp, plan: {}}\ndata_parallel: {mesh_dim: [a, tp], "
+        "mode: fully_shard}\n",
+        "p.yaml:3:31: data_parallel and tensor_parallel both use mesh dim 'tp'");
 }

@@ -36,8 +36,8 @@ TEST_CASE("supervisor: exit codes pass through unchanged", "[cpu]") {
 
 TEST_CASE("supervisor: a rank killed by a signal is exit 3 naming rank, signal and collective", "[cpu]") {
     std::string msg;
-    CHECK(supervised_exit(status_of_child([] { raise(SIGKILL); }), "3", "in all_reduce#12 float32 [16, 10]", false,
-                          msg) == 3);
+    CHECK(supervised_exit(status_of_child([] { raise(SIGKILL); }), "3", "in all_reduce#12 float32 [16, 10]",
+                          false, msg) == 3);
     CHECK(msg == "rank 3 was killed by signal 9 (SIGKILL) in all_reduce#12 float32 [16, 10]");
     CHECK(supervised_exit(status_of_child([] { raise(SIGSEGV); }), "0", "", false, msg) == 3);
     CHECK(msg == "rank 0 was killed by signal 11 (SIGSEGV) before its first collective");
@@ -45,10 +45,12 @@ TEST_CASE("supervisor: a rank killed by a signal is exit 3 naming rank, signal a
 
 TEST_CASE("supervisor: a rank stopped by the launcher says so", "[cpu]") {
     std::string msg;
-    CHECK(supervised_exit(status_of_child([] { raise(SIGTERM); }), "2", "after broadcast#0 float32 [4]", true, msg) ==
-          3);
-    CHECK(msg == "rank 2 stopped by the launcher (SIGTERM) after broadcast#0 float32 [4]: another rank failed, or the "
-                 "job was cancelled");
+    CHECK(supervised_exit(status_of_child([] { raise(SIGTERM); }), "2", "after broadcast#0 float32 [4]", true,
+                          msg) == 3);
+    CHECK(
+        msg ==
+        "rank 2 stopped by the launcher (SIGTERM) after broadcast#0 float32 [4]: another rank failed, or the "
+        "job was cancelled");
 }
 
 TEST_CASE("supervisor: not under a launcher, the process is not forked", "[cpu]") {

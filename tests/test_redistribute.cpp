@@ -38,7 +38,8 @@ TEST_CASE("pack_chunks lays chunk r out as torch.chunk does, in rows chunk_of(si
                     const Chunk c = chunk_of(shape[d], parts, r);
                     const Tensor expected = chunk(t, parts, r, d);
                     REQUIRE(expected.numel() == c.length * packed.size(1));
-                    CHECK(std::memcmp(packed.narrow(0, c.offset, c.length).raw(), expected.raw(), expected.nbytes()) == 0);
+                    CHECK(std::memcmp(packed.narrow(0, c.offset, c.length).raw(), expected.raw(),
+                                      expected.nbytes()) == 0);
                 }
                 CHECK(same_bytes(unpack_chunks(packed, shape, parts, d), t));
             }
@@ -56,7 +57,8 @@ TEST_CASE("redistribute gathers and reduce-scatters shards of any dim, uneven ch
                     const Tensor local = chunk(full, n, c.rank(), d);
                     gathered[c.rank()] = same_bytes(full_tensor(local, Placement::shard(d), shape, c), full);
                     const Tensor summand = counting(shape, c.rank() + 1.0);
-                    const Tensor mine = redistribute(summand, Placement::partial(), Placement::shard(d), shape, c);
+                    const Tensor mine =
+                        redistribute(summand, Placement::partial(), Placement::shard(d), shape, c);
                     scattered[c.rank()] = same_bytes(mine, chunk(sum, n, c.rank(), d));
                 });
                 for (int r = 0; r < n; ++r) {

@@ -2,22 +2,21 @@
 // recording it first, every diff bitwise; the stream's waits give the core back, and failures on
 // either side reach the other.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <future>
 #include <thread>
 
-#include "verify/compare.h"
-#include "verify/verify.h"
 #include "same_runs.h"
 #include "test_helpers.h"
+#include "verify/compare.h"
+#include "verify/verify.h"
 
 using namespace ptool;
 
 namespace {
 
-VerifyReport run_verify(const std::string& model, const std::string& plan, int64_t steps, bool beside, const char* mesh = nullptr,
-                        bool keep_reference = false) {
+VerifyReport run_verify(const std::string& model, const std::string& plan, int64_t steps, bool beside,
+                        const char* mesh = nullptr, bool keep_reference = false) {
     VerifyJob job = shipped_job({model.c_str(), plan.c_str(), steps, mesh});
     job.options.reference_beside = beside;
     job.keep_reference = keep_reference;
@@ -27,14 +26,17 @@ VerifyReport run_verify(const std::string& model, const std::string& plan, int64
 
 }  // namespace
 
-TEST_CASE("the reference beside the parallel run gives the numbers of the reference first, bitwise", "[cpu]") {
+TEST_CASE("the reference beside the parallel run gives the numbers of the reference first, bitwise",
+          "[cpu]") {
     // TP with partial events (rowwise), attention, sequence parallel, DDP, FSDP + TP with AdamW
     // over steps (resync), more ranks than cores
     using Case = ShippedCase;
-    for (const Case& c : {Case{"mlp", "mlp_root_module", 2, nullptr}, Case{"gpt_block", "gpt_block_tp", 2, nullptr},
-                          Case{"seq_mlp", "seq_mlp_sp", 1, nullptr}, Case{"replicate_net", "replicate_multi_module", 2, nullptr},
-                          Case{"mlp_stacked_adamw", "mlp_stacked_fsdp_tp", 3, nullptr},
-                          Case{"mlp", "mlp_root_module", 1, "tp=8"}}) {
+    for (const Case& c :
+         {Case{"mlp", "mlp_root_module", 2, nullptr}, Case{"gpt_block", "gpt_block_tp", 2, nullptr},
+          Case{"seq_mlp", "seq_mlp_sp", 1, nullptr},
+          Case{"replicate_net", "replicate_multi_module", 2, nullptr},
+          Case{"mlp_stacked_adamw", "mlp_stacked_fsdp_tp", 3, nullptr},
+          Case{"mlp", "mlp_root_module", 1, "tp=8"}}) {
         INFO(c.model << " x " << c.plan);
         const VerifyReport first = run_verify(c.model, c.plan, c.steps, false, c.mesh);
         const VerifyReport beside = run_verify(c.model, c.plan, c.steps, true, c.mesh);
@@ -87,7 +89,8 @@ TEST_CASE("a rank waiting for the reference's step gives its core to the referen
 
 TEST_CASE("a failed reference fails its waiting ranks; failed ranks stop the reference", "[cpu]") {
     ReferenceStream failing(nullptr);
-    std::thread reference([&] { failing.finish(std::make_exception_ptr(RuntimeError("out of host memory"))); });
+    std::thread reference(
+        [&] { failing.finish(std::make_exception_ptr(RuntimeError("out of host memory"))); });
     CHECK_THROWS_AS(failing.step(0), RuntimeError);
     reference.join();
     CHECK(failing.failed());
@@ -104,7 +107,8 @@ TEST_CASE("the reference's step tensors go once compared, unless the job keeps i
     for (bool beside : {false, true}) {
         INFO("beside " << beside);
         const VerifyReport dropped = run_verify("mlp_stacked_adamw", "mlp_stacked_fsdp_tp", 3, beside);
-        const VerifyReport kept = run_verify("mlp_stacked_adamw", "mlp_stacked_fsdp_tp", 3, beside, nullptr, true);
+        const VerifyReport kept =
+            run_verify("mlp_stacked_adamw", "mlp_stacked_fsdp_tp", 3, beside, nullptr, true);
         CHECK(dropped.pass);
         CHECK(kept.pass);
         REQUIRE(kept.reference.steps.size() == 3);
@@ -116,7 +120,8 @@ TEST_CASE("the reference's step tensors go once compared, unless the job keeps i
                 kept_bytes += static_cast<int64_t>(t.nbytes());
             }
             for (const ModuleEvent& e : kept.reference.steps[k].events) CHECK(e.full.defined());
-            for (const auto& [name, t] : dropped.reference.steps[k].tensors) dropped_bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+            for (const auto& [name, t] : dropped.reference.steps[k].tensors)
+                dropped_bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
             for (const ModuleEvent& e : dropped.reference.steps[k].events) CHECK_FALSE(e.full.defined());
             check_same(kept.plans[0].run.steps[k].vs_reference, dropped.plans[0].run.steps[k].vs_reference);
         }
@@ -125,7 +130,9 @@ TEST_CASE("the reference's step tensors go once compared, unless the job keeps i
     }
 }
 
-TEST_CASE("a throttled reference keeps at most two steps ahead of the ranks and lends them its core meanwhile", "[cpu]") {
+TEST_CASE(
+    "a throttled reference keeps at most two steps ahead of the ranks and lends them its core meanwhile",
+    "[cpu]") {
     auto cores = std::make_shared<CoreSlots>(0);  // the ranks' pool has no core of its own here
     ReferenceStream stream(cores, true);
     stream.wait_for_room(0), stream.wait_for_room(1);  // steps 0 and 1: nothing to wait for

@@ -69,7 +69,8 @@ TEST_CASE("the vectorised paths draw exactly the scalar values", "[cpu]") {
     for (uint64_t lo : {uint64_t{0}, uint64_t{0xFFFFFFF8ull}, ~uint64_t{0} - 7}) {
         std::array<uint32_t, 4> lanes[16];
         philox4x32_x16(0x299f31d0a4093822ull, 0x0370734413198a2eull, lo, lanes);
-        for (int k = 0; k < 16; ++k) CHECK(lanes[k] == philox4x32(0x299f31d0a4093822ull, 0x0370734413198a2eull, lo + k));
+        for (int k = 0; k < 16; ++k)
+            CHECK(lanes[k] == philox4x32(0x299f31d0a4093822ull, 0x0370734413198a2eull, lo + k));
     }
     // a run from any start and of any length (odd starts, tails) equals uniform() index by index,
     // and uniform()'s one-block memo gives the same value in any access order

@@ -45,16 +45,28 @@ TEST_CASE("damaged safetensors files are InputErrors naming the problem", "[cpu]
     require_input_error([&] { parse_safetensors(with_header("{not json", ""), "f"); }, {"not valid JSON"});
     require_input_error([&] { parse_safetensors(with_header("[1]", ""), "f"); }, {"not a JSON object"});
     require_input_error(
-        [&] { parse_safetensors(with_header(R"({"w":{"dtype":"Q8","shape":[2],"data_offsets":[0,8]}})", ok_data), "f"); },
+        [&] {
+            parse_safetensors(
+                with_header(R"({"w":{"dtype":"Q8","shape":[2],"data_offsets":[0,8]}})", ok_data), "f");
+        },
         {"tensor 'w'", "unsupported dtype 'Q8'"});
     require_input_error(
-        [&] { parse_safetensors(with_header(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", ok_data), "f"); },
+        [&] {
+            parse_safetensors(
+                with_header(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", ok_data), "f");
+        },
         {"tensor 'w'", "needs 12"});
     require_input_error(
-        [&] { parse_safetensors(with_header(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", ok_data), "f"); },
+        [&] {
+            parse_safetensors(
+                with_header(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", ok_data), "f");
+        },
         {"outside the 8 data bytes"});
     require_input_error(
-        [&] { parse_safetensors(with_header(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", ok_data), "f"); },
+        [&] {
+            parse_safetensors(
+                with_header(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", ok_data), "f");
+        },
         {"non-negative"});
     require_input_error(
         [&] {
@@ -66,9 +78,10 @@ TEST_CASE("damaged safetensors files are InputErrors naming the problem", "[cpu]
         {"overlap or hole"});
     require_input_error(
         [&] {
-            parse_safetensors(with_header(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
-                                          ok_data),
-                              "f");
+            parse_safetensors(
+                with_header(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
+                            ok_data),
+                "f");
         },
         {"too large"});
     require_input_error([&] { parse_safetensors(with_header(R"({"w":{"dtype":"F32"}})", ""), "f"); },

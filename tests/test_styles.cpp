@@ -5,19 +5,22 @@
 #include <set>
 
 #include "comm/comm_threads.h"
+#include "test_helpers.h"
 #include "train/run.h"
 #include "verify/verify.h"
-#include "test_helpers.h"
 
 using namespace ptool;
 
 namespace {
 
 Model model(const std::string& name) {
-    return load_model_text(read_text(PTOOL_SOURCE_DIR "/models/" + name + ".yaml"), name + ".yaml", "", false);
+    return load_model_text(read_text(PTOOL_SOURCE_DIR "/models/" + name + ".yaml"), name + ".yaml", "",
+                           false);
 }
 
-Plan plan_text(const std::string& text) { return load_plan_text(text, "plan.yaml"); }
+Plan plan_text(const std::string& text) {
+    return load_plan_text(text, "plan.yaml");
+}
 
 const CallLayout& call(const LayoutReport& r, const std::string& fqn) {
     for (const CallLayout& c : r.calls)
@@ -42,7 +45,8 @@ std::map<std::string, std::pair<int, int64_t>> totals(const std::vector<CommCost
 
 TEST_CASE("the registry holds every style by name, once", "[cpu]") {
     const std::vector<std::string> names = style_names();
-    for (const char* name : {"colwise", "rowwise", "sequence_parallel", "prepare_input", "prepare_output", "prepare_input_output"}) {
+    for (const char* name : {"colwise", "rowwise", "sequence_parallel", "prepare_input", "prepare_output",
+                             "prepare_input_output"}) {
         INFO(name);
         REQUIRE(find_style(name));
         CHECK(find_style(name)->name() == name);
@@ -91,33 +95,54 @@ TEST_CASE("sequence parallel: norms on sequence shards, gathered into the MLP an
 TEST_CASE("layout conflicts are exit-2 errors at the plan entry, with the fix", "[cpu]") {
     const Model m = model("seq_mlp");
     // torchtitan's slip: a sequence-parallel norm feeding a colwise linear that declares Replicate
-    require_input_error([&] { resolve_plan(m, plan_text("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n"
-                                                        "    norm1: sequence_parallel\n    net1: colwise\n    net2: rowwise\n")); },
-                        {"plan.yaml:6:5:", "'net1' (colwise) takes its input as Replicate() but 'norm1' outputs Shard(1)",
-                         "add prepare_input shard(1) -> replicate on 'net1'", "input_layouts: shard(1) on 'net1'"});
+    require_input_error(
+        [&] {
+            resolve_plan(m,
+                         plan_text("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n"
+                                   "    norm1: sequence_parallel\n    net1: colwise\n    net2: rowwise\n"));
+        },
+        {"plan.yaml:6:5:", "'net1' (colwise) takes its input as Replicate() but 'norm1' outputs Shard(1)",
+         "add prepare_input shard(1) -> replicate on 'net1'", "input_layouts: shard(1) on 'net1'"});
     // a colwise output fed to a plain norm
-    require_input_error([&] { resolve_plan(m, plan_text("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n"
-                                                        "    net2: colwise\n")); },
-                        {"plan.yaml:5:5:", "'net2' outputs Shard(-1) but 'norm2' (rms_norm) needs whole rows", "seq_mlp.yaml:"});
+    require_input_error(
+        [&] {
+            resolve_plan(m, plan_text("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n"
+                                      "    net2: colwise\n"));
+        },
+        {"plan.yaml:5:5:", "'net2' outputs Shard(-1) but 'norm2' (rms_norm) needs whole rows",
+         "seq_mlp.yaml:"});
     // a sequence-sharded activation into attention
     const Model llama = model("llama_block");
-    require_input_error([&] { resolve_plan(llama, plan_text("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n"
-                                                            "    attn_block.input_layernorm: sequence_parallel\n"
-                                                            "    'attn_block.self_attn.[qkv]_proj': {style: colwise, input_layouts: shard(1), output_layouts: shard(1)}\n")); },
-                        {"attention 'attn_block.self_attn' needs the whole sequence"});
+    require_input_error(
+        [&] {
+            resolve_plan(llama, plan_text("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n"
+                                          "    attn_block.input_layernorm: sequence_parallel\n"
+                                          "    'attn_block.self_attn.[qkv]_proj': {style: colwise, "
+                                          "input_layouts: shard(1), output_layouts: shard(1)}\n"));
+        },
+        {"attention 'attn_block.self_attn' needs the whole sequence"});
 }
 
-TEST_CASE("a plan's lint leaves a correct plan alone and each styled call's layouts are its rule's", "[cpu]") {
-    for (const char* name : {"gpt_block_tp", "llama_block_tp", "seq_mlp_sp", "mlp_stacked_fsdp_tp", "embedding_rowwise"}) {
+TEST_CASE("a plan's lint leaves a correct plan alone and each styled call's layouts are its rule's",
+          "[cpu]") {
+    for (const char* name :
+         {"gpt_block_tp", "llama_block_tp", "seq_mlp_sp", "mlp_stacked_fsdp_tp", "embedding_rowwise"}) {
         INFO(name);
         const Plan p = load_plan(std::string(PTOOL_SOURCE_DIR "/plans/") + name + ".yaml");
-        const Model m = load_model_text(read_text(std::string(PTOOL_SOURCE_DIR "/") + plan_model_path(p)), plan_model_path(p), "", false);
+        const Model m = load_model_text(read_text(std::string(PTOOL_SOURCE_DIR "/") + plan_model_path(p)),
+                                        plan_model_path(p), "", false);
         const Resolution res = resolve_plan(m, p);
         CHECK(res.layouts.calls.size() >= 3);
         for (const ResolvedStyle& rs : res.styles) {
             const StyleRule rule = rs.entry->style.style->rule(*rs.module, rs.entry->style);
-            if (rule.pre) CHECK(call(res.layouts, rs.fqn).in.p.same_as(rule.pre->from, static_cast<int64_t>(call(res.layouts, rs.fqn).in.global.size())));
-            if (rule.post) CHECK(call(res.layouts, rs.fqn).out.p.same_as(rule.post->to, static_cast<int64_t>(call(res.layouts, rs.fqn).out.global.size())));
+            if (rule.pre)
+                CHECK(call(res.layouts, rs.fqn)
+                          .in.p.same_as(rule.pre->from,
+                                        static_cast<int64_t>(call(res.layouts, rs.fqn).in.global.size())));
+            if (rule.post)
+                CHECK(call(res.layouts, rs.fqn)
+                          .out.p.same_as(rule.post->to,
+                                         static_cast<int64_t>(call(res.layouts, rs.fqn).out.global.size())));
         }
     }
 }
@@ -169,8 +194,9 @@ private:
     void check_local(const RunContext& ctx, const Placed& x, const char* what) {
         const Shape want = local_shape(x.global, x.p, ctx.tp_parts, ctx.tp_rank);
         if (x.t.shape() != want && log_[current_or_open()].local_error.empty())
-            log_[current_or_open()].local_error = fmt::format("tp rank {}: {} {} holds {}, its piece is {}", ctx.tp_rank, what,
-                                                             x.layout().str(), shape_str(x.t.shape()), shape_str(want));
+            log_[current_or_open()].local_error =
+                fmt::format("tp rank {}: {} {} holds {}, its piece is {}", ctx.tp_rank, what,
+                            x.layout().str(), shape_str(x.t.shape()), shape_str(want));
     }
     size_t current_or_open() const { return open_.empty() ? current_ : open_.back(); }
     std::vector<SeenCall>& log_;
@@ -182,7 +208,8 @@ private:
 class ProbeLayer final : public RunLayer {
 public:
     explicit ProbeLayer(std::vector<SeenCall>& log) : log_(log) {}
-    void after_parallelize(Model& model, const Plan&, const Resolution&, const TpParams&, DeviceMesh&) override {
+    void after_parallelize(Model& model, const Plan&, const Resolution&, const TpParams&,
+                           DeviceMesh&) override {
         std::set<const Module*> seen;  // a shared module is one object under two names: one probe
         for_each_module(*model.root, [&](const std::string&, Module& m) {
             if (seen.insert(&m).second) m.add_outer_hooks(std::make_shared<Probe>(log_));
@@ -205,7 +232,8 @@ TEST_CASE("the runtime follows the layout pass: every call's layouts, gradients 
     int plans = 0;
     for (const auto& entry : std::filesystem::directory_iterator(PTOOL_SOURCE_DIR "/plans")) {
         const std::string name = entry.path().stem().string();
-        if (entry.path().extension() != ".yaml" || name.rfind("gemm_mlp", 0) == 0) continue;  // benchmark-sized
+        if (entry.path().extension() != ".yaml" || name.rfind("gemm_mlp", 0) == 0)
+            continue;  // benchmark-sized
         INFO(name);
         const Plan plan = load_plan(entry.path().string());
         RunInputs in;
@@ -215,23 +243,25 @@ TEST_CASE("the runtime follows the layout pass: every call's layouts, gradients 
         std::vector<std::vector<SeenCall>> seen(static_cast<size_t>(world));
         std::vector<std::vector<CallLayout>> derived(static_cast<size_t>(world));
         std::vector<int64_t> microbatches(static_cast<size_t>(world));
-        run_rank_threads(world, CommOptions{}, [&](Communicator& w) {  // Catch2 is not thread-safe: checked after the join
-            const size_t r = static_cast<size_t>(w.rank());
-            ProbeLayer probe(seen[r]);
-            Run run(in, plan, w, &probe);
-            run.step(0);
-            derived[r] = run.resolution().layouts.calls;
-            microbatches[r] = run.model().gradient_accumulation;
-        });
+        run_rank_threads(world, CommOptions{},
+                         [&](Communicator& w) {  // Catch2 is not thread-safe: checked after the join
+                             const size_t r = static_cast<size_t>(w.rank());
+                             ProbeLayer probe(seen[r]);
+                             Run run(in, plan, w, &probe);
+                             run.step(0);
+                             derived[r] = run.resolution().layouts.calls;
+                             microbatches[r] = run.model().gradient_accumulation;
+                         });
         for (size_t r = 0; r < seen.size(); ++r) {
             INFO("rank " << r);
             const std::vector<CallLayout>& calls = derived[r];
-            REQUIRE(seen[r].size() == calls.size() * static_cast<size_t>(microbatches[r]));  // every call, per microbatch
+            REQUIRE(seen[r].size() ==
+                    calls.size() * static_cast<size_t>(microbatches[r]));  // every call, per microbatch
             for (size_t i = 0; i < seen[r].size(); ++i) {
                 const SeenCall& s = seen[r][i];
                 const CallLayout& c = calls[i % calls.size()];
-                INFO("call " << i << " '" << s.fqn << "': in " << s.in.str() << " (derived " << c.in.str() << "), out "
-                              << s.out.str() << " (derived " << c.out.str() << ")");
+                INFO("call " << i << " '" << s.fqn << "': in " << s.in.str() << " (derived " << c.in.str()
+                             << "), out " << s.out.str() << " (derived " << c.out.str() << ")");
                 CHECK(s.fqn == c.fqn);
                 CHECK(s.in.same_as(c.in));
                 CHECK(s.out.same_as(c.out));
@@ -239,8 +269,10 @@ TEST_CASE("the runtime follows the layout pass: every call's layouts, gradients 
                 REQUIRE(s.backward);
                 INFO("output gradient " << s.grad_out.str() << ", input gradient " << s.grad_in.str());
                 CHECK(s.grad_out.same_as(Layout{c.out.global, grad_placement(c.out.p)}));
-                if (!s.grad_in.global.empty()) CHECK(s.grad_in.same_as(Layout{c.in.global, grad_placement(c.in.p)}));
-                if (name == "seq_mlp_sp" && s.fqn == "net1")  // colwise, input_layouts shard(1): the gradient goes back as Shard(1)
+                if (!s.grad_in.global.empty())
+                    CHECK(s.grad_in.same_as(Layout{c.in.global, grad_placement(c.in.p)}));
+                if (name == "seq_mlp_sp" &&
+                    s.fqn == "net1")  // colwise, input_layouts shard(1): the gradient goes back as Shard(1)
                     CHECK(s.grad_in.p.same_as(Placement::shard(1), 3));
             }
         }
@@ -265,18 +297,23 @@ VerifyReport verify_text(const std::string& model_name, const std::string& plan)
 
 TEST_CASE("replicate: a module run whole on every rank, its input checked to be whole", "[cpu]") {
     // the example of docs/adding_a_style.md: gpt_block's final norm and its MLP norm declared replicated
-    const std::string plan = "mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  src_data_rank: 0\n  plan:\n"
-                             "    'attn_block.attn.[qkv]_proj': colwise\n    attn_block.attn.o_proj: rowwise\n"
-                             "    mlp_block.ln_2: replicate\n    ln_f: replicate\n";
+    const std::string plan =
+        "mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  src_data_rank: 0\n  plan:\n"
+        "    'attn_block.attn.[qkv]_proj': colwise\n    attn_block.attn.o_proj: rowwise\n"
+        "    mlp_block.ln_2: replicate\n    ln_f: replicate\n";
     const Resolution res = resolve_plan(model("gpt_block"), plan_text(plan));
     CHECK(call(res.layouts, "ln_f").in.p.is_replicate());
     const VerifyReport r = verify_text("gpt_block", plan);
     REQUIRE(r.plans.size() == 1);
     CHECK(r.pass);
     CHECK(r.plans[0].failed == 0);
-    CHECK(r.plans[0].run.init_counts.by_op().at("broadcast").calls >= 2);  // its parameters come from src_data_rank
+    CHECK(r.plans[0].run.init_counts.by_op().at("broadcast").calls >=
+          2);  // its parameters come from src_data_rank
     // where the input is not whole, the claim is an error
-    require_input_error([&] { resolve_plan(model("mlp"), plan_text("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n"
-                                                                      "    net1: colwise\n    relu: replicate\n")); },
-                        {"'relu' (replicate) takes its input as Replicate() but 'net1' outputs Shard(-1)"});
+    require_input_error(
+        [&] {
+            resolve_plan(model("mlp"), plan_text("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n"
+                                                 "    net1: colwise\n    relu: replicate\n"));
+        },
+        {"'relu' (replicate) takes its input as Replicate() but 'net1' outputs Shard(-1)"});
 }

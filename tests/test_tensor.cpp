@@ -15,9 +15,10 @@ TEST_CASE("bf16 and fp16 round to nearest even and keep inf and NaN", "[cpu]") {
     CHECK(std::isnan(static_cast<float>(bf16_t(std::numeric_limits<float>::quiet_NaN()))));
     CHECK(static_cast<float>(f16_t(65504.0f)) == 65504.0f);
     CHECK(std::isinf(static_cast<float>(f16_t(65520.0f))));
-    CHECK(static_cast<float>(f16_t(1.0f + 1.0f / 2048)) == 1.0f);  // tie to even
+    CHECK(static_cast<float>(f16_t(1.0f + 1.0f / 2048)) == 1.0f);                        // tie to even
     CHECK(static_cast<float>(f16_t(5.960464477539063e-08f)) == 5.960464477539063e-08f);  // smallest subnormal
-    for (uint32_t h = 0; h < 0x7c00; ++h) REQUIRE(float_to_half(half_to_float(static_cast<uint16_t>(h))) == h);
+    for (uint32_t h = 0; h < 0x7c00; ++h)
+        REQUIRE(float_to_half(half_to_float(static_cast<uint16_t>(h))) == h);
 }
 
 TEST_CASE("narrow on dim 0 is a view, on other dims a copy with torch.chunk-style offsets", "[cpu]") {

@@ -41,8 +41,9 @@ TEST_CASE("two runs of the reference are bitwise identical", "[cpu]") {
 
 TEST_CASE("SGD with momentum and weight decay follows torch.optim.SGD", "[cpu]") {
     // loss = sum(W x) for a 1x1 linear without bias: dL/dW = sum(x)
-    const std::string text = "batch: {input: [2, 1]}\nmodules:\n  - {name: l, type: linear, in: 1, out: 1, bias: false}\n"
-                             "optimizer: {type: sgd, lr: 0.5, momentum: 0.9, weight_decay: 0.1}\n";
+    const std::string text =
+        "batch: {input: [2, 1]}\nmodules:\n  - {name: l, type: linear, in: 1, out: 1, bias: false}\n"
+        "optimizer: {type: sgd, lr: 0.5, momentum: 0.9, weight_decay: 0.1}\n";
     Model m = load_model_text(text, "m.yaml", "float64");
     const double w0 = m.named_parameters()[0].second->value.item(0);
     DataSource d(m);
@@ -56,8 +57,9 @@ TEST_CASE("SGD with momentum and weight decay follows torch.optim.SGD", "[cpu]")
 }
 
 TEST_CASE("AdamW follows torch.optim.AdamW", "[cpu]") {
-    const std::string text = "batch: {input: [2, 1]}\nmodules:\n  - {name: l, type: linear, in: 1, out: 1, bias: false}\n"
-                             "optimizer: {type: adamw, lr: 0.1, betas: [0.8, 0.9], eps: 1e-8, weight_decay: 0.5}\n";
+    const std::string text =
+        "batch: {input: [2, 1]}\nmodules:\n  - {name: l, type: linear, in: 1, out: 1, bias: false}\n"
+        "optimizer: {type: adamw, lr: 0.1, betas: [0.8, 0.9], eps: 1e-8, weight_decay: 0.5}\n";
     Model m = load_model_text(text, "m.yaml", "float64");
     const double w0 = m.named_parameters()[0].second->value.item(0);
     DataSource d(m);

@@ -4,11 +4,8 @@
 using namespace ptool;
 
 TEST_CASE("strict maps reject duplicate and unknown keys with their position", "[cpu]") {
-    require_input_error(
-        [] {
-            YamlMap m(load_yaml_text("a: 1\nb: 2\na: 3\n", "f.yaml"), "the thing");
-        },
-        {"f.yaml:3:1", "duplicate key 'a'"});
+    require_input_error([] { YamlMap m(load_yaml_text("a: 1\nb: 2\na: 3\n", "f.yaml"), "the thing"); },
+                        {"f.yaml:3:1", "duplicate key 'a'"});
     require_input_error(
         [] {
             YamlMap m(load_yaml_text("lr: 1\nmomentun: 2\n", "f.yaml"), "the optimizer");
@@ -21,7 +18,8 @@ TEST_CASE("strict maps reject duplicate and unknown keys with their position", "
 
 TEST_CASE("syntax errors, deep nesting and huge documents are rejected before yaml-cpp recurses", "[cpu]") {
     require_input_error([] { load_yaml_text("a: [1, 2\n", "f.yaml"); }, {"f.yaml:"});
-    require_input_error([] { load_yaml_text("a: " + std::string(100000, '[') + "\n", "f.yaml"); }, {"nesting deeper"});
+    require_input_error([] { load_yaml_text("a: " + std::string(100000, '[') + "\n", "f.yaml"); },
+                        {"nesting deeper"});
     std::string dashes;
     for (int i = 0; i < 200; ++i) dashes += "- ";
     require_input_error([] { load_yaml_text("", "f.yaml"); }, {"empty"});
@@ -33,7 +31,8 @@ TEST_CASE("syntax errors, deep nesting and huge documents are rejected before ya
 TEST_CASE("typed reads name the key and the expected type", "[cpu]") {
     YamlNode root = load_yaml_text("n: abc\nshape: [2, 0]\nf: 1.5x\nb: maybe\n", "f.yaml");
     YamlMap m(root, "x");
-    require_input_error([&] { m.at("n").as_int("'n'"); }, {"f.yaml:1:4", "'n' must be an integer, got 'abc'"});
+    require_input_error([&] { m.at("n").as_int("'n'"); },
+                        {"f.yaml:1:4", "'n' must be an integer, got 'abc'"});
     require_input_error([&] { m.at("shape").as_shape("'shape'"); }, {"f.yaml:2:", "must be positive"});
     require_input_error([&] { m.at("f").as_double("'f'"); }, {"'f' must be a finite number, got '1.5x'"});
     require_input_error([&] { m.at("b").as_bool("'b'"); }, {"true or false"});

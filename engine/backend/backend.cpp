@@ -12,7 +12,9 @@ namespace {
 BackendOptions configured;
 }  // namespace
 
-void configure_backends(const BackendOptions& options) { configured = options; }
+void configure_backends(const BackendOptions& options) {
+    configured = options;
+}
 
 Backend& backend_for(Device device) {
     static CpuBackend cpu;

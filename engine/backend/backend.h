@@ -44,13 +44,13 @@ public:
     // weight/bias may be undefined tensors (elementwise_affine=False). mean/rstd: [rows] or [C], float32.
     virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool rms,
                             Tensor& y, Tensor& mean, Tensor& rstd) = 0;
-    virtual void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
-                                     const Tensor& rstd, const Tensor& dy, bool rms, Tensor& dx,
-                                     Tensor* dw, Tensor* db) = 0;  // dw, db accumulate
+    virtual void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& dy, bool rms, Tensor& dx, Tensor* dw,
+                                     Tensor* db) = 0;  // dw, db accumulate
     // Per-channel moments of x: [N, C] -> mean [C], biased var [C] (float32 for 16-bit inputs).
     virtual void channel_moments(const Tensor& x, Tensor& mean, Tensor& var) = 0;
-    virtual void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                                  const Tensor& w, const Tensor& b, Tensor& y) = 0;
+    virtual void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                                  const Tensor& b, Tensor& y) = 0;
     // Per-channel sum(dy) and sum(dy * xhat): [C] each, what the backward needs (and sync BN reduces).
     virtual void batch_norm_grad_sums(const Tensor& x, const Tensor& mean, const Tensor& rstd,
                                       const Tensor& dy, Tensor& sum_dy, Tensor& sum_dy_xhat) = 0;

@@ -5,16 +5,22 @@ namespace ptool {
 
 #ifdef PTOOL_HAVE_CUDA
 GpuInfo query_gpus_cuda();
-GpuInfo query_gpus() { return query_gpus_cuda(); }
+GpuInfo query_gpus() {
+    return query_gpus_cuda();
+}
 int query_cublas_version_cuda();
-int query_cublas_version() { return query_cublas_version_cuda(); }
+int query_cublas_version() {
+    return query_cublas_version_cuda();
+}
 #else
 GpuInfo query_gpus() {
     GpuInfo info;
     info.why_none = "ptool was built without CUDA (no CUDA toolkit found at configure time)";
     return info;
 }
-int query_cublas_version() { return 0; }
+int query_cublas_version() {
+    return 0;
+}
 #endif
 
 }  // namespace ptool

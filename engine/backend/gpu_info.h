@@ -17,7 +17,7 @@ struct GpuInfo {
     bool built_with_cuda = false;
     int runtime_version = 0;  // 13000 for CUDA 13.0
     int driver_version = 0;
-    int nccl_version = 0;     // 22800 for NCCL 2.28.0; 0 when the build has no NCCL
+    int nccl_version = 0;  // 22800 for NCCL 2.28.0; 0 when the build has no NCCL
     std::vector<GpuDevice> devices;
     std::string why_none;  // when devices is empty
 };

@@ -27,8 +27,8 @@ GemmDims gemm_dims(const Tensor& a, bool ta, const Tensor& b, bool tb, const Ten
                   "gemm shapes do not agree: a {}{} b {}{} c {}", shape_str(a.shape()), ta ? "^T" : "",
                   shape_str(b.shape()), tb ? "^T" : "", shape_str(c.shape()));
     PTOOL_REQUIRE(a.numel() == d.batch * d.m * d.k && (d.b_shared || b.numel() == d.batch * d.k * d.n),
-                  "gemm batch sizes do not agree: a {} b {} c {}", shape_str(a.shape()),
-                  shape_str(b.shape()), shape_str(c.shape()));
+                  "gemm batch sizes do not agree: a {} b {} c {}", shape_str(a.shape()), shape_str(b.shape()),
+                  shape_str(c.shape()));
     return d;
 }
 

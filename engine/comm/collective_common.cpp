@@ -7,14 +7,18 @@
 
 namespace ptool {
 namespace {
-const char* const kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier", "split", "init"};
+const char* const kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                            "all_to_all", "barrier",    "split",          "init"};
 }
 
 const char* reduce_op_name(ReduceOp op) {
     switch (op) {
-        case ReduceOp::sum: return "sum";
-        case ReduceOp::avg: return "avg";
-        case ReduceOp::max: return "max";
+        case ReduceOp::sum:
+            return "sum";
+        case ReduceOp::avg:
+            return "avg";
+        case ReduceOp::max:
+            return "max";
     }
     return "?";
 }
@@ -33,8 +37,8 @@ RowChunk reduce_scatter_rows(const Tensor& in, const Tensor& out, int parts, int
     return {rows, row, c};
 }
 
-void reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vector<void*>& outs, int64_t count,
-                          DType dtype, ReduceOp op) {
+void reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vector<void*>& outs,
+                          int64_t count, DType dtype, ReduceOp op) {
     const int n = static_cast<int>(inputs.size());
     dispatch_float(dtype, [&](auto tag) {
         using T = decltype(tag);
@@ -64,7 +68,8 @@ void reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vec
 }
 
 bool CollectiveDesc::matches(const CollectiveDesc& o) const {
-    if (op != o.op || dtype != o.dtype || ndim != o.ndim || sequence != o.sequence || root != o.root) return false;
+    if (op != o.op || dtype != o.dtype || ndim != o.ndim || sequence != o.sequence || root != o.root)
+        return false;
     for (int i = shape_free ? 1 : 0; i < ndim; ++i)
         if (dims[i] != o.dims[i]) return false;
     return true;
@@ -79,7 +84,8 @@ std::string CollectiveDesc::str() const {
 
 CollectiveDesc describe(const char* op, int64_t sequence) {
     CollectiveDesc d;
-    const auto it = std::find_if(std::begin(kOps), std::end(kOps), [&](const char* name) { return std::strcmp(name, op) == 0; });
+    const auto it = std::find_if(std::begin(kOps), std::end(kOps),
+                                 [&](const char* name) { return std::strcmp(name, op) == 0; });
     PTOOL_REQUIRE(it != std::end(kOps), "describe: unknown collective {}", op);
     d.op = static_cast<int>(it - std::begin(kOps));
     d.sequence = sequence;

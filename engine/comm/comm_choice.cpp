@@ -24,9 +24,12 @@ int env_int(const char* name) {
 
 const char* comm_kind_name(CommKind kind) {
     switch (kind) {
-        case CommKind::threads: return "threads";
-        case CommKind::cuda_local: return "cuda_local";
-        case CommKind::nccl: return "nccl";
+        case CommKind::threads:
+            return "threads";
+        case CommKind::cuda_local:
+            return "cuda_local";
+        case CommKind::nccl:
+            return "nccl";
     }
     return "?";
 }
@@ -48,13 +51,15 @@ LocalRank launcher_local_rank() {
 int gpu_for_local_rank(LocalRank local, int visible_gpus) {
     if (visible_gpus <= 0) throw RuntimeError("--device cuda: no CUDA device is available on this node");
     if (local.rank < 0)
-        throw InputError("--device cuda under a launcher needs the node-local rank (OMPI_COMM_WORLD_LOCAL_RANK, "
-                         "SLURM_LOCALID or MPI_LOCALRANKID) to pick this process's GPU");
+        throw InputError(
+            "--device cuda under a launcher needs the node-local rank (OMPI_COMM_WORLD_LOCAL_RANK, "
+            "SLURM_LOCALID or MPI_LOCALRANKID) to pick this process's GPU");
     const int ranks = std::max(local.size, local.rank + 1);
     if (ranks > visible_gpus)
-        throw InputError(fmt::format("--device cuda under mpirun runs one rank per GPU: this node runs {} ranks but "
-                                     "sees {} GPU{} (run in-process instead: cuda_local puts every rank on one GPU)",
-                                     ranks, visible_gpus, visible_gpus == 1 ? "" : "s"));
+        throw InputError(
+            fmt::format("--device cuda under mpirun runs one rank per GPU: this node runs {} ranks but "
+                        "sees {} GPU{} (run in-process instead: cuda_local puts every rank on one GPU)",
+                        ranks, visible_gpus, visible_gpus == 1 ? "" : "s"));
     return local.rank;
 }
 

@@ -1,6 +1,6 @@
-// Which communicator a job runs on, and which GPU a process takes (docs/architecture.md, GPUs). Pure logic over
-// the device, the rank count, the visible GPUs and the launcher's environment, so it is tested
-// on machines without a GPU.
+// Which communicator a job runs on, and which GPU a process takes (docs/architecture.md, GPUs). Pure logic
+// over the device, the rank count, the visible GPUs and the launcher's environment, so it is tested on
+// machines without a GPU.
 //
 //   --device cpu                          threads (in-process) | mpi (mpirun)
 //   --device cuda, ranks <= visible GPUs  nccl: rank r on GPU r (in-process) | mpirun: one GPU per process

@@ -1,9 +1,5 @@
 #include "comm/comm_mpi.h"
 
-#include "comm/p2p.h"
-#include "comm/rank_supervisor.h"
-#include "core/check.h"
-
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -13,6 +9,10 @@
 #include <set>
 #include <thread>
 #include <vector>
+
+#include "comm/p2p.h"
+#include "comm/rank_supervisor.h"
+#include "core/check.h"
 
 namespace ptool {
 namespace {
@@ -31,8 +31,8 @@ struct MpiP2P {
     enum class Stage { header, payload, done };
     P2POp::Kind kind = P2POp::Kind::send;
     int peer = 0;
-    Tensor tensor;          // shares the op's storage (kept alive with the op if it is given up)
-    P2PDesc desc, theirs;   // this rank's; the sender's (recv)
+    Tensor tensor;         // shares the op's storage (kept alive with the op if it is given up)
+    P2PDesc desc, theirs;  // this rank's; the sender's (recv)
     MPI_Request header = MPI_REQUEST_NULL, payload = MPI_REQUEST_NULL;
     std::vector<char> scratch;  // a mismatched message's bytes, drained so its sender completes
     Stage stage = Stage::header;
@@ -45,7 +45,8 @@ namespace {
 // scratch) stay reachable here until the process ends; failures end it soon anyway.
 void keep_until_exit(std::shared_ptr<std::vector<MpiP2P>> batch) {
     static std::mutex mu;
-    static auto* kept = new std::vector<std::shared_ptr<std::vector<MpiP2P>>>;  // never destroyed: MPI may write late
+    static auto* kept =
+        new std::vector<std::shared_ptr<std::vector<MpiP2P>>>;  // never destroyed: MPI may write late
     std::lock_guard<std::mutex> lk(mu);
     kept->push_back(std::move(batch));
 }
@@ -94,7 +95,6 @@ int mpi_world_rank() {
     return r;
 }
 
-
 void mpi_abort_job(const std::string& message, int code) {
     std::fprintf(stderr, "error: %s\n", message.c_str());
     std::fflush(stderr);
@@ -118,7 +118,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions options) : options_(
     MPI_Group_free(&world);
     int* ub = nullptr;
     int found = 0;
-    if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &found) == MPI_SUCCESS && found && ub) tag_ub_ = *ub;
+    if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &found) == MPI_SUCCESS && found && ub)
+        tag_ub_ = *ub;
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -128,7 +129,8 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 void MpiCommunicator::wait(MPI_Request& req, const CollectiveDesc& d) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
     int done = 0;
     set_rank_activity("in " + d.str());
     for (int spins = 0;; ++spins) {
@@ -138,10 +140,11 @@ void MpiCommunicator::wait(MPI_Request& req, const CollectiveDesc& d) {
             return;
         }
         if (options_.timeout_seconds > 0 && std::chrono::steady_clock::now() >= deadline)
-            mpi_abort_job(fmt::format("rank {} timed out after {} s in {} (a rank never arrived, or is in another "
-                                      "collective)",
-                                      mpi_world_rank(), options_.timeout_seconds, d.str()),
-                          3);
+            mpi_abort_job(
+                fmt::format("rank {} timed out after {} s in {} (a rank never arrived, or is in another "
+                            "collective)",
+                            mpi_world_rank(), options_.timeout_seconds, d.str()),
+                3);
         if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
 }
@@ -155,7 +158,8 @@ void MpiCommunicator::check(const CollectiveDesc& d) {
     for (int r = 0; r < size_; ++r) {
         if (all[r].matches(d)) continue;
         const int lo = std::min(rank_, r), hi = std::max(rank_, r);
-        throw RuntimeError(fmt::format("collective mismatch: rank {} {} vs rank {} {}", hi, all[hi].str(), lo, all[lo].str()),
+        throw RuntimeError(fmt::format("collective mismatch: rank {} {} vs rank {} {}", hi, all[hi].str(), lo,
+                                       all[lo].str()),
                            RuntimeError::Kind::mismatch);
     }
 }
@@ -175,8 +179,8 @@ void MpiCommunicator::reduce_chunk(const Tensor& in, void* out, int64_t rows, in
     }
     std::vector<char> recv(static_cast<size_t>(size_) * mine.length * row * es);
     MPI_Request req;
-    PTOOL_CHECK_MPI(MPI_Ialltoallv(in.raw(), send_counts.data(), send_displs.data(), MPI_BYTE, recv.data(), recv_counts.data(),
-                             recv_displs.data(), MPI_BYTE, comm_, &req));
+    PTOOL_CHECK_MPI(MPI_Ialltoallv(in.raw(), send_counts.data(), send_displs.data(), MPI_BYTE, recv.data(),
+                                   recv_counts.data(), recv_displs.data(), MPI_BYTE, comm_, &req));
     wait(req, d);
     std::vector<const void*> ins(size_);
     for (int j = 0; j < size_; ++j) ins[j] = recv.data() + recv_displs[j];
@@ -198,8 +202,8 @@ void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
         counts[j] = as_int(c.length * es, "all_reduce"), displs[j] = as_int(c.offset * es, "all_reduce");
     }
     MPI_Request req;
-    PTOOL_CHECK_MPI(MPI_Iallgatherv(part.data(), counts[rank_], MPI_BYTE, t.raw(), counts.data(), displs.data(), MPI_BYTE,
-                              comm_, &req));
+    PTOOL_CHECK_MPI(MPI_Iallgatherv(part.data(), counts[rank_], MPI_BYTE, t.raw(), counts.data(),
+                                    displs.data(), MPI_BYTE, comm_, &req));
     wait(req, d);
 }
 
@@ -218,10 +222,11 @@ void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
         counts[j] = as_int(sizes[j], "all_gather"), displs[j] = as_int(total, "all_gather");
         total += sizes[j];
     }
-    PTOOL_REQUIRE(total == static_cast<int64_t>(out.nbytes()), "all_gather: output {} holds {} bytes, ranks sent {}",
-                  shape_str(out.shape()), out.nbytes(), total);
-    PTOOL_CHECK_MPI(MPI_Iallgatherv(in.raw(), counts[rank_], MPI_BYTE, out.raw(), counts.data(), displs.data(), MPI_BYTE,
-                              comm_, &req));
+    PTOOL_REQUIRE(total == static_cast<int64_t>(out.nbytes()),
+                  "all_gather: output {} holds {} bytes, ranks sent {}", shape_str(out.shape()), out.nbytes(),
+                  total);
+    PTOOL_CHECK_MPI(MPI_Iallgatherv(in.raw(), counts[rank_], MPI_BYTE, out.raw(), counts.data(),
+                                    displs.data(), MPI_BYTE, comm_, &req));
     wait(req, d);
 }
 
@@ -246,8 +251,8 @@ void MpiCommunicator::all_to_all(const Tensor& in, Tensor& out) {
     count("all_to_all", static_cast<int64_t>(in.nbytes()));
     const CollectiveDesc d = describe("all_to_all", in, sequence_++);
     check(d);
-    PTOOL_REQUIRE(in.numel() % size_ == 0 && out.numel() == in.numel(), "all_to_all: {} elements over {} ranks",
-                  in.numel(), size_);
+    PTOOL_REQUIRE(in.numel() % size_ == 0 && out.numel() == in.numel(),
+                  "all_to_all: {} elements over {} ranks", in.numel(), size_);
     const int chunk = as_int(in.nbytes() / size_, "all_to_all");
     MPI_Request req;
     PTOOL_CHECK_MPI(MPI_Ialltoall(in.raw(), chunk, MPI_BYTE, out.raw(), chunk, MPI_BYTE, comm_, &req));

@@ -56,7 +56,8 @@ private:
     void check(const CollectiveDesc& d);
     void wait(MPI_Request& req, const CollectiveDesc& d);
     // Rank-ordered reduction of rows [chunk r] of every rank's in into out (this rank's chunk).
-    void reduce_chunk(const Tensor& in, void* out, int64_t rows, int64_t row, ReduceOp op, const CollectiveDesc& d);
+    void reduce_chunk(const Tensor& in, void* out, int64_t rows, int64_t row, ReduceOp op,
+                      const CollectiveDesc& d);
 
     MPI_Comm comm_;
     int rank_ = 0, size_ = 1;

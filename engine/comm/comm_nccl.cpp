@@ -27,8 +27,12 @@ const NcclApi& nccl() {
     return *api;
 }
 
-ncclComm_t as_comm(void* c) { return static_cast<ncclComm_t>(c); }
-cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_current_stream()); }
+ncclComm_t as_comm(void* c) {
+    return static_cast<ncclComm_t>(c);
+}
+cudaStream_t stream() {
+    return static_cast<cudaStream_t>(cuda_current_stream());
+}
 
 ncclConfig_t nonblocking() {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -51,7 +55,8 @@ struct DeviceBuffer {
 
 // A tensor's bytes on the device: itself, or a staged copy of a host tensor (copied back by done()).
 struct OnDevice {
-    explicit OnDevice(const Tensor& t) : host(t), dev(t.device() == Device::cuda ? t : t.to_device(Device::cuda)) {}
+    explicit OnDevice(const Tensor& t)
+        : host(t), dev(t.device() == Device::cuda ? t : t.to_device(Device::cuda)) {}
     void done() {  // the collective wrote dev: bring it home
         if (host.device() == Device::cpu && host.nbytes())
             copy_bytes(host.raw(), Device::cpu, dev.raw(), Device::cuda, host.nbytes());
@@ -88,7 +93,11 @@ NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int size, CommOpt
 
 NcclCommunicator::NcclCommunicator(void* comm, int rank, int size, CommOptions options,
                                    std::shared_ptr<AbortState> abort, std::vector<int> world_ranks)
-    : comm_(comm), rank_(rank), size_(size), options_(options), abort_(std::move(abort)),
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      options_(options),
+      abort_(std::move(abort)),
       world_ranks_(std::move(world_ranks)) {}
 
 NcclCommunicator::~NcclCommunicator() {
@@ -101,14 +110,17 @@ NcclCommunicator::~NcclCommunicator() {
         return;
     }
     // finalize flushes what is queued; poll it like any collective, abort if it never completes
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
     ncclResult_t state = api->finalize(c);
     while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         api->get_async_error(c, &state);
     }
-    if (state == ncclSuccess) api->destroy(c);
-    else api->abort(c);
+    if (state == ncclSuccess)
+        api->destroy(c);
+    else
+        api->abort(c);
 }
 
 void NcclCommunicator::fail(const std::string& message, RuntimeError::Kind kind) {
@@ -122,31 +134,37 @@ void NcclCommunicator::fail(const std::string& message, RuntimeError::Kind kind)
 
 void NcclCommunicator::await(const CollectiveDesc& d, bool stream_too) {
     await(d.str(), stream_too, [&] {
-        return RuntimeError(fmt::format("rank {} timed out after {} s in {} (a rank never arrived, or is in another "
-                                        "collective)",
-                                        world_ranks_[rank_], options_.timeout_seconds, d.str()),
-                            RuntimeError::Kind::timeout);
+        return RuntimeError(
+            fmt::format("rank {} timed out after {} s in {} (a rank never arrived, or is in another "
+                        "collective)",
+                        world_ranks_[rank_], options_.timeout_seconds, d.str()),
+            RuntimeError::Kind::timeout);
     });
 }
 
-void NcclCommunicator::await(const std::string& what, bool stream_too, const std::function<RuntimeError()>& timeout) {
+void NcclCommunicator::await(const std::string& what, bool stream_too,
+                             const std::function<RuntimeError()>& timeout) {
     if (!comm_)
         throw RuntimeError(fmt::format("rank {}: the nccl communicator was aborted", world_ranks_[rank_]),
                            RuntimeError::Kind::rank_failed);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
     set_rank_activity("in " + what);
     for (int spins = 0;; ++spins) {
         ncclResult_t state = ncclSuccess;
         nccl().get_async_error(as_comm(comm_), &state);
         if (state != ncclSuccess && state != ncclInProgress)
-            fail(fmt::format("rank {}: NCCL error in {}: {}", world_ranks_[rank_], what, nccl_error_string(state)),
+            fail(fmt::format("rank {}: NCCL error in {}: {}", world_ranks_[rank_], what,
+                             nccl_error_string(state)),
                  RuntimeError::Kind::rank_failed);
         bool done = state == ncclSuccess;
         if (done && stream_too) {
             const cudaError_t e = cudaStreamQuery(stream());
-            if (e == cudaErrorNotReady) done = false;
+            if (e == cudaErrorNotReady)
+                done = false;
             else if (e != cudaSuccess)
-                fail(fmt::format("rank {}: CUDA error in {}: {}", world_ranks_[rank_], what, cudaGetErrorString(e)),
+                fail(fmt::format("rank {}: CUDA error in {}: {}", world_ranks_[rank_], what,
+                                 cudaGetErrorString(e)),
                      RuntimeError::Kind::rank_failed);
         }
         if (done) break;
@@ -192,8 +210,8 @@ std::vector<CollectiveDesc> NcclCommunicator::check(const CollectiveDesc& d, boo
     return all;
 }
 
-void NcclCommunicator::reduce_chunk(const void* in, void* out, int64_t rows, int64_t row, DType dtype, ReduceOp op,
-                                    const CollectiveDesc& d) {
+void NcclCommunicator::reduce_chunk(const void* in, void* out, int64_t rows, int64_t row, DType dtype,
+                                    ReduceOp op, const CollectiveDesc& d) {
     const size_t es = dtype_size(dtype);
     const Chunk mine = chunk_of(rows, size_, rank_);
     const size_t mine_bytes = static_cast<size_t>(mine.length * row) * es;
@@ -205,8 +223,9 @@ void NcclCommunicator::reduce_chunk(const void* in, void* out, int64_t rows, int
         const Chunk c = chunk_of(rows, size_, j);
         const size_t c_bytes = static_cast<size_t>(c.length * row) * es;
         if (j == rank_) {
-            if (mine_bytes) PTOOL_CHECK_CUDA(cudaMemcpyAsync(recv.at(j * mine_bytes), src + c.offset * row * es, mine_bytes,
-                                                       cudaMemcpyDeviceToDevice, stream()));
+            if (mine_bytes)
+                PTOOL_CHECK_CUDA(cudaMemcpyAsync(recv.at(j * mine_bytes), src + c.offset * row * es,
+                                                 mine_bytes, cudaMemcpyDeviceToDevice, stream()));
             continue;
         }
         if (c_bytes)
@@ -257,8 +276,8 @@ void NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
     std::vector<int64_t> rows(size_);
     int64_t total = 0;
     for (int r = 0; r < size_; ++r) total += rows[r] = all[r].ndim ? all[r].dims[0] : 1;
-    PTOOL_REQUIRE(out.numel() == total * row, "all_gather: output {} cannot hold {} rows of {}", shape_str(out.shape()),
-                  total, row);
+    PTOOL_REQUIRE(out.numel() == total * row, "all_gather: output {} cannot hold {} rows of {}",
+                  shape_str(out.shape()), total, row);
     OnDevice src(in), dst(out);
     const bool equal = std::all_of(rows.begin(), rows.end(), [&](int64_t k) { return k == rows[0]; });
     if (equal) {
@@ -309,8 +328,8 @@ void NcclCommunicator::broadcast(Tensor& t, int root) {
 
 void NcclCommunicator::all_to_all(const Tensor& in, Tensor& out) {
     count("all_to_all", static_cast<int64_t>(in.nbytes()));
-    PTOOL_REQUIRE(in.numel() % size_ == 0 && out.numel() == in.numel(), "all_to_all: {} elements over {} ranks",
-                  in.numel(), size_);
+    PTOOL_REQUIRE(in.numel() % size_ == 0 && out.numel() == in.numel(),
+                  "all_to_all: {} elements over {} ranks", in.numel(), size_);
     const CollectiveDesc d = describe("all_to_all", in, sequence_++);
     check(d);
     OnDevice src(in), dst(out);
@@ -320,7 +339,8 @@ void NcclCommunicator::all_to_all(const Tensor& in, Tensor& out) {
     PTOOL_CHECK_NCCL_WITH(nccl().group_start(), fail);
     for (int j = 0; j < size_ && chunk; ++j) {
         if (j == rank_) {
-            PTOOL_CHECK_CUDA(cudaMemcpyAsync(o + j * chunk, s + j * chunk, chunk, cudaMemcpyDeviceToDevice, stream()));
+            PTOOL_CHECK_CUDA(
+                cudaMemcpyAsync(o + j * chunk, s + j * chunk, chunk, cudaMemcpyDeviceToDevice, stream()));
             continue;
         }
         PTOOL_CHECK_NCCL_WITH(nccl().send(s + j * chunk, chunk, ncclUint8, j, as_comm(comm_), stream()),
@@ -360,8 +380,8 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
     ncclComm_t sub = nullptr;
     PTOOL_CHECK_NCCL_WITH(nccl().split(as_comm(comm_), color, key, &sub, &config), fail);
     await(d, false);  // the parent's pending split
-    auto out = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(sub, new_rank, static_cast<int>(members.size()),
-                                                                      options_, abort_, std::move(world)));
+    auto out = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
+        sub, new_rank, static_cast<int>(members.size()), options_, abort_, std::move(world)));
     out->await(d, false);  // the child's initialisation
     return out;
 }

@@ -47,7 +47,8 @@ class NcclCommunicator final : public Communicator {
 public:
     // Every rank calls this with the same id, on the thread (and so the GPU) it will use. abort:
     // the job's shared flag when ranks are threads of one process, null under mpirun.
-    NcclCommunicator(const NcclId& id, int rank, int size, CommOptions options, std::shared_ptr<AbortState> abort);
+    NcclCommunicator(const NcclId& id, int rank, int size, CommOptions options,
+                     std::shared_ptr<AbortState> abort);
     ~NcclCommunicator() override;
 
     int rank() const override { return rank_; }
@@ -73,7 +74,8 @@ private:
     void await(const std::string& what, bool stream, const std::function<RuntimeError()>& timeout);
     // Aborts the communicator and throws; a message of kind other gets "rank R: " in front.
     [[noreturn]] void fail(const std::string& message, RuntimeError::Kind kind = RuntimeError::Kind::other);
-    std::vector<char> exchange(const CollectiveDesc& d, const void* mine, size_t bytes);  // all-gather of host bytes
+    std::vector<char> exchange(const CollectiveDesc& d, const void* mine,
+                               size_t bytes);  // all-gather of host bytes
     std::vector<CollectiveDesc> check(const CollectiveDesc& d, bool always = false);
     // Rank-order reduction of chunk rank() (chunk_of over rows) of every rank's device buffer in into out.
     void reduce_chunk(const void* in, void* out, int64_t rows, int64_t row, DType dtype, ReduceOp op,

@@ -1,10 +1,9 @@
 #include "comm/comm_threads.h"
 
-#include <system_error>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "comm/device_reduce.h"
@@ -39,8 +38,10 @@ void CoreSlots::grant_front() {
 
 void CoreSlots::release() {
     std::lock_guard<std::mutex> lk(mu_);
-    if (waiting_.empty()) ++free_;
-    else grant_front();
+    if (waiting_.empty())
+        ++free_;
+    else
+        grant_front();
 }
 
 void CoreSlots::take_turn() {
@@ -54,8 +55,17 @@ void CoreSlots::take_turn() {
 }
 
 ThreadGroup::ThreadGroup(int n_, std::shared_ptr<AbortState> abort_, std::vector<int> world_ranks_)
-    : n(n_), abort(std::move(abort_)), world_ranks(std::move(world_ranks_)), in(n_), out(n_), count(n_), desc(n_),
-      inside(n_, false), posted(n_, false), split_args(n_), p2p(n_) {}
+    : n(n_),
+      abort(std::move(abort_)),
+      world_ranks(std::move(world_ranks_)),
+      in(n_),
+      out(n_),
+      count(n_),
+      desc(n_),
+      inside(n_, false),
+      posted(n_, false),
+      split_args(n_),
+      p2p(n_) {}
 
 void ThreadsCommunicator::sync() {
     ThreadGroup& g = *group_;
@@ -74,7 +84,8 @@ void ThreadsCommunicator::sync() {
     // is released (declared first, destroyed last)
     const CoreSlots::Yielded waiting(g.cores.get());
     std::unique_lock<std::mutex> lk(g.mu);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
     while (g.generation == gen) {
         if (g.abort->aborted.load()) {
             --g.arrived;
@@ -112,34 +123,43 @@ void ThreadsCommunicator::timeout() {
 
 void ThreadsCommunicator::copy(void* dst, const void* src, size_t bytes, Device device) {
     if (bytes == 0 || dst == src) return;
-    if (device == Device::cpu) std::memcpy(dst, src, bytes);
-    else device_memory().copy_device_async(dst, src, bytes);  // leave() waits for the rank's stream
+    if (device == Device::cpu)
+        std::memcpy(dst, src, bytes);
+    else
+        device_memory().copy_device_async(dst, src, bytes);  // leave() waits for the rank's stream
 }
 
-void ThreadsCommunicator::reduce(const std::vector<const void*>& ins, const std::vector<void*>& outs, int64_t count,
-                                 DType dtype, ReduceOp op, Device device) {
+void ThreadsCommunicator::reduce(const std::vector<const void*>& ins, const std::vector<void*>& outs,
+                                 int64_t count, DType dtype, ReduceOp op, Device device) {
     if (count <= 0) return;
-    if (device == Device::cpu) reduce_in_rank_order(ins, outs, count, dtype, op);
-    else device_reduce_in_rank_order(ins, outs, count, dtype, op);
+    if (device == Device::cpu)
+        reduce_in_rank_order(ins, outs, count, dtype, op);
+    else
+        device_reduce_in_rank_order(ins, outs, count, dtype, op);
 }
 
-void ThreadsCommunicator::enter(const CollectiveDesc& d, const void* in, void* out, int64_t count, Device device) {
+void ThreadsCommunicator::enter(const CollectiveDesc& d, const void* in, void* out, int64_t count,
+                                Device device) {
     ThreadGroup& g = *group_;
-    if (device != Device::cpu) device_memory().synchronize();  // this rank's buffers are complete before others read
+    if (device != Device::cpu)
+        device_memory().synchronize();  // this rank's buffers are complete before others read
     {
         std::lock_guard<std::mutex> lk(g.mu);
-        g.in[rank_] = in, g.out[rank_] = out, g.count[rank_] = count, g.desc[rank_] = d, g.inside[rank_] = true;
+        g.in[rank_] = in, g.out[rank_] = out, g.count[rank_] = count, g.desc[rank_] = d,
+        g.inside[rank_] = true;
         g.posted[rank_] = true;
     }
     sync();
     // Every rank runs the same comparison on the same posted descriptors, so all agree on the verdict.
     for (int r = 0; r < g.n; ++r) {
         CollectiveDesc mine = g.desc[rank_], theirs = g.desc[r];
-        if (!options_.check_consistency) mine.sequence = theirs.sequence = 0;  // shapes and dtypes still guard memory
+        if (!options_.check_consistency)
+            mine.sequence = theirs.sequence = 0;  // shapes and dtypes still guard memory
         if (!theirs.matches(mine)) {
             const int lo = std::min(rank_, r), hi = std::max(rank_, r);
-            const std::string msg = fmt::format("collective mismatch: rank {} {} vs rank {} {}", g.world_ranks[hi],
-                                                g.desc[hi].str(), g.world_ranks[lo], g.desc[lo].str());
+            const std::string msg =
+                fmt::format("collective mismatch: rank {} {} vs rank {} {}", g.world_ranks[hi],
+                            g.desc[hi].str(), g.world_ranks[lo], g.desc[lo].str());
             g.abort->abort(msg, RuntimeError::Kind::mismatch);
             throw RuntimeError(msg, RuntimeError::Kind::mismatch);
         }
@@ -147,7 +167,8 @@ void ThreadsCommunicator::enter(const CollectiveDesc& d, const void* in, void* o
 }
 
 void ThreadsCommunicator::leave(Device device) {
-    if (device != Device::cpu) device_memory().synchronize();  // this rank's writes land before anyone goes on
+    if (device != Device::cpu)
+        device_memory().synchronize();  // this rank's writes land before anyone goes on
     sync();
     std::lock_guard<std::mutex> lk(group_->mu);
     group_->inside[rank_] = false;
@@ -176,16 +197,16 @@ void ThreadsCommunicator::all_reduce(Tensor& t, ReduceOp op) {
 void ThreadsCommunicator::all_gather(const Tensor& in, Tensor& out) {
     count("all_gather", static_cast<int64_t>(out.nbytes()));
     ThreadGroup& g = *group_;
-    PTOOL_REQUIRE(in.device() == out.device(), "all_gather: input on {}, output on {}", device_name(in.device()),
-                  device_name(out.device()));
+    PTOOL_REQUIRE(in.device() == out.device(), "all_gather: input on {}, output on {}",
+                  device_name(in.device()), device_name(out.device()));
     enter(describe("all_gather", in, sequence_++, -1, true), in.raw(), out.raw(), in.dim() ? in.size(0) : 1,
           in.device());
     const int64_t row = row_numel(in);
     const size_t row_bytes = static_cast<size_t>(row) * dtype_size(in.dtype());
     int64_t total = 0;
     for (int r = 0; r < g.n; ++r) total += g.count[r];
-    PTOOL_REQUIRE(out.numel() == total * row, "all_gather: output {} cannot hold {} rows of {}", shape_str(out.shape()),
-                  total, row);
+    PTOOL_REQUIRE(out.numel() == total * row, "all_gather: output {} cannot hold {} rows of {}",
+                  shape_str(out.shape()), total, row);
     char* dst = static_cast<char*>(out.raw());
     for (int r = 0; r < g.n; ++r) {
         copy(dst, g.in[r], g.count[r] * row_bytes, in.device());  // in place (dst == in): already there
@@ -197,8 +218,8 @@ void ThreadsCommunicator::all_gather(const Tensor& in, Tensor& out) {
 void ThreadsCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
     count("reduce_scatter", static_cast<int64_t>(in.nbytes()));
     ThreadGroup& g = *group_;
-    PTOOL_REQUIRE(in.device() == out.device(), "reduce_scatter: input on {}, output on {}", device_name(in.device()),
-                  device_name(out.device()));
+    PTOOL_REQUIRE(in.device() == out.device(), "reduce_scatter: input on {}, output on {}",
+                  device_name(in.device()), device_name(out.device()));
     enter(describe("reduce_scatter", in, sequence_++), in.raw(), out.raw(), in.numel(), in.device());
     const auto [rows, row, c] = reduce_scatter_rows(in, out, g.n, rank_);
     const size_t es = dtype_size(in.dtype());
@@ -221,13 +242,13 @@ void ThreadsCommunicator::all_to_all(const Tensor& in, Tensor& out) {
     ThreadGroup& g = *group_;
     PTOOL_REQUIRE(in.numel() % g.n == 0 && out.numel() == in.numel(), "all_to_all: {} elements over {} ranks",
                   in.numel(), g.n);
-    PTOOL_REQUIRE(in.device() == out.device(), "all_to_all: input on {}, output on {}", device_name(in.device()),
-                  device_name(out.device()));
+    PTOOL_REQUIRE(in.device() == out.device(), "all_to_all: input on {}, output on {}",
+                  device_name(in.device()), device_name(out.device()));
     enter(describe("all_to_all", in, sequence_++), in.raw(), out.raw(), in.numel(), in.device());
     const size_t chunk = in.nbytes() / g.n;
     for (int r = 0; r < g.n; ++r)
-        copy(static_cast<char*>(out.raw()) + r * chunk, static_cast<const char*>(g.in[r]) + rank_ * chunk, chunk,
-             in.device());
+        copy(static_cast<char*>(out.raw()) + r * chunk, static_cast<const char*>(g.in[r]) + rank_ * chunk,
+             chunk, in.device());
     leave(in.device());
 }
 
@@ -314,8 +335,11 @@ void run_threads(int n, const std::shared_ptr<AbortState>& abort,
                              RuntimeError::Kind::rank_failed);
                 errors[r] = std::current_exception();
             } catch (const RuntimeError& e) {
-                if (e.names_rank()) abort->abort(e.what(), e.kind());
-                else abort->abort(fmt::format("rank {} failed: {}", r, e.what()), RuntimeError::Kind::rank_failed);
+                if (e.names_rank())
+                    abort->abort(e.what(), e.kind());
+                else
+                    abort->abort(fmt::format("rank {} failed: {}", r, e.what()),
+                                 RuntimeError::Kind::rank_failed);
                 errors[r] = std::current_exception();
             } catch (const std::exception& e) {
                 abort->abort(fmt::format("rank {} failed: {}", r, e.what()), RuntimeError::Kind::rank_failed);
@@ -325,9 +349,11 @@ void run_threads(int n, const std::shared_ptr<AbortState>& abort,
         try {
             threads.emplace_back(rank);
         } catch (const std::system_error& e) {  // the ranks already started stop at their next collective
-            abort->abort(fmt::format("cannot start rank {} of {} as a thread: {} (a resource ran out: threads or memory)",
-                                     r, n, e.what()),
-                         RuntimeError::Kind::other);
+            abort->abort(
+                fmt::format(
+                    "cannot start rank {} of {} as a thread: {} (a resource ran out: threads or memory)", r,
+                    n, e.what()),
+                RuntimeError::Kind::other);
             break;
         }
     }
@@ -353,8 +379,10 @@ void run_rank_threads(int n, const CommOptions& options, const std::function<voi
     auto abort = std::make_shared<AbortState>();
     auto group = std::make_shared<ThreadGroup>(n, abort, world);
     const int hardware = usable_cores();
-    if (cores) group->cores = std::move(cores);
-    else if (device == Device::cpu && hardware > 0 && n > hardware) group->cores = std::make_shared<CoreSlots>(hardware);
+    if (cores)
+        group->cores = std::move(cores);
+    else if (device == Device::cpu && hardware > 0 && n > hardware)
+        group->cores = std::make_shared<CoreSlots>(hardware);
     run_threads(
         n, abort, [&](int r) { return std::make_unique<ThreadsCommunicator>(group, r, options, device); },
         [&](Communicator& comm) {

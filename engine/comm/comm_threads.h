@@ -39,7 +39,7 @@ struct AbortState {
     std::atomic<bool> aborted{false};
     std::mutex mu;
     std::string message;
-    RuntimeError::Kind kind = RuntimeError::Kind::other;  // the first failure's
+    RuntimeError::Kind kind = RuntimeError::Kind::other;              // the first failure's
     void abort(const std::string& why, RuntimeError::Kind why_kind);  // keeps the first message
 };
 
@@ -78,8 +78,12 @@ public:
     // Given back for the scope (a rank waiting at a barrier), taken again at its end
     struct Yielded {
         CoreSlots* slots;
-        explicit Yielded(CoreSlots* s) : slots(s) { if (slots) slots->release(); }
-        ~Yielded() { if (slots) slots->acquire(); }
+        explicit Yielded(CoreSlots* s) : slots(s) {
+            if (slots) slots->release();
+        }
+        ~Yielded() {
+            if (slots) slots->acquire();
+        }
         Yielded(const Yielded&) = delete;
         Yielded& operator=(const Yielded&) = delete;
     };
@@ -106,10 +110,10 @@ struct ThreadGroup {
     uint64_t generation = 0;
     std::vector<const void*> in;
     std::vector<void*> out;
-    std::vector<int64_t> count;        // per-rank dim-0 size (all_gather) or element count
-    std::vector<CollectiveDesc> desc;  // what each rank is in, for checks and timeout messages
-    std::vector<bool> inside;          // rank is inside a collective of this group now
-    std::vector<bool> posted;          // rank has entered at least one collective
+    std::vector<int64_t> count;                   // per-rank dim-0 size (all_gather) or element count
+    std::vector<CollectiveDesc> desc;             // what each rank is in, for checks and timeout messages
+    std::vector<bool> inside;                     // rank is inside a collective of this group now
+    std::vector<bool> posted;                     // rank has entered at least one collective
     std::vector<std::pair<int, int>> split_args;  // (color, key) per rank
     std::map<std::pair<int64_t, int>, std::shared_ptr<ThreadGroup>> splits;
     std::shared_ptr<CoreSlots> cores;  // the job's (its splits share it); null: as many cores as ranks
@@ -118,7 +122,8 @@ struct ThreadGroup {
 
 class ThreadsCommunicator final : public Communicator {
 public:
-    ThreadsCommunicator(std::shared_ptr<ThreadGroup> group, int rank, CommOptions options, Device device = Device::cpu)
+    ThreadsCommunicator(std::shared_ptr<ThreadGroup> group, int rank, CommOptions options,
+                        Device device = Device::cpu)
         : group_(std::move(group)), rank_(rank), options_(options), device_(device) {}
 
     int rank() const override { return rank_; }
@@ -136,14 +141,15 @@ public:
 
 private:
     // Posts this rank's buffers and descriptor, waits for all, checks consistency.
-    void enter(const CollectiveDesc& d, const void* in, void* out, int64_t count, Device device = Device::cpu);
+    void enter(const CollectiveDesc& d, const void* in, void* out, int64_t count,
+               Device device = Device::cpu);
     void sync();  // barrier with deadline and abort polling
     void leave(Device device = Device::cpu);
     // Data movement on the tensors' device: host memcpy / rank-order reduction, or their device forms
     // (device copies are queued on the rank's stream: leave() waits for them).
     static void copy(void* dst, const void* src, size_t bytes, Device device);
-    static void reduce(const std::vector<const void*>& ins, const std::vector<void*>& outs, int64_t count, DType dtype,
-                       ReduceOp op, Device device);
+    static void reduce(const std::vector<const void*>& ins, const std::vector<void*>& outs, int64_t count,
+                       DType dtype, ReduceOp op, Device device);
     [[noreturn]] void timeout();
 
     std::shared_ptr<ThreadGroup> group_;

@@ -2,14 +2,12 @@
 //
 //   all_reduce(t, op)          t: same shape on every rank, reduced in place (sum | avg | max)
 //   all_gather(in, out)        out = concat of every rank's in along dim 0 (dim-0 sizes may differ)
-//   reduce_scatter(in, out, op) in: the full tensor; out: this rank's torch.chunk of the reduction along dim 0
-//   broadcast(t, root)         t := root's t
-//   all_to_all(in, out)        in and out split in `size` equal dim-0 chunks; chunk j of in goes to rank j
-//   barrier()
-//   split(color, key)          sub-communicator of the ranks with the same color, ordered by key
-//   send(t, peer, tag)         point-to-point, as torch.distributed.send / recv / batch_isend_irecv:
-//   recv(t, peer, tag)         two ranks of this communicator, the others take no part
-//   batch_isend_irecv(ops)
+//   reduce_scatter(in, out, op) in: the full tensor; out: this rank's torch.chunk of the reduction along dim
+//   0 broadcast(t, root)         t := root's t all_to_all(in, out)        in and out split in `size` equal
+//   dim-0 chunks; chunk j of in goes to rank j barrier() split(color, key)          sub-communicator of the
+//   ranks with the same color, ordered by key send(t, peer, tag)         point-to-point, as
+//   torch.distributed.send / recv / batch_isend_irecv: recv(t, peer, tag)         two ranks of this
+//   communicator, the others take no part batch_isend_irecv(ops)
 //
 // Every implementation reduces in rank order (sum over ranks 0..n-1 in acc_t, one rounding), so
 // results are bitwise the same on every rank, every run, and across the threads and mpi backends.
@@ -77,7 +75,8 @@ public:
     virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
     // split, where the caller knows the group it makes (this rank's place and the group's size, as
     // a mesh does): a simulated rank builds the group from that alone. Collective like split.
-    virtual std::unique_ptr<Communicator> split_known(int color, int key, int /*group_rank*/, int /*group_size*/) {
+    virtual std::unique_ptr<Communicator> split_known(int color, int key, int /*group_rank*/,
+                                                      int /*group_size*/) {
         return split(color, key);
     }
 
@@ -109,7 +108,6 @@ private:
 // Elements per dim-0 row, from the shape (so a tensor with zero rows still has a row size).
 int64_t row_numel(const Tensor& t);
 
-
 // reduce_scatter's contract: rank `index` of `parts` receives its chunk of in's dim-0 rows; out
 // must hold exactly that many rows (RuntimeError naming the shapes otherwise).
 struct RowChunk {
@@ -120,8 +118,8 @@ RowChunk reduce_scatter_rows(const Tensor& in, const Tensor& out, int parts, int
 
 // outs[k][i] = reduce over ranks r = 0..n-1 (in that order) of inputs[r][i], in acc_t<T>, one
 // rounding; the result is stored to every out (an out may alias an input at the same offset).
-void reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vector<void*>& outs, int64_t count,
-                          DType dtype, ReduceOp op);
+void reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vector<void*>& outs,
+                          int64_t count, DType dtype, ReduceOp op);
 
 // A collective's identity, compared across ranks before it runs: "all_reduce#10 float32 [16, 10]".
 struct CollectiveDesc {
@@ -136,7 +134,8 @@ struct CollectiveDesc {
     bool matches(const CollectiveDesc& other) const;
     std::string str() const;
 };
-CollectiveDesc describe(const char* op, const Tensor& t, int64_t sequence, int64_t root = -1, bool dim0_free = false);
+CollectiveDesc describe(const char* op, const Tensor& t, int64_t sequence, int64_t root = -1,
+                        bool dim0_free = false);
 CollectiveDesc describe(const char* op, int64_t sequence);  // no tensor: barrier, split, init
 
 }  // namespace ptool

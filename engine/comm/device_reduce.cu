@@ -21,7 +21,8 @@ __global__ void reduce_kernel(Pointers p, int n_in, int n_out, int64_t count, Re
         A acc = to_acc(static_cast<const D*>(p.in[0])[i]);
         for (int r = 1; r < n_in; ++r) {
             const A v = to_acc(static_cast<const D*>(p.in[r])[i]);
-            acc = op == ReduceOp::max ? (acc < v ? v : acc) : acc + v;  // std::max's NaN behaviour, as on the host
+            acc = op == ReduceOp::max ? (acc < v ? v : acc)
+                                      : acc + v;  // std::max's NaN behaviour, as on the host
         }
         if (op == ReduceOp::avg) acc /= A(n_in);
         const D result = from_acc<D>(acc);
@@ -33,8 +34,9 @@ __global__ void reduce_kernel(Pointers p, int n_in, int n_out, int64_t count, Re
 
 void device_reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vector<void*>& outs,
                                  int64_t count, DType dtype, ReduceOp op) {
-    PTOOL_REQUIRE(!inputs.empty() && inputs.size() <= kMaxDeviceReduceRanks && outs.size() <= kMaxDeviceReduceRanks,
-                  "cuda_local: {} ranks (at most {})", inputs.size(), kMaxDeviceReduceRanks);
+    PTOOL_REQUIRE(
+        !inputs.empty() && inputs.size() <= kMaxDeviceReduceRanks && outs.size() <= kMaxDeviceReduceRanks,
+        "cuda_local: {} ranks (at most {})", inputs.size(), kMaxDeviceReduceRanks);
     Pointers p{};
     for (size_t r = 0; r < inputs.size(); ++r) p.in[r] = inputs[r];
     for (size_t k = 0; k < outs.size(); ++k) p.out[k] = outs[k];

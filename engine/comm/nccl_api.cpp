@@ -23,15 +23,21 @@ cuda::LazyLibrary<NcclApi>& library() {
 
 }  // namespace
 
-const NcclApi* nccl_api() { return library().get(); }
+const NcclApi* nccl_api() {
+    return library().get();
+}
 
-const std::string& nccl_load_error() { return library().error(); }
+const std::string& nccl_load_error() {
+    return library().error();
+}
 
 std::string nccl_error_string(ncclResult_t result) {
     const NcclApi* api = nccl_api();
     if (!api) return fmt::format("ncclResult_t {}", static_cast<int>(result));
-    const char* last = api->last_error(nullptr);  // NCCL keeps the last error per thread; the comm argument is unused
-    return last && *last ? fmt::format("{} ({})", api->error_string(result), last) : api->error_string(result);
+    const char* last =
+        api->last_error(nullptr);  // NCCL keeps the last error per thread; the comm argument is unused
+    return last && *last ? fmt::format("{} ({})", api->error_string(result), last)
+                         : api->error_string(result);
 }
 
 }  // namespace ptool

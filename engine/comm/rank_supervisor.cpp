@@ -50,8 +50,9 @@ int supervised_exit(int status, const std::string& rank, const std::string& acti
     const std::string name = abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
     const std::string where = activity.empty() ? "before its first collective" : activity;
     if (forwarded_signal)
-        message = fmt::format("rank {} stopped by the launcher ({}) {}: another rank failed, or the job was cancelled",
-                              rank, name, where);
+        message = fmt::format(
+            "rank {} stopped by the launcher ({}) {}: another rank failed, or the job was cancelled", rank,
+            name, where);
     else
         message = fmt::format("rank {} was killed by signal {} ({}) {}", rank, sig, name, where);
     return 3;
@@ -59,7 +60,8 @@ int supervised_exit(int status, const std::string& rank, const std::string& acti
 
 std::optional<int> supervise_rank() {
     if (!launched()) return std::nullopt;
-    if (const char* off = std::getenv("PTOOL_NO_SUPERVISOR"); off && std::strcmp(off, "0") != 0) return std::nullopt;
+    if (const char* off = std::getenv("PTOOL_NO_SUPERVISOR"); off && std::strcmp(off, "0") != 0)
+        return std::nullopt;
     void* page = mmap(nullptr, activity_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (page == MAP_FAILED) return std::nullopt;  // unsupervised is still correct, only less informative
     shared_activity = static_cast<char*>(page);

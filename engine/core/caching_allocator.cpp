@@ -40,7 +40,8 @@ CachingAllocator::Block* CachingAllocator::take_cached(size_t size, uintptr_t st
     auto it = free_.lower_bound(&key);
     if (it == free_.end() || (*it)->stream != stream) return nullptr;
     Block* b = *it;
-    if (size <= kSmall && b->size - size > std::max(kSmall, size)) return nullptr;  // small: whole blocks, bounded waste
+    if (size <= kSmall && b->size - size > std::max(kSmall, size))
+        return nullptr;  // small: whole blocks, bounded waste
     free_.erase(it);
     return b;
 }
@@ -79,9 +80,10 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
             p = raw_.malloc(size);
         }
         if (!p)
-            throw RuntimeError(fmt::format("{} out of memory: tried to allocate {} bytes; {} bytes in use, {} reserved, "
-                                           "peak {} in use",
-                                           what_, size, stats_.in_use, stats_.reserved, stats_.peak_in_use));
+            throw RuntimeError(
+                fmt::format("{} out of memory: tried to allocate {} bytes; {} bytes in use, {} reserved, "
+                            "peak {} in use",
+                            what_, size, stats_.in_use, stats_.reserved, stats_.peak_in_use));
         ++stats_.driver_allocations;
         stats_.reserved += size;
         stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);

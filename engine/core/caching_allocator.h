@@ -24,8 +24,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <set>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 
 namespace ptool {
@@ -33,17 +33,17 @@ namespace ptool {
 class RawAllocator {
 public:
     virtual ~RawAllocator() = default;
-    virtual void* malloc(size_t bytes) = 0;  // nullptr when the device is out of memory
+    virtual void* malloc(size_t bytes) = 0;        // nullptr when the device is out of memory
     virtual void free(void* p, size_t bytes) = 0;  // bytes: as passed to malloc
 };
 
 struct AllocatorStats {
-    size_t in_use = 0;         // bytes of live blocks (rounded sizes)
+    size_t in_use = 0;  // bytes of live blocks (rounded sizes)
     size_t peak_in_use = 0;
-    size_t reserved = 0;       // bytes held from the driver: live + cached
+    size_t reserved = 0;  // bytes held from the driver: live + cached
     size_t peak_reserved = 0;
-    int64_t allocations = 0;   // requests served
-    int64_t cache_hits = 0;    // requests served from the cache
+    int64_t allocations = 0;  // requests served
+    int64_t cache_hits = 0;   // requests served from the cache
     int64_t driver_allocations = 0;
     int64_t driver_frees = 0;
 };
@@ -51,7 +51,8 @@ struct AllocatorStats {
 class CachingAllocator {
 public:
     static constexpr size_t kRound = 512;
-    static constexpr size_t kSmall = size_t{1} << 20;  // the largest small request; the most a split leaves unused
+    static constexpr size_t kSmall = size_t{1}
+                                     << 20;  // the largest small request; the most a split leaves unused
 
     // what: the memory's name in the out-of-memory message ("CUDA", "host")
     explicit CachingAllocator(RawAllocator& raw, const char* what = "CUDA") : raw_(raw), what_(what) {}
@@ -59,7 +60,9 @@ public:
     CachingAllocator(const CachingAllocator&) = delete;
     CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-    static size_t round_size(size_t bytes) { return bytes == 0 ? kRound : (bytes + kRound - 1) / kRound * kRound; }
+    static size_t round_size(size_t bytes) {
+        return bytes == 0 ? kRound : (bytes + kRound - 1) / kRound * kRound;
+    }
 
     void* allocate(size_t bytes, uintptr_t stream = 0);
     void release(void* p);  // p from allocate; nullptr is ignored

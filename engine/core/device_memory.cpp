@@ -10,15 +10,20 @@ namespace {
 std::atomic<DeviceMemory*> registered{nullptr};
 }  // namespace
 
-const char* device_name(Device d) { return d == Device::cpu ? "cpu" : d == Device::cuda ? "cuda" : "meta"; }
+const char* device_name(Device d) {
+    return d == Device::cpu ? "cpu" : d == Device::cuda ? "cuda" : "meta";
+}
 
-void register_device_memory(DeviceMemory* memory) { registered.store(memory); }
+void register_device_memory(DeviceMemory* memory) {
+    registered.store(memory);
+}
 
 DeviceMemory& device_memory() {
     DeviceMemory* m = registered.load();
     if (!m)
-        throw RuntimeError("a cuda tensor was used, but no CUDA device is available (this ptool was built without "
-                           "CUDA, or the CUDA backend was not selected with --device cuda)");
+        throw RuntimeError(
+            "a cuda tensor was used, but no CUDA device is available (this ptool was built without "
+            "CUDA, or the CUDA backend was not selected with --device cuda)");
     return *m;
 }
 
@@ -31,7 +36,8 @@ void copy_rows(void* dst, size_t dpitch, Device dst_device, const void* src, siz
             return;
         }
         for (size_t r = 0; r < height; ++r)
-            std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+            std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                        width);
         return;
     }
     device_memory().copy_2d(dst, dpitch, dst_device, src, spitch, src_device, width, height);

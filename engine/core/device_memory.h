@@ -36,7 +36,7 @@ public:
 };
 
 void register_device_memory(DeviceMemory* memory);  // the CUDA backend calls this once
-DeviceMemory& device_memory();                       // throws RuntimeError when none is registered
+DeviceMemory& device_memory();                      // throws RuntimeError when none is registered
 
 // Rows of bytes between any two devices (host memcpy when both are the host).
 void copy_rows(void* dst, size_t dpitch, Device dst_device, const void* src, size_t spitch, Device src_device,

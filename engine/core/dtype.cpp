@@ -6,50 +6,74 @@ namespace ptool {
 
 size_t dtype_size(DType dt) {
     switch (dt) {
-        case DType::float32: return 4;
-        case DType::float64: return 8;
-        case DType::bfloat16: return 2;
-        case DType::float16: return 2;
-        case DType::int64: return 8;
-        case DType::int32: return 4;
+        case DType::float32:
+            return 4;
+        case DType::float64:
+            return 8;
+        case DType::bfloat16:
+            return 2;
+        case DType::float16:
+            return 2;
+        case DType::int64:
+            return 8;
+        case DType::int32:
+            return 4;
     }
     return 0;
 }
 
 const char* dtype_name(DType dt) {
     switch (dt) {
-        case DType::float32: return "float32";
-        case DType::float64: return "float64";
-        case DType::bfloat16: return "bfloat16";
-        case DType::float16: return "float16";
-        case DType::int64: return "int64";
-        case DType::int32: return "int32";
+        case DType::float32:
+            return "float32";
+        case DType::float64:
+            return "float64";
+        case DType::bfloat16:
+            return "bfloat16";
+        case DType::float16:
+            return "float16";
+        case DType::int64:
+            return "int64";
+        case DType::int32:
+            return "int32";
     }
     return "?";
 }
 
 const char* dtype_safetensors_name(DType dt) {
     switch (dt) {
-        case DType::float32: return "F32";
-        case DType::float64: return "F64";
-        case DType::bfloat16: return "BF16";
-        case DType::float16: return "F16";
-        case DType::int64: return "I64";
-        case DType::int32: return "I32";
+        case DType::float32:
+            return "F32";
+        case DType::float64:
+            return "F64";
+        case DType::bfloat16:
+            return "BF16";
+        case DType::float16:
+            return "F16";
+        case DType::int64:
+            return "I64";
+        case DType::int32:
+            return "I32";
     }
     return "?";
 }
 
 double dtype_eps(DType dt) {
     switch (dt) {
-        case DType::float64: return 0x1p-52;
-        case DType::bfloat16: return 0x1p-7;
-        case DType::float16: return 0x1p-10;
-        default: return 0x1p-23;
+        case DType::float64:
+            return 0x1p-52;
+        case DType::bfloat16:
+            return 0x1p-7;
+        case DType::float16:
+            return 0x1p-10;
+        default:
+            return 0x1p-23;
     }
 }
 
-bool dtype_is_float(DType dt) { return dt != DType::int64 && dt != DType::int32; }
+bool dtype_is_float(DType dt) {
+    return dt != DType::int64 && dt != DType::int32;
+}
 
 DType parse_dtype(const std::string& name) {
     for (DType dt : {DType::float32, DType::float64, DType::bfloat16, DType::float16})
@@ -58,8 +82,8 @@ DType parse_dtype(const std::string& name) {
 }
 
 bool parse_safetensors_dtype(const std::string& name, DType* out) {
-    for (DType dt : {DType::float32, DType::float64, DType::bfloat16, DType::float16, DType::int64,
-                     DType::int32}) {
+    for (DType dt :
+         {DType::float32, DType::float64, DType::bfloat16, DType::float16, DType::int64, DType::int32}) {
         if (name == dtype_safetensors_name(dt)) {
             *out = dt;
             return true;
@@ -94,7 +118,7 @@ uint16_t float_to_half(float f) {
     std::memcpy(&u, &f, 4);
     uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
     uint32_t au = u & 0x7fffffffu;
-    if (au > 0x7f800000u) return sign | 0x7e00u;  // NaN
+    if (au > 0x7f800000u) return sign | 0x7e00u;   // NaN
     if (au >= 0x477ff000u) return sign | 0x7c00u;  // overflow (>= 65520 rounds to inf)
     if (au < 0x38800000u) {                        // subnormal or zero in half
         float a;

@@ -17,11 +17,11 @@ namespace ptool {
 enum class DType { float32, float64, bfloat16, float16, int64, int32 };
 
 size_t dtype_size(DType dt);
-const char* dtype_name(DType dt);             // "float32", as the model YAML spells it
+const char* dtype_name(DType dt);              // "float32", as the model YAML spells it
 const char* dtype_safetensors_name(DType dt);  // "F32", as safetensors headers spell it
 bool dtype_is_float(DType dt);
-double dtype_eps(DType dt);                    // torch.finfo(dtype).eps (floating dtypes)
-DType parse_dtype(const std::string& name);    // throws InputError naming the valid choices
+double dtype_eps(DType dt);                  // torch.finfo(dtype).eps (floating dtypes)
+DType parse_dtype(const std::string& name);  // throws InputError naming the valid choices
 bool parse_safetensors_dtype(const std::string& name, DType* out);
 
 struct bf16_t {
@@ -51,7 +51,7 @@ uint16_t float_to_half(float f);
 struct f16_t {
     uint16_t bits = 0;
     f16_t() = default;
-    f16_t(float f) : bits(float_to_half(f)) {}  // NOLINT
+    f16_t(float f) : bits(float_to_half(f)) {}              // NOLINT
     operator float() const { return half_to_float(bits); }  // NOLINT
 };
 
@@ -73,11 +73,16 @@ constexpr DType dtype_of() {
 template <class F>
 decltype(auto) dispatch_float(DType dt, F&& f) {
     switch (dt) {
-        case DType::float32: return f(float{});
-        case DType::float64: return f(double{});
-        case DType::bfloat16: return f(bf16_t{});
-        case DType::float16: return f(f16_t{});
-        default: break;
+        case DType::float32:
+            return f(float{});
+        case DType::float64:
+            return f(double{});
+        case DType::bfloat16:
+            return f(bf16_t{});
+        case DType::float16:
+            return f(f16_t{});
+        default:
+            break;
     }
     PTOOL_REQUIRE(false, "dtype {} is not a floating type", dtype_name(dt));
     return f(float{});

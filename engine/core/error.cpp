@@ -1,8 +1,8 @@
 #include "core/error.h"
 
-#include "core/check.h"
-
 #include <string_view>
+
+#include "core/check.h"
 
 namespace ptool {
 
@@ -13,7 +13,9 @@ std::string SourceLocation::str() const {
 }
 
 InputError::InputError(const SourceLocation& where, const std::string& message)
-    : std::runtime_error(where.file.empty() ? message : where.str() + ": " + message), where_(where), message_(message) {}
+    : std::runtime_error(where.file.empty() ? message : where.str() + ": " + message),
+      where_(where),
+      message_(message) {}
 
 void fail_invariant(const char* cond, const char* file, int line, const std::string& message) {
     throw std::logic_error(fmt::format("internal error at {}:{}: {} ({})", file, line, message, cond));
@@ -25,6 +27,8 @@ std::string check_failure_message(const char* stmt, const char* file, int line, 
     return fmt::format("{} failed at {}:{}: {}", stmt, where, line, error);
 }
 
-void throw_check_failure(const std::string& message) { throw RuntimeError(message); }
+void throw_check_failure(const std::string& message) {
+    throw RuntimeError(message);
+}
 
 }  // namespace ptool

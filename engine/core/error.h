@@ -31,7 +31,7 @@ class InputError : public std::runtime_error {
 public:
     InputError(const SourceLocation& where, const std::string& message);
     explicit InputError(const std::string& message) : std::runtime_error(message), message_(message) {}
-    const SourceLocation& where() const { return where_; }  // file "": unknown
+    const SourceLocation& where() const { return where_; }   // file "": unknown
     const std::string& message() const { return message_; }  // without the location
 
 private:
@@ -62,7 +62,7 @@ private:
 
 }  // namespace ptool
 
-#define PTOOL_REQUIRE(cond, ...)                                                                \
-    do {                                                                                       \
+#define PTOOL_REQUIRE(cond, ...)                                                                   \
+    do {                                                                                           \
         if (!(cond)) ::ptool::fail_invariant(#cond, __FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
     } while (0)

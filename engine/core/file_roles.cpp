@@ -24,10 +24,12 @@ struct Identity {
 // exists (a folder that is not there: the command's own checks say so).
 std::optional<Identity> identity(const std::string& path) {
     struct stat st {};
-    if (::stat(path.c_str(), &st) == 0) return Identity{st.st_dev, st.st_ino, "", !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)};
+    if (::stat(path.c_str(), &st) == 0)
+        return Identity{st.st_dev, st.st_ino, "", !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)};
     std::error_code ec;
     fs::path at(path);
-    for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(at, ec)); ++hops) {  // a dangling link: its target
+    for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(at, ec));
+         ++hops) {  // a dangling link: its target
         const fs::path to = fs::read_symlink(at, ec);
         if (ec) return std::nullopt;
         at = to.is_absolute() ? to : at.parent_path() / to;
@@ -56,14 +58,17 @@ void FileRoles::check() const {
         if (!entries_[i].output || !ids[i]) continue;
         for (size_t j = 0; j < entries_.size(); ++j) {
             if (j == i || !ids[j] || !ids[i]->same(*ids[j])) continue;
-            if (entries_[j].output && (j > i || ids[i]->written_through)) continue;  // /dev/null twice replaces nothing
+            if (entries_[j].output && (j > i || ids[i]->written_through))
+                continue;  // /dev/null twice replaces nothing
             const Entry &out = entries_[i], &other = entries_[j];
             const std::string same = out.path == other.path ? "" : fmt::format(" ('{}')", other.path);
-            const std::string why = other.output ? fmt::format("{} and {} name the same file{}: each output needs its own",
-                                                               other.role, out.role, same)
-                                                 : fmt::format("{} names the same file as the input {}{}: it would replace it; write "
-                                                               "elsewhere",
-                                                               out.role, other.role, same);
+            const std::string why =
+                other.output ? fmt::format("{} and {} name the same file{}: each output needs its own",
+                                           other.role, out.role, same)
+                             : fmt::format(
+                                   "{} names the same file as the input {}{}: it would replace it; write "
+                                   "elsewhere",
+                                   out.role, other.role, same);
             throw InputError(SourceLocation{out.path, 0, 0}, why);
         }
     }

@@ -21,13 +21,17 @@ namespace ptool {
 namespace fs = std::filesystem;
 namespace {
 
-[[noreturn]] void refuse(const std::string& path, const std::string& msg) { throw InputError(SourceLocation{path, 0, 0}, msg); }
+[[noreturn]] void refuse(const std::string& path, const std::string& msg) {
+    throw InputError(SourceLocation{path, 0, 0}, msg);
+}
 
 // Descriptor limits and memory are resources (exit 3); a path that is not there is bad input.
 [[noreturn]] void open_failed(const std::string& path, int err, const char* what) {
     if (err == EMFILE || err == ENFILE || err == ENOMEM)
-        throw RuntimeError(fmt::format("{}: cannot open the file {}: {} (a resource ran out)", path, what, std::strerror(err)));
-    refuse(path, err == ENOENT ? std::string("no such file") : fmt::format("cannot open the file {}: {}", what, std::strerror(err)));
+        throw RuntimeError(fmt::format("{}: cannot open the file {}: {} (a resource ran out)", path, what,
+                                       std::strerror(err)));
+    refuse(path, err == ENOENT ? std::string("no such file")
+                               : fmt::format("cannot open the file {}: {}", what, std::strerror(err)));
 }
 
 // The regular files read_file has read, by identity (device, inode): write_file does not replace
@@ -37,7 +41,8 @@ std::set<std::pair<dev_t, ino_t>> g_read;
 
 void refuse_nul(const std::string& path) {
     if (path.find('\0') != std::string::npos)
-        throw InputError(fmt::format("a file name with a NUL byte ('{}'): no file has one", path.substr(0, path.find('\0'))));
+        throw InputError(fmt::format("a file name with a NUL byte ('{}'): no file has one",
+                                     path.substr(0, path.find('\0'))));
 }
 
 void write_all(int fd, const std::string& bytes, const std::string& path) {
@@ -45,7 +50,9 @@ void write_all(int fd, const std::string& bytes, const std::string& path) {
     while (done < bytes.size()) {
         const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) throw RuntimeError(fmt::format("{}: write failed: {}", path, std::strerror(n < 0 ? errno : ENOSPC)));
+        if (n <= 0)
+            throw RuntimeError(
+                fmt::format("{}: write failed: {}", path, std::strerror(n < 0 ? errno : ENOSPC)));
         done += static_cast<size_t>(n);
     }
 }
@@ -64,7 +71,8 @@ void write_through(const std::string& path, const std::string& bytes) {
         ::close(fd);
         throw;
     }
-    if (::close(fd) != 0 && errno != EINTR) throw RuntimeError(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
+    if (::close(fd) != 0 && errno != EINTR)
+        throw RuntimeError(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
 }
 
 // A regular file, or a path that does not exist yet: temp file, fsync, rename.
@@ -78,7 +86,8 @@ void write_atomic(const std::string& path, const std::string& bytes) {
         const std::string name = entry.path().filename().string();
         if (name.rfind(prefix, 0) != 0) continue;
         const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-        if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(entry.path(), ec);
+        if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+            fs::remove(entry.path(), ec);
     }
     const std::string tmpl = (dir / fmt::format("{}{}-XXXXXX", prefix, ::getpid())).string();
     std::vector<char> buf(tmpl.begin(), tmpl.end());
@@ -104,9 +113,11 @@ void write_atomic(const std::string& path, const std::string& bytes) {
         ::close(fd);
         fail(e.what());
     }
-    if (::fsync(fd) != 0 || ::close(fd) != 0) fail(fmt::format("{}: flush failed: {}", path, std::strerror(errno)));
+    if (::fsync(fd) != 0 || ::close(fd) != 0)
+        fail(fmt::format("{}: flush failed: {}", path, std::strerror(errno)));
     ::chmod(tmp.c_str(), 0644);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(fmt::format("{}: rename failed: {}", path, std::strerror(errno)));
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+        fail(fmt::format("{}: rename failed: {}", path, std::strerror(errno)));
     untrack_temp(slot);
 }
 
@@ -117,19 +128,23 @@ std::string read_file(const std::string& path, size_t max_bytes, size_t max_stre
     const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) open_failed(path, errno, "");
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode) || S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode)) {
+    if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode) || S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ||
+        S_ISSOCK(st.st_mode)) {
         ::close(fd);
-        refuse(path, S_ISDIR(st.st_mode)                         ? "is a directory, not a file"
-                     : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "is a device, not a file (ptool reads files and pipes)"
-                     : S_ISSOCK(st.st_mode)                       ? "is a socket, not a file"
-                                                                  : "cannot read the file");
+        refuse(path, S_ISDIR(st.st_mode) ? "is a directory, not a file"
+                     : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)
+                         ? "is a device, not a file (ptool reads files and pipes)"
+                     : S_ISSOCK(st.st_mode) ? "is a socket, not a file"
+                                            : "cannot read the file");
     }
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // a FIFO with no writer has read as empty
     if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes) {
         ::close(fd);
-        throw InputError(SourceLocation{path, 1, 1}, fmt::format("file is {} bytes, over the limit of {}", st.st_size, max_bytes));
+        throw InputError(SourceLocation{path, 1, 1},
+                         fmt::format("file is {} bytes, over the limit of {}", st.st_size, max_bytes));
     }
-    if (!S_ISREG(st.st_mode)) max_bytes = std::min(max_bytes, max_stream_bytes);  // a pipe says nothing of its size
+    if (!S_ISREG(st.st_mode))
+        max_bytes = std::min(max_bytes, max_stream_bytes);  // a pipe says nothing of its size
     else {
         std::lock_guard lock(g_read_mutex);
         g_read.emplace(st.st_dev, st.st_ino);
@@ -147,7 +162,9 @@ std::string read_file(const std::string& path, size_t max_bytes, size_t max_stre
         if (n == 0) break;
         if (out.size() + static_cast<size_t>(n) > max_bytes) {
             ::close(fd);
-            refuse(path, fmt::format("reads more than {} bytes without ending (a device or a stream, not a file?)", max_bytes));
+            refuse(path,
+                   fmt::format("reads more than {} bytes without ending (a device or a stream, not a file?)",
+                               max_bytes));
         }
         out.append(chunk, static_cast<size_t>(n));
     }
@@ -162,14 +179,16 @@ void check_output(const std::string& path, bool overwrite) {
     if (::stat(path.c_str(), &st) == 0) {  // follows a symlink to what would be written
         if (S_ISDIR(st.st_mode)) refuse(path, "is a directory: name a file to write");
         if (S_ISREG(st.st_mode) && !overwrite) refuse(path, "file exists (use --force to replace it)");
-        if (S_ISREG(st.st_mode) && ::access(path.c_str(), W_OK) != 0) refuse(path, "the file is not writable");
+        if (S_ISREG(st.st_mode) && ::access(path.c_str(), W_OK) != 0)
+            refuse(path, "the file is not writable");
         return;
     }
     const fs::path target(path);
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) refuse(path, fmt::format("the folder '{}' does not exist", dir.string()));
-    if (::access(dir.c_str(), W_OK) != 0) refuse(path, fmt::format("the folder '{}' is not writable", dir.string()));
+    if (::access(dir.c_str(), W_OK) != 0)
+        refuse(path, fmt::format("the folder '{}' is not writable", dir.string()));
 }
 
 void release_input(const std::string& path) {
@@ -183,10 +202,13 @@ void write_file(const std::string& path, const std::string& bytes, bool overwrit
     refuse_nul(path);
     std::string at = path;
     struct stat st {};
-    for (int hops = 0; ::lstat(at.c_str(), &st) == 0 && S_ISLNK(st.st_mode); ++hops) {  // write the target, keep the link
+    for (int hops = 0; ::lstat(at.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+         ++hops) {  // write the target, keep the link
         std::error_code ec;
         const fs::path link(at), to = fs::read_symlink(link, ec);
-        if (ec || hops == 40) refuse(path, ec ? fmt::format("cannot read the symlink: {}", ec.message()) : std::string("a loop of symlinks"));
+        if (ec || hops == 40)
+            refuse(path, ec ? fmt::format("cannot read the symlink: {}", ec.message())
+                            : std::string("a loop of symlinks"));
         at = (to.is_absolute() ? to : link.parent_path() / to).string();
     }
     if (at != path) return write_file(at, bytes, overwrite);

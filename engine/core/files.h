@@ -13,8 +13,8 @@
 // file `.NAME.tmp-PID-XXXXXX` in the same folder, written, fsync'ed, renamed over NAME; on SIGINT,
 // SIGTERM or SIGHUP the temporary file is removed (core/temp_paths.h; SIGKILL cannot be caught: the
 // next write to the same path removes temp files whose writer is gone). A symlink is followed and
-// its target written that way; a device, FIFO or socket is written through (/dev/null, /dev/stdout). A write that fails (disk full, EIO) is a RuntimeError
-// naming the file (exit 3); the target is never partial.
+// its target written that way; a device, FIFO or socket is written through (/dev/null, /dev/stdout). A write
+// that fails (disk full, EIO) is a RuntimeError naming the file (exit 3); the target is never partial.
 #pragma once
 
 #include <cstdint>

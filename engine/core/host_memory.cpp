@@ -47,7 +47,8 @@ public:
     static size_t mapped_size(size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
     void* malloc(size_t bytes) override {
         const size_t size = mapped_size(bytes);
-        void* raw = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void* raw =
+            mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (raw == MAP_FAILED) return nullptr;
         const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
         const uintptr_t aligned = (base + kHugePage - 1) & ~uintptr_t{kHugePage - 1};
@@ -90,7 +91,9 @@ void host_release(void* p, size_t bytes) {
     if (s.reserved - s.in_use > std::max(kMinCachedUnused, s.in_use)) cache.empty_cache();
 }
 
-AllocatorStats host_block_stats() { return large_blocks().stats(); }
+AllocatorStats host_block_stats() {
+    return large_blocks().stats();
+}
 
 int64_t available_host_memory() {
     std::FILE* f = std::fopen("/proc/meminfo", "r");

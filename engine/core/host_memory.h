@@ -22,6 +22,6 @@ namespace ptool {
 void* host_allocate(size_t bytes, bool zero);
 void host_release(void* p, size_t bytes);
 AllocatorStats host_block_stats();  // the large blocks' counters
-int64_t available_host_memory();     // /proc/meminfo's MemAvailable in bytes; 0 when unknown
+int64_t available_host_memory();    // /proc/meminfo's MemAvailable in bytes; 0 when unknown
 
 }  // namespace ptool

@@ -31,8 +31,10 @@ constexpr int64_t kMaxSize = int64_t{1} << 40;  // as the YAML reader's sizes
 JsonDocument::Pos position_of(const std::string& text, size_t at) {
     JsonDocument::Pos p{1, 1};
     for (size_t i = 0; i < at && i < text.size(); ++i) {
-        if (text[i] == '\n') ++p.line, p.column = 1;
-        else if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) ++p.column;
+        if (text[i] == '\n')
+            ++p.line, p.column = 1;
+        else if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80)
+            ++p.column;
     }
     return p;
 }
@@ -44,14 +46,17 @@ void check_depth(const std::string& text, const std::string& name, int max_depth
     for (size_t i = 0; i < text.size(); ++i) {
         const char c = text[i];
         if (in_string) {
-            if (c == '\\') ++i;
-            else if (c == '"') in_string = false;
+            if (c == '\\')
+                ++i;
+            else if (c == '"')
+                in_string = false;
         } else if (c == '"') {
             in_string = true;
         } else if (c == '[' || c == '{') {
             if (++depth > max_depth) {
                 const auto p = position_of(text, i);
-                throw InputError(SourceLocation{name, p.line, p.column}, fmt::format("nesting deeper than {} levels", max_depth));
+                throw InputError(SourceLocation{name, p.line, p.column},
+                                 fmt::format("nesting deeper than {} levels", max_depth));
             }
         } else if (c == ']' || c == '}') {
             depth = std::max(0, depth - 1);
@@ -66,7 +71,8 @@ size_t error_at(const std::string& text, size_t byte) {
     size_t p = std::min(byte, text.size());
     p = p > 0 ? p - 1 : 0;
     auto number_char = [](char c) {
-        return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
+        return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == 'E' || c == '+' ||
+               c == '-';
     };
     if (p < text.size() && std::isdigit(static_cast<unsigned char>(text[p])))
         while (p > 0 && number_char(text[p - 1])) --p;
@@ -92,8 +98,10 @@ struct PositionScan {
     JsonDocument::Pos at{1, 1};
 
     void advance() {
-        if (s[i] == '\n') ++at.line, at.column = 1;
-        else if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) ++at.column;
+        if (s[i] == '\n')
+            ++at.line, at.column = 1;
+        else if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80)
+            ++at.column;
         ++i;
     }
     void skip_ws() {
@@ -143,7 +151,8 @@ struct PositionScan {
         } else if (s[i] == '"') {
             string_token();
         } else {
-            while (i < s.size() && std::string_view(",]} \t\r\n").find(s[i]) == std::string_view::npos) advance();
+            while (i < s.size() && std::string_view(",]} \t\r\n").find(s[i]) == std::string_view::npos)
+                advance();
         }
     }
 };
@@ -155,14 +164,18 @@ std::optional<std::pair<size_t, std::string>> first_duplicate_key(const std::str
     std::vector<std::pair<bool, std::set<std::string>>> open;  // per open bracket: an object?, its keys
     for (size_t i = 0; i < s.size(); ++i) {
         const char c = s[i];
-        if (c == '{' || c == '[') open.push_back({c == '{', {}});
-        else if ((c == '}' || c == ']') && !open.empty()) open.pop_back();
+        if (c == '{' || c == '[')
+            open.push_back({c == '{', {}});
+        else if ((c == '}' || c == ']') && !open.empty())
+            open.pop_back();
         else if (c == '"') {
             const size_t begin = i;
             for (++i; i < s.size() && s[i] != '"'; ++i)
                 if (s[i] == '\\') ++i;
             size_t next = i + 1;
-            while (next < s.size() && (s[next] == ' ' || s[next] == '\t' || s[next] == '\n' || s[next] == '\r')) ++next;
+            while (next < s.size() &&
+                   (s[next] == ' ' || s[next] == '\t' || s[next] == '\n' || s[next] == '\r'))
+                ++next;
             if (next >= s.size() || s[next] != ':' || open.empty() || !open.back().first) continue;
             std::string key = Json::parse(s.substr(begin, i + 1 - begin)).get<std::string>();
             if (!open.back().second.insert(key).second) return std::pair{begin, std::move(key)};
@@ -178,43 +191,60 @@ std::string shown(const Json& v) {
 
 }  // namespace
 
-const std::string& JsonNode::file() const { return doc_->file; }
+const std::string& JsonNode::file() const {
+    return doc_->file;
+}
 
 SourceLocation JsonNode::where() const {
     auto it = doc_->value_pos.find(value_);
-    return it == doc_->value_pos.end() ? SourceLocation{doc_->file, 0, 0} : SourceLocation{doc_->file, it->second.line, it->second.column};
+    return it == doc_->value_pos.end() ? SourceLocation{doc_->file, 0, 0}
+                                       : SourceLocation{doc_->file, it->second.line, it->second.column};
 }
 
 SourceLocation JsonNode::key_where() const {
     auto it = doc_->key_pos.find(value_);
-    return it == doc_->key_pos.end() ? where() : SourceLocation{doc_->file, it->second.line, it->second.column};
+    return it == doc_->key_pos.end() ? where()
+                                     : SourceLocation{doc_->file, it->second.line, it->second.column};
 }
 
-void JsonNode::fail(const std::string& message) const { throw InputError(where(), message); }
+void JsonNode::fail(const std::string& message) const {
+    throw InputError(where(), message);
+}
 
 const char* JsonNode::type_name() const {
     switch (value_->type()) {
-        case Json::value_t::object: return "an object";
-        case Json::value_t::array: return "an array";
-        case Json::value_t::string: return "a string";
-        case Json::value_t::boolean: return "a boolean";
+        case Json::value_t::object:
+            return "an object";
+        case Json::value_t::array:
+            return "an array";
+        case Json::value_t::string:
+            return "a string";
+        case Json::value_t::boolean:
+            return "a boolean";
         case Json::value_t::number_integer:
-        case Json::value_t::number_unsigned: return "an integer";
-        case Json::value_t::number_float: return "a number with a fraction or exponent";
-        case Json::value_t::null: return "null";
-        default: return "a value";
+        case Json::value_t::number_unsigned:
+            return "an integer";
+        case Json::value_t::number_float:
+            return "a number with a fraction or exponent";
+        case Json::value_t::null:
+            return "null";
+        default:
+            return "a value";
     }
 }
 
 std::string JsonNode::as_string(const std::string& what) const {
-    if (!value_->is_string()) fail(fmt::format("{} must be a string, got {} ({})", what, type_name(), shown(*value_)));
+    if (!value_->is_string())
+        fail(fmt::format("{} must be a string, got {} ({})", what, type_name(), shown(*value_)));
     return value_->get<std::string>();
 }
 
 int64_t JsonNode::as_int(const std::string& what) const {
-    if (value_->is_number_unsigned() && value_->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    if (value_->is_number_unsigned() &&
+        value_->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
         fail(fmt::format("{} is too large: {}", what, shown(*value_)));
-    if (!value_->is_number_integer()) fail(fmt::format("{} must be an integer, got {} ({})", what, type_name(), shown(*value_)));
+    if (!value_->is_number_integer())
+        fail(fmt::format("{} must be an integer, got {} ({})", what, type_name(), shown(*value_)));
     return value_->get<int64_t>();
 }
 
@@ -226,14 +256,16 @@ int64_t JsonNode::as_positive_int(const std::string& what) const {
 }
 
 double JsonNode::as_number(const std::string& what) const {
-    if (!value_->is_number()) fail(fmt::format("{} must be a number, got {} ({})", what, type_name(), shown(*value_)));
+    if (!value_->is_number())
+        fail(fmt::format("{} must be a number, got {} ({})", what, type_name(), shown(*value_)));
     const double v = value_->get<double>();
     if (!std::isfinite(v)) fail(fmt::format("{} must be a finite number, got {}", what, shown(*value_)));
     return v;
 }
 
 bool JsonNode::as_bool(const std::string& what) const {
-    if (!value_->is_boolean()) fail(fmt::format("{} must be true or false, got {} ({})", what, type_name(), shown(*value_)));
+    if (!value_->is_boolean())
+        fail(fmt::format("{} must be true or false, got {} ({})", what, type_name(), shown(*value_)));
     return value_->get<bool>();
 }
 
@@ -247,7 +279,8 @@ std::vector<JsonNode> JsonNode::items(const std::string& what) const {
 std::vector<std::pair<std::string, JsonNode>> JsonNode::members(const std::string& what) const {
     if (!value_->is_object()) fail(fmt::format("{} must be an object, got {}", what, type_name()));
     std::vector<std::pair<std::string, JsonNode>> out;
-    for (auto it = value_->begin(); it != value_->end(); ++it) out.emplace_back(it.key(), JsonNode(doc_, &it.value()));
+    for (auto it = value_->begin(); it != value_->end(); ++it)
+        out.emplace_back(it.key(), JsonNode(doc_, &it.value()));
     return out;
 }
 
@@ -265,12 +298,14 @@ JsonNode JsonNode::at(const std::string& key) const {
 
 JsonNode load_json_text(const std::string& text, const std::string& name, const JsonLimits& limits) {
     if (text.size() > limits.max_bytes)
-        throw InputError(SourceLocation{name, 1, 1}, fmt::format("file is {} bytes, over the limit of {}", text.size(), limits.max_bytes));
+        throw InputError(SourceLocation{name, 1, 1}, fmt::format("file is {} bytes, over the limit of {}",
+                                                                 text.size(), limits.max_bytes));
     // nlohmann ends its input at a NUL byte (for C strings): "{...}\0anything" would parse as the
     // part before it (found by fuzz_hf_config). JSON text holds no raw NUL, in a string or outside.
     if (const size_t nul = text.find('\0'); nul != std::string::npos) {
         const auto p = position_of(text, nul);
-        throw InputError(SourceLocation{name, p.line, p.column}, "not strict JSON: a NUL byte (inside a string, write \\u0000)");
+        throw InputError(SourceLocation{name, p.line, p.column},
+                         "not strict JSON: a NUL byte (inside a string, write \\u0000)");
     }
     check_depth(text, name, limits.max_depth);
     auto doc = std::make_shared<JsonDocument>();
@@ -283,19 +318,23 @@ JsonNode load_json_text(const std::string& text, const std::string& name, const 
     } catch (const Json::exception& e) {  // a number beyond double's range ("1e400"): at the literal
         const std::string what = e.what();
         const size_t q = what.find('\''), q2 = q == std::string::npos ? q : what.find('\'', q + 1);
-        const size_t at = q2 == std::string::npos ? std::string::npos : text.find(what.substr(q + 1, q2 - q - 1));
+        const size_t at =
+            q2 == std::string::npos ? std::string::npos : text.find(what.substr(q + 1, q2 - q - 1));
         const auto p = position_of(text, at == std::string::npos ? 0 : at);
-        throw InputError(SourceLocation{name, p.line, p.column},
-                         fmt::format("a number must be a finite number: {}", what.substr(what.find(']') + 2)));
+        throw InputError(
+            SourceLocation{name, p.line, p.column},
+            fmt::format("a number must be a finite number: {}", what.substr(what.find(']') + 2)));
     }
     // Both passes walk text nlohmann accepted, so their tokens parse; were one not to, it is still
     // this file that is not JSON ptool reads (exit 2), never an exception that ends the process.
     try {
         if (const auto dup = first_duplicate_key(text)) {
             const auto p = position_of(text, dup->first);
-            throw InputError(SourceLocation{name, p.line, p.column},
-                             fmt::format("duplicate key {} (JSON leaves which one counts undefined; Python keeps the last)",
-                                         Json(dup->second).dump()));
+            throw InputError(
+                SourceLocation{name, p.line, p.column},
+                fmt::format(
+                    "duplicate key {} (JSON leaves which one counts undefined; Python keeps the last)",
+                    Json(dup->second).dump()));
         }
         PositionScan scan{text, *doc};
         if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) scan.i = 3;  // a BOM, which nlohmann skips too

@@ -10,9 +10,8 @@
 // (which Python's json keeps the last of, silently) are refused; size and nesting are bounded.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,7 +29,8 @@ struct JsonDocument;  // the parsed value and every value's and key's position
 
 class JsonNode {
 public:
-    JsonNode(std::shared_ptr<const JsonDocument> doc, const nlohmann::ordered_json* value) : doc_(std::move(doc)), value_(value) {}
+    JsonNode(std::shared_ptr<const JsonDocument> doc, const nlohmann::ordered_json* value)
+        : doc_(std::move(doc)), value_(value) {}
 
     const nlohmann::ordered_json& value() const { return *value_; }
     const std::string& file() const;
@@ -43,13 +43,14 @@ public:
     bool is_null() const { return value_->is_null(); }
     const char* type_name() const;  // "an object", "a string", "an integer", ... for messages
 
-    std::string as_string(const std::string& what) const;  // a JSON string
-    int64_t as_int(const std::string& what) const;          // a JSON integer (no fraction or exponent)
-    int64_t as_positive_int(const std::string& what) const; // in [1, 2^40]
-    double as_number(const std::string& what) const;        // a finite JSON number
-    bool as_bool(const std::string& what) const;            // true or false, not "false" nor 0
-    std::vector<JsonNode> items(const std::string& what) const;                        // an array's elements
-    std::vector<std::pair<std::string, JsonNode>> members(const std::string& what) const;  // an object's, in file order
+    std::string as_string(const std::string& what) const;        // a JSON string
+    int64_t as_int(const std::string& what) const;               // a JSON integer (no fraction or exponent)
+    int64_t as_positive_int(const std::string& what) const;      // in [1, 2^40]
+    double as_number(const std::string& what) const;             // a finite JSON number
+    bool as_bool(const std::string& what) const;                 // true or false, not "false" nor 0
+    std::vector<JsonNode> items(const std::string& what) const;  // an array's elements
+    std::vector<std::pair<std::string, JsonNode>> members(
+        const std::string& what) const;                         // an object's, in file order
     std::optional<JsonNode> get(const std::string& key) const;  // an object's member, if present
     JsonNode at(const std::string& key) const;                  // required
 

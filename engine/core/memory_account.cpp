@@ -10,11 +10,14 @@ thread_local const std::string* t_phase_fqn = nullptr;
 thread_local char t_phase_pass = 0;
 }  // namespace
 
-MemoryPhaseScope::MemoryPhaseScope(const std::string& fqn, char pass) : saved_fqn_(t_phase_fqn), saved_pass_(t_phase_pass) {
+MemoryPhaseScope::MemoryPhaseScope(const std::string& fqn, char pass)
+    : saved_fqn_(t_phase_fqn), saved_pass_(t_phase_pass) {
     t_phase_fqn = &fqn, t_phase_pass = pass;
 }
 
-MemoryPhaseScope::~MemoryPhaseScope() { t_phase_fqn = saved_fqn_, t_phase_pass = saved_pass_; }
+MemoryPhaseScope::~MemoryPhaseScope() {
+    t_phase_fqn = saved_fqn_, t_phase_pass = saved_pass_;
+}
 
 void MemoryAccount::track_phases() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -29,16 +32,26 @@ std::map<std::string, int64_t> MemoryAccount::phase_peaks() const {
 
 const char* memory_use_name(MemoryUse u) {
     switch (u) {
-        case MemoryUse::parameters: return "parameters";
-        case MemoryUse::gradients: return "gradients";
-        case MemoryUse::optimizer: return "optimizer";
-        case MemoryUse::activations: return "activations";
-        case MemoryUse::communication: return "communication";
-        case MemoryUse::fsdp_unsharded: return "fsdp_unsharded";
-        case MemoryUse::buckets: return "buckets";
-        case MemoryUse::mixed_precision: return "mixed_precision";
-        case MemoryUse::batch: return "batch";
-        default: return "other";
+        case MemoryUse::parameters:
+            return "parameters";
+        case MemoryUse::gradients:
+            return "gradients";
+        case MemoryUse::optimizer:
+            return "optimizer";
+        case MemoryUse::activations:
+            return "activations";
+        case MemoryUse::communication:
+            return "communication";
+        case MemoryUse::fsdp_unsharded:
+            return "fsdp_unsharded";
+        case MemoryUse::buckets:
+            return "buckets";
+        case MemoryUse::mixed_precision:
+            return "mixed_precision";
+        case MemoryUse::batch:
+            return "batch";
+        default:
+            return "other";
     }
 }
 
@@ -85,14 +98,24 @@ MemoryScope::MemoryScope(std::shared_ptr<MemoryAccount> account) : saved_(std::m
     t_account = std::move(account);
 }
 
-MemoryScope::~MemoryScope() { t_account = std::move(saved_); }
+MemoryScope::~MemoryScope() {
+    t_account = std::move(saved_);
+}
 
-MemoryUseScope::MemoryUseScope(MemoryUse use) : saved_(t_use) { t_use = use; }
+MemoryUseScope::MemoryUseScope(MemoryUse use) : saved_(t_use) {
+    t_use = use;
+}
 
-MemoryUseScope::~MemoryUseScope() { t_use = saved_; }
+MemoryUseScope::~MemoryUseScope() {
+    t_use = saved_;
+}
 
-std::shared_ptr<MemoryAccount> current_memory_account() { return t_account; }
+std::shared_ptr<MemoryAccount> current_memory_account() {
+    return t_account;
+}
 
-MemoryUse current_memory_use() { return t_use; }
+MemoryUse current_memory_use() {
+    return t_use;
+}
 
 }  // namespace ptool

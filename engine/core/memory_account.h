@@ -22,15 +22,15 @@ namespace ptool {
 
 // What a tensor is for, as the code that allocates it declares (MemoryUseScope); `other` by default.
 enum class MemoryUse {
-    parameters,      // model parameters (TP-local, fully_shard's shards) and buffers
-    gradients,       // their gradients
-    optimizer,       // optimizer state (momentum, AdamW's two moments)
-    activations,     // forward and backward: what modules save and their temporaries
-    communication,   // redistribution buffers, gathered and packed tensors
-    fsdp_unsharded,  // fully_shard's gathered parameters and their full gradients
-    buckets,         // DDP's flat gradient buckets
-    mixed_precision, // the compute copies of the parameters and their gradients
-    batch,           // the step's data
+    parameters,       // model parameters (TP-local, fully_shard's shards) and buffers
+    gradients,        // their gradients
+    optimizer,        // optimizer state (momentum, AdamW's two moments)
+    activations,      // forward and backward: what modules save and their temporaries
+    communication,    // redistribution buffers, gathered and packed tensors
+    fsdp_unsharded,   // fully_shard's gathered parameters and their full gradients
+    buckets,          // DDP's flat gradient buckets
+    mixed_precision,  // the compute copies of the parameters and their gradients
+    batch,            // the step's data
     other,
     count_
 };
@@ -92,6 +92,7 @@ public:
     ~MemoryPhaseScope();
     MemoryPhaseScope(const MemoryPhaseScope&) = delete;
     MemoryPhaseScope& operator=(const MemoryPhaseScope&) = delete;
+
 private:
     const std::string* saved_fqn_;
     char saved_pass_;

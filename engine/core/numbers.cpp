@@ -12,7 +12,8 @@ namespace ptool {
 std::optional<int64_t> parse_whole_int(const std::string& s) {
     if (s.empty()) return std::nullopt;
     const size_t sign = s[0] == '-', digits = s.size() - sign;
-    if (digits == 0 || digits > 19 || s.find_first_not_of("0123456789", sign) != std::string::npos) return std::nullopt;
+    if (digits == 0 || digits > 19 || s.find_first_not_of("0123456789", sign) != std::string::npos)
+        return std::nullopt;
     errno = 0;
     char* end = nullptr;
     const long long v = std::strtoll(s.c_str(), &end, 10);

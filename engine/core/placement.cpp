@@ -18,14 +18,19 @@ bool Placement::same_as(const Placement& o, int64_t ndim) const {
 
 std::string Placement::str() const {
     switch (kind) {
-        case Kind::replicate: return "Replicate()";
-        case Kind::shard: return fmt::format("Shard({})", dim);
-        case Kind::partial: return "Partial(sum)";
+        case Kind::replicate:
+            return "Replicate()";
+        case Kind::shard:
+            return fmt::format("Shard({})", dim);
+        case Kind::partial:
+            return "Partial(sum)";
     }
     return "?";
 }
 
-Placement grad_placement(const Placement& p) { return p.is_partial() ? Placement::replicate() : p; }
+Placement grad_placement(const Placement& p) {
+    return p.is_partial() ? Placement::replicate() : p;
+}
 
 bool parse_placement(const std::string& text, Placement* out) {
     static const std::regex shard_re(R"(^\s*shard\(\s*(-?\d{1,2})\s*\)\s*$)", std::regex::icase);
@@ -45,7 +50,8 @@ Shape local_shape(const Shape& global, const Placement& p, int parts, int index)
 }
 
 std::string Layout::str() const {
-    return fmt::format("{} {}", shape_str(global), p.is_shard() ? p.normalized(static_cast<int64_t>(global.size())).str() : p.str());
+    return fmt::format("{} {}", shape_str(global),
+                       p.is_shard() ? p.normalized(static_cast<int64_t>(global.size())).str() : p.str());
 }
 
 }  // namespace ptool

@@ -13,7 +13,9 @@ Progress& Progress::get() {
     return p;
 }
 
-double Progress::elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+double Progress::elapsed() const {
+    return std::chrono::duration<double>(Clock::now() - start_).count();
+}
 
 void Progress::start(bool live) {
     active_ = true, live_ = live && spdlog::should_log(spdlog::level::info);
@@ -52,16 +54,21 @@ void Progress::finish() {
     end_phase();
     double sum = 0;
     std::string parts;
-    for (const auto& [name, s] : done_) sum += s, parts += fmt::format("{}{} {:.2f} s", parts.empty() ? "" : ", ", name, s);
+    for (const auto& [name, s] : done_)
+        sum += s, parts += fmt::format("{}{} {:.2f} s", parts.empty() ? "" : ", ", name, s);
     spdlog::info("phases: {} = {:.2f} s; wall {:.2f} s", parts, sum, elapsed());
     active_ = false;
 }
 
-ProgressScope::ProgressScope() { Progress::get().start(isatty(fileno(stderr)) != 0); }
+ProgressScope::ProgressScope() {
+    Progress::get().start(isatty(fileno(stderr)) != 0);
+}
 
 ProgressScope::~ProgressScope() {
-    if (std::uncaught_exceptions() == 0) Progress::get().finish();
-    else Progress::get().stop();  // the error is what the command prints
+    if (std::uncaught_exceptions() == 0)
+        Progress::get().finish();
+    else
+        Progress::get().stop();  // the error is what the command prints
 }
 
 void Progress::stop() {

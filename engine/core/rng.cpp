@@ -40,7 +40,9 @@ double box_muller(const std::array<uint32_t, 4>& r) {
 }
 }  // namespace
 
-double CounterRng::normal(uint64_t index) const { return box_muller(philox4x32(seed_, stream_, index)); }
+double CounterRng::normal(uint64_t index) const {
+    return box_muller(philox4x32(seed_, stream_, index));
+}
 
 void CounterRng::normal_run(uint64_t first, int64_t n, double* out) const {
     int64_t i = 0;

@@ -78,8 +78,9 @@ public:
     }
     // out[i] = uniform(first + i) for i < n, 16 blocks at a time (init of a whole tensor)
     void uniform_run(uint64_t first, int64_t n, double* out) const;
-    double normal(uint64_t index) const;   // N(0, 1), Box-Muller on one Philox block (counter = index)
-    void normal_run(uint64_t first, int64_t n, double* out) const;  // out[i] = normal(first + i), 16 blocks at a time
+    double normal(uint64_t index) const;  // N(0, 1), Box-Muller on one Philox block (counter = index)
+    void normal_run(uint64_t first, int64_t n,
+                    double* out) const;                // out[i] = normal(first + i), 16 blocks at a time
     uint64_t below(uint64_t index, uint64_t n) const;  // uniform integer in [0, n)
 
 private:

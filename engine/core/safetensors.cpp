@@ -1,7 +1,5 @@
 #include "core/safetensors.h"
 
-#include "core/files.h"
-
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -15,11 +13,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/files.h"
+
 namespace ptool {
 namespace {
 
-constexpr uint64_t kMaxHeader = 100u << 20;      // as the reference implementation
-constexpr uint64_t kMaxFileBytes = uint64_t{1} << 40;  // 1 TiB: a regular file's size is checked before it is read
+constexpr uint64_t kMaxHeader = 100u << 20;  // as the reference implementation
+constexpr uint64_t kMaxFileBytes = uint64_t{1}
+                                   << 40;  // 1 TiB: a regular file's size is checked before it is read
 // A pipe has no size to check: it is refused once it sends more than this (save a larger one to a file)
 constexpr uint64_t kMaxStreamBytes = uint64_t{1} << 30;
 
@@ -36,12 +37,16 @@ const Tensor* TensorFile::find(const std::string& name) const {
 }
 
 TensorFile parse_safetensors(const std::string& bytes, const std::string& name) {
-    if (bytes.size() < 8) bad(name, fmt::format("not a safetensors file: {} bytes, shorter than the 8-byte header length", bytes.size()));
+    if (bytes.size() < 8)
+        bad(name, fmt::format("not a safetensors file: {} bytes, shorter than the 8-byte header length",
+                              bytes.size()));
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; --i) hlen = (hlen << 8) | static_cast<unsigned char>(bytes[i]);
-    if (hlen > kMaxHeader) bad(name, fmt::format("header length {} is over the limit of {}", hlen, kMaxHeader));
+    if (hlen > kMaxHeader)
+        bad(name, fmt::format("header length {} is over the limit of {}", hlen, kMaxHeader));
     if (hlen > bytes.size() - 8)
-        bad(name, fmt::format("header length {} runs past the end of the file ({} bytes)", hlen, bytes.size()));
+        bad(name,
+            fmt::format("header length {} runs past the end of the file ({} bytes)", hlen, bytes.size()));
     const uint64_t data_size = bytes.size() - 8 - hlen;
     nlohmann::json header;
     try {
@@ -63,7 +68,8 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
         if (key == "__metadata__") {
             if (!v.is_object()) bad(name, "__metadata__ must be an object of strings");
             for (auto m = v.begin(); m != v.end(); ++m) {
-                if (!m.value().is_string()) bad(name, fmt::format("__metadata__ '{}' is not a string", m.key()));
+                if (!m.value().is_string())
+                    bad(name, fmt::format("__metadata__ '{}' is not a string", m.key()));
                 out.metadata[m.key()] = m.value().get<std::string>();
             }
             continue;
@@ -76,7 +82,8 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
         if (!parse_safetensors_dtype(v["dtype"].get<std::string>(), &dt))
             tbad(fmt::format("unsupported dtype '{}' (supported: F32, F64, BF16, F16, I64, I32)",
                              v["dtype"].get<std::string>()));
-        if (!v["shape"].is_array() || v["shape"].size() > 16) tbad("shape must be an array of at most 16 dims");
+        if (!v["shape"].is_array() || v["shape"].size() > 16)
+            tbad("shape must be an array of at most 16 dims");
         Shape shape;
         uint64_t numel = 1;
         for (const auto& d : v["shape"]) {
@@ -87,14 +94,15 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
             shape.push_back(static_cast<int64_t>(n));
         }
         const auto& off = v["data_offsets"];
-        if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+        if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+            !off[1].is_number_unsigned())
             tbad("data_offsets must be [begin, end]");
         const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
         if (b > e || e > data_size)
             tbad(fmt::format("data_offsets [{}, {}] are outside the {} data bytes", b, e, data_size));
         if (e - b != numel * dtype_size(dt))
-            tbad(fmt::format("data_offsets cover {} bytes, but {} {} needs {}", e - b, dtype_name(dt), shape_str(shape),
-                             numel * dtype_size(dt)));
+            tbad(fmt::format("data_offsets cover {} bytes, but {} {} needs {}", e - b, dtype_name(dt),
+                             shape_str(shape), numel * dtype_size(dt)));
         ranges.push_back({b, e, key});
         Tensor t(shape, dt);
         if (numel) std::memcpy(t.raw(), bytes.data() + 8 + hlen + b, e - b);
@@ -104,15 +112,18 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
     uint64_t cursor = 0;
     for (const Range& r : ranges) {
         if (r.begin != cursor)
-            bad(name, fmt::format("tensor '{}': data_offsets start at {}, expected {} (overlap or hole)", r.key,
-                                  r.begin, cursor));
+            bad(name, fmt::format("tensor '{}': data_offsets start at {}, expected {} (overlap or hole)",
+                                  r.key, r.begin, cursor));
         cursor = r.end;
     }
-    if (cursor != data_size) bad(name, fmt::format("{} data bytes are not covered by any tensor", data_size - cursor));
+    if (cursor != data_size)
+        bad(name, fmt::format("{} data bytes are not covered by any tensor", data_size - cursor));
     return out;
 }
 
-TensorFile read_safetensors(const std::string& path) { return parse_safetensors(read_file(path, kMaxFileBytes, kMaxStreamBytes), path); }
+TensorFile read_safetensors(const std::string& path) {
+    return parse_safetensors(read_file(path, kMaxFileBytes, kMaxStreamBytes), path);
+}
 
 std::string serialize_safetensors(const TensorFile& file) {
     nlohmann::ordered_json header = nlohmann::ordered_json::object();

@@ -30,7 +30,9 @@ struct Dirent64 {  // getdents64's record (no libc wrapper is async-signal-safe)
     char name[1];
 };
 
-bool dot_or_dotdot(const char* n) { return n[0] == '.' && (n[1] == 0 || (n[1] == '.' && n[2] == 0)); }
+bool dot_or_dotdot(const char* n) {
+    return n[0] == '.' && (n[1] == 0 || (n[1] == '.' && n[2] == 0));
+}
 
 // Removes what the folder open as `fd` holds, folders `depth` levels down too. Passes again from
 // the start until one removes nothing: a folder's listing may skip entries when others go meanwhile.
@@ -88,7 +90,8 @@ int track_temp(const std::string& path) {
     }();
     (void)installed;
     if (path.size() >= kPathMax || path.find('\0') != std::string::npos)
-        throw RuntimeError(fmt::format("a temporary path of {} bytes: too long to remove on a signal", path.size()));
+        throw RuntimeError(
+            fmt::format("a temporary path of {} bytes: too long to remove on a signal", path.size()));
     std::lock_guard lock(g_mutex);
     for (int i = 0; i < kSlots; ++i)
         if (!g_used[i].load(std::memory_order_relaxed)) {
@@ -96,7 +99,8 @@ int track_temp(const std::string& path) {
             g_used[i].store(1, std::memory_order_release);
             return i;
         }
-    throw RuntimeError(fmt::format("more than {} temporary files at once (removing {} on a signal)", kSlots, path));
+    throw RuntimeError(
+        fmt::format("more than {} temporary files at once (removing {} on a signal)", kSlots, path));
 }
 
 void untrack_temp(int slot) {
@@ -112,7 +116,8 @@ TempDir::TempDir(const std::string& prefix) {
     if (ec) base = "/tmp";
     std::string tmpl = (base / (prefix + "-XXXXXX")).string();
     if (!::mkdtemp(tmpl.data()))
-        throw RuntimeError(fmt::format("cannot create a temporary folder {}: {}", tmpl, std::strerror(errno)));
+        throw RuntimeError(
+            fmt::format("cannot create a temporary folder {}: {}", tmpl, std::strerror(errno)));
     path_ = tmpl;
     try {
         slot_ = track_temp(path_);

@@ -16,15 +16,23 @@ int64_t leading_numel(const Shape& s) {
     return n;
 }
 
-std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string shape_str(const Shape& s) {
+    return fmt::format("[{}]", fmt::join(s, ", "));
+}
 
 namespace {
 thread_local bool t_meta_allocation = false;
 }  // namespace
 
-bool meta_allocation_active() { return t_meta_allocation; }
-MetaAllocation::MetaAllocation() : saved_(t_meta_allocation) { t_meta_allocation = true; }
-MetaAllocation::~MetaAllocation() { t_meta_allocation = saved_; }
+bool meta_allocation_active() {
+    return t_meta_allocation;
+}
+MetaAllocation::MetaAllocation() : saved_(t_meta_allocation) {
+    t_meta_allocation = true;
+}
+MetaAllocation::~MetaAllocation() {
+    t_meta_allocation = saved_;
+}
 
 Storage::Storage(size_t bytes, Device device, bool zero)
     : bytes_(bytes), device_(device), account_(current_memory_account()), use_(current_memory_use()) {
@@ -41,12 +49,16 @@ Storage::Storage(size_t bytes, Device device, bool zero)
 Storage::~Storage() {
     if (account_) account_->credit(static_cast<int64_t>(bytes_), use_);
     if (device_ == Device::meta) return;
-    if (device_ == Device::cpu) host_release(data_, bytes_);
-    else device_memory().release(data_, bytes_);
+    if (device_ == Device::cpu)
+        host_release(data_, bytes_);
+    else
+        device_memory().release(data_, bytes_);
 }
 
 Tensor::Tensor(Shape shape, DType dtype, Device device)
-    : shape_(std::move(shape)), dtype_(dtype), device_(device == Device::cpu && t_meta_allocation ? Device::meta : device) {
+    : shape_(std::move(shape)),
+      dtype_(dtype),
+      device_(device == Device::cpu && t_meta_allocation ? Device::meta : device) {
     for (int64_t d : shape_) PTOOL_REQUIRE(d >= 0, "negative size in shape {}", shape_str(shape_));
     storage_ = std::make_shared<Storage>(nbytes(), device_);
 }
@@ -70,8 +82,8 @@ Tensor Tensor::full(Shape shape, DType dtype, double value) {
 
 Tensor Tensor::from_doubles(const Shape& shape, DType dtype, const std::vector<double>& values) {
     Tensor t(shape, dtype);
-    PTOOL_REQUIRE(static_cast<int64_t>(values.size()) == t.numel(), "{} values for shape {}",
-                  values.size(), shape_str(shape));
+    PTOOL_REQUIRE(static_cast<int64_t>(values.size()) == t.numel(), "{} values for shape {}", values.size(),
+                  shape_str(shape));
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, values[i]);
     return t;
 }
@@ -90,8 +102,7 @@ void* Tensor::raw() const {
 }
 
 Tensor Tensor::reshape(Shape shape) const {
-    PTOOL_REQUIRE(numel_of(shape) == numel(), "cannot reshape {} to {}", shape_str(shape_),
-                  shape_str(shape));
+    PTOOL_REQUIRE(numel_of(shape) == numel(), "cannot reshape {} to {}", shape_str(shape_), shape_str(shape));
     Tensor t = *this;
     t.shape_ = std::move(shape);
     return t;
@@ -120,7 +131,9 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
     return t;
 }
 
-Tensor Tensor::clone() const { return to_device(device_); }
+Tensor Tensor::clone() const {
+    return to_device(device_);
+}
 
 Tensor Tensor::to_device(Device device) const {
     Tensor t = empty(shape_, dtype_, device);
@@ -142,8 +155,10 @@ double Tensor::item(int64_t i) const {
     if (device_ == Device::meta) return 0;  // host bookkeeping in a simulated step runs on zeros
     if (device_ != Device::cpu) return narrow_element(i).to_device(Device::cpu).item(0);
     switch (dtype_) {
-        case DType::int64: return static_cast<double>(data<int64_t>()[i]);
-        case DType::int32: return static_cast<double>(data<int32_t>()[i]);
+        case DType::int64:
+            return static_cast<double>(data<int64_t>()[i]);
+        case DType::int32:
+            return static_cast<double>(data<int32_t>()[i]);
         default:
             return dispatch_float(dtype_, [&](auto tag) -> double {
                 using T = decltype(tag);
@@ -163,8 +178,12 @@ void Tensor::set(int64_t i, double v) {
         return;
     }
     switch (dtype_) {
-        case DType::int64: data<int64_t>()[i] = static_cast<int64_t>(v); return;
-        case DType::int32: data<int32_t>()[i] = static_cast<int32_t>(v); return;
+        case DType::int64:
+            data<int64_t>()[i] = static_cast<int64_t>(v);
+            return;
+        case DType::int32:
+            data<int32_t>()[i] = static_cast<int32_t>(v);
+            return;
         default:
             dispatch_float(dtype_, [&](auto tag) {
                 using T = decltype(tag);

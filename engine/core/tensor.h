@@ -19,7 +19,8 @@ namespace ptool {
 using Shape = std::vector<int64_t>;
 
 int64_t numel_of(const Shape& s);
-int64_t leading_numel(const Shape& s);  // the product of every dim but the last (the rows of a [.., n] tensor)
+int64_t leading_numel(
+    const Shape& s);  // the product of every dim but the last (the rows of a [.., n] tensor)
 std::string shape_str(const Shape& s);  // "[12, 10]"
 
 // Raw bytes on one device. CPU storage is 64-byte aligned host memory; cuda storage comes from
@@ -88,10 +89,10 @@ public:
         return static_cast<T*>(raw());
     }
 
-    Tensor reshape(Shape shape) const;                         // view; numel must match
+    Tensor reshape(Shape shape) const;                                // view; numel must match
     Tensor narrow(int64_t dim, int64_t start, int64_t length) const;  // view for dim 0, else copy
     Tensor clone() const;
-    Tensor to(DType dtype) const;  // converted copy (a clone when the dtype is the same)
+    Tensor to(DType dtype) const;           // converted copy (a clone when the dtype is the same)
     Tensor to_device(Device device) const;  // a copy on `device` (a clone when it is already there)
     bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
 

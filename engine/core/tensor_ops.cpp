@@ -8,7 +8,8 @@ namespace ptool {
 
 int64_t normalize_dim(int64_t dim, int64_t ndim) {
     const int64_t d = dim < 0 ? dim + ndim : dim;
-    if (d < 0 || d >= ndim) throw InputError(fmt::format("dim {} is out of range for a {}-d tensor", dim, ndim));
+    if (d < 0 || d >= ndim)
+        throw InputError(fmt::format("dim {} is out of range for a {}-d tensor", dim, ndim));
     return d;
 }
 
@@ -43,15 +44,19 @@ AroundDim around_dim(const Shape& shape, int64_t dim) {
 }
 
 // Between the tensor [P, M, Q] and its packed chunks [M, P * Q], one direction or the other.
-void copy_chunks(const AroundDim& a, int parts, size_t es, Device device, const char* src, char* dst, bool pack) {
+void copy_chunks(const AroundDim& a, int parts, size_t es, Device device, const char* src, char* dst,
+                 bool pack) {
     for (int r = 0; r < parts; ++r) {
         const Chunk c = chunk_of(a.along, parts, r);
         if (c.length == 0 || a.outer * a.inner == 0) continue;
-        const size_t width = static_cast<size_t>(c.length * a.inner) * es, full_row = static_cast<size_t>(a.along * a.inner) * es;
+        const size_t width = static_cast<size_t>(c.length * a.inner) * es,
+                     full_row = static_cast<size_t>(a.along * a.inner) * es;
         const size_t at_full = static_cast<size_t>(c.offset * a.inner) * es;
         const size_t at_packed = static_cast<size_t>(c.offset * a.outer * a.inner) * es;
-        if (pack) copy_rows(dst + at_packed, width, device, src + at_full, full_row, device, width, a.outer);
-        else copy_rows(dst + at_full, full_row, device, src + at_packed, width, device, width, a.outer);
+        if (pack)
+            copy_rows(dst + at_packed, width, device, src + at_full, full_row, device, width, a.outer);
+        else
+            copy_rows(dst + at_full, full_row, device, src + at_packed, width, device, width, a.outer);
     }
 }
 
@@ -70,8 +75,8 @@ Tensor pack_chunks(const Tensor& t, int parts, int64_t dim) {
 Tensor unpack_chunks(const Tensor& packed, const Shape& shape, int parts, int64_t dim) {
     dim = normalize_dim(dim, static_cast<int64_t>(shape.size()));
     const AroundDim a = around_dim(shape, dim);
-    PTOOL_REQUIRE(packed.numel() == a.outer * a.along * a.inner, "unpack_chunks: {} elements for shape {}", packed.numel(),
-                  shape_str(shape));
+    PTOOL_REQUIRE(packed.numel() == a.outer * a.along * a.inner, "unpack_chunks: {} elements for shape {}",
+                  packed.numel(), shape_str(shape));
     Tensor out = Tensor::empty(shape, packed.dtype(), packed.device());
     if (packed.device() == Device::meta) return out;
     copy_chunks(a, parts, dtype_size(packed.dtype()), packed.device(), static_cast<const char*>(packed.raw()),

@@ -20,7 +20,9 @@ void set_thread_turns(TurnTaker* turns) {
     t_since = std::chrono::steady_clock::now();
 }
 
-void turn_started() { t_since = std::chrono::steady_clock::now(); }
+void turn_started() {
+    t_since = std::chrono::steady_clock::now();
+}
 
 void take_turn() {
     if (!t_turns) return;

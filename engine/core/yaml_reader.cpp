@@ -1,10 +1,10 @@
 #include "core/yaml_reader.h"
 
+#include <yaml-cpp/eventhandler.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
-
-#include <yaml-cpp/eventhandler.h>
 
 #include "core/numbers.h"
 
@@ -23,9 +23,11 @@ struct DocumentStarts : YAML::EventHandler {
     void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
     void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
     void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
-    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {}
     void OnSequenceEnd() override {}
-    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {}
     void OnMapEnd() override {}
 };
 
@@ -39,8 +41,9 @@ void check_documents(const std::string& text, const std::string& name) {
             if (n >= 2 && docs.starts[n - 1].pos == docs.starts[n - 2].pos) {
                 const YAML::Mark& m = docs.starts.back();
                 const char c = m.pos >= 0 && static_cast<size_t>(m.pos) < text.size() ? text[m.pos] : '?';
-                throw InputError(SourceLocation{name, m.line + 1, m.column + 1},
-                                 fmt::format("unexpected '{}' (outside brackets it cannot start a value)", c));
+                throw InputError(
+                    SourceLocation{name, m.line + 1, m.column + 1},
+                    fmt::format("unexpected '{}' (outside brackets it cannot start a value)", c));
             }
         }
     } catch (const YAML::Exception& e) {
@@ -56,8 +59,8 @@ void check_documents(const std::string& text, const std::string& name) {
 // Rejects documents whose nesting would make yaml-cpp recurse deeply, before it parses them.
 void prescan(const std::string& text, const std::string& name, const YamlLimits& limits) {
     if (text.size() > limits.max_bytes)
-        throw InputError(SourceLocation{name, 1, 1},
-                         fmt::format("file is {} bytes, over the limit of {}", text.size(), limits.max_bytes));
+        throw InputError(SourceLocation{name, 1, 1}, fmt::format("file is {} bytes, over the limit of {}",
+                                                                 text.size(), limits.max_bytes));
     int line = 1, col = 0, flow = 0, dashes = 0;
     bool in_comment = false, line_start = true;
     char quote = 0;
@@ -77,13 +80,16 @@ void prescan(const std::string& text, const std::string& name, const YamlLimits&
             throw InputError(SourceLocation{name, line, col}, "indentation is deeper than the nesting limit");
         if (c == '-' && line_start && ++dashes > limits.max_depth)
             throw InputError(SourceLocation{name, line, col}, "block sequences nest deeper than the limit");
-        if (c == '#') in_comment = true;
-        else if (c == '"' || c == '\'') quote = c;
+        if (c == '#')
+            in_comment = true;
+        else if (c == '"' || c == '\'')
+            quote = c;
         else if (c == '[' || c == '{') {
             if (++flow > limits.max_depth)
                 throw InputError(SourceLocation{name, line, col},
                                  fmt::format("nesting deeper than {} levels", limits.max_depth));
-        } else if (c == ']' || c == '}') flow = std::max(0, flow - 1);
+        } else if (c == ']' || c == '}')
+            flow = std::max(0, flow - 1);
     }
 }
 
@@ -111,17 +117,22 @@ struct TreeCheck {
     int64_t count = 0;
     std::vector<YAML::Node> ancestors;
 
-    [[noreturn]] void fail(const YAML::Node& n, const std::string& msg) const { YamlNode(n, std::const_pointer_cast<std::string>(file)).fail(msg); }
+    [[noreturn]] void fail(const YAML::Node& n, const std::string& msg) const {
+        YamlNode(n, std::const_pointer_cast<std::string>(file)).fail(msg);
+    }
 
     void scalar(const YAML::Node& n) const {
         if (!valid_utf8(n.Scalar())) fail(n, "text that is not valid UTF-8");
     }
 
     void check(const YAML::Node& node) {
-        if (++count > limits.max_nodes) fail(node, fmt::format("the document has more than {} nodes", limits.max_nodes));
-        if (static_cast<int>(ancestors.size()) > limits.max_depth) fail(node, "nesting deeper than the limit");
+        if (++count > limits.max_nodes)
+            fail(node, fmt::format("the document has more than {} nodes", limits.max_nodes));
+        if (static_cast<int>(ancestors.size()) > limits.max_depth)
+            fail(node, "nesting deeper than the limit");
         for (const YAML::Node& a : ancestors)
-            if (a.is(node)) fail(node, "an alias refers to a node that contains it (a cycle): write the value out");
+            if (a.is(node))
+                fail(node, "an alias refers to a node that contains it (a cycle): write the value out");
         const std::string& tag = node.Tag();
         if (!tag.empty() && tag != "?" && tag != "!")
             fail(node, fmt::format("YAML tags are not supported ('{}'): write the plain value", tag));
@@ -161,7 +172,9 @@ SourceLocation YamlNode::where() const {
     return SourceLocation{file_ ? *file_ : "", m.line + 1, m.column + 1};
 }
 
-void YamlNode::fail(const std::string& message) const { throw InputError(where(), message); }
+void YamlNode::fail(const std::string& message) const {
+    throw InputError(where(), message);
+}
 
 std::string YamlNode::as_string(const std::string& what) const {
     if (!node_.IsScalar()) fail(fmt::format("{} must be a string", what));

@@ -29,7 +29,8 @@ struct YamlLimits {
 
 class YamlNode {
 public:
-    YamlNode(YAML::Node node, std::shared_ptr<const std::string> file) : node_(node), file_(std::move(file)) {}
+    YamlNode(YAML::Node node, std::shared_ptr<const std::string> file)
+        : node_(node), file_(std::move(file)) {}
     YamlNode(const YamlNode&) = default;
     // YAML::Node's assignment writes into the node it refers to (it would overwrite the document):
     // a YamlNode is never reassigned.

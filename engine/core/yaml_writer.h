@@ -11,10 +11,11 @@
 
 namespace ptool {
 
-std::string yaml_quoted(const std::string& s);   // "a\nb": the emitter's double-quoted scalar
+std::string yaml_quoted(const std::string& s);  // "a\nb": the emitter's double-quoted scalar
 // s itself when it is a word YAML reads as that string and nothing else (letters, digits, '_',
 // '-', '.', starting with a letter or '_'; not a YAML 1.1 boolean or null), else yaml_quoted(s)
 std::string yaml_scalar(const std::string& s);
-std::string yaml_comment(const std::string& s);  // s when printable ASCII, else yaml_quoted(s): one comment line
+std::string yaml_comment(
+    const std::string& s);  // s when printable ASCII, else yaml_quoted(s): one comment line
 
 }  // namespace ptool

@@ -15,7 +15,8 @@ namespace ptool {
 class HfConfig {
 public:
     HfConfig(const std::string& text, const std::string& name) : root_(load_json_text(text, name)) {
-        if (!root_.is_object()) root_.fail(fmt::format("a Hugging Face config.json is a JSON object, got {}", root_.type_name()));
+        if (!root_.is_object())
+            root_.fail(fmt::format("a Hugging Face config.json is a JSON object, got {}", root_.type_name()));
     }
     const JsonNode& root() const { return root_; }
     bool set(const std::string& key) const {  // present and not null
@@ -27,8 +28,12 @@ public:
     int64_t pos(const std::string& key, int64_t fallback) const {
         return set(key) ? at(key).as_positive_int(fmt::format("'{}'", key)) : fallback;
     }
-    double num(const std::string& key, double fallback) const { return set(key) ? at(key).as_number(fmt::format("'{}'", key)) : fallback; }
-    bool flag(const std::string& key, bool fallback) const { return set(key) ? at(key).as_bool(fmt::format("'{}'", key)) : fallback; }
+    double num(const std::string& key, double fallback) const {
+        return set(key) ? at(key).as_number(fmt::format("'{}'", key)) : fallback;
+    }
+    bool flag(const std::string& key, bool fallback) const {
+        return set(key) ? at(key).as_bool(fmt::format("'{}'", key)) : fallback;
+    }
     std::string str(const std::string& key, const std::string& fallback) const {
         return set(key) ? at(key).as_string(fmt::format("'{}'", key)) : fallback;
     }
@@ -41,7 +46,9 @@ public:
     void refuse_if_set(const std::string& key, const std::string& why) const {
         if (!set(key)) return;
         const JsonNode n = at(key);
-        if ((n.value().is_boolean() && !n.value().get<bool>()) || (n.value().is_number() && n.value().get<double>() == 0)) return;
+        if ((n.value().is_boolean() && !n.value().get<bool>()) ||
+            (n.value().is_number() && n.value().get<double>() == 0))
+            return;
         n.fail(fmt::format("'{}' is set: {}", key, why));
     }
 

@@ -24,8 +24,9 @@ struct HfImportOptions {
 };
 
 struct HfImport {
-    std::string yaml;                   // the file's text
-    std::vector<std::string> warnings;  // what the config says that ptool does not model, e.g. attention dropout
+    std::string yaml;  // the file's text
+    std::vector<std::string>
+        warnings;  // what the config says that ptool does not model, e.g. attention dropout
 };
 
 HfImport import_hf_model(const std::string& config_path, const HfImportOptions& opt);

@@ -29,7 +29,8 @@ std::string model_name(const HfConfig& c, const std::string& type) {
     while (!n.empty() && n.back() == '/') n.pop_back();
     if (auto slash = n.rfind('/'); slash != std::string::npos) n = n.substr(slash + 1);
     std::string out;
-    for (char ch : n) out += std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.' ? ch : '_';
+    for (char ch : n)
+        out += std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.' ? ch : '_';
     return out.empty() ? type : out;
 }
 
@@ -40,9 +41,12 @@ struct Act {
 Act activation(const HfConfig& c, const std::string& key, const std::string& fallback) {
     const std::string a = c.str(key, fallback);
     static const std::map<std::string, Act> known = {
-        {"silu", {"silu", "{type: silu}"}},   {"swish", {"silu", "{type: silu}"}},
-        {"relu", {"relu", "{type: relu}"}},   {"gelu", {"gelu", "{type: gelu}"}},
-        {"tanh", {"tanh", "{type: tanh}"}},   {"gelu_new", {"", "{type: gelu, approximate: tanh}"}},
+        {"silu", {"silu", "{type: silu}"}},
+        {"swish", {"silu", "{type: silu}"}},
+        {"relu", {"relu", "{type: relu}"}},
+        {"gelu", {"gelu", "{type: gelu}"}},
+        {"tanh", {"tanh", "{type: tanh}"}},
+        {"gelu_new", {"", "{type: gelu, approximate: tanh}"}},
         {"gelu_pytorch_tanh", {"", "{type: gelu, approximate: tanh}"}},
     };
     auto it = known.find(a);
@@ -59,13 +63,15 @@ Act activation(const HfConfig& c, const std::string& key, const std::string& fal
 std::string rope_scaling(const HfConfig& c) {
     if (!c.set("rope_scaling")) return "";
     const JsonNode node = c.at("rope_scaling");
-    if (!node.is_object()) node.fail(fmt::format("'rope_scaling' must be an object, got {}", node.type_name()));
+    if (!node.is_object())
+        node.fail(fmt::format("'rope_scaling' must be an object, got {}", node.type_name()));
     const auto type_node = node.get("rope_type") ? node.get("rope_type") : node.get("type");
     if (!type_node) node.fail("'rope_scaling' has no 'rope_type' (or 'type')");
     const std::string type = type_node->as_string("rope_scaling's 'rope_type'");
     if (type == "default") return "";
     if (type != "linear" && type != "llama3")
-        node.fail(fmt::format("rope_scaling type '{}' is not modelled (ptool computes linear and llama3)", type));
+        node.fail(
+            fmt::format("rope_scaling type '{}' is not modelled (ptool computes linear and llama3)", type));
     auto num = [&](const char* key) {
         const JsonNode n = node.at(key);
         const double v = n.as_number(fmt::format("rope_scaling '{}'", key));
@@ -75,9 +81,12 @@ std::string rope_scaling(const HfConfig& c) {
     std::string out = fmt::format(", rope_scaling: {{type: {}, factor: {}", type, yaml_number(num("factor")));
     if (type == "llama3") {
         const double low = num("low_freq_factor"), high = num("high_freq_factor");
-        if (!(high > low)) node.at("high_freq_factor").fail("rope_scaling 'high_freq_factor' must be above 'low_freq_factor'");
-        out += fmt::format(", low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}", yaml_number(low),
-                           yaml_number(high), yaml_number(num("original_max_position_embeddings")));
+        if (!(high > low))
+            node.at("high_freq_factor")
+                .fail("rope_scaling 'high_freq_factor' must be above 'low_freq_factor'");
+        out += fmt::format(
+            ", low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}",
+            yaml_number(low), yaml_number(high), yaml_number(num("original_max_position_embeddings")));
     }
     return out + "}";
 }
@@ -94,7 +103,8 @@ int64_t size_field(const HfConfig& c, const std::string& key, int64_t fallback, 
 // of a negative number: NaN from the first step).
 double positive_field(const HfConfig& c, const std::string& key, double fallback) {
     const double v = c.num(key, fallback);
-    if (!(v > 0) || v > 1e30) c.fail_at(key, fmt::format("'{}' must be a number in (0, 1e30], got {}", key, v));
+    if (!(v > 0) || v > 1e30)
+        c.fail_at(key, fmt::format("'{}' must be a number in (0, 1e30], got {}", key, v));
     return v;
 }
 
@@ -111,15 +121,16 @@ struct Shape2 {
 Shape2 batch_shape(const HfImportOptions& opt, int64_t max_positions) {
     const Shape2 b{opt.batch, opt.seq > 0 ? opt.seq : std::min<int64_t>(max_positions, 2048)};
     if (b.batch > (int64_t{1} << 40) / b.seq)
-        throw InputError(fmt::format("--batch {} --seq {}: {} tokens per step is over ptool's limit of 2^40", b.batch, b.seq,
+        throw InputError(fmt::format("--batch {} --seq {}: {} tokens per step is over ptool's limit of 2^40",
+                                     b.batch, b.seq,
                                      static_cast<double>(b.batch) * static_cast<double>(b.seq)));
     return b;
 }
 
 // Sizes of any published model stay well under these; the model's parameter count then fits in
 // int64 whatever the combination (4096 layers of (4 d^2 + 3 d i) + 2 v d < 2^62).
-constexpr int64_t kMaxHidden = int64_t{1} << 20, kMaxIntermediate = int64_t{1} << 22, kMaxVocab = int64_t{1} << 26,
-                  kMaxPositions = int64_t{1} << 30;
+constexpr int64_t kMaxHidden = int64_t{1} << 20, kMaxIntermediate = int64_t{1} << 22,
+                  kMaxVocab = int64_t{1} << 26, kMaxPositions = int64_t{1} << 30;
 
 // RoPE decoder families: what differs between llama, mistral and qwen2 (their config classes'
 // defaults and the attention's biases).
@@ -131,44 +142,62 @@ struct DecoderFamily {
     int64_t sliding_window_default;  // 0: none
 };
 
-HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily& f, const HfImportOptions& opt) {
+HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily& f,
+                 const HfImportOptions& opt) {
     HfImport out;
-    const int64_t vocab = size_field(c, "vocab_size", f.vocab, kMaxVocab), d = size_field(c, "hidden_size", f.hidden, kMaxHidden),
+    const int64_t vocab = size_field(c, "vocab_size", f.vocab, kMaxVocab),
+                  d = size_field(c, "hidden_size", f.hidden, kMaxHidden),
                   inter = size_field(c, "intermediate_size", f.intermediate, kMaxIntermediate),
-                  layers = c.pos("num_hidden_layers", f.layers), heads = c.pos("num_attention_heads", f.heads),
+                  layers = c.pos("num_hidden_layers", f.layers),
+                  heads = c.pos("num_attention_heads", f.heads),
                   kv = c.pos("num_key_value_heads", f.kv_heads ? f.kv_heads : heads),
                   max_pos = size_field(c, "max_position_embeddings", f.max_positions, kMaxPositions);
     if (layers > 4096)
-        c.fail_at("num_hidden_layers", fmt::format("num_hidden_layers {} is over ptool's 4096 (repeat)", layers));
-    const double eps = positive_field(c, "rms_norm_eps", 1e-6), theta = positive_field(c, "rope_theta", f.rope_theta);
+        c.fail_at("num_hidden_layers",
+                  fmt::format("num_hidden_layers {} is over ptool's 4096 (repeat)", layers));
+    const double eps = positive_field(c, "rms_norm_eps", 1e-6),
+                 theta = positive_field(c, "rope_theta", f.rope_theta);
     if (d % heads)
-        c.fail_at("num_attention_heads", fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", d, heads));
-    if (heads % kv)
-        c.fail_at("num_key_value_heads", fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", heads, kv));
-    if ((d / heads) % 2)  // found by fuzz_hf_config: the written model did not load
         c.fail_at("num_attention_heads",
-                  fmt::format("the head dim hidden_size / num_attention_heads = {} is odd: RoPE rotates pairs", d / heads));
+                  fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", d, heads));
+    if (heads % kv)
+        c.fail_at(
+            "num_key_value_heads",
+            fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", heads, kv));
+    if ((d / heads) % 2)  // found by fuzz_hf_config: the written model did not load
+        c.fail_at(
+            "num_attention_heads",
+            fmt::format("the head dim hidden_size / num_attention_heads = {} is odd: RoPE rotates pairs",
+                        d / heads));
     if (c.set("head_dim") && c.pos("head_dim", 0) != d / heads)
-        c.fail_at("head_dim", fmt::format("head_dim {} differs from hidden_size / num_attention_heads = {}: ptool's attention "
-                                          "has heads of hidden/heads",
-                                          c.pos("head_dim", 0), d / heads));
+        c.fail_at(
+            "head_dim",
+            fmt::format("head_dim {} differs from hidden_size / num_attention_heads = {}: ptool's attention "
+                        "has heads of hidden/heads",
+                        c.pos("head_dim", 0), d / heads));
     const Shape2 b = batch_shape(opt, max_pos);
     // fields that change the computation and are not modelled
     const std::string scaling = rope_scaling(c);
-    for (const char* moe : {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"})
+    for (const char* moe : {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
+                            "moe_intermediate_size"})
         c.refuse_if_set(moe, "mixture-of-experts layers are not modelled");
-    if (c.pos("pretraining_tp", 1) != 1) c.fail_at("pretraining_tp", "'pretraining_tp' > 1 (sliced projections) is not modelled");
+    if (c.pos("pretraining_tp", 1) != 1)
+        c.fail_at("pretraining_tp", "'pretraining_tp' > 1 (sliced projections) is not modelled");
     const bool sliding = type == "qwen2" ? c.flag("use_sliding_window", false) : true;
     // absent: the config class's default; null: none
-    const int64_t window = c.present("sliding_window") ? c.pos("sliding_window", 0) : f.sliding_window_default;
+    const int64_t window =
+        c.present("sliding_window") ? c.pos("sliding_window", 0) : f.sliding_window_default;
     if (sliding && window > 0 && window < b.seq) {
         const std::string key = c.set("sliding_window") ? "sliding_window" : "model_type";
-        c.fail_at(key, fmt::format("sliding-window attention (window {}) over sequences of {} is not modelled; a window of "
-                                   "at least the sequence is plain causal attention (--seq {})",
-                                   window, b.seq, window));
+        c.fail_at(
+            key, fmt::format(
+                     "sliding-window attention (window {}) over sequences of {} is not modelled; a window of "
+                     "at least the sequence is plain causal attention (--seq {})",
+                     window, b.seq, window));
     }
     if (const double p = dropout_field(c, "attention_dropout", 0.0); p > 0)
-        out.warnings.push_back(fmt::format("attention_dropout {} is not modelled (the attention probabilities are not dropped)", p));
+        out.warnings.push_back(fmt::format(
+            "attention_dropout {} is not modelled (the attention probabilities are not dropped)", p));
     const Act act = activation(c, "hidden_act", "silu");
     if (act.gated.empty()) c.fail_at("hidden_act", "the gated MLP computes silu, relu, gelu or tanh");
     const bool bias = c.flag("attention_bias", false), mlp_bias = c.flag("mlp_bias", false);
@@ -176,28 +205,35 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     const bool tied = hf_tied_head(c, type);
 
     std::string& y = out.yaml;
-    y += fmt::format("# {} ({}, model_type {}) from {}: `ptool import hf`.\n", model_name(c, type), f.config_class, type,
-                     yaml_comment(c.root().file()));
+    y += fmt::format("# {} ({}, model_type {}) from {}: `ptool import hf`.\n", model_name(c, type),
+                     f.config_class, type, yaml_comment(c.root().file()));
     y += "# Names are HF's: each decoder layer is two unnamed residuals (x + self_attn(input_layernorm(x)),\n"
-         "# x + mlp(post_attention_layernorm(x))), so parameters read model.layers.N.self_attn.q_proj.weight.\n";
-    y += fmt::format("# Float32 masters (torch_dtype {} is the checkpoint's; plans add bf16 compute with\n"
-                     "# data_parallel.mixed_precision). Optimizer: torch.optim.AdamW's defaults.\n",
-                     yaml_comment(c.str("torch_dtype", "unset")));
+         "# x + mlp(post_attention_layernorm(x))), so parameters read "
+         "model.layers.N.self_attn.q_proj.weight.\n";
+    y += fmt::format(
+        "# Float32 masters (torch_dtype {} is the checkpoint's; plans add bf16 compute with\n"
+        "# data_parallel.mixed_precision). Optimizer: torch.optim.AdamW's defaults.\n",
+        yaml_comment(c.str("torch_dtype", "unset")));
     for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
-    y += fmt::format("name: {}\nseed: 0\nbatch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n", yaml_scalar(model_name(c, type)),
-                     b.batch, b.seq, vocab);
+    y += fmt::format("name: {}\nseed: 0\nbatch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n",
+                     yaml_scalar(model_name(c, type)), b.batch, b.seq, vocab);
     y += "  - name: model\n    type: sequential\n    modules:\n";
     y += fmt::format("      - {{name: embed_tokens, type: embedding, vocab: {}, dim: {}}}\n", vocab, d);
-    y += fmt::format("      - name: layers\n        type: repeat\n        count: {}\n        modules:\n", layers);
+    y += fmt::format("      - name: layers\n        type: repeat\n        count: {}\n        modules:\n",
+                     layers);
     y += "          - type: residual\n            modules:\n";
-    y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
-    y += fmt::format("              - {{name: self_attn, type: attention, dim: {}, heads: {}, kv_heads: {}, causal: true, "
-                     "rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
-                     d, heads, kv, yaml_number(theta), scaling, qkv_bias, o_bias);
+    y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d,
+                     yaml_number(eps));
+    y += fmt::format(
+        "              - {{name: self_attn, type: attention, dim: {}, heads: {}, kv_heads: {}, causal: true, "
+        "rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
+        d, heads, kv, yaml_number(theta), scaling, qkv_bias, o_bias);
     y += "          - type: residual\n            modules:\n";
-    y += fmt::format("              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
-    y += fmt::format("              - {{name: mlp, type: gated_mlp, dim: {}, hidden: {}, activation: {}, bias: {}}}\n", d, inter,
-                     act.gated, mlp_bias);
+    y += fmt::format("              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}}}\n",
+                     d, yaml_number(eps));
+    y += fmt::format(
+        "              - {{name: mlp, type: gated_mlp, dim: {}, hidden: {}, activation: {}, bias: {}}}\n", d,
+        inter, act.gated, mlp_bias);
     y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
     y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab,
                      tied ? ", tie: model.embed_tokens" : "");
@@ -207,43 +243,56 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
 
 HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
     HfImport out;
-    const int64_t vocab = size_field(c, "vocab_size", 50257, kMaxVocab), positions = size_field(c, "n_positions", 1024, kMaxPositions),
-                  d = size_field(c, "n_embd", 768, kMaxHidden), layers = c.pos("n_layer", 12), heads = c.pos("n_head", 12),
-                  inner = size_field(c, "n_inner", 4 * d, kMaxIntermediate);
+    const int64_t vocab = size_field(c, "vocab_size", 50257, kMaxVocab),
+                  positions = size_field(c, "n_positions", 1024, kMaxPositions),
+                  d = size_field(c, "n_embd", 768, kMaxHidden), layers = c.pos("n_layer", 12),
+                  heads = c.pos("n_head", 12), inner = size_field(c, "n_inner", 4 * d, kMaxIntermediate);
     if (layers > 4096) c.fail_at("n_layer", fmt::format("n_layer {} is over ptool's 4096 (repeat)", layers));
     if (d % heads) c.fail_at("n_head", fmt::format("n_embd {} is not a multiple of n_head {}", d, heads));
-    const double eps = positive_field(c, "layer_norm_epsilon", 1e-5), embd = dropout_field(c, "embd_pdrop", 0.1),
-                 resid = dropout_field(c, "resid_pdrop", 0.1);
+    const double eps = positive_field(c, "layer_norm_epsilon", 1e-5),
+                 embd = dropout_field(c, "embd_pdrop", 0.1), resid = dropout_field(c, "resid_pdrop", 0.1);
     const Shape2 b = batch_shape(opt, positions);
-    if (b.seq > positions) throw InputError(fmt::format("--seq {} is longer than n_positions {}", b.seq, positions));
-    if (!c.flag("scale_attn_weights", true)) c.fail_at("scale_attn_weights", "unscaled attention scores are not modelled");
+    if (b.seq > positions)
+        throw InputError(fmt::format("--seq {} is longer than n_positions {}", b.seq, positions));
+    if (!c.flag("scale_attn_weights", true))
+        c.fail_at("scale_attn_weights", "unscaled attention scores are not modelled");
     c.refuse_if_set("scale_attn_by_inverse_layer_idx", "per-layer score scaling is not modelled");
     c.refuse_if_set("add_cross_attention", "cross-attention is not modelled");
     if (const double p = dropout_field(c, "attn_pdrop", 0.1); p > 0)
-        out.warnings.push_back(fmt::format("attn_pdrop {} is not modelled (the attention probabilities are not dropped)", p));
+        out.warnings.push_back(
+            fmt::format("attn_pdrop {} is not modelled (the attention probabilities are not dropped)", p));
     const Act act = activation(c, "activation_function", "gelu_new");
     const bool tied = hf_tied_head(c, "gpt2");
 
     std::string& y = out.yaml;
-    y += fmt::format("# {} (GPT2Config, model_type gpt2) from {}: `ptool import hf`.\n", model_name(c, "gpt2"),
-                     yaml_comment(c.root().file()));
-    y += "# Names are HF's except inside attention: GPT-2's Conv1D c_attn ([in, 3 out]) is three projections here,\n"
-         "# attn.q_proj/k_proj/v_proj ([out, in] each), and attn.c_proj is attn.o_proj. checkpoint_format: hf_gpt2\n"
-         "# makes --init split and transpose them (docs/hf_import.md). Each block is two unnamed residuals.\n";
+    y += fmt::format("# {} (GPT2Config, model_type gpt2) from {}: `ptool import hf`.\n",
+                     model_name(c, "gpt2"), yaml_comment(c.root().file()));
+    y +=
+        "# Names are HF's except inside attention: GPT-2's Conv1D c_attn ([in, 3 out]) is three projections "
+        "here,\n"
+        "# attn.q_proj/k_proj/v_proj ([out, in] each), and attn.c_proj is attn.o_proj. checkpoint_format: "
+        "hf_gpt2\n"
+        "# makes --init split and transpose them (docs/hf_import.md). Each block is two unnamed residuals.\n";
     for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
-    y += fmt::format("name: {}\nseed: 0\ncheckpoint_format: hf_gpt2\nbatch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n",
-                     yaml_scalar(model_name(c, "gpt2")), b.batch, b.seq, vocab);
+    y += fmt::format(
+        "name: {}\nseed: 0\ncheckpoint_format: hf_gpt2\nbatch:\n  input: {{tokens: [{}, {}], vocab: "
+        "{}}}\nmodules:\n",
+        yaml_scalar(model_name(c, "gpt2")), b.batch, b.seq, vocab);
     y += "  - name: transformer\n    type: sequential\n    modules:\n";
     y += fmt::format("      - {{name: wte, type: embedding, vocab: {}, dim: {}}}\n", vocab, d);
-    y += fmt::format("      - {{name: wpe, type: position_embedding, positions: {}, dim: {}}}\n", positions, d);
+    y += fmt::format("      - {{name: wpe, type: position_embedding, positions: {}, dim: {}}}\n", positions,
+                     d);
     y += fmt::format("      - {{name: drop, type: dropout, p: {}}}\n", yaml_number(embd));
     y += fmt::format("      - name: h\n        type: repeat\n        count: {}\n        modules:\n", layers);
     y += "          - type: residual\n            modules:\n";
-    y += fmt::format("              - {{name: ln_1, type: layer_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
-    y += fmt::format("              - {{name: attn, type: attention, dim: {}, heads: {}, causal: true}}\n", d, heads);
+    y += fmt::format("              - {{name: ln_1, type: layer_norm, dim: {}, eps: {}}}\n", d,
+                     yaml_number(eps));
+    y += fmt::format("              - {{name: attn, type: attention, dim: {}, heads: {}, causal: true}}\n", d,
+                     heads);
     y += fmt::format("              - {{name: resid_dropout, type: dropout, p: {}}}\n", yaml_number(resid));
     y += "          - type: residual\n            modules:\n";
-    y += fmt::format("              - {{name: ln_2, type: layer_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
+    y += fmt::format("              - {{name: ln_2, type: layer_norm, dim: {}, eps: {}}}\n", d,
+                     yaml_number(eps));
     y += "              - name: mlp\n                type: sequential\n                modules:\n";
     y += fmt::format("                  - {{name: c_fc, type: linear, in: {}, out: {}}}\n", d, inner);
     std::string act_yaml = act.module;
@@ -252,7 +301,8 @@ HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
     y += fmt::format("                  - {{name: c_proj, type: linear, in: {}, out: {}}}\n", inner, d);
     y += fmt::format("                  - {{name: dropout, type: dropout, p: {}}}\n", yaml_number(resid));
     y += fmt::format("      - {{name: ln_f, type: layer_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
-    y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab, tied ? ", tie: transformer.wte" : "");
+    y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab,
+                     tied ? ", tie: transformer.wte" : "");
     y += "loss: cross_entropy\noptimizer: {type: adamw}\n";
     return out;
 }
@@ -261,14 +311,21 @@ using Importer = std::function<HfImport(const HfConfig&, const HfImportOptions&)
 
 const std::map<std::string, Importer>& importers() {
     static const std::map<std::string, Importer> m = {
-        {"llama", [](const HfConfig& c, const HfImportOptions& o) {
-             return decoder(c, "llama", {"LlamaConfig", 32000, 4096, 11008, 32, 32, 0, 2048, 10000.0, false, 0}, o);
+        {"llama",
+         [](const HfConfig& c, const HfImportOptions& o) {
+             return decoder(c, "llama",
+                            {"LlamaConfig", 32000, 4096, 11008, 32, 32, 0, 2048, 10000.0, false, 0}, o);
          }},
-        {"mistral", [](const HfConfig& c, const HfImportOptions& o) {
-             return decoder(c, "mistral", {"MistralConfig", 32000, 4096, 14336, 32, 32, 8, 131072, 10000.0, false, 4096}, o);
+        {"mistral",
+         [](const HfConfig& c, const HfImportOptions& o) {
+             return decoder(c, "mistral",
+                            {"MistralConfig", 32000, 4096, 14336, 32, 32, 8, 131072, 10000.0, false, 4096},
+                            o);
          }},
-        {"qwen2", [](const HfConfig& c, const HfImportOptions& o) {
-             return decoder(c, "qwen2", {"Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, true, 4096}, o);
+        {"qwen2",
+         [](const HfConfig& c, const HfImportOptions& o) {
+             return decoder(c, "qwen2",
+                            {"Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, true, 4096}, o);
          }},
         {"gpt2", [](const HfConfig& c, const HfImportOptions& o) { return gpt2(c, o); }},
     };
@@ -282,14 +339,18 @@ std::string hf_model_type(const HfConfig& c) {
     std::vector<std::string> names;
     for (const auto& [n, f] : importers()) names.push_back(n);
     if (!importers().count(type))
-        c.fail_at("model_type", fmt::format("model_type '{}' is not one ptool imports{}", type, did_you_mean(type, names)));
+        c.fail_at("model_type",
+                  fmt::format("model_type '{}' is not one ptool imports{}", type, did_you_mean(type, names)));
     return type;
 }
 
-bool hf_tied_head(const HfConfig& c, const std::string& type) { return c.flag("tie_word_embeddings", type == "gpt2"); }
+bool hf_tied_head(const HfConfig& c, const std::string& type) {
+    return c.flag("tie_word_embeddings", type == "gpt2");
+}
 
 HfImport import_hf_model_text(const std::string& text, const std::string& name, const HfImportOptions& opt) {
-    if (opt.batch <= 0 || opt.seq < 0) throw InputError(fmt::format("--batch {} --seq {}: sizes must be positive", opt.batch, opt.seq));
+    if (opt.batch <= 0 || opt.seq < 0)
+        throw InputError(fmt::format("--batch {} --seq {}: sizes must be positive", opt.batch, opt.seq));
     const HfConfig c(text, name);
     return importers().at(hf_model_type(c))(c, opt);
 }

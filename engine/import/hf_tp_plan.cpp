@@ -34,7 +34,8 @@ const std::map<std::string, StyleMap>& styles() {
         {"local_rowwise", {entry(rowwise), ""}},
         {"sequence_parallel", {entry(sequence_parallel), ""}},
         {"replicate", {entry(replicate), ""}},
-        {"gather", {"", "GatherParallel gathers a module's output for expert routing; ptool has no such style"}},
+        {"gather",
+         {"", "GatherParallel gathers a module's output for expert routing; ptool has no such style"}},
         {"local", {"", "IsolatedParallel keeps a module rank-local (MoE experts); ptool has no such style"}},
         {"local_packed_rowwise", {"", "packed (fused gate_up) weights are not modelled"}},
         {"packed_colwise", {"", "packed (fused gate_up) weights are not modelled"}},
@@ -56,7 +57,8 @@ const std::vector<std::pair<std::string, std::string>> kDecoderPlan = {
 
 }  // namespace
 
-HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name, const HfImportOptions& opt) {
+HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name,
+                                const HfImportOptions& opt) {
     if (opt.tp < 1) throw InputError(fmt::format("--tp {}: must be at least 1", opt.tp));
     const HfConfig c(text, name);
     const std::string type = hf_model_type(c);
@@ -74,37 +76,47 @@ HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name
             entries.push_back({pattern, v.as_string("a tp plan style"), v});
         source = "the config's base_model_tp_plan";
     } else if (type == "gpt2") {
-        c.fail_at("model_type", "GPT-2 has no base_model_tp_plan in transformers (and its fused Conv1D c_attn splits q, k and "
-                                "v across ranks wrongly under colwise); write the plan by hand");
+        c.fail_at(
+            "model_type",
+            "GPT-2 has no base_model_tp_plan in transformers (and its fused Conv1D c_attn splits q, k and "
+            "v across ranks wrongly under colwise); write the plan by hand");
     } else {
         for (const auto& [p, s] : kDecoderPlan) entries.push_back({p, s, std::nullopt});
         source = fmt::format("transformers' {} base_model_tp_plan", type);
     }
     HfImport out;
     std::string& y = out.yaml;
-    y += fmt::format("# Tensor parallelism for {} from {}: {} under the base model's prefix '{}', and\n"
-                     "# the causal-LM head's _tp_plan (lm_head: colwise_rep). `ptool import hf-tp-plan`.\n",
-                     type, yaml_comment(root.file()), source, prefix);
+    y += fmt::format(
+        "# Tensor parallelism for {} from {}: {} under the base model's prefix '{}', and\n"
+        "# the causal-LM head's _tp_plan (lm_head: colwise_rep). `ptool import hf-tp-plan`.\n",
+        type, yaml_comment(root.file()), source, prefix);
     y += fmt::format("mesh: {{tp: {}}}\ntensor_parallel:\n  plan:\n", opt.tp);
     for (const Entry& e : entries) {
         auto it = styles().find(e.style);
         if (it == styles().end() || it->second.entry.empty()) {
-            const std::string why = it == styles().end()
-                                        ? fmt::format("{} is not a transformers tp style ptool knows", yaml_quoted(e.style))
-                                        : it->second.why;
-            const std::string msg = fmt::format("tp plan entry {}: {}: {}", yaml_quoted(e.pattern), yaml_quoted(e.style), why);
+            const std::string why =
+                it == styles().end()
+                    ? fmt::format("{} is not a transformers tp style ptool knows", yaml_quoted(e.style))
+                    : it->second.why;
+            const std::string msg =
+                fmt::format("tp plan entry {}: {}: {}", yaml_quoted(e.pattern), yaml_quoted(e.style), why);
             if (e.at) e.at->fail(msg);
             throw InputError(msg);
         }
-        y += fmt::format("    {}: {}\n", yaml_quoted(prefix + e.pattern), it->second.entry);  // the key as the config spells it, quoted
+        y += fmt::format("    {}: {}\n", yaml_quoted(prefix + e.pattern),
+                         it->second.entry);  // the key as the config spells it, quoted
     }
     // a tied head's weight is the embedding's: one parameter has one placement, so the embedding is
     // sharded over the vocabulary with the head (Megatron's vocab-parallel embedding)
     const std::string embedding = type == "gpt2" ? "wte" : "embed_tokens";
-    const bool planned = std::any_of(entries.begin(), entries.end(), [&](const Entry& e) { return e.pattern == embedding; });
-    if (hf_tied_head(c, type) && !planned)  // the config's own entry for it stands (a plan names a module once)
-        y += fmt::format("    {}{}: {}  # tied to lm_head: vocab-parallel\n", prefix, embedding, style_name::rowwise);
-    y += fmt::format("    lm_head: {}\n", style_name::entry(style_name::colwise, "output_layouts: replicate"));
+    const bool planned =
+        std::any_of(entries.begin(), entries.end(), [&](const Entry& e) { return e.pattern == embedding; });
+    if (hf_tied_head(c, type) &&
+        !planned)  // the config's own entry for it stands (a plan names a module once)
+        y += fmt::format("    {}{}: {}  # tied to lm_head: vocab-parallel\n", prefix, embedding,
+                         style_name::rowwise);
+    y +=
+        fmt::format("    lm_head: {}\n", style_name::entry(style_name::colwise, "output_layouts: replicate"));
     return out;
 }
 

@@ -6,27 +6,31 @@
 #include "core/rng.h"
 #include "core/tensor_ops.h"
 #include "core/yaml_reader.h"
-#include "model/layers.h"
 #include "model/checkpoint.h"
 #include "model/drawn_cache.h"
+#include "model/layers.h"
 
 namespace ptool {
 
 std::optional<StepKey> parse_step_key(const std::string& name) {
     const size_t dot = name.find('.');
     if (name.rfind("step", 0) != 0 || dot == std::string::npos || dot == 4 || dot > 9 ||
-        name.find_first_not_of("0123456789", 4) != dot || dot + 1 == name.size() || (name[4] == '0' && dot > 5))
+        name.find_first_not_of("0123456789", 4) != dot || dot + 1 == name.size() ||
+        (name[4] == '0' && dot > 5))
         return std::nullopt;
     return StepKey{std::stoll(name.substr(4, dot - 4)), name.substr(dot + 1)};
 }
 
 void check_data_steps(const TensorFile& data, const std::string& path, int64_t steps) {
     if (data.tensors.empty())
-        throw InputError(SourceLocation{path, 0, 0}, "the data file holds no tensors (keys: input, target, step{k}.input, step{k}.target)");
+        throw InputError(
+            SourceLocation{path, 0, 0},
+            "the data file holds no tensors (keys: input, target, step{k}.input, step{k}.target)");
     for (const auto& [name, t] : data.tensors)
         if (auto key = parse_step_key(name); key && key->step >= steps)
-            throw InputError(SourceLocation{path, 0, 0}, fmt::format("'{}' is for step {}, but the run has {} step{} (0..{})", name,
-                                                                     key->step, steps, steps == 1 ? "" : "s", steps - 1));
+            throw InputError(SourceLocation{path, 0, 0},
+                             fmt::format("'{}' is for step {}, but the run has {} step{} (0..{})", name,
+                                         key->step, steps, steps == 1 ? "" : "s", steps - 1));
 }
 
 namespace {
@@ -36,7 +40,8 @@ Tensor draw_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, con
     Tensor t = Tensor::empty(spec.shape, spec.ids ? DType::int64 : float_dtype);
     if (spec.ids) {
         int64_t* p = t.data<int64_t>();
-        for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<int64_t>(rng.below(i, static_cast<uint64_t>(spec.range)));
+        for (int64_t i = 0; i < t.numel(); ++i)
+            p[i] = static_cast<int64_t>(rng.below(i, static_cast<uint64_t>(spec.range)));
         return t;
     }
     fill_normal(t, rng, 1.0);
@@ -46,11 +51,15 @@ Tensor draw_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, con
 }  // namespace
 
 Tensor generate_tensor(const TensorSpec& spec, DType float_dtype, uint64_t seed, const std::string& what) {
-    if (meta_allocation_active()) return Tensor(spec.shape, spec.ids ? DType::int64 : float_dtype);  // a simulated step's batch: its shape
+    if (meta_allocation_active())
+        return Tensor(spec.shape,
+                      spec.ids ? DType::int64 : float_dtype);  // a simulated step's batch: its shape
     const std::string key = fmt::format("data/{}/{}/{}/{}/{}", seed, what, shape_str(spec.shape),
                                         spec.ids ? "ids" : dtype_name(float_dtype), spec.range);
     // the other ranks of a verify wait for the first one's draw, then copy it (charged to their accounts)
-    return drawn_tensors().find_or_draw(key, [&] { return draw_tensor(spec, float_dtype, seed, what); }).clone();
+    return drawn_tensors()
+        .find_or_draw(key, [&] { return draw_tensor(spec, float_dtype, seed, what); })
+        .clone();
 }
 
 DataSource::DataSource(const Model& model, const TensorFile* data_file, std::string data_path)
@@ -67,10 +76,11 @@ DataSource::DataSource(const Model& model, const TensorFile* data_file, std::str
             last_step = std::max(last_step, key->step);
         }
         if (!ok)
-            throw InputError(SourceLocation{path_, 0, 0},
-                             fmt::format("unexpected tensor '{}' in a data file (keys: input, target, step{{k}}.input, "
-                                         "step{{k}}.target){}",
-                                         name, did_you_mean(name, known)));
+            throw InputError(
+                SourceLocation{path_, 0, 0},
+                fmt::format("unexpected tensor '{}' in a data file (keys: input, target, step{{k}}.input, "
+                            "step{{k}}.target){}",
+                            name, did_you_mean(name, known)));
     }
     for (int64_t s = 0; s <= last_step; ++s) batch(s);  // validate every key's shape up front
 }
@@ -82,7 +92,8 @@ bool DataSource::varies_per_step() const {
     return false;
 }
 
-Tensor DataSource::pick(const std::string& key, int64_t step, const TensorSpec& spec, const Tensor& generated) const {
+Tensor DataSource::pick(const std::string& key, int64_t step, const TensorSpec& spec,
+                        const Tensor& generated) const {
     if (!file_) return generated;
     const std::string step_key = fmt::format("step{}.{}", step, key);
     const Tensor* t = file_->find(step_key);
@@ -90,8 +101,9 @@ Tensor DataSource::pick(const std::string& key, int64_t step, const TensorSpec& 
     if (!t) t = file_->find(key), name = key;
     if (!t) return generated;
     if (t->shape() != spec.shape)
-        throw InputError(SourceLocation{path_, 0, 0}, fmt::format("tensor '{}' is {}, the model's batch needs {}", name,
-                                                                  shape_str(t->shape()), shape_str(spec.shape)));
+        throw InputError(SourceLocation{path_, 0, 0},
+                         fmt::format("tensor '{}' is {}, the model's batch needs {}", name,
+                                     shape_str(t->shape()), shape_str(spec.shape)));
     if (spec.ids) {
         if (dtype_is_float(t->dtype()))
             throw InputError(SourceLocation{path_, 0, 0},
@@ -101,19 +113,22 @@ Tensor DataSource::pick(const std::string& key, int64_t step, const TensorSpec& 
             const double id = t->item(i);
             if (id < 0 || id >= static_cast<double>(spec.range))
                 if (!(key == "target" && id == -100))
-                    throw InputError(SourceLocation{path_, 0, 0}, fmt::format("tensor '{}' element {} is {}, outside [0, {})",
-                                                                              name, i, id, spec.range));
+                    throw InputError(SourceLocation{path_, 0, 0},
+                                     fmt::format("tensor '{}' element {} is {}, outside [0, {})", name, i, id,
+                                                 spec.range));
         }
         return t->to(DType::int64);
     }
     if (!dtype_is_float(t->dtype()))
-        throw InputError(SourceLocation{path_, 0, 0},
-                         fmt::format("tensor '{}' must be floating point, got {}", name, dtype_name(t->dtype())));
+        throw InputError(
+            SourceLocation{path_, 0, 0},
+            fmt::format("tensor '{}' must be floating point, got {}", name, dtype_name(t->dtype())));
     Tensor converted = t->to(model_.dtype);
     if (const int64_t i = first_nonfinite(converted); i >= 0)
-        throw InputError(SourceLocation{path_, 0, 0},
-                         fmt::format("tensor '{}' element {} is {} in {}: a run on it would compare nothing meaningful",
-                                     name, i, converted.item(i), dtype_name(model_.dtype)));
+        throw InputError(
+            SourceLocation{path_, 0, 0},
+            fmt::format("tensor '{}' element {} is {} in {}: a run on it would compare nothing meaningful",
+                        name, i, converted.item(i), dtype_name(model_.dtype)));
     return converted;
 }
 
@@ -130,31 +145,35 @@ void load_state_dict(Model& model, const TensorFile& checkpoint, const std::stri
     for (const auto& [name, p] : model.state_dict()) expected.insert(name);
     for (const auto& [name, t] : file.tensors) {
         if (!expected.count(name))
-            throw InputError(SourceLocation{path, 0, 0},
-                             fmt::format("unexpected key '{}' in the state_dict{}", name,
-                                         did_you_mean(name, std::vector<std::string>(expected.begin(), expected.end()))));
+            throw InputError(
+                SourceLocation{path, 0, 0},
+                fmt::format("unexpected key '{}' in the state_dict{}", name,
+                            did_you_mean(name, std::vector<std::string>(expected.begin(), expected.end()))));
     }
     std::set<const Parameter*> loaded;  // a tied or shared parameter is satisfied by any of its names
     for (const auto& [name, p] : model.state_dict()) {
         const Tensor* t = file.find(name);
         if (!t) continue;
         if (t->shape() != p->value.shape())
-            throw InputError(SourceLocation{path, 0, 0}, fmt::format("'{}' is {} in the file, the model needs {}", name,
-                                                                     shape_str(t->shape()), shape_str(p->value.shape())));
+            throw InputError(SourceLocation{path, 0, 0},
+                             fmt::format("'{}' is {} in the file, the model needs {}", name,
+                                         shape_str(t->shape()), shape_str(p->value.shape())));
         if (dtype_is_float(t->dtype()) != dtype_is_float(p->value.dtype()))
             throw InputError(SourceLocation{path, 0, 0},
-                             fmt::format("'{}' is {} in the file, the model needs {}", name, dtype_name(t->dtype()),
-                                         dtype_name(p->value.dtype())));
+                             fmt::format("'{}' is {} in the file, the model needs {}", name,
+                                         dtype_name(t->dtype()), dtype_name(p->value.dtype())));
         Tensor converted = t->to(p->value.dtype());
         if (const int64_t i = first_nonfinite(converted); i >= 0)
-            throw InputError(SourceLocation{path, 0, 0}, fmt::format("'{}' element {} is {} in {}: a run from it would "
-                                                                     "compare nothing meaningful",
-                                                                     name, i, converted.item(i), dtype_name(converted.dtype())));
+            throw InputError(SourceLocation{path, 0, 0},
+                             fmt::format("'{}' element {} is {} in {}: a run from it would "
+                                         "compare nothing meaningful",
+                                         name, i, converted.item(i), dtype_name(converted.dtype())));
         std::memcpy(p->value.raw(), converted.raw(), converted.nbytes());
         loaded.insert(p.get());
     }
     for (const auto& [name, p] : model.state_dict()) {
-        if (loaded.count(p.get()) || p->value.dtype() == DType::int64) continue;  // num_batches_tracked may be absent
+        if (loaded.count(p.get()) || p->value.dtype() == DType::int64)
+            continue;  // num_batches_tracked may be absent
         throw InputError(SourceLocation{path, 0, 0}, fmt::format("missing key '{}' in the state_dict", name));
     }
 }

@@ -21,7 +21,8 @@ struct Batch {
 
 class DataSource {
 public:
-    explicit DataSource(const Model& model, const TensorFile* data_file = nullptr, std::string data_path = "");
+    explicit DataSource(const Model& model, const TensorFile* data_file = nullptr,
+                        std::string data_path = "");
     Batch batch(int64_t step) const;  // full (global) batch of step k
     bool varies_per_step() const;     // the data file has step{k}.* keys
 

@@ -7,8 +7,8 @@
 #include <map>
 #include <set>
 
-#include "core/tensor_ops.h"
 #include "core/json_reader.h"
+#include "core/tensor_ops.h"
 
 namespace ptool {
 namespace {
@@ -18,16 +18,20 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 
 TensorFile read_index(const std::string& path) {
-    const JsonNode root = load_json(path, JsonLimits{64 << 20, 16});  // strict JSON, positions for every refusal
-    if (!root.is_object()) root.fail(fmt::format("a safetensors index is a JSON object, got {}", root.type_name()));
+    const JsonNode root =
+        load_json(path, JsonLimits{64 << 20, 16});  // strict JSON, positions for every refusal
+    if (!root.is_object())
+        root.fail(fmt::format("a safetensors index is a JSON object, got {}", root.type_name()));
     const JsonNode map = root.at("weight_map");
     std::vector<std::pair<std::string, std::string>> wanted;  // tensor -> shard, index order
     std::map<std::string, std::string> shard_of;
     for (const auto& [name, v] : map.members("'weight_map' (tensor name: shard file)")) {
         const std::string shard = v.as_string(fmt::format("the shard of '{}'", name));
-        if (shard.empty() || shard.find_first_of(std::string("/\0", 2)) != std::string::npos || shard == "." || shard == "..")
-            v.fail(fmt::format("shard {} for '{}': a plain file name beside the index is expected (no '/', no NUL)",
-                               nlohmann::json(shard).dump(), name));
+        if (shard.empty() || shard.find_first_of(std::string("/\0", 2)) != std::string::npos ||
+            shard == "." || shard == "..")
+            v.fail(fmt::format(
+                "shard {} for '{}': a plain file name beside the index is expected (no '/', no NUL)",
+                nlohmann::json(shard).dump(), name));
         if (!shard_of.emplace(name, shard).second) v.fail(fmt::format("'{}' is listed twice", name));
         wanted.emplace_back(name, shard);
     }
@@ -39,7 +43,8 @@ TensorFile read_index(const std::string& path) {
         for (const auto& [name, t] : f.tensors) {
             auto it = shard_of.find(name);
             if (it == shard_of.end())
-                throw InputError(SourceLocation{path, 0, 0}, fmt::format("'{}' is in {} but not in the index's weight_map", name, shard));
+                throw InputError(SourceLocation{path, 0, 0},
+                                 fmt::format("'{}' is in {} but not in the index's weight_map", name, shard));
             if (it->second != shard)
                 throw InputError(SourceLocation{path, 0, 0},
                                  fmt::format("'{}' is in {}, the index says {}", name, shard, it->second));
@@ -47,7 +52,9 @@ TensorFile read_index(const std::string& path) {
     TensorFile out;
     for (const auto& [name, shard] : wanted) {
         const Tensor* t = shards.at(shard).find(name);
-        if (!t) throw InputError(SourceLocation{path, 0, 0}, fmt::format("'{}' is not in {}, where the index puts it", name, shard));
+        if (!t)
+            throw InputError(SourceLocation{path, 0, 0},
+                             fmt::format("'{}' is not in {}, where the index puts it", name, shard));
         out.add(name, *t);
     }
     out.metadata = {{"index", path}};
@@ -73,17 +80,22 @@ TensorFile from_hf_gpt2(const TensorFile& in, const std::string& path) {
     TensorFile out;
     out.metadata = in.metadata;
     for (const auto& [key, t] : in.tensors) {
-        std::string name = key.rfind("transformer.", 0) == 0 || key.rfind("lm_head.", 0) == 0 ? key : "transformer." + key;
+        std::string name =
+            key.rfind("transformer.", 0) == 0 || key.rfind("lm_head.", 0) == 0 ? key : "transformer." + key;
         if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) continue;
         auto conv1d = [&](const std::string& tail) { return ends_with(name, tail); };
         const bool is_weight = ends_with(name, ".weight");
         if (conv1d(".attn.c_attn.weight") || conv1d(".attn.c_attn.bias")) {
             const Tensor w = is_weight ? transposed(t) : t;  // [3 d, d] or [3 d]
             if (w.size(0) % 3 != 0)
-                throw InputError(SourceLocation{path, 0, 0}, fmt::format("'{}' is {}: c_attn fuses q, k and v (3 x dim)", key, shape_str(t.shape())));
-            const std::string stem = name.substr(0, name.size() - std::string(is_weight ? "c_attn.weight" : "c_attn.bias").size());
+                throw InputError(
+                    SourceLocation{path, 0, 0},
+                    fmt::format("'{}' is {}: c_attn fuses q, k and v (3 x dim)", key, shape_str(t.shape())));
+            const std::string stem =
+                name.substr(0, name.size() - std::string(is_weight ? "c_attn.weight" : "c_attn.bias").size());
             const char* parts[] = {"q_proj", "k_proj", "v_proj"};
-            for (int i = 0; i < 3; ++i) out.add(stem + parts[i] + (is_weight ? ".weight" : ".bias"), chunk(w, 3, i, 0));
+            for (int i = 0; i < 3; ++i)
+                out.add(stem + parts[i] + (is_weight ? ".weight" : ".bias"), chunk(w, 3, i, 0));
             continue;
         }
         if (conv1d(".attn.c_proj.weight") || conv1d(".attn.c_proj.bias")) {
@@ -112,7 +124,9 @@ const std::map<std::string, Converter>& converters() {
 
 }  // namespace
 
-TensorFile read_checkpoint(const std::string& path) { return ends_with(path, ".json") ? read_index(path) : read_safetensors(path); }
+TensorFile read_checkpoint(const std::string& path) {
+    return ends_with(path, ".json") ? read_index(path) : read_safetensors(path);
+}
 
 const std::vector<std::string>& checkpoint_formats() {
     static const std::vector<std::string> names = [] {

@@ -37,7 +37,9 @@ void DrawnCache::keep(const std::string& key, const Tensor& t) {
     if (!find_locked(key).defined()) keep_locked(key, std::move(copy));  // else another rank kept it first
 }
 
-bool DrawnCache::keeps(const Tensor& t) const { return static_cast<int64_t>(t.nbytes()) <= budget_ / 4; }
+bool DrawnCache::keeps(const Tensor& t) const {
+    return static_cast<int64_t>(t.nbytes()) <= budget_ / 4;
+}
 
 void DrawnCache::keep_locked(const std::string& key, Tensor t) {
     if (!keeps(t)) return;

@@ -7,8 +7,8 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <functional>
+#include <list>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -41,7 +41,8 @@ private:
     const int64_t budget_;
     std::mutex mutex_;
     std::list<Entry> entries_;  // the most recently kept first
-    std::unordered_map<std::string, std::list<Entry>::iterator> index_;  // by key: a model of 16,000 layers draws 32,000 tensors
+    std::unordered_map<std::string, std::list<Entry>::iterator>
+        index_;  // by key: a model of 16,000 layers draws 32,000 tensors
     int64_t bytes_ = 0;
 };
 

@@ -42,12 +42,14 @@ void fill_runs(Tensor& t, const Shape& full, int64_t dim, int64_t offset, Draw&&
             for (int64_t start = 0; start < run; start += 4096) {
                 const int64_t len = std::min<int64_t>(4096, run - start);
                 draw(static_cast<uint64_t>(first + start), len, v);
-                for (int64_t i = 0; i < len; ++i) p[outer * run + start + i] = T(static_cast<acc_t<T>>(f(v[i])));
+                for (int64_t i = 0; i < len; ++i)
+                    p[outer * run + start + i] = T(static_cast<acc_t<T>>(f(v[i])));
             }
         }
     });
 }
-void fill_normal_shard(Tensor& t, const CounterRng& rng, double stddev, const Shape& full, int64_t dim, int64_t offset) {
+void fill_normal_shard(Tensor& t, const CounterRng& rng, double stddev, const Shape& full, int64_t dim,
+                       int64_t offset) {
     fill_runs(
         t, full, dim, offset, [&](uint64_t first, int64_t n, double* out) { rng.normal_run(first, n, out); },
         [&](double z) { return stddev * z; });
@@ -61,18 +63,20 @@ void copy_box(const Tensor& whole, Tensor& t, int64_t dim, int64_t offset) {
     for (size_t d = dim + 1; d < full.size(); ++d) inner *= full[d];
     const size_t es = dtype_size(t.dtype()), full_len = full.empty() ? 1 : full[dim];
     const size_t run = static_cast<size_t>((t.dim() ? t.shape()[dim] : 1) * inner) * es;
-    copy_rows(t.raw(), run, t.device(), static_cast<const char*>(whole.raw()) + offset * inner * es, full_len * inner * es,
-              whole.device(), run, run ? t.nbytes() / run : 0);
+    copy_rows(t.raw(), run, t.device(), static_cast<const char*>(whole.raw()) + offset * inner * es,
+              full_len * inner * es, whole.device(), run, run ? t.nbytes() / run : 0);
 }
 
 // A parameter's initial values: the box of the whole tensor drawn earlier in this process (the
 // reference run's, drawn whole), else drawn (runs of the whole tensor's indices); a whole tensor
 // drawn is kept for the ranks that follow. `what` names the distribution and its scale.
 template <class Fill>
-void init_cached(Tensor& t, uint64_t seed, const std::string& fqn, const std::string& what, const Shape& full, int64_t dim,
-                 int64_t offset, Fill&& fill) {
-    const std::string key = fmt::format("init/{}/{}/{}/{}/{}", seed, fqn, what, shape_str(full), dtype_name(t.dtype()));
-    if (const Tensor whole = drawn_tensors().find(key); whole.defined()) return copy_box(whole, t, dim, offset);
+void init_cached(Tensor& t, uint64_t seed, const std::string& fqn, const std::string& what, const Shape& full,
+                 int64_t dim, int64_t offset, Fill&& fill) {
+    const std::string key =
+        fmt::format("init/{}/{}/{}/{}/{}", seed, fqn, what, shape_str(full), dtype_name(t.dtype()));
+    if (const Tensor whole = drawn_tensors().find(key); whole.defined())
+        return copy_box(whole, t, dim, offset);
     fill();
     if (t.shape() == full) drawn_tensors().keep(key, t);
 }
@@ -82,24 +86,27 @@ void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound
     init_uniform_shard(t, seed, fqn, bound, t.shape(), 0, 0);
 }
 
-void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double bound, const Shape& full, int64_t dim,
-                        int64_t offset) {
+void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double bound, const Shape& full,
+                        int64_t dim, int64_t offset) {
     init_cached(t, seed, fqn, fmt::format("uniform/{:a}", bound), full, dim, offset, [&] {
         const CounterRng rng(seed, stream_id("init", fqn));
         fill_runs(
-            t, full, dim, offset, [&](uint64_t first, int64_t n, double* out) { rng.uniform_run(first, n, out); },
+            t, full, dim, offset,
+            [&](uint64_t first, int64_t n, double* out) { rng.uniform_run(first, n, out); },
             [&](double u) { return -bound + 2.0 * bound * u; });
     });
 }
 
-void init_normal_shard(Tensor& t, uint64_t seed, const std::string& fqn, double stddev, const Shape& full, int64_t dim,
-                       int64_t offset) {
+void init_normal_shard(Tensor& t, uint64_t seed, const std::string& fqn, double stddev, const Shape& full,
+                       int64_t dim, int64_t offset) {
     init_cached(t, seed, fqn, fmt::format("normal/{:a}", stddev), full, dim, offset, [&] {
         fill_normal_shard(t, CounterRng(seed, stream_id("init", fqn)), stddev, full, dim, offset);
     });
 }
 
-void fill_normal(Tensor& t, const CounterRng& rng, double stddev) { fill_normal_shard(t, rng, stddev, t.shape(), 0, 0); }
+void fill_normal(Tensor& t, const CounterRng& rng, double stddev) {
+    fill_normal_shard(t, rng, stddev, t.shape(), 0, 0);
+}
 
 void init_normal(Tensor& t, uint64_t seed, const std::string& fqn, double stddev) {
     init_normal_shard(t, seed, fqn, stddev, t.shape(), 0, 0);

@@ -22,7 +22,8 @@ public:
     // Rowwise tensor parallelism adds the bias once, after the reduction: the style's hooks then
     // own the bias and forward/backward here leave it alone.
     void set_defer_bias(bool defer) { defer_bias_ = defer; }
-    void init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim, int64_t offset) const override;
+    void init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim,
+                    int64_t offset) const override;
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -119,7 +120,8 @@ public:
     // Vocab-parallel (rowwise): this rank holds rows [offset, offset + weight rows); other ids
     // look up zeros here and the ranks' outputs are summed.
     void set_vocab_offset(int64_t offset) { vocab_offset_ = offset; }
-    void init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim, int64_t offset) const override;
+    void init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim,
+                    int64_t offset) const override;
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -173,11 +175,11 @@ private:
 // Fills t with U(-bound, bound) drawn for (seed, "init", fqn), element i from index i.
 void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound);
 // The same for a shard: local element i takes the draw of full element global_index(i).
-void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double bound, const Shape& full, int64_t dim,
-                        int64_t offset);
+void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double bound, const Shape& full,
+                        int64_t dim, int64_t offset);
 void init_normal(Tensor& t, uint64_t seed, const std::string& fqn, double stddev);
-void init_normal_shard(Tensor& t, uint64_t seed, const std::string& fqn, double stddev, const Shape& full, int64_t dim,
-                       int64_t offset);
+void init_normal_shard(Tensor& t, uint64_t seed, const std::string& fqn, double stddev, const Shape& full,
+                       int64_t dim, int64_t offset);
 void fill_value(Tensor& t, double value);  // host-side fill, for init
 // N(0, stddev) from rng, element i from index i (generated data: its own stream)
 void fill_normal(Tensor& t, const CounterRng& rng, double stddev);

@@ -14,7 +14,9 @@ LossResult compute_loss(Backend& be, LossKind kind, const Tensor& output, const 
             r.value = be.sum_all(output) / static_cast<double>(output.numel());
             be.fill(r.grad, 1.0 / static_cast<double>(output.numel()));
             break;
-        case LossKind::mse: r.value = be.mse(output, target, r.grad); break;
+        case LossKind::mse:
+            r.value = be.mse(output, target, r.grad);
+            break;
         case LossKind::cross_entropy: {
             const int64_t v = output.size(-1);
             Tensor g2 = r.grad.reshape({leading_numel(output.shape()), v});

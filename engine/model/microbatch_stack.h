@@ -24,7 +24,8 @@ public:
     // The last value pushed for `microbatch` (which must have one).
     T pop(int microbatch) {
         auto it = stacks_.find(microbatch);
-        PTOOL_REQUIRE(it != stacks_.end() && !it->second.empty(), "nothing saved for microbatch {}", microbatch);
+        PTOOL_REQUIRE(it != stacks_.end() && !it->second.empty(), "nothing saved for microbatch {}",
+                      microbatch);
         T value = std::move(it->second.back());
         it->second.pop_back();
         if (it->second.empty()) stacks_.erase(it);
@@ -32,7 +33,8 @@ public:
     }
     T& top(int microbatch) {
         auto it = stacks_.find(microbatch);
-        PTOOL_REQUIRE(it != stacks_.end() && !it->second.empty(), "nothing saved for microbatch {}", microbatch);
+        PTOOL_REQUIRE(it != stacks_.end() && !it->second.empty(), "nothing saved for microbatch {}",
+                      microbatch);
         return it->second.back();
     }
 

@@ -1,6 +1,6 @@
-#include <set>
-
 #include "model/model.h"
+
+#include <set>
 
 namespace ptool {
 
@@ -16,11 +16,16 @@ static std::vector<std::pair<std::string, ParamPtr>> unique_entries(const Module
     return out;
 }
 
-std::vector<std::pair<std::string, ParamPtr>> Model::named_parameters() const { return unique_entries(*root, false); }
-std::vector<std::pair<std::string, ParamPtr>> Model::named_buffers() const { return unique_entries(*root, true); }
+std::vector<std::pair<std::string, ParamPtr>> Model::named_parameters() const {
+    return unique_entries(*root, false);
+}
+std::vector<std::pair<std::string, ParamPtr>> Model::named_buffers() const {
+    return unique_entries(*root, true);
+}
 
 // PyTorch's state_dict order: per module, its parameters then its buffers, then its children.
-static void walk_state(const Module& m, const std::string& prefix, std::vector<std::pair<std::string, ParamPtr>>& out) {
+static void walk_state(const Module& m, const std::string& prefix,
+                       std::vector<std::pair<std::string, ParamPtr>>& out) {
     for (const auto& e : m.params()) out.emplace_back(join_name(prefix, e.name), e.param);
     for (const auto& e : m.buffers()) out.emplace_back(join_name(prefix, e.name), e.param);
     for (const auto& [name, child] : m.children()) walk_state(*child, join_name(prefix, name), out);
@@ -47,7 +52,8 @@ void Model::to_device(Device device) {
         MemoryUseScope scope(use);
         if (t.defined() && t.device() != device) t = t.to_device(device);
     };
-    for (auto& [name, p] : named_parameters()) move(p->value, MemoryUse::parameters), move(p->grad, MemoryUse::gradients);
+    for (auto& [name, p] : named_parameters())
+        move(p->value, MemoryUse::parameters), move(p->grad, MemoryUse::gradients);
     for (auto& [name, b] : named_buffers()) move(b->value, MemoryUse::parameters);
 }
 

@@ -27,7 +27,7 @@ struct TensorSpec {
     int64_t range = 0;  // ids are drawn from [0, range)
 };
 
-enum class OptimizerType { sgd, adamw };  // torch.optim.SGD, torch.optim.AdamW
+enum class OptimizerType { sgd, adamw };      // torch.optim.SGD, torch.optim.AdamW
 const char* optimizer_name(OptimizerType t);  // the YAML's spelling: "sgd", "adamw"
 
 struct OptimizerSpec {
@@ -74,8 +74,8 @@ struct Model {
 // dtype_override: `--dtype` on the command line ("" keeps the file's). Without init, parameter
 // storage is uninitialised until init_params / a state_dict / shard init fills it.
 Model load_model(const std::string& path, const std::string& dtype_override = "");
-Model load_model_text(const std::string& text, const std::string& name, const std::string& dtype_override = "",
-                      bool init = true);
+Model load_model_text(const std::string& text, const std::string& name,
+                      const std::string& dtype_override = "", bool init = true);
 
 // Refuses models whose parameters and batch would exceed this many bytes (InputError at the key
 // that crosses it), checked from the YAML before anything is allocated; every product of sizes is

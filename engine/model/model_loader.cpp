@@ -33,10 +33,15 @@ int64_t parse_byte_count(const char* text) {  // "8589934592", "8G", "512M", "no
     char* end = nullptr;
     const double v = std::strtod(text, &end);
     const std::string unit = end ? end : "";
-    const double scale = unit.empty() ? 1 : unit == "K" ? 1024.0 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0
-                       : unit == "T" ? 1099511627776.0 : -1;
+    const double scale = unit.empty()  ? 1
+                         : unit == "K" ? 1024.0
+                         : unit == "M" ? 1048576.0
+                         : unit == "G" ? 1073741824.0
+                         : unit == "T" ? 1099511627776.0
+                                       : -1;
     if (!(v > 0) || scale < 0 || v * scale > 9e18)
-        throw InputError(fmt::format("PTOOL_MODEL_BYTE_LIMIT='{}': expected bytes, e.g. 8589934592, 8G or 512M, or none", text));
+        throw InputError(fmt::format(
+            "PTOOL_MODEL_BYTE_LIMIT='{}': expected bytes, e.g. 8589934592, 8G or 512M, or none", text));
     return static_cast<int64_t>(v * scale);
 }
 
@@ -59,10 +64,12 @@ public:
     using ModuleBuilder::account;
     void account(const YamlNode& where, int64_t elements, DType dtype) override {
         bytes_ = size_add(where, bytes_, size_mul(where, elements, static_cast<int64_t>(dtype_size(dtype))));
-        if (byte_limit() > 0 && bytes_ > byte_limit() && !meta_allocation_active())  // meta models allocate nothing
-            where.fail(fmt::format("the model reaches {} bytes of parameters and batch, over the limit of {} "
-                                   "(PTOOL_MODEL_BYTE_LIMIT raises it)",
-                                   bytes_, byte_limit()));
+        if (byte_limit() > 0 && bytes_ > byte_limit() &&
+            !meta_allocation_active())  // meta models allocate nothing
+            where.fail(
+                fmt::format("the model reaches {} bytes of parameters and batch, over the limit of {} "
+                            "(PTOOL_MODEL_BYTE_LIMIT raises it)",
+                            bytes_, byte_limit()));
     }
 
     std::shared_ptr<Module> lookup(const YamlNode& where, const std::string& fqn, const char* key) override {
@@ -82,13 +89,17 @@ public:
             std::vector<std::string> scoped;
             names_in_scope(name, *child, scoped);
             for (const std::string& n : scoped)
-                if (!names.insert(n).second) item.fail(fmt::format("duplicate module name '{}'", join_name(prefix, n)));
+                if (!names.insert(n).second)
+                    item.fail(fmt::format("duplicate module name '{}'", join_name(prefix, n)));
             parent.add_child(name, child);
         }
-        if (names.empty()) m.at("modules").fail(fmt::format("'{}' has no modules", prefix.empty() ? "model" : prefix));
+        if (names.empty())
+            m.at("modules").fail(fmt::format("'{}' has no modules", prefix.empty() ? "model" : prefix));
     }
 
-    void name_module(const std::string& fqn, std::shared_ptr<Module> m) override { by_fqn_.emplace(fqn, std::move(m)); }
+    void name_module(const std::string& fqn, std::shared_ptr<Module> m) override {
+        by_fqn_.emplace(fqn, std::move(m));
+    }
 
 private:
     std::pair<std::string, std::shared_ptr<Module>> build(const YamlNode& node, const std::string& prefix) {
@@ -102,7 +113,8 @@ private:
         const bool transparent = !m.has("name") && m.has("type") && may_be_transparent();
         const std::string name = transparent ? "" : m.at("name").as_string("a module's 'name'");
         if (!transparent && (name.empty() || name.find_first_of(". \t") != std::string::npos))
-            m.at("name").fail(fmt::format("module name '{}' must be non-empty, without dots or spaces", name));
+            m.at("name").fail(
+                fmt::format("module name '{}' must be non-empty, without dots or spaces", name));
         const std::string fqn = join_name(prefix, name);
         YamlNode type_node = m.at("type");
         const std::string type = type_node.as_string("'type'");
@@ -111,18 +123,22 @@ private:
         if (!transparent) mm.at("name");
         mm.at("type");
         const ModuleType* t = find_module_type(type);
-        if (!t) type_node.fail(fmt::format("unknown module type '{}'{}", type, did_you_mean(type, module_type_names())));
+        if (!t)
+            type_node.fail(
+                fmt::format("unknown module type '{}'{}", type, did_you_mean(type, module_type_names())));
         ModuleEntry entry{mm, name, fqn, node.where()};
         std::shared_ptr<Module> mod = t->build(*this, entry);
         mm.finish();
         mod->set_fqn(fqn);
-        if (transparent) mod->set_transparent();
-        else if (!t->aliases()) by_fqn_.emplace(fqn, mod);
+        if (transparent)
+            mod->set_transparent();
+        else if (!t->aliases())
+            by_fqn_.emplace(fqn, mod);
         return {name, mod};
     }
 
     DType dtype_;
-    int64_t bytes_ = 0;  // parameters, buffers and batch counted so far
+    int64_t bytes_ = 0;                                      // parameters, buffers and batch counted so far
     std::map<std::string, std::shared_ptr<Module>> by_fqn_;  // every module built so far
 };
 
@@ -164,11 +180,13 @@ OptimizerSpec parse_optimizer(const YamlNode& node) {
             if (items.size() != 2) b->fail("'betas' must be [beta1, beta2]");
             o.beta1 = items[0].as_double("beta1");
             o.beta2 = items[1].as_double("beta2");
-            if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1)) b->fail("betas must be in [0, 1)");
+            if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
+                b->fail("betas must be in [0, 1)");
         }
     }
     if (!(o.lr >= 0)) m.at("lr").fail("lr must be >= 0");
-    // torch.optim's own checks ("Invalid momentum value", "Invalid weight_decay value", "Invalid epsilon value")
+    // torch.optim's own checks ("Invalid momentum value", "Invalid weight_decay value", "Invalid epsilon
+    // value")
     if (!(o.momentum >= 0)) m.at("momentum").fail("momentum must be >= 0");
     if (!(o.weight_decay >= 0)) m.at("weight_decay").fail("weight_decay must be >= 0");
     if (!(o.eps >= 0)) m.at("eps").fail("eps must be >= 0");
@@ -180,24 +198,32 @@ LossKind parse_loss(const YamlNode& node) {
     const std::string s = node.as_string("'loss'");
     for (LossKind k : {LossKind::sum, LossKind::mean, LossKind::mse, LossKind::cross_entropy})
         if (s == loss_name(k)) return k;
-    node.fail(fmt::format("unknown loss '{}'{}", s, did_you_mean(s, {"sum", "mean", "mse", "cross_entropy"})));
+    node.fail(
+        fmt::format("unknown loss '{}'{}", s, did_you_mean(s, {"sum", "mean", "mse", "cross_entropy"})));
 }
 
 }  // namespace
 
-void set_model_byte_limit(int64_t bytes) { byte_limit() = bytes; }
+void set_model_byte_limit(int64_t bytes) {
+    byte_limit() = bytes;
+}
 
 const char* loss_name(LossKind k) {
     switch (k) {
-        case LossKind::sum: return "sum";
-        case LossKind::mean: return "mean";
-        case LossKind::mse: return "mse";
-        case LossKind::cross_entropy: return "cross_entropy";
+        case LossKind::sum:
+            return "sum";
+        case LossKind::mean:
+            return "mean";
+        case LossKind::mse:
+            return "mse";
+        case LossKind::cross_entropy:
+            return "cross_entropy";
     }
     return "?";
 }
 
-Model load_model_text(const std::string& text, const std::string& path, const std::string& dtype_override, bool init) {
+Model load_model_text(const std::string& text, const std::string& path, const std::string& dtype_override,
+                      bool init) {
     YamlNode root = load_yaml_text(text, path);
     YamlMap m(root, "the model");
     Model model;
@@ -214,7 +240,8 @@ Model load_model_text(const std::string& text, const std::string& path, const st
     if (!dtype_override.empty()) model.dtype = parse_dtype(dtype_override);
     model.seed = static_cast<uint64_t>(m.int_or("seed", 0));
     model.steps = m.has("steps") ? m.at("steps").as_positive_int("'steps'") : 1;
-    if (model.steps > kMaxSteps) m.at("steps").fail(fmt::format("steps {} is over the limit of {}", model.steps, kMaxSteps));
+    if (model.steps > kMaxSteps)
+        m.at("steps").fail(fmt::format("steps {} is over the limit of {}", model.steps, kMaxSteps));
     YamlMap batch(m.at("batch"), "'batch'");
     model.input = parse_tensor_spec(batch.at("input"), "'batch.input'");
     if (auto t = batch.get("target")) model.target = parse_tensor_spec(*t, "'batch.target'");
@@ -225,8 +252,9 @@ Model load_model_text(const std::string& text, const std::string& path, const st
         model.gradient_accumulation = g->as_positive_int("'gradient_accumulation'");
         const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0];
         if (rows % model.gradient_accumulation != 0)
-            g->fail(fmt::format("gradient_accumulation {} does not divide the batch's {} rows into equal microbatches",
-                                model.gradient_accumulation, rows));
+            g->fail(fmt::format(
+                "gradient_accumulation {} does not divide the batch's {} rows into equal microbatches",
+                model.gradient_accumulation, rows));
     }
     if (auto c = m.get("clip_grad_norm")) {
         model.clip_grad_norm = c->as_double("'clip_grad_norm'");
@@ -238,12 +266,14 @@ Model load_model_text(const std::string& text, const std::string& path, const st
         model.checkpoint_format = f->as_string("'checkpoint_format'");
         const auto& known = checkpoint_formats();
         if (std::find(known.begin(), known.end(), model.checkpoint_format) == known.end())
-            f->fail(fmt::format("unknown checkpoint_format '{}'{}", model.checkpoint_format, did_you_mean(model.checkpoint_format, known)));
+            f->fail(fmt::format("unknown checkpoint_format '{}'{}", model.checkpoint_format,
+                                did_you_mean(model.checkpoint_format, known)));
     }
 
     Builder b(model.dtype);
-    b.account(batch.node(), size_add(batch.node(), numel_checked(batch.at("input"), model.input.shape),
-                                     model.target ? numel_checked(batch.at("target"), model.target->shape) : 0));
+    b.account(batch.node(),
+              size_add(batch.node(), numel_checked(batch.at("input"), model.input.shape),
+                       model.target ? numel_checked(batch.at("target"), model.target->shape) : 0));
     model.root = std::make_shared<Sequential>("", root.where());
     b.children(m, *model.root, "");
     m.finish();
@@ -251,31 +281,34 @@ Model load_model_text(const std::string& text, const std::string& path, const st
 
     // Shape inference over the whole tree: every size error is found before any compute.
     if (model.input.ids != model.root->takes_ids())
-        m.at("batch").fail(model.input.ids ? "batch.input is tokens, but the first module is not an embedding"
-                                           : "the first module is an embedding: batch.input must be {tokens, vocab}");
+        m.at("batch").fail(model.input.ids
+                               ? "batch.input is tokens, but the first module is not an embedding"
+                               : "the first module is an embedding: batch.input must be {tokens, vocab}");
     model.output_shape = model.root->output_shape(model.input.shape);
     if (model.input.ids) {  // the ids drawn must be rows of the embedding that looks them up
         const Module* first = model.root.get();
         while (!first->children().empty()) first = first->children()[0].second.get();
         if (const auto* e = dynamic_cast<const Embedding*>(first); e && model.input.range > e->vocab())
-            batch.at("input").fail(fmt::format("batch.input draws ids from [0, {}) but embedding '{}' has {} rows: its vocab "
-                                               "must be at most {}",
-                                               model.input.range, e->fqn(), e->vocab(), e->vocab()));
+            batch.at("input").fail(
+                fmt::format("batch.input draws ids from [0, {}) but embedding '{}' has {} rows: its vocab "
+                            "must be at most {}",
+                            model.input.range, e->fqn(), e->vocab(), e->vocab()));
     }
     const Shape& out = model.output_shape;
     if (model.loss == LossKind::cross_entropy) {
         Shape want(out.begin(), out.end() - 1);
         if (!model.target) model.target = TensorSpec{want, true, out.back()};
         if (model.target->shape != want)
-            batch.at("target").fail(fmt::format("cross_entropy on output {} needs target {}, got {}", shape_str(out),
-                                                shape_str(want), shape_str(model.target->shape)));
+            batch.at("target").fail(fmt::format("cross_entropy on output {} needs target {}, got {}",
+                                                shape_str(out), shape_str(want),
+                                                shape_str(model.target->shape)));
         model.target->ids = true;
         model.target->range = out.back();
     } else if (model.loss == LossKind::mse) {
         if (!model.target) model.target = TensorSpec{out, false, 0};
         if (model.target->shape != out || model.target->ids)
-            batch.at("target").fail(fmt::format("mse on output {} needs a float target of the same shape",
-                                                shape_str(out)));
+            batch.at("target").fail(
+                fmt::format("mse on output {} needs a float target of the same shape", shape_str(out)));
     }
     if (init) model.init_params();
     return model;

@@ -1,17 +1,21 @@
 #include "model/module.h"
 
+#include <set>
+
 #include "backend/meta/meta_backend.h"
 #include "core/memory_account.h"
 #include "core/turns.h"
 #include "model/module_type.h"
 
-#include <set>
-
 namespace ptool {
 
-const char* phase_name(Phase p) { return p == Phase::forward ? "forward" : "backward"; }
+const char* phase_name(Phase p) {
+    return p == Phase::forward ? "forward" : "backward";
+}
 
-const std::string& Module::type() const { return type_->name(); }
+const std::string& Module::type() const {
+    return type_->name();
+}
 
 Placed Module::forward(RunContext& ctx, const Placed& x) {
     if (checkpointed_ && ctx.recording) {  // keep the input only: nothing below saves for backward
@@ -32,7 +36,8 @@ Placed Module::forward_hooked(RunContext& ctx, const Placed& x) {
     microbatch_ = ctx.microbatch;
     if (ctx.recording) inputs_.push(ctx.microbatch, in.layout());
     const std::optional<Placement> computed = hooks_ ? hooks_->compute_out(*this) : std::nullopt;
-    Placed y = computed ? Placed{forward_impl(ctx, in.t), *computed, output_shape(in.global)} : forward_placed(ctx, in);
+    Placed y = computed ? Placed{forward_impl(ctx, in.t), *computed, output_shape(in.global)}
+                        : forward_placed(ctx, in);
     if (hooks_) y = hooks_->post_forward(ctx, *this, y);
     if (ctx.observer && !transparent_) ctx.observer(*this, Phase::forward, ctx.microbatch, y);
     return y;
@@ -40,7 +45,8 @@ Placed Module::forward_hooked(RunContext& ctx, const Placed& x) {
 
 Placed Module::backward(RunContext& ctx, const Placed& dy) {
     if (checkpointed_) {  // recompute the forward, recording, unobserved, then run the backward it saved for
-        PTOOL_REQUIRE(!checkpoint_inputs_.empty(ctx.microbatch), "backward of checkpointed '{}' without a forward", fqn_);
+        PTOOL_REQUIRE(!checkpoint_inputs_.empty(ctx.microbatch),
+                      "backward of checkpointed '{}' without a forward", fqn_);
         const Placed x = checkpoint_inputs_.pop(ctx.microbatch);
         auto observer = std::move(ctx.observer);
         const bool was = ctx.recomputing;
@@ -59,11 +65,14 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
     const Placed d = hooks_ ? hooks_->post_forward_backward(ctx, *this, dy) : dy;
     const std::optional<Placement> computed = hooks_ ? hooks_->compute_grad_in(*this) : std::nullopt;
     Placed dx;
-    if (!computed) dx = backward_placed(ctx, d, in);
-    else if (Tensor t = backward_impl(ctx, d.t); t.defined()) dx = {t, *computed, in.global};
+    if (!computed)
+        dx = backward_placed(ctx, d, in);
+    else if (Tensor t = backward_impl(ctx, d.t); t.defined())
+        dx = {t, *computed, in.global};
     if (hooks_ && dx.defined()) dx = hooks_->pre_forward_backward(ctx, *this, dx);
     if (hooks_) hooks_->post_backward(ctx, *this);
-    if (ctx.observer && dx.defined() && !transparent_) ctx.observer(*this, Phase::backward, ctx.microbatch, dx);
+    if (ctx.observer && dx.defined() && !transparent_)
+        ctx.observer(*this, Phase::backward, ctx.microbatch, dx);
     return dx;
 }
 
@@ -87,13 +96,17 @@ Tensor Module::backward_impl(RunContext&, const Tensor&) {
     return {};
 }
 
-Layout Module::layout(LayoutVisitor&, const Layout& in) const { return {output_shape(in.global), out_placement(in)}; }
+Layout Module::layout(LayoutVisitor&, const Layout& in) const {
+    return {output_shape(in.global), out_placement(in)};
+}
 
 void Module::init_shard(uint64_t, const std::string& param, Tensor&, int64_t, int64_t) const {
     PTOOL_REQUIRE(false, "'{}' ({}) cannot initialise a shard of '{}'", fqn_, type(), param);
 }
 
-void Module::conflict(const std::string& message) const { throw LayoutError(where_, message); }
+void Module::conflict(const std::string& message) const {
+    throw LayoutError(where_, message);
+}
 
 namespace {
 
@@ -199,6 +212,8 @@ ParamPtr make_buffer(Shape shape, DType dtype) {
     return p;
 }
 
-Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+Tensor empty_like(const Tensor& t) {
+    return Tensor::empty(t.shape(), t.dtype(), t.device());
+}
 
 }  // namespace ptool

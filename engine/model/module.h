@@ -44,7 +44,8 @@ struct RunContext {
     uint64_t seed = 0;
     int64_t step = 0;
     bool training = true;
-    int64_t row_offset = 0;  // global row of this rank's first batch row (data parallel): dropout's mask index
+    int64_t row_offset =
+        0;  // global row of this rank's first batch row (data parallel): dropout's mask index
     int tp_rank = 0, tp_parts = 1;  // this rank on the tensor-parallel dim: where a shard sits in its tensor
     // Called after each module's forward (output) and backward (input gradient) with the
     // microbatch it belongs to, for divergence localisation; may be empty.
@@ -117,7 +118,8 @@ public:
     // Fills `local`, the piece [offset, offset + local.size(dim)) along `dim` of parameter `param`
     // (dim -1: the whole parameter), with exactly the values init_params gives those elements, so a
     // rank builds its shard without the full tensor (src_data_rank: null). Linear and embedding.
-    virtual void init_shard(uint64_t seed, const std::string& param, Tensor& local, int64_t dim, int64_t offset) const;
+    virtual void init_shard(uint64_t seed, const std::string& param, Tensor& local, int64_t dim,
+                            int64_t offset) const;
 
     // Runs the hooks and the module, and reports the output (input gradient) to ctx.observer.
     Placed forward(RunContext& ctx, const Placed& x);
@@ -149,7 +151,9 @@ public:
     bool checkpointed() const { return checkpointed_; }
     void register_param(const std::string& name, ParamPtr p) { params_.push_back({name, std::move(p)}); }
     void register_buffer(const std::string& name, ParamPtr b) { buffers_.push_back({name, std::move(b)}); }
-    void add_child(const std::string& name, std::shared_ptr<Module> m) { children_.push_back({name, std::move(m)}); }
+    void add_child(const std::string& name, std::shared_ptr<Module> m) {
+        children_.push_back({name, std::move(m)});
+    }
     // Drops the children keep() refuses (a pipeline stage keeps its own layers: train/stage.h).
     void keep_children(const std::function<bool(Module&)>& keep);
     ParamPtr param(const std::string& name) const;  // nullptr when absent
@@ -187,7 +191,7 @@ private:
     MicrobatchStack<Layout> inputs_;  // per call: the input layout (after the pre-forward hook)
     bool checkpointed_ = false, saving_ = true, transparent_ = false;
     int microbatch_ = 0;  // of the forward or backward running now (save and restore key on it)
-    MicrobatchStack<Placed> checkpoint_inputs_;  // per checkpointed call: its input
+    MicrobatchStack<Placed> checkpoint_inputs_;               // per checkpointed call: its input
     Placed forward_hooked(RunContext& ctx, const Placed& x);  // hooks + the module, no checkpointing
     std::shared_ptr<ModuleHooks> hooks_;
 };

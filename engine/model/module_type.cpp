@@ -13,17 +13,21 @@ std::map<std::string, const ModuleType*, std::less<>>& registry() {
 
 }  // namespace
 
-int64_t ModuleEntry::positive(const char* key) const { return keys.at(key).as_positive_int(fmt::format("'{}'", key)); }
+int64_t ModuleEntry::positive(const char* key) const {
+    return keys.at(key).as_positive_int(fmt::format("'{}'", key));
+}
 
 int64_t size_mul(const YamlNode& where, int64_t a, int64_t b) {
     int64_t r = 0;
-    if (__builtin_mul_overflow(a, b, &r)) where.fail(fmt::format("sizes overflow: {} x {} is beyond 2^63", a, b));
+    if (__builtin_mul_overflow(a, b, &r))
+        where.fail(fmt::format("sizes overflow: {} x {} is beyond 2^63", a, b));
     return r;
 }
 
 int64_t size_add(const YamlNode& where, int64_t a, int64_t b) {
     int64_t r = 0;
-    if (__builtin_add_overflow(a, b, &r)) where.fail(fmt::format("sizes overflow: {} + {} is beyond 2^63", a, b));
+    if (__builtin_add_overflow(a, b, &r))
+        where.fail(fmt::format("sizes overflow: {} + {} is beyond 2^63", a, b));
     return r;
 }
 
@@ -35,7 +39,8 @@ const ModuleType* find_module_type(std::string_view name) {
 std::vector<std::string> module_type_names() {
     std::vector<const ModuleType*> types;
     for (const auto& [name, t] : registry()) types.push_back(t);
-    std::stable_sort(types.begin(), types.end(), [](const ModuleType* a, const ModuleType* b) { return a->listed() < b->listed(); });
+    std::stable_sort(types.begin(), types.end(),
+                     [](const ModuleType* a, const ModuleType* b) { return a->listed() < b->listed(); });
     std::vector<std::string> out;
     for (const ModuleType* t : types) out.push_back(t->name());
     return out;

@@ -36,10 +36,12 @@ public:
     void account(const YamlNode& where, int64_t elements) { account(where, elements, dtype()); }
     // The module an earlier one was built as under `fqn` (`tie`, `shared`): exit 2 at `where`,
     // naming `key`, when there is none.
-    virtual std::shared_ptr<Module> lookup(const YamlNode& where, const std::string& fqn, const char* key) = 0;
+    virtual std::shared_ptr<Module> lookup(const YamlNode& where, const std::string& fqn,
+                                           const char* key) = 0;
     // Builds `m`'s 'modules' list into `parent`'s children (names unique in their scope), under `prefix`.
     virtual void children(YamlMap& m, Module& parent, const std::string& prefix) = 0;
-    // Makes a module that no YAML entry names reachable by `fqn` for later `tie` and `shared` (repeat's blocks).
+    // Makes a module that no YAML entry names reachable by `fqn` for later `tie` and `shared` (repeat's
+    // blocks).
     virtual void name_module(const std::string& fqn, std::shared_ptr<Module> m) = 0;
 };
 
@@ -78,7 +80,8 @@ enum class TpRule {
 };
 struct TpTemplate {
     TpRule rule = TpRule::none;
-    std::string colwise = {}, rowwise = {};  // projections: the children's patterns (".[qkv]_proj", ".o_proj")
+    std::string colwise = {},
+                rowwise = {};  // projections: the children's patterns (".[qkv]_proj", ".o_proj")
 };
 
 // What `ptool shrink` (plan/shrink.cpp) changes in an entry of this type to make a proxy model.

@@ -2,7 +2,9 @@
 
 namespace ptool {
 
-const char* optimizer_name(OptimizerType t) { return t == OptimizerType::adamw ? "adamw" : "sgd"; }
+const char* optimizer_name(OptimizerType t) {
+    return t == OptimizerType::adamw ? "adamw" : "sgd";
+}
 
 void Optimizer::step(const std::vector<std::pair<std::string, ParamPtr>>& params) {
     ++step_;
@@ -14,13 +16,14 @@ void Optimizer::step(const std::vector<std::pair<std::string, ParamPtr>>& params
             MemoryUseScope use(MemoryUse::optimizer);
             if (spec_.type == OptimizerType::adamw || spec_.momentum != 0.0)
                 s.a = Tensor(p->value.shape(), p->value.dtype(), p->value.device());  // zeros
-            if (spec_.type == OptimizerType::adamw) s.b = Tensor(p->value.shape(), p->value.dtype(), p->value.device());
+            if (spec_.type == OptimizerType::adamw)
+                s.b = Tensor(p->value.shape(), p->value.dtype(), p->value.device());
         }
         if (spec_.type == OptimizerType::sgd) {
             backend_.sgd_step(p->value, p->grad, s.a, spec_.lr, spec_.momentum, spec_.weight_decay, first);
         } else {
-            backend_.adamw_step(p->value, p->grad, s.a, s.b, step_, spec_.lr, spec_.beta1, spec_.beta2, spec_.eps,
-                                spec_.weight_decay);
+            backend_.adamw_step(p->value, p->grad, s.a, s.b, step_, spec_.lr, spec_.beta1, spec_.beta2,
+                                spec_.eps, spec_.weight_decay);
         }
     }
 }

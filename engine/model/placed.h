@@ -16,8 +16,10 @@ struct Placed {
     Shape global;
 
     Placed() = default;
-    Placed(Tensor local) : t(std::move(local)), global(t.defined() ? t.shape() : Shape{}) {}  // NOLINT: Replicate
-    Placed(Tensor local, Placement placement, Shape full) : t(std::move(local)), p(placement), global(std::move(full)) {}
+    Placed(Tensor local)
+        : t(std::move(local)), global(t.defined() ? t.shape() : Shape{}) {}  // NOLINT: Replicate
+    Placed(Tensor local, Placement placement, Shape full)
+        : t(std::move(local)), p(placement), global(std::move(full)) {}
 
     bool defined() const { return t.defined(); }
     Layout layout() const { return {global, p}; }

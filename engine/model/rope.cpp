@@ -22,19 +22,21 @@ Rope::Tables Rope::tables(const Tensor& like) const {
     const int64_t n = like.size(0), t = like.size(1), half = hd_ / 2;
     const bool meta = like.device() == Device::meta;  // shapes only: the same tensors, no values
     const Device host = meta ? Device::meta : Device::cpu;
-    Tensor c({t, hd_}, like.dtype(), host), s({t, hd_}, like.dtype(), host), m({hd_, hd_}, like.dtype(), host);
+    Tensor c({t, hd_}, like.dtype(), host), s({t, hd_}, like.dtype(), host),
+        m({hd_, hd_}, like.dtype(), host);
     for (int64_t i = 0; i < half && !meta; ++i) {
         // as HF: inv_freq in float32, then position * inv_freq in float32, cos/sin of that
         const float freq = inv_freq(i);
         for (int64_t p = 0; p < t; ++p) {
             const float angle = static_cast<float>(p) * freq;
-            for (int64_t k : {i, i + half}) c.set(p * hd_ + k, std::cos(angle)), s.set(p * hd_ + k, std::sin(angle));
+            for (int64_t k : {i, i + half})
+                c.set(p * hd_ + k, std::cos(angle)), s.set(p * hd_ + k, std::sin(angle));
         }
         m.set(i * hd_ + i + half, -1.0);  // rotate_half: out[i] = -x[i + half], out[i + half] = x[i]
         m.set((i + half) * hd_ + i, 1.0);
     }
-    Tables out{Tensor::empty({n, t, hd_}, like.dtype(), like.device()), Tensor::empty({n, t, hd_}, like.dtype(), like.device()),
-               m.to_device(like.device())};
+    Tables out{Tensor::empty({n, t, hd_}, like.dtype(), like.device()),
+               Tensor::empty({n, t, hd_}, like.dtype(), like.device()), m.to_device(like.device())};
     const Tensor cd = c.to_device(like.device()), sd = s.to_device(like.device());
     for (int64_t j = 0; j < n && !meta; ++j) {  // the same table for every head of every batch row
         Tensor co = out.cos.narrow(0, j, 1).reshape({t, hd_}), so = out.sin.narrow(0, j, 1).reshape({t, hd_});
@@ -47,7 +49,8 @@ Rope::Tables Rope::tables(const Tensor& like) const {
 Tensor Rope::forward(Backend& be, const Tensor& x) const {
     if (x.numel() == 0) return x.clone();
     const Tables tb = tables(x);
-    Tensor rotated = Tensor::empty(x.shape(), x.dtype(), x.device()), a = Tensor::empty(x.shape(), x.dtype(), x.device());
+    Tensor rotated = Tensor::empty(x.shape(), x.dtype(), x.device()),
+           a = Tensor::empty(x.shape(), x.dtype(), x.device());
     be.gemm(x, false, tb.rotate, true, rotated);  // rotate_half(x)
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     be.mul(x, tb.cos, y);
@@ -59,7 +62,8 @@ Tensor Rope::forward(Backend& be, const Tensor& x) const {
 Tensor Rope::backward(Backend& be, const Tensor& dy) const {
     if (dy.numel() == 0) return dy.clone();
     const Tables tb = tables(dy);
-    Tensor ds = Tensor::empty(dy.shape(), dy.dtype(), dy.device()), dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    Tensor ds = Tensor::empty(dy.shape(), dy.dtype(), dy.device()),
+           dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     be.mul(dy, tb.sin, ds);
     be.mul(dy, tb.cos, dx);
     be.gemm(ds, false, tb.rotate, false, dx, 1.0, 1.0);  // + (dy * sin) @ M

@@ -24,7 +24,8 @@ struct RopeScaling {
 
 class Rope {
 public:
-    Rope(double theta, int64_t head_dim, RopeScaling scaling = {}) : theta_(theta), hd_(head_dim), scaling_(std::move(scaling)) {}
+    Rope(double theta, int64_t head_dim, RopeScaling scaling = {})
+        : theta_(theta), hd_(head_dim), scaling_(std::move(scaling)) {}
     // inv_freq[i] for i < head_dim / 2, with the scaling applied (float32, as HF keeps it).
     float inv_freq(int64_t i) const;
     double theta() const { return theta_; }

@@ -3,8 +3,8 @@
 #include <map>
 
 #include "core/rng.h"
-#include "core/yaml_reader.h"
 #include "core/tensor_ops.h"
+#include "core/yaml_reader.h"
 #include "parallel/mixed_precision.h"
 
 namespace ptool {
@@ -35,34 +35,41 @@ namespace {
 void check_batch_split(const Model& model, const DataParallelSpec& spec, int size) {
     const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0];
     if (model.gradient_accumulation > 1 && rows % (size * model.gradient_accumulation) != 0)
-        throw InputError(spec.where, fmt::format("each of the {} microbatches of {} rows (gradient_accumulation) does not split "
-                                                 "evenly over the {} ranks of '{}'",
-                                                 model.gradient_accumulation, rows / model.gradient_accumulation, size,
-                                                 spec.mesh_dim_names()));
+        throw InputError(
+            spec.where,
+            fmt::format("each of the {} microbatches of {} rows (gradient_accumulation) does not split "
+                        "evenly over the {} ranks of '{}'",
+                        model.gradient_accumulation, rows / model.gradient_accumulation, size,
+                        spec.mesh_dim_names()));
     if (rows % size != 0) {
         std::vector<int64_t> sizes;
         for (int r = 0; r < size; ++r) sizes.push_back(chunk_of(rows, size, r).length);
-        throw InputError(spec.where, fmt::format("the global batch of {} rows does not split evenly over the {} ranks of "
-                                                 "'{}' (rows per rank: {}): make the batch a multiple of {}",
-                                                 rows, size, spec.mesh_dim_names(), fmt::join(sizes, ", "), size));
+        throw InputError(spec.where,
+                         fmt::format("the global batch of {} rows does not split evenly over the {} ranks of "
+                                     "'{}' (rows per rank: {}): make the batch a multiple of {}",
+                                     rows, size, spec.mesh_dim_names(), fmt::join(sizes, ", "), size));
     }
 }
 
 // fully_shard units: the listed patterns, and the root in mode fully_shard; outermost first.
-std::vector<std::string> fsdp_unit_fqns(const DataParallelSpec& spec, const std::vector<std::string>& module_names,
+std::vector<std::string> fsdp_unit_fqns(const DataParallelSpec& spec,
+                                        const std::vector<std::string>& module_names,
                                         std::vector<Diagnostic>& warnings) {
     std::vector<std::string> unit_fqns;
     if (spec.mode == DataParallelMode::fully_shard) unit_fqns.push_back("");
     for (const std::string& pattern : spec.fully_shard) {
         int matched = 0;
         for (const std::string& fqn : module_names)
-            if (fqn_matches(pattern, fqn) && std::find(unit_fqns.begin(), unit_fqns.end(), fqn) == unit_fqns.end())
+            if (fqn_matches(pattern, fqn) &&
+                std::find(unit_fqns.begin(), unit_fqns.end(), fqn) == unit_fqns.end())
                 unit_fqns.push_back(fqn), ++matched;
         if (!matched)
-            warnings.push_back({spec.fully_shard_where, fmt::format("fully_shard pattern '{}' matched no module", pattern)});
+            warnings.push_back(
+                {spec.fully_shard_where, fmt::format("fully_shard pattern '{}' matched no module", pattern)});
     }
     std::stable_sort(unit_fqns.begin(), unit_fqns.end(), [](const std::string& a, const std::string& b) {
-        return (a.empty() ? 0 : std::count(a.begin(), a.end(), '.') + 1) < (b.empty() ? 0 : std::count(b.begin(), b.end(), '.') + 1);
+        return (a.empty() ? 0 : std::count(a.begin(), a.end(), '.') + 1) <
+               (b.empty() ? 0 : std::count(b.begin(), b.end(), '.') + 1);
     });
     return unit_fqns;
 }
@@ -71,7 +78,8 @@ std::vector<std::string> fsdp_unit_fqns(const DataParallelSpec& spec, const std:
 void check_roots(const DataParallelSpec& spec, const std::vector<std::string>& module_names) {
     auto check_module = [&](const std::string& fqn, const SourceLocation& where, const char* what) {
         if (std::find(module_names.begin(), module_names.end(), fqn) == module_names.end())
-            throw InputError(where, fmt::format("{} '{}' is not a module of the model{}", what, fqn, did_you_mean(fqn, module_names)));
+            throw InputError(where, fmt::format("{} '{}' is not a module of the model{}", what, fqn,
+                                                did_you_mean(fqn, module_names)));
     };
     for (const std::string& m : spec.ignored_modules) check_module(m, spec.ignored_where, "ignored module");
     if (spec.mode != DataParallelMode::replicate) return;
@@ -79,15 +87,17 @@ void check_roots(const DataParallelSpec& spec, const std::vector<std::string>& m
         check_module(spec.modules[i], spec.modules_where, "replicate() module");
         for (size_t j = 0; j < spec.modules.size(); ++j)
             if (i != j && under(spec.modules[j], spec.modules[i]))
-                throw InputError(spec.modules_where, fmt::format("replicate() on '{}' and on '{}' inside it: a "
-                                                                 "parameter belongs to one replicate() root",
-                                                                 spec.modules[i], spec.modules[j]));
+                throw InputError(spec.modules_where,
+                                 fmt::format("replicate() on '{}' and on '{}' inside it: a "
+                                             "parameter belongs to one replicate() root",
+                                             spec.modules[i], spec.modules[j]));
     }
 }
 
 // Each parameter: ignored, managed by its innermost unit, or in the bucket of its replicate()
 // root; returns the unmanaged ones (ignored, or under no unit and no root).
-std::vector<std::string> assign_parameters(const Model& model, const DataParallelSpec& spec, DataParallelResolution& res) {
+std::vector<std::string> assign_parameters(const Model& model, const DataParallelSpec& spec,
+                                           DataParallelResolution& res) {
     std::map<std::string, std::vector<std::pair<std::string, int64_t>>> per_root;
     std::vector<std::string> unmanaged;
     for (const auto& [name, p] : model.named_parameters()) {
@@ -115,7 +125,8 @@ std::vector<std::string> assign_parameters(const Model& model, const DataParalle
     }
     const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(spec.bucket_cap_mb * 1024 * 1024));
     if (spec.mode == DataParallelMode::replicate)
-        for (const std::string& root : spec.modules) res.replicas.push_back({root, assign_buckets(per_root[root], cap)});
+        for (const std::string& root : spec.modules)
+            res.replicas.push_back({root, assign_buckets(per_root[root], cap)});
     if (spec.mode == DataParallelMode::replicate && spec.broadcast_buffers)
         for (const auto& [name, b] : model.named_buffers()) {
             bool synced = false, ignored = false;
@@ -131,27 +142,31 @@ void expected_causes(const Model& model, const DataParallelSpec& spec, const Dat
                      std::vector<Diagnostic>& causes) {
     if (res.size <= 1) return;
     if (model.loss == LossKind::sum)
-        causes.push_back({spec.where, fmt::format("loss: sum under data parallel: each rank sums its own part of the "
-                                                  "batch and DDP averages the gradients over the {} ranks, so they come "
-                                                  "out 1/{} of the reference's (use loss: mean or mse)",
-                                                  res.size, res.size)});
+        causes.push_back(
+            {spec.where, fmt::format("loss: sum under data parallel: each rank sums its own part of the "
+                                     "batch and DDP averages the gradients over the {} ranks, so they come "
+                                     "out 1/{} of the reference's (use loss: mean or mse)",
+                                     res.size, res.size)});
     if (!spec.sync_batch_norm)
         for (const std::string& bn : res.batch_norms)
-            causes.push_back({spec.where, fmt::format("batch_norm '{}' normalises with the statistics of each rank's "
-                                                      "local batch (sync_batch_norm: false): its output, everything "
-                                                      "after it and its running statistics differ from the reference "
-                                                      "(sync_batch_norm: true gives parity)",
-                                                      bn)});
+            causes.push_back(
+                {spec.where, fmt::format("batch_norm '{}' normalises with the statistics of each rank's "
+                                         "local batch (sync_batch_norm: false): its output, everything "
+                                         "after it and its running statistics differ from the reference "
+                                         "(sync_batch_norm: true gives parity)",
+                                         bn)});
     if (!spec.ignored_modules.empty())
-        causes.push_back({spec.ignored_where, fmt::format("ignored_modules [{}]: their gradients are not averaged, so "
-                                                          "they and then their parameters differ across ranks, and "
-                                                          "after the first step so does everything computed from them",
-                                                          fmt::join(spec.ignored_modules, ", "))});
+        causes.push_back(
+            {spec.ignored_where, fmt::format("ignored_modules [{}]: their gradients are not averaged, so "
+                                             "they and then their parameters differ across ranks, and "
+                                             "after the first step so does everything computed from them",
+                                             fmt::join(spec.ignored_modules, ", "))});
 }
 
 }  // namespace
 
-DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan, std::vector<Diagnostic>& warnings,
+DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan,
+                                             std::vector<Diagnostic>& warnings,
                                              std::vector<Diagnostic>& causes) {
     DataParallelResolution res;
     if (!plan.data_parallel) return res;
@@ -164,11 +179,13 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
         if (dynamic_cast<const BatchNorm*>(&m)) res.batch_norms.push_back(fqn);
     });
     check_batch_split(model, spec, res.size);
-    if (plan.mixed_precision && spec.gradient_as_bucket_view && plan.mixed_precision->reduce_dtype != model.dtype)
-        throw InputError(plan.mixed_precision->where,
-                         fmt::format("gradient_as_bucket_view makes the gradients ({}) views of the buckets, which hold "
-                                     "reduce_dtype {}: drop one of them",
-                                     dtype_name(model.dtype), dtype_name(plan.mixed_precision->reduce_dtype)));
+    if (plan.mixed_precision && spec.gradient_as_bucket_view &&
+        plan.mixed_precision->reduce_dtype != model.dtype)
+        throw InputError(
+            plan.mixed_precision->where,
+            fmt::format("gradient_as_bucket_view makes the gradients ({}) views of the buckets, which hold "
+                        "reduce_dtype {}: drop one of them",
+                        dtype_name(model.dtype), dtype_name(plan.mixed_precision->reduce_dtype)));
     for (const std::string& u : fsdp_unit_fqns(spec, module_names, warnings)) res.units.push_back({u, {}});
     check_roots(spec, module_names);
     check_mixed_precision(model, plan, assign_parameters(model, spec, res));
@@ -178,7 +195,8 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
 
 void poison_replica(Tensor& t, int rank) {  // t := 0.25 + rank - t / 2
     if (t.device() == Device::meta) return;
-    if (t.dtype() == DType::int64 || t.dtype() == DType::int32) {  // counters (num_batches_tracked): few elements
+    if (t.dtype() == DType::int64 ||
+        t.dtype() == DType::int32) {  // counters (num_batches_tracked): few elements
         for (int64_t k = 0; k < t.numel(); ++k) t.set(k, t.item(k) + 1 + rank);
         return;
     }
@@ -202,12 +220,13 @@ std::vector<BroadcastState> construction_broadcast(const DataParallelResolution&
     return out;
 }
 
-DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh,
-                           Communicator& batch, Backend& be)
+DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res,
+                           DeviceMesh& mesh, Communicator& batch, Backend& be)
     : res_(res), counter_(mesh.counter()), be_(be) {
     const DataParallelSpec& spec = *plan.data_parallel;
     const ParallelDims& dims = plan.dims;
-    shard_dim_ = dims.has(DimRole::dp_shard) ? dims.index(DimRole::dp_shard) : dims.index(DimRole::dp_replicate);
+    shard_dim_ =
+        dims.has(DimRole::dp_shard) ? dims.index(DimRole::dp_shard) : dims.index(DimRole::dp_replicate);
     comm_ = &mesh.comm(shard_dim_);  // one dim (replicate, or fully_shard); HSDP's replicate() has no buckets
     bucket_view_ = spec.gradient_as_bucket_view;
     const auto named_params = model.named_parameters(), named_buffers = model.named_buffers();
@@ -228,7 +247,8 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
         if (s.buffer) buffers_.push_back(states.back());
     }
     {
-        CommScope scope(counter_.get(), spec.modules.size() == 1 ? spec.modules[0] : "", CommSiteKind::construction);
+        CommScope scope(counter_.get(), spec.modules.size() == 1 ? spec.modules[0] : "",
+                        CommSiteKind::construction);
         broadcast_coalesced(states, comm_->rank() != 0);
     }
 
@@ -245,7 +265,8 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
             }
             // uninitialised: every step writes it whole (gradients copied in, or zeroed as its views); in
             // mixed precision's reduce_dtype (the copies in and out convert)
-            const DType dt = plan.mixed_precision ? plan.mixed_precision->reduce_dtype : b.params[0]->grad.dtype();
+            const DType dt =
+                plan.mixed_precision ? plan.mixed_precision->reduce_dtype : b.params[0]->grad.dtype();
             MemoryUseScope use(MemoryUse::buckets);
             b.flat = Tensor::empty({numel}, dt, b.params[0]->grad.device());
             if (bucket_view_) {  // the gradients become views of the bucket: no copies
@@ -275,7 +296,8 @@ void DataParallel::broadcast_coalesced(const std::vector<ParamPtr>& tensors, boo
     for (auto& [dtype, list] : by_dtype) {
         int64_t numel = 0;
         for (const ParamPtr& p : list) numel += p->value.numel();
-        // on the parameters' device (a host buffer handed to the cuda backend's copy was a bug); every element copied in below
+        // on the parameters' device (a host buffer handed to the cuda backend's copy was a bug); every
+        // element copied in below
         Tensor flat = Tensor::empty({numel}, dtype, list.front()->value.device());
         int64_t off = 0;
         for (const ParamPtr& p : list) {
@@ -299,7 +321,8 @@ void DataParallel::broadcast_coalesced(const std::vector<ParamPtr>& tensors, boo
 
 void DataParallel::before_forward() {
     if (buffers_.empty()) return;
-    CommScope scope(counter_.get(), res_.replicas.size() == 1 ? res_.replicas[0].root : "", CommSiteKind::buffers);
+    CommScope scope(counter_.get(), res_.replicas.size() == 1 ? res_.replicas[0].root : "",
+                    CommSiteKind::buffers);
     broadcast_coalesced(buffers_);
 }
 

@@ -66,7 +66,8 @@ std::vector<BroadcastState> construction_broadcast(const DataParallelResolution&
 // the dp ranks, nested replicate() roots. Findings that explain an expected mismatch (loss: sum,
 // BatchNorm with local statistics, ignored modules) go to `causes`; patterns matching nothing
 // to `warnings`.
-DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan, std::vector<Diagnostic>& warnings,
+DataParallelResolution resolve_data_parallel(const Model& model, const Plan& plan,
+                                             std::vector<Diagnostic>& warnings,
                                              std::vector<Diagnostic>& causes);
 
 // One rank's data-parallel state, built after tensor parallelism (it shards or replicates the
@@ -76,8 +77,8 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
 class DataParallel {
 public:
     // batch: the group the batch is split over (the data dims flattened): SyncBatchNorm's statistics.
-    DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh, Communicator& batch,
-                 Backend& be);
+    DataParallel(Model& model, const Plan& plan, const DataParallelResolution& res, DeviceMesh& mesh,
+                 Communicator& batch, Backend& be);
 
     bool ignored(const std::string& param_fqn) const { return res_.ignored_params.count(param_fqn) > 0; }
     // Shard(0) for the parameters fully_shard manages, Replicate otherwise.

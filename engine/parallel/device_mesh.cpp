@@ -48,7 +48,8 @@ int DeviceMesh::dim_index(const std::string& name) const {
     return -1;
 }
 
-void DeviceMesh::wrap(int dim, const std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>& wrap) {
+void DeviceMesh::wrap(
+    int dim, const std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>& wrap) {
     comms_[dim] = wrap(std::move(comms_[dim]));
 }
 

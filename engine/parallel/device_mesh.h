@@ -39,7 +39,8 @@ public:
     int add_group(const std::vector<int>& dims, const std::string& label);
     Communicator& group(int index) const { return *groups_[index]; }
     // Replaces dim `dim`'s communicator with wrap(it) (a decorator that owns it: fault injection).
-    void wrap(int dim, const std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>& wrap);
+    void wrap(int dim,
+              const std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>& wrap);
 
     static std::vector<int> coords_of(int rank, const std::vector<MeshDim>& dims);
     static int rank_of(const std::vector<int>& coords, const std::vector<MeshDim>& dims);

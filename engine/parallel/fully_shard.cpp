@@ -15,9 +15,9 @@ struct FullyShard::State : ModuleHooks {
         std::string name;
         ParamPtr p;
         Shape full_shape;
-        int64_t row = 1;      // elements per dim-0 row
-        int64_t padded = 0;   // rows per rank in the flat buffer
-        int64_t offset = 0;   // of this parameter in a rank's region
+        int64_t row = 1;     // elements per dim-0 row
+        int64_t padded = 0;  // rows per rank in the flat buffer
+        int64_t offset = 0;  // of this parameter in a rank's region
         Tensor shard, shard_grad;
         Tensor full, full_grad;  // while unsharded
     };
@@ -100,7 +100,8 @@ struct FullyShard::State : ModuleHooks {
         for (Managed& m : params) {  // accumulate: a shared unit runs its backward more than once
             if (m.shard_grad.numel() == 0) continue;
             Tensor part = out.narrow(0, m.offset, m.shard_grad.numel()).reshape(m.shard_grad.shape());
-            be->axpy(1.0, to_dtype(*be, part, m.shard_grad.dtype()), m.shard_grad);  // reduce_dtype -> the masters'
+            be->axpy(1.0, to_dtype(*be, part, m.shard_grad.dtype()),
+                     m.shard_grad);  // reduce_dtype -> the masters'
         }
     }
 
@@ -132,8 +133,8 @@ struct FullyShard::State : ModuleHooks {
     }
 };
 
-FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Communicator* replicas,
-                       Backend& be, const MixedPrecisionSpec* mp) {
+FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp,
+                       Communicator* replicas, Backend& be, const MixedPrecisionSpec* mp) {
     const auto named = model.named_parameters();
     std::map<std::string, ParamPtr> by_name(named.begin(), named.end());
     std::map<std::string, Module*> modules;

@@ -30,8 +30,8 @@ public:
     // mp: mixed precision (FSDP2's MixedPrecisionPolicy): gathers in param_dtype, reduce_scatters in
     // reduce_dtype, the shards (the optimizer's masters) keep the model's dtype. Null: none.
     // replicas: HSDP's replicate dim (null: none).
-    FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Communicator* replicas, Backend& be,
-               const struct MixedPrecisionSpec* mp = nullptr);
+    FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Communicator* replicas,
+               Backend& be, const struct MixedPrecisionSpec* mp = nullptr);
     bool manages(const Parameter* p) const;
 
     struct State;

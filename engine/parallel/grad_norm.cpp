@@ -15,8 +15,10 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
     }
     std::vector<Tensor> kept;  // each dim's pair lives to the end, as the whole computation's
     for (const GradNormInputs::Dim& d : in.dims) {
-        Tensor on({n}, DType::float64), rest({n}, DType::float64);  // squares of the pieces sharded on d, and the rest
-        for (int64_t i = 0; i < n; ++i) (in.placements(in.params[i].second.get()).on(d.mesh_dim).is_shard() ? on : rest).set(i, sq[i]);
+        Tensor on({n}, DType::float64),
+            rest({n}, DType::float64);  // squares of the pieces sharded on d, and the rest
+        for (int64_t i = 0; i < n; ++i)
+            (in.placements(in.params[i].second.get()).on(d.mesh_dim).is_shard() ? on : rest).set(i, sq[i]);
         if (d.comm->size() > 1) {
             CommScope scope(d.comm->counter().get(), "(clip)", CommSiteKind::clip_grad_norm);
             d.comm->all_reduce(on, ReduceOp::sum);
@@ -27,7 +29,8 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
     if (in.stages && in.stages->size() > 1) {  // every stage's squares, in stage order
         CommScope scope(in.stages->counter().get(), "(clip)", CommSiteKind::clip_grad_norm);
         const int k = in.stages->size();
-        Tensor count = Tensor::scalar(static_cast<double>(n), DType::int64).reshape({1}), counts({k}, DType::int64);
+        Tensor count = Tensor::scalar(static_cast<double>(n), DType::int64).reshape({1}),
+               counts({k}, DType::int64);
         {
             CountingPaused pause(in.stages->counter().get());  // the sizes are metadata
             in.stages->all_gather(count, counts);
@@ -48,7 +51,8 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
     return norm;
 }
 
-std::vector<std::pair<const char*, int64_t>> clip_grad_norm_cost(int64_t params, const std::vector<int>& dims) {
+std::vector<std::pair<const char*, int64_t>> clip_grad_norm_cost(int64_t params,
+                                                                 const std::vector<int>& dims) {
     std::vector<std::pair<const char*, int64_t>> out;
     for (int size : dims)
         if (size > 1) out.push_back({"all_reduce", params * 8});

@@ -16,7 +16,10 @@ class Pass final : public LayoutVisitor {
 public:
     Pass(const std::map<const Module*, const ResolvedStyle*>& styles, int parts, SourceLocation plan_where,
          const std::set<const Module*>& checkpointed, DType compute)
-        : styles_(styles), parts_(parts), plan_where_(std::move(plan_where)), checkpointed_(checkpointed),
+        : styles_(styles),
+          parts_(parts),
+          plan_where_(std::move(plan_where)),
+          checkpointed_(checkpointed),
           es_(dtype_size(compute)) {}
 
     int parts() const override { return parts_; }
@@ -39,7 +42,8 @@ public:
         if (rs) producer_ = {fmt::format("'{}'", m.fqn()), rs->entry};
         report.calls[index].out = out;
         if (checkpointed_.count(&m)) {  // its backward starts by running this forward again
-            Marker again(report.forward.begin() + static_cast<std::ptrdiff_t>(forward_before), report.forward.end());
+            Marker again(report.forward.begin() + static_cast<std::ptrdiff_t>(forward_before),
+                         report.forward.end());
             for (CommCost& c : again) c.phase = Phase::backward;
             markers.push_back(std::move(again));
         }
@@ -54,8 +58,10 @@ private:
     static void check_dim(const Placement& p, const Layout& t, const ResolvedStyle& rs, const char* which) {
         const int64_t nd = static_cast<int64_t>(t.global.size());
         if (p.is_shard() && (p.dim >= nd || p.dim < -nd))
-            throw InputError(rs.entry->where, fmt::format("'{}' ({}): shard({}) for its {} is out of range for a {}-d tensor {}",
-                                                          rs.fqn, rs.entry->style.name(), p.dim, which, nd, shape_str(t.global)));
+            throw InputError(
+                rs.entry->where,
+                fmt::format("'{}' ({}): shard({}) for its {} is out of range for a {}-d tensor {}", rs.fqn,
+                            rs.entry->style.name(), p.dim, which, nd, shape_str(t.global)));
     }
 
     Layout styled(const Module& m, const ResolvedStyle& rs, const Layout& in) {
@@ -70,7 +76,8 @@ private:
             add(report.forward, redistribute_cost(in.p, r.pre->to, in.global, parts_, es), m, Phase::forward);
             x.p = r.pre->to;
         }
-        if (m.children().empty()) {  // parameters the style neither distributes nor reduces see only the compute input's rows
+        if (m.children().empty()) {  // parameters the style neither distributes nor reduces see only the
+                                     // compute input's rows
             std::set<std::string> handled;
             for (const ParamPlacement& pp : spec.style->params(m)) handled.insert(pp.param);
             for (const ParamGradSync& s : spec.style->grad_syncs(m, spec, x)) handled.insert(s.param);
@@ -84,21 +91,27 @@ private:
         if (r.post) {
             if (!y.p.same_as(r.post->from, static_cast<int64_t>(y.global.size())))
                 throw InputError(rs.entry->where,
-                                 fmt::format("'{}' ({}) declares its output {} but computes {}", m.fqn(), spec.name(),
-                                             r.post->from.str(), y.p.str()));
+                                 fmt::format("'{}' ({}) declares its output {} but computes {}", m.fqn(),
+                                             spec.name(), r.post->from.str(), y.p.str()));
             add(report.forward, redistribute_cost(y.p, r.post->to, y.global, parts_, es), m, Phase::forward);
-            add(back, redistribute_cost(grad_placement(r.post->to), grad_placement(r.post->from), y.global, parts_, es), m,
-                Phase::backward);
+            add(back,
+                redistribute_cost(grad_placement(r.post->to), grad_placement(r.post->from), y.global, parts_,
+                                  es),
+                m, Phase::backward);
             y.p = r.post->to;
         }
         markers.push_back(std::move(back));
         Marker& first = markers[pre_marker];  // the input gradient, then the parameter gradients
         if (r.pre)
-            add(first, redistribute_cost(r.grad_in.value_or(grad_placement(x.p)), grad_placement(r.pre->from), in.global, parts_, es),
+            add(first,
+                redistribute_cost(r.grad_in.value_or(grad_placement(x.p)), grad_placement(r.pre->from),
+                                  in.global, parts_, es),
                 m, Phase::backward);
         for (const ParamGradSync& s : spec.style->grad_syncs(m, spec, y))
-            add(first, redistribute_cost(s.from, Placement::replicate(), m.param(s.param)->value.shape(), parts_, es), m,
-                Phase::backward);
+            add(first,
+                redistribute_cost(s.from, Placement::replicate(), m.param(s.param)->value.shape(), parts_,
+                                  es),
+                m, Phase::backward);
         return y;
     }
 
@@ -106,30 +119,37 @@ private:
         for (CommCost& c : costs) c.module = m.fqn(), c.phase = phase, list.push_back(std::move(c));
     }
 
-    [[noreturn]] void declared_input_conflict(const Module& m, const ResolvedStyle& rs, const Layout& in, const Placement& declared) {
+    [[noreturn]] void declared_input_conflict(const Module& m, const ResolvedStyle& rs, const Layout& in,
+                                              const Placement& declared) {
         const Module* parent = stack_.size() >= 2 ? stack_[stack_.size() - 2] : nullptr;
-        const bool direct = parent && !dynamic_cast<const Sequential*>(parent);  // attention/gated_mlp pass their input on
+        const bool direct =
+            parent && !dynamic_cast<const Sequential*>(parent);  // attention/gated_mlp pass their input on
         const std::string holder = direct ? parent->fqn() : m.fqn();
         auto lower = [](std::string s) {
             for (char& c : s) c = static_cast<char>(std::tolower(c));
             return s.substr(0, s.find('('));
         };
         const std::string actual = in.p.is_shard() ? fmt::format("shard({})", in.p.dim) : lower(in.p.str());
-        const std::string want = declared.is_shard() ? fmt::format("shard({})", declared.dim) : lower(declared.str());
-        throw InputError(rs.entry->where,
-                         fmt::format("'{}' ({}) takes its input as {} but {} outputs {}: add prepare_input {} -> {} on "
-                                     "'{}' (or input_layouts: {} on '{}')",
-                                     m.fqn(), rs.entry->style.name(), declared.str(), producer_.name, in.p.str(), actual,
-                                     want, holder, actual, m.fqn()));
+        const std::string want =
+            declared.is_shard() ? fmt::format("shard({})", declared.dim) : lower(declared.str());
+        throw InputError(
+            rs.entry->where,
+            fmt::format("'{}' ({}) takes its input as {} but {} outputs {}: add prepare_input {} -> {} on "
+                        "'{}' (or input_layouts: {} on '{}')",
+                        m.fqn(), rs.entry->style.name(), declared.str(), producer_.name, in.p.str(), actual,
+                        want, holder, actual, m.fqn()));
     }
 
     // The plan entry of the style that produced the activation (the plan's start for the model input).
-    const SourceLocation& producer_where() const { return producer_.entry ? producer_.entry->where : plan_where_; }
+    const SourceLocation& producer_where() const {
+        return producer_.entry ? producer_.entry->where : plan_where_;
+    }
 
     std::string explain_conflict(const Module& m, const Layout& in, const LayoutError& e) const {
-        if (!m.children().empty()) return fmt::format("{} ({})", e.message(), m.where().str());  // containers say what to do
-        return fmt::format("{} outputs {} but {} ({}): give it a style, or have {} output replicate", producer_.name,
-                           in.p.str(), e.message(), m.where().str(), producer_.name);
+        if (!m.children().empty())
+            return fmt::format("{} ({})", e.message(), m.where().str());  // containers say what to do
+        return fmt::format("{} outputs {} but {} ({}): give it a style, or have {} output replicate",
+                           producer_.name, in.p.str(), e.message(), m.where().str(), producer_.name);
     }
 
     // A module with parameters fed sequence or batch shards computes its parameter gradients over
@@ -140,10 +160,11 @@ private:
         for (const auto& e : m.params()) partial_grads = partial_grads || !handled.count(e.name);
         if (p.is_shard() && partial_grads)
             report.warnings.push_back(
-                {producer_where(), fmt::format("'{}' ({}) gets {} activations from {}: each rank's gradients of its "
-                                               "replicated parameters cover only its rows and are not reduced: give it "
-                                               "sequence_parallel, or gather the activation first",
-                                               m.fqn(), m.type(), in.p.str(), producer_.name)});
+                {producer_where(),
+                 fmt::format("'{}' ({}) gets {} activations from {}: each rank's gradients of its "
+                             "replicated parameters cover only its rows and are not reduced: give it "
+                             "sequence_parallel, or gather the activation first",
+                             m.fqn(), m.type(), in.p.str(), producer_.name)});
     }
 
     struct Producer {
@@ -161,8 +182,10 @@ private:
 
 }  // namespace
 
-LayoutReport propagate_layouts(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles,
-                               const Layout& input, int parts, const SourceLocation& plan_where, const LayoutPassOptions& options) {
+LayoutReport propagate_layouts(const Model& model,
+                               const std::map<const Module*, const ResolvedStyle*>& styles,
+                               const Layout& input, int parts, const SourceLocation& plan_where,
+                               const LayoutPassOptions& options) {
     Pass pass(styles, parts, plan_where, options.checkpointed, options.compute.value_or(model.dtype));
     const bool loss_parallel = options.loss_parallel;
     pass.report.input = input;
@@ -178,7 +201,8 @@ LayoutReport propagate_layouts(const Model& model, const std::map<const Module*,
     } else {
         for (CommCost c : redistribute_cost(out.p, Placement::replicate(), out.global, parts, es))
             c.module = "(loss)", pass.report.forward.push_back(c);
-        for (CommCost c : redistribute_cost(Placement::replicate(), grad_placement(out.p), out.global, parts, es))
+        for (CommCost c :
+             redistribute_cost(Placement::replicate(), grad_placement(out.p), out.global, parts, es))
             c.module = "(loss)", c.phase = Phase::backward, pass.report.backward.push_back(c);
     }
     for (auto it = pass.markers.rbegin(); it != pass.markers.rend(); ++it)

@@ -36,20 +36,23 @@ struct CallLayout {
 };
 
 struct LayoutReport {
-    std::vector<CallLayout> calls;          // every module call, in forward order (a container before its children)
-    Layout input, output;                   // the model's, on one dp rank's rows
+    std::vector<CallLayout> calls;  // every module call, in forward order (a container before its children)
+    Layout input, output;           // the model's, on one dp rank's rows
     std::vector<CommCost> forward, backward;  // the step's collectives in the order they run
     std::vector<Diagnostic> warnings;
 };
 
 struct LayoutPassOptions {
-    bool loss_parallel = false;  // cross_entropy on the sharded output (its collectives) instead of gathering it
-    std::set<const Module*> checkpointed;  // modules whose forward (its collectives included) runs again in backward
+    bool loss_parallel =
+        false;  // cross_entropy on the sharded output (its collectives) instead of gathering it
+    std::set<const Module*>
+        checkpointed;              // modules whose forward (its collectives included) runs again in backward
     std::optional<DType> compute;  // mixed precision's param_dtype: what activations and gradients travel in
 };
 
 // input: the model input's layout; `styles` by module. Throws InputError (exit 2) on a conflict.
-LayoutReport propagate_layouts(const Model& model, const std::map<const Module*, const ResolvedStyle*>& styles,
+LayoutReport propagate_layouts(const Model& model,
+                               const std::map<const Module*, const ResolvedStyle*>& styles,
                                const Layout& input, int parts, const SourceLocation& plan_where,
                                const LayoutPassOptions& options = {});
 

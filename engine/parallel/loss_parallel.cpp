@@ -14,7 +14,8 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
         LossResult r;
         r.grad = Tensor::empty(logits.t.shape(), logits.t.dtype(), device);
         CommScope scope(tp.counter().get(), "(loss)", CommSiteKind::loss_parallel);
-        Tensor mx = Tensor::empty({rows}, logits.t.dtype(), device), sum = empty_like(mx), picked = empty_like(mx);
+        Tensor mx = Tensor::empty({rows}, logits.t.dtype(), device), sum = empty_like(mx),
+               picked = empty_like(mx);
         tp.all_reduce(mx, ReduceOp::max);  // the row maxima, sums of exponentials, target logits
         tp.all_reduce(sum, ReduceOp::sum);
         tp.all_reduce(picked, ReduceOp::sum);
@@ -29,7 +30,8 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
     for (int64_t i = 0; i < rows; ++i) {
         const int64_t t = id_at(ids, i);
         if (t != -100 && (t < 0 || t >= vocab))
-            throw InputError(fmt::format("class id {} at position {} is out of range for {} classes", t, i, vocab));
+            throw InputError(
+                fmt::format("class id {} at position {} is out of range for {} classes", t, i, vocab));
         valid += t != -100;
     }
     LossResult r;
@@ -63,7 +65,8 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
             const A lse = A(mx.data<T>()[i]) + std::log(A(sum.data<T>()[i]));
             if (t != -100) loss += static_cast<double>(lse - A(picked.data<T>()[i]));
             for (int64_t j = 0; j < local; ++j) {
-                const A g = t == -100 ? A(0) : std::exp(A(px[i * local + j]) - lse) - A(j + first == t ? 1 : 0);
+                const A g =
+                    t == -100 ? A(0) : std::exp(A(px[i * local + j]) - lse) - A(j + first == t ? 1 : 0);
                 pg[i * local + j] = T(g / A(valid));
             }
         }
@@ -74,7 +77,8 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
     return r;
 }
 
-std::vector<std::pair<const char*, int64_t>> vocab_parallel_cross_entropy_cost(const Shape& global, DType dtype) {
+std::vector<std::pair<const char*, int64_t>> vocab_parallel_cross_entropy_cost(const Shape& global,
+                                                                               DType dtype) {
     const int64_t bytes = leading_numel(global) * static_cast<int64_t>(dtype_size(dtype));
     return {{"all_reduce", bytes}, {"all_reduce", bytes}, {"all_reduce", bytes}};
 }

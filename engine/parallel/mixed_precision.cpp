@@ -29,26 +29,31 @@ void MixedPrecision::to_masters() {
     }
 }
 
-void check_mixed_precision(const Model& model, const Plan& plan, const std::vector<std::string>& unmanaged_params) {
+void check_mixed_precision(const Model& model, const Plan& plan,
+                           const std::vector<std::string>& unmanaged_params) {
     if (!plan.mixed_precision) return;
     const MixedPrecisionSpec& mp = *plan.mixed_precision;
     if (mp.param_dtype == model.dtype) return;  // nothing is cast (reduce_dtype alone: the buckets)
     if (!unmanaged_params.empty())
-        throw InputError(mp.where, fmt::format("mixed_precision casts the parameters data_parallel manages, and '{}' is not "
-                                               "one (ignored, or outside the replicate() roots): its {} weight would meet "
-                                               "{} activations, which PyTorch refuses. Manage it, or drop mixed_precision",
-                                               unmanaged_params[0], dtype_name(model.dtype), dtype_name(mp.param_dtype)));
+        throw InputError(
+            mp.where,
+            fmt::format("mixed_precision casts the parameters data_parallel manages, and '{}' is not "
+                        "one (ignored, or outside the replicate() roots): its {} weight would meet "
+                        "{} activations, which PyTorch refuses. Manage it, or drop mixed_precision",
+                        unmanaged_params[0], dtype_name(model.dtype), dtype_name(mp.param_dtype)));
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         if (dynamic_cast<const BatchNorm*>(&m))
-            throw InputError(mp.where, fmt::format("mixed_precision with batch_norm '{}': its running statistics are "
-                                                   "buffers in {} that no policy here casts; ptool does not run it",
-                                                   fqn, dtype_name(model.dtype)));
+            throw InputError(mp.where,
+                             fmt::format("mixed_precision with batch_norm '{}': its running statistics are "
+                                         "buffers in {} that no policy here casts; ptool does not run it",
+                                         fqn, dtype_name(model.dtype)));
     });
     if (!mp.cast_forward_inputs && !model.input.ids)
-        throw InputError(mp.where, fmt::format("cast_forward_inputs: false leaves the {} input as it is, and the first "
-                                               "layer's {} weights would meet it (PyTorch refuses the mix): cast it "
-                                               "(cast_forward_inputs: true)",
-                                               dtype_name(model.dtype), dtype_name(mp.param_dtype)));
+        throw InputError(mp.where,
+                         fmt::format("cast_forward_inputs: false leaves the {} input as it is, and the first "
+                                     "layer's {} weights would meet it (PyTorch refuses the mix): cast it "
+                                     "(cast_forward_inputs: true)",
+                                     dtype_name(model.dtype), dtype_name(mp.param_dtype)));
 }
 
 }  // namespace ptool

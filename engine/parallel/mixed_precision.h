@@ -52,6 +52,7 @@ private:
 // casts (none ignored, none outside the replicate() roots: PyTorch would meet its full-precision
 // weights with low-precision activations), no BatchNorm (its running statistics are buffers no
 // policy here casts), and with cast_forward_inputs off only a model whose input is not floating.
-void check_mixed_precision(const Model& model, const Plan& plan, const std::vector<std::string>& unmanaged_params);
+void check_mixed_precision(const Model& model, const Plan& plan,
+                           const std::vector<std::string>& unmanaged_params);
 
 }  // namespace ptool

@@ -4,21 +4,30 @@ namespace ptool {
 
 const char* dim_role_name(DimRole r) {
     switch (r) {
-        case DimRole::pp: return "pp";
-        case DimRole::dp_replicate: return "dp_replicate";
-        case DimRole::dp_shard: return "dp_shard";
-        case DimRole::cp: return "cp";
-        case DimRole::tp: return "tp";
-        case DimRole::ep: return "ep";
+        case DimRole::pp:
+            return "pp";
+        case DimRole::dp_replicate:
+            return "dp_replicate";
+        case DimRole::dp_shard:
+            return "dp_shard";
+        case DimRole::cp:
+            return "cp";
+        case DimRole::tp:
+            return "tp";
+        case DimRole::ep:
+            return "ep";
     }
     return "?";
 }
 
-bool is_data_role(DimRole r) { return r == DimRole::dp_replicate || r == DimRole::dp_shard; }
+bool is_data_role(DimRole r) {
+    return r == DimRole::dp_replicate || r == DimRole::dp_shard;
+}
 
 ParallelDims::ParallelDims(std::vector<MeshDim> mesh, std::vector<std::optional<DimRole>> roles)
     : mesh_(std::move(mesh)), roles_(std::move(roles)) {
-    PTOOL_REQUIRE(roles_.size() == mesh_.size(), "{} roles for a mesh of {} dims", roles_.size(), mesh_.size());
+    PTOOL_REQUIRE(roles_.size() == mesh_.size(), "{} roles for a mesh of {} dims", roles_.size(),
+                  mesh_.size());
     for (int d = 0; d < ndim(); ++d) {
         if (!roles_[d]) continue;
         int& at = index_[static_cast<int>(*roles_[d])];

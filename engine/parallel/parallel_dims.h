@@ -33,7 +33,7 @@ namespace ptool {
 enum class DimRole { pp, dp_replicate, dp_shard, cp, tp, ep };
 inline constexpr int kDimRoles = 6;
 const char* dim_role_name(DimRole r);  // "pp", "dp_replicate", ...
-bool is_data_role(DimRole r);         // dp_replicate, dp_shard
+bool is_data_role(DimRole r);          // dp_replicate, dp_shard
 
 class ParallelDims {
 public:

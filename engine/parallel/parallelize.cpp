@@ -15,7 +15,8 @@ bool shards_any(const std::vector<ParamPlacement>& params) {
 }
 
 // Each module matched by exactly one pattern, and the style applies to it.
-std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, const Plan& plan, Resolution& res) {
+std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, const Plan& plan,
+                                                         Resolution& res) {
     std::map<const Module*, const PlanEntry*> owner;
     for (const PlanEntry& e : plan.tp_plan) {
         int matched = 0;
@@ -23,14 +24,17 @@ std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, con
             if (!fqn_matches(e.pattern, fqn)) return;
             ++matched;
             if (!e.style.style->applies_to(m))
-                throw InputError(e.where, fmt::format("'{}' matches '{}', a {}: {} applies to {}", e.pattern, m.fqn(), m.type(),
-                                                      e.style.name(), e.style.style->applies_to_text()));
+                throw InputError(e.where,
+                                 fmt::format("'{}' matches '{}', a {}: {} applies to {}", e.pattern, m.fqn(),
+                                             m.type(), e.style.name(), e.style.style->applies_to_text()));
             if (owner.count(&m))
-                throw InputError(e.where, fmt::format("'{}' and '{}' (line {}) both match '{}': one style per module",
-                                                      e.pattern, owner[&m]->pattern, owner[&m]->where.line, fqn));
+                throw InputError(e.where,
+                                 fmt::format("'{}' and '{}' (line {}) both match '{}': one style per module",
+                                             e.pattern, owner[&m]->pattern, owner[&m]->where.line, fqn));
             owner[&m] = &e;
         });
-        if (!matched) res.warnings.push_back({e.where, fmt::format("pattern '{}' matched no module", e.pattern)});
+        if (!matched)
+            res.warnings.push_back({e.where, fmt::format("pattern '{}' matched no module", e.pattern)});
     }
     return owner;
 }
@@ -39,15 +43,17 @@ std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, con
 // children (a rowwise first layer gets each rank's chunk of the input's last dim, as PyTorch's
 // rowwise test feeds it); Replicate when there is none.
 Placement model_input_placement(const Model& model, const std::map<const Module*, const PlanEntry*>& owner) {
-    for (const Module* m = model.root.get(); m; m = m->children().empty() ? nullptr : m->children()[0].second.get()) {
+    for (const Module* m = model.root.get(); m;
+         m = m->children().empty() ? nullptr : m->children()[0].second.get()) {
         auto it = owner.find(m);
         if (it == owner.end()) continue;
         auto pre = it->second->style.style->rule(*m, it->second->style).pre;
         if (!pre) continue;
         if (pre->from.is_partial())  // the batch is data, not summands
-            throw InputError(it->second->where, fmt::format("'{}' declares the model input Partial(sum): the batch is data, "
-                                                            "not partial sums; declare replicate or shard(d)",
-                                                            m->fqn().empty() ? "(root)" : m->fqn()));
+            throw InputError(it->second->where,
+                             fmt::format("'{}' declares the model input Partial(sum): the batch is data, "
+                                         "not partial sums; declare replicate or shard(d)",
+                                         m->fqn().empty() ? "(root)" : m->fqn()));
         return pre->from;
     }
     return Placement::replicate();
@@ -81,27 +87,31 @@ void check_tied(const Model& model, const std::map<const Module*, const PlanEntr
             const Use& styled = u.entry ? u : list[0];
             const Use& other = u.entry ? list[0] : u;
             auto describe = [](const Use& x) {
-                return x.entry ? fmt::format("'{}' ({}) places it {}", x.module->fqn(), x.entry->style.name(), x.placement.str())
+                return x.entry ? fmt::format("'{}' ({}) places it {}", x.module->fqn(), x.entry->style.name(),
+                                             x.placement.str())
                                : fmt::format("'{}' (unstyled) uses it whole", x.module->fqn());
             };
-            throw InputError(styled.entry ? styled.entry->where : other.entry->where,
-                             fmt::format("'{}' and '{}' share one parameter: {} but {}; place it the same way for every "
-                                         "module that uses it (Megatron's tied embedding: rowwise on the embedding, "
-                                         "colwise on the head, both Shard(0))",
-                                         list[0].module->fqn(), u.module->fqn(), describe(styled), describe(other)));
+            throw InputError(
+                styled.entry ? styled.entry->where : other.entry->where,
+                fmt::format("'{}' and '{}' share one parameter: {} but {}; place it the same way for every "
+                            "module that uses it (Megatron's tied embedding: rowwise on the embedding, "
+                            "colwise on the head, both Shard(0))",
+                            list[0].module->fqn(), u.module->fqn(), describe(styled), describe(other)));
         }
     }
 }
 
 void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& res) {
     if (plan.tp_plan.empty())
-        res.warnings.push_back({plan.tp_plan_where, "the tensor_parallel plan is empty: nothing is parallelized"});
+        res.warnings.push_back(
+            {plan.tp_plan_where, "the tensor_parallel plan is empty: nothing is parallelized"});
     const auto owner = match_patterns(model, plan, res);
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         auto it = owner.find(&m);
         if (it == owner.end()) return;
         res.styles.push_back({fqn, &m, it->second});
-        it->second->style.style->check({model, m, it->second->pattern, it->second->where, res.tp, res.warnings});
+        it->second->style.style->check(
+            {model, m, it->second->pattern, it->second->where, res.tp, res.warnings});
     });
     check_tied(model, owner);
     res.input_placement = model_input_placement(model, owner);
@@ -109,12 +119,16 @@ void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& r
 
 }  // namespace
 
-bool builds_own_pieces(const ResolvedStyle& rs) { return shards_any(rs.entry->style.style->params(*rs.module)); }
+bool builds_own_pieces(const ResolvedStyle& rs) {
+    return shards_any(rs.entry->style.style->params(*rs.module));
+}
 
 bool distributes_all_own(const ResolvedStyle& rs) {
     const std::vector<ParamPlacement> params = rs.entry->style.style->params(*rs.module);
     for (const auto& e : rs.module->params())
-        if (std::none_of(params.begin(), params.end(), [&](const ParamPlacement& pp) { return pp.param == e.name; })) return false;
+        if (std::none_of(params.begin(), params.end(),
+                         [&](const ParamPlacement& pp) { return pp.param == e.name; }))
+            return false;
     return !rs.module->params().empty();
 }
 
@@ -133,8 +147,9 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
             if (fqn_matches(pattern, fqn)) res.checkpointed.insert(&m), ++found;
         });
         if (!found)
-            res.warnings.push_back({plan.activation_checkpointing_where,
-                                    fmt::format("activation_checkpointing pattern '{}' matched no module", pattern)});
+            res.warnings.push_back(
+                {plan.activation_checkpointing_where,
+                 fmt::format("activation_checkpointing pattern '{}' matched no module", pattern)});
     }
     res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
     if (plan.dims.has(DimRole::tp)) resolve_tensor_parallel(model, plan, res);
@@ -146,23 +161,27 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     options.loss_parallel = plan.loss_parallel;
     options.checkpointed = res.checkpointed;
     if (plan.mixed_precision) options.compute = plan.mixed_precision->param_dtype;
-    res.layouts = propagate_layouts(model, styles, {rows, res.input_placement}, res.tp,
-                                    plan.dims.has(DimRole::tp) ? plan.tp_plan_where : plan.mesh_where, options);
+    res.layouts =
+        propagate_layouts(model, styles, {rows, res.input_placement}, res.tp,
+                          plan.dims.has(DimRole::tp) ? plan.tp_plan_where : plan.mesh_where, options);
     if (plan.loss_parallel) {  // the loss must be a cross_entropy over classes the output holds sharded
         const Layout& out = res.layouts.output;
         const int64_t nd = static_cast<int64_t>(out.global.size());
         if (model.loss != LossKind::cross_entropy || !out.p.same_as(Placement::shard(-1), nd))
-            throw InputError(plan.loss_parallel_where,
-                             fmt::format("loss_parallel computes cross_entropy on an output sharded over its classes (Shard(-1)); "
-                                         "this model's loss is {} on an output {}: style its head colwise with output_layouts "
-                                         "shard(-1), or drop loss_parallel",
-                                         loss_name(model.loss), out.str()));
+            throw InputError(
+                plan.loss_parallel_where,
+                fmt::format(
+                    "loss_parallel computes cross_entropy on an output sharded over its classes (Shard(-1)); "
+                    "this model's loss is {} on an output {}: style its head colwise with output_layouts "
+                    "shard(-1), or drop loss_parallel",
+                    loss_name(model.loss), out.str()));
     }
     res.warnings.insert(res.warnings.end(), res.layouts.warnings.begin(), res.layouts.warnings.end());
     return res;
 }
 
-TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMesh& mesh, bool build_own_shards) {
+TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMesh& mesh,
+                     bool build_own_shards) {
     TpParams out;
     if (!plan.dims.has(DimRole::tp)) return out;
     Communicator& comm = mesh.comm(plan.dims.index(DimRole::tp));
@@ -176,14 +195,18 @@ TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, Devi
             ParamPtr p = rs.module->param(pp.param);
             if (out.count(p.get())) continue;  // tied: distributed once, for every module that shares it
             const Shape global = p->value.shape();
-            const int64_t dim = pp.placement.is_shard() ? normalize_dim(pp.placement.dim, static_cast<int64_t>(global.size())) : -1;
+            const int64_t dim = pp.placement.is_shard()
+                                    ? normalize_dim(pp.placement.dim, static_cast<int64_t>(global.size()))
+                                    : -1;
             Tensor local;
             MemoryUseScope use(MemoryUse::parameters);
-            if (build_own_shards && dim < 0 && !shards_any(params)) {  // initialised whole, as the module's own
+            if (build_own_shards && dim < 0 &&
+                !shards_any(params)) {  // initialised whole, as the module's own
                 local = p->value;
             } else if (build_own_shards) {  // draw this rank's piece only: no communication, no full tensor
                 local = Tensor::empty(local_shape(global, pp.placement, n, r), p->value.dtype());
-                rs.module->init_shard(model.seed, pp.param, local, dim, dim < 0 ? 0 : chunk_of(global[dim], n, r).offset);
+                rs.module->init_shard(model.seed, pp.param, local, dim,
+                                      dim < 0 ? 0 : chunk_of(global[dim], n, r).offset);
             } else {
                 Tensor full = p->value;
                 if (plan.src_data_rank) {  // rank k's weights are the source; the others' must not matter

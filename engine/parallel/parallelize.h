@@ -12,12 +12,12 @@
 namespace ptool {
 
 struct Resolution {
-    std::vector<ResolvedStyle> styles;  // in forward registration order
-    std::vector<Diagnostic> warnings;  // plan.yaml:6:3 "pattern 'x' matched no module", ...
-    int tp = 1;                         // ranks of the tensor-parallel dim
-    Placement input_placement;          // how the model input reaches the ranks
-    LayoutReport layouts;               // every module call's layouts and the step's collectives
-    DataParallelResolution dp;          // the data_parallel section, resolved
+    std::vector<ResolvedStyle> styles;     // in forward registration order
+    std::vector<Diagnostic> warnings;      // plan.yaml:6:3 "pattern 'x' matched no module", ...
+    int tp = 1;                            // ranks of the tensor-parallel dim
+    Placement input_placement;             // how the model input reaches the ranks
+    LayoutReport layouts;                  // every module call's layouts and the step's collectives
+    DataParallelResolution dp;             // the data_parallel section, resolved
     std::set<const Module*> checkpointed;  // activation_checkpointing's modules
     // Findings that make a mismatch with the reference expected, shown with a failing verdict as
     // its cause ("loss: sum under data parallel ...", BatchNorm with local statistics).
@@ -42,7 +42,8 @@ using TpParams = std::map<const Parameter*, TpParam>;
 // under the module's name, then the rank's chunk; or, with build_own_shards, each rank draws only
 // its own piece from the counter-based RNG: no communication, no full tensor) and installs the
 // styles' hooks. Returns the distributed parameters.
-TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMesh& mesh, bool build_own_shards = false);
+TpParams parallelize(Model& model, const Plan& plan, const Resolution& res, DeviceMesh& mesh,
+                     bool build_own_shards = false);
 
 // Whether a style cuts one of a module's parameters: its rank then builds that module's
 // parameters itself under src_data_rank: null (the model's init leaves the module out).

@@ -31,8 +31,12 @@ StyleSpec parse_style(const YamlNode& node, const std::string& pattern) {
     const std::string name = style_node.as_string("a style");
     StyleSpec s;
     s.style = find_style(name);
-    if (!s.style) style_node.fail(fmt::format("unknown style '{}'{}", name, did_you_mean(name, style_names())));
-    YamlMap options = m ? std::move(*m) : YamlMap(YamlNode(YAML::Node(YAML::NodeType::Map), std::make_shared<std::string>(node.file())), what);
+    if (!s.style)
+        style_node.fail(fmt::format("unknown style '{}'{}", name, did_you_mean(name, style_names())));
+    YamlMap options =
+        m ? std::move(*m)
+          : YamlMap(YamlNode(YAML::Node(YAML::NodeType::Map), std::make_shared<std::string>(node.file())),
+                    what);
     s.style->parse(options, node, s);
     options.finish();
     return s;
@@ -40,7 +44,8 @@ StyleSpec parse_style(const YamlNode& node, const std::string& pattern) {
 
 std::vector<std::string> string_list(const YamlNode& node, const char* what) {
     std::vector<std::string> out;
-    for (const YamlNode& item : node.items(fmt::format("'{}'", what))) out.push_back(item.as_string(fmt::format("an entry of '{}'", what)));
+    for (const YamlNode& item : node.items(fmt::format("'{}'", what)))
+        out.push_back(item.as_string(fmt::format("an entry of '{}'", what)));
     return out;
 }
 
@@ -56,7 +61,8 @@ MixedPrecisionSpec parse_mixed_precision(const YamlNode& node) {
         } catch (const InputError& e) {
             v.fail(e.message());
         }
-        if (!dtype_is_float(dt)) v.fail(fmt::format("'{}' must be a floating dtype, got {}", key, dtype_name(dt)));
+        if (!dtype_is_float(dt))
+            v.fail(fmt::format("'{}' must be a floating dtype, got {}", key, dtype_name(dt)));
         return dt;
     };
     p.param_dtype = dtype_of("param_dtype");
@@ -86,9 +92,12 @@ public:
         }
         if (roles_[d]) {
             const bool data = is_data_role(role) && is_data_role(*roles_[d]);
-            where.fail(data ? fmt::format("mesh dim '{}' is named twice in data_parallel's mesh_dim", dim)
-                            : fmt::format("data_parallel and tensor_parallel both use mesh dim '{}': give each its own dim, "
-                                          "e.g. mesh: {{dp: 2, tp: 2}}", dim));
+            where.fail(
+                data ? fmt::format("mesh dim '{}' is named twice in data_parallel's mesh_dim", dim)
+                     : fmt::format(
+                           "data_parallel and tensor_parallel both use mesh dim '{}': give each its own dim, "
+                           "e.g. mesh: {{dp: 2, tp: 2}}",
+                           dim));
         }
         roles_[d] = role;
     }
@@ -108,18 +117,24 @@ private:
 
 // data_parallel's mesh_dim: one dim, or [replicate, shard] for HSDP (mode fully_shard), each with
 // the node that names it.
-std::vector<std::pair<std::string, YamlNode>> data_parallel_dims(const YamlNode& node, const std::optional<YamlNode>& dim,
+std::vector<std::pair<std::string, YamlNode>> data_parallel_dims(const YamlNode& node,
+                                                                 const std::optional<YamlNode>& dim,
                                                                  const RoleClaims& claims) {
     const std::set<std::string> names = claims.names();
-    if (!dim && names.size() == 1) return {{*names.begin(), node}};  // a 1-D mesh: its one dim, as PyTorch's 1-D DeviceMesh
+    if (!dim && names.size() == 1)
+        return {{*names.begin(), node}};  // a 1-D mesh: its one dim, as PyTorch's 1-D DeviceMesh
     if (!dim)
-        node.fail(fmt::format("'data_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(), fmt::join(names, ", ")));
+        node.fail(fmt::format("'data_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(),
+                              fmt::join(names, ", ")));
     if (!dim->is_seq()) return {{dim->as_string("'mesh_dim'"), *dim}};
     std::vector<std::pair<std::string, YamlNode>> out;
-    for (const YamlNode& item : dim->items("'mesh_dim'")) out.push_back({item.as_string("an entry of 'mesh_dim'"), item});
+    for (const YamlNode& item : dim->items("'mesh_dim'"))
+        out.push_back({item.as_string("an entry of 'mesh_dim'"), item});
     if (out.size() != 2)
-        dim->fail(fmt::format("'mesh_dim' lists {} dims: data_parallel takes one dim, or two for HSDP "
-                              "([replicate, shard], mode fully_shard)", out.size()));
+        dim->fail(
+            fmt::format("'mesh_dim' lists {} dims: data_parallel takes one dim, or two for HSDP "
+                        "([replicate, shard], mode fully_shard)",
+                        out.size()));
     return out;
 }
 
@@ -139,20 +154,26 @@ DataParallelSpec parse_data_parallel(const YamlNode& node, RoleClaims& claims,
         const std::string m = mode->as_string("'mode'");
         const std::vector<std::string> modes = {"replicate", "fully_shard"};
         if (std::find(modes.begin(), modes.end(), m) == modes.end())
-            mode->fail(fmt::format("unknown mode '{}'{}", m, did_you_mean(m, modes)));  // names the valid ones once
+            mode->fail(
+                fmt::format("unknown mode '{}'{}", m, did_you_mean(m, modes)));  // names the valid ones once
         s.mode = m == "replicate" ? DataParallelMode::replicate : DataParallelMode::fully_shard;
         if (s.hybrid() && s.mode == DataParallelMode::replicate)
-            mode->fail("mode replicate takes one mesh dim: two dims ([replicate, shard]) are HSDP, mode fully_shard");
+            mode->fail(
+                "mode replicate takes one mesh dim: two dims ([replicate, shard]) are HSDP, mode "
+                "fully_shard");
     } else if (s.hybrid()) {
         dim->fail("two mesh dims ([replicate, shard]) are HSDP: it needs mode: fully_shard");
     }
     // HSDP: replicated over the first dim, sharded over the second; else the mode's role
-    if (s.hybrid()) claims.set_role(s.mesh_dims[1], DimRole::dp_shard);
-    else if (s.mode == DataParallelMode::fully_shard) claims.set_role(s.mesh_dims[0], DimRole::dp_shard);
+    if (s.hybrid())
+        claims.set_role(s.mesh_dims[1], DimRole::dp_shard);
+    else if (s.mode == DataParallelMode::fully_shard)
+        claims.set_role(s.mesh_dims[0], DimRole::dp_shard);
     if (auto v = d.get("modules")) {
         s.modules = string_list(*v, "modules");
         s.modules_where = v->where();
-        if (s.modules.empty()) v->fail("'modules' is empty: name the modules to replicate, or leave it out for the root");
+        if (s.modules.empty())
+            v->fail("'modules' is empty: name the modules to replicate, or leave it out for the root");
         if (s.mode == DataParallelMode::fully_shard)
             v->fail("'modules' names replicate() roots; in mode fully_shard list units under 'fully_shard'");
     }
@@ -162,7 +183,8 @@ DataParallelSpec parse_data_parallel(const YamlNode& node, RoleClaims& claims,
     }
     if (auto v = d.get("bucket_cap_mb")) {
         s.bucket_cap_mb = v->as_double("'bucket_cap_mb'");
-        if (!(s.bucket_cap_mb > 0) || s.bucket_cap_mb > 1e6) v->fail(fmt::format("bucket_cap_mb {} must be in (0, 1e6]", s.bucket_cap_mb));
+        if (!(s.bucket_cap_mb > 0) || s.bucket_cap_mb > 1e6)
+            v->fail(fmt::format("bucket_cap_mb {} must be in (0, 1e6]", s.bucket_cap_mb));
     }
     s.gradient_as_bucket_view = d.bool_or("gradient_as_bucket_view", false);
     if (auto v = d.get("ignored_modules")) {
@@ -180,9 +202,12 @@ DataParallelSpec parse_data_parallel(const YamlNode& node, RoleClaims& claims,
 
 const char* schedule_kind_name(ScheduleKind k) {
     switch (k) {
-        case ScheduleKind::accumulation: return "accumulation";
-        case ScheduleKind::gpipe: return "gpipe";
-        case ScheduleKind::one_f_one_b: return "1f1b";
+        case ScheduleKind::accumulation:
+            return "accumulation";
+        case ScheduleKind::gpipe:
+            return "gpipe";
+        case ScheduleKind::one_f_one_b:
+            return "1f1b";
     }
     return "?";
 }
@@ -191,7 +216,9 @@ const char* data_parallel_mode_name(DataParallelMode m) {
     return m == DataParallelMode::replicate ? "replicate" : "fully_shard";
 }
 
-std::string DataParallelSpec::mesh_dim_names() const { return fmt::format("{}", fmt::join(mesh_dims, " x ")); }
+std::string DataParallelSpec::mesh_dim_names() const {
+    return fmt::format("{}", fmt::join(mesh_dims, " x "));
+}
 
 int Plan::dim_size(const std::string& name) const {
     for (const auto& d : mesh())
@@ -205,8 +232,9 @@ void Plan::resize_mesh(const std::string& name, int size, const std::string& fla
         if (mesh()[d].name == name) dims.resize(d, size), found = true;
     if (!found) throw InputError(mesh_where, fmt::format("{}: the plan has no mesh dim '{}'", flag, name));
     if (dims.has(DimRole::tp) && src_data_rank && *src_data_rank >= dims.size(DimRole::tp))
-        throw InputError(src_data_rank_where, fmt::format("src_data_rank {} is outside the {} ranks of '{}' ({})",
-                                                          *src_data_rank, dims.size(DimRole::tp), dims.name(DimRole::tp), flag));
+        throw InputError(src_data_rank_where,
+                         fmt::format("src_data_rank {} is outside the {} ranks of '{}' ({})", *src_data_rank,
+                                     dims.size(DimRole::tp), dims.name(DimRole::tp), flag));
 }
 
 bool Plan::compares(const std::string& what) const {
@@ -231,11 +259,13 @@ std::vector<MeshDim> parse_mesh(const YamlNode& mesh, Plan& plan) {
     std::vector<MeshDim> dims;
     int64_t world = 1;
     for (const auto& kv : mesh.raw()) {
-        YamlNode key(kv.first, std::make_shared<std::string>(mesh.file())), value(kv.second, std::make_shared<std::string>(mesh.file()));
+        YamlNode key(kv.first, std::make_shared<std::string>(mesh.file())),
+            value(kv.second, std::make_shared<std::string>(mesh.file()));
         const std::string name = key.as_string("a mesh dim name");
         if (!names.insert(name).second) key.fail(fmt::format("duplicate key '{}' in the mesh", name));
         const int64_t size = value.as_positive_int(fmt::format("mesh dim '{}'", name));
-        if (size > 4096) value.fail(fmt::format("mesh dim '{}' of {} ranks is over the limit of 4096", name, size));
+        if (size > 4096)
+            value.fail(fmt::format("mesh dim '{}' of {} ranks is over the limit of 4096", name, size));
         dims.push_back({name, static_cast<int>(size)});
         world = std::min<int64_t>(world * size, int64_t{1} << 40);
     }
@@ -251,7 +281,8 @@ void parse_tensor_parallel(const YamlNode& node, Plan& plan, RoleClaims& claims)
         claims.claim(*names.begin(), DimRole::tp, node);
     } else {
         if (!t.has("mesh_dim"))
-            node.fail(fmt::format("'tensor_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(), fmt::join(names, ", ")));
+            node.fail(fmt::format("'tensor_parallel' needs 'mesh_dim': the mesh has {} dims ({})",
+                                  names.size(), fmt::join(names, ", ")));
         YamlNode dim = t.at("mesh_dim");
         claims.claim(dim.as_string("'mesh_dim'"), DimRole::tp, dim);
     }
@@ -264,7 +295,8 @@ void parse_tensor_parallel(const YamlNode& node, Plan& plan, RoleClaims& claims)
             const int64_t r = src->as_int("'src_data_rank'");
             const int tp = plan.dims.size(DimRole::tp);
             if (r < 0 || r >= tp)
-                src->fail(fmt::format("src_data_rank {} is outside the {} ranks of '{}'", r, tp, plan.dims.name(DimRole::tp)));
+                src->fail(fmt::format("src_data_rank {} is outside the {} ranks of '{}'", r, tp,
+                                      plan.dims.name(DimRole::tp)));
             plan.src_data_rank = static_cast<int>(r);
         }
     }
@@ -280,9 +312,12 @@ void parse_tensor_parallel(const YamlNode& node, Plan& plan, RoleClaims& claims)
         for (const auto& kv : entries.raw()) {
             YamlNode key(kv.first, std::make_shared<std::string>(node.file()));
             const std::string pattern = key.as_string("a pattern");
-            if (!patterns.insert(pattern).second) key.fail(fmt::format("duplicate key '{}' in the plan", pattern));
-            plan.tp_plan.push_back({pattern, parse_style(YamlNode(kv.second, std::make_shared<std::string>(node.file())), pattern),
-                                    key.where()});
+            if (!patterns.insert(pattern).second)
+                key.fail(fmt::format("duplicate key '{}' in the plan", pattern));
+            plan.tp_plan.push_back(
+                {pattern,
+                 parse_style(YamlNode(kv.second, std::make_shared<std::string>(node.file())), pattern),
+                 key.where()});
         }
     t.finish();
 }
@@ -298,7 +333,9 @@ void parse_verify(const YamlNode& node, Plan& plan) {
     YamlMap vm(node, "'verify'");
     if (vm.has("steps")) {
         plan.verify.steps = vm.at("steps").as_positive_int("'steps'");
-        if (plan.verify.steps > kMaxSteps) vm.at("steps").fail(fmt::format("steps {} is over the limit of {}", plan.verify.steps, kMaxSteps));
+        if (plan.verify.steps > kMaxSteps)
+            vm.at("steps").fail(
+                fmt::format("steps {} is over the limit of {}", plan.verify.steps, kMaxSteps));
     }
     if (auto c = vm.get("compare")) {
         plan.verify.compare.clear();
@@ -309,7 +346,8 @@ void parse_verify(const YamlNode& node, Plan& plan) {
                 item.fail(fmt::format("unknown compare entry '{}'{}", w, did_you_mean(w, valid)));
             plan.verify.compare.push_back(w);
         }
-        if (plan.verify.compare.empty()) c->fail("'compare' is empty: a verify that compares nothing would pass anything");
+        if (plan.verify.compare.empty())
+            c->fail("'compare' is empty: a verify that compares nothing would pass anything");
     }
     if (auto tol = vm.get("tolerance")) {
         YamlMap tm(*tol, "'tolerance'");
@@ -331,19 +369,23 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
     plan.name = std::filesystem::path(path).stem().string();
     RoleClaims claims(parse_mesh(m.at("mesh"), plan));
     if (auto tp = m.get("tensor_parallel")) parse_tensor_parallel(*tp, plan, claims);
-    if (auto dp = m.get("data_parallel")) plan.data_parallel = parse_data_parallel(*dp, claims, plan.mixed_precision);
+    if (auto dp = m.get("data_parallel"))
+        plan.data_parallel = parse_data_parallel(*dp, claims, plan.mixed_precision);
     plan.dims = claims.dims();
     if (auto ac = m.get("activation_checkpointing")) {
         plan.activation_checkpointing = string_list(*ac, "activation_checkpointing");
         plan.activation_checkpointing_where = ac->where();
-        if (plan.activation_checkpointing.empty()) ac->fail("'activation_checkpointing' is empty: name the modules to checkpoint");
+        if (plan.activation_checkpointing.empty())
+            ac->fail("'activation_checkpointing' is empty: name the modules to checkpoint");
     }
     if (auto v = m.get("verify")) parse_verify(*v, plan);
     m.finish();
     return plan;
 }
 
-Plan load_plan(const std::string& path) { return load_plan_text(read_file(path, YamlLimits{}.max_bytes), path); }
+Plan load_plan(const std::string& path) {
+    return load_plan_text(read_file(path, YamlLimits{}.max_bytes), path);
+}
 
 void apply_mesh_flags(Plan& plan, const std::vector<std::string>& flags) {
     std::set<std::string> seen;
@@ -352,12 +394,16 @@ void apply_mesh_flags(Plan& plan, const std::vector<std::string>& flags) {
         const size_t eq = m.find('=');
         const std::string name = eq == std::string::npos ? m : m.substr(0, eq);
         const int64_t size = eq == std::string::npos ? 0 : parse_whole_int(m.substr(eq + 1)).value_or(0);
-        const bool word = !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+        const bool word = !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
+            return std::isalnum(c) || c == '_';
+        });
         if (!word || size < 1 || size > 4096)
-            throw InputError(fmt::format("--mesh '{}': expected NAME=SIZE with SIZE a whole number in [1, 4096], e.g. tp=8 "
-                                         "(one dim per --mesh: --mesh dp=2 --mesh tp=4)",
-                                         m));
-        if (!seen.insert(name).second) throw InputError(fmt::format("--mesh '{}': '{}' is resized twice", m, name));
+            throw InputError(fmt::format(
+                "--mesh '{}': expected NAME=SIZE with SIZE a whole number in [1, 4096], e.g. tp=8 "
+                "(one dim per --mesh: --mesh dp=2 --mesh tp=4)",
+                m));
+        if (!seen.insert(name).second)
+            throw InputError(fmt::format("--mesh '{}': '{}' is resized twice", m, name));
         plan.resize_mesh(name, static_cast<int>(size), "--mesh " + m);
     }
 }

@@ -61,7 +61,7 @@ const char* data_parallel_mode_name(DataParallelMode m);  // "replicate", "fully
 // data_parallel: DDP's replicate() and FSDP2's fully_shard() on one mesh dim, or HSDP: fully_shard
 // over two (replicated over the first, sharded over the second, as fully_shard on a 2-D mesh).
 struct DataParallelSpec {
-    std::vector<std::string> mesh_dims;       // one, or [replicate, shard] (HSDP)
+    std::vector<std::string> mesh_dims;  // one, or [replicate, shard] (HSDP)
     DataParallelMode mode = DataParallelMode::replicate;
     std::vector<std::string> modules = {""};  // replicate() roots (exact FQNs)
     std::vector<std::string> fully_shard;     // fully_shard() units: FQN patterns
@@ -73,7 +73,7 @@ struct DataParallelSpec {
     SourceLocation where, modules_where, fully_shard_where, ignored_where;
 
     bool hybrid() const { return mesh_dims.size() == 2; }  // HSDP
-    std::string mesh_dim_names() const;                      // "dp", or "dp_replicate x dp_shard"
+    std::string mesh_dim_names() const;                    // "dp", or "dp_replicate x dp_shard"
 };
 
 // The order a pipeline runs its microbatches in (train/schedule.h): accumulation is one stage's
@@ -112,7 +112,7 @@ struct Plan {
     SourceLocation loss_parallel_where;
     std::optional<DataParallelSpec> data_parallel;
     std::optional<MixedPrecisionSpec> mixed_precision;  // data_parallel.mixed_precision
-    std::optional<PipelineSpec> pipeline;  // its dim is the pp role's
+    std::optional<PipelineSpec> pipeline;               // its dim is the pp role's
     // activation_checkpointing: module patterns whose forward keeps only its input and is
     // recomputed in backward (torch.utils.checkpoint)
     std::vector<std::string> activation_checkpointing;
@@ -122,7 +122,9 @@ struct Plan {
     const std::vector<MeshDim>& mesh() const { return dims.mesh(); }
     int world_size() const { return dims.world_size(); }
     // What forward and backward compute in: mixed_precision's param_dtype, else the model's dtype.
-    DType compute_dtype(DType model_dtype) const { return mixed_precision ? mixed_precision->param_dtype : model_dtype; }
+    DType compute_dtype(DType model_dtype) const {
+        return mixed_precision ? mixed_precision->param_dtype : model_dtype;
+    }
     int dim_size(const std::string& name) const;  // 1 for a dim the mesh lacks
     bool compares(const std::string& what) const;
     // `--mesh NAME=SIZE`: resizes a dim and checks the plan again (src_data_rank must stay a rank

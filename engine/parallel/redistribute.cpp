@@ -36,29 +36,35 @@ Tensor reduce_scatter_dim(const Tensor& full_partial, int64_t d, Communicator& c
 
 const char* op_name(RedistOp op) {
     switch (op) {
-        case RedistOp::all_gather: return "all_gather";
-        case RedistOp::all_reduce: return "all_reduce";
-        case RedistOp::reduce_scatter: return "reduce_scatter";
-        default: return "";
+        case RedistOp::all_gather:
+            return "all_gather";
+        case RedistOp::all_reduce:
+            return "all_reduce";
+        case RedistOp::reduce_scatter:
+            return "reduce_scatter";
+        default:
+            return "";
     }
 }
 
 }  // namespace
 
-std::vector<RedistStep> redistribution_steps(const Placement& from_in, const Placement& to_in, int64_t ndim, int parts) {
+std::vector<RedistStep> redistribution_steps(const Placement& from_in, const Placement& to_in, int64_t ndim,
+                                             int parts) {
     const Placement from = from_in.normalized(ndim), to = to_in.normalized(ndim);
     if (parts == 1 || from.same_as(to, ndim)) return {};  // Megatron's helpers: nothing to do at world size 1
     if (from.is_shard() && to.is_replicate()) return {{RedistOp::all_gather, from.dim}};
     if (from.is_partial() && to.is_replicate()) return {{RedistOp::all_reduce}};
     if (from.is_partial() && to.is_shard()) return {{RedistOp::reduce_scatter, to.dim}};
     if (from.is_replicate() && to.is_shard()) return {{RedistOp::chunk, to.dim}};
-    if (from.is_shard() && to.is_shard()) return {{RedistOp::all_gather, from.dim}, {RedistOp::chunk, to.dim}};
+    if (from.is_shard() && to.is_shard())
+        return {{RedistOp::all_gather, from.dim}, {RedistOp::chunk, to.dim}};
     if (from.is_replicate() && to.is_partial()) return {{RedistOp::zero_others}};
     return {{RedistOp::all_gather, from.dim}, {RedistOp::zero_others}};  // Shard -> Partial
 }
 
-std::vector<CommCost> redistribute_cost(const Placement& from, const Placement& to, const Shape& global, int parts,
-                                        size_t element_size) {
+std::vector<CommCost> redistribute_cost(const Placement& from, const Placement& to, const Shape& global,
+                                        int parts, size_t element_size) {
     std::vector<CommCost> out;
     const int64_t bytes = numel_of(global) * static_cast<int64_t>(element_size);
     for (const RedistStep& s : redistribution_steps(from, to, static_cast<int64_t>(global.size()), parts))
@@ -69,15 +75,22 @@ std::vector<CommCost> redistribute_cost(const Placement& from, const Placement& 
 Tensor redistribute(const Tensor& local, const Placement& from, const Placement& to, const Shape& global,
                     Communicator& comm) {
     Tensor t = local;
-    for (const RedistStep& s : redistribution_steps(from, to, static_cast<int64_t>(global.size()), comm.size())) {
+    for (const RedistStep& s :
+         redistribution_steps(from, to, static_cast<int64_t>(global.size()), comm.size())) {
         switch (s.op) {
-            case RedistOp::all_gather: t = gather_dim(t, s.dim, global, comm); break;
+            case RedistOp::all_gather:
+                t = gather_dim(t, s.dim, global, comm);
+                break;
             case RedistOp::all_reduce:
                 t = t.clone();
                 comm.all_reduce(t, ReduceOp::sum);
                 break;
-            case RedistOp::reduce_scatter: t = reduce_scatter_dim(t, s.dim, comm); break;
-            case RedistOp::chunk: t = chunk(t, comm.size(), comm.rank(), s.dim); break;
+            case RedistOp::reduce_scatter:
+                t = reduce_scatter_dim(t, s.dim, comm);
+                break;
+            case RedistOp::chunk:
+                t = chunk(t, comm.size(), comm.rank(), s.dim);
+                break;
             case RedistOp::zero_others:
                 t = t.clone();
                 if (comm.rank() != 0) backend_for(t.device()).fill(t, 0.0);

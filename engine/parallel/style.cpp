@@ -14,7 +14,9 @@ std::map<std::string, std::unique_ptr<Style>, std::less<>>& registry() {
 
 }  // namespace
 
-std::string_view StyleSpec::name() const { return style ? style->name() : std::string_view(); }
+std::string_view StyleSpec::name() const {
+    return style ? style->name() : std::string_view();
+}
 
 const Style* find_style(std::string_view name) {
     auto it = registry().find(name);
@@ -77,11 +79,12 @@ void StyleHooks::post_backward(RunContext& ctx, Module& m) {
     const std::vector<ParamGradSync> syncs = spec_.style->grad_syncs(m, spec_, out);
     if (syncs.empty()) return;
     const std::vector<Tensor> pieces = grad_pieces(ctx, m);
-    PTOOL_REQUIRE(pieces.size() == syncs.size(), "style '{}' gave {} gradient pieces for {} syncs", spec_.name(),
-                  pieces.size(), syncs.size());
+    PTOOL_REQUIRE(pieces.size() == syncs.size(), "style '{}' gave {} gradient pieces for {} syncs",
+                  spec_.name(), pieces.size(), syncs.size());
     for (size_t i = 0; i < syncs.size(); ++i) {
         Tensor& grad = m.param(syncs[i].param)->grad;
-        ctx.backend->axpy(1.0, redistribute(pieces[i], syncs[i].from, Placement::replicate(), grad.shape(), tp_), grad);
+        ctx.backend->axpy(
+            1.0, redistribute(pieces[i], syncs[i].from, Placement::replicate(), grad.shape(), tp_), grad);
     }
 }
 

@@ -44,10 +44,12 @@ struct Redistribution {
 
 // What a style does around one call of its module.
 struct StyleRule {
-    std::optional<Redistribution> pre;     // the input: from the declared placement to what the module computes on
+    std::optional<Redistribution>
+        pre;  // the input: from the declared placement to what the module computes on
     std::optional<Placement> compute_out;  // the module's own output, where the style's sharding changes it
     std::optional<Placement> grad_in;      // the input gradient as the module's backward leaves it
-    std::optional<Redistribution> post;    // the output: from what the module computed to the declared placement
+    std::optional<Redistribution>
+        post;  // the output: from what the module computed to the declared placement
 };
 
 // A parameter the style distributes (PyTorch's distribute_tensor: sent from src_data_rank, or
@@ -89,7 +91,10 @@ public:
     virtual std::vector<ParamPlacement> params(const Module&) const { return {}; }
     virtual StyleRule rule(const Module& m, const StyleSpec& s) const = 0;
     // The parameter gradients a call leaves partial; `out` is the call's (declared) output layout.
-    virtual std::vector<ParamGradSync> grad_syncs(const Module&, const StyleSpec&, const Layout& /*out*/) const { return {}; }
+    virtual std::vector<ParamGradSync> grad_syncs(const Module&, const StyleSpec&,
+                                                  const Layout& /*out*/) const {
+        return {};
+    }
 
     // Runtime: sets up the module on tp rank `rank` of `parts` (after its parameters are sharded)
     // and returns the hooks that run the rule.

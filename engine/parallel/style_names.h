@@ -3,10 +3,10 @@
 // entries with them, so a renamed style cannot leave a writer emitting the old name.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <string>
 #include <string_view>
-
-#include <fmt/format.h>
 
 namespace ptool::style_name {
 

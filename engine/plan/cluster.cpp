@@ -11,14 +11,15 @@ namespace {
 double positive(YamlMap& m, const std::string& key, const std::string& what, double max) {
     YamlNode n = m.at(key);
     const double v = n.as_double(fmt::format("'{}' of {}", key, what));
-    if (!(v > 0) || v > max) n.fail(fmt::format("'{}' of {} must be in (0, {:g}], got {:g}", key, what, max, v));
+    if (!(v > 0) || v > max)
+        n.fail(fmt::format("'{}' of {} must be in (0, {:g}], got {:g}", key, what, max, v));
     return v;
 }
 
-constexpr double kMaxGib = 1 << 20;       // memory per GPU: 1 PiB
-constexpr double kMaxTflops = 1e6;        // per GPU
-constexpr double kMaxGbPerSecond = 1e6;   // 1 PB/s
-constexpr double kMaxLatencyUs = 1e6;     // 1 s per hop
+constexpr double kMaxGib = 1 << 20;      // memory per GPU: 1 PiB
+constexpr double kMaxTflops = 1e6;       // per GPU
+constexpr double kMaxGbPerSecond = 1e6;  // 1 PB/s
+constexpr double kMaxLatencyUs = 1e6;    // 1 s per hop
 
 Link load_link(const YamlNode& node, const std::string& what) {
     YamlMap m(node, what);
@@ -56,13 +57,15 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
         try {
             dt = parse_dtype(key);
         } catch (const std::exception&) {
-            YamlNode(kv.first, std::make_shared<std::string>(name)).fail(fmt::format("'{}' is not a dtype (float32, bfloat16, float16, float64)", key));
+            YamlNode(kv.first, std::make_shared<std::string>(name))
+                .fail(fmt::format("'{}' is not a dtype (float32, bfloat16, float16, float64)", key));
         }
         c.flops[dt] = positive(fm, key, "'tflops'", kMaxTflops) * 1e12;
     }
     fm.finish();
     c.gemm_efficiency = m.double_or("gemm_efficiency", 1.0);
-    if (!(c.gemm_efficiency > 0 && c.gemm_efficiency <= 1)) m.at("gemm_efficiency").fail("'gemm_efficiency' must be in (0, 1]");
+    if (!(c.gemm_efficiency > 0 && c.gemm_efficiency <= 1))
+        m.at("gemm_efficiency").fail("'gemm_efficiency' must be in (0, 1]");
     c.memory_bandwidth = positive(m, "memory_bandwidth_gb_s", "the cluster", kMaxGbPerSecond) * 1e9;
     c.intra = load_link(m.at("intra_node"), "'intra_node'");
     c.inter = c.nodes > 1 || m.has("inter_node") ? load_link(m.at("inter_node"), "'inter_node'") : c.intra;
@@ -70,6 +73,8 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
     return c;
 }
 
-Cluster load_cluster(const std::string& path) { return load_cluster_text(read_file(path, YamlLimits{}.max_bytes), path); }
+Cluster load_cluster(const std::string& path) {
+    return load_cluster_text(read_file(path, YamlLimits{}.max_bytes), path);
+}
 
 }  // namespace ptool

@@ -21,8 +21,8 @@ struct Cluster {
     std::string name, path;
     int nodes = 1;
     int gpus_per_node = 1;
-    double memory_bytes = 0;    // per GPU
-    double reserved_bytes = 0;  // per GPU, not for tensors: CUDA context, NCCL buffers, allocator slack
+    double memory_bytes = 0;        // per GPU
+    double reserved_bytes = 0;      // per GPU, not for tensors: CUDA context, NCCL buffers, allocator slack
     std::map<DType, double> flops;  // peak dense FLOP/s per compute dtype
     double gemm_efficiency = 1;     // the fraction of peak that large GEMMs reach
     double memory_bandwidth = 0;    // bytes/s: what the other ops are bound by

@@ -22,9 +22,11 @@ int64_t record_bytes_per_step(const Model& model, const Plan& plan, const Layout
         if (!c.module->takes_ids()) events += numel_of(c.in.global);
     }
     // the layout pass walks one microbatch of one dp rank's rows
-    int64_t bytes = (events * ce + numel_of(layouts.output.global) * es) * dp * model.gradient_accumulation + es;  // the calls', the output, the loss
+    int64_t bytes = (events * ce + numel_of(layouts.output.global) * es) * dp * model.gradient_accumulation +
+                    es;                        // the calls', the output, the loss
     if (model.clip_grad_norm > 0) bytes += 8;  // the gradients' norm (float64)
-    for (const auto& [name, p] : model.named_parameters()) bytes += 2 * static_cast<int64_t>(p->value.nbytes());
+    for (const auto& [name, p] : model.named_parameters())
+        bytes += 2 * static_cast<int64_t>(p->value.nbytes());
     for (const auto& [name, b] : model.named_buffers()) bytes += static_cast<int64_t>(b->value.nbytes());
     return bytes;
 }
@@ -57,7 +59,8 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
     const LayoutReport& layouts = ex.resolution.layouts;
     std::set<const Module*> explained;  // a shared module's first call
     for (const CallLayout& call : layouts.calls)
-        if (call.style && explained.insert(call.module).second) ex.modules.push_back(explain_module(*call.style, call, ex.tp));
+        if (call.style && explained.insert(call.module).second)
+            ex.modules.push_back(explain_module(*call.style, call, ex.tp));
     for (int64_t j = 0; j < model.gradient_accumulation; ++j) {  // each microbatch's forward and backward
         ex.step_comm.insert(ex.step_comm.end(), layouts.forward.begin(), layouts.forward.end());
         ex.step_comm.insert(ex.step_comm.end(), layouts.backward.begin(), layouts.backward.end());
@@ -66,7 +69,8 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
 
     // memory per rank: parameters, gradients, optimizer state (SGD momentum 1x, AdamW 2x)
     std::map<const Parameter*, const ParamLayout*> distributed;
-    std::unordered_map<std::string, const Parameter*> by_name;  // once: a lookup per styled parameter, not a walk of the model
+    std::unordered_map<std::string, const Parameter*>
+        by_name;  // once: a lookup per styled parameter, not a walk of the model
     const auto params = model.named_parameters();
     for (const auto& [name, p] : params) by_name.emplace(name, p.get());
     for (const auto& me : ex.modules)

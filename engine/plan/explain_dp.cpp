@@ -8,28 +8,35 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
                            const std::function<Shape(const Parameter*, int tp_rank)>& tp_local) {
     const DataParallelResolution& dp = ex.resolution.dp;
     const DataParallelSpec& spec = *plan.data_parallel;
-    // fully_shard's group: the dp_shard dim (or the replicate() dim its units share); the batch's is all data dims
-    const std::string& shard_dim = plan.mesh()[plan.dims.has(DimRole::dp_shard) ? plan.dims.index(DimRole::dp_shard)
-                                                                                 : plan.dims.index(DimRole::dp_replicate)].name;
+    // fully_shard's group: the dp_shard dim (or the replicate() dim its units share); the batch's is all data
+    // dims
+    const std::string& shard_dim =
+        plan.mesh()[plan.dims.has(DimRole::dp_shard) ? plan.dims.index(DimRole::dp_shard)
+                                                     : plan.dims.index(DimRole::dp_replicate)]
+            .name;
     const int n = plan.dim_size(shard_dim), batch = dp.size;
     const auto named = model.named_parameters(), buffers = model.named_buffers();
     std::map<std::string, const Parameter*> by_name;
     for (const auto& [name, p] : named) by_name[name] = p.get();
-    // mixed precision: fully_shard gathers param_dtype and reduce_scatters reduce_dtype; DDP's buckets hold reduce_dtype
+    // mixed precision: fully_shard gathers param_dtype and reduce_scatters reduce_dtype; DDP's buckets hold
+    // reduce_dtype
     const DType gathered = plan.compute_dtype(model.dtype);
     const DType reduced = plan.mixed_precision ? plan.mixed_precision->reduce_dtype : model.dtype;
     auto local_bytes = [&](const std::string& name) {  // on tp rank 0, as DDP sees it
         const Parameter* p = by_name.at(name);
-        return numel_of(tp_local(p, 0)) * static_cast<int64_t>(dtype_size(plan.mixed_precision ? reduced : p->value.dtype()));
+        return numel_of(tp_local(p, 0)) *
+               static_cast<int64_t>(dtype_size(plan.mixed_precision ? reduced : p->value.dtype()));
     };
     std::vector<CommCost> forward, backward;
 
     if (!dp.synced_buffers.empty()) {  // before every forward: one flat broadcast per dtype
         std::map<DType, int64_t> bytes;
         for (const auto& [name, b] : buffers)
-            if (dp.synced_buffers.count(name)) bytes[b->value.dtype()] += static_cast<int64_t>(b->value.nbytes());
+            if (dp.synced_buffers.count(name))
+                bytes[b->value.dtype()] += static_cast<int64_t>(b->value.nbytes());
         for (const auto& [dt, b] : bytes)
-            forward.push_back({"broadcast", b, dp.replicas.size() == 1 ? dp.replicas[0].root : "", Phase::forward});
+            forward.push_back(
+                {"broadcast", b, dp.replicas.size() == 1 ? dp.replicas[0].root : "", Phase::forward});
     }
     // a module under activation checkpointing runs its forward again in backward: its unit's
     // all_gather and SyncBatchNorm's too
@@ -50,21 +57,24 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
         const int64_t gather = n * region * static_cast<int64_t>(dtype_size(gathered));
         const int64_t scatter = n * region * static_cast<int64_t>(dtype_size(reduced));
         forward.push_back({"all_gather", gather, u.fqn, Phase::forward});
-        if (recomputed(u.fqn)) backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
+        if (recomputed(u.fqn))
+            backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
         if (!u.fqn.empty()) backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
         const auto at = backward.begin() + (u.fqn.empty() ? 0 : 1);
         if (spec.hybrid())  // HSDP: the reduced shard is averaged over its replicas
-            backward.insert(at, {"all_reduce", region * static_cast<int64_t>(dtype_size(reduced)), u.fqn, Phase::backward});
-        backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1), {"reduce_scatter", scatter, u.fqn, Phase::backward});
+            backward.insert(at, {"all_reduce", region * static_cast<int64_t>(dtype_size(reduced)), u.fqn,
+                                 Phase::backward});
+        backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1),
+                        {"reduce_scatter", scatter, u.fqn, Phase::backward});
         region *= static_cast<int64_t>(dtype_size(model.dtype));
-        ex.data_parallel.push_back(fmt::format("fully_shard '{}': {} parameter{}, Shard(0) on '{}'{}, {} B per rank in "
-                                               "the flat buffer",
-                                               u.fqn.empty() ? "(root)" : u.fqn, u.params.size(),
-                                               u.params.size() == 1 ? "" : "s", shard_dim,
-                                               spec.hybrid() ? fmt::format(", replicated over '{}'", spec.mesh_dims[0]) : "",
-                                               region));
+        ex.data_parallel.push_back(fmt::format(
+            "fully_shard '{}': {} parameter{}, Shard(0) on '{}'{}, {} B per rank in "
+            "the flat buffer",
+            u.fqn.empty() ? "(root)" : u.fqn, u.params.size(), u.params.size() == 1 ? "" : "s", shard_dim,
+            spec.hybrid() ? fmt::format(", replicated over '{}'", spec.mesh_dims[0]) : "", region));
     }
-    if (spec.sync_batch_norm && batch > 1)  // SyncBatchNorm: stats all_gather forward, sums all_reduce backward
+    if (spec.sync_batch_norm &&
+        batch > 1)  // SyncBatchNorm: stats all_gather forward, sums all_reduce backward
         for (const std::string& bn : dp.batch_norms)
             for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
                 if (fqn != bn) return;
@@ -74,7 +84,9 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
                 for (const auto& [name, p] : model.state_dict()) calls += p == m.param("weight");
                 for (int k = 0; k < calls; ++k) {
                     forward.push_back({"all_gather", batch * 2 * c * sd, fqn, Phase::forward});
-                    if (recomputed(fqn)) backward.insert(backward.begin(), {"all_gather", batch * 2 * c * sd, fqn, Phase::backward});
+                    if (recomputed(fqn))
+                        backward.insert(backward.begin(),
+                                        {"all_gather", batch * 2 * c * sd, fqn, Phase::backward});
                     backward.insert(backward.begin(), {"all_reduce", 2 * c * sd, fqn, Phase::backward});
                 }
             });
@@ -85,14 +97,16 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
             int64_t bytes = 0;
             for (const std::string& name : b.params) bytes += local_bytes(name);
             sync.push_back({"all_reduce", bytes, replica.root, Phase::backward});
-            ex.data_parallel.push_back(fmt::format("replicate '{}' bucket {}: {} ({}), all_reduce avg after backward",
-                                                   replica.root.empty() ? "(root)" : replica.root, k++,
-                                                   fmt::join(b.params, ", "), bytes));
+            ex.data_parallel.push_back(fmt::format(
+                "replicate '{}' bucket {}: {} ({}), all_reduce avg after backward",
+                replica.root.empty() ? "(root)" : replica.root, k++, fmt::join(b.params, ", "), bytes));
         }
     }
     if (!dp.ignored_params.empty())
-        ex.data_parallel.push_back(fmt::format("not synchronised (ignored_modules): {}", fmt::join(dp.ignored_params, ", ")));
-    for (int64_t j = 0; j < model.gradient_accumulation; ++j) {  // buffers, units and SyncBatchNorm: every microbatch
+        ex.data_parallel.push_back(
+            fmt::format("not synchronised (ignored_modules): {}", fmt::join(dp.ignored_params, ", ")));
+    for (int64_t j = 0; j < model.gradient_accumulation;
+         ++j) {  // buffers, units and SyncBatchNorm: every microbatch
         ex.step_comm.insert(ex.step_comm.begin(), forward.begin(), forward.end());
         ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());
     }

@@ -8,9 +8,11 @@ std::vector<std::string> describe_dims(const Plan& plan) {
     std::vector<std::string> out;
     const ParallelDims& dims = plan.dims;
     if (dims.has(DimRole::tp))
-        out.push_back(fmt::format("tensor parallel over '{}' ({} ranks)", dims.name(DimRole::tp), dims.size(DimRole::tp)));
+        out.push_back(fmt::format("tensor parallel over '{}' ({} ranks)", dims.name(DimRole::tp),
+                                  dims.size(DimRole::tp)));
     if (plan.data_parallel)
-        out.push_back(fmt::format("data parallel over '{}' ({} ranks)", plan.data_parallel->mesh_dim_names(), dims.data_size()));
+        out.push_back(fmt::format("data parallel over '{}' ({} ranks)", plan.data_parallel->mesh_dim_names(),
+                                  dims.data_size()));
     return out;
 }
 
@@ -32,7 +34,8 @@ ExplainReport explain_report(const ExplainInputs& in) {
     if (r.cluster) {
         const DType compute = r.plan.compute_dtype(r.model.dtype);
         for (const PredictedRank& pr : r.memory)
-            r.times.push_back(predict_step_time(pr.sim.step_work, by_op_dim(pr.sim.step_comm), r.plan, *r.cluster, compute));
+            r.times.push_back(predict_step_time(pr.sim.step_work, by_op_dim(pr.sim.step_comm), r.plan,
+                                                *r.cluster, compute));
     }
 
     std::vector<std::string> mesh;
@@ -43,9 +46,10 @@ ExplainReport explain_report(const ExplainInputs& in) {
 
     const Plan& plan = r.plan;
     if (plan.dims.has(DimRole::tp))
-        r.at_start.push_back(plan.src_data_rank
-                                 ? fmt::format("parameters of styled modules broadcast from tp rank {}", *plan.src_data_rank)
-                                 : std::string("no broadcast for tensor parallel (src_data_rank: null)"));
+        r.at_start.push_back(
+            plan.src_data_rank
+                ? fmt::format("parameters of styled modules broadcast from tp rank {}", *plan.src_data_rank)
+                : std::string("no broadcast for tensor parallel (src_data_rank: null)"));
     if (plan.data_parallel && !r.ex.resolution.dp.replicas.empty())
         r.at_start.push_back(fmt::format("replicate()'s parameters{} broadcast from {} rank 0",
                                          r.ex.resolution.dp.synced_buffers.empty() ? "" : " and buffers",

@@ -8,8 +8,8 @@
 
 #include "plan/cluster.h"
 #include "plan/explain.h"
-#include "train/simulate.h"
 #include "plan/time_model.h"
+#include "train/simulate.h"
 
 namespace ptool {
 

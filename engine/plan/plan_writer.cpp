@@ -18,7 +18,9 @@ using namespace style_name;
 enum class Act { replicate, sequence, features };
 
 // What the module's type says the writer does with it (model/module_type.h).
-TpRule rule_of(const Module& m) { return m.module_type().tp_template().rule; }
+TpRule rule_of(const Module& m) {
+    return m.module_type().tp_template().rule;
+}
 
 struct Writer {
     TensorParallelTemplate out;
@@ -29,7 +31,9 @@ struct Writer {
     void fail(const Module& m, const std::string& why) {
         if (out.unsupported.empty()) out.unsupported = fmt::format("{} '{}': {}", m.type(), m.fqn(), why);
     }
-    void add(const std::string& pattern, const std::string& style) { out.entries.push_back({pattern, style}); }
+    void add(const std::string& pattern, const std::string& style) {
+        out.entries.push_back({pattern, style});
+    }
 
     Act visit(const Module& m, const std::string& pattern, Act a) {
         if (!out.unsupported.empty()) return a;
@@ -49,17 +53,21 @@ struct Writer {
                 for (const auto& [name, child] : m.children()) {
                     if (repeat && !first) break;  // every element is the first's copy
                     first = false;
-                    const std::string p = join_name(pattern, repeat ? std::string("*") : name);  // transparent: ""
+                    const std::string p =
+                        join_name(pattern, repeat ? std::string("*") : name);  // transparent: ""
                     const Act before = cur;
                     cur = visit(*child, p, cur);
                     if (repeat && cur != before) fail(m, "an element ends in another layout than it starts");
                 }
-                if (tpl.rule == TpRule::residual && cur != a) fail(m, "its body ends in another layout than its input (the sum needs one)");
+                if (tpl.rule == TpRule::residual && cur != a)
+                    fail(m, "its body ends in another layout than its input (the sum needs one)");
                 return cur;
             }
             case TpRule::embedding:
                 if (a != Act::replicate) return fail(m, "its ids are not replicated"), a;
-                add(pattern, entry(rowwise, has_sequence ? "input_layouts: replicate, output_layouts: shard(1)" : "input_layouts: replicate"));
+                add(pattern,
+                    entry(rowwise, has_sequence ? "input_layouts: replicate, output_layouts: shard(1)"
+                                                : "input_layouts: replicate"));
                 return has_sequence ? Act::sequence : Act::replicate;
             case TpRule::norm:
                 if (a == Act::features) fail(m, "normalises over features a colwise linear split");
@@ -68,12 +76,16 @@ struct Writer {
             case TpRule::whole:  // positions are rows of its weight: whole sequences only
                 if (a != Act::replicate) fail(m, "needs whole sequences and features");
                 return a;
-            case TpRule::elementwise: return a;
+            case TpRule::elementwise:
+                return a;
             case TpRule::projections:
                 if (a == Act::features) return fail(m, "its input is split over features"), a;
-                if (a == Act::sequence) add(pattern, entry(prepare_input, "input_layouts: shard(1), desired_input_layouts: replicate"));
+                if (a == Act::sequence)
+                    add(pattern,
+                        entry(prepare_input, "input_layouts: shard(1), desired_input_layouts: replicate"));
                 add(pattern + tpl.colwise, entry(colwise));
-                add(pattern + tpl.rowwise, entry(rowwise, a == Act::sequence ? "output_layouts: shard(1)" : ""));
+                add(pattern + tpl.rowwise,
+                    entry(rowwise, a == Act::sequence ? "output_layouts: shard(1)" : ""));
                 return a;
             case TpRule::linear:
                 if (&m == last && a == Act::features) {  // the second of a Megatron pair ends the model
@@ -83,8 +95,10 @@ struct Writer {
                 }
                 if (&m == last) {
                     const std::string in = a == Act::sequence ? "input_layouts: shard(1), " : "";
-                    add(pattern, entry(colwise, in + (out.loss_parallel ? "output_layouts: shard(-1), use_local_output: false"
-                                                                        : "output_layouts: replicate")));
+                    add(pattern,
+                        entry(colwise,
+                              in + (out.loss_parallel ? "output_layouts: shard(-1), use_local_output: false"
+                                                      : "output_layouts: replicate")));
                     return Act::replicate;
                 }
                 if (a == Act::features) {
@@ -93,7 +107,8 @@ struct Writer {
                 }
                 add(pattern, entry(colwise, a == Act::sequence ? "input_layouts: shard(1)" : ""));
                 return Act::features;
-            case TpRule::none: break;
+            case TpRule::none:
+                break;
         }
         fail(m, "no tensor-parallel rule for this module type");
         return a;
@@ -103,14 +118,18 @@ struct Writer {
     Act transfer(const Module& m, Act a) {
         const TpRule rule = rule_of(m);
         if (rule == TpRule::embedding) return has_sequence ? Act::sequence : Act::replicate;
-        if (rule == TpRule::linear) return &m == last ? Act::replicate : a == Act::features ? (has_sequence ? Act::sequence : Act::replicate) : Act::features;
+        if (rule == TpRule::linear)
+            return &m == last           ? Act::replicate
+                   : a == Act::features ? (has_sequence ? Act::sequence : Act::replicate)
+                                        : Act::features;
         return a;
     }
 };
 
 void find_last(const Module& m, const Module*& last) {
     if (rule_of(m) == TpRule::linear) last = &m;
-    if (rule_of(m) == TpRule::projections) last = &m;  // its linears are its own
+    if (rule_of(m) == TpRule::projections)
+        last = &m;  // its linears are its own
     else
         for (const auto& [name, child] : m.children()) find_last(*child, last);
 }
@@ -128,9 +147,12 @@ TensorParallelTemplate tensor_parallel_template(const Model& model) {
     Writer w;
     const Module* first = model.root.get();
     while (!first->children().empty()) first = first->children().front().second.get();
-    bool positions = false;  // GPT-2's wpe adds positions to whole sequences: the writer then plans no sequence parallelism
-    for_each_module(*model.root, [&](const std::string&, Module& m) { positions |= rule_of(m) == TpRule::whole; });
-    w.has_sequence = model.input.ids && model.input.shape.size() == 2 && rule_of(*first) == TpRule::embedding && !positions;
+    bool positions = false;  // GPT-2's wpe adds positions to whole sequences: the writer then plans no
+                             // sequence parallelism
+    for_each_module(*model.root,
+                    [&](const std::string&, Module& m) { positions |= rule_of(m) == TpRule::whole; });
+    w.has_sequence = model.input.ids && model.input.shape.size() == 2 &&
+                     rule_of(*first) == TpRule::embedding && !positions;
     w.out.sequence_parallel = w.has_sequence;
     find_last(*model.root, w.last);
     if (w.last && rule_of(*w.last) != TpRule::linear) w.last = nullptr;
@@ -157,8 +179,10 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
     std::string s;
     std::vector<std::string> dims;
     const bool dp_section = c.dp > 1 || c.param_dtype;
-    if (dp_section && c.hybrid()) dims.push_back(fmt::format("dp_replicate: {}, dp_shard: {}", c.dp_replicate(), c.dp_shard));
-    else if (dp_section) dims.push_back(fmt::format("dp: {}", c.dp));
+    if (dp_section && c.hybrid())
+        dims.push_back(fmt::format("dp_replicate: {}, dp_shard: {}", c.dp_replicate(), c.dp_shard));
+    else if (dp_section)
+        dims.push_back(fmt::format("dp: {}", c.dp));
     if (c.tp > 1) dims.push_back(fmt::format("tp: {}", c.tp));
     if (dims.empty()) dims.push_back("world: 1");
     s += fmt::format("mesh: {{{}}}\n", fmt::join(dims, ", "));
@@ -171,15 +195,18 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
         s += "tensor_parallel:\n  mesh_dim: tp\n";
         if (tp.loss_parallel) s += "  loss_parallel: true\n";
         s += "  plan:\n";
-        for (const auto& [pattern, style] : tp.entries) s += fmt::format("    {}: {}\n", yaml_quoted(pattern), style);
+        for (const auto& [pattern, style] : tp.entries)
+            s += fmt::format("    {}: {}\n", yaml_quoted(pattern), style);
     }
     const std::vector<std::string> blocks = repeated_blocks(model);
     if (dp_section) {
-        s += fmt::format("data_parallel:\n  mesh_dim: {}\n  mode: {}\n", c.hybrid() ? "[dp_replicate, dp_shard]" : "dp", c.dp_mode);
+        s += fmt::format("data_parallel:\n  mesh_dim: {}\n  mode: {}\n",
+                         c.hybrid() ? "[dp_replicate, dp_shard]" : "dp", c.dp_mode);
         if (c.dp_mode == "fully_shard") s += fmt::format("  fully_shard: {}\n", list(blocks));
         if (has_batch_norm(*model.root)) s += "  sync_batch_norm: true\n";  // the reference's statistics
         if (c.param_dtype)
-            s += fmt::format("  mixed_precision: {{param_dtype: {}, reduce_dtype: {}}}\n", *c.param_dtype, dtype_name(model.dtype));
+            s += fmt::format("  mixed_precision: {{param_dtype: {}, reduce_dtype: {}}}\n", *c.param_dtype,
+                             dtype_name(model.dtype));
     }
     if (c.checkpoint && !blocks.empty()) s += fmt::format("activation_checkpointing: {}\n", list(blocks));
     return s;

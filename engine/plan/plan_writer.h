@@ -46,16 +46,18 @@ std::vector<std::string> repeated_blocks(const Model& model);
 
 struct PlanChoice {
     int dp = 1, tp = 1;
-    std::string dp_mode = "fully_shard";       // fully_shard | replicate
+    std::string dp_mode = "fully_shard";  // fully_shard | replicate
     // HSDP (fully_shard on [dp_replicate, dp_shard]): the dp ranks as dp / dp_shard replicas of
     // dp_shard shards; 0: one dp dim
     int dp_shard = 0;
-    bool checkpoint = false;                   // activation checkpointing of repeated_blocks
-    std::optional<std::string> param_dtype;    // mixed precision (reduce in the model's dtype)
+    bool checkpoint = false;                 // activation checkpointing of repeated_blocks
+    std::optional<std::string> param_dtype;  // mixed precision (reduce in the model's dtype)
 
     bool hybrid() const { return dp_shard > 1 && dp_shard < dp; }
     int dp_replicate() const { return hybrid() ? dp / dp_shard : 1; }
-    std::string mode_name() const { return hybrid() ? "hsdp" : dp_mode; }  // "hsdp", "fully_shard", "replicate"
+    std::string mode_name() const {
+        return hybrid() ? "hsdp" : dp_mode;
+    }                              // "hsdp", "fully_shard", "replicate"
     std::string dp_text() const {  // "dp8", or HSDP's "dp2x4" (replicas x shards)
         return hybrid() ? fmt::format("dp{}x{}", dp_replicate(), dp_shard) : fmt::format("dp{}", dp);
     }

@@ -11,7 +11,9 @@
 namespace ptool {
 namespace {
 
-std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1ull << 30)); }
+std::string gib(double bytes) {
+    return fmt::format("{:.1f} GiB", bytes / (1ull << 30));
+}
 
 struct Simulated {
     RankMemory memory;
@@ -32,15 +34,16 @@ std::string block_phase(const std::string& label, const std::string& repeat, int
     return "";
 }
 
-Simulated simulate(const std::string& model_text, const std::string& name, const Plan& plan, const std::string& repeat = "",
-                   int64_t count = 0) {
+Simulated simulate(const std::string& model_text, const std::string& name, const Plan& plan,
+                   const std::string& repeat = "", int64_t count = 0) {
     RunInputs in;
     in.model_path = name;
     in.model_text = model_text;
     RankSimulation s = simulate_rank(in, plan, 0, 2, !repeat.empty());
     Simulated out{s.memory, s.step_work, by_op_dim(s.step_comm), {}};
     for (const auto& [label, peak] : s.phase_peaks)
-        if (std::string key = block_phase(label, repeat, count); !key.empty()) out.phases[key] = std::max(out.phases[key], peak);
+        if (std::string key = block_phase(label, repeat, count); !key.empty())
+            out.phases[key] = std::max(out.phases[key], peak);
     return out;
 }
 
@@ -55,7 +58,8 @@ Simulated extrapolate(const Simulated& a, const Simulated& b, double k) {
         if (auto it = b.phases.find(key); it != b.phases.end())
             o.memory.peak = std::max(o.memory.peak, static_cast<int64_t>(lin(pa, it->second)));
     o.memory.resident = static_cast<int64_t>(lin(a.memory.resident, b.memory.resident));
-    for (int u = 0; u < kMemoryUses; ++u) o.memory.at_peak[u] = static_cast<int64_t>(lin(a.memory.at_peak[u], b.memory.at_peak[u]));
+    for (int u = 0; u < kMemoryUses; ++u)
+        o.memory.at_peak[u] = static_cast<int64_t>(lin(a.memory.at_peak[u], b.memory.at_peak[u]));
     o.work.gemm_flops = lin(a.work.gemm_flops, b.work.gemm_flops);
     o.work.recompute_flops = lin(a.work.recompute_flops, b.work.recompute_flops);
     o.work.memory_bytes = lin(a.work.memory_bytes, b.work.memory_bytes);
@@ -63,7 +67,8 @@ Simulated extrapolate(const Simulated& a, const Simulated& b, double k) {
     for (const auto* src : {&a.comm, &b.comm})
         for (const auto& [key, t] : *src) o.comm[key];
     for (auto& [key, t] : o.comm) {
-        const CommTotals x = a.comm.count(key) ? a.comm.at(key) : CommTotals{}, y = b.comm.count(key) ? b.comm.at(key) : CommTotals{};
+        const CommTotals x = a.comm.count(key) ? a.comm.at(key) : CommTotals{},
+                         y = b.comm.count(key) ? b.comm.at(key) : CommTotals{};
         t.calls = static_cast<int64_t>(lin(x.calls, y.calls));
         t.bytes = static_cast<int64_t>(lin(x.bytes, y.bytes));
     }
@@ -78,13 +83,15 @@ namespace {
 // dp x tp) and each (mesh, mode, checkpointing) group's microbatches until one fits.
 class Search {
 public:
-    Search(const std::string& model_text, const std::string& name, const Cluster& cluster, const SearchOptions& o)
+    Search(const std::string& model_text, const std::string& name, const Cluster& cluster,
+           const SearchOptions& o)
         : text_(model_text), name_(name), cluster_(cluster), o_(o), full_(load_meta(model_text, name)) {
         r_.world_size = o.world_size > 0 ? o.world_size : cluster.world_size();
         r_.memory_cap = o.memory_cap > 0 ? o.memory_cap : cluster.memory_bytes - cluster.reserved_bytes;
         r_.compute = o.param_dtype ? parse_dtype(*o.param_dtype) : full_.dtype;
         if (r_.world_size > cluster.world_size())
-            throw InputError(fmt::format("--world-size {} is more than {}'s {} GPUs", r_.world_size, cluster.name, cluster.world_size()));
+            throw InputError(fmt::format("--world-size {} is more than {}'s {} GPUs", r_.world_size,
+                                         cluster.name, cluster.world_size()));
         tpl_ = tensor_parallel_template(full_);
         r_.tp_unsupported = tpl_.unsupported;
         blocks_ = repeated_blocks(full_);
@@ -93,9 +100,11 @@ public:
         for_each_module(*full_.root, [&](const std::string& fqn, Module& m) {
             if (!dynamic_cast<const Repeat*>(&m) || m.children().empty()) return;
             int64_t n = 0;
-            for_each_param(*m.children().front().second, [&](const std::string&, const ParamPtr& p) { n += p->value.numel(); });
+            for_each_param(*m.children().front().second,
+                           [&](const std::string&, const ParamPtr& p) { n += p->value.numel(); });
             block_params = std::max(block_params, n);
-            if (m.children().size() >= 4) ++long_repeats, layers_ = static_cast<int64_t>(m.children().size()), repeat_ = fqn;
+            if (m.children().size() >= 4)
+                ++long_repeats, layers_ = static_cast<int64_t>(m.children().size()), repeat_ = fqn;
         });
         extrapolate_ = long_repeats == 1;
         block_unsharded_ = static_cast<double>(block_params) * dtype_size(r_.compute);
@@ -107,7 +116,8 @@ public:
         std::vector<std::optional<Candidate>> fits(groups.size());
         std::vector<std::optional<Rejection>> refusals(groups.size());
         std::vector<int> counts(groups.size(), 0);
-        parallel_for(groups.size(), o_.threads, [&](size_t i) { evaluate(groups[i], fits[i], refusals[i], counts[i]); });
+        parallel_for(groups.size(), o_.threads,
+                     [&](size_t i) { evaluate(groups[i], fits[i], refusals[i], counts[i]); });
         for (size_t i = 0; i < groups.size(); ++i) {  // in group order: the same output on any thread count
             if (fits[i]) r_.fitting.push_back(*fits[i]);
             if (refusals[i]) r_.rejected.push_back(*refusals[i]);
@@ -134,17 +144,22 @@ private:
             const int dp = r_.world_size / tp;
             const std::string mesh = fmt::format("dp={} x tp={}", dp, tp);
             if (tp > 1 && !tpl_.unsupported.empty()) {
-                r_.rejected.push_back({fmt::format("tp={}", tp), "no tensor-parallel plan: " + tpl_.unsupported});
+                r_.rejected.push_back(
+                    {fmt::format("tp={}", tp), "no tensor-parallel plan: " + tpl_.unsupported});
                 continue;
             }
             if (tp > cluster_.gpus_per_node || cluster_.gpus_per_node % tp) {
-                r_.rejected.push_back({fmt::format("tp={}", tp),
-                                       fmt::format("crosses a node of {} GPUs (tensor parallelism's collectives block the compute: "
-                                                   "NVLink only)", cluster_.gpus_per_node)});
+                r_.rejected.push_back(
+                    {fmt::format("tp={}", tp),
+                     fmt::format(
+                         "crosses a node of {} GPUs (tensor parallelism's collectives block the compute: "
+                         "NVLink only)",
+                         cluster_.gpus_per_node)});
                 continue;
             }
             if (rows_ % dp) {
-                r_.rejected.push_back({mesh, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp)});
+                r_.rejected.push_back(
+                    {mesh, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp)});
                 continue;
             }
             PlanChoice base;
@@ -178,7 +193,8 @@ private:
     std::string lint(PlanChoice c) const {
         c.dp_mode = "fully_shard";
         try {
-            const Explanation ex = explain_plan(full_, load_plan_text(write_plan(full_, tpl_, c), "generated.yaml"));
+            const Explanation ex =
+                explain_plan(full_, load_plan_text(write_plan(full_, tpl_, c), "generated.yaml"));
             for (const Diagnostic& w : ex.resolution.warnings)
                 if (w.message.find("uneven") != std::string::npos) return w.message;
             if (!ex.resolution.causes.empty()) return ex.resolution.causes.front().message;
@@ -196,12 +212,16 @@ private:
     }
 
     // The model's microbatches, doubled until the group's plan fits under the cap.
-    void evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::optional<Rejection>& refusal, int& count) const {
-        const std::string dp = c.hybrid() ? fmt::format("{}x{}", c.dp_replicate(), c.dp_shard) : std::to_string(c.dp);
-        const std::string shape = fmt::format("dp={} x tp={} {}{}", dp, c.tp, c.mode_name(), c.checkpoint ? " checkpointed" : "");
+    void evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::optional<Rejection>& refusal,
+                  int& count) const {
+        const std::string dp =
+            c.hybrid() ? fmt::format("{}x{}", c.dp_replicate(), c.dp_shard) : std::to_string(c.dp);
+        const std::string shape =
+            fmt::format("dp={} x tp={} {}{}", dp, c.tp, c.mode_name(), c.checkpoint ? " checkpointed" : "");
         const std::string plan_text = write_plan(full_, tpl_, c);
         const Plan plan = load_plan_text(plan_text, "generated.yaml");
-        const int64_t first = full_.gradient_accumulation, last = std::max<int64_t>(o_.max_microbatches, first);
+        const int64_t first = full_.gradient_accumulation,
+                      last = std::max<int64_t>(o_.max_microbatches, first);
         double least = 0;
         int64_t least_mb = 0;
         for (int64_t mb = first; mb <= last && rows_ % (static_cast<int64_t>(c.dp) * mb) == 0; mb *= 2) {
@@ -214,7 +234,8 @@ private:
             }
             ++count;
             Candidate cand;
-            cand.choice = c, cand.microbatches = static_cast<int>(mb), cand.model_microbatches = static_cast<int>(first);
+            cand.choice = c, cand.microbatches = static_cast<int>(mb),
+            cand.model_microbatches = static_cast<int>(first);
             cand.plan_text = plan_text, cand.extrapolated = extrapolate_;
             cand.prefetch = c.dp_mode == "fully_shard" && c.dp > 1 ? block_unsharded_ / c.tp : 0;
             cand.peak = static_cast<double>(s.memory.peak) + cand.prefetch;
@@ -225,10 +246,13 @@ private:
             fit = std::move(cand);
             return;
         }
-        if (least_mb == 0) refusal = Rejection{shape, fmt::format("the batch's {} rows do not split into microbatches", rows_)};
+        if (least_mb == 0)
+            refusal =
+                Rejection{shape, fmt::format("the batch's {} rows do not split into microbatches", rows_)};
         else
-            refusal = Rejection{shape, fmt::format("needs {} > {} per GPU (at best, with {} microbatch{})", gib(least), gib(r_.memory_cap),
-                                                   least_mb, least_mb == 1 ? "" : "es")};
+            refusal = Rejection{
+                shape, fmt::format("needs {} > {} per GPU (at best, with {} microbatch{})", gib(least),
+                                   gib(r_.memory_cap), least_mb, least_mb == 1 ? "" : "es")};
     }
 
     const std::string& text_;
@@ -247,7 +271,8 @@ private:
 
 }  // namespace
 
-SearchResult search_plans(const std::string& model_text, const std::string& name, const Cluster& cluster, const SearchOptions& o) {
+SearchResult search_plans(const std::string& model_text, const std::string& name, const Cluster& cluster,
+                          const SearchOptions& o) {
     return Search(model_text, name, cluster, o).run();
 }
 

@@ -1,17 +1,16 @@
 // ptool plan: the search over how to run a model on a cluster. Candidates are dp x tp meshes
 // (tp within a node), fully_shard or replicate over dp or, where dp spans nodes, HSDP (fully_shard
 // over a node's dp ranks, replicated across nodes), activation checkpointing of the repeated
-// blocks or not, and the model's gradient_accumulation doubled until the batch fits (microbatches); plans are written by
-// plan/plan_writer.h. Each is linted (explain's rules: heads, kv heads, features, vocab and sequence
-// must divide by tp, rows by dp x microbatches; a mesh under which explain expects a mismatch, such
-// as loss: sum averaged by DDP, is refused with that cause) and simulated on meta tensors (train/simulate.h) for
-// two steps (the optimizer's state exists from the second), rank 0 only: the lint refuses uneven
-// shards, so every rank holds the same sizes. A model with one repeat of L >= 4 blocks is simulated
-// with 2 and 3 blocks and its work, collectives and each phase's peak (module pass, blocks named
-// first and last) extrapolated linearly to L, the largest phase giving the peak (checked against
-// full simulations in tests/plan_cases.py). Fitting candidates (peak plus
-// fully_shard's prefetch of the next unit within the memory cap) are ranked by the time model
-// (plan/time_model.h). docs/planning.md.
+// blocks or not, and the model's gradient_accumulation doubled until the batch fits (microbatches); plans are
+// written by plan/plan_writer.h. Each is linted (explain's rules: heads, kv heads, features, vocab and
+// sequence must divide by tp, rows by dp x microbatches; a mesh under which explain expects a mismatch, such
+// as loss: sum averaged by DDP, is refused with that cause) and simulated on meta tensors (train/simulate.h)
+// for two steps (the optimizer's state exists from the second), rank 0 only: the lint refuses uneven shards,
+// so every rank holds the same sizes. A model with one repeat of L >= 4 blocks is simulated with 2 and 3
+// blocks and its work, collectives and each phase's peak (module pass, blocks named first and last)
+// extrapolated linearly to L, the largest phase giving the peak (checked against full simulations in
+// tests/plan_cases.py). Fitting candidates (peak plus fully_shard's prefetch of the next unit within the
+// memory cap) are ranked by the time model (plan/time_model.h). docs/planning.md.
 #pragma once
 
 #include <optional>
@@ -25,20 +24,21 @@
 namespace ptool {
 
 struct SearchOptions {
-    int world_size = 0;                                // 0: the cluster's
-    double memory_cap = 0;                             // bytes per GPU; 0: the cluster's memory less its reserve
-    std::optional<std::string> param_dtype = "bfloat16";  // mixed precision; nullopt: compute in the model's dtype
+    int world_size = 0;     // 0: the cluster's
+    double memory_cap = 0;  // bytes per GPU; 0: the cluster's memory less its reserve
+    std::optional<std::string> param_dtype =
+        "bfloat16";  // mixed precision; nullopt: compute in the model's dtype
     int max_microbatches = 16;
-    unsigned threads = 0;                              // 0: one per core
+    unsigned threads = 0;  // 0: one per core
 };
 
 struct Candidate {
     PlanChoice choice;
-    int microbatches = 1;  // gradient_accumulation
+    int microbatches = 1;        // gradient_accumulation
     int model_microbatches = 1;  // the model file's
     std::string plan_text;
-    double peak = 0;       // bytes per rank: simulated peak + prefetch
-    double prefetch = 0;   // fully_shard: the next unit's unsharded parameters, gathered ahead
+    double peak = 0;      // bytes per rank: simulated peak + prefetch
+    double prefetch = 0;  // fully_shard: the next unit's unsharded parameters, gathered ahead
     StepTime time;
     double mfu = 0;
     bool extrapolated = false;
@@ -52,14 +52,15 @@ struct Rejection {
 struct SearchResult {
     std::vector<Candidate> fitting;  // fastest first
     std::vector<Rejection> rejected;
-    int evaluated = 0;               // candidates simulated
-    std::string tp_unsupported;      // why tp > 1 was not tried ("" when it was)
+    int evaluated = 0;           // candidates simulated
+    std::string tp_unsupported;  // why tp > 1 was not tried ("" when it was)
     double memory_cap = 0;
     int world_size = 0;
     DType compute = DType::float32;
 };
 
 // model_text: the model file's text (already loadable); name for messages.
-SearchResult search_plans(const std::string& model_text, const std::string& name, const Cluster& cluster, const SearchOptions& o);
+SearchResult search_plans(const std::string& model_text, const std::string& name, const Cluster& cluster,
+                          const SearchOptions& o);
 
 }  // namespace ptool

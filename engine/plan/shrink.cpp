@@ -1,13 +1,12 @@
 #include "plan/shrink.h"
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <functional>
 #include <map>
 #include <numeric>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "core/yaml_writer.h"
 #include "model/module_type.h"
@@ -30,7 +29,9 @@ void for_each_module(YAML::Node mods, const std::function<void(YAML::Node)>& fn)
     }
 }
 
-int64_t as_int(const YAML::Node& n) { return n.as<int64_t>(); }
+int64_t as_int(const YAML::Node& n) {
+    return n.as<int64_t>();
+}
 
 }  // namespace
 
@@ -96,9 +97,12 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     shrunk.SetStyle(YAML::EmitterStyle::Flow);
     for (size_t i = 0; i < shape.size(); ++i) {
         const int64_t v = as_int(shape[i]);
-        if (i == 0) shrunk.push_back(rows);
-        else if (!tokens && i + 1 == shape.size()) shrunk.push_back(size.count(v) ? size.at(v) : v);
-        else shrunk.push_back(2 * tp);
+        if (i == 0)
+            shrunk.push_back(rows);
+        else if (!tokens && i + 1 == shape.size())
+            shrunk.push_back(size.count(v) ? size.at(v) : v);
+        else
+            shrunk.push_back(2 * tp);
     }
     if (tokens) {
         input["tokens"] = shrunk;
@@ -110,9 +114,10 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     if (doc["name"]) doc["name"] = doc["name"].Scalar() + "_proxy";
     YAML::Emitter e;
     e << doc;
-    return fmt::format("# A proxy of {} for a plan of tp={} dp={} (ptool shrink; docs/planning.md): the same modules and\n"
-                       "# names, at most 2 blocks per repeat, sizes that still split as the plan splits them.\n{}\n",
-                       yaml_comment(name), tp, dp, e.c_str());
+    return fmt::format(
+        "# A proxy of {} for a plan of tp={} dp={} (ptool shrink; docs/planning.md): the same modules and\n"
+        "# names, at most 2 blocks per repeat, sizes that still split as the plan splits them.\n{}\n",
+        yaml_comment(name), tp, dp, e.c_str());
 }
 
 }  // namespace ptool

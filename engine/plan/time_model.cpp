@@ -15,7 +15,8 @@ bool dim_inside_node(const Plan& plan, const std::string& dim, const Cluster& c)
         const int64_t span = stride * mesh[dims[0]].size;
         return span <= c.gpus_per_node && c.gpus_per_node % span == 0;
     }
-    if (dims.empty() || dims.size() == mesh.size()) return plan.world_size() <= c.gpus_per_node;  // "world": every rank
+    if (dims.empty() || dims.size() == mesh.size())
+        return plan.world_size() <= c.gpus_per_node;  // "world": every rank
     // several dims flattened (the data dims): every rank in the node of its group's first
     for (int r = 0; r < plan.world_size(); ++r) {
         std::vector<int> first = DeviceMesh::coords_of(r, mesh);
@@ -30,7 +31,8 @@ double collective_seconds(const std::string& op, double bytes, int64_t calls, in
     const double f = static_cast<double>(n - 1) / n, hops = n - 1;
     if (op == "all_reduce") return 2 * f * bytes / link.bandwidth + calls * 2 * hops * link.latency;
     if (op == "broadcast") return bytes / link.bandwidth + calls * hops * link.latency;
-    return f * bytes / link.bandwidth + calls * hops * link.latency;  // all_gather, reduce_scatter, all_to_all
+    return f * bytes / link.bandwidth +
+           calls * hops * link.latency;  // all_gather, reduce_scatter, all_to_all
 }
 
 CommByOpDim by_op_dim(const CommCounter& comm) {
@@ -47,14 +49,16 @@ double mfu(const StepTime& t, const Cluster& c, DType compute) {
     return t.step > 0 && peak > 0 ? t.model_flops / (t.step * peak) : 0;
 }
 
-StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const Plan& plan, const Cluster& c, DType compute) {
+StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const Plan& plan, const Cluster& c,
+                           DType compute) {
     StepTime t;
     t.gemm_flops = work.gemm_flops;
     t.model_flops = work.gemm_flops - work.recompute_flops;
     const double rate = c.peak_flops(compute) * c.gemm_efficiency;
     if (rate <= 0)
-        throw InputError(SourceLocation{c.path, 1, 1}, fmt::format("the cluster names no 'tflops' for {}, the plan's compute dtype",
-                                                                   dtype_name(compute)));
+        throw InputError(SourceLocation{c.path, 1, 1},
+                         fmt::format("the cluster names no 'tflops' for {}, the plan's compute dtype",
+                                     dtype_name(compute)));
     t.compute = work.gemm_flops / rate + work.memory_bytes / c.memory_bandwidth;
     for (const auto& [key, totals] : comm) {
         const auto& [op, dim] = key;
@@ -65,9 +69,11 @@ StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const 
         bool data = !dims.empty() && dim != "world";
         for (int d : dims) data = data && plan.dims.is_data_dim(d);
         const bool inside = dim_inside_node(plan, dim, c);
-        const double s = collective_seconds(op, static_cast<double>(totals.bytes), totals.calls, n, inside ? c.intra : c.inter);
+        const double s = collective_seconds(op, static_cast<double>(totals.bytes), totals.calls, n,
+                                            inside ? c.intra : c.inter);
         CommTime& ct = t.by_dim[dim];
-        ct.seconds += s, ct.bytes += static_cast<double>(totals.bytes), ct.calls += totals.calls, ct.inter_node = !inside;
+        ct.seconds += s, ct.bytes += static_cast<double>(totals.bytes), ct.calls += totals.calls,
+            ct.inter_node = !inside;
         (data ? t.overlappable : t.blocking) += s;
     }
     t.step = t.compute + t.blocking + std::max(0.0, t.overlappable - t.compute);

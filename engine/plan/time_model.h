@@ -49,7 +49,8 @@ double collective_seconds(const std::string& op, double bytes, int64_t calls, in
 using CommByOpDim = std::map<std::pair<std::string, std::string>, CommTotals>;
 CommByOpDim by_op_dim(const CommCounter& comm);
 
-StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const Plan& plan, const Cluster& c, DType compute);
+StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const Plan& plan, const Cluster& c,
+                           DType compute);
 // MFU: model FLOPs per second over the peak of the compute dtype.
 double mfu(const StepTime& t, const Cluster& c, DType compute);
 

@@ -31,7 +31,8 @@ Model build_model(const RunInputs& in) {
 // the tp dim draws them, whole, and broadcasts them (parallelize), so the other ranks neither
 // draw nor hold a full copy of the model (each receives one parameter at a time).
 bool draws_lazily(const RunInputs& in, const Plan& plan, const RunLayer* layer) {
-    return plan.dims.has(DimRole::tp) && !in.init && !(layer && layer->needs_full_parameters()) && in.device != Device::meta;
+    return plan.dims.has(DimRole::tp) && !in.init && !(layer && layer->needs_full_parameters()) &&
+           in.device != Device::meta;
 }
 
 bool builds_own_shards(const RunInputs& in, const Plan& plan, const RunLayer* layer) {
@@ -40,13 +41,16 @@ bool builds_own_shards(const RunInputs& in, const Plan& plan, const RunLayer* la
 
 // Whether the run draws its initial values itself (after the mesh exists, so that it can leave
 // out what it receives), not --init's and not on meta.
-bool draws_init(const RunInputs& in) { return !in.init && in.device != Device::meta; }
+bool draws_init(const RunInputs& in) {
+    return !in.init && in.device != Device::meta;
+}
 
 // What a dp rank other than 0 receives from DDP's construction broadcast (construction_broadcast):
 // it need not draw a module whose every parameter and buffer it receives, as PyTorch's DDP starts
 // every replica from rank 0's state. Not under a fault layer: a mutation that skips the broadcast
 // must see the values drawn.
-std::set<std::string> received_from_dp_rank0(const Resolution& res, const Communicator* dp, const RunLayer* layer) {
+std::set<std::string> received_from_dp_rank0(const Resolution& res, const Communicator* dp,
+                                             const RunLayer* layer) {
     std::set<std::string> names;
     if (layer || !res.dp.active || !dp || dp->rank() == 0) return names;
     for (const BroadcastState& s : construction_broadcast(res.dp)) names.insert(s.name);
@@ -76,8 +80,13 @@ Plan reference_plan(const Plan& plan) {
 }
 
 Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer)
-    : model_(build_model(in)), plan_(plan), world_(world),
-      be_(backend_for(in.device)), counter_(std::make_shared<CommCounter>()), device_(in.device), layer_(layer) {
+    : model_(build_model(in)),
+      plan_(plan),
+      world_(world),
+      be_(backend_for(in.device)),
+      counter_(std::make_shared<CommCounter>()),
+      device_(in.device),
+      layer_(layer) {
     {
         std::optional<MetaAllocation> meta;
         if (in.device == Device::meta) meta.emplace();
@@ -90,7 +99,9 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     solo_ = world.split(world.rank(), 0);
     tp_ = &comm(DimRole::tp);
     const std::vector<int>& data = plan.dims.data_dims();
-    batch_ = data.empty() ? solo_.get() : data.size() == 1 ? &mesh_->comm(data[0]) : &mesh_->group(mesh_->add_group(data, plan.dims.data_label()));
+    batch_ = data.empty()       ? solo_.get()
+             : data.size() == 1 ? &mesh_->comm(data[0])
+                                : &mesh_->group(mesh_->add_group(data, plan.dims.data_label()));
     res_ = resolve_plan(model_, plan);  // the whole model's (a stage's boundary layouts come from it)
     stage_comm_ = &world_, stage_dims_ = plan.mesh();
     if (plan.pipeline) keep_own_stage();
@@ -101,7 +112,8 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         // src_data_rank k's broadcast (a rank other than k), DDP's from dp rank 0
         const bool lazy = draws_lazily(in, plan, layer);
         const bool receives = lazy && !own && tp_->rank() != *plan.src_data_rank;
-        const std::set<std::string> received = received_from_dp_rank0(res_, res_.dp.active ? batch_ : nullptr, layer);
+        const std::set<std::string> received =
+            received_from_dp_rank0(res_, res_.dp.active ? batch_ : nullptr, layer);
         model_.init_params_except([&](const Module& m) {
             const ResolvedStyle* rs = res_.style_of(m);
             if (rs) return lazy && (own ? builds_own_pieces(*rs) : receives && distributes_all_own(*rs));
@@ -120,14 +132,18 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         data_parallel_ = std::make_unique<DataParallel>(model_, plan, executed_dp_, *mesh_, *batch_, be_);
     }
     if (plan.mixed_precision && (plan.mixed_precision->param_dtype != model_.dtype)) {
-        if (!plan.data_parallel) check_mixed_precision(model_, plan, {});  // the reference's (the plan's checked them all)
-        mixed_precision_ = std::make_unique<MixedPrecision>(model_, *plan.mixed_precision, be_, [&](const Parameter* p) {
-            return data_parallel_ && data_parallel_->placement(p).is_shard();  // fully_shard casts its own
-        });
+        if (!plan.data_parallel)
+            check_mixed_precision(model_, plan, {});  // the reference's (the plan's checked them all)
+        mixed_precision_ =
+            std::make_unique<MixedPrecision>(model_, *plan.mixed_precision, be_, [&](const Parameter* p) {
+                return data_parallel_ &&
+                       data_parallel_->placement(p).is_shard();  // fully_shard casts its own
+            });
     }
     optimizer_ = std::make_unique<Optimizer>(model_.optimizer, be_);
     if (plan.pipeline) {
-        const int m = plan.pipeline->microbatches > 0 ? plan.pipeline->microbatches : static_cast<int>(model_.gradient_accumulation);
+        const int m = plan.pipeline->microbatches > 0 ? plan.pipeline->microbatches
+                                                      : static_cast<int>(model_.gradient_accumulation);
         schedule_ = pipeline_schedule(plan.pipeline->schedule, stages_, m);
     } else {
         schedule_ = accumulation_schedule(static_cast<int>(model_.gradient_accumulation));
@@ -147,9 +163,12 @@ void Run::keep_own_stage() {
     const std::vector<StageRange> ranges = stage_ranges(spine, spec.split_points, spec.where);
     stages_ = plan_.dims.size(DimRole::pp);
     if (static_cast<int>(ranges.size()) != stages_)
-        throw InputError(spec.where, fmt::format("{} split point{} make {} stages, but the pp dim '{}' has {} ranks: one stage per rank",
-                                                 spec.split_points.size(), spec.split_points.size() == 1 ? "" : "s", ranges.size(),
-                                                 plan_.dims.name(DimRole::pp), stages_));
+        throw InputError(
+            spec.where,
+            fmt::format(
+                "{} split point{} make {} stages, but the pp dim '{}' has {} ranks: one stage per rank",
+                spec.split_points.size(), spec.split_points.size() == 1 ? "" : "s", ranges.size(),
+                plan_.dims.name(DimRole::pp), stages_));
     stage_ = comm(DimRole::pp).rank();
     std::vector<int> others;  // the stage's ranks: every dim but pp
     stage_dims_.clear();
@@ -157,7 +176,8 @@ void Run::keep_own_stage() {
         if (d != plan_.dims.index(DimRole::pp)) others.push_back(d), stage_dims_.push_back(plan_.mesh()[d]);
     stage_comm_ = &mesh_->group(mesh_->add_group(others, "stage"));
     const StageRange r = ranges[stage_];
-    stage_modules_.assign(spine.begin() + static_cast<std::ptrdiff_t>(r.begin), spine.begin() + static_cast<std::ptrdiff_t>(r.end));
+    stage_modules_.assign(spine.begin() + static_cast<std::ptrdiff_t>(r.begin),
+                          spine.begin() + static_cast<std::ptrdiff_t>(r.end));
     auto call_of = [&](const Module* m) -> const CallLayout& {
         for (const CallLayout& c : res_.layouts.calls)
             if (c.module == m) return c;
@@ -179,17 +199,20 @@ void Run::keep_own_stage() {
 
 void Run::set_schedule(Schedule s) {
     PTOOL_REQUIRE(s.stages == schedule_.stages && s.microbatches == schedule_.microbatches,
-                  "a schedule of {} stages and {} microbatches for a run of {} and {}", s.stages, s.microbatches, schedule_.stages,
-                  schedule_.microbatches);
+                  "a schedule of {} stages and {} microbatches for a run of {} and {}", s.stages,
+                  s.microbatches, schedule_.stages, schedule_.microbatches);
     check_schedule(s);
     schedule_ = std::move(s);
 }
 
-Communicator& Run::comm(DimRole role) const { return plan_.dims.has(role) ? mesh_->comm(plan_.dims.index(role)) : *solo_; }
+Communicator& Run::comm(DimRole role) const {
+    return plan_.dims.has(role) ? mesh_->comm(plan_.dims.index(role)) : *solo_;
+}
 
 Placements Run::placements(const Parameter* p) const {
     Placements out;
-    if (auto it = tp_params_.find(p); it != tp_params_.end()) out.then(plan_.dims.index(DimRole::tp), it->second.placement);
+    if (auto it = tp_params_.find(p); it != tp_params_.end())
+        out.then(plan_.dims.index(DimRole::tp), it->second.placement);
     if (data_parallel_) out.then(data_parallel_->shard_dim(), data_parallel_->placement(p));
     return out;
 }
@@ -232,8 +255,9 @@ void Run::forward(StepState& st, int m) {
     f.loss_value = f.loss.value * scale;
     if (scale != 1.0) be_.scale(f.loss.grad, scale, f.loss.grad);
     f.grad = to_dtype(be_, f.loss.grad, compute);
-    f.dy = plan_.loss_parallel ? Placed{f.grad, y.p, y.global}
-                               : redistribute(Placed(f.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
+    f.dy = plan_.loss_parallel
+               ? Placed{f.grad, y.p, y.global}
+               : redistribute(Placed(f.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
 }
 
 // A microbatch's backward from its loss's gradient (the last stage) or the one the next stage
@@ -245,14 +269,17 @@ void Run::backward(StepState& st, int m) {
     Inflight& f = it->second;
     if (stage_ + 1 < stages_) {
         auto g = st.received_grads.find(m);
-        PTOOL_REQUIRE(g != st.received_grads.end(), "stage {} runs B{} before receiving its output's gradient", stage_, m);
+        PTOOL_REQUIRE(g != st.received_grads.end(),
+                      "stage {} runs B{} before receiving its output's gradient", stage_, m);
         f.dy = std::move(g->second);
         st.received_grads.erase(g);
     }
     {
         MemoryUseScope use(MemoryUse::activations);
-        if (stages_ == 1) model_.root->backward(f.ctx, f.dy);
-        else if (Placed dx = stage_backward(f.ctx, stage_modules_, f.dy); stage_ > 0) st.to_send_back[m] = std::move(dx);
+        if (stages_ == 1)
+            model_.root->backward(f.ctx, f.dy);
+        else if (Placed dx = stage_backward(f.ctx, stage_modules_, f.dy); stage_ > 0)
+            st.to_send_back[m] = std::move(dx);
     }
     if (stage_ + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value};
     st.inflight.erase(it);
@@ -263,25 +290,31 @@ void Run::backward(StepState& st, int m) {
 void Run::exchange(StepState& st, const std::vector<Action>& actions) {
     const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
     auto local = [&](const Layout& l, const Placement& p) {
-        return Placed{Tensor(local_shape(l.global, p, tp_->size(), tp_->rank()), compute, device_), p, l.global};
+        return Placed{Tensor(local_shape(l.global, p, tp_->size(), tp_->rank()), compute, device_), p,
+                      l.global};
     };
     std::vector<P2POp> ops;
     for (const Action& a : actions) {
         const int tag = p2p_tag(a);
         switch (a.kind) {
-            case ActionKind::send_forward: ops.push_back({P2POp::Kind::send, &st.inflight.at(a.microbatch).y.t, stage_ + 1, tag}); break;
+            case ActionKind::send_forward:
+                ops.push_back({P2POp::Kind::send, &st.inflight.at(a.microbatch).y.t, stage_ + 1, tag});
+                break;
             case ActionKind::recv_forward: {
                 Placed& x = st.received[a.microbatch] = local(stage_in_, stage_in_.p);
                 ops.push_back({P2POp::Kind::recv, &x.t, stage_ - 1, tag});
                 break;
             }
-            case ActionKind::send_backward: ops.push_back({P2POp::Kind::send, &st.to_send_back.at(a.microbatch).t, stage_ - 1, tag}); break;
+            case ActionKind::send_backward:
+                ops.push_back({P2POp::Kind::send, &st.to_send_back.at(a.microbatch).t, stage_ - 1, tag});
+                break;
             case ActionKind::recv_backward: {
                 Placed& g = st.received_grads[a.microbatch] = local(stage_out_, grad_placement(stage_out_.p));
                 ops.push_back({P2POp::Kind::recv, &g.t, stage_ + 1, tag});
                 break;
             }
-            default: PTOOL_REQUIRE(false, "{} is no send or receive", a.str());
+            default:
+                PTOOL_REQUIRE(false, "{} is no send or receive", a.str());
         }
     }
     comm(DimRole::pp).batch_isend_irecv(ops);
@@ -326,23 +359,32 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
         if (a.is_p2p()) {  // with the sends and receives right after it
             size_t j = i;
             while (j < actions.size() && actions[j].is_p2p()) ++j;
-            exchange(st, std::vector<Action>(actions.begin() + static_cast<std::ptrdiff_t>(i), actions.begin() + static_cast<std::ptrdiff_t>(j)));
+            exchange(st, std::vector<Action>(actions.begin() + static_cast<std::ptrdiff_t>(i),
+                                             actions.begin() + static_cast<std::ptrdiff_t>(j)));
             i = j - 1;
             continue;
         }
         switch (a.kind) {
-            case ActionKind::forward: forward(st, a.microbatch); break;
-            case ActionKind::backward: backward(st, a.microbatch); break;
+            case ActionKind::forward:
+                forward(st, a.microbatch);
+                break;
+            case ActionKind::backward:
+                backward(st, a.microbatch);
+                break;
             case ActionKind::grad_sync:
                 if (mixed_precision_) mixed_precision_->to_masters();
                 if (layer_) layer_->before_gradient_sync(model_, world_);
-                if (data_parallel_) data_parallel_->after_backward();  // once per step (DDP's no_sync on the others)
+                if (data_parallel_)
+                    data_parallel_->after_backward();  // once per step (DDP's no_sync on the others)
                 break;
             case ActionKind::clip:
                 if (model_.clip_grad_norm > 0) out.grad_norm = clip_gradients(params);
                 break;
-            case ActionKind::optimizer_step: optimizer_->step(params); break;
-            default: PTOOL_REQUIRE(false, "{} is not run here", a.str());
+            case ActionKind::optimizer_step:
+                optimizer_->step(params);
+                break;
+            default:
+                PTOOL_REQUIRE(false, "{} is not run here", a.str());
         }
     }
     for (auto& [m, done] : st.done) {  // in microbatch order, as the reference's rows are

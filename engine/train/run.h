@@ -6,15 +6,14 @@
 #pragma once
 
 #include <functional>
-#include <memory>
-
 #include <map>
+#include <memory>
 
 #include "core/safetensors.h"
 #include "model/batch.h"
+#include "model/loss.h"
 #include "model/optimizer.h"
 #include "parallel/mixed_precision.h"
-#include "model/loss.h"
 #include "parallel/parallelize.h"
 #include "train/schedule.h"
 
@@ -62,8 +61,9 @@ struct StepOutput {
     // per microbatch, as the loss saw it: gathered (Replicate on tp), or sharded under loss_parallel;
     // this dp rank's rows of it
     std::vector<Placed> outputs;
-    double loss = 0;     // over this dp rank's rows: the microbatches' losses, each divided by their count
-    double grad_norm = 0;  // clip_grad_norm: the gradients' total norm before clipping (clip_grad_norm_'s return)
+    double loss = 0;  // over this dp rank's rows: the microbatches' losses, each divided by their count
+    double grad_norm =
+        0;  // clip_grad_norm: the gradients' total norm before clipping (clip_grad_norm_'s return)
     double seconds = 0;  // forward + backward + gradient sync + optimizer, synchronised
     double started = 0;  // when this rank's step began (steady clock, seconds): ranks of one process compare
 };

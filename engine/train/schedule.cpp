@@ -7,22 +7,31 @@ namespace ptool {
 
 const char* action_kind_name(ActionKind k) {
     switch (k) {
-        case ActionKind::forward: return "F";
-        case ActionKind::backward: return "B";
-        case ActionKind::send_forward: return "SEND_F";
-        case ActionKind::recv_forward: return "RECV_F";
-        case ActionKind::send_backward: return "SEND_B";
-        case ActionKind::recv_backward: return "RECV_B";
-        case ActionKind::grad_sync: return "SYNC";
-        case ActionKind::clip: return "CLIP";
-        case ActionKind::optimizer_step: return "STEP";
+        case ActionKind::forward:
+            return "F";
+        case ActionKind::backward:
+            return "B";
+        case ActionKind::send_forward:
+            return "SEND_F";
+        case ActionKind::recv_forward:
+            return "RECV_F";
+        case ActionKind::send_backward:
+            return "SEND_B";
+        case ActionKind::recv_backward:
+            return "RECV_B";
+        case ActionKind::grad_sync:
+            return "SYNC";
+        case ActionKind::clip:
+            return "CLIP";
+        case ActionKind::optimizer_step:
+            return "STEP";
     }
     return "?";
 }
 
 bool Action::is_p2p() const {
-    return kind == ActionKind::send_forward || kind == ActionKind::recv_forward || kind == ActionKind::send_backward ||
-           kind == ActionKind::recv_backward;
+    return kind == ActionKind::send_forward || kind == ActionKind::recv_forward ||
+           kind == ActionKind::send_backward || kind == ActionKind::recv_backward;
 }
 
 std::string Action::str() const {
@@ -72,7 +81,8 @@ Schedule accumulation_schedule(int microbatches) {
 }
 
 Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches) {
-    PTOOL_REQUIRE(stages >= 1 && microbatches >= 1, "a schedule of {} stages and {} microbatches", stages, microbatches);
+    PTOOL_REQUIRE(stages >= 1 && microbatches >= 1, "a schedule of {} stages and {} microbatches", stages,
+                  microbatches);
     if (kind == ScheduleKind::accumulation) {
         PTOOL_REQUIRE(stages == 1, "the accumulation schedule has one stage, not {}", stages);
         return accumulation_schedule(microbatches);
@@ -100,41 +110,53 @@ Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches) {
 namespace {
 
 [[noreturn]] void bad(const Schedule& s, int rank, const std::string& what) {
-    throw RuntimeError(fmt::format("schedule {} ({} stages, {} microbatches): rank {} (stage {}) {}", schedule_kind_name(s.kind),
-                                   s.stages, s.microbatches, rank, rank, what));
+    throw RuntimeError(fmt::format("schedule {} ({} stages, {} microbatches): rank {} (stage {}) {}",
+                                   schedule_kind_name(s.kind), s.stages, s.microbatches, rank, rank, what));
 }
 
 // The action a p2p action meets on the peer: SEND_F m@s with RECV_F m@s+1, SEND_B m@s with RECV_B m@s-1.
 Action partner(const Action& a) {
     switch (a.kind) {
-        case ActionKind::send_forward: return {ActionKind::recv_forward, a.stage + 1, a.microbatch};
-        case ActionKind::recv_forward: return {ActionKind::send_forward, a.stage - 1, a.microbatch};
-        case ActionKind::send_backward: return {ActionKind::recv_backward, a.stage - 1, a.microbatch};
-        default: return {ActionKind::send_backward, a.stage + 1, a.microbatch};  // recv_backward
+        case ActionKind::send_forward:
+            return {ActionKind::recv_forward, a.stage + 1, a.microbatch};
+        case ActionKind::recv_forward:
+            return {ActionKind::send_forward, a.stage - 1, a.microbatch};
+        case ActionKind::send_backward:
+            return {ActionKind::recv_backward, a.stage - 1, a.microbatch};
+        default:
+            return {ActionKind::send_backward, a.stage + 1, a.microbatch};  // recv_backward
     }
 }
 
-bool same(const Action& a, const Action& b) { return a.kind == b.kind && a.stage == b.stage && a.microbatch == b.microbatch; }
+bool same(const Action& a, const Action& b) {
+    return a.kind == b.kind && a.stage == b.stage && a.microbatch == b.microbatch;
+}
 
 // Every rank's list: each microbatch once each way, in order, with its receives before and sends after.
 void check_structure(const Schedule& s) {
-    if (static_cast<int>(s.ranks.size()) != s.stages) bad(s, 0, fmt::format("is one of {} lists", s.ranks.size()));
+    if (static_cast<int>(s.ranks.size()) != s.stages)
+        bad(s, 0, fmt::format("is one of {} lists", s.ranks.size()));
     for (int r = 0; r < s.stages; ++r) {
         const std::vector<Action>& list = s.ranks[r];
         std::map<std::pair<ActionKind, int>, int> at;  // (kind, microbatch) -> index
         int end_actions = 0, last_backward = -1;
         for (int i = 0; i < static_cast<int>(list.size()); ++i) {
             const Action& a = list[i];
-            if (a.kind == ActionKind::grad_sync || a.kind == ActionKind::clip || a.kind == ActionKind::optimizer_step) {
-                const ActionKind want[] = {ActionKind::grad_sync, ActionKind::clip, ActionKind::optimizer_step};
-                if (end_actions > 2 || a.kind != want[end_actions]) bad(s, r, fmt::format("has {} out of place", a.str()));
+            if (a.kind == ActionKind::grad_sync || a.kind == ActionKind::clip ||
+                a.kind == ActionKind::optimizer_step) {
+                const ActionKind want[] = {ActionKind::grad_sync, ActionKind::clip,
+                                           ActionKind::optimizer_step};
+                if (end_actions > 2 || a.kind != want[end_actions])
+                    bad(s, r, fmt::format("has {} out of place", a.str()));
                 if (i < last_backward) bad(s, r, fmt::format("runs {} before its last backward", a.str()));
                 ++end_actions;
                 continue;
             }
             if (a.stage != r) bad(s, r, fmt::format("runs {}, an action of stage {}", a.str(), a.stage));
-            if (a.microbatch < 0 || a.microbatch >= s.microbatches) bad(s, r, fmt::format("runs {}: no such microbatch", a.str()));
-            if (!at.emplace(std::make_pair(a.kind, a.microbatch), i).second) bad(s, r, fmt::format("runs {} twice", a.str()));
+            if (a.microbatch < 0 || a.microbatch >= s.microbatches)
+                bad(s, r, fmt::format("runs {}: no such microbatch", a.str()));
+            if (!at.emplace(std::make_pair(a.kind, a.microbatch), i).second)
+                bad(s, r, fmt::format("runs {} twice", a.str()));
             if (a.kind == ActionKind::backward) last_backward = i;
         }
         if (end_actions != 3) bad(s, r, "does not end with the gradient sync, clip and optimizer step");
@@ -151,13 +173,17 @@ void check_structure(const Schedule& s) {
             auto expect = [&](bool needed, ActionKind k, bool before, int anchor, const char* what) {
                 const int i = index(k, m);
                 if (!needed) {
-                    if (i >= 0) bad(s, r, fmt::format("runs {}{}, which its stage has no peer for", action_kind_name(k), m));
+                    if (i >= 0)
+                        bad(s, r,
+                            fmt::format("runs {}{}, which its stage has no peer for", action_kind_name(k),
+                                        m));
                     return;
                 }
                 if (i < 0) bad(s, r, fmt::format("never runs {}{} ({})", action_kind_name(k), m, what));
                 if (before ? i > anchor : i < anchor)
-                    bad(s, r, fmt::format("runs {}{} {} {}{}", action_kind_name(k), m, before ? "after" : "before",
-                                          action_kind_name(list[anchor].kind), m));
+                    bad(s, r,
+                        fmt::format("runs {}{} {} {}{}", action_kind_name(k), m, before ? "after" : "before",
+                                    action_kind_name(list[anchor].kind), m));
             };
             expect(!first, ActionKind::recv_forward, true, f, "the stage's input");
             expect(!last, ActionKind::send_forward, false, f, "the stage's output");
@@ -191,13 +217,15 @@ void check_progress(const Schedule& s) {
                 if (done[r][i]) continue;
                 const Action want = partner(s.ranks[r][i]);
                 const int peer = want.stage;
-                if (peer < 0 || peer >= n || pos[peer] == s.ranks[peer].size() || !s.ranks[peer][pos[peer]].is_p2p()) {
+                if (peer < 0 || peer >= n || pos[peer] == s.ranks[peer].size() ||
+                    !s.ranks[peer][pos[peer]].is_p2p()) {
                     all = false;
                     continue;
                 }
                 bool met = false;
                 for (size_t j = pos[peer], pe = batch_end(peer); j < pe && !met; ++j)
-                    if (!done[peer][j] && same(s.ranks[peer][j], want)) done[peer][j] = done[r][i] = met = progress = true;
+                    if (!done[peer][j] && same(s.ranks[peer][j], want))
+                        done[peer][j] = done[r][i] = met = progress = true;
                 all = all && met;
             }
             if (all) pos[r] = end, progress = true;
@@ -209,14 +237,15 @@ void check_progress(const Schedule& s) {
             for (size_t i = pos[r]; i < batch_end(r); ++i)
                 if (!done[r][i]) {
                     const Action& a = s.ranks[r][i];
-                    stuck.push_back(fmt::format("rank {} waits in {} (microbatch {}, tag {}) for rank {}", r, a.str(), a.microbatch,
-                                                p2p_tag(a), partner(a).stage));
+                    stuck.push_back(fmt::format("rank {} waits in {} (microbatch {}, tag {}) for rank {}", r,
+                                                a.str(), a.microbatch, p2p_tag(a), partner(a).stage));
                     break;
                 }
     if (!stuck.empty())
-        throw RuntimeError(fmt::format("schedule {} ({} stages, {} microbatches) cannot finish: its sends and receives "
-                                       "never meet: {}",
-                                       schedule_kind_name(s.kind), s.stages, s.microbatches, fmt::join(stuck, "; ")));
+        throw RuntimeError(
+            fmt::format("schedule {} ({} stages, {} microbatches) cannot finish: its sends and receives "
+                        "never meet: {}",
+                        schedule_kind_name(s.kind), s.stages, s.microbatches, fmt::join(stuck, "; ")));
 }
 
 }  // namespace

@@ -3,19 +3,20 @@
 #include <map>
 #include <set>
 
+#include "comm/comm_simulated.h"
 #include "core/parallel_for.h"
 #include "core/tensor_ops.h"
 #include "parallel/device_mesh.h"
 
-#include "comm/comm_simulated.h"
-
 namespace ptool {
 
-RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, int64_t steps, bool track_phases) {
+RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, int64_t steps,
+                             bool track_phases) {
     RunInputs in = base;
     in.device = Device::meta;
     in.init = nullptr;  // meta parameters hold no values
-    in.data = nullptr;  // nor meta batches: a data file's tensors have the model's batch shapes (DataSource checks)
+    in.data =
+        nullptr;  // nor meta batches: a data file's tensors have the model's batch shapes (DataSource checks)
     SimulatedCommunicator world(rank, plan.world_size());
     auto account = std::make_shared<MemoryAccount>();
     MemoryScope scope(account);
@@ -48,13 +49,16 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
     // tp: the tp dim; shard: the dim fully_shard cuts the tp piece's rows over; batch: the data
     // dims flattened, over which the batch's rows split
     const ParallelDims& pd = plan.dims;
-    const int shard_dim = pd.has(DimRole::dp_shard) ? pd.index(DimRole::dp_shard) : pd.index(DimRole::dp_replicate);
-    const int tp = pd.size(DimRole::tp), shard = shard_dim >= 0 ? plan.mesh()[shard_dim].size : 1, batch = pd.data_size();
+    const int shard_dim =
+        pd.has(DimRole::dp_shard) ? pd.index(DimRole::dp_shard) : pd.index(DimRole::dp_replicate);
+    const int tp = pd.size(DimRole::tp), shard = shard_dim >= 0 ? plan.mesh()[shard_dim].size : 1,
+              batch = pd.data_size();
     std::map<std::vector<int64_t>, size_t> index;
     std::vector<RankClass> out;
     for (int r = 0; r < plan.world_size(); ++r) {
         const std::vector<int> coords = DeviceMesh::coords_of(r, plan.mesh());
-        const int t = pd.has(DimRole::tp) ? coords[pd.index(DimRole::tp)] : 0, s = shard_dim >= 0 ? coords[shard_dim] : 0;
+        const int t = pd.has(DimRole::tp) ? coords[pd.index(DimRole::tp)] : 0,
+                  s = shard_dim >= 0 ? coords[shard_dim] : 0;
         int b = 0;
         for (int d : pd.data_dims()) b = b * plan.mesh()[d].size + coords[d];
         std::vector<int64_t> key;
@@ -69,12 +73,13 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
     return out;
 }
 
-std::vector<PredictedRank> predict_ranks(const RunInputs& in, const Model& model, const Plan& plan, int64_t steps,
-                                            unsigned threads) {
+std::vector<PredictedRank> predict_ranks(const RunInputs& in, const Model& model, const Plan& plan,
+                                         int64_t steps, unsigned threads) {
     const std::vector<RankClass> classes = rank_classes(model, plan);
     std::vector<PredictedRank> out(classes.size());
-    parallel_for(classes.size(), threads,
-                 [&](size_t i) { out[i] = {simulate_rank(in, plan, classes[i].ranks[0], steps), classes[i].ranks}; });
+    parallel_for(classes.size(), threads, [&](size_t i) {
+        out[i] = {simulate_rank(in, plan, classes[i].ranks[0], steps), classes[i].ranks};
+    });
     return out;
 }
 

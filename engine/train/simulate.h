@@ -18,21 +18,22 @@
 #include "backend/meta/meta_backend.h"
 #include "comm/comm_stats.h"
 #include "core/memory_account.h"
-#include "train/run.h"
 #include "train/rank_memory.h"
+#include "train/run.h"
 
 namespace ptool {
 
 struct RankSimulation {
     RankMemory memory;
-    CommCounter step_comm;  // the last step's collectives
-    MetaWork step_work;     // the last step's work
+    CommCounter step_comm;                       // the last step's collectives
+    MetaWork step_work;                          // the last step's work
     std::map<std::string, int64_t> phase_peaks;  // with track_phases: the peak within each module pass
 };
 
 // Steps `steps` steps of `plan` as world rank `rank` on meta tensors. The model comes from
 // in.model_text (in.device is ignored: meta). Throws InputError as a Run would (the lint).
-RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, int64_t steps, bool track_phases = false);
+RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, int64_t steps,
+                             bool track_phases = false);
 
 // Ranks that hold tensors of the same sizes: `ranks` (world ranks, ascending), represented by the
 // first. Two ranks are in one class when torch.chunk gives them pieces of the same length of every
@@ -49,7 +50,7 @@ struct PredictedRank {
 };
 // Each rank class simulated for `steps` steps, on up to `threads` threads (0: one per core); in
 // class order. `model` is the loaded model (on meta: load it under MetaAllocation).
-std::vector<PredictedRank> predict_ranks(const RunInputs& in, const Model& model, const Plan& plan, int64_t steps,
-                                            unsigned threads = 0);
+std::vector<PredictedRank> predict_ranks(const RunInputs& in, const Model& model, const Plan& plan,
+                                         int64_t steps, unsigned threads = 0);
 
 }  // namespace ptool

@@ -16,8 +16,10 @@ bool opened(const Module& m, const Module& parent) {
 
 void walk(Module& m, std::vector<Module*>& out) {
     for (const auto& [name, child] : m.children()) {
-        if (opened(*child, m)) walk(*child, out);
-        else out.push_back(child.get());
+        if (opened(*child, m))
+            walk(*child, out);
+        else
+            out.push_back(child.get());
     }
 }
 
@@ -41,7 +43,8 @@ std::vector<Module*> model_spine(const Model& model) {
     return out;
 }
 
-std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine, const std::vector<std::string>& split_points,
+std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine,
+                                     const std::vector<std::string>& split_points,
                                      const SourceLocation& where) {
     std::vector<StageRange> out{{0, spine.size()}};
     for (const std::string& point : split_points) {
@@ -51,14 +54,18 @@ std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine, const st
         if (at == spine.size()) {
             std::vector<std::string> names;
             for (const Module* m : spine) names.push_back(m->fqn());
-            throw InputError(where, fmt::format("split point '{}' is not a module a stage can start at (the model's layers in "
-                                                "forward order: {}){}",
-                                                point, fmt::join(names, ", "), did_you_mean(point, names)));
+            throw InputError(
+                where,
+                fmt::format("split point '{}' is not a module a stage can start at (the model's layers in "
+                            "forward order: {}){}",
+                            point, fmt::join(names, ", "), did_you_mean(point, names)));
         }
         if (at <= out.back().begin)
-            throw InputError(where, fmt::format("split point '{}' leaves stage {} empty: split points go in forward order, "
-                                                "each after the last",
-                                                point, out.size() - 1));
+            throw InputError(
+                where,
+                fmt::format("split point '{}' leaves stage {} empty: split points go in forward order, "
+                            "each after the last",
+                            point, out.size() - 1));
         out.back().end = at;
         out.push_back({at, spine.size()});
     }

@@ -22,7 +22,8 @@ struct StageRange {
 };
 // The stages' ranges: one per split point plus one. InputError at `where` for a split point that is
 // no spine module, out of order, or that leaves a stage empty.
-std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine, const std::vector<std::string>& split_points,
+std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine,
+                                     const std::vector<std::string>& split_points,
                                      const SourceLocation& where);
 
 // Removes every module outside the stage's spine range from the model (their parameters go with

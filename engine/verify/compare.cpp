@@ -34,7 +34,9 @@ int64_t ordered_bits(double v) {
     return (mag ^ neg) - neg;
 }
 template <class Half>  // bf16_t, f16_t: sign and magnitude in 16 bits
-    requires requires(Half h) { h.bits; }
+requires requires(Half h) {
+    h.bits;
+}
 int64_t ordered_bits(Half v) {
     const int64_t mag = v.bits & 0x7fff;
     return (v.bits & 0x8000) ? -mag : mag;
@@ -42,8 +44,11 @@ int64_t ordered_bits(Half v) {
 
 // |a - b| of two ordered bit patterns, saturating (doubles of opposite sign are more than 2^63 apart).
 int64_t ulp_distance(int64_t a, int64_t b) {
-    const uint64_t d = a > b ? static_cast<uint64_t>(a) - static_cast<uint64_t>(b) : static_cast<uint64_t>(b) - static_cast<uint64_t>(a);
-    return d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(d);
+    const uint64_t d = a > b ? static_cast<uint64_t>(a) - static_cast<uint64_t>(b)
+                             : static_cast<uint64_t>(b) - static_cast<uint64_t>(a);
+    return d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+               ? std::numeric_limits<int64_t>::max()
+               : static_cast<int64_t>(d);
 }
 
 // One element of the comparison; the ULP distance only where both tensors have one dtype.
@@ -55,7 +60,8 @@ struct Accumulate {
         if (!std::isfinite(a) || !std::isfinite(e)) {
             ++d.nonfinite;
             d.nonfinite_actual += !std::isfinite(a), d.nonfinite_expected += !std::isfinite(e);
-            if ((std::isnan(a) && std::isnan(e)) || a == e) return;  // the same NaN or infinity at the same place
+            if ((std::isnan(a) && std::isnan(e)) || a == e)
+                return;  // the same NaN or infinity at the same place
             const double bad = std::isnan(a) || std::isnan(e) ? std::numeric_limits<double>::quiet_NaN()
                                                               : std::numeric_limits<double>::infinity();
             if (!std::isnan(d.max_abs)) d.max_abs = d.max_rel = d.headroom = bad;
@@ -66,13 +72,14 @@ struct Accumulate {
         p.err2.add(abs_err * abs_err);
         p.ref2.add(e * e);
         d.max_abs = std::max(d.max_abs, abs_err);
-        if (e != 0) d.max_rel = std::max(d.max_rel, abs_err / std::abs(e));
-        else if (abs_err > 0) d.max_rel = std::numeric_limits<double>::infinity();
+        if (e != 0)
+            d.max_rel = std::max(d.max_rel, abs_err / std::abs(e));
+        else if (abs_err > 0)
+            d.max_rel = std::numeric_limits<double>::infinity();
         const double bound = tol.atol + tol.rtol * std::abs(e);
         d.headroom = std::max(d.headroom, bound > 0 ? abs_err / bound : (abs_err > 0 ? 1e300 : 0.0));
     }
 };
-
 
 // Division-free tests that an error cannot raise a running maximum m of err / den: when
 // err < fl(fl(m (1 - 2^-50)) den), and that product is a normal finite double, then err / den < m
@@ -108,31 +115,36 @@ struct BinTerms {
 // Four floats' bits as int64 lanes monotone in the values (ordered_bits)
 __attribute__((target("avx2"))) inline __m256i ordered4(const float* p) {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), neg = _mm_srai_epi32(b, 31);
-    return _mm256_cvtepi32_epi64(_mm_sub_epi32(_mm_xor_si128(_mm_and_si128(b, _mm_set1_epi32(0x7fffffff)), neg), neg));
+    return _mm256_cvtepi32_epi64(
+        _mm_sub_epi32(_mm_xor_si128(_mm_and_si128(b, _mm_set1_epi32(0x7fffffff)), neg), neg));
 }
 
 // A BinnedSum's terms of four non-negative doubles: their bins (biased exponents) and the integers
 // added there (BinnedSum::add_unflushed's), stored at bin[0..3] and add[0..3].
 __attribute__((target("avx2"))) inline void binned4(__m256d v, int64_t* bin, int64_t* add) {
     const __m256i bits = _mm256_castpd_si256(v), e = _mm256_srli_epi64(bits, 52);
-    const __m256i hidden = _mm256_andnot_si256(_mm256_cmpeq_epi64(e, _mm256_setzero_si256()), _mm256_set1_epi64x(int64_t{1} << 52));
+    const __m256i hidden = _mm256_andnot_si256(_mm256_cmpeq_epi64(e, _mm256_setzero_si256()),
+                                               _mm256_set1_epi64x(int64_t{1} << 52));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(bin), e);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(add),
-                        _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x((int64_t{1} << 52) - 1)), hidden));
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(add),
+        _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x((int64_t{1} << 52) - 1)), hidden));
 }
 
-__attribute__((target("avx2"))) bool differ_fast_avx2(const float* a, const float* e, int64_t n, const MaxGate& rel_gate,
-                                                       const MaxGate& head_gate, const Tolerance& tol, BinTerms& err2,
-                                                       BinTerms& ref2, double& max_abs, int64_t& max_ulp) {
+__attribute__((target("avx2"))) bool differ_fast_avx2(const float* a, const float* e, int64_t n,
+                                                      const MaxGate& rel_gate, const MaxGate& head_gate,
+                                                      const Tolerance& tol, BinTerms& err2, BinTerms& ref2,
+                                                      double& max_abs, int64_t& max_ulp) {
     const __m256d sign = _mm256_set1_pd(-0.0), inf = _mm256_set1_pd(std::numeric_limits<double>::infinity()),
                   tiny = _mm256_set1_pd(MaxGate::kTiny), zero = _mm256_setzero_pd();
-    const __m256d rel = _mm256_set1_pd(rel_gate.gate), head = _mm256_set1_pd(head_gate.gate), atol = _mm256_set1_pd(tol.atol),
-                  rtol = _mm256_set1_pd(tol.rtol);
+    const __m256d rel = _mm256_set1_pd(rel_gate.gate), head = _mm256_set1_pd(head_gate.gate),
+                  atol = _mm256_set1_pd(tol.atol), rtol = _mm256_set1_pd(tol.rtol);
     __m256d mabs = _mm256_set1_pd(max_abs), ok = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
     __m256i mulp = _mm256_set1_epi64x(max_ulp);
     for (int64_t i = 0; i + 4 <= n; i += 4) {
         const __m256d av = _mm256_cvtps_pd(_mm_loadu_ps(a + i)), ev = _mm256_cvtps_pd(_mm_loadu_ps(e + i));
-        const __m256d abs_err = _mm256_andnot_pd(sign, _mm256_sub_pd(av, ev)), mag = _mm256_andnot_pd(sign, ev);
+        const __m256d abs_err = _mm256_andnot_pd(sign, _mm256_sub_pd(av, ev)),
+                      mag = _mm256_andnot_pd(sign, ev);
         binned4(_mm256_mul_pd(abs_err, abs_err), err2.bin + i, err2.add + i);
         binned4(_mm256_mul_pd(ev, ev), ref2.bin + i, ref2.add + i);
         mabs = _mm256_max_pd(mabs, abs_err);  // NaN-free wherever the chunk passes
@@ -143,14 +155,17 @@ __attribute__((target("avx2"))) bool differ_fast_avx2(const float* a, const floa
         const __m256d finite = _mm256_and_pd(_mm256_cmp_pd(_mm256_andnot_pd(sign, av), inf, _CMP_LT_OQ),
                                              _mm256_cmp_pd(mag, inf, _CMP_LT_OQ));
         const __m256d pr = _mm256_mul_pd(rel, mag);
-        const __m256d below = _mm256_and_pd(_mm256_cmp_pd(abs_err, pr, _CMP_LT_OQ),
-                                            _mm256_and_pd(_mm256_cmp_pd(pr, tiny, _CMP_GT_OQ), _mm256_cmp_pd(pr, inf, _CMP_LT_OQ)));
+        const __m256d below = _mm256_and_pd(
+            _mm256_cmp_pd(abs_err, pr, _CMP_LT_OQ),
+            _mm256_and_pd(_mm256_cmp_pd(pr, tiny, _CMP_GT_OQ), _mm256_cmp_pd(pr, inf, _CMP_LT_OQ)));
         const __m256d nonzero = _mm256_cmp_pd(ev, zero, _CMP_NEQ_UQ);
-        const __m256d rel_ok = _mm256_or_pd(_mm256_and_pd(nonzero, below),
-                                            _mm256_andnot_pd(nonzero, _mm256_cmp_pd(abs_err, zero, _CMP_NGT_UQ)));
+        const __m256d rel_ok =
+            _mm256_or_pd(_mm256_and_pd(nonzero, below),
+                         _mm256_andnot_pd(nonzero, _mm256_cmp_pd(abs_err, zero, _CMP_NGT_UQ)));
         const __m256d bound = _mm256_add_pd(atol, _mm256_mul_pd(rtol, mag)), ph = _mm256_mul_pd(head, bound);
-        const __m256d head_ok = _mm256_and_pd(_mm256_and_pd(_mm256_cmp_pd(bound, zero, _CMP_GT_OQ), _mm256_cmp_pd(abs_err, ph, _CMP_LT_OQ)),
-                                              _mm256_and_pd(_mm256_cmp_pd(ph, tiny, _CMP_GT_OQ), _mm256_cmp_pd(ph, inf, _CMP_LT_OQ)));
+        const __m256d head_ok = _mm256_and_pd(
+            _mm256_and_pd(_mm256_cmp_pd(bound, zero, _CMP_GT_OQ), _mm256_cmp_pd(abs_err, ph, _CMP_LT_OQ)),
+            _mm256_and_pd(_mm256_cmp_pd(ph, tiny, _CMP_GT_OQ), _mm256_cmp_pd(ph, inf, _CMP_LT_OQ)));
         ok = _mm256_and_pd(ok, _mm256_and_pd(finite, _mm256_and_pd(rel_ok, head_ok)));
     }
     if (_mm256_movemask_pd(ok) != 0xf) return false;
@@ -167,7 +182,8 @@ __attribute__((target("avx2"))) bool equal_fast_avx2(const float* a, int64_t n, 
     __m128i nonfinite = _mm_setzero_si128();
     for (int64_t i = 0; i + 4 <= n; i += 4) {
         const __m128 v = _mm_loadu_ps(a + i);
-        nonfinite = _mm_or_si128(nonfinite, _mm_cmpeq_epi32(_mm_and_si128(_mm_castps_si128(v), exponent), exponent));
+        nonfinite =
+            _mm_or_si128(nonfinite, _mm_cmpeq_epi32(_mm_and_si128(_mm_castps_si128(v), exponent), exponent));
         const __m256d d = _mm256_cvtps_pd(v);
         binned4(_mm256_mul_pd(d, d), ref2.bin + i, ref2.add + i);
     }
@@ -176,8 +192,8 @@ __attribute__((target("avx2"))) bool equal_fast_avx2(const float* a, int64_t n, 
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
 #endif
 
-bool differ_fast(const float* a, const float* e, int64_t n, const MaxGate& rel, const MaxGate& head, const Tolerance& tol,
-                 BinTerms& err2, BinTerms& ref2, double& max_abs, int64_t& max_ulp) {
+bool differ_fast(const float* a, const float* e, int64_t n, const MaxGate& rel, const MaxGate& head,
+                 const Tolerance& tol, BinTerms& err2, BinTerms& ref2, double& max_abs, int64_t& max_ulp) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     return kHaveAvx2 && n % 4 == 0 && differ_fast_avx2(a, e, n, rel, head, tol, err2, ref2, max_abs, max_ulp);
 #else
@@ -198,11 +214,12 @@ bool equal_fast(const float* a, int64_t n, BinTerms& ref2) {
 // the parameters after a step that agrees are nearly all bitwise equal). Other chunks take the
 // fast path for finite elements (Accumulate's arithmetic, its divisions gated, the exact sums
 // binned); non-finite ones go through Accumulate.
-void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance& tol, const Span* begin, const Span* end,
-                   DiffPiece& part) {
+void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance& tol, const Span* begin,
+                   const Span* end, DiffPiece& part) {
     const Accumulate acc{tol, part};
     // at most one term each per element: flushed every kFlushEvery elements
-    const BinnedSum::Window window = dtype_size(actual.dtype()) < 8 ? BinnedSum::kFloatSquares : BinnedSum::kAll;
+    const BinnedSum::Window window =
+        dtype_size(actual.dtype()) < 8 ? BinnedSum::kFloatSquares : BinnedSum::kAll;
     BinnedSum err2(window), ref2(window);
     BinTerms e2, r2;  // a float32 chunk's terms, made by the vector paths
     int64_t since_flush = 0;
@@ -220,8 +237,10 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
         auto equal = [&](const T* a, int64_t n) {  // bitwise equal: only NaN can fail
             for (int64_t i = 0; i < n; ++i) {
                 const double v = static_cast<acc_t<T>>(a[i]);
-                if (!std::isfinite(v)) acc(v, v);
-                else ref2.add_unflushed(v * v);
+                if (!std::isfinite(v))
+                    acc(v, v);
+                else
+                    ref2.add_unflushed(v * v);
             }
         };
         auto differ = [&](const T* a, const T* e, int64_t n) {
@@ -289,7 +308,9 @@ void compare_spans(const Tensor& actual, const Tensor& expected, const Tolerance
     part.err2.add(err2.sum()), part.ref2.add(ref2.sum());
 }
 
-double worst(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b); }
+double worst(double a, double b) {
+    return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);
+}
 
 // Pieces of at least kSplitAt elements are compared in batches of about kBlock elements on up to
 // `threads` threads (a rank comparing while the other rank threads wait); the sums are exact, so
@@ -333,15 +354,18 @@ double ExactSum::value() const {
     return r;
 }
 
-int compare_threads() { return static_cast<int>(std::clamp(usable_cores(), 1, 8)); }
+int compare_threads() {
+    return static_cast<int>(std::clamp(usable_cores(), 1, 8));
+}
 
-DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset, const Tolerance& tol,
-                        int threads) {
+DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset,
+                        const Tolerance& tol, int threads) {
     DiffPiece piece;
     piece.counted = true;
     const Shape &local = actual.shape(), &global = expected.shape();
     bool fits = local.size() == global.size() && offset.size() == local.size();
-    for (size_t d = 0; fits && d < local.size(); ++d) fits = offset[d] >= 0 && offset[d] + local[d] <= global[d];
+    for (size_t d = 0; fits && d < local.size(); ++d)
+        fits = offset[d] >= 0 && offset[d] + local[d] <= global[d];
     if (!fits) {
         piece.d.shape_ok = piece.d.pass = false;
         piece.d.headroom = std::numeric_limits<double>::infinity();
@@ -358,7 +382,8 @@ DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std:
                 const double a = actual.item(s.a + i), e = expected.item(s.e + i);
                 if (a != e || std::memcmp(&a, &e, 8) != 0) piece.all_equal = false;
                 acc(a, e);
-                if (same_dtype) piece.d.max_ulp = std::max(piece.d.max_ulp, static_cast<int64_t>(std::abs(a - e)));
+                if (same_dtype)
+                    piece.d.max_ulp = std::max(piece.d.max_ulp, static_cast<int64_t>(std::abs(a - e)));
             }
         return piece;
     }
@@ -369,9 +394,10 @@ DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std:
         return piece;
     }
     std::vector<std::pair<size_t, size_t>> batches;  // [first, last) spans of about kBlock elements
-    std::vector<Span> cut;                            // long spans cut to kBlock
+    std::vector<Span> cut;                           // long spans cut to kBlock
     for (const Span& s : spans)
-        for (int64_t i = 0; i < s.n; i += kBlock) cut.push_back({s.a + i, s.e + i, std::min(kBlock, s.n - i)});
+        for (int64_t i = 0; i < s.n; i += kBlock)
+            cut.push_back({s.a + i, s.e + i, std::min(kBlock, s.n - i)});
     for (size_t i = 0; i < cut.size();) {
         size_t j = i;
         for (int64_t elems = 0; j < cut.size() && elems < kBlock; ++j) elems += cut[j].n;
@@ -381,7 +407,8 @@ DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std:
     std::atomic<size_t> next{0};
     auto work = [&] {
         for (size_t b; (b = next.fetch_add(1)) < batches.size();)
-            compare_spans(actual, expected, tol, cut.data() + batches[b].first, cut.data() + batches[b].second, parts[b]);
+            compare_spans(actual, expected, tol, cut.data() + batches[b].first,
+                          cut.data() + batches[b].second, parts[b]);
     };
     const int helpers_n = static_cast<int>(std::min<int64_t>(threads, static_cast<int64_t>(batches.size())));
     std::vector<std::thread> helpers;
@@ -397,7 +424,7 @@ void merge_piece(DiffPiece& into, const DiffPiece& p) {
     into.counted = true;
     into.err2.add(p.err2), into.ref2.add(p.ref2);
     into.all_equal = into.all_equal && p.all_equal;
-    TensorDiff &a = into.d;
+    TensorDiff& a = into.d;
     const TensorDiff& b = p.d;
     a.max_abs = worst(a.max_abs, b.max_abs);
     a.max_rel = worst(a.max_rel, b.max_rel);
@@ -418,9 +445,11 @@ TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol) {
     }
     // a bitwise-equal tensor's norm only where a Frobenius rule reads it
     const bool frobenius = tol.rel_fro > 0 || tol.systematic > 0;
-    d.err_norm = std::isfinite(d.max_abs) ? std::sqrt(all.err2.value()) : std::numeric_limits<double>::infinity();
+    d.err_norm =
+        std::isfinite(d.max_abs) ? std::sqrt(all.err2.value()) : std::numeric_limits<double>::infinity();
     d.ref_norm = all.all_equal && !frobenius ? 0.0 : std::sqrt(all.ref2.value());
-    d.rel_fro = d.ref_norm > 0 ? d.err_norm / d.ref_norm : (d.err_norm > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+    d.rel_fro = d.ref_norm > 0 ? d.err_norm / d.ref_norm
+                               : (d.err_norm > 0 ? std::numeric_limits<double>::infinity() : 0.0);
     const bool elementwise = d.pass && d.headroom <= 1.0;
     d.by_frobenius = !elementwise && d.pass && tol.rel_fro > 0 && d.rel_fro <= tol.rel_fro;
     d.pass = elementwise || d.by_frobenius;
@@ -435,7 +464,8 @@ void pack_piece(const DiffPiece& piece, int64_t* out) {
         std::memcpy(&b, &v, 8);
         return b;
     };
-    out[0] = p.counted, out[1] = p.all_equal, out[2] = p.d.shape_ok, out[3] = p.d.pass, out[4] = p.d.nonfinite;
+    out[0] = p.counted, out[1] = p.all_equal, out[2] = p.d.shape_ok, out[3] = p.d.pass,
+    out[4] = p.d.nonfinite;
     out[5] = p.d.max_ulp, out[6] = bits(p.d.max_abs), out[7] = bits(p.d.max_rel), out[8] = bits(p.d.headroom);
     out[9] = p.d.nonfinite_actual, out[10] = p.d.nonfinite_expected;
     for (int i = 0; i < ExactSum::kWords; ++i) {
@@ -468,7 +498,9 @@ TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const T
         d.headroom = std::numeric_limits<double>::infinity();
         return d;
     }
-    return finish_diff(compare_piece(actual, expected, std::vector<int64_t>(actual.shape().size(), 0), tol, compare_threads()), tol);
+    return finish_diff(compare_piece(actual, expected, std::vector<int64_t>(actual.shape().size(), 0), tol,
+                                     compare_threads()),
+                       tol);
 }
 
 Tolerance rule_for(const Tolerance& tol, const std::string& key) {

@@ -22,8 +22,9 @@ struct TensorDiff {
     int64_t nonfinite = 0;
     int64_t nonfinite_actual = 0, nonfinite_expected = 0;  // of each side
     double max_abs = 0, max_rel = 0, headroom = 0;
-    double rel_fro = 0;       // ||a - e||_F / ||e||_F (inf when e is zero and a is not)
-    double err_norm = 0, ref_norm = 0;  // ||a - e||_F and ||e||_F (ref_norm 0 for bitwise-equal tensors without rel_fro)
+    double rel_fro = 0;  // ||a - e||_F / ||e||_F (inf when e is zero and a is not)
+    double err_norm = 0,
+           ref_norm = 0;  // ||a - e||_F and ||e||_F (ref_norm 0 for bitwise-equal tensors without rel_fro)
     bool by_frobenius = false;  // failed the elementwise rule, passed by the Frobenius bound
     bool systematic = false;    // a gradient whose every element passed but whose error is beyond rounding
                                 // (Tolerance::systematic, judged against its module's in verify/report.cpp)
@@ -44,13 +45,14 @@ struct ExactSum {
     static constexpr int kWords = 43;
     static constexpr int kDigit = 52;
     uint64_t w[kWords] = {};
-    int pending = 0;  // additions since the carries were last propagated
+    int pending = 0;      // additions since the carries were last propagated
     void add(double v) {  // v >= 0, finite; branch-free (a zero adds zero digits)
         uint64_t bits;
         std::memcpy(&bits, &v, 8);
         const int biased = static_cast<int>(bits >> 52);  // v >= 0: no sign bit
         const uint64_t mant = (bits & ((uint64_t{1} << 52) - 1)) | (static_cast<uint64_t>(biased != 0) << 52);
-        const unsigned pos = static_cast<unsigned>(biased - (biased != 0));  // the mantissa's lowest bit is 2^(pos - 1074)
+        const unsigned pos =
+            static_cast<unsigned>(biased - (biased != 0));  // the mantissa's lowest bit is 2^(pos - 1074)
         const unsigned i = pos / kDigit, sh = pos % kDigit;
         constexpr uint64_t mask = (uint64_t{1} << kDigit) - 1;
         w[i] += (mant << sh) & mask;
@@ -68,7 +70,7 @@ struct ExactSum {
         if (++pending == 4095) normalize();
     }
     void add(const ExactSum& o);
-    void normalize();       // propagates the carries: every word < 2^52
+    void normalize();      // propagates the carries: every word < 2^52
     double value() const;  // the same for the same sum, whatever the order of the terms
 };
 
@@ -116,14 +118,14 @@ struct BinnedSum {
 struct DiffPiece {
     TensorDiff d;
     ExactSum err2, ref2;
-    bool counted = false;    // this piece holds elements (a replica that does not count holds none)
-    bool all_equal = true;   // every element bitwise equal to its expected one
+    bool counted = false;   // this piece holds elements (a replica that does not count holds none)
+    bool all_equal = true;  // every element bitwise equal to its expected one
 };
 // `actual` against the box of `expected` that starts at `offset` (one entry per dim) and has
 // actual's shape; a large piece is compared on up to `threads` threads (the calling one and
 // helpers; 1: the calling thread only). The numbers do not depend on it.
-DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset, const Tolerance& tol,
-                        int threads);
+DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset,
+                        const Tolerance& tol, int threads);
 int compare_threads();  // the most a comparison takes: one per core, at most 8
 void merge_piece(DiffPiece& into, const DiffPiece& piece);  // the maxima, counts and sums of both
 TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol);

@@ -33,10 +33,14 @@ uint64_t element_hash_sum(const Tensor& piece, const Shape& global, const std::v
     const Tensor h = piece.device() == Device::cpu ? piece : piece.to_device(Device::cpu);
     const std::vector<Span> spans = spans_of(h.shape(), global, offset);
     switch (dtype_size(h.dtype())) {  // the element's bits, whatever its type
-        case 8: return hash_spans(static_cast<const uint64_t*>(h.raw()), spans);
-        case 4: return hash_spans(static_cast<const uint32_t*>(h.raw()), spans);
-        case 2: return hash_spans(static_cast<const uint16_t*>(h.raw()), spans);
-        default: return hash_spans(static_cast<const uint8_t*>(h.raw()), spans);
+        case 8:
+            return hash_spans(static_cast<const uint64_t*>(h.raw()), spans);
+        case 4:
+            return hash_spans(static_cast<const uint32_t*>(h.raw()), spans);
+        case 2:
+            return hash_spans(static_cast<const uint16_t*>(h.raw()), spans);
+        default:
+            return hash_spans(static_cast<const uint8_t*>(h.raw()), spans);
     }
 }
 
@@ -71,13 +75,15 @@ size_t digest_stripes(const unsigned char* p, size_t n, uint64_t* lane) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 // The same lanes, one AVX-512 register: the same 64-bit products, so the same digest (replicas on
 // machines with and without AVX-512 agree)
-__attribute__((target("avx512f,avx512dq"))) size_t digest_stripes_avx512(const unsigned char* p, size_t n, uint64_t* lane) {
+__attribute__((target("avx512f,avx512dq"))) size_t digest_stripes_avx512(const unsigned char* p, size_t n,
+                                                                         uint64_t* lane) {
     __m512i v = _mm512_loadu_si512(lane);
     const __m512i mul = _mm512_set1_epi64(static_cast<long long>(kDigestMul));
     size_t i = 0;
     for (; i + 8 * kDigestLanes <= n; i += 8 * kDigestLanes) {
         const __m512i h = _mm512_mullo_epi64(_mm512_xor_si512(v, _mm512_loadu_si512(p + i)), mul);
-        v = _mm512_xor_si512(h, _mm512_maskz_srli_epi64(0xff, h, 31));  // maskz: GCC 12 warns of srli's undefined source
+        v = _mm512_xor_si512(
+            h, _mm512_maskz_srli_epi64(0xff, h, 31));  // maskz: GCC 12 warns of srli's undefined source
     }
     _mm512_storeu_si512(lane, v);
     return i;

@@ -21,11 +21,15 @@ static_assert(rows_in_enum_order(), "kFaultClasses: one row per FaultKind, in th
 // added to every rank's partial sum.
 class FaultHooks final : public ModuleHooks {
 public:
-    FaultHooks(std::shared_ptr<ModuleHooks> inner, FaultKind kind, int parts) : inner_(std::move(inner)), kind_(kind), parts_(parts) {}
-    Placed pre_forward(RunContext& c, Module& m, const Placed& x) override { return inner_->pre_forward(c, m, x); }
+    FaultHooks(std::shared_ptr<ModuleHooks> inner, FaultKind kind, int parts)
+        : inner_(std::move(inner)), kind_(kind), parts_(parts) {}
+    Placed pre_forward(RunContext& c, Module& m, const Placed& x) override {
+        return inner_->pre_forward(c, m, x);
+    }
     Placed post_forward(RunContext& c, Module& m, const Placed& y) override {
         if (!y.p.is_partial()) return inner_->post_forward(c, m, y);
-        if (kind_ == FaultKind::skip_all_reduce) return inner_->post_forward(c, m, y.relabeled(Placement::replicate()));
+        if (kind_ == FaultKind::skip_all_reduce)
+            return inner_->post_forward(c, m, y.relabeled(Placement::replicate()));
         ParamPtr bias = m.param("bias");
         if (kind_ != FaultKind::bias_every_rank || !bias) return inner_->post_forward(c, m, y);
         // every rank adds the bias to its summand; with the one the style adds after the
@@ -40,12 +44,15 @@ public:
         return inner_->post_forward_backward(c, m, dy);
     }
     Placed pre_forward_backward(RunContext& c, Module& m, const Placed& dx) override {
-        if (kind_ == FaultKind::skip_grad_all_reduce && dx.p.is_partial()) return inner_->pre_forward_backward(c, m, dx.relabeled(Placement::replicate()));
+        if (kind_ == FaultKind::skip_grad_all_reduce && dx.p.is_partial())
+            return inner_->pre_forward_backward(c, m, dx.relabeled(Placement::replicate()));
         return inner_->pre_forward_backward(c, m, dx);
     }
     void post_backward(RunContext& c, Module& m) override { inner_->post_backward(c, m); }
     std::optional<Placement> compute_out(const Module& m) const override { return inner_->compute_out(m); }
-    std::optional<Placement> compute_grad_in(const Module& m) const override { return inner_->compute_grad_in(m); }
+    std::optional<Placement> compute_grad_in(const Module& m) const override {
+        return inner_->compute_grad_in(m);
+    }
 
 private:
     std::shared_ptr<ModuleHooks> inner_;
@@ -79,7 +86,8 @@ public:
         return {dx.t, grad_placement(l.p), l.global};
     }
     Placed post_forward_backward(RunContext& c, Module& m, const Placed& dy) override {
-        if (kind_ == FaultKind::tied_grad && m.param("weight")) kept_.push(c.microbatch, m.param("weight")->grad.clone());
+        if (kind_ == FaultKind::tied_grad && m.param("weight"))
+            kept_.push(c.microbatch, m.param("weight")->grad.clone());
         return dy;
     }
     void post_backward(RunContext& c, Module& m) override {
@@ -98,7 +106,8 @@ private:
 // module and site (comm/comm_stats.h), which the parallel code sets around its collectives.
 class FaultComm final : public Communicator {
 public:
-    using Buckets = std::map<std::string, std::vector<std::string>>;  // root -> bucket K -> the fault's parameter or ""
+    using Buckets =
+        std::map<std::string, std::vector<std::string>>;  // root -> bucket K -> the fault's parameter or ""
     FaultComm(std::unique_ptr<Communicator> inner, Fault fault, const Buckets& buckets)
         : inner_(std::move(inner)), fault_(std::move(fault)), buckets_(buckets) {
         set_counter(inner_->counter(), "");  // the inner communicator counts
@@ -107,7 +116,8 @@ public:
     int size() const override { return inner_->size(); }
     std::string backend() const override { return inner_->backend(); }
     void all_gather(const Tensor& in, Tensor& out) override {
-        if (!fault_.hits(FaultKind::stale_param, module()) || !site().is(CommSiteKind::unshard)) return inner_->all_gather(in, out);
+        if (!fault_.hits(FaultKind::stale_param, module()) || !site().is(CommSiteKind::unshard))
+            return inner_->all_gather(in, out);
         auto [it, first] = stale_.try_emplace(module());
         if (first) {
             inner_->all_gather(in, out);
@@ -126,7 +136,9 @@ public:
         }
         // HSDP: the only all_reduce of a unit's reduce_grads is over the replicate dim; each
         // replica keeps the shard its own dp_shard group averaged
-        if (fault_.hits(FaultKind::skip_replicate_all_reduce, module()) && site().is(CommSiteKind::reduce_grads)) return;
+        if (fault_.hits(FaultKind::skip_replicate_all_reduce, module()) &&
+            site().is(CommSiteKind::reduce_grads))
+            return;
         inner_->all_reduce(t, op);
     }
     void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
@@ -171,19 +183,24 @@ public:
         plan_ = &plan;
         for (int d = 0; d < mesh.ndim(); ++d) {
             if (!plan.dims.role(d)) continue;  // a dim no section uses: nothing of the plan's runs on it
-            mesh.wrap(d, [&](std::unique_ptr<Communicator> c) { return std::make_unique<FaultComm>(std::move(c), fault_, buckets_); });
+            mesh.wrap(d, [&](std::unique_ptr<Communicator> c) {
+                return std::make_unique<FaultComm>(std::move(c), fault_, buckets_);
+            });
         }
     }
 
     void before_parallelize(const Model& model, const Resolution& res) override {
         for (const ResolvedStyle& rs : res.styles)
-            if (fault_.hits(FaultKind::wrong_shard_dim, rs.fqn) || fault_.hits(FaultKind::wrong_shard_offset, rs.fqn))
+            if (fault_.hits(FaultKind::wrong_shard_dim, rs.fqn) ||
+                fault_.hits(FaultKind::wrong_shard_offset, rs.fqn))
                 for (const ParamPlacement& pp : rs.entry->style.style->params(*rs.module))
-                    if (pp.placement.is_shard()) full_[rs.module->param(pp.param).get()] = rs.module->param(pp.param)->value.clone();
+                    if (pp.placement.is_shard())
+                        full_[rs.module->param(pp.param).get()] = rs.module->param(pp.param)->value.clone();
         (void)model;
     }
 
-    void after_parallelize(Model& model, const Plan& plan, const Resolution& res, const TpParams& params, DeviceMesh& mesh) override;
+    void after_parallelize(Model& model, const Plan& plan, const Resolution& res, const TpParams& params,
+                           DeviceMesh& mesh) override;
 
     DataParallelResolution data_parallel(const DataParallelResolution& r) override;
 
@@ -192,7 +209,8 @@ public:
         for (const auto& [name, p] : model.named_parameters()) {
             Backend& be = backend_for(p->grad.device());
             if (fault_.hits(FaultKind::grad_scale, name) && last) be.scale(p->grad, 1.001, p->grad);
-            if (fault_.is(FaultKind::masters_rounded) && plan_ && plan_->mixed_precision)  // the optimizer steps param_dtype values
+            if (fault_.is(FaultKind::masters_rounded) && plan_ &&
+                plan_->mixed_precision)  // the optimizer steps param_dtype values
                 be.copy(to_dtype(be, p->value, plan_->mixed_precision->param_dtype), p->value);
         }
     }
@@ -220,7 +238,8 @@ Tensor wrong_shard(const Fault& f, const Tensor& full, int64_t dim, int n, int r
     return out;
 }
 
-void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolution& res, const TpParams& params, DeviceMesh& mesh) {
+void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolution& res,
+                                   const TpParams& params, DeviceMesh& mesh) {
     if (fault_.is(FaultKind::skip_buffer_broadcast) && plan.data_parallel) {
         // the replicas start apart, as DDP's do before its broadcast, and the broadcast never comes
         int dp_rank = 0;  // among every data rank
@@ -231,19 +250,23 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         const bool dropout = dynamic_cast<const Dropout*>(&m) != nullptr;
         if (fault_.hits(FaultKind::tied_grad, fqn) ||
-            (dropout && (fault_.hits(FaultKind::dropout_same_mask, fqn) || fault_.hits(FaultKind::recompute_mask, fqn))))
+            (dropout &&
+             (fault_.hits(FaultKind::dropout_same_mask, fqn) || fault_.hits(FaultKind::recompute_mask, fqn))))
             m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(*fault_.kind));
     });
     if (!plan.dims.has(DimRole::tp)) return;
     Communicator& tp = mesh.comm(plan.dims.index(DimRole::tp));
     for (const ResolvedStyle& rs : res.styles) {
-        if (fault_.hits(FaultKind::skip_all_reduce, rs.fqn) || fault_.hits(FaultKind::bias_every_rank, rs.fqn) ||
+        if (fault_.hits(FaultKind::skip_all_reduce, rs.fqn) ||
+            fault_.hits(FaultKind::bias_every_rank, rs.fqn) ||
             fault_.hits(FaultKind::skip_grad_all_reduce, rs.fqn))
             rs.module->set_hooks(std::make_shared<FaultHooks>(rs.module->hooks(), *fault_.kind, tp.size()));
         for (const auto& [pp, full] : full_) {
-            const ParamPtr p = rs.module->param("weight") && rs.module->param("weight").get() == pp ? rs.module->param("weight")
-                               : rs.module->param("bias") && rs.module->param("bias").get() == pp ? rs.module->param("bias")
-                                                                                                  : nullptr;
+            const ParamPtr p = rs.module->param("weight") && rs.module->param("weight").get() == pp
+                                   ? rs.module->param("weight")
+                               : rs.module->param("bias") && rs.module->param("bias").get() == pp
+                                   ? rs.module->param("bias")
+                                   : nullptr;
             if (!p) continue;
             const int64_t dim = normalize_dim(params.at(pp).placement.dim, full.dim());
             p->value = wrong_shard(fault_, full, dim, tp.size(), tp.rank(), p->value);
@@ -254,7 +277,8 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
 DataParallelResolution FaultLayer::data_parallel(const DataParallelResolution& r) {
     DataParallelResolution out = r;
     if (fault_.is(FaultKind::skip_buffer_broadcast)) out.synced_buffers.clear();
-    if (fault_.is(FaultKind::sync_ignored) && !out.ignored_params.empty()) {  // averaged in a bucket of their own
+    if (fault_.is(FaultKind::sync_ignored) &&
+        !out.ignored_params.empty()) {  // averaged in a bucket of their own
         if (out.replicas.empty()) out.replicas.push_back({"", {}});
         BucketSpec b;
         b.params.assign(out.ignored_params.begin(), out.ignored_params.end());
@@ -271,14 +295,20 @@ DataParallelResolution FaultLayer::data_parallel(const DataParallelResolution& r
 
 }  // namespace
 
-const FaultClass& fault_class(FaultKind k) { return kFaultClasses[static_cast<size_t>(k)]; }
+const FaultClass& fault_class(FaultKind k) {
+    return kFaultClasses[static_cast<size_t>(k)];
+}
 
 const char* fault_section_name(FaultSection s) {
     switch (s) {
-        case FaultSection::tensor_parallel: return "tensor parallel";
-        case FaultSection::data_parallel: return "data parallel";
-        case FaultSection::training: return "training configurations";
-        case FaultSection::mixed_precision: return "mixed precision";
+        case FaultSection::tensor_parallel:
+            return "tensor parallel";
+        case FaultSection::data_parallel:
+            return "data parallel";
+        case FaultSection::training:
+            return "training configurations";
+        case FaultSection::mixed_precision:
+            return "mixed precision";
     }
     return "";
 }
@@ -296,8 +326,9 @@ Fault parse_fault(const char* text) {
         if (kind == c.name) f.kind = c.kind;
     }
     if (!f.kind || f.fqn.empty())
-        throw InputError(fmt::format("PTOOL_FAULT='{}': expected KIND:FQN (or KIND:* for every place) with KIND one of {}", s,
-                                     fmt::join(names, ", ")));
+        throw InputError(
+            fmt::format("PTOOL_FAULT='{}': expected KIND:FQN (or KIND:* for every place) with KIND one of {}",
+                        s, fmt::join(names, ", ")));
     return f;
 }
 

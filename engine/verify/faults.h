@@ -47,7 +47,7 @@ enum class FaultSection { tensor_parallel, data_parallel, training, mixed_precis
 
 struct FaultClass {
     FaultKind kind;
-    const char* name;    // PTOOL_FAULT's KIND
+    const char* name;  // PTOOL_FAULT's KIND
     FaultSection section;
     const char* target;  // what FQN names
     const char* breaks;  // what the fault does
@@ -105,7 +105,9 @@ struct Fault {
     std::string fqn;                // where: a module, parameter, unit or root's FQN, or * for every place
     bool empty() const { return !kind; }
     bool is(FaultKind k) const { return kind == k; }
-    bool hits(FaultKind k, const std::string& where) const { return kind == k && (fqn == "*" || fqn == where); }
+    bool hits(FaultKind k, const std::string& where) const {
+        return kind == k && (fqn == "*" || fqn == where);
+    }
 };
 
 // "" or null: no fault; anything but KIND:FQN with a known KIND is an InputError listing the kinds.

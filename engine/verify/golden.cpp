@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "backend/gpu_info.h"
@@ -20,7 +20,9 @@
 namespace ptool {
 namespace fs = std::filesystem;
 
-std::string text_hash(const std::string& text) { return fmt::format("{:016x}", stream_id(text)); }
+std::string text_hash(const std::string& text) {
+    return fmt::format("{:016x}", stream_id(text));
+}
 
 TensorFile golden_tensors(const RunRecord& reference, const RunInputs& in, int64_t steps) {
     TensorFile file;
@@ -88,11 +90,15 @@ TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOpti
 }
 
 void golden_inputs(const TensorFile& g, TensorFile& init, TensorFile& data) {
-    init.state_dict_layout = true;  // recorded with the model's names: hf_gpt2's conversion is not applied again
+    init.state_dict_layout =
+        true;  // recorded with the model's names: hf_gpt2's conversion is not applied again
     for (const auto& [name, t] : g.tensors) {
-        if (name.rfind("init.param.", 0) == 0) init.add(name.substr(11), t);
-        else if (name.rfind("init.buffer.", 0) == 0) init.add(name.substr(12), t);
-        else if (name == "data.input" || name == "data.target") data.add(name.substr(5), t);
+        if (name.rfind("init.param.", 0) == 0)
+            init.add(name.substr(11), t);
+        else if (name.rfind("init.buffer.", 0) == 0)
+            init.add(name.substr(12), t);
+        else if (name == "data.input" || name == "data.target")
+            data.add(name.substr(5), t);
         else if (auto key = parse_step_key(name); key && (key->rest == "input" || key->rest == "target"))
             data.add(name, t);
     }
@@ -101,22 +107,27 @@ void golden_inputs(const TensorFile& g, TensorFile& init, TensorFile& data) {
 namespace {
 
 // A count in [1, max] written in decimal digits only (no sign, no spaces).
-int64_t metadata_count(const std::string& path, const char* key, const std::string& text, int64_t max, const char* what) {
+int64_t metadata_count(const std::string& path, const char* key, const std::string& text, int64_t max,
+                       const char* what) {
     int64_t v = 0;
     size_t used = 0;
     try {
-        if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) v = std::stoll(text, &used);
+        if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos)
+            v = std::stoll(text, &used);
     } catch (const std::exception&) {
     }
     if (used != text.size() || v < 1 || v > max)
-        throw InputError(SourceLocation{path, 0, 0}, fmt::format("__metadata__ '{}' is '{}': expected {} in [1, {}]", key, text, what, max));
+        throw InputError(
+            SourceLocation{path, 0, 0},
+            fmt::format("__metadata__ '{}' is '{}': expected {} in [1, {}]", key, text, what, max));
     return v;
 }
 
 double metadata_tolerance(const std::string& path, const char* key, const std::string& text) {
     const double v = parse_finite(text).value_or(-1);  // the whole text: no hex, nan or inf
     if (v < 0)
-        throw InputError(SourceLocation{path, 0, 0}, fmt::format("__metadata__ '{}' is '{}': expected a finite number >= 0", key, text));
+        throw InputError(SourceLocation{path, 0, 0},
+                         fmt::format("__metadata__ '{}' is '{}': expected a finite number >= 0", key, text));
     return v;
 }
 
@@ -129,32 +140,43 @@ GoldenCase load_golden(const std::string& path) {
     auto need = [&](const char* key) -> std::string {
         auto it = c.file.metadata.find(key);
         if (it == c.file.metadata.end())
-            throw InputError(SourceLocation{path, 0, 0}, fmt::format("not a ptool golden file: __metadata__ has no '{}'", key));
+            throw InputError(SourceLocation{path, 0, 0},
+                             fmt::format("not a ptool golden file: __metadata__ has no '{}'", key));
         return it->second;
     };
     c.model_yaml = need("model_yaml");
     c.plan_yaml = need("plan_yaml");
     c.model_path = need("model_path");
     c.plan_path = need("plan_path");
-    if (text_hash(c.model_yaml) != need("model_hash")) c.stale = "the recorded model text does not match its hash (edited)";
-    else if (text_hash(c.plan_yaml) != need("plan_hash")) c.stale = "the recorded plan text does not match its hash (edited)";
+    if (text_hash(c.model_yaml) != need("model_hash"))
+        c.stale = "the recorded model text does not match its hash (edited)";
+    else if (text_hash(c.plan_yaml) != need("plan_hash"))
+        c.stale = "the recorded plan text does not match its hash (edited)";
     if (!c.stale.empty()) return c;  // nothing is built from an edited case's metadata
     const auto& md = c.file.metadata;
     if (md.count("steps")) c.steps = metadata_count(path, "steps", md.at("steps"), kMaxSteps, "a step count");
     if (md.count("rtol")) c.tolerance.rtol = metadata_tolerance(path, "rtol", md.at("rtol"));
     if (md.count("atol")) c.tolerance.atol = metadata_tolerance(path, "atol", md.at("atol"));
     if (md.count("rel_fro")) c.tolerance.rel_fro = metadata_tolerance(path, "rel_fro", md.at("rel_fro"));
-    if (md.count("master_rtol")) c.tolerance.master_rtol = metadata_tolerance(path, "master_rtol", md.at("master_rtol"));
-    if (md.count("master_atol")) c.tolerance.master_atol = metadata_tolerance(path, "master_atol", md.at("master_atol"));
-    if (md.count("compact_sample")) c.compact_sample = metadata_count(path, "compact_sample", md.at("compact_sample"), 9999999, "a count");
+    if (md.count("master_rtol"))
+        c.tolerance.master_rtol = metadata_tolerance(path, "master_rtol", md.at("master_rtol"));
+    if (md.count("master_atol"))
+        c.tolerance.master_atol = metadata_tolerance(path, "master_atol", md.at("master_atol"));
+    if (md.count("compact_sample"))
+        c.compact_sample =
+            metadata_count(path, "compact_sample", md.at("compact_sample"), 9999999, "a count");
     for (const auto& [name, t] : c.file.tensors)
         if (name.rfind("step", 0) == 0 && !parse_step_key(name))
-            throw InputError(SourceLocation{path, 0, 0}, fmt::format("tensor '{}': a step key must read step{{k}}.NAME", name));
-    load_model_text(c.model_yaml, path + "[model_yaml]", "", false);  // a case whose texts do not parse: exit 2
+            throw InputError(SourceLocation{path, 0, 0},
+                             fmt::format("tensor '{}': a step key must read step{{k}}.NAME", name));
+    load_model_text(c.model_yaml, path + "[model_yaml]", "",
+                    false);  // a case whose texts do not parse: exit 2
     load_plan_text(c.plan_yaml, path + "[plan_yaml]");
-    for (const auto& [file, text] : {std::pair{c.model_path, c.model_yaml}, std::pair{c.plan_path, c.plan_yaml}}) {
+    for (const auto& [file, text] :
+         {std::pair{c.model_path, c.model_yaml}, std::pair{c.plan_path, c.plan_yaml}}) {
         std::error_code ec;
-        if (!c.stale.empty() || file.find('\0') != std::string::npos || !fs::is_regular_file(file, ec)) continue;
+        if (!c.stale.empty() || file.find('\0') != std::string::npos || !fs::is_regular_file(file, ec))
+            continue;
         // the sizes first: a path naming some large other file is not read whole to learn it differs
         const uintmax_t size = fs::file_size(file, ec);
         bool same = !ec && size == text.size();
@@ -165,7 +187,9 @@ GoldenCase load_golden(const std::string& path) {
                 same = false;
             }
         }
-        if (!same) c.stale = fmt::format("{} changed since it was recorded (re-record with `ptool golden record`)", file);
+        if (!same)
+            c.stale =
+                fmt::format("{} changed since it was recorded (re-record with `ptool golden record`)", file);
     }
     return c;
 }
@@ -175,9 +199,10 @@ void require_golden_tensors(const GoldenCase& c, const Model& model, int64_t ste
     for (const auto& [name, t] : c.file.tensors) held.insert(name);
     auto need = [&](const std::string& name) {
         if (!held.count(name))
-            throw InputError(SourceLocation{c.path, 0, 0}, fmt::format("the golden has no '{}', which its model implies over {} "
-                                                                       "step{} (a stripped or damaged file?)",
-                                                                       name, steps, steps == 1 ? "" : "s"));
+            throw InputError(SourceLocation{c.path, 0, 0},
+                             fmt::format("the golden has no '{}', which its model implies over {} "
+                                         "step{} (a stripped or damaged file?)",
+                                         name, steps, steps == 1 ? "" : "s"));
     };
     const auto params = model.named_parameters(), buffers = model.named_buffers();
     if (c.compact_sample) {  // no init or data; per step the losses whole, the rest as norm and sample
@@ -212,7 +237,8 @@ namespace {
 
 // The golden's parameters that are what ptool's optimizer makes of the golden's own gradients,
 // stepped from its init.param.* (AdamW, or any optimizer under mixed precision; empty otherwise).
-std::set<std::string> consistent_updates(const TensorFile& golden, const OptimizerSpec& spec, const Tolerance& tol) {
+std::set<std::string> consistent_updates(const TensorFile& golden, const OptimizerSpec& spec,
+                                         const Tolerance& tol) {
     std::set<std::string> out;
     if (spec.type != OptimizerType::adamw && !tol.masters) return out;
     std::vector<std::pair<std::string, ParamPtr>> shadow;
@@ -232,15 +258,16 @@ std::set<std::string> consistent_updates(const TensorFile& golden, const Optimiz
         }
         opt.step(shadow);
         for (const auto& [name, p] : shadow)
-            if (const Tensor* v = golden.find(s + "param." + name); v && compare_tensors(v->to(p->value.dtype()), p->value, tol.for_masters()).pass)
+            if (const Tensor* v = golden.find(s + "param." + name);
+                v && compare_tensors(v->to(p->value.dtype()), p->value, tol.for_masters()).pass)
                 out.insert(s + "param." + name);
     }
 }
 
 }  // namespace
 
-PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, const Tolerance& tol, const std::string& label,
-                               const OptimizerSpec& optimizer, bool reference) {
+PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, const Tolerance& tol,
+                               const std::string& label, const OptimizerSpec& optimizer, bool reference) {
     PlanReport rep;
     rep.plan_path = label;
     rep.tol = tol;
@@ -256,10 +283,14 @@ PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, c
             const StepRecord& sr = run.steps[step];
             auto it = sr.replicas.find(name);
             if (it != sr.replicas.end()) tr.replicas = it->second;
-            if (const Tensor* actual = find_tensor(sr, name)) tr.diff = compare_tensors(*actual, expected.to(actual->dtype()), rule_for(tol, name));
-            else if (auto d = sr.vs_golden.find(name); d != sr.vs_golden.end()) tr.diff = d->second;  // compared as recorded
+            if (const Tensor* actual = find_tensor(sr, name))
+                tr.diff = compare_tensors(*actual, expected.to(actual->dtype()), rule_for(tol, name));
+            else if (auto d = sr.vs_golden.find(name); d != sr.vs_golden.end())
+                tr.diff = d->second;  // compared as recorded
         }
-        tr.pass = tr.diff.pass || (tr.diff.shape_ok && tr.replicas == ReplicaState::ignored);  // an ignored module's tensors differ by design
+        tr.pass = tr.diff.pass ||
+                  (tr.diff.shape_ok &&
+                   tr.replicas == ReplicaState::ignored);  // an ignored module's tensors differ by design
         (tr.pass ? rep.passed : rep.failed) += 1;
         rep.tensors.push_back(std::move(tr));
     }
@@ -298,7 +329,8 @@ std::vector<std::string> golden_paths(const std::vector<std::string>& args) {
                 if (e.path().extension() == ".safetensors" && e.path().filename().string()[0] != '.')
                     found.push_back(e.path().string());
             std::sort(found.begin(), found.end());
-            if (found.empty()) throw InputError(SourceLocation{a, 0, 0}, "folder holds no *.safetensors golden files");
+            if (found.empty())
+                throw InputError(SourceLocation{a, 0, 0}, "folder holds no *.safetensors golden files");
             out.insert(out.end(), found.begin(), found.end());
         } else {
             out.push_back(a);

@@ -54,8 +54,8 @@ void golden_inputs(const TensorFile& golden, TensorFile& init, TensorFile& data)
 // an adaptive optimizer, parameters pass by the update rule (verify/report.h) when the golden's own
 // updates are ptool's optimizer on the golden's gradients and, for a parallel run, the run's are
 // too (`reference`: the run is ptool's reference, whose updates are its optimizer's by construction).
-PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, const Tolerance& tol, const std::string& label,
-                               const OptimizerSpec& optimizer, bool reference);
+PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, const Tolerance& tol,
+                               const std::string& label, const OptimizerSpec& optimizer, bool reference);
 
 // Expands files and folders (every *.safetensors in a folder, sorted) into golden file paths.
 std::vector<std::string> golden_paths(const std::vector<std::string>& args);

@@ -8,7 +8,9 @@
 namespace ptool {
 namespace {
 
-bool whole(const std::string& kind) { return kind == "loss" || kind == "grad_norm"; }
+bool whole(const std::string& kind) {
+    return kind == "loss" || kind == "grad_norm";
+}
 
 double frobenius(const Tensor& t) {
     const Tensor h = (t.device() == Device::cpu ? t : t.to_device(Device::cpu)).to(DType::float64);
@@ -39,7 +41,9 @@ std::vector<int64_t> sample_indices(int64_t numel, int64_t n) {
     return idx;
 }
 
-bool is_compact(const TensorFile& golden) { return golden.metadata.count("compact_sample") > 0; }
+bool is_compact(const TensorFile& golden) {
+    return golden.metadata.count("compact_sample") > 0;
+}
 
 TensorFile compact_golden(const TensorFile& full, int64_t sample) {
     TensorFile out;
@@ -58,7 +62,8 @@ TensorFile compact_golden(const TensorFile& full, int64_t sample) {
     return out;
 }
 
-PlanReport compare_with_compact(const RunRecord& run, const TensorFile& golden, const Tolerance& tol, const std::string& label) {
+PlanReport compare_with_compact(const RunRecord& run, const TensorFile& golden, const Tolerance& tol,
+                                const std::string& label) {
     PlanReport rep;
     rep.plan_path = label;
     rep.tol = tol;
@@ -72,8 +77,10 @@ PlanReport compare_with_compact(const RunRecord& run, const TensorFile& golden, 
             tr.name = name;
             if (whole(k->kind())) {
                 const Tensor* e = golden.find(name);
-                if (e) tr.diff = compare_tensors(t, e->to(t.dtype()), rule);
-                else tr.diff.shape_ok = tr.diff.pass = false;
+                if (e)
+                    tr.diff = compare_tensors(t, e->to(t.dtype()), rule);
+                else
+                    tr.diff.shape_ok = tr.diff.pass = false;
             } else {
                 const Tensor *norm = golden.find(name + ".norm"), *sample = golden.find(name + ".sample");
                 const int64_t m = std::min<int64_t>(t.numel(), n);
@@ -83,8 +90,10 @@ PlanReport compare_with_compact(const RunRecord& run, const TensorFile& golden, 
                     // the sample elementwise; the norm within what the elementwise rule implies for it
                     tr.diff = compare_tensors(sample_of(t, n), sample->to(DType::float64), rule);
                     const double a = frobenius(t), e = norm->to(DType::float64).data<double>()[0];
-                    const double bound = rule.atol * std::sqrt(static_cast<double>(t.numel())) + rule.rtol * std::abs(e);
-                    const double err = std::abs(a - e), head = bound > 0 ? err / bound : (err > 0 ? INFINITY : 0);
+                    const double bound =
+                        rule.atol * std::sqrt(static_cast<double>(t.numel())) + rule.rtol * std::abs(e);
+                    const double err = std::abs(a - e),
+                                 head = bound > 0 ? err / bound : (err > 0 ? INFINITY : 0);
                     if (!(err <= bound)) tr.diff.pass = false;
                     if (head > tr.diff.headroom || std::isnan(head)) tr.diff.headroom = head;
                 }

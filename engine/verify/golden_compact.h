@@ -24,6 +24,7 @@ bool is_compact(const TensorFile& golden);
 std::vector<int64_t> sample_indices(int64_t numel, int64_t n);
 // One report row per compacted golden key: the run's tensors (full, as the reference records)
 // against the golden's norms, samples and losses.
-PlanReport compare_with_compact(const RunRecord& run, const TensorFile& golden, const Tolerance& tol, const std::string& label);
+PlanReport compare_with_compact(const RunRecord& run, const TensorFile& golden, const Tolerance& tol,
+                                const std::string& label);
 
 }  // namespace ptool

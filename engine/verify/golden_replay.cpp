@@ -17,9 +17,10 @@ std::string worst(const PlanReport& r, size_t n) {
     std::sort(bad.begin(), bad.end(), [](auto* a, auto* b) { return a->diff.headroom > b->diff.headroom; });
     std::vector<std::string> parts;
     for (size_t i = 0; i < bad.size() && i < n; ++i)
-        parts.push_back(bad[i]->diff.shape_ok ? fmt::format("{} (max abs {:.3g}, headroom {:.3g})", bad[i]->name,
-                                                            bad[i]->diff.max_abs, bad[i]->diff.headroom)
-                                              : fmt::format("{} (missing or shape differs)", bad[i]->name));
+        parts.push_back(bad[i]->diff.shape_ok
+                            ? fmt::format("{} (max abs {:.3g}, headroom {:.3g})", bad[i]->name,
+                                          bad[i]->diff.max_abs, bad[i]->diff.headroom)
+                            : fmt::format("{} (missing or shape differs)", bad[i]->name));
     return fmt::format("{}", fmt::join(parts, "; "));
 }
 
@@ -37,7 +38,8 @@ VerifyOptions case_options(const GoldenCase& c, VerifyOptions vo) {
 
 }  // namespace
 
-CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& plan, const ReplayOptions& opt, Launch& launch) {
+CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& plan, const ReplayOptions& opt,
+                       Launch& launch) {
     const auto t0 = std::chrono::steady_clock::now();
     CaseResult res;
     res.path = c.path;
@@ -67,24 +69,33 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
     res.dtype = vr.dtype, res.reference_seconds = vr.reference_seconds;
     res.directions.push_back(vr.plans[0]);
     if (c.compact_sample) {  // parallel vs reference whole; the reference vs the golden's norms and samples
-        res.directions.push_back(compare_with_compact(vr.reference, c.file, tol, "reference vs compact golden"));
+        res.directions.push_back(
+            compare_with_compact(vr.reference, c.file, tol, "reference vs compact golden"));
     } else {
-        res.directions.push_back(compare_with_golden(vr.reference, c.file, tol, "reference vs golden", probe.optimizer, true));
-        res.directions.push_back(compare_with_golden(vr.plans[0].run, c.file, tol, "parallel vs golden", probe.optimizer, false));
+        res.directions.push_back(
+            compare_with_golden(vr.reference, c.file, tol, "reference vs golden", probe.optimizer, true));
+        res.directions.push_back(
+            compare_with_golden(vr.plans[0].run, c.file, tol, "parallel vs golden", probe.optimizer, false));
     }
     res.directions[0].plan_path = "parallel vs reference";
-    for (size_t i = 1; i < res.directions.size(); ++i) {  // the run each golden comparison judges: its world and backend, not its steps
-        const RunRecord& judged = res.directions[i].plan_path.rfind("reference", 0) == 0 ? vr.reference : vr.plans[0].run;
+    for (size_t i = 1; i < res.directions.size();
+         ++i) {  // the run each golden comparison judges: its world and backend, not its steps
+        const RunRecord& judged =
+            res.directions[i].plan_path.rfind("reference", 0) == 0 ? vr.reference : vr.plans[0].run;
         res.directions[i].run.world_size = judged.world_size, res.directions[i].run.backend = judged.backend;
     }
-    const bool pass = std::all_of(res.directions.begin(), res.directions.end(), [](auto& d) { return d.pass; });
+    const bool pass =
+        std::all_of(res.directions.begin(), res.directions.end(), [](auto& d) { return d.pass; });
     res.verdict = pass ? Verdict::pass : Verdict::fail;
     if (res.verdict == Verdict::fail) {
         for (const auto& d : res.directions)
-            if (!d.pass) res.detail += fmt::format("{}{}: {}", res.detail.empty() ? "" : "; ", d.plan_path, worst(d, 3));
+            if (!d.pass)
+                res.detail +=
+                    fmt::format("{}{}: {}", res.detail.empty() ? "" : "; ", d.plan_path, worst(d, 3));
         if (!res.directions[0].localisation.empty()) res.detail += "; " + res.directions[0].localisation;
     }
-    if (res.verdict == Verdict::fail && opt.update && !res.directions[1].pass) {  // the numbers moved: re-record, loudly
+    if (res.verdict == Verdict::fail && opt.update &&
+        !res.directions[1].pass) {  // the numbers moved: re-record, loudly
         TensorFile fresh = record_golden(job.inputs, plan, job.options);
         if (c.compact_sample) fresh = compact_golden(fresh, c.compact_sample);
         fresh.metadata = c.file.metadata;
@@ -97,8 +108,9 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
     return res;
 }
 
-std::vector<CaseResult> replay_golden_files(const std::vector<std::string>& args, const ReplayOptions& opt, Device device,
-                                            const std::string& dtype, const std::function<void(const CaseResult&)>& on_case) {
+std::vector<CaseResult> replay_golden_files(const std::vector<std::string>& args, const ReplayOptions& opt,
+                                            Device device, const std::string& dtype,
+                                            const std::function<void(const CaseResult&)>& on_case) {
     std::vector<CaseResult> results;
     const auto launch = in_process_launch(device, opt.verify.comm);
     for (const std::string& path : golden_paths(args)) {

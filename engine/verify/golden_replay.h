@@ -25,10 +25,12 @@ struct ReplayOptions {
 };
 
 // One case with this model and plan (the golden's own, or the user's for --golden) on `launch`.
-CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& plan, const ReplayOptions& opt, Launch& launch);
+CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& plan, const ReplayOptions& opt,
+                       Launch& launch);
 
 // Every case of the files and folders in `args`, in this process; on_case sees each as it ends.
-std::vector<CaseResult> replay_golden_files(const std::vector<std::string>& args, const ReplayOptions& opt, Device device,
-                                            const std::string& dtype, const std::function<void(const CaseResult&)>& on_case);
+std::vector<CaseResult> replay_golden_files(const std::vector<std::string>& args, const ReplayOptions& opt,
+                                            Device device, const std::string& dtype,
+                                            const std::function<void(const CaseResult&)>& on_case);
 
 }  // namespace ptool

@@ -41,7 +41,8 @@ std::vector<KeyedEntry> gather_keyed(Communicator& comm, const std::vector<Keyed
             KeyedEntry e;
             e.rank = r;
             const int64_t key_len = w[at], n = w[at + 1];
-            PTOOL_REQUIRE(key_len >= 0 && n >= 0 && at + 2 + (key_len + 7) / 8 + n <= end, "a keyed entry of rank {} overruns its part", r);
+            PTOOL_REQUIRE(key_len >= 0 && n >= 0 && at + 2 + (key_len + 7) / 8 + n <= end,
+                          "a keyed entry of rank {} overruns its part", r);
             e.key.assign(reinterpret_cast<const char*>(w + at + 2), static_cast<size_t>(key_len));
             at += 2 + (key_len + 7) / 8;
             e.words.assign(w + at, w + at + n);

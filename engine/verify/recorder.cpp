@@ -15,7 +15,9 @@
 namespace ptool {
 namespace {
 
-Tensor on_host(const Tensor& t) { return t.device() == Device::cpu ? t : t.to_device(Device::cpu); }
+Tensor on_host(const Tensor& t) {
+    return t.device() == Device::cpu ? t : t.to_device(Device::cpu);
+}
 
 // The full size of dim `p.dim` from every rank's local size (uncounted metadata).
 Shape global_shape(const Shape& local, const Placement& p, Communicator& comm) {
@@ -41,7 +43,8 @@ struct Unaccounted {
 // A full tensor's digest, as the pieces of a sharded one add up to it (verify/digest.h).
 uint64_t state_digest(const Tensor& full) {
     const Tensor h = on_host(full);
-    return finish_element_hash(element_hash_sum(h, h.shape(), std::vector<int64_t>(h.shape().size(), 0)), h.dtype(), h.shape());
+    return finish_element_hash(element_hash_sum(h, h.shape(), std::vector<int64_t>(h.shape().size(), 0)),
+                               h.dtype(), h.shape());
 }
 
 // Where this rank's piece of a tensor sits in the whole one: the box at `offset` of `shape`, and
@@ -50,10 +53,12 @@ struct Box {
     std::vector<int64_t> offset;
     Shape shape;
     bool owner = true;
-    int threads = 1;           // compare_piece's: more where one rank compares a replicated tensor alone
-    Chunk rows{0, -1};         // the rows (dim 0) of the piece this rank compares; length -1: all
+    int threads = 1;    // compare_piece's: more where one rank compares a replicated tensor alone
+    Chunk rows{0, -1};  // the rows (dim 0) of the piece this rank compares; length -1: all
     // The part of this rank's piece it compares (its rows, or all of it) and where it starts in the whole
-    Tensor part(const Tensor& piece) const { return rows.length < 0 ? piece : piece.narrow(0, rows.offset, rows.length); }
+    Tensor part(const Tensor& piece) const {
+        return rows.length < 0 ? piece : piece.narrow(0, rows.offset, rows.length);
+    }
     std::vector<int64_t> part_offset() const {
         std::vector<int64_t> at = offset;
         if (rows.length >= 0) at[0] += rows.offset;
@@ -64,8 +69,12 @@ struct Box {
 class Recorder {
 public:
     Recorder(Run& run, const RecordOptions& opt)
-        : run_(run), opt_(opt), rank0_(run.world().rank() == 0), data_(run.data_comm()),
-          local_(opt.rank_local && opt.compare_with) {  // a parallel run against a reference (which records whole)
+        : run_(run),
+          opt_(opt),
+          rank0_(run.world().rank() == 0),
+          data_(run.data_comm()),
+          local_(opt.rank_local &&
+                 opt.compare_with) {  // a parallel run against a reference (which records whole)
         if (opt.golden)
             for (const auto& [name, t] : opt.golden->tensors) golden_[name] = &t;
         // the dims in the order a replica's chunk is numbered (shared_box): those that cut
@@ -91,7 +100,9 @@ public:
     void start_shadow() {  // collective: every rank gathers, rank 0 keeps
         // AdamW amplifies rounding-sized gradient differences; under mixed precision every update
         // carries the compute dtype's into the full-precision masters
-        if (!opt_.shadow_optimizer || (run_.model().optimizer.type != OptimizerType::adamw && !opt_.tol.masters)) return;
+        if (!opt_.shadow_optimizer ||
+            (run_.model().optimizer.type != OptimizerType::adamw && !opt_.tol.masters))
+            return;
         Unaccounted pause(&run_.counter());
         if (local_) {  // each rank steps its own pieces: the optimizer is elementwise
             for (const auto& [name, p] : run_.model().named_parameters()) {
@@ -109,7 +120,8 @@ public:
             s->value = on_host(full).clone();
             shadow_.emplace_back(name, s);
         }
-        if (rank0_) shadow_opt_ = std::make_unique<Optimizer>(run_.model().optimizer, backend_for(Device::cpu));
+        if (rank0_)
+            shadow_opt_ = std::make_unique<Optimizer>(run_.model().optimizer, backend_for(Device::cpu));
     }
 
     // A parameter's full tensor from this rank's piece: the innermost cut first (fully_shard's
@@ -126,7 +138,9 @@ public:
     // An activation's: whole on the tp dim by its layout, then every data rank's rows.
     Tensor gather(const Placed& x) {
         const Tensor t = full_tensor(x.t, x.p, x.global, tp());
-        return data_.size() > 1 ? full_tensor(t, Placement::shard(0), global_shape(t.shape(), Placement::shard(0), data_), data_) : t;
+        return data_.size() > 1 ? full_tensor(t, Placement::shard(0),
+                                              global_shape(t.shape(), Placement::shard(0), data_), data_)
+                                : t;
     }
 
     void construction(RunRecord& rec) {
@@ -138,7 +152,9 @@ public:
             const bool ignored = run_.ignored(name);
             const Agreement a = agreement(p->value, pl);
             const bool agree = a.model && (ignored || a.data);
-            const ReplicaState state = !agree ? ReplicaState::differ : ignored ? ReplicaState::ignored : ReplicaState::equal;
+            const ReplicaState state = !agree    ? ReplicaState::differ
+                                       : ignored ? ReplicaState::ignored
+                                                 : ReplicaState::equal;
             if (rank0_) init_index_[name] = rec.init_state.size(), rec.init_state.emplace_back(name, 0);
             if (local_ && !pl.any_partial()) {  // the pieces' sums, added up on rank 0 (flush)
                 queue_digest(name, p->value, pl, state, agree);
@@ -150,8 +166,10 @@ public:
             rec.init_state[init_index_.at(name)].second = state_digest(full);
         }
         const int64_t unique = static_cast<int64_t>(run_.model().named_parameters().size());
-        if (rank0_) rec.unique_params = unique;
-        else if (run_.stages() > 1 && leader_) queue(Target::unique_params, "", {unique});
+        if (rank0_)
+            rec.unique_params = unique;
+        else if (run_.stages() > 1 && leader_)
+            queue(Target::unique_params, "", {unique});
         flush(nullptr);
         for (const auto& [name, digest] : rec.init_state)  // in state_dict order
             if (init_differ_.count(name)) rec.init_replicas_differ.push_back(name);
@@ -174,8 +192,10 @@ public:
         if (!opt_.events) return nullptr;
         // under data parallel a mean loss over each rank's rows makes activation gradients dp times
         // the reference's (DDP's average puts the parameter gradients right): scaled for comparison
-        const double scale = data_.size() > 1 && run_.model().loss != LossKind::sum ? 1.0 / data_.size() : 1.0;
-        auto calls = std::make_shared<std::map<std::string, int>>();  // this step's events so far, by key less call
+        const double scale =
+            data_.size() > 1 && run_.model().loss != LossKind::sum ? 1.0 / data_.size() : 1.0;
+        auto calls =
+            std::make_shared<std::map<std::string, int>>();  // this step's events so far, by key less call
         event_index_.clear();
         return [this, &sr, scale, calls](const Module& m, Phase phase, int microbatch, const Placed& x) {
             Unaccounted pause(&run_.counter());
@@ -196,9 +216,11 @@ public:
                         if (mine.shares_storage(x.t)) mine = mine.clone();
                     }
                     deferred_.push_back({key, Placed{mine, x.p, x.global}, x.t.shape(), true});
-                } else if (const ModuleEvent* ref = reference_event(sr.step, key); ref && ref->full.defined()) {
+                } else if (const ModuleEvent* ref = reference_event(sr.step, key);
+                           ref && ref->full.defined()) {
                     const Tensor mine = as_reference(on_host(x.t));
-                    queue_diff(Target::event, key, piece(mine, ref->full, activation_box(ref->full.shape(), x), opt_.tol));
+                    queue_diff(Target::event, key,
+                               piece(mine, ref->full, activation_box(ref->full.shape(), x), opt_.tol));
                 }
                 if (rank0_) add_event(sr, std::move(e));
                 return;
@@ -220,7 +242,8 @@ public:
     void step(StepRecord& sr, const StepOutput& out, bool last_step) {
         Unaccounted pause(&run_.counter());
         reference_.clear();
-        const StepRecord* ref_step = (rank0_ || local_) ? reference_step(sr.step) : nullptr;  // waits when following
+        const StepRecord* ref_step =
+            (rank0_ || local_) ? reference_step(sr.step) : nullptr;  // waits when following
         if (ref_step)
             for (const auto& [name, t] : ref_step->tensors) reference_[name] = &t;
         compare_deferred(sr, ref_step);
@@ -229,32 +252,41 @@ public:
             // each rank's output rows and loss are its own: gathered and combined as the global batch's
             record_output(sr, s + "output", out.outputs, last_step);
             Tensor loss = Tensor::scalar(out.loss, DType::float64).reshape({1});
-            if (data_.size() > 1) data_.all_reduce(loss, run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg);
+            if (data_.size() > 1)
+                data_.all_reduce(loss, run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg);
             record(sr, s + "loss", Tensor::scalar(loss.item(0), run_.model().dtype), {}, false, last_step);
-            if (data_.size() > 1) note_state(sr, s + "loss", ReplicaState::sharded);  // combined from each rank's own
-            if (run_.model().clip_grad_norm > 0)  // what clip_grad_norm_ returns: a scale of every gradient shows here
-                record(sr, s + "grad_norm", Tensor::scalar(out.grad_norm, DType::float64), {}, false, last_step);
+            if (data_.size() > 1)
+                note_state(sr, s + "loss", ReplicaState::sharded);  // combined from each rank's own
+            if (run_.model().clip_grad_norm >
+                0)  // what clip_grad_norm_ returns: a scale of every gradient shows here
+                record(sr, s + "grad_norm", Tensor::scalar(out.grad_norm, DType::float64), {}, false,
+                       last_step);
         }
         const auto params = run_.model().named_parameters();
         for (size_t i = 0; i < params.size(); ++i) {
             const auto& [name, p] = params[i];
-            const Tensor g = record(sr, s + "grad." + name, p->grad, run_.placements(p.get()), run_.ignored(name), last_step);
+            const Tensor g = record(sr, s + "grad." + name, p->grad, run_.placements(p.get()),
+                                    run_.ignored(name), last_step);
             if (!shadow_.empty()) shadow_[i].second->grad = local_ ? on_host(p->grad).clone() : g.clone();
         }
         if (!shadow_.empty()) shadow_opt_->step(shadow_);  // what the optimizer makes of these gradients
         for (size_t i = 0; i < params.size(); ++i) {
             const auto& [name, p] = params[i];
-            const Tensor v = record(sr, s + "param." + name, p->value, run_.placements(p.get()), run_.ignored(name), last_step);
+            const Tensor v = record(sr, s + "param." + name, p->value, run_.placements(p.get()),
+                                    run_.ignored(name), last_step);
             if (shadow_.empty()) continue;
             if (local_) {  // this rank's piece against its shadow piece, counted once per group of replicas
                 const Placements pl = run_.placements(p.get());
                 const Box b{std::vector<int64_t>(p->value.dim(), 0), p->value.shape(), owns(pl), threads(pl)};
-                queue_diff(Target::shadow, s + "param." + name, piece(on_host(p->value), shadow_[i].second->value, b, opt_.tol.for_masters()));
+                queue_diff(Target::shadow, s + "param." + name,
+                           piece(on_host(p->value), shadow_[i].second->value, b, opt_.tol.for_masters()));
             } else if (rank0_) {
-                sr.vs_shadow[s + "param." + name] = compare_tensors(v, shadow_[i].second->value, opt_.tol.for_masters());
+                sr.vs_shadow[s + "param." + name] =
+                    compare_tensors(v, shadow_[i].second->value, opt_.tol.for_masters());
             }
         }
-        for (const auto& [name, b] : run_.model().named_buffers()) record(sr, s + "buffer." + name, b->value, {}, false, last_step);
+        for (const auto& [name, b] : run_.model().named_buffers())
+            record(sr, s + "buffer." + name, b->value, {}, false, last_step);
         flush(&sr);  // the step's comparisons, the module events' included
     }
 
@@ -274,8 +306,11 @@ public:
         const auto params = run_.model().named_parameters();
         Tensor flag = Tensor::scalar(0, DType::int64).reshape({1});
         if (rank0_)  // every stage's parameters' diffs reached rank 0 (flush)
-            for (auto it = diffs.lower_bound(s); it != diffs.end() && it->first.compare(0, s.size(), s) == 0; ++it)
-                if (!run_.ignored(it->first.substr(s.size())) && it->second.max_abs != 0 && truth.count(it->first)) flag.set(0, 1);
+            for (auto it = diffs.lower_bound(s); it != diffs.end() && it->first.compare(0, s.size(), s) == 0;
+                 ++it)
+                if (!run_.ignored(it->first.substr(s.size())) && it->second.max_abs != 0 &&
+                    truth.count(it->first))
+                    flag.set(0, 1);
         Communicator& world = run_.world();
         Unaccounted pause(&run_.counter());
         world.broadcast(flag, 0);
@@ -287,21 +322,23 @@ public:
             Tensor piece;
             if (local_ && truth.count(s + name)) {  // each rank cuts its piece of the truth: no broadcast
                 piece = piece_of(*truth.at(s + name), pl).to(p->value.dtype());
-                PTOOL_REQUIRE(piece.shape() == p->value.shape(), "resync of '{}': {} for {}", name, shape_str(piece.shape()),
-                              shape_str(p->value.shape()));
+                PTOOL_REQUIRE(piece.shape() == p->value.shape(), "resync of '{}': {} for {}", name,
+                              shape_str(piece.shape()), shape_str(p->value.shape()));
                 if (!shadow_.empty()) shadow_[i].second->value = piece.clone();
             } else {  // rank 0 broadcasts the whole truth; every rank cuts its piece
                 Tensor full(whole_shape(p->value.shape(), pl), p->value.dtype());
                 if (rank0_) {
                     const Tensor& t = *truth.at(s + name);
-                    PTOOL_REQUIRE(t.shape() == full.shape(), "resync of '{}': {} for {}", name, shape_str(t.shape()), shape_str(full.shape()));
+                    PTOOL_REQUIRE(t.shape() == full.shape(), "resync of '{}': {} for {}", name,
+                                  shape_str(t.shape()), shape_str(full.shape()));
                     full = t.to(full.dtype()).clone();
                     if (!shadow_.empty()) shadow_[i].second->value = full.clone();
                 }
                 world.broadcast(full, 0);
                 piece = piece_of(full, pl);
             }
-            run_.backend().copy(p->value.device() == Device::cpu ? piece : piece.to_device(p->value.device()), p->value);
+            run_.backend().copy(p->value.device() == Device::cpu ? piece : piece.to_device(p->value.device()),
+                                p->value);
         }
     }
 
@@ -311,7 +348,8 @@ private:
     // The whole tensor's shape from this rank's piece's (uncounted metadata on each cutting dim).
     Shape whole_shape(const Shape& local, const Placements& pl) const {
         Shape s = local;
-        for (auto it = pl.nested.rbegin(); it != pl.nested.rend(); ++it) s = global_shape(s, it->p, run_.comm(it->mesh_dim));
+        for (auto it = pl.nested.rbegin(); it != pl.nested.rend(); ++it)
+            s = global_shape(s, it->p, run_.comm(it->mesh_dim));
         return s;
     }
 
@@ -348,15 +386,18 @@ private:
     // design under an ignored module; those over the others never.
     Box shared_box(const Shape& whole, const Placements& pl, ReplicaState state) const {
         Box b = box_of(whole, pl);
-        const bool model_agree = state == ReplicaState::equal || state == ReplicaState::synced || state == ReplicaState::ignored;
+        const bool model_agree =
+            state == ReplicaState::equal || state == ReplicaState::synced || state == ReplicaState::ignored;
         const bool data_agree = state == ReplicaState::equal || state == ReplicaState::synced;
         int parts = 1, index = 0;
         bool owner = true;
         for (int d : order_) {
             const Communicator& c = run_.comm(d);
             if (!pl.on(d).is_replicate() || c.size() == 1) continue;
-            if (run_.dims().is_data_dim(d) ? data_agree : model_agree) index = index * c.size() + c.rank(), parts *= c.size();
-            else owner = owner && c.rank() == 0;
+            if (run_.dims().is_data_dim(d) ? data_agree : model_agree)
+                index = index * c.size() + c.rank(), parts *= c.size();
+            else
+                owner = owner && c.rank() == 0;
         }
         if (parts == 1 || b.shape.empty()) return b;  // a scalar stays with its coordinate-0 copy
         b.owner = owner;
@@ -380,11 +421,14 @@ private:
     // rank 0 adds the sums at the flush (verify/digest.h). Replicas that agree (`state`) hash
     // their chunks of the rows (shared_box). Words: the sum, the dtype, whether the replicas
     // agree, the whole shape.
-    void queue_digest(const std::string& name, const Tensor& local, const Placements& pl, ReplicaState state, bool agree) {
+    void queue_digest(const std::string& name, const Tensor& local, const Placements& pl, ReplicaState state,
+                      bool agree) {
         const Shape whole = whole_shape(local.shape(), pl);
         const Box b = shared_box(whole, pl, state);
-        std::vector<int64_t> words{b.owner ? static_cast<int64_t>(element_hash_sum(b.part(on_host(local)), whole, b.part_offset())) : 0,
-                                   static_cast<int64_t>(local.dtype()), agree ? 1 : 0};
+        std::vector<int64_t> words{
+            b.owner ? static_cast<int64_t>(element_hash_sum(b.part(on_host(local)), whole, b.part_offset()))
+                    : 0,
+            static_cast<int64_t>(local.dtype()), agree ? 1 : 0};
         words.insert(words.end(), whole.begin(), whole.end());
         queue(Target::digest, name, std::move(words));
     }
@@ -442,13 +486,17 @@ private:
         queue(t, name, std::move(words));
     }
     Tolerance tolerance(Target t, const std::string& name) const {
-        return t == Target::shadow ? opt_.tol.for_masters() : t == Target::event ? opt_.tol : rule_for(opt_.tol, name);
+        return t == Target::shadow  ? opt_.tol.for_masters()
+               : t == Target::event ? opt_.tol
+                                    : rule_for(opt_.tol, name);
     }
 
     // A tensor's replica state, on rank 0: its own, or (pipeline) heard from the stage's leader.
     void note_state(StepRecord& sr, const std::string& name, ReplicaState state) {
-        if (rank0_) sr.replicas[name] = state;
-        else if (run_.stages() > 1 && leader_) queue(Target::state, name, {static_cast<int64_t>(state)});
+        if (rank0_)
+            sr.replicas[name] = state;
+        else if (run_.stages() > 1 && leader_)
+            queue(Target::state, name, {static_cast<int64_t>(state)});
     }
 
     // Collective over the world: rank 0 merges every rank's queued entries by key and puts each
@@ -471,33 +519,57 @@ private:
             auto [it, fresh] = at.emplace(e.key, merged.size());
             if (fresh) {
                 const size_t bar = e.key.find('|');
-                merged.push_back({static_cast<Target>(std::stoi(e.key.substr(0, bar))), e.key.substr(bar + 1), {}, 0, e.words, false});
+                merged.push_back({static_cast<Target>(std::stoi(e.key.substr(0, bar))),
+                                  e.key.substr(bar + 1),
+                                  {},
+                                  0,
+                                  e.words,
+                                  false});
             }
             Merged& m = merged[it->second];
             switch (m.target) {
-                case Target::digest: m.hash += static_cast<uint64_t>(e.words[0]), m.differ = m.differ || e.words[2] == 0; break;
-                case Target::unique_params: init_->unique_params += e.words[0]; break;
-                case Target::state: break;
-                default: merge_piece(m.piece, unpack_piece(e.words.data()));
+                case Target::digest:
+                    m.hash += static_cast<uint64_t>(e.words[0]), m.differ = m.differ || e.words[2] == 0;
+                    break;
+                case Target::unique_params:
+                    init_->unique_params += e.words[0];
+                    break;
+                case Target::state:
+                    break;
+                default:
+                    merge_piece(m.piece, unpack_piece(e.words.data()));
             }
         }
         for (Merged& m : merged) {
             switch (m.target) {
-                case Target::reference: sr->vs_reference[m.name] = finish_diff(m.piece, tolerance(m.target, m.name)); break;
-                case Target::golden: sr->vs_golden[m.name] = finish_diff(m.piece, tolerance(m.target, m.name)); break;
-                case Target::shadow: sr->vs_shadow[m.name] = finish_diff(m.piece, tolerance(m.target, m.name)); break;
-                case Target::event: event_of(*sr, m.name).diff = finish_diff(m.piece, tolerance(m.target, m.name)); break;
-                case Target::state: sr->replicas[m.name] = static_cast<ReplicaState>(m.words[0]); break;
+                case Target::reference:
+                    sr->vs_reference[m.name] = finish_diff(m.piece, tolerance(m.target, m.name));
+                    break;
+                case Target::golden:
+                    sr->vs_golden[m.name] = finish_diff(m.piece, tolerance(m.target, m.name));
+                    break;
+                case Target::shadow:
+                    sr->vs_shadow[m.name] = finish_diff(m.piece, tolerance(m.target, m.name));
+                    break;
+                case Target::event:
+                    event_of(*sr, m.name).diff = finish_diff(m.piece, tolerance(m.target, m.name));
+                    break;
+                case Target::state:
+                    sr->replicas[m.name] = static_cast<ReplicaState>(m.words[0]);
+                    break;
                 case Target::digest: {
                     auto it = init_index_.find(m.name);
                     if (it == init_index_.end())  // another stage's
-                        it = init_index_.emplace(m.name, init_->init_state.size()).first, init_->init_state.emplace_back(m.name, 0);
+                        it = init_index_.emplace(m.name, init_->init_state.size()).first,
+                        init_->init_state.emplace_back(m.name, 0);
                     const Shape whole(m.words.begin() + 3, m.words.end());
-                    init_->init_state[it->second].second = finish_element_hash(m.hash, static_cast<DType>(m.words[1]), whole);
+                    init_->init_state[it->second].second =
+                        finish_element_hash(m.hash, static_cast<DType>(m.words[1]), whole);
                     if (m.differ) init_differ_.insert(m.name);
                     break;
                 }
-                case Target::unique_params: break;
+                case Target::unique_params:
+                    break;
             }
         }
     }
@@ -511,20 +583,24 @@ private:
         if (auto it = event_index_.find(key); it != event_index_.end()) return sr.events[it->second];
         ModuleEvent e;  // MICROBATCH:PHASE:CALL:FQN
         size_t a = key.find(':'), b = key.find(':', a + 1), c = key.find(':', b + 1);
-        e.microbatch = std::stoi(key.substr(0, a)), e.phase = static_cast<Phase>(std::stoi(key.substr(a + 1, b - a - 1)));
+        e.microbatch = std::stoi(key.substr(0, a)),
+        e.phase = static_cast<Phase>(std::stoi(key.substr(a + 1, b - a - 1)));
         e.call = std::stoi(key.substr(b + 1, c - b - 1)), e.fqn = key.substr(c + 1);
         add_event(sr, std::move(e));
         return sr.events.back();
     }
 
     // A parameter's or gradient's piece compared where it lies (rank-local).
-    void keep_local(StepRecord& sr, const std::string& name, const Tensor& local, const Placements& pl, ReplicaState state) {
+    void keep_local(StepRecord& sr, const std::string& name, const Tensor& local, const Placements& pl,
+                    ReplicaState state) {
         const Tensor mine = on_host(local);
         const Tolerance tol = rule_for(opt_.tol, name);
         if (auto it = reference_.find(name); it != reference_.end())
-            queue_diff(Target::reference, name, piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol));
+            queue_diff(Target::reference, name,
+                       piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol));
         if (auto it = golden_.find(name); it != golden_.end())
-            queue_diff(Target::golden, name, piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol));
+            queue_diff(Target::golden, name,
+                       piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol));
         note_state(sr, name, state);
     }
 
@@ -561,7 +637,10 @@ private:
             }
             if (!ref || !ref->full.defined()) continue;
             const Box b = activation_box(ref->full.shape(), d.x);
-            queue_diff(Target::event, d.key, d.shape != b.shape ? bad_shape() : b.owner ? piece(d.x.t, ref->full, b, opt_.tol) : DiffPiece{});
+            queue_diff(Target::event, d.key,
+                       d.shape != b.shape ? bad_shape()
+                       : b.owner          ? piece(d.x.t, ref->full, b, opt_.tol)
+                                          : DiffPiece{});
         }
         deferred_.clear();
     }
@@ -612,10 +691,12 @@ private:
 
     // The output: each microbatch's gathered by its layout (every dp rank holds its part of each),
     // the microbatches concatenated in order, as the reference's rows are.
-    void record_output(StepRecord& sr, const std::string& name, const std::vector<Placed>& outs, bool last_step) {
+    void record_output(StepRecord& sr, const std::string& name, const std::vector<Placed>& outs,
+                       bool last_step) {
         std::vector<Tensor> full, local;
         for (const Placed& o : outs) full.push_back(gather(o)), local.push_back(o.t);
-        const Tensor whole = full.size() == 1 ? full[0] : cat(full, 0), mine = local.size() == 1 ? local[0] : cat(local, 0);
+        const Tensor whole = full.size() == 1 ? full[0] : cat(full, 0),
+                     mine = local.size() == 1 ? local[0] : cat(local, 0);
         const ReplicaState state = replica_state(mine, activation_placements(outs[0]), false);
         if (run_.stages() > 1) {  // the last stage's leader compares it whole; rank 0 hears by key
             auto it = reference_.find(name);
@@ -631,8 +712,8 @@ private:
     }
 
     // Returns the full tensor on the host (rank 0); rank-locally, nothing.
-    Tensor record(StepRecord& sr, const std::string& name, const Tensor& local, const Placements& pl, bool ignored,
-                  bool last_step) {
+    Tensor record(StepRecord& sr, const std::string& name, const Tensor& local, const Placements& pl,
+                  bool ignored, bool last_step) {
         if (local_ && !pl.any_partial()) {
             keep_local(sr, name, local, pl, replica_state(local, pl, ignored));
             return {};
@@ -641,13 +722,15 @@ private:
         return keep(sr, name, local, full, replica_state(local, pl, ignored), last_step);
     }
 
-    Tensor keep(StepRecord& sr, const std::string& name, const Tensor& local, const Tensor& full, ReplicaState state, bool last_step) {
+    Tensor keep(StepRecord& sr, const std::string& name, const Tensor& local, const Tensor& full,
+                ReplicaState state, bool last_step) {
         if (!rank0_) return {};
         sr.replicas[name] = state;
         if (opt_.compare_with || opt_.golden) {  // compared now; a parallel run keeps the diffs only
             const Tensor host = on_host(full);
             const Tolerance tol = rule_for(opt_.tol, name);
-            if (auto it = reference_.find(name); it != reference_.end()) sr.vs_reference[name] = compare_tensors(host, *it->second, tol);
+            if (auto it = reference_.find(name); it != reference_.end())
+                sr.vs_reference[name] = compare_tensors(host, *it->second, tol);
             if (auto it = golden_.find(name); it != golden_.end())
                 sr.vs_golden[name] = compare_tensors(host, it->second->to(host.dtype()), tol);
             if (opt_.compare_with) return host;
@@ -678,13 +761,13 @@ private:
         bool local;
     };
     std::vector<Deferred> deferred_;
-    std::vector<KeyedEntry> queue_;                          // for rank 0, sent at the next flush
-    std::unordered_map<std::string, size_t> event_index_;   // rank 0: the step's events by key
-    const StepRecord* ref_events_of_ = nullptr;              // the reference step ref_events_ indexes
+    std::vector<KeyedEntry> queue_;                        // for rank 0, sent at the next flush
+    std::unordered_map<std::string, size_t> event_index_;  // rank 0: the step's events by key
+    const StepRecord* ref_events_of_ = nullptr;            // the reference step ref_events_ indexes
     std::unordered_map<std::string, const ModuleEvent*> ref_events_;
-    RunRecord* init_ = nullptr;                              // construction's record (flush)
-    std::unordered_map<std::string, size_t> init_index_;    // rank 0: init_state's index by name
-    std::set<std::string> init_differ_;                      // rank 0: state whose replicas differ
+    RunRecord* init_ = nullptr;                           // construction's record (flush)
+    std::unordered_map<std::string, size_t> init_index_;  // rank 0: init_state's index by name
+    std::set<std::string> init_differ_;                   // rank 0: state whose replicas differ
 };
 
 }  // namespace
@@ -700,7 +783,8 @@ RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
     recorder.construction(rec);
     recorder.start_shadow();
     for (int64_t k = 0; k < steps; ++k) {
-        if (opt.publish) opt.publish->wait_for_room(k);  // at most two steps ahead of the ranks; throws once cancelled
+        if (opt.publish)
+            opt.publish->wait_for_room(k);  // at most two steps ahead of the ranks; throws once cancelled
         StepRecord sr;
         sr.step = k;
         StepOutput out = run.step(k, recorder.observer(sr));
@@ -711,7 +795,8 @@ RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
         sr.seconds = out.seconds;
         rec.seconds += out.seconds;
         if (const DataParallel* dp = run.data_parallel())
-            rec.bucket_copy_bytes = dp->bucket_copy_bytes(), rec.bucket_allreduce_bytes = dp->bucket_allreduce_bytes();
+            rec.bucket_copy_bytes = dp->bucket_copy_bytes(),
+            rec.bucket_allreduce_bytes = dp->bucket_allreduce_bytes();
         recorder.step(sr, out, k + 1 == steps);
         if (opt.resync && k + 1 < steps) recorder.resync(sr);
         if (opt.done_with_reference_step) {  // every rank has read the reference's step k
@@ -735,7 +820,8 @@ double world_step_seconds(Communicator& world, double started, double seconds) {
     world.all_gather(mine, all);
     double first = all.data<double>()[0], last = all.data<double>()[1];
     for (int r = 1; r < world.size(); ++r)
-        first = std::min(first, all.data<double>()[2 * r]), last = std::max(last, all.data<double>()[2 * r + 1]);
+        first = std::min(first, all.data<double>()[2 * r]),
+        last = std::max(last, all.data<double>()[2 * r + 1]);
     return last - first;
 }
 

@@ -8,8 +8,8 @@
 // holds another's piece) or, under mpirun, by rank 0 on one gathered tensor at a time.
 #pragma once
 
-#include "verify/reference_stream.h"
 #include "train/run.h"
+#include "verify/reference_stream.h"
 #include "verify/run_record.h"
 
 namespace ptool {

@@ -62,7 +62,8 @@ void ReferenceStream::cancel() {
 }
 
 const StepRecord* ReferenceStream::step(int64_t k) {
-    wait_core_given_back([&] { return static_cast<int64_t>(published_.size()) > k || finished_ || cancelled_.load(); });
+    wait_core_given_back(
+        [&] { return static_cast<int64_t>(published_.size()) > k || finished_ || cancelled_.load(); });
     std::lock_guard<std::mutex> relock(mu_);
     if (static_cast<int64_t>(published_.size()) > k) return published_[static_cast<size_t>(k)];
     if (error_) throw RuntimeError("the reference run failed");  // verify reports the reference's own error

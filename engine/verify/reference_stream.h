@@ -28,10 +28,10 @@ public:
     RunRecord record;
 
     // --- the reference's side
-    void publish(const StepRecord* step);  // the next step, complete
-    void finish(std::exception_ptr error = nullptr);  // no more steps (error: the reference failed)
+    void publish(const StepRecord* step);                 // the next step, complete
+    void finish(std::exception_ptr error = nullptr);      // no more steps (error: the reference failed)
     bool cancelled() const { return cancelled_.load(); }  // the parallel run failed: stop early
-    bool failed();  // finish() was given an error
+    bool failed();                                        // finish() was given an error
     // Before making step k: when throttled, waits while the ranks still hold steps before k - 1, so
     // at most two steps' records are alive; lends its core to the ranks meanwhile. Throws
     // RuntimeError once cancelled.

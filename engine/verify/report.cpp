@@ -12,7 +12,8 @@ namespace {
 
 std::string event_label(const ModuleEvent& e) {
     const std::string name = e.fqn.empty() ? "(root)" : e.fqn;
-    return e.phase == Phase::forward ? fmt::format("forward `{}` output", name) : fmt::format("backward `{}` input gradient", name);
+    return e.phase == Phase::forward ? fmt::format("forward `{}` output", name)
+                                     : fmt::format("backward `{}` input gradient", name);
 }
 
 // Replica invariants (test_jit_data_parallel, test_replicate's state_dict tests): after the
@@ -23,7 +24,8 @@ void check_init_state(const RunRecord& ref, const RunRecord& par, PlanReport& re
     if (ref.init_state.empty() || par.init_state.empty()) return;
     std::vector<std::string> renamed, differ;
     for (size_t i = 0; i < std::max(ref.init_state.size(), par.init_state.size()); ++i) {
-        if (i >= ref.init_state.size() || i >= par.init_state.size() || ref.init_state[i].first != par.init_state[i].first) {
+        if (i >= ref.init_state.size() || i >= par.init_state.size() ||
+            ref.init_state[i].first != par.init_state[i].first) {
             renamed.push_back(i < par.init_state.size() ? par.init_state[i].first : ref.init_state[i].first);
             continue;
         }
@@ -32,26 +34,31 @@ void check_init_state(const RunRecord& ref, const RunRecord& par, PlanReport& re
     const bool shared_ok = ref.unique_params == par.unique_params;
     const auto& split = par.init_replicas_differ;
     if (renamed.empty() && differ.empty() && shared_ok && split.empty()) {
-        rep.notes.push_back(fmt::format("state_dict after construction: {} keys, the reference's names, bitwise its "
-                                        "values; {} unique parameters",
-                                        ref.init_state.size(), par.unique_params));
+        rep.notes.push_back(
+            fmt::format("state_dict after construction: {} keys, the reference's names, bitwise its "
+                        "values; {} unique parameters",
+                        ref.init_state.size(), par.unique_params));
         return;
     }
     rep.failed += 1;
     if (!renamed.empty())
-        rep.notes.push_back(fmt::format("FAIL state_dict keys differ from the reference's: {}", fmt::join(renamed, ", ")));
+        rep.notes.push_back(
+            fmt::format("FAIL state_dict keys differ from the reference's: {}", fmt::join(renamed, ", ")));
     if (!differ.empty())
-        rep.notes.push_back(fmt::format("FAIL after construction, {} of {} tensors differ from the reference's (a broadcast "
-                                        "missed or sent from the wrong rank?): {}",
-                                        differ.size(), ref.init_state.size(), fmt::join(differ, ", ")));
+        rep.notes.push_back(
+            fmt::format("FAIL after construction, {} of {} tensors differ from the reference's (a broadcast "
+                        "missed or sent from the wrong rank?): {}",
+                        differ.size(), ref.init_state.size(), fmt::join(differ, ", ")));
     if (!split.empty())
-        rep.notes.push_back(fmt::format("FAIL after construction, the replicas of {} differ across ranks (a broadcast "
-                                        "missed?): {}",
-                                        split.size() == 1 ? "one tensor" : fmt::format("{} tensors", split.size()),
-                                        fmt::join(split, ", ")));
+        rep.notes.push_back(
+            fmt::format("FAIL after construction, the replicas of {} differ across ranks (a broadcast "
+                        "missed?): {}",
+                        split.size() == 1 ? "one tensor" : fmt::format("{} tensors", split.size()),
+                        fmt::join(split, ", ")));
     if (!shared_ok)
-        rep.notes.push_back(fmt::format("FAIL {} unique parameters, the reference has {}: a shared module was copied",
-                                        par.unique_params, ref.unique_params));
+        rep.notes.push_back(
+            fmt::format("FAIL {} unique parameters, the reference has {}: a shared module was copied",
+                        par.unique_params, ref.unique_params));
 }
 
 }  // namespace
@@ -69,7 +76,8 @@ void judge_by_module(PlanReport& rep, const Tolerance& tol) {
         if (const std::string g = group_of(t.name); !g.empty()) ref2[g] += t.diff.ref_norm * t.diff.ref_norm;
     for (TensorReport& t : rep.tensors) {
         const std::string g = group_of(t.name);
-        if (g.empty() || !t.diff.shape_ok || std::isinf(t.diff.err_norm) || replica_failure(t.replicas)) continue;
+        if (g.empty() || !t.diff.shape_ok || std::isinf(t.diff.err_norm) || replica_failure(t.replicas))
+            continue;
         const double module_norm = std::sqrt(ref2[g]);
         if (!t.pass && tol.rel_fro > 0 && module_norm > 0 && t.diff.err_norm <= tol.rel_fro * module_norm) {
             t.diff.rel_fro = t.diff.err_norm / module_norm;
@@ -77,7 +85,8 @@ void judge_by_module(PlanReport& rep, const Tolerance& tol) {
             rep.failed -= 1, rep.passed += 1;
         } else if (t.pass && tol.systematic > 0 && parse_step_key(t.name)->kind() == "grad" &&
                    t.diff.err_norm > tol.systematic * module_norm && t.replicas != ReplicaState::ignored) {
-            t.diff.rel_fro = module_norm > 0 ? t.diff.err_norm / module_norm : std::numeric_limits<double>::infinity();
+            t.diff.rel_fro =
+                module_norm > 0 ? t.diff.err_norm / module_norm : std::numeric_limits<double>::infinity();
             t.diff.systematic = true, t.diff.pass = t.pass = false;
             rep.failed += 1, rep.passed -= 1;
         }
@@ -93,9 +102,12 @@ void apply_update_rule(PlanReport& rep, const std::function<bool(const std::stri
         }
     for (TensorReport& t : rep.tensors) {
         const auto k = parse_step_key(t.name);
-        if (t.pass || !k || k->kind() != "param" || !t.diff.shape_ok || t.diff.nonfinite || replica_failure(t.replicas)) continue;
+        if (t.pass || !k || k->kind() != "param" || !t.diff.shape_ok || t.diff.nonfinite ||
+            replica_failure(t.replicas))
+            continue;
         const std::string param = k->rest.substr(6);
-        if (auto it = first_bad_grad.find(param); it != first_bad_grad.end() && it->second <= k->step) continue;
+        if (auto it = first_bad_grad.find(param); it != first_bad_grad.end() && it->second <= k->step)
+            continue;
         if (!consistent(t.name)) continue;
         t.diff.by_gradients = t.diff.pass = t.pass = true;
         rep.failed -= 1, rep.passed += 1;
@@ -113,15 +125,17 @@ void fail_nonfinite(PlanReport& rep, const std::string& actual_side, const std::
     }
     if (!first) return;
     const TensorDiff& d = first->diff;
-    rep.notes.push_back(fmt::format("FAIL non-finite values (NaN or inf) in {} tensor{}, first {} in {}: a run that is not finite "
-                                    "agrees with nothing (a norm's eps <= 0, a learning rate that diverges?)",
-                                    count, count == 1 ? "" : "s", first->name, nonfinite_sides(d, actual_side, expected_side)));
+    rep.notes.push_back(fmt::format(
+        "FAIL non-finite values (NaN or inf) in {} tensor{}, first {} in {}: a run that is not finite "
+        "agrees with nothing (a norm's eps <= 0, a learning rate that diverges?)",
+        count, count == 1 ? "" : "s", first->name, nonfinite_sides(d, actual_side, expected_side)));
 }
 
-std::string nonfinite_sides(const TensorDiff& d, const std::string& actual_side, const std::string& expected_side) {
+std::string nonfinite_sides(const TensorDiff& d, const std::string& actual_side,
+                            const std::string& expected_side) {
     if (d.nonfinite_actual && d.nonfinite_expected)
-        return fmt::format("{} ({} element{}) and {} ({})", expected_side, d.nonfinite_expected, d.nonfinite_expected == 1 ? "" : "s",
-                           actual_side, d.nonfinite_actual);
+        return fmt::format("{} ({} element{}) and {} ({})", expected_side, d.nonfinite_expected,
+                           d.nonfinite_expected == 1 ? "" : "s", actual_side, d.nonfinite_actual);
     const bool expected = d.nonfinite_expected > 0;
     const int64_t n = expected ? d.nonfinite_expected : d.nonfinite_actual;
     return fmt::format("{} ({} element{})", expected ? expected_side : actual_side, n, n == 1 ? "" : "s");
@@ -129,21 +143,30 @@ std::string nonfinite_sides(const TensorDiff& d, const std::string& actual_side,
 
 const char* verdict_name(Verdict v) {
     switch (v) {
-        case Verdict::pass: return "PASS";
-        case Verdict::fail: return "FAIL";
-        case Verdict::stale: return "STALE";
-        case Verdict::updated: return "UPDATED";
+        case Verdict::pass:
+            return "PASS";
+        case Verdict::fail:
+            return "FAIL";
+        case Verdict::stale:
+            return "STALE";
+        case Verdict::updated:
+            return "UPDATED";
     }
     return "?";
 }
 
 const char* replica_state_name(ReplicaState s) {
     switch (s) {
-        case ReplicaState::equal: return "equal";
-        case ReplicaState::sharded: return "-";
-        case ReplicaState::differ: return "DIFFER";
-        case ReplicaState::ignored: return "ignored";
-        case ReplicaState::synced: return "SYNCED";
+        case ReplicaState::equal:
+            return "equal";
+        case ReplicaState::sharded:
+            return "-";
+        case ReplicaState::differ:
+            return "DIFFER";
+        case ReplicaState::ignored:
+            return "ignored";
+        case ReplicaState::synced:
+            return "SYNCED";
     }
     return "?";
 }
@@ -158,19 +181,34 @@ const Tensor* find_tensor(const StepRecord& step, const std::string& name) {
     return nullptr;
 }
 
-std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol, const PlanReport& rep) {
+std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol,
+                                   const PlanReport& rep) {
     double prev_rel = 0;
     std::string prev = "the step's input";
-    auto diverged = [&](int64_t step, const std::string& kind, const std::string& fqn, const std::string& what, const TensorDiff& d) {
+    auto diverged = [&](int64_t step, const std::string& kind, const std::string& fqn,
+                        const std::string& what, const TensorDiff& d) {
         if (d.nonfinite)  // the first NaN or inf, on either side: nothing after it means anything
-            return Divergence{step, kind, fqn, d, prev,
-                              fmt::format("first non-finite value: step {} {} holds NaN or inf in {}; before it, {} agreed and was finite",
-                                          step, what, nonfinite_sides(d, "the parallel run", "the reference"), prev)};
-        const std::string how = d.systematic ? fmt::format("error {:.2g} of its module's norm, beyond rounding", d.rel_fro)
-                                             : fmt::format("max rel {:.2g}", d.max_rel);
-        return Divergence{step, kind, fqn, d, prev,
-                          fmt::format("first divergence: step {} {}, {} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
-                                      step, what, how, d.max_abs, prev, prev_rel)};
+            return Divergence{
+                step,
+                kind,
+                fqn,
+                d,
+                prev,
+                fmt::format("first non-finite value: step {} {} holds NaN or inf in {}; before it, {} agreed "
+                            "and was finite",
+                            step, what, nonfinite_sides(d, "the parallel run", "the reference"), prev)};
+        const std::string how =
+            d.systematic ? fmt::format("error {:.2g} of its module's norm, beyond rounding", d.rel_fro)
+                         : fmt::format("max rel {:.2g}", d.max_rel);
+        return Divergence{
+            step,
+            kind,
+            fqn,
+            d,
+            prev,
+            fmt::format(
+                "first divergence: step {} {}, {} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
+                step, what, how, d.max_abs, prev, prev_rel)};
     };
     for (size_t s = 0; s < ref.steps.size() && s < par.steps.size(); ++s) {
         // the reference's events in the order it computed them, each met by key in the parallel
@@ -184,7 +222,8 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
             const ModuleEvent& pe = *it->second;
             if (!pe.diff && !pe.full.defined()) break;
             const TensorDiff d = pe.diff ? *pe.diff : compare_tensors(pe.full, re.full, tol);
-            if (!d.pass || d.nonfinite) return diverged(static_cast<int64_t>(s), phase_name(re.phase), re.fqn, event_label(re), d);
+            if (!d.pass || d.nonfinite)
+                return diverged(static_cast<int64_t>(s), phase_name(re.phase), re.fqn, event_label(re), d);
             prev_rel = d.max_rel;
             prev = event_label(re);
         }
@@ -195,8 +234,10 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
                 const auto k = parse_step_key(t.name);
                 if (!k || k->step != static_cast<int64_t>(s) || k->kind() != kind) continue;
                 const std::string fqn = kind == "grad_norm" ? std::string() : k->rest.substr(kind.size() + 1);
-                const std::string what = kind == "grad_norm" ? std::string("gradient norm (clip_grad_norm's, before clipping)")
-                                         : fmt::format("{} of `{}`", kind == "grad" ? "gradient" : "update", fqn);
+                const std::string what =
+                    kind == "grad_norm"
+                        ? std::string("gradient norm (clip_grad_norm's, before clipping)")
+                        : fmt::format("{} of `{}`", kind == "grad" ? "gradient" : "update", fqn);
                 if (!t.pass) return diverged(static_cast<int64_t>(s), kind, fqn, what, t.diff);
                 prev_rel = t.diff.max_rel;
                 prev = what;
@@ -210,11 +251,14 @@ std::vector<ErrorCell> error_cells(const PlanReport& rep) {
     std::map<int64_t, std::vector<const TensorReport*>> by_step;
     for (const TensorReport& t : rep.tensors)
         if (const auto k = parse_step_key(t.name)) by_step[k->step].push_back(&t);
-    const int64_t steps = std::max<int64_t>(static_cast<int64_t>(rep.run.steps.size()), by_step.empty() ? 0 : by_step.rbegin()->first + 1);
+    const int64_t steps = std::max<int64_t>(static_cast<int64_t>(rep.run.steps.size()),
+                                            by_step.empty() ? 0 : by_step.rbegin()->first + 1);
     for (int64_t s = 0; s < steps; ++s) {
         if (s < static_cast<int64_t>(rep.run.steps.size()))
             for (const ModuleEvent& e : rep.run.steps[s].events)
-                if (e.diff) cells.push_back({s, phase_name(e.phase), e.fqn, "", *e.diff, e.diff->pass && !e.diff->nonfinite});
+                if (e.diff)
+                    cells.push_back(
+                        {s, phase_name(e.phase), e.fqn, "", *e.diff, e.diff->pass && !e.diff->nonfinite});
         for (const TensorReport* t : by_step[s]) {
             const auto k = parse_step_key(t->name);
             const std::string kind = k->kind();
@@ -230,7 +274,8 @@ std::vector<ErrorCell> error_cells(const PlanReport& rep) {
     return cells;
 }
 
-PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan, const Tolerance& tol) {
+PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan,
+                        const Tolerance& tol) {
     PlanReport rep;
     rep.plan_path = plan.path;
     rep.tol = tol;
@@ -241,26 +286,31 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
             if (!plan.compares(kind == "grad_norm" ? "grad" : kind) && kind != "buffer") continue;
             TensorReport tr;
             tr.name = name;
-            if (const Tensor* actual = find_tensor(p, name)) tr.diff = compare_tensors(*actual, expected, rule_for(tol, name));
-            else if (auto d = p.vs_reference.find(name); d != p.vs_reference.end()) tr.diff = d->second;  // compared as recorded
-            else tr.diff.shape_ok = tr.diff.pass = false;  // missing
+            if (const Tensor* actual = find_tensor(p, name))
+                tr.diff = compare_tensors(*actual, expected, rule_for(tol, name));
+            else if (auto d = p.vs_reference.find(name); d != p.vs_reference.end())
+                tr.diff = d->second;  // compared as recorded
+            else
+                tr.diff.shape_ok = tr.diff.pass = false;  // missing
             tr.pass = tr.diff.pass;
             auto status = p.replicas.find(name);
             tr.replicas = status == p.replicas.end() ? ReplicaState::sharded : status->second;
             if (replica_failure(tr.replicas)) tr.pass = false;
-            if (tr.replicas == ReplicaState::ignored) tr.pass = true;  // an ignored module's tensors differ by design
+            if (tr.replicas == ReplicaState::ignored)
+                tr.pass = true;  // an ignored module's tensors differ by design
             (tr.pass ? rep.passed : rep.failed) += 1;
             rep.tensors.push_back(std::move(tr));
         }
     }
     judge_by_module(rep, tol);
-    apply_update_rule(rep, [&](const std::string& name) {  // the parallel run's update is its optimizer's on its gradients
-        const auto k = parse_step_key(name);
-        if (k->step >= static_cast<int64_t>(parallel.steps.size())) return false;
-        const auto& shadow = parallel.steps[k->step].vs_shadow;
-        auto it = shadow.find(name);
-        return it != shadow.end() && it->second.pass;
-    });
+    apply_update_rule(
+        rep, [&](const std::string& name) {  // the parallel run's update is its optimizer's on its gradients
+            const auto k = parse_step_key(name);
+            if (k->step >= static_cast<int64_t>(parallel.steps.size())) return false;
+            const auto& shadow = parallel.steps[k->step].vs_shadow;
+            auto it = shadow.find(name);
+            return it != shadow.end() && it->second.pass;
+        });
     fail_nonfinite(rep, "the parallel run", "the reference");
     check_init_state(reference, parallel, rep);
     rep.pass = rep.failed == 0;

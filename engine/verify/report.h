@@ -21,8 +21,9 @@ struct TensorReport {
 // Where a failing run first left tolerance, in the order things were computed.
 struct Divergence {
     int64_t step = 0;
-    std::string kind;  // "forward" (a module's output), "backward" (its input gradient), "grad", "grad_norm", "param"
-    std::string fqn;   // the module's (forward, backward) or the parameter's (grad, param); "" for grad_norm
+    std::string
+        kind;  // "forward" (a module's output), "backward" (its input gradient), "grad", "grad_norm", "param"
+    std::string fqn;  // the module's (forward, backward) or the parameter's (grad, param); "" for grad_norm
     TensorDiff diff;
     std::string before;  // what agreed just before it ("the step's input" at the start)
     std::string text;    // "first divergence: step 0 ..."
@@ -34,7 +35,7 @@ struct PlanReport {
     std::vector<TensorReport> tensors;
     int passed = 0, failed = 0;
     bool pass = true;
-    std::string localisation;        // "first divergence: ..." when something failed (divergence->text)
+    std::string localisation;  // "first divergence: ..." when something failed (divergence->text)
     std::optional<Divergence> divergence;
     std::vector<std::string> notes;  // replica invariants; the expected causes of a mismatch
     RunRecord run;                   // counts, time, world size
@@ -45,7 +46,8 @@ struct PlanReport {
 struct VerifyReport {
     DType dtype = DType::float32;  // the model's, as run
     std::vector<PlanReport> plans;
-    RunRecord reference;  // the reference run (of the last plan's step count; whole with VerifyJob::keep_reference)
+    RunRecord
+        reference;  // the reference run (of the last plan's step count; whole with VerifyJob::keep_reference)
     double reference_seconds = 0;
     bool reference_beside = false;  // recorded beside the parallel run (VerifyOptions::reference_beside)
     bool pass = true;
@@ -58,7 +60,8 @@ const char* verdict_name(Verdict v);  // "PASS", "FAIL", "STALE", "UPDATED"
 // Compares a parallel run with the reference, tensor by tensor (rank 0 side): the tolerance, the
 // low-precision module rule, replica states, the state after construction, and where a failure
 // first appeared.
-PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan, const Tolerance& tol);
+PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, const Plan& plan,
+                        const Tolerance& tol);
 
 // The update rule (optimizer-aware verdicts). An adaptive optimizer divides by the gradient's
 // running RMS: AdamW's first update is lr * g / (|g| + eps), so where |g| is near eps (a bias whose
@@ -94,13 +97,15 @@ void apply_update_rule(PlanReport& rep, const std::function<bool(const std::stri
 // hold it ("the reference (12 elements) and the parallel run (12)"). Comparing a file with itself
 // (`golden diff`) keeps TensorDiff's own rule: the same NaN at the same place is equal.
 void fail_nonfinite(PlanReport& rep, const std::string& actual_side, const std::string& expected_side);
-std::string nonfinite_sides(const TensorDiff& d, const std::string& actual_side, const std::string& expected_side);
+std::string nonfinite_sides(const TensorDiff& d, const std::string& actual_side,
+                            const std::string& expected_side);
 
 // The first divergence, in the order things were computed: per step, every module's output
 // (forward) and input gradient (backward), then the parameters' gradients, then their updates (the
 // step's parameters). Names the first that leaves tolerance, or holds a NaN or inf on either side
 // ("first non-finite value: ..."), and what agreed just before it; "" if nothing does. `rep`
 // holds the step tensors' verdicts (after the update rule).
-std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol, const PlanReport& rep);
+std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol,
+                                   const PlanReport& rep);
 
 }  // namespace ptool

@@ -27,14 +27,16 @@ enum class ReplicaState {
     synced,   // an ignored module's replicas agree: it was synchronised after all ("SYNCED")
 };
 const char* replica_state_name(ReplicaState s);  // "equal", "-", "DIFFER", "ignored", "SYNCED"
-inline bool replica_failure(ReplicaState s) { return s == ReplicaState::differ || s == ReplicaState::synced; }
+inline bool replica_failure(ReplicaState s) {
+    return s == ReplicaState::differ || s == ReplicaState::synced;
+}
 
 // A module event is keyed by (microbatch, module FQN, phase, call): the call counts that module's
 // events of that phase in the microbatch (a shared module is called more than once). Runs are
 // matched by key, not by position, so a pipeline stage's events meet the reference's.
 struct ModuleEvent {
     std::string fqn;
-    Phase phase = Phase::forward;   // the module's output, or (backward) its input gradient
+    Phase phase = Phase::forward;  // the module's output, or (backward) its input gradient
     int microbatch = 0, call = 0;
     Tensor full;                     // undefined when compared as recorded (diff)
     std::optional<TensorDiff> diff;  // against the reference's event at the same place
@@ -65,7 +67,7 @@ struct RunRecord {
     CommCounter step_counts;  // collectives of all training steps (rank 0)
     double seconds = 0;       // training steps only
     int world_size = 1;
-    std::string backend;      // "threads", "mpi", "cuda_local", "nccl", or "reference"
+    std::string backend;  // "threads", "mpi", "cuda_local", "nccl", or "reference"
     // The initial parameters and buffers (init.param.*, init.buffer.*), kept for golden files.
     std::vector<std::pair<std::string, Tensor>> init_tensors;
     // Replica invariants after construction (data parallel): the digests (tensor_digest) of the
@@ -73,12 +75,12 @@ struct RunRecord {
     // reference's, so "bitwise equal" costs 8 bytes per tensor rather than a copy of the model.
     std::vector<std::pair<std::string, uint64_t>> init_state;
     std::vector<std::string> init_replicas_differ;  // state tensors whose replicas differ after construction
-    int64_t unique_params = 0;       // named_parameters() count: shared modules stay one
-    int64_t dp_buckets = 0;          // DDP buckets per step
-    int64_t bucket_copy_bytes = 0;   // copied into/out of buckets per step (0 with bucket views)
+    int64_t unique_params = 0;                      // named_parameters() count: shared modules stay one
+    int64_t dp_buckets = 0;                         // DDP buckets per step
+    int64_t bucket_copy_bytes = 0;       // copied into/out of buckets per step (0 with bucket views)
     int64_t bucket_allreduce_bytes = 0;  // DDP's gradient all_reduce per step
-    int64_t grad_bytes = 0;          // of the synchronised gradients (local shapes)
-    std::vector<RankMemory> memory;  // per world rank, measured (a parallel run's)
+    int64_t grad_bytes = 0;              // of the synchronised gradients (local shapes)
+    std::vector<RankMemory> memory;      // per world rank, measured (a parallel run's)
 };
 
 }  // namespace ptool

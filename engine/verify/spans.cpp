@@ -20,8 +20,10 @@ std::vector<Span> spans_of(const Shape& local, const Shape& global, const std::v
     for (int64_t a = 0; a < numel; a += run) {
         int64_t e = offset[k] * stride[k];
         for (int64_t d = 0; d < k; ++d) e += (idx[d] + offset[d]) * stride[d];
-        if (!out.empty() && out.back().a + out.back().n == a && out.back().e + out.back().n == e) out.back().n += run;
-        else out.push_back({a, e, run});
+        if (!out.empty() && out.back().a + out.back().n == a && out.back().e + out.back().n == e)
+            out.back().n += run;
+        else
+            out.push_back({a, e, run});
         for (int64_t d = k - 1; d >= 0 && ++idx[d] == local[d]; --d) idx[d] = 0;
     }
     return out;

@@ -1,4 +1,3 @@
-#include "model/checkpoint.h"
 #include "verify/verify.h"
 
 #include <spdlog/spdlog.h>
@@ -16,6 +15,7 @@
 #include "core/host_memory.h"
 #include "core/progress.h"
 #include "core/yaml_reader.h"
+#include "model/checkpoint.h"
 #include "train/simulate.h"
 #include "verify/faults.h"
 #include "verify/golden_replay.h"
@@ -56,7 +56,8 @@ public:
     void run(int ranks, const SourceLocation& where, const std::function<void(Communicator&)>& fn,
              std::shared_ptr<CoreSlots>) override {
         if (ranks != world_->size())
-            throw InputError(where, fmt::format("the mesh has {} ranks but mpirun started {}", ranks, world_->size()));
+            throw InputError(
+                where, fmt::format("the mesh has {} ranks but mpirun started {}", ranks, world_->size()));
         fn(gpus_ ? *gpus_ : *world_);
     }
     void wait_for_rank0() override { patient_->barrier(); }
@@ -66,8 +67,10 @@ public:
             code = body();
         } catch (const InputError& e) {
             mpi_abort_job(e.what(), 2);
-        } catch (const RuntimeError& e) {  // a message that names its rank (a timeout, a mismatch) goes as it is
-            mpi_abort_job(e.names_rank() ? e.what() : fmt::format("rank {} failed: {}", world_->rank(), e.what()), 3);
+        } catch (
+            const RuntimeError& e) {  // a message that names its rank (a timeout, a mismatch) goes as it is
+            mpi_abort_job(
+                e.names_rank() ? e.what() : fmt::format("rank {} failed: {}", world_->rank(), e.what()), 3);
         } catch (const std::exception& e) {
             mpi_abort_job(fmt::format("rank {} failed: {}", world_->rank(), e.what()), 3);
         }
@@ -99,15 +102,16 @@ std::vector<RankMemory> gather_memory(const RankMemory& m, Communicator& world) 
 }
 
 // Adds one plan's comparison with the reference to the report (rank 0).
-void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parallel, const Plan& plan, const Resolution& res,
-              const Tolerance& tol, bool strict) {
+void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parallel, const Plan& plan,
+              const Resolution& res, const Tolerance& tol, bool strict) {
     PlanReport rep = compare_runs(reference, parallel, plan, tol);
     rep.warnings = diagnostic_strings(res.warnings);
     for (const MeshDim& d : plan.mesh()) rep.mesh.emplace_back(d.name, d.size);
     if (strict && !rep.warnings.empty()) {
         rep.pass = false;
-        rep.notes.push_back(fmt::format("FAIL under --strict: {} warning{} count as failures, the first: {}", rep.warnings.size(),
-                                        rep.warnings.size() == 1 ? "" : "s", rep.warnings[0]));
+        rep.notes.push_back(fmt::format("FAIL under --strict: {} warning{} count as failures, the first: {}",
+                                        rep.warnings.size(), rep.warnings.size() == 1 ? "" : "s",
+                                        rep.warnings[0]));
     }
     if (!rep.pass)
         for (const Diagnostic& c : res.causes) rep.notes.push_back("cause: " + c.str());
@@ -130,7 +134,8 @@ void drop_tensors(StepRecord& step) {
 std::string numerics_key(const Plan& plan) {
     if (!plan.mixed_precision) return "";
     const MixedPrecisionSpec& mp = *plan.mixed_precision;
-    return fmt::format("{}/{}/{}", dtype_name(mp.param_dtype), dtype_name(mp.reduce_dtype), mp.cast_forward_inputs);
+    return fmt::format("{}/{}/{}", dtype_name(mp.param_dtype), dtype_name(mp.reduce_dtype),
+                       mp.cast_forward_inputs);
 }
 
 // Whether the host can hold the reference beside the parallel run: on the CPU with two cores or
@@ -154,8 +159,8 @@ bool room_beside(const RunInputs& in, const Plan& plan, int64_t steps) {
 // computes) and get the reference's core when it ends; OpenBLAS's threads are divided among the
 // ranks and the reference. The ranks read each step once it is published.
 struct ReferenceBeside {
-    std::shared_ptr<CoreSlots> cores;      // the ranks'
-    std::shared_ptr<CoreSlots> own_core;   // the reference's
+    std::shared_ptr<CoreSlots> cores;     // the ranks'
+    std::shared_ptr<CoreSlots> own_core;  // the reference's
     ReferenceStream stream;
     GemmThreadShare share;
     std::exception_ptr error;
@@ -164,7 +169,9 @@ struct ReferenceBeside {
     // throttled: the ranks release each step once compared (VerifyJob::keep_reference off)
     ReferenceBeside(const RunInputs& in, const Plan& plan, int64_t steps, RecordOptions opt, bool throttled)
         : cores(std::make_shared<CoreSlots>(usable_cores() - 1)),
-          own_core(std::make_shared<CoreSlots>(1)), stream(cores, throttled), share(plan.world_size() + 1) {
+          own_core(std::make_shared<CoreSlots>(1)),
+          stream(cores, throttled),
+          share(plan.world_size() + 1) {
         opt.publish = &stream;
         thread = std::thread([this, &in, plan, steps, opt] {
             try {
@@ -173,7 +180,8 @@ struct ReferenceBeside {
                 error = std::current_exception();
             }
             cores->release();  // its core to the ranks
-            stream.finish(stream.cancelled() ? nullptr : error);  // stopped by the ranks' failure: theirs is the cause
+            stream.finish(stream.cancelled() ? nullptr
+                                             : error);  // stopped by the ranks' failure: theirs is the cause
         });
     }
     ~ReferenceBeside() {
@@ -222,21 +230,27 @@ RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps,
                            std::shared_ptr<CoreSlots> cores) {
     const Plan single = reference_plan(plan);
     RunRecord rec;
-    run_ranks(1, CommOptions{}, [&](Communicator& world) {
-        Run run(in, single, world);
-        rec = record_run(run, steps, opt);
-    }, in.device, std::move(cores));
+    run_ranks(
+        1, CommOptions{},
+        [&](Communicator& world) {
+            Run run(in, single, world);
+            rec = record_run(run, steps, opt);
+        },
+        in.device, std::move(cores));
     (opt.publish ? opt.publish->record : rec).backend = "reference";
     return rec;
 }
 
 VerifyReport verify(const VerifyJob& job, Launch& launch) {
     VerifyReport report;
-    const Model probe = load_model_text(job.inputs.model_text, job.inputs.model_path, job.inputs.dtype_override, false);
+    const Model probe =
+        load_model_text(job.inputs.model_text, job.inputs.model_path, job.inputs.dtype_override, false);
     report.dtype = probe.dtype;
     // rank 0, by step count and numerics: one reference serves every plan that computes alike
     using ReferenceKey = std::pair<int64_t, std::string>;
-    auto reference_key = [&](const Plan& p) { return ReferenceKey{steps_for(p, job.options, probe.steps), numerics_key(p)}; };
+    auto reference_key = [&](const Plan& p) {
+        return ReferenceKey{steps_for(p, job.options, probe.steps), numerics_key(p)};
+    };
     std::map<ReferenceKey, RunRecord> references;
     for (size_t i = 0; i < job.plans.size(); ++i) {
         const Plan& plan = job.plans[i];
@@ -256,22 +270,28 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         const ReferenceKey key = reference_key(plan);
         // the last plan that reads this reference, rank-locally, and no one reads it whole after
         // (VerifyJob::keep_reference): each step's tensors go once compared
-        const bool later = std::any_of(job.plans.begin() + static_cast<std::ptrdiff_t>(i) + 1, job.plans.end(),
-                                       [&](const Plan& p) { return reference_key(p) == key; });
+        const bool later =
+            std::any_of(job.plans.begin() + static_cast<std::ptrdiff_t>(i) + 1, job.plans.end(),
+                        [&](const Plan& p) { return reference_key(p) == key; });
         const bool drop = launch.shares_memory() && !job.keep_reference && !later;
         std::unique_ptr<ReferenceBeside> beside;
         if (launch.rank0() && !references.count(key)) {
             RecordOptions ref = ro;
             ref.shadow_optimizer = false;  // with a golden, the reference continues from its parameters
-            if (job.options.reference_beside && launch.shares_memory() && room_beside(job.inputs, plan, steps)) {
+            if (job.options.reference_beside && launch.shares_memory() &&
+                room_beside(job.inputs, plan, steps)) {
                 Progress::get().phase(fmt::format("reference + parallel {}", plan.path),
-                                      fmt::format("{} step{}, the reference on one device beside {} ranks, each step compared once both recorded it",
+                                      fmt::format("{} step{}, the reference on one device beside {} ranks, "
+                                                  "each step compared once both recorded it",
                                                   steps, steps == 1 ? "" : "s", plan.world_size()));
                 beside = std::make_unique<ReferenceBeside>(job.inputs, plan, steps, ref, drop);
                 report.reference_beside = true;
             } else {
-                Progress::get().phase("reference", fmt::format("{} step{} on one device", steps, steps == 1 ? "" : "s"));
-                ref.on_step = [steps](int64_t k, double, double) { Progress::get().step("reference", k, steps); };
+                Progress::get().phase("reference",
+                                      fmt::format("{} step{} on one device", steps, steps == 1 ? "" : "s"));
+                ref.on_step = [steps](int64_t k, double, double) {
+                    Progress::get().step("reference", k, steps);
+                };
                 references[key] = record_reference(job.inputs, plan, steps, ref);
                 report.reference_seconds += references[key].seconds;
             }
@@ -282,36 +302,42 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
             ro.compare_with = reference;
             ro.follow = beside ? &beside->stream : nullptr;
             if (drop)
-                ro.done_with_reference_step = [reference, stream = beside ? &beside->stream : nullptr](int64_t k) {
+                ro.done_with_reference_step = [reference,
+                                               stream = beside ? &beside->stream : nullptr](int64_t k) {
                     drop_tensors(reference->steps[static_cast<size_t>(k)]);
                     if (stream) stream->released(k);
                 };
             if (!beside)
-                Progress::get().phase(fmt::format("parallel {}", plan.path),
-                                      fmt::format("{} ranks, each step compared as it is recorded", plan.world_size()));
+                Progress::get().phase(
+                    fmt::format("parallel {}", plan.path),
+                    fmt::format("{} ranks, each step compared as it is recorded", plan.world_size()));
             ro.on_step = [steps](int64_t k, double, double) { Progress::get().step("parallel", k, steps); };
         }
         RunRecord par;
         try {
-            launch.run(plan.world_size(), plan.mesh_where, [&](Communicator& world) {
-                const std::unique_ptr<RunLayer> layer = fault_layer(job.options.fault);
-                // each rank's tensors are charged to its account (verification's own are not: the
-                // recorder's work runs unaccounted), the measured side of explain's prediction
-                auto account = std::make_shared<MemoryAccount>();
-                RunRecord r;
-                RankMemory mine;
-                {
-                    MemoryScope scope(account);
-                    Run run(job.inputs, plan, world, layer.get());
-                    account->reset_peak();
-                    mine.resident = account->live();
-                    r = record_run(run, steps, ro);
-                    mine.peak = account->peak();
-                    for (int u = 0; u < kMemoryUses; ++u) mine.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
-                }
-                std::vector<RankMemory> all = gather_memory(mine, world);
-                if (world.rank() == 0) par = std::move(r), par.memory = std::move(all);
-            }, beside ? beside->cores : nullptr);
+            launch.run(
+                plan.world_size(), plan.mesh_where,
+                [&](Communicator& world) {
+                    const std::unique_ptr<RunLayer> layer = fault_layer(job.options.fault);
+                    // each rank's tensors are charged to its account (verification's own are not: the
+                    // recorder's work runs unaccounted), the measured side of explain's prediction
+                    auto account = std::make_shared<MemoryAccount>();
+                    RunRecord r;
+                    RankMemory mine;
+                    {
+                        MemoryScope scope(account);
+                        Run run(job.inputs, plan, world, layer.get());
+                        account->reset_peak();
+                        mine.resident = account->live();
+                        r = record_run(run, steps, ro);
+                        mine.peak = account->peak();
+                        for (int u = 0; u < kMemoryUses; ++u)
+                            mine.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
+                    }
+                    std::vector<RankMemory> all = gather_memory(mine, world);
+                    if (world.rank() == 0) par = std::move(r), par.memory = std::move(all);
+                },
+                beside ? beside->cores : nullptr);
         } catch (...) {
             if (beside) beside->end_after_failure();  // the reference's own failure, if that was the cause
             throw;
@@ -320,7 +346,8 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
             references[key] = beside->end();
             report.reference_seconds += references[key].seconds;
         }
-        if (launch.rank0()) add_plan(report, references[key], std::move(par), plan, res, ro.tol, job.options.strict);
+        if (launch.rank0())
+            add_plan(report, references[key], std::move(par), plan, res, ro.tol, job.options.strict);
     }
     return report;
 }
@@ -341,9 +368,14 @@ LoadedCommand load_command(const VerifyCommand& cmd) {
     in.model_text = read_file(cmd.model, YamlLimits{}.max_bytes);
     in.dtype_override = cmd.dtype;
     in.device = cmd.device;
-    load_model_text(in.model_text, cmd.model, cmd.dtype, false);  // a bad model: exit 2 before any rank starts
-    if (!cmd.init.empty()) l.init = std::make_unique<TensorFile>(read_checkpoint(cmd.init)), in.init = l.init.get(), in.init_path = cmd.init;
-    if (!cmd.data.empty()) l.data = std::make_unique<TensorFile>(read_safetensors(cmd.data)), in.data = l.data.get(), in.data_path = cmd.data;
+    load_model_text(in.model_text, cmd.model, cmd.dtype,
+                    false);  // a bad model: exit 2 before any rank starts
+    if (!cmd.init.empty())
+        l.init = std::make_unique<TensorFile>(read_checkpoint(cmd.init)), in.init = l.init.get(),
+        in.init_path = cmd.init;
+    if (!cmd.data.empty())
+        l.data = std::make_unique<TensorFile>(read_safetensors(cmd.data)), in.data = l.data.get(),
+        in.data_path = cmd.data;
     for (const auto& p : cmd.plans) l.job.plans.push_back(load_plan(p));
     for (Plan& p : l.job.plans) apply_mesh_flags(p, cmd.mesh);
     l.job.options = cmd.options;
@@ -371,7 +403,9 @@ int run_verify_command(const VerifyCommand& cmd, const std::function<void(const 
         std::vector<std::string> args = {cmd.model};
         args.insert(args.end(), cmd.plans.begin(), cmd.plans.end());
         if (!cmd.init.empty() || !cmd.data.empty() || !cmd.golden.empty() || !cmd.mesh.empty())
-            throw InputError("golden files replay their own init, data and plan: --init, --data, --golden and --mesh apply to MODEL PLAN...");
+            throw InputError(
+                "golden files replay their own init, data and plan: --init, --data, --golden and --mesh "
+                "apply to MODEL PLAN...");
         const auto launch = make_launch(cmd.device, cmd.options.comm);
         return launch->exit_code([&] {
             if (!launch->rank0()) return 0;  // the other ranks of an mpirun job wait for rank 0's verdict

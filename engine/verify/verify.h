@@ -17,7 +17,8 @@ struct VerifyOptions {
     Tolerance::Override tolerance;  // over the plan's, over the dtype's
     CommOptions comm;
     bool events = true;  // localisation's per-module gathers (benches measure without them too)
-    bool strict = false;  // --strict: a plan with lint warnings (a pattern matching nothing, an empty plan) fails
+    bool strict =
+        false;  // --strict: a plan with lint warnings (a pattern matching nothing, an empty plan) fails
     // In one process on the CPU, run the reference beside the parallel run (ReferenceStream) when
     // the host has the memory for both; off: the reference first, then the parallel run.
     bool reference_beside = true;
@@ -80,7 +81,7 @@ struct VerifyCommand {
     std::string model;               // a model YAML, or a golden file / folder
     std::vector<std::string> plans;  // plan YAMLs, or more golden files / folders
     std::string init, data, golden;
-    std::vector<std::string> mesh;   // --mesh NAME=SIZE, each applied to every plan
+    std::vector<std::string> mesh;  // --mesh NAME=SIZE, each applied to every plan
     std::string dtype;
     Device device = Device::cpu;
     bool update = false;  // golden replay: re-record cases whose numbers moved

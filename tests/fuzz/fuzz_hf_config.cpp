@@ -25,11 +25,13 @@ namespace {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string text(reinterpret_cast<const char*>(data), size);
     ptool::HfImportOptions opt;
-    opt.seq = 8;  // the default (the config's max positions, up to 2048) makes large batches the fuzzer does not need
+    opt.seq = 8;  // the default (the config's max positions, up to 2048) makes large batches the fuzzer does
+                  // not need
     for (int tp_plan = 0; tp_plan < 2; ++tp_plan) {
         ptool::HfImport r;
         try {
-            r = tp_plan ? ptool::import_hf_tp_plan_text(text, "config.json", opt) : ptool::import_hf_model_text(text, "config.json", opt);
+            r = tp_plan ? ptool::import_hf_tp_plan_text(text, "config.json", opt)
+                        : ptool::import_hf_model_text(text, "config.json", opt);
         } catch (const ptool::InputError&) {
             continue;
         }

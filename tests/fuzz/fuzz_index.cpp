@@ -42,7 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
         const ptool::TensorFile f = ptool::read_checkpoint(folder.index);
         for (const auto& [name, t] : f.tensors)
-            if (name != "w" && name != "x" && name != "y") std::fprintf(stderr, "loaded a tensor no shard holds: %s\n", name.c_str()), std::abort();
+            if (name != "w" && name != "x" && name != "y")
+                std::fprintf(stderr, "loaded a tensor no shard holds: %s\n", name.c_str()), std::abort();
     } catch (const ptool::InputError&) {
     }
     return 0;

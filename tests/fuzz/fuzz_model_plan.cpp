@@ -1,10 +1,10 @@
 // libFuzzer harness, structure-aware: the input's bytes choose a *valid* model (a random module
-// tree: embeddings, GPT-2 position embeddings, linears, activations, norms, dropout, attention with GQA, gated MLPs,
-// residuals named or transparent; random sizes, losses and optimizers) and a plan for it (a mesh with tp and dp dims,
-// styles on random modules with random layouts, src_data_rank, replicate or fully_shard), as YAML
-// text, then runs `ptool explain` and a one-step `ptool verify` on them in this process. The only
-// outcomes allowed are those of exit 0, 1 and 2: a result (pass or mismatch) or an InputError.
-// A RuntimeError (a rank failed), an internal error, a signal or a sanitizer report is a finding.
+// tree: embeddings, GPT-2 position embeddings, linears, activations, norms, dropout, attention with GQA,
+// gated MLPs, residuals named or transparent; random sizes, losses and optimizers) and a plan for it (a mesh
+// with tp and dp dims, styles on random modules with random layouts, src_data_rank, replicate or
+// fully_shard), as YAML text, then runs `ptool explain` and a one-step `ptool verify` on them in this
+// process. The only outcomes allowed are those of exit 0, 1 and 2: a result (pass or mismatch) or an
+// InputError. A RuntimeError (a rank failed), an internal error, a signal or a sanitizer report is a finding.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
@@ -28,47 +28,65 @@ struct Gen {
     std::string linear(const std::string& prefix, const std::string& name, int64_t in_f, int64_t out_f) {
         linears.push_back(prefix + name);
         modules.push_back(prefix + name);
-        return fmt::format("{{name: {}, type: linear, in: {}, out: {}, bias: {}}}", name, in_f, out_f, in.ConsumeBool() ? "true" : "false");
+        return fmt::format("{{name: {}, type: linear, in: {}, out: {}, bias: {}}}", name, in_f, out_f,
+                           in.ConsumeBool() ? "true" : "false");
     }
 
     // One block of the body, keeping the width (so residuals and the head fit).
     std::string block(const std::string& prefix, const std::string& name, int depth) {
         const int64_t hidden = pick({2, 4, 6, 8, 12, 16});
         switch (in.ConsumeIntegralInRange(0, depth > 1 ? 5 : 7)) {
-            case 0: return "  - " + linear(prefix, name, width, width) + "\n";
-            case 1: return fmt::format("  - {{name: {}, type: {}}}\n", name, in.PickValueInArray({"relu", "gelu", "silu", "tanh", "identity"}));
+            case 0:
+                return "  - " + linear(prefix, name, width, width) + "\n";
+            case 1:
+                return fmt::format("  - {{name: {}, type: {}}}\n", name,
+                                   in.PickValueInArray({"relu", "gelu", "silu", "tanh", "identity"}));
             case 2: {
                 norms.push_back(prefix + name), modules.push_back(prefix + name);
-                return fmt::format("  - {{name: {}, type: {}, dim: {}}}\n", name, in.ConsumeBool() ? "layer_norm" : "rms_norm", width);
+                return fmt::format("  - {{name: {}, type: {}, dim: {}}}\n", name,
+                                   in.ConsumeBool() ? "layer_norm" : "rms_norm", width);
             }
-            case 3: return fmt::format("  - {{name: {}, type: dropout, p: {}}}\n", name, in.ConsumeBool() ? 0.0 : 0.25);
+            case 3:
+                return fmt::format("  - {{name: {}, type: dropout, p: {}}}\n", name,
+                                   in.ConsumeBool() ? 0.0 : 0.25);
             case 4: {  // an MLP pair
                 std::string s = "  - " + linear(prefix, name + "u", width, hidden) + "\n";
                 return s + "  - " + linear(prefix, name + "d", hidden, width) + "\n";
             }
             case 5: {
                 modules.push_back(prefix + name);
-                for (const char* p : {"gate_proj", "up_proj", "down_proj"}) linears.push_back(prefix + name + "." + p);
-                return fmt::format("  - {{name: {}, type: gated_mlp, dim: {}, hidden: {}}}\n", name, width, hidden);
+                for (const char* p : {"gate_proj", "up_proj", "down_proj"})
+                    linears.push_back(prefix + name + "." + p);
+                return fmt::format("  - {{name: {}, type: gated_mlp, dim: {}, hidden: {}}}\n", name, width,
+                                   hidden);
             }
             case 6: {  // attention needs [batch, seq, dim]
-                const int64_t heads = width % 4 == 0 && in.ConsumeBool() ? 4 : 2, kv = in.ConsumeBool() ? heads : heads / 2;
+                const int64_t heads = width % 4 == 0 && in.ConsumeBool() ? 4 : 2,
+                              kv = in.ConsumeBool() ? heads : heads / 2;
                 modules.push_back(prefix + name);
-                for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) linears.push_back(prefix + name + "." + p);
-                return fmt::format("  - {{name: {}, type: attention, dim: {}, heads: {}, kv_heads: {}, causal: {}, bias: {}}}\n",
-                                   name, width, heads, kv, in.ConsumeBool() ? "true" : "false", in.ConsumeBool() ? "true" : "false");
+                for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"})
+                    linears.push_back(prefix + name + "." + p);
+                return fmt::format(
+                    "  - {{name: {}, type: attention, dim: {}, heads: {}, kv_heads: {}, causal: {}, bias: "
+                    "{}}}\n",
+                    name, width, heads, kv, in.ConsumeBool() ? "true" : "false",
+                    in.ConsumeBool() ? "true" : "false");
             }
             default: {
                 // named, or transparent (no name: its modules keep this prefix, as HF's decoder layers)
                 const bool transparent = in.ConsumeBool();
                 if (!transparent) modules.push_back(prefix + name);
-                std::string s = transparent ? std::string("  - type: residual\n    modules:\n")
-                                            : fmt::format("  - name: {}\n    type: residual\n    modules:\n", name);
+                std::string s = transparent
+                                    ? std::string("  - type: residual\n    modules:\n")
+                                    : fmt::format("  - name: {}\n    type: residual\n    modules:\n", name);
                 const int n = in.ConsumeIntegralInRange(1, 3);
                 for (int k = 0; k < n; ++k) {
-                    std::string b = transparent ? block(prefix, fmt::format("{}_{}", name, k), depth + 1)
-                                                : block(prefix + name + ".", fmt::format("b{}", k), depth + 1);
-                    for (size_t at = 0; (at = b.find('\n', at)) != std::string::npos && at + 1 < b.size(); ++at) b.insert(at + 1, "    ");
+                    std::string b = transparent
+                                        ? block(prefix, fmt::format("{}_{}", name, k), depth + 1)
+                                        : block(prefix + name + ".", fmt::format("b{}", k), depth + 1);
+                    for (size_t at = 0; (at = b.find('\n', at)) != std::string::npos && at + 1 < b.size();
+                         ++at)
+                        b.insert(at + 1, "    ");
                     s += "    " + b;
                 }
                 return s;
@@ -81,18 +99,26 @@ struct Gen {
         const int64_t batch = pick({1, 2, 4}), seq = pick({1, 2, 4, 6});
         const bool tokens = in.ConsumeBool();
         three_d = tokens || in.ConsumeBool();
-        std::string s = fmt::format("seed: {}\nsteps: 1\ndtype: {}\n", in.ConsumeIntegral<uint8_t>(), in.ConsumeBool() ? "float32" : "float64");
+        std::string s = fmt::format("seed: {}\nsteps: 1\ndtype: {}\n", in.ConsumeIntegral<uint8_t>(),
+                                    in.ConsumeBool() ? "float32" : "float64");
         const int64_t vocab = pick({8, 16, 33});
-        if (tokens) s += fmt::format("batch:\n  input: {{tokens: [{}, {}], vocab: {}}}\n", batch, seq, vocab);
-        else s += three_d ? fmt::format("batch:\n  input: [{}, {}, {}]\n", batch, seq, width) : fmt::format("batch:\n  input: [{}, {}]\n", batch, width);
+        if (tokens)
+            s += fmt::format("batch:\n  input: {{tokens: [{}, {}], vocab: {}}}\n", batch, seq, vocab);
+        else
+            s += three_d ? fmt::format("batch:\n  input: [{}, {}, {}]\n", batch, seq, width)
+                         : fmt::format("batch:\n  input: [{}, {}]\n", batch, width);
         s += "modules:\n";
-        if (tokens) s += fmt::format("  - {{name: wte, type: embedding, vocab: {}, dim: {}}}\n", vocab, width), modules.push_back("wte");
+        if (tokens)
+            s += fmt::format("  - {{name: wte, type: embedding, vocab: {}, dim: {}}}\n", vocab, width),
+                modules.push_back("wte");
         if (tokens && in.ConsumeBool())  // GPT-2's learned positions
-            s += fmt::format("  - {{name: wpe, type: position_embedding, positions: {}, dim: {}}}\n", seq + pick({0, 3}), width),
+            s += fmt::format("  - {{name: wpe, type: position_embedding, positions: {}, dim: {}}}\n",
+                             seq + pick({0, 3}), width),
                 modules.push_back("wpe");
         const int blocks = in.ConsumeIntegralInRange(1, 5);
         for (int i = 0; i < blocks; ++i) {
-            std::string b = block("", fmt::format("b{}", i), three_d ? 0 : 1);  // attention only on [batch, seq, dim]
+            std::string b =
+                block("", fmt::format("b{}", i), three_d ? 0 : 1);  // attention only on [batch, seq, dim]
             if (!three_d && b.find("attention") != std::string::npos) continue;
             s += b;
         }
@@ -100,32 +126,45 @@ struct Gen {
         s += "  - " + linear("", "head", width, classes) + "\n";
         const char* loss = in.PickValueInArray({"sum", "mean", "mse", "cross_entropy"});
         s += fmt::format("loss: {}\n", loss);
-        s += in.ConsumeBool() ? "optimizer: {type: sgd, lr: 0.05, momentum: 0.9}\n" : "optimizer: {type: adamw, lr: 0.001, eps: 1e-6}\n";
+        s += in.ConsumeBool() ? "optimizer: {type: sgd, lr: 0.05, momentum: 0.9}\n"
+                              : "optimizer: {type: adamw, lr: 0.001, eps: 1e-6}\n";
         return s;
     }
 
-    std::string layout() { return in.PickValueInArray({"replicate", "shard(0)", "shard(1)", "shard(-1)", "partial"}); }
+    std::string layout() {
+        return in.PickValueInArray({"replicate", "shard(0)", "shard(1)", "shard(-1)", "partial"});
+    }
 
     std::string plan() {
         const int tp = static_cast<int>(in.ConsumeIntegralInRange(1, 4)), dp = in.ConsumeBool() ? 2 : 1;
-        std::string s = dp > 1 ? fmt::format("mesh: {{dp: {}, tp: {}}}\n", dp, tp) : fmt::format("mesh: {{tp: {}}}\n", tp);
-        s += fmt::format("tensor_parallel:\n  mesh_dim: tp\n  src_data_rank: {}\n  plan:\n", in.ConsumeBool() ? "0" : "null");
-        const bool megatron = in.ConsumeBool();  // colwise then rowwise, in order: the usual shape of a correct plan
+        std::string s = dp > 1 ? fmt::format("mesh: {{dp: {}, tp: {}}}\n", dp, tp)
+                               : fmt::format("mesh: {{tp: {}}}\n", tp);
+        s += fmt::format("tensor_parallel:\n  mesh_dim: tp\n  src_data_rank: {}\n  plan:\n",
+                         in.ConsumeBool() ? "0" : "null");
+        const bool megatron =
+            in.ConsumeBool();  // colwise then rowwise, in order: the usual shape of a correct plan
         for (size_t i = 0; i < linears.size() && in.remaining_bytes() > 0; ++i) {
             const int choice = in.ConsumeIntegralInRange(0, 3);
             if (choice == 0) continue;
-            const char* style = megatron ? (i % 2 ? "rowwise" : "colwise") : in.PickValueInArray({"colwise", "rowwise"});
-            if (choice == 3) s += fmt::format("    \"{}\": {{style: {}, input_layouts: {}, output_layouts: {}}}\n", linears[i], style, layout(), layout());
-            else s += fmt::format("    \"{}\": {}\n", linears[i], style);
+            const char* style =
+                megatron ? (i % 2 ? "rowwise" : "colwise") : in.PickValueInArray({"colwise", "rowwise"});
+            if (choice == 3)
+                s += fmt::format("    \"{}\": {{style: {}, input_layouts: {}, output_layouts: {}}}\n",
+                                 linears[i], style, layout(), layout());
+            else
+                s += fmt::format("    \"{}\": {}\n", linears[i], style);
         }
         for (const std::string& n : norms)
             if (in.ConsumeBool()) s += fmt::format("    \"{}\": sequence_parallel\n", n);
         if (!modules.empty() && in.ConsumeBool())
-            s += fmt::format("    \"{}\": {{style: prepare_input_output, input_layouts: {}, desired_input_layouts: {}, "
-                             "output_layouts: {}, desired_output_layouts: {}}}\n",
-                             modules[in.ConsumeIntegralInRange<size_t>(0, modules.size() - 1)], layout(), layout(), layout(), layout());
+            s += fmt::format(
+                "    \"{}\": {{style: prepare_input_output, input_layouts: {}, desired_input_layouts: {}, "
+                "output_layouts: {}, desired_output_layouts: {}}}\n",
+                modules[in.ConsumeIntegralInRange<size_t>(0, modules.size() - 1)], layout(), layout(),
+                layout(), layout());
         if (dp > 1)
-            s += fmt::format("data_parallel: {{mesh_dim: dp, mode: {}}}\n", in.ConsumeBool() ? "replicate" : "fully_shard");
+            s += fmt::format("data_parallel: {{mesh_dim: dp, mode: {}}}\n",
+                             in.ConsumeBool() ? "replicate" : "fully_shard");
         return s;
     }
 };
@@ -133,15 +172,21 @@ struct Gen {
 }  // namespace
 
 namespace {
-int64_t g_runs = 0, g_refused = 0, g_passed = 0;  // how far the generated cases get (PTOOL_FUZZ_STATS=1 prints it)
+int64_t g_runs = 0, g_refused = 0,
+        g_passed = 0;  // how far the generated cases get (PTOOL_FUZZ_STATS=1 prints it)
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static const bool quiet = [] {
         ptool::set_model_byte_limit(1 << 20);
         if (std::getenv("PTOOL_FUZZ_STATS"))
-            std::atexit([] { std::fprintf(stderr, "fuzz_model_plan: %lld cases: %lld refused by the lint, %lld verified, %lld passed\n",
-                                          (long long)g_runs, (long long)g_refused, (long long)(g_runs - g_refused), (long long)g_passed); });
+            std::atexit([] {
+                std::fprintf(
+                    stderr,
+                    "fuzz_model_plan: %lld cases: %lld refused by the lint, %lld verified, %lld passed\n",
+                    (long long)g_runs, (long long)g_refused, (long long)(g_runs - g_refused),
+                    (long long)g_passed);
+            });
         return std::getenv("PTOOL_FUZZ_VERBOSE") == nullptr;
     }();
     ++g_runs;
@@ -163,8 +208,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const ptool::VerifyReport r = ptool::verify(job, *launch);  // a pass or a mismatch: both are results
         g_passed += r.pass;
         // PTOOL_FUZZ_MISMATCHES=DIR keeps the cases that fail with no warning or cause to explain it
-        if (const char* dir = std::getenv("PTOOL_FUZZ_MISMATCHES"); dir && !r.pass && r.plans[0].warnings.empty() &&
-                                                                       r.plans[0].notes.size() <= 1) {
+        if (const char* dir = std::getenv("PTOOL_FUZZ_MISMATCHES");
+            dir && !r.pass && r.plans[0].warnings.empty() && r.plans[0].notes.size() <= 1) {
             const std::string base = fmt::format("{}/case{}", dir, g_runs);
             std::FILE* f = std::fopen((base + ".model.yaml").c_str(), "w");
             if (f) std::fputs(model_text.c_str(), f), std::fclose(f);

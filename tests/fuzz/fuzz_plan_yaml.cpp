@@ -10,7 +10,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         "  - {name: relu, type: relu}\n  - {name: net2, type: linear, in: 16, out: 8}\n",
         "model.yaml");
     try {
-        ptool::Plan plan = ptool::load_plan_text(std::string(reinterpret_cast<const char*>(data), size), "fuzz.yaml");
+        ptool::Plan plan =
+            ptool::load_plan_text(std::string(reinterpret_cast<const char*>(data), size), "fuzz.yaml");
         ptool::resolve_plan(model, plan);
     } catch (const ptool::InputError&) {
     }

@@ -16,8 +16,8 @@ void CpuBackend::embedding(const Tensor& ids, const Tensor& w, Tensor& y) {
             continue;
         }
         if (id >= vocab)
-            throw InputError(fmt::format("token id {} at position {} is out of range for an embedding of {} rows",
-                                         id, i, vocab));
+            throw InputError(fmt::format(
+                "token id {} at position {} is out of range for an embedding of {} rows", id, i, vocab));
         std::memcpy(static_cast<char*>(y.raw()) + i * row, static_cast<const char*>(w.raw()) + id * row, row);
     }
 }
@@ -102,7 +102,8 @@ double CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, Ten
         for (int64_t i = 0; i < n; ++i) {
             const int64_t t = id_at(target, i);
             if (t != -100 && (t < 0 || t >= v))
-                throw InputError(fmt::format("class id {} at position {} is out of range for {} classes", t, i, v));
+                throw InputError(
+                    fmt::format("class id {} at position {} is out of range for {} classes", t, i, v));
             A mx = -std::numeric_limits<A>::infinity();
             for (int64_t j = 0; j < v; ++j) mx = std::max(mx, A(pl[i * v + j]));
             A sum = 0;

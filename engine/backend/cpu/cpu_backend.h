@@ -58,9 +58,9 @@ public:
                           const Tensor& b, Tensor& y) override;
     void batch_norm_grad_sums(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                               Tensor& sum_dy, Tensor& sum_dy_xhat) override;
-    void batch_norm_backward_input(const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& w, const Tensor& dy, const Tensor& sum_dy,
-                                   const Tensor& sum_dy_xhat, double count, Tensor& dx) override;
+    void batch_norm_backward_input(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                                   const Tensor& dy, const Tensor& sum_dy, const Tensor& sum_dy_xhat,
+                                   double count, Tensor& dx) override;
 
     void embedding(const Tensor& ids, const Tensor& w, Tensor& y) override;
     void embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dw) override;
@@ -74,8 +74,8 @@ public:
 
     void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buf, double lr, double momentum,
                   double weight_decay, bool first_step) override;
-    void adamw_step(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq, int64_t step,
-                    double lr, double beta1, double beta2, double eps, double weight_decay) override;
+    void adamw_step(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq, int64_t step, double lr,
+                    double beta1, double beta2, double eps, double weight_decay) override;
 };
 
 }  // namespace ptool

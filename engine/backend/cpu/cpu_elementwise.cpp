@@ -13,14 +13,18 @@ namespace {
 template <class A>
 A act_forward(Activation act, A x) {
     switch (act) {
-        case Activation::relu: return x > A(0) || x != x ? x : A(0);  // NaN stays NaN, as torch.relu
-        case Activation::gelu: return A(0.5) * x * (A(1) + std::erf(x * A(M_SQRT1_2)));
+        case Activation::relu:
+            return x > A(0) || x != x ? x : A(0);  // NaN stays NaN, as torch.relu
+        case Activation::gelu:
+            return A(0.5) * x * (A(1) + std::erf(x * A(M_SQRT1_2)));
         case Activation::gelu_tanh: {
             const A beta = A(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = A(0.044715);
             return A(0.5) * x * (A(1) + std::tanh(beta * (x + kappa * x * x * x)));
         }
-        case Activation::silu: return x / (A(1) + std::exp(-x));
-        case Activation::tanh: return std::tanh(x);
+        case Activation::silu:
+            return x / (A(1) + std::exp(-x));
+        case Activation::tanh:
+            return std::tanh(x);
     }
     return x;
 }
@@ -28,7 +32,8 @@ A act_forward(Activation act, A x) {
 template <class A>
 A act_derivative(Activation act, A x) {
     switch (act) {
-        case Activation::relu: return x <= A(0) ? A(0) : A(1);  // threshold_backward: NaN passes the gradient
+        case Activation::relu:
+            return x <= A(0) ? A(0) : A(1);  // threshold_backward: NaN passes the gradient
         case Activation::gelu: {
             const A cdf = A(0.5) * (A(1) + std::erf(x * A(M_SQRT1_2)));
             const A pdf = std::exp(A(-0.5) * x * x) * A(M_2_SQRTPI * M_SQRT1_2 * 0.5);

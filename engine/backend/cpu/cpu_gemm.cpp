@@ -22,8 +22,8 @@ void gemm_blas(const T* a, bool ta, const T* b, bool tb, T* c, const GemmDims& d
         if constexpr (std::is_same_v<T, double>) {
             cblas_dgemm(CblasRowMajor, opa, opb, d.m, d.n, d.k, alpha, ai, lda, bi, ldb, beta, ci, d.n);
         } else {
-            cblas_sgemm(CblasRowMajor, opa, opb, d.m, d.n, d.k, static_cast<float>(alpha), ai, lda, bi,
-                        ldb, static_cast<float>(beta), ci, d.n);
+            cblas_sgemm(CblasRowMajor, opa, opb, d.m, d.n, d.k, static_cast<float>(alpha), ai, lda, bi, ldb,
+                        static_cast<float>(beta), ci, d.n);
         }
     }
 }
@@ -45,8 +45,10 @@ void CpuBackend::gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor
     GemmDims d = gemm_dims(a, ta, b, tb, c);
     if (d.m == 0 || d.n == 0) return;
     if (d.k == 0) {  // an empty sum: c = beta * c (an uneven shard can hold no columns)
-        if (beta == 0.0) fill(c, 0.0);
-        else scale(c, beta, c);
+        if (beta == 0.0)
+            fill(c, 0.0);
+        else
+            scale(c, beta, c);
         return;
     }
     dispatch_float(a.dtype(), [&](auto tag) {
@@ -91,7 +93,9 @@ GemmThreadShare::GemmThreadShare(int ranks) : saved_(openblas_get_num_threads())
     openblas_set_num_threads(threads_for(saved_, ranks));
 }
 
-GemmThreadShare::~GemmThreadShare() { openblas_set_num_threads(saved_); }
+GemmThreadShare::~GemmThreadShare() {
+    openblas_set_num_threads(saved_);
+}
 
 std::string CpuBackend::name() const {
     const char* config = openblas_get_config();

@@ -45,9 +45,8 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, d
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g) term).
-void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
-                                     const Tensor& rstd, const Tensor& dy, bool rms, Tensor& dx,
-                                     Tensor* dw, Tensor* db) {
+void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& dy, bool rms, Tensor& dx, Tensor* dw, Tensor* db) {
     const int64_t d = x.size(-1), rows = d == 0 ? 0 : x.numel() / d;
     dispatch_float(x.dtype(), [&](auto tag) {
         using T = decltype(tag);

@@ -11,7 +11,8 @@ bool fill(const DlSymbols& resolve, CublasApi& api) {
     return resolve("cublasCreate_v2", api.create) && resolve("cublasDestroy_v2", api.destroy) &&
            resolve("cublasSetStream_v2", api.set_stream) &&
            resolve("cublasGemmStridedBatchedEx", api.gemm_strided_batched_ex) &&
-           resolve("cublasGetVersion_v2", api.get_version) && resolve("cublasGetProperty", api.get_property) &&
+           resolve("cublasGetVersion_v2", api.get_version) &&
+           resolve("cublasGetProperty", api.get_property) &&
            resolve("cublasGetStatusString", api.status_string);
 }
 
@@ -28,9 +29,13 @@ LazyLibrary<CublasApi>& library() {
 
 }  // namespace
 
-const CublasApi* cublas() { return library().get(); }
+const CublasApi* cublas() {
+    return library().get();
+}
 
-const std::string& cublas_load_error() { return library().error(); }
+const std::string& cublas_load_error() {
+    return library().error();
+}
 
 std::string cublas_status_string(cublasStatus_t status) {
     const CublasApi* api = cublas();

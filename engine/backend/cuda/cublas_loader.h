@@ -16,10 +16,11 @@ struct CublasApi {
     decltype(&cublasDestroy_v2) destroy;
     decltype(&cublasSetStream_v2) set_stream;
     // the int-sized C entry point (C++ also sees an int64_t overload of the same name)
-    cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                                              const void*, const void*, cudaDataType, int, long long int, const void*,
-                                              cudaDataType, int, long long int, const void*, void*, cudaDataType, int,
-                                              long long int, int, cublasComputeType_t, cublasGemmAlgo_t);
+    cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                              int, const void*, const void*, cudaDataType, int, long long int,
+                                              const void*, cudaDataType, int, long long int, const void*,
+                                              void*, cudaDataType, int, long long int, int,
+                                              cublasComputeType_t, cublasGemmAlgo_t);
     decltype(&cublasGetVersion_v2) get_version;
     decltype(&cublasGetProperty) get_property;
     decltype(&cublasGetStatusString) status_string;

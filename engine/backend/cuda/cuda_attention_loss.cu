@@ -22,7 +22,9 @@ std::vector<int64_t> host_ids(const Tensor& ids) {
 }
 
 // A loss as the CPU returns it: computed in double, rounded to the accumulate type.
-double in_acc_type(double v, DType dt) { return dt == DType::float64 ? v : static_cast<double>(static_cast<float>(v)); }
+double in_acc_type(double v, DType dt) {
+    return dt == DType::float64 ? v : static_cast<double>(static_cast<float>(v));
+}
 
 Tensor device_ids(const std::vector<int64_t>& v) {
     Tensor h({static_cast<int64_t>(v.size())}, DType::int64);
@@ -40,13 +42,15 @@ __global__ void embedding_kernel(const int64_t* ids, const D* w, D* y, int64_t n
 
 // groups: rows of dw to update; [starts[g], starts[g + 1]) index `positions` (in order).
 template <class D>
-__global__ void embedding_backward_kernel(const int64_t* group_ids, const int64_t* starts, const int64_t* positions,
-                                          const D* dy, D* dw, int64_t groups, int64_t d) {
+__global__ void embedding_backward_kernel(const int64_t* group_ids, const int64_t* starts,
+                                          const int64_t* positions, const D* dy, D* dw, int64_t groups,
+                                          int64_t d) {
     using A = dacc_t<D>;
     PTOOL_GRID_STRIDE(i, groups * d) {
         const int64_t g = i / d, j = i % d, row = group_ids[g];
         A acc = to_acc(dw[row * d + j]);
-        for (int64_t p = starts[g]; p < starts[g + 1]; ++p) acc = to_acc(from_acc<D>(acc + to_acc(dy[positions[p] * d + j])));
+        for (int64_t p = starts[g]; p < starts[g + 1]; ++p)
+            acc = to_acc(from_acc<D>(acc + to_acc(dy[positions[p] * d + j])));
         dw[row * d + j] = from_acc<D>(acc);
     }
 }
@@ -82,7 +86,8 @@ __global__ void softmax_backward_kernel(const D* y, const D* dy, D* dx, int64_t 
     __shared__ A scratch[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         A dot = 0;
-        for (int64_t j = threadIdx.x; j < s; j += blockDim.x) dot += to_acc(y[r * s + j]) * to_acc(dy[r * s + j]);
+        for (int64_t j = threadIdx.x; j < s; j += blockDim.x)
+            dot += to_acc(y[r * s + j]) * to_acc(dy[r * s + j]);
         dot = block_sum(dot, scratch);
         for (int64_t j = threadIdx.x; j < s; j += blockDim.x)
             dx[r * s + j] = from_acc<D>(to_acc(y[r * s + j]) * (to_acc(dy[r * s + j]) - dot));
@@ -134,14 +139,15 @@ void CudaBackend::embedding(const Tensor& ids, const Tensor& w, Tensor& y) {
     std::vector<int64_t> h = host_ids(ids);
     for (int64_t i = 0; i < n; ++i)
         if (h[i] >= vocab)
-            throw InputError(fmt::format("token id {} at position {} is out of range for an embedding of {} rows",
-                                         h[i], i, vocab));
+            throw InputError(fmt::format(
+                "token id {} at position {} is out of range for an embedding of {} rows", h[i], i, vocab));
     const Launch l = elementwise_launch(n * d, sm_count());
     if (!l.grid) return;
     const Tensor ids64 = device_ids(h);
     dispatch(w.dtype(), [&](auto tag) {
         using D = decltype(tag);
-        embedding_kernel<D><<<l.grid, l.block, 0, stream()>>>(ptr<int64_t>(ids64), ptr<D>(w), ptr<D>(y), n, d);
+        embedding_kernel<D>
+            <<<l.grid, l.block, 0, stream()>>>(ptr<int64_t>(ids64), ptr<D>(w), ptr<D>(y), n, d);
     });
     check_launch();
     cuda_synchronize_current_stream();  // ids64 is freed on return
@@ -164,9 +170,8 @@ void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dy, Tensor
     const Tensor g = device_ids(group_ids), s = device_ids(starts), pos = device_ids(order);
     dispatch(dw.dtype(), [&](auto tag) {
         using D = decltype(tag);
-        embedding_backward_kernel<D><<<l.grid, l.block, 0, stream()>>>(ptr<int64_t>(g), ptr<int64_t>(s),
-                                                                        ptr<int64_t>(pos), ptr<D>(dy), ptr<D>(dw),
-                                                                        groups, d);
+        embedding_backward_kernel<D><<<l.grid, l.block, 0, stream()>>>(
+            ptr<int64_t>(g), ptr<int64_t>(s), ptr<int64_t>(pos), ptr<D>(dy), ptr<D>(dw), groups, d);
     });
     check_launch();
     cuda_synchronize_current_stream();
@@ -204,7 +209,8 @@ void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx
     if (!l.grid) return;
     dispatch(y.dtype(), [&](auto tag) {
         using D = decltype(tag);
-        softmax_backward_kernel<D><<<l.grid, l.block, 0, stream()>>>(ptr<D>(y), ptr<D>(dy), ptr<D>(dx), r.rows, r.cols);
+        softmax_backward_kernel<D>
+            <<<l.grid, l.block, 0, stream()>>>(ptr<D>(y), ptr<D>(dy), ptr<D>(dx), r.rows, r.cols);
     });
     check_launch();
 }
@@ -216,7 +222,8 @@ double CudaBackend::cross_entropy(const Tensor& logits, const Tensor& target, Te
     int64_t valid = 0;
     for (int64_t i = 0; i < r.rows; ++i) {
         if (h[i] != -100 && (h[i] < 0 || h[i] >= r.cols))
-            throw InputError(fmt::format("class id {} at position {} is out of range for {} classes", h[i], i, r.cols));
+            throw InputError(
+                fmt::format("class id {} at position {} is out of range for {} classes", h[i], i, r.cols));
         valid += h[i] != -100;
     }
     const Launch l = rows_launch(r.rows, r.cols);
@@ -225,8 +232,8 @@ double CudaBackend::cross_entropy(const Tensor& logits, const Tensor& target, Te
     Tensor row_loss({r.rows}, DType::float64, Device::cuda);
     dispatch(logits.dtype(), [&](auto tag) {
         using D = decltype(tag);
-        cross_entropy_kernel<D><<<l.grid, l.block, 0, stream()>>>(ptr<D>(logits), ptr<int64_t>(t64), ptr<D>(dlogits),
-                                                                   ptr<double>(row_loss), r.rows, r.cols, valid);
+        cross_entropy_kernel<D><<<l.grid, l.block, 0, stream()>>>(
+            ptr<D>(logits), ptr<int64_t>(t64), ptr<D>(dlogits), ptr<double>(row_loss), r.rows, r.cols, valid);
     });
     check_launch();
     const std::vector<double> losses = row_loss.to_doubles();  // rows in order, as the CPU sums them
@@ -242,7 +249,7 @@ double CudaBackend::mse(const Tensor& out, const Tensor& target, Tensor& dout) {
     dispatch(out.dtype(), [&](auto tag) {
         using D = decltype(tag);
         mse_kernel<D><<<1, 1024, 0, stream()>>>(ptr<D>(out), ptr<D>(target), ptr<D>(dout), out.numel(),
-                                                 ptr<double>(loss));
+                                                ptr<double>(loss));
     });
     check_launch();
     return in_acc_type(loss.item() / static_cast<double>(out.numel()), out.dtype());

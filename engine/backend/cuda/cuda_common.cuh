@@ -9,8 +9,8 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
-#include "core/check.h"
 #include "backend/cuda/launch_config.h"
+#include "core/check.h"
 
 namespace ptool::cuda {
 
@@ -33,19 +33,32 @@ using dev_t = typename device_type<T>::type;
 template <class D>
 using dacc_t = std::conditional_t<std::is_same_v<D, double>, double, float>;
 
-__device__ __forceinline__ float to_acc(float v) { return v; }
-__device__ __forceinline__ double to_acc(double v) { return v; }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(float v) {
+    return v;
+}
+__device__ __forceinline__ double to_acc(double v) {
+    return v;
+}
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+__device__ __forceinline__ float to_acc(__half v) {
+    return __half2float(v);
+}
 
 template <class D>
 __device__ __forceinline__ D from_acc(dacc_t<D> v) {
-    if constexpr (std::is_same_v<D, __nv_bfloat16>) return __float2bfloat16_rn(v);
-    else if constexpr (std::is_same_v<D, __half>) return __float2half_rn(v);
-    else return static_cast<D>(v);
+    if constexpr (std::is_same_v<D, __nv_bfloat16>)
+        return __float2bfloat16_rn(v);
+    else if constexpr (std::is_same_v<D, __half>)
+        return __float2half_rn(v);
+    else
+        return static_cast<D>(v);
 }
 
-inline cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_current_stream()); }
+inline cudaStream_t stream() {
+    return static_cast<cudaStream_t>(cuda_current_stream());
+}
 int sm_count();
 
 // Calls f(D{}) with D the device storage type of a floating dtype.
@@ -85,9 +98,12 @@ __device__ A block_max(A v, A* scratch) {
     return m;
 }
 
-#define PTOOL_GRID_STRIDE(i, n) \
-    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
+#define PTOOL_GRID_STRIDE(i, n)                                               \
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+         i += int64_t{gridDim.x} * blockDim.x)
 
-inline void check_launch() { PTOOL_CHECK_CUDA(cudaGetLastError()); }
+inline void check_launch() {
+    PTOOL_CHECK_CUDA(cudaGetLastError());
+}
 
 }  // namespace ptool::cuda

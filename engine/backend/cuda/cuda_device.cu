@@ -3,9 +3,9 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cublas_loader.h"
-#include "core/check.h"
 #include "backend/cuda/dl_library.h"
 #include "backend/gpu_info.h"
+#include "core/check.h"
 
 namespace ptool {
 

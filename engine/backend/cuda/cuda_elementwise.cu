@@ -11,14 +11,18 @@ using namespace ptool::cuda;
 template <class A>
 __device__ A act_forward(Activation act, A x) {
     switch (act) {
-        case Activation::relu: return x > A(0) || x != x ? x : A(0);  // NaN stays NaN, as torch.relu
-        case Activation::gelu: return A(0.5) * x * (A(1) + erf(x * A(M_SQRT1_2)));
+        case Activation::relu:
+            return x > A(0) || x != x ? x : A(0);  // NaN stays NaN, as torch.relu
+        case Activation::gelu:
+            return A(0.5) * x * (A(1) + erf(x * A(M_SQRT1_2)));
         case Activation::gelu_tanh: {
             const A beta = A(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = A(0.044715);
             return A(0.5) * x * (A(1) + tanh(beta * (x + kappa * x * x * x)));
         }
-        case Activation::silu: return x / (A(1) + exp(-x));
-        case Activation::tanh: return tanh(x);
+        case Activation::silu:
+            return x / (A(1) + exp(-x));
+        case Activation::tanh:
+            return tanh(x);
     }
     return x;
 }
@@ -26,7 +30,8 @@ __device__ A act_forward(Activation act, A x) {
 template <class A>
 __device__ A act_derivative(Activation act, A x) {
     switch (act) {
-        case Activation::relu: return x <= A(0) ? A(0) : A(1);  // threshold_backward: NaN passes the gradient
+        case Activation::relu:
+            return x <= A(0) ? A(0) : A(1);  // threshold_backward: NaN passes the gradient
         case Activation::gelu: {
             const A cdf = A(0.5) * (A(1) + erf(x * A(M_SQRT1_2)));
             const A pdf = exp(A(-0.5) * x * x) * A(M_2_SQRTPI * M_SQRT1_2 * 0.5);
@@ -61,18 +66,31 @@ __global__ void binary_kernel(BinOp op, Activation act, double s, const D* a, co
         const A u = to_acc(a[i]), v = to_acc(b[i]);
         A r;
         switch (op) {
-            case BinOp::act: r = act_forward(act, u); break;
-            case BinOp::act_backward: r = v * act_derivative(act, u); break;
-            case BinOp::add: r = u + v; break;
-            case BinOp::mul: r = u * v; break;
-            case BinOp::axpy: r = u + A(s) * v; break;
-            default: r = u * A(s); break;
+            case BinOp::act:
+                r = act_forward(act, u);
+                break;
+            case BinOp::act_backward:
+                r = v * act_derivative(act, u);
+                break;
+            case BinOp::add:
+                r = u + v;
+                break;
+            case BinOp::mul:
+                r = u * v;
+                break;
+            case BinOp::axpy:
+                r = u + A(s) * v;
+                break;
+            default:
+                r = u * A(s);
+                break;
         }
         out[i] = from_acc<D>(r);
     }
 }
 
-void binary(BinOp op, Activation act, double s, const Tensor& a, const Tensor& b, Tensor& out, const char* name) {
+void binary(BinOp op, Activation act, double s, const Tensor& a, const Tensor& b, Tensor& out,
+            const char* name) {
     require_same_shape(a, b, name);
     require_same_shape(a, out, name);
     require_same_dtype(a, b, name);
@@ -81,7 +99,8 @@ void binary(BinOp op, Activation act, double s, const Tensor& a, const Tensor& b
     if (!l.grid) return;
     dispatch(a.dtype(), [&](auto tag) {
         using D = decltype(tag);
-        binary_kernel<D><<<l.grid, l.block, 0, stream()>>>(op, act, s, ptr<D>(a), ptr<D>(b), ptr<D>(out), a.numel());
+        binary_kernel<D>
+            <<<l.grid, l.block, 0, stream()>>>(op, act, s, ptr<D>(a), ptr<D>(b), ptr<D>(out), a.numel());
     });
     check_launch();
 }
@@ -122,7 +141,8 @@ __global__ void sum_all_kernel(const D* x, int64_t n, double* out) {  // one blo
 }
 
 template <class D>
-__global__ void sgd_kernel(D* p, const D* g, D* buf, int64_t n, double lr, double momentum, double wd, bool first) {
+__global__ void sgd_kernel(D* p, const D* g, D* buf, int64_t n, double lr, double momentum, double wd,
+                           bool first) {
     using A = dacc_t<D>;
     PTOOL_GRID_STRIDE(i, n) {
         A d = to_acc(g[i]);
@@ -236,21 +256,22 @@ double CudaBackend::sum_all(const Tensor& x) {
     return out.item();
 }
 
-void CudaBackend::sgd_step(Tensor& p, const Tensor& g, Tensor& buf, double lr, double momentum, double weight_decay,
-                           bool first_step) {
+void CudaBackend::sgd_step(Tensor& p, const Tensor& g, Tensor& buf, double lr, double momentum,
+                           double weight_decay, bool first_step) {
     require_same_shape(p, g, "sgd_step");
     const Launch l = elementwise_launch(p.numel(), sm_count());
     if (!l.grid) return;
     dispatch(p.dtype(), [&](auto tag) {
         using D = decltype(tag);
-        sgd_kernel<D><<<l.grid, l.block, 0, stream()>>>(ptr<D>(p), ptr<D>(g), momentum != 0.0 ? ptr<D>(buf) : nullptr,
-                                                         p.numel(), lr, momentum, weight_decay, first_step);
+        sgd_kernel<D><<<l.grid, l.block, 0, stream()>>>(ptr<D>(p), ptr<D>(g),
+                                                        momentum != 0.0 ? ptr<D>(buf) : nullptr, p.numel(),
+                                                        lr, momentum, weight_decay, first_step);
     });
     check_launch();
 }
 
-void CudaBackend::adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, int64_t step, double lr, double beta1,
-                             double beta2, double eps, double weight_decay) {
+void CudaBackend::adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, int64_t step, double lr,
+                             double beta1, double beta2, double eps, double weight_decay) {
     require_same_shape(p, g, "adamw_step");
     const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
     const double bc2_sqrt = std::sqrt(1.0 - std::pow(beta2, static_cast<double>(step)));
@@ -258,8 +279,9 @@ void CudaBackend::adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, i
     if (!l.grid) return;
     dispatch(p.dtype(), [&](auto tag) {
         using D = decltype(tag);
-        adamw_kernel<D><<<l.grid, l.block, 0, stream()>>>(ptr<D>(p), ptr<D>(g), ptr<D>(m), ptr<D>(v), p.numel(), lr,
-                                                           beta1, beta2, eps, weight_decay, lr / bc1, bc2_sqrt);
+        adamw_kernel<D><<<l.grid, l.block, 0, stream()>>>(ptr<D>(p), ptr<D>(g), ptr<D>(m), ptr<D>(v),
+                                                          p.numel(), lr, beta1, beta2, eps, weight_decay,
+                                                          lr / bc1, bc2_sqrt);
     });
     check_launch();
 }

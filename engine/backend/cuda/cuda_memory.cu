@@ -36,11 +36,12 @@ public:
     void zero(void* p, size_t bytes) override {
         PTOOL_CHECK_CUDA(cudaMemsetAsync(p, 0, bytes, cuda::stream()));
     }
-    void copy_2d(void* dst, size_t dpitch, Device dst_device, const void* src, size_t spitch, Device src_device,
-                 size_t width, size_t height) override {
-        const cudaMemcpyKind kind = src_device == Device::cpu
-                                        ? (dst_device == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
-                                        : (dst_device == Device::cpu ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
+    void copy_2d(void* dst, size_t dpitch, Device dst_device, const void* src, size_t spitch,
+                 Device src_device, size_t width, size_t height) override {
+        const cudaMemcpyKind kind =
+            src_device == Device::cpu
+                ? (dst_device == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
+                : (dst_device == Device::cpu ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
         PTOOL_CHECK_CUDA(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, cuda::stream()));
         PTOOL_CHECK_CUDA(cudaStreamSynchronize(cuda::stream()));
     }
@@ -60,7 +61,7 @@ std::once_flag init_once;
 CudaMemory* memory = nullptr;
 Backend* backend = nullptr;
 CudaOptions chosen;
-int sms = 0;                         // of the process's device (a node's GPUs are one model)
+int sms = 0;                          // of the process's device (a node's GPUs are one model)
 thread_local int thread_device = -1;  // cuda_set_thread_device's pin, or -1: the process's device
 
 void init(const CudaOptions& options) {
@@ -68,11 +69,13 @@ void init(const CudaOptions& options) {
     const cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
         (void)cudaGetLastError();
-        throw RuntimeError(fmt::format("--device cuda: no CUDA device is available ({})",
-                                       err != cudaSuccess ? cudaGetErrorString(err) : "the runtime sees no device"));
+        throw RuntimeError(
+            fmt::format("--device cuda: no CUDA device is available ({})",
+                        err != cudaSuccess ? cudaGetErrorString(err) : "the runtime sees no device"));
     }
     if (options.device < 0 || options.device >= count)
-        throw RuntimeError(fmt::format("--device cuda: device {} does not exist ({} visible)", options.device, count));
+        throw RuntimeError(
+            fmt::format("--device cuda: device {} does not exist ({} visible)", options.device, count));
     PTOOL_CHECK_CUDA(cudaSetDevice(options.device));
     PTOOL_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, options.device));
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);  // deterministic cuBLAS reductions (before any handle)
@@ -85,7 +88,9 @@ void init(const CudaOptions& options) {
 }  // namespace
 
 namespace cuda {
-int sm_count() { return sms; }
+int sm_count() {
+    return sms;
+}
 }  // namespace cuda
 
 Backend& cuda_backend(const CudaOptions& options) {
@@ -104,7 +109,9 @@ void cuda_set_thread_device(int device) {
     PTOOL_CHECK_CUDA(cudaSetDevice(device));
 }
 
-AllocatorStats cuda_memory_stats() { return memory ? memory->stats() : AllocatorStats{}; }
+AllocatorStats cuda_memory_stats() {
+    return memory ? memory->stats() : AllocatorStats{};
+}
 
 void* cuda_current_stream() {
     thread_local struct Stream {
@@ -117,6 +124,8 @@ void* cuda_current_stream() {
     return current.s;
 }
 
-void cuda_synchronize_current_stream() { PTOOL_CHECK_CUDA(cudaStreamSynchronize(cuda::stream())); }
+void cuda_synchronize_current_stream() {
+    PTOOL_CHECK_CUDA(cudaStreamSynchronize(cuda::stream()));
+}
 
 }  // namespace ptool

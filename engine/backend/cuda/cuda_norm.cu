@@ -10,8 +10,8 @@ namespace {
 using namespace ptool::cuda;
 
 template <class D, class S>
-__global__ void layer_norm_kernel(const D* x, const D* w, const D* b, double eps, bool rms, D* y, S* mean, S* rstd,
-                                  int64_t rows, int64_t d) {
+__global__ void layer_norm_kernel(const D* x, const D* w, const D* b, double eps, bool rms, D* y, S* mean,
+                                  S* rstd, int64_t rows, int64_t d) {
     using A = dacc_t<D>;
     __shared__ double scratch[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -40,8 +40,8 @@ __global__ void layer_norm_kernel(const D* x, const D* w, const D* b, double eps
 }
 
 template <class D, class S>
-__global__ void layer_norm_dx_kernel(const D* x, const D* w, const S* mean, const S* rstd, const D* dy, bool rms,
-                                     D* dx, int64_t rows, int64_t d) {
+__global__ void layer_norm_dx_kernel(const D* x, const D* w, const S* mean, const S* rstd, const D* dy,
+                                     bool rms, D* dx, int64_t rows, int64_t d) {
     using A = dacc_t<D>;
     __shared__ double scratch[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -97,8 +97,8 @@ __global__ void channel_moments_kernel(const D* x, S* mean, S* var, int64_t n, i
 }
 
 template <class D, class S>
-__global__ void batch_norm_apply_kernel(const D* x, const S* mean, const S* rstd, const D* w, const D* b, D* y,
-                                        int64_t n, int64_t c) {
+__global__ void batch_norm_apply_kernel(const D* x, const S* mean, const S* rstd, const D* w, const D* b,
+                                        D* y, int64_t n, int64_t c) {
     using A = dacc_t<D>;
     PTOOL_GRID_STRIDE(i, n * c) {
         const int64_t j = i % c;
@@ -125,12 +125,14 @@ __global__ void batch_norm_grad_sums_kernel(const D* x, const S* mean, const S* 
 
 template <class D, class S>
 __global__ void batch_norm_dx_kernel(const D* x, const S* mean, const S* rstd, const D* w, const D* dy,
-                                     const S* sum_dy, const S* sum_dy_xhat, double count, D* dx, int64_t n, int64_t c) {
+                                     const S* sum_dy, const S* sum_dy_xhat, double count, D* dx, int64_t n,
+                                     int64_t c) {
     using A = dacc_t<D>;
     PTOOL_GRID_STRIDE(i, n * c) {
         const int64_t j = i % c;
         const A mu = A(mean[j]), rs = A(rstd[j]), wj = w ? to_acc(w[j]) : A(1);
-        const A mdy = A(static_cast<double>(sum_dy[j]) / count), mdyx = A(static_cast<double>(sum_dy_xhat[j]) / count);
+        const A mdy = A(static_cast<double>(sum_dy[j]) / count),
+                mdyx = A(static_cast<double>(sum_dy_xhat[j]) / count);
         const A xhat = (to_acc(x[i]) - mu) * rs;
         dx[i] = from_acc<D>(wj * rs * (to_acc(dy[i]) - mdy - xhat * mdyx));
     }
@@ -142,8 +144,10 @@ void dispatch_with_stats(const Tensor& x, const Tensor& stats, F&& f) {
     PTOOL_REQUIRE(stats.dtype() == DType::float32 || stats.dtype() == DType::float64,
                   "norm statistics must be float32 or float64, got {}", dtype_name(stats.dtype()));
     dispatch(x.dtype(), [&](auto d) {
-        if (stats.dtype() == DType::float64) f(d, double{});
-        else f(d, float{});
+        if (stats.dtype() == DType::float64)
+            f(d, double{});
+        else
+            f(d, float{});
     });
 }
 
@@ -154,31 +158,33 @@ const D* opt(const Tensor& t) {
 
 }  // namespace
 
-void CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool rms, Tensor& y,
-                             Tensor& mean, Tensor& rstd) {
+void CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool rms,
+                             Tensor& y, Tensor& mean, Tensor& rstd) {
     const RowDims r = row_dims(x);
-    PTOOL_REQUIRE(mean.numel() == r.rows && rstd.numel() == r.rows, "layer_norm: stats must have {} rows", r.rows);
+    PTOOL_REQUIRE(mean.numel() == r.rows && rstd.numel() == r.rows, "layer_norm: stats must have {} rows",
+                  r.rows);
     const Launch l = rows_launch(r.rows, r.cols);
     if (!l.grid) return;
     dispatch_with_stats(x, mean, [&](auto d, auto s) {
         using D = decltype(d);
         using S = decltype(s);
-        layer_norm_kernel<D, S><<<l.grid, l.block, 0, stream()>>>(ptr<D>(x), opt<D>(w), opt<D>(b), eps, rms, ptr<D>(y),
-                                                                   ptr<S>(mean), ptr<S>(rstd), r.rows, r.cols);
+        layer_norm_kernel<D, S><<<l.grid, l.block, 0, stream()>>>(
+            ptr<D>(x), opt<D>(w), opt<D>(b), eps, rms, ptr<D>(y), ptr<S>(mean), ptr<S>(rstd), r.rows, r.cols);
     });
     check_launch();
 }
 
-void CudaBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                                      const Tensor& dy, bool rms, Tensor& dx, Tensor* dw, Tensor* db) {
+void CudaBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
+                                      const Tensor& rstd, const Tensor& dy, bool rms, Tensor& dx, Tensor* dw,
+                                      Tensor* db) {
     const RowDims r = row_dims(x);
     const Launch l = rows_launch(r.rows, r.cols);
     if (!l.grid) return;
     dispatch_with_stats(x, mean, [&](auto d, auto s) {
         using D = decltype(d);
         using S = decltype(s);
-        layer_norm_dx_kernel<D, S><<<l.grid, l.block, 0, stream()>>>(ptr<D>(x), opt<D>(w), ptr<S>(mean), ptr<S>(rstd),
-                                                                      ptr<D>(dy), rms, ptr<D>(dx), r.rows, r.cols);
+        layer_norm_dx_kernel<D, S><<<l.grid, l.block, 0, stream()>>>(
+            ptr<D>(x), opt<D>(w), ptr<S>(mean), ptr<S>(rstd), ptr<D>(dy), rms, ptr<D>(dx), r.rows, r.cols);
         const Launch c = elementwise_launch(r.cols, sm_count());
         if (c.grid && (dw || db))
             layer_norm_dwdb_kernel<D, S><<<c.grid, c.block, 0, stream()>>>(
@@ -196,7 +202,8 @@ void CudaBackend::channel_moments(const Tensor& x, Tensor& mean, Tensor& var) {
     dispatch_with_stats(x, mean, [&](auto d, auto s) {
         using D = decltype(d);
         using S = decltype(s);
-        channel_moments_kernel<D, S><<<l.grid, l.block, 0, stream()>>>(ptr<D>(x), ptr<S>(mean), ptr<S>(var), n, c);
+        channel_moments_kernel<D, S>
+            <<<l.grid, l.block, 0, stream()>>>(ptr<D>(x), ptr<S>(mean), ptr<S>(var), n, c);
     });
     check_launch();
 }
@@ -209,14 +216,14 @@ void CudaBackend::batch_norm_apply(const Tensor& x, const Tensor& mean, const Te
     dispatch_with_stats(x, mean, [&](auto d, auto s) {
         using D = decltype(d);
         using S = decltype(s);
-        batch_norm_apply_kernel<D, S><<<l.grid, l.block, 0, stream()>>>(ptr<D>(x), ptr<S>(mean), ptr<S>(rstd), opt<D>(w),
-                                                                         opt<D>(b), ptr<D>(y), n, c);
+        batch_norm_apply_kernel<D, S><<<l.grid, l.block, 0, stream()>>>(
+            ptr<D>(x), ptr<S>(mean), ptr<S>(rstd), opt<D>(w), opt<D>(b), ptr<D>(y), n, c);
     });
     check_launch();
 }
 
-void CudaBackend::batch_norm_grad_sums(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
-                                       Tensor& sum_dy, Tensor& sum_dy_xhat) {
+void CudaBackend::batch_norm_grad_sums(const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                       const Tensor& dy, Tensor& sum_dy, Tensor& sum_dy_xhat) {
     const int64_t n = x.size(0), c = x.size(1);
     const Launch l = elementwise_launch(c, sm_count());
     if (!l.grid) return;
@@ -229,18 +236,18 @@ void CudaBackend::batch_norm_grad_sums(const Tensor& x, const Tensor& mean, cons
     check_launch();
 }
 
-void CudaBackend::batch_norm_backward_input(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
-                                            const Tensor& dy, const Tensor& sum_dy, const Tensor& sum_dy_xhat,
-                                            double count, Tensor& dx) {
+void CudaBackend::batch_norm_backward_input(const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                            const Tensor& w, const Tensor& dy, const Tensor& sum_dy,
+                                            const Tensor& sum_dy_xhat, double count, Tensor& dx) {
     const int64_t n = x.size(0), c = x.size(1);
     const Launch l = elementwise_launch(n * c, sm_count());
     if (!l.grid) return;
     dispatch_with_stats(x, mean, [&](auto d, auto s) {
         using D = decltype(d);
         using S = decltype(s);
-        batch_norm_dx_kernel<D, S><<<l.grid, l.block, 0, stream()>>>(ptr<D>(x), ptr<S>(mean), ptr<S>(rstd), opt<D>(w),
-                                                                      ptr<D>(dy), ptr<S>(sum_dy), ptr<S>(sum_dy_xhat),
-                                                                      count, ptr<D>(dx), n, c);
+        batch_norm_dx_kernel<D, S>
+            <<<l.grid, l.block, 0, stream()>>>(ptr<D>(x), ptr<S>(mean), ptr<S>(rstd), opt<D>(w), ptr<D>(dy),
+                                               ptr<S>(sum_dy), ptr<S>(sum_dy_xhat), count, ptr<D>(dx), n, c);
     });
     check_launch();
 }

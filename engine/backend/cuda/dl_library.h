@@ -33,7 +33,8 @@ bool dl_resolve(void* lib, const char* library, const char* name, F& out, std::s
 // the error set, when the library lacks the symbol.
 class DlSymbols {
 public:
-    DlSymbols(void* lib, const char* library, std::string& error) : lib_(lib), library_(library), error_(error) {}
+    DlSymbols(void* lib, const char* library, std::string& error)
+        : lib_(lib), library_(library), error_(error) {}
     template <class F>
     bool operator()(const char* name, F& out) const {
         return dl_resolve(lib_, library_, name, out, error_);

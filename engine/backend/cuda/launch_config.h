@@ -13,12 +13,13 @@
 namespace ptool::cuda {
 
 struct Launch {
-    uint32_t grid = 0;   // 0: nothing to launch
+    uint32_t grid = 0;  // 0: nothing to launch
     uint32_t block = 0;
 };
 
 constexpr uint32_t kElementwiseBlock = 256;
-constexpr int64_t kMaxGrid = 65535;  // rows per launch: grid.x could be larger, but this is plenty with a loop
+constexpr int64_t kMaxGrid =
+    65535;  // rows per launch: grid.x could be larger, but this is plenty with a loop
 
 inline Launch elementwise_launch(int64_t n, int sm_count) {
     if (n <= 0) return {};

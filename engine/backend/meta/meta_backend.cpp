@@ -25,7 +25,9 @@ public:
         ++t_work.kernels;
     }
     void activation(Activation, const Tensor& x, Tensor& y) override { touch({&x, &y}); }
-    void activation_backward(Activation, const Tensor& x, const Tensor& dy, Tensor& dx) override { touch({&x, &dy, &dx}); }
+    void activation_backward(Activation, const Tensor& x, const Tensor& dy, Tensor& dx) override {
+        touch({&x, &dy, &dx});
+    }
     void add(const Tensor& a, const Tensor& b, Tensor& out) override { touch({&a, &b, &out}); }
     void mul(const Tensor& a, const Tensor& b, Tensor& out) override { touch({&a, &b, &out}); }
     void axpy(double, const Tensor& x, Tensor& y) override { touch({&x, &y, &y}); }
@@ -42,25 +44,28 @@ public:
                     Tensor& rstd) override {
         touch({&x, &w, &b, &y, &mean, &rstd});
     }
-    void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy, bool,
-                             Tensor& dx, Tensor* dw, Tensor* db) override {
+    void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& dy, bool, Tensor& dx, Tensor* dw, Tensor* db) override {
         touch({&x, &w, &mean, &rstd, &dy, &dx, dw, db});
     }
     void channel_moments(const Tensor& x, Tensor& mean, Tensor& var) override { touch({&x, &mean, &var}); }
-    void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w, const Tensor& b,
-                          Tensor& y) override {
+    void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                          const Tensor& b, Tensor& y) override {
         touch({&x, &mean, &rstd, &w, &b, &y});
     }
-    void batch_norm_grad_sums(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& sum_dy,
-                              Tensor& sum_dy_xhat) override {
+    void batch_norm_grad_sums(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                              Tensor& sum_dy, Tensor& sum_dy_xhat) override {
         touch({&x, &mean, &rstd, &dy, &sum_dy, &sum_dy_xhat});
     }
-    void batch_norm_backward_input(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w, const Tensor& dy,
-                                   const Tensor& sum_dy, const Tensor& sum_dy_xhat, double, Tensor& dx) override {
+    void batch_norm_backward_input(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                                   const Tensor& dy, const Tensor& sum_dy, const Tensor& sum_dy_xhat, double,
+                                   Tensor& dx) override {
         touch({&x, &mean, &rstd, &w, &dy, &sum_dy, &sum_dy_xhat, &dx});
     }
     void embedding(const Tensor& ids, const Tensor&, Tensor& y) override { touch({&ids, &y, &y}); }
-    void embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dw) override { touch({&ids, &dy, &dy}), (void)dw; }
+    void embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dw) override {
+        touch({&ids, &dy, &dy}), (void)dw;
+    }
     void transpose12(const Tensor& x, Tensor& y) override { touch({&x, &y}); }
     void softmax(const Tensor& x, bool, Tensor& y) override { touch({&x, &y}); }
     void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override { touch({&y, &dy, &dx}); }
@@ -75,7 +80,8 @@ public:
     void sgd_step(Tensor& p, const Tensor& g, Tensor& buf, double, double, double, bool) override {
         touch({&p, &g, &buf, &p, &buf});
     }
-    void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, int64_t, double, double, double, double, double) override {
+    void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, int64_t, double, double, double, double,
+                    double) override {
         touch({&p, &g, &m, &v, &p, &m, &v});
     }
 
@@ -88,7 +94,9 @@ private:
 
 }  // namespace
 
-MetaWork& meta_work() { return t_work; }
+MetaWork& meta_work() {
+    return t_work;
+}
 
 Backend& meta_backend() {
     static MetaBackend meta;

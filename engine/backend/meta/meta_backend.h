@@ -10,11 +10,11 @@ namespace ptool {
 
 // What the ops the calling thread ran on the meta backend would cost, since the last reset.
 struct MetaWork {
-    double gemm_flops = 0;   // 2 * M * N * K per GEMM (batched: per batch)
+    double gemm_flops = 0;       // 2 * M * N * K per GEMM (batched: per batch)
     double recompute_flops = 0;  // the part of gemm_flops run while recomputing (activation checkpointing)
     bool recomputing = false;
-    double memory_bytes = 0; // bytes every other op reads and writes (its tensors' sizes)
-    int64_t kernels = 0;     // ops launched
+    double memory_bytes = 0;  // bytes every other op reads and writes (its tensors' sizes)
+    int64_t kernels = 0;      // ops launched
 };
 MetaWork& meta_work();  // the calling thread's
 

@@ -17,7 +17,8 @@ public:
 // relu, silu, tanh: no keys.
 class ActivationType final : public ElementwiseType {
 public:
-    ActivationType(std::string name, int listed, Activation act) : ElementwiseType(std::move(name), listed), act_(act) {}
+    ActivationType(std::string name, int listed, Activation act)
+        : ElementwiseType(std::move(name), listed), act_(act) {}
     std::shared_ptr<Module> build(ModuleBuilder&, ModuleEntry& e) const override {
         return std::make_shared<ActivationModule>(*this, e.name, e.where, act_);
     }
@@ -33,8 +34,10 @@ public:
     std::shared_ptr<Module> build(ModuleBuilder&, ModuleEntry& e) const override {
         const std::string approx = e.keys.string_or("approximate", "none");
         if (approx != "none" && approx != "tanh")
-            e.keys.at("approximate").fail(fmt::format("gelu approximate must be none or tanh, got '{}'", approx));
-        return std::make_shared<ActivationModule>(*this, e.name, e.where, approx == "tanh" ? Activation::gelu_tanh : Activation::gelu);
+            e.keys.at("approximate")
+                .fail(fmt::format("gelu approximate must be none or tanh, got '{}'", approx));
+        return std::make_shared<ActivationModule>(
+            *this, e.name, e.where, approx == "tanh" ? Activation::gelu_tanh : Activation::gelu);
     }
 };
 
@@ -52,7 +55,8 @@ public:
     DropoutType() : ElementwiseType("dropout", 120) {}
     std::shared_ptr<Module> build(ModuleBuilder&, ModuleEntry& e) const override {
         const double p = e.keys.double_or("p", 0.5);
-        if (!(p >= 0.0 && p < 1.0)) e.keys.at("p").fail(fmt::format("dropout p must be in [0, 1), got {}", p));
+        if (!(p >= 0.0 && p < 1.0))
+            e.keys.at("p").fail(fmt::format("dropout p must be in [0, 1), got {}", p));
         return std::make_shared<Dropout>(e.name, e.where, p);
     }
 };
@@ -71,16 +75,18 @@ PTOOL_REGISTER_MODULE_TYPE(dropout_type);
 
 }  // namespace
 
-Identity::Identity(std::string name, SourceLocation where) : Module(identity_type, std::move(name), std::move(where)) {}
+Identity::Identity(std::string name, SourceLocation where)
+    : Module(identity_type, std::move(name), std::move(where)) {}
 
 Dropout::Dropout(std::string name, SourceLocation where, double p)
     : Module(dropout_type, std::move(name), std::move(where)), p_(p) {}
 
 Placement ActivationModule::out_placement(const Layout& in) const {
     if (in.p.is_partial())
-        conflict(fmt::format("'{}' ({}) is not linear: applied to each rank's partial sum it does not give the activation "
-                             "of the sum (reduce it first)",
-                             fqn(), type()));
+        conflict(fmt::format(
+            "'{}' ({}) is not linear: applied to each rank's partial sum it does not give the activation "
+            "of the sum (reduce it first)",
+            fqn(), type()));
     return in.p;
 }
 
@@ -99,7 +105,8 @@ Tensor ActivationModule::backward_impl(RunContext& ctx, const Tensor& dy) {
 }
 
 Tensor Dropout::mask(const RunContext& ctx, const Placed& x) const {
-    if (x.t.device() == Device::meta) return Tensor::empty(x.t.shape(), x.t.dtype(), Device::meta);  // a simulated step
+    if (x.t.device() == Device::meta)
+        return Tensor::empty(x.t.shape(), x.t.dtype(), Device::meta);  // a simulated step
     CounterRng rng(ctx.seed, stream_id("dropout", fqn(), static_cast<uint64_t>(ctx.step)));
     const Device device = ctx.backend ? ctx.backend->device() : Device::cpu;
     const Shape& local = x.t.shape();

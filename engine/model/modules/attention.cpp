@@ -30,12 +30,14 @@ public:
         b.account(m.at("dim"), param_count(m.at("dim"), o));
         if (auto impl = m.get("attn_implementation")) {
             const std::string v = impl->as_string("'attn_implementation'");
-            if (v != "eager" && v != "flash") impl->fail(fmt::format("attn_implementation '{}': valid: eager, flash", v));
+            if (v != "eager" && v != "flash")
+                impl->fail(fmt::format("attn_implementation '{}': valid: eager, flash", v));
             o.flash = v == "flash";
         }
         if (auto r = m.get("rope_theta")) {
             o.rope_theta = r->as_double("'rope_theta'");
-            if (!(*o.rope_theta > 0) || !std::isfinite(*o.rope_theta)) r->fail(fmt::format("rope_theta must be > 0, got {}", *o.rope_theta));
+            if (!(*o.rope_theta > 0) || !std::isfinite(*o.rope_theta))
+                r->fail(fmt::format("rope_theta must be > 0, got {}", *o.rope_theta));
         }
         if (auto rs = m.get("rope_scaling")) o.rope_scaling = rope_scaling(*rs, o);
         return std::make_shared<Attention>(e.name, e.where, o, b.dtype());
@@ -64,10 +66,12 @@ private:
         YamlNode type = sm.at("type");
         s.type = type.as_string("rope_scaling 'type'");
         if (s.type != "linear" && s.type != "llama3")
-            type.fail(fmt::format("rope_scaling type '{}'{}", s.type, did_you_mean(s.type, {"linear", "llama3"})));
+            type.fail(
+                fmt::format("rope_scaling type '{}'{}", s.type, did_you_mean(s.type, {"linear", "llama3"})));
         auto positive = [&](const char* key, double fallback) {
             const double v = sm.double_or(key, fallback);
-            if (!(v > 0) || !std::isfinite(v)) sm.at(key).fail(fmt::format("rope_scaling {} must be a finite number > 0", key));
+            if (!(v > 0) || !std::isfinite(v))
+                sm.at(key).fail(fmt::format("rope_scaling {} must be a finite number > 0", key));
             return v;
         };
         s.factor = positive("factor", 1.0);
@@ -88,9 +92,14 @@ PTOOL_REGISTER_MODULE_TYPE(attention_type);
 }  // namespace
 
 Attention::Attention(std::string name, SourceLocation where, const Options& o, DType dtype)
-    : Module(attention_type, std::move(name), std::move(where)), dim_(o.dim), heads_(o.heads), kv_heads_(o.kv_heads),
-      causal_(o.causal), flash_(o.flash) {
-    if (dim_ % heads_ != 0) this->fail(fmt::format("attention dim {} is not divisible by heads {}", dim_, heads_));
+    : Module(attention_type, std::move(name), std::move(where)),
+      dim_(o.dim),
+      heads_(o.heads),
+      kv_heads_(o.kv_heads),
+      causal_(o.causal),
+      flash_(o.flash) {
+    if (dim_ % heads_ != 0)
+        this->fail(fmt::format("attention dim {} is not divisible by heads {}", dim_, heads_));
     if (heads_ % kv_heads_ != 0)
         this->fail(fmt::format("attention heads {} is not divisible by kv_heads {}", heads_, kv_heads_));
     const int64_t hd = dim_ / heads_, kv_dim = hd * kv_heads_;
@@ -157,24 +166,30 @@ Tensor reduce_kv(Backend& be, const Tensor& d, int64_t b, int64_t heads, int64_t
 Layout Attention::layout(LayoutVisitor& v, const Layout& in) const {
     const Layout q = v.call(proj(0), in), k = v.call(proj(1), in), val = v.call(proj(2), in);
     if (!q.p.same_as(k.p, 3) || !q.p.same_as(val.p, 3))
-        conflict(fmt::format("attention '{}' gets q, k and v with different placements ({}, {}, {}): lay out q_proj, "
-                             "k_proj and v_proj alike",
-                             fqn(), q.p.str(), k.p.str(), val.p.str()));
+        conflict(fmt::format(
+            "attention '{}' gets q, k and v with different placements ({}, {}, {}): lay out q_proj, "
+            "k_proj and v_proj alike",
+            fqn(), q.p.str(), k.p.str(), val.p.str()));
     const Placement p = q.p.normalized(3);
-    if (p.is_partial()) conflict(fmt::format("attention '{}' gets partial sums from its projections: reduce them first", fqn()));
+    if (p.is_partial())
+        conflict(
+            fmt::format("attention '{}' gets partial sums from its projections: reduce them first", fqn()));
     if (p.is_shard() && p.dim == 1)
-        conflict(fmt::format("attention '{}' needs the whole sequence in q, k and v but gets it Shard(1): gather the "
-                             "sequence in the projections (input_layouts shard(1) on q/k/v, as Megatron-SP), or "
-                             "prepare_input shard(1) -> replicate on '{}'",
-                             fqn(), fqn()));
+        conflict(fmt::format(
+            "attention '{}' needs the whole sequence in q, k and v but gets it Shard(1): gather the "
+            "sequence in the projections (input_layouts shard(1) on q/k/v, as Megatron-SP), or "
+            "prepare_input shard(1) -> replicate on '{}'",
+            fqn(), fqn()));
     if (p.is_shard() && p.dim == 2) {  // heads split over ranks: whole heads, and the kv groups with them
         const int64_t hd = dim_ / heads_, n = v.parts();
         for (int r = 0; r < n; ++r) {
-            const int64_t qh = chunk_of(q.global[2], static_cast<int>(n), r).length, kh = chunk_of(k.global[2], static_cast<int>(n), r).length;
+            const int64_t qh = chunk_of(q.global[2], static_cast<int>(n), r).length,
+                          kh = chunk_of(k.global[2], static_cast<int>(n), r).length;
             if (qh % hd != 0 || kh % hd != 0 || qh / hd != kh / hd * (heads_ / kv_heads_))
-                conflict(fmt::format("attention '{}' splits its heads over {} ranks: its {} query heads and {} kv heads "
-                                     "must each divide evenly",
-                                     fqn(), n, heads_, kv_heads_));
+                conflict(fmt::format(
+                    "attention '{}' splits its heads over {} ranks: its {} query heads and {} kv heads "
+                    "must each divide evenly",
+                    fqn(), n, heads_, kv_heads_));
         }
     }
     return v.call(proj(3), Layout{{q.global[0], q.global[1], dim_}, q.p});
@@ -195,13 +210,17 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     // Under tensor parallelism q/k/v are colwise: this rank holds heads/tp query heads and
     // kv_heads/tp kv heads; heads are independent, so the same code runs on the local ones. The
     // batch and sequence come from the projections (Megatron-SP gathers the sequence in them).
-    const Placed q_flat = proj(0).forward(ctx, x), k_flat = proj(1).forward(ctx, x), v_flat = proj(2).forward(ctx, x);
+    const Placed q_flat = proj(0).forward(ctx, x), k_flat = proj(1).forward(ctx, x),
+                 v_flat = proj(2).forward(ctx, x);
     const int64_t b = q_flat.t.size(0), t = q_flat.t.size(1);
     const int64_t heads = q_flat.t.size(-1) / hd, kv_heads = k_flat.t.size(-1) / hd;
-    PTOOL_REQUIRE(heads * hd == q_flat.t.size(-1) && kv_heads * hd == k_flat.t.size(-1), "attention '{}': partial heads", fqn());
+    PTOOL_REQUIRE(heads * hd == q_flat.t.size(-1) && kv_heads * hd == k_flat.t.size(-1),
+                  "attention '{}': partial heads", fqn());
     Tensor q = split_heads(be, q_flat.t, heads);  // [B*H, T, hd]
     Tensor k_heads = split_heads(be, k_flat.t, kv_heads);
-    if (rope_) q = rope_->forward(be, q), k_heads = rope_->forward(be, k_heads);  // before the kv heads are shared, as HF
+    if (rope_)
+        q = rope_->forward(be, q),
+        k_heads = rope_->forward(be, k_heads);  // before the kv heads are shared, as HF
     Tensor k = expand_kv(be, k_heads, b, heads, kv_heads);
     Tensor v = expand_kv(be, split_heads(be, v_flat.t, kv_heads), b, heads, kv_heads);
     Tensor o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
@@ -218,7 +237,8 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         save({q, k, v, Tensor(), Tensor::scalar(static_cast<double>(heads), DType::float64),
               Tensor::scalar(static_cast<double>(kv_heads), DType::float64)});
     }
-    return proj(3).forward(ctx, {merge_heads(be, o, b, heads), q_flat.p, {q_flat.global[0], q_flat.global[1], dim_}});
+    return proj(3).forward(
+        ctx, {merge_heads(be, o, b, heads), q_flat.p, {q_flat.global[0], q_flat.global[1], dim_}});
 }
 
 Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layout&) {
@@ -242,8 +262,10 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
             pi = probabilities(be, q, k, i, n);
             meta_work().recomputing = was;
         }
-        const Tensor d_oi = d_o.narrow(0, i, n), vi = v.narrow(0, i, n), ki = k.narrow(0, i, n), qi = q.narrow(0, i, n);
-        Tensor dp = empty_like(pi), ds = empty_like(pi), dvi = dv.narrow(0, i, n), dqi = dq.narrow(0, i, n), dki = dk.narrow(0, i, n);
+        const Tensor d_oi = d_o.narrow(0, i, n), vi = v.narrow(0, i, n), ki = k.narrow(0, i, n),
+                     qi = q.narrow(0, i, n);
+        Tensor dp = empty_like(pi), ds = empty_like(pi), dvi = dv.narrow(0, i, n), dqi = dq.narrow(0, i, n),
+               dki = dk.narrow(0, i, n);
         be.gemm(d_oi, false, vi, true, dp);
         be.gemm(pi, true, d_oi, false, dvi);
         be.softmax_backward(pi, dp, ds);
@@ -253,7 +275,8 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     // backward through the projections in reverse order of their forward calls
     // (tensors a module returned are never written in place: observers may hold them)
     const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};
-    const Placed dx_v = proj(2).backward(ctx, {merge_heads(be, reduce_kv(be, dv, b, heads, kv_heads), b, kv_heads), d_out.p, kv_global});
+    const Placed dx_v = proj(2).backward(
+        ctx, {merge_heads(be, reduce_kv(be, dv, b, heads, kv_heads), b, kv_heads), d_out.p, kv_global});
     Tensor dk_heads = reduce_kv(be, dk, b, heads, kv_heads);
     if (rope_) dq = rope_->backward(be, dq), dk_heads = rope_->backward(be, dk_heads);
     const Placed dx_k = proj(1).backward(ctx, {merge_heads(be, dk_heads, b, kv_heads), d_out.p, kv_global});

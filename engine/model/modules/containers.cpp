@@ -15,8 +15,10 @@ public:
         const int64_t dim = e.positive("dim"), hidden = e.positive("hidden");
         const Activation act = activation(m, "activation", "silu");
         const bool bias = m.bool_or("bias", false);
-        const YamlNode at = m.at("hidden");  // gate_proj and up_proj [hidden, dim], down_proj [dim, hidden], their biases
-        b.account(at, size_add(at, size_mul(at, 3, size_mul(at, dim, hidden)), bias ? size_add(at, 2 * hidden, dim) : 0));
+        const YamlNode at =
+            m.at("hidden");  // gate_proj and up_proj [hidden, dim], down_proj [dim, hidden], their biases
+        b.account(at, size_add(at, size_mul(at, 3, size_mul(at, dim, hidden)),
+                               bias ? size_add(at, 2 * hidden, dim) : 0));
         return std::make_shared<GatedMlp>(e.name, e.where, dim, hidden, act, bias, b.dtype());
     }
     TpTemplate tp_template() const override {
@@ -39,7 +41,8 @@ private:
 template <class Container>
 class ContainerType final : public ModuleType {
 public:
-    ContainerType(std::string name, int listed, TpRule rule) : ModuleType(std::move(name), listed), rule_(rule) {}
+    ContainerType(std::string name, int listed, TpRule rule)
+        : ModuleType(std::move(name), listed), rule_(rule) {}
     std::shared_ptr<Module> build(ModuleBuilder& b, ModuleEntry& e) const override {
         auto c = std::make_shared<Container>(e.name, e.where);
         b.children(e.keys, *c, e.fqn);
@@ -100,14 +103,17 @@ PTOOL_REGISTER_MODULE_TYPE(shared_type);
 
 }  // namespace
 
-Sequential::Sequential(std::string name, SourceLocation where) : Module(sequential_type, std::move(name), std::move(where)) {}
+Sequential::Sequential(std::string name, SourceLocation where)
+    : Module(sequential_type, std::move(name), std::move(where)) {}
 
-Repeat::Repeat(std::string name, SourceLocation where) : Sequential(repeat_type, std::move(name), std::move(where)) {}
+Repeat::Repeat(std::string name, SourceLocation where)
+    : Sequential(repeat_type, std::move(name), std::move(where)) {}
 
-Residual::Residual(std::string name, SourceLocation where) : Sequential(residual_type, std::move(name), std::move(where)) {}
+Residual::Residual(std::string name, SourceLocation where)
+    : Sequential(residual_type, std::move(name), std::move(where)) {}
 
-GatedMlp::GatedMlp(std::string name, SourceLocation where, int64_t dim, int64_t hidden, Activation act, bool bias,
-                   DType dtype)
+GatedMlp::GatedMlp(std::string name, SourceLocation where, int64_t dim, int64_t hidden, Activation act,
+                   bool bias, DType dtype)
     : Module(gated_mlp_type, std::move(name), std::move(where)), act_(act) {
     add_child("gate_proj", std::make_shared<Linear>("gate_proj", this->where(), dim, hidden, bias, dtype));
     add_child("up_proj", std::make_shared<Linear>("up_proj", this->where(), dim, hidden, bias, dtype));
@@ -121,11 +127,14 @@ Shape GatedMlp::output_shape(const Shape& in) const {
 Layout GatedMlp::layout(LayoutVisitor& v, const Layout& in) const {
     const Layout g = v.call(child(0), in), u = v.call(child(1), in);
     if (!g.same_as(u))
-        conflict(fmt::format("gated_mlp '{}' multiplies gate_proj's output ({}) by up_proj's ({}): they need one "
-                             "placement (style gate_proj and up_proj alike)",
-                             fqn(), g.str(), u.str()));
+        conflict(
+            fmt::format("gated_mlp '{}' multiplies gate_proj's output ({}) by up_proj's ({}): they need one "
+                        "placement (style gate_proj and up_proj alike)",
+                        fqn(), g.str(), u.str()));
     if (g.p.is_partial())
-        conflict(fmt::format("gated_mlp '{}' applies its activation to partial sums from gate_proj: reduce them first", fqn()));
+        conflict(fmt::format(
+            "gated_mlp '{}' applies its activation to partial sums from gate_proj: reduce them first",
+            fqn()));
     return v.call(child(2), g);
 }
 
@@ -168,7 +177,9 @@ Layout Sequential::layout(LayoutVisitor& v, const Layout& in) const {
     return h;
 }
 
-bool Sequential::takes_ids() const { return !children().empty() && children()[0].second->takes_ids(); }
+bool Sequential::takes_ids() const {
+    return !children().empty() && children()[0].second->takes_ids();
+}
 
 Placed Sequential::forward_placed(RunContext& ctx, const Placed& x) {
     Placed h = x;
@@ -193,14 +204,16 @@ Shape Residual::output_shape(const Shape& in) const {
 Layout Residual::layout(LayoutVisitor& v, const Layout& in) const {
     const Layout body = Sequential::layout(v, in);
     if (!body.same_as(in))
-        conflict(fmt::format("residual '{}' adds its input ({}) to its body's output ({}): they need one placement",
-                             fqn(), in.str(), body.str()));
+        conflict(fmt::format(
+            "residual '{}' adds its input ({}) to its body's output ({}): they need one placement", fqn(),
+            in.str(), body.str()));
     return in;
 }
 
 Placed Residual::forward_placed(RunContext& ctx, const Placed& x) {
     const Placed body = Sequential::forward_placed(ctx, x);
-    PTOOL_REQUIRE(body.t.shape() == x.t.shape(), "residual '{}': body {} vs input {} (the lint checks layouts)", fqn(),
+    PTOOL_REQUIRE(body.t.shape() == x.t.shape(),
+                  "residual '{}': body {} vs input {} (the lint checks layouts)", fqn(),
                   shape_str(body.t.shape()), shape_str(x.t.shape()));
     Tensor y = empty_like(x.t);
     ctx.backend->add(x.t, body.t, y);

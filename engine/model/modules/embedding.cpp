@@ -39,9 +39,12 @@ Placement Embedding::out_placement(const Layout& in) const {
     return in.p.normalized(static_cast<int64_t>(in.global.size()));
 }
 
-void Embedding::init_params(uint64_t seed) { init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), 1.0); }
+void Embedding::init_params(uint64_t seed) {
+    init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), 1.0);
+}
 
-void Embedding::init_shard(uint64_t seed, const std::string&, Tensor& local, int64_t dim, int64_t offset) const {
+void Embedding::init_shard(uint64_t seed, const std::string&, Tensor& local, int64_t dim,
+                           int64_t offset) const {
     if (dim < 0) return init_normal(local, seed, join_name(fqn(), "weight"), 1.0);
     init_normal_shard(local, seed, join_name(fqn(), "weight"), 1.0, {num_, dim_}, dim, offset);
 }

@@ -19,7 +19,8 @@ public:
         YamlMap& m = e.keys;
         const int64_t in = e.positive("in"), out = e.positive("out");
         const bool bias = m.bool_or("bias", true);
-        const int64_t weight = m.has("tie") ? 0 : size_mul(m.at("out"), in, out);  // a tied weight is the other module's
+        const int64_t weight =
+            m.has("tie") ? 0 : size_mul(m.at("out"), in, out);  // a tied weight is the other module's
         b.account(m.at("out"), size_add(m.node(), weight, bias ? out : 0));
         ParamPtr tied;
         if (auto t = m.get("tie")) {
@@ -27,8 +28,8 @@ public:
             tied = target->param("weight");
             if (!tied) t->fail(fmt::format("'tie: {}' names a module with no weight", target->fqn()));
             if (tied->value.shape() != Shape{out, in})
-                t->fail(fmt::format("'tie: {}' weight is {}, but this linear needs [{}, {}] ([out, in])", target->fqn(),
-                                    shape_str(tied->value.shape()), out, in));
+                t->fail(fmt::format("'tie: {}' weight is {}, but this linear needs [{}, {}] ([out, in])",
+                                    target->fqn(), shape_str(tied->value.shape()), out, in));
         }
         return std::make_shared<Linear>(e.name, e.where, in, out, bias, b.dtype(), tied);
     }
@@ -42,7 +43,10 @@ PTOOL_REGISTER_MODULE_TYPE(linear_type);
 
 Linear::Linear(std::string name, SourceLocation where, int64_t in, int64_t out, bool bias, DType dtype,
                ParamPtr tied_weight)
-    : Module(linear_type, std::move(name), std::move(where)), in_(in), out_(out), tied_(tied_weight != nullptr) {
+    : Module(linear_type, std::move(name), std::move(where)),
+      in_(in),
+      out_(out),
+      tied_(tied_weight != nullptr) {
     register_param("weight", tied_weight ? tied_weight : make_param({out, in}, dtype));
     if (bias) register_param("bias", make_param({out}, dtype));
 }
@@ -70,21 +74,25 @@ void Linear::init_params(uint64_t seed) {
     if (auto b = param("bias")) init_uniform(b->value, seed, join_name(fqn(), "bias"), bound);
 }
 
-void Linear::init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim, int64_t offset) const {
+void Linear::init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim,
+                        int64_t offset) const {
     const double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;
     const Shape full = name == "weight" ? Shape{out_, in_} : Shape{out_};
-    if (dim < 0) init_uniform(local, seed, join_name(fqn(), name), bound);
-    else init_uniform_shard(local, seed, join_name(fqn(), name), bound, full, dim, offset);
+    if (dim < 0)
+        init_uniform(local, seed, join_name(fqn(), name), bound);
+    else
+        init_uniform_shard(local, seed, join_name(fqn(), name), bound, full, dim, offset);
 }
 
 Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
     const int64_t in = x.size(-1);  // in_, or in_/tp under rowwise parallelism
     if (in != param("weight")->value.size(1))
-        fail(fmt::format("linear '{}' got an input of {} features but its weight takes {}: under tensor parallelism "
-                         "the activation reaching it is sharded; give '{}' a style, or make its producer output replicate",
-                         fqn(), in, param("weight")->value.size(1), fqn()));
+        fail(fmt::format(
+            "linear '{}' got an input of {} features but its weight takes {}: under tensor parallelism "
+            "the activation reaching it is sharded; give '{}' a style, or make its producer output replicate",
+            fqn(), in, param("weight")->value.size(1), fqn()));
     const Tensor x2 = x.reshape({leading_numel(x.shape()), in});  // in may be 0: an empty rowwise shard
-    const int64_t out = param("weight")->value.size(0);  // out_, or its shard under colwise
+    const int64_t out = param("weight")->value.size(0);           // out_, or its shard under colwise
     Shape out_shape = x.shape();
     out_shape.back() = out;
     Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());

@@ -36,9 +36,9 @@ public:
         YamlMap& m = e.keys;
         const int64_t features = e.positive("features");
         b.account(m.node(), size_mul(m.node(), 4, features));  // weight, bias, running_mean, running_var
-        b.account(m.node(), 1, DType::int64);                   // num_batches_tracked
-        return std::make_shared<BatchNorm>(e.name, e.where, features, m.double_or("eps", 1e-5), m.double_or("momentum", 0.1),
-                                           b.dtype());
+        b.account(m.node(), 1, DType::int64);                  // num_batches_tracked
+        return std::make_shared<BatchNorm>(e.name, e.where, features, m.double_or("eps", 1e-5),
+                                           m.double_or("momentum", 0.1), b.dtype());
     }
     // Statistics over the whole batch: no tensor-parallel rule (the writer plans none for the model).
     TpTemplate tp_template() const override { return {.rule = TpRule::none}; }
@@ -51,20 +51,26 @@ PTOOL_REGISTER_MODULE_TYPE(layer_norm_type);
 PTOOL_REGISTER_MODULE_TYPE(rms_norm_type);
 PTOOL_REGISTER_MODULE_TYPE(batch_norm_type);
 
-DType stat_dtype(DType dt) { return dt == DType::float64 ? DType::float64 : DType::float32; }
+DType stat_dtype(DType dt) {
+    return dt == DType::float64 ? DType::float64 : DType::float32;
+}
 
 // BatchNorm's per-channel bookkeeping (sync, running statistics) is small host arithmetic: it
 // works on host views of the tensors (the tensors themselves on the CPU) and writes them back.
 // (a meta tensor stands in for its host copy: a simulated step allocates what a CPU run does)
-Tensor on_host(const Tensor& t) { return t.device() != Device::cuda ? t : t.to_device(Device::cpu); }
-Tensor on_device(const Tensor& host, Device d) { return d != Device::cuda ? host : host.to_device(d); }
+Tensor on_host(const Tensor& t) {
+    return t.device() != Device::cuda ? t : t.to_device(Device::cpu);
+}
+Tensor on_device(const Tensor& host, Device d) {
+    return d != Device::cuda ? host : host.to_device(d);
+}
 void write_back(Tensor& dst, const Tensor& host) {
     if (dst.raw() != host.raw()) copy_bytes(dst.raw(), dst.device(), host.raw(), Device::cpu, dst.nbytes());
 }
 }  // namespace
 
-Norm::Norm(const ModuleType& type, std::string name, SourceLocation where, int64_t dim, double eps, bool affine,
-           bool bias, bool rms, DType dtype)
+Norm::Norm(const ModuleType& type, std::string name, SourceLocation where, int64_t dim, double eps,
+           bool affine, bool bias, bool rms, DType dtype)
     : Module(type, std::move(name), std::move(where)), dim_(dim), eps_(eps), rms_(rms) {
     if (affine) register_param("weight", make_param({dim}, dtype));
     if (affine && bias) register_param("bias", make_param({dim}, dtype));
@@ -72,7 +78,8 @@ Norm::Norm(const ModuleType& type, std::string name, SourceLocation where, int64
 
 Shape Norm::output_shape(const Shape& in) const {
     if (in.empty() || in.back() != dim_)
-        fail(fmt::format("{} '{}' normalises a last dim of {}, got input {}", type(), fqn(), dim_, shape_str(in)));
+        fail(fmt::format("{} '{}' normalises a last dim of {}, got input {}", type(), fqn(), dim_,
+                         shape_str(in)));
     return in;
 }
 
@@ -80,7 +87,8 @@ Placement Norm::out_placement(const Layout& in) const {
     const Placement p = in.p.normalized(static_cast<int64_t>(in.global.size()));
     if (p.is_shard() && p.dim == static_cast<int64_t>(in.global.size()) - 1)
         conflict(fmt::format("'{}' ({}) needs whole rows", fqn(), type()));
-    if (p.is_partial()) conflict(fmt::format("'{}' ({}) needs a reduced input, not partial sums", fqn(), type()));
+    if (p.is_partial())
+        conflict(fmt::format("'{}' ({}) needs a reduced input, not partial sums", fqn(), type()));
     return p;
 }
 
@@ -91,9 +99,10 @@ void Norm::init_params(uint64_t) {
 
 Tensor Norm::forward_impl(RunContext& ctx, const Tensor& x) {
     if (x.size(-1) != dim_)
-        fail(fmt::format("{} '{}' got a last dim of {} but normalises {}: under tensor parallelism the activation "
-                         "reaching it is sharded",
-                         type(), fqn(), x.size(-1), dim_));
+        fail(fmt::format(
+            "{} '{}' got a last dim of {} but normalises {}: under tensor parallelism the activation "
+            "reaching it is sharded",
+            type(), fqn(), x.size(-1), dim_));
     const int64_t rows = x.numel() / dim_;
     Tensor y = empty_like(x), mean({rows}, stat_dtype(x.dtype()), x.device()),
            rstd({rows}, stat_dtype(x.dtype()), x.device());
@@ -114,7 +123,10 @@ Tensor Norm::backward_impl(RunContext& ctx, const Tensor& dy) {
 
 BatchNorm::BatchNorm(std::string name, SourceLocation where, int64_t features, double eps, double momentum,
                      DType dtype)
-    : Module(batch_norm_type, std::move(name), std::move(where)), features_(features), eps_(eps), momentum_(momentum) {
+    : Module(batch_norm_type, std::move(name), std::move(where)),
+      features_(features),
+      eps_(eps),
+      momentum_(momentum) {
     register_param("weight", make_param({features}, dtype));
     register_param("bias", make_param({features}, dtype));
     register_buffer("running_mean", make_buffer({features}, dtype));
@@ -125,15 +137,17 @@ BatchNorm::BatchNorm(std::string name, SourceLocation where, int64_t features, d
 Shape BatchNorm::output_shape(const Shape& in) const {
     if (in.size() != 2 || in[1] != features_)
         fail(fmt::format("batch_norm '{}' expects [N, {}], got {}", fqn(), features_, shape_str(in)));
-    if (in[0] < 2) fail(fmt::format("batch_norm '{}' needs more than 1 value per channel in training", fqn()));
+    if (in[0] < 2)
+        fail(fmt::format("batch_norm '{}' needs more than 1 value per channel in training", fqn()));
     return in;
 }
 
 Placement BatchNorm::out_placement(const Layout& in) const {
     if (!in.p.is_replicate())
-        conflict(fmt::format("'{}' (batch_norm) normalises each channel over the whole batch and needs it replicated "
-                             "on the tensor-parallel dim",
-                             fqn()));
+        conflict(fmt::format(
+            "'{}' (batch_norm) normalises each channel over the whole batch and needs it replicated "
+            "on the tensor-parallel dim",
+            fqn()));
     return in.p;
 }
 
@@ -156,7 +170,8 @@ Tensor BatchNorm::forward_impl(RunContext& ctx, const Tensor& x) {
         // rank order in double: mean = avg(mean_r), var = avg(var_r + (mean_r - mean)^2)
         const int world = sync_->size();
         Tensor local({1, 2 * features_}, sd), all({world, 2 * features_}, sd);
-        for (int64_t c = 0; c < features_; ++c) local.set(c, mean.item(c)), local.set(features_ + c, var.item(c));
+        for (int64_t c = 0; c < features_; ++c)
+            local.set(c, mean.item(c)), local.set(features_ + c, var.item(c));
         sync_->all_gather(local, all);
         for (int64_t c = 0; c < features_; ++c) {
             double m = 0, v = 0;
@@ -210,7 +225,8 @@ Tensor BatchNorm::backward_impl(RunContext& ctx, const Tensor& dy) {
     double count = static_cast<double>(dy.size(0));
     if (sync_ && sync_->size() > 1) {  // the input gradient needs the sums over the global batch
         Tensor sums({2 * features_}, sd);
-        for (int64_t c = 0; c < features_; ++c) sums.set(c, sum_dy.item(c)), sums.set(features_ + c, sum_dy_xhat.item(c));
+        for (int64_t c = 0; c < features_; ++c)
+            sums.set(c, sum_dy.item(c)), sums.set(features_ + c, sum_dy_xhat.item(c));
         sync_->all_reduce(sums, ReduceOp::sum);
         sum_dy = sums.narrow(0, 0, features_).clone();
         sum_dy_xhat = sums.narrow(0, features_, features_).clone();

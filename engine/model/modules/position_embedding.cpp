@@ -26,30 +26,38 @@ PTOOL_REGISTER_MODULE_TYPE(position_embedding_type);
 
 }  // namespace
 
-PositionEmbedding::PositionEmbedding(std::string name, SourceLocation where, int64_t positions, int64_t dim, DType dtype)
+PositionEmbedding::PositionEmbedding(std::string name, SourceLocation where, int64_t positions, int64_t dim,
+                                     DType dtype)
     : Module(position_embedding_type, std::move(name), std::move(where)), positions_(positions), dim_(dim) {
     register_param("weight", make_param({positions, dim}, dtype));
 }
 
 Shape PositionEmbedding::output_shape(const Shape& in) const {
     if (in.size() != 3 || in[2] != dim_)
-        fail(fmt::format("position_embedding '{}' needs [batch, sequence, {}], got {}", fqn(), dim_, shape_str(in)));
+        fail(fmt::format("position_embedding '{}' needs [batch, sequence, {}], got {}", fqn(), dim_,
+                         shape_str(in)));
     if (in[1] > positions_)
-        fail(fmt::format("position_embedding '{}' has {} positions, the sequence is {} long", fqn(), positions_, in[1]));
+        fail(fmt::format("position_embedding '{}' has {} positions, the sequence is {} long", fqn(),
+                         positions_, in[1]));
     return in;
 }
 
 Placement PositionEmbedding::out_placement(const Layout& in) const {
     const Placement p = in.p.normalized(static_cast<int64_t>(in.global.size()));
-    if (p.is_partial()) conflict(fmt::format("'{}' (position_embedding) adds its weight to partial sums: reduce them first", fqn()));
+    if (p.is_partial())
+        conflict(fmt::format("'{}' (position_embedding) adds its weight to partial sums: reduce them first",
+                             fqn()));
     if (p.is_shard() && p.dim != 0)
-        conflict(fmt::format("'{}' (position_embedding) needs whole sequences and features (its rows are positions), got {}: "
-                             "shard the sequence after it",
-                             fqn(), p.str()));
+        conflict(fmt::format(
+            "'{}' (position_embedding) needs whole sequences and features (its rows are positions), got {}: "
+            "shard the sequence after it",
+            fqn(), p.str()));
     return in.p;
 }
 
-void PositionEmbedding::init_params(uint64_t seed) { init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), 1.0); }
+void PositionEmbedding::init_params(uint64_t seed) {
+    init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), 1.0);
+}
 
 // The position id of every (row, t) of x: t.
 Tensor PositionEmbedding::position_ids(const Tensor& x) const {

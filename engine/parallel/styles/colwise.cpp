@@ -14,8 +14,10 @@ public:
     std::string_view name() const override { return style_name::colwise; }
 
     void check(const StyleCheck& c) const override {
-        if (const Linear* lin = as_linear(c.module)) check_sharded_weight(c, name(), lin->out_features(), "output features");
-        else check_sharded_weight(c, name(), as_embedding(c.module)->dim(), "embedding dims");
+        if (const Linear* lin = as_linear(c.module))
+            check_sharded_weight(c, name(), lin->out_features(), "output features");
+        else
+            check_sharded_weight(c, name(), as_embedding(c.module)->dim(), "embedding dims");
     }
 
     std::vector<ParamPlacement> params(const Module& m) const override {

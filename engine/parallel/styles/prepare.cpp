@@ -42,9 +42,10 @@ private:
     bool in_, out_;
 };
 
-const bool registered = register_style(std::make_unique<Prepare>(style_name::prepare_input, true, false)) &&
-                        register_style(std::make_unique<Prepare>(style_name::prepare_output, false, true)) &&
-                        register_style(std::make_unique<Prepare>(style_name::prepare_input_output, true, true));
+const bool registered =
+    register_style(std::make_unique<Prepare>(style_name::prepare_input, true, false)) &&
+    register_style(std::make_unique<Prepare>(style_name::prepare_output, false, true)) &&
+    register_style(std::make_unique<Prepare>(style_name::prepare_input_output, true, true));
 
 }  // namespace
 }  // namespace ptool::styles

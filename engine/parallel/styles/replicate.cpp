@@ -23,7 +23,8 @@ public:
     }
     StyleRule rule(const Module&, const StyleSpec&) const override {
         StyleRule r;
-        r.pre = Redistribution{Placement::replicate(), Placement::replicate()};  // declares Replicate; moves nothing
+        r.pre = Redistribution{Placement::replicate(),
+                               Placement::replicate()};  // declares Replicate; moves nothing
         return r;
     }
 };

@@ -35,7 +35,9 @@ protected:
         ctx.backend->sum_rows(dy.t.reshape({n ? dy.t.numel() / n : 0, n}), piece, false);
         pieces_.push(ctx.microbatch, piece);
     }
-    std::vector<Tensor> grad_pieces(RunContext& ctx, Module&) override { return {pieces_.pop(ctx.microbatch)}; }
+    std::vector<Tensor> grad_pieces(RunContext& ctx, Module&) override {
+        return {pieces_.pop(ctx.microbatch)};
+    }
 
 private:
     MicrobatchStack<Tensor> pieces_;  // per call: this call's bias gradient, as its rows of dy give it
@@ -46,8 +48,10 @@ public:
     std::string_view name() const override { return style_name::rowwise; }
 
     void check(const StyleCheck& c) const override {
-        if (const Linear* lin = as_linear(c.module)) check_sharded_weight(c, name(), lin->in_features(), "input features");
-        else check_sharded_weight(c, name(), as_embedding(c.module)->vocab(), "vocabulary rows");
+        if (const Linear* lin = as_linear(c.module))
+            check_sharded_weight(c, name(), lin->in_features(), "input features");
+        else
+            check_sharded_weight(c, name(), as_embedding(c.module)->vocab(), "vocabulary rows");
     }
 
     std::vector<ParamPlacement> params(const Module& m) const override {
@@ -68,7 +72,8 @@ public:
 
     // The replicated bias's gradient is the sum of dy over rows: partial where dy's rows are split
     // or partial, this rank's piece where dy's last dim is sharded.
-    std::vector<ParamGradSync> grad_syncs(const Module& m, const StyleSpec&, const Layout& out) const override {
+    std::vector<ParamGradSync> grad_syncs(const Module& m, const StyleSpec&,
+                                          const Layout& out) const override {
         if (as_embedding(m) || !m.param("bias")) return {};
         const int64_t nd = static_cast<int64_t>(out.global.size());
         const Placement g = grad_placement(out.p).normalized(nd);

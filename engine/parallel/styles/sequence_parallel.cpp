@@ -36,14 +36,18 @@ private:
 class SequenceParallel final : public Style {
 public:
     std::string_view name() const override { return style_name::sequence_parallel; }
-    bool applies_to(const Module& m) const override { return dynamic_cast<const Norm*>(&m) || dynamic_cast<const Dropout*>(&m); }
+    bool applies_to(const Module& m) const override {
+        return dynamic_cast<const Norm*>(&m) || dynamic_cast<const Dropout*>(&m);
+    }
     std::string_view applies_to_text() const override { return "layer_norm, rms_norm and dropout"; }
-    void parse(YamlMap& m, const YamlNode&, StyleSpec& s) const override {  // SequenceParallel(sequence_dim=1)
+    void parse(YamlMap& m, const YamlNode&,
+               StyleSpec& s) const override {  // SequenceParallel(sequence_dim=1)
         s.use_local_output = m.bool_or("use_local_output", true);
     }
     StyleRule rule(const Module&, const StyleSpec&) const override {
         StyleRule r;
-        r.pre = Redistribution{Placement::shard(1), Placement::shard(1)};  // what it expects, no communication
+        r.pre =
+            Redistribution{Placement::shard(1), Placement::shard(1)};  // what it expects, no communication
         return r;
     }
     std::vector<ParamGradSync> grad_syncs(const Module& m, const StyleSpec&, const Layout&) const override {
