@@ -40,6 +40,12 @@ for folder, includes in re.findall(r"^\| (\w+) \| ([a-z, ]+?) \|", doc, re.M):
             {w.strip() for w in includes.split(",")}
 
 check(set(table) == set(actual), f"docs/architecture.md lists folders {sorted(table)}, the code has {sorted(actual)}")
+# cmake/check_layers.cmake declares the same layers (the build fails on an include outside them)
+cmake_text = open(f"{ROOT}/cmake/check_layers.cmake").read()
+declared = {f: set(deps.split()) - {'""'} for f, deps in re.findall(r'^set\(ptool_layer_(\w+) ([^)]*)\)', cmake_text, re.M)}
+for folder in sorted(set(table) - {"cli"}):
+    check(declared.get(folder) == table[folder], f"{folder}: cmake/check_layers.cmake declares {sorted(declared.get(folder, []))}, "
+          f"docs/architecture.md's table {sorted(table[folder])}")
 for folder in sorted(actual):
     doc_set, code_set = table.get(folder, set()), actual[folder]
     if folder == "cli":
