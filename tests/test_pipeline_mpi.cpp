@@ -20,14 +20,16 @@ int main() {
         return 2;
     }
     int failures = 0, checks = 0;
+    const Plan one_device = single_device_plan();
     for (const Case& c : cases()) {
         const RunInputs in = inputs(c);
         std::vector<Snapshot> one;  // every process runs the one-stage reference itself
         run_rank_threads(1, CommOptions{}, [&](Communicator& w) {
-            Run run(in, single_device_plan(), w);
+            Run run(in, one_device, w);
             one = steps_of(run, 2);
         });
-        Run run(in, pipeline_plan(c), world);
+        const Plan plan = pipeline_plan(c);
+        Run run(in, plan, world);
         const std::vector<Snapshot> mine = steps_of(run, 2);
         for (int k = 0; k < 2; ++k) {
             ++checks;

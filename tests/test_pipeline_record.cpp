@@ -22,7 +22,8 @@ namespace {
 RunRecord reference_of(const RunInputs& in, int64_t steps) {
     RunRecord ref;
     run_rank_threads(1, CommOptions{}, [&](Communicator& w) {
-        Run run(in, single_device_plan(), w);
+        const Plan one = single_device_plan();
+        Run run(in, one, w);
         ref = record_run(run, steps, RecordOptions{});
     });
     return ref;

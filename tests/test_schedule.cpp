@@ -159,7 +159,8 @@ TEST_CASE(
         run_ranks(
             1, CommOptions{},
             [&](Communicator& w) {
-                Run run(in, single_device_plan(), w);
+                const Plan single = single_device_plan();
+                Run run(in, single, w);
                 one = steps_of(run, 2);
             },
             Device::cpu);

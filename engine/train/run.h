@@ -73,6 +73,8 @@ public:
     // Builds the model on this rank (of `world`, whose size is the plan's world size), the mesh,
     // the tensor-parallel styles and data parallelism. Collective over `world`.
     Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer = nullptr);
+    // The run keeps a reference to its plan (its resolution points into it): a temporary would dangle.
+    Run(const RunInputs& in, Plan&& plan, Communicator& world, RunLayer* layer = nullptr) = delete;
     ~Run();
 
     // One training step on step k's batch: gradient_accumulation microbatches (each divided over
