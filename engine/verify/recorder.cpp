@@ -87,6 +87,7 @@ public:
         for (int d = 0; d < run.dims().ndim(); ++d)
             if (d != pp && std::find(order_.begin(), order_.end(), d) == order_.end()) order_.push_back(d);
         leader_ = owns(Placements{});
+        group_first_ = group_firsts(run);
         // A pipeline run records rank-locally against a reference (each stage compares its own
         // tensors, rank 0 hears the results by key); gathering whole tensors to rank 0 across stages
         // (mpirun, golden files) comes with pipeline verification.
@@ -656,8 +657,7 @@ private:
     };
     Agreement agreement(const Tensor& local, const Placements& pl) {
         Agreement a;
-        std::vector<int> dims;  // the replicated dims, as positions among the stage's dims
-        const int pp = run_.dims().index(DimRole::pp);
+        std::vector<int> dims;  // the replicated dims
         for (int d : order_)
             if (pl.on(d).is_replicate() && run_.comm(d).size() > 1) dims.push_back(d);
         if (dims.empty()) return a;
@@ -666,19 +666,33 @@ private:
         Tensor mine({1}, DType::int64), all({stage.size()}, DType::int64);
         mine.data<int64_t>()[0] = static_cast<int64_t>(tensor_digest(on_host(local)));
         stage.all_gather(mine, all);
-        const std::vector<MeshDim>& sd = run_.stage_dims();
         for (int d : dims) {
-            const int at = pp >= 0 && d > pp ? d - 1 : d;  // its position among the stage's dims
+            const std::vector<int>& first = group_first_.at(d);
             bool ok = true;
-            for (int r = 0; r < stage.size() && ok; ++r) {
-                std::vector<int> c = DeviceMesh::coords_of(r, sd);
-                if (c[at] == 0) continue;
-                c[at] = 0;
-                ok = all.data<int64_t>()[r] == all.data<int64_t>()[DeviceMesh::rank_of(c, sd)];
-            }
+            for (int r = 0; r < stage.size() && ok; ++r)
+                ok = all.data<int64_t>()[r] == all.data<int64_t>()[first[r]];
             (run_.dims().is_data_dim(d) ? a.data : a.model) &= ok;
         }
         return a;
+    }
+
+    // Per mesh dim but pp: each stage rank's group's coordinate-0 rank on that dim (agreement's
+    // reference copy), computed once.
+    static std::map<int, std::vector<int>> group_firsts(const Run& run) {
+        std::map<int, std::vector<int>> out;
+        const std::vector<MeshDim>& sd = run.stage_dims();
+        const int pp = run.dims().index(DimRole::pp), n = run.stage_comm().size();
+        for (int d = 0; d < run.dims().ndim(); ++d) {
+            if (d == pp) continue;
+            const int at = pp >= 0 && d > pp ? d - 1 : d;  // its position among the stage's dims
+            std::vector<int>& first = out[d];
+            for (int r = 0; r < n; ++r) {
+                std::vector<int> c = DeviceMesh::coords_of(r, sd);
+                c[at] = 0;
+                first.push_back(DeviceMesh::rank_of(c, sd));
+            }
+        }
+        return out;
     }
 
     ReplicaState replica_state(const Tensor& local, const Placements& pl, bool ignored) {
@@ -750,7 +764,9 @@ private:
     std::vector<int> order_;
     std::unordered_map<std::string, const Tensor*> reference_, golden_;
     const bool local_;
-    bool leader_ = false;  // coordinate 0 on every dim but pp: speaks for its stage (rank 0 without pp)
+    bool leader_ = false;
+    std::map<int, std::vector<int>> group_first_;  // group_firsts()  // coordinate 0 on every dim but pp:
+                                                   // speaks for its stage (rank 0 without pp)
     // A module event kept for comparison at the step's end (RecordOptions::follow): its key, this
     // rank's piece (rank-local: undefined on a rank that does not count it) or rank 0's gathered
     // tensor, with the layout and shape it had.
