@@ -19,15 +19,17 @@ namespace ptool::pipeline_test {
 struct Case {
     std::string model, split;  // a shipped model and the spine module stage 1 starts at
     ScheduleKind schedule;
-    int microbatches;
+    int microbatches;  // per round
+    int rounds = 1;    // the model's gradient_accumulation: the schedule runs this many times a step
 };
 
-// An MLP under SGD with 4 microbatches; a Llama with rotary attention, AdamW and clipping (the norm
-// over both stages) with 2.
+// An MLP under SGD with 4 microbatches, and with two rounds of 2; a Llama with rotary attention,
+// AdamW and clipping (the norm over both stages) with 2.
 inline std::vector<Case> cases() {
     std::vector<Case> out;
     for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b}) {
         out.push_back({"mlp_stacked", "layers.1", k, 4});
+        out.push_back({"mlp_stacked", "layers.1", k, 2, 2});
         out.push_back({"llama_rope", "layers.1", k, 2});
     }
     return out;
@@ -47,7 +49,7 @@ inline RunInputs inputs(const Case& c) {
     ss << f.rdbuf();
     static const std::regex line(R"(\ngradient_accumulation: *\d+)");
     in.model_text = std::regex_replace(ss.str(), line, "") +
-                    "\ngradient_accumulation: " + std::to_string(c.microbatches) + "\n";
+                    "\ngradient_accumulation: " + std::to_string(c.rounds) + "\n";
     return in;
 }
 
@@ -55,8 +57,16 @@ inline Plan pipeline_plan(const Case& c) {
     Plan p;
     p.path = p.name = "two_stages";
     p.dims = ParallelDims({{"pp", 2}}, {DimRole::pp});
-    p.pipeline = PipelineSpec{{c.split}, c.schedule, 0, {}};
+    p.pipeline = PipelineSpec{};
+    p.pipeline->split_points = {c.split};
+    p.pipeline->schedule = c.schedule;
+    p.pipeline->microbatches = c.microbatches;
     return p;
+}
+
+// The one-device run the pipeline is held to: the same microbatches, one stage.
+inline Plan one_device_plan(const Case& c) {
+    return reference_plan(pipeline_plan(c));
 }
 
 inline Snapshot snapshot(const Run& run, const StepOutput& s) {

@@ -20,10 +20,10 @@ int main() {
         return 2;
     }
     int failures = 0, checks = 0;
-    const Plan one_device = single_device_plan();
     for (const Case& c : cases()) {
         const RunInputs in = inputs(c);
         std::vector<Snapshot> one;  // every process runs the one-stage reference itself
+        const Plan one_device = one_device_plan(c);
         run_rank_threads(1, CommOptions{}, [&](Communicator& w) {
             Run run(in, one_device, w);
             one = steps_of(run, 2);

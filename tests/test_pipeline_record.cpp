@@ -19,10 +19,10 @@ using namespace ptool::pipeline_test;
 
 namespace {
 
-RunRecord reference_of(const RunInputs& in, int64_t steps) {
+RunRecord reference_of(const Case& c, const RunInputs& in, int64_t steps) {
     RunRecord ref;
     run_rank_threads(1, CommOptions{}, [&](Communicator& w) {
-        const Plan one = single_device_plan();
+        const Plan one = one_device_plan(c);
         Run run(in, one, w);
         ref = record_run(run, steps, RecordOptions{});
     });
@@ -55,7 +55,7 @@ TEST_CASE(
     for (const Case& c : cases()) {
         INFO(c.model << " split at " << c.split << ", " << schedule_kind_name(c.schedule));
         const RunInputs in = inputs(c);
-        const RunRecord ref = reference_of(in, 2);
+        const RunRecord ref = reference_of(c, in, 2);
         const Plan plan = pipeline_plan(c);
         const RunRecord par = pipeline_record(in, plan, ref, 2);
         REQUIRE(par.steps.size() == 2);
@@ -92,7 +92,7 @@ TEST_CASE(
             }
             CHECK(met == by_key.size());  // and the stages report nothing the reference does not
             CHECK(met > r.events.size() / 2);
-            CHECK(static_cast<int>(microbatches.size()) == c.microbatches);
+            CHECK(static_cast<int>(microbatches.size()) == c.microbatches * c.rounds);
         }
         const PlanReport rep = compare_runs(ref, par, plan, Tolerance{});
         CHECK(rep.pass);
@@ -104,7 +104,7 @@ TEST_CASE("a wrong element of a stage-1 weight is localised to stage 1's first m
           "[cpu]") {
     const Case c{"mlp_stacked", "layers.1", ScheduleKind::one_f_one_b, 4};
     const RunInputs in = inputs(c);
-    const RunRecord ref = reference_of(in, 1);
+    const RunRecord ref = reference_of(c, in, 1);
     std::string moved;
     const RunRecord par = pipeline_record(in, pipeline_plan(c), ref, 1, [&](Run& run) {
         if (run.stage() != 1) return;

@@ -159,7 +159,7 @@ TEST_CASE(
         run_ranks(
             1, CommOptions{},
             [&](Communicator& w) {
-                const Plan single = single_device_plan();
+                const Plan single = one_device_plan(c);
                 Run run(in, single, w);
                 one = steps_of(run, 2);
             },
@@ -205,8 +205,11 @@ TEST_CASE("a pipeline plan's split points make one stage per rank of its pp dim"
           "split point 'layers.1.attn_block' is not a module a stage can start at (the model's layers in "
           "forward order: "
           "tok_embeddings, layers.0, layers.1, norm, output)");
-    p.pipeline->split_points = {"norm", "layers.1"};
-    fails(p, "split point 'layers.1' leaves stage 1 empty");
+    Plan three = p;  // three stages, four microbatches of the batch's four rows
+    three.dims = ParallelDims({{"pp", 3}}, {DimRole::pp});
+    three.pipeline->microbatches = 4;
+    three.pipeline->split_points = {"norm", "layers.1"};
+    fails(three, "split point 'layers.1' leaves stage 1 empty");
     p.pipeline->split_points = {"layers.1", "norm"};
-    fails(p, "2 split points make 3 stages, but the pp dim 'pp' has 2 ranks");
+    fails(p, "2 split points make 3 stages, but the pipeline has 2 (2 pp ranks): give 1 split point");
 }

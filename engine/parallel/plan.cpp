@@ -83,7 +83,7 @@ public:
         return out;
     }
     // `section`'s mesh_dim: the node naming it (or the section, for a 1-D mesh's implicit dim)
-    void claim(const std::string& dim, DimRole role, const YamlNode& where) {
+    void claim(const std::string& dim, DimRole role, const YamlNode& where, const char* section) {
         const int d = index(dim);
         if (d < 0) {
             const std::set<std::string> all = names();
@@ -92,20 +92,23 @@ public:
         }
         if (roles_[d]) {
             const bool data = is_data_role(role) && is_data_role(*roles_[d]);
-            where.fail(
-                data ? fmt::format("mesh dim '{}' is named twice in data_parallel's mesh_dim", dim)
-                     : fmt::format(
-                           "data_parallel and tensor_parallel both use mesh dim '{}': give each its own dim, "
-                           "e.g. mesh: {{dp: 2, tp: 2}}",
-                           dim));
+            where.fail(data ? fmt::format("mesh dim '{}' is named twice in data_parallel's mesh_dim", dim)
+                            : fmt::format("{} and {} both use mesh dim '{}': give each its own dim, e.g. "
+                                          "mesh: {{{}: 2, {}: 2}}",
+                                          section, sections_[d], dim, example(section),
+                                          example(sections_[d])));
         }
         roles_[d] = role;
+        sections_[d] = section;
     }
     // The role of a dim already claimed (data_parallel's, once its mode is read)
     void set_role(const std::string& dim, DimRole role) { roles_[index(dim)] = role; }
     ParallelDims dims() const { return ParallelDims(mesh_, roles_); }
 
 private:
+    static const char* example(const std::string& section) {  // a dim name for the section's role
+        return section == "tensor_parallel" ? "tp" : section == "pipeline_parallel" ? "pp" : "dp";
+    }
     int index(const std::string& name) const {
         for (size_t d = 0; d < mesh_.size(); ++d)
             if (mesh_[d].name == name) return static_cast<int>(d);
@@ -113,6 +116,7 @@ private:
     }
     std::vector<MeshDim> mesh_;
     std::vector<std::optional<DimRole>> roles_;
+    std::vector<std::string> sections_ = std::vector<std::string>(mesh_.size());
 };
 
 // data_parallel's mesh_dim: one dim, or [replicate, shard] for HSDP (mode fully_shard), each with
@@ -147,7 +151,7 @@ DataParallelSpec parse_data_parallel(const YamlNode& node, RoleClaims& claims,
     const std::optional<YamlNode> dim = d.get("mesh_dim");
     const auto dims = data_parallel_dims(node, dim, claims);
     for (const auto& [name, where] : dims) {
-        claims.claim(name, DimRole::dp_replicate, where);  // its role once the mode is known
+        claims.claim(name, DimRole::dp_replicate, where, "data_parallel");  // its role once the mode is known
         s.mesh_dims.push_back(name);
     }
     if (auto mode = d.get("mode")) {
@@ -208,6 +212,8 @@ const char* schedule_kind_name(ScheduleKind k) {
             return "gpipe";
         case ScheduleKind::one_f_one_b:
             return "1f1b";
+        case ScheduleKind::interleaved_one_f_one_b:
+            return "interleaved_1f1b";
     }
     return "?";
 }
@@ -235,6 +241,48 @@ void Plan::resize_mesh(const std::string& name, int size, const std::string& fla
         throw InputError(src_data_rank_where,
                          fmt::format("src_data_rank {} is outside the {} ranks of '{}' ({})", *src_data_rank,
                                      dims.size(DimRole::tp), dims.name(DimRole::tp), flag));
+    if (pipeline) check_pipeline_counts(*this);
+}
+
+int Plan::pipeline_stages() const {
+    return pipeline ? dims.size(DimRole::pp) * pipeline->virtual_stages : 1;
+}
+
+int Plan::microbatches_per_round() const {
+    if (!pipeline) return round_microbatches;
+    return pipeline->microbatches > 0 ? pipeline->microbatches : pipeline_stages();
+}
+
+// The pipeline's counts against its dim's size (again after --mesh resizes it): one split point
+// between each two stages; a microbatch per stage at least (torch's schedules refuse fewer: the
+// last stages would idle while the first drain); interleaved_1f1b's microbatches in groups of the pp
+// ranks (Megatron's rule for virtual stages).
+void check_pipeline_counts(const Plan& plan) {
+    const PipelineSpec& s = *plan.pipeline;
+    const int pp = plan.dims.size(DimRole::pp), stages = plan.pipeline_stages();
+    const bool interleaved = s.schedule == ScheduleKind::interleaved_one_f_one_b;
+    const std::string of = interleaved ? fmt::format("{} pp rank{} x {} virtual stages", pp,
+                                                     pp == 1 ? "" : "s", s.virtual_stages)
+                                       : fmt::format("{} pp rank{}", pp, pp == 1 ? "" : "s");
+    if (!s.split_points.empty() && static_cast<int>(s.split_points.size()) + 1 != stages)
+        throw InputError(
+            s.split_where,
+            fmt::format("{} split point{} make {} stages, but the pipeline has {} ({}): give {} "
+                        "split point{}",
+                        s.split_points.size(), s.split_points.size() == 1 ? "" : "s",
+                        s.split_points.size() + 1, stages, of, stages - 1, stages == 2 ? "" : "s"));
+    const int m = plan.microbatches_per_round();
+    const SourceLocation& at = s.microbatches > 0 ? s.microbatches_where : s.where;
+    if (m < stages)
+        throw InputError(at,
+                         fmt::format("{} microbatches < {} stages ({}): {} needs a microbatch per stage at "
+                                     "least",
+                                     m, stages, of, schedule_kind_name(s.schedule)));
+    if (interleaved && m % pp != 0)
+        throw InputError(at,
+                         fmt::format("interleaved_1f1b runs microbatches in rounds of the {} pp ranks: {} "
+                                     "microbatches is no multiple of {}",
+                                     pp, m, pp));
 }
 
 bool Plan::compares(const std::string& what) const {
@@ -278,13 +326,13 @@ void parse_tensor_parallel(const YamlNode& node, Plan& plan, RoleClaims& claims)
     YamlMap t(node, "'tensor_parallel'");
     const std::set<std::string> names = claims.names();
     if (!t.has("mesh_dim") && names.size() == 1) {  // a 1-D mesh: its one dim, as PyTorch's 1-D DeviceMesh
-        claims.claim(*names.begin(), DimRole::tp, node);
+        claims.claim(*names.begin(), DimRole::tp, node, "tensor_parallel");
     } else {
         if (!t.has("mesh_dim"))
             node.fail(fmt::format("'tensor_parallel' needs 'mesh_dim': the mesh has {} dims ({})",
                                   names.size(), fmt::join(names, ", ")));
         YamlNode dim = t.at("mesh_dim");
-        claims.claim(dim.as_string("'mesh_dim'"), DimRole::tp, dim);
+        claims.claim(dim.as_string("'mesh_dim'"), DimRole::tp, dim, "tensor_parallel");
     }
     plan.dims = claims.dims();  // src_data_rank is checked against the tp dim's size
     if (auto src = t.get("src_data_rank")) {
@@ -320,6 +368,78 @@ void parse_tensor_parallel(const YamlNode& node, Plan& plan, RoleClaims& claims)
                  key.where()});
         }
     t.finish();
+}
+
+// pipeline_parallel: its dim (implicit on a 1-D mesh), the stages, the schedule, the microbatches
+void parse_pipeline(const YamlNode& node, Plan& plan, RoleClaims& claims) {
+    YamlMap pm(node, "'pipeline_parallel'");
+    PipelineSpec s;
+    s.where = node.where();
+    const std::set<std::string> names = claims.names();
+    if (auto dim = pm.get("mesh_dim"))
+        claims.claim(dim->as_string("'mesh_dim'"), DimRole::pp, *dim, "pipeline_parallel");
+    else if (names.size() == 1)
+        claims.claim(*names.begin(), DimRole::pp, node, "pipeline_parallel");
+    else
+        node.fail(fmt::format("'pipeline_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(),
+                              fmt::join(names, ", ")));
+    const ParallelDims dims = claims.dims();
+    if (auto v = pm.get("schedule")) {
+        // ptool's names, and torch's / torchtitan's spellings of the same schedules
+        static const std::vector<std::pair<std::string, ScheduleKind>> kinds = {
+            {"gpipe", ScheduleKind::gpipe},
+            {"1f1b", ScheduleKind::one_f_one_b},
+            {"interleaved_1f1b", ScheduleKind::interleaved_one_f_one_b},
+            {"GPipe", ScheduleKind::gpipe},
+            {"1F1B", ScheduleKind::one_f_one_b},
+            {"Interleaved1F1B", ScheduleKind::interleaved_one_f_one_b}};
+        const std::string name = v->as_string("'schedule'");
+        auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == name; });
+        if (it == kinds.end())
+            v->fail(fmt::format("unknown schedule '{}'{} (gpipe, 1f1b or interleaved_1f1b)", name,
+                                did_you_mean(name, {"gpipe", "1f1b", "interleaved_1f1b"})));
+        s.schedule = it->second;
+    }
+    const bool interleaved = s.schedule == ScheduleKind::interleaved_one_f_one_b;
+    if (interleaved) s.virtual_stages = 2;
+    if (auto v = pm.get("virtual_stages")) {
+        const int64_t n = v->as_positive_int("'virtual_stages'");
+        if (!interleaved)
+            v->fail(
+                fmt::format("virtual_stages {} needs schedule interleaved_1f1b: {} runs one stage per rank",
+                            n, schedule_kind_name(s.schedule)));
+        if (n < 2 || n > 64)
+            v->fail(
+                fmt::format("virtual_stages {} must be in [2, 64]: interleaved_1f1b holds two stages per "
+                            "rank or more (one is 1f1b)",
+                            n));
+        s.virtual_stages = static_cast<int>(n);
+    }
+    const std::optional<YamlNode> split = pm.get("split_points"), per = pm.get("layers_per_stage");
+    if (split && per) per->fail("'layers_per_stage' and 'split_points' both cut the stages: give one");
+    if (split) {
+        s.split_points = string_list(*split, "split_points");
+        s.split_where = split->where();
+        std::set<std::string> seen;
+        for (const std::string& p : s.split_points)
+            if (!seen.insert(p).second) split->fail(fmt::format("split point '{}' is named twice", p));
+    }
+    if (per) {
+        const int64_t n = per->as_positive_int("'layers_per_stage'");
+        if (n > 1 << 20) per->fail(fmt::format("layers_per_stage {} is over the limit of {}", n, 1 << 20));
+        s.layers_per_stage = static_cast<int>(n);
+        s.split_where = per->where();
+    }
+    if (auto v = pm.get("microbatches")) {
+        const int64_t m = v->as_positive_int("'microbatches'");
+        s.microbatches_where = v->where();
+        if (m > 4096) v->fail(fmt::format("microbatches {} is over the limit of 4096", m));
+        s.microbatches = static_cast<int>(m);
+    }
+    pm.finish();
+    plan.pipeline = std::move(s);
+    plan.dims = dims;
+    check_pipeline_counts(plan);
 }
 
 double tolerance_value(YamlMap& m, const char* key) {
@@ -371,6 +491,7 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
     if (auto tp = m.get("tensor_parallel")) parse_tensor_parallel(*tp, plan, claims);
     if (auto dp = m.get("data_parallel"))
         plan.data_parallel = parse_data_parallel(*dp, claims, plan.mixed_precision);
+    if (auto pp = m.get("pipeline_parallel")) parse_pipeline(*pp, plan, claims);
     plan.dims = claims.dims();
     if (auto ac = m.get("activation_checkpointing")) {
         plan.activation_checkpointing = string_list(*ac, "activation_checkpointing");

@@ -20,6 +20,11 @@
 //     broadcast_buffers: true
 //     sync_batch_norm: false
 //     mixed_precision: {param_dtype: bfloat16, reduce_dtype: float32}
+//   pipeline_parallel:
+//     mesh_dim: pp             # one stage per rank (interleaved_1f1b: virtual_stages per rank)
+//     split_points: [layers.2] # modules that start stages 1.. (or layers_per_stage: N)
+//     schedule: 1f1b           # gpipe | 1f1b | interleaved_1f1b
+//     microbatches: 4          # per round of the model's gradient_accumulation; default: the stages
 //   verify: {steps: 2, compare: [output, loss, grad, param], tolerance: {rtol: 1.3e-6, atol: 1e-5}}
 #pragma once
 
@@ -77,17 +82,26 @@ struct DataParallelSpec {
 };
 
 // The order a pipeline runs its microbatches in (train/schedule.h): accumulation is one stage's
-// F0 B0 F1 B1 ...; gpipe every forward, then every backward; 1f1b torch's Schedule1F1B.
-enum class ScheduleKind { accumulation, gpipe, one_f_one_b };
-const char* schedule_kind_name(ScheduleKind k);  // "accumulation", "gpipe", "1f1b"
+// F0 B0 F1 B1 ...; gpipe every forward, then every backward; 1f1b torch's Schedule1F1B;
+// interleaved_1f1b torch's ScheduleInterleaved1F1B (Megatron's virtual pipeline stages).
+enum class ScheduleKind { accumulation, gpipe, one_f_one_b, interleaved_one_f_one_b };
+const char* schedule_kind_name(ScheduleKind k);  // "accumulation", "gpipe", "1f1b", "interleaved_1f1b"
 
-// pipeline_parallel: the model's layers in stages, one per rank of the pp dim, as
-// torch.distributed.pipelining runs them (train/stage.h, train/schedule.h).
+// pipeline_parallel: the model's layers in stages, one per rank of the pp dim (virtual_stages
+// per rank under interleaved_1f1b, stage s on rank s mod pp), as torch.distributed.pipelining runs
+// them (train/stage.h, train/schedule.h). A step runs the model's gradient_accumulation rounds of
+// the schedule, each over `microbatches` microbatches; every microbatch's loss is divided by the
+// step's microbatch count before its backward (docs/pipeline.md).
 struct PipelineSpec {
-    std::vector<std::string> split_points;  // spine modules that start stages 1.. (torchtitan's split points)
+    // spine modules that start stages 1.. (torchtitan's pipeline_parallel_split_points); empty when
+    // layers_per_stage cut them
+    std::vector<std::string> split_points;
+    int layers_per_stage = 0;  // the spine's blocks per stage (the first also takes what comes
+                               // before the blocks, the last what comes after); 0: split_points
     ScheduleKind schedule = ScheduleKind::one_f_one_b;
-    int microbatches = 0;  // per step; 0: the model's gradient_accumulation
-    SourceLocation where;
+    int virtual_stages = 1;  // stages per pp rank (interleaved_1f1b: 2 or more)
+    int microbatches = 0;    // per round; 0: one per stage (the fewest the schedules take)
+    SourceLocation where, split_where, microbatches_where;
 };
 
 struct VerifySpec {
@@ -113,6 +127,9 @@ struct Plan {
     std::optional<DataParallelSpec> data_parallel;
     std::optional<MixedPrecisionSpec> mixed_precision;  // data_parallel.mixed_precision
     std::optional<PipelineSpec> pipeline;               // its dim is the pp role's
+    // Microbatches per round of the model's gradient_accumulation when there is no pipeline (the
+    // reference of a pipeline plan computes its microbatches: reference_plan)
+    int round_microbatches = 1;
     // activation_checkpointing: module patterns whose forward keeps only its input and is
     // recomputed in backward (torch.utils.checkpoint)
     std::vector<std::string> activation_checkpointing;
@@ -126,6 +143,10 @@ struct Plan {
         return mixed_precision ? mixed_precision->param_dtype : model_dtype;
     }
     int dim_size(const std::string& name) const;  // 1 for a dim the mesh lacks
+    // The pipeline's stages (pp ranks x virtual stages; 1 without a pipeline) and how many
+    // microbatches each round of gradient accumulation runs (the pipeline's, else round_microbatches)
+    int pipeline_stages() const;
+    int microbatches_per_round() const;
     bool compares(const std::string& what) const;
     // `--mesh NAME=SIZE`: resizes a dim and checks the plan again (src_data_rank must stay a rank
     // of the tensor-parallel dim). InputError naming the flag otherwise.
@@ -139,6 +160,10 @@ void apply_mesh_flags(Plan& plan, const std::vector<std::string>& flags);
 Plan load_plan_text(const std::string& text, const std::string& path);
 
 // fnmatch per dotted atom: "layers.*.net[1-2]" matches "layers.0.net1"; "" matches only "".
+// InputError unless the pipeline's split points make plan.pipeline_stages() stages and its
+// microbatches fit its schedule (checked on load, after --mesh, and by a Run given a built plan).
+void check_pipeline_counts(const Plan& plan);
+
 bool fqn_matches(const std::string& pattern, const std::string& fqn);
 
 }  // namespace ptool

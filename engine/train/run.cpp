@@ -76,6 +76,7 @@ Plan single_device_plan() {
 Plan reference_plan(const Plan& plan) {
     Plan p = single_device_plan();
     p.mixed_precision = plan.mixed_precision;
+    p.round_microbatches = plan.microbatches_per_round();  // a pipeline's microbatches, on one device
     return p;
 }
 
@@ -141,13 +142,10 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
             });
     }
     optimizer_ = std::make_unique<Optimizer>(model_.optimizer, be_);
-    if (plan.pipeline) {
-        const int m = plan.pipeline->microbatches > 0 ? plan.pipeline->microbatches
-                                                      : static_cast<int>(model_.gradient_accumulation);
-        schedule_ = pipeline_schedule(plan.pipeline->schedule, stages_, m);
-    } else {
-        schedule_ = accumulation_schedule(static_cast<int>(model_.gradient_accumulation));
-    }
+    // the model's gradient_accumulation rounds, each of the plan's microbatches (one without a pipeline)
+    const int rounds = static_cast<int>(model_.gradient_accumulation), m = plan.microbatches_per_round();
+    schedule_ = plan.pipeline ? pipeline_schedule(plan.pipeline->schedule, stages_, m, rounds)
+                              : accumulation_schedule(rounds * m);
     check_schedule(schedule_);
 }
 
@@ -159,16 +157,14 @@ Run::~Run() = default;
 void Run::keep_own_stage() {
     PTOOL_REQUIRE(plan_.dims.has(DimRole::pp), "a pipeline plan without a pp dim");
     const PipelineSpec& spec = *plan_.pipeline;
+    check_pipeline_counts(plan_);
+    if (spec.virtual_stages > 1)
+        throw InputError(spec.where, "interleaved_1f1b (virtual stages) is not built yet: use 1f1b or gpipe");
     const std::vector<Module*> spine = model_spine(model_);
-    const std::vector<StageRange> ranges = stage_ranges(spine, spec.split_points, spec.where);
-    stages_ = plan_.dims.size(DimRole::pp);
-    if (static_cast<int>(ranges.size()) != stages_)
-        throw InputError(
-            spec.where,
-            fmt::format(
-                "{} split point{} make {} stages, but the pp dim '{}' has {} ranks: one stage per rank",
-                spec.split_points.size(), spec.split_points.size() == 1 ? "" : "s", ranges.size(),
-                plan_.dims.name(DimRole::pp), stages_));
+    const std::vector<StageRange> ranges = pipeline_stage_ranges(model_, spine, plan_);
+    stages_ = plan_.pipeline_stages();
+    PTOOL_REQUIRE(static_cast<int>(ranges.size()) == stages_, "{} stage ranges for {} stages", ranges.size(),
+                  stages_);
     stage_ = comm(DimRole::pp).rank();
     std::vector<int> others;  // the stage's ranks: every dim but pp
     stage_dims_.clear();

@@ -80,27 +80,32 @@ Schedule accumulation_schedule(int microbatches) {
     return s;
 }
 
-Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches) {
-    PTOOL_REQUIRE(stages >= 1 && microbatches >= 1, "a schedule of {} stages and {} microbatches", stages,
-                  microbatches);
+Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds) {
+    PTOOL_REQUIRE(stages >= 1 && microbatches >= 1 && rounds >= 1,
+                  "a schedule of {} stages, {} microbatches and {} rounds", stages, microbatches, rounds);
     if (kind == ScheduleKind::accumulation) {
         PTOOL_REQUIRE(stages == 1, "the accumulation schedule has one stage, not {}", stages);
-        return accumulation_schedule(microbatches);
+        return accumulation_schedule(microbatches * rounds);
     }
+    PTOOL_REQUIRE(kind != ScheduleKind::interleaved_one_f_one_b, "interleaved_1f1b is not built");
     Schedule sch;
-    sch.kind = kind, sch.stages = stages, sch.microbatches = microbatches;
+    sch.kind = kind, sch.stages = stages, sch.microbatches = microbatches * rounds;
     sch.ranks.resize(stages);
     for (int s = 0; s < stages; ++s) {
         std::vector<Action>& out = sch.ranks[s];
-        if (kind == ScheduleKind::gpipe) {
-            for (int m = 0; m < microbatches; ++m) add_forward(out, s, stages, m);
-            for (int m = 0; m < microbatches; ++m) add_backward(out, s, stages, m);
-        } else {  // 1f1b: warm up with stages - s forwards, then one backward and one forward, then drain
-            const int warmup = std::min(stages - s, microbatches);
-            int f = 0, b = 0;
-            while (f < warmup) add_forward(out, s, stages, f++);
-            while (f < microbatches) add_backward(out, s, stages, b++), add_forward(out, s, stages, f++);
-            while (b < microbatches) add_backward(out, s, stages, b++);
+        for (int r = 0; r < rounds; ++r) {  // gradient accumulation: one schedule after the other
+            const int o = r * microbatches;
+            if (kind == ScheduleKind::gpipe) {
+                for (int m = 0; m < microbatches; ++m) add_forward(out, s, stages, o + m);
+                for (int m = 0; m < microbatches; ++m) add_backward(out, s, stages, o + m);
+            } else {  // 1f1b: warm up with stages - s forwards, then one backward and one forward, then drain
+                const int warmup = std::min(stages - s, microbatches);
+                int f = 0, b = 0;
+                while (f < warmup) add_forward(out, s, stages, o + f++);
+                while (f < microbatches)
+                    add_backward(out, s, stages, o + b++), add_forward(out, s, stages, o + f++);
+                while (b < microbatches) add_backward(out, s, stages, o + b++);
+            }
         }
         step_end(out);
     }

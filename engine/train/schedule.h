@@ -55,8 +55,11 @@ struct Schedule {
 
 // The one-stage loop: F0 B0 F1 B1 ... then sync, clip, step.
 Schedule accumulation_schedule(int microbatches);
-// A pipeline schedule over `stages` stages (one per pipeline rank).
-Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches);
+// A pipeline schedule over `stages` stages (one per pipeline rank): `rounds` of it one after the
+// other (gradient accumulation around a pipeline, as torchtitan steps its schedule once per
+// accumulation step), each over `microbatches` microbatches, then one sync, clip and step. The
+// schedule's microbatches are numbered across the rounds (round r's are r*microbatches..).
+Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds = 1);
 
 // A send or receive's tag: the microbatch and the direction, so messages between two stages
 // match whatever order they are posted in.

@@ -14,12 +14,15 @@ bool opened(const Module& m, const Module& parent) {
     return !dynamic_cast<const Repeat*>(&parent);
 }
 
-void walk(Module& m, std::vector<Module*>& out) {
+// The spine under m; `blocks` collects its members that are a repeat's (the units layers_per_stage counts)
+void walk(Module& m, std::vector<Module*>& out, std::set<const Module*>* blocks = nullptr) {
     for (const auto& [name, child] : m.children()) {
-        if (opened(*child, m))
-            walk(*child, out);
-        else
+        if (opened(*child, m)) {
+            walk(*child, out, blocks);
+        } else {
             out.push_back(child.get());
+            if (blocks && dynamic_cast<const Repeat*>(&m)) blocks->insert(child.get());
+        }
     }
 }
 
@@ -70,6 +73,38 @@ std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine,
         out.push_back({at, spine.size()});
     }
     return out;
+}
+
+std::vector<StageRange> pipeline_stage_ranges(const Model& model, const std::vector<Module*>& spine,
+                                              const Plan& plan) {
+    const PipelineSpec& spec = *plan.pipeline;
+    const int stages = plan.pipeline_stages();
+    if (!spec.split_points.empty()) return stage_ranges(spine, spec.split_points, spec.split_where);
+    std::set<const Module*> members;
+    std::vector<Module*> walked;
+    walk(*model.root, walked, &members);
+    std::vector<size_t> blocks;  // the spine's indices of a repeat's members
+    for (size_t i = 0; i < spine.size(); ++i)
+        if (members.count(spine[i])) blocks.push_back(i);
+    const SourceLocation& at = spec.layers_per_stage > 0 ? spec.split_where : spec.where;
+    if (blocks.empty())
+        throw InputError(at,
+                         "the model has no repeated blocks to cut into stages: name the modules that start "
+                         "stages 1.. in 'split_points'");
+    const int64_t n = static_cast<int64_t>(blocks.size());
+    const int64_t per = spec.layers_per_stage > 0 ? spec.layers_per_stage : n / stages;
+    if (per * stages != n)
+        throw InputError(
+            at, spec.layers_per_stage > 0
+                    ? fmt::format("layers_per_stage {} x {} stages is {} blocks, but the model has {}: give "
+                                  "split_points for uneven stages",
+                                  per, stages, per * stages, n)
+                    : fmt::format("the model's {} blocks do not divide evenly over {} stages: give "
+                                  "'layers_per_stage' or 'split_points'",
+                                  n, stages));
+    std::vector<std::string> points;
+    for (int s = 1; s < stages; ++s) points.push_back(spine[blocks[static_cast<size_t>(s * per)]]->fqn());
+    return stage_ranges(spine, points, at);
 }
 
 void keep_stage(Model& model, const std::vector<Module*>& spine, const StageRange& stage) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "model/model.h"
+#include "parallel/plan.h"
 
 namespace ptool {
 
@@ -25,6 +26,14 @@ struct StageRange {
 std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine,
                                      const std::vector<std::string>& split_points,
                                      const SourceLocation& where);
+
+// The stages a plan's pipeline_parallel section cuts (plan.pipeline_stages() of them): its split
+// points; or layers_per_stage of the spine's blocks (a repeat's members) per stage, the first
+// stage also taking the modules before the first block and the last those after the last
+// (Megatron's layers per stage, the embedding on the first stage and the head on the last); or,
+// given neither, the blocks evenly. InputError at the section for counts that do not fit.
+std::vector<StageRange> pipeline_stage_ranges(const Model& model, const std::vector<Module*>& spine,
+                                              const Plan& plan);
 
 // Removes every module outside the stage's spine range from the model (their parameters go with
 // them, unless a kept module shares one).

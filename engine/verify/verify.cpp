@@ -132,9 +132,12 @@ void drop_tensors(StepRecord& step) {
 
 // What makes two plans' references differ: their mixed precision.
 std::string numerics_key(const Plan& plan) {
-    if (!plan.mixed_precision) return "";
+    // the microbatches a round cuts the batch into (a pipeline's), and the mixed precision policy
+    const std::string m =
+        plan.microbatches_per_round() > 1 ? fmt::format("m{}", plan.microbatches_per_round()) : "";
+    if (!plan.mixed_precision) return m;
     const MixedPrecisionSpec& mp = *plan.mixed_precision;
-    return fmt::format("{}/{}/{}", dtype_name(mp.param_dtype), dtype_name(mp.reduce_dtype),
+    return fmt::format("{}{}/{}/{}", m, dtype_name(mp.param_dtype), dtype_name(mp.reduce_dtype),
                        mp.cast_forward_inputs);
 }
 
