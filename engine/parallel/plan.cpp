@@ -254,7 +254,7 @@ int Plan::microbatches_per_round() const {
 }
 
 // The pipeline's counts against its dim's size (again after --mesh resizes it): one split point
-// between each two stages; a microbatch per stage at least (torch's schedules refuse fewer: the
+// between each two stages; a microbatch per pp rank at least (torch's schedules refuse fewer: the
 // last stages would idle while the first drain); interleaved_1f1b's microbatches in groups of the pp
 // ranks (Megatron's rule for virtual stages).
 void check_pipeline_counts(const Plan& plan) {
@@ -273,9 +273,9 @@ void check_pipeline_counts(const Plan& plan) {
                         s.split_points.size() + 1, stages, of, stages - 1, stages == 2 ? "" : "s"));
     const int m = plan.microbatches_per_round();
     const SourceLocation& at = s.microbatches > 0 ? s.microbatches_where : s.where;
-    if (m < stages)
+    if (m < pp)  // torch's schedules refuse fewer microbatches than pp ranks (torchtitan#775: a hang)
         throw InputError(at,
-                         fmt::format("{} microbatches < {} stages ({}): {} needs a microbatch per stage at "
+                         fmt::format("{} microbatches < {} stages ({}): {} needs a microbatch per pp rank at "
                                      "least",
                                      m, stages, of, schedule_kind_name(s.schedule)));
     if (interleaved && m % pp != 0)
