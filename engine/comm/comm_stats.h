@@ -27,6 +27,8 @@ enum class CommSiteKind {
     reduce_grads,    // fully_shard's reduce_scatter of a unit's gradients (HSDP: and their all_reduce)
     clip_grad_norm,  // clip_grad_norm's all_reduces of the squares
     loss_parallel,   // loss_parallel's all_reduces of the row maxima and sums
+    tied_weights,    // a pipeline's weights tied across stages: their broadcast at construction and
+                     // the all_reduce of their gradients
 };
 
 struct CommSite {

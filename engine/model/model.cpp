@@ -17,7 +17,10 @@ static std::vector<std::pair<std::string, ParamPtr>> unique_entries(const Module
 }
 
 std::vector<std::pair<std::string, ParamPtr>> Model::named_parameters() const {
-    return unique_entries(*root, false);
+    std::vector<std::pair<std::string, ParamPtr>> out = unique_entries(*root, false);
+    for (auto& [name, p] : out)
+        if (auto it = parameter_names.find(p.get()); it != parameter_names.end()) name = it->second;
+    return out;
 }
 std::vector<std::pair<std::string, ParamPtr>> Model::named_buffers() const {
     return unique_entries(*root, true);

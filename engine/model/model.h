@@ -6,6 +6,7 @@
 // the whole tree) before anything is computed, and throws InputError at file:line:column.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,8 +59,12 @@ struct Model {
     std::shared_ptr<Sequential> root;  // fqn ""
     Shape output_shape;
 
-    // named_parameters(): registration order, each parameter once (first name).
+    // named_parameters(): registration order, each parameter once (first name, or its entry in
+    // parameter_names).
     std::vector<std::pair<std::string, ParamPtr>> named_parameters() const;
+    // A pipeline stage's weights tied to a module another stage holds, by the whole model's name
+    // for them (train/stage.h): the stage's named_parameters() call them what the reference does.
+    std::map<const Parameter*, std::string> parameter_names;
     // named_buffers(), likewise.
     std::vector<std::pair<std::string, ParamPtr>> named_buffers() const;
     // state_dict(): parameters then buffers per module, every name (tied/shared ones too).

@@ -29,7 +29,11 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
     if (in.stages && in.stages->size() > 1) {  // every stage's squares, in stage order
         CommScope scope(in.stages->counter().get(), "(clip)", CommSiteKind::clip_grad_norm);
         const int k = in.stages->size();
-        Tensor count = Tensor::scalar(static_cast<double>(n), DType::int64).reshape({1}),
+        std::vector<double> own;  // the squares this stage counts, in its parameters' order
+        for (int64_t i = 0; i < n; ++i)
+            if (!in.counted || in.counted(in.params[i].second.get())) own.push_back(sq[i]);
+        const int64_t c = static_cast<int64_t>(own.size());
+        Tensor count = Tensor::scalar(static_cast<double>(c), DType::int64).reshape({1}),
                counts({k}, DType::int64);
         {
             CountingPaused pause(in.stages->counter().get());  // the sizes are metadata
@@ -37,8 +41,8 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
         }
         int64_t all = 0;
         for (int r = 0; r < k; ++r) all += static_cast<int64_t>(counts.item(r));
-        Tensor mine({n}, DType::float64), every({all}, DType::float64);
-        for (int64_t i = 0; i < n; ++i) mine.set(i, sq[i]);
+        Tensor mine({c}, DType::float64), every({all}, DType::float64);
+        for (int64_t i = 0; i < c; ++i) mine.set(i, own[i]);
         in.stages->all_gather(mine, every);
         sq = every.to_doubles();
     }

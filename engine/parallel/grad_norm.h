@@ -28,6 +28,10 @@ struct GradNormInputs {
     // Pipeline parallel: the stages' group. Each stage holds its own parameters; their squares are
     // gathered in stage order (the parameters' order) and summed in that order, as one device sums them.
     Communicator* stages = nullptr;
+    // Whether a parameter's squares count in the norm (default: every one): a weight tied across
+    // stages counts on the first stage that holds it only (Megatron leaves its shared copies out of
+    // the norm), though clipping scales every copy.
+    std::function<bool(const Parameter*)> counted;
 };
 
 // Returns the total norm before clipping.

@@ -124,6 +124,10 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     if (layer) layer->before_parallelize(model_, res_);
     tp_params_ = parallelize(model_, plan, res_, *mesh_, own);
     if (layer) layer->after_parallelize(model_, plan, res_, tp_params_, *mesh_);
+    for (const Tied& t : tied_) {  // the later stages' copies start from the first stage's values
+        CommScope scope(t.group->counter().get(), "(tied weights)", CommSiteKind::tied_weights);
+        t.group->broadcast(t.param->value, 0);
+    }
     model_.to_device(in.device);  // built, initialised and distributed on the host
     if (res_.dp.active) {
         // DDP fills its buckets with the tensors it sees: the TP-local ones, so resolved again here
@@ -182,6 +186,7 @@ void Run::keep_own_stage() {
     };
     stage_in_ = call_of(stage_modules_.front()).in;
     stage_out_ = call_of(stage_modules_.back()).out;
+    tie_across_stages(spine, ranges);
     keep_stage(model_, spine, r);
     std::set<const Module*> kept;
     for_each_module(*model_.root, [&](const std::string&, Module& m) { kept.insert(&m); });
@@ -191,6 +196,50 @@ void Run::keep_own_stage() {
     res_.styles = std::move(styles);
     for (auto it = res_.checkpointed.begin(); it != res_.checkpointed.end();)
         it = kept.count(*it) ? std::next(it) : res_.checkpointed.erase(it);
+}
+
+// Weights tied across stages (a head tied to the embedding, each on its own stage): every stage
+// that uses the parameter keeps it (keep_stage keeps a module's parameters), named as the whole
+// model names it; the stages that hold it form a group per coordinate of the other dims (made on
+// every rank, in the whole model's parameter order: a collective split). Megatron's embedding group.
+void Run::tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges) {
+    std::map<const Parameter*, std::set<int>> users;
+    for (size_t t = 0; t < ranges.size(); ++t)
+        for (size_t i = ranges[t].begin; i < ranges[t].end; ++i)
+            for_each_param(
+                *spine[i],
+                [&](const std::string&, const ParamPtr& p) { users[p.get()].insert(static_cast<int>(t)); },
+                false);
+    for (const auto& [name, p] : model_.named_parameters()) {
+        const std::set<int>& stages = users[p.get()];
+        if (stages.size() < 2) continue;
+        const auto at = stages.find(stage_);
+        const bool mine = at != stages.end();
+        const int place = mine ? static_cast<int>(std::distance(stages.begin(), at)) : 0;
+        // one group per coordinate of the other dims among the stages that hold it; alone otherwise
+        const int color = mine ? stage_comm_->rank() : stage_comm_->size() + world_.rank();
+        tied_groups_.push_back(
+            world_.split_known(color, place, place, mine ? static_cast<int>(stages.size()) : 1));
+        tied_groups_.back()->set_counter(counter_, plan_.dims.name(DimRole::pp));
+        if (!mine) continue;
+        tied_.push_back({p, tied_groups_.back().get(), place > 0});
+        model_.parameter_names[p.get()] = name;
+    }
+}
+
+bool Run::shared_copy(const Parameter* p) const {
+    for (const Tied& t : tied_)
+        if (t.param.get() == p) return t.copy;
+    return false;
+}
+
+// The tied weights' gradients summed over the stages that hold them (each holds the part its own
+// use contributed), after the data-parallel sync: every copy then steps alike.
+void Run::sync_tied_gradients() {
+    for (const Tied& t : tied_) {
+        CommScope scope(t.group->counter().get(), "(tied weights)", CommSiteKind::tied_weights);
+        t.group->all_reduce(t.param->grad, ReduceOp::sum);
+    }
 }
 
 void Run::set_schedule(Schedule s) {
@@ -313,7 +362,22 @@ void Run::exchange(StepState& st, const std::vector<Action>& actions) {
                 PTOOL_REQUIRE(false, "{} is no send or receive", a.str());
         }
     }
-    comm(DimRole::pp).batch_isend_irecv(ops);
+    try {
+        comm(DimRole::pp).batch_isend_irecv(ops);
+    } catch (const RuntimeError& e) {  // which stage waited for what, from whom
+        std::vector<std::string> what;
+        for (const Action& a : actions) {
+            const bool fwd = a.kind == ActionKind::send_forward || a.kind == ActionKind::recv_forward;
+            const bool send = a.kind == ActionKind::send_forward || a.kind == ActionKind::send_backward;
+            const int peer = fwd == send ? stage_ + 1 : stage_ - 1;
+            what.push_back(fmt::format("{} microbatch {}'s {} {} stage {}", send ? "sending" : "receiving",
+                                       a.microbatch, fwd ? "activation" : "gradient", send ? "to" : "from",
+                                       peer));
+        }
+        throw RuntimeError(fmt::format("pipeline stage {} (pp rank {}), {}: {}", stage_,
+                                       comm(DimRole::pp).rank(), fmt::join(what, ", "), e.what()),
+                           e.kind());
+    }
     for (const Action& a : actions)
         if (a.kind == ActionKind::send_backward) st.to_send_back.erase(a.microbatch);
 }
@@ -323,7 +387,10 @@ double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& 
     in.params = params;
     in.placements = [&](const Parameter* p) { return placements(p); };
     for (int d : plan_.dims.param_nesting()) in.dims.push_back({d, &mesh_->comm(d)});
-    if (stages_ > 1) in.stages = &comm(DimRole::pp);
+    if (stages_ > 1) {
+        in.stages = &comm(DimRole::pp);
+        in.counted = [this](const Parameter* p) { return !shared_copy(p); };
+    }
     return clip_grad_norm(in, model_.clip_grad_norm, be_);
 }
 
@@ -372,6 +439,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
                 if (layer_) layer_->before_gradient_sync(model_, world_);
                 if (data_parallel_)
                     data_parallel_->after_backward();  // once per step (DDP's no_sync on the others)
+                sync_tied_gradients();
                 break;
             case ActionKind::clip:
                 if (model_.clip_grad_norm > 0) out.grad_norm = clip_gradients(params);

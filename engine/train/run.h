@@ -16,6 +16,7 @@
 #include "parallel/mixed_precision.h"
 #include "parallel/parallelize.h"
 #include "train/schedule.h"
+#include "train/stage.h"
 
 namespace ptool {
 
@@ -102,6 +103,10 @@ public:
     const DataParallel* data_parallel() const { return data_parallel_.get(); }
     // A parameter's placement on every mesh dim (the tp style's, then fully_shard's of its tp piece).
     Placements placements(const Parameter* p) const;
+    // A weight tied across pipeline stages held by a later stage than the first that holds it (the
+    // lm_head of an embedding tied to it): a copy, kept equal to the first's, that verification
+    // records and the gradient norm counts on the first stage only.
+    bool shared_copy(const Parameter* p) const;
     int stage() const { return stage_; }  // this rank's pipeline stage (0 without pp)
     int stages() const { return stages_; }
     bool ignored(const std::string& param) const { return res_.dp.ignored_params.count(param) > 0; }
@@ -142,6 +147,8 @@ private:
     void backward(StepState& st, int m);
     void exchange(StepState& st, const std::vector<Action>& actions);
     void keep_own_stage();
+    void tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges);
+    void sync_tied_gradients();
     double clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params);
 
     Model model_;
@@ -170,6 +177,16 @@ private:
     std::vector<MeshDim> stage_dims_;
     std::vector<Module*> stage_modules_;
     Layout stage_in_, stage_out_;
+    // Weights tied across stages this rank holds (Megatron's embedding group): the group of the
+    // stages that hold it (the same coordinates on every other dim), whose first stage's values
+    // the others start from and over which the gradients are summed after the data-parallel sync.
+    struct Tied {
+        ParamPtr param;
+        Communicator* group = nullptr;
+        bool copy = false;  // held by an earlier stage too
+    };
+    std::vector<Tied> tied_;
+    std::vector<std::unique_ptr<Communicator>> tied_groups_;
 };
 
 }  // namespace ptool

@@ -91,7 +91,7 @@ public:
         // A pipeline run records rank-locally against a reference (each stage compares its own
         // tensors, rank 0 hears the results by key); gathering whole tensors to rank 0 across stages
         // (mpirun, golden files) comes with pipeline verification.
-        PTOOL_REQUIRE(run.stages() == 1 || (local_ && !opt.golden && !opt.init_tensors),
+        PTOOL_REQUIRE(run.stages() == 1 || (local_ && !opt.init_tensors),
                       "a pipeline run is recorded rank-locally against a reference only");
     }
 
@@ -166,7 +166,8 @@ public:
             if (!agree) init_differ_.insert(name);
             rec.init_state[init_index_.at(name)].second = state_digest(full);
         }
-        const int64_t unique = static_cast<int64_t>(run_.model().named_parameters().size());
+        int64_t unique = 0;  // a weight tied across stages counts once, on the first that holds it
+        for (const auto& [name, p] : run_.model().named_parameters()) unique += !run_.shared_copy(p.get());
         if (rank0_)
             rec.unique_params = unique;
         else if (run_.stages() > 1 && leader_)
@@ -264,8 +265,14 @@ public:
                        last_step);
         }
         const auto params = run_.model().named_parameters();
+        // a weight tied across stages is recorded by the first stage that holds it; the others'
+        // copies step alike from the same summed gradient (what they compute with shows downstream)
         for (size_t i = 0; i < params.size(); ++i) {
             const auto& [name, p] = params[i];
+            if (run_.shared_copy(p.get())) {
+                if (!shadow_.empty()) shadow_[i].second->grad = on_host(p->grad).clone();
+                continue;
+            }
             const Tensor g = record(sr, s + "grad." + name, p->grad, run_.placements(p.get()),
                                     run_.ignored(name), last_step);
             if (!shadow_.empty()) shadow_[i].second->grad = local_ ? on_host(p->grad).clone() : g.clone();
@@ -273,6 +280,7 @@ public:
         if (!shadow_.empty()) shadow_opt_->step(shadow_);  // what the optimizer makes of these gradients
         for (size_t i = 0; i < params.size(); ++i) {
             const auto& [name, p] = params[i];
+            if (run_.shared_copy(p.get())) continue;
             const Tensor v = record(sr, s + "param." + name, p->value, run_.placements(p.get()),
                                     run_.ignored(name), last_step);
             if (shadow_.empty()) continue;
@@ -713,11 +721,14 @@ private:
                      mine = local.size() == 1 ? local[0] : cat(local, 0);
         const ReplicaState state = replica_state(mine, activation_placements(outs[0]), false);
         if (run_.stages() > 1) {  // the last stage's leader compares it whole; rank 0 hears by key
-            auto it = reference_.find(name);
-            if (leader_ && it != reference_.end()) {
+            if (leader_) {
                 const Tensor host = on_host(whole);
                 const Box b{std::vector<int64_t>(host.dim(), 0), host.shape(), true, compare_threads()};
-                queue_diff(Target::reference, name, piece(host, *it->second, b, rule_for(opt_.tol, name)));
+                if (auto it = reference_.find(name); it != reference_.end())
+                    queue_diff(Target::reference, name,
+                               piece(host, *it->second, b, rule_for(opt_.tol, name)));
+                if (auto it = golden_.find(name); it != golden_.end())
+                    queue_diff(Target::golden, name, piece(host, *it->second, b, rule_for(opt_.tol, name)));
             }
             note_state(sr, name, state);
             return;
