@@ -85,6 +85,28 @@ void explain(const ExplainArgs& a, const Common& c) {
     }
     if (!ex.data_parallel.empty()) fmt::print("\n  data parallel ({}):\n", r.data_parallel_title);
     for (const std::string& line : ex.data_parallel) fmt::print("    {}\n", line);
+    if (plan.pipeline) {
+        const int p = plan.dims.size(DimRole::pp);
+        fmt::print(
+            "\n  pipeline ({} over '{}': {} stages on {} pp ranks, {} microbatches a round, {} round{}; "
+            "bubble "
+            "(p-1)/(v m) = {:.1f}% at uniform stages):\n",
+            schedule_kind_name(plan.pipeline->schedule), plan.dims.name(DimRole::pp), plan.pipeline_stages(),
+            p, plan.microbatches_per_round(), model.gradient_accumulation,
+            model.gradient_accumulation == 1 ? "" : "s", 100 * r.bubble_closed_form);
+        std::vector<std::vector<std::string>> prows = {
+            {"stage", "ranks", "modules", "in flight", "sends per step", "receives per step"}};
+        for (const StageExplain& st : r.stages)
+            prows.push_back(
+                {std::to_string(st.stage), rank_ranges(st.ranks),
+                 st.first == st.last ? st.first : fmt::format("{} .. {}", st.first, st.last),
+                 std::to_string(st.in_flight),
+                 st.sends ? fmt::format("{} x {}", st.sends, format_bytes(st.send_bytes / st.sends))
+                          : std::string("none"),
+                 st.recvs ? fmt::format("{} x {}", st.recvs, format_bytes(st.recv_bytes / st.recvs))
+                          : std::string("none")});
+        print_columns(prows, "    ");
+    }
     fmt::print("\n  collectives per training step (per rank; bytes of the logical tensor):\n");
     std::map<std::string, std::pair<int64_t, int64_t>> totals;
     std::vector<std::vector<std::string>> rows;
@@ -150,6 +172,12 @@ void explain(const ExplainArgs& a, const Common& c) {
                              fmt::format("{:.1f}%", 100 * mfu(t, *cluster, compute))});
         }
         print_columns(trows, "    ");
+        if (plan.pipeline && !times.empty())
+            fmt::print(
+                "    (pipeline: the schedule's critical path {:.1f} ms, action by action over the stages; "
+                "bubble "
+                "{:.1f}% of the busiest rank's work, {:.1f}% at uniform stages)\n",
+                times.front().pipeline * 1e3, 100 * times.front().bubble, 100 * r.bubble_closed_form);
         fmt::print(
             "    (data-parallel collectives overlap the compute, tensor-parallel ones do not; MFU: the "
             "step's GEMM\n"
@@ -229,6 +257,25 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["parameters"] = elements;  // unique parameter elements
         j["verify_record_bytes_per_step"] = ex.record_step_bytes;
         j["verify_steps"] = steps;
+        if (plan.pipeline) {
+            nlohmann::json stages = nlohmann::json::array();
+            for (const StageExplain& st : r.stages)
+                stages.push_back({{"stage", st.stage},
+                                  {"ranks", st.ranks},
+                                  {"first", st.first},
+                                  {"last", st.last},
+                                  {"in_flight", st.in_flight},
+                                  {"sends", st.sends},
+                                  {"send_bytes", st.send_bytes},
+                                  {"recvs", st.recvs},
+                                  {"recv_bytes", st.recv_bytes}});
+            j["pipeline"] = {{"schedule", schedule_kind_name(plan.pipeline->schedule)},
+                             {"stages", stages},
+                             {"virtual_stages", plan.pipeline->virtual_stages},
+                             {"microbatches", plan.microbatches_per_round()},
+                             {"rounds", model.gradient_accumulation},
+                             {"bubble_closed_form", r.bubble_closed_form}};
+        }
         if (cluster) {
             j["time"] = nlohmann::json::array();  // per rank class, seconds
             for (size_t i = 0; i < times.size(); ++i) {
@@ -244,6 +291,9 @@ void explain(const ExplainArgs& a, const Common& c) {
                                      {"gemm_flops", times[i].gemm_flops},
                                      {"model_flops", times[i].model_flops},
                                      {"collectives", by_dim}});
+                if (plan.pipeline)
+                    j["time"].back()["pipeline_seconds"] = times[i].pipeline,
+                    j["time"].back()["bubble"] = times[i].bubble;
             }
         }
         write_file(a.json, j.dump(2) + "\n", true);

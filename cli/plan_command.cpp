@@ -49,12 +49,24 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
         s += fmt::format(
             "# Needs `gradient_accumulation: {}` in the model (its rows per dp rank in {} microbatches).\n",
             c.microbatches, c.microbatches);
+    if (c.choice.pp > 1)
+        s += fmt::format(
+            "# Pipeline: {} stages of [{}] blocks (balanced by predicted time), {} microbatches a round; "
+            "critical path {:.0f} ms, bubble {:.1f}%.\n",
+            c.choice.pp * c.choice.virtual_stages, fmt::join(c.choice.stage_blocks, ", "),
+            c.choice.pp_microbatches, c.time.pipeline * 1e3, 100 * c.time.bubble);
     s += "# Check it before the cluster: `ptool explain MODEL THIS_PLAN` (lint, memory per rank).\n";
     return s;
 }
 
 // The best plan on a proxy of the model (plan/shrink.h), verified here: exit code as verify's.
 int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& common) {
+    if (best.choice.pp > 1)  // ptool shrink keeps 2 blocks a repeat: fewer than the stages
+        throw InputError(
+            fmt::format("--verify: the best plan pipelines over {} stages, and a pipeline's proxy is "
+                        "not built yet (ptool shrink keeps 2 blocks); verify it with `ptool verify` on a "
+                        "model of as many blocks",
+                        best.choice.pp * best.choice.virtual_stages));
     const TempDir tmp("ptool-plan");  // removed at the end, and on SIGINT, SIGTERM or SIGHUP
     const std::string& dir = tmp.path();
     const std::string plan_path = a.output.empty() ? dir + "/plan.yaml" : a.output;
@@ -93,6 +105,7 @@ int plan(const PlanArgs& a, const Common& common) {
     const Cluster cluster = load_cluster(a.cluster);
     SearchOptions o;
     o.world_size = a.world_size;
+    o.keep = a.top;
     o.memory_cap = a.memory_cap_gib * (1ull << 30);
     if (a.mixed_precision != "none")
         o.param_dtype = dtype_name(parse_dtype(a.mixed_precision));
@@ -108,17 +121,27 @@ int plan(const PlanArgs& a, const Common& common) {
         a.model, cluster.name, r.world_size, format_bytes(static_cast<int64_t>(r.memory_cap)),
         dtype_name(r.compute), r.evaluated, seconds);
     if (!r.tp_unsupported.empty()) fmt::print("  no tensor parallelism: {}\n", r.tp_unsupported);
-    std::vector<std::vector<std::string>> rows = {{"#", "mesh", "data parallel", "checkpoint", "micro",
-                                                   "memory/GPU", "comm/step", "compute", "step", "MFU"}};
+    std::vector<std::vector<std::string>> rows = {{"#", "mesh", "data parallel", "pipeline", "checkpoint",
+                                                   "micro", "memory/GPU", "comm/step", "compute", "step",
+                                                   "MFU"}};
     for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < a.top; ++i) {
         const Candidate& c = r.fitting[i];
         double bytes = 0;
         for (const auto& [dim, ct] : c.time.by_dim) bytes += ct.bytes;
-        rows.push_back({std::to_string(i + 1), fmt::format("{} x tp{}", c.choice.dp_text(), c.choice.tp),
-                        c.choice.dp > 1 ? c.choice.mode_name() : "-", c.choice.checkpoint ? "yes" : "no",
-                        std::to_string(c.microbatches), format_bytes(static_cast<int64_t>(c.peak)),
-                        format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute),
-                        seconds_str(c.time.step), fmt::format("{:.1f}%", 100 * c.mfu)});
+        rows.push_back(
+            {std::to_string(i + 1),
+             c.choice.pp > 1 ? fmt::format("pp{} x {} x tp{}", c.choice.pp, c.choice.dp_text(), c.choice.tp)
+                             : fmt::format("{} x tp{}", c.choice.dp_text(), c.choice.tp),
+             c.choice.dp > 1 ? c.choice.mode_name() : "-",
+             c.choice.pp > 1
+                 ? fmt::format(
+                       "{}{} m{}, bubble {:.0f}%", c.choice.schedule,
+                       c.choice.virtual_stages > 1 ? fmt::format(" v{}", c.choice.virtual_stages) : "",
+                       c.choice.pp_microbatches, 100 * c.time.bubble)
+                 : "-",
+             c.choice.checkpoint ? "yes" : "no", std::to_string(c.microbatches),
+             format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(bytes)),
+             seconds_str(c.time.compute), seconds_str(c.time.step), fmt::format("{:.1f}%", 100 * c.mfu)});
     }
     fmt::print("\n");
     if (r.fitting.empty())
@@ -132,7 +155,10 @@ int plan(const PlanArgs& a, const Common& common) {
     fmt::print(
         "\n  (memory: rank 0 simulated for 2 steps on meta tensors{}; time: the cluster's rates, "
         "data-parallel\n"
-        "   collectives overlapped with the compute; docs/planning.md)\n",
+        "   collectives overlapped with the compute; a pipeline: pp ranks 0, 1 and the last at 2 and 3 "
+        "blocks a "
+        "stage,\n"
+        "   its step the schedule's critical path; docs/planning.md)\n",
         !r.fitting.empty() && r.fitting[0].extrapolated ? ", the repeated blocks extrapolated from 2 and 3"
                                                         : "");
     if (!a.output.empty()) {
@@ -168,6 +194,14 @@ int plan(const PlanArgs& a, const Common& common) {
             if (c.choice.hybrid())
                 j["candidates"].back()["dp_replicate"] = c.choice.dp_replicate(),
                 j["candidates"].back()["dp_shard"] = c.choice.dp_shard;
+            if (c.choice.pp > 1)
+                j["candidates"].back()["pipeline"] = {{"pp", c.choice.pp},
+                                                      {"schedule", c.choice.schedule},
+                                                      {"virtual_stages", c.choice.virtual_stages},
+                                                      {"microbatches", c.choice.pp_microbatches},
+                                                      {"stage_blocks", c.choice.stage_blocks},
+                                                      {"pipeline_seconds", c.time.pipeline},
+                                                      {"bubble", c.time.bubble}};
         }
         j["rejected"] = nlohmann::json::array();
         for (const Rejection& x : r.rejected)
@@ -182,7 +216,8 @@ int plan(const PlanArgs& a, const Common& common) {
 void add_plan_command(CLI::App& app, Common& common, int& exit_code) {
     auto a = std::make_shared<PlanArgs>();
     CLI::App* cmd = app.add_subcommand(
-        "plan", "Search data x tensor parallel plans for MODEL on a cluster, fastest that fit first");
+        "plan",
+        "Search data x tensor x pipeline parallel plans for MODEL on a cluster, fastest that fit first");
     cmd->add_option("MODEL", a->model, "model YAML file")->required();
     cmd->add_option("--cluster", a->cluster, "cluster YAML file (clusters/*.yaml)")->required();
     cmd->add_option("--world-size", a->world_size, "GPUs to use (default: all the cluster's)")

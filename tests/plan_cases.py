@@ -136,6 +136,29 @@ with tempfile.TemporaryDirectory() as tmp:
             compared += 1
     check(compared >= 8, f"only {compared} planned candidates compared with explain")
 
+    # 2b. pipeline candidates (sampled at 2 and 3 blocks a stage on pp ranks 0, 1 and the last, the
+    # stages balanced, the step the schedule's critical path) against explain's simulation of every
+    # stage of the plan as written: the peak of the worst rank within 1%, the step within 2%
+    rc, out = run("plan", m8, "--cluster", H100, "--world-size", "16", "--top", "100", "--json", j)
+    piped = [c for c in json.load(open(j))["candidates"] if "pipeline" in c] if rc == 0 else []
+    check(len(piped) >= 8 and any(c["pipeline"]["pp"] >= 4 for c in piped) and any(c["activation_checkpointing"] for c in piped),
+          f"llama3_8b on 16 H100s: {len(piped)} pipeline plans fit")
+    for k, c in enumerate(piped):
+        plan, ej = os.path.join(tmp, f"pp8_{k}.yaml"), os.path.join(tmp, "e.json")
+        open(plan, "w").write(c["plan"])
+        rc, out = run("explain", m8, plan, "--cluster", H100, "--json", ej)
+        if not check(rc == 0, f"explain llama3_8b pipeline #{k}: exit {rc}\n{out}"):
+            continue
+        e = json.load(open(ej))
+        full_peak = max(m["predicted_peak_bytes"] for m in e["memory"])
+        full_step = e["time"][0]["step_seconds"]
+        planned = c["peak_bytes"] - c["prefetch_bytes"]
+        what = f"#{k} (pp{c['pipeline']['pp']} {c['pipeline']['stage_blocks']} {c['dp']}x{c['tp']} {c['mode']} ac={c['activation_checkpointing']})"
+        check(abs(planned - full_peak) <= 0.01 * full_peak, f"{what}: planned peak {planned:.0f} B, explain's {full_peak} B")
+        check(abs(c["step_seconds"] - full_step) <= 0.02 * full_step, f"{what}: planned step {c['step_seconds']} s, explain's {full_step} s")
+        check(sum(c["pipeline"]["stage_blocks"]) == 32 and min(c["pipeline"]["stage_blocks"]) >= 1,
+              f"{what}: stage blocks {c['pipeline']['stage_blocks']} are not the 32 blocks")
+
     # 3. reasons
     c4 = os.path.join(tmp, "c4.yaml")
     open(c4, "w").write(open(H100).read().replace("gpus_per_node: 8", "gpus_per_node: 4").replace("nodes: 8", "nodes: 16"))

@@ -25,4 +25,24 @@ CommTotals CommCounter::total() const {
     return out;
 }
 
+CommByOpDim by_op_dim(const CommCounter& comm) {
+    CommByOpDim out;
+    for (const auto& [key, totals] : comm.entries()) {
+        CommTotals& o = out[{std::get<0>(key), std::get<1>(key)}];
+        o.calls += totals.calls, o.bytes += totals.bytes;
+    }
+    return out;
+}
+
+CommByOpDim comm_since(const CommByOpDim& before, const CommByOpDim& after) {
+    CommByOpDim out;
+    for (const auto& [key, t] : after) {
+        CommTotals d = t;
+        if (auto it = before.find(key); it != before.end())
+            d.calls -= it->second.calls, d.bytes -= it->second.bytes;
+        if (d.calls != 0 || d.bytes != 0) out[key] = d;
+    }
+    return out;
+}
+
 }  // namespace ptool

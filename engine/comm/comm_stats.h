@@ -69,6 +69,12 @@ private:
     std::map<Key, CommTotals> by_key_;
 };
 
+// A step's collectives per (op, mesh dim), summed over modules.
+using CommByOpDim = std::map<std::pair<std::string, std::string>, CommTotals>;
+CommByOpDim by_op_dim(const CommCounter& comm);
+// What `after` counted beyond `before` (a counter read twice: the collectives between).
+CommByOpDim comm_since(const CommByOpDim& before, const CommByOpDim& after);
+
 // Sets a counter's module and site (either may be null/empty) for the scope.
 class CommScope {
 public:

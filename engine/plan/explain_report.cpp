@@ -1,6 +1,9 @@
 #include "plan/explain_report.h"
 
 #include "core/device_memory.h"
+#include "parallel/device_mesh.h"
+#include "plan/pipeline_time.h"
+#include "train/stage.h"
 
 namespace ptool {
 
@@ -13,8 +16,58 @@ std::vector<std::string> describe_dims(const Plan& plan) {
     if (plan.data_parallel)
         out.push_back(fmt::format("data parallel over '{}' ({} ranks)", plan.data_parallel->mesh_dim_names(),
                                   dims.data_size()));
+    if (plan.pipeline)
+        out.push_back(fmt::format("pipeline over '{}' ({} stages, {}, {} microbatches a round)",
+                                  dims.name(DimRole::pp), plan.pipeline_stages(),
+                                  schedule_kind_name(plan.pipeline->schedule),
+                                  plan.microbatches_per_round()));
     return out;
 }
+
+namespace {
+
+// The most microbatches a stage has run forward and not yet backward, in its list.
+int most_in_flight(const std::vector<Action>& list) {
+    int now = 0, most = 0;
+    for (const Action& a : list) {
+        if (a.kind == ActionKind::forward) most = std::max(most, ++now);
+        if (a.kind == ActionKind::backward) --now;
+    }
+    return most;
+}
+
+void explain_stages(ExplainReport& r) {
+    const Plan& plan = r.plan;
+    const PipelineSpec& spec = *plan.pipeline;
+    const std::vector<Module*> spine = model_spine(r.model);
+    const std::vector<StageRange> ranges = pipeline_stage_ranges(r.model, spine, plan);
+    std::map<const Module*, std::string> names;
+    for_each_module(*r.model.root, [&](const std::string& fqn, Module& m) { names.emplace(&m, fqn); });
+    const int pp_dim = plan.dims.index(DimRole::pp), p = plan.mesh()[pp_dim].size;
+    const int m = plan.microbatches_per_round(), rounds = static_cast<int>(r.model.gradient_accumulation);
+    const Schedule schedule = pipeline_schedule(spec.schedule, plan.pipeline_stages(), m, rounds);
+    for (size_t s = 0; s < ranges.size(); ++s) {
+        StageExplain st;
+        st.stage = static_cast<int>(s);
+        st.first = names.at(spine[ranges[s].begin]), st.last = names.at(spine[ranges[s].end - 1]);
+        const int rank = static_cast<int>(s) % p;
+        st.in_flight = most_in_flight(schedule.ranks[rank]);
+        for (const PredictedRank& pr : r.memory) {
+            if (DeviceMesh::coords_of(pr.ranks.front(), plan.mesh())[pp_dim] != rank) continue;
+            st.ranks.insert(st.ranks.end(), pr.ranks.begin(), pr.ranks.end());
+            if (st.sends + st.recvs > 0) continue;  // one rank's
+            for (const auto& [key, totals] : pr.sim.step_comm.entries()) {
+                if (std::get<0>(key) == "send") st.sends += totals.calls, st.send_bytes += totals.bytes;
+                if (std::get<0>(key) == "recv") st.recvs += totals.calls, st.recv_bytes += totals.bytes;
+            }
+        }
+        std::sort(st.ranks.begin(), st.ranks.end());
+        r.stages.push_back(std::move(st));
+    }
+    r.bubble_closed_form = static_cast<double>(p - 1) / (spec.virtual_stages * m);
+}
+
+}  // namespace
 
 ExplainReport explain_report(const ExplainInputs& in) {
     RunInputs run;
@@ -36,6 +89,7 @@ ExplainReport explain_report(const ExplainInputs& in) {
         for (const PredictedRank& pr : r.memory)
             r.times.push_back(predict_step_time(pr.sim.step_work, by_op_dim(pr.sim.step_comm), r.plan,
                                                 *r.cluster, compute));
+        if (r.plan.pipeline) time_pipeline(r.times, r.memory, r.plan, *r.cluster, compute);
     }
 
     std::vector<std::string> mesh;
@@ -45,6 +99,7 @@ ExplainReport explain_report(const ExplainInputs& in) {
     r.summary.push_back(fmt::format("model input {}", r.ex.resolution.input_placement.str()));
 
     const Plan& plan = r.plan;
+    if (plan.pipeline) explain_stages(r);
     if (plan.dims.has(DimRole::tp))
         r.at_start.push_back(
             plan.src_data_rank

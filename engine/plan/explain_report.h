@@ -20,6 +20,17 @@ struct ExplainInputs {
     std::string cluster_path;       // "" for none
 };
 
+// A pipeline stage as explain shows it: its spine modules, its ranks, its sends and receives per
+// step (from its simulation) and the microbatches whose activations it holds at once under the
+// schedule (GPipe all of a round's; 1F1B at most pp - s).
+struct StageExplain {
+    int stage = 0;
+    std::string first, last;  // its first and last spine modules
+    std::vector<int> ranks;
+    int64_t sends = 0, send_bytes = 0, recvs = 0, recv_bytes = 0;  // per step, one rank of the stage
+    int in_flight = 0;
+};
+
 struct ExplainReport {
     Model model;  // on meta tensors: shapes only
     Plan plan;
@@ -32,6 +43,8 @@ struct ExplainReport {
     std::vector<std::string> summary;
     std::vector<std::string> at_start;  // the construction's collectives, one line each
     std::string data_parallel_title;    // "replicate", "fully_shard", "fully_shard over 2 dims (HSDP)"
+    std::vector<StageExplain> stages;   // a pipeline's, in stage order
+    double bubble_closed_form = 0;      // a pipeline's (p - 1) / (v m): the bubble at uniform stages
 };
 
 ExplainReport explain_report(const ExplainInputs& in);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -178,6 +179,7 @@ std::vector<std::string> repeated_blocks(const Model& model) {
 std::string write_plan(const Model& model, const TensorParallelTemplate& tp, const PlanChoice& c) {
     std::string s;
     std::vector<std::string> dims;
+    if (c.pp > 1) dims.push_back(fmt::format("pp: {}", c.pp));  // outermost: the dim that crosses nodes
     const bool dp_section = c.dp > 1 || c.param_dtype;
     if (dp_section && c.hybrid())
         dims.push_back(fmt::format("dp_replicate: {}, dp_shard: {}", c.dp_replicate(), c.dp_shard));
@@ -209,6 +211,23 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
                              dtype_name(model.dtype));
     }
     if (c.checkpoint && !blocks.empty()) s += fmt::format("activation_checkpointing: {}\n", list(blocks));
+    if (c.pp > 1) {
+        s += fmt::format("pipeline_parallel:\n  mesh_dim: pp\n  schedule: {}\n", c.schedule);
+        if (c.virtual_stages > 1) s += fmt::format("  virtual_stages: {}\n", c.virtual_stages);
+        if (c.pp_microbatches > 0) s += fmt::format("  microbatches: {}\n", c.pp_microbatches);
+        const bool even =
+            c.stage_blocks.empty() || std::all_of(c.stage_blocks.begin(), c.stage_blocks.end(),
+                                                  [&](int n) { return n == c.stage_blocks.front(); });
+        if (even && !c.stage_blocks.empty()) {
+            s += fmt::format("  layers_per_stage: {}\n", c.stage_blocks.front());
+        } else if (!even) {  // the blocks that start stages 1..
+            std::vector<std::string> splits;
+            int at = 0;
+            for (size_t k = 0; k + 1 < c.stage_blocks.size(); ++k)
+                splits.push_back(join_name(c.repeat, std::to_string(at += c.stage_blocks[k])));
+            s += fmt::format("  split_points: {}\n", list(splits));
+        }
+    }
     return s;
 }
 

@@ -52,6 +52,16 @@ struct PlanChoice {
     int dp_shard = 0;
     bool checkpoint = false;                 // activation checkpointing of repeated_blocks
     std::optional<std::string> param_dtype;  // mixed precision (reduce in the model's dtype)
+    // Pipeline parallel (pp > 1): pp ranks outermost on the mesh (the dim that crosses nodes), the
+    // schedule, virtual stages per rank, microbatches per round, and the repeat's blocks per stage
+    // (stage_blocks: the first stage also runs what comes before the blocks, the last what comes
+    // after; empty: layers_per_stage evenly)
+    int pp = 1;
+    std::string schedule = "1f1b";
+    int virtual_stages = 1;
+    int pp_microbatches = 0;
+    std::vector<int> stage_blocks;
+    std::string repeat;  // the repeat whose blocks the stages split ("layers")
 
     bool hybrid() const { return dp_shard > 1 && dp_shard < dp; }
     int dp_replicate() const { return hybrid() ? dp / dp_shard : 1; }
@@ -60,6 +70,12 @@ struct PlanChoice {
     }                              // "hsdp", "fully_shard", "replicate"
     std::string dp_text() const {  // "dp8", or HSDP's "dp2x4" (replicas x shards)
         return hybrid() ? fmt::format("dp{}x{}", dp_replicate(), dp_shard) : fmt::format("dp{}", dp);
+    }
+    std::string pp_text() const {  // "-", or "pp8 1f1b m32", "pp8 interleaved_1f1b v2 m32"
+        if (pp <= 1) return "-";
+        return virtual_stages > 1
+                   ? fmt::format("pp{} {} v{} m{}", pp, schedule, virtual_stages, pp_microbatches)
+                   : fmt::format("pp{} {} m{}", pp, schedule, pp_microbatches);
     }
 };
 // The plan's YAML text (without comments).

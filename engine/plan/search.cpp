@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/parallel_for.h"
 #include "plan/explain.h"
+#include "plan/pipeline_search.h"
 #include "plan/shrink.h"
 #include "train/simulate.h"
 
@@ -111,8 +112,74 @@ public:
         rows_ = full_.input.shape.at(0);
     }
 
+    // The dp x tp groups first, then the pipelines that could still rank among the o_.keep fastest:
+    // a pipeline rank computes at least what the dp x tp rank of its tp and checkpointing with dp x
+    // pp data ranks computes (the same FLOPs over the same ranks), stretched by the bubble of
+    // uniform stages, (p - 1) / (v m); one whose bound is slower than the keep-th fastest plan is
+    // not simulated (a rejection says so). With fewer fitting plans than that, every pipeline is.
     SearchResult run() {
-        const std::vector<PlanChoice> groups = meshes();
+        std::vector<PlanChoice> flat, piped;
+        for (PlanChoice& c : meshes()) (c.pp > 1 ? piped : flat).push_back(std::move(c));
+        evaluate_all(flat);
+        std::vector<double> steps;
+        for (const Candidate& c : r_.fitting) steps.push_back(c.time.step);
+        std::sort(steps.begin(), steps.end());
+        const double kept = o_.keep > 0 && static_cast<int>(steps.size()) >= o_.keep ? steps[o_.keep - 1] : 0;
+        std::vector<PlanChoice> worth;
+        for (PlanChoice& c : piped) {
+            double compute = 0;  // the fastest compute of a fitting dp x tp plan over the same ranks
+            for (const Candidate& f : r_.fitting)
+                if (f.choice.pp == 1 && f.choice.tp == c.tp && f.choice.dp == c.dp * c.pp &&
+                    f.choice.checkpoint == c.checkpoint && (compute == 0 || f.time.compute < compute))
+                    compute = f.time.compute;
+            const int m = pipeline_microbatches(c);
+            const double bound =
+                compute * (1 + static_cast<double>(c.pp - 1) / (c.virtual_stages * std::max(m, 1)));
+            if (kept > 0 && compute > 0 && m > 0 && bound > kept) {
+                r_.rejected.push_back(
+                    {pipeline_shape(c),
+                     fmt::format("at least {:.2f} s a step (dp={} x tp={}'s compute and a bubble "
+                                 "of {} / ({} x {})) > the {} fastest plans' {:.2f} s: not simulated",
+                                 bound, c.dp * c.pp, c.tp, c.pp - 1, c.virtual_stages, m, o_.keep, kept)});
+                continue;
+            }
+            worth.push_back(std::move(c));
+        }
+        // memory first: where the pipeline's fully_shard, checkpointed variant does not fit, neither
+        // does replicate (whole parameters, gradients and optimizer state) nor the uncheckpointed one
+        std::vector<PlanChoice> least, rest;
+        for (PlanChoice& c : worth)
+            (c.dp_mode == "fully_shard" && c.checkpoint ? least : rest).push_back(std::move(c));
+        const size_t before = r_.fitting.size();
+        evaluate_all(least);
+        auto same_shape = [](const PlanChoice& a, const PlanChoice& b) {
+            return a.pp == b.pp && a.dp == b.dp && a.tp == b.tp && a.virtual_stages == b.virtual_stages;
+        };
+        std::vector<PlanChoice> fit_rest;
+        for (PlanChoice& c : rest) {
+            const bool least_fits =
+                std::any_of(r_.fitting.begin() + static_cast<std::ptrdiff_t>(before), r_.fitting.end(),
+                            [&](const Candidate& f) { return same_shape(f.choice, c); });
+            const bool least_tried = std::any_of(least.begin(), least.end(),
+                                                 [&](const PlanChoice& l) { return same_shape(l, c); });
+            if (least_tried && !least_fits) {
+                r_.rejected.push_back({pipeline_shape(c),
+                                       "does not fit where its fully_shard, checkpointed variant does "
+                                       "not: not simulated"});
+                continue;
+            }
+            fit_rest.push_back(std::move(c));
+        }
+        evaluate_all(fit_rest);
+        std::stable_sort(r_.fitting.begin(), r_.fitting.end(), [](const Candidate& a, const Candidate& b) {
+            if (a.time.step != b.time.step) return a.time.step < b.time.step;
+            return a.peak < b.peak;
+        });
+        return std::move(r_);
+    }
+
+private:
+    void evaluate_all(const std::vector<PlanChoice>& groups) {
         std::vector<std::optional<Candidate>> fits(groups.size());
         std::vector<std::optional<Rejection>> refusals(groups.size());
         std::vector<int> counts(groups.size(), 0);
@@ -123,14 +190,25 @@ public:
             if (refusals[i]) r_.rejected.push_back(*refusals[i]);
             r_.evaluated += counts[i];
         }
-        std::stable_sort(r_.fitting.begin(), r_.fitting.end(), [](const Candidate& a, const Candidate& b) {
-            if (a.time.step != b.time.step) return a.time.step < b.time.step;
-            return a.peak < b.peak;
-        });
-        return std::move(r_);
     }
 
-private:
+    // A pipeline's microbatches a round: the most its rows per dp rank and round allow, a power of
+    // two times pp (the smallest bubble, the least held at once; microbatches of one row as
+    // torchtitan's default); 0 when they do not cut into pp.
+    int pipeline_microbatches(const PlanChoice& c) const {
+        const int64_t per_round = rows_ / c.dp / std::max<int64_t>(1, full_.gradient_accumulation);
+        if (per_round % c.pp) return 0;
+        int m = c.pp;
+        while (per_round % (2 * m) == 0) m *= 2;
+        return m;
+    }
+
+    static std::string pipeline_shape(const PlanChoice& c) {
+        return fmt::format("pp={} x dp={} x tp={} {} {}{}{}", c.pp, c.dp, c.tp, c.mode_name(), c.schedule,
+                           c.virtual_stages > 1 ? fmt::format(" v{}", c.virtual_stages) : "",
+                           c.checkpoint ? " checkpointed" : "");
+    }
+
     static Model load_meta(const std::string& text, const std::string& name) {
         MetaAllocation meta;
         return load_model_text(text, name, "", false);
@@ -157,6 +235,9 @@ private:
                          cluster_.gpus_per_node)});
                 continue;
             }
+            PlanChoice tp_only;
+            tp_only.tp = tp, tp_only.param_dtype = o_.param_dtype;
+            add_pipelines(tp_only, groups);
             if (rows_ % dp) {
                 r_.rejected.push_back(
                     {mesh, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp)});
@@ -188,6 +269,50 @@ private:
         return groups;
     }
 
+    // Pipelines over the tp of `base` (its tp and lint accepted): pp ranks outermost, pp a power of
+    // two dividing world / tp with at least one block per stage, dp the rest; fully_shard or
+    // replicate inside each stage, checkpointing or not, 1F1B and interleaved 1F1B (v 2).
+    void add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& groups) {
+        if (!extrapolate_) return;  // a stage's costs are extrapolated over the blocks of one long repeat
+        for (int pp = 2; pp <= r_.world_size / base.tp && pp <= layers_; pp *= 2) {
+            if ((r_.world_size / base.tp) % pp) break;
+            const int dp = r_.world_size / base.tp / pp;
+            for (const auto& [schedule, v] :
+                 {std::pair<const char*, int>{"1f1b", 1}, {"interleaved_1f1b", 2}}) {
+                const std::string shape = fmt::format("pp={} x dp={} x tp={} {}", pp, dp, base.tp, schedule);
+                if (layers_ < pp * v) {
+                    r_.rejected.push_back({shape, fmt::format("{} blocks < {} stages", layers_, pp * v)});
+                    continue;
+                }
+                if (rows_ % dp) {
+                    r_.rejected.push_back(
+                        {shape, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp)});
+                    continue;
+                }
+                const int64_t per_round = rows_ / dp / std::max<int64_t>(1, full_.gradient_accumulation);
+                if (per_round < pp) {
+                    r_.rejected.push_back(
+                        {shape,
+                         fmt::format(
+                             "{} microbatches < {} stages (the batch's {} rows over dp={}, {} round{})",
+                             per_round, pp, rows_, dp, full_.gradient_accumulation,
+                             full_.gradient_accumulation == 1 ? "" : "s")});
+                    continue;
+                }
+                for (const char* mode : {"fully_shard", "replicate"}) {
+                    if (dp == 1 && std::string(mode) == "replicate") continue;
+                    for (bool ckpt : {false, true}) {
+                        if (ckpt && blocks_.empty()) continue;
+                        PlanChoice c = base;
+                        c.dp = dp, c.pp = pp, c.schedule = schedule, c.virtual_stages = v, c.repeat = repeat_;
+                        c.dp_mode = mode, c.checkpoint = ckpt;
+                        groups.push_back(c);
+                    }
+                }
+            }
+        }
+    }
+
     // Why explain's rules refuse the mesh ("" if they do not): uneven shards (heads, features,
     // vocab, sequence), a conflict, or a plan that changes what is computed.
     std::string lint(PlanChoice c) const {
@@ -214,6 +339,7 @@ private:
     // The model's microbatches, doubled until the group's plan fits under the cap.
     void evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::optional<Rejection>& refusal,
                   int& count) const {
+        if (c.pp > 1) return evaluate_pipeline(c, fit, refusal, count);
         const std::string dp =
             c.hybrid() ? fmt::format("{}x{}", c.dp_replicate(), c.dp_shard) : std::to_string(c.dp);
         const std::string shape =
@@ -253,6 +379,123 @@ private:
             refusal = Rejection{
                 shape, fmt::format("needs {} > {} per GPU (at best, with {} microbatch{})", gib(least),
                                    gib(r_.memory_cap), least_mb, least_mb == 1 ? "" : "es")};
+    }
+
+    // A pipeline: its microbatches per round the most the rows allow (a power of two times pp: the
+    // smallest bubble and the least held at once, microbatches of one row as torchtitan's default),
+    // sampled at 2 and 3 blocks per stage, stages balanced by their predicted time, the step the
+    // schedule's critical path (plan/pipeline_search.h).
+    void evaluate_pipeline(const PlanChoice& base, std::optional<Candidate>& fit,
+                           std::optional<Rejection>& refusal, int& count) const {
+        const std::string shape = pipeline_shape(base);
+        const int64_t rounds = full_.gradient_accumulation, per_round = rows_ / base.dp / rounds;
+        const int stages = base.pp * base.virtual_stages;
+        const int m = pipeline_microbatches(base);
+        if (m == 0) {
+            refusal =
+                Rejection{shape, fmt::format("{} rows per dp rank and round do not cut into {} microbatches",
+                                             per_round, base.pp)};
+            return;
+        }
+        const ScheduleKind kind =
+            base.virtual_stages > 1 ? ScheduleKind::interleaved_one_f_one_b : ScheduleKind::one_f_one_b;
+        // Sampled with the fewest microbatches the schedule takes, each of the same rows: a stage
+        // holds min(pp - s, m) of them at once, so its peak, its per-microbatch costs and its tail
+        // are the same, and the simulation costs m_min / m of it.
+        const int sampled = std::min(m, base.pp);
+        const int64_t sampled_rows = rows_ / m * sampled;
+        PipelineSample at[2];
+        const double prefetch = base.dp_mode == "fully_shard" && base.dp > 1 ? block_unsharded_ / base.tp : 0;
+        try {
+            for (int k : {2, 3}) {
+                PlanChoice c = base;
+                c.pp_microbatches = sampled, c.stage_blocks.assign(stages, k);
+                const Plan plan = load_plan_text(write_plan(full_, tpl_, c), "generated.yaml");
+                const std::string text =
+                    model_variant(text_, static_cast<int64_t>(k) * stages, rounds, sampled_rows);
+                at[k - 2] = sample_pipeline(plan, cluster_, r_.compute, repeat_, k, [&](int rank) {
+                    RunInputs in;
+                    in.model_path = name_, in.model_text = text;
+                    ++count;
+                    RankSimulation sim = simulate_rank(in, plan, rank, 2, true);
+                    if (rank >= plan.world_size() - plan.world_size() / base.pp && m > sampled) {
+                        // the last stage keeps every microbatch's output for the step (StepOutput):
+                        // its peak grows with the count, linearly from the sample at twice as many
+                        PlanChoice c2 = c;
+                        c2.pp_microbatches = 2 * sampled;
+                        const Plan plan2 = load_plan_text(write_plan(full_, tpl_, c2), "generated.yaml");
+                        RunInputs in2 = in;
+                        in2.model_text =
+                            model_variant(text_, static_cast<int64_t>(k) * stages, rounds, 2 * sampled_rows);
+                        ++count;
+                        const RankSimulation twice = simulate_rank(in2, plan2, rank, 2, true);
+                        const double f = static_cast<double>(m - sampled) / sampled;
+                        auto lin = [f](int64_t x, int64_t y) {
+                            return static_cast<int64_t>(x + (y - x) * f);
+                        };
+                        sim.memory.peak = lin(sim.memory.peak, twice.memory.peak);
+                        for (auto& [label, peak] : sim.phase_peaks)
+                            if (auto it = twice.phase_peaks.find(label); it != twice.phase_peaks.end())
+                                peak = lin(peak, it->second);
+                    }
+                    // every stage holds 2 blocks or more when the blocks are at least twice the stages
+                    if (k == 2 && rank == 0 && layers_ >= 2 * stages &&
+                        static_cast<double>(sim.memory.peak) + prefetch > r_.memory_cap)
+                        throw InputError(fmt::format(
+                            "pp rank 0 needs more than {} > {} per GPU with 2 blocks a stage "
+                            "({} microbatches a round)",
+                            gib(static_cast<double>(sim.memory.peak) + prefetch), gib(r_.memory_cap), m));
+                    return sim;
+                });
+            }
+        } catch (const InputError& e) {
+            refusal = Rejection{shape, e.message()};
+            return;
+        }
+        // a stage's forward and backward of every microbatch: its fixed part and one block's
+        std::vector<double> t2(stages), t3(stages);
+        for (int s = 0; s < stages; ++s)
+            t2[s] = at[0].forward[s] + at[0].backward[s], t3[s] = at[1].forward[s] + at[1].backward[s];
+        const int mid = stages > 2 ? 1 : 0;
+        const double per_block = std::max(0.0, t3[mid] - t2[mid]);
+        std::vector<double> extra(stages);
+        for (int s = 0; s < stages; ++s) extra[s] = t2[s] - 2 * per_block;
+        PlanChoice c = base;
+        c.pp_microbatches = m;
+        c.stage_blocks = balance_blocks(static_cast<int>(layers_), extra, per_block);
+        const PipelineSample costs = extrapolate_pipeline(at[0], at[1], c.stage_blocks, c.pp);
+        Candidate cand;
+        cand.choice = c, cand.microbatches = static_cast<int>(rounds),
+        cand.model_microbatches = static_cast<int>(rounds);
+        cand.plan_text = write_plan(full_, tpl_, c), cand.extrapolated = true;
+        cand.prefetch = prefetch;
+        const auto worst = std::max_element(costs.peak.begin(), costs.peak.end());
+        cand.peak = *worst + cand.prefetch;
+        if (cand.peak > r_.memory_cap) {
+            refusal = Rejection{
+                shape, fmt::format("pp rank {} needs {} > {} per GPU ({} microbatches a round)",
+                                   worst - costs.peak.begin(), gib(cand.peak), gib(r_.memory_cap), m)};
+            return;
+        }
+        const PipelineTiming t =
+            time_schedule(pipeline_schedule(kind, stages, m, static_cast<int>(rounds)), costs);
+        double flops = 0;  // the model FLOPs of a rank, averaged over the pp ranks
+        for (int s = 0; s < stages; ++s)
+            flops += (costs.forward_flops[s] + costs.backward_flops[s]) * m * rounds;
+        cand.time.model_flops = cand.time.gemm_flops = flops / c.pp;
+        const Plan plan = load_plan_text(cand.plan_text, "generated.yaml");
+        CommByOpDim comm = costs.tail_comm;  // pp rank 0's; its forwards' and backwards' m / sampled as often
+        for (const auto& [key, t] : costs.fb_comm)
+            comm[key].calls += t.calls * m / sampled, comm[key].bytes += t.bytes * m / sampled;
+        add_comm_time(cand.time, comm, plan, cluster_);  // by_dim (the step is the critical path's)
+        double exposed = 0;
+        for (int r = 0; r < c.pp; ++r)
+            exposed = std::max(exposed, costs.exposed(r, static_cast<double>(m) / sampled));
+        cand.time.compute = *std::max_element(t.busy.begin(), t.busy.end());
+        cand.time.pipeline = t.step, cand.time.bubble = t.bubble;
+        cand.time.step = t.step + exposed;
+        cand.mfu = mfu(cand.time, cluster_, r_.compute);
+        fit = std::move(cand);
     }
 
     const std::string& text_;

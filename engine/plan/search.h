@@ -29,6 +29,9 @@ struct SearchOptions {
     std::optional<std::string> param_dtype =
         "bfloat16";  // mixed precision; nullopt: compute in the model's dtype
     int max_microbatches = 16;
+    // Pipelines are simulated where they could rank among this many fastest plans (ptool plan's
+    // --top; 0: every pipeline)
+    int keep = 5;
     unsigned threads = 0;  // 0: one per core
 };
 

@@ -35,7 +35,7 @@ int64_t as_int(const YAML::Node& n) {
 
 }  // namespace
 
-std::string model_variant(const std::string& text, int64_t count, int64_t microbatches) {
+std::string model_variant(const std::string& text, int64_t count, int64_t microbatches, int64_t rows) {
     YAML::Node doc = YAML::Load(text);  // the loader accepted it already
     if (count > 0)
         for_each_module(doc["modules"], [&](YAML::Node m) {
@@ -43,6 +43,12 @@ std::string model_variant(const std::string& text, int64_t count, int64_t microb
             if (!k.count.empty() && m[k.count] && as_int(m[k.count]) >= 4) m[k.count] = count;
         });
     doc["gradient_accumulation"] = microbatches;
+    if (rows > 0) {  // the batch's first dim: the input's (its tokens') and the target's
+        YAML::Node batch = doc["batch"];
+        YAML::Node input = batch["input"];
+        for (YAML::Node shape : {input.IsMap() ? input["tokens"] : input, batch["target"]})
+            if (shape && shape.IsSequence() && shape.size() > 0) shape[0] = rows;
+    }
     YAML::Emitter e;
     e << doc;
     return e.c_str();

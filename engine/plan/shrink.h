@@ -21,8 +21,9 @@
 namespace ptool {
 
 // The model's text (YAML, comments dropped) with every repeat of 4 or more blocks at `count` blocks
-// (0: as written) and gradient_accumulation `microbatches`: the planner's variants of a model.
-std::string model_variant(const std::string& text, int64_t count, int64_t microbatches);
+// (0: as written), gradient_accumulation `microbatches` and, given rows > 0, a batch of `rows` rows:
+// the planner's variants of a model.
+std::string model_variant(const std::string& text, int64_t count, int64_t microbatches, int64_t rows = 0);
 
 // The proxy's YAML text. `model_text` must load (the model loader's errors are the caller's).
 std::string shrink_model(const std::string& model_text, const std::string& name, const Plan& plan);

@@ -35,18 +35,46 @@ double collective_seconds(const std::string& op, double bytes, int64_t calls, in
            calls * hops * link.latency;  // all_gather, reduce_scatter, all_to_all
 }
 
-CommByOpDim by_op_dim(const CommCounter& comm) {
-    CommByOpDim out;
-    for (const auto& [key, totals] : comm.entries()) {
-        CommTotals& o = out[{std::get<0>(key), std::get<1>(key)}];
-        o.calls += totals.calls, o.bytes += totals.bytes;
-    }
-    return out;
-}
-
 double mfu(const StepTime& t, const Cluster& c, DType compute) {
     const double peak = c.peak_flops(compute);
     return t.step > 0 && peak > 0 ? t.model_flops / (t.step * peak) : 0;
+}
+
+double compute_seconds(const MetaWork& work, const Cluster& c, DType compute) {
+    const double rate = c.peak_flops(compute) * c.gemm_efficiency;
+    if (rate <= 0)
+        throw InputError(SourceLocation{c.path, 1, 1},
+                         fmt::format("the cluster names no 'tflops' for {}, the plan's compute dtype",
+                                     dtype_name(compute)));
+    return work.gemm_flops / rate + work.memory_bytes / c.memory_bandwidth;
+}
+
+double p2p_seconds(double bytes, const Plan& plan, const Cluster& c) {
+    const Link& link = dim_inside_node(plan, plan.dims.name(DimRole::pp), c) ? c.intra : c.inter;
+    return bytes / link.bandwidth + link.latency;
+}
+
+void add_comm_time(StepTime& t, const CommByOpDim& comm, const Plan& plan, const Cluster& c) {
+    for (const auto& [key, totals] : comm) {
+        const auto& [op, dim] = key;
+        const std::vector<int> dims = plan.dims.label_dims(dim);
+        int n = dims.empty() ? plan.world_size() : 1;
+        for (int d : dims) n *= plan.mesh()[d].size;
+        const bool inside = dim_inside_node(plan, dim, c);
+        const bool p2p = op == "send" || op == "recv";
+        const Link& link = inside ? c.intra : c.inter;
+        const double s =
+            p2p ? static_cast<double>(totals.bytes) / link.bandwidth + totals.calls * link.latency
+                : collective_seconds(op, static_cast<double>(totals.bytes), totals.calls, n, link);
+        CommTime& ct = t.by_dim[dim];
+        ct.seconds += s, ct.bytes += static_cast<double>(totals.bytes), ct.calls += totals.calls,
+            ct.inter_node = !inside;
+        if (p2p) continue;
+        // the data dims' collectives (DDP's buckets, fully_shard's) overlap the compute; the rest block it
+        bool data = !dims.empty() && dim != "world";
+        for (int d : dims) data = data && plan.dims.is_data_dim(d);
+        (data ? t.overlappable : t.blocking) += s;
+    }
 }
 
 StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const Plan& plan, const Cluster& c,
@@ -54,28 +82,8 @@ StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const 
     StepTime t;
     t.gemm_flops = work.gemm_flops;
     t.model_flops = work.gemm_flops - work.recompute_flops;
-    const double rate = c.peak_flops(compute) * c.gemm_efficiency;
-    if (rate <= 0)
-        throw InputError(SourceLocation{c.path, 1, 1},
-                         fmt::format("the cluster names no 'tflops' for {}, the plan's compute dtype",
-                                     dtype_name(compute)));
-    t.compute = work.gemm_flops / rate + work.memory_bytes / c.memory_bandwidth;
-    for (const auto& [key, totals] : comm) {
-        const auto& [op, dim] = key;
-        const std::vector<int> dims = plan.dims.label_dims(dim);
-        int n = dims.empty() ? plan.world_size() : 1;
-        for (int d : dims) n *= plan.mesh()[d].size;
-        // the data dims' collectives (DDP's buckets, fully_shard's) overlap the compute; the rest block it
-        bool data = !dims.empty() && dim != "world";
-        for (int d : dims) data = data && plan.dims.is_data_dim(d);
-        const bool inside = dim_inside_node(plan, dim, c);
-        const double s = collective_seconds(op, static_cast<double>(totals.bytes), totals.calls, n,
-                                            inside ? c.intra : c.inter);
-        CommTime& ct = t.by_dim[dim];
-        ct.seconds += s, ct.bytes += static_cast<double>(totals.bytes), ct.calls += totals.calls,
-            ct.inter_node = !inside;
-        (data ? t.overlappable : t.blocking) += s;
-    }
+    t.compute = compute_seconds(work, c, compute);
+    add_comm_time(t, comm, plan, c);
     t.step = t.compute + t.blocking + std::max(0.0, t.overlappable - t.compute);
     return t;
 }

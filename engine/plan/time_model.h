@@ -35,6 +35,9 @@ struct CommTime {
 
 struct StepTime {
     double compute = 0, blocking = 0, overlappable = 0, step = 0;
+    // a pipeline's: its schedule's critical path (compute, blocking collectives and transfers), and
+    // the bubble, idle time over the busiest rank's forward and backward work (plan/pipeline_time.h)
+    double pipeline = 0, bubble = 0;
     double gemm_flops = 0;   // executed, recompute included
     double model_flops = 0;  // the training step's own (without activation checkpointing's recompute): MFU's
     std::map<std::string, CommTime> by_dim;  // mesh dim -> its collectives
@@ -45,9 +48,13 @@ bool dim_inside_node(const Plan& plan, const std::string& dim, const Cluster& c)
 // The ring cost of `calls` collectives `op` moving `bytes` in total over n ranks on `link`.
 double collective_seconds(const std::string& op, double bytes, int64_t calls, int n, const Link& link);
 
-// A step's collectives per (op, mesh dim), summed over modules.
-using CommByOpDim = std::map<std::pair<std::string, std::string>, CommTotals>;
-CommByOpDim by_op_dim(const CommCounter& comm);
+// The seconds of `work` on one GPU of `c` in `compute` (InputError when the cluster has no peak for it).
+double compute_seconds(const MetaWork& work, const Cluster& c, DType compute);
+// Adds `comm`'s collectives to t.by_dim and to t.blocking or t.overlappable (a pipeline's sends and
+// receives to t.by_dim only: they are on its critical path, plan/pipeline_time.h).
+void add_comm_time(StepTime& t, const CommByOpDim& comm, const Plan& plan, const Cluster& c);
+// The seconds of one send or receive of `bytes` over the pp dim's link.
+double p2p_seconds(double bytes, const Plan& plan, const Cluster& c);
 
 StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const Plan& plan, const Cluster& c,
                            DType compute);

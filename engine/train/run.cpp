@@ -422,11 +422,15 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
         if (a.is_p2p()) {  // with the sends and receives right after it
             size_t j = i;
             while (j < actions.size() && actions[j].is_p2p()) ++j;
-            exchange(st, std::vector<Action>(actions.begin() + static_cast<std::ptrdiff_t>(i),
-                                             actions.begin() + static_cast<std::ptrdiff_t>(j)));
+            const std::vector<Action> batch(actions.begin() + static_cast<std::ptrdiff_t>(i),
+                                            actions.begin() + static_cast<std::ptrdiff_t>(j));
+            if (action_observer_) action_observer_(batch, false);
+            exchange(st, batch);
+            if (action_observer_) action_observer_(batch, true);
             i = j - 1;
             continue;
         }
+        if (action_observer_) action_observer_({a}, false);
         switch (a.kind) {
             case ActionKind::forward:
                 forward(st, a.microbatch);
@@ -450,6 +454,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
             default:
                 PTOOL_REQUIRE(false, "{} is not run here", a.str());
         }
+        if (action_observer_) action_observer_({a}, true);
     }
     for (auto& [m, done] : st.done) {  // in microbatch order, as the reference's rows are
         out.outputs.push_back(std::move(done.output));

@@ -57,6 +57,10 @@ public:
 };
 
 using StepObserver = std::function<void(const Module&, Phase, int microbatch, const Placed&)>;
+// Sees each of a rank's schedule actions run: before (done false) and after (done true) a forward,
+// a backward, the sync, clip or step, or a batch of consecutive sends and receives (every action of
+// the batch at once). The simulator measures each action's work with it (train/simulate.h).
+using ActionObserver = std::function<void(const std::vector<Action>&, bool done)>;
 
 struct StepOutput {
     // per microbatch, as the loss saw it: gathered (Replicate on tp), or sharded under loss_parallel;
@@ -115,6 +119,7 @@ public:
     // Runs the steps by another schedule of this rank's stages and microbatches (checked first):
     // a one-stage GPipe order runs every forward before the backwards.
     void set_schedule(Schedule s);
+    void set_action_observer(ActionObserver o) { action_observer_ = std::move(o); }
 
 private:
     // A microbatch between its forward and its backward: its context, what the forward made (the
@@ -170,6 +175,7 @@ private:
     Device device_;
     RunLayer* layer_ = nullptr;
     Schedule schedule_;
+    ActionObserver action_observer_;
     // Pipeline parallel: this rank's stage of `stages_`, the spine modules it runs and the layouts
     // at its boundaries (without pp: stage 0 of 1, the root runs whole).
     int stage_ = 0, stages_ = 1;

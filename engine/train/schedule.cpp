@@ -119,8 +119,9 @@ namespace {
                                    schedule_kind_name(s.kind), s.stages, s.microbatches, rank, rank, what));
 }
 
-// The action a p2p action meets on the peer: SEND_F m@s with RECV_F m@s+1, SEND_B m@s with RECV_B m@s-1.
-Action partner(const Action& a) {
+}  // namespace
+
+Action p2p_partner(const Action& a) {
     switch (a.kind) {
         case ActionKind::send_forward:
             return {ActionKind::recv_forward, a.stage + 1, a.microbatch};
@@ -131,6 +132,12 @@ Action partner(const Action& a) {
         default:
             return {ActionKind::send_backward, a.stage + 1, a.microbatch};  // recv_backward
     }
+}
+
+namespace {
+
+Action partner(const Action& a) {
+    return p2p_partner(a);
 }
 
 bool same(const Action& a, const Action& b) {

@@ -61,6 +61,10 @@ Schedule accumulation_schedule(int microbatches);
 // schedule's microbatches are numbered across the rounds (round r's are r*microbatches..).
 Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds = 1);
 
+// The action a p2p action meets on the peer stage: SEND_F m@s with RECV_F m@s+1, SEND_B m@s with
+// RECV_B m@s-1 (and back).
+Action p2p_partner(const Action& a);
+
 // A send or receive's tag: the microbatch and the direction, so messages between two stages
 // match whatever order they are posted in.
 int p2p_tag(const Action& a);

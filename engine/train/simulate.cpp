@@ -26,9 +26,25 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     if (track_phases) account->track_phases();
     sim.memory.rank = rank;
     sim.memory.resident = account->live();
+    MetaWork work_before;
+    CommByOpDim comm_before;
+    run.set_action_observer([&](const std::vector<Action>& actions, bool done) {
+        if (!done) {
+            work_before = meta_work(), comm_before = by_op_dim(run.counter());
+            return;
+        }
+        const MetaWork& w = meta_work();
+        MetaWork d;
+        d.gemm_flops = w.gemm_flops - work_before.gemm_flops;
+        d.recompute_flops = w.recompute_flops - work_before.recompute_flops;
+        d.memory_bytes = w.memory_bytes - work_before.memory_bytes;
+        d.kernels = w.kernels - work_before.kernels;
+        sim.actions.push_back({actions, d, comm_since(comm_before, by_op_dim(run.counter()))});
+    });
     for (int64_t k = 0; k < std::max<int64_t>(1, steps); ++k) {
         run.counter().reset();
         meta_work() = MetaWork{};
+        sim.actions.clear();  // the last step's
         run.step(k);
     }
     sim.memory.peak = account->peak();
@@ -61,7 +77,8 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
                   s = shard_dim >= 0 ? coords[shard_dim] : 0;
         int b = 0;
         for (int d : pd.data_dims()) b = b * plan.mesh()[d].size + coords[d];
-        std::vector<int64_t> key;
+        // a pipeline rank holds its own stages' layers: every pp coordinate is its own class
+        std::vector<int64_t> key{pd.has(DimRole::pp) ? coords[pd.index(DimRole::pp)] : 0};
         for (int64_t v : dims) {
             const int64_t a = chunk_of(v, tp, t).length;
             key.insert(key.end(), {a, chunk_of(a, shard, s).length, chunk_of(v, batch, b).length});

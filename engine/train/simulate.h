@@ -23,10 +23,20 @@
 
 namespace ptool {
 
+// One action of a rank's schedule (or one batch of its consecutive sends and receives) in the last
+// simulated step: what it computed and communicated. A pipeline's step time is the critical path
+// of these over the stages (plan/pipeline_time.h).
+struct ActionWork {
+    std::vector<Action> actions;  // one, or a p2p batch
+    MetaWork work;
+    CommByOpDim comm;
+};
+
 struct RankSimulation {
     RankMemory memory;
     CommCounter step_comm;                       // the last step's collectives
     MetaWork step_work;                          // the last step's work
+    std::vector<ActionWork> actions;             // the last step's, in the rank's schedule order
     std::map<std::string, int64_t> phase_peaks;  // with track_phases: the peak within each module pass
 };
 
@@ -39,6 +49,7 @@ RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, in
 // first. Two ranks are in one class when torch.chunk gives them pieces of the same length of every
 // dimension a plan can split (each parameter dimension and the batch's, over tp, over dp, and the
 // tp piece over dp, as fully_shard splits it): what differs between them is values, not sizes.
+// Ranks of different pipeline stages (pp coordinates) hold different layers: never one class.
 struct RankClass {
     std::vector<int> ranks;
 };

@@ -1,0 +1,220 @@
+#include "plan/pipeline_search.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "parallel/device_mesh.h"
+
+namespace ptool {
+namespace {
+
+bool is_tail(const Action& a) {
+    return a.kind == ActionKind::grad_sync || a.kind == ActionKind::clip ||
+           a.kind == ActionKind::optimizer_step;
+}
+
+// What one simulated pp rank says about its stages and itself.
+struct RankCosts {
+    std::map<int, std::array<double, 4>>
+        stages;  // stage -> forward s, backward s, forward flops, backward flops
+    double peak = 0, tail = 0, transfer = 0, fb_compute = 0, fb_overlap = 0, tail_compute = 0,
+           tail_overlap = 0;
+    CommByOpDim fb_comm, tail_comm;
+    std::map<std::string, double> phases;
+};
+
+// "layers.9.attn_block/b" on a rank whose stages hold k blocks each (stage s blocks s*k ..) ->
+// "layers.stage1.last.attn_block/b" (its second stage's last block); a block between the first
+// and the last -> "" (its peaks are below the last's); any other pass as it is.
+std::string stage_phase(const std::string& label, const std::string& repeat, int k, int rank, int pp) {
+    if (repeat.empty() || label.rfind(repeat + ".", 0) != 0) return label;
+    const size_t start = repeat.size() + 1, end = label.find_first_of("./", start);
+    const std::string index = label.substr(start, end - start);
+    if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos) return label;
+    const int i = std::stoi(index), stage = i / k, local = (stage - rank) / pp;
+    const std::string rest = end == std::string::npos ? "" : label.substr(end);
+    if (i % k == 0) return fmt::format("{}.stage{}.first{}", repeat, local, rest);
+    if (i % k == k - 1) return fmt::format("{}.stage{}.last{}", repeat, local, rest);
+    return "";
+}
+
+void add_into(CommByOpDim& to, const CommByOpDim& from) {
+    for (const auto& [key, t] : from) to[key].calls += t.calls, to[key].bytes += t.bytes;
+}
+
+RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Cluster& c, DType compute,
+                   const std::string& repeat, int k, int rank) {
+    RankCosts out;
+    const int pp = plan.dims.size(DimRole::pp);
+    for (const auto& [label, peak] : sim.phase_peaks)
+        if (std::string key = stage_phase(label, repeat, k, rank, pp); !key.empty())
+            out.phases[key] = std::max(out.phases[key], static_cast<double>(peak));
+    std::map<int, std::array<double, 6>> sums;  // stage -> f s, b s, f flops, b flops, f count, b count
+    for (const ActionWork& aw : sim.actions) {
+        const Action& a = aw.actions.front();
+        add_into(is_tail(a) ? out.tail_comm : out.fb_comm, aw.comm);
+        if (a.is_p2p()) {
+            double bytes = 0;
+            for (const auto& [key, totals] : aw.comm)
+                if (key.first == "send" || key.first == "recv") bytes += static_cast<double>(totals.bytes);
+            out.transfer =
+                std::max(out.transfer, p2p_seconds(bytes / static_cast<double>(aw.actions.size()), plan, c));
+            continue;
+        }
+        StepTime t;
+        add_comm_time(t, aw.comm, plan, c);
+        const double work = compute_seconds(aw.work, c, compute), seconds = work + t.blocking;
+        if (is_tail(a)) {
+            out.tail += seconds, out.tail_compute += work, out.tail_overlap += t.overlappable;
+            continue;
+        }
+        out.fb_compute += work, out.fb_overlap += t.overlappable;
+        const bool fwd = a.kind == ActionKind::forward;
+        std::array<double, 6>& s = sums[a.stage];
+        s[fwd ? 0 : 1] += seconds;
+        s[fwd ? 2 : 3] += aw.work.gemm_flops - aw.work.recompute_flops;
+        s[fwd ? 4 : 5] += 1;
+    }
+    for (const auto& [stage, s] : sums)
+        out.stages[stage] = {s[0] / std::max(1.0, s[4]), s[1] / std::max(1.0, s[5]),
+                             s[2] / std::max(1.0, s[4]), s[3] / std::max(1.0, s[5])};
+    out.peak = static_cast<double>(sim.memory.peak);
+    return out;
+}
+
+}  // namespace
+
+PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute, const std::string& repeat,
+                               int k, const std::function<RankSimulation(int rank)>& simulate) {
+    const int pp_dim = plan.dims.index(DimRole::pp);
+    PTOOL_REQUIRE(pp_dim >= 0, "a pipeline sample of a plan without pp");
+    const int pp = plan.mesh()[pp_dim].size, stages = plan.pipeline_stages();
+    std::map<int, RankCosts> ranks;  // pp rank -> its costs: 0, 1 (a middle one) and the last
+    for (int q : std::set<int>{0, std::min(1, pp - 1), pp - 1}) {
+        std::vector<int> coords(plan.mesh().size(), 0);
+        coords[pp_dim] = q;
+        ranks[q] =
+            costs_of(simulate(DeviceMesh::rank_of(coords, plan.mesh())), plan, c, compute, repeat, k, q);
+    }
+    const std::array<double, 4>* middle = nullptr;  // a stage that is neither the first nor the last
+    for (const auto& [q, rc] : ranks)
+        for (const auto& [s, v] : rc.stages)
+            if (s != 0 && s != stages - 1 && !middle) middle = &v;
+    PipelineSample out;
+    for (int s = 0; s < stages; ++s) {
+        const RankCosts& held = ranks.count(s % pp) ? ranks.at(s % pp) : ranks.at(1);
+        const auto it = held.stages.find(s);
+        const std::array<double, 4>* v = it != held.stages.end() ? &it->second : middle;
+        PTOOL_REQUIRE(v != nullptr, "no sample of stage {} of {}", s, stages);
+        out.forward.push_back((*v)[0]), out.backward.push_back((*v)[1]);
+        out.forward_flops.push_back((*v)[2]), out.backward_flops.push_back((*v)[3]);
+    }
+    for (int r = 0; r < pp; ++r) {
+        const RankCosts& rc = ranks.count(r) ? ranks.at(r) : ranks.at(1);
+        out.peak.push_back(rc.peak), out.tail.push_back(rc.tail), out.phases.push_back(rc.phases);
+        out.fb_compute.push_back(rc.fb_compute), out.fb_overlap.push_back(rc.fb_overlap);
+        out.tail_compute.push_back(rc.tail_compute), out.tail_overlap.push_back(rc.tail_overlap);
+        out.transfer = std::max(out.transfer, rc.transfer);
+    }
+    out.fb_comm = ranks.at(0).fb_comm, out.tail_comm = ranks.at(0).tail_comm;
+    return out;
+}
+
+double PipelineSample::exposed(int r, double scale) const {
+    return std::max(
+        0.0, scale * fb_overlap.at(r) + tail_overlap.at(r) - scale * fb_compute.at(r) - tail_compute.at(r));
+}
+
+PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSample& b,
+                                    const std::vector<int>& blocks, int pp) {
+    PTOOL_REQUIRE(blocks.size() == a.forward.size() && a.forward.size() == b.forward.size(),
+                  "{} stage block counts for samples of {} stages", blocks.size(), a.forward.size());
+    const int stages = static_cast<int>(blocks.size()), v = stages / pp;
+    auto lin = [](double x, double y, double k) { return x + (y - x) * k; };
+    PipelineSample o;
+    o.transfer = a.transfer;
+    const double k0 = [&] {  // pp rank 0's blocks beyond the first sample's
+        int n = 0;
+        for (size_t s = 0; s < blocks.size(); s += pp) n += blocks[s];
+        return static_cast<double>(n - 2 * (static_cast<int>(blocks.size()) / pp)) / (blocks.size() / pp);
+    }();
+    auto lin_comm = [&](const CommByOpDim& x, const CommByOpDim& y) {
+        CommByOpDim out;
+        for (const auto* src : {&x, &y})
+            for (const auto& [key, t] : *src) out[key];
+        for (auto& [key, t] : out) {
+            const CommTotals p = x.count(key) ? x.at(key) : CommTotals{},
+                             q = y.count(key) ? y.at(key) : CommTotals{};
+            t.calls = static_cast<int64_t>(std::llround(lin(p.calls, q.calls, k0)));
+            t.bytes = static_cast<int64_t>(std::llround(lin(p.bytes, q.bytes, k0)));
+        }
+        return out;
+    };
+    o.fb_comm = lin_comm(a.fb_comm, b.fb_comm), o.tail_comm = lin_comm(a.tail_comm, b.tail_comm);
+    for (int s = 0; s < stages; ++s) {
+        const double k = blocks[s] - 2;
+        o.forward.push_back(lin(a.forward[s], b.forward[s], k));
+        o.backward.push_back(lin(a.backward[s], b.backward[s], k));
+        o.forward_flops.push_back(lin(a.forward_flops[s], b.forward_flops[s], k));
+        o.backward_flops.push_back(lin(a.backward_flops[s], b.backward_flops[s], k));
+    }
+    for (int r = 0; r < pp; ++r) {  // the rank's stages hold n blocks in all; the samples 2v and 3v
+        int n = 0;
+        for (int s = r; s < stages; s += pp) n += blocks[s];
+        const double k = static_cast<double>(n - 2 * v) / v;
+        double peak = lin(a.peak[r], b.peak[r], k);
+        for (const auto& [key, pa] : a.phases[r])
+            if (auto it = b.phases[r].find(key); it != b.phases[r].end())
+                peak = std::max(peak, lin(pa, it->second, k));
+        o.peak.push_back(peak);
+        o.tail.push_back(lin(a.tail[r], b.tail[r], k));
+        o.fb_compute.push_back(lin(a.fb_compute[r], b.fb_compute[r], k));
+        o.fb_overlap.push_back(lin(a.fb_overlap[r], b.fb_overlap[r], k));
+        o.tail_compute.push_back(lin(a.tail_compute[r], b.tail_compute[r], k));
+        o.tail_overlap.push_back(lin(a.tail_overlap[r], b.tail_overlap[r], k));
+    }
+    return o;
+}
+
+std::vector<int> balance_blocks(int total, const std::vector<double>& extra, double per_block) {
+    const int stages = static_cast<int>(extra.size());
+    PTOOL_REQUIRE(stages >= 1 && total >= stages, "{} blocks over {} stages", total, stages);
+    std::vector<int> n(stages, 1);
+    for (int left = total - stages; left > 0; --left) {  // the next block to the stage it slows least
+        int best = 0;
+        for (int s = 1; s < stages; ++s)
+            if (extra[s] + (n[s] + 1) * per_block < extra[best] + (n[best] + 1) * per_block - 1e-15) best = s;
+        ++n[best];
+    }
+    return n;
+}
+
+PipelineTiming time_schedule(const Schedule& schedule, const PipelineSample& costs) {
+    std::vector<std::vector<TimedActions>> lists(schedule.ranks.size());
+    for (size_t r = 0; r < schedule.ranks.size(); ++r) {
+        const std::vector<Action>& list = schedule.ranks[r];
+        for (size_t i = 0; i < list.size(); ++i) {
+            TimedActions e;
+            if (list[i].is_p2p()) {
+                for (; i < list.size() && list[i].is_p2p(); ++i)
+                    e.actions.push_back(list[i]), e.seconds.push_back(costs.transfer);
+                --i;
+            } else {
+                const Action& a = list[i];
+                e.actions = {a};
+                e.seconds = {a.kind == ActionKind::forward     ? costs.forward.at(a.stage)
+                             : a.kind == ActionKind::backward  ? costs.backward.at(a.stage)
+                             : a.kind == ActionKind::grad_sync ? costs.tail.at(r)
+                                                               : 0.0};
+            }
+            lists[r].push_back(std::move(e));
+        }
+    }
+    return pipeline_critical_path(lists);
+}
+
+}  // namespace ptool

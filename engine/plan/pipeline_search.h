@@ -1,0 +1,69 @@
+// The planner's pipelines (plan/search.h): how a pipeline candidate of a model with one long repeat
+// of L blocks is predicted without simulating its L blocks. The plan is simulated twice on meta
+// tensors with 2 and with 3 blocks per stage (every stage the same), on the first rank of pp rank
+// 0, of pp rank 1 (a middle one) and of the last pp rank; everything a stage costs grows by one
+// block's worth from the first to the second, so a stage of n blocks is extrapolated linearly to n:
+//   per stage   the seconds of one microbatch's forward and backward (compute and the blocking
+//               tensor-parallel collectives: plan/time_model.h), and their GEMM FLOPs;
+//   per rank    its peak memory (linear in the blocks of the stages it holds) and what it runs once
+//               per step (the gradient sync, clip and optimizer step), and its data-parallel
+//               collectives, overlapped with its compute as predict_step_time overlaps them;
+//   a transfer  the activation's bytes over the pp link (the same at every boundary).
+// The first stage's costs come from its own samples (the embedding), the last stage's from its own
+// (norm, head and loss), the others' from a middle stage's. Stage boundaries are balanced by these
+// costs (balance_blocks), and the step is the critical path of the schedule's real lists with these
+// durations (plan/pipeline_time.h).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "plan/pipeline_time.h"
+
+namespace ptool {
+
+// A pipeline plan's step costs at one number of blocks per stage (all stages alike), from the
+// simulations of pp ranks 0, 1 and pp-1.
+struct PipelineSample {
+    // per stage (pp x v of them): one microbatch's forward and backward, seconds and GEMM FLOPs
+    // (model FLOPs: without activation checkpointing's recompute)
+    std::vector<double> forward, backward, forward_flops, backward_flops;
+    std::vector<double> peak, tail;  // per pp rank: peak bytes, seconds of sync + clip + step
+    std::vector<std::map<std::string, double>> phases;  // per pp rank: peak bytes per module pass
+    // per pp rank, seconds: the compute and the data-parallel collectives (which overlap it) of its
+    // forwards and backwards (at the sampled microbatches: they scale with the count) and of its tail
+    std::vector<double> fb_compute, fb_overlap, tail_compute, tail_overlap;
+    double transfer = 0;             // one send's seconds
+    CommByOpDim fb_comm, tail_comm;  // pp rank 0's collectives and transfers: forwards, backwards and
+                                     // sends (per sampled microbatches), and the tail
+    // The data-parallel seconds rank r's compute does not hide when it runs `scale` times the
+    // sampled microbatches.
+    double exposed(int r, double scale) const;
+};
+
+// Samples a plan whose stages hold `k` blocks of `repeat` each: `simulate(rank)` simulates one world
+// rank, tracking the peak of each module pass (RankSimulation::phase_peaks), which are kept per
+// stage's first and last block (their indices differ between the samples) and extrapolated each on
+// its own: which pass peaks can change with the blocks (the head and loss with few, a block's
+// recompute with many), as the planner's other extrapolation does.
+PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute, const std::string& repeat,
+                               int k, const std::function<RankSimulation(int rank)>& simulate);
+
+// The costs of stages holding blocks[s] blocks each, from samples at 2 and 3 blocks per stage.
+PipelineSample extrapolate_pipeline(const PipelineSample& at2, const PipelineSample& at3,
+                                    const std::vector<int>& blocks, int pp);
+
+// `total` blocks over `stages` stages, at least one each, so that the slowest stage (its fixed
+// cost extra[s] plus per_block seconds per block) is as fast as it can be: the first stage, which
+// also runs the embedding, and the last, which runs the head and loss, get fewer blocks (torchtitan
+// counts the embedding and the head as layers when it cuts Llama 3.1 405B's 126 blocks into 16
+// stages). Ties go to the earlier stages.
+std::vector<int> balance_blocks(int total, const std::vector<double>& extra, double per_block);
+
+// The step on `schedule` with `costs` (its stages' forward and backward per microbatch, the
+// transfer, each rank's tail).
+PipelineTiming time_schedule(const Schedule& schedule, const PipelineSample& costs);
+
+}  // namespace ptool

@@ -1,0 +1,51 @@
+// A pipeline's step time: the critical path of its schedule (train/schedule.h), played action by
+// action with each action's own duration. Every pipeline rank runs its list in order; a forward,
+// backward, sync, clip or optimizer step takes its seconds; a batch of consecutive sends and
+// receives completes when each of its transfers has: a transfer starts when both ends have posted
+// it (sends are rendezvous, as ptool runs them and check_schedule plays them) and takes its
+// seconds. The step ends when the last rank finishes.
+//
+// With every stage's forward taking t_f and backward t_b per microbatch and free transfers, GPipe
+// and 1F1B over p ranks and m microbatches finish their forwards and backwards in
+// (m + p - 1)(t_f + t_b): a bubble of (p - 1)/m of the work (interleaved 1F1B's v stages per rank,
+// each 1/v of the work, make it (p - 1)/(v m)). tests/test_pipeline_time.cpp holds the critical
+// path to these closed forms; docs/planning.md.
+#pragma once
+
+#include <vector>
+
+#include "plan/time_model.h"
+#include "train/schedule.h"
+#include "train/simulate.h"
+
+namespace ptool {
+
+// One entry of a pipeline rank's list: a compute action with its seconds, or a batch of sends and
+// receives with each one's transfer seconds.
+struct TimedActions {
+    std::vector<Action> actions;  // one compute action, or a p2p batch
+    std::vector<double> seconds;  // per action
+};
+
+struct PipelineTiming {
+    double step = 0;             // when the last rank finishes its list
+    double pipelined = 0;        // when the last rank finishes its last forward, backward or transfer
+    std::vector<double> busy;    // per rank: seconds of forward and backward
+    std::vector<double> finish;  // per rank: when it finishes its list
+    double bubble = 0;           // (pipelined - max busy) / max busy: idle time over the work
+};
+
+// `ranks[r]`: pipeline rank r's list in order; stage s lives on rank s % ranks.size(). Throws
+// RuntimeError naming the ranks and actions when the lists cannot all finish (a schedule
+// check_schedule refuses).
+PipelineTiming pipeline_critical_path(const std::vector<std::vector<TimedActions>>& ranks);
+
+// A pipeline plan's step on a cluster: each pp rank's actions as its stage's rank classes simulated
+// them (per action the slowest class: a forward or backward's compute and tensor-parallel
+// collectives; a transfer's bytes over the pp link), played over the schedule. Sets every class's
+// `pipeline`, `bubble` and `step` (the critical path, plus what the data-parallel collectives
+// cannot hide behind the rank's compute, as predict_step_time adds it). `times[i]` is ranks[i]'s.
+void time_pipeline(std::vector<StepTime>& times, const std::vector<PredictedRank>& ranks, const Plan& plan,
+                   const Cluster& c, DType compute);
+
+}  // namespace ptool

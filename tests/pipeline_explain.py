@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""explain of pipeline plans, held to what verify measures, run by ctest.
+
+    pipeline_explain.py PTOOL ROOT
+
+For every plan under tests/data/pipeline/ (each names its model in its header):
+- each pipeline stage is its own rank class, and explain's predicted peak of every rank equals
+  the peak `verify --json` measures on that rank, to the byte (docs/planning.md, memory per stage);
+- explain's pipeline section names every stage, its ranks (together every rank once), its first
+  and last spine module, the microbatches it holds at once under its schedule (GPipe: a round's;
+  1F1B: at most pp - s), and its sends and receives per step: a stage sends what the next
+  receives, the first receives no activation and the last sends none;
+- with a cluster, every rank class's step is the schedule's critical path (the same for every
+  class), at least the class's own compute, with a bubble above 0;
+- the documents match docs/schema/.
+"""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks  # noqa: E402
+from json_schema import validate_file  # noqa: E402
+
+PTOOL, ROOT = sys.argv[1], sys.argv[2]
+check = Checks()
+PLANS = sorted(glob.glob(f"{ROOT}/tests/data/pipeline/*.yaml"))
+CLUSTER = f"{ROOT}/clusters/cpu_local.yaml"
+
+
+def model_of(plan):
+    return f"{ROOT}/" + re.search(r"models/[a-z_0-9]+\.yaml", open(plan).read()).group(0)
+
+
+check(len(PLANS) >= 4, f"tests/data/pipeline has {len(PLANS)} plans")
+with tempfile.TemporaryDirectory() as tmp:
+    for plan in PLANS:
+        name = os.path.basename(plan)
+        ej, vj = os.path.join(tmp, "e.json"), os.path.join(tmp, "v.json")
+        p = subprocess.run([PTOOL, "explain", model_of(plan), plan, "--json", ej, "--cluster", CLUSTER],
+                           capture_output=True, text=True, timeout=120)
+        q = subprocess.run([PTOOL, "verify", model_of(plan), plan, "--json", vj, "-q"], capture_output=True, text=True,
+                           timeout=300)
+        if not check(p.returncode == 0 and q.returncode == 0, f"{name}: explain exit {p.returncode}, verify exit "
+                     f"{q.returncode}\n{p.stderr}{q.stdout[-800:]}{q.stderr}"):
+            continue
+        for doc, kind in ((ej, "explain"), (vj, "verify")):
+            err = validate_file(doc, kind)
+            check(err is None, f"{name}: {err}")
+        e, v = json.load(open(ej)), json.load(open(vj))
+        check("\n  pipeline (" in p.stdout, f"{name}: explain prints no pipeline section\n{p.stdout[:1500]}")
+
+        predicted = {r: m["predicted_peak_bytes"] for m in e["memory"] for r in m["ranks"]}
+        measured = {m["rank"]: m["measured_peak_bytes"] for m in v["plans"][0]["memory"]}
+        check(sorted(predicted) == sorted(measured), f"{name}: classes cover {sorted(predicted)}, verify ran {sorted(measured)}")
+        for rank, meas in sorted(measured.items()):
+            check(predicted.get(rank) == meas, f"{name} rank {rank}: predicted {predicted.get(rank)} B, measured {meas} B")
+
+        pipe = e.get("pipeline")
+        if not check(pipe is not None, f"{name}: explain --json has no pipeline"):
+            continue
+        stages = pipe["stages"]
+        ranks = sorted(r for s in stages for r in s["ranks"])
+        check(ranks == sorted(measured), f"{name}: the stages' ranks {ranks} are not every rank once")
+        classes = [set(m["ranks"]) for m in e["memory"]]
+        for s in stages:  # a class never spans two stages
+            check(all(c <= set(s["ranks"]) or not (c & set(s["ranks"])) for c in classes),
+                  f"{name}: a rank class spans stage {s['stage']} and another: {classes}")
+        m, rounds, n = pipe["microbatches"], pipe["rounds"], len(stages)
+        for s in stages:
+            k = s["stage"]
+            want = m if pipe["schedule"] == "gpipe" else min(n - k, m)
+            check(s["in_flight"] == want, f"{name} stage {k}: {s['in_flight']} microbatches in flight, expected {want}")
+            per_step = m * rounds  # one activation forward and one gradient back per microbatch and boundary
+            check(s["sends"] == per_step * ((k + 1 < n) + (k > 0)) and s["recvs"] == s["sends"],
+                  f"{name} stage {k}: {s['sends']} sends, {s['recvs']} receives for {per_step} microbatches")
+        for a, b in zip(stages, stages[1:]):  # what a stage sends on, the next receives
+            check(a["send_bytes"] == b["recv_bytes"] and a["recv_bytes"] == b["send_bytes"] or n > 2,
+                  f"{name}: stage {a['stage']} sends {a['send_bytes']} B, receives {a['recv_bytes']} B; stage "
+                  f"{b['stage']} receives {b['recv_bytes']} B, sends {b['send_bytes']} B")
+        check(abs(pipe["bubble_closed_form"] - (n - 1) / (pipe["virtual_stages"] * m)) < 1e-12,
+              f"{name}: closed form {pipe['bubble_closed_form']}")
+
+        times = e.get("time", [])
+        check(len(times) == len(e["memory"]), f"{name}: {len(times)} times for {len(e['memory'])} classes")
+        steps = {round(t["step_seconds"], 15) for t in times}
+        check(len(steps) == 1, f"{name}: the classes' steps differ: {steps}")
+        for t in times:
+            check(t["pipeline_seconds"] >= t["compute_seconds"] and t["bubble"] > 0
+                  and t["step_seconds"] >= t["pipeline_seconds"],
+                  f"{name} ranks {t['ranks']}: pipeline {t['pipeline_seconds']} s, compute {t['compute_seconds']} s, "
+                  f"step {t['step_seconds']} s, bubble {t['bubble']}")
+
+check.finish()
