@@ -24,6 +24,18 @@ exits 1. Localised: the report names the right place, per class:
   dropout_same_mask      first divergence is the dropout's forward output
   recompute_mask         first divergence is a step-0 backward in the dropout's checkpointed module
   masters_rounded        first divergence is a step-0 update
+Pipeline cases (tests/data/pipeline; a plan with `pipeline_parallel`, whose stages come from its
+split points or layers_per_stage over the module calls explain lists); "in stage S" is a module of
+stage S or a parameter of one:
+  pp_loss_unscaled       first divergence is a step-0 backward in the last stage
+  pp_grad_scaled_twice   first divergence is a step-0 gradient in stage S (under clip_grad_norm, which
+                         spreads one stage's scale over every gradient: any step-0 gradient or norm)
+  pp_wrong_activation    first divergence is a step-0 forward in stage S+1 (the receiver)
+  pp_stale_activation    first divergence is a step-0 backward or gradient in stage S
+  pp_detached_input      first divergence is a step-0 backward in stage S-1 (the zeros' receiver)
+  pp_tied_unsynced       first divergence is the tied weight's step-0 gradient
+  pp_clip_stage_norm     first divergence is a step-0 gradient or the step-0 gradient norm
+  pp_stage_sync_skipped  a step-0 gradient of stage S fails
 """
 import glob
 import json
@@ -33,6 +45,8 @@ import subprocess
 import sys
 import tempfile
 
+import yaml
+
 PTOOL, ROOT = sys.argv[1], sys.argv[2]
 
 def cases():
@@ -40,6 +54,9 @@ def cases():
         name = os.path.basename(plan)[:-5]
         if name.startswith("gemm_mlp") or name == "mpy_bn_local":
             continue  # benchmark-sized; fails by design
+        model = re.search(r"models/[a-z_0-9]*\.yaml", open(plan).read()).group(0)
+        yield f"{ROOT}/{model}", plan
+    for plan in sorted(glob.glob(f"{ROOT}/tests/data/pipeline/*.yaml")):  # each names its model in its header
         model = re.search(r"models/[a-z_0-9]*\.yaml", open(plan).read()).group(0)
         yield f"{ROOT}/{model}", plan
 
@@ -51,7 +68,7 @@ def explain(model, plan):
         return json.load(open(out))
 
 
-def mutants(ex):
+def mutants(ex, model, plan):
     """(class, fault, check) for one case; check(report) -> localised?"""
     def first_div(text):
         return lambda r: text in r["localisation"]
@@ -110,6 +127,7 @@ def mutants(ex):
             if "all_reduce" in comm.get((u["fqn"], "backward"), set()):  # HSDP: the shard's all_reduce over dp_replicate
                 yield ("skip_replicate_all_reduce", f"skip_replicate_all_reduce:{unit}", grad_fails(*u["params"]))
     yield from training_mutants(ex, first_div, grad_fails)
+    yield from pipeline_mutants(ex, model, plan, grad_fails)
 
 
 def training_mutants(ex, first_div, grad_fails):
@@ -146,11 +164,78 @@ def training_mutants(ex, first_div, grad_fails):
         yield ("masters_rounded", "masters_rounded:*", first_div("step 0 update of"))
 
 
+def pipeline_mutants(ex, model, plan, grad_fails):
+    """The pipeline classes, on a plan with `pipeline_parallel` (explain does not describe pipelines:
+    the stages come from the plan's YAML and the order of explain's module calls)."""
+    p, m = yaml.safe_load(open(plan)), yaml.safe_load(open(model))
+    pipe = p.get("pipeline_parallel")
+    if pipe is None:
+        return
+    stages = p["mesh"][pipe.get("mesh_dim", "pp")]
+    order = [c["fqn"] for c in ex["calls"]]
+
+    def pos(fqn):  # where a module's subtree is first called
+        return min(i for i, f in enumerate(order) if f == fqn or f.startswith(fqn + "."))
+
+    if "split_points" in pipe:
+        splits = pipe["split_points"]
+    else:  # layers_per_stage (else even) blocks per stage: a repeat's members, in call order
+        blocks = list(dict.fromkeys(f for f in order if re.fullmatch(r"[A-Za-z_]\w*\.\d+", f)))
+        k = pipe.get("layers_per_stage", len(blocks) // stages)
+        splits = [blocks[k * s] for s in range(1, stages)]
+    cuts = [pos(f) for f in splits]
+
+    def stage_of(fqn):  # a module's or a parameter's
+        while fqn and not any(f == fqn or f.startswith(fqn + ".") for f in order):
+            fqn = fqn.rpartition(".")[0]
+        return sum(pos(fqn) >= c for c in cuts)
+
+    tied = {t["param"]: {stage_of(f) for f in t["modules"]} for t in ex.get("tied", [])}
+
+    def at(kind, stage):  # first divergence: a step-0 `kind` ("backward", "forward", "gradient of") in the
+        def check(r):    # stage (a weight tied across stages is every holder's: its gradient is their sum)
+            hit = re.search(rf"first divergence: step 0 {kind} `([^`]*)`", r["localisation"])
+            return hit is not None and stage in tied.get(hit.group(1), {stage_of(hit.group(1))})
+        return check
+
+    clipped = m.get("clip_grad_norm", 0) > 0
+    params = ex["params"]
+    # grad_scale (training_mutants picks the last weight and the middle one: the last stage's) on a
+    # weight of each other stage, scaled by that stage's last rank
+    weights = [q for q in params if q.endswith(".weight") and q not in ex["ignored_params"]]
+    picked = {weights[-1], weights[len(weights) // 2]} if weights else set()
+    for s in range(stages):
+        held = [q for q in weights if stage_of(q) == s]
+        if held and not picked & set(held) and not ex.get("mixed_precision"):
+            q = held[len(held) // 2]
+            yield ("grad_scale", f"grad_scale:{q}",
+                   lambda r, q=q: grad_fails(q)(r) or f"gradient of `{q}`" in r["localisation"])
+    yield ("pp_loss_unscaled", "pp_loss_unscaled:*", at("backward", stages - 1))
+    for s in range(stages):
+        mine = [q for q in params if stage_of(q) == s]
+        yield ("pp_grad_scaled_twice", f"pp_grad_scaled_twice:{s}",
+               (lambda r: "first divergence: step 0 gradient" in r["localisation"]) if clipped else at("gradient of", s))
+        if s + 1 < stages:
+            yield ("pp_wrong_activation", f"pp_wrong_activation:{s}", at("forward", s + 1))
+        if s > 0:
+            yield ("pp_stale_activation", f"pp_stale_activation:{s}",
+                   lambda r, s=s: at("backward", s)(r) or at("gradient of", s)(r))
+            yield ("pp_detached_input", f"pp_detached_input:{s}", at("backward", s - 1))
+        if p.get("data_parallel") and mine:
+            yield ("pp_stage_sync_skipped", f"pp_stage_sync_skipped:{s}", grad_fails(*mine))
+    for q, holders in tied.items():  # tied across stages
+        if len(holders) > 1:
+            yield ("pp_tied_unsynced", f"pp_tied_unsynced:{q}",
+                   lambda r, q=q: f"first divergence: step 0 gradient of `{q}`" in r["localisation"])
+    if clipped:
+        yield ("pp_clip_stage_norm", "pp_clip_stage_norm:*", lambda r: "first divergence: step 0 gradient" in r["localisation"])
+
+
 def main():
     table, misses = {}, []
     for model, plan in cases():
         ex = explain(model, plan)
-        for cls, fault, localised in mutants(ex):
+        for cls, fault, localised in mutants(ex, model, plan):
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, "r.json")
                 p = subprocess.run([PTOOL, "verify", model, plan, "--json", out, "-q"], capture_output=True, text=True,

@@ -6,7 +6,10 @@
 Every plan under tests/data/pipeline/ (each names its model in its header) passes against the
 single-device reference with the same microbatches, with every tensor compared; its golden
 (recorded from that reference) replays; injected bugs in a stage (a gradient scaled, DDP's buckets
-skipped, a tied weight's gradient not summed) fail and name the tensor; pipeline_parallel's schema
+skipped, a tied weight's gradient not summed, and pipeline faults: an activation sent for the wrong
+microbatch, a boundary gradient not sent, a tied weight's cross-stage sum or one stage's
+gradient sync skipped) fail and name the tensor or the first divergence; the mutation score
+(tests/mutation_score.py) runs every pipeline fault class over every case; pipeline_parallel's schema
 errors exit 2 with file:line:column and the message; under mpirun a pipeline plan is refused
 (exit 2), not half-verified.
 """
@@ -62,6 +65,10 @@ FAULTS = [
     ("mlp_pp2_ddp_layers.yaml", "grad_scale:layers.1.net2.weight", "layers.1.net2.weight"),
     ("gpt2_tied_pp2_gpipe.yaml", "tied_grad:*", "step0."),
     ("mlp_pp2_dp2_tp2_fsdp.yaml", "skip_reduce_scatter:layers.1", "layers.1."),
+    ("mlp_pp2_ddp_layers.yaml", "pp_wrong_activation:0", "first divergence: step 0 forward `layers.1."),
+    ("llama_rope_pp2_tp2_sp.yaml", "pp_detached_input:1", "first divergence: step 0 backward `layers.0."),
+    ("gpt2_tied_pp2_gpipe.yaml", "pp_tied_unsynced:wte.weight", "first divergence: step 0 gradient of `wte.weight`"),
+    ("mlp_pp2_dp2_tp2_fsdp.yaml", "pp_stage_sync_skipped:1", "first divergence: step 0 gradient of `layers.1."),
 ]
 for plan, fault, names in FAULTS:
     rc, text, rep = verify(f"{ROOT}/tests/data/pipeline/{plan}", env={"PTOOL_FAULT": fault})

@@ -218,9 +218,10 @@ void Run::tie_across_stages(const std::vector<Module*>& spine, const std::vector
         const int place = mine ? static_cast<int>(std::distance(stages.begin(), at)) : 0;
         // one group per coordinate of the other dims among the stages that hold it; alone otherwise
         const int color = mine ? stage_comm_->rank() : stage_comm_->size() + world_.rank();
-        tied_groups_.push_back(
-            world_.split_known(color, place, place, mine ? static_cast<int>(stages.size()) : 1));
-        tied_groups_.back()->set_counter(counter_, plan_.dims.name(DimRole::pp));
+        std::unique_ptr<Communicator> g =
+            world_.split_known(color, place, place, mine ? static_cast<int>(stages.size()) : 1);
+        g->set_counter(counter_, plan_.dims.name(DimRole::pp));
+        tied_groups_.push_back(layer_ ? layer_->wrap_group(std::move(g), name) : std::move(g));
         if (!mine) continue;
         tied_.push_back({p, tied_groups_.back().get(), place > 0});
         model_.parameter_names[p.get()] = name;
@@ -287,7 +288,8 @@ void Run::forward(StepState& st, int m) {
     f.y = stages_ == 1 ? model_.root->forward(f.ctx, f.x) : stage_forward(f.ctx, stage_modules_, f.x);
     if (stage_ + 1 < stages_) return;  // sent on; its gradient comes back
     const Tensor target = st.batch.target.defined() ? st.batch.target.narrow(0, first, st.mine) : Tensor();
-    const double scale = 1.0 / static_cast<double>(st.microbatches);
+    double scale = 1.0 / static_cast<double>(st.microbatches);
+    if (layer_) scale = layer_->loss_scale(scale);
     const Placed& y = f.y;
     if (plan_.loss_parallel) {  // cross_entropy on the vocabulary shards: nothing gathered
         f.output = {to_dtype(be_, y.t, model_.dtype), y.p, y.global};

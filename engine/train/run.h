@@ -54,6 +54,14 @@ public:
     virtual DataParallelResolution data_parallel(const DataParallelResolution& r) { return r; }
     // After a step's backward, before the gradients are synchronised across dp ranks.
     virtual void before_gradient_sync(Model&, Communicator& /*world*/) {}
+    // What each microbatch's loss is multiplied by, given the run's factor (1 / the step's microbatches).
+    virtual double loss_scale(double scale) { return scale; }
+    // A group the run splits from the world outside the mesh's dims, its counter set: the stages that
+    // hold weight `param` tied across them.
+    virtual std::unique_ptr<Communicator> wrap_group(std::unique_ptr<Communicator> c,
+                                                     const std::string& /*param*/) {
+        return c;
+    }
 };
 
 using StepObserver = std::function<void(const Module&, Phase, int microbatch, const Placed&)>;

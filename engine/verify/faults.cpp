@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/tensor_ops.h"
+#include "train/stage.h"
 
 namespace ptool {
 namespace {
@@ -102,20 +103,65 @@ private:
     bool shifted_ = false;
 };
 
+// pp_stale_activation on a stage's first module: its forward computes on the activation the stage
+// received, but the backward of microbatch m >= 1 finds microbatch m-1's in what the forward saved
+// (the stage's saved activations looked up one microbatch off). The module computes on a buffer of
+// the hook's, which its saves keep; the buffer gets the previous microbatch's input as the
+// backward begins. (A checkpointed first module recomputes from its own copy of the input: not hit.)
+class StaleInputHooks final : public ModuleHooks {
+public:
+    Placed pre_forward(RunContext& c, Module&, const Placed& x) override {
+        if (c.recomputing) return x;
+        if (c.step != step_) clean_.clear(), used_.clear(), step_ = c.step;
+        clean_[c.microbatch] = x.t.clone();
+        Tensor buffer = x.t.clone();
+        used_[c.microbatch] = buffer;
+        return {buffer, x.p, x.global};
+    }
+    Placed post_forward_backward(RunContext& c, Module&, const Placed& dy) override {
+        const auto before = clean_.find(c.microbatch - 1);
+        const auto mine = used_.find(c.microbatch);
+        if (before != clean_.end() && mine != used_.end()) c.backend->copy(before->second, mine->second);
+        return dy;
+    }
+    void post_backward(RunContext& c, Module&) override {
+        clean_.erase(c.microbatch - 1);
+        used_.erase(c.microbatch);
+    }
+
+private:
+    int64_t step_ = -1;
+    std::map<int, Tensor> clean_, used_;  // per microbatch: its input as received, and the buffer computed on
+};
+
+// Where a communicator of the fault layer's sits: this rank's pipeline stage (-1: no pipeline) and
+// whether it is the pp dim's.
+struct CommPlace {
+    int stage = -1;
+    bool pp = false;
+};
+
 // A mesh dim's communicator with the collectives of one scope broken. The scope is the counter's
 // module and site (comm/comm_stats.h), which the parallel code sets around its collectives.
 class FaultComm final : public Communicator {
 public:
     using Buckets =
         std::map<std::string, std::vector<std::string>>;  // root -> bucket K -> the fault's parameter or ""
-    FaultComm(std::unique_ptr<Communicator> inner, Fault fault, const Buckets& buckets)
-        : inner_(std::move(inner)), fault_(std::move(fault)), buckets_(buckets) {
+    FaultComm(std::unique_ptr<Communicator> inner, Fault fault, const Buckets& buckets, CommPlace place = {})
+        : inner_(std::move(inner)), fault_(std::move(fault)), buckets_(buckets), place_(place) {
         set_counter(inner_->counter(), "");  // the inner communicator counts
     }
     int rank() const override { return inner_->rank(); }
     int size() const override { return inner_->size(); }
     std::string backend() const override { return inner_->backend(); }
     void all_gather(const Tensor& in, Tensor& out) override {
+        if (fault_.is(FaultKind::pp_clip_stage_norm) && place_.pp &&
+            site().is(CommSiteKind::clip_grad_norm) &&
+            in.dtype() == DType::float64) {  // the squares (not their counts): this stage's only
+            inner_->all_gather(in, out);
+            for (int64_t i = 0; i < out.numel(); ++i) out.set(i, i < in.numel() ? in.item(i) : 0.0);
+            return;
+        }
         if (!fault_.hits(FaultKind::stale_param, module()) || !site().is(CommSiteKind::unshard))
             return inner_->all_gather(in, out);
         auto [it, first] = stale_.try_emplace(module());
@@ -130,6 +176,10 @@ public:
         if ((fault_.is(FaultKind::clip_local_norm) && site().is(CommSiteKind::clip_grad_norm)) ||
             (fault_.is(FaultKind::loss_parallel_local) && site().is(CommSiteKind::loss_parallel)))
             return;  // each rank keeps its own
+        if (fault_.is(FaultKind::pp_tied_unsynced) && site().is(CommSiteKind::tied_weights))
+            return;  // each stage keeps the part its own use contributed
+        if (skips_stage_sync() && (site().is(CommSiteKind::bucket) || site().is(CommSiteKind::reduce_grads)))
+            return;
         if (site().is(CommSiteKind::bucket)) {
             if (skips_bucket()) return;
             if (fault_.hits(FaultKind::grad_sum, module())) op = ReduceOp::sum;
@@ -142,7 +192,8 @@ public:
         inner_->all_reduce(t, op);
     }
     void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
-        if (!fault_.hits(FaultKind::skip_reduce_scatter, module()) || !site().is(CommSiteKind::reduce_grads))
+        if (!(fault_.hits(FaultKind::skip_reduce_scatter, module()) || skips_stage_sync()) ||
+            !site().is(CommSiteKind::reduce_grads))
             return inner_->reduce_scatter(in, out, op);
         const Tensor mine = chunk(in, size(), rank(), 0);  // this rank's rows of its own gradient, unreduced
         backend_for(out.device()).copy(mine, out);
@@ -154,12 +205,15 @@ public:
     void barrier() override { inner_->barrier(); }
     void send(const Tensor& t, int peer, int tag) override { inner_->send(t, peer, tag); }
     void recv(Tensor& t, int peer, int tag) override { inner_->recv(t, peer, tag); }
-    void batch_isend_irecv(const std::vector<P2POp>& ops) override { inner_->batch_isend_irecv(ops); }
+    void batch_isend_irecv(const std::vector<P2POp>& ops) override;
     std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
 
 private:
     std::string module() const { return counter() ? counter()->module() : ""; }
     CommSite site() const { return counter() ? counter()->site() : CommSite{}; }
+    bool skips_stage_sync() const {
+        return fault_.hits_stage(FaultKind::pp_stage_sync_skipped, place_.stage);
+    }
     bool skips_bucket() const {  // bucket K of module ROOT holds the fault's parameter
         if (!fault_.is(FaultKind::skip_bucket)) return false;
         auto it = buckets_.find(module());
@@ -170,8 +224,36 @@ private:
     std::unique_ptr<Communicator> inner_;
     Fault fault_;
     const Buckets& buckets_;  // the layer's, filled once data parallelism is resolved
+    CommPlace place_;
     std::map<std::string, Tensor> stale_;
+    std::map<int, Tensor> sent_;  // pp_wrong_activation: the activations sent, by microbatch
 };
+
+// The pp dim's sends (train/schedule.h's p2p_tag: 2m for microbatch m's activation, 2m + 1 for
+// its gradient): pp_wrong_activation sends microbatch m-1's activation again for m's;
+// pp_detached_input sends zeros for the input's gradient.
+void FaultComm::batch_isend_irecv(const std::vector<P2POp>& ops) {
+    const bool wrong = place_.pp && fault_.hits_stage(FaultKind::pp_wrong_activation, place_.stage);
+    const bool detached = place_.pp && fault_.hits_stage(FaultKind::pp_detached_input, place_.stage);
+    if (!wrong && !detached) return inner_->batch_isend_irecv(ops);
+    std::vector<P2POp> out = ops;
+    std::vector<Tensor> zeros;
+    zeros.reserve(ops.size());
+    for (P2POp& op : out) {
+        if (op.kind != P2POp::Kind::send) continue;
+        const int m = op.tag / 2;
+        if (wrong && op.tag % 2 == 0) {
+            if (m == 0) sent_.clear();  // a step's first
+            sent_[m] = op.tensor->clone();
+            if (auto before = sent_.find(m - 1); before != sent_.end()) op.tensor = &before->second;
+        } else if (detached && op.tag % 2 == 1) {
+            zeros.push_back(op.tensor->clone());
+            backend_for(zeros.back().device()).fill(zeros.back(), 0.0);
+            op.tensor = &zeros.back();
+        }
+    }
+    inner_->batch_isend_irecv(out);
+}
 
 class FaultLayer final : public RunLayer {
 public:
@@ -181,12 +263,28 @@ public:
 
     void wrap_mesh(DeviceMesh& mesh, const Plan& plan) override {
         plan_ = &plan;
+        const int pp = plan.pipeline && plan.dims.has(DimRole::pp) ? plan.dims.index(DimRole::pp) : -1;
+        stage_ = pp >= 0 ? mesh.coord(pp) : -1;
+        // grad_scale's rank: the last of the stage (of the world without a pipeline), which holds the
+        // stage's parameters; the world's last holds the last stage's only
+        last_ = true;
+        for (int d = 0; d < mesh.ndim(); ++d)
+            if (d != pp && mesh.coord(d) != mesh.dims()[d].size - 1) last_ = false;
         for (int d = 0; d < mesh.ndim(); ++d) {
             if (!plan.dims.role(d)) continue;  // a dim no section uses: nothing of the plan's runs on it
-            mesh.wrap(d, [&](std::unique_ptr<Communicator> c) {
-                return std::make_unique<FaultComm>(std::move(c), fault_, buckets_);
+            mesh.wrap(d, [&, d, pp](std::unique_ptr<Communicator> c) {
+                return std::make_unique<FaultComm>(std::move(c), fault_, buckets_,
+                                                   CommPlace{stage_, d == pp});
             });
         }
+    }
+
+    double loss_scale(double scale) override { return fault_.is(FaultKind::pp_loss_unscaled) ? 1.0 : scale; }
+
+    std::unique_ptr<Communicator> wrap_group(std::unique_ptr<Communicator> c,
+                                             const std::string& param) override {
+        if (!fault_.hits(FaultKind::pp_tied_unsynced, param)) return c;
+        return std::make_unique<FaultComm>(std::move(c), fault_, buckets_, CommPlace{stage_, false});
     }
 
     void before_parallelize(const Model& model, const Resolution& res) override {
@@ -204,11 +302,15 @@ public:
 
     DataParallelResolution data_parallel(const DataParallelResolution& r) override;
 
-    void before_gradient_sync(Model& model, Communicator& world) override {
-        const bool last = world.rank() == world.size() - 1;
+    void before_gradient_sync(Model& model, Communicator&) override {
+        // torch's schedule.step(scale_grads) divides the stage's gradients by its microbatches: again
+        const bool twice = fault_.hits_stage(FaultKind::pp_grad_scaled_twice, stage_);
+        const double microbatches =
+            plan_ ? static_cast<double>(plan_->microbatches_per_round() * model.gradient_accumulation) : 1.0;
         for (const auto& [name, p] : model.named_parameters()) {
             Backend& be = backend_for(p->grad.device());
-            if (fault_.hits(FaultKind::grad_scale, name) && last) be.scale(p->grad, 1.001, p->grad);
+            if (twice) be.scale(p->grad, 1.0 / microbatches, p->grad);
+            if (fault_.hits(FaultKind::grad_scale, name) && last_) be.scale(p->grad, 1.001, p->grad);
             if (fault_.is(FaultKind::masters_rounded) && plan_ &&
                 plan_->mixed_precision)  // the optimizer steps param_dtype values
                 be.copy(to_dtype(be, p->value, plan_->mixed_precision->param_dtype), p->value);
@@ -218,6 +320,8 @@ public:
 private:
     Fault fault_;
     const Plan* plan_ = nullptr;
+    int stage_ = -1;     // this rank's pipeline stage (-1: no pipeline)
+    bool last_ = false;  // the stage's last rank (the world's without a pipeline)
     FaultComm::Buckets buckets_;
     std::map<const Parameter*, Tensor> full_;
 };
@@ -254,6 +358,10 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
              (fault_.hits(FaultKind::dropout_same_mask, fqn) || fault_.hits(FaultKind::recompute_mask, fqn))))
             m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(*fault_.kind));
     });
+    if (stage_ > 0 && fault_.hits_stage(FaultKind::pp_stale_activation, stage_)) {
+        const std::vector<Module*> spine = model_spine(model);  // the stage's modules: the rest are gone
+        if (!spine.empty()) spine.front()->add_outer_hooks(std::make_shared<StaleInputHooks>());
+    }
     if (!plan.dims.has(DimRole::tp)) return;
     Communicator& tp = mesh.comm(plan.dims.index(DimRole::tp));
     for (const ResolvedStyle& rs : res.styles) {
@@ -309,6 +417,8 @@ const char* fault_section_name(FaultSection s) {
             return "training configurations";
         case FaultSection::mixed_precision:
             return "mixed precision";
+        case FaultSection::pipeline:
+            return "pipeline parallel";
     }
     return "";
 }

@@ -41,9 +41,18 @@ enum class FaultKind {
     recompute_mask,
     // mixed precision
     masters_rounded,
+    // pipeline parallel (STAGE: a pipeline stage's number)
+    pp_loss_unscaled,
+    pp_grad_scaled_twice,
+    pp_wrong_activation,
+    pp_stale_activation,
+    pp_detached_input,
+    pp_tied_unsynced,
+    pp_clip_stage_norm,
+    pp_stage_sync_skipped,
 };
 
-enum class FaultSection { tensor_parallel, data_parallel, training, mixed_precision };
+enum class FaultSection { tensor_parallel, data_parallel, training, mixed_precision, pipeline };
 
 struct FaultClass {
     FaultKind kind;
@@ -82,7 +91,7 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::skip_replicate_all_reduce, "skip_replicate_all_reduce", FaultSection::data_parallel, "UNIT",
      "HSDP: a unit's gradient is reduce_scattered over dp_shard but never all_reduced over dp_replicate"},
     {FaultKind::grad_scale, "grad_scale", FaultSection::training, "PARAM",
-     "the last rank's gradient of PARAM is scaled by 1.001 before the sync"},
+     "the last rank's (of PARAM's pipeline stage) gradient of PARAM is scaled by 1.001 before the sync"},
     {FaultKind::clip_local_norm, "clip_local_norm", FaultSection::training, "*",
      "clip_grad_norm uses each rank's local norm (its all_reduces skipped)"},
     {FaultKind::tied_grad, "tied_grad", FaultSection::training, "MODULE",
@@ -95,6 +104,24 @@ inline constexpr FaultClass kFaultClasses[] = {
      "a dropout's mask in activation checkpointing's recompute is drawn anew"},
     {FaultKind::masters_rounded, "masters_rounded", FaultSection::mixed_precision, "*",
      "the optimizer steps parameters rounded to param_dtype (no fp32 masters)"},
+    {FaultKind::pp_loss_unscaled, "pp_loss_unscaled", FaultSection::pipeline, "*",
+     "the last stage's microbatch losses are not divided by the step's microbatch count"},
+    {FaultKind::pp_grad_scaled_twice, "pp_grad_scaled_twice", FaultSection::pipeline, "STAGE",
+     "the stage's gradients are divided by the microbatch count again after the backward (torch's "
+     "scale_grads on a loss already divided)"},
+    {FaultKind::pp_wrong_activation, "pp_wrong_activation", FaultSection::pipeline, "STAGE",
+     "the stage sends microbatch m-1's output as microbatch m's activation (m >= 1)"},
+    {FaultKind::pp_stale_activation, "pp_stale_activation", FaultSection::pipeline, "STAGE",
+     "the stage's backward of microbatch m >= 1 finds microbatch m-1's received input in what its "
+     "forward saved (stages > 0)"},
+    {FaultKind::pp_detached_input, "pp_detached_input", FaultSection::pipeline, "STAGE",
+     "the stage's input is detached: the gradient it sends back to the stage before is zeros (stages > 0)"},
+    {FaultKind::pp_tied_unsynced, "pp_tied_unsynced", FaultSection::pipeline, "PARAM",
+     "a weight tied across stages: its gradients are not summed over the stages that hold it"},
+    {FaultKind::pp_clip_stage_norm, "pp_clip_stage_norm", FaultSection::pipeline, "*",
+     "clip_grad_norm clips each stage by its own gradients' norm (the squares not gathered over pp)"},
+    {FaultKind::pp_stage_sync_skipped, "pp_stage_sync_skipped", FaultSection::pipeline, "STAGE",
+     "the stage's DDP all_reduces / FSDP reduce_scatters of its gradients are skipped"},
 };
 
 const FaultClass& fault_class(FaultKind k);
@@ -107,6 +134,9 @@ struct Fault {
     bool is(FaultKind k) const { return kind == k; }
     bool hits(FaultKind k, const std::string& where) const {
         return kind == k && (fqn == "*" || fqn == where);
+    }
+    bool hits_stage(FaultKind k, int stage) const {  // a pipeline stage's (stage -1: no pipeline)
+        return stage >= 0 && hits(k, std::to_string(stage));
     }
 };
 
