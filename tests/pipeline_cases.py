@@ -7,8 +7,8 @@ Every plan under tests/data/pipeline/ (each names its model in its header) passe
 single-device reference with the same microbatches, with every tensor compared; its golden
 (recorded from that reference) replays; injected bugs in a stage (a gradient scaled, DDP's buckets
 skipped, a tied weight's gradient not summed) fail and name the tensor; pipeline_parallel's schema
-errors exit 2 with file:line:column and the message; under mpirun a pipeline plan is refused
-(exit 2), not half-verified.
+errors exit 2 with file:line:column and the message; under mpirun -np WORLD each plan passes with
+the thread run's per-tensor verdicts, and a gradient scaled on stage 1 fails there too.
 """
 import glob
 import json
@@ -94,12 +94,50 @@ with tempfile.TemporaryDirectory() as tmp:
         check(rc == 2 and f"bad{i}.yaml{where}" in out and message in out,
               f"{text!r}: exit {rc}, expected 2 at {where} with {message!r}\n{out[-600:]}")
 
-# under mpirun: refused, not half-verified
+# under mpirun (one process per rank, each stage's leader sending its whole tensors to rank 0):
+# every plan passes with the thread run's verdicts, tensor for tensor, and a fault in a later stage
+# fails there as it does in rank threads
+def verdicts(rep):
+    """Each plan's tensors by name: whether it passed and how its replicas agreed."""
+    return {t["name"]: (t["pass"], t["replicas"]) for p in rep["plans"] for t in p["tensors"]}
+
+
+def verify_mpi(plan, world, env=None):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        p = subprocess.run(["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(world), PTOOL, "verify",
+                            model_of(plan), plan, "--json", out, "-q"], capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, **(env or {})))
+        return p.returncode, p.stdout + p.stderr, json.load(open(out)) if os.path.exists(out) else None
+
+
 if subprocess.run(["which", "mpirun"], capture_output=True).returncode == 0:
-    plan = f"{ROOT}/tests/data/pipeline/mlp_pp2_ddp_layers.yaml"
-    p = subprocess.run(["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", "4", PTOOL, "verify",
-                        model_of(plan), plan, "-q"], capture_output=True, text=True, timeout=120)
-    out = p.stdout + p.stderr
-    check(p.returncode == 2 and "is verified in rank threads" in out, f"mpirun: exit {p.returncode}\n{out[-800:]}")
+    MPI_FAULT = ("mlp_pp2_ddp_layers.yaml", "grad_scale:layers.1.net2.weight", "step0.grad.layers.1.net2.weight")
+    for plan in PLANS:
+        name = os.path.basename(plan)
+        for fault in (None, MPI_FAULT[1]) if name == MPI_FAULT[0] else (None,):
+            env = {"PTOOL_FAULT": fault} if fault else None
+            rc_t, text_t, threads = verify(plan, env=env)
+            if threads is None:
+                check(False, f"{name} {fault}: no thread report (exit {rc_t})\n{text_t[-800:]}")
+                continue
+            world = threads["plans"][0]["world_size"]
+            rc, text, rep = verify_mpi(plan, world, env=env)
+            expect = 1 if fault else 0
+            check(rc == expect == rc_t and rep is not None and rep["pass"] == (not fault),
+                  f"{name} {fault or ''} under mpirun -np {world}: exit {rc} (threads {rc_t}), expected {expect}\n"
+                  f"{text[-2000:]}")
+            if rep is None:
+                continue
+            check(rep["plans"][0]["backend"] == "mpi", f"{name}: backend {rep['plans'][0]['backend']}")
+            a, b = verdicts(threads), verdicts(rep)
+            check(len(a) == len(b) and len(a) > 10, f"{name} {fault or ''}: {len(b)} tensors under mpirun, {len(a)} in threads")
+            differ = sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
+            check(not differ, f"{name} {fault or ''}: mpirun and threads judge differently: "
+                  + ", ".join(f"{n} {b.get(n)} vs {a.get(n)}" for n in differ[:8]))
+            if fault:
+                failed = sorted(n for n, (ok, _) in b.items() if not ok)
+                check(MPI_FAULT[2] in failed and MPI_FAULT[2] in text,
+                      f"{name} with {fault} under mpirun: fails {failed[:6]}, not naming {MPI_FAULT[2]}\n{text[-1500:]}")
 
 check.finish()
