@@ -8,12 +8,14 @@ single-device reference with the same microbatches, with every tensor compared; 
 (recorded from that reference) replays; injected bugs in a stage (a gradient scaled, DDP's buckets
 skipped, a tied weight's gradient not summed) fail and name the tensor; pipeline_parallel's schema
 errors exit 2 with file:line:column and the message; under mpirun -np WORLD each plan passes with
-the thread run's per-tensor verdicts, and a gradient scaled on stage 1 fails there too.
+the thread run's per-tensor verdicts, a gradient scaled on stage 1 fails there too, and
+`--golden` compares three ways there (a golden with a stage-1 gradient moved fails naming it).
 """
 import glob
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -139,5 +141,31 @@ if subprocess.run(["which", "mpirun"], capture_output=True).returncode == 0:
                 failed = sorted(n for n, (ok, _) in b.items() if not ok)
                 check(MPI_FAULT[2] in failed and MPI_FAULT[2] in text,
                       f"{name} with {fault} under mpirun: fails {failed[:6]}, not naming {MPI_FAULT[2]}\n{text[-1500:]}")
+
+    # three ways under mpirun (parallel vs reference, vs a golden, reference vs the golden): the
+    # golden ptool records passes; one element of a stage-1 gradient in it moved by half fails both
+    # golden comparisons naming that gradient (rank 0 compares stage 1's tensors with the golden)
+    plan = f"{ROOT}/tests/data/pipeline/mlp_pp2_ddp_layers.yaml"
+    moved = "step0.grad.layers.1.net2.weight"
+    with tempfile.TemporaryDirectory() as tmp:
+        g, bad = os.path.join(tmp, "g.safetensors"), os.path.join(tmp, "moved.safetensors")
+        rc, text = run("golden", "record", model_of(plan), plan, "-o", g)
+        check(rc == 0, f"golden record exit {rc}\n{text[-800:]}")
+        data = bytearray(open(g, "rb").read())
+        n = struct.unpack("<Q", data[:8])[0]
+        info = json.loads(data[8:8 + n])[moved]
+        check(info["dtype"] == "F32", f"{moved} is {info['dtype']}")
+        at = 8 + n + info["data_offsets"][0]
+        data[at:at + 4] = struct.pack("<f", struct.unpack("<f", data[at:at + 4])[0] * 1.5 + 1.0)
+        open(bad, "wb").write(bytes(data))
+        for golden, expect in ((g, 0), (bad, 1)):
+            p = subprocess.run(["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", "4", PTOOL, "verify",
+                                model_of(plan), plan, "--golden", golden], capture_output=True, text=True, timeout=600)
+            out = p.stdout + p.stderr
+            verdict = "PASS" if expect == 0 else "FAIL"
+            check(p.returncode == expect and "parallel vs reference: PASS" in out
+                  and f"reference vs golden: {verdict}" in out and f"parallel vs golden: {verdict}" in out
+                  and (expect == 0 or f"parallel vs golden: {moved}" in out),
+                  f"mpirun --golden {os.path.basename(golden)}: exit {p.returncode}, expected {expect}\n{out[-1500:]}")
 
 check.finish()
