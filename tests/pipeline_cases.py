@@ -137,6 +137,10 @@ if subprocess.run(["which", "mpirun"], capture_output=True).returncode == 0:
             differ = sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
             check(not differ, f"{name} {fault or ''}: mpirun and threads judge differently: "
                   + ", ".join(f"{n} {b.get(n)} vs {a.get(n)}" for n in differ[:8]))
+            for key in ("localisation", "divergence"):  # from the module events of both stages
+                check(rep["plans"][0][key] == threads["plans"][0][key],
+                      f"{name} {fault or ''}: {key} under mpirun {rep['plans'][0][key]!r}, "
+                      f"in threads {threads['plans'][0][key]!r}")
             if fault:
                 failed = sorted(n for n, (ok, _) in b.items() if not ok)
                 check(MPI_FAULT[2] in failed and MPI_FAULT[2] in text,
