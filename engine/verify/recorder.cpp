@@ -808,7 +808,7 @@ private:
         const Tensor whole = full.size() == 1 ? full[0] : cat(full, 0),
                      mine = local.size() == 1 ? local[0] : cat(local, 0);
         const ReplicaState state = replica_state(mine, activation_placements(outs[0]), false);
-        if (run_.stages() > 1 && !local_) {  // rank 0 compares it whole, from the last stage's leader
+        if (staged() && !local_) {  // rank 0 compares it whole, from the last stage's leader
             send_whole(sr, name, whole, state);
             return;
         }
