@@ -6,10 +6,12 @@ Replays golden/ (exit 0; JUnit validated with xmllint against tests/data/junit.x
 tensor pushed past tolerance fails naming the tensor and the case); stale cases (edited text,
 changed model file); bitwise reproducible records; damaged files (exit 2 naming the file); an
 interrupted record (SIGTERM) leaves the old file intact and no temporary file; --update; a
-golden recorded by PyTorch itself (tools/torch_golden.py) accepted by `verify --golden`.
+golden recorded by PyTorch itself (tools/torch_golden.py) accepted by `verify --golden`, the pipeline
+plans of tests/data/pipeline included (their reference and parallel run both held to torch's).
 """
 import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -194,15 +196,42 @@ with tempfile.TemporaryDirectory() as tmp:
     # with AdamW defaults, accumulation and clipping under TP+SP, FSDP x TP with checkpointing, DDP x TP
     # in bf16 mixed precision, HSDP and HSDP x TP: HYBRID_SHARD's gradient is the average over the whole
     # data group, which is what PyTorch's one-device step computes for the mean loss)
-    for model, plan in (("mlp", "mlp_root_module"), ("gpt_block", "gpt_block_tp"), ("gpt2_tied", "gpt2_tied_tp_sp"),
-                        ("gpt2_tied", "gpt2_tied_ddp_ac"), ("llama_rope", "llama_rope_tp_sp"),
-                        ("llama_rope", "llama_rope_fsdp_tp_ac"), ("llama_rope", "llama_rope_ddp_tp_bf16"),
-                        ("mlp_stacked_adamw", "mlp_stacked_hsdp"), ("mlp_stacked_adamw", "mlp_stacked_hsdp_tp")):
-        tg = os.path.join(tmp, f"torch_{model}.safetensors")
-        p = subprocess.run([sys.executable, "tools/torch_golden.py", f"models/{model}.yaml", f"plans/{plan}.yaml", "-o", tg],
+    # (and the pipeline plans of tests/data/pipeline, each naming its model: torch's reference is the
+    # one-device loop over the same G x microbatches microbatches, as torch.distributed.pipelining's
+    # tests hold a pipeline to; the GPT-2 one's dropout masks drawn as for gpt2_tied_tp_sp)
+    cases = [(f"models/{model}.yaml", f"plans/{plan}.yaml") for model, plan in (
+        ("mlp", "mlp_root_module"), ("gpt_block", "gpt_block_tp"), ("gpt2_tied", "gpt2_tied_tp_sp"),
+        ("gpt2_tied", "gpt2_tied_ddp_ac"), ("llama_rope", "llama_rope_tp_sp"),
+        ("llama_rope", "llama_rope_fsdp_tp_ac"), ("llama_rope", "llama_rope_ddp_tp_bf16"),
+        ("mlp_stacked_adamw", "mlp_stacked_hsdp"), ("mlp_stacked_adamw", "mlp_stacked_hsdp_tp"))]
+    pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
+    check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")
+    cases += [(re.search(r"models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]
+    for model, plan in cases:
+        tg = os.path.join(tmp, f"torch_{os.path.basename(plan)[:-5]}.safetensors")
+        p = subprocess.run([sys.executable, "tools/torch_golden.py", model, plan, "-o", tg],
                            capture_output=True, text=True, timeout=300)
-        rc, out = run("verify", f"models/{model}.yaml", f"plans/{plan}.yaml", "--golden", tg)
+        rc, out = run("verify", model, plan, "--golden", tg)
         check(p.returncode == 0 and rc == 0 and "reference vs golden: PASS" in out and "parallel vs golden: PASS" in out,
               f"torch golden {model} x {plan}: exit {rc}\n{p.stderr}{out}")
+    # the microbatches matter where the loss is a sum (each microbatch's divided by their count): a
+    # pipeline of models/mlp_stacked.yaml passes against torch's loop over them, and fails against
+    # torch's one-microbatch step (recorded without pipeline_parallel, the plan's text put back)
+    sum_plan, whole = os.path.join(tmp, "mlp_sum_pp2.yaml"), os.path.join(tmp, "mlp_sum_whole.yaml")
+    open(sum_plan, "w").write("# models/mlp_stacked.yaml (loss: sum) in two 1F1B stages\n"
+                              "mesh: {pp: 2}\npipeline_parallel: {microbatches: 4}\n")
+    open(whole, "w").write("mesh: {pp: 2}\n")
+    for plan, expect in ((sum_plan, "PASS"), (whole, "FAIL")):
+        tg = os.path.join(tmp, f"torch_{os.path.basename(plan)[:-5]}.safetensors")
+        p = subprocess.run([sys.executable, "tools/torch_golden.py", "models/mlp_stacked.yaml", plan, "-o", tg],
+                           capture_output=True, text=True, timeout=300)
+        check(p.returncode == 0, f"torch_golden.py {plan}: exit {p.returncode}\n{p.stderr}")
+        text = open(sum_plan).read()
+        rewrite(tg, tg, change_meta=lambda m: m.update(plan_yaml=text, plan_hash=ptool_hash(text), plan_path=sum_plan))
+        rc, out = run("verify", "models/mlp_stacked.yaml", sum_plan, "--golden", tg)
+        check(rc == (0 if expect == "PASS" else 1) and "parallel vs reference: PASS" in out
+              and f"reference vs golden: {expect}" in out and f"parallel vs golden: {expect}" in out
+              and (expect == "PASS" or re.search(r"reference vs golden: step\d\.(loss|grad\.)", out)),
+              f"torch golden of {plan} against {sum_plan}: exit {rc}, expected {expect}\n{out[-1500:]}")
 
 check.finish()

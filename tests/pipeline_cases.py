@@ -10,13 +10,15 @@ skipped, a tied weight's gradient not summed, and pipeline faults: an activation
 microbatch, a boundary gradient not sent, a tied weight's cross-stage sum or one stage's
 gradient sync skipped) fail and name the tensor or the first divergence; the mutation score
 (tests/mutation_score.py) runs every pipeline fault class over every case; pipeline_parallel's schema
-errors exit 2 with file:line:column and the message; under mpirun a pipeline plan is refused
-(exit 2), not half-verified.
+errors exit 2 with file:line:column and the message; under mpirun -np WORLD each plan passes with
+the thread run's per-tensor verdicts, a gradient scaled on stage 1 fails there too, and
+`--golden` compares three ways there (a golden with a stage-1 gradient moved fails naming it).
 """
 import glob
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -101,12 +103,80 @@ with tempfile.TemporaryDirectory() as tmp:
         check(rc == 2 and f"bad{i}.yaml{where}" in out and message in out,
               f"{text!r}: exit {rc}, expected 2 at {where} with {message!r}\n{out[-600:]}")
 
-# under mpirun: refused, not half-verified
+# under mpirun (one process per rank, each stage's leader sending its whole tensors to rank 0):
+# every plan passes with the thread run's verdicts, tensor for tensor, and a fault in a later stage
+# fails there as it does in rank threads
+def verdicts(rep):
+    """Each plan's tensors by name: whether it passed and how its replicas agreed."""
+    return {t["name"]: (t["pass"], t["replicas"]) for p in rep["plans"] for t in p["tensors"]}
+
+
+def verify_mpi(plan, world, env=None):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        p = subprocess.run(["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(world), PTOOL, "verify",
+                            model_of(plan), plan, "--json", out, "-q"], capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, **(env or {})))
+        return p.returncode, p.stdout + p.stderr, json.load(open(out)) if os.path.exists(out) else None
+
+
 if subprocess.run(["which", "mpirun"], capture_output=True).returncode == 0:
+    MPI_FAULT = ("mlp_pp2_ddp_layers.yaml", "grad_scale:layers.1.net2.weight", "step0.grad.layers.1.net2.weight")
+    for plan in PLANS:
+        name = os.path.basename(plan)
+        for fault in (None, MPI_FAULT[1]) if name == MPI_FAULT[0] else (None,):
+            env = {"PTOOL_FAULT": fault} if fault else None
+            rc_t, text_t, threads = verify(plan, env=env)
+            if threads is None:
+                check(False, f"{name} {fault}: no thread report (exit {rc_t})\n{text_t[-800:]}")
+                continue
+            world = threads["plans"][0]["world_size"]
+            rc, text, rep = verify_mpi(plan, world, env=env)
+            expect = 1 if fault else 0
+            check(rc == expect == rc_t and rep is not None and rep["pass"] == (not fault),
+                  f"{name} {fault or ''} under mpirun -np {world}: exit {rc} (threads {rc_t}), expected {expect}\n"
+                  f"{text[-2000:]}")
+            if rep is None:
+                continue
+            check(rep["plans"][0]["backend"] == "mpi", f"{name}: backend {rep['plans'][0]['backend']}")
+            a, b = verdicts(threads), verdicts(rep)
+            check(len(a) == len(b) and len(a) > 10, f"{name} {fault or ''}: {len(b)} tensors under mpirun, {len(a)} in threads")
+            differ = sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
+            check(not differ, f"{name} {fault or ''}: mpirun and threads judge differently: "
+                  + ", ".join(f"{n} {b.get(n)} vs {a.get(n)}" for n in differ[:8]))
+            for key in ("localisation", "divergence"):  # from the module events of both stages
+                check(rep["plans"][0][key] == threads["plans"][0][key],
+                      f"{name} {fault or ''}: {key} under mpirun {rep['plans'][0][key]!r}, "
+                      f"in threads {threads['plans'][0][key]!r}")
+            if fault:
+                failed = sorted(n for n, (ok, _) in b.items() if not ok)
+                check(MPI_FAULT[2] in failed and MPI_FAULT[2] in text,
+                      f"{name} with {fault} under mpirun: fails {failed[:6]}, not naming {MPI_FAULT[2]}\n{text[-1500:]}")
+
+    # three ways under mpirun (parallel vs reference, vs a golden, reference vs the golden): the
+    # golden ptool records passes; one element of a stage-1 gradient in it moved by half fails both
+    # golden comparisons naming that gradient (rank 0 compares stage 1's tensors with the golden)
     plan = f"{ROOT}/tests/data/pipeline/mlp_pp2_ddp_layers.yaml"
-    p = subprocess.run(["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", "4", PTOOL, "verify",
-                        model_of(plan), plan, "-q"], capture_output=True, text=True, timeout=120)
-    out = p.stdout + p.stderr
-    check(p.returncode == 2 and "is verified in rank threads" in out, f"mpirun: exit {p.returncode}\n{out[-800:]}")
+    moved = "step0.grad.layers.1.net2.weight"
+    with tempfile.TemporaryDirectory() as tmp:
+        g, bad = os.path.join(tmp, "g.safetensors"), os.path.join(tmp, "moved.safetensors")
+        rc, text = run("golden", "record", model_of(plan), plan, "-o", g)
+        check(rc == 0, f"golden record exit {rc}\n{text[-800:]}")
+        data = bytearray(open(g, "rb").read())
+        n = struct.unpack("<Q", data[:8])[0]
+        info = json.loads(data[8:8 + n])[moved]
+        check(info["dtype"] == "F32", f"{moved} is {info['dtype']}")
+        at = 8 + n + info["data_offsets"][0]
+        data[at:at + 4] = struct.pack("<f", struct.unpack("<f", data[at:at + 4])[0] * 1.5 + 1.0)
+        open(bad, "wb").write(bytes(data))
+        for golden, expect in ((g, 0), (bad, 1)):
+            p = subprocess.run(["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", "4", PTOOL, "verify",
+                                model_of(plan), plan, "--golden", golden], capture_output=True, text=True, timeout=600)
+            out = p.stdout + p.stderr
+            verdict = "PASS" if expect == 0 else "FAIL"
+            check(p.returncode == expect and "parallel vs reference: PASS" in out
+                  and f"reference vs golden: {verdict}" in out and f"parallel vs golden: {verdict}" in out
+                  and (expect == 0 or f"parallel vs golden: {moved}" in out),
+                  f"mpirun --golden {os.path.basename(golden)}: exit {p.returncode}, expected {expect}\n{out[-1500:]}")
 
 check.finish()

@@ -30,16 +30,17 @@ RunRecord reference_of(const Case& c, const RunInputs& in, int64_t steps) {
 }
 
 // The pipeline run recorded against `ref` (rank 0's record); `before` runs on each rank's Run
-// before its first step.
+// before its first step. rank_local off: mpirun's way, here over rank threads (each stage gathers
+// its tensors whole, its leader sends them to rank 0, which compares them).
 RunRecord pipeline_record(const RunInputs& in, const Plan& plan, const RunRecord& ref, int64_t steps,
-                          const std::function<void(Run&)>& before = nullptr) {
+                          const std::function<void(Run&)>& before = nullptr, bool rank_local = true) {
     RunRecord out;
     run_rank_threads(2, CommOptions{}, [&](Communicator& w) {
         Run run(in, plan, w);
         if (before) before(run);
         RecordOptions o;
         o.compare_with = &ref;
-        o.rank_local = true;
+        o.rank_local = rank_local;
         RunRecord r = record_run(run, steps, o);
         if (w.rank() == 0) out = std::move(r);
     });
@@ -52,12 +53,17 @@ TEST_CASE(
     "a two-stage run recorded against the one-stage reference: every tensor and module event met by key, "
     "bitwise",
     "[cpu]") {
-    for (const Case& c : cases()) {
-        INFO(c.model << " split at " << c.split << ", " << schedule_kind_name(c.schedule));
+    for (const auto& [c, rank_local] : [] {
+             std::vector<std::pair<Case, bool>> both;  // rank-locally, and gathered to rank 0 (mpirun's)
+             for (const Case& c : cases()) both.emplace_back(c, true), both.emplace_back(c, false);
+             return both;
+         }()) {
+        INFO(c.model << " split at " << c.split << ", " << schedule_kind_name(c.schedule)
+                     << (rank_local ? ", rank-local" : ", gathered to rank 0"));
         const RunInputs in = inputs(c);
         const RunRecord ref = reference_of(c, in, 2);
         const Plan plan = pipeline_plan(c);
-        const RunRecord par = pipeline_record(in, plan, ref, 2);
+        const RunRecord par = pipeline_record(in, plan, ref, 2, nullptr, rank_local);
         REQUIRE(par.steps.size() == 2);
         CHECK(par.unique_params == ref.unique_params);
         CHECK(par.init_state == ref.init_state);  // both stages' state digests, in state_dict order
@@ -102,28 +108,34 @@ TEST_CASE(
 
 TEST_CASE("a wrong element of a stage-1 weight is localised to stage 1's first module event that reads it",
           "[cpu]") {
-    const Case c{"mlp_stacked", "layers.1", ScheduleKind::one_f_one_b, 4};
-    const RunInputs in = inputs(c);
-    const RunRecord ref = reference_of(c, in, 1);
-    std::string moved;
-    const RunRecord par = pipeline_record(in, pipeline_plan(c), ref, 1, [&](Run& run) {
-        if (run.stage() != 1) return;
-        const auto params = run.model().named_parameters();
-        const auto& [name, p] = params.front();
-        moved = name;
-        Tensor v = p->value.to(DType::float64);
-        v.set(0, v.item(0) * 1.001);
-        run.backend().copy(v.to(p->value.dtype()), p->value);
-    });
-    REQUIRE_FALSE(moved.empty());
-    REQUIRE(moved.rfind("layers.1.", 0) == 0);
-    const PlanReport rep = compare_runs(ref, par, pipeline_plan(c), Tolerance{});
-    CHECK_FALSE(rep.pass);
-    CHECK_FALSE(par.init_state == ref.init_state);
-    const auto d = localise(ref, par, Tolerance{}, rep);
-    REQUIRE(d);
-    CHECK(d->kind == "forward");
-    CHECK(d->fqn.rfind("layers.1", 0) == 0);
-    // the stage-0 events before it were met and agreed
-    CHECK_THAT(d->before, Catch::Contains("layers.0"));
+    for (const bool rank_local : {true, false}) {  // false: gathered to rank 0, as under mpirun
+        INFO((rank_local ? "rank-local" : "gathered to rank 0"));
+        const Case c{"mlp_stacked", "layers.1", ScheduleKind::one_f_one_b, 4};
+        const RunInputs in = inputs(c);
+        const RunRecord ref = reference_of(c, in, 1);
+        std::string moved;
+        const RunRecord par = pipeline_record(
+            in, pipeline_plan(c), ref, 1,
+            [&](Run& run) {
+                if (run.stage() != 1) return;
+                const auto params = run.model().named_parameters();
+                const auto& [name, p] = params.front();
+                moved = name;
+                Tensor v = p->value.to(DType::float64);
+                v.set(0, v.item(0) * 1.001);
+                run.backend().copy(v.to(p->value.dtype()), p->value);
+            },
+            rank_local);
+        REQUIRE_FALSE(moved.empty());
+        REQUIRE(moved.rfind("layers.1.", 0) == 0);
+        const PlanReport rep = compare_runs(ref, par, pipeline_plan(c), Tolerance{});
+        CHECK_FALSE(rep.pass);
+        CHECK_FALSE(par.init_state == ref.init_state);
+        const auto d = localise(ref, par, Tolerance{}, rep);
+        REQUIRE(d);
+        CHECK(d->kind == "forward");
+        CHECK(d->fqn.rfind("layers.1", 0) == 0);
+        // the stage-0 events before it were met and agreed
+        CHECK_THAT(d->before, Catch::Contains("layers.0"));
+    }
 }

@@ -12,7 +12,12 @@ param.*/buffer.*, and the metadata (model and plan text with ptool's hashes, dty
 ptool replays a golden from its recorded init and data, so the file checks ptool's reference and
 parallel runs against PyTorch's numbers. The plan's layout is not run here: DDP, FSDP and HSDP
 (FSDP's ShardingStrategy.HYBRID_SHARD, fully_shard on a 2-D mesh) all average each gradient over the
-whole data group, which for the mean loss is this one-device step's gradient of the global batch. Needs Debian's python3-torch and python3-yaml only.
+whole data group, which for the mean loss is this one-device step's gradient of the global batch. A
+plan with pipeline_parallel is its reference (docs/plan_format.md): the model's gradient_accumulation
+G rounds of the plan's microbatches per round, G x microbatches microbatches of consecutive rows,
+each microbatch's loss divided by that count, one optimizer step (Debian's torch 1.13 has no
+torch.distributed.pipelining; its tests hold a pipeline to this same loop). Needs Debian's
+python3-torch and python3-yaml only.
 """
 import argparse
 import copy
@@ -35,6 +40,22 @@ def batch_tensor(spec, dtype, classes=None):
     return torch.randn(spec, dtype=dtype)
 
 
+def pipeline_microbatches(plan):
+    """The microbatches a step of the plan's pipeline runs per round (plan.h microbatches_per_round):
+    pipeline_parallel.microbatches, else one per stage (pp ranks x virtual stages); 1 without one."""
+    pp = plan.get("pipeline_parallel")
+    if pp is None:
+        return 1
+    if pp.get("microbatches"):
+        return int(pp["microbatches"])
+    mesh = plan.get("mesh") or {}
+    dim = pp.get("mesh_dim") or (next(iter(mesh)) if len(mesh) == 1 else None)
+    if dim not in mesh:
+        raise SystemExit(f"pipeline_parallel: no mesh dim {dim!r} in {mesh}")
+    interleaved = str(pp.get("schedule", "1f1b")).lower() in ("interleaved_1f1b", "interleaved1f1b")
+    return int(mesh[dim]) * int(pp.get("virtual_stages", 2 if interleaved else 1))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -45,6 +66,8 @@ def main():
     model_text, plan_text = open(args.model).read(), open(args.plan).read()
     cfg = yaml.safe_load(model_text)
     plan = yaml.safe_load(plan_text) or {}
+    # a pipeline's reference: G rounds of its microbatches, G x microbatches accumulated (train_step)
+    cfg["gradient_accumulation"] = int(cfg.get("gradient_accumulation", 1)) * pipeline_microbatches(plan)
     torch.manual_seed(cfg.get("seed", 0))
     model, dtype = build_model(cfg)
     steps = args.steps or (plan.get("verify") or {}).get("steps") or cfg.get("steps", 1)

@@ -88,11 +88,11 @@ public:
             if (d != pp && std::find(order_.begin(), order_.end(), d) == order_.end()) order_.push_back(d);
         leader_ = owns(Placements{});
         group_first_ = group_firsts(run);
-        // A pipeline run records rank-locally against a reference (each stage compares its own
-        // tensors, rank 0 hears the results by key); gathering whole tensors to rank 0 across stages
-        // (mpirun, golden files) comes with pipeline verification.
-        PTOOL_REQUIRE(run.stages() == 1 || (local_ && !opt.init_tensors),
-                      "a pipeline run is recorded rank-locally against a reference only");
+        // A pipeline's init tensors would come from every stage: golden files record the one-stage
+        // reference (ptool golden record, ptool run --dump), never a pipeline run.
+        PTOOL_REQUIRE(
+            run.stages() == 1 || !opt.init_tensors,
+            "a pipeline run does not record init tensors: golden files record the one-stage reference");
     }
 
     // The shadow optimizer (rank 0, compared runs, AdamW): the model's optimizer stepping full-size
@@ -105,7 +105,7 @@ public:
             (run_.model().optimizer.type != OptimizerType::adamw && !opt_.tol.masters))
             return;
         Unaccounted pause(&run_.counter());
-        if (local_) {  // each rank steps its own pieces: the optimizer is elementwise
+        if (piecewise_shadow()) {  // each rank steps its own pieces: the optimizer is elementwise
             for (const auto& [name, p] : run_.model().named_parameters()) {
                 auto s = std::make_shared<Parameter>();
                 s->value = on_host(p->value).clone();
@@ -157,12 +157,22 @@ public:
                                        : ignored ? ReplicaState::ignored
                                                  : ReplicaState::equal;
             if (rank0_) init_index_[name] = rec.init_state.size(), rec.init_state.emplace_back(name, 0);
-            if (local_ && !pl.any_partial()) {  // the pieces' sums, added up on rank 0 (flush)
+            if ((local_ || staged()) && !pl.any_partial()) {  // the pieces' sums, added up on rank 0 (flush)
                 queue_digest(name, p->value, pl, state, agree);
                 continue;
             }
             const Tensor full = gather(p->value, pl);
-            if (!rank0_) continue;
+            if (!rank0_) {  // another stage's leader hashes its whole tensor for rank 0
+                if (staged() && leader_) {
+                    const Tensor h = on_host(full);
+                    std::vector<int64_t> words{static_cast<int64_t>(element_hash_sum(
+                                                   h, h.shape(), std::vector<int64_t>(h.dim(), 0))),
+                                               static_cast<int64_t>(h.dtype()), agree ? 1 : 0};
+                    words.insert(words.end(), h.shape().begin(), h.shape().end());
+                    queue(Target::digest, name, std::move(words));
+                }
+                continue;
+            }
             if (!agree) init_differ_.insert(name);
             rec.init_state[init_index_.at(name)].second = state_digest(full);
         }
@@ -228,7 +238,10 @@ public:
                 return;
             }
             const Tensor full = as_reference(gather(x));
-            if (!rank0_) return;
+            if (!rank0_) {  // another stage's: its leader sends it whole to rank 0 (flush)
+                if (staged() && leader_) queue(Target::event_tensor, key, tensor_words(on_host(full)));
+                return;
+            }
             if (!opt_.compare_with) {
                 e.full = full.shares_storage(x.t) ? on_host(full).clone() : on_host(full);
             } else if (opt_.follow) {
@@ -275,7 +288,8 @@ public:
             }
             const Tensor g = record(sr, s + "grad." + name, p->grad, run_.placements(p.get()),
                                     run_.ignored(name), last_step);
-            if (!shadow_.empty()) shadow_[i].second->grad = local_ ? on_host(p->grad).clone() : g.clone();
+            if (!shadow_.empty())
+                shadow_[i].second->grad = piecewise_shadow() ? on_host(p->grad).clone() : g.clone();
         }
         if (!shadow_.empty()) shadow_opt_->step(shadow_);  // what the optimizer makes of these gradients
         for (size_t i = 0; i < params.size(); ++i) {
@@ -284,7 +298,8 @@ public:
             const Tensor v = record(sr, s + "param." + name, p->value, run_.placements(p.get()),
                                     run_.ignored(name), last_step);
             if (shadow_.empty()) continue;
-            if (local_) {  // this rank's piece against its shadow piece, counted once per group of replicas
+            if (piecewise_shadow()) {  // this rank's piece against its shadow piece, counted once per group
+                                       // of replicas
                 const Placements pl = run_.placements(p.get());
                 const Box b{std::vector<int64_t>(p->value.dim(), 0), p->value.shape(), owns(pl), threads(pl)};
                 queue_diff(Target::shadow, s + "param." + name,
@@ -324,6 +339,10 @@ public:
         Unaccounted pause(&run_.counter());
         world.broadcast(flag, 0);
         if (flag.item(0) == 0) return;
+        if (staged() && !local_) {  // the stages hold different parameters: rank 0 sends every one
+            resync_stages(s, truth);
+            return;
+        }
         for (size_t i = 0; i < params.size(); ++i) {
             const auto& [name, p] = params[i];
             if (run_.ignored(name)) continue;
@@ -353,6 +372,46 @@ public:
 
 private:
     Communicator& tp() const { return run_.comm(DimRole::tp); }
+
+    // A pipeline run (its stages hold different tensors): what rank 0 compares whole reaches it from
+    // each stage's leader at the flush (verify/keyed_gather.h), and the shadow optimizer steps
+    // each rank's own pieces.
+    bool staged() const { return run_.stages() > 1; }
+    bool piecewise_shadow() const { return local_ || staged(); }
+
+    // resync for a pipeline whose truth is rank 0's (mpirun): rank 0 broadcasts the step's
+    // parameters of the truth by name (every stage's, the ignored modules' excepted), and each rank
+    // cuts its pieces of its own. Collective over the world.
+    void resync_stages(const std::string& prefix,
+                       const std::unordered_map<std::string, const Tensor*>& truth) {
+        std::vector<KeyedEntry> sent;
+        if (rank0_) {
+            std::vector<std::string> names;  // in name order: what travels does not follow a hash's order
+            for (const auto& [name, t] : truth)
+                if (name.compare(0, prefix.size(), prefix) == 0 && !run_.ignored(name.substr(prefix.size())))
+                    names.push_back(name);
+            std::sort(names.begin(), names.end());
+            for (const std::string& name : names)
+                sent.push_back({name, tensor_words(on_host(*truth.at(name))), 0});
+        }
+        std::unordered_map<std::string, Tensor> whole;
+        for (const KeyedEntry& e : broadcast_keyed(run_.world(), sent))
+            whole.emplace(e.key, tensor_from_words(e.words.data(), e.words.size()));
+        const auto params = run_.model().named_parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+            const auto& [name, p] = params[i];
+            if (run_.ignored(name)) continue;
+            auto it = whole.find(prefix + name);
+            PTOOL_REQUIRE(it != whole.end(), "resync of '{}': the truth has no {}", name, prefix + name);
+            const Placements pl = run_.placements(p.get());
+            const Tensor piece = piece_of(it->second, pl).to(p->value.dtype());
+            PTOOL_REQUIRE(piece.shape() == p->value.shape(), "resync of '{}': {} for {}", name,
+                          shape_str(piece.shape()), shape_str(p->value.shape()));
+            if (!shadow_.empty()) shadow_[i].second->value = piece.clone();
+            run_.backend().copy(p->value.device() == Device::cpu ? piece : piece.to_device(p->value.device()),
+                                p->value);
+        }
+    }
 
     // The whole tensor's shape from this rank's piece's (uncounted metadata on each cutting dim).
     Shape whole_shape(const Shape& local, const Placements& pl) const {
@@ -485,6 +544,8 @@ private:
         state,          // a tensor's ReplicaState (from its stage's leader): replicas[name]
         digest,         // a piece's state digest sum (construction): init_state[name]
         unique_params,  // a stage's count of unique parameters (construction)
+        tensor,         // another stage's whole tensor and its ReplicaState, compared by rank 0 (mpirun)
+        event_tensor,   // another stage's whole module event, compared by rank 0 (mpirun)
     };
     void queue(Target t, const std::string& name, std::vector<int64_t> words) {
         queue_.push_back({fmt::format("{}|{}", static_cast<int>(t), name), std::move(words), 0});
@@ -511,7 +572,9 @@ private:
     // Collective over the world: rank 0 merges every rank's queued entries by key and puts each
     // result where its key says (sr: the step's; null: construction's, into init_).
     void flush(StepRecord* sr) {
-        std::vector<KeyedEntry> entries = gather_keyed(run_.world(), queue_);
+        // whole tensors go to rank 0 alone (p2p); pieces' sums to every rank, all at once
+        std::vector<KeyedEntry> entries = staged() && !local_ ? gather_keyed_to_root(run_.world(), queue_)
+                                                              : gather_keyed(run_.world(), queue_);
         queue_.clear();
         if (!rank0_) return;
         struct Merged {
@@ -532,8 +595,14 @@ private:
                                   e.key.substr(bar + 1),
                                   {},
                                   0,
-                                  e.words,
+                                  {},
                                   false});
+                Merged& m = merged.back();
+                if (m.target == Target::tensor || m.target == Target::event_tensor) {
+                    m.words = std::move(e.words);  // one stage's leader sends each
+                    continue;
+                }
+                m.words = e.words;
             }
             Merged& m = merged[it->second];
             switch (m.target) {
@@ -543,7 +612,12 @@ private:
                 case Target::unique_params:
                     init_->unique_params += e.words[0];
                     break;
-                case Target::state:
+                case Target::state:  // noted again (the loss: combined from each data rank's own): the last
+                    m.words = e.words;
+                    break;
+                case Target::tensor:
+                case Target::event_tensor:
+                    PTOOL_REQUIRE(false, "'{}' sent to rank 0 twice", e.key);
                     break;
                 default:
                     merge_piece(m.piece, unpack_piece(e.words.data()));
@@ -579,7 +653,21 @@ private:
                 }
                 case Target::unique_params:
                     break;
+                case Target::tensor:
+                    keep(*sr, m.name, Tensor(), tensor_from_words(m.words.data() + 1, m.words.size() - 1),
+                         static_cast<ReplicaState>(m.words[0]), false);
+                    break;
+                case Target::event_tensor: {
+                    const Tensor full = tensor_from_words(m.words.data(), m.words.size());
+                    ModuleEvent& e = event_of(*sr, m.name);
+                    if (!opt_.compare_with)
+                        e.full = full;
+                    else if (const ModuleEvent* ref = reference_event(sr->step, m.name))
+                        e.diff = compare_tensors(full, ref->full, opt_.tol);
+                    break;
+                }
             }
+            std::vector<int64_t>().swap(m.words);  // a whole tensor's words, done with
         }
     }
 
@@ -720,6 +808,10 @@ private:
         const Tensor whole = full.size() == 1 ? full[0] : cat(full, 0),
                      mine = local.size() == 1 ? local[0] : cat(local, 0);
         const ReplicaState state = replica_state(mine, activation_placements(outs[0]), false);
+        if (staged() && !local_) {  // rank 0 compares it whole, from the last stage's leader
+            send_whole(sr, name, whole, state);
+            return;
+        }
         if (run_.stages() > 1) {  // the last stage's leader compares it whole; rank 0 hears by key
             if (leader_) {
                 const Tensor host = on_host(whole);
@@ -744,7 +836,26 @@ private:
             return {};
         }
         const Tensor full = gather(local, pl);
-        return keep(sr, name, local, full, replica_state(local, pl, ignored), last_step);
+        const ReplicaState state = replica_state(local, pl, ignored);
+        if (!rank0_ && staged()) {  // rank 0 compares it whole, from its stage's leader
+            send_whole(sr, name, full, state);
+            return {};
+        }
+        return keep(sr, name, local, full, state, last_step);
+    }
+
+    // Another stage's whole tensor for rank 0, sent by the stage's leader at the flush (its words:
+    // the replica state, then the tensor's); rank 0's own stage's, kept at once.
+    void send_whole(StepRecord& sr, const std::string& name, const Tensor& full, ReplicaState state) {
+        if (rank0_) {
+            keep(sr, name, Tensor(), full, state, false);
+            return;
+        }
+        if (!leader_) return;
+        std::vector<int64_t> words{static_cast<int64_t>(state)};
+        const std::vector<int64_t> t = tensor_words(on_host(full));
+        words.insert(words.end(), t.begin(), t.end());
+        queue(Target::tensor, name, std::move(words));
     }
 
     Tensor keep(StepRecord& sr, const std::string& name, const Tensor& local, const Tensor& full,

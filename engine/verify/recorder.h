@@ -5,7 +5,8 @@
 // and input gradient (localisation's events). The gathers run with the counter paused: they are
 // verification's, not the plan's. With compare_with / golden, each tensor is compared as it is
 // recorded and the diff kept, not the tensor: rank-locally (RecordOptions::rank_local: no rank
-// holds another's piece) or, under mpirun, by rank 0 on one gathered tensor at a time.
+// holds another's piece) or, under mpirun, by rank 0 on one gathered tensor at a time (a pipeline's:
+// each stage gathers its own, and its leader sends them whole to rank 0 at the step's end).
 #pragma once
 
 #include "train/run.h"

@@ -257,11 +257,6 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
     std::map<ReferenceKey, RunRecord> references;
     for (size_t i = 0; i < job.plans.size(); ++i) {
         const Plan& plan = job.plans[i];
-        if (plan.pipeline && !launch.shares_memory())  // each stage's tensors would have to reach rank 0
-            throw InputError(
-                plan.pipeline->where,
-                "a pipeline plan is verified in rank threads (ptool verify without mpirun): under "
-                "mpirun its stages' tensors are not gathered to rank 0 yet");
         const int64_t steps = steps_for(plan, job.options, probe.steps);
         const Resolution res = resolve_plan(probe, plan);  // the lint, before anything runs
         if (launch.rank0())
