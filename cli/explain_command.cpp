@@ -95,7 +95,7 @@ void explain(const ExplainArgs& a, const Common& c) {
             p, plan.microbatches_per_round(), model.gradient_accumulation,
             model.gradient_accumulation == 1 ? "" : "s", 100 * r.bubble_closed_form);
         std::vector<std::vector<std::string>> prows = {
-            {"stage", "ranks", "modules", "in flight", "sends per step", "receives per step"}};
+            {"stage", "ranks", "modules", "in flight", "its ranks' sends per step", "receives per step"}};
         for (const StageExplain& st : r.stages)
             prows.push_back(
                 {std::to_string(st.stage), rank_ranges(st.ranks),

@@ -6,10 +6,10 @@
 For every plan under tests/data/pipeline/ (each names its model in its header):
 - each pipeline stage is its own rank class, and explain's predicted peak of every rank equals
   the peak `verify --json` measures on that rank, to the byte (docs/planning.md, memory per stage);
-- explain's pipeline section names every stage, its ranks (together every rank once), its first
-  and last spine module, the microbatches it holds at once under its schedule (GPipe: a round's;
-  1F1B: at most pp - s), and its sends and receives per step: a stage sends what the next
-  receives, the first receives no activation and the last sends none;
+- explain's pipeline section names every stage, its ranks (each rank in the stages it runs), its
+  first and last spine module, the microbatches it holds at once under its schedule (GPipe: a
+  round's; 1F1B: at most pp - s), and its pp rank's sends and receives per step (one per microbatch
+  and boundary of the rank's stages; of two stages, one sends what the other receives);
 - with a cluster, every rank class's step is the schedule's critical path (the same for every
   class), at least the class's own compute, with a bubble above 0;
 - the documents match docs/schema/.
@@ -65,23 +65,33 @@ with tempfile.TemporaryDirectory() as tmp:
             continue
         stages = pipe["stages"]
         ranks = sorted(r for s in stages for r in s["ranks"])
-        check(ranks == sorted(measured), f"{name}: the stages' ranks {ranks} are not every rank once")
+        v = pipe["virtual_stages"]
+        check(ranks == sorted(list(measured) * v), f"{name}: the stages' ranks {ranks} are not every rank in {v} stages")
         classes = [set(m["ranks"]) for m in e["memory"]]
         for s in stages:  # a class never spans two stages
             check(all(c <= set(s["ranks"]) or not (c & set(s["ranks"])) for c in classes),
                   f"{name}: a rank class spans stage {s['stage']} and another: {classes}")
-        m, rounds, n = pipe["microbatches"], pipe["rounds"], len(stages)
+        m, rounds, n, v = pipe["microbatches"], pipe["rounds"], len(stages), pipe["virtual_stages"]
+        pp = n // v
+        per_step = m * rounds  # one activation forward and one gradient back per microbatch and boundary
         for s in stages:
             k = s["stage"]
-            want = m if pipe["schedule"] == "gpipe" else min(n - k, m)
-            check(s["in_flight"] == want, f"{name} stage {k}: {s['in_flight']} microbatches in flight, expected {want}")
-            per_step = m * rounds  # one activation forward and one gradient back per microbatch and boundary
-            check(s["sends"] == per_step * ((k + 1 < n) + (k > 0)) and s["recvs"] == s["sends"],
-                  f"{name} stage {k}: {s['sends']} sends, {s['recvs']} receives for {per_step} microbatches")
-        for a, b in zip(stages, stages[1:]):  # what a stage sends on, the next receives
-            check(a["send_bytes"] == b["recv_bytes"] and a["recv_bytes"] == b["send_bytes"] or n > 2,
-                  f"{name}: stage {a['stage']} sends {a['send_bytes']} B, receives {a['recv_bytes']} B; stage "
-                  f"{b['stage']} receives {b['recv_bytes']} B, sends {b['send_bytes']} B")
+            if pipe["schedule"] != "interleaved_1f1b":
+                want = m if pipe["schedule"] == "gpipe" else min(n - k, m)
+                check(s["in_flight"] == want, f"{name} stage {k}: {s['in_flight']} microbatches in flight, expected {want}")
+            else:  # a rank holds at most a round of microbatches per stage it runs
+                check(1 <= s["in_flight"] <= m * v, f"{name} stage {k}: {s['in_flight']} microbatches in flight")
+            # the sends and receives of the stage's pp rank: every boundary of its stages crosses to
+            # another rank (with more than one pp rank, s and s + 1 never share one)
+            boundaries = sum((j + 1 < n) + (j > 0) for j in range(k % pp, n, pp)) if pp > 1 else 0
+            check(s["sends"] == per_step * boundaries and s["recvs"] == s["sends"],
+                  f"{name} stage {k}: {s['sends']} sends, {s['recvs']} receives for {per_step} microbatches, "
+                  f"{boundaries} boundaries")
+        if n == 2:  # what one stage sends on, the other receives
+            a, b = stages
+            check(a["send_bytes"] == b["recv_bytes"] and a["recv_bytes"] == b["send_bytes"],
+                  f"{name}: stage 0 sends {a['send_bytes']} B, receives {a['recv_bytes']} B; stage 1 receives "
+                  f"{b['recv_bytes']} B, sends {b['send_bytes']} B")
         check(abs(pipe["bubble_closed_form"] - (n - 1) / (pipe["virtual_stages"] * m)) < 1e-12,
               f"{name}: closed form {pipe['bubble_closed_form']}")
 
