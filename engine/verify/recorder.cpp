@@ -250,7 +250,7 @@ public:
             for (const auto& [name, t] : ref_step->tensors) reference_[name] = &t;
         compare_deferred(sr, ref_step);
         const std::string s = fmt::format("step{}.", sr.step);
-        if (run_.stage() + 1 == run_.stages()) {  // the last stage's (every rank's without pp)
+        if (run_.holds_last_stage()) {  // the last stage's rank (every rank without pp)
             // each rank's output rows and loss are its own: gathered and combined as the global batch's
             record_output(sr, s + "output", out.outputs, last_step);
             Tensor loss = Tensor::scalar(out.loss, DType::float64).reshape({1});
