@@ -3,8 +3,9 @@
 
     pipeline_cases.py PTOOL ROOT
 
-Every plan under tests/data/pipeline/ (each names its model in its header) passes against the
-single-device reference with the same microbatches, with every tensor compared; its golden
+Every plan under tests/data/pipeline/ (each names its model in its header: models/ or
+tests/data/models/; interleaved 1F1B among them) passes against the single-device reference with
+the same microbatches, with every tensor compared; its golden
 (recorded from that reference) replays; injected bugs in a stage (a gradient scaled, DDP's buckets
 skipped, a tied weight's gradient not summed) fail and name the tensor; pipeline_parallel's schema
 errors exit 2 with file:line:column and the message; under mpirun a pipeline plan is refused
@@ -63,8 +64,8 @@ FAULTS = [
     ("mlp_pp2_ddp_layers.yaml", "grad_scale:layers.1.net2.weight", "layers.1.net2.weight"),
     ("gpt2_tied_pp2_gpipe.yaml", "tied_grad:*", "step0."),
     ("mlp_pp2_dp2_tp2_fsdp.yaml", "skip_reduce_scatter:layers.1", "layers.1."),
-    # interleaved: a block of rank 0's second stage (2), DDP on both of its stages, the tied head's sum
-    ("mlp8_pp2_v2_ddp.yaml", "grad_scale:layers.5.net2.weight", "layers.5.net2.weight"),
+    # interleaved: a block of the last rank's first stage (1), DDP on both of its stages, the tied head's sum
+    ("mlp8_pp2_v2_ddp.yaml", "grad_scale:layers.3.net2.weight", "layers.3.net2.weight"),
     ("mlp8_pp2_v2_ddp.yaml", "skip_bucket:*", "grad.layers."),
     ("gpt2_tied_pp2_v2.yaml", "tied_grad:*", "step0."),
 ]

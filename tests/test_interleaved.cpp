@@ -11,6 +11,7 @@
 
 #include "comm/comm_choice.h"
 #include "parallel/device_mesh.h"
+#include "parallel/grad_norm.h"
 #include "pipeline_cases.h"
 #include "test_helpers.h"
 #include "train/run.h"
@@ -254,23 +255,37 @@ public:
     }
 };
 
-// Every rank's differences from the one-stage run over two steps (empty: bitwise the same), and
-// whether each parameter is held by exactly one rank.
+// Steps `steps` steps of run: a snapshot and clip_grad_norm's total norm after each.
+std::vector<Snapshot> steps_with_norms(Run& run, int steps, std::vector<double>& norms) {
+    std::vector<Snapshot> out;
+    for (int k = 0; k < steps; ++k) {
+        const StepOutput s = run.step(k);
+        out.push_back(pipeline_test::snapshot(run, s));
+        norms.push_back(s.grad_norm);
+    }
+    return out;
+}
+
+// Every rank's differences from the one-stage run over two steps (empty: bitwise the same: its
+// tensors and the gradient norm, which every rank computes), and whether each parameter is held by
+// exactly one rank.
 std::vector<std::string> compare_with_one_stage(const Run1& c, bool perturb) {
     const RunInputs in = inputs_of(c);
     const Plan plan = plan_of(c);
     std::vector<Snapshot> one;
+    std::vector<double> one_norms;
     run_ranks(
         1, CommOptions{},
         [&](Communicator& w) {
             const Plan single = reference_plan(plan);
             Run run(in, single, w);
-            one = pipeline_test::steps_of(run, 2);
+            one = steps_with_norms(run, 2, one_norms);
         },
         Device::cpu);
     std::vector<std::vector<Snapshot>> ranks(static_cast<size_t>(c.pp));
     std::vector<bool> last(static_cast<size_t>(c.pp));
     std::vector<std::vector<int>> held(static_cast<size_t>(c.pp));
+    std::vector<std::vector<double>> norms(static_cast<size_t>(c.pp));
     run_ranks(
         c.pp, CommOptions{},
         [&](Communicator& w) {
@@ -278,7 +293,7 @@ std::vector<std::string> compare_with_one_stage(const Run1& c, bool perturb) {
             Run run(in, plan, w, perturb ? &layer : nullptr);
             held[w.rank()] = run.held_stages();
             last[w.rank()] = run.holds_last_stage();
-            ranks[w.rank()] = pipeline_test::steps_of(run, 2);
+            ranks[w.rank()] = steps_with_norms(run, 2, norms[w.rank()]);
         },
         Device::cpu);
     std::vector<std::string> out;
@@ -294,6 +309,9 @@ std::vector<std::string> compare_with_one_stage(const Run1& c, bool perturb) {
             for (const std::string& d : pipeline_test::differences(one[k], ranks[r][k], last[r], k))
                 out.push_back(fmt::format("rank {}: {}", r, d));
         for (const auto& [name, v] : ranks[r][0].values) ++holders[name];
+        if (norms[r] != one_norms)
+            out.push_back(fmt::format("rank {}: gradient norms {} vs {}", r, fmt::join(norms[r], ", "),
+                                      fmt::join(one_norms, ", ")));
     }
     for (const auto& [name, v] : one[0].values)
         if (holders[name] != 1) out.push_back(fmt::format("'{}' is held by {} ranks", name, holders[name]));
@@ -331,4 +349,39 @@ TEST_CASE("a perturbed gradient received between interleaved stages fails the bi
     bool gradient = false;
     for (const std::string& s : d) gradient = gradient || s.find("rank 0: step 0: gradient of 'layers.") == 0;
     CHECK(gradient);  // rank 0's stages' gradients, from the first step
+}
+
+TEST_CASE("clip_grad_norm over interleaved stages sums the squares in the model's parameter order",
+          "[cpu][schedule]") {
+    // squares 1, 1 and 1e16 in model order sum to 1e16 + 2; rank 0 holding the first and the third
+    // (its stages 0 and 2) and rank 1 the second, the gathered order 1, 1e16, 1 rounds to 1e16
+    std::vector<double> ordered(2), gathered(2);
+    run_ranks(
+        2, CommOptions{},
+        [&](Communicator& w) {
+            auto param = [](double g) {
+                auto p = std::make_shared<Parameter>();
+                p->value = Tensor({1}, DType::float64), p->grad = Tensor({1}, DType::float64);
+                p->grad.set(0, g);
+                return p;
+            };
+            GradNormInputs in;
+            std::map<const Parameter*, int64_t> order;
+            const std::vector<std::pair<int64_t, double>> mine =
+                w.rank() == 0 ? std::vector<std::pair<int64_t, double>>{{0, 1.0}, {2, 1e8}}
+                              : std::vector<std::pair<int64_t, double>>{{1, 1.0}};
+            for (const auto& [k, g] : mine) {
+                in.params.push_back({fmt::format("p{}", k), param(g)});
+                order[in.params.back().second.get()] = k;
+            }
+            in.placements = [](const Parameter*) { return Placements{}; };
+            in.stages = &w;
+            gathered[w.rank()] = clip_grad_norm(in, 1e30, backend_for(Device::cpu));
+            in.order = [&](const Parameter* p) { return order.at(p); };
+            ordered[w.rank()] = clip_grad_norm(in, 1e30, backend_for(Device::cpu));
+        },
+        Device::cpu);
+    CHECK(ordered[0] == std::sqrt(1e16 + 2));
+    CHECK(ordered[1] == ordered[0]);
+    CHECK(gathered[0] == std::sqrt(1e16));  // the values tell the two orders apart
 }

@@ -197,6 +197,8 @@ void Run::keep_own_stage() {
     }
     const auto named = model_.named_parameters();  // the whole model's order, before the others go
     for (size_t i = 0; i < named.size(); ++i) param_order_[named[i].second.get()] = static_cast<int64_t>(i);
+    if (plan_.pipeline->virtual_stages > 1)
+        for (const auto& [name, t] : model_.state_dict()) model_state_names_.push_back(name);
     tie_across_stages(spine, ranges, pp);
     keep_stages(model_, spine, mine);
     std::set<const Module*> kept;

@@ -113,6 +113,9 @@ public:
     int stages() const { return stages_; }
     std::vector<int> held_stages() const;
     bool holds_last_stage() const { return held_.empty() ? stages_ == 1 : held_.back().index + 1 == stages_; }
+    // The whole model's state_dict names in order, when this rank's stages are not consecutive
+    // (interleaved_1f1b; empty otherwise): verification lists the stages' state in this order.
+    const std::vector<std::string>& model_state_names() const { return model_state_names_; }
     bool ignored(const std::string& param) const { return res_.dp.ignored_params.count(param) > 0; }
 
     const Schedule& schedule() const { return schedule_; }
@@ -192,6 +195,7 @@ private:
     // each parameter's index in the whole model's parameter order: clip_gradients sums the stages'
     // squares in it when a rank's stages are not consecutive (interleaved_1f1b)
     std::map<const Parameter*, int64_t> param_order_;
+    std::vector<std::string> model_state_names_;
     // Weights tied across stages this rank holds (Megatron's embedding group): the group of the
     // stages that hold it (the same coordinates on every other dim), whose first stage's values
     // the others start from and over which the gradients are summed after the data-parallel sync.

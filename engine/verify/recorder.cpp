@@ -173,6 +173,14 @@ public:
         else if (run_.stages() > 1 && leader_)
             queue(Target::unique_params, "", {unique});
         flush(nullptr);
+        if (rank0_ && !run_.model_state_names().empty()) {  // a rank's stages are not consecutive
+            std::map<std::string, size_t> at;
+            for (const std::string& n : run_.model_state_names()) at.emplace(n, at.size());
+            std::stable_sort(rec.init_state.begin(), rec.init_state.end(), [&](const auto& a, const auto& b) {
+                const auto i = at.find(a.first), j = at.find(b.first);
+                return (i == at.end() ? at.size() : i->second) < (j == at.end() ? at.size() : j->second);
+            });
+        }
         for (const auto& [name, digest] : rec.init_state)  // in state_dict order
             if (init_differ_.count(name)) rec.init_replicas_differ.push_back(name);
         init_ = nullptr;
