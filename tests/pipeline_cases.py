@@ -44,7 +44,7 @@ def verify(plan, *args, env=None):
         return rc, text, json.load(open(out)) if os.path.exists(out) else None
 
 
-check(len(PLANS) >= 8, f"tests/data/pipeline has {len(PLANS)} plans")
+check(len(PLANS) >= 10, f"tests/data/pipeline has {len(PLANS)} plans")
 for plan in PLANS:
     name = os.path.basename(plan)
     rc, text, rep = verify(plan)
@@ -68,6 +68,7 @@ FAULTS = [
     ("mlp8_pp2_v2_ddp.yaml", "grad_scale:layers.3.net2.weight", "layers.3.net2.weight"),
     ("mlp8_pp2_v2_ddp.yaml", "skip_bucket:*", "grad.layers."),
     ("gpt2_tied_pp2_v2.yaml", "tied_grad:*", "step0."),
+    ("mlp8_pp2_v2_dp2_tp2_fsdp.yaml", "skip_reduce_scatter:layers.4", "layers.4."),
 ]
 for plan, fault, names in FAULTS:
     rc, text, rep = verify(f"{ROOT}/tests/data/pipeline/{plan}", env={"PTOOL_FAULT": fault})
