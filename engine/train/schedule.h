@@ -18,17 +18,18 @@
 //           min((v - 1) * pp + 2 * (pp - 1 - r), v * m) forwards, then alternates one forward and
 //           one backward, then drains the backwards. Its k-th forward runs on its local stage
 //           (k / pp) mod v (depth first: pp microbatches on one stage, then the next), its k-th
-//           backward on local stage v - 1 - (k / pp) mod v; each stage takes its microbatches in
-//           order. Its sends and receives are posted as Megatron-Core posts them: between two
-//           units of compute (a warmup forward, a forward and a backward, a cooldown backward)
-//           one batch of the sends of the unit before and the receives of the unit after (torch's
-//           own runtime sends asynchronously; with rendezvous sends placed next to each compute,
-//           two ranks would each wait in a send). The bubble, in units of one stage's forward and
-//           backward, is (pp - 1) / (v * m) of the step against 1f1b's (pp - 1) / m.
+//           backward (k from 0 at its first) on local stage v - 1 - (k / pp) mod v; each stage
+//           takes its microbatches in order. Its sends and receives are posted as Megatron-Core
+//           posts them: between two units of compute (a warmup forward, a forward and a
+//           backward, a cooldown backward) one batch of the sends of the unit before and the
+//           receives of the unit after (torch's own runtime sends asynchronously; with
+//           rendezvous sends placed next to each compute, two ranks would each wait in a send).
+//           The bubble, in units of one stage's forward and backward, is (pp - 1) / (v * m) of
+//           the step against 1f1b's (pp - 1) / m.
 //
 // Every stage's input comes from the stage before over p2p, but where both stages live on one rank
 // (one pp rank holding every stage): the forward hands its output on and the backward its input's
-// gradient back without a send. The last stage (on rank pp - 1) sends on to rank 0's next stage.
+// gradient back without a send. Rank pp - 1's stages but the last send on to rank 0's next stage.
 //
 // Backwards run in microbatch order in every schedule, so a parameter's gradient is accumulated
 // in the same order as the one-stage loop's: the schedules give bitwise the same gradients.
