@@ -196,9 +196,10 @@ private:
     // squares in it when a rank's stages are not consecutive (interleaved_1f1b)
     std::map<const Parameter*, int64_t> param_order_;
     std::vector<std::string> model_state_names_;
-    // Weights tied across stages this rank holds (Megatron's embedding group): the group of the
-    // stages that hold it (the same coordinates on every other dim), whose first stage's values
-    // the others start from and over which the gradients are summed after the data-parallel sync.
+    // Weights tied across stages this rank holds (Megatron's embedding group): the group of the pp
+    // ranks whose stages hold it (the same coordinates on every other dim), whose first stage's
+    // values the others start from and over which the gradients are summed after the data-parallel
+    // sync. Uses on two stages of one rank share its one parameter and need no group.
     struct Tied {
         ParamPtr param;
         Communicator* group = nullptr;
