@@ -1,5 +1,6 @@
 #include "parallel/grad_norm.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ptool {
@@ -45,6 +46,22 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
         for (int64_t i = 0; i < c; ++i) mine.set(i, own[i]);
         in.stages->all_gather(mine, every);
         sq = every.to_doubles();
+        if (in.order) {  // each square's place in the model's order, gathered alike (metadata)
+            Tensor keys({c}, DType::int64), all_keys({all}, DType::int64);
+            int64_t j = 0;
+            for (int64_t i = 0; i < n; ++i)
+                if (!in.counted || in.counted(in.params[i].second.get()))
+                    keys.set(j++, static_cast<double>(in.order(in.params[i].second.get())));
+            {
+                CountingPaused pause(in.stages->counter().get());
+                in.stages->all_gather(keys, all_keys);
+            }
+            std::vector<std::pair<int64_t, double>> placed;
+            for (int64_t i = 0; i < all; ++i)
+                placed.push_back({static_cast<int64_t>(all_keys.item(i)), sq[i]});
+            std::sort(placed.begin(), placed.end());
+            for (int64_t i = 0; i < all; ++i) sq[i] = placed[i].second;
+        }
     }
     double total = 0;
     for (double v : sq) total += v;

@@ -5,8 +5,8 @@
 // over its ranks (a replicated piece counts once); the total is the same on every rank, bitwise.
 // Then clip_coef = max_norm / (norm + 1e-6), clamped to 1, scales every gradient, as PyTorch does.
 // Under pipeline parallelism every stage's squares are all_gathered over the pp dim and summed in
-// the parameters' order. The collectives (one per dim of more than one rank) run under the
-// counter's site "clip_grad_norm".
+// the parameters' order (the whole model's, when a rank holds several stages). The collectives (one per dim
+// of more than one rank) run under the counter's site "clip_grad_norm".
 #pragma once
 
 #include <functional>
@@ -32,6 +32,10 @@ struct GradNormInputs {
     // stages counts on the first stage that holds it only (Megatron leaves its shared copies out of
     // the norm), though clipping scales every copy.
     std::function<bool(const Parameter*)> counted;
+    // Where a parameter comes in the whole model's parameter order, when the ranks' stages are not
+    // consecutive (interleaved_1f1b: rank r holds stages r, r + pp, ...): the gathered squares are
+    // summed in that order, as one device sums them. Unset: in the order they are gathered.
+    std::function<int64_t(const Parameter*)> order;
 };
 
 // Returns the total norm before clipping.

@@ -148,46 +148,59 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     optimizer_ = std::make_unique<Optimizer>(model_.optimizer, be_);
     // the model's gradient_accumulation rounds, each of the plan's microbatches (one without a pipeline)
     const int rounds = static_cast<int>(model_.gradient_accumulation), m = plan.microbatches_per_round();
-    schedule_ = plan.pipeline ? pipeline_schedule(plan.pipeline->schedule, stages_, m, rounds)
+    schedule_ = plan.pipeline ? pipeline_schedule(plan.pipeline->schedule, stages_, m, rounds,
+                                                  plan.pipeline->virtual_stages)
                               : accumulation_schedule(rounds * m);
     check_schedule(schedule_);
 }
 
 Run::~Run() = default;
 
-// A pipeline rank keeps its stage's layers only (train/stage.h): the modules of the other
-// stages go before anything is initialised, and so do their styles and checkpointing. Its input
-// and output are the whole model's layouts at the stage's boundaries (one data rank's microbatch).
+// A pipeline rank keeps its stages' layers only (train/stage.h): the modules of the other
+// stages go before anything is initialised, and so do their styles and checkpointing. Each stage's
+// input and output are the whole model's layouts at the stage's boundaries (one data rank's
+// microbatch). Under interleaved_1f1b the rank holds stages rank, rank + pp, ... (the loop
+// placement, as pipeline_schedule places them), the union of their spine ranges.
 void Run::keep_own_stage() {
     PTOOL_REQUIRE(plan_.dims.has(DimRole::pp), "a pipeline plan without a pp dim");
-    const PipelineSpec& spec = *plan_.pipeline;
     check_pipeline_counts(plan_);
-    if (spec.virtual_stages > 1)
-        throw InputError(spec.where, "interleaved_1f1b (virtual stages) is not built yet: use 1f1b or gpipe");
     const std::vector<Module*> spine = model_spine(model_);
     const std::vector<StageRange> ranges = pipeline_stage_ranges(model_, spine, plan_);
     stages_ = plan_.pipeline_stages();
     PTOOL_REQUIRE(static_cast<int>(ranges.size()) == stages_, "{} stage ranges for {} stages", ranges.size(),
                   stages_);
+    const int pp = comm(DimRole::pp).size();
     stage_ = comm(DimRole::pp).rank();
     std::vector<int> others;  // the stage's ranks: every dim but pp
     stage_dims_.clear();
     for (int d = 0; d < plan_.dims.ndim(); ++d)
         if (d != plan_.dims.index(DimRole::pp)) others.push_back(d), stage_dims_.push_back(plan_.mesh()[d]);
     stage_comm_ = &mesh_->group(mesh_->add_group(others, "stage"));
-    const StageRange r = ranges[stage_];
-    stage_modules_.assign(spine.begin() + static_cast<std::ptrdiff_t>(r.begin),
-                          spine.begin() + static_cast<std::ptrdiff_t>(r.end));
     auto call_of = [&](const Module* m) -> const CallLayout& {
         for (const CallLayout& c : res_.layouts.calls)
             if (c.module == m) return c;
         PTOOL_REQUIRE(false, "no call of '{}' in the layout pass", m->fqn());
         return res_.layouts.calls.front();
     };
-    stage_in_ = call_of(stage_modules_.front()).in;
-    stage_out_ = call_of(stage_modules_.back()).out;
-    tie_across_stages(spine, ranges);
-    keep_stage(model_, spine, r);
+    std::vector<StageRange> mine;
+    held_.clear();
+    for (int s = stage_; s < stages_; s += pp) {
+        const StageRange r = ranges[s];
+        Held h;
+        h.index = s;
+        h.modules.assign(spine.begin() + static_cast<std::ptrdiff_t>(r.begin),
+                         spine.begin() + static_cast<std::ptrdiff_t>(r.end));
+        h.in = call_of(h.modules.front()).in;
+        h.out = call_of(h.modules.back()).out;
+        held_.push_back(std::move(h));
+        mine.push_back(r);
+    }
+    const auto named = model_.named_parameters();  // the whole model's order, before the others go
+    for (size_t i = 0; i < named.size(); ++i) param_order_[named[i].second.get()] = static_cast<int64_t>(i);
+    if (plan_.pipeline->virtual_stages > 1)
+        for (const auto& [name, t] : model_.state_dict()) model_state_names_.push_back(name);
+    tie_across_stages(spine, ranges, pp);
+    keep_stages(model_, spine, mine);
     std::set<const Module*> kept;
     for_each_module(*model_.root, [&](const std::string&, Module& m) { kept.insert(&m); });
     std::vector<ResolvedStyle> styles;
@@ -198,11 +211,28 @@ void Run::keep_own_stage() {
         it = kept.count(*it) ? std::next(it) : res_.checkpointed.erase(it);
 }
 
+std::vector<int> Run::held_stages() const {
+    std::vector<int> out;
+    for (const Held& h : held_) out.push_back(h.index);
+    if (out.empty()) out.push_back(0);
+    return out;
+}
+
+const Run::Held& Run::held(int stage) const {
+    for (const Held& h : held_)
+        if (h.index == stage) return h;
+    PTOOL_REQUIRE(false, "pp rank {} does not hold stage {}", stage_, stage);
+    return held_.front();
+}
+
 // Weights tied across stages (a head tied to the embedding, each on its own stage): every stage
-// that uses the parameter keeps it (keep_stage keeps a module's parameters), named as the whole
-// model names it; the stages that hold it form a group per coordinate of the other dims (made on
-// every rank, in the whole model's parameter order: a collective split). Megatron's embedding group.
-void Run::tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges) {
+// that uses the parameter keeps it (keep_stages keeps a module's parameters), named as the whole
+// model names it; the pp ranks whose stages use it form a group per coordinate of the other dims
+// (made on every rank, in the whole model's parameter order: a collective split), first the rank
+// of the first stage that uses it. Megatron's embedding group. Uses on stages of one rank share
+// the one parameter there (its gradient accumulates both), and need no group.
+void Run::tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges,
+                            int pp) {
     std::map<const Parameter*, std::set<int>> users;
     for (size_t t = 0; t < ranges.size(); ++t)
         for (size_t i = ranges[t].begin; i < ranges[t].end; ++i)
@@ -211,15 +241,17 @@ void Run::tie_across_stages(const std::vector<Module*>& spine, const std::vector
                 [&](const std::string&, const ParamPtr& p) { users[p.get()].insert(static_cast<int>(t)); },
                 false);
     for (const auto& [name, p] : model_.named_parameters()) {
-        const std::set<int>& stages = users[p.get()];
-        if (stages.size() < 2) continue;
-        const auto at = stages.find(stage_);
-        const bool mine = at != stages.end();
-        const int place = mine ? static_cast<int>(std::distance(stages.begin(), at)) : 0;
-        // one group per coordinate of the other dims among the stages that hold it; alone otherwise
+        std::vector<int> ranks;  // the pp ranks that use it, in the order of their first stage using it
+        for (int s : users[p.get()])
+            if (std::find(ranks.begin(), ranks.end(), s % pp) == ranks.end()) ranks.push_back(s % pp);
+        if (ranks.size() < 2) continue;
+        const auto at = std::find(ranks.begin(), ranks.end(), stage_);
+        const bool mine = at != ranks.end();
+        const int place = mine ? static_cast<int>(std::distance(ranks.begin(), at)) : 0;
+        // one group per coordinate of the other dims among the ranks that hold it; alone otherwise
         const int color = mine ? stage_comm_->rank() : stage_comm_->size() + world_.rank();
         std::unique_ptr<Communicator> g =
-            world_.split_known(color, place, place, mine ? static_cast<int>(stages.size()) : 1);
+            world_.split_known(color, place, place, mine ? static_cast<int>(ranks.size()) : 1);
         g->set_counter(counter_, plan_.dims.name(DimRole::pp));
         tied_groups_.push_back(layer_ ? layer_->wrap_group(std::move(g), name) : std::move(g));
         if (!mine) continue;
@@ -244,9 +276,10 @@ void Run::sync_tied_gradients() {
 }
 
 void Run::set_schedule(Schedule s) {
-    PTOOL_REQUIRE(s.stages == schedule_.stages && s.microbatches == schedule_.microbatches,
-                  "a schedule of {} stages and {} microbatches for a run of {} and {}", s.stages,
-                  s.microbatches, schedule_.stages, schedule_.microbatches);
+    PTOOL_REQUIRE(s.stages == schedule_.stages && s.microbatches == schedule_.microbatches &&
+                      s.stage_rank == schedule_.stage_rank,
+                  "a schedule of {} stages and {} microbatches for a run of {} and {} (placed alike)",
+                  s.stages, s.microbatches, schedule_.stages, schedule_.microbatches);
     check_schedule(s);
     schedule_ = std::move(s);
 }
@@ -263,30 +296,34 @@ Placements Run::placements(const Parameter* p) const {
     return out;
 }
 
-// A microbatch's forward: the model's forward, the loss (divided by the microbatch count) and
-// the loss's gradient, placed as the output was; kept until its backward. Under mixed precision
-// the input is cast to param_dtype (cast_forward_inputs), the loss sees the output cast back to the
-// model's dtype and its gradient goes back in param_dtype.
-void Run::forward(StepState& st, int m) {
+// A microbatch's forward on stage s: the stage's (the model's) forward, and on the last stage the
+// loss (divided by the microbatch count) and the loss's gradient, placed as the output was; kept
+// until its backward. Under mixed precision the input is cast to param_dtype
+// (cast_forward_inputs), the loss sees the output cast back to the model's dtype and its gradient
+// goes back in param_dtype. A stage whose next stage lives on this rank hands its output on.
+void Run::forward(StepState& st, int s, int m) {
     const int64_t first = m * (st.rows / st.microbatches) + batch_->rank() * st.mine;
     if (data_parallel_) data_parallel_->before_forward();
-    Inflight& f = st.inflight[m];
+    Inflight& f = st.inflight[{s, m}];
     f.ctx = RunContext{&be_, model_.seed, st.step, true, first, tp_->rank(), tp_->size(), st.observer};
     f.ctx.microbatch = m;
     MemoryUseScope use(MemoryUse::activations);
     const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
-    if (stage_ == 0) {
+    if (s == 0) {
         const Tensor input = st.batch.input.narrow(0, first, st.mine);
         f.in = dtype_is_float(input.dtype()) ? to_dtype(be_, input, compute) : input;
         f.x = redistribute(Placed(f.in), res_.input_placement, *tp_);
-    } else {  // what the stage before sent
-        auto it = st.received.find(m);
-        PTOOL_REQUIRE(it != st.received.end(), "stage {} runs F{} before receiving its input", stage_, m);
+    } else {  // what the stage before sent or handed on
+        auto it = st.received.find({s, m});
+        PTOOL_REQUIRE(it != st.received.end(), "stage {} runs F{} before receiving its input", s, m);
         f.x = std::move(it->second);
         st.received.erase(it);
     }
-    f.y = stages_ == 1 ? model_.root->forward(f.ctx, f.x) : stage_forward(f.ctx, stage_modules_, f.x);
-    if (stage_ + 1 < stages_) return;  // sent on; its gradient comes back
+    f.y = stages_ == 1 ? model_.root->forward(f.ctx, f.x) : stage_forward(f.ctx, held(s).modules, f.x);
+    if (s + 1 < stages_) {  // sent on (or handed to the next stage here); its gradient comes back
+        if (!schedule_.sends_output(s)) st.received[{s + 1, m}] = f.y;
+        return;
+    }
     const Tensor target = st.batch.target.defined() ? st.batch.target.narrow(0, first, st.mine) : Tensor();
     double scale = 1.0 / static_cast<double>(st.microbatches);
     if (layer_) scale = layer_->loss_scale(scale);
@@ -307,17 +344,17 @@ void Run::forward(StepState& st, int m) {
                : redistribute(Placed(f.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
 }
 
-// A microbatch's backward from its loss's gradient (the last stage) or the one the next stage
-// sent; what its forward kept goes, but the output and the loss, which the step returns, and the
-// input's gradient a stage sends back.
-void Run::backward(StepState& st, int m) {
-    auto it = st.inflight.find(m);
-    PTOOL_REQUIRE(it != st.inflight.end(), "backward of microbatch {} without its forward", m);
+// A microbatch's backward on stage s from its loss's gradient (the last stage) or the one the next
+// stage sent (or handed back, on this rank); what its forward kept goes, but the output and the
+// loss, which the step returns, and the input's gradient a stage sends back (or hands back).
+void Run::backward(StepState& st, int s, int m) {
+    auto it = st.inflight.find({s, m});
+    PTOOL_REQUIRE(it != st.inflight.end(), "backward of microbatch {} on stage {} without its forward", m, s);
     Inflight& f = it->second;
-    if (stage_ + 1 < stages_) {
-        auto g = st.received_grads.find(m);
+    if (s + 1 < stages_) {
+        auto g = st.received_grads.find({s, m});
         PTOOL_REQUIRE(g != st.received_grads.end(),
-                      "stage {} runs B{} before receiving its output's gradient", stage_, m);
+                      "stage {} runs B{} before receiving its output's gradient", s, m);
         f.dy = std::move(g->second);
         st.received_grads.erase(g);
     }
@@ -325,39 +362,52 @@ void Run::backward(StepState& st, int m) {
         MemoryUseScope use(MemoryUse::activations);
         if (stages_ == 1)
             model_.root->backward(f.ctx, f.dy);
-        else if (Placed dx = stage_backward(f.ctx, stage_modules_, f.dy); stage_ > 0)
-            st.to_send_back[m] = std::move(dx);
+        else if (Placed dx = stage_backward(f.ctx, held(s).modules, f.dy);
+                 s > 0 && schedule_.receives_input(s))
+            st.to_send_back[{s, m}] = std::move(dx);
+        else if (s > 0)  // the stage before is on this rank: handed back
+            st.received_grads[{s - 1, m}] = std::move(dx);
     }
-    if (stage_ + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value};
+    if (s + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value};
     st.inflight.erase(it);
 }
 
 // A run of consecutive sends and receives as one batch_isend_irecv over the pp dim (as torch
-// batches them), the receives into tensors of the boundary's local shape in the compute dtype.
+// batches them), the receives into tensors of the boundary's local shape in the compute dtype. Each
+// goes to or comes from the pp rank of the stage next to the action's (stage s mod pp under
+// interleaved_1f1b: the last rank's stage sends on to rank 0's next one).
 void Run::exchange(StepState& st, const std::vector<Action>& actions) {
     const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
     auto local = [&](const Layout& l, const Placement& p) {
         return Placed{Tensor(local_shape(l.global, p, tp_->size(), tp_->rank()), compute, device_), p,
                       l.global};
     };
+    // (the key of what it sends or receives, on which stage's side; the peer's pp rank)
+    auto peer = [&](const Action& a) {
+        const bool up = a.kind == ActionKind::send_forward || a.kind == ActionKind::recv_backward;
+        return schedule_.rank_of(up ? a.stage + 1 : a.stage - 1);
+    };
     std::vector<P2POp> ops;
     for (const Action& a : actions) {
         const int tag = p2p_tag(a);
+        const std::pair<int, int> key{a.stage, a.microbatch};
         switch (a.kind) {
             case ActionKind::send_forward:
-                ops.push_back({P2POp::Kind::send, &st.inflight.at(a.microbatch).y.t, stage_ + 1, tag});
+                ops.push_back({P2POp::Kind::send, &st.inflight.at(key).y.t, peer(a), tag});
                 break;
             case ActionKind::recv_forward: {
-                Placed& x = st.received[a.microbatch] = local(stage_in_, stage_in_.p);
-                ops.push_back({P2POp::Kind::recv, &x.t, stage_ - 1, tag});
+                const Layout& in = held(a.stage).in;
+                Placed& x = st.received[key] = local(in, in.p);
+                ops.push_back({P2POp::Kind::recv, &x.t, peer(a), tag});
                 break;
             }
             case ActionKind::send_backward:
-                ops.push_back({P2POp::Kind::send, &st.to_send_back.at(a.microbatch).t, stage_ - 1, tag});
+                ops.push_back({P2POp::Kind::send, &st.to_send_back.at(key).t, peer(a), tag});
                 break;
             case ActionKind::recv_backward: {
-                Placed& g = st.received_grads[a.microbatch] = local(stage_out_, grad_placement(stage_out_.p));
-                ops.push_back({P2POp::Kind::recv, &g.t, stage_ + 1, tag});
+                const Layout& out = held(a.stage).out;
+                Placed& g = st.received_grads[key] = local(out, grad_placement(out.p));
+                ops.push_back({P2POp::Kind::recv, &g.t, peer(a), tag});
                 break;
             }
             default:
@@ -371,17 +421,18 @@ void Run::exchange(StepState& st, const std::vector<Action>& actions) {
         for (const Action& a : actions) {
             const bool fwd = a.kind == ActionKind::send_forward || a.kind == ActionKind::recv_forward;
             const bool send = a.kind == ActionKind::send_forward || a.kind == ActionKind::send_backward;
-            const int peer = fwd == send ? stage_ + 1 : stage_ - 1;
+            const int other = fwd == send ? a.stage + 1 : a.stage - 1;
             what.push_back(fmt::format("{} microbatch {}'s {} {} stage {}", send ? "sending" : "receiving",
                                        a.microbatch, fwd ? "activation" : "gradient", send ? "to" : "from",
-                                       peer));
+                                       other));
         }
-        throw RuntimeError(fmt::format("pipeline stage {} (pp rank {}), {}: {}", stage_,
-                                       comm(DimRole::pp).rank(), fmt::join(what, ", "), e.what()),
-                           e.kind());
+        throw RuntimeError(
+            fmt::format("pipeline stage {} (pp rank {}), {}: {}", fmt::join(held_stages(), ", "),
+                        comm(DimRole::pp).rank(), fmt::join(what, ", "), e.what()),
+            e.kind());
     }
     for (const Action& a : actions)
-        if (a.kind == ActionKind::send_backward) st.to_send_back.erase(a.microbatch);
+        if (a.kind == ActionKind::send_backward) st.to_send_back.erase({a.stage, a.microbatch});
 }
 
 double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params) {
@@ -392,6 +443,8 @@ double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& 
     if (stages_ > 1) {
         in.stages = &comm(DimRole::pp);
         in.counted = [this](const Parameter* p) { return !shared_copy(p); };
+        if (plan_.pipeline->virtual_stages > 1)  // a rank's stages are not consecutive: sum in model order
+            in.order = [this](const Parameter* p) { return param_order_.at(p); };
     }
     return clip_grad_norm(in, model_.clip_grad_norm, be_);
 }
@@ -418,7 +471,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     for (const auto& [name, p] : params) be_.fill(p->grad, 0.0);
     if (mixed_precision_) mixed_precision_->to_compute();
     StepOutput out;
-    const std::vector<Action>& actions = schedule_.ranks[stage_];
+    const std::vector<Action>& actions = schedule_.ranks[stage_];  // this pp rank's
     for (size_t i = 0; i < actions.size(); ++i) {
         const Action& a = actions[i];
         if (a.is_p2p()) {  // with the sends and receives right after it
@@ -435,10 +488,10 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
         if (action_observer_) action_observer_({a}, false);
         switch (a.kind) {
             case ActionKind::forward:
-                forward(st, a.microbatch);
+                forward(st, a.stage, a.microbatch);
                 break;
             case ActionKind::backward:
-                backward(st, a.microbatch);
+                backward(st, a.stage, a.microbatch);
                 break;
             case ActionKind::grad_sync:
                 if (mixed_precision_) mixed_precision_->to_masters();

@@ -119,8 +119,15 @@ public:
     // lm_head of an embedding tied to it): a copy, kept equal to the first's, that verification
     // records and the gradient norm counts on the first stage only.
     bool shared_copy(const Parameter* p) const;
-    int stage() const { return stage_; }  // this rank's pipeline stage (0 without pp)
+    // This rank's (first) pipeline stage: its pp rank (0 without pp). Under interleaved_1f1b a rank
+    // holds held_stages(): stage(), stage() + pp, ...
+    int stage() const { return stage_; }
     int stages() const { return stages_; }
+    std::vector<int> held_stages() const;
+    bool holds_last_stage() const { return held_.empty() ? stages_ == 1 : held_.back().index + 1 == stages_; }
+    // The whole model's state_dict names in order, when this rank's stages are not consecutive
+    // (interleaved_1f1b; empty otherwise): verification lists the stages' state in this order.
+    const std::vector<std::string>& model_state_names() const { return model_state_names_; }
     bool ignored(const std::string& param) const { return res_.dp.ignored_params.count(param) > 0; }
 
     const Schedule& schedule() const { return schedule_; }
@@ -150,17 +157,20 @@ private:
         StepObserver observer;
         Batch batch;
         int64_t microbatches = 1, rows = 0, mine = 0;
-        std::map<int, Inflight> inflight;
-        std::map<int, Done> done;
-        // a pipeline stage's: its inputs received, its outputs' gradients received, its inputs'
-        // gradients to send back
-        std::map<int, Placed> received, received_grads, to_send_back;
+        // keyed by (stage, microbatch): a rank may hold several stages (interleaved_1f1b)
+        std::map<std::pair<int, int>, Inflight> inflight;
+        std::map<int, Done> done;  // the last stage's, by microbatch
+        // a pipeline stage's: its inputs received (or handed on by the stage before on this rank),
+        // its outputs' gradients received (or handed back), its inputs' gradients to send back
+        std::map<std::pair<int, int>, Placed> received, received_grads, to_send_back;
     };
-    void forward(StepState& st, int m);
-    void backward(StepState& st, int m);
+    struct Held;
+    const Held& held(int stage) const;
+    void forward(StepState& st, int s, int m);
+    void backward(StepState& st, int s, int m);
     void exchange(StepState& st, const std::vector<Action>& actions);
     void keep_own_stage();
-    void tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges);
+    void tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges, int pp);
     void sync_tied_gradients();
     double clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params);
 
@@ -184,16 +194,26 @@ private:
     RunLayer* layer_ = nullptr;
     Schedule schedule_;
     ActionObserver action_observer_;
-    // Pipeline parallel: this rank's stage of `stages_`, the spine modules it runs and the layouts
-    // at its boundaries (without pp: stage 0 of 1, the root runs whole).
+    // Pipeline parallel: this rank's stages of `stages_` (one, or virtual_stages under
+    // interleaved_1f1b), each with the spine modules it runs and the layouts at its boundaries
+    // (without pp: stage 0 of 1, none held, the root runs whole).
     int stage_ = 0, stages_ = 1;
     Communicator* stage_comm_ = nullptr;
     std::vector<MeshDim> stage_dims_;
-    std::vector<Module*> stage_modules_;
-    Layout stage_in_, stage_out_;
-    // Weights tied across stages this rank holds (Megatron's embedding group): the group of the
-    // stages that hold it (the same coordinates on every other dim), whose first stage's values
-    // the others start from and over which the gradients are summed after the data-parallel sync.
+    struct Held {
+        int index = 0;
+        std::vector<Module*> modules;
+        Layout in, out;
+    };
+    std::vector<Held> held_;  // in increasing stage order
+    // each parameter's index in the whole model's parameter order: clip_gradients sums the stages'
+    // squares in it when a rank's stages are not consecutive (interleaved_1f1b)
+    std::map<const Parameter*, int64_t> param_order_;
+    std::vector<std::string> model_state_names_;
+    // Weights tied across stages this rank holds (Megatron's embedding group): the group of the pp
+    // ranks whose stages hold it (the same coordinates on every other dim), whose first stage's
+    // values the others start from and over which the gradients are summed after the data-parallel
+    // sync. Uses on two stages of one rank share its one parameter and need no group.
     struct Tied {
         ParamPtr param;
         Communicator* group = nullptr;

@@ -1,7 +1,9 @@
 #include "train/schedule.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
+#include <tuple>
 
 namespace ptool {
 
@@ -42,7 +44,19 @@ std::string Action::str() const {
 
 int p2p_tag(const Action& a) {
     const bool forward = a.kind == ActionKind::send_forward || a.kind == ActionKind::recv_forward;
-    return 2 * a.microbatch + (forward ? 0 : 1);
+    const bool sends_up = a.kind == ActionKind::send_forward || a.kind == ActionKind::recv_backward;
+    const int64_t m = a.microbatch, b = sends_up ? a.stage : a.stage - 1;  // the boundary crossed
+    const int64_t pair = (m + b) * (m + b + 1) / 2 + b;                    // Cantor: one per (m, b)
+    const int64_t tag = 2 * pair + (forward ? 0 : 1);
+    PTOOL_REQUIRE(m >= 0 && b >= 0 && tag <= std::numeric_limits<int>::max(), "no tag for {}", a.str());
+    return static_cast<int>(tag);
+}
+
+std::vector<int> Schedule::stages_of(int rank) const {
+    std::vector<int> out;
+    for (int s = 0; s < stages; ++s)
+        if (rank_of(s) == rank) out.push_back(s);
+    return out;
 }
 
 namespace {
@@ -53,17 +67,65 @@ void step_end(std::vector<Action>& out) {
     out.push_back({ActionKind::optimizer_step});
 }
 
-// A stage's forward of m with the receive before it and the send after it, or its backward.
-void add_forward(std::vector<Action>& out, int s, int stages, int m) {
-    if (s > 0) out.push_back({ActionKind::recv_forward, s, m});
+// A stage's forward of m with the receive before it and the send after it, or its backward (no
+// send or receive where the neighbouring stage is on the same rank).
+void add_forward(std::vector<Action>& out, const Schedule& sch, int s, int m) {
+    if (sch.receives_input(s)) out.push_back({ActionKind::recv_forward, s, m});
     out.push_back({ActionKind::forward, s, m});
-    if (s + 1 < stages) out.push_back({ActionKind::send_forward, s, m});
+    if (sch.sends_output(s)) out.push_back({ActionKind::send_forward, s, m});
 }
 
-void add_backward(std::vector<Action>& out, int s, int stages, int m) {
-    if (s + 1 < stages) out.push_back({ActionKind::recv_backward, s, m});
+void add_backward(std::vector<Action>& out, const Schedule& sch, int s, int m) {
+    if (sch.sends_output(s)) out.push_back({ActionKind::recv_backward, s, m});
     out.push_back({ActionKind::backward, s, m});
-    if (s > 0) out.push_back({ActionKind::send_backward, s, m});
+    if (sch.receives_input(s)) out.push_back({ActionKind::send_backward, s, m});
+}
+
+// One round of interleaved 1F1B on pipeline rank r, its microbatches from o, as units of compute:
+// torch's ScheduleInterleaved1F1B._calculate_single_rank_operations (_get_1f1b_rank_ops with
+// _get_warmup_ops): a forward per warmup unit, a forward and a backward per 1F1B unit, a backward
+// per cooldown unit.
+void add_interleaved_round(std::vector<std::vector<Action>>& units, int r, int pp, int v, int m, int o) {
+    const int rounds = std::max(1, m / pp), per_round = m / rounds;  // torch's microbatches_per_round
+    const int ops = v * m, warmup = std::min((v - 1) * per_round + 2 * (pp - 1 - r), ops);
+    auto forward_stage = [&](int k) { return ((k / per_round) % v) * pp + r; };
+    auto backward_stage = [&](int k) { return (v - 1 - ((k - warmup) / per_round) % v) * pp + r; };
+    std::vector<int> next_forward(static_cast<size_t>(v * pp), 0), next_backward = next_forward;
+    auto forward = [&](int k) -> Action {
+        const int s = forward_stage(k);
+        return {ActionKind::forward, s, o + next_forward[s]++};
+    };
+    auto backward = [&](int k) -> Action {
+        const int s = backward_stage(k);
+        return {ActionKind::backward, s, o + next_backward[s]++};
+    };
+    for (int k = 0; k < warmup; ++k) units.push_back({forward(k)});
+    for (int k = warmup; k < ops; ++k) units.push_back({forward(k), backward(k)});
+    for (int k = ops; k < ops + warmup; ++k) units.push_back({backward(k)});
+}
+
+// Units of compute with their sends and receives as Megatron-Core posts them: between two units one
+// batch with the sends of the unit before (its outputs, its inputs' gradients) and the receives of
+// the unit after (send_forward_backward_recv_forward_backward), so that no rank waits in a send
+// while its peer waits in one too (rendezvous sends placed next to each compute deadlock here).
+void add_units(std::vector<Action>& out, const Schedule& sch, const std::vector<std::vector<Action>>& units) {
+    std::vector<Action> sends;
+    for (const std::vector<Action>& unit : units) {
+        std::vector<Action> batch = sends, next;
+        for (const Action& a : unit) {
+            const bool f = a.kind == ActionKind::forward;
+            if (f ? sch.receives_input(a.stage) : sch.sends_output(a.stage))
+                batch.push_back(
+                    {f ? ActionKind::recv_forward : ActionKind::recv_backward, a.stage, a.microbatch});
+            if (f ? sch.sends_output(a.stage) : sch.receives_input(a.stage))
+                next.push_back(
+                    {f ? ActionKind::send_forward : ActionKind::send_backward, a.stage, a.microbatch});
+        }
+        out.insert(out.end(), batch.begin(), batch.end());
+        out.insert(out.end(), unit.begin(), unit.end());
+        sends = std::move(next);
+    }
+    out.insert(out.end(), sends.begin(), sends.end());
 }
 
 }  // namespace
@@ -80,33 +142,48 @@ Schedule accumulation_schedule(int microbatches) {
     return s;
 }
 
-Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds) {
-    PTOOL_REQUIRE(stages >= 1 && microbatches >= 1 && rounds >= 1,
-                  "a schedule of {} stages, {} microbatches and {} rounds", stages, microbatches, rounds);
+Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds, int virtual_stages) {
+    PTOOL_REQUIRE(stages >= 1 && microbatches >= 1 && rounds >= 1 && virtual_stages >= 1,
+                  "a schedule of {} stages, {} microbatches, {} rounds and {} virtual stages", stages,
+                  microbatches, rounds, virtual_stages);
     if (kind == ScheduleKind::accumulation) {
         PTOOL_REQUIRE(stages == 1, "the accumulation schedule has one stage, not {}", stages);
         return accumulation_schedule(microbatches * rounds);
     }
-    PTOOL_REQUIRE(kind != ScheduleKind::interleaved_one_f_one_b, "interleaved_1f1b is not built");
+    const bool interleaved = kind == ScheduleKind::interleaved_one_f_one_b;
+    PTOOL_REQUIRE(interleaved || virtual_stages == 1, "{} runs one stage per rank, not {}",
+                  schedule_kind_name(kind), virtual_stages);
+    PTOOL_REQUIRE(stages % virtual_stages == 0, "{} stages in {} virtual stages per rank", stages,
+                  virtual_stages);
+    const int pp = stages / virtual_stages;
+    PTOOL_REQUIRE(!interleaved || microbatches % std::max(1, microbatches / pp) == 0,
+                  "interleaved_1f1b: {} microbatches in rounds of {} pp ranks", microbatches, pp);
     Schedule sch;
     sch.kind = kind, sch.stages = stages, sch.microbatches = microbatches * rounds;
-    sch.ranks.resize(stages);
-    for (int s = 0; s < stages; ++s) {
-        std::vector<Action>& out = sch.ranks[s];
-        for (int r = 0; r < rounds; ++r) {  // gradient accumulation: one schedule after the other
+    sch.stage_rank.resize(static_cast<size_t>(stages));
+    for (int s = 0; s < stages; ++s) sch.stage_rank[s] = s % pp;  // the loop placement (s on s without v)
+    sch.ranks.resize(pp);
+    for (int rank = 0; rank < pp; ++rank) {
+        std::vector<Action>& out = sch.ranks[rank];
+        const int s = rank;                      // gpipe and 1f1b: the rank's one stage
+        std::vector<std::vector<Action>> units;  // interleaved_1f1b's, over every round
+        for (int r = 0; r < rounds; ++r) {       // gradient accumulation: one schedule after the other
             const int o = r * microbatches;
-            if (kind == ScheduleKind::gpipe) {
-                for (int m = 0; m < microbatches; ++m) add_forward(out, s, stages, o + m);
-                for (int m = 0; m < microbatches; ++m) add_backward(out, s, stages, o + m);
+            if (interleaved) {
+                add_interleaved_round(units, rank, pp, virtual_stages, microbatches, o);
+            } else if (kind == ScheduleKind::gpipe) {
+                for (int m = 0; m < microbatches; ++m) add_forward(out, sch, s, o + m);
+                for (int m = 0; m < microbatches; ++m) add_backward(out, sch, s, o + m);
             } else {  // 1f1b: warm up with stages - s forwards, then one backward and one forward, then drain
                 const int warmup = std::min(stages - s, microbatches);
                 int f = 0, b = 0;
-                while (f < warmup) add_forward(out, s, stages, o + f++);
+                while (f < warmup) add_forward(out, sch, s, o + f++);
                 while (f < microbatches)
-                    add_backward(out, s, stages, o + b++), add_forward(out, s, stages, o + f++);
-                while (b < microbatches) add_backward(out, s, stages, o + b++);
+                    add_backward(out, sch, s, o + b++), add_forward(out, sch, s, o + f++);
+                while (b < microbatches) add_backward(out, sch, s, o + b++);
             }
         }
+        add_units(out, sch, units);
         step_end(out);
     }
     return sch;
@@ -114,9 +191,19 @@ Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int 
 
 namespace {
 
+std::string describe(const Schedule& s) {
+    const int ranks = static_cast<int>(s.ranks.size());
+    return s.stages == ranks ? fmt::format("schedule {} ({} stages, {} microbatches)",
+                                           schedule_kind_name(s.kind), s.stages, s.microbatches)
+                             : fmt::format("schedule {} ({} stages on {} ranks, {} microbatches)",
+                                           schedule_kind_name(s.kind), s.stages, ranks, s.microbatches);
+}
+
 [[noreturn]] void bad(const Schedule& s, int rank, const std::string& what) {
-    throw RuntimeError(fmt::format("schedule {} ({} stages, {} microbatches): rank {} (stage {}) {}",
-                                   schedule_kind_name(s.kind), s.stages, s.microbatches, rank, rank, what));
+    std::vector<int> held;
+    if (static_cast<int>(s.stage_rank.size()) == s.stages) held = s.stages_of(rank);
+    throw RuntimeError(fmt::format("{}: rank {} (stage{} {}) {}", describe(s), rank,
+                                   held.size() == 1 ? "" : "s", fmt::join(held, ", "), what));
 }
 
 }  // namespace
@@ -144,13 +231,37 @@ bool same(const Action& a, const Action& b) {
     return a.kind == b.kind && a.stage == b.stage && a.microbatch == b.microbatch;
 }
 
-// Every rank's list: each microbatch once each way, in order, with its receives before and sends after.
+// Where each stage runs: every stage on one of the ranks, every rank with a stage.
+void check_placement(const Schedule& s) {
+    const int n = static_cast<int>(s.ranks.size());
+    if (s.stages < 1 || n < 1 || n > s.stages)
+        throw RuntimeError(fmt::format("{}: {} lists for {} stages", describe(s), n, s.stages));
+    if (static_cast<int>(s.stage_rank.size()) != s.stages)
+        throw RuntimeError(fmt::format("{}: a placement of {} stages", describe(s), s.stage_rank.size()));
+    std::vector<int> count(static_cast<size_t>(n), 0);
+    for (int st = 0; st < s.stages; ++st) {
+        const int r = s.stage_rank[st];
+        if (r < 0 || r >= n)
+            throw RuntimeError(
+                fmt::format("{}: stage {} is placed on rank {}, not one of its {}", describe(s), st, r, n));
+        ++count[r];
+    }
+    for (int r = 0; r < n; ++r)
+        if (count[r] == 0) throw RuntimeError(fmt::format("{}: rank {} holds no stage", describe(s), r));
+}
+
+// Every rank's list: each microbatch once each way on each of its stages, its receives before and
+// sends after (or the local neighbour's forward before a forward and its backward before a backward).
 void check_structure(const Schedule& s) {
-    if (static_cast<int>(s.ranks.size()) != s.stages)
-        bad(s, 0, fmt::format("is one of {} lists", s.ranks.size()));
-    for (int r = 0; r < s.stages; ++r) {
+    for (int r = 0; r < static_cast<int>(s.ranks.size()); ++r) {
         const std::vector<Action>& list = s.ranks[r];
-        std::map<std::pair<ActionKind, int>, int> at;  // (kind, microbatch) -> index
+        const std::vector<int> held = s.stages_of(r);
+        // "B0" where the rank holds one stage, "B0@3" where it holds several
+        auto name = [&](ActionKind k, int stage, int m) {
+            return held.size() == 1 ? fmt::format("{}{}", action_kind_name(k), m)
+                                    : fmt::format("{}{}@{}", action_kind_name(k), m, stage);
+        };
+        std::map<std::tuple<ActionKind, int, int>, int> at;  // (kind, stage, microbatch) -> index
         int end_actions = 0, last_backward = -1;
         for (int i = 0; i < static_cast<int>(list.size()); ++i) {
             const Action& a = list[i];
@@ -164,44 +275,55 @@ void check_structure(const Schedule& s) {
                 ++end_actions;
                 continue;
             }
-            if (a.stage != r) bad(s, r, fmt::format("runs {}, an action of stage {}", a.str(), a.stage));
+            if (a.stage < 0 || a.stage >= s.stages || s.rank_of(a.stage) != r)
+                bad(s, r, fmt::format("runs {}, an action of stage {}", a.str(), a.stage));
             if (a.microbatch < 0 || a.microbatch >= s.microbatches)
                 bad(s, r, fmt::format("runs {}: no such microbatch", a.str()));
-            if (!at.emplace(std::make_pair(a.kind, a.microbatch), i).second)
+            if (!at.emplace(std::make_tuple(a.kind, a.stage, a.microbatch), i).second)
                 bad(s, r, fmt::format("runs {} twice", a.str()));
             if (a.kind == ActionKind::backward) last_backward = i;
         }
         if (end_actions != 3) bad(s, r, "does not end with the gradient sync, clip and optimizer step");
-        auto index = [&](ActionKind k, int m) {
-            auto it = at.find({k, m});
+        auto index = [&](ActionKind k, int stage, int m) {
+            auto it = at.find({k, stage, m});
             return it == at.end() ? -1 : it->second;
         };
-        const bool first = r == 0, last = r + 1 == s.stages;
-        for (int m = 0; m < s.microbatches; ++m) {
-            const int f = index(ActionKind::forward, m), b = index(ActionKind::backward, m);
-            if (f < 0) bad(s, r, fmt::format("never runs F{}", m));
-            if (b < 0) bad(s, r, fmt::format("never runs B{}", m));
-            if (b < f) bad(s, r, fmt::format("runs B{} before F{}", m, m));
-            auto expect = [&](bool needed, ActionKind k, bool before, int anchor, const char* what) {
-                const int i = index(k, m);
-                if (!needed) {
-                    if (i >= 0)
-                        bad(s, r,
-                            fmt::format("runs {}{}, which its stage has no peer for", action_kind_name(k),
-                                        m));
-                    return;
-                }
-                if (i < 0) bad(s, r, fmt::format("never runs {}{} ({})", action_kind_name(k), m, what));
-                if (before ? i > anchor : i < anchor)
+        for (int st : held)
+            for (int m = 0; m < s.microbatches; ++m) {
+                const int f = index(ActionKind::forward, st, m), b = index(ActionKind::backward, st, m);
+                if (f < 0) bad(s, r, fmt::format("never runs {}", name(ActionKind::forward, st, m)));
+                if (b < 0) bad(s, r, fmt::format("never runs {}", name(ActionKind::backward, st, m)));
+                if (b < f)
                     bad(s, r,
-                        fmt::format("runs {}{} {} {}{}", action_kind_name(k), m, before ? "after" : "before",
-                                    action_kind_name(list[anchor].kind), m));
-            };
-            expect(!first, ActionKind::recv_forward, true, f, "the stage's input");
-            expect(!last, ActionKind::send_forward, false, f, "the stage's output");
-            expect(!last, ActionKind::recv_backward, true, b, "the output's gradient");
-            expect(!first, ActionKind::send_backward, false, b, "the input's gradient");
-        }
+                        fmt::format("runs {} before {}", name(ActionKind::backward, st, m),
+                                    name(ActionKind::forward, st, m)));
+                auto expect = [&](bool needed, ActionKind k, bool before, int anchor, const char* what) {
+                    const int i = index(k, st, m);
+                    if (!needed) {
+                        if (i >= 0)
+                            bad(s, r,
+                                fmt::format("runs {}, which its stage has no peer for", name(k, st, m)));
+                        return;
+                    }
+                    if (i < 0) bad(s, r, fmt::format("never runs {} ({})", name(k, st, m), what));
+                    if (before ? i > anchor : i < anchor)
+                        bad(s, r,
+                            fmt::format("runs {} {} {}", name(k, st, m), before ? "after" : "before",
+                                        name(list[anchor].kind, st, m)));
+                };
+                expect(s.receives_input(st), ActionKind::recv_forward, true, f, "the stage's input");
+                expect(s.sends_output(st), ActionKind::send_forward, false, f, "the stage's output");
+                expect(s.sends_output(st), ActionKind::recv_backward, true, b, "the output's gradient");
+                expect(s.receives_input(st), ActionKind::send_backward, false, b, "the input's gradient");
+                // a neighbouring stage on this rank hands the input and the output's gradient over
+                if (st > 0 && !s.receives_input(st) && index(ActionKind::forward, st - 1, m) > f)
+                    bad(s, r,
+                        fmt::format("runs F{}@{} before F{}@{}, whose output it takes", m, st, m, st - 1));
+                if (st + 1 < s.stages && !s.sends_output(st) && index(ActionKind::backward, st + 1, m) > b)
+                    bad(s, r,
+                        fmt::format("runs B{}@{} before B{}@{}, whose input's gradient it takes", m, st, m,
+                                    st + 1));
+            }
     }
 }
 
@@ -209,7 +331,7 @@ void check_structure(const Schedule& s) {
 // consecutive p2p actions is one batch, each op of which completes when the peer has the matching
 // op in the batch it is in now; a batch ends when all its ops have.
 void check_progress(const Schedule& s) {
-    const int n = s.stages;
+    const int n = static_cast<int>(s.ranks.size());
     std::vector<size_t> pos(n, 0);
     std::vector<std::vector<bool>> done(n);
     for (int r = 0; r < n; ++r) done[r].assign(s.ranks[r].size(), false);
@@ -228,9 +350,8 @@ void check_progress(const Schedule& s) {
             for (size_t i = pos[r]; i < end; ++i) {
                 if (done[r][i]) continue;
                 const Action want = partner(s.ranks[r][i]);
-                const int peer = want.stage;
-                if (peer < 0 || peer >= n || pos[peer] == s.ranks[peer].size() ||
-                    !s.ranks[peer][pos[peer]].is_p2p()) {
+                const int peer = s.rank_of(want.stage);
+                if (pos[peer] == s.ranks[peer].size() || !s.ranks[peer][pos[peer]].is_p2p()) {
                     all = false;
                     continue;
                 }
@@ -250,19 +371,19 @@ void check_progress(const Schedule& s) {
                 if (!done[r][i]) {
                     const Action& a = s.ranks[r][i];
                     stuck.push_back(fmt::format("rank {} waits in {} (microbatch {}, tag {}) for rank {}", r,
-                                                a.str(), a.microbatch, p2p_tag(a), partner(a).stage));
+                                                a.str(), a.microbatch, p2p_tag(a),
+                                                s.rank_of(partner(a).stage)));
                     break;
                 }
     if (!stuck.empty())
-        throw RuntimeError(
-            fmt::format("schedule {} ({} stages, {} microbatches) cannot finish: its sends and receives "
-                        "never meet: {}",
-                        schedule_kind_name(s.kind), s.stages, s.microbatches, fmt::join(stuck, "; ")));
+        throw RuntimeError(fmt::format("{} cannot finish: its sends and receives never meet: {}", describe(s),
+                                       fmt::join(stuck, "; ")));
 }
 
 }  // namespace
 
 void check_schedule(const Schedule& s) {
+    check_placement(s);
     check_structure(s);
     check_progress(s);
 }

@@ -9,6 +9,27 @@
 //   1f1b    stage s runs min(stages - s, m) forwards, then alternates one backward and one forward,
 //           then the remaining backwards (torch's Schedule1F1B): at most stages - s microbatches
 //           in flight
+//   interleaved_1f1b
+//           pp ranks hold v stages each, stage s on rank s mod pp (torch's and Megatron's loop
+//           placement: rank r holds r, r + pp, ...). The compute order is torch's
+//           ScheduleInterleaved1F1B (_get_1f1b_rank_ops with _get_warmup_ops, multiply_factor 2),
+//           which for microbatches a multiple of pp (ptool's rule) is Megatron-Core's
+//           forward_backward_pipelining_with_interleaving: rank r warms up with
+//           min((v - 1) * pp + 2 * (pp - 1 - r), v * m) forwards, then alternates one forward and
+//           one backward, then drains the backwards. Its k-th forward runs on its local stage
+//           (k / pp) mod v (depth first: pp microbatches on one stage, then the next), its k-th
+//           backward (k from 0 at its first) on local stage v - 1 - (k / pp) mod v; each stage
+//           takes its microbatches in order. Its sends and receives are posted as Megatron-Core
+//           posts them: between two units of compute (a warmup forward, a forward and a
+//           backward, a cooldown backward) one batch of the sends of the unit before and the
+//           receives of the unit after (torch's own runtime sends asynchronously; with
+//           rendezvous sends placed next to each compute, two ranks would each wait in a send).
+//           The bubble, in units of one stage's forward and backward, is (pp - 1) / (v * m) of
+//           the step against 1f1b's (pp - 1) / m.
+//
+// Every stage's input comes from the stage before over p2p, but where both stages live on one rank
+// (one pp rank holding every stage): the forward hands its output on and the backward its input's
+// gradient back without a send. Rank pp - 1's stages but the last send on to rank 0's next stage.
 //
 // Backwards run in microbatch order in every schedule, so a parameter's gradient is accumulated
 // in the same order as the one-stage loop's: the schedules give bitwise the same gradients.
@@ -50,29 +71,45 @@ struct Schedule {
     ScheduleKind kind = ScheduleKind::accumulation;
     int stages = 1;
     int microbatches = 1;
-    std::vector<std::vector<Action>> ranks;  // per pipeline rank (stage s on rank s), in order
+    // stage s runs on pipeline rank stage_rank[s]: s, or s mod pp under interleaved_1f1b
+    std::vector<int> stage_rank{0};
+    std::vector<std::vector<Action>> ranks;  // per pipeline rank, in order
+
+    int rank_of(int stage) const { return stage_rank.at(static_cast<size_t>(stage)); }
+    std::vector<int> stages_of(int rank) const;  // the stages a rank holds, in increasing order
+    // whether stage s's input comes from another rank (s > 0 and stage s - 1 lives elsewhere)
+    bool receives_input(int s) const { return s > 0 && rank_of(s - 1) != rank_of(s); }
+    // whether stage s's output goes to another rank
+    bool sends_output(int s) const { return s + 1 < stages && rank_of(s + 1) != rank_of(s); }
 };
 
 // The one-stage loop: F0 B0 F1 B1 ... then sync, clip, step.
 Schedule accumulation_schedule(int microbatches);
-// A pipeline schedule over `stages` stages (one per pipeline rank): `rounds` of it one after the
-// other (gradient accumulation around a pipeline, as torchtitan steps its schedule once per
-// accumulation step), each over `microbatches` microbatches, then one sync, clip and step. The
-// schedule's microbatches are numbered across the rounds (round r's are r*microbatches..).
-Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds = 1);
+// A pipeline schedule over `stages` stages on stages / virtual_stages pipeline ranks (gpipe and 1f1b:
+// one per rank; interleaved_1f1b: virtual_stages per rank, microbatches a multiple of the ranks):
+// `rounds` of it one after the other (gradient accumulation around a pipeline, as torchtitan steps
+// its schedule once per accumulation step), each over `microbatches` microbatches, then one sync,
+// clip and step. The schedule's microbatches are numbered across the rounds (round r's are
+// r*microbatches..).
+Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds = 1,
+                           int virtual_stages = 1);
 
 // The action a p2p action meets on the peer stage: SEND_F m@s with RECV_F m@s+1, SEND_B m@s with
 // RECV_B m@s-1 (and back).
 Action p2p_partner(const Action& a);
 
-// A send or receive's tag: the microbatch and the direction, so messages between two stages
-// match whatever order they are posted in.
+// A send or receive's tag: the microbatch, the stage boundary it crosses (b between stages b and
+// b + 1) and the direction, paired one-to-one (Cantor's pairing of microbatch and boundary), so
+// messages between two ranks match whatever order they are posted in, however many stages' traffic
+// the two ranks carry. With one boundary it is 2 * microbatch + direction.
 int p2p_tag(const Action& a);
 
-// Checks each rank's list against the schedule's definition before anything runs: every
-// microbatch's forward and backward exactly once per stage, a forward before its backward, a
-// stage's input received before its forward and its output gradient before its backward, every
-// send matched by the peer's receive; then plays the lists against each other with rendezvous
+// Checks each rank's list against the schedule's definition before anything runs: a rank runs the
+// actions of the stages it holds only (every stage on one rank), every microbatch's forward and
+// backward exactly once per stage, a forward before its backward, a stage's input received before
+// its forward and its output gradient before its backward (where the stage next to it lives on
+// another rank; a local one's forward or backward before it otherwise), every send matched by the
+// peer's receive; then plays the lists against each other with rendezvous
 // sends (a rank's consecutive p2p actions completing together, as one batch) and throws
 // RuntimeError naming the ranks, the action each waits in and the microbatch when they cannot
 // all finish. InputError-free: a schedule is built by ptool; a broken one is a bug (exit 3).

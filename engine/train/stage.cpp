@@ -107,9 +107,11 @@ std::vector<StageRange> pipeline_stage_ranges(const Model& model, const std::vec
     return stage_ranges(spine, points, at);
 }
 
-void keep_stage(Model& model, const std::vector<Module*>& spine, const StageRange& stage) {
-    const std::set<const Module*> kept(spine.begin() + static_cast<std::ptrdiff_t>(stage.begin),
-                                       spine.begin() + static_cast<std::ptrdiff_t>(stage.end));
+void keep_stages(Model& model, const std::vector<Module*>& spine, const std::vector<StageRange>& stages) {
+    std::set<const Module*> kept;
+    for (const StageRange& r : stages)
+        kept.insert(spine.begin() + static_cast<std::ptrdiff_t>(r.begin),
+                    spine.begin() + static_cast<std::ptrdiff_t>(r.end));
     prune(*model.root, kept);
 }
 

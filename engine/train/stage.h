@@ -35,9 +35,9 @@ std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine,
 std::vector<StageRange> pipeline_stage_ranges(const Model& model, const std::vector<Module*>& spine,
                                               const Plan& plan);
 
-// Removes every module outside the stage's spine range from the model (their parameters go with
-// them, unless a kept module shares one).
-void keep_stage(Model& model, const std::vector<Module*>& spine, const StageRange& stage);
+// Removes every module outside the stages' spine ranges from the model (their parameters go with
+// them, unless a kept module shares one): a pipeline rank's stage, or its virtual stages.
+void keep_stages(Model& model, const std::vector<Module*>& spine, const std::vector<StageRange>& stages);
 
 // The stage's forward and backward: its spine modules in order, and in reverse.
 Placed stage_forward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& x);

@@ -183,6 +183,14 @@ public:
         else if (run_.stages() > 1 && leader_)
             queue(Target::unique_params, "", {unique});
         flush(nullptr);
+        if (rank0_ && !run_.model_state_names().empty()) {  // a rank's stages are not consecutive
+            std::map<std::string, size_t> at;
+            for (const std::string& n : run_.model_state_names()) at.emplace(n, at.size());
+            std::stable_sort(rec.init_state.begin(), rec.init_state.end(), [&](const auto& a, const auto& b) {
+                const auto i = at.find(a.first), j = at.find(b.first);
+                return (i == at.end() ? at.size() : i->second) < (j == at.end() ? at.size() : j->second);
+            });
+        }
         for (const auto& [name, digest] : rec.init_state)  // in state_dict order
             if (init_differ_.count(name)) rec.init_replicas_differ.push_back(name);
         init_ = nullptr;
@@ -263,7 +271,7 @@ public:
             for (const auto& [name, t] : ref_step->tensors) reference_[name] = &t;
         compare_deferred(sr, ref_step);
         const std::string s = fmt::format("step{}.", sr.step);
-        if (run_.stage() + 1 == run_.stages()) {  // the last stage's (every rank's without pp)
+        if (run_.holds_last_stage()) {  // the last stage's rank (every rank without pp)
             // each rank's output rows and loss are its own: gathered and combined as the global batch's
             record_output(sr, s + "output", out.outputs, last_step);
             Tensor loss = Tensor::scalar(out.loss, DType::float64).reshape({1});
