@@ -17,3 +17,5 @@ run "explain llama3_8b (torchtitan's 70B plan shape)" "$ptool" explain models/sc
 run "explain llama3_70b dp8 x tp8" "$ptool" explain models/scale/llama3_70b.yaml plans/scale/llama3_70b_torchtitan.yaml --cluster clusters/h100_8x8.yaml
 run "plan llama3_8b on 8 H100s" "$ptool" plan models/scale/llama3_8b.yaml --cluster clusters/h100_8x8.yaml --world-size 8
 run "plan llama3_70b on 64 H100s" "$ptool" plan models/scale/llama3_70b.yaml --cluster clusters/h100_8x8.yaml
+run "explain llama3_405b pp8 x dp8 x tp8 interleaved" "$ptool" explain models/scale/llama3_405b.yaml plans/scale/llama3_405b_torchtitan.yaml --cluster clusters/h100_64x8.yaml
+run "plan llama3_405b on 512 H100s (pp in the search)" "$ptool" plan models/scale/llama3_405b.yaml --cluster clusters/h100_64x8.yaml

@@ -279,7 +279,7 @@ void explain(const ExplainArgs& a, const Common& c) {
         if (cluster) {
             j["time"] = nlohmann::json::array();  // per rank class, seconds
             for (size_t i = 0; i < times.size(); ++i) {
-                nlohmann::json by_dim;
+                nlohmann::json by_dim = nlohmann::json::object();
                 for (const auto& [dim, ct] : times[i].by_dim)
                     by_dim[dim] = {{"seconds", ct.seconds},
                                    {"bytes", ct.bytes},

@@ -22,7 +22,7 @@ namespace ptool::cli {
 namespace {
 
 struct PlanArgs {
-    std::string model, cluster, output, json, mixed_precision = "bfloat16";
+    std::string model, cluster, output, json, mixed_precision = "bfloat16", pipelines = "auto";
     bool verify = false;
     int world_size = 0, top = 5;
     double memory_cap_gib = 0;
@@ -106,6 +106,7 @@ int plan(const PlanArgs& a, const Common& common) {
     SearchOptions o;
     o.world_size = a.world_size;
     o.keep = a.top;
+    o.pipelines = a.pipelines;
     o.memory_cap = a.memory_cap_gib * (1ull << 30);
     if (a.mixed_precision != "none")
         o.param_dtype = dtype_name(parse_dtype(a.mixed_precision));
@@ -121,6 +122,7 @@ int plan(const PlanArgs& a, const Common& common) {
         a.model, cluster.name, r.world_size, format_bytes(static_cast<int64_t>(r.memory_cap)),
         dtype_name(r.compute), r.evaluated, seconds);
     if (!r.tp_unsupported.empty()) fmt::print("  no tensor parallelism: {}\n", r.tp_unsupported);
+    if (!r.pipelines_skipped.empty()) fmt::print("  pipelines not searched: {}\n", r.pipelines_skipped);
     std::vector<std::vector<std::string>> rows = {{"#", "mesh", "data parallel", "pipeline", "checkpoint",
                                                    "micro", "memory/GPU", "comm/step", "compute", "step",
                                                    "MFU"}};
@@ -226,6 +228,9 @@ void add_plan_command(CLI::App& app, Common& common, int& exit_code) {
                     "GiB per GPU for tensors (default: the cluster's memory less its reserve)")
         ->check(finite_number(0, 1 << 20, true));
     cmd->add_option("--top", a->top, "plans to list (default 5)")->transform(whole_number(1, 1 << 20));
+    cmd->add_option("--pipeline", a->pipelines,
+                    "search pipelines: auto (when fewer than --top dp x tp plans fit), always or never")
+        ->check(CLI::IsMember({"auto", "always", "never"}));
     cmd->add_option("--mixed-precision", a->mixed_precision,
                     "compute dtype (param_dtype) or none (default bfloat16)");
     cmd->add_option("-o,--output", a->output, "write the best plan as YAML")->check(output_path());

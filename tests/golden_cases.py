@@ -206,7 +206,7 @@ with tempfile.TemporaryDirectory() as tmp:
         ("mlp_stacked_adamw", "mlp_stacked_hsdp"), ("mlp_stacked_adamw", "mlp_stacked_hsdp_tp"))]
     pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
     check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")
-    cases += [(re.search(r"models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]
+    cases += [(re.search(r"(tests/data/)?models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]
     for model, plan in cases:
         tg = os.path.join(tmp, f"torch_{os.path.basename(plan)[:-5]}.safetensors")
         p = subprocess.run([sys.executable, "tools/torch_golden.py", model, plan, "-o", tg],

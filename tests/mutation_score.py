@@ -57,7 +57,7 @@ def cases():
         model = re.search(r"models/[a-z_0-9]*\.yaml", open(plan).read()).group(0)
         yield f"{ROOT}/{model}", plan
     for plan in sorted(glob.glob(f"{ROOT}/tests/data/pipeline/*.yaml")):  # each names its model in its header
-        model = re.search(r"models/[a-z_0-9]*\.yaml", open(plan).read()).group(0)
+        model = re.search(r"(tests/data/)?models/[a-z_0-9]*\.yaml", open(plan).read()).group(0)
         yield f"{ROOT}/{model}", plan
 
 

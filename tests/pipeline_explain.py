@@ -11,7 +11,8 @@ For every plan under tests/data/pipeline/ (each names its model in its header):
   round's; 1F1B: at most pp - s), and its pp rank's sends and receives per step (one per microbatch
   and boundary of the rank's stages; of two stages, one sends what the other receives);
 - with a cluster, every rank class's step is the schedule's critical path (the same for every
-  class), at least the class's own compute, with a bubble above 0;
+  class), at least the class's own compute, with a bubble above 0 where there are two pp ranks or
+  more;
 - the documents match docs/schema/.
 """
 import glob
@@ -33,7 +34,7 @@ CLUSTER = f"{ROOT}/clusters/cpu_local.yaml"
 
 
 def model_of(plan):
-    return f"{ROOT}/" + re.search(r"models/[a-z_0-9]+\.yaml", open(plan).read()).group(0)
+    return f"{ROOT}/" + re.search(r"(tests/data/)?models/[a-z_0-9]+\.yaml", open(plan).read()).group(0)
 
 
 check(len(PLANS) >= 4, f"tests/data/pipeline has {len(PLANS)} plans")
@@ -92,7 +93,7 @@ with tempfile.TemporaryDirectory() as tmp:
             check(a["send_bytes"] == b["recv_bytes"] and a["recv_bytes"] == b["send_bytes"],
                   f"{name}: stage 0 sends {a['send_bytes']} B, receives {a['recv_bytes']} B; stage 1 receives "
                   f"{b['recv_bytes']} B, sends {b['send_bytes']} B")
-        check(abs(pipe["bubble_closed_form"] - (n - 1) / (pipe["virtual_stages"] * m)) < 1e-12,
+        check(abs(pipe["bubble_closed_form"] - (pp - 1) / (pipe["virtual_stages"] * m)) < 1e-12,
               f"{name}: closed form {pipe['bubble_closed_form']}")
 
         times = e.get("time", [])
@@ -100,7 +101,7 @@ with tempfile.TemporaryDirectory() as tmp:
         steps = {round(t["step_seconds"], 15) for t in times}
         check(len(steps) == 1, f"{name}: the classes' steps differ: {steps}")
         for t in times:
-            check(t["pipeline_seconds"] >= t["compute_seconds"] and t["bubble"] > 0
+            check(t["pipeline_seconds"] >= t["compute_seconds"] and (t["bubble"] > 0 or pp == 1)
                   and t["step_seconds"] >= t["pipeline_seconds"],
                   f"{name} ranks {t['ranks']}: pipeline {t['pipeline_seconds']} s, compute {t['compute_seconds']} s, "
                   f"step {t['step_seconds']} s, bubble {t['bubble']}")

@@ -97,6 +97,10 @@ void time_pipeline(std::vector<StepTime>& times, const std::vector<PredictedRank
         PTOOL_REQUIRE(first || list.size() == acts.size(), "pp rank {}'s classes ran {} and {} actions", r,
                       list.size(), acts.size());
         if (first) list.resize(acts.size());
+        MetaWork outside = pr.sim.step_work;  // the step's work outside its actions (zero_grad, casts)
+        for (const ActionWork& aw : acts)
+            outside.gemm_flops -= aw.work.gemm_flops, outside.memory_bytes -= aw.work.memory_bytes;
+        bool first_compute = true;
         for (size_t i = 0; i < acts.size(); ++i) {
             const ActionWork& aw = acts[i];
             std::vector<double> seconds(aw.actions.size());
@@ -111,6 +115,7 @@ void time_pipeline(std::vector<StepTime>& times, const std::vector<PredictedRank
                 StepTime t;
                 add_comm_time(t, aw.comm, plan, c);
                 seconds[0] = compute_seconds(aw.work, c, compute) + t.blocking;
+                if (first_compute) seconds[0] += compute_seconds(outside, c, compute), first_compute = false;
             }
             if (first) list[i].actions = aw.actions, list[i].seconds = seconds;
             for (size_t k = 0; k < seconds.size(); ++k)  // the slowest class of the stage

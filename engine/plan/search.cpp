@@ -125,6 +125,15 @@ public:
         for (const Candidate& c : r_.fitting) steps.push_back(c.time.step);
         std::sort(steps.begin(), steps.end());
         const double kept = o_.keep > 0 && static_cast<int>(steps.size()) >= o_.keep ? steps[o_.keep - 1] : 0;
+        if (o_.pipelines == "never" || (o_.pipelines == "auto" && kept > 0 && !piped.empty())) {
+            if (!piped.empty())
+                r_.pipelines_skipped = o_.pipelines == "never"
+                                           ? std::string("--pipeline never")
+                                           : fmt::format("{} dp x tp plans fit, as many as listed (--pipeline always "
+                                                         "searches them too)",
+                                                         steps.size());
+            piped.clear();
+        }
         std::vector<PlanChoice> worth;
         for (PlanChoice& c : piped) {
             double compute = 0;  // the fastest compute of a fitting dp x tp plan over the same ranks
@@ -478,7 +487,7 @@ private:
             return;
         }
         const PipelineTiming t =
-            time_schedule(pipeline_schedule(kind, stages, m, static_cast<int>(rounds)), costs);
+            time_schedule(pipeline_schedule(kind, stages, m, static_cast<int>(rounds), base.virtual_stages), costs);
         double flops = 0;  // the model FLOPs of a rank, averaged over the pp ranks
         for (int s = 0; s < stages; ++s)
             flops += (costs.forward_flops[s] + costs.backward_flops[s]) * m * rounds;

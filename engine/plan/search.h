@@ -32,6 +32,10 @@ struct SearchOptions {
     // Pipelines are simulated where they could rank among this many fastest plans (ptool plan's
     // --top; 0: every pipeline)
     int keep = 5;
+    // auto: pipelines are searched when fewer than `keep` dp x tp plans fit (a pipeline adds a
+    // bubble and stages to balance: proposed where the model needs it, as Megatron's guidance
+    // reaches for pp once tp fills a node); always; never
+    std::string pipelines = "auto";
     unsigned threads = 0;  // 0: one per core
 };
 
@@ -53,6 +57,7 @@ struct Rejection {
 };
 
 struct SearchResult {
+    std::string pipelines_skipped;  // why pipelines were not searched ("" when they were)
     std::vector<Candidate> fitting;  // fastest first
     std::vector<Rejection> rejected;
     int evaluated = 0;           // candidates simulated
