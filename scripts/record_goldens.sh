@@ -13,3 +13,10 @@ for plan in plans/*.yaml; do
     model=$(grep -o -m1 'models/[a-z_0-9]*\.yaml' "$plan") || { echo "$plan names no model" >&2; exit 2; }
     "$ptool" golden record "$model" "$plan" -o "golden/$name.safetensors" --force
 done
+# the pipeline plans (tests/data/pipeline), each against its one-device reference with the same
+# microbatches: golden/pipeline_NAME
+for plan in tests/data/pipeline/*.yaml; do
+    name=$(basename "$plan" .yaml)
+    model=$(grep -o -m1 '\(tests/data/\)\?models/[a-z_0-9]*\.yaml' "$plan") || { echo "$plan names no model" >&2; exit 2; }
+    "$ptool" golden record "$model" "$plan" -o "golden/pipeline_$name.safetensors" --force
+done

@@ -99,8 +99,8 @@ TEST_CASE("pipeline time: interleaved 1F1B at uniform stages", "[cpu][pipeline_t
                 // a rank's work per microbatch is 1 + 2 split over its v stages
                 const Schedule s = pipeline_schedule(ScheduleKind::interleaved_one_f_one_b, p * v, m, 1, v);
                 const PipelineTiming t = pipeline_critical_path(timed(s, 1.0 / v, 2.0 / v, 0.0));
-                const PipelineTiming one =
-                    pipeline_critical_path(timed(pipeline_schedule(ScheduleKind::one_f_one_b, p, m), 1.0, 2.0, 0.0));
+                const PipelineTiming one = pipeline_critical_path(
+                    timed(pipeline_schedule(ScheduleKind::one_f_one_b, p, m), 1.0, 2.0, 0.0));
                 INFO("p " << p << " v " << v << " m " << m << ": bubble " << t.bubble);
                 for (double busy : t.busy) CHECK(busy == Approx(3.0 * m));
                 CHECK(t.bubble == Approx(static_cast<double>(p - 1) / (v * m)));

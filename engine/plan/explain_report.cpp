@@ -45,7 +45,8 @@ void explain_stages(ExplainReport& r) {
     for_each_module(*r.model.root, [&](const std::string& fqn, Module& m) { names.emplace(&m, fqn); });
     const int pp_dim = plan.dims.index(DimRole::pp), p = plan.mesh()[pp_dim].size;
     const int m = plan.microbatches_per_round(), rounds = static_cast<int>(r.model.gradient_accumulation);
-    const Schedule schedule = pipeline_schedule(spec.schedule, plan.pipeline_stages(), m, rounds, spec.virtual_stages);
+    const Schedule schedule =
+        pipeline_schedule(spec.schedule, plan.pipeline_stages(), m, rounds, spec.virtual_stages);
     for (size_t s = 0; s < ranges.size(); ++s) {
         StageExplain st;
         st.stage = static_cast<int>(s);

@@ -129,9 +129,10 @@ public:
             if (!piped.empty())
                 r_.pipelines_skipped = o_.pipelines == "never"
                                            ? std::string("--pipeline never")
-                                           : fmt::format("{} dp x tp plans fit, as many as listed (--pipeline always "
-                                                         "searches them too)",
-                                                         steps.size());
+                                           : fmt::format(
+                                                 "{} dp x tp plans fit, as many as listed (--pipeline always "
+                                                 "searches them too)",
+                                                 steps.size());
             piped.clear();
         }
         std::vector<PlanChoice> worth;
@@ -408,10 +409,12 @@ private:
         }
         const ScheduleKind kind =
             base.virtual_stages > 1 ? ScheduleKind::interleaved_one_f_one_b : ScheduleKind::one_f_one_b;
-        // Sampled with the fewest microbatches the schedule takes, each of the same rows: a stage
-        // holds min(pp - s, m) of them at once, so its peak, its per-microbatch costs and its tail
-        // are the same, and the simulation costs m_min / m of it.
-        const int sampled = std::min(m, base.pp);
+        // Sampled with the fewest microbatches that reach the schedule's steady state, each of the
+        // same rows: a 1F1B stage holds min(pp - s, m) of them at once, so its peak, its
+        // per-microbatch costs and its tail are the same, and the simulation costs m_min / m of it.
+        // (interleaved's warm-up runs up to (v - 1) pp + 2 (pp - 1) forwards on rank 0, then its
+        // steady state adds one before each backward: 2 pp microbatches reach it, pp do not)
+        const int sampled = std::min(m, base.virtual_stages > 1 ? 2 * base.pp : base.pp);
         const int64_t sampled_rows = rows_ / m * sampled;
         PipelineSample at[2];
         const double prefetch = base.dp_mode == "fully_shard" && base.dp > 1 ? block_unsharded_ / base.tp : 0;
@@ -486,8 +489,8 @@ private:
                                    worst - costs.peak.begin(), gib(cand.peak), gib(r_.memory_cap), m)};
             return;
         }
-        const PipelineTiming t =
-            time_schedule(pipeline_schedule(kind, stages, m, static_cast<int>(rounds), base.virtual_stages), costs);
+        const PipelineTiming t = time_schedule(
+            pipeline_schedule(kind, stages, m, static_cast<int>(rounds), base.virtual_stages), costs);
         double flops = 0;  // the model FLOPs of a rank, averaged over the pp ranks
         for (int s = 0; s < stages; ++s)
             flops += (costs.forward_flops[s] + costs.backward_flops[s]) * m * rounds;

@@ -57,7 +57,7 @@ struct Rejection {
 };
 
 struct SearchResult {
-    std::string pipelines_skipped;  // why pipelines were not searched ("" when they were)
+    std::string pipelines_skipped;   // why pipelines were not searched ("" when they were)
     std::vector<Candidate> fitting;  // fastest first
     std::vector<Rejection> rejected;
     int evaluated = 0;           // candidates simulated
