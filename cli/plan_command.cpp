@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -61,16 +62,21 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
 
 // The best plan on a proxy of the model (plan/shrink.h), verified here: exit code as verify's.
 int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& common) {
-    if (best.choice.pp > 1)  // ptool shrink keeps 2 blocks a repeat: fewer than the stages
-        throw InputError(
-            fmt::format("--verify: the best plan pipelines over {} stages, and a pipeline's proxy is "
-                        "not built yet (ptool shrink keeps 2 blocks); verify it with `ptool verify` on a "
-                        "model of as many blocks",
-                        best.choice.pp * best.choice.virtual_stages));
     const TempDir tmp("ptool-plan");  // removed at the end, and on SIGINT, SIGTERM or SIGHUP
     const std::string& dir = tmp.path();
-    const std::string plan_path = a.output.empty() ? dir + "/plan.yaml" : a.output;
+    std::string plan_path = a.output.empty() ? dir + "/plan.yaml" : a.output;
     if (a.output.empty()) write_file(plan_path, best.plan_text, true);
+    if (best.choice.pp > 1) {  // the proxy has a block per stage: the same stages, schedule and microbatches
+        std::istringstream in(best.plan_text);
+        std::string text, line;
+        while (std::getline(in, line))
+            text += (line.rfind("  split_points:", 0) == 0 || line.rfind("  layers_per_stage:", 0) == 0
+                         ? std::string("  layers_per_stage: 1")
+                         : line) +
+                    "\n";
+        plan_path = dir + "/proxy_plan.yaml";
+        write_file(plan_path, text, true);
+    }
     std::string model_text = read_file(a.model, YamlLimits{}.max_bytes);
     if (best.microbatches != best.model_microbatches) {  // the proxy runs the accumulation the plan needs
         const std::string tmp_model = dir + "/model.yaml";

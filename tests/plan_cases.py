@@ -209,6 +209,19 @@ with tempfile.TemporaryDirectory() as tmp:
         proxies += 1
     m = re.search(r"exit 0 or 1, (\d+) plans\)", open(f"{ROOT}/docs/planning.md").read())
     check(proxies >= 35 and m and int(m.group(1)) == proxies, f"{proxies} proxies; docs/planning.md says {m and m.group(0)!r}")
+    # a planned pipeline's proxy keeps its stages (a block each), schedule and microbatches: the
+    # interleaved and 1F1B ones the planner proposed for Llama 3 8B on 16 H100s verify PASS there
+    for schedule in ("1f1b", "interleaved_1f1b"):
+        c = next((c for c in piped if c["pipeline"]["schedule"] == schedule and c["mode"] == "fully_shard"), None)
+        if not check(c is not None, f"no fully_shard {schedule} plan for llama3_8b on 16 H100s"):
+            continue
+        plan, proxy = os.path.join(tmp, "pp_proxy_plan.yaml"), os.path.join(tmp, "pp_proxy.yaml")
+        open(plan, "w").write(re.sub(r"  (split_points|layers_per_stage): .*", "  layers_per_stage: 1", c["plan"]))
+        rc, out = run("shrink", m8, plan, "-o", proxy)
+        if not check(rc == 0 and f"pp={c['pipeline']['pp']}" in open(proxy).read(), f"shrink of a {schedule} plan: exit {rc}\n{out}"):
+            continue
+        rc, out = run("verify", proxy, plan, "-q")
+        check(rc == 0 and "PASS" in out and "send x" in out, f"the {schedule} plan's proxy: exit {rc}\n{out[-2000:]}")
     rc, out = run("plan", f"{ROOT}/models/scale/llama3_70b.yaml", "--cluster", H100, "--verify")
     check(rc == 0 and "PASS" in out and "verifying the best plan on a proxy" in out, f"plan --verify of the 70B: exit {rc}\n{out[-3000:]}")
 check.finish()

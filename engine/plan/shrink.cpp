@@ -91,13 +91,18 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
         last = size[v];
     }
 
+    // a pipeline keeps a block per stage (its plan's stages then cut one block each: layers_per_stage
+    // 1, as ptool plan --verify writes it) and whole microbatches of 2 rows per data rank
+    const int64_t stages = plan.pipeline ? plan.pipeline_stages() : 1,
+                  blocks = plan.pipeline ? std::max<int64_t>(2, stages) : 2,
+                  per_round = plan.pipeline ? plan.microbatches_per_round() : 1;
     for_each_module(doc["modules"], [&](YAML::Node m) {
         const ShrinkKeys k = keys_of(m);
-        if (!k.count.empty() && m[k.count] && as_int(m[k.count]) > 2) m[k.count] = 2;
+        if (!k.count.empty() && m[k.count] && as_int(m[k.count]) > blocks) m[k.count] = blocks;
         for (const std::string& key : k.sizes)
             if (m[key] && m[key].IsScalar()) m[key] = size.at(as_int(m[key]));
     });
-    const int64_t rows = dp * mb * 2;
+    const int64_t rows = dp * mb * per_round * 2;
     YAML::Node shape = tokens ? input["tokens"] : input;
     YAML::Node shrunk(YAML::NodeType::Sequence);
     shrunk.SetStyle(YAML::EmitterStyle::Flow);
@@ -121,9 +126,10 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     YAML::Emitter e;
     e << doc;
     return fmt::format(
-        "# A proxy of {} for a plan of tp={} dp={} (ptool shrink; docs/planning.md): the same modules and\n"
-        "# names, at most 2 blocks per repeat, sizes that still split as the plan splits them.\n{}\n",
-        yaml_comment(name), tp, dp, e.c_str());
+        "# A proxy of {} for a plan of tp={} dp={}{} (ptool shrink; docs/planning.md): the same modules\n"
+        "# and names, at most {} blocks per repeat, sizes that still split as the plan splits them.\n{}\n",
+        yaml_comment(name), tp, dp, plan.pipeline ? fmt::format(" pp={} ({} stages)", plan.dims.size(DimRole::pp), stages) : "",
+        blocks, e.c_str());
 }
 
 }  // namespace ptool

@@ -10,6 +10,9 @@
 //              first, becomes lcm(tp, 8) x k, so equal sizes stay equal and every size divides by tp
 //   batch: rows = dp x gradient_accumulation x 2; tokens' sequence (or a float input's middle dims)
 //              2 x tp; the last dim of a float input as the sizes above
+// A pipeline plan's proxy keeps one block per stage (at least 2) and rows for the plan's
+// microbatches, 2 rows each per data rank; its stages are then cut one block each (layers_per_stage
+// 1: ptool plan --verify rewrites the plan so), the stage count and schedule kept.
 // Numbers change, structure and divisibility do not: a proxy that passes says the plan computes
 // what the single-device model computes, not that the real model fits (ptool plan's memory says).
 #pragma once

@@ -135,6 +135,19 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         res_.dp = resolve_data_parallel(model_, plan, unused, unused);
         executed_dp_ = layer ? layer->data_parallel(res_.dp) : res_.dp;
         data_parallel_ = std::make_unique<DataParallel>(model_, plan, executed_dp_, *mesh_, *batch_, be_);
+        // A stage runs its spine modules, not the root that opens them: where the root is a
+        // fully_shard unit of parameters the stage holds (the embedding on the first stage, the
+        // norm and head on the last), its hooks run around the stage, as torchtitan's fully_shard
+        // of each stage's model chunk gathers and reduce-scatters them.
+        std::set<const Parameter*> rooted;
+        const auto named = model_.named_parameters();
+        for (const FsdpUnitSpec& u : executed_dp_.units)
+            if (u.fqn.empty())
+                for (const auto& [name, p] : named)
+                    if (std::find(u.params.begin(), u.params.end(), name) != u.params.end()) rooted.insert(p.get());
+        for (Held& h : held_)
+            for (const Module* m : h.modules)
+                for_each_param(*m, [&](const std::string&, const ParamPtr& p) { h.root_hooks |= rooted.count(p.get()) > 0; });
     }
     if (plan.mixed_precision && (plan.mixed_precision->param_dtype != model_.dtype)) {
         if (!plan.data_parallel)
@@ -319,7 +332,9 @@ void Run::forward(StepState& st, int s, int m) {
         f.x = std::move(it->second);
         st.received.erase(it);
     }
-    f.y = stages_ == 1 ? model_.root->forward(f.ctx, f.x) : stage_forward(f.ctx, held(s).modules, f.x);
+    f.y = stages_ == 1 ? model_.root->forward(f.ctx, f.x)
+                       : stage_forward(f.ctx, held(s).modules, f.x,
+                                       held(s).root_hooks ? model_.root.get() : nullptr);
     if (s + 1 < stages_) {  // sent on (or handed to the next stage here); its gradient comes back
         if (!schedule_.sends_output(s)) st.received[{s + 1, m}] = f.y;
         return;
@@ -362,7 +377,8 @@ void Run::backward(StepState& st, int s, int m) {
         MemoryUseScope use(MemoryUse::activations);
         if (stages_ == 1)
             model_.root->backward(f.ctx, f.dy);
-        else if (Placed dx = stage_backward(f.ctx, held(s).modules, f.dy);
+        else if (Placed dx = stage_backward(f.ctx, held(s).modules, f.dy,
+                                            held(s).root_hooks ? model_.root.get() : nullptr);
                  s > 0 && schedule_.receives_input(s))
             st.to_send_back[{s, m}] = std::move(dx);
         else if (s > 0)  // the stage before is on this rank: handed back

@@ -204,6 +204,7 @@ private:
         int index = 0;
         std::vector<Module*> modules;
         Layout in, out;
+        bool root_hooks = false;  // the root's (fully_shard unit's) hooks run around the stage
     };
     std::vector<Held> held_;  // in increasing stage order
     // each parameter's index in the whole model's parameter order: clip_gradients sums the stages'

@@ -115,15 +115,19 @@ void keep_stages(Model& model, const std::vector<Module*>& spine, const std::vec
     prune(*model.root, kept);
 }
 
-Placed stage_forward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& x) {
-    Placed h = x;
+Placed stage_forward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& x, Module* around) {
+    const ModuleHooks* hooks = around ? around->hooks().get() : nullptr;
+    Placed h = hooks ? around->hooks()->pre_forward(ctx, *around, x) : x;
     for (Module* m : modules) h = m->forward(ctx, h);
-    return h;
+    return hooks ? around->hooks()->post_forward(ctx, *around, h) : h;
 }
 
-Placed stage_backward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& dy) {
-    Placed d = dy;
+Placed stage_backward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& dy, Module* around) {
+    const ModuleHooks* hooks = around ? around->hooks().get() : nullptr;
+    Placed d = hooks ? around->hooks()->post_forward_backward(ctx, *around, dy) : dy;
     for (auto it = modules.rbegin(); it != modules.rend(); ++it) d = (*it)->backward(ctx, d);
+    if (hooks && d.defined()) d = around->hooks()->pre_forward_backward(ctx, *around, d);
+    if (hooks) around->hooks()->post_backward(ctx, *around);
     return d;
 }
 
