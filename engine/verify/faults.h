@@ -124,7 +124,8 @@ inline constexpr FaultClass kFaultClasses[] = {
      "a weight tied across stages of two or more pp ranks: its gradients are not summed over the ranks "
      "that hold it (uses on stages of one rank share its one parameter)"},
     {FaultKind::pp_clip_stage_norm, "pp_clip_stage_norm", FaultSection::pipeline, "*",
-     "clip_grad_norm clips each stage by its own gradients' norm (the squares not gathered over pp)"},
+     "clip_grad_norm clips each stage by its own gradients' norm (the squares not gathered over pp; "
+     "under interleaved_1f1b each pp rank's stages by theirs)"},
     {FaultKind::pp_stage_sync_skipped, "pp_stage_sync_skipped", FaultSection::pipeline, "STAGE",
      "the stage's DDP all_reduces / FSDP reduce_scatters of its gradients are skipped (a bucket or unit "
      "that holds them, whole: under interleaved_1f1b a rank's buckets may hold its other stages' too)"},
