@@ -32,8 +32,13 @@ stage S or a parameter of one:
                          spreads one stage's scale over every gradient: any step-0 gradient or norm)
   pp_wrong_activation    first divergence is a step-0 forward in stage S+1 (the receiver)
   pp_stale_activation    first divergence is a step-0 backward or gradient in stage S
-  pp_detached_input      first divergence is a step-0 backward in stage S-1 (the zeros' receiver)
+  pp_detached_input      first divergence is a step-0 backward or gradient in stage S-1 (the zeros'
+                         receiver; a stage of an embedding alone has no input gradient to show them)
   pp_tied_unsynced       first divergence is the tied weight's step-0 gradient
+Under interleaved_1f1b a plan has pp x virtual_stages stages, stage s on pp rank s mod pp: STAGE is
+the stage's index. The send faults (pp_wrong_activation, pp_detached_input) are not run across a
+boundary inside one rank (pp 1: the stages hand over in memory, no send), nor pp_tied_unsynced on
+a weight whose stages are all on one rank (they share its one parameter: there is no group).
   pp_clip_stage_norm     first divergence is a step-0 gradient or the step-0 gradient norm
   pp_stage_sync_skipped  a step-0 gradient of stage S fails
 """
@@ -171,7 +176,14 @@ def pipeline_mutants(ex, model, plan, grad_fails):
     pipe = p.get("pipeline_parallel")
     if pipe is None:
         return
-    stages = p["mesh"][pipe.get("mesh_dim", "pp")]
+    # interleaved_1f1b: virtual_stages (2 unless given) stages per pp rank, stage s on rank s mod pp.
+    # A fault's STAGE is the stage's index, as the reports and explain number stages
+    pp = p["mesh"][pipe.get("mesh_dim", "pp")]
+    stages = pp * pipe.get("virtual_stages", 2 if pipe.get("schedule") == "interleaved_1f1b" else 1)
+
+    def rank_of(s):
+        return s % pp
+
     order = [c["fqn"] for c in ex["calls"]]
 
     def pos(fqn):  # where a module's subtree is first called
@@ -215,16 +227,22 @@ def pipeline_mutants(ex, model, plan, grad_fails):
         mine = [q for q in params if stage_of(q) == s]
         yield ("pp_grad_scaled_twice", f"pp_grad_scaled_twice:{s}",
                (lambda r: "first divergence: step 0 gradient" in r["localisation"]) if clipped else at("gradient of", s))
-        if s + 1 < stages:
+        # the send faults break a p2p send: where two consecutive stages live on one rank (pp 1
+        # under interleaved_1f1b) the output is handed on in memory, and no send carries it
+        if s + 1 < stages and rank_of(s + 1) != rank_of(s):
             yield ("pp_wrong_activation", f"pp_wrong_activation:{s}", at("forward", s + 1))
-        if s > 0:
+        if s > 0:  # the stage's saved input: a hook on its first module, received or handed on
             yield ("pp_stale_activation", f"pp_stale_activation:{s}",
                    lambda r, s=s: at("backward", s)(r) or at("gradient of", s)(r))
-            yield ("pp_detached_input", f"pp_detached_input:{s}", at("backward", s - 1))
+        if s > 0 and rank_of(s - 1) != rank_of(s):
+            # the receiver's backward; a stage of an embedding alone (its input the tokens) computes
+            # no input gradient, and the zeros first show in its weight's gradient
+            yield ("pp_detached_input", f"pp_detached_input:{s}",
+                   lambda r, s=s: at("backward", s - 1)(r) or at("gradient of", s - 1)(r))
         if p.get("data_parallel") and mine:
             yield ("pp_stage_sync_skipped", f"pp_stage_sync_skipped:{s}", grad_fails(*mine))
-    for q, holders in tied.items():  # tied across stages
-        if len(holders) > 1:
+    for q, holders in tied.items():  # tied across stages of two or more ranks (uses on stages of one
+        if len({rank_of(h) for h in holders}) > 1:  # rank share its one parameter: no group to skip)
             yield ("pp_tied_unsynced", f"pp_tied_unsynced:{q}",
                    lambda r, q=q: f"first divergence: step 0 gradient of `{q}`" in r["localisation"])
     if clipped:

@@ -78,6 +78,12 @@ FAULTS = [
     ("mlp8_pp2_v2_ddp.yaml", "skip_bucket:*", "grad.layers."),
     ("gpt2_tied_pp2_v2.yaml", "tied_grad:*", "step0."),
     ("mlp8_pp2_v2_dp2_tp2_fsdp.yaml", "skip_reduce_scatter:layers.4", "layers.4."),
+    # interleaved: a pipeline fault acts on the stage it names, not on the rest of its rank's
+    # (stage 1 of 8 on pp rank 1, which also holds stage 5; stage 2 of 4 on rank 0 beside stage 0)
+    ("mlp8_pp4_v2.yaml", "pp_wrong_activation:1", "first divergence: step 0 forward `layers.2."),
+    ("mlp8_pp4_v2.yaml", "pp_stale_activation:5", "first divergence: step 0 gradient of `layers.5."),
+    ("mlp8_pp2_v2_ddp.yaml", "pp_grad_scaled_twice:2", "first divergence: step 0 gradient of `layers.4."),
+    ("mlp8_pp2_v2_dp2_tp2_fsdp.yaml", "pp_stage_sync_skipped:3", "first divergence: step 0 gradient of `layers.6."),
 ]
 for plan, fault, names in FAULTS:
     rc, text, rep = verify(f"{ROOT}/tests/data/pipeline/{plan}", env={"PTOOL_FAULT": fault})

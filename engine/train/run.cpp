@@ -106,6 +106,11 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     res_ = resolve_plan(model_, plan);  // the whole model's (a stage's boundary layouts come from it)
     stage_comm_ = &world_, stage_dims_ = plan.mesh();
     if (plan.pipeline) keep_own_stage();
+    if (layer && plan.pipeline) {
+        std::vector<std::pair<int, std::vector<Module*>>> stages;
+        for (const Held& h : held_) stages.emplace_back(h.index, h.modules);
+        layer->held_stages(stages);
+    }
     for (const Module* m : res_.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
     const bool own = builds_own_shards(in, plan, layer);
     if (draws_init(in)) {

@@ -46,6 +46,10 @@ public:
     // but each rank still draws its own shard from the full tensor).
     virtual bool needs_full_parameters() const { return false; }
     virtual void wrap_mesh(DeviceMesh&, const Plan&) {}
+    // A pipeline rank's stages once it keeps only its own, before the parameters are distributed:
+    // each stage's index and its spine modules in order (one stage; virtual_stages of them under
+    // interleaved_1f1b, stage s on pp rank s mod pp). Not called without a pipeline.
+    virtual void held_stages(const std::vector<std::pair<int, std::vector<Module*>>>& /*stages*/) {}
     // Before the styles distribute the parameters (they are whole here).
     virtual void before_parallelize(const Model&, const Resolution&) {}
     // After the styles are installed: parameters and hooks as parallelize left them.

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "core/tensor_ops.h"
-#include "train/stage.h"
 
 namespace ptool {
 namespace {
@@ -134,12 +134,30 @@ private:
     std::map<int, Tensor> clean_, used_;  // per microbatch: its input as received, and the buffer computed on
 };
 
-// Where a communicator of the fault layer's sits: this rank's pipeline stage (-1: no pipeline) and
-// whether it is the pp dim's.
-struct CommPlace {
-    int stage = -1;
-    bool pp = false;
+// pp_stage_sync_skipped: the fault's pipeline stage as this rank holds it (nothing where the rank
+// does not hold it): its parameters' FQNs, and the DDP buckets (root -> bucket K) and fully_shard
+// units that hold one of them. Under interleaved_1f1b a rank's buckets and units may hold several
+// stages' parameters: a bucket of the stage's is skipped whole.
+struct StageParams {
+    std::set<const Parameter*> held;  // the stage's parameters (their objects: the names come later)
+    std::set<std::string> params;
+    std::map<std::string, std::vector<bool>> buckets;
+    std::set<std::string> units;
 };
+
+// A send's or receive's tag taken apart (train/schedule.h's p2p_tag: 2 * Cantor(microbatch,
+// boundary) + direction, boundary b between stages b and b + 1).
+struct P2PTagParts {
+    int microbatch = 0, boundary = 0;
+    bool forward = true;  // an activation (else a gradient)
+};
+P2PTagParts p2p_tag_parts(int tag) {
+    const int64_t pair = tag / 2;
+    int64_t w = 0;  // the largest w with w (w + 1) / 2 <= pair
+    while ((w + 1) * (w + 2) / 2 <= pair) ++w;
+    const int64_t b = pair - w * (w + 1) / 2;
+    return {static_cast<int>(w - b), static_cast<int>(b), tag % 2 == 0};
+}
 
 // A mesh dim's communicator with the collectives of one scope broken. The scope is the counter's
 // module and site (comm/comm_stats.h), which the parallel code sets around its collectives.
@@ -147,16 +165,16 @@ class FaultComm final : public Communicator {
 public:
     using Buckets =
         std::map<std::string, std::vector<std::string>>;  // root -> bucket K -> the fault's parameter or ""
-    FaultComm(std::unique_ptr<Communicator> inner, Fault fault, const Buckets& buckets, CommPlace place = {})
-        : inner_(std::move(inner)), fault_(std::move(fault)), buckets_(buckets), place_(place) {
+    FaultComm(std::unique_ptr<Communicator> inner, Fault fault, const Buckets& buckets,
+              const StageParams& stage, bool pp = false)
+        : inner_(std::move(inner)), fault_(std::move(fault)), buckets_(buckets), stage_(stage), pp_(pp) {
         set_counter(inner_->counter(), "");  // the inner communicator counts
     }
     int rank() const override { return inner_->rank(); }
     int size() const override { return inner_->size(); }
     std::string backend() const override { return inner_->backend(); }
     void all_gather(const Tensor& in, Tensor& out) override {
-        if (fault_.is(FaultKind::pp_clip_stage_norm) && place_.pp &&
-            site().is(CommSiteKind::clip_grad_norm) &&
+        if (fault_.is(FaultKind::pp_clip_stage_norm) && pp_ && site().is(CommSiteKind::clip_grad_norm) &&
             in.dtype() == DType::float64) {  // the squares (not their counts): this stage's only
             inner_->all_gather(in, out);
             for (int64_t i = 0; i < out.numel(); ++i) out.set(i, i < in.numel() ? in.item(i) : 0.0);
@@ -178,8 +196,7 @@ public:
             return;  // each rank keeps its own
         if (fault_.is(FaultKind::pp_tied_unsynced) && site().is(CommSiteKind::tied_weights))
             return;  // each stage keeps the part its own use contributed
-        if (skips_stage_sync() && (site().is(CommSiteKind::bucket) || site().is(CommSiteKind::reduce_grads)))
-            return;
+        if (skips_stage_sync()) return;
         if (site().is(CommSiteKind::bucket)) {
             if (skips_bucket()) return;
             if (fault_.hits(FaultKind::grad_sum, module())) op = ReduceOp::sum;
@@ -211,8 +228,14 @@ public:
 private:
     std::string module() const { return counter() ? counter()->module() : ""; }
     CommSite site() const { return counter() ? counter()->site() : CommSite{}; }
-    bool skips_stage_sync() const {
-        return fault_.hits_stage(FaultKind::pp_stage_sync_skipped, place_.stage);
+    bool skips_stage_sync() const {  // a bucket or fully_shard unit that holds the fault stage's gradients
+        if (!fault_.is(FaultKind::pp_stage_sync_skipped)) return false;
+        if (site().is(CommSiteKind::reduce_grads)) return stage_.units.count(module()) > 0;
+        if (!site().is(CommSiteKind::bucket)) return false;
+        auto it = stage_.buckets.find(module());
+        const int k = site().bucket;
+        return it != stage_.buckets.end() && k >= 0 && static_cast<size_t>(k) < it->second.size() &&
+               it->second[static_cast<size_t>(k)];
     }
     bool skips_bucket() const {  // bucket K of module ROOT holds the fault's parameter
         if (!fault_.is(FaultKind::skip_bucket)) return false;
@@ -223,30 +246,35 @@ private:
     }
     std::unique_ptr<Communicator> inner_;
     Fault fault_;
-    const Buckets& buckets_;  // the layer's, filled once data parallelism is resolved
-    CommPlace place_;
+    const Buckets& buckets_;    // the layer's, filled once data parallelism is resolved
+    const StageParams& stage_;  // the layer's, filled once data parallelism is resolved
+    bool pp_ = false;           // the pp dim's communicator
     std::map<std::string, Tensor> stale_;
-    std::map<int, Tensor> sent_;  // pp_wrong_activation: the activations sent, by microbatch
+    std::map<std::pair<int, int>, Tensor>
+        sent_;  // pp_wrong_activation: the activations sent, by (boundary, microbatch)
 };
 
-// The pp dim's sends (train/schedule.h's p2p_tag: 2m for microbatch m's activation, 2m + 1 for
-// its gradient): pp_wrong_activation sends microbatch m-1's activation again for m's;
-// pp_detached_input sends zeros for the input's gradient.
+// The pp dim's sends, each known by its tag (the microbatch and the boundary it crosses): stage S's
+// are its activations over boundary S and its input's gradients over boundary S - 1 (a rank under
+// interleaved_1f1b sends for several stages). pp_wrong_activation:S sends microbatch m-1's
+// activation again for m's; pp_detached_input:S sends zeros for the input's gradient. A boundary
+// between two stages of one rank has no send (the stages hand over in memory): not hit.
 void FaultComm::batch_isend_irecv(const std::vector<P2POp>& ops) {
-    const bool wrong = place_.pp && fault_.hits_stage(FaultKind::pp_wrong_activation, place_.stage);
-    const bool detached = place_.pp && fault_.hits_stage(FaultKind::pp_detached_input, place_.stage);
+    const bool wrong = pp_ && fault_.is(FaultKind::pp_wrong_activation);
+    const bool detached = pp_ && fault_.is(FaultKind::pp_detached_input);
     if (!wrong && !detached) return inner_->batch_isend_irecv(ops);
     std::vector<P2POp> out = ops;
     std::vector<Tensor> zeros;
     zeros.reserve(ops.size());
     for (P2POp& op : out) {
         if (op.kind != P2POp::Kind::send) continue;
-        const int m = op.tag / 2;
-        if (wrong && op.tag % 2 == 0) {
-            if (m == 0) sent_.clear();  // a step's first
-            sent_[m] = op.tensor->clone();
-            if (auto before = sent_.find(m - 1); before != sent_.end()) op.tensor = &before->second;
-        } else if (detached && op.tag % 2 == 1) {
+        const P2PTagParts t = p2p_tag_parts(op.tag);
+        const int m = t.microbatch, sender = t.forward ? t.boundary : t.boundary + 1;
+        if (wrong && t.forward && fault_.hits_stage(FaultKind::pp_wrong_activation, sender)) {
+            sent_[{t.boundary, m}] = op.tensor->clone();  // (a step's microbatch 0 has none before it)
+            if (auto before = sent_.find({t.boundary, m - 1}); before != sent_.end())
+                op.tensor = &before->second;
+        } else if (detached && !t.forward && fault_.hits_stage(FaultKind::pp_detached_input, sender)) {
             zeros.push_back(op.tensor->clone());
             backend_for(zeros.back().device()).fill(zeros.back(), 0.0);
             op.tensor = &zeros.back();
@@ -264,7 +292,6 @@ public:
     void wrap_mesh(DeviceMesh& mesh, const Plan& plan) override {
         plan_ = &plan;
         const int pp = plan.pipeline && plan.dims.has(DimRole::pp) ? plan.dims.index(DimRole::pp) : -1;
-        stage_ = pp >= 0 ? mesh.coord(pp) : -1;
         // grad_scale's rank: the last of the stage (of the world without a pipeline), which holds the
         // stage's parameters; the world's last holds the last stage's only
         last_ = true;
@@ -273,8 +300,7 @@ public:
         for (int d = 0; d < mesh.ndim(); ++d) {
             if (!plan.dims.role(d)) continue;  // a dim no section uses: nothing of the plan's runs on it
             mesh.wrap(d, [&, d, pp](std::unique_ptr<Communicator> c) {
-                return std::make_unique<FaultComm>(std::move(c), fault_, buckets_,
-                                                   CommPlace{stage_, d == pp});
+                return std::make_unique<FaultComm>(std::move(c), fault_, buckets_, stage_params_, d == pp);
             });
         }
     }
@@ -284,7 +310,21 @@ public:
     std::unique_ptr<Communicator> wrap_group(std::unique_ptr<Communicator> c,
                                              const std::string& param) override {
         if (!fault_.hits(FaultKind::pp_tied_unsynced, param)) return c;
-        return std::make_unique<FaultComm>(std::move(c), fault_, buckets_, CommPlace{stage_, false});
+        return std::make_unique<FaultComm>(std::move(c), fault_, buckets_, stage_params_);
+    }
+
+    // The pipeline faults act on the stage their argument names, wherever this rank holds it (under
+    // interleaved_1f1b a rank holds several): its first module, its parameters.
+    void held_stages(const std::vector<std::pair<int, std::vector<Module*>>>& stages) override {
+        for (const auto& [index, modules] : stages) {
+            if (!fault_.kind || fault_class(*fault_.kind).section != FaultSection::pipeline ||
+                !fault_.hits_stage(*fault_.kind, index))
+                continue;
+            if (index > 0 && !modules.empty()) fault_stage_firsts_.push_back(modules.front());
+            for (Module* m : modules)
+                for_each_param(
+                    *m, [&](const std::string&, const ParamPtr& p) { stage_params_.held.insert(p.get()); });
+        }
     }
 
     void before_parallelize(const Model& model, const Resolution& res) override {
@@ -304,12 +344,12 @@ public:
 
     void before_gradient_sync(Model& model, Communicator&) override {
         // torch's schedule.step(scale_grads) divides the stage's gradients by its microbatches: again
-        const bool twice = fault_.hits_stage(FaultKind::pp_grad_scaled_twice, stage_);
+        const bool twice = fault_.is(FaultKind::pp_grad_scaled_twice);  // stage_params_: the stage's, if held
         const double microbatches =
             plan_ ? static_cast<double>(plan_->microbatches_per_round() * model.gradient_accumulation) : 1.0;
         for (const auto& [name, p] : model.named_parameters()) {
             Backend& be = backend_for(p->grad.device());
-            if (twice) be.scale(p->grad, 1.0 / microbatches, p->grad);
+            if (twice && stage_params_.held.count(p.get())) be.scale(p->grad, 1.0 / microbatches, p->grad);
             if (fault_.hits(FaultKind::grad_scale, name) && last_) be.scale(p->grad, 1.001, p->grad);
             if (fault_.is(FaultKind::masters_rounded) && plan_ &&
                 plan_->mixed_precision)  // the optimizer steps param_dtype values
@@ -320,9 +360,12 @@ public:
 private:
     Fault fault_;
     const Plan* plan_ = nullptr;
-    int stage_ = -1;     // this rank's pipeline stage (-1: no pipeline)
     bool last_ = false;  // the stage's last rank (the world's without a pipeline)
     FaultComm::Buckets buckets_;
+    // a pipeline fault's stages (one, or every one for *) this rank holds: the first module of each
+    // but stage 0 (pp_stale_activation's), their parameters
+    std::vector<Module*> fault_stage_firsts_;
+    StageParams stage_params_;
     std::map<const Parameter*, Tensor> full_;
 };
 
@@ -358,10 +401,11 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
              (fault_.hits(FaultKind::dropout_same_mask, fqn) || fault_.hits(FaultKind::recompute_mask, fqn))))
             m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(*fault_.kind));
     });
-    if (stage_ > 0 && fault_.hits_stage(FaultKind::pp_stale_activation, stage_)) {
-        const std::vector<Module*> spine = model_spine(model);  // the stage's modules: the rest are gone
-        if (!spine.empty()) spine.front()->add_outer_hooks(std::make_shared<StaleInputHooks>());
-    }
+    if (fault_.is(FaultKind::pp_stale_activation))
+        for (Module* first : fault_stage_firsts_) first->add_outer_hooks(std::make_shared<StaleInputHooks>());
+    if (!stage_params_.held.empty())  // pp_stage_sync_skipped's names of the stage's parameters
+        for (const auto& [name, p] : model.named_parameters())
+            if (stage_params_.held.count(p.get())) stage_params_.params.insert(name);
     if (!plan.dims.has(DimRole::tp)) return;
     Communicator& tp = mesh.comm(plan.dims.index(DimRole::tp));
     for (const ResolvedStyle& rs : res.styles) {
@@ -393,11 +437,18 @@ DataParallelResolution FaultLayer::data_parallel(const DataParallelResolution& r
         out.replicas[0].buckets.push_back(b);
         out.ignored_params.clear();
     }
+    auto of_stage = [&](const std::vector<std::string>& params) {
+        return std::any_of(params.begin(), params.end(),
+                           [&](const std::string& q) { return stage_params_.params.count(q) > 0; });
+    };
     for (const auto& replica : out.replicas)  // skip_bucket: which bucket K of a root holds the parameter
         for (const BucketSpec& b : replica.buckets) {
             const bool holds = std::find(b.params.begin(), b.params.end(), fault_.fqn) != b.params.end();
             buckets_[replica.root].push_back(holds ? fault_.fqn : std::string());
+            stage_params_.buckets[replica.root].push_back(of_stage(b.params));
         }
+    for (const FsdpUnitSpec& u : out.units)
+        if (of_stage(u.params)) stage_params_.units.insert(u.fqn);
     return out;
 }
 

@@ -41,7 +41,9 @@ enum class FaultKind {
     recompute_mask,
     // mixed precision
     masters_rounded,
-    // pipeline parallel (STAGE: a pipeline stage's number)
+    // pipeline parallel (STAGE: a pipeline stage's index, as reports number them: under
+    // interleaved_1f1b pp x virtual_stages stages, stage s on pp rank s mod pp, and a fault acts on
+    // the stage wherever it runs, not on the rest of its rank)
     pp_loss_unscaled,
     pp_grad_scaled_twice,
     pp_wrong_activation,
@@ -110,18 +112,23 @@ inline constexpr FaultClass kFaultClasses[] = {
      "the stage's gradients are divided by the microbatch count again after the backward (torch's "
      "scale_grads on a loss already divided)"},
     {FaultKind::pp_wrong_activation, "pp_wrong_activation", FaultSection::pipeline, "STAGE",
-     "the stage sends microbatch m-1's output as microbatch m's activation (m >= 1)"},
+     "the stage sends microbatch m-1's output as microbatch m's activation (m >= 1; a stage whose next "
+     "is on its own rank hands its output on without a send: not hit)"},
     {FaultKind::pp_stale_activation, "pp_stale_activation", FaultSection::pipeline, "STAGE",
      "the stage's backward of microbatch m >= 1 finds microbatch m-1's received input in what its "
      "forward saved (stages > 0)"},
     {FaultKind::pp_detached_input, "pp_detached_input", FaultSection::pipeline, "STAGE",
-     "the stage's input is detached: the gradient it sends back to the stage before is zeros (stages > 0)"},
+     "the stage's input is detached: the gradient it sends back to the stage before is zeros (stages > 0 "
+     "whose stage before is on another rank)"},
     {FaultKind::pp_tied_unsynced, "pp_tied_unsynced", FaultSection::pipeline, "PARAM",
-     "a weight tied across stages: its gradients are not summed over the stages that hold it"},
+     "a weight tied across stages of two or more pp ranks: its gradients are not summed over the ranks "
+     "that hold it (uses on stages of one rank share its one parameter)"},
     {FaultKind::pp_clip_stage_norm, "pp_clip_stage_norm", FaultSection::pipeline, "*",
-     "clip_grad_norm clips each stage by its own gradients' norm (the squares not gathered over pp)"},
+     "clip_grad_norm clips each stage by its own gradients' norm (the squares not gathered over pp; "
+     "under interleaved_1f1b each pp rank's stages by theirs)"},
     {FaultKind::pp_stage_sync_skipped, "pp_stage_sync_skipped", FaultSection::pipeline, "STAGE",
-     "the stage's DDP all_reduces / FSDP reduce_scatters of its gradients are skipped"},
+     "the stage's DDP all_reduces / FSDP reduce_scatters of its gradients are skipped (a bucket or unit "
+     "that holds them, whole: under interleaved_1f1b a rank's buckets may hold its other stages' too)"},
 };
 
 const FaultClass& fault_class(FaultKind k);
