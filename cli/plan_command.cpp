@@ -5,8 +5,8 @@
 
 #include <chrono>
 #include <filesystem>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "cli/verify_output.h"

@@ -128,8 +128,9 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     return fmt::format(
         "# A proxy of {} for a plan of tp={} dp={}{} (ptool shrink; docs/planning.md): the same modules\n"
         "# and names, at most {} blocks per repeat, sizes that still split as the plan splits them.\n{}\n",
-        yaml_comment(name), tp, dp, plan.pipeline ? fmt::format(" pp={} ({} stages)", plan.dims.size(DimRole::pp), stages) : "",
-        blocks, e.c_str());
+        yaml_comment(name), tp, dp,
+        plan.pipeline ? fmt::format(" pp={} ({} stages)", plan.dims.size(DimRole::pp), stages) : "", blocks,
+        e.c_str());
 }
 
 }  // namespace ptool

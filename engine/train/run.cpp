@@ -149,10 +149,13 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         for (const FsdpUnitSpec& u : executed_dp_.units)
             if (u.fqn.empty())
                 for (const auto& [name, p] : named)
-                    if (std::find(u.params.begin(), u.params.end(), name) != u.params.end()) rooted.insert(p.get());
+                    if (std::find(u.params.begin(), u.params.end(), name) != u.params.end())
+                        rooted.insert(p.get());
         for (Held& h : held_)
             for (const Module* m : h.modules)
-                for_each_param(*m, [&](const std::string&, const ParamPtr& p) { h.root_hooks |= rooted.count(p.get()) > 0; });
+                for_each_param(*m, [&](const std::string&, const ParamPtr& p) {
+                    h.root_hooks |= rooted.count(p.get()) > 0;
+                });
     }
     if (plan.mixed_precision && (plan.mixed_precision->param_dtype != model_.dtype)) {
         if (!plan.data_parallel)
@@ -337,9 +340,9 @@ void Run::forward(StepState& st, int s, int m) {
         f.x = std::move(it->second);
         st.received.erase(it);
     }
-    f.y = stages_ == 1 ? model_.root->forward(f.ctx, f.x)
-                       : stage_forward(f.ctx, held(s).modules, f.x,
-                                       held(s).root_hooks ? model_.root.get() : nullptr);
+    f.y = stages_ == 1
+              ? model_.root->forward(f.ctx, f.x)
+              : stage_forward(f.ctx, held(s).modules, f.x, held(s).root_hooks ? model_.root.get() : nullptr);
     if (s + 1 < stages_) {  // sent on (or handed to the next stage here); its gradient comes back
         if (!schedule_.sends_output(s)) st.received[{s + 1, m}] = f.y;
         return;

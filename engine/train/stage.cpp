@@ -122,7 +122,8 @@ Placed stage_forward(RunContext& ctx, const std::vector<Module*>& modules, const
     return hooks ? around->hooks()->post_forward(ctx, *around, h) : h;
 }
 
-Placed stage_backward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& dy, Module* around) {
+Placed stage_backward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& dy,
+                      Module* around) {
     const ModuleHooks* hooks = around ? around->hooks().get() : nullptr;
     Placed d = hooks ? around->hooks()->post_forward_backward(ctx, *around, dy) : dy;
     for (auto it = modules.rbegin(); it != modules.rend(); ++it) d = (*it)->backward(ctx, d);

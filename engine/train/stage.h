@@ -42,7 +42,8 @@ void keep_stages(Model& model, const std::vector<Module*>& spine, const std::vec
 // The stage's forward and backward: its spine modules in order, and in reverse; `around` (the
 // root, where it is a fully_shard unit of parameters the stage holds) has its hooks run around
 // them as around its own forward and backward (no events: it is not called).
-Placed stage_forward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& x, Module* around = nullptr);
+Placed stage_forward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& x,
+                     Module* around = nullptr);
 Placed stage_backward(RunContext& ctx, const std::vector<Module*>& modules, const Placed& dy,
                       Module* around = nullptr);
 
