@@ -1,34 +1,27 @@
-// A pipeline's step time (plan/pipeline_time.h): the schedule's critical path played action by
-// action, held to the closed forms at uniform stages (GPipe and 1F1B: (m + p - 1)(t_f + t_b), a
-// bubble of (p - 1)/m), transfers on the path, and a list that cannot finish refused.
-#include "plan/pipeline_time.h"
+// A pipeline's step time (plan/pipeline_time.h; plan/pipeline_search.h's time_schedule plays a
+// schedule with per-stage costs): the schedule's critical path, held to the closed forms at
+// uniform stages (GPipe and 1F1B: (m + p - 1)(t_f + t_b), a bubble of (p - 1)/m; interleaved
+// (p - 1)/(v m)), transfers on the path, a slow stage, and a list that cannot finish refused.
+#include "plan/pipeline_search.h"
 #include "test_helpers.h"
 
 using namespace ptool;
 
 namespace {
 
-// Every rank's list of `s` with forwards taking f, backwards b, each transfer c, the step's tail free.
-std::vector<std::vector<TimedActions>> timed(const Schedule& s, double f, double b, double c) {
-    std::vector<std::vector<TimedActions>> out(s.ranks.size());
-    for (size_t r = 0; r < s.ranks.size(); ++r) {
-        const std::vector<Action>& list = s.ranks[r];
-        for (size_t i = 0; i < list.size(); ++i) {
-            TimedActions e;
-            if (list[i].is_p2p()) {
-                while (i < list.size() && list[i].is_p2p())
-                    e.actions.push_back(list[i++]), e.seconds.push_back(c);
-                --i;
-            } else {
-                e.actions = {list[i]};
-                e.seconds = {list[i].kind == ActionKind::forward    ? f
-                             : list[i].kind == ActionKind::backward ? b
-                                                                    : 0.0};
-            }
-            out[r].push_back(e);
-        }
-    }
+// The costs of `s` with every stage's forward taking f and backward b, each transfer c, the
+// step's tail free: time_schedule plays `s` with them.
+PipelineSample uniform(const Schedule& s, double f, double b, double c) {
+    PipelineSample out;
+    out.forward.assign(static_cast<size_t>(s.stages), f),
+        out.backward.assign(static_cast<size_t>(s.stages), b);
+    out.tail.assign(s.ranks.size(), 0.0);
+    out.transfer = c;
     return out;
+}
+
+PipelineTiming timed(const Schedule& s, double f, double b, double c) {
+    return time_schedule(s, uniform(s, f, b, c));
 }
 
 }  // namespace
@@ -37,8 +30,7 @@ TEST_CASE("pipeline time: GPipe and 1F1B at uniform stages are the closed form",
     for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b})
         for (int p : {2, 3, 4, 8})
             for (int m : {p, 2 * p, 3 * p + 1}) {
-                const PipelineTiming t =
-                    pipeline_critical_path(timed(pipeline_schedule(kind, p, m), 1.0, 2.0, 0.0));
+                const PipelineTiming t = timed(pipeline_schedule(kind, p, m), 1.0, 2.0, 0.0);
                 INFO(schedule_kind_name(kind) << " p " << p << " m " << m);
                 CHECK(t.pipelined == Approx((m + p - 1) * 3.0));
                 CHECK(t.bubble == Approx(static_cast<double>(p - 1) / m));
@@ -48,8 +40,7 @@ TEST_CASE("pipeline time: GPipe and 1F1B at uniform stages are the closed form",
 
 TEST_CASE("pipeline time: rounds of gradient accumulation each fill and drain", "[cpu][pipeline_time]") {
     const int p = 4, m = 4, rounds = 3;
-    const PipelineTiming t = pipeline_critical_path(
-        timed(pipeline_schedule(ScheduleKind::one_f_one_b, p, m, rounds), 1.0, 2.0, 0.0));
+    const PipelineTiming t = timed(pipeline_schedule(ScheduleKind::one_f_one_b, p, m, rounds), 1.0, 2.0, 0.0);
     CHECK(t.pipelined == Approx(rounds * (m + p - 1) * 3.0));
 }
 
@@ -57,9 +48,8 @@ TEST_CASE("pipeline time: transfers are on the critical path", "[cpu][pipeline_t
     for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b}) {
         const int p = 4, m = 8;
         const double c = 0.25;
-        const PipelineTiming free =
-            pipeline_critical_path(timed(pipeline_schedule(kind, p, m), 1.0, 2.0, 0.0));
-        const PipelineTiming paid = pipeline_critical_path(timed(pipeline_schedule(kind, p, m), 1.0, 2.0, c));
+        const PipelineTiming free = timed(pipeline_schedule(kind, p, m), 1.0, 2.0, 0.0);
+        const PipelineTiming paid = timed(pipeline_schedule(kind, p, m), 1.0, 2.0, c);
         INFO(schedule_kind_name(kind));
         // the first forward crosses p - 1 links to reach the last stage, its gradient p - 1 back
         CHECK(paid.pipelined >= free.pipelined + 2 * (p - 1) * c - 1e-12);
@@ -69,10 +59,10 @@ TEST_CASE("pipeline time: transfers are on the critical path", "[cpu][pipeline_t
 
 TEST_CASE("pipeline time: a stage twice as slow sets the pace", "[cpu][pipeline_time]") {
     const int p = 2, m = 8;
-    auto lists = timed(pipeline_schedule(ScheduleKind::one_f_one_b, p, m), 1.0, 2.0, 0.0);
-    for (TimedActions& e : lists[1])
-        for (double& s : e.seconds) s *= 2;
-    const PipelineTiming t = pipeline_critical_path(lists);
+    const Schedule s = pipeline_schedule(ScheduleKind::one_f_one_b, p, m);
+    PipelineSample costs = uniform(s, 1.0, 2.0, 0.0);
+    costs.forward[1] *= 2, costs.backward[1] *= 2;
+    const PipelineTiming t = time_schedule(s, costs);
     // the slow stage works 6m, and waits at least for the fast stage's first forward
     CHECK(t.pipelined >= 6.0 * m + 1.0);
     CHECK(t.busy[0] == Approx(3.0 * m));
@@ -98,9 +88,9 @@ TEST_CASE("pipeline time: interleaved 1F1B at uniform stages", "[cpu][pipeline_t
             for (int m : {p, 2 * p, 4 * p}) {
                 // a rank's work per microbatch is 1 + 2 split over its v stages
                 const Schedule s = pipeline_schedule(ScheduleKind::interleaved_one_f_one_b, p * v, m, 1, v);
-                const PipelineTiming t = pipeline_critical_path(timed(s, 1.0 / v, 2.0 / v, 0.0));
-                const PipelineTiming one = pipeline_critical_path(
-                    timed(pipeline_schedule(ScheduleKind::one_f_one_b, p, m), 1.0, 2.0, 0.0));
+                const PipelineTiming t = timed(s, 1.0 / v, 2.0 / v, 0.0);
+                const PipelineTiming one =
+                    timed(pipeline_schedule(ScheduleKind::one_f_one_b, p, m), 1.0, 2.0, 0.0);
                 INFO("p " << p << " v " << v << " m " << m << ": bubble " << t.bubble);
                 for (double busy : t.busy) CHECK(busy == Approx(3.0 * m));
                 CHECK(t.bubble == Approx(static_cast<double>(p - 1) / (v * m)));

@@ -183,8 +183,10 @@ PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSampl
 std::vector<int> balance_blocks(int total, const std::vector<double>& extra, double per_block) {
     const int stages = static_cast<int>(extra.size());
     PTOOL_REQUIRE(stages >= 1 && total >= stages, "{} blocks over {} stages", total, stages);
-    std::vector<int> n(stages, 1);
-    for (int left = total - stages; left > 0; --left) {  // the next block to the stage it slows least
+    // at least the 2 blocks a stage was sampled with where the blocks allow (below them a stage's
+    // costs would be extrapolated, not interpolated), else 1
+    std::vector<int> n(stages, total >= 2 * stages ? 2 : 1);
+    for (int left = total - n[0] * stages; left > 0; --left) {  // the next block to the stage it slows least
         int best = 0;
         for (int s = 1; s < stages; ++s)
             if (extra[s] + (n[s] + 1) * per_block < extra[best] + (n[best] + 1) * per_block - 1e-15) best = s;
