@@ -10,7 +10,10 @@
 // blocks and its work, collectives and each phase's peak (module pass, blocks named first and last)
 // extrapolated linearly to L, the largest phase giving the peak (checked against full simulations in
 // tests/plan_cases.py). Fitting candidates (peak plus fully_shard's prefetch of the next unit within the
-// memory cap) are ranked by the time model (plan/time_model.h). docs/planning.md.
+// memory cap) are ranked by the time model (plan/time_model.h). Pipelines (pp x dp x tp, 1F1B and
+// interleaved 1F1B) join where fewer dp x tp plans fit than listed, or when asked: their stages
+// are sampled and balanced as plan/pipeline_search.h says, their step the schedule's critical
+// path. docs/planning.md.
 #pragma once
 
 #include <optional>
