@@ -56,8 +56,8 @@ PipelineSample extrapolate_pipeline(const PipelineSample& at2, const PipelineSam
                                     const std::vector<int>& blocks, int pp);
 
 // `total` blocks over `stages` stages, at least two each where there are twice as many blocks as
-// stages (the samples' count: below it a stage's costs are extrapolated), else one, so that the slowest stage (its fixed
-// cost extra[s] plus per_block seconds per block) is as fast as it can be: the first stage, which
+// stages (the samples' count: below it a stage's costs are extrapolated), else one, so that the slowest stage
+// (its fixed cost extra[s] plus per_block seconds per block) is as fast as it can be: the first stage, which
 // also runs the embedding, and the last, which runs the head and loss, get fewer blocks (torchtitan
 // counts the embedding and the head as layers when it cuts Llama 3.1 405B's 126 blocks into 16
 // stages). Ties go to the earlier stages.
