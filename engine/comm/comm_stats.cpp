@@ -45,4 +45,18 @@ CommByOpDim comm_since(const CommByOpDim& before, const CommByOpDim& after) {
     return out;
 }
 
+CommByOpDim comm_extrapolated(const CommByOpDim& a, const CommByOpDim& b, double k) {
+    auto lin = [k](double x, double y) { return x + (y - x) * k; };
+    CommByOpDim out;
+    for (const auto* src : {&a, &b})
+        for (const auto& [key, t] : *src) out[key];
+    for (auto& [key, t] : out) {
+        const CommTotals x = a.count(key) ? a.at(key) : CommTotals{},
+                         y = b.count(key) ? b.at(key) : CommTotals{};
+        t.calls = static_cast<int64_t>(lin(x.calls, y.calls));
+        t.bytes = static_cast<int64_t>(lin(x.bytes, y.bytes));
+    }
+    return out;
+}
+
 }  // namespace ptool

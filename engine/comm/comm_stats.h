@@ -74,6 +74,9 @@ using CommByOpDim = std::map<std::pair<std::string, std::string>, CommTotals>;
 CommByOpDim by_op_dim(const CommCounter& comm);
 // What `after` counted beyond `before` (a counter read twice: the collectives between).
 CommByOpDim comm_since(const CommByOpDim& before, const CommByOpDim& after);
+// a + (b - a) * k per entry, calls and bytes truncated (an entry one side lacks counts 0 there):
+// collectives that grow by one block's worth from a to b, k blocks on (the planner's samples).
+CommByOpDim comm_extrapolated(const CommByOpDim& a, const CommByOpDim& b, double k);
 
 // Sets a counter's module and site (either may be null/empty) for the scope.
 class CommScope {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <map>
 #include <set>
 
@@ -57,22 +56,17 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Cluster& c
     for (const ActionWork& aw : sim.actions) {
         const Action& a = aw.actions.front();
         add_into(is_tail(a) ? out.tail_comm : out.fb_comm, aw.comm);
+        const ActionTime t = action_time(aw, plan, c, compute);
         if (a.is_p2p()) {
-            double bytes = 0;
-            for (const auto& [key, totals] : aw.comm)
-                if (key.first == "send" || key.first == "recv") bytes += static_cast<double>(totals.bytes);
-            out.transfer =
-                std::max(out.transfer, p2p_seconds(bytes / static_cast<double>(aw.actions.size()), plan, c));
+            out.transfer = std::max(out.transfer, t.seconds.front());
             continue;
         }
-        StepTime t;
-        add_comm_time(t, aw.comm, plan, c);
-        const double work = compute_seconds(aw.work, c, compute), seconds = work + t.blocking;
+        const double seconds = t.seconds.front();
         if (is_tail(a)) {
-            out.tail += seconds, out.tail_compute += work, out.tail_overlap += t.overlappable;
+            out.tail += seconds, out.tail_compute += t.compute, out.tail_overlap += t.overlappable;
             continue;
         }
-        out.fb_compute += work, out.fb_overlap += t.overlappable;
+        out.fb_compute += t.compute, out.fb_overlap += t.overlappable;
         const bool fwd = a.kind == ActionKind::forward;
         std::array<double, 6>& s = sums[a.stage];
         s[fwd ? 0 : 1] += seconds;
@@ -142,19 +136,8 @@ PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSampl
         for (size_t s = 0; s < blocks.size(); s += pp) n += blocks[s];
         return static_cast<double>(n - 2 * (static_cast<int>(blocks.size()) / pp)) / (blocks.size() / pp);
     }();
-    auto lin_comm = [&](const CommByOpDim& x, const CommByOpDim& y) {
-        CommByOpDim out;
-        for (const auto* src : {&x, &y})
-            for (const auto& [key, t] : *src) out[key];
-        for (auto& [key, t] : out) {
-            const CommTotals p = x.count(key) ? x.at(key) : CommTotals{},
-                             q = y.count(key) ? y.at(key) : CommTotals{};
-            t.calls = static_cast<int64_t>(std::llround(lin(p.calls, q.calls, k0)));
-            t.bytes = static_cast<int64_t>(std::llround(lin(p.bytes, q.bytes, k0)));
-        }
-        return out;
-    };
-    o.fb_comm = lin_comm(a.fb_comm, b.fb_comm), o.tail_comm = lin_comm(a.tail_comm, b.tail_comm);
+    o.fb_comm = comm_extrapolated(a.fb_comm, b.fb_comm, k0),
+    o.tail_comm = comm_extrapolated(a.tail_comm, b.tail_comm, k0);
     for (int s = 0; s < stages; ++s) {
         const double k = blocks[s] - 2;
         o.forward.push_back(lin(a.forward[s], b.forward[s], k));

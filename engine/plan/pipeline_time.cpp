@@ -82,6 +82,24 @@ PipelineTiming pipeline_critical_path(const std::vector<std::vector<TimedActions
     return out;
 }
 
+ActionTime action_time(const ActionWork& aw, const Plan& plan, const Cluster& c, DType compute) {
+    ActionTime out;
+    out.seconds.assign(aw.actions.size(), 0.0);
+    if (aw.actions.front().is_p2p()) {
+        double bytes = 0;
+        for (const auto& [key, totals] : aw.comm)
+            if (key.first == "send" || key.first == "recv") bytes += static_cast<double>(totals.bytes);
+        for (double& s : out.seconds)
+            s = p2p_seconds(bytes / static_cast<double>(out.seconds.size()), plan, c);
+        return out;
+    }
+    StepTime t;
+    add_comm_time(t, aw.comm, plan, c);
+    out.compute = compute_seconds(aw.work, c, compute), out.overlappable = t.overlappable;
+    out.seconds[0] = out.compute + t.blocking;
+    return out;
+}
+
 void time_pipeline(std::vector<StepTime>& times, const std::vector<PredictedRank>& ranks, const Plan& plan,
                    const Cluster& c, DType compute) {
     const int pp_dim = plan.dims.index(DimRole::pp);
@@ -98,25 +116,13 @@ void time_pipeline(std::vector<StepTime>& times, const std::vector<PredictedRank
                       list.size(), acts.size());
         if (first) list.resize(acts.size());
         MetaWork outside = pr.sim.step_work;  // the step's work outside its actions (zero_grad, casts)
-        for (const ActionWork& aw : acts)
-            outside.gemm_flops -= aw.work.gemm_flops, outside.memory_bytes -= aw.work.memory_bytes;
+        for (const ActionWork& aw : acts) outside = work_since(aw.work, outside);
         bool first_compute = true;
         for (size_t i = 0; i < acts.size(); ++i) {
             const ActionWork& aw = acts[i];
-            std::vector<double> seconds(aw.actions.size());
-            if (aw.actions.front().is_p2p()) {  // each transfer: its share of the batch's bytes
-                double bytes = 0;
-                for (const auto& [key, totals] : aw.comm)
-                    if (key.first == "send" || key.first == "recv")
-                        bytes += static_cast<double>(totals.bytes);
-                for (double& s : seconds)
-                    s = p2p_seconds(bytes / static_cast<double>(seconds.size()), plan, c);
-            } else {
-                StepTime t;
-                add_comm_time(t, aw.comm, plan, c);
-                seconds[0] = compute_seconds(aw.work, c, compute) + t.blocking;
-                if (first_compute) seconds[0] += compute_seconds(outside, c, compute), first_compute = false;
-            }
+            std::vector<double> seconds = action_time(aw, plan, c, compute).seconds;
+            if (!aw.actions.front().is_p2p() && first_compute)
+                seconds[0] += compute_seconds(outside, c, compute), first_compute = false;
             if (first) list[i].actions = aw.actions, list[i].seconds = seconds;
             for (size_t k = 0; k < seconds.size(); ++k)  // the slowest class of the stage
                 list[i].seconds[k] = std::max(list[i].seconds[k], seconds[k]);

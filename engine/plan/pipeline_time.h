@@ -40,6 +40,16 @@ struct PipelineTiming {
 // check_schedule refuses).
 PipelineTiming pipeline_critical_path(const std::vector<std::vector<TimedActions>>& ranks);
 
+// One entry of a rank's simulated schedule on a cluster: each action's seconds (a transfer: its
+// share of the batch's sent and received bytes over the pp link; a compute action: its compute and
+// its blocking, tensor-parallel, collectives), and the compute and the data-parallel collectives
+// within it (which overlap the compute: plan/time_model.h).
+struct ActionTime {
+    std::vector<double> seconds;  // per action of the entry
+    double compute = 0, overlappable = 0;
+};
+ActionTime action_time(const ActionWork& aw, const Plan& plan, const Cluster& c, DType compute);
+
 // A pipeline plan's step on a cluster: each pp rank's actions as its stage's rank classes simulated
 // them (per action the slowest class: a forward or backward's compute and tensor-parallel
 // collectives; a transfer's bytes over the pp link), played over the schedule. Sets every class's

@@ -65,14 +65,7 @@ Simulated extrapolate(const Simulated& a, const Simulated& b, double k) {
     o.work.recompute_flops = lin(a.work.recompute_flops, b.work.recompute_flops);
     o.work.memory_bytes = lin(a.work.memory_bytes, b.work.memory_bytes);
     o.work.kernels = static_cast<int64_t>(lin(a.work.kernels, b.work.kernels));
-    for (const auto* src : {&a.comm, &b.comm})
-        for (const auto& [key, t] : *src) o.comm[key];
-    for (auto& [key, t] : o.comm) {
-        const CommTotals x = a.comm.count(key) ? a.comm.at(key) : CommTotals{},
-                         y = b.comm.count(key) ? b.comm.at(key) : CommTotals{};
-        t.calls = static_cast<int64_t>(lin(x.calls, y.calls));
-        t.bytes = static_cast<int64_t>(lin(x.bytes, y.bytes));
-    }
+    o.comm = comm_extrapolated(a.comm, b.comm, k);
     return o;
 }
 

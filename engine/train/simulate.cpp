@@ -28,19 +28,15 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     sim.memory.resident = account->live();
     MetaWork work_before;
     CommByOpDim comm_before;
-    run.set_action_observer([&](const std::vector<Action>& actions, bool done) {
-        if (!done) {
-            work_before = meta_work(), comm_before = by_op_dim(run.counter());
-            return;
-        }
-        const MetaWork& w = meta_work();
-        MetaWork d;
-        d.gemm_flops = w.gemm_flops - work_before.gemm_flops;
-        d.recompute_flops = w.recompute_flops - work_before.recompute_flops;
-        d.memory_bytes = w.memory_bytes - work_before.memory_bytes;
-        d.kernels = w.kernels - work_before.kernels;
-        sim.actions.push_back({actions, d, comm_since(comm_before, by_op_dim(run.counter()))});
-    });
+    if (plan.pipeline)  // a pipeline's step is its actions' critical path; no other plan reads them
+        run.set_action_observer([&](const std::vector<Action>& actions, bool done) {
+            if (!done) {
+                work_before = meta_work(), comm_before = by_op_dim(run.counter());
+                return;
+            }
+            sim.actions.push_back({actions, work_since(work_before, meta_work()),
+                                   comm_since(comm_before, by_op_dim(run.counter()))});
+        });
     for (int64_t k = 0; k < std::max<int64_t>(1, steps); ++k) {
         run.counter().reset();
         meta_work() = MetaWork{};

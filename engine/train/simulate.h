@@ -36,7 +36,7 @@ struct RankSimulation {
     RankMemory memory;
     CommCounter step_comm;                       // the last step's collectives
     MetaWork step_work;                          // the last step's work
-    std::vector<ActionWork> actions;             // the last step's, in the rank's schedule order
+    std::vector<ActionWork> actions;             // a pipeline's last step's, in the rank's schedule order
     std::map<std::string, int64_t> phase_peaks;  // with track_phases: the peak within each module pass
 };
 

@@ -98,6 +98,15 @@ MetaWork& meta_work() {
     return t_work;
 }
 
+MetaWork work_since(const MetaWork& before, const MetaWork& after) {
+    MetaWork d;
+    d.gemm_flops = after.gemm_flops - before.gemm_flops;
+    d.recompute_flops = after.recompute_flops - before.recompute_flops;
+    d.memory_bytes = after.memory_bytes - before.memory_bytes;
+    d.kernels = after.kernels - before.kernels;
+    return d;
+}
+
 Backend& meta_backend() {
     static MetaBackend meta;
     return meta;

@@ -17,6 +17,8 @@ struct MetaWork {
     int64_t kernels = 0;      // ops launched
 };
 MetaWork& meta_work();  // the calling thread's
+// What `after` counted beyond `before` (the work read twice: the work between).
+MetaWork work_since(const MetaWork& before, const MetaWork& after);
 
 Backend& meta_backend();
 
