@@ -43,16 +43,27 @@ Tensor words_tensor(const std::vector<int64_t>& packed) {
     return t;
 }
 
+// Every rank's packed size, rank by rank (one all_gather).
+Tensor packed_sizes(Communicator& comm, const std::vector<int64_t>& packed) {
+    Tensor size = Tensor::scalar(static_cast<double>(packed.size()), DType::float64).reshape({1});
+    Tensor sizes({comm.size()}, DType::float64);
+    comm.all_gather(size, sizes);
+    return sizes;
+}
+
+std::vector<int64_t> pack_all(const std::vector<KeyedEntry>& entries) {
+    std::vector<int64_t> packed;
+    for (const KeyedEntry& e : entries) pack(e, packed);
+    return packed;
+}
+
 constexpr int kKeyedTag = 4093;  // gather_keyed_to_root's messages (after a step: no other p2p in flight)
 
 }  // namespace
 
 std::vector<KeyedEntry> gather_keyed_to_root(Communicator& comm, const std::vector<KeyedEntry>& mine) {
-    std::vector<int64_t> packed;
-    for (const KeyedEntry& e : mine) pack(e, packed);
-    Tensor size = Tensor::scalar(static_cast<double>(packed.size()), DType::float64).reshape({1});
-    Tensor sizes({comm.size()}, DType::float64);
-    comm.all_gather(size, sizes);
+    const std::vector<int64_t> packed = pack_all(mine);
+    const Tensor sizes = packed_sizes(comm, packed);
     std::vector<KeyedEntry> out;
     if (comm.rank() != 0) {
         if (!packed.empty()) comm.send(words_tensor(packed), 0, kKeyedTag);
@@ -70,9 +81,7 @@ std::vector<KeyedEntry> gather_keyed_to_root(Communicator& comm, const std::vect
 }
 
 std::vector<KeyedEntry> broadcast_keyed(Communicator& comm, const std::vector<KeyedEntry>& root_entries) {
-    std::vector<int64_t> packed;
-    if (comm.rank() == 0)
-        for (const KeyedEntry& e : root_entries) pack(e, packed);
+    const std::vector<int64_t> packed = comm.rank() == 0 ? pack_all(root_entries) : std::vector<int64_t>{};
     Tensor size = Tensor::scalar(static_cast<double>(packed.size()), DType::float64).reshape({1});
     comm.broadcast(size, 0);
     const auto n = static_cast<int64_t>(size.item(0));
@@ -107,16 +116,12 @@ Tensor tensor_from_words(const int64_t* words, size_t n) {
 }
 
 std::vector<KeyedEntry> gather_keyed(Communicator& comm, const std::vector<KeyedEntry>& mine) {
-    std::vector<int64_t> packed;
-    for (const KeyedEntry& e : mine) pack(e, packed);
-    Tensor size = Tensor::scalar(static_cast<double>(packed.size()), DType::float64).reshape({1});
-    Tensor sizes({comm.size()}, DType::float64);
-    comm.all_gather(size, sizes);
+    const std::vector<int64_t> packed = pack_all(mine);
+    const Tensor sizes = packed_sizes(comm, packed);
     int64_t total = 0;
     for (int r = 0; r < comm.size(); ++r) total += static_cast<int64_t>(sizes.item(r));
-    Tensor in({static_cast<int64_t>(packed.size())}, DType::int64), all({total}, DType::int64);
-    if (!packed.empty()) std::memcpy(in.data<int64_t>(), packed.data(), packed.size() * sizeof(int64_t));
-    comm.all_gather(in, all);
+    Tensor all({total}, DType::int64);
+    comm.all_gather(words_tensor(packed), all);
     std::vector<KeyedEntry> out;
     if (comm.rank() != 0) return out;
     int64_t at = 0;
