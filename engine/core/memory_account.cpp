@@ -23,6 +23,7 @@ void MemoryAccount::track_phases() {
     std::lock_guard<std::mutex> lock(mu_);
     track_phases_ = true;
     phase_peaks_.clear();
+    phase_peak_ = nullptr;
 }
 
 std::map<std::string, int64_t> MemoryAccount::phase_peaks() const {
@@ -61,11 +62,22 @@ void MemoryAccount::charge(int64_t bytes, MemoryUse use) {
     live_by_[static_cast<int>(use)] += bytes;
     if (live_ > peak_) peak_ = live_, at_peak_ = live_by_;
     if (track_phases_) {
-        std::string key = t_phase_fqn ? *t_phase_fqn : std::string();
-        if (t_phase_pass) key += '/', key += t_phase_pass;
-        int64_t& p = phase_peaks_[key];
+        int64_t& p = phase_entry();
         p = std::max(p, live_);
     }
+}
+
+int64_t& MemoryAccount::phase_entry() {
+    // the same pass as the last charge: the same module's name (compared by value too, in case a
+    // module was freed and another took its address) and the same pass letter
+    if (phase_peak_ && phase_fqn_ == t_phase_fqn && phase_pass_ == t_phase_pass &&
+        (!t_phase_fqn || *t_phase_fqn == phase_fqn_text_))
+        return *phase_peak_;
+    std::string key = t_phase_fqn ? *t_phase_fqn : std::string();
+    phase_fqn_ = t_phase_fqn, phase_pass_ = t_phase_pass, phase_fqn_text_ = key;
+    if (t_phase_pass) key += '/', key += t_phase_pass;
+    phase_peak_ = &phase_peaks_[key];  // std::map: the entry stays where it is
+    return *phase_peak_;
 }
 
 void MemoryAccount::credit(int64_t bytes, MemoryUse use) {

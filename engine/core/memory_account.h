@@ -56,6 +56,12 @@ private:
     std::array<int64_t, kMemoryUses> live_by_{}, at_peak_{};
     bool track_phases_ = false;
     std::map<std::string, int64_t> phase_peaks_;
+    // the last charged phase's entry: a pass charges many times, and its key is built once
+    const std::string* phase_fqn_ = nullptr;
+    std::string phase_fqn_text_;
+    char phase_pass_ = 0;
+    int64_t* phase_peak_ = nullptr;
+    int64_t& phase_entry();
 };
 
 // The calling thread's account while in scope (null: nothing counted, e.g. verification's own

@@ -191,6 +191,12 @@ void for_each_module(const Module& root, const std::function<void(const std::str
     walk_modules(const_cast<Module&>(root), "", seen, fn);
 }
 
+std::vector<std::pair<std::string, Module*>> named_modules(const Module& root) {
+    std::vector<std::pair<std::string, Module*>> out;
+    for_each_module(root, [&](const std::string& fqn, Module& m) { out.emplace_back(fqn, &m); });
+    return out;
+}
+
 // Uninitialised: init_params (or a state_dict, or a rank's shard init) writes every element, and
 // gradients are zeroed at the start of every step. Untouched pages cost nothing, which matters
 // for rank models that keep only a shard of each parameter.

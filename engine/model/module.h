@@ -202,6 +202,9 @@ void for_each_param(const Module& root, const std::function<void(const std::stri
 // Every module in forward registration order, first name only: fn(fqn, module). Transparent
 // containers are passed over (their children are visited).
 void for_each_module(const Module& root, const std::function<void(const std::string&, Module&)>& fn);
+// Every module once with its name, in for_each_module's order (a plan's patterns are matched
+// against the list, not a walk of the tree per pattern).
+std::vector<std::pair<std::string, Module*>> named_modules(const Module& root);
 
 // Allocates a parameter and its gradient, uninitialised (see module.cpp).
 ParamPtr make_param(Shape shape, DType dtype);

@@ -48,6 +48,11 @@ struct FullyShard::State : ModuleHooks {
         MemoryUseScope unsharded(MemoryUse::fsdp_unsharded);
         for (Managed& m : params) {
             m.full = Tensor::empty(m.full_shape, compute, m.shard.device());
+            if (m.full.device() == Device::meta) {  // no values: one copy of the same bytes
+                Tensor flat = m.full.reshape({m.full.numel()});
+                be->copy(all.narrow(0, 0, m.full.numel()), flat);
+                continue;
+            }
             for (int r = 0; r < n; ++r) {
                 const Chunk c = chunk_of(m.full_shape[0], n, r);
                 if (c.length == 0) continue;
@@ -84,7 +89,12 @@ struct FullyShard::State : ModuleHooks {
         const Device dev = params[0].shard.device();
         Tensor out({region}, dt, dev);
         Tensor in({n * region}, dt, dev);  // rank k's region: its rows of every parameter, padded
-        for (Managed& m : params)
+        for (Managed& m : params) {
+            if (dev == Device::meta) {  // no values: one copy of the same bytes
+                Tensor dst = in.narrow(0, 0, m.full_grad.numel());
+                be->copy(m.full_grad.reshape({m.full_grad.numel()}), dst);
+                continue;
+            }
             for (int k = 0; k < n; ++k) {
                 const Chunk c = chunk_of(m.full_shape[0], n, k);
                 if (c.length == 0) continue;
@@ -92,6 +102,7 @@ struct FullyShard::State : ModuleHooks {
                 Tensor dst = in.narrow(0, k * region + m.offset, c.length * m.row);
                 be->copy(src, dst);
             }
+        }
         {
             CommScope scope(comm->counter().get(), fqn, CommSiteKind::reduce_grads);
             comm->reduce_scatter(in, out, ReduceOp::avg);

@@ -18,10 +18,12 @@ bool shards_any(const std::vector<ParamPlacement>& params) {
 std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, const Plan& plan,
                                                          Resolution& res) {
     std::map<const Module*, const PlanEntry*> owner;
+    const auto modules = named_modules(*model.root);
     for (const PlanEntry& e : plan.tp_plan) {
         int matched = 0;
-        for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-            if (!fqn_matches(e.pattern, fqn)) return;
+        for (const auto& [fqn, module] : modules) {
+            if (!fqn_matches(e.pattern, fqn)) continue;
+            Module& m = *module;
             ++matched;
             if (!e.style.style->applies_to(m))
                 throw InputError(e.where,
@@ -32,7 +34,7 @@ std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, con
                                  fmt::format("'{}' and '{}' (line {}) both match '{}': one style per module",
                                              e.pattern, owner[&m]->pattern, owner[&m]->where.line, fqn));
             owner[&m] = &e;
-        });
+        }
         if (!matched)
             res.warnings.push_back({e.where, fmt::format("pattern '{}' matched no module", e.pattern)});
     }
@@ -141,11 +143,13 @@ const ResolvedStyle* Resolution::style_of(const Module& m) const {
 Resolution resolve_plan(const Model& model, const Plan& plan) {
     Resolution res;
     res.tp = plan.dims.size(DimRole::tp);
+    const auto modules = plan.activation_checkpointing.empty()
+                             ? std::vector<std::pair<std::string, Module*>>{}
+                             : named_modules(*model.root);
     for (const std::string& pattern : plan.activation_checkpointing) {
         size_t found = 0;
-        for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-            if (fqn_matches(pattern, fqn)) res.checkpointed.insert(&m), ++found;
-        });
+        for (const auto& [fqn, m] : modules)
+            if (fqn_matches(pattern, fqn)) res.checkpointed.insert(m), ++found;
         if (!found)
             res.warnings.push_back(
                 {plan.activation_checkpointing_where,

@@ -14,14 +14,6 @@
 namespace ptool {
 namespace {
 
-std::vector<std::string> split_dots(const std::string& s) {
-    std::vector<std::string> out;
-    size_t start = 0;
-    for (size_t i = 0; i <= s.size(); ++i)
-        if (i == s.size() || s[i] == '.') out.push_back(s.substr(start, i - start)), start = i + 1;
-    return out;
-}
-
 // `pattern: style` or `pattern: {style: ..., options}`; each style reads its own options.
 StyleSpec parse_style(const YamlNode& node, const std::string& pattern) {
     const std::string what = fmt::format("the style of '{}'", pattern);
@@ -291,10 +283,16 @@ bool Plan::compares(const std::string& what) const {
 
 bool fqn_matches(const std::string& pattern, const std::string& fqn) {
     if (pattern.empty() || fqn.empty()) return pattern.empty() && fqn.empty();
-    const auto p = split_dots(pattern), f = split_dots(fqn);
-    if (p.size() != f.size()) return false;
-    for (size_t i = 0; i < p.size(); ++i)
-        if (fnmatch(p[i].c_str(), f[i].c_str(), 0) != 0) return false;
+    if (std::count(pattern.begin(), pattern.end(), '.') != std::count(fqn.begin(), fqn.end(), '.'))
+        return false;
+    std::string p, f;  // one dot-separated part of each at a time, first mismatch out
+    for (size_t pa = 0, fa = 0; pa <= pattern.size();) {
+        const size_t pb = std::min(pattern.find('.', pa), pattern.size()),
+                     fb = std::min(fqn.find('.', fa), fqn.size());
+        p.assign(pattern, pa, pb - pa), f.assign(fqn, fa, fb - fa);
+        if (fnmatch(p.c_str(), f.c_str(), 0) != 0) return false;
+        pa = pb + 1, fa = fb + 1;
+    }
     return true;
 }
 

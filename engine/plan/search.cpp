@@ -1,6 +1,10 @@
 #include "plan/search.h"
 
 #include <algorithm>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <set>
 
 #include "core/error.h"
 #include "core/parallel_for.h"
@@ -148,32 +152,37 @@ public:
             }
             worth.push_back(std::move(c));
         }
-        // memory first: where the pipeline's fully_shard, checkpointed variant does not fit, neither
-        // does replicate (whole parameters, gradients and optimizer state) nor the uncheckpointed one
-        std::vector<PlanChoice> least, rest;
-        for (PlanChoice& c : worth)
-            (c.dp_mode == "fully_shard" && c.checkpoint ? least : rest).push_back(std::move(c));
-        const size_t before = r_.fitting.size();
-        evaluate_all(least);
-        auto same_shape = [](const PlanChoice& a, const PlanChoice& b) {
-            return a.pp == b.pp && a.dp == b.dp && a.tp == b.tp && a.virtual_stages == b.virtual_stages;
-        };
-        std::vector<PlanChoice> fit_rest;
-        for (PlanChoice& c : rest) {
-            const bool least_fits =
-                std::any_of(r_.fitting.begin() + static_cast<std::ptrdiff_t>(before), r_.fitting.end(),
-                            [&](const Candidate& f) { return same_shape(f.choice, c); });
-            const bool least_tried = std::any_of(least.begin(), least.end(),
-                                                 [&](const PlanChoice& l) { return same_shape(l, c); });
-            if (least_tried && !least_fits) {
-                r_.rejected.push_back({pipeline_shape(c),
-                                       "does not fit where its fully_shard, checkpointed variant does "
-                                       "not: not simulated"});
-                continue;
+        // memory first: a pipeline is simulated once every lighter variant of it (lighter_variants)
+        // fits; where one does not, neither does it (a rejection says which)
+        std::map<std::string, bool> fits;  // pipeline_shape -> it fit
+        while (!worth.empty()) {
+            std::set<std::string> pending;
+            for (const PlanChoice& c : worth) pending.insert(pipeline_shape(c));
+            std::vector<PlanChoice> wave, later;
+            for (PlanChoice& c : worth) {
+                std::optional<std::string> over;
+                bool ready = true;
+                for (const PlanChoice& l : lighter_variants(c)) {
+                    const std::string key = pipeline_shape(l);
+                    if (auto it = fits.find(key); it != fits.end() && !it->second) over = key;
+                    if (pending.count(key)) ready = false;
+                }
+                if (over) {
+                    r_.rejected.push_back(
+                        {pipeline_shape(c),
+                         fmt::format("does not fit where {} does not: not simulated", *over)});
+                    fits[pipeline_shape(c)] = false;
+                } else {
+                    (ready ? wave : later).push_back(std::move(c));
+                }
             }
-            fit_rest.push_back(std::move(c));
+            const size_t before = r_.fitting.size();
+            evaluate_all(wave);
+            for (const PlanChoice& c : wave) fits[pipeline_shape(c)] = false;
+            for (size_t i = before; i < r_.fitting.size(); ++i)
+                fits[pipeline_shape(r_.fitting[i].choice)] = true;
+            worth = std::move(later);
         }
-        evaluate_all(fit_rest);
         std::stable_sort(r_.fitting.begin(), r_.fitting.end(), [](const Candidate& a, const Candidate& b) {
             if (a.time.step != b.time.step) return a.time.step < b.time.step;
             return a.peak < b.peak;
@@ -186,13 +195,40 @@ private:
         std::vector<std::optional<Candidate>> fits(groups.size());
         std::vector<std::optional<Rejection>> refusals(groups.size());
         std::vector<int> counts(groups.size(), 0);
-        parallel_for(groups.size(), o_.threads,
-                     [&](size_t i) { evaluate(groups[i], fits[i], refusals[i], counts[i]); });
+        // the longest first (a pipeline's samples run its microbatches on v stages a rank), so that
+        // no thread is left with a long one at the end
+        std::vector<size_t> order(groups.size());
+        std::iota(order.begin(), order.end(), size_t{0});
+        auto cost = [&](const PlanChoice& c) {
+            return c.pp > 1
+                       ? static_cast<int64_t>(pipeline_microbatches(c)) * c.virtual_stages * c.virtual_stages
+                       : 0;
+        };
+        std::stable_sort(order.begin(), order.end(),
+                         [&](size_t a, size_t b) { return cost(groups[a]) > cost(groups[b]); });
+        parallel_for(groups.size(), o_.threads, [&](size_t k) {
+            const size_t i = order[k];
+            evaluate(groups[i], fits[i], refusals[i], counts[i]);
+        });
         for (size_t i = 0; i < groups.size(); ++i) {  // in group order: the same output on any thread count
             if (fits[i]) r_.fitting.push_back(*fits[i]);
             if (refusals[i]) r_.rejected.push_back(*refusals[i]);
             r_.evaluated += counts[i];
         }
+    }
+
+    // The variants of pipeline `c` (the same pp, dp and tp) that need no more memory than it:
+    // fully_shard where it replicates (shards of the parameters, gradients and optimizer state, not
+    // the whole), checkpointed where it is not (a block's activations recomputed, not kept), 1F1B
+    // where it interleaves (pp rank r holds at most pp - r stages' activations of microbatches in
+    // flight; interleaved's warm-up ((v + 1) pp - 2 r - 1) / v of them, (pp + (v - 2) r - 1) / v more).
+    std::vector<PlanChoice> lighter_variants(const PlanChoice& c) const {
+        std::vector<PlanChoice> out;
+        if (c.dp_mode == "replicate") out.push_back(c), out.back().dp_mode = "fully_shard";
+        if (!c.checkpoint && !blocks_.empty()) out.push_back(c), out.back().checkpoint = true;
+        if (c.virtual_stages > 1)
+            out.push_back(c), out.back().schedule = "1f1b", out.back().virtual_stages = 1;
+        return out;
     }
 
     // A pipeline's microbatches a round: the most its rows per dp rank and round allow, a power of
@@ -411,48 +447,79 @@ private:
         const int64_t sampled_rows = rows_ / m * sampled;
         PipelineSample at[2];
         const double prefetch = base.dp_mode == "fully_shard" && base.dp > 1 ? block_unsharded_ / base.tp : 0;
-        try {
-            for (int k : {2, 3}) {
-                PlanChoice c = base;
-                c.pp_microbatches = sampled, c.stage_blocks.assign(stages, k);
-                const Plan plan = load_plan_text(write_plan(full_, tpl_, c), "generated.yaml");
-                const std::string text =
-                    model_variant(text_, static_cast<int64_t>(k) * stages, rounds, sampled_rows);
-                at[k - 2] = sample_pipeline(plan, cluster_, r_.compute, repeat_, k, [&](int rank) {
-                    RunInputs in;
-                    in.model_path = name_, in.model_text = text;
-                    ++count;
-                    RankSimulation sim = simulate_rank(in, plan, rank, 2, true);
-                    if (rank >= plan.world_size() - plan.world_size() / base.pp && m > sampled) {
-                        // the last stage keeps every microbatch's output for the step (StepOutput):
-                        // its peak grows with the count, linearly from the sample at twice as many
-                        PlanChoice c2 = c;
-                        c2.pp_microbatches = 2 * sampled;
-                        const Plan plan2 = load_plan_text(write_plan(full_, tpl_, c2), "generated.yaml");
-                        RunInputs in2 = in;
-                        in2.model_text =
-                            model_variant(text_, static_cast<int64_t>(k) * stages, rounds, 2 * sampled_rows);
-                        ++count;
-                        const RankSimulation twice = simulate_rank(in2, plan2, rank, 2, true);
-                        const double f = static_cast<double>(m - sampled) / sampled;
-                        auto lin = [f](int64_t x, int64_t y) {
-                            return static_cast<int64_t>(x + (y - x) * f);
-                        };
-                        sim.memory.peak = lin(sim.memory.peak, twice.memory.peak);
-                        for (auto& [label, peak] : sim.phase_peaks)
-                            if (auto it = twice.phase_peaks.find(label); it != twice.phase_peaks.end())
-                                peak = lin(peak, it->second);
-                    }
-                    // every stage holds 2 blocks or more when the blocks are at least twice the stages
-                    if (k == 2 && rank == 0 && layers_ >= 2 * stages &&
-                        static_cast<double>(sim.memory.peak) + prefetch > r_.memory_cap)
-                        throw InputError(fmt::format(
-                            "pp rank 0 needs more than {} > {} per GPU with 2 blocks a stage "
-                            "({} microbatches a round)",
-                            gib(static_cast<double>(sim.memory.peak) + prefetch), gib(r_.memory_cap), m));
-                    return sim;
-                });
+        const int per_pp_rank = r_.world_size / base.pp;
+        // the plan and model of stages of k blocks each, and one rank's simulation of them (each
+        // simulated once: a middle rank's two come first, for the bound below)
+        std::map<int, std::pair<Plan, std::string>> variants;
+        std::map<std::pair<int, int>, RankSimulation> simulated;
+        auto variant = [&](int k) -> const std::pair<Plan, std::string>& {
+            if (auto it = variants.find(k); it != variants.end()) return it->second;
+            PlanChoice c = base;
+            c.pp_microbatches = sampled, c.stage_blocks.assign(stages, k);
+            return variants
+                .emplace(k, std::make_pair(
+                                load_plan_text(write_plan(full_, tpl_, c), "generated.yaml"),
+                                model_variant(text_, static_cast<int64_t>(k) * stages, rounds, sampled_rows)))
+                .first->second;
+        };
+        auto simulate_at = [&](int k, int rank) -> RankSimulation {
+            if (auto it = simulated.find({k, rank}); it != simulated.end()) return std::move(it->second);
+            const auto& [plan, text] = variant(k);
+            RunInputs in;
+            in.model_path = name_, in.model_text = text;
+            ++count;
+            RankSimulation sim = simulate_rank(in, plan, rank, 2, true);
+            // every stage holds 2 blocks or more when the blocks are at least twice the stages, and
+            // the last rank's outputs only grow with the microbatches: a rank over the cap here is
+            // over it in the plan (the others not simulated)
+            const int pp_rank = rank / per_pp_rank;
+            if (k == 2 && layers_ >= 2 * stages &&
+                static_cast<double>(sim.memory.peak) + prefetch > r_.memory_cap)
+                throw InputError(fmt::format(
+                    "pp rank {} needs more than {} > {} per GPU with 2 blocks a stage ({} microbatches a "
+                    "round)",
+                    pp_rank, gib(static_cast<double>(sim.memory.peak) + prefetch), gib(r_.memory_cap), m));
+            if (pp_rank == base.pp - 1 && m > sampled) {
+                // the last stage keeps every microbatch's output for the step (StepOutput): its peak
+                // grows with the count, linearly from the sample at twice as many
+                PlanChoice c2 = base;
+                c2.pp_microbatches = 2 * sampled, c2.stage_blocks.assign(stages, k);
+                const Plan plan2 = load_plan_text(write_plan(full_, tpl_, c2), "generated.yaml");
+                RunInputs in2 = in;
+                in2.model_text =
+                    model_variant(text_, static_cast<int64_t>(k) * stages, rounds, 2 * sampled_rows);
+                ++count;
+                const RankSimulation twice = simulate_rank(in2, plan2, rank, 2, true);
+                const double f = static_cast<double>(m - sampled) / sampled;
+                auto lin = [f](int64_t x, int64_t y) { return static_cast<int64_t>(x + (y - x) * f); };
+                sim.memory.peak = lin(sim.memory.peak, twice.memory.peak);
+                for (auto& [label, peak] : sim.phase_peaks)
+                    if (auto it = twice.phase_peaks.find(label); it != twice.phase_peaks.end())
+                        peak = lin(peak, it->second);
             }
+            return sim;
+        };
+        try {
+            if (base.pp >= 3 && layers_ >= 2 * stages) {
+                // A middle rank's peak at 2 and 3 blocks a stage, extended to layers / stages: its
+                // peak grows with its blocks, each pass's linearly (so the largest, convexly: the
+                // line through two samples stays under it), and the middle stages are cut at least
+                // that long (the first and the last get fewer). Over the cap, the plan is too.
+                for (int k : {2, 3})
+                    simulated.emplace(std::make_pair(k, per_pp_rank), simulate_at(k, per_pp_rank));
+                const double p2 = static_cast<double>(simulated.at({2, per_pp_rank}).memory.peak),
+                             p3 = static_cast<double>(simulated.at({3, per_pp_rank}).memory.peak);
+                const int64_t x = layers_ / stages;
+                const double least = p2 + (p3 - p2) * static_cast<double>(x - 2) + prefetch;
+                if (least > r_.memory_cap)
+                    throw InputError(fmt::format(
+                        "pp rank 1 needs more than {} > {} per GPU with {} blocks a stage, as every middle "
+                        "rank ({} microbatches a round)",
+                        gib(least), gib(r_.memory_cap), x, m));
+            }
+            for (int k : {2, 3})
+                at[k - 2] = sample_pipeline(variant(k).first, cluster_, r_.compute, repeat_, k,
+                                            [&](int rank) { return simulate_at(k, rank); });
         } catch (const InputError& e) {
             refusal = Rejection{shape, e.message()};
             return;
