@@ -124,12 +124,17 @@ void explain(const ExplainArgs& a, const Common& c) {
     const std::vector<std::string>& start = r.at_start;
     fmt::print("  at start: {}\n",
                start.empty() ? std::string("none") : fmt::format("{}", fmt::join(start, "; ")));
-    // the steps executed on meta tensors (train/simulate.h): every tensor the ranks would hold
+    // the steps executed on meta tensors (train/simulate.h): every tensor the ranks would hold; at
+    // least two, so that the peak is the steady state's
     fmt::print(
-        "\n  memory per rank (predicted: {} step{} simulated; the peak, what was resident before it, and at "
-        "the peak):\n",
-        steps, steps == 1 ? "" : "s");
-    std::vector<std::vector<std::string>> mrows = {{"ranks", "peak", "resident", "at the peak"}};
+        "\n  memory per rank (predicted: {} steps simulated; peak: the steady state, from the second step "
+        "on, with the\n"
+        "  optimizer's state held throughout; first step: its own peak, before that state exists; what was "
+        "resident\n"
+        "  before the first step; and at the peak):\n",
+        r.simulated_steps);
+    std::vector<std::vector<std::string>> mrows = {
+        {"ranks", "peak", "first step", "resident", "at the peak"}};
     for (const PredictedRank& pm : memory) {
         const RankMemory& m = pm.sim.memory;
         std::vector<std::string> uses;
@@ -137,8 +142,8 @@ void explain(const ExplainArgs& a, const Common& c) {
             if (m.at_peak[u] > 0)
                 uses.push_back(fmt::format("{} {}", memory_use_name(static_cast<MemoryUse>(u)),
                                            format_bytes(m.at_peak[u])));
-        mrows.push_back({rank_ranges(pm.ranks), format_bytes(m.peak), format_bytes(m.resident),
-                         fmt::format("{}", fmt::join(uses, ", "))});
+        mrows.push_back({rank_ranges(pm.ranks), format_bytes(m.peak), format_bytes(m.first_step_peak),
+                         format_bytes(m.resident), fmt::format("{}", fmt::join(uses, ", "))});
     }
     print_columns(mrows, "    ");
     fmt::print(
@@ -248,7 +253,8 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["synced_buffers"] = std::vector<std::string>(dp.synced_buffers.begin(), dp.synced_buffers.end());
         j["memory"] = nlohmann::json::array();  // one entry per rank class, predicted (train/simulate.h)
         for (const PredictedRank& m : memory) {
-            nlohmann::json e = memory_json(m.sim.memory, "predicted_peak_bytes");
+            nlohmann::json e = memory_json(m.sim.memory, "predicted_peak_bytes");  // the steady state's
+            e["first_step_peak_bytes"] = m.sim.memory.first_step_peak;
             e["ranks"] = m.ranks;
             j["memory"].push_back(e);
         }
@@ -257,6 +263,7 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["parameters"] = elements;  // unique parameter elements
         j["verify_record_bytes_per_step"] = ex.record_step_bytes;
         j["verify_steps"] = steps;
+        j["simulated_steps"] = r.simulated_steps;
         if (plan.pipeline) {
             nlohmann::json stages = nlohmann::json::array();
             for (const StageExplain& st : r.stages)

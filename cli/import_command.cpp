@@ -44,6 +44,10 @@ void add_import_command(CLI::App& app) {
         ->transform(whole_number(1, int64_t{1} << 40));
     hf->add_option("--seq", opt->seq, "tokens per row (default min(max positions, 2048))")
         ->transform(whole_number(1, int64_t{1} << 40));
+    hf->add_option("--attn", opt->attn,
+                   "attention: flash (= sdpa, transformers' default, flash_attention_2/3, flex_attention: no "
+                   "seq x seq scores kept) or eager (default: the config's attn_implementation, else sdpa)")
+        ->check(CLI::IsMember(hf_attn_names()));
     hf->add_option("-o,--output", *out, "write the model here (default: print it)")->check(output_path());
     hf->callback([config, out, opt] {
         FileRoles().input("CONFIG", *config).output("-o", *out).check();

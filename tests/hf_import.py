@@ -114,6 +114,100 @@ check(rc == 0 and "rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.
 rc, text = run("import", "hf", write_config("window_ok", dict(base, model_type="mistral", sliding_window=8)), "--seq", "8")
 check(rc == 0, f"a sliding window as long as the sequence is causal attention: {text}")
 
+# 3b. Attention: transformers' default, sdpa, keeps no [B*H, T, T] scores, which the model format's
+# `flash` models; --attn wins over the config's attn_implementation (or _attn_implementation), the
+# config over the default; the header says which and why.
+def attn_lines(text):
+    return re.findall(r"type: attention, .*", text)
+
+
+def imported(*args):
+    p = subprocess.run([PTOOL, "import", "hf", *args], capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stdout, p.stderr
+
+
+llama31 = f"{HF}/tiny-llama31.json"
+for cfg in ("tiny-llama31", "tiny-qwen2", "tiny-gpt2", "llama-3.1-8b", "gpt2"):
+    rc, out, err = imported(f"{HF}/{cfg}.json")
+    lines = attn_lines(out)
+    check(rc == 0 and lines and all("attn_implementation: flash" in a for a in lines)
+          and "# Attention: flash (transformers' default attn_implementation \"sdpa\").\n" in out,
+          f"import {cfg}: flash by default expected, got rc {rc}: {lines}\n{out[:900]}{err}")
+    rc, out, err = imported(f"{HF}/{cfg}.json", "--attn", "eager")
+    lines = attn_lines(out)
+    check(rc == 0 and lines and all("attn_implementation: eager" in a for a in lines) and "# Attention: eager (--attn eager).\n" in out,
+          f"import {cfg} --attn eager: got rc {rc}: {lines}\n{out[:900]}{err}")
+for flag, impl in (("flash", "flash"), ("sdpa", "flash"), ("flash_attention_2", "flash"), ("flash_attention_3", "flash"),
+                   ("flex_attention", "flash"), ("eager", "eager")):
+    rc, out, err = imported(llama31, "--attn", flag)
+    check(rc == 0 and f"attn_implementation: {impl}," in out and f"# Attention: {impl} (--attn {flag}).\n" in out,
+          f"--attn {flag}: {impl} expected, got rc {rc}: {attn_lines(out)}{err}")
+cfg31 = json.load(open(llama31))
+for key in ("attn_implementation", "_attn_implementation"):
+    path = write_config(f"attn_{key}", dict(cfg31, **{key: "eager"}))
+    rc, out, err = imported(path)
+    check(rc == 0 and "attn_implementation: eager," in out and f"# Attention: eager (the config's {key} \"eager\").\n" in out,
+          f"the config's {key} eager: got rc {rc}: {attn_lines(out)}\n{out[:900]}{err}")
+    rc, out, err = imported(path, "--attn", "sdpa")  # the flag wins over the config
+    check(rc == 0 and "attn_implementation: flash," in out and "# Attention: flash (--attn sdpa).\n" in out,
+          f"--attn sdpa over the config's {key} eager: got rc {rc}: {attn_lines(out)}{err}")
+path = write_config("attn_fa2", dict(cfg31, attn_implementation="flash_attention_2"))
+rc, out, err = imported(path)
+check(rc == 0 and "attn_implementation: flash," in out and "the config's attn_implementation \"flash_attention_2\"" in out,
+      f"the config's flash_attention_2: got rc {rc}: {attn_lines(out)}{err}")
+path = write_config("attn_null", dict(cfg31, _attn_implementation=None))  # null: unset
+rc, out, err = imported(path)
+check(rc == 0 and "attn_implementation: flash," in out and "transformers' default" in out, f"_attn_implementation null: rc {rc}: {err}")
+for what, cfg, key, fragment in [
+        ("an attention ptool does not model", dict(cfg31, attn_implementation="paged_attention"), "attn_implementation",
+         "'paged_attention' is not an attention ptool models"),
+        ("a misspelt one", dict(cfg31, _attn_implementation="sdpa2"), "_attn_implementation", "did you mean 'sdpa'"),
+        ("not a string", dict(cfg31, attn_implementation=2), "attn_implementation", "attn_implementation"),
+        ("two that disagree", dict(cfg31, attn_implementation="sdpa", _attn_implementation="eager"), "_attn_implementation",
+         "disagrees with 'attn_implementation'")]:
+    path = write_config("attn_bad", cfg)
+    rc, out, err = imported(path)
+    at = f"{path}:{line_of(path, key)}:"
+    check(rc == 2 and at in err and fragment in err and not out, f"{what}: exit 2 at {at} naming '{fragment}' expected, got {rc}: {out}{err}")
+    rc, out, err = imported(path, "--attn", "eager")  # the flag wins: the config's value is not read
+    check(rc == 0 and "attn_implementation: eager," in out, f"{what} under --attn eager: rc {rc}: {err}")
+rc, out, err = imported(llama31, "--attn", "sdpa2")
+check(rc == 2 and "--attn" in err and "eager" in err and "sdpa" in err and not out, f"--attn sdpa2: exit 2 naming the choices expected, got {rc}: {out}{err}")
+
+# The shipped imported models are what the import writes now (flash attention, its header).
+for cfg, model in (("tiny-qwen2", "hf_tiny_qwen2"), ("tiny-gpt2", "hf_tiny_gpt2"), ("tiny-llama31", "hf_tiny_llama31")):
+    p = subprocess.run([os.path.abspath(PTOOL), "import", "hf", f"tests/data/hf/{cfg}.json", "--batch", "2", "--seq", "8"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)  # the header names the config as given
+    rc, out = p.returncode, p.stdout
+    check(rc == 0 and out == open(f"{ROOT}/models/{model}.yaml").read(),
+          f"models/{model}.yaml is not `ptool import hf tests/data/hf/{cfg}.json --batch 2 --seq 8` (rc {rc}; re-import it)")
+
+# explain's memory at a long sequence: eager keeps each layer's softmax probabilities [B*H, T, T]
+# (S bytes) for backward and makes dp and ds (2 S) in the last layer's backward, where both peak at
+# T = 256; flash keeps none and holds one head's p, dp and ds (3 S / (B H)) there. The steady-state
+# peak and its activations then drop by exactly (L + 2) S - 3 S / (B H).
+B, T, H, L = 2, 256, cfg31["num_attention_heads"], cfg31["num_hidden_layers"]
+one = f"{tmp}/one.yaml"
+with open(one, "w") as f:
+    f.write("mesh: {world: 1}\n")
+mem = {}
+for impl in ("eager", "flash"):
+    model, ej = f"{tmp}/llama_{impl}.yaml", f"{tmp}/llama_{impl}.json"
+    rc, text = run("import", "hf", llama31, "--batch", str(B), "--seq", str(T), "--attn", impl, "-o", model)
+    check(rc == 0, f"import --attn {impl}: {text}")
+    rc, text = run("explain", model, one, "--json", ej)
+    if check(rc == 0, f"explain --attn {impl}: rc {rc}: {text[-600:]}"):
+        mem[impl] = json.load(open(ej))["memory"][0]
+if len(mem) == 2:
+    S = B * H * T * T * 4  # float32
+    want = (L + 2) * S - 3 * S // (B * H)
+    drop = mem["eager"]["predicted_peak_bytes"] - mem["flash"]["predicted_peak_bytes"]
+    act = mem["eager"]["at_peak"]["activations"] - mem["flash"]["at_peak"]["activations"]
+    check(drop == want and act == want, f"eager -> flash at T {T}: peak drops {drop} B, activations {act} B; "
+          f"(L + 2) S - 3 S / (B H) = {want} B (S = {S} B)")
+    print(f"tiny Llama 3.1 at {B} x {T} tokens: peak eager {mem['eager']['predicted_peak_bytes']:,} B, "
+          f"flash {mem['flash']['predicted_peak_bytes']:,} B")
+
 # 4. hf-tp-plan: the family plan, mapped styles, refusals at the entry.
 rc, text = run("import", "hf-tp-plan", f"{HF}/tiny-qwen2.json", "--tp", "2", "-o", f"{tmp}/qwen_tp.yaml")
 check(rc == 0, f"hf-tp-plan tiny-qwen2: {text}")

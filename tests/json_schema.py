@@ -93,4 +93,10 @@ if __name__ == "__main__":
             bad = copy.deepcopy(docs["explain"])
             bad.pop("parameters")
             check(validate(bad, "explain") is not None, "the explain schema accepts a document without 'parameters'")
+            for what, mutate in [("no first_step_peak_bytes", lambda d: d["memory"][0].pop("first_step_peak_bytes")),
+                                 ("no simulated_steps", lambda d: d.pop("simulated_steps")),
+                                 ("one simulated step", lambda d: d.update(simulated_steps=1))]:
+                bad = copy.deepcopy(docs["explain"])
+                mutate(bad)
+                check(validate(bad, "explain") is not None, f"the explain schema accepts a document with {what}")
     check.finish()

@@ -8,7 +8,10 @@ tensors (train/simulate.h); `ptool verify --json` measures every rank's peak fro
 thread allocated (core/memory_account.h). explain simulates one rank per class of ranks whose
 shards have the same sizes and names the ranks each stands for; fails unless every rank's
 measurement equals its class's prediction to the byte (the same quantity by construction:
-docs/architecture.md). --table prints the README's table.
+docs/architecture.md). explain simulates at least two steps: its headline peak
+(predicted_peak_bytes) is the steady state, the optimizer's state held throughout, and
+first_step_peak_bytes the first step's; a verify of one step is held to the latter, of more to the
+former. --table prints the README's table.
 """
 import glob
 import json
@@ -25,6 +28,28 @@ from json_schema import validate_file  # noqa: E402
 PTOOL, ROOT = sys.argv[1], sys.argv[2]
 TABLE = "--table" in sys.argv
 check = Checks()
+
+
+def format_bytes(b):  # as ptool prints bytes (cli/verify_output.cpp)
+    if b < 1024:
+        return f"{b} B"
+    if b < 1 << 20:
+        return f"{b / 1024:.1f} KiB"
+    if b < 1 << 30:
+        return f"{b / 1048576:.1f} MiB"
+    return f"{b / 1073741824:.2f} GiB"
+
+
+def predicted_peaks(explain_json):
+    """{rank: explain's predicted peak} for what verify runs: the first step's peak when verify runs
+    one step (explain_json's verify_steps), else the steady state's (the headline)."""
+    e = json.load(open(explain_json))
+    key = "first_step_peak_bytes" if e["verify_steps"] == 1 else "predicted_peak_bytes"
+    return {r: m[key] for m in e["memory"] for r in m["ranks"]}
+
+
+def measured_peaks(verify_json):
+    return {m["rank"]: m["measured_peak_bytes"] for m in json.load(open(verify_json))["plans"][0]["memory"]}
 
 
 def cases():
@@ -49,8 +74,7 @@ with tempfile.TemporaryDirectory() as tmp:
         for doc, kind in ((ej, "explain"), (vj, "verify")):  # every shipped plan's documents match docs/schema/
             err = validate_file(doc, kind)
             check(err is None, f"{name}: {err}")
-        predicted = {r: m["predicted_peak_bytes"] for m in json.load(open(ej))["memory"] for r in m["ranks"]}
-        measured = {m["rank"]: m["measured_peak_bytes"] for m in json.load(open(vj))["plans"][0]["memory"]}
+        predicted, measured = predicted_peaks(ej), measured_peaks(vj)
         check(sorted(predicted) == sorted(measured), f"{name}: explain's rank classes cover {sorted(predicted)}, verify ran {sorted(measured)}")
         worst = 0.0
         for rank, meas in measured.items():
@@ -73,8 +97,7 @@ with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([PTOOL, "explain", model, plan, "--json", ej], capture_output=True, timeout=120)
         q = subprocess.run([PTOOL, "verify", model, plan, "--json", vj, "-q"], capture_output=True, text=True, timeout=300)
         check(q.returncode == 0, f"{impl}: verify exit {q.returncode}\n{q.stdout}{q.stderr}")
-        predicted = {r: m["predicted_peak_bytes"] for m in json.load(open(ej))["memory"] for r in m["ranks"]}
-        measured = {m["rank"]: m["measured_peak_bytes"] for m in json.load(open(vj))["plans"][0]["memory"]}
+        predicted, measured = predicted_peaks(ej), measured_peaks(vj)
         check(predicted == measured, f"{impl}: predicted {predicted}, measured {measured}")
         peaks[impl] = max(measured.values())
         subprocess.run([PTOOL, "golden", "record", model, plan, "-o", g], capture_output=True, timeout=300)
@@ -84,6 +107,50 @@ with tempfile.TemporaryDirectory() as tmp:
                        capture_output=True, text=True, timeout=120)
     check(" 0 of " in d.stdout and "tensors differ" in d.stdout, f"flash vs eager goldens differ:\n{d.stdout[-1500:]}")
     print(f"llama_rope at 64 tokens, tp 2: peak per rank eager {peaks['eager']:,} B, flash {peaks['flash']:,} B")
+
+# The steady state is the headline. An imported model says steps: 1 (the model format's default) and
+# trains with AdamW, whose two float32 states per parameter torch.optim creates at the first
+# optimizer step: the first step's forward and backward run without them, every later step's with
+# them. explain simulates two steps whatever the model says: its headline peak is the steady state,
+# above the first step's by exactly the states' bytes here (a model whose peak is in the backward,
+# the states held throughout it from the second step on), which a verify of two steps measures; the
+# first step's peak is what a verify of one step measures.
+with tempfile.TemporaryDirectory() as tmp:
+    model, fsdp = os.path.join(tmp, "llama.yaml"), os.path.join(tmp, "fsdp.yaml")
+    p = subprocess.run([PTOOL, "import", "hf", f"{ROOT}/tests/data/hf/tiny-llama31.json", "--batch", "4", "--seq", "64",
+                        "-o", model], capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0 and "optimizer: {type: adamw}" in open(model).read() and "steps:" not in open(model).read(),
+          f"import tiny-llama31: exit {p.returncode}\n{p.stdout}{p.stderr}")
+    open(fsdp, "w").write("mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard, fully_shard: [\"model.layers.*\"]}\n")
+    for plan, shards in ((f"{ROOT}/plans/empty_plan.yaml", 1), (fsdp, 2)):
+        name = os.path.basename(plan)
+        ej, v1, v2 = (os.path.join(tmp, f) for f in ("e.json", "v1.json", "v2.json"))
+        p = subprocess.run([PTOOL, "explain", model, plan, "--json", ej], capture_output=True, text=True, timeout=120)
+        q1 = subprocess.run([PTOOL, "verify", model, plan, "--json", v1, "-q"], capture_output=True, text=True, timeout=300)
+        q2 = subprocess.run([PTOOL, "verify", model, plan, "--steps", "2", "--json", v2, "-q"], capture_output=True,
+                            text=True, timeout=300)
+        if not check(p.returncode == 0 and q1.returncode == 0 and q2.returncode == 0,
+                     f"{name}: explain exit {p.returncode}, verify exits {q1.returncode} and {q2.returncode}\n{p.stderr}"):
+            continue
+        check(validate_file(ej, "explain") is None, f"{name}: {validate_file(ej, 'explain')}")
+        e = json.load(open(ej))
+        check(e["verify_steps"] == 1 and e["simulated_steps"] == 2,
+              f"{name}: verify_steps {e['verify_steps']}, simulated_steps {e['simulated_steps']}")
+        states = 2 * e["parameters"] * 4 // shards  # exp_avg and exp_avg_sq, float32, fully_shard's shard of them
+        for m in e["memory"]:
+            check(m["predicted_peak_bytes"] - m["first_step_peak_bytes"] == states and m["at_peak"].get("optimizer") == states,
+                  f"{name} ranks {m['ranks']}: steady-state peak {m['predicted_peak_bytes']} B, first step's "
+                  f"{m['first_step_peak_bytes']} B: not AdamW's {states} B of state apart ({m['at_peak']})")
+        steady = {r: m["predicted_peak_bytes"] for m in e["memory"] for r in m["ranks"]}
+        first = {r: m["first_step_peak_bytes"] for m in e["memory"] for r in m["ranks"]}
+        check(first == measured_peaks(v1), f"{name}: first-step peaks {first}, a 1-step verify measured {measured_peaks(v1)}")
+        check(steady == measured_peaks(v2), f"{name}: steady-state peaks {steady}, a 2-step verify measured {measured_peaks(v2)}")
+        peak = max(steady.values())
+        check(re.search(rf"^    0-\d+ +{re.escape(format_bytes(peak))} +{re.escape(format_bytes(max(first.values())))} ",
+                        p.stdout, re.M) is not None,
+              f"{name}: explain's memory table does not lead with the steady state {format_bytes(peak)}:\n{p.stdout[-1500:]}")
+        print(f"tiny Llama 3.1 (steps: 1, AdamW) under {name}: first step {max(first.values()):,} B, "
+              f"steady state {peak:,} B (+{states:,} B of AdamW state)")
 
 # The README's table and docs/planning.md's count are these measurements (--table prints the rows)
 table = [f"| {name} | {n} | {pred:,} | {meas:,} | {100 * err:.2f}% |" for name, n, pred, meas, err in rows]

@@ -3,8 +3,11 @@
 // import_hf_model: a `config.json` of the llama, mistral, qwen2 or gpt2 families becomes a model
 // YAML whose parameters carry HF's FQNs (model.layers.0.self_attn.q_proj.weight, lm_head.weight;
 // transformer.h.0.ln_1.weight for GPT-2), so `--init` takes the model's safetensors checkpoint and
-// the parameter count is HF's. Fields that change the computation and that ptool does not model
-// (sliding windows, MoE, rope_scaling, a head_dim other than hidden/heads) are exit 2 at the field.
+// the parameter count is HF's. The attention is `attn_implementation: flash` (no [B*H, T, T] scores
+// kept), as transformers' default, SDPA, keeps it, unless --attn or the config's attn_implementation
+// says eager (the flag wins over the config, the config over the default). Fields that change the
+// computation and that ptool does not model (sliding windows, MoE, rope_scaling, a head_dim other
+// than hidden/heads) are exit 2 at the field.
 // The config is strict JSON with typed fields (import/hf_config.h); what it says reaches the YAML
 // only as numbers, table entries or emitter-quoted strings (core/yaml_writer.h).
 //
@@ -21,7 +24,15 @@ struct HfImportOptions {
     int64_t batch = 1;  // rows of the model's batch
     int64_t seq = 0;    // tokens per row; 0: min(max_position_embeddings, 2048)
     int tp = 2;         // the plan's mesh size (hf-tp-plan)
+    // --attn: one of hf_attn_names(); "" takes the config's attn_implementation (or
+    // _attn_implementation), else transformers' default, sdpa (the model's `flash`)
+    std::string attn;
 };
+
+// The attention implementations the import takes (--attn, a config's attn_implementation):
+// transformers' names (eager, sdpa, flash_attention_2, flash_attention_3, flex_attention) and the
+// model format's (eager, flash); each is written as the model format's `eager` or `flash`.
+std::vector<std::string> hf_attn_names();
 
 struct HfImport {
     std::string yaml;  // the file's text

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "core/yaml_reader.h"
 #include "core/yaml_writer.h"
@@ -114,6 +115,70 @@ double dropout_field(const HfConfig& c, const std::string& key, double fallback)
     return p;
 }
 
+// transformers' attn_implementation names and the model format's, as the model format's: eager
+// keeps the softmax probabilities [B*H, T, T] for backward (HF's eager); SDPA's flash and
+// memory-efficient kernels, FlashAttention 2 and 3 and FlexAttention keep no score matrix, as the
+// model format's flash does.
+const std::map<std::string, std::string>& attn_implementations() {
+    static const std::map<std::string, std::string> m = {
+        {"eager", "eager"},
+        {"flash", "flash"},
+        {"sdpa", "flash"},
+        {"flash_attention_2", "flash"},
+        {"flash_attention_3", "flash"},
+        {"flex_attention", "flash"},
+    };
+    return m;
+}
+
+// The attention the model gets and why: --attn, else the config's attn_implementation (or
+// _attn_implementation, as some saved configs spell it), else transformers' default, sdpa.
+// The config's value must be a name ptool knows (exit 2 at it); both keys set must agree.
+struct AttnChoice {
+    std::string impl;  // the model format's: eager or flash
+    std::string why;   // for the header comment: fixed text and names from the table only
+};
+AttnChoice attention_choice(const HfConfig& c, const HfImportOptions& opt) {
+    const auto& known = attn_implementations();
+    if (!opt.attn.empty()) {
+        auto it = known.find(opt.attn);
+        if (it == known.end())
+            throw InputError(
+                fmt::format("--attn '{}': valid: {}", opt.attn, fmt::join(hf_attn_names(), ", ")));
+        return {it->second, fmt::format("--attn {}", it->first)};
+    }
+    std::optional<AttnChoice> found;
+    for (const char* key : {"attn_implementation", "_attn_implementation"}) {
+        if (!c.set(key)) continue;
+        const std::string v = c.str(key, "");
+        auto it = known.find(v);
+        if (it == known.end())
+            c.fail_at(
+                key, fmt::format("'{}' '{}' is not an attention ptool models (valid: {}; --attn overrides "
+                                 "the config){}",
+                                 key, v, fmt::join(hf_attn_names(), ", "), did_you_mean(v, hf_attn_names())));
+        if (found && found->impl != it->second)
+            c.fail_at(key,
+                      fmt::format("'{}' '{}' disagrees with 'attn_implementation' (--attn chooses)", key, v));
+        if (!found) found = AttnChoice{it->second, fmt::format("the config's {} \"{}\"", key, it->first)};
+    }
+    if (found) return *found;
+    return {"flash", "transformers' default attn_implementation \"sdpa\""};
+}
+
+// The header's lines on the attention: which implementation, why, and what it keeps.
+std::string attention_comment(const AttnChoice& a) {
+    std::string y = fmt::format("# Attention: {} ({}).\n", a.impl, a.why);
+    if (a.impl == "flash")
+        return y +
+               "# No [batch x heads, seq, seq] scores kept, as SDPA's flash and memory-efficient kernels "
+               "keep\n"
+               "# none; --attn eager keeps them for backward (HF's eager). --attn wins over the config.\n";
+    return y +
+           "# The softmax probabilities [batch x heads, seq, seq] kept for backward (HF's eager);\n"
+           "# transformers' default, sdpa, keeps none: --attn sdpa writes flash.\n";
+}
+
 struct Shape2 {
     int64_t batch, seq;
 };
@@ -203,6 +268,7 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     const bool bias = c.flag("attention_bias", false), mlp_bias = c.flag("mlp_bias", false);
     const bool qkv_bias = f.qkv_bias_fixed || bias, o_bias = !f.qkv_bias_fixed && bias;
     const bool tied = hf_tied_head(c, type);
+    const AttnChoice attn = attention_choice(c, opt);
 
     std::string& y = out.yaml;
     y += fmt::format("# {} ({}, model_type {}) from {}: `ptool import hf`.\n", model_name(c, type),
@@ -214,6 +280,7 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
         "# Float32 masters (torch_dtype {} is the checkpoint's; plans add bf16 compute with\n"
         "# data_parallel.mixed_precision). Optimizer: torch.optim.AdamW's defaults.\n",
         yaml_comment(c.str("torch_dtype", "unset")));
+    y += attention_comment(attn);
     for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
     y += fmt::format("name: {}\nseed: 0\nbatch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n",
                      yaml_scalar(model_name(c, type)), b.batch, b.seq, vocab);
@@ -226,8 +293,8 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
                      yaml_number(eps));
     y += fmt::format(
         "              - {{name: self_attn, type: attention, dim: {}, heads: {}, kv_heads: {}, causal: true, "
-        "rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
-        d, heads, kv, yaml_number(theta), scaling, qkv_bias, o_bias);
+        "attn_implementation: {}, rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
+        d, heads, kv, attn.impl, yaml_number(theta), scaling, qkv_bias, o_bias);
     y += "          - type: residual\n            modules:\n";
     y += fmt::format("              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}}}\n",
                      d, yaml_number(eps));
@@ -263,6 +330,7 @@ HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
             fmt::format("attn_pdrop {} is not modelled (the attention probabilities are not dropped)", p));
     const Act act = activation(c, "activation_function", "gelu_new");
     const bool tied = hf_tied_head(c, "gpt2");
+    const AttnChoice attn = attention_choice(c, opt);
 
     std::string& y = out.yaml;
     y += fmt::format("# {} (GPT2Config, model_type gpt2) from {}: `ptool import hf`.\n",
@@ -273,6 +341,7 @@ HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
         "# attn.q_proj/k_proj/v_proj ([out, in] each), and attn.c_proj is attn.o_proj. checkpoint_format: "
         "hf_gpt2\n"
         "# makes --init split and transpose them (docs/hf_import.md). Each block is two unnamed residuals.\n";
+    y += attention_comment(attn);
     for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
     y += fmt::format(
         "name: {}\nseed: 0\ncheckpoint_format: hf_gpt2\nbatch:\n  input: {{tokens: [{}, {}], vocab: "
@@ -287,8 +356,10 @@ HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
     y += "          - type: residual\n            modules:\n";
     y += fmt::format("              - {{name: ln_1, type: layer_norm, dim: {}, eps: {}}}\n", d,
                      yaml_number(eps));
-    y += fmt::format("              - {{name: attn, type: attention, dim: {}, heads: {}, causal: true}}\n", d,
-                     heads);
+    y += fmt::format(
+        "              - {{name: attn, type: attention, dim: {}, heads: {}, causal: true, "
+        "attn_implementation: {}}}\n",
+        d, heads, attn.impl);
     y += fmt::format("              - {{name: resid_dropout, type: dropout, p: {}}}\n", yaml_number(resid));
     y += "          - type: residual\n            modules:\n";
     y += fmt::format("              - {{name: ln_2, type: layer_norm, dim: {}, eps: {}}}\n", d,
@@ -333,6 +404,12 @@ const std::map<std::string, Importer>& importers() {
 }
 
 }  // namespace
+
+std::vector<std::string> hf_attn_names() {
+    std::vector<std::string> names;
+    for (const auto& [name, impl] : attn_implementations()) names.push_back(name);
+    return names;
+}
 
 std::string hf_model_type(const HfConfig& c) {
     const std::string type = c.at("model_type").as_string("'model_type'");

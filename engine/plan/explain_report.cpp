@@ -84,7 +84,8 @@ ExplainReport explain_report(const ExplainInputs& in) {
     if (!in.cluster_path.empty()) r.cluster = load_cluster(in.cluster_path);
     r.ex = explain_plan(r.model, r.plan);
     r.steps = r.plan.verify.steps > 0 ? r.plan.verify.steps : r.model.steps;
-    r.memory = predict_ranks(run, r.model, r.plan, r.steps);
+    r.simulated_steps = std::max<int64_t>(2, r.steps);
+    r.memory = predict_ranks(run, r.model, r.plan, r.simulated_steps);
     if (r.cluster) {
         const DType compute = r.plan.compute_dtype(r.model.dtype);
         for (const PredictedRank& pr : r.memory)

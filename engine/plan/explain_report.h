@@ -36,7 +36,11 @@ struct ExplainReport {
     Plan plan;
     std::optional<Cluster> cluster;
     Explanation ex;
-    int64_t steps = 1;                  // simulated: the plan's verify.steps, else the model's
+    int64_t steps = 1;  // what verify runs: the plan's verify.steps, else the model's
+    // simulated: at least 2, whatever `steps` says, so that each class's peak is the steady state
+    // (from the second step on the optimizer's state exists throughout; its memory.first_step_peak
+    // is the first step's, what a 1-step verify measures)
+    int64_t simulated_steps = 2;
     std::vector<PredictedRank> memory;  // per rank class
     std::vector<StepTime> times;        // per rank class, with a cluster
     // "mesh dp=2 x tp=2", "tensor parallel over 'tp' (2 ranks)", ..., "model input Replicate()"

@@ -14,6 +14,10 @@ struct RankMemory {
     int64_t peak = 0;      // the steps' peak of live tensor bytes (after the model is built)
     int64_t resident = 0;  // live when the first step starts: parameters, gradients, buffers, the batch
     std::array<int64_t, kMemoryUses> at_peak{};  // the peak by use
+    // the first step's own peak (predicted: train/simulate.h; 0 where not recorded): the optimizer's
+    // state does not exist before its first step (torch.optim creates it lazily), so a later step's
+    // peak can be higher by that state's bytes
+    int64_t first_step_peak = 0;
 };
 
 }  // namespace ptool

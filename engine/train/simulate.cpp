@@ -42,6 +42,7 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
         meta_work() = MetaWork{};
         sim.actions.clear();  // the last step's
         run.step(k);
+        if (k == 0) sim.memory.first_step_peak = account->peak();
     }
     sim.memory.peak = account->peak();
     for (int u = 0; u < kMemoryUses; ++u) sim.memory.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
