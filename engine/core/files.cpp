@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -89,18 +90,20 @@ void write_atomic(const std::string& path, const std::string& bytes) {
         if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
             fs::remove(entry.path(), ec);
     }
-    const std::string tmpl = (dir / fmt::format("{}{}-XXXXXX", prefix, ::getpid())).string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    const int fd = mkstemp(buf.data());
-    if (fd < 0) open_failed(path, errno, "(its temporary file)");
-    const std::string tmp(buf.data());
-    int slot = -1;
-    try {
-        slot = track_temp(tmp);  // removed if a signal ends the process before the rename
-    } catch (...) {
-        ::close(fd), ::unlink(tmp.c_str());
-        throw;
+    // The name is registered before the file exists (removed if a signal ends the process before
+    // the rename): created first, a signal between the two left it behind. Unique in the process by
+    // a counter, against leftovers by O_EXCL.
+    static std::atomic<uint64_t> next{0};
+    std::string tmp;
+    int fd = -1, slot = -1;
+    for (int attempt = 0; fd < 0; ++attempt) {
+        tmp = (dir / fmt::format("{}{}-{:06x}", prefix, ::getpid(), next++ & 0xffffff)).string();
+        slot = track_temp(tmp);
+        fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd >= 0) break;
+        const int err = errno;
+        untrack_temp(slot);
+        if (err != EEXIST || attempt >= 100) open_failed(path, err, "(its temporary file)");
     }
     auto fail = [&](const std::string& message) {
         ::unlink(tmp.c_str());

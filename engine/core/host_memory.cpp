@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/cores.h"
 #include "core/error.h"
 
 namespace ptool {
@@ -32,13 +33,16 @@ constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kMinCachedUnused = size_t{1} << 30;
 
 // Small blocks stay in the heap: glibc's default serves blocks over 128 KiB with mmap and unmaps
-// them on free, which faulted every step's mid-sized tensors in again. Each thread keeps its own
-// arena (glibc's default): blocks of 1 MiB and more come from large_blocks(), and one arena shared
-// by every thread serialised the planner's simulations on its lock (plan of a 405B model on 512
-// GPUs: 21.5 s on two threads, 15.2 s on one, 9.7 s with an arena each; verify as fast as before).
+// them on free, which faulted every step's mid-sized tensors in again. As many arenas as cores:
+// one arena shared by every thread serialised the planner's simulations on its lock (plan of a
+// 405B model on 512 GPUs: 21.5 s on two threads, 15.2 s on one, 9.7 s with an arena each; verify
+// as fast as before), and glibc's default of 8 per core reserves 64 MiB of address space for each
+// (a thousand rank threads under `ulimit -v` run out of it sooner). Blocks of 1 MiB and more come
+// from large_blocks().
 const bool kHeapTuned = [] {
     mallopt(M_MMAP_THRESHOLD, 1 << 30);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_ARENA_MAX, usable_cores());
     return true;
 }();
 

@@ -45,8 +45,8 @@ void add_into(CommByOpDim& to, const CommByOpDim& from) {
     for (const auto& [key, t] : from) to[key].calls += t.calls, to[key].bytes += t.bytes;
 }
 
-RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Cluster& c, DType compute,
-                   const std::string& repeat, int k, int rank) {
+RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timing, const Cluster& c,
+                   DType compute, const std::string& repeat, int k, int rank) {
     RankCosts out;
     const int pp = plan.dims.size(DimRole::pp);
     for (const auto& [label, peak] : sim.phase_peaks)
@@ -56,7 +56,7 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Cluster& c
     for (const ActionWork& aw : sim.actions) {
         const Action& a = aw.actions.front();
         add_into(is_tail(a) ? out.tail_comm : out.fb_comm, aw.comm);
-        const ActionTime t = action_time(aw, plan, c, compute);
+        const ActionTime t = action_time(aw, timing, c, compute);
         if (a.is_p2p()) {
             out.transfer = std::max(out.transfer, t.seconds.front());
             continue;
@@ -83,7 +83,8 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Cluster& c
 }  // namespace
 
 PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute, const std::string& repeat,
-                               int k, const std::function<RankSimulation(int rank)>& simulate) {
+                               int k, const std::function<RankSimulation(int rank)>& simulate,
+                               const Plan* timing) {
     const int pp_dim = plan.dims.index(DimRole::pp);
     PTOOL_REQUIRE(pp_dim >= 0, "a pipeline sample of a plan without pp");
     const int pp = plan.mesh()[pp_dim].size, stages = plan.pipeline_stages();
@@ -91,8 +92,8 @@ PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute
     for (int q : std::set<int>{0, std::min(1, pp - 1), pp - 1}) {
         std::vector<int> coords(plan.mesh().size(), 0);
         coords[pp_dim] = q;
-        ranks[q] =
-            costs_of(simulate(DeviceMesh::rank_of(coords, plan.mesh())), plan, c, compute, repeat, k, q);
+        ranks[q] = costs_of(simulate(DeviceMesh::rank_of(coords, plan.mesh())), plan, timing ? *timing : plan,
+                            c, compute, repeat, k, q);
     }
     const std::array<double, 4>* middle = nullptr;  // a stage that is neither the first nor the last
     for (const auto& [q, rc] : ranks)
@@ -160,6 +161,40 @@ PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSampl
         o.tail_compute.push_back(lin(a.tail_compute[r], b.tail_compute[r], k));
         o.tail_overlap.push_back(lin(a.tail_overlap[r], b.tail_overlap[r], k));
     }
+    return o;
+}
+
+PipelineSample widen_pipeline(const PipelineSample& p3, const PipelineSample& p4, int pp, int last_peak_at) {
+    PTOOL_REQUIRE(p3.peak.size() == 3 && p4.peak.size() == 4 && pp > 4,
+                  "widening samples of {} and {} ranks to {}", p3.peak.size(), p4.peak.size(), pp);
+    const int v = static_cast<int>(p4.forward.size()) / 4, stages = pp * v, last4 = 4 * v - 1;
+    const double d = pp - 3;  // pp ranks beyond the first sample's
+    auto lin = [d](double x, double y) { return x + (y - x) * d; };
+    PipelineSample o;
+    o.transfer = p4.transfer;
+    for (int s = 0; s < stages; ++s) {  // the first, a middle and the last stage as sampled
+        const int from = s == 0 ? 0 : s == stages - 1 ? last4 : 1;
+        o.forward.push_back(p4.forward[from]), o.backward.push_back(p4.backward[from]);
+        o.forward_flops.push_back(p4.forward_flops[from]),
+            o.backward_flops.push_back(p4.backward_flops[from]);
+    }
+    for (int r = 0; r < pp; ++r) {  // pp rank 0, the last, and pp rank 1 for the others
+        const int a = r == 0 ? 0 : r == pp - 1 ? 2 : 1, b = r == 0 ? 0 : r == pp - 1 ? 3 : 1;
+        const double at = r == pp - 1 ? last_peak_at - 3 : d;
+        auto held = [at](double x, double y) { return x + (y - x) * at; };
+        o.peak.push_back(held(p3.peak[a], p4.peak[b]));
+        std::map<std::string, double> phases;
+        for (const auto& [key, x] : p3.phases[a])
+            if (auto it = p4.phases[b].find(key); it != p4.phases[b].end()) phases[key] = held(x, it->second);
+        o.phases.push_back(std::move(phases));
+        o.tail.push_back(lin(p3.tail[a], p4.tail[b]));
+        o.fb_compute.push_back(lin(p3.fb_compute[a], p4.fb_compute[b]));
+        o.fb_overlap.push_back(lin(p3.fb_overlap[a], p4.fb_overlap[b]));
+        o.tail_compute.push_back(lin(p3.tail_compute[a], p4.tail_compute[b]));
+        o.tail_overlap.push_back(lin(p3.tail_overlap[a], p4.tail_overlap[b]));
+    }
+    o.fb_comm = comm_extrapolated(p3.fb_comm, p4.fb_comm, d);
+    o.tail_comm = comm_extrapolated(p3.tail_comm, p4.tail_comm, d);
     return o;
 }
 

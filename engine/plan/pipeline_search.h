@@ -47,13 +47,28 @@ struct PipelineSample {
 // rank, tracking the peak of each module pass (RankSimulation::phase_peaks), which are kept per
 // stage's first and last block (their indices differ between the samples) and extrapolated each on
 // its own: which pass peaks can change with the blocks (the head and loss with few, a block's
-// recompute with many), as the planner's other extrapolation does.
+// recompute with many), as the planner's other extrapolation does. Its actions are timed on the
+// links of `timing` where given (a wider pipeline's, whose pp ranks span more of the cluster: the
+// samples widen_pipeline widens), else of `plan`.
 PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute, const std::string& repeat,
-                               int k, const std::function<RankSimulation(int rank)>& simulate);
+                               int k, const std::function<RankSimulation(int rank)>& simulate,
+                               const Plan* timing = nullptr);
 
 // The costs of stages holding blocks[s] blocks each, from samples at 2 and 3 blocks per stage.
 PipelineSample extrapolate_pipeline(const PipelineSample& at2, const PipelineSample& at3,
                                     const std::vector<int>& blocks, int pp);
+
+// The costs of a pipeline of pp ranks (pp > 4) from samples of pipelines of 3 and 4 ranks with the
+// same dp, tp, schedule and stages (their microbatches pp or 2 pp each, as the pipeline's own
+// samples): what a stage costs a microbatch, a transfer, and what a rank runs once per step (its
+// tail) do not depend on pp; on pp rank 0, a middle rank and the last, the microbatches in flight at
+// the peak grow linearly with pp (1F1B's pp - r; interleaved's warm-up, (v - 1) pp + 2 (pp - 1 - r)
+// forwards, then one per backward), and so do the sampled microbatches' seconds and collectives:
+// each is extended along the line through the two samples. The middle ranks take pp rank 1's. The
+// last rank's peak is read at `last_peak_at` on that line: pp, or under 1F1B (whose last rank holds
+// one microbatch whatever pp, and the samples ran 3 and 4) the plan's microbatches, each of whose
+// outputs it keeps.
+PipelineSample widen_pipeline(const PipelineSample& p3, const PipelineSample& p4, int pp, int last_peak_at);
 
 // `total` blocks over `stages` stages, at least two each where there are twice as many blocks as
 // stages (the samples' count: below it a stage's costs are extrapolated), else one, so that the slowest stage

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/parallel_for.h"
@@ -443,54 +444,61 @@ private:
         // per-microbatch costs and its tail are the same, and the simulation costs m_min / m of it.
         // (interleaved's warm-up runs up to (v - 1) pp + 2 (pp - 1) forwards on rank 0, then its
         // steady state adds one before each backward: 2 pp microbatches reach it, pp do not)
-        const int sampled = std::min(m, base.virtual_stages > 1 ? 2 * base.pp : base.pp);
-        const int64_t sampled_rows = rows_ / m * sampled;
+        const int v = base.virtual_stages;
+        const int sampled = std::min(m, v > 1 ? 2 * base.pp : base.pp);
         PipelineSample at[2];
         const double prefetch = base.dp_mode == "fully_shard" && base.dp > 1 ? block_unsharded_ / base.tp : 0;
         const int per_pp_rank = r_.world_size / base.pp;
-        // the plan and model of stages of k blocks each, and one rank's simulation of them (each
-        // simulated once: a middle rank's two come first, for the bound below)
-        std::map<int, std::pair<Plan, std::string>> variants;
-        std::map<std::pair<int, int>, RankSimulation> simulated;
-        auto variant = [&](int k) -> const std::pair<Plan, std::string>& {
-            if (auto it = variants.find(k); it != variants.end()) return it->second;
+        // Past 4 pp ranks the samples are pipelines of 3 and 4 ranks (the same dp, tp and stages of
+        // k blocks) widened to pp (widen_pipeline): a rank's microbatches in flight grow linearly
+        // with pp, and the simulations no longer do.
+        const bool widened = base.pp > 4;
+        // the plan and model of P pp ranks with stages of k blocks each, and one rank's simulation
+        // of them (each simulated once: a middle rank's two come first, for the bound below)
+        // (P ranks run microbatches in the same ratio to their ranks as the plan's samples: 1 or 2)
+        auto sampled_at = [&](int P) { return P * (sampled / base.pp); };
+        std::map<std::tuple<int, int, int>, std::pair<Plan, std::string>> variants;
+        std::map<std::tuple<int, int, int>, RankSimulation> simulated;
+        auto variant = [&](int P, int k, int microbatches) -> const std::pair<Plan, std::string>& {
+            if (auto it = variants.find({P, k, microbatches}); it != variants.end()) return it->second;
             PlanChoice c = base;
-            c.pp_microbatches = sampled, c.stage_blocks.assign(stages, k);
+            c.pp = P, c.pp_microbatches = microbatches, c.stage_blocks.assign(P * v, k);
             return variants
-                .emplace(k, std::make_pair(
-                                load_plan_text(write_plan(full_, tpl_, c), "generated.yaml"),
-                                model_variant(text_, static_cast<int64_t>(k) * stages, rounds, sampled_rows)))
+                .emplace(std::make_tuple(P, k, microbatches),
+                         std::make_pair(load_plan_text(write_plan(full_, tpl_, c), "generated.yaml"),
+                                        model_variant(text_, static_cast<int64_t>(k) * P * v, rounds,
+                                                      rows_ / m * microbatches)))
                 .first->second;
         };
-        auto simulate_at = [&](int k, int rank) -> RankSimulation {
-            if (auto it = simulated.find({k, rank}); it != simulated.end()) return std::move(it->second);
-            const auto& [plan, text] = variant(k);
+        auto simulate_at = [&](int P, int k, int rank) -> RankSimulation {
+            if (auto it = simulated.find({P, k, rank}); it != simulated.end()) return std::move(it->second);
+            const int own = sampled_at(P);
+            const auto& [plan, text] = variant(P, k, own);
             RunInputs in;
             in.model_path = name_, in.model_text = text;
             ++count;
             RankSimulation sim = simulate_rank(in, plan, rank, 2, true);
             // every stage holds 2 blocks or more when the blocks are at least twice the stages, and
-            // the last rank's outputs only grow with the microbatches: a rank over the cap here is
-            // over it in the plan (the others not simulated)
+            // a rank's microbatches in flight and the last rank's outputs only grow with pp and the
+            // microbatches: a rank over the cap here is over it in the plan (the others not simulated)
             const int pp_rank = rank / per_pp_rank;
             if (k == 2 && layers_ >= 2 * stages &&
                 static_cast<double>(sim.memory.peak) + prefetch > r_.memory_cap)
                 throw InputError(fmt::format(
                     "pp rank {} needs more than {} > {} per GPU with 2 blocks a stage ({} microbatches a "
                     "round)",
-                    pp_rank, gib(static_cast<double>(sim.memory.peak) + prefetch), gib(r_.memory_cap), m));
-            if (pp_rank == base.pp - 1 && m > sampled) {
+                    pp_rank == P - 1 ? base.pp - 1 : pp_rank,
+                    gib(static_cast<double>(sim.memory.peak) + prefetch), gib(r_.memory_cap), m));
+            if (pp_rank == P - 1 && m > sampled && !(widened && v == 1)) {  // (widened 1F1B: widen_pipeline)
                 // the last stage keeps every microbatch's output for the step (StepOutput): its peak
-                // grows with the count, linearly from the sample at twice as many
-                PlanChoice c2 = base;
-                c2.pp_microbatches = 2 * sampled, c2.stage_blocks.assign(stages, k);
-                const Plan plan2 = load_plan_text(write_plan(full_, tpl_, c2), "generated.yaml");
+                // grows with the count, linearly from the sample at twice as many, by the m - sampled
+                // microbatches the plan runs beyond its samples
+                const auto& [plan2, text2] = variant(P, k, 2 * own);
                 RunInputs in2 = in;
-                in2.model_text =
-                    model_variant(text_, static_cast<int64_t>(k) * stages, rounds, 2 * sampled_rows);
+                in2.model_text = text2;
                 ++count;
                 const RankSimulation twice = simulate_rank(in2, plan2, rank, 2, true);
-                const double f = static_cast<double>(m - sampled) / sampled;
+                const double f = static_cast<double>(m - sampled) / own;
                 auto lin = [f](int64_t x, int64_t y) { return static_cast<int64_t>(x + (y - x) * f); };
                 sim.memory.peak = lin(sim.memory.peak, twice.memory.peak);
                 for (auto& [label, peak] : sim.phase_peaks)
@@ -499,18 +507,34 @@ private:
             }
             return sim;
         };
+        // (timed on the links of the plan itself: its pp ranks may span nodes where P ranks do not)
+        PlanChoice real = base;
+        real.pp_microbatches = sampled, real.stage_blocks.assign(stages, 2);
+        const Plan timing = load_plan_text(write_plan(full_, tpl_, real), "generated.yaml");
+        auto sample_at = [&](int P, int k) {
+            return sample_pipeline(
+                variant(P, k, sampled_at(P)).first, cluster_, r_.compute, repeat_, k,
+                [&](int rank) { return simulate_at(P, k, rank); }, &timing);
+        };
         try {
             if (base.pp >= 3 && layers_ >= 2 * stages) {
-                // A middle rank's peak at 2 and 3 blocks a stage, extended to layers / stages: its
-                // peak grows with its blocks, each pass's linearly (so the largest, convexly: the
-                // line through two samples stays under it), and the middle stages are cut at least
-                // that long (the first and the last get fewer). Over the cap, the plan is too.
-                for (int k : {2, 3})
-                    simulated.emplace(std::make_pair(k, per_pp_rank), simulate_at(k, per_pp_rank));
-                const double p2 = static_cast<double>(simulated.at({2, per_pp_rank}).memory.peak),
-                             p3 = static_cast<double>(simulated.at({3, per_pp_rank}).memory.peak);
+                // A middle rank's peak at 2 and 3 blocks a stage (widened from 3 and 4 ranks where
+                // the plan has more), extended to layers / stages: its peak grows with its blocks and
+                // its microbatches in flight, each pass's linearly (so the largest, convexly: the line
+                // through two samples stays under it), and the middle stages are cut at least that
+                // long (the first and the last get fewer). Over the cap, the plan is too.
+                double at_k[2];
+                for (int k : {2, 3}) {
+                    std::vector<double> peaks;
+                    for (int P : widened ? std::vector<int>{3, 4} : std::vector<int>{base.pp}) {
+                        RankSimulation sim = simulate_at(P, k, per_pp_rank);
+                        peaks.push_back(static_cast<double>(sim.memory.peak));
+                        simulated.emplace(std::make_tuple(P, k, per_pp_rank), std::move(sim));
+                    }
+                    at_k[k - 2] = widened ? peaks[0] + (peaks[1] - peaks[0]) * (base.pp - 3) : peaks[0];
+                }
                 const int64_t x = layers_ / stages;
-                const double least = p2 + (p3 - p2) * static_cast<double>(x - 2) + prefetch;
+                const double least = at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - 2) + prefetch;
                 if (least > r_.memory_cap)
                     throw InputError(fmt::format(
                         "pp rank 1 needs more than {} > {} per GPU with {} blocks a stage, as every middle "
@@ -518,8 +542,9 @@ private:
                         gib(least), gib(r_.memory_cap), x, m));
             }
             for (int k : {2, 3})
-                at[k - 2] = sample_pipeline(variant(k).first, cluster_, r_.compute, repeat_, k,
-                                            [&](int rank) { return simulate_at(k, rank); });
+                at[k - 2] =
+                    widened ? widen_pipeline(sample_at(3, k), sample_at(4, k), base.pp, v == 1 ? m : base.pp)
+                            : sample_at(base.pp, k);
         } catch (const InputError& e) {
             refusal = Rejection{shape, e.message()};
             return;

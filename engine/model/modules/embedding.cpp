@@ -51,6 +51,8 @@ void Embedding::init_shard(uint64_t seed, const std::string&, Tensor& local, int
 
 Tensor Embedding::local_ids(const Tensor& ids) const {
     if (vocab_offset_ < 0) return ids;
+    if (ids.device() == Device::meta)
+        return Tensor(ids.shape(), DType::int64, Device::meta);  // no ids to map
     const int64_t rows = param("weight")->value.size(0);
     const Tensor host = ids.device() == Device::cpu ? ids : ids.to_device(Device::cpu);
     Tensor local(ids.shape(), DType::int64);
