@@ -75,10 +75,11 @@ ExplainReport explain_report(const ExplainInputs& in) {
     run.model_path = in.model_path;
     run.model_text = in.model_text;
     run.dtype_override = in.dtype;
-    ExplainReport r{[&] {
+    ExplainReport r;
+    {
         MetaAllocation meta;  // shapes only: no parameter is allocated
-        return load_model_text(in.model_text, in.model_path, in.dtype, false);
-    }()};
+        r.model = load_model_text(in.model_text, in.model_path, in.dtype, false);
+    }
     r.plan = load_plan(in.plan_path);
     apply_mesh_flags(r.plan, in.mesh);
     if (!in.cluster_path.empty()) r.cluster = load_cluster(in.cluster_path);
