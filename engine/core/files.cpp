@@ -81,7 +81,7 @@ void write_atomic(const std::string& path, const std::string& bytes) {
     std::error_code ec;
     const fs::path target(path);
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-    // leftovers of killed writers: ".NAME.tmp-PID-XXXXXX" whose PID is gone
+    // leftovers of killed writers: ".NAME.tmp-PID-N" whose PID is gone
     const std::string prefix = "." + target.filename().string() + ".tmp-";
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
         const std::string name = entry.path().filename().string();

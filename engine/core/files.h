@@ -10,7 +10,7 @@
 // an input (by device and inode: however the output spells it; core/file_roles.h refuses such
 // outputs by role before a command runs, this is the backstop for files found later, such as an
 // index's shards). A regular file (or a path that does not exist) is written atomically: a temporary
-// file `.NAME.tmp-PID-XXXXXX` in the same folder, written, fsync'ed, renamed over NAME; on SIGINT,
+// file `.NAME.tmp-PID-N` in the same folder, written, fsync'ed, renamed over NAME; on SIGINT,
 // SIGTERM or SIGHUP the temporary file is removed (core/temp_paths.h; SIGKILL cannot be caught: the
 // next write to the same path removes temp files whose writer is gone). A symlink is followed and
 // its target written that way; a device, FIFO or socket is written through (/dev/null, /dev/stdout). A write

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -114,16 +115,18 @@ TempDir::TempDir(const std::string& prefix) {
     std::error_code ec;
     fs::path base = fs::temp_directory_path(ec);
     if (ec) base = "/tmp";
-    std::string tmpl = (base / (prefix + "-XXXXXX")).string();
-    if (!::mkdtemp(tmpl.data()))
-        throw RuntimeError(
-            fmt::format("cannot create a temporary folder {}: {}", tmpl, std::strerror(errno)));
-    path_ = tmpl;
-    try {
+    // registered before it exists, as an atomic write's file (core/files.cpp): made first, a signal
+    // between the two left it behind. Unique in the process by a counter, against others by mkdir.
+    static std::atomic<uint64_t> next{0};
+    for (int attempt = 0;; ++attempt) {
+        path_ = (base / fmt::format("{}-{}-{:06x}", prefix, ::getpid(), next++ & 0xffffff)).string();
         slot_ = track_temp(path_);
-    } catch (...) {
-        fs::remove_all(path_, ec);
-        throw;
+        if (::mkdir(path_.c_str(), 0700) == 0) return;
+        const int err = errno;
+        untrack_temp(slot_);
+        if (err != EEXIST || attempt >= 100)
+            throw RuntimeError(
+                fmt::format("cannot create a temporary folder {}: {}", path_, std::strerror(err)));
     }
 }
 

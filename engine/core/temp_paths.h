@@ -1,7 +1,7 @@
 // Temporary files and folders that a signal must not leave behind.
 //
 // A destructor does not run when SIGINT, SIGTERM or SIGHUP ends the process, so every temporary
-// ptool makes (an atomic write's `.NAME.tmp-PID-XXXXXX`, `plan --verify`'s `$TMPDIR/ptool-plan-*/`)
+// ptool makes (an atomic write's `.NAME.tmp-PID-N`, `plan --verify`'s `$TMPDIR/ptool-plan-*/`)
 // is registered here while it exists: on one of those signals the handler removes every registered
 // path (a folder with what it holds), with async-signal-safe calls only, and re-raises the signal
 // with its default action, so the process still ends as the signal says. SIGKILL cannot be caught:
@@ -17,7 +17,8 @@ namespace ptool {
 int track_temp(const std::string& path);
 void untrack_temp(int slot);  // the path is gone or kept: no longer the handler's
 
-// A folder `$TMPDIR/PREFIX-XXXXXX`, removed with what it holds at scope exit and on a signal.
+// A folder `$TMPDIR/PREFIX-PID-N`, removed with what it holds at scope exit and on a signal (its
+// name registered before the folder is made, so no signal falls between the two).
 class TempDir {
 public:
     explicit TempDir(const std::string& prefix);
