@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <random>
 
 #include "core/error.h"
 
@@ -114,16 +116,24 @@ TempDir::TempDir(const std::string& prefix) {
     std::error_code ec;
     fs::path base = fs::temp_directory_path(ec);
     if (ec) base = "/tmp";
-    std::string tmpl = (base / (prefix + "-XXXXXX")).string();
-    if (!::mkdtemp(tmpl.data()))
-        throw RuntimeError(
-            fmt::format("cannot create a temporary folder {}: {}", tmpl, std::strerror(errno)));
-    path_ = tmpl;
-    try {
+    // The name is registered before the folder exists (mkdtemp's, then the registration: a signal
+    // between the two, the handlers not yet installed or the path not yet theirs, left the folder
+    // behind). mkdir fails on any existing name, a link included; the PID and six random characters
+    // as mkdtemp's, so that a name the handler could meet existing is this process's own.
+    static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    std::random_device rd;
+    for (int attempt = 0;; ++attempt) {
+        std::string name = fmt::format("{}-{}-", prefix, ::getpid());
+        for (int i = 0; i < 6; ++i) name += kChars[rd() % (sizeof kChars - 1)];
+        path_ = (base / name).string();
         slot_ = track_temp(path_);
-    } catch (...) {
-        fs::remove_all(path_, ec);
-        throw;
+        if (::mkdir(path_.c_str(), 0700) == 0) return;
+        const int err = errno;
+        untrack_temp(slot_);
+        slot_ = -1;
+        if (err != EEXIST || attempt >= 100)
+            throw RuntimeError(
+                fmt::format("cannot create a temporary folder {}: {}", path_, std::strerror(err)));
     }
 }
 

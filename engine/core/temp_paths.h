@@ -17,7 +17,8 @@ namespace ptool {
 int track_temp(const std::string& path);
 void untrack_temp(int slot);  // the path is gone or kept: no longer the handler's
 
-// A folder `$TMPDIR/PREFIX-XXXXXX`, removed with what it holds at scope exit and on a signal.
+// A folder `$TMPDIR/PREFIX-PID-XXXXXX`, registered before it is made, removed with what it holds at
+// scope exit and on a signal.
 class TempDir {
 public:
     explicit TempDir(const std::string& prefix);
