@@ -92,8 +92,8 @@ void explain(const ExplainArgs& a, const Common& c) {
             "bubble "
             "(p-1)/(v m) = {:.1f}% at uniform stages):\n",
             schedule_kind_name(plan.pipeline->schedule), plan.dims.name(DimRole::pp), plan.pipeline_stages(),
-            p, plan.microbatches_per_round(), model.gradient_accumulation,
-            model.gradient_accumulation == 1 ? "" : "s", 100 * r.bubble_closed_form);
+            p, plan.microbatches_per_round(), plan.accumulation_rounds(model),
+            plan.accumulation_rounds(model) == 1 ? "" : "s", 100 * r.bubble_closed_form);
         std::vector<std::vector<std::string>> prows = {
             {"stage", "ranks", "modules", "in flight", "its ranks' sends per step", "receives per step"}};
         for (const StageExplain& st : r.stages)
@@ -264,6 +264,10 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["verify_record_bytes_per_step"] = ex.record_step_bytes;
         j["verify_steps"] = steps;
         j["simulated_steps"] = r.simulated_steps;
+        // the step's rounds of gradient accumulation and whose they are (the plan's key overrides the
+        // model's)
+        j["gradient_accumulation"] = plan.accumulation_rounds(model);
+        j["gradient_accumulation_from"] = plan.gradient_accumulation > 0 ? "plan" : "model";
         if (plan.pipeline) {
             nlohmann::json stages = nlohmann::json::array();
             for (const StageExplain& st : r.stages)
@@ -280,7 +284,7 @@ void explain(const ExplainArgs& a, const Common& c) {
                              {"stages", stages},
                              {"virtual_stages", plan.pipeline->virtual_stages},
                              {"microbatches", plan.microbatches_per_round()},
-                             {"rounds", model.gradient_accumulation},
+                             {"rounds", plan.accumulation_rounds(model)},
                              {"bubble_closed_form", r.bubble_closed_form}};
         }
         if (cluster) {

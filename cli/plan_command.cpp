@@ -16,7 +16,6 @@
 #include "core/yaml_reader.h"
 #include "core/yaml_writer.h"
 #include "plan/search.h"
-#include "plan/shrink.h"
 #include "verify/verify.h"
 
 namespace ptool::cli {
@@ -46,10 +45,11 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
         format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(r.memory_cap)),
         format_bytes(static_cast<int64_t>(c.prefetch)), c.time.step * 1e3, c.time.compute * 1e3,
         c.time.blocking * 1e3, c.time.overlappable * 1e3, 100 * c.mfu);
-    if (c.microbatches != c.model_microbatches)
+    if (c.choice.gradient_accumulation > 0)  // the plan says it: explain and verify read it over the model's
         s += fmt::format(
-            "# Needs `gradient_accumulation: {}` in the model (its rows per dp rank in {} microbatches).\n",
-            c.microbatches, c.microbatches);
+            "# Gradient accumulation: {} microbatches a step where the model says {}: the plan's "
+            "`gradient_accumulation: {}` overrides it.\n",
+            c.choice.gradient_accumulation, c.model_microbatches, c.choice.gradient_accumulation);
     if (c.choice.pp > 1)
         s += fmt::format(
             "# Pipeline: {} stages of [{}] blocks (balanced by predicted time), {} microbatches a round; "
@@ -77,15 +77,10 @@ int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& comm
         plan_path = dir + "/proxy_plan.yaml";
         write_file(plan_path, text, true);
     }
-    std::string model_text = read_file(a.model, YamlLimits{}.max_bytes);
-    if (best.microbatches != best.model_microbatches) {  // the proxy runs the accumulation the plan needs
-        const std::string tmp_model = dir + "/model.yaml";
-        write_file(tmp_model, model_variant(model_text, 0, best.microbatches), true);
-        model_text = read_file(tmp_model, YamlLimits{}.max_bytes);
-    }
-    const std::string src = dir + "/source.yaml", proxy = dir + "/proxy.yaml";
-    write_file(src, model_text, true);
-    write_file(proxy, shrunk_model_checked(src, plan_path), true);
+    // the plan carries the accumulation it needs (gradient_accumulation): the proxy of the model as
+    // written runs it
+    const std::string proxy = dir + "/proxy.yaml";
+    write_file(proxy, shrunk_model_checked(a.model, plan_path), true);
     fmt::print(
         "\n  verifying the best plan on a proxy of the model (ptool shrink: 2 blocks, small widths that "
         "split alike):\n");

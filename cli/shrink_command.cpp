@@ -13,11 +13,14 @@ namespace ptool::cli {
 
 std::string shrunk_model_checked(const std::string& model_path, const std::string& plan_path) {
     const std::string text = read_file(model_path, YamlLimits{}.max_bytes);
+    Plan plan;
     {
         MetaAllocation meta;  // the loader's errors, with positions in the real file
-        load_model_text(text, model_path, "", false);
+        const Model real = load_model_text(text, model_path, "", false);
+        plan = load_plan(plan_path);
+        // the plan's microbatches against the real batch (the proxy's rows are made to fit them)
+        check_microbatches(plan, real);
     }
-    const Plan plan = load_plan(plan_path);
     const std::string proxy = shrink_model(text, model_path, plan);
     const Model m = load_model_text(proxy, model_path + " (proxy)", "", false);
     explain_plan(m, plan);  // the plan's lint on the proxy: a plan that splits the model splits it

@@ -105,6 +105,10 @@ TEST_CASE("bad model files exit as input errors at file:line:column", "[cpu]") {
         {"bad.yaml:4:8", "unknown dtype"});
     bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nsteps: 0\n",
         {"'steps' must be positive"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\ngradient_accumulation: 3\n",
+        {"bad.yaml:4:24", "gradient_accumulation 3 does not divide the batch's 4 rows"});
+    bad("batch: {input: [131072, 2]}\nmodules:\n  - {name: a, type: relu}\ngradient_accumulation: 131072\n",
+        {"bad.yaml:4:24", "gradient_accumulation 131072 is over the limit of 65536"});
     bad("modules:\n  - {name: a, type: relu}\n", {"missing the key 'batch'"});
     bad("batch: {input: [4, 2]}\nmodules:\n  - {name: e, type: embedding, vocab: 4, dim: 2}\n",
         {"must be {tokens, vocab}"});

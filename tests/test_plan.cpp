@@ -123,3 +123,51 @@ TEST_CASE("the plan's sections give its mesh dims their roles, checked in one pl
         "mode: fully_shard}\n",
         "p.yaml:3:31: data_parallel and tensor_parallel both use mesh dim 'tp'");
 }
+
+TEST_CASE("a plan's gradient_accumulation overrides the model's, for the reference too", "[cpu]") {
+    // 8 rows; the model says 2 microbatches
+    const std::string model_text =
+        "batch: {input: [8, 4]}\nmodules:\n  - {name: fc, type: linear, in: 4, out: 4}\nloss: mean\n"
+        "gradient_accumulation: 2\n";
+    MetaAllocation meta;
+    const Model m = load_model_text(model_text, "m.yaml", "", false);
+    const std::string dp2 = "mesh: {dp: 2}\ndata_parallel: {mode: replicate}\n";
+    const Plan plain = load_plan_text(dp2, "p.yaml");
+    const Plan four = load_plan_text(dp2 + "gradient_accumulation: 4\n", "p.yaml");
+    CHECK(plain.gradient_accumulation == 0);
+    CHECK(plain.accumulation_rounds(m) == 2);  // the model's
+    CHECK(four.accumulation_rounds(m) == 4);   // the plan's
+    CHECK(four.gradient_accumulation_where.str() == "p.yaml:3:24");
+    // the single-device reference runs the plan's microbatches, and so does a run's schedule
+    CHECK(reference_plan(four).accumulation_rounds(m) == 4);
+    CHECK(reference_plan(plain).accumulation_rounds(m) == 2);
+    // the layout pass walks one microbatch of one dp rank's rows: 8 / (2 x 4)
+    CHECK(resolve_plan(m, four).layouts.calls.front().in.global == Shape{1, 4});
+    CHECK(resolve_plan(m, plain).layouts.calls.front().in.global == Shape{2, 4});
+    // a pipeline's rounds: the step runs rounds x its microbatches
+    const Plan pp = load_plan_text(
+        "mesh: {pp: 1}\npipeline_parallel: {microbatches: 2}\ngradient_accumulation: 4\n", "p.yaml");
+    CHECK(pp.accumulation_rounds(m) * pp.microbatches_per_round() == 8);
+    CHECK(reference_plan(pp).accumulation_rounds(m) * reference_plan(pp).microbatches_per_round() == 8);
+
+    auto refused = [&](const std::string& plan, const std::string& message) {
+        INFO(plan);
+        CHECK_THROWS_WITH(resolve_plan(m, load_plan_text(plan, "p.yaml")), Catch::Contains(message));
+    };
+    refused(
+        dp2 + "gradient_accumulation: 3\n",
+        "p.yaml:3:24: gradient_accumulation 3 does not divide the batch's 8 rows into equal microbatches");
+    refused(
+        dp2 + "gradient_accumulation: 8\n",
+        "p.yaml:3:24: each of the 8 microbatches of 1 row (the plan's gradient_accumulation) does not split "
+        "evenly over the 2 data ranks");
+    refused("mesh: {pp: 1}\npipeline_parallel: {microbatches: 2}\ngradient_accumulation: 8\n",
+            "p.yaml:3:24: the batch's 8 rows do not cut into 16 microbatches (8 rounds of "
+            "gradient_accumulation x 2)");
+    refused(dp2 + "gradient_accumulation: 0\n",
+            "p.yaml:3:24: 'gradient_accumulation' must be positive, got 0");
+    refused(dp2 + "gradient_accumulation: 65537\n",
+            "p.yaml:3:24: gradient_accumulation 65537 is over the limit");
+    refused("mesh: {pp: 1}\npipeline_parallel: {microbatches: 2, gradient_accumulation: 2}\n",
+            "p.yaml:2:61: gradient_accumulation is a top-level key of the plan");
+}

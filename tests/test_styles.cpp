@@ -250,7 +250,7 @@ TEST_CASE("the runtime follows the layout pass: every call's layouts, gradients 
                              Run run(in, plan, w, &probe);
                              run.step(0);
                              derived[r] = run.resolution().layouts.calls;
-                             microbatches[r] = run.model().gradient_accumulation;
+                             microbatches[r] = run.plan().accumulation_rounds(run.model());
                          });
         for (size_t r = 0; r < seen.size(); ++r) {
             INFO("rank " << r);

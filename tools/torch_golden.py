@@ -12,8 +12,9 @@ param.*/buffer.*, and the metadata (model and plan text with ptool's hashes, dty
 ptool replays a golden from its recorded init and data, so the file checks ptool's reference and
 parallel runs against PyTorch's numbers. The plan's layout is not run here: DDP, FSDP and HSDP
 (FSDP's ShardingStrategy.HYBRID_SHARD, fully_shard on a 2-D mesh) all average each gradient over the
-whole data group, which for the mean loss is this one-device step's gradient of the global batch. A
-plan with pipeline_parallel is its reference (docs/plan_format.md): the model's gradient_accumulation
+whole data group, which for the mean loss is this one-device step's gradient of the global batch.
+The step accumulates gradient_accumulation G rounds: the plan's key where it has one (it overrides
+the model's, docs/plan_format.md), else the model's. A plan with pipeline_parallel is its reference:
 G rounds of the plan's microbatches per round, G x microbatches microbatches of consecutive rows,
 each microbatch's loss divided by that count, one optimizer step (Debian's torch 1.13 has no
 torch.distributed.pipelining; its tests hold a pipeline to this same loop). Needs Debian's
@@ -66,8 +67,10 @@ def main():
     model_text, plan_text = open(args.model).read(), open(args.plan).read()
     cfg = yaml.safe_load(model_text)
     plan = yaml.safe_load(plan_text) or {}
-    # a pipeline's reference: G rounds of its microbatches, G x microbatches accumulated (train_step)
-    cfg["gradient_accumulation"] = int(cfg.get("gradient_accumulation", 1)) * pipeline_microbatches(plan)
+    # a pipeline's reference: G rounds of its microbatches, G x microbatches accumulated (train_step);
+    # G is the plan's gradient_accumulation where it says one (it overrides the model's), else the model's
+    rounds = int(plan.get("gradient_accumulation") or cfg.get("gradient_accumulation", 1))
+    cfg["gradient_accumulation"] = rounds * pipeline_microbatches(plan)
     torch.manual_seed(cfg.get("seed", 0))
     model, dtype = build_model(cfg)
     steps = args.steps or (plan.get("verify") or {}).get("steps") or cfg.get("steps", 1)

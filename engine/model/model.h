@@ -20,6 +20,9 @@ enum class LossKind { sum, mean, mse, cross_entropy };
 // The most training steps a run takes (model `steps`, plan `verify.steps`, --steps, a golden's
 // metadata): a step keeps every tensor's record, and golden keys count steps in five digits.
 constexpr int64_t kMaxSteps = 100000;
+// The most rounds of gradient accumulation a step takes (the model's `gradient_accumulation`, a
+// plan's): each is at least one microbatch the step runs in turn.
+constexpr int64_t kMaxGradientAccumulation = 65536;
 const char* loss_name(LossKind k);
 
 struct TensorSpec {
@@ -50,7 +53,9 @@ struct Model {
     std::optional<TensorSpec> target;
     LossKind loss = LossKind::sum;
     OptimizerSpec optimizer;
-    // gradient_accumulation: N microbatches of rows per optimizer step, each loss divided by N.
+    // gradient_accumulation: N microbatches of rows per optimizer step, each loss divided by N (under
+    // a pipeline, N rounds of its schedule). The model file's: a plan's own gradient_accumulation
+    // overrides it, so what a step under a plan runs is Plan::accumulation_rounds(model).
     int64_t gradient_accumulation = 1;
     // clip_grad_norm: torch.nn.utils.clip_grad_norm_(params, max_norm) before each step (0: none).
     double clip_grad_norm = 0;

@@ -250,6 +250,9 @@ Model load_model_text(const std::string& text, const std::string& path, const st
     if (auto o = m.get("optimizer")) model.optimizer = parse_optimizer(*o);
     if (auto g = m.get("gradient_accumulation")) {
         model.gradient_accumulation = g->as_positive_int("'gradient_accumulation'");
+        if (model.gradient_accumulation > kMaxGradientAccumulation)
+            g->fail(fmt::format("gradient_accumulation {} is over the limit of {}",
+                                model.gradient_accumulation, kMaxGradientAccumulation));
         const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0];
         if (rows % model.gradient_accumulation != 0)
             g->fail(fmt::format(

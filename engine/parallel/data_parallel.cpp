@@ -31,16 +31,17 @@ std::vector<BucketSpec> assign_buckets(const std::vector<std::pair<std::string, 
 
 namespace {
 
-// The global batch splits evenly over the dp ranks (every microbatch does, under accumulation).
-void check_batch_split(const Model& model, const DataParallelSpec& spec, int size) {
-    const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0];
-    if (model.gradient_accumulation > 1 && rows % (size * model.gradient_accumulation) != 0)
+// The global batch splits evenly over the dp ranks (every microbatch does, under accumulation; a
+// plan's own rounds are check_microbatches', at its key).
+void check_batch_split(const Model& model, const Plan& plan, const DataParallelSpec& spec, int size) {
+    const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0],
+                  rounds = plan.accumulation_rounds(model);
+    if (plan.gradient_accumulation == 0 && rounds > 1 && rows % (size * rounds) != 0)
         throw InputError(
             spec.where,
             fmt::format("each of the {} microbatches of {} rows (gradient_accumulation) does not split "
                         "evenly over the {} ranks of '{}'",
-                        model.gradient_accumulation, rows / model.gradient_accumulation, size,
-                        spec.mesh_dim_names()));
+                        rounds, rows / rounds, size, spec.mesh_dim_names()));
     if (rows % size != 0) {
         std::vector<int64_t> sizes;
         for (int r = 0; r < size; ++r) sizes.push_back(chunk_of(rows, size, r).length);
@@ -178,7 +179,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
         module_names.push_back(fqn);
         if (dynamic_cast<const BatchNorm*>(&m)) res.batch_norms.push_back(fqn);
     });
-    check_batch_split(model, spec, res.size);
+    check_batch_split(model, plan, spec, res.size);
     if (plan.mixed_precision && spec.gradient_as_bucket_view &&
         plan.mixed_precision->reduce_dtype != model.dtype)
         throw InputError(

@@ -155,25 +155,8 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
                 {plan.activation_checkpointing_where,
                  fmt::format("activation_checkpointing pattern '{}' matched no module", pattern)});
     }
-    const int64_t microbatches = model.gradient_accumulation * plan.microbatches_per_round();
-    if (plan.pipeline) {  // the step's microbatches: gradient_accumulation rounds of the pipeline's
-        const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0];
-        const PipelineSpec& pp = *plan.pipeline;
-        const SourceLocation& at = pp.microbatches > 0 ? pp.microbatches_where : pp.where;
-        const std::string count =
-            model.gradient_accumulation > 1
-                ? fmt::format("{} microbatches ({} rounds of gradient_accumulation x {})", microbatches,
-                              model.gradient_accumulation, plan.microbatches_per_round())
-                : fmt::format("{} microbatches", microbatches);
-        if (rows % microbatches != 0)
-            throw InputError(
-                at, fmt::format("the batch's {} rows do not cut into {} of equal rows", rows, count));
-        if ((rows / microbatches) % plan.dims.data_size() != 0)
-            throw InputError(at,
-                             fmt::format("each of the {} of {} rows does not split evenly over the {} data "
-                                         "ranks",
-                                         count, rows / microbatches, plan.dims.data_size()));
-    }
+    check_microbatches(plan, model);  // the step's microbatches cut the batch and split over the data ranks
+    const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
     if (plan.dims.has(DimRole::tp)) resolve_tensor_parallel(model, plan, res);
     std::map<const Module*, const ResolvedStyle*> styles;

@@ -277,6 +277,46 @@ void check_pipeline_counts(const Plan& plan) {
                                      pp, m, pp));
 }
 
+void check_microbatches(const Plan& plan, const Model& model) {
+    const int64_t rows = model.input.shape.empty() ? 1 : model.input.shape[0],
+                  rounds = plan.accumulation_rounds(model), data = plan.dims.data_size();
+    const bool planned = plan.gradient_accumulation > 0;  // else the model's: its loader cut the rows
+    if (planned && rows % rounds != 0)
+        throw InputError(
+            plan.gradient_accumulation_where,
+            fmt::format("gradient_accumulation {} does not divide the batch's {} rows into equal "
+                        "microbatches",
+                        rounds, rows));
+    if (plan.pipeline) {  // the step's microbatches: gradient_accumulation rounds of the pipeline's
+        const PipelineSpec& pp = *plan.pipeline;
+        const int64_t m = plan.microbatches_per_round(), microbatches = rounds * m;
+        // the plan's rounds are blamed where the pipeline's microbatches alone would fit
+        const bool fit_alone = rows % m == 0 && (rows / m) % data == 0;
+        const SourceLocation& at = planned && fit_alone  ? plan.gradient_accumulation_where
+                                   : pp.microbatches > 0 ? pp.microbatches_where
+                                                         : pp.where;
+        const std::string count =
+            rounds > 1 ? fmt::format("{} microbatches ({} rounds of gradient_accumulation x {})",
+                                     microbatches, rounds, m)
+                       : fmt::format("{} microbatches", microbatches);
+        if (rows % microbatches != 0)
+            throw InputError(
+                at, fmt::format("the batch's {} rows do not cut into {} of equal rows", rows, count));
+        if ((rows / microbatches) % data != 0)
+            throw InputError(at,
+                             fmt::format("each of the {} of {} rows does not split evenly over the {} data "
+                                         "ranks",
+                                         count, rows / microbatches, data));
+    } else if (planned && rows % data == 0 && rows % (data * rounds) != 0) {
+        // (the batch itself not splitting over the data ranks is data_parallel's to say)
+        throw InputError(
+            plan.gradient_accumulation_where,
+            fmt::format("each of the {} microbatches of {} row{} (the plan's gradient_accumulation) "
+                        "does not split evenly over the {} data ranks",
+                        rounds, rows / rounds, rows / rounds == 1 ? "" : "s", data));
+    }
+}
+
 bool Plan::compares(const std::string& what) const {
     return std::find(verify.compare.begin(), verify.compare.end(), what) != verify.compare.end();
 }
@@ -434,6 +474,12 @@ void parse_pipeline(const YamlNode& node, Plan& plan, RoleClaims& claims) {
         if (m > 4096) v->fail(fmt::format("microbatches {} is over the limit of 4096", m));
         s.microbatches = static_cast<int>(m);
     }
+    // one meaning of gradient_accumulation: the step's rounds of the schedule, the plan's top-level
+    // key (as the model's); a second count of rounds here would be another
+    if (auto v = pm.get("gradient_accumulation"))
+        v->fail(
+            "gradient_accumulation is a top-level key of the plan, not of pipeline_parallel: the step's "
+            "rounds of this schedule, each of its microbatches (write it beside pipeline_parallel)");
     pm.finish();
     plan.pipeline = std::move(s);
     plan.dims = dims;
@@ -496,6 +542,13 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
         plan.activation_checkpointing_where = ac->where();
         if (plan.activation_checkpointing.empty())
             ac->fail("'activation_checkpointing' is empty: name the modules to checkpoint");
+    }
+    if (auto g = m.get("gradient_accumulation")) {
+        plan.gradient_accumulation = g->as_positive_int("'gradient_accumulation'");
+        plan.gradient_accumulation_where = g->where();
+        if (plan.gradient_accumulation > kMaxGradientAccumulation)
+            g->fail(fmt::format("gradient_accumulation {} is over the limit of {}",
+                                plan.gradient_accumulation, kMaxGradientAccumulation));
     }
     if (auto v = m.get("verify")) parse_verify(*v, plan);
     m.finish();

@@ -24,7 +24,8 @@
 //     mesh_dim: pp             # one stage per rank (interleaved_1f1b: virtual_stages per rank)
 //     split_points: [layers.2] # modules that start stages 1.. (or layers_per_stage: N)
 //     schedule: 1f1b           # gpipe | 1f1b | interleaved_1f1b
-//     microbatches: 4          # per round of the model's gradient_accumulation; default: the stages
+//     microbatches: 4          # per round of gradient accumulation; default: the stages
+//   gradient_accumulation: 4   # the step's rounds, over the model's (the training layout ptool plan chose)
 //   verify: {steps: 2, compare: [output, loss, grad, param], tolerance: {rtol: 1.3e-6, atol: 1e-5}}
 #pragma once
 
@@ -89,9 +90,10 @@ const char* schedule_kind_name(ScheduleKind k);  // "accumulation", "gpipe", "1f
 
 // pipeline_parallel: the model's layers in stages, one per rank of the pp dim (virtual_stages
 // per rank under interleaved_1f1b, stage s on rank s mod pp), as torch.distributed.pipelining runs
-// them (train/stage.h, train/schedule.h). A step runs the model's gradient_accumulation rounds of
-// the schedule, each over `microbatches` microbatches; every microbatch's loss is divided by the
-// step's microbatch count before its backward (docs/pipeline.md).
+// them (train/stage.h, train/schedule.h). A step runs accumulation_rounds() rounds of the schedule
+// (the plan's gradient_accumulation, else the model's), each over `microbatches` microbatches; every
+// microbatch's loss is divided by the step's microbatch count before its backward
+// (docs/plan_format.md).
 struct PipelineSpec {
     // spine modules that start stages 1.. (torchtitan's pipeline_parallel_split_points); empty when
     // layers_per_stage cut them
@@ -127,9 +129,14 @@ struct Plan {
     std::optional<DataParallelSpec> data_parallel;
     std::optional<MixedPrecisionSpec> mixed_precision;  // data_parallel.mixed_precision
     std::optional<PipelineSpec> pipeline;               // its dim is the pp role's
-    // Microbatches per round of the model's gradient_accumulation when there is no pipeline (the
-    // reference of a pipeline plan computes its microbatches: reference_plan)
+    // Microbatches per round of gradient accumulation when there is no pipeline (the reference of a
+    // pipeline plan computes its microbatches: reference_plan)
     int round_microbatches = 1;
+    // gradient_accumulation: the step's rounds of gradient accumulation, over the model's key of the
+    // same name and meaning (0: the model's). The training layout a plan was chosen with travels in
+    // it (ptool plan writes it); read it through accumulation_rounds.
+    int64_t gradient_accumulation = 0;
+    SourceLocation gradient_accumulation_where;
     // activation_checkpointing: module patterns whose forward keeps only its input and is
     // recomputed in backward (torch.utils.checkpoint)
     std::vector<std::string> activation_checkpointing;
@@ -147,6 +154,13 @@ struct Plan {
     // microbatches each round of gradient accumulation runs (the pipeline's, else round_microbatches)
     int pipeline_stages() const;
     int microbatches_per_round() const;
+    // The rounds of gradient accumulation a step of `model` runs under this plan: the plan's
+    // gradient_accumulation, else the model's. Every reader of a step's microbatching asks here
+    // (a step runs accumulation_rounds(model) x microbatches_per_round() microbatches), so no
+    // command can see another count than another.
+    int64_t accumulation_rounds(const Model& model) const {
+        return gradient_accumulation > 0 ? gradient_accumulation : model.gradient_accumulation;
+    }
     bool compares(const std::string& what) const;
     // `--mesh NAME=SIZE`: resizes a dim and checks the plan again (src_data_rank must stay a rank
     // of the tensor-parallel dim). InputError naming the flag otherwise.
@@ -159,10 +173,17 @@ Plan load_plan(const std::string& path);
 void apply_mesh_flags(Plan& plan, const std::vector<std::string>& flags);
 Plan load_plan_text(const std::string& text, const std::string& path);
 
-// fnmatch per dotted atom: "layers.*.net[1-2]" matches "layers.0.net1"; "" matches only "".
 // InputError unless the pipeline's split points make plan.pipeline_stages() stages and its
 // microbatches fit its schedule (checked on load, after --mesh, and by a Run given a built plan).
 void check_pipeline_counts(const Plan& plan);
+
+// InputError unless the step's microbatches (accumulation_rounds x microbatches_per_round) cut the
+// model's batch into equal rows that split over the data ranks: at the plan's gradient_accumulation
+// where the plan sets it (and, with a pipeline, its microbatches alone would fit), else at the
+// pipeline's microbatches (resolve_plan checks it first; shrink against the real model).
+void check_microbatches(const Plan& plan, const Model& model);
+
+// fnmatch per dotted atom: "layers.*.net[1-2]" matches "layers.0.net1"; "" matches only "".
 
 bool fqn_matches(const std::string& pattern, const std::string& fqn);
 

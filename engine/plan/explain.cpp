@@ -22,8 +22,9 @@ int64_t record_bytes_per_step(const Model& model, const Plan& plan, const Layout
         if (!c.module->takes_ids()) events += numel_of(c.in.global);
     }
     // the layout pass walks one microbatch of one dp rank's rows
-    int64_t bytes = (events * ce + numel_of(layouts.output.global) * es) * dp * model.gradient_accumulation +
-                    es;                        // the calls', the output, the loss
+    int64_t bytes =
+        (events * ce + numel_of(layouts.output.global) * es) * dp * plan.accumulation_rounds(model) +
+        es;                                    // the calls', the output, the loss
     if (model.clip_grad_norm > 0) bytes += 8;  // the gradients' norm (float64)
     for (const auto& [name, p] : model.named_parameters())
         bytes += 2 * static_cast<int64_t>(p->value.nbytes());
@@ -61,7 +62,8 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
     for (const CallLayout& call : layouts.calls)
         if (call.style && explained.insert(call.module).second)
             ex.modules.push_back(explain_module(*call.style, call, ex.tp));
-    for (int64_t j = 0; j < model.gradient_accumulation; ++j) {  // each microbatch's forward and backward
+    for (int64_t j = 0, n = plan.accumulation_rounds(model); j < n;
+         ++j) {  // each microbatch's forward and backward
         ex.step_comm.insert(ex.step_comm.end(), layouts.forward.begin(), layouts.forward.end());
         ex.step_comm.insert(ex.step_comm.end(), layouts.backward.begin(), layouts.backward.end());
     }

@@ -105,7 +105,7 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
     if (!dp.ignored_params.empty())
         ex.data_parallel.push_back(
             fmt::format("not synchronised (ignored_modules): {}", fmt::join(dp.ignored_params, ", ")));
-    for (int64_t j = 0; j < model.gradient_accumulation;
+    for (int64_t j = 0, n = plan.accumulation_rounds(model); j < n;
          ++j) {  // buffers, units and SyncBatchNorm: every microbatch
         ex.step_comm.insert(ex.step_comm.begin(), forward.begin(), forward.end());
         ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());

@@ -44,7 +44,7 @@ void explain_stages(ExplainReport& r) {
     std::map<const Module*, std::string> names;
     for_each_module(*r.model.root, [&](const std::string& fqn, Module& m) { names.emplace(&m, fqn); });
     const int pp_dim = plan.dims.index(DimRole::pp), p = plan.mesh()[pp_dim].size;
-    const int m = plan.microbatches_per_round(), rounds = static_cast<int>(r.model.gradient_accumulation);
+    const int m = plan.microbatches_per_round(), rounds = static_cast<int>(plan.accumulation_rounds(r.model));
     const Schedule schedule =
         pipeline_schedule(spec.schedule, plan.pipeline_stages(), m, rounds, spec.virtual_stages);
     for (size_t s = 0; s < ranges.size(); ++s) {
@@ -99,6 +99,12 @@ ExplainReport explain_report(const ExplainInputs& in) {
     for (const auto& m : r.plan.mesh()) mesh.push_back(fmt::format("{}={}", m.name, m.size));
     r.summary.push_back(fmt::format("mesh {}", fmt::join(mesh, " x ")));
     for (std::string& line : describe_dims(r.plan)) r.summary.push_back(std::move(line));
+    if (r.plan.gradient_accumulation > 0)  // the training layout the plan carries, over the model's
+        r.summary.push_back(fmt::format("gradient_accumulation {} (the plan's; the model says {})",
+                                        r.plan.gradient_accumulation, r.model.gradient_accumulation));
+    else if (r.model.gradient_accumulation > 1)
+        r.summary.push_back(
+            fmt::format("gradient_accumulation {} (the model's)", r.model.gradient_accumulation));
     r.summary.push_back(fmt::format("model input {}", r.ex.resolution.input_placement.str()));
 
     const Plan& plan = r.plan;

@@ -188,6 +188,8 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
     if (c.tp > 1) dims.push_back(fmt::format("tp: {}", c.tp));
     if (dims.empty()) dims.push_back("world: 1");
     s += fmt::format("mesh: {{{}}}\n", fmt::join(dims, ", "));
+    if (c.gradient_accumulation > 0)  // the training layout: over the model's (docs/plan_format.md)
+        s += fmt::format("gradient_accumulation: {}\n", c.gradient_accumulation);
     auto list = [](const std::vector<std::string>& v) {
         std::vector<std::string> q;
         for (const auto& x : v) q.push_back(yaml_quoted(x));  // module names come from the model file

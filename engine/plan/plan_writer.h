@@ -1,7 +1,8 @@
 // Writing a plan for a model from its module tree, as torchtitan writes Llama's by hand: the
 // tensor-parallel plan with sequence parallelism where the model has a sequence (token input), the
 // data-parallel section (one dp dim, or HSDP's [dp_replicate, dp_shard]), activation
-// checkpointing; as plan YAML text that load_plan_text reads.
+// checkpointing, and the gradient accumulation it was chosen with where that is not the model's;
+// as plan YAML text that load_plan_text reads.
 //
 // The tensor-parallel rules follow the activation's layout through the modules in forward order
 // (Replicate, Shard(1) = sequence shards, Shard(-1) = a colwise linear's feature shards). Each
@@ -62,6 +63,9 @@ struct PlanChoice {
     int pp_microbatches = 0;
     std::vector<int> stage_blocks;
     std::string repeat;  // the repeat whose blocks the stages split ("layers")
+    // The step's rounds of gradient accumulation the plan carries (its top-level
+    // gradient_accumulation, over the model's); 0: none written, the model's
+    int gradient_accumulation = 0;
 
     bool hybrid() const { return dp_shard > 1 && dp_shard < dp; }
     int dp_replicate() const { return hybrid() ? dp / dp_shard : 1; }

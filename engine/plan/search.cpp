@@ -402,7 +402,10 @@ private:
             Candidate cand;
             cand.choice = c, cand.microbatches = static_cast<int>(mb),
             cand.model_microbatches = static_cast<int>(first);
-            cand.plan_text = plan_text, cand.extrapolated = extrapolate_;
+            // the plan carries the microbatches it was chosen with where they are not the model's
+            if (mb != first) cand.choice.gradient_accumulation = static_cast<int>(mb);
+            cand.plan_text = mb == first ? plan_text : write_plan(full_, tpl_, cand.choice);
+            cand.extrapolated = extrapolate_;
             cand.prefetch = c.dp_mode == "fully_shard" && c.dp > 1 ? block_unsharded_ / c.tp : 0;
             cand.peak = static_cast<double>(s.memory.peak) + cand.prefetch;
             if (least_mb == 0 || cand.peak < least) least = cand.peak, least_mb = mb;

@@ -58,7 +58,12 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     YAML::Node doc = YAML::Load(model_text);
     const int64_t tp = plan.dims.size(DimRole::tp);
     const int64_t dp = plan.dims.data_size();  // the batch's rows split over every data rank
-    const int64_t mb = doc["gradient_accumulation"] ? as_int(doc["gradient_accumulation"]) : 1;
+    // the step's rounds: the plan's gradient_accumulation over the model's (the proxy then carries the
+    // plan's, so that it loads with its rows and means what the plan does)
+    const int64_t mb = plan.gradient_accumulation > 0 ? plan.gradient_accumulation
+                       : doc["gradient_accumulation"] ? as_int(doc["gradient_accumulation"])
+                                                      : 1;
+    if (plan.gradient_accumulation > 0) doc["gradient_accumulation"] = plan.gradient_accumulation;
     const int64_t unit = std::lcm<int64_t>(tp, 8);
 
     // attention dims first: they must be a multiple of the new head count

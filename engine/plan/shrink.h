@@ -8,7 +8,8 @@
 //   every other size (the keys each module type lists, model/module_type.h: dim, hidden, in, out,
 //              vocab, features): the k-th distinct value, smallest
 //              first, becomes lcm(tp, 8) x k, so equal sizes stay equal and every size divides by tp
-//   batch: rows = dp x gradient_accumulation x 2; tokens' sequence (or a float input's middle dims)
+//   batch: rows = dp x gradient_accumulation x 2 (the plan's gradient_accumulation over the model's,
+//              which the proxy then says too); tokens' sequence (or a float input's middle dims)
 //              2 x tp; the last dim of a float input as the sizes above
 // A pipeline plan's proxy keeps one block per stage (at least 2) and rows for the plan's
 // microbatches, 2 rows each per data rank; its stages are then cut one block each (layers_per_stage

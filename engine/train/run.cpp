@@ -77,6 +77,8 @@ Plan reference_plan(const Plan& plan) {
     Plan p = single_device_plan();
     p.mixed_precision = plan.mixed_precision;
     p.round_microbatches = plan.microbatches_per_round();  // a pipeline's microbatches, on one device
+    p.gradient_accumulation = plan.gradient_accumulation;  // in as many rounds: the same microbatches
+    p.gradient_accumulation_where = plan.gradient_accumulation_where;
     return p;
 }
 
@@ -167,8 +169,9 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
             });
     }
     optimizer_ = std::make_unique<Optimizer>(model_.optimizer, be_);
-    // the model's gradient_accumulation rounds, each of the plan's microbatches (one without a pipeline)
-    const int rounds = static_cast<int>(model_.gradient_accumulation), m = plan.microbatches_per_round();
+    // gradient_accumulation's rounds (the plan's, else the model's), each of the plan's microbatches
+    // (one without a pipeline)
+    const int rounds = static_cast<int>(plan.accumulation_rounds(model_)), m = plan.microbatches_per_round();
     schedule_ = plan.pipeline ? pipeline_schedule(plan.pipeline->schedule, stages_, m, rounds,
                                                   plan.pipeline->virtual_stages)
                               : accumulation_schedule(rounds * m);

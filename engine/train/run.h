@@ -33,8 +33,9 @@ struct RunInputs {
 
 // The plan of the single-device reference: a one-rank mesh, nothing parallel.
 Plan single_device_plan();
-// The reference of `plan`: single_device_plan() computing as the plan does (its mixed precision;
-// what it lays out where is the plan's own business).
+// The reference of `plan`: single_device_plan() computing as the plan does (its mixed precision and
+// its microbatches: a pipeline's per round, the plan's gradient_accumulation rounds; what it lays out
+// where is the plan's own business).
 Plan reference_plan(const Plan& plan);
 
 // A layer that wraps parts of a run from outside; every default leaves the run as it is.
@@ -94,9 +95,9 @@ public:
     Run(const RunInputs& in, Plan&& plan, Communicator& world, RunLayer* layer = nullptr) = delete;
     ~Run();
 
-    // One training step on step k's batch: gradient_accumulation microbatches (each divided over
-    // the dp ranks), then the gradient sync, clipping and the optimizer step. `observer` sees every
-    // module's output and input gradient.
+    // One training step on step k's batch: plan().accumulation_rounds(model()) rounds of the plan's
+    // microbatches_per_round() microbatches (each divided over the dp ranks), then the gradient
+    // sync, clipping and the optimizer step. `observer` sees every module's output and input gradient.
     StepOutput step(int64_t k, const StepObserver& observer = nullptr);
 
     const Model& model() const { return model_; }

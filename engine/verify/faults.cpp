@@ -346,7 +346,8 @@ public:
         // torch's schedule.step(scale_grads) divides the stage's gradients by its microbatches: again
         const bool twice = fault_.is(FaultKind::pp_grad_scaled_twice);  // stage_params_: the stage's, if held
         const double microbatches =
-            plan_ ? static_cast<double>(plan_->microbatches_per_round() * model.gradient_accumulation) : 1.0;
+            plan_ ? static_cast<double>(plan_->microbatches_per_round() * plan_->accumulation_rounds(model))
+                  : 1.0;
         for (const auto& [name, p] : model.named_parameters()) {
             Backend& be = backend_for(p->grad.device());
             if (twice && stage_params_.held.count(p.get())) be.scale(p->grad, 1.0 / microbatches, p->grad);

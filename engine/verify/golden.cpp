@@ -49,6 +49,9 @@ TensorFile golden_tensors(const RunRecord& reference, const RunInputs& in, int64
 
 TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOptions& opt) {
     const Model model = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
+    // the reference runs the plan's microbatches on one device: they must be the plan's to run (the
+    // data ranks' split too), or the golden would record a step no parallel run of the plan takes
+    check_microbatches(plan, model);
     const int64_t steps = steps_for(plan, opt, model.steps);
     RecordOptions ro;
     ro.events = false;

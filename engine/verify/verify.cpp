@@ -130,11 +130,12 @@ void drop_tensors(StepRecord& step) {
     for (ModuleEvent& e : step.events) e.full = Tensor();
 }
 
-// What makes two plans' references differ: their mixed precision.
-std::string numerics_key(const Plan& plan) {
-    // the microbatches a round cuts the batch into (a pipeline's), and the mixed precision policy
-    const std::string m =
-        plan.microbatches_per_round() > 1 ? fmt::format("m{}", plan.microbatches_per_round()) : "";
+// What makes two plans' references differ: their microbatches and their mixed precision.
+std::string numerics_key(const Plan& plan, const Model& model) {
+    // the microbatches a step cuts the batch into (the rounds of gradient_accumulation, the plan's or
+    // the model's, each of a pipeline's microbatches), and the mixed precision policy
+    const int64_t n = plan.accumulation_rounds(model) * plan.microbatches_per_round();
+    const std::string m = n > 1 ? fmt::format("m{}", n) : "";
     if (!plan.mixed_precision) return m;
     const MixedPrecisionSpec& mp = *plan.mixed_precision;
     return fmt::format("{}{}/{}/{}", m, dtype_name(mp.param_dtype), dtype_name(mp.reduce_dtype),
@@ -252,7 +253,7 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
     // rank 0, by step count and numerics: one reference serves every plan that computes alike
     using ReferenceKey = std::pair<int64_t, std::string>;
     auto reference_key = [&](const Plan& p) {
-        return ReferenceKey{steps_for(p, job.options, probe.steps), numerics_key(p)};
+        return ReferenceKey{steps_for(p, job.options, probe.steps), numerics_key(p, probe)};
     };
     std::map<ReferenceKey, RunRecord> references;
     for (size_t i = 0; i < job.plans.size(); ++i) {
