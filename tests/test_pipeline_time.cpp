@@ -97,3 +97,49 @@ TEST_CASE("pipeline time: interleaved 1F1B at uniform stages", "[cpu][pipeline_t
                 CHECK(t.bubble < one.bubble);
             }
 }
+
+TEST_CASE("pipeline widening: samples of 3 and 4 pp ranks extended to pp along their line",
+          "[cpu][pipeline_time]") {
+    // what pp rank r holds at its peak grows by `slope` bytes per pp rank (its microbatches in
+    // flight); a stage's costs and a rank's tail are the same at any pp
+    auto sample = [](int P, int v) {
+        PipelineSample s;
+        for (int st = 0; st < P * v; ++st) {
+            const double f = st == 0 ? 3.0 : st == P * v - 1 ? 5.0 : 2.0;  // first, middle, last
+            s.forward.push_back(f), s.backward.push_back(2 * f);
+            s.forward_flops.push_back(10 * f), s.backward_flops.push_back(20 * f);
+        }
+        for (int r = 0; r < P; ++r) {
+            const bool last = r == P - 1;
+            const double base = r == 0 ? 1000 : last ? 500 : 800, slope = r == 0 ? 100 : last ? 7 : 90;
+            s.peak.push_back(base + slope * P);
+            s.phases.push_back({{"layers.stage0.last/b", base + slope * P - 1}});
+            s.tail.push_back(0.25);
+            s.fb_compute.push_back(0.5 * P), s.fb_overlap.push_back(0.125 * P);
+            s.tail_compute.push_back(0.25), s.tail_overlap.push_back(0.0);
+        }
+        s.transfer = 0.01;
+        s.fb_comm[{"all_gather", "dp"}] = {4 * P, 1000 * P};
+        return s;
+    };
+    for (int v : {1, 2}) {
+        const PipelineSample w = widen_pipeline(sample(3, v), sample(4, v), 16, v == 1 ? 64 : 16);
+        REQUIRE(w.forward.size() == static_cast<size_t>(16 * v));
+        CHECK(w.forward.front() == 3.0);
+        CHECK(w.forward[1] == 2.0);
+        CHECK(w.forward.back() == 5.0);
+        CHECK(w.backward.back() == 10.0);
+        REQUIRE(w.peak.size() == 16);
+        CHECK(w.peak[0] == 1000 + 100 * 16);
+        for (int r = 1; r < 15; ++r) CHECK(w.peak[r] == 800 + 90 * 16);  // every middle rank as pp rank 1
+        // 1F1B: the last rank is read at the plan's microbatches (64), interleaved at pp
+        CHECK(w.peak[15] == 500 + 7 * (v == 1 ? 64 : 16));
+        CHECK(w.phases[15].at("layers.stage0.last/b") == 500 + 7 * (v == 1 ? 64 : 16) - 1);
+        CHECK(w.fb_compute[3] == 0.5 * 16);
+        CHECK(w.tail[7] == 0.25);
+        CHECK(w.transfer == 0.01);
+        CHECK(w.fb_comm.at({"all_gather", "dp"}).calls == 4 * 16);
+        CHECK(w.fb_comm.at({"all_gather", "dp"}).bytes == 1000 * 16);
+    }
+    CHECK_THROWS(widen_pipeline(sample(4, 1), sample(4, 1), 16, 16));
+}
