@@ -6,8 +6,8 @@
 // the parameter count is HF's. The attention is `attn_implementation: flash` (no [B*H, T, T] scores
 // kept), as transformers' default, SDPA, keeps it, unless --attn or the config's attn_implementation
 // says eager (the flag wins over the config, the config over the default). Fields that change the
-// computation and that ptool does not model (sliding windows, MoE, rope_scaling, a head_dim other
-// than hidden/heads) are exit 2 at the field.
+// computation and that ptool does not model (sliding windows, MoE, a rope_scaling other than linear
+// and llama3, a head_dim other than hidden/heads) are exit 2 at the field.
 // The config is strict JSON with typed fields (import/hf_config.h); what it says reaches the YAML
 // only as numbers, table entries or emitter-quoted strings (core/yaml_writer.h).
 //
