@@ -510,14 +510,18 @@ private:
             }
             return sim;
         };
-        // (timed on the links of the plan itself: its pp ranks may span nodes where P ranks do not)
-        PlanChoice real = base;
-        real.pp_microbatches = sampled, real.stage_blocks.assign(stages, 2);
-        const Plan timing = load_plan_text(write_plan(full_, tpl_, real), "generated.yaml");
+        // widened samples are timed on the links of the plan itself: its pp ranks may span nodes
+        // where P ranks do not
+        std::optional<Plan> timing;
+        if (widened) {
+            PlanChoice real = base;
+            real.pp_microbatches = sampled, real.stage_blocks.assign(stages, 2);
+            timing = load_plan_text(write_plan(full_, tpl_, real), "generated.yaml");
+        }
         auto sample_at = [&](int P, int k) {
             return sample_pipeline(
                 variant(P, k, sampled_at(P)).first, cluster_, r_.compute, repeat_, k,
-                [&](int rank) { return simulate_at(P, k, rank); }, &timing);
+                [&](int rank) { return simulate_at(P, k, rank); }, timing ? &*timing : nullptr);
         };
         try {
             if (base.pp >= 3 && layers_ >= 2 * stages) {
