@@ -223,9 +223,14 @@ void explain(const ExplainArgs& a, const Common& c) {
                 if (std::find(u.begin(), u.end(), c.fqn) == u.end()) u.push_back(c.fqn);
             }
             nlohmann::json call = {
-                {"fqn", c.fqn},       {"type", c.module->type()},
-                {"in", c.in.p.str()}, {"out", c.out.p.str()},
-                {"params", own},      {"checkpointed", ex.resolution.checkpointed.count(c.module) > 0}};
+                {"fqn", c.fqn},
+                {"type", c.module->type()},
+                {"in", c.in.p.str()},
+                {"out", c.out.p.str()},
+                {"params", own},
+                {"checkpointed", ex.resolution.checkpointing.checkpointed.count(c.module) > 0}};
+            if (const std::string mode = ex.resolution.checkpointing.mode_of(c.module); !mode.empty())
+                call["recompute"] = mode;
             if (const auto* d = dynamic_cast<const Dropout*>(c.module)) call["p"] = d->p();
             j["calls"].push_back(call);
         }

@@ -142,7 +142,7 @@ int plan(const PlanArgs& a, const Common& common) {
                        c.choice.virtual_stages > 1 ? fmt::format(" v{}", c.choice.virtual_stages) : "",
                        c.choice.pp_microbatches, 100 * c.time.bubble)
                  : "-",
-             c.choice.checkpoint ? "yes" : "no", std::to_string(c.microbatches),
+             c.choice.checkpoint ? c.choice.checkpoint_mode() : "no", std::to_string(c.microbatches),
              format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(bytes)),
              seconds_str(c.time.compute), seconds_str(c.time.step), fmt::format("{:.1f}%", 100 * c.mfu)});
     }
@@ -185,6 +185,7 @@ int plan(const PlanArgs& a, const Common& common) {
                                        {"tp", c.choice.tp},
                                        {"mode", c.choice.dp_mode},
                                        {"activation_checkpointing", c.choice.checkpoint},
+                                       {"activation_checkpointing_mode", c.choice.checkpoint_mode()},
                                        {"microbatches", c.microbatches},
                                        {"peak_bytes", c.peak},
                                        {"prefetch_bytes", c.prefetch},

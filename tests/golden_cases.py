@@ -197,7 +197,9 @@ with tempfile.TemporaryDirectory() as tmp:
     # (the training configurations: tied vocab-parallel head + loss_parallel + SP with dropout, RoPE/GQA
     # with AdamW defaults, accumulation and clipping under TP+SP, FSDP x TP with checkpointing, DDP x TP
     # in bf16 mixed precision, HSDP and HSDP x TP: HYBRID_SHARD's gradient is the average over the whole
-    # data group, which is what PyTorch's one-device step computes for the mean loss)
+    # data group, which is what PyTorch's one-device step computes for the mean loss; selective
+    # activation checkpointing (op level, Megatron's core attention, every second layer) recomputes
+    # the values the one-device step kept)
     # (and the pipeline plans of tests/data/pipeline, each naming its model: torch's reference is the
     # one-device loop over the same G x microbatches microbatches, as torch.distributed.pipelining's
     # tests hold a pipeline to; the GPT-2 one's dropout masks drawn as for gpt2_tied_tp_sp)
@@ -205,7 +207,9 @@ with tempfile.TemporaryDirectory() as tmp:
         ("mlp", "mlp_root_module"), ("gpt_block", "gpt_block_tp"), ("gpt2_tied", "gpt2_tied_tp_sp"),
         ("gpt2_tied", "gpt2_tied_ddp_ac"), ("llama_rope", "llama_rope_tp_sp"),
         ("llama_rope", "llama_rope_fsdp_tp_ac"), ("llama_rope", "llama_rope_ddp_tp_bf16"),
-        ("mlp_stacked_adamw", "mlp_stacked_hsdp"), ("mlp_stacked_adamw", "mlp_stacked_hsdp_tp"))]
+        ("mlp_stacked_adamw", "mlp_stacked_hsdp"), ("mlp_stacked_adamw", "mlp_stacked_hsdp_tp"),
+        ("hf_tiny_llama31", "hf_tiny_llama31_fsdp_tp_sac"), ("gpt2_tied", "gpt2_tied_ddp_core_attn"),
+        ("llama_rope", "llama_rope_tp_sp_ac_every2"))]
     pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
     check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")
     cases += [(re.search(r"(tests/data/)?models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]

@@ -33,6 +33,10 @@ public:
     Layout layout(LayoutVisitor& v, const Layout& in) const override;
     int64_t heads() const { return heads_; }
     int64_t kv_heads() const { return kv_heads_; }
+    bool flash() const { return flash_; }
+    // Megatron's selective recompute (--recompute-granularity selective, core_attn): eager attention
+    // keeps q, k and v but not the probabilities, and recomputes them in backward (as flash does).
+    void set_recompute_core(bool on) { recompute_core_ = on; }
 
 protected:
     Placed forward_placed(RunContext& ctx, const Placed& x) override;
@@ -43,8 +47,9 @@ private:
     // One head slice [i, i+n) of the batched heads: scores and probabilities.
     Tensor probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t n) const;
     int64_t dim_, heads_, kv_heads_;
-    bool causal_, flash_;
+    bool causal_, flash_, recompute_core_ = false;
     std::optional<Rope> rope_;
+    KeptOutputs kept_;  // the op-level selective policy's kept outputs (model/selective_recompute.h)
 };
 
 // y = down_proj(act(gate_proj(x)) * up_proj(x))

@@ -33,6 +33,7 @@ private:
     int64_t in_, out_;
     bool tied_;
     bool defer_bias_ = false;
+    KeptOutputs kept_;  // selective checkpointing's kept outputs (model/selective_recompute.h)
 };
 
 // relu, gelu (erf or tanh), silu, tanh: elementwise, no parameters.

@@ -20,9 +20,11 @@ const std::string& Module::type() const {
 Placed Module::forward(RunContext& ctx, const Placed& x) {
     if (checkpointed_ && ctx.recording) {  // keep the input only: nothing below saves for backward
         checkpoint_inputs_.push(ctx.microbatch, x);
-        ctx.recording = false;
+        SelectiveRegion region;  // the op policy's count for this pass (its outputs kept, not saved)
+        SelectiveRegion* const outer = ctx.selective;
+        ctx.recording = false, ctx.selective = selective_ ? &region : nullptr;
         Placed y = forward_hooked(ctx, x);
-        ctx.recording = true;
+        ctx.recording = true, ctx.selective = outer;
         return y;
     }
     return forward_hooked(ctx, x);
@@ -50,12 +52,14 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
         const Placed x = checkpoint_inputs_.pop(ctx.microbatch);
         auto observer = std::move(ctx.observer);
         const bool was = ctx.recomputing;
-        ctx.observer = nullptr, ctx.recomputing = true;
+        SelectiveRegion region;  // the op policy's count restarts: the forward's decisions, in order
+        SelectiveRegion* const outer = ctx.selective;
+        ctx.observer = nullptr, ctx.recomputing = true, ctx.selective = selective_ ? &region : nullptr;
         const bool meta_was = meta_work().recomputing;  // the meta backend counts the recompute's FLOPs apart
         meta_work().recomputing = true;
         forward_hooked(ctx, x);
         meta_work().recomputing = meta_was;
-        ctx.observer = std::move(observer), ctx.recomputing = was;
+        ctx.observer = std::move(observer), ctx.recomputing = was, ctx.selective = outer;
     }
     take_turn();
     MemoryPhaseScope phase(fqn_, 'b');

@@ -22,6 +22,7 @@
 #include "core/tensor.h"
 #include "model/microbatch_stack.h"
 #include "model/placed.h"
+#include "model/selective_recompute.h"
 
 namespace ptool {
 
@@ -53,6 +54,9 @@ struct RunContext {
     // Activation checkpointing: a checkpointed module's first forward keeps nothing for backward
     // (recording off), and its backward first recomputes its forward (recomputing on).
     bool recording = true, recomputing = false;
+    // Inside a region checkpointed under the op-level selective policy (model/selective_recompute.h):
+    // the pass's matmul count, which decides which outputs are kept; null elsewhere.
+    SelectiveRegion* selective = nullptr;
     // Which microbatch of the step this forward or backward is (train/schedule.h): what a forward
     // saves is popped by the backward of the same microbatch.
     int microbatch = 0;
@@ -149,6 +153,10 @@ public:
     // and recomputes its forward (hooks and collectives included, not observed) in backward.
     void set_checkpointed(bool on) { checkpointed_ = on; }
     bool checkpointed() const { return checkpointed_; }
+    // Selective checkpointing at op level (torchtitan's policy, model/selective_recompute.h): a
+    // checkpointed module whose region keeps some ops' outputs and recomputes the rest.
+    void set_selective(bool on) { selective_ = on; }
+    bool selective() const { return selective_; }
     void register_param(const std::string& name, ParamPtr p) { params_.push_back({name, std::move(p)}); }
     void register_buffer(const std::string& name, ParamPtr b) { buffers_.push_back({name, std::move(b)}); }
     void add_child(const std::string& name, std::shared_ptr<Module> m) {
@@ -189,7 +197,7 @@ private:
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
     MicrobatchStack<std::vector<Tensor>> saved_;
     MicrobatchStack<Layout> inputs_;  // per call: the input layout (after the pre-forward hook)
-    bool checkpointed_ = false, saving_ = true, transparent_ = false;
+    bool checkpointed_ = false, selective_ = false, saving_ = true, transparent_ = false;
     int microbatch_ = 0;  // of the forward or backward running now (save and restore key on it)
     MicrobatchStack<Placed> checkpoint_inputs_;               // per checkpointed call: its input
     Placed forward_hooked(RunContext& ctx, const Placed& x);  // hooks + the module, no checkpointing

@@ -143,18 +143,7 @@ const ResolvedStyle* Resolution::style_of(const Module& m) const {
 Resolution resolve_plan(const Model& model, const Plan& plan) {
     Resolution res;
     res.tp = plan.dims.size(DimRole::tp);
-    const auto modules = plan.activation_checkpointing.empty()
-                             ? std::vector<std::pair<std::string, Module*>>{}
-                             : named_modules(*model.root);
-    for (const std::string& pattern : plan.activation_checkpointing) {
-        size_t found = 0;
-        for (const auto& [fqn, m] : modules)
-            if (fqn_matches(pattern, fqn)) res.checkpointed.insert(m), ++found;
-        if (!found)
-            res.warnings.push_back(
-                {plan.activation_checkpointing_where,
-                 fmt::format("activation_checkpointing pattern '{}' matched no module", pattern)});
-    }
+    res.checkpointing = resolve_activation_checkpointing(model, plan.activation_checkpointing, res.warnings);
     check_microbatches(plan, model);  // the step's microbatches cut the batch and split over the data ranks
     const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
@@ -165,7 +154,7 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     if (!rows.empty()) rows[0] /= res.dp.size * microbatches;  // and one microbatch's
     LayoutPassOptions options;
     options.loss_parallel = plan.loss_parallel;
-    options.checkpointed = res.checkpointed;
+    options.checkpointed = res.checkpointing.checkpointed;
     if (plan.mixed_precision) options.compute = plan.mixed_precision->param_dtype;
     res.layouts =
         propagate_layouts(model, styles, {rows, res.input_placement}, res.tp,

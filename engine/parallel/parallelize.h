@@ -6,19 +6,20 @@
 
 #include <set>
 
+#include "parallel/activation_checkpointing.h"
 #include "parallel/data_parallel.h"
 #include "parallel/layout_pass.h"
 
 namespace ptool {
 
 struct Resolution {
-    std::vector<ResolvedStyle> styles;     // in forward registration order
-    std::vector<Diagnostic> warnings;      // plan.yaml:6:3 "pattern 'x' matched no module", ...
-    int tp = 1;                            // ranks of the tensor-parallel dim
-    Placement input_placement;             // how the model input reaches the ranks
-    LayoutReport layouts;                  // every module call's layouts and the step's collectives
-    DataParallelResolution dp;             // the data_parallel section, resolved
-    std::set<const Module*> checkpointed;  // activation_checkpointing's modules
+    std::vector<ResolvedStyle> styles;      // in forward registration order
+    std::vector<Diagnostic> warnings;       // plan.yaml:6:3 "pattern 'x' matched no module", ...
+    int tp = 1;                             // ranks of the tensor-parallel dim
+    Placement input_placement;              // how the model input reaches the ranks
+    LayoutReport layouts;                   // every module call's layouts and the step's collectives
+    DataParallelResolution dp;              // the data_parallel section, resolved
+    ActivationCheckpointing checkpointing;  // activation_checkpointing's modules
     // Findings that make a mismatch with the reference expected, shown with a failing verdict as
     // its cause ("loss: sum under data parallel ...", BatchNorm with local statistics).
     std::vector<Diagnostic> causes;

@@ -537,12 +537,8 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
         plan.data_parallel = parse_data_parallel(*dp, claims, plan.mixed_precision);
     if (auto pp = m.get("pipeline_parallel")) parse_pipeline(*pp, plan, claims);
     plan.dims = claims.dims();
-    if (auto ac = m.get("activation_checkpointing")) {
-        plan.activation_checkpointing = string_list(*ac, "activation_checkpointing");
-        plan.activation_checkpointing_where = ac->where();
-        if (plan.activation_checkpointing.empty())
-            ac->fail("'activation_checkpointing' is empty: name the modules to checkpoint");
-    }
+    if (auto ac = m.get("activation_checkpointing"))
+        plan.activation_checkpointing = parse_activation_checkpointing(*ac);
     if (auto g = m.get("gradient_accumulation")) {
         plan.gradient_accumulation = g->as_positive_int("'gradient_accumulation'");
         plan.gradient_accumulation_where = g->where();

@@ -35,6 +35,7 @@
 
 #include "core/error.h"
 #include "core/tolerance.h"
+#include "parallel/activation_checkpointing.h"
 #include "parallel/device_mesh.h"
 #include "parallel/parallel_dims.h"
 #include "parallel/style.h"
@@ -137,10 +138,9 @@ struct Plan {
     // it (ptool plan writes it); read it through accumulation_rounds.
     int64_t gradient_accumulation = 0;
     SourceLocation gradient_accumulation_where;
-    // activation_checkpointing: module patterns whose forward keeps only its input and is
-    // recomputed in backward (torch.utils.checkpoint)
-    std::vector<std::string> activation_checkpointing;
-    SourceLocation activation_checkpointing_where;
+    // activation_checkpointing: which modules recompute what in backward (full, op-level
+    // selective, Megatron's core attention; parallel/activation_checkpointing.h)
+    ActivationCheckpointingSpec activation_checkpointing;
     VerifySpec verify;
 
     const std::vector<MeshDim>& mesh() const { return dims.mesh(); }

@@ -41,7 +41,7 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
     // a module under activation checkpointing runs its forward again in backward: its unit's
     // all_gather and SyncBatchNorm's too
     auto recomputed = [&](const std::string& fqn) {
-        for (const Module* c : ex.resolution.checkpointed)
+        for (const Module* c : ex.resolution.checkpointing.checkpointed)
             if (c->fqn().empty() || fqn == c->fqn() || fqn.rfind(c->fqn() + ".", 0) == 0) return true;
         return false;
     };

@@ -212,7 +212,9 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
             s += fmt::format("  mixed_precision: {{param_dtype: {}, reduce_dtype: {}}}\n", *c.param_dtype,
                              dtype_name(model.dtype));
     }
-    if (c.checkpoint && !blocks.empty()) s += fmt::format("activation_checkpointing: {}\n", list(blocks));
+    if (c.checkpoint && !blocks.empty())
+        s += c.selective ? fmt::format("activation_checkpointing: {{modules: {}, mode: op}}\n", list(blocks))
+                         : fmt::format("activation_checkpointing: {}\n", list(blocks));
     if (c.pp > 1) {
         s += fmt::format("pipeline_parallel:\n  mesh_dim: pp\n  schedule: {}\n", c.schedule);
         if (c.virtual_stages > 1) s += fmt::format("  virtual_stages: {}\n", c.virtual_stages);

@@ -52,6 +52,7 @@ struct PlanChoice {
     // dp_shard shards; 0: one dp dim
     int dp_shard = 0;
     bool checkpoint = false;                 // activation checkpointing of repeated_blocks
+    bool selective = false;                  // with checkpoint: the op-level policy (mode: op), else full
     std::optional<std::string> param_dtype;  // mixed precision (reduce in the model's dtype)
     // Pipeline parallel (pp > 1): pp ranks outermost on the mesh (the dim that crosses nodes), the
     // schedule, virtual stages per rank, microbatches per round, and the repeat's blocks per stage
@@ -68,6 +69,11 @@ struct PlanChoice {
     int gradient_accumulation = 0;
 
     bool hybrid() const { return dp_shard > 1 && dp_shard < dp; }
+    // "full", "op" (activation_checkpointing's modes) or "" (none)
+    const char* checkpoint_mode() const { return !checkpoint ? "" : selective ? "op" : "full"; }
+    bool same_checkpointing(const PlanChoice& o) const {
+        return checkpoint == o.checkpoint && selective == o.selective;
+    }
     int dp_replicate() const { return hybrid() ? dp / dp_shard : 1; }
     std::string mode_name() const {
         return hybrid() ? "hsdp" : dp_mode;

@@ -138,7 +138,7 @@ public:
             double compute = 0;  // the fastest compute of a fitting dp x tp plan over the same ranks
             for (const Candidate& f : r_.fitting)
                 if (f.choice.pp == 1 && f.choice.tp == c.tp && f.choice.dp == c.dp * c.pp &&
-                    f.choice.checkpoint == c.checkpoint && (compute == 0 || f.time.compute < compute))
+                    f.choice.same_checkpointing(c) && (compute == 0 || f.time.compute < compute))
                     compute = f.time.compute;
             const int m = pipeline_microbatches(c);
             const double bound =
@@ -226,7 +226,9 @@ private:
     std::vector<PlanChoice> lighter_variants(const PlanChoice& c) const {
         std::vector<PlanChoice> out;
         if (c.dp_mode == "replicate") out.push_back(c), out.back().dp_mode = "fully_shard";
-        if (!c.checkpoint && !blocks_.empty()) out.push_back(c), out.back().checkpoint = true;
+        if (!c.checkpoint && !blocks_.empty())  // the op policy keeps less than no checkpointing
+            out.push_back(c), out.back().checkpoint = true, out.back().selective = true;
+        if (c.selective) out.push_back(c), out.back().selective = false;  // and full less than the op policy
         if (c.virtual_stages > 1)
             out.push_back(c), out.back().schedule = "1f1b", out.back().virtual_stages = 1;
         return out;
@@ -243,10 +245,17 @@ private:
         return m;
     }
 
+    // The repeated blocks' activation checkpointing a candidate may have: none, torchtitan's op-level
+    // selective policy, full (checkpoint, selective)
+    static constexpr std::pair<bool, bool> kCheckpointing[] = {{false, false}, {true, true}, {true, false}};
+    static std::string checkpointed(const PlanChoice& c) {
+        return !c.checkpoint ? "" : c.selective ? " checkpointed (op)" : " checkpointed";
+    }
+
     static std::string pipeline_shape(const PlanChoice& c) {
         return fmt::format("pp={} x dp={} x tp={} {} {}{}{}", c.pp, c.dp, c.tp, c.mode_name(), c.schedule,
                            c.virtual_stages > 1 ? fmt::format(" v{}", c.virtual_stages) : "",
-                           c.checkpoint ? " checkpointed" : "");
+                           checkpointed(c));
     }
 
     static Model load_meta(const std::string& text, const std::string& name) {
@@ -297,10 +306,11 @@ private:
             for (const char* mode : {"fully_shard", "replicate", "hsdp"}) {
                 if (dp == 1 && std::string(mode) == "replicate") continue;  // one rank: nothing to choose
                 if (std::string(mode) == "hsdp" && !hsdp) continue;
-                for (bool ckpt : {false, true}) {
+                for (const auto& [ckpt, op] : kCheckpointing) {
                     if (ckpt && blocks_.empty()) continue;
                     PlanChoice c = base;
                     c.dp_mode = std::string(mode) == "hsdp" ? "fully_shard" : mode, c.checkpoint = ckpt;
+                    c.selective = op;
                     if (std::string(mode) == "hsdp") c.dp_shard = node_shard;
                     groups.push_back(c);
                 }
@@ -341,11 +351,11 @@ private:
                 }
                 for (const char* mode : {"fully_shard", "replicate"}) {
                     if (dp == 1 && std::string(mode) == "replicate") continue;
-                    for (bool ckpt : {false, true}) {
+                    for (const auto& [ckpt, op] : kCheckpointing) {
                         if (ckpt && blocks_.empty()) continue;
                         PlanChoice c = base;
                         c.dp = dp, c.pp = pp, c.schedule = schedule, c.virtual_stages = v, c.repeat = repeat_;
-                        c.dp_mode = mode, c.checkpoint = ckpt;
+                        c.dp_mode = mode, c.checkpoint = ckpt, c.selective = op;
                         groups.push_back(c);
                     }
                 }
@@ -382,8 +392,7 @@ private:
         if (c.pp > 1) return evaluate_pipeline(c, fit, refusal, count);
         const std::string dp =
             c.hybrid() ? fmt::format("{}x{}", c.dp_replicate(), c.dp_shard) : std::to_string(c.dp);
-        const std::string shape =
-            fmt::format("dp={} x tp={} {}{}", dp, c.tp, c.mode_name(), c.checkpoint ? " checkpointed" : "");
+        const std::string shape = fmt::format("dp={} x tp={} {}{}", dp, c.tp, c.mode_name(), checkpointed(c));
         const std::string plan_text = write_plan(full_, tpl_, c);
         const Plan plan = load_plan_text(plan_text, "generated.yaml");
         const int64_t first = full_.gradient_accumulation,

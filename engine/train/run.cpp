@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/tensor_ops.h"
+#include "model/blocks.h"
 #include "model/loss.h"
 #include "parallel/grad_norm.h"
 #include "parallel/loss_parallel.h"
@@ -113,7 +114,10 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         for (const Held& h : held_) stages.emplace_back(h.index, h.modules);
         layer->held_stages(stages);
     }
-    for (const Module* m : res_.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
+    for (const Module* m : res_.checkpointing.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
+    for (const Module* m : res_.checkpointing.selective) const_cast<Module*>(m)->set_selective(true);
+    for (const Module* m : res_.checkpointing.recompute_core)
+        static_cast<Attention*>(const_cast<Module*>(m))->set_recompute_core(true);
     const bool own = builds_own_shards(in, plan, layer);
     if (draws_init(in)) {
         // every module draws its own values, but for what this rank builds as pieces or receives:
@@ -231,8 +235,7 @@ void Run::keep_own_stage() {
     for (const ResolvedStyle& rs : res_.styles)
         if (kept.count(rs.module)) styles.push_back(rs);
     res_.styles = std::move(styles);
-    for (auto it = res_.checkpointed.begin(); it != res_.checkpointed.end();)
-        it = kept.count(*it) ? std::next(it) : res_.checkpointed.erase(it);
+    res_.checkpointing.keep_only([&](const Module* m) { return kept.count(m) > 0; });
 }
 
 std::vector<int> Run::held_stages() const {

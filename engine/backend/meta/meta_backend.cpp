@@ -107,6 +107,21 @@ MetaWork work_since(const MetaWork& before, const MetaWork& after) {
     return d;
 }
 
+void meta_repeat(int64_t n, const std::function<void()>& slice) {
+    if (n <= 0) return;
+    const MetaWork before = t_work;
+    t_work = MetaWork{};
+    t_work.recomputing = before.recomputing;
+    slice();
+    const MetaWork one = t_work;
+    const double k = static_cast<double>(n);
+    t_work = before;
+    t_work.gemm_flops += k * one.gemm_flops;
+    t_work.recompute_flops += k * one.recompute_flops;
+    t_work.memory_bytes += k * one.memory_bytes;
+    t_work.kernels += n * one.kernels;
+}
+
 Backend& meta_backend() {
     static MetaBackend meta;
     return meta;

@@ -4,6 +4,8 @@
 // memory (the tensors the step allocates) and time (its work at a device's rates).
 #pragma once
 
+#include <functional>
+
 #include "backend/backend.h"
 
 namespace ptool {
@@ -19,6 +21,10 @@ struct MetaWork {
 MetaWork& meta_work();  // the calling thread's
 // What `after` counted beyond `before` (the work read twice: the work between).
 MetaWork work_since(const MetaWork& before, const MetaWork& after);
+
+// Runs `slice` once and counts its work `n` times: n slices of one computation that allocate and free
+// alike (flash attention's heads), so one of them gives the memory peak and n of them the work.
+void meta_repeat(int64_t n, const std::function<void()>& slice);
 
 Backend& meta_backend();
 

@@ -161,6 +161,13 @@ Tensor reduce_kv(Backend& be, const Tensor& d, int64_t b, int64_t heads, int64_t
     return out;
 }
 
+// body(i) for each of n head slices; on meta tensors one slice, its work counted n times (each
+// slice allocates and frees alike, and meta computes nothing: the same peak and work, 1/n the time)
+void each_head(int64_t n, const Tensor& like, const std::function<void(int64_t)>& body) {
+    if (like.device() == Device::meta) return meta_repeat(n, [&] { body(0); });
+    for (int64_t i = 0; i < n; ++i) body(i);
+}
+
 }  // namespace
 
 Layout Attention::layout(LayoutVisitor& v, const Layout& in) const {
@@ -223,19 +230,29 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         k_heads = rope_->forward(be, k_heads);  // before the kv heads are shared, as HF
     Tensor k = expand_kv(be, k_heads, b, heads, kv_heads);
     Tensor v = expand_kv(be, split_heads(be, v_flat.t, kv_heads), b, heads, kv_heads);
-    Tensor o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
-    if (!flash_) {
+    const Tensor heads_kept = Tensor::scalar(static_cast<double>(heads), DType::float64),
+                 kv_heads_kept = Tensor::scalar(static_cast<double>(kv_heads), DType::float64);
+    // SDPA's flash kernel is one op the op-level selective policy keeps; eager attention's bmm and
+    // softmax are not kept (model/selective_recompute.h)
+    const KeptOutput kept = flash_ ? kept_output(ctx, SelectiveOp::attention) : KeptOutput::none;
+    Tensor o;
+    if (kept == KeptOutput::take) {
+        o = kept_.take(ctx.microbatch);
+        save({q, k, v, Tensor(), heads_kept, kv_heads_kept});
+    } else if (!flash_) {
+        o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
         const Tensor p = probabilities(be, q, k, 0, b * heads);
         be.gemm(p, false, v, false, o);
-        save({q, k, v, p, Tensor::scalar(static_cast<double>(heads), DType::float64),
-              Tensor::scalar(static_cast<double>(kv_heads), DType::float64)});
+        // recompute_core (Megatron's selective recompute): the probabilities are recomputed in backward
+        save({q, k, v, recompute_core_ ? Tensor() : p, heads_kept, kv_heads_kept});
     } else {  // one head at a time: no [B*H, T, T] tensor lives
-        for (int64_t i = 0; i < b * heads; ++i) {
+        o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
+        each_head(b * heads, o, [&](int64_t i) {
             Tensor oi = o.narrow(0, i, 1);
             be.gemm(probabilities(be, q, k, i, 1), false, v.narrow(0, i, 1), false, oi);
-        }
-        save({q, k, v, Tensor(), Tensor::scalar(static_cast<double>(heads), DType::float64),
-              Tensor::scalar(static_cast<double>(kv_heads), DType::float64)});
+        });
+        save({q, k, v, Tensor(), heads_kept, kv_heads_kept});
+        if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, o);
     }
     return proj(3).forward(
         ctx, {merge_heads(be, o, b, heads), q_flat.p, {q_flat.global[0], q_flat.global[1], dim_}});
@@ -252,11 +269,13 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     Tensor d_o = split_heads(be, d_out.t, heads);  // [B*H, T, hd]
     Tensor dv = empty_like(v), dq = empty_like(q), dk = empty_like(k);
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    // eager: every head at once from the kept probabilities; flash: each head's recomputed
+    // eager: every head at once from the kept probabilities (recomputed at once under
+    // recompute_core); flash: each head's recomputed
     const int64_t n = flash_ ? 1 : b * heads;
-    for (int64_t i = 0; i < b * heads; i += n) {
+    each_head(b * heads / n, q, [&](int64_t slice) {
+        const int64_t i = slice * n;
         Tensor pi = p;
-        if (flash_) {  // recomputed: the meta backend counts its FLOPs as recompute, not the model's
+        if (!p.defined()) {  // recomputed: the meta backend counts its FLOPs as recompute, not the model's
             const bool was = meta_work().recomputing;
             meta_work().recomputing = true;
             pi = probabilities(be, q, k, i, n);
@@ -271,7 +290,7 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
         be.softmax_backward(pi, dp, ds);
         be.gemm(ds, false, ki, false, dqi, scale);
         be.gemm(ds, true, qi, false, dki, scale);
-    }
+    });
     // backward through the projections in reverse order of their forward calls
     // (tensors a module returned are never written in place: observers may hold them)
     const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};

@@ -92,14 +92,22 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
             "the activation reaching it is sharded; give '{}' a style, or make its producer output replicate",
             fqn(), in, param("weight")->value.size(1), fqn()));
     const Tensor x2 = x.reshape({leading_numel(x.shape()), in});  // in may be 0: an empty rowwise shard
-    const int64_t out = param("weight")->value.size(0);           // out_, or its shard under colwise
+    // aten.mm, or aten.addmm with the bias here: the op-level selective policy keeps every other mm
+    const bool addmm = param("bias") && !defer_bias_;
+    const KeptOutput kept = kept_output(ctx, addmm ? SelectiveOp::addmm : SelectiveOp::mm);
+    if (kept == KeptOutput::take) {  // the recompute: the forward's output, this input saved for backward
+        save({x2});
+        return kept_.take(ctx.microbatch);
+    }
+    const int64_t out = param("weight")->value.size(0);  // out_, or its shard under colwise
     Shape out_shape = x.shape();
     out_shape.back() = out;
     Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
     Tensor y2 = y.reshape({x2.size(0), out});
     ctx.backend->gemm(x2, false, param("weight")->value, true, y2);
-    if (auto b = param("bias"); b && !defer_bias_) ctx.backend->add_bias(y2, b->value);
+    if (addmm) ctx.backend->add_bias(y2, param("bias")->value);
     save({x2});
+    if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, y);
     return y;
 }
 

@@ -1,0 +1,129 @@
+#include "parallel/activation_checkpointing.h"
+
+#include "model/blocks.h"
+#include "model/model.h"
+#include "parallel/plan.h"
+
+namespace ptool {
+namespace {
+
+struct ModeRow {
+    RecomputeMode mode;
+    const char* name;
+};
+constexpr ModeRow kModes[] = {
+    {RecomputeMode::full, "full"},
+    {RecomputeMode::op, "op"},
+    {RecomputeMode::core_attn, "core_attn"},
+};
+
+constexpr int64_t kMaxEvery = 1 << 20;
+
+std::vector<std::string> patterns(const YamlNode& node, const char* what) {
+    std::vector<std::string> out;
+    for (const YamlNode& item : node.items(fmt::format("'{}'", what)))
+        out.push_back(item.as_string(fmt::format("an entry of '{}'", what)));
+    if (out.empty()) node.fail(fmt::format("'{}' is empty: name the modules to checkpoint", what));
+    return out;
+}
+
+// Every attention at or under m, in registration order.
+void attentions_under(Module& m, std::vector<Attention*>& out) {
+    if (auto* a = dynamic_cast<Attention*>(&m)) out.push_back(a);
+    for (const auto& [name, child] : m.children()) attentions_under(*child, out);
+}
+
+}  // namespace
+
+const char* recompute_mode_name(RecomputeMode m) {
+    for (const ModeRow& r : kModes)
+        if (r.mode == m) return r.name;
+    return "?";
+}
+
+ActivationCheckpointingSpec parse_activation_checkpointing(const YamlNode& node) {
+    ActivationCheckpointingSpec s;
+    s.where = node.where();
+    if (!node.is_map()) {  // the list form: full checkpointing of every matching module
+        s.modules = patterns(node, "activation_checkpointing");
+        return s;
+    }
+    YamlMap m(node, "'activation_checkpointing'");
+    const YamlNode modules = m.at("modules");
+    s.modules = patterns(modules, "modules");
+    if (auto v = m.get("mode")) {
+        const std::string name = v->as_string("'mode'");
+        std::vector<std::string> names;
+        bool found = false;
+        for (const ModeRow& r : kModes) {
+            names.push_back(r.name);
+            if (name == r.name) s.mode = r.mode, found = true;
+        }
+        if (!found)
+            v->fail(fmt::format("unknown activation_checkpointing mode '{}'{} (full, op or core_attn)", name,
+                                did_you_mean(name, names)));
+    }
+    if (auto v = m.get("every")) {
+        const int64_t every = v->as_positive_int("'every'");
+        if (every > kMaxEvery) v->fail(fmt::format("'every' {} is over the limit of {}", every, kMaxEvery));
+        s.every = static_cast<int>(every);
+    }
+    m.finish();
+    return s;
+}
+
+ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
+                                                         const ActivationCheckpointingSpec& spec,
+                                                         std::vector<Diagnostic>& warnings) {
+    ActivationCheckpointing out;
+    if (!spec.active()) return out;
+    const auto modules = named_modules(*model.root);
+    std::vector<size_t> found(spec.modules.size(), 0);
+    int matched = 0;  // matching modules so far, in registration order: `every` counts them
+    for (const auto& [fqn, m] : modules) {
+        bool match = false;
+        for (size_t i = 0; i < spec.modules.size(); ++i)
+            if (fqn_matches(spec.modules[i], fqn)) match = true, ++found[i];
+        if (!match || ++matched % spec.every != 0) continue;
+        if (spec.mode != RecomputeMode::core_attn) {
+            out.checkpointed.insert(m);
+            if (spec.mode == RecomputeMode::op) out.selective.insert(m);
+            continue;
+        }
+        std::vector<Attention*> attention;
+        attentions_under(*m, attention);
+        if (attention.empty())
+            warnings.push_back({spec.where, fmt::format("activation_checkpointing mode core_attn: '{}' has "
+                                                        "no attention under it, nothing is recomputed",
+                                                        fqn)});
+        for (Attention* a : attention) {
+            if (a->flash())
+                warnings.push_back({spec.where, fmt::format("activation_checkpointing mode core_attn: "
+                                                            "attention '{}' is flash, which recomputes its "
+                                                            "probabilities in backward already",
+                                                            a->fqn())});
+            else
+                out.recompute_core.insert(a);
+        }
+    }
+    for (size_t i = 0; i < spec.modules.size(); ++i)
+        if (!found[i])
+            warnings.push_back(
+                {spec.where,
+                 fmt::format("activation_checkpointing pattern '{}' matched no module", spec.modules[i])});
+    return out;
+}
+
+std::string ActivationCheckpointing::mode_of(const Module* m) const {
+    if (selective.count(m)) return recompute_mode_name(RecomputeMode::op);
+    if (checkpointed.count(m)) return recompute_mode_name(RecomputeMode::full);
+    if (recompute_core.count(m)) return recompute_mode_name(RecomputeMode::core_attn);
+    return "";
+}
+
+void ActivationCheckpointing::keep_only(const std::function<bool(const Module*)>& keep) {
+    for (auto* set : {&checkpointed, &selective, &recompute_core})
+        for (auto it = set->begin(); it != set->end();) it = keep(*it) ? std::next(it) : set->erase(it);
+}
+
+}  // namespace ptool
