@@ -23,6 +23,8 @@ exits 1. Localised: the report names the right place, per class:
   loss_parallel_local    first divergence is a step-0 backward
   dropout_same_mask      first divergence is the dropout's forward output
   recompute_mask         first divergence is a step-0 backward in the dropout's checkpointed module
+  sac_stale_output       first divergence is a step-0 backward in the region (op-level selective
+                         checkpointing, a step of two microbatches or more)
   masters_rounded        first divergence is a step-0 update
 Pipeline cases (tests/data/pipeline; a plan with `pipeline_parallel`, whose stages come from its
 split points or layers_per_stage over the module calls explain lists); "in stage S" is a module of
@@ -31,7 +33,8 @@ stage S or a parameter of one:
   pp_grad_scaled_twice   first divergence is a step-0 gradient in stage S (under clip_grad_norm, which
                          spreads one stage's scale over every gradient: any step-0 gradient or norm)
   pp_wrong_activation    first divergence is a step-0 forward in stage S+1 (the receiver)
-  pp_stale_activation    first divergence is a step-0 backward or gradient in stage S
+  pp_stale_activation    first divergence is a step-0 backward or gradient in stage S (not run
+                         where the stage's first module is checkpointed: it recomputes from its own copy)
   pp_detached_input      first divergence is a step-0 backward or gradient in stage S-1 (the zeros'
                          receiver; a stage of an embedding alone has no input gradient to show them)
   pp_tied_unsynced       first divergence is the tied weight's step-0 gradient
@@ -165,6 +168,11 @@ def training_mutants(ex, first_div, grad_fails):
         region = next((a for a in checkpointed if c["fqn"].startswith(a + ".")), None)
         if c["type"] == "dropout" and c.get("p", 0) > 0 and region:
             yield ("recompute_mask", f"recompute_mask:{c['fqn']}", first_div(f"step 0 backward `{region}."))
+    # the op policy's kept outputs looked up one microbatch off: needs a second microbatch
+    microbatches = ex.get("gradient_accumulation", 1) * ((ex.get("pipeline") or {}).get("microbatches") or 1)
+    for c in calls:
+        if c.get("recompute") == "op" and microbatches >= 2:
+            yield ("sac_stale_output", f"sac_stale_output:{c['fqn']}", first_div(f"step 0 backward `{c['fqn']}."))
     if ex.get("mixed_precision"):  # the optimizer stepping param_dtype values: no float32 masters
         yield ("masters_rounded", "masters_rounded:*", first_div("step 0 update of"))
 
@@ -231,7 +239,10 @@ def pipeline_mutants(ex, model, plan, grad_fails):
         # under interleaved_1f1b) the output is handed on in memory, and no send carries it
         if s + 1 < stages and rank_of(s + 1) != rank_of(s):
             yield ("pp_wrong_activation", f"pp_wrong_activation:{s}", at("forward", s + 1))
-        if s > 0:  # the stage's saved input: a hook on its first module, received or handed on
+        checkpointed = {c["fqn"] for c in ex["calls"] if c["checkpointed"]}
+        # the stage's saved input: a hook on its first module, received or handed on (a checkpointed
+        # first module recomputes from its own copy of the input: the fault's buffer is not used)
+        if s > 0 and splits[s - 1] not in checkpointed:
             yield ("pp_stale_activation", f"pp_stale_activation:{s}",
                    lambda r, s=s: at("backward", s)(r) or at("gradient of", s)(r))
         if s > 0 and rank_of(s - 1) != rank_of(s):

@@ -37,6 +37,7 @@ public:
     // Megatron's selective recompute (--recompute-granularity selective, core_attn): eager attention
     // keeps q, k and v but not the probabilities, and recomputes them in backward (as flash does).
     void set_recompute_core(bool on) { recompute_core_ = on; }
+    KeptOutputs* kept_outputs() override { return &kept_; }
 
 protected:
     Placed forward_placed(RunContext& ctx, const Placed& x) override;

@@ -24,6 +24,7 @@ public:
     void set_defer_bias(bool defer) { defer_bias_ = defer; }
     void init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim,
                     int64_t offset) const override;
+    KeptOutputs* kept_outputs() override { return &kept_; }
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;

@@ -157,6 +157,8 @@ public:
     // checkpointed module whose region keeps some ops' outputs and recomputes the rest.
     void set_selective(bool on) { selective_ = on; }
     bool selective() const { return selective_; }
+    // The outputs this op keeps under the op policy (linear, flash attention; null for the rest).
+    virtual KeptOutputs* kept_outputs() { return nullptr; }
     void register_param(const std::string& name, ParamPtr p) { params_.push_back({name, std::move(p)}); }
     void register_buffer(const std::string& name, ParamPtr b) { buffers_.push_back({name, std::move(b)}); }
     void add_child(const std::string& name, std::shared_ptr<Module> m) {

@@ -44,6 +44,12 @@ class KeptOutputs {
 public:
     void keep(int microbatch, const Tensor& y) { kept_[microbatch].push_back(y); }
     Tensor take(int microbatch);
+    // The output kept last for `microbatch` (null: none waits): fault injection's seam
+    // (verify/faults.h sac_stale_output replaces it).
+    Tensor* last(int microbatch) {
+        auto it = kept_.find(microbatch);
+        return it == kept_.end() || it->second.empty() ? nullptr : &it->second.back();
+    }
 
 private:
     std::map<int, std::deque<Tensor>> kept_;

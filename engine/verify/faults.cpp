@@ -103,6 +103,28 @@ private:
     bool shifted_ = false;
 };
 
+// sac_stale_output on an op of a region under the op-level selective policy: what it keeps for
+// microbatch m >= 1 is replaced by a copy of what it kept for m-1 (a cache looked up one
+// microbatch off). The module's own output is left alone: only the recompute sees the stale one.
+class StaleKeptHooks final : public ModuleHooks {
+public:
+    Placed post_forward(RunContext& c, Module& m, const Placed& y) override {
+        KeptOutputs* kept = m.kept_outputs();
+        Tensor* last = kept && c.selective && !c.recomputing ? kept->last(c.microbatch) : nullptr;
+        if (!last) return y;
+        if (c.step != step_) before_.clear(), step_ = c.step;
+        before_[c.microbatch] = last->clone();
+        if (auto it = before_.find(c.microbatch - 1);
+            it != before_.end() && it->second.shape() == last->shape())
+            *last = it->second.clone();
+        return y;
+    }
+
+private:
+    int64_t step_ = -1;
+    std::map<int, Tensor> before_;  // per microbatch: the output kept, as kept
+};
+
 // pp_stale_activation on a stage's first module: its forward computes on the activation the stage
 // received, but the backward of microbatch m >= 1 finds microbatch m-1's in what the forward saved
 // (the stage's saved activations looked up one microbatch off). The module computes on a buffer of
@@ -402,6 +424,13 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
              (fault_.hits(FaultKind::dropout_same_mask, fqn) || fault_.hits(FaultKind::recompute_mask, fqn))))
             m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(*fault_.kind));
     });
+    if (fault_.is(FaultKind::sac_stale_output))  // every op under the region the fault names
+        for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+            if (!m.selective() || !fault_.hits(FaultKind::sac_stale_output, fqn)) return;
+            for_each_module(m, [&](const std::string&, Module& op) {
+                if (op.kept_outputs()) op.add_outer_hooks(std::make_shared<StaleKeptHooks>());
+            });
+        });
     if (fault_.is(FaultKind::pp_stale_activation))
         for (Module* first : fault_stage_firsts_) first->add_outer_hooks(std::make_shared<StaleInputHooks>());
     if (!stage_params_.held.empty())  // pp_stage_sync_skipped's names of the stage's parameters

@@ -39,6 +39,7 @@ enum class FaultKind {
     loss_parallel_local,
     dropout_same_mask,
     recompute_mask,
+    sac_stale_output,
     // mixed precision
     masters_rounded,
     // pipeline parallel (STAGE: a pipeline stage's index, as reports number them: under
@@ -104,6 +105,9 @@ inline constexpr FaultClass kFaultClasses[] = {
      "a dropout draws its mask by local index (every tp rank the same mask)"},
     {FaultKind::recompute_mask, "recompute_mask", FaultSection::training, "MODULE",
      "a dropout's mask in activation checkpointing's recompute is drawn anew"},
+    {FaultKind::sac_stale_output, "sac_stale_output", FaultSection::training, "MODULE",
+     "a region under the op-level selective policy: the recompute of microbatch m >= 1 takes the "
+     "outputs it kept for microbatch m-1"},
     {FaultKind::masters_rounded, "masters_rounded", FaultSection::mixed_precision, "*",
      "the optimizer steps parameters rounded to param_dtype (no fp32 masters)"},
     {FaultKind::pp_loss_unscaled, "pp_loss_unscaled", FaultSection::pipeline, "*",

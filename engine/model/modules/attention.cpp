@@ -272,7 +272,7 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     // eager: every head at once from the kept probabilities (recomputed at once under
     // recompute_core); flash: each head's recomputed
     const int64_t n = flash_ ? 1 : b * heads;
-    each_head(b * heads / n, q, [&](int64_t slice) {
+    each_head(n > 0 ? b * heads / n : 0, q, [&](int64_t slice) {  // (no rows on this rank: none)
         const int64_t i = slice * n;
         Tensor pi = p;
         if (!p.defined()) {  // recomputed: the meta backend counts its FLOPs as recompute, not the model's
