@@ -303,6 +303,10 @@ private:
                     c.dp_mode = std::string(mode) == "hsdp" ? "fully_shard" : mode, c.checkpoint = ckpt;
                     if (std::string(mode) == "hsdp") c.dp_shard = node_shard;
                     groups.push_back(c);
+                    // ZeRO-1 and ZeRO-2 (parallel/zero_optimizer.h): replicate's communication
+                    // with the optimizer state (and gradients) sharded over dp
+                    if (std::string(mode) == "replicate")
+                        for (int stage : {1, 2}) groups.push_back(c), groups.back().zero_stage = stage;
                 }
             }
         }
