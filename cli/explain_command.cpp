@@ -256,6 +256,7 @@ void explain(const ExplainArgs& a, const Common& c) {
         for (const auto& u : dp.units) j["units"].push_back({{"fqn", u.fqn}, {"params", u.params}});
         j["ignored_params"] = std::vector<std::string>(dp.ignored_params.begin(), dp.ignored_params.end());
         j["synced_buffers"] = std::vector<std::string>(dp.synced_buffers.begin(), dp.synced_buffers.end());
+        j["zero_stage"] = dp.zero_stage;        // data_parallel's ZeRO stage (0: plain DDP or none)
         j["memory"] = nlohmann::json::array();  // one entry per rank class, predicted (train/simulate.h)
         for (const PredictedRank& m : memory) {
             nlohmann::json e = memory_json(m.sim.memory, "predicted_peak_bytes");  // the steady state's

@@ -184,6 +184,7 @@ int plan(const PlanArgs& a, const Common& common) {
             j["candidates"].push_back({{"dp", c.choice.dp},
                                        {"tp", c.choice.tp},
                                        {"mode", c.choice.dp_mode},
+                                       {"zero_stage", c.choice.zero_stage},
                                        {"activation_checkpointing", c.choice.checkpoint},
                                        {"activation_checkpointing_mode", c.choice.checkpoint_mode()},
                                        {"microbatches", c.microbatches},

@@ -17,6 +17,9 @@ exits 1. Localised: the report names the right place, per class:
   ignored synced         the ignored gradient is reported SYNCED
   stale fully_shard      first divergence is in the unit, at step 1
   HSDP replicate sync    the unit's step-0 gradients fail (each replica kept its own shard group's)
+  zero_skip_gather       a step-0 update (parameter) fails
+  zero_wrong_group       the root's step-0 gradients (or the step-0 gradient norm) fail
+  zero_wrong_offset      a step-0 update (parameter) fails
   grad_scale             the scaled parameter's gradient fails
   clip_local_norm        first divergence is a step-0 gradient
   tied_grad              first divergence is the tied weight's step-0 gradient
@@ -117,6 +120,16 @@ def mutants(ex, model, plan):
             fails = grad_fails(*[p for b in ex["buckets"] if b["root"] == root for p in b["params"]])
             yield ("grad_sum", f"grad_sum:{root if root else '*'}",
                    lambda r, f=fails: f(r) or "step 0 gradient norm" in r["localisation"])
+        if ex.get("zero_stage"):  # ZeRO: the shards' all_gather, the group the buckets reduce over, the offset
+            def update_fails(r):
+                return "step 0 update of" in r["localisation"] or any(
+                    t["name"].startswith("step0.param.") and not t["pass"] for t in r["tensors"])
+            for root in roots:
+                fails = grad_fails(*[p for b in ex["buckets"] if b["root"] == root for p in b["params"]])
+                yield ("zero_skip_gather", f"zero_skip_gather:{root if root else '*'}", update_fails)
+                yield ("zero_wrong_group", f"zero_wrong_group:{root if root else '*'}",
+                       lambda r, f=fails: f(r) or "step 0 gradient norm" in r["localisation"])
+            yield ("zero_wrong_offset", "zero_wrong_offset:*", update_fails)
         if ex["synced_buffers"]:
             buf = ex["synced_buffers"][0]
             yield ("skip_buffer_broadcast", "skip_buffer_broadcast:*",

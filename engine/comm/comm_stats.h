@@ -29,6 +29,7 @@ enum class CommSiteKind {
     loss_parallel,   // loss_parallel's all_reduces of the row maxima and sums
     tied_weights,    // a pipeline's weights tied across stages: their broadcast at construction and
                      // the all_reduce of their gradients
+    zero_params,     // ZeRO's all_gather of a bucket's updated parameter shards (CommSite::bucket: which)
 };
 
 struct CommSite {
@@ -38,6 +39,11 @@ struct CommSite {
     CommSite(CommSiteKind k) : kind(k) {}  // implicit: a site is its kind, but for a bucket's index
     static CommSite of_bucket(int k) {
         CommSite s(CommSiteKind::bucket);
+        s.bucket = k;
+        return s;
+    }
+    static CommSite of_zero_params(int k) {
+        CommSite s(CommSiteKind::zero_params);
         s.bucket = k;
         return s;
     }

@@ -190,6 +190,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
     for (const std::string& u : fsdp_unit_fqns(spec, module_names, warnings)) res.units.push_back({u, {}});
     check_roots(spec, module_names);
     check_mixed_precision(model, plan, assign_parameters(model, spec, res));
+    res.zero_stage = spec.zero_stage;
     expected_causes(model, spec, res, causes);
     return res;
 }
@@ -265,11 +266,12 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
                 numel += params.at(name)->grad.numel();
             }
             // uninitialised: every step writes it whole (gradients copied in, or zeroed as its views); in
-            // mixed precision's reduce_dtype (the copies in and out convert)
+            // mixed precision's reduce_dtype (the copies in and out convert). ZeRO-2 reduce_scatters
+            // from a buffer of its own, for the time of the collective.
             const DType dt =
                 plan.mixed_precision ? plan.mixed_precision->reduce_dtype : b.params[0]->grad.dtype();
             MemoryUseScope use(MemoryUse::buckets);
-            b.flat = Tensor::empty({numel}, dt, b.params[0]->grad.device());
+            if (res.zero_stage < 2) b.flat = Tensor::empty({numel}, dt, b.params[0]->grad.device());
             if (bucket_view_) {  // the gradients become views of the bucket: no copies
                 int64_t off = 0;
                 for (const ParamPtr& p : b.params) {
@@ -280,6 +282,14 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
             }
             buckets_.push_back(std::move(b));
         }
+    if (res.zero_stage > 0) {
+        std::vector<ZeroOptimizer::Bucket> zb;
+        std::map<std::string, int> index;  // of each bucket within its root
+        for (const Bucket& b : buckets_) zb.push_back({b.root, index[b.root]++, b.params});
+        const DType reduce = plan.mixed_precision ? plan.mixed_precision->reduce_dtype : model.dtype;
+        zero_ = std::make_unique<ZeroOptimizer>(res.zero_stage, res.zero_rotation, std::move(zb), *comm_, be,
+                                                reduce);
+    }
     if (!res.units.empty()) {
         Communicator* replicas = spec.hybrid() ? &mesh.comm(dims.index(DimRole::dp_replicate)) : nullptr;
         fsdp_ = std::make_unique<FullyShard>(model, res.units, *comm_, replicas, be,
@@ -329,6 +339,7 @@ void DataParallel::before_forward() {
 
 void DataParallel::after_backward() {
     copy_bytes_ = allreduce_bytes_ = 0;
+    if (zero_ && zero_->stage() == 2) return zero_->reduce_scatter_gradients();
     std::map<std::string, int> index;  // of each bucket within its root
     for (Bucket& b : buckets_) {
         const int k = index[b.root]++;

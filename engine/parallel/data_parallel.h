@@ -24,6 +24,7 @@
 #include "model/model.h"
 #include "parallel/fully_shard.h"
 #include "parallel/plan.h"
+#include "parallel/zero_optimizer.h"
 
 namespace ptool {
 
@@ -52,6 +53,9 @@ struct DataParallelResolution {
     std::set<std::string> ignored_params;  // FQNs under ignored_modules
     std::set<std::string> synced_buffers;  // broadcast from dp rank 0
     std::vector<std::string> batch_norms;  // FQNs of the BatchNorm modules
+    int zero_stage = 0;                    // data_parallel's zero_stage (parallel/zero_optimizer.h)
+    // ZeRO: dp rank r updates the shard of rank (r + zero_rotation) mod dp; 0 but under fault injection
+    int zero_rotation = 0;
 };
 
 // What DDP's construction broadcasts from dp rank 0, in its order: every replica's bucket
@@ -91,6 +95,8 @@ public:
     // Bytes copied into and out of the buckets per step (0 with gradient_as_bucket_view).
     int64_t bucket_copy_bytes() const { return copy_bytes_; }
     int64_t bucket_allreduce_bytes() const { return allreduce_bytes_; }  // per step
+    // ZeRO (zero_stage 1 or 2): the sharded optimizer step over the buckets; null for plain DDP
+    ZeroOptimizer* zero() const { return zero_.get(); }
 
 private:
     struct Bucket {
@@ -114,6 +120,7 @@ private:
     std::vector<Bucket> buckets_;
     std::vector<ParamPtr> buffers_;  // synced buffers
     std::unique_ptr<FullyShard> fsdp_;
+    std::unique_ptr<ZeroOptimizer> zero_;
     int64_t copy_bytes_ = 0, allreduce_bytes_ = 0;
 };
 

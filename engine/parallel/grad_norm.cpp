@@ -8,12 +8,13 @@ namespace ptool {
 double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
     const int64_t n = static_cast<int64_t>(in.params.size());
     std::vector<double> sq(n, 0.0);  // per parameter: the squares of this rank's piece, then of more pieces
-    for (int64_t i = 0; i < n; ++i) {
-        const Tensor& g = in.params[i].second->grad;
-        if (g.device() == Device::meta) continue;  // a simulated step: the collectives, no values
-        const Tensor host = g.device() == Device::cpu ? g : g.to_device(Device::cpu);
-        for (double v : host.to_doubles()) sq[i] += v * v;
-    }
+    auto grads = [&](const Parameter* p) { return in.grads ? in.grads(p) : std::vector<Tensor>{p->grad}; };
+    for (int64_t i = 0; i < n; ++i)
+        for (const Tensor& g : grads(in.params[i].second.get())) {
+            if (g.device() == Device::meta) continue;  // a simulated step: the collectives, no values
+            const Tensor host = g.device() == Device::cpu ? g : g.to_device(Device::cpu);
+            for (double v : host.to_doubles()) sq[i] += v * v;
+        }
     std::vector<Tensor> kept;  // each dim's pair lives to the end, as the whole computation's
     for (const GradNormInputs::Dim& d : in.dims) {
         Tensor on({n}, DType::float64),
@@ -68,7 +69,8 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
     const double norm = std::sqrt(total);
     const double coef = std::min(1.0, max_norm / (norm + 1e-6));
     if (coef < 1.0)
-        for (const auto& [name, p] : in.params) be.scale(p->grad, coef, p->grad);
+        for (const auto& [name, p] : in.params)
+            for (Tensor g : grads(p.get())) be.scale(g, coef, g);
     return norm;
 }
 

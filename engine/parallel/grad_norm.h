@@ -36,6 +36,9 @@ struct GradNormInputs {
     // consecutive (interleaved_1f1b: rank r holds stages r, r + pp, ...): the gathered squares are
     // summed in that order, as one device sums them. Unset: in the order they are gathered.
     std::function<int64_t(const Parameter*)> order;
+    // This rank's pieces of a parameter's gradient, whose squares it sums and which clipping scales
+    // (ZeRO-2: its shards, the parameter then placed Shard on the dp dim). Unset: the gradient, whole.
+    std::function<std::vector<Tensor>(const Parameter*)> grads;
 };
 
 // Returns the total norm before clipping.

@@ -25,7 +25,8 @@ void MixedPrecision::to_masters() {
     for (Entry& e : entries_) {
         be_.copy(e.grad, e.master_grad);  // param_dtype -> the master's
         e.p->value = e.master, e.p->grad = e.master_grad;
-        e.value = Tensor();  // the copy lives for one step, as FSDP's unsharded parameters
+        e.value = Tensor();                   // the copy lives for one step, as FSDP's unsharded parameters
+        e.master = e.master_grad = Tensor();  // the parameter holds them (ZeRO-2 then frees the gradient)
     }
 }
 

@@ -135,6 +135,32 @@ std::vector<std::pair<std::string, YamlNode>> data_parallel_dims(const YamlNode&
 }
 
 // data_parallel (and its mixed_precision, which the reference shares: it is numerics, not layout)
+// zero_stage: 0, 1 or 2 under mode replicate, over DDP's buckets (parallel/zero_optimizer.h); what
+// ptool does not build with it is refused here, at the key.
+void parse_zero_stage(const YamlNode& v, DataParallelSpec& s) {
+    const int64_t stage = v.as_int("'zero_stage'");
+    if (stage < 0 || stage > 2)
+        v.fail(fmt::format("zero_stage {} must be 0 (DDP), 1 (optimizer state sharded) or 2 (gradients too)",
+                           stage));
+    s.zero_stage = static_cast<int>(stage);
+    s.zero_stage_where = v.where();
+    if (stage == 0) return;
+    if (s.mode != DataParallelMode::replicate)
+        v.fail(
+            fmt::format("zero_stage {} shards DDP's optimizer state over the dp ranks: it needs mode "
+                        "replicate (fully_shard already shards parameters, gradients and optimizer state)",
+                        stage));
+    if (!s.fully_shard.empty())
+        v.fail(
+            fmt::format("zero_stage {} with fully_shard units: ptool shards only replicate()'s buckets; "
+                        "drop one of them",
+                        stage));
+    if (stage == 2 && s.gradient_as_bucket_view)
+        v.fail(
+            "zero_stage 2 frees the full gradients after their reduce_scatter, and "
+            "gradient_as_bucket_view keeps them as views of the buckets: drop one of them");
+}
+
 DataParallelSpec parse_data_parallel(const YamlNode& node, RoleClaims& claims,
                                      std::optional<MixedPrecisionSpec>& mixed_precision) {
     YamlMap d(node, "'data_parallel'");
@@ -189,6 +215,7 @@ DataParallelSpec parse_data_parallel(const YamlNode& node, RoleClaims& claims,
     }
     s.broadcast_buffers = d.bool_or("broadcast_buffers", true);
     s.sync_batch_norm = d.bool_or("sync_batch_norm", false);
+    if (auto v = d.get("zero_stage")) parse_zero_stage(*v, s);
     if (auto mp = d.get("mixed_precision")) mixed_precision = parse_mixed_precision(*mp);
     d.finish();
     return s;
@@ -536,6 +563,10 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
     if (auto dp = m.get("data_parallel"))
         plan.data_parallel = parse_data_parallel(*dp, claims, plan.mixed_precision);
     if (auto pp = m.get("pipeline_parallel")) parse_pipeline(*pp, plan, claims);
+    if (plan.pipeline && plan.data_parallel && plan.data_parallel->zero_stage > 0)
+        throw InputError(plan.data_parallel->zero_stage_where,
+                         "zero_stage with pipeline_parallel: ptool does not build ZeRO over a pipeline's "
+                         "stages yet (use zero_stage 0, or fully_shard)");
     plan.dims = claims.dims();
     if (auto ac = m.get("activation_checkpointing"))
         plan.activation_checkpointing = parse_activation_checkpointing(*ac);

@@ -19,6 +19,7 @@
 //     ignored_modules: [fc1]
 //     broadcast_buffers: true
 //     sync_batch_norm: false
+//     zero_stage: 0            # mode replicate: 1 shards the optimizer state, 2 also the gradients
 //     mixed_precision: {param_dtype: bfloat16, reduce_dtype: float32}
 //   pipeline_parallel:
 //     mesh_dim: pp             # one stage per rank (interleaved_1f1b: virtual_stages per rank)
@@ -77,7 +78,11 @@ struct DataParallelSpec {
     std::vector<std::string> ignored_modules;  // exact FQNs
     bool broadcast_buffers = true;
     bool sync_batch_norm = false;
-    SourceLocation where, modules_where, fully_shard_where, ignored_where;
+    // ZeRO under replicate() (parallel/zero_optimizer.h): 0 plain DDP; 1 the optimizer state
+    // sharded over the dp ranks (DeepSpeed ZeRO-1, Megatron's distributed optimizer); 2 the
+    // gradients too (ZeRO-2: reduce_scatter in place of the all_reduce).
+    int zero_stage = 0;
+    SourceLocation where, modules_where, fully_shard_where, ignored_where, zero_stage_where;
 
     bool hybrid() const { return mesh_dims.size() == 2; }  // HSDP
     std::string mesh_dim_names() const;                    // "dp", or "dp_replicate x dp_shard"

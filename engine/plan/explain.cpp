@@ -89,6 +89,7 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
         for (const auto& [op, bytes] : clip_grad_norm_cost(static_cast<int64_t>(params.size()), sizes))
             ex.step_comm.push_back({op, bytes, "(clip)", Phase::backward});
     }
+    ex.step_comm.insert(ex.step_comm.end(), ex.zero_gathers.begin(), ex.zero_gathers.end());
     return ex;
 }
 

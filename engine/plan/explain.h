@@ -31,7 +31,8 @@ struct Explanation {
     int dp = 1;
     std::vector<std::string> data_parallel;  // what replicate/fully_shard do: buckets, units (lines)
     std::vector<ModuleExplain> modules;
-    std::vector<CommCost> step_comm;  // one training step, in execution order (forward, then backward)
+    std::vector<CommCost> step_comm;     // one training step, in execution order (forward, then backward)
+    std::vector<CommCost> zero_gathers;  // ZeRO: the updated shards' all_gathers, after the optimizer step
     // What verify's reference keeps per step on rank 0's host (every tensor it compares, full
     // size: parameters, gradients, buffers, output, loss, each module's output and input gradient).
     int64_t record_step_bytes = 0;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <map>
 
 #include "plan/explain.h"
@@ -6,7 +7,7 @@ namespace ptool {
 
 void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex,
                            const std::function<Shape(const Parameter*, int tp_rank)>& tp_local) {
-    const DataParallelResolution& dp = ex.resolution.dp;
+    DataParallelResolution& dp = ex.resolution.dp;
     const DataParallelSpec& spec = *plan.data_parallel;
     // fully_shard's group: the dp_shard dim (or the replicate() dim its units share); the batch's is all data
     // dims
@@ -28,6 +29,19 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
                static_cast<int64_t>(dtype_size(plan.mixed_precision ? reduced : p->value.dtype()));
     };
     std::vector<CommCost> forward, backward;
+    // DDP fills its buckets with the tensors it sees, the TP-local ones (as the run resolves them again
+    // after tensor parallelism): the buckets again at tp rank 0's sizes, in registration order
+    const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(spec.bucket_cap_mb * 1024 * 1024));
+    for (auto& replica : dp.replicas) {
+        std::vector<std::pair<std::string, int64_t>> order;
+        for (auto b = replica.buckets.rbegin(); b != replica.buckets.rend(); ++b)
+            for (auto q = b->params.rbegin(); q != b->params.rend(); ++q) {
+                const Parameter* p = by_name.at(*q);
+                order.push_back(
+                    {*q, numel_of(tp_local(p, 0)) * static_cast<int64_t>(dtype_size(p->value.dtype()))});
+            }
+        replica.buckets = assign_buckets(order, cap);
+    }
 
     if (!dp.synced_buffers.empty()) {  // before every forward: one flat broadcast per dtype
         std::map<DType, int64_t> bytes;
@@ -90,16 +104,37 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
                     backward.insert(backward.begin(), {"all_reduce", 2 * c * sd, fqn, Phase::backward});
                 }
             });
-    std::vector<CommCost> sync;  // once per step, after the last microbatch (DDP's no_sync before it)
+    std::vector<CommCost> sync;     // once per step, after the last microbatch (DDP's no_sync before it)
+    std::vector<CommCost> gathers;  // ZeRO: after the optimizer step, the updated shards
+    const int d = plan.dim_size(spec.mesh_dims[0]);
     for (const auto& replica : dp.replicas) {
         int k = 0;
         for (const BucketSpec& b : replica.buckets) {
-            int64_t bytes = 0;
-            for (const std::string& name : b.params) bytes += local_bytes(name);
-            sync.push_back({"all_reduce", bytes, replica.root, Phase::backward});
+            int64_t bytes = 0, numel = 0;
+            for (const std::string& name : b.params)
+                bytes += local_bytes(name), numel += numel_of(tp_local(by_name.at(name), 0));
+            const std::string root = replica.root.empty() ? "(root)" : replica.root;
+            if (dp.zero_stage == 0) {
+                sync.push_back({"all_reduce", bytes, replica.root, Phase::backward});
+                ex.data_parallel.push_back(
+                    fmt::format("replicate '{}' bucket {}: {} ({}), all_reduce avg after backward", root, k++,
+                                fmt::join(b.params, ", "), bytes));
+                continue;
+            }
+            // ZeRO (parallel/zero_optimizer.h): the bucket padded to d equal shards
+            const int64_t shard = (numel + d - 1) / d;
+            const int64_t padded = d * shard * static_cast<int64_t>(dtype_size(reduced));
+            sync.push_back(dp.zero_stage == 2
+                               ? CommCost{"reduce_scatter", padded, replica.root, Phase::backward}
+                               : CommCost{"all_reduce", bytes, replica.root, Phase::backward});
+            gathers.push_back({"all_gather", d * shard * static_cast<int64_t>(dtype_size(model.dtype)),
+                               replica.root, Phase::backward});
             ex.data_parallel.push_back(fmt::format(
-                "replicate '{}' bucket {}: {} ({}), all_reduce avg after backward",
-                replica.root.empty() ? "(root)" : replica.root, k++, fmt::join(b.params, ", "), bytes));
+                "replicate '{}' bucket {}: {} ({}), {} avg after backward; ZeRO-{}: each rank steps {} of "
+                "its {} "
+                "elements, then all_gather",
+                root, k++, fmt::join(b.params, ", "), bytes,
+                dp.zero_stage == 2 ? "reduce_scatter" : "all_reduce", dp.zero_stage, shard, numel));
         }
     }
     if (!dp.ignored_params.empty())
@@ -111,6 +146,7 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
         ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());
     }
     ex.step_comm.insert(ex.step_comm.end(), sync.begin(), sync.end());
+    ex.zero_gathers = std::move(gathers);  // after clip_grad_norm's, with the optimizer step
 }
 
 }  // namespace ptool

@@ -207,6 +207,8 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
         s += fmt::format("data_parallel:\n  mesh_dim: {}\n  mode: {}\n",
                          c.hybrid() ? "[dp_replicate, dp_shard]" : "dp", c.dp_mode);
         if (c.dp_mode == "fully_shard") s += fmt::format("  fully_shard: {}\n", list(blocks));
+        if (c.dp_mode == "replicate" && c.zero_stage > 0)
+            s += fmt::format("  zero_stage: {}\n", c.zero_stage);
         if (has_batch_norm(*model.root)) s += "  sync_batch_norm: true\n";  // the reference's statistics
         if (c.param_dtype)
             s += fmt::format("  mixed_precision: {{param_dtype: {}, reduce_dtype: {}}}\n", *c.param_dtype,

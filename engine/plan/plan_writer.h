@@ -67,6 +67,8 @@ struct PlanChoice {
     // The step's rounds of gradient accumulation the plan carries (its top-level
     // gradient_accumulation, over the model's); 0: none written, the model's
     int gradient_accumulation = 0;
+    // replicate only: data_parallel's zero_stage (1 optimizer state sharded, 2 gradients too)
+    int zero_stage = 0;
 
     bool hybrid() const { return dp_shard > 1 && dp_shard < dp; }
     // "full", "op" (activation_checkpointing's modes) or "" (none)
@@ -76,8 +78,8 @@ struct PlanChoice {
     }
     int dp_replicate() const { return hybrid() ? dp / dp_shard : 1; }
     std::string mode_name() const {
-        return hybrid() ? "hsdp" : dp_mode;
-    }                              // "hsdp", "fully_shard", "replicate"
+        return hybrid() ? "hsdp" : zero_stage ? fmt::format("zero{}", zero_stage) : dp_mode;
+    }                              // "hsdp", "fully_shard", "replicate", "zero1", "zero2"
     std::string dp_text() const {  // "dp8", or HSDP's "dp2x4" (replicas x shards)
         return hybrid() ? fmt::format("dp{}x{}", dp_replicate(), dp_shard) : fmt::format("dp{}", dp);
     }

@@ -118,7 +118,7 @@ public:
     SearchResult run() {
         std::vector<PlanChoice> flat, piped;
         for (PlanChoice& c : meshes()) (c.pp > 1 ? piped : flat).push_back(std::move(c));
-        evaluate_all(flat);
+        evaluate_flat(flat);
         std::vector<double> steps;
         for (const Candidate& c : r_.fitting) steps.push_back(c.time.step);
         std::sort(steps.begin(), steps.end());
@@ -192,6 +192,38 @@ public:
     }
 
 private:
+    // The dp x tp groups, fully_shard's first: a group that holds whole parameters (replicate,
+    // ZeRO-1/2) or shards them over fewer ranks (HSDP) needs at least what fully_shard over the same
+    // dp, tp and checkpointing needs at every microbatch count, where a block is at most a quarter
+    // of the parameters (a repeat of 4 or more: fully_shard's transients are a gathered unit, its
+    // prefetch and its unsharded gradients, 3 blocks, against the parameters and gradients the
+    // others hold whole). Where fully_shard does not fit, neither do they: not simulated.
+    void evaluate_flat(std::vector<PlanChoice> groups) {
+        auto lightest = [](const PlanChoice& c) { return c.dp_mode == "fully_shard" && !c.hybrid(); };
+        auto sibling = [&](const PlanChoice& c) {
+            return fmt::format("dp={} x tp={}{}", c.dp, c.tp, checkpointed(c));
+        };
+        if (!extrapolate_) return evaluate_all(groups);
+        std::vector<PlanChoice> first, rest;
+        for (PlanChoice& c : groups) (lightest(c) ? first : rest).push_back(std::move(c));
+        evaluate_all(first);
+        std::set<std::string> fit;
+        for (const Candidate& f : r_.fitting) fit.insert(sibling(f.choice));
+        std::vector<PlanChoice> worth;
+        for (PlanChoice& c : rest) {
+            if (fit.count(sibling(c)) || c.dp == 1) {
+                worth.push_back(std::move(c));
+                continue;
+            }
+            r_.rejected.push_back(
+                {fmt::format("dp={} x tp={} {}{}", c.dp, c.tp, c.mode_name(), checkpointed(c)),
+                 fmt::format("does not fit where dp={} x tp={} fully_shard{} does not: not "
+                             "simulated",
+                             c.dp, c.tp, checkpointed(c))});
+        }
+        evaluate_all(worth);
+    }
+
     void evaluate_all(const std::vector<PlanChoice>& groups) {
         std::vector<std::optional<Candidate>> fits(groups.size());
         std::vector<std::optional<Rejection>> refusals(groups.size());
@@ -313,6 +345,10 @@ private:
                     c.selective = op;
                     if (std::string(mode) == "hsdp") c.dp_shard = node_shard;
                     groups.push_back(c);
+                    // ZeRO-1 and ZeRO-2 (parallel/zero_optimizer.h): replicate's communication
+                    // with the optimizer state (and gradients) sharded over dp
+                    if (std::string(mode) == "replicate")
+                        for (int stage : {1, 2}) groups.push_back(c), groups.back().zero_stage = stage;
                 }
             }
         }

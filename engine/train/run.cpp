@@ -311,6 +311,14 @@ void Run::set_schedule(Schedule s) {
     schedule_ = std::move(s);
 }
 
+ZeroOptimizer* Run::zero() const {
+    return data_parallel_ ? data_parallel_->zero() : nullptr;
+}
+
+void Run::gather_sharded_gradients() {
+    if (ZeroOptimizer* z = zero()) z->gather_gradients();
+}
+
 Communicator& Run::comm(DimRole role) const {
     return plan_.dims.has(role) ? mesh_->comm(plan_.dims.index(role)) : *solo_;
 }
@@ -470,6 +478,16 @@ double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& 
     in.params = params;
     in.placements = [&](const Parameter* p) { return placements(p); };
     for (int d : plan_.dims.param_nesting()) in.dims.push_back({d, &mesh_->comm(d)});
+    if (const ZeroOptimizer* z = zero(); z && z->stage() == 2) {  // the shards' squares, summed over dp
+        const int dp = data_parallel_->shard_dim();
+        in.grads = [z](const Parameter* p) {
+            return z->manages(p) ? z->grad_pieces(p) : std::vector<Tensor>{p->grad};
+        };
+        in.placements = [this, z, dp](const Parameter* p) {
+            Placements pl = placements(p);
+            return z->manages(p) ? pl.then(dp, Placement::shard(0)) : pl;
+        };
+    }
     if (stages_ > 1) {
         in.stages = &comm(DimRole::pp);
         in.counted = [this](const Parameter* p) { return !shared_copy(p); };
@@ -498,6 +516,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     be_.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     const auto params = model_.named_parameters();
+    if (ZeroOptimizer* z = zero()) z->before_step();  // ZeRO-2: the full gradients for the backward
     for (const auto& [name, p] : params) be_.fill(p->grad, 0.0);
     if (mixed_precision_) mixed_precision_->to_compute();
     StepOutput out;
@@ -534,7 +553,14 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
                 if (model_.clip_grad_norm > 0) out.grad_norm = clip_gradients(params);
                 break;
             case ActionKind::optimizer_step:
-                optimizer_->step(params);
+                if (ZeroOptimizer* z = zero()) {  // the rank's shards, then their all_gather
+                    std::vector<std::pair<std::string, ParamPtr>> others;
+                    for (const auto& [name, p] : params)
+                        if (!z->manages(p.get())) others.push_back({name, p});
+                    z->step(*optimizer_, others);
+                } else {
+                    optimizer_->step(params);
+                }
                 break;
             default:
                 PTOOL_REQUIRE(false, "{} is not run here", a.str());

@@ -118,6 +118,12 @@ public:
     Communicator& stage_comm() const { return *stage_comm_; }
     const std::vector<MeshDim>& stage_dims() const { return stage_dims_; }  // its dims, in mesh order
     const DataParallel* data_parallel() const { return data_parallel_.get(); }
+    // ZeRO's sharded optimizer (data_parallel's zero_stage 1 or 2), or null.
+    ZeroOptimizer* zero() const;
+    // ZeRO-2 keeps a shard of each gradient after the step: verification's all_gather of the shards
+    // back into every parameter's full gradient, so that it can be recorded (collective over the dp
+    // ranks; nothing otherwise).
+    void gather_sharded_gradients();
     // A parameter's placement on every mesh dim (the tp style's, then fully_shard's of its tp piece).
     Placements placements(const Parameter* p) const;
     // A weight tied across pipeline stages held by a later stage than the first that holds it (the

@@ -202,6 +202,11 @@ public:
             for (int64_t i = 0; i < out.numel(); ++i) out.set(i, i < in.numel() ? in.item(i) : 0.0);
             return;
         }
+        if (fault_.hits(FaultKind::zero_skip_gather, module()) && site().is(CommSiteKind::zero_params)) {
+            Tensor mine = out.narrow(0, rank() * in.numel(), in.numel());  // its own update only
+            backend_for(out.device()).copy(in, mine);
+            return;
+        }
         if (!fault_.hits(FaultKind::stale_param, module()) || !site().is(CommSiteKind::unshard))
             return inner_->all_gather(in, out);
         auto [it, first] = stale_.try_emplace(module());
@@ -222,6 +227,8 @@ public:
         if (site().is(CommSiteKind::bucket)) {
             if (skips_bucket()) return;
             if (fault_.hits(FaultKind::grad_sum, module())) op = ReduceOp::sum;
+            if (fault_.hits(FaultKind::zero_wrong_group, module()) && zero_)
+                return wrong_group_ ? wrong_group_->all_reduce(t, op) : void();
         }
         // HSDP: the only all_reduce of a unit's reduce_grads is over the replicate dim; each
         // replica keeps the shard its own dp_shard group averaged
@@ -231,9 +238,15 @@ public:
         inner_->all_reduce(t, op);
     }
     void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
-        if (!(fault_.hits(FaultKind::skip_reduce_scatter, module()) || skips_stage_sync()) ||
-            !site().is(CommSiteKind::reduce_grads))
+        if (site().is(CommSiteKind::bucket)) {  // ZeRO-2's buckets: DDP's faults, and the wrong group
+            if (fault_.hits(FaultKind::grad_sum, module())) op = ReduceOp::sum;
+            const bool wrong = fault_.hits(FaultKind::zero_wrong_group, module());
+            if (wrong && wrong_group_) return wrong_group_->reduce_scatter(in, out, op);
+            if (!wrong && !skips_bucket()) return inner_->reduce_scatter(in, out, op);
+        } else if (!(fault_.hits(FaultKind::skip_reduce_scatter, module()) || skips_stage_sync()) ||
+                   !site().is(CommSiteKind::reduce_grads)) {
             return inner_->reduce_scatter(in, out, op);
+        }
         const Tensor mine = chunk(in, size(), rank(), 0);  // this rank's rows of its own gradient, unreduced
         backend_for(out.device()).copy(mine, out);
     }
@@ -246,6 +259,10 @@ public:
     void recv(Tensor& t, int peer, int tag) override { inner_->recv(t, peer, tag); }
     void batch_isend_irecv(const std::vector<P2POp>& ops) override;
     std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
+    // zero_wrong_group: where a ZeRO bucket's reduction goes instead (null: nowhere, each rank keeps its
+    // own); zero: the plan runs ZeRO (plain DDP's buckets are not this fault's)
+    void set_wrong_group(Communicator* c, bool zero) { wrong_group_ = c, zero_ = zero; }
+    Communicator& inner() { return *inner_; }
 
 private:
     std::string module() const { return counter() ? counter()->module() : ""; }
@@ -272,6 +289,8 @@ private:
     const StageParams& stage_;  // the layer's, filled once data parallelism is resolved
     bool pp_ = false;           // the pp dim's communicator
     std::map<std::string, Tensor> stale_;
+    Communicator* wrong_group_ = nullptr;
+    bool zero_ = false;
     std::map<std::pair<int, int>, Tensor>
         sent_;  // pp_wrong_activation: the activations sent, by (boundary, microbatch)
 };
@@ -324,6 +343,16 @@ public:
             mesh.wrap(d, [&, d, pp](std::unique_ptr<Communicator> c) {
                 return std::make_unique<FaultComm>(std::move(c), fault_, buckets_, stage_params_, d == pp);
             });
+        }
+        // zero_wrong_group: a dp dim's ZeRO buckets reduced over the tp dim where it has the same size
+        const bool zero = plan.data_parallel && plan.data_parallel->zero_stage > 0;
+        if (fault_.is(FaultKind::zero_wrong_group) && zero && plan.dims.has(DimRole::dp_replicate)) {
+            const int dp = plan.dims.index(DimRole::dp_replicate);
+            Communicator* other = nullptr;
+            if (plan.dims.has(DimRole::tp) &&
+                mesh.dims()[plan.dims.index(DimRole::tp)].size == mesh.dims()[dp].size)
+                other = &dynamic_cast<FaultComm&>(mesh.comm(plan.dims.index(DimRole::tp))).inner();
+            dynamic_cast<FaultComm&>(mesh.comm(dp)).set_wrong_group(other, true);
         }
     }
 
@@ -459,6 +488,7 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
 DataParallelResolution FaultLayer::data_parallel(const DataParallelResolution& r) {
     DataParallelResolution out = r;
     if (fault_.is(FaultKind::skip_buffer_broadcast)) out.synced_buffers.clear();
+    if (fault_.is(FaultKind::zero_wrong_offset) && out.zero_stage > 0) out.zero_rotation = 1;
     if (fault_.is(FaultKind::sync_ignored) &&
         !out.ignored_params.empty()) {  // averaged in a bucket of their own
         if (out.replicas.empty()) out.replicas.push_back({"", {}});

@@ -32,6 +32,9 @@ enum class FaultKind {
     skip_reduce_scatter,
     stale_param,
     skip_replicate_all_reduce,
+    zero_skip_gather,
+    zero_wrong_group,
+    zero_wrong_offset,
     // training configurations
     grad_scale,
     clip_local_norm,
@@ -93,6 +96,14 @@ inline constexpr FaultClass kFaultClasses[] = {
      "a fully_shard unit reuses its first all_gather's parameters"},
     {FaultKind::skip_replicate_all_reduce, "skip_replicate_all_reduce", FaultSection::data_parallel, "UNIT",
      "HSDP: a unit's gradient is reduce_scattered over dp_shard but never all_reduced over dp_replicate"},
+    {FaultKind::zero_skip_gather, "zero_skip_gather", FaultSection::data_parallel, "ROOT",
+     "ZeRO: a replicate() root's updated parameter shards are not all_gathered (each rank keeps its own "
+     "update, and the stale parameters of the others' shards)"},
+    {FaultKind::zero_wrong_group, "zero_wrong_group", FaultSection::data_parallel, "ROOT",
+     "ZeRO: a root's gradient buckets are reduced (stage 1 all_reduce, stage 2 reduce_scatter) over the "
+     "wrong group: the tp dim's where it has the dp dim's size, else none (each rank its own)"},
+    {FaultKind::zero_wrong_offset, "zero_wrong_offset", FaultSection::data_parallel, "*",
+     "ZeRO: dp rank r updates the shard of rank r + 1 (mod dp) and all_gathers it as its own"},
     {FaultKind::grad_scale, "grad_scale", FaultSection::training, "PARAM",
      "the last rank's (of PARAM's pipeline stage) gradient of PARAM is scaled by 1.001 before the sync"},
     {FaultKind::clip_local_norm, "clip_local_norm", FaultSection::training, "*",

@@ -285,6 +285,7 @@ public:
                 record(sr, s + "grad_norm", Tensor::scalar(out.grad_norm, DType::float64), {}, false,
                        last_step);
         }
+        run_.gather_sharded_gradients();  // ZeRO-2: the full gradients from the dp ranks' shards
         const auto params = run_.model().named_parameters();
         // a weight tied across stages is recorded by the first stage that holds it; the others'
         // copies step alike from the same summed gradient (what they compute with shows downstream)

@@ -68,9 +68,9 @@ struct Gen {
                     linears.push_back(prefix + name + "." + p);
                 return fmt::format(
                     "  - {{name: {}, type: attention, dim: {}, heads: {}, kv_heads: {}, causal: {}, bias: "
-                    "{}}}\n",
+                    "{}, attn_implementation: {}}}\n",
                     name, width, heads, kv, in.ConsumeBool() ? "true" : "false",
-                    in.ConsumeBool() ? "true" : "false");
+                    in.ConsumeBool() ? "true" : "false", in.ConsumeBool() ? "flash" : "eager");
             }
             default: {
                 // named, or transparent (no name: its modules keep this prefix, as HF's decoder layers)
@@ -165,6 +165,12 @@ struct Gen {
         if (dp > 1)
             s += fmt::format("data_parallel: {{mesh_dim: dp, mode: {}}}\n",
                              in.ConsumeBool() ? "replicate" : "fully_shard");
+        if (!modules.empty() && in.ConsumeBool())  // full, torchtitan's op policy or Megatron's core_attn
+            s += fmt::format("activation_checkpointing: {{modules: [\"{}\"], mode: {}, every: {}}}\n",
+                             modules[in.ConsumeIntegralInRange<size_t>(0, modules.size() - 1)],
+                             in.PickValueInArray({"full", "op", "core_attn"}),
+                             in.ConsumeIntegralInRange(1, 3));
+        if (in.ConsumeBool()) s += fmt::format("gradient_accumulation: {}\n", pick({1, 2, 4}));
         return s;
     }
 };
