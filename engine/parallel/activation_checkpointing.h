@@ -28,7 +28,7 @@
 
 namespace ptool {
 
-class Model;
+struct Model;
 class Module;
 
 enum class RecomputeMode { full, op, core_attn };
