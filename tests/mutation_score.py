@@ -217,6 +217,7 @@ def pipeline_mutants(ex, model, plan, grad_fails):
         k = pipe.get("layers_per_stage", len(blocks) // stages)
         splits = [blocks[k * s] for s in range(1, stages)]
     cuts = [pos(f) for f in splits]
+    checkpointed = {c["fqn"] for c in ex["calls"] if c["checkpointed"]}
 
     def stage_of(fqn):  # a module's or a parameter's
         while fqn and not any(f == fqn or f.startswith(fqn + ".") for f in order):
@@ -252,7 +253,6 @@ def pipeline_mutants(ex, model, plan, grad_fails):
         # under interleaved_1f1b) the output is handed on in memory, and no send carries it
         if s + 1 < stages and rank_of(s + 1) != rank_of(s):
             yield ("pp_wrong_activation", f"pp_wrong_activation:{s}", at("forward", s + 1))
-        checkpointed = {c["fqn"] for c in ex["calls"] if c["checkpointed"]}
         # the stage's saved input: a hook on its first module, received or handed on (a checkpointed
         # first module recomputes from its own copy of the input: the fault's buffer is not used)
         if s > 0 and splits[s - 1] not in checkpointed:
