@@ -4,6 +4,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "cli/commands.h"
 #include "cli/verify_output.h"
@@ -43,6 +44,37 @@ std::string rank_ranges(const std::vector<int>& ranks) {  // ascending: "0-3, 8-
         i = j + 1;
     }
     return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+// The runtime's memory per GPU (plan/device_overheads.h) and, per rank class, whether the peak fits.
+void print_runtime(const ExplainReport& r) {
+    const Cluster& cl = *r.cluster;
+    std::set<int> communicators;
+    for (const DeviceOverheads& o : r.overheads) communicators.insert(o.communicators);
+    fmt::print(
+        "  runtime per GPU ({}'s `runtime`): CUDA context {}, cuBLAS workspace {}, NCCL {} per communicator "
+        "x {} communicators;\n  GPU memory {}, reserve {}\n",
+        cl.name, format_bytes(static_cast<int64_t>(cl.runtime.cuda_context)),
+        format_bytes(static_cast<int64_t>(cl.runtime.cublas_workspace)),
+        format_bytes(static_cast<int64_t>(cl.runtime.nccl_per_communicator)),
+        fmt::join(communicators, " or "), format_bytes(static_cast<int64_t>(cl.memory_bytes)),
+        format_bytes(static_cast<int64_t>(cl.reserved_bytes)));
+    for (size_t i = 0; i < r.memory.size(); ++i) {
+        const RankMemory& m = r.memory[i].sim.memory;
+        const double needs = static_cast<double>(m.peak) + r.overheads[i].total() + cl.reserved_bytes;
+        if (needs > cl.memory_bytes)
+            spdlog::warn("ranks {} do not fit: the peak {} and the runtime {} are more than the GPU's {}",
+                         rank_ranges(r.memory[i].ranks), format_bytes(m.peak),
+                         format_bytes(static_cast<int64_t>(r.overheads[i].total())),
+                         format_bytes(static_cast<int64_t>(cl.memory_bytes - cl.reserved_bytes)));
+        else if (m.over_capacity > 0)
+            spdlog::warn(
+                "ranks {}: PyTorch's caching allocator runs out of memory even after giving its cache back "
+                "({} segment{} beyond the GPU's memory; fragmentation: the peak {} fits, its segments do "
+                "not)",
+                rank_ranges(r.memory[i].ranks), m.over_capacity, m.over_capacity == 1 ? "" : "s",
+                format_bytes(m.peak));
+    }
 }
 
 void explain(const ExplainArgs& a, const Common& c) {
@@ -133,19 +165,32 @@ void explain(const ExplainArgs& a, const Common& c) {
         "resident\n"
         "  before the first step; and at the peak):\n",
         r.simulated_steps);
-    std::vector<std::vector<std::string>> mrows = {
-        {"ranks", "peak", "first step", "resident", "at the peak"}};
-    for (const PredictedRank& pm : memory) {
+    const bool on_gpu = r.cluster.has_value();
+    std::vector<std::vector<std::string>> mrows = {{"ranks", "peak", "first step", "reserved"}};
+    if (on_gpu) mrows[0].push_back("on the GPU");
+    mrows[0].insert(mrows[0].end(), {"resident", "at the peak"});
+    for (size_t i = 0; i < memory.size(); ++i) {
+        const PredictedRank& pm = memory[i];
         const RankMemory& m = pm.sim.memory;
         std::vector<std::string> uses;
         for (int u = 0; u < kMemoryUses; ++u)
             if (m.at_peak[u] > 0)
                 uses.push_back(fmt::format("{} {}", memory_use_name(static_cast<MemoryUse>(u)),
                                            format_bytes(m.at_peak[u])));
-        mrows.push_back({rank_ranges(pm.ranks), format_bytes(m.peak), format_bytes(m.first_step_peak),
-                         format_bytes(m.resident), fmt::format("{}", fmt::join(uses, ", "))});
+        std::vector<std::string> row = {rank_ranges(pm.ranks), format_bytes(m.peak),
+                                        format_bytes(m.first_step_peak), format_bytes(m.reserved_peak)};
+        if (on_gpu)
+            row.push_back(format_bytes(m.reserved_peak + static_cast<int64_t>(r.overheads[i].total())));
+        row.insert(row.end(), {format_bytes(m.resident), fmt::format("{}", fmt::join(uses, ", "))});
+        mrows.push_back(std::move(row));
     }
     print_columns(mrows, "    ");
+    fmt::print(
+        "  (peak: the tensors' bytes, torch.cuda.max_memory_allocated; reserved: what PyTorch's caching "
+        "allocator holds\n"
+        "  for them at most, its segments and block rounding replayed, torch.cuda.max_memory_reserved{})\n",
+        on_gpu ? "; on the GPU: reserved plus the runtime" : "");
+    if (on_gpu) print_runtime(r);
     fmt::print(
         "  verify keeps on the host: the reference's record, {} step{} x {} = {} (every tensor it compares, "
         "full size:\n"
@@ -258,9 +303,20 @@ void explain(const ExplainArgs& a, const Common& c) {
         j["synced_buffers"] = std::vector<std::string>(dp.synced_buffers.begin(), dp.synced_buffers.end());
         j["zero_stage"] = dp.zero_stage;        // data_parallel's ZeRO stage (0: plain DDP or none)
         j["memory"] = nlohmann::json::array();  // one entry per rank class, predicted (train/simulate.h)
-        for (const PredictedRank& m : memory) {
+        for (size_t i = 0; i < memory.size(); ++i) {
+            const PredictedRank& m = memory[i];
             nlohmann::json e = memory_json(m.sim.memory, "predicted_peak_bytes");  // the steady state's
             e["first_step_peak_bytes"] = m.sim.memory.first_step_peak;
+            e["predicted_reserved_peak_bytes"] = m.sim.memory.reserved_peak;  // the allocator model's
+            if (cluster) {  // the runtime's memory besides the tensors (plan/device_overheads.h)
+                const DeviceOverheads& o = r.overheads[i];
+                e["runtime_bytes"] = {{"cuda_context", o.cuda_context},
+                                      {"cublas_workspace", o.cublas_workspace},
+                                      {"nccl", o.nccl},
+                                      {"nccl_communicators", o.communicators}};
+                e["device_peak_bytes"] = static_cast<double>(m.sim.memory.reserved_peak) + o.total();
+                e["allocator_over_capacity"] = m.sim.memory.over_capacity;
+            }
             e["ranks"] = m.ranks;
             j["memory"].push_back(e);
         }

@@ -37,12 +37,14 @@ std::string seconds_str(double s) {
 std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, const Candidate& c) {
     std::string s = fmt::format(
         "# Written by `ptool plan {} --cluster {} --world-size {}`: the fastest of {} fitting candidates.\n"
-        "# Predicted per GPU on {}: peak {} of {} ({} of it fully_shard's prefetch of the next unit),\n"
+        "# Predicted per GPU on {}: peak {}, reserved {} and runtime {} of {} ({} of the peak fully_shard's "
+        "prefetch of the next unit),\n"
         "# step {:.0f} ms (compute {:.0f} ms, blocking collectives {:.0f} ms, data-parallel {:.0f} ms "
         "overlapped), MFU {:.1f}%.\n",
         yaml_comment(a.model), yaml_comment(a.cluster), r.world_size, r.fitting.size(),
         yaml_comment(cl.name),  // names in comments: one printable line
-        format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(r.memory_cap)),
+        format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(c.reserved)),
+        format_bytes(static_cast<int64_t>(c.runtime)), format_bytes(static_cast<int64_t>(r.memory_cap)),
         format_bytes(static_cast<int64_t>(c.prefetch)), c.time.step * 1e3, c.time.compute * 1e3,
         c.time.blocking * 1e3, c.time.overlappable * 1e3, 100 * c.mfu);
     if (c.choice.gradient_accumulation > 0)  // the plan says it: explain and verify read it over the model's
@@ -118,15 +120,16 @@ int plan(const PlanArgs& a, const Common& common) {
     const SearchResult r = search_plans(text, a.model, cluster, o);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print(
-        "ptool plan {} on {} ({} GPUs, {} per GPU for tensors; {} compute): {} candidates simulated in "
+        "ptool plan {} on {} ({} GPUs, {} per GPU{}; {} compute): {} candidates simulated in "
         "{:.2f} s\n",
         a.model, cluster.name, r.world_size, format_bytes(static_cast<int64_t>(r.memory_cap)),
-        dtype_name(r.compute), r.evaluated, seconds);
+        a.memory_cap_gib > 0 ? " for tensors" : " less each plan's runtime", dtype_name(r.compute),
+        r.evaluated, seconds);
     if (!r.tp_unsupported.empty()) fmt::print("  no tensor parallelism: {}\n", r.tp_unsupported);
     if (!r.pipelines_skipped.empty()) fmt::print("  pipelines not searched: {}\n", r.pipelines_skipped);
     std::vector<std::vector<std::string>> rows = {{"#", "mesh", "data parallel", "pipeline", "checkpoint",
-                                                   "micro", "memory/GPU", "comm/step", "compute", "step",
-                                                   "MFU"}};
+                                                   "micro", "peak", "on the GPU", "comm/step", "compute",
+                                                   "step", "MFU"}};
     for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < a.top; ++i) {
         const Candidate& c = r.fitting[i];
         double bytes = 0;
@@ -143,8 +146,10 @@ int plan(const PlanArgs& a, const Common& common) {
                        c.choice.pp_microbatches, 100 * c.time.bubble)
                  : "-",
              c.choice.checkpoint ? c.choice.checkpoint_mode() : "no", std::to_string(c.microbatches),
-             format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(bytes)),
-             seconds_str(c.time.compute), seconds_str(c.time.step), fmt::format("{:.1f}%", 100 * c.mfu)});
+             format_bytes(static_cast<int64_t>(c.peak)),
+             format_bytes(static_cast<int64_t>(c.reserved + c.runtime)),
+             format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute), seconds_str(c.time.step),
+             fmt::format("{:.1f}%", 100 * c.mfu)});
     }
     fmt::print("\n");
     if (r.fitting.empty())
@@ -190,6 +195,8 @@ int plan(const PlanArgs& a, const Common& common) {
                                        {"microbatches", c.microbatches},
                                        {"peak_bytes", c.peak},
                                        {"prefetch_bytes", c.prefetch},
+                                       {"reserved_bytes", c.reserved},
+                                       {"runtime_bytes", c.runtime},
                                        {"step_seconds", c.time.step},
                                        {"compute_seconds", c.time.compute},
                                        {"blocking_seconds", c.time.blocking},

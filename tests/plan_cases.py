@@ -205,6 +205,24 @@ with tempfile.TemporaryDirectory() as tmp:
     if rc == 0:
         rc, out = run("explain", f"{ROOT}/models/scale/llama3_70b.yaml", target)
         check(rc == 0 and "warning" not in out, f"explain of the 70B plan: exit {rc}\n{out[-2000:]}")
+        # on the cluster: PyTorch's caching allocator replayed over the whole model fits the GPU with
+        # the runtime, and the search's estimate of it (the peak plus its samples' fragmentation) is
+        # within 10% of the replay's
+        ej = os.path.join(tmp, "explain70b.json")
+        rc, out = run("explain", f"{ROOT}/models/scale/llama3_70b.yaml", target, "--cluster", H100, "--json", ej)
+        check(rc == 0 and "warning" not in out, f"explain --cluster of the 70B plan: exit {rc}\n{out[-2000:]}")
+        planned = re.search(r"reserved ([0-9.]+) GiB and runtime ([0-9.]+) GiB", open(target).read())
+        if rc == 0 and check(planned is not None, "the written plan's header names its reserved and runtime"):
+            for m in json.load(open(ej))["memory"]:
+                device = m["device_peak_bytes"] / 2**30
+                check(m["allocator_over_capacity"] == 0 and device <= 79.6,
+                      f"70B plan on the GPU: {device:.2f} GiB, {m['allocator_over_capacity']} segments over")
+                check(m["predicted_reserved_peak_bytes"] >= m["predicted_peak_bytes"],
+                      "reserved below the peak")
+                estimate = float(planned.group(1))
+                replay = m["predicted_reserved_peak_bytes"] / 2**30
+                check(abs(estimate - replay) <= 0.1 * replay,
+                      f"the search's reserved {estimate:.2f} GiB vs the replay's {replay:.2f} GiB")
 
     # 6. proxies
     proxies = 0

@@ -10,6 +10,7 @@ namespace ptool {
 
 bool CachingAllocator::BySize::operator()(const Block* a, const Block* b) const {
     if (a->stream != b->stream) return a->stream < b->stream;
+    if (a->small != b->small) return a->small < b->small;
     if (a->size != b->size) return a->size < b->size;
     return a->ptr < b->ptr;
 }
@@ -35,22 +36,35 @@ CachingAllocator::~CachingAllocator() {
 }
 
 // The smallest free block of `stream` that serves `size` (see the header's rules), out of the free set.
+size_t CachingAllocator::segment_size(size_t size) const {
+    if (policy_ == SegmentPolicy::exact) return size;
+    if (size <= kSmall) return kSmallSegment;
+    if (size < kMinLargeAlloc) return kLargeSegment;
+    return (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
 CachingAllocator::Block* CachingAllocator::take_cached(size_t size, uintptr_t stream) {
-    Block key{nullptr, size, stream};
+    const bool small = policy_ == SegmentPolicy::pytorch && size <= kSmall;
+    Block key{nullptr, size, stream, small};
     auto it = free_.lower_bound(&key);
-    if (it == free_.end() || (*it)->stream != stream) return nullptr;
+    if (it == free_.end() || (*it)->stream != stream || (*it)->small != small) return nullptr;
     Block* b = *it;
-    if (size <= kSmall && b->size - size > std::max(kSmall, size))
+    if (policy_ == SegmentPolicy::exact && size <= kSmall && b->size - size > std::max(kSmall, size))
         return nullptr;  // small: whole blocks, bounded waste
     free_.erase(it);
     return b;
 }
 
-// Cuts b (free, out of the free set) to `size` when a large request would leave more than kSmall
-// unused; the rest becomes a free block after it.
+// Cuts b (free, out of the free set) to `size` when the rest is worth keeping (exact: a large
+// request leaving more than kSmall; pytorch: the rest is at least kRound in the small pool, more
+// than kSmall in the large); the rest becomes a free block after it.
 void CachingAllocator::split(Block* b, size_t size) {
-    if (size <= kSmall || b->size - size <= kSmall) return;
-    auto* rest = new Block{b->ptr + size, b->size - size, b->stream, false, b, b->next};
+    const size_t rest_size = b->size - size;
+    if (policy_ == SegmentPolicy::exact ? size <= kSmall || rest_size <= kSmall
+        : b->small                      ? rest_size < kRound
+                                        : rest_size <= kSmall)
+        return;
+    auto* rest = new Block{b->ptr + size, rest_size, b->stream, b->small, false, b, b->next};
     if (b->next) b->next->prev = rest;
     b->next = rest;
     b->size = size;
@@ -74,10 +88,11 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
     if (b) {
         ++stats_.cache_hits;
     } else {
-        void* p = raw_.malloc(size);
+        const size_t segment = segment_size(size);
+        void* p = raw_.malloc(segment);
         if (!p) {  // out of memory: give the cache back and try once more
             free_cached_locked();
-            p = raw_.malloc(size);
+            p = raw_.malloc(segment);
         }
         if (!p)
             throw RuntimeError(
@@ -85,9 +100,10 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
                             "peak {} in use",
                             what_, size, stats_.in_use, stats_.reserved, stats_.peak_in_use));
         ++stats_.driver_allocations;
-        stats_.reserved += size;
+        stats_.reserved += segment;
         stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
-        b = new Block{static_cast<char*>(p), size, stream};
+        b = new Block{static_cast<char*>(p), segment, stream,
+                      policy_ == SegmentPolicy::pytorch && size <= kSmall};
     }
     split(b, size);
     b->allocated = true;

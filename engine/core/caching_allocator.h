@@ -20,6 +20,15 @@
 //   - the cache goes back to the driver a whole segment at a time (a segment with a piece in use
 //     stays); when the driver refuses, the cache is returned to it and the request retried once; a
 //     second refusal is a RuntimeError naming the request and the counters.
+// That is SegmentPolicy::exact, which ptool's own CUDA and host memory use. SegmentPolicy::pytorch
+// is PyTorch's CUDACachingAllocator (c10/cuda/CUDACachingAllocator.cpp, default settings), which
+// explain replays on the simulation's allocations to predict the reserved peak
+// (core/allocator_model.h):
+//   - two pools: small requests (at most 1 MiB) and large ones, each block of one pool only;
+//   - a new segment is 2 MiB for a small request, 20 MiB for a large one under 10 MiB, else the
+//     request rounded up to 2 MiB;
+//   - best fit within the pool; the block is split when the rest is at least 512 bytes (small pool)
+//     or more than 1 MiB (large pool).
 #pragma once
 
 #include <cstddef>
@@ -48,14 +57,22 @@ struct AllocatorStats {
     int64_t driver_frees = 0;
 };
 
+enum class SegmentPolicy { exact, pytorch };
+
 class CachingAllocator {
 public:
     static constexpr size_t kRound = 512;
     static constexpr size_t kSmall = size_t{1}
                                      << 20;  // the largest small request; the most a split leaves unused
+    static constexpr size_t kSmallSegment = size_t{2} << 20;   // pytorch: kSmallBuffer
+    static constexpr size_t kLargeSegment = size_t{20} << 20;  // pytorch: kLargeBuffer
+    static constexpr size_t kMinLargeAlloc = size_t{10} << 20;
+    static constexpr size_t kRoundLarge = size_t{2} << 20;
 
     // what: the memory's name in the out-of-memory message ("CUDA", "host")
-    explicit CachingAllocator(RawAllocator& raw, const char* what = "CUDA") : raw_(raw), what_(what) {}
+    explicit CachingAllocator(RawAllocator& raw, const char* what = "CUDA",
+                              SegmentPolicy policy = SegmentPolicy::exact)
+        : raw_(raw), what_(what), policy_(policy) {}
     ~CachingAllocator();
     CachingAllocator(const CachingAllocator&) = delete;
     CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -63,6 +80,8 @@ public:
     static size_t round_size(size_t bytes) {
         return bytes == 0 ? kRound : (bytes + kRound - 1) / kRound * kRound;
     }
+    // The driver allocation a request of `size` (rounded) makes when no cached block serves it.
+    size_t segment_size(size_t size) const;
 
     void* allocate(size_t bytes, uintptr_t stream = 0);
     void release(void* p);  // p from allocate; nullptr is ignored
@@ -76,6 +95,7 @@ private:
         char* ptr;
         size_t size;
         uintptr_t stream;
+        bool small = false;  // pytorch: the small pool's (exact: always false)
         bool allocated = false;
         Block* prev = nullptr;
         Block* next = nullptr;
@@ -90,6 +110,7 @@ private:
 
     RawAllocator& raw_;
     const char* what_;
+    SegmentPolicy policy_;
     mutable std::mutex mutex_;
     std::unordered_map<void*, Block*> live_;
     std::set<Block*, BySize> free_;

@@ -56,8 +56,9 @@ const char* memory_use_name(MemoryUse u) {
     }
 }
 
-void MemoryAccount::charge(int64_t bytes, MemoryUse use) {
+void MemoryAccount::charge(const void* key, int64_t bytes, MemoryUse use) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (allocator_) allocator_->allocate(key, static_cast<size_t>(bytes));
     live_ += bytes;
     live_by_[static_cast<int>(use)] += bytes;
     if (live_ > peak_) peak_ = live_, at_peak_ = live_by_;
@@ -80,10 +81,31 @@ int64_t& MemoryAccount::phase_entry() {
     return *phase_peak_;
 }
 
-void MemoryAccount::credit(int64_t bytes, MemoryUse use) {
+void MemoryAccount::credit(const void* key, int64_t bytes, MemoryUse use) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (allocator_) allocator_->release(key);
     live_ -= bytes;
     live_by_[static_cast<int>(use)] -= bytes;
+}
+
+void MemoryAccount::model_allocator(size_t capacity) {
+    std::lock_guard<std::mutex> lock(mu_);
+    allocator_ = std::make_unique<AllocatorModel>(capacity);
+}
+
+int64_t MemoryAccount::reserved() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocator_ ? static_cast<int64_t>(allocator_->reserved()) : 0;
+}
+
+int64_t MemoryAccount::peak_reserved() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocator_ ? static_cast<int64_t>(allocator_->peak_reserved()) : 0;
+}
+
+int64_t MemoryAccount::over_capacity() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocator_ ? allocator_->over_capacity() : 0;
 }
 
 int64_t MemoryAccount::live() const {
@@ -104,6 +126,7 @@ int64_t MemoryAccount::at_peak(MemoryUse use) const {
 void MemoryAccount::reset_peak() {
     std::lock_guard<std::mutex> lock(mu_);
     peak_ = live_, at_peak_ = live_by_;
+    if (allocator_) allocator_->restart();
 }
 
 MemoryScope::MemoryScope(std::shared_ptr<MemoryAccount> account) : saved_(std::move(t_account)) {

@@ -18,6 +18,8 @@
 #include <mutex>
 #include <string>
 
+#include "core/allocator_model.h"
+
 namespace ptool {
 
 // What a tensor is for, as the code that allocates it declares (MemoryUseScope); `other` by default.
@@ -39,12 +41,20 @@ const char* memory_use_name(MemoryUse u);  // "activations"
 
 class MemoryAccount {
 public:
-    void charge(int64_t bytes, MemoryUse use);
-    void credit(int64_t bytes, MemoryUse use);
+    // key: the storage's identity, for the allocator model
+    void charge(const void* key, int64_t bytes, MemoryUse use);
+    void credit(const void* key, int64_t bytes, MemoryUse use);
+    // Also replay every charge and credit from now through PyTorch's caching allocator
+    // (core/allocator_model.h; capacity 0: none): reserved() and peak_reserved() are then its.
+    void model_allocator(size_t capacity);
+    int64_t reserved() const;       // 0 without the model
+    int64_t peak_reserved() const;  // since the model started
+    int64_t over_capacity() const;
     int64_t live() const;
     int64_t peak() const;
     int64_t at_peak(MemoryUse use) const;  // bytes of `use` live at the peak
-    // Starts a new peak from what is live now (after the model is built: a step's peak).
+    // Starts a new peak from what is live now (after the model is built: a step's peak); the
+    // allocator model starts over with what is live (AllocatorModel::restart).
     void reset_peak();
     // Also keep the peak within each phase (MemoryPhaseScope: "layers.1.attn_block/b"), from now.
     void track_phases();
@@ -56,6 +66,7 @@ private:
     std::array<int64_t, kMemoryUses> live_by_{}, at_peak_{};
     bool track_phases_ = false;
     std::map<std::string, int64_t> phase_peaks_;
+    std::unique_ptr<AllocatorModel> allocator_;
     // the last charged phase's entry: a pass charges many times, and its key is built once
     const std::string* phase_fqn_ = nullptr;
     std::string phase_fqn_text_;

@@ -36,7 +36,7 @@ MetaAllocation::~MetaAllocation() {
 
 Storage::Storage(size_t bytes, Device device, bool zero)
     : bytes_(bytes), device_(device), account_(current_memory_account()), use_(current_memory_use()) {
-    if (account_) account_->charge(static_cast<int64_t>(bytes), use_);
+    if (account_) account_->charge(this, static_cast<int64_t>(bytes), use_);
     if (device == Device::meta) return;
     if (device != Device::cpu) {
         data_ = device_memory().allocate(bytes);
@@ -47,7 +47,7 @@ Storage::Storage(size_t bytes, Device device, bool zero)
 }
 
 Storage::~Storage() {
-    if (account_) account_->credit(static_cast<int64_t>(bytes_), use_);
+    if (account_) account_->credit(this, static_cast<int64_t>(bytes_), use_);
     if (device_ == Device::meta) return;
     if (device_ == Device::cpu)
         host_release(data_, bytes_);

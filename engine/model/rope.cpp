@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "backend/meta/meta_backend.h"
+
 namespace ptool {
 
 float Rope::inv_freq(int64_t i) const {
@@ -51,7 +53,10 @@ Tensor Rope::forward(Backend& be, const Tensor& x) const {
     const Tables tb = tables(x);
     Tensor rotated = Tensor::empty(x.shape(), x.dtype(), x.device()),
            a = Tensor::empty(x.shape(), x.dtype(), x.device());
-    be.gemm(x, false, tb.rotate, true, rotated);  // rotate_half(x)
+    {
+        MetaGemmAsElementwise elementwise;            // explain's work: a copy, not a GEMM
+        be.gemm(x, false, tb.rotate, true, rotated);  // rotate_half(x)
+    }
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     be.mul(x, tb.cos, y);
     be.mul(rotated, tb.sin, a);
@@ -66,6 +71,7 @@ Tensor Rope::backward(Backend& be, const Tensor& dy) const {
            dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     be.mul(dy, tb.sin, ds);
     be.mul(dy, tb.cos, dx);
+    MetaGemmAsElementwise elementwise;
     be.gemm(ds, false, tb.rotate, false, dx, 1.0, 1.0);  // + (dy * sin) @ M
     return dx;
 }

@@ -30,6 +30,26 @@ Link load_link(const YamlNode& node, const std::string& what) {
     return l;
 }
 
+constexpr double kMib = 1 << 20;
+
+RuntimeMemory load_runtime(const YamlNode& node) {
+    YamlMap m(node, "'runtime'");
+    RuntimeMemory r;
+    auto mib = [&](const char* key) {
+        if (!m.has(key)) return 0.0;
+        const double v = m.at(key).as_double(fmt::format("'{}' of 'runtime'", key));
+        if (!(v >= 0) || v > kMaxGib * 1024)
+            m.at(key).fail(
+                fmt::format("'{}' of 'runtime' must be in [0, {:g}] MiB, got {:g}", key, kMaxGib * 1024, v));
+        return v * kMib;
+    };
+    r.cuda_context = mib("cuda_context_mib");
+    r.cublas_workspace = mib("cublas_workspace_mib");
+    r.nccl_per_communicator = mib("nccl_mib_per_communicator");
+    m.finish();
+    return r;
+}
+
 }  // namespace
 
 double Cluster::peak_flops(DType dt) const {
@@ -49,6 +69,7 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
     c.reserved_bytes = m.double_or("reserved_gib", 0) * (1ull << 30);
     if (!(c.reserved_bytes >= 0) || c.reserved_bytes >= c.memory_bytes)
         m.at("reserved_gib").fail("'reserved_gib' must be >= 0 and below 'memory_gib'");
+    if (m.has("runtime")) c.runtime = load_runtime(m.at("runtime"));
     YamlNode f = m.at("tflops");
     YamlMap fm(f, "'tflops'");
     for (const auto& kv : f.raw()) {

@@ -17,12 +17,21 @@ struct Link {
     double latency = 0;    // seconds per ring hop
 };
 
+// Device memory a training process holds besides its tensors (docs/planning.md has the sources);
+// plan/device_overheads.h adds it up per rank. All zero when the cluster file has no `runtime`.
+struct RuntimeMemory {
+    double cuda_context = 0;           // bytes: the CUDA context, PyTorch's kernels loaded
+    double cublas_workspace = 0;       // bytes: cuBLAS's workspace for the stream that runs the GEMMs
+    double nccl_per_communicator = 0;  // bytes: one NCCL communicator's channel buffers
+};
+
 struct Cluster {
     std::string name, path;
     int nodes = 1;
     int gpus_per_node = 1;
-    double memory_bytes = 0;        // per GPU
-    double reserved_bytes = 0;      // per GPU, not for tensors: CUDA context, NCCL buffers, allocator slack
+    double memory_bytes = 0;    // per GPU
+    double reserved_bytes = 0;  // per GPU, held back besides `runtime` (a margin; 0 by default)
+    RuntimeMemory runtime;
     std::map<DType, double> flops;  // peak dense FLOP/s per compute dtype
     double gemm_efficiency = 1;     // the fraction of peak that large GEMMs reach
     double memory_bandwidth = 0;    // bytes/s: what the other ops are bound by

@@ -86,8 +86,16 @@ ExplainReport explain_report(const ExplainInputs& in) {
     r.ex = explain_plan(r.model, r.plan);
     r.steps = r.plan.verify.steps > 0 ? r.plan.verify.steps : r.model.steps;
     r.simulated_steps = std::max<int64_t>(2, r.steps);
-    r.memory = predict_ranks(run, r.model, r.plan, r.simulated_steps);
+    size_t capacity = 0;  // the allocator model's (train/simulate.h); 0: unbounded, without a cluster
     if (r.cluster) {
+        const double left = r.cluster->memory_bytes - r.cluster->reserved_bytes -
+                            worst_device_overheads(*r.cluster, r.plan).total();
+        capacity = left >= 1 ? static_cast<size_t>(left) : 1;
+    }
+    r.memory = predict_ranks(run, r.model, r.plan, r.simulated_steps, 0, capacity);
+    if (r.cluster) {
+        for (const PredictedRank& pr : r.memory)
+            r.overheads.push_back(device_overheads(*r.cluster, r.plan, pr.ranks.front()));
         const DType compute = r.plan.compute_dtype(r.model.dtype);
         for (const PredictedRank& pr : r.memory)
             r.times.push_back(predict_step_time(pr.sim.step_work, by_op_dim(pr.sim.step_comm), r.plan,

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "plan/cluster.h"
+#include "plan/device_overheads.h"
 #include "plan/explain.h"
 #include "plan/time_model.h"
 #include "train/simulate.h"
@@ -41,8 +42,11 @@ struct ExplainReport {
     // (from the second step on the optimizer's state exists throughout; its memory.first_step_peak
     // is the first step's, what a 1-step verify measures)
     int64_t simulated_steps = 2;
-    std::vector<PredictedRank> memory;  // per rank class
-    std::vector<StepTime> times;        // per rank class, with a cluster
+    // per rank class; with a cluster each class's reserved peak is the allocator model's under the
+    // GPU's memory less the runtime's and the cluster's reserve (train/simulate.h)
+    std::vector<PredictedRank> memory;
+    std::vector<DeviceOverheads> overheads;  // per rank class, with a cluster (its first rank's)
+    std::vector<StepTime> times;             // per rank class, with a cluster
     // "mesh dp=2 x tp=2", "tensor parallel over 'tp' (2 ranks)", ..., "model input Replicate()"
     std::vector<std::string> summary;
     std::vector<std::string> at_start;  // the construction's collectives, one line each

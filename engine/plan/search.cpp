@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/parallel_for.h"
+#include "plan/device_overheads.h"
 #include "plan/explain.h"
 #include "plan/pipeline_search.h"
 #include "plan/shrink.h"
@@ -63,6 +64,10 @@ Simulated extrapolate(const Simulated& a, const Simulated& b, double k) {
     for (const auto& [key, pa] : a.phases)
         if (auto it = b.phases.find(key); it != b.phases.end())
             o.memory.peak = std::max(o.memory.peak, static_cast<int64_t>(lin(pa, it->second)));
+    // the caching allocator's excess over the peak does not grow with the blocks (it is the largest
+    // transients' segments and the holes between them): the samples' largest, over the extrapolated peak
+    o.memory.reserved_peak = o.memory.peak + std::max({int64_t{0}, a.memory.reserved_peak - a.memory.peak,
+                                                       b.memory.reserved_peak - b.memory.peak});
     o.memory.resident = static_cast<int64_t>(lin(a.memory.resident, b.memory.resident));
     for (int u = 0; u < kMemoryUses; ++u)
         o.memory.at_peak[u] = static_cast<int64_t>(lin(a.memory.at_peak[u], b.memory.at_peak[u]));
@@ -453,8 +458,11 @@ private:
             cand.extrapolated = extrapolate_;
             cand.prefetch = c.dp_mode == "fully_shard" && c.dp > 1 ? block_unsharded_ / c.tp : 0;
             cand.peak = static_cast<double>(s.memory.peak) + cand.prefetch;
-            if (least_mb == 0 || cand.peak < least) least = cand.peak, least_mb = mb;
-            if (cand.peak > r_.memory_cap) continue;
+            cand.reserved =
+                static_cast<double>(std::max(s.memory.peak, s.memory.reserved_peak)) + cand.prefetch;
+            if (least_mb == 0 || cand.reserved < least) least = cand.reserved, least_mb = mb;
+            if (cand.reserved > cap(plan)) continue;
+            cand.runtime = runtime(plan);
             cand.time = predict_step_time(s.work, s.comm, plan, cluster_, r_.compute);
             cand.mfu = mfu(cand.time, cluster_, r_.compute);
             fit = std::move(cand);
@@ -466,7 +474,7 @@ private:
         else
             refusal = Rejection{
                 shape, fmt::format("needs {} > {} per GPU (at best, with {} microbatch{})", gib(least),
-                                   gib(r_.memory_cap), least_mb, least_mb == 1 ? "" : "es")};
+                                   gib(cap(plan)), least_mb, least_mb == 1 ? "" : "es")};
     }
 
     // A pipeline: its microbatches per round the most the rows allow (a power of two times pp: the
@@ -507,6 +515,7 @@ private:
         auto sampled_at = [&](int P) { return P * (sampled / base.pp); };
         std::map<std::tuple<int, int, int>, std::pair<Plan, std::string>> variants;
         std::map<std::tuple<int, int, int>, RankSimulation> simulated;
+        double fragmentation = 0;  // the samples' largest reserved - peak
         auto variant = [&](int P, int k, int microbatches) -> const std::pair<Plan, std::string>& {
             if (auto it = variants.find({P, k, microbatches}); it != variants.end()) return it->second;
             PlanChoice c = base;
@@ -526,17 +535,20 @@ private:
             in.model_path = name_, in.model_text = text;
             ++count;
             RankSimulation sim = simulate_rank(in, plan, rank, 2, true);
+            // the caching allocator's excess over the tensors' peak (as extrapolate's)
+            fragmentation =
+                std::max(fragmentation, static_cast<double>(sim.memory.reserved_peak - sim.memory.peak));
             // every stage holds 2 blocks or more when the blocks are at least twice the stages, and
             // a rank's microbatches in flight and the last rank's outputs only grow with pp and the
             // microbatches: a rank over the cap here is over it in the plan (the others not simulated)
             const int pp_rank = rank / per_pp_rank;
             if (k == 2 && layers_ >= 2 * stages &&
-                static_cast<double>(sim.memory.peak) + prefetch > r_.memory_cap)
+                static_cast<double>(sim.memory.peak) + prefetch > cap(plan))
                 throw InputError(fmt::format(
                     "pp rank {} needs more than {} > {} per GPU with 2 blocks a stage ({} microbatches a "
                     "round)",
                     pp_rank == P - 1 ? base.pp - 1 : pp_rank,
-                    gib(static_cast<double>(sim.memory.peak) + prefetch), gib(r_.memory_cap), m));
+                    gib(static_cast<double>(sim.memory.peak) + prefetch), gib(cap(plan)), m));
             if (pp_rank == P - 1 && m > sampled && !(widened && v == 1)) {  // (widened 1F1B: widen_pipeline)
                 // the last stage keeps every microbatch's output for the step (StepOutput): its peak
                 // grows with the count, linearly from the sample at twice as many, by the m - sampled
@@ -587,11 +599,12 @@ private:
                 }
                 const int64_t x = layers_ / stages;
                 const double least = at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - 2) + prefetch;
-                if (least > r_.memory_cap)
+                const int P = widened ? 4 : base.pp;  // a middle rank's communicators are the plan's
+                if (const double c = cap(variant(P, 2, sampled_at(P)).first); least > c)
                     throw InputError(fmt::format(
                         "pp rank 1 needs more than {} > {} per GPU with {} blocks a stage, as every middle "
                         "rank ({} microbatches a round)",
-                        gib(least), gib(r_.memory_cap), x, m));
+                        gib(least), gib(c), x, m));
             }
             for (int k : {2, 3})
                 at[k - 2] =
@@ -620,12 +633,15 @@ private:
         cand.prefetch = prefetch;
         const auto worst = std::max_element(costs.peak.begin(), costs.peak.end());
         cand.peak = *worst + cand.prefetch;
-        if (cand.peak > r_.memory_cap) {
-            refusal = Rejection{
-                shape, fmt::format("pp rank {} needs {} > {} per GPU ({} microbatches a round)",
-                                   worst - costs.peak.begin(), gib(cand.peak), gib(r_.memory_cap), m)};
+        cand.reserved = *worst + fragmentation + cand.prefetch;
+        const Plan written = load_plan_text(cand.plan_text, "generated.yaml");
+        if (const double c = cap(written); cand.reserved > c) {
+            refusal =
+                Rejection{shape, fmt::format("pp rank {} needs {} > {} per GPU ({} microbatches a round)",
+                                             worst - costs.peak.begin(), gib(cand.reserved), gib(c), m)};
             return;
         }
+        cand.runtime = runtime(written);
         const PipelineTiming t = time_schedule(
             pipeline_schedule(kind, stages, m, static_cast<int>(rounds), base.virtual_stages), costs);
         double flops = 0;  // the model FLOPs of a rank, averaged over the pp ranks
@@ -649,6 +665,13 @@ private:
 
     const std::string& text_;
     const std::string& name_;
+    // What a plan's tensors may take per GPU: the cap less the runtime's memory on the plan's
+    // neediest rank (plan/device_overheads.h); --memory-cap is the tensors' already.
+    double runtime(const Plan& plan) const {
+        return o_.memory_cap > 0 ? 0 : worst_device_overheads(cluster_, plan).total();
+    }
+    double cap(const Plan& plan) const { return r_.memory_cap - runtime(plan); }
+
     const Cluster& cluster_;
     const SearchOptions& o_;
     const Model full_;

@@ -9,11 +9,12 @@
 // so every rank holds the same sizes. A model with one repeat of L >= 4 blocks is simulated with 2 and 3
 // blocks and its work, collectives and each phase's peak (module pass, blocks named first and last)
 // extrapolated linearly to L, the largest phase giving the peak (checked against full simulations in
-// tests/plan_cases.py). Fitting candidates (peak plus fully_shard's prefetch of the next unit within the
-// memory cap) are ranked by the time model (plan/time_model.h). Pipelines (pp x dp x tp, 1F1B and
-// interleaved 1F1B) join where fewer dp x tp plans fit than listed, or when asked: their stages
-// are sampled and balanced as plan/pipeline_search.h says, their step the schedule's critical
-// path. docs/planning.md.
+// tests/plan_cases.py). Fitting candidates (what PyTorch's caching allocator reserves for the peak,
+// plus fully_shard's prefetch of the next unit, within the GPU's memory less the plan's runtime:
+// plan/device_overheads.h) are ranked by the time model (plan/time_model.h). Pipelines (pp x dp x tp, 1F1B
+// and interleaved 1F1B) join where fewer dp x tp plans fit than listed, or when asked: their stages are
+// sampled and balanced as plan/pipeline_search.h says, their step the schedule's critical path.
+// docs/planning.md.
 #pragma once
 
 #include <optional>
@@ -27,8 +28,10 @@
 namespace ptool {
 
 struct SearchOptions {
-    int world_size = 0;     // 0: the cluster's
-    double memory_cap = 0;  // bytes per GPU; 0: the cluster's memory less its reserve
+    int world_size = 0;  // 0: the cluster's
+    // bytes per GPU for tensors; 0: the cluster's memory less its reserve and each plan's runtime
+    // (plan/device_overheads.h)
+    double memory_cap = 0;
     std::optional<std::string> param_dtype =
         "bfloat16";  // mixed precision; nullopt: compute in the model's dtype
     int max_microbatches = 16;
@@ -47,8 +50,12 @@ struct Candidate {
     int microbatches = 1;        // gradient_accumulation
     int model_microbatches = 1;  // the model file's
     std::string plan_text;
-    double peak = 0;      // bytes per rank: simulated peak + prefetch
+    double peak = 0;  // bytes per rank: simulated peak + prefetch
+    // what PyTorch's caching allocator reserves for them (core/allocator_model.h): the peak plus the
+    // largest excess of reserved over peak in the simulated samples; what must fit
+    double reserved = 0;
     double prefetch = 0;  // fully_shard: the next unit's unsharded parameters, gathered ahead
+    double runtime = 0;   // the runtime's memory on its neediest rank (0 under --memory-cap)
     StepTime time;
     double mfu = 0;
     bool extrapolated = false;

@@ -18,6 +18,11 @@ struct RankMemory {
     // state does not exist before its first step (torch.optim creates it lazily), so a later step's
     // peak can be higher by that state's bytes
     int64_t first_step_peak = 0;
+    // predicted only (train/simulate.h): what PyTorch's caching allocator would reserve at most for
+    // the tensors (core/allocator_model.h), from before the model is built; segments it had to
+    // grant beyond the capacity it was given
+    int64_t reserved_peak = 0;
+    int64_t over_capacity = 0;
 };
 
 }  // namespace ptool

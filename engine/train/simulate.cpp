@@ -11,7 +11,7 @@
 namespace ptool {
 
 RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, int64_t steps,
-                             bool track_phases) {
+                             bool track_phases, size_t allocator_capacity) {
     RunInputs in = base;
     in.device = Device::meta;
     in.init = nullptr;  // meta parameters hold no values
@@ -19,6 +19,7 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
         nullptr;  // nor meta batches: a data file's tensors have the model's batch shapes (DataSource checks)
     SimulatedCommunicator world(rank, plan.world_size());
     auto account = std::make_shared<MemoryAccount>();
+    account->model_allocator(allocator_capacity);
     MemoryScope scope(account);
     Run run(in, plan, world);
     RankSimulation sim;
@@ -45,6 +46,8 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
         if (k == 0) sim.memory.first_step_peak = account->peak();
     }
     sim.memory.peak = account->peak();
+    sim.memory.reserved_peak = account->peak_reserved();
+    sim.memory.over_capacity = account->over_capacity();
     for (int u = 0; u < kMemoryUses; ++u) sim.memory.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
     sim.step_comm = run.counter();
     sim.step_work = meta_work();
@@ -88,11 +91,12 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
 }
 
 std::vector<PredictedRank> predict_ranks(const RunInputs& in, const Model& model, const Plan& plan,
-                                         int64_t steps, unsigned threads) {
+                                         int64_t steps, unsigned threads, size_t allocator_capacity) {
     const std::vector<RankClass> classes = rank_classes(model, plan);
     std::vector<PredictedRank> out(classes.size());
     parallel_for(classes.size(), threads, [&](size_t i) {
-        out[i] = {simulate_rank(in, plan, classes[i].ranks[0], steps), classes[i].ranks};
+        out[i] = {simulate_rank(in, plan, classes[i].ranks[0], steps, false, allocator_capacity),
+                  classes[i].ranks};
     });
     return out;
 }

@@ -41,9 +41,11 @@ struct RankSimulation {
 };
 
 // Steps `steps` steps of `plan` as world rank `rank` on meta tensors. The model comes from
-// in.model_text (in.device is ignored: meta). Throws InputError as a Run would (the lint).
+// in.model_text (in.device is ignored: meta). Throws InputError as a Run would (the lint). Every
+// allocation is replayed through PyTorch's caching allocator (core/allocator_model.h) with
+// `allocator_capacity` bytes (0: unbounded) for memory.reserved_peak.
 RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, int64_t steps,
-                             bool track_phases = false);
+                             bool track_phases = false, size_t allocator_capacity = 0);
 
 // Ranks that hold tensors of the same sizes: `ranks` (world ranks, ascending), represented by the
 // first. Two ranks are in one class when torch.chunk gives them pieces of the same length of every
@@ -62,6 +64,6 @@ struct PredictedRank {
 // Each rank class simulated for `steps` steps, on up to `threads` threads (0: one per core); in
 // class order. `model` is the loaded model (on meta: load it under MetaAllocation).
 std::vector<PredictedRank> predict_ranks(const RunInputs& in, const Model& model, const Plan& plan,
-                                         int64_t steps, unsigned threads = 0);
+                                         int64_t steps, unsigned threads = 0, size_t allocator_capacity = 0);
 
 }  // namespace ptool

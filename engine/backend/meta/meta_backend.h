@@ -15,6 +15,8 @@ struct MetaWork {
     double gemm_flops = 0;       // 2 * M * N * K per GEMM (batched: per batch)
     double recompute_flops = 0;  // the part of gemm_flops run while recomputing (activation checkpointing)
     bool recomputing = false;
+    // a GEMM that stands for an element-wise op (MetaGemmAsElementwise): bytes, not FLOPs
+    bool gemm_as_elementwise = false;
     double memory_bytes = 0;  // bytes every other op reads and writes (its tensors' sizes)
     int64_t kernels = 0;      // ops launched
 };
@@ -25,6 +27,23 @@ MetaWork work_since(const MetaWork& before, const MetaWork& after);
 // Runs `slice` once and counts its work `n` times: n slices of one computation that allocate and free
 // alike (flash attention's heads), so one of them gives the memory peak and n of them the work.
 void meta_repeat(int64_t n, const std::function<void()>& slice);
+
+// While in scope, the calling thread's GEMMs count as the element-wise op they compute: their
+// input's and output's bytes, no FLOPs. RoPE's rotate_half is a product with a signed permutation
+// matrix in ptool (exact, any backend) and a slice-and-concatenate in PyTorch, which no GEMM
+// efficiency describes.
+class MetaGemmAsElementwise {
+public:
+    MetaGemmAsElementwise() : saved_(meta_work().gemm_as_elementwise) {
+        meta_work().gemm_as_elementwise = true;
+    }
+    ~MetaGemmAsElementwise() { meta_work().gemm_as_elementwise = saved_; }
+    MetaGemmAsElementwise(const MetaGemmAsElementwise&) = delete;
+    MetaGemmAsElementwise& operator=(const MetaGemmAsElementwise&) = delete;
+
+private:
+    bool saved_;
+};
 
 Backend& meta_backend();
 

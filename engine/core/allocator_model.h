@@ -1,0 +1,53 @@
+// What PyTorch's CUDA caching allocator would reserve for a rank's tensors: the allocations and
+// frees of a simulated step (core/memory_account.h) replayed, in order, through a CachingAllocator
+// with PyTorch's segment policy (core/caching_allocator.h, SegmentPolicy::pytorch) over a driver
+// that hands out addresses and no memory. The reserved peak is torch.cuda.max_memory_reserved(),
+// what torchtitan reports; its excess over the allocated peak is the allocator's block rounding
+// and fragmentation.
+//
+// With a capacity (the GPU's memory less what is not the allocator's: CUDA context, NCCL buffers)
+// the driver refuses a segment that would cross it, so the allocator gives its cached segments
+// back and retries, as PyTorch does before it raises an out-of-memory error; a second refusal is
+// counted (`over_capacity`) and granted, so that the replay goes on and reports how far over it went.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <unordered_map>
+
+#include "core/caching_allocator.h"
+
+namespace ptool {
+
+class AllocatorModel {
+public:
+    explicit AllocatorModel(size_t capacity = 0);  // 0: no capacity
+    ~AllocatorModel();
+    AllocatorModel(const AllocatorModel&) = delete;
+    AllocatorModel& operator=(const AllocatorModel&) = delete;
+
+    void allocate(const void* key, size_t bytes);  // key: the tensor storage's identity
+    void release(const void* key);                 // a key never allocated (or of 0 bytes) is ignored
+    // Starts over from an empty device with what is live now, allocated again in the order it was:
+    // a run's memory after its model is built, as torchtitan builds it (on meta, then each rank's
+    // shards materialised), without the construction's transients.
+    void restart();
+    size_t reserved() const;
+    size_t peak_reserved() const;
+    int64_t over_capacity() const;  // segments granted beyond the capacity
+
+private:
+    class Driver;
+    struct Live {
+        int64_t order;  // allocation order
+        size_t bytes;
+        void* block;
+    };
+    size_t capacity_;
+    std::unique_ptr<Driver> driver_;
+    std::unique_ptr<CachingAllocator> allocator_;
+    std::unordered_map<const void*, Live> blocks_;
+    int64_t next_order_ = 0;
+};
+
+}  // namespace ptool
