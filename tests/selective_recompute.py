@@ -141,7 +141,9 @@ steps: 2
         e[mode] = explained(llama, plan, tmp)
     if all(e.values()):
         kept = 2 * N * (dim * dim + dim * kv + dim * hidden + hidden * dim)  # q, v, gate, down
-        sdpa = 2 * (2 * 2 * heads * T * T * 8)  # q k^T and p v: B H T^2 hd each
+        # q k^T and p v: B H T^2 hd each, of which a causal flash kernel computes the (T + 1) / 2T
+        # on and below the diagonal
+        sdpa = 2 * (2 * 2 * heads * T * T * 8) * (T + 1) // (2 * T)
         check(recompute_flops(e["full"]) - recompute_flops(e["op"]) == 2 * (kept + sdpa),
               f"llama: full - op recompute {recompute_flops(e['full']) - recompute_flops(e['op'])}, "
               f"expected 2 layers x {kept + sdpa}")

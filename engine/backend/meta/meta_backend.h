@@ -17,6 +17,10 @@ struct MetaWork {
     bool recomputing = false;
     // a GEMM that stands for an element-wise op (MetaGemmAsElementwise): bytes, not FLOPs
     bool gemm_as_elementwise = false;
+    // inside a fused kernel (MetaFusedKernel): the share of its GEMM FLOPs it runs, and no bytes
+    // for the element-wise ops between them (they stay on chip)
+    double gemm_share = 1;
+    bool on_chip = false;
     double memory_bytes = 0;  // bytes every other op reads and writes (its tensors' sizes)
     int64_t kernels = 0;      // ops launched
 };
@@ -43,6 +47,25 @@ public:
 
 private:
     bool saved_;
+};
+
+// While in scope the calling thread's work is one fused kernel's, as FlashAttention runs a head:
+// its GEMMs' FLOPs times `gemm_share` (a causal kernel skips the tiles above the diagonal: (T + 1)
+// / 2T of the T x T products), and the softmax between them costs no memory traffic (its T x T
+// tiles live in on-chip memory).
+class MetaFusedKernel {
+public:
+    explicit MetaFusedKernel(double gemm_share)
+        : saved_share_(meta_work().gemm_share), saved_on_chip_(meta_work().on_chip) {
+        meta_work().gemm_share = gemm_share, meta_work().on_chip = true;
+    }
+    ~MetaFusedKernel() { meta_work().gemm_share = saved_share_, meta_work().on_chip = saved_on_chip_; }
+    MetaFusedKernel(const MetaFusedKernel&) = delete;
+    MetaFusedKernel& operator=(const MetaFusedKernel&) = delete;
+
+private:
+    double saved_share_;
+    bool saved_on_chip_;
 };
 
 Backend& meta_backend();

@@ -4,6 +4,7 @@
 //   o = p @ v  [B*H, T, hd] -> [B, T, dim];  y = o_proj(o)
 // backward: dp = do @ v^T, dv = p^T @ do, ds = softmax'(p, dp) / sqrt(hd), dq = ds @ k, dk = ds^T @ q.
 #include <cmath>
+#include <optional>
 
 #include "backend/meta/meta_backend.h"
 #include "core/tensor_ops.h"
@@ -161,6 +162,12 @@ Tensor reduce_kv(Backend& be, const Tensor& d, int64_t b, int64_t heads, int64_t
     return out;
 }
 
+// explain's share of a flash head's T x T products: a causal kernel skips the tiles above the
+// diagonal, (T + 1) / 2T of them computed (meta's MetaFusedKernel)
+double causal_share(int64_t t) {
+    return t > 0 ? static_cast<double>(t + 1) / static_cast<double>(2 * t) : 1;
+}
+
 // body(i) for each of n head slices; on meta tensors one slice, its work counted n times (each
 // slice allocates and frees alike, and meta computes nothing: the same peak and work, 1/n the time)
 void each_head(int64_t n, const Tensor& like, const std::function<void(int64_t)>& body) {
@@ -247,6 +254,7 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         save({q, k, v, recompute_core_ ? Tensor() : p, heads_kept, kv_heads_kept});
     } else {  // one head at a time: no [B*H, T, T] tensor lives
         o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
+        MetaFusedKernel kernel(causal_ ? causal_share(t) : 1);
         each_head(b * heads, o, [&](int64_t i) {
             Tensor oi = o.narrow(0, i, 1);
             be.gemm(probabilities(be, q, k, i, 1), false, v.narrow(0, i, 1), false, oi);
@@ -272,6 +280,8 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     // eager: every head at once from the kept probabilities (recomputed at once under
     // recompute_core); flash: each head's recomputed
     const int64_t n = flash_ ? 1 : b * heads;
+    std::optional<MetaFusedKernel> kernel;
+    if (flash_) kernel.emplace(causal_ ? causal_share(q.size(1)) : 1);
     each_head(n > 0 ? b * heads / n : 0, q, [&](int64_t slice) {  // (no rows on this rank: none)
         const int64_t i = slice * n;
         Tensor pi = p;
