@@ -1,6 +1,7 @@
 #include "plan/time_model.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/error.h"
 
@@ -24,6 +25,26 @@ bool dim_inside_node(const Plan& plan, const std::string& dim, const Cluster& c)
         if (r / c.gpus_per_node != DeviceMesh::rank_of(first, mesh) / c.gpus_per_node) return false;
     }
     return true;
+}
+
+Link collective_link(const Plan& plan, const std::string& dim, const Cluster& c) {
+    if (dim_inside_node(plan, dim, c)) return c.intra;
+    // rank 0's group: how many of its ranks share rank 0's node (each drives its own NIC)
+    std::vector<int> dims = plan.dims.label_dims(dim);
+    const std::vector<MeshDim>& mesh = plan.mesh();
+    if (dims.empty()) dims.resize(mesh.size()), std::iota(dims.begin(), dims.end(), 0);  // "world"
+    int in_node = 0;
+    for (int r = 0; r < std::min(plan.world_size(), c.gpus_per_node); ++r) {
+        const std::vector<int> coords = DeviceMesh::coords_of(r, mesh);
+        bool member = true;
+        for (size_t d = 0; d < mesh.size(); ++d)
+            if (std::find(dims.begin(), dims.end(), static_cast<int>(d)) == dims.end())
+                member = member && coords[d] == 0;
+        in_node += member;
+    }
+    Link l = c.inter;
+    l.bandwidth = std::min(c.intra.bandwidth, std::max(1, in_node) * c.inter.bandwidth);
+    return l;
 }
 
 double collective_seconds(const std::string& op, double bytes, int64_t calls, int n, const Link& link) {
@@ -62,7 +83,7 @@ void add_comm_time(StepTime& t, const CommByOpDim& comm, const Plan& plan, const
         for (int d : dims) n *= plan.mesh()[d].size;
         const bool inside = dim_inside_node(plan, dim, c);
         const bool p2p = op == "send" || op == "recv";
-        const Link& link = inside ? c.intra : c.inter;
+        const Link link = p2p ? (inside ? c.intra : c.inter) : collective_link(plan, dim, c);
         const double s =
             p2p ? static_cast<double>(totals.bytes) / link.bandwidth + totals.calls * link.latency
                 : collective_seconds(op, static_cast<double>(totals.bytes), totals.calls, n, link);

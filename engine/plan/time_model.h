@@ -45,6 +45,10 @@ struct StepTime {
 
 // Whether every group along mesh dim `dim` of `plan` lies inside one node of `c`.
 bool dim_inside_node(const Plan& plan, const std::string& dim, const Cluster& c);
+// The link a collective along `dim` runs at: the node's (NVLink) inside one; across nodes NCCL
+// runs a ring per NIC (one channel per rail) and every rank of the group in a node drives its own,
+// so the busbw is inter-node's per-GPU bandwidth times the group's ranks per node, at most NVLink's.
+Link collective_link(const Plan& plan, const std::string& dim, const Cluster& c);
 // The ring cost of `calls` collectives `op` moving `bytes` in total over n ranks on `link`.
 double collective_seconds(const std::string& op, double bytes, int64_t calls, int n, const Link& link);
 
