@@ -1,6 +1,7 @@
 // Planning units: rank classes over uneven shards, and the plan search being the same on any
 // number of threads (it simulates candidates in parallel; TSan runs this file).
 #include "plan/search.h"
+#include "plan/time_model.h"
 #include "test_helpers.h"
 #include "train/simulate.h"
 
@@ -170,4 +171,30 @@ TEST_CASE("a plan's gradient_accumulation overrides the model's, for the referen
             "p.yaml:3:24: gradient_accumulation 65537 is over the limit");
     refused("mesh: {pp: 1}\npipeline_parallel: {microbatches: 2, gradient_accumulation: 2}\n",
             "p.yaml:2:61: gradient_accumulation is a top-level key of the plan");
+}
+
+TEST_CASE("a collective across nodes runs at one NIC per rank of its group in a node", "[cpu]") {
+    const Cluster cl = load_cluster_text(
+        "nodes: 8\ngpus_per_node: 8\nmemory_gib: 80\ntflops: {bfloat16: 989}\nmemory_bandwidth_gb_s: 3350\n"
+        "intra_node: {bandwidth_gb_s: 300, latency_us: 3}\ninter_node: {bandwidth_gb_s: 25, latency_us: 8}\n",
+        "c.yaml");
+    const std::string tp = "tensor_parallel: {mesh_dim: tp, plan: {net1: colwise}}\n";
+    auto link = [&](const std::string& plan, const std::string& dim) {
+        return collective_link(load_plan_text(plan, "p.yaml"), dim, cl);
+    };
+    // fully_shard over all 64: 8 ranks of each group in a node, 8 NICs: 200 GB/s
+    CHECK(link("mesh: {dp: 64}\ndata_parallel: {mode: fully_shard}\n", "dp").bandwidth == 200e9);
+    CHECK(link("mesh: {dp: 64}\ndata_parallel: {mode: fully_shard}\n", "dp").latency == 8e-6);
+    // dp 32 x tp 2: 4 dp ranks a node; dp 8 x tp 8: one, a NIC's 25 GB/s; tp 8 inside a node: NVLink
+    const std::string dp_tp = "data_parallel: {mesh_dim: dp, mode: fully_shard}\n" + tp;
+    CHECK(link("mesh: {dp: 32, tp: 2}\n" + dp_tp, "dp").bandwidth == 100e9);
+    CHECK(link("mesh: {dp: 8, tp: 8}\n" + dp_tp, "dp").bandwidth == 25e9);
+    CHECK(link("mesh: {dp: 8, tp: 8}\n" + dp_tp, "tp").bandwidth == 300e9);
+    // never above NVLink's: 16 NICs' worth is capped at the node's 300 GB/s
+    const Cluster wide = load_cluster_text(
+        "nodes: 4\ngpus_per_node: 16\nmemory_gib: 80\ntflops: {bfloat16: 989}\nmemory_bandwidth_gb_s: 3350\n"
+        "intra_node: {bandwidth_gb_s: 300, latency_us: 3}\ninter_node: {bandwidth_gb_s: 25, latency_us: 8}\n",
+        "w.yaml");
+    CHECK(collective_link(load_plan_text("mesh: {dp: 64}\ndata_parallel: {mode: fully_shard}\n", "p.yaml"), "dp", wide)
+              .bandwidth == 300e9);
 }
