@@ -142,5 +142,7 @@ TEST_CASE("a cluster file's runtime is optional, in MiB, and strict", "[cpu]") {
                       Catch::Contains("c.yaml:7:") && Catch::Contains("cuda_context_mb"));
     CHECK_THROWS_WITH(load_cluster_text(base + "runtime: {nccl_mib_per_communicator: -1}\n", "c.yaml"),
                       Catch::Contains("c.yaml:7:") && Catch::Contains("must be in [0"));
+    CHECK_THROWS_WITH(load_cluster_text(base + "runtime: {cuda_context_mib: 81920}\n", "c.yaml"),
+                      Catch::Contains("c.yaml:7:") && Catch::Contains("leave no memory"));
     CHECK_THROWS_WITH(load_cluster_text(base + "runtime: [1]\n", "c.yaml"), Catch::Contains("c.yaml:7:"));
 }

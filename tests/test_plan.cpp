@@ -195,6 +195,7 @@ TEST_CASE("a collective across nodes runs at one NIC per rank of its group in a 
         "nodes: 4\ngpus_per_node: 16\nmemory_gib: 80\ntflops: {bfloat16: 989}\nmemory_bandwidth_gb_s: 3350\n"
         "intra_node: {bandwidth_gb_s: 300, latency_us: 3}\ninter_node: {bandwidth_gb_s: 25, latency_us: 8}\n",
         "w.yaml");
-    CHECK(collective_link(load_plan_text("mesh: {dp: 64}\ndata_parallel: {mode: fully_shard}\n", "p.yaml"), "dp", wide)
+    CHECK(collective_link(load_plan_text("mesh: {dp: 64}\ndata_parallel: {mode: fully_shard}\n", "p.yaml"),
+                          "dp", wide)
               .bandwidth == 300e9);
 }
