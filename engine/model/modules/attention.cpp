@@ -280,7 +280,7 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     // eager: every head at once from the kept probabilities (recomputed at once under
     // recompute_core); flash: each head's recomputed
     const int64_t n = flash_ ? 1 : b * heads;
-    std::optional<MetaFusedKernel> kernel;
+    std::optional<MetaFusedKernel> kernel;  // the heads only: the projections' backward after them is not
     if (flash_) kernel.emplace(causal_ ? causal_share(q.size(1)) : 1);
     each_head(n > 0 ? b * heads / n : 0, q, [&](int64_t slice) {  // (no rows on this rank: none)
         const int64_t i = slice * n;
@@ -301,6 +301,7 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
         be.gemm(ds, false, ki, false, dqi, scale);
         be.gemm(ds, true, qi, false, dki, scale);
     });
+    kernel.reset();
     // backward through the projections in reverse order of their forward calls
     // (tensors a module returned are never written in place: observers may hold them)
     const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};
