@@ -35,7 +35,6 @@ CachingAllocator::~CachingAllocator() {
     }
 }
 
-// The smallest free block of `stream` that serves `size` (see the header's rules), out of the free set.
 size_t CachingAllocator::segment_size(size_t size) const {
     if (policy_ == SegmentPolicy::exact) return size;
     if (size <= kSmall) return kSmallSegment;
@@ -43,6 +42,7 @@ size_t CachingAllocator::segment_size(size_t size) const {
     return (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
 }
 
+// The smallest free block of `stream` that serves `size` (see the header's rules), out of the free set.
 CachingAllocator::Block* CachingAllocator::take_cached(size_t size, uintptr_t stream) {
     const bool small = policy_ == SegmentPolicy::pytorch && size <= kSmall;
     Block key{nullptr, size, stream, small};

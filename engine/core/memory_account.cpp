@@ -93,11 +93,6 @@ void MemoryAccount::model_allocator(size_t capacity) {
     allocator_ = std::make_unique<AllocatorModel>(capacity);
 }
 
-int64_t MemoryAccount::reserved() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return allocator_ ? static_cast<int64_t>(allocator_->reserved()) : 0;
-}
-
 int64_t MemoryAccount::peak_reserved() const {
     std::lock_guard<std::mutex> lock(mu_);
     return allocator_ ? static_cast<int64_t>(allocator_->peak_reserved()) : 0;

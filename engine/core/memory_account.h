@@ -45,10 +45,9 @@ public:
     void charge(const void* key, int64_t bytes, MemoryUse use);
     void credit(const void* key, int64_t bytes, MemoryUse use);
     // Also replay every charge and credit from now through PyTorch's caching allocator
-    // (core/allocator_model.h; capacity 0: none): reserved() and peak_reserved() are then its.
+    // (core/allocator_model.h; capacity 0: none): peak_reserved() and over_capacity() are then its.
     void model_allocator(size_t capacity);
-    int64_t reserved() const;       // 0 without the model
-    int64_t peak_reserved() const;  // since the model started
+    int64_t peak_reserved() const;  // since the model started (0 without it)
     int64_t over_capacity() const;
     int64_t live() const;
     int64_t peak() const;

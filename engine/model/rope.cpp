@@ -54,8 +54,8 @@ Tensor Rope::forward(Backend& be, const Tensor& x) const {
     Tensor rotated = Tensor::empty(x.shape(), x.dtype(), x.device()),
            a = Tensor::empty(x.shape(), x.dtype(), x.device());
     {
-        MetaGemmAsElementwise elementwise;            // explain's work: a copy, not a GEMM
-        be.gemm(x, false, tb.rotate, true, rotated);  // rotate_half(x)
+        MetaKernelScope elementwise({.gemm_as_elementwise = true});  // explain's work: a copy, not a GEMM
+        be.gemm(x, false, tb.rotate, true, rotated);                 // rotate_half(x)
     }
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     be.mul(x, tb.cos, y);
@@ -71,7 +71,7 @@ Tensor Rope::backward(Backend& be, const Tensor& dy) const {
            dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     be.mul(dy, tb.sin, ds);
     be.mul(dy, tb.cos, dx);
-    MetaGemmAsElementwise elementwise;
+    MetaKernelScope elementwise({.gemm_as_elementwise = true});
     be.gemm(ds, false, tb.rotate, false, dx, 1.0, 1.0);  // + (dy * sin) @ M
     return dx;
 }

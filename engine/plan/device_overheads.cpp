@@ -3,16 +3,6 @@
 #include <set>
 
 namespace ptool {
-namespace {
-
-// how far apart in world ranks two neighbouring pp coordinates are (ranks row-major over the mesh)
-int pp_stride(const ParallelDims& dims) {
-    int stride = 1;
-    for (int d = dims.ndim() - 1; d > dims.index(DimRole::pp); --d) stride *= dims.mesh()[d].size;
-    return stride;
-}
-
-}  // namespace
 
 int nccl_communicators(const Plan& plan, int rank) {
     const ParallelDims& dims = plan.dims;
@@ -23,7 +13,7 @@ int nccl_communicators(const Plan& plan, int rank) {
     }
     const int pp = dims.size(DimRole::pp);
     if (pp > 1) {
-        const int s = rank / pp_stride(dims) % pp;
+        const int s = DeviceMesh::coords_of(rank, dims.mesh())[dims.index(DimRole::pp)];
         const bool wraps = plan.pipeline && plan.pipeline->virtual_stages > 1;
         std::set<int> peers;
         for (int peer : {s - 1, s + 1})
@@ -50,11 +40,13 @@ DeviceOverheads worst_device_overheads(const Cluster& cluster, const Plan& plan)
     DeviceOverheads worst = device_overheads(cluster, plan, 0);
     // the communicators differ only along pp: one rank per pp coordinate
     const ParallelDims& dims = plan.dims;
-    if (const int pp = dims.size(DimRole::pp); pp > 1)
-        for (int s = 1; s < pp; ++s)
-            if (DeviceOverheads o = device_overheads(cluster, plan, s * pp_stride(dims));
-                o.total() > worst.total())
-                worst = o;
+    std::vector<int> coords(dims.ndim(), 0);
+    for (int s = 1; s < dims.size(DimRole::pp); ++s) {
+        coords[dims.index(DimRole::pp)] = s;
+        if (DeviceOverheads o = device_overheads(cluster, plan, DeviceMesh::rank_of(coords, dims.mesh()));
+            o.total() > worst.total())
+            worst = o;
+    }
     return worst;
 }
 

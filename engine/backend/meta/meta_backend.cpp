@@ -18,13 +18,13 @@ public:
     std::string name() const override { return "meta (no kernels)"; }
 
     void gemm(const Tensor& a, bool trans_a, const Tensor&, bool, Tensor& c, double, double beta) override {
-        if (t_work.gemm_as_elementwise) return touch({&a, &c, beta != 0 ? &c : nullptr});
+        if (t_work.mode.gemm_as_elementwise) return touch({&a, &c, beta != 0 ? &c : nullptr});
         const int64_t k = trans_a ? a.size(-2) : a.size(-1);
         const double flops =
-            2.0 * static_cast<double>(c.numel()) * static_cast<double>(k) * t_work.gemm_share;
+            2.0 * static_cast<double>(c.numel()) * static_cast<double>(k) * t_work.mode.gemm_share;
         t_work.gemm_flops += flops;
         if (t_work.recomputing) t_work.recompute_flops += flops;
-        if (!t_work.on_chip) ++t_work.kernels;
+        if (!t_work.mode.on_chip) ++t_work.kernels;
     }
     void activation(Activation, const Tensor& x, Tensor& y) override { touch({&x, &y}); }
     void activation_backward(Activation, const Tensor& x, const Tensor& dy, Tensor& dx) override {
@@ -89,7 +89,7 @@ public:
 
 private:
     static void touch(std::initializer_list<const Tensor*> ts) {
-        if (t_work.on_chip) return;  // inside a fused kernel: no traffic, no launch of its own
+        if (t_work.mode.on_chip) return;  // inside a fused kernel: no traffic, no launch of its own
         t_work.memory_bytes += bytes_of(ts);
         ++t_work.kernels;
     }
@@ -114,8 +114,7 @@ void meta_repeat(int64_t n, const std::function<void()>& slice) {
     if (n <= 0) return;
     const MetaWork before = t_work;
     t_work = MetaWork{};  // the counts start at 0; the modes stay
-    t_work.recomputing = before.recomputing, t_work.gemm_as_elementwise = before.gemm_as_elementwise;
-    t_work.gemm_share = before.gemm_share, t_work.on_chip = before.on_chip;
+    t_work.recomputing = before.recomputing, t_work.mode = before.mode;
     slice();
     const MetaWork one = t_work;
     const double k = static_cast<double>(n);

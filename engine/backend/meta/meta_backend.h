@@ -10,17 +10,24 @@
 
 namespace ptool {
 
+// How the meta backend counts what the calling thread runs: a GEMM that stands for an element-wise
+// op (RoPE's rotate_half, a product with a signed permutation matrix in ptool, exact on every
+// backend, and a slice-and-concatenate in PyTorch: bytes, not FLOPs), or the inside of a fused
+// kernel as FlashAttention runs a head (its GEMMs' FLOPs times `gemm_share`: a causal kernel skips
+// the tiles above the diagonal, (T + 1) / 2T of the T x T products; the softmax between them stays
+// in on-chip memory: no bytes, no launches of its own).
+struct MetaKernelMode {
+    bool gemm_as_elementwise = false;
+    double gemm_share = 1;
+    bool on_chip = false;
+};
+
 // What the ops the calling thread ran on the meta backend would cost, since the last reset.
 struct MetaWork {
     double gemm_flops = 0;       // 2 * M * N * K per GEMM (batched: per batch)
     double recompute_flops = 0;  // the part of gemm_flops run while recomputing (activation checkpointing)
     bool recomputing = false;
-    // a GEMM that stands for an element-wise op (MetaGemmAsElementwise): bytes, not FLOPs
-    bool gemm_as_elementwise = false;
-    // inside a fused kernel (MetaFusedKernel): the share of its GEMM FLOPs it runs, and no bytes
-    // for the element-wise ops between them (they stay on chip)
-    double gemm_share = 1;
-    bool on_chip = false;
+    MetaKernelMode mode;      // set by MetaKernelScope
     double memory_bytes = 0;  // bytes every other op reads and writes (its tensors' sizes)
     int64_t kernels = 0;      // ops launched
 };
@@ -32,40 +39,18 @@ MetaWork work_since(const MetaWork& before, const MetaWork& after);
 // alike (flash attention's heads), so one of them gives the memory peak and n of them the work.
 void meta_repeat(int64_t n, const std::function<void()>& slice);
 
-// While in scope, the calling thread's GEMMs count as the element-wise op they compute: their
-// input's and output's bytes, no FLOPs. RoPE's rotate_half is a product with a signed permutation
-// matrix in ptool (exact, any backend) and a slice-and-concatenate in PyTorch, which no GEMM
-// efficiency describes.
-class MetaGemmAsElementwise {
+// The calling thread's kernel mode while in scope, restored after:
+//   MetaKernelScope elementwise({.gemm_as_elementwise = true});
+//   MetaKernelScope flash({.gemm_share = (t + 1.0) / (2 * t), .on_chip = true});
+class MetaKernelScope {
 public:
-    MetaGemmAsElementwise() : saved_(meta_work().gemm_as_elementwise) {
-        meta_work().gemm_as_elementwise = true;
-    }
-    ~MetaGemmAsElementwise() { meta_work().gemm_as_elementwise = saved_; }
-    MetaGemmAsElementwise(const MetaGemmAsElementwise&) = delete;
-    MetaGemmAsElementwise& operator=(const MetaGemmAsElementwise&) = delete;
+    explicit MetaKernelScope(MetaKernelMode mode) : saved_(meta_work().mode) { meta_work().mode = mode; }
+    ~MetaKernelScope() { meta_work().mode = saved_; }
+    MetaKernelScope(const MetaKernelScope&) = delete;
+    MetaKernelScope& operator=(const MetaKernelScope&) = delete;
 
 private:
-    bool saved_;
-};
-
-// While in scope the calling thread's work is one fused kernel's, as FlashAttention runs a head:
-// its GEMMs' FLOPs times `gemm_share` (a causal kernel skips the tiles above the diagonal: (T + 1)
-// / 2T of the T x T products), and the softmax between them costs no memory traffic (its T x T
-// tiles live in on-chip memory).
-class MetaFusedKernel {
-public:
-    explicit MetaFusedKernel(double gemm_share)
-        : saved_share_(meta_work().gemm_share), saved_on_chip_(meta_work().on_chip) {
-        meta_work().gemm_share = gemm_share, meta_work().on_chip = true;
-    }
-    ~MetaFusedKernel() { meta_work().gemm_share = saved_share_, meta_work().on_chip = saved_on_chip_; }
-    MetaFusedKernel(const MetaFusedKernel&) = delete;
-    MetaFusedKernel& operator=(const MetaFusedKernel&) = delete;
-
-private:
-    double saved_share_;
-    bool saved_on_chip_;
+    MetaKernelMode saved_;
 };
 
 Backend& meta_backend();

@@ -162,10 +162,11 @@ Tensor reduce_kv(Backend& be, const Tensor& d, int64_t b, int64_t heads, int64_t
     return out;
 }
 
-// explain's share of a flash head's T x T products: a causal kernel skips the tiles above the
-// diagonal, (T + 1) / 2T of them computed (meta's MetaFusedKernel)
-double causal_share(int64_t t) {
-    return t > 0 ? static_cast<double>(t + 1) / static_cast<double>(2 * t) : 1;
+// How explain counts a flash head (meta's MetaKernelMode): one fused kernel whose softmax stays on
+// chip, computing of its T x T products the (T + 1) / 2T on and below the diagonal when causal
+MetaKernelMode flash_kernel(bool causal, int64_t t) {
+    return {.gemm_share = causal && t > 0 ? static_cast<double>(t + 1) / static_cast<double>(2 * t) : 1,
+            .on_chip = true};
 }
 
 // body(i) for each of n head slices; on meta tensors one slice, its work counted n times (each
@@ -254,7 +255,7 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         save({q, k, v, recompute_core_ ? Tensor() : p, heads_kept, kv_heads_kept});
     } else {  // one head at a time: no [B*H, T, T] tensor lives
         o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
-        MetaFusedKernel kernel(causal_ ? causal_share(t) : 1);
+        MetaKernelScope kernel(flash_kernel(causal_, t));
         each_head(b * heads, o, [&](int64_t i) {
             Tensor oi = o.narrow(0, i, 1);
             be.gemm(probabilities(be, q, k, i, 1), false, v.narrow(0, i, 1), false, oi);
@@ -280,8 +281,8 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     // eager: every head at once from the kept probabilities (recomputed at once under
     // recompute_core); flash: each head's recomputed
     const int64_t n = flash_ ? 1 : b * heads;
-    std::optional<MetaFusedKernel> kernel;  // the heads only: the projections' backward after them is not
-    if (flash_) kernel.emplace(causal_ ? causal_share(q.size(1)) : 1);
+    std::optional<MetaKernelScope> kernel;  // the heads only: the projections' backward after them is not
+    if (flash_) kernel.emplace(flash_kernel(causal_, q.size(1)));
     each_head(n > 0 ? b * heads / n : 0, q, [&](int64_t slice) {  // (no rows on this rank: none)
         const int64_t i = slice * n;
         Tensor pi = p;
