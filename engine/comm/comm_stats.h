@@ -30,6 +30,9 @@ enum class CommSiteKind {
     tied_weights,    // a pipeline's weights tied across stages: their broadcast at construction and
                      // the all_reduce of their gradients
     zero_params,     // ZeRO's all_gather of a bucket's updated parameter shards (CommSite::bucket: which)
+    context_grads,   // context parallel's all_reduce of a parameter's gradient over cp
+    context_kv,      // context parallel's all_gather of an attention's keys and values (and their
+                     // gradients' reduce_scatter)
 };
 
 struct CommSite {

@@ -45,8 +45,10 @@ protected:
 
 private:
     Linear& proj(int i) const { return static_cast<Linear&>(*children()[i].second); }
-    // One head slice [i, i+n) of the batched heads: scores and probabilities.
-    Tensor probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t n) const;
+    // One head slice [i, i+n) of the batched heads: scores and probabilities; `mask` (defined under
+    // context parallelism) is added to each head's scores in place of the causal flag.
+    Tensor probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t n,
+                         const Tensor& mask) const;
     int64_t dim_, heads_, kv_heads_;
     bool causal_, flash_, recompute_core_ = false;
     std::optional<Rope> rope_;

@@ -150,7 +150,7 @@ protected:
     Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
 
 private:
-    Tensor position_ids(const Tensor& x) const;
+    Tensor position_ids(const RunContext& ctx, const Tensor& x) const;
     int64_t positions_, dim_;
 };
 

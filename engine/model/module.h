@@ -37,7 +37,8 @@ enum class Phase { forward, backward };
 const char* phase_name(Phase p);  // "forward", "backward"
 
 class Module;
-class ModuleType;  // model/module_type.h
+class ModuleType;     // model/module_type.h
+struct ContextShard;  // model/context_shard.h
 
 // Per-step state shared by every module during one forward/backward.
 struct RunContext {
@@ -60,6 +61,9 @@ struct RunContext {
     // Which microbatch of the step this forward or backward is (train/schedule.h): what a forward
     // saves is popped by the backward of the same microbatch.
     int microbatch = 0;
+    // Context parallelism: this rank's positions of the sequence and the cp group
+    // (model/context_shard.h); null when the whole sequence is here.
+    const ContextShard* context = nullptr;
 };
 
 // Forward/backward hooks around a module, as PyTorch's module pre-/post-forward hooks; the

@@ -20,7 +20,7 @@ float Rope::inv_freq(int64_t i) const {
     return static_cast<float>((1 - smooth) * f / scaling_.factor + smooth * f);
 }
 
-Rope::Tables Rope::tables(const Tensor& like) const {
+Rope::Tables Rope::tables(const Tensor& like, const std::vector<int64_t>* positions) const {
     const int64_t n = like.size(0), t = like.size(1), half = hd_ / 2;
     const bool meta = like.device() == Device::meta;  // shapes only: the same tensors, no values
     const Device host = meta ? Device::meta : Device::cpu;
@@ -30,7 +30,7 @@ Rope::Tables Rope::tables(const Tensor& like) const {
         // as HF: inv_freq in float32, then position * inv_freq in float32, cos/sin of that
         const float freq = inv_freq(i);
         for (int64_t p = 0; p < t; ++p) {
-            const float angle = static_cast<float>(p) * freq;
+            const float angle = static_cast<float>(positions ? (*positions)[p] : p) * freq;
             for (int64_t k : {i, i + half})
                 c.set(p * hd_ + k, std::cos(angle)), s.set(p * hd_ + k, std::sin(angle));
         }
@@ -48,9 +48,9 @@ Rope::Tables Rope::tables(const Tensor& like) const {
     return out;
 }
 
-Tensor Rope::forward(Backend& be, const Tensor& x) const {
+Tensor Rope::forward(Backend& be, const Tensor& x, const std::vector<int64_t>* positions) const {
     if (x.numel() == 0) return x.clone();
-    const Tables tb = tables(x);
+    const Tables tb = tables(x, positions);
     Tensor rotated = Tensor::empty(x.shape(), x.dtype(), x.device()),
            a = Tensor::empty(x.shape(), x.dtype(), x.device());
     {
@@ -64,9 +64,9 @@ Tensor Rope::forward(Backend& be, const Tensor& x) const {
     return y;
 }
 
-Tensor Rope::backward(Backend& be, const Tensor& dy) const {
+Tensor Rope::backward(Backend& be, const Tensor& dy, const std::vector<int64_t>* positions) const {
     if (dy.numel() == 0) return dy.clone();
-    const Tables tb = tables(dy);
+    const Tables tb = tables(dy, positions);
     Tensor ds = Tensor::empty(dy.shape(), dy.dtype(), dy.device()),
            dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     be.mul(dy, tb.sin, ds);

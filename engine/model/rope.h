@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -29,15 +30,16 @@ public:
     // inv_freq[i] for i < head_dim / 2, with the scaling applied (float32, as HF keeps it).
     float inv_freq(int64_t i) const;
     double theta() const { return theta_; }
-    // x: [N, T, hd] (N = batch x heads), positions 0..T-1 along dim 1.
-    Tensor forward(Backend& be, const Tensor& x) const;
-    Tensor backward(Backend& be, const Tensor& dy) const;
+    // x: [N, T, hd] (N = batch x heads), positions 0..T-1 along dim 1, or `positions` (T of them:
+    // a context-parallel rank's tokens, model/context_shard.h).
+    Tensor forward(Backend& be, const Tensor& x, const std::vector<int64_t>* positions = nullptr) const;
+    Tensor backward(Backend& be, const Tensor& dy, const std::vector<int64_t>* positions = nullptr) const;
 
 private:
     struct Tables {
         Tensor cos, sin, rotate;  // [N, T, hd], [N, T, hd], [hd, hd]
     };
-    Tables tables(const Tensor& like) const;
+    Tables tables(const Tensor& like, const std::vector<int64_t>* positions) const;
     double theta_;
     int64_t hd_;
     RopeScaling scaling_;

@@ -4,6 +4,7 @@
 
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
+#include "parallel/context_parallel.h"
 
 namespace ptool {
 namespace {
@@ -152,6 +153,8 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     for (const ResolvedStyle& rs : res.styles) styles[rs.module] = &rs;
     Shape rows = model.input.shape;  // one dp rank's rows (the batch splits evenly: checked above)
     if (!rows.empty()) rows[0] /= res.dp.size * microbatches;  // and one microbatch's
+    check_context_parallel(model, plan);
+    if (plan.context_parallel) rows[1] /= plan.dims.size(DimRole::cp);  // and one cp rank's positions
     LayoutPassOptions options;
     options.loss_parallel = plan.loss_parallel;
     options.checkpointed = res.checkpointing.checkpointed;

@@ -99,7 +99,10 @@ public:
 
 private:
     static const char* example(const std::string& section) {  // a dim name for the section's role
-        return section == "tensor_parallel" ? "tp" : section == "pipeline_parallel" ? "pp" : "dp";
+        return section == "tensor_parallel"     ? "tp"
+               : section == "pipeline_parallel" ? "pp"
+               : section == "context_parallel"  ? "cp"
+                                                : "dp";
     }
     int index(const std::string& name) const {
         for (size_t d = 0; d < mesh_.size(); ++d)
@@ -549,6 +552,33 @@ void parse_verify(const YamlNode& node, Plan& plan) {
     vm.finish();
 }
 
+// context_parallel: its dim (implicit on a 1-D mesh), the rotation, load balancing
+void parse_context_parallel(const YamlNode& node, Plan& plan, RoleClaims& claims) {
+    YamlMap cm(node, "'context_parallel'");
+    ContextParallelSpec s;
+    s.where = node.where();
+    const std::set<std::string> names = claims.names();
+    if (auto dim = cm.get("mesh_dim"))
+        claims.claim(dim->as_string("'mesh_dim'"), DimRole::cp, *dim, "context_parallel");
+    else if (names.size() == 1)
+        claims.claim(*names.begin(), DimRole::cp, node, "context_parallel");
+    else
+        node.fail(fmt::format("'context_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(),
+                              fmt::join(names, ", ")));
+    if (auto r = cm.get("rotate_method")) {
+        const std::string v = r->as_string("'rotate_method'");
+        s.rotate_where = r->where();
+        if (v == "alltoall")
+            r->fail("rotate_method 'alltoall' (ring attention): ptool does not run it yet; use allgather");
+        if (v != "allgather")
+            r->fail(fmt::format("rotate_method '{}'{}", v, did_you_mean(v, {"allgather", "alltoall"})));
+        s.rotate = RotateMethod::allgather;
+    }
+    s.load_balance = cm.bool_or("load_balance", true);
+    cm.finish();
+    plan.context_parallel = s;
+}
+
 }  // namespace
 
 Plan load_plan_text(const std::string& text, const std::string& path) {
@@ -563,6 +593,7 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
     if (auto dp = m.get("data_parallel"))
         plan.data_parallel = parse_data_parallel(*dp, claims, plan.mixed_precision);
     if (auto pp = m.get("pipeline_parallel")) parse_pipeline(*pp, plan, claims);
+    if (auto cp = m.get("context_parallel")) parse_context_parallel(*cp, plan, claims);
     if (plan.pipeline && plan.data_parallel && plan.data_parallel->zero_stage > 0)
         throw InputError(plan.data_parallel->zero_stage_where,
                          "zero_stage with pipeline_parallel: ptool does not build ZeRO over a pipeline's "

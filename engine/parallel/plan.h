@@ -26,6 +26,10 @@
 //     split_points: [layers.2] # modules that start stages 1.. (or layers_per_stage: N)
 //     schedule: 1f1b           # gpipe | 1f1b | interleaved_1f1b
 //     microbatches: 4          # per round of gradient accumulation; default: the stages
+//   context_parallel:
+//     mesh_dim: cp             # the sequence split over its ranks for the whole model
+//     rotate_method: allgather # how attention sees every key and value (torch's set_rotate_method)
+//     load_balance: true       # 2 x cp chunks, rank i holding chunks i and 2cp-1-i (torch's default)
 //   gradient_accumulation: 4   # the step's rounds, over the model's (the training layout ptool plan chose)
 //   verify: {steps: 2, compare: [output, loss, grad, param], tolerance: {rtol: 1.3e-6, atol: 1e-5}}
 #pragma once
@@ -36,6 +40,7 @@
 
 #include "core/error.h"
 #include "core/tolerance.h"
+#include "model/context_shard.h"
 #include "parallel/activation_checkpointing.h"
 #include "parallel/device_mesh.h"
 #include "parallel/parallel_dims.h"
@@ -112,6 +117,15 @@ struct PipelineSpec {
     SourceLocation where, split_where, microbatches_where;
 };
 
+// context_parallel: the batch's sequence split over the ranks of its dim for the whole model, as
+// torch's context_parallel() and torchtitan's cp run it (model/context_shard.h). Every parameter is
+// replicated over cp and its gradient averaged over cp (summed for a sum loss) after backward.
+struct ContextParallelSpec {
+    RotateMethod rotate = RotateMethod::allgather;
+    bool load_balance = true;
+    SourceLocation where, rotate_where;
+};
+
 struct VerifySpec {
     int64_t steps = 0;  // 0: the model's
     std::vector<std::string> compare = {"output", "loss", "grad", "param"};
@@ -133,8 +147,9 @@ struct Plan {
     bool loss_parallel = false;
     SourceLocation loss_parallel_where;
     std::optional<DataParallelSpec> data_parallel;
-    std::optional<MixedPrecisionSpec> mixed_precision;  // data_parallel.mixed_precision
-    std::optional<PipelineSpec> pipeline;               // its dim is the pp role's
+    std::optional<MixedPrecisionSpec> mixed_precision;    // data_parallel.mixed_precision
+    std::optional<PipelineSpec> pipeline;                 // its dim is the pp role's
+    std::optional<ContextParallelSpec> context_parallel;  // its dim is the cp role's
     // Microbatches per round of gradient accumulation when there is no pipeline (the reference of a
     // pipeline plan computes its microbatches: reference_plan)
     int round_microbatches = 1;

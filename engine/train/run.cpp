@@ -7,6 +7,7 @@
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
 #include "model/loss.h"
+#include "parallel/context_parallel.h"
 #include "parallel/grad_norm.h"
 #include "parallel/loss_parallel.h"
 #include "parallel/redistribute.h"
@@ -102,6 +103,7 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     // a role the plan does not have is a one-rank group, so the same code serves every plan
     solo_ = world.split(world.rank(), 0);
     tp_ = &comm(DimRole::tp);
+    cp_ = &comm(DimRole::cp);
     const std::vector<int>& data = plan.dims.data_dims();
     batch_ = data.empty()       ? solo_.get()
              : data.size() == 1 ? &mesh_->comm(data[0])
@@ -342,10 +344,12 @@ void Run::forward(StepState& st, int s, int m) {
     Inflight& f = st.inflight[{s, m}];
     f.ctx = RunContext{&be_, model_.seed, st.step, true, first, tp_->rank(), tp_->size(), st.observer};
     f.ctx.microbatch = m;
+    if (context_) f.ctx.context = &*context_;
     MemoryUseScope use(MemoryUse::activations);
     const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
     if (s == 0) {
-        const Tensor input = st.batch.input.narrow(0, first, st.mine);
+        Tensor input = st.batch.input.narrow(0, first, st.mine);
+        if (context_) input = context_->take(input, 1);  // this cp rank's positions
         f.in = dtype_is_float(input.dtype()) ? to_dtype(be_, input, compute) : input;
         f.x = redistribute(Placed(f.in), res_.input_placement, *tp_);
     } else {  // what the stage before sent or handed on
@@ -361,7 +365,8 @@ void Run::forward(StepState& st, int s, int m) {
         if (!schedule_.sends_output(s)) st.received[{s + 1, m}] = f.y;
         return;
     }
-    const Tensor target = st.batch.target.defined() ? st.batch.target.narrow(0, first, st.mine) : Tensor();
+    Tensor target = st.batch.target.defined() ? st.batch.target.narrow(0, first, st.mine) : Tensor();
+    if (context_ && target.defined()) target = context_->take(target, 1);
     double scale = 1.0 / static_cast<double>(st.microbatches);
     if (layer_) scale = layer_->loss_scale(scale);
     const Placed& y = f.y;
@@ -511,6 +516,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     st.microbatches = schedule_.microbatches;
     st.rows = b.input.dim() ? b.input.size(0) : 0;
     st.mine = st.rows / st.microbatches / batch_->size();  // this rank's rows of each microbatch
+    if (plan_.context_parallel) context_ = context_shard(plan_, b.input.size(1), *cp_);
     // timed from the batch on the device to the optimizer step's end (the ranks' host-to-device
     // copies of the batch are data loading: at tp=8 on an H100 they were half of a step)
     be_.synchronize();
@@ -544,6 +550,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
                 break;
             case ActionKind::grad_sync:
                 if (mixed_precision_) mixed_precision_->to_masters();
+                sync_context_gradients(params, model_.loss, *cp_);  // nothing without cp
                 if (layer_) layer_->before_gradient_sync(model_, world_);
                 if (data_parallel_)
                     data_parallel_->after_backward();  // once per step (DDP's no_sync on the others)

@@ -11,6 +11,7 @@
 
 #include "core/safetensors.h"
 #include "model/batch.h"
+#include "model/context_shard.h"
 #include "model/loss.h"
 #include "model/optimizer.h"
 #include "parallel/mixed_precision.h"
@@ -113,6 +114,8 @@ public:
     Communicator& comm(DimRole role) const;
     // The group the batch's rows are split over: the data dims flattened (one rank without them).
     Communicator& data_comm() const { return *batch_; }
+    // Context parallel: this rank's positions of the current step's sequence (null without cp).
+    const ContextShard* context() const { return context_ ? &*context_ : nullptr; }
     // Every rank of this rank's pipeline stage (the mesh's dims but pp, flattened in mesh order):
     // the world without pp. Uncounted use only (verification's).
     Communicator& stage_comm() const { return *stage_comm_; }
@@ -199,6 +202,9 @@ private:
     std::unique_ptr<Communicator> solo_;  // the one-rank group of a role the plan does not have
     Communicator* tp_ = nullptr;          // comm(DimRole::tp): the activations' layouts are on it
     Communicator* batch_ = nullptr;
+    Communicator* cp_ = nullptr;  // comm(DimRole::cp): the sequence's group
+    // context parallel: this rank's positions of the step's sequence (nullopt without cp)
+    std::optional<ContextShard> context_;
     std::unique_ptr<MixedPrecision> mixed_precision_;  // the plan's policy, where it casts anything
     std::unique_ptr<Optimizer> optimizer_;
     Device device_;

@@ -5,6 +5,8 @@
 #include <set>
 
 #include "core/tensor_ops.h"
+#include "model/blocks.h"
+#include "model/context_shard.h"
 
 namespace ptool {
 namespace {
@@ -101,6 +103,46 @@ private:
     MicrobatchStack<Layout> layouts_, backward_layouts_;
     MicrobatchStack<Tensor> kept_;
     bool shifted_ = false;
+};
+
+// cp_position_offset and cp_permutation_kept on an attention: its forward and backward (and a
+// recompute's) see a context shard of the fault's making in place of the run's: the positions
+// 0..t-1, or the load-balanced positions with the gather's cp order taken for position order.
+class ContextFaultHooks final : public ModuleHooks {
+public:
+    explicit ContextFaultHooks(FaultKind kind) : kind_(kind) {}
+    Placed pre_forward(RunContext& c, Module&, const Placed& x) override {
+        swap_in(c);
+        return x;
+    }
+    Placed post_forward(RunContext& c, Module&, const Placed& y) override {
+        c.context = real_;
+        return y;
+    }
+    Placed post_forward_backward(RunContext& c, Module&, const Placed& dy) override {
+        swap_in(c);
+        return dy;
+    }
+    Placed pre_forward_backward(RunContext& c, Module&, const Placed& dx) override {
+        c.context = real_;
+        return dx;
+    }
+
+private:
+    void swap_in(RunContext& c) {
+        real_ = c.context;
+        if (!real_ || real_->parts == 1) return;
+        wrong_ = *real_;
+        if (kind_ == FaultKind::cp_position_offset)
+            for (size_t i = 0; i < wrong_.positions.size(); ++i)
+                wrong_.positions[i] = static_cast<int64_t>(i);
+        else
+            wrong_.load_balance = false;  // natural() leaves the gathered keys in cp order
+        c.context = &wrong_;
+    }
+    FaultKind kind_;
+    const ContextShard* real_ = nullptr;
+    ContextShard wrong_;
 };
 
 // sac_stale_output on an op of a region under the op-level selective policy: what it keeps for
@@ -223,6 +265,8 @@ public:
             return;  // each rank keeps its own
         if (fault_.is(FaultKind::pp_tied_unsynced) && site().is(CommSiteKind::tied_weights))
             return;  // each stage keeps the part its own use contributed
+        if (fault_.is(FaultKind::cp_grads_unsynced) && site().is(CommSiteKind::context_grads))
+            return;  // each cp rank keeps its own tokens' gradient
         if (skips_stage_sync()) return;
         if (site().is(CommSiteKind::bucket)) {
             if (skips_bucket()) return;
@@ -243,6 +287,9 @@ public:
             const bool wrong = fault_.hits(FaultKind::zero_wrong_group, module());
             if (wrong && wrong_group_) return wrong_group_->reduce_scatter(in, out, op);
             if (!wrong && !skips_bucket()) return inner_->reduce_scatter(in, out, op);
+        } else if (fault_.hits(FaultKind::cp_kv_grads_local, module()) &&
+                   site().is(CommSiteKind::context_kv)) {
+            // falls through: this rank's positions of its own queries' key and value gradients
         } else if (!(fault_.hits(FaultKind::skip_reduce_scatter, module()) || skips_stage_sync()) ||
                    !site().is(CommSiteKind::reduce_grads)) {
             return inner_->reduce_scatter(in, out, op);
@@ -453,6 +500,11 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
              (fault_.hits(FaultKind::dropout_same_mask, fqn) || fault_.hits(FaultKind::recompute_mask, fqn))))
             m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(*fault_.kind));
     });
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+        if (dynamic_cast<const Attention*>(&m) && (fault_.hits(FaultKind::cp_position_offset, fqn) ||
+                                                   fault_.hits(FaultKind::cp_permutation_kept, fqn)))
+            m.add_outer_hooks(std::make_shared<ContextFaultHooks>(*fault_.kind));
+    });
     if (fault_.is(FaultKind::sac_stale_output))  // every op under the region the fault names
         for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
             if (!m.selective() || !fault_.hits(FaultKind::sac_stale_output, fqn)) return;
@@ -530,6 +582,8 @@ const char* fault_section_name(FaultSection s) {
             return "mixed precision";
         case FaultSection::pipeline:
             return "pipeline parallel";
+        case FaultSection::context:
+            return "context parallel";
     }
     return "";
 }

@@ -56,9 +56,14 @@ enum class FaultKind {
     pp_tied_unsynced,
     pp_clip_stage_norm,
     pp_stage_sync_skipped,
+    // context parallel (MODULE: an attention)
+    cp_position_offset,
+    cp_permutation_kept,
+    cp_kv_grads_local,
+    cp_grads_unsynced,
 };
 
-enum class FaultSection { tensor_parallel, data_parallel, training, mixed_precision, pipeline };
+enum class FaultSection { tensor_parallel, data_parallel, training, mixed_precision, pipeline, context };
 
 struct FaultClass {
     FaultKind kind;
@@ -144,6 +149,17 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::pp_stage_sync_skipped, "pp_stage_sync_skipped", FaultSection::pipeline, "STAGE",
      "the stage's DDP all_reduces / FSDP reduce_scatters of its gradients are skipped (a bucket or unit "
      "that holds them, whole: under interleaved_1f1b a rank's buckets may hold its other stages' too)"},
+    {FaultKind::cp_position_offset, "cp_position_offset", FaultSection::context, "MODULE",
+     "an attention takes its cp rank's tokens at positions 0..t-1 (no offset): RoPE rotates them and the "
+     "causal mask cuts them as the sequence's first tokens"},
+    {FaultKind::cp_permutation_kept, "cp_permutation_kept", FaultSection::context, "MODULE",
+     "load balancing: an attention's gathered keys and values stay in cp order (the permutation not "
+     "inverted) while its mask reads them in position order"},
+    {FaultKind::cp_kv_grads_local, "cp_kv_grads_local", FaultSection::context, "MODULE",
+     "an attention's key and value gradients are not returned to the cp ranks that hold those positions "
+     "(each keeps its own queries' part of its own keys and values)"},
+    {FaultKind::cp_grads_unsynced, "cp_grads_unsynced", FaultSection::context, "*",
+     "the parameters' gradients are not averaged over cp (each rank steps with its own tokens' gradient)"},
 };
 
 const FaultClass& fault_class(FaultKind k);

@@ -5,6 +5,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "comm/dim_collectives.h"
 #include "core/tensor_ops.h"
 #include "model/batch.h"
 #include "model/optimizer.h"
@@ -136,9 +137,15 @@ public:
         return t;
     }
 
-    // An activation's: whole on the tp dim by its layout, then every data rank's rows.
+    // An activation's: whole on the tp dim by its layout, then every cp rank's positions (in
+    // position order), then every data rank's rows.
     Tensor gather(const Placed& x) {
-        const Tensor t = full_tensor(x.t, x.p, x.global, tp());
+        Tensor t = full_tensor(x.t, x.p, x.global, tp());
+        if (const ContextShard* cp = context()) {
+            Shape whole = t.shape();
+            whole[1] = cp->seq;
+            t = cp->natural(all_gather_dim(t, 1, whole, *cp->comm), 1);
+        }
         return data_.size() > 1 ? full_tensor(t, Placement::shard(0),
                                               global_shape(t.shape(), Placement::shard(0), data_), data_)
                                 : t;
@@ -212,8 +219,9 @@ public:
         if (!opt_.events) return nullptr;
         // under data parallel a mean loss over each rank's rows makes activation gradients dp times
         // the reference's (DDP's average puts the parameter gradients right): scaled for comparison
-        const double scale =
-            data_.size() > 1 && run_.model().loss != LossKind::sum ? 1.0 / data_.size() : 1.0;
+        // (and under context parallel a mean over each rank's positions: cp times)
+        const int ranks = data_.size() * run_.comm(DimRole::cp).size();
+        const double scale = ranks > 1 && run_.model().loss != LossKind::sum ? 1.0 / ranks : 1.0;
         auto calls =
             std::make_shared<std::map<std::string, int>>();  // this step's events so far, by key less call
         event_index_.clear();
@@ -239,8 +247,9 @@ public:
                 } else if (const ModuleEvent* ref = reference_event(sr.step, key);
                            ref && ref->full.defined()) {
                     const Tensor mine = as_reference(on_host(x.t));
-                    queue_diff(Target::event, key,
-                               piece(mine, ref->full, activation_box(ref->full.shape(), x), opt_.tol));
+                    queue_diff(
+                        Target::event, key,
+                        piece(mine, in_cp_order(ref->full), activation_box(ref->full.shape(), x), opt_.tol));
                 }
                 if (rank0_) add_event(sr, std::move(e));
                 return;
@@ -275,10 +284,11 @@ public:
             // each rank's output rows and loss are its own: gathered and combined as the global batch's
             record_output(sr, s + "output", out.outputs, last_step);
             Tensor loss = Tensor::scalar(out.loss, DType::float64).reshape({1});
-            if (data_.size() > 1)
-                data_.all_reduce(loss, run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg);
+            const ReduceOp combine = run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg;
+            if (data_.size() > 1) data_.all_reduce(loss, combine);
+            if (Communicator& cp = run_.comm(DimRole::cp); cp.size() > 1) cp.all_reduce(loss, combine);
             record(sr, s + "loss", Tensor::scalar(loss.item(0), run_.model().dtype), {}, false, last_step);
-            if (data_.size() > 1)
+            if (data_.size() > 1 || run_.comm(DimRole::cp).size() > 1)
                 note_state(sr, s + "loss", ReplicaState::sharded);  // combined from each rank's own
             if (run_.model().clip_grad_norm >
                 0)  // what clip_grad_norm_ returns: a scale of every gradient shows here
@@ -510,13 +520,27 @@ private:
         queue(Target::digest, name, std::move(words));
     }
 
-    // An activation's placements: every data rank's rows (the data dims flattened), then its layout
-    // on the tp dim (x.global: this data rank's rows).
+    // An activation's placements: every data rank's rows (the data dims flattened), then each cp
+    // rank's positions (a whole tensor taken in cp order: in_cp_order), then its layout on the tp
+    // dim (x.global: this data and cp rank's).
     Placements activation_placements(const Placed& x) const {
         Placements pl;
         for (int d : run_.dims().data_dims()) pl.then(d, Placement::shard(0));
+        if (context()) pl.then(run_.dims().index(DimRole::cp), Placement::shard(1));
         if (run_.dims().has(DimRole::tp)) pl.then(run_.dims().index(DimRole::tp), x.p);
         return pl;
+    }
+
+    const ContextShard* context() const {
+        const ContextShard* cp = run_.context();
+        return cp && cp->parts > 1 ? cp : nullptr;
+    }
+
+    // A whole activation (the reference's, in position order) in cp order: each cp rank's
+    // positions are then its Shard(1) chunk (model/context_shard.h). Itself without load balancing.
+    Tensor in_cp_order(const Tensor& whole) const {
+        const ContextShard* cp = context();
+        return cp && cp->load_balance && whole.dim() > 1 ? cp->cp_ordered(whole, 1) : whole;
     }
 
     // An activation's box: every data rank's rows, then its layout on the tp dim.
@@ -745,7 +769,7 @@ private:
             const Box b = activation_box(ref->full.shape(), d.x);
             queue_diff(Target::event, d.key,
                        d.shape != b.shape ? bad_shape()
-                       : b.owner          ? piece(d.x.t, ref->full, b, opt_.tol)
+                       : b.owner          ? piece(d.x.t, in_cp_order(ref->full), b, opt_.tol)
                                           : DiffPiece{});
         }
         deferred_.clear();

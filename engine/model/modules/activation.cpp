@@ -1,6 +1,7 @@
 // Parameter-free elementwise modules (relu, gelu, silu, tanh, identity) and dropout.
 #include "core/rng.h"
 #include "core/tensor_ops.h"
+#include "model/context_shard.h"
 #include "model/layers.h"
 #include "model/module_type.h"
 
@@ -119,13 +120,20 @@ Tensor Dropout::mask(const RunContext& ctx, const Placed& x) const {
         offset[d] = chunk_of(x.global[d], ctx.tp_parts, ctx.tp_rank).offset;
     }
     if (nd > 0) offset[0] += ctx.row_offset;
-    for (int64_t d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * x.global[d + 1];
+    // under context parallelism dim 1 is this rank's positions of the sequence (model/context_shard.h)
+    const std::vector<int64_t>* positions = ctx.context && nd > 1 ? &ctx.context->positions : nullptr;
+    std::vector<int64_t> whole = x.global;
+    if (positions) whole[1] = ctx.context->seq;
+    for (int64_t d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * whole[d + 1];
     Tensor m(local, x.t.dtype());  // drawn on the host (the counter RNG is host code), then moved
     const double keep_scale = 1.0 / (1.0 - p_);
     std::vector<int64_t> idx(local.size(), 0);
     for (int64_t i = 0, n = m.numel(); i < n; ++i) {
         int64_t global = 0;
-        for (int64_t d = 0; d < nd; ++d) global += (idx[d] + offset[d]) * stride[d];
+        for (int64_t d = 0; d < nd; ++d)
+            global += (d == 1 && positions ? (*positions)[static_cast<size_t>(idx[1] + offset[1])]
+                                           : idx[d] + offset[d]) *
+                      stride[d];
         m.set(i, rng.uniform(static_cast<uint64_t>(global)) < p_ ? 0.0 : keep_scale);
         for (int64_t d = nd - 1; d >= 0 && ++idx[d] == local[d]; --d) idx[d] = 0;  // the next local element
     }

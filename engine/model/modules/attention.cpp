@@ -7,8 +7,12 @@
 #include <optional>
 
 #include "backend/meta/meta_backend.h"
+#include "comm/comm_stats.h"
+#include "comm/communicator.h"
+#include "comm/dim_collectives.h"
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
+#include "model/context_shard.h"
 #include "model/module_type.h"
 
 namespace ptool {
@@ -176,6 +180,32 @@ void each_head(int64_t n, const Tensor& like, const std::function<void(int64_t)>
     for (int64_t i = 0; i < n; ++i) body(i);
 }
 
+// Context parallelism (model/context_shard.h), allgather rotation: every rank's keys or values
+// [N, t, hd] gathered along the sequence into position order [N, T, hd] ...
+Tensor gather_sequence(const ContextShard& cp, const Tensor& x) {
+    const Shape whole{x.size(0), cp.seq, x.size(2)};
+    return cp.natural(all_gather_dim(x, 1, whole, *cp.comm), 1);
+}
+
+// ... and its adjoint: each rank's gradients of the whole sequence's keys or values summed, this
+// rank's positions kept (a reduce_scatter along the sequence).
+Tensor scatter_sequence(const ContextShard& cp, const Tensor& dx) {
+    return reduce_scatter_dim(cp.cp_ordered(dx, 1), 1, *cp.comm);
+}
+
+// The causal mask of this rank's queries against the whole sequence's keys (position order):
+// [1, t, T], 0 where key j <= the query's position, -inf above. Whole sequences need none (the
+// softmax's own causal flag, bitwise as before).
+Tensor causal_mask(const ContextShard& cp, const Tensor& like) {
+    const int64_t t = cp.local(), n = cp.seq;
+    if (like.device() == Device::meta) return Tensor::empty({1, t, n}, like.dtype(), Device::meta);
+    Tensor m({1, t, n}, like.dtype());
+    for (int64_t i = 0; i < t; ++i)
+        for (int64_t j = 0; j < n; ++j)
+            m.set(i * n + j, j <= cp.positions[static_cast<size_t>(i)] ? 0.0 : -INFINITY);
+    return like.device() == Device::cpu ? m : m.to_device(like.device());
+}
+
 }  // namespace
 
 Layout Attention::layout(LayoutVisitor& v, const Layout& in) const {
@@ -210,12 +240,18 @@ Layout Attention::layout(LayoutVisitor& v, const Layout& in) const {
     return v.call(proj(3), Layout{{q.global[0], q.global[1], dim_}, q.p});
 }
 
-Tensor Attention::probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t n) const {
-    const int64_t t = q.size(1), hd = q.size(2);
-    Tensor s = Tensor::empty({n, t, t}, q.dtype(), q.device());
+Tensor Attention::probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t n,
+                                const Tensor& mask) const {
+    const int64_t t = q.size(1), keys = k.size(1), hd = q.size(2);
+    Tensor s = Tensor::empty({n, t, keys}, q.dtype(), q.device());
     be.gemm(q.narrow(0, i, n), false, k.narrow(0, i, n), true, s, 1.0 / std::sqrt(static_cast<double>(hd)));
+    if (mask.defined())  // a context-parallel rank's queries: masked by position
+        for (int64_t h = 0; h < n; ++h) {
+            Tensor sh = s.narrow(0, h, 1);
+            be.add(sh, mask, sh);
+        }
     Tensor p = empty_like(s);
-    be.softmax(s, causal_, p);
+    be.softmax(s, causal_ && !mask.defined(), p);
     return p;
 }
 
@@ -232,12 +268,21 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     PTOOL_REQUIRE(heads * hd == q_flat.t.size(-1) && kv_heads * hd == k_flat.t.size(-1),
                   "attention '{}': partial heads", fqn());
     Tensor q = split_heads(be, q_flat.t, heads);  // [B*H, T, hd]
-    Tensor k_heads = split_heads(be, k_flat.t, kv_heads);
+    Tensor k_heads = split_heads(be, k_flat.t, kv_heads), v_heads = split_heads(be, v_flat.t, kv_heads);
+    // under context parallelism this rank holds some positions of the sequence (q, and the keys
+    // and values it contributes); attention needs every key and value (allgather rotation)
+    const ContextShard* cp = ctx.context && ctx.context->parts > 1 ? ctx.context : nullptr;
+    const std::vector<int64_t>* positions = ctx.context ? &ctx.context->positions : nullptr;
     if (rope_)
-        q = rope_->forward(be, q),
-        k_heads = rope_->forward(be, k_heads);  // before the kv heads are shared, as HF
+        q = rope_->forward(be, q, positions),
+        k_heads = rope_->forward(be, k_heads, positions);  // before the kv heads are shared, as HF
+    if (cp) {
+        CommScope scope(cp->comm->counter().get(), fqn(), {CommSiteKind::context_kv});
+        k_heads = gather_sequence(*cp, k_heads), v_heads = gather_sequence(*cp, v_heads);
+    }
+    const Tensor mask = cp && causal_ ? causal_mask(*cp, q) : Tensor();
     Tensor k = expand_kv(be, k_heads, b, heads, kv_heads);
-    Tensor v = expand_kv(be, split_heads(be, v_flat.t, kv_heads), b, heads, kv_heads);
+    Tensor v = expand_kv(be, v_heads, b, heads, kv_heads);
     const Tensor heads_kept = Tensor::scalar(static_cast<double>(heads), DType::float64),
                  kv_heads_kept = Tensor::scalar(static_cast<double>(kv_heads), DType::float64);
     // SDPA's flash kernel is one op the op-level selective policy keeps; eager attention's bmm and
@@ -249,16 +294,16 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         save({q, k, v, Tensor(), heads_kept, kv_heads_kept});
     } else if (!flash_) {
         o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
-        const Tensor p = probabilities(be, q, k, 0, b * heads);
+        const Tensor p = probabilities(be, q, k, 0, b * heads, mask);
         be.gemm(p, false, v, false, o);
         // recompute_core (Megatron's selective recompute): the probabilities are recomputed in backward
         save({q, k, v, recompute_core_ ? Tensor() : p, heads_kept, kv_heads_kept});
     } else {  // one head at a time: no [B*H, T, T] tensor lives
         o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
-        MetaKernelScope kernel(flash_kernel(causal_, t));
+        MetaKernelScope kernel(flash_kernel(causal_, k.size(1)));
         each_head(b * heads, o, [&](int64_t i) {
             Tensor oi = o.narrow(0, i, 1);
-            be.gemm(probabilities(be, q, k, i, 1), false, v.narrow(0, i, 1), false, oi);
+            be.gemm(probabilities(be, q, k, i, 1, mask), false, v.narrow(0, i, 1), false, oi);
         });
         save({q, k, v, Tensor(), heads_kept, kv_heads_kept});
         if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, o);
@@ -281,15 +326,18 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     // eager: every head at once from the kept probabilities (recomputed at once under
     // recompute_core); flash: each head's recomputed
     const int64_t n = flash_ ? 1 : b * heads;
+    const ContextShard* cp = ctx.context && ctx.context->parts > 1 ? ctx.context : nullptr;
+    const std::vector<int64_t>* positions = ctx.context ? &ctx.context->positions : nullptr;
+    const Tensor mask = cp && causal_ && !p.defined() ? causal_mask(*cp, q) : Tensor();
     std::optional<MetaKernelScope> kernel;  // the heads only: the projections' backward after them is not
-    if (flash_) kernel.emplace(flash_kernel(causal_, q.size(1)));
+    if (flash_) kernel.emplace(flash_kernel(causal_, k.size(1)));
     each_head(n > 0 ? b * heads / n : 0, q, [&](int64_t slice) {  // (no rows on this rank: none)
         const int64_t i = slice * n;
         Tensor pi = p;
         if (!p.defined()) {  // recomputed: the meta backend counts its FLOPs as recompute, not the model's
             const bool was = meta_work().recomputing;
             meta_work().recomputing = true;
-            pi = probabilities(be, q, k, i, n);
+            pi = probabilities(be, q, k, i, n, mask);
             meta_work().recomputing = was;
         }
         const Tensor d_oi = d_o.narrow(0, i, n), vi = v.narrow(0, i, n), ki = k.narrow(0, i, n),
@@ -306,10 +354,13 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     // backward through the projections in reverse order of their forward calls
     // (tensors a module returned are never written in place: observers may hold them)
     const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};
-    const Placed dx_v = proj(2).backward(
-        ctx, {merge_heads(be, reduce_kv(be, dv, b, heads, kv_heads), b, kv_heads), d_out.p, kv_global});
-    Tensor dk_heads = reduce_kv(be, dk, b, heads, kv_heads);
-    if (rope_) dq = rope_->backward(be, dq), dk_heads = rope_->backward(be, dk_heads);
+    Tensor dv_heads = reduce_kv(be, dv, b, heads, kv_heads), dk_heads = reduce_kv(be, dk, b, heads, kv_heads);
+    if (cp) {  // every rank's queries' gradients of this rank's keys and values
+        CommScope scope(cp->comm->counter().get(), fqn(), {CommSiteKind::context_kv});
+        dv_heads = scatter_sequence(*cp, dv_heads), dk_heads = scatter_sequence(*cp, dk_heads);
+    }
+    const Placed dx_v = proj(2).backward(ctx, {merge_heads(be, dv_heads, b, kv_heads), d_out.p, kv_global});
+    if (rope_) dq = rope_->backward(be, dq, positions), dk_heads = rope_->backward(be, dk_heads, positions);
     const Placed dx_k = proj(1).backward(ctx, {merge_heads(be, dk_heads, b, kv_heads), d_out.p, kv_global});
     const Placed dx_q = proj(0).backward(ctx, {merge_heads(be, dq, b, heads), d_out.p, q_global});
     Tensor dx = empty_like(dx_v.t);

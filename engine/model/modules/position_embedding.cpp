@@ -1,6 +1,7 @@
 // position_embedding: GPT-2's learned absolute positions (HF's `wpe`, an nn.Embedding over
 // position ids 0..T-1 added to the token embeddings): y = x + weight[0:T].
 #include "core/tensor_ops.h"
+#include "model/context_shard.h"
 #include "model/layers.h"
 #include "model/module_type.h"
 
@@ -59,17 +60,20 @@ void PositionEmbedding::init_params(uint64_t seed) {
     init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), 1.0);
 }
 
-// The position id of every (row, t) of x: t.
-Tensor PositionEmbedding::position_ids(const Tensor& x) const {
+// The position id of every (row, t) of x: t, or under context parallelism t's global position.
+Tensor PositionEmbedding::position_ids(const RunContext& ctx, const Tensor& x) const {
     const Shape ids_shape{x.size(0), x.size(1)};
     if (x.device() == Device::meta) return Tensor::empty(ids_shape, DType::int64, Device::meta);
     Tensor ids(ids_shape, DType::int64);
-    for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = i % x.size(1);
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+        const int64_t t = i % x.size(1);
+        ids.data<int64_t>()[i] = ctx.context ? ctx.context->positions[static_cast<size_t>(t)] : t;
+    }
     return x.device() == Device::cpu ? ids : ids.to_device(x.device());
 }
 
 Tensor PositionEmbedding::forward_impl(RunContext& ctx, const Tensor& x) {
-    const Tensor ids = position_ids(x);
+    const Tensor ids = position_ids(ctx, x);
     Tensor e = empty_like(x), y = empty_like(x);
     ctx.backend->embedding(ids, param("weight")->value, e);
     ctx.backend->add(x, e, y);
