@@ -199,7 +199,8 @@ with tempfile.TemporaryDirectory() as tmp:
     # in bf16 mixed precision, HSDP and HSDP x TP: HYBRID_SHARD's gradient is the average over the whole
     # data group, which is what PyTorch's one-device step computes for the mean loss; selective
     # activation checkpointing (op level, Megatron's core attention, every second layer) recomputes
-    # the values the one-device step kept)
+    # the values the one-device step kept; context parallel: torch's one-device step over the whole
+    # sequence is the oracle of the cp ranks' shards, as for every other dim)
     # (and the pipeline plans of tests/data/pipeline, each naming its model: torch's reference is the
     # one-device loop over the same G x microbatches microbatches, as torch.distributed.pipelining's
     # tests hold a pipeline to; the GPT-2 one's dropout masks drawn as for gpt2_tied_tp_sp)
@@ -209,7 +210,8 @@ with tempfile.TemporaryDirectory() as tmp:
         ("llama_rope", "llama_rope_fsdp_tp_ac"), ("llama_rope", "llama_rope_ddp_tp_bf16"),
         ("mlp_stacked_adamw", "mlp_stacked_hsdp"), ("mlp_stacked_adamw", "mlp_stacked_hsdp_tp"),
         ("hf_tiny_llama31", "hf_tiny_llama31_fsdp_tp_sac"), ("gpt2_tied", "gpt2_tied_ddp_core_attn"),
-        ("llama_rope", "llama_rope_tp_sp_ac_every2"))]
+        ("llama_rope", "llama_rope_tp_sp_ac_every2"), ("llama_rope", "llama_rope_cp2"),
+        ("llama_rope", "llama_rope_cp4"), ("llama_rope", "llama_rope_fsdp_cp"), ("llama_rope", "llama_rope_cp_tp"))]
     pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
     check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")
     cases += [(re.search(r"(tests/data/)?models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]

@@ -47,6 +47,10 @@ boundary inside one rank (pp 1: the stages hand over in memory, no send), nor pp
 a weight whose stages are all on one rank (they share its one parameter: there is no group).
   pp_clip_stage_norm     first divergence is a step-0 gradient or the step-0 gradient norm
   pp_stage_sync_skipped  a step-0 gradient of stage S fails
+  cp_position_offset     first divergence is a step-0 forward inside the attention
+  cp_permutation_kept    (load-balanced plans) first divergence is a step-0 forward inside the attention
+  cp_kv_grads_local      first divergence is a step-0 backward inside the attention (its k/v projections)
+  cp_grads_unsynced      first divergence is a step-0 gradient
 """
 import glob
 import json
@@ -149,11 +153,29 @@ def mutants(ex, model, plan):
                 yield ("skip_replicate_all_reduce", f"skip_replicate_all_reduce:{unit}", grad_fails(*u["params"]))
     yield from training_mutants(ex, first_div, grad_fails)
     yield from pipeline_mutants(ex, model, plan, grad_fails)
+    yield from context_mutants(ex, first_div)
+
+
+def context_mutants(ex, first_div):
+    """The context parallel classes, on a plan whose cp dim has more than one rank: each attention's
+    positions and key/value gradients, the load-balancing permutation, the gradients' average."""
+    cp = ex.get("context_parallel")
+    if not cp or cp["cp"] < 2:
+        return
+    for c in ex["calls"]:
+        if c["type"] != "attention":
+            continue
+        fqn = c["fqn"]
+        yield ("cp_position_offset", f"cp_position_offset:{fqn}", first_div(f"step 0 forward `{fqn}."))
+        if cp["load_balance"]:
+            yield ("cp_permutation_kept", f"cp_permutation_kept:{fqn}", first_div(f"step 0 forward `{fqn}."))
+        yield ("cp_kv_grads_local", f"cp_kv_grads_local:{fqn}", first_div(f"step 0 backward `{fqn}."))
+    yield ("cp_grads_unsynced", "cp_grads_unsynced:*", first_div("step 0 gradient of"))
 
 
 def training_mutants(ex, first_div, grad_fails):
     """The training configurations' fault classes (ptool's verify/faults.h)."""
-    world = ex["tp"] * ex["dp"]
+    world = ex["tp"] * ex["dp"] * ((ex.get("context_parallel") or {}).get("cp") or 1)
     calls = ex.get("calls", [])
     ignored = set(ex["ignored_params"])
     # one rank's gradient 0.1% off: the head's weight and a weight in the middle of the model. Not

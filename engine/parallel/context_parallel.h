@@ -6,6 +6,7 @@
 // for a sum loss), as torchtitan's FSDP over dp_shard x cp averages them.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,8 +25,9 @@ void check_context_parallel(const Model& model, const Plan& plan);
 // This rank's positions of a sequence of `seq` tokens on the cp group `cp` (one rank: all of them).
 ContextShard context_shard(const Plan& plan, int64_t seq, Communicator& cp);
 
-// After backward: each gradient averaged over cp (summed for a sum loss), in place.
+// After backward: each gradient averaged over cp (summed for a sum loss), in place, but those
+// `reduced` says were (fully_shard over dp_shard x cp averaged them in its reduce_scatter).
 void sync_context_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params, LossKind loss,
-                            Communicator& cp);
+                            Communicator& cp, const std::function<bool(const Parameter*)>& reduced);
 
 }  // namespace ptool

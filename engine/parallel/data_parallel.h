@@ -87,7 +87,8 @@ public:
     bool ignored(const std::string& param_fqn) const { return res_.ignored_params.count(param_fqn) > 0; }
     // Shard(0) for the parameters fully_shard manages, Replicate otherwise.
     Placement placement(const Parameter* p) const;
-    // The mesh dim fully_shard shards on (dp_shard, or a replicate() dim with fully_shard units).
+    // The mesh dim fully_shard shards on (dp_shard, or a replicate() dim with fully_shard units);
+    // under context parallel it shards over that dim and cp flattened (ParallelDims::cp_shards_params).
     int shard_dim() const { return shard_dim_; }
 
     void before_forward();  // broadcast_buffers: dp rank 0's buffers to every rank

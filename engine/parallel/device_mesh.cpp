@@ -39,6 +39,7 @@ int DeviceMesh::add_group(const std::vector<int>& dims, const std::string& label
     for (int d : dims) others[d] = 0, key = key * dims_[d].size + coords_[d], size *= dims_[d].size;
     groups_.push_back(world_.split_known(rank_of(others, dims_), key, key, size));
     groups_.back()->set_counter(counter_, label);
+    if (wrap_groups_) groups_.back() = wrap_groups_(std::move(groups_.back()));
     return static_cast<int>(groups_.size()) - 1;
 }
 
@@ -48,8 +49,7 @@ int DeviceMesh::dim_index(const std::string& name) const {
     return -1;
 }
 
-void DeviceMesh::wrap(
-    int dim, const std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>& wrap) {
+void DeviceMesh::wrap(int dim, const Wrapper& wrap) {
     comms_[dim] = wrap(std::move(comms_[dim]));
 }
 

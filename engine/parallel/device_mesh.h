@@ -38,9 +38,11 @@ public:
     // under `label`. Collective over world. Returns its index for group().
     int add_group(const std::vector<int>& dims, const std::string& label);
     Communicator& group(int index) const { return *groups_[index]; }
+    using Wrapper = std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>;
     // Replaces dim `dim`'s communicator with wrap(it) (a decorator that owns it: fault injection).
-    void wrap(int dim,
-              const std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>& wrap);
+    void wrap(int dim, const Wrapper& wrap);
+    // Wraps every group add_group makes from now on (fully_shard's over dp_shard x cp).
+    void wrap_groups(Wrapper wrap) { wrap_groups_ = std::move(wrap); }
 
     static std::vector<int> coords_of(int rank, const std::vector<MeshDim>& dims);
     static int rank_of(const std::vector<int>& coords, const std::vector<MeshDim>& dims);
@@ -51,6 +53,7 @@ private:
     std::shared_ptr<CommCounter> counter_;
     std::vector<int> coords_;
     std::vector<std::unique_ptr<Communicator>> comms_, groups_;
+    Wrapper wrap_groups_;
 };
 
 }  // namespace ptool

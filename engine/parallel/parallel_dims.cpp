@@ -1,5 +1,7 @@
 #include "parallel/parallel_dims.h"
 
+#include <algorithm>
+
 namespace ptool {
 
 const char* dim_role_name(DimRole r) {
@@ -73,13 +75,26 @@ std::vector<int> ParallelDims::label_dims(const std::string& label) const {
     for (int d = 0; d < ndim(); ++d)
         if (mesh_[d].name == label) return {d};
     if (!data_dims_.empty() && label == data_label()) return data_dims_;
-    return {};
+    // a flattened group's: its dims' names joined by '+' (fully_shard over dp_shard x cp: "dp+cp")
+    std::vector<int> out;
+    for (size_t at = 0; at <= label.size();) {
+        const size_t plus = std::min(label.find('+', at), label.size());
+        const std::string name = label.substr(at, plus - at);
+        int found = -1;
+        for (int d = 0; d < ndim(); ++d)
+            if (mesh_[d].name == name) found = d;
+        if (found < 0) return {};
+        out.push_back(found);
+        at = plus + 1;
+    }
+    return out;
 }
 
 std::vector<int> ParallelDims::param_nesting() const {
     std::vector<int> out;
     if (has(DimRole::tp)) out.push_back(index(DimRole::tp));
     out.insert(out.end(), data_dims_.begin(), data_dims_.end());  // fully_shard: the tp piece's rows
+    if (cp_shards_params_) out.push_back(index(DimRole::cp));     // and those rows over cp
     return out;
 }
 

@@ -64,6 +64,11 @@ public:
     // (fully_shard cuts the tp piece's rows over the dim it shards on: dp_shard, or a replicate()
     // dim that also has fully_shard units). A parameter's Placements nest in this order.
     std::vector<int> param_nesting() const;
+    // Context parallel under fully_shard: the cp ranks join the shard group for parameters, as
+    // torchtitan's dp_shard_cp mesh (fully_shard over dp_shard x cp flattened; the cp dim then
+    // cuts a fully_shard parameter's rows after the data dims, and param_nesting lists it last).
+    void set_cp_shards_params(bool on) { cp_shards_params_ = on && has(DimRole::cp); }
+    bool cp_shards_params() const { return cp_shards_params_; }
     // `--mesh NAME=SIZE`: the same roles on a resized dim
     void resize(int mesh_dim, int size) { mesh_[mesh_dim].size = size; }
 
@@ -72,6 +77,7 @@ private:
     std::vector<std::optional<DimRole>> roles_;
     std::array<int, kDimRoles> index_{-1, -1, -1, -1, -1, -1};
     std::vector<int> data_dims_;
+    bool cp_shards_params_ = false;
 };
 
 }  // namespace ptool

@@ -599,6 +599,10 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
                          "zero_stage with pipeline_parallel: ptool does not build ZeRO over a pipeline's "
                          "stages yet (use zero_stage 0, or fully_shard)");
     plan.dims = claims.dims();
+    // fully_shard under context parallel shards over dp_shard x cp (torchtitan's dp_shard_cp)
+    plan.dims.set_cp_shards_params(plan.data_parallel &&
+                                   (plan.data_parallel->mode == DataParallelMode::fully_shard ||
+                                    !plan.data_parallel->fully_shard.empty()));
     if (auto ac = m.get("activation_checkpointing"))
         plan.activation_checkpointing = parse_activation_checkpointing(*ac);
     if (auto g = m.get("gradient_accumulation")) {

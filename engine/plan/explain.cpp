@@ -83,6 +83,7 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
         return it == distributed.end() ? p->value.shape() : it->second->local[r];
     };
     if (ex.resolution.dp.active) explain_data_parallel(model, plan, ex, tp_local);
+    explain_context_parallel(model, plan, ex, tp_local);
     if (model.clip_grad_norm > 0) {
         std::vector<int> sizes;  // the dims that cut parameters, as clip_grad_norm reduces over them
         for (int d : plan.dims.param_nesting()) sizes.push_back(plan.mesh()[d].size);

@@ -45,5 +45,11 @@ Explanation explain_plan(const Model& model, const Plan& plan);
 // parameter bytes fully_shard leaves each rank. tp_local(p): a parameter's shape on tp rank r.
 void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex,
                            const std::function<Shape(const Parameter*, int tp_rank)>& tp_local);
+// Context parallel's collectives per step into ex.step_comm (explain_cp.cpp): each attention's
+// all_gathers of its keys and values (again where a checkpointed region recomputes it) and the
+// reduce_scatters of their gradients, per microbatch; each gradient's all_reduce over cp but those
+// fully_shard reduced over dp_shard x cp.
+void explain_context_parallel(const Model& model, const Plan& plan, Explanation& ex,
+                              const std::function<Shape(const Parameter*, int tp_rank)>& tp_local);
 
 }  // namespace ptool

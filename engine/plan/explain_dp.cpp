@@ -15,7 +15,11 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
         plan.mesh()[plan.dims.has(DimRole::dp_shard) ? plan.dims.index(DimRole::dp_shard)
                                                      : plan.dims.index(DimRole::dp_replicate)]
             .name;
-    const int n = plan.dim_size(shard_dim), batch = dp.size;
+    // under context parallel fully_shard's group is that dim and cp flattened (dp_shard_cp)
+    const bool with_cp = plan.dims.cp_shards_params();
+    const int n = plan.dim_size(shard_dim) * (with_cp ? plan.dims.size(DimRole::cp) : 1), batch = dp.size;
+    const std::string shard_group =
+        with_cp ? fmt::format("{}' x '{}", shard_dim, plan.dims.name(DimRole::cp)) : shard_dim;
     const auto named = model.named_parameters(), buffers = model.named_buffers();
     std::map<std::string, const Parameter*> by_name;
     for (const auto& [name, p] : named) by_name[name] = p.get();
@@ -84,7 +88,7 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
         ex.data_parallel.push_back(fmt::format(
             "fully_shard '{}': {} parameter{}, Shard(0) on '{}'{}, {} B per rank in "
             "the flat buffer",
-            u.fqn.empty() ? "(root)" : u.fqn, u.params.size(), u.params.size() == 1 ? "" : "s", shard_dim,
+            u.fqn.empty() ? "(root)" : u.fqn, u.params.size(), u.params.size() == 1 ? "" : "s", shard_group,
             spec.hybrid() ? fmt::format(", replicated over '{}'", spec.mesh_dims[0]) : "", region));
     }
     if (spec.sync_batch_norm &&

@@ -58,6 +58,11 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     YAML::Node doc = YAML::Load(model_text);
     const int64_t tp = plan.dims.size(DimRole::tp);
     const int64_t dp = plan.dims.data_size();  // the batch's rows split over every data rank
+    // context parallel cuts the sequence into cp chunks (2 x cp load-balanced), each split again by tp
+    const int64_t cp_pieces =
+        plan.context_parallel
+            ? ContextShard::pieces(plan.dims.size(DimRole::cp), plan.context_parallel->load_balance)
+            : 1;
     // the step's rounds: the plan's gradient_accumulation over the model's (the proxy then carries the
     // plan's, so that it loads with its rows and means what the plan does)
     const int64_t mb = plan.gradient_accumulation > 0 ? plan.gradient_accumulation
@@ -118,7 +123,7 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
         else if (!tokens && i + 1 == shape.size())
             shrunk.push_back(size.count(v) ? size.at(v) : v);
         else
-            shrunk.push_back(2 * tp);
+            shrunk.push_back(2 * tp * (i == 1 ? cp_pieces : 1));
     }
     if (tokens) {
         input["tokens"] = shrunk;
@@ -131,9 +136,10 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     YAML::Emitter e;
     e << doc;
     return fmt::format(
-        "# A proxy of {} for a plan of tp={} dp={}{} (ptool shrink; docs/planning.md): the same modules\n"
+        "# A proxy of {} for a plan of tp={} dp={}{}{} (ptool shrink; docs/planning.md): the same modules\n"
         "# and names, at most {} blocks per repeat, sizes that still split as the plan splits them.\n{}\n",
         yaml_comment(name), tp, dp,
+        plan.context_parallel ? fmt::format(" cp={}", plan.dims.size(DimRole::cp)) : "",
         plan.pipeline ? fmt::format(" pp={} ({} stages)", plan.dims.size(DimRole::pp), stages) : "", blocks,
         e.c_str());
 }

@@ -10,7 +10,8 @@
 //              first, becomes lcm(tp, 8) x k, so equal sizes stay equal and every size divides by tp
 //   batch: rows = dp x gradient_accumulation x 2 (the plan's gradient_accumulation over the model's,
 //              which the proxy then says too); tokens' sequence (or a float input's middle dims)
-//              2 x tp; the last dim of a float input as the sizes above
+//              2 x tp, the sequence (dim 1) times cp's chunks under context parallel (cp, or 2 x cp
+//              load-balanced); the last dim of a float input as the sizes above
 // A pipeline plan's proxy keeps one block per stage (at least 2) and rows for the plan's
 // microbatches, 2 rows each per data rank; its stages are then cut one block each (layers_per_stage
 // 1: ptool plan --verify rewrites the plan so), the stage count and schedule kept.

@@ -329,7 +329,11 @@ Placements Run::placements(const Parameter* p) const {
     Placements out;
     if (auto it = tp_params_.find(p); it != tp_params_.end())
         out.then(plan_.dims.index(DimRole::tp), it->second.placement);
-    if (data_parallel_) out.then(data_parallel_->shard_dim(), data_parallel_->placement(p));
+    if (data_parallel_) {
+        const Placement dp = data_parallel_->placement(p);
+        out.then(data_parallel_->shard_dim(), dp);
+        if (plan_.dims.cp_shards_params()) out.then(plan_.dims.index(DimRole::cp), dp);  // dp_shard x cp
+    }
     return out;
 }
 
@@ -550,7 +554,9 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
                 break;
             case ActionKind::grad_sync:
                 if (mixed_precision_) mixed_precision_->to_masters();
-                sync_context_gradients(params, model_.loss, *cp_);  // nothing without cp
+                sync_context_gradients(params, model_.loss, *cp_, [this](const Parameter* p) {
+                    return plan_.dims.cp_shards_params() && data_parallel_->placement(p).is_shard();
+                });  // nothing without cp; fully_shard's over dp_shard x cp averaged its own
                 if (layer_) layer_->before_gradient_sync(model_, world_);
                 if (data_parallel_)
                     data_parallel_->after_backward();  // once per step (DDP's no_sync on the others)

@@ -391,6 +391,9 @@ public:
                 return std::make_unique<FaultComm>(std::move(c), fault_, buckets_, stage_params_, d == pp);
             });
         }
+        mesh.wrap_groups([&](std::unique_ptr<Communicator> c) {  // fully_shard over dp_shard x cp
+            return std::make_unique<FaultComm>(std::move(c), fault_, buckets_, stage_params_, false);
+        });
         // zero_wrong_group: a dp dim's ZeRO buckets reduced over the tp dim where it has the same size
         const bool zero = plan.data_parallel && plan.data_parallel->zero_stage > 0;
         if (fault_.is(FaultKind::zero_wrong_group) && zero && plan.dims.has(DimRole::dp_replicate)) {

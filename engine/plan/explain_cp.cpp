@@ -1,0 +1,59 @@
+#include "model/blocks.h"
+#include "plan/explain.h"
+
+namespace ptool {
+
+void explain_context_parallel(const Model& model, const Plan& plan, Explanation& ex,
+                              const std::function<Shape(const Parameter*, int tp_rank)>& tp_local) {
+    const int cp = plan.dims.size(DimRole::cp);
+    if (!plan.context_parallel || cp < 2) return;
+    const int64_t seq = model.input.shape[1],
+                  es = static_cast<int64_t>(dtype_size(plan.compute_dtype(model.dtype)));
+    const Resolution& res = ex.resolution;
+    auto recomputed = [&](const std::string& fqn) {  // a checkpointed region runs the gathers again
+        for (const auto* list : {&res.checkpointing.checkpointed, &res.checkpointing.selective})
+            for (const Module* c : *list)
+                if (c->fqn().empty() || fqn == c->fqn() || fqn.rfind(c->fqn() + ".", 0) == 0) return true;
+        return false;
+    };
+    // per microbatch: each attention's keys and values [rows, seq, its kv width on tp rank 0]
+    std::vector<CommCost> forward, backward;
+    const std::vector<CallLayout>& calls = res.layouts.calls;
+    for (size_t i = 0; i < calls.size(); ++i) {
+        if (!dynamic_cast<const Attention*>(calls[i].module)) continue;
+        const std::string& fqn = calls[i].fqn;
+        const CallLayout* k = nullptr;  // its k_proj's call: the keys' layout on tp
+        for (size_t j = i + 1; j < calls.size() && !k; ++j)
+            if (calls[j].fqn == fqn + ".k_proj") k = &calls[j];
+        if (!k) continue;
+        const Shape local = local_shape(k->out.global, k->out.p, res.tp, 0);
+        const int64_t bytes = local[0] * seq * local[2] * es;
+        forward.push_back({"all_gather", bytes, fqn, Phase::forward});
+        forward.push_back({"all_gather", bytes, fqn, Phase::forward});
+        if (recomputed(fqn)) {
+            backward.push_back({"all_gather", bytes, fqn, Phase::backward});
+            backward.push_back({"all_gather", bytes, fqn, Phase::backward});
+        }
+        backward.push_back({"reduce_scatter", bytes, fqn, Phase::backward});
+        backward.push_back({"reduce_scatter", bytes, fqn, Phase::backward});
+    }
+    const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
+    for (int64_t m = 0; m < microbatches; ++m) {
+        ex.step_comm.insert(ex.step_comm.end(), forward.begin(), forward.end());
+        ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());
+    }
+    // after backward: the gradients fully_shard did not average over cp, each its own all_reduce
+    std::set<std::string> sharded;
+    if (plan.dims.cp_shards_params())
+        for (const FsdpUnitSpec& u : res.dp.units) sharded.insert(u.params.begin(), u.params.end());
+    for (const auto& [name, p] : model.named_parameters()) {
+        if (sharded.count(name)) continue;
+        const size_t dot = name.rfind('.');
+        ex.step_comm.push_back(
+            {"all_reduce",
+             numel_of(tp_local(p.get(), 0)) * static_cast<int64_t>(dtype_size(p->value.dtype())),
+             dot == std::string::npos ? "" : name.substr(0, dot), Phase::backward});
+    }
+}
+
+}  // namespace ptool
