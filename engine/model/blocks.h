@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "model/context_shard.h"
 #include "model/layers.h"
 #include "model/rope.h"
 
@@ -49,6 +50,11 @@ private:
     // context parallelism) is added to each head's scores in place of the causal flag.
     Tensor probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t n,
                          const Tensor& mask) const;
+    // Head i's probabilities for its query rows [r0, r0 + rows): [1, rows, keys]; the whole head of
+    // a whole sequence is probabilities(i, 1) (bitwise as ever), a tile or a cp rank's rows are
+    // masked by position (a flash kernel's tile, model/modules/attention.cpp).
+    Tensor tile_probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t r0,
+                              int64_t rows, const ContextShard* cp) const;
     int64_t dim_, heads_, kv_heads_;
     bool causal_, flash_, recompute_core_ = false;
     std::optional<Rope> rope_;

@@ -180,6 +180,30 @@ void each_head(int64_t n, const Tensor& like, const std::function<void(int64_t)>
     for (int64_t i = 0; i < n; ++i) body(i);
 }
 
+// A flash head's query rows in tiles of kFlashRows, as FlashAttention's kernels hold blocks of rows
+// on chip: only a tile's scores [rows, keys] live at once, so a long sequence's memory is linear
+// in it. body(r0, rows) per tile; a head of kFlashRows rows or fewer is one tile (its numbers as
+// ever); on meta tensors one full tile counted for them all, then the short last one.
+constexpr int64_t kFlashRows = 128;
+void each_row_tile(int64_t t, const Tensor& like, const std::function<void(int64_t, int64_t)>& body) {
+    if (t <= kFlashRows) {
+        if (t > 0) body(0, t);
+        return;
+    }
+    const int64_t full = t / kFlashRows, rest = t % kFlashRows;
+    if (like.device() == Device::meta) {
+        meta_repeat(full, [&] { body(0, kFlashRows); });
+        if (rest) body(full * kFlashRows, rest);
+        return;
+    }
+    for (int64_t r0 = 0; r0 < t; r0 += kFlashRows) body(r0, std::min(kFlashRows, t - r0));
+}
+
+// Rows [r0, r0 + n) of head i of x [heads, T, hd]: a view [1, n, hd].
+Tensor head_rows(const Tensor& x, int64_t i, int64_t r0, int64_t n) {
+    return x.narrow(0, i, 1).reshape({x.size(1), x.size(2)}).narrow(0, r0, n).reshape({1, n, x.size(2)});
+}
+
 // Context parallelism (model/context_shard.h), allgather rotation: every rank's keys or values
 // [N, t, hd] gathered along the sequence into position order [N, T, hd] ...
 Tensor gather_sequence(const ContextShard& cp, const Tensor& x) {
@@ -193,16 +217,16 @@ Tensor scatter_sequence(const ContextShard& cp, const Tensor& dx) {
     return reduce_scatter_dim(cp.cp_ordered(dx, 1), 1, *cp.comm);
 }
 
-// The causal mask of this rank's queries against the whole sequence's keys (position order):
-// [1, t, T], 0 where key j <= the query's position, -inf above. Whole sequences need none (the
-// softmax's own causal flag, bitwise as before).
-Tensor causal_mask(const ContextShard& cp, const Tensor& like) {
-    const int64_t t = cp.local(), n = cp.seq;
-    if (like.device() == Device::meta) return Tensor::empty({1, t, n}, like.dtype(), Device::meta);
-    Tensor m({1, t, n}, like.dtype());
-    for (int64_t i = 0; i < t; ++i)
-        for (int64_t j = 0; j < n; ++j)
-            m.set(i * n + j, j <= cp.positions[static_cast<size_t>(i)] ? 0.0 : -INFINITY);
+// The causal mask of query rows [r0, r0 + rows) against `keys` keys in position order: [1, rows,
+// keys], 0 where key j <= the query's position (its row, or a cp rank's position of it), -inf
+// above. A whole head of a whole sequence needs none (the softmax's own causal flag, bitwise as before).
+Tensor causal_mask(const ContextShard* cp, int64_t r0, int64_t rows, int64_t keys, const Tensor& like) {
+    if (like.device() == Device::meta) return Tensor::empty({1, rows, keys}, like.dtype(), Device::meta);
+    Tensor m({1, rows, keys}, like.dtype());
+    for (int64_t i = 0; i < rows; ++i) {
+        const int64_t at = cp ? cp->positions[static_cast<size_t>(r0 + i)] : r0 + i;
+        for (int64_t j = 0; j < keys; ++j) m.set(i * keys + j, j <= at ? 0.0 : -INFINITY);
+    }
     return like.device() == Device::cpu ? m : m.to_device(like.device());
 }
 
@@ -255,6 +279,22 @@ Tensor Attention::probabilities(Backend& be, const Tensor& q, const Tensor& k, i
     return p;
 }
 
+Tensor Attention::tile_probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t r0,
+                                     int64_t rows, const ContextShard* cp) const {
+    const int64_t t = q.size(1), keys = k.size(1), hd = q.size(2);
+    if (r0 == 0 && rows == t && !cp) return probabilities(be, q, k, i, 1, Tensor());
+    Tensor s = Tensor::empty({1, rows, keys}, q.dtype(), q.device());
+    be.gemm(head_rows(q, i, r0, rows), false, k.narrow(0, i, 1), true, s,
+            1.0 / std::sqrt(static_cast<double>(hd)));
+    if (causal_) {
+        const Tensor mask = causal_mask(cp, r0, rows, keys, s);
+        be.add(s, mask, s);
+    }
+    Tensor p = empty_like(s);
+    be.softmax(s, false, p);
+    return p;
+}
+
 Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     Backend& be = *ctx.backend;
     const int64_t hd = dim_ / heads_;
@@ -280,7 +320,7 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         CommScope scope(cp->comm->counter().get(), fqn(), {CommSiteKind::context_kv});
         k_heads = gather_sequence(*cp, k_heads), v_heads = gather_sequence(*cp, v_heads);
     }
-    const Tensor mask = cp && causal_ ? causal_mask(*cp, q) : Tensor();
+    const Tensor mask = cp && causal_ && !flash_ ? causal_mask(cp, 0, t, cp->seq, q) : Tensor();
     Tensor k = expand_kv(be, k_heads, b, heads, kv_heads);
     Tensor v = expand_kv(be, v_heads, b, heads, kv_heads);
     const Tensor heads_kept = Tensor::scalar(static_cast<double>(heads), DType::float64),
@@ -298,12 +338,14 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         be.gemm(p, false, v, false, o);
         // recompute_core (Megatron's selective recompute): the probabilities are recomputed in backward
         save({q, k, v, recompute_core_ ? Tensor() : p, heads_kept, kv_heads_kept});
-    } else {  // one head at a time: no [B*H, T, T] tensor lives
+    } else {  // one head, one tile of its query rows at a time: no [B*H, T, T] tensor lives
         o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
         MetaKernelScope kernel(flash_kernel(causal_, k.size(1)));
         each_head(b * heads, o, [&](int64_t i) {
-            Tensor oi = o.narrow(0, i, 1);
-            be.gemm(probabilities(be, q, k, i, 1, mask), false, v.narrow(0, i, 1), false, oi);
+            each_row_tile(t, o, [&](int64_t r0, int64_t rows) {
+                Tensor oi = head_rows(o, i, r0, rows);
+                be.gemm(tile_probabilities(be, q, k, i, r0, rows, cp), false, v.narrow(0, i, 1), false, oi);
+            });
         });
         save({q, k, v, Tensor(), heads_kept, kv_heads_kept});
         if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, o);
@@ -323,34 +365,48 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     Tensor d_o = split_heads(be, d_out.t, heads);  // [B*H, T, hd]
     Tensor dv = empty_like(v), dq = empty_like(q), dk = empty_like(k);
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    // eager: every head at once from the kept probabilities (recomputed at once under
-    // recompute_core); flash: each head's recomputed
-    const int64_t n = flash_ ? 1 : b * heads;
     const ContextShard* cp = ctx.context && ctx.context->parts > 1 ? ctx.context : nullptr;
     const std::vector<int64_t>* positions = ctx.context ? &ctx.context->positions : nullptr;
-    const Tensor mask = cp && causal_ && !p.defined() ? causal_mask(*cp, q) : Tensor();
-    std::optional<MetaKernelScope> kernel;  // the heads only: the projections' backward after them is not
-    if (flash_) kernel.emplace(flash_kernel(causal_, k.size(1)));
-    each_head(n > 0 ? b * heads / n : 0, q, [&](int64_t slice) {  // (no rows on this rank: none)
-        const int64_t i = slice * n;
-        Tensor pi = p;
-        if (!p.defined()) {  // recomputed: the meta backend counts its FLOPs as recompute, not the model's
-            const bool was = meta_work().recomputing;
-            meta_work().recomputing = true;
-            pi = probabilities(be, q, k, i, n, mask);
-            meta_work().recomputing = was;
-        }
-        const Tensor d_oi = d_o.narrow(0, i, n), vi = v.narrow(0, i, n), ki = k.narrow(0, i, n),
-                     qi = q.narrow(0, i, n);
-        Tensor dp = empty_like(pi), ds = empty_like(pi), dvi = dv.narrow(0, i, n), dqi = dq.narrow(0, i, n),
-               dki = dk.narrow(0, i, n);
+    // one slice of heads: n heads from row r0 on; dv and dk sum over the query rows, tile by tile
+    auto slice_backward = [&](const Tensor& pi, int64_t i, int64_t n, int64_t r0, int64_t rows) {
+        const bool whole = rows == q.size(1);
+        const Tensor d_oi = whole ? d_o.narrow(0, i, n) : head_rows(d_o, i, r0, rows),
+                     qi = whole ? q.narrow(0, i, n) : head_rows(q, i, r0, rows), vi = v.narrow(0, i, n),
+                     ki = k.narrow(0, i, n);
+        Tensor dp = empty_like(pi), ds = empty_like(pi), dvi = dv.narrow(0, i, n), dki = dk.narrow(0, i, n),
+               dqi = whole ? dq.narrow(0, i, n) : head_rows(dq, i, r0, rows);
+        const double accumulate = r0 > 0 ? 1.0 : 0.0;
         be.gemm(d_oi, false, vi, true, dp);
-        be.gemm(pi, true, d_oi, false, dvi);
+        be.gemm(pi, true, d_oi, false, dvi, 1.0, accumulate);
         be.softmax_backward(pi, dp, ds);
         be.gemm(ds, false, ki, false, dqi, scale);
-        be.gemm(ds, true, qi, false, dki, scale);
-    });
-    kernel.reset();
+        be.gemm(ds, true, qi, false, dki, scale, accumulate);
+    };
+    if (!flash_) {  // every head at once from the kept probabilities (recomputed at once under
+                    // recompute_core)
+        const int64_t t = q.size(1);
+        Tensor pi = p;
+        if (!p.defined() &&
+            b * heads > 0) {  // recomputed: meta counts its FLOPs as recompute, not the model's
+            const bool was = meta_work().recomputing;
+            meta_work().recomputing = true;
+            pi = probabilities(be, q, k, 0, b * heads,
+                               cp && causal_ ? causal_mask(cp, 0, t, cp->seq, q) : Tensor());
+            meta_work().recomputing = was;
+        }
+        if (b * heads > 0) slice_backward(pi, 0, b * heads, 0, t);
+    } else {  // each head's tiles recomputed (the projections' backward after them is not the kernel's)
+        MetaKernelScope kernel(flash_kernel(causal_, k.size(1)));
+        each_head(b * heads, q, [&](int64_t i) {
+            each_row_tile(q.size(1), q, [&](int64_t r0, int64_t rows) {
+                const bool was = meta_work().recomputing;
+                meta_work().recomputing = true;
+                const Tensor pi = tile_probabilities(be, q, k, i, r0, rows, cp);
+                meta_work().recomputing = was;
+                slice_backward(pi, i, 1, r0, rows);
+            });
+        });
+    }
     // backward through the projections in reverse order of their forward calls
     // (tensors a module returned are never written in place: observers may hold them)
     const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};
