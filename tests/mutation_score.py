@@ -170,7 +170,11 @@ def context_mutants(ex, first_div):
         if cp["load_balance"]:
             yield ("cp_permutation_kept", f"cp_permutation_kept:{fqn}", first_div(f"step 0 forward `{fqn}."))
         yield ("cp_kv_grads_local", f"cp_kv_grads_local:{fqn}", first_div(f"step 0 backward `{fqn}."))
-    yield ("cp_grads_unsynced", "cp_grads_unsynced:*", first_div("step 0 gradient of"))
+    # fully_shard over dp_shard x cp averages its units' gradients over cp itself: the class applies
+    # where some parameter is not in a unit (its gradient all_reduced over cp)
+    in_units = {p for u in ex["units"] for p in u["params"]}
+    if any(p not in in_units for p in ex["params"]):
+        yield ("cp_grads_unsynced", "cp_grads_unsynced:*", first_div("step 0 gradient of"))
 
 
 def training_mutants(ex, first_div, grad_fails):
