@@ -15,6 +15,7 @@ run() {  # label, command...
 }
 run "explain llama3_8b (torchtitan's 70B plan shape)" "$ptool" explain models/scale/llama3_8b.yaml plans/scale/llama3_70b_torchtitan.yaml --cluster clusters/h100_8x8.yaml
 run "explain llama3_70b dp8 x tp8" "$ptool" explain models/scale/llama3_70b.yaml plans/scale/llama3_70b_torchtitan.yaml --cluster clusters/h100_8x8.yaml
+run "explain llama3_8b at 131072 tokens, fsdp2 x cp4" "$ptool" explain models/scale/llama3_8b_131k.yaml plans/scale/llama3_8b_fsdp2_cp4.yaml --cluster clusters/h100_8x8.yaml
 run "plan llama3_8b on 8 H100s" "$ptool" plan models/scale/llama3_8b.yaml --cluster clusters/h100_8x8.yaml --world-size 8
 run "plan llama3_70b on 64 H100s" "$ptool" plan models/scale/llama3_70b.yaml --cluster clusters/h100_8x8.yaml
 run "explain llama3_405b pp8 x dp8 x tp8 interleaved" "$ptool" explain models/scale/llama3_405b.yaml plans/scale/llama3_405b_torchtitan.yaml --cluster clusters/h100_64x8.yaml

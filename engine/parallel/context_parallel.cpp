@@ -9,7 +9,9 @@ void check_context_parallel(const Model& model, const Plan& plan) {
     const ContextParallelSpec& s = *plan.context_parallel;
     const int cp = plan.dims.size(DimRole::cp);
     const Shape& in = model.input.shape;
-    if (in.size() < 2 || model.output_shape.size() < 2 || model.output_shape[1] != in[1])
+    // a sequence: token ids [rows, seq, ...], or float activations [rows, seq, features, ...]
+    if (in.size() < (model.input.ids ? 2u : 3u) || model.output_shape.size() < 2 ||
+        model.output_shape[1] != in[1])
         throw InputError(s.where,
                          fmt::format("context_parallel splits the sequence (dim 1) of the batch and of every "
                                      "activation; this model's input is {} and its output {}",

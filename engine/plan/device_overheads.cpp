@@ -11,6 +11,7 @@ int nccl_communicators(const Plan& plan, int rank) {
         const std::optional<DimRole> role = dims.role(d);
         if (role && *role != DimRole::pp && dims.mesh()[d].size > 1) ++n;
     }
+    if (dims.cp_shards_params()) ++n;  // fully_shard's group over dp_shard x cp (dp_shard_cp)
     const int pp = dims.size(DimRole::pp);
     if (pp > 1) {
         const int s = DeviceMesh::coords_of(rank, dims.mesh())[dims.index(DimRole::pp)];

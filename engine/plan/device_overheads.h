@@ -1,7 +1,8 @@
 // A rank's device memory besides its tensors, from the cluster file's `runtime` (plan/cluster.h):
 // the CUDA context, cuBLAS's workspace and one set of NCCL buffers per communicator the rank
 // joins. Communicators as PyTorch creates them for a DeviceMesh: one per mesh dim of more than one
-// rank that the plan's roles use for collectives (dp_replicate, dp_shard, cp, tp, ep), and for
+// rank that the plan's roles use for collectives (dp_replicate, dp_shard, cp, tp, ep), the flattened
+// dp_shard x cp group fully_shard runs on under context parallel (torchtitan's dp_shard_cp), and for
 // pipeline parallelism one per peer the rank sends to or receives from (ProcessGroupNCCL's
 // send/recv makes a 2-rank communicator per pair: the previous and the next stage's rank, and
 // with virtual stages the last rank's and the first's to each other). A dim without a role holds

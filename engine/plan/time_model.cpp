@@ -91,9 +91,14 @@ void add_comm_time(StepTime& t, const CommByOpDim& comm, const Plan& plan, const
         ct.seconds += s, ct.bytes += static_cast<double>(totals.bytes), ct.calls += totals.calls,
             ct.inter_node = !inside;
         if (p2p) continue;
-        // the data dims' collectives (DDP's buckets, fully_shard's) overlap the compute; the rest block it
-        bool data = !dims.empty() && dim != "world";
-        for (int d : dims) data = data && plan.dims.is_data_dim(d);
+        // the data dims' collectives (DDP's buckets, fully_shard's) overlap the compute; so do context
+        // parallel's gradient syncs (fully_shard over dp_shard x cp, the all_reduce over cp), while the
+        // attention's key/value all_gathers and reduce_scatters over cp block it, as the rest do
+        const int cp = plan.dims.index(DimRole::cp);
+        bool data = !dims.empty() && dim != "world", some_data = false;
+        for (int d : dims)
+            data = data && (plan.dims.is_data_dim(d) || d == cp), some_data |= plan.dims.is_data_dim(d);
+        if (data && !some_data) data = op == "all_reduce";  // cp alone: the gradients' average
         (data ? t.overlappable : t.blocking) += s;
     }
 }

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Context parallelism end to end (plans/llama_rope*_cp*.yaml, docs/plan_format.md).
+
+    cp_cases.py PTOOL ROOT
+
+- explain's collectives (each attention's key/value all_gathers and their gradients'
+  reduce_scatters, per microbatch; the gradients' all_reduce over cp; fully_shard over dp x cp)
+  equal, op by op in count and bytes, what verify measures on every shipped cp plan;
+- under `mpirun -np 4` the cp x tp and FSDP x cp plans give verify's verdicts and bitwise the same
+  numbers as rank threads;
+- what cannot split exits 2 at the plan's position: a sequence that does not cut into cp chunks (2 x
+  cp load-balanced), a model without a sequence dim, fully_shard rows that do not cut over dp x cp,
+  the ring rotation ptool does not run yet.
+"""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks  # noqa: E402
+
+PTOOL, ROOT = sys.argv[1], sys.argv[2]
+check = Checks()
+
+
+def run(*args, mpi=0):
+    cmd = [PTOOL, *args]
+    if mpi:
+        cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(mpi)] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return p.returncode, p.stdout + p.stderr
+
+
+def model_of(plan):
+    return re.search(r"models/[a-z_0-9]*\.yaml", open(plan).read()).group(0)
+
+
+plans = sorted(p for p in glob.glob(f"{ROOT}/plans/*.yaml") if "context_parallel:" in open(p).read())
+check(len(plans) >= 5, f"{len(plans)} shipped context parallel plans")
+
+with tempfile.TemporaryDirectory() as tmp:
+    # explain's collectives are verify's
+    for plan in plans:
+        name = os.path.basename(plan)[:-5]
+        ej, vj = os.path.join(tmp, f"{name}_e.json"), os.path.join(tmp, f"{name}_v.json")
+        rc_e, out_e = run("explain", model_of(plan), plan, "--json", ej)
+        rc_v, out_v = run("verify", model_of(plan), plan, "--steps", "1", "--json", vj, "-q")
+        if not check(rc_e == 0 and rc_v == 0, f"{name}: explain rc {rc_e}, verify rc {rc_v}\n{out_e[-400:]}{out_v[-800:]}"):
+            continue
+        derived, measured = {}, {}
+        for c in json.load(open(ej))["collectives_per_step"]:
+            d = derived.setdefault(c["op"], [0, 0])
+            d[0], d[1] = d[0] + 1, d[1] + c["bytes"]
+        for c in json.load(open(vj))["plans"][0]["collectives"]["steps"]:
+            m = measured.setdefault(c["op"], [0, 0])
+            m[0], m[1] = m[0] + c["calls"], m[1] + c["bytes"]
+        check(derived == measured, f"{name}: explain derives {derived}, verify measured {measured}")
+        check("cp" in {c["mesh_dim"] for c in json.load(open(vj))["plans"][0]["collectives"]["steps"]}
+              or "dp+cp" in {c["mesh_dim"] for c in json.load(open(vj))["plans"][0]["collectives"]["steps"]},
+              f"{name}: no collective over cp")
+
+    # mpirun: the same verdict and numbers as threads
+    for name in ("llama_rope_cp_tp", "llama_rope_fsdp_cp"):
+        plan = f"plans/{name}.yaml"
+        reports = {}
+        for mpi in (0, 4):
+            out = os.path.join(tmp, f"{name}_{mpi}.json")
+            rc, text = run("verify", model_of(f"{ROOT}/{plan}"), plan, "--json", out, "-q", mpi=mpi)
+            check(rc == 0, f"{name} (mpi {mpi}): exit {rc}\n{text[-800:]}")
+            if os.path.exists(out):
+                reports[mpi] = json.load(open(out))["plans"][0]
+        if len(reports) == 2:
+            check(reports[4]["backend"] == "mpi", f"{name}: backend {reports[4]['backend']}")
+            values = {m: {t["name"]: (t["max_abs"], t["replicas"]) for t in r["tensors"]} for m, r in reports.items()}
+            check(values[0] == values[4] and len(values[0]) > 100, f"{name}: threads and mpi differ")
+
+    # refusals: exit 2 at the plan's context_parallel
+    def refused(model, plan_text, *args, want):
+        path = os.path.join(tmp, "bad.yaml")
+        open(path, "w").write(plan_text)
+        rc, out = run("verify", model, path, *args)
+        check(rc == 2 and re.search(rf"bad\.yaml:\d+:\d+: .*{want}", out), f"{plan_text!r} {args}: exit {rc}\n{out[-600:]}")
+
+    refused("models/llama_rope.yaml", "mesh: {cp: 3}\ncontext_parallel: {}\n",
+            want=r"the sequence of 8 tokens does not cut into 6 equal chunks")
+    refused("models/llama_rope.yaml", "mesh: {cp: 2}\ncontext_parallel: {}\n", "--mesh", "cp=8",
+            want=r"does not cut into 16 equal chunks")
+    refused("models/mlp.yaml", "mesh: {cp: 2}\ncontext_parallel: {}\n",
+            want=r"context_parallel splits the sequence \(dim 1\)")
+    refused("models/llama_rope.yaml", "mesh: {cp: 2}\ncontext_parallel: {rotate_method: alltoall}\n",
+            want=r"rotate_method 'alltoall' \(ring attention\): ptool does not run it yet")
+    # a hidden size of 30: the MLP's rows do not cut over dp 2 x cp 2
+    odd = os.path.join(tmp, "llama_odd.yaml")
+    text = open(f"{ROOT}/models/llama_rope.yaml").read()
+    open(odd, "w").write(text.replace("dim: 32", "dim: 20").replace("heads: 4, kv_heads: 2", "heads: 2, kv_heads: 2")
+                         .replace("hidden: 64", "hidden: 30").replace("in: 32", "in: 20"))
+    refused(odd, "mesh: {dp: 2, cp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard}\ncontext_parallel: {mesh_dim: cp}\n",
+            want=r"fully_shard over 'dp' x 'cp' \(4 ranks, as torchtitan's dp_shard_cp\): parameter '.*' has 30 rows")
+
+check.finish()
