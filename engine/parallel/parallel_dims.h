@@ -5,7 +5,7 @@
 //                 gradients back between stages (planned)
 //   dp_replicate  data parallel, replicated parameters: DDP's replicate(), or HSDP's outer dim
 //   dp_shard      data parallel, sharded parameters: fully_shard() (FSDP2/ZeRO-3), or HSDP's inner dim
-//   cp            context parallel: the sequence split over ranks for the whole model (planned)
+//   cp            context parallel: the sequence split over ranks for the whole model (context_parallel)
 //   tp            tensor parallel: parallelize_module's styles cut modules' parameters and activations
 //   ep            expert parallel (planned)
 //
