@@ -293,24 +293,13 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
     if (!res.units.empty()) {
         Communicator* replicas = spec.hybrid() ? &mesh.comm(dims.index(DimRole::dp_replicate)) : nullptr;
         // under context parallel the cp ranks join the shard group (torchtitan's dp_shard_cp); each
-        // parameter's rows must then cut evenly, so that dp_shard's chunk cut over cp is the
-        // flattened group's chunk (Run::placements nests them so)
+        // parameter's rows cut evenly (check_fsdp_over_cp), so that dp_shard's chunk cut over cp is
+        // the flattened group's chunk (Run::placements nests them so)
         Communicator* shard = comm_;
         if (dims.cp_shards_params()) {
             const int cp = dims.index(DimRole::cp);
             shard = &mesh.group(
                 mesh.add_group({shard_dim_, cp}, dims.mesh()[shard_dim_].name + "+" + dims.mesh()[cp].name));
-            for (const FsdpUnitSpec& u : res.units)
-                for (const std::string& name : u.params)
-                    if (const Tensor& v = params.at(name)->value;
-                        v.dim() > 0 && v.size(0) % shard->size() != 0)
-                        throw InputError(
-                            plan.context_parallel->where,
-                            fmt::format(
-                                "fully_shard over '{}' x '{}' ({} ranks, as torchtitan's dp_shard_cp): "
-                                "parameter '{}' has {} rows on this rank, which do not cut evenly",
-                                dims.mesh()[shard_dim_].name, dims.mesh()[cp].name, shard->size(), name,
-                                v.size(0)));
         }
         fsdp_ = std::make_unique<FullyShard>(model, res.units, *shard, replicas, be,
                                              plan.mixed_precision ? &*plan.mixed_precision : nullptr);
