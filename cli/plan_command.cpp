@@ -136,9 +136,8 @@ int plan(const PlanArgs& a, const Common& common) {
         for (const auto& [dim, ct] : c.time.by_dim) bytes += ct.bytes;
         rows.push_back(
             {std::to_string(i + 1),
-             c.choice.pp > 1 ? fmt::format("pp{} x {} x tp{}", c.choice.pp, c.choice.dp_text(), c.choice.tp)
-                             : fmt::format("{} x tp{}", c.choice.dp_text(), c.choice.tp),
-             c.choice.dp > 1 ? c.choice.mode_name() : "-",
+             c.choice.mesh_text(),
+             c.choice.dp > 1 || c.choice.cp > 1 ? c.choice.mode_name() : "-",
              c.choice.pp > 1
                  ? fmt::format(
                        "{}{} m{}, bubble {:.0f}%", c.choice.schedule,
@@ -188,6 +187,7 @@ int plan(const PlanArgs& a, const Common& common) {
         for (const Candidate& c : r.fitting) {
             j["candidates"].push_back({{"dp", c.choice.dp},
                                        {"tp", c.choice.tp},
+                                       {"cp", c.choice.cp},
                                        {"mode", c.choice.dp_mode},
                                        {"zero_stage", c.choice.zero_stage},
                                        {"activation_checkpointing", c.choice.checkpoint},

@@ -180,11 +180,12 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
     std::string s;
     std::vector<std::string> dims;
     if (c.pp > 1) dims.push_back(fmt::format("pp: {}", c.pp));  // outermost: the dim that crosses nodes
-    const bool dp_section = c.dp > 1 || c.param_dtype;
+    const bool dp_section = c.dp > 1 || c.param_dtype || c.cp > 1;  // fully_shard over dp x cp
     if (dp_section && c.hybrid())
         dims.push_back(fmt::format("dp_replicate: {}, dp_shard: {}", c.dp_replicate(), c.dp_shard));
     else if (dp_section)
         dims.push_back(fmt::format("dp: {}", c.dp));
+    if (c.cp > 1) dims.push_back(fmt::format("cp: {}", c.cp));  // torchtitan's order: dp, cp, tp
     if (c.tp > 1) dims.push_back(fmt::format("tp: {}", c.tp));
     if (dims.empty()) dims.push_back("world: 1");
     s += fmt::format("mesh: {{{}}}\n", fmt::join(dims, ", "));
@@ -214,6 +215,7 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
             s += fmt::format("  mixed_precision: {{param_dtype: {}, reduce_dtype: {}}}\n", *c.param_dtype,
                              dtype_name(model.dtype));
     }
+    if (c.cp > 1) s += "context_parallel:\n  mesh_dim: cp\n";  // allgather, load-balanced: the defaults
     if (c.checkpoint && !blocks.empty())
         s += c.selective ? fmt::format("activation_checkpointing: {{modules: {}, mode: op}}\n", list(blocks))
                          : fmt::format("activation_checkpointing: {}\n", list(blocks));

@@ -47,6 +47,9 @@ std::vector<std::string> repeated_blocks(const Model& model);
 
 struct PlanChoice {
     int dp = 1, tp = 1;
+    // Context parallel (cp > 1): the sequence over cp ranks between dp and tp on the mesh
+    // (torchtitan's order), load-balanced, keys and values all-gathered; fully_shard over dp x cp
+    int cp = 1;
     std::string dp_mode = "fully_shard";  // fully_shard | replicate
     // HSDP (fully_shard on [dp_replicate, dp_shard]): the dp ranks as dp / dp_shard replicas of
     // dp_shard shards; 0: one dp dim
@@ -82,6 +85,11 @@ struct PlanChoice {
     }                              // "hsdp", "fully_shard", "replicate", "zero1", "zero2"
     std::string dp_text() const {  // "dp8", or HSDP's "dp2x4" (replicas x shards)
         return hybrid() ? fmt::format("dp{}x{}", dp_replicate(), dp_shard) : fmt::format("dp{}", dp);
+    }
+    std::string mesh_text() const {  // "dp8 x tp8", "pp8 x dp2x4 x tp2", "dp2 x cp4 x tp1"
+        const std::string inner = cp > 1 ? fmt::format("{} x cp{} x tp{}", dp_text(), cp, tp)
+                                         : fmt::format("{} x tp{}", dp_text(), tp);
+        return pp > 1 ? fmt::format("pp{} x {}", pp, inner) : inner;
     }
     std::string pp_text() const {  // "-", or "pp8 1f1b m32", "pp8 interleaved_1f1b v2 m32"
         if (pp <= 1) return "-";
