@@ -134,21 +134,19 @@ int plan(const PlanArgs& a, const Common& common) {
         const Candidate& c = r.fitting[i];
         double bytes = 0;
         for (const auto& [dim, ct] : c.time.by_dim) bytes += ct.bytes;
-        rows.push_back(
-            {std::to_string(i + 1),
-             c.choice.mesh_text(),
-             c.choice.dp > 1 || c.choice.cp > 1 ? c.choice.mode_name() : "-",
-             c.choice.pp > 1
-                 ? fmt::format(
-                       "{}{} m{}, bubble {:.0f}%", c.choice.schedule,
-                       c.choice.virtual_stages > 1 ? fmt::format(" v{}", c.choice.virtual_stages) : "",
-                       c.choice.pp_microbatches, 100 * c.time.bubble)
-                 : "-",
-             c.choice.checkpoint ? c.choice.checkpoint_mode() : "no", std::to_string(c.microbatches),
-             format_bytes(static_cast<int64_t>(c.peak)),
-             format_bytes(static_cast<int64_t>(c.reserved + c.runtime)),
-             format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute), seconds_str(c.time.step),
-             fmt::format("{:.1f}%", 100 * c.mfu)});
+        rows.push_back({std::to_string(i + 1), c.choice.mesh_text(),
+                        c.choice.dp > 1 || c.choice.cp > 1 ? c.choice.mode_name() : "-",
+                        c.choice.pp > 1 ? fmt::format("{}{} m{}, bubble {:.0f}%", c.choice.schedule,
+                                                      c.choice.virtual_stages > 1
+                                                          ? fmt::format(" v{}", c.choice.virtual_stages)
+                                                          : "",
+                                                      c.choice.pp_microbatches, 100 * c.time.bubble)
+                                        : "-",
+                        c.choice.checkpoint ? c.choice.checkpoint_mode() : "no",
+                        std::to_string(c.microbatches), format_bytes(static_cast<int64_t>(c.peak)),
+                        format_bytes(static_cast<int64_t>(c.reserved + c.runtime)),
+                        format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute),
+                        seconds_str(c.time.step), fmt::format("{:.1f}%", 100 * c.mfu)});
     }
     fmt::print("\n");
     if (r.fitting.empty())

@@ -29,7 +29,8 @@ void check_context_parallel(const Model& model, const Plan& plan) {
 void check_fsdp_over_cp(const Model& model, const Plan& plan, const Resolution& res) {
     if (!plan.context_parallel || !plan.dims.cp_shards_params()) return;
     const ParallelDims& dims = plan.dims;
-    const int shard_dim = dims.has(DimRole::dp_shard) ? dims.index(DimRole::dp_shard) : dims.index(DimRole::dp_replicate);
+    const int shard_dim =
+        dims.has(DimRole::dp_shard) ? dims.index(DimRole::dp_shard) : dims.index(DimRole::dp_replicate);
     const int n = dims.mesh()[shard_dim].size * dims.size(DimRole::cp);
     std::map<const Parameter*, Placement> tp;  // each styled parameter's placement on tp
     for (const ResolvedStyle& rs : res.styles)
@@ -44,7 +45,8 @@ void check_fsdp_over_cp(const Model& model, const Plan& plan, const Resolution& 
             if (global.empty()) continue;
             const auto it = tp.find(p);
             for (int r = 0; r < res.tp; ++r) {
-                const int64_t rows = it == tp.end() ? global[0] : local_shape(global, it->second, res.tp, r)[0];
+                const int64_t rows =
+                    it == tp.end() ? global[0] : local_shape(global, it->second, res.tp, r)[0];
                 if (rows % n != 0)
                     throw InputError(
                         plan.context_parallel->where,

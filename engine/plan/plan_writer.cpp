@@ -179,7 +179,7 @@ std::vector<std::string> repeated_blocks(const Model& model) {
 std::string write_plan(const Model& model, const TensorParallelTemplate& tp, const PlanChoice& c) {
     std::string s;
     std::vector<std::string> dims;
-    if (c.pp > 1) dims.push_back(fmt::format("pp: {}", c.pp));  // outermost: the dim that crosses nodes
+    if (c.pp > 1) dims.push_back(fmt::format("pp: {}", c.pp));      // outermost: the dim that crosses nodes
     const bool dp_section = c.dp > 1 || c.param_dtype || c.cp > 1;  // fully_shard over dp x cp
     if (dp_section && c.hybrid())
         dims.push_back(fmt::format("dp_replicate: {}, dp_shard: {}", c.dp_replicate(), c.dp_shard));

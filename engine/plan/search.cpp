@@ -142,8 +142,9 @@ public:
         for (PlanChoice& c : piped) {
             double compute = 0;  // the fastest compute of a fitting dp x tp plan over the same ranks
             for (const Candidate& f : r_.fitting)
-                if (f.choice.pp == 1 && f.choice.cp == 1 && f.choice.tp == c.tp && f.choice.dp == c.dp * c.pp &&
-                    f.choice.same_checkpointing(c) && (compute == 0 || f.time.compute < compute))
+                if (f.choice.pp == 1 && f.choice.cp == 1 && f.choice.tp == c.tp &&
+                    f.choice.dp == c.dp * c.pp && f.choice.same_checkpointing(c) &&
+                    (compute == 0 || f.time.compute < compute))
                     compute = f.time.compute;
             const int m = pipeline_microbatches(c);
             const double bound =
@@ -368,16 +369,19 @@ private:
     void add_context_parallel(const PlanChoice& base, std::vector<PlanChoice>& groups) {
         const Shape& in = full_.input.shape;
         if (in.size() < (full_.input.ids ? 2u : 3u)) return;  // no sequence dim
-        for (int cp = 2; cp * base.tp <= cluster_.gpus_per_node && r_.world_size % (cp * base.tp) == 0; cp *= 2) {
+        for (int cp = 2; cp * base.tp <= cluster_.gpus_per_node && r_.world_size % (cp * base.tp) == 0;
+             cp *= 2) {
             const int dp = r_.world_size / base.tp / cp;
             const std::string shape = fmt::format("dp={} x cp={} x tp={}", dp, cp, base.tp);
             if (in[1] % (2 * cp) != 0) {
                 r_.rejected.push_back(
-                    {shape, fmt::format("the sequence of {} does not cut into {} chunks (2 x cp)", in[1], 2 * cp)});
+                    {shape,
+                     fmt::format("the sequence of {} does not cut into {} chunks (2 x cp)", in[1], 2 * cp)});
                 continue;
             }
             if (rows_ % dp) {
-                r_.rejected.push_back({shape, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp)});
+                r_.rejected.push_back(
+                    {shape, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp)});
                 continue;
             }
             PlanChoice c = base;
@@ -467,8 +471,9 @@ private:
         if (c.pp > 1) return evaluate_pipeline(c, fit, refusal, count);
         const std::string dp =
             c.hybrid() ? fmt::format("{}x{}", c.dp_replicate(), c.dp_shard) : std::to_string(c.dp);
-        const std::string shape = fmt::format("dp={}{} x tp={} {}{}", dp, c.cp > 1 ? fmt::format(" x cp={}", c.cp) : "",
-                                              c.tp, c.mode_name(), checkpointed(c));
+        const std::string shape =
+            fmt::format("dp={}{} x tp={} {}{}", dp, c.cp > 1 ? fmt::format(" x cp={}", c.cp) : "", c.tp,
+                        c.mode_name(), checkpointed(c));
         const std::string plan_text = write_plan(full_, tpl_, c);
         const Plan plan = load_plan_text(plan_text, "generated.yaml");
         const int64_t first = full_.gradient_accumulation,
