@@ -10,13 +10,12 @@ std::vector<Chunk> ContextShard::chunks_of(int64_t seq, int parts, int rank, boo
     return {{rank * len, len}, {(n - 1 - rank) * len, len}};
 }
 
-ContextShard ContextShard::make(int64_t seq, int parts, int rank, bool load_balance, RotateMethod rotate,
-                                Communicator* comm) {
+ContextShard ContextShard::make(int64_t seq, int parts, int rank, bool load_balance, Communicator* comm) {
     PTOOL_REQUIRE(parts >= 1 && seq % pieces(parts, load_balance) == 0, "a sequence of {} in {} pieces", seq,
                   pieces(parts, load_balance));
     ContextShard s;
     s.seq = seq, s.parts = parts, s.rank = rank, s.load_balance = load_balance && parts > 1;
-    s.rotate = rotate, s.comm = comm;
+    s.comm = comm;
     s.chunks = chunks_of(seq, parts, rank, s.load_balance);
     for (const Chunk& c : s.chunks)
         for (int64_t p = c.offset; p < c.offset + c.length; ++p) s.positions.push_back(p);

@@ -30,14 +30,12 @@ struct ContextShard {
     int64_t seq = 0;  // the whole sequence
     int parts = 1, rank = 0;
     bool load_balance = false;
-    RotateMethod rotate = RotateMethod::allgather;
     Communicator* comm = nullptr;    // the cp group
     std::vector<Chunk> chunks;       // this rank's ranges of positions, in local order
     std::vector<int64_t> positions;  // the global position of each local token
 
     // InputError-free: the caller has checked that seq divides into parts (2 x parts balanced).
-    static ContextShard make(int64_t seq, int parts, int rank, bool load_balance, RotateMethod rotate,
-                             Communicator* comm);
+    static ContextShard make(int64_t seq, int parts, int rank, bool load_balance, Communicator* comm);
     // Rank r's ranges of positions.
     static std::vector<Chunk> chunks_of(int64_t seq, int parts, int rank, bool load_balance);
     // How many chunks the sequence is cut into (parts, or 2 x parts balanced): it must divide the sequence.

@@ -93,6 +93,18 @@ public:
         roles_[d] = role;
         sections_[d] = section;
     }
+    // A section's mesh_dim key claimed for `role`, or on a 1-D mesh without the key its one dim (as
+    // PyTorch's 1-D DeviceMesh); a mesh of more dims needs the key.
+    void claim_section_dim(YamlMap& section_map, const YamlNode& node, DimRole role, const char* section) {
+        const std::set<std::string> all = names();
+        if (auto dim = section_map.get("mesh_dim"))
+            claim(dim->as_string("'mesh_dim'"), role, *dim, section);
+        else if (all.size() == 1)
+            claim(*all.begin(), role, node, section);
+        else
+            node.fail(fmt::format("'{}' needs 'mesh_dim': the mesh has {} dims ({})", section, all.size(),
+                                  fmt::join(all, ", ")));
+    }
     // The role of a dim already claimed (data_parallel's, once its mode is read)
     void set_role(const std::string& dim, DimRole role) { roles_[index(dim)] = role; }
     ParallelDims dims() const { return ParallelDims(mesh_, roles_); }
@@ -392,16 +404,7 @@ std::vector<MeshDim> parse_mesh(const YamlNode& mesh, Plan& plan) {
 
 void parse_tensor_parallel(const YamlNode& node, Plan& plan, RoleClaims& claims) {
     YamlMap t(node, "'tensor_parallel'");
-    const std::set<std::string> names = claims.names();
-    if (!t.has("mesh_dim") && names.size() == 1) {  // a 1-D mesh: its one dim, as PyTorch's 1-D DeviceMesh
-        claims.claim(*names.begin(), DimRole::tp, node, "tensor_parallel");
-    } else {
-        if (!t.has("mesh_dim"))
-            node.fail(fmt::format("'tensor_parallel' needs 'mesh_dim': the mesh has {} dims ({})",
-                                  names.size(), fmt::join(names, ", ")));
-        YamlNode dim = t.at("mesh_dim");
-        claims.claim(dim.as_string("'mesh_dim'"), DimRole::tp, dim, "tensor_parallel");
-    }
+    claims.claim_section_dim(t, node, DimRole::tp, "tensor_parallel");
     plan.dims = claims.dims();  // src_data_rank is checked against the tp dim's size
     if (auto src = t.get("src_data_rank")) {
         plan.src_data_rank_where = src->where();
@@ -443,14 +446,7 @@ void parse_pipeline(const YamlNode& node, Plan& plan, RoleClaims& claims) {
     YamlMap pm(node, "'pipeline_parallel'");
     PipelineSpec s;
     s.where = node.where();
-    const std::set<std::string> names = claims.names();
-    if (auto dim = pm.get("mesh_dim"))
-        claims.claim(dim->as_string("'mesh_dim'"), DimRole::pp, *dim, "pipeline_parallel");
-    else if (names.size() == 1)
-        claims.claim(*names.begin(), DimRole::pp, node, "pipeline_parallel");
-    else
-        node.fail(fmt::format("'pipeline_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(),
-                              fmt::join(names, ", ")));
+    claims.claim_section_dim(pm, node, DimRole::pp, "pipeline_parallel");
     const ParallelDims dims = claims.dims();
     if (auto v = pm.get("schedule")) {
         // ptool's names, and torch's / torchtitan's spellings of the same schedules
@@ -557,14 +553,7 @@ void parse_context_parallel(const YamlNode& node, Plan& plan, RoleClaims& claims
     YamlMap cm(node, "'context_parallel'");
     ContextParallelSpec s;
     s.where = node.where();
-    const std::set<std::string> names = claims.names();
-    if (auto dim = cm.get("mesh_dim"))
-        claims.claim(dim->as_string("'mesh_dim'"), DimRole::cp, *dim, "context_parallel");
-    else if (names.size() == 1)
-        claims.claim(*names.begin(), DimRole::cp, node, "context_parallel");
-    else
-        node.fail(fmt::format("'context_parallel' needs 'mesh_dim': the mesh has {} dims ({})", names.size(),
-                              fmt::join(names, ", ")));
+    claims.claim_section_dim(cm, node, DimRole::cp, "context_parallel");
     if (auto r = cm.get("rotate_method")) {
         const std::string v = r->as_string("'rotate_method'");
         s.rotate_where = r->where();
