@@ -36,12 +36,12 @@ std::string plan_error(const std::string& text) {
 }  // namespace
 
 TEST_CASE("a cp rank's positions: chunk r, or chunks r and 2cp-1-r load-balanced", "[cpu]") {
-    const ContextShard plain0 = ContextShard::make(8, 2, 0, false, nullptr),
-                       plain1 = ContextShard::make(8, 2, 1, false, nullptr);
+    const ContextShard plain0 = ContextShard::make(8, 2, 0, false, RotateMethod::allgather, nullptr),
+                       plain1 = ContextShard::make(8, 2, 1, false, RotateMethod::allgather, nullptr);
     CHECK(plain0.positions == std::vector<int64_t>{0, 1, 2, 3});
     CHECK(plain1.positions == std::vector<int64_t>{4, 5, 6, 7});
     std::vector<std::vector<int64_t>> balanced;
-    for (int r = 0; r < 4; ++r) balanced.push_back(ContextShard::make(16, 4, r, true, nullptr).positions);
+    for (int r = 0; r < 4; ++r) balanced.push_back(ContextShard::make(16, 4, r, true, RotateMethod::allgather, nullptr).positions);
     CHECK(balanced[0] == std::vector<int64_t>{0, 1, 14, 15});
     CHECK(balanced[1] == std::vector<int64_t>{2, 3, 12, 13});
     CHECK(balanced[3] == std::vector<int64_t>{6, 7, 8, 9});
@@ -58,7 +58,7 @@ TEST_CASE("a cp rank's positions: chunk r, or chunks r and 2cp-1-r load-balanced
     CHECK(ContextShard::pieces(4, true) == 8);
     CHECK(ContextShard::pieces(4, false) == 4);
     // one rank: the whole sequence, nothing balanced
-    const ContextShard one = ContextShard::make(6, 1, 0, true, nullptr);
+    const ContextShard one = ContextShard::make(6, 1, 0, true, RotateMethod::allgather, nullptr);
     CHECK(one.local() == 6);
     CHECK_FALSE(one.load_balance);
 }
@@ -69,8 +69,8 @@ TEST_CASE("cp order and position order convert both ways; take cuts a rank's tok
         INFO("load_balance " << balance);
         std::vector<Tensor> pieces;
         for (int r = 0; r < 2; ++r)
-            pieces.push_back(ContextShard::make(8, 2, r, balance, nullptr).take(whole, 1));
-        const ContextShard s = ContextShard::make(8, 2, 0, balance, nullptr);
+            pieces.push_back(ContextShard::make(8, 2, r, balance, RotateMethod::allgather, nullptr).take(whole, 1));
+        const ContextShard s = ContextShard::make(8, 2, 0, balance, RotateMethod::allgather, nullptr);
         const Tensor gathered = cat(pieces, 1);  // what an all_gather along the sequence gives
         CHECK(same(s.natural(gathered, 1), whole));
         CHECK(same(s.cp_ordered(whole, 1), gathered));

@@ -69,6 +69,23 @@ public:
     // Row softmax over the last dim of x: [.., T, S]; causal masks s > t (+ S - T offset).
     virtual void softmax(const Tensor& x, bool causal, Tensor& y) = 0;
     virtual void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+    // A flash kernel's row softmax in blocks of keys (ring attention, model/modules/attention_ring.cpp).
+    // m (the row's max) and l (its sum of exp(x - m)): [rows], float32 (float64 for float64 x); a row
+    // whose every score is -inf has m = -inf, l = 0 and probabilities 0.
+    // softmax_stats: y = softmax(x) per row, with its m and l.
+    virtual void softmax_stats(const Tensor& x, Tensor& y, Tensor& m, Tensor& l) = 0;
+    // softmax_merge: rows o [rows, hd] (m, l) merged with another block's o_b (m_b, l_b) by the
+    // log-sum-exp rule: M = max(m, m_b), a = l e^(m - M), b = l_b e^(m_b - M), o = (a o + b o_b) /
+    // (a + b), m = M, l = a + b (rows where a + b = 0 stay 0).
+    virtual void softmax_merge(Tensor& o, Tensor& m, Tensor& l, const Tensor& o_b, const Tensor& m_b,
+                               const Tensor& l_b) = 0;
+    // softmax_from_stats: y = exp(x - m) / l per row (0 where l = 0): one block's probabilities under
+    // the whole row's statistics.
+    virtual void softmax_from_stats(const Tensor& x, const Tensor& m, const Tensor& l, Tensor& y) = 0;
+    // softmax_backward_rows: dx = y * (dy - D), D = sum(o * d_o) per row (o, d_o: [rows, hd], the
+    // attention's output and its gradient): softmax_backward of one block of a row's keys.
+    virtual void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o,
+                                       Tensor& dx) = 0;
 
     // Losses return the loss and write d(loss)/d(input) (upstream gradient 1).
     virtual double cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) = 0;

@@ -10,15 +10,20 @@ std::vector<Chunk> ContextShard::chunks_of(int64_t seq, int parts, int rank, boo
     return {{rank * len, len}, {(n - 1 - rank) * len, len}};
 }
 
-ContextShard ContextShard::make(int64_t seq, int parts, int rank, bool load_balance, Communicator* comm) {
+ContextShard ContextShard::make(int64_t seq, int parts, int rank, bool load_balance, RotateMethod rotate,
+                                Communicator* comm) {
     PTOOL_REQUIRE(parts >= 1 && seq % pieces(parts, load_balance) == 0, "a sequence of {} in {} pieces", seq,
                   pieces(parts, load_balance));
     ContextShard s;
     s.seq = seq, s.parts = parts, s.rank = rank, s.load_balance = load_balance && parts > 1;
-    s.comm = comm;
+    s.rotate = rotate, s.comm = comm;
     s.chunks = chunks_of(seq, parts, rank, s.load_balance);
-    for (const Chunk& c : s.chunks)
-        for (int64_t p = c.offset; p < c.offset + c.length; ++p) s.positions.push_back(p);
+    for (int r = 0; r < parts; ++r) {
+        std::vector<int64_t>& at = s.rank_positions.emplace_back();
+        for (const Chunk& c : chunks_of(seq, parts, r, s.load_balance))
+            for (int64_t p = c.offset; p < c.offset + c.length; ++p) at.push_back(p);
+    }
+    s.positions = s.rank_positions[static_cast<size_t>(rank)];
     return s;
 }
 

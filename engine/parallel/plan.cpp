@@ -557,11 +557,9 @@ void parse_context_parallel(const YamlNode& node, Plan& plan, RoleClaims& claims
     if (auto r = cm.get("rotate_method")) {
         const std::string v = r->as_string("'rotate_method'");
         s.rotate_where = r->where();
-        if (v == "alltoall")
-            r->fail("rotate_method 'alltoall' (ring attention): ptool does not run it yet; use allgather");
-        if (v != "allgather")
+        if (v != "allgather" && v != "alltoall")
             r->fail(fmt::format("rotate_method '{}'{}", v, did_you_mean(v, {"allgather", "alltoall"})));
-        s.rotate = RotateMethod::allgather;
+        s.rotate = v == "alltoall" ? RotateMethod::alltoall : RotateMethod::allgather;
     }
     s.load_balance = cm.bool_or("load_balance", true);
     cm.finish();

@@ -2,6 +2,27 @@
 #include "plan/explain.h"
 
 namespace ptool {
+namespace {
+
+// The ring's hops of one attention (model/modules/attention_ring.cpp), each a send and a recv of a
+// block of `block` bytes: forward, cp - 1 hops of keys and values (again when recomputed); backward,
+// cp - 1 hops of keys, values and their gradients, then one of the gradients home.
+void ring_comm(const std::string& fqn, int64_t block, int cp, bool recomputed, std::vector<CommCost>& forward,
+               std::vector<CommCost>& backward) {
+    auto hop = [&](std::vector<CommCost>& into, int tensors, Phase phase) {
+        for (int i = 0; i < tensors; ++i) {
+            into.push_back({"send", block, fqn, phase});
+            into.push_back({"recv", block, fqn, phase});
+        }
+    };
+    for (int s = 0; s + 1 < cp; ++s) hop(forward, 2, Phase::forward);
+    if (recomputed)
+        for (int s = 0; s + 1 < cp; ++s) hop(backward, 2, Phase::backward);
+    for (int s = 0; s + 1 < cp; ++s) hop(backward, 4, Phase::backward);
+    hop(backward, 2, Phase::backward);
+}
+
+}  // namespace
 
 void explain_context_parallel(const Model& model, const Plan& plan, Explanation& ex,
                               const std::function<Shape(const Parameter*, int tp_rank)>& tp_local) {
@@ -28,6 +49,10 @@ void explain_context_parallel(const Model& model, const Plan& plan, Explanation&
         if (!k) continue;
         const Shape local = local_shape(k->out.global, k->out.p, res.tp, 0);
         const int64_t bytes = local[0] * seq * local[2] * es;
+        if (plan.context_parallel->rotate == RotateMethod::alltoall) {
+            ring_comm(fqn, bytes / cp, cp, recomputed(fqn), forward, backward);
+            continue;
+        }
         forward.push_back({"all_gather", bytes, fqn, Phase::forward});
         forward.push_back({"all_gather", bytes, fqn, Phase::forward});
         if (recomputed(fqn)) {

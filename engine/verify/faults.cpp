@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "backend/forwarding_backend.h"
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
 #include "model/context_shard.h"
@@ -105,9 +106,28 @@ private:
     bool shifted_ = false;
 };
 
-// cp_position_offset and cp_permutation_kept on an attention: its forward and backward (and a
-// recompute's) see a context shard of the fault's making in place of the run's: the positions
-// 0..t-1, or the load-balanced positions with the gather's cp order taken for position order.
+// cp_merge_unscaled's backend: the ring's log-sum-exp merge without the max, each block's sum of
+// exp(s - its own max) added as if every block's max were the same (a = l, b = l_b).
+class UnscaledMergeBackend final : public ForwardingBackend {
+public:
+    using ForwardingBackend::ForwardingBackend;
+    void softmax_merge(Tensor& o, Tensor& m, Tensor& l, const Tensor& o_b, const Tensor& m_b,
+                       const Tensor& l_b) override {
+        Tensor o_true = o.clone(), m_true = m.clone(), l_true = l.clone();
+        inner_.softmax_merge(o_true, m_true, l_true, o_b, m_b, l_b);  // the running max it should keep
+        Tensor same = empty_like(m);  // every max read as 0: the merge's weights are the raw sums
+        inner_.fill(same, 0.0);
+        inner_.softmax_merge(o, same, l, o_b, same.clone(), l_b);
+        inner_.copy(m_true, m);
+    }
+};
+
+// The context parallel faults on an attention (cp_position_offset, cp_permutation_kept,
+// cp_mask_unshifted, cp_merge_unscaled): its forward and backward (and a recompute's) see a
+// context shard of the fault's making in place of the run's: the positions 0..t-1; the
+// load-balanced positions with the gather's cp order taken for position order (the ring's blocks
+// read as contiguous chunks); every ring block's keys at the rank's own positions; or (the shard
+// unchanged) a backend whose ring merge drops the max.
 class ContextFaultHooks final : public ModuleHooks {
 public:
     explicit ContextFaultHooks(FaultKind kind) : kind_(kind) {}
@@ -116,7 +136,7 @@ public:
         return x;
     }
     Placed post_forward(RunContext& c, Module&, const Placed& y) override {
-        c.context = real_;
+        restore(c);
         return y;
     }
     Placed post_forward_backward(RunContext& c, Module&, const Placed& dy) override {
@@ -124,25 +144,44 @@ public:
         return dy;
     }
     Placed pre_forward_backward(RunContext& c, Module&, const Placed& dx) override {
-        c.context = real_;
+        restore(c);
         return dx;
     }
 
 private:
+    void restore(RunContext& c) {
+        c.context = real_;
+        if (real_backend_) c.backend = real_backend_, real_backend_ = nullptr;
+    }
     void swap_in(RunContext& c) {
         real_ = c.context;
         if (!real_ || real_->parts == 1) return;
+        if (kind_ == FaultKind::cp_merge_unscaled) {
+            real_backend_ = c.backend;
+            unscaled_.emplace(*c.backend);
+            c.backend = &*unscaled_;
+            return;
+        }
         wrong_ = *real_;
-        if (kind_ == FaultKind::cp_position_offset)
-            for (size_t i = 0; i < wrong_.positions.size(); ++i)
-                wrong_.positions[i] = static_cast<int64_t>(i);
-        else
+        if (kind_ == FaultKind::cp_position_offset) {
+            for (size_t i = 0; i < wrong_.positions.size(); ++i) wrong_.positions[i] = static_cast<int64_t>(i);
+        } else if (kind_ == FaultKind::cp_permutation_kept) {
             wrong_.load_balance = false;  // natural() leaves the gathered keys in cp order
+            for (int r = 0; r < wrong_.parts; ++r) {  // the ring's blocks read as contiguous chunks
+                std::vector<int64_t>& at = wrong_.rank_positions[static_cast<size_t>(r)];
+                const int64_t len = static_cast<int64_t>(at.size());
+                for (int64_t i = 0; i < len; ++i) at[static_cast<size_t>(i)] = r * len + i;
+            }
+        } else {  // cp_mask_unshifted: every block masked as the rank's own (the diagonal block's)
+            for (auto& at : wrong_.rank_positions) at = wrong_.positions;
+        }
         c.context = &wrong_;
     }
     FaultKind kind_;
     const ContextShard* real_ = nullptr;
     ContextShard wrong_;
+    Backend* real_backend_ = nullptr;
+    std::optional<UnscaledMergeBackend> unscaled_;
 };
 
 // sac_stale_output on an op of a region under the op-level selective policy: what it keeps for
@@ -348,6 +387,21 @@ private:
 // activation again for m's; pp_detached_input:S sends zeros for the input's gradient. A boundary
 // between two stages of one rank has no send (the stages hand over in memory): not hit.
 void FaultComm::batch_isend_irecv(const std::vector<P2POp>& ops) {
+    if (fault_.hits(FaultKind::cp_kv_grads_local, module()) && site().is(CommSiteKind::context_kv)) {
+        // the ring's last hop not taken: each rank keeps the block gradients it holds as its own
+        std::vector<P2POp> kept;
+        std::map<int, const Tensor*> sent;
+        for (const P2POp& op : ops) {
+            const bool home = op.tag == ring_return_keys || op.tag == ring_return_values;
+            if (!home) kept.push_back(op);
+            else if (op.kind == P2POp::Kind::send) sent[op.tag] = op.tensor;
+        }
+        for (const P2POp& op : ops)
+            if (op.kind == P2POp::Kind::recv && sent.count(op.tag))
+                backend_for(op.tensor->device()).copy(*sent[op.tag], *op.tensor);
+        if (!kept.empty()) inner_->batch_isend_irecv(kept);
+        return;
+    }
     const bool wrong = pp_ && fault_.is(FaultKind::pp_wrong_activation);
     const bool detached = pp_ && fault_.is(FaultKind::pp_detached_input);
     if (!wrong && !detached) return inner_->batch_isend_irecv(ops);
@@ -504,8 +558,9 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
             m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(*fault_.kind));
     });
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        if (dynamic_cast<const Attention*>(&m) && (fault_.hits(FaultKind::cp_position_offset, fqn) ||
-                                                   fault_.hits(FaultKind::cp_permutation_kept, fqn)))
+        if (dynamic_cast<const Attention*>(&m) &&
+            (fault_.hits(FaultKind::cp_position_offset, fqn) || fault_.hits(FaultKind::cp_permutation_kept, fqn) ||
+             fault_.hits(FaultKind::cp_mask_unshifted, fqn) || fault_.hits(FaultKind::cp_merge_unscaled, fqn)))
             m.add_outer_hooks(std::make_shared<ContextFaultHooks>(*fault_.kind));
     });
     if (fault_.is(FaultKind::sac_stale_output))  // every op under the region the fault names

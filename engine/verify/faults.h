@@ -61,6 +61,8 @@ enum class FaultKind {
     cp_permutation_kept,
     cp_kv_grads_local,
     cp_grads_unsynced,
+    cp_mask_unshifted,
+    cp_merge_unscaled,
 };
 
 enum class FaultSection { tensor_parallel, data_parallel, training, mixed_precision, pipeline, context };
@@ -157,9 +159,16 @@ inline constexpr FaultClass kFaultClasses[] = {
      "inverted) while its mask reads them in position order"},
     {FaultKind::cp_kv_grads_local, "cp_kv_grads_local", FaultSection::context, "MODULE",
      "an attention's key and value gradients are not returned to the cp ranks that hold those positions "
-     "(each keeps its own queries' part of its own keys and values)"},
+     "(allgather: each keeps its own queries' part of its own keys and values; ring: the last hop is not "
+     "taken, each keeps the block it holds)"},
     {FaultKind::cp_grads_unsynced, "cp_grads_unsynced", FaultSection::context, "*",
      "the parameters' gradients are not averaged over cp (each rank steps with its own tokens' gradient)"},
+    {FaultKind::cp_mask_unshifted, "cp_mask_unshifted", FaultSection::context, "MODULE",
+     "ring (rotate_method alltoall): an attention masks every block that comes round the ring as its own "
+     "(the causal mask not shifted to the block's positions)"},
+    {FaultKind::cp_merge_unscaled, "cp_merge_unscaled", FaultSection::context, "MODULE",
+     "ring: an attention merges the blocks' partial softmaxes without the max (each block's sum of "
+     "exp(s - its own max) added as if the maxima were equal)"},
 };
 
 const FaultClass& fault_class(FaultKind k);

@@ -87,6 +87,85 @@ void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx)
     });
 }
 
+// Flash attention's blocked softmax (backend.h). Stats are in the accumulate type A.
+void CpuBackend::softmax_stats(const Tensor& x, Tensor& y, Tensor& m, Tensor& l) {
+    const int64_t s = x.size(-1), rows = s == 0 ? 0 : x.numel() / s;
+    PTOOL_REQUIRE(m.numel() == rows && l.numel() == rows, "softmax_stats: stats must have {} rows", rows);
+    dispatch_float(x.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        const T* px = x.data<T>();
+        T* py = y.data<T>();
+        A *pm = m.data<A>(), *pl = l.data<A>();
+        for (int64_t r = 0; r < rows; ++r) {
+            A mx = -std::numeric_limits<A>::infinity();
+            for (int64_t j = 0; j < s; ++j) mx = std::max(mx, A(px[r * s + j]));
+            A sum = 0;
+            if (mx != -std::numeric_limits<A>::infinity())
+                for (int64_t j = 0; j < s; ++j) sum += std::exp(A(px[r * s + j]) - mx);
+            for (int64_t j = 0; j < s; ++j)
+                py[r * s + j] = T(sum > 0 ? std::exp(A(px[r * s + j]) - mx) / sum : A(0));
+            pm[r] = mx, pl[r] = sum;
+        }
+    });
+}
+
+void CpuBackend::softmax_merge(Tensor& o, Tensor& m, Tensor& l, const Tensor& o_b, const Tensor& m_b,
+                               const Tensor& l_b) {
+    const int64_t d = o.size(-1), rows = d == 0 ? 0 : o.numel() / d;
+    PTOOL_REQUIRE(m.numel() == rows && l.numel() == rows && m_b.numel() == rows && l_b.numel() == rows &&
+                      o_b.numel() == o.numel(),
+                  "softmax_merge: {} rows of {}", rows, d);
+    dispatch_float(o.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        T* po = o.data<T>();
+        const T* pb = o_b.data<T>();
+        A *pm = m.data<A>(), *pl = l.data<A>();
+        const A *pmb = m_b.data<A>(), *plb = l_b.data<A>();
+        for (int64_t r = 0; r < rows; ++r) {
+            const A mx = std::max(pm[r], pmb[r]);
+            const A a = pl[r] > 0 ? pl[r] * std::exp(pm[r] - mx) : A(0),
+                    b = plb[r] > 0 ? plb[r] * std::exp(pmb[r] - mx) : A(0), sum = a + b;
+            for (int64_t j = 0; j < d; ++j)
+                po[r * d + j] = T(sum > 0 ? (a * A(po[r * d + j]) + b * A(pb[r * d + j])) / sum : A(0));
+            pm[r] = mx, pl[r] = sum;
+        }
+    });
+}
+
+void CpuBackend::softmax_from_stats(const Tensor& x, const Tensor& m, const Tensor& l, Tensor& y) {
+    const int64_t s = x.size(-1), rows = s == 0 ? 0 : x.numel() / s;
+    PTOOL_REQUIRE(m.numel() == rows && l.numel() == rows, "softmax_from_stats: stats must have {} rows", rows);
+    dispatch_float(x.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        const T* px = x.data<T>();
+        T* py = y.data<T>();
+        const A *pm = m.data<A>(), *pl = l.data<A>();
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < s; ++j)
+                py[r * s + j] = T(pl[r] > 0 ? std::exp(A(px[r * s + j]) - pm[r]) / pl[r] : A(0));
+    });
+}
+
+void CpuBackend::softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o,
+                                       Tensor& dx) {
+    const int64_t s = y.size(-1), rows = s == 0 ? 0 : y.numel() / s, d = o.size(-1);
+    PTOOL_REQUIRE(o.numel() == rows * d && d_o.numel() == rows * d, "softmax_backward_rows: {} rows", rows);
+    dispatch_float(y.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        const T *py = y.data<T>(), *pdy = dy.data<T>(), *po = o.data<T>(), *pdo = d_o.data<T>();
+        T* pdx = dx.data<T>();
+        for (int64_t r = 0; r < rows; ++r) {
+            A dot = 0;
+            for (int64_t j = 0; j < d; ++j) dot += A(po[r * d + j]) * A(pdo[r * d + j]);
+            for (int64_t j = 0; j < s; ++j) pdx[r * s + j] = T(A(py[r * s + j]) * (A(pdy[r * s + j]) - dot));
+        }
+    });
+}
+
 // torch.nn.functional.cross_entropy, reduction='mean', ignore_index=-100. logits: [N, V], target: [N].
 double CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) {
     const int64_t v = logits.size(-1), n = v == 0 ? 0 : logits.numel() / v;

@@ -68,6 +68,12 @@ public:
     void transpose12(const Tensor& x, Tensor& y) override;
     void softmax(const Tensor& x, bool causal, Tensor& y) override;
     void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+    void softmax_stats(const Tensor& x, Tensor& y, Tensor& m, Tensor& l) override;
+    void softmax_merge(Tensor& o, Tensor& m, Tensor& l, const Tensor& o_b, const Tensor& m_b,
+                       const Tensor& l_b) override;
+    void softmax_from_stats(const Tensor& x, const Tensor& m, const Tensor& l, Tensor& y) override;
+    void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o,
+                               Tensor& dx) override;
 
     double cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) override;
     double mse(const Tensor& out, const Tensor& target, Tensor& dout) override;

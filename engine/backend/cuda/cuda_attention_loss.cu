@@ -94,6 +94,64 @@ __global__ void softmax_backward_kernel(const D* y, const D* dy, D* dx, int64_t 
     }
 }
 
+// Flash attention's blocked softmax (backend.h): one block per row; stats in the accumulate type.
+template <class D>
+__global__ void softmax_stats_kernel(const D* x, D* y, dacc_t<D>* m, dacc_t<D>* l, int64_t rows, int64_t s) {
+    using A = dacc_t<D>;
+    __shared__ A scratch[32];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        A mx = -std::numeric_limits<A>::infinity();
+        for (int64_t j = threadIdx.x; j < s; j += blockDim.x) mx = max(mx, to_acc(x[r * s + j]));
+        mx = block_max(mx, scratch);
+        A sum = 0;
+        if (mx != -std::numeric_limits<A>::infinity())
+            for (int64_t j = threadIdx.x; j < s; j += blockDim.x) sum += exp(to_acc(x[r * s + j]) - mx);
+        sum = block_sum(sum, scratch);
+        for (int64_t j = threadIdx.x; j < s; j += blockDim.x)
+            y[r * s + j] = from_acc<D>(sum > 0 ? exp(to_acc(x[r * s + j]) - mx) / sum : A(0));
+        if (threadIdx.x == 0) m[r] = mx, l[r] = sum;
+    }
+}
+
+template <class D>
+__global__ void softmax_merge_kernel(D* o, dacc_t<D>* m, dacc_t<D>* l, const D* o_b, const dacc_t<D>* m_b,
+                                     const dacc_t<D>* l_b, int64_t rows, int64_t d) {
+    using A = dacc_t<D>;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const A mx = max(m[r], m_b[r]);
+        const A a = l[r] > 0 ? l[r] * exp(m[r] - mx) : A(0), b = l_b[r] > 0 ? l_b[r] * exp(m_b[r] - mx) : A(0),
+                sum = a + b;
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+            o[r * d + j] = from_acc<D>(sum > 0 ? (a * to_acc(o[r * d + j]) + b * to_acc(o_b[r * d + j])) / sum : A(0));
+        __syncthreads();  // every thread has read m[r] and l[r]
+        if (threadIdx.x == 0) m[r] = mx, l[r] = sum;
+    }
+}
+
+template <class D>
+__global__ void softmax_from_stats_kernel(const D* x, const dacc_t<D>* m, const dacc_t<D>* l, D* y, int64_t n,
+                                          int64_t s) {
+    using A = dacc_t<D>;
+    PTOOL_GRID_STRIDE(i, n) {
+        const int64_t r = i / s;
+        y[i] = from_acc<D>(l[r] > 0 ? exp(to_acc(x[i]) - m[r]) / l[r] : A(0));
+    }
+}
+
+template <class D>
+__global__ void softmax_backward_rows_kernel(const D* y, const D* dy, const D* o, const D* d_o, D* dx,
+                                             int64_t rows, int64_t s, int64_t d) {
+    using A = dacc_t<D>;
+    __shared__ A scratch[32];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        A dot = 0;
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += to_acc(o[r * d + j]) * to_acc(d_o[r * d + j]);
+        dot = block_sum(dot, scratch);
+        for (int64_t j = threadIdx.x; j < s; j += blockDim.x)
+            dx[r * s + j] = from_acc<D>(to_acc(y[r * s + j]) * (to_acc(dy[r * s + j]) - dot));
+    }
+}
+
 // Per row: loss_r = lse - x[t] (0 for ignored rows), dlogits = (softmax - onehot) / valid.
 template <class D>
 __global__ void cross_entropy_kernel(const D* logits, const int64_t* target, D* dlogits, double* row_loss,
@@ -211,6 +269,66 @@ void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx
         using D = decltype(tag);
         softmax_backward_kernel<D>
             <<<l.grid, l.block, 0, stream()>>>(ptr<D>(y), ptr<D>(dy), ptr<D>(dx), r.rows, r.cols);
+    });
+    check_launch();
+}
+
+void CudaBackend::softmax_stats(const Tensor& x, Tensor& y, Tensor& m, Tensor& l) {
+    const RowDims r = row_dims(x);
+    PTOOL_REQUIRE(m.numel() == r.rows && l.numel() == r.rows, "softmax_stats: stats must have {} rows", r.rows);
+    const Launch lc = rows_launch(r.rows, r.cols);
+    if (!lc.grid) return;
+    dispatch(x.dtype(), [&](auto tag) {
+        using D = decltype(tag);
+        using A = dacc_t<D>;
+        softmax_stats_kernel<D>
+            <<<lc.grid, lc.block, 0, stream()>>>(ptr<D>(x), ptr<D>(y), ptr<A>(m), ptr<A>(l), r.rows, r.cols);
+    });
+    check_launch();
+}
+
+void CudaBackend::softmax_merge(Tensor& o, Tensor& m, Tensor& l, const Tensor& o_b, const Tensor& m_b,
+                                const Tensor& l_b) {
+    const RowDims r = row_dims(o);
+    PTOOL_REQUIRE(m.numel() == r.rows && l.numel() == r.rows && m_b.numel() == r.rows && l_b.numel() == r.rows &&
+                      o_b.numel() == o.numel(),
+                  "softmax_merge: {} rows of {}", r.rows, r.cols);
+    const Launch lc = rows_launch(r.rows, r.cols);
+    if (!lc.grid) return;
+    dispatch(o.dtype(), [&](auto tag) {
+        using D = decltype(tag);
+        using A = dacc_t<D>;
+        softmax_merge_kernel<D><<<lc.grid, lc.block, 0, stream()>>>(
+            ptr<D>(o), ptr<A>(m), ptr<A>(l), ptr<D>(o_b), ptr<A>(m_b), ptr<A>(l_b), r.rows, r.cols);
+    });
+    check_launch();
+}
+
+void CudaBackend::softmax_from_stats(const Tensor& x, const Tensor& m, const Tensor& l, Tensor& y) {
+    const RowDims r = row_dims(x);
+    PTOOL_REQUIRE(m.numel() == r.rows && l.numel() == r.rows, "softmax_from_stats: stats must have {} rows",
+                  r.rows);
+    const Launch lc = elementwise_launch(x.numel(), sm_count());
+    if (!lc.grid) return;
+    dispatch(x.dtype(), [&](auto tag) {
+        using D = decltype(tag);
+        using A = dacc_t<D>;
+        softmax_from_stats_kernel<D>
+            <<<lc.grid, lc.block, 0, stream()>>>(ptr<D>(x), ptr<A>(m), ptr<A>(l), ptr<D>(y), x.numel(), r.cols);
+    });
+    check_launch();
+}
+
+void CudaBackend::softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o,
+                                        Tensor& dx) {
+    const RowDims r = row_dims(y), ro = row_dims(o);
+    PTOOL_REQUIRE(ro.rows == r.rows && d_o.numel() == o.numel(), "softmax_backward_rows: {} rows", r.rows);
+    const Launch lc = rows_launch(r.rows, std::max(r.cols, ro.cols));
+    if (!lc.grid) return;
+    dispatch(y.dtype(), [&](auto tag) {
+        using D = decltype(tag);
+        softmax_backward_rows_kernel<D><<<lc.grid, lc.block, 0, stream()>>>(
+            ptr<D>(y), ptr<D>(dy), ptr<D>(o), ptr<D>(d_o), ptr<D>(dx), r.rows, r.cols, ro.cols);
     });
     check_launch();
 }

@@ -71,6 +71,18 @@ public:
     void transpose12(const Tensor& x, Tensor& y) override { touch({&x, &y}); }
     void softmax(const Tensor& x, bool, Tensor& y) override { touch({&x, &y}); }
     void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override { touch({&y, &dy, &dx}); }
+    void softmax_stats(const Tensor& x, Tensor& y, Tensor& m, Tensor& l) override { touch({&x, &y, &m, &l}); }
+    void softmax_merge(Tensor& o, Tensor& m, Tensor& l, const Tensor& o_b, const Tensor& m_b,
+                       const Tensor& l_b) override {
+        touch({&o, &m, &l, &o_b, &m_b, &l_b});
+    }
+    void softmax_from_stats(const Tensor& x, const Tensor& m, const Tensor& l, Tensor& y) override {
+        touch({&x, &m, &l, &y});
+    }
+    void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o,
+                               Tensor& dx) override {
+        touch({&y, &dy, &o, &d_o, &dx});
+    }
     double cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) override {
         touch({&logits, &target, &dlogits});
         return 0;

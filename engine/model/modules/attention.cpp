@@ -14,6 +14,7 @@
 #include "model/blocks.h"
 #include "model/context_shard.h"
 #include "model/module_type.h"
+#include "model/modules/attention_heads.h"
 
 namespace ptool {
 namespace {
@@ -124,7 +125,7 @@ Shape Attention::output_shape(const Shape& in) const {
     return in;
 }
 
-namespace {
+namespace attention_heads {
 
 // [B, T, n*hd] -> [B*n, T, hd]
 Tensor split_heads(Backend& be, const Tensor& x, int64_t n) {
@@ -206,14 +207,14 @@ Tensor head_rows(const Tensor& x, int64_t i, int64_t r0, int64_t n) {
 
 // Context parallelism (model/context_shard.h), allgather rotation: every rank's keys or values
 // [N, t, hd] gathered along the sequence into position order [N, T, hd] ...
-Tensor gather_sequence(const ContextShard& cp, const Tensor& x) {
+static Tensor gather_sequence(const ContextShard& cp, const Tensor& x) {
     const Shape whole{x.size(0), cp.seq, x.size(2)};
     return cp.natural(all_gather_dim(x, 1, whole, *cp.comm), 1);
 }
 
 // ... and its adjoint: each rank's gradients of the whole sequence's keys or values summed, this
 // rank's positions kept (a reduce_scatter along the sequence).
-Tensor scatter_sequence(const ContextShard& cp, const Tensor& dx) {
+static Tensor scatter_sequence(const ContextShard& cp, const Tensor& dx) {
     return reduce_scatter_dim(cp.cp_ordered(dx, 1), 1, *cp.comm);
 }
 
@@ -230,7 +231,21 @@ Tensor causal_mask(const ContextShard* cp, int64_t r0, int64_t rows, int64_t key
     return like.device() == Device::cpu ? m : m.to_device(like.device());
 }
 
-}  // namespace
+Tensor position_mask(const std::vector<int64_t>& queries, int64_t r0, int64_t rows,
+                     const std::vector<int64_t>& keys, const Tensor& like) {
+    const int64_t n = static_cast<int64_t>(keys.size());
+    if (like.device() == Device::meta) return Tensor::empty({1, rows, n}, like.dtype(), Device::meta);
+    Tensor m({1, rows, n}, like.dtype());
+    for (int64_t i = 0; i < rows; ++i) {
+        const int64_t at = queries[static_cast<size_t>(r0 + i)];
+        for (int64_t j = 0; j < n; ++j) m.set(i * n + j, keys[static_cast<size_t>(j)] <= at ? 0.0 : -INFINITY);
+    }
+    return like.device() == Device::cpu ? m : m.to_device(like.device());
+}
+
+}  // namespace attention_heads
+
+using namespace attention_heads;
 
 Layout Attention::layout(LayoutVisitor& v, const Layout& in) const {
     const Layout q = v.call(proj(0), in), k = v.call(proj(1), in), val = v.call(proj(2), in);
@@ -316,6 +331,25 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     if (rope_)
         q = rope_->forward(be, q, positions),
         k_heads = rope_->forward(be, k_heads, positions);  // before the kv heads are shared, as HF
+    const Tensor heads_kept = Tensor::scalar(static_cast<double>(heads), DType::float64),
+                 kv_heads_kept = Tensor::scalar(static_cast<double>(kv_heads), DType::float64);
+    // SDPA's flash kernel (and the ring's, which is one) is one op the op-level selective policy
+    // keeps; eager attention's bmm and softmax are not kept (model/selective_recompute.h)
+    const bool ring = cp && cp->ring();
+    const KeptOutput kept = flash_ || ring ? kept_output(ctx, SelectiveOp::attention) : KeptOutput::none;
+    const Shape o_global{q_flat.global[0], q_flat.global[1], dim_};
+    if (ring) {  // keys and values come round the ring (attention_ring.cpp): nothing gathered
+        Tensor o, m, l;
+        if (kept == KeptOutput::take) {
+            o = kept_.take(ctx.microbatch), m = kept_.take(ctx.microbatch), l = kept_.take(ctx.microbatch);
+        } else {
+            o = ring_forward(ctx, q, k_heads, v_heads, {b, heads, kv_heads}, m, l);
+            if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, o), kept_.keep(ctx.microbatch, m),
+                                          kept_.keep(ctx.microbatch, l);
+        }
+        save({q, k_heads, v_heads, o, heads_kept, kv_heads_kept, m, l});
+        return proj(3).forward(ctx, {merge_heads(be, o, b, heads), q_flat.p, o_global});
+    }
     if (cp) {
         CommScope scope(cp->comm->counter().get(), fqn(), {CommSiteKind::context_kv});
         k_heads = gather_sequence(*cp, k_heads), v_heads = gather_sequence(*cp, v_heads);
@@ -323,11 +357,6 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     const Tensor mask = cp && causal_ && !flash_ ? causal_mask(cp, 0, t, cp->seq, q) : Tensor();
     Tensor k = expand_kv(be, k_heads, b, heads, kv_heads);
     Tensor v = expand_kv(be, v_heads, b, heads, kv_heads);
-    const Tensor heads_kept = Tensor::scalar(static_cast<double>(heads), DType::float64),
-                 kv_heads_kept = Tensor::scalar(static_cast<double>(kv_heads), DType::float64);
-    // SDPA's flash kernel is one op the op-level selective policy keeps; eager attention's bmm and
-    // softmax are not kept (model/selective_recompute.h)
-    const KeptOutput kept = flash_ ? kept_output(ctx, SelectiveOp::attention) : KeptOutput::none;
     Tensor o;
     if (kept == KeptOutput::take) {
         o = kept_.take(ctx.microbatch);
@@ -350,8 +379,7 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         save({q, k, v, Tensor(), heads_kept, kv_heads_kept});
         if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, o);
     }
-    return proj(3).forward(
-        ctx, {merge_heads(be, o, b, heads), q_flat.p, {q_flat.global[0], q_flat.global[1], dim_}});
+    return proj(3).forward(ctx, {merge_heads(be, o, b, heads), q_flat.p, o_global});
 }
 
 Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layout&) {
@@ -363,10 +391,14 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     const Placed d_out = proj(3).backward(ctx, dy);  // [B, T, H*hd] as q/k/v's gradients are placed
     const int64_t b = d_out.t.size(0);
     Tensor d_o = split_heads(be, d_out.t, heads);  // [B*H, T, hd]
+    const ContextShard* cp = ctx.context && ctx.context->parts > 1 ? ctx.context : nullptr;
+    if (cp && cp->ring()) {  // (attention_ring.cpp) then the projections, as below
+        Tensor dq, dk_heads, dv_heads;
+        ring_backward(ctx, sv, d_o, {b, heads, kv_heads}, dq, dk_heads, dv_heads);
+        return project_backward(ctx, d_out, dq, dk_heads, dv_heads, {b, heads, kv_heads});
+    }
     Tensor dv = empty_like(v), dq = empty_like(q), dk = empty_like(k);
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    const ContextShard* cp = ctx.context && ctx.context->parts > 1 ? ctx.context : nullptr;
-    const std::vector<int64_t>* positions = ctx.context ? &ctx.context->positions : nullptr;
     // one slice of heads: n heads from row r0 on; dv and dk sum over the query rows, tile by tile
     auto slice_backward = [&](const Tensor& pi, int64_t i, int64_t n, int64_t r0, int64_t rows) {
         const bool whole = rows == q.size(1);
@@ -407,18 +439,27 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
             });
         });
     }
-    // backward through the projections in reverse order of their forward calls
-    // (tensors a module returned are never written in place: observers may hold them)
-    const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};
     Tensor dv_heads = reduce_kv(be, dv, b, heads, kv_heads), dk_heads = reduce_kv(be, dk, b, heads, kv_heads);
     if (cp) {  // every rank's queries' gradients of this rank's keys and values
         CommScope scope(cp->comm->counter().get(), fqn(), {CommSiteKind::context_kv});
         dv_heads = scatter_sequence(*cp, dv_heads), dk_heads = scatter_sequence(*cp, dk_heads);
     }
-    const Placed dx_v = proj(2).backward(ctx, {merge_heads(be, dv_heads, b, kv_heads), d_out.p, kv_global});
+    return project_backward(ctx, d_out, dq, dk_heads, dv_heads, {b, heads, kv_heads});
+}
+
+// Backward through RoPE and the projections, in reverse order of their forward calls (tensors a
+// module returned are never written in place: observers may hold them).
+Placed Attention::project_backward(RunContext& ctx, const Placed& d_out, Tensor dq, Tensor dk_heads,
+                                   const Tensor& dv_heads, RingHeads h) {
+    Backend& be = *ctx.backend;
+    const int64_t b = h.b, heads = h.heads, kv_heads = h.kv_heads;
+    const std::vector<int64_t>* positions = ctx.context ? &ctx.context->positions : nullptr;
+    const Placement& p = d_out.p;
+    const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};
+    const Placed dx_v = proj(2).backward(ctx, {merge_heads(be, dv_heads, b, kv_heads), p, kv_global});
     if (rope_) dq = rope_->backward(be, dq, positions), dk_heads = rope_->backward(be, dk_heads, positions);
-    const Placed dx_k = proj(1).backward(ctx, {merge_heads(be, dk_heads, b, kv_heads), d_out.p, kv_global});
-    const Placed dx_q = proj(0).backward(ctx, {merge_heads(be, dq, b, heads), d_out.p, q_global});
+    const Placed dx_k = proj(1).backward(ctx, {merge_heads(be, dk_heads, b, kv_heads), p, kv_global});
+    const Placed dx_q = proj(0).backward(ctx, {merge_heads(be, dq, b, heads), p, q_global});
     Tensor dx = empty_like(dx_v.t);
     be.add(dx_v.t, dx_k.t, dx);
     be.axpy(1.0, dx_q.t, dx);
