@@ -293,11 +293,14 @@ void explain(const ExplainArgs& a, const Common& c) {
                                  : nlohmann::json(nullptr);
         j["tp"] = ex.tp;
         j["dp"] = ex.dp;
-        j["context_parallel"] = plan.context_parallel
-                                    ? nlohmann::json{{"cp", plan.dims.size(DimRole::cp)},
-                                                     {"load_balance", plan.context_parallel->load_balance},
-                                                     {"rotate_method", "allgather"}}
-                                    : nlohmann::json(nullptr);
+        j["context_parallel"] =
+            plan.context_parallel
+                ? nlohmann::json{{"cp", plan.dims.size(DimRole::cp)},
+                                 {"load_balance", plan.context_parallel->load_balance},
+                                 {"rotate_method", plan.context_parallel->rotate == RotateMethod::alltoall
+                                                       ? "alltoall"
+                                                       : "allgather"}}
+                : nlohmann::json(nullptr);
         const DataParallelResolution& dp = ex.resolution.dp;
         j["buckets"] = nlohmann::json::array();
         for (const auto& r : dp.replicas)

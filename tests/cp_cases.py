@@ -4,13 +4,16 @@
     cp_cases.py PTOOL ROOT
 
 - explain's collectives (each attention's key/value all_gathers and their gradients'
-  reduce_scatters, per microbatch; the gradients' all_reduce over cp; fully_shard over dp x cp)
+  reduce_scatters, or the ring's send/recv hops, per microbatch; the gradients' all_reduce over cp;
+  fully_shard over dp x cp)
   equal, op by op in count and bytes, what verify measures on every shipped cp plan;
 - under `mpirun -np 4` the cp x tp and FSDP x cp plans give verify's verdicts and bitwise the same
   numbers as rank threads;
 - what cannot split exits 2 at the plan's position: a sequence that does not cut into cp chunks (2 x
   cp load-balanced), a model without a sequence dim, fully_shard rows that do not cut over dp x cp,
-  the ring rotation ptool does not run yet.
+  a rotate_method torch does not have;
+- the ring (rotate_method alltoall) and allgather both pass on the same mesh, comparing the same
+  tensors.
 """
 import glob
 import json
@@ -64,7 +67,7 @@ with tempfile.TemporaryDirectory() as tmp:
               f"{name}: no collective over cp")
 
     # mpirun: the same verdict and numbers as threads
-    for name in ("llama_rope_cp_tp", "llama_rope_fsdp_cp"):
+    for name in ("llama_rope_cp_tp", "llama_rope_fsdp_cp", "llama_rope_long_ring_fsdp_cp"):
         plan = f"plans/{name}.yaml"
         reports = {}
         for mpi in (0, 4):
@@ -77,6 +80,18 @@ with tempfile.TemporaryDirectory() as tmp:
             check(reports[4]["backend"] == "mpi", f"{name}: backend {reports[4]['backend']}")
             values = {m: {t["name"]: (t["max_abs"], t["replicas"]) for t in r["tensors"]} for m, r in reports.items()}
             check(values[0] == values[4] and len(values[0]) > 100, f"{name}: threads and mpi differ")
+
+    # the ring and allgather on the same mesh: both pass, on the same tensors
+    ring, gather = {}, {}
+    for rotate, into in (("alltoall", ring), ("allgather", gather)):
+        path = os.path.join(tmp, f"rot_{rotate}.yaml")
+        open(path, "w").write(f"mesh: {{cp: 4}}\ncontext_parallel: {{rotate_method: {rotate}}}\n")
+        out = os.path.join(tmp, f"rot_{rotate}.json")
+        rc, text = run("verify", "models/llama_rope.yaml", path, "--json", out, "-q")
+        check(rc == 0, f"{rotate}: exit {rc}\n{text[-600:]}")
+        if os.path.exists(out):
+            into.update({t["name"]: t["max_abs"] for t in json.load(open(out))["plans"][0]["tensors"]})
+    check(ring.keys() == gather.keys() and len(ring) > 100, f"ring and allgather compare {len(ring)} and {len(gather)} tensors")
 
     # refusals: exit 2 at the plan's context_parallel
     def refused(model, plan_text, *args, want):
@@ -91,8 +106,8 @@ with tempfile.TemporaryDirectory() as tmp:
             want=r"does not cut into 16 equal chunks")
     refused("models/mlp.yaml", "mesh: {cp: 2}\ncontext_parallel: {}\n",
             want=r"context_parallel splits the sequence \(dim 1\)")
-    refused("models/llama_rope.yaml", "mesh: {cp: 2}\ncontext_parallel: {rotate_method: alltoall}\n",
-            want=r"rotate_method 'alltoall' \(ring attention\): ptool does not run it yet")
+    refused("models/llama_rope.yaml", "mesh: {cp: 2}\ncontext_parallel: {rotate_method: ring}\n",
+            want=r"rotate_method 'ring'")
     # a hidden size of 30: the MLP's rows do not cut over dp 2 x cp 2
     odd = os.path.join(tmp, "llama_odd.yaml")
     text = open(f"{ROOT}/models/llama_rope.yaml").read()

@@ -212,7 +212,8 @@ with tempfile.TemporaryDirectory() as tmp:
         ("hf_tiny_llama31", "hf_tiny_llama31_fsdp_tp_sac"), ("gpt2_tied", "gpt2_tied_ddp_core_attn"),
         ("llama_rope", "llama_rope_tp_sp_ac_every2"), ("llama_rope", "llama_rope_cp2"),
         ("llama_rope", "llama_rope_cp4"), ("llama_rope", "llama_rope_fsdp_cp"), ("llama_rope", "llama_rope_cp_tp"),
-        ("llama_rope_long", "llama_rope_long_fsdp_cp"))]
+        ("llama_rope_long", "llama_rope_long_fsdp_cp"), ("llama_rope", "llama_rope_ring_cp4"),
+        ("llama_rope_long", "llama_rope_long_ring_fsdp_cp"))]
     pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
     check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")
     cases += [(re.search(r"(tests/data/)?models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]

@@ -51,6 +51,8 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   cp_permutation_kept    (load-balanced plans) first divergence is a step-0 forward inside the attention
   cp_kv_grads_local      first divergence is a step-0 backward inside the attention (its k/v projections)
   cp_grads_unsynced      first divergence is a step-0 gradient
+  cp_mask_unshifted      (ring plans) first divergence is a step-0 forward inside the attention
+  cp_merge_unscaled      (ring plans) first divergence is a step-0 forward inside the attention
 """
 import glob
 import json
@@ -170,6 +172,9 @@ def context_mutants(ex, first_div):
         if cp["load_balance"]:
             yield ("cp_permutation_kept", f"cp_permutation_kept:{fqn}", first_div(f"step 0 forward `{fqn}."))
         yield ("cp_kv_grads_local", f"cp_kv_grads_local:{fqn}", first_div(f"step 0 backward `{fqn}."))
+        if cp.get("rotate_method") == "alltoall":  # the ring's own: each block's mask, the merge
+            yield ("cp_mask_unshifted", f"cp_mask_unshifted:{fqn}", first_div(f"step 0 forward `{fqn}."))
+            yield ("cp_merge_unscaled", f"cp_merge_unscaled:{fqn}", first_div(f"step 0 forward `{fqn}."))
     # fully_shard over dp_shard x cp averages its units' gradients over cp itself: the class applies
     # where some parameter is not in a unit (its gradient all_reduced over cp)
     in_units = {p for u in ex["units"] for p in u["params"]}

@@ -1,7 +1,10 @@
 // Context parallelism's units: which positions a cp rank holds (load-balanced or not), the
-// conversions between cp order and position order, and the plan section's parsing and refusals.
+// conversions between cp order and position order, the plan section's parsing and refusals, and
+// the ring's blocked softmax (backend.h's softmax_stats / merge / from_stats / backward_rows).
 #include <algorithm>
+#include <cmath>
 
+#include "backend/backend.h"
 #include "model/context_shard.h"
 #include "parallel/plan.h"
 #include "test_helpers.h"
@@ -41,7 +44,8 @@ TEST_CASE("a cp rank's positions: chunk r, or chunks r and 2cp-1-r load-balanced
     CHECK(plain0.positions == std::vector<int64_t>{0, 1, 2, 3});
     CHECK(plain1.positions == std::vector<int64_t>{4, 5, 6, 7});
     std::vector<std::vector<int64_t>> balanced;
-    for (int r = 0; r < 4; ++r) balanced.push_back(ContextShard::make(16, 4, r, true, RotateMethod::allgather, nullptr).positions);
+    for (int r = 0; r < 4; ++r)
+        balanced.push_back(ContextShard::make(16, 4, r, true, RotateMethod::allgather, nullptr).positions);
     CHECK(balanced[0] == std::vector<int64_t>{0, 1, 14, 15});
     CHECK(balanced[1] == std::vector<int64_t>{2, 3, 12, 13});
     CHECK(balanced[3] == std::vector<int64_t>{6, 7, 8, 9});
@@ -69,7 +73,8 @@ TEST_CASE("cp order and position order convert both ways; take cuts a rank's tok
         INFO("load_balance " << balance);
         std::vector<Tensor> pieces;
         for (int r = 0; r < 2; ++r)
-            pieces.push_back(ContextShard::make(8, 2, r, balance, RotateMethod::allgather, nullptr).take(whole, 1));
+            pieces.push_back(
+                ContextShard::make(8, 2, r, balance, RotateMethod::allgather, nullptr).take(whole, 1));
         const ContextShard s = ContextShard::make(8, 2, 0, balance, RotateMethod::allgather, nullptr);
         const Tensor gathered = cat(pieces, 1);  // what an all_gather along the sequence gives
         CHECK(same(s.natural(gathered, 1), whole));
@@ -101,9 +106,10 @@ TEST_CASE("context_parallel claims the cp role; its options and refusals", "[cpu
     CHECK_FALSE(ddp.context_parallel->load_balance);
     CHECK(load_plan_text("mesh: {cp: 4}\ncontext_parallel: {}\n", "p.yaml").dims.index(DimRole::cp) == 0);
 
-    CHECK(plan_error("mesh: {cp: 2}\ncontext_parallel: {rotate_method: alltoall}\n")
-              .find("p.yaml:2:35: rotate_method 'alltoall' (ring attention): ptool does not run it yet") ==
-          0);
+    CHECK(load_plan_text("mesh: {cp: 2}\ncontext_parallel: {rotate_method: alltoall}\n", "p.yaml")
+              .context_parallel->rotate == RotateMethod::alltoall);
+    CHECK(load_plan_text("mesh: {cp: 2}\ncontext_parallel: {}\n", "p.yaml").context_parallel->rotate ==
+          RotateMethod::allgather);
     CHECK(plan_error("mesh: {cp: 2}\ncontext_parallel: {rotate_method: allgathr}\n").find("did you mean") !=
           std::string::npos);
     CHECK(plan_error("mesh: {dp: 2, cp: 2}\ncontext_parallel: {}\n")
@@ -113,4 +119,45 @@ TEST_CASE("context_parallel claims the cp role; its options and refusals", "[cpu
               .find("context_parallel and tensor_parallel both use mesh dim 'tp'") != std::string::npos);
     CHECK(plan_error("mesh: {cp: 2}\ncontext_parallel: {mesh_dim: cp, balance: true}\n").find("balance") !=
           std::string::npos);
+}
+
+TEST_CASE("the ring's blocked softmax: blocks merged by log-sum-exp are the whole row's softmax", "[cpu]") {
+    // 3 rows of 7 keys in blocks of 3 and 4; row 1 sees none of the first block's keys (-inf there)
+    Backend& be = backend_for(Device::cpu);
+    const int64_t rows = 3, keys = 7, hd = 5, cut = 3;
+    Tensor s({rows, keys}, DType::float64), v({keys, hd}, DType::float64), d_o({rows, hd}, DType::float64);
+    for (int64_t i = 0; i < s.numel(); ++i) s.set(i, std::sin(1.7 * static_cast<double>(i)) * 4);
+    for (int64_t j = 0; j < cut; ++j) s.set(1 * keys + j, -INFINITY);
+    for (int64_t i = 0; i < v.numel(); ++i) v.set(i, std::cos(0.9 * static_cast<double>(i)));
+    for (int64_t i = 0; i < d_o.numel(); ++i) d_o.set(i, std::sin(0.3 * static_cast<double>(i) + 1));
+    Tensor p(s.shape(), DType::float64), o({rows, hd}, DType::float64);
+    be.softmax(s, false, p);
+    be.gemm(p, false, v, false, o);
+
+    Tensor acc({rows, hd}, DType::float64), m({rows}, DType::float64), l({rows}, DType::float64);
+    be.fill(m, -INFINITY);
+    const std::vector<std::pair<int64_t, int64_t>> blocks{{0, cut}, {cut, keys - cut}};
+    for (const auto& [k0, n] : blocks) {
+        Tensor sb = s.narrow(1, k0, n), pb(sb.shape(), DType::float64), ob({rows, hd}, DType::float64),
+               mb({rows}, DType::float64), lb({rows}, DType::float64);
+        be.softmax_stats(sb, pb, mb, lb);
+        be.gemm(pb, false, v.narrow(0, k0, n), false, ob);
+        be.softmax_merge(acc, m, l, ob, mb, lb);
+    }
+    for (int64_t i = 0; i < o.numel(); ++i) CHECK(acc.item(i) == Approx(o.item(i)).epsilon(1e-12));
+
+    // backward by blocks under the rows' final statistics: the whole softmax's probabilities and gradient
+    Tensor dp({rows, keys}, DType::float64), ds(s.shape(), DType::float64);
+    be.gemm(d_o, false, v, true, dp);
+    be.softmax_backward(p, dp, ds);
+    for (const auto& [k0, n] : blocks) {
+        Tensor sb = s.narrow(1, k0, n), pb(sb.shape(), DType::float64), dsb(sb.shape(), DType::float64);
+        be.softmax_from_stats(sb, m, l, pb);
+        be.softmax_backward_rows(pb, dp.narrow(1, k0, n), acc, d_o, dsb);
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < n; ++j) {
+                CHECK(pb.item(r * n + j) == Approx(p.item(r * keys + k0 + j)).margin(1e-14));
+                CHECK(dsb.item(r * n + j) == Approx(ds.item(r * keys + k0 + j)).margin(1e-12));
+            }
+    }
 }

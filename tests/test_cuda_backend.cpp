@@ -225,6 +225,29 @@ TEST_CASE("cuda embedding, attention helpers and losses match the cpu", "[cuda]"
             cpu().softmax_backward(p, d, dx), gpu().softmax_backward(on_gpu(p), on_gpu(d), gdx);
             expect_close(dx, gdx, "softmax_backward");
         }
+        {  // the ring's blocked softmax (one row of all -inf: the statistics of a fully masked block)
+            Tensor s = random({6, 9}, dt, 27), v = random({6, 4}, dt, 28), p(s.shape(), dt), gp = on_gpu(p);
+            for (int64_t j = 0; j < 9; ++j) s.set(2 * 9 + j, -INFINITY);
+            const DType st = dt == DType::float64 ? DType::float64 : DType::float32;
+            Tensor m({6}, st), l({6}, st), gm = on_gpu(m), gl = on_gpu(l);
+            cpu().softmax_stats(s, p, m, l), gpu().softmax_stats(on_gpu(s), gp, gm, gl);
+            expect_close(p, gp, "softmax_stats"), expect_close(m, gm, "softmax_stats m"),
+                expect_close(l, gl, "softmax_stats l");
+            Tensor o = random({6, 4}, dt, 29), ob = random({6, 4}, dt, 30), m2 = random({6}, st, 31),
+                   l2 = random({6}, st, 32, 0.5, 2.0), go = on_gpu(o), gm2 = on_gpu(m2), gl2 = on_gpu(l2);
+            cpu().softmax_merge(o, m2, l2, ob, m, l), gpu().softmax_merge(go, gm2, gl2, on_gpu(ob), gm, gl);
+            expect_close(o, go, "softmax_merge"), expect_close(m2, gm2, "softmax_merge m"),
+                expect_close(l2, gl2, "softmax_merge l");
+            Tensor q(s.shape(), dt), gq = on_gpu(q);
+            cpu().softmax_from_stats(s, m2, l2, q), gpu().softmax_from_stats(on_gpu(s), gm2, gl2, gq);
+            expect_close(q, gq, "softmax_from_stats");
+            Tensor dp = random(s.shape(), dt, 33), d_o = random({6, 4}, dt, 34), ds(s.shape(), dt),
+                   gds = on_gpu(ds);
+            cpu().softmax_backward_rows(q, dp, o, d_o, ds);
+            gpu().softmax_backward_rows(gq, on_gpu(dp), go, on_gpu(d_o), gds);
+            expect_close(ds, gds, "softmax_backward_rows");
+            (void)v;
+        }
         Tensor logits = random({13, 2000}, dt, 23), target = ids({13}, 2000, 24), dl(logits.shape(), dt),
                gdl = on_gpu(dl);
         target.data<int64_t>()[2] = -100;  // ignore_index

@@ -15,9 +15,14 @@ public:
     Device device() const override { return inner_.device(); }
     std::string name() const override { return inner_.name(); }
     void synchronize() override { inner_.synchronize(); }
-    void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha, double beta) override { inner_.gemm(a, trans_a, b, trans_b, c, alpha, beta); }
+    void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
+              double beta) override {
+        inner_.gemm(a, trans_a, b, trans_b, c, alpha, beta);
+    }
     void activation(Activation act, const Tensor& x, Tensor& y) override { inner_.activation(act, x, y); }
-    void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) override { inner_.activation_backward(act, x, dy, dx); }
+    void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) override {
+        inner_.activation_backward(act, x, dy, dx);
+    }
     void add(const Tensor& a, const Tensor& b, Tensor& out) override { inner_.add(a, b, out); }
     void mul(const Tensor& a, const Tensor& b, Tensor& out) override { inner_.mul(a, b, out); }
     void axpy(double alpha, const Tensor& x, Tensor& y) override { inner_.axpy(alpha, x, y); }
@@ -27,25 +32,67 @@ public:
     void add_bias(Tensor& y, const Tensor& bias) override { inner_.add_bias(y, bias); }
     void sum_rows(const Tensor& dy, Tensor& db, bool acc) override { inner_.sum_rows(dy, db, acc); }
     double sum_all(const Tensor& x) override { return inner_.sum_all(x); }
-    void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool rms, Tensor& y, Tensor& mean, Tensor& rstd) override { inner_.layer_norm(x, w, b, eps, rms, y, mean, rstd); }
-    void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy, bool rms, Tensor& dx, Tensor* dw, Tensor* db) override { inner_.layer_norm_backward(x, w, mean, rstd, dy, rms, dx, dw, db); }
-    void channel_moments(const Tensor& x, Tensor& mean, Tensor& var) override { inner_.channel_moments(x, mean, var); }
-    void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w, const Tensor& b, Tensor& y) override { inner_.batch_norm_apply(x, mean, rstd, w, b, y); }
-    void batch_norm_grad_sums(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& sum_dy, Tensor& sum_dy_xhat) override { inner_.batch_norm_grad_sums(x, mean, rstd, dy, sum_dy, sum_dy_xhat); }
-    void batch_norm_backward_input(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w, const Tensor& dy, const Tensor& sum_dy, const Tensor& sum_dy_xhat, double count, Tensor& dx) override { inner_.batch_norm_backward_input(x, mean, rstd, w, dy, sum_dy, sum_dy_xhat, count, dx); }
+    void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool rms, Tensor& y,
+                    Tensor& mean, Tensor& rstd) override {
+        inner_.layer_norm(x, w, b, eps, rms, y, mean, rstd);
+    }
+    void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& dy, bool rms, Tensor& dx, Tensor* dw, Tensor* db) override {
+        inner_.layer_norm_backward(x, w, mean, rstd, dy, rms, dx, dw, db);
+    }
+    void channel_moments(const Tensor& x, Tensor& mean, Tensor& var) override {
+        inner_.channel_moments(x, mean, var);
+    }
+    void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                          const Tensor& b, Tensor& y) override {
+        inner_.batch_norm_apply(x, mean, rstd, w, b, y);
+    }
+    void batch_norm_grad_sums(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                              Tensor& sum_dy, Tensor& sum_dy_xhat) override {
+        inner_.batch_norm_grad_sums(x, mean, rstd, dy, sum_dy, sum_dy_xhat);
+    }
+    void batch_norm_backward_input(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                                   const Tensor& dy, const Tensor& sum_dy, const Tensor& sum_dy_xhat,
+                                   double count, Tensor& dx) override {
+        inner_.batch_norm_backward_input(x, mean, rstd, w, dy, sum_dy, sum_dy_xhat, count, dx);
+    }
     void embedding(const Tensor& ids, const Tensor& w, Tensor& y) override { inner_.embedding(ids, w, y); }
-    void embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dw) override { inner_.embedding_backward(ids, dy, dw); }
+    void embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dw) override {
+        inner_.embedding_backward(ids, dy, dw);
+    }
     void transpose12(const Tensor& x, Tensor& y) override { inner_.transpose12(x, y); }
     void softmax(const Tensor& x, bool causal, Tensor& y) override { inner_.softmax(x, causal, y); }
-    void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override { inner_.softmax_backward(y, dy, dx); }
-    void softmax_stats(const Tensor& x, Tensor& y, Tensor& m, Tensor& l) override { inner_.softmax_stats(x, y, m, l); }
-    void softmax_merge(Tensor& o, Tensor& m, Tensor& l, const Tensor& o_b, const Tensor& m_b, const Tensor& l_b) override { inner_.softmax_merge(o, m, l, o_b, m_b, l_b); }
-    void softmax_from_stats(const Tensor& x, const Tensor& m, const Tensor& l, Tensor& y) override { inner_.softmax_from_stats(x, m, l, y); }
-    void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o, Tensor& dx) override { inner_.softmax_backward_rows(y, dy, o, d_o, dx); }
-    double cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) override { return inner_.cross_entropy(logits, target, dlogits); }
-    double mse(const Tensor& out, const Tensor& target, Tensor& dout) override { return inner_.mse(out, target, dout); }
-    void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buf, double lr, double momentum, double weight_decay, bool first_step) override { inner_.sgd_step(p, g, momentum_buf, lr, momentum, weight_decay, first_step); }
-    void adamw_step(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq, int64_t step, double lr, double beta1, double beta2, double eps, double weight_decay) override { inner_.adamw_step(p, g, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay); }
+    void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override {
+        inner_.softmax_backward(y, dy, dx);
+    }
+    void softmax_stats(const Tensor& x, Tensor& y, Tensor& m, Tensor& l) override {
+        inner_.softmax_stats(x, y, m, l);
+    }
+    void softmax_merge(Tensor& o, Tensor& m, Tensor& l, const Tensor& o_b, const Tensor& m_b,
+                       const Tensor& l_b) override {
+        inner_.softmax_merge(o, m, l, o_b, m_b, l_b);
+    }
+    void softmax_from_stats(const Tensor& x, const Tensor& m, const Tensor& l, Tensor& y) override {
+        inner_.softmax_from_stats(x, m, l, y);
+    }
+    void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o,
+                               Tensor& dx) override {
+        inner_.softmax_backward_rows(y, dy, o, d_o, dx);
+    }
+    double cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) override {
+        return inner_.cross_entropy(logits, target, dlogits);
+    }
+    double mse(const Tensor& out, const Tensor& target, Tensor& dout) override {
+        return inner_.mse(out, target, dout);
+    }
+    void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buf, double lr, double momentum,
+                  double weight_decay, bool first_step) override {
+        inner_.sgd_step(p, g, momentum_buf, lr, momentum, weight_decay, first_step);
+    }
+    void adamw_step(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq, int64_t step, double lr,
+                    double beta1, double beta2, double eps, double weight_decay) override {
+        inner_.adamw_step(p, g, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay);
+    }
 
 protected:
     Backend& inner_;

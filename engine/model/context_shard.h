@@ -29,7 +29,14 @@ enum class RotateMethod { allgather, alltoall };
 // The ring's point-to-point tags (model/modules/attention_ring.cpp): a block's keys and values,
 // the gradients that travel with them, and the last hop that returns the gradients to the rank
 // that holds those keys (verify/faults.cpp's cp_kv_grads_local drops it).
-enum RingTag : int { ring_keys = 0, ring_values, ring_key_grads, ring_value_grads, ring_return_keys, ring_return_values };
+enum RingTag : int {
+    ring_keys = 0,
+    ring_values,
+    ring_key_grads,
+    ring_value_grads,
+    ring_return_keys,
+    ring_return_values
+};
 
 struct ContextShard {
     int64_t seq = 0;  // the whole sequence

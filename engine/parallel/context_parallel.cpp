@@ -60,7 +60,8 @@ void check_fsdp_over_cp(const Model& model, const Plan& plan, const Resolution& 
 
 ContextShard context_shard(const Plan& plan, int64_t seq, Communicator& cp) {
     const bool balance = plan.context_parallel && plan.context_parallel->load_balance;
-    const RotateMethod rotate = plan.context_parallel ? plan.context_parallel->rotate : RotateMethod::allgather;
+    const RotateMethod rotate =
+        plan.context_parallel ? plan.context_parallel->rotate : RotateMethod::allgather;
     return ContextShard::make(seq, cp.size(), cp.rank(), balance, rotate, &cp);
 }
 

@@ -28,7 +28,7 @@
 //     microbatches: 4          # per round of gradient accumulation; default: the stages
 //   context_parallel:
 //     mesh_dim: cp             # the sequence split over its ranks for the whole model
-//     rotate_method: allgather # how attention sees every key and value (torch's set_rotate_method)
+//     rotate_method: allgather # how attention sees every key and value: allgather | alltoall (the ring)
 //     load_balance: true       # 2 x cp chunks, rank i holding chunks i and 2cp-1-i (torch's default)
 //   gradient_accumulation: 4   # the step's rounds, over the model's (the training layout ptool plan chose)
 //   verify: {steps: 2, compare: [output, loss, grad, param], tolerance: {rtol: 1.3e-6, atol: 1e-5}}

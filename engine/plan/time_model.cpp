@@ -90,11 +90,17 @@ void add_comm_time(StepTime& t, const CommByOpDim& comm, const Plan& plan, const
         CommTime& ct = t.by_dim[dim];
         ct.seconds += s, ct.bytes += static_cast<double>(totals.bytes), ct.calls += totals.calls,
             ct.inter_node = !inside;
-        if (p2p) continue;
+        const int cp = plan.dims.index(DimRole::cp);
+        if (p2p) {
+            // the ring's hops (context parallel's send/recv, one send and one recv per hop over a
+            // full-duplex link: the sends' time) run beside the attention's compute, each next block
+            // in flight while this one computes; pp's are priced by its schedule (plan/pipeline_time.h)
+            if (cp >= 0 && dims == std::vector<int>{cp} && op == "send") t.overlappable += s;
+            continue;
+        }
         // the data dims' collectives (DDP's buckets, fully_shard's) overlap the compute; so do context
         // parallel's gradient syncs (fully_shard over dp_shard x cp, the all_reduce over cp), while the
         // attention's key/value all_gathers and reduce_scatters over cp block it, as the rest do
-        const int cp = plan.dims.index(DimRole::cp);
         bool data = !dims.empty() && dim != "world", some_data = false;
         for (int d : dims)
             data = data && (plan.dims.is_data_dim(d) || d == cp), some_data |= plan.dims.is_data_dim(d);

@@ -164,9 +164,10 @@ private:
         }
         wrong_ = *real_;
         if (kind_ == FaultKind::cp_position_offset) {
-            for (size_t i = 0; i < wrong_.positions.size(); ++i) wrong_.positions[i] = static_cast<int64_t>(i);
+            for (size_t i = 0; i < wrong_.positions.size(); ++i)
+                wrong_.positions[i] = static_cast<int64_t>(i);
         } else if (kind_ == FaultKind::cp_permutation_kept) {
-            wrong_.load_balance = false;  // natural() leaves the gathered keys in cp order
+            wrong_.load_balance = false;              // natural() leaves the gathered keys in cp order
             for (int r = 0; r < wrong_.parts; ++r) {  // the ring's blocks read as contiguous chunks
                 std::vector<int64_t>& at = wrong_.rank_positions[static_cast<size_t>(r)];
                 const int64_t len = static_cast<int64_t>(at.size());
@@ -393,8 +394,10 @@ void FaultComm::batch_isend_irecv(const std::vector<P2POp>& ops) {
         std::map<int, const Tensor*> sent;
         for (const P2POp& op : ops) {
             const bool home = op.tag == ring_return_keys || op.tag == ring_return_values;
-            if (!home) kept.push_back(op);
-            else if (op.kind == P2POp::Kind::send) sent[op.tag] = op.tensor;
+            if (!home)
+                kept.push_back(op);
+            else if (op.kind == P2POp::Kind::send)
+                sent[op.tag] = op.tensor;
         }
         for (const P2POp& op : ops)
             if (op.kind == P2POp::Kind::recv && sent.count(op.tag))
@@ -558,9 +561,10 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
             m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(*fault_.kind));
     });
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        if (dynamic_cast<const Attention*>(&m) &&
-            (fault_.hits(FaultKind::cp_position_offset, fqn) || fault_.hits(FaultKind::cp_permutation_kept, fqn) ||
-             fault_.hits(FaultKind::cp_mask_unshifted, fqn) || fault_.hits(FaultKind::cp_merge_unscaled, fqn)))
+        if (dynamic_cast<const Attention*>(&m) && (fault_.hits(FaultKind::cp_position_offset, fqn) ||
+                                                   fault_.hits(FaultKind::cp_permutation_kept, fqn) ||
+                                                   fault_.hits(FaultKind::cp_mask_unshifted, fqn) ||
+                                                   fault_.hits(FaultKind::cp_merge_unscaled, fqn)))
             m.add_outer_hooks(std::make_shared<ContextFaultHooks>(*fault_.kind));
     });
     if (fault_.is(FaultKind::sac_stale_output))  // every op under the region the fault names

@@ -136,7 +136,8 @@ void CpuBackend::softmax_merge(Tensor& o, Tensor& m, Tensor& l, const Tensor& o_
 
 void CpuBackend::softmax_from_stats(const Tensor& x, const Tensor& m, const Tensor& l, Tensor& y) {
     const int64_t s = x.size(-1), rows = s == 0 ? 0 : x.numel() / s;
-    PTOOL_REQUIRE(m.numel() == rows && l.numel() == rows, "softmax_from_stats: stats must have {} rows", rows);
+    PTOOL_REQUIRE(m.numel() == rows && l.numel() == rows, "softmax_from_stats: stats must have {} rows",
+                  rows);
     dispatch_float(x.dtype(), [&](auto tag) {
         using T = decltype(tag);
         using A = acc_t<T>;

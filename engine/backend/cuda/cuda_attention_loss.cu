@@ -119,10 +119,11 @@ __global__ void softmax_merge_kernel(D* o, dacc_t<D>* m, dacc_t<D>* l, const D* 
     using A = dacc_t<D>;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const A mx = max(m[r], m_b[r]);
-        const A a = l[r] > 0 ? l[r] * exp(m[r] - mx) : A(0), b = l_b[r] > 0 ? l_b[r] * exp(m_b[r] - mx) : A(0),
-                sum = a + b;
+        const A a = l[r] > 0 ? l[r] * exp(m[r] - mx) : A(0),
+                b = l_b[r] > 0 ? l_b[r] * exp(m_b[r] - mx) : A(0), sum = a + b;
         for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-            o[r * d + j] = from_acc<D>(sum > 0 ? (a * to_acc(o[r * d + j]) + b * to_acc(o_b[r * d + j])) / sum : A(0));
+            o[r * d + j] =
+                from_acc<D>(sum > 0 ? (a * to_acc(o[r * d + j]) + b * to_acc(o_b[r * d + j])) / sum : A(0));
         __syncthreads();  // every thread has read m[r] and l[r]
         if (threadIdx.x == 0) m[r] = mx, l[r] = sum;
     }
@@ -145,7 +146,8 @@ __global__ void softmax_backward_rows_kernel(const D* y, const D* dy, const D* o
     __shared__ A scratch[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         A dot = 0;
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += to_acc(o[r * d + j]) * to_acc(d_o[r * d + j]);
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+            dot += to_acc(o[r * d + j]) * to_acc(d_o[r * d + j]);
         dot = block_sum(dot, scratch);
         for (int64_t j = threadIdx.x; j < s; j += blockDim.x)
             dx[r * s + j] = from_acc<D>(to_acc(y[r * s + j]) * (to_acc(dy[r * s + j]) - dot));
@@ -275,7 +277,8 @@ void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx
 
 void CudaBackend::softmax_stats(const Tensor& x, Tensor& y, Tensor& m, Tensor& l) {
     const RowDims r = row_dims(x);
-    PTOOL_REQUIRE(m.numel() == r.rows && l.numel() == r.rows, "softmax_stats: stats must have {} rows", r.rows);
+    PTOOL_REQUIRE(m.numel() == r.rows && l.numel() == r.rows, "softmax_stats: stats must have {} rows",
+                  r.rows);
     const Launch lc = rows_launch(r.rows, r.cols);
     if (!lc.grid) return;
     dispatch(x.dtype(), [&](auto tag) {
@@ -290,8 +293,8 @@ void CudaBackend::softmax_stats(const Tensor& x, Tensor& y, Tensor& m, Tensor& l
 void CudaBackend::softmax_merge(Tensor& o, Tensor& m, Tensor& l, const Tensor& o_b, const Tensor& m_b,
                                 const Tensor& l_b) {
     const RowDims r = row_dims(o);
-    PTOOL_REQUIRE(m.numel() == r.rows && l.numel() == r.rows && m_b.numel() == r.rows && l_b.numel() == r.rows &&
-                      o_b.numel() == o.numel(),
+    PTOOL_REQUIRE(m.numel() == r.rows && l.numel() == r.rows && m_b.numel() == r.rows &&
+                      l_b.numel() == r.rows && o_b.numel() == o.numel(),
                   "softmax_merge: {} rows of {}", r.rows, r.cols);
     const Launch lc = rows_launch(r.rows, r.cols);
     if (!lc.grid) return;
@@ -313,8 +316,8 @@ void CudaBackend::softmax_from_stats(const Tensor& x, const Tensor& m, const Ten
     dispatch(x.dtype(), [&](auto tag) {
         using D = decltype(tag);
         using A = dacc_t<D>;
-        softmax_from_stats_kernel<D>
-            <<<lc.grid, lc.block, 0, stream()>>>(ptr<D>(x), ptr<A>(m), ptr<A>(l), ptr<D>(y), x.numel(), r.cols);
+        softmax_from_stats_kernel<D><<<lc.grid, lc.block, 0, stream()>>>(ptr<D>(x), ptr<A>(m), ptr<A>(l),
+                                                                         ptr<D>(y), x.numel(), r.cols);
     });
     check_launch();
 }

@@ -238,7 +238,8 @@ Tensor position_mask(const std::vector<int64_t>& queries, int64_t r0, int64_t ro
     Tensor m({1, rows, n}, like.dtype());
     for (int64_t i = 0; i < rows; ++i) {
         const int64_t at = queries[static_cast<size_t>(r0 + i)];
-        for (int64_t j = 0; j < n; ++j) m.set(i * n + j, keys[static_cast<size_t>(j)] <= at ? 0.0 : -INFINITY);
+        for (int64_t j = 0; j < n; ++j)
+            m.set(i * n + j, keys[static_cast<size_t>(j)] <= at ? 0.0 : -INFINITY);
     }
     return like.device() == Device::cpu ? m : m.to_device(like.device());
 }
@@ -344,8 +345,8 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
             o = kept_.take(ctx.microbatch), m = kept_.take(ctx.microbatch), l = kept_.take(ctx.microbatch);
         } else {
             o = ring_forward(ctx, q, k_heads, v_heads, {b, heads, kv_heads}, m, l);
-            if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, o), kept_.keep(ctx.microbatch, m),
-                                          kept_.keep(ctx.microbatch, l);
+            if (kept == KeptOutput::keep)
+                kept_.keep(ctx.microbatch, o), kept_.keep(ctx.microbatch, m), kept_.keep(ctx.microbatch, l);
         }
         save({q, k_heads, v_heads, o, heads_kept, kv_heads_kept, m, l});
         return proj(3).forward(ctx, {merge_heads(be, o, b, heads), q_flat.p, o_global});

@@ -16,8 +16,8 @@ struct ContextShard;
 
 namespace attention_heads {
 
-Tensor split_heads(Backend& be, const Tensor& x, int64_t n);                     // [B, T, n*hd] -> [B*n, T, hd]
-Tensor merge_heads(Backend& be, const Tensor& x, int64_t b, int64_t n);          // [B*n, T, hd] -> [B, T, n*hd]
+Tensor split_heads(Backend& be, const Tensor& x, int64_t n);             // [B, T, n*hd] -> [B*n, T, hd]
+Tensor merge_heads(Backend& be, const Tensor& x, int64_t b, int64_t n);  // [B*n, T, hd] -> [B, T, n*hd]
 Tensor expand_kv(Backend& be, const Tensor& kv, int64_t b, int64_t heads, int64_t kv_heads);  // kv -> q heads
 Tensor reduce_kv(Backend& be, const Tensor& d, int64_t b, int64_t heads, int64_t kv_heads);   // its adjoint
 // How explain counts a flash head: one fused kernel, its softmax on chip, computing `gemm_share`

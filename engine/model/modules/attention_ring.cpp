@@ -25,7 +25,9 @@ using namespace attention_heads;
 
 namespace {
 
-DType stat_dtype(DType dt) { return dt == DType::float64 ? DType::float64 : DType::float32; }
+DType stat_dtype(DType dt) {
+    return dt == DType::float64 ? DType::float64 : DType::float32;
+}
 
 // One hop round the ring: each tensor of `out` to the next cp rank, the previous rank's into a
 // tensor of the same shape (tags[i] for out[i]). Returns what came in.
@@ -66,7 +68,8 @@ Tensor Attention::ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k
     const int64_t n = h.b * h.heads, t = q.size(1), hd = q.size(2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
     Tensor o({n, t, hd}, q.dtype(), q.device());
-    m = Tensor({n, t}, stat_dtype(q.dtype()), q.device()), l = Tensor({n, t}, stat_dtype(q.dtype()), q.device());
+    m = Tensor({n, t}, stat_dtype(q.dtype()), q.device()),
+    l = Tensor({n, t}, stat_dtype(q.dtype()), q.device());
     be.fill(m, -INFINITY);
     Tensor kb = k_heads, vb = v_heads;
     for (int s = 0; s < cp.parts; ++s) {
@@ -76,7 +79,8 @@ Tensor Attention::ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k
             CommScope scope(cp.comm->counter().get(), fqn(), {CommSiteKind::context_kv});
             next = ring_pass(cp, {kb, vb}, {ring_keys, ring_values});
         }
-        const Tensor k = expand_kv(be, kb, h.b, h.heads, h.kv_heads), v = expand_kv(be, vb, h.b, h.heads, h.kv_heads);
+        const Tensor k = expand_kv(be, kb, h.b, h.heads, h.kv_heads),
+                     v = expand_kv(be, vb, h.b, h.heads, h.kv_heads);
         const std::vector<int64_t>& keys = cp.rank_positions[static_cast<size_t>(src)];
         MetaKernelScope kernel(ring_kernel(cp, causal_));
         each_head(n, o, [&](int64_t i) {
@@ -84,10 +88,12 @@ Tensor Attention::ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k
                 Tensor sc = Tensor::empty({1, rows, k.size(1)}, q.dtype(), q.device());
                 be.gemm(head_rows(q, i, r0, rows), false, k.narrow(0, i, 1), true, sc, scale);
                 if (causal_) be.add(sc, position_mask(cp.positions, r0, rows, keys, sc), sc);
-                Tensor p = empty_like(sc), mb({rows}, m.dtype(), m.device()), lb({rows}, l.dtype(), l.device());
+                Tensor p = empty_like(sc), mb({rows}, m.dtype(), m.device()),
+                       lb({rows}, l.dtype(), l.device());
                 be.softmax_stats(sc, p, mb, lb);
-                Tensor ob = Tensor::empty({1, rows, hd}, q.dtype(), q.device()), oi = head_rows(o, i, r0, rows),
-                       mi = stat_rows(m, i, r0, rows), li = stat_rows(l, i, r0, rows);
+                Tensor ob = Tensor::empty({1, rows, hd}, q.dtype(), q.device()),
+                       oi = head_rows(o, i, r0, rows), mi = stat_rows(m, i, r0, rows),
+                       li = stat_rows(l, i, r0, rows);
                 be.gemm(p, false, v.narrow(0, i, 1), false, ob);
                 be.softmax_merge(oi, mi, li, ob, mb, lb);
             });
@@ -97,8 +103,8 @@ Tensor Attention::ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k
     return o;
 }
 
-void Attention::ring_backward(RunContext& ctx, const std::vector<Tensor>& saved, const Tensor& d_o, RingHeads h,
-                              Tensor& dq, Tensor& dk_heads, Tensor& dv_heads) const {
+void Attention::ring_backward(RunContext& ctx, const std::vector<Tensor>& saved, const Tensor& d_o,
+                              RingHeads h, Tensor& dq, Tensor& dk_heads, Tensor& dv_heads) const {
     Backend& be = *ctx.backend;
     const ContextShard& cp = *ctx.context;
     const Tensor &q = saved[0], &k_heads = saved[1], &v_heads = saved[2], &o = saved[3], &m = saved[6],
@@ -110,7 +116,8 @@ void Attention::ring_backward(RunContext& ctx, const std::vector<Tensor>& saved,
            dvb(v_heads.shape(), v_heads.dtype(), v_heads.device());
     for (int s = 0; s < cp.parts; ++s) {
         const int src = (cp.rank - s + cp.parts) % cp.parts;
-        const Tensor k = expand_kv(be, kb, h.b, h.heads, h.kv_heads), v = expand_kv(be, vb, h.b, h.heads, h.kv_heads);
+        const Tensor k = expand_kv(be, kb, h.b, h.heads, h.kv_heads),
+                     v = expand_kv(be, vb, h.b, h.heads, h.kv_heads);
         const std::vector<int64_t>& keys = cp.rank_positions[static_cast<size_t>(src)];
         Tensor dk(k.shape(), k.dtype(), k.device()), dv(v.shape(), v.dtype(), v.device());
         {
@@ -118,7 +125,8 @@ void Attention::ring_backward(RunContext& ctx, const std::vector<Tensor>& saved,
             each_head(n, q, [&](int64_t i) {
                 each_row_tile(t, q, [&](int64_t r0, int64_t rows) {
                     const Tensor qi = head_rows(q, i, r0, rows), d_oi = head_rows(d_o, i, r0, rows),
-                                 oi = head_rows(o, i, r0, rows), ki = k.narrow(0, i, 1), vi = v.narrow(0, i, 1);
+                                 oi = head_rows(o, i, r0, rows), ki = k.narrow(0, i, 1),
+                                 vi = v.narrow(0, i, 1);
                     Tensor sc = Tensor::empty({1, rows, k.size(1)}, q.dtype(), q.device());
                     const bool was = meta_work().recomputing;  // the block's scores: the kernel's recompute
                     meta_work().recomputing = true;
@@ -126,7 +134,8 @@ void Attention::ring_backward(RunContext& ctx, const std::vector<Tensor>& saved,
                     meta_work().recomputing = was;
                     if (causal_) be.add(sc, position_mask(cp.positions, r0, rows, keys, sc), sc);
                     Tensor p = empty_like(sc), dp = empty_like(sc), ds = empty_like(sc),
-                           dqi = head_rows(dq, i, r0, rows), dki = dk.narrow(0, i, 1), dvi = dv.narrow(0, i, 1);
+                           dqi = head_rows(dq, i, r0, rows), dki = dk.narrow(0, i, 1),
+                           dvi = dv.narrow(0, i, 1);
                     be.softmax_from_stats(sc, stat_rows(m, i, r0, rows), stat_rows(l, i, r0, rows), p);
                     be.gemm(d_oi, false, vi, true, dp);
                     be.gemm(p, true, d_oi, false, dvi, 1.0, 1.0);
@@ -140,8 +149,8 @@ void Attention::ring_backward(RunContext& ctx, const std::vector<Tensor>& saved,
         be.axpy(1.0, reduce_kv(be, dv, h.b, h.heads, h.kv_heads), dvb);
         CommScope scope(cp.comm->counter().get(), fqn(), {CommSiteKind::context_kv});
         if (s + 1 < cp.parts) {  // the block moves on with its gradients so far
-            std::vector<Tensor> next = ring_pass(cp, {kb, vb, dkb, dvb}, {ring_keys, ring_values, ring_key_grads,
-                                                                         ring_value_grads});
+            std::vector<Tensor> next =
+                ring_pass(cp, {kb, vb, dkb, dvb}, {ring_keys, ring_values, ring_key_grads, ring_value_grads});
             kb = next[0], vb = next[1], dkb = next[2], dvb = next[3];
         } else {  // the last hop: each block's gradients home to the rank that holds its keys
             std::vector<Tensor> home = ring_pass(cp, {dkb, dvb}, {ring_return_keys, ring_return_values});
