@@ -217,6 +217,8 @@ with tempfile.TemporaryDirectory() as tmp:
     pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
     check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")
     cases += [(re.search(r"(tests/data/)?models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]
+    if os.environ.get("PTOOL_SANITIZER"):  # numerics against PyTorch are the plain build's job; under a
+        cases = cases[:3]                  # sanitizer a few cases cover --golden's code (CI time)
     for model, plan in cases:
         tg = os.path.join(tmp, f"torch_{os.path.basename(plan)[:-5]}.safetensors")
         p = subprocess.run([sys.executable, "tools/torch_golden.py", model, plan, "-o", tg],
