@@ -7,8 +7,8 @@
   reduce_scatters, or the ring's send/recv hops, per microbatch; the gradients' all_reduce over cp;
   fully_shard over dp x cp)
   equal, op by op in count and bytes, what verify measures on every shipped cp plan;
-- under `mpirun -np 4` the cp x tp and FSDP x cp plans give verify's verdicts and bitwise the same
-  numbers as rank threads;
+- under `mpirun -np WORLD` every shipped cp plan, DDP x the ring and pp x cp (ring and allgather) pass
+  and give bitwise the same numbers as rank threads;
 - what cannot split exits 2 at the plan's position: a sequence that does not cut into cp chunks (2 x
   cp load-balanced), a model without a sequence dim, fully_shard rows that do not cut over dp x cp,
   a rotate_method torch does not have;
@@ -66,20 +66,39 @@ with tempfile.TemporaryDirectory() as tmp:
               or "dp+cp" in {c["mesh_dim"] for c in json.load(open(vj))["plans"][0]["collectives"]["steps"]},
               f"{name}: no collective over cp")
 
-    # mpirun: the same verdict and numbers as threads
-    for name in ("llama_rope_cp_tp", "llama_rope_fsdp_cp", "llama_rope_long_ring_fsdp_cp"):
-        plan = f"plans/{name}.yaml"
+    # compositions not shipped as plans: DDP x the ring, pp x the ring (and x allgather)
+    compositions = {
+        "ddp_ring": "mesh: {dp: 2, cp: 2}\ndata_parallel: {mesh_dim: dp}\n"
+                    "context_parallel: {mesh_dim: cp, rotate_method: alltoall}\n",
+        "pp_ring": "mesh: {pp: 2, cp: 2}\npipeline_parallel: {mesh_dim: pp, split_points: [layers.1]}\n"
+                   "context_parallel: {mesh_dim: cp, rotate_method: alltoall}\n",
+        "pp_allgather": "mesh: {pp: 2, cp: 2}\npipeline_parallel: {mesh_dim: pp, split_points: [layers.1]}\n"
+                        "context_parallel: {mesh_dim: cp}\n",
+    }
+    composed = []
+    for name, text in compositions.items():
+        path = os.path.join(tmp, f"{name}.yaml")
+        open(path, "w").write("# models/llama_rope.yaml\n" + text)
+        composed.append(path)
+
+    # mpirun: the same verdict and numbers as threads, every shipped cp plan and the compositions
+    for plan in [os.path.relpath(p, ROOT) for p in plans] + composed:
+        name = os.path.basename(plan)[:-5]
         reports = {}
-        for mpi in (0, 4):
+        path = plan if os.path.isabs(plan) else f"{ROOT}/{plan}"
+        world = 1
+        for n in re.search(r"^mesh: \{(.*)\}", open(path).read(), re.M).group(1).split(","):
+            world *= int(n.split(":")[1])
+        for mpi in (0, world):
             out = os.path.join(tmp, f"{name}_{mpi}.json")
-            rc, text = run("verify", model_of(f"{ROOT}/{plan}"), plan, "--json", out, "-q", mpi=mpi)
+            rc, text = run("verify", model_of(path), plan, "--json", out, "-q", mpi=mpi)
             check(rc == 0, f"{name} (mpi {mpi}): exit {rc}\n{text[-800:]}")
             if os.path.exists(out):
                 reports[mpi] = json.load(open(out))["plans"][0]
         if len(reports) == 2:
-            check(reports[4]["backend"] == "mpi", f"{name}: backend {reports[4]['backend']}")
+            check(reports[world]["backend"] == "mpi", f"{name}: backend {reports[world]['backend']}")
             values = {m: {t["name"]: (t["max_abs"], t["replicas"]) for t in r["tensors"]} for m, r in reports.items()}
-            check(values[0] == values[4] and len(values[0]) > 100, f"{name}: threads and mpi differ")
+            check(values[0] == values[world] and len(values[0]) > 100, f"{name}: threads and mpi differ")
 
     # the ring and allgather on the same mesh: both pass, on the same tensors
     ring, gather = {}, {}
