@@ -143,6 +143,35 @@ void check_broadcast_all_to_all(Communicator& c, ConformanceReport& rep) {
     rep.expect(true, "barrier");
 }
 
+// Rank src sends (src + dst) % 3 rows to rank dst (0 to 2, some none); element c of row k of that
+// block is (src * 7 + dst * 3 + k) * 3 + c, below 256 (exact in bf16).
+double a2av_value(int src, int dst, int64_t k, int64_t c) {
+    return static_cast<double>(((src * 7 + dst * 3 + k) * 3 + c) % 251);
+}
+
+void check_all_to_all_v(Communicator& c, ConformanceReport& rep) {
+    const int n = c.size(), me = c.rank();
+    std::vector<int64_t> send(n), recv(n);
+    int64_t rows_in = 0, rows_out = 0;
+    for (int j = 0; j < n; ++j)
+        send[j] = (me + j) % 3, recv[j] = (j + me) % 3, rows_in += send[j], rows_out += recv[j];
+    for (DType dt : kDtypes) {
+        Tensor host({rows_in, 3}, dt), out({rows_out, 3}, dt, g_device);
+        int64_t row = 0;
+        for (int j = 0; j < n; ++j)
+            for (int64_t k = 0; k < send[j]; ++k, ++row)
+                for (int64_t col = 0; col < 3; ++col) host.set(row * 3 + col, a2av_value(me, j, k, col));
+        c.all_to_all_v(on_device(host), send, out, recv);
+        bool ok = true;
+        row = 0;
+        for (int src = 0; src < n; ++src)
+            for (int64_t k = 0; k < recv[src]; ++k, ++row)
+                for (int64_t col = 0; col < 3; ++col)
+                    ok = ok && out.item(row * 3 + col) == a2av_value(src, me, k, col);
+        rep.expect(ok, tag("all_to_all_v", dt, rows_out * 3));
+    }
+}
+
 void check_mesh(Communicator& world, ConformanceReport& rep) {
     const int n = world.size();
     std::vector<std::vector<MeshDim>> meshes = {{{"dp", n}}};
@@ -198,6 +227,7 @@ void run_comm_conformance(Communicator& world, ConformanceReport& report, Device
     check_all_gather(world, report);
     check_reduce_scatter(world, report);
     check_broadcast_all_to_all(world, report);
+    check_all_to_all_v(world, report);
     check_mesh(world, report);
     check_counting(world, report);
     check_p2p(world, report, device);

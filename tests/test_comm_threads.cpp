@@ -221,6 +221,32 @@ TEST_CASE("mismatched collectives are reported instead of hanging", "[cpu]") {
     CHECK(s < 5);
 }
 
+TEST_CASE("all_to_all_v splits that disagree end every rank with one message naming the pair", "[cpu]") {
+    double s = 0;
+    const std::string msg = failure_of(
+        3, 30,
+        [](Communicator& c) {
+            // every rank sends one row to each; rank 2 expects two from rank 1
+            std::vector<int64_t> send{1, 1, 1}, recv{1, 1, 1};
+            if (c.rank() == 2) recv[1] = 2;
+            Tensor in({3, 4}, DType::float32), out({c.rank() == 2 ? 4 : 3, 4}, DType::float32);
+            c.all_to_all_v(in, send, out, recv);
+        },
+        &s);
+    CHECK(msg == "all_to_all_v split mismatch: rank 1 sends 1 rows to rank 2, which expects 2");
+    CHECK(s < 5);
+    // a split that does not add up to the tensor is the caller's error, before anything is posted
+    const std::string local = failure_of(
+        2, 30,
+        [](Communicator& c) {
+            Tensor in({3, 4}, DType::float32), out({3, 4}, DType::float32);
+            c.all_to_all_v(in, {1, 1}, out, {2, 1});
+        },
+        &s);
+    CHECK(local.find("all_to_all_v: splits of 2 rows to send and 3 to receive for [3, 4] and [3, 4]") !=
+          std::string::npos);
+}
+
 TEST_CASE("a timeout in a sub-group releases ranks waiting in another group", "[cpu]") {
     double s = 0;
     std::string msg = failure_of(

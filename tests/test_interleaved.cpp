@@ -230,6 +230,10 @@ public:
     }
     void broadcast(Tensor& t, int root) override { inner_->broadcast(t, root); }
     void all_to_all(const Tensor& in, Tensor& out) override { inner_->all_to_all(in, out); }
+    void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                      const std::vector<int64_t>& recv_rows) override {
+        inner_->all_to_all_v(in, send_rows, out, recv_rows);
+    }
     void barrier() override { inner_->barrier(); }
     std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
     void batch_isend_irecv(const std::vector<P2POp>& ops) override {

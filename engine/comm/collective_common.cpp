@@ -7,8 +7,8 @@
 
 namespace ptool {
 namespace {
-const char* const kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                            "all_to_all", "barrier",    "split",          "init"};
+const char* const kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",   "all_to_all",
+                            "barrier",    "split",      "init",           "all_to_all_v"};
 }
 
 const char* reduce_op_name(ReduceOp op) {
@@ -35,6 +35,39 @@ RowChunk reduce_scatter_rows(const Tensor& in, const Tensor& out, int parts, int
     PTOOL_REQUIRE(out.numel() == c.length * row, "reduce_scatter: output {} for a chunk of {} rows of {}",
                   shape_str(out.shape()), c.length, row);
     return {rows, row, c};
+}
+
+void check_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                        const std::vector<int64_t>& recv_rows, int size) {
+    PTOOL_REQUIRE(static_cast<int>(send_rows.size()) == size && static_cast<int>(recv_rows.size()) == size,
+                  "all_to_all_v: {} send and {} recv splits for {} ranks", send_rows.size(), recv_rows.size(),
+                  size);
+    int64_t sent = 0, received = 0;
+    for (int j = 0; j < size; ++j) {
+        PTOOL_REQUIRE(send_rows[j] >= 0 && recv_rows[j] >= 0, "all_to_all_v: a negative split for rank {}",
+                      j);
+        sent += send_rows[j], received += recv_rows[j];
+    }
+    const int64_t in_rows = in.dim() ? in.size(0) : 1, out_rows = out.dim() ? out.size(0) : 1;
+    PTOOL_REQUIRE(sent == in_rows && received == out_rows,
+                  "all_to_all_v: splits of {} rows to send and {} to receive for {} and {}", sent, received,
+                  shape_str(in.shape()), shape_str(out.shape()));
+    PTOOL_REQUIRE(row_numel(in) == row_numel(out) && in.dtype() == out.dtype() && in.device() == out.device(),
+                  "all_to_all_v: rows of {} {} cannot land in {} {}", dtype_name(in.dtype()),
+                  shape_str(in.shape()), dtype_name(out.dtype()), shape_str(out.shape()));
+}
+
+std::string all_to_all_v_mismatch(const std::vector<std::vector<int64_t>>& sends,
+                                  const std::vector<std::vector<int64_t>>& recvs,
+                                  const std::function<int(int)>& world) {
+    const size_t n = sends.size();
+    for (size_t r = 0; r < n; ++r)
+        for (size_t j = 0; j < n; ++j)
+            if (sends[r][j] != recvs[j][r])
+                return fmt::format(
+                    "all_to_all_v split mismatch: rank {} sends {} rows to rank {}, which expects {}",
+                    world(static_cast<int>(r)), sends[r][j], world(static_cast<int>(j)), recvs[j][r]);
+    return "";
 }
 
 void reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vector<void*>& outs,

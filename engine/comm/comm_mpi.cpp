@@ -259,6 +259,40 @@ void MpiCommunicator::all_to_all(const Tensor& in, Tensor& out) {
     wait(req, d);
 }
 
+void MpiCommunicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                                   const std::vector<int64_t>& recv_rows) {
+    count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    check_all_to_all_v(in, send_rows, out, recv_rows, size_);
+    const CollectiveDesc d = describe("all_to_all_v", in, sequence_++, -1, true);
+    check(d);
+    // every rank's splits, so that every rank names the same disagreement
+    std::vector<int64_t> all_sends(static_cast<size_t>(size_) * size_), all_recvs(all_sends.size());
+    MPI_Request req;
+    PTOOL_CHECK_MPI(MPI_Iallgather(send_rows.data(), size_, MPI_INT64_T, all_sends.data(), size_, MPI_INT64_T,
+                                   comm_, &req));
+    wait(req, d);
+    PTOOL_CHECK_MPI(MPI_Iallgather(recv_rows.data(), size_, MPI_INT64_T, all_recvs.data(), size_, MPI_INT64_T,
+                                   comm_, &req));
+    wait(req, d);
+    std::vector<std::vector<int64_t>> sends(size_), recvs(size_);
+    for (int r = 0; r < size_; ++r)
+        sends[r].assign(all_sends.begin() + r * size_, all_sends.begin() + (r + 1) * size_),
+            recvs[r].assign(all_recvs.begin() + r * size_, all_recvs.begin() + (r + 1) * size_);
+    const std::string bad = all_to_all_v_mismatch(sends, recvs, [&](int r) { return world_ranks_[r]; });
+    if (!bad.empty()) throw RuntimeError(bad, RuntimeError::Kind::mismatch);
+    const int64_t row = static_cast<int64_t>(row_numel(in) * dtype_size(in.dtype()));
+    std::vector<int> scounts(size_), sdispls(size_), rcounts(size_), rdispls(size_);
+    int64_t so = 0, ro = 0;
+    for (int j = 0; j < size_; ++j) {
+        scounts[j] = as_int(send_rows[j] * row, "all_to_all_v"), sdispls[j] = as_int(so, "all_to_all_v");
+        rcounts[j] = as_int(recv_rows[j] * row, "all_to_all_v"), rdispls[j] = as_int(ro, "all_to_all_v");
+        so += send_rows[j] * row, ro += recv_rows[j] * row;
+    }
+    PTOOL_CHECK_MPI(MPI_Ialltoallv(in.raw(), scounts.data(), sdispls.data(), MPI_BYTE, out.raw(),
+                                   rcounts.data(), rdispls.data(), MPI_BYTE, comm_, &req));
+    wait(req, d);
+}
+
 void MpiCommunicator::barrier() {
     const CollectiveDesc d = describe("barrier", sequence_++);
     check(d);

@@ -353,6 +353,45 @@ void NcclCommunicator::all_to_all(const Tensor& in, Tensor& out) {
     dst.done();
 }
 
+void NcclCommunicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                                    const std::vector<int64_t>& recv_rows) {
+    count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    check_all_to_all_v(in, send_rows, out, recv_rows, size_);
+    const CollectiveDesc d = describe("all_to_all_v", in, sequence_++, -1, true);
+    check(d);
+    // every rank's splits (send then recv), so that every rank names the same disagreement
+    std::vector<int64_t> mine(send_rows);
+    mine.insert(mine.end(), recv_rows.begin(), recv_rows.end());
+    const size_t each = mine.size() * sizeof(int64_t);
+    const std::vector<char> bytes = exchange(d, mine.data(), each);
+    std::vector<std::vector<int64_t>> sends(size_, std::vector<int64_t>(size_)), recvs = sends;
+    for (int r = 0; r < size_; ++r) {
+        std::memcpy(sends[r].data(), bytes.data() + r * each, each / 2);
+        std::memcpy(recvs[r].data(), bytes.data() + r * each + each / 2, each / 2);
+    }
+    const std::string bad = all_to_all_v_mismatch(sends, recvs, [&](int r) { return world_ranks_[r]; });
+    if (!bad.empty()) throw RuntimeError(bad, RuntimeError::Kind::mismatch);
+    OnDevice src(in), dst(out);
+    const size_t row = static_cast<size_t>(row_numel(in)) * dtype_size(in.dtype());
+    const char* s = static_cast<const char*>(src.dev.raw());
+    char* o = static_cast<char*>(dst.dev.raw());
+    PTOOL_CHECK_NCCL_WITH(nccl().group_start(), fail);
+    for (int j = 0; j < size_; ++j) {
+        const size_t sb = static_cast<size_t>(send_rows[j]) * row,
+                     rb = static_cast<size_t>(recv_rows[j]) * row;
+        if (j == rank_) {
+            if (sb) PTOOL_CHECK_CUDA(cudaMemcpyAsync(o, s, sb, cudaMemcpyDeviceToDevice, stream()));
+        } else {
+            if (sb) PTOOL_CHECK_NCCL_WITH(nccl().send(s, sb, ncclUint8, j, as_comm(comm_), stream()), fail);
+            if (rb) PTOOL_CHECK_NCCL_WITH(nccl().recv(o, rb, ncclUint8, j, as_comm(comm_), stream()), fail);
+        }
+        s += sb, o += rb;
+    }
+    PTOOL_CHECK_NCCL_WITH(nccl().group_end(), fail);
+    await(d);
+    dst.done();
+}
+
 void NcclCommunicator::barrier() {
     const CollectiveDesc d = describe("barrier", sequence_++);
     check(d, true);  // an all-gather every rank must join

@@ -60,6 +60,8 @@ public:
     void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override;
     void broadcast(Tensor& t, int root) override;
     void all_to_all(const Tensor& in, Tensor& out) override;
+    void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                      const std::vector<int64_t>& recv_rows) override;
     void barrier() override;
     std::unique_ptr<Communicator> split(int color, int key) override;
     void batch_isend_irecv(const std::vector<P2POp>& ops) override;

@@ -26,6 +26,10 @@ public:
     void all_to_all(const Tensor& in, Tensor&) override {
         count("all_to_all", static_cast<int64_t>(in.nbytes()));
     }
+    void all_to_all_v(const Tensor& in, const std::vector<int64_t>&, Tensor&,
+                      const std::vector<int64_t>&) override {
+        count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    }
     void barrier() override {}
     void batch_isend_irecv(const std::vector<P2POp>& ops) override { count_p2p(ops); }
     std::unique_ptr<Communicator> split(int, int) override {

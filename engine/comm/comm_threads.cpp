@@ -61,6 +61,8 @@ ThreadGroup::ThreadGroup(int n_, std::shared_ptr<AbortState> abort_, std::vector
       in(n_),
       out(n_),
       count(n_),
+      send_rows(n_),
+      recv_rows(n_),
       desc(n_),
       inside(n_, false),
       posted(n_, false),
@@ -249,6 +251,38 @@ void ThreadsCommunicator::all_to_all(const Tensor& in, Tensor& out) {
     for (int r = 0; r < g.n; ++r)
         copy(static_cast<char*>(out.raw()) + r * chunk, static_cast<const char*>(g.in[r]) + rank_ * chunk,
              chunk, in.device());
+    leave(in.device());
+}
+
+void ThreadsCommunicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                                       const std::vector<int64_t>& recv_rows) {
+    count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    ThreadGroup& g = *group_;
+    check_all_to_all_v(in, send_rows, out, recv_rows, g.n);
+    {  // read by the others only between enter's and leave's barriers
+        std::lock_guard<std::mutex> lk(g.mu);
+        g.send_rows[rank_] = &send_rows, g.recv_rows[rank_] = &recv_rows;
+    }
+    enter(describe("all_to_all_v", in, sequence_++, -1, true), in.raw(), out.raw(), in.numel(), in.device());
+    std::vector<std::vector<int64_t>> sends(g.n), recvs(g.n);
+    {
+        std::lock_guard<std::mutex> lk(g.mu);
+        for (int r = 0; r < g.n; ++r) sends[r] = *g.send_rows[r], recvs[r] = *g.recv_rows[r];
+    }
+    sync();  // every rank has read the others' splits before any returns (or throws) and frees its own
+    const std::string bad = all_to_all_v_mismatch(sends, recvs, [&](int r) { return g.world_ranks[r]; });
+    if (!bad.empty()) {  // every rank found the same pair
+        g.abort->abort(bad, RuntimeError::Kind::mismatch);
+        throw RuntimeError(bad, RuntimeError::Kind::mismatch);
+    }
+    const size_t row = static_cast<size_t>(row_numel(in)) * dtype_size(in.dtype());
+    char* dst = static_cast<char*>(out.raw());
+    for (int r = 0; r < g.n; ++r) {  // rank r's rows for this rank sit after those it sends to lower ranks
+        int64_t before = 0;
+        for (int j = 0; j < rank_; ++j) before += sends[r][j];
+        copy(dst, static_cast<const char*>(g.in[r]) + before * row, sends[r][rank_] * row, in.device());
+        dst += sends[r][rank_] * row;
+    }
     leave(in.device());
 }
 

@@ -110,7 +110,8 @@ struct ThreadGroup {
     uint64_t generation = 0;
     std::vector<const void*> in;
     std::vector<void*> out;
-    std::vector<int64_t> count;                   // per-rank dim-0 size (all_gather) or element count
+    std::vector<int64_t> count;  // per-rank dim-0 size (all_gather) or element count
+    std::vector<const std::vector<int64_t>*> send_rows, recv_rows;  // per rank (all_to_all_v)
     std::vector<CollectiveDesc> desc;             // what each rank is in, for checks and timeout messages
     std::vector<bool> inside;                     // rank is inside a collective of this group now
     std::vector<bool> posted;                     // rank has entered at least one collective
@@ -135,6 +136,8 @@ public:
     void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override;
     void broadcast(Tensor& t, int root) override;
     void all_to_all(const Tensor& in, Tensor& out) override;
+    void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                      const std::vector<int64_t>& recv_rows) override;
     void barrier() override;
     std::unique_ptr<Communicator> split(int color, int key) override;
     void batch_isend_irecv(const std::vector<P2POp>& ops) override;

@@ -1,13 +1,16 @@
 // Communicator: the collectives ranks use, as small as NCCL's API.
 //
-//   all_reduce(t, op)          t: same shape on every rank, reduced in place (sum | avg | max)
-//   all_gather(in, out)        out = concat of every rank's in along dim 0 (dim-0 sizes may differ)
-//   reduce_scatter(in, out, op) in: the full tensor; out: this rank's torch.chunk of the reduction along dim
-//   0 broadcast(t, root)         t := root's t all_to_all(in, out)        in and out split in `size` equal
-//   dim-0 chunks; chunk j of in goes to rank j barrier() split(color, key)          sub-communicator of the
-//   ranks with the same color, ordered by key send(t, peer, tag)         point-to-point, as
-//   torch.distributed.send / recv / batch_isend_irecv: recv(t, peer, tag)         two ranks of this
-//   communicator, the others take no part batch_isend_irecv(ops)
+// - all_reduce(t, op): t the same shape on every rank, reduced in place (sum | avg | max).
+// - all_gather(in, out): out = every rank's in concatenated along dim 0 (dim-0 sizes may differ).
+// - reduce_scatter(in, out, op): in the full tensor; out this rank's torch.chunk of the reduction
+//   along dim 0.
+// - broadcast(t, root): t := root's t.
+// - all_to_all(in, out): in and out in `size` equal dim-0 chunks; chunk j of in goes to rank j.
+// - all_to_all_v(in, send_rows, out, recv_rows): the same with uneven dim-0 splits (below).
+// - barrier(); split(color, key): the sub-communicator of the ranks with the same color, by key.
+// - send(t, peer, tag), recv(t, peer, tag), batch_isend_irecv(ops): point-to-point, as
+//   torch.distributed.send / recv / batch_isend_irecv: two ranks of this communicator, the others
+//   take no part.
 //
 // Every implementation reduces in rank order (sum over ranks 0..n-1 in acc_t, one rounding), so
 // results are bitwise the same on every rank, every run, and across the threads and mpi backends.
@@ -32,6 +35,7 @@
 // - Counted in the CommCounter as ops "send" and "recv" with the tensor's bytes.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +75,14 @@ public:
     virtual void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) = 0;
     virtual void broadcast(Tensor& t, int root) = 0;
     virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
+    // all_to_all with uneven splits along dim 0 (torch's all_to_all_single with input_split_sizes
+    // and output_split_sizes; MoE's token dispatch and combine): in's rows go in order, send_rows[j]
+    // of them to rank j; out receives recv_rows[j] rows from rank j, in rank order. Rows are the
+    // same size on every rank. Every rank's send_rows[j] must equal rank j's recv_rows[this rank]:
+    // otherwise every rank raises the same RuntimeError (mismatch) naming the first pair of ranks
+    // that disagree. Counted as "all_to_all" with in's bytes.
+    virtual void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                              const std::vector<int64_t>& recv_rows) = 0;
     virtual void barrier() = 0;
     virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
     // split, where the caller knows the group it makes (this rank's place and the group's size, as
@@ -120,6 +132,17 @@ RowChunk reduce_scatter_rows(const Tensor& in, const Tensor& out, int parts, int
 // rounding; the result is stored to every out (an out may alias an input at the same offset).
 void reduce_in_rank_order(const std::vector<const void*>& inputs, const std::vector<void*>& outs,
                           int64_t count, DType dtype, ReduceOp op);
+
+// all_to_all_v's checks. Local, before anything is posted (RuntimeError, misuse): a split per
+// rank, none negative, in and out hold exactly the rows their splits add up to, the same row size
+// and dtype. Across ranks: sends[r][j] (rank r's send_rows) against recvs[j][r]; the message of the
+// first pair that disagrees, in rank order (every rank computes the same), or "" when all agree.
+// world(r): group rank r's world rank.
+void check_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                        const std::vector<int64_t>& recv_rows, int size);
+std::string all_to_all_v_mismatch(const std::vector<std::vector<int64_t>>& sends,
+                                  const std::vector<std::vector<int64_t>>& recvs,
+                                  const std::function<int(int)>& world);
 
 // A collective's identity, compared across ranks before it runs: "all_reduce#10 float32 [16, 10]".
 struct CollectiveDesc {

@@ -341,6 +341,10 @@ public:
         inner_->broadcast(t, fault_.hits(FaultKind::wrong_src_rank, module()) ? (root + 1) % size() : root);
     }
     void all_to_all(const Tensor& in, Tensor& out) override { inner_->all_to_all(in, out); }
+    void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                      const std::vector<int64_t>& recv_rows) override {
+        inner_->all_to_all_v(in, send_rows, out, recv_rows);
+    }
     void barrier() override { inner_->barrier(); }
     void send(const Tensor& t, int peer, int tag) override { inner_->send(t, peer, tag); }
     void recv(Tensor& t, int peer, int tag) override { inner_->recv(t, peer, tag); }
