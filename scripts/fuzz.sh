@@ -20,9 +20,16 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -DPTOOL_FUZZ=ON -DPTOOL_WITH_CUDA=
 cmake --build build-fuzz -j"$(nproc)" --target fuzz_model_yaml fuzz_plan_yaml fuzz_safetensors fuzz_model_plan \
     fuzz_hf_config fuzz_cluster fuzz_index >/dev/null
 mkdir -p build-fuzz/findings
-status=0
-passes=0
-failures=0
+# one harness per core at a time (each libFuzzer run is one process): the same seconds per harness,
+# half the wall time on the 2-core machine (CI time)
+parallel=$(nproc)
+run_harness() {  # NAME CORPUS: its log in build-fuzz/NAME.log, its exit status in build-fuzz/NAME.rc
+    local rc=0
+    ./build-fuzz/tests/fuzz/$1 "$2" -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 \
+        -timeout=10 -artifact_prefix=build-fuzz/findings/"$1"- -print_final_stats=1 2>build-fuzz/$1.log || rc=$?
+    echo $rc >build-fuzz/$1.rc
+}
+ran=()
 for h in fuzz_model_yaml:models fuzz_plan_yaml:plans fuzz_safetensors:golden fuzz_model_plan: fuzz_hf_config:tests/data/hf \
          fuzz_cluster:clusters fuzz_index:index; do
     name=${h%%:*}
@@ -37,11 +44,21 @@ for h in fuzz_model_yaml:models fuzz_plan_yaml:plans fuzz_safetensors:golden fuz
     else  # the generator reads its choices from the bytes: start from long random inputs, not empty ones
         for i in $(seq 64); do [[ -f "$corpus/seed$i" ]] || head -c 600 /dev/urandom >"$corpus/seed$i"; done
     fi
+    while (( $(jobs -rp | wc -l) >= parallel )); do wait -n || true; done
     echo "fuzz: $name for ${seconds}s"
-    if ! ./build-fuzz/tests/fuzz/$name "$corpus" -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 \
-        -timeout=10 -artifact_prefix=build-fuzz/findings/"$name"- -print_final_stats=1 2>build-fuzz/$name.log; then
+    rm -f build-fuzz/$name.rc
+    run_harness "$name" "$corpus" &
+    ran+=("$name")
+done
+wait
+status=0
+passes=0
+failures=0
+for name in "${ran[@]}"; do
+    if [[ "$(cat build-fuzz/$name.rc 2>/dev/null)" != 0 ]]; then
         status=1
         failures=$((failures + 1))
+        echo "fuzz: $name failed"
         tail -30 build-fuzz/$name.log
     else
         passes=$((passes + 1))
