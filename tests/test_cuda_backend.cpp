@@ -228,7 +228,7 @@ TEST_CASE("cuda embedding, attention helpers and losses match the cpu", "[cuda]"
         {  // the ring's blocked softmax (one row of all -inf: the statistics of a fully masked block)
             Tensor s = random({6, 9}, dt, 27), v = random({6, 4}, dt, 28), p(s.shape(), dt), gp = on_gpu(p);
             for (int64_t j = 0; j < 9; ++j) s.set(2 * 9 + j, -INFINITY);
-            const DType st = dt == DType::float64 ? DType::float64 : DType::float32;
+            const DType st = acc_dtype(dt);
             Tensor m({6}, st), l({6}, st), gm = on_gpu(m), gl = on_gpu(l);
             cpu().softmax_stats(s, p, m, l), gpu().softmax_stats(on_gpu(s), gp, gm, gl);
             expect_close(p, gp, "softmax_stats"), expect_close(m, gm, "softmax_stats m"),

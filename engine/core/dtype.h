@@ -59,6 +59,12 @@ struct f16_t {
 template <class T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
+// acc_t's dtype: where kernels keep row statistics (norms' mean and rstd, a softmax's max and sum)
+// for tensors of dtype dt.
+constexpr DType acc_dtype(DType dt) {
+    return dt == DType::float64 ? DType::float64 : DType::float32;
+}
+
 template <class T>
 constexpr DType dtype_of() {
     if constexpr (std::is_same_v<T, float>) return DType::float32;

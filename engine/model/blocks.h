@@ -55,22 +55,22 @@ private:
     // masked by position (a flash kernel's tile, model/modules/attention.cpp).
     Tensor tile_probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t r0,
                               int64_t rows, const ContextShard* cp) const;
+    struct HeadCounts {  // this rank's batch rows, query heads and kv heads
+        int64_t b, heads, kv_heads;
+    };
     // Context parallelism's ring (rotate_method alltoall, model/modules/attention_ring.cpp): this
     // rank's queries q [B*H, t, hd] against every rank's keys and values, which come round the cp
     // ring one block per step and are merged by log-sum-exp; m and l are the rows' softmax
     // statistics, kept for backward.
-    struct RingHeads {
-        int64_t b, heads, kv_heads;
-    };
     Tensor ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k_heads, const Tensor& v_heads,
-                        RingHeads h, Tensor& m, Tensor& l) const;
+                        HeadCounts h, Tensor& m, Tensor& l) const;
     // dq, and this rank's keys' and values' gradients from every rank's queries, returned round the
     // ring; saved: what the forward saved (q, k_heads, v_heads, o, heads, kv heads, m, l).
-    void ring_backward(RunContext& ctx, const std::vector<Tensor>& saved, const Tensor& d_o, RingHeads h,
+    void ring_backward(RunContext& ctx, const std::vector<Tensor>& saved, const Tensor& d_o, HeadCounts h,
                        Tensor& dq, Tensor& dk_heads, Tensor& dv_heads) const;
     // Backward through RoPE and the q/k/v projections from the heads' gradients.
     Placed project_backward(RunContext& ctx, const Placed& d_out, Tensor dq, Tensor dk_heads,
-                            const Tensor& dv_heads, RingHeads h);
+                            const Tensor& dv_heads, HeadCounts h);
     int64_t dim_, heads_, kv_heads_;
     bool causal_, flash_, recompute_core_ = false;
     std::optional<Rope> rope_;

@@ -221,27 +221,27 @@ static Tensor scatter_sequence(const ContextShard& cp, const Tensor& dx) {
 // The causal mask of query rows [r0, r0 + rows) against `keys` keys in position order: [1, rows,
 // keys], 0 where key j <= the query's position (its row, or a cp rank's position of it), -inf
 // above. A whole head of a whole sequence needs none (the softmax's own causal flag, bitwise as before).
-Tensor causal_mask(const ContextShard* cp, int64_t r0, int64_t rows, int64_t keys, const Tensor& like) {
+// A mask [1, rows, keys] on like's device: 0 where visible(i, j) (query row i, key j), -inf elsewhere.
+static Tensor visible_mask(int64_t rows, int64_t keys, const Tensor& like,
+                           const std::function<bool(int64_t, int64_t)>& visible) {
     if (like.device() == Device::meta) return Tensor::empty({1, rows, keys}, like.dtype(), Device::meta);
     Tensor m({1, rows, keys}, like.dtype());
-    for (int64_t i = 0; i < rows; ++i) {
-        const int64_t at = cp ? cp->positions[static_cast<size_t>(r0 + i)] : r0 + i;
-        for (int64_t j = 0; j < keys; ++j) m.set(i * keys + j, j <= at ? 0.0 : -INFINITY);
-    }
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < keys; ++j) m.set(i * keys + j, visible(i, j) ? 0.0 : -INFINITY);
     return like.device() == Device::cpu ? m : m.to_device(like.device());
+}
+
+Tensor causal_mask(const ContextShard* cp, int64_t r0, int64_t rows, int64_t keys, const Tensor& like) {
+    return visible_mask(rows, keys, like, [&](int64_t i, int64_t j) {
+        return j <= (cp ? cp->positions[static_cast<size_t>(r0 + i)] : r0 + i);
+    });
 }
 
 Tensor position_mask(const std::vector<int64_t>& queries, int64_t r0, int64_t rows,
                      const std::vector<int64_t>& keys, const Tensor& like) {
-    const int64_t n = static_cast<int64_t>(keys.size());
-    if (like.device() == Device::meta) return Tensor::empty({1, rows, n}, like.dtype(), Device::meta);
-    Tensor m({1, rows, n}, like.dtype());
-    for (int64_t i = 0; i < rows; ++i) {
-        const int64_t at = queries[static_cast<size_t>(r0 + i)];
-        for (int64_t j = 0; j < n; ++j)
-            m.set(i * n + j, keys[static_cast<size_t>(j)] <= at ? 0.0 : -INFINITY);
-    }
-    return like.device() == Device::cpu ? m : m.to_device(like.device());
+    return visible_mask(rows, static_cast<int64_t>(keys.size()), like, [&](int64_t i, int64_t j) {
+        return keys[static_cast<size_t>(j)] <= queries[static_cast<size_t>(r0 + i)];
+    });
 }
 
 }  // namespace attention_heads
@@ -451,7 +451,7 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
 // Backward through RoPE and the projections, in reverse order of their forward calls (tensors a
 // module returned are never written in place: observers may hold them).
 Placed Attention::project_backward(RunContext& ctx, const Placed& d_out, Tensor dq, Tensor dk_heads,
-                                   const Tensor& dv_heads, RingHeads h) {
+                                   const Tensor& dv_heads, HeadCounts h) {
     Backend& be = *ctx.backend;
     const int64_t b = h.b, heads = h.heads, kv_heads = h.kv_heads;
     const std::vector<int64_t>* positions = ctx.context ? &ctx.context->positions : nullptr;

@@ -25,10 +25,6 @@ using namespace attention_heads;
 
 namespace {
 
-DType stat_dtype(DType dt) {
-    return dt == DType::float64 ? DType::float64 : DType::float32;
-}
-
 // One hop round the ring: each tensor of `out` to the next cp rank, the previous rank's into a
 // tensor of the same shape (tags[i] for out[i]). Returns what came in.
 std::vector<Tensor> ring_pass(const ContextShard& cp, const std::vector<Tensor>& out,
@@ -62,14 +58,14 @@ Tensor stat_rows(const Tensor& s, int64_t i, int64_t r0, int64_t rows) {
 }  // namespace
 
 Tensor Attention::ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k_heads, const Tensor& v_heads,
-                               RingHeads h, Tensor& m, Tensor& l) const {
+                               HeadCounts h, Tensor& m, Tensor& l) const {
     Backend& be = *ctx.backend;
     const ContextShard& cp = *ctx.context;
     const int64_t n = h.b * h.heads, t = q.size(1), hd = q.size(2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
     Tensor o({n, t, hd}, q.dtype(), q.device());
-    m = Tensor({n, t}, stat_dtype(q.dtype()), q.device()),
-    l = Tensor({n, t}, stat_dtype(q.dtype()), q.device());
+    m = Tensor({n, t}, acc_dtype(q.dtype()), q.device()),
+    l = Tensor({n, t}, acc_dtype(q.dtype()), q.device());
     be.fill(m, -INFINITY);
     Tensor kb = k_heads, vb = v_heads;
     for (int s = 0; s < cp.parts; ++s) {
@@ -104,7 +100,7 @@ Tensor Attention::ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k
 }
 
 void Attention::ring_backward(RunContext& ctx, const std::vector<Tensor>& saved, const Tensor& d_o,
-                              RingHeads h, Tensor& dq, Tensor& dk_heads, Tensor& dv_heads) const {
+                              HeadCounts h, Tensor& dq, Tensor& dk_heads, Tensor& dv_heads) const {
     Backend& be = *ctx.backend;
     const ContextShard& cp = *ctx.context;
     const Tensor &q = saved[0], &k_heads = saved[1], &v_heads = saved[2], &o = saved[3], &m = saved[6],

@@ -51,10 +51,6 @@ PTOOL_REGISTER_MODULE_TYPE(layer_norm_type);
 PTOOL_REGISTER_MODULE_TYPE(rms_norm_type);
 PTOOL_REGISTER_MODULE_TYPE(batch_norm_type);
 
-DType stat_dtype(DType dt) {
-    return dt == DType::float64 ? DType::float64 : DType::float32;
-}
-
 // BatchNorm's per-channel bookkeeping (sync, running statistics) is small host arithmetic: it
 // works on host views of the tensors (the tensors themselves on the CPU) and writes them back.
 // (a meta tensor stands in for its host copy: a simulated step allocates what a CPU run does)
@@ -104,8 +100,8 @@ Tensor Norm::forward_impl(RunContext& ctx, const Tensor& x) {
             "reaching it is sharded",
             type(), fqn(), x.size(-1), dim_));
     const int64_t rows = x.numel() / dim_;
-    Tensor y = empty_like(x), mean({rows}, stat_dtype(x.dtype()), x.device()),
-           rstd({rows}, stat_dtype(x.dtype()), x.device());
+    Tensor y = empty_like(x), mean({rows}, acc_dtype(x.dtype()), x.device()),
+           rstd({rows}, acc_dtype(x.dtype()), x.device());
     ParamPtr w = param("weight"), b = param("bias");
     ctx.backend->layer_norm(x, w ? w->value : Tensor(), b ? b->value : Tensor(), eps_, rms(), y, mean, rstd);
     save({x, mean, rstd});
@@ -160,7 +156,7 @@ void BatchNorm::init_params(uint64_t) {
 }
 
 Tensor BatchNorm::forward_impl(RunContext& ctx, const Tensor& x) {
-    const DType sd = stat_dtype(x.dtype());
+    const DType sd = acc_dtype(x.dtype());
     Tensor mean_d({features_}, sd, x.device()), var_d({features_}, sd, x.device()), rstd({features_}, sd);
     ctx.backend->channel_moments(x, mean_d, var_d);
     Tensor mean = on_host(mean_d), var = on_host(var_d);
@@ -210,7 +206,7 @@ Tensor BatchNorm::forward_impl(RunContext& ctx, const Tensor& x) {
 
 Tensor BatchNorm::backward_impl(RunContext& ctx, const Tensor& dy) {
     std::vector<Tensor> s = restore();
-    const DType sd = stat_dtype(dy.dtype());
+    const DType sd = acc_dtype(dy.dtype());
     Tensor sum_dy_d({features_}, sd, dy.device()), sum_dy_xhat_d({features_}, sd, dy.device());
     ctx.backend->batch_norm_grad_sums(s[0], s[1], s[2], dy, sum_dy_d, sum_dy_xhat_d);
     Tensor sum_dy = on_host(sum_dy_d), sum_dy_xhat = on_host(sum_dy_xhat_d);
