@@ -47,12 +47,15 @@ boundary inside one rank (pp 1: the stages hand over in memory, no send), nor pp
 a weight whose stages are all on one rank (they share its one parameter: there is no group).
   pp_clip_stage_norm     first divergence is a step-0 gradient or the step-0 gradient norm
   pp_stage_sync_skipped  a step-0 gradient of stage S fails
-  cp_position_offset     first divergence is a step-0 forward inside the attention
+  cp_position_offset     first divergence is a step-0 forward inside the attention (ring plans: its
+                         output at ring step 0)
   cp_permutation_kept    (load-balanced plans) first divergence is a step-0 forward inside the attention
-  cp_kv_grads_local      first divergence is a step-0 backward inside the attention (its k/v projections)
+                         (ring plans: its output at ring step 0)
+  cp_kv_grads_local      first divergence is a step-0 backward inside the attention (its k/v projections;
+                         ring plans: its key gradient after the ring's return hop)
   cp_grads_unsynced      first divergence is a step-0 gradient
-  cp_mask_unshifted      (ring plans) first divergence is a step-0 forward inside the attention
-  cp_merge_unscaled      (ring plans) first divergence is a step-0 forward inside the attention
+  cp_mask_unshifted      (ring plans) first divergence is the attention's step-0 output at ring step 1
+  cp_merge_unscaled      (ring plans) first divergence is the attention's step-0 output at ring step 1
 """
 import glob
 import json
@@ -168,13 +171,25 @@ def context_mutants(ex, first_div):
         if c["type"] != "attention":
             continue
         fqn = c["fqn"]
+        if cp.get("rotate_method") == "alltoall":
+            # the ring localises to its step: wrong positions at step 0 (the rank's own block), the
+            # unshifted mask and the unscaled merge at step 1 (the first block that came round), the
+            # gradients not sent home at the key/value gradients after the ring
+            parts = cp["cp"]
+            at_step0 = first_div(f"step 0 forward `{fqn}` output at ring step 0 of {parts}")
+            at_step1 = first_div(f"step 0 forward `{fqn}` output at ring step 1 of {parts}")
+            yield ("cp_position_offset", f"cp_position_offset:{fqn}", at_step0)
+            if cp["load_balance"]:
+                yield ("cp_permutation_kept", f"cp_permutation_kept:{fqn}", at_step0)
+            yield ("cp_kv_grads_local", f"cp_kv_grads_local:{fqn}",
+                   first_div(f"step 0 backward `{fqn}` key gradient after the ring's return hop"))
+            yield ("cp_mask_unshifted", f"cp_mask_unshifted:{fqn}", at_step1)
+            yield ("cp_merge_unscaled", f"cp_merge_unscaled:{fqn}", at_step1)
+            continue
         yield ("cp_position_offset", f"cp_position_offset:{fqn}", first_div(f"step 0 forward `{fqn}."))
         if cp["load_balance"]:
             yield ("cp_permutation_kept", f"cp_permutation_kept:{fqn}", first_div(f"step 0 forward `{fqn}."))
         yield ("cp_kv_grads_local", f"cp_kv_grads_local:{fqn}", first_div(f"step 0 backward `{fqn}."))
-        if cp.get("rotate_method") == "alltoall":  # the ring's own: each block's mask, the merge
-            yield ("cp_mask_unshifted", f"cp_mask_unshifted:{fqn}", first_div(f"step 0 forward `{fqn}."))
-            yield ("cp_merge_unscaled", f"cp_merge_unscaled:{fqn}", first_div(f"step 0 forward `{fqn}."))
     # fully_shard over dp_shard x cp averages its units' gradients over cp itself: the class applies
     # where some parameter is not in a unit (its gradient all_reduced over cp)
     in_units = {p for u in ex["units"] for p in u["params"]}

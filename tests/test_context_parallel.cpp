@@ -1,12 +1,15 @@
 // Context parallelism's units: which positions a cp rank holds (load-balanced or not), the
 // conversions between cp order and position order, the plan section's parsing and refusals, and
-// the ring's blocked softmax (backend.h's softmax_stats / merge / from_stats / backward_rows).
+// the ring's blocked softmax (backend.h's softmax_stats / merge / from_stats / backward_rows), and
+// the ring's steps as events beside the reference's (model/modules/attention_ring_probe.cpp).
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "backend/backend.h"
 #include "model/context_shard.h"
 #include "parallel/plan.h"
+#include "same_runs.h"
 #include "test_helpers.h"
 
 using namespace ptool;
@@ -160,4 +163,36 @@ TEST_CASE("the ring's blocked softmax: blocks merged by log-sum-exp are the whol
                 CHECK(dsb.item(r * n + j) == Approx(ds.item(r * keys + k0 + j)).margin(1e-12));
             }
     }
+}
+
+TEST_CASE("the ring's steps are events that meet the reference's: each agrees on a correct plan", "[cpu]") {
+    // llama_rope_ring_cp4: two layers, two microbatches, cp 4 load-balanced. Per attention and microbatch the
+    // ring reports its output after each of the 4 steps, its query gradient after each, and the key and value
+    // gradients once home; the reference (given the plan's cp layout) reports the same names.
+    const VerifyReport rep = verify(shipped_job({"llama_rope", "llama_rope_ring_cp4", 1, nullptr}),
+                                    *in_process_launch(Device::cpu, CommOptions{}));
+    REQUIRE(rep.pass);
+    REQUIRE(rep.plans.size() == 1);
+    const StepRecord& par = rep.plans[0].run.steps.at(0);
+    const StepRecord& ref = rep.reference.steps.at(0);
+    std::set<std::string> ref_parts;
+    for (const ModuleEvent& e : ref.events)
+        if (e.fqn.find('#') != std::string::npos) ref_parts.insert(event_key(e));
+    std::set<std::string> parts;
+    for (const ModuleEvent& e : par.events) {
+        if (e.fqn.find('#') == std::string::npos) continue;
+        INFO(event_key(e));
+        REQUIRE(e.diff);  // met the reference's event of that name
+        CHECK(e.diff->pass);
+        CHECK_FALSE(e.diff->nonfinite);
+        parts.insert(event_key(e));
+    }
+    CHECK(parts == ref_parts);
+    CHECK(parts.size() == 2 * 2 * (4 + 4 + 2));
+    for (int s = 0; s < 4; ++s) {
+        CHECK(parts.count(fmt::format("0:0:0:layers.1.attn_block.attention#output at ring step {} of 4", s)));
+        CHECK(parts.count(
+            fmt::format("0:1:0:layers.0.attn_block.attention#query gradient at ring step {} of 4", s)));
+    }
+    CHECK(parts.count("1:1:0:layers.0.attn_block.attention#value gradient after the ring's return hop"));
 }

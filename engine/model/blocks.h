@@ -63,11 +63,25 @@ private:
     // ring one block per step and are merged by log-sum-exp; m and l are the rows' softmax
     // statistics, kept for backward.
     Tensor ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k_heads, const Tensor& v_heads,
-                        HeadCounts h, Tensor& m, Tensor& l) const;
+                        HeadCounts h, const Layout& out, Tensor& m, Tensor& l) const;
     // dq, and this rank's keys' and values' gradients from every rank's queries, returned round the
     // ring; saved: what the forward saved (q, k_heads, v_heads, o, heads, kv heads, m, l).
     void ring_backward(RunContext& ctx, const std::vector<Tensor>& saved, const Tensor& d_o, HeadCounts h,
-                       Tensor& dq, Tensor& dk_heads, Tensor& dv_heads) const;
+                       const Layout& out, Tensor& dq, Tensor& dk_heads, Tensor& dv_heads) const;
+    // What the ring leaves, as events (RunContext::observer): the rows' merged output after step s
+    // of the forward, their query gradient after step s of the backward, and the key and value
+    // gradients once home; `out` is how the heads' [B, t, H*hd] tensors are placed. The ring reports
+    // its own; the reference computes the same from the whole sequence with the plan's cp layout
+    // (ctx.ring_probe), masking each query to the keys its rank has seen by step s
+    // (model/modules/attention_ring_probe.cpp).
+    void report_ring_step(RunContext& ctx, Phase phase, int step, const Tensor& heads, HeadCounts h,
+                          const Layout& out) const;
+    void report_ring_kv_grads(RunContext& ctx, const Tensor& dk_heads, const Tensor& dv_heads, HeadCounts h,
+                              const Layout& out) const;
+    void probe_ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, HeadCounts h,
+                            const Layout& out) const;
+    void probe_ring_backward(RunContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& d_o, HeadCounts h, const Layout& out) const;
     // Backward through RoPE and the q/k/v projections from the heads' gradients.
     Placed project_backward(RunContext& ctx, const Placed& d_out, Tensor dq, Tensor dk_heads,
                             const Tensor& dv_heads, HeadCounts h);

@@ -41,7 +41,7 @@ Placed Module::forward_hooked(RunContext& ctx, const Placed& x) {
     Placed y = computed ? Placed{forward_impl(ctx, in.t), *computed, output_shape(in.global)}
                         : forward_placed(ctx, in);
     if (hooks_) y = hooks_->post_forward(ctx, *this, y);
-    if (ctx.observer && !transparent_) ctx.observer(*this, Phase::forward, ctx.microbatch, y);
+    if (ctx.observer && !transparent_) ctx.observer(fqn_, Phase::forward, ctx.microbatch, y);
     return y;
 }
 
@@ -76,7 +76,7 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
     if (hooks_ && dx.defined()) dx = hooks_->pre_forward_backward(ctx, *this, dx);
     if (hooks_) hooks_->post_backward(ctx, *this);
     if (ctx.observer && dx.defined() && !transparent_)
-        ctx.observer(*this, Phase::backward, ctx.microbatch, dx);
+        ctx.observer(fqn_, Phase::backward, ctx.microbatch, dx);
     return dx;
 }
 

@@ -36,6 +36,13 @@ using ParamPtr = std::shared_ptr<Parameter>;
 enum class Phase { forward, backward };
 const char* phase_name(Phase p);  // "forward", "backward"
 
+// An event a module reports from inside itself (the context-parallel ring's steps): named
+// "FQN#PART", PART saying what it is ("output at ring step 1 of 4"); the reference reports the same
+// name where it computes the same values, and localisation reads the two parts apart.
+inline std::string sub_event(const std::string& fqn, const std::string& part) {
+    return fqn + "#" + part;
+}
+
 class Module;
 class ModuleType;     // model/module_type.h
 struct ContextShard;  // model/context_shard.h
@@ -49,9 +56,14 @@ struct RunContext {
     int64_t row_offset =
         0;  // global row of this rank's first batch row (data parallel): dropout's mask index
     int tp_rank = 0, tp_parts = 1;  // this rank on the tensor-parallel dim: where a shard sits in its tensor
-    // Called after each module's forward (output) and backward (input gradient) with the
-    // microbatch it belongs to, for divergence localisation; may be empty.
-    std::function<void(const Module&, Phase, int microbatch, const Placed&)> observer;
+    // Called after each module's forward (output) and backward (input gradient) with its FQN and
+    // the microbatch it belongs to, for divergence localisation; may be empty. A module may report
+    // events inside itself too, named by sub_event (the ring's steps).
+    std::function<void(const std::string& fqn, Phase, int microbatch, const Placed&)> observer;
+    // Verification's reference on one device, beside a plan whose cp dim runs the ring: that plan's
+    // cp layout (rank_positions; no communicator), so attention reports what each ring step leaves
+    // on the plan's ranks (model/modules/attention_ring_probe.cpp). Null elsewhere.
+    const ContextShard* ring_probe = nullptr;
     // Activation checkpointing: a checkpointed module's first forward keeps nothing for backward
     // (recording off), and its backward first recomputes its forward (recomputing on).
     bool recording = true, recomputing = false;

@@ -349,6 +349,7 @@ void Run::forward(StepState& st, int s, int m) {
     f.ctx = RunContext{&be_, model_.seed, st.step, true, first, tp_->rank(), tp_->size(), st.observer};
     f.ctx.microbatch = m;
     if (context_) f.ctx.context = &*context_;
+    if (ring_probe_) f.ctx.ring_probe = &*ring_probe_;
     MemoryUseScope use(MemoryUse::activations);
     const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
     if (s == 0) {
@@ -521,6 +522,9 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     st.rows = b.input.dim() ? b.input.size(0) : 0;
     st.mine = st.rows / st.microbatches / batch_->size();  // this rank's rows of each microbatch
     if (plan_.context_parallel) context_ = context_shard(plan_, b.input.size(1), *cp_);
+    if (probe_parts_ > 1)
+        ring_probe_ = ContextShard::make(b.input.size(1), probe_parts_, 0, probe_balance_,
+                                         RotateMethod::alltoall, nullptr);
     // timed from the batch on the device to the optimizer step's end (the ranks' host-to-device
     // copies of the batch are data loading: at tp=8 on an H100 they were half of a step)
     be_.synchronize();

@@ -70,7 +70,7 @@ public:
     }
 };
 
-using StepObserver = std::function<void(const Module&, Phase, int microbatch, const Placed&)>;
+using StepObserver = std::function<void(const std::string& fqn, Phase, int microbatch, const Placed&)>;
 // Sees each of a rank's schedule actions run: before (done false) and after (done true) a forward,
 // a backward, the sync, clip or step, or a batch of consecutive sends and receives (every action of
 // the batch at once). The simulator measures each action's work with it (train/simulate.h).
@@ -116,6 +116,9 @@ public:
     Communicator& data_comm() const { return *batch_; }
     // Context parallel: this rank's positions of the current step's sequence (null without cp).
     const ContextShard* context() const { return context_ ? &*context_ : nullptr; }
+    // Verification's reference beside a plan whose cp dim of `parts` ranks runs the ring: each step
+    // the plan's cp layout of the sequence reaches attention as RunContext::ring_probe.
+    void probe_ring(int parts, bool load_balance) { probe_parts_ = parts, probe_balance_ = load_balance; }
     // Every rank of this rank's pipeline stage (the mesh's dims but pp, flattened in mesh order):
     // the world without pp. Uncounted use only (verification's).
     Communicator& stage_comm() const { return *stage_comm_; }
@@ -205,6 +208,9 @@ private:
     Communicator* cp_ = nullptr;  // comm(DimRole::cp): the sequence's group
     // context parallel: this rank's positions of the step's sequence (nullopt without cp)
     std::optional<ContextShard> context_;
+    int probe_parts_ = 1;  // probe_ring's
+    bool probe_balance_ = false;
+    std::optional<ContextShard> ring_probe_;           // the step's, from probe_ring (no communicator)
     std::unique_ptr<MixedPrecision> mixed_precision_;  // the plan's policy, where it casts anything
     std::unique_ptr<Optimizer> optimizer_;
     Device device_;

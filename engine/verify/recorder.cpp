@@ -225,9 +225,10 @@ public:
         auto calls =
             std::make_shared<std::map<std::string, int>>();  // this step's events so far, by key less call
         event_index_.clear();
-        return [this, &sr, scale, calls](const Module& m, Phase phase, int microbatch, const Placed& x) {
+        return [this, &sr, scale, calls](const std::string& fqn, Phase phase, int microbatch,
+                                         const Placed& x) {
             Unaccounted pause(&run_.counter());
-            ModuleEvent e{m.fqn(), phase, microbatch, 0, Tensor(), {}};
+            ModuleEvent e{fqn, phase, microbatch, 0, Tensor(), {}};
             e.call = (*calls)[fmt::format("{}:{}:{}", microbatch, static_cast<int>(phase), e.fqn)]++;
             const std::string key = event_key(e);
             auto as_reference = [&](const Tensor& t) {  // a backward event at the reference's scale

@@ -11,9 +11,12 @@ namespace ptool {
 namespace {
 
 std::string event_label(const ModuleEvent& e) {
-    const std::string name = e.fqn.empty() ? "(root)" : e.fqn;
-    return e.phase == Phase::forward ? fmt::format("forward `{}` output", name)
-                                     : fmt::format("backward `{}` input gradient", name);
+    const size_t hash = e.fqn.find('#');  // a module's event from inside it (sub_event): "FQN#PART"
+    const std::string fqn = e.fqn.substr(0, hash), name = fqn.empty() ? "(root)" : fqn;
+    const std::string part = hash != std::string::npos   ? e.fqn.substr(hash + 1)
+                             : e.phase == Phase::forward ? "output"
+                                                         : "input gradient";
+    return fmt::format("{} `{}` {}", phase_name(e.phase), name, part);
 }
 
 // Replica invariants (test_jit_data_parallel, test_replicate's state_dict tests): after the

@@ -130,12 +130,22 @@ void drop_tensors(StepRecord& step) {
     for (ModuleEvent& e : step.events) e.full = Tensor();
 }
 
-// What makes two plans' references differ: their microbatches and their mixed precision.
+// The cp ranks of a plan whose attention runs the ring (1: none): its reference reports each ring
+// step's values as the plan's ranks hold them (Run::probe_ring), for localisation.
+int ring_parts(const Plan& plan) {
+    const bool ring = plan.context_parallel && plan.context_parallel->rotate == RotateMethod::alltoall;
+    return ring ? plan.dims.size(DimRole::cp) : 1;
+}
+
+// What makes two plans' references differ: their microbatches, their mixed precision, and the
+// ring layout their events follow.
 std::string numerics_key(const Plan& plan, const Model& model) {
     // the microbatches a step cuts the batch into (the rounds of gradient_accumulation, the plan's or
     // the model's, each of a pipeline's microbatches), and the mixed precision policy
     const int64_t n = plan.accumulation_rounds(model) * plan.microbatches_per_round();
-    const std::string m = n > 1 ? fmt::format("m{}", n) : "";
+    std::string m = n > 1 ? fmt::format("m{}", n) : "";
+    if (const int parts = ring_parts(plan); parts > 1)
+        m += fmt::format("ring{}{}", parts, plan.context_parallel->load_balance ? "b" : "");
     if (!plan.mixed_precision) return m;
     const MixedPrecisionSpec& mp = *plan.mixed_precision;
     return fmt::format("{}{}/{}/{}", m, dtype_name(mp.param_dtype), dtype_name(mp.reduce_dtype),
@@ -238,6 +248,8 @@ RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps,
         1, CommOptions{},
         [&](Communicator& world) {
             Run run(in, single, world);
+            if (const int parts = ring_parts(plan); parts > 1 && opt.events)
+                run.probe_ring(parts, plan.context_parallel->load_balance);
             rec = record_run(run, steps, opt);
         },
         in.device, std::move(cores));

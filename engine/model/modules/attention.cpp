@@ -218,30 +218,36 @@ static Tensor scatter_sequence(const ContextShard& cp, const Tensor& dx) {
     return reduce_scatter_dim(cp.cp_ordered(dx, 1), 1, *cp.comm);
 }
 
-// The causal mask of query rows [r0, r0 + rows) against `keys` keys in position order: [1, rows,
-// keys], 0 where key j <= the query's position (its row, or a cp rank's position of it), -inf
-// above. A whole head of a whole sequence needs none (the softmax's own causal flag, bitwise as before).
-// A mask [1, rows, keys] on like's device: 0 where visible(i, j) (query row i, key j), -inf elsewhere.
-static Tensor visible_mask(int64_t rows, int64_t keys, const Tensor& like,
-                           const std::function<bool(int64_t, int64_t)>& visible) {
+// A mask [1, rows, keys] on like's device: `seen` where visible(i, j) (query row i, key j), `unseen`
+// elsewhere (an additive mask: 0 and -inf).
+Tensor visible_mask(int64_t rows, int64_t keys, const Tensor& like,
+                    const std::function<bool(int64_t, int64_t)>& visible, double seen, double unseen) {
     if (like.device() == Device::meta) return Tensor::empty({1, rows, keys}, like.dtype(), Device::meta);
     Tensor m({1, rows, keys}, like.dtype());
     for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < keys; ++j) m.set(i * keys + j, visible(i, j) ? 0.0 : -INFINITY);
+        for (int64_t j = 0; j < keys; ++j) m.set(i * keys + j, visible(i, j) ? seen : unseen);
     return like.device() == Device::cpu ? m : m.to_device(like.device());
 }
 
+// The causal mask of query rows [r0, r0 + rows) against `keys` keys in position order: [1, rows,
+// keys], 0 where key j <= the query's position (its row, or a cp rank's position of it), -inf
+// above. A whole head of a whole sequence needs none (the softmax's own causal flag, bitwise as before).
+
 Tensor causal_mask(const ContextShard* cp, int64_t r0, int64_t rows, int64_t keys, const Tensor& like) {
-    return visible_mask(rows, keys, like, [&](int64_t i, int64_t j) {
-        return j <= (cp ? cp->positions[static_cast<size_t>(r0 + i)] : r0 + i);
-    });
+    return visible_mask(
+        rows, keys, like,
+        [&](int64_t i, int64_t j) { return j <= (cp ? cp->positions[static_cast<size_t>(r0 + i)] : r0 + i); },
+        0.0, -INFINITY);
 }
 
 Tensor position_mask(const std::vector<int64_t>& queries, int64_t r0, int64_t rows,
                      const std::vector<int64_t>& keys, const Tensor& like) {
-    return visible_mask(rows, static_cast<int64_t>(keys.size()), like, [&](int64_t i, int64_t j) {
-        return keys[static_cast<size_t>(j)] <= queries[static_cast<size_t>(r0 + i)];
-    });
+    return visible_mask(
+        rows, static_cast<int64_t>(keys.size()), like,
+        [&](int64_t i, int64_t j) {
+            return keys[static_cast<size_t>(j)] <= queries[static_cast<size_t>(r0 + i)];
+        },
+        0.0, -INFINITY);
 }
 
 }  // namespace attention_heads
@@ -344,7 +350,7 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         if (kept == KeptOutput::take) {
             o = kept_.take(ctx.microbatch), m = kept_.take(ctx.microbatch), l = kept_.take(ctx.microbatch);
         } else {
-            o = ring_forward(ctx, q, k_heads, v_heads, {b, heads, kv_heads}, m, l);
+            o = ring_forward(ctx, q, k_heads, v_heads, {b, heads, kv_heads}, {o_global, q_flat.p}, m, l);
             if (kept == KeptOutput::keep)
                 kept_.keep(ctx.microbatch, o), kept_.keep(ctx.microbatch, m), kept_.keep(ctx.microbatch, l);
         }
@@ -380,6 +386,8 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         save({q, k, v, Tensor(), heads_kept, kv_heads_kept});
         if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, o);
     }
+    if (ctx.observer && ctx.ring_probe && !cp)  // the reference beside a ring plan: its steps' outputs
+        probe_ring_forward(ctx, q, k, v, {b, heads, kv_heads}, {o_global, q_flat.p});
     return proj(3).forward(ctx, {merge_heads(be, o, b, heads), q_flat.p, o_global});
 }
 
@@ -395,9 +403,12 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     const ContextShard* cp = ctx.context && ctx.context->parts > 1 ? ctx.context : nullptr;
     if (cp && cp->ring()) {  // (attention_ring.cpp) then the projections, as below
         Tensor dq, dk_heads, dv_heads;
-        ring_backward(ctx, sv, d_o, {b, heads, kv_heads}, dq, dk_heads, dv_heads);
+        ring_backward(ctx, sv, d_o, {b, heads, kv_heads}, d_out.layout(), dq, dk_heads, dv_heads);
+        report_ring_kv_grads(ctx, dk_heads, dv_heads, {b, heads, kv_heads}, d_out.layout());
         return project_backward(ctx, d_out, dq, dk_heads, dv_heads, {b, heads, kv_heads});
     }
+    if (ctx.observer && ctx.ring_probe && !cp)  // the reference beside a ring plan: its steps' dq
+        probe_ring_backward(ctx, q, k, v, d_o, {b, heads, kv_heads}, d_out.layout());
     Tensor dv = empty_like(v), dq = empty_like(q), dk = empty_like(k);
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
     // one slice of heads: n heads from row r0 on; dv and dk sum over the query rows, tile by tile
@@ -441,6 +452,8 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
         });
     }
     Tensor dv_heads = reduce_kv(be, dv, b, heads, kv_heads), dk_heads = reduce_kv(be, dk, b, heads, kv_heads);
+    if (ctx.observer && ctx.ring_probe && !cp)
+        report_ring_kv_grads(ctx, dk_heads, dv_heads, {b, heads, kv_heads}, d_out.layout());
     if (cp) {  // every rank's queries' gradients of this rank's keys and values
         CommScope scope(cp->comm->counter().get(), fqn(), {CommSiteKind::context_kv});
         dv_heads = scatter_sequence(*cp, dv_heads), dk_heads = scatter_sequence(*cp, dk_heads);

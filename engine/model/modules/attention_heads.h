@@ -26,6 +26,9 @@ MetaKernelMode flash_kernel(bool causal, int64_t t);
 void each_head(int64_t n, const Tensor& like, const std::function<void(int64_t)>& body);
 void each_row_tile(int64_t t, const Tensor& like, const std::function<void(int64_t, int64_t)>& body);
 Tensor head_rows(const Tensor& x, int64_t i, int64_t r0, int64_t n);  // rows [r0, r0+n) of head i: [1, n, hd]
+// A mask [1, rows, keys] on like's device: `seen` where visible(query row i, key j), `unseen` elsewhere.
+Tensor visible_mask(int64_t rows, int64_t keys, const Tensor& like,
+                    const std::function<bool(int64_t, int64_t)>& visible, double seen, double unseen);
 // The causal mask [1, rows, keys] of query rows [r0, r0 + rows) against keys in position order
 // (cp: the queries at the rank's positions; null: at their rows).
 Tensor causal_mask(const ContextShard* cp, int64_t r0, int64_t rows, int64_t keys, const Tensor& like);

@@ -58,7 +58,7 @@ Tensor stat_rows(const Tensor& s, int64_t i, int64_t r0, int64_t rows) {
 }  // namespace
 
 Tensor Attention::ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k_heads, const Tensor& v_heads,
-                               HeadCounts h, Tensor& m, Tensor& l) const {
+                               HeadCounts h, const Layout& out, Tensor& m, Tensor& l) const {
     Backend& be = *ctx.backend;
     const ContextShard& cp = *ctx.context;
     const int64_t n = h.b * h.heads, t = q.size(1), hd = q.size(2);
@@ -94,13 +94,15 @@ Tensor Attention::ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k
                 be.softmax_merge(oi, mi, li, ob, mb, lb);
             });
         });
+        report_ring_step(ctx, Phase::forward, s, o, h, out);
         if (!next.empty()) kb = next[0], vb = next[1];
     }
     return o;
 }
 
 void Attention::ring_backward(RunContext& ctx, const std::vector<Tensor>& saved, const Tensor& d_o,
-                              HeadCounts h, Tensor& dq, Tensor& dk_heads, Tensor& dv_heads) const {
+                              HeadCounts h, const Layout& out, Tensor& dq, Tensor& dk_heads,
+                              Tensor& dv_heads) const {
     Backend& be = *ctx.backend;
     const ContextShard& cp = *ctx.context;
     const Tensor &q = saved[0], &k_heads = saved[1], &v_heads = saved[2], &o = saved[3], &m = saved[6],
@@ -141,6 +143,7 @@ void Attention::ring_backward(RunContext& ctx, const std::vector<Tensor>& saved,
                 });
             });
         }
+        report_ring_step(ctx, Phase::backward, s, dq, h, out);
         be.axpy(1.0, reduce_kv(be, dk, h.b, h.heads, h.kv_heads), dkb);
         be.axpy(1.0, reduce_kv(be, dv, h.b, h.heads, h.kv_heads), dvb);
         CommScope scope(cp.comm->counter().get(), fqn(), {CommSiteKind::context_kv});
