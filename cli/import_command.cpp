@@ -5,6 +5,7 @@
 #include "core/files.h"
 #include "import/hf_import.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "parallel/plan.h"
 
 namespace ptool::cli {
@@ -37,8 +38,10 @@ void add_import_command(CLI::App& app) {
     auto config = std::make_shared<std::string>(), out = std::make_shared<std::string>();
     auto opt = std::make_shared<HfImportOptions>();
 
-    CLI::App* hf = imp->add_subcommand(
-        "hf", "A Hugging Face config.json (llama, mistral, qwen2, gpt2) as a model YAML with HF's names");
+    CLI::App* hf = imp->add_subcommand("hf",
+                                       "A Hugging Face config.json (llama, mistral, qwen2, qwen3, mixtral, "
+                                       "qwen2_moe, qwen3_moe, gpt2) as a model "
+                                       "YAML with HF's names");
     hf->add_option("CONFIG", *config, "config.json")->required();
     hf->add_option("--batch", opt->batch, "rows per step (default 1)")
         ->transform(whole_number(1, int64_t{1} << 40));
@@ -53,13 +56,16 @@ void add_import_command(CLI::App& app) {
         FileRoles().input("CONFIG", *config).output("-o", *out).check();
         if (!out->empty()) check_output(*out, true);
         const HfImport r = import_hf_model(*config, *opt);
-        int64_t params = 0;
+        int64_t params = 0, inactive = 0;
         check_loads(*config, r, [&](const std::string& yaml, const std::string& name) {
             MetaAllocation meta;  // the file it writes must load; its count is HF's num_parameters()
             const Model m = load_model_text(yaml, name, "", false);
             for (const auto& [n, p] : m.named_parameters()) params += p->value.numel();
+            inactive = inactive_parameters(*m.root);
         });
-        emit(r, *out, fmt::format("{} parameters", params));
+        emit(r, *out,
+             inactive ? fmt::format("{} parameters, {} active per token", params, params - inactive)
+                      : fmt::format("{} parameters", params));
     });
 
     CLI::App* tp = imp->add_subcommand("hf-tp-plan",

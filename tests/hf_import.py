@@ -75,6 +75,20 @@ for cfg, count in [("qwen2-0.5b", 494032768), ("mistral-7b-v0.3", 7248023552), (
     if check(rc == 0, f"explain {cfg}: rc {rc}: {text[-400:]}"):
         check(json.load(open(f"{tmp}/{cfg}.json.out"))["parameters"] == count, f"explain {cfg}: parameters != {count}")
 
+# 1b. Mixtures of experts and Qwen3 (per-head q/k norms, head_dim of its own): the published
+# totals, and the parameters a token uses (the top_k experts of each layer, the shared expert)
+for cfg, count, active in [("mixtral-8x7b-v0.1", 46702792704, 12879925248),
+                           ("qwen1.5-moe-a2.7b", 14315784192, 2689173504),
+                           ("qwen3-30b-a3b", 30532122624, 3353032704),
+                           ("qwen3-8b", 8190735360, None), ("qwen3-0.6b", 596049920, None)]:
+    out = f"{tmp}/{cfg}.yaml"
+    rc, text = run("import", "hf", f"{HF}/{cfg}.json", "-o", out)
+    want = f": {count} parameters, {active} active per token" if active else f": {count} parameters\n"
+    check(rc == 0 and want in text, f"import {cfg}: '{want.strip()}' expected, got rc {rc}: {text}")
+    rc, text = run("explain", out, f"{ROOT}/plans/empty_plan.yaml", "--json", f"{tmp}/{cfg}.json.out")
+    if check(rc == 0, f"explain {cfg}: rc {rc}: {text[-400:]}"):
+        check(json.load(open(f"{tmp}/{cfg}.json.out"))["parameters"] == count, f"explain {cfg}: parameters != {count}")
+
 # 2. Names: a tiny Qwen2's parameters are HF's state_dict names (q/k/v biased, o not; tied head).
 qwen = f"{tmp}/tiny-qwen2.yaml"
 rc, text = run("import", "hf", f"{HF}/tiny-qwen2.json", "--batch", "2", "--seq", "8", "-o", qwen)
@@ -90,16 +104,46 @@ for i in range(2):
     want |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
 check(names == want, f"tiny-qwen2 parameter names: extra {sorted(names - want)}, missing {sorted(want - names)}")
 
+# 2b. Names: a tiny Qwen2-MoE's and Qwen3-MoE's are HF's (router `gate`, experts.N, the shared
+# expert and its gate; q_norm and k_norm), and each verifies under DDP
+for fam, extra in (("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                                      shared_expert_intermediate_size=24)),
+                   ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=16,
+                                      norm_topk_prob=True))):
+    cfg = dict(json.load(open(f"{HF}/tiny-qwen2.json")), model_type=fam, **extra)
+    path = write_config(f"tiny-{fam}", cfg)
+    out = f"{tmp}/tiny-{fam}.yaml"
+    rc, text = run("import", "hf", path, "--batch", "2", "--seq", "8", "-o", out)
+    check(rc == 0, f"import tiny {fam}: {text}")
+    rc, text = run("run", out, "--dump", f"{tmp}/{fam}_dump.safetensors")
+    check(rc == 0, f"run tiny {fam}: {text}")
+    names = {k[len("init.param."):] for k in read_safetensors(f"{tmp}/{fam}_dump.safetensors") if k.startswith("init.param.")}
+    p = "model.layers.0."
+    want = {p + "mlp.gate.weight"} | {p + f"mlp.experts.{e}.{x}_proj.weight" for e in range(4) for x in ("gate", "up", "down")}
+    if fam == "qwen2_moe":
+        want |= {p + f"mlp.shared_expert.{x}_proj.weight" for x in ("gate", "up", "down")} | {p + "mlp.shared_expert_gate.weight"}
+    else:
+        want |= {p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"}
+    check(want <= names, f"tiny {fam} parameter names: missing {sorted(want - names)}")
+    plan = f"{tmp}/ddp_{fam}.yaml"
+    open(plan, "w").write("mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n")
+    rc, text = run("verify", out, plan)
+    check(rc == 0 and "PASS" in text, f"verify tiny {fam} under DDP: rc {rc}: {text[-800:]}")
+
 # 3. Refusals: exit 2 at file:line:column of the field.
 base = json.load(open(f"{HF}/tiny-qwen2.json"))
 refusals = [
-    ("unknown model_type", dict(base, model_type="mixtral"), "model_type", "mixtral"),
+    ("unknown model_type", dict(base, model_type="gemma"), "model_type", "gemma"),
     ("sliding window shorter than the sequence", dict(base, model_type="mistral", sliding_window=4), "sliding_window", "sliding-window"),
     ("qwen2 sliding window on", dict(base, use_sliding_window=True, sliding_window=4, max_window_layers=0), "sliding_window", "sliding-window"),
     ("rope_scaling yarn", dict(base, rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling", "'yarn' is not modelled"),
     ("rope_scaling without factor", dict(base, rope_scaling={"rope_type": "linear"}), "rope_scaling", "factor"),
     ("MoE", dict(base, num_local_experts=8), "num_local_experts", "experts"),
     ("head_dim", dict(base, head_dim=16), "head_dim", "head_dim"),
+    ("MoE layers among dense", dict(base, model_type="qwen3_moe", mlp_only_layers=[0]), "mlp_only_layers", "dense"),
+    ("MoE every other layer", dict(base, model_type="qwen2_moe", decoder_sparse_step=2), "decoder_sparse_step", "alternate"),
+    ("top_k over experts", dict(base, model_type="mixtral", num_local_experts=2, num_experts_per_tok=3),
+     "num_experts_per_tok", "more than"),
     ("activation", dict(base, hidden_act="quick_gelu"), "hidden_act", "quick_gelu"),
     ("heads", dict(base, num_attention_heads=5), "num_attention_heads", "multiple"),
 ]

@@ -12,6 +12,12 @@ docs/architecture.md). explain simulates at least two steps: its headline peak
 (predicted_peak_bytes) is the steady state, the optimizer's state held throughout, and
 first_step_peak_bytes the first step's; a verify of one step is held to the latter, of more to the
 former. --table prints the README's table.
+
+A mixture of experts' plans are the exception: explain routes on meta tensors, which have no values,
+so it assumes balanced routing (each expert tokens x top_k / experts rows, model/moe_routing.h) while
+verify routes its batch. The experts' rows sum to tokens x top_k either way, so what differs is the
+transient of the largest expert's rows and the allocator's rounding: held within 1% here, and the
+README's table shows the error.
 """
 import glob
 import json
@@ -77,11 +83,13 @@ with tempfile.TemporaryDirectory() as tmp:
         predicted, measured = predicted_peaks(ej), measured_peaks(vj)
         check(sorted(predicted) == sorted(measured), f"{name}: explain's rank classes cover {sorted(predicted)}, verify ran {sorted(measured)}")
         worst = 0.0
+        routed = re.search(r"type: moe\b", open(model).read()) is not None  # balanced routing predicted
         for rank, meas in measured.items():
             pred = predicted.get(rank, 0)
             err = abs(pred - meas) / meas if meas else float(pred != 0)
             worst = max(worst, err)
-            check(pred == meas, f"{name} rank {rank}: predicted {pred} B, measured {meas} B ({pred - meas:+} B, {100 * err:.3f}%)")
+            check(err <= 0.01 if routed else pred == meas,
+                  f"{name} rank {rank}: predicted {pred} B, measured {meas} B ({pred - meas:+} B, {100 * err:.3f}%)")
         rows.append((name, len(measured), max(predicted.values()), max(measured.values()), worst))
 
 # attn_implementation: flash keeps no [B*H, T, T] probabilities: the same numbers bitwise, a lower

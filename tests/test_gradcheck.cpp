@@ -107,6 +107,28 @@ TEST_CASE("gradcheck: attention with rotary embeddings and per-projection bias",
         batch);
 }
 
+TEST_CASE("gradcheck: attention with its own head_dim and per-head q/k norms (Qwen3)", "[cpu][gradcheck]") {
+    const std::string batch = "input: [2, 5, 8]\n  target: [2, 5, 8]";
+    gradcheck(
+        "  - {name: attn, type: attention, dim: 8, heads: 4, kv_heads: 2, head_dim: 6, causal: true, "
+        "bias: false, qk_norm: true, rope_theta: 10000.0}\n",
+        batch);
+    gradcheck("  - {name: attn, type: attention, dim: 8, heads: 2, head_dim: 2, qk_norm: true}\n", batch);
+}
+
+TEST_CASE("gradcheck: moe, each router family and the shared expert", "[cpu][gradcheck]") {
+    // routing is piecewise constant in the logits: the finite differences stay inside one routing
+    // (no token's k-th and (k+1)-th scores within 1e-6), and the weights' gradient reaches the gate
+    const std::string batch = "input: [2, 3, 8]\n  target: [2, 3, 8]";
+    for (const std::string keys :
+         {"top_k: 2", "top_k: 2, shared_hidden: 6, shared_gate: true", "top_k: 1, norm_topk_prob: false",
+          "top_k: 3, norm_topk_prob: false, shared_hidden: 5",
+          "top_k: 2, score_func: sigmoid, selection_bias: true, routed_scaling_factor: 2.5"}) {
+        INFO(keys);
+        gradcheck("  - {name: moe, type: moe, dim: 8, hidden: 6, experts: 4, " + keys + "}\n", batch);
+    }
+}
+
 TEST_CASE("gradcheck: gated_mlp and containers (repeat, residual, shared)", "[cpu][gradcheck]") {
     gradcheck("  - {name: mlp, type: gated_mlp, dim: 4, hidden: 6}\n");
     gradcheck(

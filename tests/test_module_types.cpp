@@ -48,11 +48,22 @@ const std::map<std::string, std::vector<std::string>> kExamples = {
       "bias: false}\n",
       "batch: {input: [2, 3, 8]}\nmodules:\n  - {name: a, type: attention, dim: 8, heads: 4, kv_heads: 1, "
       "o_bias: false, "
-      "rope_theta: 10000}\n"}},
+      "rope_theta: 10000}\n",
+      "batch: {input: [2, 3, 8]}\nmodules:\n  - {name: a, type: attention, dim: 8, heads: 4, kv_heads: 2, "
+      "head_dim: 6, qk_norm: true, bias: false, rope_theta: 10000}\n"}},
     {"gated_mlp",
      {"batch: {input: [2, 3, 8]}\nmodules:\n  - {name: m, type: gated_mlp, dim: 8, hidden: 12}\n",
       "batch: {input: [2, 3, 8]}\nmodules:\n  - {name: m, type: gated_mlp, dim: 8, hidden: 12, bias: true, "
       "activation: gelu}\n"}},
+    {"moe",
+     {"batch: {input: [2, 3, 8]}\nmodules:\n  - {name: m, type: moe, dim: 8, hidden: 12, experts: 4, top_k: "
+      "2}\n",
+      "batch: {input: [2, 3, 8]}\nmodules:\n  - {name: m, type: moe, dim: 8, hidden: 12, experts: 4, top_k: "
+      "2, "
+      "shared_hidden: 16, shared_gate: true}\n",
+      "batch: {input: [2, 3, 8]}\nmodules:\n  - {name: m, type: moe, dim: 8, hidden: 12, experts: 8, top_k: "
+      "3, "
+      "score_func: sigmoid, selection_bias: true, routed_scaling_factor: 2.5, shared_hidden: 12}\n"}},
     {"sequential",
      {"batch: {input: [4, 8]}\nmodules:\n  - {name: s, type: sequential, modules: [{name: a, type: linear, "
       "in: 8, out: 8}]}\n",
@@ -145,10 +156,11 @@ TEST_CASE(
     CHECK(find_module_type("linear") == linear);  // the first stays
     CHECK(find_module_type("lienar") == nullptr);
     // the order an unknown type's message offers them in, as the loader listed them before the registry
-    CHECK(module_type_names() ==
-          std::vector<std::string>{"linear", "relu", "gelu", "silu", "tanh", "identity", "layer_norm",
-                                   "rms_norm", "batch_norm", "embedding", "position_embedding", "dropout",
-                                   "attention", "gated_mlp", "sequential", "repeat", "residual", "shared"});
+    CHECK(module_type_names() == std::vector<std::string>{"linear", "relu", "gelu", "silu", "tanh",
+                                                          "identity", "layer_norm", "rms_norm", "batch_norm",
+                                                          "embedding", "position_embedding", "dropout",
+                                                          "attention", "gated_mlp", "moe", "sequential",
+                                                          "repeat", "residual", "shared"});
     const std::string head = "batch: {input: [4, 2]}\nmodules:\n";
     require_input_error(
         [&] { load_model_text(head + "  - {name: a, type: selu}\n", "bad.yaml"); },
@@ -157,7 +169,7 @@ TEST_CASE(
     require_input_error([&] { load_model_text(head + "  - {name: a, type: conv2d}\n", "bad.yaml"); },
                         {"unknown module type 'conv2d' (valid: linear, relu, gelu, silu, tanh, identity, "
                          "layer_norm, rms_norm, "
-                         "batch_norm, embedding, position_embedding, dropout, attention, gated_mlp, "
+                         "batch_norm, embedding, position_embedding, dropout, attention, gated_mlp, moe, "
                          "sequential, repeat, residual, "
                          "shared)"});
 }

@@ -148,19 +148,30 @@ def rope_tables(theta, hd, t, dtype, scaling=None):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, heads, kv_heads, causal, qkv_bias, o_bias, rope_theta=None, rope_scaling=None):
+    """HF's Llama/Qwen attention; head_dim (Qwen3: q_proj is dim -> heads x head_dim) and qk_norm
+    (Qwen3's q_norm/k_norm: RMSNorm of each head of q and k, before RoPE)."""
+
+    def __init__(self, dim, heads, kv_heads, causal, qkv_bias, o_bias, rope_theta=None, rope_scaling=None,
+                 head_dim=None, qk_norm=False, qk_norm_eps=1e-6):
         super().__init__()
-        self.heads, self.kv_heads, self.causal, self.hd = heads, kv_heads, causal, dim // heads
+        self.heads, self.kv_heads, self.causal, self.hd = heads, kv_heads, causal, head_dim or dim // heads
         self.rope_theta, self.rope_scaling = rope_theta, rope_scaling
-        self.q_proj = nn.Linear(dim, dim, bias=qkv_bias)
+        self.q_proj = nn.Linear(dim, heads * self.hd, bias=qkv_bias)
         self.k_proj = nn.Linear(dim, self.hd * kv_heads, bias=qkv_bias)
         self.v_proj = nn.Linear(dim, self.hd * kv_heads, bias=qkv_bias)
-        self.o_proj = nn.Linear(dim, dim, bias=o_bias)
+        self.o_proj = nn.Linear(heads * self.hd, dim, bias=o_bias)
+        if qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(self.hd, qk_norm_eps, True), RMSNorm(self.hd, qk_norm_eps, True)
+        else:
+            self.q_norm = self.k_norm = None
 
     def forward(self, x):
         b, t, c = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.heads, self.hd)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
         if self.rope_theta is not None:  # HF apply_rotary_pos_emb, before repeat_kv
             cos, sin = rope_tables(self.rope_theta, self.hd, t, q.dtype, self.rope_scaling)
@@ -174,7 +185,7 @@ class Attention(nn.Module):
             mask = torch.ones(t, t, dtype=torch.bool).tril()
             s = s.masked_fill(~mask, float("-inf"))
         o = s.softmax(-1) @ v
-        return self.o_proj(o.transpose(1, 2).reshape(b, t, c))
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, self.heads * self.hd))
 
 
 class GatedMlp(nn.Module):
@@ -187,6 +198,52 @@ class GatedMlp(nn.Module):
 
     def forward(self, x):
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Moe(nn.Module):
+    """transformers' sparse MoE blocks as their modeling files compute them (Mixtral, Qwen2-MoE,
+    Qwen3-MoE; DeepSeek-V3's sigmoid router): router logits, scores in float32 (softmax, or
+    sigmoid), the top_k of score + e_score_correction_bias, their scores renormalised
+    (norm_topk_prob) and times routed_scaling_factor, cast to the hidden dtype; each expert on the
+    rows routed to it, index_add_ in expert order; + sigmoid(shared_expert_gate(x)) * shared_expert(x).
+    The selection bias is drawn (randn * 0.1) where transformers starts it at zeros, so that a golden
+    from here exercises selection by score + bias (ptool replays a golden's buffers)."""
+
+    def __init__(self, spec):
+        super().__init__()
+        dim, e = spec["dim"], spec["experts"]
+        self.k, self.softmax = spec["top_k"], spec.get("score_func", "softmax") == "softmax"
+        self.norm, self.scaling = spec.get("norm_topk_prob", True), float(spec.get("routed_scaling_factor", 1.0))
+        self.gate = nn.Linear(dim, e, bias=False)
+        self.experts = nn.ModuleList([GatedMlp(dim, spec["hidden"], nn.SiLU(), False) for _ in range(e)])
+        self.shared_expert = GatedMlp(dim, spec["shared_hidden"], nn.SiLU(), False) if spec.get("shared_hidden") else None
+        self.shared_expert_gate = nn.Linear(dim, 1, bias=False) if spec.get("shared_gate") else None
+        if spec.get("selection_bias"):
+            self.register_buffer("e_score_correction_bias", torch.randn(e) * 0.1)
+        else:
+            self.e_score_correction_bias = None
+
+    def forward(self, x):
+        h = x.reshape(-1, x.shape[-1])
+        logits = self.gate(h)
+        scores = F.softmax(logits, dim=1, dtype=torch.float) if self.softmax else logits.float().sigmoid()
+        choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias.float()
+        idx = torch.topk(choice, self.k, dim=-1).indices
+        w = scores.gather(1, idx)
+        if self.norm:
+            w = w / w.sum(dim=-1, keepdim=True)
+        w = (w * self.scaling).to(h.dtype)
+        out = torch.zeros_like(h)
+        mask = F.one_hot(idx, num_classes=len(self.experts)).permute(2, 1, 0)
+        for e, expert in enumerate(self.experts):
+            slot, tok = torch.where(mask[e])
+            out.index_add_(0, tok, expert(h[tok]) * w[tok, slot, None])
+        if self.shared_expert is not None:
+            s = self.shared_expert(h)
+            if self.shared_expert_gate is not None:
+                s = torch.sigmoid(self.shared_expert_gate(h)) * s
+            out = out + s
+        return out.reshape(x.shape)
 
 
 ACTS = {"silu": nn.SiLU(), "relu": nn.ReLU(), "gelu": nn.GELU(), "tanh": nn.Tanh()}
@@ -223,11 +280,14 @@ def build(spec, prefix, registry, dtype):
         bias = spec.get("bias", True)
         m = Attention(spec["dim"], spec["heads"], spec.get("kv_heads", spec["heads"]), spec.get("causal", False),
                       spec.get("qkv_bias", bias), spec.get("o_bias", bias),
-                      float(spec["rope_theta"]) if "rope_theta" in spec else None, spec.get("rope_scaling"))
+                      float(spec["rope_theta"]) if "rope_theta" in spec else None, spec.get("rope_scaling"),
+                      spec.get("head_dim"), spec.get("qk_norm", False), float(spec.get("qk_norm_eps", 1e-6)))
     elif t == "position_embedding":
         m = PositionEmbedding(spec["positions"], spec["dim"])
     elif t == "gated_mlp":
         m = GatedMlp(spec["dim"], spec["hidden"], ACTS[spec.get("activation", "silu")], spec.get("bias", False))
+    elif t == "moe":
+        m = Moe(spec)
     elif t in ("sequential", "residual"):
         cls = Residual if t == "residual" else Seq
         m = cls([(c.get("name"), build(c, fqn, registry, dtype)) for c in spec["modules"]])

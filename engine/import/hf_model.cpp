@@ -197,15 +197,56 @@ Shape2 batch_shape(const HfImportOptions& opt, int64_t max_positions) {
 constexpr int64_t kMaxHidden = int64_t{1} << 20, kMaxIntermediate = int64_t{1} << 22,
                   kMaxVocab = int64_t{1} << 26, kMaxPositions = int64_t{1} << 30;
 
-// RoPE decoder families: what differs between llama, mistral and qwen2 (their config classes'
-// defaults and the attention's biases).
+// A family's mixture of experts (its config class's defaults): every decoder layer's MLP is one.
+struct MoeFamily {
+    std::string block;        // the block's name: Mixtral's block_sparse_moe, Qwen's mlp
+    std::string experts_key;  // num_local_experts (Mixtral), num_experts (Qwen)
+    int64_t experts, top_k;   // and num_experts_per_tok's default
+    std::string hidden_key;   // the experts' hidden size: intermediate_size (Mixtral), moe_intermediate_size
+    int64_t hidden;           // its default
+    bool norm_topk_prob;      // the config class's default (Mixtral renormalises, no field)
+    bool has_norm_field;      // the config has norm_topk_prob (Qwen)
+    int64_t shared_hidden;    // shared_expert_intermediate_size's default (Qwen2-MoE); 0: none
+};
+
+// RoPE decoder families: what differs between llama, mistral, qwen2, qwen3 and their mixtures of
+// experts (their config classes' defaults, the attention's biases and norms, the MLP).
 struct DecoderFamily {
     std::string config_class;
     int64_t vocab, hidden, intermediate, layers, heads, kv_heads /* 0: heads */, max_positions;
     double rope_theta;
     bool qkv_bias_fixed /* Qwen2: q/k/v always biased, o never */;
     int64_t sliding_window_default;  // 0: none
+    bool qk_norm = false;            // Qwen3: q_norm and k_norm per head, and head_dim a field of its own
+    int64_t head_dim_default = 0;    // 0: hidden / heads
+    std::optional<MoeFamily> moe;    // every layer's MLP a mixture of experts
 };
+
+// The mixture of experts' YAML entry (", ..." after the common keys), from the family and config.
+std::string moe_entry(const HfConfig& c, const MoeFamily& m, int64_t d) {
+    const int64_t experts = c.pos(m.experts_key, m.experts), top_k = c.pos("num_experts_per_tok", m.top_k),
+                  hidden = size_field(c, m.hidden_key, m.hidden, kMaxIntermediate);
+    if (experts > 4096) c.fail_at(m.experts_key, fmt::format("{} experts is over ptool's 4096", experts));
+    if (top_k > experts)
+        c.fail_at("num_experts_per_tok",
+                  fmt::format("num_experts_per_tok {} is more than the {} experts", top_k, experts));
+    if (c.pos("decoder_sparse_step", 1) != 1)
+        c.fail_at("decoder_sparse_step",
+                  "layers that alternate dense and sparse MLPs are not modelled (every layer is one block)");
+    if (c.set("mlp_only_layers") &&
+        !(c.at("mlp_only_layers").value().is_array() && c.at("mlp_only_layers").value().empty()))
+        c.fail_at("mlp_only_layers",
+                  "dense-MLP layers among sparse ones are not modelled (every layer is one block)");
+    const bool norm = m.has_norm_field ? c.flag("norm_topk_prob", m.norm_topk_prob) : m.norm_topk_prob;
+    std::string y = fmt::format(", dim: {}, hidden: {}, experts: {}, top_k: {}, norm_topk_prob: {}", d,
+                                hidden, experts, top_k, norm);
+    if (m.shared_hidden) {
+        const int64_t shared =
+            size_field(c, "shared_expert_intermediate_size", m.shared_hidden, kMaxIntermediate);
+        y += fmt::format(", shared_hidden: {}, shared_gate: true", shared);
+    }
+    return y;
+}
 
 HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily& f,
                  const HfImportOptions& opt) {
@@ -229,12 +270,15 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
         c.fail_at(
             "num_key_value_heads",
             fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", heads, kv));
-    if ((d / heads) % 2)  // found by fuzz_hf_config: the written model did not load
-        c.fail_at(
-            "num_attention_heads",
-            fmt::format("the head dim hidden_size / num_attention_heads = {} is odd: RoPE rotates pairs",
-                        d / heads));
-    if (c.set("head_dim") && c.pos("head_dim", 0) != d / heads)
+    // Qwen3's head_dim is a field of its own (q_proj is hidden -> heads x head_dim); the others' heads
+    // are hidden / heads
+    const int64_t hd =
+        f.qk_norm ? size_field(c, "head_dim", f.head_dim_default ? f.head_dim_default : d / heads, kMaxHidden)
+                  : d / heads;
+    if (hd % 2)  // found by fuzz_hf_config: the written model did not load
+        c.fail_at(f.qk_norm && c.set("head_dim") ? "head_dim" : "num_attention_heads",
+                  fmt::format("the head dim {} is odd: RoPE rotates pairs", hd));
+    if (!f.qk_norm && c.set("head_dim") && c.pos("head_dim", 0) != d / heads)
         c.fail_at(
             "head_dim",
             fmt::format("head_dim {} differs from hidden_size / num_attention_heads = {}: ptool's attention "
@@ -243,12 +287,23 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     const Shape2 b = batch_shape(opt, max_pos);
     // fields that change the computation and are not modelled
     const std::string scaling = rope_scaling(c);
-    for (const char* moe : {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
-                            "moe_intermediate_size"})
-        c.refuse_if_set(moe, "mixture-of-experts layers are not modelled");
+    if (!f.moe)
+        for (const char* moe : {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
+                                "moe_intermediate_size"})
+            c.refuse_if_set(moe, fmt::format("a {} has no mixture-of-experts layers", f.config_class));
+    const std::string moe = f.moe ? moe_entry(c, *f.moe, d) : "";
+    if (f.moe) {
+        if (const double j = c.num("router_jitter_noise", 0.0); j != 0)
+            out.warnings.push_back(fmt::format(
+                "router_jitter_noise {} is not modelled (the router's input is not jittered)", j));
+        if (c.flag("output_router_logits", false))
+            out.warnings.push_back(
+                "output_router_logits: the load-balancing loss (router_aux_loss_coef) is not modelled");
+    }
     if (c.pos("pretraining_tp", 1) != 1)
         c.fail_at("pretraining_tp", "'pretraining_tp' > 1 (sliced projections) is not modelled");
-    const bool sliding = type == "qwen2" ? c.flag("use_sliding_window", false) : true;
+    // Qwen's families switch the window on with use_sliding_window; Llama's and Mistral's have it on
+    const bool sliding = type.rfind("qwen", 0) == 0 ? c.flag("use_sliding_window", false) : true;
     // absent: the config class's default; null: none
     const int64_t window =
         c.present("sliding_window") ? c.pos("sliding_window", 0) : f.sliding_window_default;
@@ -273,6 +328,9 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     std::string& y = out.yaml;
     y += fmt::format("# {} ({}, model_type {}) from {}: `ptool import hf`.\n", model_name(c, type),
                      f.config_class, type, yaml_comment(c.root().file()));
+    if (f.moe && f.moe->block == "block_sparse_moe")
+        y += "# Mixtral's experts are gated MLPs named w1, w3, w2 in its checkpoints: gate_proj, up_proj,\n"
+             "# down_proj here (the same products).\n";
     y += "# Names are HF's: each decoder layer is two unnamed residuals (x + self_attn(input_layernorm(x)),\n"
          "# x + mlp(post_attention_layernorm(x))), so parameters read "
          "model.layers.N.self_attn.q_proj.weight.\n";
@@ -291,16 +349,24 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     y += "          - type: residual\n            modules:\n";
     y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d,
                      yaml_number(eps));
+    const std::string qk =
+        f.qk_norm ? fmt::format(", head_dim: {}, qk_norm: true, qk_norm_eps: {}", hd, yaml_number(eps)) : "";
     y += fmt::format(
-        "              - {{name: self_attn, type: attention, dim: {}, heads: {}, kv_heads: {}, causal: true, "
+        "              - {{name: self_attn, type: attention, dim: {}, heads: {}, kv_heads: {}{}, causal: "
+        "true, "
         "attn_implementation: {}, rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
-        d, heads, kv, attn.impl, yaml_number(theta), scaling, qkv_bias, o_bias);
+        d, heads, kv, qk, attn.impl, yaml_number(theta), scaling, qkv_bias, o_bias);
     y += "          - type: residual\n            modules:\n";
     y += fmt::format("              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}}}\n",
                      d, yaml_number(eps));
-    y += fmt::format(
-        "              - {{name: mlp, type: gated_mlp, dim: {}, hidden: {}, activation: {}, bias: {}}}\n", d,
-        inter, act.gated, mlp_bias);
+    if (f.moe) {
+        if (act.gated != "silu") c.fail_at("hidden_act", "a mixture of experts' experts compute silu");
+        y += fmt::format("              - {{name: {}, type: moe{}}}\n", f.moe->block, moe);
+    } else {
+        y += fmt::format(
+            "              - {{name: mlp, type: gated_mlp, dim: {}, hidden: {}, activation: {}, bias: {}}}\n",
+            d, inter, act.gated, mlp_bias);
+    }
     y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
     y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab,
                      tied ? ", tie: model.embed_tokens" : "");
@@ -397,6 +463,32 @@ const std::map<std::string, Importer>& importers() {
          [](const HfConfig& c, const HfImportOptions& o) {
              return decoder(c, "qwen2",
                             {"Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, true, 4096}, o);
+         }},
+        {"qwen3",
+         [](const HfConfig& c, const HfImportOptions& o) {
+             DecoderFamily f{"Qwen3Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, false, 4096};
+             f.qk_norm = true, f.head_dim_default = 128;
+             return decoder(c, "qwen3", f, o);
+         }},
+        {"mixtral",
+         [](const HfConfig& c, const HfImportOptions& o) {
+             DecoderFamily f{"MixtralConfig", 32000, 4096, 14336, 32, 32, 8, 131072, 1e6, false, 0};
+             f.moe = MoeFamily{
+                 "block_sparse_moe", "num_local_experts", 8, 2, "intermediate_size", 14336, true, false, 0};
+             return decoder(c, "mixtral", f, o);
+         }},
+        {"qwen2_moe",
+         [](const HfConfig& c, const HfImportOptions& o) {
+             DecoderFamily f{"Qwen2MoeConfig", 151936, 2048, 5632, 24, 16, 16, 32768, 10000.0, true, 4096};
+             f.moe = MoeFamily{"mlp", "num_experts", 60, 4, "moe_intermediate_size", 1408, false, true, 5632};
+             return decoder(c, "qwen2_moe", f, o);
+         }},
+        {"qwen3_moe",
+         [](const HfConfig& c, const HfImportOptions& o) {
+             DecoderFamily f{"Qwen3MoeConfig", 151936, 2048, 6144, 24, 32, 4, 32768, 10000.0, false, 4096};
+             f.qk_norm = true;
+             f.moe = MoeFamily{"mlp", "num_experts", 128, 8, "moe_intermediate_size", 768, false, true, 0};
+             return decoder(c, "qwen3_moe", f, o);
          }},
         {"gpt2", [](const HfConfig& c, const HfImportOptions& o) { return gpt2(c, o); }},
     };

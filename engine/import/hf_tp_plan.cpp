@@ -80,6 +80,13 @@ HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name
             "model_type",
             "GPT-2 has no base_model_tp_plan in transformers (and its fused Conv1D c_attn splits q, k and "
             "v across ranks wrongly under colwise); write the plan by hand");
+    } else if (type != "llama" && type != "mistral" && type != "qwen2") {
+        c.fail_at(
+            "model_type",
+            fmt::format("transformers' {} base_model_tp_plan has styles ptool does not model (q_norm and "
+                        "k_norm replicated with a gradient all_reduce; the experts' packed, grouped and "
+                        "expert-parallel styles); write the plan by hand",
+                        type));
     } else {
         for (const auto& [p, s] : kDecoderPlan) entries.push_back({p, s, std::nullopt});
         source = fmt::format("transformers' {} base_model_tp_plan", type);

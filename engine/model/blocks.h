@@ -19,7 +19,12 @@ class Attention : public Module {
 public:
     struct Options {
         int64_t dim = 0, heads = 1, kv_heads = 1;
+        int64_t head_dim = 0;  // 0: dim / heads; else q_proj is dim -> heads x head_dim (Qwen3, Gemma)
         bool causal = false, qkv_bias = true, o_bias = true;
+        // Qwen3's and OLMo's q/k norm, per head: RMSNorm over each head's head_dim of q and k after
+        // the projections, before RoPE (children q_norm, k_norm, weight [head_dim]); qk_norm_eps its eps
+        bool qk_norm = false;
+        double qk_norm_eps = 1e-6;
         std::optional<double> rope_theta;
         RopeScaling rope_scaling;  // with rope_theta: HF's rope_scaling (linear, llama3)
         // attn_implementation: eager keeps the softmax probabilities [B*H, T, T] for backward (HF's
@@ -33,6 +38,7 @@ public:
     // rank); the sequence (from the projections, so Megatron-SP gathers it in q/k/v) must be whole.
     Layout layout(LayoutVisitor& v, const Layout& in) const override;
     int64_t heads() const { return heads_; }
+    int64_t head_dim() const { return hd_; }
     int64_t kv_heads() const { return kv_heads_; }
     bool flash() const { return flash_; }
     // Megatron's selective recompute (--recompute-granularity selective, core_attn): eager attention
@@ -46,6 +52,10 @@ protected:
 
 private:
     Linear& proj(int i) const { return static_cast<Linear&>(*children()[i].second); }
+    // q_norm (0) or k_norm (1) of qk_norm on x [B, t, n x hd] placed as the projection's output, and
+    // its backward: each head's hd features normalised (x seen as [B, t, n, hd]).
+    Placed head_norm(RunContext& ctx, int which, const Placed& x) const;
+    Placed head_norm_backward(RunContext& ctx, int which, const Placed& dy) const;
     // One head slice [i, i+n) of the batched heads: scores and probabilities; `mask` (defined under
     // context parallelism) is added to each head's scores in place of the causal flag.
     Tensor probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t n,
@@ -85,8 +95,8 @@ private:
     // Backward through RoPE and the q/k/v projections from the heads' gradients.
     Placed project_backward(RunContext& ctx, const Placed& d_out, Tensor dq, Tensor dk_heads,
                             const Tensor& dv_heads, HeadCounts h);
-    int64_t dim_, heads_, kv_heads_;
-    bool causal_, flash_, recompute_core_ = false;
+    int64_t dim_, heads_, kv_heads_, hd_;
+    bool causal_, flash_, qk_norm_, recompute_core_ = false;
     std::optional<Rope> rope_;
     KeptOutputs kept_;  // the op-level selective policy's kept outputs (model/selective_recompute.h)
 };

@@ -1,9 +1,11 @@
 #include "plan/explain.h"
 
+#include <map>
 #include <set>
 #include <unordered_map>
 
 #include "core/tensor_ops.h"
+#include "model/moe.h"
 #include "parallel/grad_norm.h"
 
 namespace ptool {
@@ -15,9 +17,28 @@ int64_t record_bytes_per_step(const Model& model, const Plan& plan, const Layout
     const int64_t es = static_cast<int64_t>(dtype_size(model.dtype));
     // module outputs and input gradients in the compute dtype (mixed precision's param_dtype)
     const int64_t ce = static_cast<int64_t>(dtype_size(plan.compute_dtype(model.dtype)));
+    // a mixture of experts' experts report their output and input gradient at the layer's tokens
+    // (its input's shape) and nothing from inside them (model/moe.h)
+    std::map<std::string, int64_t> experts;
+    for (const CallLayout& c : layouts.calls)
+        if (const auto* moe = dynamic_cast<const Moe*>(c.module))
+            for (int64_t e = 0; e < moe->options().router.experts; ++e)
+                experts[join_name(c.fqn, fmt::format("experts.{}", e))] = numel_of(c.in.global);
+    auto inside_expert = [&](const std::string& fqn) {
+        auto it = experts.upper_bound(fqn);
+        if (it == experts.begin()) return false;
+        --it;
+        return fqn.size() > it->first.size() && fqn.compare(0, it->first.size(), it->first) == 0 &&
+               fqn[it->first.size()] == '.';
+    };
     int64_t events = 0;
     for (const CallLayout& c : layouts.calls) {
         if (c.module->transparent()) continue;  // reports no events (an unnamed residual)
+        if (auto it = experts.find(c.fqn); it != experts.end()) {
+            events += 2 * it->second;
+            continue;
+        }
+        if (inside_expert(c.fqn)) continue;
         events += numel_of(c.out.global);
         if (!c.module->takes_ids()) events += numel_of(c.in.global);
     }

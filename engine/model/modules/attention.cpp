@@ -13,6 +13,7 @@
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
 #include "model/context_shard.h"
+#include "model/layers.h"
 #include "model/module_type.h"
 #include "model/modules/attention_heads.h"
 
@@ -30,6 +31,11 @@ public:
         o.heads = e.positive("heads");
         o.dim = e.positive("dim");
         o.kv_heads = m.has("kv_heads") ? e.positive("kv_heads") : o.heads;
+        o.head_dim = m.has("head_dim") ? e.positive("head_dim") : 0;
+        o.qk_norm = m.bool_or("qk_norm", false);
+        o.qk_norm_eps = m.double_or("qk_norm_eps", o.qk_norm_eps);
+        if (!(o.qk_norm_eps > 0) || !std::isfinite(o.qk_norm_eps))
+            m.at("qk_norm_eps").fail("qk_norm_eps must be a finite number > 0");
         o.causal = m.bool_or("causal", false);
         const bool bias = m.bool_or("bias", true);  // bias sets both; qkv_bias and o_bias each their own
         o.qkv_bias = m.bool_or("qkv_bias", bias), o.o_bias = m.bool_or("o_bias", bias);
@@ -56,13 +62,16 @@ public:
     }
 
 private:
-    // q_proj and o_proj [dim, dim], k_proj and v_proj [kv_heads x head dim, dim], and their biases.
+    // q_proj [heads x hd, dim], k_proj and v_proj [kv_heads x hd, dim], o_proj [dim, heads x hd],
+    // their biases, and qk_norm's two [hd] weights (hd: head_dim, else dim / heads).
     static int64_t param_count(const YamlNode& at, const Attention::Options& o) {
-        const int64_t kv_dim = o.dim / o.heads * o.kv_heads;  // not divisible: the constructor says so
-        const int64_t q = size_add(at, size_mul(at, o.dim, o.dim), o.qkv_bias ? o.dim : 0);
+        const int64_t hd =
+            o.head_dim ? o.head_dim : o.dim / o.heads;  // not divisible: the constructor says so
+        const int64_t q_dim = size_mul(at, o.heads, hd), kv_dim = size_mul(at, o.kv_heads, hd);
+        const int64_t q = size_add(at, size_mul(at, q_dim, o.dim), o.qkv_bias ? q_dim : 0);
         const int64_t kv = size_add(at, size_mul(at, kv_dim, o.dim), o.qkv_bias ? kv_dim : 0);
-        const int64_t out = size_add(at, size_mul(at, o.dim, o.dim), o.o_bias ? o.dim : 0);
-        return size_add(at, size_add(at, q, size_mul(at, 2, kv)), out);
+        const int64_t out = size_add(at, size_mul(at, o.dim, q_dim), o.o_bias ? o.dim : 0);
+        return size_add(at, size_add(at, size_add(at, q, size_mul(at, 2, kv)), out), o.qk_norm ? 2 * hd : 0);
     }
 
     static RopeScaling rope_scaling(const YamlNode& node, const Attention::Options& o) {
@@ -102,21 +111,48 @@ Attention::Attention(std::string name, SourceLocation where, const Options& o, D
       dim_(o.dim),
       heads_(o.heads),
       kv_heads_(o.kv_heads),
+      hd_(o.head_dim ? o.head_dim : o.dim / o.heads),
       causal_(o.causal),
-      flash_(o.flash) {
-    if (dim_ % heads_ != 0)
-        this->fail(fmt::format("attention dim {} is not divisible by heads {}", dim_, heads_));
+      flash_(o.flash),
+      qk_norm_(o.qk_norm) {
+    if (!o.head_dim && dim_ % heads_ != 0)
+        this->fail(
+            fmt::format("attention dim {} is not divisible by heads {} (or give head_dim)", dim_, heads_));
     if (heads_ % kv_heads_ != 0)
         this->fail(fmt::format("attention heads {} is not divisible by kv_heads {}", heads_, kv_heads_));
-    const int64_t hd = dim_ / heads_, kv_dim = hd * kv_heads_;
+    const int64_t hd = hd_, q_dim = hd * heads_, kv_dim = hd * kv_heads_;
     if (o.rope_theta) {
         if (hd % 2 != 0) this->fail(fmt::format("rope needs an even head dim, got {}", hd));
         rope_.emplace(*o.rope_theta, hd, o.rope_scaling);
     }
-    add_child("q_proj", std::make_shared<Linear>("q_proj", this->where(), dim_, dim_, o.qkv_bias, dtype));
+    add_child("q_proj", std::make_shared<Linear>("q_proj", this->where(), dim_, q_dim, o.qkv_bias, dtype));
     add_child("k_proj", std::make_shared<Linear>("k_proj", this->where(), dim_, kv_dim, o.qkv_bias, dtype));
     add_child("v_proj", std::make_shared<Linear>("v_proj", this->where(), dim_, kv_dim, o.qkv_bias, dtype));
-    add_child("o_proj", std::make_shared<Linear>("o_proj", this->where(), dim_, dim_, o.o_bias, dtype));
+    add_child("o_proj", std::make_shared<Linear>("o_proj", this->where(), q_dim, dim_, o.o_bias, dtype));
+    if (qk_norm_)
+        for (const char* name : {"q_norm", "k_norm"})
+            add_child(name, std::make_shared<Norm>(*find_module_type("rms_norm"), name, this->where(), hd,
+                                                   o.qk_norm_eps, true, false, true, dtype));
+}
+
+Placed Attention::head_norm(RunContext& ctx, int which, const Placed& x) const {
+    if (!qk_norm_) return x;
+    const Shape& s = x.t.shape();
+    const Placed y = children()[static_cast<size_t>(4 + which)].second->forward(
+        ctx, {x.t.reshape({s[0], s[1], s[2] / hd_, hd_}),
+              x.p.normalized(3),
+              {x.global[0], x.global[1], x.global[2] / hd_, hd_}});
+    return {y.t.reshape(s), x.p, x.global};
+}
+
+Placed Attention::head_norm_backward(RunContext& ctx, int which, const Placed& dy) const {
+    if (!qk_norm_) return dy;
+    const Shape& s = dy.t.shape();
+    const Placed dx = children()[static_cast<size_t>(4 + which)].second->backward(
+        ctx, {dy.t.reshape({s[0], s[1], s[2] / hd_, hd_}),
+              dy.p.normalized(3),
+              {dy.global[0], dy.global[1], dy.global[2] / hd_, hd_}});
+    return {dx.t.reshape(s), dy.p, dy.global};
 }
 
 Shape Attention::output_shape(const Shape& in) const {
@@ -272,7 +308,7 @@ Layout Attention::layout(LayoutVisitor& v, const Layout& in) const {
             "prepare_input shard(1) -> replicate on '{}'",
             fqn(), fqn()));
     if (p.is_shard() && p.dim == 2) {  // heads split over ranks: whole heads, and the kv groups with them
-        const int64_t hd = dim_ / heads_, n = v.parts();
+        const int64_t hd = hd_, n = v.parts();
         for (int r = 0; r < n; ++r) {
             const int64_t qh = chunk_of(q.global[2], static_cast<int>(n), r).length,
                           kh = chunk_of(k.global[2], static_cast<int>(n), r).length;
@@ -283,7 +319,19 @@ Layout Attention::layout(LayoutVisitor& v, const Layout& in) const {
                     fqn(), n, heads_, kv_heads_));
         }
     }
-    return v.call(proj(3), Layout{{q.global[0], q.global[1], dim_}, q.p});
+    if (qk_norm_) {
+        if (p.is_shard() && p.dim == 2)
+            conflict(fmt::format(
+                "attention '{}' normalises q and k per head (qk_norm) with its heads split over ranks: the "
+                "norms' weight gradients would be partial sums over tp; not modelled yet",
+                fqn()));
+        for (int i = 0; i < 2; ++i) {
+            const Layout& x = i == 0 ? q : k;
+            v.call(*children()[static_cast<size_t>(4 + i)].second,
+                   Layout{{x.global[0], x.global[1], x.global[2] / hd_, hd_}, p});
+        }
+    }
+    return v.call(proj(3), Layout{{q.global[0], q.global[1], q.global[2]}, q.p});
 }
 
 Tensor Attention::probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t n,
@@ -319,12 +367,13 @@ Tensor Attention::tile_probabilities(Backend& be, const Tensor& q, const Tensor&
 
 Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     Backend& be = *ctx.backend;
-    const int64_t hd = dim_ / heads_;
+    const int64_t hd = hd_;
     // Under tensor parallelism q/k/v are colwise: this rank holds heads/tp query heads and
     // kv_heads/tp kv heads; heads are independent, so the same code runs on the local ones. The
     // batch and sequence come from the projections (Megatron-SP gathers the sequence in them).
-    const Placed q_flat = proj(0).forward(ctx, x), k_flat = proj(1).forward(ctx, x),
-                 v_flat = proj(2).forward(ctx, x);
+    // qk_norm: each head of q and k RMS-normalised (Qwen3), before RoPE.
+    const Placed q_flat = head_norm(ctx, 0, proj(0).forward(ctx, x)),
+                 k_flat = head_norm(ctx, 1, proj(1).forward(ctx, x)), v_flat = proj(2).forward(ctx, x);
     const int64_t b = q_flat.t.size(0), t = q_flat.t.size(1);
     const int64_t heads = q_flat.t.size(-1) / hd, kv_heads = k_flat.t.size(-1) / hd;
     PTOOL_REQUIRE(heads * hd == q_flat.t.size(-1) && kv_heads * hd == k_flat.t.size(-1),
@@ -344,7 +393,7 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     // keeps; eager attention's bmm and softmax are not kept (model/selective_recompute.h)
     const bool ring = cp && cp->ring();
     const KeptOutput kept = flash_ || ring ? kept_output(ctx, SelectiveOp::attention) : KeptOutput::none;
-    const Shape o_global{q_flat.global[0], q_flat.global[1], dim_};
+    const Shape o_global{q_flat.global[0], q_flat.global[1], q_flat.global[2]};
     if (ring) {  // keys and values come round the ring (attention_ring.cpp): nothing gathered
         Tensor o, m, l;
         if (kept == KeptOutput::take) {
@@ -395,7 +444,7 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     Backend& be = *ctx.backend;
     std::vector<Tensor> sv = restore();
     const Tensor &q = sv[0], &k = sv[1], &v = sv[2], &p = sv[3];
-    const int64_t hd = dim_ / heads_;
+    const int64_t hd = hd_;
     const int64_t heads = static_cast<int64_t>(sv[4].item()), kv_heads = static_cast<int64_t>(sv[5].item());
     const Placed d_out = proj(3).backward(ctx, dy);  // [B, T, H*hd] as q/k/v's gradients are placed
     const int64_t b = d_out.t.size(0);
@@ -469,11 +518,13 @@ Placed Attention::project_backward(RunContext& ctx, const Placed& d_out, Tensor 
     const int64_t b = h.b, heads = h.heads, kv_heads = h.kv_heads;
     const std::vector<int64_t>* positions = ctx.context ? &ctx.context->positions : nullptr;
     const Placement& p = d_out.p;
-    const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], dim_ / heads_ * kv_heads_};
+    const Shape q_global = d_out.global, kv_global = {q_global[0], q_global[1], hd_ * kv_heads_};
     const Placed dx_v = proj(2).backward(ctx, {merge_heads(be, dv_heads, b, kv_heads), p, kv_global});
     if (rope_) dq = rope_->backward(be, dq, positions), dk_heads = rope_->backward(be, dk_heads, positions);
-    const Placed dx_k = proj(1).backward(ctx, {merge_heads(be, dk_heads, b, kv_heads), p, kv_global});
-    const Placed dx_q = proj(0).backward(ctx, {merge_heads(be, dq, b, heads), p, q_global});
+    const Placed dx_k = proj(1).backward(
+        ctx, head_norm_backward(ctx, 1, {merge_heads(be, dk_heads, b, kv_heads), p, kv_global}));
+    const Placed dx_q =
+        proj(0).backward(ctx, head_norm_backward(ctx, 0, {merge_heads(be, dq, b, heads), p, q_global}));
     Tensor dx = empty_like(dx_v.t);
     be.add(dx_v.t, dx_k.t, dx);
     be.axpy(1.0, dx_q.t, dx);

@@ -56,7 +56,7 @@ void Attention::report_ring_step(RunContext& ctx, Phase phase, int step, const T
 void Attention::report_ring_kv_grads(RunContext& ctx, const Tensor& dk_heads, const Tensor& dv_heads,
                                      HeadCounts h, const Layout& out) const {
     if (!ctx.observer) return;
-    const Shape kv_global{out.global[0], out.global[1], dim_ / heads_ * kv_heads_};
+    const Shape kv_global{out.global[0], out.global[1], hd_ * kv_heads_};
     for (const auto& [what, d] : {std::pair{"key", &dk_heads}, std::pair{"value", &dv_heads}})
         ctx.observer(sub_event(fqn(), fmt::format("{} gradient after the ring's return hop", what)),
                      Phase::backward, ctx.microbatch,

@@ -1,0 +1,282 @@
+// moe: a mixture-of-experts layer (model/moe.h), its routing on the host (model/moe_routing.h).
+#include "model/moe.h"
+
+#include <cmath>
+
+#include "model/layers.h"
+#include "model/module_type.h"
+
+namespace ptool {
+namespace {
+
+// moe: dim, hidden, experts, top_k, score_func (softmax | sigmoid), norm_topk_prob (true),
+// routed_scaling_factor (1), selection_bias (false), shared_hidden (none), shared_gate (false).
+class MoeType final : public ModuleType {
+public:
+    MoeType() : ModuleType("moe", 145) {}
+    std::shared_ptr<Module> build(ModuleBuilder& b, ModuleEntry& e) const override {
+        YamlMap& m = e.keys;
+        Moe::Options o;
+        o.dim = e.positive("dim"), o.hidden = e.positive("hidden");
+        o.router.experts = e.positive("experts"), o.router.top_k = e.positive("top_k");
+        if (o.router.experts > 4096) m.at("experts").fail("moe experts over 4096");
+        if (o.router.top_k > o.router.experts)
+            m.at("top_k").fail(
+                fmt::format("moe top_k {} is more than its {} experts", o.router.top_k, o.router.experts));
+        const std::string score = m.string_or("score_func", "softmax");
+        if (score != "softmax" && score != "sigmoid")
+            m.at("score_func").fail(fmt::format("score_func '{}': valid: softmax, sigmoid", score));
+        o.router.score = score == "softmax" ? RouterScore::softmax : RouterScore::sigmoid;
+        o.router.norm_topk_prob = m.bool_or("norm_topk_prob", true);
+        o.router.scaling = m.double_or("routed_scaling_factor", 1.0);
+        if (!(o.router.scaling > 0) || !std::isfinite(o.router.scaling))
+            m.at("routed_scaling_factor").fail("routed_scaling_factor must be a finite number > 0");
+        o.selection_bias = m.bool_or("selection_bias", false);
+        o.shared_hidden = m.has("shared_hidden") ? e.positive("shared_hidden") : 0;
+        o.shared_gate = m.bool_or("shared_gate", false);
+        if (o.shared_gate && !o.shared_hidden) m.at("shared_gate").fail("shared_gate needs shared_hidden");
+        const YamlNode at = m.at("experts");
+        // gate [experts, dim]; each expert's gate_proj, up_proj [hidden, dim] and down_proj [dim, hidden]
+        int64_t n = size_add(at, size_mul(at, o.router.experts, o.dim),
+                             size_mul(at, o.router.experts, size_mul(at, 3, size_mul(at, o.dim, o.hidden))));
+        n = size_add(at, n, size_mul(at, 3, size_mul(at, o.dim, o.shared_hidden)));
+        n = size_add(at, n, (o.shared_gate ? o.dim : 0) + (o.selection_bias ? o.router.experts : 0));
+        b.account(at, n);  // and the buffer e_score_correction_bias [experts]
+        return std::make_shared<Moe>(e.name, e.where, o, b.dtype());
+    }
+    // No tensor-parallel rule yet: the writer plans no tensor parallelism for a model with experts.
+    TpTemplate tp_template() const override { return {.rule = TpRule::none}; }
+    ShrinkKeys shrink_keys() const override { return {.sizes = {"dim", "hidden"}}; }
+};
+const MoeType moe_type;
+PTOOL_REGISTER_MODULE_TYPE(moe_type);
+
+std::vector<double> host_values(const Tensor& t) {
+    const Tensor h = t.device() == Device::cpu ? t : t.to_device(Device::cpu);
+    std::vector<double> v(static_cast<size_t>(h.numel()));
+    for (int64_t i = 0; i < h.numel(); ++i) v[static_cast<size_t>(i)] = h.item(i);
+    return v;
+}
+
+// A tensor of `shape` on `device` holding `values` (meta: none).
+Tensor device_tensor(const Shape& shape, DType dtype, Device device, const std::vector<double>& values) {
+    if (device == Device::meta) return Tensor::empty(shape, dtype, Device::meta);
+    const Tensor t = Tensor::from_doubles(shape, dtype, values);
+    return device == Device::cpu ? t : t.to_device(device);
+}
+
+// An expert's rows: the tokens of its slots, and each row's weight repeated over dim (a mul's operand).
+struct ExpertRows {
+    Tensor ids, weights;
+    int64_t n = 0;
+};
+ExpertRows expert_rows(const Routing& r, int64_t e, int64_t k, int64_t dim, DType dtype, Device device) {
+    const std::vector<int64_t>& slots = r.slots[static_cast<size_t>(e)];
+    ExpertRows x;
+    x.n = static_cast<int64_t>(slots.size());
+    std::vector<double> ids, w;
+    ids.reserve(slots.size()), w.reserve(slots.size() * static_cast<size_t>(dim));
+    for (int64_t s : slots) {
+        ids.push_back(static_cast<double>(s / k));
+        w.insert(w.end(), static_cast<size_t>(dim), r.weights[static_cast<size_t>(s)]);
+    }
+    x.ids = device_tensor({x.n}, DType::int64, device, ids);
+    x.weights = device_tensor({1, x.n, dim}, dtype, device, w);
+    return x;
+}
+
+// An expert's rows put back at its tokens' places: a tensor placed as `like` is, zero where a token
+// did not go to the expert (what verify compares an expert by, on every data and cp layout).
+Placed at_tokens(Backend& be, const ExpertRows& r, const Tensor& rows, const Placed& like) {
+    const int64_t d = like.t.size(-1);
+    Tensor t({like.t.numel() / d, d}, like.t.dtype(), like.t.device());
+    if (r.n) be.embedding_backward(r.ids, rows.reshape({r.n, d}), t);
+    return {t.reshape(like.t.shape()), like.p, like.global};
+}
+
+// Row i of a and b [rows, dim]: their dot product, on the host (meta: zeros, the products counted).
+std::vector<double> row_dots(Backend& be, const Tensor& a, const Tensor& b, int64_t rows, int64_t dim) {
+    if (rows == 0) return {};
+    Tensor c = Tensor::empty({rows, 1, 1}, a.dtype(), a.device());
+    be.gemm(a.reshape({rows, 1, dim}), false, b.reshape({rows, 1, dim}), true, c);
+    return a.device() == Device::meta ? std::vector<double>(static_cast<size_t>(rows), 0.0) : host_values(c);
+}
+
+// The shape of x with its last dim `last`.
+Shape with_last(Shape s, int64_t last) {
+    s.back() = last;
+    return s;
+}
+
+}  // namespace
+
+Moe::Moe(std::string name, SourceLocation where, const Options& o, DType dtype)
+    : Module(moe_type, std::move(name), std::move(where)), o_(o) {
+    add_child("gate", std::make_shared<Linear>("gate", this->where(), o.dim, o.router.experts, false, dtype));
+    auto experts = std::make_shared<Sequential>("experts", this->where());
+    for (int64_t e = 0; e < o.router.experts; ++e)
+        experts->add_child(std::to_string(e),
+                           std::make_shared<GatedMlp>(std::to_string(e), this->where(), o.dim, o.hidden,
+                                                      o.act, false, dtype));
+    add_child("experts", experts);
+    if (o.shared_hidden)
+        add_child("shared_expert", std::make_shared<GatedMlp>("shared_expert", this->where(), o.dim,
+                                                              o.shared_hidden, o.act, false, dtype));
+    if (o.shared_gate)
+        add_child("shared_expert_gate",
+                  std::make_shared<Linear>("shared_expert_gate", this->where(), o.dim, 1, false, dtype));
+    if (o.selection_bias) register_buffer("e_score_correction_bias", make_buffer({o.router.experts}, dtype));
+}
+
+int64_t inactive_parameters(const Module& root) {
+    int64_t n = 0;
+    for (const auto& [fqn, m] : named_modules(root))
+        if (const auto* moe = dynamic_cast<const Moe*>(m)) {
+            int64_t per_expert = 0;
+            for_each_param(moe->expert(0),
+                           [&](const std::string&, const ParamPtr& p) { per_expert += p->value.numel(); });
+            n += (moe->options().router.experts - moe->options().router.top_k) * per_expert;
+        }
+    return n;
+}
+
+void Moe::init_params(uint64_t) {
+    for (const Entry& b : buffers()) fill_value(b.param->value, 0.0);  // transformers' zeros
+}
+
+Shape Moe::output_shape(const Shape& in) const {
+    if (in.empty() || in.back() != o_.dim)
+        fail(fmt::format("moe '{}' expects [..., {}], got {}", fqn(), o_.dim, shape_str(in)));
+    return in;
+}
+
+Layout Moe::layout(LayoutVisitor& v, const Layout& in) const {
+    const int64_t nd = static_cast<int64_t>(in.global.size());
+    const Placement p = in.p.normalized(nd);
+    if (p.is_partial() || (p.is_shard() && p.dim == nd - 1))
+        conflict(fmt::format("moe '{}' routes whole tokens but gets {}: gather its features first", fqn(),
+                             in.p.str()));
+    v.call(gate(), in);
+    // each expert's rows are this rank's tokens routed to it, [1, rows, dim]: data-dependent, so
+    // here (and on meta tensors) the balanced routing's count (model/moe_routing.h)
+    int64_t tokens = 1;
+    for (int64_t i = 0; i + 1 < nd; ++i) tokens *= in.global[static_cast<size_t>(i)];
+    const int64_t slots = tokens * o_.router.top_k, experts = o_.router.experts;
+    for (int64_t e = 0; e < experts; ++e)
+        v.call(expert(e), Layout{{1, slots / experts + (e < slots % experts ? 1 : 0), o_.dim}, Placement()});
+    if (Module* s = shared()) v.call(*s, in);
+    if (Linear* g = shared_gate()) v.call(*g, in);
+    return in;
+}
+
+Placed Moe::forward_placed(RunContext& ctx, const Placed& x) {
+    Backend& be = *ctx.backend;
+    const Device dev = x.t.device();
+    const DType dt = x.t.dtype();
+    const int64_t d = o_.dim, k = o_.router.top_k, n = x.t.numel() / d;
+    const Tensor x2 = x.t.reshape({n, d});
+    Saved sv;
+    const Placed logits = gate().forward(ctx, x);
+    sv.routing = dev == Device::meta ? balanced_routing(o_.router, n)
+                                     : route(o_.router, host_values(logits.t),
+                                             o_.selection_bias ? host_values(buffers()[0].param->value)
+                                                               : std::vector<double>());
+    Tensor out({n, d}, dt, dev);
+    {
+        // an expert's rows are this rank's tokens routed to it: it reports its output at its
+        // tokens' places, nothing inside it (model/moe.h)
+        auto observer = std::move(ctx.observer);
+        ctx.observer = nullptr;
+        for (int64_t e = 0; e < o_.router.experts; ++e) {
+            const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
+            Tensor xe = Tensor::empty({1, r.n, d}, dt, dev);
+            if (r.n) be.embedding(r.ids, x2, xe);
+            const Placed ye = expert(e).forward(ctx, Placed(xe));
+            if (observer)
+                observer(expert(e).fqn(), Phase::forward, ctx.microbatch, at_tokens(be, r, ye.t, x));
+            Tensor weighted = empty_like(ye.t);
+            be.mul(ye.t, r.weights, weighted);
+            if (r.n) be.embedding_backward(r.ids, weighted.reshape({r.n, d}), out);
+            sv.outputs.push_back(ye.t);
+        }
+        ctx.observer = std::move(observer);
+    }
+    if (Module* s = shared()) {  // Qwen2-MoE: + sigmoid(shared_expert_gate(x)) * shared_expert(x)
+        sv.shared_out = s->forward(ctx, x).t;
+        Tensor add = sv.shared_out.reshape({n, d});
+        if (Linear* g = shared_gate()) {
+            std::vector<double> gv = host_values(g->forward(ctx, x).t), rows;
+            if (dev == Device::meta) gv.assign(static_cast<size_t>(n), 0.5);
+            for (double& v : gv) v = 1.0 / (1.0 + std::exp(-v));
+            rows.reserve(static_cast<size_t>(n * d));
+            for (double v : gv) rows.insert(rows.end(), static_cast<size_t>(d), v);
+            sv.shared_g = device_tensor({n, d}, dt, dev, rows);
+            Tensor gated = empty_like(add);
+            be.mul(add, sv.shared_g, gated);
+            add = gated;
+        }
+        be.axpy(1.0, add, out);
+    }
+    if (ctx.recording) saved_.push(ctx.microbatch, std::move(sv));
+    return {out.reshape(x.t.shape()), x.p, x.global};
+}
+
+Placed Moe::backward_placed(RunContext& ctx, const Placed& dy, const Layout& in) {
+    Backend& be = *ctx.backend;
+    const Device dev = dy.t.device();
+    const DType dt = dy.t.dtype();
+    const int64_t d = o_.dim, k = o_.router.top_k, n = dy.t.numel() / d;
+    Saved sv = saved_.pop(ctx.microbatch);
+    const Tensor dy2 = dy.t.reshape({n, d});
+    Tensor dx({n, d}, dt, dev);
+    if (Module* s = shared()) {
+        Tensor ds = dy2;
+        if (Linear* g = shared_gate()) {  // y = g * s(x): ds = dy g, dg = rowdot(dy, s(x)) g (1 - g)
+            ds = empty_like(dy2);
+            be.mul(dy2, sv.shared_g, ds);
+            std::vector<double> dg = row_dots(be, dy2, sv.shared_out, n, d);
+            if (dev != Device::meta) {
+                const std::vector<double> gv = host_values(sv.shared_g);
+                for (int64_t i = 0; i < n; ++i) {
+                    const double gi = gv[static_cast<size_t>(i * d)];
+                    dg[static_cast<size_t>(i)] *= gi * (1 - gi);
+                }
+            }
+            const Shape gl = with_last(dy.global, 1);
+            const Placed dxg =
+                g->backward(ctx, {device_tensor(with_last(dy.t.shape(), 1), dt, dev, dg), dy.p, gl});
+            be.axpy(1.0, dxg.t.reshape({n, d}), dx);
+        }
+        const Placed dxs = s->backward(ctx, {ds.reshape(dy.t.shape()), dy.p, dy.global});
+        be.axpy(1.0, dxs.t.reshape({n, d}), dx);
+    }
+    std::vector<double> d_weights(static_cast<size_t>(n * k), 0.0);
+    {
+        auto observer = std::move(ctx.observer);
+        ctx.observer = nullptr;
+        for (int64_t e = o_.router.experts - 1; e >= 0; --e) {
+            const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
+            Tensor dye = Tensor::empty({1, r.n, d}, dt, dev), din = Tensor::empty({1, r.n, d}, dt, dev);
+            if (r.n) be.embedding(r.ids, dy2, dye);
+            const std::vector<double> dw = row_dots(be, dye, sv.outputs[static_cast<size_t>(e)], r.n, d);
+            for (int64_t i = 0; i < r.n; ++i)
+                d_weights[static_cast<size_t>(
+                    sv.routing.slots[static_cast<size_t>(e)][static_cast<size_t>(i)])] =
+                    dev == Device::meta ? 0.0 : dw[static_cast<size_t>(i)];
+            be.mul(dye, r.weights, din);
+            const Placed dxe = expert(e).backward(ctx, Placed(din));
+            if (observer)
+                observer(expert(e).fqn(), Phase::backward, ctx.microbatch, at_tokens(be, r, dxe.t, dy));
+            if (r.n) be.embedding_backward(r.ids, dxe.t.reshape({r.n, d}), dx);
+        }
+        ctx.observer = std::move(observer);
+    }
+    const std::vector<double> dl = route_backward(o_.router, sv.routing, d_weights);
+    const Shape lg = with_last(dy.global, o_.router.experts);
+    const Placed dxr = gate().backward(
+        ctx, {device_tensor(with_last(dy.t.shape(), o_.router.experts), dt, dev, dl), dy.p, lg});
+    be.axpy(1.0, dxr.t.reshape({n, d}), dx);
+    return {dx.reshape(dy.t.shape()), dy.p, in.global};
+}
+
+}  // namespace ptool

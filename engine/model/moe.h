@@ -1,0 +1,72 @@
+// A mixture-of-experts layer (transformers' MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock,
+// Qwen3MoeSparseMoeBlock, DeepseekV3MoE): a router picks top_k of `experts` gated MLPs per token
+// (model/moe_routing.h), each token's output is its experts' outputs weighted by the router, plus
+// an optional shared expert every token goes through (Qwen2-MoE's, gated by sigmoid(
+// shared_expert_gate(x)); DeepSeek's, ungated). Dropless: every expert takes every token routed to it.
+//
+//   logits = gate(x) [N, E];  (experts, weights) = route(logits)
+//   y = sum over the token's k experts e of  w_e * experts.e(x)   (+ shared_expert(x) * g)
+//
+// Children by transformers' names: gate (linear dim -> experts, no bias), experts.0 ..
+// experts.E-1 (gated_mlp: gate_proj, up_proj, down_proj), shared_expert, shared_expert_gate; the
+// buffer e_score_correction_bias (selection_bias: zeros, as transformers registers it).
+//
+// Every expert is called on every microbatch, with the rows routed to it (none is a [1, 0, dim]
+// call): hooks that run per module (DDP's buckets, fully_shard's units) see the same calls on every
+// rank. An expert's rows are another set of tokens on each data-parallel rank, so it reports its
+// output and input gradient put back at its tokens' places ([.., dim], zero elsewhere) and nothing
+// from inside it: verify compares the router's logits, each expert and this layer's output token
+// by token.
+#pragma once
+
+#include "model/blocks.h"
+#include "model/microbatch_stack.h"
+#include "model/moe_routing.h"
+
+namespace ptool {
+
+class Moe : public Module {
+public:
+    struct Options {
+        int64_t dim = 0, hidden = 0;
+        RouterOptions router;
+        bool selection_bias = false;  // e_score_correction_bias (DeepSeek-V3)
+        int64_t shared_hidden = 0;    // the shared expert's hidden size; 0: none
+        bool shared_gate = false;     // Qwen2-MoE's sigmoid gate on the shared expert
+        Activation act = Activation::silu;
+    };
+    Moe(std::string name, SourceLocation where, const Options& o, DType dtype);
+    Shape output_shape(const Shape& in) const override;
+    // Tokens are routed whole: any placement but Shard(-1) or Partial (batch or sequence shards route
+    // their own tokens).
+    Layout layout(LayoutVisitor& v, const Layout& in) const override;
+    void init_params(uint64_t seed) override;
+    const Options& options() const { return o_; }
+    Module& expert(int64_t e) const {
+        return *children()[1].second->children()[static_cast<size_t>(e)].second;
+    }
+
+protected:
+    Placed forward_placed(RunContext& ctx, const Placed& x) override;
+    Placed backward_placed(RunContext& ctx, const Placed& dy, const Layout& in) override;
+
+private:
+    Linear& gate() const { return static_cast<Linear&>(*children()[0].second); }
+    Module* shared() const { return o_.shared_hidden ? children()[2].second.get() : nullptr; }
+    Linear* shared_gate() const {
+        return o_.shared_gate ? static_cast<Linear*>(children()[3].second.get()) : nullptr;
+    }
+    Options o_;
+    struct Saved {
+        Routing routing;
+        std::vector<Tensor> outputs;  // each expert's output on its rows, before the weights
+        Tensor shared_out, shared_g;  // the shared expert's output and its gate's sigmoid [N, 1]
+    };
+    MicrobatchStack<Saved> saved_;
+};
+
+// The parameters a token does not use: for every moe under root, (experts - top_k) experts'
+// (a Mixtral-8x7B's 46.7B parameters hold 12.9B active per token).
+int64_t inactive_parameters(const Module& root);
+
+}  // namespace ptool

@@ -1,0 +1,52 @@
+// A mixture of experts' router, on the host: which experts each token goes to and with what
+// weight, from the router's logits, and the logits' gradient from the weights' gradient. The
+// families differ in three choices (transformers' modeling files):
+//
+//   Mixtral        softmax over the experts, top-k, the k weights renormalised to sum to 1
+//   Qwen2-MoE      softmax, top-k, the k weights as they are (norm_topk_prob: false)
+//   Qwen3-MoE      softmax, top-k, renormalised (norm_topk_prob: true)
+//   DeepSeek-V3    sigmoid scores; top-k of score + a bias that only selects
+//                  (e_score_correction_bias); the k scores renormalised, times routed_scaling_factor
+//
+// Scores are computed in float64 from the logits (transformers computes them in float32: the two
+// agree to the rounding verify's tolerance allows). Ties in the selection go to the lower expert
+// index. Routing is data-dependent control flow: a GPU run copies the logits to the host, as
+// transformers' loop over experts syncs on each expert's token count.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ptool {
+
+enum class RouterScore { softmax, sigmoid };
+
+struct RouterOptions {
+    int64_t experts = 1, top_k = 1;
+    RouterScore score = RouterScore::softmax;
+    bool norm_topk_prob = true;  // the k weights divided by their sum
+    double scaling = 1.0;        // routed_scaling_factor: the weights times it (DeepSeek-V3)
+};
+
+struct Routing {
+    int64_t tokens = 0;
+    std::vector<double> scores;   // [tokens, experts]: softmax or sigmoid of the logits
+    std::vector<int64_t> chosen;  // [tokens, k]: the experts, best first
+    std::vector<double> weights;  // [tokens, k]: what each chosen expert's output is multiplied by
+    // Per expert, the slots (token * k + j) routed to it, in token order: its tokens' rows.
+    std::vector<std::vector<int64_t>> slots;
+};
+
+// From the logits [tokens, experts] (row-major) and the selection bias (empty: none).
+Routing route(const RouterOptions& o, const std::vector<double>& logits, const std::vector<double>& bias);
+
+// Balanced routing without values (meta tensors: explain): token n's slot j goes to expert
+// (n k + j) mod experts, weight 1/k, so every expert gets tokens x k / experts of them (+-1).
+Routing balanced_routing(const RouterOptions& o, int64_t tokens);
+
+// The logits' gradient [tokens, experts] from the weights' gradient [tokens, k]: through the
+// scaling, the renormalisation and the score function (the bias selects: it has no gradient).
+std::vector<double> route_backward(const RouterOptions& o, const Routing& r,
+                                   const std::vector<double>& d_weights);
+
+}  // namespace ptool
