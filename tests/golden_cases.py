@@ -217,7 +217,7 @@ with tempfile.TemporaryDirectory() as tmp:
         ("llama_rope", "llama_rope_cp4"), ("llama_rope", "llama_rope_fsdp_cp"), ("llama_rope", "llama_rope_cp_tp"),
         ("llama_rope_long", "llama_rope_long_fsdp_cp"), ("llama_rope", "llama_rope_ring_cp4"),
         ("llama_rope_long", "llama_rope_long_ring_fsdp_cp"), ("moe_mixtral", "moe_mixtral_ddp"),
-        ("moe_qwen2", "moe_qwen2_fsdp"), ("moe_deepseek", "moe_mixtral_ddp"), ("moe_qwen3", "moe_mixtral_ddp"))]
+        ("moe_qwen2", "moe_qwen2_fsdp"), ("moe_deepseek", "moe_mixtral_ddp"), ("moe_qwen3", "moe_mixtral_ddp"), ("moe_mixtral", "moe_mixtral_tp_experts"))]
     pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
     check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")
     cases += [(re.search(r"(tests/data/)?models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]

@@ -56,6 +56,7 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   cp_grads_unsynced      first divergence is a step-0 gradient
   cp_mask_unshifted      (ring plans) first divergence is the attention's step-0 output at ring step 1
   cp_merge_unscaled      (ring plans) first divergence is the attention's step-0 output at ring step 1
+  moe_router_unnormalised  first divergence is the moe layer's step-0 routing weights
 """
 import glob
 import json
@@ -109,10 +110,14 @@ def mutants(ex, model, plan):
             # the model's first linear: its input gradient is the model input's, which no parameter
             # depends on (PyTorch does not even compute it): skipping its all_reduce changes nothing
             first = ex["params"] and ex["params"][0] in m["params"]
+            # inside a mixture of experts' expert nothing reports events but the expert (its rows are
+            # another set of tokens on each rank, model/moe.h): the expert is where a fault shows
+            expert = re.match(r"(.*\.experts\.\d+)\.", fqn)
+            shows = expert.group(1) if expert else fqn
             if style == "colwise" and linear and not first:
-                yield ("skip_grad_all_reduce", f"skip_grad_all_reduce:{fqn}", first_div(f"backward `{fqn}` input gradient"))
+                yield ("skip_grad_all_reduce", f"skip_grad_all_reduce:{fqn}", first_div(f"backward `{shows}` input gradient"))
             if style == "rowwise" and linear and "all_reduce" in comm.get((fqn, "forward"), set()):
-                yield ("skip_all_reduce", f"skip_all_reduce:{fqn}", first_div(f"forward `{fqn}` output"))
+                yield ("skip_all_reduce", f"skip_all_reduce:{fqn}", first_div(f"forward `{shows}` output"))
                 if f"{fqn}.bias" in m["params"]:
                     yield ("bias_every_rank", f"bias_every_rank:{fqn}", first_div(f"forward `{fqn}` output"))
             if style in ("colwise", "rowwise") and linear:
@@ -159,6 +164,17 @@ def mutants(ex, model, plan):
     yield from training_mutants(ex, first_div, grad_fails)
     yield from pipeline_mutants(ex, model, plan, grad_fails)
     yield from context_mutants(ex, first_div)
+    yield from expert_mutants(ex, first_div)
+
+
+def expert_mutants(ex, first_div):
+    """The mixture-of-experts classes, on every moe layer: the router's renormalisation flipped shows
+    first in the layer's routing weights (its gate's logits agree)."""
+    for c in ex["calls"]:
+        if c["type"] == "moe":
+            fqn = c["fqn"]
+            yield ("moe_router_unnormalised", f"moe_router_unnormalised:{fqn}",
+                   first_div(f"step 0 forward `{fqn}` routing weights"))
 
 
 def context_mutants(ex, first_div):

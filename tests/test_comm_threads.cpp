@@ -247,6 +247,34 @@ TEST_CASE("all_to_all_v splits that disagree end every rank with one message nam
           std::string::npos);
 }
 
+TEST_CASE("a mismatch in one group leaves another group's data phase whole: no rank frees what a peer reads",
+          "[cpu]") {
+    // Group {1, 3} fails on a mismatch (the abort reaches every rank) while group {0, 2} reduces
+    // large tensors: a rank of {0, 2} that finished its chunk must wait in leave() for its partner,
+    // which still reads its buffer, rather than unwind on the abort and free it (ASan saw a
+    // heap-use-after-free before leave() stopped polling the abort).
+    for (int round = 0; round < 5; ++round) {
+        double s = 0;
+        const std::string msg = failure_of(
+            4, 30,
+            [](Communicator& c) {
+                auto sub = c.split(c.rank() % 2, c.rank());
+                if (c.rank() % 2 == 1) {
+                    Tensor t({c.rank() == 1 ? 8 : 9, 32}, DType::float32);
+                    sub->all_reduce(t, ReduceOp::sum);
+                    return;
+                }
+                for (int i = 0; i < 50; ++i) {
+                    Tensor t({1 << 18}, DType::float32);
+                    sub->all_reduce(t, ReduceOp::sum);
+                }
+            },
+            &s);
+        INFO(msg);
+        CHECK(msg.find("collective mismatch") != std::string::npos);
+    }
+}
+
 TEST_CASE("a timeout in a sub-group releases ranks waiting in another group", "[cpu]") {
     double s = 0;
     std::string msg = failure_of(

@@ -69,7 +69,7 @@ ThreadGroup::ThreadGroup(int n_, std::shared_ptr<AbortState> abort_, std::vector
       split_args(n_),
       p2p(n_) {}
 
-void ThreadsCommunicator::sync() {
+void ThreadsCommunicator::sync(bool abortable) {
     ThreadGroup& g = *group_;
     uint64_t gen = 0;
     {
@@ -89,7 +89,7 @@ void ThreadsCommunicator::sync() {
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.timeout_seconds);
     while (g.generation == gen) {
-        if (g.abort->aborted.load()) {
+        if (abortable && g.abort->aborted.load()) {
             --g.arrived;
             std::lock_guard<std::mutex> al(g.abort->mu);
             throw AbortedError(g.abort->message, g.abort->kind);
@@ -171,7 +171,10 @@ void ThreadsCommunicator::enter(const CollectiveDesc& d, const void* in, void* o
 void ThreadsCommunicator::leave(Device device) {
     if (device != Device::cpu)
         device_memory().synchronize();  // this rank's writes land before anyone goes on
-    sync();
+    // Not abortable: the others may still read this rank's buffers, and they do not block between
+    // enter and leave, so they arrive (a rank that left on another group's abort freed the tensor
+    // a peer was reducing: heap-use-after-free under ASan). The next collective sees the abort.
+    sync(false);
     std::lock_guard<std::mutex> lk(group_->mu);
     group_->inside[rank_] = false;
 }

@@ -146,7 +146,8 @@ private:
     // Posts this rank's buffers and descriptor, waits for all, checks consistency.
     void enter(const CollectiveDesc& d, const void* in, void* out, int64_t count,
                Device device = Device::cpu);
-    void sync();  // barrier with deadline and abort polling
+    // Barrier with a deadline; abortable: it also gives up when any rank of the world aborted.
+    void sync(bool abortable = true);
     void leave(Device device = Device::cpu);
     // Data movement on the tensors' device: host memcpy / rank-order reduction, or their device forms
     // (device copies are queued on the rank's stream: leave() waits for them).

@@ -43,6 +43,7 @@ inline std::string sub_event(const std::string& fqn, const std::string& part) {
     return fqn + "#" + part;
 }
 
+class Communicator;  // comm/communicator.h
 class Module;
 class ModuleType;     // model/module_type.h
 struct ContextShard;  // model/context_shard.h
@@ -64,6 +65,9 @@ struct RunContext {
     // cp layout (rank_positions; no communicator), so attention reports what each ring step leaves
     // on the plan's ranks (model/modules/attention_ring_probe.cpp). Null elsewhere.
     const ContextShard* ring_probe = nullptr;
+    // The tensor-parallel group (null on one device): a moe layer agrees its routing over it
+    // (model/moe.h).
+    Communicator* tp = nullptr;
     // Activation checkpointing: a checkpointed module's first forward keeps nothing for backward
     // (recording off), and its backward first recomputes its forward (recomputing on).
     bool recording = true, recomputing = false;

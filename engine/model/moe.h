@@ -15,7 +15,8 @@
 // call): hooks that run per module (DDP's buckets, fully_shard's units) see the same calls on every
 // rank. An expert's rows are another set of tokens on each data-parallel rank, so it reports its
 // output and input gradient put back at its tokens' places ([.., dim], zero elsewhere) and nothing
-// from inside it: verify compares the router's logits, each expert and this layer's output token
+// from inside it: verify compares the router's logits, the routing (sub_event "routing weights":
+// each token's weight per expert, 0 where not chosen), each expert and this layer's output token
 // by token.
 #pragma once
 
@@ -42,6 +43,7 @@ public:
     Layout layout(LayoutVisitor& v, const Layout& in) const override;
     void init_params(uint64_t seed) override;
     const Options& options() const { return o_; }
+    void set_router(std::shared_ptr<const Router> r) { router_ = std::move(r); }
     Module& expert(int64_t e) const {
         return *children()[1].second->children()[static_cast<size_t>(e)].second;
     }
@@ -57,6 +59,7 @@ private:
         return o_.shared_gate ? static_cast<Linear*>(children()[3].second.get()) : nullptr;
     }
     Options o_;
+    std::shared_ptr<const Router> router_;
     struct Saved {
         Routing routing;
         std::vector<Tensor> outputs;  // each expert's output on its rows, before the weights

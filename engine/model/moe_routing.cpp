@@ -6,14 +6,10 @@
 
 namespace ptool {
 
-namespace {
-
 void assign_slots(const RouterOptions& o, Routing& r) {
     r.slots.assign(static_cast<size_t>(o.experts), {});
     for (int64_t s = 0; s < r.tokens * o.top_k; ++s) r.slots[static_cast<size_t>(r.chosen[s])].push_back(s);
 }
-
-}  // namespace
 
 Routing route(const RouterOptions& o, const std::vector<double>& logits, const std::vector<double>& bias) {
     const int64_t e = o.experts, k = o.top_k;

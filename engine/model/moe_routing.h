@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace ptool {
@@ -40,6 +41,9 @@ struct Routing {
 // From the logits [tokens, experts] (row-major) and the selection bias (empty: none).
 Routing route(const RouterOptions& o, const std::vector<double>& logits, const std::vector<double>& bias);
 
+// Routing's per-expert slots from its chosen experts (after `chosen` was set from elsewhere).
+void assign_slots(const RouterOptions& o, Routing& r);
+
 // Balanced routing without values (meta tensors: explain): token n's slot j goes to expert
 // (n k + j) mod experts, weight 1/k, so every expert gets tokens x k / experts of them (+-1).
 Routing balanced_routing(const RouterOptions& o, int64_t tokens);
@@ -48,5 +52,20 @@ Routing balanced_routing(const RouterOptions& o, int64_t tokens);
 // scaling, the renormalisation and the score function (the bias selects: it has no gradient).
 std::vector<double> route_backward(const RouterOptions& o, const Routing& r,
                                    const std::vector<double>& d_weights);
+
+// What a moe layer routes with: route and route_backward. A layer takes it as a dependency
+// (Moe::set_router), so verification's fault layer can hand one a router with a bug in it.
+class Router {
+public:
+    virtual ~Router() = default;
+    virtual Routing route(const RouterOptions& o, const std::vector<double>& logits,
+                          const std::vector<double>& bias) const {
+        return ptool::route(o, logits, bias);
+    }
+    virtual std::vector<double> backward(const RouterOptions& o, const Routing& r,
+                                         const std::vector<double>& d_weights) const {
+        return route_backward(o, r, d_weights);
+    }
+};
 
 }  // namespace ptool

@@ -33,7 +33,9 @@ int64_t record_bytes_per_step(const Model& model, const Plan& plan, const Layout
     };
     int64_t events = 0;
     for (const CallLayout& c : layouts.calls) {
-        if (c.module->transparent()) continue;  // reports no events (an unnamed residual)
+        if (c.module->transparent()) continue;                     // reports no events (an unnamed residual)
+        if (const auto* moe = dynamic_cast<const Moe*>(c.module))  // its routing weights [.., experts]
+            events += numel_of(c.in.global) / moe->options().dim * moe->options().router.experts;
         if (auto it = experts.find(c.fqn); it != experts.end()) {
             events += 2 * it->second;
             continue;

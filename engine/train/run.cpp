@@ -348,6 +348,7 @@ void Run::forward(StepState& st, int s, int m) {
     Inflight& f = st.inflight[{s, m}];
     f.ctx = RunContext{&be_, model_.seed, st.step, true, first, tp_->rank(), tp_->size(), st.observer};
     f.ctx.microbatch = m;
+    f.ctx.tp = tp_;
     if (context_) f.ctx.context = &*context_;
     if (ring_probe_) f.ctx.ring_probe = &*ring_probe_;
     MemoryUseScope use(MemoryUse::activations);

@@ -8,6 +8,7 @@
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
 #include "model/context_shard.h"
+#include "model/moe.h"
 
 namespace ptool {
 namespace {
@@ -119,6 +120,26 @@ public:
         inner_.fill(same, 0.0);
         inner_.softmax_merge(o, same, l, o_b, same.clone(), l_b);
         inner_.copy(m_true, m);
+    }
+};
+
+// moe_router_unnormalised's router: the model's routing with norm_topk_prob flipped, in the forward
+// and in its backward (a router whose bug is consistent with itself).
+class UnnormalisedRouter final : public Router {
+public:
+    Routing route(const RouterOptions& o, const std::vector<double>& logits,
+                  const std::vector<double>& bias) const override {
+        return Router::route(flipped(o), logits, bias);
+    }
+    std::vector<double> backward(const RouterOptions& o, const Routing& r,
+                                 const std::vector<double>& d_weights) const override {
+        return Router::backward(flipped(o), r, d_weights);
+    }
+
+private:
+    static RouterOptions flipped(RouterOptions o) {
+        o.norm_topk_prob = !o.norm_topk_prob;
+        return o;
     }
 };
 
@@ -571,6 +592,10 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
                                                    fault_.hits(FaultKind::cp_merge_unscaled, fqn)))
             m.add_outer_hooks(std::make_shared<ContextFaultHooks>(*fault_.kind));
     });
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+        if (auto* moe = dynamic_cast<Moe*>(&m); moe && fault_.hits(FaultKind::moe_router_unnormalised, fqn))
+            moe->set_router(std::make_shared<UnnormalisedRouter>());
+    });
     if (fault_.is(FaultKind::sac_stale_output))  // every op under the region the fault names
         for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
             if (!m.selective() || !fault_.hits(FaultKind::sac_stale_output, fqn)) return;
@@ -650,6 +675,8 @@ const char* fault_section_name(FaultSection s) {
             return "pipeline parallel";
         case FaultSection::context:
             return "context parallel";
+        case FaultSection::experts:
+            return "mixture of experts";
     }
     return "";
 }

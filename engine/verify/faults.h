@@ -63,9 +63,19 @@ enum class FaultKind {
     cp_grads_unsynced,
     cp_mask_unshifted,
     cp_merge_unscaled,
+    // mixture of experts (MODULE: a moe layer)
+    moe_router_unnormalised,
 };
 
-enum class FaultSection { tensor_parallel, data_parallel, training, mixed_precision, pipeline, context };
+enum class FaultSection {
+    tensor_parallel,
+    data_parallel,
+    training,
+    mixed_precision,
+    pipeline,
+    context,
+    experts
+};
 
 struct FaultClass {
     FaultKind kind;
@@ -169,6 +179,9 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::cp_merge_unscaled, "cp_merge_unscaled", FaultSection::context, "MODULE",
      "ring: an attention merges the blocks' partial softmaxes without the max (each block's sum of "
      "exp(s - its own max) added as if the maxima were equal)"},
+    {FaultKind::moe_router_unnormalised, "moe_router_unnormalised", FaultSection::experts, "MODULE",
+     "a mixture of experts' router gets norm_topk_prob wrong: each token's top-k weights renormalised where "
+     "the model says not, or left as scored where it says renormalise (forward and backward)"},
 };
 
 const FaultClass& fault_class(FaultKind k);

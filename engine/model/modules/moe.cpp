@@ -3,6 +3,9 @@
 
 #include <cmath>
 
+#include "comm/comm_stats.h"
+#include "comm/communicator.h"
+#include "core/memory_account.h"
 #include "model/layers.h"
 #include "model/module_type.h"
 
@@ -102,6 +105,26 @@ std::vector<double> row_dots(Backend& be, const Tensor& a, const Tensor& b, int6
     return a.device() == Device::meta ? std::vector<double>(static_cast<size_t>(rows), 0.0) : host_values(c);
 }
 
+// Under tensor parallelism every tp rank routes the same tokens (the layer's input is Replicate
+// over tp) and must route them alike: the experts' colwise/rowwise collectives then have one size.
+// A correct run computes the same routing on every tp rank; rank 0's is broadcast (verification's
+// safeguard, neither counted nor charged) so that a bug upstream (tp ranks holding different
+// activations) shows as a divergence verify localises, not as collectives of mismatched sizes.
+void agree_over_tp(Communicator& tp, const RouterOptions& o, Routing& r, Device device) {
+    CountingPaused uncounted(tp.counter().get());
+    MemoryScope unaccounted(nullptr);
+    const size_t slots = r.chosen.size();
+    std::vector<double> words(2 * slots);
+    for (size_t s = 0; s < slots; ++s)
+        words[s] = static_cast<double>(r.chosen[s]), words[slots + s] = r.weights[s];
+    Tensor t = device_tensor({static_cast<int64_t>(words.size())}, DType::float64, device, words);
+    tp.broadcast(t, 0);
+    words = host_values(t);
+    for (size_t s = 0; s < slots; ++s)
+        r.chosen[s] = static_cast<int64_t>(words[s]), r.weights[s] = words[slots + s];
+    assign_slots(o, r);
+}
+
 // The shape of x with its last dim `last`.
 Shape with_last(Shape s, int64_t last) {
     s.back() = last;
@@ -111,7 +134,7 @@ Shape with_last(Shape s, int64_t last) {
 }  // namespace
 
 Moe::Moe(std::string name, SourceLocation where, const Options& o, DType dtype)
-    : Module(moe_type, std::move(name), std::move(where)), o_(o) {
+    : Module(moe_type, std::move(name), std::move(where)), o_(o), router_(std::make_shared<Router>()) {
     add_child("gate", std::make_shared<Linear>("gate", this->where(), o.dim, o.router.experts, false, dtype));
     auto experts = std::make_shared<Sequential>("experts", this->where());
     for (int64_t e = 0; e < o.router.experts; ++e)
@@ -177,10 +200,23 @@ Placed Moe::forward_placed(RunContext& ctx, const Placed& x) {
     const Tensor x2 = x.t.reshape({n, d});
     Saved sv;
     const Placed logits = gate().forward(ctx, x);
-    sv.routing = dev == Device::meta ? balanced_routing(o_.router, n)
-                                     : route(o_.router, host_values(logits.t),
-                                             o_.selection_bias ? host_values(buffers()[0].param->value)
-                                                               : std::vector<double>());
+    sv.routing = dev == Device::meta
+                     ? balanced_routing(o_.router, n)
+                     : router_->route(o_.router, host_values(logits.t),
+                                      o_.selection_bias ? host_values(buffers()[0].param->value)
+                                                        : std::vector<double>());
+    if (ctx.tp && ctx.tp->size() > 1 && dev != Device::meta)
+        agree_over_tp(*ctx.tp, o_.router, sv.routing, dev);
+    if (ctx.observer) {  // the routing, token by token: each expert's weight (0: not chosen)
+        std::vector<double> dense(static_cast<size_t>(n * o_.router.experts), 0.0);
+        for (int64_t s = 0; s < n * k; ++s)
+            dense[static_cast<size_t>((s / k) * o_.router.experts +
+                                      sv.routing.chosen[static_cast<size_t>(s)])] =
+                sv.routing.weights[static_cast<size_t>(s)];
+        const Shape local = with_last(x.t.shape(), o_.router.experts);
+        ctx.observer(sub_event(fqn(), "routing weights"), Phase::forward, ctx.microbatch,
+                     {device_tensor(local, dt, dev, dense), x.p, with_last(x.global, o_.router.experts)});
+    }
     Tensor out({n, d}, dt, dev);
     {
         // an expert's rows are this rank's tokens routed to it: it reports its output at its
@@ -271,7 +307,7 @@ Placed Moe::backward_placed(RunContext& ctx, const Placed& dy, const Layout& in)
         }
         ctx.observer = std::move(observer);
     }
-    const std::vector<double> dl = route_backward(o_.router, sv.routing, d_weights);
+    const std::vector<double> dl = router_->backward(o_.router, sv.routing, d_weights);
     const Shape lg = with_last(dy.global, o_.router.experts);
     const Placed dxr = gate().backward(
         ctx, {device_tensor(with_last(dy.t.shape(), o_.router.experts), dt, dev, dl), dy.p, lg});
