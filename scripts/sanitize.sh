@@ -32,10 +32,12 @@ cmake --build "$dir" -j"$(nproc)" "${targets[@]}" 2>&1 | grep -E "error|warning:
 test -x "$dir/cli/ptool"
 cd "$dir"
 if [[ $kind == address ]]; then
-  # the cross-check tests numerics against PyTorch, mutation_score re-runs the verify cases 242
-  # times with injected bugs, plan_cases verifies 150 plans the planner wrote (the planner's own
-  # code runs in test_parallel): none adds memory coverage the other tests lack (CI time)
-  ctest --output-on-failure -j"$(nproc)" -E "torch_crosscheck|mutation_score|plan_cases"
+  # the cross-check tests numerics against PyTorch, mutation_score re-runs the verify cases with
+  # injected bugs, plan_cases verifies the plans the planner wrote (the planner's own code runs in
+  # test_parallel), memory_model and plan_layout run explain and verify over every shipped plan
+  # for their numbers (test_parallel's runtime test runs every plan's step under ASan), and
+  # doc_examples runs the docs' commands: none adds memory coverage the other tests lack (CI time)
+  ctest --output-on-failure -j"$(nproc)" -E "torch_crosscheck|mutation_score|plan_cases|memory_model|plan_layout|doc_examples"
 else
   ctest --output-on-failure -j"$(nproc)" -R "test_comm_threads|test_parallel|tp_seeds|dp_cases|memory_model"
 fi
