@@ -451,41 +451,50 @@ const std::map<std::string, Importer>& importers() {
         {"llama",
          [](const HfConfig& c, const HfImportOptions& o) {
              return decoder(c, "llama",
-                            {"LlamaConfig", 32000, 4096, 11008, 32, 32, 0, 2048, 10000.0, false, 0}, o);
+                            {"LlamaConfig", 32000, 4096, 11008, 32, 32, 0, 2048, 10000.0, false, 0, false, 0,
+                             std::nullopt},
+                            o);
          }},
         {"mistral",
          [](const HfConfig& c, const HfImportOptions& o) {
              return decoder(c, "mistral",
-                            {"MistralConfig", 32000, 4096, 14336, 32, 32, 8, 131072, 10000.0, false, 4096},
+                            {"MistralConfig", 32000, 4096, 14336, 32, 32, 8, 131072, 10000.0, false, 4096,
+                             false, 0, std::nullopt},
                             o);
          }},
         {"qwen2",
          [](const HfConfig& c, const HfImportOptions& o) {
              return decoder(c, "qwen2",
-                            {"Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, true, 4096}, o);
+                            {"Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, true, 4096,
+                             false, 0, std::nullopt},
+                            o);
          }},
         {"qwen3",
          [](const HfConfig& c, const HfImportOptions& o) {
-             DecoderFamily f{"Qwen3Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, false, 4096};
+             DecoderFamily f{"Qwen3Config", 151936,  4096,  22016, 32,    32, 32,
+                             32768,         10000.0, false, 4096,  false, 0,  std::nullopt};
              f.qk_norm = true, f.head_dim_default = 128;
              return decoder(c, "qwen3", f, o);
          }},
         {"mixtral",
          [](const HfConfig& c, const HfImportOptions& o) {
-             DecoderFamily f{"MixtralConfig", 32000, 4096, 14336, 32, 32, 8, 131072, 1e6, false, 0};
+             DecoderFamily f{"MixtralConfig", 32000, 4096,  14336, 32,    32, 8,
+                             131072,          1e6,   false, 0,     false, 0,  std::nullopt};
              f.moe = MoeFamily{
                  "block_sparse_moe", "num_local_experts", 8, 2, "intermediate_size", 14336, true, false, 0};
              return decoder(c, "mixtral", f, o);
          }},
         {"qwen2_moe",
          [](const HfConfig& c, const HfImportOptions& o) {
-             DecoderFamily f{"Qwen2MoeConfig", 151936, 2048, 5632, 24, 16, 16, 32768, 10000.0, true, 4096};
+             DecoderFamily f{"Qwen2MoeConfig", 151936, 2048, 5632,  24, 16,          16, 32768,
+                             10000.0,          true,   4096, false, 0,  std::nullopt};
              f.moe = MoeFamily{"mlp", "num_experts", 60, 4, "moe_intermediate_size", 1408, false, true, 5632};
              return decoder(c, "qwen2_moe", f, o);
          }},
         {"qwen3_moe",
          [](const HfConfig& c, const HfImportOptions& o) {
-             DecoderFamily f{"Qwen3MoeConfig", 151936, 2048, 6144, 24, 32, 4, 32768, 10000.0, false, 4096};
+             DecoderFamily f{"Qwen3MoeConfig", 151936, 2048, 6144,  24, 32,          4, 32768,
+                             10000.0,          false,  4096, false, 0,  std::nullopt};
              f.qk_norm = true;
              f.moe = MoeFamily{"mlp", "num_experts", 128, 8, "moe_intermediate_size", 768, false, true, 0};
              return decoder(c, "qwen3_moe", f, o);
