@@ -52,10 +52,9 @@ protected:
 
 private:
     Linear& proj(int i) const { return static_cast<Linear&>(*children()[i].second); }
-    // q_norm (0) or k_norm (1) of qk_norm on x [B, t, n x hd] placed as the projection's output, and
-    // its backward: each head's hd features normalised (x seen as [B, t, n, hd]).
-    Placed head_norm(RunContext& ctx, int which, const Placed& x) const;
-    Placed head_norm_backward(RunContext& ctx, int which, const Placed& dy) const;
+    // q_norm (0) or k_norm (1) of qk_norm on x [B, t, n x hd] placed as the projection's output
+    // (forward), or on its gradient (backward): each head's hd features, x seen as [B, t, n, hd].
+    Placed head_norm(RunContext& ctx, int which, const Placed& x, Phase phase) const;
     // One head slice [i, i+n) of the batched heads: scores and probabilities; `mask` (defined under
     // context parallelism) is added to each head's scores in place of the causal flag.
     Tensor probabilities(Backend& be, const Tensor& q, const Tensor& k, int64_t i, int64_t n,

@@ -135,24 +135,15 @@ Attention::Attention(std::string name, SourceLocation where, const Options& o, D
                                                    o.qk_norm_eps, true, false, true, dtype));
 }
 
-Placed Attention::head_norm(RunContext& ctx, int which, const Placed& x) const {
+Placed Attention::head_norm(RunContext& ctx, int which, const Placed& x, Phase phase) const {
     if (!qk_norm_) return x;
+    Module& norm = *children()[static_cast<size_t>(4 + which)].second;
     const Shape& s = x.t.shape();
-    const Placed y = children()[static_cast<size_t>(4 + which)].second->forward(
-        ctx, {x.t.reshape({s[0], s[1], s[2] / hd_, hd_}),
-              x.p.normalized(3),
-              {x.global[0], x.global[1], x.global[2] / hd_, hd_}});
+    const Placed heads{x.t.reshape({s[0], s[1], s[2] / hd_, hd_}),
+                       x.p.normalized(3),
+                       {x.global[0], x.global[1], x.global[2] / hd_, hd_}};
+    const Placed y = phase == Phase::forward ? norm.forward(ctx, heads) : norm.backward(ctx, heads);
     return {y.t.reshape(s), x.p, x.global};
-}
-
-Placed Attention::head_norm_backward(RunContext& ctx, int which, const Placed& dy) const {
-    if (!qk_norm_) return dy;
-    const Shape& s = dy.t.shape();
-    const Placed dx = children()[static_cast<size_t>(4 + which)].second->backward(
-        ctx, {dy.t.reshape({s[0], s[1], s[2] / hd_, hd_}),
-              dy.p.normalized(3),
-              {dy.global[0], dy.global[1], dy.global[2] / hd_, hd_}});
-    return {dx.t.reshape(s), dy.p, dy.global};
 }
 
 Shape Attention::output_shape(const Shape& in) const {
@@ -372,8 +363,9 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     // kv_heads/tp kv heads; heads are independent, so the same code runs on the local ones. The
     // batch and sequence come from the projections (Megatron-SP gathers the sequence in them).
     // qk_norm: each head of q and k RMS-normalised (Qwen3), before RoPE.
-    const Placed q_flat = head_norm(ctx, 0, proj(0).forward(ctx, x)),
-                 k_flat = head_norm(ctx, 1, proj(1).forward(ctx, x)), v_flat = proj(2).forward(ctx, x);
+    const Placed q_flat = head_norm(ctx, 0, proj(0).forward(ctx, x), Phase::forward),
+                 k_flat = head_norm(ctx, 1, proj(1).forward(ctx, x), Phase::forward),
+                 v_flat = proj(2).forward(ctx, x);
     const int64_t b = q_flat.t.size(0), t = q_flat.t.size(1);
     const int64_t heads = q_flat.t.size(-1) / hd, kv_heads = k_flat.t.size(-1) / hd;
     PTOOL_REQUIRE(heads * hd == q_flat.t.size(-1) && kv_heads * hd == k_flat.t.size(-1),
@@ -522,9 +514,9 @@ Placed Attention::project_backward(RunContext& ctx, const Placed& d_out, Tensor 
     const Placed dx_v = proj(2).backward(ctx, {merge_heads(be, dv_heads, b, kv_heads), p, kv_global});
     if (rope_) dq = rope_->backward(be, dq, positions), dk_heads = rope_->backward(be, dk_heads, positions);
     const Placed dx_k = proj(1).backward(
-        ctx, head_norm_backward(ctx, 1, {merge_heads(be, dk_heads, b, kv_heads), p, kv_global}));
-    const Placed dx_q =
-        proj(0).backward(ctx, head_norm_backward(ctx, 0, {merge_heads(be, dq, b, heads), p, q_global}));
+        ctx, head_norm(ctx, 1, {merge_heads(be, dk_heads, b, kv_heads), p, kv_global}, Phase::backward));
+    const Placed dx_q = proj(0).backward(
+        ctx, head_norm(ctx, 0, {merge_heads(be, dq, b, heads), p, q_global}, Phase::backward));
     Tensor dx = empty_like(dx_v.t);
     be.add(dx_v.t, dx_k.t, dx);
     be.axpy(1.0, dx_q.t, dx);
