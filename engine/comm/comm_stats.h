@@ -20,19 +20,22 @@ struct CommTotals {
 // that wrap a communicator (fault injection) to tell them apart; not counted separately.
 enum class CommSiteKind {
     none,
-    construction,    // DDP's broadcast of the state at construction
-    buffers,         // DDP's broadcast of the buffers before each forward
-    bucket,          // DDP's all_reduce of one gradient bucket (CommSite::bucket: which, per root)
-    unshard,         // fully_shard's all_gather of a unit's parameters
-    reduce_grads,    // fully_shard's reduce_scatter of a unit's gradients (HSDP: and their all_reduce)
-    clip_grad_norm,  // clip_grad_norm's all_reduces of the squares
-    loss_parallel,   // loss_parallel's all_reduces of the row maxima and sums
-    tied_weights,    // a pipeline's weights tied across stages: their broadcast at construction and
-                     // the all_reduce of their gradients
-    zero_params,     // ZeRO's all_gather of a bucket's updated parameter shards (CommSite::bucket: which)
-    context_grads,   // context parallel's all_reduce of a parameter's gradient over cp
-    context_kv,      // context parallel's all_gather of an attention's keys and values (and their
-                     // gradients' reduce_scatter)
+    construction,     // DDP's broadcast of the state at construction
+    buffers,          // DDP's broadcast of the buffers before each forward
+    bucket,           // DDP's all_reduce of one gradient bucket (CommSite::bucket: which, per root)
+    unshard,          // fully_shard's all_gather of a unit's parameters
+    reduce_grads,     // fully_shard's reduce_scatter of a unit's gradients (HSDP: and their all_reduce)
+    clip_grad_norm,   // clip_grad_norm's all_reduces of the squares
+    loss_parallel,    // loss_parallel's all_reduces of the row maxima and sums
+    tied_weights,     // a pipeline's weights tied across stages: their broadcast at construction and
+                      // the all_reduce of their gradients
+    zero_params,      // ZeRO's all_gather of a bucket's updated parameter shards (CommSite::bucket: which)
+    context_grads,    // context parallel's all_reduce of a parameter's gradient over cp
+    context_kv,       // context parallel's all_gather of an attention's keys and values (and their
+                      // gradients' reduce_scatter)
+    expert_dispatch,  // expert parallel: a moe layer's all_to_alls of its tokens to their experts' ranks
+                      // and back (and of the token counts per expert)
+    expert_grads,     // expert parallel: the all_reduce of an expert's gradients over its replicas
 };
 
 struct CommSite {

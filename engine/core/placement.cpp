@@ -13,6 +13,7 @@ Placement Placement::normalized(int64_t ndim) const {
 
 bool Placement::same_as(const Placement& o, int64_t ndim) const {
     if (kind != o.kind) return false;
+    if (is_owned()) return dim == o.dim;
     return !is_shard() || normalize_dim(dim, ndim) == normalize_dim(o.dim, ndim);
 }
 
@@ -24,6 +25,8 @@ std::string Placement::str() const {
             return fmt::format("Shard({})", dim);
         case Kind::partial:
             return "Partial(sum)";
+        case Kind::owned:
+            return fmt::format("Owned({})", dim);
     }
     return "?";
 }
@@ -41,7 +44,14 @@ bool parse_placement(const std::string& text, Placement* out) {
     return false;
 }
 
+Shape absent_shape(Shape global) {
+    if (global.empty()) return {0};
+    global[0] = 0;
+    return global;
+}
+
 Shape local_shape(const Shape& global, const Placement& p, int parts, int index) {
+    if (p.is_owned()) return p.dim == index ? global : absent_shape(global);
     if (!p.is_shard()) return global;
     Shape s = global;
     const int64_t d = normalize_dim(p.dim, static_cast<int64_t>(global.size()));

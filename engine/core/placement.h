@@ -1,6 +1,8 @@
 // Placement of a tensor along one mesh dim, as torch.distributed.tensor's: Replicate, Shard(d)
 // (torch.chunk semantics for uneven sizes: chunks of ceil(n/p), the last ones shorter or empty),
-// Partial (each rank holds a summand). A Layout is the static description of an activation on
+// Partial (each rank holds a summand), and ptool's Owned(r) (the tensor whole on coordinate r of the
+// dim and absent, zero-sized, elsewhere: an expert's weights under expert parallelism, which are
+// torch's Shard(0) of the experts' stacked weights). A Layout is the static description of an activation on
 // the tensor-parallel dim: its full shape and its placement, no data (explain and the lint work
 // on layouts; the runtime's Placed, model/placed.h, is a local tensor with its layout).
 #pragma once
@@ -12,19 +14,23 @@
 namespace ptool {
 
 struct Placement {
-    enum class Kind { replicate, shard, partial };
+    enum class Kind { replicate, shard, partial, owned };
     Kind kind = Kind::replicate;
-    int64_t dim = 0;  // Shard only; may be negative (from the end) until normalised against a shape
+    int64_t dim = 0;  // Shard: may be negative (from the end) until normalised; Owned: the owner's coordinate
 
     static Placement replicate() { return {Kind::replicate, 0}; }
     static Placement shard(int64_t d) { return {Kind::shard, d}; }
     static Placement partial() { return {Kind::partial, 0}; }
+    static Placement owned(int64_t owner) { return {Kind::owned, owner}; }
     bool is_replicate() const { return kind == Kind::replicate; }
     bool is_shard() const { return kind == Kind::shard; }
     bool is_partial() const { return kind == Kind::partial; }
+    bool is_owned() const { return kind == Kind::owned; }
+    // Each rank of the dim holds its own part (Shard or Owned): a sum over the tensor adds the dim's.
+    bool splits() const { return is_shard() || is_owned(); }
     Placement normalized(int64_t ndim) const;  // Shard(-1) -> Shard(ndim - 1)
     bool same_as(const Placement& o, int64_t ndim) const;
-    std::string str() const;  // "Replicate()", "Shard(0)", "Partial(sum)"
+    std::string str() const;  // "Replicate()", "Shard(0)", "Partial(sum)", "Owned(1)"
 };
 
 // The placement of a tensor's gradient: the tensor's own, except that every summand of a Partial
@@ -34,6 +40,8 @@ Placement grad_placement(const Placement& p);
 // "replicate", "shard(0)", "shard(-1)", "partial"; false when the text is none of these.
 bool parse_placement(const std::string& text, Placement* out);
 
+// What a rank that does not own an Owned tensor holds: its shape with no rows ([0] for a scalar).
+Shape absent_shape(Shape global);
 // The local shape of a tensor of global shape `global` on coordinate `index` of `parts`.
 Shape local_shape(const Shape& global, const Placement& p, int parts, int index);
 
@@ -63,7 +71,7 @@ struct Placements {
     }
     bool any_shard() const {
         for (const On& o : nested)
-            if (o.p.is_shard()) return true;
+            if (o.p.splits()) return true;
         return false;
     }
     bool any_partial() const {

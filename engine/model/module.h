@@ -68,6 +68,9 @@ struct RunContext {
     // The tensor-parallel group (null on one device): a moe layer agrees its routing over it
     // (model/moe.h).
     Communicator* tp = nullptr;
+    // Expert parallelism: the group a moe layer's experts split over (null without expert_parallel;
+    // parallel/expert_parallel.h).
+    Communicator* ep = nullptr;
     // Activation checkpointing: a checkpointed module's first forward keeps nothing for backward
     // (recording off), and its backward first recomputes its forward (recomputing on).
     bool recording = true, recomputing = false;

@@ -58,13 +58,34 @@ private:
     Linear* shared_gate() const {
         return o_.shared_gate ? static_cast<Linear*>(children()[3].second.get()) : nullptr;
     }
-    Options o_;
-    std::shared_ptr<const Router> router_;
+    // Expert parallel (parallel/expert_parallel.h): this rank's tokens in send order (by expert, so
+    // grouped by owner), what each rank sends and receives, and on the owner each owned expert's
+    // rows among those received.
+    struct Dispatch {
+        Tensor ids, weights;         // [S]: the send rows' tokens; [S, dim]: their router weights
+        std::vector<int64_t> slots;  // each send row's slot (token x k + j)
+        std::vector<int64_t> send_rows, recv_rows;  // per ep rank
+        std::vector<Tensor> owned_ids;              // per owned expert: its rows among the received ones
+        Tensor outputs;                             // [S, dim]: the experts' outputs, back in send order
+    };
     struct Saved {
         Routing routing;
         std::vector<Tensor> outputs;  // each expert's output on its rows, before the weights
+        Dispatch ep;
         Tensor shared_out, shared_g;  // the shared expert's output and its gate's sigmoid [N, 1]
     };
+    // The routed experts' part of the output (added into out [N, dim]), and its backward (added
+    // into dx): each expert on its rows here, or under expert parallelism on its owner's.
+    using Observer = std::function<void(const std::string&, Phase, int, const Placed&)>;
+    void experts_forward(RunContext& ctx, const Placed& x, Saved& sv, Tensor& out, const Observer& observer);
+    void experts_backward(RunContext& ctx, const Placed& dy, Saved& sv, Tensor& dx,
+                          std::vector<double>& d_weights, const Observer& observer);
+    void dispatched_forward(RunContext& ctx, const Placed& x, Saved& sv, Tensor& out,
+                            const Observer& observer);
+    void dispatched_backward(RunContext& ctx, const Placed& dy, Saved& sv, Tensor& dx,
+                             std::vector<double>& d_weights, const Observer& observer);
+    Options o_;
+    std::shared_ptr<const Router> router_;
     MicrobatchStack<Saved> saved_;
 };
 

@@ -5,6 +5,7 @@
 #include "core/rng.h"
 #include "core/tensor_ops.h"
 #include "core/yaml_reader.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/mixed_precision.h"
 
 namespace ptool {
@@ -102,6 +103,7 @@ std::vector<std::string> assign_parameters(const Model& model, const DataParalle
     std::map<std::string, std::vector<std::pair<std::string, int64_t>>> per_root;
     std::vector<std::string> unmanaged;
     for (const auto& [name, p] : model.named_parameters()) {
+        if (res.expert_params.count(name)) continue;  // expert parallel's
         bool ignored = false;
         for (const std::string& m : spec.ignored_modules) ignored = ignored || under(name, m);
         if (ignored) {
@@ -189,6 +191,8 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
                         dtype_name(model.dtype), dtype_name(plan.mixed_precision->reduce_dtype)));
     for (const std::string& u : fsdp_unit_fqns(spec, module_names, warnings)) res.units.push_back({u, {}});
     check_roots(spec, module_names);
+    for (const auto& [name, owner] : resolve_expert_parallel(model, plan).owner)
+        res.expert_params.insert(name);
     check_mixed_precision(model, plan, assign_parameters(model, spec, res));
     res.zero_stage = spec.zero_stage;
     expected_causes(model, spec, res, causes);

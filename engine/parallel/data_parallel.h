@@ -51,6 +51,9 @@ struct DataParallelResolution {
     std::vector<Replica> replicas;
     std::vector<FsdpUnitSpec> units;       // fully_shard units, outermost first
     std::set<std::string> ignored_params;  // FQNs under ignored_modules
+    // experts' parameters under expert_parallel: neither bucketed nor sharded here, each owned by one
+    // rank of the borrowed dim and synchronised by parallel/expert_parallel.h
+    std::set<std::string> expert_params;
     std::set<std::string> synced_buffers;  // broadcast from dp rank 0
     std::vector<std::string> batch_norms;  // FQNs of the BatchNorm modules
     int zero_stage = 0;                    // data_parallel's zero_stage (parallel/zero_optimizer.h)

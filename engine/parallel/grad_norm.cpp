@@ -20,7 +20,7 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
         Tensor on({n}, DType::float64),
             rest({n}, DType::float64);  // squares of the pieces sharded on d, and the rest
         for (int64_t i = 0; i < n; ++i)
-            (in.placements(in.params[i].second.get()).on(d.mesh_dim).is_shard() ? on : rest).set(i, sq[i]);
+            (in.placements(in.params[i].second.get()).on(d.mesh_dim).splits() ? on : rest).set(i, sq[i]);
         if (d.comm->size() > 1) {
             CommScope scope(d.comm->counter().get(), "(clip)", CommSiteKind::clip_grad_norm);
             d.comm->all_reduce(on, ReduceOp::sum);

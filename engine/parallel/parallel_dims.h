@@ -7,7 +7,9 @@
 //   dp_shard      data parallel, sharded parameters: fully_shard() (FSDP2/ZeRO-3), or HSDP's inner dim
 //   cp            context parallel: the sequence split over ranks for the whole model (context_parallel)
 //   tp            tensor parallel: parallelize_module's styles cut modules' parameters and activations
-//   ep            expert parallel (planned)
+//   ep            expert parallel: each moe layer's experts split over the ranks of a data dim it
+//                 borrows (torchtitan borrows ep from dp_shard x cp); the tokens go to their
+//                 experts' ranks and back by all_to_all (parallel/expert_parallel.h)
 //
 // The plan's sections name the dims they use (tensor_parallel.mesh_dim; data_parallel.mesh_dim, a
 // list of two for HSDP); resolve_dims checks in one place that every named dim exists, that no dim
@@ -68,6 +70,9 @@ public:
     // torchtitan's dp_shard_cp mesh (fully_shard over dp_shard x cp flattened; the cp dim then
     // cuts a fully_shard parameter's rows after the data dims, and param_nesting lists it last).
     void set_cp_shards_params(bool on) { cp_shards_params_ = on && has(DimRole::cp); }
+    // Expert parallel borrows data dim `mesh_dim`: index(ep) names it, its role stays the data one
+    // (the batch's rows still split over it; the experts split over it too).
+    void set_expert_dim(int mesh_dim) { index_[static_cast<int>(DimRole::ep)] = mesh_dim; }
     bool cp_shards_params() const { return cp_shards_params_; }
     // `--mesh NAME=SIZE`: the same roles on a resized dim
     void resize(int mesh_dim, int size) { mesh_[mesh_dim].size = size; }

@@ -148,6 +148,7 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     check_microbatches(plan, model);  // the step's microbatches cut the batch and split over the data ranks
     const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
+    res.ep = resolve_expert_parallel(model, plan);
     if (plan.dims.has(DimRole::tp)) resolve_tensor_parallel(model, plan, res);
     std::map<const Module*, const ResolvedStyle*> styles;
     for (const ResolvedStyle& rs : res.styles) styles[rs.module] = &rs;

@@ -8,6 +8,7 @@
 
 #include "parallel/activation_checkpointing.h"
 #include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/layout_pass.h"
 
 namespace ptool {
@@ -19,6 +20,7 @@ struct Resolution {
     Placement input_placement;              // how the model input reaches the ranks
     LayoutReport layouts;                   // every module call's layouts and the step's collectives
     DataParallelResolution dp;              // the data_parallel section, resolved
+    ExpertParallelResolution ep;            // the expert_parallel section, resolved
     ActivationCheckpointing checkpointing;  // activation_checkpointing's modules
     // Findings that make a mismatch with the reference expected, shown with a failing verdict as
     // its cause ("loss: sum under data parallel ...", BatchNorm with local statistics).

@@ -566,6 +566,42 @@ void parse_context_parallel(const YamlNode& node, Plan& plan, RoleClaims& claims
     plan.context_parallel = s;
 }
 
+// expert_parallel: the data dim the experts split over (implicit when data_parallel has one), after
+// data_parallel's claims
+void parse_expert_parallel(const YamlNode& node, Plan& plan) {
+    YamlMap em(node, "'expert_parallel'");
+    if (!plan.data_parallel)
+        node.fail(
+            "expert_parallel borrows a data-parallel dim (torchtitan's ep): the plan needs a "
+            "data_parallel section, whose gradient sync the non-expert parameters need over it");
+    const std::vector<std::string>& data = plan.data_parallel->mesh_dims;
+    std::string dim;
+    std::optional<YamlNode> at = em.get("mesh_dim");
+    if (at)
+        dim = at->as_string("'mesh_dim'");
+    else if (data.size() == 1)
+        dim = data.front();
+    else
+        node.fail(fmt::format("'expert_parallel' needs 'mesh_dim': one of data_parallel's dims ({})",
+                              fmt::join(data, ", ")));
+    if (std::find(data.begin(), data.end(), dim) == data.end())
+        (at ? *at : node)
+            .fail(
+                fmt::format("expert_parallel's mesh_dim '{}' is not a data-parallel dim: experts split over "
+                            "ranks that hold different tokens (data_parallel's {}){}",
+                            dim, fmt::join(data, ", "), did_you_mean(dim, data)));
+    if (plan.data_parallel->zero_stage > 0)
+        throw InputError(plan.data_parallel->zero_stage_where,
+                         "zero_stage with expert_parallel: ptool does not shard an optimizer over expert "
+                         "and non-expert parameters yet (use zero_stage 0, or fully_shard)");
+    em.finish();
+    ExpertParallelSpec s;
+    s.where = node.where();
+    plan.expert_parallel = s;
+    for (int d = 0; d < plan.dims.ndim(); ++d)
+        if (plan.mesh()[d].name == dim) plan.dims.set_expert_dim(d);
+}
+
 }  // namespace
 
 Plan load_plan_text(const std::string& text, const std::string& path) {
@@ -590,6 +626,7 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
     plan.dims.set_cp_shards_params(plan.data_parallel &&
                                    (plan.data_parallel->mode == DataParallelMode::fully_shard ||
                                     !plan.data_parallel->fully_shard.empty()));
+    if (auto ep = m.get("expert_parallel")) parse_expert_parallel(*ep, plan);
     if (auto ac = m.get("activation_checkpointing"))
         plan.activation_checkpointing = parse_activation_checkpointing(*ac);
     if (auto g = m.get("gradient_accumulation")) {

@@ -30,6 +30,8 @@
 //     mesh_dim: cp             # the sequence split over its ranks for the whole model
 //     rotate_method: allgather # how attention sees every key and value: allgather | alltoall (the ring)
 //     load_balance: true       # 2 x cp chunks, rank i holding chunks i and 2cp-1-i (torch's default)
+//   expert_parallel:
+//     mesh_dim: dp             # a data dim the experts split over (parallel/expert_parallel.h)
 //   gradient_accumulation: 4   # the step's rounds, over the model's (the training layout ptool plan chose)
 //   verify: {steps: 2, compare: [output, loss, grad, param], tolerance: {rtol: 1.3e-6, atol: 1e-5}}
 #pragma once
@@ -126,6 +128,13 @@ struct ContextParallelSpec {
     SourceLocation where, rotate_where;
 };
 
+// expert_parallel: every moe layer's experts split over the ranks of a data dim, which the section
+// borrows (torchtitan's ep, borrowed from dp_shard x cp): each rank keeps experts/ep of them and
+// routes its own tokens to their owners and back by all_to_all (parallel/expert_parallel.h).
+struct ExpertParallelSpec {
+    SourceLocation where;
+};
+
 struct VerifySpec {
     int64_t steps = 0;  // 0: the model's
     std::vector<std::string> compare = {"output", "loss", "grad", "param"};
@@ -150,6 +159,7 @@ struct Plan {
     std::optional<MixedPrecisionSpec> mixed_precision;    // data_parallel.mixed_precision
     std::optional<PipelineSpec> pipeline;                 // its dim is the pp role's
     std::optional<ContextParallelSpec> context_parallel;  // its dim is the cp role's
+    std::optional<ExpertParallelSpec> expert_parallel;    // its dim is a data dim, borrowed (dims' ep)
     // Microbatches per round of gradient accumulation when there is no pipeline (the reference of a
     // pipeline plan computes its microbatches: reference_plan)
     int round_microbatches = 1;

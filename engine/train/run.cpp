@@ -137,6 +137,18 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     if (layer) layer->before_parallelize(model_, res_);
     tp_params_ = parallelize(model_, plan, res_, *mesh_, own);
     if (layer) layer->after_parallelize(model_, plan, res_, tp_params_, *mesh_);
+    if (res_.ep.active) {  // each rank keeps its own experts; their gradients' replicas: the other data dims
+        std::vector<int> others;
+        std::string label;  // a flattened group's name: its dims' joined by '+' (ParallelDims::label_dims)
+        for (int d : data)
+            if (d != plan.dims.index(DimRole::ep))
+                others.push_back(d), label += (label.empty() ? "" : "+") + plan.mesh()[d].name;
+        Communicator* replicas = others.empty()       ? nullptr
+                                 : others.size() == 1 ? &mesh_->comm(others[0])
+                                                      : &mesh_->group(mesh_->add_group(others, label));
+        expert_parallel_ = std::make_unique<ExpertParallel>(model_, res_.ep, plan.dims.index(DimRole::ep),
+                                                            comm(DimRole::ep), replicas, be_);
+    }
     for (const Tied& t : tied_) {  // the later stages' copies start from the first stage's values
         CommScope scope(t.group->counter().get(), "(tied weights)", CommSiteKind::tied_weights);
         t.group->broadcast(t.param->value, 0);
@@ -329,6 +341,8 @@ Placements Run::placements(const Parameter* p) const {
     Placements out;
     if (auto it = tp_params_.find(p); it != tp_params_.end())
         out.then(plan_.dims.index(DimRole::tp), it->second.placement);
+    if (expert_parallel_ && expert_parallel_->manages(p))  // an expert: whole on its owner
+        return out.then(expert_parallel_->mesh_dim(), expert_parallel_->placement(p));
     if (data_parallel_) {
         const Placement dp = data_parallel_->placement(p);
         out.then(data_parallel_->shard_dim(), dp);
@@ -349,6 +363,7 @@ void Run::forward(StepState& st, int s, int m) {
     f.ctx = RunContext{&be_, model_.seed, st.step, true, first, tp_->rank(), tp_->size(), st.observer};
     f.ctx.microbatch = m;
     f.ctx.tp = tp_;
+    if (expert_parallel_) f.ctx.ep = &comm(DimRole::ep);
     if (context_) f.ctx.context = &*context_;
     if (ring_probe_) f.ctx.ring_probe = &*ring_probe_;
     MemoryUseScope use(MemoryUse::activations);
@@ -565,6 +580,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
                 if (layer_) layer_->before_gradient_sync(model_, world_);
                 if (data_parallel_)
                     data_parallel_->after_backward();  // once per step (DDP's no_sync on the others)
+                if (expert_parallel_) expert_parallel_->after_backward();
                 sync_tied_gradients();
                 break;
             case ActionKind::clip:

@@ -124,6 +124,7 @@ public:
     Communicator& stage_comm() const { return *stage_comm_; }
     const std::vector<MeshDim>& stage_dims() const { return stage_dims_; }  // its dims, in mesh order
     const DataParallel* data_parallel() const { return data_parallel_.get(); }
+    const ExpertParallel* expert_parallel() const { return expert_parallel_.get(); }
     // ZeRO's sharded optimizer (data_parallel's zero_stage 1 or 2), or null.
     ZeroOptimizer* zero() const;
     // ZeRO-2 keeps a shard of each gradient after the step: verification's all_gather of the shards
@@ -202,6 +203,7 @@ private:
     TpParams tp_params_;
     DataParallelResolution executed_dp_;  // what the layer let run (res_.dp: what the plan says)
     std::unique_ptr<DataParallel> data_parallel_;
+    std::unique_ptr<ExpertParallel> expert_parallel_;
     std::unique_ptr<Communicator> solo_;  // the one-rank group of a role the plan does not have
     Communicator* tp_ = nullptr;          // comm(DimRole::tp): the activations' layouts are on it
     Communicator* batch_ = nullptr;

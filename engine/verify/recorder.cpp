@@ -20,8 +20,18 @@ Tensor on_host(const Tensor& t) {
     return t.device() == Device::cpu ? t : t.to_device(Device::cpu);
 }
 
-// The full size of dim `p.dim` from every rank's local size (uncounted metadata).
+// The full size of dim `p.dim` from every rank's local size (uncounted metadata); an Owned tensor's
+// whole shape from its owner.
 Shape global_shape(const Shape& local, const Placement& p, Communicator& comm) {
+    if (p.is_owned() && comm.size() > 1) {
+        Tensor dims({static_cast<int64_t>(local.size())}, DType::int64);
+        for (size_t i = 0; i < local.size(); ++i)
+            dims.set(static_cast<int64_t>(i), static_cast<double>(local[i]));
+        comm.broadcast(dims, static_cast<int>(p.dim));
+        Shape g(local.size());
+        for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<int64_t>(dims.item(static_cast<int64_t>(i)));
+        return g;
+    }
     if (!p.is_shard() || comm.size() == 1) return local;
     const int64_t d = p.normalized(static_cast<int64_t>(local.size())).dim;
     Tensor mine = Tensor::scalar(static_cast<double>(local[d]), DType::int64).reshape({1});
@@ -132,7 +142,14 @@ public:
         Tensor t = local;
         for (auto it = pl.nested.rbegin(); it != pl.nested.rend(); ++it) {
             Communicator& c = run_.comm(it->mesh_dim);
-            t = full_tensor(t, it->p, global_shape(t.shape(), it->p, c), c);
+            const Shape whole = global_shape(t.shape(), it->p, c);
+            if (it->p.is_owned()) {  // the owner's, to every rank of the dim
+                Tensor w = c.rank() == it->p.dim ? t.clone() : Tensor(whole, t.dtype(), t.device());
+                if (c.size() > 1) c.broadcast(w, static_cast<int>(it->p.dim));
+                t = w;
+            } else {
+                t = full_tensor(t, it->p, whole, c);
+            }
         }
         return t;
     }
@@ -446,8 +463,9 @@ private:
     Box box_of(const Shape& whole, const Placements& pl) const {
         Box b{std::vector<int64_t>(whole.size(), 0), whole, owns(pl), threads(pl)};
         for (const Placements::On& o : pl.nested) {
-            if (!o.p.is_shard()) continue;
             const Communicator& c = run_.comm(o.mesh_dim);
+            if (o.p.is_owned() && c.rank() != o.p.dim && !b.shape.empty()) b.shape[0] = 0;
+            if (!o.p.is_shard()) continue;
             const int64_t d = o.p.normalized(static_cast<int64_t>(whole.size())).dim;
             const Chunk ch = chunk_of(b.shape[d], c.size(), c.rank());
             b.offset[d] += ch.offset, b.shape[d] = ch.length;
@@ -459,7 +477,7 @@ private:
     // dims the tensor is not sharded over), in each pipeline stage.
     bool owns(const Placements& pl) const {
         for (int d : order_)  // every dim but pp: each stage owns its own tensors
-            if (!pl.on(d).is_shard() && run_.comm(d).rank() != 0) return false;
+            if (!pl.on(d).splits() && run_.comm(d).rank() != 0) return false;
         return true;
     }
     // compare_piece's threads: all a comparison takes where this rank is the only one comparing a
@@ -498,8 +516,9 @@ private:
     Tensor piece_of(const Tensor& whole, const Placements& pl) const {
         Tensor piece = whole;
         for (const Placements::On& o : pl.nested) {
-            if (!o.p.is_shard()) continue;
             const Communicator& c = run_.comm(o.mesh_dim);
+            if (o.p.is_owned() && c.rank() != o.p.dim) piece = piece.narrow(0, 0, 0);
+            if (!o.p.is_shard()) continue;
             piece = chunk(piece, c.size(), c.rank(), o.p.normalized(piece.dim()).dim);
         }
         return piece;

@@ -219,22 +219,12 @@ Placed Moe::forward_placed(RunContext& ctx, const Placed& x) {
     }
     Tensor out({n, d}, dt, dev);
     {
-        // an expert's rows are this rank's tokens routed to it: it reports its output at its
-        // tokens' places, nothing inside it (model/moe.h)
+        // an expert's rows are another rank's tokens on each data rank, and under expert parallelism
+        // some are computed on another rank: it reports its output at its tokens' places, nothing
+        // inside it (model/moe.h)
         auto observer = std::move(ctx.observer);
         ctx.observer = nullptr;
-        for (int64_t e = 0; e < o_.router.experts; ++e) {
-            const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
-            Tensor xe = Tensor::empty({1, r.n, d}, dt, dev);
-            if (r.n) be.embedding(r.ids, x2, xe);
-            const Placed ye = expert(e).forward(ctx, Placed(xe));
-            if (observer)
-                observer(expert(e).fqn(), Phase::forward, ctx.microbatch, at_tokens(be, r, ye.t, x));
-            Tensor weighted = empty_like(ye.t);
-            be.mul(ye.t, r.weights, weighted);
-            if (r.n) be.embedding_backward(r.ids, weighted.reshape({r.n, d}), out);
-            sv.outputs.push_back(ye.t);
-        }
+        experts_forward(ctx, x, sv, out, observer);
         ctx.observer = std::move(observer);
     }
     if (Module* s = shared()) {  // Qwen2-MoE: + sigmoid(shared_expert_gate(x)) * shared_expert(x)
@@ -290,21 +280,7 @@ Placed Moe::backward_placed(RunContext& ctx, const Placed& dy, const Layout& in)
     {
         auto observer = std::move(ctx.observer);
         ctx.observer = nullptr;
-        for (int64_t e = o_.router.experts - 1; e >= 0; --e) {
-            const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
-            Tensor dye = Tensor::empty({1, r.n, d}, dt, dev), din = Tensor::empty({1, r.n, d}, dt, dev);
-            if (r.n) be.embedding(r.ids, dy2, dye);
-            const std::vector<double> dw = row_dots(be, dye, sv.outputs[static_cast<size_t>(e)], r.n, d);
-            for (int64_t i = 0; i < r.n; ++i)
-                d_weights[static_cast<size_t>(
-                    sv.routing.slots[static_cast<size_t>(e)][static_cast<size_t>(i)])] =
-                    dev == Device::meta ? 0.0 : dw[static_cast<size_t>(i)];
-            be.mul(dye, r.weights, din);
-            const Placed dxe = expert(e).backward(ctx, Placed(din));
-            if (observer)
-                observer(expert(e).fqn(), Phase::backward, ctx.microbatch, at_tokens(be, r, dxe.t, dy));
-            if (r.n) be.embedding_backward(r.ids, dxe.t.reshape({r.n, d}), dx);
-        }
+        experts_backward(ctx, dy, sv, dx, d_weights, observer);
         ctx.observer = std::move(observer);
     }
     const std::vector<double> dl = router_->backward(o_.router, sv.routing, d_weights);
@@ -313,6 +289,179 @@ Placed Moe::backward_placed(RunContext& ctx, const Placed& dy, const Layout& in)
         ctx, {device_tensor(with_last(dy.t.shape(), o_.router.experts), dt, dev, dl), dy.p, lg});
     be.axpy(1.0, dxr.t.reshape({n, d}), dx);
     return {dx.reshape(dy.t.shape()), dy.p, in.global};
+}
+
+void Moe::experts_forward(RunContext& ctx, const Placed& x, Saved& sv, Tensor& out,
+                          const Observer& observer) {
+    if (ctx.ep && ctx.ep->size() > 1) return dispatched_forward(ctx, x, sv, out, observer);
+    Backend& be = *ctx.backend;
+    const Device dev = x.t.device();
+    const DType dt = x.t.dtype();
+    const int64_t d = o_.dim, k = o_.router.top_k;
+    const Tensor x2 = x.t.reshape({x.t.numel() / d, d});
+    for (int64_t e = 0; e < o_.router.experts; ++e) {
+        const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
+        Tensor xe = Tensor::empty({1, r.n, d}, dt, dev);
+        if (r.n) be.embedding(r.ids, x2, xe);
+        const Placed ye = expert(e).forward(ctx, Placed(xe));
+        if (observer) observer(expert(e).fqn(), Phase::forward, ctx.microbatch, at_tokens(be, r, ye.t, x));
+        Tensor weighted = empty_like(ye.t);
+        be.mul(ye.t, r.weights, weighted);
+        if (r.n) be.embedding_backward(r.ids, weighted.reshape({r.n, d}), out);
+        sv.outputs.push_back(ye.t);
+    }
+}
+
+void Moe::experts_backward(RunContext& ctx, const Placed& dy, Saved& sv, Tensor& dx,
+                           std::vector<double>& d_weights, const Observer& observer) {
+    if (ctx.ep && ctx.ep->size() > 1) return dispatched_backward(ctx, dy, sv, dx, d_weights, observer);
+    Backend& be = *ctx.backend;
+    const Device dev = dy.t.device();
+    const DType dt = dy.t.dtype();
+    const int64_t d = o_.dim, k = o_.router.top_k;
+    const Tensor dy2 = dy.t.reshape({dy.t.numel() / d, d});
+    for (int64_t e = o_.router.experts - 1; e >= 0; --e) {
+        const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
+        Tensor dye = Tensor::empty({1, r.n, d}, dt, dev), din = Tensor::empty({1, r.n, d}, dt, dev);
+        if (r.n) be.embedding(r.ids, dy2, dye);
+        const std::vector<double> dw = row_dots(be, dye, sv.outputs[static_cast<size_t>(e)], r.n, d);
+        for (int64_t i = 0; i < r.n; ++i)
+            d_weights[static_cast<size_t>(sv.routing.slots[static_cast<size_t>(e)][static_cast<size_t>(i)])] =
+                dev == Device::meta ? 0.0 : dw[static_cast<size_t>(i)];
+        be.mul(dye, r.weights, din);
+        const Placed dxe = expert(e).backward(ctx, Placed(din));
+        if (observer) observer(expert(e).fqn(), Phase::backward, ctx.microbatch, at_tokens(be, r, dxe.t, dy));
+        if (r.n) be.embedding_backward(r.ids, dxe.t.reshape({r.n, d}), dx);
+    }
+}
+
+// Expert parallel (parallel/expert_parallel.h). The send rows are this rank's slots expert by expert
+// (so owner by owner, the owners' blocks being contiguous); the counts per expert go first, so each
+// owner knows where each of its experts' rows sit among those it receives (rank-major).
+void Moe::dispatched_forward(RunContext& ctx, const Placed& x, Saved& sv, Tensor& out,
+                             const Observer& observer) {
+    Backend& be = *ctx.backend;
+    Communicator& ep = *ctx.ep;
+    const Device dev = x.t.device();
+    const DType dt = x.t.dtype();
+    const int64_t d = o_.dim, k = o_.router.top_k, experts = o_.router.experts;
+    const int P = ep.size(), me = ep.rank();
+    const int64_t L = experts / P;
+    const Tensor x2 = x.t.reshape({x.t.numel() / d, d});
+    Dispatch& dp = sv.ep;
+    std::vector<double> ids, w, per_expert(static_cast<size_t>(experts));
+    dp.send_rows.assign(static_cast<size_t>(P), 0);
+    for (int64_t e = 0; e < experts; ++e) {
+        const std::vector<int64_t>& slots = sv.routing.slots[static_cast<size_t>(e)];
+        per_expert[static_cast<size_t>(e)] = static_cast<double>(slots.size());
+        dp.send_rows[static_cast<size_t>(e / L)] += static_cast<int64_t>(slots.size());
+        for (int64_t s : slots) {
+            dp.slots.push_back(s);
+            ids.push_back(static_cast<double>(s / k));
+            w.insert(w.end(), static_cast<size_t>(d), sv.routing.weights[static_cast<size_t>(s)]);
+        }
+    }
+    const int64_t S = static_cast<int64_t>(dp.slots.size());
+    std::vector<int64_t> counts(static_cast<size_t>(P * L));  // [source][owned expert]: its rows
+    CommScope scope(ep.counter().get(), fqn(), {CommSiteKind::expert_dispatch});
+    {
+        Tensor mine = device_tensor({experts}, DType::int64, dev, per_expert),
+               theirs({experts}, DType::int64, dev);
+        ep.all_to_all(mine, theirs);
+        const std::vector<double> got = dev == Device::meta ? std::vector<double>() : host_values(theirs);
+        for (int s = 0; s < P; ++s)  // on meta every rank routes as this one (balanced routing)
+            for (int64_t l = 0; l < L; ++l)
+                counts[static_cast<size_t>(s * L + l)] =
+                    static_cast<int64_t>(dev == Device::meta ? per_expert[static_cast<size_t>(me * L + l)]
+                                                             : got[static_cast<size_t>(s * L + l)]);
+    }
+    dp.recv_rows.assign(static_cast<size_t>(P), 0);
+    for (int s = 0; s < P; ++s)
+        for (int64_t l = 0; l < L; ++l)
+            dp.recv_rows[static_cast<size_t>(s)] += counts[static_cast<size_t>(s * L + l)];
+    int64_t R = 0;
+    for (int64_t r : dp.recv_rows) R += r;
+    dp.ids = device_tensor({S}, DType::int64, dev, ids);
+    dp.weights = device_tensor({S, d}, dt, dev, w);
+    Tensor xs = Tensor::empty({S, d}, dt, dev), xr = Tensor::empty({R, d}, dt, dev);
+    if (S) be.embedding(dp.ids, x2, xs);
+    ep.all_to_all_v(xs, dp.send_rows, xr, dp.recv_rows);
+    Tensor yr({R, d}, dt, dev);
+    for (int64_t l = 0; l < L; ++l) {  // each owned expert once, on every rank's rows for it
+        std::vector<double> rows;
+        int64_t base = 0;
+        for (int s = 0; s < P; ++s) {
+            int64_t at = base;
+            for (int64_t j = 0; j < l; ++j) at += counts[static_cast<size_t>(s * L + j)];
+            for (int64_t i = 0; i < counts[static_cast<size_t>(s * L + l)]; ++i)
+                rows.push_back(static_cast<double>(at + i));
+            base += dp.recv_rows[static_cast<size_t>(s)];
+        }
+        const int64_t m = static_cast<int64_t>(rows.size());
+        const Tensor oid = device_tensor({m}, DType::int64, dev, rows);
+        Tensor xe = Tensor::empty({1, m, d}, dt, dev);
+        if (m) be.embedding(oid, xr, xe);
+        const Placed ye = expert(me * L + l).forward(ctx, Placed(xe));
+        if (m) be.embedding_backward(oid, ye.t.reshape({m, d}), yr);
+        dp.owned_ids.push_back(oid);
+    }
+    dp.outputs = Tensor::empty({S, d}, dt, dev);
+    ep.all_to_all_v(yr, dp.recv_rows, dp.outputs, dp.send_rows);
+    Tensor weighted = Tensor::empty({S, d}, dt, dev);
+    be.mul(dp.outputs, dp.weights, weighted);
+    if (S) be.embedding_backward(dp.ids, weighted, out);
+    if (!observer) return;
+    int64_t at = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+        const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
+        observer(expert(e).fqn(), Phase::forward, ctx.microbatch,
+                 at_tokens(be, r, dp.outputs.narrow(0, at, r.n), x));
+        at += r.n;
+    }
+}
+
+void Moe::dispatched_backward(RunContext& ctx, const Placed& dy, Saved& sv, Tensor& dx,
+                              std::vector<double>& d_weights, const Observer& observer) {
+    Backend& be = *ctx.backend;
+    Communicator& ep = *ctx.ep;
+    const Device dev = dy.t.device();
+    const DType dt = dy.t.dtype();
+    const int64_t d = o_.dim, k = o_.router.top_k, experts = o_.router.experts;
+    const int me = ep.rank();
+    const int64_t L = experts / ep.size();
+    const Tensor dy2 = dy.t.reshape({dy.t.numel() / d, d});
+    Dispatch& dp = sv.ep;
+    const int64_t S = static_cast<int64_t>(dp.slots.size());
+    int64_t R = 0;
+    for (int64_t r : dp.recv_rows) R += r;
+    Tensor dys = Tensor::empty({S, d}, dt, dev), dins = Tensor::empty({S, d}, dt, dev);
+    if (S) be.embedding(dp.ids, dy2, dys);
+    const std::vector<double> dw = row_dots(be, dys, dp.outputs, S, d);
+    for (int64_t i = 0; i < S; ++i)
+        d_weights[static_cast<size_t>(dp.slots[static_cast<size_t>(i)])] =
+            dev == Device::meta ? 0.0 : dw[static_cast<size_t>(i)];
+    be.mul(dys, dp.weights, dins);
+    CommScope scope(ep.counter().get(), fqn(), {CommSiteKind::expert_dispatch});
+    Tensor dinr = Tensor::empty({R, d}, dt, dev), dxr({R, d}, dt, dev), dxs = Tensor::empty({S, d}, dt, dev);
+    ep.all_to_all_v(dins, dp.send_rows, dinr, dp.recv_rows);
+    for (int64_t l = L - 1; l >= 0; --l) {
+        const Tensor& oid = dp.owned_ids[static_cast<size_t>(l)];
+        const int64_t m = oid.numel();
+        Tensor din = Tensor::empty({1, m, d}, dt, dev);
+        if (m) be.embedding(oid, dinr, din);
+        const Placed dxe = expert(me * L + l).backward(ctx, Placed(din));
+        if (m) be.embedding_backward(oid, dxe.t.reshape({m, d}), dxr);
+    }
+    ep.all_to_all_v(dxr, dp.recv_rows, dxs, dp.send_rows);
+    if (S) be.embedding_backward(dp.ids, dxs, dx);
+    if (!observer) return;
+    int64_t at = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+        const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
+        observer(expert(e).fqn(), Phase::backward, ctx.microbatch,
+                 at_tokens(be, r, dxs.narrow(0, at, r.n), dy));
+        at += r.n;
+    }
 }
 
 }  // namespace ptool
