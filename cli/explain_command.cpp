@@ -117,6 +117,10 @@ void explain(const ExplainArgs& a, const Common& c) {
     }
     if (!ex.data_parallel.empty()) fmt::print("\n  data parallel ({}):\n", r.data_parallel_title);
     for (const std::string& line : ex.data_parallel) fmt::print("    {}\n", line);
+    if (!ex.expert_parallel.empty())
+        fmt::print("\n  expert parallel (over '{}', {} ranks):\n", plan.dims.name(DimRole::ep),
+                   plan.dims.size(DimRole::ep));
+    for (const std::string& line : ex.expert_parallel) fmt::print("    {}\n", line);
     if (plan.pipeline) {
         const int p = plan.dims.size(DimRole::pp);
         fmt::print(
@@ -301,6 +305,11 @@ void explain(const ExplainArgs& a, const Common& c) {
                                                        ? "alltoall"
                                                        : "allgather"}}
                 : nlohmann::json(nullptr);
+        const ExpertParallelResolution& ep = ex.resolution.ep;
+        j["expert_parallel"] = ep.active ? nlohmann::json{{"ep", ep.size},
+                                                          {"mesh_dim", plan.dims.name(DimRole::ep)},
+                                                          {"layers", ep.layers}}
+                                         : nlohmann::json(nullptr);
         const DataParallelResolution& dp = ex.resolution.dp;
         j["buckets"] = nlohmann::json::array();
         for (const auto& r : dp.replicas)

@@ -57,6 +57,12 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   cp_mask_unshifted      (ring plans) first divergence is the attention's step-0 output at ring step 1
   cp_merge_unscaled      (ring plans) first divergence is the attention's step-0 output at ring step 1
   moe_router_unnormalised  first divergence is the moe layer's step-0 routing weights
+  ep_split_sizes         (expert parallel plans) first divergence is an expert's step-0 output
+  ep_expert_misplaced    (expert parallel plans) first divergence is an expert's step-0 output
+  ep_combine_unpermuted  (expert parallel plans) first divergence is the moe layer's step-0 output
+  ep_grads_wrong_group   (expert parallel plans) first divergence is an expert's step-0 gradient
+  ep_shared_unsynced     (expert parallel plans, a moe with a shared expert) first divergence is the
+                         shared expert's step-0 gradient
 """
 import glob
 import json
@@ -169,12 +175,28 @@ def mutants(ex, model, plan):
 
 def expert_mutants(ex, first_div):
     """The mixture-of-experts classes, on every moe layer: the router's renormalisation flipped shows
-    first in the layer's routing weights (its gate's logits agree)."""
+    first in the layer's routing weights (its gate's logits agree). Under expert parallelism: rows
+    computed by the wrong expert (split sizes off by one, an expert's rows sent to the rank before)
+    show first in an expert's output; the combine that does not invert the dispatch's permutation in
+    the layer's output after its experts agree; the experts' gradients not divided by ep in an
+    expert's gradient; a shared expert left out of data parallel's sync in its gradient."""
+    ep = ex.get("expert_parallel")
     for c in ex["calls"]:
-        if c["type"] == "moe":
-            fqn = c["fqn"]
-            yield ("moe_router_unnormalised", f"moe_router_unnormalised:{fqn}",
-                   first_div(f"step 0 forward `{fqn}` routing weights"))
+        if c["type"] != "moe":
+            continue
+        fqn = c["fqn"]
+        yield ("moe_router_unnormalised", f"moe_router_unnormalised:{fqn}",
+               first_div(f"step 0 forward `{fqn}` routing weights"))
+        if not ep or ep["ep"] < 2:
+            continue
+        expert_out = first_div(f"step 0 forward `{fqn}.experts.")
+        yield ("ep_split_sizes", f"ep_split_sizes:{fqn}", expert_out)
+        yield ("ep_expert_misplaced", f"ep_expert_misplaced:{fqn}", expert_out)
+        yield ("ep_combine_unpermuted", f"ep_combine_unpermuted:{fqn}", first_div(f"step 0 forward `{fqn}` output"))
+        yield ("ep_grads_wrong_group", f"ep_grads_wrong_group:{fqn}", first_div(f"step 0 gradient of `{fqn}.experts."))
+        if any(p.startswith(f"{fqn}.shared_expert.") for p in ex["params"]):
+            yield ("ep_shared_unsynced", f"ep_shared_unsynced:{fqn}",
+                   first_div(f"step 0 gradient of `{fqn}.shared_expert."))
 
 
 def context_mutants(ex, first_div):
@@ -220,7 +242,12 @@ def training_mutants(ex, first_div, grad_fails):
     ignored = set(ex["ignored_params"])
     # one rank's gradient 0.1% off: the head's weight and a weight in the middle of the model. Not
     # under bf16 mixed precision, whose compute rounds at 0.4% (below its resolution, docs/testing.md)
-    weights = [p for p in ex["params"] if p.endswith(".weight") and p not in ignored]
+    # (an expert's under expert parallelism lives on its owner alone, not on the rank the class scales:
+    # ep_grads_wrong_group is its class)
+    ep = ex.get("expert_parallel")
+    experts = re.compile(r"\.experts\.\d+\.") if ep and ep["ep"] > 1 else None
+    weights = [p for p in ex["params"] if p.endswith(".weight") and p not in ignored
+               and not (experts and experts.search(p))]
     if world > 1 and weights and not ex.get("mixed_precision"):
         for p in sorted({weights[-1], weights[len(weights) // 2]}):
             yield ("grad_scale", f"grad_scale:{p}",

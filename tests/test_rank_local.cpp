@@ -40,13 +40,15 @@ TEST_CASE("rank-local comparison gives the numbers of gathering every tensor to 
     using Case = ShippedCase;
     // replicas split their rows: DDP (parameters and gradients over dp), an ignored module (its
     // replicas differ: compared whole by dp rank 0), TP's replicated biases over eight ranks, dp x tp
-    // with AdamW's shadow optimizer, FSDP + TP, mixed precision's masters
+    // with AdamW's shadow optimizer, FSDP + TP, mixed precision's masters, experts owned by one rank
+    // of dp_shard each (the others hold none of them) and replicated over dp_replicate
     for (const Case& c : {Case{"replicate_net", "replicate_multi_module", 2, nullptr},
                           Case{"replicate_net", "replicate_ignore_fc1", 2, nullptr},
                           Case{"mlp", "mlp_root_module", 1, "tp=8"},
                           Case{"mlp_stacked_adamw", "mlp_stacked_dp2_tp2", 2, nullptr},
                           Case{"mlp_stacked_adamw", "mlp_stacked_fsdp_tp", 2, nullptr},
-                          Case{"llama_rope", "llama_rope_ddp_tp_bf16", 1, nullptr}}) {
+                          Case{"llama_rope", "llama_rope_ddp_tp_bf16", 1, nullptr},
+                          Case{"moe_qwen2", "moe_qwen2_ep_hsdp", 1, nullptr}}) {
         INFO(c.model << " x " << c.plan);
         const VerifyReport gathered = run_verify(c, false);
         const VerifyReport local = run_verify(c, true);

@@ -44,6 +44,7 @@ public:
     void init_params(uint64_t seed) override;
     const Options& options() const { return o_; }
     void set_router(std::shared_ptr<const Router> r) { router_ = std::move(r); }
+    void set_dispatch(std::shared_ptr<const ExpertDispatch> d) { dispatch_ = std::move(d); }
     Module& expert(int64_t e) const {
         return *children()[1].second->children()[static_cast<size_t>(e)].second;
     }
@@ -62,8 +63,10 @@ private:
     // grouped by owner), what each rank sends and receives, and on the owner each owned expert's
     // rows among those received.
     struct Dispatch {
-        Tensor ids, weights;         // [S]: the send rows' tokens; [S, dim]: their router weights
-        std::vector<int64_t> slots;  // each send row's slot (token x k + j)
+        Tensor ids, weights;          // [S]: the send rows' tokens; [S, dim]: their router weights
+        Tensor combine_ids;           // [S]: where the combine puts each row (ids: its token)
+        std::vector<int64_t> offset;  // per expert: where its rows start among the send rows
+        std::vector<int64_t> slots;   // each send row's slot (token x k + j)
         std::vector<int64_t> send_rows, recv_rows;  // per ep rank
         std::vector<Tensor> owned_ids;              // per owned expert: its rows among the received ones
         Tensor outputs;                             // [S, dim]: the experts' outputs, back in send order
@@ -86,6 +89,7 @@ private:
                              std::vector<double>& d_weights, const Observer& observer);
     Options o_;
     std::shared_ptr<const Router> router_;
+    std::shared_ptr<const ExpertDispatch> dispatch_;
     MicrobatchStack<Saved> saved_;
 };
 

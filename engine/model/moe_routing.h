@@ -68,4 +68,20 @@ public:
     }
 };
 
+// How a moe layer lays out its tokens for expert parallelism (parallel/expert_parallel.h): which
+// expert's rows go to a rank as the l-th of its experts, how they are counted, and whether the
+// combine puts each row back at its token. A dependency, so fault injection can swap in a buggy one.
+class ExpertDispatch {
+public:
+    virtual ~ExpertDispatch() = default;
+    // The expert whose rows go to ep rank `rank` as its l-th (it owns experts rank x per_rank ..).
+    virtual int64_t sent_as(int rank, int64_t l, int64_t per_rank, int /*ranks*/) const {
+        return rank * per_rank + l;
+    }
+    // The rows counted per send position (rank x per_rank + l), as they go out: as they are.
+    virtual void count(std::vector<int64_t>& /*per_position*/, int64_t /*per_rank*/) const {}
+    // Whether the combine puts each returned row back at its token (inverts the dispatch's permutation).
+    virtual bool inverts() const { return true; }
+};
+
 }  // namespace ptool

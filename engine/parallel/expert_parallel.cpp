@@ -40,6 +40,8 @@ ExpertParallel::ExpertParallel(Model& model, const ExpertParallelResolution& res
         auto it = res.owner.find(name);
         if (it == res.owner.end()) continue;
         owner_[p.get()] = it->second;
+        for (const std::string& layer : res.undivided)
+            if (name.rfind(layer + ".", 0) == 0) undivided_.insert(p.get());
         if (it->second == ep.rank()) {
             owned_.emplace_back(name, p);
         } else {  // another rank's expert: absent here
@@ -57,7 +59,7 @@ Placement ExpertParallel::placement(const Parameter* p) const {
 void ExpertParallel::after_backward() {
     const double scale = 1.0 / ep_.size();
     for (const auto& [name, p] : owned_) {
-        if (scale != 1.0) be_.scale(p->grad, scale, p->grad);
+        if (scale != 1.0 && !undivided_.count(p.get())) be_.scale(p->grad, scale, p->grad);
         if (!replicas_ || replicas_->size() == 1) continue;
         CommScope scope(replicas_->counter().get(), name.substr(0, name.rfind('.')),
                         {CommSiteKind::expert_grads});

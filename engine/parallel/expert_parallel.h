@@ -19,6 +19,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "backend/backend.h"
@@ -33,6 +34,8 @@ struct ExpertParallelResolution {
     int size = 1;                      // the borrowed dim's ranks
     std::map<std::string, int> owner;  // an expert parameter's FQN -> the ep rank that owns it
     std::vector<std::string> layers;   // the moe layers' FQNs
+    // layers whose experts' gradients are not divided by ep (fault injection's; empty otherwise)
+    std::set<std::string> undivided;
 };
 
 // The rank owning expert e of `experts` on `ep` ranks (contiguous blocks).
@@ -60,6 +63,7 @@ public:
 private:
     std::map<const Parameter*, int> owner_;
     std::vector<std::pair<std::string, ParamPtr>> owned_;
+    std::set<const Parameter*> undivided_;
     int ep_dim_;
     Communicator& ep_;
     Communicator* replicas_;

@@ -107,6 +107,7 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
     };
     if (ex.resolution.dp.active) explain_data_parallel(model, plan, ex, tp_local);
     explain_context_parallel(model, plan, ex, tp_local);
+    explain_expert_parallel(model, plan, ex, tp_local);
     if (model.clip_grad_norm > 0) {
         std::vector<int> sizes;  // the dims that cut parameters, as clip_grad_norm reduces over them
         for (int d : plan.dims.param_nesting()) sizes.push_back(plan.mesh()[d].size);
@@ -115,6 +116,13 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
     }
     ex.step_comm.insert(ex.step_comm.end(), ex.zero_gathers.begin(), ex.zero_gathers.end());
     return ex;
+}
+
+bool recomputed_in_backward(const Resolution& res, const std::string& fqn) {
+    for (const auto* list : {&res.checkpointing.checkpointed, &res.checkpointing.selective})
+        for (const Module* c : *list)
+            if (c->fqn().empty() || fqn == c->fqn() || fqn.rfind(c->fqn() + ".", 0) == 0) return true;
+    return false;
 }
 
 }  // namespace ptool

@@ -29,7 +29,8 @@ struct Explanation {
     Resolution resolution;
     int tp = 1;
     int dp = 1;
-    std::vector<std::string> data_parallel;  // what replicate/fully_shard do: buckets, units (lines)
+    std::vector<std::string> data_parallel;    // what replicate/fully_shard do: buckets, units (lines)
+    std::vector<std::string> expert_parallel;  // which experts each ep rank owns, the dispatch (lines)
     std::vector<ModuleExplain> modules;
     std::vector<CommCost> step_comm;     // one training step, in execution order (forward, then backward)
     std::vector<CommCost> zero_gathers;  // ZeRO: the updated shards' all_gathers, after the optimizer step
@@ -51,5 +52,14 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
 // fully_shard reduced over dp_shard x cp.
 void explain_context_parallel(const Model& model, const Plan& plan, Explanation& ex,
                               const std::function<Shape(const Parameter*, int tp_rank)>& tp_local);
+// Expert parallel's (explain_ep.cpp): each moe layer's all_to_alls per microbatch (the counts per
+// expert, its tokens out and its experts' outputs back in forward, again where it is recomputed;
+// the gradients out and back in backward), with balanced routing (every rank sends and receives
+// tokens x top_k rows: an imbalance factor of 1), and each owned expert's gradient all_reduce over
+// the data dims but ep; ex.expert_parallel's lines say who owns what.
+void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& ex,
+                             const std::function<Shape(const Parameter*, int tp_rank)>& tp_local);
+// Whether module `fqn` runs its forward again in backward (under a checkpointed or selective region).
+bool recomputed_in_backward(const Resolution& res, const std::string& fqn);
 
 }  // namespace ptool

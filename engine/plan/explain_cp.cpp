@@ -31,12 +31,8 @@ void explain_context_parallel(const Model& model, const Plan& plan, Explanation&
     const int64_t seq = model.input.shape[1],
                   es = static_cast<int64_t>(dtype_size(plan.compute_dtype(model.dtype)));
     const Resolution& res = ex.resolution;
-    auto recomputed = [&](const std::string& fqn) {  // a checkpointed region runs the gathers again
-        for (const auto* list : {&res.checkpointing.checkpointed, &res.checkpointing.selective})
-            for (const Module* c : *list)
-                if (c->fqn().empty() || fqn == c->fqn() || fqn.rfind(c->fqn() + ".", 0) == 0) return true;
-        return false;
-    };
+    // a checkpointed region runs the gathers again
+    auto recomputed = [&](const std::string& fqn) { return recomputed_in_backward(res, fqn); };
     // per microbatch: each attention's keys and values [rows, seq, its kv width on tp rank 0]
     std::vector<CommCost> forward, backward;
     const std::vector<CallLayout>& calls = res.layouts.calls;

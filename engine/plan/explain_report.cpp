@@ -21,6 +21,9 @@ std::vector<std::string> describe_dims(const Plan& plan) {
                                   dims.name(DimRole::pp), plan.pipeline_stages(),
                                   schedule_kind_name(plan.pipeline->schedule),
                                   plan.microbatches_per_round()));
+    if (plan.expert_parallel)
+        out.push_back(fmt::format("expert parallel over '{}' ({} ranks, borrowed from data parallel)",
+                                  dims.name(DimRole::ep), dims.size(DimRole::ep)));
     return out;
 }
 

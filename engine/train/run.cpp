@@ -146,8 +146,9 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         Communicator* replicas = others.empty()       ? nullptr
                                  : others.size() == 1 ? &mesh_->comm(others[0])
                                                       : &mesh_->group(mesh_->add_group(others, label));
-        expert_parallel_ = std::make_unique<ExpertParallel>(model_, res_.ep, plan.dims.index(DimRole::ep),
-                                                            comm(DimRole::ep), replicas, be_);
+        expert_parallel_ =
+            std::make_unique<ExpertParallel>(model_, layer ? layer->expert_parallel(res_.ep) : res_.ep,
+                                             plan.dims.index(DimRole::ep), comm(DimRole::ep), replicas, be_);
     }
     for (const Tied& t : tied_) {  // the later stages' copies start from the first stage's values
         CommScope scope(t.group->counter().get(), "(tied weights)", CommSiteKind::tied_weights);

@@ -58,6 +58,8 @@ public:
     virtual void after_parallelize(Model&, const Plan&, const Resolution&, const TpParams&, DeviceMesh&) {}
     // The data-parallel resolution the run executes (the one it is judged by is the plan's).
     virtual DataParallelResolution data_parallel(const DataParallelResolution& r) { return r; }
+    // The expert-parallel resolution the run executes.
+    virtual ExpertParallelResolution expert_parallel(const ExpertParallelResolution& r) { return r; }
     // After a step's backward, before the gradients are synchronised across dp ranks.
     virtual void before_gradient_sync(Model&, Communicator& /*world*/) {}
     // What each microbatch's loss is multiplied by, given the run's factor (1 / the step's microbatches).

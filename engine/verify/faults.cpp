@@ -123,6 +123,29 @@ public:
     }
 };
 
+// The expert-parallel dispatch faults (model/moe_routing.h's ExpertDispatch): the split sizes, the
+// permutation, the owner of an expert's rows.
+class FaultDispatch final : public ExpertDispatch {
+public:
+    explicit FaultDispatch(FaultKind k) : kind_(k) {}
+    int64_t sent_as(int rank, int64_t l, int64_t per_rank, int ranks) const override {
+        if (kind_ == FaultKind::ep_expert_misplaced) return ((rank + 1) % ranks) * per_rank + l;
+        return ExpertDispatch::sent_as(rank, l, per_rank, ranks);
+    }
+    void count(std::vector<int64_t>& n, int64_t per_rank) const override {
+        if (kind_ != FaultKind::ep_split_sizes || static_cast<int64_t>(n.size()) <= per_rank) return;
+        for (int64_t i = per_rank - 1; i >= 0; --i)  // rank 0's last row, counted as rank 1's first expert's
+            if (n[static_cast<size_t>(i)] > 0) {
+                --n[static_cast<size_t>(i)], ++n[static_cast<size_t>(per_rank)];
+                return;
+            }
+    }
+    bool inverts() const override { return kind_ != FaultKind::ep_combine_unpermuted; }
+
+private:
+    FaultKind kind_;
+};
+
 // moe_router_unnormalised's router: the model's routing with norm_topk_prob flipped, in the forward
 // and in its backward (a router whose bug is consistent with itself).
 class UnnormalisedRouter final : public Router {
@@ -524,6 +547,12 @@ public:
                            DeviceMesh& mesh) override;
 
     DataParallelResolution data_parallel(const DataParallelResolution& r) override;
+    ExpertParallelResolution expert_parallel(const ExpertParallelResolution& r) override {
+        ExpertParallelResolution out = r;
+        for (const std::string& layer : r.layers)
+            if (fault_.hits(FaultKind::ep_grads_wrong_group, layer)) out.undivided.insert(layer);
+        return out;
+    }
 
     void before_gradient_sync(Model& model, Communicator&) override {
         // torch's schedule.step(scale_grads) divides the stage's gradients by its microbatches: again
@@ -593,8 +622,13 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
             m.add_outer_hooks(std::make_shared<ContextFaultHooks>(*fault_.kind));
     });
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        if (auto* moe = dynamic_cast<Moe*>(&m); moe && fault_.hits(FaultKind::moe_router_unnormalised, fqn))
+        auto* moe = dynamic_cast<Moe*>(&m);
+        if (!moe) return;
+        if (fault_.hits(FaultKind::moe_router_unnormalised, fqn))
             moe->set_router(std::make_shared<UnnormalisedRouter>());
+        for (FaultKind k :
+             {FaultKind::ep_split_sizes, FaultKind::ep_combine_unpermuted, FaultKind::ep_expert_misplaced})
+            if (fault_.hits(k, fqn)) moe->set_dispatch(std::make_shared<FaultDispatch>(k));
     });
     if (fault_.is(FaultKind::sac_stale_output))  // every op under the region the fault names
         for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
@@ -632,6 +666,15 @@ DataParallelResolution FaultLayer::data_parallel(const DataParallelResolution& r
     DataParallelResolution out = r;
     if (fault_.is(FaultKind::skip_buffer_broadcast)) out.synced_buffers.clear();
     if (fault_.is(FaultKind::zero_wrong_offset) && out.zero_stage > 0) out.zero_rotation = 1;
+    if (fault_.is(FaultKind::ep_shared_unsynced)) {  // the shared expert's parameters synchronised by no one
+        auto shared = [&](const std::string& name) {
+            return fault_.fqn == "*" ? name.find(".shared_expert.") != std::string::npos
+                                     : name.rfind(fault_.fqn + ".shared_expert.", 0) == 0;
+        };
+        for (auto& replica : out.replicas)
+            for (BucketSpec& b : replica.buckets) std::erase_if(b.params, shared);
+        for (FsdpUnitSpec& u : out.units) std::erase_if(u.params, shared);
+    }
     if (fault_.is(FaultKind::sync_ignored) &&
         !out.ignored_params.empty()) {  // averaged in a bucket of their own
         if (out.replicas.empty()) out.replicas.push_back({"", {}});

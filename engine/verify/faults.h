@@ -65,6 +65,11 @@ enum class FaultKind {
     cp_merge_unscaled,
     // mixture of experts (MODULE: a moe layer)
     moe_router_unnormalised,
+    ep_split_sizes,
+    ep_combine_unpermuted,
+    ep_expert_misplaced,
+    ep_grads_wrong_group,
+    ep_shared_unsynced,
 };
 
 enum class FaultSection {
@@ -182,6 +187,23 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::moe_router_unnormalised, "moe_router_unnormalised", FaultSection::experts, "MODULE",
      "a mixture of experts' router gets norm_topk_prob wrong: each token's top-k weights renormalised where "
      "the model says not, or left as scored where it says renormalise (forward and backward)"},
+    {FaultKind::ep_split_sizes, "ep_split_sizes", FaultSection::experts, "MODULE",
+     "expert parallel: the dispatch's split sizes off by one row, so the last row a rank sends to ep rank 0 "
+     "is "
+     "counted as ep rank 1's first expert's (computed by the wrong expert)"},
+    {FaultKind::ep_combine_unpermuted, "ep_combine_unpermuted", FaultSection::experts, "MODULE",
+     "expert parallel: the combine puts the returned rows back in token order, without inverting the "
+     "dispatch's sort by expert"},
+    {FaultKind::ep_expert_misplaced, "ep_expert_misplaced", FaultSection::experts, "MODULE",
+     "expert parallel: each ep rank's experts' rows go to the rank before it, which computes them with its "
+     "own "
+     "experts' weights (an expert on the wrong rank)"},
+    {FaultKind::ep_grads_wrong_group, "ep_grads_wrong_group", FaultSection::experts, "MODULE",
+     "expert parallel: the experts' gradients averaged over their replicas only, not over the ep ranks whose "
+     "tokens they took (the ep ranks' contributions summed)"},
+    {FaultKind::ep_shared_unsynced, "ep_shared_unsynced", FaultSection::experts, "MODULE",
+     "expert parallel: a moe layer's shared expert left out of data parallel's gradient sync (taken for an "
+     "expert whose gradient expert parallelism handles)"},
 };
 
 const FaultClass& fault_class(FaultKind k);

@@ -1,6 +1,7 @@
 // moe: a mixture-of-experts layer (model/moe.h), its routing on the host (model/moe_routing.h).
 #include "model/moe.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "comm/comm_stats.h"
@@ -134,7 +135,10 @@ Shape with_last(Shape s, int64_t last) {
 }  // namespace
 
 Moe::Moe(std::string name, SourceLocation where, const Options& o, DType dtype)
-    : Module(moe_type, std::move(name), std::move(where)), o_(o), router_(std::make_shared<Router>()) {
+    : Module(moe_type, std::move(name), std::move(where)),
+      o_(o),
+      router_(std::make_shared<Router>()),
+      dispatch_(std::make_shared<ExpertDispatch>()) {
     add_child("gate", std::make_shared<Linear>("gate", this->where(), o.dim, o.router.experts, false, dtype));
     auto experts = std::make_shared<Sequential>("experts", this->where());
     for (int64_t e = 0; e < o.router.experts; ++e)
@@ -349,18 +353,26 @@ void Moe::dispatched_forward(RunContext& ctx, const Placed& x, Saved& sv, Tensor
     const int64_t L = experts / P;
     const Tensor x2 = x.t.reshape({x.t.numel() / d, d});
     Dispatch& dp = sv.ep;
-    std::vector<double> ids, w, per_expert(static_cast<size_t>(experts));
-    dp.send_rows.assign(static_cast<size_t>(P), 0);
-    for (int64_t e = 0; e < experts; ++e) {
-        const std::vector<int64_t>& slots = sv.routing.slots[static_cast<size_t>(e)];
-        per_expert[static_cast<size_t>(e)] = static_cast<double>(slots.size());
-        dp.send_rows[static_cast<size_t>(e / L)] += static_cast<int64_t>(slots.size());
-        for (int64_t s : slots) {
-            dp.slots.push_back(s);
-            ids.push_back(static_cast<double>(s / k));
-            w.insert(w.end(), static_cast<size_t>(d), sv.routing.weights[static_cast<size_t>(s)]);
+    std::vector<double> ids, w;
+    std::vector<int64_t> per_position(static_cast<size_t>(experts));
+    dp.offset.assign(static_cast<size_t>(experts), 0);
+    for (int j = 0; j < P; ++j)  // the send rows: rank j's experts' rows, its l-th expert's before its l+1-th
+        for (int64_t l = 0; l < L; ++l) {
+            const int64_t e = dispatch_->sent_as(j, l, L, P);
+            const std::vector<int64_t>& slots = sv.routing.slots[static_cast<size_t>(e)];
+            dp.offset[static_cast<size_t>(e)] = static_cast<int64_t>(dp.slots.size());
+            per_position[static_cast<size_t>(j * L + l)] = static_cast<int64_t>(slots.size());
+            for (int64_t s : slots) {
+                dp.slots.push_back(s);
+                ids.push_back(static_cast<double>(s / k));
+                w.insert(w.end(), static_cast<size_t>(d), sv.routing.weights[static_cast<size_t>(s)]);
+            }
         }
-    }
+    dispatch_->count(per_position, L);
+    std::vector<double> per_expert(per_position.begin(), per_position.end());
+    dp.send_rows.assign(static_cast<size_t>(P), 0);
+    for (int64_t i = 0; i < experts; ++i)
+        dp.send_rows[static_cast<size_t>(i / L)] += per_position[static_cast<size_t>(i)];
     const int64_t S = static_cast<int64_t>(dp.slots.size());
     std::vector<int64_t> counts(static_cast<size_t>(P * L));  // [source][owned expert]: its rows
     CommScope scope(ep.counter().get(), fqn(), {CommSiteKind::expert_dispatch});
@@ -383,6 +395,8 @@ void Moe::dispatched_forward(RunContext& ctx, const Placed& x, Saved& sv, Tensor
     for (int64_t r : dp.recv_rows) R += r;
     dp.ids = device_tensor({S}, DType::int64, dev, ids);
     dp.weights = device_tensor({S, d}, dt, dev, w);
+    if (!dispatch_->inverts()) std::sort(ids.begin(), ids.end());  // the rows left in token order
+    dp.combine_ids = dispatch_->inverts() ? dp.ids : device_tensor({S}, DType::int64, dev, ids);
     Tensor xs = Tensor::empty({S, d}, dt, dev), xr = Tensor::empty({R, d}, dt, dev);
     if (S) be.embedding(dp.ids, x2, xs);
     ep.all_to_all_v(xs, dp.send_rows, xr, dp.recv_rows);
@@ -409,14 +423,12 @@ void Moe::dispatched_forward(RunContext& ctx, const Placed& x, Saved& sv, Tensor
     ep.all_to_all_v(yr, dp.recv_rows, dp.outputs, dp.send_rows);
     Tensor weighted = Tensor::empty({S, d}, dt, dev);
     be.mul(dp.outputs, dp.weights, weighted);
-    if (S) be.embedding_backward(dp.ids, weighted, out);
+    if (S) be.embedding_backward(dp.combine_ids, weighted, out);
     if (!observer) return;
-    int64_t at = 0;
     for (int64_t e = 0; e < experts; ++e) {
         const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
         observer(expert(e).fqn(), Phase::forward, ctx.microbatch,
-                 at_tokens(be, r, dp.outputs.narrow(0, at, r.n), x));
-        at += r.n;
+                 at_tokens(be, r, dp.outputs.narrow(0, dp.offset[static_cast<size_t>(e)], r.n), x));
     }
 }
 
@@ -435,7 +447,7 @@ void Moe::dispatched_backward(RunContext& ctx, const Placed& dy, Saved& sv, Tens
     int64_t R = 0;
     for (int64_t r : dp.recv_rows) R += r;
     Tensor dys = Tensor::empty({S, d}, dt, dev), dins = Tensor::empty({S, d}, dt, dev);
-    if (S) be.embedding(dp.ids, dy2, dys);
+    if (S) be.embedding(dp.combine_ids, dy2, dys);
     const std::vector<double> dw = row_dots(be, dys, dp.outputs, S, d);
     for (int64_t i = 0; i < S; ++i)
         d_weights[static_cast<size_t>(dp.slots[static_cast<size_t>(i)])] =
@@ -455,12 +467,10 @@ void Moe::dispatched_backward(RunContext& ctx, const Placed& dy, Saved& sv, Tens
     ep.all_to_all_v(dxr, dp.recv_rows, dxs, dp.send_rows);
     if (S) be.embedding_backward(dp.ids, dxs, dx);
     if (!observer) return;
-    int64_t at = 0;
     for (int64_t e = 0; e < experts; ++e) {
         const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
         observer(expert(e).fqn(), Phase::backward, ctx.microbatch,
-                 at_tokens(be, r, dxs.narrow(0, at, r.n), dy));
-        at += r.n;
+                 at_tokens(be, r, dxs.narrow(0, dp.offset[static_cast<size_t>(e)], r.n), dy));
     }
 }
 

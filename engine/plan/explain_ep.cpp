@@ -1,0 +1,57 @@
+#include "model/moe.h"
+#include "plan/explain.h"
+
+namespace ptool {
+
+void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& ex,
+                             const std::function<Shape(const Parameter*, int tp_rank)>& tp_local) {
+    const ExpertParallelResolution& ep = ex.resolution.ep;
+    if (!ep.active || ep.size < 2) return;
+    const int64_t es = static_cast<int64_t>(dtype_size(plan.compute_dtype(model.dtype)));
+    const int cp = plan.context_parallel ? plan.dims.size(DimRole::cp) : 1;
+    std::vector<CommCost> forward, backward;
+    for (const CallLayout& c : ex.resolution.layouts.calls) {
+        const auto* moe = dynamic_cast<const Moe*>(c.module);
+        if (!moe) continue;
+        const RouterOptions& r = moe->options().router;
+        const int64_t dim = moe->options().dim, per_rank = r.experts / ep.size;
+        const int64_t tokens = numel_of(c.in.global) / dim / cp;  // this rank's, one microbatch
+        const int64_t rows = tokens * r.top_k * dim * es;         // its slots' rows, out and back
+        ex.expert_parallel.push_back(fmt::format(
+            "moe '{}': {} experts, {} per rank (ep rank k owns experts {}k .. {}k+{}); each rank sends "
+            "its {} tokens x top_{} = {} rows and receives as many (balanced routing)",
+            c.fqn, r.experts, per_rank, per_rank, per_rank, per_rank - 1, tokens, r.top_k, tokens * r.top_k));
+        std::vector<CommCost> f = {{"all_to_all", r.experts * 8, c.fqn, Phase::forward},
+                                   {"all_to_all", rows, c.fqn, Phase::forward},
+                                   {"all_to_all", rows, c.fqn, Phase::forward}};
+        forward.insert(forward.end(), f.begin(), f.end());
+        if (recomputed_in_backward(ex.resolution, c.fqn))
+            for (CommCost cc : f) cc.phase = Phase::backward, backward.push_back(cc);
+        backward.push_back({"all_to_all", rows, c.fqn, Phase::backward});
+        backward.push_back({"all_to_all", rows, c.fqn, Phase::backward});
+    }
+    const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
+    for (int64_t m = 0; m < microbatches; ++m) {
+        ex.step_comm.insert(ex.step_comm.end(), forward.begin(), forward.end());
+        ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());
+    }
+    // after backward: each owned expert's gradient averaged over its replicas (the other data dims)
+    const int replicas = plan.dims.data_size() / ep.size;
+    if (replicas > 1)
+        for (const auto& [name, p] : model.named_parameters())
+            if (ep.owner.count(name) && ep.owner.at(name) == 0) {
+                const size_t dot = name.rfind('.');
+                ex.step_comm.push_back(
+                    {"all_reduce",
+                     numel_of(tp_local(p.get(), 0)) * static_cast<int64_t>(dtype_size(p->value.dtype())),
+                     name.substr(0, dot), Phase::backward});
+            }
+    ex.expert_parallel.push_back(
+        replicas > 1 ? fmt::format("each owned expert's gradient: / {} (ep), then all_reduce avg over its {} "
+                                   "replicas (the data dims but '{}')",
+                                   ep.size, replicas, plan.dims.name(DimRole::ep))
+                     : fmt::format("each owned expert's gradient: / {} (ep; the data dims are '{}' alone)",
+                                   ep.size, plan.dims.name(DimRole::ep)));
+}
+
+}  // namespace ptool

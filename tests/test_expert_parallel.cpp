@@ -1,0 +1,119 @@
+// Expert parallelism's units (parallel/expert_parallel.h): the section borrows a data dim and its
+// refusals, which rank owns which expert, what a rank holds of the experts (the simulated memory),
+// and a run whose every expert tensor is compared with the reference, gathered from its owner.
+#include "parallel/expert_parallel.h"
+#include "same_runs.h"
+#include "test_helpers.h"
+#include "train/simulate.h"
+
+using namespace ptool;
+
+namespace {
+
+std::string plan_error(const std::string& text) {
+    try {
+        load_plan_text(text, "p.yaml");
+    } catch (const InputError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("expert_parallel borrows a data dim: ep names it, its role stays the data one", "[cpu]") {
+    const Plan p = load_plan_text(
+        "mesh: {rep: 2, shard: 2, tp: 2}\ntensor_parallel: {mesh_dim: tp, plan: {}}\n"
+        "data_parallel: {mesh_dim: [rep, shard], mode: fully_shard}\nexpert_parallel: {mesh_dim: shard}\n",
+        "p.yaml");
+    CHECK(p.dims.index(DimRole::ep) == 1);
+    CHECK(p.dims.size(DimRole::ep) == 2);
+    CHECK(p.dims.role(1) == DimRole::dp_shard);
+    CHECK(p.dims.data_dims() == std::vector<int>{0, 1});  // the batch still splits over it
+    CHECK(p.expert_parallel->where.str() == "p.yaml:4:18");
+    // one data dim: mesh_dim may go
+    const Plan one =
+        load_plan_text("mesh: {dp: 4}\ndata_parallel: {mode: replicate}\nexpert_parallel: {}\n", "p.yaml");
+    CHECK(one.dims.index(DimRole::ep) == 0);
+    Plan resized = one;
+    resized.resize_mesh("dp", 8, "--mesh dp=8");
+    CHECK(resized.dims.size(DimRole::ep) == 8);
+
+    CHECK_THAT(plan_error("mesh: {dp: 2}\nexpert_parallel: {mesh_dim: dp}\n"),
+               Catch::Contains("p.yaml:2:18: expert_parallel borrows a data-parallel dim"));
+    CHECK_THAT(
+        plan_error("mesh: {dp: 2, tp: 2}\ndata_parallel: {mesh_dim: dp}\nexpert_parallel: {mesh_dim: tp}\n"),
+        Catch::Contains("p.yaml:3:29: expert_parallel's mesh_dim 'tp' is not a data-parallel dim"));
+    CHECK_THAT(plan_error("mesh: {a: 2, b: 2}\ndata_parallel: {mesh_dim: [a, b], mode: fully_shard}\n"
+                          "expert_parallel: {}\n"),
+               Catch::Contains("'expert_parallel' needs 'mesh_dim': one of data_parallel's dims (a, b)"));
+    CHECK_THAT(
+        plan_error("mesh: {dp: 2}\ndata_parallel: {mode: replicate, zero_stage: 1}\nexpert_parallel: {}\n"),
+        Catch::Contains("zero_stage with expert_parallel"));
+    CHECK_THAT(
+        plan_error("mesh: {dp: 2}\ndata_parallel: {mode: replicate}\nexpert_parallel: {mesh_dims: dp}\n"),
+        Catch::Contains("mesh_dims"));
+}
+
+TEST_CASE("each ep rank owns a contiguous block of every layer's experts; what does not divide is refused",
+          "[cpu]") {
+    CHECK(expert_owner(0, 8, 4) == 0);
+    CHECK(expert_owner(1, 8, 4) == 0);
+    CHECK(expert_owner(2, 8, 4) == 1);
+    CHECK(expert_owner(7, 8, 4) == 3);
+    MetaAllocation meta;
+    const std::string path = PTOOL_SOURCE_DIR "/models/moe_qwen2.yaml";  // 6 experts per layer, 2 layers
+    const Model m = load_model_text(read_text(path), path, "", false);
+    const std::string ep = "data_parallel: {mode: replicate}\nexpert_parallel: {}\n";
+    const Resolution r = resolve_plan(m, load_plan_text("mesh: {dp: 3}\n" + ep, "p.yaml"));
+    REQUIRE(r.ep.active);
+    CHECK(r.ep.size == 3);
+    CHECK(r.ep.layers == std::vector<std::string>{"layers.0.mlp_block.mlp", "layers.1.mlp_block.mlp"});
+    CHECK(r.ep.owner.size() == 2 * 6 * 3);  // gate_proj, up_proj, down_proj of 6 experts in 2 layers
+    CHECK(r.ep.owner.at("layers.1.mlp_block.mlp.experts.3.up_proj.weight") == 1);
+    CHECK(r.ep.owner.at("layers.0.mlp_block.mlp.experts.5.down_proj.weight") == 2);
+    CHECK_FALSE(r.ep.owner.count("layers.0.mlp_block.mlp.shared_expert.up_proj.weight"));  // data parallel's
+    // data parallel leaves the experts out of its buckets
+    for (const auto& replica : r.dp.replicas)
+        for (const BucketSpec& b : replica.buckets)
+            for (const std::string& name : b.params) CHECK_FALSE(r.ep.owner.count(name));
+    CHECK(r.dp.expert_params.size() == r.ep.owner.size());
+    require_input_error(
+        [&] { resolve_plan(m, load_plan_text("mesh: {dp: 4}\n" + ep, "p.yaml")); },
+        {"p.yaml:3:18", "moe 'layers.0.mlp_block.mlp' has 6 experts, which do not divide over"});
+    const std::string dense = PTOOL_SOURCE_DIR "/models/llama_rope.yaml";
+    const Model d = load_model_text(read_text(dense), dense, "", false);
+    require_input_error([&] { resolve_plan(d, load_plan_text("mesh: {dp: 2}\n" + ep, "p.yaml")); },
+                        {"expert_parallel: the model has no moe layer"});
+}
+
+TEST_CASE("an ep rank holds its own experts only: the others' parameters take no memory", "[cpu]") {
+    RunInputs in;
+    in.model_path = PTOOL_SOURCE_DIR "/models/moe_mixtral.yaml";
+    in.model_text = read_text(in.model_path);
+    const auto params = [&](const char* plan) {
+        const Plan p = load_plan(PTOOL_SOURCE_DIR "/plans/" + std::string(plan) + ".yaml");
+        return simulate_rank(in, p, 0, 1).memory.at_peak[static_cast<size_t>(MemoryUse::parameters)];
+    };
+    // moe_mixtral: 2 layers x 4 experts x 3 x 32 x 48 float32 = 147456 B of experts; ep 2 holds half of them
+    CHECK(params("moe_mixtral_ddp") - params("moe_mixtral_ep") == 147456 / 2);
+}
+
+TEST_CASE("under expert parallelism every expert tensor is compared, gathered from its owner", "[cpu]") {
+    // HSDP 2 x 2 with ep over dp_shard: the experts' replicas over dp_replicate are checked too
+    const ShippedCase c{"moe_qwen2", "moe_qwen2_ep_hsdp", 1, nullptr};
+    const VerifyReport rep = verify(shipped_job(c), *in_process_launch(Device::cpu, CommOptions{}));
+    REQUIRE(rep.plans.size() == 1);
+    CHECK(rep.pass);
+    int experts = 0;
+    const StepRecord& step = rep.plans[0].run.steps.at(0);
+    for (const auto& [name, d] : step.vs_reference)
+        if (name.find(".experts.") != std::string::npos) {
+            INFO(name);
+            CHECK(d.pass);
+            CHECK(d.shape_ok);
+            CHECK(step.replicas.at(name) == ReplicaState::equal);  // over dp_replicate
+            ++experts;
+        }
+    CHECK(experts == 2 * 6 * 3 * 2);  // every expert's gradient and parameter: 2 layers x 6 x 3
+}
