@@ -17,7 +17,8 @@ A mixture of experts' plans are the exception: explain routes on meta tensors, w
 so it assumes balanced routing (each expert tokens x top_k / experts rows, model/moe_routing.h) while
 verify routes its batch. The experts' rows sum to tokens x top_k either way, so what differs is the
 transient of the largest expert's rows and the allocator's rounding: held within 1% here, and the
-README's table shows the error.
+README's table shows the error. Under expert parallelism a rank computes the rows every rank sends
+its experts, which real routing makes more or fewer than its own tokens x top_k: held within 2%.
 """
 import glob
 import json
@@ -84,11 +85,12 @@ with tempfile.TemporaryDirectory() as tmp:
         check(sorted(predicted) == sorted(measured), f"{name}: explain's rank classes cover {sorted(predicted)}, verify ran {sorted(measured)}")
         worst = 0.0
         routed = re.search(r"type: moe\b", open(model).read()) is not None  # balanced routing predicted
+        dispatched = re.search(r"^expert_parallel:", open(plan).read(), re.M) is not None  # other ranks' rows
         for rank, meas in measured.items():
             pred = predicted.get(rank, 0)
             err = abs(pred - meas) / meas if meas else float(pred != 0)
             worst = max(worst, err)
-            check(err <= 0.01 if routed else pred == meas,
+            check(err <= (0.02 if dispatched else 0.01) if routed else pred == meas,
                   f"{name} rank {rank}: predicted {pred} B, measured {meas} B ({pred - meas:+} B, {100 * err:.3f}%)")
         rows.append((name, len(measured), max(predicted.values()), max(measured.values()), worst))
 

@@ -260,8 +260,16 @@ TEST_CASE("the runtime follows the layout pass: every call's layouts, gradients 
                              run.step(0);
                              // (an unnamed residual has no probe of its own: for_each_module
                              // passes over it, as over every transparent container)
+                             // under expert parallelism a rank calls its own experts only
+                             const ExpertParallelResolution& ep = run.resolution().ep;
+                             auto owned = [&](const std::string& fqn) {
+                                 if (!ep.active || !routed_rows(fqn)) return true;
+                                 auto it = ep.owner.lower_bound(fqn + ".");
+                                 return it == ep.owner.end() || it->first.rfind(fqn + ".", 0) != 0 ||
+                                        it->second == run.comm(DimRole::ep).rank();
+                             };
                              for (const CallLayout& c : run.resolution().layouts.calls)
-                                 if (!c.module->transparent()) derived[r].push_back(c);
+                                 if (!c.module->transparent() && owned(c.fqn)) derived[r].push_back(c);
                              microbatches[r] = run.plan().accumulation_rounds(run.model());
                          });
         for (size_t r = 0; r < seen.size(); ++r) {

@@ -26,6 +26,8 @@
 
 namespace ptool {
 
+class RoutingLog;
+
 struct Parameter {
     Tensor value;
     Tensor grad;  // same shape and dtype; zeroed by zero_grad()
@@ -71,6 +73,11 @@ struct RunContext {
     // Expert parallelism: the group a moe layer's experts split over (null without expert_parallel;
     // parallel/expert_parallel.h).
     Communicator* ep = nullptr;
+    // Routing-aware verdicts (model/routing_log.h): the reference logs each moe call's routing into
+    // it, a parallel run (routing_replays) takes the reference's choice for the near-ties. Null
+    // outside verify.
+    RoutingLog* routing = nullptr;
+    bool routing_replays = false;
     // Activation checkpointing: a checkpointed module's first forward keeps nothing for backward
     // (recording off), and its backward first recomputes its forward (recomputing on).
     bool recording = true, recomputing = false;

@@ -79,6 +79,8 @@ private:
     };
     // The routed experts' part of the output (added into out [N, dim]), and its backward (added
     // into dx): each expert on its rows here, or under expert parallelism on its owner's.
+    void follow_reference(RunContext& ctx, const Placed& x, const std::vector<double>& logits,
+                          const std::vector<double>& bias, Routing& r) const;
     using Observer = std::function<void(const std::string&, Phase, int, const Placed&)>;
     void experts_forward(RunContext& ctx, const Placed& x, Saved& sv, Tensor& out, const Observer& observer);
     void experts_backward(RunContext& ctx, const Placed& dy, Saved& sv, Tensor& dx,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace ptool {
@@ -84,6 +85,45 @@ std::vector<double> route_backward(const RouterOptions& o, const Routing& r,
         }
     }
     return d_logits;
+}
+
+bool near_tie(const RouterOptions& o, const Routing& r, int64_t n, const std::vector<double>& logits,
+              const std::vector<double>& bias, double rtol, double atol) {
+    const int64_t e = o.experts, k = o.top_k;
+    if (k >= e) return false;
+    const double* l = logits.data() + n * e;
+    const double* s = r.scores.data() + n * e;
+    std::vector<double> tol(static_cast<size_t>(e));
+    double most = 0;
+    for (int64_t i = 0; i < e; ++i) most = std::max(most, tol[static_cast<size_t>(i)] = atol + rtol * std::abs(l[i]));
+    auto b = [&](int64_t i) { return bias.empty() ? 0.0 : bias[static_cast<size_t>(i)]; };
+    auto key = [&](int64_t i, double sign) {  // the key's bound with the logit moved by sign x tol
+        const double t = tol[static_cast<size_t>(i)];
+        if (o.score == RouterScore::sigmoid) return 1.0 / (1.0 + std::exp(-(l[i] + sign * t))) + b(i);
+        if (bias.empty()) return l[i] + sign * t;
+        return s[i] * std::exp(sign * (t + most)) + b(i);
+    };
+    std::vector<uint8_t> chosen(static_cast<size_t>(e), 0);
+    for (int64_t j = 0; j < k; ++j) chosen[static_cast<size_t>(r.chosen[static_cast<size_t>(n * k + j)])] = 1;
+    double lowest = std::numeric_limits<double>::infinity(), highest = -lowest;
+    for (int64_t i = 0; i < e; ++i)
+        if (chosen[static_cast<size_t>(i)])
+            lowest = std::min(lowest, key(i, -1));
+        else
+            highest = std::max(highest, key(i, +1));
+    return lowest <= highest;
+}
+
+void force_choice(const Router& router, const RouterOptions& o, Routing& r, int64_t n,
+                  const std::vector<double>& logits, const std::vector<double>& bias, const int64_t* chosen) {
+    const int64_t e = o.experts, k = o.top_k;
+    std::vector<double> row(logits.begin() + n * e, logits.begin() + (n + 1) * e);
+    std::vector<double> forced = bias.empty() ? std::vector<double>(static_cast<size_t>(e), 0.0) : bias;
+    for (int64_t j = 0; j < k; ++j) forced[static_cast<size_t>(chosen[j])] += 1e6;  // keys within [-1, 2] + bias
+    Routing one = router.route(o, row, forced);
+    std::copy(one.scores.begin(), one.scores.end(), r.scores.begin() + n * e);
+    std::copy(one.chosen.begin(), one.chosen.end(), r.chosen.begin() + n * k);
+    std::copy(one.weights.begin(), one.weights.end(), r.weights.begin() + n * k);
 }
 
 }  // namespace ptool

@@ -68,6 +68,19 @@ public:
     }
 };
 
+// Whether token n's chosen set could change if each of its logits moved by up to tol(l) = atol +
+// rtol |l| (verify's tolerance on the router's logits): the lowest selection key a chosen expert can
+// take is at most the highest an unchosen one can. Keys: the logit itself under softmax without a
+// bias (softmax keeps the logits' order); sigmoid(l) + bias, monotone in l; a softmax score + bias,
+// within s e^(+-(tol_i + max tol)) (the numerator and the sum move by e^(+-tol) at most).
+bool near_tie(const RouterOptions& o, const Routing& r, int64_t n, const std::vector<double>& logits,
+              const std::vector<double>& bias, double rtol, double atol);
+// Token n routed to `chosen` (k experts, the reference's), its weights from its own scores as the
+// router gives them: the router run on the token alone with a selection bias that forces the set.
+void force_choice(const Router& router, const RouterOptions& o, Routing& r, int64_t n,
+                  const std::vector<double>& logits, const std::vector<double>& bias,
+                  const int64_t* chosen);
+
 // How a moe layer lays out its tokens for expert parallelism (parallel/expert_parallel.h): which
 // expert's rows go to a rank as the l-th of its experts, how they are counted, and whether the
 // combine puts each row back at its token. A dependency, so fault injection can swap in a buggy one.

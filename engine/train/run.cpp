@@ -365,6 +365,7 @@ void Run::forward(StepState& st, int s, int m) {
     f.ctx.microbatch = m;
     f.ctx.tp = tp_;
     if (expert_parallel_) f.ctx.ep = &comm(DimRole::ep);
+    f.ctx.routing = routing_, f.ctx.routing_replays = routing_replays_;
     if (context_) f.ctx.context = &*context_;
     if (ring_probe_) f.ctx.ring_probe = &*ring_probe_;
     MemoryUseScope use(MemoryUse::activations);

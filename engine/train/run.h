@@ -121,6 +121,9 @@ public:
     // Verification's reference beside a plan whose cp dim of `parts` ranks runs the ring: each step
     // the plan's cp layout of the sequence reaches attention as RunContext::ring_probe.
     void probe_ring(int parts, bool load_balance) { probe_parts_ = parts, probe_balance_ = load_balance; }
+    // Verification of a model with experts (model/routing_log.h): the reference logs its routing into
+    // `log`, a parallel run (replay) takes the reference's choice for the near-ties.
+    void follow_routing(RoutingLog* log, bool replay) { routing_ = log, routing_replays_ = replay; }
     // Every rank of this rank's pipeline stage (the mesh's dims but pp, flattened in mesh order):
     // the world without pp. Uncounted use only (verification's).
     Communicator& stage_comm() const { return *stage_comm_; }
@@ -206,6 +209,8 @@ private:
     DataParallelResolution executed_dp_;  // what the layer let run (res_.dp: what the plan says)
     std::unique_ptr<DataParallel> data_parallel_;
     std::unique_ptr<ExpertParallel> expert_parallel_;
+    RoutingLog* routing_ = nullptr;
+    bool routing_replays_ = false;
     std::unique_ptr<Communicator> solo_;  // the one-rank group of a role the plan does not have
     Communicator* tp_ = nullptr;          // comm(DimRole::tp): the activations' layouts are on it
     Communicator* batch_ = nullptr;

@@ -16,6 +16,8 @@
 #include "core/progress.h"
 #include "core/yaml_reader.h"
 #include "model/checkpoint.h"
+#include "model/moe.h"
+#include "model/routing_log.h"
 #include "train/simulate.h"
 #include "verify/faults.h"
 #include "verify/golden_replay.h"
@@ -215,6 +217,32 @@ struct ReferenceBeside {
     }
 };
 
+// The reference's routing log on every rank of an mpirun job: rank 0's words broadcast (uncounted:
+// verification's own), read into `into` on the others.
+RoutingLog* received_routing(RoutingLog* log, Communicator& world, std::unique_ptr<RoutingLog>& into) {
+    std::vector<int64_t> words = world.rank() == 0 && log ? log->words() : std::vector<int64_t>{};
+    Tensor n = Tensor::scalar(static_cast<double>(words.size()), DType::int64).reshape({1});
+    world.broadcast(n, 0);
+    Tensor w({static_cast<int64_t>(n.item(0))}, DType::int64);
+    for (size_t i = 0; i < words.size(); ++i) w.set(static_cast<int64_t>(i), static_cast<double>(words[i]));
+    world.broadcast(w, 0);
+    if (world.rank() == 0) return log;
+    into = std::make_unique<RoutingLog>(0, 0);
+    words.resize(static_cast<size_t>(w.numel()));
+    for (int64_t i = 0; i < w.numel(); ++i) words[static_cast<size_t>(i)] = static_cast<int64_t>(w.item(i));
+    into->read_words(words);
+    return into.get();
+}
+
+// The near-ties the parallel run's ranks took from the reference: one shared count among rank
+// threads, each process's own summed over an mpirun job.
+int64_t total_replayed(RoutingLog* log, Communicator& world, bool shared) {
+    if (shared) return log ? log->replayed() : 0;
+    Tensor n = Tensor::scalar(log ? static_cast<double>(log->replayed()) : 0.0, DType::int64).reshape({1});
+    world.all_reduce(n, ReduceOp::sum);
+    return static_cast<int64_t>(n.item(0));
+}
+
 }  // namespace
 
 std::unique_ptr<Launch> in_process_launch(Device device, const CommOptions& comm) {
@@ -248,6 +276,7 @@ RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps,
         1, CommOptions{},
         [&](Communicator& world) {
             Run run(in, single, world);
+            run.follow_routing(opt.routing, false);
             if (const int parts = ring_parts(plan); parts > 1 && opt.events)
                 run.probe_ring(parts, plan.context_parallel->load_balance);
             rec = record_run(run, steps, opt);
@@ -268,6 +297,12 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         return ReferenceKey{steps_for(p, job.options, probe.steps), numerics_key(p, probe)};
     };
     std::map<ReferenceKey, RunRecord> references;
+    // a model with experts: each reference logs its routing, which the parallel runs follow
+    // (model/routing_log.h); the reference then runs first, whole, so that every step's routing is
+    // there before a rank's step reaches it
+    bool experts = false;
+    for_each_module(*probe.root, [&](const std::string&, Module& m) { experts |= dynamic_cast<Moe*>(&m) != nullptr; });
+    std::map<ReferenceKey, std::unique_ptr<RoutingLog>> routing_logs;
     for (size_t i = 0; i < job.plans.size(); ++i) {
         const Plan& plan = job.plans[i];
         const int64_t steps = steps_for(plan, job.options, probe.steps);
@@ -294,7 +329,11 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         if (launch.rank0() && !references.count(key)) {
             RecordOptions ref = ro;
             ref.shadow_optimizer = false;  // with a golden, the reference continues from its parameters
-            if (job.options.reference_beside && launch.shares_memory() &&
+            if (experts) {  // the elementwise rule verify holds the router's logits to
+                routing_logs[key] = std::make_unique<RoutingLog>(ro.tol.rtol, ro.tol.atol);
+                ref.routing = routing_logs[key].get();
+            }
+            if (job.options.reference_beside && launch.shares_memory() && !experts &&
                 room_beside(job.inputs, plan, steps)) {
                 Progress::get().phase(fmt::format("reference + parallel {}", plan.path),
                                       fmt::format("{} step{}, the reference on one device beside {} ranks, "
@@ -330,10 +369,17 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
             ro.on_step = [steps](int64_t k, double, double) { Progress::get().step("parallel", k, steps); };
         }
         RunRecord par;
+        RoutingLog* const routing = launch.rank0() && experts ? routing_logs[key].get() : nullptr;
+        if (routing) routing->reset_replayed();  // this plan's own count
+        int64_t replayed = 0;
         try {
             launch.run(
                 plan.world_size(), plan.mesh_where,
                 [&](Communicator& world) {
+                    // rank threads read rank 0's log; the ranks of an mpirun job receive it
+                    std::unique_ptr<RoutingLog> received;
+                    RoutingLog* follow = routing;
+                    if (experts && !launch.shares_memory()) follow = received_routing(routing, world, received);
                     const std::unique_ptr<RunLayer> layer = fault_layer(job.options.fault);
                     // each rank's tensors are charged to its account (verification's own are not: the
                     // recorder's work runs unaccounted), the measured side of explain's prediction
@@ -343,6 +389,7 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
                     {
                         MemoryScope scope(account);
                         Run run(job.inputs, plan, world, layer.get());
+                        run.follow_routing(follow, true);
                         account->reset_peak();
                         mine.resident = account->live();
                         r = record_run(run, steps, ro);
@@ -351,7 +398,10 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
                             mine.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
                     }
                     std::vector<RankMemory> all = gather_memory(mine, world);
-                    if (world.rank() == 0) par = std::move(r), par.memory = std::move(all);
+                    const int64_t mine_replayed =
+                        experts ? total_replayed(follow, world, launch.shares_memory()) : 0;
+                    if (world.rank() == 0)
+                        par = std::move(r), par.memory = std::move(all), replayed = mine_replayed;
                 },
                 beside ? beside->cores : nullptr);
         } catch (...) {
@@ -362,8 +412,15 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
             references[key] = beside->end();
             report.reference_seconds += references[key].seconds;
         }
-        if (launch.rank0())
+        if (launch.rank0()) {
             add_plan(report, references[key], std::move(par), plan, res, ro.tol, job.options.strict);
+            if (routing && routing->tokens() > 0)
+                report.plans.back().notes.push_back(fmt::format(
+                    "routing: {} of the reference's {} token routings are near-ties (their chosen experts "
+                    "could change with each router logit within rtol {:.2g}, atol {:.2g}); the parallel run "
+                    "routed {} of them otherwise and took the reference's choice",
+                    routing->ties(), routing->tokens(), routing->rtol(), routing->atol(), replayed));
+        }
     }
     return report;
 }

@@ -9,6 +9,7 @@
 #include "core/memory_account.h"
 #include "model/layers.h"
 #include "model/module_type.h"
+#include "model/routing_log.h"
 
 namespace ptool {
 namespace {
@@ -204,11 +205,15 @@ Placed Moe::forward_placed(RunContext& ctx, const Placed& x) {
     const Tensor x2 = x.t.reshape({n, d});
     Saved sv;
     const Placed logits = gate().forward(ctx, x);
-    sv.routing = dev == Device::meta
-                     ? balanced_routing(o_.router, n)
-                     : router_->route(o_.router, host_values(logits.t),
-                                      o_.selection_bias ? host_values(buffers()[0].param->value)
-                                                        : std::vector<double>());
+    if (dev == Device::meta) {
+        sv.routing = balanced_routing(o_.router, n);
+    } else {
+        const std::vector<double> lg = host_values(logits.t);
+        const std::vector<double> bias =
+            o_.selection_bias ? host_values(buffers()[0].param->value) : std::vector<double>();
+        sv.routing = router_->route(o_.router, lg, bias);
+        if (ctx.routing) follow_reference(ctx, x, lg, bias, sv.routing);
+    }
     if (ctx.tp && ctx.tp->size() > 1 && dev != Device::meta)
         agree_over_tp(*ctx.tp, o_.router, sv.routing, dev);
     if (ctx.observer) {  // the routing, token by token: each expert's weight (0: not chosen)
@@ -293,6 +298,51 @@ Placed Moe::backward_placed(RunContext& ctx, const Placed& dy, const Layout& in)
         ctx, {device_tensor(with_last(dy.t.shape(), o_.router.experts), dt, dev, dl), dy.p, lg});
     be.axpy(1.0, dxr.t.reshape({n, d}), dx);
     return {dx.reshape(dy.t.shape()), dy.p, in.global};
+}
+
+// Routing-aware verdicts (model/routing_log.h). The reference logs its routing and near-ties; a
+// parallel rank finds each of its tokens in the reference's microbatch (its global row: the data
+// rank's rows, the tp rank's under Shard(0); its position: the cp rank's, the tp rank's chunk under
+// Shard(1)) and takes the reference's choice for a near-tie it routed otherwise.
+void Moe::follow_reference(RunContext& ctx, const Placed& x, const std::vector<double>& logits,
+                           const std::vector<double>& bias, Routing& r) const {
+    RoutingLog& log = *ctx.routing;
+    const int64_t k = o_.router.top_k, n = r.tokens;
+    const bool rows_only = x.t.dim() < 3;  // [rows, dim]: one token per row
+    if (!ctx.routing_replays) {
+        if (ctx.recomputing) return;  // logged by the call it recomputes
+        RoutedCall c;
+        c.first_row = ctx.row_offset, c.seq = rows_only ? 1 : x.t.size(1), c.k = k, c.chosen = r.chosen;
+        c.tie.resize(static_cast<size_t>(n));
+        for (int64_t t = 0; t < n; ++t)
+            c.tie[static_cast<size_t>(t)] = near_tie(o_.router, r, t, logits, bias, log.rtol(), log.atol());
+        log.record(ctx.step, ctx.microbatch, fqn(), std::move(c));
+        return;
+    }
+    const RoutedCall* ref = log.find(ctx.step, ctx.microbatch, fqn());
+    if (!ref) return;
+    const int64_t rows = x.t.size(0), seq = rows_only ? 1 : x.t.size(1);
+    const int64_t nd = static_cast<int64_t>(x.global.size());
+    const Placement p = x.p.normalized(nd);
+    const int64_t row0 = p.is_shard() && p.dim == 0 ? chunk_of(x.global[0], ctx.tp_parts, ctx.tp_rank).offset : 0;
+    const int64_t pos0 = p.is_shard() && p.dim == 1 ? chunk_of(x.global[1], ctx.tp_parts, ctx.tp_rank).offset : 0;
+    int64_t replayed = 0;
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < seq; ++j) {
+            const int64_t t = i * seq + j, at = pos0 + j;
+            const int64_t pos = rows_only ? 0 : ctx.context ? ctx.context->positions[static_cast<size_t>(at)] : at;
+            const int64_t g = (ctx.row_offset + row0 + i - ref->first_row) * ref->seq + pos;
+            if (g < 0 || g >= static_cast<int64_t>(ref->tie.size()) || !ref->tie[static_cast<size_t>(g)]) continue;
+            const int64_t* want = ref->chosen.data() + g * k;
+            std::vector<int64_t> a(want, want + k), b(r.chosen.begin() + t * k, r.chosen.begin() + (t + 1) * k);
+            std::sort(a.begin(), a.end()), std::sort(b.begin(), b.end());
+            if (a == b) continue;
+            force_choice(*router_, o_.router, r, t, logits, bias, want);
+            ++replayed;
+        }
+    if (replayed) assign_slots(o_.router, r);
+    // each token counted once: not again by every tp rank that holds it whole, nor when recomputed
+    if (!ctx.recomputing && (ctx.tp_rank == 0 || p.is_shard())) log.count_replayed(replayed);
 }
 
 void Moe::experts_forward(RunContext& ctx, const Placed& x, Saved& sv, Tensor& out,
