@@ -18,6 +18,7 @@ struct VerifyArgs {
     double rtol = -1, atol = -1;
     bool no_check = false;
     bool reference_first = false;
+    bool no_tie_replay = false;
 };
 
 void print_case(const CaseResult& r, bool three_way, int verbosity) {
@@ -81,6 +82,7 @@ int verify(VerifyArgs& a, const Common& c) {
     if (a.atol >= 0) cmd.options.tolerance.atol = a.atol;
     cmd.options.comm.check_consistency = !a.no_check;
     cmd.options.reference_beside = !a.reference_first;
+    cmd.options.replay_ties = !a.no_tie_replay;
     const bool replay = looks_like_golden_arg(cmd.model);
     if (replay && (!a.csv.empty() || !a.html.empty()))
         throw InputError("--csv and --report apply to `ptool verify MODEL PLAN...`");
@@ -174,6 +176,9 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code) {
     cmd->add_flag(
         "--reference-first", a->reference_first,
         "run the single-device reference before the ranks, not beside them (one model in memory at a time)");
+    cmd->add_flag("--no-tie-replay", a->no_tie_replay,
+                  "mixtures of experts: route every token by the parallel run's own logits, near-ties too "
+                  "(default: a near-tie routed otherwise takes the reference's experts)");
     cmd->callback([a, &common, &exit_code] { exit_code = verify(*a, common); });
 }
 

@@ -95,7 +95,8 @@ bool near_tie(const RouterOptions& o, const Routing& r, int64_t n, const std::ve
     const double* s = r.scores.data() + n * e;
     std::vector<double> tol(static_cast<size_t>(e));
     double most = 0;
-    for (int64_t i = 0; i < e; ++i) most = std::max(most, tol[static_cast<size_t>(i)] = atol + rtol * std::abs(l[i]));
+    for (int64_t i = 0; i < e; ++i)
+        most = std::max(most, tol[static_cast<size_t>(i)] = atol + rtol * std::abs(l[i]));
     auto b = [&](int64_t i) { return bias.empty() ? 0.0 : bias[static_cast<size_t>(i)]; };
     auto key = [&](int64_t i, double sign) {  // the key's bound with the logit moved by sign x tol
         const double t = tol[static_cast<size_t>(i)];
@@ -119,7 +120,8 @@ void force_choice(const Router& router, const RouterOptions& o, Routing& r, int6
     const int64_t e = o.experts, k = o.top_k;
     std::vector<double> row(logits.begin() + n * e, logits.begin() + (n + 1) * e);
     std::vector<double> forced = bias.empty() ? std::vector<double>(static_cast<size_t>(e), 0.0) : bias;
-    for (int64_t j = 0; j < k; ++j) forced[static_cast<size_t>(chosen[j])] += 1e6;  // keys within [-1, 2] + bias
+    for (int64_t j = 0; j < k; ++j)
+        forced[static_cast<size_t>(chosen[j])] += 1e6;  // keys within [-1, 2] + bias
     Routing one = router.route(o, row, forced);
     std::copy(one.scores.begin(), one.scores.end(), r.scores.begin() + n * e);
     std::copy(one.chosen.begin(), one.chosen.end(), r.chosen.begin() + n * k);

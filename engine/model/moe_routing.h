@@ -78,8 +78,7 @@ bool near_tie(const RouterOptions& o, const Routing& r, int64_t n, const std::ve
 // Token n routed to `chosen` (k experts, the reference's), its weights from its own scores as the
 // router gives them: the router run on the token alone with a selection bias that forces the set.
 void force_choice(const Router& router, const RouterOptions& o, Routing& r, int64_t n,
-                  const std::vector<double>& logits, const std::vector<double>& bias,
-                  const int64_t* chosen);
+                  const std::vector<double>& logits, const std::vector<double>& bias, const int64_t* chosen);
 
 // How a moe layer lays out its tokens for expert parallelism (parallel/expert_parallel.h): which
 // expert's rows go to a rank as the l-th of its experts, how they are counted, and whether the

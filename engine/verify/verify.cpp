@@ -238,7 +238,7 @@ RoutingLog* received_routing(RoutingLog* log, Communicator& world, std::unique_p
 // threads, each process's own summed over an mpirun job.
 int64_t total_replayed(RoutingLog* log, Communicator& world, bool shared) {
     if (shared) return log ? log->replayed() : 0;
-    Tensor n = Tensor::scalar(log ? static_cast<double>(log->replayed()) : 0.0, DType::int64).reshape({1});
+    Tensor n = Tensor::scalar(log ? static_cast<double>(log->replayed()) : 0.0, DType::float64).reshape({1});
     world.all_reduce(n, ReduceOp::sum);
     return static_cast<int64_t>(n.item(0));
 }
@@ -301,7 +301,8 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
     // (model/routing_log.h); the reference then runs first, whole, so that every step's routing is
     // there before a rank's step reaches it
     bool experts = false;
-    for_each_module(*probe.root, [&](const std::string&, Module& m) { experts |= dynamic_cast<Moe*>(&m) != nullptr; });
+    for_each_module(*probe.root,
+                    [&](const std::string&, Module& m) { experts |= dynamic_cast<Moe*>(&m) != nullptr; });
     std::map<ReferenceKey, std::unique_ptr<RoutingLog>> routing_logs;
     for (size_t i = 0; i < job.plans.size(); ++i) {
         const Plan& plan = job.plans[i];
@@ -329,7 +330,7 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         if (launch.rank0() && !references.count(key)) {
             RecordOptions ref = ro;
             ref.shadow_optimizer = false;  // with a golden, the reference continues from its parameters
-            if (experts) {  // the elementwise rule verify holds the router's logits to
+            if (experts) {                 // the elementwise rule verify holds the router's logits to
                 routing_logs[key] = std::make_unique<RoutingLog>(ro.tol.rtol, ro.tol.atol);
                 ref.routing = routing_logs[key].get();
             }
@@ -379,7 +380,8 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
                     // rank threads read rank 0's log; the ranks of an mpirun job receive it
                     std::unique_ptr<RoutingLog> received;
                     RoutingLog* follow = routing;
-                    if (experts && !launch.shares_memory()) follow = received_routing(routing, world, received);
+                    if (experts && !launch.shares_memory())
+                        follow = received_routing(routing, world, received);
                     const std::unique_ptr<RunLayer> layer = fault_layer(job.options.fault);
                     // each rank's tensors are charged to its account (verification's own are not: the
                     // recorder's work runs unaccounted), the measured side of explain's prediction
@@ -389,7 +391,7 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
                     {
                         MemoryScope scope(account);
                         Run run(job.inputs, plan, world, layer.get());
-                        run.follow_routing(follow, true);
+                        if (job.options.replay_ties) run.follow_routing(follow, true);
                         account->reset_peak();
                         mine.resident = account->live();
                         r = record_run(run, steps, ro);
@@ -418,8 +420,11 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
                 report.plans.back().notes.push_back(fmt::format(
                     "routing: {} of the reference's {} token routings are near-ties (their chosen experts "
                     "could change with each router logit within rtol {:.2g}, atol {:.2g}); the parallel run "
-                    "routed {} of them otherwise and took the reference's choice",
-                    routing->ties(), routing->tokens(), routing->rtol(), routing->atol(), replayed));
+                    "{}",
+                    routing->ties(), routing->tokens(), routing->rtol(), routing->atol(),
+                    job.options.replay_ties
+                        ? fmt::format("routed {} of them otherwise and took the reference's choice", replayed)
+                        : std::string("routed every token by itself (--no-tie-replay)")));
         }
     }
     return report;

@@ -22,6 +22,10 @@ struct VerifyOptions {
     // In one process on the CPU, run the reference beside the parallel run (ReferenceStream) when
     // the host has the memory for both; off: the reference first, then the parallel run.
     bool reference_beside = true;
+    // A model with experts: a parallel run takes the reference's routing for the near-ties it routed
+    // otherwise (model/routing_log.h). Off (--no-tie-replay): every token routes by itself, and a
+    // near-tie routed otherwise fails as any difference does; the near-ties are still counted.
+    bool replay_ties = true;
     // A bug injected into every parallel run on purpose (verify/faults.h); the CLI parses it from
     // PTOOL_FAULT. Empty: none.
     Fault fault;

@@ -324,17 +324,23 @@ void Moe::follow_reference(RunContext& ctx, const Placed& x, const std::vector<d
     const int64_t rows = x.t.size(0), seq = rows_only ? 1 : x.t.size(1);
     const int64_t nd = static_cast<int64_t>(x.global.size());
     const Placement p = x.p.normalized(nd);
-    const int64_t row0 = p.is_shard() && p.dim == 0 ? chunk_of(x.global[0], ctx.tp_parts, ctx.tp_rank).offset : 0;
-    const int64_t pos0 = p.is_shard() && p.dim == 1 ? chunk_of(x.global[1], ctx.tp_parts, ctx.tp_rank).offset : 0;
+    const int64_t row0 =
+        p.is_shard() && p.dim == 0 ? chunk_of(x.global[0], ctx.tp_parts, ctx.tp_rank).offset : 0;
+    const int64_t pos0 =
+        p.is_shard() && p.dim == 1 ? chunk_of(x.global[1], ctx.tp_parts, ctx.tp_rank).offset : 0;
     int64_t replayed = 0;
     for (int64_t i = 0; i < rows; ++i)
         for (int64_t j = 0; j < seq; ++j) {
             const int64_t t = i * seq + j, at = pos0 + j;
-            const int64_t pos = rows_only ? 0 : ctx.context ? ctx.context->positions[static_cast<size_t>(at)] : at;
+            const int64_t pos = rows_only     ? 0
+                                : ctx.context ? ctx.context->positions[static_cast<size_t>(at)]
+                                              : at;
             const int64_t g = (ctx.row_offset + row0 + i - ref->first_row) * ref->seq + pos;
-            if (g < 0 || g >= static_cast<int64_t>(ref->tie.size()) || !ref->tie[static_cast<size_t>(g)]) continue;
+            if (g < 0 || g >= static_cast<int64_t>(ref->tie.size()) || !ref->tie[static_cast<size_t>(g)])
+                continue;
             const int64_t* want = ref->chosen.data() + g * k;
-            std::vector<int64_t> a(want, want + k), b(r.chosen.begin() + t * k, r.chosen.begin() + (t + 1) * k);
+            std::vector<int64_t> a(want, want + k),
+                b(r.chosen.begin() + t * k, r.chosen.begin() + (t + 1) * k);
             std::sort(a.begin(), a.end()), std::sort(b.begin(), b.end());
             if (a == b) continue;
             force_choice(*router_, o_.router, r, t, logits, bias, want);
