@@ -77,6 +77,9 @@ enum class TpRule {
     embedding,    // vocabulary-parallel (rowwise); on a token input, where sequence parallelism starts
     linear,       // Megatron pairs (colwise, then rowwise); the last module with parameters is the head
     projections,  // a block of its own linears: `colwise` ones in, the `rowwise` one out
+    experts,      // a mixture of experts: each expert (and the shared one) as `projections`, on whole
+                  // tokens (under sequence parallelism the block gathers its input and re-shards its
+                  // output: every tp rank routes the same tokens)
 };
 struct TpTemplate {
     TpRule rule = TpRule::none;

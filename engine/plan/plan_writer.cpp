@@ -88,6 +88,21 @@ struct Writer {
                 add(pattern + tpl.rowwise,
                     entry(rowwise, a == Act::sequence ? "output_layouts: shard(1)" : ""));
                 return a;
+            case TpRule::experts: {  // each expert, and a shared one, as projections on whole tokens
+                if (a == Act::features) return fail(m, "its input is split over features"), a;
+                if (a == Act::sequence)
+                    add(pattern, entry(prepare_input_output,
+                                       "input_layouts: shard(1), desired_input_layouts: replicate, "
+                                       "output_layouts: replicate, desired_output_layouts: shard(1)"));
+                std::vector<std::string> blocks = {".experts.*"};
+                for (const auto& [name, child] : m.children())
+                    if (name == "shared_expert") blocks.push_back(".shared_expert");
+                for (const std::string& b : blocks) {
+                    add(pattern + b + tpl.colwise, entry(colwise));
+                    add(pattern + b + tpl.rowwise, entry(rowwise));
+                }
+                return a;
+            }
             case TpRule::linear:
                 if (&m == last && a == Act::features) {  // the second of a Megatron pair ends the model
                     add(pattern, entry(rowwise));
@@ -129,7 +144,7 @@ struct Writer {
 
 void find_last(const Module& m, const Module*& last) {
     if (rule_of(m) == TpRule::linear) last = &m;
-    if (rule_of(m) == TpRule::projections)
+    if (rule_of(m) == TpRule::projections || rule_of(m) == TpRule::experts)
         last = &m;  // its linears are its own
     else
         for (const auto& [name, child] : m.children()) find_last(*child, last);

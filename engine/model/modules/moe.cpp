@@ -49,8 +49,11 @@ public:
         b.account(at, n);  // and the buffer e_score_correction_bias [experts]
         return std::make_shared<Moe>(e.name, e.where, o, b.dtype());
     }
-    // No tensor-parallel rule yet: the writer plans no tensor parallelism for a model with experts.
-    TpTemplate tp_template() const override { return {.rule = TpRule::none}; }
+    // Megatron's tensor parallelism inside experts (without ep): each expert's and the shared expert's
+    // gate_proj and up_proj colwise, down_proj rowwise; the router replicated.
+    TpTemplate tp_template() const override {
+        return {.rule = TpRule::experts, .colwise = ".[gu]*_proj", .rowwise = ".down_proj"};
+    }
     ShrinkKeys shrink_keys() const override { return {.sizes = {"dim", "hidden"}}; }
 };
 const MoeType moe_type;
@@ -80,10 +83,12 @@ ExpertRows expert_rows(const Routing& r, int64_t e, int64_t k, int64_t dim, DTyp
     ExpertRows x;
     x.n = static_cast<int64_t>(slots.size());
     std::vector<double> ids, w;
-    ids.reserve(slots.size()), w.reserve(slots.size() * static_cast<size_t>(dim));
-    for (int64_t s : slots) {
-        ids.push_back(static_cast<double>(s / k));
-        w.insert(w.end(), static_cast<size_t>(dim), r.weights[static_cast<size_t>(s)]);
+    if (device != Device::meta) {  // (meta: the shapes only; a host table of rows x dim is no shape)
+        ids.reserve(slots.size()), w.reserve(slots.size() * static_cast<size_t>(dim));
+        for (int64_t s : slots) {
+            ids.push_back(static_cast<double>(s / k));
+            w.insert(w.end(), static_cast<size_t>(dim), r.weights[static_cast<size_t>(s)]);
+        }
     }
     x.ids = device_tensor({x.n}, DType::int64, device, ids);
     x.weights = device_tensor({1, x.n, dim}, dtype, device, w);
@@ -240,11 +245,14 @@ Placed Moe::forward_placed(RunContext& ctx, const Placed& x) {
         sv.shared_out = s->forward(ctx, x).t;
         Tensor add = sv.shared_out.reshape({n, d});
         if (Linear* g = shared_gate()) {
-            std::vector<double> gv = host_values(g->forward(ctx, x).t), rows;
-            if (dev == Device::meta) gv.assign(static_cast<size_t>(n), 0.5);
-            for (double& v : gv) v = 1.0 / (1.0 + std::exp(-v));
-            rows.reserve(static_cast<size_t>(n * d));
-            for (double v : gv) rows.insert(rows.end(), static_cast<size_t>(d), v);
+            const Tensor gl = g->forward(ctx, x).t;
+            std::vector<double> rows;  // (meta: the shapes only)
+            if (dev != Device::meta) {
+                std::vector<double> gv = host_values(gl);
+                for (double& v : gv) v = 1.0 / (1.0 + std::exp(-v));
+                rows.reserve(static_cast<size_t>(n * d));
+                for (double v : gv) rows.insert(rows.end(), static_cast<size_t>(d), v);
+            }
             sv.shared_g = device_tensor({n, d}, dt, dev, rows);
             Tensor gated = empty_like(add);
             be.mul(add, sv.shared_g, gated);
@@ -418,11 +426,12 @@ void Moe::dispatched_forward(RunContext& ctx, const Placed& x, Saved& sv, Tensor
             const std::vector<int64_t>& slots = sv.routing.slots[static_cast<size_t>(e)];
             dp.offset[static_cast<size_t>(e)] = static_cast<int64_t>(dp.slots.size());
             per_position[static_cast<size_t>(j * L + l)] = static_cast<int64_t>(slots.size());
-            for (int64_t s : slots) {
-                dp.slots.push_back(s);
-                ids.push_back(static_cast<double>(s / k));
-                w.insert(w.end(), static_cast<size_t>(d), sv.routing.weights[static_cast<size_t>(s)]);
-            }
+            dp.slots.insert(dp.slots.end(), slots.begin(), slots.end());
+            if (dev != Device::meta)  // (meta: the shapes only)
+                for (int64_t s : slots) {
+                    ids.push_back(static_cast<double>(s / k));
+                    w.insert(w.end(), static_cast<size_t>(d), sv.routing.weights[static_cast<size_t>(s)]);
+                }
         }
     dispatch_->count(per_position, L);
     std::vector<double> per_expert(per_position.begin(), per_position.end());
