@@ -130,6 +130,11 @@ int plan(const PlanArgs& a, const Common& common) {
     std::vector<std::vector<std::string>> rows = {{"#", "mesh", "data parallel", "pipeline", "checkpoint",
                                                    "micro", "peak", "on the GPU", "comm/step", "compute",
                                                    "step", "MFU"}};
+    // expert parallel candidates listed: their all_to_alls' time (blocking, part of the step) beside
+    bool experts = false;
+    for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < a.top; ++i)
+        experts |= r.fitting[i].choice.ep > 1;
+    if (experts) rows[0].insert(rows[0].end() - 2, "all_to_all");
     for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < a.top; ++i) {
         const Candidate& c = r.fitting[i];
         double bytes = 0;
@@ -147,6 +152,8 @@ int plan(const PlanArgs& a, const Common& common) {
                         format_bytes(static_cast<int64_t>(c.reserved + c.runtime)),
                         format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute),
                         seconds_str(c.time.step), fmt::format("{:.1f}%", 100 * c.mfu)});
+        if (experts)
+            rows.back().insert(rows.back().end() - 2, c.choice.ep > 1 ? seconds_str(c.time.all_to_all) : "-");
     }
     fmt::print("\n");
     if (r.fitting.empty())
@@ -204,6 +211,9 @@ int plan(const PlanArgs& a, const Common& common) {
             if (c.choice.hybrid())
                 j["candidates"].back()["dp_replicate"] = c.choice.dp_replicate(),
                 j["candidates"].back()["dp_shard"] = c.choice.dp_shard;
+            if (c.choice.ep > 1)
+                j["candidates"].back()["ep"] = c.choice.ep,
+                j["candidates"].back()["all_to_all_seconds"] = c.time.all_to_all;
             if (c.choice.pp > 1)
                 j["candidates"].back()["pipeline"] = {{"pp", c.choice.pp},
                                                       {"schedule", c.choice.schedule},

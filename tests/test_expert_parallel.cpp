@@ -2,6 +2,7 @@
 // refusals, which rank owns which expert, what a rank holds of the experts (the simulated memory),
 // and a run whose every expert tensor is compared with the reference, gathered from its owner.
 #include "parallel/expert_parallel.h"
+#include "plan/search.h"
 #include "same_runs.h"
 #include "test_helpers.h"
 #include "train/simulate.h"
@@ -116,4 +117,33 @@ TEST_CASE("under expert parallelism every expert tensor is compared, gathered fr
             ++experts;
         }
     CHECK(experts == 2 * 6 * 3 * 2);  // every expert's gradient and parameter: 2 layers x 6 x 3
+}
+
+TEST_CASE("the plan search proposes expert parallel where the experts divide over the dp dim", "[cpu]") {
+    // moe_qwen2: 6 experts per layer; 4 H100s: dp4 x tp1 (6 does not divide over 4), dp2 x tp2 (2 divides 6)
+    const std::string path = PTOOL_SOURCE_DIR "/models/moe_qwen2.yaml";
+    const Cluster c = load_cluster(PTOOL_SOURCE_DIR "/clusters/h100_8x8.yaml");
+    SearchOptions o;
+    o.world_size = 4;
+    o.pipelines = "never";
+    o.keep = 1000;
+    const SearchResult r = search_plans(read_text(path), path, c, o);
+    int ep = 0;
+    for (const Candidate& k : r.fitting) {
+        if (k.choice.ep <= 1) continue;
+        INFO(k.plan_text);
+        ++ep;
+        CHECK(k.choice.ep == 2);
+        CHECK(k.choice.tp == 2);
+        CHECK_THAT(k.plan_text, Catch::Contains("expert_parallel:\n  mesh_dim: dp\n"));
+        CHECK_THAT(k.plan_text, Catch::Contains("mlp.experts.*.[gu]*_proj\": colwise"));
+        CHECK(k.time.all_to_all > 0);  // blocking: part of the step
+        CHECK(k.time.blocking >= k.time.all_to_all);
+        CHECK(k.choice.mode_name().find("+ep2") != std::string::npos);
+    }
+    CHECK(ep > 0);
+    int refused = 0;
+    for (const Rejection& j : r.rejected)
+        refused += j.reason.find("has 6 experts, which do not divide over ep=4") != std::string::npos;
+    CHECK(refused > 0);
 }

@@ -230,6 +230,8 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
             s += fmt::format("  mixed_precision: {{param_dtype: {}, reduce_dtype: {}}}\n", *c.param_dtype,
                              dtype_name(model.dtype));
     }
+    if (c.ep > 1 && dp_section)  // the experts over the dp ranks (HSDP's shard dim), as torchtitan borrows ep
+        s += fmt::format("expert_parallel:\n  mesh_dim: {}\n", c.hybrid() ? "dp_shard" : "dp");
     if (c.cp > 1) s += "context_parallel:\n  mesh_dim: cp\n";  // allgather, load-balanced: the defaults
     if (c.checkpoint && !blocks.empty())
         s += c.selective ? fmt::format("activation_checkpointing: {{modules: {}, mode: op}}\n", list(blocks))

@@ -72,6 +72,9 @@ struct PlanChoice {
     int gradient_accumulation = 0;
     // replicate only: data_parallel's zero_stage (1 optimizer state sharded, 2 gradients too)
     int zero_stage = 0;
+    // Expert parallel (> 1: a model with experts): the experts split over the dp dim (HSDP's
+    // dp_shard), which expert_parallel borrows; ep is that dim's size
+    int ep = 1;
 
     bool hybrid() const { return dp_shard > 1 && dp_shard < dp; }
     // "full", "op" (activation_checkpointing's modes) or "" (none)
@@ -81,8 +84,9 @@ struct PlanChoice {
     }
     int dp_replicate() const { return hybrid() ? dp / dp_shard : 1; }
     std::string mode_name() const {
-        return hybrid() ? "hsdp" : zero_stage ? fmt::format("zero{}", zero_stage) : dp_mode;
-    }                              // "hsdp", "fully_shard", "replicate", "zero1", "zero2"
+        const std::string m = hybrid() ? "hsdp" : zero_stage ? fmt::format("zero{}", zero_stage) : dp_mode;
+        return ep > 1 ? fmt::format("{}+ep{}", m, ep) : m;
+    }  // "hsdp", "fully_shard", "replicate", "zero1", "zero2"; "+epN" with expert parallel
     std::string dp_text() const {  // "dp8", or HSDP's "dp2x4" (replicas x shards)
         return hybrid() ? fmt::format("dp{}x{}", dp_replicate(), dp_shard) : fmt::format("dp{}", dp);
     }

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/parallel_for.h"
+#include "model/moe.h"
 #include "plan/device_overheads.h"
 #include "plan/explain.h"
 #include "plan/pipeline_search.h"
@@ -99,6 +100,9 @@ public:
         tpl_ = tensor_parallel_template(full_);
         r_.tp_unsupported = tpl_.unsupported;
         blocks_ = repeated_blocks(full_);
+        for (const auto& [fqn, m] : named_modules(*full_.root))
+            if (const auto* moe = dynamic_cast<const Moe*>(m))
+                experts_.emplace_back(fqn, moe->options().router.experts);
         int long_repeats = 0;
         int64_t block_params = 0;  // the largest repeat element's parameter elements
         for_each_module(*full_.root, [&](const std::string& fqn, Module& m) {
@@ -296,6 +300,15 @@ private:
                            checkpointed(c));
     }
 
+    // Why the experts do not split over ep ranks ("" when every moe layer's do).
+    std::string expert_split(int ep) const {
+        for (const auto& [fqn, experts] : experts_)
+            if (experts % ep)
+                return fmt::format("expert parallel: moe '{}' has {} experts, which do not divide over ep={}",
+                                   fqn, experts, ep);
+        return "";
+    }
+
     static Model load_meta(const std::string& text, const std::string& name) {
         MetaAllocation meta;
         return load_model_text(text, name, "", false);
@@ -352,6 +365,16 @@ private:
                     c.selective = op;
                     if (std::string(mode) == "hsdp") c.dp_shard = node_shard;
                     groups.push_back(c);
+                    // expert parallel over the dp dim (HSDP's dp_shard) where every layer's experts
+                    // divide over it (torchtitan borrows ep from the data-parallel ranks)
+                    if (const int ep = c.hybrid() ? c.dp_shard : c.dp; !experts_.empty() && ep > 1) {
+                        const std::string shape = fmt::format("{} {}+ep{}", mesh, c.mode_name(), ep);
+                        if (std::string why = expert_split(ep); !why.empty()) {
+                            if (!ckpt) r_.rejected.push_back({shape, why});
+                        } else {
+                            groups.push_back(c), groups.back().ep = ep;
+                        }
+                    }
                     // ZeRO-1 and ZeRO-2 (parallel/zero_optimizer.h): replicate's communication
                     // with the optimizer state (and gradients) sharded over dp
                     if (std::string(mode) == "replicate")
@@ -718,6 +741,7 @@ private:
     SearchResult r_;
     TensorParallelTemplate tpl_;
     std::vector<std::string> blocks_;
+    std::vector<std::pair<std::string, int64_t>> experts_;  // each moe layer and its experts
     int64_t layers_ = 0, rows_ = 0;
     std::string repeat_;  // the repeat extrapolated over
     bool extrapolate_ = false;

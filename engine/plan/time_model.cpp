@@ -105,6 +105,11 @@ void add_comm_time(StepTime& t, const CommByOpDim& comm, const Plan& plan, const
         for (int d : dims)
             data = data && (plan.dims.is_data_dim(d) || d == cp), some_data |= plan.dims.is_data_dim(d);
         if (data && !some_data) data = op == "all_reduce";  // cp alone: the gradients' average
+        // expert parallel's all_to_alls over a data dim: the experts wait for their tokens, the layer
+        // for their outputs (no overlap is modelled)
+        if (op == "all_to_all" && plan.expert_parallel &&
+            std::find(dims.begin(), dims.end(), plan.dims.index(DimRole::ep)) != dims.end())
+            data = false, t.all_to_all += s;
         (data ? t.overlappable : t.blocking) += s;
     }
 }

@@ -40,6 +40,8 @@ struct StepTime {
     double pipeline = 0, bubble = 0;
     double gemm_flops = 0;   // executed, recompute included
     double model_flops = 0;  // the training step's own (without activation checkpointing's recompute): MFU's
+    // expert parallel's dispatch and combine (all_to_all over the dim ep borrows), part of blocking
+    double all_to_all = 0;
     std::map<std::string, CommTime> by_dim;  // mesh dim -> its collectives
 };
 
