@@ -57,6 +57,8 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   cp_mask_unshifted      (ring plans) first divergence is the attention's step-0 output at ring step 1
   cp_merge_unscaled      (ring plans) first divergence is the attention's step-0 output at ring step 1
   moe_router_unnormalised  first divergence is the moe layer's step-0 routing weights
+  moe_aux_unreduced      (a balancing loss, several ranks' tokens) first divergence is the layer's
+                         gate's step-0 input gradient
   ep_split_sizes         (expert parallel plans) first divergence is an expert's step-0 output
   ep_expert_misplaced    (expert parallel plans) first divergence is an expert's step-0 output
   ep_combine_unpermuted  (expert parallel plans) first divergence is the moe layer's step-0 output
@@ -170,23 +172,30 @@ def mutants(ex, model, plan):
     yield from training_mutants(ex, first_div, grad_fails)
     yield from pipeline_mutants(ex, model, plan, grad_fails)
     yield from context_mutants(ex, first_div)
-    yield from expert_mutants(ex, first_div)
+    yield from expert_mutants(ex, first_div, model)
 
 
-def expert_mutants(ex, first_div):
+def expert_mutants(ex, first_div, model):
     """The mixture-of-experts classes, on every moe layer: the router's renormalisation flipped shows
     first in the layer's routing weights (its gate's logits agree). Under expert parallelism: rows
     computed by the wrong expert (split sizes off by one, an expert's rows sent to the rank before)
     show first in an expert's output; the combine that does not invert the dispatch's permutation in
     the layer's output after its experts agree; the experts' gradients not divided by ep in an
-    expert's gradient; a shared expert left out of data parallel's sync in its gradient."""
+    expert's gradient; a shared expert left out of data parallel's sync in its gradient. A
+    load-balancing loss taken over each rank's own tokens (where several ranks hold different tokens)
+    shows first in the layer's gate's input gradient."""
     ep = ex.get("expert_parallel")
+    text = open(model).read()
+    balanced = re.search(r"aux_loss_coef: *(0\.0*[1-9]|[1-9])", text) is not None
+    token_ranks = ex["dp"] * ((ex.get("context_parallel") or {}).get("cp") or 1)
     for c in ex["calls"]:
         if c["type"] != "moe":
             continue
         fqn = c["fqn"]
         yield ("moe_router_unnormalised", f"moe_router_unnormalised:{fqn}",
                first_div(f"step 0 forward `{fqn}` routing weights"))
+        if balanced and token_ranks > 1:
+            yield ("moe_aux_unreduced", f"moe_aux_unreduced:{fqn}", first_div(f"step 0 backward `{fqn}.gate` input gradient"))
         if not ep or ep["ep"] < 2:
             continue
         expert_out = first_div(f"step 0 forward `{fqn}.experts.")

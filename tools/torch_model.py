@@ -222,6 +222,11 @@ class Moe(nn.Module):
             self.register_buffer("e_score_correction_bias", torch.randn(e) * 0.1)
         else:
             self.e_score_correction_bias = None
+        # Switch Transformer's load-balancing loss per layer, as Megatron's
+        # switch_load_balancing_loss_func: coef E sum_e f_e P_e, f_e the share of the T k slots routed
+        # to e (no gradient), P_e the mean softmax score; train_step adds it to the microbatch's loss
+        self.aux_coef = float(spec.get("aux_loss_coef", 0.0))
+        self.aux_loss = None
 
     def forward(self, x):
         h = x.reshape(-1, x.shape[-1])
@@ -230,6 +235,10 @@ class Moe(nn.Module):
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias.float()
         idx = torch.topk(choice, self.k, dim=-1).indices
         w = scores.gather(1, idx)
+        if self.aux_coef > 0:
+            e = len(self.experts)
+            f = F.one_hot(idx, num_classes=e).sum(dim=(0, 1)).float() / (idx.shape[0] * self.k)
+            self.aux_loss = self.aux_coef * e * (f * scores.mean(dim=0)).sum()
         if self.norm:
             w = w / w.sum(dim=-1, keepdim=True)
         w = (w * self.scaling).to(h.dtype)
@@ -339,6 +348,10 @@ def train_step(model, cfg, opt, inp, target, step=0, compute=None):
         if compute is not None:
             out = out.to(dtype)
         loss = compute_loss(cfg.get("loss", "sum"), out, mb_target)
+        for m in run.modules():  # the mixtures of experts' balancing losses
+            if isinstance(m, Moe) and m.aux_loss is not None:
+                loss = loss + m.aux_loss.to(loss.dtype)
+                m.aux_loss = None
         if n > 1:
             loss = loss / n
         if loss.requires_grad:

@@ -36,6 +36,8 @@ enum class CommSiteKind {
     expert_dispatch,  // expert parallel: a moe layer's all_to_alls of its tokens to their experts' ranks
                       // and back (and of the token counts per expert)
     expert_grads,     // expert parallel: the all_reduce of an expert's gradients over its replicas
+    expert_balance,   // a moe layer's all_reduce of its load-balancing loss's statistics over the ranks
+                      // whose tokens differ
 };
 
 struct CommSite {

@@ -298,7 +298,10 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
                 "router_jitter_noise {} is not modelled (the router's input is not jittered)", j));
         if (c.flag("output_router_logits", false))
             out.warnings.push_back(
-                "output_router_logits: the load-balancing loss (router_aux_loss_coef) is not modelled");
+                "output_router_logits: transformers' load-balancing loss (one over every layer's router "
+                "logits concatenated) is not modelled; `aux_loss_coef` on a moe adds Switch Transformer's "
+                "per "
+                "layer, in Megatron's form (docs/model_format.md)");
     }
     if (c.pos("pretraining_tp", 1) != 1)
         c.fail_at("pretraining_tp", "'pretraining_tp' > 1 (sliced projections) is not modelled");

@@ -78,6 +78,13 @@ struct RunContext {
     // outside verify.
     RoutingLog* routing = nullptr;
     bool routing_replays = false;
+    // Losses a module adds to the microbatch's (a moe layer's load-balancing loss), summed here
+    // unscaled; what the microbatch's loss is multiplied by (1 / the step's microbatches); the group
+    // of ranks whose tokens differ (the data dims and cp flattened; null: one), over which such a
+    // loss's statistics are summed. Null and 1 outside a Run's step.
+    double* aux_loss = nullptr;
+    double loss_scale = 1.0;
+    Communicator* tokens = nullptr;
     // Activation checkpointing: a checkpointed module's first forward keeps nothing for backward
     // (recording off), and its backward first recomputes its forward (recomputing on).
     bool recording = true, recomputing = false;

@@ -34,6 +34,9 @@ public:
         bool selection_bias = false;  // e_score_correction_bias (DeepSeek-V3)
         int64_t shared_hidden = 0;    // the shared expert's hidden size; 0: none
         bool shared_gate = false;     // Qwen2-MoE's sigmoid gate on the shared expert
+        // The load-balancing loss's coefficient (0: none): Switch Transformer's, as Megatron's
+        // switch_load_balancing_loss_func computes it per layer over the tokens of every data rank
+        double aux_loss_coef = 0;
         Activation act = Activation::silu;
     };
     Moe(std::string name, SourceLocation where, const Options& o, DType dtype);
@@ -75,10 +78,12 @@ private:
         Routing routing;
         std::vector<Tensor> outputs;  // each expert's output on its rows, before the weights
         Dispatch ep;
-        Tensor shared_out, shared_g;  // the shared expert's output and its gate's sigmoid [N, 1]
+        std::vector<double> aux_grad;  // d(the balancing loss)/d(each expert's score), scaled; empty: none
+        Tensor shared_out, shared_g;   // the shared expert's output and its gate's sigmoid [N, 1]
     };
     // The routed experts' part of the output (added into out [N, dim]), and its backward (added
     // into dx): each expert on its rows here, or under expert parallelism on its owner's.
+    void balance_loss(RunContext& ctx, Saved& sv, Device dev) const;
     void follow_reference(RunContext& ctx, const Placed& x, const std::vector<double>& logits,
                           const std::vector<double>& bias, Routing& r) const;
     using Observer = std::function<void(const std::string&, Phase, int, const Placed&)>;

@@ -66,6 +66,9 @@ public:
                                          const std::vector<double>& d_weights) const {
         return route_backward(o, r, d_weights);
     }
+    // Whether the load-balancing loss's statistics are summed over every rank that routes its own
+    // tokens (model/moe.h) before the loss is taken: true.
+    virtual bool reduces_balance() const { return true; }
 };
 
 // Whether token n's chosen set could change if each of its logits moved by up to tol(l) = atol +

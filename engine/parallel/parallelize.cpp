@@ -4,6 +4,7 @@
 
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
+#include "model/moe.h"
 #include "parallel/context_parallel.h"
 
 namespace ptool {
@@ -149,6 +150,16 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
     res.ep = resolve_expert_parallel(model, plan);
+    if (plan.pipeline)  // the balancing loss lives on every stage with experts, the loss on the last
+        for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+            if (const auto* moe = dynamic_cast<const Moe*>(&m); moe && moe->options().aux_loss_coef > 0)
+                throw InputError(
+                    plan.pipeline->where,
+                    fmt::format("pipeline_parallel with moe '{}''s aux_loss_coef: ptool does not carry "
+                                "a balancing loss from the stages that hold experts to the last one's "
+                                "loss yet",
+                                fqn));
+        });
     if (plan.dims.has(DimRole::tp)) resolve_tensor_parallel(model, plan, res);
     std::map<const Module*, const ResolvedStyle*> styles;
     for (const ResolvedStyle& rs : res.styles) styles[rs.module] = &rs;

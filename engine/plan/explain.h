@@ -56,7 +56,8 @@ void explain_context_parallel(const Model& model, const Plan& plan, Explanation&
 // expert, its tokens out and its experts' outputs back in forward, again where it is recomputed;
 // the gradients out and back in backward), with balanced routing (every rank sends and receives
 // tokens x top_k rows: an imbalance factor of 1), and each owned expert's gradient all_reduce over
-// the data dims but ep; ex.expert_parallel's lines say who owns what.
+// the data dims but ep; ex.expert_parallel's lines say who owns what. Without ep too: a moe layer's
+// load-balancing loss's all_reduce of its statistics over the ranks whose tokens differ, per call.
 void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& ex,
                              const std::function<Shape(const Parameter*, int tp_rank)>& tp_local);
 // Whether module `fqn` runs its forward again in backward (under a checkpointed or selective region).

@@ -6,10 +6,29 @@ namespace ptool {
 void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& ex,
                              const std::function<Shape(const Parameter*, int tp_rank)>& tp_local) {
     const ExpertParallelResolution& ep = ex.resolution.ep;
-    if (!ep.active || ep.size < 2) return;
     const int64_t es = static_cast<int64_t>(dtype_size(plan.compute_dtype(model.dtype)));
     const int cp = plan.context_parallel ? plan.dims.size(DimRole::cp) : 1;
+    const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     std::vector<CommCost> forward, backward;
+    // the balancing loss's statistics (each expert's count and score sum, and the tokens: float64),
+    // summed over the ranks whose tokens differ, per moe call (again where it is recomputed)
+    if (plan.dims.data_size() * cp > 1)
+        for (const CallLayout& c : ex.resolution.layouts.calls)
+            if (const auto* moe = dynamic_cast<const Moe*>(c.module);
+                moe && moe->options().aux_loss_coef > 0) {
+                const CommCost cc{"all_reduce", (2 * moe->options().router.experts + 1) * 8, c.fqn,
+                                  Phase::forward};
+                forward.push_back(cc);
+                if (recomputed_in_backward(ex.resolution, c.fqn))
+                    backward.push_back({cc.op, cc.bytes, cc.module, Phase::backward});
+            }
+    if (!ep.active || ep.size < 2) {
+        for (int64_t m = 0; m < microbatches; ++m) {
+            ex.step_comm.insert(ex.step_comm.end(), forward.begin(), forward.end());
+            ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());
+        }
+        return;
+    }
     for (const CallLayout& c : ex.resolution.layouts.calls) {
         const auto* moe = dynamic_cast<const Moe*>(c.module);
         if (!moe) continue;
@@ -30,7 +49,6 @@ void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& 
         backward.push_back({"all_to_all", rows, c.fqn, Phase::backward});
         backward.push_back({"all_to_all", rows, c.fqn, Phase::backward});
     }
-    const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     for (int64_t m = 0; m < microbatches; ++m) {
         ex.step_comm.insert(ex.step_comm.end(), forward.begin(), forward.end());
         ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());

@@ -7,6 +7,7 @@
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
 #include "model/loss.h"
+#include "model/moe.h"
 #include "parallel/context_parallel.h"
 #include "parallel/grad_norm.h"
 #include "parallel/loss_parallel.h"
@@ -109,6 +110,20 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
              : data.size() == 1 ? &mesh_->comm(data[0])
                                 : &mesh_->group(mesh_->add_group(data, plan.dims.data_label()));
     res_ = resolve_plan(model_, plan);  // the whole model's (a stage's boundary layouts come from it)
+    bool balances = false;              // a moe layer with a load-balancing loss: its statistics' group
+    for_each_module(*model_.root, [&](const std::string&, Module& m) {
+        if (const auto* moe = dynamic_cast<const Moe*>(&m)) balances |= moe->options().aux_loss_coef > 0;
+    });
+    if (balances) {
+        std::vector<int> dims = data;
+        if (plan.dims.has(DimRole::cp)) dims.push_back(plan.dims.index(DimRole::cp));
+        std::sort(dims.begin(), dims.end());
+        std::string label;
+        for (int d : dims) label += (label.empty() ? "" : "+") + plan.mesh()[d].name;
+        tokens_ = dims.empty()       ? nullptr
+                  : dims.size() == 1 ? &mesh_->comm(dims[0])
+                                     : &mesh_->group(mesh_->add_group(dims, label));
+    }
     stage_comm_ = &world_, stage_dims_ = plan.mesh();
     if (plan.pipeline) keep_own_stage();
     if (layer && plan.pipeline) {
@@ -366,6 +381,9 @@ void Run::forward(StepState& st, int s, int m) {
     f.ctx.tp = tp_;
     if (expert_parallel_) f.ctx.ep = &comm(DimRole::ep);
     f.ctx.routing = routing_, f.ctx.routing_replays = routing_replays_;
+    double scale = 1.0 / static_cast<double>(st.microbatches);  // each microbatch's loss is divided by
+    if (layer_) scale = layer_->loss_scale(scale);              // their count (a fault's scale: its own)
+    f.ctx.aux_loss = &f.aux, f.ctx.loss_scale = scale, f.ctx.tokens = tokens_;
     if (context_) f.ctx.context = &*context_;
     if (ring_probe_) f.ctx.ring_probe = &*ring_probe_;
     MemoryUseScope use(MemoryUse::activations);
@@ -390,8 +408,6 @@ void Run::forward(StepState& st, int s, int m) {
     }
     Tensor target = st.batch.target.defined() ? st.batch.target.narrow(0, first, st.mine) : Tensor();
     if (context_ && target.defined()) target = context_->take(target, 1);
-    double scale = 1.0 / static_cast<double>(st.microbatches);
-    if (layer_) scale = layer_->loss_scale(scale);
     const Placed& y = f.y;
     if (plan_.loss_parallel) {  // cross_entropy on the vocabulary shards: nothing gathered
         f.output = {to_dtype(be_, y.t, model_.dtype), y.p, y.global};
@@ -401,7 +417,7 @@ void Run::forward(StepState& st, int s, int m) {
         f.output.t = to_dtype(be_, f.output.t, model_.dtype);
         f.loss = compute_loss(be_, model_.loss, f.output.t, target);
     }
-    f.loss_value = f.loss.value * scale;
+    f.loss_value = (f.loss.value + f.aux) * scale;
     if (scale != 1.0) be_.scale(f.loss.grad, scale, f.loss.grad);
     f.grad = to_dtype(be_, f.loss.grad, compute);
     f.dy = plan_.loss_parallel

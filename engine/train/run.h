@@ -169,6 +169,7 @@ private:
         LossResult loss;
         Tensor grad;
         double loss_value = 0;
+        double aux = 0;  // losses the modules added (a moe layer's balancing loss), unscaled
     };
     struct Done {
         Placed output;  // as the loss saw it
@@ -210,6 +211,8 @@ private:
     std::unique_ptr<DataParallel> data_parallel_;
     std::unique_ptr<ExpertParallel> expert_parallel_;
     RoutingLog* routing_ = nullptr;
+    // the ranks whose tokens differ (data dims and cp): a moe layer's balancing loss sums over them
+    Communicator* tokens_ = nullptr;
     bool routing_replays_ = false;
     std::unique_ptr<Communicator> solo_;  // the one-rank group of a role the plan does not have
     Communicator* tp_ = nullptr;          // comm(DimRole::tp): the activations' layouts are on it

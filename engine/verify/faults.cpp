@@ -146,6 +146,12 @@ private:
     FaultKind kind_;
 };
 
+// moe_aux_unreduced's router: the model's, whose balancing loss takes each rank's own tokens only.
+class LocalBalanceRouter final : public Router {
+public:
+    bool reduces_balance() const override { return false; }
+};
+
 // moe_router_unnormalised's router: the model's routing with norm_topk_prob flipped, in the forward
 // and in its backward (a router whose bug is consistent with itself).
 class UnnormalisedRouter final : public Router {
@@ -626,6 +632,8 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
         if (!moe) return;
         if (fault_.hits(FaultKind::moe_router_unnormalised, fqn))
             moe->set_router(std::make_shared<UnnormalisedRouter>());
+        if (fault_.hits(FaultKind::moe_aux_unreduced, fqn))
+            moe->set_router(std::make_shared<LocalBalanceRouter>());
         for (FaultKind k :
              {FaultKind::ep_split_sizes, FaultKind::ep_combine_unpermuted, FaultKind::ep_expert_misplaced})
             if (fault_.hits(k, fqn)) moe->set_dispatch(std::make_shared<FaultDispatch>(k));

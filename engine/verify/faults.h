@@ -65,6 +65,7 @@ enum class FaultKind {
     cp_merge_unscaled,
     // mixture of experts (MODULE: a moe layer)
     moe_router_unnormalised,
+    moe_aux_unreduced,
     ep_split_sizes,
     ep_combine_unpermuted,
     ep_expert_misplaced,
@@ -187,6 +188,9 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::moe_router_unnormalised, "moe_router_unnormalised", FaultSection::experts, "MODULE",
      "a mixture of experts' router gets norm_topk_prob wrong: each token's top-k weights renormalised where "
      "the model says not, or left as scored where it says renormalise (forward and backward)"},
+    {FaultKind::moe_aux_unreduced, "moe_aux_unreduced", FaultSection::experts, "MODULE",
+     "a mixture of experts' load-balancing loss computed per rank without its reduction: each rank's share "
+     "of the slots and mean scores from its own tokens, its gradient not scaled for data parallel's average"},
     {FaultKind::ep_split_sizes, "ep_split_sizes", FaultSection::experts, "MODULE",
      "expert parallel: the dispatch's split sizes off by one row, so the last row a rank sends to ep rank 0 "
      "is "

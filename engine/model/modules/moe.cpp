@@ -15,7 +15,8 @@ namespace ptool {
 namespace {
 
 // moe: dim, hidden, experts, top_k, score_func (softmax | sigmoid), norm_topk_prob (true),
-// routed_scaling_factor (1), selection_bias (false), shared_hidden (none), shared_gate (false).
+// routed_scaling_factor (1), selection_bias (false), shared_hidden (none), shared_gate (false),
+// aux_loss_coef (0: no load-balancing loss).
 class MoeType final : public ModuleType {
 public:
     MoeType() : ModuleType("moe", 145) {}
@@ -39,6 +40,15 @@ public:
         o.selection_bias = m.bool_or("selection_bias", false);
         o.shared_hidden = m.has("shared_hidden") ? e.positive("shared_hidden") : 0;
         o.shared_gate = m.bool_or("shared_gate", false);
+        o.aux_loss_coef = m.double_or("aux_loss_coef", 0.0);
+        if (!(o.aux_loss_coef >= 0) || !std::isfinite(o.aux_loss_coef))
+            m.at("aux_loss_coef").fail("aux_loss_coef must be a finite number >= 0");
+        if (o.aux_loss_coef > 0 && o.router.score == RouterScore::sigmoid)
+            m.at("aux_loss_coef")
+                .fail(
+                    "aux_loss_coef with score_func sigmoid: ptool's balancing loss is Switch Transformer's "
+                    "on "
+                    "softmax scores (DeepSeek-V3 balances by its selection bias instead)");
         if (o.shared_gate && !o.shared_hidden) m.at("shared_gate").fail("shared_gate needs shared_hidden");
         const YamlNode at = m.at("experts");
         // gate [experts, dim]; each expert's gate_proj, up_proj [hidden, dim] and down_proj [dim, hidden]
@@ -221,6 +231,7 @@ Placed Moe::forward_placed(RunContext& ctx, const Placed& x) {
     }
     if (ctx.tp && ctx.tp->size() > 1 && dev != Device::meta)
         agree_over_tp(*ctx.tp, o_.router, sv.routing, dev);
+    if (o_.aux_loss_coef > 0) balance_loss(ctx, sv, dev);
     if (ctx.observer) {  // the routing, token by token: each expert's weight (0: not chosen)
         std::vector<double> dense(static_cast<size_t>(n * o_.router.experts), 0.0);
         for (int64_t s = 0; s < n * k; ++s)
@@ -300,12 +311,61 @@ Placed Moe::backward_placed(RunContext& ctx, const Placed& dy, const Layout& in)
         experts_backward(ctx, dy, sv, dx, d_weights, observer);
         ctx.observer = std::move(observer);
     }
-    const std::vector<double> dl = router_->backward(o_.router, sv.routing, d_weights);
+    std::vector<double> dl = router_->backward(o_.router, sv.routing, d_weights);
+    if (!sv.aux_grad.empty() && dev != Device::meta) {  // + the balancing loss's, through the softmax
+        const int64_t e = o_.router.experts;
+        for (int64_t t = 0; t < n; ++t) {
+            const double* p = sv.routing.scores.data() + t * e;
+            double dot = 0;
+            for (int64_t i = 0; i < e; ++i) dot += p[i] * sv.aux_grad[static_cast<size_t>(i)];
+            for (int64_t i = 0; i < e; ++i)
+                dl[static_cast<size_t>(t * e + i)] += p[i] * (sv.aux_grad[static_cast<size_t>(i)] - dot);
+        }
+    }
     const Shape lg = with_last(dy.global, o_.router.experts);
     const Placed dxr = gate().backward(
         ctx, {device_tensor(with_last(dy.t.shape(), o_.router.experts), dt, dev, dl), dy.p, lg});
     be.axpy(1.0, dxr.t.reshape({n, d}), dx);
     return {dx.reshape(dy.t.shape()), dy.p, in.global};
+}
+
+// The load-balancing loss (Switch Transformer's; Megatron's switch_load_balancing_loss_func), per
+// layer over the tokens of every rank whose tokens differ (the data ranks and cp ranks, ctx.tokens):
+//   aux = coef E sum_e f_e P_e,  f_e = the share of the T k slots routed to e (not differentiated),
+//                                P_e = the mean over the T tokens of e's softmax score
+// Each rank sums its counts and scores, one all_reduce sums them over the group, and every rank
+// takes the same aux. Its gradient on a rank's tokens, d aux / d p_te = coef E f_e / T, is scaled by
+// the microbatch's loss factor and by the group's size: data parallel averages the gradients over
+// those ranks, and each rank holds one part of the sum.
+void Moe::balance_loss(RunContext& ctx, Saved& sv, Device dev) const {
+    const int64_t e = o_.router.experts, k = o_.router.top_k, n = sv.routing.tokens;
+    std::vector<double> stats(static_cast<size_t>(2 * e + 1), 0.0);  // counts, score sums, tokens
+    if (dev != Device::meta) {
+        for (int64_t c : sv.routing.chosen) stats[static_cast<size_t>(c)] += 1;
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t i = 0; i < e; ++i)
+                stats[static_cast<size_t>(e + i)] += sv.routing.scores[static_cast<size_t>(t * e + i)];
+    }
+    stats.back() = static_cast<double>(n);
+    double ranks = 1;
+    if (ctx.tokens && ctx.tokens->size() > 1 && router_->reduces_balance()) {
+        CommScope scope(ctx.tokens->counter().get(), fqn(), {CommSiteKind::expert_balance});
+        Tensor t = device_tensor({2 * e + 1}, DType::float64, dev, stats);
+        ctx.tokens->all_reduce(t, ReduceOp::sum);
+        if (dev != Device::meta) stats = host_values(t);
+        ranks = ctx.tokens->size();
+    }
+    if (dev == Device::meta) return;
+    const double tokens = stats.back();
+    double aux = 0;
+    sv.aux_grad.assign(static_cast<size_t>(e), 0.0);
+    for (int64_t i = 0; i < e; ++i) {
+        const double f = stats[static_cast<size_t>(i)] / (tokens * static_cast<double>(k));
+        aux += f * stats[static_cast<size_t>(e + i)] / tokens;
+        sv.aux_grad[static_cast<size_t>(i)] =
+            o_.aux_loss_coef * static_cast<double>(e) * f / tokens * ctx.loss_scale * ranks;
+    }
+    if (ctx.aux_loss && !ctx.recomputing) *ctx.aux_loss += o_.aux_loss_coef * static_cast<double>(e) * aux;
 }
 
 // Routing-aware verdicts (model/routing_log.h). The reference logs its routing and near-ties; a
