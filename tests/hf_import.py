@@ -91,6 +91,30 @@ for cfg, count, active in [("mixtral-8x7b-v0.1", 46702792704, 12879925248),
     if check(rc == 0, f"explain {cfg}: rc {rc}: {text[-400:]}"):
         check(json.load(open(f"{tmp}/{cfg}.json.out"))["parameters"] == count, f"explain {cfg}: parameters != {count}")
 
+# 1c. A Mixtral checkpoint's experts (w1, w3, w2) read as gate_proj, up_proj, down_proj
+# (checkpoint_format: hf_mixtral): a tiny Mixtral's own initial state written under Mixtral's names
+# and read back by --init gives the same values
+mix_cfg = dict(json.load(open(f"{HF}/mixtral-8x7b-v0.1.json")), hidden_size=16, intermediate_size=24,
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=32,
+               num_local_experts=4, max_position_embeddings=64)
+mix = f"{tmp}/tiny-mixtral.yaml"
+rc, text = run("import", "hf", write_config("tiny-mixtral", mix_cfg), "--batch", "2", "--seq", "4", "-o", mix)
+check(rc == 0 and "checkpoint_format: hf_mixtral" in open(mix).read(), f"import tiny-mixtral: {text}")
+rc, text = run("run", mix, "--dump", f"{tmp}/mix_dump.safetensors")
+if check(rc == 0, f"run tiny-mixtral: {text}"):
+    own = {k[len("init.param."):]: v for k, v in read_safetensors(f"{tmp}/mix_dump.safetensors").items()
+           if k.startswith("init.param.")}
+    hf_names = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    renamed = {re.sub(r"(experts\.\d+\.)(gate_proj|up_proj|down_proj)", lambda m: m.group(1) + hf_names[m.group(2)], k): v
+               for k, v in own.items()}
+    check(any(".experts.0.w1.weight" in k for k in renamed), f"no w1 among {sorted(renamed)[:6]}")
+    write_safetensors(f"{tmp}/mix_hf.safetensors", renamed)
+    rc, text = run("run", mix, "--init", f"{tmp}/mix_hf.safetensors", "--dump", f"{tmp}/mix_back.safetensors")
+    if check(rc == 0, f"run tiny-mixtral --init (Mixtral's names): {text}"):
+        back = read_safetensors(f"{tmp}/mix_back.safetensors")
+        bad = [k for k, v in own.items() if back.get("init.param." + k) != v]
+        check(not bad, f"--init of Mixtral's names differs for {bad[:4]}")
+
 # 2. Names: a tiny Qwen2's parameters are HF's state_dict names (q/k/v biased, o not; tied head).
 qwen = f"{tmp}/tiny-qwen2.yaml"
 rc, text = run("import", "hf", f"{HF}/tiny-qwen2.json", "--batch", "2", "--seq", "8", "-o", qwen)

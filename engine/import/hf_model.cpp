@@ -331,9 +331,11 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     std::string& y = out.yaml;
     y += fmt::format("# {} ({}, model_type {}) from {}: `ptool import hf`.\n", model_name(c, type),
                      f.config_class, type, yaml_comment(c.root().file()));
-    if (f.moe && f.moe->block == "block_sparse_moe")
+    const bool mixtral = f.moe && f.moe->block == "block_sparse_moe";
+    if (mixtral)
         y += "# Mixtral's experts are gated MLPs named w1, w3, w2 in its checkpoints: gate_proj, up_proj,\n"
-             "# down_proj here (the same products).\n";
+             "# down_proj here (the same products); checkpoint_format: hf_mixtral reads them by those "
+             "names.\n";
     y += "# Names are HF's: each decoder layer is two unnamed residuals (x + self_attn(input_layernorm(x)),\n"
          "# x + mlp(post_attention_layernorm(x))), so parameters read "
          "model.layers.N.self_attn.q_proj.weight.\n";
@@ -343,8 +345,9 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
         yaml_comment(c.str("torch_dtype", "unset")));
     y += attention_comment(attn);
     for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
-    y += fmt::format("name: {}\nseed: 0\nbatch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n",
-                     yaml_scalar(model_name(c, type)), b.batch, b.seq, vocab);
+    y += fmt::format("name: {}\nseed: 0\n{}batch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n",
+                     yaml_scalar(model_name(c, type)), mixtral ? "checkpoint_format: hf_mixtral\n" : "",
+                     b.batch, b.seq, vocab);
     y += "  - name: model\n    type: sequential\n    modules:\n";
     y += fmt::format("      - {{name: embed_tokens, type: embedding, vocab: {}, dim: {}}}\n", vocab, d);
     y += fmt::format("      - name: layers\n        type: repeat\n        count: {}\n        modules:\n",

@@ -113,11 +113,32 @@ TensorFile from_hf_gpt2(const TensorFile& in, const std::string& path) {
     return out;
 }
 
+// Mixtral's checkpoints (HF's MixtralForCausalLM): each expert's gated MLP is w1 (gate), w3 (up)
+// and w2 (down); ptool's gated_mlp names them gate_proj, up_proj, down_proj (the same products).
+TensorFile from_hf_mixtral(const TensorFile& in, const std::string&) {
+    static const std::pair<const char*, const char*> names[] = {
+        {".w1.", ".gate_proj."}, {".w3.", ".up_proj."}, {".w2.", ".down_proj."}};
+    TensorFile out;
+    out.metadata = in.metadata;
+    for (const auto& [key, t] : in.tensors) {
+        std::string name = key;
+        if (const size_t at = name.find(".experts."); at != std::string::npos)
+            for (const auto& [from, to] : names)
+                if (const size_t w = name.find(from, at); w != std::string::npos) {
+                    name.replace(w, std::string(from).size(), to);
+                    break;
+                }
+        out.add(name, t);
+    }
+    return out;
+}
+
 using Converter = std::function<TensorFile(const TensorFile&, const std::string&)>;
 const std::map<std::string, Converter>& converters() {
     static const std::map<std::string, Converter> m = {
         {"pytorch", [](const TensorFile& f, const std::string&) { return f; }},
         {"hf_gpt2", from_hf_gpt2},
+        {"hf_mixtral", from_hf_mixtral},
     };
     return m;
 }

@@ -1,10 +1,12 @@
 // libFuzzer harness, structure-aware: the input's bytes choose a *valid* model (a random module
-// tree: embeddings, GPT-2 position embeddings, linears, activations, norms, dropout, attention with GQA,
-// gated MLPs, residuals named or transparent; random sizes, losses and optimizers) and a plan for it (a mesh
-// with tp and dp dims, styles on random modules with random layouts, src_data_rank, replicate or
-// fully_shard), as YAML text, then runs `ptool explain` and a one-step `ptool verify` on them in this
-// process. The only outcomes allowed are those of exit 0, 1 and 2: a result (pass or mismatch) or an
-// InputError. A RuntimeError (a rank failed), an internal error, a signal or a sanitizer report is a finding.
+// tree: embeddings, GPT-2 position embeddings, linears, activations, norms, dropout, attention with GQA
+// (Qwen3's head_dim and q/k norms), gated MLPs, mixtures of experts (routers, shared experts, the
+// balancing loss), residuals named or transparent; random sizes, losses and optimizers) and a plan for
+// it (a mesh with tp and dp dims, styles on random modules with random layouts, src_data_rank,
+// replicate or fully_shard, expert parallel over dp), as YAML text, then runs `ptool explain` and a one-step
+// `ptool verify` on them in this process. The only outcomes allowed are those of exit 0, 1 and 2: a result
+// (pass or mismatch) or an InputError. A RuntimeError (a rank failed), an internal error, a signal or a
+// sanitizer report is a finding.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
@@ -22,6 +24,7 @@ struct Gen {
     FuzzedDataProvider& in;
     std::vector<std::string> linears, norms, modules;  // FQNs, for the plan
     int64_t width = 8;
+    bool experts = false;  // a moe layer (expert_parallel may split it)
 
     int64_t pick(std::initializer_list<const int64_t> v) { return in.PickValueInArray(v); }
 
@@ -35,7 +38,7 @@ struct Gen {
     // One block of the body, keeping the width (so residuals and the head fit).
     std::string block(const std::string& prefix, const std::string& name, int depth) {
         const int64_t hidden = pick({2, 4, 6, 8, 12, 16});
-        switch (in.ConsumeIntegralInRange(0, depth > 1 ? 5 : 7)) {
+        switch (in.ConsumeIntegralInRange(0, depth > 1 ? 5 : 8)) {
             case 0:
                 return "  - " + linear(prefix, name, width, width) + "\n";
             case 1:
@@ -66,11 +69,32 @@ struct Gen {
                 modules.push_back(prefix + name);
                 for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"})
                     linears.push_back(prefix + name + "." + p);
+                // Qwen3's: heads wider than dim / heads, per-head q/k norms
+                const std::string qwen3 = in.ConsumeBool()
+                                              ? fmt::format(", head_dim: {}, qk_norm: {}", pick({2, 4, 6}),
+                                                            in.ConsumeBool() ? "true" : "false")
+                                              : "";
                 return fmt::format(
                     "  - {{name: {}, type: attention, dim: {}, heads: {}, kv_heads: {}, causal: {}, bias: "
-                    "{}, attn_implementation: {}}}\n",
+                    "{}, attn_implementation: {}{}}}\n",
                     name, width, heads, kv, in.ConsumeBool() ? "true" : "false",
-                    in.ConsumeBool() ? "true" : "false", in.ConsumeBool() ? "flash" : "eager");
+                    in.ConsumeBool() ? "true" : "false", in.ConsumeBool() ? "flash" : "eager", qwen3);
+            }
+            case 8: {  // a mixture of experts (whole tokens): Mixtral's, Qwen2-MoE's, DeepSeek-V3's routers
+                const int64_t e = pick({2, 4}), k = in.ConsumeIntegralInRange<int64_t>(1, e);
+                const bool sigmoid = in.ConsumeBool(), shared = in.ConsumeBool();
+                modules.push_back(prefix + name), experts = true;
+                for (const char* p : {"gate_proj", "up_proj", "down_proj"})
+                    linears.push_back(prefix + name + ".experts.*." + p);
+                return fmt::format(
+                    "  - {{name: {}, type: moe, dim: {}, hidden: {}, experts: {}, top_k: {}, score_func: {}, "
+                    "norm_topk_prob: {}, selection_bias: {}{}{}}}\n",
+                    name, width, hidden, e, k, sigmoid ? "sigmoid" : "softmax",
+                    in.ConsumeBool() ? "true" : "false", sigmoid && in.ConsumeBool() ? "true" : "false",
+                    shared ? fmt::format(", shared_hidden: {}, shared_gate: {}", hidden,
+                                         in.ConsumeBool() ? "true" : "false")
+                           : "",
+                    !sigmoid && in.ConsumeBool() ? ", aux_loss_coef: 0.01" : "");
             }
             default: {
                 // named, or transparent (no name: its modules keep this prefix, as HF's decoder layers)
@@ -165,6 +189,7 @@ struct Gen {
         if (dp > 1)
             s += fmt::format("data_parallel: {{mesh_dim: dp, mode: {}}}\n",
                              in.ConsumeBool() ? "replicate" : "fully_shard");
+        if (dp > 1 && experts && in.ConsumeBool()) s += "expert_parallel: {mesh_dim: dp}\n";
         if (!modules.empty() && in.ConsumeBool())  // full, torchtitan's op policy or Megatron's core_attn
             s += fmt::format("activation_checkpointing: {{modules: [\"{}\"], mode: {}, every: {}}}\n",
                              modules[in.ConsumeIntegralInRange<size_t>(0, modules.size() - 1)],
