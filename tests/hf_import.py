@@ -80,7 +80,10 @@ for cfg, count in [("qwen2-0.5b", 494032768), ("mistral-7b-v0.3", 7248023552), (
 for cfg, count, active in [("mixtral-8x7b-v0.1", 46702792704, 12879925248),
                            ("qwen1.5-moe-a2.7b", 14315784192, 2689173504),
                            ("qwen3-30b-a3b", 30532122624, 3353032704),
-                           ("qwen3-8b", 8190735360, None), ("qwen3-0.6b", 596049920, None)]:
+                           ("qwen3-8b", 8190735360, None), ("qwen3-0.6b", 596049920, None),
+                           # OLMo2 (norms after each block, q/k norms over whole projections): its
+                           # published checkpoint index's total_size, 54864793600 float32 bytes
+                           ("olmo-2-1124-13b", 13716198400, None)]:
     out = f"{tmp}/{cfg}.yaml"
     rc, text = run("import", "hf", f"{HF}/{cfg}.json", "-o", out)
     want = f": {count} parameters, {active} active per token" if active else f": {count} parameters\n"
@@ -90,6 +93,11 @@ for cfg, count, active in [("mixtral-8x7b-v0.1", 46702792704, 12879925248),
     rc, text = run("explain", out, f"{ROOT}/plans/empty_plan.yaml", "--json", f"{tmp}/{cfg}.json.out")
     if check(rc == 0, f"explain {cfg}: rc {rc}: {text[-400:]}"):
         check(json.load(open(f"{tmp}/{cfg}.json.out"))["parameters"] == count, f"explain {cfg}: parameters != {count}")
+
+# 1b'. OLMo2's layer: no norm before the blocks, one after each, q/k norms over the projections
+olmo = open(f"{tmp}/olmo-2-1124-13b.yaml").read()
+check("post_feedforward_layernorm" in olmo and "input_layernorm" not in olmo and "qk_norm: full" in olmo,
+      f"olmo2's layer: {olmo[:1500]}")
 
 # 1c. A Mixtral checkpoint's experts (w1, w3, w2) read as gate_proj, up_proj, down_proj
 # (checkpoint_format: hf_mixtral): a tiny Mixtral's own initial state written under Mixtral's names

@@ -107,13 +107,19 @@ TEST_CASE("gradcheck: attention with rotary embeddings and per-projection bias",
         batch);
 }
 
-TEST_CASE("gradcheck: attention with its own head_dim and per-head q/k norms (Qwen3)", "[cpu][gradcheck]") {
+TEST_CASE("gradcheck: attention with its own head_dim and q/k norms (Qwen3's per head, OLMo2's whole)",
+          "[cpu][gradcheck]") {
     const std::string batch = "input: [2, 5, 8]\n  target: [2, 5, 8]";
     gradcheck(
         "  - {name: attn, type: attention, dim: 8, heads: 4, kv_heads: 2, head_dim: 6, causal: true, "
         "bias: false, qk_norm: true, rope_theta: 10000.0}\n",
         batch);
     gradcheck("  - {name: attn, type: attention, dim: 8, heads: 2, head_dim: 2, qk_norm: true}\n", batch);
+    // OLMo2's: q and k normalised over all their features at once, before the heads are split
+    gradcheck(
+        "  - {name: attn, type: attention, dim: 8, heads: 4, kv_heads: 2, causal: true, bias: false, "
+        "qk_norm: full, rope_theta: 10000.0}\n",
+        batch);
 }
 
 TEST_CASE("gradcheck: moe, each router family and the shared expert", "[cpu][gradcheck]") {

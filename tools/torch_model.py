@@ -149,7 +149,8 @@ def rope_tables(theta, hd, t, dtype, scaling=None):
 
 class Attention(nn.Module):
     """HF's Llama/Qwen attention; head_dim (Qwen3: q_proj is dim -> heads x head_dim) and qk_norm
-    (Qwen3's q_norm/k_norm: RMSNorm of each head of q and k, before RoPE)."""
+    (Qwen3's q_norm/k_norm: RMSNorm of each head of q and k, before RoPE; "full": OLMo2's, over all
+    of q's and k's features before the heads are split)."""
 
     def __init__(self, dim, heads, kv_heads, causal, qkv_bias, o_bias, rope_theta=None, rope_scaling=None,
                  head_dim=None, qk_norm=False, qk_norm_eps=1e-6):
@@ -160,16 +161,22 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(dim, self.hd * kv_heads, bias=qkv_bias)
         self.v_proj = nn.Linear(dim, self.hd * kv_heads, bias=qkv_bias)
         self.o_proj = nn.Linear(heads * self.hd, dim, bias=o_bias)
-        if qk_norm:
+        self.qk_full = qk_norm == "full"
+        if self.qk_full:
+            self.q_norm = RMSNorm(heads * self.hd, qk_norm_eps, True)
+            self.k_norm = RMSNorm(kv_heads * self.hd, qk_norm_eps, True)
+        elif qk_norm:
             self.q_norm, self.k_norm = RMSNorm(self.hd, qk_norm_eps, True), RMSNorm(self.hd, qk_norm_eps, True)
         else:
             self.q_norm = self.k_norm = None
 
     def forward(self, x):
         b, t, c = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.hd)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.hd)
-        if self.q_norm is not None:
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.qk_full:  # OLMo2: over the whole projection
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.view(b, t, self.heads, self.hd), k.view(b, t, self.kv_heads, self.hd)
+        if self.q_norm is not None and not self.qk_full:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.hd).transpose(1, 2)

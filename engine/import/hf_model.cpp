@@ -220,6 +220,9 @@ struct DecoderFamily {
     bool qk_norm = false;            // Qwen3: q_norm and k_norm per head, and head_dim a field of its own
     int64_t head_dim_default = 0;    // 0: hidden / heads
     std::optional<MoeFamily> moe;    // every layer's MLP a mixture of experts
+    // OLMo2: norms after each sub-block (x + post_attention_layernorm(self_attn(x)), x +
+    // post_feedforward_layernorm(mlp(x))), none before; q_norm and k_norm over all heads' features
+    bool post_norms = false;
 };
 
 // The mixture of experts' YAML entry (", ..." after the common keys), from the family and config.
@@ -336,9 +339,15 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
         y += "# Mixtral's experts are gated MLPs named w1, w3, w2 in its checkpoints: gate_proj, up_proj,\n"
              "# down_proj here (the same products); checkpoint_format: hf_mixtral reads them by those "
              "names.\n";
-    y += "# Names are HF's: each decoder layer is two unnamed residuals (x + self_attn(input_layernorm(x)),\n"
-         "# x + mlp(post_attention_layernorm(x))), so parameters read "
-         "model.layers.N.self_attn.q_proj.weight.\n";
+    y += f.post_norms ? "# Names are HF's: each decoder layer is two unnamed residuals, OLMo2's norms after "
+                        "each block\n"
+                        "# (x + post_attention_layernorm(self_attn(x)), x + "
+                        "post_feedforward_layernorm(mlp(x))); q_norm\n"
+                        "# and k_norm normalise all of q's and k's features at once (qk_norm: full).\n"
+                      : "# Names are HF's: each decoder layer is two unnamed residuals (x + "
+                        "self_attn(input_layernorm(x)),\n"
+                        "# x + mlp(post_attention_layernorm(x))), so parameters read "
+                        "model.layers.N.self_attn.q_proj.weight.\n";
     y += fmt::format(
         "# Float32 masters (torch_dtype {} is the checkpoint's; plans add bf16 compute with\n"
         "# data_parallel.mixed_precision). Optimizer: torch.optim.AdamW's defaults.\n",
@@ -353,18 +362,24 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     y += fmt::format("      - name: layers\n        type: repeat\n        count: {}\n        modules:\n",
                      layers);
     y += "          - type: residual\n            modules:\n";
-    y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d,
-                     yaml_number(eps));
+    if (!f.post_norms)
+        y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d,
+                         yaml_number(eps));
     const std::string qk =
-        f.qk_norm ? fmt::format(", head_dim: {}, qk_norm: true, qk_norm_eps: {}", hd, yaml_number(eps)) : "";
+        f.post_norms ? fmt::format(", qk_norm: full, qk_norm_eps: {}", yaml_number(eps))
+        : f.qk_norm  ? fmt::format(", head_dim: {}, qk_norm: true, qk_norm_eps: {}", hd, yaml_number(eps))
+                     : "";
     y += fmt::format(
         "              - {{name: self_attn, type: attention, dim: {}, heads: {}, kv_heads: {}{}, causal: "
         "true, "
         "attn_implementation: {}, rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
         d, heads, kv, qk, attn.impl, yaml_number(theta), scaling, qkv_bias, o_bias);
+    const std::string post_attention =
+        fmt::format("              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}}}\n",
+                    d, yaml_number(eps));
+    if (f.post_norms) y += post_attention;
     y += "          - type: residual\n            modules:\n";
-    y += fmt::format("              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}}}\n",
-                     d, yaml_number(eps));
+    if (!f.post_norms) y += post_attention;
     if (f.moe) {
         if (act.gated != "silu") c.fail_at("hidden_act", "a mixture of experts' experts compute silu");
         y += fmt::format("              - {{name: {}, type: moe{}}}\n", f.moe->block, moe);
@@ -373,6 +388,10 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
             "              - {{name: mlp, type: gated_mlp, dim: {}, hidden: {}, activation: {}, bias: {}}}\n",
             d, inter, act.gated, mlp_bias);
     }
+    if (f.post_norms)
+        y += fmt::format(
+            "              - {{name: post_feedforward_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d,
+            yaml_number(eps));
     y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
     y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab,
                      tied ? ", tie: model.embed_tokens" : "");
@@ -474,6 +493,13 @@ const std::map<std::string, Importer>& importers() {
                             {"Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, true, 4096,
                              false, 0, std::nullopt},
                             o);
+         }},
+        {"olmo2",
+         [](const HfConfig& c, const HfImportOptions& o) {
+             DecoderFamily f{"Olmo2Config", 50304,   4096,  11008, 32,    32, 32,
+                             2048,          10000.0, false, 0,     false, 0,  std::nullopt};
+             f.post_norms = true;
+             return decoder(c, "olmo2", f, o);
          }},
         {"qwen3",
          [](const HfConfig& c, const HfImportOptions& o) {

@@ -21,9 +21,11 @@ public:
         int64_t dim = 0, heads = 1, kv_heads = 1;
         int64_t head_dim = 0;  // 0: dim / heads; else q_proj is dim -> heads x head_dim (Qwen3, Gemma)
         bool causal = false, qkv_bias = true, o_bias = true;
-        // Qwen3's and OLMo's q/k norm, per head: RMSNorm over each head's head_dim of q and k after
-        // the projections, before RoPE (children q_norm, k_norm, weight [head_dim]); qk_norm_eps its eps
-        bool qk_norm = false;
+        // Qwen3's q/k norm, per head: RMSNorm over each head's head_dim of q and k after the
+        // projections, before RoPE (children q_norm, k_norm, weight [head_dim]); qk_norm_eps its eps.
+        // qk_norm_full (`qk_norm: full`, OLMo2's): over all of q's (and k's) features at once
+        // (weights [heads x head_dim], [kv_heads x head_dim])
+        bool qk_norm = false, qk_norm_full = false;
         double qk_norm_eps = 1e-6;
         std::optional<double> rope_theta;
         RopeScaling rope_scaling;  // with rope_theta: HF's rope_scaling (linear, llama3)
@@ -95,7 +97,7 @@ private:
     Placed project_backward(RunContext& ctx, const Placed& d_out, Tensor dq, Tensor dk_heads,
                             const Tensor& dv_heads, HeadCounts h);
     int64_t dim_, heads_, kv_heads_, hd_;
-    bool causal_, flash_, qk_norm_, recompute_core_ = false;
+    bool causal_, flash_, qk_norm_, qk_norm_full_, recompute_core_ = false;
     std::optional<Rope> rope_;
     KeptOutputs kept_;  // the op-level selective policy's kept outputs (model/selective_recompute.h)
 };

@@ -1,8 +1,8 @@
 // libFuzzer harness, structure-aware: the input's bytes choose a *valid* model (a random module
 // tree: embeddings, GPT-2 position embeddings, linears, activations, norms, dropout, attention with GQA
-// (Qwen3's head_dim and q/k norms), gated MLPs, mixtures of experts (routers, shared experts, the
-// balancing loss), residuals named or transparent; random sizes, losses and optimizers) and a plan for
-// it (a mesh with tp and dp dims, styles on random modules with random layouts, src_data_rank,
+// (Qwen3's head_dim and q/k norms, OLMo2's whole-projection ones), gated MLPs, mixtures of experts (routers,
+// shared experts, the balancing loss), residuals named or transparent; random sizes, losses and optimizers)
+// and a plan for it (a mesh with tp and dp dims, styles on random modules with random layouts, src_data_rank,
 // replicate or fully_shard, expert parallel over dp), as YAML text, then runs `ptool explain` and a one-step
 // `ptool verify` on them in this process. The only outcomes allowed are those of exit 0, 1 and 2: a result
 // (pass or mismatch) or an InputError. A RuntimeError (a rank failed), an internal error, a signal or a

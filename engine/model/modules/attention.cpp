@@ -32,7 +32,13 @@ public:
         o.dim = e.positive("dim");
         o.kv_heads = m.has("kv_heads") ? e.positive("kv_heads") : o.heads;
         o.head_dim = m.has("head_dim") ? e.positive("head_dim") : 0;
-        o.qk_norm = m.bool_or("qk_norm", false);
+        if (auto qk = m.get("qk_norm")) {  // true: per head (Qwen3); full: over all heads' features (OLMo2)
+            const std::string v = qk->as_string("'qk_norm'");
+            if (v != "true" && v != "false" && v != "full")
+                qk->fail(
+                    fmt::format("qk_norm '{}': valid: true (per head), false, full (all heads at once)", v));
+            o.qk_norm = v != "false", o.qk_norm_full = v == "full";
+        }
         o.qk_norm_eps = m.double_or("qk_norm_eps", o.qk_norm_eps);
         if (!(o.qk_norm_eps > 0) || !std::isfinite(o.qk_norm_eps))
             m.at("qk_norm_eps").fail("qk_norm_eps must be a finite number > 0");
@@ -63,7 +69,8 @@ public:
 
 private:
     // q_proj [heads x hd, dim], k_proj and v_proj [kv_heads x hd, dim], o_proj [dim, heads x hd],
-    // their biases, and qk_norm's two [hd] weights (hd: head_dim, else dim / heads).
+    // their biases, and qk_norm's two [hd] weights (hd: head_dim, else dim / heads), or under
+    // qk_norm: full [heads x hd] and [kv_heads x hd].
     static int64_t param_count(const YamlNode& at, const Attention::Options& o) {
         const int64_t hd =
             o.head_dim ? o.head_dim : o.dim / o.heads;  // not divisible: the constructor says so
@@ -71,7 +78,8 @@ private:
         const int64_t q = size_add(at, size_mul(at, q_dim, o.dim), o.qkv_bias ? q_dim : 0);
         const int64_t kv = size_add(at, size_mul(at, kv_dim, o.dim), o.qkv_bias ? kv_dim : 0);
         const int64_t out = size_add(at, size_mul(at, o.dim, q_dim), o.o_bias ? o.dim : 0);
-        return size_add(at, size_add(at, size_add(at, q, size_mul(at, 2, kv)), out), o.qk_norm ? 2 * hd : 0);
+        const int64_t norms = !o.qk_norm ? 0 : o.qk_norm_full ? size_add(at, q_dim, kv_dim) : 2 * hd;
+        return size_add(at, size_add(at, size_add(at, q, size_mul(at, 2, kv)), out), norms);
     }
 
     static RopeScaling rope_scaling(const YamlNode& node, const Attention::Options& o) {
@@ -114,7 +122,8 @@ Attention::Attention(std::string name, SourceLocation where, const Options& o, D
       hd_(o.head_dim ? o.head_dim : o.dim / o.heads),
       causal_(o.causal),
       flash_(o.flash),
-      qk_norm_(o.qk_norm) {
+      qk_norm_(o.qk_norm),
+      qk_norm_full_(o.qk_norm_full) {
     if (!o.head_dim && dim_ % heads_ != 0)
         this->fail(
             fmt::format("attention dim {} is not divisible by heads {} (or give head_dim)", dim_, heads_));
@@ -130,14 +139,17 @@ Attention::Attention(std::string name, SourceLocation where, const Options& o, D
     add_child("v_proj", std::make_shared<Linear>("v_proj", this->where(), dim_, kv_dim, o.qkv_bias, dtype));
     add_child("o_proj", std::make_shared<Linear>("o_proj", this->where(), q_dim, dim_, o.o_bias, dtype));
     if (qk_norm_)
-        for (const char* name : {"q_norm", "k_norm"})
-            add_child(name, std::make_shared<Norm>(*find_module_type("rms_norm"), name, this->where(), hd,
+        for (const char* name : {"q_norm", "k_norm"}) {
+            const int64_t width = !qk_norm_full_ ? hd : name[0] == 'q' ? q_dim : kv_dim;
+            add_child(name, std::make_shared<Norm>(*find_module_type("rms_norm"), name, this->where(), width,
                                                    o.qk_norm_eps, true, false, true, dtype));
+        }
 }
 
 Placed Attention::head_norm(RunContext& ctx, int which, const Placed& x, Phase phase) const {
     if (!qk_norm_) return x;
     Module& norm = *children()[static_cast<size_t>(4 + which)].second;
+    if (qk_norm_full_) return phase == Phase::forward ? norm.forward(ctx, x) : norm.backward(ctx, x);
     const Shape& s = x.t.shape();
     const Placed heads{x.t.reshape({s[0], s[1], s[2] / hd_, hd_}),
                        x.p.normalized(3),
@@ -313,13 +325,15 @@ Layout Attention::layout(LayoutVisitor& v, const Layout& in) const {
     if (qk_norm_) {
         if (p.is_shard() && p.dim == 2)
             conflict(fmt::format(
-                "attention '{}' normalises q and k per head (qk_norm) with its heads split over ranks: the "
-                "norms' weight gradients would be partial sums over tp; not modelled yet",
+                "attention '{}' normalises q and k (qk_norm) with its heads split over ranks: the norms' "
+                "weight gradients (and under qk_norm: full the norms themselves) would be partial over tp; "
+                "not modelled yet",
                 fqn()));
         for (int i = 0; i < 2; ++i) {
             const Layout& x = i == 0 ? q : k;
             v.call(*children()[static_cast<size_t>(4 + i)].second,
-                   Layout{{x.global[0], x.global[1], x.global[2] / hd_, hd_}, p});
+                   qk_norm_full_ ? Layout{x.global, p}
+                                 : Layout{{x.global[0], x.global[1], x.global[2] / hd_, hd_}, p});
         }
     }
     return v.call(proj(3), Layout{{q.global[0], q.global[1], q.global[2]}, q.p});

@@ -205,10 +205,20 @@ Layout Moe::layout(LayoutVisitor& v, const Layout& in) const {
     int64_t tokens = 1;
     for (int64_t i = 0; i + 1 < nd; ++i) tokens *= in.global[static_cast<size_t>(i)];
     const int64_t slots = tokens * o_.router.top_k, experts = o_.router.experts;
-    for (int64_t e = 0; e < experts; ++e)
-        v.call(expert(e), Layout{{1, slots / experts + (e < slots % experts ? 1 : 0), o_.dim}, Placement()});
-    if (Module* s = shared()) v.call(*s, in);
-    if (Linear* g = shared_gate()) v.call(*g, in);
+    // an expert's output is weighted and put back at its tokens whole: its styles must end Replicate
+    auto whole = [&](const Module& m, const Layout& out) {
+        if (!out.p.is_replicate())
+            conflict(
+                fmt::format("moe '{}' puts its experts' outputs back at their tokens whole, but '{}' outputs "
+                            "{}: end it Replicate (a rowwise down_proj, or output_layouts: replicate)",
+                            fqn(), m.fqn(), out.str()));
+    };
+    for (int64_t e = 0; e < experts; ++e) {
+        const Layout rows{{1, slots / experts + (e < slots % experts ? 1 : 0), o_.dim}, Placement()};
+        whole(expert(e), v.call(expert(e), rows));
+    }
+    if (Module* s = shared()) whole(*s, v.call(*s, in));
+    if (Linear* g = shared_gate()) whole(*g, v.call(*g, in));
     return in;
 }
 
