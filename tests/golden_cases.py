@@ -203,8 +203,9 @@ with tempfile.TemporaryDirectory() as tmp:
     # sequence is the oracle of the cp ranks' shards, as for every other dim; mixtures of experts:
     # transformers' routing per family, Mixtral's, Qwen2-MoE's with its gated shared expert, and
     # DeepSeek-V3's sigmoid router selecting by score + a drawn bias, Qwen3-MoE's with its per-head
-    # q/k norms and heads wider than hidden / heads; expert parallel: the one-device step over every
-    # expert is the oracle of the ep ranks' owned experts and their all_to_all dispatch)
+    # q/k norms and heads wider than hidden / heads and an expert capacity (slots over it dropped in
+    # the microbatch's token order, under DDP and under ep); expert parallel: the one-device step over
+    # every expert is the oracle of the ep ranks' owned experts and their all_to_all dispatch)
     # (and the pipeline plans of tests/data/pipeline, each naming its model: torch's reference is the
     # one-device loop over the same G x microbatches microbatches, as torch.distributed.pipelining's
     # tests hold a pipeline to; the GPT-2 one's dropout masks drawn as for gpt2_tied_tp_sp)
@@ -219,7 +220,8 @@ with tempfile.TemporaryDirectory() as tmp:
         ("llama_rope_long", "llama_rope_long_fsdp_cp"), ("llama_rope", "llama_rope_ring_cp4"),
         ("llama_rope_long", "llama_rope_long_ring_fsdp_cp"), ("moe_mixtral", "moe_mixtral_ddp"),
         ("moe_qwen2", "moe_qwen2_fsdp"), ("moe_deepseek", "moe_mixtral_ddp"), ("moe_qwen3", "moe_mixtral_ddp"), ("moe_mixtral", "moe_mixtral_tp_experts"),
-        ("moe_mixtral", "moe_mixtral_ep"), ("moe_mixtral", "moe_mixtral_ep_tp"), ("moe_qwen2", "moe_qwen2_ep_hsdp"))]
+        ("moe_mixtral", "moe_mixtral_ep"), ("moe_mixtral", "moe_mixtral_ep_tp"), ("moe_qwen2", "moe_qwen2_ep_hsdp"),
+        ("moe_qwen3", "moe_mixtral_ep"))]
     pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
     check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")
     cases += [(re.search(r"(tests/data/)?models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]

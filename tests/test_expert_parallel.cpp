@@ -1,6 +1,8 @@
 // Expert parallelism's units (parallel/expert_parallel.h): the section borrows a data dim and its
 // refusals, which rank owns which expert, what a rank holds of the experts (the simulated memory),
 // and a run whose every expert tensor is compared with the reference, gathered from its owner.
+#include <regex>
+
 #include "parallel/expert_parallel.h"
 #include "plan/search.h"
 #include "same_runs.h"
@@ -146,4 +148,27 @@ TEST_CASE("the plan search proposes expert parallel where the experts divide ove
     for (const Rejection& j : r.rejected)
         refused += j.reason.find("has 6 experts, which do not divide over ep=4") != std::string::npos;
     CHECK(refused > 0);
+}
+
+TEST_CASE("an expert capacity drops the slots over it, in the microbatch's token order", "[cpu]") {
+    // moe_qwen3 (8 experts, top-4, capacity_factor 1.0): some slots drop; a capacity no expert reaches
+    // is dropless, bitwise; and the drops are the microbatch's under expert parallelism too
+    const std::string path = PTOOL_SOURCE_DIR "/models/moe_qwen3.yaml";
+    const std::string text = read_text(path);
+    auto loss = [&](const std::string& model_text) {
+        RunInputs in;
+        in.model_path = path, in.model_text = model_text;
+        const RunRecord rec = record_reference(in, single_device_plan(), 1, RecordOptions{});
+        return find_tensor(rec.steps.at(0), "step0.loss")->item(0);
+    };
+    const std::string dropless = std::regex_replace(text, std::regex(", capacity_factor: 1.0"), "");
+    const std::string roomy =
+        std::regex_replace(text, std::regex("capacity_factor: 1.0"), "capacity_factor: 100");
+    REQUIRE(dropless != text);
+    CHECK(loss(roomy) == loss(dropless));
+    CHECK(loss(text) != loss(dropless));
+    const VerifyReport rep = verify(shipped_job({"moe_qwen3", "moe_mixtral_ep", 1, nullptr}),
+                                    *in_process_launch(Device::cpu, CommOptions{}));
+    REQUIRE(rep.plans.size() == 1);
+    CHECK(rep.pass);
 }

@@ -234,6 +234,9 @@ class Moe(nn.Module):
         # to e (no gradient), P_e the mean softmax score; train_step adds it to the microbatch's loss
         self.aux_coef = float(spec.get("aux_loss_coef", 0.0))
         self.aux_loss = None
+        # capacity-factor routing (Megatron's position drop policy, over the microbatch): each expert
+        # keeps the first ceil(capacity_factor T k / E) of its slots in token order; the rest weigh 0
+        self.capacity = float(spec.get("capacity_factor", 0.0))
 
     def forward(self, x):
         h = x.reshape(-1, x.shape[-1])
@@ -248,7 +251,14 @@ class Moe(nn.Module):
             self.aux_loss = self.aux_coef * e * (f * scores.mean(dim=0)).sum()
         if self.norm:
             w = w / w.sum(dim=-1, keepdim=True)
-        w = (w * self.scaling).to(h.dtype)
+        w = w * self.scaling
+        if self.capacity > 0:
+            e = len(self.experts)
+            cap = math.ceil(self.capacity * idx.shape[0] * self.k / e)
+            onehot = F.one_hot(idx, num_classes=e).reshape(-1, e)  # slots in token order
+            position = (onehot.cumsum(0) - 1).gather(1, idx.reshape(-1, 1)).reshape(idx.shape)
+            w = w * (position < cap).to(w.dtype)
+        w = w.to(h.dtype)
         out = torch.zeros_like(h)
         mask = F.one_hot(idx, num_classes=len(self.experts)).permute(2, 1, 0)
         for e, expert in enumerate(self.experts):

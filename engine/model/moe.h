@@ -37,6 +37,9 @@ public:
         // The load-balancing loss's coefficient (0: none): Switch Transformer's, as Megatron's
         // switch_load_balancing_loss_func computes it per layer over the tokens of every data rank
         double aux_loss_coef = 0;
+        // Capacity-factor routing (0: dropless): each expert takes at most ceil(capacity_factor x T x
+        // top_k / experts) of the microbatch's T tokens' slots, first come first served in token order
+        double capacity_factor = 0;
         Activation act = Activation::silu;
     };
     Moe(std::string name, SourceLocation where, const Options& o, DType dtype);
@@ -84,6 +87,7 @@ private:
     // The routed experts' part of the output (added into out [N, dim]), and its backward (added
     // into dx): each expert on its rows here, or under expert parallelism on its owner's.
     void balance_loss(RunContext& ctx, Saved& sv, Device dev) const;
+    void drop_over_capacity(RunContext& ctx, Saved& sv, Device dev) const;
     void follow_reference(RunContext& ctx, const Placed& x, const std::vector<double>& logits,
                           const std::vector<double>& bias, Routing& r) const;
     using Observer = std::function<void(const std::string&, Phase, int, const Placed&)>;

@@ -150,6 +150,16 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
     res.ep = resolve_expert_parallel(model, plan);
+    if (plan.context_parallel && plan.dims.size(DimRole::cp) > 1)  // the token order a capacity follows
+        for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+            if (const auto* moe = dynamic_cast<const Moe*>(&m); moe && moe->options().capacity_factor > 0)
+                throw InputError(
+                    plan.context_parallel->where,
+                    fmt::format("context_parallel with an expert capacity (moe '{}' has "
+                                "capacity_factor): its slots are kept in the microbatch's token "
+                                "order, which interleaves the cp ranks' positions; not modelled yet",
+                                fqn));
+        });
     if (plan.pipeline)  // the balancing loss lives on every stage with experts, the loss on the last
         for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
             if (const auto* moe = dynamic_cast<const Moe*>(&m); moe && moe->options().aux_loss_coef > 0)

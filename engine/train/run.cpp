@@ -112,7 +112,8 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     res_ = resolve_plan(model_, plan);  // the whole model's (a stage's boundary layouts come from it)
     bool balances = false;              // a moe layer with a load-balancing loss: its statistics' group
     for_each_module(*model_.root, [&](const std::string&, Module& m) {
-        if (const auto* moe = dynamic_cast<const Moe*>(&m)) balances |= moe->options().aux_loss_coef > 0;
+        if (const auto* moe = dynamic_cast<const Moe*>(&m))
+            balances |= moe->options().aux_loss_coef > 0 || moe->options().capacity_factor > 0;
     });
     if (balances) {
         std::vector<int> dims = data;

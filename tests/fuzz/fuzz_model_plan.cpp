@@ -1,12 +1,12 @@
 // libFuzzer harness, structure-aware: the input's bytes choose a *valid* model (a random module
 // tree: embeddings, GPT-2 position embeddings, linears, activations, norms, dropout, attention with GQA
 // (Qwen3's head_dim and q/k norms, OLMo2's whole-projection ones), gated MLPs, mixtures of experts (routers,
-// shared experts, the balancing loss), residuals named or transparent; random sizes, losses and optimizers)
-// and a plan for it (a mesh with tp and dp dims, styles on random modules with random layouts, src_data_rank,
-// replicate or fully_shard, expert parallel over dp), as YAML text, then runs `ptool explain` and a one-step
-// `ptool verify` on them in this process. The only outcomes allowed are those of exit 0, 1 and 2: a result
-// (pass or mismatch) or an InputError. A RuntimeError (a rank failed), an internal error, a signal or a
-// sanitizer report is a finding.
+// shared experts, the balancing loss, expert capacities), residuals named or transparent; random sizes,
+// losses and optimizers) and a plan for it (a mesh with tp and dp dims, styles on random modules with random
+// layouts, src_data_rank, replicate or fully_shard, expert parallel over dp), as YAML text, then runs `ptool
+// explain` and a one-step `ptool verify` on them in this process. The only outcomes allowed are those of exit
+// 0, 1 and 2: a result (pass or mismatch) or an InputError. A RuntimeError (a rank failed), an internal
+// error, a signal or a sanitizer report is a finding.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
@@ -94,7 +94,10 @@ struct Gen {
                     shared ? fmt::format(", shared_hidden: {}, shared_gate: {}", hidden,
                                          in.ConsumeBool() ? "true" : "false")
                            : "",
-                    !sigmoid && in.ConsumeBool() ? ", aux_loss_coef: 0.01" : "");
+                    std::string(!sigmoid && in.ConsumeBool() ? ", aux_loss_coef: 0.01" : "") +
+                        (in.ConsumeBool()
+                             ? fmt::format(", capacity_factor: {}", in.PickValueInArray({0.5, 1.0, 1.25}))
+                             : ""));
             }
             default: {
                 // named, or transparent (no name: its modules keep this prefix, as HF's decoder layers)

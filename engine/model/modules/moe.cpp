@@ -16,7 +16,7 @@ namespace {
 
 // moe: dim, hidden, experts, top_k, score_func (softmax | sigmoid), norm_topk_prob (true),
 // routed_scaling_factor (1), selection_bias (false), shared_hidden (none), shared_gate (false),
-// aux_loss_coef (0: no load-balancing loss).
+// aux_loss_coef (0: no load-balancing loss), capacity_factor (0: dropless).
 class MoeType final : public ModuleType {
 public:
     MoeType() : ModuleType("moe", 145) {}
@@ -40,6 +40,9 @@ public:
         o.selection_bias = m.bool_or("selection_bias", false);
         o.shared_hidden = m.has("shared_hidden") ? e.positive("shared_hidden") : 0;
         o.shared_gate = m.bool_or("shared_gate", false);
+        o.capacity_factor = m.double_or("capacity_factor", 0.0);
+        if (!(o.capacity_factor >= 0) || !std::isfinite(o.capacity_factor))
+            m.at("capacity_factor").fail("capacity_factor must be a finite number >= 0 (0: dropless)");
         o.aux_loss_coef = m.double_or("aux_loss_coef", 0.0);
         if (!(o.aux_loss_coef >= 0) || !std::isfinite(o.aux_loss_coef))
             m.at("aux_loss_coef").fail("aux_loss_coef must be a finite number >= 0");
@@ -241,7 +244,8 @@ Placed Moe::forward_placed(RunContext& ctx, const Placed& x) {
     }
     if (ctx.tp && ctx.tp->size() > 1 && dev != Device::meta)
         agree_over_tp(*ctx.tp, o_.router, sv.routing, dev);
-    if (o_.aux_loss_coef > 0) balance_loss(ctx, sv, dev);
+    if (o_.aux_loss_coef > 0) balance_loss(ctx, sv, dev);  // on the routing before any slot is dropped
+    if (o_.capacity_factor > 0) drop_over_capacity(ctx, sv, dev);
     if (ctx.observer) {  // the routing, token by token: each expert's weight (0: not chosen)
         std::vector<double> dense(static_cast<size_t>(n * o_.router.experts), 0.0);
         for (int64_t s = 0; s < n * k; ++s)
@@ -376,6 +380,50 @@ void Moe::balance_loss(RunContext& ctx, Saved& sv, Device dev) const {
             o_.aux_loss_coef * static_cast<double>(e) * f / tokens * ctx.loss_scale * ranks;
     }
     if (ctx.aux_loss && !ctx.recomputing) *ctx.aux_loss += o_.aux_loss_coef * static_cast<double>(e) * aux;
+}
+
+// Capacity-factor routing (GShard's and Switch Transformer's expert capacity; Megatron's
+// moe_expert_capacity_factor with the position drop policy): each expert takes at most
+// C = ceil(capacity_factor x T x k / E) of the layer's slots, T the microbatch's tokens, first come first
+// served in the microbatch's token order; a dropped slot's weight is 0 (its token keeps its other
+// experts' outputs, and the residual). T and the order are the whole microbatch's, as on one device:
+// a data rank's tokens come after those of the ranks before it in the group (ctx.tokens, rows in
+// rank order), whose counts per expert one all_gather brings. (Megatron takes the capacity over each
+// rank's own tokens, which changes the model with the data-parallel size: not modelled.)
+void Moe::drop_over_capacity(RunContext& ctx, Saved& sv, Device dev) const {
+    Routing& r = sv.routing;
+    const int64_t e = o_.router.experts, k = o_.router.top_k, w = e + 1;
+    std::vector<double> mine(static_cast<size_t>(w));
+    for (int64_t i = 0; i < e; ++i)
+        mine[static_cast<size_t>(i)] = static_cast<double>(r.slots[static_cast<size_t>(i)].size());
+    mine.back() = static_cast<double>(r.tokens);
+    int ranks = 1, me = 0;
+    std::vector<double> all = mine;
+    if (ctx.tokens && ctx.tokens->size() > 1) {
+        ranks = ctx.tokens->size(), me = ctx.tokens->rank();
+        CommScope scope(ctx.tokens->counter().get(), fqn(), {CommSiteKind::expert_balance});
+        Tensor t = device_tensor({w}, DType::float64, dev, mine), g({ranks * w}, DType::float64, dev);
+        ctx.tokens->all_gather(t, g);
+        if (dev != Device::meta) {
+            all = host_values(g);
+        } else {  // every rank routes alike on meta tensors (balanced routing)
+            all.clear();
+            for (int q = 0; q < ranks; ++q) all.insert(all.end(), mine.begin(), mine.end());
+        }
+    }
+    double tokens = 0;
+    for (int q = 0; q < ranks; ++q) tokens += all[static_cast<size_t>(q * w + e)];
+    const double cap =
+        std::ceil(o_.capacity_factor * tokens * static_cast<double>(k) / static_cast<double>(e));
+    for (int64_t i = 0; i < e; ++i) {
+        double before = 0;  // the expert's slots on the ranks before this one
+        for (int q = 0; q < me; ++q) before += all[static_cast<size_t>(q * w + i)];
+        std::vector<int64_t>& slots = r.slots[static_cast<size_t>(i)];
+        const auto keep =
+            static_cast<size_t>(std::clamp(cap - before, 0.0, static_cast<double>(slots.size())));
+        for (size_t j = keep; j < slots.size(); ++j) r.weights[static_cast<size_t>(slots[j])] = 0;
+        slots.resize(keep);
+    }
 }
 
 // Routing-aware verdicts (model/routing_log.h). The reference logs its routing and near-ties; a
