@@ -40,8 +40,11 @@ if [[ $kind == address ]]; then
   # injected bugs, plan_cases verifies the plans the planner wrote (the planner's own code runs in
   # test_parallel), memory_model and plan_layout run explain and verify over every shipped plan
   # for their numbers (test_parallel's runtime test runs every plan's step under ASan), and
-  # doc_examples runs the docs' commands: none adds memory coverage the other tests lack (CI time)
-  ctest --output-on-failure -j"$(nproc)" -E "torch_crosscheck|mutation_score|plan_cases|memory_model|plan_layout|doc_examples"
+  # doc_examples runs the docs' commands, clang_format reads the sources, validation_table prices
+  # published runs, cp_cases compares cp plans' numbers with explain's (the runtime test steps every
+  # cp plan under ASan): none adds memory coverage the other tests lack (CI time)
+  ctest --output-on-failure -j"$(nproc)" \
+      -E "torch_crosscheck|mutation_score|plan_cases|memory_model|plan_layout|doc_examples|clang_format|validation_table|cp_cases"
 else
   # the threads communicator, and ptool's rank threads beside the reference's thread on every
   # shipped plan (memory_model: each plan's verify, its comparisons rank-local) and the TP and DP

@@ -88,8 +88,8 @@ for cfg, count, active in [("mixtral-8x7b-v0.1", 46702792704, 12879925248),
     rc, text = run("import", "hf", f"{HF}/{cfg}.json", "-o", out)
     want = f": {count} parameters, {active} active per token" if active else f": {count} parameters\n"
     check(rc == 0 and want in text, f"import {cfg}: '{want.strip()}' expected, got rc {rc}: {text}")
-    if active and os.environ.get("PTOOL_SANITIZER"):
-        continue  # explain executes every expert of every layer on meta tensors: seconds, minutes under ASan (CI time)
+    if os.environ.get("PTOOL_SANITIZER"):
+        continue  # explain's count is the plain build's check: the import's is the one above (CI time)
     rc, text = run("explain", out, f"{ROOT}/plans/empty_plan.yaml", "--json", f"{tmp}/{cfg}.json.out")
     if check(rc == 0, f"explain {cfg}: rc {rc}: {text[-400:]}"):
         check(json.load(open(f"{tmp}/{cfg}.json.out"))["parameters"] == count, f"explain {cfg}: parameters != {count}")

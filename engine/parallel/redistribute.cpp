@@ -25,6 +25,9 @@ const char* op_name(RedistOp op) {
 std::vector<RedistStep> redistribution_steps(const Placement& from_in, const Placement& to_in, int64_t ndim,
                                              int parts) {
     const Placement from = from_in.normalized(ndim), to = to_in.normalized(ndim);
+    PTOOL_REQUIRE(
+        !from.is_owned() && !to.is_owned(),
+        "an expert's Owned placement is gathered from its owner (verify/recorder.cpp), not redistributed");
     if (parts == 1 || from.same_as(to, ndim)) return {};  // Megatron's helpers: nothing to do at world size 1
     if (from.is_shard() && to.is_replicate()) return {{RedistOp::all_gather, from.dim}};
     if (from.is_partial() && to.is_replicate()) return {{RedistOp::all_reduce}};
