@@ -29,16 +29,6 @@ bool same(const Tensor& a, const Tensor& b) {
     return true;
 }
 
-// The message of the InputError `text` raises as a plan, "" when it loads.
-std::string plan_error(const std::string& text) {
-    try {
-        load_plan_text(text, "p.yaml");
-    } catch (const InputError& e) {
-        return e.what();
-    }
-    return "";
-}
-
 }  // namespace
 
 TEST_CASE("a cp rank's positions: chunk r, or chunks r and 2cp-1-r load-balanced", "[cpu]") {

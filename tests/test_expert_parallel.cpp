@@ -11,19 +11,6 @@
 
 using namespace ptool;
 
-namespace {
-
-std::string plan_error(const std::string& text) {
-    try {
-        load_plan_text(text, "p.yaml");
-    } catch (const InputError& e) {
-        return e.what();
-    }
-    return "";
-}
-
-}  // namespace
-
 TEST_CASE("expert_parallel borrows a data dim: ep names it, its role stays the data one", "[cpu]") {
     const Plan p = load_plan_text(
         "mesh: {rep: 2, shard: 2, tp: 2}\ntensor_parallel: {mesh_dim: tp, plan: {}}\n"

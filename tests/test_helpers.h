@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "parallel/plan.h"
 
 // Runs fn, expects an InputError whose message contains every fragment.
 template <class F>
@@ -28,4 +29,14 @@ inline std::string read_text(const std::string& path) {
     std::stringstream ss;
     ss << f.rdbuf();
     return ss.str();
+}
+
+// The message of the InputError `text` raises as a plan ("p.yaml"), "" when it loads.
+inline std::string plan_error(const std::string& text) {
+    try {
+        ptool::load_plan_text(text, "p.yaml");
+    } catch (const ptool::InputError& e) {
+        return e.what();
+    }
+    return "";
 }
