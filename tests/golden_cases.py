@@ -221,6 +221,7 @@ with tempfile.TemporaryDirectory() as tmp:
         ("llama_rope_long", "llama_rope_long_ring_fsdp_cp"), ("moe_mixtral", "moe_mixtral_ddp"),
         ("moe_qwen2", "moe_qwen2_fsdp"), ("moe_deepseek", "moe_mixtral_ddp"), ("moe_qwen3", "moe_mixtral_ddp"), ("moe_mixtral", "moe_mixtral_tp_experts"),
         ("moe_mixtral", "moe_mixtral_ep"), ("moe_mixtral", "moe_mixtral_ep_tp"), ("moe_qwen2", "moe_qwen2_ep_hsdp"),
+        ("moe_mixtral", "moe_mixtral_ep_fsdp"),
         ("moe_qwen3", "moe_mixtral_ep"))]
     pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
     check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")

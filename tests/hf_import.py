@@ -307,6 +307,21 @@ check(rc == 2 and f"{bad}:{line_of(bad, 'layers.*.mlp')}:" in text and "GatherPa
       f"gather refused at its entry: {rc}: {text}")
 rc, text = run("import", "hf-tp-plan", f"{HF}/gpt2.json")
 check(rc == 2 and "GPT-2 has no base_model_tp_plan" in text, f"gpt2 tp plan refused: {rc}: {text}")
+# Mixtral's class plan: the router colwise_rep, each expert's w1/w3 colwise and w2 rowwise, under the
+# imported names (gate_proj, up_proj, down_proj), verifies on the tiny Mixtral (4 experts) at tp 2
+rc, text = run("import", "hf-tp-plan", f"{tmp}/tiny-mixtral.json", "--tp", "2", "-o", f"{tmp}/mixtral_tp.yaml")
+plan = open(f"{tmp}/mixtral_tp.yaml").read() if rc == 0 else text
+check('"model.layers.*.block_sparse_moe.gate": {style: colwise, output_layouts: replicate}' in plan and
+      '"model.layers.*.block_sparse_moe.experts.*.gate_proj": colwise' in plan and
+      '"model.layers.*.block_sparse_moe.experts.*.down_proj": rowwise' in plan and
+      '"model.layers.*.block_sparse_moe.experts.*.up_proj": colwise' in plan and ".w1" not in plan,
+      f"mixtral tp plan:\n{plan}")
+rc, text = run("verify", mix, f"{tmp}/mixtral_tp.yaml", "--steps", "2")
+check(rc == 0 and "PASS" in text, f"verify tiny-mixtral under its hf tp plan: {text[-600:]}")
+qmoe = write_config("qwen_moe_own", dict(json.load(open(f"{HF}/qwen3-30b-a3b.json")),
+                                         base_model_tp_plan={"layers.*.mlp.experts": "gather"}))
+rc, text = run("import", "hf-tp-plan", qmoe)
+check(rc == 2 and "GatherParallel" in text, f"a MoE plan's gather refused: {rc}: {text}")
 
 # 5. GPT-2: HF's checkpoint layout (no "transformer." prefix, Conv1D [in, out], fused c_attn, mask
 # buffers), sharded over two files with an index, loads into the imported model's parameters.

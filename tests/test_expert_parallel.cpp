@@ -108,6 +108,58 @@ TEST_CASE("under expert parallelism every expert tensor is compared, gathered fr
     CHECK(experts == 2 * 6 * 3 * 2);  // every expert's gradient and parameter: 2 layers x 6 x 3
 }
 
+TEST_CASE("ep over HSDP's dp_replicate: fully_shard shards each rank's experts over dp_shard", "[cpu]") {
+    RunInputs in;
+    in.model_path = PTOOL_SOURCE_DIR "/models/moe_mixtral.yaml";
+    in.model_text = read_text(in.model_path);
+    const Model model = load_model_text(in.model_text, in.model_path);
+    const auto plan = [](const char* ep) {
+        return load_plan_text(fmt::format("mesh: {{dp_replicate: 2, dp_shard: 2}}\n"
+                                          "data_parallel: {{mesh_dim: [dp_replicate, dp_shard], mode: "
+                                          "fully_shard, fully_shard: ['layers.*']}}\n"
+                                          "expert_parallel: {{mesh_dim: {}}}\n",
+                                          ep),
+                              "p.yaml");
+    };
+    std::vector<Diagnostic> warnings, causes;
+    const DataParallelResolution outer = resolve_data_parallel(model, plan("dp_replicate"), warnings, causes);
+    CHECK(outer.experts_sharded);
+    std::vector<std::string> expert_units;
+    for (const FsdpUnitSpec& u : outer.units)
+        if (u.experts) {
+            expert_units.push_back(u.fqn);
+            CHECK(u.params.size() == 4 * 3);  // every expert's, each rank keeping its own
+        }
+    CHECK(expert_units == std::vector<std::string>{"layers.0.moe_block.block_sparse_moe.experts",
+                                                   "layers.1.moe_block.block_sparse_moe.experts"});
+    // ep over dp_shard: each rank's experts whole, as before
+    CHECK_FALSE(resolve_data_parallel(model, plan("dp_shard"), warnings, causes).experts_sharded);
+
+    // the memory: 2 of 4 experts per rank, then half of their rows (147456 B of experts in all)
+    const auto params = [&](const Plan& p) {
+        return simulate_rank(in, p, 0, 1).memory.at_peak[static_cast<size_t>(MemoryUse::parameters)];
+    };
+    CHECK(params(plan("dp_shard")) - params(plan("dp_replicate")) == 147456 / 2 - 147456 / 4);
+
+    // the run: every expert tensor compared, gathered from its dp_shard shards and then its owner;
+    // there are no replicas of an expert (sharded on dp_shard, owned on dp_replicate)
+    const ShippedCase c{"moe_mixtral", "moe_mixtral_ep_fsdp", 1, nullptr};
+    const VerifyReport rep = verify(shipped_job(c), *in_process_launch(Device::cpu, CommOptions{}));
+    REQUIRE(rep.plans.size() == 1);
+    CHECK(rep.pass);
+    int experts = 0;
+    const StepRecord& step = rep.plans[0].run.steps.at(0);
+    for (const auto& [name, d] : step.vs_reference)
+        if (name.find(".experts.") != std::string::npos) {
+            INFO(name);
+            CHECK(d.pass);
+            CHECK(d.shape_ok);
+            CHECK(step.replicas.at(name) == ReplicaState::sharded);
+            ++experts;
+        }
+    CHECK(experts == 2 * 4 * 3 * 2);  // every expert's gradient and parameter: 2 layers x 4 x 3
+}
+
 TEST_CASE("the plan search proposes expert parallel where the experts divide over the dp dim", "[cpu]") {
     // moe_qwen2: 6 experts per layer; 4 H100s: dp4 x tp1 (6 does not divide over 4), dp2 x tp2 (2 divides 6)
     const std::string path = PTOOL_SOURCE_DIR "/models/moe_qwen2.yaml";
@@ -135,6 +187,32 @@ TEST_CASE("the plan search proposes expert parallel where the experts divide ove
     for (const Rejection& j : r.rejected)
         refused += j.reason.find("has 6 experts, which do not divide over ep=4") != std::string::npos;
     CHECK(refused > 0);
+
+    // on two nodes of 2 (HSDP: dp_shard inside a node), moe_mixtral's 4 experts: ep over dp_shard
+    // (each rank's experts whole) and over dp_replicate (sharded over dp_shard), and the latter verifies
+    const std::string mixtral = PTOOL_SOURCE_DIR "/models/moe_mixtral.yaml";
+    const SearchResult two = search_plans(read_text(mixtral), mixtral,
+                                          load_cluster(PTOOL_SOURCE_DIR "/tests/data/cpu_2x2.yaml"), o);
+    const Candidate* outer = nullptr;
+    int inner = 0;
+    for (const Candidate& k : two.fitting) {
+        if (k.choice.ep <= 1 || !k.choice.hybrid()) continue;
+        INFO(k.plan_text);
+        CHECK(k.choice.ep == 2);
+        CHECK_THAT(k.plan_text,
+                   Catch::Contains(k.choice.ep_replicate ? "expert_parallel:\n  mesh_dim: dp_replicate\n"
+                                                         : "expert_parallel:\n  mesh_dim: dp_shard\n"));
+        CHECK(k.choice.mode_name() == (k.choice.ep_replicate ? "hsdp+ep2r" : "hsdp+ep2"));
+        if (k.choice.ep_replicate && !outer) outer = &k;
+        inner += !k.choice.ep_replicate;
+    }
+    CHECK(inner > 0);
+    REQUIRE(outer != nullptr);
+    VerifyJob job;
+    job.inputs.model_path = mixtral, job.inputs.model_text = read_text(mixtral);
+    job.plans = {load_plan_text(outer->plan_text, "planned.yaml")};
+    job.options.steps = 1;
+    CHECK(verify(job, *in_process_launch(Device::cpu, CommOptions{})).pass);
 }
 
 TEST_CASE("an expert capacity drops the slots over it, in the microbatch's token order", "[cpu]") {

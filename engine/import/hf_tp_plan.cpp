@@ -55,6 +55,33 @@ const std::vector<std::pair<std::string, std::string>> kDecoderPlan = {
     {"layers.*.mlp.down_proj", "rowwise"},
 };
 
+// transformers' MixtralConfig.base_model_tp_plan: the router colwise_rep ("we need to replicate
+// here to correctly route experts"), each expert's w1 and w3 colwise, w2 rowwise: Megatron's TP
+// inside the experts, without expert parallelism.
+const std::vector<std::pair<std::string, std::string>> kMixtralPlan = {
+    {"layers.*.self_attn.q_proj", "colwise"},
+    {"layers.*.self_attn.k_proj", "colwise"},
+    {"layers.*.self_attn.v_proj", "colwise"},
+    {"layers.*.self_attn.o_proj", "rowwise"},
+    {"layers.*.block_sparse_moe.gate", "colwise_rep"},
+    {"layers.*.block_sparse_moe.experts.*.w1", "colwise"},
+    {"layers.*.block_sparse_moe.experts.*.w2", "rowwise"},
+    {"layers.*.block_sparse_moe.experts.*.w3", "colwise"},
+};
+
+// A transformers module pattern in the imported model's names: Mixtral's experts are gated MLPs
+// named gate_proj, up_proj, down_proj here (w1, w3, w2 in transformers: the same products,
+// docs/hf_import.md).
+std::string imported_pattern(const std::string& type, const std::string& pattern) {
+    if (type != "mixtral") return pattern;
+    static const std::vector<std::pair<std::string, std::string>> names = {
+        {".w1", ".gate_proj"}, {".w3", ".up_proj"}, {".w2", ".down_proj"}};
+    for (const auto& [hf, own] : names)
+        if (pattern.size() > hf.size() && pattern.compare(pattern.size() - hf.size(), hf.size(), hf) == 0)
+            return pattern.substr(0, pattern.size() - hf.size()) + own;
+    return pattern;
+}
+
 }  // namespace
 
 HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name,
@@ -80,6 +107,9 @@ HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name
             "model_type",
             "GPT-2 has no base_model_tp_plan in transformers (and its fused Conv1D c_attn splits q, k and "
             "v across ranks wrongly under colwise); write the plan by hand");
+    } else if (type == "mixtral") {
+        for (const auto& [p, s] : kMixtralPlan) entries.push_back({p, s, std::nullopt});
+        source = "transformers' mixtral base_model_tp_plan";
     } else if (type != "llama" && type != "mistral" && type != "qwen2") {
         c.fail_at(
             "model_type",
@@ -110,8 +140,8 @@ HfImport import_hf_tp_plan_text(const std::string& text, const std::string& name
             if (e.at) e.at->fail(msg);
             throw InputError(msg);
         }
-        y += fmt::format("    {}: {}\n", yaml_quoted(prefix + e.pattern),
-                         it->second.entry);  // the key as the config spells it, quoted
+        y += fmt::format("    {}: {}\n", yaml_quoted(prefix + imported_pattern(type, e.pattern)),
+                         it->second.entry);  // the key as the config spells it (the model's names), quoted
     }
     // a tied head's weight is the embedding's: one parameter has one placement, so the embedding is
     // sharded over the vocabulary with the head (Megatron's vocab-parallel embedding)

@@ -140,6 +140,25 @@ std::vector<std::string> assign_parameters(const Model& model, const DataParalle
     return unmanaged;
 }
 
+// fully_shard of the experts over dp_shard where ep borrows dp_replicate: the ranks of a dp_shard
+// group own the same experts (they share their ep coordinate), so each moe layer's are one unit
+// over it. Where ep borrows the shard dim itself, each rank holds its experts whole, as
+// torchtitan's fully_shard over a dp_shard_mod_ep of 1.
+void add_expert_units(const Model& model, const Plan& plan, const ExpertParallelResolution& ep,
+                      DataParallelResolution& res) {
+    const ParallelDims& dims = plan.dims;
+    if (!ep.active || plan.data_parallel->mode != DataParallelMode::fully_shard ||
+        !dims.has(DimRole::dp_shard) || dims.index(DimRole::ep) == dims.index(DimRole::dp_shard))
+        return;
+    res.experts_sharded = true;
+    for (const std::string& layer : ep.layers) {
+        FsdpUnitSpec u{layer + ".experts", {}, true};
+        for (const auto& [name, p] : model.named_parameters())  // in registration order
+            if (ep.owner.count(name) && under(name, u.fqn)) u.params.push_back(name);
+        res.units.push_back(std::move(u));
+    }
+}
+
 // What makes a correct data-parallel run differ from the reference, said before it runs.
 void expected_causes(const Model& model, const DataParallelSpec& spec, const DataParallelResolution& res,
                      std::vector<Diagnostic>& causes) {
@@ -191,9 +210,10 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
                         dtype_name(model.dtype), dtype_name(plan.mixed_precision->reduce_dtype)));
     for (const std::string& u : fsdp_unit_fqns(spec, module_names, warnings)) res.units.push_back({u, {}});
     check_roots(spec, module_names);
-    for (const auto& [name, owner] : resolve_expert_parallel(model, plan).owner)
-        res.expert_params.insert(name);
+    const ExpertParallelResolution ep = resolve_expert_parallel(model, plan);
+    for (const auto& [name, owner] : ep.owner) res.expert_params.insert(name);
     check_mixed_precision(model, plan, assign_parameters(model, spec, res));
+    add_expert_units(model, plan, ep, res);
     res.zero_stage = spec.zero_stage;
     expected_causes(model, spec, res, causes);
     return res;

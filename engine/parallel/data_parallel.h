@@ -51,9 +51,12 @@ struct DataParallelResolution {
     std::vector<Replica> replicas;
     std::vector<FsdpUnitSpec> units;       // fully_shard units, outermost first
     std::set<std::string> ignored_params;  // FQNs under ignored_modules
-    // experts' parameters under expert_parallel: neither bucketed nor sharded here, each owned by one
-    // rank of the borrowed dim and synchronised by parallel/expert_parallel.h
+    // experts' parameters under expert_parallel: not bucketed, each owned by one rank of the borrowed
+    // dim and divided by ep by parallel/expert_parallel.h. Where ep borrows HSDP's dp_replicate,
+    // fully_shard also shards them over dp_shard (one unit per moe layer, FsdpUnitSpec::experts):
+    // torchtitan's fully_shard of the experts over the ranks that hold the same ones (dp_mod_ep).
     std::set<std::string> expert_params;
+    bool experts_sharded = false;
     std::set<std::string> synced_buffers;  // broadcast from dp rank 0
     std::vector<std::string> batch_norms;  // FQNs of the BatchNorm modules
     int zero_stage = 0;                    // data_parallel's zero_stage (parallel/zero_optimizer.h)

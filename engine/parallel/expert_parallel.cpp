@@ -1,5 +1,7 @@
 #include "parallel/expert_parallel.h"
 
+#include <algorithm>
+
 #include "comm/comm_stats.h"
 #include "model/moe.h"
 
@@ -49,6 +51,10 @@ ExpertParallel::ExpertParallel(Model& model, const ExpertParallelResolution& res
             p->grad = Tensor(absent_shape(p->grad.shape()), p->grad.dtype(), p->grad.device());
         }
     }
+}
+
+bool ExpertParallel::owns(const std::string& name) const {
+    return std::any_of(owned_.begin(), owned_.end(), [&](const auto& o) { return o.first == name; });
 }
 
 Placement ExpertParallel::placement(const Parameter* p) const {

@@ -13,8 +13,11 @@
 // Gradients: the non-expert parameters are data parallel's (DDP's buckets, fully_shard's units) as
 // before; an expert's gradient on its owner is the sum of every ep rank's tokens' contributions, so
 // it is divided by ep and averaged over the data dims but the borrowed one (its replicas), which is
-// data parallel's average over every data rank. Under tensor parallelism inside the experts each tp
-// rank dispatches over its own ep group (the tp ranks route the same tokens alike).
+// data parallel's average over every data rank. Where ep borrows HSDP's dp_replicate, the ranks of
+// a dp_shard group own the same experts and fully_shard shards them over it (a unit per moe layer's
+// experts: torchtitan's fully_shard of the experts over dp_mod_ep), so their reduce_scatter over
+// dp_shard is that average and there are no replicas left. Under tensor parallelism inside the
+// experts each tp rank dispatches over its own ep group (the tp ranks route the same tokens alike).
 #pragma once
 
 #include <map>
@@ -54,6 +57,7 @@ public:
     ExpertParallel(Model& model, const ExpertParallelResolution& res, int ep_dim, Communicator& ep,
                    Communicator* replicas, Backend& be);
     bool manages(const Parameter* p) const { return owner_.count(p) > 0; }
+    bool owns(const std::string& name) const;  // an expert's parameter this rank owns
     // Owned(its owner) for an expert's parameter, Replicate otherwise.
     Placement placement(const Parameter* p) const;
     int mesh_dim() const { return ep_dim_; }

@@ -157,7 +157,7 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
         st->fqn = u.fqn;
         st->root = u.fqn.empty();
         st->comm = &dp;
-        st->replicas = replicas && replicas->size() > 1 ? replicas : nullptr;
+        st->replicas = replicas && replicas->size() > 1 && !u.experts ? replicas : nullptr;
         st->be = &be;
         st->compute = mp ? mp->param_dtype : model.dtype;
         st->reduce = mp ? mp->reduce_dtype : model.dtype;
@@ -181,7 +181,8 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
             m.p->grad = m.shard_grad;
             st->params.push_back(std::move(m));
         }
-        modules.at(u.fqn)->add_outer_hooks(st);
+        // a moe layer's experts: hooked on the layer, which calls each of them
+        modules.at(u.experts ? u.fqn.substr(0, u.fqn.rfind('.')) : u.fqn)->add_outer_hooks(st);
         units_.push_back(st);
     }
 }

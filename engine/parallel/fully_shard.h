@@ -22,6 +22,12 @@ namespace ptool {
 struct FsdpUnitSpec {
     std::string fqn;                  // the unit module ("" is the root)
     std::vector<std::string> params;  // FQNs it manages
+    // One moe layer's experts (fqn: its `experts` container) under expert parallel over another data
+    // dim than the one fully_shard shards on, as torchtitan's fully_shard of each block's experts
+    // over dp_mod_ep: hooked on the moe layer (which calls them); each rank shards the experts it
+    // owns (Run drops the others' names), and their reduce_scatter's result is not averaged over
+    // HSDP's replicate dim, which is the ep dim here (parallel/expert_parallel.h divides by ep).
+    bool experts = false;
 };
 
 class FullyShard {

@@ -66,8 +66,12 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
     // fully_shard units: outermost first in forward; reduce_scatter (and the re-gather) in backward
     for (const FsdpUnitSpec& u : dp.units) {
         if (u.params.empty()) continue;
+        // a moe layer's experts unit: the experts of ep rank 0 (every ep rank owns as many alike)
+        std::vector<std::string> params;
+        for (const std::string& name : u.params)
+            if (!u.experts || ex.resolution.ep.owner.at(name) == 0) params.push_back(name);
         int64_t region = 0;  // elements per rank in the flat buffer
-        for (const std::string& name : u.params) {
+        for (const std::string& name : params) {
             const Shape s = tp_local(by_name.at(name), 0);
             const int64_t rows = s.empty() ? 1 : s[0], row = rows ? numel_of(s) / rows : 0;
             region += chunk_of(rows, n, 0).length * row;
@@ -79,17 +83,18 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
             backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
         if (!u.fqn.empty()) backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
         const auto at = backward.begin() + (u.fqn.empty() ? 0 : 1);
-        if (spec.hybrid())  // HSDP: the reduced shard is averaged over its replicas
+        const bool replicated = spec.hybrid() && !u.experts;  // the experts' dp_replicate is ep
+        if (replicated)  // HSDP: the reduced shard is averaged over its replicas
             backward.insert(at, {"all_reduce", region * static_cast<int64_t>(dtype_size(reduced)), u.fqn,
                                  Phase::backward});
         backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1),
                         {"reduce_scatter", scatter, u.fqn, Phase::backward});
         region *= static_cast<int64_t>(dtype_size(model.dtype));
         ex.data_parallel.push_back(fmt::format(
-            "fully_shard '{}': {} parameter{}, Shard(0) on '{}'{}, {} B per rank in "
-            "the flat buffer",
-            u.fqn.empty() ? "(root)" : u.fqn, u.params.size(), u.params.size() == 1 ? "" : "s", shard_group,
-            spec.hybrid() ? fmt::format(", replicated over '{}'", spec.mesh_dims[0]) : "", region));
+            "fully_shard '{}': {} parameter{}{}, Shard(0) on '{}'{}, {} B per rank in the flat buffer",
+            u.fqn.empty() ? "(root)" : u.fqn, params.size(), params.size() == 1 ? "" : "s",
+            u.experts ? fmt::format(" (each '{}' rank's own experts)", plan.dims.name(DimRole::ep)) : "",
+            shard_group, replicated ? fmt::format(", replicated over '{}'", spec.mesh_dims[0]) : "", region));
     }
     if (spec.sync_batch_norm &&
         batch > 1)  // SyncBatchNorm: stats all_gather forward, sums all_reduce backward

@@ -53,8 +53,12 @@ void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& 
         ex.step_comm.insert(ex.step_comm.end(), forward.begin(), forward.end());
         ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());
     }
-    // after backward: each owned expert's gradient averaged over its replicas (the other data dims)
-    const int replicas = plan.dims.data_size() / ep.size;
+    // after backward: each owned expert's gradient averaged over its replicas (the other data dims;
+    // but dp_shard where fully_shard shards the experts over it, its reduce_scatter's)
+    const bool sharded = ex.resolution.dp.experts_sharded;
+    const int shard =
+        sharded ? plan.dims.size(DimRole::dp_shard) * (plan.dims.cp_shards_params() ? cp : 1) : 1;
+    const int replicas = plan.dims.data_size() / ep.size / (sharded ? plan.dims.size(DimRole::dp_shard) : 1);
     if (replicas > 1)
         for (const auto& [name, p] : model.named_parameters())
             if (ep.owner.count(name) && ep.owner.at(name) == 0) {
@@ -64,12 +68,19 @@ void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& 
                      numel_of(tp_local(p.get(), 0)) * static_cast<int64_t>(dtype_size(p->value.dtype())),
                      name.substr(0, dot), Phase::backward});
             }
-    ex.expert_parallel.push_back(
-        replicas > 1 ? fmt::format("each owned expert's gradient: / {} (ep), then all_reduce avg over its {} "
-                                   "replicas (the data dims but '{}')",
-                                   ep.size, replicas, plan.dims.name(DimRole::ep))
-                     : fmt::format("each owned expert's gradient: / {} (ep; the data dims are '{}' alone)",
-                                   ep.size, plan.dims.name(DimRole::ep)));
+    if (sharded)
+        ex.expert_parallel.push_back(fmt::format(
+            "each owned expert's gradient: reduce_scatter avg over '{}' ({} ranks holding the same "
+            "experts: fully_shard's unit of the layer's experts), then / {} (ep)",
+            plan.dims.name(DimRole::dp_shard), shard, ep.size));
+    else
+        ex.expert_parallel.push_back(
+            replicas > 1
+                ? fmt::format("each owned expert's gradient: / {} (ep), then all_reduce avg over its {} "
+                              "replicas (the data dims but '{}')",
+                              ep.size, replicas, plan.dims.name(DimRole::ep))
+                : fmt::format("each owned expert's gradient: / {} (ep; the data dims are '{}' alone)",
+                              ep.size, plan.dims.name(DimRole::ep)));
 }
 
 }  // namespace ptool

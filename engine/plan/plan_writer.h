@@ -73,8 +73,12 @@ struct PlanChoice {
     // replicate only: data_parallel's zero_stage (1 optimizer state sharded, 2 gradients too)
     int zero_stage = 0;
     // Expert parallel (> 1: a model with experts): the experts split over the dp dim (HSDP's
-    // dp_shard), which expert_parallel borrows; ep is that dim's size
+    // dp_shard, or its dp_replicate with ep_replicate), which expert_parallel borrows; ep is that
+    // dim's size
     int ep = 1;
+    // HSDP only: ep borrows dp_replicate and fully_shard shards each rank's experts over dp_shard
+    // (torchtitan's fully_shard of the experts over the ranks that hold the same ones)
+    bool ep_replicate = false;
 
     bool hybrid() const { return dp_shard > 1 && dp_shard < dp; }
     // "full", "op" (activation_checkpointing's modes) or "" (none)
@@ -85,8 +89,9 @@ struct PlanChoice {
     int dp_replicate() const { return hybrid() ? dp / dp_shard : 1; }
     std::string mode_name() const {
         const std::string m = hybrid() ? "hsdp" : zero_stage ? fmt::format("zero{}", zero_stage) : dp_mode;
-        return ep > 1 ? fmt::format("{}+ep{}", m, ep) : m;
-    }  // "hsdp", "fully_shard", "replicate", "zero1", "zero2"; "+epN" with expert parallel
+        return ep > 1 ? fmt::format("{}+ep{}{}", m, ep, ep_replicate ? "r" : "") : m;
+    }  // "hsdp", "fully_shard", "replicate", "zero1", "zero2"; "+epN" with expert parallel ("+epNr": over
+       // HSDP's dp_replicate, the experts sharded over dp_shard)
     std::string dp_text() const {  // "dp8", or HSDP's "dp2x4" (replicas x shards)
         return hybrid() ? fmt::format("dp{}x{}", dp_replicate(), dp_shard) : fmt::format("dp{}", dp);
     }

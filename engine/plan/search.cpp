@@ -365,14 +365,21 @@ private:
                     c.selective = op;
                     if (std::string(mode) == "hsdp") c.dp_shard = node_shard;
                     groups.push_back(c);
-                    // expert parallel over the dp dim (HSDP's dp_shard) where every layer's experts
-                    // divide over it (torchtitan borrows ep from the data-parallel ranks)
-                    if (const int ep = c.hybrid() ? c.dp_shard : c.dp; !experts_.empty() && ep > 1) {
-                        const std::string shape = fmt::format("{} {}+ep{}", mesh, c.mode_name(), ep);
+                    // expert parallel over the dp dim where every layer's experts divide over it
+                    // (torchtitan borrows ep from the data-parallel ranks); under HSDP over dp_shard
+                    // (each rank's experts whole, the all_to_all inside a node), or over dp_replicate
+                    // with each rank's experts sharded over dp_shard (across nodes)
+                    for (const bool over_replicas : {false, true}) {
+                        if (over_replicas && !c.hybrid()) continue;
+                        const int ep = !c.hybrid() ? c.dp : over_replicas ? c.dp_replicate() : c.dp_shard;
+                        if (experts_.empty() || ep <= 1) continue;
+                        PlanChoice e = c;
+                        e.ep = ep, e.ep_replicate = over_replicas;
                         if (std::string why = expert_split(ep); !why.empty()) {
-                            if (!ckpt) r_.rejected.push_back({shape, why});
+                            if (!ckpt)
+                                r_.rejected.push_back({fmt::format("{} {}", mesh, e.mode_name()), why});
                         } else {
-                            groups.push_back(c), groups.back().ep = ep;
+                            groups.push_back(e);
                         }
                     }
                     // ZeRO-1 and ZeRO-2 (parallel/zero_optimizer.h): replicate's communication

@@ -156,8 +156,9 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     if (res_.ep.active) {  // each rank keeps its own experts; their gradients' replicas: the other data dims
         std::vector<int> others;
         std::string label;  // a flattened group's name: its dims' joined by '+' (ParallelDims::label_dims)
-        for (int d : data)
-            if (d != plan.dims.index(DimRole::ep))
+        for (int d : data)  // but dp_shard where fully_shard shards them over it
+            if (d != plan.dims.index(DimRole::ep) &&
+                !(res_.dp.experts_sharded && d == plan.dims.index(DimRole::dp_shard)))
                 others.push_back(d), label += (label.empty() ? "" : "+") + plan.mesh()[d].name;
         Communicator* replicas = others.empty()       ? nullptr
                                  : others.size() == 1 ? &mesh_->comm(others[0])
@@ -176,6 +177,10 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
         std::vector<Diagnostic> unused;
         res_.dp = resolve_data_parallel(model_, plan, unused, unused);
         executed_dp_ = layer ? layer->data_parallel(res_.dp) : res_.dp;
+        for (FsdpUnitSpec& u : executed_dp_.units)  // each rank shards the experts it owns
+            if (u.experts)
+                std::erase_if(u.params,
+                              [&](const std::string& name) { return !expert_parallel_->owns(name); });
         data_parallel_ = std::make_unique<DataParallel>(model_, plan, executed_dp_, *mesh_, *batch_, be_);
         // A stage runs its spine modules, not the root that opens them: where the root is a
         // fully_shard unit of parameters the stage holds (the embedding on the first stage, the
@@ -358,10 +363,14 @@ Placements Run::placements(const Parameter* p) const {
     Placements out;
     if (auto it = tp_params_.find(p); it != tp_params_.end())
         out.then(plan_.dims.index(DimRole::tp), it->second.placement);
-    if (expert_parallel_ && expert_parallel_->manages(p))  // an expert: whole on its owner
-        return out.then(expert_parallel_->mesh_dim(), expert_parallel_->placement(p));
+    const bool expert = expert_parallel_ && expert_parallel_->manages(p);
+    if (expert) {  // whole on its owner; there fully_shard's rows, where it shards them (absent rows
+                   // elsewhere)
+        out.then(expert_parallel_->mesh_dim(), expert_parallel_->placement(p));
+        if (!executed_dp_.experts_sharded) return out;
+    }
     if (data_parallel_) {
-        const Placement dp = data_parallel_->placement(p);
+        const Placement dp = expert ? Placement::shard(0) : data_parallel_->placement(p);
         out.then(data_parallel_->shard_dim(), dp);
         if (plan_.dims.cp_shards_params()) out.then(plan_.dims.index(DimRole::cp), dp);  // dp_shard x cp
     }

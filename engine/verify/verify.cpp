@@ -45,7 +45,11 @@ private:
 class UnderMpi final : public Launch {
 public:
     bool shares_memory() const override { return false; }
-    UnderMpi(Device d, CommOptions c) {
+    // The processes of a node share its cores as rank threads do (GemmThreadShare): OpenBLAS's
+    // default in each process is every core its affinity allows, which depends on how the launcher
+    // binds it, and a GEMM's last bits depend on the thread count (an mpirun run differed from the
+    // same plan on rank threads in its last bits where mpirun left each process both cores).
+    UnderMpi(Device d, CommOptions c) : share_(std::max(1, launcher_local_rank().size)) {
         mpi_init_once();
         world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, c);
         CommOptions patient = c;
@@ -82,6 +86,7 @@ public:
     }
 
 private:
+    GemmThreadShare share_;
     std::unique_ptr<MpiCommunicator> world_, patient_;
     std::unique_ptr<Communicator> gpus_;
 };

@@ -164,8 +164,10 @@ struct Gen {
 
     std::string plan() {
         const int tp = static_cast<int>(in.ConsumeIntegralInRange(1, 4)), dp = in.ConsumeBool() ? 2 : 1;
-        std::string s = dp > 1 ? fmt::format("mesh: {{dp: {}, tp: {}}}\n", dp, tp)
-                               : fmt::format("mesh: {{tp: {}}}\n", tp);
+        const bool hsdp = dp > 1 && experts && in.ConsumeBool();  // HSDP 2 x 2, ep over either dim
+        std::string s = hsdp     ? fmt::format("mesh: {{rep: 2, dp: {}, tp: {}}}\n", dp, tp)
+                        : dp > 1 ? fmt::format("mesh: {{dp: {}, tp: {}}}\n", dp, tp)
+                                 : fmt::format("mesh: {{tp: {}}}\n", tp);
         s += fmt::format("tensor_parallel:\n  mesh_dim: tp\n  src_data_rank: {}\n  plan:\n",
                          in.ConsumeBool() ? "0" : "null");
         const bool megatron =
@@ -189,10 +191,13 @@ struct Gen {
                 "output_layouts: {}, desired_output_layouts: {}}}\n",
                 modules[in.ConsumeIntegralInRange<size_t>(0, modules.size() - 1)], layout(), layout(),
                 layout(), layout());
-        if (dp > 1)
+        if (hsdp)
+            s += "data_parallel: {mesh_dim: [rep, dp], mode: fully_shard}\n";
+        else if (dp > 1)
             s += fmt::format("data_parallel: {{mesh_dim: dp, mode: {}}}\n",
                              in.ConsumeBool() ? "replicate" : "fully_shard");
-        if (dp > 1 && experts && in.ConsumeBool()) s += "expert_parallel: {mesh_dim: dp}\n";
+        if (dp > 1 && experts && in.ConsumeBool())  // under HSDP over rep: the experts sharded over dp
+            s += fmt::format("expert_parallel: {{mesh_dim: {}}}\n", hsdp && in.ConsumeBool() ? "rep" : "dp");
         if (!modules.empty() && in.ConsumeBool())  // full, torchtitan's op policy or Megatron's core_attn
             s += fmt::format("activation_checkpointing: {{modules: [\"{}\"], mode: {}, every: {}}}\n",
                              modules[in.ConsumeIntegralInRange<size_t>(0, modules.size() - 1)],
