@@ -4,6 +4,7 @@
 #include <regex>
 
 #include "parallel/expert_parallel.h"
+#include "plan/explain.h"
 #include "plan/search.h"
 #include "same_runs.h"
 #include "test_helpers.h"
@@ -158,6 +159,33 @@ TEST_CASE("ep over HSDP's dp_replicate: fully_shard shards each rank's experts o
             ++experts;
         }
     CHECK(experts == 2 * 4 * 3 * 2);  // every expert's gradient and parameter: 2 layers x 4 x 3
+}
+
+TEST_CASE("explain's collectives under expert parallelism are the run's: a rank's own experts only",
+          "[cpu]") {
+    // each op's calls exactly; its bytes within the routing's imbalance (explain routes balanced: an
+    // owned expert's rows are ep x a rank's tokens x top_k / experts, its tp collectives with them)
+    for (const char* plan :
+         {"moe_mixtral_ep", "moe_mixtral_ep_tp", "moe_qwen2_ep_hsdp", "moe_mixtral_ep_fsdp"}) {
+        INFO(plan);
+        const ShippedCase c{plan[4] == 'q' ? "moe_qwen2" : "moe_mixtral", plan, 1, nullptr};
+        const VerifyJob job = shipped_job(c);
+        const VerifyReport rep = verify(job, *in_process_launch(Device::cpu, CommOptions{}));
+        REQUIRE(rep.plans.size() == 1);
+        const Model model = load_model_text(job.inputs.model_text, job.inputs.model_path);
+        std::map<std::string, CommTotals> derived;
+        for (const CommCost& cc : explain_plan(model, job.plans[0]).step_comm)
+            derived[cc.op].calls += 1, derived[cc.op].bytes += cc.bytes;
+        const std::map<std::string, CommTotals> measured = rep.plans[0].run.step_counts.by_op();
+        REQUIRE(derived.size() == measured.size());
+        for (const auto& [op, m] : measured) {
+            INFO(op);
+            REQUIRE(derived.count(op));
+            CHECK(derived.at(op).calls == m.calls);
+            CHECK(std::abs(static_cast<double>(derived.at(op).bytes - m.bytes)) <=
+                  0.05 * static_cast<double>(m.bytes));
+        }
+    }
 }
 
 TEST_CASE("the plan search proposes expert parallel where the experts divide over the dp dim", "[cpu]") {

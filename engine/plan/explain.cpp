@@ -85,10 +85,27 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
     for (const CallLayout& call : layouts.calls)
         if (call.style && explained.insert(call.module).second)
             ex.modules.push_back(explain_module(*call.style, call, ex.tp));
+    // under expert parallelism a rank runs its own experts only, on the rows every ep rank sends
+    // them (balanced: ep times its own): the others' tensor-parallel collectives are not its, its
+    // own experts' carry ep times the rows (ep rank 0's experts stand for every rank's)
+    std::map<std::string, bool> experts;  // an expert's module -> ep rank 0 owns it
+    for (const auto& [name, owner] : ex.resolution.ep.owner)
+        experts[name.substr(0, name.rfind('.'))] = owner == 0;
+    auto own = [&](const std::vector<CommCost>& costs) {
+        std::vector<CommCost> out;
+        for (CommCost c : costs) {
+            auto it = experts.find(c.module);
+            if (it != experts.end() && !it->second) continue;
+            if (it != experts.end()) c.bytes *= ex.resolution.ep.size;
+            out.push_back(c);
+        }
+        return out;
+    };
+    const std::vector<CommCost> forward = own(layouts.forward), backward = own(layouts.backward);
     for (int64_t j = 0, n = plan.accumulation_rounds(model); j < n;
          ++j) {  // each microbatch's forward and backward
-        ex.step_comm.insert(ex.step_comm.end(), layouts.forward.begin(), layouts.forward.end());
-        ex.step_comm.insert(ex.step_comm.end(), layouts.backward.begin(), layouts.backward.end());
+        ex.step_comm.insert(ex.step_comm.end(), forward.begin(), forward.end());
+        ex.step_comm.insert(ex.step_comm.end(), backward.begin(), backward.end());
     }
     ex.record_step_bytes = record_bytes_per_step(model, plan, layouts, ex.dp);
 
