@@ -188,6 +188,48 @@ TEST_CASE("explain's collectives under expert parallelism are the run's: a rank'
     }
 }
 
+TEST_CASE("a pipeline stage that holds no moe layer runs under expert parallel", "[cpu]") {
+    // two dense blocks, then two moe blocks; stage 0 holds the dense ones, stage 1 the experts
+    // (sharded over dp_shard): the stage's own resolution finds no moe layer, which is no error
+    VerifyJob job;
+    job.inputs.model_path = "dense_then_moe.yaml";
+    job.inputs.model_text = R"(name: dense_then_moe
+batch:
+  input: {tokens: [8, 8], vocab: 64}
+modules:
+  - {name: tok_embeddings, type: embedding, vocab: 64, dim: 32}
+  - name: dense
+    type: repeat
+    count: 2
+    modules:
+      - {name: mlp, type: gated_mlp, dim: 32, hidden: 48}
+  - name: layers
+    type: repeat
+    count: 2
+    modules:
+      - name: moe_block
+        type: residual
+        modules:
+          - {name: ffn_norm, type: rms_norm, dim: 32}
+          - {name: block_sparse_moe, type: moe, dim: 32, hidden: 48, experts: 4, top_k: 2}
+  - {name: output, type: linear, in: 32, out: 64, bias: false}
+loss: cross_entropy
+optimizer: {type: adamw, lr: 0.001}
+)";
+    job.plans = {
+        load_plan_text("mesh: {pp: 2, dp_replicate: 2, dp_shard: 2}\n"
+                       "data_parallel: {mesh_dim: [dp_replicate, dp_shard], mode: fully_shard, "
+                       "fully_shard: ['layers.*', 'dense.*']}\n"
+                       "expert_parallel: {mesh_dim: dp_replicate}\n"
+                       "pipeline_parallel: {mesh_dim: pp, microbatches: 2, split_points: [layers.0]}\n",
+                       "p.yaml")};
+    job.options.steps = 2;
+    const VerifyReport rep = verify(job, *in_process_launch(Device::cpu, CommOptions{}));
+    REQUIRE(rep.plans.size() == 1);
+    CHECK(rep.pass);
+    CHECK(rep.plans[0].passed > 100);
+}
+
 TEST_CASE("the plan search proposes expert parallel where the experts divide over the dp dim", "[cpu]") {
     // moe_qwen2: 6 experts per layer; 4 H100s: dp4 x tp1 (6 does not divide over 4), dp2 x tp2 (2 divides 6)
     const std::string path = PTOOL_SOURCE_DIR "/models/moe_qwen2.yaml";

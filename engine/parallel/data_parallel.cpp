@@ -210,7 +210,8 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
                         dtype_name(model.dtype), dtype_name(plan.mixed_precision->reduce_dtype)));
     for (const std::string& u : fsdp_unit_fqns(spec, module_names, warnings)) res.units.push_back({u, {}});
     check_roots(spec, module_names);
-    const ExpertParallelResolution ep = resolve_expert_parallel(model, plan);
+    // (the model may be a pipeline stage's part: resolve_plan refused a whole model without experts)
+    const ExpertParallelResolution ep = resolve_expert_parallel(model, plan, false);
     for (const auto& [name, owner] : ep.owner) res.expert_params.insert(name);
     check_mixed_precision(model, plan, assign_parameters(model, spec, res));
     add_expert_units(model, plan, ep, res);

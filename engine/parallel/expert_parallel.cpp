@@ -7,7 +7,7 @@
 
 namespace ptool {
 
-ExpertParallelResolution resolve_expert_parallel(const Model& model, const Plan& plan) {
+ExpertParallelResolution resolve_expert_parallel(const Model& model, const Plan& plan, bool whole_model) {
     ExpertParallelResolution res;
     if (!plan.expert_parallel) return res;
     const SourceLocation& at = plan.expert_parallel->where;
@@ -30,7 +30,7 @@ ExpertParallelResolution resolve_expert_parallel(const Model& model, const Plan&
                     res.owner[it->second] = expert_owner(e, experts, res.size);
             });
     }
-    if (res.layers.empty())
+    if (res.layers.empty() && whole_model)
         throw InputError(at, "expert_parallel: the model has no moe layer, so there are no experts to split");
     return res;
 }

@@ -46,8 +46,10 @@ inline int expert_owner(int64_t e, int64_t experts, int ep) {
     return static_cast<int>(e / (experts / ep));
 }
 
-// Errors (exit 2, at the section): a model without a moe layer, experts that do not divide over ep.
-ExpertParallelResolution resolve_expert_parallel(const Model& model, const Plan& plan);
+// Errors (exit 2, at the section): a model without a moe layer (unless !whole_model: a pipeline
+// stage's part of the model may hold none), experts that do not divide over ep.
+ExpertParallelResolution resolve_expert_parallel(const Model& model, const Plan& plan,
+                                                 bool whole_model = true);
 
 // One rank's expert parallelism: drops the experts it does not own (their parameters zero-sized,
 // before anything is moved to the device) and averages the owned experts' gradients after backward.

@@ -9,9 +9,13 @@
 #include "core/memory_account.h"
 #include "model/layers.h"
 #include "model/module_type.h"
+#include "model/modules/moe_rows.h"
 #include "model/routing_log.h"
 
 namespace ptool {
+
+using namespace moe_rows;
+
 namespace {
 
 // moe: dim, hidden, experts, top_k, score_func (softmax | sigmoid), norm_topk_prob (true),
@@ -71,59 +75,6 @@ public:
 };
 const MoeType moe_type;
 PTOOL_REGISTER_MODULE_TYPE(moe_type);
-
-std::vector<double> host_values(const Tensor& t) {
-    const Tensor h = t.device() == Device::cpu ? t : t.to_device(Device::cpu);
-    std::vector<double> v(static_cast<size_t>(h.numel()));
-    for (int64_t i = 0; i < h.numel(); ++i) v[static_cast<size_t>(i)] = h.item(i);
-    return v;
-}
-
-// A tensor of `shape` on `device` holding `values` (meta: none).
-Tensor device_tensor(const Shape& shape, DType dtype, Device device, const std::vector<double>& values) {
-    if (device == Device::meta) return Tensor::empty(shape, dtype, Device::meta);
-    const Tensor t = Tensor::from_doubles(shape, dtype, values);
-    return device == Device::cpu ? t : t.to_device(device);
-}
-
-// An expert's rows: the tokens of its slots, and each row's weight repeated over dim (a mul's operand).
-struct ExpertRows {
-    Tensor ids, weights;
-    int64_t n = 0;
-};
-ExpertRows expert_rows(const Routing& r, int64_t e, int64_t k, int64_t dim, DType dtype, Device device) {
-    const std::vector<int64_t>& slots = r.slots[static_cast<size_t>(e)];
-    ExpertRows x;
-    x.n = static_cast<int64_t>(slots.size());
-    std::vector<double> ids, w;
-    if (device != Device::meta) {  // (meta: the shapes only; a host table of rows x dim is no shape)
-        ids.reserve(slots.size()), w.reserve(slots.size() * static_cast<size_t>(dim));
-        for (int64_t s : slots) {
-            ids.push_back(static_cast<double>(s / k));
-            w.insert(w.end(), static_cast<size_t>(dim), r.weights[static_cast<size_t>(s)]);
-        }
-    }
-    x.ids = device_tensor({x.n}, DType::int64, device, ids);
-    x.weights = device_tensor({1, x.n, dim}, dtype, device, w);
-    return x;
-}
-
-// An expert's rows put back at its tokens' places: a tensor placed as `like` is, zero where a token
-// did not go to the expert (what verify compares an expert by, on every data and cp layout).
-Placed at_tokens(Backend& be, const ExpertRows& r, const Tensor& rows, const Placed& like) {
-    const int64_t d = like.t.size(-1);
-    Tensor t({like.t.numel() / d, d}, like.t.dtype(), like.t.device());
-    if (r.n) be.embedding_backward(r.ids, rows.reshape({r.n, d}), t);
-    return {t.reshape(like.t.shape()), like.p, like.global};
-}
-
-// Row i of a and b [rows, dim]: their dot product, on the host (meta: zeros, the products counted).
-std::vector<double> row_dots(Backend& be, const Tensor& a, const Tensor& b, int64_t rows, int64_t dim) {
-    if (rows == 0) return {};
-    Tensor c = Tensor::empty({rows, 1, 1}, a.dtype(), a.device());
-    be.gemm(a.reshape({rows, 1, dim}), false, b.reshape({rows, 1, dim}), true, c);
-    return a.device() == Device::meta ? std::vector<double>(static_cast<size_t>(rows), 0.0) : host_values(c);
-}
 
 // Under tensor parallelism every tp rank routes the same tokens (the layer's input is Replicate
 // over tp) and must route them alike: the experts' colwise/rowwise collectives then have one size.
@@ -518,142 +469,6 @@ void Moe::experts_backward(RunContext& ctx, const Placed& dy, Saved& sv, Tensor&
         const Placed dxe = expert(e).backward(ctx, Placed(din));
         if (observer) observer(expert(e).fqn(), Phase::backward, ctx.microbatch, at_tokens(be, r, dxe.t, dy));
         if (r.n) be.embedding_backward(r.ids, dxe.t.reshape({r.n, d}), dx);
-    }
-}
-
-// Expert parallel (parallel/expert_parallel.h). The send rows are this rank's slots expert by expert
-// (so owner by owner, the owners' blocks being contiguous); the counts per expert go first, so each
-// owner knows where each of its experts' rows sit among those it receives (rank-major).
-void Moe::dispatched_forward(RunContext& ctx, const Placed& x, Saved& sv, Tensor& out,
-                             const Observer& observer) {
-    Backend& be = *ctx.backend;
-    Communicator& ep = *ctx.ep;
-    const Device dev = x.t.device();
-    const DType dt = x.t.dtype();
-    const int64_t d = o_.dim, k = o_.router.top_k, experts = o_.router.experts;
-    const int P = ep.size(), me = ep.rank();
-    const int64_t L = experts / P;
-    const Tensor x2 = x.t.reshape({x.t.numel() / d, d});
-    Dispatch& dp = sv.ep;
-    std::vector<double> ids, w;
-    std::vector<int64_t> per_position(static_cast<size_t>(experts));
-    dp.offset.assign(static_cast<size_t>(experts), 0);
-    for (int j = 0; j < P; ++j)  // the send rows: rank j's experts' rows, its l-th expert's before its l+1-th
-        for (int64_t l = 0; l < L; ++l) {
-            const int64_t e = dispatch_->sent_as(j, l, L, P);
-            const std::vector<int64_t>& slots = sv.routing.slots[static_cast<size_t>(e)];
-            dp.offset[static_cast<size_t>(e)] = static_cast<int64_t>(dp.slots.size());
-            per_position[static_cast<size_t>(j * L + l)] = static_cast<int64_t>(slots.size());
-            dp.slots.insert(dp.slots.end(), slots.begin(), slots.end());
-            if (dev != Device::meta)  // (meta: the shapes only)
-                for (int64_t s : slots) {
-                    ids.push_back(static_cast<double>(s / k));
-                    w.insert(w.end(), static_cast<size_t>(d), sv.routing.weights[static_cast<size_t>(s)]);
-                }
-        }
-    dispatch_->count(per_position, L);
-    std::vector<double> per_expert(per_position.begin(), per_position.end());
-    dp.send_rows.assign(static_cast<size_t>(P), 0);
-    for (int64_t i = 0; i < experts; ++i)
-        dp.send_rows[static_cast<size_t>(i / L)] += per_position[static_cast<size_t>(i)];
-    const int64_t S = static_cast<int64_t>(dp.slots.size());
-    std::vector<int64_t> counts(static_cast<size_t>(P * L));  // [source][owned expert]: its rows
-    CommScope scope(ep.counter().get(), fqn(), {CommSiteKind::expert_dispatch});
-    {
-        Tensor mine = device_tensor({experts}, DType::int64, dev, per_expert),
-               theirs({experts}, DType::int64, dev);
-        ep.all_to_all(mine, theirs);
-        const std::vector<double> got = dev == Device::meta ? std::vector<double>() : host_values(theirs);
-        for (int s = 0; s < P; ++s)  // on meta every rank routes as this one (balanced routing)
-            for (int64_t l = 0; l < L; ++l)
-                counts[static_cast<size_t>(s * L + l)] =
-                    static_cast<int64_t>(dev == Device::meta ? per_expert[static_cast<size_t>(me * L + l)]
-                                                             : got[static_cast<size_t>(s * L + l)]);
-    }
-    dp.recv_rows.assign(static_cast<size_t>(P), 0);
-    for (int s = 0; s < P; ++s)
-        for (int64_t l = 0; l < L; ++l)
-            dp.recv_rows[static_cast<size_t>(s)] += counts[static_cast<size_t>(s * L + l)];
-    int64_t R = 0;
-    for (int64_t r : dp.recv_rows) R += r;
-    dp.ids = device_tensor({S}, DType::int64, dev, ids);
-    dp.weights = device_tensor({S, d}, dt, dev, w);
-    if (!dispatch_->inverts()) std::sort(ids.begin(), ids.end());  // the rows left in token order
-    dp.combine_ids = dispatch_->inverts() ? dp.ids : device_tensor({S}, DType::int64, dev, ids);
-    Tensor xs = Tensor::empty({S, d}, dt, dev), xr = Tensor::empty({R, d}, dt, dev);
-    if (S) be.embedding(dp.ids, x2, xs);
-    ep.all_to_all_v(xs, dp.send_rows, xr, dp.recv_rows);
-    Tensor yr({R, d}, dt, dev);
-    for (int64_t l = 0; l < L; ++l) {  // each owned expert once, on every rank's rows for it
-        std::vector<double> rows;
-        int64_t base = 0;
-        for (int s = 0; s < P; ++s) {
-            int64_t at = base;
-            for (int64_t j = 0; j < l; ++j) at += counts[static_cast<size_t>(s * L + j)];
-            for (int64_t i = 0; i < counts[static_cast<size_t>(s * L + l)]; ++i)
-                rows.push_back(static_cast<double>(at + i));
-            base += dp.recv_rows[static_cast<size_t>(s)];
-        }
-        const int64_t m = static_cast<int64_t>(rows.size());
-        const Tensor oid = device_tensor({m}, DType::int64, dev, rows);
-        Tensor xe = Tensor::empty({1, m, d}, dt, dev);
-        if (m) be.embedding(oid, xr, xe);
-        const Placed ye = expert(me * L + l).forward(ctx, Placed(xe));
-        if (m) be.embedding_backward(oid, ye.t.reshape({m, d}), yr);
-        dp.owned_ids.push_back(oid);
-    }
-    dp.outputs = Tensor::empty({S, d}, dt, dev);
-    ep.all_to_all_v(yr, dp.recv_rows, dp.outputs, dp.send_rows);
-    Tensor weighted = Tensor::empty({S, d}, dt, dev);
-    be.mul(dp.outputs, dp.weights, weighted);
-    if (S) be.embedding_backward(dp.combine_ids, weighted, out);
-    if (!observer) return;
-    for (int64_t e = 0; e < experts; ++e) {
-        const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
-        observer(expert(e).fqn(), Phase::forward, ctx.microbatch,
-                 at_tokens(be, r, dp.outputs.narrow(0, dp.offset[static_cast<size_t>(e)], r.n), x));
-    }
-}
-
-void Moe::dispatched_backward(RunContext& ctx, const Placed& dy, Saved& sv, Tensor& dx,
-                              std::vector<double>& d_weights, const Observer& observer) {
-    Backend& be = *ctx.backend;
-    Communicator& ep = *ctx.ep;
-    const Device dev = dy.t.device();
-    const DType dt = dy.t.dtype();
-    const int64_t d = o_.dim, k = o_.router.top_k, experts = o_.router.experts;
-    const int me = ep.rank();
-    const int64_t L = experts / ep.size();
-    const Tensor dy2 = dy.t.reshape({dy.t.numel() / d, d});
-    Dispatch& dp = sv.ep;
-    const int64_t S = static_cast<int64_t>(dp.slots.size());
-    int64_t R = 0;
-    for (int64_t r : dp.recv_rows) R += r;
-    Tensor dys = Tensor::empty({S, d}, dt, dev), dins = Tensor::empty({S, d}, dt, dev);
-    if (S) be.embedding(dp.combine_ids, dy2, dys);
-    const std::vector<double> dw = row_dots(be, dys, dp.outputs, S, d);
-    for (int64_t i = 0; i < S; ++i)
-        d_weights[static_cast<size_t>(dp.slots[static_cast<size_t>(i)])] =
-            dev == Device::meta ? 0.0 : dw[static_cast<size_t>(i)];
-    be.mul(dys, dp.weights, dins);
-    CommScope scope(ep.counter().get(), fqn(), {CommSiteKind::expert_dispatch});
-    Tensor dinr = Tensor::empty({R, d}, dt, dev), dxr({R, d}, dt, dev), dxs = Tensor::empty({S, d}, dt, dev);
-    ep.all_to_all_v(dins, dp.send_rows, dinr, dp.recv_rows);
-    for (int64_t l = L - 1; l >= 0; --l) {
-        const Tensor& oid = dp.owned_ids[static_cast<size_t>(l)];
-        const int64_t m = oid.numel();
-        Tensor din = Tensor::empty({1, m, d}, dt, dev);
-        if (m) be.embedding(oid, dinr, din);
-        const Placed dxe = expert(me * L + l).backward(ctx, Placed(din));
-        if (m) be.embedding_backward(oid, dxe.t.reshape({m, d}), dxr);
-    }
-    ep.all_to_all_v(dxr, dp.recv_rows, dxs, dp.send_rows);
-    if (S) be.embedding_backward(dp.ids, dxs, dx);
-    if (!observer) return;
-    for (int64_t e = 0; e < experts; ++e) {
-        const ExpertRows r = expert_rows(sv.routing, e, k, d, dt, dev);
-        observer(expert(e).fqn(), Phase::backward, ctx.microbatch,
-                 at_tokens(be, r, dxs.narrow(0, dp.offset[static_cast<size_t>(e)], r.n), dy));
     }
 }
 
