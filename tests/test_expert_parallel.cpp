@@ -272,7 +272,13 @@ TEST_CASE("the plan search proposes expert parallel where the experts divide ove
         CHECK_THAT(k.plan_text,
                    Catch::Contains(k.choice.ep_replicate ? "expert_parallel:\n  mesh_dim: dp_replicate\n"
                                                          : "expert_parallel:\n  mesh_dim: dp_shard\n"));
-        CHECK(k.choice.mode_name() == (k.choice.ep_replicate ? "hsdp+ep2r" : "hsdp+ep2"));
+        CHECK(k.choice.mode_name() == (!k.choice.ep_replicate ? "hsdp+ep2"
+                                       : k.choice.ep_inner    ? "hsdp+ep2r-inner"
+                                                              : "hsdp+ep2r"));
+        // dp_replicate, which ep borrows, inner (ep inside a node) or outer on the mesh
+        CHECK_THAT(k.plan_text, Catch::Contains(k.choice.ep_replicate && k.choice.ep_inner
+                                                    ? "mesh: {dp_shard: 2, dp_replicate: 2}"
+                                                    : "mesh: {dp_replicate: 2, dp_shard: 2}"));
         if (k.choice.ep_replicate && !outer) outer = &k;
         inner += !k.choice.ep_replicate;
     }

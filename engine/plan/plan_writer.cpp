@@ -196,7 +196,11 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
     std::vector<std::string> dims;
     if (c.pp > 1) dims.push_back(fmt::format("pp: {}", c.pp));      // outermost: the dim that crosses nodes
     const bool dp_section = c.dp > 1 || c.param_dtype || c.cp > 1;  // fully_shard over dp x cp
-    if (dp_section && c.hybrid())
+    if (dp_section && c.hybrid() && c.ep > 1 && c.ep_replicate && c.ep_inner)  // ep (dp_replicate) inner: the
+        // blocking all_to_all inside a node, the experts' fully_shard over dp_shard across nodes, as
+        // torchtitan's dp_shard_mod_ep (outer) x dp_shard_in_ep (inner)
+        dims.push_back(fmt::format("dp_shard: {}, dp_replicate: {}", c.dp_shard, c.dp_replicate()));
+    else if (dp_section && c.hybrid())
         dims.push_back(fmt::format("dp_replicate: {}, dp_shard: {}", c.dp_replicate(), c.dp_shard));
     else if (dp_section)
         dims.push_back(fmt::format("dp: {}", c.dp));

@@ -79,6 +79,9 @@ struct PlanChoice {
     // HSDP only: ep borrows dp_replicate and fully_shard shards each rank's experts over dp_shard
     // (torchtitan's fully_shard of the experts over the ranks that hold the same ones)
     bool ep_replicate = false;
+    // with ep_replicate: the mesh puts dp_replicate inner (ep's blocking all_to_all inside a node, as
+    // torchtitan's dp_shard_in_ep; fully_shard's collectives across nodes), else outer (HSDP's order)
+    bool ep_inner = false;
 
     bool hybrid() const { return dp_shard > 1 && dp_shard < dp; }
     // "full", "op" (activation_checkpointing's modes) or "" (none)
@@ -89,9 +92,9 @@ struct PlanChoice {
     int dp_replicate() const { return hybrid() ? dp / dp_shard : 1; }
     std::string mode_name() const {
         const std::string m = hybrid() ? "hsdp" : zero_stage ? fmt::format("zero{}", zero_stage) : dp_mode;
-        return ep > 1 ? fmt::format("{}+ep{}{}", m, ep, ep_replicate ? "r" : "") : m;
+        return ep > 1 ? fmt::format("{}+ep{}{}", m, ep, !ep_replicate ? "" : ep_inner ? "r-inner" : "r") : m;
     }  // "hsdp", "fully_shard", "replicate", "zero1", "zero2"; "+epN" with expert parallel ("+epNr": over
-       // HSDP's dp_replicate, the experts sharded over dp_shard)
+       // HSDP's dp_replicate, the experts sharded over dp_shard; "+epNr-inner": dp_replicate the inner dim)
     std::string dp_text() const {  // "dp8", or HSDP's "dp2x4" (replicas x shards)
         return hybrid() ? fmt::format("dp{}x{}", dp_replicate(), dp_shard) : fmt::format("dp{}", dp);
     }

@@ -368,15 +368,16 @@ private:
                     // expert parallel over the dp dim where every layer's experts divide over it
                     // (torchtitan borrows ep from the data-parallel ranks); under HSDP over dp_shard
                     // (each rank's experts whole, the all_to_all inside a node), or over dp_replicate
-                    // with each rank's experts sharded over dp_shard (across nodes)
-                    for (const bool over_replicas : {false, true}) {
-                        if (over_replicas && !c.hybrid()) continue;
-                        const int ep = !c.hybrid() ? c.dp : over_replicas ? c.dp_replicate() : c.dp_shard;
+                    // with each rank's experts sharded over dp_shard, dp_replicate the outer dim (the
+                    // all_to_all across nodes) or the inner one (fully_shard's across nodes)
+                    for (const int variant : {0, 1, 2}) {
+                        if (variant > 0 && !c.hybrid()) continue;
+                        const int ep = !c.hybrid() ? c.dp : variant > 0 ? c.dp_replicate() : c.dp_shard;
                         if (experts_.empty() || ep <= 1) continue;
                         PlanChoice e = c;
-                        e.ep = ep, e.ep_replicate = over_replicas;
+                        e.ep = ep, e.ep_replicate = variant > 0, e.ep_inner = variant == 2;
                         if (std::string why = expert_split(ep); !why.empty()) {
-                            if (!ckpt)
+                            if (!ckpt && variant < 2)
                                 r_.rejected.push_back({fmt::format("{} {}", mesh, e.mode_name()), why});
                         } else {
                             groups.push_back(e);
