@@ -230,6 +230,23 @@ optimizer: {type: adamw, lr: 0.001}
     CHECK(rep.plans[0].passed > 100);
 }
 
+TEST_CASE("under a pipeline the step's loss carries every stage's balancing loss", "[cpu]") {
+    // moe_mixtral (aux_loss_coef 0.02) on 2 stages, a moe layer each: stage 0's balancing loss is
+    // summed into the last stage's loss (its gradient stays in stage 0's backward); the loss is
+    // compared with the reference's, which has both layers' terms
+    const ShippedCase c{"moe_mixtral", "moe_mixtral_ddp", 2, nullptr};
+    VerifyJob job = shipped_job(c);
+    job.plans = {
+        load_plan_text("mesh: {pp: 2}\npipeline_parallel: {mesh_dim: pp, microbatches: 2}\n", "p.yaml")};
+    const VerifyReport rep = verify(job, *in_process_launch(Device::cpu, CommOptions{}));
+    REQUIRE(rep.plans.size() == 1);
+    CHECK(rep.pass);
+    int losses = 0;
+    for (const TensorReport& t : rep.plans[0].tensors)
+        if (t.name.find(".loss") != std::string::npos) losses += t.pass;
+    CHECK(losses == 2);  // each step's
+}
+
 TEST_CASE("the plan search proposes expert parallel where the experts divide over the dp dim", "[cpu]") {
     // moe_qwen2: 6 experts per layer; 4 H100s: dp4 x tp1 (6 does not divide over 4), dp2 x tp2 (2 divides 6)
     const std::string path = PTOOL_SOURCE_DIR "/models/moe_qwen2.yaml";

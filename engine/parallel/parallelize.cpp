@@ -150,8 +150,7 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
     res.ep = resolve_expert_parallel(model, plan);
-    // what a moe layer's options need of the plan: the balancing loss lives on every stage with
-    // experts and the loss on the last (no pipeline); a capacity keeps slots in the microbatch's token
+    // what a moe layer's options need of the plan: a capacity keeps slots in the microbatch's token
     // order, which interleaves the cp ranks' positions (no context parallel)
     const bool cp = plan.context_parallel && plan.dims.size(DimRole::cp) > 1;
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
@@ -163,13 +162,6 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
                 fmt::format("context_parallel with an expert capacity (moe '{}' has capacity_factor): "
                             "its slots are kept in the microbatch's token order, which interleaves "
                             "the cp ranks' positions; not modelled yet",
-                            fqn));
-        if (plan.pipeline && moe->options().aux_loss_coef > 0)
-            throw InputError(
-                plan.pipeline->where,
-                fmt::format("pipeline_parallel with a load-balancing loss (moe '{}' has aux_loss_coef): "
-                            "ptool does not carry it from the stages that hold experts to the last "
-                            "one's loss yet",
                             fqn));
     });
     if (plan.dims.has(DimRole::tp)) resolve_tensor_parallel(model, plan, res);

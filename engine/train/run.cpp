@@ -111,10 +111,13 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
                                 : &mesh_->group(mesh_->add_group(data, plan.dims.data_label()));
     res_ = resolve_plan(model_, plan);  // the whole model's (a stage's boundary layouts come from it)
     bool balances = false;              // a moe layer with a load-balancing loss: its statistics' group
-    for_each_module(*model_.root, [&](const std::string&, Module& m) {
-        if (const auto* moe = dynamic_cast<const Moe*>(&m))
-            balances |= moe->options().aux_loss_coef > 0 || moe->options().capacity_factor > 0;
-    });
+    for_each_module(
+        *model_.root, [&](const std::string&, Module& m) {  // (the whole model's, every rank alike)
+            if (const auto* moe = dynamic_cast<const Moe*>(&m)) {
+                balances |= moe->options().aux_loss_coef > 0 || moe->options().capacity_factor > 0;
+                aux_losses_ |= moe->options().aux_loss_coef > 0;
+            }
+        });
     if (balances) {
         std::vector<int> dims = data;
         if (plan.dims.has(DimRole::cp)) dims.push_back(plan.dims.index(DimRole::cp));
@@ -413,6 +416,7 @@ void Run::forward(StepState& st, int s, int m) {
               ? model_.root->forward(f.ctx, f.x)
               : stage_forward(f.ctx, held(s).modules, f.x, held(s).root_hooks ? model_.root.get() : nullptr);
     if (s + 1 < stages_) {  // sent on (or handed to the next stage here); its gradient comes back
+        st.aux_before_last += f.aux * scale;  // its gradient went into the stage's own backward
         if (!schedule_.sends_output(s)) st.received[{s + 1, m}] = f.y;
         return;
     }
@@ -632,6 +636,15 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     for (auto& [m, done] : st.done) {  // in microbatch order, as the reference's rows are
         out.outputs.push_back(std::move(done.output));
         out.loss += done.loss;
+    }
+    if (plan_.pipeline && aux_losses_) {
+        // the balancing losses of the stages before the last, summed over the pp ranks into the
+        // step's loss on the last stage's rank: a logging collective, as Megatron's reduction of
+        // its aux-loss tracker over pipeline ranks (not counted: no plan's training needs it)
+        CountingPaused pause(comm(DimRole::pp).counter().get());
+        Tensor aux = Tensor::scalar(st.aux_before_last, DType::float64).reshape({1});
+        comm(DimRole::pp).all_reduce(aux, ReduceOp::sum);
+        if (!st.done.empty()) out.loss += aux.item(0);
     }
     be_.synchronize();
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -184,6 +184,9 @@ private:
         // keyed by (stage, microbatch): a rank may hold several stages (interleaved_1f1b)
         std::map<std::pair<int, int>, Inflight> inflight;
         std::map<int, Done> done;  // the last stage's, by microbatch
+        // the balancing losses of the stages before the last that this rank holds, scaled as the
+        // loss is (each microbatch's / their count): the step's loss adds them (Run::step)
+        double aux_before_last = 0;
         // a pipeline stage's: its inputs received (or handed on by the stage before on this rank),
         // its outputs' gradients received (or handed back), its inputs' gradients to send back
         std::map<std::pair<int, int>, Placed> received, received_grads, to_send_back;
@@ -207,6 +210,7 @@ private:
     std::unique_ptr<DeviceMesh> mesh_;
     Resolution res_;
     TpParams tp_params_;
+    bool aux_losses_ = false;             // a moe layer of the whole model adds a balancing loss
     DataParallelResolution executed_dp_;  // what the layer let run (res_.dp: what the plan says)
     std::unique_ptr<DataParallel> data_parallel_;
     std::unique_ptr<ExpertParallel> expert_parallel_;
