@@ -213,9 +213,7 @@ int plan(const PlanArgs& a, const Common& common) {
                 j["candidates"].back()["dp_shard"] = c.choice.dp_shard;
             if (c.choice.ep > 1)
                 j["candidates"].back()["ep"] = c.choice.ep,
-                j["candidates"].back()["ep_mesh_dim"] = !c.choice.hybrid()      ? "dp"
-                                                        : c.choice.ep_replicate ? "dp_replicate"
-                                                                                : "dp_shard",
+                j["candidates"].back()["ep_mesh_dim"] = c.choice.ep_mesh_dim(),
                 j["candidates"].back()["all_to_all_seconds"] = c.time.all_to_all;
             if (c.choice.pp > 1)
                 j["candidates"].back()["pipeline"] = {{"pp", c.choice.pp},

@@ -90,9 +90,10 @@ TEST_CASE("an ep rank holds its own experts only: the others' parameters take no
     CHECK(params("moe_mixtral_ddp") - params("moe_mixtral_ep") == 147456 / 2);
 }
 
-TEST_CASE("under expert parallelism every expert tensor is compared, gathered from its owner", "[cpu]") {
-    // HSDP 2 x 2 with ep over dp_shard: the experts' replicas over dp_replicate are checked too
-    const ShippedCase c{"moe_qwen2", "moe_qwen2_ep_hsdp", 1, nullptr};
+// Verifies a shipped expert-parallel case for one step: PASS, and every expert tensor (each layer's
+// experts' parameters and gradients) compared, of its shape, agreeing, its replicas in `replicas`;
+// returns how many there are.
+static int verified_experts(const ShippedCase& c, ReplicaState replicas) {
     const VerifyReport rep = verify(shipped_job(c), *in_process_launch(Device::cpu, CommOptions{}));
     REQUIRE(rep.plans.size() == 1);
     CHECK(rep.pass);
@@ -103,10 +104,17 @@ TEST_CASE("under expert parallelism every expert tensor is compared, gathered fr
             INFO(name);
             CHECK(d.pass);
             CHECK(d.shape_ok);
-            CHECK(step.replicas.at(name) == ReplicaState::equal);  // over dp_replicate
+            CHECK(step.replicas.at(name) == replicas);
             ++experts;
         }
-    CHECK(experts == 2 * 6 * 3 * 2);  // every expert's gradient and parameter: 2 layers x 6 x 3
+    return experts;
+}
+
+TEST_CASE("under expert parallelism every expert tensor is compared, gathered from its owner", "[cpu]") {
+    // HSDP 2 x 2 with ep over dp_shard: the experts' replicas over dp_replicate are checked too
+    // (every expert's gradient and parameter: 2 layers x 6 x 3, replicated over dp_replicate)
+    CHECK(verified_experts({"moe_qwen2", "moe_qwen2_ep_hsdp", 1, nullptr}, ReplicaState::equal) ==
+          2 * 6 * 3 * 2);  // every expert's gradient and parameter: 2 layers x 6 x 3
 }
 
 TEST_CASE("ep over HSDP's dp_replicate: fully_shard shards each rank's experts over dp_shard", "[cpu]") {
@@ -144,21 +152,8 @@ TEST_CASE("ep over HSDP's dp_replicate: fully_shard shards each rank's experts o
 
     // the run: every expert tensor compared, gathered from its dp_shard shards and then its owner;
     // there are no replicas of an expert (sharded on dp_shard, owned on dp_replicate)
-    const ShippedCase c{"moe_mixtral", "moe_mixtral_ep_fsdp", 1, nullptr};
-    const VerifyReport rep = verify(shipped_job(c), *in_process_launch(Device::cpu, CommOptions{}));
-    REQUIRE(rep.plans.size() == 1);
-    CHECK(rep.pass);
-    int experts = 0;
-    const StepRecord& step = rep.plans[0].run.steps.at(0);
-    for (const auto& [name, d] : step.vs_reference)
-        if (name.find(".experts.") != std::string::npos) {
-            INFO(name);
-            CHECK(d.pass);
-            CHECK(d.shape_ok);
-            CHECK(step.replicas.at(name) == ReplicaState::sharded);
-            ++experts;
-        }
-    CHECK(experts == 2 * 4 * 3 * 2);  // every expert's gradient and parameter: 2 layers x 4 x 3
+    CHECK(verified_experts({"moe_mixtral", "moe_mixtral_ep_fsdp", 1, nullptr}, ReplicaState::sharded) ==
+          2 * 4 * 3 * 2);  // every expert's gradient and parameter: 2 layers x 4 x 3
 }
 
 TEST_CASE("explain's collectives under expert parallelism are the run's: a rank's own experts only",

@@ -182,7 +182,7 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
             st->params.push_back(std::move(m));
         }
         // a moe layer's experts: hooked on the layer, which calls each of them
-        modules.at(u.experts ? u.fqn.substr(0, u.fqn.rfind('.')) : u.fqn)->add_outer_hooks(st);
+        modules.at(u.hooked_on())->add_outer_hooks(st);
         units_.push_back(st);
     }
 }

@@ -28,6 +28,8 @@ struct FsdpUnitSpec {
     // owns (Run drops the others' names), and their reduce_scatter's result is not averaged over
     // HSDP's replicate dim, which is the ep dim here (parallel/expert_parallel.h divides by ep).
     bool experts = false;
+    // the module its hooks go on: the unit's own, or an experts unit's moe layer
+    std::string hooked_on() const { return experts ? fqn.substr(0, fqn.rfind('.')) : fqn; }
 };
 
 class FullyShard {

@@ -80,7 +80,7 @@ void explain_data_parallel(const Model& model, const Plan& plan, Explanation& ex
         const int64_t scatter = n * region * static_cast<int64_t>(dtype_size(reduced));
         forward.push_back({"all_gather", gather, u.fqn, Phase::forward});
         // an experts unit's hooks are its moe layer's: gathered again where the layer is recomputed
-        if (recomputed(u.experts ? u.fqn.substr(0, u.fqn.rfind('.')) : u.fqn))
+        if (recomputed(u.hooked_on()))
             backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
         if (!u.fqn.empty()) backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
         const auto at = backward.begin() + (u.fqn.empty() ? 0 : 1);

@@ -235,9 +235,7 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
                              dtype_name(model.dtype));
     }
     if (c.ep > 1 && dp_section)  // the experts over the dp ranks (HSDP's shard dim), as torchtitan borrows ep
-        s += fmt::format("expert_parallel:\n  mesh_dim: {}\n", !c.hybrid()      ? "dp"
-                                                               : c.ep_replicate ? "dp_replicate"
-                                                                                : "dp_shard");
+        s += fmt::format("expert_parallel:\n  mesh_dim: {}\n", c.ep_mesh_dim());
     if (c.cp > 1) s += "context_parallel:\n  mesh_dim: cp\n";  // allgather, load-balanced: the defaults
     if (c.checkpoint && !blocks.empty())
         s += c.selective ? fmt::format("activation_checkpointing: {{modules: {}, mode: op}}\n", list(blocks))

@@ -90,6 +90,8 @@ struct PlanChoice {
         return checkpoint == o.checkpoint && selective == o.selective;
     }
     int dp_replicate() const { return hybrid() ? dp / dp_shard : 1; }
+    // the data dim expert_parallel borrows (ep > 1): "dp", HSDP's "dp_shard" or "dp_replicate"
+    const char* ep_mesh_dim() const { return !hybrid() ? "dp" : ep_replicate ? "dp_replicate" : "dp_shard"; }
     std::string mode_name() const {
         const std::string m = hybrid() ? "hsdp" : zero_stage ? fmt::format("zero{}", zero_stage) : dp_mode;
         return ep > 1 ? fmt::format("{}+ep{}{}", m, ep, !ep_replicate ? "" : ep_inner ? "r-inner" : "r") : m;
