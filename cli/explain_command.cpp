@@ -61,11 +61,12 @@ void print_runtime(const ExplainReport& r) {
         format_bytes(static_cast<int64_t>(cl.reserved_bytes)));
     for (size_t i = 0; i < r.memory.size(); ++i) {
         const RankMemory& m = r.memory[i].sim.memory;
-        const double needs = static_cast<double>(m.peak) + r.overheads[i].total() + cl.reserved_bytes;
+        const double needs =
+            static_cast<double>(m.torch_peak) + r.overheads[i].outside_allocator() + cl.reserved_bytes;
         if (needs > cl.memory_bytes)
             spdlog::warn("ranks {} do not fit: the peak {} and the runtime {} are more than the GPU's {}",
-                         rank_ranges(r.memory[i].ranks), format_bytes(m.peak),
-                         format_bytes(static_cast<int64_t>(r.overheads[i].total())),
+                         rank_ranges(r.memory[i].ranks), format_bytes(m.torch_peak),
+                         format_bytes(static_cast<int64_t>(r.overheads[i].outside_allocator())),
                          format_bytes(static_cast<int64_t>(cl.memory_bytes - cl.reserved_bytes)));
         else if (m.over_capacity > 0)
             spdlog::warn(
@@ -184,7 +185,7 @@ void explain(const ExplainArgs& a, const Common& c) {
         std::vector<std::string> row = {rank_ranges(pm.ranks), format_bytes(m.peak),
                                         format_bytes(m.first_step_peak), format_bytes(m.reserved_peak)};
         if (on_gpu)
-            row.push_back(format_bytes(m.reserved_peak + static_cast<int64_t>(r.overheads[i].total())));
+            row.push_back(format_bytes(m.reserved_peak + static_cast<int64_t>(r.overheads[i].outside_allocator())));
         row.insert(row.end(), {format_bytes(m.resident), fmt::format("{}", fmt::join(uses, ", "))});
         mrows.push_back(std::move(row));
     }
@@ -325,13 +326,21 @@ void explain(const ExplainArgs& a, const Common& c) {
             nlohmann::json e = memory_json(m.sim.memory, "predicted_peak_bytes");  // the steady state's
             e["first_step_peak_bytes"] = m.sim.memory.first_step_peak;
             e["predicted_reserved_peak_bytes"] = m.sim.memory.reserved_peak;  // the allocator model's
+            // PyTorch's torch.cuda.max_memory_allocated (the framework tally, core/framework_memory.h)
+            e["allocated_peak_bytes"] = m.sim.memory.torch_peak;
+            nlohmann::json torch_uses = nlohmann::json::object();
+            for (int u = 0; u < kMemoryUses; ++u)
+                if (m.sim.memory.torch_at_peak[u] != 0)
+                    torch_uses[memory_use_name(static_cast<MemoryUse>(u))] = m.sim.memory.torch_at_peak[u];
+            e["allocated_at_peak"] = torch_uses;
             if (cluster) {  // the runtime's memory besides the tensors (plan/device_overheads.h)
                 const DeviceOverheads& o = r.overheads[i];
                 e["runtime_bytes"] = {{"cuda_context", o.cuda_context},
-                                      {"cublas_workspace", o.cublas_workspace},
+                                      {"step_runtime", o.step_runtime},
+                                      {"cublas_workspaces", o.cublas_workspaces},
                                       {"nccl", o.nccl},
                                       {"nccl_communicators", o.communicators}};
-                e["device_peak_bytes"] = static_cast<double>(m.sim.memory.reserved_peak) + o.total();
+                e["device_peak_bytes"] = static_cast<double>(m.sim.memory.reserved_peak) + o.outside_allocator();
                 e["allocator_over_capacity"] = m.sim.memory.over_capacity;
             }
             e["ranks"] = m.ranks;
@@ -375,8 +384,22 @@ void explain(const ExplainArgs& a, const Common& c) {
                                    {"bytes", ct.bytes},
                                    {"calls", ct.calls},
                                    {"inter_node", ct.inter_node}};
+                const ComputeTerms& ct = times[i].terms;
+                nlohmann::json ops = nlohmann::json::object();
+                for (int o = 0; o < kOpClasses; ++o)
+                    if (ct.ops[o] > 0)
+                        ops[op_class_name(static_cast<OpClass>(o))] = {{"seconds", ct.ops[o]},
+                                                                       {"measured", ct.op_measured[o]}};
                 j["time"].push_back({{"ranks", memory[i].ranks},
                                      {"compute_seconds", times[i].compute},
+                                     {"compute_terms",
+                                      {{"gemm_fwd_seconds", ct.gemm[0]},
+                                       {"gemm_dgrad_seconds", ct.gemm[1]},
+                                       {"gemm_wgrad_seconds", ct.gemm[2]},
+                                       {"attention_fwd_seconds", ct.attention[0]},
+                                       {"attention_bwd_seconds", ct.attention[1]},
+                                       {"memory_bound_seconds", ct.memory},
+                                       {"framework_ops", ops}}},
                                      {"step_seconds", times[i].step},
                                      {"gemm_flops", times[i].gemm_flops},
                                      {"model_flops", times[i].model_flops},

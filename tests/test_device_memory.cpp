@@ -80,7 +80,8 @@ TEST_CASE("a rank joins one NCCL communicator per collective dim and one per pip
     const Cluster cl = load_cluster_text(
         "nodes: 1\ngpus_per_node: 8\nmemory_gib: 80\ntflops: {bfloat16: 989}\nmemory_bandwidth_gb_s: 3350\n"
         "intra_node: {bandwidth_gb_s: 450, latency_us: 3}\n"
-        "runtime: {cuda_context_mib: 500, cublas_workspace_mib: 32, nccl_mib_per_communicator: 100}\n",
+        "runtime: {cuda_context_mib: 500, step_runtime_mib: 700, cublas_workspace_mib: 32, "
+        "nccl_mib_per_communicator: 100}\n",
         "c.yaml");
     const std::string tp = "tensor_parallel: {mesh_dim: tp, plan: {net1: colwise}}\n";
     const Plan dp_tp = load_plan_text(
@@ -88,9 +89,11 @@ TEST_CASE("a rank joins one NCCL communicator per collective dim and one per pip
     CHECK(nccl_communicators(dp_tp, 0) == 2);
     const DeviceOverheads o = device_overheads(cl, dp_tp, 3);
     CHECK(o.cuda_context == 500.0 * MiB);
-    CHECK(o.cublas_workspace == 32.0 * MiB);
+    CHECK(o.step_runtime == 700.0 * MiB);
+    CHECK(o.cublas_workspaces == 64.0 * MiB);  // the forward thread's and autograd's, in the allocator
     CHECK(o.nccl == 200.0 * MiB);
-    CHECK(o.total() == 732.0 * MiB);
+    CHECK(o.outside_allocator() == 1400.0 * MiB);
+    CHECK(o.total() == 1464.0 * MiB);
     // a dim of one rank, or without a role (replicas that never talk), has none
     CHECK(nccl_communicators(
               load_plan_text("mesh: {dp: 1, tp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n" + tp,

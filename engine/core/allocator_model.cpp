@@ -41,9 +41,9 @@ AllocatorModel::~AllocatorModel() {
     for (auto& [key, live] : blocks_) allocator_->release(live.block);
 }
 
-void AllocatorModel::allocate(const void* key, size_t bytes) {
+void AllocatorModel::allocate(const void* key, size_t bytes, uintptr_t stream) {
     if (bytes == 0) return;  // PyTorch allocates nothing for an empty tensor
-    blocks_[key] = {next_order_++, bytes, allocator_->allocate(bytes)};
+    blocks_[key] = {next_order_++, bytes, allocator_->allocate(bytes, stream), stream};
 }
 
 void AllocatorModel::restart() {
@@ -54,7 +54,7 @@ void AllocatorModel::restart() {
     allocator_.reset();  // before its driver
     driver_ = std::make_unique<Driver>(capacity_);
     allocator_ = std::make_unique<CachingAllocator>(*driver_, "modelled CUDA", SegmentPolicy::pytorch);
-    for (const auto& [key, l] : live) allocate(key, l.bytes);
+    for (const auto& [key, l] : live) allocate(key, l.bytes, l.stream);
 }
 
 void AllocatorModel::release(const void* key) {
@@ -70,6 +70,18 @@ size_t AllocatorModel::reserved() const {
 
 size_t AllocatorModel::peak_reserved() const {
     return allocator_->stats().peak_reserved;
+}
+
+std::map<uintptr_t, size_t> AllocatorModel::reserved_by_stream_at_peak() const {
+    return allocator_->stats().reserved_by_stream_at_peak;
+}
+
+size_t AllocatorModel::in_use() const {
+    return allocator_->stats().in_use;
+}
+
+size_t AllocatorModel::peak_in_use() const {
+    return allocator_->stats().peak_in_use;
 }
 
 int64_t AllocatorModel::over_capacity() const {

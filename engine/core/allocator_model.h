@@ -26,7 +26,9 @@ public:
     AllocatorModel(const AllocatorModel&) = delete;
     AllocatorModel& operator=(const AllocatorModel&) = delete;
 
-    void allocate(const void* key, size_t bytes);  // key: the tensor storage's identity
+    // key: the tensor storage's identity; stream: the CUDA stream it is allocated on (a block freed
+    // on one stream is reused on that stream only)
+    void allocate(const void* key, size_t bytes, uintptr_t stream = 0);
     void release(const void* key);                 // a key never allocated (or of 0 bytes) is ignored
     // Starts over from an empty device with what is live now, allocated again in the order it was:
     // a run's memory after its model is built, as torchtitan builds it (on meta, then each rank's
@@ -34,6 +36,9 @@ public:
     void restart();
     size_t reserved() const;
     size_t peak_reserved() const;
+    std::map<uintptr_t, size_t> reserved_by_stream_at_peak() const;
+    size_t in_use() const;  // the blocks handed out (rounded sizes), as max_memory_allocated counts them
+    size_t peak_in_use() const;
     int64_t over_capacity() const;  // segments granted beyond the capacity
 
 private:
@@ -42,6 +47,7 @@ private:
         int64_t order;  // allocation order
         size_t bytes;
         void* block;
+        uintptr_t stream;
     };
     size_t capacity_;
     std::unique_ptr<Driver> driver_;

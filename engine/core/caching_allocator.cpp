@@ -101,7 +101,9 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
                             what_, size, stats_.in_use, stats_.reserved, stats_.peak_in_use));
         ++stats_.driver_allocations;
         stats_.reserved += segment;
-        stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+        stats_.reserved_by_stream[stream] += segment;
+        if (stats_.reserved > stats_.peak_reserved)
+            stats_.peak_reserved = stats_.reserved, stats_.reserved_by_stream_at_peak = stats_.reserved_by_stream;
         b = new Block{static_cast<char*>(p), segment, stream,
                       policy_ == SegmentPolicy::pytorch && size <= kSmall};
     }
@@ -143,6 +145,7 @@ void CachingAllocator::free_cached_locked() {
         }
         raw_.free(b->ptr, b->size);
         stats_.reserved -= b->size;
+        stats_.reserved_by_stream[b->stream] -= b->size;
         ++stats_.driver_frees;
         it = free_.erase(it);
         delete b;
@@ -158,6 +161,7 @@ void CachingAllocator::reset_peaks() {
     std::lock_guard lock(mutex_);
     stats_.peak_in_use = stats_.in_use;
     stats_.peak_reserved = stats_.reserved;
+    stats_.reserved_by_stream_at_peak = stats_.reserved_by_stream;
 }
 
 }  // namespace ptool

@@ -8,7 +8,17 @@ thread_local std::shared_ptr<MemoryAccount> t_account;
 thread_local MemoryUse t_use = MemoryUse::other;
 thread_local const std::string* t_phase_fqn = nullptr;
 thread_local char t_phase_pass = 0;
+thread_local TorchAlloc t_torch = TorchAlloc::both;
+thread_local AllocStream t_stream = AllocStream::compute;
 }  // namespace
+
+TorchAllocScope::TorchAllocScope(TorchAlloc kind, AllocStream stream) : saved_kind_(t_torch), saved_stream_(t_stream) {
+    t_torch = kind, t_stream = stream;
+}
+
+TorchAllocScope::~TorchAllocScope() {
+    t_torch = saved_kind_, t_stream = saved_stream_;
+}
 
 MemoryPhaseScope::MemoryPhaseScope(const std::string& fqn, char pass)
     : saved_fqn_(t_phase_fqn), saved_pass_(t_phase_pass) {
@@ -51,14 +61,40 @@ const char* memory_use_name(MemoryUse u) {
             return "mixed_precision";
         case MemoryUse::batch:
             return "batch";
+        case MemoryUse::workspace:
+            return "workspace";
+        case MemoryUse::optimizer_temporaries:
+            return "optimizer_temporaries";
         default:
             return "other";
     }
 }
 
+void MemoryAccount::torch_charge(const void* key, int64_t bytes, MemoryUse use) {
+    if (allocator_) allocator_->allocate(key, static_cast<size_t>(bytes), static_cast<uintptr_t>(t_stream));
+    torch_[key] = {bytes, use};
+    torch_live_ += bytes;
+    torch_live_by_[static_cast<int>(use)] += bytes;
+    if (torch_live_ > torch_peak_logical_) torch_peak_logical_ = torch_live_, torch_at_peak_ = torch_live_by_;
+}
+
+void MemoryAccount::torch_release(const void* key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = torch_.find(key);
+    if (it == torch_.end()) return;
+    if (allocator_) allocator_->release(key);
+    torch_live_ -= it->second.bytes;
+    torch_live_by_[static_cast<int>(it->second.use)] -= it->second.bytes;
+    torch_.erase(it);
+}
+
 void MemoryAccount::charge(const void* key, int64_t bytes, MemoryUse use) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (allocator_) allocator_->allocate(key, static_cast<size_t>(bytes));
+    if (t_torch != TorchAlloc::ptool_only) torch_charge(key, bytes, use);
+    if (t_torch == TorchAlloc::torch_only) {
+        torch_only_keys_.insert(key);
+        return;
+    }
     live_ += bytes;
     live_by_[static_cast<int>(use)] += bytes;
     if (live_ > peak_) peak_ = live_, at_peak_ = live_by_;
@@ -82,8 +118,12 @@ int64_t& MemoryAccount::phase_entry() {
 }
 
 void MemoryAccount::credit(const void* key, int64_t bytes, MemoryUse use) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (allocator_) allocator_->release(key);
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool ptool = !torch_only_keys_.erase(key);
+    lock.unlock();
+    torch_release(key);
+    if (!ptool) return;
+    lock.lock();
     live_ -= bytes;
     live_by_[static_cast<int>(use)] -= bytes;
 }
@@ -101,6 +141,25 @@ int64_t MemoryAccount::peak_reserved() const {
 int64_t MemoryAccount::over_capacity() const {
     std::lock_guard<std::mutex> lock(mu_);
     return allocator_ ? allocator_->over_capacity() : 0;
+}
+
+int64_t MemoryAccount::torch_peak() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocator_ ? static_cast<int64_t>(allocator_->peak_in_use()) : 0;
+}
+
+int64_t MemoryAccount::torch_at_peak(MemoryUse use) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return torch_at_peak_[static_cast<int>(use)];
+}
+
+std::array<int64_t, 4> MemoryAccount::torch_reserved_by_stream_at_peak() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::array<int64_t, 4> out{};
+    if (allocator_)
+        for (const auto& [stream, bytes] : allocator_->reserved_by_stream_at_peak())
+            if (stream < out.size()) out[stream] = static_cast<int64_t>(bytes);
+    return out;
 }
 
 int64_t MemoryAccount::live() const {
@@ -121,6 +180,7 @@ int64_t MemoryAccount::at_peak(MemoryUse use) const {
 void MemoryAccount::reset_peak() {
     std::lock_guard<std::mutex> lock(mu_);
     peak_ = live_, at_peak_ = live_by_;
+    torch_peak_logical_ = torch_live_, torch_at_peak_ = torch_live_by_;
     if (allocator_) allocator_->restart();
 }
 

@@ -1,5 +1,16 @@
 // Memory accounts: the tensor bytes a rank holds, by what they are for, and their peak.
 //
+// Two tallies. ptool's own: every Storage of the rank's thread (what verify measures, what explain's
+// meta run predicts for it, equal to the byte). And the framework's: what PyTorch's caching
+// allocator would hand out for the same step (torch.cuda.max_memory_allocated), which is ptool's
+// storages but those ptool alone holds (TorchAlloc::ptool_only: its own stand-ins for work PyTorch
+// does in place or on chip), plus what PyTorch alone holds (TorchAlloc::torch_only: FSDP2's
+// retained collective buffers, the gradients set_to_none leaves unborn, AdamW foreach's
+// temporaries, the upcast loss's tensors, cuBLAS's workspaces), each on the CUDA stream PyTorch
+// allocates it on (AllocStream), less what PyTorch frees earlier than ptool does (torch_release).
+// The framework tally is replayed through PyTorch's caching allocator (core/allocator_model.h)
+// when the account models it: its reserved and allocated peaks are PyTorch's.
+//
 // Every Storage charges its bytes to the account of the thread that allocated it (none: not
 // counted) under the thread's current use, and credits them back when it is freed, from whatever
 // thread. A real run's rank thread and a simulated one (train/simulate.h: the step executed on
@@ -17,6 +28,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "core/allocator_model.h"
 
@@ -33,22 +46,38 @@ enum class MemoryUse {
     buckets,          // DDP's flat gradient buckets
     mixed_precision,  // the compute copies of the parameters and their gradients
     batch,            // the step's data
+    workspace,        // cuBLAS's workspaces (the framework's, allocated through its caching allocator)
+    optimizer_temporaries,  // the optimizer step's temporaries (AdamW foreach's denominators)
     other,
     count_
 };
 constexpr int kMemoryUses = static_cast<int>(MemoryUse::count_);
 const char* memory_use_name(MemoryUse u);  // "activations"
 
+// Which tallies an allocation is in (the thread's TorchAllocScope; both by default).
+enum class TorchAlloc : uint8_t { both, ptool_only, torch_only };
+// The CUDA stream PyTorch allocates a block on: its caching allocator reuses a freed block only on
+// the stream that allocated it (FSDP2's all-gather copy-in and reduce-scatter streams hold their own).
+enum class AllocStream : uint8_t { compute, all_gather, reduce_scatter, all_reduce };
+
 class MemoryAccount {
 public:
     // key: the storage's identity, for the allocator model
     void charge(const void* key, int64_t bytes, MemoryUse use);
     void credit(const void* key, int64_t bytes, MemoryUse use);
+    // PyTorch frees `key` now, while ptool keeps it: it leaves the framework tally (no-op if not in it).
+    void torch_release(const void* key);
     // Also replay every charge and credit from now through PyTorch's caching allocator
     // (core/allocator_model.h; capacity 0: none): peak_reserved() and over_capacity() are then its.
     void model_allocator(size_t capacity);
     int64_t peak_reserved() const;  // since the model started (0 without it)
     int64_t over_capacity() const;
+    // The framework tally's peak: the allocator model's blocks in use (rounded as PyTorch's
+    // max_memory_allocated counts them; 0 without it), and the tally's bytes by use at its peak.
+    int64_t torch_peak() const;
+    int64_t torch_at_peak(MemoryUse use) const;
+    // The framework's reserved bytes by stream at its reserved peak (the pools PyTorch keeps apart).
+    std::array<int64_t, 4> torch_reserved_by_stream_at_peak() const;
     int64_t live() const;
     int64_t peak() const;
     int64_t at_peak(MemoryUse use) const;  // bytes of `use` live at the peak
@@ -66,6 +95,15 @@ private:
     bool track_phases_ = false;
     std::map<std::string, int64_t> phase_peaks_;
     std::unique_ptr<AllocatorModel> allocator_;
+    struct TorchEntry {
+        int64_t bytes;
+        MemoryUse use;
+    };
+    std::unordered_map<const void*, TorchEntry> torch_;  // the framework tally's live keys
+    std::unordered_set<const void*> torch_only_keys_;   // in the framework tally alone
+    int64_t torch_live_ = 0, torch_peak_logical_ = 0;
+    std::array<int64_t, kMemoryUses> torch_live_by_{}, torch_at_peak_{};
+    void torch_charge(const void* key, int64_t bytes, MemoryUse use);
     // the last charged phase's entry: a pass charges many times, and its key is built once
     const std::string* phase_fqn_ = nullptr;
     std::string phase_fqn_text_;
@@ -112,6 +150,19 @@ public:
 private:
     const std::string* saved_fqn_;
     char saved_pass_;
+};
+
+// The tallies and the stream the calling thread's allocations go to while in scope, restored after.
+class TorchAllocScope {
+public:
+    explicit TorchAllocScope(TorchAlloc kind, AllocStream stream = AllocStream::compute);
+    ~TorchAllocScope();
+    TorchAllocScope(const TorchAllocScope&) = delete;
+    TorchAllocScope& operator=(const TorchAllocScope&) = delete;
+
+private:
+    TorchAlloc saved_kind_;
+    AllocStream saved_stream_;
 };
 
 // For Storage: the calling thread's account and use now.

@@ -95,6 +95,7 @@ public:
     Tensor to(DType dtype) const;           // converted copy (a clone when the dtype is the same)
     Tensor to_device(Device device) const;  // a copy on `device` (a clone when it is already there)
     bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
+    const void* storage_key() const { return storage_.get(); }  // the memory account's key
 
     // Element access for tests and small host-side logic (slow: converts through double; on a
     // cuda tensor each call is a device copy; a meta tensor reads zeros and keeps no writes, so

@@ -65,9 +65,13 @@ protected:
 // nn.LayerNorm / nn.RMSNorm over the last dim: weight [d] (ones), bias [d] (zeros; layer_norm only).
 class Norm : public Module {
 public:
-    // rms: nn.RMSNorm (no mean subtracted, no bias), else nn.LayerNorm.
+    // rms: nn.RMSNorm (no mean subtracted, no bias), else nn.LayerNorm. eager: an RMSNorm written
+    // out as transformers' LlamaRMSNorm (x.to(float32), x * rsqrt(mean(x^2) + eps), cast back, then
+    // weight * h): the same values as ptool computes them, what PyTorch saves for its backward (the
+    // float32 upcast and the normalised h, not x) and its kernels' time; else one fused kernel
+    // (torch's nn.RMSNorm / nn.LayerNorm: x and its statistics saved).
     Norm(const ModuleType& type, std::string name, SourceLocation where, int64_t dim, double eps, bool affine,
-         bool bias, bool rms, DType dtype);
+         bool bias, bool rms, DType dtype, bool eager = false);
     Shape output_shape(const Shape& in) const override;
     Placement out_placement(const Layout& in) const override;  // whole rows
     void init_params(uint64_t seed) override;
@@ -81,6 +85,7 @@ private:
     int64_t dim_;
     double eps_;
     bool rms_;
+    bool eager_;
 };
 
 // nn.BatchNorm1d on [N, C], training mode: batch statistics normalise, running stats

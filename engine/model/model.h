@@ -40,6 +40,10 @@ struct OptimizerSpec {
     double momentum = 0.0;
     double weight_decay = 0.0;
     double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    // torch.optim.AdamW's implementation on CUDA: foreach (its default: one kernel per op over
+    // every parameter, the denominators a temporary copy of the parameters) or fused (one kernel,
+    // no temporaries; torchtitan's choice). The same update either way; explain's memory and time.
+    bool fused = false;
 };
 
 struct Model {

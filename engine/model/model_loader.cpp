@@ -183,6 +183,15 @@ OptimizerSpec parse_optimizer(const YamlNode& node) {
             if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
                 b->fail("betas must be in [0, 1)");
         }
+        if (m.has("implementation")) {
+            YamlNode impl = m.at("implementation");
+            const std::string v = impl.as_string("optimizer 'implementation'");
+            if (v != "foreach" && v != "fused")
+                impl.fail(fmt::format("optimizer implementation '{}': valid: foreach (torch.optim.AdamW's "
+                                      "default on CUDA), fused",
+                                      v));
+            o.fused = v == "fused";
+        }
     }
     if (!(o.lr >= 0)) m.at("lr").fail("lr must be >= 0");
     // torch.optim's own checks ("Invalid momentum value", "Invalid weight_decay value", "Invalid epsilon

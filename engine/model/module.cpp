@@ -3,6 +3,7 @@
 #include <set>
 
 #include "backend/meta/meta_backend.h"
+#include "core/framework_memory.h"
 #include "core/memory_account.h"
 #include "core/turns.h"
 #include "model/module_type.h"
@@ -74,6 +75,10 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
     else if (Tensor t = backward_impl(ctx, d.t); t.defined())
         dx = {t, *computed, in.global};
     if (hooks_ && dx.defined()) dx = hooks_->pre_forward_backward(ctx, *this, dx);
+    if (!ctx.torch_release_after_first_backward.empty() && children().empty()) {
+        for (const Tensor& t : ctx.torch_release_after_first_backward) torch_release(t);
+        ctx.torch_release_after_first_backward.clear();
+    }
     if (hooks_) hooks_->post_backward(ctx, *this);
     if (ctx.observer && dx.defined() && !transparent_)
         ctx.observer(fqn_, Phase::backward, ctx.microbatch, dx);

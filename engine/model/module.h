@@ -97,6 +97,10 @@ struct RunContext {
     // Context parallelism: this rank's positions of the sequence and the cp group
     // (model/context_shard.h); null when the whole sequence is here.
     const ContextShard* context = nullptr;
+    // The framework tally's (core/framework_memory.h): what PyTorch's loss keeps for its backward
+    // (train/framework_loss.h), and what it frees once the first module's backward has run (the
+    // loss's gradient of the logits, which the output layer's backward consumes).
+    std::vector<Tensor> torch_loss_saved, torch_release_after_first_backward;
 };
 
 // Forward/backward hooks around a module, as PyTorch's module pre-/post-forward hooks; the

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "backend/meta/meta_backend.h"
+#include "core/memory_account.h"
 
 namespace ptool {
 
@@ -23,6 +24,8 @@ float Rope::inv_freq(int64_t i) const {
 Rope::Tables Rope::tables(const Tensor& like, const std::vector<int64_t>* positions) const {
     const int64_t n = like.size(0), t = like.size(1), half = hd_ / 2;
     const bool meta = like.device() == Device::meta;  // shapes only: the same tensors, no values
+    // ptool's per-call tables; transformers computes cos and sin once per forward, [batch, t, hd]
+    TorchAllocScope own(TorchAlloc::ptool_only);
     const Device host = meta ? Device::meta : Device::cpu;
     Tensor c({t, hd_}, like.dtype(), host), s({t, hd_}, like.dtype(), host),
         m({hd_, hd_}, like.dtype(), host);

@@ -1,11 +1,29 @@
 #include "parallel/fully_shard.h"
 
 #include <map>
+#include <optional>
 
+#include "core/framework_memory.h"
 #include "core/tensor_ops.h"
 #include "parallel/plan.h"
 
 namespace ptool {
+
+// FSDP2's FSDPCommContext as the framework tally sees it (core/framework_memory.h): the forward's
+// all-gather output, kept until the next unit's copy-out (the root's forward end flushes it); the
+// reduce-scatter input, kept until the next unit's reduce-scatter; and each unit's gradient, the
+// reduce-scatter's output on its stream, alive until zero_grad(set_to_none) (taken as the step's end:
+// the next step's first forward).
+// In backward each unit's pre-backward also starts the all-gather of the unit that ran its forward
+// before it (FSDP2's default backward prefetch): that output, allocated then on the all-gather
+// stream, stands in until the unit's own unshard copies out of it.
+struct FsdpCommContext {
+    Tensor all_gather_state, reduce_scatter_state;
+    std::vector<Tensor*> grads;           // every unit's
+    std::vector<const void*> post_forward;  // the units in the order their forwards ended (a step's)
+    std::map<const void*, Tensor> prefetched;
+    int64_t step = -1;  // the step whose forwards and backwards these are
+};
 
 // One unit: its parameters, their shards, and the flat layout both collectives use. Rank r's
 // region of the flat buffer holds, per parameter, rows chunk_of(rows, n, r) padded to the
@@ -30,21 +48,40 @@ struct FullyShard::State : ModuleHooks {
     Communicator* replicas = nullptr;  // HSDP: the shards' replicas, averaged after the reduce_scatter
     Backend* be = nullptr;
     DType compute = DType::float32, reduce = DType::float32;  // the gathered parameters' and the reduction's
+    std::shared_ptr<FsdpCommContext> ctx;
+    Tensor torch_grad;  // the unit's sharded gradients as PyTorch holds them (framework tally only)
+    std::vector<size_t> post_forward_indices;  // where this unit's forwards ended in ctx->post_forward
+    int64_t step = -1;
 
     void unshard(bool for_backward) {
         MemoryUseScope use(MemoryUse::communication);  // the flat buffers; the unit's parameters below
         const int n = comm->size();
+        // FSDP2 casts and copies in on its all-gather stream; at one rank it casts each parameter on
+        // the compute stream and gathers nothing
+        std::optional<TorchAllocScope> stream;
+        if (n > 1) stream.emplace(TorchAlloc::both, AllocStream::all_gather);
+        auto fetched = ctx->prefetched.find(this);
+        Tensor prefetched = fetched == ctx->prefetched.end() ? Tensor() : fetched->second;
+        if (fetched != ctx->prefetched.end()) ctx->prefetched.erase(fetched);
         Tensor local = Tensor({region}, compute, params[0].shard.device());  // the copies convert to compute
         for (Managed& m : params) {
             if (m.shard.numel() == 0) continue;
             Tensor dst = local.narrow(0, m.offset, m.shard.numel()).reshape(m.shard.shape());
             be->copy(m.shard, dst);
         }
-        Tensor all = Tensor::empty({n * region}, local.dtype(), local.device());
+        Tensor all, kept;  // the forward's output is kept past the copy-out (FsdpCommContext)
+        {
+            std::optional<TorchAllocScope> own;
+            if (n == 1 || !for_backward || prefetched.defined()) own.emplace(TorchAlloc::ptool_only);
+            all = Tensor::empty({n * region}, local.dtype(), local.device());
+        }
+        if (n > 1 && !for_backward)
+            kept = torch_only({n * region}, local.dtype(), MemoryUse::communication, AllocStream::all_gather);
         {
             CommScope scope(comm->counter().get(), fqn, CommSiteKind::unshard);
             comm->all_gather(local, all);
         }
+        stream.reset();
         MemoryUseScope unsharded(MemoryUse::fsdp_unsharded);
         for (Managed& m : params) {
             m.full = Tensor::empty(m.full_shape, compute, m.shard.device());
@@ -63,6 +100,8 @@ struct FullyShard::State : ModuleHooks {
             }
         }
         gathered = true;
+        if (kept.defined()) ctx->all_gather_state = kept;  // the previous unit's output freed after this copy-out
+        prefetched = Tensor();
         for (Managed& m : params) {
             m.p->value = m.full;
             if (for_backward) {
@@ -82,8 +121,24 @@ struct FullyShard::State : ModuleHooks {
         }
     }
 
+    // FSDP2's foreach_reduce in the framework tally: the reduce-scatter input in reduce_dtype on the
+    // compute stream (the previous unit's freed first), its output on the reduce-scatter stream,
+    // which becomes the sharded gradient (cast to the parameters' dtype when that differs) or is
+    // added into it and freed
+    void torch_reduce_buffers() {
+        ctx->reduce_scatter_state = Tensor();
+        ctx->reduce_scatter_state = torch_only({comm->size() * region}, reduce, MemoryUse::communication);
+        Tensor output = torch_only({region}, reduce, MemoryUse::gradients, AllocStream::reduce_scatter);
+        const DType master = params[0].shard_grad.dtype();
+        if (torch_grad.defined()) return;  // accumulated into: the output is freed
+        if (master != reduce) output = torch_only({region}, master, MemoryUse::gradients, AllocStream::reduce_scatter);
+        torch_grad = output;
+    }
+
     void reduce_grads() {
         MemoryUseScope use(MemoryUse::communication);
+        torch_reduce_buffers();
+        TorchAllocScope own(TorchAlloc::ptool_only);  // ptool's buffers, the framework's above
         const int n = comm->size();
         const DType dt = reduce;
         const Device dev = params[0].shard.device();
@@ -116,13 +171,35 @@ struct FullyShard::State : ModuleHooks {
         }
     }
 
-    Placed pre_forward(RunContext&, Module&, const Placed& x) override {
+    Placed pre_forward(RunContext& rc, Module&, const Placed& x) override {
+        if (rc.step != ctx->step) {  // a new step: zero_grad(set_to_none) has run
+            ctx->step = rc.step;
+            for (Tensor* g : ctx->grads) *g = Tensor();
+            ctx->post_forward.clear();
+            ctx->prefetched.clear();
+            ctx->reduce_scatter_state = Tensor();
+        }
+        if (rc.step != step) step = rc.step, post_forward_indices.clear();
         unshard(false);
         return x;
     }
-    Placed post_forward(RunContext&, Module&, const Placed& y) override {
+    Placed post_forward(RunContext& rc, Module&, const Placed& y) override {
         if (!root) reshard();
+        if (root) ctx->all_gather_state = Tensor();  // the forward's end flushes the kept output
+        if (!rc.recomputing) post_forward_indices.push_back(ctx->post_forward.size()), ctx->post_forward.push_back(this);
         return y;
+    }
+    // FSDP2's backward prefetch: the unit whose forward ended before this one's
+    void prefetch_previous() {
+        if (post_forward_indices.empty()) return;
+        const size_t index = post_forward_indices.back();
+        post_forward_indices.pop_back();
+        if (index == 0 || index > ctx->post_forward.size() || comm->size() == 1)
+            return;  // at one rank FSDP2 gathers nothing
+        const auto* target = static_cast<const State*>(ctx->post_forward[index - 1]);
+        if (target->gathered || ctx->prefetched.count(target)) return;
+        ctx->prefetched[target] = torch_only({comm->size() * target->region}, target->compute,
+                                             MemoryUse::communication, AllocStream::all_gather);
     }
     Placed post_forward_backward(RunContext&, Module&, const Placed& dy) override {
         // the root keeps its parameters from the forward, unless another microbatch's backward
@@ -136,11 +213,13 @@ struct FullyShard::State : ModuleHooks {
         } else {
             unshard(true);
         }
+        prefetch_previous();
         return dy;
     }
     void post_backward(RunContext&, Module&) override {
         reduce_grads();
         reshard();
+        if (root) ctx->reduce_scatter_state = Tensor();  // the root's final callback frees it
     }
 };
 
@@ -151,6 +230,7 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
     std::map<std::string, Module*> modules;
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) { modules[fqn] = &m; });
     const int n = dp.size(), r = dp.rank();
+    auto ctx = std::make_shared<FsdpCommContext>();
     for (const FsdpUnitSpec& u : units) {
         if (u.params.empty()) continue;  // nothing of its own to shard: FSDP2 makes no group either
         auto st = std::make_shared<State>();
@@ -159,6 +239,8 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
         st->comm = &dp;
         st->replicas = replicas && replicas->size() > 1 && !u.experts ? replicas : nullptr;
         st->be = &be;
+        st->ctx = ctx;
+        ctx->grads.push_back(&st->torch_grad);
         st->compute = mp ? mp->param_dtype : model.dtype;
         st->reduce = mp ? mp->reduce_dtype : model.dtype;
         for (const std::string& name : u.params) {
@@ -176,6 +258,7 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
                 m.shard = chunk(m.p->value, n, r, 0);
             }
             MemoryUseScope use(MemoryUse::gradients);
+            TorchAllocScope own(TorchAlloc::ptool_only);  // PyTorch's are born in the reduce-scatter
             m.shard_grad = Tensor(m.shard.shape(), m.shard.dtype(), m.shard.device());
             m.p->value = m.shard;
             m.p->grad = m.shard_grad;

@@ -1,6 +1,9 @@
 #include "plan/cluster.h"
 
+#include <filesystem>
+
 #include "core/yaml_reader.h"
+#include "plan/kernel_table.h"
 
 namespace ptool {
 namespace {
@@ -44,6 +47,7 @@ RuntimeMemory load_runtime(const YamlNode& node) {
         return v * kMib;
     };
     r.cuda_context = mib("cuda_context_mib");
+    r.step_runtime = mib("step_runtime_mib");
     r.cublas_workspace = mib("cublas_workspace_mib");
     r.nccl_per_communicator = mib("nccl_mib_per_communicator");
     m.finish();
@@ -94,6 +98,20 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
     if (!(c.gemm_efficiency > 0 && c.gemm_efficiency <= 1))
         m.at("gemm_efficiency").fail("'gemm_efficiency' must be in (0, 1]");
     c.memory_bandwidth = positive(m, "memory_bandwidth_gb_s", "the cluster", kMaxGbPerSecond) * 1e9;
+    if (m.has("kernels")) {  // relative to the cluster file
+        YamlNode k = m.at("kernels");
+        const std::string rel = k.as_string("'kernels'");
+        const std::filesystem::path file =
+            std::filesystem::path(rel).is_absolute() ? std::filesystem::path(rel)
+                                                     : std::filesystem::path(name).parent_path() / rel;
+        std::error_code ec;
+        if (!std::filesystem::is_regular_file(file, ec))
+            k.fail(fmt::format("'kernels': no kernel table at '{}' (a path relative to the cluster file)",
+                               file.string()));
+        c.kernels = std::make_shared<const KernelTable>(load_kernel_table(file.string()));
+        if (c.kernels->peak_flops.count(DType::bfloat16) && !c.flops.count(DType::bfloat16))
+            k.fail("'kernels' names a table measured in bfloat16 but 'tflops' gives no bfloat16 rate to scale it by");
+    }
     c.intra = load_link(m.at("intra_node"), "'intra_node'");
     c.inter = c.nodes > 1 || m.has("inter_node") ? load_link(m.at("inter_node"), "'inter_node'") : c.intra;
     m.finish();

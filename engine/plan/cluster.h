@@ -6,6 +6,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 
 #include "core/tensor.h"
@@ -20,10 +21,18 @@ struct Link {
 // Device memory a training process holds besides its tensors (docs/planning.md has the sources);
 // plan/device_overheads.h adds it up per rank. All zero when the cluster file has no `runtime`.
 struct RuntimeMemory {
-    double cuda_context = 0;           // bytes: the CUDA context, PyTorch's kernels loaded
-    double cublas_workspace = 0;       // bytes: cuBLAS's workspace for the stream that runs the GEMMs
+    double cuda_context = 0;  // bytes: the CUDA context at the process's first CUDA call
+    // bytes a training process adds outside its caching allocator once it has run a step: kernel
+    // modules loaded lazily, cuBLAS's and NCCL's handles (measured: the device's used bytes after a
+    // step less max_memory_reserved and the context)
+    double step_runtime = 0;
+    // bytes of one cuBLAS workspace; PyTorch allocates one per thread that runs GEMMs (the forward's
+    // and autograd's) through its caching allocator: counted in allocated and reserved
+    double cublas_workspace = 0;
     double nccl_per_communicator = 0;  // bytes: one NCCL communicator's channel buffers
 };
+
+struct KernelTable;
 
 struct Cluster {
     std::string name, path;
@@ -33,7 +42,9 @@ struct Cluster {
     double reserved_bytes = 0;  // per GPU, held back besides `runtime` (a margin; 0 by default)
     RuntimeMemory runtime;
     std::map<DType, double> flops;  // peak dense FLOP/s per compute dtype
-    double gemm_efficiency = 1;     // the fraction of peak that large GEMMs reach
+    double gemm_efficiency = 1;     // the roofline's share of peak (a cluster without a kernel table)
+    // the kernel table its GPU's kernels are priced by (plan/kernel_model.h); null: the roofline
+    std::shared_ptr<const KernelTable> kernels;
     double memory_bandwidth = 0;    // bytes/s: what the other ops are bound by
     Link intra, inter;
     int world_size() const { return nodes * gpus_per_node; }

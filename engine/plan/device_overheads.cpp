@@ -31,7 +31,8 @@ int nccl_communicators(const Plan& plan, int rank) {
 DeviceOverheads device_overheads(const Cluster& cluster, const Plan& plan, int rank) {
     DeviceOverheads o;
     o.cuda_context = cluster.runtime.cuda_context;
-    o.cublas_workspace = cluster.runtime.cublas_workspace;
+    o.step_runtime = cluster.runtime.step_runtime;
+    o.cublas_workspaces = kCublasWorkspaces * cluster.runtime.cublas_workspace;
     o.communicators = nccl_communicators(plan, rank);
     o.nccl = o.communicators * cluster.runtime.nccl_per_communicator;
     return o;

@@ -16,10 +16,15 @@
 namespace ptool {
 
 struct DeviceOverheads {
-    double cuda_context = 0, cublas_workspace = 0, nccl = 0;  // bytes
+    double cuda_context = 0, step_runtime = 0, nccl = 0;  // bytes, outside the caching allocator
+    // bytes inside it: PyTorch's cuBLAS workspaces, one per thread that runs GEMMs (the forward's and
+    // autograd's), allocated at their first GEMM and kept: in allocated and reserved
+    double cublas_workspaces = 0;
     int communicators = 0;
-    double total() const { return cuda_context + cublas_workspace + nccl; }
+    double outside_allocator() const { return cuda_context + step_runtime + nccl; }
+    double total() const { return outside_allocator() + cublas_workspaces; }
 };
+constexpr int kCublasWorkspaces = 2;  // the forward thread's and autograd's
 
 int nccl_communicators(const Plan& plan, int rank);
 DeviceOverheads device_overheads(const Cluster& cluster, const Plan& plan, int rank);

@@ -97,8 +97,13 @@ ExplainReport explain_report(const ExplainInputs& in) {
     }
     r.memory = predict_ranks(run, r.model, r.plan, r.simulated_steps, 0, capacity);
     if (r.cluster) {
-        for (const PredictedRank& pr : r.memory)
+        for (PredictedRank& pr : r.memory) {
             r.overheads.push_back(device_overheads(*r.cluster, r.plan, pr.ranks.front()));
+            // PyTorch's cuBLAS workspaces come from its caching allocator, each its own segment, kept
+            const auto workspaces = static_cast<int64_t>(r.overheads.back().cublas_workspaces);
+            pr.sim.memory.torch_peak += workspaces, pr.sim.memory.reserved_peak += workspaces;
+            pr.sim.memory.torch_at_peak[static_cast<int>(MemoryUse::workspace)] += workspaces;
+        }
         const DType compute = r.plan.compute_dtype(r.model.dtype);
         for (const PredictedRank& pr : r.memory)
             r.times.push_back(predict_step_time(pr.sim.step_work, by_op_dim(pr.sim.step_comm), r.plan,

@@ -72,10 +72,7 @@ Simulated extrapolate(const Simulated& a, const Simulated& b, double k) {
     o.memory.resident = static_cast<int64_t>(lin(a.memory.resident, b.memory.resident));
     for (int u = 0; u < kMemoryUses; ++u)
         o.memory.at_peak[u] = static_cast<int64_t>(lin(a.memory.at_peak[u], b.memory.at_peak[u]));
-    o.work.gemm_flops = lin(a.work.gemm_flops, b.work.gemm_flops);
-    o.work.recompute_flops = lin(a.work.recompute_flops, b.work.recompute_flops);
-    o.work.memory_bytes = lin(a.work.memory_bytes, b.work.memory_bytes);
-    o.work.kernels = static_cast<int64_t>(lin(a.work.kernels, b.work.kernels));
+    o.work = work_extrapolated(a.work, b.work, k);
     o.comm = comm_extrapolated(a.comm, b.comm, k);
     return o;
 }

@@ -62,12 +62,7 @@ double mfu(const StepTime& t, const Cluster& c, DType compute) {
 }
 
 double compute_seconds(const MetaWork& work, const Cluster& c, DType compute) {
-    const double rate = c.peak_flops(compute) * c.gemm_efficiency;
-    if (rate <= 0)
-        throw InputError(SourceLocation{c.path, 1, 1},
-                         fmt::format("the cluster names no 'tflops' for {}, the plan's compute dtype",
-                                     dtype_name(compute)));
-    return work.gemm_flops / rate + work.memory_bytes / c.memory_bandwidth;
+    return compute_terms(work, c, compute).total();
 }
 
 double p2p_seconds(double bytes, const Plan& plan, const Cluster& c) {
@@ -119,7 +114,8 @@ StepTime predict_step_time(const MetaWork& work, const CommByOpDim& comm, const 
     StepTime t;
     t.gemm_flops = work.gemm_flops;
     t.model_flops = work.gemm_flops - work.recompute_flops;
-    t.compute = compute_seconds(work, c, compute);
+    t.terms = compute_terms(work, c, compute);
+    t.compute = t.terms.total();
     add_comm_time(t, comm, plan, c);
     t.step = t.compute + t.blocking + std::max(0.0, t.overlappable - t.compute);
     return t;

@@ -2,8 +2,10 @@
 // counted (train/simulate.h): its GEMM FLOPs, the bytes its other ops touch, and its collectives
 // per mesh dim.
 //
-//   compute  = gemm_flops / (peak FLOP/s of the compute dtype x gemm_efficiency)
-//            + other ops' bytes / memory bandwidth
+//   compute  = the kernel model's seconds of the counted work (plan/kernel_model.h): each GEMM
+//              shape and fused attention from the cluster's kernel table, memory-bound bytes at its
+//              measured bandwidth (without a table: FLOPs at gemm_efficiency of peak, bytes at the
+//              memory bandwidth)
 //   a collective over n ranks moving B bytes (CommCounter's logical size), as nccl-tests' ring:
 //            all_reduce      2(n-1)/n B / bw + 2(n-1) latency
 //            all_gather, reduce_scatter, all_to_all   (n-1)/n B / bw + (n-1) latency
@@ -23,6 +25,7 @@
 #include "comm/comm_stats.h"
 #include "parallel/plan.h"
 #include "plan/cluster.h"
+#include "plan/kernel_model.h"
 
 namespace ptool {
 
@@ -35,6 +38,7 @@ struct CommTime {
 
 struct StepTime {
     double compute = 0, blocking = 0, overlappable = 0, step = 0;
+    ComputeTerms terms;  // compute, term by term
     // a pipeline's: its schedule's critical path (compute, blocking collectives and transfers), and
     // the bubble, idle time over the busiest rank's forward and backward work (plan/pipeline_time.h)
     double pipeline = 0, bubble = 0;
@@ -54,7 +58,8 @@ Link collective_link(const Plan& plan, const std::string& dim, const Cluster& c)
 // The ring cost of `calls` collectives `op` moving `bytes` in total over n ranks on `link`.
 double collective_seconds(const std::string& op, double bytes, int64_t calls, int n, const Link& link);
 
-// The seconds of `work` on one GPU of `c` in `compute` (InputError when the cluster has no peak for it).
+// The seconds of `work` on one GPU of `c` in `compute` (InputError when the cluster has no peak for
+// it): compute_terms(...).total().
 double compute_seconds(const MetaWork& work, const Cluster& c, DType compute);
 // Adds `comm`'s collectives to t.by_dim and to t.blocking or t.overlappable (a pipeline's sends and
 // receives to t.by_dim only: they are on its critical path, plan/pipeline_time.h).

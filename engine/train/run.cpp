@@ -12,6 +12,7 @@
 #include "parallel/grad_norm.h"
 #include "parallel/loss_parallel.h"
 #include "parallel/redistribute.h"
+#include "train/framework_loss.h"
 #include "train/stage.h"
 
 namespace ptool {
@@ -423,17 +424,20 @@ void Run::forward(StepState& st, int s, int m) {
     Tensor target = st.batch.target.defined() ? st.batch.target.narrow(0, first, st.mine) : Tensor();
     if (context_ && target.defined()) target = context_->take(target, 1);
     const Placed& y = f.y;
+    std::optional<FrameworkLoss> as_pytorch;  // the loss's memory and kernels as PyTorch's (train/framework_loss.h)
     if (plan_.loss_parallel) {  // cross_entropy on the vocabulary shards: nothing gathered
         f.output = {to_dtype(be_, y.t, model_.dtype), y.p, y.global};
         f.loss = vocab_parallel_cross_entropy(f.output, target, *tp_);
     } else {
         f.output = redistribute(y, Placement::replicate(), *tp_);  // the loss sees the whole output
+        as_pytorch.emplace(f.ctx, model_.loss, f.output.t);
         f.output.t = to_dtype(be_, f.output.t, model_.dtype);
         f.loss = compute_loss(be_, model_.loss, f.output.t, target);
     }
     f.loss_value = (f.loss.value + f.aux) * scale;
     if (scale != 1.0) be_.scale(f.loss.grad, scale, f.loss.grad);
     f.grad = to_dtype(be_, f.loss.grad, compute);
+    as_pytorch.reset();
     f.dy = plan_.loss_parallel
                ? Placed{f.grad, y.p, y.global}
                : redistribute(Placed(f.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
@@ -455,6 +459,7 @@ void Run::backward(StepState& st, int s, int m) {
     }
     {
         MemoryUseScope use(MemoryUse::activations);
+        if (s + 1 == stages_) framework_loss_backward(f.ctx);
         if (stages_ == 1)
             model_.root->backward(f.ctx, f.dy);
         else if (Placed dx = stage_backward(f.ctx, held(s).modules, f.dy,

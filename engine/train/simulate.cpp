@@ -49,6 +49,10 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     sim.memory.reserved_peak = account->peak_reserved();
     sim.memory.over_capacity = account->over_capacity();
     for (int u = 0; u < kMemoryUses; ++u) sim.memory.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
+    sim.memory.torch_peak = account->torch_peak();
+    for (int u = 0; u < kMemoryUses; ++u)
+        sim.memory.torch_at_peak[u] = account->torch_at_peak(static_cast<MemoryUse>(u));
+    sim.memory.reserved_by_stream = account->torch_reserved_by_stream_at_peak();
     sim.step_comm = run.counter();
     sim.step_work = meta_work();
     if (track_phases) sim.phase_peaks = account->phase_peaks();

@@ -1,9 +1,25 @@
 #include "backend/meta/meta_backend.h"
 
+#include <cmath>
+
 namespace ptool {
 namespace {
 
 thread_local MetaWork t_work;
+
+// The linear's (m, n, k) of a GEMM c = op(a) op(b) reducing over `k` (GemmOp has the layouts).
+GemmKey gemm_key(DType dtype, bool trans_a, bool trans_b, const Tensor& c, int64_t reduce) {
+    const int64_t rows = c.dim() >= 2 ? c.size(-2) : 1, cols = c.dim() >= 1 ? c.size(-1) : 1;
+    const int64_t batch = rows * cols > 0 ? c.numel() / (rows * cols) : 1;
+    if (trans_a) return {GemmOp::wgrad, dtype, batch * reduce, rows, cols};  // dY^T [n, m] @ X [m, k]
+    if (trans_b) return {GemmOp::fwd, dtype, batch * rows, cols, reduce};    // X [m, k] @ W^T
+    return {GemmOp::dgrad, dtype, batch * rows, reduce, cols};               // dY [m, n] @ W [n, k]
+}
+
+template <class Map>
+void add_counts(Map& into, const Map& from, double k) {
+    for (const auto& [key, v] : from) into[key] += k * v;
+}
 
 double bytes_of(std::initializer_list<const Tensor*> ts) {
     double b = 0;
@@ -17,14 +33,20 @@ public:
     Device device() const override { return Device::meta; }
     std::string name() const override { return "meta (no kernels)"; }
 
-    void gemm(const Tensor& a, bool trans_a, const Tensor&, bool, Tensor& c, double, double beta) override {
+    void gemm(const Tensor& a, bool trans_a, const Tensor&, bool trans_b, Tensor& c, double,
+              double beta) override {
         if (t_work.mode.gemm_as_elementwise) return touch({&a, &c, beta != 0 ? &c : nullptr});
         const int64_t k = trans_a ? a.size(-2) : a.size(-1);
         const double flops =
             2.0 * static_cast<double>(c.numel()) * static_cast<double>(k) * t_work.mode.gemm_share;
         t_work.gemm_flops += flops;
         if (t_work.recomputing) t_work.recompute_flops += flops;
+        if (t_work.mode.attention) {
+            t_work.attention[t_work.mode.attention_key] += flops;
+            return;
+        }
         if (!t_work.mode.on_chip) ++t_work.kernels;
+        t_work.gemms[gemm_key(a.dtype(), trans_a, trans_b, c, k)] += 1;
     }
     void activation(Activation, const Tensor& x, Tensor& y) override { touch({&x, &y}); }
     void activation_backward(Activation, const Tensor& x, const Tensor& dy, Tensor& dx) override {
@@ -113,13 +135,81 @@ MetaWork& meta_work() {
     return t_work;
 }
 
+const char* gemm_op_name(GemmOp op) {
+    static const char* names[] = {"fwd", "dgrad", "wgrad"};
+    return names[static_cast<int>(op)];
+}
+
+const char* op_class_name(OpClass c) {
+    static const char* names[] = {"rms_norm_eager_fwd", "rms_norm_eager_bwd", "cross_entropy", "adamw_foreach",
+                                  "adamw_fused"};
+    static_assert(sizeof(names) / sizeof(names[0]) == kOpClasses);
+    return names[static_cast<int>(c)];
+}
+
+void add_work(MetaWork& a, const MetaWork& b, double k) {
+    a.gemm_flops += k * b.gemm_flops;
+    a.recompute_flops += k * b.recompute_flops;
+    a.memory_bytes += k * b.memory_bytes;
+    a.kernels += static_cast<int64_t>(std::llround(k * static_cast<double>(b.kernels)));
+    add_counts(a.gemms, b.gemms, k);
+    add_counts(a.attention, b.attention, k);
+    add_counts(a.ops, b.ops, k);
+}
+
 MetaWork work_since(const MetaWork& before, const MetaWork& after) {
     MetaWork d;
-    d.gemm_flops = after.gemm_flops - before.gemm_flops;
-    d.recompute_flops = after.recompute_flops - before.recompute_flops;
-    d.memory_bytes = after.memory_bytes - before.memory_bytes;
-    d.kernels = after.kernels - before.kernels;
+    add_work(d, after, 1);
+    add_work(d, before, -1);
     return d;
+}
+
+MetaWork work_extrapolated(const MetaWork& a, const MetaWork& b, double k) {
+    MetaWork o;
+    add_work(o, a, 1 - k);
+    add_work(o, b, k);
+    return o;
+}
+
+// PyTorch's eager kernel sequences, bytes per element (s: the input dtype's size, 4: float32):
+//   rms_norm_eager_fwd  x.to(float32) s+4, pow(2) 8, mean 4, x * rsqrt(..) 8, .to(dtype) 4+s,
+//                       weight * h 2s (the casts vanish for float32 inputs)
+//   rms_norm_eager_bwd  dy * w 2s, dy * h 3s and its sum over rows s, .to(float32) s+4,
+//                       g * rstd 8, g * x 12 and its row sum 4, mean's 4, pow's 2x 8 and product 12,
+//                       the two x gradients summed 12, .to(dtype) 4+s
+//   cross_entropy       .float() s+4, log_softmax 16 (max, sum and write passes over a row), the
+//                       nll gradient's zero fill 4, log_softmax's backward 16, the cast back 4+s
+//   adamw_foreach       (float32 state) p *= 1 - lr wd 8, lerp_(m, g) 12, v *= b2 8, addcmul_ 12,
+//                       sqrt 8, div_ 8, add_ 8, addcdiv_(p, m, denom) 16; scaled by s / 4
+//   adamw_fused         p, g, m, v read, p, m, v written: 7s
+double framework_bytes(OpClass op, DType dt) {
+    const double s = static_cast<double>(dtype_size(dt));
+    const double cast = dt == DType::float32 ? 0 : s + 4;  // to and from float32
+    switch (op) {
+        case OpClass::rms_norm_eager_fwd:
+            return cast + 8 + 4 + 8 + cast + 2 * s;
+        case OpClass::rms_norm_eager_bwd:
+            return 2 * s + 3 * s + s + cast + 8 + 12 + 4 + 4 + 8 + 12 + 12 + cast;
+        case OpClass::cross_entropy:
+            return cast + 16 + 4 + 16 + cast;
+        case OpClass::adamw_foreach:
+            return 80 * s / 4;
+        case OpClass::adamw_fused:
+            return 7 * s;
+        default:
+            return 0;
+    }
+}
+
+int framework_kernels(OpClass op) {
+    static const int kernels[] = {8, 14, 6, 8, 1};
+    static_assert(sizeof(kernels) / sizeof(kernels[0]) == kOpClasses);
+    return kernels[static_cast<int>(op)];
+}
+
+void meta_count_op(OpClass op, DType dtype, double elements, int kernels) {
+    t_work.ops[{op, dtype}] += elements;
+    t_work.kernels += kernels;
 }
 
 void meta_repeat(int64_t n, const std::function<void()>& slice) {
@@ -129,12 +219,8 @@ void meta_repeat(int64_t n, const std::function<void()>& slice) {
     t_work.recomputing = before.recomputing, t_work.mode = before.mode;
     slice();
     const MetaWork one = t_work;
-    const double k = static_cast<double>(n);
     t_work = before;
-    t_work.gemm_flops += k * one.gemm_flops;
-    t_work.recompute_flops += k * one.recompute_flops;
-    t_work.memory_bytes += k * one.memory_bytes;
-    t_work.kernels += n * one.kernels;
+    add_work(t_work, one, static_cast<double>(n));
 }
 
 Backend& meta_backend() {

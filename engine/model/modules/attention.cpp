@@ -10,6 +10,7 @@
 #include "comm/comm_stats.h"
 #include "comm/communicator.h"
 #include "comm/dim_collectives.h"
+#include "core/framework_memory.h"
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
 #include "model/context_shard.h"
@@ -208,9 +209,11 @@ Tensor reduce_kv(Backend& be, const Tensor& d, int64_t b, int64_t heads, int64_t
 
 // How explain counts a flash head (meta's MetaKernelMode): one fused kernel whose softmax stays on
 // chip, computing of its T x T products the (T + 1) / 2T on and below the diagonal when causal
-MetaKernelMode flash_kernel(bool causal, int64_t t) {
+MetaKernelMode flash_kernel(bool causal, const Tensor& q, int64_t t, bool backward) {
     return {.gemm_share = causal && t > 0 ? static_cast<double>(t + 1) / static_cast<double>(2 * t) : 1,
-            .on_chip = true};
+            .on_chip = true,
+            .attention = true,
+            .attention_key = {backward, q.dtype(), causal, q.size(1), t, q.size(2)}};
 }
 
 // body(i) for each of n head slices; on meta tensors one slice, its work counted n times (each
@@ -417,12 +420,24 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         k_heads = gather_sequence(*cp, k_heads), v_heads = gather_sequence(*cp, v_heads);
     }
     const Tensor mask = cp && causal_ && !flash_ ? causal_mask(cp, 0, t, cp->seq, q) : Tensor();
-    Tensor k = expand_kv(be, k_heads, b, heads, kv_heads);
-    Tensor v = expand_kv(be, v_heads, b, heads, kv_heads);
+    // SDPA's flash kernel shares each kv head among its query heads (enable_gqa, as transformers
+    // calls it): the kv heads expanded are ptool's stand-in, and PyTorch keeps k and v unexpanded
+    // and the kernel's logsumexp [B*H, T] in float32 for its backward
+    const bool native_gqa = flash_ && heads != kv_heads;
+    Tensor k, v;
+    {
+        std::optional<TorchAllocScope> own;
+        std::optional<MetaKernelScope> in_kernel;
+        if (native_gqa) own.emplace(TorchAlloc::ptool_only), in_kernel.emplace(MetaKernelMode{.on_chip = true});
+        k = expand_kv(be, k_heads, b, heads, kv_heads), v = expand_kv(be, v_heads, b, heads, kv_heads);
+    }
+    const Tensor lse = flash_ ? torch_only({b * heads, t}, DType::float32, MemoryUse::activations) : Tensor();
+    const Tensor k_kept = native_gqa ? torch_only(k_heads.shape(), k_heads.dtype(), MemoryUse::activations) : Tensor(),
+                 v_kept = native_gqa ? torch_only(v_heads.shape(), v_heads.dtype(), MemoryUse::activations) : Tensor();
     Tensor o;
     if (kept == KeptOutput::take) {
         o = kept_.take(ctx.microbatch);
-        save({q, k, v, Tensor(), heads_kept, kv_heads_kept});
+        save({q, k, v, Tensor(), heads_kept, kv_heads_kept, lse, k_kept, v_kept});
     } else if (!flash_) {
         o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
         const Tensor p = probabilities(be, q, k, 0, b * heads, mask);
@@ -431,14 +446,15 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         save({q, k, v, recompute_core_ ? Tensor() : p, heads_kept, kv_heads_kept});
     } else {  // one head, one tile of its query rows at a time: no [B*H, T, T] tensor lives
         o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
-        MetaKernelScope kernel(flash_kernel(causal_, k.size(1)));
+        MetaKernelScope kernel(flash_kernel(causal_, q, k.size(1), false));
+        TorchAllocScope on_chip(TorchAlloc::ptool_only);  // a tile's scores live in the kernel's shared memory
         each_head(b * heads, o, [&](int64_t i) {
             each_row_tile(t, o, [&](int64_t r0, int64_t rows) {
                 Tensor oi = head_rows(o, i, r0, rows);
                 be.gemm(tile_probabilities(be, q, k, i, r0, rows, cp), false, v.narrow(0, i, 1), false, oi);
             });
         });
-        save({q, k, v, Tensor(), heads_kept, kv_heads_kept});
+        save({q, k, v, Tensor(), heads_kept, kv_heads_kept, lse, k_kept, v_kept});
         if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, o);
     }
     if (ctx.observer && ctx.ring_probe && !cp)  // the reference beside a ring plan: its steps' outputs
@@ -495,7 +511,8 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
         }
         if (b * heads > 0) slice_backward(pi, 0, b * heads, 0, t);
     } else {  // each head's tiles recomputed (the projections' backward after them is not the kernel's)
-        MetaKernelScope kernel(flash_kernel(causal_, k.size(1)));
+        MetaKernelScope kernel(flash_kernel(causal_, q, k.size(1), true));
+        TorchAllocScope on_chip(TorchAlloc::ptool_only);
         each_head(b * heads, q, [&](int64_t i) {
             each_row_tile(q.size(1), q, [&](int64_t r0, int64_t rows) {
                 const bool was = meta_work().recomputing;
@@ -506,7 +523,12 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
             });
         });
     }
-    Tensor dv_heads = reduce_kv(be, dv, b, heads, kv_heads), dk_heads = reduce_kv(be, dk, b, heads, kv_heads);
+    Tensor dv_heads, dk_heads;
+    {  // inside SDPA's kernel when it shares kv heads natively (ptool's stand-in, as the forward's expansion)
+        std::optional<MetaKernelScope> in_kernel;
+        if (flash_ && heads != kv_heads) in_kernel.emplace(MetaKernelMode{.on_chip = true});
+        dv_heads = reduce_kv(be, dv, b, heads, kv_heads), dk_heads = reduce_kv(be, dk, b, heads, kv_heads);
+    }
     if (ctx.observer && ctx.ring_probe && !cp)
         report_ring_kv_grads(ctx, dk_heads, dv_heads, {b, heads, kv_heads}, d_out.layout());
     if (cp) {  // every rank's queries' gradients of this rank's keys and values

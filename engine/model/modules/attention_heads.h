@@ -21,8 +21,9 @@ Tensor merge_heads(Backend& be, const Tensor& x, int64_t b, int64_t n);  // [B*n
 Tensor expand_kv(Backend& be, const Tensor& kv, int64_t b, int64_t heads, int64_t kv_heads);  // kv -> q heads
 Tensor reduce_kv(Backend& be, const Tensor& d, int64_t b, int64_t heads, int64_t kv_heads);   // its adjoint
 // How explain counts a flash head: one fused kernel, its softmax on chip, computing `gemm_share`
-// of its products (the causal triangle's).
-MetaKernelMode flash_kernel(bool causal, int64_t t);
+// of its products (the causal triangle's), its FLOPs priced as the attention kernel of its phase
+// (q: [B*H, T, hd] queries, t_k keys).
+MetaKernelMode flash_kernel(bool causal, const Tensor& q, int64_t t_k, bool backward);
 void each_head(int64_t n, const Tensor& like, const std::function<void(int64_t)>& body);
 void each_row_tile(int64_t t, const Tensor& like, const std::function<void(int64_t, int64_t)>& body);
 Tensor head_rows(const Tensor& x, int64_t i, int64_t r0, int64_t n);  // rows [r0, r0+n) of head i: [1, n, hd]

@@ -43,11 +43,14 @@ std::vector<Tensor> ring_pass(const ContextShard& cp, const std::vector<Tensor>&
 
 // The share of a rank's query x key products its causal mask keeps, over every block: what a
 // flash kernel computes (explain's FLOPs), as flash_kernel's (t + 1) / 2t is for one sequence.
-MetaKernelMode ring_kernel(const ContextShard& cp, bool causal) {
+MetaKernelMode ring_kernel(const ContextShard& cp, bool causal, const Tensor& q, int64_t keys, bool backward) {
     double seen = 0;
     for (int64_t p : cp.positions) seen += static_cast<double>(p + 1);
     const double all = static_cast<double>(cp.local()) * static_cast<double>(cp.seq);
-    return {.gemm_share = causal && all > 0 ? seen / all : 1, .on_chip = true};
+    return {.gemm_share = causal && all > 0 ? seen / all : 1,
+            .on_chip = true,
+            .attention = true,
+            .attention_key = {backward, q.dtype(), causal, q.size(1), keys, q.size(2)}};
 }
 
 // Row statistics of head i, rows [r0, r0 + rows) of m or l [heads, t]: a view [rows].
@@ -78,7 +81,7 @@ Tensor Attention::ring_forward(RunContext& ctx, const Tensor& q, const Tensor& k
         const Tensor k = expand_kv(be, kb, h.b, h.heads, h.kv_heads),
                      v = expand_kv(be, vb, h.b, h.heads, h.kv_heads);
         const std::vector<int64_t>& keys = cp.rank_positions[static_cast<size_t>(src)];
-        MetaKernelScope kernel(ring_kernel(cp, causal_));
+        MetaKernelScope kernel(ring_kernel(cp, causal_, q, k.size(1), false));
         each_head(n, o, [&](int64_t i) {
             each_row_tile(t, o, [&](int64_t r0, int64_t rows) {
                 Tensor sc = Tensor::empty({1, rows, k.size(1)}, q.dtype(), q.device());
@@ -119,7 +122,7 @@ void Attention::ring_backward(RunContext& ctx, const std::vector<Tensor>& saved,
         const std::vector<int64_t>& keys = cp.rank_positions[static_cast<size_t>(src)];
         Tensor dk(k.shape(), k.dtype(), k.device()), dv(v.shape(), v.dtype(), v.device());
         {
-            MetaKernelScope kernel(ring_kernel(cp, causal_));
+            MetaKernelScope kernel(ring_kernel(cp, causal_, q, k.size(1), true));
             each_head(n, q, [&](int64_t i) {
                 each_row_tile(t, q, [&](int64_t r0, int64_t rows) {
                     const Tensor qi = head_rows(q, i, r0, rows), d_oi = head_rows(d_o, i, r0, rows),

@@ -1,6 +1,10 @@
 // layer_norm, rms_norm (over the last dim) and batch_norm (per channel of [N, C]).
 #include <cmath>
 
+#include <optional>
+
+#include "backend/meta/meta_backend.h"
+#include "core/framework_memory.h"
 #include "model/layers.h"
 #include "model/module_type.h"
 
@@ -8,7 +12,8 @@ namespace ptool {
 namespace {
 
 // layer_norm: dim, eps (1e-5), elementwise_affine (true), bias (true), as nn.LayerNorm;
-// rms_norm: dim, eps (torch.finfo(dtype).eps, as nn.RMSNorm(eps=None)), elementwise_affine (true).
+// rms_norm: dim, eps (torch.finfo(dtype).eps, as nn.RMSNorm(eps=None)), elementwise_affine (true),
+// implementation (fused: nn.RMSNorm's kernel; eager: transformers' LlamaRMSNorm, docs/model_format.md).
 class NormType final : public ModuleType {
 public:
     NormType(std::string name, int listed, bool rms) : ModuleType(std::move(name), listed), rms_(rms) {}
@@ -19,7 +24,17 @@ public:
         const bool bias = !rms_ && m.bool_or("bias", true);
         b.account(m.node(), affine ? size_mul(m.node(), bias ? 2 : 1, dim) : 0);
         const double eps = m.double_or("eps", rms_ ? dtype_eps(b.dtype()) : 1e-5);
-        return std::make_shared<Norm>(*this, e.name, e.where, dim, eps, affine, bias, rms_, b.dtype());
+        bool eager = false;
+        if (rms_ && m.has("implementation")) {
+            YamlNode impl = m.at("implementation");
+            const std::string v = impl.as_string("'implementation'");
+            if (v != "fused" && v != "eager")
+                impl.fail(fmt::format("implementation '{}': valid: fused (nn.RMSNorm), eager (transformers' "
+                                      "LlamaRMSNorm)",
+                                      v));
+            eager = v == "eager";
+        }
+        return std::make_shared<Norm>(*this, e.name, e.where, dim, eps, affine, bias, rms_, b.dtype(), eager);
     }
     TpTemplate tp_template() const override { return {.rule = TpRule::norm}; }
     ShrinkKeys shrink_keys() const override { return {.sizes = {"dim"}}; }
@@ -66,8 +81,8 @@ void write_back(Tensor& dst, const Tensor& host) {
 }  // namespace
 
 Norm::Norm(const ModuleType& type, std::string name, SourceLocation where, int64_t dim, double eps,
-           bool affine, bool bias, bool rms, DType dtype)
-    : Module(type, std::move(name), std::move(where)), dim_(dim), eps_(eps), rms_(rms) {
+           bool affine, bool bias, bool rms, DType dtype, bool eager)
+    : Module(type, std::move(name), std::move(where)), dim_(dim), eps_(eps), rms_(rms), eager_(eager) {
     if (affine) register_param("weight", make_param({dim}, dtype));
     if (affine && bias) register_param("bias", make_param({dim}, dtype));
 }
@@ -103,13 +118,35 @@ Tensor Norm::forward_impl(RunContext& ctx, const Tensor& x) {
     Tensor y = empty_like(x), mean({rows}, acc_dtype(x.dtype()), x.device()),
            rstd({rows}, acc_dtype(x.dtype()), x.device());
     ParamPtr w = param("weight"), b = param("bias");
-    ctx.backend->layer_norm(x, w ? w->value : Tensor(), b ? b->value : Tensor(), eps_, rms(), y, mean, rstd);
-    save({x, mean, rstd});
+    if (!eager_) {
+        ctx.backend->layer_norm(x, w ? w->value : Tensor(), b ? b->value : Tensor(), eps_, rms(), y, mean, rstd);
+        save({x, mean, rstd});
+        return y;
+    }
+    // LlamaRMSNorm keeps x.to(float32) for pow's and the product's backward, rsqrt's result, and
+    // h = (x * rstd).to(dtype) for the weight's: ptool keeps the upcast (its backward casts it back
+    // to x, exactly), rstd, and h as a tensor of the framework's tally alone (its values are not
+    // needed: ptool's backward recomputes them from x)
+    MetaKernelScope kernels({.on_chip = true});  // counted as the framework's op sequence
+    const Tensor x32 = to_dtype(*ctx.backend, x, DType::float32);
+    ctx.backend->layer_norm(x, w ? w->value : Tensor(), Tensor(), eps_, true, y, mean, rstd);
+    const Tensor h = w ? torch_only(x.shape(), x.dtype(), MemoryUse::activations) : Tensor();
+    save({x32, mean, rstd, h});
+    meta_count_op(OpClass::rms_norm_eager_fwd, x.dtype(), static_cast<double>(x.numel()),
+                  framework_kernels(OpClass::rms_norm_eager_fwd));
     return y;
 }
 
 Tensor Norm::backward_impl(RunContext& ctx, const Tensor& dy) {
     std::vector<Tensor> s = restore();
+    std::optional<MetaKernelScope> kernels;
+    if (eager_) {  // x back from its upcast (exact); the framework's backward sequence is what is counted
+        kernels.emplace(MetaKernelMode{.on_chip = true});
+        TorchAllocScope own(TorchAlloc::ptool_only);  // ptool's stand-in: PyTorch computes from the upcast
+        s[0] = to_dtype(*ctx.backend, s[0], dy.dtype());
+        meta_count_op(OpClass::rms_norm_eager_bwd, dy.dtype(), static_cast<double>(dy.numel()),
+                      framework_kernels(OpClass::rms_norm_eager_bwd));
+    }
     Tensor dx = empty_like(dy);
     ParamPtr w = param("weight"), b = param("bias");
     ctx.backend->layer_norm_backward(s[0], w ? w->value : Tensor(), s[1], s[2], dy, rms(), dx,

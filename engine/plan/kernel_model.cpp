@@ -1,0 +1,103 @@
+#include "plan/kernel_model.h"
+
+#include "core/error.h"
+#include "plan/kernel_table.h"
+
+namespace ptool {
+namespace {
+
+// The dtype whose table rows price `dt`: its own, else bfloat16's (scaled by the peaks).
+DType table_dtype(const KernelTable& k, DType dt, bool attention) {
+    return (attention ? k.has_attention(dt) : k.has_gemm(dt)) ? dt : DType::bfloat16;
+}
+
+double peak_of(const std::map<DType, double>& peaks, DType dt) {
+    auto it = peaks.find(dt);
+    return it == peaks.end() ? 0 : it->second;
+}
+
+void require_rate(const Cluster& c, DType dt) {
+    if (c.peak_flops(dt) <= 0)
+        throw InputError(SourceLocation{c.path, 1, 1},
+                         fmt::format("the cluster names no 'tflops' for {}, the plan's compute dtype",
+                                     dtype_name(dt)));
+}
+
+}  // namespace
+
+double ComputeTerms::total() const {
+    double s = memory;
+    for (double x : gemm) s += x;
+    for (double x : attention) s += x;
+    for (double x : ops) s += x;
+    return s;
+}
+
+ComputeTerms compute_terms(const MetaWork& w, const Cluster& c, DType compute) {
+    require_rate(c, compute);
+    ComputeTerms t;
+    const KernelTable* k = c.kernels.get();
+    if (!k) {  // the roofline: FLOPs at gemm_efficiency of peak, bytes at the memory bandwidth
+        auto rate = [&](DType dt) {
+            const double p = c.peak_flops(dt) > 0 ? c.peak_flops(dt) : c.peak_flops(compute);
+            return p * c.gemm_efficiency;
+        };
+        for (const auto& [key, calls] : w.gemms)
+            t.gemm[static_cast<int>(key.op)] +=
+                calls * 2.0 * static_cast<double>(key.m) * static_cast<double>(key.n) * static_cast<double>(key.k) /
+                rate(key.dtype);
+        for (const auto& [key, flops] : w.attention) t.attention[key.backward] += flops / rate(key.dtype);
+        t.memory = w.memory_bytes / c.memory_bandwidth;
+        for (const auto& [key, elements] : w.ops)
+            t.ops[static_cast<int>(key.op)] += elements * framework_bytes(key.op, key.dtype) / c.memory_bandwidth;
+        return t;
+    }
+    auto compute_scale = [&](DType rows, DType dt) {  // the table's seconds of `rows` -> this GPU's of dt
+        const double mine = c.peak_flops(dt) > 0 ? c.peak_flops(dt) : c.peak_flops(compute);
+        return peak_of(k->peak_flops, rows) / mine;
+    };
+    const double stream = k->stream_bandwidth() * c.memory_bandwidth / k->peak_bandwidth;
+    for (const auto& [key, calls] : w.gemms) {
+        GemmKey q = key;
+        q.dtype = table_dtype(*k, key.dtype, false);
+        t.gemm[static_cast<int>(key.op)] += calls * k->gemm_seconds(q) * compute_scale(q.dtype, key.dtype);
+    }
+    for (const auto& [key, flops] : w.attention) {
+        const DType rows = table_dtype(*k, key.dtype, true);
+        const double rate =
+            k->has_attention(rows)
+                ? k->attention_flops_per_second(rows, key.seq_k, key.backward) / compute_scale(rows, key.dtype)
+                : c.peak_flops(key.dtype) * c.gemm_efficiency;
+        t.attention[key.backward] += flops / rate;
+    }
+    t.memory = w.memory_bytes / stream;
+    for (const auto& [key, elements] : w.ops) {
+        const int i = static_cast<int>(key.op);
+        if (const KernelTable::MemoryOp* m = k->memory_op(op_class_name(key.op), key.dtype)) {
+            t.ops[i] += elements * m->seconds / m->elements * k->peak_bandwidth / c.memory_bandwidth;
+            t.op_measured[i] = true;
+        } else {
+            t.ops[i] += elements * framework_bytes(key.op, key.dtype) / stream;
+        }
+    }
+    return t;
+}
+
+std::string kernel_model_source(const Cluster& c) {
+    const KernelTable* k = c.kernels.get();
+    if (!k)
+        return fmt::format("assumed: no kernel table, GEMMs and attention at gemm_efficiency {:g} of peak, other "
+                           "ops' bytes at {:.0f} GB/s",
+                           c.gemm_efficiency, c.memory_bandwidth / 1e9);
+    std::vector<std::string> scales;
+    for (const auto& [dt, peak] : k->peak_flops)
+        if (c.peak_flops(dt) > 0 && std::abs(c.peak_flops(dt) / peak - 1) > 1e-9)
+            scales.push_back(fmt::format("{} x{:.3f}", dtype_name(dt), c.peak_flops(dt) / peak));
+    if (std::abs(c.memory_bandwidth / k->peak_bandwidth - 1) > 1e-9)
+        scales.push_back(fmt::format("memory x{:.3f}", c.memory_bandwidth / k->peak_bandwidth));
+    if (scales.empty()) return fmt::format("measured: {} ({})", k->path, k->gpu);
+    return fmt::format("derived: {} (measured on {}) scaled by this GPU's peaks: {}", k->path, k->gpu,
+                       fmt::join(scales, ", "));
+}
+
+}  // namespace ptool

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""A kernel table (docs/kernel_table.md) from the rows PyTorch measured on a GPU (anchor.py's jsonl).
+
+    tools/kernel_table_from_anchor.py ANCHOR.jsonl OUT.json --gpu NAME --date DATE --software TEXT
+        [--peak-bf16 TFLOPS] [--peak-fp32 TFLOPS] [--bandwidth GB_S] [--source TEXT]
+
+Reads the `device`, `gemm`, `sdpa` and `bw` rows of ANCHOR.jsonl and writes the table ptool's
+cluster files name (`kernels:`), one row a line, with where every number came from:
+
+  gemm       every bf16 and fp32 (TF32 off) row: dtype, op (fwd/dgrad/wgrad), m, n, k, seconds
+  attention  every sdpa row: causal flash attention, bf16, batch, heads, kv_heads, seq, head_dim,
+             forward seconds and forward+backward seconds
+  memory     copy (the streaming bandwidth the derived ops are priced at), add, the eager RMSNorm's
+             forward, SiLU x mul's forward, the loss's forward and backward with its float32 upcast
+  device     the device's memory and what the CUDA context took (total minus free after it)
+
+The peak rates are the vendor's (dense), the scale a cluster of another GPU is derived by.
+"""
+import argparse
+import json
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("anchor")
+    ap.add_argument("out")
+    ap.add_argument("--gpu", required=True)
+    ap.add_argument("--date", required=True)
+    ap.add_argument("--software", required=True)
+    ap.add_argument("--source", default="")
+    ap.add_argument("--peak-bf16", type=float, default=989)
+    ap.add_argument("--peak-fp32", type=float, default=67)
+    ap.add_argument("--bandwidth", type=float, default=3350)
+    a = ap.parse_args()
+    rows = [json.loads(line) for line in open(a.anchor) if line.strip()]
+    device = next(r for r in rows if r["part"] == "device")
+    gemm = [r for r in rows if r["part"] == "gemm" and not r.get("tf32")]
+    sdpa = [r for r in rows if r["part"] == "sdpa"]
+    bw = {r["op"]: r for r in rows if r["part"] == "bw"}
+
+    def mem(op, dtype, elements, r):
+        return {"op": op, "dtype": dtype, "elements": elements, "bytes": r["bytes"], "seconds": r["seconds"]}
+
+    memory = []
+    if "copy_bf16" in bw:
+        memory.append(mem("copy", "bfloat16", bw["copy_bf16"]["bytes"] // 4, bw["copy_bf16"]))
+    if "add_bf16" in bw:
+        memory.append(mem("add", "bfloat16", bw["add_bf16"]["bytes"] // 6, bw["add_bf16"]))
+    for op, r in bw.items():
+        if op.startswith("rmsnorm_eager_"):
+            rr, cc = (int(x) for x in op.rsplit("_", 1)[1].split("x"))
+            memory.append(mem("rms_norm_eager_fwd", "bfloat16", rr * cc, r))
+        elif op.startswith("silu_mul_"):
+            rr, cc = (int(x) for x in op.rsplit("_", 1)[1].split("x"))
+            memory.append(mem("silu_mul_fwd", "bfloat16", rr * cc, r))
+        elif op.startswith("cross_entropy_fp32_upcast_fwd_bwd_"):
+            rr, cc = (int(x) for x in op.rsplit("_", 1)[1].split("x"))
+            memory.append(mem("cross_entropy", "bfloat16", rr * cc, r))
+
+    lines = ['{',
+             '  "format": "ptool kernel table 1",',
+             f'  "gpu": {json.dumps(a.gpu)},',
+             '  "peak": ' + json.dumps({"tflops": {"bfloat16": a.peak_bf16, "float16": a.peak_bf16,
+                                                  "float32": a.peak_fp32},
+                                       "memory_bandwidth_gb_s": a.bandwidth}) + ',',
+             '  "device": ' + json.dumps({"name": device["name"], "sms": device["sms"],
+                                         "memory_bytes": device["total_bytes"],
+                                         "context_bytes": device["total_bytes"] - device["free_after_context"]}) + ',',
+             '  "provenance": ' + json.dumps({
+                 "measured": a.date, "software": a.software,
+                 "by": "PyTorch: torch.matmul (cuBLAS) per GEMM layout, scaled_dot_product_attention (flash, "
+                       "causal, enable_gqa), eager memory-bound ops; CUDA events after warm-up",
+                 "source": a.source,
+                 "converted_by": "tools/kernel_table_from_anchor.py"}) + ',',
+             '  "gemm": [']
+    g = [json.dumps({"dtype": r["dtype"], "op": r["op"], "m": r["m"], "n": r["n"], "k": r["k"],
+                     "seconds": r["seconds"]}) for r in gemm]
+    lines += ["    " + x + ("," if i + 1 < len(g) else "") for i, x in enumerate(g)]
+    lines.append('  ],')
+    lines.append('  "attention": [')
+    s = [json.dumps({"dtype": "bfloat16", "causal": True, "batch": r["b"], "heads": r["hq"], "kv_heads": r["hkv"],
+                     "seq": r["s"], "head_dim": r["d"], "fwd_seconds": r["fwd_s"],
+                     "fwd_bwd_seconds": r["fwd_bwd_s"]}) for r in sdpa]
+    lines += ["    " + x + ("," if i + 1 < len(s) else "") for i, x in enumerate(s)]
+    lines.append('  ],')
+    lines.append('  "memory": [')
+    m = [json.dumps(x) for x in memory]
+    lines += ["    " + x + ("," if i + 1 < len(m) else "") for i, x in enumerate(m)]
+    lines.append('  ]')
+    lines.append('}')
+    with open(a.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {a.out}: {len(gemm)} GEMMs, {len(sdpa)} attention rows, {len(memory)} memory ops")
+
+
+if __name__ == "__main__":
+    main()
