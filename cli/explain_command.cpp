@@ -78,6 +78,15 @@ void print_runtime(const ExplainReport& r) {
     }
 }
 
+// Every GEMM shape of the step with its calls and seconds, slowest first.
+nlohmann::json gemm_rows(const ComputeTerms& t) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const ComputeTerms::Shape& s : t.gemms)
+        out.push_back({{"op", gemm_op_name(s.gemm.op)}, {"dtype", dtype_name(s.gemm.dtype)}, {"m", s.gemm.m},
+                       {"n", s.gemm.n}, {"k", s.gemm.k}, {"calls", s.count}, {"seconds", s.seconds}});
+    return out;
+}
+
 void explain(const ExplainArgs& a, const Common& c) {
     FileRoles()
         .input("MODEL", a.model)
@@ -399,7 +408,10 @@ void explain(const ExplainArgs& a, const Common& c) {
                                        {"attention_fwd_seconds", ct.attention[0]},
                                        {"attention_bwd_seconds", ct.attention[1]},
                                        {"memory_bound_seconds", ct.memory},
-                                       {"framework_ops", ops}}},
+                                       {"memory_bound_bytes", ct.memory_bytes},
+                                       {"kernels", ct.kernels},
+                                       {"framework_ops", ops},
+                                       {"gemms", gemm_rows(ct)}}},
                                      {"step_seconds", times[i].step},
                                      {"gemm_flops", times[i].gemm_flops},
                                      {"model_flops", times[i].model_flops},

@@ -1,5 +1,7 @@
 #include "plan/kernel_model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "plan/kernel_table.h"
 
@@ -26,7 +28,7 @@ void require_rate(const Cluster& c, DType dt) {
 }  // namespace
 
 double ComputeTerms::total() const {
-    double s = memory;
+    double s = memory + launch;
     for (double x : gemm) s += x;
     for (double x : attention) s += x;
     for (double x : ops) s += x;
@@ -36,6 +38,7 @@ double ComputeTerms::total() const {
 ComputeTerms compute_terms(const MetaWork& w, const Cluster& c, DType compute) {
     require_rate(c, compute);
     ComputeTerms t;
+    t.memory_bytes = w.memory_bytes, t.kernels = w.kernels;
     const KernelTable* k = c.kernels.get();
     if (!k) {  // the roofline: FLOPs at gemm_efficiency of peak, bytes at the memory bandwidth
         auto rate = [&](DType dt) {
@@ -48,8 +51,8 @@ ComputeTerms compute_terms(const MetaWork& w, const Cluster& c, DType compute) {
                 rate(key.dtype);
         for (const auto& [key, flops] : w.attention) t.attention[key.backward] += flops / rate(key.dtype);
         t.memory = w.memory_bytes / c.memory_bandwidth;
-        for (const auto& [key, elements] : w.ops)
-            t.ops[static_cast<int>(key.op)] += elements * framework_bytes(key.op, key.dtype) / c.memory_bandwidth;
+        for (const auto& [key, n] : w.ops)
+            t.ops[static_cast<int>(key.op)] += n.elements * framework_bytes(key.op, key.dtype) / c.memory_bandwidth;
         return t;
     }
     auto compute_scale = [&](DType rows, DType dt) {  // the table's seconds of `rows` -> this GPU's of dt
@@ -60,7 +63,9 @@ ComputeTerms compute_terms(const MetaWork& w, const Cluster& c, DType compute) {
     for (const auto& [key, calls] : w.gemms) {
         GemmKey q = key;
         q.dtype = table_dtype(*k, key.dtype, false);
-        t.gemm[static_cast<int>(key.op)] += calls * k->gemm_seconds(q) * compute_scale(q.dtype, key.dtype);
+        const double s = calls * k->gemm_seconds(q) * compute_scale(q.dtype, key.dtype);
+        t.gemm[static_cast<int>(key.op)] += s;
+        t.gemms.push_back({key, {}, calls, s});
     }
     for (const auto& [key, flops] : w.attention) {
         const DType rows = table_dtype(*k, key.dtype, true);
@@ -69,17 +74,24 @@ ComputeTerms compute_terms(const MetaWork& w, const Cluster& c, DType compute) {
                 ? k->attention_flops_per_second(rows, key.seq_k, key.backward) / compute_scale(rows, key.dtype)
                 : c.peak_flops(key.dtype) * c.gemm_efficiency;
         t.attention[key.backward] += flops / rate;
+        t.attentions.push_back({{}, key, flops, flops / rate});
     }
+    auto slowest = [](const ComputeTerms::Shape& a, const ComputeTerms::Shape& b) { return a.seconds > b.seconds; };
+    std::sort(t.gemms.begin(), t.gemms.end(), slowest);
+    std::sort(t.attentions.begin(), t.attentions.end(), slowest);
     t.memory = w.memory_bytes / stream;
-    for (const auto& [key, elements] : w.ops) {
+    double kernels = w.kernels;  // those whose fixed cost no measurement includes
+    for (const auto& [key, n] : w.ops) {
         const int i = static_cast<int>(key.op);
         if (const KernelTable::MemoryOp* m = k->memory_op(op_class_name(key.op), key.dtype)) {
-            t.ops[i] += elements * m->seconds / m->elements * k->peak_bandwidth / c.memory_bandwidth;
+            t.ops[i] += n.elements * m->seconds / m->elements * k->peak_bandwidth / c.memory_bandwidth;
             t.op_measured[i] = true;
         } else {
-            t.ops[i] += elements * framework_bytes(key.op, key.dtype) / stream;
+            t.ops[i] += n.elements * framework_bytes(key.op, key.dtype) / stream;
+            kernels += n.kernels;
         }
     }
+    t.launch = kernels * k->kernel_overhead;
     return t;
 }
 

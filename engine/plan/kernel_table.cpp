@@ -247,7 +247,7 @@ KernelTable load_kernel_table_text(const std::string& text, const std::string& n
     const JsonNode root = load_json_text(text, name, JsonLimits{8 << 20, 8});
     if (!root.is_object()) root.fail("a kernel table is a JSON object (docs/kernel_table.md)");
     only_keys(root, "the kernel table",
-              {"format", "gpu", "peak", "device", "provenance", "gemm", "attention", "memory"});
+              {"format", "gpu", "peak", "device", "provenance", "kernel_overhead", "gemm", "attention", "memory"});
     const JsonNode format = root.at("format");
     if (format.as_string("'format'") != kFormat)
         format.fail(fmt::format("'format' must be \"{}\" (this ptool reads that version)", kFormat));
@@ -268,6 +268,14 @@ KernelTable load_kernel_table_text(const std::string& text, const std::string& n
             if (value.value().is_string() && !value.value().get<std::string>().empty())
                 parts.push_back(fmt::format("{}: {}", key, value.value().get<std::string>()));
         t.provenance = fmt::format("{}", fmt::join(parts, "; "));
+    }
+    if (auto o = root.get("kernel_overhead")) {
+        only_keys(*o, "'kernel_overhead'", {"seconds", "source"});
+        const JsonNode v = o->at("seconds");
+        t.kernel_overhead = v.as_number("'seconds' of 'kernel_overhead'");
+        if (!(t.kernel_overhead >= 0) || t.kernel_overhead > 1)
+            v.fail(fmt::format("'seconds' of 'kernel_overhead' must be in [0, 1], got {:g}", t.kernel_overhead));
+        t.kernel_overhead_source = o->at("source").as_string("'source' of 'kernel_overhead'");
     }
     load_rows(root, t);
     return t;

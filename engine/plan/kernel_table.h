@@ -45,6 +45,10 @@ struct KernelTable {
         DType dtype = DType::bfloat16;
         double elements = 0, bytes = 0, seconds = 0;
     };
+    // The fixed cost of one memory-bound kernel besides its bytes (launch, ramp-up and tail: the
+    // alpha of time = alpha + bytes / bandwidth), and where it comes from; 0 when the table has none.
+    double kernel_overhead = 0;
+    std::string kernel_overhead_source;
     std::vector<Gemm> gemm;
     std::vector<Attention> attention;
     std::vector<MemoryOp> memory;

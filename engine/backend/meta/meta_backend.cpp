@@ -18,7 +18,7 @@ GemmKey gemm_key(DType dtype, bool trans_a, bool trans_b, const Tensor& c, int64
 
 template <class Map>
 void add_counts(Map& into, const Map& from, double k) {
-    for (const auto& [key, v] : from) into[key] += k * v;
+    for (const auto& [key, v] : from) into[key] += v * k;
 }
 
 double bytes_of(std::initializer_list<const Tensor*> ts) {
@@ -45,7 +45,6 @@ public:
             t_work.attention[t_work.mode.attention_key] += flops;
             return;
         }
-        if (!t_work.mode.on_chip) ++t_work.kernels;
         t_work.gemms[gemm_key(a.dtype(), trans_a, trans_b, c, k)] += 1;
     }
     void activation(Activation, const Tensor& x, Tensor& y) override { touch({&x, &y}); }
@@ -151,7 +150,7 @@ void add_work(MetaWork& a, const MetaWork& b, double k) {
     a.gemm_flops += k * b.gemm_flops;
     a.recompute_flops += k * b.recompute_flops;
     a.memory_bytes += k * b.memory_bytes;
-    a.kernels += static_cast<int64_t>(std::llround(k * static_cast<double>(b.kernels)));
+    a.kernels += k * b.kernels;
     add_counts(a.gemms, b.gemms, k);
     add_counts(a.attention, b.attention, k);
     add_counts(a.ops, b.ops, k);
@@ -208,8 +207,7 @@ int framework_kernels(OpClass op) {
 }
 
 void meta_count_op(OpClass op, DType dtype, double elements, int kernels) {
-    t_work.ops[{op, dtype}] += elements;
-    t_work.kernels += kernels;
+    t_work.ops[{op, dtype}] += OpCount{elements, static_cast<double>(kernels)};
 }
 
 void meta_repeat(int64_t n, const std::function<void()>& slice) {

@@ -61,6 +61,14 @@ struct OpKey {
     DType dtype = DType::float32;  // of the op's input (the logits before any upcast; the parameters)
     auto operator<=>(const OpKey&) const = default;
 };
+struct OpCount {  // a framework op's elements and the kernels its sequence launched
+    double elements = 0, kernels = 0;
+    OpCount& operator+=(const OpCount& o) {
+        elements += o.elements, kernels += o.kernels;
+        return *this;
+    }
+    OpCount operator*(double k) const { return {elements * k, kernels * k}; }
+};
 
 // How the meta backend counts what the calling thread runs: a GEMM that stands for an element-wise
 // op (RoPE's rotate_half, a product with a signed permutation matrix in ptool, exact on every
@@ -86,10 +94,10 @@ struct MetaWork {
     bool recomputing = false;
     MetaKernelMode mode;      // set by MetaKernelScope
     double memory_bytes = 0;  // bytes every other op reads and writes (its tensors' sizes)
-    int64_t kernels = 0;      // ops launched
+    double kernels = 0;       // the memory-bound ops' launches (GEMMs are counted by shape)
     std::map<GemmKey, double> gemms;         // calls per shape
     std::map<AttentionKey, double> attention;  // fused attention FLOPs per kernel shape
-    std::map<OpKey, double> ops;               // elements per framework op class
+    std::map<OpKey, OpCount> ops;              // per framework op class
 };
 MetaWork& meta_work();  // the calling thread's
 // What `after` counted beyond `before` (the work read twice: the work between).
