@@ -30,6 +30,7 @@ void add_import_command(CLI::App& app);  // import hf, import hf-tp-plan
 // shrink_model (plan/shrink.h) of the model file for the plan file, linted with the plan.
 std::string shrunk_model_checked(const std::string& model_path, const std::string& plan_path);
 void add_golden_command(CLI::App& app, Common& common, int& exit_code);
+void add_calibrate_command(CLI::App& app, Common& common);  // cli/calibrate_command.cpp
 std::vector<std::string> split_lines(const std::string& s);
 void add_device_options(CLI::App* cmd, Common& common);  // --device cpu|cuda, --tf32
 // cli/option_checks.cpp: numeric flags are their whole text, in range; output files are named

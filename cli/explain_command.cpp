@@ -7,6 +7,7 @@
 #include <set>
 
 #include "cli/commands.h"
+#include "cli/explain_terms.h"
 #include "cli/verify_output.h"
 #include "core/file_roles.h"
 #include "core/safetensors.h"
@@ -46,45 +47,27 @@ std::string rank_ranges(const std::vector<int>& ranks) {  // ascending: "0-3, 8-
     return fmt::format("{}", fmt::join(parts, ", "));
 }
 
-// The runtime's memory per GPU (plan/device_overheads.h) and, per rank class, whether the peak fits.
-void print_runtime(const ExplainReport& r) {
+// Per rank class, whether its memory fits the GPU (plan/device_overheads.h: the runtime outside the
+// caching allocator besides what it reserves).
+void warn_fit(const ExplainReport& r) {
     const Cluster& cl = *r.cluster;
-    std::set<int> communicators;
-    for (const DeviceOverheads& o : r.overheads) communicators.insert(o.communicators);
-    fmt::print(
-        "  runtime per GPU ({}'s `runtime`): CUDA context {}, cuBLAS workspace {}, NCCL {} per communicator "
-        "x {} communicators;\n  GPU memory {}, reserve {}\n",
-        cl.name, format_bytes(static_cast<int64_t>(cl.runtime.cuda_context)),
-        format_bytes(static_cast<int64_t>(cl.runtime.cublas_workspace)),
-        format_bytes(static_cast<int64_t>(cl.runtime.nccl_per_communicator)),
-        fmt::join(communicators, " or "), format_bytes(static_cast<int64_t>(cl.memory_bytes)),
-        format_bytes(static_cast<int64_t>(cl.reserved_bytes)));
     for (size_t i = 0; i < r.memory.size(); ++i) {
         const RankMemory& m = r.memory[i].sim.memory;
         const double needs =
             static_cast<double>(m.torch_peak) + r.overheads[i].outside_allocator() + cl.reserved_bytes;
         if (needs > cl.memory_bytes)
-            spdlog::warn("ranks {} do not fit: the peak {} and the runtime {} are more than the GPU's {}",
+            spdlog::warn("ranks {} do not fit: the allocated peak {} and the runtime {} are more than the GPU's {}",
                          rank_ranges(r.memory[i].ranks), format_bytes(m.torch_peak),
                          format_bytes(static_cast<int64_t>(r.overheads[i].outside_allocator())),
                          format_bytes(static_cast<int64_t>(cl.memory_bytes - cl.reserved_bytes)));
         else if (m.over_capacity > 0)
             spdlog::warn(
                 "ranks {}: PyTorch's caching allocator runs out of memory even after giving its cache back "
-                "({} segment{} beyond the GPU's memory; fragmentation: the peak {} fits, its segments do "
+                "({} segment{} beyond the GPU's memory; fragmentation: the allocated peak {} fits, its segments do "
                 "not)",
                 rank_ranges(r.memory[i].ranks), m.over_capacity, m.over_capacity == 1 ? "" : "s",
-                format_bytes(m.peak));
+                format_bytes(m.torch_peak));
     }
-}
-
-// Every GEMM shape of the step with its calls and seconds, slowest first.
-nlohmann::json gemm_rows(const ComputeTerms& t) {
-    nlohmann::json out = nlohmann::json::array();
-    for (const ComputeTerms::Shape& s : t.gemms)
-        out.push_back({{"op", gemm_op_name(s.gemm.op)}, {"dtype", dtype_name(s.gemm.dtype)}, {"m", s.gemm.m},
-                       {"n", s.gemm.n}, {"k", s.gemm.k}, {"calls", s.count}, {"seconds", s.seconds}});
-    return out;
 }
 
 void explain(const ExplainArgs& a, const Common& c) {
@@ -170,41 +153,8 @@ void explain(const ExplainArgs& a, const Common& c) {
     const std::vector<std::string>& start = r.at_start;
     fmt::print("  at start: {}\n",
                start.empty() ? std::string("none") : fmt::format("{}", fmt::join(start, "; ")));
-    // the steps executed on meta tensors (train/simulate.h): every tensor the ranks would hold; at
-    // least two, so that the peak is the steady state's
-    fmt::print(
-        "\n  memory per rank (predicted: {} steps simulated; peak: the steady state, from the second step "
-        "on, with the\n"
-        "  optimizer's state held throughout; first step: its own peak, before that state exists; what was "
-        "resident\n"
-        "  before the first step; and at the peak):\n",
-        r.simulated_steps);
-    const bool on_gpu = r.cluster.has_value();
-    std::vector<std::vector<std::string>> mrows = {{"ranks", "peak", "first step", "reserved"}};
-    if (on_gpu) mrows[0].push_back("on the GPU");
-    mrows[0].insert(mrows[0].end(), {"resident", "at the peak"});
-    for (size_t i = 0; i < memory.size(); ++i) {
-        const PredictedRank& pm = memory[i];
-        const RankMemory& m = pm.sim.memory;
-        std::vector<std::string> uses;
-        for (int u = 0; u < kMemoryUses; ++u)
-            if (m.at_peak[u] > 0)
-                uses.push_back(fmt::format("{} {}", memory_use_name(static_cast<MemoryUse>(u)),
-                                           format_bytes(m.at_peak[u])));
-        std::vector<std::string> row = {rank_ranges(pm.ranks), format_bytes(m.peak),
-                                        format_bytes(m.first_step_peak), format_bytes(m.reserved_peak)};
-        if (on_gpu)
-            row.push_back(format_bytes(m.reserved_peak + static_cast<int64_t>(r.overheads[i].outside_allocator())));
-        row.insert(row.end(), {format_bytes(m.resident), fmt::format("{}", fmt::join(uses, ", "))});
-        mrows.push_back(std::move(row));
-    }
-    print_columns(mrows, "    ");
-    fmt::print(
-        "  (peak: the tensors' bytes, torch.cuda.max_memory_allocated; reserved: what PyTorch's caching "
-        "allocator holds\n"
-        "  for them at most, its segments and block rounding replayed, torch.cuda.max_memory_reserved{})\n",
-        on_gpu ? "; on the GPU: reserved plus the runtime" : "");
-    if (on_gpu) print_runtime(r);
+    print_memory(r);
+    if (r.cluster) warn_fit(r);
     fmt::print(
         "  verify keeps on the host: the reference's record, {} step{} x {} = {} (every tensor it compares, "
         "full size:\n"
@@ -246,6 +196,7 @@ void explain(const ExplainArgs& a, const Common& c) {
             "    (data-parallel collectives overlap the compute, tensor-parallel ones do not; MFU: the "
             "step's GEMM\n"
             "     FLOPs, activation checkpointing's recompute not counted, over the peak)\n");
+        print_compute_terms(r);
     }
     if (!a.json.empty()) {
         nlohmann::json j = json_document("explain");
@@ -335,13 +286,7 @@ void explain(const ExplainArgs& a, const Common& c) {
             nlohmann::json e = memory_json(m.sim.memory, "predicted_peak_bytes");  // the steady state's
             e["first_step_peak_bytes"] = m.sim.memory.first_step_peak;
             e["predicted_reserved_peak_bytes"] = m.sim.memory.reserved_peak;  // the allocator model's
-            // PyTorch's torch.cuda.max_memory_allocated (the framework tally, core/framework_memory.h)
-            e["allocated_peak_bytes"] = m.sim.memory.torch_peak;
-            nlohmann::json torch_uses = nlohmann::json::object();
-            for (int u = 0; u < kMemoryUses; ++u)
-                if (m.sim.memory.torch_at_peak[u] != 0)
-                    torch_uses[memory_use_name(static_cast<MemoryUse>(u))] = m.sim.memory.torch_at_peak[u];
-            e["allocated_at_peak"] = torch_uses;
+            add_memory_terms(e, r, i);  // PyTorch's allocated peak and its terms (cli/explain_terms.h)
             if (cluster) {  // the runtime's memory besides the tensors (plan/device_overheads.h)
                 const DeviceOverheads& o = r.overheads[i];
                 e["runtime_bytes"] = {{"cuda_context", o.cuda_context},
@@ -393,25 +338,9 @@ void explain(const ExplainArgs& a, const Common& c) {
                                    {"bytes", ct.bytes},
                                    {"calls", ct.calls},
                                    {"inter_node", ct.inter_node}};
-                const ComputeTerms& ct = times[i].terms;
-                nlohmann::json ops = nlohmann::json::object();
-                for (int o = 0; o < kOpClasses; ++o)
-                    if (ct.ops[o] > 0)
-                        ops[op_class_name(static_cast<OpClass>(o))] = {{"seconds", ct.ops[o]},
-                                                                       {"measured", ct.op_measured[o]}};
                 j["time"].push_back({{"ranks", memory[i].ranks},
                                      {"compute_seconds", times[i].compute},
-                                     {"compute_terms",
-                                      {{"gemm_fwd_seconds", ct.gemm[0]},
-                                       {"gemm_dgrad_seconds", ct.gemm[1]},
-                                       {"gemm_wgrad_seconds", ct.gemm[2]},
-                                       {"attention_fwd_seconds", ct.attention[0]},
-                                       {"attention_bwd_seconds", ct.attention[1]},
-                                       {"memory_bound_seconds", ct.memory},
-                                       {"memory_bound_bytes", ct.memory_bytes},
-                                       {"kernels", ct.kernels},
-                                       {"framework_ops", ops},
-                                       {"gemms", gemm_rows(ct)}}},
+                                     {"compute_terms", compute_terms_json(times[i].terms)},
                                      {"step_seconds", times[i].step},
                                      {"gemm_flops", times[i].gemm_flops},
                                      {"model_flops", times[i].model_flops},

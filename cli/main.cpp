@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
     ptool::cli::add_shrink_command(app);
     ptool::cli::add_import_command(app);
     ptool::cli::add_golden_command(app, common, exit_code);
+    ptool::cli::add_calibrate_command(app, common);
 
     try {
         app.parse(argc, argv);

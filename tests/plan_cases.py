@@ -8,8 +8,8 @@
    and verifies: PASS against the single-device reference. The number verified is the one the
    README, docs/testing.md and docs/planning.md state.
    On two nodes of 2 (tests/data/cpu_2x2.yaml) every HSDP plan it finds verifies too.
-2. Its numbers are explain's: for Llama-3-8B shapes on 16 H100s, each listed plan's memory (less
-   the prefetch term) and step time equal those of explain simulating the whole model (the planner
+2. Its numbers are explain's: for Llama-3-8B shapes on 16 H100s, each listed plan's memory (PyTorch's
+   allocated peak) and step time equal those of explain simulating the whole model (the planner
    simulates 2 and 3 blocks and extrapolates), within 1%.
 3. It says why shapes fail: tp across a node, heads that do not split, a cap nothing fits under.
 4. Bad input: a damaged cluster file, more ranks than GPUs, no fit with -o: exit 2, nothing written.
@@ -125,7 +125,7 @@ with tempfile.TemporaryDirectory() as tmp:
     m8 = os.path.join(tmp, "llama3_8b.yaml")  # two steps: the proxies below verify the optimizer's second step
     open(m8, "w").write(re.sub(r"^steps: \d+", "steps: 2", open(f"{ROOT}/models/scale/llama3_8b.yaml").read(), flags=re.M))
     def against_explain(c, name, what, tol):
-        """Writes candidate c's plan, explains it, and checks the planned peak (less the prefetch) and
+        """Writes candidate c's plan, explains it, and checks the planned (PyTorch's allocated) peak and
         step against explain's simulation of the plan as written (its worst rank) within tol. The
         shipped model says steps: 1; explain's headline peak is still the steady state (two steps
         simulated, the optimizer's state held throughout), as the planner's. A candidate of other
@@ -137,9 +137,9 @@ with tempfile.TemporaryDirectory() as tmp:
         if not check(rc == 0, f"explain llama3_8b {what}: exit {rc}\n{out}"):
             return False
         e = json.load(open(ej))
-        full_peak = max(m["predicted_peak_bytes"] for m in e["memory"])
+        full_peak = max(m["allocated_peak_bytes"] for m in e["memory"])
         full_step = e["time"][0]["step_seconds"]
-        planned = c["peak_bytes"] - c["prefetch_bytes"]
+        planned = c["peak_bytes"]
         check(abs(planned - full_peak) <= tol * full_peak, f"{what}: planned peak {planned:.0f} B, explain's {full_peak} B")
         check(abs(c["step_seconds"] - full_step) <= tol * full_step, f"{what}: planned step {c['step_seconds']} s, explain's {full_step} s")
         return True
@@ -215,9 +215,9 @@ with tempfile.TemporaryDirectory() as tmp:
         if rc == 0 and check(planned is not None, "the written plan's header names its reserved and runtime"):
             for m in json.load(open(ej))["memory"]:
                 device = m["device_peak_bytes"] / 2**30
-                check(m["allocator_over_capacity"] == 0 and device <= 79.6,
+                check(m["allocator_over_capacity"] == 0 and device <= 79.18,
                       f"70B plan on the GPU: {device:.2f} GiB, {m['allocator_over_capacity']} segments over")
-                check(m["predicted_reserved_peak_bytes"] >= m["predicted_peak_bytes"],
+                check(m["predicted_reserved_peak_bytes"] >= m["allocated_peak_bytes"],
                       "reserved below the peak")
                 estimate = float(planned.group(1))
                 replay = m["predicted_reserved_peak_bytes"] / 2**30

@@ -243,8 +243,8 @@ with tempfile.TemporaryDirectory() as tmp:
         rc, out = run("explain", llama, written, "--cluster", cluster, "--json", e)
         if check(rc == 0, f"explain of the written plan: exit {rc}\n{out[-2000:]}"):
             ej = json.load(open(e))
-            peak = max(m["predicted_peak_bytes"] for m in ej["memory"])
-            planned = best["peak_bytes"] - best["prefetch_bytes"]
+            peak = max(m["allocated_peak_bytes"] for m in ej["memory"])
+            planned = best["peak_bytes"]
             step = ej["time"][0]["step_seconds"]
             check(abs(planned - peak) <= 0.01 * peak and abs(best["step_seconds"] - step) <= 0.01 * step,
                   f"planned peak {planned:.0f} B, step {best['step_seconds']} s; explain's {peak} B, {step} s")

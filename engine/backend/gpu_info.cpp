@@ -12,6 +12,10 @@ int query_cublas_version_cuda();
 int query_cublas_version() {
     return query_cublas_version_cuda();
 }
+size_t gpu_used_bytes_cuda();
+size_t gpu_used_bytes() {
+    return gpu_used_bytes_cuda();
+}
 #else
 GpuInfo query_gpus() {
     GpuInfo info;
@@ -19,6 +23,9 @@ GpuInfo query_gpus() {
     return info;
 }
 int query_cublas_version() {
+    return 0;
+}
+size_t gpu_used_bytes() {
     return 0;
 }
 #endif

@@ -23,6 +23,9 @@ struct GpuInfo {
 };
 
 GpuInfo query_gpus();
+// The process's GPU's used bytes: total minus free (its CUDA context and whatever it allocated); 0
+// without CUDA or a GPU.
+size_t gpu_used_bytes();
 // cuBLAS's version (130100 for 13.1.0), read from the library, which this loads (0.7 s, once per
 // process: call it only where cuBLAS is used anyway); 0 without CUDA or when it cannot be loaded.
 int query_cublas_version();

@@ -76,6 +76,10 @@ void MemoryAccount::torch_charge(const void* key, int64_t bytes, MemoryUse use) 
     torch_live_ += bytes;
     torch_live_by_[static_cast<int>(use)] += bytes;
     if (torch_live_ > torch_peak_logical_) torch_peak_logical_ = torch_live_, torch_at_peak_ = torch_live_by_;
+    if (track_phases_) {  // the planner extrapolates the framework's peaks (plan/search.h)
+        int64_t& p = phase_entry();
+        p = std::max(p, torch_live_);
+    }
 }
 
 void MemoryAccount::torch_release(const void* key) {
@@ -98,10 +102,6 @@ void MemoryAccount::charge(const void* key, int64_t bytes, MemoryUse use) {
     live_ += bytes;
     live_by_[static_cast<int>(use)] += bytes;
     if (live_ > peak_) peak_ = live_, at_peak_ = live_by_;
-    if (track_phases_) {
-        int64_t& p = phase_entry();
-        p = std::max(p, live_);
-    }
 }
 
 int64_t& MemoryAccount::phase_entry() {

@@ -84,7 +84,8 @@ public:
     // Starts a new peak from what is live now (after the model is built: a step's peak); the
     // allocator model starts over with what is live (AllocatorModel::restart).
     void reset_peak();
-    // Also keep the peak within each phase (MemoryPhaseScope: "layers.1.attn_block/b"), from now.
+    // Also keep the framework tally's peak within each phase (MemoryPhaseScope: "layers.1.attn_block/b"),
+    // from now.
     void track_phases();
     std::map<std::string, int64_t> phase_peaks() const;
 

@@ -352,6 +352,8 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
         "# Float32 masters (torch_dtype {} is the checkpoint's; plans add bf16 compute with\n"
         "# data_parallel.mixed_precision). Optimizer: torch.optim.AdamW's defaults.\n",
         yaml_comment(c.str("torch_dtype", "unset")));
+    y += "# Norms: implementation eager, as transformers' RMSNorm runs (x.to(float32), normalise, cast back,\n"
+         "# then the weight): what PyTorch keeps for its backward and its kernels' time (docs/model_format.md).\n";
     y += attention_comment(attn);
     for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
     y += fmt::format("name: {}\nseed: 0\n{}batch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n",
@@ -363,7 +365,7 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
                      layers);
     y += "          - type: residual\n            modules:\n";
     if (!f.post_norms)
-        y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d,
+        y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d,
                          yaml_number(eps));
     const std::string qk =
         f.post_norms ? fmt::format(", qk_norm: full, qk_norm_eps: {}", yaml_number(eps))
@@ -375,7 +377,7 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
         "attn_implementation: {}, rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
         d, heads, kv, qk, attn.impl, yaml_number(theta), scaling, qkv_bias, o_bias);
     const std::string post_attention =
-        fmt::format("              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}}}\n",
+        fmt::format("              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n",
                     d, yaml_number(eps));
     if (f.post_norms) y += post_attention;
     y += "          - type: residual\n            modules:\n";
@@ -390,9 +392,9 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     }
     if (f.post_norms)
         y += fmt::format(
-            "              - {{name: post_feedforward_layernorm, type: rms_norm, dim: {}, eps: {}}}\n", d,
+            "              - {{name: post_feedforward_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d,
             yaml_number(eps));
-    y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
+    y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d, yaml_number(eps));
     y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab,
                      tied ? ", tie: model.embed_tokens" : "");
     y += "loss: cross_entropy\noptimizer: {type: adamw}\n";

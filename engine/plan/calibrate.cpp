@@ -205,7 +205,7 @@ KernelTable calibrate(const CalibrateOptions& o) {
         throw InputError("ptool calibrate measures --device cuda or cpu");
     }
     Backend& be = backend_for(o.device);
-    if (o.device == Device::cuda) t.context_bytes = static_cast<double>(gpu_context_bytes());
+    if (o.device == Device::cuda) t.context_bytes = static_cast<double>(gpu_used_bytes());  // the context, before any tensor
     t.gpu = device_name;
     measure_gemms(be, o, t);
     measure_attention(be, o, t);

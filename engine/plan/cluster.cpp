@@ -109,8 +109,6 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
             k.fail(fmt::format("'kernels': no kernel table at '{}' (a path relative to the cluster file)",
                                file.string()));
         c.kernels = std::make_shared<const KernelTable>(load_kernel_table(file.string()));
-        if (c.kernels->peak_flops.count(DType::bfloat16) && !c.flops.count(DType::bfloat16))
-            k.fail("'kernels' names a table measured in bfloat16 but 'tflops' gives no bfloat16 rate to scale it by");
     }
     c.intra = load_link(m.at("intra_node"), "'intra_node'");
     c.inter = c.nodes > 1 || m.has("inter_node") ? load_link(m.at("inter_node"), "'inter_node'") : c.intra;

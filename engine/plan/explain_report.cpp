@@ -1,5 +1,7 @@
 #include "plan/explain_report.h"
 
+#include <map>
+
 #include "core/device_memory.h"
 #include "parallel/device_mesh.h"
 #include "plan/pipeline_time.h"
@@ -73,6 +75,47 @@ void explain_stages(ExplainReport& r) {
 
 }  // namespace
 
+namespace {
+
+// Where the framework tally (core/framework_memory.h) rounds PyTorch's allocations up: a
+// fully_shard unit's unsharded gradients exist from its backward's start (PyTorch's are born weight
+// by weight as autograd computes them), and the step's output is held through the microbatch's
+// backward, as a training loop that keeps the model's return value does (transformers' `out =
+// model(...)`; torchtitan's `del pred` frees it after the loss).
+std::vector<MemoryAssumption> memory_assumptions(const ExplainReport& r) {
+    std::vector<MemoryAssumption> out;
+    const DType compute = r.plan.compute_dtype(r.model.dtype);
+    const double bytes = static_cast<double>(dtype_size(compute));
+    const int tp = std::max(1, r.ex.tp);
+    double unit = 0;
+    std::string unit_name;
+    const auto params = r.model.named_parameters();
+    std::map<std::string, int64_t> numel;
+    for (const auto& [name, p] : params) numel[name] = p->value.numel();
+    for (const FsdpUnitSpec& u : r.ex.resolution.dp.units) {
+        double b = 0;
+        for (const std::string& p : u.params)
+            if (auto it = numel.find(p); it != numel.end()) b += static_cast<double>(it->second) * bytes / tp;
+        if (b > unit) unit = b, unit_name = u.fqn.empty() ? "(root)" : u.fqn;
+    }
+    if (unit > 0)
+        out.push_back({fmt::format("a fully_shard unit's unsharded gradients exist from its backward's start "
+                                   "(PyTorch's are born weight by weight); the largest unit, {}",
+                                   unit_name),
+                       unit});
+    if (r.model.loss == LossKind::cross_entropy) {
+        const double logits = static_cast<double>(numel_of(r.ex.resolution.layouts.output.global)) * bytes /
+                              (r.plan.loss_parallel ? tp : 1);
+        out.push_back({"the output (logits) held through its microbatch's backward, as a loop that keeps the "
+                       "model's return value (transformers' out = model(...)); torchtitan's `del pred` frees it "
+                       "after the loss",
+                       logits});
+    }
+    return out;
+}
+
+}  // namespace
+
 ExplainReport explain_report(const ExplainInputs& in) {
     RunInputs run;
     run.model_path = in.model_path;
@@ -102,6 +145,7 @@ ExplainReport explain_report(const ExplainInputs& in) {
             // PyTorch's cuBLAS workspaces come from its caching allocator, each its own segment, kept
             const auto workspaces = static_cast<int64_t>(r.overheads.back().cublas_workspaces);
             pr.sim.memory.torch_peak += workspaces, pr.sim.memory.reserved_peak += workspaces;
+            pr.sim.memory.torch_first_step_peak += workspaces;
             pr.sim.memory.torch_at_peak[static_cast<int>(MemoryUse::workspace)] += workspaces;
         }
         const DType compute = r.plan.compute_dtype(r.model.dtype);
@@ -109,7 +153,9 @@ ExplainReport explain_report(const ExplainInputs& in) {
             r.times.push_back(predict_step_time(pr.sim.step_work, by_op_dim(pr.sim.step_comm), r.plan,
                                                 *r.cluster, compute));
         if (r.plan.pipeline) time_pipeline(r.times, r.memory, r.plan, *r.cluster, compute);
+        r.kernel_source = kernel_model_source(*r.cluster);
     }
+    r.assumptions = memory_assumptions(r);
 
     std::vector<std::string> mesh;
     for (const auto& m : r.plan.mesh()) mesh.push_back(fmt::format("{}={}", m.name, m.size));

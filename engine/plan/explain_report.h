@@ -32,6 +32,13 @@ struct StageExplain {
     int in_flight = 0;
 };
 
+// A choice the framework memory model makes where PyTorch's allocations could be lower, and by how
+// much at most (explain prints them: the prediction errs high by up to these).
+struct MemoryAssumption {
+    std::string what;
+    double bytes = 0;
+};
+
 struct ExplainReport {
     Model model;  // on meta tensors: shapes only
     Plan plan;
@@ -53,6 +60,8 @@ struct ExplainReport {
     std::string data_parallel_title;    // "replicate", "fully_shard", "fully_shard over 2 dims (HSDP)"
     std::vector<StageExplain> stages;   // a pipeline's, in stage order
     double bubble_closed_form = 0;      // a pipeline's (p - 1) / (v m): the bubble at uniform stages
+    std::vector<MemoryAssumption> assumptions;  // where the framework tally errs high, per rank
+    std::string kernel_source;                  // with a cluster: how its kernel times are known
 };
 
 ExplainReport explain_report(const ExplainInputs& in);

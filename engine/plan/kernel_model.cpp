@@ -8,9 +8,12 @@
 namespace ptool {
 namespace {
 
-// The dtype whose table rows price `dt`: its own, else bfloat16's (scaled by the peaks).
+// The dtype whose table rows price `dt`: its own, else bfloat16's, else the first measured (scaled
+// by the peaks).
 DType table_dtype(const KernelTable& k, DType dt, bool attention) {
-    return (attention ? k.has_attention(dt) : k.has_gemm(dt)) ? dt : DType::bfloat16;
+    if (!attention) return k.gemm_dtype_for(dt);
+    if (k.has_attention(dt) || k.attention.empty()) return dt;
+    return k.has_attention(DType::bfloat16) ? DType::bfloat16 : k.attention.front().dtype;
 }
 
 double peak_of(const std::map<DType, double>& peaks, DType dt) {

@@ -66,7 +66,6 @@ void load_peak(const JsonNode& p, KernelTable& t) {
         if (!(x > 0) || x > 1e6) value.fail(fmt::format("'tflops' of {} must be in (0, 1e6], got {:g}", key, x));
         t.peak_flops[dt] = x * 1e12;
     }
-    if (!t.peak_flops.count(DType::bfloat16)) f.fail("'peak' must give the bfloat16 rate ('tflops': {bfloat16: ...})");
     t.peak_bandwidth = positive(p, "memory_bandwidth_gb_s", "'peak'") * 1e9;
 }
 
@@ -83,7 +82,10 @@ void load_rows(const JsonNode& root, KernelTable& t) {
         if (!seen.insert(g.key).second) r.fail("a second 'gemm' row of the same dtype, op, m, n and k");
         t.gemm.push_back(g);
     }
-    if (!t.has_gemm(DType::bfloat16)) root.at("gemm").fail("'gemm' has no bfloat16 rows (the scale of every other dtype)");
+    for (const KernelTable::Gemm& g : t.gemm)  // every measured dtype's rows scale by its peak
+        if (!t.peak_flops.count(g.key.dtype))
+            root.at("peak").fail(fmt::format("'peak' gives no 'tflops' for {}, which 'gemm' measures",
+                                             dtype_name(g.key.dtype)));
     if (auto a = root.get("attention"))
         for (const JsonNode& r : a->items("'attention'")) {
             const std::string what = "an 'attention' row";
@@ -98,6 +100,9 @@ void load_rows(const JsonNode& root, KernelTable& t) {
             x.fwd_seconds = positive(r, "fwd_seconds", what);
             x.fwd_bwd_seconds = positive(r, "fwd_bwd_seconds", what);
             if (x.heads % x.kv_heads != 0) r.at("kv_heads").fail("'kv_heads' must divide 'heads'");
+            if (!t.peak_flops.count(x.dtype))
+                r.at("dtype").fail(fmt::format("'peak' gives no 'tflops' for {}, which this row measures",
+                                               dtype_name(x.dtype)));
             if (x.fwd_bwd_seconds <= x.fwd_seconds)
                 r.at("fwd_bwd_seconds").fail("'fwd_bwd_seconds' must be more than 'fwd_seconds'");
             t.attention.push_back(x);
@@ -156,6 +161,12 @@ double KernelTable::Attention::fwd_flops() const {
     const double s = static_cast<double>(seq);
     return 4.0 * static_cast<double>(batch) * static_cast<double>(heads) * s * s * static_cast<double>(head_dim) *
            (causal ? 0.5 : 1.0);
+}
+
+DType KernelTable::gemm_dtype_for(DType dt) const {
+    if (has_gemm(dt)) return dt;
+    if (has_gemm(DType::bfloat16)) return DType::bfloat16;
+    return gemm.front().key.dtype;
 }
 
 bool KernelTable::has_gemm(DType dt) const {

@@ -54,6 +54,9 @@ struct KernelTable {
     std::vector<MemoryOp> memory;
 
     bool has_gemm(DType dt) const;
+    // The dtype whose rows price `dt`'s GEMMs: its own, else bfloat16's, else the first measured
+    // (scaled by the peaks).
+    DType gemm_dtype_for(DType dt) const;
     // Seconds of one GEMM of `key`: the rows of its dtype and op interpolated in log space (the
     // throughput 2mnk/seconds, trilinear in log m, log n, log k over the measured grid; a corner the
     // grid lacks is left out and the rest reweighted); above the grid the throughput stays the

@@ -48,6 +48,7 @@ Simulated simulate(const std::string& model_text, const std::string& name, const
     in.model_path = name;
     in.model_text = model_text;
     RankSimulation s = simulate_rank(in, plan, 0, 2, !repeat.empty());
+    s.memory.peak = s.memory.torch_peak;  // the planner fits PyTorch's allocated peak (core/framework_memory.h)
     Simulated out{s.memory, s.step_work, by_op_dim(s.step_comm), {}};
     for (const auto& [label, peak] : s.phase_peaks)
         if (std::string key = block_phase(label, repeat, count); !key.empty())
@@ -524,10 +525,10 @@ private:
             if (mb != first) cand.choice.gradient_accumulation = static_cast<int>(mb);
             cand.plan_text = mb == first ? plan_text : write_plan(full_, tpl_, cand.choice);
             cand.extrapolated = extrapolate_;
-            cand.prefetch = c.dp_mode == "fully_shard" && c.dp > 1 ? block_unsharded_ / c.tp : 0;
-            cand.peak = static_cast<double>(s.memory.peak) + cand.prefetch;
-            cand.reserved =
-                static_cast<double>(std::max(s.memory.peak, s.memory.reserved_peak)) + cand.prefetch;
+            // PyTorch's allocated and reserved peaks (FSDP2's prefetch is simulated), with its cuBLAS
+            // workspaces, which its caching allocator holds
+            cand.peak = static_cast<double>(s.memory.peak) + workspaces();
+            cand.reserved = static_cast<double>(std::max(s.memory.peak, s.memory.reserved_peak)) + workspaces();
             if (least_mb == 0 || cand.reserved < least) least = cand.reserved, least_mb = mb;
             if (cand.reserved > cap(plan)) continue;
             cand.runtime = runtime(plan);
@@ -571,7 +572,7 @@ private:
         const int v = base.virtual_stages;
         const int sampled = std::min(m, v > 1 ? 2 * base.pp : base.pp);
         PipelineSample at[2];
-        const double prefetch = base.dp_mode == "fully_shard" && base.dp > 1 ? block_unsharded_ / base.tp : 0;
+        const double workspace = workspaces();  // PyTorch's cuBLAS workspaces, in its allocator
         const int per_pp_rank = r_.world_size / base.pp;
         // Past 4 pp ranks the samples are pipelines of 3 and 4 ranks (the same dp, tp and stages of
         // k blocks) widened to pp (widen_pipeline): a rank's microbatches in flight grow linearly
@@ -603,6 +604,7 @@ private:
             in.model_path = name_, in.model_text = text;
             ++count;
             RankSimulation sim = simulate_rank(in, plan, rank, 2, true);
+            sim.memory.peak = sim.memory.torch_peak;  // PyTorch's allocated peak
             // the caching allocator's excess over the tensors' peak (as extrapolate's)
             fragmentation =
                 std::max(fragmentation, static_cast<double>(sim.memory.reserved_peak - sim.memory.peak));
@@ -611,12 +613,12 @@ private:
             // microbatches: a rank over the cap here is over it in the plan (the others not simulated)
             const int pp_rank = rank / per_pp_rank;
             if (k == 2 && layers_ >= 2 * stages &&
-                static_cast<double>(sim.memory.peak) + prefetch > cap(plan))
+                static_cast<double>(sim.memory.peak) + workspace > cap(plan))
                 throw InputError(fmt::format(
                     "pp rank {} needs more than {} > {} per GPU with 2 blocks a stage ({} microbatches a "
                     "round)",
                     pp_rank == P - 1 ? base.pp - 1 : pp_rank,
-                    gib(static_cast<double>(sim.memory.peak) + prefetch), gib(cap(plan)), m));
+                    gib(static_cast<double>(sim.memory.peak) + workspace), gib(cap(plan)), m));
             if (pp_rank == P - 1 && m > sampled && !(widened && v == 1)) {  // (widened 1F1B: widen_pipeline)
                 // the last stage keeps every microbatch's output for the step (StepOutput): its peak
                 // grows with the count, linearly from the sample at twice as many, by the m - sampled
@@ -666,7 +668,7 @@ private:
                     at_k[k - 2] = widened ? peaks[0] + (peaks[1] - peaks[0]) * (base.pp - 3) : peaks[0];
                 }
                 const int64_t x = layers_ / stages;
-                const double least = at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - 2) + prefetch;
+                const double least = at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - 2) + workspace;
                 const int P = widened ? 4 : base.pp;  // a middle rank's communicators are the plan's
                 if (const double c = cap(variant(P, 2, sampled_at(P)).first); least > c)
                     throw InputError(fmt::format(
@@ -698,10 +700,9 @@ private:
         cand.choice = c, cand.microbatches = static_cast<int>(rounds),
         cand.model_microbatches = static_cast<int>(rounds);
         cand.plan_text = write_plan(full_, tpl_, c), cand.extrapolated = true;
-        cand.prefetch = prefetch;
         const auto worst = std::max_element(costs.peak.begin(), costs.peak.end());
-        cand.peak = *worst + cand.prefetch;
-        cand.reserved = *worst + fragmentation + cand.prefetch;
+        cand.peak = *worst + workspace;  // with PyTorch's cuBLAS workspaces
+        cand.reserved = *worst + fragmentation + workspace;
         const Plan written = load_plan_text(cand.plan_text, "generated.yaml");
         if (const double c = cap(written); cand.reserved > c) {
             refusal =
@@ -733,11 +734,13 @@ private:
 
     const std::string& text_;
     const std::string& name_;
-    // What a plan's tensors may take per GPU: the cap less the runtime's memory on the plan's
-    // neediest rank (plan/device_overheads.h); --memory-cap is the tensors' already.
+    // What a plan's tensors may take per GPU: the cap less the runtime's memory outside the caching
+    // allocator on the plan's neediest rank (plan/device_overheads.h); --memory-cap is the tensors'
+    // already. PyTorch's cuBLAS workspaces are in its allocator: counted with the tensors.
     double runtime(const Plan& plan) const {
-        return o_.memory_cap > 0 ? 0 : worst_device_overheads(cluster_, plan).total();
+        return o_.memory_cap > 0 ? 0 : worst_device_overheads(cluster_, plan).outside_allocator();
     }
+    double workspaces() const { return kCublasWorkspaces * cluster_.runtime.cublas_workspace; }
     double cap(const Plan& plan) const { return r_.memory_cap - runtime(plan); }
 
     const Cluster& cluster_;

@@ -50,12 +50,11 @@ struct Candidate {
     int microbatches = 1;        // gradient_accumulation
     int model_microbatches = 1;  // the model file's
     std::string plan_text;
-    double peak = 0;  // bytes per rank: simulated peak + prefetch
+    double peak = 0;  // bytes per rank: PyTorch's allocated peak (its cuBLAS workspaces included)
     // what PyTorch's caching allocator reserves for them (core/allocator_model.h): the peak plus the
     // largest excess of reserved over peak in the simulated samples; what must fit
     double reserved = 0;
-    double prefetch = 0;  // fully_shard: the next unit's unsharded parameters, gathered ahead
-    double runtime = 0;   // the runtime's memory on its neediest rank (0 under --memory-cap)
+    double runtime = 0;  // the runtime's memory outside the allocator on its neediest rank (0 under --memory-cap)
     StepTime time;
     double mfu = 0;
     bool extrapolated = false;

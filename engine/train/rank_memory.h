@@ -26,7 +26,7 @@ struct RankMemory {
     // predicted only: the framework tally's (core/framework_memory.h) allocated peak, PyTorch's
     // torch.cuda.max_memory_allocated for the step (blocks rounded as its allocator counts them),
     // its bytes by use at that peak, and the reserved bytes per stream at the reserved peak
-    int64_t torch_peak = 0;
+    int64_t torch_peak = 0, torch_first_step_peak = 0;
     std::array<int64_t, kMemoryUses> torch_at_peak{};
     std::array<int64_t, 4> reserved_by_stream{};
 };

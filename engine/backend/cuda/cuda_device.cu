@@ -41,6 +41,15 @@ GpuInfo query_gpus_cuda() {
     return info;
 }
 
+size_t gpu_used_bytes_cuda() {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return total - free;
+}
+
 int query_cublas_version_cuda() {
     int major = 0, minor = 0, patch = 0;
     const cuda::CublasApi* blas = cuda::cublas();
