@@ -222,7 +222,8 @@ with tempfile.TemporaryDirectory() as tmp:
         ("moe_qwen2", "moe_qwen2_fsdp"), ("moe_deepseek", "moe_mixtral_ddp"), ("moe_qwen3", "moe_mixtral_ddp"), ("moe_mixtral", "moe_mixtral_tp_experts"),
         ("moe_mixtral", "moe_mixtral_ep"), ("moe_mixtral", "moe_mixtral_ep_tp"), ("moe_qwen2", "moe_qwen2_ep_hsdp"),
         ("moe_mixtral", "moe_mixtral_ep_fsdp"),
-        ("moe_qwen3", "moe_mixtral_ep"))]
+        ("moe_qwen3", "moe_mixtral_ep"), ("llama_sft", "llama_sft_ddp"), ("llama_sft", "llama_sft_fsdp_cp"),
+        ("llama_sft", "llama_sft_ring_cp_tp_lp"), ("moe_mixtral_sft", "moe_mixtral_sft_ep"))]
     pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
     check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")
     cases += [(re.search(r"(tests/data/)?models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]
