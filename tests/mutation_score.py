@@ -254,11 +254,15 @@ def context_mutants(ex, first_div):
             at_step0 = first_div(f"step 0 forward `{fqn}` output at ring step 0 of {parts}")
             at_step1 = first_div(f"step 0 forward `{fqn}` output at ring step 1 of {parts}")
             yield ("cp_position_offset", f"cp_position_offset:{fqn}", at_step0)
-            if cp["load_balance"]:
+            # a non-causal attention reads every key of a block alike: the order the keys come in and the
+            # mask of a block are its causal mask's business (equivalent mutants there)
+            causal = c.get("causal", True)
+            if cp["load_balance"] and causal:
                 yield ("cp_permutation_kept", f"cp_permutation_kept:{fqn}", at_step0)
             yield ("cp_kv_grads_local", f"cp_kv_grads_local:{fqn}",
                    first_div(f"step 0 backward `{fqn}` key gradient after the ring's return hop"))
-            yield ("cp_mask_unshifted", f"cp_mask_unshifted:{fqn}", at_step1)
+            if causal:
+                yield ("cp_mask_unshifted", f"cp_mask_unshifted:{fqn}", at_step1)
             yield ("cp_merge_unscaled", f"cp_merge_unscaled:{fqn}", at_step1)
             yield ("cp_ring_stale_kv", f"cp_ring_stale_kv:{fqn}",
                    first_div(f"step 0 backward `{fqn}` query gradient at ring step 1 of {parts}"))
@@ -268,7 +272,7 @@ def context_mutants(ex, first_div):
         if cp["load_balance"] and not c.get("causal", True):
             yield ("cp_balance_noncausal", f"cp_balance_noncausal:{fqn}", first_div(f"step 0 forward `{fqn}"))
         yield ("cp_position_offset", f"cp_position_offset:{fqn}", first_div(f"step 0 forward `{fqn}."))
-        if cp["load_balance"]:
+        if cp["load_balance"] and c.get("causal", True):
             yield ("cp_permutation_kept", f"cp_permutation_kept:{fqn}", first_div(f"step 0 forward `{fqn}."))
         yield ("cp_kv_grads_local", f"cp_kv_grads_local:{fqn}", first_div(f"step 0 backward `{fqn}."))
     # fully_shard over dp_shard x cp averages its units' gradients over cp itself: the class applies

@@ -432,7 +432,7 @@ void Run::forward(StepState& st, int s, int m) {
     if (expert_parallel_) f.ctx.ep = &comm(DimRole::ep);
     f.ctx.routing = routing_, f.ctx.routing_replays = routing_replays_;
     double scale = 1.0 / static_cast<double>(st.microbatches);  // each microbatch's loss is divided by
-    if (layer_) scale = layer_->loss_scale(scale);              // their count (a fault's scale: its own)
+    if (layer_) scale = layer_->loss_scale(scale, st.microbatches);  // their count (a fault's: its own)
     f.ctx.aux_loss = &f.aux, f.ctx.loss_scale = scale, f.ctx.tokens = tokens_;
     f.ctx.grads_summed = normalization_ == LossNormalization::global_tokens;
     if (context_) f.ctx.context = &*context_;
@@ -463,7 +463,7 @@ void Run::forward(StepState& st, int s, int m) {
     // mean_per_call: the call's own mean, divided by the microbatch count; global_tokens: the call's
     // sum divided by the step's items, nothing more (a fault layer may scale either)
     const LossDivisor divisor{model_.ignore_index, st.items};
-    const double loss_scale = st.items ? (layer_ ? layer_->loss_scale(1.0) : 1.0) : scale;
+    const double loss_scale = st.items ? (layer_ ? layer_->loss_scale(1.0, st.microbatches) : 1.0) : scale;
     if (plan_.loss_parallel) {  // cross_entropy on the vocabulary shards: nothing gathered
         f.output = {to_dtype(be_, y.t, model_.dtype), y.p, y.global};
         f.loss = vocab_parallel_cross_entropy(f.output, target, divisor, *tp_);

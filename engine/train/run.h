@@ -62,8 +62,10 @@ public:
     virtual ExpertParallelResolution expert_parallel(const ExpertParallelResolution& r) { return r; }
     // After a step's backward, before the gradients are synchronised across dp ranks.
     virtual void before_gradient_sync(Model&, Communicator& /*world*/) {}
-    // What each microbatch's loss is multiplied by, given the run's factor (1 / the step's microbatches).
-    virtual double loss_scale(double scale) { return scale; }
+    // What a microbatch's loss is multiplied by, given the run's factor (1 / the step's microbatches;
+    // under global_tokens 1 for the summed loss, whose divisor is the step's count) and the step's
+    // microbatches.
+    virtual double loss_scale(double scale, int64_t /*microbatches*/) { return scale; }
     // The loss normalisation the run executes, given the plan's (the one it is judged by).
     virtual LossNormalization loss_normalization(LossNormalization n) { return n; }
     // Before microbatch m's backward on stage s (its gradients accumulate into the stage's).

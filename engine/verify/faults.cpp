@@ -329,6 +329,11 @@ P2PTagParts p2p_tag_parts(int tag) {
 
 // A mesh dim's communicator with the collectives of one scope broken. The scope is the counter's
 // module and site (comm/comm_stats.h), which the parallel code sets around its collectives.
+// grad_sum's reduction: summed where the run averages, averaged where it sums (global_tokens)
+ReduceOp other_reduction(ReduceOp op) {
+    return op == ReduceOp::sum ? ReduceOp::avg : ReduceOp::sum;
+}
+
 class FaultComm final : public Communicator {
 public:
     using Buckets =
@@ -376,7 +381,7 @@ public:
         if (skips_stage_sync()) return;
         if (site().is(CommSiteKind::bucket)) {
             if (skips_bucket()) return;
-            if (fault_.hits(FaultKind::grad_sum, module())) op = ReduceOp::sum;
+            if (fault_.hits(FaultKind::grad_sum, module())) op = other_reduction(op);
             if (fault_.hits(FaultKind::zero_wrong_group, module()) && zero_)
                 return wrong_group_ ? wrong_group_->all_reduce(t, op) : void();
         }
@@ -389,7 +394,7 @@ public:
     }
     void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
         if (site().is(CommSiteKind::bucket)) {  // ZeRO-2's buckets: DDP's faults, and the wrong group
-            if (fault_.hits(FaultKind::grad_sum, module())) op = ReduceOp::sum;
+            if (fault_.hits(FaultKind::grad_sum, module())) op = other_reduction(op);
             const bool wrong = fault_.hits(FaultKind::zero_wrong_group, module());
             if (wrong && wrong_group_) return wrong_group_->reduce_scatter(in, out, op);
             if (!wrong && !skips_bucket()) return inner_->reduce_scatter(in, out, op);
@@ -549,7 +554,12 @@ public:
         }
     }
 
-    double loss_scale(double scale) override { return fault_.is(FaultKind::pp_loss_unscaled) ? 1.0 : scale; }
+    // pp_loss_unscaled: a microbatch's loss not divided by the microbatches where it should be (a mean
+    // per call), divided where it should not (global_tokens' sum over the step's count)
+    double loss_scale(double scale, int64_t microbatches) override {
+        if (!fault_.is(FaultKind::pp_loss_unscaled)) return scale;
+        return scale == 1.0 ? 1.0 / static_cast<double>(microbatches) : 1.0;
+    }
 
     LossNormalization loss_normalization(LossNormalization n) override {
         return fault_.is(FaultKind::loss_per_call) ? LossNormalization::mean_per_call : n;

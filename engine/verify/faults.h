@@ -115,7 +115,7 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::skip_bucket, "skip_bucket", FaultSection::data_parallel, "PARAM",
      "the bucket holding PARAM is not all_reduced"},
     {FaultKind::grad_sum, "grad_sum", FaultSection::data_parallel, "ROOT",
-     "a replicate() root's buckets are summed, not averaged"},
+     "a replicate() root's buckets are summed, not averaged (under global_tokens: averaged, not summed)"},
     {FaultKind::skip_buffer_broadcast, "skip_buffer_broadcast", FaultSection::data_parallel, "*",
      "buffers are not broadcast (at construction, before each forward)"},
     {FaultKind::sync_ignored, "sync_ignored", FaultSection::data_parallel, "*",
@@ -160,7 +160,9 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::masters_rounded, "masters_rounded", FaultSection::mixed_precision, "*",
      "the optimizer steps parameters rounded to param_dtype (no fp32 masters)"},
     {FaultKind::pp_loss_unscaled, "pp_loss_unscaled", FaultSection::pipeline, "*",
-     "the last stage's microbatch losses are not divided by the step's microbatch count"},
+     "the last stage's microbatch losses are not divided by the step's microbatch count (under "
+     "global_tokens, whose sum is divided by the step's count: divided by it again, torch's scale_grads "
+     "on a per-token loss)"},
     {FaultKind::pp_grad_scaled_twice, "pp_grad_scaled_twice", FaultSection::pipeline, "STAGE",
      "the stage's gradients are divided by the microbatch count again after the backward (torch's "
      "scale_grads on a loss already divided)"},
