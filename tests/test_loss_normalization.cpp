@@ -54,7 +54,7 @@ TEST_CASE("masked targets: prompt and padding drawn per row, the same every time
         masked_rows += prompt + padding > 2;
         for (int64_t i = prompt; i < 16 - padding; ++i) CHECK(id_at(t, r * 16 + i) != -100);
     }
-    CHECK(masked_rows >= 4);  // lengths differ from row to row (seed 21)
+    CHECK(masked_rows >= 4);                                 // lengths differ from row to row (seed 21)
     const Tensor again = DataSource(sft()).batch(0).target;  // a pure function of the seed
     for (int64_t i = 0; i < t.numel(); ++i) CHECK(id_at(again, i) == id_at(t, i));
     // fraction: about that share of the elements
@@ -114,7 +114,8 @@ TEST_CASE("valid targets per microbatch, data rank and cp rank", "[cpu]") {
 }
 
 TEST_CASE("verify names the per-call normalisation of unevenly masked targets as the cause", "[cpu]") {
-    const Plan ddp = load_plan_text("mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n", "p.yaml");
+    const Plan ddp =
+        load_plan_text("mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n", "p.yaml");
     const Model per_call = sft();
     const auto causes = loss_normalization_causes(per_call, ddp, DataSource(per_call), 1, {});
     REQUIRE(causes.size() == 1);
@@ -124,11 +125,15 @@ TEST_CASE("verify names the per-call normalisation of unevenly masked targets as
     CHECK(loss_normalization_causes(global, ddp, DataSource(global), 1, {}).empty());
     // one device: microbatches of different counts are the reference's own microbatches
     const Model accumulated = sft("gradient_accumulation: 4");
-    CHECK(loss_normalization_causes(accumulated, single_device_plan(), DataSource(accumulated), 1, {}).empty());
+    CHECK(
+        loss_normalization_causes(accumulated, single_device_plan(), DataSource(accumulated), 1, {}).empty());
     // no valid target at all: nothing to train on (exit 2)
     const Model empty = sft("", "{prompt: 16}");
-    require_input_error([&] { loss_normalization_causes(empty, ddp, DataSource(empty), 1, {"d.safetensors", 0, 0}); },
-                        {"d.safetensors", "no valid target", "ignore_index -100"});
+    require_input_error(
+        [&] {
+            loss_normalization_causes(empty, ddp, DataSource(empty), 1, {"d.safetensors", 0, 0});
+        },
+        {"d.safetensors", "no valid target", "ignore_index -100"});
 }
 
 TEST_CASE("the model's and the plan's loss keys are checked where they are written", "[cpu]") {
@@ -136,16 +141,18 @@ TEST_CASE("the model's and the plan's loss keys are checked where they are writt
                         {"sft.yaml:10:21", "unknown loss_normalization 'per_token'"});
     require_input_error(
         [] {
-            load_model_text("batch:\n  input: [4, 3]\nmodules:\n  - {name: l, type: linear, in: 3, out: 2}\n"
-                            "loss: sum\nloss_normalization: global_tokens\n",
-                            "m.yaml");
+            load_model_text(
+                "batch:\n  input: [4, 3]\nmodules:\n  - {name: l, type: linear, in: 3, out: 2}\n"
+                "loss: sum\nloss_normalization: global_tokens\n",
+                "m.yaml");
         },
         {"m.yaml:6:21", "loss: sum has none"});
     require_input_error(
         [] {
-            load_model_text("batch:\n  input: [4, 3]\n  masked_targets: {fraction: 0.5}\nmodules:\n"
-                            "  - {name: l, type: linear, in: 3, out: 2}\nloss: mse\n",
-                            "m.yaml");
+            load_model_text(
+                "batch:\n  input: [4, 3]\n  masked_targets: {fraction: 0.5}\nmodules:\n"
+                "  - {name: l, type: linear, in: 3, out: 2}\nloss: mse\n",
+                "m.yaml");
         },
         {"m.yaml:3:19", "only cross_entropy"});
     require_input_error([] { sft("", "{prompt: [5, 2]}"); }, {"'prompt' [5, 2] needs 0 <= lo <= hi"});

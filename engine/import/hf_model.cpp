@@ -471,7 +471,8 @@ HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
     // 1 / sqrt(2 n_layer) (GPT2PreTrainedModel._init_weights), biases 0
     const double std = positive_field(c, "initializer_range", 0.02);
     y += fmt::format(
-        "init: {{std: {}, std_by_param: {{\"transformer.h.*.attn.o_proj.weight\": {}, \"transformer.h.*.mlp.c_proj.weight\": "
+        "init: {{std: {}, std_by_param: {{\"transformer.h.*.attn.o_proj.weight\": {}, "
+        "\"transformer.h.*.mlp.c_proj.weight\": "
         "{}}}}}\n",
         yaml_number(std), yaml_number(std / std::sqrt(2.0 * static_cast<double>(layers))),
         yaml_number(std / std::sqrt(2.0 * static_cast<double>(layers))));

@@ -116,12 +116,12 @@ Tensor DataSource::pick(const std::string& key, int64_t step, const TensorSpec& 
             const double id = t->item(i);
             if (id < 0 || id >= static_cast<double>(spec.range))
                 if (!(key == "target" && id == static_cast<double>(model_.ignore_index)))
-                    throw InputError(SourceLocation{path_, 0, 0},
-                                     fmt::format("tensor '{}' element {} is {}, outside [0, {}){}", name, i, id,
-                                                 spec.range,
-                                                 key == "target" ? fmt::format(" and not the ignore_index {}",
-                                                                               model_.ignore_index)
-                                                                 : ""));
+                    throw InputError(
+                        SourceLocation{path_, 0, 0},
+                        fmt::format(
+                            "tensor '{}' element {} is {}, outside [0, {}){}", name, i, id, spec.range,
+                            key == "target" ? fmt::format(" and not the ignore_index {}", model_.ignore_index)
+                                            : ""));
         }
         return t->to(DType::int64);
     }

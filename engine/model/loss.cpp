@@ -21,9 +21,9 @@ LossResult compute_loss(Backend& be, LossKind kind, const Tensor& output, const 
                         const LossDivisor& divisor) {
     LossResult r;
     r.grad = empty_like(output);
-    const double n = divisor.count ? *divisor.count
-                                   : static_cast<double>(loss_items(kind, output.shape(), target,
-                                                                    divisor.ignore_index));
+    const double n =
+        divisor.count ? *divisor.count
+                      : static_cast<double>(loss_items(kind, output.shape(), target, divisor.ignore_index));
     switch (kind) {
         case LossKind::sum:
             r.value = be.sum_all(output);

@@ -224,7 +224,8 @@ TargetMaskSpec parse_target_mask(const YamlNode& node) {
 
 double positive_std(const YamlNode& node, const std::string& what) {
     const double v = node.as_double(what);
-    if (!(v > 0) || !std::isfinite(v)) node.fail(fmt::format("{} must be a finite number > 0, got {}", what, v));
+    if (!(v > 0) || !std::isfinite(v))
+        node.fail(fmt::format("{} must be a finite number > 0, got {}", what, v));
     return v;
 }
 
@@ -259,8 +260,9 @@ InitScheme apply_init_scheme(const YamlNode& node, Sequential& root) {
     });
     for (const auto& [key, matched] : patterns)
         if (!matched)
-            key.fail(fmt::format("std_by_param '{}' matches no linear's, embedding's or position embedding's weight",
-                                 key.as_string("a pattern")));
+            key.fail(fmt::format(
+                "std_by_param '{}' matches no linear's, embedding's or position embedding's weight",
+                key.as_string("a pattern")));
     return s;
 }
 
@@ -341,14 +343,14 @@ Model load_model_text(const std::string& text, const std::string& path, const st
     model.input = parse_tensor_spec(batch.at("input"), "'batch.input'");
     if (auto t = batch.get("target")) model.target = parse_tensor_spec(*t, "'batch.target'");
     std::optional<YamlNode> mask_node = batch.get("masked_targets");
-    if (mask_node) model.target_mask = parse_target_mask(*mask_node), model.target_mask_where = mask_node->where();
+    if (mask_node)
+        model.target_mask = parse_target_mask(*mask_node), model.target_mask_where = mask_node->where();
     batch.finish();
     if (auto l = m.get("loss")) model.loss = parse_loss(*l);
     if (auto i = m.get("ignore_index")) model.ignore_index = i->as_int("'ignore_index'");
     model.loss_normalization_where = root.where();
     if (auto n = m.get("loss_normalization")) {
-        model.loss_normalization =
-            parse_loss_normalization(n->as_string("'loss_normalization'"), n->where());
+        model.loss_normalization = parse_loss_normalization(n->as_string("'loss_normalization'"), n->where());
         model.loss_normalization_where = n->where();
         check_loss_normalization(model.loss_normalization, model.loss, n->where());
     }
@@ -416,9 +418,10 @@ Model load_model_text(const std::string& text, const std::string& path, const st
         model.target->range = out.back();
         if (model.target_mask && (model.target_mask->prompt_hi > 0 || model.target_mask->padding_hi > 0) &&
             want.size() < 2)
-            mask_node->fail(fmt::format("'prompt' and 'padding' mask the start and end of each row's sequence "
-                                        "(dim 1), but the targets are {}: use 'fraction'",
-                                        shape_str(want)));
+            mask_node->fail(
+                fmt::format("'prompt' and 'padding' mask the start and end of each row's sequence "
+                            "(dim 1), but the targets are {}: use 'fraction'",
+                            shape_str(want)));
     } else if (model.loss == LossKind::mse) {
         if (!model.target) model.target = TensorSpec{out, false, 0};
         if (model.target->shape != out || model.target->ids)
@@ -426,9 +429,10 @@ Model load_model_text(const std::string& text, const std::string& path, const st
                 fmt::format("mse on output {} needs a float target of the same shape", shape_str(out)));
     }
     if (model.target_mask && model.loss != LossKind::cross_entropy)
-        mask_node->fail(fmt::format("masked_targets sets class ids to ignore_index, which only cross_entropy "
-                                    "reads (the loss is {})",
-                                    loss_name(model.loss)));
+        mask_node->fail(
+            fmt::format("masked_targets sets class ids to ignore_index, which only cross_entropy "
+                        "reads (the loss is {})",
+                        loss_name(model.loss)));
     if (init) model.init_params();
     return model;
 }

@@ -18,14 +18,15 @@ void apply_target_mask(Tensor& target, const TargetMaskSpec& spec, int64_t ignor
     int64_t* p = target.data<int64_t>();
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t prompt = draw_length(2 * static_cast<uint64_t>(r), spec.prompt_lo, spec.prompt_hi);
-        const int64_t padding = draw_length(2 * static_cast<uint64_t>(r) + 1, spec.padding_lo, spec.padding_hi);
+        const int64_t padding =
+            draw_length(2 * static_cast<uint64_t>(r) + 1, spec.padding_lo, spec.padding_hi);
         for (int64_t t = 0; t < seq; ++t) {
             const bool edge = t < prompt || t >= seq - padding;
             for (int64_t j = 0; j < inner; ++j) {
                 const int64_t i = r * per_row + t * inner + j;
                 const bool drop =
-                    edge || (spec.fraction > 0 &&
-                             rng.uniform(2 * static_cast<uint64_t>(rows) + static_cast<uint64_t>(i)) < spec.fraction);
+                    edge || (spec.fraction > 0 && rng.uniform(2 * static_cast<uint64_t>(rows) +
+                                                              static_cast<uint64_t>(i)) < spec.fraction);
                 if (drop) p[i] = ignore_index;
             }
         }

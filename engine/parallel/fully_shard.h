@@ -40,7 +40,8 @@ public:
     // replicas: HSDP's replicate dim (null: none). grad_reduce: how the ranks' gradients combine in
     // the reduce_scatter and HSDP's all_reduce (avg, or sum: gradient_divide_factor 1).
     FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Communicator* replicas,
-               Backend& be, const struct MixedPrecisionSpec* mp = nullptr, ReduceOp grad_reduce = ReduceOp::avg);
+               Backend& be, const struct MixedPrecisionSpec* mp = nullptr,
+               ReduceOp grad_reduce = ReduceOp::avg);
     bool manages(const Parameter* p) const;
 
     struct State;

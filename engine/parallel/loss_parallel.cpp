@@ -7,8 +7,8 @@
 
 namespace ptool {
 
-LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& target, const LossDivisor& divisor,
-                                        Communicator& tp) {
+LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& target,
+                                        const LossDivisor& divisor, Communicator& tp) {
     const Device device = logits.t.device();
     if (device == Device::meta) {  // a simulated step: its tensors and collectives, no values
         const int64_t rows = leading_numel(logits.t.shape());

@@ -14,8 +14,8 @@ namespace ptool {
 
 // logits: this rank's [.., V/tp] of [.., V] (Shard(-1)); target: class ids [..] (every rank all of them).
 // Returns the loss (rounded to the logits' dtype) and the gradient of this rank's logits.
-LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& target, const LossDivisor& divisor,
-                                        Communicator& tp);
+LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& target,
+                                        const LossDivisor& divisor, Communicator& tp);
 
 // The collectives it runs per step for logits of `global` shape: three all_reduces of one value per row.
 std::vector<std::pair<const char*, int64_t>> vocab_parallel_cross_entropy_cost(const Shape& global,

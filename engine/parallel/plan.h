@@ -232,5 +232,4 @@ void check_pipeline_counts(const Plan& plan);
 // pipeline's microbatches (resolve_plan checks it first; shrink against the real model).
 void check_microbatches(const Plan& plan, const Model& model);
 
-
 }  // namespace ptool

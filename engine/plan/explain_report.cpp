@@ -85,17 +85,19 @@ std::string describe_loss(const Model& model, const Plan& plan) {
         return fmt::format("{}: each call's sum{}", kind,
                            ranks > 1 ? "; data parallel averages the ranks' gradients" : "");
     if (plan.normalization(model) == LossNormalization::global_tokens)
-        return fmt::format("{}, loss_normalization global_tokens ({}): each call's sum over its {} divided by "
-                           "the step's count over {} rank{} x {} microbatch{} (one all_reduce{}){}",
-                           kind, said, items, ranks, ranks == 1 ? "" : "s", microbatches,
-                           microbatches == 1 ? "" : "es", ranks > 1 ? "" : ", none here: one rank",
-                           ranks > 1 ? "; data parallel sums the ranks' gradients (no division)" : "");
-    return fmt::format("{}, loss_normalization mean_per_call ({}): each call's mean over its own {}{}{}", kind,
-                       said, items, microbatches > 1 ? fmt::format(", / {} microbatches", microbatches) : "",
-                       ranks > 1 ? fmt::format("; data parallel averages the {} ranks' gradients (with targets "
-                                               "masked unevenly not the one-device mean: global_tokens is)",
-                                               ranks)
-                                 : "");
+        return fmt::format(
+            "{}, loss_normalization global_tokens ({}): each call's sum over its {} divided by "
+            "the step's count over {} rank{} x {} microbatch{} (one all_reduce{}){}",
+            kind, said, items, ranks, ranks == 1 ? "" : "s", microbatches, microbatches == 1 ? "" : "es",
+            ranks > 1 ? "" : ", none here: one rank",
+            ranks > 1 ? "; data parallel sums the ranks' gradients (no division)" : "");
+    return fmt::format(
+        "{}, loss_normalization mean_per_call ({}): each call's mean over its own {}{}{}", kind, said, items,
+        microbatches > 1 ? fmt::format(", / {} microbatches", microbatches) : "",
+        ranks > 1 ? fmt::format("; data parallel averages the {} ranks' gradients (with targets "
+                                "masked unevenly not the one-device mean: global_tokens is)",
+                                ranks)
+                  : "");
 }
 
 ExplainReport explain_report(const ExplainInputs& in) {

@@ -120,7 +120,8 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
                 aux_losses_ |= moe->options().aux_loss_coef > 0;
             }
         });
-    normalization_ = layer ? layer->loss_normalization(plan.normalization(model_)) : plan.normalization(model_);
+    normalization_ =
+        layer ? layer->loss_normalization(plan.normalization(model_)) : plan.normalization(model_);
     if (balances || normalization_ == LossNormalization::global_tokens) {
         std::vector<int> dims = data;
         if (plan.dims.has(DimRole::cp)) dims.push_back(plan.dims.index(DimRole::cp));
@@ -431,7 +432,7 @@ void Run::forward(StepState& st, int s, int m) {
     f.ctx.tp = tp_;
     if (expert_parallel_) f.ctx.ep = &comm(DimRole::ep);
     f.ctx.routing = routing_, f.ctx.routing_replays = routing_replays_;
-    double scale = 1.0 / static_cast<double>(st.microbatches);  // each microbatch's loss is divided by
+    double scale = 1.0 / static_cast<double>(st.microbatches);       // each microbatch's loss is divided by
     if (layer_) scale = layer_->loss_scale(scale, st.microbatches);  // their count (a fault's: its own)
     f.ctx.aux_loss = &f.aux, f.ctx.loss_scale = scale, f.ctx.tokens = tokens_;
     f.ctx.grads_summed = normalization_ == LossNormalization::global_tokens;

@@ -239,7 +239,7 @@ private:
     std::unique_ptr<DeviceMesh> mesh_;
     Resolution res_;
     TpParams tp_params_;
-    bool aux_losses_ = false;             // a moe layer of the whole model adds a balancing loss
+    bool aux_losses_ = false;  // a moe layer of the whole model adds a balancing loss
     // the plan's, else the model's, as the layer lets it run
     LossNormalization normalization_ = LossNormalization::mean_per_call;
     DataParallelResolution executed_dp_;  // what the layer let run (res_.dp: what the plan says)

@@ -109,8 +109,10 @@ public:
     void causal_mask(RunContext& c, Module& m, bool on) {
         auto* a = dynamic_cast<Attention*>(&m);
         if (!a || !c.context || c.context->parts == 1 || !c.context->load_balance) return;
-        if (on && !a->causal()) a->set_causal(true), switched_ = true;
-        else if (!on && switched_) a->set_causal(false), switched_ = false;
+        if (on && !a->causal())
+            a->set_causal(true), switched_ = true;
+        else if (!on && switched_)
+            a->set_causal(false), switched_ = false;
     }
 
 private:
@@ -340,7 +342,11 @@ public:
         std::map<std::string, std::vector<std::string>>;  // root -> bucket K -> the fault's parameter or ""
     FaultComm(std::unique_ptr<Communicator> inner, Fault fault, const Buckets& buckets,
               const StageParams& stage, bool pp = false, bool ep = false)
-        : inner_(std::move(inner)), fault_(std::move(fault)), buckets_(buckets), stage_(stage), pp_(pp),
+        : inner_(std::move(inner)),
+          fault_(std::move(fault)),
+          buckets_(buckets),
+          stage_(stage),
+          pp_(pp),
           ep_(ep) {
         set_counter(inner_->counter(), "");  // the inner communicator counts
     }
@@ -574,7 +580,8 @@ public:
     }
 
     double clip_norm(double norm, int64_t microbatches) override {
-        return fault_.is(FaultKind::grad_norm_per_microbatch) ? norm / static_cast<double>(microbatches) : norm;
+        return fault_.is(FaultKind::grad_norm_per_microbatch) ? norm / static_cast<double>(microbatches)
+                                                              : norm;
     }
 
     std::unique_ptr<Communicator> wrap_group(std::unique_ptr<Communicator> c,

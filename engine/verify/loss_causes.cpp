@@ -6,7 +6,8 @@
 
 namespace ptool {
 
-std::vector<std::vector<int64_t>> valid_target_counts(const Model& model, const Plan& plan, const Batch& batch) {
+std::vector<std::vector<int64_t>> valid_target_counts(const Model& model, const Plan& plan,
+                                                      const Batch& batch) {
     const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     const int data = plan.dims.data_size();
     const int cp = plan.context_parallel ? plan.dims.size(DimRole::cp) : 1;
@@ -19,9 +20,9 @@ std::vector<std::vector<int64_t>> valid_target_counts(const Model& model, const 
             for (int c = 0; c < cp; ++c) {
                 Tensor piece = part;
                 if (cp > 1) {
-                    const ContextShard shard = ContextShard::make(target.size(1), cp, c,
-                                                                  plan.context_parallel->load_balance,
-                                                                  plan.context_parallel->rotate, nullptr);
+                    const ContextShard shard =
+                        ContextShard::make(target.size(1), cp, c, plan.context_parallel->load_balance,
+                                           plan.context_parallel->rotate, nullptr);
                     piece = shard.take(part, 1);
                 }
                 counts[static_cast<size_t>(m)].push_back(valid_targets(piece, model.ignore_index));
@@ -43,14 +44,17 @@ std::string holders(const Plan& plan) {
 
 std::string counts_text(const std::vector<int64_t>& c) {
     constexpr size_t kShown = 8;
-    std::vector<int64_t> shown(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(std::min(c.size(), kShown)));
-    return fmt::format("{}{}", fmt::join(shown, ", "), c.size() > kShown ? fmt::format(", ... ({} in all)", c.size()) : "");
+    std::vector<int64_t> shown(c.begin(),
+                               c.begin() + static_cast<std::ptrdiff_t>(std::min(c.size(), kShown)));
+    return fmt::format("{}{}", fmt::join(shown, ", "),
+                       c.size() > kShown ? fmt::format(", ... ({} in all)", c.size()) : "");
 }
 
 }  // namespace
 
-std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan& plan, const DataSource& data,
-                                                  int64_t steps, const SourceLocation& data_where) {
+std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan& plan,
+                                                  const DataSource& data, int64_t steps,
+                                                  const SourceLocation& data_where) {
     std::vector<Diagnostic> causes;
     if (model.loss != LossKind::cross_entropy) return causes;
     const int64_t checked = data.varies_per_step() ? steps : 1;
@@ -78,16 +82,16 @@ std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan
             const bool empty = std::find(c.begin(), c.end(), 0) != c.end();
             causes.push_back(
                 {plan.normalization_where(model),
-                 fmt::format("loss_normalization: mean_per_call with targets masked unevenly: step {}'s "
-                             "microbatch {} holds {} valid targets on {} ({} in all); each rank's "
-                             "cross_entropy is the mean over its own and data parallel averages the means, so "
-                             "the gradients are not the one-device mean over the {} and the run trains "
-                             "another model{} (fix: loss_normalization: global_tokens, the step's sum over "
-                             "the valid targets of every rank divided by their count, as torchtitan's "
-                             "global_valid_tokens and transformers' num_items_in_batch)",
-                             k, m, counts_text(c), holders(plan), sum, sum,
-                             empty ? "; a rank with none computes 0 / 0 = NaN, PyTorch's mean over nothing"
-                                   : "")});
+                 fmt::format(
+                     "loss_normalization: mean_per_call with targets masked unevenly: step {}'s "
+                     "microbatch {} holds {} valid targets on {} ({} in all); each rank's "
+                     "cross_entropy is the mean over its own and data parallel averages the means, so "
+                     "the gradients are not the one-device mean over the {} and the run trains "
+                     "another model{} (fix: loss_normalization: global_tokens, the step's sum over "
+                     "the valid targets of every rank divided by their count, as torchtitan's "
+                     "global_valid_tokens and transformers' num_items_in_batch)",
+                     k, m, counts_text(c), holders(plan), sum, sum,
+                     empty ? "; a rank with none computes 0 / 0 = NaN, PyTorch's mean over nothing" : "")});
             break;
         }
     }

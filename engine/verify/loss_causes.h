@@ -18,12 +18,14 @@ namespace ptool {
 
 // The valid targets of step `step`'s batch per microbatch, data rank and cp rank:
 // counts[m][d * cp + c] (the rows and positions a Run gives that rank).
-std::vector<std::vector<int64_t>> valid_target_counts(const Model& model, const Plan& plan, const Batch& batch);
+std::vector<std::vector<int64_t>> valid_target_counts(const Model& model, const Plan& plan,
+                                                      const Batch& batch);
 
 // The causes for `steps` steps of `data` (its first step only when it does not vary per step).
 // InputError (exit 2) when a step's batch has no valid target at all: its loss would be a mean over
 // nothing (PyTorch's NaN) under either normalisation, and nothing of it could be compared.
-std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan& plan, const DataSource& data,
-                                                  int64_t steps, const SourceLocation& data_where);
+std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan& plan,
+                                                  const DataSource& data, int64_t steps,
+                                                  const SourceLocation& data_where);
 
 }  // namespace ptool

@@ -111,7 +111,8 @@ std::vector<RankMemory> gather_memory(const RankMemory& m, Communicator& world) 
 
 // Adds one plan's comparison with the reference to the report (rank 0).
 void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parallel, const Plan& plan,
-              const Resolution& res, const std::vector<Diagnostic>& causes, const Tolerance& tol, bool strict) {
+              const Resolution& res, const std::vector<Diagnostic>& causes, const Tolerance& tol,
+              bool strict) {
     PlanReport rep = compare_runs(reference, parallel, plan, tol);
     rep.warnings = diagnostic_strings(res.warnings);
     for (const MeshDim& d : plan.mesh()) rep.mesh.emplace_back(d.name, d.size);
@@ -315,10 +316,10 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         const Plan& plan = job.plans[i];
         const int64_t steps = steps_for(plan, job.options, probe.steps);
         const Resolution res = resolve_plan(probe, plan);  // the lint, before anything runs
-        std::vector<Diagnostic> causes = res.causes;  // and what the step's data makes of the loss
+        std::vector<Diagnostic> causes = res.causes;       // and what the step's data makes of the loss
         {
             const DataSource data(probe, job.inputs.data, job.inputs.data_path);
-            const SourceLocation data_where = job.inputs.data ? SourceLocation{job.inputs.data_path, 0, 0}
+            const SourceLocation data_where = job.inputs.data     ? SourceLocation{job.inputs.data_path, 0, 0}
                                               : probe.target_mask ? probe.target_mask_where
                                                                   : SourceLocation{probe.path, 0, 0};
             const auto found = loss_normalization_causes(probe, plan, data, steps, data_where);

@@ -170,8 +170,7 @@ __global__ void cross_entropy_kernel(const D* logits, const int64_t* target, D* 
         for (int64_t j = threadIdx.x; j < v; j += blockDim.x) sum += exp(to_acc(x[j]) - mx);
         sum = block_sum(sum, scratch);
         const A lse = mx + log(sum);
-        if (threadIdx.x == 0)
-            row_loss[r] = t == ignore_index ? 0.0 : static_cast<double>(lse - to_acc(x[t]));
+        if (threadIdx.x == 0) row_loss[r] = t == ignore_index ? 0.0 : static_cast<double>(lse - to_acc(x[t]));
         for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
             const A g = t == ignore_index ? A(0) : exp(to_acc(x[j]) - lse) - A(j == t ? 1 : 0);
             dlogits[r * v + j] = from_acc<D>(g / A(divisor));
@@ -353,9 +352,9 @@ double CudaBackend::cross_entropy(const Tensor& logits, const Tensor& target, in
     Tensor row_loss({r.rows}, DType::float64, Device::cuda);
     dispatch(logits.dtype(), [&](auto tag) {
         using D = decltype(tag);
-        cross_entropy_kernel<D><<<l.grid, l.block, 0, stream()>>>(
-            ptr<D>(logits), ptr<int64_t>(t64), ptr<D>(dlogits), ptr<double>(row_loss), r.rows, r.cols,
-            ignore_index, divisor);
+        cross_entropy_kernel<D><<<l.grid, l.block, 0, stream()>>>(ptr<D>(logits), ptr<int64_t>(t64),
+                                                                  ptr<D>(dlogits), ptr<double>(row_loss),
+                                                                  r.rows, r.cols, ignore_index, divisor);
     });
     check_launch();
     const std::vector<double> losses = row_loss.to_doubles();  // rows in order, as the CPU sums them

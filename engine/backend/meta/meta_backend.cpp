@@ -83,7 +83,8 @@ public:
                                Tensor& dx) override {
         touch({&y, &dy, &o, &d_o, &dx});
     }
-    double cross_entropy(const Tensor& logits, const Tensor& target, int64_t, double, Tensor& dlogits) override {
+    double cross_entropy(const Tensor& logits, const Tensor& target, int64_t, double,
+                         Tensor& dlogits) override {
         touch({&logits, &target, &dlogits});
         return 0;
     }
