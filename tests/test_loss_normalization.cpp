@@ -5,6 +5,7 @@
 
 #include "model/loss.h"
 #include "model/target_mask.h"
+#include "plan/explain_report.h"
 #include "same_runs.h"
 #include "test_helpers.h"
 #include "verify/loss_causes.h"
@@ -205,4 +206,18 @@ TEST_CASE("global_tokens passes and mean_per_call fails with the cause on masked
             named |= n.rfind("cause: ", 0) == 0 && n.find("masked unevenly") != std::string::npos;
         CHECK(named);
     }
+}
+
+TEST_CASE("explain says which normalisation a plan runs", "[cpu]") {
+    const Plan ddp = load_plan_text("mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n", "p.yaml");
+    const std::string per_call = describe_loss(sft("gradient_accumulation: 2"), ddp);
+    CHECK(per_call.find("cross_entropy (ignore_index -100), loss_normalization mean_per_call (the model's)") == 0);
+    CHECK(per_call.find("/ 2 microbatches") != std::string::npos);
+    CHECK(per_call.find("averages the 2 ranks' gradients") != std::string::npos);
+    Plan global = ddp;
+    global.loss_normalization = LossNormalization::global_tokens;
+    const std::string g = describe_loss(sft(), global);
+    CHECK(g.find("loss_normalization global_tokens (the plan's)") != std::string::npos);
+    CHECK(g.find("the step's count over 2 ranks x 1 microbatch (one all_reduce)") != std::string::npos);
+    CHECK(g.find("sums the ranks' gradients") != std::string::npos);
 }
