@@ -155,10 +155,16 @@ with tempfile.TemporaryDirectory() as tmp:
         first = {r: m["first_step_peak_bytes"] for m in e["memory"] for r in m["ranks"]}
         check(first == measured_peaks(v1), f"{name}: first-step peaks {first}, a 1-step verify measured {measured_peaks(v1)}")
         check(steady == measured_peaks(v2), f"{name}: steady-state peaks {steady}, a 2-step verify measured {measured_peaks(v2)}")
-        peak = max(steady.values())
-        check(re.search(rf"^    0-\d+ +{re.escape(format_bytes(peak))} +{re.escape(format_bytes(max(first.values())))} ",
-                        p.stdout, re.M) is not None,
-              f"{name}: explain's memory table does not lead with the steady state {format_bytes(peak)}:\n{p.stdout[-1500:]}")
+        # the row: PyTorch's allocated and reserved peaks (the framework tally's steady state), its
+        # first step's allocated, then ptool's own run's steady peak (what verify measured above)
+        m0 = e["memory"][0]
+        cols = [m0["allocated_peak_bytes"], m0["predicted_reserved_peak_bytes"],
+                m0["first_step_allocated_peak_bytes"], max(steady.values())]
+        check(m0["allocated_peak_bytes"] > m0["first_step_allocated_peak_bytes"],
+              f"{name}: PyTorch's steady allocated peak {m0['allocated_peak_bytes']} B not above its first step's")
+        check(re.search(r"^    0-\d+ +" + " +".join(re.escape(format_bytes(c)) for c in cols) + " ", p.stdout, re.M)
+              is not None,
+              f"{name}: explain's memory row is not {[format_bytes(c) for c in cols]}:\n{p.stdout[-1500:]}")
         print(f"tiny Llama 3.1 (steps: 1, AdamW) under {name}: first step {max(first.values()):,} B, "
               f"steady state {peak:,} B (+{states:,} B of AdamW state)")
 

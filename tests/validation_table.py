@@ -3,7 +3,10 @@
 
 For each run: `ptool explain MODEL PLAN --cluster C --json`; the predicted step is the slowest rank
 class's; the published step is the run's tokens per step / (tokens/s/GPU x GPUs). The error is
-predicted / published - 1.
+predicted / published - 1. A cluster that names a kernel table (`kernels:`, docs/kernel_table.md)
+prices its GEMMs from that measured table and has no gemm_efficiency: no row is fitted to, and
+every row counts in the summary; a `calibration: true` row sets gemm_efficiency only for a cluster
+without a table (the roofline).
 
   validation_table.py PTOOL ROOT            check docs/planning.md's table equals this run's, and
                                             each calibration row is reproduced within 0.5%
@@ -47,12 +50,19 @@ def predicted(ptool, root, run, cluster=None, tmp=None):
         return max(t["step_seconds"] for t in j["time"])
 
 
+def fitted(root, run):
+    """Whether the row sets its cluster's gemm_efficiency (a calibration row of a roofline cluster)."""
+    if not run.get("calibration"):
+        return False
+    return yaml.safe_load(open(os.path.join(root, run["cluster"]))).get("kernels") is None
+
+
 def rows(ptool, root):
     out = []
     for run in load(root):
         published = tokens_per_step(root, run) / (run["tokens_per_s_per_gpu"] * run["gpus"])
         pred = predicted(ptool, root, run)
-        out.append((run, published, pred, pred / published - 1))
+        out.append((dict(run, calibration=fitted(root, run)), published, pred, pred / published - 1))
     return out
 
 
@@ -64,14 +74,21 @@ def table(result):
         lines.append(f"| {run['id']}{mark} | {run['gpus']} x {run['gpu'].upper()} | {run['model']} | {run['plan']} | "
                      f"{published:.3f} s | {pred:.3f} s | {100 * err:+.1f}% |")
     others = [abs(e) for run, _, _, e in result if not run.get("calibration")]
+    besides = " besides the calibration rows" if len(others) < len(result) else ", none fitted to"
     lines.append("")
-    lines.append(f"{len(others)} rows besides the calibration rows: mean |error| {100 * sum(others) / len(others):.1f}%, "
+    lines.append(f"{len(others)} rows{besides}: mean |error| {100 * sum(others) / len(others):.1f}%, "
                  f"largest {100 * max(others):.1f}%, {sum(e > 0.10 for e in others)} over 10%.")
+    for gpu in sorted({run["gpu"] for run, _, _, _ in result}):
+        errs = [e for run, _, _, e in result if run["gpu"] == gpu and not run.get("calibration")]
+        lines.append(f"- {gpu.upper()}: {len(errs)} rows, mean |error| {100 * sum(map(abs, errs)) / len(errs):.1f}%, "
+                     f"mean error {100 * sum(errs) / len(errs):+.1f}%, from {100 * min(errs):+.1f}% to {100 * max(errs):+.1f}%")
     return lines
 
 
 def calibrate(ptool, root, gpu):
     run = next(r for r in load(root) if r["gpu"] == gpu and r.get("calibration"))
+    if not fitted(root, run):
+        sys.exit(f"{run['cluster']} names a kernel table: its GEMMs are measured, it has no gemm_efficiency to solve")
     published = tokens_per_step(root, run) / (run["tokens_per_s_per_gpu"] * run["gpus"])
     text = open(os.path.join(root, run["cluster"])).read()
     lo, hi = 0.05, 1.0

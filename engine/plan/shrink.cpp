@@ -92,7 +92,16 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
                        : doc["gradient_accumulation"] ? as_int(doc["gradient_accumulation"])
                                                       : 1;
     if (plan.gradient_accumulation > 0) doc["gradient_accumulation"] = plan.gradient_accumulation;
-    const int64_t unit = std::lcm<int64_t>(tp, 8);
+    // fully_shard over dp x cp (torchtitan's dp_shard_cp) cuts each parameter's rows on a tp rank
+    // into dp_shard x cp even shards (parallel/context_parallel.cpp): every size a multiple of tp x that
+    int64_t cp_shards = 1;
+    if (plan.context_parallel && plan.dims.cp_shards_params()) {
+        const ParallelDims& dims = plan.dims;
+        const int shard_dim =
+            dims.has(DimRole::dp_shard) ? dims.index(DimRole::dp_shard) : dims.index(DimRole::dp_replicate);
+        cp_shards = static_cast<int64_t>(dims.mesh()[shard_dim].size) * dims.size(DimRole::cp);
+    }
+    const int64_t unit = std::lcm<int64_t>(tp * cp_shards, 8);
 
     // attention dims first: they must be a multiple of the new head count
     std::map<int64_t, int64_t> dim_heads;  // old dim -> lcm of its attentions' new head counts
@@ -119,7 +128,9 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     std::map<int64_t, int64_t> size;  // old -> new, increasing with the old
     int64_t last = 0;
     for (int64_t v : values) {
-        const int64_t step = dim_heads.count(v) ? std::lcm<int64_t>(dim_heads[v] * 8, unit) : unit;
+        // an attention dim: heads x a head_dim that cuts the k/v projections' rows as evenly as the rest
+        const int64_t head_unit = std::lcm<int64_t>(8, cp_shards);
+        const int64_t step = dim_heads.count(v) ? std::lcm<int64_t>(dim_heads[v] * head_unit, unit) : unit;
         size[v] = (last / step + 1) * step;
         last = size[v];
     }
