@@ -14,16 +14,19 @@ void add_calibrate_command(CLI::App& app, Common& common) {
         bool quick = false;
     };
     auto a = std::make_shared<Args>();
-    CLI::App* cmd = app.add_subcommand(
-        "calibrate",
-        "Measure this machine's kernel table (GEMMs by shape, attention, memory-bound ops) with ptool's backend "
-        "and write the file a cluster's `kernels:` names");
+    CLI::App* cmd = app.add_subcommand("calibrate",
+                                       "Measure this machine's kernel table (GEMMs by shape, attention, "
+                                       "memory-bound ops) with ptool's backend "
+                                       "and write the file a cluster's `kernels:` names");
     cmd->add_option("--device", common.device, "cuda (cuBLAS and ptool's kernels on GPU 0) or cpu")
         ->check(CLI::IsMember({"cpu", "cuda"}));
-    cmd->add_option("-o,--output", a->out, "the kernel table to write (JSON)")->required()->check(output_path());
-    cmd->add_option("--cluster", a->cluster,
-                    "the cluster file of this machine: its peaks are the table's scale (default: the vendor's "
-                    "for a known GPU, else the best measured rates)");
+    cmd->add_option("-o,--output", a->out, "the kernel table to write (JSON)")
+        ->required()
+        ->check(output_path());
+    cmd->add_option(
+        "--cluster", a->cluster,
+        "the cluster file of this machine: its peaks are the table's scale (default: the vendor's "
+        "for a known GPU, else the best measured rates)");
     cmd->add_flag("--quick", a->quick, "a smaller grid (a check of the path, seconds)");
     cmd->callback([a, &common] {
         FileRoles().input("--cluster", a->cluster).output("-o", a->out).check();

@@ -56,14 +56,16 @@ void warn_fit(const ExplainReport& r) {
         const double needs =
             static_cast<double>(m.torch_peak) + r.overheads[i].outside_allocator() + cl.reserved_bytes;
         if (needs > cl.memory_bytes)
-            spdlog::warn("ranks {} do not fit: the allocated peak {} and the runtime {} are more than the GPU's {}",
-                         rank_ranges(r.memory[i].ranks), format_bytes(m.torch_peak),
-                         format_bytes(static_cast<int64_t>(r.overheads[i].outside_allocator())),
-                         format_bytes(static_cast<int64_t>(cl.memory_bytes - cl.reserved_bytes)));
+            spdlog::warn(
+                "ranks {} do not fit: the allocated peak {} and the runtime {} are more than the GPU's {}",
+                rank_ranges(r.memory[i].ranks), format_bytes(m.torch_peak),
+                format_bytes(static_cast<int64_t>(r.overheads[i].outside_allocator())),
+                format_bytes(static_cast<int64_t>(cl.memory_bytes - cl.reserved_bytes)));
         else if (m.over_capacity > 0)
             spdlog::warn(
                 "ranks {}: PyTorch's caching allocator runs out of memory even after giving its cache back "
-                "({} segment{} beyond the GPU's memory; fragmentation: the allocated peak {} fits, its segments do "
+                "({} segment{} beyond the GPU's memory; fragmentation: the allocated peak {} fits, its "
+                "segments do "
                 "not)",
                 rank_ranges(r.memory[i].ranks), m.over_capacity, m.over_capacity == 1 ? "" : "s",
                 format_bytes(m.torch_peak));
@@ -294,14 +296,15 @@ void explain(const ExplainArgs& a, const Common& c) {
             e["first_step_peak_bytes"] = m.sim.memory.first_step_peak;
             e["predicted_reserved_peak_bytes"] = m.sim.memory.reserved_peak;  // the allocator model's
             add_memory_terms(e, r, i);  // PyTorch's allocated peak and its terms (cli/explain_terms.h)
-            if (cluster) {  // the runtime's memory besides the tensors (plan/device_overheads.h)
+            if (cluster) {              // the runtime's memory besides the tensors (plan/device_overheads.h)
                 const DeviceOverheads& o = r.overheads[i];
                 e["runtime_bytes"] = {{"cuda_context", o.cuda_context},
                                       {"step_runtime", o.step_runtime},
                                       {"cublas_workspaces", o.cublas_workspaces},
                                       {"nccl", o.nccl},
                                       {"nccl_communicators", o.communicators}};
-                e["device_peak_bytes"] = static_cast<double>(m.sim.memory.reserved_peak) + o.outside_allocator();
+                e["device_peak_bytes"] =
+                    static_cast<double>(m.sim.memory.reserved_peak) + o.outside_allocator();
                 e["allocator_over_capacity"] = m.sim.memory.over_capacity;
             }
             e["ranks"] = m.ranks;

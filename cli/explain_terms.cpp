@@ -33,7 +33,8 @@ void print_memory(const ExplainReport& r) {
     const bool on_gpu = r.cluster.has_value();
     fmt::print(
         "\n  memory per rank (predicted for PyTorch's run of the plan: every tensor of its step as PyTorch "
-        "allocates it,\n  replayed through its caching allocator; {} steps simulated, the steady state from the "
+        "allocates it,\n  replayed through its caching allocator; {} steps simulated, the steady state from "
+        "the "
         "second on):\n",
         r.simulated_steps);
     std::vector<std::vector<std::string>> rows = {{"ranks", "allocated", "reserved"}};
@@ -49,7 +50,8 @@ void print_memory(const ExplainReport& r) {
         std::vector<std::string> row = {rank_list(r.memory[i].ranks), format_bytes(m.torch_peak),
                                         format_bytes(m.reserved_peak)};
         if (on_gpu)
-            row.push_back(format_bytes(m.reserved_peak + static_cast<int64_t>(r.overheads[i].outside_allocator())));
+            row.push_back(
+                format_bytes(m.reserved_peak + static_cast<int64_t>(r.overheads[i].outside_allocator())));
         row.insert(row.end(), {format_bytes(m.torch_first_step_peak), format_bytes(m.peak),
                                fmt::format("{}", fmt::join(uses, ", "))});
         rows.push_back(std::move(row));
@@ -77,7 +79,8 @@ void print_memory(const ExplainReport& r) {
         std::set<int> communicators;
         for (const DeviceOverheads& o : r.overheads) communicators.insert(o.communicators);
         fmt::print(
-            "  runtime per GPU ({}'s `runtime`): CUDA context {}, after a step {}, cuBLAS workspaces 2 x {} (in "
+            "  runtime per GPU ({}'s `runtime`): CUDA context {}, after a step {}, cuBLAS workspaces 2 x {} "
+            "(in "
             "the allocator),\n  NCCL {} per communicator x {} communicators (an upper bound); GPU memory {}, "
             "reserve {}\n",
             cl.name, format_bytes(static_cast<int64_t>(cl.runtime.cuda_context)),
@@ -88,7 +91,8 @@ void print_memory(const ExplainReport& r) {
             format_bytes(static_cast<int64_t>(cl.reserved_bytes)));
     }
     for (const MemoryAssumption& a : r.assumptions)
-        fmt::print("  assumed, erring high by up to {}: {}\n", format_bytes(static_cast<int64_t>(a.bytes)), a.what);
+        fmt::print("  assumed, erring high by up to {}: {}\n", format_bytes(static_cast<int64_t>(a.bytes)),
+                   a.what);
 }
 
 void print_compute_terms(const ExplainReport& r) {
@@ -97,10 +101,12 @@ void print_compute_terms(const ExplainReport& r) {
     const KernelTable* k = r.cluster->kernels.get();
     for (size_t i = 0; i < r.times.size(); ++i) {
         const ComputeTerms& t = r.times[i].terms;
-        std::vector<std::vector<std::string>> rows = {{"ranks " + rank_list(r.memory[i].ranks), "seconds", "what"}};
-        rows.push_back({"GEMMs", ms(t.gemm[0] + t.gemm[1] + t.gemm[2]),
-                        fmt::format("fwd {}, dgrad {}, wgrad {}; {} shapes{}", ms(t.gemm[0]), ms(t.gemm[1]),
-                                    ms(t.gemm[2]), t.gemms.size(), k ? ", the table's by shape" : ", roofline")});
+        std::vector<std::vector<std::string>> rows = {
+            {"ranks " + rank_list(r.memory[i].ranks), "seconds", "what"}};
+        rows.push_back(
+            {"GEMMs", ms(t.gemm[0] + t.gemm[1] + t.gemm[2]),
+             fmt::format("fwd {}, dgrad {}, wgrad {}; {} shapes{}", ms(t.gemm[0]), ms(t.gemm[1]),
+                         ms(t.gemm[2]), t.gemms.size(), k ? ", the table's by shape" : ", roofline")});
         if (t.attention[0] + t.attention[1] > 0) {
             std::set<int64_t> dims;
             for (const auto& a : t.attentions) dims.insert(a.attention.head_dim);
@@ -109,23 +115,25 @@ void print_compute_terms(const ExplainReport& r) {
                 for (const auto& row : k->attention) measured.insert(row.head_dim);
             bool assumed = false;
             for (int64_t d : dims) assumed = assumed || !measured.count(d);
-            rows.push_back({"attention", ms(t.attention[0] + t.attention[1]),
-                            fmt::format("fused; fwd {}, bwd {}{}", ms(t.attention[0]), ms(t.attention[1]),
-                                        assumed ? fmt::format("; head_dim {} at the measured head_dim's rate (assumed)",
-                                                              fmt::join(dims, ", "))
-                                                : std::string())});
+            rows.push_back(
+                {"attention", ms(t.attention[0] + t.attention[1]),
+                 fmt::format("fused; fwd {}, bwd {}{}", ms(t.attention[0]), ms(t.attention[1]),
+                             assumed ? fmt::format("; head_dim {} at the measured head_dim's rate (assumed)",
+                                                   fmt::join(dims, ", "))
+                                     : std::string())});
         }
-        rows.push_back({"memory-bound", ms(t.memory),
-                        fmt::format("{:.1f} GB read and written at the streaming bandwidth",
-                                    t.memory_bytes / 1e9)});
+        rows.push_back(
+            {"memory-bound", ms(t.memory),
+             fmt::format("{:.1f} GB read and written at the streaming bandwidth", t.memory_bytes / 1e9)});
         for (int o = 0; o < kOpClasses; ++o)
             if (t.ops[o] > 0)
                 rows.push_back({op_class_name(static_cast<OpClass>(o)), ms(t.ops[o]),
                                 t.op_measured[o] ? "measured whole" : "its kernels' bytes (derived)"});
         if (t.launch > 0)
-            rows.push_back({"kernel overhead", ms(t.launch),
-                            fmt::format("{:.0f} memory-bound kernels x {:.2f} us ({})", t.launch / k->kernel_overhead,
-                                        k->kernel_overhead * 1e6, k->kernel_overhead_source)});
+            rows.push_back(
+                {"kernel overhead", ms(t.launch),
+                 fmt::format("{:.0f} memory-bound kernels x {:.2f} us ({})", t.launch / k->kernel_overhead,
+                             k->kernel_overhead * 1e6, k->kernel_overhead_source)});
         print_columns(rows, "    ");
     }
 }
@@ -143,24 +151,36 @@ void add_memory_terms(nlohmann::json& e, const ExplainReport& r, size_t i) {
         if (m.reserved_by_stream[s] > 0) pools[kStreams[s]] = m.reserved_by_stream[s];
     e["reserved_by_stream_bytes"] = pools;
     nlohmann::json assumed = nlohmann::json::array();
-    for (const MemoryAssumption& a : r.assumptions) assumed.push_back({{"what", a.what}, {"up_to_bytes", a.bytes}});
+    for (const MemoryAssumption& a : r.assumptions)
+        assumed.push_back({{"what", a.what}, {"up_to_bytes", a.bytes}});
     e["assumed_high"] = assumed;
 }
 
 nlohmann::json compute_terms_json(const ComputeTerms& t) {
     nlohmann::json ops = nlohmann::json::object();
     for (int o = 0; o < kOpClasses; ++o)
-        if (t.ops[o] > 0) ops[op_class_name(static_cast<OpClass>(o))] = {{"seconds", t.ops[o]}, {"measured", t.op_measured[o]}};
+        if (t.ops[o] > 0)
+            ops[op_class_name(static_cast<OpClass>(o))] = {{"seconds", t.ops[o]},
+                                                           {"measured", t.op_measured[o]}};
     nlohmann::json gemms = nlohmann::json::array();
     for (const ComputeTerms::Shape& s : t.gemms)
-        gemms.push_back({{"op", gemm_op_name(s.gemm.op)}, {"dtype", dtype_name(s.gemm.dtype)}, {"m", s.gemm.m},
-                         {"n", s.gemm.n}, {"k", s.gemm.k}, {"calls", s.count}, {"seconds", s.seconds}});
+        gemms.push_back({{"op", gemm_op_name(s.gemm.op)},
+                         {"dtype", dtype_name(s.gemm.dtype)},
+                         {"m", s.gemm.m},
+                         {"n", s.gemm.n},
+                         {"k", s.gemm.k},
+                         {"calls", s.count},
+                         {"seconds", s.seconds}});
     nlohmann::json attention = nlohmann::json::array();
     for (const ComputeTerms::Shape& s : t.attentions)
-        attention.push_back({{"phase", s.attention.backward ? "bwd" : "fwd"}, {"dtype", dtype_name(s.attention.dtype)},
-                             {"seq_q", s.attention.seq_q}, {"seq_k", s.attention.seq_k},
-                             {"head_dim", s.attention.head_dim}, {"causal", s.attention.causal},
-                             {"flops", s.count}, {"seconds", s.seconds}});
+        attention.push_back({{"phase", s.attention.backward ? "bwd" : "fwd"},
+                             {"dtype", dtype_name(s.attention.dtype)},
+                             {"seq_q", s.attention.seq_q},
+                             {"seq_k", s.attention.seq_k},
+                             {"head_dim", s.attention.head_dim},
+                             {"causal", s.attention.causal},
+                             {"flops", s.count},
+                             {"seconds", s.seconds}});
     return {{"gemm_fwd_seconds", t.gemm[0]},
             {"gemm_dgrad_seconds", t.gemm[1]},
             {"gemm_wgrad_seconds", t.gemm[2]},

@@ -37,15 +37,16 @@ std::string seconds_str(double s) {
 std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, const Candidate& c) {
     std::string s = fmt::format(
         "# Written by `ptool plan {} --cluster {} --world-size {}`: the fastest of {} fitting candidates.\n"
-        "# Predicted per GPU on {}: allocated {}, reserved {} and runtime {} of {} (PyTorch's step: docs/planning.md),\n"
+        "# Predicted per GPU on {}: allocated {}, reserved {} and runtime {} of {} (PyTorch's step: "
+        "docs/planning.md),\n"
         "# step {:.0f} ms (compute {:.0f} ms, blocking collectives {:.0f} ms, data-parallel {:.0f} ms "
         "overlapped), MFU {:.1f}%.\n",
         yaml_comment(a.model), yaml_comment(a.cluster), r.world_size, r.fitting.size(),
         yaml_comment(cl.name),  // names in comments: one printable line
         format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(c.reserved)),
         format_bytes(static_cast<int64_t>(c.runtime)), format_bytes(static_cast<int64_t>(r.memory_cap)),
-        c.time.step * 1e3, c.time.compute * 1e3,
-        c.time.blocking * 1e3, c.time.overlappable * 1e3, 100 * c.mfu);
+        c.time.step * 1e3, c.time.compute * 1e3, c.time.blocking * 1e3, c.time.overlappable * 1e3,
+        100 * c.mfu);
     if (c.choice.gradient_accumulation > 0)  // the plan says it: explain and verify read it over the model's
         s += fmt::format(
             "# Gradient accumulation: {} microbatches a step where the model says {}: the plan's "

@@ -157,9 +157,9 @@ with tempfile.TemporaryDirectory() as tmp:
         check(steady == measured_peaks(v2), f"{name}: steady-state peaks {steady}, a 2-step verify measured {measured_peaks(v2)}")
         # the row: PyTorch's allocated and reserved peaks (the framework tally's steady state), its
         # first step's allocated, then ptool's own run's steady peak (what verify measured above)
-        m0 = e["memory"][0]
+        m0, peak = e["memory"][0], max(steady.values())
         cols = [m0["allocated_peak_bytes"], m0["predicted_reserved_peak_bytes"],
-                m0["first_step_allocated_peak_bytes"], max(steady.values())]
+                m0["first_step_allocated_peak_bytes"], peak]
         check(m0["allocated_peak_bytes"] > m0["first_step_allocated_peak_bytes"],
               f"{name}: PyTorch's steady allocated peak {m0['allocated_peak_bytes']} B not above its first step's")
         check(re.search(r"^    0-\d+ +" + " +".join(re.escape(format_bytes(c)) for c in cols) + " ", p.stdout, re.M)

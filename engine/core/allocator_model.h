@@ -29,7 +29,7 @@ public:
     // key: the tensor storage's identity; stream: the CUDA stream it is allocated on (a block freed
     // on one stream is reused on that stream only)
     void allocate(const void* key, size_t bytes, uintptr_t stream = 0);
-    void release(const void* key);                 // a key never allocated (or of 0 bytes) is ignored
+    void release(const void* key);  // a key never allocated (or of 0 bytes) is ignored
     // Starts over from an empty device with what is live now, allocated again in the order it was:
     // a run's memory after its model is built, as torchtitan builds it (on meta, then each rank's
     // shards materialised), without the construction's transients.

@@ -103,7 +103,8 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
         stats_.reserved += segment;
         stats_.reserved_by_stream[stream] += segment;
         if (stats_.reserved > stats_.peak_reserved)
-            stats_.peak_reserved = stats_.reserved, stats_.reserved_by_stream_at_peak = stats_.reserved_by_stream;
+            stats_.peak_reserved = stats_.reserved,
+            stats_.reserved_by_stream_at_peak = stats_.reserved_by_stream;
         b = new Block{static_cast<char*>(p), segment, stream,
                       policy_ == SegmentPolicy::pytorch && size <= kSmall};
     }

@@ -53,8 +53,8 @@ struct AllocatorStats {
     size_t reserved = 0;  // bytes held from the driver: live + cached
     size_t peak_reserved = 0;
     std::map<uintptr_t, size_t> reserved_by_stream, reserved_by_stream_at_peak;  // the segments' streams
-    int64_t allocations = 0;  // requests served
-    int64_t cache_hits = 0;   // requests served from the cache
+    int64_t allocations = 0;                                                     // requests served
+    int64_t cache_hits = 0;  // requests served from the cache
     int64_t driver_allocations = 0;
     int64_t driver_frees = 0;
 };

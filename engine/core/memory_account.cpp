@@ -12,7 +12,8 @@ thread_local TorchAlloc t_torch = TorchAlloc::both;
 thread_local AllocStream t_stream = AllocStream::compute;
 }  // namespace
 
-TorchAllocScope::TorchAllocScope(TorchAlloc kind, AllocStream stream) : saved_kind_(t_torch), saved_stream_(t_stream) {
+TorchAllocScope::TorchAllocScope(TorchAlloc kind, AllocStream stream)
+    : saved_kind_(t_torch), saved_stream_(t_stream) {
     t_torch = kind, t_stream = stream;
 }
 

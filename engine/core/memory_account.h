@@ -37,16 +37,16 @@ namespace ptool {
 
 // What a tensor is for, as the code that allocates it declares (MemoryUseScope); `other` by default.
 enum class MemoryUse {
-    parameters,       // model parameters (TP-local, fully_shard's shards) and buffers
-    gradients,        // their gradients
-    optimizer,        // optimizer state (momentum, AdamW's two moments)
-    activations,      // forward and backward: what modules save and their temporaries
-    communication,    // redistribution buffers, gathered and packed tensors
-    fsdp_unsharded,   // fully_shard's gathered parameters and their full gradients
-    buckets,          // DDP's flat gradient buckets
-    mixed_precision,  // the compute copies of the parameters and their gradients
-    batch,            // the step's data
-    workspace,        // cuBLAS's workspaces (the framework's, allocated through its caching allocator)
+    parameters,             // model parameters (TP-local, fully_shard's shards) and buffers
+    gradients,              // their gradients
+    optimizer,              // optimizer state (momentum, AdamW's two moments)
+    activations,            // forward and backward: what modules save and their temporaries
+    communication,          // redistribution buffers, gathered and packed tensors
+    fsdp_unsharded,         // fully_shard's gathered parameters and their full gradients
+    buckets,                // DDP's flat gradient buckets
+    mixed_precision,        // the compute copies of the parameters and their gradients
+    batch,                  // the step's data
+    workspace,              // cuBLAS's workspaces (the framework's, allocated through its caching allocator)
     optimizer_temporaries,  // the optimizer step's temporaries (AdamW foreach's denominators)
     other,
     count_
@@ -101,7 +101,7 @@ private:
         MemoryUse use;
     };
     std::unordered_map<const void*, TorchEntry> torch_;  // the framework tally's live keys
-    std::unordered_set<const void*> torch_only_keys_;   // in the framework tally alone
+    std::unordered_set<const void*> torch_only_keys_;    // in the framework tally alone
     int64_t torch_live_ = 0, torch_peak_logical_ = 0;
     std::array<int64_t, kMemoryUses> torch_live_by_{}, torch_at_peak_{};
     void torch_charge(const void* key, int64_t bytes, MemoryUse use);

@@ -352,8 +352,10 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
         "# Float32 masters (torch_dtype {} is the checkpoint's; plans add bf16 compute with\n"
         "# data_parallel.mixed_precision). Optimizer: torch.optim.AdamW's defaults.\n",
         yaml_comment(c.str("torch_dtype", "unset")));
-    y += "# Norms: implementation eager, as transformers' RMSNorm runs (x.to(float32), normalise, cast back,\n"
-         "# then the weight): what PyTorch keeps for its backward and its kernels' time (docs/model_format.md).\n";
+    y +=
+        "# Norms: implementation eager, as transformers' RMSNorm runs (x.to(float32), normalise, cast back,\n"
+        "# then the weight): what PyTorch keeps for its backward and its kernels' time "
+        "(docs/model_format.md).\n";
     y += attention_comment(attn);
     for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
     y += fmt::format("name: {}\nseed: 0\n{}batch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n",
@@ -365,8 +367,10 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
                      layers);
     y += "          - type: residual\n            modules:\n";
     if (!f.post_norms)
-        y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d,
-                         yaml_number(eps));
+        y += fmt::format(
+            "              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: "
+            "eager}}\n",
+            d, yaml_number(eps));
     const std::string qk =
         f.post_norms ? fmt::format(", qk_norm: full, qk_norm_eps: {}", yaml_number(eps))
         : f.qk_norm  ? fmt::format(", head_dim: {}, qk_norm: true, qk_norm_eps: {}", hd, yaml_number(eps))
@@ -376,9 +380,10 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
         "true, "
         "attn_implementation: {}, rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
         d, heads, kv, qk, attn.impl, yaml_number(theta), scaling, qkv_bias, o_bias);
-    const std::string post_attention =
-        fmt::format("              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n",
-                    d, yaml_number(eps));
+    const std::string post_attention = fmt::format(
+        "              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: "
+        "eager}}\n",
+        d, yaml_number(eps));
     if (f.post_norms) y += post_attention;
     y += "          - type: residual\n            modules:\n";
     if (!f.post_norms) y += post_attention;
@@ -392,9 +397,11 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     }
     if (f.post_norms)
         y += fmt::format(
-            "              - {{name: post_feedforward_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d,
-            yaml_number(eps));
-    y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d, yaml_number(eps));
+            "              - {{name: post_feedforward_layernorm, type: rms_norm, dim: {}, eps: {}, "
+            "implementation: eager}}\n",
+            d, yaml_number(eps));
+    y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d,
+                     yaml_number(eps));
     y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab,
                      tied ? ", tie: model.embed_tokens" : "");
     // transformers' _init_weights: linears and embeddings ~ N(0, initializer_range), biases 0

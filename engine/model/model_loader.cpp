@@ -188,9 +188,10 @@ OptimizerSpec parse_optimizer(const YamlNode& node) {
             YamlNode impl = m.at("implementation");
             const std::string v = impl.as_string("optimizer 'implementation'");
             if (v != "foreach" && v != "fused")
-                impl.fail(fmt::format("optimizer implementation '{}': valid: foreach (torch.optim.AdamW's "
-                                      "default on CUDA), fused",
-                                      v));
+                impl.fail(
+                    fmt::format("optimizer implementation '{}': valid: foreach (torch.optim.AdamW's "
+                                "default on CUDA), fused",
+                                v));
             o.fused = v == "fused";
         }
     }

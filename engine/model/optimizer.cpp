@@ -30,7 +30,8 @@ void Optimizer::step(const std::vector<Piece>& pieces) {
         MemoryUseScope use(MemoryUse::optimizer);
         if (spec_.type == OptimizerType::adamw || spec_.momentum != 0.0)
             s.a = Tensor(p.value.shape(), p.value.dtype(), p.value.device());  // zeros
-        if (spec_.type == OptimizerType::adamw) s.b = Tensor(p.value.shape(), p.value.dtype(), p.value.device());
+        if (spec_.type == OptimizerType::adamw)
+            s.b = Tensor(p.value.shape(), p.value.dtype(), p.value.device());
     }
     // AdamW's foreach update (torch's default on CUDA): _foreach_sqrt(exp_avg_sqs) is a new tensor per
     // parameter, all alive until the update ends; its kernels are counted as their sequence
@@ -40,7 +41,8 @@ void Optimizer::step(const std::vector<Piece>& pieces) {
     if (spec_.type == OptimizerType::adamw) {
         for (const Piece& p : pieces) {
             if (foreach)
-                denominators.push_back(torch_only(p.value.shape(), p.value.dtype(), MemoryUse::optimizer_temporaries));
+                denominators.push_back(
+                    torch_only(p.value.shape(), p.value.dtype(), MemoryUse::optimizer_temporaries));
             meta_count_op(foreach ? OpClass::adamw_foreach : OpClass::adamw_fused, p.value.dtype(),
                           static_cast<double>(p.value.numel()), 0);
         }

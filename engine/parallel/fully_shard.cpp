@@ -19,7 +19,7 @@ namespace ptool {
 // stream, stands in until the unit's own unshard copies out of it.
 struct FsdpCommContext {
     Tensor all_gather_state, reduce_scatter_state;
-    std::vector<Tensor*> grads;           // every unit's
+    std::vector<Tensor*> grads;             // every unit's
     std::vector<const void*> post_forward;  // the units in the order their forwards ended (a step's)
     std::map<const void*, Tensor> prefetched;
     int64_t step = -1;  // the step whose forwards and backwards these are
@@ -101,7 +101,8 @@ struct FullyShard::State : ModuleHooks {
             }
         }
         gathered = true;
-        if (kept.defined()) ctx->all_gather_state = kept;  // the previous unit's output freed after this copy-out
+        if (kept.defined())
+            ctx->all_gather_state = kept;  // the previous unit's output freed after this copy-out
         prefetched = Tensor();
         for (Managed& m : params) {
             m.p->value = m.full;
@@ -132,7 +133,8 @@ struct FullyShard::State : ModuleHooks {
         Tensor output = torch_only({region}, reduce, MemoryUse::gradients, AllocStream::reduce_scatter);
         const DType master = params[0].shard_grad.dtype();
         if (torch_grad.defined()) return;  // accumulated into: the output is freed
-        if (master != reduce) output = torch_only({region}, master, MemoryUse::gradients, AllocStream::reduce_scatter);
+        if (master != reduce)
+            output = torch_only({region}, master, MemoryUse::gradients, AllocStream::reduce_scatter);
         torch_grad = output;
     }
 
@@ -187,7 +189,8 @@ struct FullyShard::State : ModuleHooks {
     Placed post_forward(RunContext& rc, Module&, const Placed& y) override {
         if (!root) reshard();
         if (root) ctx->all_gather_state = Tensor();  // the forward's end flushes the kept output
-        if (!rc.recomputing) post_forward_indices.push_back(ctx->post_forward.size()), ctx->post_forward.push_back(this);
+        if (!rc.recomputing)
+            post_forward_indices.push_back(ctx->post_forward.size()), ctx->post_forward.push_back(this);
         return y;
     }
     // FSDP2's backward prefetch: the unit whose forward ended before this one's

@@ -21,7 +21,8 @@ Tensor random_flat(int64_t n, DType dt, Device device) {
     uint64_t s = 0x9E3779B97F4A7C15ull;
     for (int64_t i = 0; i < block; ++i) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        host.set(i, static_cast<double>(static_cast<int64_t>(s >> 40) - (int64_t{1} << 23)) / double(1 << 23));
+        host.set(i,
+                 static_cast<double>(static_cast<int64_t>(s >> 40) - (int64_t{1} << 23)) / double(1 << 23));
     }
     for (int64_t at = 0; at < n; at += block) {
         const int64_t len = std::min(block, n - at);
@@ -62,8 +63,12 @@ Grid grid_for(const CalibrateOptions& o) {
     if (o.device == Device::cuda && !o.quick)
         return {{256, 1024, 4096, 16384},
                 {256, 1024, 2048, 4096, 8192, 14336, 28672},
-                {{1024, 1024, 1024}, {1024, 4096, 4096}, {1024, 8192, 8192}, {8192, 1024, 1024},
-                 {8192, 4096, 4096}, {8192, 8192, 8192}}};
+                {{1024, 1024, 1024},
+                 {1024, 4096, 4096},
+                 {1024, 8192, 8192},
+                 {8192, 1024, 1024},
+                 {8192, 4096, 4096},
+                 {8192, 8192, 8192}}};
     if (o.device == Device::cuda) return {{256, 4096}, {256, 2048, 8192}, {{1024, 1024, 1024}}};
     return {{32, 128}, {64, 256}, {}};  // the CPU: its float32 GEMMs only
 }
@@ -84,8 +89,10 @@ void measure_gemms(Backend& be, const CalibrateOptions& o, KernelTable& t) {
             shapes = g.float32;
         }
         int64_t most_m = 0, most_nk = 0;
-        for (const auto& s : shapes) most_m = std::max(most_m, s[0]), most_nk = std::max({most_nk, s[1], s[2]});
-        const Tensor xs = random_flat(most_m * most_nk, dt, o.device), ws = random_flat(most_nk * most_nk, dt, o.device),
+        for (const auto& s : shapes)
+            most_m = std::max(most_m, s[0]), most_nk = std::max({most_nk, s[1], s[2]});
+        const Tensor xs = random_flat(most_m * most_nk, dt, o.device),
+                     ws = random_flat(most_nk * most_nk, dt, o.device),
                      dys = random_flat(most_m * most_nk, dt, o.device);
         Tensor out = Tensor::empty({std::max(most_m, most_nk) * most_nk}, dt, o.device);
         (void)mm, (void)nk;
@@ -93,9 +100,15 @@ void measure_gemms(Backend& be, const CalibrateOptions& o, KernelTable& t) {
             const Tensor x = view2(xs, m, k), w = view2(ws, n, k), dy = view2(dys, m, n);
             Tensor y = view2(out, m, n), dx = view2(out, m, k), dw = view2(out, n, k);
             const double target = o.target_seconds;
-            t.gemm.push_back({{GemmOp::fwd, dt, m, n, k}, seconds_per_call(be, [&] { be.gemm(x, false, w, true, y); }, target)});
-            t.gemm.push_back({{GemmOp::dgrad, dt, m, n, k}, seconds_per_call(be, [&] { be.gemm(dy, false, w, false, dx); }, target)});
-            t.gemm.push_back({{GemmOp::wgrad, dt, m, n, k}, seconds_per_call(be, [&] { be.gemm(dy, true, x, false, dw); }, target)});
+            t.gemm.push_back({{GemmOp::fwd, dt, m, n, k},
+                              seconds_per_call(
+                                  be, [&] { be.gemm(x, false, w, true, y); }, target)});
+            t.gemm.push_back({{GemmOp::dgrad, dt, m, n, k},
+                              seconds_per_call(
+                                  be, [&] { be.gemm(dy, false, w, false, dx); }, target)});
+            t.gemm.push_back({{GemmOp::wgrad, dt, m, n, k},
+                              seconds_per_call(
+                                  be, [&] { be.gemm(dy, true, x, false, dw); }, target)});
         }
         if (o.progress) o.progress(fmt::format("{} {} GEMMs", shapes.size() * 3, dtype_name(dt)));
     }
@@ -108,9 +121,9 @@ void measure_attention(Backend& be, const CalibrateOptions& o, KernelTable& t) {
     const bool gpu = o.device == Device::cuda;
     const DType dt = gpu ? DType::bfloat16 : DType::float32;
     const int64_t d = gpu ? 128 : 32, heads = gpu ? 32 : 4, tokens = gpu ? 8192 : 256;
-    const std::vector<int64_t> seqs = gpu ? (o.quick ? std::vector<int64_t>{1024, 4096}
-                                                     : std::vector<int64_t>{1024, 2048, 4096, 8192})
-                                          : std::vector<int64_t>{64, 128};
+    const std::vector<int64_t> seqs =
+        gpu ? (o.quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{1024, 2048, 4096, 8192})
+            : std::vector<int64_t>{64, 128};
     for (int64_t s : seqs) {
         const Tensor q = random_flat(s * d, dt, o.device).reshape({1, s, d}),
                      k = random_flat(s * d, dt, o.device).reshape({1, s, d}),
@@ -132,7 +145,8 @@ void measure_attention(Backend& be, const CalibrateOptions& o, KernelTable& t) {
             be.gemm(ds, true, q, false, dk);
         };
         const double f = seconds_per_call(be, forward, o.target_seconds);
-        const double fb = seconds_per_call(be, [&] { forward(), backward(); }, o.target_seconds);
+        const double fb = seconds_per_call(
+            be, [&] { forward(), backward(); }, o.target_seconds);
         const int64_t batch = std::max<int64_t>(1, tokens / s);
         const double per = static_cast<double>(batch * heads);
         t.attention.push_back({dt, true, batch, heads, heads, s, d, f * per, std::max(fb, f * 1.01) * per});
@@ -148,9 +162,11 @@ void measure_memory(Backend& be, const CalibrateOptions& o, KernelTable& t) {
     {
         const Tensor a = random_flat(n, dt, o.device), b = random_flat(n, dt, o.device);
         Tensor c({n}, dt, o.device);
-        const double copy = seconds_per_call(be, [&] { be.copy(a, c); }, o.target_seconds);
+        const double copy = seconds_per_call(
+            be, [&] { be.copy(a, c); }, o.target_seconds);
         t.memory.push_back({"copy", dt, static_cast<double>(n), 2 * es * static_cast<double>(n), copy});
-        const double add = seconds_per_call(be, [&] { be.add(a, b, c); }, o.target_seconds);
+        const double add = seconds_per_call(
+            be, [&] { be.add(a, b, c); }, o.target_seconds);
         t.memory.push_back({"add", dt, static_cast<double>(n), 3 * es * static_cast<double>(n), add});
     }
     // the loss as ptool runs it: the logits upcast, cross entropy with its gradient, the cast back
@@ -158,11 +174,14 @@ void measure_memory(Backend& be, const CalibrateOptions& o, KernelTable& t) {
     const Tensor logits = random_flat(rows * vocab, dt, o.device).reshape({rows, vocab});
     Tensor target({rows}, DType::int64, o.device);
     Tensor grad32({rows, vocab}, DType::float32, o.device), grad({rows, vocab}, dt, o.device);
-    const double ce = seconds_per_call(be, [&] {
-        const Tensor up = to_dtype(be, logits, DType::float32);
-        be.cross_entropy(up, target, -100, static_cast<double>(rows), grad32);
-        be.copy(grad32, grad);
-    }, o.target_seconds);
+    const double ce = seconds_per_call(
+        be,
+        [&] {
+            const Tensor up = to_dtype(be, logits, DType::float32);
+            be.cross_entropy(up, target, -100, static_cast<double>(rows), grad32);
+            be.copy(grad32, grad);
+        },
+        o.target_seconds);
     const double elements = static_cast<double>(rows * vocab);
     t.memory.push_back({"cross_entropy", dt, elements, es * elements, ce});
     if (o.progress) o.progress("memory-bound: copy, add, the upcast loss");
@@ -205,7 +224,8 @@ KernelTable calibrate(const CalibrateOptions& o) {
         throw InputError("ptool calibrate measures --device cuda or cpu");
     }
     Backend& be = backend_for(o.device);
-    if (o.device == Device::cuda) t.context_bytes = static_cast<double>(gpu_used_bytes());  // the context, before any tensor
+    if (o.device == Device::cuda)
+        t.context_bytes = static_cast<double>(gpu_used_bytes());  // the context, before any tensor
     t.gpu = device_name;
     measure_gemms(be, o, t);
     measure_attention(be, o, t);
@@ -215,7 +235,8 @@ KernelTable calibrate(const CalibrateOptions& o) {
     std::string source = o.peak_source;
     if (t.peak_flops.empty())
         if (auto known = known_gpu_peaks(device_name))
-            t.peak_flops = known->first, t.peak_bandwidth = known->second, source = "the vendor's, by the device's name";
+            t.peak_flops = known->first, t.peak_bandwidth = known->second,
+            source = "the vendor's, by the device's name";
     if (t.peak_flops.empty()) {  // unknown: the best measured rates stand for the peaks
         for (const auto& g : t.gemm) {
             const double rate = 2.0 * static_cast<double>(g.key.m) * static_cast<double>(g.key.n) *
@@ -234,7 +255,8 @@ KernelTable calibrate(const CalibrateOptions& o) {
 std::string kernel_table_json(const KernelTable& t) {
     using nlohmann::ordered_json;
     auto line = [](const ordered_json& j) { return j.dump(); };
-    ordered_json peak = {{"tflops", ordered_json::object()}, {"memory_bandwidth_gb_s", t.peak_bandwidth / 1e9}};
+    ordered_json peak = {{"tflops", ordered_json::object()},
+                         {"memory_bandwidth_gb_s", t.peak_bandwidth / 1e9}};
     for (const auto& [dt, f] : t.peak_flops) peak["tflops"][dtype_name(dt)] = f / 1e12;
     ordered_json device = {{"name", t.gpu}};
     if (t.device_memory > 0) device["memory_bytes"] = static_cast<int64_t>(t.device_memory);
@@ -246,19 +268,33 @@ std::string kernel_table_json(const KernelTable& t) {
     out += "  \"provenance\": " + line({{"by", t.provenance}}) + ",\n";
     auto rows = [&](const char* key, const std::vector<ordered_json>& items, bool last) {
         out += fmt::format("  \"{}\": [\n", key);
-        for (size_t i = 0; i < items.size(); ++i) out += "    " + line(items[i]) + (i + 1 < items.size() ? ",\n" : "\n");
+        for (size_t i = 0; i < items.size(); ++i)
+            out += "    " + line(items[i]) + (i + 1 < items.size() ? ",\n" : "\n");
         out += last ? "  ]\n" : "  ],\n";
     };
     std::vector<ordered_json> g, a, m;
     for (const auto& r : t.gemm)
-        g.push_back({{"dtype", dtype_name(r.key.dtype)}, {"op", gemm_op_name(r.key.op)}, {"m", r.key.m},
-                     {"n", r.key.n}, {"k", r.key.k}, {"seconds", r.seconds}});
+        g.push_back({{"dtype", dtype_name(r.key.dtype)},
+                     {"op", gemm_op_name(r.key.op)},
+                     {"m", r.key.m},
+                     {"n", r.key.n},
+                     {"k", r.key.k},
+                     {"seconds", r.seconds}});
     for (const auto& r : t.attention)
-        a.push_back({{"dtype", dtype_name(r.dtype)}, {"causal", r.causal}, {"batch", r.batch}, {"heads", r.heads},
-                     {"kv_heads", r.kv_heads}, {"seq", r.seq}, {"head_dim", r.head_dim},
-                     {"fwd_seconds", r.fwd_seconds}, {"fwd_bwd_seconds", r.fwd_bwd_seconds}});
+        a.push_back({{"dtype", dtype_name(r.dtype)},
+                     {"causal", r.causal},
+                     {"batch", r.batch},
+                     {"heads", r.heads},
+                     {"kv_heads", r.kv_heads},
+                     {"seq", r.seq},
+                     {"head_dim", r.head_dim},
+                     {"fwd_seconds", r.fwd_seconds},
+                     {"fwd_bwd_seconds", r.fwd_bwd_seconds}});
     for (const auto& r : t.memory)
-        m.push_back({{"op", r.op}, {"dtype", dtype_name(r.dtype)}, {"elements", r.elements}, {"bytes", r.bytes},
+        m.push_back({{"op", r.op},
+                     {"dtype", dtype_name(r.dtype)},
+                     {"elements", r.elements},
+                     {"bytes", r.bytes},
                      {"seconds", r.seconds}});
     rows("gemm", g, false);
     rows("attention", a, false);

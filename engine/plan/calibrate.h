@@ -16,7 +16,7 @@ namespace ptool {
 
 struct CalibrateOptions {
     Device device = Device::cuda;
-    bool quick = false;           // a smaller grid (a check of the path; the CPU's default)
+    bool quick = false;             // a smaller grid (a check of the path; the CPU's default)
     double target_seconds = 0.004;  // per measurement, after its warm-up
     // the vendor's dense peaks the rows are measured against (the scale a GPU without a table is
     // derived by): a cluster file's, else the table of known GPUs by name, else the measured best

@@ -101,9 +101,9 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
     if (m.has("kernels")) {  // relative to the cluster file
         YamlNode k = m.at("kernels");
         const std::string rel = k.as_string("'kernels'");
-        const std::filesystem::path file =
-            std::filesystem::path(rel).is_absolute() ? std::filesystem::path(rel)
-                                                     : std::filesystem::path(name).parent_path() / rel;
+        const std::filesystem::path file = std::filesystem::path(rel).is_absolute()
+                                               ? std::filesystem::path(rel)
+                                               : std::filesystem::path(name).parent_path() / rel;
         std::error_code ec;
         if (!std::filesystem::is_regular_file(file, ec))
             k.fail(fmt::format("'kernels': no kernel table at '{}' (a path relative to the cluster file)",

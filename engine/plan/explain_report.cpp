@@ -106,10 +106,11 @@ std::vector<MemoryAssumption> memory_assumptions(const ExplainReport& r) {
     if (r.model.loss == LossKind::cross_entropy) {
         const double logits = static_cast<double>(numel_of(r.ex.resolution.layouts.output.global)) * bytes /
                               (r.plan.loss_parallel ? tp : 1);
-        out.push_back({"the output (logits) held through its microbatch's backward, as a loop that keeps the "
-                       "model's return value (transformers' out = model(...)); torchtitan's `del pred` frees it "
-                       "after the loss",
-                       logits});
+        out.push_back(
+            {"the output (logits) held through its microbatch's backward, as a loop that keeps the "
+             "model's return value (transformers' out = model(...)); torchtitan's `del pred` frees it "
+             "after the loss",
+             logits});
     }
     return out;
 }

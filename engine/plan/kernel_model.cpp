@@ -23,9 +23,9 @@ double peak_of(const std::map<DType, double>& peaks, DType dt) {
 
 void require_rate(const Cluster& c, DType dt) {
     if (c.peak_flops(dt) <= 0)
-        throw InputError(SourceLocation{c.path, 1, 1},
-                         fmt::format("the cluster names no 'tflops' for {}, the plan's compute dtype",
-                                     dtype_name(dt)));
+        throw InputError(
+            SourceLocation{c.path, 1, 1},
+            fmt::format("the cluster names no 'tflops' for {}, the plan's compute dtype", dtype_name(dt)));
 }
 
 }  // namespace
@@ -49,13 +49,14 @@ ComputeTerms compute_terms(const MetaWork& w, const Cluster& c, DType compute) {
             return p * c.gemm_efficiency;
         };
         for (const auto& [key, calls] : w.gemms)
-            t.gemm[static_cast<int>(key.op)] +=
-                calls * 2.0 * static_cast<double>(key.m) * static_cast<double>(key.n) * static_cast<double>(key.k) /
-                rate(key.dtype);
+            t.gemm[static_cast<int>(key.op)] += calls * 2.0 * static_cast<double>(key.m) *
+                                                static_cast<double>(key.n) * static_cast<double>(key.k) /
+                                                rate(key.dtype);
         for (const auto& [key, flops] : w.attention) t.attention[key.backward] += flops / rate(key.dtype);
         t.memory = w.memory_bytes / c.memory_bandwidth;
         for (const auto& [key, n] : w.ops)
-            t.ops[static_cast<int>(key.op)] += n.elements * framework_bytes(key.op, key.dtype) / c.memory_bandwidth;
+            t.ops[static_cast<int>(key.op)] +=
+                n.elements * framework_bytes(key.op, key.dtype) / c.memory_bandwidth;
         return t;
     }
     auto compute_scale = [&](DType rows, DType dt) {  // the table's seconds of `rows` -> this GPU's of dt
@@ -72,14 +73,16 @@ ComputeTerms compute_terms(const MetaWork& w, const Cluster& c, DType compute) {
     }
     for (const auto& [key, flops] : w.attention) {
         const DType rows = table_dtype(*k, key.dtype, true);
-        const double rate =
-            k->has_attention(rows)
-                ? k->attention_flops_per_second(rows, key.seq_k, key.backward) / compute_scale(rows, key.dtype)
-                : c.peak_flops(key.dtype) * c.gemm_efficiency;
+        const double rate = k->has_attention(rows)
+                                ? k->attention_flops_per_second(rows, key.seq_k, key.backward) /
+                                      compute_scale(rows, key.dtype)
+                                : c.peak_flops(key.dtype) * c.gemm_efficiency;
         t.attention[key.backward] += flops / rate;
         t.attentions.push_back({{}, key, flops, flops / rate});
     }
-    auto slowest = [](const ComputeTerms::Shape& a, const ComputeTerms::Shape& b) { return a.seconds > b.seconds; };
+    auto slowest = [](const ComputeTerms::Shape& a, const ComputeTerms::Shape& b) {
+        return a.seconds > b.seconds;
+    };
     std::sort(t.gemms.begin(), t.gemms.end(), slowest);
     std::sort(t.attentions.begin(), t.attentions.end(), slowest);
     t.memory = w.memory_bytes / stream;
@@ -101,9 +104,10 @@ ComputeTerms compute_terms(const MetaWork& w, const Cluster& c, DType compute) {
 std::string kernel_model_source(const Cluster& c) {
     const KernelTable* k = c.kernels.get();
     if (!k)
-        return fmt::format("assumed: no kernel table, GEMMs and attention at gemm_efficiency {:g} of peak, other "
-                           "ops' bytes at {:.0f} GB/s",
-                           c.gemm_efficiency, c.memory_bandwidth / 1e9);
+        return fmt::format(
+            "assumed: no kernel table, GEMMs and attention at gemm_efficiency {:g} of peak, other "
+            "ops' bytes at {:.0f} GB/s",
+            c.gemm_efficiency, c.memory_bandwidth / 1e9);
     std::vector<std::string> scales;
     for (const auto& [dt, peak] : k->peak_flops)
         if (c.peak_flops(dt) > 0 && std::abs(c.peak_flops(dt) / peak - 1) > 1e-9)

@@ -33,11 +33,11 @@ struct ComputeTerms {
         double count = 0, seconds = 0;
     };
     std::vector<Shape> gemms, attentions;  // every shape, slowest first
-    std::array<double, 3> gemm{};       // seconds of the fwd, dgrad and wgrad GEMMs
-    std::array<double, 2> attention{};  // fused attention, forward and backward
-    double memory = 0;                  // ptool-counted memory-bound bytes at the streaming bandwidth
-    double memory_bytes = 0;            // those bytes
-    double kernels = 0;                 // memory-bound kernels launched (ptool's, each framework op's sequence)
+    std::array<double, 3> gemm{};          // seconds of the fwd, dgrad and wgrad GEMMs
+    std::array<double, 2> attention{};     // fused attention, forward and backward
+    double memory = 0;                     // ptool-counted memory-bound bytes at the streaming bandwidth
+    double memory_bytes = 0;               // those bytes
+    double kernels = 0;  // memory-bound kernels launched (ptool's, each framework op's sequence)
     std::array<double, kOpClasses> ops{};  // framework ops (OpClass)
     double launch = 0;  // the memory-bound kernels' fixed cost: their count x the table's kernel_overhead
     std::array<bool, kOpClasses> op_measured{};  // the table measured the op (else derived from its bytes)

@@ -28,7 +28,8 @@ void only_keys(const JsonNode& n, const std::string& what, std::initializer_list
 double positive(const JsonNode& n, const std::string& key, const std::string& what) {
     const JsonNode v = n.at(key);
     const double x = v.as_number(fmt::format("'{}' of {}", key, what));
-    if (!(x > 0) || x > 1e30) v.fail(fmt::format("'{}' of {} must be a positive number, got {:g}", key, what, x));
+    if (!(x > 0) || x > 1e30)
+        v.fail(fmt::format("'{}' of {} must be a positive number, got {:g}", key, what, x));
     return x;
 }
 
@@ -40,7 +41,8 @@ DType dtype_of(const JsonNode& n, const std::string& what) {
     const JsonNode v = n.at("dtype");
     const std::string name = v.as_string(fmt::format("'dtype' of {}", what));
     if (name != "bfloat16" && name != "float16" && name != "float32" && name != "float64")
-        v.fail(fmt::format("'dtype' of {} must be bfloat16, float16, float32 or float64, got '{}'", what, name));
+        v.fail(
+            fmt::format("'dtype' of {} must be bfloat16, float16, float32 or float64, got '{}'", what, name));
     return parse_dtype(name);
 }
 
@@ -60,10 +62,12 @@ void load_peak(const JsonNode& p, KernelTable& t) {
         try {
             dt = parse_dtype(key);
         } catch (const std::exception&) {
-            throw InputError(value.key_where(), fmt::format("'{}' is not a dtype (bfloat16, float16, float32, float64)", key));
+            throw InputError(value.key_where(),
+                             fmt::format("'{}' is not a dtype (bfloat16, float16, float32, float64)", key));
         }
         const double x = value.as_number(fmt::format("'tflops' of {}", key));
-        if (!(x > 0) || x > 1e6) value.fail(fmt::format("'tflops' of {} must be in (0, 1e6], got {:g}", key, x));
+        if (!(x > 0) || x > 1e6)
+            value.fail(fmt::format("'tflops' of {} must be in (0, 1e6], got {:g}", key, x));
         t.peak_flops[dt] = x * 1e12;
     }
     t.peak_bandwidth = positive(p, "memory_bandwidth_gb_s", "'peak'") * 1e9;
@@ -76,9 +80,9 @@ void load_rows(const JsonNode& root, KernelTable& t) {
     for (const JsonNode& r : gemm) {
         const std::string what = "a 'gemm' row";
         only_keys(r, what, {"dtype", "op", "m", "n", "k", "seconds"});
-        KernelTable::Gemm g{{gemm_op(r, what), dtype_of(r, what), size(r, "m", what), size(r, "n", what),
-                             size(r, "k", what)},
-                            positive(r, "seconds", what)};
+        KernelTable::Gemm g{
+            {gemm_op(r, what), dtype_of(r, what), size(r, "m", what), size(r, "n", what), size(r, "k", what)},
+            positive(r, "seconds", what)};
         if (!seen.insert(g.key).second) r.fail("a second 'gemm' row of the same dtype, op, m, n and k");
         t.gemm.push_back(g);
     }
@@ -89,8 +93,9 @@ void load_rows(const JsonNode& root, KernelTable& t) {
     if (auto a = root.get("attention"))
         for (const JsonNode& r : a->items("'attention'")) {
             const std::string what = "an 'attention' row";
-            only_keys(r, what, {"dtype", "causal", "batch", "heads", "kv_heads", "seq", "head_dim", "fwd_seconds",
-                                "fwd_bwd_seconds"});
+            only_keys(r, what,
+                      {"dtype", "causal", "batch", "heads", "kv_heads", "seq", "head_dim", "fwd_seconds",
+                       "fwd_bwd_seconds"});
             KernelTable::Attention x;
             x.dtype = dtype_of(r, what);
             x.causal = r.at("causal").as_bool("'causal' of " + what);
@@ -116,11 +121,13 @@ void load_rows(const JsonNode& root, KernelTable& t) {
         m.elements = positive(r, "elements", what);
         m.bytes = positive(r, "bytes", what);
         m.seconds = positive(r, "seconds", what);
-        if (t.memory_op(m.op, m.dtype)) r.fail(fmt::format("a second 'memory' row of op '{}' in {}", m.op, dtype_name(m.dtype)));
+        if (t.memory_op(m.op, m.dtype))
+            r.fail(fmt::format("a second 'memory' row of op '{}' in {}", m.op, dtype_name(m.dtype)));
         t.memory.push_back(m);
     }
     if (std::none_of(t.memory.begin(), t.memory.end(), [](const auto& m) { return m.op == "copy"; }))
-        root.at("memory").fail("'memory' has no 'copy' row: the streaming bandwidth every derived op is priced at");
+        root.at("memory").fail(
+            "'memory' has no 'copy' row: the streaming bandwidth every derived op is priced at");
 }
 
 // The corners of a log-space grid cell and their weights, per axis: the bracket of x in the sorted
@@ -140,11 +147,12 @@ Bracket bracket(const std::vector<int64_t>& values, double x) {
         b.lo = b.hi = values.size() - 1;
         return b;
     }
-    const size_t hi = static_cast<size_t>(std::upper_bound(values.begin(), values.end(), static_cast<int64_t>(x)) -
-                                          values.begin());
+    const size_t hi = static_cast<size_t>(
+        std::upper_bound(values.begin(), values.end(), static_cast<int64_t>(x)) - values.begin());
     b.lo = hi - 1, b.hi = std::min(hi, values.size() - 1);
     if (b.lo == b.hi) return b;
-    const double l0 = std::log(static_cast<double>(values[b.lo])), l1 = std::log(static_cast<double>(values[b.hi]));
+    const double l0 = std::log(static_cast<double>(values[b.lo])),
+                 l1 = std::log(static_cast<double>(values[b.hi]));
     b.t = (std::log(x) - l0) / (l1 - l0);
     return b;
 }
@@ -159,8 +167,8 @@ std::vector<int64_t> distinct(std::vector<int64_t> v) {
 
 double KernelTable::Attention::fwd_flops() const {
     const double s = static_cast<double>(seq);
-    return 4.0 * static_cast<double>(batch) * static_cast<double>(heads) * s * s * static_cast<double>(head_dim) *
-           (causal ? 0.5 : 1.0);
+    return 4.0 * static_cast<double>(batch) * static_cast<double>(heads) * s * s *
+           static_cast<double>(head_dim) * (causal ? 0.5 : 1.0);
 }
 
 DType KernelTable::gemm_dtype_for(DType dt) const {
@@ -181,7 +189,8 @@ double KernelTable::gemm_seconds(const GemmKey& q) const {
             rows.push_back(&g), ms.push_back(g.key.m), ns.push_back(g.key.n), ks.push_back(g.key.k);
     if (rows.empty())  // the op unmeasured for this dtype: the dtype's other layouts
         for (const Gemm& g : gemm)
-            if (g.key.dtype == q.dtype) rows.push_back(&g), ms.push_back(g.key.m), ns.push_back(g.key.n), ks.push_back(g.key.k);
+            if (g.key.dtype == q.dtype)
+                rows.push_back(&g), ms.push_back(g.key.m), ns.push_back(g.key.n), ks.push_back(g.key.k);
     PTOOL_REQUIRE(!rows.empty(), "no GEMM rows of {} in {}", dtype_name(q.dtype), path);
     ms = distinct(ms), ns = distinct(ns), ks = distinct(ks);
     const double flops = 2.0 * static_cast<double>(q.m) * static_cast<double>(q.n) * static_cast<double>(q.k);
@@ -191,7 +200,8 @@ double KernelTable::gemm_seconds(const GemmKey& q) const {
     auto rate_at = [&](int64_t m, int64_t n, int64_t k) -> double {
         for (const Gemm* g : rows)
             if (g->key.m == m && g->key.n == n && g->key.k == k)
-                return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / g->seconds;
+                return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) /
+                       g->seconds;
         return 0;
     };
     double weight = 0, log_rate = 0;
@@ -257,8 +267,9 @@ double KernelTable::stream_bandwidth() const {
 KernelTable load_kernel_table_text(const std::string& text, const std::string& name) {
     const JsonNode root = load_json_text(text, name, JsonLimits{8 << 20, 8});
     if (!root.is_object()) root.fail("a kernel table is a JSON object (docs/kernel_table.md)");
-    only_keys(root, "the kernel table",
-              {"format", "gpu", "peak", "device", "provenance", "kernel_overhead", "gemm", "attention", "memory"});
+    only_keys(
+        root, "the kernel table",
+        {"format", "gpu", "peak", "device", "provenance", "kernel_overhead", "gemm", "attention", "memory"});
     const JsonNode format = root.at("format");
     if (format.as_string("'format'") != kFormat)
         format.fail(fmt::format("'format' must be \"{}\" (this ptool reads that version)", kFormat));
@@ -285,7 +296,8 @@ KernelTable load_kernel_table_text(const std::string& text, const std::string& n
         const JsonNode v = o->at("seconds");
         t.kernel_overhead = v.as_number("'seconds' of 'kernel_overhead'");
         if (!(t.kernel_overhead >= 0) || t.kernel_overhead > 1)
-            v.fail(fmt::format("'seconds' of 'kernel_overhead' must be in [0, 1], got {:g}", t.kernel_overhead));
+            v.fail(
+                fmt::format("'seconds' of 'kernel_overhead' must be in [0, 1], got {:g}", t.kernel_overhead));
         t.kernel_overhead_source = o->at("source").as_string("'source' of 'kernel_overhead'");
     }
     load_rows(root, t);

@@ -24,9 +24,9 @@ namespace ptool {
 
 struct KernelTable {
     std::string path, gpu;
-    std::string provenance;  // one line: when, with what, by whom
+    std::string provenance;              // one line: when, with what, by whom
     std::map<DType, double> peak_flops;  // FLOP/s per dtype
-    double peak_bandwidth = 0;          // bytes/s
+    double peak_bandwidth = 0;           // bytes/s
     double device_memory = 0, context_bytes = 0;
 
     struct Gemm {
@@ -69,7 +69,7 @@ struct KernelTable {
     // sequence, constant outside the rows' range; other head sizes at the measured ones' rate.
     double attention_flops_per_second(DType dt, int64_t seq, bool backward) const;
     const MemoryOp* memory_op(const std::string& op, DType dt) const;  // null when not measured
-    double stream_bandwidth() const;                                    // copy's bytes/s
+    double stream_bandwidth() const;                                   // copy's bytes/s
 };
 
 KernelTable load_kernel_table(const std::string& path);

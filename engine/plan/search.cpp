@@ -48,7 +48,8 @@ Simulated simulate(const std::string& model_text, const std::string& name, const
     in.model_path = name;
     in.model_text = model_text;
     RankSimulation s = simulate_rank(in, plan, 0, 2, !repeat.empty());
-    s.memory.peak = s.memory.torch_peak;  // the planner fits PyTorch's allocated peak (core/framework_memory.h)
+    s.memory.peak =
+        s.memory.torch_peak;  // the planner fits PyTorch's allocated peak (core/framework_memory.h)
     Simulated out{s.memory, s.step_work, by_op_dim(s.step_comm), {}};
     for (const auto& [label, peak] : s.phase_peaks)
         if (std::string key = block_phase(label, repeat, count); !key.empty())
@@ -528,7 +529,8 @@ private:
             // PyTorch's allocated and reserved peaks (FSDP2's prefetch is simulated), with its cuBLAS
             // workspaces, which its caching allocator holds
             cand.peak = static_cast<double>(s.memory.peak) + workspaces();
-            cand.reserved = static_cast<double>(std::max(s.memory.peak, s.memory.reserved_peak)) + workspaces();
+            cand.reserved =
+                static_cast<double>(std::max(s.memory.peak, s.memory.reserved_peak)) + workspaces();
             if (least_mb == 0 || cand.reserved < least) least = cand.reserved, least_mb = mb;
             if (cand.reserved > cap(plan)) continue;
             cand.runtime = runtime(plan);

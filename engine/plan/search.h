@@ -54,7 +54,8 @@ struct Candidate {
     // what PyTorch's caching allocator reserves for them (core/allocator_model.h): the peak plus the
     // largest excess of reserved over peak in the simulated samples; what must fit
     double reserved = 0;
-    double runtime = 0;  // the runtime's memory outside the allocator on its neediest rank (0 under --memory-cap)
+    double runtime =
+        0;  // the runtime's memory outside the allocator on its neediest rank (0 under --memory-cap)
     StepTime time;
     double mfu = 0;
     bool extrapolated = false;

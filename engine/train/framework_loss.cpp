@@ -20,7 +20,8 @@ FrameworkLoss::~FrameworkLoss() {
     kernels_.reset(), own_.reset();
     Tensor upcast;  // .float(): a copy unless the logits are float32 already
     if (dtype_ != DType::float32) upcast = torch_only(shape_, DType::float32, MemoryUse::activations);
-    ctx_.torch_loss_saved.push_back(torch_only(shape_, DType::float32, MemoryUse::activations));  // log_softmax
+    ctx_.torch_loss_saved.push_back(
+        torch_only(shape_, DType::float32, MemoryUse::activations));  // log_softmax
     torch_release(upcast);
     ctx_.torch_loss_saved.push_back(torch_only({0}, dtype_, MemoryUse::activations));  // the logits' dtype
 }

@@ -462,7 +462,8 @@ void Run::forward(StepState& st, int s, int m) {
     }
     const Tensor target = microbatch_target(st, m);
     const Placed& y = f.y;
-    std::optional<FrameworkLoss> as_pytorch;  // the loss's memory and kernels as PyTorch's (train/framework_loss.h)
+    std::optional<FrameworkLoss>
+        as_pytorch;  // the loss's memory and kernels as PyTorch's (train/framework_loss.h)
     // mean_per_call: the call's own mean, divided by the microbatch count; global_tokens: the call's
     // sum divided by the step's items, nothing more (a fault layer may scale either)
     const LossDivisor divisor{model_.ignore_index, st.items};

@@ -43,7 +43,9 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
         meta_work() = MetaWork{};
         sim.actions.clear();  // the last step's
         run.step(k);
-        if (k == 0) sim.memory.first_step_peak = account->peak(), sim.memory.torch_first_step_peak = account->torch_peak();
+        if (k == 0)
+            sim.memory.first_step_peak = account->peak(),
+            sim.memory.torch_first_step_peak = account->torch_peak();
     }
     sim.memory.peak = account->peak();
     sim.memory.reserved_peak = account->peak_reserved();

@@ -141,8 +141,8 @@ const char* gemm_op_name(GemmOp op) {
 }
 
 const char* op_class_name(OpClass c) {
-    static const char* names[] = {"rms_norm_eager_fwd", "rms_norm_eager_bwd", "cross_entropy", "adamw_foreach",
-                                  "adamw_fused"};
+    static const char* names[] = {"rms_norm_eager_fwd", "rms_norm_eager_bwd", "cross_entropy",
+                                  "adamw_foreach", "adamw_fused"};
     static_assert(sizeof(names) / sizeof(names[0]) == kOpClasses);
     return names[static_cast<int>(c)];
 }

@@ -48,7 +48,8 @@ struct AttentionKey {
 enum class OpClass : uint8_t {
     rms_norm_eager_fwd,  // transformers' LlamaRMSNorm: upcast, pow, mean, rsqrt, mul, cast, mul by weight
     rms_norm_eager_bwd,
-    cross_entropy,  // the loss's forward and backward with the logits upcast to float32 (elements of the logits)
+    cross_entropy,  // the loss's forward and backward with the logits upcast to float32 (elements of the
+                    // logits)
     adamw_foreach,  // torch.optim.AdamW(foreach=True)'s update (parameter elements)
     adamw_fused,    // torch.optim.AdamW(fused=True)'s: one kernel reading p, g, m, v and writing p, m, v
     count_
@@ -92,10 +93,10 @@ struct MetaWork {
     double gemm_flops = 0;       // 2 * M * N * K per GEMM (batched: per batch); fused attention's too
     double recompute_flops = 0;  // the part of gemm_flops run while recomputing (activation checkpointing)
     bool recomputing = false;
-    MetaKernelMode mode;      // set by MetaKernelScope
-    double memory_bytes = 0;  // bytes every other op reads and writes (its tensors' sizes)
-    double kernels = 0;       // the memory-bound ops' launches (GEMMs are counted by shape)
-    std::map<GemmKey, double> gemms;         // calls per shape
+    MetaKernelMode mode;                       // set by MetaKernelScope
+    double memory_bytes = 0;                   // bytes every other op reads and writes (its tensors' sizes)
+    double kernels = 0;                        // the memory-bound ops' launches (GEMMs are counted by shape)
+    std::map<GemmKey, double> gemms;           // calls per shape
     std::map<AttentionKey, double> attention;  // fused attention FLOPs per kernel shape
     std::map<OpKey, OpCount> ops;              // per framework op class
 };

@@ -428,12 +428,15 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     {
         std::optional<TorchAllocScope> own;
         std::optional<MetaKernelScope> in_kernel;
-        if (native_gqa) own.emplace(TorchAlloc::ptool_only), in_kernel.emplace(MetaKernelMode{.on_chip = true});
+        if (native_gqa)
+            own.emplace(TorchAlloc::ptool_only), in_kernel.emplace(MetaKernelMode{.on_chip = true});
         k = expand_kv(be, k_heads, b, heads, kv_heads), v = expand_kv(be, v_heads, b, heads, kv_heads);
     }
     const Tensor lse = flash_ ? torch_only({b * heads, t}, DType::float32, MemoryUse::activations) : Tensor();
-    const Tensor k_kept = native_gqa ? torch_only(k_heads.shape(), k_heads.dtype(), MemoryUse::activations) : Tensor(),
-                 v_kept = native_gqa ? torch_only(v_heads.shape(), v_heads.dtype(), MemoryUse::activations) : Tensor();
+    const Tensor k_kept = native_gqa ? torch_only(k_heads.shape(), k_heads.dtype(), MemoryUse::activations)
+                                     : Tensor(),
+                 v_kept = native_gqa ? torch_only(v_heads.shape(), v_heads.dtype(), MemoryUse::activations)
+                                     : Tensor();
     Tensor o;
     if (kept == KeptOutput::take) {
         o = kept_.take(ctx.microbatch);
@@ -447,7 +450,8 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     } else {  // one head, one tile of its query rows at a time: no [B*H, T, T] tensor lives
         o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
         MetaKernelScope kernel(flash_kernel(causal_, q, k.size(1), false));
-        TorchAllocScope on_chip(TorchAlloc::ptool_only);  // a tile's scores live in the kernel's shared memory
+        TorchAllocScope on_chip(
+            TorchAlloc::ptool_only);  // a tile's scores live in the kernel's shared memory
         each_head(b * heads, o, [&](int64_t i) {
             each_row_tile(t, o, [&](int64_t r0, int64_t rows) {
                 Tensor oi = head_rows(o, i, r0, rows);

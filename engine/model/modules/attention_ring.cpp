@@ -43,7 +43,8 @@ std::vector<Tensor> ring_pass(const ContextShard& cp, const std::vector<Tensor>&
 
 // The share of a rank's query x key products its causal mask keeps, over every block: what a
 // flash kernel computes (explain's FLOPs), as flash_kernel's (t + 1) / 2t is for one sequence.
-MetaKernelMode ring_kernel(const ContextShard& cp, bool causal, const Tensor& q, int64_t keys, bool backward) {
+MetaKernelMode ring_kernel(const ContextShard& cp, bool causal, const Tensor& q, int64_t keys,
+                           bool backward) {
     double seen = 0;
     for (int64_t p : cp.positions) seen += static_cast<double>(p + 1);
     const double all = static_cast<double>(cp.local()) * static_cast<double>(cp.seq);

@@ -1,6 +1,5 @@
 // layer_norm, rms_norm (over the last dim) and batch_norm (per channel of [N, C]).
 #include <cmath>
-
 #include <optional>
 
 #include "backend/meta/meta_backend.h"
@@ -29,9 +28,10 @@ public:
             YamlNode impl = m.at("implementation");
             const std::string v = impl.as_string("'implementation'");
             if (v != "fused" && v != "eager")
-                impl.fail(fmt::format("implementation '{}': valid: fused (nn.RMSNorm), eager (transformers' "
-                                      "LlamaRMSNorm)",
-                                      v));
+                impl.fail(
+                    fmt::format("implementation '{}': valid: fused (nn.RMSNorm), eager (transformers' "
+                                "LlamaRMSNorm)",
+                                v));
             eager = v == "eager";
         }
         return std::make_shared<Norm>(*this, e.name, e.where, dim, eps, affine, bias, rms_, b.dtype(), eager);
@@ -119,7 +119,8 @@ Tensor Norm::forward_impl(RunContext& ctx, const Tensor& x) {
            rstd({rows}, acc_dtype(x.dtype()), x.device());
     ParamPtr w = param("weight"), b = param("bias");
     if (!eager_) {
-        ctx.backend->layer_norm(x, w ? w->value : Tensor(), b ? b->value : Tensor(), eps_, rms(), y, mean, rstd);
+        ctx.backend->layer_norm(x, w ? w->value : Tensor(), b ? b->value : Tensor(), eps_, rms(), y, mean,
+                                rstd);
         save({x, mean, rstd});
         return y;
     }
