@@ -36,6 +36,10 @@ CPU_2X2 = f"{ROOT}/tests/data/cpu_2x2.yaml"
 H100 = f"{ROOT}/clusters/h100_8x8.yaml"
 
 
+def h100_text():  # the H100 cluster's text for a file written elsewhere: its kernel table by absolute path
+    return open(H100).read().replace("kernels: kernels/", f"kernels: {ROOT}/clusters/kernels/")
+
+
 def run(*args, timeout=300):
     p = subprocess.run([PTOOL, *args], capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout + p.stderr
@@ -177,7 +181,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # 3. reasons
     c4 = os.path.join(tmp, "c4.yaml")
-    open(c4, "w").write(open(H100).read().replace("gpus_per_node: 8", "gpus_per_node: 4").replace("nodes: 8", "nodes: 16"))
+    open(c4, "w").write(h100_text().replace("gpus_per_node: 8", "gpus_per_node: 4").replace("nodes: 8", "nodes: 16"))
     rc, out = run("plan", m8, "--cluster", c4, "--world-size", "16")
     check(rc == 0 and "tp=8: crosses a node of 4 GPUs" in out, f"tp=8 over nodes of 4 not refused as such\n{out}")
     rc, out = run("plan", f"{ROOT}/models/llama_rope.yaml", "--cluster", CPU)
@@ -187,10 +191,10 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # 4. bad input
     bad = os.path.join(tmp, "bad.yaml")
-    open(bad, "w").write(open(H100).read().replace("gpus_per_node: 8", "gpus_per_node: -8"))
+    open(bad, "w").write(h100_text().replace("gpus_per_node: 8", "gpus_per_node: -8"))
     rc, out = run("plan", m8, "--cluster", bad)
     check(rc == 2 and re.search(r"bad\.yaml:\d+:\d+: ", out), f"negative gpus_per_node: exit {rc}\n{out}")
-    open(bad, "w").write(open(H100).read().replace("tflops:", "tflop:"))
+    open(bad, "w").write(h100_text().replace("tflops:", "tflop:"))
     rc, out = run("plan", m8, "--cluster", bad)
     check(rc == 2 and "did you mean 'tflops'" in out, f"misspelt key: exit {rc}\n{out}")
     rc, out = run("plan", m8, "--cluster", H100, "--world-size", "128")
