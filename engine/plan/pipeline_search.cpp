@@ -73,6 +73,12 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timi
         s[fwd ? 2 : 3] += aw.work.gemm_flops - aw.work.recompute_flops;
         s[fwd ? 4 : 5] += 1;
     }
+    // the step's work outside its actions (zero_grad, casts), as time_pipeline prices it: in the
+    // rank's own time (explain adds it to the rank's first compute action; here to its tail)
+    MetaWork outside = sim.step_work;
+    for (const ActionWork& aw : sim.actions) outside = work_since(aw.work, outside);
+    const double extra = compute_seconds(outside, c, compute);
+    out.tail += extra, out.tail_compute += extra;
     for (const auto& [stage, s] : sums)
         out.stages[stage] = {s[0] / std::max(1.0, s[4]), s[1] / std::max(1.0, s[5]),
                              s[2] / std::max(1.0, s[4]), s[3] / std::max(1.0, s[5])};
