@@ -713,8 +713,8 @@ private:
             return;
         }
         cand.runtime = runtime(written);
-        const PipelineTiming t = time_schedule(
-            pipeline_schedule(kind, stages, m, static_cast<int>(rounds), base.virtual_stages), costs);
+        const PipelineTiming t =
+            time_pipeline_schedule(kind, stages, m, static_cast<int>(rounds), base.virtual_stages, costs);
         double flops = 0;  // the model FLOPs of a rank, averaged over the pp ranks
         for (int s = 0; s < stages; ++s)
             flops += (costs.forward_flops[s] + costs.backward_flops[s]) * m * rounds;
