@@ -101,6 +101,7 @@ void explain(const ExplainArgs& a, const Common& c) {
     for (const auto& w : ex.resolution.warnings) spdlog::warn("{}", w.str());
     const std::vector<std::string>& parts = r.summary;
     fmt::print("ptool explain {} {}: {}\n", a.model, a.plan, fmt::join(parts, ", "));
+    fmt::print("  loss: {}\n", r.loss);
     for (const Diagnostic& c : ex.resolution.causes) fmt::print("  expect a mismatch: {}\n", c.str());
     if (!ex.modules.empty()) {
         std::vector<std::vector<std::string>> rows = {{"module", "pattern", "style", "input", "output"}};
@@ -281,6 +282,7 @@ void explain(const ExplainArgs& a, const Common& c) {
             if (const std::string mode = ex.resolution.checkpointing.mode_of(c.module); !mode.empty())
                 call["recompute"] = mode;
             if (const auto* d = dynamic_cast<const Dropout*>(c.module)) call["p"] = d->p();
+            if (const auto* a = dynamic_cast<const Attention*>(c.module)) call["causal"] = a->causal();
             j["calls"].push_back(call);
         }
         j["tied"] = nlohmann::json::array();  // parameters more than one module uses
@@ -288,6 +290,11 @@ void explain(const ExplainArgs& a, const Common& c) {
             if (users[p.get()].size() > 1)
                 j["tied"].push_back({{"param", name}, {"modules", users[p.get()]}});
         j["loss_parallel"] = plan.loss_parallel;
+        j["loss"] = {{"kind", loss_name(model.loss)},
+                     {"ignore_index", model.ignore_index},
+                     {"normalization", loss_normalization_name(plan.normalization(model))},
+                     {"text", r.loss}};
+        j["masked_targets"] = model.target_mask.has_value();
         j["clip_grad_norm"] = model.clip_grad_norm;
         j["mixed_precision"] = plan.mixed_precision
                                    ? nlohmann::json(dtype_name(plan.mixed_precision->param_dtype))

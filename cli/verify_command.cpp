@@ -25,6 +25,7 @@ void print_case(const CaseResult& r, bool three_way, int verbosity) {
     if (!three_way) {
         fmt::print("{}: {} ({} ranks, {:.0f} ms){}{}\n", r.path, verdict_name(r.verdict), r.world_size,
                    r.seconds * 1e3, r.detail.empty() ? "" : " · ", r.detail);
+        for (const std::string& c : r.causes) fmt::print("  {}\n", c);
         return;
     }
     for (const auto& d : r.directions) {
@@ -33,6 +34,7 @@ void print_case(const CaseResult& r, bool three_way, int verbosity) {
                    d.passed + d.failed);
     }
     if (!r.detail.empty()) fmt::print("  {}\n", r.detail);
+    for (const std::string& c : r.causes) fmt::print("  {}\n", c);
     fmt::print("{}: {}\n", r.path, verdict_name(r.verdict));
 }
 

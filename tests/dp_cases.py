@@ -9,7 +9,8 @@ invariants, and DDP's bucket accounting (one all_reduce per bucket, all_reduce b
 bytes, no bucket copies with gradient_as_bucket_view).
 faults: each injected data-parallel bug (PTOOL_FAULT) exits 1 and names the tensor it breaks.
 bad_plans: data_parallel schema and lint errors exit 2 with file:line:column and the message.
-mpi: a dp x tp case under `mpirun -np 4` gives the same verdicts and bitwise the same numbers.
+mpi: a dp x tp case (and FSDP x cp on masked targets) under `mpirun -np 4` gives the same verdicts and
+bitwise the same numbers.
 explain: the collectives `ptool explain` derives equal those `ptool verify` measures.
 """
 import json
@@ -161,7 +162,9 @@ def bad_plans():
 
 
 def mpi():
-    for model, plan in (("mlp_stacked_adamw", "mlp_stacked_dp2_tp2"), ("mlp_stacked_adamw", "mlp_stacked_fsdp_tp")):
+    # (llama_sft: masked targets under global_tokens, the count all_reduced over the processes)
+    for model, plan in (("mlp_stacked_adamw", "mlp_stacked_dp2_tp2"), ("mlp_stacked_adamw", "mlp_stacked_fsdp_tp"),
+                        ("llama_sft", "llama_sft_fsdp_cp")):
         rc_t, out_t, rep_t = verify(model, plan)
         rc_m, out_m, rep_m = verify(model, plan, mpi=4)
         check(rc_t == 0 and rc_m == 0, f"mpi {plan}: exit threads {rc_t}, mpi {rc_m}\n{out_m}")

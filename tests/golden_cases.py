@@ -222,7 +222,9 @@ with tempfile.TemporaryDirectory() as tmp:
         ("moe_qwen2", "moe_qwen2_fsdp"), ("moe_deepseek", "moe_mixtral_ddp"), ("moe_qwen3", "moe_mixtral_ddp"), ("moe_mixtral", "moe_mixtral_tp_experts"),
         ("moe_mixtral", "moe_mixtral_ep"), ("moe_mixtral", "moe_mixtral_ep_tp"), ("moe_qwen2", "moe_qwen2_ep_hsdp"),
         ("moe_mixtral", "moe_mixtral_ep_fsdp"),
-        ("moe_qwen3", "moe_mixtral_ep"))]
+        ("moe_qwen3", "moe_mixtral_ep"), ("llama_sft", "llama_sft_ddp"), ("llama_sft", "llama_sft_fsdp_cp"),
+        ("llama_sft", "llama_sft_ring_cp_tp_lp"), ("moe_mixtral_sft", "moe_mixtral_sft_ep"),
+        ("encoder_mlm", "encoder_mlm_ring_cp2_ddp"))]
     pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
     check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")
     cases += [(re.search(r"(tests/data/)?models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]
@@ -254,5 +256,33 @@ with tempfile.TemporaryDirectory() as tmp:
               and f"reference vs golden: {expect}" in out and f"parallel vs golden: {expect}" in out
               and (expect == "PASS" or re.search(r"reference vs golden: step\d\.(loss|grad\.)", out)),
               f"torch golden of {plan} against {sum_plan}: exit {rc}, expected {expect}\n{out[-1500:]}")
+
+    # masked targets: a plan that normalises per call while the ranks hold different counts of valid
+    # targets fails, and its cause (the counts, the fix) prints in every mode: verify -q, a golden
+    # replay, --golden; PyTorch's loop under the other normalisation is no oracle for it
+    per_call = os.path.join(tmp, "llama_sft_per_call.yaml")
+    open(per_call, "w").write("# models/llama_sft.yaml per call\nmesh: {dp: 2}\n"
+                              "data_parallel: {mesh_dim: dp, mode: replicate}\nloss_normalization: mean_per_call\n")
+    g = os.path.join(tmp, "per_call.safetensors")
+    rc, out = run("golden", "record", "models/llama_sft.yaml", per_call, "-o", g)
+    check(rc == 0, f"golden record of a per-call plan: {rc}\n{out}")
+    for what, args in (("verify -q", ("verify", "models/llama_sft.yaml", per_call, "-q")),
+                       ("verify GOLDEN", ("verify", g, "-q")),
+                       ("verify --golden", ("verify", "models/llama_sft.yaml", per_call, "--golden", g, "-q"))):
+        rc, out = run(*args)
+        check(rc == 1 and re.search(r"cause: .*mean_per_call with targets masked unevenly: step 0's microbatch \d+ holds "
+                                    r"\d+, \d+ valid targets on data ranks 0-1.*loss_normalization: global_tokens", out),
+              f"{what} of a per-call plan on masked targets: exit 1 with the cause expected, got {rc}\n{out[-2000:]}")
+    tg = os.path.join(tmp, "torch_llama_sft_per_call.safetensors")
+    p = subprocess.run([sys.executable, "tools/torch_golden.py", "models/llama_sft.yaml", per_call, "-o", tg],
+                       capture_output=True, text=True, timeout=300)
+    rc, out = run("verify", "models/llama_sft.yaml", "plans/llama_sft_ddp.yaml", "--golden", tg, "-q")
+    check(p.returncode == 0 and rc == 1 and "reference vs golden: FAIL" in out,
+          f"torch's per-call loop against llama_sft's global_tokens: reference vs golden FAIL expected, got {rc}\n{out[-1500:]}")
+    # a step whose batch has no valid target: nothing to train on, exit 2 at the mask
+    empty = os.path.join(tmp, "all_masked.yaml")
+    open(empty, "w").write(open("models/llama_sft.yaml").read().replace("{prompt: [2, 9], padding: [0, 5]}", "{prompt: 16}"))
+    rc, out = run("verify", empty, "plans/llama_sft_ddp.yaml")
+    check(rc == 2 and f"{empty}:14:19" in out and "no valid target" in out, f"an all-masked batch: exit 2 at the mask expected, got {rc}\n{out}")
 
 check.finish()

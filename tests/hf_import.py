@@ -260,6 +260,23 @@ for cfg, model in (("tiny-qwen2", "hf_tiny_qwen2"), ("tiny-gpt2", "hf_tiny_gpt2"
     check(rc == 0 and out == open(f"{ROOT}/models/{model}.yaml").read(),
           f"models/{model}.yaml is not `ptool import hf tests/data/hf/{cfg}.json --batch 2 --seq 8` (rc {rc}; re-import it)")
 
+# Imported models start where real training starts (transformers' _init_weights: linears and the tied
+# embedding ~ N(0, initializer_range), biases 0): Llama-3.2-1B's config (tests/data/hf/llama-3.2-1b.json,
+# the one ../shared/gpu measured) narrowed to one layer of width 512, its full 128256-token vocabulary,
+# starts at a loss within 5% of ln(vocab) on random tokens (ln V + d std^2 / 2 = 11.86 expected;
+# transformers' own 16-layer model: 12.18). PyTorch's module defaults (no init key) start at ~500.
+import math  # noqa: E402
+cfg32 = json.load(open(f"{HF}/llama-3.2-1b.json"))
+narrow = write_config("llama32_narrow", dict(cfg32, num_hidden_layers=1, hidden_size=512, intermediate_size=2048,
+                                             num_attention_heads=8, num_key_value_heads=2))
+rc, text = run("import", "hf", narrow, "--batch", "2", "--seq", "32", "-o", f"{tmp}/llama32_narrow.yaml")
+check(rc == 0 and "init: {std: 0.02}" in open(f"{tmp}/llama32_narrow.yaml").read(), f"import of {narrow}: {rc} {text}")
+rc, text = run("run", f"{tmp}/llama32_narrow.yaml", "--steps", "1")
+first = re.search(r"step +0 +loss ([0-9.]+)", text)
+ln_v = math.log(cfg32["vocab_size"])
+check(rc == 0 and first and abs(float(first.group(1)) / ln_v - 1) < 0.05,
+      f"an imported Llama's first loss on random tokens: {first and first.group(1)}, ln(vocab) {ln_v:.3f}: {text}")
+
 # explain's memory at a long sequence: eager keeps each layer's softmax probabilities [B*H, T, T]
 # (S bytes) for backward and makes dp and ds (2 S) in the last layer's backward, where both peak at
 # T = 256; flash keeps none and holds at most one head's p, dp and ds (3 S / (B H)) there: a tile

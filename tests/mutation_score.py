@@ -29,6 +29,9 @@ exits 1. Localised: the report names the right place, per class:
   sac_stale_output       first divergence is a step-0 backward in the region (op-level selective
                          checkpointing, a step of two microbatches or more)
   masters_rounded        first divergence is a step-0 update
+  loss_per_call          (global_tokens on masked targets, several ranks' tokens) first divergence is a step-0 backward
+  grad_norm_per_microbatch  (clip_grad_norm, two microbatches or more) first divergence is a step-0 gradient or
+                         the step-0 gradient norm
 Pipeline cases (tests/data/pipeline; a plan with `pipeline_parallel`, whose stages come from its
 split points or layers_per_stage over the module calls explain lists); "in stage S" is a module of
 stage S or a parameter of one:
@@ -47,6 +50,8 @@ boundary inside one rank (pp 1: the stages hand over in memory, no send), nor pp
 a weight whose stages are all on one rank (they share its one parameter: there is no group).
   pp_clip_stage_norm     first divergence is a step-0 gradient or the step-0 gradient norm
   pp_stage_sync_skipped  a step-0 gradient of stage S fails
+  pp_stage_reinit        first divergence is a step-0 gradient in stage S (under clip_grad_norm any step-0
+                         gradient or norm)
   cp_position_offset     first divergence is a step-0 forward inside the attention (ring plans: its
                          output at ring step 0)
   cp_permutation_kept    (load-balanced plans) first divergence is a step-0 forward inside the attention
@@ -56,15 +61,22 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   cp_grads_unsynced      first divergence is a step-0 gradient
   cp_mask_unshifted      (ring plans) first divergence is the attention's step-0 output at ring step 1
   cp_merge_unscaled      (ring plans) first divergence is the attention's step-0 output at ring step 1
+  cp_ring_stale_kv       (ring plans) first divergence is the attention's step-0 query gradient at ring step 1
+  cp_balance_noncausal   (load-balanced plans, a non-causal attention) first divergence is a step-0 forward
+                         inside the attention (ring plans: its output at ring step 0)
   moe_router_unnormalised  first divergence is the moe layer's step-0 routing weights
   moe_aux_unreduced      (a balancing loss, several ranks' tokens) first divergence is the layer's
                          gate's step-0 input gradient
   ep_split_sizes         (expert parallel plans) first divergence is an expert's step-0 output
   ep_expert_misplaced    (expert parallel plans) first divergence is an expert's step-0 output
   ep_combine_unpermuted  (expert parallel plans) first divergence is the moe layer's step-0 output
-  ep_grads_wrong_group   (expert parallel plans) first divergence is an expert's step-0 gradient
+  ep_grads_wrong_group   (expert parallel plans) first divergence is an expert's step-0 gradient (under
+                         clip_grad_norm any step-0 gradient or norm)
   ep_shared_unsynced     (expert parallel plans, a moe with a shared expert) first divergence is the
                          shared expert's step-0 gradient
+  moe_tp_grad_unreduced  (tensor parallel experts) first divergence is an expert's step-0 input gradient
+  ep_grad_norm_local     (expert parallel plans under clip_grad_norm) first divergence is a step-0 gradient
+                         or the step-0 gradient norm
 """
 import glob
 import json
@@ -195,10 +207,17 @@ def expert_mutants(ex, first_div, model):
     text = open(model).read()
     balanced = re.search(r"aux_loss_coef: *(0\.0*[1-9]|[1-9])", text) is not None
     token_ranks = ex["dp"] * ((ex.get("context_parallel") or {}).get("cp") or 1)
+    clipped = ex.get("clip_grad_norm", 0) > 0
+    if ep and ep["ep"] > 1 and clipped:
+        yield ("ep_grad_norm_local", "ep_grad_norm_local:*", first_div("first divergence: step 0 gradient"))
+    styled_experts = {m["fqn"].split(".experts.")[0] for m in ex["modules"]
+                      if ".experts." in m["fqn"] and m["style"] == "colwise"} if ex["tp"] > 1 else set()
     for c in ex["calls"]:
         if c["type"] != "moe":
             continue
         fqn = c["fqn"]
+        if fqn in styled_experts:  # the experts' input gradients are partial over tp
+            yield ("moe_tp_grad_unreduced", f"moe_tp_grad_unreduced:{fqn}", first_div(f"step 0 backward `{fqn}.experts."))
         yield ("moe_router_unnormalised", f"moe_router_unnormalised:{fqn}",
                first_div(f"step 0 forward `{fqn}` routing weights"))
         if balanced and token_ranks > 1:
@@ -209,7 +228,9 @@ def expert_mutants(ex, first_div, model):
         yield ("ep_split_sizes", f"ep_split_sizes:{fqn}", expert_out)
         yield ("ep_expert_misplaced", f"ep_expert_misplaced:{fqn}", expert_out)
         yield ("ep_combine_unpermuted", f"ep_combine_unpermuted:{fqn}", first_div(f"step 0 forward `{fqn}` output"))
-        yield ("ep_grads_wrong_group", f"ep_grads_wrong_group:{fqn}", first_div(f"step 0 gradient of `{fqn}.experts."))
+        # (under clip_grad_norm the experts' wrong scale moves the norm, and clipping spreads it over every gradient)
+        yield ("ep_grads_wrong_group", f"ep_grads_wrong_group:{fqn}",
+               first_div("first divergence: step 0 gradient") if clipped else first_div(f"step 0 gradient of `{fqn}.experts."))
         if any(p.startswith(f"{fqn}.shared_expert.") for p in ex["params"]):
             yield ("ep_shared_unsynced", f"ep_shared_unsynced:{fqn}",
                    first_div(f"step 0 gradient of `{fqn}.shared_expert."))
@@ -233,15 +254,25 @@ def context_mutants(ex, first_div):
             at_step0 = first_div(f"step 0 forward `{fqn}` output at ring step 0 of {parts}")
             at_step1 = first_div(f"step 0 forward `{fqn}` output at ring step 1 of {parts}")
             yield ("cp_position_offset", f"cp_position_offset:{fqn}", at_step0)
-            if cp["load_balance"]:
+            # a non-causal attention reads every key of a block alike: the order the keys come in and the
+            # mask of a block are its causal mask's business (equivalent mutants there)
+            causal = c.get("causal", True)
+            if cp["load_balance"] and causal:
                 yield ("cp_permutation_kept", f"cp_permutation_kept:{fqn}", at_step0)
             yield ("cp_kv_grads_local", f"cp_kv_grads_local:{fqn}",
                    first_div(f"step 0 backward `{fqn}` key gradient after the ring's return hop"))
-            yield ("cp_mask_unshifted", f"cp_mask_unshifted:{fqn}", at_step1)
+            if causal:
+                yield ("cp_mask_unshifted", f"cp_mask_unshifted:{fqn}", at_step1)
             yield ("cp_merge_unscaled", f"cp_merge_unscaled:{fqn}", at_step1)
+            yield ("cp_ring_stale_kv", f"cp_ring_stale_kv:{fqn}",
+                   first_div(f"step 0 backward `{fqn}` query gradient at ring step 1 of {parts}"))
+            if cp["load_balance"] and not c.get("causal", True):
+                yield ("cp_balance_noncausal", f"cp_balance_noncausal:{fqn}", at_step0)
             continue
+        if cp["load_balance"] and not c.get("causal", True):
+            yield ("cp_balance_noncausal", f"cp_balance_noncausal:{fqn}", first_div(f"step 0 forward `{fqn}"))
         yield ("cp_position_offset", f"cp_position_offset:{fqn}", first_div(f"step 0 forward `{fqn}."))
-        if cp["load_balance"]:
+        if cp["load_balance"] and c.get("causal", True):
             yield ("cp_permutation_kept", f"cp_permutation_kept:{fqn}", first_div(f"step 0 forward `{fqn}."))
         yield ("cp_kv_grads_local", f"cp_kv_grads_local:{fqn}", first_div(f"step 0 backward `{fqn}."))
     # fully_shard over dp_shard x cp averages its units' gradients over cp itself: the class applies
@@ -291,6 +322,14 @@ def training_mutants(ex, first_div, grad_fails):
     for c in calls:
         if c.get("recompute") == "op" and microbatches >= 2:
             yield ("sac_stale_output", f"sac_stale_output:{c['fqn']}", first_div(f"step 0 backward `{c['fqn']}."))
+    # the global count run per call: each rank's own mean, averaged; differs where the ranks' pieces hold
+    # different counts of valid targets (masked targets) and several ranks hold different tokens
+    loss = ex.get("loss") or {}
+    if loss.get("normalization") == "global_tokens" and ex.get("masked_targets") and \
+            ex["dp"] * ((ex.get("context_parallel") or {}).get("cp") or 1) > 1:
+        yield ("loss_per_call", "loss_per_call:*", first_div("step 0 backward"))
+    if ex.get("clip_grad_norm", 0) > 0 and microbatches >= 2:
+        yield ("grad_norm_per_microbatch", "grad_norm_per_microbatch:*", first_div("first divergence: step 0 gradient"))
     if ex.get("mixed_precision"):  # the optimizer stepping param_dtype values: no float32 masters
         yield ("masters_rounded", "masters_rounded:*", first_div("step 0 update of"))
 
@@ -370,6 +409,9 @@ def pipeline_mutants(ex, model, plan, grad_fails):
                    lambda r, s=s: at("backward", s - 1)(r) or at("gradient of", s - 1)(r))
         if p.get("data_parallel") and mine:
             yield ("pp_stage_sync_skipped", f"pp_stage_sync_skipped:{s}", grad_fails(*mine))
+        if mine:  # the stage's gradients zeroed before each of its microbatches' backward
+            yield ("pp_stage_reinit", f"pp_stage_reinit:{s}",
+                   (lambda r: "first divergence: step 0 gradient" in r["localisation"]) if clipped else at("gradient of", s))
     for q, holders in tied.items():  # tied across stages of two or more ranks (uses on stages of one
         if len({rank_of(h) for h in holders}) > 1:  # rank share its one parameter: no group to skip)
             yield ("pp_tied_unsynced", f"pp_tied_unsynced:{q}",

@@ -248,18 +248,22 @@ TEST_CASE("cuda embedding, attention helpers and losses match the cpu", "[cuda]"
             expect_close(ds, gds, "softmax_backward_rows");
             (void)v;
         }
-        Tensor logits = random({13, 2000}, dt, 23), target = ids({13}, 2000, 24), dl(logits.shape(), dt),
-               gdl = on_gpu(dl);
-        target.data<int64_t>()[2] = -100;  // ignore_index
-        const double l_cpu = cpu().cross_entropy(logits, target, dl);
-        const double l_gpu = gpu().cross_entropy(on_gpu(logits), on_gpu(target), gdl);
-        CHECK(std::abs(l_cpu - l_gpu) <= rtol_of(dt) * std::abs(l_cpu));
-        expect_close(dl, gdl, "cross_entropy dlogits");
-        Tensor o = random({31, 17}, dt, 25), tg = random({31, 17}, dt, 26), dout(o.shape(), dt),
-               gdout = on_gpu(dout);
-        const double m_cpu = cpu().mse(o, tg, dout), m_gpu = gpu().mse(on_gpu(o), on_gpu(tg), gdout);
-        CHECK(std::abs(m_cpu - m_gpu) <= rtol_of(dt) * std::abs(m_cpu));
-        expect_close(dout, gdout, "mse dout");
+        // the 12 valid rows' mean (reduction='mean'), and their sum over a step's count (global_tokens)
+        for (const double divisor : {12.0, 40.0}) {
+            Tensor logits = random({13, 2000}, dt, 23), target = ids({13}, 2000, 24), dl(logits.shape(), dt),
+                   gdl = on_gpu(dl);
+            target.data<int64_t>()[2] = -100;  // ignore_index
+            const double l_cpu = cpu().cross_entropy(logits, target, -100, divisor, dl);
+            const double l_gpu = gpu().cross_entropy(on_gpu(logits), on_gpu(target), -100, divisor, gdl);
+            CHECK(std::abs(l_cpu - l_gpu) <= rtol_of(dt) * std::abs(l_cpu));
+            expect_close(dl, gdl, "cross_entropy dlogits");
+            Tensor o = random({31, 17}, dt, 25), tg = random({31, 17}, dt, 26), dout(o.shape(), dt),
+                   gdout = on_gpu(dout);
+            const double m_cpu = cpu().mse(o, tg, divisor, dout),
+                         m_gpu = gpu().mse(on_gpu(o), on_gpu(tg), divisor, gdout);
+            CHECK(std::abs(m_cpu - m_gpu) <= rtol_of(dt) * std::abs(m_cpu));
+            expect_close(dout, gdout, "mse dout");
+        }
     }
 }
 

@@ -28,7 +28,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import yaml  # noqa: E402
-from torch_model import MODEL_DTYPES, build_model, make_optimizer, ptool_hash, train_step, write_safetensors  # noqa: E402
+from torch_model import (MODEL_DTYPES, apply_target_mask, build_model, make_optimizer, ptool_hash,  # noqa: E402
+                         train_step, write_safetensors)
 
 
 def batch_tensor(spec, dtype, classes=None):
@@ -70,6 +71,8 @@ def main():
     # a pipeline's reference: G rounds of its microbatches, G x microbatches accumulated (train_step);
     # G is the plan's gradient_accumulation where it says one (it overrides the model's), else the model's
     rounds = int(plan.get("gradient_accumulation") or cfg.get("gradient_accumulation", 1))
+    if plan.get("loss_normalization"):  # the plan's overrides the model's, as gradient_accumulation
+        cfg["loss_normalization"] = plan["loss_normalization"]
     cfg["gradient_accumulation"] = rounds * pipeline_microbatches(plan)
     torch.manual_seed(cfg.get("seed", 0))
     model, dtype = build_model(cfg)
@@ -83,6 +86,9 @@ def main():
     target_spec = cfg["batch"].get("target")
     if loss_kind == "cross_entropy":
         target = batch_tensor(target_spec or list(out_shape[:-1]), dtype, classes=out_shape[-1])
+        if cfg["batch"].get("masked_targets"):  # ptool's mask, drawn as ptool draws it
+            target = apply_target_mask(target, cfg["batch"]["masked_targets"], int(cfg.get("ignore_index", -100)),
+                                       int(cfg.get("seed", 0)))
     elif loss_kind == "mse":
         target = batch_tensor(target_spec or list(out_shape), dtype)
     else:

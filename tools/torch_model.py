@@ -355,6 +355,13 @@ def train_step(model, cfg, opt, inp, target, step=0, compute=None):
     dtype = next(model.parameters()).dtype if list(model.parameters()) else torch.float32
     CounterDropout.ctx.update(seed=int(cfg.get("seed", 0)), step=step)
     outs, total = [], None
+    kind, ignore = cfg.get("loss", "sum"), int(cfg.get("ignore_index", -100))
+    # loss_normalization global_tokens (torchtitan's global_valid_tokens): each microbatch's sum over its
+    # valid targets divided by the step's count, no division by n; mean_per_call: each its mean, / n
+    items = None
+    if cfg.get("loss_normalization") == "global_tokens":
+        items = float((target != ignore).sum()) if kind == "cross_entropy" else float(
+            target.numel() if kind == "mse" else 0)
     for j in range(n):
         mb_target = target[j * rows:(j + 1) * rows] if target is not None else None
         x = inp[j * rows:(j + 1) * rows]
@@ -364,13 +371,22 @@ def train_step(model, cfg, opt, inp, target, step=0, compute=None):
         out = run(x)
         if compute is not None:
             out = out.to(dtype)
-        loss = compute_loss(cfg.get("loss", "sum"), out, mb_target)
+        if items is None:
+            loss = compute_loss(kind, out, mb_target, ignore)
+        else:
+            loss = compute_loss(kind, out, mb_target, ignore, reduction="sum") / (
+                items if kind != "mean" else float(out.numel() * n))
+        aux = None
         for m in run.modules():  # the mixtures of experts' balancing losses
             if isinstance(m, Moe) and m.aux_loss is not None:
-                loss = loss + m.aux_loss.to(loss.dtype)
+                aux = m.aux_loss.to(loss.dtype) if aux is None else aux + m.aux_loss.to(loss.dtype)
                 m.aux_loss = None
-        if n > 1:
-            loss = loss / n
+        if items is None:
+            loss = loss + aux if aux is not None else loss
+            if n > 1:
+                loss = loss / n
+        elif aux is not None:  # a balancing loss stays a mean over the microbatches
+            loss = loss + (aux / n if n > 1 else aux)
         if loss.requires_grad:
             loss.backward()
         outs.append(out.detach())
@@ -435,14 +451,43 @@ class CounterDropout(nn.Module):
         return x * torch.tensor(m, dtype=torch.float64).reshape(x.shape).to(x.dtype)
 
 
-def compute_loss(kind, out, target):
+def compute_loss(kind, out, target, ignore_index=-100, reduction="mean"):
     if kind == "sum":
         return out.sum()
     if kind == "mean":
-        return out.mean()
+        return out.mean() if reduction == "mean" else out.sum()
     if kind == "mse":
-        return F.mse_loss(out, target)
-    return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+        return F.mse_loss(out, target, reduction=reduction)
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1), ignore_index=ignore_index,
+                           reduction=reduction)
+
+
+def apply_target_mask(target, spec, ignore_index, seed):
+    """ptool's batch.masked_targets (model/target_mask.h): row r's prompt length from U(2r), its
+    padding from U(2r + 1), element i dropped when U(2 rows + i) < fraction, on the counter-based
+    stream (seed, "data", "target_mask")."""
+    stream = stream_id(b"data", b"target_mask")
+    rows = target.shape[0]
+    per_row = target.numel() // rows
+    seq = target.shape[1] if target.dim() >= 2 else 1
+    inner = per_row // seq
+
+    def length(index, lohi):
+        lo, hi = (lohi, lohi) if isinstance(lohi, int) else lohi
+        return lo + int(counter_uniform(seed, stream, index) * (hi - lo + 1))
+
+    flat = target.reshape(-1).clone()
+    frac = float(spec.get("fraction", 0))
+    for r in range(rows):
+        prompt = length(2 * r, spec.get("prompt", 0))
+        padding = length(2 * r + 1, spec.get("padding", 0))
+        for t in range(seq):
+            edge = t < prompt or t >= seq - padding
+            for j in range(inner):
+                i = r * per_row + t * inner + j
+                if edge or (frac > 0 and counter_uniform(seed, stream, 2 * rows + i) < frac):
+                    flat[i] = ignore_index
+    return flat.reshape(target.shape)
 
 
 

@@ -87,9 +87,14 @@ public:
     virtual void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o,
                                        Tensor& dx) = 0;
 
-    // Losses return the loss and write d(loss)/d(input) (upstream gradient 1).
-    virtual double cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) = 0;
-    virtual double mse(const Tensor& out, const Tensor& target, Tensor& dout) = 0;
+    // Losses return the sum over their items divided by `divisor` and write d(loss)/d(input)
+    // (upstream gradient 1). cross_entropy's items are the rows whose target is not ignore_index
+    // (those rows' loss and gradient are 0), mse's the elements: with divisor = the call's own item
+    // count this is reduction='mean' (and, as PyTorch's, NaN when there is none: 0 / 0); the
+    // loss_normalization global_tokens divides by the step's count over every rank (model/loss.h).
+    virtual double cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                 double divisor, Tensor& dlogits) = 0;
+    virtual double mse(const Tensor& out, const Tensor& target, double divisor, Tensor& dout) = 0;
 
     // Optimizer steps, torch.optim's update order. Buffers are in the parameter's dtype.
     virtual void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buf, double lr, double momentum,

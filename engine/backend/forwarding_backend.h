@@ -79,11 +79,12 @@ public:
                                Tensor& dx) override {
         inner_.softmax_backward_rows(y, dy, o, d_o, dx);
     }
-    double cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) override {
-        return inner_.cross_entropy(logits, target, dlogits);
+    double cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double divisor,
+                         Tensor& dlogits) override {
+        return inner_.cross_entropy(logits, target, ignore_index, divisor, dlogits);
     }
-    double mse(const Tensor& out, const Tensor& target, Tensor& dout) override {
-        return inner_.mse(out, target, dout);
+    double mse(const Tensor& out, const Tensor& target, double divisor, Tensor& dout) override {
+        return inner_.mse(out, target, divisor, dout);
     }
     void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buf, double lr, double momentum,
                   double weight_decay, bool first_step) override {

@@ -38,6 +38,8 @@ enum class CommSiteKind {
     expert_grads,     // expert parallel: the all_reduce of an expert's gradients over its replicas
     expert_balance,   // a moe layer's all_reduce of its load-balancing loss's statistics over the ranks
                       // whose tokens differ
+    loss_items,       // loss_normalization global_tokens: the all_reduce of the step's valid-target
+                      // count over the ranks whose tokens differ
 };
 
 struct CommSite {

@@ -405,6 +405,8 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
     y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab,
                      tied ? ", tie: model.embed_tokens" : "");
+    // transformers' _init_weights: linears and embeddings ~ N(0, initializer_range), biases 0
+    y += fmt::format("init: {{std: {}}}\n", yaml_number(positive_field(c, "initializer_range", 0.02)));
     y += "loss: cross_entropy\noptimizer: {type: adamw}\n";
     return out;
 }
@@ -475,6 +477,15 @@ HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
     y += fmt::format("      - {{name: ln_f, type: layer_norm, dim: {}, eps: {}}}\n", d, yaml_number(eps));
     y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab,
                      tied ? ", tie: transformer.wte" : "");
+    // transformers' GPT-2 init: N(0, initializer_range), the residual projections (c_proj) scaled by
+    // 1 / sqrt(2 n_layer) (GPT2PreTrainedModel._init_weights), biases 0
+    const double std = positive_field(c, "initializer_range", 0.02);
+    y += fmt::format(
+        "init: {{std: {}, std_by_param: {{\"transformer.h.*.attn.o_proj.weight\": {}, "
+        "\"transformer.h.*.mlp.c_proj.weight\": "
+        "{}}}}}\n",
+        yaml_number(std), yaml_number(std / std::sqrt(2.0 * static_cast<double>(layers))),
+        yaml_number(std / std::sqrt(2.0 * static_cast<double>(layers))));
     y += "loss: cross_entropy\noptimizer: {type: adamw}\n";
     return out;
 }

@@ -9,6 +9,7 @@
 #include "model/checkpoint.h"
 #include "model/drawn_cache.h"
 #include "model/layers.h"
+#include "model/target_mask.h"
 
 namespace ptool {
 
@@ -66,6 +67,8 @@ DataSource::DataSource(const Model& model, const TensorFile* data_file, std::str
     : model_(model), file_(data_file), path_(std::move(data_path)) {
     gen_input_ = generate_tensor(model.input, model.dtype, model.seed, "input");
     if (model.target) gen_target_ = generate_tensor(*model.target, model.dtype, model.seed, "target");
+    if (model.target_mask && gen_target_.defined())
+        apply_target_mask(gen_target_, *model.target_mask, model.ignore_index, model.seed);
     if (!file_) return;
     std::vector<std::string> known = {"input", "target"};
     int64_t last_step = model.steps - 1;
@@ -112,10 +115,13 @@ Tensor DataSource::pick(const std::string& key, int64_t step, const TensorSpec& 
         for (int64_t i = 0; i < t->numel(); ++i) {
             const double id = t->item(i);
             if (id < 0 || id >= static_cast<double>(spec.range))
-                if (!(key == "target" && id == -100))
-                    throw InputError(SourceLocation{path_, 0, 0},
-                                     fmt::format("tensor '{}' element {} is {}, outside [0, {})", name, i, id,
-                                                 spec.range));
+                if (!(key == "target" && id == static_cast<double>(model_.ignore_index)))
+                    throw InputError(
+                        SourceLocation{path_, 0, 0},
+                        fmt::format(
+                            "tensor '{}' element {} is {}, outside [0, {}){}", name, i, id, spec.range,
+                            key == "target" ? fmt::format(" and not the ignore_index {}", model_.ignore_index)
+                                            : ""));
         }
         return t->to(DType::int64);
     }

@@ -43,6 +43,10 @@ public:
     int64_t head_dim() const { return hd_; }
     int64_t kv_heads() const { return kv_heads_; }
     bool flash() const { return flash_; }
+    bool causal() const { return causal_; }
+    // The mask, switched for a call (fault injection's cp_balance_noncausal: a non-causal attention
+    // masked as a causal one).
+    void set_causal(bool on) { causal_ = on; }
     // Megatron's selective recompute (--recompute-granularity selective, core_attn): eager attention
     // keeps q, k and v but not the probabilities, and recomputes them in backward (as flash does).
     void set_recompute_core(bool on) { recompute_core_ = on; }

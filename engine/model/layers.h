@@ -24,6 +24,7 @@ public:
     void set_defer_bias(bool defer) { defer_bias_ = defer; }
     void init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim,
                     int64_t offset) const override;
+    bool set_normal_init(double std) override { return normal_std_ = std, true; }
     KeptOutputs* kept_outputs() override { return &kept_; }
 
 protected:
@@ -34,6 +35,7 @@ private:
     int64_t in_, out_;
     bool tied_;
     bool defer_bias_ = false;
+    std::optional<double> normal_std_;  // set_normal_init's: weight ~ N(0, std), bias 0
     KeptOutputs kept_;  // selective checkpointing's kept outputs (model/selective_recompute.h)
 };
 
@@ -124,6 +126,7 @@ public:
     void set_vocab_offset(int64_t offset) { vocab_offset_ = offset; }
     void init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim,
                     int64_t offset) const override;
+    bool set_normal_init(double std) override { return std_ = std, true; }
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -133,6 +136,7 @@ private:
     Tensor local_ids(const Tensor& ids) const;
     int64_t num_, dim_;
     int64_t vocab_offset_ = -1;  // -1: the whole vocabulary
+    double std_ = 1.0;           // N(0, 1) as nn.Embedding, or set_normal_init's
 };
 
 // GPT-2's learned positions (HF `wpe`): y = x + weight[0:T] for x [batch, T, dim]; weight
@@ -144,6 +148,7 @@ public:
     Shape output_shape(const Shape& in) const override;
     Placement out_placement(const Layout& in) const override;
     void init_params(uint64_t seed) override;
+    bool set_normal_init(double std) override { return std_ = std, true; }
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -152,6 +157,7 @@ protected:
 private:
     Tensor position_ids(const RunContext& ctx, const Tensor& x) const;
     int64_t positions_, dim_;
+    double std_ = 1.0;
 };
 
 // nn.Dropout(p). The mask is drawn from the counter-based RNG keyed by (seed, step, module) at

@@ -17,6 +17,42 @@ namespace ptool {
 
 enum class LossKind { sum, mean, mse, cross_entropy };
 
+// How a step's loss is normalised (the model's `loss_normalization`, a plan's overrides it;
+// docs/architecture.md, The loss):
+//   mean_per_call: each forward call's loss is its own mean (reduction='mean'), divided by the step's
+//     microbatch count, and data parallel averages the ranks' gradients: DDP/FSDP with a mean loss and
+//     naive gradient accumulation. With targets masked unevenly over ranks this is not the one-device
+//     mean over the batch.
+//   global_tokens: each call's loss is the sum over its valid targets divided by the step's valid-target
+//     count over every data rank, context rank and microbatch (all_reduced), and data parallel sums the
+//     gradients (FSDP's gradient division off): torchtitan's global_valid_tokens, transformers'
+//     num_items_in_batch.
+enum class LossNormalization { mean_per_call, global_tokens };
+const char* loss_normalization_name(LossNormalization n);  // the YAML's spelling
+// The normalisation of that name; an InputError at `where` with the names otherwise.
+LossNormalization parse_loss_normalization(const std::string& name, const SourceLocation& where);
+// InputError at `where` for a normalisation the loss cannot take (global_tokens of loss: sum).
+void check_loss_normalization(LossNormalization n, LossKind loss, const SourceLocation& where);
+
+// Targets masked as fine-tuning masks them (batch.masked_targets): each row's first `prompt` tokens
+// and last `padding` tokens (lengths drawn per row, uniform in [lo, hi]) and, of the rest, each with
+// probability `fraction`, set to the model's ignore_index. Drawn from the counter-based RNG (seed,
+// "data", "target_mask"), so every run and rank masks alike.
+// How parameters start (the model's `init` key): PyTorch's module defaults when absent; with it,
+// transformers' _init_weights: every linear's, embedding's and position embedding's weight ~
+// N(0, std) and their biases 0 (norms keep 1), a weight matching a std_by_param pattern (FQN
+// patterns as plans write them) taking that pattern's std instead (GPT-2's c_proj: std / sqrt(2 n_layer)).
+struct InitScheme {
+    double std = 0.02;
+    std::vector<std::pair<std::string, double>> std_by_param;
+};
+
+struct TargetMaskSpec {
+    int64_t prompt_lo = 0, prompt_hi = 0;
+    int64_t padding_lo = 0, padding_hi = 0;
+    double fraction = 0;
+};
+
 // The most training steps a run takes (model `steps`, plan `verify.steps`, --steps, a golden's
 // metadata): a step keeps every tensor's record, and golden keys count steps in five digits.
 constexpr int64_t kMaxSteps = 100000;
@@ -52,6 +88,14 @@ struct Model {
     TensorSpec input;
     std::optional<TensorSpec> target;
     LossKind loss = LossKind::sum;
+    // cross_entropy's ignore_index (PyTorch's default -100): targets equal to it add nothing and are
+    // not counted.
+    int64_t ignore_index = -100;
+    LossNormalization loss_normalization = LossNormalization::mean_per_call;
+    SourceLocation loss_normalization_where;  // the key (or the model file when absent)
+    std::optional<TargetMaskSpec> target_mask;
+    SourceLocation target_mask_where;
+    std::optional<InitScheme> init;
     OptimizerSpec optimizer;
     // gradient_accumulation: N microbatches of rows per optimizer step, each loss divided by N (under
     // a pipeline, N rounds of its schedule). The model file's: a plan's own gradient_accumulation

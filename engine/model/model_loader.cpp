@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "core/fqn_pattern.h"
 #include "core/yaml_reader.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
@@ -219,6 +220,77 @@ OptimizerSpec parse_optimizer(const YamlNode& node) {
     return o;
 }
 
+// [lo, hi] with 0 <= lo <= hi, or one number n for [n, n]
+std::pair<int64_t, int64_t> parse_length_range(const YamlNode& node, const std::string& what) {
+    if (!node.is_seq()) {
+        const int64_t n = node.as_int(what);
+        if (n < 0) node.fail(fmt::format("{} must be >= 0, got {}", what, n));
+        return {n, n};
+    }
+    const std::vector<YamlNode> items = node.items(what);
+    if (items.size() != 2) node.fail(fmt::format("{} must be [lo, hi] (or one length)", what));
+    const int64_t lo = items[0].as_int(what), hi = items[1].as_int(what);
+    if (lo < 0 || hi < lo) node.fail(fmt::format("{} [{}, {}] needs 0 <= lo <= hi", what, lo, hi));
+    return {lo, hi};
+}
+
+TargetMaskSpec parse_target_mask(const YamlNode& node) {
+    YamlMap m(node, "'batch.masked_targets'");
+    TargetMaskSpec s;
+    if (auto p = m.get("prompt")) std::tie(s.prompt_lo, s.prompt_hi) = parse_length_range(*p, "'prompt'");
+    if (auto p = m.get("padding")) std::tie(s.padding_lo, s.padding_hi) = parse_length_range(*p, "'padding'");
+    if (auto f = m.get("fraction")) {
+        s.fraction = f->as_double("'fraction'");
+        if (!(s.fraction >= 0 && s.fraction <= 1)) f->fail("'fraction' must be in [0, 1]");
+    }
+    m.finish();
+    return s;
+}
+
+double positive_std(const YamlNode& node, const std::string& what) {
+    const double v = node.as_double(what);
+    if (!(v > 0) || !std::isfinite(v))
+        node.fail(fmt::format("{} must be a finite number > 0, got {}", what, v));
+    return v;
+}
+
+// init: {std, std_by_param: {PATTERN: std}}; each module that has a weight takes the std of its
+// weight's FQN (set_normal_init), and a pattern no weight matches is an error at the pattern
+InitScheme apply_init_scheme(const YamlNode& node, Sequential& root) {
+    YamlMap m(node, "'init'");
+    InitScheme s;
+    if (auto v = m.get("std")) s.std = positive_std(*v, "'init.std'");
+    std::vector<std::pair<YamlNode, bool>> patterns;  // each pattern's key, and whether it matched
+    if (auto by = m.get("std_by_param")) {
+        if (!by->is_map()) by->fail("'std_by_param' must be a map of parameter patterns to a std");
+        for (const auto& kv : by->raw()) {
+            YamlNode key(kv.first, std::make_shared<std::string>(by->file())),
+                value(kv.second, std::make_shared<std::string>(by->file()));
+            s.std_by_param.emplace_back(key.as_string("a std_by_param pattern"),
+                                        positive_std(value, "a std_by_param std"));
+            patterns.emplace_back(key, false);
+        }
+    }
+    m.finish();
+    for_each_module(root, [&](const std::string& fqn, Module& mod) {
+        const std::string weight = join_name(fqn, "weight");
+        double std = s.std;
+        for (size_t i = 0; i < s.std_by_param.size(); ++i)
+            if (fqn_matches(s.std_by_param[i].first, weight)) {
+                std = s.std_by_param[i].second;
+                if (mod.set_normal_init(std)) patterns[i].second = true;
+                break;
+            }
+        mod.set_normal_init(std);
+    });
+    for (const auto& [key, matched] : patterns)
+        if (!matched)
+            key.fail(fmt::format(
+                "std_by_param '{}' matches no linear's, embedding's or position embedding's weight",
+                key.as_string("a pattern")));
+    return s;
+}
+
 LossKind parse_loss(const YamlNode& node) {
     const std::string s = node.as_string("'loss'");
     for (LossKind k : {LossKind::sum, LossKind::mean, LossKind::mse, LossKind::cross_entropy})
@@ -231,6 +303,31 @@ LossKind parse_loss(const YamlNode& node) {
 
 void set_model_byte_limit(int64_t bytes) {
     byte_limit() = bytes;
+}
+
+const char* loss_normalization_name(LossNormalization n) {
+    switch (n) {
+        case LossNormalization::mean_per_call:
+            return "mean_per_call";
+        case LossNormalization::global_tokens:
+            return "global_tokens";
+    }
+    return "?";
+}
+
+LossNormalization parse_loss_normalization(const std::string& name, const SourceLocation& where) {
+    for (LossNormalization n : {LossNormalization::mean_per_call, LossNormalization::global_tokens})
+        if (name == loss_normalization_name(n)) return n;
+    throw InputError(where, fmt::format("unknown loss_normalization '{}'{}", name,
+                                        did_you_mean(name, {"mean_per_call", "global_tokens"})));
+}
+
+void check_loss_normalization(LossNormalization n, LossKind loss, const SourceLocation& where) {
+    if (n == LossNormalization::global_tokens && loss == LossKind::sum)
+        throw InputError(where,
+                         "loss_normalization: global_tokens divides the step's summed loss by its items "
+                         "(valid targets, or elements); loss: sum has none to count (use cross_entropy, "
+                         "mse or mean)");
 }
 
 const char* loss_name(LossKind k) {
@@ -270,8 +367,18 @@ Model load_model_text(const std::string& text, const std::string& path, const st
     YamlMap batch(m.at("batch"), "'batch'");
     model.input = parse_tensor_spec(batch.at("input"), "'batch.input'");
     if (auto t = batch.get("target")) model.target = parse_tensor_spec(*t, "'batch.target'");
+    std::optional<YamlNode> mask_node = batch.get("masked_targets");
+    if (mask_node)
+        model.target_mask = parse_target_mask(*mask_node), model.target_mask_where = mask_node->where();
     batch.finish();
     if (auto l = m.get("loss")) model.loss = parse_loss(*l);
+    if (auto i = m.get("ignore_index")) model.ignore_index = i->as_int("'ignore_index'");
+    model.loss_normalization_where = root.where();
+    if (auto n = m.get("loss_normalization")) {
+        model.loss_normalization = parse_loss_normalization(n->as_string("'loss_normalization'"), n->where());
+        model.loss_normalization_where = n->where();
+        check_loss_normalization(model.loss_normalization, model.loss, n->where());
+    }
     if (auto o = m.get("optimizer")) model.optimizer = parse_optimizer(*o);
     if (auto g = m.get("gradient_accumulation")) {
         model.gradient_accumulation = g->as_positive_int("'gradient_accumulation'");
@@ -304,8 +411,10 @@ Model load_model_text(const std::string& text, const std::string& path, const st
                        model.target ? numel_checked(batch.at("target"), model.target->shape) : 0));
     model.root = std::make_shared<Sequential>("", root.where());
     b.children(m, *model.root, "");
+    const std::optional<YamlNode> init_node = m.get("init");
     m.finish();
     for_each_module(*model.root, [](const std::string& fqn, Module& mod) { mod.set_fqn(fqn); });
+    if (init_node) model.init = apply_init_scheme(*init_node, *model.root);
 
     // Shape inference over the whole tree: every size error is found before any compute.
     if (model.input.ids != model.root->takes_ids())
@@ -332,12 +441,23 @@ Model load_model_text(const std::string& text, const std::string& path, const st
                                                 shape_str(model.target->shape)));
         model.target->ids = true;
         model.target->range = out.back();
+        if (model.target_mask && (model.target_mask->prompt_hi > 0 || model.target_mask->padding_hi > 0) &&
+            want.size() < 2)
+            mask_node->fail(
+                fmt::format("'prompt' and 'padding' mask the start and end of each row's sequence "
+                            "(dim 1), but the targets are {}: use 'fraction'",
+                            shape_str(want)));
     } else if (model.loss == LossKind::mse) {
         if (!model.target) model.target = TensorSpec{out, false, 0};
         if (model.target->shape != out || model.target->ids)
             batch.at("target").fail(
                 fmt::format("mse on output {} needs a float target of the same shape", shape_str(out)));
     }
+    if (model.target_mask && model.loss != LossKind::cross_entropy)
+        mask_node->fail(
+            fmt::format("masked_targets sets class ids to ignore_index, which only cross_entropy "
+                        "reads (the loss is {})",
+                        loss_name(model.loss)));
     if (init) model.init_params();
     return model;
 }

@@ -85,6 +85,9 @@ struct RunContext {
     double* aux_loss = nullptr;
     double loss_scale = 1.0;
     Communicator* tokens = nullptr;
+    // Whether data parallel (and cp) sum the ranks' gradients rather than average them
+    // (loss_normalization global_tokens: FSDP's gradient division off).
+    bool grads_summed = false;
     // Activation checkpointing: a checkpointed module's first forward keeps nothing for backward
     // (recording off), and its backward first recomputes its forward (recomputing on).
     bool recording = true, recomputing = false;
@@ -161,6 +164,10 @@ public:
     // rank builds its shard without the full tensor (src_data_rank: null). Linear and embedding.
     virtual void init_shard(uint64_t seed, const std::string& param, Tensor& local, int64_t dim,
                             int64_t offset) const;
+    // transformers' _init_weights (the model's `init` key, model/model.h InitScheme): the module's
+    // weight ~ N(0, std) and its bias 0 instead of PyTorch's defaults. Returns whether the module has
+    // such a weight (linear, embedding, position_embedding); the others keep their defaults (norms: 1).
+    virtual bool set_normal_init(double /*std*/) { return false; }
 
     // Runs the hooks and the module, and reports the output (input gradient) to ctx.observer.
     Placed forward(RunContext& ctx, const Placed& x);

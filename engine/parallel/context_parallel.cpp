@@ -65,10 +65,9 @@ ContextShard context_shard(const Plan& plan, int64_t seq, Communicator& cp) {
     return ContextShard::make(seq, cp.size(), cp.rank(), balance, rotate, &cp);
 }
 
-void sync_context_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params, LossKind loss,
+void sync_context_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params, ReduceOp op,
                             Communicator& cp, const std::function<bool(const Parameter*)>& reduced) {
     if (cp.size() == 1) return;
-    const ReduceOp op = loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg;
     for (const auto& [name, p] : params) {
         if (!p->grad.defined() || p->grad.numel() == 0 || reduced(p.get())) continue;
         const size_t dot = name.rfind('.');  // counted under the parameter's module

@@ -33,9 +33,11 @@ void check_fsdp_over_cp(const Model& model, const Plan& plan, const Resolution& 
 // This rank's positions of a sequence of `seq` tokens on the cp group `cp` (one rank: all of them).
 ContextShard context_shard(const Plan& plan, int64_t seq, Communicator& cp);
 
-// After backward: each gradient averaged over cp (summed for a sum loss), in place, but those
-// `reduced` says were (fully_shard over dp_shard x cp averaged them in its reduce_scatter).
-void sync_context_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params, LossKind loss,
+// After backward: each gradient reduced over cp by `op` in place (averaged for a mean loss per call,
+// each rank's loss a mean over its own positions; summed for a sum loss and under global_tokens:
+// Run::cp_reduce), but those `reduced` says were (fully_shard over dp_shard x cp reduced them in its
+// reduce_scatter).
+void sync_context_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params, ReduceOp op,
                             Communicator& cp, const std::function<bool(const Parameter*)>& reduced);
 
 }  // namespace ptool

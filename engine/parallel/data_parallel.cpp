@@ -196,6 +196,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
     const DataParallelSpec& spec = *plan.data_parallel;
     res.active = true;
     res.size = plan.dims.data_size();
+    res.grad_reduce = plan.gradient_reduction(model);
     std::vector<std::string> module_names;
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         module_names.push_back(fqn);
@@ -314,7 +315,7 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
         for (const Bucket& b : buckets_) zb.push_back({b.root, index[b.root]++, b.params});
         const DType reduce = plan.mixed_precision ? plan.mixed_precision->reduce_dtype : model.dtype;
         zero_ = std::make_unique<ZeroOptimizer>(res.zero_stage, res.zero_rotation, std::move(zb), *comm_, be,
-                                                reduce);
+                                                reduce, res.grad_reduce);
     }
     if (!res.units.empty()) {
         Communicator* replicas = spec.hybrid() ? &mesh.comm(dims.index(DimRole::dp_replicate)) : nullptr;
@@ -328,7 +329,8 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
                 mesh.add_group({shard_dim_, cp}, dims.mesh()[shard_dim_].name + "+" + dims.mesh()[cp].name));
         }
         fsdp_ = std::make_unique<FullyShard>(model, res.units, *shard, replicas, be,
-                                             plan.mixed_precision ? &*plan.mixed_precision : nullptr);
+                                             plan.mixed_precision ? &*plan.mixed_precision : nullptr,
+                                             res.grad_reduce);
     }
 }
 
@@ -389,7 +391,7 @@ void DataParallel::after_backward() {
         }
         {
             CommScope scope(counter_.get(), b.root, CommSite::of_bucket(k));
-            comm_->all_reduce(b.flat, ReduceOp::avg);
+            comm_->all_reduce(b.flat, res_.grad_reduce);
             allreduce_bytes_ += static_cast<int64_t>(b.flat.nbytes());
         }
         if (!bucket_view_) {

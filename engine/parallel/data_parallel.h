@@ -60,6 +60,11 @@ struct DataParallelResolution {
     std::set<std::string> synced_buffers;  // broadcast from dp rank 0
     std::vector<std::string> batch_norms;  // FQNs of the BatchNorm modules
     int zero_stage = 0;                    // data_parallel's zero_stage (parallel/zero_optimizer.h)
+    // How the ranks' gradients combine (DDP's buckets, fully_shard's reduce_scatter and HSDP's
+    // all_reduce, ZeRO's): averaged, as PyTorch's default, or summed under loss_normalization
+    // global_tokens, whose loss is already divided by the step's count over every rank (torchtitan's
+    // disable_fsdp_gradient_division, set_gradient_divide_factor(1.0)).
+    ReduceOp grad_reduce = ReduceOp::avg;
     // ZeRO: dp rank r updates the shard of rank (r + zero_rotation) mod dp; 0 but under fault injection
     int zero_rotation = 0;
 };

@@ -13,6 +13,7 @@ ExpertParallelResolution resolve_expert_parallel(const Model& model, const Plan&
     const SourceLocation& at = plan.expert_parallel->where;
     res.active = true;
     res.size = plan.dims.size(DimRole::ep);
+    res.grad_reduce = plan.gradient_reduction(model);
     std::map<const Parameter*, std::string> names;
     for (const auto& [name, p] : model.named_parameters()) names.emplace(p.get(), name);
     for (const auto& [fqn, m] : named_modules(*model.root)) {
@@ -37,13 +38,13 @@ ExpertParallelResolution resolve_expert_parallel(const Model& model, const Plan&
 
 ExpertParallel::ExpertParallel(Model& model, const ExpertParallelResolution& res, int ep_dim,
                                Communicator& ep, Communicator* replicas, Backend& be)
-    : ep_dim_(ep_dim), ep_(ep), replicas_(replicas), be_(be) {
+    : ep_dim_(ep_dim), ep_(ep), replicas_(replicas), be_(be), grad_reduce_(res.grad_reduce) {
     for (const auto& [name, p] : model.named_parameters()) {
         auto it = res.owner.find(name);
         if (it == res.owner.end()) continue;
         owner_[p.get()] = it->second;
-        for (const std::string& layer : res.undivided)
-            if (name.rfind(layer + ".", 0) == 0) undivided_.insert(p.get());
+        for (const std::string& layer : res.wrong_scale)
+            if (name.rfind(layer + ".", 0) == 0) wrong_scale_.insert(p.get());
         if (it->second == ep.rank()) {
             owned_.emplace_back(name, p);
         } else {  // another rank's expert: absent here
@@ -62,14 +63,20 @@ Placement ExpertParallel::placement(const Parameter* p) const {
     return it == owner_.end() ? Placement::replicate() : Placement::owned(it->second);
 }
 
+// An expert's gradient holds every ep rank's tokens' part: divided by ep where data parallel averages
+// (each rank's loss a mean over its own tokens, as the dense gradients' average over the data ranks),
+// left whole where it sums (global_tokens), then reduced over the expert's replicas alike.
 void ExpertParallel::after_backward() {
-    const double scale = 1.0 / ep_.size();
+    const bool average = grad_reduce_ == ReduceOp::avg;
+    const double scale = average ? 1.0 / ep_.size() : 1.0;
     for (const auto& [name, p] : owned_) {
-        if (scale != 1.0 && !undivided_.count(p.get())) be_.scale(p->grad, scale, p->grad);
+        const bool wrong = wrong_scale_.count(p.get()) > 0;  // a fault's: the other normalisation's
+        const double s = wrong ? (average ? 1.0 : 1.0 / ep_.size()) : scale;
+        if (s != 1.0) be_.scale(p->grad, s, p->grad);
         if (!replicas_ || replicas_->size() == 1) continue;
         CommScope scope(replicas_->counter().get(), name.substr(0, name.rfind('.')),
                         {CommSiteKind::expert_grads});
-        replicas_->all_reduce(p->grad, ReduceOp::avg);
+        replicas_->all_reduce(p->grad, grad_reduce_);
     }
 }
 

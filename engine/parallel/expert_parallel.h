@@ -13,9 +13,10 @@
 // Gradients: the non-expert parameters are data parallel's (DDP's buckets, fully_shard's units) as
 // before; an expert's gradient on its owner is the sum of every ep rank's tokens' contributions, so
 // it is divided by ep and averaged over the data dims but the borrowed one (its replicas), which is
-// data parallel's average over every data rank. Where ep borrows HSDP's dp_replicate, the ranks of
-// a dp_shard group own the same experts and fully_shard shards them over it (a unit per moe layer's
-// experts: torchtitan's fully_shard of the experts over dp_mod_ep), so their reduce_scatter over
+// data parallel's average over every data rank (under loss_normalization global_tokens, where data
+// parallel sums, it is not divided and is summed over its replicas). Where ep borrows HSDP's dp_replicate,
+// the ranks of a dp_shard group own the same experts and fully_shard shards them over it (a unit per moe
+// layer's experts: torchtitan's fully_shard of the experts over dp_mod_ep), so their reduce_scatter over
 // dp_shard is that average and there are no replicas left. Under tensor parallelism inside the
 // experts each tp rank dispatches over its own ep group (the tp ranks route the same tokens alike).
 #pragma once
@@ -34,11 +35,13 @@ namespace ptool {
 
 struct ExpertParallelResolution {
     bool active = false;
-    int size = 1;                      // the borrowed dim's ranks
-    std::map<std::string, int> owner;  // an expert parameter's FQN -> the ep rank that owns it
-    std::vector<std::string> layers;   // the moe layers' FQNs
-    // layers whose experts' gradients are not divided by ep (fault injection's; empty otherwise)
-    std::set<std::string> undivided;
+    int size = 1;                          // the borrowed dim's ranks
+    std::map<std::string, int> owner;      // an expert parameter's FQN -> the ep rank that owns it
+    std::vector<std::string> layers;       // the moe layers' FQNs
+    ReduceOp grad_reduce = ReduceOp::avg;  // data parallel's (Plan::gradient_reduction)
+    // layers whose experts' gradients are scaled as the other normalisation would (fault injection's:
+    // not divided by ep under mean_per_call, divided under global_tokens; empty otherwise)
+    std::set<std::string> wrong_scale;
 };
 
 // The rank owning expert e of `experts` on `ep` ranks (contiguous blocks).
@@ -63,17 +66,19 @@ public:
     // Owned(its owner) for an expert's parameter, Replicate otherwise.
     Placement placement(const Parameter* p) const;
     int mesh_dim() const { return ep_dim_; }
-    // The owned experts' gradients: / ep, then averaged over the replicas (once per step).
+    // The owned experts' gradients: / ep, then averaged over the replicas (once per step); under
+    // global_tokens summed over the replicas, undivided.
     void after_backward();
 
 private:
     std::map<const Parameter*, int> owner_;
     std::vector<std::pair<std::string, ParamPtr>> owned_;
-    std::set<const Parameter*> undivided_;
+    std::set<const Parameter*> wrong_scale_;
     int ep_dim_;
     Communicator& ep_;
     Communicator* replicas_;
     Backend& be_;
+    ReduceOp grad_reduce_;
 };
 
 }  // namespace ptool

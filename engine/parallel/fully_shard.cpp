@@ -30,6 +30,7 @@ struct FullyShard::State : ModuleHooks {
     Communicator* replicas = nullptr;  // HSDP: the shards' replicas, averaged after the reduce_scatter
     Backend* be = nullptr;
     DType compute = DType::float32, reduce = DType::float32;  // the gathered parameters' and the reduction's
+    ReduceOp grad_reduce = ReduceOp::avg;  // avg, or sum under global_tokens (gradient_divide_factor 1)
 
     void unshard(bool for_backward) {
         MemoryUseScope use(MemoryUse::communication);  // the flat buffers; the unit's parameters below
@@ -105,8 +106,8 @@ struct FullyShard::State : ModuleHooks {
         }
         {
             CommScope scope(comm->counter().get(), fqn, CommSiteKind::reduce_grads);
-            comm->reduce_scatter(in, out, ReduceOp::avg);
-            if (replicas) replicas->all_reduce(out, ReduceOp::avg);
+            comm->reduce_scatter(in, out, grad_reduce);
+            if (replicas) replicas->all_reduce(out, grad_reduce);
         }
         for (Managed& m : params) {  // accumulate: a shared unit runs its backward more than once
             if (m.shard_grad.numel() == 0) continue;
@@ -145,7 +146,8 @@ struct FullyShard::State : ModuleHooks {
 };
 
 FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp,
-                       Communicator* replicas, Backend& be, const MixedPrecisionSpec* mp) {
+                       Communicator* replicas, Backend& be, const MixedPrecisionSpec* mp,
+                       ReduceOp grad_reduce) {
     const auto named = model.named_parameters();
     std::map<std::string, ParamPtr> by_name(named.begin(), named.end());
     std::map<std::string, Module*> modules;
@@ -161,6 +163,7 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
         st->be = &be;
         st->compute = mp ? mp->param_dtype : model.dtype;
         st->reduce = mp ? mp->reduce_dtype : model.dtype;
+        st->grad_reduce = grad_reduce;
         for (const std::string& name : u.params) {
             State::Managed m;
             m.name = name;

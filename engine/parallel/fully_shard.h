@@ -37,9 +37,11 @@ public:
     // Shards every unit's parameters on this rank (no communication) and installs the hooks.
     // mp: mixed precision (FSDP2's MixedPrecisionPolicy): gathers in param_dtype, reduce_scatters in
     // reduce_dtype, the shards (the optimizer's masters) keep the model's dtype. Null: none.
-    // replicas: HSDP's replicate dim (null: none).
+    // replicas: HSDP's replicate dim (null: none). grad_reduce: how the ranks' gradients combine in
+    // the reduce_scatter and HSDP's all_reduce (avg, or sum: gradient_divide_factor 1).
     FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Communicator* replicas,
-               Backend& be, const struct MixedPrecisionSpec* mp = nullptr);
+               Backend& be, const struct MixedPrecisionSpec* mp = nullptr,
+               ReduceOp grad_reduce = ReduceOp::avg);
     bool manages(const Parameter* p) const;
 
     struct State;

@@ -66,7 +66,7 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
     }
     double total = 0;
     for (double v : sq) total += v;
-    const double norm = std::sqrt(total);
+    const double norm = in.norm_used ? in.norm_used(std::sqrt(total)) : std::sqrt(total);
     const double coef = std::min(1.0, max_norm / (norm + 1e-6));
     if (coef < 1.0)
         for (const auto& [name, p] : in.params)

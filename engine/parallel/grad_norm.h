@@ -39,6 +39,9 @@ struct GradNormInputs {
     // This rank's pieces of a parameter's gradient, whose squares it sums and which clipping scales
     // (ZeRO-2: its shards, the parameter then placed Shard on the dp dim). Unset: the gradient, whole.
     std::function<std::vector<Tensor>(const Parameter*)> grads;
+    // The norm clipping divides by and the call returns, from the total norm computed (unset: that
+    // norm; a RunLayer's clip_norm may change it).
+    std::function<double(double)> norm_used;
 };
 
 // Returns the total norm before clipping.

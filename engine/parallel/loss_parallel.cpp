@@ -7,7 +7,8 @@
 
 namespace ptool {
 
-LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& target, Communicator& tp) {
+LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& target,
+                                        const LossDivisor& divisor, Communicator& tp) {
     const Device device = logits.t.device();
     if (device == Device::meta) {  // a simulated step: its tensors and collectives, no values
         const int64_t rows = leading_numel(logits.t.shape());
@@ -26,14 +27,16 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
     const int64_t vocab = logits.global.back(), local = x.size(-1), rows = leading_numel(x.shape());
     const int64_t first = chunk_of(vocab, tp.size(), tp.rank()).offset;  // this rank's first class
     PTOOL_REQUIRE(ids.numel() == rows, "loss_parallel: {} targets for {} rows", ids.numel(), rows);
+    const int64_t ignore = divisor.ignore_index;
     int64_t valid = 0;
     for (int64_t i = 0; i < rows; ++i) {
         const int64_t t = id_at(ids, i);
-        if (t != -100 && (t < 0 || t >= vocab))
+        if (t != ignore && (t < 0 || t >= vocab))
             throw InputError(
                 fmt::format("class id {} at position {} is out of range for {} classes", t, i, vocab));
-        valid += t != -100;
+        valid += t != ignore;
     }
+    const double n = divisor.count ? *divisor.count : static_cast<double>(valid);
     LossResult r;
     r.grad = Tensor::empty(x.shape(), x.dtype());
     CommScope scope(tp.counter().get(), "(loss)", CommSiteKind::loss_parallel);
@@ -53,8 +56,8 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
             A s = 0;
             for (int64_t j = 0; j < local; ++j) s += std::exp(A(px[i * local + j]) - m);
             sum.data<T>()[i] = T(s);
-            const int64_t t = id_at(ids, i) - first;
-            picked.data<T>()[i] = T(t >= 0 && t < local ? A(px[i * local + t]) : A(0));
+            const int64_t id = id_at(ids, i), t = id - first;
+            picked.data<T>()[i] = T(id != ignore && t >= 0 && t < local ? A(px[i * local + t]) : A(0));
         }
         tp.all_reduce(sum, ReduceOp::sum);
         tp.all_reduce(picked, ReduceOp::sum);
@@ -63,14 +66,14 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
         for (int64_t i = 0; i < rows; ++i) {
             const int64_t t = id_at(ids, i);
             const A lse = A(mx.data<T>()[i]) + std::log(A(sum.data<T>()[i]));
-            if (t != -100) loss += static_cast<double>(lse - A(picked.data<T>()[i]));
+            if (t != ignore) loss += static_cast<double>(lse - A(picked.data<T>()[i]));
             for (int64_t j = 0; j < local; ++j) {
                 const A g =
-                    t == -100 ? A(0) : std::exp(A(px[i * local + j]) - lse) - A(j + first == t ? 1 : 0);
-                pg[i * local + j] = T(g / A(valid));
+                    t == ignore ? A(0) : std::exp(A(px[i * local + j]) - lse) - A(j + first == t ? 1 : 0);
+                pg[i * local + j] = T(g / A(n));
             }
         }
-        r.value = static_cast<double>(static_cast<A>(loss / static_cast<double>(valid)));
+        r.value = static_cast<double>(static_cast<A>(loss / n));
     });
     r.value = Tensor::scalar(r.value, x.dtype()).item();  // a loss is a scalar of the model's dtype
     if (device != Device::cpu) r.grad = r.grad.to_device(device);

@@ -150,6 +150,7 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     res.tp = plan.dims.size(DimRole::tp);
     res.checkpointing = resolve_activation_checkpointing(model, plan.activation_checkpointing, res.warnings);
     check_microbatches(plan, model);  // the step's microbatches cut the batch and split over the data ranks
+    check_loss_normalization(plan.normalization(model), model.loss, plan.normalization_where(model));
     const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     res.dp = resolve_data_parallel(model, plan, res.warnings, res.causes);
     res.ep = resolve_expert_parallel(model, plan);

@@ -363,37 +363,6 @@ bool Plan::compares(const std::string& what) const {
     return std::find(verify.compare.begin(), verify.compare.end(), what) != verify.compare.end();
 }
 
-NameIndex::NameIndex(std::vector<std::string> names) : names_(std::move(names)) {
-    index_.reserve(names_.size());
-    for (size_t i = 0; i < names_.size(); ++i) index_.emplace(names_[i], i);
-}
-
-std::vector<size_t> NameIndex::matches(const std::string& pattern) const {
-    std::vector<size_t> out;
-    if (pattern.find_first_of("*?[\\") == std::string::npos) {  // a literal name
-        if (auto it = index_.find(pattern); it != index_.end()) out.push_back(it->second);
-        return out;
-    }
-    for (size_t i = 0; i < names_.size(); ++i)
-        if (fqn_matches(pattern, names_[i])) out.push_back(i);
-    return out;
-}
-
-bool fqn_matches(const std::string& pattern, const std::string& fqn) {
-    if (pattern.empty() || fqn.empty()) return pattern.empty() && fqn.empty();
-    if (std::count(pattern.begin(), pattern.end(), '.') != std::count(fqn.begin(), fqn.end(), '.'))
-        return false;
-    std::string p, f;  // one dot-separated part of each at a time, first mismatch out
-    for (size_t pa = 0, fa = 0; pa <= pattern.size();) {
-        const size_t pb = std::min(pattern.find('.', pa), pattern.size()),
-                     fb = std::min(fqn.find('.', fa), fqn.size());
-        p.assign(pattern, pa, pb - pa), f.assign(fqn, fa, fb - fa);
-        if (fnmatch(p.c_str(), f.c_str(), 0) != 0) return false;
-        pa = pb + 1, fa = fb + 1;
-    }
-    return true;
-}
-
 namespace {
 
 std::vector<MeshDim> parse_mesh(const YamlNode& mesh, Plan& plan) {
@@ -651,6 +620,10 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
         if (plan.gradient_accumulation > kMaxGradientAccumulation)
             g->fail(fmt::format("gradient_accumulation {} is over the limit of {}",
                                 plan.gradient_accumulation, kMaxGradientAccumulation));
+    }
+    if (auto n = m.get("loss_normalization")) {
+        plan.loss_normalization = parse_loss_normalization(n->as_string("'loss_normalization'"), n->where());
+        plan.loss_normalization_where = n->where();
     }
     if (auto v = m.get("verify")) parse_verify(*v, plan);
     m.finish();

@@ -38,10 +38,10 @@
 
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
+#include "core/fqn_pattern.h"
 #include "core/tolerance.h"
 #include "model/context_shard.h"
 #include "parallel/activation_checkpointing.h"
@@ -169,6 +169,10 @@ struct Plan {
     // it (ptool plan writes it); read it through accumulation_rounds.
     int64_t gradient_accumulation = 0;
     SourceLocation gradient_accumulation_where;
+    // loss_normalization: over the model's key of the same name and meaning (model/model.h); read
+    // it through normalization(model).
+    std::optional<LossNormalization> loss_normalization;
+    SourceLocation loss_normalization_where;
     // activation_checkpointing: which modules recompute what in backward (full, op-level
     // selective, Megatron's core attention; parallel/activation_checkpointing.h)
     ActivationCheckpointingSpec activation_checkpointing;
@@ -192,6 +196,20 @@ struct Plan {
     int64_t accumulation_rounds(const Model& model) const {
         return gradient_accumulation > 0 ? gradient_accumulation : model.gradient_accumulation;
     }
+    // The step's loss normalisation under this plan: the plan's loss_normalization, else the model's;
+    // and where it was said.
+    LossNormalization normalization(const Model& model) const {
+        return loss_normalization.value_or(model.loss_normalization);
+    }
+    const SourceLocation& normalization_where(const Model& model) const {
+        return loss_normalization ? loss_normalization_where : model.loss_normalization_where;
+    }
+    // How data parallel combines the ranks' gradients: summed under global_tokens (each loss is
+    // already divided by the step's count over every rank: FSDP's gradient division off), else
+    // averaged (PyTorch's default).
+    ReduceOp gradient_reduction(const Model& model) const {
+        return normalization(model) == LossNormalization::global_tokens ? ReduceOp::sum : ReduceOp::avg;
+    }
     bool compares(const std::string& what) const;
     // `--mesh NAME=SIZE`: resizes a dim and checks the plan again (src_data_rank must stay a rank
     // of the tensor-parallel dim). InputError naming the flag otherwise.
@@ -213,24 +231,5 @@ void check_pipeline_counts(const Plan& plan);
 // where the plan sets it (and, with a pipeline, its microbatches alone would fit), else at the
 // pipeline's microbatches (resolve_plan checks it first; shrink against the real model).
 void check_microbatches(const Plan& plan, const Model& model);
-
-// fnmatch per dotted atom: "layers.*.net[1-2]" matches "layers.0.net1"; "" matches only "".
-
-bool fqn_matches(const std::string& pattern, const std::string& fqn);
-
-// Module names (in their order) matched against a plan's patterns: a pattern with no wildcard
-// (`*`, `?`, `[`, `\`) is one hash lookup, one with wildcards a scan with fqn_matches; so a plan
-// that names each of n modules (ptool plan's, for a model without repeats) resolves in O(n), not n^2.
-class NameIndex {
-public:
-    explicit NameIndex(std::vector<std::string> names);
-    // The indices of the names `pattern` matches, ascending.
-    std::vector<size_t> matches(const std::string& pattern) const;
-    const std::vector<std::string>& names() const { return names_; }
-
-private:
-    std::vector<std::string> names_;
-    std::unordered_map<std::string, size_t> index_;
-};
 
 }  // namespace ptool

@@ -15,8 +15,8 @@ Tensor flat_view(const Tensor& t) {
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(int stage, int rotation, std::vector<Bucket> buckets, Communicator& dp,
-                             Backend& be, DType reduce)
-    : stage_(stage), dp_(dp), be_(be), reduce_(reduce) {
+                             Backend& be, DType reduce, ReduceOp grad_reduce)
+    : stage_(stage), dp_(dp), be_(be), reduce_(reduce), grad_reduce_(grad_reduce) {
     const int d = dp.size();
     owner_ = ((dp.rank() + rotation) % d + d) % d;
     flats_.reserve(buckets.size());
@@ -79,7 +79,7 @@ void ZeroOptimizer::reduce_scatter_gradients() {
             Tensor out({f.shard}, reduce_, dev);
             {
                 CommScope scope(dp_.counter().get(), f.root, CommSite::of_bucket(f.index));
-                dp_.reduce_scatter(in, out, ReduceOp::avg);
+                dp_.reduce_scatter(in, out, grad_reduce_);
             }
             reduce_scatter_bytes_ += static_cast<int64_t>(in.nbytes());
             be_.copy(out, f.grad_shard);  // reduce_dtype -> the masters'

@@ -38,14 +38,17 @@ public:
     };
     // rotation: dp rank r updates the shard of rank (r + rotation) mod d: 0 but under fault injection.
     // reduce: the dtype the gradients are reduced in (mixed precision's reduce_dtype, else theirs).
+    // grad_reduce: how stage 2's reduce_scatter combines the ranks' gradients (avg, or sum under
+    // loss_normalization global_tokens).
     ZeroOptimizer(int stage, int rotation, std::vector<Bucket> buckets, Communicator& dp, Backend& be,
-                  DType reduce);
+                  DType reduce, ReduceOp grad_reduce = ReduceOp::avg);
     int stage() const { return stage_; }
     bool manages(const Parameter* p) const;
 
     // Stage 2: the full gradients the backward accumulates into, allocated again (zeros).
     void before_step();
-    // Stage 2: each bucket's gradients reduce_scattered(avg) into this rank's shard; the full ones freed.
+    // Stage 2: each bucket's gradients reduce_scattered (grad_reduce) into this rank's shard; the full
+    // ones freed.
     void reduce_scatter_gradients();
     // Stage 2: this rank's pieces of p's gradient (stage 1: its gradient, whole).
     std::vector<Tensor> grad_pieces(const Parameter* p) const;
@@ -85,6 +88,7 @@ private:
     Communicator& dp_;
     Backend& be_;
     DType reduce_;
+    ReduceOp grad_reduce_ = ReduceOp::avg;
     int64_t reduce_scatter_bytes_ = 0, all_gather_bytes_ = 0;
 };
 

@@ -132,6 +132,11 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
             ex.step_comm.push_back({op, bytes, "(clip)", Phase::backward});
     }
     ex.step_comm.insert(ex.step_comm.end(), ex.zero_gathers.begin(), ex.zero_gathers.end());
+    // global_tokens: the step's valid-target count (one float64) summed over the ranks whose
+    // tokens differ, once before the first forward
+    const int cp = plan.context_parallel ? plan.dims.size(DimRole::cp) : 1;
+    if (plan.normalization(model) == LossNormalization::global_tokens && plan.dims.data_size() * cp > 1)
+        ex.step_comm.insert(ex.step_comm.begin(), {"all_reduce", 8, "(loss)", Phase::forward});
     return ex;
 }
 

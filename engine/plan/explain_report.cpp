@@ -113,6 +113,33 @@ void check_explain_work(const Model& model, const Plan& plan, int64_t simulated_
 
 }  // namespace
 
+std::string describe_loss(const Model& model, const Plan& plan) {
+    const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
+    const int ranks = plan.dims.data_size() * (plan.context_parallel ? plan.dims.size(DimRole::cp) : 1);
+    const bool ce = model.loss == LossKind::cross_entropy;
+    const std::string kind =
+        ce ? fmt::format("cross_entropy (ignore_index {})", model.ignore_index) : loss_name(model.loss);
+    const std::string items = ce ? "valid targets" : "elements";
+    const std::string said = plan.loss_normalization ? "the plan's" : "the model's";
+    if (model.loss == LossKind::sum)
+        return fmt::format("{}: each call's sum{}", kind,
+                           ranks > 1 ? "; data parallel averages the ranks' gradients" : "");
+    if (plan.normalization(model) == LossNormalization::global_tokens)
+        return fmt::format(
+            "{}, loss_normalization global_tokens ({}): each call's sum over its {} divided by "
+            "the step's count over {} rank{} x {} microbatch{} (one all_reduce{}){}",
+            kind, said, items, ranks, ranks == 1 ? "" : "s", microbatches, microbatches == 1 ? "" : "es",
+            ranks > 1 ? "" : ", none here: one rank",
+            ranks > 1 ? "; data parallel sums the ranks' gradients (no division)" : "");
+    return fmt::format(
+        "{}, loss_normalization mean_per_call ({}): each call's mean over its own {}{}{}", kind, said, items,
+        microbatches > 1 ? fmt::format(", / {} microbatches", microbatches) : "",
+        ranks > 1 ? fmt::format("; data parallel averages the {} ranks' gradients (with targets "
+                                "masked unevenly not the one-device mean: global_tokens is)",
+                                ranks)
+                  : "");
+}
+
 ExplainReport explain_report(const ExplainInputs& in) {
     RunInputs run;
     run.model_path = in.model_path;
@@ -159,6 +186,7 @@ ExplainReport explain_report(const ExplainInputs& in) {
         r.summary.push_back(
             fmt::format("gradient_accumulation {} (the model's)", r.model.gradient_accumulation));
     r.summary.push_back(fmt::format("model input {}", r.ex.resolution.input_placement.str()));
+    r.loss = describe_loss(r.model, r.plan);
 
     const Plan& plan = r.plan;
     if (plan.pipeline) explain_stages(r);

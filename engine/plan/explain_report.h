@@ -50,6 +50,9 @@ struct ExplainReport {
     std::vector<StepTime> times;             // per rank class, with a cluster
     // "mesh dp=2 x tp=2", "tensor parallel over 'tp' (2 ranks)", ..., "model input Replicate()"
     std::vector<std::string> summary;
+    // the loss and its normalisation: "cross_entropy (ignore_index -100), loss_normalization
+    // global_tokens: ..." (describe_loss)
+    std::string loss;
     std::vector<std::string> at_start;  // the construction's collectives, one line each
     std::string data_parallel_title;    // "replicate", "fully_shard", "fully_shard over 2 dims (HSDP)"
     std::vector<StageExplain> stages;   // a pipeline's, in stage order
@@ -61,5 +64,9 @@ ExplainReport explain_report(const ExplainInputs& in);
 // One line per role of the plan's mesh ("tensor parallel over 'tp' (2 ranks)"), in the order the
 // roles cut the model.
 std::vector<std::string> describe_dims(const Plan& plan);
+
+// The step's loss under the plan: its kind, ignore_index, and what its normalisation divides by and
+// how data parallel combines the gradients.
+std::string describe_loss(const Model& model, const Plan& plan);
 
 }  // namespace ptool

@@ -54,6 +54,29 @@ std::string model_variant(const std::string& text, int64_t count, int64_t microb
     return e.c_str();
 }
 
+// A proxy's masked targets: the prompt and padding lengths scaled with the sequence (old_seq ->
+// seq) and clamped to leave each row a valid target, the fraction at most 1/2: the proxy masks as
+// the model does, and its far fewer targets are never all masked where the model's are not.
+static void shrink_target_mask(YAML::Node mask, int64_t old_seq, int64_t seq) {
+    int64_t room = seq - 1;  // the positions prompt and padding may take together
+    for (const char* key : {"padding", "prompt"}) {
+        YAML::Node range = mask[key];
+        if (!range) continue;
+        auto scaled = [&](const YAML::Node& v) {
+            return std::min(room, as_int(v) * seq / std::max<int64_t>(old_seq, 1));
+        };
+        const int64_t lo = scaled(range.IsSequence() ? range[0] : range),
+                      hi = scaled(range.IsSequence() ? range[1] : range);
+        YAML::Node out(YAML::NodeType::Sequence);
+        out.SetStyle(YAML::EmitterStyle::Flow);
+        out.push_back(lo);
+        out.push_back(hi);
+        mask[key] = out;
+        room -= hi;
+    }
+    if (mask["fraction"] && mask["fraction"].as<double>() > 0.5) mask["fraction"] = 0.5;
+}
+
 std::string shrink_model(const std::string& model_text, const std::string& name, const Plan& plan) {
     YAML::Node doc = YAML::Load(model_text);
     const int64_t tp = plan.dims.size(DimRole::tp);
@@ -114,6 +137,12 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     });
     const int64_t rows = dp * mb * per_round * 2;
     YAML::Node shape = tokens ? input["tokens"] : input;
+    // masked targets: a sequence of at least 8 so that a proxy's rows keep valid targets
+    const int64_t seq_unit = 2 * tp * cp_pieces,
+                  seq = batch["masked_targets"] && shape.size() > 1 ? (8 + seq_unit - 1) / seq_unit * seq_unit
+                                                                    : seq_unit;
+    if (batch["masked_targets"] && shape.size() > 1)
+        shrink_target_mask(batch["masked_targets"], as_int(shape[1]), seq);
     YAML::Node shrunk(YAML::NodeType::Sequence);
     shrunk.SetStyle(YAML::EmitterStyle::Flow);
     for (size_t i = 0; i < shape.size(); ++i) {
@@ -123,7 +152,7 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
         else if (!tokens && i + 1 == shape.size())
             shrunk.push_back(size.count(v) ? size.at(v) : v);
         else
-            shrunk.push_back(2 * tp * (i == 1 ? cp_pieces : 1));
+            shrunk.push_back(i == 1 ? seq : 2 * tp);
     }
     if (tokens) {
         input["tokens"] = shrunk;

@@ -82,6 +82,8 @@ Plan reference_plan(const Plan& plan) {
     p.round_microbatches = plan.microbatches_per_round();  // a pipeline's microbatches, on one device
     p.gradient_accumulation = plan.gradient_accumulation;  // in as many rounds: the same microbatches
     p.gradient_accumulation_where = plan.gradient_accumulation_where;
+    p.loss_normalization = plan.loss_normalization;  // the one-device meaning of the same choice
+    p.loss_normalization_where = plan.loss_normalization_where;
     return p;
 }
 
@@ -118,7 +120,9 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
                 aux_losses_ |= moe->options().aux_loss_coef > 0;
             }
         });
-    if (balances) {
+    normalization_ =
+        layer ? layer->loss_normalization(plan.normalization(model_)) : plan.normalization(model_);
+    if (balances || normalization_ == LossNormalization::global_tokens) {
         std::vector<int> dims = data;
         if (plan.dims.has(DimRole::cp)) dims.push_back(plan.dims.index(DimRole::cp));
         std::sort(dims.begin(), dims.end());
@@ -353,6 +357,11 @@ void Run::set_schedule(Schedule s) {
     schedule_ = std::move(s);
 }
 
+ReduceOp Run::cp_reduce() const {
+    if (model_.loss == LossKind::sum) return ReduceOp::sum;
+    return normalization_ == LossNormalization::global_tokens ? ReduceOp::sum : ReduceOp::avg;
+}
+
 ZeroOptimizer* Run::zero() const {
     return data_parallel_ ? data_parallel_->zero() : nullptr;
 }
@@ -383,13 +392,42 @@ Placements Run::placements(const Parameter* p) const {
     return out;
 }
 
+int64_t Run::first_row(const StepState& st, int m) const {
+    return m * (st.rows / st.microbatches) + batch_->rank() * st.mine;
+}
+
+Tensor Run::microbatch_target(const StepState& st, int m) const {
+    if (!st.batch.target.defined()) return Tensor();
+    Tensor target = st.batch.target.narrow(0, first_row(st, m), st.mine);
+    return context_ ? context_->take(target, 1) : target;
+}
+
+double Run::global_items(const StepState& st) {
+    Shape out = model_.output_shape;  // one microbatch's output on this rank (mean's items)
+    if (!out.empty()) out[0] = st.mine;
+    if (context_ && out.size() > 1) out[1] /= cp_->size();
+    int64_t mine = 0;
+    for (int m = 0; m < st.microbatches; ++m)
+        mine += loss_items(model_.loss, out, microbatch_target(st, m), model_.ignore_index);
+    if (!tokens_ || tokens_->size() == 1) return device_ == Device::meta ? 1.0 : static_cast<double>(mine);
+    CommScope scope(tokens_->counter().get(), "(loss)", CommSiteKind::loss_items);
+    if (device_ == Device::meta) {  // a simulated step: the collective, no value
+        Tensor count({1}, DType::float64, Device::meta);
+        tokens_->all_reduce(count, ReduceOp::sum);
+        return 1.0;
+    }
+    Tensor count = Tensor::from_doubles({1}, DType::float64, {static_cast<double>(mine)}).to_device(device_);
+    tokens_->all_reduce(count, ReduceOp::sum);
+    return count.to_device(Device::cpu).item(0);
+}
+
 // A microbatch's forward on stage s: the stage's (the model's) forward, and on the last stage the
 // loss (divided by the microbatch count) and the loss's gradient, placed as the output was; kept
 // until its backward. Under mixed precision the input is cast to param_dtype
 // (cast_forward_inputs), the loss sees the output cast back to the model's dtype and its gradient
 // goes back in param_dtype. A stage whose next stage lives on this rank hands its output on.
 void Run::forward(StepState& st, int s, int m) {
-    const int64_t first = m * (st.rows / st.microbatches) + batch_->rank() * st.mine;
+    const int64_t first = first_row(st, m);
     if (data_parallel_) data_parallel_->before_forward();
     Inflight& f = st.inflight[{s, m}];
     f.ctx = RunContext{&be_, model_.seed, st.step, true, first, tp_->rank(), tp_->size(), st.observer};
@@ -397,9 +435,10 @@ void Run::forward(StepState& st, int s, int m) {
     f.ctx.tp = tp_;
     if (expert_parallel_) f.ctx.ep = &comm(DimRole::ep);
     f.ctx.routing = routing_, f.ctx.routing_replays = routing_replays_;
-    double scale = 1.0 / static_cast<double>(st.microbatches);  // each microbatch's loss is divided by
-    if (layer_) scale = layer_->loss_scale(scale);              // their count (a fault's scale: its own)
+    double scale = 1.0 / static_cast<double>(st.microbatches);       // each microbatch's loss is divided by
+    if (layer_) scale = layer_->loss_scale(scale, st.microbatches);  // their count (a fault's: its own)
     f.ctx.aux_loss = &f.aux, f.ctx.loss_scale = scale, f.ctx.tokens = tokens_;
+    f.ctx.grads_summed = normalization_ == LossNormalization::global_tokens;
     if (context_) f.ctx.context = &*context_;
     if (ring_probe_) f.ctx.ring_probe = &*ring_probe_;
     MemoryUseScope use(MemoryUse::activations);
@@ -423,19 +462,23 @@ void Run::forward(StepState& st, int s, int m) {
         if (!schedule_.sends_output(s)) st.received[{s + 1, m}] = f.y;
         return;
     }
-    Tensor target = st.batch.target.defined() ? st.batch.target.narrow(0, first, st.mine) : Tensor();
-    if (context_ && target.defined()) target = context_->take(target, 1);
+    const Tensor target = microbatch_target(st, m);
     const Placed& y = f.y;
+    // mean_per_call: the call's own mean, divided by the microbatch count; global_tokens: the call's
+    // sum divided by the step's items, nothing more (a fault layer may scale either)
+    const LossDivisor divisor{model_.ignore_index, st.items};
+    const double loss_scale = st.items ? (layer_ ? layer_->loss_scale(1.0, st.microbatches) : 1.0) : scale;
     if (plan_.loss_parallel) {  // cross_entropy on the vocabulary shards: nothing gathered
         f.output = {to_dtype(be_, y.t, model_.dtype), y.p, y.global};
-        f.loss = vocab_parallel_cross_entropy(f.output, target, *tp_);
+        f.loss = vocab_parallel_cross_entropy(f.output, target, divisor, *tp_);
     } else {
         f.output = redistribute(y, Placement::replicate(), *tp_);  // the loss sees the whole output
         f.output.t = to_dtype(be_, f.output.t, model_.dtype);
-        f.loss = compute_loss(be_, model_.loss, f.output.t, target);
+        f.loss = compute_loss(be_, model_.loss, f.output.t, target, divisor);
     }
-    f.loss_value = (f.loss.value + f.aux) * scale;
-    if (scale != 1.0) be_.scale(f.loss.grad, scale, f.loss.grad);
+    f.aux_scaled = f.aux * scale;
+    f.loss_value = f.loss.value * loss_scale + f.aux_scaled;
+    if (loss_scale != 1.0) be_.scale(f.loss.grad, loss_scale, f.loss.grad);
     f.grad = to_dtype(be_, f.loss.grad, compute);
     f.dy = plan_.loss_parallel
                ? Placed{f.grad, y.p, y.global}
@@ -456,6 +499,7 @@ void Run::backward(StepState& st, int s, int m) {
         f.dy = std::move(g->second);
         st.received_grads.erase(g);
     }
+    if (layer_) layer_->before_backward(model_, s, m);
     {
         MemoryUseScope use(MemoryUse::activations);
         if (stages_ == 1)
@@ -467,7 +511,7 @@ void Run::backward(StepState& st, int s, int m) {
         else if (s > 0)  // the stage before is on this rank: handed back
             st.received_grads[{s - 1, m}] = std::move(dx);
     }
-    if (s + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value};
+    if (s + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value, f.aux_scaled};
     st.inflight.erase(it);
 }
 
@@ -555,6 +599,10 @@ double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& 
         if (plan_.pipeline->virtual_stages > 1)  // a rank's stages are not consecutive: sum in model order
             in.order = [this](const Parameter* p) { return param_order_.at(p); };
     }
+    if (layer_) {
+        const int64_t microbatches = schedule_.microbatches;
+        in.norm_used = [this, microbatches](double norm) { return layer_->clip_norm(norm, microbatches); };
+    }
     return clip_grad_norm(in, model_.clip_grad_norm, be_);
 }
 
@@ -573,6 +621,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     st.rows = b.input.dim() ? b.input.size(0) : 0;
     st.mine = st.rows / st.microbatches / batch_->size();  // this rank's rows of each microbatch
     if (plan_.context_parallel) context_ = context_shard(plan_, b.input.size(1), *cp_);
+    if (normalization_ == LossNormalization::global_tokens) st.items = global_items(st);
     if (probe_parts_ > 1)
         ring_probe_ = ContextShard::make(b.input.size(1), probe_parts_, 0, probe_balance_,
                                          RotateMethod::alltoall, nullptr);
@@ -609,7 +658,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
                 break;
             case ActionKind::grad_sync:
                 if (mixed_precision_) mixed_precision_->to_masters();
-                sync_context_gradients(params, model_.loss, *cp_, [this](const Parameter* p) {
+                sync_context_gradients(params, cp_reduce(), *cp_, [this](const Parameter* p) {
                     return plan_.dims.cp_shards_params() && data_parallel_->placement(p).is_shard();
                 });  // nothing without cp; fully_shard's over dp_shard x cp averaged its own
                 if (layer_) layer_->before_gradient_sync(model_, world_);
@@ -639,6 +688,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
     for (auto& [m, done] : st.done) {  // in microbatch order, as the reference's rows are
         out.outputs.push_back(std::move(done.output));
         out.loss += done.loss;
+        out.aux_loss += done.aux;
     }
     if (plan_.pipeline && aux_losses_) {
         // the balancing losses of the stages before the last, summed over the pp ranks into the
@@ -647,7 +697,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
         CountingPaused pause(comm(DimRole::pp).counter().get());
         Tensor aux = Tensor::scalar(st.aux_before_last, DType::float64).reshape({1});
         comm(DimRole::pp).all_reduce(aux, ReduceOp::sum);
-        if (!st.done.empty()) out.loss += aux.item(0);
+        if (!st.done.empty()) out.loss += aux.item(0), out.aux_loss += aux.item(0);
     }
     be_.synchronize();
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

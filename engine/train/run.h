@@ -62,8 +62,17 @@ public:
     virtual ExpertParallelResolution expert_parallel(const ExpertParallelResolution& r) { return r; }
     // After a step's backward, before the gradients are synchronised across dp ranks.
     virtual void before_gradient_sync(Model&, Communicator& /*world*/) {}
-    // What each microbatch's loss is multiplied by, given the run's factor (1 / the step's microbatches).
-    virtual double loss_scale(double scale) { return scale; }
+    // What a microbatch's loss is multiplied by, given the run's factor (1 / the step's microbatches;
+    // under global_tokens 1 for the summed loss, whose divisor is the step's count) and the step's
+    // microbatches.
+    virtual double loss_scale(double scale, int64_t /*microbatches*/) { return scale; }
+    // The loss normalisation the run executes, given the plan's (the one it is judged by).
+    virtual LossNormalization loss_normalization(LossNormalization n) { return n; }
+    // Before microbatch m's backward on stage s (its gradients accumulate into the stage's).
+    virtual void before_backward(Model&, int /*stage*/, int /*microbatch*/) {}
+    // The norm clip_grad_norm clips by (and returns), given the gradients' total norm and the step's
+    // microbatch count.
+    virtual double clip_norm(double norm, int64_t /*microbatches*/) { return norm; }
     // A group the run splits from the world outside the mesh's dims, its counter set: the stages that
     // hold weight `param` tied across them.
     virtual std::unique_ptr<Communicator> wrap_group(std::unique_ptr<Communicator> c,
@@ -82,7 +91,12 @@ struct StepOutput {
     // per microbatch, as the loss saw it: gathered (Replicate on tp), or sharded under loss_parallel;
     // this dp rank's rows of it
     std::vector<Placed> outputs;
-    double loss = 0;  // over this dp rank's rows: the microbatches' losses, each divided by their count
+    // over this dp rank's rows: the microbatches' losses, each divided by their count (global_tokens:
+    // each its sum over the valid targets divided by the step's count over every rank)
+    double loss = 0;
+    // the part of `loss` the modules added (moe balancing losses), the same on every rank whose tokens
+    // differ: a combination of the ranks' losses that sums their parts (global_tokens) takes it once
+    double aux_loss = 0;
     double grad_norm =
         0;  // clip_grad_norm: the gradients' total norm before clipping (clip_grad_norm_'s return)
     double seconds = 0;  // forward + backward + gradient sync + optimizer, synchronised
@@ -170,10 +184,12 @@ private:
         Tensor grad;
         double loss_value = 0;
         double aux = 0;  // losses the modules added (a moe layer's balancing loss), unscaled
+        double aux_scaled = 0;
     };
     struct Done {
         Placed output;  // as the loss saw it
         double loss = 0;
+        double aux = 0;  // the part of loss the modules added, scaled
     };
     // One step's state as its schedule runs: the batch, the microbatches in flight and done.
     struct StepState {
@@ -181,6 +197,9 @@ private:
         StepObserver observer;
         Batch batch;
         int64_t microbatches = 1, rows = 0, mine = 0;
+        // loss_normalization global_tokens: the step's items (valid targets) over every rank whose
+        // tokens differ and every microbatch, which each microbatch's summed loss is divided by
+        std::optional<double> items;
         // keyed by (stage, microbatch): a rank may hold several stages (interleaved_1f1b)
         std::map<std::pair<int, int>, Inflight> inflight;
         std::map<int, Done> done;  // the last stage's, by microbatch
@@ -196,10 +215,20 @@ private:
     void forward(StepState& st, int s, int m);
     void backward(StepState& st, int s, int m);
     void exchange(StepState& st, const std::vector<Action>& actions);
+    // This rank's first row of microbatch m in the step's batch.
+    int64_t first_row(const StepState& st, int m) const;
+    // This rank's rows (and cp positions) of microbatch m's target.
+    Tensor microbatch_target(const StepState& st, int m) const;
+    // torchtitan's global_valid_tokens: this rank's loss items over the step's microbatches, summed
+    // over the ranks whose tokens differ (one all_reduce).
+    double global_items(const StepState& st);
     void keep_own_stage();
     void tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges, int pp);
     void sync_tied_gradients();
     double clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params);
+    // How the cp ranks' gradients combine: summed for a sum loss and under global_tokens, else
+    // averaged (each rank's loss a mean over its own positions).
+    ReduceOp cp_reduce() const;
 
     Model model_;
     const Plan& plan_;
@@ -210,12 +239,15 @@ private:
     std::unique_ptr<DeviceMesh> mesh_;
     Resolution res_;
     TpParams tp_params_;
-    bool aux_losses_ = false;             // a moe layer of the whole model adds a balancing loss
+    bool aux_losses_ = false;  // a moe layer of the whole model adds a balancing loss
+    // the plan's, else the model's, as the layer lets it run
+    LossNormalization normalization_ = LossNormalization::mean_per_call;
     DataParallelResolution executed_dp_;  // what the layer let run (res_.dp: what the plan says)
     std::unique_ptr<DataParallel> data_parallel_;
     std::unique_ptr<ExpertParallel> expert_parallel_;
     RoutingLog* routing_ = nullptr;
-    // the ranks whose tokens differ (data dims and cp): a moe layer's balancing loss sums over them
+    // the ranks whose tokens differ (data dims and cp): a moe layer's balancing loss sums over them,
+    // and global_tokens counts the step's items over them
     Communicator* tokens_ = nullptr;
     bool routing_replays_ = false;
     std::unique_ptr<Communicator> solo_;  // the one-rank group of a role the plan does not have

@@ -72,25 +72,29 @@ private:
 class ModuleFaultHooks final : public ModuleHooks {
 public:
     explicit ModuleFaultHooks(FaultKind kind) : kind_(kind) {}
-    Placed pre_forward(RunContext& c, Module&, const Placed& x) override {
+    Placed pre_forward(RunContext& c, Module& m, const Placed& x) override {
+        if (kind_ == FaultKind::cp_balance_noncausal) causal_mask(c, m, true);
         if (kind_ == FaultKind::recompute_mask && c.recomputing) c.step += 1000003, shifted_ = true;
         if (kind_ != FaultKind::dropout_same_mask) return x;
         layouts_.push(c.microbatch, x.layout());
         if (c.recording) backward_layouts_.push(c.microbatch, x.layout());
         return {x.t, Placement::replicate(), x.t.shape()};
     }
-    Placed post_forward(RunContext& c, Module&, const Placed& y) override {
+    Placed post_forward(RunContext& c, Module& m, const Placed& y) override {
+        if (kind_ == FaultKind::cp_balance_noncausal) causal_mask(c, m, false);
         if (shifted_) c.step -= 1000003, shifted_ = false;
         if (kind_ != FaultKind::dropout_same_mask) return y;
         const Layout l = layouts_.pop(c.microbatch);
         return {y.t, l.p, l.global};
     }
-    Placed pre_forward_backward(RunContext& c, Module&, const Placed& dx) override {
+    Placed pre_forward_backward(RunContext& c, Module& m, const Placed& dx) override {
+        if (kind_ == FaultKind::cp_balance_noncausal) causal_mask(c, m, false);
         if (kind_ != FaultKind::dropout_same_mask || backward_layouts_.empty(c.microbatch)) return dx;
         const Layout l = backward_layouts_.pop(c.microbatch);  // the input's true layout, for its gradient
         return {dx.t, grad_placement(l.p), l.global};
     }
     Placed post_forward_backward(RunContext& c, Module& m, const Placed& dy) override {
+        if (kind_ == FaultKind::cp_balance_noncausal) causal_mask(c, m, true);
         if (kind_ == FaultKind::tied_grad && m.param("weight"))
             kept_.push(c.microbatch, m.param("weight")->grad.clone());
         return dy;
@@ -100,11 +104,23 @@ public:
         c.backend->copy(kept_.pop(c.microbatch), m.param("weight")->grad);
     }
 
+    // cp_balance_noncausal: a non-causal attention under load-balanced context parallelism computes
+    // with the causal mask for the time of its call (forward and backward)
+    void causal_mask(RunContext& c, Module& m, bool on) {
+        auto* a = dynamic_cast<Attention*>(&m);
+        if (!a || !c.context || c.context->parts == 1 || !c.context->load_balance) return;
+        if (on && !a->causal())
+            a->set_causal(true), switched_ = true;
+        else if (!on && switched_)
+            a->set_causal(false), switched_ = false;
+    }
+
 private:
     FaultKind kind_;
     MicrobatchStack<Layout> layouts_, backward_layouts_;
     MicrobatchStack<Tensor> kept_;
     bool shifted_ = false;
+    bool switched_ = false;  // cp_balance_noncausal: the mask is the fault's for this call
 };
 
 // cp_merge_unscaled's backend: the ring's log-sum-exp merge without the max, each block's sum of
@@ -315,13 +331,23 @@ P2PTagParts p2p_tag_parts(int tag) {
 
 // A mesh dim's communicator with the collectives of one scope broken. The scope is the counter's
 // module and site (comm/comm_stats.h), which the parallel code sets around its collectives.
+// grad_sum's reduction: summed where the run averages, averaged where it sums (global_tokens)
+ReduceOp other_reduction(ReduceOp op) {
+    return op == ReduceOp::sum ? ReduceOp::avg : ReduceOp::sum;
+}
+
 class FaultComm final : public Communicator {
 public:
     using Buckets =
         std::map<std::string, std::vector<std::string>>;  // root -> bucket K -> the fault's parameter or ""
     FaultComm(std::unique_ptr<Communicator> inner, Fault fault, const Buckets& buckets,
-              const StageParams& stage, bool pp = false)
-        : inner_(std::move(inner)), fault_(std::move(fault)), buckets_(buckets), stage_(stage), pp_(pp) {
+              const StageParams& stage, bool pp = false, bool ep = false)
+        : inner_(std::move(inner)),
+          fault_(std::move(fault)),
+          buckets_(buckets),
+          stage_(stage),
+          pp_(pp),
+          ep_(ep) {
         set_counter(inner_->counter(), "");  // the inner communicator counts
     }
     int rank() const override { return inner_->rank(); }
@@ -351,8 +377,9 @@ public:
     }
     void all_reduce(Tensor& t, ReduceOp op) override {
         if ((fault_.is(FaultKind::clip_local_norm) && site().is(CommSiteKind::clip_grad_norm)) ||
-            (fault_.is(FaultKind::loss_parallel_local) && site().is(CommSiteKind::loss_parallel)))
-            return;  // each rank keeps its own
+            (fault_.is(FaultKind::loss_parallel_local) && site().is(CommSiteKind::loss_parallel)) ||
+            (fault_.is(FaultKind::ep_grad_norm_local) && ep_ && site().is(CommSiteKind::clip_grad_norm)))
+            return;  // each rank keeps its own (ep_grad_norm_local: its own experts' squares)
         if (fault_.is(FaultKind::pp_tied_unsynced) && site().is(CommSiteKind::tied_weights))
             return;  // each stage keeps the part its own use contributed
         if (fault_.is(FaultKind::cp_grads_unsynced) && site().is(CommSiteKind::context_grads))
@@ -360,7 +387,7 @@ public:
         if (skips_stage_sync()) return;
         if (site().is(CommSiteKind::bucket)) {
             if (skips_bucket()) return;
-            if (fault_.hits(FaultKind::grad_sum, module())) op = ReduceOp::sum;
+            if (fault_.hits(FaultKind::grad_sum, module())) op = other_reduction(op);
             if (fault_.hits(FaultKind::zero_wrong_group, module()) && zero_)
                 return wrong_group_ ? wrong_group_->all_reduce(t, op) : void();
         }
@@ -373,7 +400,7 @@ public:
     }
     void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
         if (site().is(CommSiteKind::bucket)) {  // ZeRO-2's buckets: DDP's faults, and the wrong group
-            if (fault_.hits(FaultKind::grad_sum, module())) op = ReduceOp::sum;
+            if (fault_.hits(FaultKind::grad_sum, module())) op = other_reduction(op);
             const bool wrong = fault_.hits(FaultKind::zero_wrong_group, module());
             if (wrong && wrong_group_) return wrong_group_->reduce_scatter(in, out, op);
             if (!wrong && !skips_bucket()) return inner_->reduce_scatter(in, out, op);
@@ -429,6 +456,7 @@ private:
     const Buckets& buckets_;    // the layer's, filled once data parallelism is resolved
     const StageParams& stage_;  // the layer's, filled once data parallelism is resolved
     bool pp_ = false;           // the pp dim's communicator
+    bool ep_ = false;           // the ep dim's communicator
     std::map<std::string, Tensor> stale_;
     Communicator* wrong_group_ = nullptr;
     bool zero_ = false;
@@ -442,6 +470,19 @@ private:
 // activation again for m's; pp_detached_input:S sends zeros for the input's gradient. A boundary
 // between two stages of one rank has no send (the stages hand over in memory): not hit.
 void FaultComm::batch_isend_irecv(const std::vector<P2POp>& ops) {
+    if (fault_.hits(FaultKind::cp_ring_stale_kv, module()) && site().is(CommSiteKind::context_kv) &&
+        std::any_of(ops.begin(), ops.end(), [](const P2POp& op) { return op.tag == ring_key_grads; })) {
+        // a backward ring step: the block's gradients move on, its keys and values do not (the rank
+        // recomputes the next step with the block it holds: its own, every step)
+        inner_->batch_isend_irecv(ops);
+        std::map<int, const Tensor*> sent;
+        for (const P2POp& op : ops)
+            if (op.kind == P2POp::Kind::send) sent[op.tag] = op.tensor;
+        for (const P2POp& op : ops)
+            if (op.kind == P2POp::Kind::recv && (op.tag == ring_keys || op.tag == ring_values))
+                backend_for(op.tensor->device()).copy(*sent.at(op.tag), *op.tensor);
+        return;
+    }
     if (fault_.hits(FaultKind::cp_kv_grads_local, module()) && site().is(CommSiteKind::context_kv)) {
         // the ring's last hop not taken: each rank keeps the block gradients it holds as its own
         std::vector<P2POp> kept;
@@ -491,6 +532,7 @@ public:
     void wrap_mesh(DeviceMesh& mesh, const Plan& plan) override {
         plan_ = &plan;
         const int pp = plan.pipeline && plan.dims.has(DimRole::pp) ? plan.dims.index(DimRole::pp) : -1;
+        const int ep = plan.expert_parallel && plan.dims.has(DimRole::ep) ? plan.dims.index(DimRole::ep) : -1;
         // grad_scale's rank: the last of the stage (of the world without a pipeline), which holds the
         // stage's parameters; the world's last holds the last stage's only
         last_ = true;
@@ -498,8 +540,9 @@ public:
             if (d != pp && mesh.coord(d) != mesh.dims()[d].size - 1) last_ = false;
         for (int d = 0; d < mesh.ndim(); ++d) {
             if (!plan.dims.role(d)) continue;  // a dim no section uses: nothing of the plan's runs on it
-            mesh.wrap(d, [&, d, pp](std::unique_ptr<Communicator> c) {
-                return std::make_unique<FaultComm>(std::move(c), fault_, buckets_, stage_params_, d == pp);
+            mesh.wrap(d, [&, d, pp, ep](std::unique_ptr<Communicator> c) {
+                return std::make_unique<FaultComm>(std::move(c), fault_, buckets_, stage_params_, d == pp,
+                                                   d == ep);
             });
         }
         mesh.wrap_groups([&](std::unique_ptr<Communicator> c) {  // fully_shard over dp_shard x cp
@@ -517,7 +560,29 @@ public:
         }
     }
 
-    double loss_scale(double scale) override { return fault_.is(FaultKind::pp_loss_unscaled) ? 1.0 : scale; }
+    // pp_loss_unscaled: a microbatch's loss not divided by the microbatches where it should be (a mean
+    // per call), divided where it should not (global_tokens' sum over the step's count)
+    double loss_scale(double scale, int64_t microbatches) override {
+        if (!fault_.is(FaultKind::pp_loss_unscaled)) return scale;
+        return scale == 1.0 ? 1.0 / static_cast<double>(microbatches) : 1.0;
+    }
+
+    LossNormalization loss_normalization(LossNormalization n) override {
+        return fault_.is(FaultKind::loss_per_call) ? LossNormalization::mean_per_call : n;
+    }
+
+    // pp_stage_reinit: the stage's gradients start again at each microbatch's backward
+    void before_backward(Model& model, int stage, int /*microbatch*/) override {
+        if (!fault_.hits_stage(FaultKind::pp_stage_reinit, stage)) return;
+        for (const auto& [name, p] : model.named_parameters())
+            if (stage_params_.held.count(p.get()) && p->grad.numel() > 0)
+                backend_for(p->grad.device()).fill(p->grad, 0.0);
+    }
+
+    double clip_norm(double norm, int64_t microbatches) override {
+        return fault_.is(FaultKind::grad_norm_per_microbatch) ? norm / static_cast<double>(microbatches)
+                                                              : norm;
+    }
 
     std::unique_ptr<Communicator> wrap_group(std::unique_ptr<Communicator> c,
                                              const std::string& param) override {
@@ -556,7 +621,8 @@ public:
     ExpertParallelResolution expert_parallel(const ExpertParallelResolution& r) override {
         ExpertParallelResolution out = r;
         for (const std::string& layer : r.layers)
-            if (fault_.hits(FaultKind::ep_grads_wrong_group, layer)) out.undivided.insert(layer);
+            if (fault_.hits(FaultKind::ep_grads_wrong_group, layer)) out.wrong_scale.insert(layer);
+        if (fault_.is(FaultKind::loss_per_call)) out.grad_reduce = ReduceOp::avg;
         return out;
     }
 
@@ -616,6 +682,7 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         const bool dropout = dynamic_cast<const Dropout*>(&m) != nullptr;
         if (fault_.hits(FaultKind::tied_grad, fqn) ||
+            (dynamic_cast<const Attention*>(&m) && fault_.hits(FaultKind::cp_balance_noncausal, fqn)) ||
             (dropout &&
              (fault_.hits(FaultKind::dropout_same_mask, fqn) || fault_.hits(FaultKind::recompute_mask, fqn))))
             m.add_outer_hooks(std::make_shared<ModuleFaultHooks>(*fault_.kind));
@@ -657,6 +724,11 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
             fault_.hits(FaultKind::bias_every_rank, rs.fqn) ||
             fault_.hits(FaultKind::skip_grad_all_reduce, rs.fqn))
             rs.module->set_hooks(std::make_shared<FaultHooks>(rs.module->hooks(), *fault_.kind, tp.size()));
+        // moe_tp_grad_unreduced: a moe layer's routed experts' partial input gradients kept as they are
+        if (const size_t at = rs.fqn.find(".experts.");
+            at != std::string::npos && fault_.hits(FaultKind::moe_tp_grad_unreduced, rs.fqn.substr(0, at)))
+            rs.module->set_hooks(
+                std::make_shared<FaultHooks>(rs.module->hooks(), FaultKind::skip_grad_all_reduce, tp.size()));
         for (const auto& [pp, full] : full_) {
             const ParamPtr p = rs.module->param("weight") && rs.module->param("weight").get() == pp
                                    ? rs.module->param("weight")
@@ -672,6 +744,7 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
 
 DataParallelResolution FaultLayer::data_parallel(const DataParallelResolution& r) {
     DataParallelResolution out = r;
+    if (fault_.is(FaultKind::loss_per_call)) out.grad_reduce = ReduceOp::avg;  // DDP's average of the means
     if (fault_.is(FaultKind::skip_buffer_broadcast)) out.synced_buffers.clear();
     if (fault_.is(FaultKind::zero_wrong_offset) && out.zero_stage > 0) out.zero_rotation = 1;
     if (fault_.is(FaultKind::ep_shared_unsynced)) {  // the shared expert's parameters synchronised by no one

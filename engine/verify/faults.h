@@ -43,6 +43,8 @@ enum class FaultKind {
     dropout_same_mask,
     recompute_mask,
     sac_stale_output,
+    loss_per_call,
+    grad_norm_per_microbatch,
     // mixed precision
     masters_rounded,
     // pipeline parallel (STAGE: a pipeline stage's index, as reports number them: under
@@ -56,6 +58,7 @@ enum class FaultKind {
     pp_tied_unsynced,
     pp_clip_stage_norm,
     pp_stage_sync_skipped,
+    pp_stage_reinit,
     // context parallel (MODULE: an attention)
     cp_position_offset,
     cp_permutation_kept,
@@ -63,6 +66,8 @@ enum class FaultKind {
     cp_grads_unsynced,
     cp_mask_unshifted,
     cp_merge_unscaled,
+    cp_ring_stale_kv,
+    cp_balance_noncausal,
     // mixture of experts (MODULE: a moe layer)
     moe_router_unnormalised,
     moe_aux_unreduced,
@@ -71,6 +76,8 @@ enum class FaultKind {
     ep_expert_misplaced,
     ep_grads_wrong_group,
     ep_shared_unsynced,
+    moe_tp_grad_unreduced,
+    ep_grad_norm_local,
 };
 
 enum class FaultSection {
@@ -108,7 +115,7 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::skip_bucket, "skip_bucket", FaultSection::data_parallel, "PARAM",
      "the bucket holding PARAM is not all_reduced"},
     {FaultKind::grad_sum, "grad_sum", FaultSection::data_parallel, "ROOT",
-     "a replicate() root's buckets are summed, not averaged"},
+     "a replicate() root's buckets are summed, not averaged (under global_tokens: averaged, not summed)"},
     {FaultKind::skip_buffer_broadcast, "skip_buffer_broadcast", FaultSection::data_parallel, "*",
      "buffers are not broadcast (at construction, before each forward)"},
     {FaultKind::sync_ignored, "sync_ignored", FaultSection::data_parallel, "*",
@@ -142,10 +149,20 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::sac_stale_output, "sac_stale_output", FaultSection::training, "MODULE",
      "a region under the op-level selective policy: the recompute of microbatch m >= 1 takes the "
      "outputs it kept for microbatch m-1"},
+    {FaultKind::loss_per_call, "loss_per_call", FaultSection::training, "*",
+     "loss_normalization global_tokens run per call: each rank's loss the mean over its own valid targets "
+     "divided by the microbatch count, and data parallel averaging the gradients (plain DDP's mean loss, "
+     "the bug torchtitan's global_valid_tokens (PRs #1842, #2206) and transformers' num_items_in_batch "
+     "fixed)"},
+    {FaultKind::grad_norm_per_microbatch, "grad_norm_per_microbatch", FaultSection::training, "*",
+     "clip_grad_norm's norm divided by the step's microbatch count: the norm reported and clipped by "
+     "(verl #5867, AReaL #1273)"},
     {FaultKind::masters_rounded, "masters_rounded", FaultSection::mixed_precision, "*",
      "the optimizer steps parameters rounded to param_dtype (no fp32 masters)"},
     {FaultKind::pp_loss_unscaled, "pp_loss_unscaled", FaultSection::pipeline, "*",
-     "the last stage's microbatch losses are not divided by the step's microbatch count"},
+     "the last stage's microbatch losses are not divided by the step's microbatch count (under "
+     "global_tokens, whose sum is divided by the step's count: divided by it again, torch's scale_grads "
+     "on a per-token loss)"},
     {FaultKind::pp_grad_scaled_twice, "pp_grad_scaled_twice", FaultSection::pipeline, "STAGE",
      "the stage's gradients are divided by the microbatch count again after the backward (torch's "
      "scale_grads on a loss already divided)"},
@@ -167,6 +184,9 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::pp_stage_sync_skipped, "pp_stage_sync_skipped", FaultSection::pipeline, "STAGE",
      "the stage's DDP all_reduces / FSDP reduce_scatters of its gradients are skipped (a bucket or unit "
      "that holds them, whole: under interleaved_1f1b a rank's buckets may hold its other stages' too)"},
+    {FaultKind::pp_stage_reinit, "pp_stage_reinit", FaultSection::pipeline, "STAGE",
+     "the stage's gradients are zeroed before each microbatch's backward (the stage re-initialised "
+     "between microbatches, NeMo-Automodel PR #3530): only the step's last microbatch trains it"},
     {FaultKind::cp_position_offset, "cp_position_offset", FaultSection::context, "MODULE",
      "an attention takes its cp rank's tokens at positions 0..t-1 (no offset): RoPE rotates them and the "
      "causal mask cuts them as the sequence's first tokens"},
@@ -185,6 +205,12 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::cp_merge_unscaled, "cp_merge_unscaled", FaultSection::context, "MODULE",
      "ring: an attention merges the blocks' partial softmaxes without the max (each block's sum of "
      "exp(s - its own max) added as if the maxima were equal)"},
+    {FaultKind::cp_ring_stale_kv, "cp_ring_stale_kv", FaultSection::context, "MODULE",
+     "ring: an attention's backward recomputes every ring step with its own keys and values, not the "
+     "block that came round (the gradients still travel with their block; diffusers #14265)"},
+    {FaultKind::cp_balance_noncausal, "cp_balance_noncausal", FaultSection::context, "MODULE",
+     "load balancing: a non-causal attention's blocks masked as a causal one's (the load balancer's "
+     "causal layout applied to a bidirectional mask, pytorch#141429)"},
     {FaultKind::moe_router_unnormalised, "moe_router_unnormalised", FaultSection::experts, "MODULE",
      "a mixture of experts' router gets norm_topk_prob wrong: each token's top-k weights renormalised where "
      "the model says not, or left as scored where it says renormalise (forward and backward)"},
@@ -203,11 +229,19 @@ inline constexpr FaultClass kFaultClasses[] = {
      "own "
      "experts' weights (an expert on the wrong rank)"},
     {FaultKind::ep_grads_wrong_group, "ep_grads_wrong_group", FaultSection::experts, "MODULE",
-     "expert parallel: the experts' gradients averaged over their replicas only, not over the ep ranks whose "
-     "tokens they took (the ep ranks' contributions summed)"},
+     "expert parallel: the experts' gradients scaled for the other normalisation: under mean_per_call not "
+     "divided by ep (the ep ranks' contributions summed: doubled at ep 2, pytorch#160285, Megatron PR "
+     "#5956), under global_tokens divided by it"},
     {FaultKind::ep_shared_unsynced, "ep_shared_unsynced", FaultSection::experts, "MODULE",
      "expert parallel: a moe layer's shared expert left out of data parallel's gradient sync (taken for an "
      "expert whose gradient expert parallelism handles)"},
+    {FaultKind::moe_tp_grad_unreduced, "moe_tp_grad_unreduced", FaultSection::experts, "MODULE",
+     "tensor parallel without expert parallel: the gradient a moe layer's experts send back to the "
+     "layer's input is not all_reduced over tp (each rank keeps its share), so the router and everything "
+     "below get under-reduced gradients (torchtitan PR #4054)"},
+    {FaultKind::ep_grad_norm_local, "ep_grad_norm_local", FaultSection::experts, "*",
+     "expert parallel: clip_grad_norm sums each rank's own experts' squares only (not over ep): the norm "
+     "undercounted and clipped by (Megatron PR #5916)"},
 };
 
 const FaultClass& fault_class(FaultKind k);

@@ -93,6 +93,8 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
                 res.detail +=
                     fmt::format("{}{}: {}", res.detail.empty() ? "" : "; ", d.plan_path, worst(d, 3));
         if (!res.directions[0].localisation.empty()) res.detail += "; " + res.directions[0].localisation;
+        for (const std::string& n : res.directions[0].notes)
+            if (n.rfind("cause: ", 0) == 0) res.causes.push_back(n);
     }
     if (res.verdict == Verdict::fail && opt.update &&
         !res.directions[1].pass) {  // the numbers moved: re-record, loudly
@@ -116,7 +118,7 @@ std::vector<CaseResult> replay_golden_files(const std::vector<std::string>& args
     for (const std::string& path : golden_paths(args)) {
         const GoldenCase c = load_golden(path);
         if (!c.stale.empty()) {  // reported, not built from
-            results.push_back({path, Verdict::stale, c.stale, {}, 1, 0.0});
+            results.push_back({path, Verdict::stale, c.stale, {}, {}, 1, 0.0});
             if (on_case) on_case(results.back());
             continue;
         }

@@ -12,6 +12,7 @@ struct CaseResult {
     std::string path;
     Verdict verdict = Verdict::pass;
     std::string detail;                  // why it failed (the worst tensors, the divergence) or is stale
+    std::vector<std::string> causes;     // a failure's expected causes ("cause: ..."), as verify prints them
     std::vector<PlanReport> directions;  // parallel vs reference, reference vs golden, parallel vs golden
     int world_size = 1;
     double seconds = 0;

@@ -236,9 +236,11 @@ public:
         if (!opt_.events) return nullptr;
         // under data parallel a mean loss over each rank's rows makes activation gradients dp times
         // the reference's (DDP's average puts the parameter gradients right): scaled for comparison
-        // (and under context parallel a mean over each rank's positions: cp times)
+        // (and under context parallel a mean over each rank's positions: cp times); under
+        // global_tokens every rank divides by the step's count, as the reference does
         const int ranks = data_.size() * run_.comm(DimRole::cp).size();
-        const double scale = ranks > 1 && run_.model().loss != LossKind::sum ? 1.0 / ranks : 1.0;
+        const bool per_rank_mean = run_.model().loss != LossKind::sum && !summed_loss();
+        const double scale = ranks > 1 && per_rank_mean ? 1.0 / ranks : 1.0;
         auto calls =
             std::make_shared<std::map<std::string, int>>();  // this step's events so far, by key less call
         event_index_.clear();
@@ -301,11 +303,16 @@ public:
         if (run_.holds_last_stage()) {  // the last stage's rank (every rank without pp)
             // each rank's output rows and loss are its own: gathered and combined as the global batch's
             record_output(sr, s + "output", out.outputs, last_step);
-            Tensor loss = Tensor::scalar(out.loss, DType::float64).reshape({1});
-            const ReduceOp combine = run_.model().loss == LossKind::sum ? ReduceOp::sum : ReduceOp::avg;
+            // each rank's loss: a sum (loss: sum; global_tokens: its part of the step's sum / count,
+            // beside the balancing losses every such rank holds whole), or its own mean
+            const bool summed = run_.model().loss == LossKind::sum || summed_loss();
+            const double whole = summed ? out.aux_loss : 0;
+            Tensor loss = Tensor::scalar(out.loss - whole, DType::float64).reshape({1});
+            const ReduceOp combine = summed ? ReduceOp::sum : ReduceOp::avg;
             if (data_.size() > 1) data_.all_reduce(loss, combine);
             if (Communicator& cp = run_.comm(DimRole::cp); cp.size() > 1) cp.all_reduce(loss, combine);
-            record(sr, s + "loss", Tensor::scalar(loss.item(0), run_.model().dtype), {}, false, last_step);
+            record(sr, s + "loss", Tensor::scalar(loss.item(0) + whole, run_.model().dtype), {}, false,
+                   last_step);
             if (data_.size() > 1 || run_.comm(DimRole::cp).size() > 1)
                 note_state(sr, s + "loss", ReplicaState::sharded);  // combined from each rank's own
             if (run_.model().clip_grad_norm >
@@ -936,6 +943,10 @@ private:
     std::unique_ptr<Optimizer> shadow_opt_;
     const bool rank0_;
     Communicator& data_;  // the batch's group: activations' rows, the loss
+    // loss_normalization global_tokens: each rank's loss is its part of the step's sum / count
+    bool summed_loss() const {
+        return run_.plan().normalization(run_.model()) == LossNormalization::global_tokens;
+    }
     std::vector<int> order_;
     std::unordered_map<std::string, const Tensor*> reference_, golden_;
     const bool local_;

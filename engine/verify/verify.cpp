@@ -21,6 +21,7 @@
 #include "train/simulate.h"
 #include "verify/faults.h"
 #include "verify/golden_replay.h"
+#include "verify/loss_causes.h"
 
 namespace ptool {
 namespace {
@@ -110,7 +111,8 @@ std::vector<RankMemory> gather_memory(const RankMemory& m, Communicator& world) 
 
 // Adds one plan's comparison with the reference to the report (rank 0).
 void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parallel, const Plan& plan,
-              const Resolution& res, const Tolerance& tol, bool strict) {
+              const Resolution& res, const std::vector<Diagnostic>& causes, const Tolerance& tol,
+              bool strict) {
     PlanReport rep = compare_runs(reference, parallel, plan, tol);
     rep.warnings = diagnostic_strings(res.warnings);
     for (const MeshDim& d : plan.mesh()) rep.mesh.emplace_back(d.name, d.size);
@@ -121,7 +123,7 @@ void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parall
                                         rep.warnings[0]));
     }
     if (!rep.pass)
-        for (const Diagnostic& c : res.causes) rep.notes.push_back("cause: " + c.str());
+        for (const Diagnostic& c : causes) rep.notes.push_back("cause: " + c.str());
     rep.run = std::move(parallel);
     report.pass = report.pass && rep.pass;
     report.plans.push_back(std::move(rep));
@@ -151,6 +153,7 @@ std::string numerics_key(const Plan& plan, const Model& model) {
     // the model's, each of a pipeline's microbatches), and the mixed precision policy
     const int64_t n = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     std::string m = n > 1 ? fmt::format("m{}", n) : "";
+    if (plan.normalization(model) == LossNormalization::global_tokens) m += "g";
     if (const int parts = ring_parts(plan); parts > 1)
         m += fmt::format("ring{}{}", parts, plan.context_parallel->load_balance ? "b" : "");
     if (!plan.mixed_precision) return m;
@@ -313,6 +316,15 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
         const Plan& plan = job.plans[i];
         const int64_t steps = steps_for(plan, job.options, probe.steps);
         const Resolution res = resolve_plan(probe, plan);  // the lint, before anything runs
+        std::vector<Diagnostic> causes = res.causes;       // and what the step's data makes of the loss
+        {
+            const DataSource data(probe, job.inputs.data, job.inputs.data_path);
+            const SourceLocation data_where = job.inputs.data     ? SourceLocation{job.inputs.data_path, 0, 0}
+                                              : probe.target_mask ? probe.target_mask_where
+                                                                  : SourceLocation{probe.path, 0, 0};
+            const auto found = loss_normalization_causes(probe, plan, data, steps, data_where);
+            causes.insert(causes.end(), found.begin(), found.end());
+        }
         if (launch.rank0())
             for (const auto& w : res.warnings) spdlog::warn("{}", w.str());
         RecordOptions ro;
@@ -420,7 +432,7 @@ VerifyReport verify(const VerifyJob& job, Launch& launch) {
             report.reference_seconds += references[key].seconds;
         }
         if (launch.rank0()) {
-            add_plan(report, references[key], std::move(par), plan, res, ro.tol, job.options.strict);
+            add_plan(report, references[key], std::move(par), plan, res, causes, ro.tol, job.options.strict);
             if (routing && routing->tokens() > 0)
                 report.plans.back().notes.push_back(fmt::format(
                     "routing: {} of the reference's {} token routings are near-ties (their chosen experts "

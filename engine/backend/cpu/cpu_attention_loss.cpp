@@ -167,12 +167,12 @@ void CpuBackend::softmax_backward_rows(const Tensor& y, const Tensor& dy, const 
     });
 }
 
-// torch.nn.functional.cross_entropy, reduction='mean', ignore_index=-100. logits: [N, V], target: [N].
-double CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) {
+// torch.nn.functional.cross_entropy's sum over the rows whose target is not ignore_index, divided by
+// `divisor` (reduction='mean': their count). logits: [N, V], target: [N].
+double CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                 double divisor, Tensor& dlogits) {
     const int64_t v = logits.size(-1), n = v == 0 ? 0 : logits.numel() / v;
     PTOOL_REQUIRE(target.numel() == n, "cross_entropy: {} targets for {} rows", target.numel(), n);
-    int64_t valid = 0;
-    for (int64_t i = 0; i < n; ++i) valid += id_at(target, i) != -100;
     return dispatch_float(logits.dtype(), [&](auto tag) {
         using T = decltype(tag);
         using A = acc_t<T>;
@@ -181,7 +181,7 @@ double CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, Ten
         double loss = 0.0;
         for (int64_t i = 0; i < n; ++i) {
             const int64_t t = id_at(target, i);
-            if (t != -100 && (t < 0 || t >= v))
+            if (t != ignore_index && (t < 0 || t >= v))
                 throw InputError(
                     fmt::format("class id {} at position {} is out of range for {} classes", t, i, v));
             A mx = -std::numeric_limits<A>::infinity();
@@ -189,20 +189,19 @@ double CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, Ten
             A sum = 0;
             for (int64_t j = 0; j < v; ++j) sum += std::exp(A(pl[i * v + j]) - mx);
             const A lse = mx + std::log(sum);
-            if (t != -100) loss += static_cast<double>(lse - A(pl[i * v + t]));
+            if (t != ignore_index) loss += static_cast<double>(lse - A(pl[i * v + t]));
             for (int64_t j = 0; j < v; ++j) {
-                A g = t == -100 ? A(0) : std::exp(A(pl[i * v + j]) - lse) - A(j == t ? 1 : 0);
-                pd[i * v + j] = T(g / A(valid));
+                A g = t == ignore_index ? A(0) : std::exp(A(pl[i * v + j]) - lse) - A(j == t ? 1 : 0);
+                pd[i * v + j] = T(g / A(divisor));
             }
         }
-        return static_cast<double>(static_cast<A>(loss / static_cast<double>(valid)));
+        return static_cast<double>(static_cast<A>(loss / divisor));
     });
 }
 
-// torch.nn.functional.mse_loss, reduction='mean'.
-double CpuBackend::mse(const Tensor& out, const Tensor& target, Tensor& dout) {
+// torch.nn.functional.mse_loss's sum of squares divided by `divisor` (reduction='mean': the elements).
+double CpuBackend::mse(const Tensor& out, const Tensor& target, double divisor, Tensor& dout) {
     require_same_shape(out, target, "mse");
-    const double n = static_cast<double>(out.numel());
     return dispatch_float(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         using A = acc_t<T>;
@@ -212,9 +211,9 @@ double CpuBackend::mse(const Tensor& out, const Tensor& target, Tensor& dout) {
         for (int64_t i = 0, m = out.numel(); i < m; ++i) {
             const A diff = A(po[i]) - A(pt[i]);
             loss += static_cast<double>(diff * diff);
-            pd[i] = T(A(2) * diff / A(n));
+            pd[i] = T(A(2) * diff / A(divisor));
         }
-        return static_cast<double>(static_cast<A>(loss / n));
+        return static_cast<double>(static_cast<A>(loss / divisor));
     });
 }
 

@@ -75,8 +75,9 @@ public:
     void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o,
                                Tensor& dx) override;
 
-    double cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) override;
-    double mse(const Tensor& out, const Tensor& target, Tensor& dout) override;
+    double cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double divisor,
+                         Tensor& dlogits) override;
+    double mse(const Tensor& out, const Tensor& target, double divisor, Tensor& dout) override;
 
     void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buf, double lr, double momentum,
                   double weight_decay, bool first_step) override;

@@ -154,10 +154,10 @@ __global__ void softmax_backward_rows_kernel(const D* y, const D* dy, const D* o
     }
 }
 
-// Per row: loss_r = lse - x[t] (0 for ignored rows), dlogits = (softmax - onehot) / valid.
+// Per row: loss_r = lse - x[t] (0 for ignored rows), dlogits = (softmax - onehot) / divisor.
 template <class D>
 __global__ void cross_entropy_kernel(const D* logits, const int64_t* target, D* dlogits, double* row_loss,
-                                     int64_t rows, int64_t v, int64_t valid) {
+                                     int64_t rows, int64_t v, int64_t ignore_index, double divisor) {
     using A = dacc_t<D>;
     __shared__ A scratch[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -170,23 +170,24 @@ __global__ void cross_entropy_kernel(const D* logits, const int64_t* target, D* 
         for (int64_t j = threadIdx.x; j < v; j += blockDim.x) sum += exp(to_acc(x[j]) - mx);
         sum = block_sum(sum, scratch);
         const A lse = mx + log(sum);
-        if (threadIdx.x == 0) row_loss[r] = t == -100 ? 0.0 : static_cast<double>(lse - to_acc(x[t]));
+        if (threadIdx.x == 0) row_loss[r] = t == ignore_index ? 0.0 : static_cast<double>(lse - to_acc(x[t]));
         for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-            const A g = t == -100 ? A(0) : exp(to_acc(x[j]) - lse) - A(j == t ? 1 : 0);
-            dlogits[r * v + j] = from_acc<D>(g / A(valid));
+            const A g = t == ignore_index ? A(0) : exp(to_acc(x[j]) - lse) - A(j == t ? 1 : 0);
+            dlogits[r * v + j] = from_acc<D>(g / A(divisor));
         }
     }
 }
 
 template <class D>
-__global__ void mse_kernel(const D* out, const D* target, D* dout, int64_t n, double* loss) {  // one block
+__global__ void mse_kernel(const D* out, const D* target, D* dout, int64_t n, double divisor,
+                           double* loss) {  // one block
     using A = dacc_t<D>;
     __shared__ double scratch[32];
     double s = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         const A diff = to_acc(out[i]) - to_acc(target[i]);
         s += static_cast<double>(diff * diff);
-        dout[i] = from_acc<D>(A(2) * diff / A(static_cast<double>(n)));
+        dout[i] = from_acc<D>(A(2) * diff / A(divisor));
     }
     s = block_sum(s, scratch);
     if (threadIdx.x == 0) *loss = s;
@@ -336,44 +337,43 @@ void CudaBackend::softmax_backward_rows(const Tensor& y, const Tensor& dy, const
     check_launch();
 }
 
-double CudaBackend::cross_entropy(const Tensor& logits, const Tensor& target, Tensor& dlogits) {
+double CudaBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                  double divisor, Tensor& dlogits) {
     const RowDims r = row_dims(logits);
     PTOOL_REQUIRE(target.numel() == r.rows, "cross_entropy: {} targets for {} rows", target.numel(), r.rows);
     const std::vector<int64_t> h = host_ids(target);
-    int64_t valid = 0;
-    for (int64_t i = 0; i < r.rows; ++i) {
-        if (h[i] != -100 && (h[i] < 0 || h[i] >= r.cols))
+    for (int64_t i = 0; i < r.rows; ++i)
+        if (h[i] != ignore_index && (h[i] < 0 || h[i] >= r.cols))
             throw InputError(
                 fmt::format("class id {} at position {} is out of range for {} classes", h[i], i, r.cols));
-        valid += h[i] != -100;
-    }
     const Launch l = rows_launch(r.rows, r.cols);
     if (!l.grid) return 0.0;
     const Tensor t64 = device_ids(h);
     Tensor row_loss({r.rows}, DType::float64, Device::cuda);
     dispatch(logits.dtype(), [&](auto tag) {
         using D = decltype(tag);
-        cross_entropy_kernel<D><<<l.grid, l.block, 0, stream()>>>(
-            ptr<D>(logits), ptr<int64_t>(t64), ptr<D>(dlogits), ptr<double>(row_loss), r.rows, r.cols, valid);
+        cross_entropy_kernel<D><<<l.grid, l.block, 0, stream()>>>(ptr<D>(logits), ptr<int64_t>(t64),
+                                                                  ptr<D>(dlogits), ptr<double>(row_loss),
+                                                                  r.rows, r.cols, ignore_index, divisor);
     });
     check_launch();
     const std::vector<double> losses = row_loss.to_doubles();  // rows in order, as the CPU sums them
     double loss = 0.0;
     for (double v : losses) loss += v;
-    return in_acc_type(loss / static_cast<double>(valid), logits.dtype());
+    return in_acc_type(loss / divisor, logits.dtype());
 }
 
-double CudaBackend::mse(const Tensor& out, const Tensor& target, Tensor& dout) {
+double CudaBackend::mse(const Tensor& out, const Tensor& target, double divisor, Tensor& dout) {
     require_same_shape(out, target, "mse");
     if (out.numel() == 0) return 0.0;
     Tensor loss({}, DType::float64, Device::cuda);
     dispatch(out.dtype(), [&](auto tag) {
         using D = decltype(tag);
         mse_kernel<D><<<1, 1024, 0, stream()>>>(ptr<D>(out), ptr<D>(target), ptr<D>(dout), out.numel(),
-                                                ptr<double>(loss));
+                                                divisor, ptr<double>(loss));
     });
     check_launch();
-    return in_acc_type(loss.item() / static_cast<double>(out.numel()), out.dtype());
+    return in_acc_type(loss.item() / divisor, out.dtype());
 }
 
 }  // namespace ptool

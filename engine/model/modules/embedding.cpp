@@ -40,13 +40,13 @@ Placement Embedding::out_placement(const Layout& in) const {
 }
 
 void Embedding::init_params(uint64_t seed) {
-    init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), 1.0);
+    init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), std_);
 }
 
 void Embedding::init_shard(uint64_t seed, const std::string&, Tensor& local, int64_t dim,
                            int64_t offset) const {
-    if (dim < 0) return init_normal(local, seed, join_name(fqn(), "weight"), 1.0);
-    init_normal_shard(local, seed, join_name(fqn(), "weight"), 1.0, {num_, dim_}, dim, offset);
+    if (dim < 0) return init_normal(local, seed, join_name(fqn(), "weight"), std_);
+    init_normal_shard(local, seed, join_name(fqn(), "weight"), std_, {num_, dim_}, dim, offset);
 }
 
 Tensor Embedding::local_ids(const Tensor& ids) const {

@@ -68,7 +68,13 @@ Placement Linear::out_placement(const Layout& in) const {
 }
 
 // kaiming_uniform_(a=sqrt(5)) gives bound 1/sqrt(in) for the weight; the bias uses the same bound.
+// Under set_normal_init (transformers' _init_weights) the weight ~ N(0, std) and the bias is 0.
 void Linear::init_params(uint64_t seed) {
+    if (normal_std_) {
+        if (!tied_) init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), *normal_std_);
+        if (auto b = param("bias")) fill_value(b->value, 0.0);
+        return;
+    }
     const double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;
     if (!tied_) init_uniform(param("weight")->value, seed, join_name(fqn(), "weight"), bound);
     if (auto b = param("bias")) init_uniform(b->value, seed, join_name(fqn(), "bias"), bound);
@@ -76,8 +82,13 @@ void Linear::init_params(uint64_t seed) {
 
 void Linear::init_shard(uint64_t seed, const std::string& name, Tensor& local, int64_t dim,
                         int64_t offset) const {
-    const double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;
     const Shape full = name == "weight" ? Shape{out_, in_} : Shape{out_};
+    if (normal_std_) {
+        if (name != "weight") return fill_value(local, 0.0);
+        if (dim < 0) return init_normal(local, seed, join_name(fqn(), name), *normal_std_);
+        return init_normal_shard(local, seed, join_name(fqn(), name), *normal_std_, full, dim, offset);
+    }
+    const double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;
     if (dim < 0)
         init_uniform(local, seed, join_name(fqn(), name), bound);
     else

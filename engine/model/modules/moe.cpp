@@ -321,8 +321,8 @@ Placed Moe::backward_placed(RunContext& ctx, const Placed& dy, const Layout& in)
 //                                P_e = the mean over the T tokens of e's softmax score
 // Each rank sums its counts and scores, one all_reduce sums them over the group, and every rank
 // takes the same aux. Its gradient on a rank's tokens, d aux / d p_te = coef E f_e / T, is scaled by
-// the microbatch's loss factor and by the group's size: data parallel averages the gradients over
-// those ranks, and each rank holds one part of the sum.
+// the microbatch's loss factor and by the group's size where data parallel averages the gradients over
+// those ranks (each rank holds one part of the sum; under global_tokens they are summed: no factor).
 void Moe::balance_loss(RunContext& ctx, Saved& sv, Device dev) const {
     const int64_t e = o_.router.experts, k = o_.router.top_k, n = sv.routing.tokens;
     std::vector<double> stats(static_cast<size_t>(2 * e + 1), 0.0);  // counts, score sums, tokens
@@ -339,7 +339,7 @@ void Moe::balance_loss(RunContext& ctx, Saved& sv, Device dev) const {
         Tensor t = device_tensor({2 * e + 1}, DType::float64, dev, stats);
         ctx.tokens->all_reduce(t, ReduceOp::sum);
         if (dev != Device::meta) stats = host_values(t);
-        ranks = ctx.tokens->size();
+        ranks = ctx.grads_summed ? 1 : ctx.tokens->size();
     }
     if (dev == Device::meta) return;
     const double tokens = stats.back();

@@ -57,7 +57,7 @@ Placement PositionEmbedding::out_placement(const Layout& in) const {
 }
 
 void PositionEmbedding::init_params(uint64_t seed) {
-    init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), 1.0);
+    init_normal(param("weight")->value, seed, join_name(fqn(), "weight"), std_);
 }
 
 // The position id of every (row, t) of x: t, or under context parallelism t's global position.
