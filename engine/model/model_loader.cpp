@@ -143,7 +143,7 @@ private:
     // The modules an entry built that no entry nested in it counted (its type's own: a moe's experts,
     // a repeat's blocks), against kMaxModules; an alias (`shared`) builds none.
     void count_modules(const YamlNode& node, const Module& mod, bool alias) {
-        const int64_t below = nested_.back(), size = subtree_modules(mod);
+        const int64_t below = nested_.back(), size = modules_under(mod);
         nested_.pop_back();
         if (!nested_.empty()) nested_.back() += size;  // a container's walk meets them again
         if (alias) return;
@@ -154,11 +154,6 @@ private:
                             "counted: a moe's gate, experts and their 3 projections, an attention's "
                             "4), over ptool's limit of {}: fewer layers or experts",
                             modules_, kMaxModules));
-    }
-    static int64_t subtree_modules(const Module& m) {
-        int64_t n = 1;
-        for (const auto& [name, child] : m.children()) n += subtree_modules(*child);
-        return n;
     }
 
     DType dtype_;

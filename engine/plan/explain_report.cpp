@@ -72,12 +72,6 @@ void explain_stages(ExplainReport& r) {
     r.bubble_closed_form = static_cast<double>(p - 1) / (spec.virtual_stages * m);
 }
 
-int64_t modules_under(const Module& m) {
-    int64_t n = 1;
-    for (const auto& [name, child] : m.children()) n += modules_under(*child);
-    return n;
-}
-
 // explain's simulation, bounded before it starts (docs/planning.md, "What explain costs"): each
 // rank class builds the model and runs its step on meta tensors, its modules (a pp rank's share
 // of them) forward and backward once per microbatch and simulated step. A module built costs about
