@@ -549,6 +549,13 @@ with tempfile.TemporaryDirectory() as tmp:
         expect(2, [f"{name}.yaml:4:17:", "units of work", "over ptool's bound"], "explain", blocks, write(T(f"{name}.yaml"), sec),
                timeout=60)
         check(time.time() - t0 < 10, f"explain of 4096 blocks under {name}: {time.time() - t0:.1f} s")
+    # plan --pipeline always of 4096 blocks: pipelines of up to 64 ranks and their long schedules
+    # (over 100 s at 5.4 GB; 12.7 s and 54 MB here, 771 candidates)
+    deep_rows = write(T("blocks1024.yaml"), open(blocks).read().replace("input: [512, 16]", "input: [1024, 16]"))
+    t0 = time.time()
+    expect(0, ["candidates simulated"], "plan", deep_rows, "--cluster", f"{ROOT}/clusters/h100_8x8.yaml", "--pipeline",
+           "always", timeout=180)
+    check(time.time() - t0 < 90, f"plan --pipeline always of 4096 blocks: {time.time() - t0:.1f} s")
     moe4 = write(T("moe4.yaml"), moe_text.replace("experts: 4,", "experts: 4096,").replace("count: 2", "count: 4")
                  .replace("tokens: [4, 8]", "tokens: [256, 64]"))
     t0 = time.time()

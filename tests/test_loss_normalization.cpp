@@ -209,9 +209,11 @@ TEST_CASE("global_tokens passes and mean_per_call fails with the cause on masked
 }
 
 TEST_CASE("explain says which normalisation a plan runs", "[cpu]") {
-    const Plan ddp = load_plan_text("mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n", "p.yaml");
+    const Plan ddp =
+        load_plan_text("mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n", "p.yaml");
     const std::string per_call = describe_loss(sft("gradient_accumulation: 2"), ddp);
-    CHECK(per_call.find("cross_entropy (ignore_index -100), loss_normalization mean_per_call (the model's)") == 0);
+    CHECK(per_call.find(
+              "cross_entropy (ignore_index -100), loss_normalization mean_per_call (the model's)") == 0);
     CHECK(per_call.find("/ 2 microbatches") != std::string::npos);
     CHECK(per_call.find("averages the 2 ranks' gradients") != std::string::npos);
     Plan global = ddp;

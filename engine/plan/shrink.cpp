@@ -138,9 +138,9 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     const int64_t rows = dp * mb * per_round * 2;
     YAML::Node shape = tokens ? input["tokens"] : input;
     // masked targets: a sequence of at least 8 so that a proxy's rows keep valid targets
-    const int64_t seq_unit = 2 * tp * cp_pieces,
-                  seq = batch["masked_targets"] && shape.size() > 1 ? (8 + seq_unit - 1) / seq_unit * seq_unit
-                                                                    : seq_unit;
+    const int64_t seq_unit = 2 * tp * cp_pieces, seq = batch["masked_targets"] && shape.size() > 1
+                                                           ? (8 + seq_unit - 1) / seq_unit * seq_unit
+                                                           : seq_unit;
     if (batch["masked_targets"] && shape.size() > 1)
         shrink_target_mask(batch["masked_targets"], as_int(shape[1]), seq);
     YAML::Node shrunk(YAML::NodeType::Sequence);

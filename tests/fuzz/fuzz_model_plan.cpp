@@ -26,7 +26,7 @@ namespace {
 struct Gen {
     FuzzedDataProvider& in;
     std::vector<std::string> linears, norms, modules;  // FQNs, for the plan
-    std::vector<std::string> tops;                     // top-level blocks, in order: a pipeline's split points
+    std::vector<std::string> tops;  // top-level blocks, in order: a pipeline's split points
     int64_t width = 8;
     bool experts = false;  // a moe layer (expert_parallel may split it)
 
@@ -182,7 +182,8 @@ struct Gen {
         const bool pp = tops.size() >= 2 && in.ConsumeBool(), cp = three_d && in.ConsumeBool();
         const int tp = static_cast<int>(in.ConsumeIntegralInRange(1, pp || cp ? 2 : 4)),
                   dp = in.ConsumeBool() ? 2 : 1;
-        const bool hsdp = dp > 1 && experts && !pp && !cp && in.ConsumeBool();  // HSDP 2 x 2, ep over either dim
+        const bool hsdp =
+            dp > 1 && experts && !pp && !cp && in.ConsumeBool();  // HSDP 2 x 2, ep over either dim
         std::string s = "mesh: {";
         if (hsdp) s += "rep: 2, ";
         if (dp > 1) s += "dp: 2, ";
@@ -201,8 +202,9 @@ struct Gen {
             s += fmt::format("  split_points: [{}]\n", fmt::join(points, ", "));
         }
         if (cp)
-            s += fmt::format("context_parallel: {{mesh_dim: cp, rotate_method: {}, load_balance: {}}}\n",
-                             in.ConsumeBool() ? "allgather" : "alltoall", in.ConsumeBool() ? "true" : "false");
+            s +=
+                fmt::format("context_parallel: {{mesh_dim: cp, rotate_method: {}, load_balance: {}}}\n",
+                            in.ConsumeBool() ? "allgather" : "alltoall", in.ConsumeBool() ? "true" : "false");
         s += fmt::format("tensor_parallel:\n  mesh_dim: tp\n  src_data_rank: {}\n  plan:\n",
                          in.ConsumeBool() ? "0" : "null");
         const bool megatron =
