@@ -66,8 +66,9 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
 int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& common) {
     const TempDir tmp("ptool-plan");  // removed at the end, and on SIGINT, SIGTERM or SIGHUP
     const std::string& dir = tmp.path();
-    std::string plan_path = a.output.empty() ? dir + "/plan.yaml" : a.output;
-    if (a.output.empty()) write_file(plan_path, best.plan_text, true);
+    const std::string real_plan = a.output.empty() ? dir + "/plan.yaml" : a.output;
+    if (a.output.empty()) write_file(real_plan, best.plan_text, true);
+    std::string plan_path = real_plan;
     if (best.choice.pp > 1) {  // the proxy has a block per stage: the same stages, schedule and microbatches
         std::istringstream in(best.plan_text);
         std::string text, line;
@@ -80,9 +81,9 @@ int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& comm
         write_file(plan_path, text, true);
     }
     // the plan carries the accumulation it needs (gradient_accumulation): the proxy of the model as
-    // written runs it
+    // written runs it; shrink holds the plan as written to the real model (its stages, its rows)
     const std::string proxy = dir + "/proxy.yaml";
-    write_file(proxy, shrunk_model_checked(a.model, plan_path), true);
+    write_file(proxy, shrunk_model_checked(a.model, real_plan), true);
     fmt::print(
         "\n  verifying the best plan on a proxy of the model (ptool shrink: 2 blocks, small widths that "
         "split alike):\n");

@@ -247,9 +247,14 @@ with tempfile.TemporaryDirectory() as tmp:
         c = next((c for c in piped if c["pipeline"]["schedule"] == schedule and c["mode"] == "fully_shard"), None)
         if not check(c is not None, f"no fully_shard {schedule} plan for llama3_8b on 16 H100s"):
             continue
-        plan, proxy = os.path.join(tmp, "pp_proxy_plan.yaml"), os.path.join(tmp, "pp_proxy.yaml")
+        # shrink holds the plan as the planner wrote it to the real model; the proxy runs it a block a stage
+        written, plan = os.path.join(tmp, "pp_plan.yaml"), os.path.join(tmp, "pp_proxy_plan.yaml")
+        proxy = os.path.join(tmp, "pp_proxy.yaml")
+        open(written, "w").write(c["plan"])
         open(plan, "w").write(re.sub(r"  (split_points|layers_per_stage): .*", "  layers_per_stage: 1", c["plan"]))
         rc, out = run("shrink", m8, plan, "-o", proxy)
+        check(rc == 2 and "blocks" in out, f"shrink of the real model with a proxy's stages (a block each): exit {rc}\n{out}")
+        rc, out = run("shrink", m8, written, "-o", proxy)
         if not check(rc == 0 and f"pp={c['pipeline']['pp']}" in open(proxy).read(), f"shrink of a {schedule} plan: exit {rc}\n{out}"):
             continue
         rc, out = run("verify", proxy, plan, "-q")

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 
+#include "core/model_limits.h"
 #include "core/yaml_reader.h"
 #include "core/yaml_writer.h"
 #include "import/hf_config.h"
@@ -226,10 +227,19 @@ struct DecoderFamily {
 };
 
 // The mixture of experts' YAML entry (", ..." after the common keys), from the family and config.
-std::string moe_entry(const HfConfig& c, const MoeFamily& m, int64_t d) {
+std::string moe_entry(const HfConfig& c, const MoeFamily& m, int64_t d, int64_t layers) {
     const int64_t experts = c.pos(m.experts_key, m.experts), top_k = c.pos("num_experts_per_tok", m.top_k),
                   hidden = size_field(c, m.hidden_key, m.hidden, kMaxIntermediate);
     if (experts > 4096) c.fail_at(m.experts_key, fmt::format("{} experts is over ptool's 4096", experts));
+    // the model's modules, at most (a layer: its containers, norms, attention and projections, the
+    // moe's gate and shared expert, 4 per expert): refused here, at the config's field, rather than
+    // in the YAML this writes (core/model_limits.h)
+    if (const int64_t modules = layers * (24 + 4 * experts) + 8; modules > kMaxModules)
+        c.fail_at(
+            m.experts_key,
+            fmt::format("{} layers of {} experts are about {} modules (4 per expert), over ptool's limit "
+                        "of {}: fewer layers or experts",
+                        layers, experts, modules, kMaxModules));
     if (top_k > experts)
         c.fail_at("num_experts_per_tok",
                   fmt::format("num_experts_per_tok {} is more than the {} experts", top_k, experts));
@@ -294,7 +304,7 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
         for (const char* moe : {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
                                 "moe_intermediate_size"})
             c.refuse_if_set(moe, fmt::format("a {} has no mixture-of-experts layers", f.config_class));
-    const std::string moe = f.moe ? moe_entry(c, *f.moe, d) : "";
+    const std::string moe = f.moe ? moe_entry(c, *f.moe, d, layers) : "";
     if (f.moe) {
         if (const double j = c.num("router_jitter_noise", 0.0); j != 0)
             out.warnings.push_back(fmt::format(

@@ -259,6 +259,9 @@ void for_each_module(const Module& root, const std::function<void(const std::str
 // Every module once with its name, in for_each_module's order (a plan's patterns are matched
 // against the list, not a walk of the tree per pattern).
 std::vector<std::pair<std::string, Module*>> named_modules(const Module& root);
+// The modules under `root`, itself included, each child counted where it is listed (a `shared`
+// module under each name): what building, the layout pass and a simulation walk.
+int64_t modules_under(const Module& root);
 
 // Allocates a parameter and its gradient, uninitialised (see module.cpp).
 ParamPtr make_param(Shape shape, DType dtype);

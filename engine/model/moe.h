@@ -44,8 +44,9 @@ public:
     };
     Moe(std::string name, SourceLocation where, const Options& o, DType dtype);
     Shape output_shape(const Shape& in) const override;
-    // Tokens are routed whole: any placement but Shard(-1) or Partial (batch or sequence shards route
-    // their own tokens).
+    // Tokens are routed whole, the same tokens on every tensor-parallel rank: Replicate over tp (a
+    // batch or sequence shard is exit 2 with torchtitan's fix, prepare_input to replicate); the gate's
+    // output (the router's logits) as the input, every expert's and the shared expert's ending whole.
     Layout layout(LayoutVisitor& v, const Layout& in) const override;
     void init_params(uint64_t seed) override;
     const Options& options() const { return o_; }

@@ -78,13 +78,17 @@ ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
     ActivationCheckpointing out;
     if (!spec.active()) return out;
     const auto modules = named_modules(*model.root);
+    std::vector<std::string> names;
+    for (const auto& [fqn, m] : modules) names.push_back(fqn);
+    const NameIndex index(std::move(names));
     std::vector<size_t> found(spec.modules.size(), 0);
+    std::vector<bool> matches(modules.size(), false);
+    for (size_t i = 0; i < spec.modules.size(); ++i)
+        for (const size_t k : index.matches(spec.modules[i])) matches[k] = true, ++found[i];
     int matched = 0;  // matching modules so far, in registration order: `every` counts them
-    for (const auto& [fqn, m] : modules) {
-        bool match = false;
-        for (size_t i = 0; i < spec.modules.size(); ++i)
-            if (fqn_matches(spec.modules[i], fqn)) match = true, ++found[i];
-        if (!match || ++matched % spec.every != 0) continue;
+    for (size_t k = 0; k < modules.size(); ++k) {
+        const auto& [fqn, m] = modules[k];
+        if (!matches[k] || ++matched % spec.every != 0) continue;
         if (spec.mode != RecomputeMode::core_attn) {
             out.checkpointed.insert(m);
             if (spec.mode == RecomputeMode::op) out.selective.insert(m);

@@ -1,6 +1,7 @@
 #include "parallel/data_parallel.h"
 
 #include <map>
+#include <set>
 
 #include "core/rng.h"
 #include "core/tensor_ops.h"
@@ -58,13 +59,13 @@ std::vector<std::string> fsdp_unit_fqns(const DataParallelSpec& spec,
                                         const std::vector<std::string>& module_names,
                                         std::vector<Diagnostic>& warnings) {
     std::vector<std::string> unit_fqns;
-    if (spec.mode == DataParallelMode::fully_shard) unit_fqns.push_back("");
+    std::set<std::string> units;  // unit_fqns', once each
+    if (spec.mode == DataParallelMode::fully_shard) unit_fqns.push_back(""), units.insert("");
+    const NameIndex index(module_names);
     for (const std::string& pattern : spec.fully_shard) {
         int matched = 0;
-        for (const std::string& fqn : module_names)
-            if (fqn_matches(pattern, fqn) &&
-                std::find(unit_fqns.begin(), unit_fqns.end(), fqn) == unit_fqns.end())
-                unit_fqns.push_back(fqn), ++matched;
+        for (const size_t i : index.matches(pattern))
+            if (units.insert(module_names[i]).second) unit_fqns.push_back(module_names[i]), ++matched;
         if (!matched)
             warnings.push_back(
                 {spec.fully_shard_where, fmt::format("fully_shard pattern '{}' matched no module", pattern)});

@@ -21,11 +21,14 @@ std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, con
                                                          Resolution& res) {
     std::map<const Module*, const PlanEntry*> owner;
     const auto modules = named_modules(*model.root);
+    std::vector<std::string> names;
+    for (const auto& [fqn, module] : modules) names.push_back(fqn);
+    const NameIndex index(std::move(names));
     for (const PlanEntry& e : plan.tp_plan) {
         int matched = 0;
-        for (const auto& [fqn, module] : modules) {
-            if (!fqn_matches(e.pattern, fqn)) continue;
-            Module& m = *module;
+        for (const size_t i : index.matches(e.pattern)) {
+            const std::string& fqn = modules[i].first;
+            Module& m = *modules[i].second;
             ++matched;
             if (!e.style.style->applies_to(m))
                 throw InputError(e.where,

@@ -127,6 +127,7 @@ public:
     SearchResult run() {
         std::vector<PlanChoice> flat, piped;
         for (PlanChoice& c : meshes()) (c.pp > 1 ? piped : flat).push_back(std::move(c));
+        check_cost(flat, piped);
         evaluate_flat(flat);
         std::vector<double> steps;
         for (const Candidate& c : r_.fitting) steps.push_back(c.time.step);
@@ -202,6 +203,47 @@ public:
     }
 
 private:
+    // The search's cost, bounded before it starts (docs/planning.md, "What plan costs"): each group
+    // simulates at most a model variant per microbatch count it tries (the model's, doubled up to
+    // --max-microbatches; a pipeline's samples), each building the variant's modules (16 units a
+    // module, as explain's bound) and running them forward and backward per microbatch and step. A
+    // variant holds the modules outside the extrapolated repeat and at most 3 of its blocks (2 and
+    // 3 blocks: extrapolate), a pipeline's sample at most 3 blocks a stage of 4 pp ranks, else the
+    // whole model. Past kPlanWork units: InputError naming the product and the fix.
+    static constexpr int64_t kPlanWork = int64_t{1} << 24, kBuildWeight = 16;
+    void check_cost(const std::vector<PlanChoice>& flat, const std::vector<PlanChoice>& piped) const {
+        const double total = static_cast<double>(modules_under(*full_.root));
+        double block = 0;  // the extrapolated repeat's block
+        if (extrapolate_)
+            for_each_module(*full_.root, [&](const std::string& fqn, Module& m) {
+                if (fqn == repeat_) block = static_cast<double>(modules_under(*m.children().front().second));
+            });
+        const double other = total - block * static_cast<double>(layers_);
+        auto run_units = [&](double modules, double microbatches) {  // a variant simulated for 2 steps
+            return modules * (kBuildWeight + 2 * microbatches);
+        };
+        double work = 0;
+        const double first = static_cast<double>(std::max<int64_t>(1, full_.gradient_accumulation));
+        for (const PlanChoice& c : flat) {
+            (void)c;
+            for (double mb = first; mb <= std::max<double>(o_.max_microbatches, first); mb *= 2)
+                work += extrapolate_ ? run_units(2 * other + 5 * block, mb) : run_units(total, mb);
+        }
+        for (const PlanChoice& c : piped) {
+            const double stages = std::min(c.pp, 4) * c.virtual_stages,
+                         blocks = std::min<double>(static_cast<double>(layers_), 3 * stages),
+                         variant = extrapolate_ ? other + blocks * block : total;
+            work += 2 * 2 * run_units(variant / std::min(c.pp, 4), 4 * stages);  // 2 sizes, 2 samples
+        }
+        if (work <= static_cast<double>(kPlanWork)) return;
+        throw InputError(fmt::format(
+            "plan would simulate {} candidate meshes of a model of {:.0f} modules ({:.0f} a block of "
+            "'{}'): about {:.3g} units of work (a module built counts {}, its forward and backward of "
+            "one microbatch 1), over ptool's bound of {}: plan a proxy of the model with fewer experts "
+            "or smaller blocks (ptool shrink), fewer GPUs (--world-size), or --pipeline never",
+            flat.size() + piped.size(), total, block, repeat_, work, kBuildWeight, kPlanWork));
+    }
+
     // The dp x tp groups, fully_shard's first: a group that holds whole parameters (replicate,
     // ZeRO-1/2) or shards them over fewer ranks (HSDP) needs at least what fully_shard over the same
     // dp, tp and checkpointing needs at every microbatch count, where a block is at most a quarter
@@ -713,8 +755,8 @@ private:
             return;
         }
         cand.runtime = runtime(written);
-        const PipelineTiming t = time_schedule(
-            pipeline_schedule(kind, stages, m, static_cast<int>(rounds), base.virtual_stages), costs);
+        const PipelineTiming t =
+            time_pipeline_schedule(kind, stages, m, static_cast<int>(rounds), base.virtual_stages, costs);
         double flops = 0;  // the model FLOPs of a rank, averaged over the pp ranks
         for (int s = 0; s < stages; ++s)
             flops += (costs.forward_flops[s] + costs.backward_flops[s]) * m * rounds;

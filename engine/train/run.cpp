@@ -219,10 +219,13 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     // gradient_accumulation's rounds (the plan's, else the model's), each of the plan's microbatches
     // (one without a pipeline)
     const int rounds = static_cast<int>(plan.accumulation_rounds(model_)), m = plan.microbatches_per_round();
-    schedule_ = plan.pipeline ? pipeline_schedule(plan.pipeline->schedule, stages_, m, rounds,
-                                                  plan.pipeline->virtual_stages)
-                              : accumulation_schedule(rounds * m);
-    check_schedule(schedule_);
+    if (plan.pipeline) {
+        schedule_ = checked_pipeline_schedule(plan.pipeline->schedule, stages_, m, rounds,
+                                              plan.pipeline->virtual_stages);
+    } else {
+        schedule_ = accumulation_schedule(rounds * m);
+        check_schedule(schedule_);
+    }
 }
 
 Run::~Run() = default;

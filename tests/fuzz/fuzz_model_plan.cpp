@@ -3,8 +3,11 @@
 // (Qwen3's head_dim and q/k norms, OLMo2's whole-projection ones), gated MLPs, mixtures of experts (routers,
 // shared experts, the balancing loss, expert capacities), residuals named or transparent; random sizes,
 // losses and optimizers) and a plan for it (a mesh with tp and dp dims, styles on random modules with random
-// layouts, src_data_rank, replicate or fully_shard, expert parallel over dp), as YAML text, then runs `ptool
-// explain` and a one-step `ptool verify` on them in this process. The only outcomes allowed are those of exit
+// layouts, src_data_rank, replicate or fully_shard, expert parallel over dp; a router gate styled like any
+// linear; issue 50's newer sections: a pipeline over 2 pp ranks (every schedule, split points at the
+// top-level blocks), context parallel over 2 cp ranks, a `shared` use of an earlier block that may land
+// on another pp rank's stage), as YAML text, then runs `ptool explain` and a one-step `ptool verify` on
+// them in this process. The only outcomes allowed are those of exit
 // 0, 1 and 2: a result (pass or mismatch) or an InputError. A RuntimeError (a rank failed), an internal
 // error, a signal or a sanitizer report is a finding.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -23,6 +26,7 @@ namespace {
 struct Gen {
     FuzzedDataProvider& in;
     std::vector<std::string> linears, norms, modules;  // FQNs, for the plan
+    std::vector<std::string> tops;  // top-level blocks, in order: a pipeline's split points
     int64_t width = 8;
     bool experts = false;  // a moe layer (expert_parallel may split it)
 
@@ -84,6 +88,7 @@ struct Gen {
                 const int64_t e = pick({2, 4}), k = in.ConsumeIntegralInRange<int64_t>(1, e);
                 const bool sigmoid = in.ConsumeBool(), shared = in.ConsumeBool();
                 modules.push_back(prefix + name), experts = true;
+                linears.push_back(prefix + name + ".gate");  // the router: must end Replicate under tp
                 for (const char* p : {"gate_proj", "up_proj", "down_proj"})
                     linears.push_back(prefix + name + ".experts.*." + p);
                 return fmt::format(
@@ -149,6 +154,17 @@ struct Gen {
             if (!three_d && b.find("attention") != std::string::npos) continue;
             s += b;
         }
+        // a `shared` use of an earlier top-level block (each keeps the width): under a pipeline its
+        // two uses may land on two pp ranks' stages (refused) or one's
+        std::vector<std::string> earlier;
+        for (const std::string& m : modules)
+            if (m.size() > 1 && m[0] == 'b' && m.find_first_not_of("0123456789", 1) == std::string::npos)
+                earlier.push_back(m);
+        if (!earlier.empty() && in.ConsumeBool())
+            s += fmt::format("  - {{name: again, type: shared, module: {}}}\n",
+                             earlier[in.ConsumeIntegralInRange<size_t>(0, earlier.size() - 1)]);
+        tops = earlier;
+        tops.push_back("head");
         const int64_t classes = pick({4, 8, 16});
         s += "  - " + linear("", "head", width, classes) + "\n";
         const char* loss = in.PickValueInArray({"sum", "mean", "mse", "cross_entropy"});
@@ -162,12 +178,33 @@ struct Gen {
         return in.PickValueInArray({"replicate", "shard(0)", "shard(1)", "shard(-1)", "partial"});
     }
 
-    std::string plan() {
-        const int tp = static_cast<int>(in.ConsumeIntegralInRange(1, 4)), dp = in.ConsumeBool() ? 2 : 1;
-        const bool hsdp = dp > 1 && experts && in.ConsumeBool();  // HSDP 2 x 2, ep over either dim
-        std::string s = hsdp     ? fmt::format("mesh: {{rep: 2, dp: {}, tp: {}}}\n", dp, tp)
-                        : dp > 1 ? fmt::format("mesh: {{dp: {}, tp: {}}}\n", dp, tp)
-                                 : fmt::format("mesh: {{tp: {}}}\n", tp);
+    std::string plan(bool three_d) {
+        const bool pp = tops.size() >= 2 && in.ConsumeBool(), cp = three_d && in.ConsumeBool();
+        const int tp = static_cast<int>(in.ConsumeIntegralInRange(1, pp || cp ? 2 : 4)),
+                  dp = in.ConsumeBool() ? 2 : 1;
+        const bool hsdp =
+            dp > 1 && experts && !pp && !cp && in.ConsumeBool();  // HSDP 2 x 2, ep over either dim
+        std::string s = "mesh: {";
+        if (hsdp) s += "rep: 2, ";
+        if (dp > 1) s += "dp: 2, ";
+        if (pp) s += "pp: 2, ";
+        if (cp) s += "cp: 2, ";
+        s += fmt::format("tp: {}}}\n", tp);
+        if (pp) {  // torch.distributed.pipelining's schedules; split points at top-level blocks
+            const std::string schedule = in.PickValueInArray({"gpipe", "1f1b", "interleaved_1f1b"});
+            const int stages = schedule == "interleaved_1f1b" ? 4 : 2;  // virtual_stages 2
+            s += fmt::format("pipeline_parallel:\n  mesh_dim: pp\n  microbatches: {}\n  schedule: {}\n",
+                             pick({1, 2, 4}), schedule);
+            std::vector<std::string> points;
+            for (size_t i = 1; i < tops.size() && static_cast<int>(points.size()) < stages - 1; ++i)
+                if (in.ConsumeBool() || tops.size() - i <= static_cast<size_t>(stages - 1) - points.size())
+                    points.push_back(tops[i]);
+            s += fmt::format("  split_points: [{}]\n", fmt::join(points, ", "));
+        }
+        if (cp)
+            s +=
+                fmt::format("context_parallel: {{mesh_dim: cp, rotate_method: {}, load_balance: {}}}\n",
+                            in.ConsumeBool() ? "allgather" : "alltoall", in.ConsumeBool() ? "true" : "false");
         s += fmt::format("tensor_parallel:\n  mesh_dim: tp\n  src_data_rank: {}\n  plan:\n",
                          in.ConsumeBool() ? "0" : "null");
         const bool megatron =
@@ -232,7 +269,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FuzzedDataProvider in(data, size);
     Gen g{in};
     bool three_d = false;
-    const std::string model_text = g.model(three_d), plan_text = g.plan();
+    const std::string model_text = g.model(three_d), plan_text = g.plan(three_d);
     if (!quiet) std::printf("--- model\n%s--- plan\n%s", model_text.c_str(), plan_text.c_str());
     try {
         ptool::VerifyJob job;
