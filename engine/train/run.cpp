@@ -17,13 +17,22 @@
 namespace ptool {
 namespace {
 
+// Whether the run's parameters live on its GPU from the start, drawn there (Backend::draw_init) or
+// loaded there from --init: one rank without tensor parallelism or a fault layer (`ptool run`,
+// verify's reference), where nothing between construction and Model::to_device reads them on the
+// host. Other runs build, draw and distribute on the host, then move.
+bool builds_on_device(const RunInputs& in, const Plan& plan, const RunLayer* layer) {
+    return in.device == Device::cuda && plan.world_size() == 1 && plan.tp_plan.empty() && !layer;
+}
+
 // The model's structure; its values from --init, else drawn by the Run once the mesh exists.
-Model build_model(const RunInputs& in) {
+Model build_model(const RunInputs& in, bool on_device) {
     if (in.device == Device::meta) {  // shapes only: nothing initialised, nothing allocated
         MetaAllocation meta;
         return load_model_text(in.model_text, in.model_path, in.dtype_override, false);
     }
     Model m = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
+    if (on_device) m.allocate_on(in.device);
     if (in.init) load_state_dict(m, *in.init, in.init_path);
     return m;
 }
@@ -88,7 +97,7 @@ Plan reference_plan(const Plan& plan) {
 }
 
 Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer)
-    : model_(build_model(in)),
+    : model_(build_model(in, builds_on_device(in, plan, layer))),
       plan_(plan),
       world_(world),
       be_(backend_for(in.device)),

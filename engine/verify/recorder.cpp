@@ -170,6 +170,7 @@ public:
 
     void construction(RunRecord& rec) {
         Unaccounted pause(&run_.counter());
+        if (!opt_.tensors) return;
         init_ = &rec;
         for (const auto& [name, p] : run_.model().state_dict()) {
             const bool buffer = p->grad.numel() == 0 && p->value.numel() != 0;
@@ -302,7 +303,7 @@ public:
         const std::string s = fmt::format("step{}.", sr.step);
         if (run_.holds_last_stage()) {  // the last stage's rank (every rank without pp)
             // each rank's output rows and loss are its own: gathered and combined as the global batch's
-            record_output(sr, s + "output", out.outputs, last_step);
+            if (opt_.tensors) record_output(sr, s + "output", out.outputs, last_step);
             // each rank's loss: a sum (loss: sum; global_tokens: its part of the step's sum / count,
             // beside the balancing losses every such rank holds whole), or its own mean
             const bool summed = run_.model().loss == LossKind::sum || summed_loss();
@@ -320,6 +321,7 @@ public:
                 record(sr, s + "grad_norm", Tensor::scalar(out.grad_norm, DType::float64), {}, false,
                        last_step);
         }
+        if (!opt_.tensors) return flush(&sr);
         run_.gather_sharded_gradients();  // ZeRO-2: the full gradients from the dp ranks' shards
         const auto params = run_.model().named_parameters();
         // a weight tied across stages is recorded by the first stage that holds it; the others'
