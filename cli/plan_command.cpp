@@ -161,9 +161,19 @@ int plan(const PlanArgs& a, const Common& common) {
         fmt::print("  no candidate fits\n");
     else
         print_columns(rows, "  ");
-    if (!r.rejected.empty()) {
-        fmt::print("\n  rejected:\n");
-        for (const Rejection& j : r.rejected) fmt::print("    {}: {}\n", j.shape, j.reason);
+    if (!r.rejected.empty()) {  // by kind: a count and the first of each; every one under -v
+        fmt::print("\n  rejected ({}):\n", r.rejected.size());
+        for (const RejectionGroup& g : group_rejections(r.rejected)) {
+            fmt::print("    {}: {}\n", g.kind->title, g.count);
+            if (common.verbosity > 0) {
+                for (const Rejection& j : r.rejected)
+                    if (j.kind == g.kind->kind) fmt::print("      {}: {}\n", j.shape, j.reason);
+            } else {
+                fmt::print("      {}: {}{}\n", g.first->shape, g.first->reason,
+                           g.count > 1 ? fmt::format(" (and {} more)", g.count - 1) : "");
+            }
+        }
+        if (common.verbosity == 0) fmt::print("    (-v lists every rejected candidate)\n");
     }
     fmt::print(
         "\n  (memory: rank 0 simulated for 2 steps on meta tensors{}; time: the cluster's rates, "
@@ -227,7 +237,8 @@ int plan(const PlanArgs& a, const Common& common) {
         }
         j["rejected"] = nlohmann::json::array();
         for (const Rejection& x : r.rejected)
-            j["rejected"].push_back({{"shape", x.shape}, {"reason", x.reason}});
+            j["rejected"].push_back(
+                {{"shape", x.shape}, {"reason", x.reason}, {"kind", rejection_kind_info(x.kind).name}});
         write_file(a.json, j.dump(2) + "\n", true);
     }
     return code;

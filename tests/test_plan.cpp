@@ -1,5 +1,6 @@
 // Planning units: rank classes over uneven shards, and the plan search being the same on any
 // number of threads (it simulates candidates in parallel; TSan runs this file).
+#include "parallel/parallelize.h"
 #include "plan/search.h"
 #include "plan/time_model.h"
 #include "test_helpers.h"
@@ -198,4 +199,20 @@ TEST_CASE("a collective across nodes runs at one NIC per rank of its group in a 
     CHECK(collective_link(load_plan_text("mesh: {dp: 64}\ndata_parallel: {mode: fully_shard}\n", "p.yaml"),
                           "dp", wide)
               .bandwidth == 300e9);
+}
+
+TEST_CASE("the lint's findings carry a kind the planner reads, not their words", "[cpu]") {
+    const Model model = load_model_text(
+        "batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: linear, in: 8, out: 6}\n"
+        "  - {name: b, type: linear, in: 6, out: 8}\nloss: mean\n",
+        "m.yaml", "", false);
+    const Plan plan = load_plan_text(
+        "mesh: {tp: 4}\ntensor_parallel:\n  plan: {a: colwise, b: rowwise, nothing_here: colwise}\n",
+        "p.yaml");
+    const Resolution res = resolve_plan(model, plan);
+    std::map<DiagnosticKind, int> kinds;
+    for (const Diagnostic& w : res.warnings) ++kinds[w.kind];
+    CHECK(kinds[DiagnosticKind::uneven_shard] >= 1);  // 6 features over 4 ranks
+    CHECK(kinds[DiagnosticKind::unmatched_pattern] == 1);
+    CHECK(kinds[DiagnosticKind::other] == 0);
 }

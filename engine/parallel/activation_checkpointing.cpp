@@ -97,15 +97,19 @@ ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
         std::vector<Attention*> attention;
         attentions_under(*m, attention);
         if (attention.empty())
-            warnings.push_back({spec.where, fmt::format("activation_checkpointing mode core_attn: '{}' has "
-                                                        "no attention under it, nothing is recomputed",
-                                                        fqn)});
+            warnings.push_back({spec.where,
+                                fmt::format("activation_checkpointing mode core_attn: '{}' has "
+                                            "no attention under it, nothing is recomputed",
+                                            fqn),
+                                DiagnosticKind::no_effect});
         for (Attention* a : attention) {
             if (a->flash())
-                warnings.push_back({spec.where, fmt::format("activation_checkpointing mode core_attn: "
-                                                            "attention '{}' is flash, which recomputes its "
-                                                            "probabilities in backward already",
-                                                            a->fqn())});
+                warnings.push_back({spec.where,
+                                    fmt::format("activation_checkpointing mode core_attn: "
+                                                "attention '{}' is flash, which recomputes its "
+                                                "probabilities in backward already",
+                                                a->fqn()),
+                                    DiagnosticKind::no_effect});
             else
                 out.recompute_core.insert(a);
         }
@@ -114,7 +118,8 @@ ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
         if (!found[i])
             warnings.push_back(
                 {spec.where,
-                 fmt::format("activation_checkpointing pattern '{}' matched no module", spec.modules[i])});
+                 fmt::format("activation_checkpointing pattern '{}' matched no module", spec.modules[i]),
+                 DiagnosticKind::unmatched_pattern});
     return out;
 }
 

@@ -67,8 +67,9 @@ std::vector<std::string> fsdp_unit_fqns(const DataParallelSpec& spec,
         for (const size_t i : index.matches(pattern))
             if (units.insert(module_names[i]).second) unit_fqns.push_back(module_names[i]), ++matched;
         if (!matched)
-            warnings.push_back(
-                {spec.fully_shard_where, fmt::format("fully_shard pattern '{}' matched no module", pattern)});
+            warnings.push_back({spec.fully_shard_where,
+                                fmt::format("fully_shard pattern '{}' matched no module", pattern),
+                                DiagnosticKind::unmatched_pattern});
     }
     std::stable_sort(unit_fqns.begin(), unit_fqns.end(), [](const std::string& a, const std::string& b) {
         return (a.empty() ? 0 : std::count(a.begin(), a.end(), '.') + 1) <

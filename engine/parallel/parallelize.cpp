@@ -41,7 +41,8 @@ std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, con
             owner[&m] = &e;
         }
         if (!matched)
-            res.warnings.push_back({e.where, fmt::format("pattern '{}' matched no module", e.pattern)});
+            res.warnings.push_back({e.where, fmt::format("pattern '{}' matched no module", e.pattern),
+                                    DiagnosticKind::unmatched_pattern});
     }
     return owner;
 }
@@ -110,8 +111,9 @@ void check_tied(const Model& model, const std::map<const Module*, const PlanEntr
 
 void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& res) {
     if (plan.tp_plan.empty())
-        res.warnings.push_back(
-            {plan.tp_plan_where, "the tensor_parallel plan is empty: nothing is parallelized"});
+        res.warnings.push_back({plan.tp_plan_where,
+                                "the tensor_parallel plan is empty: nothing is parallelized",
+                                DiagnosticKind::empty_plan});
     const auto owner = match_patterns(model, plan, res);
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         auto it = owner.find(&m);

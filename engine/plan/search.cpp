@@ -159,7 +159,8 @@ public:
                     {pipeline_shape(c),
                      fmt::format("at least {:.2f} s a step (dp={} x tp={}'s compute and a bubble "
                                  "of {} / ({} x {})) > the {} fastest plans' {:.2f} s: not simulated",
-                                 bound, c.dp * c.pp, c.tp, c.pp - 1, c.virtual_stages, m, o_.keep, kept)});
+                                 bound, c.dp * c.pp, c.tp, c.pp - 1, c.virtual_stages, m, o_.keep, kept),
+                     RejectionKind::slower});
                 continue;
             }
             worth.push_back(std::move(c));
@@ -182,7 +183,8 @@ public:
                 if (over) {
                     r_.rejected.push_back(
                         {pipeline_shape(c),
-                         fmt::format("does not fit where {} does not: not simulated", *over)});
+                         fmt::format("does not fit where {} does not: not simulated", *over),
+                         RejectionKind::memory_implied});
                     fits[pipeline_shape(c)] = false;
                 } else {
                     (ready ? wave : later).push_back(std::move(c));
@@ -271,7 +273,8 @@ private:
                 {fmt::format("dp={} x tp={} {}{}", c.dp, c.tp, c.mode_name(), checkpointed(c)),
                  fmt::format("does not fit where dp={} x tp={} fully_shard{} does not: not "
                              "simulated",
-                             c.dp, c.tp, checkpointed(c))});
+                             c.dp, c.tp, checkpointed(c)),
+                 RejectionKind::memory_implied});
         }
         evaluate_all(worth);
     }
@@ -364,8 +367,9 @@ private:
             const int dp = r_.world_size / tp;
             const std::string mesh = fmt::format("dp={} x tp={}", dp, tp);
             if (tp > 1 && !tpl_.unsupported.empty()) {
-                r_.rejected.push_back(
-                    {fmt::format("tp={}", tp), "no tensor-parallel plan: " + tpl_.unsupported});
+                r_.rejected.push_back({fmt::format("tp={}", tp),
+                                       "no tensor-parallel plan: " + tpl_.unsupported,
+                                       RejectionKind::topology});
                 continue;
             }
             if (tp > cluster_.gpus_per_node || cluster_.gpus_per_node % tp) {
@@ -374,7 +378,8 @@ private:
                      fmt::format(
                          "crosses a node of {} GPUs (tensor parallelism's collectives block the compute: "
                          "NVLink only)",
-                         cluster_.gpus_per_node)});
+                         cluster_.gpus_per_node),
+                     RejectionKind::topology});
                 continue;
             }
             PlanChoice tp_only;
@@ -382,14 +387,15 @@ private:
             add_pipelines(tp_only, groups);
             add_context_parallel(tp_only, groups);
             if (rows_ % dp) {
-                r_.rejected.push_back(
-                    {mesh, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp)});
+                r_.rejected.push_back({mesh,
+                                       fmt::format("the batch's {} rows do not split over dp={}", rows_, dp),
+                                       RejectionKind::indivisible});
                 continue;
             }
             PlanChoice base;
             base.dp = dp, base.tp = tp, base.param_dtype = o_.param_dtype;
             if (std::string why = lint(base); !why.empty()) {
-                r_.rejected.push_back({mesh, why});
+                r_.rejected.push_back({mesh, why, RejectionKind::refused});
                 continue;
             }
             // HSDP, as torchtitan's dp_replicate x dp_shard: fully_shard over the dp ranks of a node,
@@ -420,7 +426,8 @@ private:
                         e.ep = ep, e.ep_replicate = variant > 0, e.ep_inner = variant == 2;
                         if (std::string why = expert_split(ep); !why.empty()) {
                             if (!ckpt && variant < 2)
-                                r_.rejected.push_back({fmt::format("{} {}", mesh, e.mode_name()), why});
+                                r_.rejected.push_back({fmt::format("{} {}", mesh, e.mode_name()), why,
+                                                       RejectionKind::indivisible});
                         } else {
                             groups.push_back(e);
                         }
@@ -449,18 +456,20 @@ private:
             if (in[1] % (2 * cp) != 0) {
                 r_.rejected.push_back(
                     {shape,
-                     fmt::format("the sequence of {} does not cut into {} chunks (2 x cp)", in[1], 2 * cp)});
+                     fmt::format("the sequence of {} does not cut into {} chunks (2 x cp)", in[1], 2 * cp),
+                     RejectionKind::indivisible});
                 continue;
             }
             if (rows_ % dp) {
-                r_.rejected.push_back(
-                    {shape, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp)});
+                r_.rejected.push_back({shape,
+                                       fmt::format("the batch's {} rows do not split over dp={}", rows_, dp),
+                                       RejectionKind::indivisible});
                 continue;
             }
             PlanChoice c = base;
             c.dp = dp, c.cp = cp;
             if (std::string why = lint(c); !why.empty()) {
-                r_.rejected.push_back({shape, why});
+                r_.rejected.push_back({shape, why, RejectionKind::refused});
                 continue;
             }
             for (const auto& [ckpt, op] : kCheckpointing) {
@@ -483,12 +492,14 @@ private:
                  {std::pair<const char*, int>{"1f1b", 1}, {"interleaved_1f1b", 2}}) {
                 const std::string shape = fmt::format("pp={} x dp={} x tp={} {}", pp, dp, base.tp, schedule);
                 if (layers_ < pp * v) {
-                    r_.rejected.push_back({shape, fmt::format("{} blocks < {} stages", layers_, pp * v)});
+                    r_.rejected.push_back({shape, fmt::format("{} blocks < {} stages", layers_, pp * v),
+                                           RejectionKind::indivisible});
                     continue;
                 }
                 if (rows_ % dp) {
                     r_.rejected.push_back(
-                        {shape, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp)});
+                        {shape, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp),
+                         RejectionKind::indivisible});
                     continue;
                 }
                 const int64_t per_round = rows_ / dp / std::max<int64_t>(1, full_.gradient_accumulation);
@@ -498,7 +509,8 @@ private:
                          fmt::format(
                              "{} microbatches < {} stages (the batch's {} rows over dp={}, {} round{})",
                              per_round, pp, rows_, dp, full_.gradient_accumulation,
-                             full_.gradient_accumulation == 1 ? "" : "s")});
+                             full_.gradient_accumulation == 1 ? "" : "s"),
+                         RejectionKind::indivisible});
                     continue;
                 }
                 for (const char* mode : {"fully_shard", "replicate"}) {
@@ -523,7 +535,7 @@ private:
             const Explanation ex =
                 explain_plan(full_, load_plan_text(write_plan(full_, tpl_, c), "generated.yaml"));
             for (const Diagnostic& w : ex.resolution.warnings)
-                if (w.message.find("uneven") != std::string::npos) return w.message;
+                if (w.kind == DiagnosticKind::uneven_shard) return w.message;
             if (!ex.resolution.causes.empty()) return ex.resolution.causes.front().message;
         } catch (const InputError& e) {
             return e.message();
@@ -558,7 +570,7 @@ private:
             try {
                 s = simulate_with(mb, plan);
             } catch (const InputError& e) {
-                refusal = Rejection{shape, e.message()};
+                refusal = Rejection{shape, e.message(), RejectionKind::refused};
                 return;
             }
             ++count;
@@ -583,11 +595,13 @@ private:
         }
         if (least_mb == 0)
             refusal =
-                Rejection{shape, fmt::format("the batch's {} rows do not split into microbatches", rows_)};
+                Rejection{shape, fmt::format("the batch's {} rows do not split into microbatches", rows_),
+                          RejectionKind::indivisible};
         else
-            refusal = Rejection{
-                shape, fmt::format("needs {} > {} per GPU (at best, with {} microbatch{})", gib(least),
-                                   gib(cap(plan)), least_mb, least_mb == 1 ? "" : "es")};
+            refusal = Rejection{shape,
+                                fmt::format("needs {} > {} per GPU (at best, with {} microbatch{})",
+                                            gib(least), gib(cap(plan)), least_mb, least_mb == 1 ? "" : "es"),
+                                RejectionKind::memory};
     }
 
     // A pipeline: its microbatches per round the most the rows allow (a power of two times pp: the
@@ -601,9 +615,10 @@ private:
         const int stages = base.pp * base.virtual_stages;
         const int m = pipeline_microbatches(base);
         if (m == 0) {
-            refusal =
-                Rejection{shape, fmt::format("{} rows per dp rank and round do not cut into {} microbatches",
-                                             per_round, base.pp)};
+            refusal = Rejection{shape,
+                                fmt::format("{} rows per dp rank and round do not cut into {} microbatches",
+                                            per_round, base.pp),
+                                RejectionKind::indivisible};
             return;
         }
         const ScheduleKind kind =
@@ -713,18 +728,22 @@ private:
                 const int64_t x = layers_ / stages;
                 const double least = at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - 2) + prefetch;
                 const int P = widened ? 4 : base.pp;  // a middle rank's communicators are the plan's
-                if (const double c = cap(variant(P, 2, sampled_at(P)).first); least > c)
-                    throw InputError(fmt::format(
-                        "pp rank 1 needs more than {} > {} per GPU with {} blocks a stage, as every middle "
-                        "rank ({} microbatches a round)",
-                        gib(least), gib(c), x, m));
+                if (const double c = cap(variant(P, 2, sampled_at(P)).first); least > c) {
+                    refusal =
+                        Rejection{shape,
+                                  fmt::format("pp rank 1 needs more than {} > {} per GPU with {} blocks a "
+                                              "stage, as every middle rank ({} microbatches a round)",
+                                              gib(least), gib(c), x, m),
+                                  RejectionKind::memory};
+                    return;
+                }
             }
             for (int k : {2, 3})
                 at[k - 2] =
                     widened ? widen_pipeline(sample_at(3, k), sample_at(4, k), base.pp, v == 1 ? m : base.pp)
                             : sample_at(base.pp, k);
         } catch (const InputError& e) {
-            refusal = Rejection{shape, e.message()};
+            refusal = Rejection{shape, e.message(), RejectionKind::refused};
             return;
         }
         // a stage's forward and backward of every microbatch: its fixed part and one block's
@@ -749,9 +768,10 @@ private:
         cand.reserved = *worst + fragmentation + cand.prefetch;
         const Plan written = load_plan_text(cand.plan_text, "generated.yaml");
         if (const double c = cap(written); cand.reserved > c) {
-            refusal =
-                Rejection{shape, fmt::format("pp rank {} needs {} > {} per GPU ({} microbatches a round)",
-                                             worst - costs.peak.begin(), gib(cand.reserved), gib(c), m)};
+            refusal = Rejection{shape,
+                                fmt::format("pp rank {} needs {} > {} per GPU ({} microbatches a round)",
+                                            worst - costs.peak.begin(), gib(cand.reserved), gib(c), m),
+                                RejectionKind::memory};
             return;
         }
         cand.runtime = runtime(written);

@@ -17,6 +17,7 @@
 // docs/planning.md.
 #pragma once
 
+#include "plan/rejection.h"
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,10 +62,6 @@ struct Candidate {
     bool extrapolated = false;
 };
 
-struct Rejection {
-    std::string shape;   // "tp=16", "dp=8 x tp=8 replicate"
-    std::string reason;  // "crosses a node of 8 GPUs", "needs 93.1 GiB > 75.6 GiB (...)"
-};
 
 struct SearchResult {
     std::string pipelines_skipped;   // why pipelines were not searched ("" when they were)
