@@ -250,6 +250,17 @@ struct Gen {
 namespace {
 int64_t g_runs = 0, g_refused = 0,
         g_passed = 0;  // how far the generated cases get (PTOOL_FUZZ_STATS=1 prints it)
+
+// The newer sections (issue 50): how many generated cases hold each, and how many of those got past
+// the lint into a verify, so a run shows the sections were reached, not only generated.
+struct Section {
+    const char* name;
+    const char* key;  // a substring of the model or plan text that marks it
+    int64_t generated = 0, verified = 0;
+};
+Section g_sections[] = {{"pipeline", "pipeline_parallel:"},    {"context_parallel", "context_parallel:"},
+                        {"expert_parallel", "expert_parallel:"}, {"moe", "type: moe"},
+                        {"shared", "type: shared"},              {"fully_shard", "fully_shard"}};
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -262,6 +273,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     "fuzz_model_plan: %lld cases: %lld refused by the lint, %lld verified, %lld passed\n",
                     (long long)g_runs, (long long)g_refused, (long long)(g_runs - g_refused),
                     (long long)g_passed);
+                for (const Section& c : g_sections)
+                    std::fprintf(stderr, "fuzz_model_plan: %s in %lld cases, %lld of them verified\n", c.name,
+                                 (long long)c.generated, (long long)c.verified);
             });
         return std::getenv("PTOOL_FUZZ_VERBOSE") == nullptr;
     }();
@@ -271,6 +285,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     bool three_d = false;
     const std::string model_text = g.model(three_d), plan_text = g.plan(three_d);
     if (!quiet) std::printf("--- model\n%s--- plan\n%s", model_text.c_str(), plan_text.c_str());
+    std::vector<Section*> held;
+    for (Section& c : g_sections)
+        if (model_text.find(c.key) != std::string::npos || plan_text.find(c.key) != std::string::npos)
+            ++c.generated, held.push_back(&c);
     try {
         ptool::VerifyJob job;
         job.inputs.model_path = "fuzz_model.yaml";
@@ -282,6 +300,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ptool::explain_plan(model, job.plans[0]);
         const auto launch = ptool::in_process_launch(ptool::Device::cpu, job.options.comm);
         const ptool::VerifyReport r = ptool::verify(job, *launch);  // a pass or a mismatch: both are results
+        for (Section* c : held) ++c->verified;
         g_passed += r.pass;
         // PTOOL_FUZZ_MISMATCHES=DIR keeps the cases that fail with no warning or cause to explain it
         if (const char* dir = std::getenv("PTOOL_FUZZ_MISMATCHES");
