@@ -1,8 +1,8 @@
 // Parallel dimensions as data: which dim of a plan's mesh plays which role, after torchtitan's
 // ParallelDims. A role is one way of splitting the training job:
 //
-//   pp            pipeline: each rank holds a stage (a range of layers); activations go forward and
-//                 gradients back between stages (planned)
+//   pp            pipeline: each rank holds a stage (a range of layers; several under an interleaved
+//                 schedule); activations go forward and gradients back between stages (train/schedule.h)
 //   dp_replicate  data parallel, replicated parameters: DDP's replicate(), or HSDP's outer dim
 //   dp_shard      data parallel, sharded parameters: fully_shard() (FSDP2/ZeRO-3), or HSDP's inner dim
 //   cp            context parallel: the sequence split over ranks for the whole model (context_parallel)
