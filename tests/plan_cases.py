@@ -178,10 +178,18 @@ with tempfile.TemporaryDirectory() as tmp:
     # 3. reasons
     c4 = os.path.join(tmp, "c4.yaml")
     open(c4, "w").write(open(H100).read().replace("gpus_per_node: 8", "gpus_per_node: 4").replace("nodes: 8", "nodes: 16"))
-    rc, out = run("plan", m8, "--cluster", c4, "--world-size", "16")
+    # -v: every rejected candidate (the text lists each kind's first only)
+    rc, out = run("plan", m8, "--cluster", c4, "--world-size", "16", "-v")
     check(rc == 0 and "tp=8: crosses a node of 4 GPUs" in out, f"tp=8 over nodes of 4 not refused as such\n{out}")
-    rc, out = run("plan", f"{ROOT}/models/llama_rope.yaml", "--cluster", CPU)
+    rc, out = run("plan", f"{ROOT}/models/llama_rope.yaml", "--cluster", CPU, "-v")
     check(rc == 0 and "dp=1 x tp=4: attention" in out and "heads" in out, f"4 heads / 2 kv heads over tp=4 not refused\n{out}")
+    # without -v, the rejected by kind: a count and the first each, and every one in --json
+    rc, out = run("plan", f"{ROOT}/models/llama_rope.yaml", "--cluster", CPU, "--json", os.path.join(tmp, "rope.json"))
+    rejected = json.load(open(os.path.join(tmp, "rope.json")))["rejected"]
+    refused = [r for r in rejected if r["kind"] == "refused"]
+    check(rc == 0 and f"rejected ({len(rejected)}):" in out and f"refused by explain's rules: {len(refused)}" in out
+          and "(-v lists every rejected candidate)" in out and any("dp=1 x tp=4" == r["shape"] for r in refused),
+          f"plan's rejected candidates are not grouped by kind\n{out}\n{rejected}")
     rc, out = run("plan", m8, "--cluster", H100, "--world-size", "8", "--memory-cap", "1")
     check(rc == 0 and "no candidate fits" in out and "> 1.0 GiB" in out, f"a 1 GiB cap: no fit not reported\n{out}")
 

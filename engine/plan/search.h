@@ -17,13 +17,13 @@
 // docs/planning.md.
 #pragma once
 
-#include "plan/rejection.h"
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "plan/cluster.h"
 #include "plan/plan_writer.h"
+#include "plan/rejection.h"
 #include "plan/time_model.h"
 
 namespace ptool {
@@ -61,7 +61,6 @@ struct Candidate {
     double mfu = 0;
     bool extrapolated = false;
 };
-
 
 struct SearchResult {
     std::string pipelines_skipped;   // why pipelines were not searched ("" when they were)
