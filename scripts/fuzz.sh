@@ -13,7 +13,7 @@ shift || true
 only=" $* "
 scripts/setup.sh  # the libraries the engine links (a fresh machine)
 # the harnesses in the ASan job's clang build (scripts/asan_build.sh), which CI has built already
-scripts/asan_build.sh fuzz_model_yaml fuzz_plan_yaml fuzz_safetensors fuzz_model_plan fuzz_hf_config fuzz_cluster \
+PTOOL_ASAN_TESTS=OFF scripts/asan_build.sh fuzz_model_yaml fuzz_plan_yaml fuzz_safetensors fuzz_model_plan fuzz_hf_config fuzz_cluster \
     fuzz_index >/dev/null
 mkdir -p build-fuzz/findings
 # one harness per core at a time (each libFuzzer run is one process): the same seconds per harness,
