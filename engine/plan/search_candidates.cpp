@@ -21,6 +21,14 @@ int Search::pipeline_microbatches(const PlanChoice& c) const {
 }
 
 // Why the experts do not split over ep ranks ("" when every moe layer's do).
+// Whether the batch's rows split over dp; where not, the candidate `shape` is rejected so.
+bool Search::rows_split(int dp, const std::string& shape) {
+    if (rows_ % dp == 0) return true;
+    r_.rejected.push_back({shape, fmt::format("the batch's {} rows do not split over dp={}", rows_, dp),
+                           RejectionKind::indivisible});
+    return false;
+}
+
 std::string Search::expert_split(int ep) const {
     for (const auto& [fqn, experts] : experts_)
         if (experts % ep)
@@ -54,12 +62,7 @@ std::vector<PlanChoice> Search::meshes() {
         tp_only.tp = tp, tp_only.param_dtype = o_.param_dtype;
         add_pipelines(tp_only, groups);
         add_context_parallel(tp_only, groups);
-        if (rows_ % dp) {
-            r_.rejected.push_back({mesh,
-                                   fmt::format("the batch's {} rows do not split over dp={}", rows_, dp),
-                                   RejectionKind::indivisible});
-            continue;
-        }
+        if (!rows_split(dp, mesh)) continue;
         PlanChoice base;
         base.dp = dp, base.tp = tp, base.param_dtype = o_.param_dtype;
         if (std::string why = lint(base); !why.empty()) {
@@ -126,12 +129,7 @@ void Search::add_context_parallel(const PlanChoice& base, std::vector<PlanChoice
                  RejectionKind::indivisible});
             continue;
         }
-        if (rows_ % dp) {
-            r_.rejected.push_back({shape,
-                                   fmt::format("the batch's {} rows do not split over dp={}", rows_, dp),
-                                   RejectionKind::indivisible});
-            continue;
-        }
+        if (!rows_split(dp, shape)) continue;
         PlanChoice c = base;
         c.dp = dp, c.cp = cp;
         if (std::string why = lint(c); !why.empty()) {
@@ -161,12 +159,7 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
                                        RejectionKind::indivisible});
                 continue;
             }
-            if (rows_ % dp) {
-                r_.rejected.push_back({shape,
-                                       fmt::format("the batch's {} rows do not split over dp={}", rows_, dp),
-                                       RejectionKind::indivisible});
-                continue;
-            }
+            if (!rows_split(dp, shape)) continue;
             const int64_t per_round = rows_ / dp / std::max<int64_t>(1, full_.gradient_accumulation);
             if (per_round < pp) {
                 r_.rejected.push_back(

@@ -73,6 +73,7 @@ private:
                            checkpointed(c));
     }
 
+    bool rows_split(int dp, const std::string& shape);
     std::string expert_split(int ep) const;
     static Model load_meta(const std::string& text, const std::string& name) {
         MetaAllocation meta;

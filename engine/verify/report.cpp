@@ -82,7 +82,7 @@ void judge_by_module(PlanReport& rep, const Tolerance& tol) {
         if (const std::string g = group_of(t.name); !g.empty()) {
             const double r2 = t.diff.ref_norm * t.diff.ref_norm;
             ref2[g] += r2;
-            for (std::string p = parent_of(g); p.find('.') != std::string::npos; p = parent_of(p)) {
+            for (std::string p = parent_of(g);; p = parent_of(p)) {  // every enclosing block
                 parent2[p] += r2;
                 if (p.find('.') == p.rfind('.')) break;  // "step0.grad": the step's whole gradient
             }
