@@ -97,6 +97,108 @@ int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& comm
         [](const CaseResult&) {});
 }
 
+// The fastest `top` fitting candidates as a table (an all_to_all column where one has experts).
+void print_candidates(const SearchResult& r, int top) {
+    std::vector<std::vector<std::string>> rows = {{"#", "mesh", "data parallel", "pipeline", "checkpoint",
+                                                   "micro", "peak", "on the GPU", "comm/step", "compute",
+                                                   "step", "MFU"}};
+    // expert parallel candidates listed: their all_to_alls' time (blocking, part of the step) beside
+    bool experts = false;
+    for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < top; ++i)
+        experts |= r.fitting[i].choice.ep > 1;
+    if (experts) rows[0].insert(rows[0].end() - 2, "all_to_all");
+    for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < top; ++i) {
+        const Candidate& c = r.fitting[i];
+        double bytes = 0;
+        for (const auto& [dim, ct] : c.time.by_dim) bytes += ct.bytes;
+        rows.push_back(
+            {std::to_string(i + 1), c.choice.mesh_text(),
+             c.choice.dp > 1 || c.choice.cp > 1 ? c.choice.mode_name() : "-",
+             c.choice.pp > 1
+                 ? fmt::format(
+                       "{}{} m{}, bubble {:.0f}%", schedule_kind_name(c.choice.schedule),
+                       c.choice.virtual_stages > 1 ? fmt::format(" v{}", c.choice.virtual_stages) : "",
+                       c.choice.pp_microbatches, 100 * c.time.bubble)
+                 : "-",
+             c.choice.checkpoint ? c.choice.checkpoint_mode() : "no", std::to_string(c.microbatches),
+             format_bytes(static_cast<int64_t>(c.peak)),
+             format_bytes(static_cast<int64_t>(c.reserved + c.runtime)),
+             format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute), seconds_str(c.time.step),
+             fmt::format("{:.1f}%", 100 * c.mfu)});
+        if (experts)
+            rows.back().insert(rows.back().end() - 2, c.choice.ep > 1 ? seconds_str(c.time.all_to_all) : "-");
+    }
+    fmt::print("\n");
+    if (r.fitting.empty())
+        fmt::print("  no candidate fits\n");
+    else
+        print_columns(rows, "  ");
+}
+
+// The rejected candidates by kind: a count and the first of each; every one under -v.
+void print_rejections(const SearchResult& r, int verbosity) {
+    if (r.rejected.empty()) return;
+    fmt::print("\n  rejected ({}):\n", r.rejected.size());
+    for (const RejectionGroup& g : group_rejections(r.rejected)) {
+        fmt::print("    {}: {}\n", g.kind->title, g.count);
+        if (verbosity > 0) {
+            for (const Rejection& j : r.rejected)
+                if (j.kind == g.kind->kind) fmt::print("      {}: {}\n", j.shape, j.reason);
+        } else {
+            fmt::print("      {}: {}{}\n", g.first->shape, g.first->reason,
+                       g.count > 1 ? fmt::format(" (and {} more)", g.count - 1) : "");
+        }
+    }
+    if (verbosity == 0) fmt::print("    (-v lists every rejected candidate)\n");
+}
+
+nlohmann::json candidate_json(const Candidate& c) {
+    nlohmann::json e = {{"dp", c.choice.dp},
+                        {"tp", c.choice.tp},
+                        {"cp", c.choice.cp},
+                        {"mode", data_parallel_mode_name(c.choice.dp_mode)},
+                        {"zero_stage", c.choice.zero_stage},
+                        {"activation_checkpointing", c.choice.checkpoint},
+                        {"activation_checkpointing_mode", c.choice.checkpoint_mode()},
+                        {"microbatches", c.microbatches},
+                        {"peak_bytes", c.peak},
+                        {"prefetch_bytes", c.prefetch},
+                        {"reserved_bytes", c.reserved},
+                        {"runtime_bytes", c.runtime},
+                        {"step_seconds", c.time.step},
+                        {"compute_seconds", c.time.compute},
+                        {"blocking_seconds", c.time.blocking},
+                        {"overlappable_seconds", c.time.overlappable},
+                        {"mfu", c.mfu},
+                        {"plan", c.plan_text}};
+    if (c.choice.hybrid()) e["dp_replicate"] = c.choice.dp_replicate(), e["dp_shard"] = c.choice.dp_shard;
+    if (c.choice.ep > 1)
+        e["ep"] = c.choice.ep, e["ep_mesh_dim"] = c.choice.ep_mesh_dim(),
+        e["all_to_all_seconds"] = c.time.all_to_all;
+    if (c.choice.pp > 1)
+        e["pipeline"] = {{"pp", c.choice.pp},
+                         {"schedule", schedule_kind_name(c.choice.schedule)},
+                         {"virtual_stages", c.choice.virtual_stages},
+                         {"microbatches", c.choice.pp_microbatches},
+                         {"stage_blocks", c.choice.stage_blocks},
+                         {"pipeline_seconds", c.time.pipeline},
+                         {"bubble", c.time.bubble}};
+    return e;
+}
+
+nlohmann::json plan_json(const PlanArgs& a, const Cluster& cluster, const SearchResult& r, double seconds) {
+    nlohmann::json j = json_document("plan");
+    j["model"] = a.model, j["cluster"] = cluster.name, j["world_size"] = r.world_size;
+    j["memory_cap_bytes"] = r.memory_cap, j["evaluated"] = r.evaluated, j["seconds"] = seconds;
+    j["candidates"] = nlohmann::json::array();
+    for (const Candidate& c : r.fitting) j["candidates"].push_back(candidate_json(c));
+    j["rejected"] = nlohmann::json::array();
+    for (const Rejection& x : r.rejected)
+        j["rejected"].push_back(
+            {{"shape", x.shape}, {"reason", x.reason}, {"kind", rejection_kind_info(x.kind).name}});
+    return j;
+}
+
 int plan(const PlanArgs& a, const Common& common) {
     FileRoles()
         .input("MODEL", a.model)
@@ -128,53 +230,8 @@ int plan(const PlanArgs& a, const Common& common) {
         r.evaluated, seconds);
     if (!r.tp_unsupported.empty()) fmt::print("  no tensor parallelism: {}\n", r.tp_unsupported);
     if (!r.pipelines_skipped.empty()) fmt::print("  pipelines not searched: {}\n", r.pipelines_skipped);
-    std::vector<std::vector<std::string>> rows = {{"#", "mesh", "data parallel", "pipeline", "checkpoint",
-                                                   "micro", "peak", "on the GPU", "comm/step", "compute",
-                                                   "step", "MFU"}};
-    // expert parallel candidates listed: their all_to_alls' time (blocking, part of the step) beside
-    bool experts = false;
-    for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < a.top; ++i)
-        experts |= r.fitting[i].choice.ep > 1;
-    if (experts) rows[0].insert(rows[0].end() - 2, "all_to_all");
-    for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < a.top; ++i) {
-        const Candidate& c = r.fitting[i];
-        double bytes = 0;
-        for (const auto& [dim, ct] : c.time.by_dim) bytes += ct.bytes;
-        rows.push_back({std::to_string(i + 1), c.choice.mesh_text(),
-                        c.choice.dp > 1 || c.choice.cp > 1 ? c.choice.mode_name() : "-",
-                        c.choice.pp > 1 ? fmt::format("{}{} m{}, bubble {:.0f}%", c.choice.schedule,
-                                                      c.choice.virtual_stages > 1
-                                                          ? fmt::format(" v{}", c.choice.virtual_stages)
-                                                          : "",
-                                                      c.choice.pp_microbatches, 100 * c.time.bubble)
-                                        : "-",
-                        c.choice.checkpoint ? c.choice.checkpoint_mode() : "no",
-                        std::to_string(c.microbatches), format_bytes(static_cast<int64_t>(c.peak)),
-                        format_bytes(static_cast<int64_t>(c.reserved + c.runtime)),
-                        format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute),
-                        seconds_str(c.time.step), fmt::format("{:.1f}%", 100 * c.mfu)});
-        if (experts)
-            rows.back().insert(rows.back().end() - 2, c.choice.ep > 1 ? seconds_str(c.time.all_to_all) : "-");
-    }
-    fmt::print("\n");
-    if (r.fitting.empty())
-        fmt::print("  no candidate fits\n");
-    else
-        print_columns(rows, "  ");
-    if (!r.rejected.empty()) {  // by kind: a count and the first of each; every one under -v
-        fmt::print("\n  rejected ({}):\n", r.rejected.size());
-        for (const RejectionGroup& g : group_rejections(r.rejected)) {
-            fmt::print("    {}: {}\n", g.kind->title, g.count);
-            if (common.verbosity > 0) {
-                for (const Rejection& j : r.rejected)
-                    if (j.kind == g.kind->kind) fmt::print("      {}: {}\n", j.shape, j.reason);
-            } else {
-                fmt::print("      {}: {}{}\n", g.first->shape, g.first->reason,
-                           g.count > 1 ? fmt::format(" (and {} more)", g.count - 1) : "");
-            }
-        }
-        if (common.verbosity == 0) fmt::print("    (-v lists every rejected candidate)\n");
-    }
+    print_candidates(r, a.top);
+    print_rejections(r, common.verbosity);
     fmt::print(
         "\n  (memory: rank 0 simulated for 2 steps on meta tensors{}; time: the cluster's rates, "
         "data-parallel\n"
@@ -195,52 +252,7 @@ int plan(const PlanArgs& a, const Common& common) {
         if (r.fitting.empty()) throw InputError("--verify: no candidate fits");
         code = verify_on_proxy(a, r.fitting[0], common);
     }
-    if (!a.json.empty()) {
-        nlohmann::json j = json_document("plan");
-        j["model"] = a.model, j["cluster"] = cluster.name, j["world_size"] = r.world_size;
-        j["memory_cap_bytes"] = r.memory_cap, j["evaluated"] = r.evaluated, j["seconds"] = seconds;
-        j["candidates"] = nlohmann::json::array();
-        for (const Candidate& c : r.fitting) {
-            j["candidates"].push_back({{"dp", c.choice.dp},
-                                       {"tp", c.choice.tp},
-                                       {"cp", c.choice.cp},
-                                       {"mode", c.choice.dp_mode},
-                                       {"zero_stage", c.choice.zero_stage},
-                                       {"activation_checkpointing", c.choice.checkpoint},
-                                       {"activation_checkpointing_mode", c.choice.checkpoint_mode()},
-                                       {"microbatches", c.microbatches},
-                                       {"peak_bytes", c.peak},
-                                       {"prefetch_bytes", c.prefetch},
-                                       {"reserved_bytes", c.reserved},
-                                       {"runtime_bytes", c.runtime},
-                                       {"step_seconds", c.time.step},
-                                       {"compute_seconds", c.time.compute},
-                                       {"blocking_seconds", c.time.blocking},
-                                       {"overlappable_seconds", c.time.overlappable},
-                                       {"mfu", c.mfu},
-                                       {"plan", c.plan_text}});
-            if (c.choice.hybrid())
-                j["candidates"].back()["dp_replicate"] = c.choice.dp_replicate(),
-                j["candidates"].back()["dp_shard"] = c.choice.dp_shard;
-            if (c.choice.ep > 1)
-                j["candidates"].back()["ep"] = c.choice.ep,
-                j["candidates"].back()["ep_mesh_dim"] = c.choice.ep_mesh_dim(),
-                j["candidates"].back()["all_to_all_seconds"] = c.time.all_to_all;
-            if (c.choice.pp > 1)
-                j["candidates"].back()["pipeline"] = {{"pp", c.choice.pp},
-                                                      {"schedule", c.choice.schedule},
-                                                      {"virtual_stages", c.choice.virtual_stages},
-                                                      {"microbatches", c.choice.pp_microbatches},
-                                                      {"stage_blocks", c.choice.stage_blocks},
-                                                      {"pipeline_seconds", c.time.pipeline},
-                                                      {"bubble", c.time.bubble}};
-        }
-        j["rejected"] = nlohmann::json::array();
-        for (const Rejection& x : r.rejected)
-            j["rejected"].push_back(
-                {{"shape", x.shape}, {"reason", x.reason}, {"kind", rejection_kind_info(x.kind).name}});
-        write_file(a.json, j.dump(2) + "\n", true);
-    }
+    if (!a.json.empty()) write_file(a.json, plan_json(a, cluster, r, seconds).dump(2) + "\n", true);
     return code;
 }
 

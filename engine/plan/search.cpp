@@ -165,7 +165,9 @@ void Search::check_cost(const std::vector<PlanChoice>& flat, const std::vector<P
 // prefetch and its unsharded gradients, 3 blocks, against the parameters and gradients the
 // others hold whole). Where fully_shard does not fit, neither do they: not simulated.
 void Search::evaluate_flat(std::vector<PlanChoice> groups) {
-    auto lightest = [](const PlanChoice& c) { return c.dp_mode == "fully_shard" && !c.hybrid(); };
+    auto lightest = [](const PlanChoice& c) {
+        return c.dp_mode == DataParallelMode::fully_shard && !c.hybrid();
+    };
     auto sibling = [&](const PlanChoice& c) {
         return fmt::format("dp={} x tp={}{}", c.dp, c.tp, checkpointed(c));
     };
@@ -222,11 +224,13 @@ void Search::evaluate_all(const std::vector<PlanChoice>& groups) {
 // flight; interleaved's warm-up ((v + 1) pp - 2 r - 1) / v of them, (pp + (v - 2) r - 1) / v more).
 std::vector<PlanChoice> Search::lighter_variants(const PlanChoice& c) const {
     std::vector<PlanChoice> out;
-    if (c.dp_mode == "replicate") out.push_back(c), out.back().dp_mode = "fully_shard";
+    if (c.dp_mode == DataParallelMode::replicate)
+        out.push_back(c), out.back().dp_mode = DataParallelMode::fully_shard;
     if (!c.checkpoint && !blocks_.empty())  // the op policy keeps less than no checkpointing
         out.push_back(c), out.back().checkpoint = true, out.back().selective = true;
     if (c.selective) out.push_back(c), out.back().selective = false;  // and full less than the op policy
-    if (c.virtual_stages > 1) out.push_back(c), out.back().schedule = "1f1b", out.back().virtual_stages = 1;
+    if (c.virtual_stages > 1)
+        out.push_back(c), out.back().schedule = ScheduleKind::one_f_one_b, out.back().virtual_stages = 1;
     return out;
 }
 

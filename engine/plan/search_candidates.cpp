@@ -74,15 +74,14 @@ std::vector<PlanChoice> Search::meshes() {
         // gradients is all_reduced between nodes), where dp spans more than one node's
         const int node_shard = cluster_.gpus_per_node / tp;
         const bool hsdp = node_shard > 1 && dp > node_shard && dp % node_shard == 0;
-        for (const char* mode : {"fully_shard", "replicate", "hsdp"}) {
-            if (dp == 1 && std::string(mode) == "replicate") continue;  // one rank: nothing to choose
-            if (std::string(mode) == "hsdp" && !hsdp) continue;
+        for (const auto& [mode, over_nodes] : kDataParallelShapes) {
+            if (dp == 1 && mode == DataParallelMode::replicate) continue;  // one rank: nothing to choose
+            if (over_nodes && !hsdp) continue;
             for (const auto& [ckpt, op] : kCheckpointing) {
                 if (ckpt && blocks_.empty()) continue;
                 PlanChoice c = base;
-                c.dp_mode = std::string(mode) == "hsdp" ? "fully_shard" : mode, c.checkpoint = ckpt;
-                c.selective = op;
-                if (std::string(mode) == "hsdp") c.dp_shard = node_shard;
+                c.dp_mode = mode, c.checkpoint = ckpt, c.selective = op;
+                if (over_nodes) c.dp_shard = node_shard;
                 groups.push_back(c);
                 // expert parallel over the dp dim where every layer's experts divide over it
                 // (torchtitan borrows ep from the data-parallel ranks); under HSDP over dp_shard
@@ -105,7 +104,7 @@ std::vector<PlanChoice> Search::meshes() {
                 }
                 // ZeRO-1 and ZeRO-2 (parallel/zero_optimizer.h): replicate's communication
                 // with the optimizer state (and gradients) sharded over dp
-                if (std::string(mode) == "replicate")
+                if (mode == DataParallelMode::replicate)
                     for (int stage : {1, 2}) groups.push_back(c), groups.back().zero_stage = stage;
             }
         }
@@ -138,7 +137,7 @@ void Search::add_context_parallel(const PlanChoice& base, std::vector<PlanChoice
         }
         for (const auto& [ckpt, op] : kCheckpointing) {
             if (ckpt && blocks_.empty()) continue;
-            c.dp_mode = "fully_shard", c.checkpoint = ckpt, c.selective = op;
+            c.dp_mode = DataParallelMode::fully_shard, c.checkpoint = ckpt, c.selective = op;
             groups.push_back(c);
         }
     }
@@ -152,8 +151,9 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
     for (int pp = 2; pp <= r_.world_size / base.tp && pp <= layers_; pp *= 2) {
         if ((r_.world_size / base.tp) % pp) break;
         const int dp = r_.world_size / base.tp / pp;
-        for (const auto& [schedule, v] : {std::pair<const char*, int>{"1f1b", 1}, {"interleaved_1f1b", 2}}) {
-            const std::string shape = fmt::format("pp={} x dp={} x tp={} {}", pp, dp, base.tp, schedule);
+        for (const auto& [schedule, v] : kPipelineShapes) {
+            const std::string shape =
+                fmt::format("pp={} x dp={} x tp={} {}", pp, dp, base.tp, schedule_kind_name(schedule));
             if (layers_ < pp * v) {
                 r_.rejected.push_back({shape, fmt::format("{} blocks < {} stages", layers_, pp * v),
                                        RejectionKind::indivisible});
@@ -170,8 +170,8 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
                      RejectionKind::indivisible});
                 continue;
             }
-            for (const char* mode : {"fully_shard", "replicate"}) {
-                if (dp == 1 && std::string(mode) == "replicate") continue;
+            for (const DataParallelMode mode : {DataParallelMode::fully_shard, DataParallelMode::replicate}) {
+                if (dp == 1 && mode == DataParallelMode::replicate) continue;
                 for (const auto& [ckpt, op] : kCheckpointing) {
                     if (ckpt && blocks_.empty()) continue;
                     PlanChoice c = base;
@@ -187,7 +187,7 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
 // Why explain's rules refuse the mesh ("" if they do not): uneven shards (heads, features,
 // vocab, sequence), a conflict, or a plan that changes what is computed.
 std::string Search::lint(PlanChoice c) const {
-    c.dp_mode = "fully_shard";
+    c.dp_mode = DataParallelMode::fully_shard;
     try {
         const Explanation ex =
             explain_plan(full_, load_plan_text(write_plan(full_, tpl_, c), "generated.yaml"));

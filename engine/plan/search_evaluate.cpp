@@ -99,7 +99,7 @@ void Search::evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::o
         if (mb != first) cand.choice.gradient_accumulation = static_cast<int>(mb);
         cand.plan_text = mb == first ? plan_text : write_plan(full_, tpl_, cand.choice);
         cand.extrapolated = extrapolate_;
-        cand.prefetch = c.dp_mode == "fully_shard" && c.dp > 1 ? block_unsharded_ / c.tp : 0;
+        cand.prefetch = c.dp_mode == DataParallelMode::fully_shard && c.dp > 1 ? block_unsharded_ / c.tp : 0;
         cand.peak = static_cast<double>(s.memory.peak) + cand.prefetch;
         cand.reserved = static_cast<double>(std::max(s.memory.peak, s.memory.reserved_peak)) + cand.prefetch;
         if (least_mb == 0 || cand.reserved < least) least = cand.reserved, least_mb = mb;

@@ -63,12 +63,22 @@ private:
     // The repeated blocks' activation checkpointing a candidate may have: none, torchtitan's op-level
     // selective policy, full (checkpoint, selective)
     static constexpr std::pair<bool, bool> kCheckpointing[] = {{false, false}, {true, true}, {true, false}};
+    // The data-parallel shapes a mesh's candidates try: fully_shard, replicate, and HSDP (fully_shard
+    // over dp_replicate x dp_shard: `true`, the dp ranks of a node sharded, replicated across nodes)
+    static constexpr std::pair<DataParallelMode, bool> kDataParallelShapes[] = {
+        {DataParallelMode::fully_shard, false},
+        {DataParallelMode::replicate, false},
+        {DataParallelMode::fully_shard, true}};
+    // The pipeline schedules the search offers, with their virtual stages per rank
+    static constexpr std::pair<ScheduleKind, int> kPipelineShapes[] = {
+        {ScheduleKind::one_f_one_b, 1}, {ScheduleKind::interleaved_one_f_one_b, 2}};
     static std::string checkpointed(const PlanChoice& c) {
         return !c.checkpoint ? "" : c.selective ? " checkpointed (op)" : " checkpointed";
     }
 
     static std::string pipeline_shape(const PlanChoice& c) {
-        return fmt::format("pp={} x dp={} x tp={} {} {}{}{}", c.pp, c.dp, c.tp, c.mode_name(), c.schedule,
+        return fmt::format("pp={} x dp={} x tp={} {} {}{}{}", c.pp, c.dp, c.tp, c.mode_name(),
+                           schedule_kind_name(c.schedule),
                            c.virtual_stages > 1 ? fmt::format(" v{}", c.virtual_stages) : "",
                            checkpointed(c));
     }
@@ -100,7 +110,7 @@ private:
     };
     // fully_shard's prefetch of the next unit, held beside a stage's peak
     double pipeline_prefetch(const PlanChoice& base) const {
-        return base.dp_mode == "fully_shard" && base.dp > 1 ? block_unsharded_ / base.tp : 0;
+        return base.dp_mode == DataParallelMode::fully_shard && base.dp > 1 ? block_unsharded_ / base.tp : 0;
     }
     // The microbatches a pipeline is sampled with: the fewest that reach the schedule's steady state.
     static int pipeline_samples(const PlanChoice& base, int m) {
