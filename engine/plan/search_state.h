@@ -2,6 +2,7 @@
 //   search.cpp             the search's order: the candidates, its cost bound, their evaluation
 //   search_candidates.cpp  the candidates: meshes, context parallel, pipelines, the lint
 //   search_evaluate.cpp    a candidate's simulation (extrapolated over the repeat), flat or a pipeline
+//   search_pipeline_samples.cpp  a pipeline's costs sampled at 2 and 3 blocks a stage
 // Internal to those files.
 #pragma once
 
@@ -119,6 +120,7 @@ private:
 
     void evaluate_pipeline(const PlanChoice& base, std::optional<Candidate>& fit,
                            std::optional<Rejection>& refusal, int& count) const;
+    class PipelineSampler;  // search_pipeline_samples.cpp
     PipelineCosts sample_pipeline_costs(const PlanChoice& base, int m, int& count) const;
     void pipeline_candidate(const PlanChoice& base, int m, const PipelineCosts& pc,
                             std::optional<Candidate>& fit, std::optional<Rejection>& refusal) const;
