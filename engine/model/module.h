@@ -27,6 +27,7 @@
 namespace ptool {
 
 class RoutingLog;
+class RoutedExperts;
 
 struct Parameter {
     Tensor value;
@@ -203,6 +204,10 @@ public:
     bool selective() const { return selective_; }
     // The outputs this op keeps under the op policy (linear, flash attention; null for the rest).
     virtual KeptOutputs* kept_outputs() { return nullptr; }
+    // Its experts and their routing, where it routes tokens to experts (model/routed_experts.h; null
+    // for the rest).
+    virtual RoutedExperts* routed_experts() { return nullptr; }
+    const RoutedExperts* routed_experts() const { return const_cast<Module*>(this)->routed_experts(); }
     void register_param(const std::string& name, ParamPtr p) { params_.push_back({name, std::move(p)}); }
     void register_buffer(const std::string& name, ParamPtr b) { buffers_.push_back({name, std::move(b)}); }
     void add_child(const std::string& name, std::shared_ptr<Module> m) {

@@ -4,7 +4,7 @@
 
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
-#include "model/moe.h"
+#include "model/routed_experts.h"
 #include "parallel/context_parallel.h"
 
 namespace ptool {
@@ -160,9 +160,9 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     // order, which interleaves the cp ranks' positions (no context parallel)
     const bool cp = plan.context_parallel && plan.dims.size(DimRole::cp) > 1;
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        const auto* moe = dynamic_cast<const Moe*>(&m);
+        const RoutedExperts* moe = m.routed_experts();
         if (!moe) return;
-        if (cp && moe->options().capacity_factor > 0)
+        if (cp && moe->capacity_factor() > 0)
             throw InputError(
                 plan.context_parallel->where,
                 fmt::format("context_parallel with an expert capacity (moe '{}' has capacity_factor): "

@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "core/parallel_for.h"
-#include "model/moe.h"
+#include "model/routed_experts.h"
 #include "plan/device_overheads.h"
 #include "plan/search_state.h"
 
@@ -25,8 +25,7 @@ Search::Search(const std::string& model_text, const std::string& name, const Clu
     r_.tp_unsupported = tpl_.unsupported;
     blocks_ = repeated_blocks(full_);
     for (const auto& [fqn, m] : named_modules(*full_.root))
-        if (const auto* moe = dynamic_cast<const Moe*>(m))
-            experts_.emplace_back(fqn, moe->options().router.experts);
+        if (const RoutedExperts* moe = m->routed_experts()) experts_.emplace_back(fqn, moe->experts());
     int long_repeats = 0;
     int64_t block_params = 0;  // the largest repeat element's parameter elements
     for_each_module(*full_.root, [&](const std::string& fqn, Module& m) {

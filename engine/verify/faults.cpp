@@ -6,7 +6,7 @@
 
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
-#include "model/moe.h"
+#include "model/routed_experts.h"
 #include "verify/fault_comm.h"
 #include "verify/fault_hooks.h"
 
@@ -192,7 +192,7 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
             m.add_outer_hooks(faults::context_fault_hooks(*fault_.kind));
     });
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        auto* moe = dynamic_cast<Moe*>(&m);
+        RoutedExperts* moe = m.routed_experts();
         if (!moe) return;
         if (fault_.hits(FaultKind::moe_router_unnormalised, fqn))
             moe->set_router(faults::unnormalised_router());

@@ -132,11 +132,11 @@ Moe::Moe(std::string name, SourceLocation where, const Options& o, DType dtype)
 int64_t inactive_parameters(const Module& root) {
     int64_t n = 0;
     for (const auto& [fqn, m] : named_modules(root))
-        if (const auto* moe = dynamic_cast<const Moe*>(m)) {
+        if (const RoutedExperts* moe = m->routed_experts()) {
             int64_t per_expert = 0;
             for_each_param(moe->expert(0),
                            [&](const std::string&, const ParamPtr& p) { per_expert += p->value.numel(); });
-            n += (moe->options().router.experts - moe->options().router.top_k) * per_expert;
+            n += (moe->experts() - moe->router_options().top_k) * per_expert;
         }
     return n;
 }
