@@ -88,11 +88,11 @@ TEST_CASE("the plan's sections give its mesh dims their roles, checked in one pl
     CHECK(d.data_dims() == std::vector<int>{0, 1});
     CHECK(d.data_size() == 6);
     CHECK(d.param_nesting() == std::vector<int>{2, 0, 1});  // tp cuts first, fully_shard the tp piece's rows
-    CHECK(d.data_label() == "rep+shard");
-    CHECK(d.label_dims("rep+shard") == std::vector<int>{0, 1});
-    CHECK(d.label_dims("tp") == std::vector<int>{2});
-    CHECK(d.label_dims("world") == std::vector<int>{0, 1, 2});
-    CHECK(d.label_dims("nope").empty());
+    CHECK(d.group(GroupName::batch).label == "rep+shard");
+    CHECK(d.counted_dims("rep+shard") == std::vector<int>{0, 1});
+    CHECK(d.counted_dims("tp") == std::vector<int>{2});
+    CHECK(d.counted_dims("world") == std::vector<int>{0, 1, 2});
+    CHECK(d.counted_dims("nope").empty());
     CHECK(p.data_parallel->hybrid());
     CHECK(p.data_parallel->mesh_dim_names() == "rep x shard");
     // one dim per mode: replicate is dp_replicate, fully_shard dp_shard; a dim no section names has no role

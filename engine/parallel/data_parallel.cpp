@@ -255,8 +255,7 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
     : res_(res), counter_(mesh.counter()), be_(be) {
     const DataParallelSpec& spec = *plan.data_parallel;
     const ParallelDims& dims = plan.dims;
-    shard_dim_ =
-        dims.has(DimRole::dp_shard) ? dims.index(DimRole::dp_shard) : dims.index(DimRole::dp_replicate);
+    shard_dim_ = dims.shard_dim();
     comm_ = &mesh.comm(shard_dim_);  // one dim (replicate, or fully_shard); HSDP's replicate() has no buckets
     bucket_view_ = spec.gradient_as_bucket_view;
     const auto named_params = model.named_parameters(), named_buffers = model.named_buffers();
@@ -323,12 +322,8 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
         // under context parallel the cp ranks join the shard group (torchtitan's dp_shard_cp); each
         // parameter's rows cut evenly (check_fsdp_over_cp), so that dp_shard's chunk cut over cp is
         // the flattened group's chunk (Run::placements nests them so)
-        Communicator* shard = comm_;
-        if (dims.cp_shards_params()) {
-            const int cp = dims.index(DimRole::cp);
-            shard = &mesh.group(
-                mesh.add_group({shard_dim_, cp}, dims.mesh()[shard_dim_].name + "+" + dims.mesh()[cp].name));
-        }
+        Communicator* shard =
+            dims.cp_shards_params() ? mesh.group(dims.group(GroupName::dp_shard_cp)) : comm_;
         fsdp_ = std::make_unique<FullyShard>(model, res.units, *shard, replicas, be,
                                              plan.mixed_precision ? &*plan.mixed_precision : nullptr,
                                              res.grad_reduce);
