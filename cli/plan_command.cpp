@@ -16,7 +16,7 @@
 #include "core/yaml_reader.h"
 #include "core/yaml_writer.h"
 #include "plan/search.h"
-#include "verify/verify.h"
+#include "verify/verify_command.h"
 
 namespace ptool::cli {
 namespace {

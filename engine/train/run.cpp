@@ -7,7 +7,7 @@
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
 #include "model/loss.h"
-#include "model/moe.h"
+#include "model/routed_experts.h"
 #include "parallel/context_parallel.h"
 #include "parallel/grad_norm.h"
 #include "parallel/loss_parallel.h"
@@ -139,9 +139,9 @@ void Run::load_data(const RunInputs& in) {
 bool Run::resolve_loss() {
     bool balances = false;
     for_each_module(*model_.root, [&](const std::string&, Module& m) {
-        if (const auto* moe = dynamic_cast<const Moe*>(&m)) {
-            balances |= moe->options().aux_loss_coef > 0 || moe->options().capacity_factor > 0;
-            aux_losses_ |= moe->options().aux_loss_coef > 0;
+        if (const RoutedExperts* moe = m.routed_experts()) {
+            balances |= moe->aux_loss_coef() > 0 || moe->capacity_factor() > 0;
+            aux_losses_ |= moe->aux_loss_coef() > 0;
         }
     });
     normalization_ =

@@ -14,7 +14,7 @@
 #include "core/cores.h"
 #include "core/host_memory.h"
 #include "core/progress.h"
-#include "model/moe.h"
+#include "model/routed_experts.h"
 #include "model/routing_log.h"
 #include "train/simulate.h"
 #include "verify/faults.h"
@@ -316,7 +316,7 @@ struct VerifyState {
           probe(load_model_text(j.inputs.model_text, j.inputs.model_path, j.inputs.dtype_override, false)) {
         report.dtype = probe.dtype;
         for_each_module(*probe.root,
-                        [&](const std::string&, Module& m) { experts |= dynamic_cast<Moe*>(&m) != nullptr; });
+                        [&](const std::string&, Module& m) { experts |= m.routed_experts() != nullptr; });
     }
     ReferenceKey reference_key(const Plan& p) const {
         return ReferenceKey{steps_for(p, job.options, probe.steps), numerics_key(p, probe)};

@@ -1,14 +1,14 @@
-// `ptool verify` as the command line names it (verify.h's VerifyCommand): every file read and checked
+// `ptool verify` as the command line names it (verify_command.h): every file read and checked
 // before any rank starts, then golden replay or verify itself. Above golden replay: verify.cpp holds
 // the core, which golden replay runs.
+#include "verify/verify_command.h"
+
 #include <algorithm>
 
 #include "core/files.h"
 #include "core/yaml_reader.h"
 #include "model/batch.h"
 #include "model/checkpoint.h"
-#include "verify/golden_replay.h"
-#include "verify/verify.h"
 
 namespace ptool {
 namespace {
