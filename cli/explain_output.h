@@ -11,6 +11,5 @@ namespace ptool::cli {
 void print_explain(const ExplainReport& r, const std::string& model_path, const std::string& plan_path);
 nlohmann::json explain_json(const ExplainReport& r, const std::string& model_path,
                             const std::string& plan_path);
-std::string rank_ranges(const std::vector<int>& ranks);  // ascending: "0-3, 8-11"
 
 }  // namespace ptool::cli

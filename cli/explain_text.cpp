@@ -25,8 +25,6 @@ std::string local_shapes(const ParamLayout& p) {  // "[3, 16] x3, [1, 16]"
     return fmt::format("{}", fmt::join(parts, ", "));
 }
 
-}  // namespace
-
 std::string rank_ranges(const std::vector<int>& ranks) {  // ascending: "0-3, 8-11"
     std::vector<std::string> parts;
     for (size_t i = 0; i < ranks.size();) {
@@ -37,8 +35,6 @@ std::string rank_ranges(const std::vector<int>& ranks) {  // ascending: "0-3, 8-
     }
     return fmt::format("{}", fmt::join(parts, ", "));
 }
-
-namespace {
 
 // The runtime's memory per GPU (plan/device_overheads.h) and, per rank class, whether the peak fits.
 void print_runtime(const ExplainReport& r) {

@@ -20,7 +20,6 @@ int Search::pipeline_microbatches(const PlanChoice& c) const {
     return m;
 }
 
-// Why the experts do not split over ep ranks ("" when every moe layer's do).
 // Whether the batch's rows split over dp; where not, the candidate `shape` is rejected so.
 bool Search::rows_split(int dp, const std::string& shape) {
     if (rows_ % dp == 0) return true;
@@ -29,6 +28,7 @@ bool Search::rows_split(int dp, const std::string& shape) {
     return false;
 }
 
+// Why the experts do not split over ep ranks ("" when every moe layer's do).
 std::string Search::expert_split(int ep) const {
     for (const auto& [fqn, experts] : experts_)
         if (experts % ep)
