@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
     double step_seconds = 1e30;
     RecordOptions ro;  // `ptool run`'s loop: the reference Run, recorded
     ro.events = false;
+    ro.tensors = false;
     ro.on_step = [&](int64_t, double, double seconds) { step_seconds = std::min(step_seconds, seconds); };
     for (int i = 0; i < repeats; ++i) record_reference(in, single_device_plan(), 1, ro);
     std::printf("bench_run %s: %d GEMMs, %.2f GFLOP per step, OpenBLAS threads %d\n", model.name.c_str(),

@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "cli/explain_output.h"
 #include "cli/verify_output.h"
 #include "plan/kernel_table.h"
 
@@ -12,17 +13,6 @@ namespace {
 
 std::string ms(double seconds) {
     return fmt::format("{:.1f} ms", seconds * 1e3);
-}
-
-std::string rank_list(const std::vector<int>& ranks) {  // ascending: "0-3, 8-11"
-    std::vector<std::string> parts;
-    for (size_t i = 0; i < ranks.size();) {
-        size_t j = i;
-        while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-        parts.push_back(j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
-        i = j + 1;
-    }
-    return fmt::format("{}", fmt::join(parts, ", "));
 }
 
 const char* kStreams[] = {"compute", "all-gather", "reduce-scatter", "all-reduce"};
@@ -47,7 +37,7 @@ void print_memory(const ExplainReport& r) {
             if (m.torch_at_peak[u] > 0)
                 uses.push_back(fmt::format("{} {}", memory_use_name(static_cast<MemoryUse>(u)),
                                            format_bytes(m.torch_at_peak[u])));
-        std::vector<std::string> row = {rank_list(r.memory[i].ranks), format_bytes(m.torch_peak),
+        std::vector<std::string> row = {rank_ranges(r.memory[i].ranks), format_bytes(m.torch_peak),
                                         format_bytes(m.reserved_peak)};
         if (on_gpu)
             row.push_back(
@@ -68,7 +58,7 @@ void print_memory(const ExplainReport& r) {
         for (size_t s = 0; s < m.reserved_by_stream.size(); ++s)
             if (m.reserved_by_stream[s] > 0)
                 pools.push_back(fmt::format("{} {}", kStreams[s], format_bytes(m.reserved_by_stream[s])));
-        fmt::print("  reserved of ranks {} by stream at its peak: {}{}\n", rank_list(r.memory[i].ranks),
+        fmt::print("  reserved of ranks {} by stream at its peak: {}{}\n", rank_ranges(r.memory[i].ranks),
                    fmt::join(pools, ", "),
                    on_gpu ? fmt::format(", cuBLAS's workspaces {}",
                                         format_bytes(static_cast<int64_t>(r.overheads[i].cublas_workspaces)))
@@ -102,7 +92,7 @@ void print_compute_terms(const ExplainReport& r) {
     for (size_t i = 0; i < r.times.size(); ++i) {
         const ComputeTerms& t = r.times[i].terms;
         std::vector<std::vector<std::string>> rows = {
-            {"ranks " + rank_list(r.memory[i].ranks), "seconds", "what"}};
+            {"ranks " + rank_ranges(r.memory[i].ranks), "seconds", "what"}};
         rows.push_back(
             {"GEMMs", ms(t.gemm[0] + t.gemm[1] + t.gemm[2]),
              fmt::format("fwd {}, dgrad {}, wgrad {}; {} shapes{}", ms(t.gemm[0]), ms(t.gemm[1]),

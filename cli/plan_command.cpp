@@ -16,7 +16,7 @@
 #include "core/yaml_reader.h"
 #include "core/yaml_writer.h"
 #include "plan/search.h"
-#include "verify/verify.h"
+#include "verify/verify_command.h"
 
 namespace ptool::cli {
 namespace {
@@ -45,8 +45,8 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
         yaml_comment(cl.name),  // names in comments: one printable line
         format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(c.reserved)),
         format_bytes(static_cast<int64_t>(c.runtime)), format_bytes(static_cast<int64_t>(r.memory_cap)),
-        c.time.step * 1e3, c.time.compute * 1e3, c.time.blocking * 1e3, c.time.overlappable * 1e3,
-        100 * c.mfu);
+        c.time.step * 1e3, c.time.compute * 1e3,
+        c.time.blocking * 1e3, c.time.overlappable * 1e3, 100 * c.mfu);
     if (c.choice.gradient_accumulation > 0)  // the plan says it: explain and verify read it over the model's
         s += fmt::format(
             "# Gradient accumulation: {} microbatches a step where the model says {}: the plan's "
@@ -66,8 +66,9 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
 int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& common) {
     const TempDir tmp("ptool-plan");  // removed at the end, and on SIGINT, SIGTERM or SIGHUP
     const std::string& dir = tmp.path();
-    std::string plan_path = a.output.empty() ? dir + "/plan.yaml" : a.output;
-    if (a.output.empty()) write_file(plan_path, best.plan_text, true);
+    const std::string real_plan = a.output.empty() ? dir + "/plan.yaml" : a.output;
+    if (a.output.empty()) write_file(real_plan, best.plan_text, true);
+    std::string plan_path = real_plan;
     if (best.choice.pp > 1) {  // the proxy has a block per stage: the same stages, schedule and microbatches
         std::istringstream in(best.plan_text);
         std::string text, line;
@@ -80,9 +81,9 @@ int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& comm
         write_file(plan_path, text, true);
     }
     // the plan carries the accumulation it needs (gradient_accumulation): the proxy of the model as
-    // written runs it
+    // written runs it; shrink holds the plan as written to the real model (its stages, its rows)
     const std::string proxy = dir + "/proxy.yaml";
-    write_file(proxy, shrunk_model_checked(a.model, plan_path), true);
+    write_file(proxy, shrunk_model_checked(a.model, real_plan), true);
     fmt::print(
         "\n  verifying the best plan on a proxy of the model (ptool shrink: 2 blocks, small widths that "
         "split alike):\n");
@@ -94,6 +95,107 @@ int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& comm
     return run_verify_command(
         cmd, [&](const VerifyReport& report) { print_report(report, proxy, common.verbosity); },
         [](const CaseResult&) {});
+}
+
+// The fastest `top` fitting candidates as a table (an all_to_all column where one has experts).
+void print_candidates(const SearchResult& r, int top) {
+    std::vector<std::vector<std::string>> rows = {{"#", "mesh", "data parallel", "pipeline", "checkpoint",
+                                                   "micro", "peak", "on the GPU", "comm/step", "compute",
+                                                   "step", "MFU"}};
+    // expert parallel candidates listed: their all_to_alls' time (blocking, part of the step) beside
+    bool experts = false;
+    for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < top; ++i)
+        experts |= r.fitting[i].choice.ep > 1;
+    if (experts) rows[0].insert(rows[0].end() - 2, "all_to_all");
+    for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < top; ++i) {
+        const Candidate& c = r.fitting[i];
+        double bytes = 0;
+        for (const auto& [dim, ct] : c.time.by_dim) bytes += ct.bytes;
+        rows.push_back(
+            {std::to_string(i + 1), c.choice.mesh_text(),
+             c.choice.dp > 1 || c.choice.cp > 1 ? c.choice.mode_name() : "-",
+             c.choice.pp > 1
+                 ? fmt::format(
+                       "{}{} m{}, bubble {:.0f}%", schedule_kind_name(c.choice.schedule),
+                       c.choice.virtual_stages > 1 ? fmt::format(" v{}", c.choice.virtual_stages) : "",
+                       c.choice.pp_microbatches, 100 * c.time.bubble)
+                 : "-",
+             c.choice.checkpoint ? c.choice.checkpoint_mode() : "no", std::to_string(c.microbatches),
+             format_bytes(static_cast<int64_t>(c.peak)),
+             format_bytes(static_cast<int64_t>(c.reserved + c.runtime)),
+             format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute), seconds_str(c.time.step),
+             fmt::format("{:.1f}%", 100 * c.mfu)});
+        if (experts)
+            rows.back().insert(rows.back().end() - 2, c.choice.ep > 1 ? seconds_str(c.time.all_to_all) : "-");
+    }
+    fmt::print("\n");
+    if (r.fitting.empty())
+        fmt::print("  no candidate fits\n");
+    else
+        print_columns(rows, "  ");
+}
+
+// The rejected candidates by kind: a count and the first of each; every one under -v.
+void print_rejections(const SearchResult& r, int verbosity) {
+    if (r.rejected.empty()) return;
+    fmt::print("\n  rejected ({}):\n", r.rejected.size());
+    for (const RejectionGroup& g : group_rejections(r.rejected)) {
+        fmt::print("    {}: {}\n", g.kind->title, g.count);
+        if (verbosity > 0) {
+            for (const Rejection& j : r.rejected)
+                if (j.kind == g.kind->kind) fmt::print("      {}: {}\n", j.shape, j.reason);
+        } else {
+            fmt::print("      {}: {}{}\n", g.first->shape, g.first->reason,
+                       g.count > 1 ? fmt::format(" (and {} more)", g.count - 1) : "");
+        }
+    }
+    if (verbosity == 0) fmt::print("    (-v lists every rejected candidate)\n");
+}
+
+nlohmann::json candidate_json(const Candidate& c) {
+    nlohmann::json e = {{"dp", c.choice.dp},
+                        {"tp", c.choice.tp},
+                        {"cp", c.choice.cp},
+                        {"mode", data_parallel_mode_name(c.choice.dp_mode)},
+                        {"zero_stage", c.choice.zero_stage},
+                        {"activation_checkpointing", c.choice.checkpoint},
+                        {"activation_checkpointing_mode", c.choice.checkpoint_mode()},
+                        {"microbatches", c.microbatches},
+                        {"peak_bytes", c.peak},
+                        {"reserved_bytes", c.reserved},
+                        {"runtime_bytes", c.runtime},
+                        {"step_seconds", c.time.step},
+                        {"compute_seconds", c.time.compute},
+                        {"blocking_seconds", c.time.blocking},
+                        {"overlappable_seconds", c.time.overlappable},
+                        {"mfu", c.mfu},
+                        {"plan", c.plan_text}};
+    if (c.choice.hybrid()) e["dp_replicate"] = c.choice.dp_replicate(), e["dp_shard"] = c.choice.dp_shard;
+    if (c.choice.ep > 1)
+        e["ep"] = c.choice.ep, e["ep_mesh_dim"] = c.choice.ep_mesh_dim(),
+        e["all_to_all_seconds"] = c.time.all_to_all;
+    if (c.choice.pp > 1)
+        e["pipeline"] = {{"pp", c.choice.pp},
+                         {"schedule", schedule_kind_name(c.choice.schedule)},
+                         {"virtual_stages", c.choice.virtual_stages},
+                         {"microbatches", c.choice.pp_microbatches},
+                         {"stage_blocks", c.choice.stage_blocks},
+                         {"pipeline_seconds", c.time.pipeline},
+                         {"bubble", c.time.bubble}};
+    return e;
+}
+
+nlohmann::json plan_json(const PlanArgs& a, const Cluster& cluster, const SearchResult& r, double seconds) {
+    nlohmann::json j = json_document("plan");
+    j["model"] = a.model, j["cluster"] = cluster.name, j["world_size"] = r.world_size;
+    j["memory_cap_bytes"] = r.memory_cap, j["evaluated"] = r.evaluated, j["seconds"] = seconds;
+    j["candidates"] = nlohmann::json::array();
+    for (const Candidate& c : r.fitting) j["candidates"].push_back(candidate_json(c));
+    j["rejected"] = nlohmann::json::array();
+    for (const Rejection& x : r.rejected)
+        j["rejected"].push_back(
+            {{"shape", x.shape}, {"reason", x.reason}, {"kind", rejection_kind_info(x.kind).name}});
+    return j;
 }
 
 int plan(const PlanArgs& a, const Common& common) {
@@ -127,43 +229,8 @@ int plan(const PlanArgs& a, const Common& common) {
         r.evaluated, seconds);
     if (!r.tp_unsupported.empty()) fmt::print("  no tensor parallelism: {}\n", r.tp_unsupported);
     if (!r.pipelines_skipped.empty()) fmt::print("  pipelines not searched: {}\n", r.pipelines_skipped);
-    std::vector<std::vector<std::string>> rows = {{"#", "mesh", "data parallel", "pipeline", "checkpoint",
-                                                   "micro", "peak", "on the GPU", "comm/step", "compute",
-                                                   "step", "MFU"}};
-    // expert parallel candidates listed: their all_to_alls' time (blocking, part of the step) beside
-    bool experts = false;
-    for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < a.top; ++i)
-        experts |= r.fitting[i].choice.ep > 1;
-    if (experts) rows[0].insert(rows[0].end() - 2, "all_to_all");
-    for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < a.top; ++i) {
-        const Candidate& c = r.fitting[i];
-        double bytes = 0;
-        for (const auto& [dim, ct] : c.time.by_dim) bytes += ct.bytes;
-        rows.push_back({std::to_string(i + 1), c.choice.mesh_text(),
-                        c.choice.dp > 1 || c.choice.cp > 1 ? c.choice.mode_name() : "-",
-                        c.choice.pp > 1 ? fmt::format("{}{} m{}, bubble {:.0f}%", c.choice.schedule,
-                                                      c.choice.virtual_stages > 1
-                                                          ? fmt::format(" v{}", c.choice.virtual_stages)
-                                                          : "",
-                                                      c.choice.pp_microbatches, 100 * c.time.bubble)
-                                        : "-",
-                        c.choice.checkpoint ? c.choice.checkpoint_mode() : "no",
-                        std::to_string(c.microbatches), format_bytes(static_cast<int64_t>(c.peak)),
-                        format_bytes(static_cast<int64_t>(c.reserved + c.runtime)),
-                        format_bytes(static_cast<int64_t>(bytes)), seconds_str(c.time.compute),
-                        seconds_str(c.time.step), fmt::format("{:.1f}%", 100 * c.mfu)});
-        if (experts)
-            rows.back().insert(rows.back().end() - 2, c.choice.ep > 1 ? seconds_str(c.time.all_to_all) : "-");
-    }
-    fmt::print("\n");
-    if (r.fitting.empty())
-        fmt::print("  no candidate fits\n");
-    else
-        print_columns(rows, "  ");
-    if (!r.rejected.empty()) {
-        fmt::print("\n  rejected:\n");
-        for (const Rejection& j : r.rejected) fmt::print("    {}: {}\n", j.shape, j.reason);
-    }
+    print_candidates(r, a.top);
+    print_rejections(r, common.verbosity);
     fmt::print(
         "\n  (memory: rank 0 simulated for 2 steps on meta tensors{}; time: the cluster's rates, "
         "data-parallel\n"
@@ -184,50 +251,7 @@ int plan(const PlanArgs& a, const Common& common) {
         if (r.fitting.empty()) throw InputError("--verify: no candidate fits");
         code = verify_on_proxy(a, r.fitting[0], common);
     }
-    if (!a.json.empty()) {
-        nlohmann::json j = json_document("plan");
-        j["model"] = a.model, j["cluster"] = cluster.name, j["world_size"] = r.world_size;
-        j["memory_cap_bytes"] = r.memory_cap, j["evaluated"] = r.evaluated, j["seconds"] = seconds;
-        j["candidates"] = nlohmann::json::array();
-        for (const Candidate& c : r.fitting) {
-            j["candidates"].push_back({{"dp", c.choice.dp},
-                                       {"tp", c.choice.tp},
-                                       {"cp", c.choice.cp},
-                                       {"mode", c.choice.dp_mode},
-                                       {"zero_stage", c.choice.zero_stage},
-                                       {"activation_checkpointing", c.choice.checkpoint},
-                                       {"activation_checkpointing_mode", c.choice.checkpoint_mode()},
-                                       {"microbatches", c.microbatches},
-                                       {"peak_bytes", c.peak},
-                                       {"reserved_bytes", c.reserved},
-                                       {"runtime_bytes", c.runtime},
-                                       {"step_seconds", c.time.step},
-                                       {"compute_seconds", c.time.compute},
-                                       {"blocking_seconds", c.time.blocking},
-                                       {"overlappable_seconds", c.time.overlappable},
-                                       {"mfu", c.mfu},
-                                       {"plan", c.plan_text}});
-            if (c.choice.hybrid())
-                j["candidates"].back()["dp_replicate"] = c.choice.dp_replicate(),
-                j["candidates"].back()["dp_shard"] = c.choice.dp_shard;
-            if (c.choice.ep > 1)
-                j["candidates"].back()["ep"] = c.choice.ep,
-                j["candidates"].back()["ep_mesh_dim"] = c.choice.ep_mesh_dim(),
-                j["candidates"].back()["all_to_all_seconds"] = c.time.all_to_all;
-            if (c.choice.pp > 1)
-                j["candidates"].back()["pipeline"] = {{"pp", c.choice.pp},
-                                                      {"schedule", c.choice.schedule},
-                                                      {"virtual_stages", c.choice.virtual_stages},
-                                                      {"microbatches", c.choice.pp_microbatches},
-                                                      {"stage_blocks", c.choice.stage_blocks},
-                                                      {"pipeline_seconds", c.time.pipeline},
-                                                      {"bubble", c.time.bubble}};
-        }
-        j["rejected"] = nlohmann::json::array();
-        for (const Rejection& x : r.rejected)
-            j["rejected"].push_back({{"shape", x.shape}, {"reason", x.reason}});
-        write_file(a.json, j.dump(2) + "\n", true);
-    }
+    if (!a.json.empty()) write_file(a.json, plan_json(a, cluster, r, seconds).dump(2) + "\n", true);
     return code;
 }
 

@@ -43,6 +43,7 @@ void run(const RunArgs& a, const Common& c) {
     RecordOptions ro;
     ro.events = false;
     ro.init_tensors = !a.dump.empty();
+    ro.tensors = !a.dump.empty();  // the loss and time are all it prints
     double total = 0;
     ro.on_step = [&](int64_t k, double loss, double seconds) {
         total += seconds;

@@ -8,6 +8,7 @@
 #include "parallel/plan.h"
 #include "plan/explain.h"
 #include "plan/shrink.h"
+#include "train/simulate.h"
 
 namespace ptool::cli {
 
@@ -18,8 +19,15 @@ std::string shrunk_model_checked(const std::string& model_path, const std::strin
         MetaAllocation meta;  // the loader's errors, with positions in the real file
         const Model real = load_model_text(text, model_path, "", false);
         plan = load_plan(plan_path);
-        // the plan's microbatches against the real batch (the proxy's rows are made to fit them)
+        // the plan against the real model first, as verify of it would hold it (the proxy's sizes are
+        // made to split, so a plan that does not fit the real batch, sequence or blocks would pass
+        // on it): the microbatches, the resolution and lint (data ranks over the batch's rows, cp
+        // over the sequence, the layout pass), and what a run checks as it is built (its stages)
         check_microbatches(plan, real);
+        explain_plan(real, plan);
+        RunInputs in;
+        in.model_path = model_path, in.model_text = text;
+        check_run(in, plan, 0);
     }
     const std::string proxy = shrink_model(text, model_path, plan);
     const Model m = load_model_text(proxy, model_path + " (proxy)", "", false);

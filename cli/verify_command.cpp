@@ -1,5 +1,7 @@
 // ptool verify MODEL PLAN... | GOLDEN...: options and printing; the engine (verify/verify.h) runs
 // it, in-process or under mpirun alike.
+#include "verify/verify_command.h"
+
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -7,7 +9,6 @@
 #include "core/file_roles.h"
 #include "core/progress.h"
 #include "core/safetensors.h"
-#include "verify/golden_replay.h"
 
 namespace ptool::cli {
 namespace {

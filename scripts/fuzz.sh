@@ -3,7 +3,7 @@
 # config.json, the cluster file loader and a sharded checkpoint's index with libFuzzer (clang,
 # ASan + UBSan), each for SECONDS (default 60), seeded with the shipped files; and fuzz_model_plan,
 # which generates valid model + plan pairs and runs explain and a one-step verify.
-#   scripts/fuzz.sh [SECONDS] [HARNESS...]   CI runs it with 30; run longer by hand, e.g. scripts/fuzz.sh 600
+#   scripts/fuzz.sh [SECONDS] [HARNESS...]   CI runs it with 5; run longer by hand, e.g. scripts/fuzz.sh 600
 #                                            (HARNESS: only those, e.g. fuzz_hf_config)
 # Findings (crash-*, oom-*, timeout-*) land in build-fuzz/findings/ and fail the script.
 set -euo pipefail
@@ -11,14 +11,10 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 only=" $* "
-command -v clang++ >/dev/null || { scripts/setup.sh; sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo; $sudo apt-get install -y -qq clang >/dev/null; }
-# -O1 -g1, as the sanitizer jobs (CI time): the instrumented harnesses build in 2.5 min from cold here
-# (2026-11-27); -O2 -g compiles each file about 2.4x slower (scripts/sanitize.sh). Line tables are
-# enough for a finding's stack trace.
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -DPTOOL_FUZZ=ON -DPTOOL_WITH_CUDA=OFF -DBUILD_TESTING=OFF \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_model_yaml fuzz_plan_yaml fuzz_safetensors fuzz_model_plan \
-    fuzz_hf_config fuzz_cluster fuzz_index >/dev/null
+scripts/setup.sh  # the libraries the engine links (a fresh machine)
+# the harnesses in the ASan job's clang build (scripts/asan_build.sh), which CI has built already
+PTOOL_ASAN_TESTS=OFF scripts/asan_build.sh fuzz_model_yaml fuzz_plan_yaml fuzz_safetensors fuzz_model_plan fuzz_hf_config fuzz_cluster \
+    fuzz_index >/dev/null
 mkdir -p build-fuzz/findings
 # one harness per core at a time (each libFuzzer run is one process): the same seconds per harness,
 # half the wall time on the 2-core machine (CI time)

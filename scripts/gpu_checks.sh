@@ -7,12 +7,16 @@
 # --device cuda: the CPU-recorded numbers within fp32 tolerance), repro (a golden recorded twice on
 # the GPU is bitwise the same), bf16 (the GEMM MLP and the GPT block at bf16 tolerance), nccl (a
 # 1-rank mesh, which verify runs over nccl), verdicts (each shipped case, cpu and cuda verdicts
-# side by side), bench (bench_verify at TP 2/4/8 and bench_comm on cuda_local). From a bundle (scripts/gpu_bundle.sh) set LD_LIBRARY_PATH first.
+# side by side), bench (bench_verify at TP 2/4/8 and bench_comm on cuda_local), scale (issue 52's
+# real size: the shared Llama-3.2-1B imported at 4 x 2048, `ptool run` on cuda (its first step
+# within 5 s of launch), bench/bench_torch.py against PyTorch's FSDP2 step (within 1.5x), and
+# `verify` with fully_shard over 2 virtual ranks on the GPU against its two runs (within 3x)).
+# From a bundle (scripts/gpu_bundle.sh) set LD_LIBRARY_PATH first.
 set -u
 cd "$(dirname "$0")/.."
 build=${1:-build} logs=${2:-gpu-logs}
 shift $(($# < 2 ? $# : 2))
-steps=${*:-ctest cli golden repro bf16 nccl verdicts bench}
+steps=${*:-ctest cli golden repro bf16 nccl verdicts bench scale}
 mkdir -p "$logs"
 ptool=$build/cli/ptool
 tmp=$(mktemp -d)
@@ -58,6 +62,12 @@ for step in $steps; do
     bench)
       run_step bench 400 "$build/bench/bench_verify" models/gemm_mlp_4k.yaml plans/gemm_mlp_tp.yaml cuda
       run_step bench 300 "$build/bench/bench_comm" 8 256 cuda_local ;;
+    scale)  # issue 52: the 1B model at 4 x 2048 tokens on one GPU
+      "$ptool" import hf bench/llama-3.2-1b.config.json --batch 4 --seq 2048 -o "$tmp/llama1b.yaml" >>"$logs/scale.log" 2>&1
+      printf 'mesh: {dp: 2}\ndata_parallel:\n  mesh_dim: dp\n  mode: fully_shard\n  fully_shard: ["model.layers.*"]\n' >"$tmp/fsdp2.yaml"
+      TAIL=8 run_step scale 300 "$ptool" run "$tmp/llama1b.yaml" --device cuda --steps 3
+      TAIL=8 run_step scale 600 python3 bench/bench_torch.py --device cuda --build "$build" --steps 4
+      TAIL=12 run_step scale 900 "$ptool" verify "$tmp/llama1b.yaml" "$tmp/fsdp2.yaml" --device cuda --steps 1 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sanitizer jobs (CI runs both after the tests):
-#   scripts/sanitize.sh address   ASan + UBSan build (build-asan/), the whole ctest suite
+#   scripts/sanitize.sh address   ASan + UBSan build (build-fuzz/, clang: scripts/asan_build.sh, which
+#                                 the fuzzers share), the ctest suite but the numbers-only tests
 #   scripts/sanitize.sh thread    TSan build (build-tsan/), the threads communicator and the
 #                                 in-process verify cases (rank threads are where races live)
 # Any sanitizer report fails the test that triggered it (halt_on_error / exitcode).
@@ -8,31 +9,30 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:?usage: scripts/sanitize.sh address|thread}
 case $kind in
-  # UBSan's checks but vptr, alignment, object-size and pointer-overflow, whose instrumentation
-  # doubled the compile (recorder.cpp: 26.3 s with all of -fsanitize=undefined, 13.0 s without
-  # those four, 10.8 s ASan alone; 2026-11-27, CI time). The fuzz harnesses (scripts/fuzz.sh) keep
-  # every UBSan check on the parsers.
-  address) dir=build-asan; flags=address,undefined
-           extra="-fno-sanitize=vptr,alignment,object-size,pointer-overflow"
+  # clang's, in the build the fuzzers share (scripts/asan_build.sh: every UBSan check, libFuzzer's
+  # coverage instrumentation); leaks are not checked (OpenMPI's own allocations are not ours)
+  address) dir=build-fuzz
            export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
            export PTOOL_SANITIZER=address ;;
   # OpenBLAS's pthread workers hand their results back through spin flags TSan does not see (a
   # worker's sgemm_beta memset read by the caller after the join was reported on SkylakeX kernels):
   # one BLAS thread, so what TSan checks is ptool's rank threads
-  thread)  dir=build-tsan; flags=thread; extra=""; export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+  thread)  dir=build-tsan; export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
            export OPENBLAS_NUM_THREADS=1 ;;
   *) echo "unknown sanitizer '$kind'" >&2; exit 2 ;;
 esac
 scripts/setup.sh --test
-# OpenMPI's own allocations and threads are not ours: the MPI tests run in the ASan job only,
-# without leak detection (detect_leaks=0 above); the CUDA code is left out (nvcc takes no -fsanitize).
-# -O1 -g1 (line tables: enough for the sanitizers' stack traces) compiles 2.4x faster than
-# RelWithDebInfo's -O2 -g with the instrumentation (verify.cpp: 14.3 s vs 34.3 s), CI time.
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG $extra" \
-    -DPTOOL_SANITIZE=$flags -DPTOOL_WITH_CUDA=OFF -DPTOOL_BENCH=OFF > /dev/null
-targets=()  # TSan runs a subset: build only what it runs (CI time)
-[[ $kind == thread ]] && targets=(--target ptool test_comm_threads)
-cmake --build "$dir" -j"$(nproc)" "${targets[@]}" 2>&1 | grep -E "error|warning: " || true
+if [[ $kind == address ]]; then
+  scripts/asan_build.sh 2>&1 | grep -E "error|warning: " || true
+else
+  # OpenMPI's threads are not ours: the MPI tests run in the ASan job only; the CUDA code is left
+  # out (nvcc takes no -fsanitize). -O1 -g1 (line tables: enough for the sanitizers' stack traces)
+  # compiles 2.4x faster than RelWithDebInfo's -O2 -g with the instrumentation (verify.cpp: 14.3 s
+  # vs 34.3 s), CI time. TSan runs a subset: only what it runs is built (CI time).
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+      -DPTOOL_SANITIZE=thread -DPTOOL_WITH_CUDA=OFF -DPTOOL_BENCH=OFF > /dev/null
+  cmake --build "$dir" -j"$(nproc)" --target ptool test_comm_threads 2>&1 | grep -E "error|warning: " || true
+fi
 test -x "$dir/cli/ptool"
 cd "$dir"
 if [[ $kind == address ]]; then

@@ -5,7 +5,8 @@
 
 Every command runs under a timeout; a hang, a signal (exit > 3 or negative) or the wrong exit code
 fails the class. docs/testing.md (Reliability) lists the classes; 13-21 are issue 34's third round
-(the newer commands: import hf, plan, shrink, cluster files, sharded --init, the report outputs).
+(the newer commands: import hf, plan, shrink, cluster files, sharded --init, the report outputs),
+22-26 issue 50's fourth (MoE layouts, shared modules across pipeline ranks, cost at scale, shrink).
 """
 import json
 import os
@@ -479,5 +480,114 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(0, ["wrote"], "golden", "record", f"{M}/hf_tiny_gpt2.yaml", gpt2_plan, "-o", T("gpt2.safetensors"))
     expect(0, ["1 passed"], "verify", T("gpt2.safetensors"), "-q")
     expect(0, ["PASS"], "verify", f"{M}/hf_tiny_gpt2.yaml", gpt2_plan, "--golden", T("gpt2.safetensors"), "-q")
+
+    # ---- fourth round (issue 50): the newer sections, MoE layouts and cost at scale ----
+    moe = f"{M}/moe_mixtral.yaml"
+    tp_plan = "mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n"
+    gate = '    "layers.*.moe_block.block_sparse_moe.gate": '
+    # 22. a router gate whose output is not Replicate under tp was SIGSEGV in Moe::forward_placed (and
+    # explain accepted it): the router reads every expert's logit of each token; exit 2 at the entry
+    for name, style in [("colwise", "colwise"), ("colwise_s1", '{style: colwise, output_layouts: "shard(1)"}'),
+                        ("prep_out", '{style: prepare_output, output_layouts: replicate, desired_output_layouts: "shard(-1)"}')]:
+        gp = write(T(f"gate_{name}.yaml"), tp_plan + gate + style + "\n")
+        for cmd in ("verify", "explain"):
+            expect(2, [f"gate_{name}.yaml:5:5:", "router logits", "output_layouts: replicate"], cmd, moe, gp, "-q")
+    ok_gate = write(T("gate_ok.yaml"), tp_plan + gate + "{style: colwise, output_layouts: replicate}\n")
+    expect(0, ["PASS"], "verify", moe, ok_gate, "-q")
+    # 23. a moe fed row or sequence shards under tp routed each rank's own tokens (a wrong forward at
+    # "routing weights"): refused with torchtitan's fix, where gated MLPs in its place pass
+    for d in (0, 1):
+        sp = write(T(f"moe_shard{d}.yaml"), tp_plan + '    "layers.*.moe_block.block_sparse_moe": {style: prepare_input, '
+                   f'input_layouts: replicate, desired_input_layouts: "shard({d})"}}\n')
+        for cmd in ("verify", "explain"):
+            expect(2, [f"moe_shard{d}.yaml:5:5:", "routes the same tokens on every tensor-parallel rank",
+                       f"prepare_input shard({d}) -> replicate"], cmd, moe, sp, "-q")
+    # 24. one module used on stages of two pp ranks (`shared`) trained two copies (FAIL after
+    # construction): refused at the pipeline section naming both uses; on one pp rank it runs
+    shm = write(T("shm.yaml"), "name: shm\nseed: 4\nbatch:\n  input: [8, 4]\nmodules:\n"
+                "  - {name: a, type: linear, in: 4, out: 4}\n  - name: layers\n    type: repeat\n    count: 2\n"
+                "    modules:\n      - {name: l, type: linear, in: 4, out: 4}\n  - {name: b, type: shared, module: a}\n"
+                "loss: mean\noptimizer: {type: sgd, lr: 0.1}\n")
+    pp2 = "mesh: {pp: 2}\npipeline_parallel:\n  mesh_dim: pp\n  microbatches: 2\n"
+    for name, extra, where in [("even", "", "3:3"), ("split", "  split_points: [b]\n", "5:17")]:
+        pp = write(T(f"shm_{name}.yaml"), pp2 + extra)
+        for cmd in ("verify", "explain"):
+            expect(2, [f"shm_{name}.yaml:{where}:", "'a' (stage 0, pp rank 0) and 'b' (stage 1, pp rank 1) are one module",
+                       "tie:"], cmd, shm, pp, "-q")
+    shm_c = write(T("shm_c.yaml"), open(shm).read().replace("loss:", "  - {name: c, type: linear, in: 4, out: 4}\nloss:"))
+    shm_il = write(T("shm_il.yaml"), pp2 + "  schedule: interleaved_1f1b\n  virtual_stages: 2\n"
+                   "  split_points: [layers.0, layers.1, c]\n")
+    expect(0, ["PASS"], "verify", shm_c, shm_il, "-q")  # a on stage 0, b on stage 2: both pp rank 0's
+    # 25. cost: refused up front with the bound named, within seconds (each took minutes or ran out
+    # of memory): modules past ptool's limit (a moe counts 4 modules per expert), a config.json whose
+    # layers x experts pass it, explain's simulation past its bound (blocks x microbatches), plan's
+    # search past its own, a sharded checkpoint's index of 10^6 entries
+    # time bounds are wide (5x what this 2-core machine takes) and 5x wider again under a sanitizer
+    # build, whose instrumentation slows the same work; the two runs that do work by design (plan of
+    # 4096 blocks, the 10^6-entry index) run in the plain build only (their cost, not their memory
+    # safety, is what they check)
+    sanitized = bool(os.environ.get("PTOOL_SANITIZER"))
+    slow = 5 if sanitized else 1
+    moe_text = open(moe).read()
+    big = write(T("moe_big.yaml"), moe_text.replace("experts: 4,", "experts: 4096,").replace("count: 2", "count: 40"))
+    for args in (["explain", big, f"{P}/moe_mixtral_ep_tp.yaml"], ["verify", big, f"{P}/moe_mixtral_ep_tp.yaml"],
+                 ["plan", big, "--cluster", f"{ROOT}/clusters/h100_8x8.yaml"]):
+        t0 = time.time()
+        expect(2, ["moe_big.yaml:27:13:", "modules", "over ptool's limit of 131072"], *args, timeout=60 * slow)
+        check(time.time() - t0 < 10 * slow, f"{args[0]} of 40 layers of 4096 experts: {time.time() - t0:.1f} s")
+    cfg = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 32, "intermediate_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 64, "vocab_size": 64,
+           "num_local_experts": 4096, "num_experts_per_tok": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+           "rope_theta": 10000.0, "torch_dtype": "float32"}
+    cj = write(T("moe_cfg.json"), json.dumps(cfg, indent=1))
+    expect(2, ["moe_cfg.json:12:", "64 layers of 4096 experts", "131072"], "import", "hf", cj, "-o", T("moe_cfg.yaml"))
+    check(not os.path.exists(T("moe_cfg.yaml")), "import hf of a config over the module limit wrote its output")
+    cfg["num_local_experts"] = 16777216
+    expect(2, ["moe_cfg2.json:12:", "16777216 experts"], "import", "hf", write(T("moe_cfg2.json"), json.dumps(cfg, indent=1)),
+           "-o", T("moe_cfg2.yaml"))
+    blocks = write(T("blocks.yaml"), "name: blocks\nbatch:\n  input: [512, 16]\nmodules:\n  - name: layers\n    type: repeat\n"
+                   "    count: 4096\n    modules:\n      - {name: l, type: linear, in: 16, out: 16}\nloss: mean\n"
+                   "optimizer: {type: sgd, lr: 0.1}\n")
+    for name, sec in [("pp8", "mesh: {pp: 8}\npipeline_parallel:\n  mesh_dim: pp\n  microbatches: 512\n"),
+                      ("pp64v64", "mesh: {pp: 64}\npipeline_parallel:\n  mesh_dim: pp\n  microbatches: 512\n"
+                                  "  schedule: interleaved_1f1b\n  virtual_stages: 64\n")]:
+        t0 = time.time()
+        expect(2, [f"{name}.yaml:4:17:", "units of work", "over ptool's bound"], "explain", blocks, write(T(f"{name}.yaml"), sec),
+               timeout=60 * slow)
+        check(time.time() - t0 < 10 * slow, f"explain of 4096 blocks under {name}: {time.time() - t0:.1f} s")
+    # plan --pipeline always of 4096 blocks: pipelines of up to 64 ranks and their long schedules
+    # (over 100 s at 5.4 GB; 12.7 s and 54 MB here, 771 candidates)
+    deep_rows = write(T("blocks1024.yaml"), open(blocks).read().replace("input: [512, 16]", "input: [1024, 16]"))
+    if sanitized:
+        print("skip: plan --pipeline always of 4096 blocks (its cost is checked in the plain build)")
+    else:
+        t0 = time.time()
+        expect(0, ["candidates simulated"], "plan", deep_rows, "--cluster", f"{ROOT}/clusters/h100_8x8.yaml",
+               "--pipeline", "always", timeout=180)
+        check(time.time() - t0 < 90, f"plan --pipeline always of 4096 blocks: {time.time() - t0:.1f} s")
+    moe4 = write(T("moe4.yaml"), moe_text.replace("experts: 4,", "experts: 4096,").replace("count: 2", "count: 4")
+                 .replace("tokens: [4, 8]", "tokens: [256, 64]"))
+    t0 = time.time()
+    expect(2, ["plan would simulate", "over ptool's bound"], "plan", moe4, "--cluster", f"{ROOT}/clusters/h100_8x8.yaml",
+           timeout=60 * slow)
+    check(time.time() - t0 < 30 * slow, f"plan of 4 layers of 4096 experts: {time.time() - t0:.1f} s")  # 5.9 s here
+    if sanitized:
+        print("skip: an index of 10^6 entries (its cost is checked in the plain build)")
+    else:
+        n = 10 ** 6
+        index = write(T("big_index.json"), '{"metadata": {}, "weight_map": {' +
+                      ",".join(f'"w{i}": "one.safetensors"' for i in range(n)) + "}}")
+        t0 = time.time()
+        rc, out = run("verify", mlp, root, "--init", index, "-q", timeout=60)
+        check(rc == 2 and "one.safetensors: no such file" in out and time.time() - t0 < 20,  # read whole, 9.5 s here
+              f"an index of 10^6 entries: exit {rc} in {time.time() - t0:.1f} s\n{out[-600:]}")
+    # 26. shrink of a plan the real model refuses (cp 3 on a sequence of 8, dp 3 on 4 rows) wrote a
+    # proxy that passed: refused with the real model's error, nothing written
+    llama = f"{M}/llama_sft.yaml"
+    for name, text, frag in [("cp3", "mesh: {cp: 3}\ncontext_parallel:\n  mesh_dim: cp\n", "cp"),
+                             ("dp3", "mesh: {dp: 3}\ndata_parallel:\n  mesh_dim: dp\n  mode: fully_shard\n", "dp")]:
+        out_path = T(f"proxy_{name}.yaml")
+        expect(2, [f"{name}.yaml:"], "shrink", llama, write(T(f"{name}.yaml"), text), "-o", out_path)
+        check(not os.path.exists(out_path), f"shrink of a {name} plan the real model refuses wrote a proxy")
 
 check.finish()

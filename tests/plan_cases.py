@@ -182,10 +182,18 @@ with tempfile.TemporaryDirectory() as tmp:
     # 3. reasons
     c4 = os.path.join(tmp, "c4.yaml")
     open(c4, "w").write(h100_text().replace("gpus_per_node: 8", "gpus_per_node: 4").replace("nodes: 8", "nodes: 16"))
-    rc, out = run("plan", m8, "--cluster", c4, "--world-size", "16")
+    # -v: every rejected candidate (the text lists each kind's first only)
+    rc, out = run("plan", m8, "--cluster", c4, "--world-size", "16", "-v")
     check(rc == 0 and "tp=8: crosses a node of 4 GPUs" in out, f"tp=8 over nodes of 4 not refused as such\n{out}")
-    rc, out = run("plan", f"{ROOT}/models/llama_rope.yaml", "--cluster", CPU)
+    rc, out = run("plan", f"{ROOT}/models/llama_rope.yaml", "--cluster", CPU, "-v")
     check(rc == 0 and "dp=1 x tp=4: attention" in out and "heads" in out, f"4 heads / 2 kv heads over tp=4 not refused\n{out}")
+    # without -v, the rejected by kind: a count and the first each, and every one in --json
+    rc, out = run("plan", f"{ROOT}/models/llama_rope.yaml", "--cluster", CPU, "--json", os.path.join(tmp, "rope.json"))
+    rejected = json.load(open(os.path.join(tmp, "rope.json")))["rejected"]
+    refused = [r for r in rejected if r["kind"] == "refused"]
+    check(rc == 0 and f"rejected ({len(rejected)}):" in out and f"refused by explain's rules: {len(refused)}" in out
+          and "(-v lists every rejected candidate)" in out and any("dp=1 x tp=4" == r["shape"] for r in refused),
+          f"plan's rejected candidates are not grouped by kind\n{out}\n{rejected}")
     rc, out = run("plan", m8, "--cluster", H100, "--world-size", "8", "--memory-cap", "1")
     check(rc == 0 and "no candidate fits" in out and "> 1.0 GiB" in out, f"a 1 GiB cap: no fit not reported\n{out}")
 
@@ -251,9 +259,14 @@ with tempfile.TemporaryDirectory() as tmp:
         c = next((c for c in piped if c["pipeline"]["schedule"] == schedule and c["mode"] == "fully_shard"), None)
         if not check(c is not None, f"no fully_shard {schedule} plan for llama3_8b on 16 H100s"):
             continue
-        plan, proxy = os.path.join(tmp, "pp_proxy_plan.yaml"), os.path.join(tmp, "pp_proxy.yaml")
+        # shrink holds the plan as the planner wrote it to the real model; the proxy runs it a block a stage
+        written, plan = os.path.join(tmp, "pp_plan.yaml"), os.path.join(tmp, "pp_proxy_plan.yaml")
+        proxy = os.path.join(tmp, "pp_proxy.yaml")
+        open(written, "w").write(c["plan"])
         open(plan, "w").write(re.sub(r"  (split_points|layers_per_stage): .*", "  layers_per_stage: 1", c["plan"]))
         rc, out = run("shrink", m8, plan, "-o", proxy)
+        check(rc == 2 and "blocks" in out, f"shrink of the real model with a proxy's stages (a block each): exit {rc}\n{out}")
+        rc, out = run("shrink", m8, written, "-o", proxy)
         if not check(rc == 0 and f"pp={c['pipeline']['pp']}" in open(proxy).read(), f"shrink of a {schedule} plan: exit {rc}\n{out}"):
             continue
         rc, out = run("verify", proxy, plan, "-q")

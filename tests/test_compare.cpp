@@ -12,6 +12,7 @@
 #include "verify/compare.h"
 #include "verify/digest.h"
 #include "verify/faults.h"
+#include "verify/report.h"
 #include "verify/verify.h"
 
 using namespace ptool;
@@ -530,4 +531,32 @@ TEST_CASE("the world's step runs from the first rank's start to the last rank's 
         },
         Device::cpu);
     for (double s : seen) CHECK(s == 7.0);
+}
+
+TEST_CASE("the systematic rule judges a gradient at its block's rounding level against the block's",
+          "[cpu]") {
+    const Tolerance tol = Tolerance::for_dtype(DType::float32);  // systematic 1024 eps
+    REQUIRE(tol.systematic > 0);
+    auto report = [&](double q_ref, double q_err) {
+        PlanReport rep;
+        auto add = [&](const std::string& name, double ref, double err) {
+            TensorReport t;
+            t.name = name, t.diff.ref_norm = ref, t.diff.err_norm = err, t.replicas = ReplicaState::equal;
+            rep.tensors.push_back(t), rep.passed += 1;
+        };
+        add("step0.grad.b3.q_proj.weight", q_ref, q_err);  // every element within atol
+        add("step0.grad.b3.o_proj.weight", 1e-2, 1e-10);
+        add("step0.grad.head.weight", 1e-1, 1e-9);
+        judge_by_module(rep, tol);
+        return rep.tensors[0];
+    };
+    // q's true gradient vanishes (every key alike): what both runs computed is rounding residue of
+    // the block's backward, 1e-8 of its norm; two summation orders part by 5% of it
+    CHECK(report(2.4e-10, 1.25e-11).pass);
+    // the same error in a gradient of the block's scale is beyond rounding: 0.1% of it fails
+    const TensorReport real = report(1e-3, 1e-6);
+    CHECK_FALSE(real.pass);
+    CHECK(real.diff.systematic);
+    // and an error of the block's scale in the vanishing gradient still fails
+    CHECK_FALSE(report(2.4e-10, 1e-7).pass);
 }

@@ -88,9 +88,10 @@ TEST_CASE("context_parallel claims the cp role; its options and refusals", "[cpu
     REQUIRE(p.context_parallel);
     CHECK(p.context_parallel->load_balance);  // torch's default for causal attention
     CHECK(p.context_parallel->rotate == RotateMethod::allgather);
-    CHECK(p.dims.cp_shards_params());                             // fully_shard over dp x cp
-    CHECK(p.dims.param_nesting() == std::vector<int>{0, 1});      // the dp rows, then cp's of those
-    CHECK(p.dims.label_dims("dp+cp") == std::vector<int>{0, 1});  // the flattened group's counter label
+    CHECK(p.dims.cp_shards_params());                              // fully_shard over dp x cp
+    CHECK(p.dims.param_nesting() == std::vector<int>{0, 1});       // the dp rows, then cp's of those
+    CHECK(p.dims.group(GroupName::dp_shard_cp).label == "dp+cp");  // the flattened group's counter label
+    CHECK(p.dims.counted_dims("dp+cp") == std::vector<int>{0, 1});
     const Plan ddp = load_plan_text(
         "mesh: {dp: 2, cp: 2}\ndata_parallel: {mesh_dim: dp}\n"
         "context_parallel: {mesh_dim: cp, load_balance: false}\n",

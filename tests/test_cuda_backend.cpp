@@ -6,13 +6,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
 
+#include "attention_oracle.h"
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/gpu_info.h"
+#include "close_enough.h"
 #include "comm/comm_nccl.h"
 #include "comm/comm_threads.h"
 #include "comm_conformance.h"
@@ -49,7 +52,8 @@ double rtol_of(DType dt) {
     return dt == DType::float64 ? 1e-12 : dt == DType::bfloat16 ? 1.6e-2 : 1e-5;
 }
 
-// cpu_result vs the GPU result copied back, elementwise |a - b| <= atol + rtol |a|.
+// cpu_result vs the GPU result copied back, elementwise (testing::close_enough); the worst
+// difference reported is NaN where one side is NaN.
 void expect_close(const Tensor& cpu_t, const Tensor& gpu_t, const std::string& what, double atol = 1e-5) {
     const Tensor g = gpu_t.to_device(Device::cpu);
     REQUIRE(g.shape() == cpu_t.shape());
@@ -58,7 +62,8 @@ void expect_close(const Tensor& cpu_t, const Tensor& gpu_t, const std::string& w
     double worst = 0;
     for (int64_t i = 0; i < cpu_t.numel(); ++i) {
         const double a = cpu_t.item(i), b = g.item(i), err = std::abs(a - b);
-        if (!(err <= atol + rtol * std::abs(a))) ++bad, worst = std::max(worst, err);
+        if (!testing::close_enough(a, b, atol, rtol))
+            ++bad, worst = std::isnan(err) || err > worst ? err : worst;
     }
     INFO(what << " in " << dtype_name(cpu_t.dtype()) << ": " << bad << " of " << cpu_t.numel()
               << " elements out of tolerance, worst " << worst);
@@ -265,6 +270,138 @@ TEST_CASE("cuda embedding, attention helpers and losses match the cpu", "[cuda]"
             expect_close(dout, gdout, "mse dout");
         }
     }
+}
+
+TEST_CASE("cuda gated_activation and its backward match the cpu", "[cuda]") {
+    for (DType dt : kDtypes)
+        for (Activation act : {Activation::silu, Activation::gelu, Activation::gelu_tanh}) {
+            const Shape s{67, 129};
+            const Tensor g = random(s, dt, 60), u = random(s, dt, 61), dh = random(s, dt, 62);
+            Tensor a(s, dt), h(s, dt), du(s, dt), dg(s, dt);
+            Tensor ga = on_gpu(a), gh = on_gpu(h), gdu = on_gpu(du), gdg = on_gpu(dg);
+            cpu().gated_activation(act, g, u, a, h);
+            gpu().gated_activation(act, on_gpu(g), on_gpu(u), ga, gh);
+            expect_close(a, ga, "gated_activation a"), expect_close(h, gh, "gated_activation h");
+            cpu().gated_activation_backward(act, g, a, u, dh, du, dg);
+            gpu().gated_activation_backward(act, on_gpu(g), ga, on_gpu(u), on_gpu(dh), gdu, gdg);
+            expect_close(du, gdu, "gated_activation_backward du"),
+                expect_close(dg, gdg, "gated_activation_backward dg");
+        }
+}
+
+// Initialisation drawn on the device (cuda_init_draw.cu: uniform by a kernel, normal on the host's
+// cores and copied) bitwise the CPU's draw, whole and as shards along each dim, in every dtype.
+TEST_CASE("cuda draw_init is bitwise the cpu's draw", "[cuda]") {
+    struct Shard {
+        Shape local;
+        int64_t run, full_len, inner, offset;
+    };
+    const Shard shards[] = {
+        {{1000003}, 1000003, 1000003, 1, 0},        // whole
+        {{517, 513}, 513, 1031, 1, 401},            // a column shard of [517, 1031]
+        {{259, 1033}, 259 * 1033, 777, 1033, 259},  // a row shard of [777, 1033]
+    };
+    for (DType dt : kDtypes)
+        for (const Shard& sh : shards)
+            for (bool normal : {false, true}) {
+                InitDraw d;
+                d.seed = 20261128, d.stream = stream_id("init", "layers.0.weight"), d.normal = normal;
+                d.scale = normal ? 0.02 : 0.03125, d.run = sh.run, d.full_len = sh.full_len,
+                d.inner = sh.inner, d.offset = sh.offset;
+                Tensor host = Tensor::empty(sh.local, dt), dev = Tensor::empty(sh.local, dt, Device::cuda);
+                cpu().draw_init(host, d);
+                gpu().draw_init(dev, d);
+                const Tensor back = dev.to_device(Device::cpu);
+                INFO(dtype_name(dt) << " " << shape_str(sh.local) << (normal ? " normal" : " uniform"));
+                CHECK(std::memcmp(back.raw(), host.raw(), host.nbytes()) == 0);
+            }
+}
+
+// The fused kernels (cuda_flash_attention.cu) against the CPU's tile semantics (attention_oracle.h):
+// grouped and plain heads, causal and not, o in both layouts, a ring block's positions (one query
+// that sees no key: m -inf, l 0, o and its gradients 0), head dims that fill 2, 4 and 8 dims a lane
+// and leave lanes idle, sequences over several row and column blocks with short last ones. The
+// oracle rounds the scores and probabilities to the dtype as the tile path's gemm and softmax do;
+// the kernels keep them in float: bfloat16 compares at a few of its ulps.
+TEST_CASE("cuda fused attention matches the cpu's tile semantics, forward and backward", "[cuda]") {
+    struct Case {
+        int64_t b, heads, kv, t, s, hd;
+        bool causal, merged, positions;
+    };
+    const Case cases[] = {
+        {2, 4, 2, 200, 200, 64, true, true, false},  // llama-like: grouped, causal, two row tiles
+        {1, 3, 3, 37, 37, 80, false, false, false},  // plain heads, not causal, hd 80 (4 a lane, 16 idle)
+        {2, 4, 1, 70, 150, 32, true, false, true},   // a ring block: queries and keys by position
+        {1, 2, 2, 33, 65, 256, true, true, false},   // hd 256; more keys than queries (offset S - T)
+        {1, 1, 1, 5, 7, 6, true, false, false},      // a tiny head: one short block each way
+    };
+    for (DType dt : kDtypes)
+        for (const Case& c : cases) {
+            if (!gpu().fused_attention(dt, c.hd))
+                continue;  // float64 at hd 256: its tiles exceed shared memory
+            INFO(dtype_name(dt) << " b " << c.b << " heads " << c.heads << "/" << c.kv << " t " << c.t
+                                << " s " << c.s << " hd " << c.hd);
+            AttentionArgs a;
+            a.batch = c.b, a.heads = c.heads, a.kv_heads = c.kv, a.causal = c.causal;
+            a.scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
+            if (c.positions) {  // queries at 3i + 40 (the first before every key), keys at 2j + 41
+                Tensor qp({c.t}, DType::int64), kp({c.s}, DType::int64);
+                for (int64_t i = 0; i < c.t; ++i) qp.data<int64_t>()[i] = 3 * i + 40;
+                for (int64_t j = 0; j < c.s; ++j) kp.data<int64_t>()[j] = 2 * j + 41;
+                a.query_pos = qp, a.key_pos = kp;
+            }
+            AttentionArgs ga = a;
+            ga.o_merged = c.merged;
+            if (c.positions) ga.query_pos = on_gpu(a.query_pos), ga.key_pos = on_gpu(a.key_pos);
+            const int64_t n = c.b * c.heads;
+            const Tensor q = random({n, c.t, c.hd}, dt, 40), k = random({c.b * c.kv, c.s, c.hd}, dt, 41),
+                         v = random({c.b * c.kv, c.s, c.hd}, dt, 42), d_o = random({n, c.t, c.hd}, dt, 43);
+            const DType st = acc_dtype(dt);
+            Tensor o({n, c.t, c.hd}, dt), m({n, c.t}, st), l({n, c.t}, st);
+            testing::oracle_forward(cpu(), a, q, k, v, o, m, l);
+            Tensor go = c.merged ? Tensor({c.b, c.t, c.heads * c.hd}, dt, Device::cuda) : on_gpu(o),
+                   gm = on_gpu(m), gl = on_gpu(l);
+            const Tensor gq = on_gpu(q), gk = on_gpu(k), gv = on_gpu(v);
+            gpu().attention_forward(ga, gq, gk, gv, go, gm, gl);
+            const double atol = dt == DType::bfloat16 ? 5e-2 : 1e-5,
+                         gtol = dt == DType::bfloat16 ? 1e-1 : 1e-4;
+            const Tensor go_split =
+                c.merged ? testing::split_layout(cpu(), go.to_device(Device::cpu), c.b, c.heads) : go;
+            expect_close(o, go_split, "attention_forward o", atol);
+            expect_close(m, gm, "attention_forward m", atol);
+            expect_close(l, gl, "attention_forward l", gtol);
+            Tensor dq = random({n, c.t, c.hd}, dt, 44), dk({c.b * c.kv, c.s, c.hd}, dt), dv(dk.shape(), dt);
+            Tensor gdq = on_gpu(dq), gdk = on_gpu(dk), gdv = on_gpu(dv);
+            testing::oracle_backward(cpu(), a, q, k, v, o, d_o, m, l, dq, dk, dv, true);
+            const Tensor gd_o =
+                c.merged ? on_gpu(testing::merged_layout(cpu(), d_o, c.b, c.heads)) : on_gpu(d_o);
+            gpu().attention_backward(ga, gq, gk, gv, go, gd_o, gm, gl, gdq, gdk, gdv, true);
+            expect_close(dq, gdq, "attention_backward dq (accumulated)", gtol);
+            expect_close(dk, gdk, "attention_backward dk", gtol);
+            expect_close(dv, gdv, "attention_backward dv", gtol);
+        }
+}
+
+TEST_CASE("cuda fused attention is bitwise the same run to run", "[cuda]") {
+    AttentionArgs a;
+    a.batch = 2, a.heads = 4, a.kv_heads = 2, a.causal = true, a.scale = 0.125, a.o_merged = true;
+    const Tensor q = on_gpu(random({8, 300, 64}, DType::float32, 50)),
+                 k = on_gpu(random({4, 300, 64}, DType::float32, 51)),
+                 v = on_gpu(random({4, 300, 64}, DType::float32, 52)),
+                 d_o = on_gpu(random({2, 300, 256}, DType::float32, 53));
+    std::vector<std::vector<double>> runs;
+    for (int r = 0; r < 2; ++r) {
+        Tensor o({2, 300, 256}, DType::float32, Device::cuda), m({8, 300}, DType::float32, Device::cuda),
+            l({8, 300}, DType::float32, Device::cuda), dq({8, 300, 64}, DType::float32, Device::cuda),
+            dk({4, 300, 64}, DType::float32, Device::cuda), dv({4, 300, 64}, DType::float32, Device::cuda);
+        gpu().attention_forward(a, q, k, v, o, m, l);
+        gpu().attention_backward(a, q, k, v, o, d_o, m, l, dq, dk, dv, false);
+        std::vector<double> all;
+        for (const Tensor* t : {&o, &dq, &dk, &dv})
+            for (double x : t->to_device(Device::cpu).to_doubles()) all.push_back(x);
+        runs.push_back(all);
+    }
+    CHECK(runs[0] == runs[1]);
 }
 
 TEST_CASE("cuda tensors: copies, views and the caching allocator's counters", "[cuda]") {

@@ -143,3 +143,33 @@ TEST_CASE("pipeline widening: samples of 3 and 4 pp ranks extended to pp along t
     }
     CHECK_THROWS(widen_pipeline(sample(4, 1), sample(4, 1), 16, 16));
 }
+
+TEST_CASE("pipeline time: a long schedule extended from its steady state is the whole play",
+          "[cpu][pipeline_time]") {
+    // stages of unequal costs (the first and last heavier, as the embedding's and the head's),
+    // transfers on the path, each rank's tail; played whole against played at three smaller
+    // counts and extended (exact = 1: every schedule here is past it)
+    for (ScheduleKind kind :
+         {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved_one_f_one_b})
+        for (int p : {2, 3, 4, 8})
+            for (int rounds : {1, 2}) {
+                const int v = kind == ScheduleKind::interleaved_one_f_one_b ? 2 : 1, stages = p * v,
+                          m = 32 * p;
+                PipelineSample costs;
+                for (int s = 0; s < stages; ++s) {
+                    const double w =
+                        1.0 + 0.37 * ((s * 7) % 5) + (s == 0 ? 0.5 : 0) + (s == stages - 1 ? 1.1 : 0);
+                    costs.forward.push_back(w), costs.backward.push_back(2.1 * w);
+                }
+                costs.tail.assign(static_cast<size_t>(p), 0.3);
+                costs.transfer = 0.05;
+                const PipelineTiming whole =
+                    time_schedule(pipeline_schedule(kind, stages, m, rounds, v), costs);
+                const PipelineTiming ext = time_pipeline_schedule(kind, stages, m, rounds, v, costs, 1);
+                INFO(schedule_kind_name(kind) << " p " << p << " rounds " << rounds);
+                CHECK(ext.step == Approx(whole.step).epsilon(1e-9));
+                CHECK(ext.pipelined == Approx(whole.pipelined).epsilon(1e-9));
+                CHECK(ext.bubble == Approx(whole.bubble).epsilon(1e-9).margin(1e-12));
+                for (int r = 0; r < p; ++r) CHECK(ext.busy[r] == Approx(whole.busy[r]).epsilon(1e-9));
+            }
+}

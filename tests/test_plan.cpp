@@ -1,5 +1,6 @@
 // Planning units: rank classes over uneven shards, and the plan search being the same on any
 // number of threads (it simulates candidates in parallel; TSan runs this file).
+#include "parallel/parallelize.h"
 #include "plan/search.h"
 #include "plan/time_model.h"
 #include "test_helpers.h"
@@ -87,11 +88,11 @@ TEST_CASE("the plan's sections give its mesh dims their roles, checked in one pl
     CHECK(d.data_dims() == std::vector<int>{0, 1});
     CHECK(d.data_size() == 6);
     CHECK(d.param_nesting() == std::vector<int>{2, 0, 1});  // tp cuts first, fully_shard the tp piece's rows
-    CHECK(d.data_label() == "rep+shard");
-    CHECK(d.label_dims("rep+shard") == std::vector<int>{0, 1});
-    CHECK(d.label_dims("tp") == std::vector<int>{2});
-    CHECK(d.label_dims("world") == std::vector<int>{0, 1, 2});
-    CHECK(d.label_dims("nope").empty());
+    CHECK(d.group(GroupName::batch).label == "rep+shard");
+    CHECK(d.counted_dims("rep+shard") == std::vector<int>{0, 1});
+    CHECK(d.counted_dims("tp") == std::vector<int>{2});
+    CHECK(d.counted_dims("world") == std::vector<int>{0, 1, 2});
+    CHECK(d.counted_dims("nope").empty());
     CHECK(p.data_parallel->hybrid());
     CHECK(p.data_parallel->mesh_dim_names() == "rep x shard");
     // one dim per mode: replicate is dp_replicate, fully_shard dp_shard; a dim no section names has no role
@@ -198,4 +199,20 @@ TEST_CASE("a collective across nodes runs at one NIC per rank of its group in a 
     CHECK(collective_link(load_plan_text("mesh: {dp: 64}\ndata_parallel: {mode: fully_shard}\n", "p.yaml"),
                           "dp", wide)
               .bandwidth == 300e9);
+}
+
+TEST_CASE("the lint's findings carry a kind the planner reads, not their words", "[cpu]") {
+    const Model model = load_model_text(
+        "batch: {input: [4, 8]}\nmodules:\n  - {name: a, type: linear, in: 8, out: 6}\n"
+        "  - {name: b, type: linear, in: 6, out: 8}\nloss: mean\n",
+        "m.yaml", "", false);
+    const Plan plan = load_plan_text(
+        "mesh: {tp: 4}\ntensor_parallel:\n  plan: {a: colwise, b: rowwise, nothing_here: colwise}\n",
+        "p.yaml");
+    const Resolution res = resolve_plan(model, plan);
+    std::map<DiagnosticKind, int> kinds;
+    for (const Diagnostic& w : res.warnings) ++kinds[w.kind];
+    CHECK(kinds[DiagnosticKind::uneven_shard] >= 1);  // 6 features over 4 ranks
+    CHECK(kinds[DiagnosticKind::unmatched_pattern] == 1);
+    CHECK(kinds[DiagnosticKind::other] == 0);
 }

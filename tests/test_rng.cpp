@@ -56,7 +56,7 @@ TEST_CASE("normal draws have mean 0 and variance 1; uniform draws cover [0, 1)",
 TEST_CASE("normal_run draws exactly normal(i), from any first index and length", "[cpu]") {
     const CounterRng rng(5, stream_id("data", "input"));
     for (uint64_t first : {uint64_t{0}, uint64_t{3}, uint64_t{0xFFFFFFF5ull}})
-        for (int64_t n : {0, 1, 15, 16, 17, 100}) {
+        for (int64_t n : {0, 1, 15, 16, 17, 100, 256, 257, 600}) {  // 256 a chunk of its loops
             std::vector<double> out(static_cast<size_t>(n) + 1, -7.0);
             rng.normal_run(first, n, out.data());
             for (int64_t i = 0; i < n; ++i) CHECK(out[i] == rng.normal(first + i));

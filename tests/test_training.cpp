@@ -95,3 +95,25 @@ TEST_CASE("per-step data overrides the generated batch", "[cpu]") {
     CHECK(golden.find("step0.input")->item(0) != 3.0);
     CHECK(item(r, 1, "loss") != item(r, 0, "loss"));
 }
+
+TEST_CASE("`ptool run` without --dump records each step's loss and nothing else, the same losses", "[cpu]") {
+    const RunInputs in = inputs(read_text(PTOOL_SOURCE_DIR "/models/llama_rope.yaml"));
+    RecordOptions loss_only;
+    loss_only.events = false, loss_only.tensors = false;
+    std::vector<double> printed;
+    loss_only.on_step = [&](int64_t, double loss, double) { printed.push_back(loss); };
+    const RunRecord slim = record_reference(in, single_device_plan(), 2, loss_only);
+    const RunRecord full = train(in, 2);
+    REQUIRE(slim.steps.size() == 2);
+    CHECK(slim.init_state.empty());  // no digests of the state
+    for (int64_t k = 0; k < 2; ++k) {
+        std::vector<std::string> names;
+        for (const auto& [name, t] : slim.steps[static_cast<size_t>(k)].tensors) names.push_back(name);
+        // the loss, and clip_grad_norm's return (llama_rope clips at 1.0): no output, gradient or parameter
+        CHECK(names ==
+              std::vector<std::string>{fmt::format("step{}.loss", k), fmt::format("step{}.grad_norm", k)});
+        CHECK(item(slim, k, "loss") == item(full, k, "loss"));
+        CHECK(printed[static_cast<size_t>(k)] == item(full, k, "loss"));
+    }
+    CHECK(full.steps[1].tensors.size() > 10);  // the full record has every tensor
+}

@@ -27,6 +27,19 @@ Backend& backend_for(Device device) {
 #endif
 }
 
+void Backend::attention_forward(const AttentionArgs&, const Tensor& q, const Tensor&, const Tensor&, Tensor&,
+                                Tensor&, Tensor&) {
+    PTOOL_REQUIRE(false, "backend '{}' has no fused attention for {} (ask fused_attention first)", name(),
+                  dtype_name(q.dtype()));
+}
+
+void Backend::attention_backward(const AttentionArgs&, const Tensor& q, const Tensor&, const Tensor&,
+                                 const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&,
+                                 Tensor&, bool) {
+    PTOOL_REQUIRE(false, "backend '{}' has no fused attention for {} (ask fused_attention first)", name(),
+                  dtype_name(q.dtype()));
+}
+
 Tensor to_dtype(Backend& be, const Tensor& t, DType dt) {
     if (t.dtype() == dt) return t;
     Tensor out = Tensor::empty(t.shape(), dt, t.device());

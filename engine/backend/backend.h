@@ -5,6 +5,7 @@
 // every op takes contiguous tensors. "acc" = accumulate into the output (+=) instead of writing.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/tensor.h"
@@ -12,6 +13,31 @@
 namespace ptool {
 
 enum class Activation { relu, gelu, gelu_tanh, silu, tanh };
+
+// Parameter initialisation from the counter-based RNG (core/rng.h) for Backend::draw_init: t is the
+// box at `offset` along one dim of a whole tensor whose dim holds `full_len` and whose later dims
+// `inner` elements; local element i, in runs of `run` (t's length along the dim x inner), takes the
+// value drawn at the whole tensor's index (i / run x full_len + offset) x inner + i % run, from
+// CounterRng(seed, stream): normal: scale x normal(index); else -scale + 2 scale x uniform(index);
+// rounded once to t's dtype. A whole tensor: run = its numel, offset 0.
+struct InitDraw {
+    uint64_t seed = 0, stream = 0;
+    bool normal = false;
+    double scale = 1.0;
+    int64_t run = 0, full_len = 1, inner = 1, offset = 0;
+};
+
+// One attention call's shape and mask for Backend::attention_forward / attention_backward.
+struct AttentionArgs {
+    int64_t batch = 0, heads = 0, kv_heads = 0;  // B, H, KV (H a multiple of KV)
+    double scale = 1.0;                          // of the scores: 1 / sqrt(hd)
+    // causal: key j is seen by query i where key_pos[j] <= query_pos[i]; positions int64 on the
+    // tensors' device, [T] and [S]; undefined: query i at i + S - T (the last query with the last
+    // key, as softmax's causal flag), key j at j
+    bool causal = false;
+    Tensor query_pos, key_pos;
+    bool o_merged = false;  // o and d_o in [B, T, H*hd]
+};
 
 class Backend {
 public:
@@ -33,6 +59,13 @@ public:
     virtual void axpy(double alpha, const Tensor& x, Tensor& y) = 0;  // y += alpha * x
     virtual void scale(const Tensor& x, double s, Tensor& out) = 0;
     virtual void fill(Tensor& t, double value) = 0;
+    // A gated MLP's activation (SwiGLU): a = act(g), h = a * u, each rounded to the dtype as
+    // activation then mul round them, in one pass (one kernel on the GPU)
+    virtual void gated_activation(Activation act, const Tensor& g, const Tensor& u, Tensor& a, Tensor& h) = 0;
+    // Its backward from dh in one pass: du = dh * a; dg = act'(g) * (dh * u, rounded to the dtype),
+    // as mul, mul and activation_backward round them
+    virtual void gated_activation_backward(Activation act, const Tensor& g, const Tensor& a, const Tensor& u,
+                                           const Tensor& dh, Tensor& du, Tensor& dg) = 0;
     virtual void copy(const Tensor& src, Tensor& dst) = 0;  // converts dtype
 
     // y: [rows, n] += bias: [n];  db: [n] (+)= sum over rows of dy: [rows, n]
@@ -86,6 +119,27 @@ public:
     // attention's output and its gradient): softmax_backward of one block of a row's keys.
     virtual void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o,
                                        Tensor& dx) = 0;
+
+    // t's values as InitDraw says, bitwise the same on every backend (the CPU draws on its cores).
+    virtual void draw_init(Tensor& t, const InitDraw& d) = 0;
+
+    // Flash attention as one kernel over every head and query row (a backend that has one: CUDA;
+    // the CPU runs attention tile by tile through the ops above, model/modules/attention.cpp, and
+    // that is the oracle these are tested against). q [B*H, T, hd]; k, v [B*KV, S, hd], query head
+    // h of batch row b reading kv head h / (H / KV); o and d_o [B*H, T, hd], or [B, T, H*hd] (merge_heads'
+    // layout) under AttentionArgs::o_merged; m and l [B*H, T] in the accumulate dtype, as softmax_stats'.
+    // Whether this backend runs the kernels for that dtype and head dim:
+    virtual bool fused_attention(DType, int64_t /*head_dim*/) const { return false; }
+    // o = softmax(scale q k^T, keys the mask hides at -inf) v, with each row's m and l (a row that
+    // sees no key: m -inf, l 0, o 0).
+    virtual void attention_forward(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   Tensor& o, Tensor& m, Tensor& l);
+    // From the forward's o, m and l: with p = exp(s - m) / l and D = sum(o * d_o) per row,
+    // ds = p (d_o v^T - D); dq = scale ds k (added to dq when accumulate_dq), dk = scale ds^T q and
+    // dv = p^T d_o summed over the query heads sharing each kv head (written).
+    virtual void attention_backward(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& o, const Tensor& d_o, const Tensor& m, const Tensor& l,
+                                    Tensor& dq, Tensor& dk, Tensor& dv, bool accumulate_dq);
 
     // Losses return the sum over their items divided by `divisor` and write d(loss)/d(input)
     // (upstream gradient 1). cross_entropy's items are the rows whose target is not ignore_index

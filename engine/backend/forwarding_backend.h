@@ -28,6 +28,13 @@ public:
     void axpy(double alpha, const Tensor& x, Tensor& y) override { inner_.axpy(alpha, x, y); }
     void scale(const Tensor& x, double s, Tensor& out) override { inner_.scale(x, s, out); }
     void fill(Tensor& t, double value) override { inner_.fill(t, value); }
+    void gated_activation(Activation act, const Tensor& g, const Tensor& u, Tensor& a, Tensor& h) override {
+        inner_.gated_activation(act, g, u, a, h);
+    }
+    void gated_activation_backward(Activation act, const Tensor& g, const Tensor& a, const Tensor& u,
+                                   const Tensor& dh, Tensor& du, Tensor& dg) override {
+        inner_.gated_activation_backward(act, g, a, u, dh, du, dg);
+    }
     void copy(const Tensor& src, Tensor& dst) override { inner_.copy(src, dst); }
     void add_bias(Tensor& y, const Tensor& bias) override { inner_.add_bias(y, bias); }
     void sum_rows(const Tensor& dy, Tensor& db, bool acc) override { inner_.sum_rows(dy, db, acc); }
@@ -78,6 +85,19 @@ public:
     void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o,
                                Tensor& dx) override {
         inner_.softmax_backward_rows(y, dy, o, d_o, dx);
+    }
+    void draw_init(Tensor& t, const InitDraw& d) override { inner_.draw_init(t, d); }
+    bool fused_attention(DType dt, int64_t head_dim) const override {
+        return inner_.fused_attention(dt, head_dim);
+    }
+    void attention_forward(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                           Tensor& o, Tensor& m, Tensor& l) override {
+        inner_.attention_forward(a, q, k, v, o, m, l);
+    }
+    void attention_backward(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& o, const Tensor& d_o, const Tensor& m, const Tensor& l, Tensor& dq,
+                            Tensor& dk, Tensor& dv, bool accumulate_dq) override {
+        inner_.attention_backward(a, q, k, v, o, d_o, m, l, dq, dk, dv, accumulate_dq);
     }
     double cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double divisor,
                          Tensor& dlogits) override {

@@ -11,9 +11,21 @@
 
 namespace ptool {
 
+// What a diagnostic says, for code that acts on it (the planner, tests): code reads the kind,
+// never the message's words.
+enum class DiagnosticKind {
+    other,
+    unmatched_pattern,    // a plan's pattern (tensor_parallel, fully_shard, checkpointing) matched no module
+    uneven_shard,         // a dim split over ranks into unequal chunks (heads, features, vocab, sequence)
+    empty_plan,           // a section that parallelizes nothing
+    unreduced_gradients,  // a module's replicated parameters get gradients of only its rank's rows
+    no_effect,            // an option that changes nothing where it is given
+};
+
 struct Diagnostic {
     SourceLocation where;  // file "": none
     std::string message;
+    DiagnosticKind kind = DiagnosticKind::other;
 
     // "file:line:column: message" (the message alone without a file), as InputError's what().
     std::string str() const { return where.file.empty() ? message : where.str() + ": " + message; }

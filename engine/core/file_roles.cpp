@@ -12,20 +12,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Identity {
+struct FileIdentity {
     dev_t dev = 0;
     ino_t ino = 0;
     std::string name;  // "" for a file that exists; the file name in the folder (dev, ino) otherwise
     bool written_through = false;  // a device, FIFO or socket: outputs write through it, replace nothing
-    bool same(const Identity& o) const { return dev == o.dev && ino == o.ino && name == o.name; }
+    bool same(const FileIdentity& o) const { return dev == o.dev && ino == o.ino && name == o.name; }
 };
 
 // The file path names after symlinks, or where writing it would create it; nullopt when neither
 // exists (a folder that is not there: the command's own checks say so).
-std::optional<Identity> identity(const std::string& path) {
+std::optional<FileIdentity> identity(const std::string& path) {
     struct stat st {};
     if (::stat(path.c_str(), &st) == 0)
-        return Identity{st.st_dev, st.st_ino, "", !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)};
+        return FileIdentity{st.st_dev, st.st_ino, "", !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)};
     std::error_code ec;
     fs::path at(path);
     for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(at, ec));
@@ -36,7 +36,7 @@ std::optional<Identity> identity(const std::string& path) {
     }
     const fs::path dir = at.has_parent_path() ? at.parent_path() : fs::path(".");
     if (::stat(dir.c_str(), &st) != 0) return std::nullopt;
-    return Identity{st.st_dev, st.st_ino, at.filename().string(), false};
+    return FileIdentity{st.st_dev, st.st_ino, at.filename().string(), false};
 }
 
 }  // namespace
@@ -52,7 +52,7 @@ FileRoles& FileRoles::output(const std::string& role, const std::string& path) {
 }
 
 void FileRoles::check() const {
-    std::vector<std::optional<Identity>> ids;
+    std::vector<std::optional<FileIdentity>> ids;
     for (const Entry& e : entries_) ids.push_back(identity(e.path));
     for (size_t i = 0; i < entries_.size(); ++i) {
         if (!entries_[i].output || !ids[i]) continue;

@@ -6,6 +6,22 @@
 
 namespace ptool {
 
+NameIndex::NameIndex(std::vector<std::string> names) : names_(std::move(names)) {
+    index_.reserve(names_.size());
+    for (size_t i = 0; i < names_.size(); ++i) index_.emplace(names_[i], i);
+}
+
+std::vector<size_t> NameIndex::matches(const std::string& pattern) const {
+    std::vector<size_t> out;
+    if (pattern.find_first_of("*?[\\") == std::string::npos) {  // a literal name
+        if (auto it = index_.find(pattern); it != index_.end()) out.push_back(it->second);
+        return out;
+    }
+    for (size_t i = 0; i < names_.size(); ++i)
+        if (fqn_matches(pattern, names_[i])) out.push_back(i);
+    return out;
+}
+
 bool fqn_matches(const std::string& pattern, const std::string& fqn) {
     if (pattern.empty() || fqn.empty()) return pattern.empty() && fqn.empty();
     if (std::count(pattern.begin(), pattern.end(), '.') != std::count(fqn.begin(), fqn.end(), '.'))

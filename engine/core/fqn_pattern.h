@@ -3,9 +3,26 @@
 #pragma once
 
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace ptool {
 
 bool fqn_matches(const std::string& pattern, const std::string& fqn);
+
+// Module names (in their order) matched against a plan's patterns: a pattern with no wildcard
+// (`*`, `?`, `[`, `\`) is one hash lookup, one with wildcards a scan with fqn_matches; so a plan
+// that names each of n modules (ptool plan's, for a model without repeats) resolves in O(n), not n^2.
+class NameIndex {
+public:
+    explicit NameIndex(std::vector<std::string> names);
+    // The indices of the names `pattern` matches, ascending.
+    std::vector<size_t> matches(const std::string& pattern) const;
+    const std::vector<std::string>& names() const { return names_; }
+
+private:
+    std::vector<std::string> names_;
+    std::unordered_map<std::string, size_t> index_;
+};
 
 }  // namespace ptool

@@ -112,4 +112,8 @@ int64_t available_host_memory() {
     return static_cast<int64_t>(kib) * 1024;
 }
 
+bool host_blocks_from_heap() {
+    return kLargeBlock == ~size_t{0};
+}
+
 }  // namespace ptool

@@ -18,6 +18,10 @@
 
 namespace ptool {
 
+// Whether every host block comes from the heap, none from the block cache: AddressSanitizer
+// builds (gcc's or clang's), so that an overflow of a large tensor is still reported.
+bool host_blocks_from_heap();
+
 // 64-byte aligned, zero-filled (padding included) or uninitialised; RuntimeError when out of memory
 void* host_allocate(size_t bytes, bool zero);
 void host_release(void* p, size_t bytes);

@@ -12,7 +12,10 @@
 
 namespace ptool {
 
-using Json = nlohmann::ordered_json;
+// nlohmann::json keeps an object's members in a std::map: parsing and every lookup are O(log n).
+// (ordered_json keeps them in a vector and searches it on every insert and find: an index of 10^6
+// weight-map entries took minutes.) File order is recorded by the position pass instead.
+using Json = nlohmann::json;
 
 struct JsonDocument {
     std::string file;
@@ -21,6 +24,7 @@ struct JsonDocument {
         int line = 0, column = 0;
     };
     std::unordered_map<const Json*, Pos> value_pos, key_pos;
+    std::unordered_map<const Json*, std::vector<std::pair<std::string, const Json*>>> order;  // per object
 };
 
 namespace {
@@ -132,7 +136,7 @@ struct PositionScan {
                 const Json* child = nullptr;
                 if (v && v->is_object())
                     if (auto it = v->find(key); it != v->end()) child = &*it;
-                if (child) doc.key_pos[child] = key_at;
+                if (child) doc.key_pos[child] = key_at, doc.order[v].emplace_back(key, child);
                 skip_ws();
                 advance();  // ':'
                 value(child);
@@ -279,8 +283,8 @@ std::vector<JsonNode> JsonNode::items(const std::string& what) const {
 std::vector<std::pair<std::string, JsonNode>> JsonNode::members(const std::string& what) const {
     if (!value_->is_object()) fail(fmt::format("{} must be an object, got {}", what, type_name()));
     std::vector<std::pair<std::string, JsonNode>> out;
-    for (auto it = value_->begin(); it != value_->end(); ++it)
-        out.emplace_back(it.key(), JsonNode(doc_, &it.value()));
+    if (auto it = doc_->order.find(value_); it != doc_->order.end())  // file order (the position pass's)
+        for (const auto& [key, v] : it->second) out.emplace_back(key, JsonNode(doc_, v));
     return out;
 }
 

@@ -29,10 +29,10 @@ struct JsonDocument;  // the parsed value and every value's and key's position
 
 class JsonNode {
 public:
-    JsonNode(std::shared_ptr<const JsonDocument> doc, const nlohmann::ordered_json* value)
+    JsonNode(std::shared_ptr<const JsonDocument> doc, const nlohmann::json* value)
         : doc_(std::move(doc)), value_(value) {}
 
-    const nlohmann::ordered_json& value() const { return *value_; }
+    const nlohmann::json& value() const { return *value_; }
     const std::string& file() const;
     SourceLocation where() const;      // the value's first character
     SourceLocation key_where() const;  // its key's, for an object member (else where())
@@ -56,7 +56,7 @@ public:
 
 private:
     std::shared_ptr<const JsonDocument> doc_;
-    const nlohmann::ordered_json* value_;
+    const nlohmann::json* value_;
 };
 
 // `text` as strict JSON; InputError at name:line:column for anything that is not.

@@ -18,9 +18,19 @@ uint64_t stream_id(std::string_view a, std::string_view b, uint64_t c) {
     return h;
 }
 
+namespace {
+// uniform(index) without the object's remembered block: the runs below leave the object untouched,
+// so threads may draw runs of one shared CounterRng at once
+double uniform_at(uint64_t seed, uint64_t stream, uint64_t index) {
+    const std::array<uint32_t, 4> r = philox4x32(seed, stream, index >> 1);
+    return (index & 1) ? to_unit(r[2], r[3]) : to_unit(r[0], r[1]);
+}
+}  // namespace
+
 void CounterRng::uniform_run(uint64_t first, int64_t n, double* out) const {
     int64_t i = 0;
-    for (; i < n && ((first + i) & 1); ++i) out[i] = uniform(first + i);  // to an even index
+    for (; i < n && ((first + i) & 1); ++i)
+        out[i] = uniform_at(seed_, stream_, first + i);  // to an even index
     std::array<uint32_t, 4> blocks[16];
     for (; i + 32 <= n; i += 32) {
         philox4x32_x16(seed_, stream_, (first + i) >> 1, blocks);
@@ -29,7 +39,7 @@ void CounterRng::uniform_run(uint64_t first, int64_t n, double* out) const {
             out[i + 2 * k + 1] = to_unit(blocks[k][2], blocks[k][3]);
         }
     }
-    for (; i < n; ++i) out[i] = uniform(first + i);
+    for (; i < n; ++i) out[i] = uniform_at(seed_, stream_, first + i);
 }
 
 namespace {

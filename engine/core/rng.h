@@ -10,6 +10,14 @@
 #include <cstdint>
 #include <string_view>
 
+// The generator's arithmetic is also the CUDA backend's (backend/cuda/cuda_init_draw.cu draws
+// uniform values on the device bitwise the host's): these inline functions compile for both.
+#ifdef __CUDACC__
+#define PTOOL_HOST_DEVICE __host__ __device__
+#else
+#define PTOOL_HOST_DEVICE
+#endif
+
 namespace ptool {
 
 // Philox4x32-10's constants and one round on a counter (c0, c1, c2, c3) under key (k0, k1); the
@@ -17,7 +25,8 @@ namespace ptool {
 namespace philox {
 constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // multipliers
 constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Weyl key increments
-inline void round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0, uint32_t k1) {
+PTOOL_HOST_DEVICE inline void round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0,
+                                    uint32_t k1) {
     const uint64_t p0 = static_cast<uint64_t>(kM0) * c0;
     const uint64_t p1 = static_cast<uint64_t>(kM1) * c2;
     const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
@@ -29,7 +38,8 @@ inline void round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32
 }  // namespace philox
 
 // Inline: initialisation draws one block per two elements of every parameter (8.4M for gemm_mlp).
-inline std::array<uint32_t, 4> philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo) {
+PTOOL_HOST_DEVICE inline std::array<uint32_t, 4> philox4x32(uint64_t key, uint64_t counter_hi,
+                                                            uint64_t counter_lo) {
     uint32_t c0 = static_cast<uint32_t>(counter_lo), c1 = static_cast<uint32_t>(counter_lo >> 32);
     uint32_t c2 = static_cast<uint32_t>(counter_hi), c3 = static_cast<uint32_t>(counter_hi >> 32);
     uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
@@ -57,7 +67,7 @@ inline void philox4x32_x16(uint64_t key, uint64_t counter_hi, uint64_t lo, std::
 }
 
 // 53 bits of two Philox words as a double in [0, 1).
-inline double to_unit(uint32_t hi, uint32_t lo) {
+PTOOL_HOST_DEVICE inline double to_unit(uint32_t hi, uint32_t lo) {
     const uint64_t bits = (static_cast<uint64_t>(hi) << 21) ^ (lo >> 11);
     return static_cast<double>(bits & ((1ull << 53) - 1)) * (1.0 / 9007199254740992.0);
 }
@@ -76,12 +86,15 @@ public:
         }
         return (index & 1) ? to_unit(last_[2], last_[3]) : to_unit(last_[0], last_[1]);
     }
-    // out[i] = uniform(first + i) for i < n, 16 blocks at a time (init of a whole tensor)
+    // out[i] = uniform(first + i) for i < n, 16 blocks at a time (init of a whole tensor); the runs
+    // (uniform_run, normal_run) read nothing the object remembers: threads may share one object
     void uniform_run(uint64_t first, int64_t n, double* out) const;
     double normal(uint64_t index) const;  // N(0, 1), Box-Muller on one Philox block (counter = index)
     void normal_run(uint64_t first, int64_t n,
                     double* out) const;                // out[i] = normal(first + i), 16 blocks at a time
     uint64_t below(uint64_t index, uint64_t n) const;  // uniform integer in [0, n)
+    uint64_t seed() const { return seed_; }
+    uint64_t stream() const { return stream_; }
 
 private:
     uint64_t seed_;

@@ -10,187 +10,15 @@
 #include <map>
 #include <optional>
 
+#include "core/model_limits.h"
 #include "core/yaml_reader.h"
 #include "core/yaml_writer.h"
-#include "import/hf_config.h"
-#include "import/hf_import.h"
+#include "import/hf_fields.h"
 
 namespace ptool {
 namespace {
 
-std::string yaml_number(double v) {
-    std::string s = fmt::format("{}", v);
-    if (s.find_first_of(".e") == std::string::npos) s += ".0";
-    return s;
-}
-
-// The model's name: the last part of _name_or_path (Qwen/Qwen2-0.5B -> Qwen2-0.5B), else the type.
-std::string model_name(const HfConfig& c, const std::string& type) {
-    std::string n = c.str("_name_or_path", "");
-    while (!n.empty() && n.back() == '/') n.pop_back();
-    if (auto slash = n.rfind('/'); slash != std::string::npos) n = n.substr(slash + 1);
-    std::string out;
-    for (char ch : n)
-        out += std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.' ? ch : '_';
-    return out.empty() ? type : out;
-}
-
-// HF's ACT2FN names that ptool computes: (gated_mlp activation, elementwise module YAML).
-struct Act {
-    std::string gated, module;
-};
-Act activation(const HfConfig& c, const std::string& key, const std::string& fallback) {
-    const std::string a = c.str(key, fallback);
-    static const std::map<std::string, Act> known = {
-        {"silu", {"silu", "{type: silu}"}},
-        {"swish", {"silu", "{type: silu}"}},
-        {"relu", {"relu", "{type: relu}"}},
-        {"gelu", {"gelu", "{type: gelu}"}},
-        {"tanh", {"tanh", "{type: tanh}"}},
-        {"gelu_new", {"", "{type: gelu, approximate: tanh}"}},
-        {"gelu_pytorch_tanh", {"", "{type: gelu, approximate: tanh}"}},
-    };
-    auto it = known.find(a);
-    if (it == known.end()) {
-        std::vector<std::string> names;
-        for (const auto& [n, x] : known) names.push_back(n);
-        c.fail_at(key, fmt::format("activation '{}' is not one ptool computes{}", a, did_you_mean(a, names)));
-    }
-    return it->second;
-}
-
-// HF's rope_scaling as the attention's (", rope_scaling: {...}"), "" for none; the types ptool
-// does not compute are refused at the field.
-std::string rope_scaling(const HfConfig& c) {
-    if (!c.set("rope_scaling")) return "";
-    const JsonNode node = c.at("rope_scaling");
-    if (!node.is_object())
-        node.fail(fmt::format("'rope_scaling' must be an object, got {}", node.type_name()));
-    const auto type_node = node.get("rope_type") ? node.get("rope_type") : node.get("type");
-    if (!type_node) node.fail("'rope_scaling' has no 'rope_type' (or 'type')");
-    const std::string type = type_node->as_string("rope_scaling's 'rope_type'");
-    if (type == "default") return "";
-    if (type != "linear" && type != "llama3")
-        node.fail(
-            fmt::format("rope_scaling type '{}' is not modelled (ptool computes linear and llama3)", type));
-    auto num = [&](const char* key) {
-        const JsonNode n = node.at(key);
-        const double v = n.as_number(fmt::format("rope_scaling '{}'", key));
-        if (!(v > 0) || v > 1e12) n.fail(fmt::format("rope_scaling '{}' must be a number in (0, 1e12]", key));
-        return v;
-    };
-    std::string out = fmt::format(", rope_scaling: {{type: {}, factor: {}", type, yaml_number(num("factor")));
-    if (type == "llama3") {
-        const double low = num("low_freq_factor"), high = num("high_freq_factor");
-        if (!(high > low))
-            node.at("high_freq_factor")
-                .fail("rope_scaling 'high_freq_factor' must be above 'low_freq_factor'");
-        out += fmt::format(
-            ", low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}",
-            yaml_number(low), yaml_number(high), yaml_number(num("original_max_position_embeddings")));
-    }
-    return out + "}";
-}
-
-// A positive size, at most `max` (what any published model stays well under): the products the
-// model's YAML implies then fit, and a size that would not is refused here, at its field.
-int64_t size_field(const HfConfig& c, const std::string& key, int64_t fallback, int64_t max) {
-    const int64_t v = c.pos(key, fallback);
-    if (v > max) c.fail_at(key, fmt::format("'{}' {} is over ptool's limit of {}", key, v, max));
-    return v;
-}
-
-// An epsilon or theta: a finite number > 0 (a norm with eps <= 0 divides by zero or takes the root
-// of a negative number: NaN from the first step).
-double positive_field(const HfConfig& c, const std::string& key, double fallback) {
-    const double v = c.num(key, fallback);
-    if (!(v > 0) || v > 1e30)
-        c.fail_at(key, fmt::format("'{}' must be a number in (0, 1e30], got {}", key, v));
-    return v;
-}
-
-double dropout_field(const HfConfig& c, const std::string& key, double fallback) {
-    const double p = c.num(key, fallback);
-    if (!(p >= 0 && p < 1)) c.fail_at(key, fmt::format("'{}' must be in [0, 1), got {}", key, p));
-    return p;
-}
-
-// transformers' attn_implementation names and the model format's, as the model format's: eager
-// keeps the softmax probabilities [B*H, T, T] for backward (HF's eager); SDPA's flash and
-// memory-efficient kernels, FlashAttention 2 and 3 and FlexAttention keep no score matrix, as the
-// model format's flash does.
-const std::map<std::string, std::string>& attn_implementations() {
-    static const std::map<std::string, std::string> m = {
-        {"eager", "eager"},
-        {"flash", "flash"},
-        {"sdpa", "flash"},
-        {"flash_attention_2", "flash"},
-        {"flash_attention_3", "flash"},
-        {"flex_attention", "flash"},
-    };
-    return m;
-}
-
-// The attention the model gets and why: --attn, else the config's attn_implementation (or
-// _attn_implementation, as some saved configs spell it), else transformers' default, sdpa.
-// The config's value must be a name ptool knows (exit 2 at it); both keys set must agree.
-struct AttnChoice {
-    std::string impl;  // the model format's: eager or flash
-    std::string why;   // for the header comment: fixed text and names from the table only
-};
-AttnChoice attention_choice(const HfConfig& c, const HfImportOptions& opt) {
-    const auto& known = attn_implementations();
-    if (!opt.attn.empty()) {
-        auto it = known.find(opt.attn);
-        if (it == known.end())
-            throw InputError(
-                fmt::format("--attn '{}': valid: {}", opt.attn, fmt::join(hf_attn_names(), ", ")));
-        return {it->second, fmt::format("--attn {}", it->first)};
-    }
-    std::optional<AttnChoice> found;
-    for (const char* key : {"attn_implementation", "_attn_implementation"}) {
-        if (!c.set(key)) continue;
-        const std::string v = c.str(key, "");
-        auto it = known.find(v);
-        if (it == known.end())
-            c.fail_at(
-                key, fmt::format("'{}' '{}' is not an attention ptool models (valid: {}; --attn overrides "
-                                 "the config){}",
-                                 key, v, fmt::join(hf_attn_names(), ", "), did_you_mean(v, hf_attn_names())));
-        if (found && found->impl != it->second)
-            c.fail_at(key,
-                      fmt::format("'{}' '{}' disagrees with 'attn_implementation' (--attn chooses)", key, v));
-        if (!found) found = AttnChoice{it->second, fmt::format("the config's {} \"{}\"", key, it->first)};
-    }
-    if (found) return *found;
-    return {"flash", "transformers' default attn_implementation \"sdpa\""};
-}
-
-// The header's lines on the attention: which implementation, why, and what it keeps.
-std::string attention_comment(const AttnChoice& a) {
-    std::string y = fmt::format("# Attention: {} ({}).\n", a.impl, a.why);
-    if (a.impl == "flash")
-        return y +
-               "# No [batch x heads, seq, seq] scores kept, as SDPA's flash and memory-efficient kernels "
-               "keep\n"
-               "# none; --attn eager keeps them for backward (HF's eager). --attn wins over the config.\n";
-    return y +
-           "# The softmax probabilities [batch x heads, seq, seq] kept for backward (HF's eager);\n"
-           "# transformers' default, sdpa, keeps none: --attn sdpa writes flash.\n";
-}
-
-struct Shape2 {
-    int64_t batch, seq;
-};
-
-Shape2 batch_shape(const HfImportOptions& opt, int64_t max_positions) {
-    const Shape2 b{opt.batch, opt.seq > 0 ? opt.seq : std::min<int64_t>(max_positions, 2048)};
-    if (b.batch > (int64_t{1} << 40) / b.seq)
-        throw InputError(fmt::format("--batch {} --seq {}: {} tokens per step is over ptool's limit of 2^40",
-                                     b.batch, b.seq,
-                                     static_cast<double>(b.batch) * static_cast<double>(b.seq)));
-    return b;
-}
+using namespace hf;  // the config's fields as the model format writes them
 
 // Sizes of any published model stay well under these; the model's parameter count then fits in
 // int64 whatever the combination (4096 layers of (4 d^2 + 3 d i) + 2 v d < 2^62).
@@ -223,13 +51,25 @@ struct DecoderFamily {
     // OLMo2: norms after each sub-block (x + post_attention_layernorm(self_attn(x)), x +
     // post_feedforward_layernorm(mlp(x))), none before; q_norm and k_norm over all heads' features
     bool post_norms = false;
+
+    // Mixtral's experts, named w1, w3, w2 in its checkpoints (checkpoint_format: hf_mixtral)
+    bool mixtral() const { return moe && moe->block == "block_sparse_moe"; }
 };
 
 // The mixture of experts' YAML entry (", ..." after the common keys), from the family and config.
-std::string moe_entry(const HfConfig& c, const MoeFamily& m, int64_t d) {
+std::string moe_entry(const HfConfig& c, const MoeFamily& m, int64_t d, int64_t layers) {
     const int64_t experts = c.pos(m.experts_key, m.experts), top_k = c.pos("num_experts_per_tok", m.top_k),
                   hidden = size_field(c, m.hidden_key, m.hidden, kMaxIntermediate);
     if (experts > 4096) c.fail_at(m.experts_key, fmt::format("{} experts is over ptool's 4096", experts));
+    // the model's modules, at most (a layer: its containers, norms, attention and projections, the
+    // moe's gate and shared expert, 4 per expert): refused here, at the config's field, rather than
+    // in the YAML this writes (core/model_limits.h)
+    if (const int64_t modules = layers * (24 + 4 * experts) + 8; modules > kMaxModules)
+        c.fail_at(
+            m.experts_key,
+            fmt::format("{} layers of {} experts are about {} modules (4 per expert), over ptool's limit "
+                        "of {}: fewer layers or experts",
+                        layers, experts, modules, kMaxModules));
     if (top_k > experts)
         c.fail_at("num_experts_per_tok",
                   fmt::format("num_experts_per_tok {} is more than the {} experts", top_k, experts));
@@ -251,9 +91,15 @@ std::string moe_entry(const HfConfig& c, const MoeFamily& m, int64_t d) {
     return y;
 }
 
-HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily& f,
-                 const HfImportOptions& opt) {
-    HfImport out;
+// A decoder config's sizes, read and checked at their fields.
+struct DecoderSizes {
+    int64_t vocab, d, inter, layers, heads, kv, max_pos;
+    double eps, theta;
+    int64_t hd;  // the attention's head dim
+    Shape2 b;
+};
+
+DecoderSizes decoder_sizes(const HfConfig& c, const DecoderFamily& f, const HfImportOptions& opt) {
     const int64_t vocab = size_field(c, "vocab_size", f.vocab, kMaxVocab),
                   d = size_field(c, "hidden_size", f.hidden, kMaxHidden),
                   inter = size_field(c, "intermediate_size", f.intermediate, kMaxIntermediate),
@@ -287,14 +133,44 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
             fmt::format("head_dim {} differs from hidden_size / num_attention_heads = {}: ptool's attention "
                         "has heads of hidden/heads",
                         c.pos("head_dim", 0), d / heads));
-    const Shape2 b = batch_shape(opt, max_pos);
-    // fields that change the computation and are not modelled
-    const std::string scaling = rope_scaling(c);
+    return {vocab, d, inter, layers, heads, kv, max_pos, eps, theta, hd, batch_shape(opt, max_pos)};
+}
+
+// Qwen's families switch the window on with use_sliding_window; Llama's and Mistral's have it on;
+// a window shorter than the sequence is refused (not modelled)
+void check_sliding_window(const HfConfig& c, const std::string& type, const DecoderFamily& f, int64_t seq) {
+    const bool sliding = type.rfind("qwen", 0) == 0 ? c.flag("use_sliding_window", false) : true;
+    // absent: the config class's default; null: none
+    const int64_t window =
+        c.present("sliding_window") ? c.pos("sliding_window", 0) : f.sliding_window_default;
+    if (sliding && window > 0 && window < seq) {
+        const std::string key = c.set("sliding_window") ? "sliding_window" : "model_type";
+        c.fail_at(
+            key, fmt::format(
+                     "sliding-window attention (window {}) over sequences of {} is not modelled; a window of "
+                     "at least the sequence is plain causal attention (--seq {})",
+                     window, seq, window));
+    }
+}
+
+// What the config changes in the computation: refused at the field where ptool does not model it,
+// warned about (out.warnings) where it only differs in training noise.
+struct DecoderChoices {
+    std::string scaling, moe;  // the attention's rope_scaling and the moe's entry (", ..."), or ""
+    Act act;
+    bool qkv_bias, o_bias, mlp_bias, tied;
+    AttnChoice attn;
+};
+
+DecoderChoices decoder_choices(const HfConfig& c, const std::string& type, const DecoderFamily& f,
+                               const DecoderSizes& s, const HfImportOptions& opt, HfImport& out) {
+    DecoderChoices ch;
+    ch.scaling = rope_scaling(c);
     if (!f.moe)
         for (const char* moe : {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
                                 "moe_intermediate_size"})
             c.refuse_if_set(moe, fmt::format("a {} has no mixture-of-experts layers", f.config_class));
-    const std::string moe = f.moe ? moe_entry(c, *f.moe, d) : "";
+    ch.moe = f.moe ? moe_entry(c, *f.moe, s.d, s.layers) : "";
     if (f.moe) {
         if (const double j = c.num("router_jitter_noise", 0.0); j != 0)
             out.warnings.push_back(fmt::format(
@@ -308,34 +184,28 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
     }
     if (c.pos("pretraining_tp", 1) != 1)
         c.fail_at("pretraining_tp", "'pretraining_tp' > 1 (sliced projections) is not modelled");
-    // Qwen's families switch the window on with use_sliding_window; Llama's and Mistral's have it on
-    const bool sliding = type.rfind("qwen", 0) == 0 ? c.flag("use_sliding_window", false) : true;
-    // absent: the config class's default; null: none
-    const int64_t window =
-        c.present("sliding_window") ? c.pos("sliding_window", 0) : f.sliding_window_default;
-    if (sliding && window > 0 && window < b.seq) {
-        const std::string key = c.set("sliding_window") ? "sliding_window" : "model_type";
-        c.fail_at(
-            key, fmt::format(
-                     "sliding-window attention (window {}) over sequences of {} is not modelled; a window of "
-                     "at least the sequence is plain causal attention (--seq {})",
-                     window, b.seq, window));
-    }
+    check_sliding_window(c, type, f, s.b.seq);
     if (const double p = dropout_field(c, "attention_dropout", 0.0); p > 0)
         out.warnings.push_back(fmt::format(
             "attention_dropout {} is not modelled (the attention probabilities are not dropped)", p));
-    const Act act = activation(c, "hidden_act", "silu");
-    if (act.gated.empty()) c.fail_at("hidden_act", "the gated MLP computes silu, relu, gelu or tanh");
-    const bool bias = c.flag("attention_bias", false), mlp_bias = c.flag("mlp_bias", false);
-    const bool qkv_bias = f.qkv_bias_fixed || bias, o_bias = !f.qkv_bias_fixed && bias;
-    const bool tied = hf_tied_head(c, type);
-    const AttnChoice attn = attention_choice(c, opt);
+    ch.act = activation(c, "hidden_act", "silu");
+    if (ch.act.gated.empty()) c.fail_at("hidden_act", "the gated MLP computes silu, relu, gelu or tanh");
+    const bool bias = c.flag("attention_bias", false);
+    ch.mlp_bias = c.flag("mlp_bias", false);
+    ch.qkv_bias = f.qkv_bias_fixed || bias;
+    ch.o_bias = !f.qkv_bias_fixed && bias;
+    ch.tied = hf_tied_head(c, type);
+    ch.attn = attention_choice(c, opt);
+    return ch;
+}
 
-    std::string& y = out.yaml;
+// The file's header comment: where it came from, how its names read, its dtypes, its attention
+// and what is not modelled.
+void write_decoder_header(std::string& y, const HfConfig& c, const std::string& type, const DecoderFamily& f,
+                          const AttnChoice& attn, const std::vector<std::string>& warnings) {
     y += fmt::format("# {} ({}, model_type {}) from {}: `ptool import hf`.\n", model_name(c, type),
                      f.config_class, type, yaml_comment(c.root().file()));
-    const bool mixtral = f.moe && f.moe->block == "block_sparse_moe";
-    if (mixtral)
+    if (f.mixtral())
         y += "# Mixtral's experts are gated MLPs named w1, w3, w2 in its checkpoints: gate_proj, up_proj,\n"
              "# down_proj here (the same products); checkpoint_format: hf_mixtral reads them by those "
              "names.\n";
@@ -357,56 +227,69 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
         "# then the weight): what PyTorch keeps for its backward and its kernels' time "
         "(docs/model_format.md).\n";
     y += attention_comment(attn);
-    for (const std::string& w : out.warnings) y += "# Not modelled: " + w + "\n";
+    for (const std::string& w : warnings) y += "# Not modelled: " + w + "\n";
+}
+
+// The model's keys and its module tree, HF's names: embed_tokens, the repeated decoder layer (two
+// residuals), the final norm and lm_head.
+void write_decoder_model(std::string& y, const HfConfig& c, const std::string& type, const DecoderFamily& f,
+                         const DecoderSizes& s, const DecoderChoices& ch) {
+    const int64_t d = s.d, vocab = s.vocab;
+    const std::string eps = yaml_number(s.eps);
     y += fmt::format("name: {}\nseed: 0\n{}batch:\n  input: {{tokens: [{}, {}], vocab: {}}}\nmodules:\n",
-                     yaml_scalar(model_name(c, type)), mixtral ? "checkpoint_format: hf_mixtral\n" : "",
-                     b.batch, b.seq, vocab);
+                     yaml_scalar(model_name(c, type)), f.mixtral() ? "checkpoint_format: hf_mixtral\n" : "",
+                     s.b.batch, s.b.seq, vocab);
     y += "  - name: model\n    type: sequential\n    modules:\n";
     y += fmt::format("      - {{name: embed_tokens, type: embedding, vocab: {}, dim: {}}}\n", vocab, d);
     y += fmt::format("      - name: layers\n        type: repeat\n        count: {}\n        modules:\n",
-                     layers);
+                     s.layers);
     y += "          - type: residual\n            modules:\n";
     if (!f.post_norms)
-        y += fmt::format(
-            "              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: "
-            "eager}}\n",
-            d, yaml_number(eps));
-    const std::string qk =
-        f.post_norms ? fmt::format(", qk_norm: full, qk_norm_eps: {}", yaml_number(eps))
-        : f.qk_norm  ? fmt::format(", head_dim: {}, qk_norm: true, qk_norm_eps: {}", hd, yaml_number(eps))
-                     : "";
+        y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d,
+                         eps);
+    const std::string qk = f.post_norms ? fmt::format(", qk_norm: full, qk_norm_eps: {}", eps)
+                           : f.qk_norm
+                               ? fmt::format(", head_dim: {}, qk_norm: true, qk_norm_eps: {}", s.hd, eps)
+                               : "";
     y += fmt::format(
         "              - {{name: self_attn, type: attention, dim: {}, heads: {}, kv_heads: {}{}, causal: "
         "true, "
         "attn_implementation: {}, rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
-        d, heads, kv, qk, attn.impl, yaml_number(theta), scaling, qkv_bias, o_bias);
+        d, s.heads, s.kv, qk, ch.attn.impl, yaml_number(s.theta), ch.scaling, ch.qkv_bias, ch.o_bias);
     const std::string post_attention = fmt::format(
-        "              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: "
-        "eager}}\n",
-        d, yaml_number(eps));
+        "              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d, eps);
     if (f.post_norms) y += post_attention;
     y += "          - type: residual\n            modules:\n";
     if (!f.post_norms) y += post_attention;
     if (f.moe) {
-        if (act.gated != "silu") c.fail_at("hidden_act", "a mixture of experts' experts compute silu");
-        y += fmt::format("              - {{name: {}, type: moe{}}}\n", f.moe->block, moe);
+        if (ch.act.gated != "silu") c.fail_at("hidden_act", "a mixture of experts' experts compute silu");
+        y += fmt::format("              - {{name: {}, type: moe{}}}\n", f.moe->block, ch.moe);
     } else {
         y += fmt::format(
             "              - {{name: mlp, type: gated_mlp, dim: {}, hidden: {}, activation: {}, bias: {}}}\n",
-            d, inter, act.gated, mlp_bias);
+            d, s.inter, ch.act.gated, ch.mlp_bias);
     }
     if (f.post_norms)
         y += fmt::format(
-            "              - {{name: post_feedforward_layernorm, type: rms_norm, dim: {}, eps: {}, "
-            "implementation: eager}}\n",
-            d, yaml_number(eps));
-    y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d,
-                     yaml_number(eps));
+            "              - {{name: post_feedforward_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d,
+            eps);
+    y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d, eps);
     y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab,
-                     tied ? ", tie: model.embed_tokens" : "");
+                     ch.tied ? ", tie: model.embed_tokens" : "");
     // transformers' _init_weights: linears and embeddings ~ N(0, initializer_range), biases 0
     y += fmt::format("init: {{std: {}}}\n", yaml_number(positive_field(c, "initializer_range", 0.02)));
     y += "loss: cross_entropy\noptimizer: {type: adamw}\n";
+}
+
+// A RoPE decoder family's config: its sizes, then what changes the computation (both checked at
+// their fields before anything is written), then the file.
+HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily& f,
+                 const HfImportOptions& opt) {
+    HfImport out;
+    const DecoderSizes s = decoder_sizes(c, f, opt);
+    const DecoderChoices ch = decoder_choices(c, type, f, s, opt, out);
+    write_decoder_header(out.yaml, c, type, f, ch.attn, out.warnings);
+    write_decoder_model(out.yaml, c, type, f, s, ch);
     return out;
 }
 
@@ -557,12 +440,6 @@ const std::map<std::string, Importer>& importers() {
 }
 
 }  // namespace
-
-std::vector<std::string> hf_attn_names() {
-    std::vector<std::string> names;
-    for (const auto& [name, impl] : attn_implementations()) names.push_back(name);
-    return names;
-}
 
 std::string hf_model_type(const HfConfig& c) {
     const std::string type = c.at("model_type").as_string("'model_type'");

@@ -174,7 +174,8 @@ void load_state_dict(Model& model, const TensorFile& checkpoint, const std::stri
                              fmt::format("'{}' element {} is {} in {}: a run from it would "
                                          "compare nothing meaningful",
                                          name, i, converted.item(i), dtype_name(converted.dtype())));
-        std::memcpy(p->value.raw(), converted.raw(), converted.nbytes());
+        copy_bytes(p->value.raw(), p->value.device(), converted.raw(), Device::cpu,
+                   converted.nbytes());  // straight into device memory where the run built it there
         loaded.insert(p.get());
     }
     for (const auto& [name, p] : model.state_dict()) {

@@ -83,6 +83,15 @@ private:
     // ring; saved: what the forward saved (q, k_heads, v_heads, o, heads, kv heads, m, l).
     void ring_backward(RunContext& ctx, const std::vector<Tensor>& saved, const Tensor& d_o, HeadCounts h,
                        const Layout& out, Tensor& dq, Tensor& dk_heads, Tensor& dv_heads) const;
+    // One block through the tile path's ops, merged into the rows' (o, m, l).
+    void ring_block_forward(Backend& be, const ContextShard& cp, const Tensor& q, const Tensor& kb,
+                            const Tensor& vb, HeadCounts h, const std::vector<int64_t>& keys, Tensor& o,
+                            Tensor& m, Tensor& l) const;
+    // One block's backward through the tile path's ops: dq added to, the block's dk and dv per kv head.
+    void ring_block_backward(Backend& be, const ContextShard& cp, const std::vector<Tensor>& saved,
+                             const Tensor& d_o, HeadCounts h, const Tensor& kb, const Tensor& vb,
+                             const std::vector<int64_t>& keys, Tensor& dq, Tensor& dk_heads,
+                             Tensor& dv_heads) const;
     // What the ring leaves, as events (RunContext::observer): the rows' merged output after step s
     // of the forward, their query gradient after step s of the backward, and the key and value
     // gradients once home; `out` is how the heads' [B, t, H*hd] tensors are placed. The ring reports
@@ -97,6 +106,17 @@ private:
                             const Layout& out) const;
     void probe_ring_backward(RunContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& d_o, HeadCounts h, const Layout& out) const;
+    // The flash path as one fused kernel where the backend has one (Backend::fused_attention: CUDA;
+    // model/modules/attention_fused.cpp): whether this call takes it, the kernel's arguments for
+    // queries at `queries` and keys at `keys` (null: in order), its forward (o in merge_heads'
+    // layout, with m and l; saved as the ring saves) and backward (dk and dv per kv head).
+    bool fused(const Backend& be, const RunContext& ctx, const Tensor& q) const;
+    AttentionArgs fused_args(HeadCounts h, const Tensor& like, const std::vector<int64_t>* queries,
+                             const std::vector<int64_t>* keys, bool o_merged) const;
+    Placed fused_forward(RunContext& ctx, const Placed& q_flat, const Tensor& q, const Tensor& k_heads,
+                         const Tensor& v_heads, HeadCounts h, const ContextShard* cp, KeptOutput kept);
+    void fused_backward(Backend& be, const std::vector<Tensor>& saved, const Tensor& d_o, HeadCounts h,
+                        const ContextShard* cp, Tensor& dq, Tensor& dk_heads, Tensor& dv_heads) const;
     // Backward through RoPE and the q/k/v projections from the heads' gradients.
     Placed project_backward(RunContext& ctx, const Placed& d_out, Tensor dq, Tensor dk_heads,
                             const Tensor& dv_heads, HeadCounts h);

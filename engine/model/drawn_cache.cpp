@@ -31,7 +31,7 @@ void DrawnCache::keep(const std::string& key, const Tensor& t) {
     Tensor copy;
     {
         MemoryScope no_run(nullptr);
-        copy = t.clone();
+        copy = t.to_device(Device::cpu);  // host memory: a GPU's stays the run's
     }
     std::lock_guard lock(mutex_);
     if (!find_locked(key).defined()) keep_locked(key, std::move(copy));  // else another rank kept it first

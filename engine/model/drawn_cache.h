@@ -25,7 +25,8 @@ public:
     // find, else draw() (under the cache's lock: concurrent callers wait for the first one's draw)
     // and keep what it drew; the draw runs outside every memory account
     Tensor find_or_draw(const std::string& key, const std::function<Tensor()>& draw);
-    void keep(const std::string& key, const Tensor& t);  // keeps a copy of t (nothing when it is not kept)
+    void keep(const std::string& key,
+              const Tensor& t);  // keeps a host copy of t (nothing when it is not kept)
     void clear();
 
 private:

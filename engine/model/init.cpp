@@ -1,7 +1,8 @@
 // Default parameter init from the counter-based RNG: element i of parameter `fqn` is a function
-// of (seed, "init", fqn, i) alone, so a rank can build any shard of it without the rest. A whole
-// tensor drawn is kept in the process's DrawnCache: the ranks of a verify copy their boxes of the
-// reference's draw instead of drawing them again.
+// of (seed, "init", fqn, i) alone, so a rank can build any shard of it without the rest; it is
+// drawn on the tensor's device (Backend::draw_init). A whole tensor drawn is kept in the process's
+// DrawnCache: the ranks of a verify copy their boxes of the reference's draw instead of drawing
+// them again.
 #include <algorithm>
 
 #include "core/device_memory.h"
@@ -12,50 +13,25 @@
 namespace ptool {
 
 namespace {
-// t[i] = f(global index of i), one dtype dispatch per tensor.
-template <class F>
-void fill_by_index(Tensor& t, F&& f) {
-    dispatch_float(t.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        T* p = t.data<T>();
-        for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = T(static_cast<acc_t<T>>(f(i)));
-    });
-}
-}  // namespace
 
-namespace {
-// t[i] = f(draw of global index g(i)), where draw(first, n, out) writes n consecutive indices' values
-// (uniform_run, normal_run): a shard along `dim` at `offset` of `full` is, for each index of the
-// dims before `dim`, one run of the full tensor's indices, drawn 4096 at a time.
-template <class Draw, class F>
-void fill_runs(Tensor& t, const Shape& full, int64_t dim, int64_t offset, Draw&& draw, F&& f) {
-    int64_t inner = 1;
-    for (size_t d = dim + 1; d < full.size(); ++d) inner *= full[d];
-    const int64_t local_len = t.dim() ? t.shape()[dim] : 1, full_len = full.empty() ? 1 : full[dim];
-    const int64_t run = local_len * inner, n = t.numel();
-    dispatch_float(t.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        T* p = t.data<T>();
-        double v[4096];
-        for (int64_t outer = 0; run > 0 && outer * run < n; ++outer) {
-            const int64_t first = (outer * full_len + offset) * inner;  // the run's first global index
-            for (int64_t start = 0; start < run; start += 4096) {
-                const int64_t len = std::min<int64_t>(4096, run - start);
-                draw(static_cast<uint64_t>(first + start), len, v);
-                for (int64_t i = 0; i < len; ++i)
-                    p[outer * run + start + i] = T(static_cast<acc_t<T>>(f(v[i])));
-            }
-        }
-    });
+// t = the values InitDraw describes for a shard along `dim` at `offset` of `full`, on t's device
+// (Backend::draw_init: the CPU draws on every core, bitwise the serial draw).
+void draw_shard(Tensor& t, uint64_t seed, uint64_t stream, bool normal, double scale, const Shape& full,
+                int64_t dim, int64_t offset) {
+    InitDraw d;
+    d.seed = seed, d.stream = stream, d.normal = normal, d.scale = scale, d.offset = offset;
+    for (size_t k = static_cast<size_t>(dim) + 1; k < full.size(); ++k) d.inner *= full[k];
+    d.full_len = full.empty() ? 1 : full[static_cast<size_t>(dim)];
+    d.run = (t.dim() ? t.shape()[static_cast<size_t>(dim)] : 1) * d.inner;
+    backend_for(t.device()).draw_init(t, d);
 }
+
 void fill_normal_shard(Tensor& t, const CounterRng& rng, double stddev, const Shape& full, int64_t dim,
                        int64_t offset) {
-    fill_runs(
-        t, full, dim, offset, [&](uint64_t first, int64_t n, double* out) { rng.normal_run(first, n, out); },
-        [&](double z) { return stddev * z; });
+    draw_shard(t, rng.seed(), rng.stream(), true, stddev, full, dim, offset);
 }
 
-// t = the box of `whole` along `dim` at `offset` (t's shape elsewhere): the runs fill_runs draws,
+// t = the box of `whole` along `dim` at `offset` (t's shape elsewhere): the runs draw_shard draws,
 // as rows of a strided copy.
 void copy_box(const Tensor& whole, Tensor& t, int64_t dim, int64_t offset) {
     const Shape& full = whole.shape();
@@ -88,13 +64,8 @@ void init_uniform(Tensor& t, uint64_t seed, const std::string& fqn, double bound
 
 void init_uniform_shard(Tensor& t, uint64_t seed, const std::string& fqn, double bound, const Shape& full,
                         int64_t dim, int64_t offset) {
-    init_cached(t, seed, fqn, fmt::format("uniform/{:a}", bound), full, dim, offset, [&] {
-        const CounterRng rng(seed, stream_id("init", fqn));
-        fill_runs(
-            t, full, dim, offset,
-            [&](uint64_t first, int64_t n, double* out) { rng.uniform_run(first, n, out); },
-            [&](double u) { return -bound + 2.0 * bound * u; });
-    });
+    init_cached(t, seed, fqn, fmt::format("uniform/{:a}", bound), full, dim, offset,
+                [&] { draw_shard(t, seed, stream_id("init", fqn), false, bound, full, dim, offset); });
 }
 
 void init_normal_shard(Tensor& t, uint64_t seed, const std::string& fqn, double stddev, const Shape& full,
@@ -117,7 +88,7 @@ void fill_value(Tensor& t, double value) {
         for (int64_t i = 0; i < t.numel(); ++i) t.set(i, value);
         return;
     }
-    fill_by_index(t, [&](int64_t) { return value; });
+    backend_for(t.device()).fill(t, value);
 }
 
 }  // namespace ptool

@@ -50,13 +50,28 @@ void Model::init_params_except(const std::function<bool(const Module&)>& skip) {
     });
 }
 
+void Model::allocate_on(Device device) {
+    auto place = [device](Tensor& t, MemoryUse use) {
+        MemoryUseScope scope(use);
+        if (t.defined() && t.device() != device) t = Tensor::empty(t.shape(), t.dtype(), device);
+    };
+    for (auto& [name, p] : named_parameters())
+        place(p->value, MemoryUse::parameters), place(p->grad, MemoryUse::gradients);
+    for (auto& [name, b] : named_buffers()) place(b->value, MemoryUse::parameters);
+}
+
 void Model::to_device(Device device) {
     auto move = [device](Tensor& t, MemoryUse use) {
         MemoryUseScope scope(use);
         if (t.defined() && t.device() != device) t = t.to_device(device);
     };
-    for (auto& [name, p] : named_parameters())
-        move(p->value, MemoryUse::parameters), move(p->grad, MemoryUse::gradients);
+    for (auto& [name, p] : named_parameters()) {
+        move(p->value, MemoryUse::parameters);
+        if (p->grad.defined() && p->grad.device() != device) {  // uninitialised until a step zeroes it
+            MemoryUseScope scope(MemoryUse::gradients);         // (make_param): nothing to copy
+            p->grad = Tensor::empty(p->grad.shape(), p->grad.dtype(), device);
+        }
+    }
     for (auto& [name, b] : named_buffers()) move(b->value, MemoryUse::parameters);
 }
 

@@ -125,8 +125,12 @@ struct Model {
     void init_params();  // PyTorch's default init from the counter-based RNG
     // The same, leaving out the modules skip() names (a rank that builds their shards itself).
     void init_params_except(const std::function<bool(const Module&)>& skip);
-    // Moves every parameter (value and grad) and buffer to `device`; tied parameters stay one.
+    // Moves every parameter value and buffer to `device` and allocates the gradients there (uninitialised,
+    // as make_param leaves them: each step zeroes them); tied parameters stay one.
     void to_device(Device device);
+    // Every parameter, gradient and buffer allocated on `device` instead, uninitialised (nothing
+    // copied): for a model whose values are then drawn or loaded there.
+    void allocate_on(Device device);
 };
 
 // dtype_override: `--dtype` on the command line ("" keeps the file's). Without init, parameter

@@ -128,7 +128,9 @@ private:
             type_node.fail(
                 fmt::format("unknown module type '{}'{}", type, did_you_mean(type, module_type_names())));
         ModuleEntry entry{mm, name, fqn, node.where()};
+        nested_.push_back(0);
         std::shared_ptr<Module> mod = t->build(*this, entry);
+        count_modules(node, *mod, t->aliases());
         mm.finish();
         mod->set_fqn(fqn);
         if (transparent)
@@ -138,8 +140,26 @@ private:
         return {name, mod};
     }
 
+    // The modules an entry built that no entry nested in it counted (its type's own: a moe's experts,
+    // a repeat's blocks), against kMaxModules; an alias (`shared`) builds none.
+    void count_modules(const YamlNode& node, const Module& mod, bool alias) {
+        const int64_t below = nested_.back(), size = modules_under(mod);
+        nested_.pop_back();
+        if (!nested_.empty()) nested_.back() += size;  // a container's walk meets them again
+        if (alias) return;
+        modules_ += size - below;
+        if (modules_ > kMaxModules)
+            node.fail(
+                fmt::format("the model reaches {} modules (each module a type builds inside an entry "
+                            "counted: a moe's gate, experts and their 3 projections, an attention's "
+                            "4), over ptool's limit of {}: fewer layers or experts",
+                            modules_, kMaxModules));
+    }
+
     DType dtype_;
-    int64_t bytes_ = 0;                                      // parameters, buffers and batch counted so far
+    int64_t modules_ = 0;          // modules built so far
+    std::vector<int64_t> nested_;  // per build under way: the modules its nested builds counted
+    int64_t bytes_ = 0;            // parameters, buffers and batch counted so far
     std::map<std::string, std::shared_ptr<Module>> by_fqn_;  // every module built so far
 };
 

@@ -200,6 +200,12 @@ void for_each_module(const Module& root, const std::function<void(const std::str
     walk_modules(const_cast<Module&>(root), "", seen, fn);
 }
 
+int64_t modules_under(const Module& root) {
+    int64_t n = 1;
+    for (const auto& [name, child] : root.children()) n += modules_under(*child);
+    return n;
+}
+
 std::vector<std::pair<std::string, Module*>> named_modules(const Module& root) {
     std::vector<std::pair<std::string, Module*>> out;
     for_each_module(root, [&](const std::string& fqn, Module& m) { out.emplace_back(fqn, &m); });

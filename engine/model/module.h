@@ -27,6 +27,7 @@
 namespace ptool {
 
 class RoutingLog;
+class RoutedExperts;
 
 struct Parameter {
     Tensor value;
@@ -207,6 +208,10 @@ public:
     bool selective() const { return selective_; }
     // The outputs this op keeps under the op policy (linear, flash attention; null for the rest).
     virtual KeptOutputs* kept_outputs() { return nullptr; }
+    // Its experts and their routing, where it routes tokens to experts (model/routed_experts.h; null
+    // for the rest).
+    virtual RoutedExperts* routed_experts() { return nullptr; }
+    const RoutedExperts* routed_experts() const { return const_cast<Module*>(this)->routed_experts(); }
     void register_param(const std::string& name, ParamPtr p) { params_.push_back({name, std::move(p)}); }
     void register_buffer(const std::string& name, ParamPtr b) { buffers_.push_back({name, std::move(b)}); }
     void add_child(const std::string& name, std::shared_ptr<Module> m) {
@@ -263,6 +268,9 @@ void for_each_module(const Module& root, const std::function<void(const std::str
 // Every module once with its name, in for_each_module's order (a plan's patterns are matched
 // against the list, not a walk of the tree per pattern).
 std::vector<std::pair<std::string, Module*>> named_modules(const Module& root);
+// The modules under `root`, itself included, each child counted where it is listed (a `shared`
+// module under each name): what building, the layout pass and a simulation walk.
+int64_t modules_under(const Module& root);
 
 // Allocates a parameter and its gradient, uninitialised (see module.cpp).
 ParamPtr make_param(Shape shape, DType dtype);

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/model_limits.h"
 #include "core/yaml_reader.h"
 
 namespace ptool {

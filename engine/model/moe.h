@@ -23,10 +23,11 @@
 #include "model/blocks.h"
 #include "model/microbatch_stack.h"
 #include "model/moe_routing.h"
+#include "model/routed_experts.h"
 
 namespace ptool {
 
-class Moe : public Module {
+class Moe : public Module, public RoutedExperts {
 public:
     struct Options {
         int64_t dim = 0, hidden = 0;
@@ -44,14 +45,21 @@ public:
     };
     Moe(std::string name, SourceLocation where, const Options& o, DType dtype);
     Shape output_shape(const Shape& in) const override;
-    // Tokens are routed whole: any placement but Shard(-1) or Partial (batch or sequence shards route
-    // their own tokens).
+    // Tokens are routed whole, the same tokens on every tensor-parallel rank: Replicate over tp (a
+    // batch or sequence shard is exit 2 with torchtitan's fix, prepare_input to replicate); the gate's
+    // output (the router's logits) as the input, every expert's and the shared expert's ending whole.
     Layout layout(LayoutVisitor& v, const Layout& in) const override;
     void init_params(uint64_t seed) override;
     const Options& options() const { return o_; }
-    void set_router(std::shared_ptr<const Router> r) { router_ = std::move(r); }
-    void set_dispatch(std::shared_ptr<const ExpertDispatch> d) { dispatch_ = std::move(d); }
-    Module& expert(int64_t e) const {
+    RoutedExperts* routed_experts() override { return this; }
+    // RoutedExperts
+    const RouterOptions& router_options() const override { return o_.router; }
+    int64_t token_dim() const override { return o_.dim; }
+    double aux_loss_coef() const override { return o_.aux_loss_coef; }
+    double capacity_factor() const override { return o_.capacity_factor; }
+    void set_router(std::shared_ptr<const Router> r) override { router_ = std::move(r); }
+    void set_dispatch(std::shared_ptr<const ExpertDispatch> d) override { dispatch_ = std::move(d); }
+    Module& expert(int64_t e) const override {
         return *children()[1].second->children()[static_cast<size_t>(e)].second;
     }
 

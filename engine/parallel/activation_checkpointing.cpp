@@ -78,13 +78,17 @@ ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
     ActivationCheckpointing out;
     if (!spec.active()) return out;
     const auto modules = named_modules(*model.root);
+    std::vector<std::string> names;
+    for (const auto& [fqn, m] : modules) names.push_back(fqn);
+    const NameIndex index(std::move(names));
     std::vector<size_t> found(spec.modules.size(), 0);
+    std::vector<bool> matches(modules.size(), false);
+    for (size_t i = 0; i < spec.modules.size(); ++i)
+        for (const size_t k : index.matches(spec.modules[i])) matches[k] = true, ++found[i];
     int matched = 0;  // matching modules so far, in registration order: `every` counts them
-    for (const auto& [fqn, m] : modules) {
-        bool match = false;
-        for (size_t i = 0; i < spec.modules.size(); ++i)
-            if (fqn_matches(spec.modules[i], fqn)) match = true, ++found[i];
-        if (!match || ++matched % spec.every != 0) continue;
+    for (size_t k = 0; k < modules.size(); ++k) {
+        const auto& [fqn, m] = modules[k];
+        if (!matches[k] || ++matched % spec.every != 0) continue;
         if (spec.mode != RecomputeMode::core_attn) {
             out.checkpointed.insert(m);
             if (spec.mode == RecomputeMode::op) out.selective.insert(m);
@@ -93,15 +97,19 @@ ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
         std::vector<Attention*> attention;
         attentions_under(*m, attention);
         if (attention.empty())
-            warnings.push_back({spec.where, fmt::format("activation_checkpointing mode core_attn: '{}' has "
-                                                        "no attention under it, nothing is recomputed",
-                                                        fqn)});
+            warnings.push_back({spec.where,
+                                fmt::format("activation_checkpointing mode core_attn: '{}' has "
+                                            "no attention under it, nothing is recomputed",
+                                            fqn),
+                                DiagnosticKind::no_effect});
         for (Attention* a : attention) {
             if (a->flash())
-                warnings.push_back({spec.where, fmt::format("activation_checkpointing mode core_attn: "
-                                                            "attention '{}' is flash, which recomputes its "
-                                                            "probabilities in backward already",
-                                                            a->fqn())});
+                warnings.push_back({spec.where,
+                                    fmt::format("activation_checkpointing mode core_attn: "
+                                                "attention '{}' is flash, which recomputes its "
+                                                "probabilities in backward already",
+                                                a->fqn()),
+                                    DiagnosticKind::no_effect});
             else
                 out.recompute_core.insert(a);
         }
@@ -110,7 +118,8 @@ ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
         if (!found[i])
             warnings.push_back(
                 {spec.where,
-                 fmt::format("activation_checkpointing pattern '{}' matched no module", spec.modules[i])});
+                 fmt::format("activation_checkpointing pattern '{}' matched no module", spec.modules[i]),
+                 DiagnosticKind::unmatched_pattern});
     return out;
 }
 

@@ -1,6 +1,7 @@
 #include "parallel/data_parallel.h"
 
 #include <map>
+#include <set>
 
 #include "core/rng.h"
 #include "core/tensor_ops.h"
@@ -58,16 +59,17 @@ std::vector<std::string> fsdp_unit_fqns(const DataParallelSpec& spec,
                                         const std::vector<std::string>& module_names,
                                         std::vector<Diagnostic>& warnings) {
     std::vector<std::string> unit_fqns;
-    if (spec.mode == DataParallelMode::fully_shard) unit_fqns.push_back("");
+    std::set<std::string> units;  // unit_fqns', once each
+    if (spec.mode == DataParallelMode::fully_shard) unit_fqns.push_back(""), units.insert("");
+    const NameIndex index(module_names);
     for (const std::string& pattern : spec.fully_shard) {
         int matched = 0;
-        for (const std::string& fqn : module_names)
-            if (fqn_matches(pattern, fqn) &&
-                std::find(unit_fqns.begin(), unit_fqns.end(), fqn) == unit_fqns.end())
-                unit_fqns.push_back(fqn), ++matched;
+        for (const size_t i : index.matches(pattern))
+            if (units.insert(module_names[i]).second) unit_fqns.push_back(module_names[i]), ++matched;
         if (!matched)
-            warnings.push_back(
-                {spec.fully_shard_where, fmt::format("fully_shard pattern '{}' matched no module", pattern)});
+            warnings.push_back({spec.fully_shard_where,
+                                fmt::format("fully_shard pattern '{}' matched no module", pattern),
+                                DiagnosticKind::unmatched_pattern});
     }
     std::stable_sort(unit_fqns.begin(), unit_fqns.end(), [](const std::string& a, const std::string& b) {
         return (a.empty() ? 0 : std::count(a.begin(), a.end(), '.') + 1) <
@@ -253,8 +255,7 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
     : res_(res), counter_(mesh.counter()), be_(be) {
     const DataParallelSpec& spec = *plan.data_parallel;
     const ParallelDims& dims = plan.dims;
-    shard_dim_ =
-        dims.has(DimRole::dp_shard) ? dims.index(DimRole::dp_shard) : dims.index(DimRole::dp_replicate);
+    shard_dim_ = dims.shard_dim();
     comm_ = &mesh.comm(shard_dim_);  // one dim (replicate, or fully_shard); HSDP's replicate() has no buckets
     bucket_view_ = spec.gradient_as_bucket_view;
     const auto named_params = model.named_parameters(), named_buffers = model.named_buffers();
@@ -321,12 +322,8 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
         // under context parallel the cp ranks join the shard group (torchtitan's dp_shard_cp); each
         // parameter's rows cut evenly (check_fsdp_over_cp), so that dp_shard's chunk cut over cp is
         // the flattened group's chunk (Run::placements nests them so)
-        Communicator* shard = comm_;
-        if (dims.cp_shards_params()) {
-            const int cp = dims.index(DimRole::cp);
-            shard = &mesh.group(
-                mesh.add_group({shard_dim_, cp}, dims.mesh()[shard_dim_].name + "+" + dims.mesh()[cp].name));
-        }
+        Communicator* shard =
+            dims.cp_shards_params() ? mesh.group(dims.group(GroupName::dp_shard_cp)) : comm_;
         fsdp_ = std::make_unique<FullyShard>(model, res.units, *shard, replicas, be,
                                              plan.mixed_precision ? &*plan.mixed_precision : nullptr,
                                              res.grad_reduce);

@@ -33,14 +33,18 @@ DeviceMesh::DeviceMesh(std::vector<MeshDim> dims, Communicator& world, std::shar
     }
 }
 
-int DeviceMesh::add_group(const std::vector<int>& dims, const std::string& label) {
+Communicator* DeviceMesh::group(const MeshGroup& g) {
+    if (g.dims.empty() && g.label.empty()) return nullptr;
+    if (g.dims.size() == 1 && g.label == dims_[g.dims[0]].name) return comms_[g.dims[0]].get();
+    std::unique_ptr<Communicator>& made = groups_[g.name];
+    if (made) return made.get();
     std::vector<int> others = coords_;  // color: my position along the other dims
-    int key = 0, size = 1;              // key: my position along `dims`, row-major
-    for (int d : dims) others[d] = 0, key = key * dims_[d].size + coords_[d], size *= dims_[d].size;
-    groups_.push_back(world_.split_known(rank_of(others, dims_), key, key, size));
-    groups_.back()->set_counter(counter_, label);
-    if (wrap_groups_) groups_.back() = wrap_groups_(std::move(groups_.back()));
-    return static_cast<int>(groups_.size()) - 1;
+    int key = 0, size = 1;              // key: my position along g.dims, row-major
+    for (int d : g.dims) others[d] = 0, key = key * dims_[d].size + coords_[d], size *= dims_[d].size;
+    made = world_.split_known(rank_of(others, dims_), key, key, size);
+    made->set_counter(counter_, g.label);
+    if (wrap_groups_) made = wrap_groups_(std::move(made));
+    return made.get();
 }
 
 int DeviceMesh::dim_index(const std::string& name) const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,15 @@ namespace ptool {
 struct MeshDim {
     std::string name;
     int size = 1;
+};
+
+// A group over several dims together, by name (ParallelDims::group declares the run's): its ranks
+// in row-major order of `dims` (in this order), as DeviceMesh._flatten; its collectives counted
+// under `label` (the dims' names joined by '+': "dp_replicate+dp_shard").
+struct MeshGroup {
+    std::string name;
+    std::vector<int> dims;
+    std::string label;
 };
 
 class DeviceMesh {
@@ -33,15 +43,14 @@ public:
     Communicator& comm(int dim) const { return *comms_[dim]; }
     Communicator& world() const { return world_; }
     const std::shared_ptr<CommCounter>& counter() const { return counter_; }
-    // One group over several dims together (their ranks in row-major order of those dims, as
-    // DeviceMesh._flatten: the data dims of HSDP make one "dp" group for the batch), counted
-    // under `label`. Collective over world. Returns its index for group().
-    int add_group(const std::vector<int>& dims, const std::string& label);
-    Communicator& group(int index) const { return *groups_[index]; }
+    // Group g, built on its first request and the same one after (collective over world on that
+    // first request: every rank asks for the groups in the same order). No dims and no label: null;
+    // one dim counted under its own name: that dim's communicator; else a group of its own.
+    Communicator* group(const MeshGroup& g);
     using Wrapper = std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>;
     // Replaces dim `dim`'s communicator with wrap(it) (a decorator that owns it: fault injection).
     void wrap(int dim, const Wrapper& wrap);
-    // Wraps every group add_group makes from now on (fully_shard's over dp_shard x cp).
+    // Wraps every group of its own that group() makes from now on (fully_shard's over dp_shard x cp).
     void wrap_groups(Wrapper wrap) { wrap_groups_ = std::move(wrap); }
 
     static std::vector<int> coords_of(int rank, const std::vector<MeshDim>& dims);
@@ -52,7 +61,8 @@ private:
     Communicator& world_;
     std::shared_ptr<CommCounter> counter_;
     std::vector<int> coords_;
-    std::vector<std::unique_ptr<Communicator>> comms_, groups_;
+    std::vector<std::unique_ptr<Communicator>> comms_;
+    std::map<std::string, std::unique_ptr<Communicator>> groups_;  // by MeshGroup::name
     Wrapper wrap_groups_;
 };
 

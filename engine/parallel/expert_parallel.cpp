@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "comm/comm_stats.h"
-#include "model/moe.h"
+#include "model/routed_experts.h"
 
 namespace ptool {
 
@@ -17,9 +17,9 @@ ExpertParallelResolution resolve_expert_parallel(const Model& model, const Plan&
     std::map<const Parameter*, std::string> names;
     for (const auto& [name, p] : model.named_parameters()) names.emplace(p.get(), name);
     for (const auto& [fqn, m] : named_modules(*model.root)) {
-        const auto* moe = dynamic_cast<const Moe*>(m);
+        const RoutedExperts* moe = m->routed_experts();
         if (!moe) continue;
-        const int64_t experts = moe->options().router.experts;
+        const int64_t experts = moe->experts();
         if (experts % res.size != 0)
             throw InputError(at, fmt::format("expert_parallel over '{}' ({} ranks): moe '{}' has {} experts, "
                                              "which do not divide over them (each rank owns experts / ep)",

@@ -164,7 +164,8 @@ private:
                  fmt::format("'{}' ({}) gets {} activations from {}: each rank's gradients of its "
                              "replicated parameters cover only its rows and are not reduced: give it "
                              "sequence_parallel, or gather the activation first",
-                             m.fqn(), m.type(), in.p.str(), producer_.name)});
+                             m.fqn(), m.type(), in.p.str(), producer_.name),
+                 DiagnosticKind::unreduced_gradients});
     }
 
     struct Producer {

@@ -60,13 +60,76 @@ bool ParallelDims::is_data_dim(int mesh_dim) const {
     return roles_[mesh_dim] && is_data_role(*roles_[mesh_dim]);
 }
 
-std::string ParallelDims::data_label() const {
+namespace {
+
+// The dims' names joined by '+': what a group over several dims counts its collectives under
+std::string joined_names(const std::vector<MeshDim>& mesh, const std::vector<int>& dims) {
     std::string out;
-    for (int d : data_dims_) out += (out.empty() ? "" : "+") + mesh_[d].name;
+    for (int d : dims) out += (out.empty() ? "" : "+") + mesh[d].name;
     return out;
 }
 
-std::vector<int> ParallelDims::label_dims(const std::string& label) const {
+std::vector<int> with_roles(const ParallelDims& p, std::initializer_list<DimRole> roles) {
+    std::vector<int> out;
+    for (int d = 0; d < p.ndim(); ++d)
+        if (p.role(d) && std::find(roles.begin(), roles.end(), *p.role(d)) != roles.end()) out.push_back(d);
+    return out;
+}
+
+struct GroupRow {
+    GroupName name;
+    const char* text;
+    std::vector<int> (*dims)(const ParallelDims&);
+    const char* label;  // null: the dims' names joined by '+'
+};
+
+// The run's combined groups: one row each (their dims in mesh order but dp_shard_cp's, whose
+// flattened ranks run over the shard dim first, as fully_shard's shards nest).
+const GroupRow group_table[kGroupNames] = {
+    {GroupName::batch, "batch", [](const ParallelDims& p) { return p.data_dims(); }, nullptr},
+    {GroupName::tokens, "tokens",
+     [](const ParallelDims& p) {
+         return with_roles(p, {DimRole::dp_replicate, DimRole::dp_shard, DimRole::cp});
+     },
+     nullptr},
+    {GroupName::expert_replicas, "expert_replicas",
+     [](const ParallelDims& p) {
+         std::vector<int> out = p.data_dims();  // ep borrows a data dim
+         std::erase(out, p.index(DimRole::ep));
+         return out;
+     },
+     nullptr},
+    {GroupName::dp_shard_cp, "dp_shard_cp",
+     [](const ParallelDims& p) {
+         return p.cp_shards_params() ? std::vector<int>{p.shard_dim(), p.index(DimRole::cp)}
+                                     : std::vector<int>{};
+     },
+     nullptr},
+    {GroupName::stage, "stage",
+     [](const ParallelDims& p) {
+         std::vector<int> out;
+         for (int d = 0; d < p.ndim(); ++d)
+             if (d != p.index(DimRole::pp)) out.push_back(d);
+         return out;
+     },
+     "stage"},
+};
+
+}  // namespace
+
+const char* group_name(GroupName g) {
+    return group_table[static_cast<int>(g)].text;
+}
+
+MeshGroup ParallelDims::group(GroupName name) const {
+    const GroupRow& row = group_table[static_cast<int>(name)];
+    PTOOL_REQUIRE(row.name == name, "group table out of order at {}", row.text);
+    MeshGroup g{row.text, row.dims(*this), ""};
+    g.label = row.label ? row.label : joined_names(mesh_, g.dims);
+    return g;
+}
+
+std::vector<int> ParallelDims::counted_dims(const std::string& label) const {
     if (label == "world") {
         std::vector<int> all(mesh_.size());
         for (int d = 0; d < ndim(); ++d) all[d] = d;
@@ -74,20 +137,9 @@ std::vector<int> ParallelDims::label_dims(const std::string& label) const {
     }
     for (int d = 0; d < ndim(); ++d)
         if (mesh_[d].name == label) return {d};
-    if (!data_dims_.empty() && label == data_label()) return data_dims_;
-    // a flattened group's: its dims' names joined by '+' (fully_shard over dp_shard x cp: "dp+cp")
-    std::vector<int> out;
-    for (size_t at = 0; at <= label.size();) {
-        const size_t plus = std::min(label.find('+', at), label.size());
-        const std::string name = label.substr(at, plus - at);
-        int found = -1;
-        for (int d = 0; d < ndim(); ++d)
-            if (mesh_[d].name == name) found = d;
-        if (found < 0) return {};
-        out.push_back(found);
-        at = plus + 1;
-    }
-    return out;
+    for (const GroupRow& row : group_table)
+        if (const MeshGroup g = group(row.name); !g.dims.empty() && g.label == label) return g.dims;
+    return {};
 }
 
 std::vector<int> ParallelDims::param_nesting() const {

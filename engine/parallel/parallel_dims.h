@@ -1,8 +1,8 @@
 // Parallel dimensions as data: which dim of a plan's mesh plays which role, after torchtitan's
 // ParallelDims. A role is one way of splitting the training job:
 //
-//   pp            pipeline: each rank holds a stage (a range of layers); activations go forward and
-//                 gradients back between stages (planned)
+//   pp            pipeline: each rank holds a stage (a range of layers; several under an interleaved
+//                 schedule); activations go forward and gradients back between stages (train/schedule.h)
 //   dp_replicate  data parallel, replicated parameters: DDP's replicate(), or HSDP's outer dim
 //   dp_shard      data parallel, sharded parameters: fully_shard() (FSDP2/ZeRO-3), or HSDP's inner dim
 //   cp            context parallel: the sequence split over ranks for the whole model (context_parallel)
@@ -33,6 +33,20 @@
 namespace ptool {
 
 enum class DimRole { pp, dp_replicate, dp_shard, cp, tp, ep };
+
+// The groups a run makes over several mesh dims at once, by what they are for (torchtitan's
+// ParallelDims.get_mesh("dp_shard_cp")); each is a row of group_table (parallel_dims.cpp):
+//
+//   batch            the data dims: the batch's rows split over them (torchtitan's "dp")
+//   tokens           the data dims and cp: the ranks whose tokens differ (global_tokens' count, a moe
+//                    layer's balancing statistics)
+//   expert_replicas  the data dims but ep: the ranks that hold the same experts (their gradients'
+//                    all_reduce), where fully_shard does not shard them
+//   dp_shard_cp      fully_shard's shard dim, then cp: fully_shard under context parallel
+//   stage            every dim but pp: a pipeline stage's ranks (verification's, uncounted)
+enum class GroupName { batch, tokens, expert_replicas, dp_shard_cp, stage };
+inline constexpr int kGroupNames = 5;
+const char* group_name(GroupName g);  // "batch", "tokens", ...
 inline constexpr int kDimRoles = 6;
 const char* dim_role_name(DimRole r);  // "pp", "dp_replicate", ...
 bool is_data_role(DimRole r);          // dp_replicate, dp_shard
@@ -56,12 +70,16 @@ public:
     const std::vector<int>& data_dims() const { return data_dims_; }
     int data_size() const;
     bool is_data_dim(int mesh_dim) const;
-    // What the data dims' flattened group counts its collectives under: the one dim's name, or
-    // the names joined by '+' ("dp_replicate+dp_shard"); "" without data dims.
-    std::string data_label() const;
-    // The mesh dims a counter label stands for: a dim's name, the data label, or "world" (every
-    // dim); empty for a label of neither.
-    std::vector<int> label_dims(const std::string& label) const;
+    // The data dim fully_shard shards on: dp_shard, else dp_replicate (-1: neither).
+    int shard_dim() const {
+        return has(DimRole::dp_shard) ? index(DimRole::dp_shard) : index(DimRole::dp_replicate);
+    }
+    // A combined group of the run, declared once here (group_table in parallel_dims.cpp) and built
+    // once by the mesh (DeviceMesh::group): its dims and the label it counts its collectives under.
+    MeshGroup group(GroupName name) const;
+    // The mesh dims of the group whose collectives count under `label`: "world" (every dim), a
+    // dim's name, or the label of a combined group above; empty for a label of none of them.
+    std::vector<int> counted_dims(const std::string& label) const;
     // The mesh dims that may cut a parameter, in the order they cut it: tp, then the data dims
     // (fully_shard cuts the tp piece's rows over the dim it shards on: dp_shard, or a replicate()
     // dim that also has fully_shard units). A parameter's Placements nest in this order.

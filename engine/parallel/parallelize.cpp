@@ -4,7 +4,7 @@
 
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
-#include "model/moe.h"
+#include "model/routed_experts.h"
 #include "parallel/context_parallel.h"
 
 namespace ptool {
@@ -21,11 +21,14 @@ std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, con
                                                          Resolution& res) {
     std::map<const Module*, const PlanEntry*> owner;
     const auto modules = named_modules(*model.root);
+    std::vector<std::string> names;
+    for (const auto& [fqn, module] : modules) names.push_back(fqn);
+    const NameIndex index(std::move(names));
     for (const PlanEntry& e : plan.tp_plan) {
         int matched = 0;
-        for (const auto& [fqn, module] : modules) {
-            if (!fqn_matches(e.pattern, fqn)) continue;
-            Module& m = *module;
+        for (const size_t i : index.matches(e.pattern)) {
+            const std::string& fqn = modules[i].first;
+            Module& m = *modules[i].second;
             ++matched;
             if (!e.style.style->applies_to(m))
                 throw InputError(e.where,
@@ -38,7 +41,8 @@ std::map<const Module*, const PlanEntry*> match_patterns(const Model& model, con
             owner[&m] = &e;
         }
         if (!matched)
-            res.warnings.push_back({e.where, fmt::format("pattern '{}' matched no module", e.pattern)});
+            res.warnings.push_back({e.where, fmt::format("pattern '{}' matched no module", e.pattern),
+                                    DiagnosticKind::unmatched_pattern});
     }
     return owner;
 }
@@ -107,8 +111,9 @@ void check_tied(const Model& model, const std::map<const Module*, const PlanEntr
 
 void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& res) {
     if (plan.tp_plan.empty())
-        res.warnings.push_back(
-            {plan.tp_plan_where, "the tensor_parallel plan is empty: nothing is parallelized"});
+        res.warnings.push_back({plan.tp_plan_where,
+                                "the tensor_parallel plan is empty: nothing is parallelized",
+                                DiagnosticKind::empty_plan});
     const auto owner = match_patterns(model, plan, res);
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         auto it = owner.find(&m);
@@ -155,9 +160,9 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     // order, which interleaves the cp ranks' positions (no context parallel)
     const bool cp = plan.context_parallel && plan.dims.size(DimRole::cp) > 1;
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        const auto* moe = dynamic_cast<const Moe*>(&m);
+        const RoutedExperts* moe = m.routed_experts();
         if (!moe) return;
-        if (cp && moe->options().capacity_factor > 0)
+        if (cp && moe->capacity_factor() > 0)
             throw InputError(
                 plan.context_parallel->where,
                 fmt::format("context_parallel with an expert capacity (moe '{}' has capacity_factor): "

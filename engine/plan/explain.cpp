@@ -5,7 +5,7 @@
 #include <unordered_map>
 
 #include "core/tensor_ops.h"
-#include "model/moe.h"
+#include "model/routed_experts.h"
 #include "parallel/grad_norm.h"
 
 namespace ptool {
@@ -21,8 +21,8 @@ int64_t record_bytes_per_step(const Model& model, const Plan& plan, const Layout
     // (its input's shape) and nothing from inside them (model/moe.h)
     std::map<std::string, int64_t> experts;
     for (const CallLayout& c : layouts.calls)
-        if (const auto* moe = dynamic_cast<const Moe*>(c.module))
-            for (int64_t e = 0; e < moe->options().router.experts; ++e)
+        if (const RoutedExperts* moe = c.module->routed_experts())
+            for (int64_t e = 0; e < moe->experts(); ++e)
                 experts[join_name(c.fqn, fmt::format("experts.{}", e))] = numel_of(c.in.global);
     auto inside_expert = [&](const std::string& fqn) {
         auto it = experts.upper_bound(fqn);
@@ -33,9 +33,9 @@ int64_t record_bytes_per_step(const Model& model, const Plan& plan, const Layout
     };
     int64_t events = 0;
     for (const CallLayout& c : layouts.calls) {
-        if (c.module->transparent()) continue;                     // reports no events (an unnamed residual)
-        if (const auto* moe = dynamic_cast<const Moe*>(c.module))  // its routing weights [.., experts]
-            events += numel_of(c.in.global) / moe->options().dim * moe->options().router.experts;
+        if (c.module->transparent()) continue;                      // reports no events (an unnamed residual)
+        if (const RoutedExperts* moe = c.module->routed_experts())  // its routing weights [.., experts]
+            events += numel_of(c.in.global) / moe->token_dim() * moe->experts();
         if (auto it = experts.find(c.fqn); it != experts.end()) {
             events += 2 * it->second;
             continue;

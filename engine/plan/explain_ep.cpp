@@ -1,4 +1,4 @@
-#include "model/moe.h"
+#include "model/routed_experts.h"
 #include "plan/explain.h"
 
 namespace ptool {
@@ -14,10 +14,8 @@ void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& 
     // summed over the ranks whose tokens differ, per moe call (again where it is recomputed)
     if (plan.dims.data_size() * cp > 1)
         for (const CallLayout& c : ex.resolution.layouts.calls)
-            if (const auto* moe = dynamic_cast<const Moe*>(c.module);
-                moe && moe->options().aux_loss_coef > 0) {
-                const CommCost cc{"all_reduce", (2 * moe->options().router.experts + 1) * 8, c.fqn,
-                                  Phase::forward};
+            if (const RoutedExperts* moe = c.module->routed_experts(); moe && moe->aux_loss_coef() > 0) {
+                const CommCost cc{"all_reduce", (2 * moe->experts() + 1) * 8, c.fqn, Phase::forward};
                 forward.push_back(cc);
                 if (recomputed_in_backward(ex.resolution, c.fqn))
                     backward.push_back({cc.op, cc.bytes, cc.module, Phase::backward});
@@ -30,10 +28,10 @@ void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& 
         return;
     }
     for (const CallLayout& c : ex.resolution.layouts.calls) {
-        const auto* moe = dynamic_cast<const Moe*>(c.module);
+        const RoutedExperts* moe = c.module->routed_experts();
         if (!moe) continue;
-        const RouterOptions& r = moe->options().router;
-        const int64_t dim = moe->options().dim, per_rank = r.experts / ep.size;
+        const RouterOptions& r = moe->router_options();
+        const int64_t dim = moe->token_dim(), per_rank = r.experts / ep.size;
         const int64_t tokens = numel_of(c.in.global) / dim / cp;  // this rank's, one microbatch
         const int64_t rows = tokens * r.top_k * dim * es;         // its slots' rows, out and back
         ex.expert_parallel.push_back(fmt::format(

@@ -1,5 +1,6 @@
 #include "plan/explain_report.h"
 
+#include <algorithm>
 #include <map>
 
 #include "core/device_memory.h"
@@ -46,8 +47,7 @@ void explain_stages(ExplainReport& r) {
     const PipelineSpec& spec = *plan.pipeline;
     const std::vector<Module*> spine = model_spine(r.model);
     const std::vector<StageRange> ranges = pipeline_stage_ranges(r.model, spine, plan);
-    std::map<const Module*, std::string> names;
-    for_each_module(*r.model.root, [&](const std::string& fqn, Module& m) { names.emplace(&m, fqn); });
+    const std::vector<std::string> names = spine_names(r.model);
     const int pp_dim = plan.dims.index(DimRole::pp), p = plan.mesh()[pp_dim].size;
     const int m = plan.microbatches_per_round(), rounds = static_cast<int>(plan.accumulation_rounds(r.model));
     const Schedule schedule =
@@ -55,7 +55,7 @@ void explain_stages(ExplainReport& r) {
     for (size_t s = 0; s < ranges.size(); ++s) {
         StageExplain st;
         st.stage = static_cast<int>(s);
-        st.first = names.at(spine[ranges[s].begin]), st.last = names.at(spine[ranges[s].end - 1]);
+        st.first = names[ranges[s].begin], st.last = names[ranges[s].end - 1];
         const int rank = static_cast<int>(s) % p;
         st.in_flight = most_in_flight(schedule.ranks[rank]);
         for (const PredictedRank& pr : r.memory) {
@@ -71,6 +71,39 @@ void explain_stages(ExplainReport& r) {
         r.stages.push_back(std::move(st));
     }
     r.bubble_closed_form = static_cast<double>(p - 1) / (spec.virtual_stages * m);
+}
+
+// explain's simulation, bounded before it starts (docs/planning.md, "What explain costs"): each
+// rank class builds the model and runs its step on meta tensors, its modules (a pp rank's share
+// of them) forward and backward once per microbatch and simulated step. A module built costs about
+// 16 module calls here; past kExplainWork units of that, InputError at the plan, naming the
+// product and the fix.
+constexpr int64_t kExplainWork = int64_t{1} << 22;
+constexpr int64_t kBuildWeight = 16;
+
+void check_explain_work(const Model& model, const Plan& plan, int64_t simulated_steps) {
+    const int64_t classes = static_cast<int64_t>(rank_classes(model, plan).size()),
+                  modules = modules_under(*model.root), pp = plan.dims.size(DimRole::pp),
+                  held = (modules + pp - 1) / pp,
+                  microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
+    const double work = static_cast<double>(classes) *
+                        static_cast<double>(kBuildWeight * modules + held * microbatches * simulated_steps);
+    if (work <= static_cast<double>(kExplainWork)) return;
+    const SourceLocation at =
+        plan.pipeline
+            ? (plan.pipeline->microbatches > 0 ? plan.pipeline->microbatches_where : plan.pipeline->where)
+        : plan.gradient_accumulation > 0 ? plan.gradient_accumulation_where
+                                         : SourceLocation{plan.path, 1, 1};
+    throw InputError(
+        at, fmt::format("explain would simulate {} rank class{}{}, each building the model's {} modules and "
+                        "running {}{} for {} microbatch{} x {} steps: {:.0f} units of work (a module built "
+                        "counts {}, a module's forward and backward of one microbatch 1), over ptool's bound "
+                        "of {}: explain it with fewer {}, or a proxy of the model (ptool shrink)",
+                        classes, classes == 1 ? "" : "es", pp > 1 ? " (one per pp rank at least)" : "",
+                        modules, pp > 1 ? fmt::format("its pp rank's {}", held) : std::string("them"),
+                        pp > 1 ? " of them" : "", microbatches, microbatches == 1 ? "" : "es",
+                        simulated_steps, work, kBuildWeight, kExplainWork,
+                        pp > 1 ? "microbatches or pp ranks" : "microbatches, rank classes or layers"));
 }
 
 }  // namespace
@@ -159,7 +192,9 @@ ExplainReport explain_report(const ExplainInputs& in) {
     if (!in.cluster_path.empty()) r.cluster = load_cluster(in.cluster_path);
     r.ex = explain_plan(r.model, r.plan);
     r.steps = r.plan.verify.steps > 0 ? r.plan.verify.steps : r.model.steps;
-    r.simulated_steps = std::max<int64_t>(2, r.steps);
+    // from the second step on, every step on meta tensors allocates and computes alike: at most 4
+    r.simulated_steps = std::clamp<int64_t>(r.steps, 2, 4);
+    check_explain_work(r.model, r.plan, r.simulated_steps);
     size_t capacity = 0;  // the allocator model's (train/simulate.h); 0: unbounded, without a cluster
     if (r.cluster) {
         const double left = r.cluster->memory_bytes - r.cluster->reserved_bytes -

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -220,27 +221,54 @@ std::vector<int> balance_blocks(int total, const std::vector<double>& extra, dou
 }
 
 PipelineTiming time_schedule(const Schedule& schedule, const PipelineSample& costs) {
-    std::vector<std::vector<TimedActions>> lists(schedule.ranks.size());
+    std::vector<TimedList> lists(schedule.ranks.size());
     for (size_t r = 0; r < schedule.ranks.size(); ++r) {
         const std::vector<Action>& list = schedule.ranks[r];
+        TimedList& out = lists[r];
+        out.actions = list;
+        out.seconds.reserve(list.size());
         for (size_t i = 0; i < list.size(); ++i) {
-            TimedActions e;
-            if (list[i].is_p2p()) {
-                for (; i < list.size() && list[i].is_p2p(); ++i)
-                    e.actions.push_back(list[i]), e.seconds.push_back(costs.transfer);
-                --i;
-            } else {
-                const Action& a = list[i];
-                e.actions = {a};
-                e.seconds = {a.kind == ActionKind::forward     ? costs.forward.at(a.stage)
-                             : a.kind == ActionKind::backward  ? costs.backward.at(a.stage)
-                             : a.kind == ActionKind::grad_sync ? costs.tail.at(r)
-                                                               : 0.0};
-            }
-            lists[r].push_back(std::move(e));
+            const Action& a = list[i];
+            if (!a.is_p2p() || i == 0 || !list[i - 1].is_p2p())  // a batch of transfers is one entry
+                out.first.push_back(static_cast<uint32_t>(i));
+            out.seconds.push_back(a.is_p2p()                        ? costs.transfer
+                                  : a.kind == ActionKind::forward   ? costs.forward.at(a.stage)
+                                  : a.kind == ActionKind::backward  ? costs.backward.at(a.stage)
+                                  : a.kind == ActionKind::grad_sync ? costs.tail.at(r)
+                                                                    : 0.0);
         }
+        out.first.push_back(static_cast<uint32_t>(list.size()));
     }
     return pipeline_critical_path(lists);
+}
+
+PipelineTiming time_pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds, int v,
+                                      const PipelineSample& costs, int64_t exact) {
+    auto play = [&](int m) { return time_schedule(pipeline_schedule(kind, stages, m, rounds, v), costs); };
+    const int pp = stages / v;
+    const int64_t size = static_cast<int64_t>(stages) * microbatches * rounds;
+    if (size <= exact || microbatches % pp != 0) return play(microbatches);
+    int M = 4 * pp;  // the largest multiple of pp from 4 pp whose third play stays within `exact`
+    while (static_cast<int64_t>(stages) * (2 * M + 2 * pp) * rounds <= exact) M *= 2;
+    if (M + 2 * pp >= microbatches) return play(microbatches);
+    const PipelineTiming a = play(M), b = play(M + pp), c = play(M + 2 * pp);
+    auto steady = [](double x, double y, double z) {
+        return std::abs((z - y) - (y - x)) <=
+               1e-9 * std::max({std::abs(x), std::abs(y), std::abs(z), 1e-300});
+    };
+    bool linear = steady(a.step, b.step, c.step) && steady(a.pipelined, b.pipelined, c.pipelined);
+    for (size_t r = 0; r < a.busy.size() && linear; ++r)
+        linear = steady(a.busy[r], b.busy[r], c.busy[r]) && steady(a.finish[r], b.finish[r], c.finish[r]);
+    if (!linear) return play(microbatches);
+    const double k = static_cast<double>(microbatches - M) / pp;  // periods beyond the first play
+    auto ext = [k](double x, double y) { return x + (y - x) * k; };
+    PipelineTiming out = a;
+    out.step = ext(a.step, b.step), out.pipelined = ext(a.pipelined, b.pipelined);
+    for (size_t r = 0; r < a.busy.size(); ++r)
+        out.busy[r] = ext(a.busy[r], b.busy[r]), out.finish[r] = ext(a.finish[r], b.finish[r]);
+    const double work = *std::max_element(out.busy.begin(), out.busy.end());
+    out.bubble = work > 0 ? (out.pipelined - work) / work : 0;
+    return out;
 }
 
 }  // namespace ptool

@@ -82,4 +82,14 @@ std::vector<int> balance_blocks(int total, const std::vector<double>& extra, dou
 // transfer, each rank's tail).
 PipelineTiming time_schedule(const Schedule& schedule, const PipelineSample& costs);
 
+// The step of pipeline_schedule(kind, stages, microbatches, rounds, v) with `costs`, played whole up
+// to `exact` stage-microbatches (stages x microbatches x rounds); past it, played at three smaller
+// microbatch counts M, M + pp, M + 2 pp (M at least 4 pp, past the fill) and, where the step, its
+// pipelined end and every rank's busy time grow by the same amount from one to the next (the
+// schedule's steady state: every pp more microbatches add one period), extended linearly to
+// `microbatches` (else played whole). A planner's schedule of 512 ranks and 4096 microbatches is 13M
+// actions; tests/test_pipeline_time.cpp holds the extension to the whole play.
+PipelineTiming time_pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds, int v,
+                                      const PipelineSample& costs, int64_t exact = int64_t{1} << 16);
+
 }  // namespace ptool

@@ -1,8 +1,6 @@
 #include "plan/pipeline_time.h"
 
 #include <algorithm>
-#include <map>
-#include <tuple>
 
 #include "core/error.h"
 #include "parallel/device_mesh.h"
@@ -10,71 +8,132 @@
 namespace ptool {
 namespace {
 
-using ActionKey = std::tuple<int, int, int>;  // kind, stage, microbatch
-ActionKey key_of(const Action& a) {
-    return {static_cast<int>(a.kind), a.stage, a.microbatch};
-}
-
 bool is_work(const Action& a) {
     return a.kind == ActionKind::forward || a.kind == ActionKind::backward;
 }
 
+// Each p2p action's partner, as (rank, entry), resolved once through one flat table of every
+// transfer by (direction, stage, microbatch): the critical path then reads it by index.
+struct Partners {
+    std::vector<std::vector<std::pair<int, uint32_t>>>
+        of;  // per rank, per action (rank -1: none, or compute)
+
+    explicit Partners(const std::vector<TimedList>& ranks) {
+        size_t stages = 0, microbatches = 0;
+        for (const TimedList& list : ranks)
+            for (const Action& a : list.actions)
+                if (a.is_p2p()) {
+                    PTOOL_REQUIRE(a.stage >= 0 && a.microbatch >= 0, "a transfer {} of no stage", a.str());
+                    stages = std::max(stages, static_cast<size_t>(a.stage) + 2);  // a partner's too
+                    microbatches = std::max(microbatches, static_cast<size_t>(a.microbatch) + 1);
+                }
+        auto slot = [&](const Action& a) {  // the 4 p2p kinds follow backward in ActionKind
+            const size_t kind = static_cast<size_t>(a.kind) - static_cast<size_t>(ActionKind::send_forward);
+            return (kind * stages + static_cast<size_t>(a.stage)) * microbatches +
+                   static_cast<size_t>(a.microbatch);
+        };
+        std::vector<std::pair<int, uint32_t>> where(4 * stages * microbatches, {-1, 0});
+        for (size_t r = 0; r < ranks.size(); ++r)
+            for (size_t i = 0; i + 1 < ranks[r].first.size(); ++i)
+                for (uint32_t k = ranks[r].first[i]; k < ranks[r].first[i + 1]; ++k)
+                    if (const Action& a = ranks[r].actions[k]; a.is_p2p())
+                        where[slot(a)] = {static_cast<int>(r), static_cast<uint32_t>(i)};
+        of.resize(ranks.size());
+        for (size_t r = 0; r < ranks.size(); ++r) {
+            of[r].assign(ranks[r].actions.size(), {-1, 0});
+            for (size_t k = 0; k < ranks[r].actions.size(); ++k) {
+                const Action& a = ranks[r].actions[k];
+                if (!a.is_p2p()) continue;
+                const Action q = p2p_partner(a);
+                if (q.stage >= 0 && static_cast<size_t>(q.stage) < stages) of[r][k] = where[slot(q)];
+            }
+        }
+    }
+};
+
 }  // namespace
 
 PipelineTiming pipeline_critical_path(const std::vector<std::vector<TimedActions>>& ranks) {
-    const int p = static_cast<int>(ranks.size());
-    PTOOL_REQUIRE(p >= 1, "a pipeline of no ranks");
-    std::map<ActionKey, std::pair<int, size_t>> where;  // a p2p action's rank and entry
-    for (int r = 0; r < p; ++r)
+    std::vector<std::vector<Action>> actions(ranks.size());
+    std::vector<TimedList> lists(ranks.size());
+    for (size_t r = 0; r < ranks.size(); ++r) {
         for (size_t i = 0; i < ranks[r].size(); ++i) {
             const TimedActions& e = ranks[r][i];
             PTOOL_REQUIRE(e.actions.size() == e.seconds.size() && !e.actions.empty(),
                           "rank {} entry {}: {} actions, {} durations", r, i, e.actions.size(),
                           e.seconds.size());
-            for (const Action& a : e.actions)
-                if (a.is_p2p()) where[key_of(a)] = {r, i};
+            lists[r].first.push_back(static_cast<uint32_t>(actions[r].size()));
+            actions[r].insert(actions[r].end(), e.actions.begin(), e.actions.end());
+            lists[r].seconds.insert(lists[r].seconds.end(), e.seconds.begin(), e.seconds.end());
         }
+        lists[r].first.push_back(static_cast<uint32_t>(actions[r].size()));
+        lists[r].actions = actions[r];
+    }
+    return pipeline_critical_path(lists);
+}
+
+// Each rank runs its list until a transfer's partner has not reached it yet; it waits on that entry
+// and runs on when the partner posts it (event-driven: every entry is visited a bounded number of
+// times and a transfer's partner is an index, so a step of many ranks and microbatches costs its
+// actions).
+PipelineTiming pipeline_critical_path(const std::vector<TimedList>& ranks) {
+    const int p = static_cast<int>(ranks.size());
+    PTOOL_REQUIRE(p >= 1, "a pipeline of no ranks");
+    const Partners partners(ranks);
     PipelineTiming out;
     out.busy.assign(p, 0.0), out.finish.assign(p, 0.0);
     std::vector<double> t(p, 0.0);
-    std::vector<size_t> next(p, 0);
+    std::vector<uint32_t> next(p, 0);
+    std::vector<size_t> entries(p);
     std::vector<std::vector<double>> posted(p);  // when the rank reached each entry (-1: not yet)
-    for (int r = 0; r < p; ++r) posted[r].assign(ranks[r].size(), -1.0);
-    for (bool progress = true; progress;) {
-        progress = false;
-        for (int r = 0; r < p; ++r) {
-            while (next[r] < ranks[r].size()) {
-                const TimedActions& e = ranks[r][next[r]];
-                if (!e.actions.front().is_p2p()) {  // a compute action
-                    t[r] += e.seconds[0];
-                    if (is_work(e.actions[0]))
-                        out.busy[r] += e.seconds[0], out.pipelined = std::max(out.pipelined, t[r]);
-                    ++next[r], progress = true;
-                    continue;
-                }
-                if (posted[r][next[r]] < 0) posted[r][next[r]] = t[r];
-                double end = t[r];
-                bool met = true;
-                for (size_t k = 0; k < e.actions.size() && met; ++k) {
-                    const auto it = where.find(key_of(p2p_partner(e.actions[k])));
-                    PTOOL_REQUIRE(it != where.end(), "rank {}: {} has no partner in any list", r,
-                                  e.actions[k].str());
-                    const auto [peer, j] = it->second;
-                    met = posted[peer][j] >= 0;
-                    if (met)
-                        end = std::max(end, std::max(posted[r][next[r]], posted[peer][j]) + e.seconds[k]);
-                }
-                if (!met) break;  // waits for its peer to reach the transfer
-                t[r] = end, out.pipelined = std::max(out.pipelined, end);
-                ++next[r], progress = true;
+    for (int r = 0; r < p; ++r) entries[r] = ranks[r].first.size() - 1, posted[r].assign(entries[r], -1.0);
+    // the entry a rank waits for its peer to reach (rank -1: none); a rank that posts an entry
+    // wakes its partners that wait on it
+    std::vector<std::pair<int, uint32_t>> blocked_on(p, {-1, 0});
+    std::vector<int> ready;
+    for (int r = p - 1; r >= 0; --r) ready.push_back(r);
+    while (!ready.empty()) {
+        const int r = ready.back();
+        ready.pop_back();
+        const TimedList& list = ranks[r];
+        while (next[r] < entries[r]) {
+            const uint32_t b = list.first[next[r]], e = list.first[next[r] + 1];
+            const Action& head = list.actions[b];
+            if (!head.is_p2p()) {  // a compute action
+                t[r] += list.seconds[b];
+                if (is_work(head))
+                    out.busy[r] += list.seconds[b], out.pipelined = std::max(out.pipelined, t[r]);
+                ++next[r];
+                continue;
             }
+            if (posted[r][next[r]] < 0) {
+                posted[r][next[r]] = t[r];
+                for (uint32_t k = b; k < e; ++k)
+                    if (const auto [peer, j] = partners.of[r][k];
+                        peer >= 0 && blocked_on[peer] == std::pair<int, uint32_t>{r, next[r]})
+                        blocked_on[peer] = {-1, 0}, ready.push_back(peer);
+            }
+            double end = t[r];
+            bool met = true;
+            for (uint32_t k = b; k < e && met; ++k) {
+                const auto [peer, j] = partners.of[r][k];
+                PTOOL_REQUIRE(peer >= 0, "rank {}: {} has no partner in any list", r, list.actions[k].str());
+                met = posted[peer][j] >= 0;
+                if (met)
+                    end = std::max(end, std::max(posted[r][next[r]], posted[peer][j]) + list.seconds[k]);
+                else
+                    blocked_on[r] = {peer, j};  // runs on when its peer reaches the transfer
+            }
+            if (!met) break;
+            t[r] = end, out.pipelined = std::max(out.pipelined, end);
+            ++next[r];
         }
     }
     for (int r = 0; r < p; ++r)
-        if (next[r] < ranks[r].size())
+        if (next[r] < entries[r])
             throw RuntimeError(
                 fmt::format("pipeline rank {} waits forever in {} (its peers never reach the transfer)", r,
-                            ranks[r][next[r]].actions.front().str()));
+                            ranks[r].actions[ranks[r].first[next[r]]].str()));
     out.finish = t;
     out.step = *std::max_element(t.begin(), t.end());
     const double work = *std::max_element(out.busy.begin(), out.busy.end());

@@ -225,9 +225,9 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
     const std::vector<std::string> blocks = repeated_blocks(model);
     if (dp_section) {
         s += fmt::format("data_parallel:\n  mesh_dim: {}\n  mode: {}\n",
-                         c.hybrid() ? "[dp_replicate, dp_shard]" : "dp", c.dp_mode);
-        if (c.dp_mode == "fully_shard") s += fmt::format("  fully_shard: {}\n", list(blocks));
-        if (c.dp_mode == "replicate" && c.zero_stage > 0)
+                         c.hybrid() ? "[dp_replicate, dp_shard]" : "dp", data_parallel_mode_name(c.dp_mode));
+        if (c.dp_mode == DataParallelMode::fully_shard) s += fmt::format("  fully_shard: {}\n", list(blocks));
+        if (c.dp_mode == DataParallelMode::replicate && c.zero_stage > 0)
             s += fmt::format("  zero_stage: {}\n", c.zero_stage);
         if (has_batch_norm(*model.root)) s += "  sync_batch_norm: true\n";  // the reference's statistics
         if (c.param_dtype)
@@ -241,7 +241,8 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
         s += c.selective ? fmt::format("activation_checkpointing: {{modules: {}, mode: op}}\n", list(blocks))
                          : fmt::format("activation_checkpointing: {}\n", list(blocks));
     if (c.pp > 1) {
-        s += fmt::format("pipeline_parallel:\n  mesh_dim: pp\n  schedule: {}\n", c.schedule);
+        s += fmt::format("pipeline_parallel:\n  mesh_dim: pp\n  schedule: {}\n",
+                         schedule_kind_name(c.schedule));
         if (c.virtual_stages > 1) s += fmt::format("  virtual_stages: {}\n", c.virtual_stages);
         if (c.pp_microbatches > 0) s += fmt::format("  microbatches: {}\n", c.pp_microbatches);
         const bool even =

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "parallel/plan.h"
 
 namespace ptool {
 
@@ -50,7 +51,7 @@ struct PlanChoice {
     // Context parallel (cp > 1): the sequence over cp ranks between dp and tp on the mesh
     // (torchtitan's order), load-balanced, keys and values all-gathered; fully_shard over dp x cp
     int cp = 1;
-    std::string dp_mode = "fully_shard";  // fully_shard | replicate
+    DataParallelMode dp_mode = DataParallelMode::fully_shard;
     // HSDP (fully_shard on [dp_replicate, dp_shard]): the dp ranks as dp / dp_shard replicas of
     // dp_shard shards; 0: one dp dim
     int dp_shard = 0;
@@ -62,7 +63,7 @@ struct PlanChoice {
     // (stage_blocks: the first stage also runs what comes before the blocks, the last what comes
     // after; empty: layers_per_stage evenly)
     int pp = 1;
-    std::string schedule = "1f1b";
+    ScheduleKind schedule = ScheduleKind::one_f_one_b;
     int virtual_stages = 1;
     int pp_microbatches = 0;
     std::vector<int> stage_blocks;
@@ -93,7 +94,9 @@ struct PlanChoice {
     // the data dim expert_parallel borrows (ep > 1): "dp", HSDP's "dp_shard" or "dp_replicate"
     const char* ep_mesh_dim() const { return !hybrid() ? "dp" : ep_replicate ? "dp_replicate" : "dp_shard"; }
     std::string mode_name() const {
-        const std::string m = hybrid() ? "hsdp" : zero_stage ? fmt::format("zero{}", zero_stage) : dp_mode;
+        const std::string m = hybrid()     ? "hsdp"
+                              : zero_stage ? fmt::format("zero{}", zero_stage)
+                                           : data_parallel_mode_name(dp_mode);
         return ep > 1 ? fmt::format("{}+ep{}{}", m, ep, !ep_replicate ? "" : ep_inner ? "r-inner" : "r") : m;
     }  // "hsdp", "fully_shard", "replicate", "zero1", "zero2"; "+epN" with expert parallel ("+epNr": over
        // HSDP's dp_replicate, the experts sharded over dp_shard; "+epNr-inner": dp_replicate the inner dim)
@@ -108,8 +111,9 @@ struct PlanChoice {
     std::string pp_text() const {  // "-", or "pp8 1f1b m32", "pp8 interleaved_1f1b v2 m32"
         if (pp <= 1) return "-";
         return virtual_stages > 1
-                   ? fmt::format("pp{} {} v{} m{}", pp, schedule, virtual_stages, pp_microbatches)
-                   : fmt::format("pp{} {} m{}", pp, schedule, pp_microbatches);
+                   ? fmt::format("pp{} {} v{} m{}", pp, schedule_kind_name(schedule), virtual_stages,
+                                 pp_microbatches)
+                   : fmt::format("pp{} {} m{}", pp, schedule_kind_name(schedule), pp_microbatches);
     }
 };
 // The plan's YAML text (without comments).

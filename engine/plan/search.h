@@ -23,6 +23,7 @@
 
 #include "plan/cluster.h"
 #include "plan/plan_writer.h"
+#include "plan/rejection.h"
 #include "plan/time_model.h"
 
 namespace ptool {
@@ -59,11 +60,6 @@ struct Candidate {
     StepTime time;
     double mfu = 0;
     bool extrapolated = false;
-};
-
-struct Rejection {
-    std::string shape;   // "tp=16", "dp=8 x tp=8 replicate"
-    std::string reason;  // "crosses a node of 8 GPUs", "needs 93.1 GiB > 75.6 GiB (...)"
 };
 
 struct SearchResult {

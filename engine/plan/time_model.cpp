@@ -8,7 +8,7 @@
 namespace ptool {
 
 bool dim_inside_node(const Plan& plan, const std::string& dim, const Cluster& c) {
-    const std::vector<int> dims = plan.dims.label_dims(dim);
+    const std::vector<int> dims = plan.dims.counted_dims(dim);
     const std::vector<MeshDim>& mesh = plan.mesh();
     if (dims.size() == 1) {
         int64_t stride = 1;  // row-major: the product of the sizes of the dims after it
@@ -30,7 +30,7 @@ bool dim_inside_node(const Plan& plan, const std::string& dim, const Cluster& c)
 Link collective_link(const Plan& plan, const std::string& dim, const Cluster& c) {
     if (dim_inside_node(plan, dim, c)) return c.intra;
     // rank 0's group: how many of its ranks share rank 0's node (each drives its own NIC)
-    std::vector<int> dims = plan.dims.label_dims(dim);
+    std::vector<int> dims = plan.dims.counted_dims(dim);
     const std::vector<MeshDim>& mesh = plan.mesh();
     if (dims.empty()) dims.resize(mesh.size()), std::iota(dims.begin(), dims.end(), 0);  // "world"
     int in_node = 0;
@@ -73,7 +73,7 @@ double p2p_seconds(double bytes, const Plan& plan, const Cluster& c) {
 void add_comm_time(StepTime& t, const CommByOpDim& comm, const Plan& plan, const Cluster& c) {
     for (const auto& [key, totals] : comm) {
         const auto& [op, dim] = key;
-        const std::vector<int> dims = plan.dims.label_dims(dim);
+        const std::vector<int> dims = plan.dims.counted_dims(dim);
         int n = dims.empty() ? plan.world_size() : 1;
         for (int d : dims) n *= plan.mesh()[d].size;
         const bool inside = dim_inside_node(plan, dim, c);

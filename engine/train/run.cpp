@@ -7,7 +7,7 @@
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
 #include "model/loss.h"
-#include "model/moe.h"
+#include "model/routed_experts.h"
 #include "parallel/context_parallel.h"
 #include "parallel/grad_norm.h"
 #include "parallel/loss_parallel.h"
@@ -18,13 +18,22 @@
 namespace ptool {
 namespace {
 
+// Whether the run's parameters live on its GPU from the start, drawn there (Backend::draw_init) or
+// loaded there from --init: one rank without tensor parallelism or a fault layer (`ptool run`,
+// verify's reference), where nothing between construction and Model::to_device reads them on the
+// host. Other runs build, draw and distribute on the host, then move.
+bool builds_on_device(const RunInputs& in, const Plan& plan, const RunLayer* layer) {
+    return in.device == Device::cuda && plan.world_size() == 1 && plan.tp_plan.empty() && !layer;
+}
+
 // The model's structure; its values from --init, else drawn by the Run once the mesh exists.
-Model build_model(const RunInputs& in) {
+Model build_model(const RunInputs& in, bool on_device) {
     if (in.device == Device::meta) {  // shapes only: nothing initialised, nothing allocated
         MetaAllocation meta;
         return load_model_text(in.model_text, in.model_path, in.dtype_override, false);
     }
     Model m = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
+    if (on_device) m.allocate_on(in.device);
     if (in.init) load_state_dict(m, *in.init, in.init_path);
     return m;
 }
@@ -88,261 +97,153 @@ Plan reference_plan(const Plan& plan) {
     return p;
 }
 
+// One rank's model laid out as the plan says, a straight line of steps as torchtitan's
+// parallelize_llama (pipeline_llm's stage split first): each a method below.
 Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer)
-    : model_(build_model(in)),
+    : model_(build_model(in, builds_on_device(in, plan, layer))),
       plan_(plan),
       world_(world),
       be_(backend_for(in.device)),
       counter_(std::make_shared<CommCounter>()),
       device_(in.device),
       layer_(layer) {
-    {
-        std::optional<MetaAllocation> meta;
-        if (in.device == Device::meta) meta.emplace();
-        MemoryUseScope use(MemoryUse::batch);
-        data_ = std::make_unique<DataSource>(model_, in.data, in.data_path);
-    }
-    mesh_ = std::make_unique<DeviceMesh>(plan.mesh(), world, counter_);
-    if (layer) layer->wrap_mesh(*mesh_, plan);
-    // a role the plan does not have is a one-rank group, so the same code serves every plan
-    solo_ = world.split(world.rank(), 0);
-    tp_ = &comm(DimRole::tp);
-    cp_ = &comm(DimRole::cp);
-    const std::vector<int>& data = plan.dims.data_dims();
-    batch_ = data.empty()       ? solo_.get()
-             : data.size() == 1 ? &mesh_->comm(data[0])
-                                : &mesh_->group(mesh_->add_group(data, plan.dims.data_label()));
+    load_data(in);
+    const bool counts_tokens = resolve_loss();
+    build_groups(counts_tokens);
     res_ = resolve_plan(model_, plan);  // the whole model's (a stage's boundary layouts come from it)
-    bool balances = false;              // a moe layer with a load-balancing loss: its statistics' group
-    for_each_module(
-        *model_.root, [&](const std::string&, Module& m) {  // (the whole model's, every rank alike)
-            if (const auto* moe = dynamic_cast<const Moe*>(&m)) {
-                balances |= moe->options().aux_loss_coef > 0 || moe->options().capacity_factor > 0;
-                aux_losses_ |= moe->options().aux_loss_coef > 0;
-            }
-        });
-    normalization_ =
-        layer ? layer->loss_normalization(plan.normalization(model_)) : plan.normalization(model_);
-    if (balances || normalization_ == LossNormalization::global_tokens) {
-        std::vector<int> dims = data;
-        if (plan.dims.has(DimRole::cp)) dims.push_back(plan.dims.index(DimRole::cp));
-        std::sort(dims.begin(), dims.end());
-        std::string label;
-        for (int d : dims) label += (label.empty() ? "" : "+") + plan.mesh()[d].name;
-        tokens_ = dims.empty()       ? nullptr
-                  : dims.size() == 1 ? &mesh_->comm(dims[0])
-                                     : &mesh_->group(mesh_->add_group(dims, label));
-    }
-    stage_comm_ = &world_, stage_dims_ = plan.mesh();
     if (plan.pipeline) keep_own_stage();
-    if (layer && plan.pipeline) {
-        std::vector<std::pair<int, std::vector<Module*>>> stages;
-        for (const Held& h : held_) stages.emplace_back(h.index, h.modules);
-        layer->held_stages(stages);
-    }
-    for (const Module* m : res_.checkpointing.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
-    for (const Module* m : res_.checkpointing.selective) const_cast<Module*>(m)->set_selective(true);
-    for (const Module* m : res_.checkpointing.recompute_core)
-        static_cast<Attention*>(const_cast<Module*>(m))->set_recompute_core(true);
-    const bool own = builds_own_shards(in, plan, layer);
-    if (draws_init(in)) {
-        // every module draws its own values, but for what this rank builds as pieces or receives:
-        // src_data_rank k's broadcast (a rank other than k), DDP's from dp rank 0
-        const bool lazy = draws_lazily(in, plan, layer);
-        const bool receives = lazy && !own && tp_->rank() != *plan.src_data_rank;
-        const std::set<std::string> received =
-            received_from_dp_rank0(res_, res_.dp.active ? batch_ : nullptr, layer);
-        model_.init_params_except([&](const Module& m) {
-            const ResolvedStyle* rs = res_.style_of(m);
-            if (rs) return lazy && (own ? builds_own_pieces(*rs) : receives && distributes_all_own(*rs));
-            return receives_all_state(m, received);
-        });
-    }
-    if (layer) layer->before_parallelize(model_, res_);
-    tp_params_ = parallelize(model_, plan, res_, *mesh_, own);
-    if (layer) layer->after_parallelize(model_, plan, res_, tp_params_, *mesh_);
-    if (res_.ep.active) {  // each rank keeps its own experts; their gradients' replicas: the other data dims
-        std::vector<int> others;
-        std::string label;  // a flattened group's name: its dims' joined by '+' (ParallelDims::label_dims)
-        for (int d : data)  // but dp_shard where fully_shard shards them over it
-            if (d != plan.dims.index(DimRole::ep) &&
-                !(res_.dp.experts_sharded && d == plan.dims.index(DimRole::dp_shard)))
-                others.push_back(d), label += (label.empty() ? "" : "+") + plan.mesh()[d].name;
-        Communicator* replicas = others.empty()       ? nullptr
-                                 : others.size() == 1 ? &mesh_->comm(others[0])
-                                                      : &mesh_->group(mesh_->add_group(others, label));
-        expert_parallel_ =
-            std::make_unique<ExpertParallel>(model_, layer ? layer->expert_parallel(res_.ep) : res_.ep,
-                                             plan.dims.index(DimRole::ep), comm(DimRole::ep), replicas, be_);
-    }
-    for (const Tied& t : tied_) {  // the later stages' copies start from the first stage's values
-        CommScope scope(t.group->counter().get(), "(tied weights)", CommSiteKind::tied_weights);
-        t.group->broadcast(t.param->value, 0);
-    }
+    apply_checkpointing();
+    init_params(in);
+    apply_tensor_parallel(in);
+    apply_expert_parallel();
+    broadcast_tied_weights();
     model_.to_device(in.device);  // built, initialised and distributed on the host
-    if (res_.dp.active) {
-        // DDP fills its buckets with the tensors it sees: the TP-local ones, so resolved again here
-        std::vector<Diagnostic> unused;
-        res_.dp = resolve_data_parallel(model_, plan, unused, unused);
-        executed_dp_ = layer ? layer->data_parallel(res_.dp) : res_.dp;
-        for (FsdpUnitSpec& u : executed_dp_.units)  // each rank shards the experts it owns
-            if (u.experts)
-                std::erase_if(u.params,
-                              [&](const std::string& name) { return !expert_parallel_->owns(name); });
-        data_parallel_ = std::make_unique<DataParallel>(model_, plan, executed_dp_, *mesh_, *batch_, be_);
-        // A stage runs its spine modules, not the root that opens them: where the root is a
-        // fully_shard unit of parameters the stage holds (the embedding on the first stage, the
-        // norm and head on the last), its hooks run around the stage, as torchtitan's fully_shard
-        // of each stage's model chunk gathers and reduce-scatters them.
-        std::set<const Parameter*> rooted;
-        const auto named = model_.named_parameters();
-        for (const FsdpUnitSpec& u : executed_dp_.units)
-            if (u.fqn.empty())
-                for (const auto& [name, p] : named)
-                    if (std::find(u.params.begin(), u.params.end(), name) != u.params.end())
-                        rooted.insert(p.get());
-        for (Held& h : held_)
-            for (const Module* m : h.modules)
-                for_each_param(*m, [&](const std::string&, const ParamPtr& p) {
-                    h.root_hooks |= rooted.count(p.get()) > 0;
-                });
-    }
-    if (plan.mixed_precision && (plan.mixed_precision->param_dtype != model_.dtype)) {
-        if (!plan.data_parallel)
-            check_mixed_precision(model_, plan, {});  // the reference's (the plan's checked them all)
-        mixed_precision_ =
-            std::make_unique<MixedPrecision>(model_, *plan.mixed_precision, be_, [&](const Parameter* p) {
-                return data_parallel_ &&
-                       data_parallel_->placement(p).is_shard();  // fully_shard casts its own
-            });
-    }
+    apply_data_parallel();
+    apply_mixed_precision();
     optimizer_ = std::make_unique<Optimizer>(model_.optimizer, be_);
-    // gradient_accumulation's rounds (the plan's, else the model's), each of the plan's microbatches
-    // (one without a pipeline)
-    const int rounds = static_cast<int>(plan.accumulation_rounds(model_)), m = plan.microbatches_per_round();
-    schedule_ = plan.pipeline ? pipeline_schedule(plan.pipeline->schedule, stages_, m, rounds,
-                                                  plan.pipeline->virtual_stages)
-                              : accumulation_schedule(rounds * m);
-    check_schedule(schedule_);
+    build_schedule();
 }
 
 Run::~Run() = default;
 
-// A pipeline rank keeps its stages' layers only (train/stage.h): the modules of the other
-// stages go before anything is initialised, and so do their styles and checkpointing. Each stage's
-// input and output are the whole model's layouts at the stage's boundaries (one data rank's
-// microbatch). Under interleaved_1f1b the rank holds stages rank, rank + pp, ... (the loop
-// placement, as pipeline_schedule places them), the union of their spine ranges.
-void Run::keep_own_stage() {
-    PTOOL_REQUIRE(plan_.dims.has(DimRole::pp), "a pipeline plan without a pp dim");
-    check_pipeline_counts(plan_);
-    const std::vector<Module*> spine = model_spine(model_);
-    const std::vector<StageRange> ranges = pipeline_stage_ranges(model_, spine, plan_);
-    stages_ = plan_.pipeline_stages();
-    PTOOL_REQUIRE(static_cast<int>(ranges.size()) == stages_, "{} stage ranges for {} stages", ranges.size(),
-                  stages_);
-    const int pp = comm(DimRole::pp).size();
-    stage_ = comm(DimRole::pp).rank();
-    std::vector<int> others;  // the stage's ranks: every dim but pp
-    stage_dims_.clear();
-    for (int d = 0; d < plan_.dims.ndim(); ++d)
-        if (d != plan_.dims.index(DimRole::pp)) others.push_back(d), stage_dims_.push_back(plan_.mesh()[d]);
-    stage_comm_ = &mesh_->group(mesh_->add_group(others, "stage"));
-    auto call_of = [&](const Module* m) -> const CallLayout& {
-        for (const CallLayout& c : res_.layouts.calls)
-            if (c.module == m) return c;
-        PTOOL_REQUIRE(false, "no call of '{}' in the layout pass", m->fqn());
-        return res_.layouts.calls.front();
-    };
-    std::vector<StageRange> mine;
-    held_.clear();
-    for (int s = stage_; s < stages_; s += pp) {
-        const StageRange r = ranges[s];
-        Held h;
-        h.index = s;
-        h.modules.assign(spine.begin() + static_cast<std::ptrdiff_t>(r.begin),
-                         spine.begin() + static_cast<std::ptrdiff_t>(r.end));
-        h.in = call_of(h.modules.front()).in;
-        h.out = call_of(h.modules.back()).out;
-        held_.push_back(std::move(h));
-        mine.push_back(r);
-    }
-    const auto named = model_.named_parameters();  // the whole model's order, before the others go
-    for (size_t i = 0; i < named.size(); ++i) param_order_[named[i].second.get()] = static_cast<int64_t>(i);
-    if (plan_.pipeline->virtual_stages > 1)
-        for (const auto& [name, t] : model_.state_dict()) model_state_names_.push_back(name);
-    tie_across_stages(spine, ranges, pp);
-    keep_stages(model_, spine, mine);
-    std::set<const Module*> kept;
-    for_each_module(*model_.root, [&](const std::string&, Module& m) { kept.insert(&m); });
-    std::vector<ResolvedStyle> styles;
-    for (const ResolvedStyle& rs : res_.styles)
-        if (kept.count(rs.module)) styles.push_back(rs);
-    res_.styles = std::move(styles);
-    res_.checkpointing.keep_only([&](const Module* m) { return kept.count(m) > 0; });
+// The data source's batches (shapes only on meta).
+void Run::load_data(const RunInputs& in) {
+    std::optional<MetaAllocation> meta;
+    if (in.device == Device::meta) meta.emplace();
+    MemoryUseScope use(MemoryUse::batch);
+    data_ = std::make_unique<DataSource>(model_, in.data, in.data_path);
 }
 
-std::vector<int> Run::held_stages() const {
-    std::vector<int> out;
-    for (const Held& h : held_) out.push_back(h.index);
-    if (out.empty()) out.push_back(0);
-    return out;
+// The loss normalisation the run executes and whether a moe layer adds a balancing loss; returns
+// whether the run counts over the ranks whose tokens differ (the tokens group): a balancing
+// layer's statistics (the whole model's, every rank alike) or global_tokens' count.
+bool Run::resolve_loss() {
+    bool balances = false;
+    for_each_module(*model_.root, [&](const std::string&, Module& m) {
+        if (const RoutedExperts* moe = m.routed_experts()) {
+            balances |= moe->aux_loss_coef() > 0 || moe->capacity_factor() > 0;
+            aux_losses_ |= moe->aux_loss_coef() > 0;
+        }
+    });
+    normalization_ =
+        layer_ ? layer_->loss_normalization(plan_.normalization(model_)) : plan_.normalization(model_);
+    return balances || normalization_ == LossNormalization::global_tokens;
 }
 
-const Run::Held& Run::held(int stage) const {
-    for (const Held& h : held_)
-        if (h.index == stage) return h;
-    PTOOL_REQUIRE(false, "pp rank {} does not hold stage {}", stage_, stage);
-    return held_.front();
+// The mesh, the roles' groups and the combined groups the run needs (ParallelDims::group), in the
+// same order on every rank (each is a collective split).
+void Run::build_groups(bool counts_tokens) {
+    mesh_ = std::make_unique<DeviceMesh>(plan_.mesh(), world_, counter_);
+    if (layer_) layer_->wrap_mesh(*mesh_, plan_);
+    // a role the plan does not have is a one-rank group, so the same code serves every plan
+    solo_ = world_.split(world_.rank(), 0);
+    tp_ = &comm(DimRole::tp);
+    cp_ = &comm(DimRole::cp);
+    Communicator* batch = mesh_->group(plan_.dims.group(GroupName::batch));
+    batch_ = batch ? batch : solo_.get();
+    if (counts_tokens) tokens_ = mesh_->group(plan_.dims.group(GroupName::tokens));
+    stage_comm_ = &world_, stage_dims_ = plan_.mesh();  // without a pipeline (keep_own_stage: its stage's)
 }
 
-// Weights tied across stages (a head tied to the embedding, each on its own stage): every stage
-// that uses the parameter keeps it (keep_stages keeps a module's parameters), named as the whole
-// model names it; the pp ranks whose stages use it form a group per coordinate of the other dims
-// (made on every rank, in the whole model's parameter order: a collective split), first the rank
-// of the first stage that uses it. Megatron's embedding group. Uses on stages of one rank share
-// the one parameter there (its gradient accumulates both), and need no group.
-void Run::tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges,
-                            int pp) {
-    std::map<const Parameter*, std::set<int>> users;
-    for (size_t t = 0; t < ranges.size(); ++t)
-        for (size_t i = ranges[t].begin; i < ranges[t].end; ++i)
-            for_each_param(
-                *spine[i],
-                [&](const std::string&, const ParamPtr& p) { users[p.get()].insert(static_cast<int>(t)); },
-                false);
-    for (const auto& [name, p] : model_.named_parameters()) {
-        std::vector<int> ranks;  // the pp ranks that use it, in the order of their first stage using it
-        for (int s : users[p.get()])
-            if (std::find(ranks.begin(), ranks.end(), s % pp) == ranks.end()) ranks.push_back(s % pp);
-        if (ranks.size() < 2) continue;
-        const auto at = std::find(ranks.begin(), ranks.end(), stage_);
-        const bool mine = at != ranks.end();
-        const int place = mine ? static_cast<int>(std::distance(ranks.begin(), at)) : 0;
-        // one group per coordinate of the other dims among the ranks that hold it; alone otherwise
-        const int color = mine ? stage_comm_->rank() : stage_comm_->size() + world_.rank();
-        std::unique_ptr<Communicator> g =
-            world_.split_known(color, place, place, mine ? static_cast<int>(ranks.size()) : 1);
-        g->set_counter(counter_, plan_.dims.name(DimRole::pp));
-        tied_groups_.push_back(layer_ ? layer_->wrap_group(std::move(g), name) : std::move(g));
-        if (!mine) continue;
-        tied_.push_back({p, tied_groups_.back().get(), place > 0});
-        model_.parameter_names[p.get()] = name;
-    }
+// Activation checkpointing: the modules the resolution marks recompute in their backward.
+void Run::apply_checkpointing() {
+    for (const Module* m : res_.checkpointing.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
+    for (const Module* m : res_.checkpointing.selective) const_cast<Module*>(m)->set_selective(true);
+    for (const Module* m : res_.checkpointing.recompute_core)
+        static_cast<Attention*>(const_cast<Module*>(m))->set_recompute_core(true);
 }
 
-bool Run::shared_copy(const Parameter* p) const {
-    for (const Tied& t : tied_)
-        if (t.param.get() == p) return t.copy;
-    return false;
+// The initial values this rank draws itself (not --init's, not on meta).
+void Run::init_params(const RunInputs& in) {
+    if (!draws_init(in)) return;
+    // every module draws its own values, but for what this rank builds as pieces or receives:
+    // src_data_rank k's broadcast (a rank other than k), DDP's from dp rank 0
+    const bool own = builds_own_shards(in, plan_, layer_);
+    const bool lazy = draws_lazily(in, plan_, layer_);
+    const bool receives = lazy && !own && tp_->rank() != *plan_.src_data_rank;
+    const std::set<std::string> received =
+        received_from_dp_rank0(res_, res_.dp.active ? batch_ : nullptr, layer_);
+    model_.init_params_except([&](const Module& m) {
+        const ResolvedStyle* rs = res_.style_of(m);
+        if (rs) return lazy && (own ? builds_own_pieces(*rs) : receives && distributes_all_own(*rs));
+        return receives_all_state(m, received);
+    });
 }
 
-// The tied weights' gradients summed over the stages that hold them (each holds the part its own
-// use contributed), after the data-parallel sync: every copy then steps alike.
-void Run::sync_tied_gradients() {
-    for (const Tied& t : tied_) {
-        CommScope scope(t.group->counter().get(), "(tied weights)", CommSiteKind::tied_weights);
-        t.group->all_reduce(t.param->grad, ReduceOp::sum);
+// Tensor parallel: the styles cut the parameters and install their hooks (parallelize).
+void Run::apply_tensor_parallel(const RunInputs& in) {
+    if (layer_) layer_->before_parallelize(model_, res_);
+    tp_params_ = parallelize(model_, plan_, res_, *mesh_, builds_own_shards(in, plan_, layer_));
+    if (layer_) layer_->after_parallelize(model_, plan_, res_, tp_params_, *mesh_);
+}
+
+// Expert parallel: each rank keeps its own experts; their gradients' replicas are the other data
+// dims, none where fully_shard shards them over dp_shard (ep then borrows dp_replicate).
+void Run::apply_expert_parallel() {
+    if (!res_.ep.active) return;
+    Communicator* replicas =
+        res_.dp.experts_sharded ? nullptr : mesh_->group(plan_.dims.group(GroupName::expert_replicas));
+    expert_parallel_ =
+        std::make_unique<ExpertParallel>(model_, layer_ ? layer_->expert_parallel(res_.ep) : res_.ep,
+                                         plan_.dims.index(DimRole::ep), comm(DimRole::ep), replicas, be_);
+}
+
+// Data parallel (DDP, fully_shard, ZeRO) over the batch group, on the tensors as the device holds them.
+void Run::apply_data_parallel() {
+    if (!res_.dp.active) return;
+    // DDP fills its buckets with the tensors it sees: the TP-local ones, so resolved again here
+    std::vector<Diagnostic> unused;
+    res_.dp = resolve_data_parallel(model_, plan_, unused, unused);
+    executed_dp_ = layer_ ? layer_->data_parallel(res_.dp) : res_.dp;
+    for (FsdpUnitSpec& u : executed_dp_.units)  // each rank shards the experts it owns
+        if (u.experts)
+            std::erase_if(u.params, [&](const std::string& name) { return !expert_parallel_->owns(name); });
+    data_parallel_ = std::make_unique<DataParallel>(model_, plan_, executed_dp_, *mesh_, *batch_, be_);
+    mark_root_hooks();
+}
+
+// Mixed precision, where the plan's param_dtype differs from the model's.
+void Run::apply_mixed_precision() {
+    if (!plan_.mixed_precision || plan_.mixed_precision->param_dtype == model_.dtype) return;
+    if (!plan_.data_parallel)
+        check_mixed_precision(model_, plan_, {});  // the reference's (the plan's checked them all)
+    mixed_precision_ =
+        std::make_unique<MixedPrecision>(model_, *plan_.mixed_precision, be_, [&](const Parameter* p) {
+            return data_parallel_ && data_parallel_->placement(p).is_shard();  // fully_shard casts its own
+        });
+}
+
+// The schedule of a step's actions: gradient_accumulation's rounds (the plan's, else the model's),
+// each of the plan's microbatches (one without a pipeline).
+void Run::build_schedule() {
+    const int rounds = static_cast<int>(plan_.accumulation_rounds(model_)),
+              m = plan_.microbatches_per_round();
+    if (plan_.pipeline) {
+        schedule_ = checked_pipeline_schedule(plan_.pipeline->schedule, stages_, m, rounds,
+                                              plan_.pipeline->virtual_stages);
+    } else {
+        schedule_ = accumulation_schedule(rounds * m);
+        check_schedule(schedule_);
     }
 }
 
@@ -516,69 +417,6 @@ void Run::backward(StepState& st, int s, int m) {
     }
     if (s + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value, f.aux_scaled};
     st.inflight.erase(it);
-}
-
-// A run of consecutive sends and receives as one batch_isend_irecv over the pp dim (as torch
-// batches them), the receives into tensors of the boundary's local shape in the compute dtype. Each
-// goes to or comes from the pp rank of the stage next to the action's (stage s mod pp under
-// interleaved_1f1b: the last rank's stage sends on to rank 0's next one).
-void Run::exchange(StepState& st, const std::vector<Action>& actions) {
-    const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
-    auto local = [&](const Layout& l, const Placement& p) {
-        return Placed{Tensor(local_shape(l.global, p, tp_->size(), tp_->rank()), compute, device_), p,
-                      l.global};
-    };
-    // (the key of what it sends or receives, on which stage's side; the peer's pp rank)
-    auto peer = [&](const Action& a) {
-        const bool up = a.kind == ActionKind::send_forward || a.kind == ActionKind::recv_backward;
-        return schedule_.rank_of(up ? a.stage + 1 : a.stage - 1);
-    };
-    std::vector<P2POp> ops;
-    for (const Action& a : actions) {
-        const int tag = p2p_tag(a);
-        const std::pair<int, int> key{a.stage, a.microbatch};
-        switch (a.kind) {
-            case ActionKind::send_forward:
-                ops.push_back({P2POp::Kind::send, &st.inflight.at(key).y.t, peer(a), tag});
-                break;
-            case ActionKind::recv_forward: {
-                const Layout& in = held(a.stage).in;
-                Placed& x = st.received[key] = local(in, in.p);
-                ops.push_back({P2POp::Kind::recv, &x.t, peer(a), tag});
-                break;
-            }
-            case ActionKind::send_backward:
-                ops.push_back({P2POp::Kind::send, &st.to_send_back.at(key).t, peer(a), tag});
-                break;
-            case ActionKind::recv_backward: {
-                const Layout& out = held(a.stage).out;
-                Placed& g = st.received_grads[key] = local(out, grad_placement(out.p));
-                ops.push_back({P2POp::Kind::recv, &g.t, peer(a), tag});
-                break;
-            }
-            default:
-                PTOOL_REQUIRE(false, "{} is no send or receive", a.str());
-        }
-    }
-    try {
-        comm(DimRole::pp).batch_isend_irecv(ops);
-    } catch (const RuntimeError& e) {  // which stage waited for what, from whom
-        std::vector<std::string> what;
-        for (const Action& a : actions) {
-            const bool fwd = a.kind == ActionKind::send_forward || a.kind == ActionKind::recv_forward;
-            const bool send = a.kind == ActionKind::send_forward || a.kind == ActionKind::send_backward;
-            const int other = fwd == send ? a.stage + 1 : a.stage - 1;
-            what.push_back(fmt::format("{} microbatch {}'s {} {} stage {}", send ? "sending" : "receiving",
-                                       a.microbatch, fwd ? "activation" : "gradient", send ? "to" : "from",
-                                       other));
-        }
-        throw RuntimeError(
-            fmt::format("pipeline stage {} (pp rank {}), {}: {}", fmt::join(held_stages(), ", "),
-                        comm(DimRole::pp).rank(), fmt::join(what, ", "), e.what()),
-            e.kind());
-    }
-    for (const Action& a : actions)
-        if (a.kind == ActionKind::send_backward) st.to_send_back.erase({a.stage, a.microbatch});
 }
 
 double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params) {

@@ -222,7 +222,20 @@ private:
     // torchtitan's global_valid_tokens: this rank's loss items over the step's microbatches, summed
     // over the ranks whose tokens differ (one all_reduce).
     double global_items(const StepState& st);
+    // Run::Run's steps, in the order it takes them (train/run.cpp; the pipeline's in run_stage.cpp)
+    void load_data(const RunInputs& in);
+    bool resolve_loss();
+    void build_groups(bool counts_tokens);
     void keep_own_stage();
+    void apply_checkpointing();
+    void init_params(const RunInputs& in);
+    void apply_tensor_parallel(const RunInputs& in);
+    void apply_expert_parallel();
+    void broadcast_tied_weights();
+    void apply_data_parallel();
+    void mark_root_hooks();
+    void apply_mixed_precision();
+    void build_schedule();
     void tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges, int pp);
     void sync_tied_gradients();
     double clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <tuple>
 
 namespace ptool {
@@ -29,11 +31,6 @@ const char* action_kind_name(ActionKind k) {
             return "STEP";
     }
     return "?";
-}
-
-bool Action::is_p2p() const {
-    return kind == ActionKind::send_forward || kind == ActionKind::recv_forward ||
-           kind == ActionKind::send_backward || kind == ActionKind::recv_backward;
 }
 
 std::string Action::str() const {
@@ -261,7 +258,17 @@ void check_structure(const Schedule& s) {
             return held.size() == 1 ? fmt::format("{}{}", action_kind_name(k), m)
                                     : fmt::format("{}{}@{}", action_kind_name(k), m, stage);
         };
-        std::map<std::tuple<ActionKind, int, int>, int> at;  // (kind, stage, microbatch) -> index
+        // (kind, the stage's place among the rank's, microbatch) -> index in the list; -1: not run
+        std::vector<int> local(static_cast<size_t>(s.stages), -1);
+        for (size_t h = 0; h < held.size(); ++h) local[static_cast<size_t>(held[h])] = static_cast<int>(h);
+        const size_t kinds = static_cast<size_t>(ActionKind::optimizer_step) + 1;
+        std::vector<int> at(kinds * held.size() * static_cast<size_t>(s.microbatches), -1);
+        auto slot = [&](ActionKind k, int stage, int m) {
+            return (static_cast<size_t>(k) * held.size() +
+                    static_cast<size_t>(local[static_cast<size_t>(stage)])) *
+                       static_cast<size_t>(s.microbatches) +
+                   static_cast<size_t>(m);
+        };
         int end_actions = 0, last_backward = -1;
         for (int i = 0; i < static_cast<int>(list.size()); ++i) {
             const Action& a = list[i];
@@ -279,14 +286,15 @@ void check_structure(const Schedule& s) {
                 bad(s, r, fmt::format("runs {}, an action of stage {}", a.str(), a.stage));
             if (a.microbatch < 0 || a.microbatch >= s.microbatches)
                 bad(s, r, fmt::format("runs {}: no such microbatch", a.str()));
-            if (!at.emplace(std::make_tuple(a.kind, a.stage, a.microbatch), i).second)
-                bad(s, r, fmt::format("runs {} twice", a.str()));
+            int& seen = at[slot(a.kind, a.stage, a.microbatch)];
+            if (seen >= 0) bad(s, r, fmt::format("runs {} twice", a.str()));
+            seen = i;
             if (a.kind == ActionKind::backward) last_backward = i;
         }
         if (end_actions != 3) bad(s, r, "does not end with the gradient sync, clip and optimizer step");
-        auto index = [&](ActionKind k, int stage, int m) {
-            auto it = at.find({k, stage, m});
-            return it == at.end() ? -1 : it->second;
+        auto index = [&](ActionKind k, int stage, int m) {  // -1: not run, or a stage it does not hold
+            if (stage < 0 || stage >= s.stages || local[static_cast<size_t>(stage)] < 0) return -1;
+            return at[slot(k, stage, m)];
         };
         for (int st : held)
             for (int m = 0; m < s.microbatches; ++m) {
@@ -386,6 +394,26 @@ void check_schedule(const Schedule& s) {
     check_placement(s);
     check_structure(s);
     check_progress(s);
+}
+
+Schedule checked_pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds,
+                                   int virtual_stages) {
+    using Key = std::tuple<ScheduleKind, int, int, int, int>;
+    static std::mutex mu;
+    static std::vector<std::pair<Key, std::shared_ptr<const Schedule>>> kept;  // the last few, newest last
+    const Key key{kind, stages, microbatches, rounds, virtual_stages};
+    {
+        std::lock_guard<std::mutex> lk(mu);
+        for (const auto& [k, s] : kept)
+            if (k == key) return *s;
+    }
+    auto s = std::make_shared<const Schedule>(
+        pipeline_schedule(kind, stages, microbatches, rounds, virtual_stages));
+    check_schedule(*s);
+    std::lock_guard<std::mutex> lk(mu);
+    if (kept.size() >= 4) kept.erase(kept.begin());
+    kept.emplace_back(key, s);
+    return *s;
 }
 
 }  // namespace ptool

@@ -63,7 +63,9 @@ struct Action {
     ActionKind kind;
     int stage = 0;
     int microbatch = 0;
-    bool is_p2p() const;
+    bool is_p2p() const {  // send_forward .. recv_backward (a planner's critical path asks it per action)
+        return kind >= ActionKind::send_forward && kind <= ActionKind::recv_backward;
+    }
     std::string str() const;  // "F2@1" (forward of microbatch 2 on stage 1), "SEND_F2@1", "SYNC", ...
 };
 
@@ -93,6 +95,11 @@ Schedule accumulation_schedule(int microbatches);
 // r*microbatches..).
 Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds = 1,
                            int virtual_stages = 1);
+
+// pipeline_schedule, checked (check_schedule) once: every rank of a run and every simulated rank
+// class builds the same one, so the last few are kept (a copy is returned).
+Schedule checked_pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds = 1,
+                                   int virtual_stages = 1);
 
 // The action a p2p action meets on the peer stage: SEND_F m@s with RECV_F m@s+1, SEND_B m@s with
 // RECV_B m@s-1 (and back).

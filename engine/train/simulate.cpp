@@ -61,6 +61,14 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     return sim;
 }
 
+void check_run(const RunInputs& base, const Plan& plan, int rank) {
+    RunInputs in = base;
+    in.device = Device::meta, in.init = nullptr, in.data = nullptr;
+    SimulatedCommunicator world(rank, plan.world_size());
+    MemoryScope scope(std::make_shared<MemoryAccount>());
+    Run run(in, plan, world);
+}
+
 std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
     std::set<int64_t> dims;
     for (const auto& [name, p] : model.state_dict())

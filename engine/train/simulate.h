@@ -47,6 +47,11 @@ struct RankSimulation {
 RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, int64_t steps,
                              bool track_phases = false, size_t allocator_capacity = 0);
 
+// Builds world rank `rank`'s Run of `plan` on meta tensors and runs nothing: every check a run makes
+// before its first step (its pipeline stages, expert and fully_shard divisibility, ...), at the cost
+// of building the model once (`ptool shrink` holds a plan to the real model so).
+void check_run(const RunInputs& in, const Plan& plan, int rank);
+
 // Ranks that hold tensors of the same sizes: `ranks` (world ranks, ascending), represented by the
 // first. Two ranks are in one class when torch.chunk gives them pieces of the same length of every
 // dimension a plan can split (each parameter dimension and the batch's, over tp, over dp, and the

@@ -1,6 +1,7 @@
 #include "train/stage.h"
 
 #include <set>
+#include <unordered_map>
 
 #include "core/yaml_reader.h"
 
@@ -14,13 +15,17 @@ bool opened(const Module& m, const Module& parent) {
     return !dynamic_cast<const Repeat*>(&parent);
 }
 
-// The spine under m; `blocks` collects its members that are a repeat's (the units layers_per_stage counts)
-void walk(Module& m, std::vector<Module*>& out, std::set<const Module*>* blocks = nullptr) {
+// The spine under m (named as m's children list them: a `shared` use by its own name); `blocks`
+// collects its members that are a repeat's (the units layers_per_stage counts)
+void walk(Module& m, const std::string& prefix, std::vector<Module*>& out, std::vector<std::string>* names,
+          std::set<const Module*>* blocks = nullptr) {
     for (const auto& [name, child] : m.children()) {
+        const std::string fqn = join_name(prefix, name);
         if (opened(*child, m)) {
-            walk(*child, out, blocks);
+            walk(*child, fqn, out, names, blocks);
         } else {
             out.push_back(child.get());
+            if (names) names->push_back(fqn);
             if (blocks && dynamic_cast<const Repeat*>(&m)) blocks->insert(child.get());
         }
     }
@@ -38,31 +43,68 @@ bool prune(Module& m, const std::set<const Module*>& kept) {
     return any;
 }
 
+// One module (a `shared` one, or a block holding one) used on stages of two pp ranks: each rank
+// holds its own copy of its stages' modules (torch.distributed.pipelining's stage modules, torchtitan's
+// pipeline_module_split), so the two uses would train two copies. InputError at `where`, naming both.
+void check_one_rank_per_module(const std::vector<Module*>& spine, const std::vector<std::string>& names,
+                               const std::vector<StageRange>& ranges, int pp, const SourceLocation& where) {
+    if (pp <= 1) return;
+    struct Use {
+        size_t spine;
+        int stage;
+    };
+    std::unordered_map<const Module*, Use> first;  // each module's first use, by spine member
+    for (size_t s = 0; s < ranges.size(); ++s)
+        for (size_t i = ranges[s].begin; i < ranges[s].end; ++i)
+            for_each_module(*spine[i], [&](const std::string&, Module& m) {
+                const auto [it, fresh] = first.try_emplace(&m, Use{i, static_cast<int>(s)});
+                const Use u = it->second;
+                if (fresh || u.stage % pp == static_cast<int>(s) % pp) return;
+                const std::string what = &m == spine[i] && &m == spine[u.spine]
+                                             ? "are one module"
+                                             : fmt::format("hold one module, '{}'", m.fqn());
+                throw InputError(
+                    where,
+                    fmt::format("'{}' (stage {}, pp rank {}) and '{}' (stage {}, pp rank {}) {} ({}), and "
+                                "each pp rank trains its own copy of its stages' modules: put both uses on "
+                                "stages of one pp rank (split_points), or give the second use its own "
+                                "module, its weights tied to the first's with `tie:` (their gradients "
+                                "summed over the stages, as Megatron's embedding group)",
+                                names[u.spine], u.stage, u.stage % pp, names[i], s, s % pp, what,
+                                m.where().str()));
+            });
+}
+
 }  // namespace
 
 std::vector<Module*> model_spine(const Model& model) {
     std::vector<Module*> out;
-    walk(*model.root, out);
+    walk(*model.root, "", out, nullptr);
     return out;
 }
 
-std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine,
+std::vector<std::string> spine_names(const Model& model) {
+    std::vector<Module*> spine;
+    std::vector<std::string> names;
+    walk(*model.root, "", spine, &names);
+    return names;
+}
+
+std::vector<StageRange> stage_ranges(const std::vector<std::string>& names,
                                      const std::vector<std::string>& split_points,
                                      const SourceLocation& where) {
-    std::vector<StageRange> out{{0, spine.size()}};
+    std::unordered_map<std::string, size_t> index;  // once: a lookup per split point, not a walk
+    for (size_t i = 0; i < names.size(); ++i) index.emplace(names[i], i);
+    std::vector<StageRange> out{{0, names.size()}};
     for (const std::string& point : split_points) {
-        size_t at = spine.size();
-        for (size_t i = 0; i < spine.size(); ++i)
-            if (spine[i]->fqn() == point) at = i;
-        if (at == spine.size()) {
-            std::vector<std::string> names;
-            for (const Module* m : spine) names.push_back(m->fqn());
+        const auto it = index.find(point);
+        if (it == index.end())
             throw InputError(
                 where,
                 fmt::format("split point '{}' is not a module a stage can start at (the model's layers in "
                             "forward order: {}){}",
                             point, fmt::join(names, ", "), did_you_mean(point, names)));
-        }
+        const size_t at = it->second;
         if (at <= out.back().begin)
             throw InputError(
                 where,
@@ -70,7 +112,7 @@ std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine,
                             "each after the last",
                             point, out.size() - 1));
         out.back().end = at;
-        out.push_back({at, spine.size()});
+        out.push_back({at, names.size()});
     }
     return out;
 }
@@ -79,10 +121,17 @@ std::vector<StageRange> pipeline_stage_ranges(const Model& model, const std::vec
                                               const Plan& plan) {
     const PipelineSpec& spec = *plan.pipeline;
     const int stages = plan.pipeline_stages();
-    if (!spec.split_points.empty()) return stage_ranges(spine, spec.split_points, spec.split_where);
-    std::set<const Module*> members;
     std::vector<Module*> walked;
-    walk(*model.root, walked, &members);
+    std::vector<std::string> names;
+    std::set<const Module*> members;
+    walk(*model.root, "", walked, &names, &members);
+    PTOOL_REQUIRE(walked == spine, "a spine of {} modules for a model of {}", spine.size(), walked.size());
+    const int pp = plan.dims.size(DimRole::pp);
+    if (!spec.split_points.empty()) {
+        std::vector<StageRange> out = stage_ranges(names, spec.split_points, spec.split_where);
+        check_one_rank_per_module(spine, names, out, pp, spec.split_where);
+        return out;
+    }
     std::vector<size_t> blocks;  // the spine's indices of a repeat's members
     for (size_t i = 0; i < spine.size(); ++i)
         if (members.count(spine[i])) blocks.push_back(i);
@@ -103,8 +152,10 @@ std::vector<StageRange> pipeline_stage_ranges(const Model& model, const std::vec
                                   "'layers_per_stage' or 'split_points'",
                                   n, stages));
     std::vector<std::string> points;
-    for (int s = 1; s < stages; ++s) points.push_back(spine[blocks[static_cast<size_t>(s * per)]]->fqn());
-    return stage_ranges(spine, points, at);
+    for (int s = 1; s < stages; ++s) points.push_back(names[blocks[static_cast<size_t>(s * per)]]);
+    std::vector<StageRange> out = stage_ranges(names, points, at);
+    check_one_rank_per_module(spine, names, out, pp, at);
+    return out;
 }
 
 void keep_stages(Model& model, const std::vector<Module*>& spine, const std::vector<StageRange>& stages) {

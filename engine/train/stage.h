@@ -15,15 +15,17 @@
 
 namespace ptool {
 
-// The model's spine, in forward order.
+// The model's spine, in forward order, and its members' names as their containers list them (a
+// `shared` module's second use by its own name, where Module::fqn() is its first's).
 std::vector<Module*> model_spine(const Model& model);
+std::vector<std::string> spine_names(const Model& model);
 
 struct StageRange {
     size_t begin = 0, end = 0;  // spine indices [begin, end)
 };
 // The stages' ranges: one per split point plus one. InputError at `where` for a split point that is
-// no spine module, out of order, or that leaves a stage empty.
-std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine,
+// no spine module's name, out of order, or that leaves a stage empty.
+std::vector<StageRange> stage_ranges(const std::vector<std::string>& spine_names,
                                      const std::vector<std::string>& split_points,
                                      const SourceLocation& where);
 
@@ -31,7 +33,8 @@ std::vector<StageRange> stage_ranges(const std::vector<Module*>& spine,
 // points; or layers_per_stage of the spine's blocks (a repeat's members) per stage, the first
 // stage also taking the modules before the first block and the last those after the last
 // (Megatron's layers per stage, the embedding on the first stage and the head on the last); or,
-// given neither, the blocks evenly. InputError at the section for counts that do not fit.
+// given neither, the blocks evenly. InputError at the section for counts that do not fit, and for a
+// module used on stages of two pp ranks (a `shared` one: each rank trains its own copy of its stages).
 std::vector<StageRange> pipeline_stage_ranges(const Model& model, const std::vector<Module*>& spine,
                                               const Plan& plan);
 

@@ -16,8 +16,12 @@
 namespace ptool {
 
 struct RecordOptions {
-    bool events = true;                       // module outputs and input gradients (localisation)
-    bool init_tensors = false;                // keep init.param.* / init.buffer.* (golden files)
+    bool events = true;         // module outputs and input gradients (localisation)
+    bool init_tensors = false;  // keep init.param.* / init.buffer.* (golden files)
+    // Record the state's digests, the output, gradients, parameters and buffers. Off (`ptool run`
+    // without --dump, which prints the loss and time only): each step's loss (and grad_norm) alone,
+    // nothing gathered, hashed or copied off the device.
+    bool tensors = true;
     const RunRecord* compare_with = nullptr;  // the reference's record
     const TensorFile* golden = nullptr;       // a golden file (--golden, replay)
     Tolerance tol;                            // for compare_with and golden

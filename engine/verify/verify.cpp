@@ -14,13 +14,10 @@
 #include "core/cores.h"
 #include "core/host_memory.h"
 #include "core/progress.h"
-#include "core/yaml_reader.h"
-#include "model/checkpoint.h"
-#include "model/moe.h"
+#include "model/routed_experts.h"
 #include "model/routing_log.h"
 #include "train/simulate.h"
 #include "verify/faults.h"
-#include "verify/golden_replay.h"
 #include "verify/loss_causes.h"
 
 namespace ptool {
@@ -294,236 +291,226 @@ RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps,
     return rec;
 }
 
-VerifyReport verify(const VerifyJob& job, Launch& launch) {
-    VerifyReport report;
-    const Model probe =
-        load_model_text(job.inputs.model_text, job.inputs.model_path, job.inputs.dtype_override, false);
-    report.dtype = probe.dtype;
-    // rank 0, by step count and numerics: one reference serves every plan that computes alike
-    using ReferenceKey = std::pair<int64_t, std::string>;
-    auto reference_key = [&](const Plan& p) {
-        return ReferenceKey{steps_for(p, job.options, probe.steps), numerics_key(p, probe)};
-    };
-    std::map<ReferenceKey, RunRecord> references;
+namespace {
+
+// rank 0, by step count and numerics: one reference serves every plan that computes alike
+using ReferenceKey = std::pair<int64_t, std::string>;
+
+// What verify holds across the job's plans: the model as read, the references recorded so far and,
+// for a model with experts, their routing logs.
+struct VerifyState {
+    const VerifyJob& job;
+    Launch& launch;
+    const Model probe;
     // a model with experts: each reference logs its routing, which the parallel runs follow
     // (model/routing_log.h); the reference then runs first, whole, so that every step's routing is
     // there before a rank's step reaches it
     bool experts = false;
-    for_each_module(*probe.root,
-                    [&](const std::string&, Module& m) { experts |= dynamic_cast<Moe*>(&m) != nullptr; });
+    std::map<ReferenceKey, RunRecord> references;
     std::map<ReferenceKey, std::unique_ptr<RoutingLog>> routing_logs;
-    for (size_t i = 0; i < job.plans.size(); ++i) {
-        const Plan& plan = job.plans[i];
-        const int64_t steps = steps_for(plan, job.options, probe.steps);
-        const Resolution res = resolve_plan(probe, plan);  // the lint, before anything runs
-        std::vector<Diagnostic> causes = res.causes;       // and what the step's data makes of the loss
-        {
-            const DataSource data(probe, job.inputs.data, job.inputs.data_path);
-            const SourceLocation data_where = job.inputs.data     ? SourceLocation{job.inputs.data_path, 0, 0}
-                                              : probe.target_mask ? probe.target_mask_where
-                                                                  : SourceLocation{probe.path, 0, 0};
-            const auto found = loss_normalization_causes(probe, plan, data, steps, data_where);
-            causes.insert(causes.end(), found.begin(), found.end());
-        }
-        if (launch.rank0())
-            for (const auto& w : res.warnings) spdlog::warn("{}", w.str());
-        RecordOptions ro;
-        ro.events = job.options.events;
-        ro.shadow_optimizer = true;
-        ro.rank_local = launch.shares_memory();
-        ro.golden = job.golden;
-        ro.tol = tolerance_for(plan, job.options, probe);
-        ro.resync = true;  // each step judged from the state the runs agree on (recorder.h)
-        // rank 0 runs the reference (beside the ranks, or first: under mpirun the other ranks wait
-        // for it), and the parallel run's tensors are compared with it as they are recorded
-        const ReferenceKey key = reference_key(plan);
-        // the last plan that reads this reference, rank-locally, and no one reads it whole after
-        // (VerifyJob::keep_reference): each step's tensors go once compared
+    VerifyReport report;
+
+    VerifyState(const VerifyJob& j, Launch& l)
+        : job(j),
+          launch(l),
+          probe(load_model_text(j.inputs.model_text, j.inputs.model_path, j.inputs.dtype_override, false)) {
+        report.dtype = probe.dtype;
+        for_each_module(*probe.root,
+                        [&](const std::string&, Module& m) { experts |= m.routed_experts() != nullptr; });
+    }
+    ReferenceKey reference_key(const Plan& p) const {
+        return ReferenceKey{steps_for(p, job.options, probe.steps), numerics_key(p, probe)};
+    }
+    // the last plan that reads this reference, rank-locally, and no one reads it whole after
+    // (VerifyJob::keep_reference): each step's tensors go once compared
+    bool drops_reference(size_t i, const ReferenceKey& key) const {
         const bool later =
             std::any_of(job.plans.begin() + static_cast<std::ptrdiff_t>(i) + 1, job.plans.end(),
                         [&](const Plan& p) { return reference_key(p) == key; });
-        const bool drop = launch.shares_memory() && !job.keep_reference && !later;
-        std::unique_ptr<ReferenceBeside> beside;
-        if (launch.rank0() && !references.count(key)) {
-            RecordOptions ref = ro;
-            ref.shadow_optimizer = false;  // with a golden, the reference continues from its parameters
-            if (experts) {                 // the elementwise rule verify holds the router's logits to
-                routing_logs[key] = std::make_unique<RoutingLog>(ro.tol.rtol, ro.tol.atol);
-                ref.routing = routing_logs[key].get();
-            }
-            if (job.options.reference_beside && launch.shares_memory() && !experts &&
-                room_beside(job.inputs, plan, steps)) {
-                Progress::get().phase(fmt::format("reference + parallel {}", plan.path),
-                                      fmt::format("{} step{}, the reference on one device beside {} ranks, "
-                                                  "each step compared once both recorded it",
-                                                  steps, steps == 1 ? "" : "s", plan.world_size()));
-                beside = std::make_unique<ReferenceBeside>(job.inputs, plan, steps, ref, drop);
-                report.reference_beside = true;
-            } else {
-                Progress::get().phase("reference",
-                                      fmt::format("{} step{} on one device", steps, steps == 1 ? "" : "s"));
-                ref.on_step = [steps](int64_t k, double, double) {
-                    Progress::get().step("reference", k, steps);
-                };
-                references[key] = record_reference(job.inputs, plan, steps, ref);
-                report.reference_seconds += references[key].seconds;
-            }
-        }
-        launch.wait_for_rank0();
-        if (launch.rank0()) {
-            RunRecord* const reference = beside ? &beside->stream.record : &references[key];
-            ro.compare_with = reference;
-            ro.follow = beside ? &beside->stream : nullptr;
-            if (drop)
-                ro.done_with_reference_step = [reference,
-                                               stream = beside ? &beside->stream : nullptr](int64_t k) {
-                    drop_tensors(reference->steps[static_cast<size_t>(k)]);
-                    if (stream) stream->released(k);
-                };
-            if (!beside)
-                Progress::get().phase(
-                    fmt::format("parallel {}", plan.path),
-                    fmt::format("{} ranks, each step compared as it is recorded", plan.world_size()));
-            ro.on_step = [steps](int64_t k, double, double) { Progress::get().step("parallel", k, steps); };
-        }
-        RunRecord par;
-        RoutingLog* const routing = launch.rank0() && experts ? routing_logs[key].get() : nullptr;
-        if (routing) routing->reset_replayed();  // this plan's own count
-        int64_t replayed = 0;
-        try {
-            launch.run(
-                plan.world_size(), plan.mesh_where,
-                [&](Communicator& world) {
-                    // rank threads read rank 0's log; the ranks of an mpirun job receive it
-                    std::unique_ptr<RoutingLog> received;
-                    RoutingLog* follow = routing;
-                    if (experts && !launch.shares_memory())
-                        follow = received_routing(routing, world, received);
-                    const std::unique_ptr<RunLayer> layer = fault_layer(job.options.fault);
-                    // each rank's tensors are charged to its account (verification's own are not: the
-                    // recorder's work runs unaccounted), the measured side of explain's prediction
-                    auto account = std::make_shared<MemoryAccount>();
-                    RunRecord r;
-                    RankMemory mine;
-                    {
-                        MemoryScope scope(account);
-                        Run run(job.inputs, plan, world, layer.get());
-                        if (job.options.replay_ties) run.follow_routing(follow, true);
-                        account->reset_peak();
-                        mine.resident = account->live();
-                        r = record_run(run, steps, ro);
-                        mine.peak = account->peak();
-                        for (int u = 0; u < kMemoryUses; ++u)
-                            mine.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
-                    }
-                    std::vector<RankMemory> all = gather_memory(mine, world);
-                    const int64_t mine_replayed =
-                        experts ? total_replayed(follow, world, launch.shares_memory()) : 0;
-                    if (world.rank() == 0)
-                        par = std::move(r), par.memory = std::move(all), replayed = mine_replayed;
-                },
-                beside ? beside->cores : nullptr);
-        } catch (...) {
-            if (beside) beside->end_after_failure();  // the reference's own failure, if that was the cause
-            throw;
-        }
-        if (beside) {
-            references[key] = beside->end();
-            report.reference_seconds += references[key].seconds;
-        }
-        if (launch.rank0()) {
-            add_plan(report, references[key], std::move(par), plan, res, causes, ro.tol, job.options.strict);
-            if (routing && routing->tokens() > 0)
-                report.plans.back().notes.push_back(fmt::format(
-                    "routing: {} of the reference's {} token routings are near-ties (their chosen experts "
-                    "could change with each router logit within rtol {:.2g}, atol {:.2g}); the parallel run "
-                    "{}",
-                    routing->ties(), routing->tokens(), routing->rtol(), routing->atol(),
-                    job.options.replay_ties
-                        ? fmt::format("routed {} of them otherwise and took the reference's choice", replayed)
-                        : std::string("routed every token by itself (--no-tie-replay)")));
-        }
+        return launch.shares_memory() && !job.keep_reference && !later;
     }
-    return report;
-}
-
-namespace {
-
-// Every file of a MODEL PLAN... command, read and checked; the job's inputs point into it.
-struct LoadedCommand {
-    VerifyJob job;
-    std::unique_ptr<TensorFile> init, data;
-    std::unique_ptr<GoldenCase> golden;
 };
 
-LoadedCommand load_command(const VerifyCommand& cmd) {
-    LoadedCommand l;
-    RunInputs& in = l.job.inputs;
-    in.model_path = cmd.model;
-    in.model_text = read_file(cmd.model, YamlLimits{}.max_bytes);
-    in.dtype_override = cmd.dtype;
-    in.device = cmd.device;
-    load_model_text(in.model_text, cmd.model, cmd.dtype,
-                    false);  // a bad model: exit 2 before any rank starts
-    if (!cmd.init.empty())
-        l.init = std::make_unique<TensorFile>(read_checkpoint(cmd.init)), in.init = l.init.get(),
-        in.init_path = cmd.init;
-    if (!cmd.data.empty())
-        l.data = std::make_unique<TensorFile>(read_safetensors(cmd.data)), in.data = l.data.get(),
-        in.data_path = cmd.data;
-    for (const auto& p : cmd.plans) l.job.plans.push_back(load_plan(p));
-    for (Plan& p : l.job.plans) apply_mesh_flags(p, cmd.mesh);
-    l.job.options = cmd.options;
-    if (l.data) {
-        const Model probe = load_model_text(in.model_text, cmd.model, cmd.dtype, false);
-        int64_t steps = 0;
-        for (const Plan& p : l.job.plans) steps = std::max(steps, steps_for(p, cmd.options, probe.steps));
-        check_data_steps(*l.data, cmd.data, steps);
+// The lint's causes, and what the step's data makes of the loss
+std::vector<Diagnostic> plan_causes(const VerifyState& s, const Plan& plan, const Resolution& res,
+                                    int64_t steps) {
+    const RunInputs& in = s.job.inputs;
+    const Model& probe = s.probe;
+    std::vector<Diagnostic> causes = res.causes;
+    const DataSource data(probe, in.data, in.data_path);
+    const SourceLocation data_where = in.data             ? SourceLocation{in.data_path, 0, 0}
+                                      : probe.target_mask ? probe.target_mask_where
+                                                          : SourceLocation{probe.path, 0, 0};
+    const auto found = loss_normalization_causes(probe, plan, data, steps, data_where);
+    causes.insert(causes.end(), found.begin(), found.end());
+    return causes;
+}
+
+RecordOptions parallel_record_options(const VerifyState& s, const Plan& plan) {
+    RecordOptions ro;
+    ro.events = s.job.options.events;
+    ro.shadow_optimizer = true;
+    ro.rank_local = s.launch.shares_memory();
+    ro.golden = s.job.golden;
+    ro.tol = tolerance_for(plan, s.job.options, s.probe);
+    ro.resync = true;  // each step judged from the state the runs agree on (recorder.h)
+    return ro;
+}
+
+// Rank 0's reference for `key`, not yet recorded: beside the ranks when the host has room (returned),
+// else recorded first, whole, into s.references (null returned).
+std::unique_ptr<ReferenceBeside> start_reference(VerifyState& s, const Plan& plan, int64_t steps,
+                                                 const RecordOptions& ro, const ReferenceKey& key,
+                                                 bool drop) {
+    RecordOptions ref = ro;
+    ref.shadow_optimizer = false;  // with a golden, the reference continues from its parameters
+    if (s.experts) {               // the elementwise rule verify holds the router's logits to
+        s.routing_logs[key] = std::make_unique<RoutingLog>(ro.tol.rtol, ro.tol.atol);
+        ref.routing = s.routing_logs[key].get();
     }
-    if (!cmd.golden.empty()) {
-        if (l.job.plans.size() != 1) throw InputError("--golden compares one plan");
-        l.golden = std::make_unique<GoldenCase>(load_golden(cmd.golden));
+    if (s.job.options.reference_beside && s.launch.shares_memory() && !s.experts &&
+        room_beside(s.job.inputs, plan, steps)) {
+        Progress::get().phase(fmt::format("reference + parallel {}", plan.path),
+                              fmt::format("{} step{}, the reference on one device beside {} ranks, "
+                                          "each step compared once both recorded it",
+                                          steps, steps == 1 ? "" : "s", plan.world_size()));
+        auto beside = std::make_unique<ReferenceBeside>(s.job.inputs, plan, steps, ref, drop);
+        s.report.reference_beside = true;
+        return beside;
     }
-    return l;
+    Progress::get().phase("reference", fmt::format("{} step{} on one device", steps, steps == 1 ? "" : "s"));
+    ref.on_step = [steps](int64_t k, double, double) { Progress::get().step("reference", k, steps); };
+    s.references[key] = record_reference(s.job.inputs, plan, steps, ref);
+    s.report.reference_seconds += s.references[key].seconds;
+    return nullptr;
+}
+
+// On rank 0 the parallel run's tensors are compared with `reference` as they are recorded (following
+// the reference beside, when it runs there), and with `drop` each reference step's tensors go once
+// compared.
+void compare_as_recorded(RecordOptions& ro, RunRecord* reference, ReferenceBeside* beside, bool drop,
+                         const Plan& plan, int64_t steps) {
+    ro.compare_with = reference;
+    ro.follow = beside ? &beside->stream : nullptr;
+    if (drop)
+        ro.done_with_reference_step = [reference, stream = beside ? &beside->stream : nullptr](int64_t k) {
+            drop_tensors(reference->steps[static_cast<size_t>(k)]);
+            if (stream) stream->released(k);
+        };
+    if (!beside)
+        Progress::get().phase(
+            fmt::format("parallel {}", plan.path),
+            fmt::format("{} ranks, each step compared as it is recorded", plan.world_size()));
+    ro.on_step = [steps](int64_t k, double, double) { Progress::get().step("parallel", k, steps); };
+}
+
+// The parallel run as rank 0 gathered it: its record with every rank's memory, and the near-ties
+// its ranks took from the reference's routing.
+struct ParallelRun {
+    RunRecord record;
+    int64_t replayed = 0;
+};
+
+ParallelRun run_parallel(const VerifyState& s, const Plan& plan, int64_t steps, const RecordOptions& ro,
+                         RoutingLog* routing, ReferenceBeside* beside) {
+    const VerifyJob& job = s.job;
+    Launch& launch = s.launch;
+    const bool experts = s.experts;
+    ParallelRun par;
+    try {
+        launch.run(
+            plan.world_size(), plan.mesh_where,
+            [&](Communicator& world) {
+                // rank threads read rank 0's log; the ranks of an mpirun job receive it
+                std::unique_ptr<RoutingLog> received;
+                RoutingLog* follow = routing;
+                if (experts && !launch.shares_memory()) follow = received_routing(routing, world, received);
+                const std::unique_ptr<RunLayer> layer = fault_layer(job.options.fault);
+                // each rank's tensors are charged to its account (verification's own are not: the
+                // recorder's work runs unaccounted), the measured side of explain's prediction
+                auto account = std::make_shared<MemoryAccount>();
+                RunRecord r;
+                RankMemory mine;
+                {
+                    MemoryScope scope(account);
+                    Run run(job.inputs, plan, world, layer.get());
+                    if (job.options.replay_ties) run.follow_routing(follow, true);
+                    account->reset_peak();
+                    mine.resident = account->live();
+                    r = record_run(run, steps, ro);
+                    mine.peak = account->peak();
+                    for (int u = 0; u < kMemoryUses; ++u)
+                        mine.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
+                }
+                std::vector<RankMemory> all = gather_memory(mine, world);
+                const int64_t mine_replayed =
+                    experts ? total_replayed(follow, world, launch.shares_memory()) : 0;
+                if (world.rank() == 0) {
+                    par.record = std::move(r);
+                    par.record.memory = std::move(all);
+                    par.replayed = mine_replayed;
+                }
+            },
+            beside ? beside->cores : nullptr);
+    } catch (...) {
+        if (beside) beside->end_after_failure();  // the reference's own failure, if that was the cause
+        throw;
+    }
+    return par;
+}
+
+std::string routing_note(const RoutingLog& routing, bool replay_ties, int64_t replayed) {
+    return fmt::format(
+        "routing: {} of the reference's {} token routings are near-ties (their chosen experts "
+        "could change with each router logit within rtol {:.2g}, atol {:.2g}); the parallel run "
+        "{}",
+        routing.ties(), routing.tokens(), routing.rtol(), routing.atol(),
+        replay_ties ? fmt::format("routed {} of them otherwise and took the reference's choice", replayed)
+                    : std::string("routed every token by itself (--no-tie-replay)"));
+}
+
+// The job's plan i: its lint, its reference (rank 0 runs it, beside the ranks or first: under
+// mpirun the other ranks wait for it), its parallel run compared with it, and its report.
+void verify_plan(VerifyState& s, size_t i) {
+    const VerifyJob& job = s.job;
+    Launch& launch = s.launch;
+    const Plan& plan = job.plans[i];
+    const int64_t steps = steps_for(plan, job.options, s.probe.steps);
+    const Resolution res = resolve_plan(s.probe, plan);  // the lint, before anything runs
+    const std::vector<Diagnostic> causes = plan_causes(s, plan, res, steps);
+    if (launch.rank0())
+        for (const auto& w : res.warnings) spdlog::warn("{}", w.str());
+    RecordOptions ro = parallel_record_options(s, plan);
+    const ReferenceKey key = s.reference_key(plan);
+    const bool drop = s.drops_reference(i, key);
+    std::unique_ptr<ReferenceBeside> beside;
+    if (launch.rank0() && !s.references.count(key)) beside = start_reference(s, plan, steps, ro, key, drop);
+    launch.wait_for_rank0();
+    if (launch.rank0())
+        compare_as_recorded(ro, beside ? &beside->stream.record : &s.references[key], beside.get(), drop,
+                            plan, steps);
+    RoutingLog* const routing = launch.rank0() && s.experts ? s.routing_logs[key].get() : nullptr;
+    if (routing) routing->reset_replayed();  // this plan's own count
+    ParallelRun par = run_parallel(s, plan, steps, ro, routing, beside.get());
+    if (beside) {
+        s.references[key] = beside->end();
+        s.report.reference_seconds += s.references[key].seconds;
+    }
+    if (launch.rank0()) {
+        add_plan(s.report, s.references[key], std::move(par.record), plan, res, causes, ro.tol,
+                 job.options.strict);
+        if (routing && routing->tokens() > 0)
+            s.report.plans.back().notes.push_back(
+                routing_note(*routing, job.options.replay_ties, par.replayed));
+    }
 }
 
 }  // namespace
 
-int run_verify_command(const VerifyCommand& cmd, const std::function<void(const VerifyReport&)>& on_report,
-                       const std::function<void(const CaseResult&)>& on_case) {
-    ReplayOptions replay;
-    replay.update = cmd.update;
-    replay.verify = cmd.options;
-    if (looks_like_golden_arg(cmd.model)) {  // ptool verify golden/ [more files or folders]: in one process
-        std::vector<std::string> args = {cmd.model};
-        args.insert(args.end(), cmd.plans.begin(), cmd.plans.end());
-        if (!cmd.init.empty() || !cmd.data.empty() || !cmd.golden.empty() || !cmd.mesh.empty())
-            throw InputError(
-                "golden files replay their own init, data and plan: --init, --data, --golden and --mesh "
-                "apply to MODEL PLAN...");
-        const auto launch = make_launch(cmd.device, cmd.options.comm);
-        return launch->exit_code([&] {
-            if (!launch->rank0()) return 0;  // the other ranks of an mpirun job wait for rank 0's verdict
-            int bad = 0;
-            for (const CaseResult& r : replay_golden_files(args, replay, cmd.device, cmd.dtype, on_case))
-                bad += r.verdict == Verdict::fail || r.verdict == Verdict::stale;
-            return bad ? 1 : 0;
-        });
-    }
-    if (cmd.plans.empty()) throw InputError("verify needs MODEL PLAN... (or golden files / folders)");
-    if (cmd.update) throw InputError("--update applies to `ptool verify GOLDEN...`");
-    const LoadedCommand l = load_command(cmd);
-    const auto launch = make_launch(cmd.device, cmd.options.comm);
-    return launch->exit_code([&] {
-        if (l.golden) {  // three-way: parallel vs reference, reference vs golden, parallel vs golden
-            const CaseResult r = replay_case(*l.golden, l.job.inputs, l.job.plans[0], replay, *launch);
-            if (launch->rank0() && on_case) on_case(r);
-            return r.verdict == Verdict::pass ? 0 : 1;
-        }
-        const VerifyReport report = verify(l.job, *launch);
-        if (launch->rank0() && on_report) on_report(report);
-        return report.pass ? 0 : 1;
-    });
+VerifyReport verify(const VerifyJob& job, Launch& launch) {
+    VerifyState s(job, launch);
+    for (size_t i = 0; i < job.plans.size(); ++i) verify_plan(s, i);
+    return std::move(s.report);
 }
 
 }  // namespace ptool

@@ -3,8 +3,11 @@
 // (Qwen3's head_dim and q/k norms, OLMo2's whole-projection ones), gated MLPs, mixtures of experts (routers,
 // shared experts, the balancing loss, expert capacities), residuals named or transparent; random sizes,
 // losses and optimizers) and a plan for it (a mesh with tp and dp dims, styles on random modules with random
-// layouts, src_data_rank, replicate or fully_shard, expert parallel over dp), as YAML text, then runs `ptool
-// explain` and a one-step `ptool verify` on them in this process. The only outcomes allowed are those of exit
+// layouts, src_data_rank, replicate or fully_shard, expert parallel over dp; a router gate styled like any
+// linear; issue 50's newer sections: a pipeline over 2 pp ranks (every schedule, split points at the
+// top-level blocks), context parallel over 2 cp ranks, a `shared` use of an earlier block that may land
+// on another pp rank's stage), as YAML text, then runs `ptool explain` and a one-step `ptool verify` on
+// them in this process. The only outcomes allowed are those of exit
 // 0, 1 and 2: a result (pass or mismatch) or an InputError. A RuntimeError (a rank failed), an internal
 // error, a signal or a sanitizer report is a finding.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -23,8 +26,14 @@ namespace {
 struct Gen {
     FuzzedDataProvider& in;
     std::vector<std::string> linears, norms, modules;  // FQNs, for the plan
+    std::vector<std::string> tops;  // top-level blocks, in order: a pipeline's split points
     int64_t width = 8;
     bool experts = false;  // a moe layer (expert_parallel may split it)
+    // Well-formed (half the inputs): sizes that divide over every mesh dim, the batch over dp x the
+    // microbatches, the sequence over cp's chunks, and no tensor-parallel styles, so that pipelines,
+    // context and expert parallel get past the lint into a verify (random styles and sizes send
+    // most of the others to a layout or divisibility refusal first: PTOOL_FUZZ_STATS counts both).
+    bool well_formed = false;
 
     int64_t pick(std::initializer_list<const int64_t> v) { return in.PickValueInArray(v); }
 
@@ -37,7 +46,7 @@ struct Gen {
 
     // One block of the body, keeping the width (so residuals and the head fit).
     std::string block(const std::string& prefix, const std::string& name, int depth) {
-        const int64_t hidden = pick({2, 4, 6, 8, 12, 16});
+        const int64_t hidden = well_formed ? pick({4, 8, 16}) : pick({2, 4, 6, 8, 12, 16});
         switch (in.ConsumeIntegralInRange(0, depth > 1 ? 5 : 8)) {
             case 0:
                 return "  - " + linear(prefix, name, width, width) + "\n";
@@ -84,6 +93,7 @@ struct Gen {
                 const int64_t e = pick({2, 4}), k = in.ConsumeIntegralInRange<int64_t>(1, e);
                 const bool sigmoid = in.ConsumeBool(), shared = in.ConsumeBool();
                 modules.push_back(prefix + name), experts = true;
+                linears.push_back(prefix + name + ".gate");  // the router: must end Replicate under tp
                 for (const char* p : {"gate_proj", "up_proj", "down_proj"})
                     linears.push_back(prefix + name + ".experts.*." + p);
                 return fmt::format(
@@ -122,13 +132,14 @@ struct Gen {
     }
 
     std::string model(bool& three_d) {
+        well_formed = in.ConsumeBool();
         width = pick({4, 8, 12, 16});
-        const int64_t batch = pick({1, 2, 4}), seq = pick({1, 2, 4, 6});
+        const int64_t batch = well_formed ? 4 : pick({1, 2, 4}), seq = well_formed ? 4 : pick({1, 2, 4, 6});
         const bool tokens = in.ConsumeBool();
         three_d = tokens || in.ConsumeBool();
         std::string s = fmt::format("seed: {}\nsteps: 1\ndtype: {}\n", in.ConsumeIntegral<uint8_t>(),
                                     in.ConsumeBool() ? "float32" : "float64");
-        const int64_t vocab = pick({8, 16, 33});
+        const int64_t vocab = well_formed ? 16 : pick({8, 16, 33});
         if (tokens)
             s += fmt::format("batch:\n  input: {{tokens: [{}, {}], vocab: {}}}\n", batch, seq, vocab);
         else
@@ -149,6 +160,17 @@ struct Gen {
             if (!three_d && b.find("attention") != std::string::npos) continue;
             s += b;
         }
+        // a `shared` use of an earlier top-level block (each keeps the width): under a pipeline its
+        // two uses may land on two pp ranks' stages (refused) or one's
+        std::vector<std::string> earlier;
+        for (const std::string& m : modules)
+            if (m.size() > 1 && m[0] == 'b' && m.find_first_not_of("0123456789", 1) == std::string::npos)
+                earlier.push_back(m);
+        if (!earlier.empty() && in.ConsumeBool())
+            s += fmt::format("  - {{name: again, type: shared, module: {}}}\n",
+                             earlier[in.ConsumeIntegralInRange<size_t>(0, earlier.size() - 1)]);
+        tops = earlier;
+        tops.push_back("head");
         const int64_t classes = pick({4, 8, 16});
         s += "  - " + linear("", "head", width, classes) + "\n";
         const char* loss = in.PickValueInArray({"sum", "mean", "mse", "cross_entropy"});
@@ -162,17 +184,45 @@ struct Gen {
         return in.PickValueInArray({"replicate", "shard(0)", "shard(1)", "shard(-1)", "partial"});
     }
 
-    std::string plan() {
-        const int tp = static_cast<int>(in.ConsumeIntegralInRange(1, 4)), dp = in.ConsumeBool() ? 2 : 1;
-        const bool hsdp = dp > 1 && experts && in.ConsumeBool();  // HSDP 2 x 2, ep over either dim
-        std::string s = hsdp     ? fmt::format("mesh: {{rep: 2, dp: {}, tp: {}}}\n", dp, tp)
-                        : dp > 1 ? fmt::format("mesh: {{dp: {}, tp: {}}}\n", dp, tp)
-                                 : fmt::format("mesh: {{tp: {}}}\n", tp);
-        s += fmt::format("tensor_parallel:\n  mesh_dim: tp\n  src_data_rank: {}\n  plan:\n",
-                         in.ConsumeBool() ? "0" : "null");
+    std::string plan(bool three_d) {
+        const bool pp = tops.size() >= 2 && in.ConsumeBool(), cp = three_d && in.ConsumeBool();
+        const int tp = well_formed ? 1 : static_cast<int>(in.ConsumeIntegralInRange(1, pp || cp ? 2 : 4)),
+                  dp = in.ConsumeBool() ? 2 : 1;
+        const bool hsdp =
+            dp > 1 && experts && !pp && !cp && in.ConsumeBool();  // HSDP 2 x 2, ep over either dim
+        std::string s = "mesh: {";
+        if (hsdp) s += "rep: 2, ";
+        if (dp > 1) s += "dp: 2, ";
+        if (pp) s += "pp: 2, ";
+        if (cp) s += "cp: 2, ";
+        s += fmt::format("tp: {}}}\n", tp);
+        // well-formed: a pipeline's microbatches divide the rows each dp rank gets, and reach the pp ranks
+        const int64_t microbatches = well_formed ? (dp > 1 ? 2 : 4) : pick({1, 2, 4});
+        if (pp) {  // torch.distributed.pipelining's schedules; split points at top-level blocks
+            // well-formed: interleaved's 4 stages only where there are 4 blocks to split at, with a
+            // microbatch per stage
+            const std::string schedule = well_formed && (tops.size() < 4 || dp > 1)
+                                             ? in.PickValueInArray({"gpipe", "1f1b"})
+                                             : in.PickValueInArray({"gpipe", "1f1b", "interleaved_1f1b"});
+            const int stages = schedule == "interleaved_1f1b" ? 4 : 2;  // virtual_stages 2
+            s += fmt::format("pipeline_parallel:\n  mesh_dim: pp\n  microbatches: {}\n  schedule: {}\n",
+                             microbatches, schedule);
+            std::vector<std::string> points;
+            for (size_t i = 1; i < tops.size() && static_cast<int>(points.size()) < stages - 1; ++i)
+                if (in.ConsumeBool() || tops.size() - i <= static_cast<size_t>(stages - 1) - points.size())
+                    points.push_back(tops[i]);
+            s += fmt::format("  split_points: [{}]\n", fmt::join(points, ", "));
+        }
+        if (cp)
+            s +=
+                fmt::format("context_parallel: {{mesh_dim: cp, rotate_method: {}, load_balance: {}}}\n",
+                            in.ConsumeBool() ? "allgather" : "alltoall", in.ConsumeBool() ? "true" : "false");
+        if (!well_formed)
+            s += fmt::format("tensor_parallel:\n  mesh_dim: tp\n  src_data_rank: {}\n  plan:\n",
+                             in.ConsumeBool() ? "0" : "null");
         const bool megatron =
             in.ConsumeBool();  // colwise then rowwise, in order: the usual shape of a correct plan
-        for (size_t i = 0; i < linears.size() && in.remaining_bytes() > 0; ++i) {
+        for (size_t i = 0; !well_formed && i < linears.size() && in.remaining_bytes() > 0; ++i) {
             const int choice = in.ConsumeIntegralInRange(0, 3);
             if (choice == 0) continue;
             const char* style =
@@ -184,8 +234,8 @@ struct Gen {
                 s += fmt::format("    \"{}\": {}\n", linears[i], style);
         }
         for (const std::string& n : norms)
-            if (in.ConsumeBool()) s += fmt::format("    \"{}\": sequence_parallel\n", n);
-        if (!modules.empty() && in.ConsumeBool())
+            if (!well_formed && in.ConsumeBool()) s += fmt::format("    \"{}\": sequence_parallel\n", n);
+        if (!well_formed && !modules.empty() && in.ConsumeBool())
             s += fmt::format(
                 "    \"{}\": {{style: prepare_input_output, input_layouts: {}, desired_input_layouts: {}, "
                 "output_layouts: {}, desired_output_layouts: {}}}\n",
@@ -203,7 +253,8 @@ struct Gen {
                              modules[in.ConsumeIntegralInRange<size_t>(0, modules.size() - 1)],
                              in.PickValueInArray({"full", "op", "core_attn"}),
                              in.ConsumeIntegralInRange(1, 3));
-        if (in.ConsumeBool()) s += fmt::format("gradient_accumulation: {}\n", pick({1, 2, 4}));
+        if (!well_formed && in.ConsumeBool())
+            s += fmt::format("gradient_accumulation: {}\n", pick({1, 2, 4}));
         return s;
     }
 };
@@ -213,7 +264,21 @@ struct Gen {
 namespace {
 int64_t g_runs = 0, g_refused = 0,
         g_passed = 0;  // how far the generated cases get (PTOOL_FUZZ_STATS=1 prints it)
-}
+
+// The newer sections (issue 50): how many generated cases hold each, and how many of those got past
+// the lint into a verify, so a run shows the sections were reached, not only generated.
+struct Section {
+    const char* name;
+    const char* key;  // a substring of the model or plan text that marks it
+    int64_t generated = 0, verified = 0;
+};
+Section g_sections[] = {{"pipeline", "pipeline_parallel:"},
+                        {"context_parallel", "context_parallel:"},
+                        {"expert_parallel", "expert_parallel:"},
+                        {"moe", "type: moe"},
+                        {"shared", "type: shared"},
+                        {"fully_shard", "fully_shard"}};
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static const bool quiet = [] {
@@ -225,6 +290,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     "fuzz_model_plan: %lld cases: %lld refused by the lint, %lld verified, %lld passed\n",
                     (long long)g_runs, (long long)g_refused, (long long)(g_runs - g_refused),
                     (long long)g_passed);
+                for (const Section& c : g_sections)
+                    std::fprintf(stderr, "fuzz_model_plan: %s in %lld cases, %lld of them verified\n", c.name,
+                                 (long long)c.generated, (long long)c.verified);
             });
         return std::getenv("PTOOL_FUZZ_VERBOSE") == nullptr;
     }();
@@ -232,8 +300,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FuzzedDataProvider in(data, size);
     Gen g{in};
     bool three_d = false;
-    const std::string model_text = g.model(three_d), plan_text = g.plan();
+    const std::string model_text = g.model(three_d), plan_text = g.plan(three_d);
     if (!quiet) std::printf("--- model\n%s--- plan\n%s", model_text.c_str(), plan_text.c_str());
+    std::vector<Section*> held;
+    for (Section& c : g_sections)
+        if (model_text.find(c.key) != std::string::npos || plan_text.find(c.key) != std::string::npos)
+            ++c.generated, held.push_back(&c);
     try {
         ptool::VerifyJob job;
         job.inputs.model_path = "fuzz_model.yaml";
@@ -245,6 +317,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ptool::explain_plan(model, job.plans[0]);
         const auto launch = ptool::in_process_launch(ptool::Device::cpu, job.options.comm);
         const ptool::VerifyReport r = ptool::verify(job, *launch);  // a pass or a mismatch: both are results
+        for (Section* c : held) ++c->verified;
         g_passed += r.pass;
         // PTOOL_FUZZ_MISMATCHES=DIR keeps the cases that fail with no warning or cause to explain it
         if (const char* dir = std::getenv("PTOOL_FUZZ_MISMATCHES");
@@ -255,8 +328,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             f = std::fopen((base + ".plan.yaml").c_str(), "w");
             if (f) std::fputs(plan_text.c_str(), f), std::fclose(f);
         }
-    } catch (const ptool::InputError&) {  // exit 2: the generator made something the lint refuses
+    } catch (const ptool::InputError& e) {  // exit 2: the generator made something the lint refuses
         ++g_refused;
+        if (std::getenv("PTOOL_FUZZ_REFUSALS")) {  // why, by section: what the generator should not make
+            std::string held_names;
+            for (const Section* c : held) held_names += std::string(" ") + c->name;
+            std::fprintf(stderr, "refused [%s ]: %s\n", held_names.c_str(), e.what());
+        }
     }
     return 0;
 }

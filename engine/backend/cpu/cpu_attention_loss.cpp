@@ -1,10 +1,19 @@
 // Embedding, attention helpers (head transpose, row softmax) and losses on the CPU.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_threads.h"
 
 namespace ptool {
+namespace {
+// rows of `width` elements a chunk: about kElementGrain elements
+int64_t row_grain(int64_t width) {
+    return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(width, 1));
+}
+}  // namespace
 
 void CpuBackend::embedding(const Tensor& ids, const Tensor& w, Tensor& y) {
     const int64_t vocab = w.size(0), d = w.size(1), n = ids.numel();
@@ -58,16 +67,19 @@ void CpuBackend::softmax(const Tensor& x, bool causal, Tensor& y) {
         using A = acc_t<T>;
         const T* px = x.data<T>();
         T* py = y.data<T>();
-        for (int64_t r = 0; r < rows; ++r) {
-            // query position r % t sees keys [0, limit); the offset aligns the last query with the last key
-            const int64_t limit = causal ? std::min(s, (r % t) + 1 + (s - t)) : s;
-            A mx = -std::numeric_limits<A>::infinity();
-            for (int64_t j = 0; j < limit; ++j) mx = std::max(mx, A(px[r * s + j]));
-            A sum = 0;
-            for (int64_t j = 0; j < limit; ++j) sum += std::exp(A(px[r * s + j]) - mx);
-            for (int64_t j = 0; j < s; ++j)
-                py[r * s + j] = T(j < limit ? std::exp(A(px[r * s + j]) - mx) / sum : A(0));
-        }
+        cpu_for(rows, row_grain(s), [&](int64_t begin, int64_t end) {
+            for (int64_t r = begin; r < end; ++r) {
+                // query position r % t sees keys [0, limit); the offset aligns the last query with the last
+                // key
+                const int64_t limit = causal ? std::min(s, (r % t) + 1 + (s - t)) : s;
+                A mx = -std::numeric_limits<A>::infinity();
+                for (int64_t j = 0; j < limit; ++j) mx = std::max(mx, A(px[r * s + j]));
+                A sum = 0;
+                for (int64_t j = 0; j < limit; ++j) sum += std::exp(A(px[r * s + j]) - mx);
+                for (int64_t j = 0; j < s; ++j)
+                    py[r * s + j] = T(j < limit ? std::exp(A(px[r * s + j]) - mx) / sum : A(0));
+            }
+        });
     });
 }
 
@@ -79,11 +91,14 @@ void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx)
         using A = acc_t<T>;
         const T *py = y.data<T>(), *pdy = dy.data<T>();
         T* pdx = dx.data<T>();
-        for (int64_t r = 0; r < rows; ++r) {
-            A dot = 0;
-            for (int64_t j = 0; j < s; ++j) dot += A(py[r * s + j]) * A(pdy[r * s + j]);
-            for (int64_t j = 0; j < s; ++j) pdx[r * s + j] = T(A(py[r * s + j]) * (A(pdy[r * s + j]) - dot));
-        }
+        cpu_for(rows, row_grain(s), [&](int64_t begin, int64_t end) {
+            for (int64_t r = begin; r < end; ++r) {
+                A dot = 0;
+                for (int64_t j = 0; j < s; ++j) dot += A(py[r * s + j]) * A(pdy[r * s + j]);
+                for (int64_t j = 0; j < s; ++j)
+                    pdx[r * s + j] = T(A(py[r * s + j]) * (A(pdy[r * s + j]) - dot));
+            }
+        });
     });
 }
 
@@ -178,23 +193,32 @@ double CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int
         using A = acc_t<T>;
         const T* pl = logits.data<T>();
         T* pd = dlogits.data<T>();
-        double loss = 0.0;
         for (int64_t i = 0; i < n; ++i) {
             const int64_t t = id_at(target, i);
             if (t != ignore_index && (t < 0 || t >= v))
                 throw InputError(
                     fmt::format("class id {} at position {} is out of range for {} classes", t, i, v));
-            A mx = -std::numeric_limits<A>::infinity();
-            for (int64_t j = 0; j < v; ++j) mx = std::max(mx, A(pl[i * v + j]));
-            A sum = 0;
-            for (int64_t j = 0; j < v; ++j) sum += std::exp(A(pl[i * v + j]) - mx);
-            const A lse = mx + std::log(sum);
-            if (t != ignore_index) loss += static_cast<double>(lse - A(pl[i * v + t]));
-            for (int64_t j = 0; j < v; ++j) {
-                A g = t == ignore_index ? A(0) : std::exp(A(pl[i * v + j]) - lse) - A(j == t ? 1 : 0);
-                pd[i * v + j] = T(g / A(divisor));
-            }
         }
+        std::vector<double> row_loss(static_cast<size_t>(n), 0.0);  // added in row order below
+        cpu_for(n, row_grain(v), [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+                const int64_t t = id_at(target, i);
+                A mx = -std::numeric_limits<A>::infinity();
+                for (int64_t j = 0; j < v; ++j) mx = std::max(mx, A(pl[i * v + j]));
+                A sum = 0;
+                for (int64_t j = 0; j < v; ++j) sum += std::exp(A(pl[i * v + j]) - mx);
+                const A lse = mx + std::log(sum);
+                if (t != ignore_index)
+                    row_loss[static_cast<size_t>(i)] = static_cast<double>(lse - A(pl[i * v + t]));
+                for (int64_t j = 0; j < v; ++j) {
+                    A g = t == ignore_index ? A(0) : std::exp(A(pl[i * v + j]) - lse) - A(j == t ? 1 : 0);
+                    pd[i * v + j] = T(g / A(divisor));
+                }
+            }
+        });
+        double loss = 0.0;
+        for (int64_t i = 0; i < n; ++i)
+            if (id_at(target, i) != ignore_index) loss += row_loss[static_cast<size_t>(i)];
         return static_cast<double>(static_cast<A>(loss / divisor));
     });
 }

@@ -1,10 +1,12 @@
 // Elementwise ops, bias, reductions and the optimizer updates on the CPU.
 // Arithmetic is in acc_t<T> (float for fp32/bf16/fp16, double for fp64); formulas follow
 // PyTorch's CPU kernels so fp32 results agree to rounding.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_threads.h"
 
 namespace ptool {
 
@@ -71,7 +73,9 @@ void binary(const Tensor& a, const Tensor& b, Tensor& out, const char* op, F f) 
         using A = acc_t<T>;
         const T *pa = a.data<T>(), *pb = b.data<T>();
         T* po = out.data<T>();
-        for (int64_t i = 0, n = a.numel(); i < n; ++i) po[i] = T(f(A(pa[i]), A(pb[i])));
+        cpu_for(a.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) po[i] = T(f(A(pa[i]), A(pb[i])));
+        });
     });
 }
 
@@ -101,12 +105,51 @@ void CpuBackend::scale(const Tensor& x, double s, Tensor& out) {
     binary(x, x, out, "scale", [s](auto u, auto) { return u * decltype(u)(s); });
 }
 
+void CpuBackend::gated_activation(Activation act, const Tensor& g, const Tensor& u, Tensor& a, Tensor& h) {
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&u, &a, &h})
+        require_same_shape(g, *t, "gated_activation"), require_same_dtype(g, *t, "gated_activation");
+    dispatch_float(g.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        const T *pg = g.data<T>(), *pu = u.data<T>();
+        T *pa = a.data<T>(), *ph = h.data<T>();
+        cpu_for(g.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+                const T ai = T(act_forward(act, A(pg[i])));
+                pa[i] = ai;
+                ph[i] = T(A(ai) * A(pu[i]));
+            }
+        });
+    });
+}
+
+void CpuBackend::gated_activation_backward(Activation act, const Tensor& g, const Tensor& a, const Tensor& u,
+                                           const Tensor& dh, Tensor& du, Tensor& dg) {
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&a, &u, &dh, &du, &dg})
+        require_same_shape(g, *t, "gated_activation_backward"),
+            require_same_dtype(g, *t, "gated_activation_backward");
+    dispatch_float(g.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        const T *pg = g.data<T>(), *pa = a.data<T>(), *pu = u.data<T>(), *pdh = dh.data<T>();
+        T *pdu = du.data<T>(), *pdg = dg.data<T>();
+        cpu_for(g.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+                pdu[i] = T(A(pdh[i]) * A(pa[i]));
+                const T da = T(A(pdh[i]) * A(pu[i]));
+                pdg[i] = T(A(da) * act_derivative(act, A(pg[i])));
+            }
+        });
+    });
+}
+
 void CpuBackend::fill(Tensor& t, double value) {
     dispatch_float(t.dtype(), [&](auto tag) {
         using T = decltype(tag);
         T* p = t.data<T>();
         const T v = T(static_cast<acc_t<T>>(value));
-        for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = v;
+        cpu_for(t.numel(), kElementGrain,
+                [&](int64_t begin, int64_t end) { std::fill(p + begin, p + end, v); });
     });
 }
 
@@ -126,7 +169,9 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
             using D = decltype(d);
             const S* ps = src.data<S>();
             D* pd = dst.data<D>();
-            for (int64_t i = 0, n = src.numel(); i < n; ++i) pd[i] = D(static_cast<acc_t<S>>(ps[i]));
+            cpu_for(src.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+                for (int64_t i = begin; i < end; ++i) pd[i] = D(static_cast<acc_t<S>>(ps[i]));
+            });
         });
     });
 }
@@ -139,8 +184,11 @@ void CpuBackend::add_bias(Tensor& y, const Tensor& bias) {
         using A = acc_t<T>;
         T* py = y.data<T>();
         const T* pb = bias.data<T>();
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t j = 0; j < n; ++j) py[r * n + j] = T(A(py[r * n + j]) + A(pb[j]));
+        cpu_for(rows, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(n, 1)),
+                [&](int64_t begin, int64_t end) {
+                    for (int64_t r = begin; r < end; ++r)
+                        for (int64_t j = 0; j < n; ++j) py[r * n + j] = T(A(py[r * n + j]) + A(pb[j]));
+                });
     });
 }
 
@@ -180,16 +228,18 @@ void CpuBackend::sgd_step(Tensor& p, const Tensor& g, Tensor& buf, double lr, do
         T* pp = p.data<T>();
         const T* pg = g.data<T>();
         T* pm = momentum != 0.0 ? buf.data<T>() : nullptr;
-        for (int64_t i = 0, n = p.numel(); i < n; ++i) {
-            A d = A(pg[i]);
-            if (weight_decay != 0.0) d = d + A(weight_decay) * A(pp[i]);
-            if (pm) {
-                A m = first_step ? d : A(momentum) * A(pm[i]) + d;
-                pm[i] = T(m);
-                d = A(pm[i]);
+        cpu_for(p.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+                A d = A(pg[i]);
+                if (weight_decay != 0.0) d = d + A(weight_decay) * A(pp[i]);
+                if (pm) {
+                    A m = first_step ? d : A(momentum) * A(pm[i]) + d;
+                    pm[i] = T(m);
+                    d = A(pm[i]);
+                }
+                pp[i] = T(A(pp[i]) - A(lr) * d);
             }
-            pp[i] = T(A(pp[i]) - A(lr) * d);
-        }
+        });
     });
 }
 
@@ -206,16 +256,18 @@ void CpuBackend::adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, in
         using A = acc_t<T>;
         T *pp = p.data<T>(), *pm = m.data<T>(), *pv = v.data<T>();
         const T* pg = g.data<T>();
-        for (int64_t i = 0, n = p.numel(); i < n; ++i) {
-            const A gi = A(pg[i]);
-            A pi = A(pp[i]) * A(1.0 - lr * weight_decay);
-            A mi = A(pm[i]) + A(1.0 - beta1) * (gi - A(pm[i]));
-            A vi = A(pv[i]) * A(beta2) + A(1.0 - beta2) * gi * gi;
-            pm[i] = T(mi);
-            pv[i] = T(vi);
-            const A denom = std::sqrt(A(pv[i])) / A(bc2_sqrt) + A(eps);
-            pp[i] = T(pi - A(step_size) * (A(pm[i]) / denom));
-        }
+        cpu_for(p.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+                const A gi = A(pg[i]);
+                A pi = A(pp[i]) * A(1.0 - lr * weight_decay);
+                A mi = A(pm[i]) + A(1.0 - beta1) * (gi - A(pm[i]));
+                A vi = A(pv[i]) * A(beta2) + A(1.0 - beta2) * gi * gi;
+                pm[i] = T(mi);
+                pv[i] = T(vi);
+                const A denom = std::sqrt(A(pv[i])) / A(bc2_sqrt) + A(eps);
+                pp[i] = T(pi - A(step_size) * (A(pm[i]) / denom));
+            }
+        });
     });
 }
 

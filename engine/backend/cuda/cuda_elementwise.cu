@@ -105,6 +105,27 @@ void binary(BinOp op, Activation act, double s, const Tensor& a, const Tensor& b
     check_launch();
 }
 
+// a = act(g), h = a * u; and backward du = dh * a, dg = (dh * u) act'(g): binary_kernel's formulas
+// with its roundings (each product rounded to the dtype where the unfused ops store it)
+template <class D>
+__global__ void gated_kernel(Activation act, const D* g, const D* u, D* a, D* h, int64_t n) {
+    PTOOL_GRID_STRIDE(i, n) {
+        const D ai = from_acc<D>(act_forward(act, to_acc(g[i])));
+        a[i] = ai;
+        h[i] = from_acc<D>(to_acc(ai) * to_acc(u[i]));
+    }
+}
+
+template <class D>
+__global__ void gated_backward_kernel(Activation act, const D* g, const D* a, const D* u, const D* dh, D* du,
+                                      D* dg, int64_t n) {
+    PTOOL_GRID_STRIDE(i, n) {
+        du[i] = from_acc<D>(to_acc(dh[i]) * to_acc(a[i]));
+        const D da = from_acc<D>(to_acc(dh[i]) * to_acc(u[i]));
+        dg[i] = from_acc<D>(to_acc(da) * act_derivative(act, to_acc(g[i])));
+    }
+}
+
 template <class D>
 __global__ void fill_kernel(D* p, dacc_t<D> v, int64_t n) {
     const D x = from_acc<D>(v);
@@ -191,6 +212,34 @@ void CudaBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
 }
 void CudaBackend::scale(const Tensor& x, double s, Tensor& out) {
     binary(BinOp::scale, Activation::relu, s, x, x, out, "scale");
+}
+
+void CudaBackend::gated_activation(Activation act, const Tensor& g, const Tensor& u, Tensor& a, Tensor& h) {
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&u, &a, &h})
+        require_same_shape(g, *t, "gated_activation"), require_same_dtype(g, *t, "gated_activation");
+    const Launch l = elementwise_launch(g.numel(), sm_count());
+    if (!l.grid) return;
+    dispatch(g.dtype(), [&](auto tag) {
+        using D = decltype(tag);
+        gated_kernel<D>
+            <<<l.grid, l.block, 0, stream()>>>(act, ptr<D>(g), ptr<D>(u), ptr<D>(a), ptr<D>(h), g.numel());
+    });
+    check_launch();
+}
+
+void CudaBackend::gated_activation_backward(Activation act, const Tensor& g, const Tensor& a, const Tensor& u,
+                                            const Tensor& dh, Tensor& du, Tensor& dg) {
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&a, &u, &dh, &du, &dg})
+        require_same_shape(g, *t, "gated_activation_backward"),
+            require_same_dtype(g, *t, "gated_activation_backward");
+    const Launch l = elementwise_launch(g.numel(), sm_count());
+    if (!l.grid) return;
+    dispatch(g.dtype(), [&](auto tag) {
+        using D = decltype(tag);
+        gated_backward_kernel<D><<<l.grid, l.block, 0, stream()>>>(
+            act, ptr<D>(g), ptr<D>(a), ptr<D>(u), ptr<D>(dh), ptr<D>(du), ptr<D>(dg), g.numel());
+    });
+    check_launch();
 }
 
 void CudaBackend::fill(Tensor& t, double value) {

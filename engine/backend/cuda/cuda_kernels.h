@@ -26,6 +26,9 @@ public:
     void axpy(double alpha, const Tensor& x, Tensor& y) override;
     void scale(const Tensor& x, double s, Tensor& out) override;
     void fill(Tensor& t, double value) override;
+    void gated_activation(Activation act, const Tensor& g, const Tensor& u, Tensor& a, Tensor& h) override;
+    void gated_activation_backward(Activation act, const Tensor& g, const Tensor& a, const Tensor& u,
+                                   const Tensor& dh, Tensor& du, Tensor& dg) override;
     void copy(const Tensor& src, Tensor& dst) override;
 
     void add_bias(Tensor& y, const Tensor& bias) override;
@@ -57,6 +60,14 @@ public:
     void softmax_from_stats(const Tensor& x, const Tensor& m, const Tensor& l, Tensor& y) override;
     void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& o, const Tensor& d_o,
                                Tensor& dx) override;
+    void draw_init(Tensor& t, const InitDraw& d) override;  // cuda_init_draw.cu
+
+    bool fused_attention(DType dt, int64_t head_dim) const override;  // cuda_flash_attention.cu
+    void attention_forward(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                           Tensor& o, Tensor& m, Tensor& l) override;
+    void attention_backward(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& o, const Tensor& d_o, const Tensor& m, const Tensor& l, Tensor& dq,
+                            Tensor& dk, Tensor& dv, bool accumulate_dq) override;
 
     double cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double divisor,
                          Tensor& dlogits) override;

@@ -56,6 +56,15 @@ public:
     void axpy(double, const Tensor& x, Tensor& y) override { touch({&x, &y, &y}); }
     void scale(const Tensor& x, double, Tensor& out) override { touch({&x, &out}); }
     void fill(Tensor& t, double) override { touch({&t}); }
+    // counted as the activation and mul they fuse (the time model's kernels and bytes unchanged:
+    // an upper bound on the fused kernel's)
+    void gated_activation(Activation, const Tensor& g, const Tensor& u, Tensor& a, Tensor& h) override {
+        touch({&g, &a}), touch({&a, &u, &h});
+    }
+    void gated_activation_backward(Activation, const Tensor& g, const Tensor& a, const Tensor& u,
+                                   const Tensor& dh, Tensor& du, Tensor& dg) override {
+        touch({&dh, &a, &du}), touch({&dh, &u, &dg}), touch({&g, &dg, &dg});
+    }
     void copy(const Tensor& src, Tensor& dst) override { touch({&src, &dst}); }
     void add_bias(Tensor& y, const Tensor& bias) override { touch({&y, &y, &bias}); }
     void sum_rows(const Tensor& dy, Tensor& db, bool) override { touch({&dy, &db}); }
@@ -104,6 +113,7 @@ public:
                                Tensor& dx) override {
         touch({&y, &dy, &o, &d_o, &dx});
     }
+    void draw_init(Tensor&, const InitDraw&) override {}  // meta keeps no values (runs on meta draw none)
     double cross_entropy(const Tensor& logits, const Tensor& target, int64_t, double,
                          Tensor& dlogits) override {
         touch({&logits, &target, &dlogits});

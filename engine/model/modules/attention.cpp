@@ -265,9 +265,15 @@ static Tensor scatter_sequence(const ContextShard& cp, const Tensor& dx) {
 Tensor visible_mask(int64_t rows, int64_t keys, const Tensor& like,
                     const std::function<bool(int64_t, int64_t)>& visible, double seen, double unseen) {
     if (like.device() == Device::meta) return Tensor::empty({1, rows, keys}, like.dtype(), Device::meta);
-    Tensor m({1, rows, keys}, like.dtype());
-    for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < keys; ++j) m.set(i * keys + j, visible(i, j) ? seen : unseen);
+    Tensor m = Tensor::empty({1, rows, keys}, like.dtype());
+    dispatch_float(like.dtype(),
+                   [&](auto tag) {  // the values Tensor::set writes, without its per-element cost
+                       using T = decltype(tag);
+                       const T on = T(static_cast<acc_t<T>>(seen)), off = T(static_cast<acc_t<T>>(unseen));
+                       T* p = m.data<T>();
+                       for (int64_t i = 0; i < rows; ++i)
+                           for (int64_t j = 0; j < keys; ++j) p[i * keys + j] = visible(i, j) ? on : off;
+                   });
     return like.device() == Device::cpu ? m : m.to_device(like.device());
 }
 
@@ -419,6 +425,8 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
         CommScope scope(cp->comm->counter().get(), fqn(), {CommSiteKind::context_kv});
         k_heads = gather_sequence(*cp, k_heads), v_heads = gather_sequence(*cp, v_heads);
     }
+    if (flash_ && fused(be, ctx, q))  // one kernel over every head and row (attention_fused.cpp)
+        return fused_forward(ctx, q_flat, q, k_heads, v_heads, {b, heads, kv_heads}, cp, kept);
     const Tensor mask = cp && causal_ && !flash_ ? causal_mask(cp, 0, t, cp->seq, q) : Tensor();
     // SDPA's flash kernel shares each kv head among its query heads (enable_gqa, as transformers
     // calls it): the kv heads expanded are ptool's stand-in, and PyTorch keeps k and v unexpanded
@@ -474,9 +482,18 @@ Placed Attention::backward_placed(RunContext& ctx, const Placed& dy, const Layou
     const int64_t heads = static_cast<int64_t>(sv[4].item()), kv_heads = static_cast<int64_t>(sv[5].item());
     const Placed d_out = proj(3).backward(ctx, dy);  // [B, T, H*hd] as q/k/v's gradients are placed
     const int64_t b = d_out.t.size(0);
-    Tensor d_o = split_heads(be, d_out.t, heads);  // [B*H, T, hd]
     const ContextShard* cp = ctx.context && ctx.context->parts > 1 ? ctx.context : nullptr;
-    if (cp && cp->ring()) {  // (attention_ring.cpp) then the projections, as below
+    if (sv.size() == 8 && !(cp && cp->ring())) {  // the fused kernel's forward (attention_fused.cpp)
+        Tensor dq, dk_heads, dv_heads;
+        fused_backward(be, sv, d_out.t, {b, heads, kv_heads}, cp, dq, dk_heads, dv_heads);
+        if (cp) {
+            CommScope scope(cp->comm->counter().get(), fqn(), {CommSiteKind::context_kv});
+            dv_heads = scatter_sequence(*cp, dv_heads), dk_heads = scatter_sequence(*cp, dk_heads);
+        }
+        return project_backward(ctx, d_out, dq, dk_heads, dv_heads, {b, heads, kv_heads});
+    }
+    Tensor d_o = split_heads(be, d_out.t, heads);  // [B*H, T, hd]
+    if (cp && cp->ring()) {                        // (attention_ring.cpp) then the projections, as below
         Tensor dq, dk_heads, dv_heads;
         ring_backward(ctx, sv, d_o, {b, heads, kv_heads}, d_out.layout(), dq, dk_heads, dv_heads);
         report_ring_kv_grads(ctx, dk_heads, dv_heads, {b, heads, kv_heads}, d_out.layout());

@@ -143,8 +143,7 @@ Placed GatedMlp::forward_placed(RunContext& ctx, const Placed& x) {
     const Placed g = child(0).forward(ctx, x);  // [.., hidden]
     const Placed u = child(1).forward(ctx, x);
     Tensor a = empty_like(g.t), h = empty_like(g.t);
-    be.activation(act_, g.t, a);
-    be.mul(a, u.t, h);
+    be.gated_activation(act_, g.t, u.t, a, h);  // activation then mul, in one pass
     save({g.t, a, u.t});
     return child(2).forward(ctx, {h, g.p, g.global});
 }
@@ -154,10 +153,8 @@ Placed GatedMlp::backward_placed(RunContext& ctx, const Placed& dy, const Layout
     std::vector<Tensor> s = restore();
     const Tensor &g = s[0], &a = s[1], &u = s[2];
     const Placed dh = child(2).backward(ctx, dy);
-    Tensor du = empty_like(dh.t), da = empty_like(dh.t), dg = empty_like(dh.t);
-    be.mul(dh.t, a, du);
-    be.mul(dh.t, u, da);
-    be.activation_backward(act_, g, da, dg);
+    Tensor du = empty_like(dh.t), dg = empty_like(dh.t);
+    be.gated_activation_backward(act_, g, a, u, dh.t, du, dg);  // mul, mul, activation_backward in one pass
     const Placed dx_up = child(1).backward(ctx, {du, dh.p, dh.global});
     const Placed dx_gate = child(0).backward(ctx, {dg, dh.p, dh.global});
     Tensor dx = empty_like(dx_up.t);

@@ -96,6 +96,10 @@ void agree_over_tp(Communicator& tp, const RouterOptions& o, Routing& r, Device 
     assign_slots(o, r);
 }
 
+std::string shard_word(const Placement& p) {  // as a plan writes it
+    return fmt::format("shard({})", p.dim);
+}
+
 // The shape of x with its last dim `last`.
 Shape with_last(Shape s, int64_t last) {
     s.back() = last;
@@ -128,11 +132,11 @@ Moe::Moe(std::string name, SourceLocation where, const Options& o, DType dtype)
 int64_t inactive_parameters(const Module& root) {
     int64_t n = 0;
     for (const auto& [fqn, m] : named_modules(root))
-        if (const auto* moe = dynamic_cast<const Moe*>(m)) {
+        if (const RoutedExperts* moe = m->routed_experts()) {
             int64_t per_expert = 0;
             for_each_param(moe->expert(0),
                            [&](const std::string&, const ParamPtr& p) { per_expert += p->value.numel(); });
-            n += (moe->options().router.experts - moe->options().router.top_k) * per_expert;
+            n += (moe->experts() - moe->router_options().top_k) * per_expert;
         }
     return n;
 }
@@ -153,26 +157,43 @@ Layout Moe::layout(LayoutVisitor& v, const Layout& in) const {
     if (p.is_partial() || (p.is_shard() && p.dim == nd - 1))
         conflict(fmt::format("moe '{}' routes whole tokens but gets {}: gather its features first", fqn(),
                              in.p.str()));
-    v.call(gate(), in);
+    // Every tp rank routes the same tokens (torchtitan's MoE under TP takes its input replicated):
+    // the experts' colwise/rowwise collectives need the same rows on each rank, and the routing is
+    // agreed over tp. Batch or sequence shards would route each rank's own tokens.
+    if (p.is_shard() && v.parts() > 1)
+        conflict(fmt::format(
+            "moe '{}' routes the same tokens on every tensor-parallel rank but gets them {}: add "
+            "prepare_input {} -> replicate on '{}' (and prepare_output replicate -> {} after it, as "
+            "torchtitan's PrepareModuleInputOutput on its MoE)",
+            fqn(), in.p.str(), shard_word(p), fqn(), shard_word(p)));
+    // the router reads each token's logits over every expert, on the tokens it routes
+    const Layout logits = v.call(gate(), in);
+    if (!logits.p.same_as(in.p, nd))
+        conflict(fmt::format(
+            "moe '{}' routes each token on all {} of its router logits, but its gate '{}' outputs {}: "
+            "leave the gate without a style (the router replicated, as torchtitan's), or end it "
+            "Replicate (output_layouts: replicate)",
+            fqn(), o_.router.experts, gate().fqn(), logits.p.str()));
     // each expert's rows are this rank's tokens routed to it, [1, rows, dim]: data-dependent, so
     // here (and on meta tensors) the balanced routing's count (model/moe_routing.h)
     int64_t tokens = 1;
     for (int64_t i = 0; i + 1 < nd; ++i) tokens *= in.global[static_cast<size_t>(i)];
     const int64_t slots = tokens * o_.router.top_k, experts = o_.router.experts;
-    // an expert's output is weighted and put back at its tokens whole: its styles must end Replicate
-    auto whole = [&](const Module& m, const Layout& out) {
-        if (!out.p.is_replicate())
+    // an expert's output is weighted and put back at its tokens whole: its styles must end Replicate;
+    // the shared expert and its gate are added at the layer's tokens: they end as its input
+    auto whole = [&](const Module& m, const Layout& out, const Placement& want) {
+        if (!out.p.same_as(want, static_cast<int64_t>(out.global.size())))
             conflict(
-                fmt::format("moe '{}' puts its experts' outputs back at their tokens whole, but '{}' outputs "
-                            "{}: end it Replicate (a rowwise down_proj, or output_layouts: replicate)",
-                            fqn(), m.fqn(), out.str()));
+                fmt::format("moe '{}' adds the output of '{}' at its tokens, whole ({}), but it outputs "
+                            "{}: end it {} (a rowwise down_proj, or output_layouts: replicate)",
+                            fqn(), m.fqn(), want.str(), out.str(), want.str()));
     };
     for (int64_t e = 0; e < experts; ++e) {
         const Layout rows{{1, slots / experts + (e < slots % experts ? 1 : 0), o_.dim}, Placement()};
-        whole(expert(e), v.call(expert(e), rows));
+        whole(expert(e), v.call(expert(e), rows), Placement());
     }
-    if (Module* s = shared()) whole(*s, v.call(*s, in));
-    if (Linear* g = shared_gate()) whole(*g, v.call(*g, in));
+    if (Module* s = shared()) whole(*s, v.call(*s, in), in.p);
+    if (Linear* g = shared_gate()) whole(*g, v.call(*g, in), in.p);
     return in;
 }
 

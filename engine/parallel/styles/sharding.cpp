@@ -24,8 +24,10 @@ void check_sharded_weight(const StyleCheck& c, std::string_view style, int64_t s
     if (size % c.parts == 0) return;
     std::vector<int64_t> sizes;
     for (int r = 0; r < c.parts; ++r) sizes.push_back(chunk_of(size, c.parts, r).length);
-    c.warnings.push_back({c.where, fmt::format("'{}' {}: {} {} over {} ranks are uneven ({})", c.module.fqn(),
-                                               style, size, what, c.parts, fmt::join(sizes, ", "))});
+    c.warnings.push_back({c.where,
+                          fmt::format("'{}' {}: {} {} over {} ranks are uneven ({})", c.module.fqn(), style,
+                                      size, what, c.parts, fmt::join(sizes, ", ")),
+                          DiagnosticKind::uneven_shard});
 }
 
 }  // namespace ptool::styles

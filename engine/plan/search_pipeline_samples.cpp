@@ -1,0 +1,169 @@
+// A pipeline candidate's costs, sampled (plan/search_state.h): the plan's pipeline simulated rank by
+// rank at 2 and 3 blocks a stage, with the fewest microbatches that reach the schedule's steady
+// state; past 4 pp ranks, pipelines of 3 and 4 ranks widened to the plan's (widen_pipeline).
+#include <map>
+#include <tuple>
+
+#include "plan/search_state.h"
+#include "plan/shrink.h"
+
+namespace ptool::searching {
+
+// One pipeline's samples: the plans and models of P pp ranks with stages of k blocks each, and one
+// rank's simulation of them, each built and simulated once.
+class Search::PipelineSampler {
+public:
+    PipelineSampler(const Search& s, const PlanChoice& base, int m, int& count)
+        : s_(s),
+          base_(base),
+          m_(m),
+          count_(count),
+          v_(base.virtual_stages),
+          stages_(base.pp * base.virtual_stages),
+          // Sampled with the fewest microbatches that reach the schedule's steady state, each of the
+          // same rows: a 1F1B stage holds min(pp - s, m) of them at once, so its peak, its
+          // per-microbatch costs and its tail are the same, and the simulation costs m_min / m of it.
+          // (interleaved's warm-up runs up to (v - 1) pp + 2 (pp - 1) forwards on rank 0, then its
+          // steady state adds one before each backward: 2 pp microbatches reach it, pp do not)
+          sampled_(pipeline_samples(base, m)),
+          per_pp_rank_(s.r_.world_size / base.pp),
+          workspace_(s.workspaces()),
+          // Past 4 pp ranks the samples are pipelines of 3 and 4 ranks (the same dp, tp and stages of
+          // k blocks) widened to pp (widen_pipeline): a rank's microbatches in flight grow linearly
+          // with pp, and the simulations no longer do.
+          widened_(base.pp > 4) {
+        // widened samples are timed on the links of the plan itself: its pp ranks may span nodes
+        // where P ranks do not
+        if (widened_) {
+            PlanChoice real = base;
+            real.pp_microbatches = sampled_, real.stage_blocks.assign(stages_, 2);
+            timing_ = load_plan_text(write_plan(s.full_, s.tpl_, real), "generated.yaml");
+        }
+    }
+
+    PipelineCosts costs() {
+        if (base_.pp >= 3 && s_.layers_ >= 2 * stages_) check_middle_ranks();
+        for (int k : {2, 3})
+            out_.at[k - 2] =
+                widened_ ? widen_pipeline(sample_at(3, k), sample_at(4, k), base_.pp, v_ == 1 ? m_ : base_.pp)
+                         : sample_at(base_.pp, k);
+        return out_;
+    }
+
+private:
+    using Key = std::tuple<int, int, int>;
+
+    // P ranks run microbatches in the same ratio to their ranks as the plan's samples: 1 or 2
+    int sampled_at(int P) const { return P * (sampled_ / base_.pp); }
+
+    const std::pair<Plan, std::string>& variant(int P, int k, int microbatches) {
+        if (auto it = variants_.find({P, k, microbatches}); it != variants_.end()) return it->second;
+        PlanChoice c = base_;
+        c.pp = P, c.pp_microbatches = microbatches, c.stage_blocks.assign(P * v_, k);
+        return variants_
+            .emplace(
+                std::make_tuple(P, k, microbatches),
+                std::make_pair(load_plan_text(write_plan(s_.full_, s_.tpl_, c), "generated.yaml"),
+                               model_variant(s_.text_, static_cast<int64_t>(k) * P * v_,
+                                             s_.full_.gradient_accumulation, s_.rows_ / m_ * microbatches)))
+            .first->second;
+    }
+
+    RankSimulation simulate_at(int P, int k, int rank) {
+        if (auto it = simulated_.find({P, k, rank}); it != simulated_.end()) return std::move(it->second);
+        const int own = sampled_at(P);
+        const auto& [plan, text] = variant(P, k, own);
+        RunInputs in;
+        in.model_path = s_.name_, in.model_text = text;
+        ++count_;
+        RankSimulation sim = simulate_rank(in, plan, rank, 2, true);
+        sim.memory.peak = sim.memory.torch_peak;  // PyTorch's allocated peak
+        // the caching allocator's excess over the tensors' peak (as extrapolate's)
+        out_.fragmentation =
+            std::max(out_.fragmentation, static_cast<double>(sim.memory.reserved_peak - sim.memory.peak));
+        // every stage holds 2 blocks or more when the blocks are at least twice the stages, and
+        // a rank's microbatches in flight and the last rank's outputs only grow with pp and the
+        // microbatches: a rank over the cap here is over it in the plan (the others not simulated)
+        const int pp_rank = rank / per_pp_rank_;
+        if (k == 2 && s_.layers_ >= 2 * stages_ &&
+            static_cast<double>(sim.memory.peak) + workspace_ > s_.cap(plan))
+            throw OverCap{fmt::format(
+                "pp rank {} needs more than {} > {} per GPU with 2 blocks a stage ({} microbatches a "
+                "round)",
+                pp_rank == P - 1 ? base_.pp - 1 : pp_rank,
+                gib(static_cast<double>(sim.memory.peak) + workspace_), gib(s_.cap(plan)), m_)};
+        if (pp_rank == P - 1 && m_ > sampled_ && !(widened_ && v_ == 1))  // (widened 1F1B: widen_pipeline)
+            grow_last_stage(sim, in, P, k, rank);
+        return sim;
+    }
+
+    // The last stage keeps every microbatch's output for the step (StepOutput): its peak grows with
+    // the count, linearly from the sample at twice as many, by the m - sampled microbatches the plan
+    // runs beyond its samples.
+    void grow_last_stage(RankSimulation& sim, const RunInputs& in, int P, int k, int rank) {
+        const int own = sampled_at(P);
+        const auto& [plan2, text2] = variant(P, k, 2 * own);
+        RunInputs in2 = in;
+        in2.model_text = text2;
+        ++count_;
+        RankSimulation twice = simulate_rank(in2, plan2, rank, 2, true);
+        twice.memory.peak = twice.memory.torch_peak;
+        const double f = static_cast<double>(m_ - sampled_) / own;
+        auto lin = [f](int64_t x, int64_t y) { return static_cast<int64_t>(x + (y - x) * f); };
+        sim.memory.peak = lin(sim.memory.peak, twice.memory.peak);
+        for (auto& [label, peak] : sim.phase_peaks)
+            if (auto it = twice.phase_peaks.find(label); it != twice.phase_peaks.end())
+                peak = lin(peak, it->second);
+    }
+
+    PipelineSample sample_at(int P, int k) {
+        return sample_pipeline(
+            variant(P, k, sampled_at(P)).first, s_.cluster_, s_.r_.compute, s_.repeat_, k,
+            [&](int rank) { return simulate_at(P, k, rank); }, timing_ ? &*timing_ : nullptr);
+    }
+
+    // A middle rank's peak at 2 and 3 blocks a stage (widened from 3 and 4 ranks where the plan has
+    // more), extended to layers / stages: its peak grows with its blocks and its microbatches in
+    // flight, each pass's linearly (so the largest, convexly: the line through two samples stays
+    // under it), and the middle stages are cut at least that long (the first and the last get
+    // fewer). Over the cap, the plan is too (OverCap).
+    void check_middle_ranks() {
+        double at_k[2];
+        for (int k : {2, 3}) {
+            std::vector<double> peaks;
+            for (int P : widened_ ? std::vector<int>{3, 4} : std::vector<int>{base_.pp}) {
+                RankSimulation sim = simulate_at(P, k, per_pp_rank_);
+                peaks.push_back(static_cast<double>(sim.memory.peak));
+                simulated_.emplace(std::make_tuple(P, k, per_pp_rank_), std::move(sim));
+            }
+            at_k[k - 2] = widened_ ? peaks[0] + (peaks[1] - peaks[0]) * (base_.pp - 3) : peaks[0];
+        }
+        const int64_t x = s_.layers_ / stages_;
+        const double least = at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - 2) + workspace_;
+        const int P = widened_ ? 4 : base_.pp;  // a middle rank's communicators are the plan's
+        if (const double c = s_.cap(variant(P, 2, sampled_at(P)).first); least > c)
+            throw OverCap{fmt::format(
+                "pp rank 1 needs more than {} > {} per GPU with {} blocks a stage, as every middle rank ({} "
+                "microbatches a round)",
+                gib(least), gib(c), x, m_)};
+    }
+
+    const Search& s_;
+    const PlanChoice& base_;
+    const int m_;
+    int& count_;  // the simulations run
+    const int v_, stages_, sampled_, per_pp_rank_;
+    const double workspace_;  // PyTorch's cuBLAS workspaces, in its allocator
+    const bool widened_;
+    std::map<Key, std::pair<Plan, std::string>> variants_;
+    std::map<Key, RankSimulation> simulated_;
+    std::optional<Plan> timing_;
+    PipelineCosts out_;
+};
+
+// A pipeline's costs sampled at 2 and 3 blocks a stage (OverCap: a rank over the GPU's memory).
+Search::PipelineCosts Search::sample_pipeline_costs(const PlanChoice& base, int m, int& count) const {
+    return PipelineSampler(*this, base, m, count).costs();
+}
+
+}  // namespace ptool::searching

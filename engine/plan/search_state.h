@@ -1,0 +1,147 @@
+// The plan search (plan/search.h) as one object, its stages each in a file:
+//   search.cpp             the search's order: the candidates, its cost bound, their evaluation
+//   search_candidates.cpp  the candidates: meshes, context parallel, pipelines, the lint
+//   search_evaluate.cpp    a candidate's simulation (extrapolated over the repeat), flat or a pipeline
+//   search_pipeline_samples.cpp  a pipeline's costs sampled at 2 and 3 blocks a stage
+// Internal to those files.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/model.h"
+#include "plan/device_overheads.h"
+#include "plan/pipeline_search.h"
+#include "plan/plan_writer.h"
+#include "plan/search.h"
+#include "train/simulate.h"
+
+namespace ptool::searching {
+
+inline std::string gib(double bytes) {
+    return fmt::format("{:.1f} GiB", bytes / (1ull << 30));
+}
+
+struct Simulated {
+    RankMemory memory;
+    MetaWork work;
+    CommByOpDim comm;
+    std::map<std::string, int64_t> phases;  // peak per module pass, the blocks' named first/last
+};
+
+// One rank's two steps on meta tensors (rank 0), its peaks per module pass keyed as block_phase says.
+Simulated simulate(const std::string& model_text, const std::string& name, const Plan& plan,
+                   const std::string& repeat = "", int64_t count = 0);
+// a + (b - a) * k, field by field (search_evaluate.cpp).
+Simulated extrapolate(const Simulated& a, const Simulated& b, double k);
+
+// What one search knows about the model, and its two stages: the meshes (the lint, once per
+// dp x tp) and each (mesh, mode, checkpointing) group's microbatches until one fits.
+class Search {
+public:
+    Search(const std::string& model_text, const std::string& name, const Cluster& cluster,
+           const SearchOptions& o);
+    SearchResult run();
+
+private:
+    // The search's cost, bounded before it starts (docs/planning.md, "What plan costs"): each group
+    // simulates at most a model variant per microbatch count it tries (the model's, doubled up to
+    // --max-microbatches; a pipeline's samples), each building the variant's modules (16 units a
+    // module, as explain's bound) and running them forward and backward per microbatch and step. A
+    // variant holds the modules outside the extrapolated repeat and at most 3 of its blocks (2 and
+    // 3 blocks: extrapolate), a pipeline's sample at most 3 blocks a stage of 4 pp ranks, else the
+    // whole model. Past kPlanWork units: InputError naming the product and the fix.
+    static constexpr int64_t kPlanWork = int64_t{1} << 24, kBuildWeight = 16;
+    void check_cost(const std::vector<PlanChoice>& flat, const std::vector<PlanChoice>& piped) const;
+    void evaluate_flat(std::vector<PlanChoice> groups);
+    void evaluate_all(const std::vector<PlanChoice>& groups);
+    std::vector<PlanChoice> lighter_variants(const PlanChoice& c) const;
+    int pipeline_microbatches(const PlanChoice& c) const;
+
+    // The repeated blocks' activation checkpointing a candidate may have: none, torchtitan's op-level
+    // selective policy, full (checkpoint, selective)
+    static constexpr std::pair<bool, bool> kCheckpointing[] = {{false, false}, {true, true}, {true, false}};
+    // The data-parallel shapes a mesh's candidates try: fully_shard, replicate, and HSDP (fully_shard
+    // over dp_replicate x dp_shard: `true`, the dp ranks of a node sharded, replicated across nodes)
+    static constexpr std::pair<DataParallelMode, bool> kDataParallelShapes[] = {
+        {DataParallelMode::fully_shard, false},
+        {DataParallelMode::replicate, false},
+        {DataParallelMode::fully_shard, true}};
+    // The pipeline schedules the search offers, with their virtual stages per rank
+    static constexpr std::pair<ScheduleKind, int> kPipelineShapes[] = {
+        {ScheduleKind::one_f_one_b, 1}, {ScheduleKind::interleaved_one_f_one_b, 2}};
+    static std::string checkpointed(const PlanChoice& c) {
+        return !c.checkpoint ? "" : c.selective ? " checkpointed (op)" : " checkpointed";
+    }
+
+    static std::string pipeline_shape(const PlanChoice& c) {
+        return fmt::format("pp={} x dp={} x tp={} {} {}{}{}", c.pp, c.dp, c.tp, c.mode_name(),
+                           schedule_kind_name(c.schedule),
+                           c.virtual_stages > 1 ? fmt::format(" v{}", c.virtual_stages) : "",
+                           checkpointed(c));
+    }
+
+    bool rows_split(int dp, const std::string& shape);
+    std::string expert_split(int ep) const;
+    static Model load_meta(const std::string& text, const std::string& name) {
+        MetaAllocation meta;
+        return load_model_text(text, name, "", false);
+    }
+
+    std::vector<PlanChoice> meshes();
+    void add_context_parallel(const PlanChoice& base, std::vector<PlanChoice>& groups);
+    void add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& groups);
+    std::string lint(PlanChoice c) const;
+    Simulated simulate_with(int64_t mb, const Plan& plan) const;
+    void evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::optional<Rejection>& refusal,
+                  int& count) const;
+
+    // A pipeline's costs at 2 and 3 blocks a stage (plan/pipeline_search.h) and the samples' largest
+    // reserved - peak (the caching allocator's excess, as extrapolate's).
+    struct PipelineCosts {
+        PipelineSample at[2];
+        double fragmentation = 0;
+    };
+    // A sampled pipeline rank over the GPU's memory (a memory rejection, not a refusal).
+    struct OverCap {
+        std::string message;
+    };
+    // The microbatches a pipeline is sampled with: the fewest that reach the schedule's steady state.
+    static int pipeline_samples(const PlanChoice& base, int m) {
+        return std::min(m, base.virtual_stages > 1 ? 2 * base.pp : base.pp);
+    }
+
+    void evaluate_pipeline(const PlanChoice& base, std::optional<Candidate>& fit,
+                           std::optional<Rejection>& refusal, int& count) const;
+    class PipelineSampler;  // search_pipeline_samples.cpp
+    PipelineCosts sample_pipeline_costs(const PlanChoice& base, int m, int& count) const;
+    void pipeline_candidate(const PlanChoice& base, int m, const PipelineCosts& pc,
+                            std::optional<Candidate>& fit, std::optional<Rejection>& refusal) const;
+    const std::string& text_;
+    const std::string& name_;
+    // What a plan's tensors may take per GPU: the cap less the runtime's memory outside the caching
+    // allocator on the plan's neediest rank (plan/device_overheads.h); --memory-cap is the tensors'
+    // already. PyTorch's cuBLAS workspaces are in its allocator: counted with the tensors.
+    double runtime(const Plan& plan) const {
+        return o_.memory_cap > 0 ? 0 : worst_device_overheads(cluster_, plan).outside_allocator();
+    }
+    double workspaces() const { return kCublasWorkspaces * cluster_.runtime.cublas_workspace; }
+    double cap(const Plan& plan) const { return r_.memory_cap - runtime(plan); }
+
+    const Cluster& cluster_;
+    const SearchOptions& o_;
+    const Model full_;
+    SearchResult r_;
+    TensorParallelTemplate tpl_;
+    std::vector<std::string> blocks_;
+    std::vector<std::pair<std::string, int64_t>> experts_;  // each moe layer and its experts
+    int64_t layers_ = 0, rows_ = 0;
+    std::string repeat_;  // the repeat extrapolated over
+    bool extrapolate_ = false;
+    double block_unsharded_ = 0;
+};
+
+}  // namespace ptool::searching

@@ -1,0 +1,93 @@
+// `ptool verify` as the command line names it (verify_command.h): every file read and checked
+// before any rank starts, then golden replay or verify itself. Above golden replay: verify.cpp holds
+// the core, which golden replay runs.
+#include "verify/verify_command.h"
+
+#include <algorithm>
+
+#include "core/files.h"
+#include "core/yaml_reader.h"
+#include "model/batch.h"
+#include "model/checkpoint.h"
+
+namespace ptool {
+namespace {
+
+// Every file of a MODEL PLAN... command, read and checked; the job's inputs point into it.
+struct LoadedCommand {
+    VerifyJob job;
+    std::unique_ptr<TensorFile> init, data;
+    std::unique_ptr<GoldenCase> golden;
+};
+
+LoadedCommand load_command(const VerifyCommand& cmd) {
+    LoadedCommand l;
+    RunInputs& in = l.job.inputs;
+    in.model_path = cmd.model;
+    in.model_text = read_file(cmd.model, YamlLimits{}.max_bytes);
+    in.dtype_override = cmd.dtype;
+    in.device = cmd.device;
+    load_model_text(in.model_text, cmd.model, cmd.dtype,
+                    false);  // a bad model: exit 2 before any rank starts
+    if (!cmd.init.empty())
+        l.init = std::make_unique<TensorFile>(read_checkpoint(cmd.init)), in.init = l.init.get(),
+        in.init_path = cmd.init;
+    if (!cmd.data.empty())
+        l.data = std::make_unique<TensorFile>(read_safetensors(cmd.data)), in.data = l.data.get(),
+        in.data_path = cmd.data;
+    for (const auto& p : cmd.plans) l.job.plans.push_back(load_plan(p));
+    for (Plan& p : l.job.plans) apply_mesh_flags(p, cmd.mesh);
+    l.job.options = cmd.options;
+    if (l.data) {
+        const Model probe = load_model_text(in.model_text, cmd.model, cmd.dtype, false);
+        int64_t steps = 0;
+        for (const Plan& p : l.job.plans) steps = std::max(steps, steps_for(p, cmd.options, probe.steps));
+        check_data_steps(*l.data, cmd.data, steps);
+    }
+    if (!cmd.golden.empty()) {
+        if (l.job.plans.size() != 1) throw InputError("--golden compares one plan");
+        l.golden = std::make_unique<GoldenCase>(load_golden(cmd.golden));
+    }
+    return l;
+}
+
+}  // namespace
+
+int run_verify_command(const VerifyCommand& cmd, const std::function<void(const VerifyReport&)>& on_report,
+                       const std::function<void(const CaseResult&)>& on_case) {
+    ReplayOptions replay;
+    replay.update = cmd.update;
+    replay.verify = cmd.options;
+    if (looks_like_golden_arg(cmd.model)) {  // ptool verify golden/ [more files or folders]: in one process
+        std::vector<std::string> args = {cmd.model};
+        args.insert(args.end(), cmd.plans.begin(), cmd.plans.end());
+        if (!cmd.init.empty() || !cmd.data.empty() || !cmd.golden.empty() || !cmd.mesh.empty())
+            throw InputError(
+                "golden files replay their own init, data and plan: --init, --data, --golden and --mesh "
+                "apply to MODEL PLAN...");
+        const auto launch = make_launch(cmd.device, cmd.options.comm);
+        return launch->exit_code([&] {
+            if (!launch->rank0()) return 0;  // the other ranks of an mpirun job wait for rank 0's verdict
+            int bad = 0;
+            for (const CaseResult& r : replay_golden_files(args, replay, cmd.device, cmd.dtype, on_case))
+                bad += r.verdict == Verdict::fail || r.verdict == Verdict::stale;
+            return bad ? 1 : 0;
+        });
+    }
+    if (cmd.plans.empty()) throw InputError("verify needs MODEL PLAN... (or golden files / folders)");
+    if (cmd.update) throw InputError("--update applies to `ptool verify GOLDEN...`");
+    const LoadedCommand l = load_command(cmd);
+    const auto launch = make_launch(cmd.device, cmd.options.comm);
+    return launch->exit_code([&] {
+        if (l.golden) {  // three-way: parallel vs reference, reference vs golden, parallel vs golden
+            const CaseResult r = replay_case(*l.golden, l.job.inputs, l.job.plans[0], replay, *launch);
+            if (launch->rank0() && on_case) on_case(r);
+            return r.verdict == Verdict::pass ? 0 : 1;
+        }
+        const VerifyReport report = verify(l.job, *launch);
+        if (launch->rank0() && on_report) on_report(report);
+        return report.pass ? 0 : 1;
+    });
+}
+
+}  // namespace ptool
