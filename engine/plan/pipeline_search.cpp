@@ -142,12 +142,12 @@ PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSampl
     const double k0 = [&] {  // pp rank 0's blocks beyond the first sample's
         int n = 0;
         for (size_t s = 0; s < blocks.size(); s += pp) n += blocks[s];
-        return static_cast<double>(n - 2 * (static_cast<int>(blocks.size()) / pp)) / (blocks.size() / pp);
+        return static_cast<double>(n - kStageSampled * (static_cast<int>(blocks.size()) / pp)) / (blocks.size() / pp);
     }();
     o.fb_comm = comm_extrapolated(a.fb_comm, b.fb_comm, k0),
     o.tail_comm = comm_extrapolated(a.tail_comm, b.tail_comm, k0);
     for (int s = 0; s < stages; ++s) {
-        const double k = blocks[s] - 2;
+        const double k = blocks[s] - kStageSampled;
         o.forward.push_back(lin(a.forward[s], b.forward[s], k));
         o.backward.push_back(lin(a.backward[s], b.backward[s], k));
         o.forward_flops.push_back(lin(a.forward_flops[s], b.forward_flops[s], k));
@@ -156,7 +156,7 @@ PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSampl
     for (int r = 0; r < pp; ++r) {  // the rank's stages hold n blocks in all; the samples 2v and 3v
         int n = 0;
         for (int s = r; s < stages; s += pp) n += blocks[s];
-        const double k = static_cast<double>(n - 2 * v) / v;
+        const double k = static_cast<double>(n - kStageSampled * v) / v;
         double peak = lin(a.peak[r], b.peak[r], k);
         for (const auto& [key, pa] : a.phases[r])
             if (auto it = b.phases[r].find(key); it != b.phases[r].end())

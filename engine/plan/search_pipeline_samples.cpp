@@ -36,15 +36,15 @@ public:
         // where P ranks do not
         if (widened_) {
             PlanChoice real = base;
-            real.pp_microbatches = sampled_, real.stage_blocks.assign(stages_, 2);
+            real.pp_microbatches = sampled_, real.stage_blocks.assign(stages_, kStageSampled);
             timing_ = load_plan_text(write_plan(s.full_, s.tpl_, real), "generated.yaml");
         }
     }
 
     PipelineCosts costs() {
-        if (base_.pp >= 3 && s_.layers_ >= 2 * stages_) check_middle_ranks();
-        for (int k : {2, 3})
-            out_.at[k - 2] =
+        if (base_.pp >= 3 && s_.layers_ >= kStageSampled * stages_) check_middle_ranks();
+        for (int k : {kStageSampled, kStageSampled + 1})
+            out_.at[k - kStageSampled] =
                 widened_ ? widen_pipeline(sample_at(3, k), sample_at(4, k), base_.pp, v_ == 1 ? m_ : base_.pp)
                          : sample_at(base_.pp, k);
         return out_;
@@ -85,12 +85,12 @@ private:
         // a rank's microbatches in flight and the last rank's outputs only grow with pp and the
         // microbatches: a rank over the cap here is over it in the plan (the others not simulated)
         const int pp_rank = rank / per_pp_rank_;
-        if (k == 2 && s_.layers_ >= 2 * stages_ &&
+        if (k == kStageSampled && s_.layers_ >= kStageSampled * stages_ &&
             static_cast<double>(sim.memory.peak) + workspace_ > s_.cap(plan))
             throw OverCap{fmt::format(
-                "pp rank {} needs more than {} > {} per GPU with 2 blocks a stage ({} microbatches a "
+                "pp rank {} needs more than {} > {} per GPU with {} blocks a stage ({} microbatches a "
                 "round)",
-                pp_rank == P - 1 ? base_.pp - 1 : pp_rank,
+                pp_rank == P - 1 ? base_.pp - 1 : pp_rank, kStageSampled,
                 gib(static_cast<double>(sim.memory.peak) + workspace_), gib(s_.cap(plan)), m_)};
         if (pp_rank == P - 1 && m_ > sampled_ && !(widened_ && v_ == 1))  // (widened 1F1B: widen_pipeline)
             grow_last_stage(sim, in, P, k, rank);
@@ -129,19 +129,19 @@ private:
     // fewer). Over the cap, the plan is too (OverCap).
     void check_middle_ranks() {
         double at_k[2];
-        for (int k : {2, 3}) {
+        for (int k : {kStageSampled, kStageSampled + 1}) {
             std::vector<double> peaks;
             for (int P : widened_ ? std::vector<int>{3, 4} : std::vector<int>{base_.pp}) {
                 RankSimulation sim = simulate_at(P, k, per_pp_rank_);
                 peaks.push_back(static_cast<double>(sim.memory.peak));
                 simulated_.emplace(std::make_tuple(P, k, per_pp_rank_), std::move(sim));
             }
-            at_k[k - 2] = widened_ ? peaks[0] + (peaks[1] - peaks[0]) * (base_.pp - 3) : peaks[0];
+            at_k[k - kStageSampled] = widened_ ? peaks[0] + (peaks[1] - peaks[0]) * (base_.pp - 3) : peaks[0];
         }
         const int64_t x = s_.layers_ / stages_;
-        const double least = at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - 2) + workspace_;
+        const double least = at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - kStageSampled) + workspace_;
         const int P = widened_ ? 4 : base_.pp;  // a middle rank's communicators are the plan's
-        if (const double c = s_.cap(variant(P, 2, sampled_at(P)).first); least > c)
+        if (const double c = s_.cap(variant(P, kStageSampled, sampled_at(P)).first); least > c)
             throw OverCap{fmt::format(
                 "pp rank 1 needs more than {} > {} per GPU with {} blocks a stage, as every middle rank ({} "
                 "microbatches a round)",
