@@ -54,7 +54,7 @@ private:
     using Key = std::tuple<int, int, int>;
 
     // P ranks run microbatches in the same ratio to their ranks as the plan's samples: 1 or 2
-    int sampled_at(int P) const { return P * (sampled_ / base_.pp); }
+    int sampled_at(int P) const { return P * (sampled_ / base_.pp) + sampled_ % base_.pp; }
 
     const std::pair<Plan, std::string>& variant(int P, int k, int microbatches) {
         if (auto it = variants_.find({P, k, microbatches}); it != variants_.end()) return it->second;

@@ -111,7 +111,7 @@ private:
     };
     // The microbatches a pipeline is sampled with: the fewest that reach the schedule's steady state.
     static int pipeline_samples(const PlanChoice& base, int m) {
-        return std::min(m, base.virtual_stages > 1 ? 2 * base.pp : base.pp);
+        return std::min(m, base.virtual_stages > 1 ? 2 * base.pp : base.pp + 1);
     }
 
     void evaluate_pipeline(const PlanChoice& base, std::optional<Candidate>& fit,
