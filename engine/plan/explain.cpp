@@ -75,9 +75,9 @@ ModuleExplain explain_module(const ResolvedStyle& rs, const CallLayout& call, in
 
 }  // namespace
 
-Explanation explain_plan(const Model& model, const Plan& plan) {
+Explanation explain_plan(const Model& model, const Plan& plan, const Resolution* resolved) {
     Explanation ex;
-    ex.resolution = resolve_plan(model, plan);
+    ex.resolution = resolved ? resolved->rebound(model, model) : resolve_plan(model, plan);
     ex.tp = ex.resolution.tp;
     ex.dp = ex.resolution.dp.size;
     const LayoutReport& layouts = ex.resolution.layouts;

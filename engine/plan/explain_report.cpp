@@ -147,7 +147,9 @@ ExplainReport explain_report(const ExplainInputs& in) {
     r.plan = load_plan(in.plan_path);
     apply_mesh_flags(r.plan, in.mesh);
     if (!in.cluster_path.empty()) r.cluster = load_cluster(in.cluster_path);
-    r.ex = explain_plan(r.model, r.plan);
+    const Resolution resolution =
+        resolve_plan(r.model, r.plan);  // once: the explanation's and the simulations'
+    r.ex = explain_plan(r.model, r.plan, &resolution);
     r.steps = r.plan.verify.steps > 0 ? r.plan.verify.steps : r.model.steps;
     // from the second step on, every step on meta tensors allocates and computes alike: at most 4
     r.simulated_steps = std::clamp<int64_t>(r.steps, 2, 4);
@@ -158,7 +160,7 @@ ExplainReport explain_report(const ExplainInputs& in) {
                             worst_device_overheads(*r.cluster, r.plan).total();
         capacity = left >= 1 ? static_cast<size_t>(left) : 1;
     }
-    r.memory = predict_ranks(run, r.model, r.plan, r.simulated_steps, 0, capacity);
+    r.memory = predict_ranks(run, r.model, r.plan, r.simulated_steps, 0, capacity, &resolution);
     if (r.cluster) {
         for (const PredictedRank& pr : r.memory)
             r.overheads.push_back(device_overheads(*r.cluster, r.plan, pr.ranks.front()));
