@@ -147,8 +147,8 @@ ExplainReport explain_report(const ExplainInputs& in) {
     r.plan = load_plan(in.plan_path);
     apply_mesh_flags(r.plan, in.mesh);
     if (!in.cluster_path.empty()) r.cluster = load_cluster(in.cluster_path);
-    const Resolution resolution =
-        resolve_plan(r.model, r.plan);  // once: the explanation's and the simulations'
+    // resolved once: the explanation works on a copy, every rank class's simulation rebinds it
+    const Resolution resolution = resolve_plan(r.model, r.plan);
     r.ex = explain_plan(r.model, r.plan, &resolution);
     r.steps = r.plan.verify.steps > 0 ? r.plan.verify.steps : r.model.steps;
     // from the second step on, every step on meta tensors allocates and computes alike: at most 4
