@@ -136,7 +136,7 @@ Explanation explain_plan(const Model& model, const Plan& plan, const Resolution*
     // tokens differ, once before the first forward
     const int cp = plan.context_parallel ? plan.dims.size(DimRole::cp) : 1;
     if (plan.normalization(model) == LossNormalization::global_tokens && plan.dims.data_size() * cp > 1)
-        ex.step_comm.insert(ex.step_comm.begin(), {"all_reduce", 8, "(loss)", Phase::forward});
+        ex.step_comm.insert(ex.step_comm.begin(), {Collective::all_reduce, 8, "(loss)", Phase::forward});
     return ex;
 }
 

@@ -62,8 +62,10 @@ void explain_stages(ExplainReport& r) {
             st.ranks.insert(st.ranks.end(), pr.ranks.begin(), pr.ranks.end());
             if (st.sends + st.recvs > 0) continue;  // one rank's
             for (const auto& [key, totals] : pr.sim.step_comm.entries()) {
-                if (std::get<0>(key) == "send") st.sends += totals.calls, st.send_bytes += totals.bytes;
-                if (std::get<0>(key) == "recv") st.recvs += totals.calls, st.recv_bytes += totals.bytes;
+                if (std::get<0>(key) == Collective::send)
+                    st.sends += totals.calls, st.send_bytes += totals.bytes;
+                if (std::get<0>(key) == Collective::recv)
+                    st.recvs += totals.calls, st.recv_bytes += totals.bytes;
             }
         }
         std::sort(st.ranks.begin(), st.ranks.end());
