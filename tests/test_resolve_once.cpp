@@ -67,7 +67,7 @@ void check_same_resolution(const Resolution& got, const Resolution& want) {
     auto costs = [](const std::vector<CommCost>& cs) {
         std::vector<std::string> out;
         for (const CommCost& c : cs)
-            out.push_back(fmt::format("{} {} {} {}", c.op, c.bytes, c.module, int(c.phase)));
+            out.push_back(fmt::format("{} {} {} {}", collective_name(c.op), c.bytes, c.module, int(c.phase)));
         return out;
     };
     CHECK(costs(got.layouts.forward) == costs(want.layouts.forward));
