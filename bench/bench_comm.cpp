@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "comm/collective.h"
 #include "comm/comm_choice.h"
 #include "comm/comm_mpi.h"
 #include "comm/comm_nccl.h"
@@ -93,10 +94,13 @@ void print(const std::vector<Row>& rows, int n, const char* backend, double memc
                 std::string(backend) == "threads" || std::string(backend) == "mpi" ? "single-thread memcpy"
                                                                                    : "device-to-device copy",
                 memcpy_bw);
-    std::printf("%12s  %26s  %26s  %26s\n", "", "all_reduce", "all_gather", "reduce_scatter");
+    const Collective ops[3] = {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter};
+    std::printf("%12s  %26s  %26s  %26s\n", "", collective_name(ops[0]), collective_name(ops[1]),
+                collective_name(ops[2]));
     std::printf("%12s  %8s %8s %8s  %8s %8s %8s  %8s %8s %8s\n", "bytes", "us", "algbw", "busbw", "us",
                 "algbw", "busbw", "us", "algbw", "busbw");
-    const double factor[3] = {2.0 * (n - 1) / n, double(n - 1) / n, double(n - 1) / n};
+    double factor[3];  // nccl-tests' bus factors (comm/collective.h)
+    for (int op = 0; op < 3; ++op) factor[op] = collective_row(ops[op]).bus_factor(n);
     const double traffic[3] = {2.0 * n, n + 1.0,
                                n + 1.0};  // bytes read + written per byte of the full tensor
     double worst_large = 1e30, worst_traffic[3] = {1e30, 1e30, 1e30};
@@ -121,9 +125,8 @@ void print(const std::vector<Row>& rows, int n, const char* backend, double memc
             "memory traffic (least bytes read + written) >= 64 MiB, slowest size, against the copy's %.2f "
             "GB/s:",
             2 * memcpy_bw);
-        const char* names[3] = {"all_reduce", "all_gather", "reduce_scatter"};
         for (int op = 0; op < 3; ++op)
-            std::printf(" %s %.0f GB/s = %.0f%%%s", names[op], worst_traffic[op],
+            std::printf(" %s %.0f GB/s = %.0f%%%s", collective_name(ops[op]), worst_traffic[op],
                         100 * worst_traffic[op] / (2 * memcpy_bw), op == 0 ? " (target >= 50%)" : "");
         std::printf("\n");
     }

@@ -173,8 +173,10 @@ json explain_json(const ExplainReport& r, const std::string& model_path, const s
     j["data_parallel"] = ex.data_parallel;
     j["collectives_per_step"] = json::array();
     for (const auto& cc : ex.step_comm)
-        j["collectives_per_step"].push_back(
-            {{"op", cc.op}, {"bytes", cc.bytes}, {"module", cc.module}, {"phase", phase_name(cc.phase)}});
+        j["collectives_per_step"].push_back({{"op", collective_name(cc.op)},
+                                             {"bytes", cc.bytes},
+                                             {"module", cc.module},
+                                             {"phase", phase_name(cc.phase)}});
     add_modules(j, r.model, ex);
     add_calls(j, r.model, ex.resolution);
     add_parallel(j, r);

@@ -100,18 +100,18 @@ void print_parallel_dims(const ExplainReport& r) {  // data parallel, expert par
 void print_collectives(const ExplainReport& r) {
     const Explanation& ex = r.ex;
     fmt::print("\n  collectives per training step (per rank; bytes of the logical tensor):\n");
-    std::map<std::string, std::pair<int64_t, int64_t>> totals;
+    std::map<Collective, std::pair<int64_t, int64_t>> totals;  // in the names' order (comm/collective.h)
     std::vector<std::vector<std::string>> rows;
     for (const auto& cc : ex.step_comm) {
-        rows.push_back(
-            {phase_name(cc.phase), cc.module.empty() ? "(root)" : cc.module, cc.op, format_bytes(cc.bytes)});
+        rows.push_back({phase_name(cc.phase), cc.module.empty() ? "(root)" : cc.module,
+                        collective_name(cc.op), format_bytes(cc.bytes)});
         totals[cc.op].first += 1, totals[cc.op].second += cc.bytes;
     }
     print_columns(rows, "    ");
     if (ex.step_comm.empty()) fmt::print("    none\n");
     std::vector<std::string> t;
     for (const auto& [op, v] : totals)
-        t.push_back(fmt::format("{} x{} ({})", op, v.first, format_bytes(v.second)));
+        t.push_back(fmt::format("{} x{} ({})", collective_name(op), v.first, format_bytes(v.second)));
     fmt::print("  total: {}\n", t.empty() ? std::string("none") : fmt::format("{}", fmt::join(t, ", ")));
     fmt::print("  at start: {}\n",
                r.at_start.empty() ? std::string("none") : fmt::format("{}", fmt::join(r.at_start, "; ")));

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/verify_output.h"
+#include "comm/collective.h"
 #include "core/file_roles.h"
 #include "core/files.h"
 #include "core/temp_paths.h"
@@ -106,7 +107,7 @@ void print_candidates(const SearchResult& r, int top) {
     bool experts = false;
     for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < top; ++i)
         experts |= r.fitting[i].choice.ep > 1;
-    if (experts) rows[0].insert(rows[0].end() - 2, "all_to_all");
+    if (experts) rows[0].insert(rows[0].end() - 2, collective_name(Collective::all_to_all));
     for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < top; ++i) {
         const Candidate& c = r.fitting[i];
         double bytes = 0;

@@ -152,8 +152,9 @@ std::string collectives_table(const PlanReport& p) {
     for (const auto& [key, t] : p.run.step_counts.entries()) {
         any = true;
         s += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
-                         esc(std::get<2>(key).empty() ? "(root)" : std::get<2>(key)), esc(std::get<0>(key)),
-                         esc(std::get<1>(key)), t.calls / steps, format_bytes(t.bytes / steps));
+                         esc(std::get<2>(key).empty() ? "(root)" : std::get<2>(key)),
+                         esc(collective_name(std::get<0>(key))), esc(std::get<1>(key)), t.calls / steps,
+                         format_bytes(t.bytes / steps));
     }
     return any ? s + "</table>\n" : "<p>No collectives in the training steps.</p>\n";
 }

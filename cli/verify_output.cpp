@@ -32,8 +32,8 @@ std::string format_counts(const CommCounter& c, int64_t steps) {
     std::vector<std::string> parts;
     for (const auto& [op, t] : c.by_op()) {
         const int64_t calls = t.calls / std::max<int64_t>(1, steps);
-        parts.push_back(
-            fmt::format("{} x{} ({})", op, calls, format_bytes(t.bytes / std::max<int64_t>(1, steps))));
+        parts.push_back(fmt::format("{} x{} ({})", collective_name(op), calls,
+                                    format_bytes(t.bytes / std::max<int64_t>(1, steps))));
     }
     return parts.empty() ? std::string("none") : fmt::format("{}", fmt::join(parts, ", "));
 }
@@ -165,7 +165,7 @@ static nlohmann::json diff_json(const TensorDiff& d) {
 static nlohmann::json counts_json(const CommCounter& c) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& [key, t] : c.entries())
-        out.push_back({{"op", std::get<0>(key)},
+        out.push_back({{"op", collective_name(std::get<0>(key))},
                        {"mesh_dim", std::get<1>(key)},
                        {"module", std::get<2>(key)},
                        {"calls", t.calls},

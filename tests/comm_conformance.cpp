@@ -210,11 +210,11 @@ void check_counting(Communicator& world, ConformanceReport& rep) {
     Tensor out({4 * world.size(), 4}, DType::float32, g_device);
     world.all_gather(t, out);
     auto by_op = counter->by_op();
-    rep.expect(by_op["all_reduce"].calls == 2 && by_op["all_reduce"].bytes == 128 &&
-                   by_op["all_gather"].calls == 1 &&
-                   by_op["all_gather"].bytes == static_cast<int64_t>(out.nbytes()),
+    rep.expect(by_op[Collective::all_reduce].calls == 2 && by_op[Collective::all_reduce].bytes == 128 &&
+                   by_op[Collective::all_gather].calls == 1 &&
+                   by_op[Collective::all_gather].bytes == static_cast<int64_t>(out.nbytes()),
                "CommCounter counts calls and bytes per op");
-    rep.expect(counter->entries().count({"all_gather", "world", "net2"}) == 1,
+    rep.expect(counter->entries().count({Collective::all_gather, "world", "net2"}) == 1,
                "CommCounter scopes by module");
     world.set_counter(nullptr, "");
 }

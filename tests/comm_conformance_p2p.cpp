@@ -147,7 +147,8 @@ void check_counting(Communicator& c, ConformanceReport& rep, Device device) {
             c.send(back, 0, 2);
         }
         const auto& e = counter->entries();
-        const auto send = e.find({"send", "pp", "stage"}), recv = e.find({"recv", "pp", "stage"});
+        const auto send = e.find({Collective::send, "pp", "stage"}),
+                   recv = e.find({Collective::recv, "pp", "stage"});
         const int64_t sent = c.rank() == 0 ? 64 : 16, received = c.rank() == 0 ? 16 : 64;
         rep.expect(send != e.end() && recv != e.end() && send->second.calls == 1 &&
                        send->second.bytes == sent && recv->second.calls == 1 &&

@@ -119,7 +119,7 @@ TEST_CASE("one all_reduce per bucket per step, counted on the dp dim") {
             backend_for(Device::cpu).fill(p->grad, world.rank() + 1.0);
         dp.after_backward();
         for (const auto& [key, t] : counter->entries())
-            if (std::get<0>(key) == "all_reduce" && std::get<1>(key) == "dp")
+            if (std::get<0>(key) == Collective::all_reduce && std::get<1>(key) == "dp")
                 measured[world.rank()] += t.calls;
         for (const auto& [name, p] : m.named_parameters()) averaged[world.rank()].push_back(p->grad.item(0));
     });

@@ -168,13 +168,13 @@ TEST_CASE("explain's collectives under expert parallelism are the run's: a rank'
         const VerifyReport rep = verify(job, *in_process_launch(Device::cpu, CommOptions{}));
         REQUIRE(rep.plans.size() == 1);
         const Model model = load_model_text(job.inputs.model_text, job.inputs.model_path);
-        std::map<std::string, CommTotals> derived;
+        std::map<Collective, CommTotals> derived;
         for (const CommCost& cc : explain_plan(model, job.plans[0]).step_comm)
             derived[cc.op].calls += 1, derived[cc.op].bytes += cc.bytes;
-        const std::map<std::string, CommTotals> measured = rep.plans[0].run.step_counts.by_op();
+        const std::map<Collective, CommTotals> measured = rep.plans[0].run.step_counts.by_op();
         REQUIRE(derived.size() == measured.size());
         for (const auto& [op, m] : measured) {
-            INFO(op);
+            INFO(collective_name(op));
             REQUIRE(derived.count(op));
             CHECK(derived.at(op).calls == m.calls);
             CHECK(std::abs(static_cast<double>(derived.at(op).bytes - m.bytes)) <=

@@ -119,7 +119,7 @@ TEST_CASE("pipeline widening: samples of 3 and 4 pp ranks extended to pp along t
             s.tail_compute.push_back(0.25), s.tail_overlap.push_back(0.0);
         }
         s.transfer = 0.01;
-        s.fb_comm[{"all_gather", "dp"}] = {4 * P, 1000 * P};
+        s.fb_comm[{Collective::all_gather, "dp"}] = {4 * P, 1000 * P};
         return s;
     };
     for (int v : {1, 2}) {
@@ -138,8 +138,8 @@ TEST_CASE("pipeline widening: samples of 3 and 4 pp ranks extended to pp along t
         CHECK(w.fb_compute[3] == 0.5 * 16);
         CHECK(w.tail[7] == 0.25);
         CHECK(w.transfer == 0.01);
-        CHECK(w.fb_comm.at({"all_gather", "dp"}).calls == 4 * 16);
-        CHECK(w.fb_comm.at({"all_gather", "dp"}).bytes == 1000 * 16);
+        CHECK(w.fb_comm.at({Collective::all_gather, "dp"}).calls == 4 * 16);
+        CHECK(w.fb_comm.at({Collective::all_gather, "dp"}).bytes == 1000 * 16);
     }
     CHECK_THROWS(widen_pipeline(sample(4, 1), sample(4, 1), 16, 16));
 }

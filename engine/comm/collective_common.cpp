@@ -7,9 +7,14 @@
 
 namespace ptool {
 namespace {
-const char* const kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",   "all_to_all",
-                            "barrier",    "split",      "init",           "all_to_all_v"};
+// What a descriptor names beyond the collectives' table (comm/collective.h): its op is kCollectives
+// plus the index here
+const char* const kOtherOps[] = {"barrier", "split", "init", "all_to_all_v"};
+
+const char* desc_op_name(int op) {
+    return op < kCollectives ? collective_name(static_cast<Collective>(op)) : kOtherOps[op - kCollectives];
 }
+}  // namespace
 
 const char* reduce_op_name(ReduceOp op) {
     switch (op) {
@@ -112,27 +117,38 @@ std::string CollectiveDesc::str() const {
     std::string shape = "[";
     for (int i = 0; i < ndim; ++i) shape += (i ? ", " : "") + std::to_string(dims[i]);
     shape += "]";
-    return fmt::format("{}#{} {} {}", kOps[op], sequence, dtype_name(static_cast<DType>(dtype)), shape);
+    return fmt::format("{}#{} {} {}", desc_op_name(op), sequence, dtype_name(static_cast<DType>(dtype)),
+                       shape);
 }
 
 CollectiveDesc describe(const char* op, int64_t sequence) {
     CollectiveDesc d;
-    const auto it = std::find_if(std::begin(kOps), std::end(kOps),
-                                 [&](const char* name) { return std::strcmp(name, op) == 0; });
-    PTOOL_REQUIRE(it != std::end(kOps), "describe: unknown collective {}", op);
-    d.op = static_cast<int>(it - std::begin(kOps));
     d.sequence = sequence;
+    if (const std::optional<Collective> c = collective_named(op)) return d.op = static_cast<int>(*c), d;
+    const auto it = std::find_if(std::begin(kOtherOps), std::end(kOtherOps),
+                                 [&](const char* name) { return std::strcmp(name, op) == 0; });
+    PTOOL_REQUIRE(it != std::end(kOtherOps), "describe: unknown collective {}", op);
+    d.op = kCollectives + static_cast<int>(it - std::begin(kOtherOps));
     return d;
 }
 
-CollectiveDesc describe(const char* op, const Tensor& t, int64_t sequence, int64_t root, bool dim0_free) {
-    CollectiveDesc d = describe(op, sequence);
+namespace {
+CollectiveDesc with_tensor(CollectiveDesc d, const Tensor& t, int64_t root, bool dim0_free) {
     d.dtype = static_cast<int>(t.dtype());
     d.ndim = static_cast<int>(std::min<int64_t>(8, t.dim()));
     for (int i = 0; i < d.ndim; ++i) d.dims[i] = t.shape()[i];
     d.root = root;
     d.shape_free = dim0_free;
     return d;
+}
+}  // namespace
+
+CollectiveDesc describe(const char* op, const Tensor& t, int64_t sequence, int64_t root, bool dim0_free) {
+    return with_tensor(describe(op, sequence), t, root, dim0_free);
+}
+
+CollectiveDesc describe(Collective op, const Tensor& t, int64_t sequence, int64_t root, bool dim0_free) {
+    return with_tensor(describe(collective_name(op), sequence), t, root, dim0_free);
 }
 
 }  // namespace ptool

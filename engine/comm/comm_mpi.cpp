@@ -188,8 +188,8 @@ void MpiCommunicator::reduce_chunk(const Tensor& in, void* out, int64_t rows, in
 }
 
 void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
-    count("all_reduce", static_cast<int64_t>(t.nbytes()));
-    const CollectiveDesc d = describe("all_reduce", t, sequence_++);
+    count(Collective::all_reduce, static_cast<int64_t>(t.nbytes()));
+    const CollectiveDesc d = describe(Collective::all_reduce, t, sequence_++);
     check(d);
     const int64_t n = t.numel();
     const size_t es = dtype_size(t.dtype());
@@ -199,7 +199,8 @@ void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
     std::vector<int> counts(size_), displs(size_);
     for (int j = 0; j < size_; ++j) {
         const Chunk c = chunk_of(n, size_, j);
-        counts[j] = as_int(c.length * es, "all_reduce"), displs[j] = as_int(c.offset * es, "all_reduce");
+        counts[j] = as_int(c.length * es, collective_name(Collective::all_reduce)),
+        displs[j] = as_int(c.offset * es, collective_name(Collective::all_reduce));
     }
     MPI_Request req;
     PTOOL_CHECK_MPI(MPI_Iallgatherv(part.data(), counts[rank_], MPI_BYTE, t.raw(), counts.data(),
@@ -208,8 +209,8 @@ void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
 }
 
 void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
-    count("all_gather", static_cast<int64_t>(out.nbytes()));
-    const CollectiveDesc d = describe("all_gather", in, sequence_++, -1, true);
+    count(Collective::all_gather, static_cast<int64_t>(out.nbytes()));
+    const CollectiveDesc d = describe(Collective::all_gather, in, sequence_++, -1, true);
     check(d);
     int64_t mine = static_cast<int64_t>(in.nbytes());
     std::vector<int64_t> sizes(size_);
@@ -219,7 +220,8 @@ void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
     std::vector<int> counts(size_), displs(size_);
     int64_t total = 0;
     for (int j = 0; j < size_; ++j) {
-        counts[j] = as_int(sizes[j], "all_gather"), displs[j] = as_int(total, "all_gather");
+        counts[j] = as_int(sizes[j], collective_name(Collective::all_gather)),
+        displs[j] = as_int(total, collective_name(Collective::all_gather));
         total += sizes[j];
     }
     PTOOL_REQUIRE(total == static_cast<int64_t>(out.nbytes()),
@@ -231,29 +233,30 @@ void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
 }
 
 void MpiCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
-    count("reduce_scatter", static_cast<int64_t>(in.nbytes()));
-    const CollectiveDesc d = describe("reduce_scatter", in, sequence_++);
+    count(Collective::reduce_scatter, static_cast<int64_t>(in.nbytes()));
+    const CollectiveDesc d = describe(Collective::reduce_scatter, in, sequence_++);
     check(d);
     const RowChunk rc = reduce_scatter_rows(in, out, size_, rank_);
     reduce_chunk(in, out.raw(), rc.rows, rc.row, op, d);
 }
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {
-    count("broadcast", static_cast<int64_t>(t.nbytes()));
-    const CollectiveDesc d = describe("broadcast", t, sequence_++, root);
+    count(Collective::broadcast, static_cast<int64_t>(t.nbytes()));
+    const CollectiveDesc d = describe(Collective::broadcast, t, sequence_++, root);
     check(d);
     MPI_Request req;
-    PTOOL_CHECK_MPI(MPI_Ibcast(t.raw(), as_int(t.nbytes(), "broadcast"), MPI_BYTE, root, comm_, &req));
+    PTOOL_CHECK_MPI(MPI_Ibcast(t.raw(), as_int(t.nbytes(), collective_name(Collective::broadcast)), MPI_BYTE,
+                               root, comm_, &req));
     wait(req, d);
 }
 
 void MpiCommunicator::all_to_all(const Tensor& in, Tensor& out) {
-    count("all_to_all", static_cast<int64_t>(in.nbytes()));
-    const CollectiveDesc d = describe("all_to_all", in, sequence_++);
+    count(Collective::all_to_all, static_cast<int64_t>(in.nbytes()));
+    const CollectiveDesc d = describe(Collective::all_to_all, in, sequence_++);
     check(d);
     PTOOL_REQUIRE(in.numel() % size_ == 0 && out.numel() == in.numel(),
                   "all_to_all: {} elements over {} ranks", in.numel(), size_);
-    const int chunk = as_int(in.nbytes() / size_, "all_to_all");
+    const int chunk = as_int(in.nbytes() / size_, collective_name(Collective::all_to_all));
     MPI_Request req;
     PTOOL_CHECK_MPI(MPI_Ialltoall(in.raw(), chunk, MPI_BYTE, out.raw(), chunk, MPI_BYTE, comm_, &req));
     wait(req, d);
@@ -261,7 +264,7 @@ void MpiCommunicator::all_to_all(const Tensor& in, Tensor& out) {
 
 void MpiCommunicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
                                    const std::vector<int64_t>& recv_rows) {
-    count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    count(Collective::all_to_all, static_cast<int64_t>(in.nbytes()));
     check_all_to_all_v(in, send_rows, out, recv_rows, size_);
     const CollectiveDesc d = describe("all_to_all_v", in, sequence_++, -1, true);
     check(d);
@@ -379,12 +382,14 @@ void MpiCommunicator::post_and_complete(std::vector<MpiP2P>& batch, const std::v
                 const int tag = static_cast<int>(2 * m.desc.tag + 1);
                 if (!m.theirs.same_tensor(m.desc)) {  // drain its bytes (its sender completes), then fail
                     m.scratch.resize(m.theirs.nbytes());
-                    PTOOL_CHECK_MPI(MPI_Irecv(m.scratch.data(), as_int(m.scratch.size(), "recv"), MPI_BYTE,
-                                              m.peer, tag, comm_, &m.payload));
+                    PTOOL_CHECK_MPI(MPI_Irecv(m.scratch.data(),
+                                              as_int(m.scratch.size(), collective_name(Collective::recv)),
+                                              MPI_BYTE, m.peer, tag, comm_, &m.payload));
                     throw p2p_mismatch(world(rank_), world(m.peer), m.desc, m.theirs);
                 }
-                PTOOL_CHECK_MPI(MPI_Irecv(m.tensor.raw(), as_int(m.desc.nbytes(), "recv"), MPI_BYTE, m.peer,
-                                          tag, comm_, &m.payload));
+                PTOOL_CHECK_MPI(MPI_Irecv(m.tensor.raw(),
+                                          as_int(m.desc.nbytes(), collective_name(Collective::recv)),
+                                          MPI_BYTE, m.peer, tag, comm_, &m.payload));
                 m.stage = MpiP2P::Stage::payload;
             }
             if (m.kind == P2POp::Kind::recv && m.stage == MpiP2P::Stage::payload) {

@@ -246,8 +246,8 @@ void NcclCommunicator::reduce_chunk(const void* in, void* out, int64_t rows, int
 }
 
 void NcclCommunicator::all_reduce(Tensor& t, ReduceOp op) {
-    count("all_reduce", static_cast<int64_t>(t.nbytes()));
-    const CollectiveDesc d = describe("all_reduce", t, sequence_++);
+    count(Collective::all_reduce, static_cast<int64_t>(t.nbytes()));
+    const CollectiveDesc d = describe(Collective::all_reduce, t, sequence_++);
     check(d);
     OnDevice x(t);
     const int64_t n = t.numel();
@@ -268,8 +268,8 @@ void NcclCommunicator::all_reduce(Tensor& t, ReduceOp op) {
 }
 
 void NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
-    count("all_gather", static_cast<int64_t>(out.nbytes()));
-    const CollectiveDesc d = describe("all_gather", in, sequence_++, -1, true);
+    count(Collective::all_gather, static_cast<int64_t>(out.nbytes()));
+    const CollectiveDesc d = describe(Collective::all_gather, in, sequence_++, -1, true);
     const std::vector<CollectiveDesc> all = check(d, true);  // dim-0 sizes may differ: always exchanged
     const int64_t row = row_numel(in);
     const size_t row_bytes = static_cast<size_t>(row) * dtype_size(in.dtype());
@@ -303,8 +303,8 @@ void NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
 }
 
 void NcclCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
-    count("reduce_scatter", static_cast<int64_t>(in.nbytes()));
-    const CollectiveDesc d = describe("reduce_scatter", in, sequence_++);
+    count(Collective::reduce_scatter, static_cast<int64_t>(in.nbytes()));
+    const CollectiveDesc d = describe(Collective::reduce_scatter, in, sequence_++);
     check(d);
     const RowChunk rc = reduce_scatter_rows(in, out, size_, rank_);
     OnDevice src(in), dst(out);
@@ -314,9 +314,9 @@ void NcclCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op
 }
 
 void NcclCommunicator::broadcast(Tensor& t, int root) {
-    count("broadcast", static_cast<int64_t>(t.nbytes()));
+    count(Collective::broadcast, static_cast<int64_t>(t.nbytes()));
     PTOOL_REQUIRE(root >= 0 && root < size_, "broadcast root {} outside [0, {})", root, size_);
-    const CollectiveDesc d = describe("broadcast", t, sequence_++, root);
+    const CollectiveDesc d = describe(Collective::broadcast, t, sequence_++, root);
     check(d);
     OnDevice x(t);
     PTOOL_CHECK_NCCL_WITH(
@@ -327,10 +327,10 @@ void NcclCommunicator::broadcast(Tensor& t, int root) {
 }
 
 void NcclCommunicator::all_to_all(const Tensor& in, Tensor& out) {
-    count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    count(Collective::all_to_all, static_cast<int64_t>(in.nbytes()));
     PTOOL_REQUIRE(in.numel() % size_ == 0 && out.numel() == in.numel(),
                   "all_to_all: {} elements over {} ranks", in.numel(), size_);
-    const CollectiveDesc d = describe("all_to_all", in, sequence_++);
+    const CollectiveDesc d = describe(Collective::all_to_all, in, sequence_++);
     check(d);
     OnDevice src(in), dst(out);
     const size_t chunk = in.nbytes() / size_;
@@ -355,7 +355,7 @@ void NcclCommunicator::all_to_all(const Tensor& in, Tensor& out) {
 
 void NcclCommunicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
                                     const std::vector<int64_t>& recv_rows) {
-    count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    count(Collective::all_to_all, static_cast<int64_t>(in.nbytes()));
     check_all_to_all_v(in, send_rows, out, recv_rows, size_);
     const CollectiveDesc d = describe("all_to_all_v", in, sequence_++, -1, true);
     check(d);

@@ -15,20 +15,24 @@ public:
     int size() const override { return size_; }
     std::string backend() const override { return "simulated"; }
 
-    void all_reduce(Tensor& t, ReduceOp) override { count("all_reduce", static_cast<int64_t>(t.nbytes())); }
+    void all_reduce(Tensor& t, ReduceOp) override {
+        count(Collective::all_reduce, static_cast<int64_t>(t.nbytes()));
+    }
     void all_gather(const Tensor&, Tensor& out) override {
-        count("all_gather", static_cast<int64_t>(out.nbytes()));
+        count(Collective::all_gather, static_cast<int64_t>(out.nbytes()));
     }
     void reduce_scatter(const Tensor& in, Tensor&, ReduceOp) override {
-        count("reduce_scatter", static_cast<int64_t>(in.nbytes()));
+        count(Collective::reduce_scatter, static_cast<int64_t>(in.nbytes()));
     }
-    void broadcast(Tensor& t, int) override { count("broadcast", static_cast<int64_t>(t.nbytes())); }
+    void broadcast(Tensor& t, int) override {
+        count(Collective::broadcast, static_cast<int64_t>(t.nbytes()));
+    }
     void all_to_all(const Tensor& in, Tensor&) override {
-        count("all_to_all", static_cast<int64_t>(in.nbytes()));
+        count(Collective::all_to_all, static_cast<int64_t>(in.nbytes()));
     }
     void all_to_all_v(const Tensor& in, const std::vector<int64_t>&, Tensor&,
                       const std::vector<int64_t>&) override {
-        count("all_to_all", static_cast<int64_t>(in.nbytes()));
+        count(Collective::all_to_all, static_cast<int64_t>(in.nbytes()));
     }
     void barrier() override {}
     void batch_isend_irecv(const std::vector<P2POp>& ops) override { count_p2p(ops); }

@@ -2,15 +2,15 @@
 
 namespace ptool {
 
-void CommCounter::add(const std::string& op, const std::string& mesh_dim, int64_t bytes) {
+void CommCounter::add(Collective op, const std::string& mesh_dim, int64_t bytes) {
     if (paused_) return;
     CommTotals& t = by_key_[{op, mesh_dim, module_}];
     t.calls += 1;
     t.bytes += bytes;
 }
 
-std::map<std::string, CommTotals> CommCounter::by_op() const {
-    std::map<std::string, CommTotals> out;
+std::map<Collective, CommTotals> CommCounter::by_op() const {
+    std::map<Collective, CommTotals> out;
     for (const auto& [key, t] : by_key_) {
         CommTotals& o = out[std::get<0>(key)];
         o.calls += t.calls;

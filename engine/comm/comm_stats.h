@@ -1,13 +1,16 @@
 // Collective accounting, as PyTorch's CommDebugMode reports it: per op, per mesh dim and per
 // module (the scope the runner sets), the number of calls and the bytes of the logical tensor
-// (all_reduce and broadcast: the tensor; all_gather: the gathered output; reduce_scatter and
-// all_to_all: the input). Per rank; each rank owns one counter.
+// (the collective's row says which, comm/collective.h: all_reduce and broadcast: the tensor;
+// all_gather: the gathered output; reduce_scatter and all_to_all: the input). Per rank; each rank
+// owns one counter.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
 #include <tuple>
+
+#include "comm/collective.h"
 
 namespace ptool {
 
@@ -62,7 +65,7 @@ struct CommSite {
 
 class CommCounter {
 public:
-    void add(const std::string& op, const std::string& mesh_dim, int64_t bytes);
+    void add(Collective op, const std::string& mesh_dim, int64_t bytes);
     void set_module(std::string fqn) { module_ = std::move(fqn); }
     const std::string& module() const { return module_; }
     // Which of a module's collectives runs now (CommSite), for layers that wrap a communicator.
@@ -73,9 +76,9 @@ public:
     void set_paused(bool paused) { paused_ = paused; }
     bool paused() const { return paused_; }
 
-    using Key = std::tuple<std::string, std::string, std::string>;  // op, mesh dim, module
+    using Key = std::tuple<Collective, std::string, std::string>;  // op, mesh dim, module
     const std::map<Key, CommTotals>& entries() const { return by_key_; }
-    std::map<std::string, CommTotals> by_op() const;  // summed over dims and modules
+    std::map<Collective, CommTotals> by_op() const;  // summed over dims and modules
     CommTotals total() const;
 
 private:
@@ -86,7 +89,7 @@ private:
 };
 
 // A step's collectives per (op, mesh dim), summed over modules.
-using CommByOpDim = std::map<std::pair<std::string, std::string>, CommTotals>;
+using CommByOpDim = std::map<std::pair<Collective, std::string>, CommTotals>;
 CommByOpDim by_op_dim(const CommCounter& comm);
 // What `after` counted beyond `before` (a counter read twice: the collectives between).
 CommByOpDim comm_since(const CommByOpDim& before, const CommByOpDim& after);

@@ -183,11 +183,11 @@ void ThreadsCommunicator::leave(Device device) {
 // rank's tensor. Only rank r touches chunk r of any buffer, so this is race-free in place; each
 // rank reads and writes n * (size / n) bytes, the least a shared-memory all_reduce can move.
 void ThreadsCommunicator::all_reduce(Tensor& t, ReduceOp op) {
-    count("all_reduce", static_cast<int64_t>(t.nbytes()));
+    count(Collective::all_reduce, static_cast<int64_t>(t.nbytes()));
     const int64_t n = t.numel();
     const size_t es = dtype_size(t.dtype());
     ThreadGroup& g = *group_;
-    enter(describe("all_reduce", t, sequence_++), t.raw(), t.raw(), n, t.device());
+    enter(describe(Collective::all_reduce, t, sequence_++), t.raw(), t.raw(), n, t.device());
     const Chunk c = chunk_of(n, g.n, rank_);
     std::vector<const void*> ins(g.n);
     std::vector<void*> outs(g.n);
@@ -200,12 +200,12 @@ void ThreadsCommunicator::all_reduce(Tensor& t, ReduceOp op) {
 }
 
 void ThreadsCommunicator::all_gather(const Tensor& in, Tensor& out) {
-    count("all_gather", static_cast<int64_t>(out.nbytes()));
+    count(Collective::all_gather, static_cast<int64_t>(out.nbytes()));
     ThreadGroup& g = *group_;
     PTOOL_REQUIRE(in.device() == out.device(), "all_gather: input on {}, output on {}",
                   device_name(in.device()), device_name(out.device()));
-    enter(describe("all_gather", in, sequence_++, -1, true), in.raw(), out.raw(), in.dim() ? in.size(0) : 1,
-          in.device());
+    enter(describe(Collective::all_gather, in, sequence_++, -1, true), in.raw(), out.raw(),
+          in.dim() ? in.size(0) : 1, in.device());
     const int64_t row = row_numel(in);
     const size_t row_bytes = static_cast<size_t>(row) * dtype_size(in.dtype());
     int64_t total = 0;
@@ -221,11 +221,12 @@ void ThreadsCommunicator::all_gather(const Tensor& in, Tensor& out) {
 }
 
 void ThreadsCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
-    count("reduce_scatter", static_cast<int64_t>(in.nbytes()));
+    count(Collective::reduce_scatter, static_cast<int64_t>(in.nbytes()));
     ThreadGroup& g = *group_;
     PTOOL_REQUIRE(in.device() == out.device(), "reduce_scatter: input on {}, output on {}",
                   device_name(in.device()), device_name(out.device()));
-    enter(describe("reduce_scatter", in, sequence_++), in.raw(), out.raw(), in.numel(), in.device());
+    enter(describe(Collective::reduce_scatter, in, sequence_++), in.raw(), out.raw(), in.numel(),
+          in.device());
     const auto [rows, row, c] = reduce_scatter_rows(in, out, g.n, rank_);
     const size_t es = dtype_size(in.dtype());
     std::vector<const void*> ins(g.n);
@@ -235,21 +236,21 @@ void ThreadsCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp
 }
 
 void ThreadsCommunicator::broadcast(Tensor& t, int root) {
-    count("broadcast", static_cast<int64_t>(t.nbytes()));
+    count(Collective::broadcast, static_cast<int64_t>(t.nbytes()));
     PTOOL_REQUIRE(root >= 0 && root < size(), "broadcast root {} outside [0, {})", root, size());
-    enter(describe("broadcast", t, sequence_++, root), t.raw(), t.raw(), t.numel(), t.device());
+    enter(describe(Collective::broadcast, t, sequence_++, root), t.raw(), t.raw(), t.numel(), t.device());
     if (rank_ != root) copy(t.raw(), group_->in[root], t.nbytes(), t.device());
     leave(t.device());
 }
 
 void ThreadsCommunicator::all_to_all(const Tensor& in, Tensor& out) {
-    count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    count(Collective::all_to_all, static_cast<int64_t>(in.nbytes()));
     ThreadGroup& g = *group_;
     PTOOL_REQUIRE(in.numel() % g.n == 0 && out.numel() == in.numel(), "all_to_all: {} elements over {} ranks",
                   in.numel(), g.n);
     PTOOL_REQUIRE(in.device() == out.device(), "all_to_all: input on {}, output on {}",
                   device_name(in.device()), device_name(out.device()));
-    enter(describe("all_to_all", in, sequence_++), in.raw(), out.raw(), in.numel(), in.device());
+    enter(describe(Collective::all_to_all, in, sequence_++), in.raw(), out.raw(), in.numel(), in.device());
     const size_t chunk = in.nbytes() / g.n;
     for (int r = 0; r < g.n; ++r)
         copy(static_cast<char*>(out.raw()) + r * chunk, static_cast<const char*>(g.in[r]) + rank_ * chunk,
@@ -259,7 +260,7 @@ void ThreadsCommunicator::all_to_all(const Tensor& in, Tensor& out) {
 
 void ThreadsCommunicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
                                        const std::vector<int64_t>& recv_rows) {
-    count("all_to_all", static_cast<int64_t>(in.nbytes()));
+    count(Collective::all_to_all, static_cast<int64_t>(in.nbytes()));
     ThreadGroup& g = *group_;
     check_all_to_all_v(in, send_rows, out, recv_rows, g.n);
     {  // read by the others only between enter's and leave's barriers

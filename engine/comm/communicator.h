@@ -107,7 +107,7 @@ public:
     const std::shared_ptr<CommCounter>& counter() const { return counter_; }
 
 protected:
-    void count(const char* op, int64_t bytes) {
+    void count(Collective op, int64_t bytes) {
         if (counter_) counter_->add(op, label_, bytes);
     }
     void count_p2p(const std::vector<P2POp>& ops);  // "send" / "recv" with each tensor's bytes
@@ -146,7 +146,7 @@ std::string all_to_all_v_mismatch(const std::vector<std::vector<int64_t>>& sends
 
 // A collective's identity, compared across ranks before it runs: "all_reduce#10 float32 [16, 10]".
 struct CollectiveDesc {
-    int op = 0;  // index into the op table below
+    int op = 0;  // a Collective, or kCollectives + the index of an op of no row (collective_common.cpp)
     int dtype = 0;
     int ndim = 0;
     int64_t dims[8] = {};
@@ -157,8 +157,13 @@ struct CollectiveDesc {
     bool matches(const CollectiveDesc& other) const;
     std::string str() const;
 };
+// By name: a collective of the table (comm/collective.h), or an op of none: all_to_all_v's
+// descriptor (it counts as all_to_all), and, without a tensor, barrier, split and init.
 CollectiveDesc describe(const char* op, const Tensor& t, int64_t sequence, int64_t root = -1,
                         bool dim0_free = false);
 CollectiveDesc describe(const char* op, int64_t sequence);  // no tensor: barrier, split, init
+// A collective of the table (comm/collective.h) by its enum.
+CollectiveDesc describe(Collective op, const Tensor& t, int64_t sequence, int64_t root = -1,
+                        bool dim0_free = false);
 
 }  // namespace ptool

@@ -4,6 +4,11 @@
 #include <algorithm>
 
 namespace ptool {
+namespace {
+P2POp::Kind matching(P2POp::Kind kind) {  // what a peer posts to match `kind`
+    return kind == P2POp::Kind::send ? P2POp::Kind::recv : P2POp::Kind::send;
+}
+}  // namespace
 
 void Communicator::send(const Tensor& t, int peer, int tag) {
     Tensor view = t;  // shallow: the op reads t's storage
@@ -15,7 +20,7 @@ void Communicator::recv(Tensor& t, int peer, int tag) {
 }
 
 void Communicator::count_p2p(const std::vector<P2POp>& ops) {
-    for (const P2POp& op : ops) count(p2p_op_name(op.kind), static_cast<int64_t>(op.tensor->nbytes()));
+    for (const P2POp& op : ops) count(p2p_collective(op.kind), static_cast<int64_t>(op.tensor->nbytes()));
 }
 
 bool P2PDesc::same_tensor(const P2PDesc& o) const {
@@ -45,8 +50,12 @@ P2PDesc describe_p2p(const Tensor& t, int tag, P2POp::Kind op) {
     return d;
 }
 
+Collective p2p_collective(P2POp::Kind kind) {
+    return kind == P2POp::Kind::send ? Collective::send : Collective::recv;
+}
+
 const char* p2p_op_name(P2POp::Kind kind) {
-    return kind == P2POp::Kind::send ? "send" : "recv";
+    return collective_name(p2p_collective(kind));
 }
 
 std::string p2p_op_str(P2POp::Kind kind, int peer_world, const P2PDesc& d) {
@@ -95,7 +104,7 @@ RuntimeError p2p_unmatched(int me_world, P2POp::Kind kind, int peer_world, const
     return RuntimeError(
         fmt::format(
             "rank {}: {}: no matching {}: rank {} posted {} in its place{}", me_world,
-            p2p_op_str(kind, peer_world, mine), send ? "recv" : "send", peer_world,
+            p2p_op_str(kind, peer_world, mine), p2p_op_name(matching(kind)), peer_world,
             p2p_op_str(their_kind, me_world, theirs),
             send && their_kind == P2POp::Kind::send ? " (sends that cross outside one batch deadlock)" : ""),
         RuntimeError::Kind::mismatch);
@@ -105,8 +114,7 @@ RuntimeError p2p_timeout(int me_world, P2POp::Kind kind, int peer_world, const P
                          const std::string& context) {
     return RuntimeError(
         fmt::format("rank {}: {}: no matching {} within {} s{}", me_world, p2p_op_str(kind, peer_world, d),
-                    kind == P2POp::Kind::send ? "recv" : "send", seconds,
-                    context.empty() ? "" : " (" + context + ")"),
+                    p2p_op_name(matching(kind)), seconds, context.empty() ? "" : " (" + context + ")"),
         RuntimeError::Kind::timeout);
 }
 

@@ -30,7 +30,8 @@ struct P2PDesc {
 };
 P2PDesc describe_p2p(const Tensor& t, int tag, P2POp::Kind op);
 
-const char* p2p_op_name(P2POp::Kind kind);  // "send", "recv"
+Collective p2p_collective(P2POp::Kind kind);  // Collective::send, Collective::recv
+const char* p2p_op_name(P2POp::Kind kind);    // "send", "recv": the collective's name
 
 // "send to rank 1 (tag 7, float32 [4, 8])" / "recv from rank 0 (tag 7, float32 [4, 8])"; ranks are world
 // ranks.

@@ -74,11 +74,11 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be) {
     return norm;
 }
 
-std::vector<std::pair<const char*, int64_t>> clip_grad_norm_cost(int64_t params,
-                                                                 const std::vector<int>& dims) {
-    std::vector<std::pair<const char*, int64_t>> out;
+std::vector<std::pair<Collective, int64_t>> clip_grad_norm_cost(int64_t params,
+                                                                const std::vector<int>& dims) {
+    std::vector<std::pair<Collective, int64_t>> out;
     for (int size : dims)
-        if (size > 1) out.push_back({"all_reduce", params * 8});
+        if (size > 1) out.push_back({Collective::all_reduce, params * 8});
     return out;
 }
 

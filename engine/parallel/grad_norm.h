@@ -49,7 +49,6 @@ double clip_grad_norm(const GradNormInputs& in, double max_norm, Backend& be);
 
 // Its collectives per step: an all_reduce of one double per parameter on each dim of more than one
 // rank (`dims`: the sizes of the dims that cut parameters).
-std::vector<std::pair<const char*, int64_t>> clip_grad_norm_cost(int64_t params,
-                                                                 const std::vector<int>& dims);
+std::vector<std::pair<Collective, int64_t>> clip_grad_norm_cost(int64_t params, const std::vector<int>& dims);
 
 }  // namespace ptool

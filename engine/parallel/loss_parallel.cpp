@@ -80,10 +80,11 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
     return r;
 }
 
-std::vector<std::pair<const char*, int64_t>> vocab_parallel_cross_entropy_cost(const Shape& global,
-                                                                               DType dtype) {
+std::vector<std::pair<Collective, int64_t>> vocab_parallel_cross_entropy_cost(const Shape& global,
+                                                                              DType dtype) {
     const int64_t bytes = leading_numel(global) * static_cast<int64_t>(dtype_size(dtype));
-    return {{"all_reduce", bytes}, {"all_reduce", bytes}, {"all_reduce", bytes}};
+    return {
+        {Collective::all_reduce, bytes}, {Collective::all_reduce, bytes}, {Collective::all_reduce, bytes}};
 }
 
 }  // namespace ptool

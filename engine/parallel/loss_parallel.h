@@ -18,7 +18,7 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
                                         const LossDivisor& divisor, Communicator& tp);
 
 // The collectives it runs per step for logits of `global` shape: three all_reduces of one value per row.
-std::vector<std::pair<const char*, int64_t>> vocab_parallel_cross_entropy_cost(const Shape& global,
-                                                                               DType dtype);
+std::vector<std::pair<Collective, int64_t>> vocab_parallel_cross_entropy_cost(const Shape& global,
+                                                                              DType dtype);
 
 }  // namespace ptool

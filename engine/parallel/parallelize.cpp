@@ -1,6 +1,7 @@
 #include "parallel/parallelize.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
@@ -9,6 +10,8 @@
 
 namespace ptool {
 namespace {
+
+std::atomic<int64_t> resolutions{0};  // resolve_plan_count's
 
 bool shards_any(const std::vector<ParamPlacement>& params) {
     for (const ParamPlacement& pp : params)
@@ -147,7 +150,12 @@ const ResolvedStyle* Resolution::style_of(const Module& m) const {
     return nullptr;
 }
 
+int64_t resolve_plan_count() {
+    return resolutions.load();
+}
+
 Resolution resolve_plan(const Model& model, const Plan& plan) {
+    ++resolutions;
     Resolution res;
     res.tp = plan.dims.size(DimRole::tp);
     res.checkpointing = resolve_activation_checkpointing(model, plan.activation_checkpointing, res.warnings);

@@ -27,12 +27,29 @@ struct Resolution {
     std::vector<Diagnostic> causes;
 
     const ResolvedStyle* style_of(const Module& m) const;  // null: unstyled
+    // The same resolution for `to`, a model built from the same text as `from` (the model it was
+    // resolved against; each rank builds its own): every module pointer translated by walking both
+    // trees together, every call's style pointing into the copy's styles (a plain copy would point
+    // into this one's). Refuses models whose module trees differ (names, types, parameter shapes,
+    // dtypes) with an internal error (PTOOL_REQUIRE). parallel/resolution_rebind.cpp.
+    Resolution rebound(const Model& from, const Model& to) const;
+};
+
+// A plan resolved once, against one model of the job's text (verify's probe, explain's model):
+// every rank's Run, and a simulation, rebinds it to its own model instead of resolving again.
+struct ResolvedPlan {
+    const Plan* plan = nullptr;  // the plan it was resolved for (its entries point into it)
+    const Model* model = nullptr;
+    const Resolution* resolution = nullptr;
 };
 
 // Errors (exit 2) for styles on modules they cannot apply to, overlapping patterns, layout
 // conflicts; warnings for patterns matching nothing, an empty plan, uneven shards, parameters
 // whose gradients stay partial. The model need not be initialised.
 Resolution resolve_plan(const Model& model, const Plan& plan);
+// Test hook: how many times resolve_plan has run in this process, every thread's (a verify
+// resolves each plan once: tests/test_resolve_once.cpp counts it).
+int64_t resolve_plan_count();
 
 // A distributed parameter's placement on the tensor-parallel dim and its full shape.
 struct TpParam {

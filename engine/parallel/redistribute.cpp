@@ -1,5 +1,7 @@
 #include "parallel/redistribute.h"
 
+#include <optional>
+
 #include "backend/backend.h"
 #include "comm/dim_collectives.h"
 #include "core/tensor_ops.h"
@@ -7,16 +9,17 @@
 namespace ptool {
 namespace {
 
-const char* op_name(RedistOp op) {
+// The collective a step runs (none: chunk and zero_others are local)
+std::optional<Collective> collective_of(RedistOp op) {
     switch (op) {
         case RedistOp::all_gather:
-            return "all_gather";
+            return Collective::all_gather;
         case RedistOp::all_reduce:
-            return "all_reduce";
+            return Collective::all_reduce;
         case RedistOp::reduce_scatter:
-            return "reduce_scatter";
+            return Collective::reduce_scatter;
         default:
-            return "";
+            return std::nullopt;
     }
 }
 
@@ -44,7 +47,8 @@ std::vector<CommCost> redistribute_cost(const Placement& from, const Placement& 
     std::vector<CommCost> out;
     const int64_t bytes = numel_of(global) * static_cast<int64_t>(element_size);
     for (const RedistStep& s : redistribution_steps(from, to, static_cast<int64_t>(global.size()), parts))
-        if (*op_name(s.op)) out.push_back({op_name(s.op), bytes, "", Phase::forward});
+        if (const std::optional<Collective> c = collective_of(s.op))
+            out.push_back({*c, bytes, "", Phase::forward});
     return out;
 }
 

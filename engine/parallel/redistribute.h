@@ -33,7 +33,7 @@ std::vector<RedistStep> redistribution_steps(const Placement& from, const Placem
 // A collective of a step, as CommCounter counts it: all_gather the gathered output, all_reduce the
 // tensor, reduce_scatter the input.
 struct CommCost {
-    std::string op;
+    Collective op;
     int64_t bytes = 0;
     std::string module;  // the module it belongs to ("" for the model's own, "(loss)")
     Phase phase = Phase::forward;

@@ -75,9 +75,9 @@ ModuleExplain explain_module(const ResolvedStyle& rs, const CallLayout& call, in
 
 }  // namespace
 
-Explanation explain_plan(const Model& model, const Plan& plan) {
+Explanation explain_plan(const Model& model, const Plan& plan, const Resolution* resolved) {
     Explanation ex;
-    ex.resolution = resolve_plan(model, plan);
+    ex.resolution = resolved ? resolved->rebound(model, model) : resolve_plan(model, plan);
     ex.tp = ex.resolution.tp;
     ex.dp = ex.resolution.dp.size;
     const LayoutReport& layouts = ex.resolution.layouts;
@@ -136,7 +136,7 @@ Explanation explain_plan(const Model& model, const Plan& plan) {
     // tokens differ, once before the first forward
     const int cp = plan.context_parallel ? plan.dims.size(DimRole::cp) : 1;
     if (plan.normalization(model) == LossNormalization::global_tokens && plan.dims.data_size() * cp > 1)
-        ex.step_comm.insert(ex.step_comm.begin(), {"all_reduce", 8, "(loss)", Phase::forward});
+        ex.step_comm.insert(ex.step_comm.begin(), {Collective::all_reduce, 8, "(loss)", Phase::forward});
     return ex;
 }
 

@@ -39,7 +39,9 @@ struct Explanation {
     int64_t record_step_bytes = 0;
 };
 
-Explanation explain_plan(const Model& model, const Plan& plan);
+// `resolved`: resolve_plan(model, plan) when the caller made it (explain's report hands the same one
+// to the simulations): the explanation works on a copy of it (explaining data parallel rebuckets it).
+Explanation explain_plan(const Model& model, const Plan& plan, const Resolution* resolved = nullptr);
 
 // The data-parallel part (explain_dp.cpp): DDP's buckets and buffer broadcasts, fully_shard's
 // all_gathers and reduce_scatters, SyncBatchNorm's collectives, added to ex.step_comm; the

@@ -11,8 +11,8 @@ void ring_comm(const std::string& fqn, int64_t block, int cp, bool recomputed, s
                std::vector<CommCost>& backward) {
     auto hop = [&](std::vector<CommCost>& into, int tensors, Phase phase) {
         for (int i = 0; i < tensors; ++i) {
-            into.push_back({"send", block, fqn, phase});
-            into.push_back({"recv", block, fqn, phase});
+            into.push_back({Collective::send, block, fqn, phase});
+            into.push_back({Collective::recv, block, fqn, phase});
         }
     };
     for (int s = 0; s + 1 < cp; ++s) hop(forward, 2, Phase::forward);
@@ -49,14 +49,14 @@ void explain_context_parallel(const Model& model, const Plan& plan, Explanation&
             ring_comm(fqn, bytes / cp, cp, recomputed(fqn), forward, backward);
             continue;
         }
-        forward.push_back({"all_gather", bytes, fqn, Phase::forward});
-        forward.push_back({"all_gather", bytes, fqn, Phase::forward});
+        forward.push_back({Collective::all_gather, bytes, fqn, Phase::forward});
+        forward.push_back({Collective::all_gather, bytes, fqn, Phase::forward});
         if (recomputed(fqn)) {
-            backward.push_back({"all_gather", bytes, fqn, Phase::backward});
-            backward.push_back({"all_gather", bytes, fqn, Phase::backward});
+            backward.push_back({Collective::all_gather, bytes, fqn, Phase::backward});
+            backward.push_back({Collective::all_gather, bytes, fqn, Phase::backward});
         }
-        backward.push_back({"reduce_scatter", bytes, fqn, Phase::backward});
-        backward.push_back({"reduce_scatter", bytes, fqn, Phase::backward});
+        backward.push_back({Collective::reduce_scatter, bytes, fqn, Phase::backward});
+        backward.push_back({Collective::reduce_scatter, bytes, fqn, Phase::backward});
     }
     const int64_t microbatches = plan.accumulation_rounds(model) * plan.microbatches_per_round();
     for (int64_t m = 0; m < microbatches; ++m) {
@@ -71,7 +71,7 @@ void explain_context_parallel(const Model& model, const Plan& plan, Explanation&
         if (sharded.count(name)) continue;
         const size_t dot = name.rfind('.');
         ex.step_comm.push_back(
-            {"all_reduce",
+            {Collective::all_reduce,
              numel_of(tp_local(p.get(), 0)) * static_cast<int64_t>(dtype_size(p->value.dtype())),
              dot == std::string::npos ? "" : name.substr(0, dot), Phase::backward});
     }

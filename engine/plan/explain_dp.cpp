@@ -71,7 +71,7 @@ void buffer_broadcasts(DpCosts& c, const DataParallelResolution& dp) {
         if (dp.synced_buffers.count(name)) bytes[b->value.dtype()] += static_cast<int64_t>(b->value.nbytes());
     for (const auto& [dt, b] : bytes)
         c.forward.push_back(
-            {"broadcast", b, dp.replicas.size() == 1 ? dp.replicas[0].root : "", Phase::forward});
+            {Collective::broadcast, b, dp.replicas.size() == 1 ? dp.replicas[0].root : "", Phase::forward});
 }
 
 // fully_shard units: outermost first in forward; reduce_scatter (and the re-gather) in backward
@@ -103,18 +103,19 @@ void fully_shard_units(DpCosts& c, const DataParallelResolution& dp, const DataP
         }
         const int64_t gather = n * region * static_cast<int64_t>(dtype_size(c.gathered));
         const int64_t scatter = n * region * static_cast<int64_t>(dtype_size(c.reduced));
-        c.forward.push_back({"all_gather", gather, u.fqn, Phase::forward});
+        c.forward.push_back({Collective::all_gather, gather, u.fqn, Phase::forward});
         // an experts unit's hooks are its moe layer's: gathered again where the layer is recomputed
         if (c.recomputed(u.hooked_on()))
-            backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
-        if (!u.fqn.empty()) backward.insert(backward.begin(), {"all_gather", gather, u.fqn, Phase::backward});
+            backward.insert(backward.begin(), {Collective::all_gather, gather, u.fqn, Phase::backward});
+        if (!u.fqn.empty())
+            backward.insert(backward.begin(), {Collective::all_gather, gather, u.fqn, Phase::backward});
         const auto at = backward.begin() + (u.fqn.empty() ? 0 : 1);
         const bool replicated = spec.hybrid() && !u.experts;  // the experts' dp_replicate is ep
         if (replicated)  // HSDP: the reduced shard is averaged over its replicas
-            backward.insert(at, {"all_reduce", region * static_cast<int64_t>(dtype_size(c.reduced)), u.fqn,
-                                 Phase::backward});
+            backward.insert(at, {Collective::all_reduce, region * static_cast<int64_t>(dtype_size(c.reduced)),
+                                 u.fqn, Phase::backward});
         backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1),
-                        {"reduce_scatter", scatter, u.fqn, Phase::backward});
+                        {Collective::reduce_scatter, scatter, u.fqn, Phase::backward});
         region *= static_cast<int64_t>(dtype_size(c.model.dtype));
         c.ex.data_parallel.push_back(fmt::format(
             "fully_shard '{}': {} parameter{}{}, Shard(0) on '{}'{}, {} B per rank in the flat buffer",
@@ -137,11 +138,12 @@ void sync_batch_norms(DpCosts& c, const DataParallelResolution& dp, const DataPa
             int calls = 0;  // a shared module runs once per name it has
             for (const auto& [name, p] : model.state_dict()) calls += p == m.param("weight");
             for (int k = 0; k < calls; ++k) {
-                c.forward.push_back({"all_gather", batch * 2 * ch * sd, fqn, Phase::forward});
+                c.forward.push_back({Collective::all_gather, batch * 2 * ch * sd, fqn, Phase::forward});
                 if (c.recomputed(fqn))
                     c.backward.insert(c.backward.begin(),
-                                      {"all_gather", batch * 2 * ch * sd, fqn, Phase::backward});
-                c.backward.insert(c.backward.begin(), {"all_reduce", 2 * ch * sd, fqn, Phase::backward});
+                                      {Collective::all_gather, batch * 2 * ch * sd, fqn, Phase::backward});
+                c.backward.insert(c.backward.begin(),
+                                  {Collective::all_reduce, 2 * ch * sd, fqn, Phase::backward});
             }
         });
 }
@@ -158,7 +160,7 @@ void replicate_buckets(DpCosts& c, const DataParallelResolution& dp, const DataP
                 bytes += c.local_bytes(name), numel += numel_of(c.local(name));
             const std::string root = replica.root.empty() ? "(root)" : replica.root;
             if (dp.zero_stage == 0) {
-                c.sync.push_back({"all_reduce", bytes, replica.root, Phase::backward});
+                c.sync.push_back({Collective::all_reduce, bytes, replica.root, Phase::backward});
                 c.ex.data_parallel.push_back(
                     fmt::format("replicate '{}' bucket {}: {} ({}), all_reduce avg after backward", root, k++,
                                 fmt::join(b.params, ", "), bytes));
@@ -168,16 +170,18 @@ void replicate_buckets(DpCosts& c, const DataParallelResolution& dp, const DataP
             const int64_t shard = (numel + d - 1) / d;
             const int64_t padded = d * shard * static_cast<int64_t>(dtype_size(c.reduced));
             c.sync.push_back(dp.zero_stage == 2
-                                 ? CommCost{"reduce_scatter", padded, replica.root, Phase::backward}
-                                 : CommCost{"all_reduce", bytes, replica.root, Phase::backward});
-            c.gathers.push_back({"all_gather", d * shard * static_cast<int64_t>(dtype_size(c.model.dtype)),
-                                 replica.root, Phase::backward});
+                                 ? CommCost{Collective::reduce_scatter, padded, replica.root, Phase::backward}
+                                 : CommCost{Collective::all_reduce, bytes, replica.root, Phase::backward});
+            c.gathers.push_back({Collective::all_gather,
+                                 d * shard * static_cast<int64_t>(dtype_size(c.model.dtype)), replica.root,
+                                 Phase::backward});
             c.ex.data_parallel.push_back(fmt::format(
                 "replicate '{}' bucket {}: {} ({}), {} avg after backward; ZeRO-{}: each rank steps {} of "
                 "its {} "
                 "elements, then all_gather",
                 root, k++, fmt::join(b.params, ", "), bytes,
-                dp.zero_stage == 2 ? "reduce_scatter" : "all_reduce", dp.zero_stage, shard, numel));
+                collective_name(dp.zero_stage == 2 ? Collective::reduce_scatter : Collective::all_reduce),
+                dp.zero_stage, shard, numel));
         }
     }
 }

@@ -15,7 +15,8 @@ void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& 
     if (plan.dims.data_size() * cp > 1)
         for (const CallLayout& c : ex.resolution.layouts.calls)
             if (const RoutedExperts* moe = c.module->routed_experts(); moe && moe->aux_loss_coef() > 0) {
-                const CommCost cc{"all_reduce", (2 * moe->experts() + 1) * 8, c.fqn, Phase::forward};
+                const CommCost cc{Collective::all_reduce, (2 * moe->experts() + 1) * 8, c.fqn,
+                                  Phase::forward};
                 forward.push_back(cc);
                 if (recomputed_in_backward(ex.resolution, c.fqn))
                     backward.push_back({cc.op, cc.bytes, cc.module, Phase::backward});
@@ -38,14 +39,14 @@ void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& 
             "moe '{}': {} experts, {} per rank (ep rank k owns experts {}k .. {}k+{}); each rank sends "
             "its {} tokens x top_{} = {} rows and receives as many (balanced routing)",
             c.fqn, r.experts, per_rank, per_rank, per_rank, per_rank - 1, tokens, r.top_k, tokens * r.top_k));
-        std::vector<CommCost> f = {{"all_to_all", r.experts * 8, c.fqn, Phase::forward},
-                                   {"all_to_all", rows, c.fqn, Phase::forward},
-                                   {"all_to_all", rows, c.fqn, Phase::forward}};
+        std::vector<CommCost> f = {{Collective::all_to_all, r.experts * 8, c.fqn, Phase::forward},
+                                   {Collective::all_to_all, rows, c.fqn, Phase::forward},
+                                   {Collective::all_to_all, rows, c.fqn, Phase::forward}};
         forward.insert(forward.end(), f.begin(), f.end());
         if (recomputed_in_backward(ex.resolution, c.fqn))
             for (CommCost cc : f) cc.phase = Phase::backward, backward.push_back(cc);
-        backward.push_back({"all_to_all", rows, c.fqn, Phase::backward});
-        backward.push_back({"all_to_all", rows, c.fqn, Phase::backward});
+        backward.push_back({Collective::all_to_all, rows, c.fqn, Phase::backward});
+        backward.push_back({Collective::all_to_all, rows, c.fqn, Phase::backward});
     }
     for (int64_t m = 0; m < microbatches; ++m) {
         ex.step_comm.insert(ex.step_comm.end(), forward.begin(), forward.end());
@@ -62,7 +63,7 @@ void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& 
             if (ep.owner.count(name) && ep.owner.at(name) == 0) {
                 const size_t dot = name.rfind('.');
                 ex.step_comm.push_back(
-                    {"all_reduce",
+                    {Collective::all_reduce,
                      numel_of(tp_local(p.get(), 0)) * static_cast<int64_t>(dtype_size(p->value.dtype())),
                      name.substr(0, dot), Phase::backward});
             }

@@ -63,8 +63,10 @@ void explain_stages(ExplainReport& r) {
             st.ranks.insert(st.ranks.end(), pr.ranks.begin(), pr.ranks.end());
             if (st.sends + st.recvs > 0) continue;  // one rank's
             for (const auto& [key, totals] : pr.sim.step_comm.entries()) {
-                if (std::get<0>(key) == "send") st.sends += totals.calls, st.send_bytes += totals.bytes;
-                if (std::get<0>(key) == "recv") st.recvs += totals.calls, st.recv_bytes += totals.bytes;
+                if (std::get<0>(key) == Collective::send)
+                    st.sends += totals.calls, st.send_bytes += totals.bytes;
+                if (std::get<0>(key) == Collective::recv)
+                    st.recvs += totals.calls, st.recv_bytes += totals.bytes;
             }
         }
         std::sort(st.ranks.begin(), st.ranks.end());
@@ -190,7 +192,9 @@ ExplainReport explain_report(const ExplainInputs& in) {
     r.plan = load_plan(in.plan_path);
     apply_mesh_flags(r.plan, in.mesh);
     if (!in.cluster_path.empty()) r.cluster = load_cluster(in.cluster_path);
-    r.ex = explain_plan(r.model, r.plan);
+    // resolved once: the explanation works on a copy, every rank class's simulation rebinds it
+    const Resolution resolution = resolve_plan(r.model, r.plan);
+    r.ex = explain_plan(r.model, r.plan, &resolution);
     r.steps = r.plan.verify.steps > 0 ? r.plan.verify.steps : r.model.steps;
     // from the second step on, every step on meta tensors allocates and computes alike: at most 4
     r.simulated_steps = std::clamp<int64_t>(r.steps, 2, 4);
@@ -201,7 +205,7 @@ ExplainReport explain_report(const ExplainInputs& in) {
                             worst_device_overheads(*r.cluster, r.plan).total();
         capacity = left >= 1 ? static_cast<size_t>(left) : 1;
     }
-    r.memory = predict_ranks(run, r.model, r.plan, r.simulated_steps, 0, capacity);
+    r.memory = predict_ranks(run, r.model, r.plan, r.simulated_steps, 0, capacity, &resolution);
     if (r.cluster) {
         for (PredictedRank& pr : r.memory) {
             r.overheads.push_back(device_overheads(*r.cluster, r.plan, pr.ranks.front()));

@@ -147,7 +147,7 @@ ActionTime action_time(const ActionWork& aw, const Plan& plan, const Cluster& c,
     if (aw.actions.front().is_p2p()) {
         double bytes = 0;
         for (const auto& [key, totals] : aw.comm)
-            if (key.first == "send" || key.first == "recv") bytes += static_cast<double>(totals.bytes);
+            if (collective_row(key.first).p2p) bytes += static_cast<double>(totals.bytes);
         for (double& s : out.seconds)
             s = p2p_seconds(bytes / static_cast<double>(out.seconds.size()), plan, c);
         return out;

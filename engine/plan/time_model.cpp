@@ -47,13 +47,9 @@ Link collective_link(const Plan& plan, const std::string& dim, const Cluster& c)
     return l;
 }
 
-double collective_seconds(const std::string& op, double bytes, int64_t calls, int n, const Link& link) {
+double collective_seconds(Collective op, double bytes, int64_t calls, int n, const Link& link) {
     if (n <= 1 || calls == 0) return 0;
-    const double f = static_cast<double>(n - 1) / n, hops = n - 1;
-    if (op == "all_reduce") return 2 * f * bytes / link.bandwidth + calls * 2 * hops * link.latency;
-    if (op == "broadcast") return bytes / link.bandwidth + calls * hops * link.latency;
-    return f * bytes / link.bandwidth +
-           calls * hops * link.latency;  // all_gather, reduce_scatter, all_to_all
+    return bus_bytes(op, bytes, n) / link.bandwidth + calls * collective_row(op).hops(n) * link.latency;
 }
 
 double mfu(const StepTime& t, const Cluster& c, DType compute) {
@@ -77,7 +73,7 @@ void add_comm_time(StepTime& t, const CommByOpDim& comm, const Plan& plan, const
         int n = dims.empty() ? plan.world_size() : 1;
         for (int d : dims) n *= plan.mesh()[d].size;
         const bool inside = dim_inside_node(plan, dim, c);
-        const bool p2p = op == "send" || op == "recv";
+        const bool p2p = collective_row(op).p2p;
         const Link link = p2p ? (inside ? c.intra : c.inter) : collective_link(plan, dim, c);
         const double s =
             p2p ? static_cast<double>(totals.bytes) / link.bandwidth + totals.calls * link.latency
@@ -90,7 +86,7 @@ void add_comm_time(StepTime& t, const CommByOpDim& comm, const Plan& plan, const
             // the ring's hops (context parallel's send/recv, one send and one recv per hop over a
             // full-duplex link: the sends' time) run beside the attention's compute, each next block
             // in flight while this one computes; pp's are priced by its schedule (plan/pipeline_time.h)
-            if (cp >= 0 && dims == std::vector<int>{cp} && op == "send") t.overlappable += s;
+            if (cp >= 0 && dims == std::vector<int>{cp} && op == Collective::send) t.overlappable += s;
             continue;
         }
         // the data dims' collectives (DDP's buckets, fully_shard's) overlap the compute; so do context
@@ -99,10 +95,10 @@ void add_comm_time(StepTime& t, const CommByOpDim& comm, const Plan& plan, const
         bool data = !dims.empty() && dim != "world", some_data = false;
         for (int d : dims)
             data = data && (plan.dims.is_data_dim(d) || d == cp), some_data |= plan.dims.is_data_dim(d);
-        if (data && !some_data) data = op == "all_reduce";  // cp alone: the gradients' average
+        if (data && !some_data) data = op == Collective::all_reduce;  // cp alone: the gradients' average
         // expert parallel's all_to_alls over a data dim: the experts wait for their tokens, the layer
         // for their outputs (no overlap is modelled)
-        if (op == "all_to_all" && plan.expert_parallel &&
+        if (op == Collective::all_to_all && plan.expert_parallel &&
             std::find(dims.begin(), dims.end(), plan.dims.index(DimRole::ep)) != dims.end())
             data = false, t.all_to_all += s;
         (data ? t.overlappable : t.blocking) += s;

@@ -7,6 +7,7 @@
 //              measured bandwidth (without a table: FLOPs at gemm_efficiency of peak, bytes at the
 //              memory bandwidth)
 //   a collective over n ranks moving B bytes (CommCounter's logical size), as nccl-tests' ring:
+//            bus factor(n) B / bw + calls x hops(n) latency, from the collective's row (comm/collective.h):
 //            all_reduce      2(n-1)/n B / bw + 2(n-1) latency
 //            all_gather, reduce_scatter, all_to_all   (n-1)/n B / bw + (n-1) latency
 //            broadcast       B / bw + (n-1) latency
@@ -56,7 +57,7 @@ bool dim_inside_node(const Plan& plan, const std::string& dim, const Cluster& c)
 // so the busbw is inter-node's per-GPU bandwidth times the group's ranks per node, at most NVLink's.
 Link collective_link(const Plan& plan, const std::string& dim, const Cluster& c);
 // The ring cost of `calls` collectives `op` moving `bytes` in total over n ranks on `link`.
-double collective_seconds(const std::string& op, double bytes, int64_t calls, int n, const Link& link);
+double collective_seconds(Collective op, double bytes, int64_t calls, int n, const Link& link);
 
 // The seconds of `work` on one GPU of `c` in `compute` (InputError when the cluster has no peak for
 // it): compute_terms(...).total().

@@ -99,7 +99,8 @@ Plan reference_plan(const Plan& plan) {
 
 // One rank's model laid out as the plan says, a straight line of steps as torchtitan's
 // parallelize_llama (pipeline_llm's stage split first): each a method below.
-Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer)
+Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer,
+         const ResolvedPlan* resolved)
     : model_(build_model(in, builds_on_device(in, plan, layer))),
       plan_(plan),
       world_(world),
@@ -110,7 +111,7 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
     load_data(in);
     const bool counts_tokens = resolve_loss();
     build_groups(counts_tokens);
-    res_ = resolve_plan(model_, plan);  // the whole model's (a stage's boundary layouts come from it)
+    resolve(resolved);
     if (plan.pipeline) keep_own_stage();
     apply_checkpointing();
     init_params(in);
@@ -125,6 +126,17 @@ Run::Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* l
 }
 
 Run::~Run() = default;
+
+// The plan's resolution for the whole model (a stage's boundary layouts come from it): the one made
+// before the run (verify's lint) rebound to this rank's model, else resolved here.
+void Run::resolve(const ResolvedPlan* resolved) {
+    if (!resolved) {
+        res_ = resolve_plan(model_, plan_);
+        return;
+    }
+    PTOOL_REQUIRE(resolved->plan == &plan_, "a resolution of another plan than the run's");
+    res_ = resolved->resolution->rebound(*resolved->model, model_);
+}
 
 // The data source's batches (shapes only on meta).
 void Run::load_data(const RunInputs& in) {

@@ -106,10 +106,15 @@ struct StepOutput {
 class Run {
 public:
     // Builds the model on this rank (of `world`, whose size is the plan's world size), the mesh,
-    // the tensor-parallel styles and data parallelism. Collective over `world`.
-    Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer = nullptr);
+    // the tensor-parallel styles and data parallelism. Collective over `world`. `resolved`: the plan
+    // already resolved against another model of in.model_text (verify's lint, explain's), which the
+    // run rebinds to its own model (Resolution::rebound) instead of resolving the plan again; its
+    // plan must be `plan` itself.
+    Run(const RunInputs& in, const Plan& plan, Communicator& world, RunLayer* layer = nullptr,
+        const ResolvedPlan* resolved = nullptr);
     // The run keeps a reference to its plan (its resolution points into it): a temporary would dangle.
-    Run(const RunInputs& in, Plan&& plan, Communicator& world, RunLayer* layer = nullptr) = delete;
+    Run(const RunInputs& in, Plan&& plan, Communicator& world, RunLayer* layer = nullptr,
+        const ResolvedPlan* resolved = nullptr) = delete;
     ~Run();
 
     // One training step on step k's batch: plan().accumulation_rounds(model()) rounds of the plan's
@@ -226,6 +231,7 @@ private:
     void load_data(const RunInputs& in);
     bool resolve_loss();
     void build_groups(bool counts_tokens);
+    void resolve(const ResolvedPlan* resolved);
     void keep_own_stage();
     void apply_checkpointing();
     void init_params(const RunInputs& in);

@@ -11,7 +11,7 @@
 namespace ptool {
 
 RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, int64_t steps,
-                             bool track_phases, size_t allocator_capacity) {
+                             bool track_phases, size_t allocator_capacity, const ResolvedPlan* resolved) {
     RunInputs in = base;
     in.device = Device::meta;
     in.init = nullptr;  // meta parameters hold no values
@@ -21,7 +21,7 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     auto account = std::make_shared<MemoryAccount>();
     account->model_allocator(allocator_capacity);
     MemoryScope scope(account);
-    Run run(in, plan, world);
+    Run run(in, plan, world, nullptr, resolved);
     RankSimulation sim;
     account->reset_peak();
     if (track_phases) account->track_phases();
@@ -105,11 +105,14 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
 }
 
 std::vector<PredictedRank> predict_ranks(const RunInputs& in, const Model& model, const Plan& plan,
-                                         int64_t steps, unsigned threads, size_t allocator_capacity) {
+                                         int64_t steps, unsigned threads, size_t allocator_capacity,
+                                         const Resolution* resolution) {
     const std::vector<RankClass> classes = rank_classes(model, plan);
     std::vector<PredictedRank> out(classes.size());
+    const ResolvedPlan resolved{&plan, &model, resolution};
     parallel_for(classes.size(), threads, [&](size_t i) {
-        out[i] = {simulate_rank(in, plan, classes[i].ranks[0], steps, false, allocator_capacity),
+        out[i] = {simulate_rank(in, plan, classes[i].ranks[0], steps, false, allocator_capacity,
+                                resolution ? &resolved : nullptr),
                   classes[i].ranks};
     });
     return out;

@@ -43,9 +43,11 @@ struct RankSimulation {
 // Steps `steps` steps of `plan` as world rank `rank` on meta tensors. The model comes from
 // in.model_text (in.device is ignored: meta). Throws InputError as a Run would (the lint). Every
 // allocation is replayed through PyTorch's caching allocator (core/allocator_model.h) with
-// `allocator_capacity` bytes (0: unbounded) for memory.reserved_peak.
+// `allocator_capacity` bytes (0: unbounded) for memory.reserved_peak. `resolved`: `plan` already
+// resolved (against a model of in.model_text), which the Run rebinds instead of resolving again.
 RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, int64_t steps,
-                             bool track_phases = false, size_t allocator_capacity = 0);
+                             bool track_phases = false, size_t allocator_capacity = 0,
+                             const ResolvedPlan* resolved = nullptr);
 
 // Builds world rank `rank`'s Run of `plan` on meta tensors and runs nothing: every check a run makes
 // before its first step (its pipeline stages, expert and fully_shard divisibility, ...), at the cost
@@ -67,8 +69,10 @@ struct PredictedRank {
     std::vector<int> ranks;  // every rank it stands for
 };
 // Each rank class simulated for `steps` steps, on up to `threads` threads (0: one per core); in
-// class order. `model` is the loaded model (on meta: load it under MetaAllocation).
+// class order. `model` is the loaded model (on meta: load it under MetaAllocation); `resolution`:
+// resolve_plan(model, plan) when the caller made it (explain's), which every class's Run rebinds.
 std::vector<PredictedRank> predict_ranks(const RunInputs& in, const Model& model, const Plan& plan,
-                                         int64_t steps, unsigned threads = 0, size_t allocator_capacity = 0);
+                                         int64_t steps, unsigned threads = 0, size_t allocator_capacity = 0,
+                                         const Resolution* resolution = nullptr);
 
 }  // namespace ptool

@@ -49,12 +49,15 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
         return res;
     }
     const VerifyOptions options = case_options(c, opt.verify);
-    const Model probe = load_model_text(base.model_text, base.model_path, base.dtype_override, false);
-    require_golden_tensors(c, probe, steps_for(plan, options, probe.steps));
+    // parsed once: the case's checks here and verify's lint (VerifyJob::model)
+    const auto probe = std::make_shared<const Model>(
+        load_model_text(base.model_text, base.model_path, base.dtype_override, false));
+    require_golden_tensors(c, *probe, steps_for(plan, options, probe->steps));
     TensorFile init, data;
     golden_inputs(c.file, init, data);
     VerifyJob job;
     job.inputs = base;
+    job.model = probe;
     if (!c.compact_sample) {  // a compact case runs from ptool's seeded init and generated data
         job.inputs.init = &init, job.inputs.init_path = c.path + "[init.*]";
         job.inputs.data = &data, job.inputs.data_path = c.path + "[data]";
@@ -73,9 +76,9 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
             compare_with_compact(vr.reference, c.file, tol, "reference vs compact golden"));
     } else {
         res.directions.push_back(
-            compare_with_golden(vr.reference, c.file, tol, "reference vs golden", probe.optimizer, true));
+            compare_with_golden(vr.reference, c.file, tol, "reference vs golden", probe->optimizer, true));
         res.directions.push_back(
-            compare_with_golden(vr.plans[0].run, c.file, tol, "parallel vs golden", probe.optimizer, false));
+            compare_with_golden(vr.plans[0].run, c.file, tol, "parallel vs golden", probe->optimizer, false));
     }
     res.directions[0].plan_path = "parallel vs reference";
     for (size_t i = 1; i < res.directions.size();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
@@ -159,16 +160,30 @@ std::string numerics_key(const Plan& plan, const Model& model) {
                        mp.cast_forward_inputs);
 }
 
+// A plan's reference plan (reference_plan) resolved once against the probe (rank 0's, when it
+// records a reference): the memory check beside the ranks simulates it and the reference runs it.
+struct ResolvedReference {
+    const Plan plan;
+    const Resolution resolution;
+    const ResolvedPlan resolved;
+    ResolvedReference(const Plan& of, const Model& probe)
+        : plan(reference_plan(of)),
+          resolution(resolve_plan(probe, plan)),
+          resolved{&plan, &probe, &resolution} {}
+    ResolvedReference(const ResolvedReference&) = delete;
+    ResolvedReference& operator=(const ResolvedReference&) = delete;
+};
+
 // Whether the host can hold the reference beside the parallel run: on the CPU with two cores or
 // more, and when the reference's predicted peak (train/simulate.h, on meta tensors) is at most half
 // the memory the host has available (the other half for the ranks and the records). Else, or when
 // the prediction fails, the reference runs first, as under mpirun.
-bool room_beside(const RunInputs& in, const Plan& plan, int64_t steps) {
+bool room_beside(const RunInputs& in, const ResolvedReference& reference, int64_t steps) {
     if (in.device != Device::cpu || usable_cores() < 2) return false;
     const int64_t available = available_host_memory();
     if (available <= 0) return false;
     try {
-        const RankSimulation sim = simulate_rank(in, reference_plan(plan), 0, steps);
+        const RankSimulation sim = simulate_rank(in, reference.plan, 0, steps, false, 0, &reference.resolved);
         return 2 * std::max(sim.memory.peak, sim.memory.resident) <= available;
     } catch (const std::exception&) {
         return false;
@@ -180,23 +195,26 @@ bool room_beside(const RunInputs& in, const Plan& plan, int64_t steps) {
 // computes) and get the reference's core when it ends; OpenBLAS's threads are divided among the
 // ranks and the reference. The ranks read each step once it is published.
 struct ReferenceBeside {
-    std::shared_ptr<CoreSlots> cores;     // the ranks'
-    std::shared_ptr<CoreSlots> own_core;  // the reference's
+    std::shared_ptr<CoreSlots> cores;                    // the ranks'
+    std::shared_ptr<CoreSlots> own_core;                 // the reference's
+    std::unique_ptr<const ResolvedReference> reference;  // what it runs
     ReferenceStream stream;
     GemmThreadShare share;
     std::exception_ptr error;
     std::thread thread;
 
     // throttled: the ranks release each step once compared (VerifyJob::keep_reference off)
-    ReferenceBeside(const RunInputs& in, const Plan& plan, int64_t steps, RecordOptions opt, bool throttled)
+    ReferenceBeside(const RunInputs& in, const Plan& plan, std::unique_ptr<const ResolvedReference> ref,
+                    int64_t steps, RecordOptions opt, bool throttled)
         : cores(std::make_shared<CoreSlots>(usable_cores() - 1)),
           own_core(std::make_shared<CoreSlots>(1)),
+          reference(std::move(ref)),
           stream(cores, throttled),
           share(plan.world_size() + 1) {
         opt.publish = &stream;
         thread = std::thread([this, &in, plan, steps, opt] {
             try {
-                record_reference(in, plan, steps, opt, own_core);
+                record_reference(in, plan, steps, opt, own_core, &reference->resolved);
             } catch (...) {
                 error = std::current_exception();
             }
@@ -274,13 +292,15 @@ Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model&
 }
 
 RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps, const RecordOptions& opt,
-                           std::shared_ptr<CoreSlots> cores) {
-    const Plan single = reference_plan(plan);
+                           std::shared_ptr<CoreSlots> cores, const ResolvedPlan* reference) {
+    std::optional<Plan> own;  // reference_plan(plan), unless resolved already
+    if (!reference) own = reference_plan(plan);
+    const Plan& single = reference ? *reference->plan : *own;
     RunRecord rec;
     run_ranks(
         1, CommOptions{},
         [&](Communicator& world) {
-            Run run(in, single, world);
+            Run run(in, single, world, nullptr, reference);
             run.follow_routing(opt.routing, false);
             if (const int parts = ring_parts(plan); parts > 1 && opt.events)
                 run.probe_ring(parts, plan.context_parallel->load_balance);
@@ -301,7 +321,8 @@ using ReferenceKey = std::pair<int64_t, std::string>;
 struct VerifyState {
     const VerifyJob& job;
     Launch& launch;
-    const Model probe;
+    const std::shared_ptr<const Model> model;  // the job's, else parsed here
+    const Model& probe;  // every plan's lint is resolved against it, and rebound to every rank's model
     // a model with experts: each reference logs its routing, which the parallel runs follow
     // (model/routing_log.h); the reference then runs first, whole, so that every step's routing is
     // there before a rank's step reaches it
@@ -313,7 +334,10 @@ struct VerifyState {
     VerifyState(const VerifyJob& j, Launch& l)
         : job(j),
           launch(l),
-          probe(load_model_text(j.inputs.model_text, j.inputs.model_path, j.inputs.dtype_override, false)) {
+          model(j.model ? j.model
+                        : std::make_shared<const Model>(load_model_text(
+                              j.inputs.model_text, j.inputs.model_path, j.inputs.dtype_override, false))),
+          probe(*model) {
         report.dtype = probe.dtype;
         for_each_module(*probe.root,
                         [&](const std::string&, Module& m) { experts |= m.routed_experts() != nullptr; });
@@ -368,19 +392,21 @@ std::unique_ptr<ReferenceBeside> start_reference(VerifyState& s, const Plan& pla
         s.routing_logs[key] = std::make_unique<RoutingLog>(ro.tol.rtol, ro.tol.atol);
         ref.routing = s.routing_logs[key].get();
     }
+    auto reference = std::make_unique<const ResolvedReference>(plan, s.probe);
     if (s.job.options.reference_beside && s.launch.shares_memory() && !s.experts &&
-        room_beside(s.job.inputs, plan, steps)) {
+        room_beside(s.job.inputs, *reference, steps)) {
         Progress::get().phase(fmt::format("reference + parallel {}", plan.path),
                               fmt::format("{} step{}, the reference on one device beside {} ranks, "
                                           "each step compared once both recorded it",
                                           steps, steps == 1 ? "" : "s", plan.world_size()));
-        auto beside = std::make_unique<ReferenceBeside>(s.job.inputs, plan, steps, ref, drop);
+        auto beside =
+            std::make_unique<ReferenceBeside>(s.job.inputs, plan, std::move(reference), steps, ref, drop);
         s.report.reference_beside = true;
         return beside;
     }
     Progress::get().phase("reference", fmt::format("{} step{} on one device", steps, steps == 1 ? "" : "s"));
     ref.on_step = [steps](int64_t k, double, double) { Progress::get().step("reference", k, steps); };
-    s.references[key] = record_reference(s.job.inputs, plan, steps, ref);
+    s.references[key] = record_reference(s.job.inputs, plan, steps, ref, nullptr, &reference->resolved);
     s.report.reference_seconds += s.references[key].seconds;
     return nullptr;
 }
@@ -411,8 +437,11 @@ struct ParallelRun {
     int64_t replayed = 0;
 };
 
-ParallelRun run_parallel(const VerifyState& s, const Plan& plan, int64_t steps, const RecordOptions& ro,
-                         RoutingLog* routing, ReferenceBeside* beside) {
+// `resolved`: the lint's resolution of `plan`, which every rank's Run rebinds to its own model (under
+// mpirun each process's own lint).
+ParallelRun run_parallel(const VerifyState& s, const ResolvedPlan& resolved, int64_t steps,
+                         const RecordOptions& ro, RoutingLog* routing, ReferenceBeside* beside) {
+    const Plan& plan = *resolved.plan;
     const VerifyJob& job = s.job;
     Launch& launch = s.launch;
     const bool experts = s.experts;
@@ -433,7 +462,7 @@ ParallelRun run_parallel(const VerifyState& s, const Plan& plan, int64_t steps, 
                 RankMemory mine;
                 {
                     MemoryScope scope(account);
-                    Run run(job.inputs, plan, world, layer.get());
+                    Run run(job.inputs, plan, world, layer.get(), &resolved);
                     if (job.options.replay_ties) run.follow_routing(follow, true);
                     account->reset_peak();
                     mine.resident = account->live();
@@ -469,8 +498,9 @@ std::string routing_note(const RoutingLog& routing, bool replay_ties, int64_t re
                     : std::string("routed every token by itself (--no-tie-replay)"));
 }
 
-// The job's plan i: its lint, its reference (rank 0 runs it, beside the ranks or first: under
-// mpirun the other ranks wait for it), its parallel run compared with it, and its report.
+// The job's plan i: its lint (the plan's one resolution, which every rank rebinds), its reference (rank 0
+// runs it, beside the ranks or first: under mpirun the other ranks wait for it), its parallel run compared
+// with it, and its report.
 void verify_plan(VerifyState& s, size_t i) {
     const VerifyJob& job = s.job;
     Launch& launch = s.launch;
@@ -491,7 +521,9 @@ void verify_plan(VerifyState& s, size_t i) {
                             plan, steps);
     RoutingLog* const routing = launch.rank0() && s.experts ? s.routing_logs[key].get() : nullptr;
     if (routing) routing->reset_replayed();  // this plan's own count
-    ParallelRun par = run_parallel(s, plan, steps, ro, routing, beside.get());
+    // the lint's resolution: every rank's, rebound to its own model
+    const ResolvedPlan resolved{&plan, &s.probe, &res};
+    ParallelRun par = run_parallel(s, resolved, steps, ro, routing, beside.get());
     if (beside) {
         s.references[key] = beside->end();
         s.report.reference_seconds += s.references[key].seconds;

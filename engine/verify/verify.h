@@ -33,6 +33,9 @@ struct VerifyOptions {
 
 struct VerifyJob {
     RunInputs inputs;
+    // inputs.model_text as read (load_model_text, uninitialised), when the caller parsed it already
+    // (`ptool verify` checks it before any rank starts); verify parses it itself otherwise.
+    std::shared_ptr<const Model> model;
     std::vector<Plan> plans;
     VerifyOptions options;
     const TensorFile* golden = nullptr;  // compared as recorded too: --golden, golden replay
@@ -70,9 +73,12 @@ VerifyReport verify(const VerifyJob& job, Launch& launch);  // the report is ran
 
 // The reference of `plan`: the job's model on one device computing as the plan does (its mixed
 // precision: reference_plan), `steps` steps, recorded whole (into opt.publish's record when set;
-// `cores`: the slots it shares with the ranks beside it).
+// `cores`: the slots it shares with the ranks beside it). `reference`: reference_plan(plan) already
+// resolved (verify's, which its memory check beside the ranks used too): the run is of that plan
+// and rebinds its resolution.
 RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps, const RecordOptions& opt,
-                           std::shared_ptr<CoreSlots> cores = nullptr);
+                           std::shared_ptr<CoreSlots> cores = nullptr,
+                           const ResolvedPlan* reference = nullptr);
 
 int64_t steps_for(const Plan& plan, const VerifyOptions& opt, int64_t model_steps);
 Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model& model);

@@ -27,8 +27,8 @@ LoadedCommand load_command(const VerifyCommand& cmd) {
     in.model_text = read_file(cmd.model, YamlLimits{}.max_bytes);
     in.dtype_override = cmd.dtype;
     in.device = cmd.device;
-    load_model_text(in.model_text, cmd.model, cmd.dtype,
-                    false);  // a bad model: exit 2 before any rank starts
+    // a bad model: exit 2 before any rank starts; parsed once, for every check here and verify's lint
+    l.job.model = std::make_shared<const Model>(load_model_text(in.model_text, cmd.model, cmd.dtype, false));
     if (!cmd.init.empty())
         l.init = std::make_unique<TensorFile>(read_checkpoint(cmd.init)), in.init = l.init.get(),
         in.init_path = cmd.init;
@@ -39,9 +39,9 @@ LoadedCommand load_command(const VerifyCommand& cmd) {
     for (Plan& p : l.job.plans) apply_mesh_flags(p, cmd.mesh);
     l.job.options = cmd.options;
     if (l.data) {
-        const Model probe = load_model_text(in.model_text, cmd.model, cmd.dtype, false);
         int64_t steps = 0;
-        for (const Plan& p : l.job.plans) steps = std::max(steps, steps_for(p, cmd.options, probe.steps));
+        for (const Plan& p : l.job.plans)
+            steps = std::max(steps, steps_for(p, cmd.options, l.job.model->steps));
         check_data_steps(*l.data, cmd.data, steps);
     }
     if (!cmd.golden.empty()) {
