@@ -152,9 +152,13 @@ json time_entries(const ExplainReport& r) {  // per rank class, seconds
                            {"bytes", ct.bytes},
                            {"calls", ct.calls},
                            {"inter_node", ct.inter_node}};
-        json e = {{"ranks", r.memory[i].ranks}, {"compute_seconds", t.compute},
-                  {"compute_terms", compute_terms_json(t.terms)}, {"step_seconds", t.step},
-                  {"gemm_flops", t.gemm_flops}, {"model_flops", t.model_flops}, {"collectives", by_dim}};
+        json e = {{"ranks", r.memory[i].ranks},
+                  {"compute_seconds", t.compute},
+                  {"compute_terms", compute_terms_json(t.terms)},
+                  {"step_seconds", t.step},
+                  {"gemm_flops", t.gemm_flops},
+                  {"model_flops", t.model_flops},
+                  {"collectives", by_dim}};
         if (r.plan.pipeline) e["pipeline_seconds"] = t.pipeline, e["bubble"] = t.bubble;
         out.push_back(e);
     }

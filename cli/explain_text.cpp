@@ -26,7 +26,6 @@ std::string local_shapes(const ParamLayout& p) {  // "[3, 16] x3, [1, 16]"
     return fmt::format("{}", fmt::join(parts, ", "));
 }
 
-
 // Per rank class, whether its memory fits the GPU (plan/device_overheads.h: the runtime outside the
 // caching allocator besides what it reserves).
 void warn_fit(const ExplainReport& r) {

@@ -46,8 +46,8 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
         yaml_comment(cl.name),  // names in comments: one printable line
         format_bytes(static_cast<int64_t>(c.peak)), format_bytes(static_cast<int64_t>(c.reserved)),
         format_bytes(static_cast<int64_t>(c.runtime)), format_bytes(static_cast<int64_t>(r.memory_cap)),
-        c.time.step * 1e3, c.time.compute * 1e3,
-        c.time.blocking * 1e3, c.time.overlappable * 1e3, 100 * c.mfu);
+        c.time.step * 1e3, c.time.compute * 1e3, c.time.blocking * 1e3, c.time.overlappable * 1e3,
+        100 * c.mfu);
     if (c.choice.gradient_accumulation > 0)  // the plan says it: explain and verify read it over the model's
         s += fmt::format(
             "# Gradient accumulation: {} microbatches a step where the model says {}: the plan's "
@@ -235,11 +235,11 @@ int plan(const PlanArgs& a, const Common& common) {
     fmt::print(
         "\n  (memory: rank 0 simulated for 2 steps on meta tensors{}; time: the cluster's rates, "
         "data-parallel\n"
-        "   collectives overlapped with the compute; a pipeline: pp ranks 0, 1 and the last at 2 and 3 "
+        "   collectives overlapped with the compute; a pipeline: pp ranks 0, 1 and the last at 4 and 5 "
         "blocks a "
         "stage,\n"
         "   its step the schedule's critical path; docs/planning.md)\n",
-        !r.fitting.empty() && r.fitting[0].extrapolated ? ", the repeated blocks extrapolated from 2 and 3"
+        !r.fitting.empty() && r.fitting[0].extrapolated ? ", the repeated blocks extrapolated from 4 and 5"
                                                         : "");
     if (!a.output.empty()) {
         if (r.fitting.empty())

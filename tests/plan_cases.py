@@ -10,7 +10,7 @@
    On two nodes of 2 (tests/data/cpu_2x2.yaml) every HSDP plan it finds verifies too.
 2. Its numbers are explain's: for Llama-3-8B shapes on 16 H100s, each listed plan's memory (PyTorch's
    allocated peak) and step time equal those of explain simulating the whole model (the planner
-   simulates 2 and 3 blocks and extrapolates), within 1%.
+   simulates 4 and 5 blocks and extrapolates), within 1%.
 3. It says why shapes fail: tp across a node, heads that do not split, a cap nothing fits under.
 4. Bad input: a damaged cluster file, more ranks than GPUs, no fit with -o: exit 2, nothing written.
 5. The 70B plan explains clean.
@@ -164,7 +164,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(compared >= 12 and accumulated >= 4,
           f"only {compared} planned candidates compared with explain ({accumulated} with other microbatches than the model's)")
 
-    # 2b. pipeline candidates (sampled at 2 and 3 blocks a stage on pp ranks 0, 1 and the last, the
+    # 2b. pipeline candidates (sampled at 4 and 5 blocks a stage on pp ranks 0, 1 and the last, the
     # stages balanced, the step the schedule's critical path) against explain's simulation of every
     # stage of the plan as written: the peak of the worst rank and the step within 2.5% (a rank's
     # peak is extrapolated by all the blocks it holds, and interleaved stages of uneven blocks make

@@ -245,8 +245,10 @@ void write_decoder_model(std::string& y, const HfConfig& c, const std::string& t
                      s.layers);
     y += "          - type: residual\n            modules:\n";
     if (!f.post_norms)
-        y += fmt::format("              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d,
-                         eps);
+        y += fmt::format(
+            "              - {{name: input_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: "
+            "eager}}\n",
+            d, eps);
     const std::string qk = f.post_norms ? fmt::format(", qk_norm: full, qk_norm_eps: {}", eps)
                            : f.qk_norm
                                ? fmt::format(", head_dim: {}, qk_norm: true, qk_norm_eps: {}", s.hd, eps)
@@ -257,7 +259,9 @@ void write_decoder_model(std::string& y, const HfConfig& c, const std::string& t
         "attn_implementation: {}, rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
         d, s.heads, s.kv, qk, ch.attn.impl, yaml_number(s.theta), ch.scaling, ch.qkv_bias, ch.o_bias);
     const std::string post_attention = fmt::format(
-        "              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d, eps);
+        "              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: "
+        "eager}}\n",
+        d, eps);
     if (f.post_norms) y += post_attention;
     y += "          - type: residual\n            modules:\n";
     if (!f.post_norms) y += post_attention;
@@ -271,9 +275,11 @@ void write_decoder_model(std::string& y, const HfConfig& c, const std::string& t
     }
     if (f.post_norms)
         y += fmt::format(
-            "              - {{name: post_feedforward_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d,
-            eps);
-    y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d, eps);
+            "              - {{name: post_feedforward_layernorm, type: rms_norm, dim: {}, eps: {}, "
+            "implementation: eager}}\n",
+            d, eps);
+    y += fmt::format("      - {{name: norm, type: rms_norm, dim: {}, eps: {}, implementation: eager}}\n", d,
+                     eps);
     y += fmt::format("  - {{name: lm_head, type: linear, in: {}, out: {}, bias: false{}}}\n", d, vocab,
                      ch.tied ? ", tie: model.embed_tokens" : "");
     // transformers' _init_weights: linears and embeddings ~ N(0, initializer_range), biases 0

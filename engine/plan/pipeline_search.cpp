@@ -142,7 +142,8 @@ PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSampl
     const double k0 = [&] {  // pp rank 0's blocks beyond the first sample's
         int n = 0;
         for (size_t s = 0; s < blocks.size(); s += pp) n += blocks[s];
-        return static_cast<double>(n - kStageSampled * (static_cast<int>(blocks.size()) / pp)) / (blocks.size() / pp);
+        return static_cast<double>(n - kStageSampled * (static_cast<int>(blocks.size()) / pp)) /
+               (blocks.size() / pp);
     }();
     o.fb_comm = comm_extrapolated(a.fb_comm, b.fb_comm, k0),
     o.tail_comm = comm_extrapolated(a.tail_comm, b.tail_comm, k0);

@@ -54,9 +54,9 @@ PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute
                                int k, const std::function<RankSimulation(int rank)>& simulate,
                                const Plan* timing = nullptr);
 
-// The costs of stages holding blocks[s] blocks each, from samples at 2 and 3 blocks per stage.
-// Blocks a stage in the first of a pipeline's two samples (the second: one more): as the flat
-// search's kSampled (plan/search_evaluate.cpp), so that a stage's middle blocks are sampled too.
+// The costs of stages holding blocks[s] blocks each, from samples at kStageSampled and one more blocks per
+// stage. Blocks a stage in the first of a pipeline's two samples (the second: one more): as the flat search's
+// kSampled (plan/search_state.h), so that a stage's middle blocks are sampled too.
 constexpr int kStageSampled = 4;
 PipelineSample extrapolate_pipeline(const PipelineSample& at2, const PipelineSample& at3,
                                     const std::vector<int>& blocks, int pp);

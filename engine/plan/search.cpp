@@ -140,11 +140,12 @@ void Search::check_cost(const std::vector<PlanChoice>& flat, const std::vector<P
     for (const PlanChoice& c : flat) {
         (void)c;
         for (double mb = first; mb <= std::max<double>(o_.max_microbatches, first); mb *= 2)
-            work += extrapolate_ ? run_units(2 * other + 5 * block, mb) : run_units(total, mb);
+            work +=
+                extrapolate_ ? run_units(2 * other + (2 * kSampled + 1) * block, mb) : run_units(total, mb);
     }
     for (const PlanChoice& c : piped) {
         const double stages = std::min(c.pp, 4) * c.virtual_stages,
-                     blocks = std::min<double>(static_cast<double>(layers_), 3 * stages),
+                     blocks = std::min<double>(static_cast<double>(layers_), (kStageSampled + 1) * stages),
                      variant = extrapolate_ ? other + blocks * block : total;
         work += 2 * 2 * run_units(variant / std::min(c.pp, 4), 4 * stages);  // 2 sizes, 2 samples
     }

@@ -6,7 +6,7 @@
 // sequence must divide by tp, rows by dp x microbatches; a mesh under which explain expects a mismatch, such
 // as loss: sum averaged by DDP, is refused with that cause) and simulated on meta tensors (train/simulate.h)
 // for two steps (the optimizer's state exists from the second), rank 0 only: the lint refuses uneven shards,
-// so every rank holds the same sizes. A model with one repeat of L >= 4 blocks is simulated with 2 and 3
+// so every rank holds the same sizes. A model with one repeat of L >= 4 blocks is simulated with 4 and 5
 // blocks and its work, collectives and each phase's peak (module pass, blocks named first and last)
 // extrapolated linearly to L, the largest phase giving the peak (checked against full simulations in
 // tests/plan_cases.py). Fitting candidates (what PyTorch's caching allocator reserves for the peak,

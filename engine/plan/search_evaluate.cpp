@@ -1,5 +1,5 @@
 // A candidate's evaluation (plan/search_state.h): simulated on meta tensors (extrapolated over the
-// repeat from 2 and 3 blocks), its microbatches doubled until it fits, or a pipeline sampled and
+// repeat from 4 and 5 blocks), its microbatches doubled until it fits, or a pipeline sampled and
 // its stages balanced.
 #include <algorithm>
 #include <map>
@@ -12,16 +12,9 @@
 
 namespace ptool::searching {
 
-// The blocks of the repeat the planner simulates: kSampled and one more, extrapolated linearly. Not
-// 2 and 3: with PyTorch's allocations tallied, a block between others holds more than the first
-// and the last (FSDP2's prefetch of the block below and the reduce-scatter of the block above in
-// flight), and the allocated peak grows by a block's saved tensors only from 4 blocks on
-// (Llama-3-8B, dp8 x cp2, op-SAC: 2 -> 3 blocks +0.218 GB, 3 -> 4 +0.241, then +0.382 a block; from 2
-// and 3 the 32 blocks' peak came out 7.5% low, from 4 and 5 it is explain's to the byte).
-constexpr int64_t kSampled = 4;
-
 // "layers.2.attn_block/b" of a repeat "layers" of `count` blocks -> "layers.last.attn_block/b";
-// block 0 -> "first"; a block between them -> "" (its peaks are below the last's: fewer saved).
+// block 0 -> "first"; a block between them -> "" (left to the overall peak's line, which from
+// kSampled blocks on grows by a block's saved tensors: search_state.h).
 std::string block_phase(const std::string& label, const std::string& repeat, int64_t count) {
     if (label.rfind(repeat + ".", 0) != 0) return label;
     const size_t start = repeat.size() + 1, end = label.find_first_of("./", start);
@@ -38,7 +31,8 @@ Simulated simulate(const std::string& model_text, const std::string& name, const
     in.model_path = name;
     in.model_text = model_text;
     RankSimulation s = simulate_rank(in, plan, 0, 2, !repeat.empty());
-    s.memory.peak = s.memory.torch_peak;  // the planner fits PyTorch's allocated peak (core/framework_memory.h)
+    s.memory.peak =
+        s.memory.torch_peak;  // the planner fits PyTorch's allocated peak (core/framework_memory.h)
     Simulated out{s.memory, s.step_work, by_op_dim(s.step_comm), {}};
     for (const auto& [label, peak] : s.phase_peaks)
         if (std::string key = block_phase(label, repeat, count); !key.empty())
@@ -129,7 +123,7 @@ void Search::evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::o
 
 // A pipeline: its microbatches per round the most the rows allow (a power of two times pp: the
 // smallest bubble and the least held at once, microbatches of one row as torchtitan's default),
-// sampled at 2 and 3 blocks per stage, stages balanced by their predicted time, the step the
+// sampled at 4 and 5 blocks per stage, stages balanced by their predicted time, the step the
 // schedule's critical path (plan/pipeline_search.h).
 void Search::evaluate_pipeline(const PlanChoice& base, std::optional<Candidate>& fit,
                                std::optional<Rejection>& refusal, int& count) const {

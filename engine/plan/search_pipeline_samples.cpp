@@ -1,5 +1,5 @@
 // A pipeline candidate's costs, sampled (plan/search_state.h): the plan's pipeline simulated rank by
-// rank at 2 and 3 blocks a stage, with the fewest microbatches that reach the schedule's steady
+// rank at 4 and 5 blocks a stage, with the fewest microbatches that reach the schedule's steady
 // state; past 4 pp ranks, pipelines of 3 and 4 ranks widened to the plan's (widen_pipeline).
 #include <map>
 #include <tuple>
@@ -122,7 +122,7 @@ private:
             [&](int rank) { return simulate_at(P, k, rank); }, timing_ ? &*timing_ : nullptr);
     }
 
-    // A middle rank's peak at 2 and 3 blocks a stage (widened from 3 and 4 ranks where the plan has
+    // A middle rank's peak at 4 and 5 blocks a stage (widened from 3 and 4 ranks where the plan has
     // more), extended to layers / stages: its peak grows with its blocks and its microbatches in
     // flight, each pass's linearly (so the largest, convexly: the line through two samples stays
     // under it), and the middle stages are cut at least that long (the first and the last get
@@ -139,7 +139,8 @@ private:
             at_k[k - kStageSampled] = widened_ ? peaks[0] + (peaks[1] - peaks[0]) * (base_.pp - 3) : peaks[0];
         }
         const int64_t x = s_.layers_ / stages_;
-        const double least = at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - kStageSampled) + workspace_;
+        const double least =
+            at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - kStageSampled) + workspace_;
         const int P = widened_ ? 4 : base_.pp;  // a middle rank's communicators are the plan's
         if (const double c = s_.cap(variant(P, kStageSampled, sampled_at(P)).first); least > c)
             throw OverCap{fmt::format(
@@ -161,7 +162,7 @@ private:
     PipelineCosts out_;
 };
 
-// A pipeline's costs sampled at 2 and 3 blocks a stage (OverCap: a rank over the GPU's memory).
+// A pipeline's costs sampled at 4 and 5 blocks a stage (OverCap: a rank over the GPU's memory).
 Search::PipelineCosts Search::sample_pipeline_costs(const PlanChoice& base, int m, int& count) const {
     return PipelineSampler(*this, base, m, count).costs();
 }
