@@ -144,6 +144,42 @@ TEST_CASE("pipeline widening: samples of 3 and 4 pp ranks extended to pp along t
     CHECK_THROWS(widen_pipeline(sample(4, 1), sample(4, 1), 16, 16));
 }
 
+TEST_CASE("pipeline extrapolation: a rank's unequal stages weighed by what each holds at its peak",
+          "[cpu][pipeline_time]") {
+    // pp 2 x v 2 (stages 0 and 2 on rank 0, 1 and 3 on rank 1), sampled at kStageSampled and one more
+    // block a stage: rank 1's peak grows 100 bytes of static state (alike per stage) and 300 of
+    // activations, its stage 1 holding 3 microbatches in flight at the peak and stage 3 one
+    auto sample = [](double grown) {
+        PipelineSample s;
+        for (int st = 0; st < 4; ++st) {
+            s.forward.push_back(1), s.backward.push_back(2);
+            s.forward_flops.push_back(10), s.backward_flops.push_back(20);
+        }
+        for (int r = 0; r < 2; ++r) {
+            s.peak.push_back(1000 + 400 * grown), s.phases.emplace_back();
+            s.static_at_peak.push_back(200 + 100 * grown), s.activations_at_peak.push_back(600 + 300 * grown);
+            s.in_flight.push_back(r == 0 ? std::vector<double>{2, 2} : std::vector<double>{3, 1});
+            s.tail.push_back(0), s.fb_compute.push_back(0), s.fb_overlap.push_back(0);
+            s.tail_compute.push_back(0), s.tail_overlap.push_back(0);
+        }
+        return s;
+    };
+    const PipelineSample a = sample(0), b = sample(1);
+    const int k = kStageSampled;
+    // equal stages: their blocks beyond the first sample, whatever the weights
+    CHECK(rank_blocks_beyond(a, b, {k, k + 1, k, k + 1}, 1, 2) == Approx(1.0));
+    CHECK(extrapolate_pipeline(a, b, {k + 2, k + 2, k + 2, k + 2}, 2).peak[1] == Approx(1000 + 400 * 2));
+    // rank 1 without the last stage's block: its share is 100 / 2 of the static and 300 x 1/4 of
+    // the activations, 125 of the 400 (by its blocks in all it would be 200)
+    CHECK(rank_blocks_beyond(a, b, {k, k, k, k - 1}, 1, 2) == Approx(-125.0 / 400));
+    CHECK(extrapolate_pipeline(a, b, {k, k, k, k - 1}, 2).peak[1] == Approx(1000 - 125));
+    // ... and with a block more in its first stage instead: 50 + 225
+    CHECK(extrapolate_pipeline(a, b, {k, k + 1, k, k}, 2).peak[1] == Approx(1000 + 275));
+    // rank 0's stages hold as many microbatches each: half the growth per block, either stage
+    CHECK(extrapolate_pipeline(a, b, {k + 1, k, k, k}, 2).peak[0] == Approx(1000 + 200));
+    CHECK(extrapolate_pipeline(a, b, {k, k, k + 1, k}, 2).peak[0] == Approx(1000 + 200));
+}
+
 TEST_CASE("pipeline time: a long schedule extended from its steady state is the whole play",
           "[cpu][pipeline_time]") {
     // stages of unequal costs (the first and last heavier, as the embedding's and the head's),

@@ -22,7 +22,8 @@ struct RankCosts {
     std::map<int, std::array<double, 4>>
         stages;  // stage -> forward s, backward s, forward flops, backward flops
     double peak = 0, tail = 0, transfer = 0, fb_compute = 0, fb_overlap = 0, tail_compute = 0,
-           tail_overlap = 0;
+           tail_overlap = 0, static_at_peak = 0, activations_at_peak = 0;
+    std::vector<double> in_flight;  // per local stage, where the rank holds the most microbatches
     CommByOpDim fb_comm, tail_comm;
     std::map<std::string, double> phases;
 };
@@ -44,6 +45,28 @@ std::string stage_phase(const std::string& label, const std::string& repeat, int
 
 void add_into(CommByOpDim& to, const CommByOpDim& from) {
     for (const auto& [key, t] : from) to[key].calls += t.calls, to[key].bytes += t.bytes;
+}
+
+// Each of pp rank `rank`'s stages' microbatches in flight (forwards run, their backwards not yet)
+// at the first point of its schedule where it holds the most in all.
+std::vector<double> in_flight_at_most(const std::vector<ActionWork>& actions, int rank, int pp) {
+    std::map<int, int> now;
+    std::map<int, int> most;
+    int total = 0, best = -1;
+    for (const ActionWork& aw : actions) {
+        const Action& a = aw.actions.front();
+        if (a.kind == ActionKind::forward)
+            ++now[a.stage], ++total;
+        else if (a.kind == ActionKind::backward)
+            --now[a.stage], --total;
+        else
+            continue;
+        if (total > best) best = total, most = now;
+    }
+    std::vector<double> out;
+    for (const auto& [stage, n] : most)
+        if (stage % pp == rank) out.push_back(std::max(0, n));
+    return out;
 }
 
 RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timing, const Cluster& c,
@@ -84,6 +107,12 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timi
         out.stages[stage] = {s[0] / std::max(1.0, s[4]), s[1] / std::max(1.0, s[5]),
                              s[2] / std::max(1.0, s[4]), s[3] / std::max(1.0, s[5])};
     out.peak = static_cast<double>(sim.memory.peak);
+    const auto& by_use = sim.memory.torch_at_peak;
+    for (MemoryUse u : {MemoryUse::parameters, MemoryUse::gradients, MemoryUse::optimizer,
+                        MemoryUse::mixed_precision, MemoryUse::buckets})
+        out.static_at_peak += static_cast<double>(by_use[static_cast<int>(u)]);
+    out.activations_at_peak = static_cast<double>(by_use[static_cast<int>(MemoryUse::activations)]);
+    out.in_flight = in_flight_at_most(sim.actions, rank, pp);
     return out;
 }
 
@@ -118,6 +147,9 @@ PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute
     for (int r = 0; r < pp; ++r) {
         const RankCosts& rc = ranks.count(r) ? ranks.at(r) : ranks.at(1);
         out.peak.push_back(rc.peak), out.tail.push_back(rc.tail), out.phases.push_back(rc.phases);
+        out.static_at_peak.push_back(rc.static_at_peak),
+            out.activations_at_peak.push_back(rc.activations_at_peak);
+        out.in_flight.push_back(rc.in_flight);
         out.fb_compute.push_back(rc.fb_compute), out.fb_overlap.push_back(rc.fb_overlap);
         out.tail_compute.push_back(rc.tail_compute), out.tail_overlap.push_back(rc.tail_overlap);
         out.transfer = std::max(out.transfer, rc.transfer);
@@ -131,11 +163,33 @@ double PipelineSample::exposed(int r, double scale) const {
         0.0, scale * fb_overlap.at(r) + tail_overlap.at(r) - scale * fb_compute.at(r) - tail_compute.at(r));
 }
 
+// (pipeline_search.h) each stage's share of the growth: its static bytes alike, its activations by
+// its microbatches in flight
+double rank_blocks_beyond(const PipelineSample& a, const PipelineSample& b, const std::vector<int>& blocks,
+                          int r, int pp) {
+    const int stages = static_cast<int>(blocks.size()), v = stages / pp;
+    std::vector<double> share(v, 1.0 / v);
+    const size_t n = static_cast<size_t>(r) + 1;
+    const bool weighed = b.in_flight.size() >= n && a.static_at_peak.size() >= n &&
+                         b.static_at_peak.size() >= n && a.activations_at_peak.size() >= n &&
+                         b.activations_at_peak.size() >= n;
+    const std::vector<double> flight = weighed ? b.in_flight[r] : std::vector<double>{};
+    const double d_static = weighed ? std::max(0.0, b.static_at_peak[r] - a.static_at_peak[r]) : 0,
+                 d_act = weighed ? std::max(0.0, b.activations_at_peak[r] - a.activations_at_peak[r]) : 0;
+    double held = 0;
+    for (double f : flight) held += f;
+    if (static_cast<int>(flight.size()) == v && held > 0 && d_static + d_act > 0)
+        for (int j = 0; j < v; ++j) share[j] = (d_static / v + d_act * flight[j] / held) / (d_static + d_act);
+    double k = 0;
+    for (int j = 0; j < v; ++j) k += share[j] * (blocks[r + j * pp] - kStageSampled);
+    return k;
+}
+
 PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSample& b,
                                     const std::vector<int>& blocks, int pp) {
     PTOOL_REQUIRE(blocks.size() == a.forward.size() && a.forward.size() == b.forward.size(),
                   "{} stage block counts for samples of {} stages", blocks.size(), a.forward.size());
-    const int stages = static_cast<int>(blocks.size()), v = stages / pp;
+    const int stages = static_cast<int>(blocks.size());
     auto lin = [](double x, double y, double k) { return x + (y - x) * k; };
     PipelineSample o;
     o.transfer = a.transfer;
@@ -154,10 +208,8 @@ PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSampl
         o.forward_flops.push_back(lin(a.forward_flops[s], b.forward_flops[s], k));
         o.backward_flops.push_back(lin(a.backward_flops[s], b.backward_flops[s], k));
     }
-    for (int r = 0; r < pp; ++r) {  // the rank's stages hold n blocks in all; the samples 2v and 3v
-        int n = 0;
-        for (int s = r; s < stages; s += pp) n += blocks[s];
-        const double k = static_cast<double>(n - kStageSampled * v) / v;
+    for (int r = 0; r < pp; ++r) {  // the rank's stages hold n blocks in all; the samples 4v and 5v
+        const double k = rank_blocks_beyond(a, b, blocks, r, pp);
         double peak = lin(a.peak[r], b.peak[r], k);
         for (const auto& [key, pa] : a.phases[r])
             if (auto it = b.phases[r].find(key); it != b.phases[r].end())
@@ -186,11 +238,20 @@ PipelineSample widen_pipeline(const PipelineSample& p3, const PipelineSample& p4
         o.forward_flops.push_back(p4.forward_flops[from]),
             o.backward_flops.push_back(p4.backward_flops[from]);
     }
+    // (samples without what their ranks hold at the peak by kind: stages weighed alike)
+    const bool weighed = p3.in_flight.size() == 3 && p4.in_flight.size() == 4 &&
+                         p3.static_at_peak.size() == 3 && p4.static_at_peak.size() == 4 &&
+                         p3.activations_at_peak.size() == 3 && p4.activations_at_peak.size() == 4;
     for (int r = 0; r < pp; ++r) {  // pp rank 0, the last, and pp rank 1 for the others
         const int a = r == 0 ? 0 : r == pp - 1 ? 2 : 1, b = r == 0 ? 0 : r == pp - 1 ? 3 : 1;
         const double at = r == pp - 1 ? last_peak_at - 3 : d;
         auto held = [at](double x, double y) { return x + (y - x) * at; };
         o.peak.push_back(held(p3.peak[a], p4.peak[b]));
+        if (weighed) {
+            o.static_at_peak.push_back(held(p3.static_at_peak[a], p4.static_at_peak[b]));
+            o.activations_at_peak.push_back(held(p3.activations_at_peak[a], p4.activations_at_peak[b]));
+            o.in_flight.push_back(p4.in_flight[b]);
+        }
         std::map<std::string, double> phases;
         for (const auto& [key, x] : p3.phases[a])
             if (auto it = p4.phases[b].find(key); it != p4.phases[b].end()) phases[key] = held(x, it->second);

@@ -31,6 +31,13 @@ struct PipelineSample {
     // (model FLOPs: without activation checkpointing's recompute)
     std::vector<double> forward, backward, forward_flops, backward_flops;
     std::vector<double> peak, tail;  // per pp rank: peak bytes, seconds of sync + clip + step
+    // per pp rank, at its peak: the bytes that grow alike in every stage with its blocks (parameters,
+    // their gradients, copies and optimizer state), the activations (which grow in a stage with its
+    // blocks times the microbatches it holds in flight), and each of its stages' microbatches in
+    // flight then (from the schedule's action order): how a block more or less in one of its stages
+    // moves the rank's peak when its stages hold unequal blocks (extrapolate_pipeline)
+    std::vector<double> static_at_peak, activations_at_peak;
+    std::vector<std::vector<double>> in_flight;
     std::vector<std::map<std::string, double>> phases;  // per pp rank: peak bytes per module pass
     // per pp rank, seconds: the compute and the data-parallel collectives (which overlap it) of its
     // forwards and backwards (at the sampled microbatches: they scale with the count) and of its tail
@@ -53,6 +60,13 @@ struct PipelineSample {
 PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute, const std::string& repeat,
                                int k, const std::function<RankSimulation(int rank)>& simulate,
                                const Plan* timing = nullptr);
+
+// How many blocks beyond the first sample's (kStageSampled a stage) pp rank r's stages hold,
+// in units of the second sample's growth (one block more on each of its stages): each stage's block
+// weighed by its share of the static bytes (alike per stage) and of the activations (by the
+// microbatches the stage holds in flight at the rank's peak). Equal stages: n - kStageSampled.
+double rank_blocks_beyond(const PipelineSample& a, const PipelineSample& b, const std::vector<int>& blocks,
+                          int r, int pp);
 
 // The costs of stages holding blocks[s] blocks each, from samples at kStageSampled and one more blocks per
 // stage. Blocks a stage in the first of a pipeline's two samples (the second: one more): as the flat search's
