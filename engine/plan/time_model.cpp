@@ -75,9 +75,8 @@ void add_comm_time(StepTime& t, const CommByOpDim& comm, const Plan& plan, const
         const bool inside = dim_inside_node(plan, dim, c);
         const bool p2p = collective_row(op).p2p;
         const Link link = p2p ? (inside ? c.intra : c.inter) : collective_link(plan, dim, c);
-        const double s =
-            p2p ? static_cast<double>(totals.bytes) / link.bandwidth + totals.calls * link.latency
-                : collective_seconds(op, static_cast<double>(totals.bytes), totals.calls, n, link);
+        // a send or recv: its row's bus factor 1 and one hop a call
+        const double s = collective_seconds(op, static_cast<double>(totals.bytes), totals.calls, n, link);
         CommTime& ct = t.by_dim[dim];
         ct.seconds += s, ct.bytes += static_cast<double>(totals.bytes), ct.calls += totals.calls,
             ct.inter_node = !inside;
