@@ -9,6 +9,7 @@
 set -u
 out=${1:?usage: measure.sh OUT}
 mkdir -p "$out"
+[ -d .gpu ] || tar xzf .gpu.tgz  # the bundle, carried packed
 export LD_LIBRARY_PATH=$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}
 ptool=.gpu/build/cli/ptool
 part() {  # NAME LIMIT_S COMMAND...
