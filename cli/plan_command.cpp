@@ -17,6 +17,7 @@
 #include "core/yaml_reader.h"
 #include "core/yaml_writer.h"
 #include "plan/search.h"
+#include "train/simulate.h"
 #include "verify/verify_command.h"
 
 namespace ptool::cli {
@@ -233,12 +234,13 @@ int plan(const PlanArgs& a, const Common& common) {
     print_candidates(r, a.top);
     print_rejections(r, common.verbosity);
     fmt::print(
-        "\n  (memory: rank 0 simulated for 2 steps on meta tensors{}; time: the cluster's rates, "
+        "\n  (memory: rank 0 simulated for {} steps on meta tensors{}; time: the cluster's rates, "
         "data-parallel\n"
         "   collectives overlapped with the compute; a pipeline: pp ranks 0, 1 and the last at 4 and 5 "
         "blocks a "
         "stage,\n"
         "   its step the schedule's critical path; docs/planning.md)\n",
+        kSteadyStateSteps,
         !r.fitting.empty() && r.fitting[0].extrapolated ? ", the repeated blocks extrapolated from 4 and 5"
                                                         : "");
     if (!a.output.empty()) {

@@ -4,7 +4,7 @@
     tools/kernel_table_from_anchor.py ANCHOR.jsonl OUT.json --gpu NAME --date DATE --software TEXT
         [--peak-bf16 TFLOPS] [--peak-fp32 TFLOPS] [--bandwidth GB_S] [--source TEXT]
 
-Reads the `device`, `gemm`, `sdpa` and `bw` rows of ANCHOR.jsonl and writes the table ptool's
+Reads the `device`, `gemm`, `sdpa`, `bw` and `floor` rows of ANCHOR.jsonl and writes the table ptool's
 cluster files name (`kernels:`), one row a line, with where every number came from:
 
   gemm       every bf16 and fp32 (TF32 off) row: dtype, op (fwd/dgrad/wgrad), m, n, k, seconds
@@ -13,6 +13,8 @@ cluster files name (`kernels:`), one row a line, with where every number came fr
   memory     copy (the streaming bandwidth the derived ops are priced at), add, the eager RMSNorm's
              forward, SiLU x mul's forward, the loss's forward and backward with its float32 upcast
   device     the device's memory and what the CUDA context took (total minus free after it)
+  kernel_overhead  the median launch-bound eager call (`floor` rows, bench/validation/gpu/overhead.py)
+             where measured, else derived from the eager RMSNorm's excess over its bytes
 
 The peak rates are the vendor's (dense), the scale a cluster of another GPU is derived by.
 """
@@ -57,7 +59,10 @@ def main():
             rr, cc = (int(x) for x in op.rsplit("_", 1)[1].split("x"))
             memory.append(mem("cross_entropy", "bfloat16", rr * cc, r))
 
-    # The fixed cost of a memory-bound kernel (time = alpha + bytes / bandwidth), from the eager RMSNorm's
+    # The fixed cost of a memory-bound kernel (time = alpha + bytes / bandwidth). Measured where the
+    # rows have it: back-to-back eager element-wise calls too small for their bytes to matter (at the
+    # copy's bandwidth under a tenth of the call: launch and dispatch), their median per call
+    # (bench/validation/gpu/overhead.py's `floor` rows). Else derived from the eager RMSNorm's
     # measurement: its 8 kernels (to, pow, mean, add, rsqrt, mul, to, mul) move 36 bytes per element
     # of a bf16 input; what the measured time exceeds those bytes at the copy's bandwidth by, per kernel.
     overhead = None
@@ -71,6 +76,18 @@ def main():
                             "source": f"derived from {op}: its measured {r['seconds'] * 1e6:.1f} us less its 8 "
                                       f"kernels' 36 bytes per element at copy_bf16's {copy_bw / 1e9:.0f} GB/s, "
                                       "per kernel"}
+    floor = [r for r in rows if r["part"] == "floor"]
+    if floor and "copy_bf16" in bw:
+        copy_bw = bw["copy_bf16"]["bytes"] / bw["copy_bf16"]["seconds"]
+        bound = sorted(r["seconds"] for r in floor if r["bytes"] / copy_bw < 0.1 * r["seconds"])
+        if bound:
+            median = bound[len(bound) // 2] if len(bound) % 2 else (bound[len(bound) // 2 - 1] + bound[len(bound) // 2]) / 2
+            ops = sorted({r["op"] for r in floor})
+            sizes = sorted({r["elements"] for r in floor if r["bytes"] / copy_bw < 0.1 * r["seconds"]})
+            overhead = {"seconds": median,
+                        "source": f"measured: the median of {len(bound)} back-to-back eager calls ({', '.join(ops)}; "
+                                  f"{sizes[0]} to {sizes[-1]} bf16 elements, each launch-bound: its bytes at "
+                                  f"copy_bf16's {copy_bw / 1e9:.0f} GB/s under a tenth of the call), per kernel"}
     lines = ['{',
              '  "format": "ptool kernel table 1",',
              f'  "gpu": {json.dumps(a.gpu)},',

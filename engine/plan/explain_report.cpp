@@ -196,8 +196,8 @@ ExplainReport explain_report(const ExplainInputs& in) {
     const Resolution resolution = resolve_plan(r.model, r.plan);
     r.ex = explain_plan(r.model, r.plan, &resolution);
     r.steps = r.plan.verify.steps > 0 ? r.plan.verify.steps : r.model.steps;
-    // from the second step on, every step on meta tensors allocates and computes alike: at most 4
-    r.simulated_steps = std::clamp<int64_t>(r.steps, 2, 4);
+    // the steady state (kSteadyStateSteps: the allocator's segments too), at most 4
+    r.simulated_steps = std::clamp<int64_t>(r.steps, kSteadyStateSteps, 4);
     check_explain_work(r.model, r.plan, r.simulated_steps);
     size_t capacity = 0;  // the allocator model's (train/simulate.h); 0: unbounded, without a cluster
     if (r.cluster) {

@@ -49,7 +49,7 @@ struct ExplainReport {
     // (from the second step on the optimizer's state exists throughout; its memory.first_step_peak
     // is the first step's, what a 1-step verify measures), and at most 4 (every step from the
     // second on allocates alike: `steps: 100000` is not simulated 100000 times)
-    int64_t simulated_steps = 2;
+    int64_t simulated_steps = kSteadyStateSteps;
     // per rank class; with a cluster each class's reserved peak is the allocator model's under the
     // GPU's memory less the runtime's and the cluster's reserve (train/simulate.h)
     std::vector<PredictedRank> memory;

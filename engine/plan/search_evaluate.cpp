@@ -30,7 +30,7 @@ Simulated simulate(const std::string& model_text, const std::string& name, const
     RunInputs in;
     in.model_path = name;
     in.model_text = model_text;
-    RankSimulation s = simulate_rank(in, plan, 0, 2, !repeat.empty());
+    RankSimulation s = simulate_rank(in, plan, 0, kSteadyStateSteps, !repeat.empty());
     s.memory.peak =
         s.memory.torch_peak;  // the planner fits PyTorch's allocated peak (core/framework_memory.h)
     Simulated out{s.memory, s.step_work, by_op_dim(s.step_comm), {}};

@@ -76,7 +76,7 @@ private:
         RunInputs in;
         in.model_path = s_.name_, in.model_text = text;
         ++count_;
-        RankSimulation sim = simulate_rank(in, plan, rank, 2, true);
+        RankSimulation sim = simulate_rank(in, plan, rank, kSteadyStateSteps, true);
         sim.memory.peak = sim.memory.torch_peak;  // PyTorch's allocated peak
         // the caching allocator's excess over the tensors' peak (as extrapolate's)
         out_.fragmentation =
@@ -106,7 +106,7 @@ private:
         RunInputs in2 = in;
         in2.model_text = text2;
         ++count_;
-        RankSimulation twice = simulate_rank(in2, plan2, rank, 2, true);
+        RankSimulation twice = simulate_rank(in2, plan2, rank, kSteadyStateSteps, true);
         twice.memory.peak = twice.memory.torch_peak;
         const double f = static_cast<double>(m_ - sampled_) / own;
         auto lin = [f](int64_t x, int64_t y) { return static_cast<int64_t>(x + (y - x) * f); };

@@ -4,6 +4,7 @@
 #include <optional>
 #include <set>
 
+#include "core/framework_memory.h"
 #include "core/tensor_ops.h"
 #include "model/blocks.h"
 #include "model/loss.h"
@@ -428,7 +429,15 @@ void Run::backward(StepState& st, int s, int m) {
             st.received_grads[{s - 1, m}] = std::move(dx);
     }
     if (s + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value, f.aux_scaled};
+    const Shape shape = f.y.t.defined() ? f.y.t.shape() : Shape{};
+    const DType dtype = f.y.t.defined() ? f.y.t.dtype() : DType::float32;
     st.inflight.erase(it);
+    // PyTorch's loop holds the microbatch's output (its `out`) past its backward, to the step's end
+    // or the next microbatch's (one pipeline stage: a pipeline schedule keeps its outputs its own way)
+    if (stages_ == 1 && !shape.empty()) {
+        if (st.torch_output.defined()) torch_release(st.torch_output);
+        st.torch_output = torch_only(shape, dtype, MemoryUse::activations);
+    }
 }
 
 double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params) {
@@ -538,6 +547,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
         }
         if (action_observer_) action_observer_({a}, true);
     }
+    if (st.torch_output.defined()) torch_release(st.torch_output), st.torch_output = Tensor();
     for (auto& [m, done] : st.done) {  // in microbatch order, as the reference's rows are
         out.outputs.push_back(std::move(done.output));
         out.loss += done.loss;

@@ -214,6 +214,10 @@ private:
         // a pipeline stage's: its inputs received (or handed on by the stage before on this rank),
         // its outputs' gradients received (or handed back), its inputs' gradients to send back
         std::map<std::pair<int, int>, Placed> received, received_grads, to_send_back;
+        // the framework tally's (core/framework_memory.h) model output of the latest microbatch,
+        // held to the step's end as a loop that keeps the model's return value does (`out =
+        // model(...); out.loss.backward(); opt.step()`): a meta stand-in, no bytes
+        Tensor torch_output;
     };
     struct Held;
     const Held& held(int stage) const;

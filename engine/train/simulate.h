@@ -40,6 +40,12 @@ struct RankSimulation {
     std::map<std::string, int64_t> phase_peaks;  // with track_phases: the peak within each module pass
 };
 
+// The steps a prediction simulates at least: the optimizer's state exists from the second, and
+// PyTorch's caching allocator reaches its steady segments by the third (measured on an H200,
+// 2026-11-28, bench/validation/h200: a Llama-3.2-3B-shaped model at 4 x 2048 reserved 92.88 GiB in
+// its second step and 96.79 from its third on; the allocator replay 93.94 and 97.85).
+constexpr int64_t kSteadyStateSteps = 3;
+
 // Steps `steps` steps of `plan` as world rank `rank` on meta tensors. The model comes from
 // in.model_text (in.device is ignored: meta). Throws InputError as a Run would (the lint). Every
 // allocation is replayed through PyTorch's caching allocator (core/allocator_model.h) with

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""explain's prediction of training steps measured on an H100 (bench/validation/h100/measured.yaml).
+"""explain's prediction of training steps measured on GPUs (bench/validation/*/measured.yaml: an H100's
+and an H200's).
 
 For each run: `ptool import hf CONFIG --batch B --seq S`, `ptool explain MODEL PLAN --cluster C
 --json`, and the measured steady state against the prediction (the issue's bounds, no per-run
@@ -10,8 +11,9 @@ constant anywhere):
   step seconds                                 within 5%
   on the device (total minus free)             never low by more than 2%
 
-  h100_anchor.py PTOOL ROOT            check (prints the table)
+  gpu_anchor.py PTOOL ROOT             check (prints the table)
 """
+import glob
 import json
 import os
 import subprocess
@@ -24,8 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Checks  # noqa: E402
 
 
-def predict(ptool, root, run, tmp):
-    here = os.path.join(root, "bench/validation/h100")
+def predict(ptool, root, here, run, tmp):
     model = os.path.join(tmp, run["id"] + ".yaml")
     p = subprocess.run([ptool, "import", "hf", os.path.join(here, run["config"]), "--batch", str(run["batch"]),
                         "--seq", str(run["seq"]), "-o", model], capture_output=True, text=True, timeout=120)
@@ -46,13 +47,15 @@ def predict(ptool, root, run, tmp):
 
 def main():
     ptool, root = sys.argv[1], sys.argv[2]
-    runs = yaml.safe_load(open(os.path.join(root, "bench/validation/h100/measured.yaml")))["runs"]
+    runs = [(os.path.dirname(f), run) for f in sorted(glob.glob(os.path.join(root, "bench/validation/*/measured.yaml")))
+            for run in yaml.safe_load(open(f))["runs"]]
     check = Checks()
     gib = float(1 << 30)
     with tempfile.TemporaryDirectory() as tmp:
         print("| run | quantity | measured | ptool | error |\n|---|---|---|---|---|")
-        for run in runs:
-            got = predict(ptool, root, run, tmp)
+        check(len(runs) >= 7, f"{len(runs)} measured runs (an H100's and six H200's expected)")
+        for here, run in runs:
+            got = predict(ptool, root, here, run, tmp)
             want = run["steady"]
             for key, name, lo, hi in (("allocated_bytes", "allocated", -0.03, 0.03),
                                       ("reserved_bytes", "reserved", -0.02, 0.05),
