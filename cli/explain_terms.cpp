@@ -25,7 +25,7 @@ void print_memory(const ExplainReport& r) {
         "\n  memory per rank (predicted for PyTorch's run of the plan: every tensor of its step as PyTorch "
         "allocates it,\n  replayed through its caching allocator; {} steps simulated, the steady state from "
         "the "
-        "second on):\n",
+        "third on):\n",
         r.simulated_steps);
     std::vector<std::vector<std::string>> rows = {{"ranks", "allocated", "reserved"}};
     if (on_gpu) rows[0].push_back("on the GPU");

@@ -114,9 +114,9 @@ namespace {
 
 // Where the framework tally (core/framework_memory.h) rounds PyTorch's allocations up: a
 // fully_shard unit's unsharded gradients exist from its backward's start (PyTorch's are born weight
-// by weight as autograd computes them), and the step's output is held through the microbatch's
-// backward, as a training loop that keeps the model's return value does (transformers' `out =
-// model(...)`; torchtitan's `del pred` frees it after the loss).
+// by weight as autograd computes them), and the microbatch's output is held to the step's end
+// (the optimizer's step too), as a training loop that keeps the model's return value does (`out =
+// model(...); out.loss.backward(); opt.step()`; torchtitan's `del pred` frees it after the loss).
 std::vector<MemoryAssumption> memory_assumptions(const ExplainReport& r) {
     std::vector<MemoryAssumption> out;
     const DType compute = r.plan.compute_dtype(r.model.dtype);
@@ -142,9 +142,9 @@ std::vector<MemoryAssumption> memory_assumptions(const ExplainReport& r) {
         const double logits = static_cast<double>(numel_of(r.ex.resolution.layouts.output.global)) * bytes /
                               (r.plan.loss_parallel ? tp : 1);
         out.push_back(
-            {"the output (logits) held through its microbatch's backward, as a loop that keeps the "
-             "model's return value (transformers' out = model(...)); torchtitan's `del pred` frees it "
-             "after the loss",
+            {"the output (logits) held to the step's end, as a loop that keeps the model's return "
+             "value (out = model(...); out.loss.backward(); opt.step()); torchtitan's `del pred` frees "
+             "it after the loss",
              logits});
     }
     return out;

@@ -45,10 +45,11 @@ struct ExplainReport {
     std::optional<Cluster> cluster;
     Explanation ex;
     int64_t steps = 1;  // what verify runs: the plan's verify.steps, else the model's
-    // simulated: at least 2, whatever `steps` says, so that each class's peak is the steady state
-    // (from the second step on the optimizer's state exists throughout; its memory.first_step_peak
-    // is the first step's, what a 1-step verify measures), and at most 4 (every step from the
-    // second on allocates alike: `steps: 100000` is not simulated 100000 times)
+    // simulated: at least kSteadyStateSteps (3), whatever `steps` says, so that each class's peak is
+    // the steady state (from the second step on the optimizer's state exists throughout, from the
+    // third the caching allocator's segments are steady; its memory.first_step_peak is the first
+    // step's, what a 1-step verify measures), and at most 4 (`steps: 100000` is not simulated
+    // 100000 times)
     int64_t simulated_steps = kSteadyStateSteps;
     // per rank class; with a cluster each class's reserved peak is the allocator model's under the
     // GPU's memory less the runtime's and the cluster's reserve (train/simulate.h)

@@ -132,8 +132,8 @@ void Search::check_cost(const std::vector<PlanChoice>& flat, const std::vector<P
             if (fqn == repeat_) block = static_cast<double>(modules_under(*m.children().front().second));
         });
     const double other = total - block * static_cast<double>(layers_);
-    auto run_units = [&](double modules, double microbatches) {  // a variant simulated for 2 steps
-        return modules * (kBuildWeight + 2 * microbatches);
+    auto run_units = [&](double modules, double microbatches) {  // a variant simulated kSteadyStateSteps
+        return modules * (kBuildWeight + static_cast<double>(kSteadyStateSteps) * microbatches);
     };
     double work = 0;
     const double first = static_cast<double>(std::max<int64_t>(1, full_.gradient_accumulation));

@@ -5,16 +5,16 @@
 // written by plan/plan_writer.h. Each is linted (explain's rules: heads, kv heads, features, vocab and
 // sequence must divide by tp, rows by dp x microbatches; a mesh under which explain expects a mismatch, such
 // as loss: sum averaged by DDP, is refused with that cause) and simulated on meta tensors (train/simulate.h)
-// for two steps (the optimizer's state exists from the second), rank 0 only: the lint refuses uneven shards,
-// so every rank holds the same sizes. A model with one repeat of L >= 4 blocks is simulated with 4 and 5
-// blocks and its work, collectives and each phase's peak (module pass, blocks named first and last)
-// extrapolated linearly to L, the largest phase giving the peak (checked against full simulations in
-// tests/plan_cases.py). Fitting candidates (what PyTorch's caching allocator reserves for the peak,
-// plus fully_shard's prefetch of the next unit, within the GPU's memory less the plan's runtime:
-// plan/device_overheads.h) are ranked by the time model (plan/time_model.h). Pipelines (pp x dp x tp, 1F1B
-// and interleaved 1F1B) join where fewer dp x tp plans fit than listed, or when asked: their stages are
-// sampled and balanced as plan/pipeline_search.h says, their step the schedule's critical path.
-// docs/planning.md.
+// for kSteadyStateSteps (3: the optimizer's state exists from the second, the allocator's segments are steady
+// from the third), rank 0 only: the lint refuses uneven shards, so every rank holds the same sizes. A model
+// with one repeat of L >= 4 blocks is simulated with 4 and 5 blocks and its work, collectives and each
+// phase's peak (module pass, blocks named first and last) extrapolated linearly to L, the largest phase
+// giving the peak (checked against full simulations in tests/plan_cases.py). Fitting candidates (what
+// PyTorch's caching allocator reserves for the peak, plus fully_shard's prefetch of the next unit, within the
+// GPU's memory less the plan's runtime: plan/device_overheads.h) are ranked by the time model
+// (plan/time_model.h). Pipelines (pp x dp x tp, 1F1B and interleaved 1F1B) join where fewer dp x tp plans fit
+// than listed, or when asked: their stages are sampled and balanced as plan/pipeline_search.h says, their
+// step the schedule's critical path. docs/planning.md.
 #pragma once
 
 #include <optional>

@@ -40,7 +40,8 @@ struct Simulated {
     std::map<std::string, int64_t> phases;  // peak per module pass, the blocks' named first/last
 };
 
-// One rank's two steps on meta tensors (rank 0), its peaks per module pass keyed as block_phase says.
+// One rank's kSteadyStateSteps steps on meta tensors (rank 0), its peaks per module pass keyed as block_phase
+// says.
 Simulated simulate(const std::string& model_text, const std::string& name, const Plan& plan,
                    const std::string& repeat = "", int64_t count = 0);
 // a + (b - a) * k, field by field (search_evaluate.cpp).

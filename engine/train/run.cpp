@@ -399,6 +399,8 @@ void Run::forward(StepState& st, int s, int m) {
     f.dy = plan_.loss_parallel
                ? Placed{f.grad, y.p, y.global}
                : redistribute(Placed(f.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
+    // `out = model(...)` has returned: the previous microbatch's output it held is dropped
+    if (st.torch_output.defined()) torch_release(st.torch_output), st.torch_output = Tensor();
 }
 
 // A microbatch's backward on stage s from its loss's gradient (the last stage) or the one the next
@@ -429,14 +431,19 @@ void Run::backward(StepState& st, int s, int m) {
             st.received_grads[{s - 1, m}] = std::move(dx);
     }
     if (s + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value, f.aux_scaled};
-    const Shape shape = f.y.t.defined() ? f.y.t.shape() : Shape{};
-    const DType dtype = f.y.t.defined() ? f.y.t.dtype() : DType::float32;
-    st.inflight.erase(it);
     // PyTorch's loop holds the microbatch's output (its `out`) past its backward, to the step's end
-    // or the next microbatch's (one pipeline stage: a pipeline schedule keeps its outputs its own way)
-    if (stages_ == 1 && !shape.empty()) {
+    // or the next microbatch's forward: a stand-in where ptool's own kept output is its copy in the
+    // model's dtype, which the framework tally does not count (Run::forward); where it is the
+    // compute-dtype output itself, the tally holds it already. One stage only: a pipeline schedule
+    // keeps its outputs its own way; loss_parallel's kept copy is counted (erring high).
+    std::optional<std::pair<Shape, DType>> stand_in;
+    if (stages_ == 1 && !plan_.loss_parallel && f.y.t.defined())
+        if (const Tensor& kept = st.done[m].output.t; kept.defined() && !kept.shares_storage(f.y.t))
+            stand_in = {kept.shape(), f.y.t.dtype()};
+    st.inflight.erase(it);
+    if (stand_in) {
         if (st.torch_output.defined()) torch_release(st.torch_output);
-        st.torch_output = torch_only(shape, dtype, MemoryUse::activations);
+        st.torch_output = torch_only(stand_in->first, stand_in->second, MemoryUse::activations);
     }
 }
 
