@@ -50,7 +50,9 @@ void add_into(CommByOpDim& to, const CommByOpDim& from) {
 // Each of pp rank `rank`'s stages' microbatches in flight (forwards run, their backwards not yet)
 // at the first point of its schedule where it holds the most in all.
 std::vector<double> in_flight_at_most(const std::vector<ActionWork>& actions, int rank, int pp) {
-    std::map<int, int> now;
+    std::map<int, int> now;  // every local stage of the rank, from 0 (one not yet run counts 0)
+    for (const ActionWork& aw : actions)
+        if (const int s = aw.actions.front().stage; s % pp == rank) now.emplace(s, 0);
     std::map<int, int> most;
     int total = 0, best = -1;
     for (const ActionWork& aw : actions) {

@@ -32,10 +32,13 @@ struct PipelineSample {
     std::vector<double> forward, backward, forward_flops, backward_flops;
     std::vector<double> peak, tail;  // per pp rank: peak bytes, seconds of sync + clip + step
     // per pp rank, at its peak: the bytes that grow alike in every stage with its blocks (parameters,
-    // their gradients, copies and optimizer state), the activations (which grow in a stage with its
-    // blocks times the microbatches it holds in flight), and each of its stages' microbatches in
-    // flight then (from the schedule's action order): how a block more or less in one of its stages
-    // moves the rank's peak when its stages hold unequal blocks (extrapolate_pipeline)
+    // their gradients, copies and optimizer state) and the activations (which grow in a stage with
+    // its blocks times the microbatches it holds in flight); and each of its stages' microbatches in
+    // flight at the rank's fullest point (the first where it holds the most, from the schedule's
+    // action order: a proxy for the peak's moment, where interleaved stages' split can shift by one
+    // later in the steady state): how a block more or less in one of its stages moves the rank's
+    // peak when its stages hold unequal blocks (extrapolate_pipeline). Widened samples (pp > 4) take
+    // the 4-rank sample's split (an approximation: the split changes with pp)
     std::vector<double> static_at_peak, activations_at_peak;
     std::vector<std::vector<double>> in_flight;
     std::vector<std::map<std::string, double>> phases;  // per pp rank: peak bytes per module pass
