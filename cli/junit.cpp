@@ -48,10 +48,6 @@ std::string suite(const std::string& name, int tests, int failures, double secon
            cases + "  </testsuite>\n";
 }
 
-std::string num(double v) {
-    return std::isfinite(v) ? fmt::format("{:.3g}", v) : "inf";
-}
-
 }  // namespace
 
 std::string whole_phrases(const std::string& text, size_t limit) {
@@ -101,8 +97,9 @@ void write_junit_report(const VerifyReport& report, const std::string& model_pat
                 !r.diff.shape_ok ? std::string("missing or of another shape")
                 : replica_failure(r.replicas)
                     ? fmt::format("replicas {}", replica_state_name(r.replicas))
-                    : fmt::format("max abs {} max rel {} headroom {} (ULP {})", num(r.diff.max_abs),
-                                  num(r.diff.max_rel), num(r.diff.headroom), r.diff.max_ulp);
+                    : fmt::format("max abs {} max rel {} headroom {} (ULP {})", markup_number(r.diff.max_abs),
+                                  markup_number(r.diff.max_rel), markup_number(r.diff.headroom),
+                                  r.diff.max_ulp);
             cases +=
                 testcase("ptool.verify." + p.plan_path, r.name, 0, "mismatch", what,
                          fmt::format("{}: {}; rtol {:g} atol {:g}", r.name, what, p.tol.rtol, p.tol.atol));

@@ -16,10 +16,6 @@ std::string esc(const std::string& s) {
     return markup_escape(s);
 }
 
-std::string num(double v) {
-    return std::isfinite(v) ? fmt::format("{:.3g}", v) : "inf";
-}
-
 // The heat map's columns per step: a module's forward output, its input gradient, its parameters'
 // gradients and their updates.
 constexpr const char* kColumns[] = {"forward", "backward", "grad", "update"};
@@ -63,7 +59,8 @@ std::string heat_map(const PlanReport& p) {
             "{}step {} {} {}: max abs {}, max rel {}, headroom {}, {}\n", g.tip.empty() ? "" : "", c.step,
             c.kind,
             c.tensor.empty() ? "`" + (c.module.empty() ? std::string("(root)") : c.module) + "`" : c.tensor,
-            num(c.diff.max_abs), num(c.diff.max_rel), num(c.diff.headroom), c.pass ? "ok" : "FAIL");
+            markup_number(c.diff.max_abs), markup_number(c.diff.max_rel), markup_number(c.diff.headroom),
+            c.pass ? "ok" : "FAIL");
     }
     if (rows.empty()) return "<p>No per-module numbers (run with localisation events on).</p>\n";
     std::optional<std::tuple<int, int64_t, int>> mark;

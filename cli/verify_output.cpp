@@ -120,6 +120,10 @@ nlohmann::json memory_json(const RankMemory& m, const char* peak_key) {
     return {{"rank", m.rank}, {peak_key, m.peak}, {"resident_bytes", m.resident}, {"at_peak", by_use}};
 }
 
+std::string markup_number(double v) {
+    return std::isfinite(v) ? fmt::format("{:.3g}", v) : "inf";
+}
+
 std::string markup_escape(const std::string& s) {
     std::string o;
     for (char c : s) {

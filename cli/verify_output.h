@@ -18,7 +18,9 @@ void write_junit_report(const VerifyReport& report, const std::string& model_pat
 // cli/report_html.cpp: verify --report (self-contained HTML) and --csv (the heat map's numbers).
 void write_html_report(const VerifyReport& report, const std::string& model_path, const std::string& path);
 void write_csv_report(const VerifyReport& report, const std::string& path);
-std::string markup_escape(const std::string& s);                   // & < > " as HTML/XML entities
+std::string markup_escape(const std::string& s);  // & < > " as HTML/XML entities
+std::string markup_number(
+    double v);  // the HTML and JUnit reports' numbers: 3 significant digits, "inf" if not finite
 std::string whole_phrases(const std::string& text, size_t limit);  // cut at the last "; " before limit
 void write_cases_json(const std::vector<CaseResult>& cases, const std::string& path);
 std::string format_bytes(int64_t bytes);

@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang++ >/dev/null || { sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo; $sudo apt-get install -y -qq clang >/dev/null; }
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -DPTOOL_FUZZ=ON -DPTOOL_WITH_CUDA=OFF -DPTOOL_BENCH=OFF -DBUILD_TESTING=${PTOOL_ASAN_TESTS:-ON} \
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DPTOOL_FUZZ=ON -DPTOOL_WITH_CUDA=OFF -DPTOOL_BENCH=OFF -DPTOOL_UNITY=ON -DBUILD_TESTING=${PTOOL_ASAN_TESTS:-ON} \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" >/dev/null
 targets=()
 for t in "$@"; do targets+=(--target "$t"); done

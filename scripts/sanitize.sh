@@ -30,7 +30,7 @@ else
   # compiles 2.4x faster than RelWithDebInfo's -O2 -g with the instrumentation (verify.cpp: 14.3 s
   # vs 34.3 s), CI time. TSan runs a subset: only what it runs is built (CI time).
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-      -DPTOOL_SANITIZE=thread -DPTOOL_WITH_CUDA=OFF -DPTOOL_BENCH=OFF > /dev/null
+      -DPTOOL_SANITIZE=thread -DPTOOL_WITH_CUDA=OFF -DPTOOL_BENCH=OFF -DPTOOL_UNITY=ON > /dev/null
   cmake --build "$dir" -j"$(nproc)" --target ptool test_comm_threads 2>&1 | grep -E "error|warning: " || true
 fi
 test -x "$dir/cli/ptool"

@@ -9,7 +9,7 @@ names it, and its fallbacks.
 - a cluster naming that table prices explain from it and says so (measured); one whose peaks
   differ says the table is scaled (derived), by the ratio of peaks;
 - `--device cuda` without a GPU exits 3 naming why and writes nothing (with a GPU: the table, the
-  same schema);
+  same schema; in a build without the CUDA backend, exit 2 saying so);
 - an output path in no directory: exit 2, nothing written; a table without `copy`: the cluster
   that names it is refused, exit 2 at file:line:column;
 - the shipped H100 table passes the same schema.
@@ -100,6 +100,10 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out = run("calibrate", "--device", "cuda", "-o", gpu_table)
     if rc == 0:
         table_checks(gpu_table, "calibrate --device cuda")
+    elif "built without CUDA support" in out:  # a build without the CUDA backend (the sanitizer jobs'): usage, exit 2
+        check(rc == 2 and not os.path.exists(gpu_table),
+              f"calibrate --device cuda in a build without CUDA: exit {rc} (2 wanted), wrote {os.path.exists(gpu_table)}\n{out}")
+        print(f"calibrate --device cuda (built without CUDA): exit 2: {out.strip().splitlines()[-1]}")
     else:
         check(rc == 3 and re.search(r"CUDA|GPU", out) is not None and not os.path.exists(gpu_table),
               f"calibrate --device cuda without a GPU: exit {rc} (3 wanted), wrote {os.path.exists(gpu_table)}\n{out}")
