@@ -13,6 +13,20 @@
 
 namespace ptool::testing {
 
+// How far a row's sum l = sum_j exp(s_j - m) may lie from a kernel's that keeps the scores in float,
+// where the oracle in bfloat16 rounds each score s_j to it (unit roundoff u = 2^-8): each exponent
+// moves by at most u (|s_j| + |m|) <= u (2 |m| + d_j) with d_j = m - s_j >= 0, so |l - l'| <= u sum_j
+// (2 |m| + d_j) e^-(1-u)d_j e^(2u|m|) <= u (2 |m| n^u l + n / (e (1 - u))) e^(2u|m|) over the row's
+// n keys (sum_j e^-(1-u)d_j <= n^u l^(1-u) <= n^u l, as l >= 1; d e^-(1-u)d <= 1 / (e (1 - u))), plus
+// float32's own rounding of the sum. A row that sees no key (m not finite): l 0 both, bound 0.
+inline double bf16_row_sum_bound(double m, double l, int64_t keys) {
+    if (!std::isfinite(m)) return 0.0;
+    const double u = std::ldexp(1.0, -8), n = static_cast<double>(keys);
+    return u * (2 * std::abs(m) * std::pow(n, u) * l + n / (std::exp(1.0) * (1 - u))) *
+               std::exp(2 * u * std::abs(m)) +
+           1e-5 * l;
+}
+
 // [B*H, T, hd] from [B, T, H*hd] and back (o and d_o under AttentionArgs::o_merged)
 inline Tensor split_layout(Backend& be, const Tensor& x, int64_t b, int64_t heads) {
     const int64_t t = x.numel() / (b * x.size(-1)), hd = x.size(-1) / heads;

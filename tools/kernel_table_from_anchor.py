@@ -20,6 +20,7 @@ The peak rates are the vendor's (dense), the scale a cluster of another GPU is d
 """
 import argparse
 import json
+import statistics
 
 
 def main():
@@ -68,26 +69,23 @@ def main():
     overhead = None
     if "copy_bf16" in bw:
         copy_bw = bw["copy_bf16"]["bytes"] / bw["copy_bf16"]["seconds"]
+        launch_bound = [r for r in rows if r["part"] == "floor" and r["bytes"] / copy_bw < 0.1 * r["seconds"]]
+        if launch_bound:
+            ops = sorted({r["op"] for r in rows if r["part"] == "floor"})
+            sizes = sorted({r["elements"] for r in launch_bound})
+            overhead = {"seconds": statistics.median(r["seconds"] for r in launch_bound),
+                        "source": f"measured: the median of {len(launch_bound)} back-to-back eager calls "
+                                  f"({', '.join(ops)}; {sizes[0]} to {sizes[-1]} bf16 elements, each launch-bound: "
+                                  f"its bytes at copy_bf16's {copy_bw / 1e9:.0f} GB/s under a tenth of the call), "
+                                  "per kernel"}
         for op, r in bw.items():
-            if op.startswith("rmsnorm_eager_"):
+            if op.startswith("rmsnorm_eager_") and overhead is None:
                 rr, cc = (int(x) for x in op.rsplit("_", 1)[1].split("x"))
                 alpha = (r["seconds"] - 36 * rr * cc / copy_bw) / 8
                 overhead = {"seconds": max(0.0, alpha),
                             "source": f"derived from {op}: its measured {r['seconds'] * 1e6:.1f} us less its 8 "
                                       f"kernels' 36 bytes per element at copy_bf16's {copy_bw / 1e9:.0f} GB/s, "
                                       "per kernel"}
-    floor = [r for r in rows if r["part"] == "floor"]
-    if floor and "copy_bf16" in bw:
-        copy_bw = bw["copy_bf16"]["bytes"] / bw["copy_bf16"]["seconds"]
-        bound = sorted(r["seconds"] for r in floor if r["bytes"] / copy_bw < 0.1 * r["seconds"])
-        if bound:
-            median = bound[len(bound) // 2] if len(bound) % 2 else (bound[len(bound) // 2 - 1] + bound[len(bound) // 2]) / 2
-            ops = sorted({r["op"] for r in floor})
-            sizes = sorted({r["elements"] for r in floor if r["bytes"] / copy_bw < 0.1 * r["seconds"]})
-            overhead = {"seconds": median,
-                        "source": f"measured: the median of {len(bound)} back-to-back eager calls ({', '.join(ops)}; "
-                                  f"{sizes[0]} to {sizes[-1]} bf16 elements, each launch-bound: its bytes at "
-                                  f"copy_bf16's {copy_bw / 1e9:.0f} GB/s under a tenth of the call), per kernel"}
     lines = ['{',
              '  "format": "ptool kernel table 1",',
              f'  "gpu": {json.dumps(a.gpu)},',

@@ -399,7 +399,11 @@ void Run::forward(StepState& st, int s, int m) {
     f.dy = plan_.loss_parallel
                ? Placed{f.grad, y.p, y.global}
                : redistribute(Placed(f.grad).relabeled(Placement::replicate()), grad_placement(y.p), *tp_);
-    // `out = model(...)` has returned: the previous microbatch's output it held is dropped
+    drop_torch_output(st);  // `out = model(...)` has returned: the previous microbatch's output goes
+}
+
+// The framework tally's held model output (StepState::torch_output) released, if any.
+void Run::drop_torch_output(StepState& st) {
     if (st.torch_output.defined()) torch_release(st.torch_output), st.torch_output = Tensor();
 }
 
@@ -442,7 +446,7 @@ void Run::backward(StepState& st, int s, int m) {
             stand_in = {kept.shape(), f.y.t.dtype()};
     st.inflight.erase(it);
     if (stand_in) {
-        if (st.torch_output.defined()) torch_release(st.torch_output);
+        drop_torch_output(st);
         st.torch_output = torch_only(stand_in->first, stand_in->second, MemoryUse::activations);
     }
 }
@@ -554,7 +558,7 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
         }
         if (action_observer_) action_observer_({a}, true);
     }
-    if (st.torch_output.defined()) torch_release(st.torch_output), st.torch_output = Tensor();
+    drop_torch_output(st);
     for (auto& [m, done] : st.done) {  // in microbatch order, as the reference's rows are
         out.outputs.push_back(std::move(done.output));
         out.loss += done.loss;

@@ -223,6 +223,7 @@ private:
     const Held& held(int stage) const;
     void forward(StepState& st, int s, int m);
     void backward(StepState& st, int s, int m);
+    static void drop_torch_output(StepState& st);
     void exchange(StepState& st, const std::vector<Action>& actions);
     // This rank's first row of microbatch m in the step's batch.
     int64_t first_row(const StepState& st, int m) const;

@@ -22,6 +22,9 @@ import json, os, sys, time
 
 import torch
 
+from gpu_rows import timed  # noqa: E402
+import gpu_rows  # noqa: E402
+
 OUT = sys.argv[1]
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None  # one training run, in this process
 PARTS = [a for a in sys.argv[2:] if a != "--only" and a != ONLY] or ["gemm", "sdpa", "bw", "train"]
@@ -30,24 +33,7 @@ dev = torch.device("cuda")
 
 
 def emit(part, row):
-    with open(os.path.join(OUT, "anchor.jsonl"), "a") as f:
-        f.write(json.dumps(dict(part=part, **row)) + "\n")
-    print(part, json.dumps(row), flush=True)
-
-
-def timed(fn, target_s=0.03, min_reps=3, max_reps=200):
-    """Median-free: total time of reps after warm-up, per call, with CUDA events."""
-    fn(); fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(); fn(); e.record(); torch.cuda.synchronize()
-    one = max(s.elapsed_time(e) / 1e3, 1e-6)
-    reps = int(min(max_reps, max(min_reps, target_s / one)))
-    s.record()
-    for _ in range(reps):
-        fn()
-    e.record(); torch.cuda.synchronize()
-    return s.elapsed_time(e) / 1e3 / reps
+    gpu_rows.emit(os.path.join(OUT, "anchor.jsonl"), part, row)
 
 
 props = torch.cuda.get_device_properties(0)

@@ -13,30 +13,23 @@ import json, os, sys
 
 import torch
 
+import gpu_rows  # noqa: E402
+
 OUT = sys.argv[1]
 os.makedirs(OUT, exist_ok=True)
 dev = torch.device("cuda")
 
 
-def emit(row):
-    with open(os.path.join(OUT, "float8.jsonl"), "a") as f:
-        f.write(json.dumps(row) + "\n")
-    print(json.dumps(row), flush=True)
+def emit(part, row):
+    gpu_rows.emit(os.path.join(OUT, "float8.jsonl"), part, row)
 
 
-def timed(fn, reps=20):
-    fn(); fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(reps):
-        fn()
-    e.record(); torch.cuda.synchronize()
-    return s.elapsed_time(e) / 1e3 / reps
+def timed(fn):  # 20 calls after warm-up
+    return gpu_rows.timed(fn, min_reps=20, max_reps=20)
 
 
 props = torch.cuda.get_device_properties(0)
-emit({"part": "device", "name": props.name, "torch": torch.__version__, "cuda": torch.version.cuda})
+emit("device", {"name": props.name, "torch": torch.__version__, "cuda": torch.version.cuda})
 e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
 one = torch.ones((), device=dev, dtype=torch.float32)
 for m in (1024, 4096, 16384):
@@ -45,7 +38,7 @@ for m in (1024, 4096, 16384):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
             dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
-            row = {"part": "gemm", "m": m, "n": n, "k": k}
+            row = {"m": m, "n": n, "k": k}
             # bf16 reference
             row["bf16_fwd_s"] = timed(lambda: x @ w.t())
             # tensorwise: _scaled_mm takes its first operand row-major, its second column-major
@@ -70,5 +63,5 @@ for m in (1024, 4096, 16384):
             for key in list(row):
                 if key.endswith("_s"):
                     row[key[:-2] + "_tflops"] = 2 * m * n * k / row[key] / 1e12
-            emit(row)
+            emit("gemm", row)
             del x, w, dy, x8, w8, wT8, dy8, dyT8, xT8

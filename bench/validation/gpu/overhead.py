@@ -15,15 +15,15 @@ import json, os, sys, time
 
 import torch
 
+import gpu_rows  # noqa: E402
+
 OUT = sys.argv[1]
 os.makedirs(OUT, exist_ok=True)
 dev = torch.device("cuda")
 
 
 def emit(part, row):
-    with open(os.path.join(OUT, "overhead.jsonl"), "a") as f:
-        f.write(json.dumps(dict(part=part, **row)) + "\n")
-    print(part, json.dumps(row), flush=True)
+    gpu_rows.emit(os.path.join(OUT, "overhead.jsonl"), part, row)
 
 
 def per_call(fn, reps=200):
