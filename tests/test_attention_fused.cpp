@@ -15,6 +15,8 @@
 using namespace ptool;
 using namespace ptool::testing;
 
+namespace test_attention_fused {
+
 namespace {
 
 // The CPU backend with the fused ops of the oracle; gqa_as_modulo reads the wrong kv head
@@ -102,3 +104,5 @@ TEST_CASE("the fused attention path matches the tile path on the cpu (gqa, causa
     OracleFusedBackend wrong(cpu, true);  // query heads reading the wrong kv heads
     CHECK(worst_of(tiles, step(m, wrong, b)) > 1e-3);
 }
+
+}  // namespace test_attention_fused

@@ -90,7 +90,7 @@ TEST_CASE("threads point-to-point failures end every rank within the timeout, na
 }
 
 TEST_CASE(
-    "criss-crossed blocking sends time out where an eager buffer would have passed; a timeout names the "
+    "criss-crossed blocking sends time out where an eager buffer would have passed, a timeout names the "
     "peer's p2p op",
     "[cpu]") {
     double s = 0;
@@ -293,7 +293,7 @@ TEST_CASE("a timeout in a sub-group releases ranks waiting in another group", "[
     CHECK(s < 4.0);
 }
 
-TEST_CASE("collective descriptors name every op of the table, init included; an unknown name is an error",
+TEST_CASE("collective descriptors name every op of the table, init included, an unknown name is an error",
           "[cpu]") {
     CHECK(describe("barrier", 3).str().rfind("barrier#3 ", 0) == 0);
     CHECK(describe("split", 4).str().rfind("split#4 ", 0) == 0);

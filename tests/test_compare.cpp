@@ -17,6 +17,8 @@
 
 using namespace ptool;
 
+namespace test_compare {
+
 TEST_CASE("compare_tensors: max abs/rel error, headroom and ULPs of float32 and bfloat16", "[cpu]") {
     Tensor e = Tensor::from_doubles({2, 3}, DType::float32, {1.0, -2.0, 0.5, 4.0, 0.0, 3.0});
     Tensor a = e.clone();
@@ -47,7 +49,7 @@ TEST_CASE("compare_tensors: max abs/rel error, headroom and ULPs of float32 and 
 }
 
 TEST_CASE(
-    "compare_tensors: NaN and inf agree only with themselves at the same place; mixed dtypes compare values",
+    "compare_tensors: NaN and inf agree only with themselves at the same place, mixed dtypes compare values",
     "[cpu]") {
     Tensor e = Tensor::from_doubles({3}, DType::float32, {1.0, 2.0, 3.0});
     Tensor a = e.clone();
@@ -174,7 +176,7 @@ TEST_CASE("compare_piece: a tensor compared in pieces on ranks reads exactly the
     CHECK_FALSE(compare_piece(chunk(a, 3, 0, 0), e, {5, 0}, tol, 1).d.shape_ok);
 }
 
-TEST_CASE("element_hash_sum: pieces add up to the whole tensor's digest; one element apart differs",
+TEST_CASE("element_hash_sum: pieces add up to the whole tensor's digest, one element apart differs",
           "[cpu]") {
     Tensor t({6, 5}, DType::float32);
     for (int64_t i = 0; i < 30; ++i) t.data<float>()[i] = static_cast<float>(i * 0.25 - 3);
@@ -195,7 +197,7 @@ TEST_CASE("element_hash_sum: pieces add up to the whole tensor's digest; one ele
           finish_element_hash(whole, DType::float32, {5, 6}));
 }
 
-TEST_CASE("tensor_digest: equal tensors agree; a bit, a shape or a dtype apart differ", "[cpu]") {
+TEST_CASE("tensor_digest: equal tensors agree, a bit, a shape or a dtype apart differ", "[cpu]") {
     Tensor t({1000 * 8 + 3}, DType::float32);  // not a multiple of the 32-byte stride: a tail
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, std::sin(0.1 * static_cast<double>(i)));
     const uint64_t h = tensor_digest(t);
@@ -311,7 +313,7 @@ TEST_CASE("in-process verify compares as it records: the report of comparing sto
     }
 }
 
-TEST_CASE("parse_fault: every kind of the table by its name; the message for a bad one lists them all",
+TEST_CASE("parse_fault: every kind of the table by its name, the message for a bad one lists them all",
           "[cpu]") {
     for (const FaultClass& c : kFaultClasses) {
         INFO(c.name);
@@ -560,3 +562,5 @@ TEST_CASE("the systematic rule judges a gradient at its block's rounding level a
     // and an error of the block's scale in the vanishing gradient still fails
     CHECK_FALSE(report(2.4e-10, 1e-7).pass);
 }
+
+}  // namespace test_compare

@@ -14,6 +14,8 @@
 
 using namespace ptool;
 
+namespace test_context_parallel {
+
 namespace {
 
 Tensor iota(const Shape& shape) {
@@ -60,7 +62,7 @@ TEST_CASE("a cp rank's positions: chunk r, or chunks r and 2cp-1-r load-balanced
     CHECK_FALSE(one.load_balance);
 }
 
-TEST_CASE("cp order and position order convert both ways; take cuts a rank's tokens", "[cpu]") {
+TEST_CASE("cp order and position order convert both ways, take cuts a rank's tokens", "[cpu]") {
     const Tensor whole = iota({2, 8, 3});  // [rows, sequence, features]
     for (bool balance : {false, true}) {
         INFO("load_balance " << balance);
@@ -78,7 +80,7 @@ TEST_CASE("cp order and position order convert both ways; take cuts a rank's tok
     }
 }
 
-TEST_CASE("context_parallel claims the cp role; its options and refusals", "[cpu]") {
+TEST_CASE("context_parallel claims the cp role, its options and refusals", "[cpu]") {
     const Plan p = load_plan_text(
         "mesh: {dp: 2, cp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard}\n"
         "context_parallel: {mesh_dim: cp}\n",
@@ -187,3 +189,5 @@ TEST_CASE("the ring's steps are events that meet the reference's: each agrees on
     }
     CHECK(parts.count("1:1:0:layers.0.attn_block.attention#value gradient after the ring's return hop"));
 }
+
+}  // namespace test_context_parallel

@@ -177,7 +177,7 @@ TEST_CASE("cuda elementwise, activations and optimizer steps match the cpu", "[c
     }
 }
 
-TEST_CASE("cuda norms match the cpu (layer, rms, batch; forward and backward)", "[cuda]") {
+TEST_CASE("cuda norms match the cpu (layer, rms, batch, forward and backward)", "[cuda]") {
     for (DType dt : kDtypes) {
         const DType sd = dt == DType::float64 ? DType::float64 : DType::float32;
         for (bool rms : {false, true}) {
@@ -537,7 +537,7 @@ TEST_CASE("nccl: host tensors are staged through the device, results bitwise the
 }
 
 // Failure paths need two ranks, so two GPUs; a one-GPU machine reports the case as not run.
-TEST_CASE("a nccl rank that never arrives times out on every rank; a mismatch is named", "[cuda]") {
+TEST_CASE("a nccl rank that never arrives times out on every rank, a mismatch is named", "[cuda]") {
     if (query_gpus().devices.size() < 2) {
         WARN("needs 2 GPUs: not run on this machine");
         return;

@@ -7,6 +7,8 @@
 
 using namespace ptool;
 
+namespace test_data_parallel {
+
 namespace {
 
 Model load(const std::string& name) {
@@ -128,3 +130,5 @@ TEST_CASE("one all_reduce per bucket per step, counted on the dp dim") {
     CHECK(measured[0] == static_cast<int64_t>(res.replicas[0].buckets.size()));
     CHECK(measured[1] == measured[0]);
 }
+
+}  // namespace test_data_parallel

@@ -11,6 +11,8 @@
 
 using namespace ptool;
 
+namespace test_device_memory {
+
 namespace {
 constexpr size_t MiB = size_t{1} << 20;
 }
@@ -149,3 +151,5 @@ TEST_CASE("a cluster file's runtime is optional, in MiB, and strict", "[cpu]") {
                       Catch::Contains("c.yaml:7:") && Catch::Contains("leave no memory"));
     CHECK_THROWS_WITH(load_cluster_text(base + "runtime: [1]\n", "c.yaml"), Catch::Contains("c.yaml:7:"));
 }
+
+}  // namespace test_device_memory

@@ -7,6 +7,8 @@
 
 using namespace ptool;
 
+namespace test_errors {
+
 namespace {
 
 // A library of our own, shaped as CUDA's: a status enum, a success value and a string per status.
@@ -53,3 +55,5 @@ TEST_CASE("one check macro: the statement once, file:line, the library's words, 
     }
     CHECK(calls == 3);
 }
+
+}  // namespace test_errors

@@ -12,6 +12,8 @@
 
 using namespace ptool;
 
+namespace test_expert_parallel {
+
 TEST_CASE("expert_parallel borrows a data dim: ep names it, its role stays the data one", "[cpu]") {
     const Plan p = load_plan_text(
         "mesh: {rep: 2, shard: 2, tp: 2}\ntensor_parallel: {mesh_dim: tp, plan: {}}\n"
@@ -46,15 +48,20 @@ TEST_CASE("expert_parallel borrows a data dim: ep names it, its role stays the d
         Catch::Contains("mesh_dims"));
 }
 
-TEST_CASE("each ep rank owns a contiguous block of every layer's experts; what does not divide is refused",
+TEST_CASE("each ep rank owns a contiguous block of every layer's experts, what does not divide is refused",
           "[cpu]") {
     CHECK(expert_owner(0, 8, 4) == 0);
     CHECK(expert_owner(1, 8, 4) == 0);
     CHECK(expert_owner(2, 8, 4) == 1);
     CHECK(expert_owner(7, 8, 4) == 3);
     MetaAllocation meta;
-    const std::string path = PTOOL_SOURCE_DIR "/models/moe_qwen2.yaml";  // 6 experts per layer, 2 layers
-    const Model m = load_model_text(read_text(path), path, "", false);
+    // 6 experts per layer, 2 layers; 24 rows (2 microbatches of 12), which split over 3 and 4 dp ranks
+    const std::string path = PTOOL_SOURCE_DIR "/models/moe_qwen2.yaml";
+    std::string text = read_text(path);
+    const std::string rows = "tokens: [8, 8]";
+    REQUIRE(text.find(rows) != std::string::npos);
+    text.replace(text.find(rows), rows.size(), "tokens: [24, 8]");
+    const Model m = load_model_text(text, path, "", false);
     const std::string ep = "data_parallel: {mode: replicate}\nexpert_parallel: {}\n";
     const Resolution r = resolve_plan(m, load_plan_text("mesh: {dp: 3}\n" + ep, "p.yaml"));
     REQUIRE(r.ep.active);
@@ -325,3 +332,5 @@ TEST_CASE("an expert capacity drops the slots over it, in the microbatch's token
     REQUIRE(rep.plans.size() == 1);
     CHECK(rep.pass);
 }
+
+}  // namespace test_expert_parallel

@@ -9,6 +9,8 @@
 
 using namespace ptool;
 
+namespace test_explain_memory {
+
 namespace {
 
 int64_t recorded_bytes(const StepRecord& s) {
@@ -44,3 +46,5 @@ TEST_CASE("explain's verify record per step is what the reference records", "[cp
     }
     CHECK(models >= 10);
 }
+
+}  // namespace test_explain_memory

@@ -8,6 +8,8 @@
 
 using namespace ptool;
 
+namespace test_fused_elementwise {
+
 namespace {
 
 Tensor random(const Shape& s, DType dt, uint64_t seed) {
@@ -15,10 +17,6 @@ Tensor random(const Shape& s, DType dt, uint64_t seed) {
     const CounterRng rng(seed, 3);
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, 4.0 * rng.uniform(static_cast<uint64_t>(i)) - 2.0);
     return t;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-    return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 }  // namespace
@@ -45,3 +43,5 @@ TEST_CASE("gated_activation and its backward are bitwise activation, mul and act
     Tensor g({3}, DType::float32), bad({4}, DType::float32), y({3}, DType::float32);
     CHECK_THROWS(be.gated_activation(Activation::silu, g, bad, y, y));
 }
+
+}  // namespace test_fused_elementwise

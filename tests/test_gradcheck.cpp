@@ -8,6 +8,8 @@
 
 using namespace ptool;
 
+namespace test_gradcheck {
+
 namespace {
 
 double run_loss(Model& m, const Batch& b, Tensor* dx) {
@@ -182,7 +184,7 @@ double loss_of(const std::string& modules, const std::string& batch) {
 
 }  // namespace
 
-TEST_CASE("gradcheck: attention with rope_scaling (linear; Llama 3.1's llama3)", "[cpu][gradcheck]") {
+TEST_CASE("gradcheck: attention with rope_scaling (linear, Llama 3.1's llama3)", "[cpu][gradcheck]") {
     // head_dim 8: inv_freq 1, 0.1, 0.01, 0.001 (wavelengths 6.3, 63, 628, 6283). With
     // original_max_position_embeddings 16 llama3 blends the first (between 16/4 and 16/1) and
     // divides the other three by factor, so both of its branches run.
@@ -206,3 +208,5 @@ TEST_CASE("gradcheck: attention with rope_scaling (linear; Llama 3.1's llama3)",
                   "original_max_position_embeddings: 16}}\n",
               batch);
 }
+
+}  // namespace test_gradcheck

@@ -2,12 +2,20 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "parallel/plan.h"
+
+// Two tensors of the same shape and dtype, bit for bit.
+inline bool same_bits(const ptool::Tensor& a, const ptool::Tensor& b) {
+    return a.shape() == b.shape() && a.dtype() == b.dtype() && a.nbytes() == b.nbytes() &&
+           std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
 
 // Runs fn, expects an InputError whose message contains every fragment.
 template <class F>

@@ -11,6 +11,8 @@
 
 using namespace ptool;
 
+namespace test_init_draw {
+
 namespace {
 
 // What the serial draw wrote at local element i of a shard of `full` along `dim` at `offset`:
@@ -91,3 +93,5 @@ TEST_CASE("the bitwise comparison of a draw sees one ulp in one element", "[cpu]
     u.data<float>()[786431] = std::nextafter(u.data<float>()[786431], 2.0f);  // one ulp, in the third job
     CHECK_FALSE(bitwise_equal(u, expected));
 }
+
+}  // namespace test_init_draw

@@ -19,6 +19,8 @@
 
 using namespace ptool;
 
+namespace test_interleaved {
+
 namespace {
 
 std::string listed(const std::vector<Action>& list, bool compute_only) {
@@ -390,3 +392,5 @@ TEST_CASE("clip_grad_norm over interleaved stages sums the squares in the model'
     CHECK(ordered[1] == ordered[0]);
     CHECK(gathered[0] == std::sqrt(1e16));  // the values tell the two orders apart
 }
+
+}  // namespace test_interleaved

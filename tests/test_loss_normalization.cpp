@@ -13,6 +13,8 @@
 
 using namespace ptool;
 
+namespace test_loss_normalization {
+
 namespace {
 
 Model sft(const std::string& extra = "", const std::string& mask = "{prompt: [2, 9], padding: [0, 5]}") {
@@ -223,3 +225,5 @@ TEST_CASE("explain says which normalisation a plan runs", "[cpu]") {
     CHECK(g.find("the step's count over 2 ranks x 1 microbatch (one all_reduce)") != std::string::npos);
     CHECK(g.find("sums the ranks' gradients") != std::string::npos);
 }
+
+}  // namespace test_loss_normalization

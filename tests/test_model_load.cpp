@@ -12,10 +12,9 @@
 
 using namespace ptool;
 
+namespace test_model_load {
+
 namespace {
-bool same_bits(const Tensor& a, const Tensor& b) {
-    return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
 std::vector<std::string> names(const std::vector<std::pair<std::string, ParamPtr>>& v) {
     std::vector<std::string> out;
     for (const auto& [n, p] : v) out.push_back(n);
@@ -242,3 +241,5 @@ TEST_CASE("generated data: drawn once, every caller gets its own copy of the sam
     for (int64_t i = 0; i < ids.numel(); ++i)
         CHECK(ids.item(i) == static_cast<double>(targets.below(static_cast<uint64_t>(i), 7)));
 }
+
+}  // namespace test_model_load

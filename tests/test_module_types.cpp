@@ -10,6 +10,8 @@
 
 using namespace ptool;
 
+namespace test_module_types {
+
 namespace {
 
 // Each registered type's examples: a batch and modules that use it in its several shapes (bias or
@@ -199,3 +201,5 @@ TEST_CASE("module types: a module points at its registered type, whose rules the
     CHECK_FALSE(find_module_type("repeat")->transparent_without_name());
     CHECK(find_module_type("shared")->aliases());
 }
+
+}  // namespace test_module_types

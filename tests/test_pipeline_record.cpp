@@ -17,6 +17,8 @@
 using namespace ptool;
 using namespace ptool::pipeline_test;
 
+namespace test_pipeline_record {
+
 namespace {
 
 RunRecord reference_of(const Case& c, const RunInputs& in, int64_t steps) {
@@ -139,3 +141,5 @@ TEST_CASE("a wrong element of a stage-1 weight is localised to stage 1's first m
         CHECK_THAT(d->before, Catch::Contains("layers.0"));
     }
 }
+
+}  // namespace test_pipeline_record

@@ -7,6 +7,8 @@
 
 using namespace ptool;
 
+namespace test_pipeline_time {
+
 namespace {
 
 // The costs of `s` with every stage's forward taking f and backward b, each transfer c, the
@@ -209,3 +211,5 @@ TEST_CASE("pipeline time: a long schedule extended from its steady state is the 
                 for (int r = 0; r < p; ++r) CHECK(ext.busy[r] == Approx(whole.busy[r]).epsilon(1e-9));
             }
 }
+
+}  // namespace test_pipeline_time

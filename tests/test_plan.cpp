@@ -8,6 +8,8 @@
 
 using namespace ptool;
 
+namespace test_plan {
+
 TEST_CASE("rank classes follow torch.chunk's piece sizes", "[cpu]") {
     const std::string text =
         "batch: {input: [5, 8]}\nmodules:\n  - {name: fc, type: linear, in: 8, out: 8}\nloss: mean\n";
@@ -56,7 +58,7 @@ TEST_CASE("the plan search gives the same plans on one thread and on several", "
         CHECK(one.fitting[i - 1].time.step <= one.fitting[i].time.step);
 }
 
-TEST_CASE("a 1-D mesh needs no mesh_dim; a 2-D mesh names it", "[cpu]") {
+TEST_CASE("a 1-D mesh needs no mesh_dim, a 2-D mesh names it", "[cpu]") {
     const Plan tp = load_plan_text("mesh: {tp: 2}\ntensor_parallel:\n  plan: {net1: colwise}\n", "p.yaml");
     CHECK(tp.dims.name(DimRole::tp) == "tp");
     const Plan dp = load_plan_text("mesh: {dp: 4}\ndata_parallel: {mode: replicate}\n", "p.yaml");
@@ -216,3 +218,5 @@ TEST_CASE("the lint's findings carry a kind the planner reads, not their words",
     CHECK(kinds[DiagnosticKind::unmatched_pattern] == 1);
     CHECK(kinds[DiagnosticKind::other] == 0);
 }
+
+}  // namespace test_plan

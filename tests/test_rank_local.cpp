@@ -8,6 +8,8 @@
 
 using namespace ptool;
 
+namespace test_rank_local {
+
 namespace {
 
 // The ranks in this process, but rank 0 gathers, as under mpirun
@@ -58,3 +60,5 @@ TEST_CASE("rank-local comparison gives the numbers of gathering every tensor to 
         check_same_run(gathered.plans[0].run, local.plans[0].run, static_cast<size_t>(c.steps));
     }
 }
+
+}  // namespace test_rank_local

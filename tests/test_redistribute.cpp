@@ -10,6 +10,8 @@
 
 using namespace ptool;
 
+namespace test_redistribute {
+
 namespace {
 
 Tensor counting(const Shape& shape, double scale = 1.0) {
@@ -67,3 +69,5 @@ TEST_CASE("redistribute gathers and reduce-scatters shards of any dim, uneven ch
                 }
             }
 }
+
+}  // namespace test_redistribute

@@ -13,6 +13,8 @@
 
 using namespace ptool;
 
+namespace test_reference_beside {
+
 namespace {
 
 VerifyReport run_verify(const std::string& model, const std::string& plan, int64_t steps, bool beside,
@@ -87,7 +89,7 @@ TEST_CASE("a rank waiting for the reference's step gives its core to the referen
     CHECK_FALSE(stream.failed());
 }
 
-TEST_CASE("a failed reference fails its waiting ranks; failed ranks stop the reference", "[cpu]") {
+TEST_CASE("a failed reference fails its waiting ranks, failed ranks stop the reference", "[cpu]") {
     ReferenceStream failing(nullptr);
     std::thread reference(
         [&] { failing.finish(std::make_exception_ptr(RuntimeError("out of host memory"))); });
@@ -157,3 +159,5 @@ TEST_CASE(
     ReferenceStream free_running(nullptr, false);  // the job keeps the reference whole: no waits
     free_running.wait_for_room(3);
 }
+
+}  // namespace test_reference_beside

@@ -10,6 +10,8 @@
 
 using namespace ptool;
 
+namespace test_resolve_once {
+
 namespace {
 
 Model model(const std::string& name, const std::string& dtype = "") {
@@ -141,3 +143,5 @@ TEST_CASE("a resolution is not rebound to a model of another text", "[cpu]") {
     CHECK_THROWS_AS(res.rebound(mlp, model("mlp_stacked_adamw")), std::logic_error);
     CHECK_THROWS_WITH(res.rebound(mlp, model("mlp", "float64")), Catch::Contains("rebinding a resolution"));
 }
+
+}  // namespace test_resolve_once

@@ -6,6 +6,8 @@
 
 using namespace ptool;
 
+namespace test_rng {
+
 TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors", "[cpu]") {
     // kat_vectors: philox4x32 10 rounds, counter 0, key 0 -> 6627e8d5 e169c58d bc57ac4c 9b00dbd8
     auto r = philox4x32(0, 0, 0);
@@ -36,7 +38,8 @@ TEST_CASE("a value depends on (seed, stream, index) only: shards draw their own 
     CHECK(stream_id("ab", "c") != stream_id("a", "bc"));
 }
 
-TEST_CASE("normal draws have mean 0 and variance 1; uniform draws cover [0, 1)", "[cpu]") {
+TEST_CASE("normal draws have mean 0 and variance 1, uniform draws cover 0 (included) to 1 (excluded)",
+          "[cpu]") {
     CounterRng rng(1, 2);
     const int n = 200000;
     double sum = 0, sq = 0, umin = 1, umax = 0;
@@ -89,3 +92,5 @@ TEST_CASE("the vectorised paths draw exactly the scalar values", "[cpu]") {
     CHECK(rng.uniform(6) != rng.uniform(7));
     CHECK(rng.uniform(900) == CounterRng(3, stream_id("init", "net1.weight")).uniform(900));
 }
+
+}  // namespace test_rng

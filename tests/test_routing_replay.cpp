@@ -11,6 +11,8 @@
 
 using namespace ptool;
 
+namespace test_routing_replay {
+
 TEST_CASE("a near-tie: the chosen set could change with each logit moved within the tolerance", "[cpu]") {
     RouterOptions o;
     o.experts = 4, o.top_k = 2;
@@ -102,3 +104,5 @@ TEST_CASE(
     CHECK_THAT(bug.plans[0].localisation,
                Catch::Contains("step 0 forward `layers.0.moe_block.block_sparse_moe` routing weights"));
 }
+
+}  // namespace test_routing_replay

@@ -6,6 +6,8 @@
 
 using namespace ptool;
 
+namespace test_safetensors {
+
 namespace {
 std::string with_header(const std::string& json, const std::string& data) {
     std::string out(8, '\0');
@@ -106,3 +108,5 @@ TEST_CASE("writes are atomic and refuse to overwrite unless asked", "[cpu]") {
     CHECK(entries == 1);  // no temporary left behind
     fs::remove_all(dir);
 }
+
+}  // namespace test_safetensors

@@ -14,6 +14,8 @@
 
 using namespace ptool;
 
+namespace test_schedule {
+
 namespace {
 
 std::string actions(const std::vector<Action>& list) {
@@ -213,3 +215,5 @@ TEST_CASE("a pipeline plan's split points make one stage per rank of its pp dim"
     p.pipeline->split_points = {"layers.1", "norm"};
     fails(p, "2 split points make 3 stages, but the pipeline has 2 (2 pp ranks): give 1 split point");
 }
+
+}  // namespace test_schedule

@@ -11,6 +11,8 @@
 
 using namespace ptool;
 
+namespace test_styles {
+
 namespace {
 
 Model model(const std::string& name) {
@@ -349,3 +351,5 @@ TEST_CASE("replicate: a module run whole on every rank, its input checked to be 
         },
         {"'relu' (replicate) takes its input as Replicate() but 'net1' outputs Shard(-1)"});
 }
+
+}  // namespace test_styles

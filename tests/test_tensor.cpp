@@ -8,6 +8,8 @@
 
 using namespace ptool;
 
+namespace test_tensor {
+
 TEST_CASE("bf16 and fp16 round to nearest even and keep inf and NaN", "[cpu]") {
     CHECK(static_cast<float>(bf16_t(1.0f)) == 1.0f);
     // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even one (1)
@@ -79,3 +81,5 @@ TEST_CASE(
     CHECK(testing::close_enough(1.0, 1.0 + 1e-6, 0.0, 1e-5));
     CHECK_FALSE(testing::close_enough(1.0, 1.0 + 1e-4, 1e-6, 1e-5));
 }
+
+}  // namespace test_tensor

@@ -16,6 +16,8 @@
 
 using namespace ptool;
 
+namespace test_text_io {
+
 TEST_CASE("strict JSON: what JSON is not is refused at its line and column", "[cpu]") {
     require_input_error([] { load_json_text("{\"a\": 1,\n}", "c.json"); }, {"c.json:2:1", "not strict JSON"});
     require_input_error([] { load_json_text("{'a': 1}", "c.json"); }, {"c.json:1:2", "not strict JSON"});
@@ -135,3 +137,5 @@ TEST_CASE("a temporary folder goes with what it holds", "[cpu]") {
     }
     CHECK_FALSE(std::filesystem::exists(path));
 }
+
+}  // namespace test_text_io

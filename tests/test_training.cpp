@@ -7,6 +7,8 @@
 
 using namespace ptool;
 
+namespace test_training {
+
 namespace {
 
 RunInputs inputs(const std::string& text, const std::string& dtype = "", const TensorFile* data = nullptr) {
@@ -117,3 +119,5 @@ TEST_CASE("`ptool run` without --dump records each step's loss and nothing else,
     }
     CHECK(full.steps[1].tensors.size() > 10);  // the full record has every tensor
 }
+
+}  // namespace test_training

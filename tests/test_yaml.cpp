@@ -3,6 +3,8 @@
 
 using namespace ptool;
 
+namespace test_yaml {
+
 TEST_CASE("strict maps reject duplicate and unknown keys with their position", "[cpu]") {
     require_input_error([] { YamlMap m(load_yaml_text("a: 1\nb: 2\na: 3\n", "f.yaml"), "the thing"); },
                         {"f.yaml:3:1", "duplicate key 'a'"});
@@ -60,3 +62,5 @@ TEST_CASE("an input error carries its location and its bare message as data", "[
     CHECK(file_only.message() == "unreadable");
     CHECK(std::string(file_only.what()) == "plan.yaml: unreadable");
 }
+
+}  // namespace test_yaml
