@@ -529,6 +529,10 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
             case ActionKind::backward:
                 backward(st, a.stage, a.microbatch);
                 break;
+            case ActionKind::backward_input:
+            case ActionKind::backward_weight:  // docs/zero_bubble.md 3.7: a later commit runs them
+                PTOOL_REQUIRE(false, "{}: the split backward (I and W) is not run yet", a.str());
+                break;
             case ActionKind::grad_sync:
                 if (mixed_precision_) mixed_precision_->to_masters();
                 sync_context_gradients(params, cp_reduce(), *cp_, [this](const Parameter* p) {

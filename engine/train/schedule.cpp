@@ -15,6 +15,10 @@ const char* action_kind_name(ActionKind k) {
             return "F";
         case ActionKind::backward:
             return "B";
+        case ActionKind::backward_input:
+            return "I";
+        case ActionKind::backward_weight:
+            return "W";
         case ActionKind::send_forward:
             return "SEND_F";
         case ActionKind::recv_forward:
@@ -190,10 +194,11 @@ namespace {
 
 std::string describe(const Schedule& s) {
     const int ranks = static_cast<int>(s.ranks.size());
-    return s.stages == ranks ? fmt::format("schedule {} ({} stages, {} microbatches)",
-                                           schedule_kind_name(s.kind), s.stages, s.microbatches)
-                             : fmt::format("schedule {} ({} stages on {} ranks, {} microbatches)",
-                                           schedule_kind_name(s.kind), s.stages, ranks, s.microbatches);
+    const std::string name = s.torch_name.empty() ? schedule_kind_name(s.kind) : s.torch_name;
+    return s.stages == ranks
+               ? fmt::format("schedule {} ({} stages, {} microbatches)", name, s.stages, s.microbatches)
+               : fmt::format("schedule {} ({} stages on {} ranks, {} microbatches)", name, s.stages, ranks,
+                             s.microbatches);
 }
 
 [[noreturn]] void bad(const Schedule& s, int rank, const std::string& what) {
@@ -247,28 +252,21 @@ void check_placement(const Schedule& s) {
         if (count[r] == 0) throw RuntimeError(fmt::format("{}: rank {} holds no stage", describe(s), r));
 }
 
-// Every rank's list: each microbatch once each way on each of its stages, its receives before and
-// sends after (or the local neighbour's forward before a forward and its backward before a backward).
-void check_structure(const Schedule& s) {
-    for (int r = 0; r < static_cast<int>(s.ranks.size()); ++r) {
-        const std::vector<Action>& list = s.ranks[r];
-        const std::vector<int> held = s.stages_of(r);
-        // "B0" where the rank holds one stage, "B0@3" where it holds several
-        auto name = [&](ActionKind k, int stage, int m) {
-            return held.size() == 1 ? fmt::format("{}{}", action_kind_name(k), m)
-                                    : fmt::format("{}{}@{}", action_kind_name(k), m, stage);
-        };
-        // (kind, the stage's place among the rank's, microbatch) -> index in the list; -1: not run
-        std::vector<int> local(static_cast<size_t>(s.stages), -1);
+// One rank's list, indexed: where each (kind, stage, microbatch) of the stages it holds runs (-1:
+// not run), once each checked to be an action of one of its stages, of a microbatch of the step,
+// run at most once, and the step's end (SYNC CLIP STEP) to come last, after its last backward.
+struct RankIndex {
+    const Schedule& s;
+    int r;
+    const std::vector<Action>& list;
+    std::vector<int> held, local, at;
+
+    RankIndex(const Schedule& sch, int rank)
+        : s(sch), r(rank), list(sch.ranks[rank]), held(sch.stages_of(rank)) {
+        local.assign(static_cast<size_t>(s.stages), -1);
         for (size_t h = 0; h < held.size(); ++h) local[static_cast<size_t>(held[h])] = static_cast<int>(h);
         const size_t kinds = static_cast<size_t>(ActionKind::optimizer_step) + 1;
-        std::vector<int> at(kinds * held.size() * static_cast<size_t>(s.microbatches), -1);
-        auto slot = [&](ActionKind k, int stage, int m) {
-            return (static_cast<size_t>(k) * held.size() +
-                    static_cast<size_t>(local[static_cast<size_t>(stage)])) *
-                       static_cast<size_t>(s.microbatches) +
-                   static_cast<size_t>(m);
-        };
+        at.assign(kinds * held.size() * static_cast<size_t>(s.microbatches), -1);
         int end_actions = 0, last_backward = -1;
         for (int i = 0; i < static_cast<int>(list.size()); ++i) {
             const Action& a = list[i];
@@ -283,55 +281,131 @@ void check_structure(const Schedule& s) {
                 continue;
             }
             if (a.stage < 0 || a.stage >= s.stages || s.rank_of(a.stage) != r)
-                bad(s, r, fmt::format("runs {}, an action of stage {}", a.str(), a.stage));
+                bad(s, r, fmt::format("runs {}, an action of stage {}{}", a.str(), a.stage, holder(a.stage)));
             if (a.microbatch < 0 || a.microbatch >= s.microbatches)
                 bad(s, r, fmt::format("runs {}: no such microbatch", a.str()));
             int& seen = at[slot(a.kind, a.stage, a.microbatch)];
             if (seen >= 0) bad(s, r, fmt::format("runs {} twice", a.str()));
             seen = i;
-            if (a.kind == ActionKind::backward) last_backward = i;
+            if (a.is_backward()) last_backward = i;
+            const bool pair =
+                i + 1 < static_cast<int>(list.size()) && list[i + 1].kind == ActionKind::backward;
+            if (a.overlapped && (a.kind != ActionKind::forward || !pair))
+                bad(s, r,
+                    fmt::format("marks {} overlapped, which is no forward with a backward after it",
+                                a.str()));
         }
         if (end_actions != 3) bad(s, r, "does not end with the gradient sync, clip and optimizer step");
-        auto index = [&](ActionKind k, int stage, int m) {  // -1: not run, or a stage it does not hold
-            if (stage < 0 || stage >= s.stages || local[static_cast<size_t>(stage)] < 0) return -1;
-            return at[slot(k, stage, m)];
-        };
-        for (int st : held)
+    }
+    std::string holder(int stage) const {  // ", which rank 0 holds"
+        if (stage < 0 || stage >= s.stages) return "";
+        return fmt::format(", which rank {} holds", s.rank_of(stage));
+    }
+    size_t slot(ActionKind k, int stage, int m) const {
+        return (static_cast<size_t>(k) * held.size() +
+                static_cast<size_t>(local[static_cast<size_t>(stage)])) *
+                   static_cast<size_t>(s.microbatches) +
+               static_cast<size_t>(m);
+    }
+    int index(ActionKind k, int stage, int m) const {  // -1: not run, or a stage it does not hold
+        if (stage < 0 || stage >= s.stages || local[static_cast<size_t>(stage)] < 0) return -1;
+        return at[slot(k, stage, m)];
+    }
+    // "B0" where the rank holds one stage, "B0@3" where it holds several
+    std::string name(ActionKind k, int stage, int m) const {
+        return held.size() == 1 ? fmt::format("{}{}", action_kind_name(k), m)
+                                : fmt::format("{}{}@{}", action_kind_name(k), m, stage);
+    }
+    // where the stage's backward of m starts: its B, else its I (-1: neither)
+    int input_gradient(int stage, int m) const {
+        const int b = index(ActionKind::backward, stage, m);
+        return b >= 0 ? b : index(ActionKind::backward_input, stage, m);
+    }
+};
+
+// A stage's forward of m once, and its backward as one B or as an I and a W (never both), each
+// part after the one it needs. Returns where the B or I runs.
+int check_compute(const RankIndex& x, int st, int m) {
+    const int f = x.index(ActionKind::forward, st, m), b = x.index(ActionKind::backward, st, m);
+    const int i = x.index(ActionKind::backward_input, st, m), w = x.index(ActionKind::backward_weight, st, m);
+    auto n = [&](ActionKind k) { return x.name(k, st, m); };
+    const std::string F = n(ActionKind::forward), B = n(ActionKind::backward),
+                      I = n(ActionKind::backward_input), W = n(ActionKind::backward_weight);
+    if (f < 0) bad(x.s, x.r, fmt::format("never runs {}", F));
+    if (b >= 0 && (i >= 0 || w >= 0)) bad(x.s, x.r, fmt::format("runs {} and {}", B, i >= 0 ? I : W));
+    if (b < 0 && i < 0)
+        bad(x.s, x.r, w < 0 ? fmt::format("never runs {}", B) : fmt::format("runs {} without {}", W, I));
+    if (i >= 0 && w < 0) bad(x.s, x.r, fmt::format("never runs {}", W));
+    const int bi = b >= 0 ? b : i;
+    if (bi < f) bad(x.s, x.r, fmt::format("runs {} before {}", b >= 0 ? B : I, F));
+    if (w >= 0 && w < i) bad(x.s, x.r, fmt::format("runs {} before {}", W, I));
+    return bi;
+}
+
+// A stage's receive of its input before its forward and send of its output after it, its receive
+// of the output's gradient before its B or I and send of the input's gradient after it, where the
+// neighbouring stage lives on another rank; where it lives on this one, its forward (or B or I)
+// before this stage's.
+void check_transfers(const RankIndex& x, int st, int m, int f, int bi) {
+    const Schedule& s = x.s;
+    auto expect = [&](bool needed, ActionKind k, bool before, int anchor, const char* what) {
+        const int i = x.index(k, st, m);
+        if (!needed) {
+            if (i >= 0)
+                bad(s, x.r, fmt::format("runs {}, which its stage has no peer for", x.name(k, st, m)));
+            return;
+        }
+        if (i < 0) bad(s, x.r, fmt::format("never runs {} ({})", x.name(k, st, m), what));
+        if (before ? i > anchor : i < anchor)
+            bad(s, x.r,
+                fmt::format("runs {} {} {}", x.name(k, st, m), before ? "after" : "before",
+                            x.name(x.list[anchor].kind, st, m)));
+    };
+    expect(s.receives_input(st), ActionKind::recv_forward, true, f, "the stage's input");
+    expect(s.sends_output(st), ActionKind::send_forward, false, f, "the stage's output");
+    expect(s.sends_output(st), ActionKind::recv_backward, true, bi, "the output's gradient");
+    expect(s.receives_input(st), ActionKind::send_backward, false, bi, "the input's gradient");
+    // a neighbouring stage on this rank hands the input and the output's gradient over
+    if (st > 0 && !s.receives_input(st) && x.index(ActionKind::forward, st - 1, m) > f)
+        bad(s, x.r, fmt::format("runs F{}@{} before F{}@{}, whose output it takes", m, st, m, st - 1));
+    if (st + 1 < s.stages && !s.sends_output(st)) {
+        const int next = x.input_gradient(st + 1, m);
+        if (next > bi)
+            bad(s, x.r,
+                fmt::format("runs {}{}@{} before {}{}@{}, whose input's gradient it takes",
+                            action_kind_name(x.list[bi].kind), m, st, action_kind_name(x.list[next].kind), m,
+                            st + 1));
+    }
+}
+
+// Each stage's Bs and Ws in microbatch order: a parameter's gradient accumulates microbatch by
+// microbatch as the one-stage loop's does (bitwise equal gradients across schedules rest on it).
+void check_accumulation_order(const RankIndex& x) {
+    std::map<int, const Action*> last;  // stage -> its latest B or W
+    for (const Action& a : x.list) {
+        if (a.kind != ActionKind::backward && a.kind != ActionKind::backward_weight) continue;
+        const Action*& before = last[a.stage];
+        if (before && before->microbatch > a.microbatch)
+            bad(x.s, x.r,
+                fmt::format(
+                    "runs {} after {}: its gradient would accumulate out of the one-stage loop's order",
+                    a.str(), before->str()));
+        before = &a;
+    }
+}
+
+// Every rank's list: each microbatch's forward and backward once on each of its stages, its
+// receives before and sends after (or the local neighbour's action before), its backwards in
+// microbatch order.
+void check_structure(const Schedule& s) {
+    for (int r = 0; r < static_cast<int>(s.ranks.size()); ++r) {
+        const RankIndex x(s, r);
+        for (int st : x.held)
             for (int m = 0; m < s.microbatches; ++m) {
-                const int f = index(ActionKind::forward, st, m), b = index(ActionKind::backward, st, m);
-                if (f < 0) bad(s, r, fmt::format("never runs {}", name(ActionKind::forward, st, m)));
-                if (b < 0) bad(s, r, fmt::format("never runs {}", name(ActionKind::backward, st, m)));
-                if (b < f)
-                    bad(s, r,
-                        fmt::format("runs {} before {}", name(ActionKind::backward, st, m),
-                                    name(ActionKind::forward, st, m)));
-                auto expect = [&](bool needed, ActionKind k, bool before, int anchor, const char* what) {
-                    const int i = index(k, st, m);
-                    if (!needed) {
-                        if (i >= 0)
-                            bad(s, r,
-                                fmt::format("runs {}, which its stage has no peer for", name(k, st, m)));
-                        return;
-                    }
-                    if (i < 0) bad(s, r, fmt::format("never runs {} ({})", name(k, st, m), what));
-                    if (before ? i > anchor : i < anchor)
-                        bad(s, r,
-                            fmt::format("runs {} {} {}", name(k, st, m), before ? "after" : "before",
-                                        name(list[anchor].kind, st, m)));
-                };
-                expect(s.receives_input(st), ActionKind::recv_forward, true, f, "the stage's input");
-                expect(s.sends_output(st), ActionKind::send_forward, false, f, "the stage's output");
-                expect(s.sends_output(st), ActionKind::recv_backward, true, b, "the output's gradient");
-                expect(s.receives_input(st), ActionKind::send_backward, false, b, "the input's gradient");
-                // a neighbouring stage on this rank hands the input and the output's gradient over
-                if (st > 0 && !s.receives_input(st) && index(ActionKind::forward, st - 1, m) > f)
-                    bad(s, r,
-                        fmt::format("runs F{}@{} before F{}@{}, whose output it takes", m, st, m, st - 1));
-                if (st + 1 < s.stages && !s.sends_output(st) && index(ActionKind::backward, st + 1, m) > b)
-                    bad(s, r,
-                        fmt::format("runs B{}@{} before B{}@{}, whose input's gradient it takes", m, st, m,
-                                    st + 1));
+                const int bi = check_compute(x, st, m);
+                check_transfers(x, st, m, x.index(ActionKind::forward, st, m), bi);
             }
+        check_accumulation_order(x);
     }
 }
 
@@ -394,6 +468,11 @@ void check_schedule(const Schedule& s) {
     check_placement(s);
     check_structure(s);
     check_progress(s);
+}
+
+void check_schedule_structure(const Schedule& s) {
+    check_placement(s);
+    check_structure(s);
 }
 
 Schedule checked_pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds,

@@ -47,14 +47,16 @@
 namespace ptool {
 
 enum class ActionKind {
-    forward,        // stage's forward of microbatch m (the last stage: and the loss)
-    backward,       // stage's backward of microbatch m (the last stage: from the loss)
-    send_forward,   // stage's output of m to stage + 1
-    recv_forward,   // stage's input of m from stage - 1
-    send_backward,  // stage's input gradient of m to stage - 1
-    recv_backward,  // stage's output gradient of m from stage + 1
-    grad_sync,      // data parallel's gradient sync (DDP's buckets; fully_shard reduced in backward)
-    clip,           // clip_grad_norm_ over every stage's gradients
+    forward,          // stage's forward of microbatch m (the last stage: and the loss)
+    backward,         // stage's backward of microbatch m (the last stage: from the loss)
+    backward_input,   // "I": the backward's input gradient only (torch's BACKWARD_INPUT; sent on at once)
+    backward_weight,  // "W": the weight gradients of an I run earlier (torch's BACKWARD_WEIGHT)
+    send_forward,     // stage's output of m to stage + 1
+    recv_forward,     // stage's input of m from stage - 1
+    send_backward,    // stage's input gradient of m to stage - 1
+    recv_backward,    // stage's output gradient of m from stage + 1
+    grad_sync,        // data parallel's gradient sync (DDP's buckets; fully_shard reduced in backward)
+    clip,             // clip_grad_norm_ over every stage's gradients
     optimizer_step,
 };
 const char* action_kind_name(ActionKind k);
@@ -63,17 +65,30 @@ struct Action {
     ActionKind kind;
     int stage = 0;
     int microbatch = 0;
+    // DualPipeV's OVERLAP_F_B: this forward and the backward right after it in the list are one
+    // torch action, whose two sub-actions torch's runtime runs one after the other unless a custom
+    // function is registered for it; ptool runs them so and keeps the mark for the planner
+    bool overlapped = false;
     bool is_p2p() const {  // send_forward .. recv_backward (a planner's critical path asks it per action)
         return kind >= ActionKind::send_forward && kind <= ActionKind::recv_backward;
     }
-    std::string str() const;  // "F2@1" (forward of microbatch 2 on stage 1), "SEND_F2@1", "SYNC", ...
+    bool is_backward() const {  // B, I or W: a part of a backward
+        return kind == ActionKind::backward || kind == ActionKind::backward_input ||
+               kind == ActionKind::backward_weight;
+    }
+    // "F2@1" (forward of microbatch 2 on stage 1), "I2@1", "W2@1", "SEND_F2@1", "SYNC", ...
+    std::string str() const;
 };
 
 struct Schedule {
     ScheduleKind kind = ScheduleKind::accumulation;
+    // the zero-bubble schedules (train/zero_bubble_schedule.h), which have no ScheduleKind yet:
+    // torch's name for them ("ZBVZeroBubble", ...), which check_schedule's messages print
+    std::string torch_name;
     int stages = 1;
     int microbatches = 1;
-    // stage s runs on pipeline rank stage_rank[s]: s, or s mod pp under interleaved_1f1b
+    // stage s runs on pipeline rank stage_rank[s]: s, or s mod pp under interleaved_1f1b (the loop
+    // placement); the V schedules put stages s and 2 pp - 1 - s on rank s
     std::vector<int> stage_rank{0};
     std::vector<std::vector<Action>> ranks;  // per pipeline rank, in order
 
@@ -120,6 +135,13 @@ int p2p_tag(const Action& a);
 // sends (a rank's consecutive p2p actions completing together, as one batch) and throws
 // RuntimeError naming the ranks, the action each waits in and the microbatch when they cannot
 // all finish. InputError-free: a schedule is built by ptool; a broken one is a bug (exit 3).
+// A stage's backward of m is one B or an I and a W (both once, never with a B): its I after its F,
+// its W after its I, its receive of the output's gradient before and its send of the input's
+// gradient after its B or I; a stage's Bs and Ws in microbatch order (a parameter's gradient
+// accumulated in the one-stage loop's order, which bitwise equality across schedules rests on).
 void check_schedule(const Schedule& s);
+// check_schedule without playing the lists against each other: the rules of each rank's list alone
+// (the zero-bubble schedules, train/zero_bubble_schedule.h, are checked so until ptool runs them).
+void check_schedule_structure(const Schedule& s);
 
 }  // namespace ptool
