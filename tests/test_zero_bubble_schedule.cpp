@@ -12,6 +12,8 @@
 
 using namespace ptool;
 
+namespace test_zero_bubble_schedule {
+
 namespace {
 
 // An action as the tests compare it: ptool's name, "+" after a forward that opens an OVERLAP_F_B.
@@ -416,3 +418,5 @@ TEST_CASE("zero bubble: with torch's placement of sends and receives the rendezv
                       Catch::Contains("cannot finish: its sends and receives never meet: rank 0 "
                                       "waits in SEND_F3@0"));
 }
+
+}  // namespace test_zero_bubble_schedule

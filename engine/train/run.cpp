@@ -342,7 +342,10 @@ void Run::forward(StepState& st, int s, int m) {
     const int64_t first = first_row(st, m);
     if (data_parallel_) data_parallel_->before_forward();
     Inflight& f = st.inflight[{s, m}];
-    f.ctx = RunContext{&be_, model_.seed, st.step, true, first, tp_->rank(), tp_->size(), st.observer};
+    f.ctx = RunContext{};
+    f.ctx.backend = &be_, f.ctx.seed = model_.seed, f.ctx.step = st.step, f.ctx.training = true;
+    f.ctx.row_offset = first, f.ctx.tp_rank = tp_->rank(), f.ctx.tp_parts = tp_->size();
+    f.ctx.observer = st.observer;
     f.ctx.microbatch = m;
     f.ctx.tp = tp_;
     if (expert_parallel_) f.ctx.ep = &comm(DimRole::ep);
