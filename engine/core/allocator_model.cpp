@@ -1,6 +1,8 @@
 #include "core/allocator_model.h"
 
 #include <algorithm>
+#include <map>
+#include <unordered_map>
 #include <vector>
 
 namespace ptool {
@@ -43,6 +45,7 @@ AllocatorModel::~AllocatorModel() {
 
 void AllocatorModel::allocate(const void* key, size_t bytes, uintptr_t stream) {
     if (bytes == 0) return;  // PyTorch allocates nothing for an empty tensor
+    if (recording_) events_.push_back({key, bytes, stream, next_order_, false});
     blocks_[key] = {next_order_++, bytes, allocator_->allocate(bytes, stream), stream};
 }
 
@@ -60,8 +63,60 @@ void AllocatorModel::restart() {
 void AllocatorModel::release(const void* key) {
     auto it = blocks_.find(key);
     if (it == blocks_.end()) return;
+    if (recording_) events_.push_back({key, it->second.bytes, it->second.stream, it->second.order, true});
     allocator_->release(it->second.block);
     blocks_.erase(it);
+}
+
+void AllocatorModel::record_step() {
+    recording_ = true;
+    events_.clear();
+}
+
+bool AllocatorModel::replay_step() {
+    recording_ = false;
+    const std::vector<Event> events = std::move(events_);
+    events_.clear();
+    using Kind = std::pair<size_t, uintptr_t>;       // bytes, stream
+    std::vector<int64_t> object(events.size(), -1);  // a release's allocation in the step (-1: older)
+    std::vector<bool> freed(events.size(), false);
+    std::unordered_map<const void*, size_t> open;                   // key -> its allocation, while live
+    std::map<Kind, std::vector<std::pair<int64_t, size_t>>> older;  // earlier steps' freed: (order, event)
+    for (size_t i = 0; i < events.size(); ++i) {
+        const Event& e = events[i];
+        if (!e.release) {
+            open[e.key] = i;
+        } else if (auto it = open.find(e.key); it != open.end()) {
+            object[i] = static_cast<int64_t>(it->second), freed[it->second] = true, open.erase(it);
+        } else {
+            older[{e.bytes, e.stream}].push_back({e.order, i});
+        }
+    }
+    // what the step leaves live of its own, by kind in allocation order: the next step frees them
+    // where this step freed the older ones of their kind, paired in allocation order
+    std::map<Kind, std::vector<size_t>> handed_on;
+    for (size_t i = 0; i < events.size(); ++i)
+        if (!events[i].release && !freed[i]) handed_on[{events[i].bytes, events[i].stream}].push_back(i);
+    if (handed_on.size() != older.size()) return false;
+    std::unordered_map<size_t, const void*> release_of;  // an older object's release -> the key freed next
+    for (auto& [kind, list] : older) {
+        auto it = handed_on.find(kind);
+        if (it == handed_on.end() || it->second.size() != list.size()) return false;
+        std::sort(list.begin(), list.end());
+        for (size_t j = 0; j < list.size(); ++j) release_of[list[j].second] = events[it->second[j]].key;
+    }
+    // the next step under keys of its own: addresses of a buffer kept while the model lives, which no
+    // storage can have
+    replay_keys_.push_back(std::make_unique<char[]>(std::max<size_t>(1, events.size())));
+    char* keys = replay_keys_.back().get();
+    for (size_t i = 0; i < events.size(); ++i) {
+        const Event& e = events[i];
+        if (!e.release)
+            allocate(keys + i, e.bytes, e.stream);
+        else
+            release(object[i] >= 0 ? static_cast<const void*>(keys + object[i]) : release_of.at(i));
+    }
+    return true;
 }
 
 size_t AllocatorModel::reserved() const {

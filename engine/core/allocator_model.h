@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "core/caching_allocator.h"
 
@@ -41,7 +42,27 @@ public:
     size_t peak_in_use() const;
     int64_t over_capacity() const;  // segments granted beyond the capacity
 
+    // A step's allocations and frees, recorded from record_step() until replay_step(), played once
+    // more as the next step's: every object the step allocated allocated again under a key of its
+    // own, freed where it was; an object the step freed that an earlier step had allocated is, in
+    // the next step, the one of the same bytes and stream that this step allocated and left live
+    // (the held model output, the gradients set_to_none frees: a steady state hands its objects on
+    // one step to the next), paired in their allocation order. Returns false, replaying nothing,
+    // where that pairing does not hold (a step that is not the steady state): simulate it instead.
+    void record_step();
+    bool replay_step();
+
 private:
+    struct Event {
+        const void* key;
+        size_t bytes;
+        uintptr_t stream;
+        int64_t order;  // a release's: the object's allocation order
+        bool release;
+    };
+    bool recording_ = false;
+    std::vector<Event> events_;
+    std::vector<std::unique_ptr<char[]>> replay_keys_;  // the replayed objects' keys, kept unique
     class Driver;
     struct Live {
         int64_t order;  // allocation order

@@ -134,6 +134,16 @@ void MemoryAccount::model_allocator(size_t capacity) {
     allocator_ = std::make_unique<AllocatorModel>(capacity);
 }
 
+void MemoryAccount::record_allocator_step() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (allocator_) allocator_->record_step();
+}
+
+bool MemoryAccount::replay_allocator_step() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocator_ && allocator_->replay_step();
+}
+
 int64_t MemoryAccount::peak_reserved() const {
     std::lock_guard<std::mutex> lock(mu_);
     return allocator_ ? static_cast<int64_t>(allocator_->peak_reserved()) : 0;

@@ -71,6 +71,11 @@ public:
     // (core/allocator_model.h; capacity 0: none): peak_reserved() and over_capacity() are then its.
     void model_allocator(size_t capacity);
     int64_t peak_reserved() const;  // since the model started (0 without it)
+    // The allocator model's record of a step and its replay as the next one (AllocatorModel::
+    // record_step, replay_step): false, replaying nothing, without the model or where the recorded
+    // step did not hand its objects on as a steady state does.
+    void record_allocator_step();
+    bool replay_allocator_step();
     int64_t over_capacity() const;
     // The framework tally's peak: the allocator model's blocks in use (rounded as PyTorch's
     // max_memory_allocated counts them; 0 without it), and the tally's bytes by use at its peak.

@@ -11,7 +11,8 @@
 namespace ptool {
 
 RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, int64_t steps,
-                             bool track_phases, size_t allocator_capacity, const ResolvedPlan* resolved) {
+                             bool track_phases, size_t allocator_capacity, const ResolvedPlan* resolved,
+                             bool replay_last) {
     RunInputs in = base;
     in.device = Device::meta;
     in.init = nullptr;  // meta parameters hold no values
@@ -39,6 +40,11 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
                                    comm_since(comm_before, by_op_dim(run.counter()))});
         });
     for (int64_t k = 0; k < std::max<int64_t>(1, steps); ++k) {
+        // the last step from the third on is the one before it again (the optimizer's state exists
+        // from the second): its allocations replayed, not simulated, where they hand their
+        // objects on as a steady state does (AllocatorModel::replay_step)
+        const bool replayed_next = replay_last && steps >= 3 && k == steps - 2;
+        if (replayed_next) account->record_allocator_step();
         run.counter().reset();
         meta_work() = MetaWork{};
         sim.actions.clear();  // the last step's
@@ -46,6 +52,10 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
         if (k == 0)
             sim.memory.first_step_peak = account->peak(),
             sim.memory.torch_first_step_peak = account->torch_peak();
+        if (replayed_next && account->replay_allocator_step()) {
+            sim.last_step_replayed = true;
+            break;
+        }
     }
     sim.memory.peak = account->peak();
     sim.memory.reserved_peak = account->peak_reserved();

@@ -38,6 +38,7 @@ struct RankSimulation {
     MetaWork step_work;                          // the last step's work
     std::vector<ActionWork> actions;             // a pipeline's last step's, in the rank's schedule order
     std::map<std::string, int64_t> phase_peaks;  // with track_phases: the peak within each module pass
+    bool last_step_replayed = false;             // simulate_rank's replay_last took
 };
 
 // The steps a prediction simulates at least: the optimizer's state exists from the second, and
@@ -51,9 +52,13 @@ constexpr int64_t kSteadyStateSteps = 3;
 // allocation is replayed through PyTorch's caching allocator (core/allocator_model.h) with
 // `allocator_capacity` bytes (0: unbounded) for memory.reserved_peak. `resolved`: `plan` already
 // resolved (against a model of in.model_text), which the Run rebinds instead of resolving again.
+// `replay_last`: from 3 steps on, the last step's allocations are the one before's replayed through
+// the allocator model (AllocatorModel::replay_step), not simulated again, where that step handed its
+// objects on as a steady state does: the same peaks, reserved and allocated, at two thirds of the
+// cost (its work and collectives are the step before's, which are the same).
 RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, int64_t steps,
                              bool track_phases = false, size_t allocator_capacity = 0,
-                             const ResolvedPlan* resolved = nullptr);
+                             const ResolvedPlan* resolved = nullptr, bool replay_last = true);
 
 // Builds world rank `rank`'s Run of `plan` on meta tensors and runs nothing: every check a run makes
 // before its first step (its pipeline stages, expert and fully_shard divisibility, ...), at the cost
