@@ -217,6 +217,22 @@ void refuses(const Schedule& s, const std::string& message) {
     CHECK_THROWS_WITH(check_schedule_structure(s), Catch::Contains(message));
 }
 
+// Every list the generators build for pp <= 5 and m <= 12 (v <= 3 interleaved) that torch accepts.
+template <class F>
+void for_each_generated(F&& fn) {
+    for (int pp = 1; pp <= 5; ++pp)
+        for (int m = 1; m <= 12; ++m) {
+            INFO("pp " << pp << " microbatches " << m);
+            fn(zbv_zero_bubble_schedule(pp, 2, m));
+            if (m >= 2 * pp) fn(dualpipev_schedule(pp, 2, m));
+            for (int v = 1; v <= 3; ++v)
+                if (m % std::max(1, m / pp) == 0) {  // torch: m a multiple of its max(1, m / pp) rounds
+                    INFO("v " << v);
+                    fn(interleaved_zero_bubble_schedule(pp, v, m));
+                }
+        }
+}
+
 }  // namespace
 
 TEST_CASE("zero bubble: I and W actions print as torch's I and W in ptool's form", "[cpu][schedule]") {
@@ -264,17 +280,7 @@ TEST_CASE("zero bubble: the placements, and every generated list passes the stru
     CHECK(dualpipev_schedule(2, 2, 4).stage_rank == std::vector<int>{0, 1, 1, 0});
     CHECK(interleaved_zero_bubble_schedule(2, 3, 4).stage_rank == std::vector<int>{0, 1, 0, 1, 0, 1});
     CHECK(zbv_zero_bubble_schedule(2, 2, 4).stages_of(0) == std::vector<int>{0, 3});
-    for (int pp = 1; pp <= 5; ++pp)
-        for (int m = 1; m <= 12; ++m) {
-            INFO("pp " << pp << " microbatches " << m);
-            CHECK_NOTHROW(check_schedule_structure(zbv_zero_bubble_schedule(pp, 2, m)));
-            if (m >= 2 * pp) CHECK_NOTHROW(check_schedule_structure(dualpipev_schedule(pp, 2, m)));
-            for (int v = 1; v <= 3; ++v)
-                if (m % std::max(1, m / pp) == 0) {
-                    INFO("v " << v);
-                    CHECK_NOTHROW(check_schedule_structure(interleaved_zero_bubble_schedule(pp, v, m)));
-                }
-        }
+    for_each_generated([](const Schedule& g) { CHECK_NOTHROW(check_schedule_structure(g)); });
     // the message names torch's schedule
     Schedule s = zbv_zero_bubble_schedule(2, 2, 4);
     s.ranks[0].erase(find(s.ranks[0], ActionKind::backward_weight, 0, 1));
@@ -388,17 +394,7 @@ TEST_CASE("zero bubble: torch's argument checks", "[cpu][schedule]") {
 // not a proof for all.
 TEST_CASE("zero bubble: with torch's placement of sends and receives the rendezvous play finishes",
           "[cpu][schedule]") {
-    for (int pp = 1; pp <= 5; ++pp)
-        for (int m = 1; m <= 12; ++m) {
-            INFO("pp " << pp << " microbatches " << m);
-            CHECK_NOTHROW(check_schedule(zbv_zero_bubble_schedule(pp, 2, m)));
-            if (m >= 2 * pp) CHECK_NOTHROW(check_schedule(dualpipev_schedule(pp, 2, m)));
-            for (int v = 1; v <= 3; ++v)
-                if (m % std::max(1, m / pp) == 0) {
-                    INFO("v " << v);
-                    CHECK_NOTHROW(check_schedule(interleaved_zero_bubble_schedule(pp, v, m)));
-                }
-        }
+    for_each_generated([](const Schedule& g) { CHECK_NOTHROW(check_schedule(g)); });
     // the play does run: rank 0's F3@0 and its send moved up, before its receive of F0@3, wait for
     // rank 1's RECV_F3@1 while rank 1 waits in SEND_F0@2 for that receive
     Schedule s = zbv_zero_bubble_schedule(2, 2, 4);
