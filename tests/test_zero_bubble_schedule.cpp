@@ -217,6 +217,14 @@ void refuses(const Schedule& s, const std::string& message) {
     CHECK_THROWS_WITH(check_schedule_structure(s), Catch::Contains(message));
 }
 
+// Moves the action at `what` to just before where `before(list)` points once it is out of the list.
+template <class Where>
+void move_action(std::vector<Action>& list, std::vector<Action>::iterator what, Where before) {
+    const Action moved = *what;
+    list.erase(what);
+    list.insert(before(list), moved);
+}
+
 // Every list the generators build for pp <= 5 and m <= 12 (v <= 3 interleaved) that torch accepts.
 template <class F>
 void for_each_generated(F&& fn) {
@@ -317,12 +325,8 @@ TEST_CASE(
     refuses(s, "rank 1 (stages 1, 2) runs B0@2 and I0@2");
     // an I before its F
     s = zbv;
-    {
-        auto i = find(s.ranks[0], ActionKind::backward_input, 0, 2);
-        const Action moved = *i;
-        s.ranks[0].erase(i);
-        s.ranks[0].insert(s.ranks[0].begin(), moved);
-    }
+    move_action(s.ranks[0], find(s.ranks[0], ActionKind::backward_input, 0, 2),
+                [](std::vector<Action>& l) { return l.begin(); });
     refuses(s, "rank 0 (stages 0, 3) runs I2@0 before F2@0");
     // a stage's Ws out of microbatch order: 1W2 and 1W3 swapped (both after their Is)
     s = zbv;
@@ -341,12 +345,8 @@ TEST_CASE(
     refuses(s, "rank 0 (stages 0, 2) runs RECV_F0@3, an action of stage 3, which rank 1 holds");
     // the output gradient received after the I that needs it
     s = zbv;
-    {
-        auto recv = find(s.ranks[0], ActionKind::recv_backward, 0, 1);
-        const Action moved = *recv;
-        s.ranks[0].erase(recv);
-        s.ranks[0].insert(find(s.ranks[0], ActionKind::backward_weight, 0, 1), moved);
-    }
+    move_action(s.ranks[0], find(s.ranks[0], ActionKind::recv_backward, 0, 1),
+                [](std::vector<Action>& l) { return find(l, ActionKind::backward_weight, 0, 1); });
     refuses(s, "rank 0 (stages 0, 3) runs RECV_B1@0 after I1@0");
     // the V fold: stage 1's I needs stage 2's I on the same rank first
     s = zbv;
