@@ -4,6 +4,7 @@
 // check on every generated list, check_schedule's refusals of hand-broken lists with I and W, and
 // torch's argument errors.
 #include <algorithm>
+#include <functional>
 #include <regex>
 #include <sstream>
 
@@ -300,71 +301,94 @@ TEST_CASE("zero bubble: the placements, and every generated list passes the stru
 TEST_CASE(
     "zero bubble: check_schedule refuses lists that break I and W's rules, naming rank, stage and action",
     "[cpu][schedule]") {
-    const Schedule zbv = zbv_zero_bubble_schedule(2, 2, 4);  // rank 0: stages 0, 3; rank 1: stages 1, 2
-    Schedule s = zbv;
-    // a W skipped
-    s.ranks[0].erase(find(s.ranks[0], ActionKind::backward_weight, 0, 1));
-    refuses(s, "rank 0 (stages 0, 3) never runs W1@0");
-    // a W before its I
-    s = zbv;
-    std::iter_swap(find(s.ranks[0], ActionKind::backward_input, 3, 0),
-                   find(s.ranks[0], ActionKind::backward_weight, 3, 0));
-    refuses(s, "rank 0 (stages 0, 3) runs W0@3 before I0@3");
-    // a W without its I
-    s = zbv;
-    s.ranks[0].erase(find(s.ranks[0], ActionKind::backward_input, 3, 0));
-    refuses(s, "rank 0 (stages 0, 3) runs W0@3 without I0@3");
-    // a W twice (torch's validator lets it pass: it counts sets)
-    s = zbv;
-    s.ranks[1].insert(s.ranks[1].end() - 3, Action{ActionKind::backward_weight, 2, 1});
-    refuses(s, "rank 1 (stages 1, 2) runs W1@2 twice");
-    // a B beside an I and a W
-    s = zbv;
-    s.ranks[1].insert(find(s.ranks[1], ActionKind::backward_weight, 2, 0),
-                      Action{ActionKind::backward, 2, 0});
-    refuses(s, "rank 1 (stages 1, 2) runs B0@2 and I0@2");
-    // an I before its F
-    s = zbv;
-    move_action(s.ranks[0], find(s.ranks[0], ActionKind::backward_input, 0, 2),
-                [](std::vector<Action>& l) { return l.begin(); });
-    refuses(s, "rank 0 (stages 0, 3) runs I2@0 before F2@0");
-    // a stage's Ws out of microbatch order: 1W2 and 1W3 swapped (both after their Is)
-    s = zbv;
-    std::iter_swap(find(s.ranks[1], ActionKind::backward_weight, 1, 2),
-                   find(s.ranks[1], ActionKind::backward_weight, 1, 3));
-    refuses(s,
-            "rank 1 (stages 1, 2) runs W2@1 after W3@1: its gradient would accumulate out of the one-stage "
-            "loop's order");
-    // a stage's action on a second rank
-    s = zbv;
-    s.ranks[1].insert(s.ranks[1].begin(), Action{ActionKind::forward, 0, 0});
-    refuses(s, "rank 1 (stages 1, 2) runs F0@0, an action of stage 0, which rank 0 holds");
-    // the V's lists on the loop placement
-    s = zbv;
-    s.stage_rank = {0, 1, 0, 1};
-    refuses(s, "rank 0 (stages 0, 2) runs RECV_F0@3, an action of stage 3, which rank 1 holds");
-    // the output gradient received after the I that needs it
-    s = zbv;
-    move_action(s.ranks[0], find(s.ranks[0], ActionKind::recv_backward, 0, 1),
-                [](std::vector<Action>& l) { return find(l, ActionKind::backward_weight, 0, 1); });
-    refuses(s, "rank 0 (stages 0, 3) runs RECV_B1@0 after I1@0");
-    // the V fold: stage 1's I needs stage 2's I on the same rank first
-    s = zbv;
-    std::iter_swap(find(s.ranks[1], ActionKind::backward_input, 2, 3),
-                   find(s.ranks[1], ActionKind::backward_input, 1, 3));
-    refuses(s, "rank 1 (stages 1, 2) runs I3@1 before I3@2, whose input's gradient it takes");
-    // an overlap mark on a forward with no backward after it
-    s = zbv;
-    s.ranks[0][0].overlapped = true;
-    refuses(s, "rank 0 (stages 0, 3) marks F0@0 overlapped, which is no forward with a backward after it");
-    // one stage per rank (ZB-H1): names without the stage, as for 1F1B
-    s = interleaved_zero_bubble_schedule(2, 1, 4);
-    s.ranks[1].erase(find(s.ranks[1], ActionKind::backward_weight, 1, 1));
-    refuses(s, "rank 1 (stage 1) never runs W1");
-    // DualPipeV: a full B that also has a W
-    s = dualpipev_schedule(2, 2, 4);
-    s.ranks[0].insert(s.ranks[0].end() - 3, Action{ActionKind::backward_weight, 3, 1});
-    refuses(s, "rank 0 (stages 0, 3) runs B1@3 and W1@3");
+    using Edit = std::function<void(Schedule&)>;
+    using L = std::vector<Action>;
+    const auto zbv = [] { return zbv_zero_bubble_schedule(2, 2, 4); };  // rank 0: 0, 3; rank 1: 1, 2
+    const struct {
+        const char* what;
+        std::function<Schedule()> from;
+        Edit edit;
+        const char* message;
+    } cases[] = {
+        {"a W skipped", zbv,
+         [](Schedule& s) { s.ranks[0].erase(find(s.ranks[0], ActionKind::backward_weight, 0, 1)); },
+         "rank 0 (stages 0, 3) never runs W1@0"},
+        {"a W before its I", zbv,
+         [](Schedule& s) {
+             std::iter_swap(find(s.ranks[0], ActionKind::backward_input, 3, 0),
+                            find(s.ranks[0], ActionKind::backward_weight, 3, 0));
+         },
+         "rank 0 (stages 0, 3) runs W0@3 before I0@3"},
+        {"a W without its I", zbv,
+         [](Schedule& s) { s.ranks[0].erase(find(s.ranks[0], ActionKind::backward_input, 3, 0)); },
+         "rank 0 (stages 0, 3) runs W0@3 without I0@3"},
+        {"a W twice (torch's validator lets it pass: it counts sets)", zbv,
+         [](Schedule& s) {
+             s.ranks[1].insert(s.ranks[1].end() - 3, Action{ActionKind::backward_weight, 2, 1});
+         },
+         "rank 1 (stages 1, 2) runs W1@2 twice"},
+        {"a B beside an I and a W", zbv,
+         [](Schedule& s) {
+             s.ranks[1].insert(find(s.ranks[1], ActionKind::backward_weight, 2, 0),
+                               Action{ActionKind::backward, 2, 0});
+         },
+         "rank 1 (stages 1, 2) runs B0@2 and I0@2"},
+        {"an I before its F", zbv,
+         [](Schedule& s) {
+             move_action(s.ranks[0], find(s.ranks[0], ActionKind::backward_input, 0, 2),
+                         [](L& l) { return l.begin(); });
+         },
+         "rank 0 (stages 0, 3) runs I2@0 before F2@0"},
+        {"a stage's Ws out of microbatch order (both after their Is)", zbv,
+         [](Schedule& s) {
+             std::iter_swap(find(s.ranks[1], ActionKind::backward_weight, 1, 2),
+                            find(s.ranks[1], ActionKind::backward_weight, 1, 3));
+         },
+         "rank 1 (stages 1, 2) runs W2@1 after W3@1: its gradient would accumulate out of the one-stage "
+         "loop's "
+         "order"},
+        {"a stage's action on a second rank", zbv,
+         [](Schedule& s) {
+             s.ranks[1].insert(s.ranks[1].begin(), Action{ActionKind::forward, 0, 0});
+         },
+         "rank 1 (stages 1, 2) runs F0@0, an action of stage 0, which rank 0 holds"},
+        {"the V's lists on the loop placement", zbv,
+         [](Schedule& s) {
+             s.stage_rank = {0, 1, 0, 1};
+         },
+         "rank 0 (stages 0, 2) runs RECV_F0@3, an action of stage 3, which rank 1 holds"},
+        {"the output gradient received after the I that needs it", zbv,
+         [](Schedule& s) {
+             move_action(s.ranks[0], find(s.ranks[0], ActionKind::recv_backward, 0, 1),
+                         [](L& l) { return find(l, ActionKind::backward_weight, 0, 1); });
+         },
+         "rank 0 (stages 0, 3) runs RECV_B1@0 after I1@0"},
+        {"the V fold: stage 1's I needs stage 2's I on the same rank first", zbv,
+         [](Schedule& s) {
+             std::iter_swap(find(s.ranks[1], ActionKind::backward_input, 2, 3),
+                            find(s.ranks[1], ActionKind::backward_input, 1, 3));
+         },
+         "rank 1 (stages 1, 2) runs I3@1 before I3@2, whose input's gradient it takes"},
+        {"an overlap mark on a forward with no backward after it", zbv,
+         [](Schedule& s) { s.ranks[0][0].overlapped = true; },
+         "rank 0 (stages 0, 3) marks F0@0 overlapped, which is no forward with a backward after it"},
+        {"one stage per rank (ZB-H1): named without the stage, as for 1F1B",
+         [] { return interleaved_zero_bubble_schedule(2, 1, 4); },
+         [](Schedule& s) { s.ranks[1].erase(find(s.ranks[1], ActionKind::backward_weight, 1, 1)); },
+         "rank 1 (stage 1) never runs W1"},
+        {"DualPipeV: a full B that also has a W", [] { return dualpipev_schedule(2, 2, 4); },
+         [](Schedule& s) {
+             s.ranks[0].insert(s.ranks[0].end() - 3, Action{ActionKind::backward_weight, 3, 1});
+         },
+         "rank 0 (stages 0, 3) runs B1@3 and W1@3"},
+    };
+    for (const auto& c : cases) {
+        INFO(c.what);
+        Schedule s = c.from();
+        CHECK_NOTHROW(check_schedule_structure(s));  // each edit, not the list, is what is refused
+        c.edit(s);
+        refuses(s, c.message);
+    }
 }
 
 TEST_CASE("zero bubble: torch's argument checks", "[cpu][schedule]") {
