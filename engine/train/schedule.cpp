@@ -7,6 +7,8 @@
 #include <mutex>
 #include <tuple>
 
+#include "train/schedule_ops.h"
+
 namespace ptool {
 
 const char* action_kind_name(ActionKind k) {
@@ -62,12 +64,6 @@ std::vector<int> Schedule::stages_of(int rank) const {
 
 namespace {
 
-void step_end(std::vector<Action>& out) {
-    out.push_back({ActionKind::grad_sync});
-    out.push_back({ActionKind::clip});
-    out.push_back({ActionKind::optimizer_step});
-}
-
 // A stage's forward of m with the receive before it and the send after it, or its backward (no
 // send or receive where the neighbouring stage is on the same rank).
 void add_forward(std::vector<Action>& out, const Schedule& sch, int s, int m) {
@@ -87,22 +83,19 @@ void add_backward(std::vector<Action>& out, const Schedule& sch, int s, int m) {
 // _get_warmup_ops): a forward per warmup unit, a forward and a backward per 1F1B unit, a backward
 // per cooldown unit.
 void add_interleaved_round(std::vector<std::vector<Action>>& units, int r, int pp, int v, int m, int o) {
-    const int rounds = std::max(1, m / pp), per_round = m / rounds;  // torch's microbatches_per_round
-    const int ops = v * m, warmup = std::min((v - 1) * per_round + 2 * (pp - 1 - r), ops);
-    auto forward_stage = [&](int k) { return ((k / per_round) % v) * pp + r; };
-    auto backward_stage = [&](int k) { return (v - 1 - ((k - warmup) / per_round) % v) * pp + r; };
+    const InterleavedRankOps rank(r, pp, v, m, 2);
     std::vector<int> next_forward(static_cast<size_t>(v * pp), 0), next_backward = next_forward;
     auto forward = [&](int k) -> Action {
-        const int s = forward_stage(k);
+        const int s = rank.forward_stage(k);
         return {ActionKind::forward, s, o + next_forward[s]++};
     };
     auto backward = [&](int k) -> Action {
-        const int s = backward_stage(k);
+        const int s = rank.backward_stage(k);
         return {ActionKind::backward, s, o + next_backward[s]++};
     };
-    for (int k = 0; k < warmup; ++k) units.push_back({forward(k)});
-    for (int k = warmup; k < ops; ++k) units.push_back({forward(k), backward(k)});
-    for (int k = ops; k < ops + warmup; ++k) units.push_back({backward(k)});
+    for (int k = 0; k < rank.warmup; ++k) units.push_back({forward(k)});
+    for (int k = rank.warmup; k < rank.ops; ++k) units.push_back({forward(k), backward(k)});
+    for (int k = rank.ops; k < rank.ops + rank.warmup; ++k) units.push_back({backward(k)});
 }
 
 // Units of compute with their sends and receives as Megatron-Core posts them: between two units one
@@ -130,6 +123,18 @@ void add_units(std::vector<Action>& out, const Schedule& sch, const std::vector<
 }
 
 }  // namespace
+
+void step_end(std::vector<Action>& out) {
+    out.push_back({ActionKind::grad_sync});
+    out.push_back({ActionKind::clip});
+    out.push_back({ActionKind::optimizer_step});
+}
+
+std::vector<int> loop_stage_rank(int pp, int stages) {
+    std::vector<int> out(static_cast<size_t>(stages));
+    for (int s = 0; s < stages; ++s) out[static_cast<size_t>(s)] = s % pp;
+    return out;
+}
 
 Schedule accumulation_schedule(int microbatches) {
     Schedule s;
@@ -161,8 +166,7 @@ Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int 
                   "interleaved_1f1b: {} microbatches in rounds of {} pp ranks", microbatches, pp);
     Schedule sch;
     sch.kind = kind, sch.stages = stages, sch.microbatches = microbatches * rounds;
-    sch.stage_rank.resize(static_cast<size_t>(stages));
-    for (int s = 0; s < stages; ++s) sch.stage_rank[s] = s % pp;  // the loop placement (s on s without v)
+    sch.stage_rank = loop_stage_rank(pp, stages);  // s on s without v
     sch.ranks.resize(pp);
     for (int rank = 0; rank < pp; ++rank) {
         std::vector<Action>& out = sch.ranks[rank];

@@ -54,8 +54,8 @@ constexpr int64_t kSteadyStateSteps = 3;
 // resolved (against a model of in.model_text), which the Run rebinds instead of resolving again.
 // `replay_last`: from 3 steps on, the last step's allocations are the one before's replayed through
 // the allocator model (AllocatorModel::replay_step), not simulated again, where that step handed its
-// objects on as a steady state does: the same peaks, reserved and allocated, at two thirds of the
-// cost (its work and collectives are the step before's, which are the same).
+// objects on as a steady state does: the same peaks, reserved and allocated, without running the
+// step's modules (its work and collectives are the step before's, which are the same).
 RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, int64_t steps,
                              bool track_phases = false, size_t allocator_capacity = 0,
                              const ResolvedPlan* resolved = nullptr, bool replay_last = true);

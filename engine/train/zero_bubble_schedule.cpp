@@ -6,6 +6,8 @@
 #include <tuple>
 #include <utility>
 
+#include "train/schedule_ops.h"
+
 namespace ptool {
 namespace {
 
@@ -19,25 +21,23 @@ Action act(ActionKind k, int stage, int m) {
 // _get_warmup_ops(multiply_factor=1) and _get_1f1b_rank_ops(num_1f1b_microbatches=rank,
 // enable_zero_bubble=True), its None slots left out.
 std::vector<Action> zero_bubble_rank(int r, int pp, int v, int m) {
-    const int rounds = std::max(1, m / pp), per_round = m / rounds;  // microbatches_per_round
-    const int ops = v * m, warmup = std::min((v - 1) * per_round + (pp - 1 - r), ops);
-    auto forward_stage = [&](int k) { return ((k / per_round) % v) * pp + r; };
-    auto backward_stage = [&](int k) { return (v - 1 - ((k - warmup) / per_round) % v) * pp + r; };
+    const InterleavedRankOps rank(r, pp, v, m, 1);
+    const int ops = rank.ops, warmup = rank.warmup;
     std::vector<int> next_f(static_cast<size_t>(v * pp), 0), next_i = next_f, next_w = next_f;
     std::vector<int> backward_ops;  // the op of each I, in order: the Ws follow them
     size_t weights = 0;
     std::vector<Action> out;
     auto add_weight = [&] {
-        const int s = backward_stage(backward_ops[weights++]);
+        const int s = rank.backward_stage(backward_ops[weights++]);
         out.push_back(act(ActionKind::backward_weight, s, next_w[s]++));
     };
     for (int op = 0; op < ops + warmup; ++op) {  // warmup, then fwd_bwd = ops - warmup, cooldown = warmup
         if (op < ops) {
-            const int s = forward_stage(op);
+            const int s = rank.forward_stage(op);
             out.push_back(act(ActionKind::forward, s, next_f[s]++));
         }
         if (op < warmup) continue;
-        const int s = backward_stage(op);
+        const int s = rank.backward_stage(op);
         out.push_back(act(ActionKind::backward_input, s, next_i[s]++));
         backward_ops.push_back(op);
         if (op - warmup >= r) add_weight();  // num_1f1b_microbatches = rank Is pending
@@ -218,8 +218,7 @@ void add_send_recv(Schedule& sch, const Lists& compute) {
                             sch.torch_name, fmt::join(heads, "; ")));
         }
     }
-    for (std::vector<Action>& list : sch.ranks)
-        list.insert(list.end(), {{ActionKind::grad_sync}, {ActionKind::clip}, {ActionKind::optimizer_step}});
+    for (std::vector<Action>& list : sch.ranks) step_end(list);
 }
 
 Schedule lowered(const char* name, int pp, int v, int m, std::vector<int> stage_rank, const Lists& compute) {
@@ -253,11 +252,9 @@ Schedule interleaved_zero_bubble_schedule(int pp, int v, int m) {
             fmt::format("InterleavedZeroBubble: zero bubble requires the number of microbatches to "
                         "be a multiple of the number of rounds ({}), but got {}",
                         rounds, m));
-    std::vector<int> loop(static_cast<size_t>(pp * v));
-    for (int s = 0; s < pp * v; ++s) loop[static_cast<size_t>(s)] = s % pp;
     Lists compute;
     for (int r = 0; r < pp; ++r) compute.push_back(zero_bubble_rank(r, pp, v, m));
-    return lowered("InterleavedZeroBubble", pp, v, m, loop, compute);
+    return lowered("InterleavedZeroBubble", pp, v, m, loop_stage_rank(pp, pp * v), compute);
 }
 
 Schedule zbv_zero_bubble_schedule(int pp, int v, int m) {
