@@ -137,6 +137,7 @@ json pipeline_entry(const ExplainReport& r) {
     return {{"schedule", schedule_kind_name(plan.pipeline->schedule)},
             {"stages", stages},
             {"virtual_stages", plan.pipeline->virtual_stages},
+            {"scatter_gather", plan.pipeline->scatter_gather},
             {"microbatches", plan.microbatches_per_round()},
             {"rounds", plan.accumulation_rounds(r.model)},
             {"bubble_closed_form", r.bubble_closed_form}};

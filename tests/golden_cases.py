@@ -212,6 +212,7 @@ with tempfile.TemporaryDirectory() as tmp:
     cases = [(f"models/{model}.yaml", f"plans/{plan}.yaml") for model, plan in (
         ("mlp", "mlp_root_module"), ("gpt_block", "gpt_block_tp"), ("gpt2_tied", "gpt2_tied_tp_sp"),
         ("gpt2_tied", "gpt2_tied_ddp_ac"), ("llama_rope", "llama_rope_tp_sp"),
+        ("llama_rope", "llama_rope_tp_sp_megatron"),
         ("llama_rope", "llama_rope_fsdp_tp_ac"), ("llama_rope", "llama_rope_ddp_tp_bf16"),
         ("mlp_stacked_adamw", "mlp_stacked_hsdp"), ("mlp_stacked_adamw", "mlp_stacked_hsdp_tp"),
         ("hf_tiny_llama31", "hf_tiny_llama31_fsdp_tp_sac"), ("gpt2_tied", "gpt2_tied_ddp_core_attn"),

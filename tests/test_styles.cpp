@@ -7,6 +7,7 @@
 #include "comm/comm_threads.h"
 #include "test_helpers.h"
 #include "train/run.h"
+#include "train/simulate.h"
 #include "verify/verify.h"
 
 using namespace ptool;
@@ -350,6 +351,101 @@ TEST_CASE("replicate: a module run whole on every rank, its input checked to be 
                                                  "    net1: colwise\n    relu: replicate\n"));
         },
         {"'relu' (replicate) takes its input as Replicate() but 'net1' outputs Shard(-1)"});
+}
+
+TEST_CASE("save_input shard: Megatron's colwise keeps the input's sequence shard and gathers it in backward",
+          "[cpu]") {
+    // plans/llama_rope_tp_sp_megatron.yaml against the same plan keeping the gathered inputs
+    // (DTensor's): the same numbers bit for bit, an all_gather more per projection call in backward
+    // with the forward's bytes, in the layout pass and in the run, and less memory held.
+    const std::string path = PTOOL_SOURCE_DIR "/plans/llama_rope_tp_sp_megatron.yaml";
+    const std::string megatron = read_text(path);
+    std::string gathered = megatron;
+    for (size_t at; (at = gathered.find(", save_input: shard")) != std::string::npos;) gathered.erase(at, 19);
+    REQUIRE(gathered.find(", save_input") == std::string::npos);
+    const Plan shard_plan = load_plan_text(megatron, path), gathered_plan = plan_text(gathered);
+    const Model m = model("llama_rope");
+    const LayoutReport rs = resolve_plan(m, shard_plan).layouts, rg = resolve_plan(m, gathered_plan).layouts;
+    const auto fwd = totals(rs.forward), bwd_s = totals(rs.backward), bwd_g = totals(rg.backward);
+    CHECK(totals(rg.forward) == fwd);
+    CHECK(fwd.at("all_gather").first == 11);  // q, k, v, gate, up in 2 layers, and the head
+    const std::pair<int, int64_t> none{0, 0};
+    const auto gathered_bwd = bwd_g.count("all_gather") ? bwd_g.at("all_gather") : none;
+    CHECK(bwd_s.at("all_gather").first == gathered_bwd.first + 11);
+    CHECK(bwd_s.at("all_gather").second == gathered_bwd.second + fwd.at("all_gather").second);
+    CHECK(bwd_s.at("reduce_scatter") == bwd_g.at("reduce_scatter"));
+
+    // the run: every rank's parameters after two steps bit for bit, the collectives as derived
+    RunInputs in;
+    in.model_path = PTOOL_SOURCE_DIR "/models/llama_rope.yaml";
+    in.model_text = read_text(in.model_path);
+    struct Seen {
+        std::vector<Tensor> params;
+        int64_t all_gathers = 0, microbatches = 0;
+    };
+    auto run_plan = [&](const Plan& plan) {
+        std::vector<Seen> seen(2);
+        run_rank_threads(2, CommOptions{}, [&](Communicator& w) {
+            Seen& s = seen[static_cast<size_t>(w.rank())];
+            Run run(in, plan, w);
+            run.step(0);
+            run.counter().reset();
+            run.step(1);
+            for_each_param(*run.model().root, [&](const std::string&, const ParamPtr& p) {
+                s.params.push_back(p->value.clone());
+            });
+            s.all_gathers = run.counter().by_op()[Collective::all_gather].calls;
+            s.microbatches = run.plan().accumulation_rounds(run.model());
+        });
+        return seen;
+    };
+    const std::vector<Seen> a = run_plan(shard_plan), b = run_plan(gathered_plan);
+    for (size_t r = 0; r < 2; ++r) {
+        INFO("rank " << r);
+        REQUIRE(a[r].params.size() == b[r].params.size());
+        for (size_t i = 0; i < a[r].params.size(); ++i) CHECK(same_bits(a[r].params[i], b[r].params[i]));
+        CHECK(a[r].microbatches == 2);
+        CHECK(a[r].all_gathers == b[r].all_gathers + 11 * a[r].microbatches);
+    }
+
+    // memory: the shard kept instead of the gathered input (rank 0, three simulated steps)
+    const RankSimulation ms = simulate_rank(in, shard_plan, 0, 3),
+                         mg = simulate_rank(in, gathered_plan, 0, 3);
+    CHECK(ms.memory.peak < mg.memory.peak);
+    // and by no more than every projection's gathered input (2 rows x 8 positions x 32 features,
+    // fp32; the shard kept is one tensor for q, k and v, and one for gate and up)
+    CHECK(mg.memory.peak - ms.memory.peak <= 11 * (2 * 8 * 32 * 4));
+
+    // verify: the plan passes against the single-device reference
+    const VerifyReport v = verify_text("llama_rope", megatron);
+    REQUIRE(v.plans.size() == 1);
+    CHECK(v.pass);
+}
+
+TEST_CASE("save_input: its values, and only where an input is gathered, else exit 2 at the entry", "[cpu]") {
+    const Model m = model("llama_rope");
+    auto plan = [](const std::string& entry) {
+        return plan_text("mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan:\n    " + entry + "\n");
+    };
+    require_input_error(
+        [&] { plan("output: {style: colwise, input_layouts: shard(1), save_input: shards}"); },
+        {"plan.yaml:5:", "'save_input: shards' is not one of gathered", "shard (Megatron"});
+    require_input_error([&] { plan("output: {style: colwise, save_input: shard}"); },
+                        {"plan.yaml:5:", "needs an input that is gathered", "input_layouts: shard(d)"});
+    require_input_error([&] { plan("output: {style: colwise, input_layouts: partial, save_input: shard}"); },
+                        {"needs an input that is gathered"});
+    require_input_error([&] { plan("output: {style: rowwise, save_input: shard}"); }, {"save_input"});
+    require_input_error(
+        [&] {
+            resolve_plan(
+                m, plan("tok_embeddings: {style: colwise, input_layouts: shard(1), save_input: shard}"));
+        },
+        {"plan.yaml:5:", "save_input: shard applies to linear modules", "tok_embeddings (embedding)"});
+    // `gathered` is the default spelled out: the same layouts and collectives
+    const LayoutReport plain = resolve_plan(m, plan("output: {style: colwise}")).layouts;
+    const LayoutReport spelled =
+        resolve_plan(m, plan("output: {style: colwise, save_input: gathered}")).layouts;
+    CHECK(totals(plain.backward) == totals(spelled.backward));
 }
 
 }  // namespace test_styles

@@ -85,6 +85,23 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
     return dx;
 }
 
+void Module::save(std::vector<Tensor> tensors) {
+    if (!saving_) return;
+    std::vector<Saved> kept;
+    kept.reserve(tensors.size());
+    for (Tensor& t : tensors) {
+        std::function<Tensor()> unpack = hooks_ ? hooks_->pack_saved(t) : nullptr;
+        kept.push_back(unpack ? Saved{Tensor(), std::move(unpack)} : Saved{std::move(t), nullptr});
+    }
+    saved_.push(microbatch_, std::move(kept));
+}
+
+std::vector<Tensor> Module::restore() {
+    std::vector<Tensor> out;
+    for (Saved& s : saved_.pop(microbatch_)) out.push_back(s.unpack ? s.unpack() : std::move(s.tensor));
+    return out;
+}
+
 Placed Module::forward_placed(RunContext& ctx, const Placed& x) {
     return {forward_impl(ctx, x.t), out_placement(x.layout()), output_shape(x.global)};
 }
@@ -146,6 +163,10 @@ public:
     std::optional<Placement> compute_grad_in(const Module& m) const override {
         auto p = inner_->compute_grad_in(m);
         return p ? p : outer_->compute_grad_in(m);
+    }
+    std::function<Tensor()> pack_saved(const Tensor& t) override {
+        auto u = inner_->pack_saved(t);
+        return u ? u : outer_->pack_saved(t);
     }
 
 private:

@@ -125,6 +125,11 @@ public:
     // the module's own rule. nullopt: the module's rule.
     virtual std::optional<Placement> compute_out(const Module&) const { return std::nullopt; }
     virtual std::optional<Placement> compute_grad_in(const Module&) const { return std::nullopt; }
+    // torch.autograd.graph.saved_tensors_hooks around the module's forward: for a tensor the module
+    // saves for its backward, what brings it back instead of keeping it (an empty function: keep
+    // the tensor). Megatron's sequence parallelism keeps a column-parallel linear's input as this
+    // rank's sequence shard and all-gathers it again in backward (parallel/styles/colwise.cpp).
+    virtual std::function<Tensor()> pack_saved(const Tensor&) { return {}; }
 };
 
 // The static counterpart of forward: a container asks the visitor for each child's output layout
@@ -239,10 +244,9 @@ protected:
     [[noreturn]] void conflict(const std::string& message) const;
     [[noreturn]] void fail(const std::string& message) const { throw InputError(where_, message); }
 
-    void save(std::vector<Tensor> tensors) {
-        if (saving_) saved_.push(microbatch_, std::move(tensors));
-    }
-    std::vector<Tensor> restore() { return saved_.pop(microbatch_); }
+    // What the forward keeps for the backward (through the hooks' pack_saved), and gets back.
+    void save(std::vector<Tensor> tensors);
+    std::vector<Tensor> restore();
 
 private:
     const ModuleType* type_;
@@ -250,7 +254,11 @@ private:
     SourceLocation where_;
     std::vector<Entry> params_, buffers_;
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
-    MicrobatchStack<std::vector<Tensor>> saved_;
+    struct Saved {
+        Tensor tensor;                   // kept as it is, or
+        std::function<Tensor()> unpack;  // what a pack_saved hook kept instead
+    };
+    MicrobatchStack<std::vector<Saved>> saved_;
     MicrobatchStack<Layout> inputs_;  // per call: the input layout (after the pre-forward hook)
     bool checkpointed_ = false, selective_ = false, saving_ = true, transparent_ = false;
     int microbatch_ = 0;  // of the forward or backward running now (save and restore key on it)

@@ -102,6 +102,8 @@ private:
         }
         markers.push_back(std::move(back));
         Marker& first = markers[pre_marker];  // the input gradient, then the parameter gradients
+        if (r.pre && spec.save_input_shard)   // the input, gathered again for the weight gradient
+            add(first, redistribute_cost(r.pre->from, r.pre->to, in.global, parts_, es), m, Phase::backward);
         if (r.pre)
             add(first,
                 redistribute_cost(r.grad_in.value_or(grad_placement(x.p)), grad_placement(r.pre->from),

@@ -123,7 +123,7 @@ void resolve_tensor_parallel(const Model& model, const Plan& plan, Resolution& r
         if (it == owner.end()) return;
         res.styles.push_back({fqn, &m, it->second});
         it->second->style.style->check(
-            {model, m, it->second->pattern, it->second->where, res.tp, res.warnings});
+            {model, m, it->second->pattern, it->second->where, res.tp, res.warnings, it->second->style});
     });
     check_tied(model, owner);
     res.input_placement = model_input_placement(model, owner);

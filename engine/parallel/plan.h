@@ -117,7 +117,11 @@ struct PipelineSpec {
     ScheduleKind schedule = ScheduleKind::one_f_one_b;
     int virtual_stages = 1;  // stages per pp rank (interleaved_1f1b: 2 or more)
     int microbatches = 0;    // per round; 0: one per stage (the fewest the schedules take)
-    SourceLocation where, split_where, microbatches_where;
+    // Megatron's scatter_gather_tensors_in_pipeline: an activation or gradient whole on every rank
+    // of the tp dim goes between stages as each tp rank's 1/tp of its elements, all_gathered over tp
+    // after the receive (train/run_stage.cpp). false (torch's pipelining): each rank sends it whole.
+    bool scatter_gather = false;
+    SourceLocation where, split_where, microbatches_where, scatter_gather_where;
 };
 
 // context_parallel: the batch's sequence split over the ranks of its dim for the whole model, as

@@ -354,6 +354,10 @@ void parse_pipeline(const YamlNode& node, Plan& plan, RoleClaims& claims) {
         if (m > 4096) v->fail(fmt::format("microbatches {} is over the limit of 4096", m));
         s.microbatches = static_cast<int>(m);
     }
+    if (auto v = pm.get("scatter_gather")) {
+        s.scatter_gather = v->as_bool("'scatter_gather'");
+        s.scatter_gather_where = v->where();
+    }
     // one meaning of gradient_accumulation: the step's rounds of the schedule, the plan's top-level
     // key (as the model's); a second count of rounds here would be another
     if (auto v = pm.get("gradient_accumulation"))

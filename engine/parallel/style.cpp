@@ -56,10 +56,23 @@ StyleHooks::StyleHooks(const Module& m, const StyleSpec& s, Communicator& tp)
 // The incoming tensor's own placement is the source of every redistribution: the lint has checked
 // it is the one the rule declares (a fault layer may relabel it on purpose).
 Placed StyleHooks::pre_forward(RunContext&, Module&, const Placed& x) {
-    return rule_.pre ? redistribute(x, rule_.pre->to, tp_) : x;
+    if (!rule_.pre) return x;
+    Placed in = redistribute(x, rule_.pre->to, tp_);
+    if (spec_.save_input_shard) shard_ = x, gathered_ = in;
+    return in;
+}
+
+// Megatron's ColumnParallelLinear under sequence parallelism saves its input shard and all-gathers
+// it again in backward; any view of the whole gathered input (the linear's [rows, in]) is so kept.
+std::function<Tensor()> StyleHooks::pack_saved(const Tensor& t) {
+    if (!gathered_.defined() || !t.shares_storage(gathered_.t) || t.numel() != gathered_.t.numel()) return {};
+    return [shard = shard_, to = rule_.pre->to, shape = t.shape(), &tp = tp_] {
+        return redistribute(shard, to, tp).t.reshape(shape);
+    };
 }
 
 Placed StyleHooks::post_forward(RunContext& ctx, Module& m, const Placed& y) {
+    shard_ = gathered_ = Placed{};  // the forward is done: nothing more is saved
     const Placed out = finish_forward(ctx, m, rule_.post ? redistribute(y, rule_.post->to, tp_) : y);
     if (ctx.recording) outputs_.push(ctx.microbatch, out.layout());  // a checkpointed forward keeps nothing
     return out;

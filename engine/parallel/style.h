@@ -35,6 +35,10 @@ struct StyleSpec {
     const Style* style = nullptr;
     std::optional<Placement> input_layouts, output_layouts, desired_input_layouts, desired_output_layouts;
     bool use_local_output = true;
+    // colwise `save_input: shard` (Megatron's sequence parallelism): the linear's backward gets its
+    // input by all-gathering this rank's shard again instead of keeping the gathered input
+    // (PyTorch's DTensor keeps it: `save_input: gathered`, the default).
+    bool save_input_shard = false;
     std::string_view name() const;
 };
 
@@ -74,6 +78,7 @@ struct StyleCheck {
     const SourceLocation& where;  // the plan entry
     int parts;                    // ranks of the tensor-parallel dim
     std::vector<Diagnostic>& warnings;
+    const StyleSpec& spec;  // the entry's options
 };
 
 class Style {
@@ -124,6 +129,7 @@ public:
     void post_backward(RunContext& ctx, Module& m) override;
     std::optional<Placement> compute_out(const Module&) const override { return rule_.compute_out; }
     std::optional<Placement> compute_grad_in(const Module&) const override { return rule_.grad_in; }
+    std::function<Tensor()> pack_saved(const Tensor& t) override;
 
 protected:
     // After the output's redistribution (rowwise: the bias, added once).
@@ -140,6 +146,8 @@ private:
     StyleRule rule_;
     Communicator& tp_;
     MicrobatchStack<Layout> outputs_;  // per call: the declared output layout (shared modules run twice)
+    // save_input shard, during one forward: the input as it came and as it was gathered
+    Placed shard_, gathered_;
 };
 
 }  // namespace ptool

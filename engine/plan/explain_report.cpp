@@ -20,10 +20,11 @@ std::vector<std::string> describe_dims(const Plan& plan) {
         out.push_back(fmt::format("data parallel over '{}' ({} ranks)", plan.data_parallel->mesh_dim_names(),
                                   dims.data_size()));
     if (plan.pipeline)
-        out.push_back(fmt::format("pipeline over '{}' ({} stages, {}, {} microbatches a round)",
-                                  dims.name(DimRole::pp), plan.pipeline_stages(),
-                                  schedule_kind_name(plan.pipeline->schedule),
-                                  plan.microbatches_per_round()));
+        out.push_back(
+            fmt::format("pipeline over '{}' ({} stages, {}, {} microbatches a round{})",
+                        dims.name(DimRole::pp), plan.pipeline_stages(),
+                        schedule_kind_name(plan.pipeline->schedule), plan.microbatches_per_round(),
+                        plan.pipeline->scatter_gather ? ", sends whole on tp scattered over it" : ""));
     if (plan.expert_parallel)
         out.push_back(fmt::format("expert parallel over '{}' ({} ranks, borrowed from data parallel)",
                                   dims.name(DimRole::ep), dims.size(DimRole::ep)));

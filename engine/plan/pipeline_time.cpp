@@ -146,10 +146,16 @@ ActionTime action_time(const ActionWork& aw, const Plan& plan, const Cluster& c,
     out.seconds.assign(aw.actions.size(), 0.0);
     if (aw.actions.front().is_p2p()) {
         double bytes = 0;
+        CommByOpDim gathers;  // scatter_gather's all_gathers over tp of what was received
         for (const auto& [key, totals] : aw.comm)
-            if (collective_row(key.first).p2p) bytes += static_cast<double>(totals.bytes);
-        for (double& s : out.seconds)
-            s = p2p_seconds(bytes / static_cast<double>(out.seconds.size()), plan, c);
+            if (collective_row(key.first).p2p)
+                bytes += static_cast<double>(totals.bytes);
+            else
+                gathers[key] = totals;
+        StepTime g;
+        add_comm_time(g, gathers, plan, c);
+        const double n = static_cast<double>(out.seconds.size());
+        for (double& s : out.seconds) s = p2p_seconds(bytes / n, plan, c) + (g.blocking + g.overlappable) / n;
         return out;
     }
     StepTime t;

@@ -302,6 +302,7 @@ private:
         bool root_hooks = false;  // the root's (fully_shard unit's) hooks run around the stage
     };
     std::vector<Held> held_;  // in increasing stage order
+    void check_scatter_gather(const Held& h, int stage) const;
     // each parameter's index in the whole model's parameter order: clip_gradients sums the stages'
     // squares in it when a rank's stages are not consecutive (interleaved_1f1b)
     std::map<const Parameter*, int64_t> param_order_;

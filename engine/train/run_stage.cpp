@@ -3,6 +3,7 @@
 // gradient sum), the root's fully_shard hooks around a stage, and the activations and gradients
 // the stages send each other. Tested by tests/test_pipeline*.cpp and tests/test_interleaved.cpp.
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <set>
 
@@ -47,6 +48,7 @@ void Run::keep_own_stage() {
                          spine.begin() + static_cast<std::ptrdiff_t>(r.end));
         h.in = call_of(h.modules.front()).in;
         h.out = call_of(h.modules.back()).out;
+        check_scatter_gather(h, s);
         held_.push_back(std::move(h));
         mine.push_back(r);
     }
@@ -165,11 +167,51 @@ void Run::mark_root_hooks() {
 // batches them), the receives into tensors of the boundary's local shape in the compute dtype. Each
 // goes to or comes from the pp rank of the stage next to the action's (stage s mod pp under
 // interleaved_1f1b: the last rank's stage sends on to rank 0's next one).
+// Megatron splits a tensor scatter_gather sends into tp equal pieces of its elements (and asserts
+// they divide): a boundary whole on every tp rank whose elements do not is exit 2 at the key.
+void Run::check_scatter_gather(const Held& h, int s) const {
+    const int tp = tp_->size();
+    if (!plan_.pipeline->scatter_gather || tp == 1) return;
+    for (const auto& [layout, crosses, what] :
+         {std::tuple{h.in, s > 0, "input"}, std::tuple{h.out, s + 1 < stages_, "output"}}) {
+        const int64_t n = numel_of(layout.global);
+        if (crosses && layout.p.is_replicate() && n % tp != 0)
+            throw InputError(
+                plan_.pipeline->scatter_gather_where,
+                fmt::format("scatter_gather: stage {}'s {} {} has {} elements, which do not split "
+                            "into {} equal pieces over the tp ranks (Megatron's "
+                            "split_tensor_into_1d_equal_chunks)",
+                            s, what, shape_str(layout.global), n, tp));
+    }
+}
+
+// Under scatter_gather (Megatron's scatter_gather_tensors_in_pipeline), a tensor whole on every tp
+// rank goes as this tp rank's 1/tp of its elements (split_tensor_into_1d_equal_chunks), and a
+// received one is all_gathered over tp from the pieces (gather_split_1d_tensor).
 void Run::exchange(StepState& st, const std::vector<Action>& actions) {
     const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
     auto local = [&](const Layout& l, const Placement& p) {
         return Placed{Tensor(local_shape(l.global, p, tp_->size(), tp_->rank()), compute, device_), p,
                       l.global};
+    };
+    const int tp = tp_->size();
+    auto scattered = [&](const Placed& x) {
+        return plan_.pipeline->scatter_gather && tp > 1 && x.p.is_replicate();
+    };
+    std::deque<Tensor> pieces;                           // what goes instead of a whole tensor
+    std::vector<std::pair<Tensor*, Tensor*>> to_gather;  // (received piece, whole tensor)
+    auto piece_of = [&](Tensor& whole) {                 // this tp rank's piece of `whole`'s elements, a view
+        const int64_t n = whole.numel() / tp;
+        return whole.reshape({whole.numel()}).narrow(0, n * tp_->rank(), n);
+    };
+    auto send = [&](Placed& x) -> Tensor* {
+        return scattered(x) ? &pieces.emplace_back(piece_of(x.t)) : &x.t;
+    };
+    auto recv = [&](Placed& x) -> Tensor* {
+        if (!scattered(x)) return &x.t;
+        Tensor* piece = &pieces.emplace_back(Tensor({x.t.numel() / tp}, x.t.dtype(), device_));
+        to_gather.emplace_back(piece, &x.t);
+        return piece;
     };
     // (the key of what it sends or receives, on which stage's side; the peer's pp rank)
     auto peer = [&](const Action& a) {
@@ -182,21 +224,21 @@ void Run::exchange(StepState& st, const std::vector<Action>& actions) {
         const std::pair<int, int> key{a.stage, a.microbatch};
         switch (a.kind) {
             case ActionKind::send_forward:
-                ops.push_back({P2POp::Kind::send, &st.inflight.at(key).y.t, peer(a), tag});
+                ops.push_back({P2POp::Kind::send, send(st.inflight.at(key).y), peer(a), tag});
                 break;
             case ActionKind::recv_forward: {
                 const Layout& in = held(a.stage).in;
                 Placed& x = st.received[key] = local(in, in.p);
-                ops.push_back({P2POp::Kind::recv, &x.t, peer(a), tag});
+                ops.push_back({P2POp::Kind::recv, recv(x), peer(a), tag});
                 break;
             }
             case ActionKind::send_backward:
-                ops.push_back({P2POp::Kind::send, &st.to_send_back.at(key).t, peer(a), tag});
+                ops.push_back({P2POp::Kind::send, send(st.to_send_back.at(key)), peer(a), tag});
                 break;
             case ActionKind::recv_backward: {
                 const Layout& out = held(a.stage).out;
                 Placed& g = st.received_grads[key] = local(out, grad_placement(out.p));
-                ops.push_back({P2POp::Kind::recv, &g.t, peer(a), tag});
+                ops.push_back({P2POp::Kind::recv, recv(g), peer(a), tag});
                 break;
             }
             default:
@@ -219,6 +261,10 @@ void Run::exchange(StepState& st, const std::vector<Action>& actions) {
             fmt::format("pipeline stage {} (pp rank {}), {}: {}", fmt::join(held_stages(), ", "),
                         comm(DimRole::pp).rank(), fmt::join(what, ", "), e.what()),
             e.kind());
+    }
+    for (auto& [piece, whole] : to_gather) {
+        Tensor flat = whole->reshape({whole->numel()});
+        tp_->all_gather(*piece, flat);
     }
     for (const Action& a : actions)
         if (a.kind == ActionKind::send_backward) st.to_send_back.erase({a.stage, a.microbatch});
