@@ -79,10 +79,26 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
         for (const Tensor& t : ctx.torch_release_after_first_backward) torch_release(t);
         ctx.torch_release_after_first_backward.clear();
     }
-    if (hooks_) hooks_->post_backward(ctx, *this);
+    if (hooks_) defer_weights(ctx, [this](RunContext& c) { hooks_->post_backward(c, *this); });
     if (ctx.observer && dx.defined() && !transparent_)
         ctx.observer(fqn_, Phase::backward, ctx.microbatch, dx);
     return dx;
+}
+
+void Module::defer_weights(RunContext& ctx, std::function<void(RunContext&)> work) {
+    if (ctx.weight_work)
+        ctx.weight_work->push_back(std::move(work));
+    else
+        work(ctx);
+}
+
+void run_weight_work(RunContext& ctx, std::vector<std::function<void(RunContext&)>>& work) {
+    std::vector<std::function<void(RunContext&)>> run = std::move(work);
+    work.clear();
+    std::vector<std::function<void(RunContext&)>>* const outer = ctx.weight_work;
+    ctx.weight_work = nullptr;  // what it runs computes now
+    for (auto& w : run) w(ctx);
+    ctx.weight_work = outer;
 }
 
 void Module::save(std::vector<Tensor> tensors) {

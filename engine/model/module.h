@@ -98,6 +98,12 @@ struct RunContext {
     // Which microbatch of the step this forward or backward is (train/schedule.h): what a forward
     // saves is popped by the backward of the same microbatch.
     int microbatch = 0;
+    // Zero-bubble's split backward (train/schedule.h's I and W actions, torch's stage_backward_input
+    // and stage_backward_weight): while set, a backward computes input gradients only and appends
+    // here, in the order one backward would run them, what computes each module's parameter
+    // gradients and its hooks' post_backward (Module::defer_weights); the W action runs the list
+    // (run_weight_work). Null: one backward computes both.
+    std::vector<std::function<void(RunContext&)>>* weight_work = nullptr;
     // Context parallelism: this rank's positions of the sequence and the cp group
     // (model/context_shard.h); null when the whole sequence is here.
     const ContextShard* context = nullptr;
@@ -182,6 +188,9 @@ public:
     // Runs the hooks and the module, and reports the output (input gradient) to ctx.observer.
     Placed forward(RunContext& ctx, const Placed& x);
     Placed backward(RunContext& ctx, const Placed& dy);
+    // A backward's parameter-gradient work (a module's, or a hook's that reads the gradients): run
+    // now, or appended to ctx.weight_work for the W action.
+    static void defer_weights(RunContext& ctx, std::function<void(RunContext&)> work);
 
     // Static: the output layout for an input layout; containers route their children through v.
     // Leaves: output_shape and out_placement. Throws LayoutError on a conflict.
@@ -266,6 +275,10 @@ private:
     Placed forward_hooked(RunContext& ctx, const Placed& x);  // hooks + the module, no checkpointing
     std::shared_ptr<ModuleHooks> hooks_;
 };
+
+// The W action: runs the parameter-gradient work a split backward appended, in order, as
+// microbatch ctx.microbatch's (and empties the list).
+void run_weight_work(RunContext& ctx, std::vector<std::function<void(RunContext&)>>& work);
 
 // Walks the tree in registration order: fn(full_name, parameter). Shared objects appear under every name.
 void for_each_param(const Module& root, const std::function<void(const std::string&, const ParamPtr&)>& fn,

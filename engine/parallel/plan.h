@@ -99,8 +99,9 @@ struct DataParallelSpec {
 // The order a pipeline runs its microbatches in (train/schedule.h): accumulation is one stage's
 // F0 B0 F1 B1 ...; gpipe every forward, then every backward; 1f1b torch's Schedule1F1B;
 // interleaved_1f1b torch's ScheduleInterleaved1F1B (Megatron's virtual pipeline stages).
-enum class ScheduleKind { accumulation, gpipe, one_f_one_b, interleaved_one_f_one_b };
-const char* schedule_kind_name(ScheduleKind k);  // "accumulation", "gpipe", "1f1b", "interleaved_1f1b"
+enum class ScheduleKind { accumulation, gpipe, one_f_one_b, interleaved_one_f_one_b, zero_bubble };
+// "accumulation", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"
+const char* schedule_kind_name(ScheduleKind k);
 
 // pipeline_parallel: the model's layers in stages, one per rank of the pp dim (virtual_stages
 // per rank under interleaved_1f1b, stage s on rank s mod pp), as torch.distributed.pipelining runs
@@ -121,7 +122,7 @@ struct PipelineSpec {
     // of the tp dim goes between stages as each tp rank's 1/tp of its elements, all_gathered over tp
     // after the receive (train/run_stage.cpp). false (torch's pipelining): each rank sends it whole.
     bool scatter_gather = false;
-    SourceLocation where, split_where, microbatches_where, scatter_gather_where;
+    SourceLocation where, split_where, microbatches_where, scatter_gather_where, schedule_where;
 };
 
 // context_parallel: the batch's sequence split over the ranks of its dim for the whole model, as

@@ -310,23 +310,36 @@ void parse_pipeline(const YamlNode& node, Plan& plan, RoleClaims& claims) {
             {"interleaved_1f1b", ScheduleKind::interleaved_one_f_one_b},
             {"GPipe", ScheduleKind::gpipe},
             {"1F1B", ScheduleKind::one_f_one_b},
-            {"Interleaved1F1B", ScheduleKind::interleaved_one_f_one_b}};
+            {"Interleaved1F1B", ScheduleKind::interleaved_one_f_one_b},
+            {"zero_bubble", ScheduleKind::zero_bubble},
+            {"InterleavedZeroBubble", ScheduleKind::zero_bubble}};
         const std::string name = v->as_string("'schedule'");
+        if (name == "ZBVZeroBubble" || name == "DualPipeV" || name == "zbv" || name == "dualpipev")
+            v->fail(
+                fmt::format("schedule '{}' (torch's V placement, two stages per rank) is not run yet: "
+                            "zero_bubble (torch's InterleavedZeroBubble) is; docs/zero_bubble.md",
+                            name));
         auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == name; });
         if (it == kinds.end())
-            v->fail(fmt::format("unknown schedule '{}'{} (gpipe, 1f1b or interleaved_1f1b)", name,
-                                did_you_mean(name, {"gpipe", "1f1b", "interleaved_1f1b"})));
+            v->fail(fmt::format("unknown schedule '{}'{} (gpipe, 1f1b, interleaved_1f1b or zero_bubble)",
+                                name,
+                                did_you_mean(name, {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"})));
         s.schedule = it->second;
+        s.schedule_where = v->where();
     }
     const bool interleaved = s.schedule == ScheduleKind::interleaved_one_f_one_b;
+    const bool zero_bubble = s.schedule == ScheduleKind::zero_bubble;  // one stage per rank by default
     if (interleaved) s.virtual_stages = 2;
     if (auto v = pm.get("virtual_stages")) {
         const int64_t n = v->as_positive_int("'virtual_stages'");
-        if (!interleaved)
+        if (!interleaved && !zero_bubble)
             v->fail(
-                fmt::format("virtual_stages {} needs schedule interleaved_1f1b: {} runs one stage per rank",
+                fmt::format("virtual_stages {} needs schedule interleaved_1f1b or zero_bubble: {} runs one "
+                            "stage per rank",
                             n, schedule_kind_name(s.schedule)));
-        if (n < 2 || n > 64)
+        if (zero_bubble && n > 64)
+            v->fail(fmt::format("virtual_stages {} is over the limit of 64", n));
+        else if (!zero_bubble && (n < 2 || n > 64))
             v->fail(
                 fmt::format("virtual_stages {} must be in [2, 64]: interleaved_1f1b holds two stages per "
                             "rank or more (one is 1f1b)",

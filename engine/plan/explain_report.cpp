@@ -33,12 +33,13 @@ std::vector<std::string> describe_dims(const Plan& plan) {
 
 namespace {
 
-// The most microbatches a stage has run forward and not yet backward, in its list.
+// The most microbatches a stage has run forward and not yet backward, in its list (a split
+// backward's microbatch until its W).
 int most_in_flight(const std::vector<Action>& list) {
     int now = 0, most = 0;
     for (const Action& a : list) {
         if (a.kind == ActionKind::forward) most = std::max(most, ++now);
-        if (a.kind == ActionKind::backward) --now;
+        if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) --now;
     }
     return most;
 }

@@ -59,7 +59,7 @@ std::vector<double> in_flight_at_most(const std::vector<ActionWork>& actions, in
         const Action& a = aw.actions.front();
         if (a.kind == ActionKind::forward)
             ++now[a.stage], ++total;
-        else if (a.kind == ActionKind::backward)
+        else if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight)
             --now[a.stage], --total;
         else
             continue;

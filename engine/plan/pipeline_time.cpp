@@ -9,7 +9,7 @@ namespace ptool {
 namespace {
 
 bool is_work(const Action& a) {
-    return a.kind == ActionKind::forward || a.kind == ActionKind::backward;
+    return a.kind == ActionKind::forward || a.is_backward();  // B, or a split backward's I and W
 }
 
 // Each p2p action's partner, as (rank, entry), resolved once through one flat table of every

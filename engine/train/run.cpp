@@ -413,10 +413,18 @@ void Run::drop_torch_output(StepState& st) {
 // A microbatch's backward on stage s from its loss's gradient (the last stage) or the one the next
 // stage sent (or handed back, on this rank); what its forward kept goes, but the output and the
 // loss, which the step returns, and the input's gradient a stage sends back (or hands back).
-void Run::backward(StepState& st, int s, int m) {
+void Run::backward(StepState& st, int s, int m, bool input_only) {
     auto it = st.inflight.find({s, m});
     PTOOL_REQUIRE(it != st.inflight.end(), "backward of microbatch {} on stage {} without its forward", m, s);
+    if (input_only && s == 0) {  // no input gradient to send: torch's I does nothing here, its W all
+        const bool fresh = st.pending_weights.emplace(std::pair{s, m}, StepState::PendingWeights{}).second;
+        PTOOL_REQUIRE(fresh, "I{}@{} runs twice", s, m);
+        st.pending_weights.at({s, m}).whole = true;
+        return;
+    }
     Inflight& f = it->second;
+    std::vector<std::function<void(RunContext&)>> work;
+    if (input_only) f.ctx.weight_work = &work;
     if (s + 1 < stages_) {
         auto g = st.received_grads.find({s, m});
         PTOOL_REQUIRE(g != st.received_grads.end(),
@@ -437,6 +445,13 @@ void Run::backward(StepState& st, int s, int m) {
         else if (s > 0)  // the stage before is on this rank: handed back
             st.received_grads[{s - 1, m}] = std::move(dx);
     }
+    if (input_only) {
+        f.ctx.weight_work = nullptr;
+        const bool fresh =
+            st.pending_weights.emplace(std::pair{s, m}, StepState::PendingWeights{f.ctx, std::move(work)})
+                .second;
+        PTOOL_REQUIRE(fresh, "I{}@{} runs twice", s, m);
+    }
     if (s + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value, f.aux_scaled};
     // PyTorch's loop holds the microbatch's output (its `out`) past its backward, to the step's end
     // or the next microbatch's forward: a stand-in where ptool's own kept output is its copy in the
@@ -452,6 +467,18 @@ void Run::backward(StepState& st, int s, int m) {
         drop_torch_output(st);
         st.torch_output = torch_only(stand_in->first, stand_in->second, MemoryUse::activations);
     }
+}
+
+// A microbatch's W: the parameter-gradient work its I left, in the order one backward runs it, with
+// the hooks' post_backward (tp's reductions of partial gradients); the first stage's whole backward.
+void Run::backward_weight(StepState& st, int s, int m) {
+    auto it = st.pending_weights.find({s, m});
+    PTOOL_REQUIRE(it != st.pending_weights.end(), "W{}@{} before its I", s, m);
+    StepState::PendingWeights pending = std::move(it->second);
+    st.pending_weights.erase(it);
+    if (pending.whole) return backward(st, s, m);
+    MemoryUseScope use(MemoryUse::activations);
+    run_weight_work(pending.ctx, pending.work);
 }
 
 double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params) {
@@ -533,10 +560,15 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
                 backward(st, a.stage, a.microbatch);
                 break;
             case ActionKind::backward_input:
-            case ActionKind::backward_weight:  // docs/zero_bubble.md 3.7: a later commit runs them
-                PTOOL_REQUIRE(false, "{}: the split backward (I and W) is not run yet", a.str());
+                backward(st, a.stage, a.microbatch, true);
+                break;
+            case ActionKind::backward_weight:
+                backward_weight(st, a.stage, a.microbatch);
                 break;
             case ActionKind::grad_sync:
+                PTOOL_REQUIRE(st.pending_weights.empty(), "the gradient sync before W{}@{}",
+                              st.pending_weights.begin()->first.first,
+                              st.pending_weights.begin()->first.second);
                 if (mixed_precision_) mixed_precision_->to_masters();
                 sync_context_gradients(params, cp_reduce(), *cp_, [this](const Parameter* p) {
                     return plan_.dims.cp_shards_params() && data_parallel_->placement(p).is_shard();

@@ -214,6 +214,15 @@ private:
         // a pipeline stage's: its inputs received (or handed on by the stage before on this rank),
         // its outputs' gradients received (or handed back), its inputs' gradients to send back
         std::map<std::pair<int, int>, Placed> received, received_grads, to_send_back;
+        // zero_bubble: a microbatch's W (keyed by stage, microbatch) after its I: the backward's
+        // context and the parameter-gradient work its I appended (model/module.h weight_work), or
+        // `whole` for the first stage, whose I does nothing and W the whole backward (torch's)
+        struct PendingWeights {
+            RunContext ctx;
+            std::vector<std::function<void(RunContext&)>> work;
+            bool whole = false;
+        };
+        std::map<std::pair<int, int>, PendingWeights> pending_weights;
         // the framework tally's (core/framework_memory.h) model output of the latest microbatch,
         // held to the step's end as a loop that keeps the model's return value does (`out =
         // model(...); out.loss.backward(); opt.step()`): a meta stand-in, no bytes
@@ -222,7 +231,9 @@ private:
     struct Held;
     const Held& held(int stage) const;
     void forward(StepState& st, int s, int m);
-    void backward(StepState& st, int s, int m);
+    // One backward (B), or its input-gradient half (I: `input_only`), the W then by backward_weight.
+    void backward(StepState& st, int s, int m, bool input_only = false);
+    void backward_weight(StepState& st, int s, int m);
     static void drop_torch_output(StepState& st);
     void exchange(StepState& st, const std::vector<Action>& actions);
     // This rank's first row of microbatch m in the step's batch.

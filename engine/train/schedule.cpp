@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "train/schedule_ops.h"
+#include "train/zero_bubble_schedule.h"
 
 namespace ptool {
 
@@ -155,6 +156,11 @@ Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int 
     if (kind == ScheduleKind::accumulation) {
         PTOOL_REQUIRE(stages == 1, "the accumulation schedule has one stage, not {}", stages);
         return accumulation_schedule(microbatches * rounds);
+    }
+    if (kind == ScheduleKind::zero_bubble) {  // torch's order for one round (the plan's check: one)
+        PTOOL_REQUIRE(rounds == 1 && stages % virtual_stages == 0,
+                      "zero_bubble: {} stages in {} per rank, {} rounds", stages, virtual_stages, rounds);
+        return interleaved_zero_bubble_schedule(stages / virtual_stages, virtual_stages, microbatches);
     }
     const bool interleaved = kind == ScheduleKind::interleaved_one_f_one_b;
     PTOOL_REQUIRE(interleaved || virtual_stages == 1, "{} runs one stage per rank, not {}",

@@ -221,10 +221,12 @@ void add_send_recv(Schedule& sch, const Lists& compute) {
     for (std::vector<Action>& list : sch.ranks) step_end(list);
 }
 
-Schedule lowered(const char* name, int pp, int v, int m, std::vector<int> stage_rank, const Lists& compute) {
+Schedule lowered(const char* name, int pp, int v, int m, std::vector<int> stage_rank, const Lists& compute,
+                 ScheduleKind kind = ScheduleKind::interleaved_one_f_one_b) {
     Schedule sch;
-    // no ScheduleKind names them yet: the nearest (stages in a list per rank), torch_name says which
-    sch.torch_name = name, sch.kind = ScheduleKind::interleaved_one_f_one_b;
+    // ZBV and DualPipeV have no ScheduleKind yet (no plan runs them): the nearest (stages in a list
+    // per rank), torch_name says which
+    sch.torch_name = name, sch.kind = kind;
     sch.stages = pp * v, sch.microbatches = m, sch.stage_rank = std::move(stage_rank);
     sch.ranks.resize(static_cast<size_t>(pp));
     add_send_recv(sch, compute);
@@ -254,7 +256,8 @@ Schedule interleaved_zero_bubble_schedule(int pp, int v, int m) {
                         rounds, m));
     Lists compute;
     for (int r = 0; r < pp; ++r) compute.push_back(zero_bubble_rank(r, pp, v, m));
-    return lowered("InterleavedZeroBubble", pp, v, m, loop_stage_rank(pp, pp * v), compute);
+    return lowered("InterleavedZeroBubble", pp, v, m, loop_stage_rank(pp, pp * v), compute,
+                   ScheduleKind::zero_bubble);
 }
 
 Schedule zbv_zero_bubble_schedule(int pp, int v, int m) {

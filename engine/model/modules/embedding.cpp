@@ -78,7 +78,9 @@ Tensor Embedding::forward_impl(RunContext& ctx, const Tensor& ids) {
 
 Tensor Embedding::backward_impl(RunContext& ctx, const Tensor& dy) {
     const Tensor ids = restore()[0];
-    ctx.backend->embedding_backward(ids, dy, param("weight")->grad);
+    defer_weights(ctx, [ids, dy, w = param("weight")](RunContext& c) {
+        c.backend->embedding_backward(ids, dy, w->grad);
+    });
     return Tensor();  // ids have no gradient
 }
 

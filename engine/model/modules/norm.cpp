@@ -150,8 +150,19 @@ Tensor Norm::backward_impl(RunContext& ctx, const Tensor& dy) {
     }
     Tensor dx = empty_like(dy);
     ParamPtr w = param("weight"), b = param("bias");
-    ctx.backend->layer_norm_backward(s[0], w ? w->value : Tensor(), s[1], s[2], dy, rms(), dx,
-                                     w ? &w->grad : nullptr, b ? &b->grad : nullptr);
+    if (!ctx.weight_work || !w) {  // one backward: dx, dw and db in the one kernel
+        ctx.backend->layer_norm_backward(s[0], w ? w->value : Tensor(), s[1], s[2], dy, rms(), dx,
+                                         w ? &w->grad : nullptr, b ? &b->grad : nullptr);
+        return dx;
+    }
+    // split: dx now; dw and db later by the same kernel (its dx then discarded), so each is what
+    // the one backward computes, bit for bit
+    ctx.backend->layer_norm_backward(s[0], w->value, s[1], s[2], dy, rms(), dx, nullptr, nullptr);
+    defer_weights(ctx, [s, dy, w, b, rms = rms()](RunContext& c) {
+        Tensor discarded = empty_like(dy);
+        c.backend->layer_norm_backward(s[0], w->value, s[1], s[2], dy, rms, discarded, &w->grad,
+                                       b ? &b->grad : nullptr);
+    });
     return dx;
 }
 
@@ -249,13 +260,15 @@ Tensor BatchNorm::backward_impl(RunContext& ctx, const Tensor& dy) {
     ctx.backend->batch_norm_grad_sums(s[0], s[1], s[2], dy, sum_dy_d, sum_dy_xhat_d);
     Tensor sum_dy = on_host(sum_dy_d), sum_dy_xhat = on_host(sum_dy_xhat_d);
     ParamPtr w = param("weight"), b = param("bias");
-    Tensor wg = on_host(w->grad), bg = on_host(b->grad);
-    for (int64_t c = 0; c < features_; ++c) {
-        wg.set(c, wg.item(c) + sum_dy_xhat.item(c));
-        bg.set(c, bg.item(c) + sum_dy.item(c));
-    }
-    write_back(w->grad, wg);
-    write_back(b->grad, bg);
+    defer_weights(ctx, [this, sum_dy, sum_dy_xhat, w, b](RunContext&) {
+        Tensor wg = on_host(w->grad), bg = on_host(b->grad);
+        for (int64_t c = 0; c < features_; ++c) {
+            wg.set(c, wg.item(c) + sum_dy_xhat.item(c));
+            bg.set(c, bg.item(c) + sum_dy.item(c));
+        }
+        write_back(w->grad, wg);
+        write_back(b->grad, bg);
+    });
     double count = static_cast<double>(dy.size(0));
     if (sync_ && sync_->size() > 1) {  // the input gradient needs the sums over the global batch
         Tensor sums({2 * features_}, sd);

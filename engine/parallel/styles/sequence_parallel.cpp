@@ -13,9 +13,13 @@ public:
 
 protected:
     void start_backward(RunContext& ctx, Module& m, const Placed&) override {
-        std::vector<Tensor> before;  // this call's contribution is what its backward adds to the grads
-        for (const auto& e : m.params()) before.push_back(e.param->grad.clone());
-        before_.push(ctx.microbatch, std::move(before));
+        // this call's contribution is what its backward adds to the grads: taken where that adds
+        // them (a split backward's W, after other microbatches' Ws may have added theirs)
+        Module::defer_weights(ctx, [this, &m](RunContext& c) {
+            std::vector<Tensor> before;
+            for (const auto& e : m.params()) before.push_back(e.param->grad.clone());
+            before_.push(c.microbatch, std::move(before));
+        });
     }
     std::vector<Tensor> grad_pieces(RunContext& ctx, Module& m) override {
         std::vector<Tensor> before = before_.pop(ctx.microbatch), pieces;

@@ -1,0 +1,146 @@
+// zero_bubble (torch's ScheduleInterleavedZeroBubble) run on rank threads: each microbatch's backward
+// split into I (input gradients, sent upstream) and W (parameter gradients, later), the first stage's
+// I empty and its W the whole backward, as torch's stage does. Every rank's parameters, losses and
+// gradient norms after two steps are bit for bit those of the same pipeline under 1F1B (one stage per
+// rank) or interleaved 1F1B (two): the Ws come in microbatch order on every stage. verify passes it
+// against the one-device reference, and the plans it cannot run yet are exit 2 at their keys.
+#include "comm/comm_threads.h"
+#include "test_helpers.h"
+#include "train/run.h"
+#include "verify/verify.h"
+
+using namespace ptool;
+
+namespace test_zero_bubble_run {
+
+namespace {
+
+struct RankState {
+    std::vector<Tensor> params;
+    std::vector<double> losses, norms;
+};
+
+RunInputs inputs(const std::string& model) {
+    RunInputs in;
+    in.model_path = PTOOL_SOURCE_DIR "/" + model;
+    in.model_text = read_text(in.model_path);
+    return in;
+}
+
+std::vector<RankState> run_two_steps(const std::string& model, const std::string& plan_text) {
+    const RunInputs in = inputs(model);
+    const Plan plan = load_plan_text(plan_text, "plan.yaml");
+    std::vector<RankState> out(static_cast<size_t>(plan.world_size()));
+    run_rank_threads(plan.world_size(), CommOptions{}, [&](Communicator& w) {
+        RankState& r = out[static_cast<size_t>(w.rank())];
+        Run run(in, plan, w);
+        for (int64_t k = 0; k < 2; ++k) {
+            const StepOutput s = run.step(k);
+            r.losses.push_back(s.loss), r.norms.push_back(s.grad_norm);
+        }
+        for_each_param(*run.model().root,
+                       [&](const std::string&, const ParamPtr& p) { r.params.push_back(p->value.clone()); });
+    });
+    return out;
+}
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    return text.replace(at, from.size(), to);
+}
+
+const char* const kLlamaTpSp = "tests/data/pipeline/llama_rope_pp2_tp2_sp.yaml";
+
+}  // namespace
+
+TEST_CASE("zero_bubble gives 1F1B's and interleaved 1F1B's steps bit for bit", "[cpu][schedule]") {
+    const std::string llama_tp = read_text(PTOOL_SOURCE_DIR "/" + std::string(kLlamaTpSp));
+    const struct {
+        const char* what;
+        std::string model, plan, reference;
+    } cases[] = {
+        {"an MLP in 2 stages, 4 microbatches", "models/mlp_stacked_mse.yaml",
+         "mesh: {pp: 2}\npipeline_parallel: {split_points: [layers.1], schedule: zero_bubble, microbatches: "
+         "4}\n",
+         "mesh: {pp: 2}\npipeline_parallel: {split_points: [layers.1], schedule: 1f1b, microbatches: 4}\n"},
+        {"an MLP of 8 blocks in 4 stages on 2 ranks (v 2), 4 microbatches",
+         "tests/data/models/mlp_stacked_8.yaml",
+         "mesh: {pp: 2}\npipeline_parallel: {schedule: zero_bubble, virtual_stages: 2, microbatches: 4}\n",
+         "mesh: {pp: 2}\npipeline_parallel: {schedule: interleaved_1f1b, virtual_stages: 2, microbatches: "
+         "4}\n"},
+        {"Llama with tp 2, sequence parallel and loss_parallel, AdamW and clipping", "models/llama_rope.yaml",
+         replaced(replaced(llama_tp, "schedule: 1f1b, microbatches: 2}",
+                           "schedule: zero_bubble, microbatches: 4}"),
+                  "mesh: {pp: 2, tp: 2}", "mesh: {pp: 2, tp: 2}\ngradient_accumulation: 1"),
+         replaced(replaced(llama_tp, "microbatches: 2}", "microbatches: 4}"), "mesh: {pp: 2, tp: 2}",
+                  "mesh: {pp: 2, tp: 2}\ngradient_accumulation: 1")},
+        {"Llama SFT over 2 DDP ranks", "models/llama_sft.yaml",
+         "mesh: {pp: 2, dp: 2}\ngradient_accumulation: 1\npipeline_parallel: {mesh_dim: pp, split_points: "
+         "[layers.1], schedule: zero_bubble, microbatches: 2}\ndata_parallel: {mesh_dim: dp, mode: "
+         "replicate}\n",
+         "mesh: {pp: 2, dp: 2}\ngradient_accumulation: 1\npipeline_parallel: {mesh_dim: pp, split_points: "
+         "[layers.1], schedule: 1f1b, microbatches: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n"},
+    };
+    for (const auto& c : cases) {
+        INFO(c.what);
+        const std::vector<RankState> zb = run_two_steps(c.model, c.plan),
+                                     ref = run_two_steps(c.model, c.reference);
+        REQUIRE(zb.size() == ref.size());
+        for (size_t r = 0; r < zb.size(); ++r) {
+            INFO("rank " << r);
+            CHECK(zb[r].losses == ref[r].losses);
+            CHECK(zb[r].norms == ref[r].norms);
+            REQUIRE(zb[r].params.size() == ref[r].params.size());
+            for (size_t i = 0; i < zb[r].params.size(); ++i)
+                CHECK(same_bits(zb[r].params[i], ref[r].params[i]));
+        }
+    }
+}
+
+TEST_CASE("zero_bubble: verify holds it to the one-device reference", "[cpu][schedule]") {
+    VerifyJob job;
+    job.inputs = inputs("models/llama_rope.yaml");
+    job.plans = {load_plan_text(
+        replaced(replaced(read_text(PTOOL_SOURCE_DIR "/" + std::string(kLlamaTpSp)),
+                          "schedule: 1f1b, microbatches: 2}", "schedule: zero_bubble, microbatches: 4}"),
+                 "mesh: {pp: 2, tp: 2}", "mesh: {pp: 2, tp: 2}\ngradient_accumulation: 1"),
+        "plan.yaml")};
+    const auto launch = in_process_launch(Device::cpu, CommOptions{});
+    const VerifyReport v = verify(job, *launch);
+    REQUIRE(v.plans.size() == 1);
+    CHECK(v.pass);
+}
+
+TEST_CASE("zero_bubble: what it does not run yet is exit 2 at the key", "[cpu]") {
+    const std::string head = "mesh: {pp: 2, dp: 2}\n";
+    auto load = [](const std::string& text) { return load_plan_text(text, "plan.yaml"); };
+    require_input_error(
+        [&] {
+            load(head +
+                 "data_parallel: {mesh_dim: dp, mode: fully_shard}\n"
+                 "pipeline_parallel: {mesh_dim: pp, schedule: zero_bubble, microbatches: 2}\n");
+        },
+        {"plan.yaml:3:", "zero_bubble under fully_shard is not built yet"});
+    for (const char* v : {"ZBVZeroBubble", "DualPipeV"})
+        require_input_error(
+            [&] { load("mesh: {pp: 2}\npipeline_parallel: {schedule: " + std::string(v) + "}\n"); },
+            {"plan.yaml:2:", "is not run yet", "zero_bubble (torch's InterleavedZeroBubble) is"});
+    // torch's rule: microbatches a multiple of max(1, microbatches / pp)
+    require_input_error(
+        [&] { load("mesh: {pp: 2}\npipeline_parallel: {schedule: zero_bubble, microbatches: 5}\n"); },
+        {"plan.yaml:2:", "zero_bubble: 5 microbatches must be a multiple of its rounds"});
+    CHECK(load("mesh: {pp: 2}\npipeline_parallel: {schedule: InterleavedZeroBubble, microbatches: 4}\n")
+              .pipeline->schedule == ScheduleKind::zero_bubble);
+    // one round a step: the model's gradient_accumulation 2 is refused where the plan says nothing
+    RunInputs in = inputs("models/llama_rope.yaml");
+    const Plan p = load(
+        "mesh: {pp: 2}\npipeline_parallel: {split_points: [layers.1], schedule: zero_bubble, "
+        "microbatches: 2}\n");
+    require_input_error(
+        [&] { run_rank_threads(2, CommOptions{}, [&](Communicator& w) { Run run(in, p, w); }); },
+        {"plan.yaml:2:", "zero_bubble runs one round of its schedule a step, not 2",
+         "give the pipeline 4 microbatches"});
+}
+
+}  // namespace test_zero_bubble_run
