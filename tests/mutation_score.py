@@ -341,13 +341,16 @@ def pipeline_mutants(ex, model, plan, grad_fails):
     pipe = p.get("pipeline_parallel")
     if pipe is None:
         return
-    # interleaved_1f1b: virtual_stages (2 unless given) stages per pp rank, stage s on rank s mod pp.
-    # A fault's STAGE is the stage's index, as the reports and explain number stages
+    # interleaved_1f1b: virtual_stages (2 unless given) stages per pp rank, stage s on rank s mod pp;
+    # zbv and dualpipev: 2 per rank in a V, stages s and 2 pp - 1 - s on rank s. A fault's STAGE is
+    # the stage's index, as the reports and explain number stages
     pp = p["mesh"][pipe.get("mesh_dim", "pp")]
-    stages = pp * pipe.get("virtual_stages", 2 if pipe.get("schedule") == "interleaved_1f1b" else 1)
+    v_placed = pipe.get("schedule") in ("zbv", "dualpipev", "ZBVZeroBubble", "DualPipeV")
+    two = v_placed or pipe.get("schedule") in ("interleaved_1f1b", "Interleaved1F1B")
+    stages = pp * pipe.get("virtual_stages", 2 if two else 1)
 
     def rank_of(s):
-        return s % pp
+        return min(s, stages - 1 - s) if v_placed else s % pp
 
     order = [c["fqn"] for c in ex["calls"]]
 

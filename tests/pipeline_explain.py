@@ -9,7 +9,7 @@ For every plan under tests/data/pipeline/ (each names its model in its header):
   the steady state's, or the first step's when verify runs one step);
 - explain's pipeline section names every stage, its ranks (each rank in the stages it runs), its
   first and last spine module, the microbatches it holds at once under its schedule (GPipe: a
-  round's; 1F1B: at most pp - s), and its pp rank's sends and receives per step (one per microbatch
+  round's; 1F1B: at most pp - s; a split backward's to its W), and its pp rank's sends and receives per step (one per microbatch
   and boundary of the rank's stages; of two stages, one sends what the other receives);
 - with a cluster, every rank class's step is the schedule's critical path (the same for every
   class), at least the class's own compute, with a bubble above 0 where there are two pp ranks or
@@ -80,14 +80,20 @@ with tempfile.TemporaryDirectory() as tmp:
         per_step = m * rounds  # one activation forward and one gradient back per microbatch and boundary
         for s in stages:
             k = s["stage"]
-            if pipe["schedule"] != "interleaved_1f1b":
+            if pipe["schedule"] in ("zero_bubble", "zbv", "dualpipev"):  # to each microbatch's W
+                check(1 <= s["in_flight"] <= m * v, f"{name} stage {k}: {s['in_flight']} microbatches in flight")
+            elif pipe["schedule"] != "interleaved_1f1b":
                 want = m if pipe["schedule"] == "gpipe" else min(n - k, m)
                 check(s["in_flight"] == want, f"{name} stage {k}: {s['in_flight']} microbatches in flight, expected {want}")
             else:  # a rank holds at most a round of microbatches per stage it runs
                 check(1 <= s["in_flight"] <= m * v, f"{name} stage {k}: {s['in_flight']} microbatches in flight")
-            # the sends and receives of the stage's pp rank: every boundary of its stages crosses to
-            # another rank (with more than one pp rank, s and s + 1 never share one)
-            boundaries = sum((j + 1 < n) + (j > 0) for j in range(k % pp, n, pp)) if pp > 1 else 0
+            # the sends and receives of the stage's pp rank: each boundary of its stages to a stage of
+            # another rank (the loop places stage j on rank j mod pp; the V of zbv and dualpipev j and
+            # 2 pp - 1 - j on rank j, so its last rank hands stage pp - 1's output on to stage pp)
+            v_placed = pipe["schedule"] in ("zbv", "dualpipev")
+            place = [min(j, n - 1 - j) if v_placed else j % pp for j in range(n)]
+            boundaries = sum((j + 1 < n and place[j + 1] != place[j]) + (j > 0 and place[j - 1] != place[j])
+                             for j in range(n) if place[j] == place[k])
             check(s["sends"] == per_step * boundaries and s["recvs"] == s["sends"],
                   f"{name} stage {k}: {s['sends']} sends, {s['recvs']} receives for {per_step} microbatches, "
                   f"{boundaries} boundaries")

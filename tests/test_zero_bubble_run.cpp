@@ -4,6 +4,8 @@
 // gradient norms after two steps are bit for bit those of the same pipeline under 1F1B (one stage per
 // rank) or interleaved 1F1B (two): the Ws come in microbatch order on every stage. verify passes it
 // against the one-device reference, and the plans it cannot run yet are exit 2 at their keys.
+#include <map>
+
 #include "comm/comm_threads.h"
 #include "test_helpers.h"
 #include "train/run.h"
@@ -98,6 +100,77 @@ TEST_CASE("zero_bubble gives 1F1B's and interleaved 1F1B's steps bit for bit", "
     }
 }
 
+namespace {
+
+// Every parameter of the run by name after two steps (the pp ranks hold different stages), the
+// step losses summed over the ranks (the last stage's rank has them), the gradient norms of rank 0.
+struct ByName {
+    std::map<std::string, Tensor> params;
+    std::vector<double> losses, norms;
+};
+
+ByName run_by_name(const std::string& model, const std::string& plan_text) {
+    const RunInputs in = inputs(model);
+    const Plan plan = load_plan_text(plan_text, "plan.yaml");
+    const int world = plan.world_size();
+    std::vector<std::map<std::string, Tensor>> params(static_cast<size_t>(world));
+    std::vector<std::vector<double>> losses(static_cast<size_t>(world)), norms(losses);
+    run_rank_threads(world, CommOptions{}, [&](Communicator& w) {
+        const size_t r = static_cast<size_t>(w.rank());
+        Run run(in, plan, w);
+        for (int64_t k = 0; k < 2; ++k) {
+            const StepOutput s = run.step(k);
+            losses[r].push_back(s.loss), norms[r].push_back(s.grad_norm);
+        }
+        for (const auto& [name, p] : run.model().named_parameters()) params[r][name] = p->value.clone();
+    });
+    ByName out;
+    out.norms = norms[0];
+    out.losses.assign(2, 0.0);
+    for (size_t r = 0; r < params.size(); ++r) {
+        out.params.insert(params[r].begin(), params[r].end());
+        for (size_t k = 0; k < 2; ++k) out.losses[k] += losses[r][k];
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("zbv and dualpipev: the V placement gives interleaved 1F1B's parameters bit for bit",
+          "[cpu][schedule]") {
+    // 4 stages on 2 ranks: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2 (the V); interleaved
+    // 1F1B holds 0 and 2, 1 and 3 (the loop). The same stages, each its Ws in microbatch order.
+    const std::string mlp = "tests/data/models/mlp_stacked_8.yaml", llama = "models/llama_rope.yaml";
+    const std::string llama_split = "split_points: [layers.0, layers.1, norm], ";
+    const struct {
+        std::string model, split, schedule;
+        int microbatches;
+    } cases[] = {
+        {mlp, "", "zbv", 2},
+        {mlp, "", "zbv", 4},
+        {mlp, "", "dualpipev", 4},
+        {mlp, "", "dualpipev", 8},
+        {llama, llama_split, "zbv", 4},
+        {llama, llama_split, "dualpipev", 4},
+    };
+    for (const auto& c : cases) {
+        INFO(c.model << " " << c.schedule << " " << c.microbatches << " microbatches");
+        const std::string head = "mesh: {pp: 2}\ngradient_accumulation: 1\npipeline_parallel: {" + c.split;
+        const std::string tail = ", microbatches: " + std::to_string(c.microbatches) + "}\n";
+        const ByName v = run_by_name(c.model, head + "schedule: " + c.schedule + tail);
+        const ByName loop =
+            run_by_name(c.model, head + "schedule: interleaved_1f1b, virtual_stages: 2" + tail);
+        CHECK(v.losses == loop.losses);
+        CHECK(v.norms == loop.norms);
+        REQUIRE(v.params.size() == loop.params.size());
+        for (const auto& [name, t] : loop.params) {
+            INFO(name);
+            REQUIRE(v.params.count(name));
+            CHECK(same_bits(v.params.at(name), t));
+        }
+    }
+}
+
 TEST_CASE("zero_bubble: verify holds it to the one-device reference", "[cpu][schedule]") {
     VerifyJob job;
     job.inputs = inputs("models/llama_rope.yaml");
@@ -122,10 +195,16 @@ TEST_CASE("zero_bubble: what it does not run yet is exit 2 at the key", "[cpu]")
                  "pipeline_parallel: {mesh_dim: pp, schedule: zero_bubble, microbatches: 2}\n");
         },
         {"plan.yaml:3:", "zero_bubble under fully_shard is not built yet"});
-    for (const char* v : {"ZBVZeroBubble", "DualPipeV"})
-        require_input_error(
-            [&] { load("mesh: {pp: 2}\npipeline_parallel: {schedule: " + std::string(v) + "}\n"); },
-            {"plan.yaml:2:", "is not run yet", "zero_bubble (torch's InterleavedZeroBubble) is"});
+    require_input_error(
+        [&] {
+            load("mesh: {pp: 2}\npipeline_parallel: {schedule: zbv, virtual_stages: 3, microbatches: 4}\n");
+        },
+        {"plan.yaml:2:", "virtual_stages 3: zbv holds exactly 2 stages per rank"});
+    require_input_error(
+        [&] { load("mesh: {pp: 2}\npipeline_parallel: {schedule: DualPipeV, microbatches: 3}\n"); },
+        {"plan.yaml:2:", "dualpipev needs at least as many microbatches as stages: 3"});
+    CHECK(load("mesh: {pp: 2}\npipeline_parallel: {schedule: ZBVZeroBubble, microbatches: 2}\n")
+              .pipeline->schedule == ScheduleKind::zbv);
     // torch's rule: microbatches a multiple of max(1, microbatches / pp)
     require_input_error(
         [&] { load("mesh: {pp: 2}\npipeline_parallel: {schedule: zero_bubble, microbatches: 5}\n"); },

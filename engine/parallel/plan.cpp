@@ -22,6 +22,10 @@ const char* schedule_kind_name(ScheduleKind k) {
             return "interleaved_1f1b";
         case ScheduleKind::zero_bubble:
             return "zero_bubble";
+        case ScheduleKind::zbv:
+            return "zbv";
+        case ScheduleKind::dualpipev:
+            return "dualpipev";
     }
     return "?";
 }
@@ -54,6 +58,14 @@ void Plan::resize_mesh(const std::string& name, int size, const std::string& fla
 
 int Plan::pipeline_stages() const {
     return pipeline ? dims.size(DimRole::pp) * pipeline->virtual_stages : 1;
+}
+
+bool splits_backward(ScheduleKind k) {
+    return k == ScheduleKind::zero_bubble || v_placed(k);
+}
+
+bool v_placed(ScheduleKind k) {
+    return k == ScheduleKind::zbv || k == ScheduleKind::dualpipev;
 }
 
 int Plan::microbatches_per_round() const {
@@ -91,17 +103,24 @@ void check_pipeline_counts(const Plan& plan) {
                          fmt::format("interleaved_1f1b runs microbatches in rounds of the {} pp ranks: {} "
                                      "microbatches is no multiple of {}",
                                      pp, m, pp));
-    if (s.schedule != ScheduleKind::zero_bubble) return;
-    if (const int rounds = std::max(1, m / pp); m % rounds != 0)  // torch's ScheduleInterleavedZeroBubble
+    if (!splits_backward(s.schedule)) return;
+    if (s.schedule == ScheduleKind::dualpipev && m < 2 * pp)  // torch's ScheduleDualPipeV
+        throw InputError(at, fmt::format("dualpipev needs at least as many microbatches as stages: {} "
+                                         "microbatches for {} stages on {} pp ranks (torch's rule)",
+                                         m, 2 * pp, pp));
+    if (const int rounds = std::max(1, m / pp);
+        s.schedule == ScheduleKind::zero_bubble && m % rounds != 0)  // torch's ScheduleInterleavedZeroBubble
         throw InputError(at, fmt::format("zero_bubble: {} microbatches must be a multiple of its rounds, "
                                          "max(1, microbatches / {} pp ranks) = {} (torch's rule)",
                                          m, pp, rounds));
     // FSDP2 keeps one unsharded gradient per unit: a microbatch's W would find another's
     if (plan.data_parallel && plan.data_parallel->mode == DataParallelMode::fully_shard)
-        throw InputError(s.schedule_where,
-                         "zero_bubble under fully_shard is not built yet: a unit's unsharded gradients "
-                         "between a microbatch's I and its W (docs/zero_bubble.md 3.4); replicate (DDP) "
-                         "and ZeRO run with it");
+        throw InputError(
+            s.schedule_where,
+            fmt::format("{} under fully_shard is not built yet: a unit's unsharded gradients "
+                        "between a microbatch's I and its W (docs/zero_bubble.md 3.4); replicate "
+                        "(DDP) and ZeRO run with it",
+                        schedule_kind_name(s.schedule)));
 }
 
 void check_microbatches(const Plan& plan, const Model& model) {
@@ -116,13 +135,14 @@ void check_microbatches(const Plan& plan, const Model& model) {
                         rounds, rows));
     if (plan.pipeline) {  // the step's microbatches: gradient_accumulation rounds of the pipeline's
         const PipelineSpec& pp = *plan.pipeline;
-        if (pp.schedule == ScheduleKind::zero_bubble && rounds > 1)  // torch's order is of one round
+        if (splits_backward(pp.schedule) && rounds > 1)  // torch's order is of one round
             throw InputError(
                 planned ? plan.gradient_accumulation_where : pp.schedule_where,
-                fmt::format("zero_bubble runs one round of its schedule a step, not {} "
+                fmt::format("{} runs one round of its schedule a step, not {} "
                             "(gradient_accumulation{}): give the pipeline {} microbatches "
                             "instead",
-                            rounds, planned ? "" : ", the model's", rounds * plan.microbatches_per_round()));
+                            schedule_kind_name(pp.schedule), rounds, planned ? "" : ", the model's",
+                            rounds * plan.microbatches_per_round()));
         const int64_t m = plan.microbatches_per_round(), microbatches = rounds * m;
         // the plan's rounds are blamed where the pipeline's microbatches alone would fit
         const bool fit_alone = rows % m == 0 && (rows / m) % data == 0;

@@ -99,9 +99,21 @@ struct DataParallelSpec {
 // The order a pipeline runs its microbatches in (train/schedule.h): accumulation is one stage's
 // F0 B0 F1 B1 ...; gpipe every forward, then every backward; 1f1b torch's Schedule1F1B;
 // interleaved_1f1b torch's ScheduleInterleaved1F1B (Megatron's virtual pipeline stages).
-enum class ScheduleKind { accumulation, gpipe, one_f_one_b, interleaved_one_f_one_b, zero_bubble };
-// "accumulation", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"
+enum class ScheduleKind {
+    accumulation,
+    gpipe,
+    one_f_one_b,
+    interleaved_one_f_one_b,
+    zero_bubble,
+    zbv,
+    dualpipev
+};
+// "accumulation", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev"
 const char* schedule_kind_name(ScheduleKind k);
+// The schedules that split each backward into I and W (docs/zero_bubble.md).
+bool splits_backward(ScheduleKind k);
+// Two stages per rank in a V (stages s and 2 pp - 1 - s on rank s: zbv, dualpipev), not the loop.
+bool v_placed(ScheduleKind k);
 
 // pipeline_parallel: the model's layers in stages, one per rank of the pp dim (virtual_stages
 // per rank under interleaved_1f1b, stage s on rank s mod pp), as torch.distributed.pipelining runs

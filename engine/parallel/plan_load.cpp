@@ -312,27 +312,32 @@ void parse_pipeline(const YamlNode& node, Plan& plan, RoleClaims& claims) {
             {"1F1B", ScheduleKind::one_f_one_b},
             {"Interleaved1F1B", ScheduleKind::interleaved_one_f_one_b},
             {"zero_bubble", ScheduleKind::zero_bubble},
-            {"InterleavedZeroBubble", ScheduleKind::zero_bubble}};
+            {"InterleavedZeroBubble", ScheduleKind::zero_bubble},
+            {"zbv", ScheduleKind::zbv},
+            {"ZBVZeroBubble", ScheduleKind::zbv},
+            {"dualpipev", ScheduleKind::dualpipev},
+            {"DualPipeV", ScheduleKind::dualpipev}};
         const std::string name = v->as_string("'schedule'");
-        if (name == "ZBVZeroBubble" || name == "DualPipeV" || name == "zbv" || name == "dualpipev")
-            v->fail(
-                fmt::format("schedule '{}' (torch's V placement, two stages per rank) is not run yet: "
-                            "zero_bubble (torch's InterleavedZeroBubble) is; docs/zero_bubble.md",
-                            name));
         auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == name; });
         if (it == kinds.end())
-            v->fail(fmt::format("unknown schedule '{}'{} (gpipe, 1f1b, interleaved_1f1b or zero_bubble)",
-                                name,
-                                did_you_mean(name, {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"})));
+            v->fail(fmt::format(
+                "unknown schedule '{}'{} (gpipe, 1f1b, interleaved_1f1b, zero_bubble, zbv or dualpipev)",
+                name,
+                did_you_mean(name,
+                             {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev"})));
         s.schedule = it->second;
         s.schedule_where = v->where();
     }
     const bool interleaved = s.schedule == ScheduleKind::interleaved_one_f_one_b;
     const bool zero_bubble = s.schedule == ScheduleKind::zero_bubble;  // one stage per rank by default
-    if (interleaved) s.virtual_stages = 2;
+    if (interleaved || v_placed(s.schedule)) s.virtual_stages = 2;
     if (auto v = pm.get("virtual_stages")) {
         const int64_t n = v->as_positive_int("'virtual_stages'");
-        if (!interleaved && !zero_bubble)
+        if (v_placed(s.schedule) && n != 2)
+            v->fail(
+                fmt::format("virtual_stages {}: {} holds exactly 2 stages per rank, in a V (torch's rule)", n,
+                            schedule_kind_name(s.schedule)));
+        if (!interleaved && !zero_bubble && !v_placed(s.schedule))
             v->fail(
                 fmt::format("virtual_stages {} needs schedule interleaved_1f1b or zero_bubble: {} runs one "
                             "stage per rank",

@@ -15,7 +15,9 @@ int nccl_communicators(const Plan& plan, int rank) {
     const int pp = dims.size(DimRole::pp);
     if (pp > 1) {
         const int s = DeviceMesh::coords_of(rank, dims.mesh())[dims.index(DimRole::pp)];
-        const bool wraps = plan.pipeline && plan.pipeline->virtual_stages > 1;
+        // the loop's last rank sends on to rank 0's next stage; the V turns on its last rank
+        const bool wraps =
+            plan.pipeline && plan.pipeline->virtual_stages > 1 && !v_placed(plan.pipeline->schedule);
         std::set<int> peers;
         for (int peer : {s - 1, s + 1})
             if (peer >= 0 && peer < pp)

@@ -58,7 +58,7 @@ void explain_stages(ExplainReport& r) {
         StageExplain st;
         st.stage = static_cast<int>(s);
         st.first = names[ranges[s].begin], st.last = names[ranges[s].end - 1];
-        const int rank = static_cast<int>(s) % p;
+        const int rank = schedule.rank_of(static_cast<int>(s));
         st.in_flight = most_in_flight(schedule.ranks[rank]);
         for (const PredictedRank& pr : r.memory) {
             if (DeviceMesh::coords_of(pr.ranks.front(), plan.mesh())[pp_dim] != rank) continue;

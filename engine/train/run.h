@@ -258,7 +258,8 @@ private:
     void mark_root_hooks();
     void apply_mixed_precision();
     void build_schedule();
-    void tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges, int pp);
+    void tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges,
+                           const std::vector<int>& placed);  // placed: each stage's pp rank
     void sync_tied_gradients();
     double clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params);
     // How the cp ranks' gradients combine: summed for a sum loss and under global_tokens, else

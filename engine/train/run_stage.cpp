@@ -40,7 +40,9 @@ void Run::keep_own_stage() {
     };
     std::vector<StageRange> mine;
     held_.clear();
-    for (int s = stage_; s < stages_; s += pp) {
+    const std::vector<int> placed = stage_placement(plan_.pipeline->schedule, pp, stages_);
+    for (int s = 0; s < stages_; ++s) {
+        if (placed[static_cast<size_t>(s)] != stage_) continue;
         const StageRange r = ranges[s];
         Held h;
         h.index = s;
@@ -56,7 +58,7 @@ void Run::keep_own_stage() {
     for (size_t i = 0; i < named.size(); ++i) param_order_[named[i].second.get()] = static_cast<int64_t>(i);
     if (plan_.pipeline->virtual_stages > 1)
         for (const auto& [name, t] : model_.state_dict()) model_state_names_.push_back(name);
-    tie_across_stages(spine, ranges, pp);
+    tie_across_stages(spine, ranges, placed);
     keep_stages(model_, spine, mine);
     std::set<const Module*> kept;
     for_each_module(*model_.root, [&](const std::string&, Module& m) { kept.insert(&m); });
@@ -93,7 +95,7 @@ const Run::Held& Run::held(int stage) const {
 // of the first stage that uses it. Megatron's embedding group. Uses on stages of one rank share
 // the one parameter there (its gradient accumulates both), and need no group.
 void Run::tie_across_stages(const std::vector<Module*>& spine, const std::vector<StageRange>& ranges,
-                            int pp) {
+                            const std::vector<int>& placed) {
     std::map<const Parameter*, std::set<int>> users;
     for (size_t t = 0; t < ranges.size(); ++t)
         for (size_t i = ranges[t].begin; i < ranges[t].end; ++i)
@@ -104,7 +106,9 @@ void Run::tie_across_stages(const std::vector<Module*>& spine, const std::vector
     for (const auto& [name, p] : model_.named_parameters()) {
         std::vector<int> ranks;  // the pp ranks that use it, in the order of their first stage using it
         for (int s : users[p.get()])
-            if (std::find(ranks.begin(), ranks.end(), s % pp) == ranks.end()) ranks.push_back(s % pp);
+            if (const int r = placed[static_cast<size_t>(s)];
+                std::find(ranks.begin(), ranks.end(), r) == ranks.end())
+                ranks.push_back(r);
         if (ranks.size() < 2) continue;
         const auto at = std::find(ranks.begin(), ranks.end(), stage_);
         const bool mine = at != ranks.end();

@@ -137,6 +137,12 @@ std::vector<int> loop_stage_rank(int pp, int stages) {
     return out;
 }
 
+std::vector<int> stage_placement(ScheduleKind kind, int pp, int stages) {
+    if (!v_placed(kind)) return loop_stage_rank(pp, stages);
+    PTOOL_REQUIRE(stages == 2 * pp, "{}: {} stages on {} ranks", schedule_kind_name(kind), stages, pp);
+    return v_stage_rank(pp);
+}
+
 Schedule accumulation_schedule(int microbatches) {
     Schedule s;
     s.kind = ScheduleKind::accumulation, s.stages = 1, s.microbatches = microbatches;
@@ -157,10 +163,13 @@ Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int 
         PTOOL_REQUIRE(stages == 1, "the accumulation schedule has one stage, not {}", stages);
         return accumulation_schedule(microbatches * rounds);
     }
-    if (kind == ScheduleKind::zero_bubble) {  // torch's order for one round (the plan's check: one)
-        PTOOL_REQUIRE(rounds == 1 && stages % virtual_stages == 0,
-                      "zero_bubble: {} stages in {} per rank, {} rounds", stages, virtual_stages, rounds);
-        return interleaved_zero_bubble_schedule(stages / virtual_stages, virtual_stages, microbatches);
+    if (splits_backward(kind)) {  // torch's order for one round (the plan's check: one)
+        PTOOL_REQUIRE(rounds == 1 && stages % virtual_stages == 0, "{}: {} stages in {} per rank, {} rounds",
+                      schedule_kind_name(kind), stages, virtual_stages, rounds);
+        const int pp = stages / virtual_stages;
+        if (kind == ScheduleKind::zbv) return zbv_zero_bubble_schedule(pp, virtual_stages, microbatches);
+        if (kind == ScheduleKind::dualpipev) return dualpipev_schedule(pp, virtual_stages, microbatches);
+        return interleaved_zero_bubble_schedule(pp, virtual_stages, microbatches);
     }
     const bool interleaved = kind == ScheduleKind::interleaved_one_f_one_b;
     PTOOL_REQUIRE(interleaved || virtual_stages == 1, "{} runs one stage per rank, not {}",

@@ -111,6 +111,10 @@ Schedule accumulation_schedule(int microbatches);
 Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds = 1,
                            int virtual_stages = 1);
 
+// Which pp rank runs each of `stages` stages: the loop (s on rank s mod pp), or the V of zbv and
+// dualpipev (stages s and 2 pp - 1 - s on rank s).
+std::vector<int> stage_placement(ScheduleKind kind, int pp, int stages);
+
 // pipeline_schedule, checked (check_schedule) once: every rank of a run and every simulated rank
 // class builds the same one, so the last few are kept (a copy is returned).
 Schedule checked_pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds = 1,

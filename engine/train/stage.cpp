@@ -1,9 +1,11 @@
 #include "train/stage.h"
 
+#include <algorithm>
 #include <set>
 #include <unordered_map>
 
 #include "core/yaml_reader.h"
+#include "train/schedule.h"
 
 namespace ptool {
 namespace {
@@ -47,8 +49,9 @@ bool prune(Module& m, const std::set<const Module*>& kept) {
 // holds its own copy of its stages' modules (torch.distributed.pipelining's stage modules, torchtitan's
 // pipeline_module_split), so the two uses would train two copies. InputError at `where`, naming both.
 void check_one_rank_per_module(const std::vector<Module*>& spine, const std::vector<std::string>& names,
-                               const std::vector<StageRange>& ranges, int pp, const SourceLocation& where) {
-    if (pp <= 1) return;
+                               const std::vector<StageRange>& ranges, const std::vector<int>& placed,
+                               const SourceLocation& where) {
+    if (placed.empty() || *std::max_element(placed.begin(), placed.end()) == 0) return;  // one pp rank
     struct Use {
         size_t spine;
         int stage;
@@ -59,7 +62,8 @@ void check_one_rank_per_module(const std::vector<Module*>& spine, const std::vec
             for_each_module(*spine[i], [&](const std::string&, Module& m) {
                 const auto [it, fresh] = first.try_emplace(&m, Use{i, static_cast<int>(s)});
                 const Use u = it->second;
-                if (fresh || u.stage % pp == static_cast<int>(s) % pp) return;
+                const int was = placed[static_cast<size_t>(u.stage)], now = placed[s];
+                if (fresh || was == now) return;
                 const std::string what = &m == spine[i] && &m == spine[u.spine]
                                              ? "are one module"
                                              : fmt::format("hold one module, '{}'", m.fqn());
@@ -70,8 +74,7 @@ void check_one_rank_per_module(const std::vector<Module*>& spine, const std::vec
                                 "stages of one pp rank (split_points), or give the second use its own "
                                 "module, its weights tied to the first's with `tie:` (their gradients "
                                 "summed over the stages, as Megatron's embedding group)",
-                                names[u.spine], u.stage, u.stage % pp, names[i], s, s % pp, what,
-                                m.where().str()));
+                                names[u.spine], u.stage, was, names[i], s, now, what, m.where().str()));
             });
 }
 
@@ -126,10 +129,10 @@ std::vector<StageRange> pipeline_stage_ranges(const Model& model, const std::vec
     std::set<const Module*> members;
     walk(*model.root, "", walked, &names, &members);
     PTOOL_REQUIRE(walked == spine, "a spine of {} modules for a model of {}", spine.size(), walked.size());
-    const int pp = plan.dims.size(DimRole::pp);
+    const std::vector<int> placed = stage_placement(spec.schedule, plan.dims.size(DimRole::pp), stages);
     if (!spec.split_points.empty()) {
         std::vector<StageRange> out = stage_ranges(names, spec.split_points, spec.split_where);
-        check_one_rank_per_module(spine, names, out, pp, spec.split_where);
+        check_one_rank_per_module(spine, names, out, placed, spec.split_where);
         return out;
     }
     std::vector<size_t> blocks;  // the spine's indices of a repeat's members
@@ -154,7 +157,7 @@ std::vector<StageRange> pipeline_stage_ranges(const Model& model, const std::vec
     std::vector<std::string> points;
     for (int s = 1; s < stages; ++s) points.push_back(names[blocks[static_cast<size_t>(s * per)]]);
     std::vector<StageRange> out = stage_ranges(names, points, at);
-    check_one_rank_per_module(spine, names, out, pp, at);
+    check_one_rank_per_module(spine, names, out, placed, at);
     return out;
 }
 

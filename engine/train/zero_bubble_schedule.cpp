@@ -222,10 +222,8 @@ void add_send_recv(Schedule& sch, const Lists& compute) {
 }
 
 Schedule lowered(const char* name, int pp, int v, int m, std::vector<int> stage_rank, const Lists& compute,
-                 ScheduleKind kind = ScheduleKind::interleaved_one_f_one_b) {
+                 ScheduleKind kind) {
     Schedule sch;
-    // ZBV and DualPipeV have no ScheduleKind yet (no plan runs them): the nearest (stages in a list
-    // per rank), torch_name says which
     sch.torch_name = name, sch.kind = kind;
     sch.stages = pp * v, sch.microbatches = m, sch.stage_rank = std::move(stage_rank);
     sch.ranks.resize(static_cast<size_t>(pp));
@@ -266,7 +264,7 @@ Schedule zbv_zero_bubble_schedule(int pp, int v, int m) {
         throw InputError(fmt::format("ZBVZeroBubble: ZBV requires exactly 2 stages per rank, got {}", v));
     Lists compute;
     for (int r = 0; r < pp; ++r) compute.push_back(zbv_rank(r, pp, m));
-    return lowered("ZBVZeroBubble", pp, v, m, v_stage_rank(pp), compute);
+    return lowered("ZBVZeroBubble", pp, v, m, v_stage_rank(pp), compute, ScheduleKind::zbv);
 }
 
 Schedule dualpipev_schedule(int pp, int v, int m) {
@@ -279,7 +277,7 @@ Schedule dualpipev_schedule(int pp, int v, int m) {
                         m, 2 * pp));
     Lists compute;
     for (int r = 0; r < pp; ++r) compute.push_back(DualPipeVRank(r, pp, m).build());
-    return lowered("DualPipeV", pp, v, m, v_stage_rank(pp), compute);
+    return lowered("DualPipeV", pp, v, m, v_stage_rank(pp), compute, ScheduleKind::dualpipev);
 }
 
 }  // namespace ptool

@@ -23,12 +23,11 @@
 // appended to the peer's list at that moment), and the step's SYNC CLIP STEP at the end. One round:
 // no gradient accumulation around them yet.
 //
-// The interleaved one is ScheduleKind::zero_bubble (a plan's `schedule: zero_bubble`), run by Run's
-// split backward (model/module.h weight_work); ZBV and DualPipeV have no ScheduleKind yet (the V
-// placement is not run). check_schedule_structure checks them; check_schedule's rendezvous play
-// also finishes on every shape the tests try
-// (docs/zero_bubble.md 3.6's deadlock is of add_units' Megatron batching, not of torch's placement
-// of the sends and receives), which is observed, not proven for all shapes.
+// They are ScheduleKind zero_bubble, zbv and dualpipev (a plan's `schedule:`), run by Run's split
+// backward (model/module.h weight_work). check_schedule_structure checks them; check_schedule's rendezvous
+// play also finishes on every shape the tests try (docs/zero_bubble.md 3.6's deadlock is of add_units'
+// Megatron batching, not of torch's placement of the sends and receives), which is observed, not proven for
+// all shapes.
 #pragma once
 
 #include <vector>
