@@ -52,6 +52,7 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   pp_stage_sync_skipped  a step-0 gradient of stage S fails
   pp_stage_reinit        first divergence is a step-0 gradient in stage S (under clip_grad_norm any step-0
                          gradient or norm)
+  pp_weight_skipped      (zero_bubble, zbv, dualpipev) as pp_stage_reinit
   cp_position_offset     first divergence is a step-0 forward inside the attention (ring plans: its
                          output at ring step 0)
   cp_permutation_kept    (load-balanced plans) first divergence is a step-0 forward inside the attention
@@ -348,6 +349,7 @@ def pipeline_mutants(ex, model, plan, grad_fails):
     v_placed = pipe.get("schedule") in ("zbv", "dualpipev", "ZBVZeroBubble", "DualPipeV")
     two = v_placed or pipe.get("schedule") in ("interleaved_1f1b", "Interleaved1F1B")
     stages = pp * pipe.get("virtual_stages", 2 if two else 1)
+    split = v_placed or pipe.get("schedule") in ("zero_bubble", "InterleavedZeroBubble")  # I and W
 
     def rank_of(s):
         return min(s, stages - 1 - s) if v_placed else s % pp
@@ -414,6 +416,9 @@ def pipeline_mutants(ex, model, plan, grad_fails):
             yield ("pp_stage_sync_skipped", f"pp_stage_sync_skipped:{s}", grad_fails(*mine))
         if mine:  # the stage's gradients zeroed before each of its microbatches' backward
             yield ("pp_stage_reinit", f"pp_stage_reinit:{s}",
+                   (lambda r: "first divergence: step 0 gradient" in r["localisation"]) if clipped else at("gradient of", s))
+        if mine and split:  # a split backward's first W of the step skipped on the stage
+            yield ("pp_weight_skipped", f"pp_weight_skipped:{s}",
                    (lambda r: "first divergence: step 0 gradient" in r["localisation"]) if clipped else at("gradient of", s))
     for q, holders in tied.items():  # tied across stages of two or more ranks (uses on stages of one
         if len({rank_of(h) for h in holders}) > 1:  # rank share its one parameter: no group to skip)

@@ -476,9 +476,18 @@ void Run::backward_weight(StepState& st, int s, int m) {
     PTOOL_REQUIRE(it != st.pending_weights.end(), "W{}@{} before its I", s, m);
     StepState::PendingWeights pending = std::move(it->second);
     st.pending_weights.erase(it);
-    if (pending.whole) return backward(st, s, m);
-    MemoryUseScope use(MemoryUse::activations);
-    run_weight_work(pending.ctx, pending.work);
+    // a fault layer's skipped W: the work runs (its hooks' state stays consistent), its gradients go
+    std::vector<std::pair<Tensor*, Tensor>> kept;
+    if (st.weighted.insert(s).second && layer_ && layer_->skips_weights(s))
+        for (const auto& [name, p] : model_.named_parameters())
+            if (p->grad.numel() > 0) kept.emplace_back(&p->grad, p->grad.clone());
+    if (pending.whole) {
+        backward(st, s, m);
+    } else {
+        MemoryUseScope use(MemoryUse::activations);
+        run_weight_work(pending.ctx, pending.work);
+    }
+    for (auto& [grad, before] : kept) be_.copy(before, *grad);
 }
 
 double Run::clip_gradients(const std::vector<std::pair<std::string, ParamPtr>>& params) {

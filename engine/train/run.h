@@ -70,6 +70,8 @@ public:
     virtual LossNormalization loss_normalization(LossNormalization n) { return n; }
     // Before microbatch m's backward on stage s (its gradients accumulate into the stage's).
     virtual void before_backward(Model&, int /*stage*/, int /*microbatch*/) {}
+    // Whether stage s's first W of a step (a split backward's) leaves no trace in the gradients.
+    virtual bool skips_weights(int /*stage*/) { return false; }
     // The norm clip_grad_norm clips by (and returns), given the gradients' total norm and the step's
     // microbatch count.
     virtual double clip_norm(double norm, int64_t /*microbatches*/) { return norm; }
@@ -223,6 +225,7 @@ private:
             bool whole = false;
         };
         std::map<std::pair<int, int>, PendingWeights> pending_weights;
+        std::set<int> weighted;  // the stages whose first W of the step has run
         // the framework tally's (core/framework_memory.h) model output of the latest microbatch,
         // held to the step's end as a loop that keeps the model's return value does (`out =
         // model(...); out.loss.backward(); opt.step()`): a meta stand-in, no bytes

@@ -76,6 +76,8 @@ public:
                 backend_for(p->grad.device()).fill(p->grad, 0.0);
     }
 
+    bool skips_weights(int stage) override { return fault_.hits_stage(FaultKind::pp_weight_skipped, stage); }
+
     double clip_norm(double norm, int64_t microbatches) override {
         return fault_.is(FaultKind::grad_norm_per_microbatch) ? norm / static_cast<double>(microbatches)
                                                               : norm;

@@ -59,6 +59,7 @@ enum class FaultKind {
     pp_clip_stage_norm,
     pp_stage_sync_skipped,
     pp_stage_reinit,
+    pp_weight_skipped,
     // context parallel (MODULE: an attention)
     cp_position_offset,
     cp_permutation_kept,
@@ -187,6 +188,9 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::pp_stage_reinit, "pp_stage_reinit", FaultSection::pipeline, "STAGE",
      "the stage's gradients are zeroed before each microbatch's backward (the stage re-initialised "
      "between microbatches, NeMo-Automodel PR #3530): only the step's last microbatch trains it"},
+    {FaultKind::pp_weight_skipped, "pp_weight_skipped", FaultSection::pipeline, "STAGE",
+     "a split backward (zero_bubble, zbv, dualpipev) skips the stage's first W of each step: its parameter "
+     "gradients miss that microbatch's contribution (its I ran; schedules without a W: not hit)"},
     {FaultKind::cp_position_offset, "cp_position_offset", FaultSection::context, "MODULE",
      "an attention takes its cp rank's tokens at positions 0..t-1 (no offset): RoPE rotates them and the "
      "causal mask cuts them as the sequence's first tokens"},
