@@ -211,8 +211,10 @@ void run_p2p_failure_conformance(const FailureLauncher& launch, ConformanceRepor
     auto expect = [&](const char* name, double timeout, const RankFn& body,
                       const std::vector<std::string>& fragments) {
         const FailureRun run = launch.run(timeout, body);
-        bool ok = run.seconds <
-                  5.0;  // every case ends well within its bound: 1 s timeouts, no waits on the 30 s ones
+        // every case ends: the 1 s timeouts fire, and the 30 s ones are not waited for (under half
+        // of it). Generous, not tight: a loaded CI machine starts a fresh mpirun job in seconds
+        // (a 5 s bound failed mpi_conformance_np3 once beside the mutation score, 2026-11-29)
+        bool ok = run.seconds < (timeout >= 30.0 ? timeout / 2 : 20.0);
         for (const std::string& f : fragments) ok = ok && run.message.find(f) != std::string::npos;
         rep.expect(ok, fmt::format("p2p failure '{}': after {:.1f} s: {}", name, run.seconds, run.message));
     };
