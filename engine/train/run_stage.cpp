@@ -167,10 +167,6 @@ void Run::mark_root_hooks() {
             });
 }
 
-// A run of consecutive sends and receives as one batch_isend_irecv over the pp dim (as torch
-// batches them), the receives into tensors of the boundary's local shape in the compute dtype. Each
-// goes to or comes from the pp rank of the stage next to the action's (stage s mod pp under
-// interleaved_1f1b: the last rank's stage sends on to rank 0's next one).
 // Megatron splits a tensor scatter_gather sends into tp equal pieces of its elements (and asserts
 // they divide): a boundary whole on every tp rank whose elements do not is exit 2 at the key.
 void Run::check_scatter_gather(const Held& h, int s) const {
@@ -189,9 +185,14 @@ void Run::check_scatter_gather(const Held& h, int s) const {
     }
 }
 
-// Under scatter_gather (Megatron's scatter_gather_tensors_in_pipeline), a tensor whole on every tp
-// rank goes as this tp rank's 1/tp of its elements (split_tensor_into_1d_equal_chunks), and a
-// received one is all_gathered over tp from the pieces (gather_split_1d_tensor).
+// A run of consecutive sends and receives as one batch_isend_irecv over the pp dim (as torch
+// batches them), the receives into tensors of the boundary's local shape in the compute dtype. Each
+// goes to or comes from the pp rank of the stage next to the action's (the schedule's placement:
+// under interleaved_1f1b the last rank's stage sends on to rank 0's next one, in the V the last rank
+// hands its first stage's output to its second). Under scatter_gather (Megatron's
+// scatter_gather_tensors_in_pipeline), a tensor whole on every tp rank goes as this tp rank's 1/tp of its
+// elements (split_tensor_into_1d_equal_chunks), and a received one is all_gathered over tp from the pieces
+// (gather_split_1d_tensor).
 void Run::exchange(StepState& st, const std::vector<Action>& actions) {
     const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;
     auto local = [&](const Layout& l, const Placement& p) {
