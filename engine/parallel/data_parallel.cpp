@@ -326,7 +326,8 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
             dims.cp_shards_params() ? mesh.group(dims.group(GroupName::dp_shard_cp)) : comm_;
         fsdp_ = std::make_unique<FullyShard>(model, res.units, *shard, replicas, be,
                                              plan.mixed_precision ? &*plan.mixed_precision : nullptr,
-                                             res.grad_reduce);
+                                             res.grad_reduce,
+                                             plan.pipeline && splits_backward(plan.pipeline->schedule));
     }
 }
 
@@ -372,6 +373,7 @@ void DataParallel::before_forward() {
 
 void DataParallel::after_backward() {
     copy_bytes_ = allreduce_bytes_ = 0;
+    if (fsdp_) fsdp_->finish_backward();  // a split backward's accumulated gradients
     if (zero_ && zero_->stage() == 2) return zero_->reduce_scatter_gradients();
     std::map<std::string, int> index;  // of each bucket within its root
     for (Bucket& b : buckets_) {

@@ -38,6 +38,9 @@ struct FullyShard::State : ModuleHooks {
         int64_t offset = 0;  // of this parameter in a rank's region
         Tensor shard, shard_grad;
         Tensor full, full_grad;  // while unsharded
+        // accumulate: the step's unsharded gradient, summed over its backwards in reduce_dtype
+        // (full_grad itself where the dtypes agree); reduce_scatter once, by finish_backward
+        Tensor accumulated;
     };
     std::string fqn;
     bool root = false;
@@ -53,6 +56,23 @@ struct FullyShard::State : ModuleHooks {
     std::vector<size_t> post_forward_indices;  // where this unit's forwards ended in ctx->post_forward
     int64_t step = -1;
     ReduceOp grad_reduce = ReduceOp::avg;  // avg, or sum under global_tokens (gradient_divide_factor 1)
+    // torch.distributed.pipelining's FSDP2 under every microbatch but the stage's last
+    // (set_requires_gradient_sync(False), set_reshard_after_backward(False)): the backwards accumulate
+    // into one unsharded gradient and the stage's last reduce_scatters it (finish_backward). Set for
+    // the split-backward schedules, whose W of a microbatch may follow the I of the next.
+    bool accumulate = false;
+
+    // The full-size gradients a backward writes into: fresh ones, or under accumulate the step's.
+    void bind_grads() {
+        MemoryUseScope use(MemoryUse::fsdp_unsharded);
+        for (Managed& m : params) {
+            if (!accumulate || !m.full_grad.defined())
+                m.full_grad = Tensor(m.full_shape, compute, m.shard.device());
+            if (accumulate && !m.accumulated.defined())
+                m.accumulated = reduce == compute ? m.full_grad : Tensor(m.full_shape, reduce, m.shard.device());
+            m.p->grad = m.full_grad;
+        }
+    }
 
     void unshard(bool for_backward) {
         MemoryUseScope use(MemoryUse::communication);  // the flat buffers; the unit's parameters below
@@ -104,22 +124,19 @@ struct FullyShard::State : ModuleHooks {
         if (kept.defined())
             ctx->all_gather_state = kept;  // the previous unit's output freed after this copy-out
         prefetched = Tensor();
-        for (Managed& m : params) {
-            m.p->value = m.full;
-            if (for_backward) {
-                m.full_grad = Tensor(m.full_shape, compute, m.shard.device());
-                m.p->grad = m.full_grad;
-            }
-        }
+        for (Managed& m : params) m.p->value = m.full;
+        if (for_backward) bind_grads();
     }
 
-    void reshard() {  // frees the unsharded parameters and gradients, as FSDP2's reshard does
+    // Frees the unsharded parameters and gradients, as FSDP2's reshard does; under accumulate the
+    // step's gradients stay (their W may come after another microbatch's forward)
+    void reshard() {
         gathered = false;
         for (Managed& m : params) {
             m.p->value = m.shard;
-            m.p->grad = m.shard_grad;
             m.full = Tensor();
-            m.full_grad = Tensor();
+            if (!m.accumulated.defined()) m.full_grad = Tensor();
+            m.p->grad = m.accumulated.defined() ? m.full_grad : m.shard_grad;
         }
     }
 
@@ -209,11 +226,7 @@ struct FullyShard::State : ModuleHooks {
         // the root keeps its parameters from the forward, unless another microbatch's backward
         // resharded them since (a schedule that runs several forwards first): gathered again
         if (root && gathered) {
-            MemoryUseScope use(MemoryUse::fsdp_unsharded);
-            for (Managed& m : params) {
-                m.full_grad = Tensor(m.full_shape, compute, m.shard.device());
-                m.p->grad = m.full_grad;
-            }
+            bind_grads();
         } else {
             unshard(true);
         }
@@ -221,15 +234,31 @@ struct FullyShard::State : ModuleHooks {
         return dy;
     }
     void post_backward(RunContext&, Module&) override {
+        if (accumulate) {  // torch's accumulate_unsharded_grad_if_needed: into reduce_dtype, zeroed
+            if (reduce != compute)
+                for (Managed& m : params) {
+                    be->axpy(1.0, to_dtype(*be, m.full_grad, reduce), m.accumulated);
+                    be->fill(m.full_grad, 0.0);
+                }
+            return;
+        }
         reduce_grads();
         reshard();
         if (root) ctx->reduce_scatter_state = Tensor();  // the root's final callback frees it
+    }
+    // The stage's last backward under accumulate: the one reduce_scatter of the step's gradients
+    void finish_backward() {
+        if (!accumulate || params.empty() || !params[0].accumulated.defined()) return;
+        for (Managed& m : params) m.full_grad = m.accumulated, m.accumulated = Tensor();
+        reduce_grads();
+        reshard();
+        if (root) ctx->reduce_scatter_state = Tensor();
     }
 };
 
 FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp,
                        Communicator* replicas, Backend& be, const MixedPrecisionSpec* mp,
-                       ReduceOp grad_reduce) {
+                       ReduceOp grad_reduce, bool accumulate) {
     const auto named = model.named_parameters();
     std::map<std::string, ParamPtr> by_name(named.begin(), named.end());
     std::map<std::string, Module*> modules;
@@ -249,6 +278,7 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
         st->compute = mp ? mp->param_dtype : model.dtype;
         st->reduce = mp ? mp->reduce_dtype : model.dtype;
         st->grad_reduce = grad_reduce;
+        st->accumulate = accumulate;
         for (const std::string& name : u.params) {
             State::Managed m;
             m.name = name;
@@ -274,6 +304,10 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
         modules.at(u.hooked_on())->add_outer_hooks(st);
         units_.push_back(st);
     }
+}
+
+void FullyShard::finish_backward() {
+    for (const auto& u : units_) u->finish_backward();  // torch's order: its states', the root's first
 }
 
 bool FullyShard::manages(const Parameter* p) const {

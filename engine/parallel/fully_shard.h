@@ -5,7 +5,10 @@
 //   post_forward  reshard (drop the full parameters); the root unit keeps them, as FSDP2's root
 //   backward      all_gather again when resharded, full-size gradients
 //   post_backward reduce_scatter(avg) of the full gradients into the local shards (HSDP: then their
-//                 all_reduce(avg) over the replicate dim), reshard
+//                 all_reduce(avg) over the replicate dim), reshard. Under a split-backward pipeline
+//                 schedule (zero_bubble, zbv, dualpipev) the backwards accumulate into one unsharded
+//                 gradient instead, reduced once at the step's gradient sync (finish_backward), as
+//                 torch.distributed.pipelining drives FSDP2 (its backward_maybe_with_nosync)
 // The optimizer then steps on the shards, so its state is sharded too. The collectives run under
 // the unit's FQN as the counter's module, with site "unshard" and "reduce_grads".
 #pragma once
@@ -41,8 +44,13 @@ public:
     // the reduce_scatter and HSDP's all_reduce (avg, or sum: gradient_divide_factor 1).
     FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Communicator* replicas,
                Backend& be, const struct MixedPrecisionSpec* mp = nullptr,
-               ReduceOp grad_reduce = ReduceOp::avg);
+               ReduceOp grad_reduce = ReduceOp::avg, bool accumulate = false);
     bool manages(const Parameter* p) const;
+    // accumulate (torch.distributed.pipelining's FSDP2 under a split backward): each unit's
+    // backwards sum into one unsharded gradient (in reduce_dtype), which this reduce_scatters into
+    // the shards and frees, in the units' order (the stage's last backward's run_post_backward).
+    // Nothing otherwise: each backward reduced its own.
+    void finish_backward();
 
     struct State;
 

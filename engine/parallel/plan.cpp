@@ -113,14 +113,6 @@ void check_pipeline_counts(const Plan& plan) {
         throw InputError(at, fmt::format("zero_bubble: {} microbatches must be a multiple of its rounds, "
                                          "max(1, microbatches / {} pp ranks) = {} (torch's rule)",
                                          m, pp, rounds));
-    // FSDP2 keeps one unsharded gradient per unit: a microbatch's W would find another's
-    if (plan.data_parallel && plan.data_parallel->mode == DataParallelMode::fully_shard)
-        throw InputError(
-            s.schedule_where,
-            fmt::format("{} under fully_shard is not built yet: a unit's unsharded gradients "
-                        "between a microbatch's I and its W (docs/zero_bubble.md 3.4); replicate "
-                        "(DDP) and ZeRO run with it",
-                        schedule_kind_name(s.schedule)));
 }
 
 void check_microbatches(const Plan& plan, const Model& model) {
