@@ -53,6 +53,10 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   pp_stage_reinit        first divergence is a step-0 gradient in stage S (under clip_grad_norm any step-0
                          gradient or norm)
   pp_weight_skipped      (zero_bubble, zbv, dualpipev) as pp_stage_reinit
+  pp_weight_doubled      (zero_bubble, zbv, dualpipev) as pp_stage_reinit
+  pp_weight_freed_input  (zero_bubble, zbv, dualpipev; stages > 0, whose I is not empty) as pp_stage_reinit
+  pp_weight_before_input (zero_bubble, zbv, dualpipev) the run refuses its lists before any step, naming
+                         the stage's W and its I (verify fails the plan: the schedule's localisation)
   cp_position_offset     first divergence is a step-0 forward inside the attention (ring plans: its
                          output at ring step 0)
   cp_permutation_kept    (load-balanced plans) first divergence is a step-0 forward inside the attention
@@ -417,9 +421,19 @@ def pipeline_mutants(ex, model, plan, grad_fails):
         if mine:  # the stage's gradients zeroed before each of its microbatches' backward
             yield ("pp_stage_reinit", f"pp_stage_reinit:{s}",
                    (lambda r: "first divergence: step 0 gradient" in r["localisation"]) if clipped else at("gradient of", s))
-        if mine and split:  # a split backward's first W of the step skipped on the stage
-            yield ("pp_weight_skipped", f"pp_weight_skipped:{s}",
-                   (lambda r: "first divergence: step 0 gradient" in r["localisation"]) if clipped else at("gradient of", s))
+        # a split backward's first W of the step on the stage: skipped, added twice, reading its
+        # activations as freed memory (the first stage's W is its whole backward: no I kept them)
+        in_stage = (lambda r: "first divergence: step 0 gradient" in r["localisation"]) if clipped else at("gradient of", s)
+        if mine and split:
+            yield ("pp_weight_skipped", f"pp_weight_skipped:{s}", in_stage)
+            yield ("pp_weight_doubled", f"pp_weight_doubled:{s}", in_stage)
+        if mine and split and s > 0:
+            yield ("pp_weight_freed_input", f"pp_weight_freed_input:{s}", in_stage)
+        if split:  # the stage's first W moved before its I: the run's check of its lists names both
+            yield ("pp_weight_before_input", f"pp_weight_before_input:{s}",
+                   lambda r, s=s: "the schedule, before any step" in r["localisation"] and re.search(
+                       rf"(runs W(\d+)@{s} before I\2@{s}|\(stage {s}\) runs W(\d+) before I\3\b)",
+                       r["localisation"]) is not None)
     for q, holders in tied.items():  # tied across stages of two or more ranks (uses on stages of one
         if len({rank_of(h) for h in holders}) > 1:  # rank share its one parameter: no group to skip)
             yield ("pp_tied_unsynced", f"pp_tied_unsynced:{q}",

@@ -30,7 +30,7 @@ Pass run(const std::string& text, const std::string& name, bool split) {
     DataSource data(m);
     const Batch b = data.batch(0);
     RunContext ctx{&be, m.seed, 0, true, 0, 0, 1, {}};
-    std::vector<std::function<void(RunContext&)>> work;
+    WeightWork work;
     const Tensor out = m.root->forward(ctx, b.input).t;
     const LossResult l = compute_loss(be, m.loss, out, b.target);
     if (split) ctx.weight_work = &work;

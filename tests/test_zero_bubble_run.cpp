@@ -228,6 +228,26 @@ TEST_CASE("zero_bubble under fully_shard x tp: one reduce_scatter per unit a ste
     CHECK(reduce_scatters(w) == 8);
 }
 
+TEST_CASE("a W before its I: verify fails the plan before any step, naming the stage's W and I",
+          "[cpu][schedule]") {
+    // the runtime's lists are checked again where a layer changed them: the violation is the
+    // plan's verdict (exit 1), not the job's failure, and nothing is compared
+    VerifyJob job;
+    job.inputs = inputs("models/gpt2_tied.yaml");
+    job.plans = {load_plan_text(read_text(PTOOL_SOURCE_DIR "/tests/data/pipeline/gpt2_tied_pp2_zbv.yaml"),
+                                "plan.yaml")};
+    job.options.fault = parse_fault("pp_weight_before_input:2");
+    const auto launch = in_process_launch(Device::cpu, CommOptions{});
+    const VerifyReport v = verify(job, *launch);
+    REQUIRE(v.plans.size() == 1);
+    CHECK_FALSE(v.pass);
+    CHECK(v.plans[0].tensors.empty());
+    CHECK(v.plans[0].localisation.find("rank 1 (stages 1, 2) runs W0@2 before I0@2") != std::string::npos);
+    // without the fault the same job passes
+    job.options.fault = Fault{};
+    CHECK(verify(job, *launch).pass);
+}
+
 TEST_CASE("zero_bubble: what it does not run yet is exit 2 at the key", "[cpu]") {
     auto load = [](const std::string& text) { return load_plan_text(text, "plan.yaml"); };
     require_input_error(

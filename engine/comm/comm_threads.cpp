@@ -403,6 +403,8 @@ void run_threads(int n, const std::shared_ptr<AbortState>& abort,
                 std::rethrow_exception(e);
             } catch (const InputError&) {
                 throw;
+            } catch (const ScheduleViolation&) {  // every rank's: verify's verdict (core/error.h)
+                throw;
             } catch (...) {
             }
         }

@@ -58,6 +58,15 @@ private:
     Kind kind_;
 };
 
+// A run's refusal of the action lists it was about to execute because they break the schedule's
+// own rules (train/schedule.h check_schedule: a W before its I, a send no receive meets): thrown on
+// every rank before anything runs. verify fails the plan with it (the runtime's order is wrong, not
+// the plan: exit 1, the violation as its localisation); elsewhere it is an internal error (exit 3).
+class ScheduleViolation : public RuntimeError {
+public:
+    using RuntimeError::RuntimeError;
+};
+
 [[noreturn]] void fail_invariant(const char* cond, const char* file, int line, const std::string& message);
 
 }  // namespace ptool

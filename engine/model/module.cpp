@@ -85,17 +85,17 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
     return dx;
 }
 
-void Module::defer_weights(RunContext& ctx, std::function<void(RunContext&)> work) {
-    if (ctx.weight_work)
-        ctx.weight_work->push_back(std::move(work));
-    else
-        work(ctx);
+void Module::defer_weights(RunContext& ctx, std::function<void(RunContext&)> work, std::vector<Tensor> reads) {
+    if (!ctx.weight_work) return work(ctx);
+    ctx.weight_work->work.push_back(std::move(work));
+    for (Tensor& t : reads)
+        if (t.defined()) ctx.weight_work->reads.push_back(std::move(t));
 }
 
-void run_weight_work(RunContext& ctx, std::vector<std::function<void(RunContext&)>>& work) {
-    std::vector<std::function<void(RunContext&)>> run = std::move(work);
-    work.clear();
-    std::vector<std::function<void(RunContext&)>>* const outer = ctx.weight_work;
+void run_weight_work(RunContext& ctx, WeightWork& work) {
+    std::vector<std::function<void(RunContext&)>> run = std::move(work.work);
+    work = WeightWork{};
+    WeightWork* const outer = ctx.weight_work;
     ctx.weight_work = nullptr;  // what it runs computes now
     for (auto& w : run) w(ctx);
     ctx.weight_work = outer;

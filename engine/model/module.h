@@ -52,6 +52,16 @@ class ModuleType;     // model/module_type.h
 struct ContextShard;  // model/context_shard.h
 
 // Per-step state shared by every module during one forward/backward.
+// A split backward's deferred parameter-gradient work (RunContext::weight_work): what computes each
+// parameter gradient and each hook's post_backward, in the order one backward runs them, and the
+// activations that work reads (a linear's input, a norm's input and statistics): what a pending W
+// keeps alive from its I, beside the output gradients its closures hold.
+struct WeightWork {
+    std::vector<std::function<void(struct RunContext&)>> work;
+    std::vector<Tensor> reads;
+    bool empty() const { return work.empty(); }
+};
+
 struct RunContext {
     Backend* backend = nullptr;
     uint64_t seed = 0;
@@ -103,7 +113,7 @@ struct RunContext {
     // here, in the order one backward would run them, what computes each module's parameter
     // gradients and its hooks' post_backward (Module::defer_weights); the W action runs the list
     // (run_weight_work). Null: one backward computes both.
-    std::vector<std::function<void(RunContext&)>>* weight_work = nullptr;
+    WeightWork* weight_work = nullptr;
     // Context parallelism: this rank's positions of the sequence and the cp group
     // (model/context_shard.h); null when the whole sequence is here.
     const ContextShard* context = nullptr;
@@ -189,8 +199,9 @@ public:
     Placed forward(RunContext& ctx, const Placed& x);
     Placed backward(RunContext& ctx, const Placed& dy);
     // A backward's parameter-gradient work (a module's, or a hook's that reads the gradients): run
-    // now, or appended to ctx.weight_work for the W action.
-    static void defer_weights(RunContext& ctx, std::function<void(RunContext&)> work);
+    // now, or appended to ctx.weight_work for the W action with the activations it reads.
+    static void defer_weights(RunContext& ctx, std::function<void(RunContext&)> work,
+                              std::vector<Tensor> reads = {});
 
     // Static: the output layout for an input layout; containers route their children through v.
     // Leaves: output_shape and out_placement. Throws LayoutError on a conflict.
@@ -278,7 +289,7 @@ private:
 
 // The W action: runs the parameter-gradient work a split backward appended, in order, as
 // microbatch ctx.microbatch's (and empties the list).
-void run_weight_work(RunContext& ctx, std::vector<std::function<void(RunContext&)>>& work);
+void run_weight_work(RunContext& ctx, WeightWork& work);
 
 // Walks the tree in registration order: fn(full_name, parameter). Shared objects appear under every name.
 void for_each_param(const Module& root, const std::function<void(const std::string&, const ParamPtr&)>& fn,

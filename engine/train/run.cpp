@@ -258,6 +258,10 @@ void Run::build_schedule() {
         schedule_ = accumulation_schedule(rounds * m);
         check_schedule(schedule_);
     }
+    if (layer_) {  // a fault's order, checked as any (ScheduleViolation names what it breaks)
+        layer_->schedule(schedule_);
+        check_schedule(schedule_);
+    }
 }
 
 void Run::set_schedule(Schedule s) {

@@ -39,6 +39,12 @@ Plan single_device_plan();
 // where is the plan's own business).
 Plan reference_plan(const Plan& plan);
 
+// A fault layer's change to a split backward's W (RunLayer::weight_fault): none; skipped (its work
+// runs, its gradients' change is undone); doubled (its gradients' change added twice, as a rank
+// holding two stages of a V that accumulates a chunk's W into both); freed_input (the activations
+// its work reads are freed memory by then: read as zeros, restored after).
+enum class WeightFault { none, skipped, doubled, freed_input };
+
 // A layer that wraps parts of a run from outside; every default leaves the run as it is.
 // Fault injection (verify/faults.h) is one: it wraps communicators and hooks to break them.
 class RunLayer {
@@ -68,10 +74,13 @@ public:
     virtual double loss_scale(double scale, int64_t /*microbatches*/) { return scale; }
     // The loss normalisation the run executes, given the plan's (the one it is judged by).
     virtual LossNormalization loss_normalization(LossNormalization n) { return n; }
-    // Before microbatch m's backward on stage s (its gradients accumulate into the stage's).
+    // Before microbatch m's backward on stage s, or its W under a split backward (where its
+    // gradients accumulate into the stage's).
     virtual void before_backward(Model&, int /*stage*/, int /*microbatch*/) {}
-    // Whether stage s's first W of a step (a split backward's) leaves no trace in the gradients.
-    virtual bool skips_weights(int /*stage*/) { return false; }
+    // The action lists the run executes, given the checked schedule (Run checks them again).
+    virtual void schedule(Schedule&) {}
+    // What becomes of stage s's first W of a step (a split backward's; WeightFault).
+    virtual WeightFault weight_fault(int /*stage*/) { return WeightFault::none; }
     // The norm clip_grad_norm clips by (and returns), given the gradients' total norm and the step's
     // microbatch count.
     virtual double clip_norm(double norm, int64_t /*microbatches*/) { return norm; }
@@ -221,7 +230,7 @@ private:
         // `whole` for the first stage, whose I does nothing and W the whole backward (torch's)
         struct PendingWeights {
             RunContext ctx;
-            std::vector<std::function<void(RunContext&)>> work;
+            WeightWork work;
             bool whole = false;
         };
         std::map<std::pair<int, int>, PendingWeights> pending_weights;

@@ -1,6 +1,8 @@
 // A microbatch's work on a stage (Run's, train/run.h): its rows of the step's batch, its forward
 // with the loss on the last stage, its backward, and a split backward's I and W (zero_bubble, zbv,
 // dualpipev: the parameter-gradient work deferred from the I, model/module.h weight_work).
+#include <tuple>
+
 #include "core/framework_memory.h"
 #include "model/loss.h"
 #include "parallel/loss_parallel.h"
@@ -111,7 +113,7 @@ void Run::backward(StepState& st, int s, int m, bool input_only) {
     if (input_only && s == 0)  // no input gradient to send: torch's I does nothing here, its W all
         return pend({RunContext{}, {}, true});
     Inflight& f = it->second;
-    std::vector<std::function<void(RunContext&)>> work;
+    WeightWork work;
     if (input_only) f.ctx.weight_work = &work;
     if (s + 1 < stages_) {
         auto g = st.received_grads.find({s, m});
@@ -120,7 +122,7 @@ void Run::backward(StepState& st, int s, int m, bool input_only) {
         f.dy = std::move(g->second);
         st.received_grads.erase(g);
     }
-    if (layer_) layer_->before_backward(model_, s, m);
+    if (layer_ && !input_only) layer_->before_backward(model_, s, m);
     {
         MemoryUseScope use(MemoryUse::activations);
         if (s + 1 == stages_) framework_loss_backward(f.ctx);
@@ -161,18 +163,40 @@ void Run::backward_weight(StepState& st, int s, int m) {
     PTOOL_REQUIRE(it != st.pending_weights.end(), "W{}@{} before its I", s, m);
     StepState::PendingWeights pending = std::move(it->second);
     st.pending_weights.erase(it);
-    // a fault layer's skipped W: the work runs (its hooks' state stays consistent), its gradients go
-    std::vector<std::pair<Tensor*, Tensor>> kept;
-    if (st.weighted.insert(s).second && layer_ && layer_->skips_weights(s))
-        for (const auto& [name, p] : model_.named_parameters())
-            if (p->grad.numel() > 0) kept.emplace_back(&p->grad, p->grad.clone());
+    // a fault layer's W (RunLayer::weight_fault): the work runs (its hooks' state stays
+    // consistent), its gradients' change undone or added again, or its activations read as freed
+    const WeightFault fault =
+        st.weighted.insert(s).second && layer_ ? layer_->weight_fault(s) : WeightFault::none;
+    // each gradient's tensor and values before (fully_shard may bind a fresh one in the W: all of
+    // that one is the W's)
+    std::vector<std::tuple<ParamPtr, Tensor, Tensor>> before;
+    if (fault == WeightFault::skipped || fault == WeightFault::doubled)
+        for (const auto& [name, p] : model_.named_parameters()) before.emplace_back(p, p->grad, p->grad.clone());
+    std::vector<std::pair<Tensor, Tensor>> freed;  // each read, and what it held
+    if (fault == WeightFault::freed_input && !pending.whole)
+        for (Tensor& t : pending.work.reads)
+            if (const int64_t n = t.numel(); n > 1) {  // reused: another allocation's values (shifted by one)
+                freed.emplace_back(t, t.clone());
+                Tensor flat = t.reshape({n}), was = freed.back().second.reshape({n});
+                Tensor head = flat.narrow(0, 0, n - 1), tail = flat.narrow(0, n - 1, 1);
+                be_.copy(was.narrow(0, 1, n - 1), head);
+                be_.copy(was.narrow(0, 0, 1), tail);
+            }
     if (pending.whole) {
         backward(st, s, m);
     } else {
+        if (layer_) layer_->before_backward(model_, s, m);  // (its gradients accumulate here, not at the I)
         MemoryUseScope use(MemoryUse::activations);
         run_weight_work(pending.ctx, pending.work);
     }
-    for (auto& [grad, before] : kept) be_.copy(before, *grad);
+    for (auto it = freed.rbegin(); it != freed.rend(); ++it) be_.copy(it->second, it->first);  // shared: last first
+    for (auto& [p, handle, was] : before) {  // the W's change to each gradient, undone or added again
+        Tensor& grad = p->grad;
+        if (grad.numel() == 0) continue;
+        Tensor change = grad.clone();
+        if (grad.shares_storage(handle) && grad.shape() == was.shape()) be_.axpy(-1.0, was, change);
+        be_.axpy(fault == WeightFault::doubled ? 1.0 : -1.0, change, grad);
+    }
 }
 
 }  // namespace ptool

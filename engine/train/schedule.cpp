@@ -223,7 +223,7 @@ std::string describe(const Schedule& s) {
 [[noreturn]] void bad(const Schedule& s, int rank, const std::string& what) {
     std::vector<int> held;
     if (static_cast<int>(s.stage_rank.size()) == s.stages) held = s.stages_of(rank);
-    throw RuntimeError(fmt::format("{}: rank {} (stage{} {}) {}", describe(s), rank,
+    throw ScheduleViolation(fmt::format("{}: rank {} (stage{} {}) {}", describe(s), rank,
                                    held.size() == 1 ? "" : "s", fmt::join(held, ", "), what));
 }
 
@@ -256,19 +256,19 @@ bool same(const Action& a, const Action& b) {
 void check_placement(const Schedule& s) {
     const int n = static_cast<int>(s.ranks.size());
     if (s.stages < 1 || n < 1 || n > s.stages)
-        throw RuntimeError(fmt::format("{}: {} lists for {} stages", describe(s), n, s.stages));
+        throw ScheduleViolation(fmt::format("{}: {} lists for {} stages", describe(s), n, s.stages));
     if (static_cast<int>(s.stage_rank.size()) != s.stages)
-        throw RuntimeError(fmt::format("{}: a placement of {} stages", describe(s), s.stage_rank.size()));
+        throw ScheduleViolation(fmt::format("{}: a placement of {} stages", describe(s), s.stage_rank.size()));
     std::vector<int> count(static_cast<size_t>(n), 0);
     for (int st = 0; st < s.stages; ++st) {
         const int r = s.stage_rank[st];
         if (r < 0 || r >= n)
-            throw RuntimeError(
+            throw ScheduleViolation(
                 fmt::format("{}: stage {} is placed on rank {}, not one of its {}", describe(s), st, r, n));
         ++count[r];
     }
     for (int r = 0; r < n; ++r)
-        if (count[r] == 0) throw RuntimeError(fmt::format("{}: rank {} holds no stage", describe(s), r));
+        if (count[r] == 0) throw ScheduleViolation(fmt::format("{}: rank {} holds no stage", describe(s), r));
 }
 
 // One rank's list, indexed: where each (kind, stage, microbatch) of the stages it holds runs (-1:
@@ -477,7 +477,7 @@ void check_progress(const Schedule& s) {
                     break;
                 }
     if (!stuck.empty())
-        throw RuntimeError(fmt::format("{} cannot finish: its sends and receives never meet: {}", describe(s),
+        throw ScheduleViolation(fmt::format("{} cannot finish: its sends and receives never meet: {}", describe(s),
                                        fmt::join(stuck, "; ")));
 }
 

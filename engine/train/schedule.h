@@ -144,6 +144,9 @@ int p2p_tag(const Action& a);
 // gradient after its B or I; a stage's Bs and Ws in microbatch order (a parameter's gradient
 // accumulated in the one-stage loop's order, which bitwise equality across schedules rests on).
 void check_schedule(const Schedule& s);
+// check_schedule and check_schedule_structure throw ScheduleViolation (core/error.h): a list that
+// breaks the rules above (a W before its I, a microbatch's backward missing, a send no receive
+// meets), its message naming the schedule, the rank, its stages and the action.
 // check_schedule without playing the lists against each other: the rules of each rank's list alone
 // (the zero-bubble schedules, train/zero_bubble_schedule.h, are checked so until ptool runs them).
 void check_schedule_structure(const Schedule& s);

@@ -76,7 +76,32 @@ public:
                 backend_for(p->grad.device()).fill(p->grad, 0.0);
     }
 
-    bool skips_weights(int stage) override { return fault_.hits_stage(FaultKind::pp_weight_skipped, stage); }
+    // pp_weight_before_input: the stage's first W moved to just before its I
+    void schedule(Schedule& s) override {
+        if (!fault_.kind || *fault_.kind != FaultKind::pp_weight_before_input) return;
+        for (std::vector<Action>& list : s.ranks) {
+            auto w = std::find_if(list.begin(), list.end(), [&](const Action& a) {
+                return a.kind == ActionKind::backward_weight &&
+                       fault_.hits_stage(FaultKind::pp_weight_before_input, a.stage);
+            });
+            if (w == list.end()) continue;
+            auto i = std::find_if(list.begin(), w, [&](const Action& a) {
+                return a.kind == ActionKind::backward_input && a.stage == w->stage && a.microbatch == w->microbatch;
+            });
+            if (i != w) std::rotate(i, w, w + 1);
+        }
+    }
+
+    WeightFault weight_fault(int stage) override {
+        static constexpr std::pair<FaultKind, WeightFault> kinds[] = {
+            {FaultKind::pp_weight_skipped, WeightFault::skipped},
+            {FaultKind::pp_weight_doubled, WeightFault::doubled},
+            {FaultKind::pp_weight_freed_input, WeightFault::freed_input},
+        };
+        for (const auto& [kind, fault] : kinds)
+            if (fault_.hits_stage(kind, stage)) return fault;
+        return WeightFault::none;
+    }
 
     double clip_norm(double norm, int64_t microbatches) override {
         return fault_.is(FaultKind::grad_norm_per_microbatch) ? norm / static_cast<double>(microbatches)

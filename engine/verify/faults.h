@@ -60,6 +60,9 @@ enum class FaultKind {
     pp_stage_sync_skipped,
     pp_stage_reinit,
     pp_weight_skipped,
+    pp_weight_doubled,
+    pp_weight_freed_input,
+    pp_weight_before_input,
     // context parallel (MODULE: an attention)
     cp_position_offset,
     cp_permutation_kept,
@@ -186,11 +189,22 @@ inline constexpr FaultClass kFaultClasses[] = {
      "the stage's DDP all_reduces / FSDP reduce_scatters of its gradients are skipped (a bucket or unit "
      "that holds them, whole: under interleaved_1f1b a rank's buckets may hold its other stages' too)"},
     {FaultKind::pp_stage_reinit, "pp_stage_reinit", FaultSection::pipeline, "STAGE",
-     "the stage's gradients are zeroed before each microbatch's backward (the stage re-initialised "
-     "between microbatches, NeMo-Automodel PR #3530): only the step's last microbatch trains it"},
+     "the stage's gradients are zeroed before each microbatch's backward (its W under a split backward: "
+     "the stage re-initialised between microbatches, NeMo-Automodel PR #3530): only the step's last "
+     "microbatch trains it"},
     {FaultKind::pp_weight_skipped, "pp_weight_skipped", FaultSection::pipeline, "STAGE",
      "a split backward (zero_bubble, zbv, dualpipev) skips the stage's first W of each step: its parameter "
      "gradients miss that microbatch's contribution (its I ran; schedules without a W: not hit)"},
+    {FaultKind::pp_weight_doubled, "pp_weight_doubled", FaultSection::pipeline, "STAGE",
+     "a split backward adds the stage's first W of each step into its gradients twice (a rank holding two "
+     "stages of a V whose chunk's W accumulates into both; schedules without a W: not hit)"},
+    {FaultKind::pp_weight_freed_input, "pp_weight_freed_input", FaultSection::pipeline, "STAGE",
+     "a split backward's first W of each step on the stage reads the activations its I left as freed "
+     "memory (reused before the W: here zeros), its output gradients intact (the first stage, whose W "
+     "is its whole backward, and schedules without a W: not hit)"},
+    {FaultKind::pp_weight_before_input, "pp_weight_before_input", FaultSection::pipeline, "STAGE",
+     "a split backward's order runs the stage's first W of each step just before its I (the action list "
+     "of the rank that holds it; schedules without a W: not hit)"},
     {FaultKind::cp_position_offset, "cp_position_offset", FaultSection::context, "MODULE",
      "an attention takes its cp rank's tokens at positions 0..t-1 (no offset): RoPE rotates them and the "
      "causal mask cuts them as the sequence's first tokens"},

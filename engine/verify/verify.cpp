@@ -128,6 +128,20 @@ void add_plan(VerifyReport& report, const RunRecord& reference, RunRecord parall
     report.reference = reference;
 }
 
+// A plan whose run refused its own schedule (train/schedule.h ScheduleViolation: the runtime's
+// order, a W before its I): it fails, nothing compared, the violation as its localisation (rank 0).
+void add_unrunnable(VerifyReport& report, const Plan& plan, const std::string& why, const Tolerance& tol) {
+    PlanReport rep;
+    rep.plan_path = plan.path;
+    rep.pass = false;
+    rep.tol = tol;
+    rep.run.world_size = plan.world_size(), rep.run.backend = "not run";
+    rep.localisation = "first divergence: the schedule, before any step: " + why;
+    for (const MeshDim& d : plan.mesh()) rep.mesh.emplace_back(d.name, d.size);
+    report.pass = false;
+    report.plans.push_back(std::move(rep));
+}
+
 // A reference step's tensors once every rank compared with them: the names stay (compare_runs
 // reads them with the parallel run's diffs), scalars (loss, grad norm) too; a published step is
 // never written by the reference again.
@@ -523,7 +537,13 @@ void verify_plan(VerifyState& s, size_t i) {
     if (routing) routing->reset_replayed();  // this plan's own count
     // the lint's resolution: every rank's, rebound to its own model
     const ResolvedPlan resolved{&plan, &s.probe, &res};
-    ParallelRun par = run_parallel(s, resolved, steps, ro, routing, beside.get());
+    ParallelRun par;
+    try {
+        par = run_parallel(s, resolved, steps, ro, routing, beside.get());
+    } catch (const ScheduleViolation& e) {  // every rank's Run refused the same lists before running
+        if (launch.rank0()) add_unrunnable(s.report, plan, e.what(), ro.tol);
+        return;
+    }
     if (beside) {
         s.references[key] = beside->end();
         s.report.reference_seconds += s.references[key].seconds;
