@@ -80,7 +80,7 @@ void print_parallel_dims(const ExplainReport& r) {  // data parallel, expert par
     fmt::print(
         "\n  pipeline ({} over '{}': {} stages on {} pp ranks, {} microbatches a round, {} round{}; "
         "bubble "
-        "(p-1)/(v m) = {:.1f}% at uniform stages):\n",
+        "{:.1f}% at uniform stages, F = I = W):\n",
         schedule_kind_name(plan.pipeline->schedule), plan.dims.name(DimRole::pp), plan.pipeline_stages(), p,
         plan.microbatches_per_round(), rounds, rounds == 1 ? "" : "s", 100 * r.bubble_closed_form);
     std::vector<std::vector<std::string>> rows = {

@@ -102,8 +102,13 @@ with tempfile.TemporaryDirectory() as tmp:
             check(a["send_bytes"] == b["recv_bytes"] and a["recv_bytes"] == b["send_bytes"],
                   f"{name}: stage 0 sends {a['send_bytes']} B, receives {a['recv_bytes']} B; stage 1 receives "
                   f"{b['recv_bytes']} B, sends {b['send_bytes']} B")
-        check(abs(pipe["bubble_closed_form"] - (pp - 1) / (pipe["virtual_stages"] * m)) < 1e-12,
-              f"{name}: closed form {pipe['bubble_closed_form']}")
+        # the uniform-stage bubble: the closed form (p-1)/(v m) where the backward is one piece; a split
+        # backward's Ws fill some of it (each of these short rounds idles less than 1F1B's, more than none)
+        closed = (pp - 1) / (pipe["virtual_stages"] * m)
+        if pipe["schedule"] in ("zero_bubble", "zbv", "dualpipev"):
+            check(0 < pipe["bubble_closed_form"] < closed, f"{name}: uniform bubble {pipe['bubble_closed_form']} vs {closed}")
+        else:
+            check(abs(pipe["bubble_closed_form"] - closed) < 1e-12, f"{name}: closed form {pipe['bubble_closed_form']}")
 
         times = e.get("time", [])
         check(len(times) == len(e["memory"]), f"{name}: {len(times)} times for {len(e['memory'])} classes")

@@ -209,7 +209,8 @@ TEST_CASE("zero_bubble under fully_shard x tp: one reduce_scatter per unit a ste
         REQUIRE(v.plans.size() == 1);
         int64_t calls = 0;
         for (const auto& [key, totals] : v.plans[0].run.step_counts.entries())
-            if (std::get<0>(key) == Collective::reduce_scatter && std::get<1>(key) == "dp") calls += totals.calls;
+            if (std::get<0>(key) == Collective::reduce_scatter && std::get<1>(key) == "dp")
+                calls += totals.calls;
         return calls;
     };
     auto verified = [&](const std::string& text) {

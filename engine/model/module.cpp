@@ -85,7 +85,8 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
     return dx;
 }
 
-void Module::defer_weights(RunContext& ctx, std::function<void(RunContext&)> work, std::vector<Tensor> reads) {
+void Module::defer_weights(RunContext& ctx, std::function<void(RunContext&)> work,
+                           std::vector<Tensor> reads) {
     if (!ctx.weight_work) return work(ctx);
     ctx.weight_work->work.push_back(std::move(work));
     for (Tensor& t : reads)

@@ -324,10 +324,9 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
         // the flattened group's chunk (Run::placements nests them so)
         Communicator* shard =
             dims.cp_shards_params() ? mesh.group(dims.group(GroupName::dp_shard_cp)) : comm_;
-        fsdp_ = std::make_unique<FullyShard>(model, res.units, *shard, replicas, be,
-                                             plan.mixed_precision ? &*plan.mixed_precision : nullptr,
-                                             res.grad_reduce,
-                                             plan.pipeline && splits_backward(plan.pipeline->schedule));
+        fsdp_ = std::make_unique<FullyShard>(
+            model, res.units, *shard, replicas, be, plan.mixed_precision ? &*plan.mixed_precision : nullptr,
+            res.grad_reduce, plan.pipeline && splits_backward(plan.pipeline->schedule));
     }
 }
 

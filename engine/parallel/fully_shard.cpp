@@ -69,7 +69,8 @@ struct FullyShard::State : ModuleHooks {
             if (!accumulate || !m.full_grad.defined())
                 m.full_grad = Tensor(m.full_shape, compute, m.shard.device());
             if (accumulate && !m.accumulated.defined())
-                m.accumulated = reduce == compute ? m.full_grad : Tensor(m.full_shape, reduce, m.shard.device());
+                m.accumulated =
+                    reduce == compute ? m.full_grad : Tensor(m.full_shape, reduce, m.shard.device());
             m.p->grad = m.full_grad;
         }
     }

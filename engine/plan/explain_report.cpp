@@ -5,6 +5,7 @@
 
 #include "core/device_memory.h"
 #include "parallel/device_mesh.h"
+#include "plan/pipeline_search.h"
 #include "plan/pipeline_time.h"
 #include "train/stage.h"
 
@@ -50,7 +51,7 @@ void explain_stages(ExplainReport& r) {
     const std::vector<Module*> spine = model_spine(r.model);
     const std::vector<StageRange> ranges = pipeline_stage_ranges(r.model, spine, plan);
     const std::vector<std::string> names = spine_names(r.model);
-    const int pp_dim = plan.dims.index(DimRole::pp), p = plan.mesh()[pp_dim].size;
+    const int pp_dim = plan.dims.index(DimRole::pp);
     const int m = plan.microbatches_per_round(), rounds = static_cast<int>(plan.accumulation_rounds(r.model));
     const Schedule schedule =
         pipeline_schedule(spec.schedule, plan.pipeline_stages(), m, rounds, spec.virtual_stages);
@@ -74,7 +75,8 @@ void explain_stages(ExplainReport& r) {
         std::sort(st.ranks.begin(), st.ranks.end());
         r.stages.push_back(std::move(st));
     }
-    r.bubble_closed_form = static_cast<double>(p - 1) / (spec.virtual_stages * m);
+    r.bubble_closed_form =
+        uniform_bubble(spec.schedule, plan.pipeline_stages(), static_cast<int>(m), spec.virtual_stages);
 }
 
 // explain's simulation, bounded before it starts (docs/planning.md, "What explain costs"): each

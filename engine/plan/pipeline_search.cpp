@@ -19,8 +19,8 @@ bool is_tail(const Action& a) {
 
 // What one simulated pp rank says about its stages and itself.
 struct RankCosts {
-    std::map<int, std::array<double, 4>>
-        stages;  // stage -> forward s, backward s, forward flops, backward flops
+    std::map<int, std::array<double, 5>>
+        stages;  // stage -> forward s, backward s (I and W), forward flops, backward flops, I s
     double peak = 0, tail = 0, transfer = 0, fb_compute = 0, fb_overlap = 0, tail_compute = 0,
            tail_overlap = 0, static_at_peak = 0, activations_at_peak = 0;
     std::vector<double> in_flight;  // per local stage, where the rank holds the most microbatches
@@ -78,7 +78,8 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timi
     for (const auto& [label, peak] : sim.phase_peaks)
         if (std::string key = stage_phase(label, repeat, k, rank, pp); !key.empty())
             out.phases[key] = std::max(out.phases[key], static_cast<double>(peak));
-    std::map<int, std::array<double, 6>> sums;  // stage -> f s, b s, f flops, b flops, f count, b count
+    // stage -> f s, b s, f flops, b flops, f count, b count (a B or an I: a microbatch's), I s
+    std::map<int, std::array<double, 7>> sums;
     for (const ActionWork& aw : sim.actions) {
         const Action& a = aw.actions.front();
         add_into(is_tail(a) ? out.tail_comm : out.fb_comm, aw.comm);
@@ -94,10 +95,11 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timi
         }
         out.fb_compute += t.compute, out.fb_overlap += t.overlappable;
         const bool fwd = a.kind == ActionKind::forward;
-        std::array<double, 6>& s = sums[a.stage];
+        std::array<double, 7>& s = sums[a.stage];
         s[fwd ? 0 : 1] += seconds;
         s[fwd ? 2 : 3] += aw.work.gemm_flops - aw.work.recompute_flops;
-        s[fwd ? 4 : 5] += 1;
+        if (a.kind != ActionKind::backward_weight) s[fwd ? 4 : 5] += 1;
+        if (a.kind == ActionKind::backward_input) s[6] += seconds;
     }
     // the step's work outside its actions (zero_grad, casts), as time_pipeline prices it: in the
     // rank's own time (explain adds it to the rank's first compute action; here to its tail)
@@ -107,7 +109,8 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timi
     out.tail += extra, out.tail_compute += extra;
     for (const auto& [stage, s] : sums)
         out.stages[stage] = {s[0] / std::max(1.0, s[4]), s[1] / std::max(1.0, s[5]),
-                             s[2] / std::max(1.0, s[4]), s[3] / std::max(1.0, s[5])};
+                             s[2] / std::max(1.0, s[4]), s[3] / std::max(1.0, s[5]),
+                             s[6] / std::max(1.0, s[5])};
     out.peak = static_cast<double>(sim.memory.peak);
     const auto& by_use = sim.memory.torch_at_peak;
     for (MemoryUse u : {MemoryUse::parameters, MemoryUse::gradients, MemoryUse::optimizer,
@@ -133,7 +136,7 @@ PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute
         ranks[q] = costs_of(simulate(DeviceMesh::rank_of(coords, plan.mesh())), plan, timing ? *timing : plan,
                             c, compute, repeat, k, q);
     }
-    const std::array<double, 4>* middle = nullptr;  // a stage that is neither the first nor the last
+    const std::array<double, 5>* middle = nullptr;  // a stage that is neither the first nor the last
     for (const auto& [q, rc] : ranks)
         for (const auto& [s, v] : rc.stages)
             if (s != 0 && s != stages - 1 && !middle) middle = &v;
@@ -141,9 +144,10 @@ PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute
     for (int s = 0; s < stages; ++s) {
         const RankCosts& held = ranks.count(s % pp) ? ranks.at(s % pp) : ranks.at(1);
         const auto it = held.stages.find(s);
-        const std::array<double, 4>* v = it != held.stages.end() ? &it->second : middle;
+        const std::array<double, 5>* v = it != held.stages.end() ? &it->second : middle;
         PTOOL_REQUIRE(v != nullptr, "no sample of stage {} of {}", s, stages);
-        out.forward.push_back((*v)[0]), out.backward.push_back((*v)[1]);
+        out.forward.push_back((*v)[0]), out.backward.push_back((*v)[1]),
+            out.backward_input.push_back((*v)[4]);
         out.forward_flops.push_back((*v)[2]), out.backward_flops.push_back((*v)[3]);
     }
     for (int r = 0; r < pp; ++r) {
@@ -158,6 +162,23 @@ PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute
     }
     out.fb_comm = ranks.at(0).fb_comm, out.tail_comm = ranks.at(0).tail_comm;
     return out;
+}
+
+double uniform_bubble(ScheduleKind kind, int stages, int microbatches, int virtual_stages) {
+    const Schedule s = pipeline_schedule(kind, stages, microbatches, 1, virtual_stages);
+    PipelineSample unit;
+    unit.forward.assign(static_cast<size_t>(stages), 1.0),
+        unit.backward.assign(static_cast<size_t>(stages), 2.0);
+    unit.backward_input.assign(static_cast<size_t>(stages), 1.0);
+    unit.backward_input[0] = 0.0;  // the first stage's I does nothing, its W the whole backward
+    unit.tail.assign(s.ranks.size(), 0.0);
+    return time_schedule(s, unit).bubble;
+}
+
+std::pair<double, double> PipelineSample::split(int stage) const {
+    const double b = backward.at(stage);
+    const double i = stage < static_cast<int>(backward_input.size()) ? backward_input[stage] : b / 2;
+    return {i, b - i};
 }
 
 double PipelineSample::exposed(int r, double scale) const {
@@ -207,6 +228,8 @@ PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSampl
         const double k = blocks[s] - kStageSampled;
         o.forward.push_back(lin(a.forward[s], b.forward[s], k));
         o.backward.push_back(lin(a.backward[s], b.backward[s], k));
+        if (s < static_cast<int>(std::min(a.backward_input.size(), b.backward_input.size())))
+            o.backward_input.push_back(lin(a.backward_input[s], b.backward_input[s], k));
         o.forward_flops.push_back(lin(a.forward_flops[s], b.forward_flops[s], k));
         o.backward_flops.push_back(lin(a.backward_flops[s], b.backward_flops[s], k));
     }
@@ -237,6 +260,8 @@ PipelineSample widen_pipeline(const PipelineSample& p3, const PipelineSample& p4
     for (int s = 0; s < stages; ++s) {  // the first, a middle and the last stage as sampled
         const int from = s == 0 ? 0 : s == stages - 1 ? last4 : 1;
         o.forward.push_back(p4.forward[from]), o.backward.push_back(p4.backward[from]);
+        if (from < static_cast<int>(p4.backward_input.size()))
+            o.backward_input.push_back(p4.backward_input[from]);
         o.forward_flops.push_back(p4.forward_flops[from]),
             o.backward_flops.push_back(p4.backward_flops[from]);
     }
@@ -295,11 +320,13 @@ PipelineTiming time_schedule(const Schedule& schedule, const PipelineSample& cos
             const Action& a = list[i];
             if (!a.is_p2p() || i == 0 || !list[i - 1].is_p2p())  // a batch of transfers is one entry
                 out.first.push_back(static_cast<uint32_t>(i));
-            out.seconds.push_back(a.is_p2p()                        ? costs.transfer
-                                  : a.kind == ActionKind::forward   ? costs.forward.at(a.stage)
-                                  : a.kind == ActionKind::backward  ? costs.backward.at(a.stage)
-                                  : a.kind == ActionKind::grad_sync ? costs.tail.at(r)
-                                                                    : 0.0);
+            out.seconds.push_back(a.is_p2p()                              ? costs.transfer
+                                  : a.kind == ActionKind::forward         ? costs.forward.at(a.stage)
+                                  : a.kind == ActionKind::backward        ? costs.backward.at(a.stage)
+                                  : a.kind == ActionKind::backward_input  ? costs.split(a.stage).first
+                                  : a.kind == ActionKind::backward_weight ? costs.split(a.stage).second
+                                  : a.kind == ActionKind::grad_sync       ? costs.tail.at(r)
+                                                                          : 0.0);
         }
         out.first.push_back(static_cast<uint32_t>(list.size()));
     }
@@ -324,6 +351,20 @@ PipelineTiming time_pipeline_schedule(ScheduleKind kind, int stages, int microba
     for (size_t r = 0; r < a.busy.size() && linear; ++r)
         linear = steady(a.busy[r], b.busy[r], c.busy[r]) && steady(a.finish[r], b.finish[r], c.finish[r]);
     if (!linear) return play(microbatches);
+    // a steady state that still drifts (torch's receives waited for at their consumer let a rank run
+    // ahead and fall back over many periods): the line must also reach the play of 2M
+    if (2 * M < microbatches) {
+        const PipelineTiming d = play(2 * M);
+        const double periods = static_cast<double>(M) / pp;
+        auto reaches = [&](double x, double y, double z) {
+            return std::abs(x + (y - x) * periods - z) <= 1e-9 * std::max({std::abs(x), std::abs(z), 1e-300});
+        };
+        bool on_line = reaches(a.step, b.step, d.step) && reaches(a.pipelined, b.pipelined, d.pipelined);
+        for (size_t r = 0; r < a.busy.size() && on_line; ++r)
+            on_line =
+                reaches(a.busy[r], b.busy[r], d.busy[r]) && reaches(a.finish[r], b.finish[r], d.finish[r]);
+        if (!on_line) return play(microbatches);
+    }
     const double k = static_cast<double>(microbatches - M) / pp;  // periods beyond the first play
     auto ext = [k](double x, double y) { return x + (y - x) * k; };
     PipelineTiming out = a;

@@ -30,6 +30,11 @@ struct PipelineSample {
     // per stage (pp x v of them): one microbatch's forward and backward, seconds and GEMM FLOPs
     // (model FLOPs: without activation checkpointing's recompute)
     std::vector<double> forward, backward, forward_flops, backward_flops;
+    // per stage, under a split backward (zero_bubble): the seconds of its I, part of `backward` (the
+    // first stage's I does nothing: 0); empty otherwise
+    std::vector<double> backward_input;
+    // a stage's backward as its I and its W, seconds (no share sampled: halves)
+    std::pair<double, double> split(int stage) const;
     std::vector<double> peak, tail;  // per pp rank: peak bytes, seconds of sync + clip + step
     // per pp rank, at its peak: the bytes that grow alike in every stage with its blocks (parameters,
     // their gradients, copies and optimizer state) and the activations (which grow in a stage with
@@ -102,13 +107,21 @@ std::vector<int> balance_blocks(int total, const std::vector<double>& extra, dou
 // transfer, each rank's tail).
 PipelineTiming time_schedule(const Schedule& schedule, const PipelineSample& costs);
 
+// The bubble of one round of `kind`'s lists at uniform stages (every forward, I and W one unit, a
+// B two, transfers free), over the busiest rank's work: (p - 1)/(v m) for GPipe, 1F1B and
+// interleaved 1F1B; about (p - 1)/(3m) for ZB-H1 (zero_bubble at v 1) and DualPipeV and (p - 1)/(6m)
+// for ZB-V once m is past the warm-up (docs/planning.md "Zero-bubble schedules").
+double uniform_bubble(ScheduleKind kind, int stages, int microbatches, int virtual_stages);
+
 // The step of pipeline_schedule(kind, stages, microbatches, rounds, v) with `costs`, played whole up
 // to `exact` stage-microbatches (stages x microbatches x rounds); past it, played at three smaller
 // microbatch counts M, M + pp, M + 2 pp (M at least 4 pp, past the fill) and, where the step, its
 // pipelined end and every rank's busy time grow by the same amount from one to the next (the
 // schedule's steady state: every pp more microbatches add one period), extended linearly to
-// `microbatches` (else played whole). A planner's schedule of 512 ranks and 4096 microbatches is 13M
-// actions; tests/test_pipeline_time.cpp holds the extension to the whole play.
+// `microbatches` (else played whole), once a play at 2M lies on the same line. A planner's schedule
+// of 512 ranks and 4096 microbatches is 13M actions; tests/test_pipeline_time.cpp holds the
+// extension to the whole play: exact but for a slower cycle of the lists that takes over late (the
+// receives waited for at their consumer, plan/pipeline_time.h: interleaved at p 8, 0.1% short).
 PipelineTiming time_pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds, int v,
                                       const PipelineSample& costs, int64_t exact = int64_t{1} << 16);
 

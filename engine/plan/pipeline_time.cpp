@@ -1,6 +1,8 @@
 #include "plan/pipeline_time.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "core/error.h"
 #include "parallel/device_mesh.h"
@@ -72,10 +74,14 @@ PipelineTiming pipeline_critical_path(const std::vector<std::vector<TimedActions
     return pipeline_critical_path(lists);
 }
 
-// Each rank runs its list until a transfer's partner has not reached it yet; it waits on that entry
-// and runs on when the partner posts it (event-driven: every entry is visited a bounded number of
-// times and a transfer's partner is an index, so a step of many ranks and microbatches costs its
-// actions).
+// torch's runtime posts each send and receive where its list has it (isend / irecv) and waits for
+// a receive only before the compute that uses it (a forward its RECV_F, a backward or I its
+// RECV_B); its sends are waited for at the step's end. So a rank never waits at a transfer: a
+// compute that consumes a receive starts once its data has arrived, the partner's send posted and
+// the transfer's seconds after both were. Each rank runs its list until such a compute's send has
+// not been posted yet; it waits there and runs on when the partner posts it (event-driven: every
+// entry is visited a bounded number of times and a transfer's partner is an index, so a step of
+// many ranks and microbatches costs its actions).
 PipelineTiming pipeline_critical_path(const std::vector<TimedList>& ranks) {
     const int p = static_cast<int>(ranks.size());
     PTOOL_REQUIRE(p >= 1, "a pipeline of no ranks");
@@ -86,8 +92,31 @@ PipelineTiming pipeline_critical_path(const std::vector<TimedList>& ranks) {
     std::vector<uint32_t> next(p, 0);
     std::vector<size_t> entries(p);
     std::vector<std::vector<double>> posted(p);  // when the rank reached each entry (-1: not yet)
-    for (int r = 0; r < p; ++r) entries[r] = ranks[r].first.size() - 1, posted[r].assign(entries[r], -1.0);
-    // the entry a rank waits for its peer to reach (rank -1: none); a rank that posts an entry
+    // per rank, per action: its entry; and per compute action the receive it consumes (-1: none)
+    std::vector<std::vector<uint32_t>> entry_of(p);
+    std::vector<std::vector<int64_t>> consumes(p);
+    for (int r = 0; r < p; ++r) {
+        const TimedList& list = ranks[r];
+        entries[r] = list.first.size() - 1, posted[r].assign(entries[r], -1.0);
+        entry_of[r].assign(list.actions.size(), 0), consumes[r].assign(list.actions.size(), -1);
+        std::map<std::tuple<ActionKind, int, int>, int64_t> receive;  // (kind, stage, microbatch) -> action
+        for (size_t i = 0; i < entries[r]; ++i)
+            for (uint32_t k = list.first[i]; k < list.first[i + 1]; ++k) {
+                entry_of[r][k] = static_cast<uint32_t>(i);
+                const Action& a = list.actions[k];
+                if (a.kind == ActionKind::recv_forward || a.kind == ActionKind::recv_backward)
+                    receive[{a.kind, a.stage, a.microbatch}] = k;
+                const ActionKind wants =
+                    a.kind == ActionKind::forward ? ActionKind::recv_forward
+                    : a.kind == ActionKind::backward || a.kind == ActionKind::backward_input
+                        ? ActionKind::recv_backward
+                        : ActionKind::grad_sync;  // (none)
+                if (wants == ActionKind::grad_sync) continue;
+                if (auto it = receive.find({wants, a.stage, a.microbatch}); it != receive.end())
+                    consumes[r][k] = it->second;
+            }
+    }
+    // the send entry a rank waits for its peer to post (rank -1: none); a rank that posts an entry
     // wakes its partners that wait on it
     std::vector<std::pair<int, uint32_t>> blocked_on(p, {-1, 0});
     std::vector<int> ready;
@@ -99,33 +128,28 @@ PipelineTiming pipeline_critical_path(const std::vector<TimedList>& ranks) {
         while (next[r] < entries[r]) {
             const uint32_t b = list.first[next[r]], e = list.first[next[r] + 1];
             const Action& head = list.actions[b];
-            if (!head.is_p2p()) {  // a compute action
-                t[r] += list.seconds[b];
-                if (is_work(head))
-                    out.busy[r] += list.seconds[b], out.pipelined = std::max(out.pipelined, t[r]);
-                ++next[r];
-                continue;
-            }
-            if (posted[r][next[r]] < 0) {
+            if (head.is_p2p()) {  // posted; a receive is waited for by its consumer
                 posted[r][next[r]] = t[r];
                 for (uint32_t k = b; k < e; ++k)
                     if (const auto [peer, j] = partners.of[r][k];
                         peer >= 0 && blocked_on[peer] == std::pair<int, uint32_t>{r, next[r]})
                         blocked_on[peer] = {-1, 0}, ready.push_back(peer);
+                ++next[r];
+                continue;
             }
-            double end = t[r];
-            bool met = true;
-            for (uint32_t k = b; k < e && met; ++k) {
+            if (const int64_t k = consumes[r][b]; k >= 0) {  // its data: sent, then transferred
                 const auto [peer, j] = partners.of[r][k];
                 PTOOL_REQUIRE(peer >= 0, "rank {}: {} has no partner in any list", r, list.actions[k].str());
-                met = posted[peer][j] >= 0;
-                if (met)
-                    end = std::max(end, std::max(posted[r][next[r]], posted[peer][j]) + list.seconds[k]);
-                else
-                    blocked_on[r] = {peer, j};  // runs on when its peer reaches the transfer
+                if (posted[peer][j] < 0) {
+                    blocked_on[r] = {peer, j};  // runs on when its peer posts the send
+                    break;
+                }
+                const double arrived = std::max(posted[r][entry_of[r][k]], posted[peer][j]) + list.seconds[k];
+                out.pipelined = std::max(out.pipelined, arrived);
+                t[r] = std::max(t[r], arrived);
             }
-            if (!met) break;
-            t[r] = end, out.pipelined = std::max(out.pipelined, end);
+            t[r] += list.seconds[b];
+            if (is_work(head)) out.busy[r] += list.seconds[b], out.pipelined = std::max(out.pipelined, t[r]);
             ++next[r];
         }
     }

@@ -1,15 +1,20 @@
 // A pipeline's step time: the critical path of its schedule (train/schedule.h), played action by
 // action with each action's own duration. Every pipeline rank runs its list in order; a forward,
-// backward, sync, clip or optimizer step takes its seconds; a batch of consecutive sends and
-// receives completes when each of its transfers has: a transfer starts when both ends have posted
-// it (sends are rendezvous, as ptool runs them and check_schedule plays them) and takes its
-// seconds. The step ends when the last rank finishes.
+// backward, sync, clip or optimizer step takes its seconds. Transfers are timed as torch's
+// pipelining runtime runs them on GPUs: each send and receive is posted where the list has it
+// (isend / irecv) and nobody waits there; a compute that uses a receive (a forward its RECV_F, a
+// backward or I its RECV_B) starts once the data has arrived, the transfer's seconds after both
+// ends posted it. (ptool's own ranks send by rendezvous, which check_schedule plays to refuse a
+// deadlock; a rendezvous wait at a receive placed early, as torch's lowering places them before a
+// W that could run meanwhile, would cost the zero-bubble schedules their bubble.) The step ends
+// when the last rank finishes.
 //
 // With every stage's forward taking t_f and backward t_b per microbatch and free transfers, GPipe
 // and 1F1B over p ranks and m microbatches finish their forwards and backwards in
 // (m + p - 1)(t_f + t_b): a bubble of (p - 1)/m of the work (interleaved 1F1B's v stages per rank,
-// each 1/v of the work, make it (p - 1)/(v m)). tests/test_pipeline_time.cpp holds the critical
-// path to these closed forms; docs/planning.md.
+// each 1/v of the work, make it (p - 1)/(v m)); at F = I = W each, torch's zero-bubble orders
+// idle (p - 1) F (ZB-H1, ZB-V's last rank) and (p - 1)(F + B - 3W) (DualPipeV) beyond the work.
+// tests/test_pipeline_time.cpp holds the critical path to these closed forms; docs/planning.md.
 #pragma once
 
 #include <cstdint>

@@ -74,8 +74,11 @@ SearchResult Search::run() {
                 f.choice.same_checkpointing(c) && (compute == 0 || f.time.compute < compute))
                 compute = f.time.compute;
         const int m = pipeline_microbatches(c);
-        const double bound =
-            compute * (1 + static_cast<double>(c.pp - 1) / (c.virtual_stages * std::max(m, 1)));
+        // (a split backward fills its bubble with Ws: its compute alone bounds it)
+        const double bubble = splits_backward(c.schedule)
+                                  ? 0.0
+                                  : static_cast<double>(c.pp - 1) / (c.virtual_stages * std::max(m, 1));
+        const double bound = compute * (1 + bubble);
         if (kept > 0 && compute > 0 && m > 0 && bound > kept) {
             r_.rejected.push_back(
                 {pipeline_shape(c),
@@ -221,7 +224,8 @@ void Search::evaluate_all(const std::vector<PlanChoice>& groups) {
 // fully_shard where it replicates (shards of the parameters, gradients and optimizer state, not
 // the whole), checkpointed where it is not (a block's activations recomputed, not kept), 1F1B
 // where it interleaves (pp rank r holds at most pp - r stages' activations of microbatches in
-// flight; interleaved's warm-up ((v + 1) pp - 2 r - 1) / v of them, (pp + (v - 2) r - 1) / v more).
+// flight; interleaved's warm-up ((v + 1) pp - 2 r - 1) / v of them, (pp + (v - 2) r - 1) / v more)
+// or splits its backward (a W holds its microbatch's linear inputs and output gradients past its I).
 std::vector<PlanChoice> Search::lighter_variants(const PlanChoice& c) const {
     std::vector<PlanChoice> out;
     if (c.dp_mode == DataParallelMode::replicate)
@@ -229,7 +233,7 @@ std::vector<PlanChoice> Search::lighter_variants(const PlanChoice& c) const {
     if (!c.checkpoint && !blocks_.empty())  // the op policy keeps less than no checkpointing
         out.push_back(c), out.back().checkpoint = true, out.back().selective = true;
     if (c.selective) out.push_back(c), out.back().selective = false;  // and full less than the op policy
-    if (c.virtual_stages > 1)
+    if (c.virtual_stages > 1 || splits_backward(c.schedule))          // (zero_bubble: its Ws hold more)
         out.push_back(c), out.back().schedule = ScheduleKind::one_f_one_b, out.back().virtual_stages = 1;
     return out;
 }

@@ -145,7 +145,7 @@ void Search::add_context_parallel(const PlanChoice& base, std::vector<PlanChoice
 
 // Pipelines over the tp of `base` (its tp and lint accepted): pp ranks outermost, pp a power of
 // two dividing world / tp with at least one block per stage, dp the rest; fully_shard or
-// replicate inside each stage, checkpointing or not, 1F1B and interleaved 1F1B (v 2).
+// replicate inside each stage, checkpointing or not, 1F1B, interleaved 1F1B (v 2) and zero_bubble.
 void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& groups) {
     if (!extrapolate_) return;  // a stage's costs are extrapolated over the blocks of one long repeat
     for (int pp = 2; pp <= r_.world_size / base.tp && pp <= layers_; pp *= 2) {
@@ -160,6 +160,14 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
                 continue;
             }
             if (!rows_split(dp, shape)) continue;
+            if (splits_backward(schedule) && full_.gradient_accumulation > 1) {  // torch's orders: one round
+                r_.rejected.push_back(
+                    {shape,
+                     fmt::format("{} runs one round of its schedule a step; the model accumulates {}",
+                                 schedule_kind_name(schedule), full_.gradient_accumulation),
+                     RejectionKind::refused});
+                continue;
+            }
             const int64_t per_round = rows_ / dp / std::max<int64_t>(1, full_.gradient_accumulation);
             if (per_round < pp) {
                 r_.rejected.push_back(

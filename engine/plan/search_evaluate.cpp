@@ -158,8 +158,7 @@ void Search::pipeline_candidate(const PlanChoice& base, int m, const PipelineCos
     const int64_t rounds = full_.gradient_accumulation;
     const int stages = base.pp * base.virtual_stages;
     const PipelineSample(&at)[2] = pc.at;
-    const ScheduleKind kind =
-        base.virtual_stages > 1 ? ScheduleKind::interleaved_one_f_one_b : ScheduleKind::one_f_one_b;
+    const ScheduleKind kind = base.schedule;
     const int sampled = pipeline_samples(base, m);
     const double workspace = workspaces(), fragmentation = pc.fragmentation;  // PyTorch's cuBLAS workspaces
     // a stage's forward and backward of every microbatch: its fixed part and one block's

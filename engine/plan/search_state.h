@@ -80,8 +80,12 @@ private:
         {DataParallelMode::replicate, false},
         {DataParallelMode::fully_shard, true}};
     // The pipeline schedules the search offers, with their virtual stages per rank
+    // (zero_bubble: torch's ScheduleInterleavedZeroBubble at one stage per rank, the loop placement
+    // the samples assume; its V-placed kin zbv and dualpipev are not searched)
     static constexpr std::pair<ScheduleKind, int> kPipelineShapes[] = {
-        {ScheduleKind::one_f_one_b, 1}, {ScheduleKind::interleaved_one_f_one_b, 2}};
+        {ScheduleKind::one_f_one_b, 1},
+        {ScheduleKind::interleaved_one_f_one_b, 2},
+        {ScheduleKind::zero_bubble, 1}};
     static std::string checkpointed(const PlanChoice& c) {
         return !c.checkpoint ? "" : c.selective ? " checkpointed (op)" : " checkpointed";
     }
@@ -119,8 +123,11 @@ private:
         std::string message;
     };
     // The microbatches a pipeline is sampled with: the fewest that reach the schedule's steady state.
+    // (a split backward's Ws wait behind its Is, torch's order reaching its steady state later: 2 pp,
+    // which its rule, a multiple of microbatches / pp, admits)
     static int pipeline_samples(const PlanChoice& base, int m) {
-        return std::min(m, base.virtual_stages > 1 ? 2 * base.pp : base.pp + 1);
+        return std::min(
+            m, base.virtual_stages > 1 || splits_backward(base.schedule) ? 2 * base.pp : base.pp + 1);
     }
 
     void evaluate_pipeline(const PlanChoice& base, std::optional<Candidate>& fit,

@@ -171,7 +171,8 @@ void Run::backward_weight(StepState& st, int s, int m) {
     // that one is the W's)
     std::vector<std::tuple<ParamPtr, Tensor, Tensor>> before;
     if (fault == WeightFault::skipped || fault == WeightFault::doubled)
-        for (const auto& [name, p] : model_.named_parameters()) before.emplace_back(p, p->grad, p->grad.clone());
+        for (const auto& [name, p] : model_.named_parameters())
+            before.emplace_back(p, p->grad, p->grad.clone());
     std::vector<std::pair<Tensor, Tensor>> freed;  // each read, and what it held
     if (fault == WeightFault::freed_input && !pending.whole)
         for (Tensor& t : pending.work.reads)
@@ -189,7 +190,8 @@ void Run::backward_weight(StepState& st, int s, int m) {
         MemoryUseScope use(MemoryUse::activations);
         run_weight_work(pending.ctx, pending.work);
     }
-    for (auto it = freed.rbegin(); it != freed.rend(); ++it) be_.copy(it->second, it->first);  // shared: last first
+    for (auto it = freed.rbegin(); it != freed.rend(); ++it)
+        be_.copy(it->second, it->first);     // shared: last first
     for (auto& [p, handle, was] : before) {  // the W's change to each gradient, undone or added again
         Tensor& grad = p->grad;
         if (grad.numel() == 0) continue;

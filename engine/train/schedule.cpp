@@ -224,7 +224,7 @@ std::string describe(const Schedule& s) {
     std::vector<int> held;
     if (static_cast<int>(s.stage_rank.size()) == s.stages) held = s.stages_of(rank);
     throw ScheduleViolation(fmt::format("{}: rank {} (stage{} {}) {}", describe(s), rank,
-                                   held.size() == 1 ? "" : "s", fmt::join(held, ", "), what));
+                                        held.size() == 1 ? "" : "s", fmt::join(held, ", "), what));
 }
 
 }  // namespace
@@ -258,7 +258,8 @@ void check_placement(const Schedule& s) {
     if (s.stages < 1 || n < 1 || n > s.stages)
         throw ScheduleViolation(fmt::format("{}: {} lists for {} stages", describe(s), n, s.stages));
     if (static_cast<int>(s.stage_rank.size()) != s.stages)
-        throw ScheduleViolation(fmt::format("{}: a placement of {} stages", describe(s), s.stage_rank.size()));
+        throw ScheduleViolation(
+            fmt::format("{}: a placement of {} stages", describe(s), s.stage_rank.size()));
     std::vector<int> count(static_cast<size_t>(n), 0);
     for (int st = 0; st < s.stages; ++st) {
         const int r = s.stage_rank[st];
@@ -477,8 +478,8 @@ void check_progress(const Schedule& s) {
                     break;
                 }
     if (!stuck.empty())
-        throw ScheduleViolation(fmt::format("{} cannot finish: its sends and receives never meet: {}", describe(s),
-                                       fmt::join(stuck, "; ")));
+        throw ScheduleViolation(fmt::format("{} cannot finish: its sends and receives never meet: {}",
+                                            describe(s), fmt::join(stuck, "; ")));
 }
 
 }  // namespace

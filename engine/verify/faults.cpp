@@ -86,7 +86,8 @@ public:
             });
             if (w == list.end()) continue;
             auto i = std::find_if(list.begin(), w, [&](const Action& a) {
-                return a.kind == ActionKind::backward_input && a.stage == w->stage && a.microbatch == w->microbatch;
+                return a.kind == ActionKind::backward_input && a.stage == w->stage &&
+                       a.microbatch == w->microbatch;
             });
             if (i != w) std::rotate(i, w, w + 1);
         }

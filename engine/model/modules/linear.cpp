@@ -126,13 +126,12 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
     const Tensor x2 = restore()[0];
     const Tensor dy2 = dy.reshape({x2.size(0), dy.size(-1)});
     ParamPtr w = param("weight");
-    defer_weights(
-        ctx,
-        [this, x2, dy2, w](RunContext& c) {
-            c.backend->gemm(dy2, true, x2, false, w->grad, 1.0, 1.0);
-            if (auto b = param("bias"); b && !defer_bias_) c.backend->sum_rows(dy2, b->grad, true);
-        },
-        {x2});
+    defer_weights(ctx,
+                  [this, x2, dy2, w](RunContext& c) {
+                      c.backend->gemm(dy2, true, x2, false, w->grad, 1.0, 1.0);
+                      if (auto b = param("bias"); b && !defer_bias_) c.backend->sum_rows(dy2, b->grad, true);
+                  },
+                  {x2});
     Shape in_shape = dy.shape();
     in_shape.back() = x2.size(1);
     Tensor dx = Tensor::empty(in_shape, dy.dtype(), dy.device());

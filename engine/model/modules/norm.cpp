@@ -159,14 +159,13 @@ Tensor Norm::backward_impl(RunContext& ctx, const Tensor& dy) {
     // the one backward computes, bit for bit
     ctx.backend->layer_norm_backward(s[0], w->value, s[1], s[2], dy, rms(), dx, nullptr, nullptr);
     // the weight as the I saw it (autograd's saved tensor): fully_shard may have resharded it since
-    defer_weights(
-        ctx,
-        [s, dy, w, b, weight = w->value, rms = rms()](RunContext& c) {
-            Tensor discarded = empty_like(dy);
-            c.backend->layer_norm_backward(s[0], weight, s[1], s[2], dy, rms, discarded, &w->grad,
-                                           b ? &b->grad : nullptr);
-        },
-        {s[0], s[1], s[2]});
+    defer_weights(ctx,
+                  [s, dy, w, b, weight = w->value, rms = rms()](RunContext& c) {
+                      Tensor discarded = empty_like(dy);
+                      c.backend->layer_norm_backward(s[0], weight, s[1], s[2], dy, rms, discarded, &w->grad,
+                                                     b ? &b->grad : nullptr);
+                  },
+                  {s[0], s[1], s[2]});
     return dx;
 }
 
