@@ -127,14 +127,6 @@ void check_microbatches(const Plan& plan, const Model& model) {
                         rounds, rows));
     if (plan.pipeline) {  // the step's microbatches: gradient_accumulation rounds of the pipeline's
         const PipelineSpec& pp = *plan.pipeline;
-        if (splits_backward(pp.schedule) && rounds > 1)  // torch's order is of one round
-            throw InputError(
-                planned ? plan.gradient_accumulation_where : pp.schedule_where,
-                fmt::format("{} runs one round of its schedule a step, not {} "
-                            "(gradient_accumulation{}): give the pipeline {} microbatches "
-                            "instead",
-                            schedule_kind_name(pp.schedule), rounds, planned ? "" : ", the model's",
-                            rounds * plan.microbatches_per_round()));
         const int64_t m = plan.microbatches_per_round(), microbatches = rounds * m;
         // the plan's rounds are blamed where the pipeline's microbatches alone would fit
         const bool fit_alone = rows % m == 0 && (rows / m) % data == 0;

@@ -160,14 +160,6 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
                 continue;
             }
             if (!rows_split(dp, shape)) continue;
-            if (splits_backward(schedule) && full_.gradient_accumulation > 1) {  // torch's orders: one round
-                r_.rejected.push_back(
-                    {shape,
-                     fmt::format("{} runs one round of its schedule a step; the model accumulates {}",
-                                 schedule_kind_name(schedule), full_.gradient_accumulation),
-                     RejectionKind::refused});
-                continue;
-            }
             const int64_t per_round = rows_ / dp / std::max<int64_t>(1, full_.gradient_accumulation);
             if (per_round < pp) {
                 r_.rejected.push_back(

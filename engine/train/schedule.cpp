@@ -163,13 +163,29 @@ Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int 
         PTOOL_REQUIRE(stages == 1, "the accumulation schedule has one stage, not {}", stages);
         return accumulation_schedule(microbatches * rounds);
     }
-    if (splits_backward(kind)) {  // torch's order for one round (the plan's check: one)
-        PTOOL_REQUIRE(rounds == 1 && stages % virtual_stages == 0, "{}: {} stages in {} per rank, {} rounds",
-                      schedule_kind_name(kind), stages, virtual_stages, rounds);
+    if (splits_backward(kind)) {  // torch's order of one round, run once per round
+        PTOOL_REQUIRE(stages % virtual_stages == 0, "{}: {} stages in {} per rank",
+                      schedule_kind_name(kind), stages, virtual_stages);
         const int pp = stages / virtual_stages;
-        if (kind == ScheduleKind::zbv) return zbv_zero_bubble_schedule(pp, virtual_stages, microbatches);
-        if (kind == ScheduleKind::dualpipev) return dualpipev_schedule(pp, virtual_stages, microbatches);
-        return interleaved_zero_bubble_schedule(pp, virtual_stages, microbatches);
+        Schedule sch = kind == ScheduleKind::zbv ? zbv_zero_bubble_schedule(pp, virtual_stages, microbatches)
+                       : kind == ScheduleKind::dualpipev
+                           ? dualpipev_schedule(pp, virtual_stages, microbatches)
+                           : interleaved_zero_bubble_schedule(pp, virtual_stages, microbatches);
+        // gradient accumulation as torchtitan runs it under pp: the schedule's step once per round
+        // (each its own fill and drain), the microbatches numbered on, one sync, clip and step
+        for (std::vector<Action>& list : sch.ranks) {
+            list.resize(list.size() - 3);  // the round's sync, clip and step
+            const size_t round = list.size();
+            for (int r = 1; r < rounds; ++r)
+                for (size_t i = 0; i < round; ++i) {
+                    Action a = list[i];
+                    a.microbatch += r * microbatches;
+                    list.push_back(a);
+                }
+            step_end(list);
+        }
+        sch.microbatches = microbatches * rounds;
+        return sch;
     }
     const bool interleaved = kind == ScheduleKind::interleaved_one_f_one_b;
     PTOOL_REQUIRE(interleaved || virtual_stages == 1, "{} runs one stage per rank, not {}",
