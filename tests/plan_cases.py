@@ -128,13 +128,14 @@ with tempfile.TemporaryDirectory() as tmp:
     # 2. extrapolated numbers are the full simulation's
     m8 = os.path.join(tmp, "llama3_8b.yaml")  # two steps: the proxies below verify the optimizer's second step
     open(m8, "w").write(re.sub(r"^steps: \d+", "steps: 2", open(f"{ROOT}/models/scale/llama3_8b.yaml").read(), flags=re.M))
-    def against_explain(c, name, what, tol):
+    def against_explain(c, name, what, tol, high=None):
         """Writes candidate c's plan, explains it, and checks the planned (PyTorch's allocated) peak and
         step against explain's simulation of the plan as written (its worst rank) within tol. The
         shipped model says steps: 1; explain's headline peak is still the steady state (two steps
         simulated, the optimizer's state held throughout), as the planner's. A candidate of other
         microbatches than the model's carries them (gradient_accumulation), and explain reads them
-        from the plan: the model is the shipped file, unedited."""
+        from the plan: the model is the shipped file, unedited. `high`: a peak bound above explain's
+        other than tol (the safe side: a V's two stages weighed by their microbatches in flight)."""
         plan, ej = os.path.join(tmp, f"{name}.yaml"), os.path.join(tmp, "e.json")
         open(plan, "w").write(c["plan"])
         rc, out = run("explain", f"{ROOT}/models/scale/llama3_8b.yaml", plan, "--cluster", H100, "--json", ej)
@@ -144,7 +145,8 @@ with tempfile.TemporaryDirectory() as tmp:
         full_peak = max(m["allocated_peak_bytes"] for m in e["memory"])
         full_step = e["time"][0]["step_seconds"]
         planned = c["peak_bytes"]
-        check(abs(planned - full_peak) <= tol * full_peak, f"{what}: planned peak {planned:.0f} B, explain's {full_peak} B")
+        check(-tol * full_peak <= planned - full_peak <= (tol if high is None else high) * full_peak,
+              f"{what}: planned peak {planned:.0f} B, explain's {full_peak} B")
         check(abs(c["step_seconds"] - full_step) <= tol * full_step, f"{what}: planned step {c['step_seconds']} s, explain's {full_step} s")
         return True
 
@@ -173,9 +175,16 @@ with tempfile.TemporaryDirectory() as tmp:
     piped = [c for c in json.load(open(j))["candidates"] if "pipeline" in c] if rc == 0 else []
     check(len(piped) >= 8 and any(c["pipeline"]["pp"] >= 4 for c in piped) and any(c["activation_checkpointing"] for c in piped),
           f"llama3_8b on 16 H100s: {len(piped)} pipeline plans fit")
+    schedules = {c["pipeline"]["schedule"] for c in piped}
+    check({"1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev"} <= schedules,
+          f"llama3_8b on 16 H100s: the fitting pipelines' schedules are {sorted(schedules)}")
     for k, c in enumerate(piped):
         what = f"pipeline #{k} (pp{c['pipeline']['pp']} {c['pipeline']['stage_blocks']} {c['dp']}x{c['tp']} {c['mode']} ac={c['activation_checkpointing']})"
-        against_explain(c, f"pp8_{k}", what, 0.025)
+        # the V (zbv, dualpipev): a rank holds the first and the last stage, or two middle ones, of
+        # unequal blocks; weighing them by their microbatches in flight at the sampled peak errs high
+        # by up to 3.7% under zbv (measured 2026-11-29; unweighed it errs both ways, to -3.9%)
+        v_placed = c["pipeline"]["schedule"] in ("zbv", "dualpipev")
+        against_explain(c, f"pp8_{k}", what, 0.025, 0.04 if v_placed else None)
         check(sum(c["pipeline"]["stage_blocks"]) == 32 and min(c["pipeline"]["stage_blocks"]) >= 1,
               f"{what}: stage blocks {c['pipeline']['stage_blocks']} are not the 32 blocks")
 
@@ -255,7 +264,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(proxies >= 35 and m and int(m.group(1)) == proxies, f"{proxies} proxies; docs/planning.md says {m and m.group(0)!r}")
     # a planned pipeline's proxy keeps its stages (a block each), schedule and microbatches: the
     # interleaved and 1F1B ones the planner proposed for Llama 3 8B on 16 H100s verify PASS there
-    for schedule in ("1f1b", "interleaved_1f1b"):
+    for schedule in ("1f1b", "interleaved_1f1b", "zero_bubble", "zbv"):
         c = next((c for c in piped if c["pipeline"]["schedule"] == schedule and c["mode"] == "fully_shard"), None)
         if not check(c is not None, f"no fully_shard {schedule} plan for llama3_8b on 16 H100s"):
             continue

@@ -225,6 +225,12 @@ TEST_CASE("zero_bubble under fully_shard x tp: one reduce_scatter per unit a ste
     const VerifyReport v = verified(zb), w = verified(one_f_one_b);
     CHECK(v.pass);
     CHECK(w.pass);
+    // FSDP2's mixed precision: bf16 gradients summed into a float32 one after each W (the root's
+    // unit among them, whose hooks wrap the stage: its post_backward at the W, not the I)
+    CHECK(verified(replaced(zb, "fully_shard: [\"layers.*\"]}",
+                            "fully_shard: [\"layers.*\"], mixed_precision: {param_dtype: bfloat16, "
+                            "reduce_dtype: float32}}"))
+              .pass);
     // rank 0 (stage 0: the root and layers.0; 2 microbatches, 2 steps): 2 units x 2 steps against
     // 2 units x 2 microbatches x 2 steps
     CHECK(reduce_scatters(v) == 4);

@@ -31,12 +31,16 @@ struct RankCosts {
 // "layers.9.attn_block/b" on a rank whose stages hold k blocks each (stage s blocks s*k ..) ->
 // "layers.stage1.last.attn_block/b" (its second stage's last block); a block between the first
 // and the last -> "" (its peaks are below the last's); any other pass as it is.
-std::string stage_phase(const std::string& label, const std::string& repeat, int k, int rank, int pp) {
+std::string stage_phase(const std::string& label, const std::string& repeat, int k,
+                        const std::vector<int>& stage_rank) {
     if (repeat.empty() || label.rfind(repeat + ".", 0) != 0) return label;
     const size_t start = repeat.size() + 1, end = label.find_first_of("./", start);
     const std::string index = label.substr(start, end - start);
     if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos) return label;
-    const int i = std::stoi(index), stage = i / k, local = (stage - rank) / pp;
+    const int i = std::stoi(index), stage = i / k;
+    if (stage >= static_cast<int>(stage_rank.size())) return label;
+    int local = 0;  // the stage's place among its rank's
+    for (int s = 0; s < stage; ++s) local += stage_rank[s] == stage_rank[stage];
     const std::string rest = end == std::string::npos ? "" : label.substr(end);
     if (i % k == 0) return fmt::format("{}.stage{}.first{}", repeat, local, rest);
     if (i % k == k - 1) return fmt::format("{}.stage{}.last{}", repeat, local, rest);
@@ -49,10 +53,14 @@ void add_into(CommByOpDim& to, const CommByOpDim& from) {
 
 // Each of pp rank `rank`'s stages' microbatches in flight (forwards run, their backwards not yet)
 // at the first point of its schedule where it holds the most in all.
-std::vector<double> in_flight_at_most(const std::vector<ActionWork>& actions, int rank, int pp) {
+std::vector<double> in_flight_at_most(const std::vector<ActionWork>& actions, int rank,
+                                      const std::vector<int>& stage_rank) {
+    auto mine = [&](int s) {
+        return s >= 0 && s < static_cast<int>(stage_rank.size()) && stage_rank[s] == rank;
+    };
     std::map<int, int> now;  // every local stage of the rank, from 0 (one not yet run counts 0)
     for (const ActionWork& aw : actions)
-        if (const int s = aw.actions.front().stage; s % pp == rank) now.emplace(s, 0);
+        if (const int s = aw.actions.front().stage; mine(s)) now.emplace(s, 0);
     std::map<int, int> most;
     int total = 0, best = -1;
     for (const ActionWork& aw : actions) {
@@ -67,19 +75,21 @@ std::vector<double> in_flight_at_most(const std::vector<ActionWork>& actions, in
     }
     std::vector<double> out;
     for (const auto& [stage, n] : most)
-        if (stage % pp == rank) out.push_back(std::max(0, n));
+        if (mine(stage)) out.push_back(std::max(0, n));
     return out;
 }
 
 RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timing, const Cluster& c,
                    DType compute, const std::string& repeat, int k, int rank) {
+    const std::vector<int> placed =
+        stage_placement(plan.pipeline->schedule, plan.dims.size(DimRole::pp), plan.pipeline_stages());
     RankCosts out;
-    const int pp = plan.dims.size(DimRole::pp);
     for (const auto& [label, peak] : sim.phase_peaks)
-        if (std::string key = stage_phase(label, repeat, k, rank, pp); !key.empty())
+        if (std::string key = stage_phase(label, repeat, k, placed); !key.empty())
             out.phases[key] = std::max(out.phases[key], static_cast<double>(peak));
-    // stage -> f s, b s, f flops, b flops, f count, b count (a B or an I: a microbatch's), I s
-    std::map<int, std::array<double, 7>> sums;
+    // stage -> f s, b s, f flops, b flops, f count, b count (a B or an I: a microbatch's), I s, I count
+    // (DualPipeV runs some microbatches' backwards whole, some split: an I's seconds are the Is')
+    std::map<int, std::array<double, 8>> sums;
     for (const ActionWork& aw : sim.actions) {
         const Action& a = aw.actions.front();
         add_into(is_tail(a) ? out.tail_comm : out.fb_comm, aw.comm);
@@ -95,11 +105,11 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timi
         }
         out.fb_compute += t.compute, out.fb_overlap += t.overlappable;
         const bool fwd = a.kind == ActionKind::forward;
-        std::array<double, 7>& s = sums[a.stage];
+        std::array<double, 8>& s = sums[a.stage];
         s[fwd ? 0 : 1] += seconds;
         s[fwd ? 2 : 3] += aw.work.gemm_flops - aw.work.recompute_flops;
         if (a.kind != ActionKind::backward_weight) s[fwd ? 4 : 5] += 1;
-        if (a.kind == ActionKind::backward_input) s[6] += seconds;
+        if (a.kind == ActionKind::backward_input) s[6] += seconds, s[7] += 1;
     }
     // the step's work outside its actions (zero_grad, casts), as time_pipeline prices it: in the
     // rank's own time (explain adds it to the rank's first compute action; here to its tail)
@@ -110,14 +120,14 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timi
     for (const auto& [stage, s] : sums)
         out.stages[stage] = {s[0] / std::max(1.0, s[4]), s[1] / std::max(1.0, s[5]),
                              s[2] / std::max(1.0, s[4]), s[3] / std::max(1.0, s[5]),
-                             s[6] / std::max(1.0, s[5])};
+                             s[6] / std::max(1.0, s[7])};
     out.peak = static_cast<double>(sim.memory.peak);
     const auto& by_use = sim.memory.torch_at_peak;
     for (MemoryUse u : {MemoryUse::parameters, MemoryUse::gradients, MemoryUse::optimizer,
                         MemoryUse::mixed_precision, MemoryUse::buckets})
         out.static_at_peak += static_cast<double>(by_use[static_cast<int>(u)]);
     out.activations_at_peak = static_cast<double>(by_use[static_cast<int>(MemoryUse::activations)]);
-    out.in_flight = in_flight_at_most(sim.actions, rank, pp);
+    out.in_flight = in_flight_at_most(sim.actions, rank, placed);
     return out;
 }
 
@@ -129,6 +139,7 @@ PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute
     const int pp_dim = plan.dims.index(DimRole::pp);
     PTOOL_REQUIRE(pp_dim >= 0, "a pipeline sample of a plan without pp");
     const int pp = plan.mesh()[pp_dim].size, stages = plan.pipeline_stages();
+    const std::vector<int> placed = stage_placement(plan.pipeline->schedule, pp, stages);
     std::map<int, RankCosts> ranks;  // pp rank -> its costs: 0, 1 (a middle one) and the last
     for (int q : std::set<int>{0, std::min(1, pp - 1), pp - 1}) {
         std::vector<int> coords(plan.mesh().size(), 0);
@@ -141,8 +152,9 @@ PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute
         for (const auto& [s, v] : rc.stages)
             if (s != 0 && s != stages - 1 && !middle) middle = &v;
     PipelineSample out;
+    out.stage_rank = placed;
     for (int s = 0; s < stages; ++s) {
-        const RankCosts& held = ranks.count(s % pp) ? ranks.at(s % pp) : ranks.at(1);
+        const RankCosts& held = ranks.count(placed[s]) ? ranks.at(placed[s]) : ranks.at(1);
         const auto it = held.stages.find(s);
         const std::array<double, 5>* v = it != held.stages.end() ? &it->second : middle;
         PTOOL_REQUIRE(v != nullptr, "no sample of stage {} of {}", s, stages);
@@ -188,9 +200,17 @@ double PipelineSample::exposed(int r, double scale) const {
 
 // (pipeline_search.h) each stage's share of the growth: its static bytes alike, its activations by
 // its microbatches in flight
+std::vector<int> PipelineSample::stages_of(int r, int pp) const {
+    std::vector<int> out;
+    for (int s = 0; s < static_cast<int>(forward.size()); ++s)
+        if ((stage_rank.empty() ? s % pp : stage_rank[s]) == r) out.push_back(s);
+    return out;
+}
+
 double rank_blocks_beyond(const PipelineSample& a, const PipelineSample& b, const std::vector<int>& blocks,
                           int r, int pp) {
-    const int stages = static_cast<int>(blocks.size()), v = stages / pp;
+    const std::vector<int> held = a.stages_of(r, pp);
+    const int v = static_cast<int>(held.size());
     std::vector<double> share(v, 1.0 / v);
     const size_t n = static_cast<size_t>(r) + 1;
     const bool weighed = b.in_flight.size() >= n && a.static_at_peak.size() >= n &&
@@ -199,12 +219,13 @@ double rank_blocks_beyond(const PipelineSample& a, const PipelineSample& b, cons
     const std::vector<double> flight = weighed ? b.in_flight[r] : std::vector<double>{};
     const double d_static = weighed ? std::max(0.0, b.static_at_peak[r] - a.static_at_peak[r]) : 0,
                  d_act = weighed ? std::max(0.0, b.activations_at_peak[r] - a.activations_at_peak[r]) : 0;
-    double held = 0;
-    for (double f : flight) held += f;
-    if (static_cast<int>(flight.size()) == v && held > 0 && d_static + d_act > 0)
-        for (int j = 0; j < v; ++j) share[j] = (d_static / v + d_act * flight[j] / held) / (d_static + d_act);
+    double total = 0;
+    for (double f : flight) total += f;
+    if (static_cast<int>(flight.size()) == v && total > 0 && d_static + d_act > 0)
+        for (int j = 0; j < v; ++j)
+            share[j] = (d_static / v + d_act * flight[j] / total) / (d_static + d_act);
     double k = 0;
-    for (int j = 0; j < v; ++j) k += share[j] * (blocks[r + j * pp] - kStageSampled);
+    for (int j = 0; j < v; ++j) k += share[j] * (blocks[held[j]] - kStageSampled);
     return k;
 }
 
@@ -215,12 +236,12 @@ PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSampl
     const int stages = static_cast<int>(blocks.size());
     auto lin = [](double x, double y, double k) { return x + (y - x) * k; };
     PipelineSample o;
-    o.transfer = a.transfer;
+    o.transfer = a.transfer, o.stage_rank = a.stage_rank;
     const double k0 = [&] {  // pp rank 0's blocks beyond the first sample's
+        const std::vector<int> first = a.stages_of(0, pp);
         int n = 0;
-        for (size_t s = 0; s < blocks.size(); s += pp) n += blocks[s];
-        return static_cast<double>(n - kStageSampled * (static_cast<int>(blocks.size()) / pp)) /
-               (blocks.size() / pp);
+        for (int s : first) n += blocks[s];
+        return static_cast<double>(n - kStageSampled * static_cast<int>(first.size())) / first.size();
     }();
     o.fb_comm = comm_extrapolated(a.fb_comm, b.fb_comm, k0),
     o.tail_comm = comm_extrapolated(a.tail_comm, b.tail_comm, k0);
@@ -250,6 +271,8 @@ PipelineSample extrapolate_pipeline(const PipelineSample& a, const PipelineSampl
 }
 
 PipelineSample widen_pipeline(const PipelineSample& p3, const PipelineSample& p4, int pp, int last_peak_at) {
+    for (size_t s = 0; s < p4.stage_rank.size(); ++s)  // (the V is searched up to 4 pp ranks)
+        PTOOL_REQUIRE(p4.stage_rank[s] == static_cast<int>(s % 4), "widening samples of the V placement");
     PTOOL_REQUIRE(p3.peak.size() == 3 && p4.peak.size() == 4 && pp > 4,
                   "widening samples of {} and {} ranks to {}", p3.peak.size(), p4.peak.size(), pp);
     const int v = static_cast<int>(p4.forward.size()) / 4, stages = pp * v, last4 = 4 * v - 1;

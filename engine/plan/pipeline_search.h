@@ -30,6 +30,11 @@ struct PipelineSample {
     // per stage (pp x v of them): one microbatch's forward and backward, seconds and GEMM FLOPs
     // (model FLOPs: without activation checkpointing's recompute)
     std::vector<double> forward, backward, forward_flops, backward_flops;
+    // per stage, the pp rank that holds it (train/schedule.h stage_placement: the loop, or zbv's and
+    // dualpipev's V); empty: the loop, stage s on rank s mod pp
+    std::vector<int> stage_rank;
+    // pp rank r's stages, in local order (ascending: the loop's r, r + pp, ..., the V's r, 2 pp - 1 - r)
+    std::vector<int> stages_of(int r, int pp) const;
     // per stage, under a split backward (zero_bubble): the seconds of its I, part of `backward` (the
     // first stage's I does nothing: 0); empty otherwise
     std::vector<double> backward_input;

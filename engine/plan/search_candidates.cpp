@@ -145,7 +145,8 @@ void Search::add_context_parallel(const PlanChoice& base, std::vector<PlanChoice
 
 // Pipelines over the tp of `base` (its tp and lint accepted): pp ranks outermost, pp a power of
 // two dividing world / tp with at least one block per stage, dp the rest; fully_shard or
-// replicate inside each stage, checkpointing or not, 1F1B, interleaved 1F1B (v 2) and zero_bubble.
+// replicate inside each stage, checkpointing or not, 1F1B, interleaved 1F1B (v 2), zero_bubble, and
+// zbv and dualpipev (the V, up to kMostVRanks pp ranks).
 void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& groups) {
     if (!extrapolate_) return;  // a stage's costs are extrapolated over the blocks of one long repeat
     for (int pp = 2; pp <= r_.world_size / base.tp && pp <= layers_; pp *= 2) {
@@ -160,6 +161,15 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
                 continue;
             }
             if (!rows_split(dp, shape)) continue;
+            if (v_placed(schedule) && pp > kMostVRanks) {
+                r_.rejected.push_back(
+                    {shape,
+                     fmt::format("the V placement is searched up to {} pp ranks (its samples "
+                                 "are not widened)",
+                                 kMostVRanks),
+                     RejectionKind::refused});
+                continue;
+            }
             const int64_t per_round = rows_ / dp / std::max<int64_t>(1, full_.gradient_accumulation);
             if (per_round < pp) {
                 r_.rejected.push_back(

@@ -130,6 +130,13 @@ void Search::evaluate_pipeline(const PlanChoice& base, std::optional<Candidate>&
     const std::string shape = pipeline_shape(base);
     const int64_t rounds = full_.gradient_accumulation, per_round = rows_ / base.dp / rounds;
     const int m = pipeline_microbatches(base);
+    if (base.schedule == ScheduleKind::dualpipev && m > 0 && m < 2 * base.pp) {  // torch's rule
+        refusal = Rejection{
+            shape,
+            fmt::format("dualpipev needs 2 pp = {} microbatches a round, the rows give {}", 2 * base.pp, m),
+            RejectionKind::indivisible};
+        return;
+    }
     if (m == 0) {
         refusal = Rejection{
             shape,

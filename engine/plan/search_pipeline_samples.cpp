@@ -92,7 +92,9 @@ private:
                 "round)",
                 pp_rank == P - 1 ? base_.pp - 1 : pp_rank, kStageSampled,
                 gib(static_cast<double>(sim.memory.peak) + workspace_), gib(s_.cap(plan)), m_)};
-        if (pp_rank == P - 1 && m_ > sampled_ && !(widened_ && v_ == 1))  // (widened 1F1B: widen_pipeline)
+        // the rank that holds the last stage (the V's: rank 0)
+        const bool last = stage_placement(base_.schedule, P, P * v_).back() == pp_rank;
+        if (last && m_ > sampled_ && !(widened_ && v_ == 1))  // (widened 1F1B: widen_pipeline)
             grow_last_stage(sim, in, P, k, rank);
         return sim;
     }

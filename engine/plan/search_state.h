@@ -80,12 +80,16 @@ private:
         {DataParallelMode::replicate, false},
         {DataParallelMode::fully_shard, true}};
     // The pipeline schedules the search offers, with their virtual stages per rank
-    // (zero_bubble: torch's ScheduleInterleavedZeroBubble at one stage per rank, the loop placement
-    // the samples assume; its V-placed kin zbv and dualpipev are not searched)
+    // (zero_bubble: torch's ScheduleInterleavedZeroBubble at one stage per rank; zbv and dualpipev
+    // hold 2 in a V, searched up to kMostVRanks pp ranks: the samples of wider pipelines are widened
+    // from 3 and 4 ranks in the loop placement)
     static constexpr std::pair<ScheduleKind, int> kPipelineShapes[] = {
         {ScheduleKind::one_f_one_b, 1},
         {ScheduleKind::interleaved_one_f_one_b, 2},
-        {ScheduleKind::zero_bubble, 1}};
+        {ScheduleKind::zero_bubble, 1},
+        {ScheduleKind::zbv, 2},
+        {ScheduleKind::dualpipev, 2}};
+    static constexpr int kMostVRanks = 4;
     static std::string checkpointed(const PlanChoice& c) {
         return !c.checkpoint ? "" : c.selective ? " checkpointed (op)" : " checkpointed";
     }

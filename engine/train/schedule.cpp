@@ -164,8 +164,8 @@ Schedule pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int 
         return accumulation_schedule(microbatches * rounds);
     }
     if (splits_backward(kind)) {  // torch's order of one round, run once per round
-        PTOOL_REQUIRE(stages % virtual_stages == 0, "{}: {} stages in {} per rank",
-                      schedule_kind_name(kind), stages, virtual_stages);
+        PTOOL_REQUIRE(stages % virtual_stages == 0, "{}: {} stages in {} per rank", schedule_kind_name(kind),
+                      stages, virtual_stages);
         const int pp = stages / virtual_stages;
         Schedule sch = kind == ScheduleKind::zbv ? zbv_zero_bubble_schedule(pp, virtual_stages, microbatches)
                        : kind == ScheduleKind::dualpipev

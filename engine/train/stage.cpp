@@ -182,7 +182,9 @@ Placed stage_backward(RunContext& ctx, const std::vector<Module*>& modules, cons
     Placed d = hooks ? around->hooks()->post_forward_backward(ctx, *around, dy) : dy;
     for (auto it = modules.rbegin(); it != modules.rend(); ++it) d = (*it)->backward(ctx, d);
     if (hooks && d.defined()) d = around->hooks()->pre_forward_backward(ctx, *around, d);
-    if (hooks) around->hooks()->post_backward(ctx, *around);
+    // (a split backward's I: at its W, after the work that writes the gradients it reduces)
+    if (hooks)
+        Module::defer_weights(ctx, [around](RunContext& c) { around->hooks()->post_backward(c, *around); });
     return d;
 }
 
