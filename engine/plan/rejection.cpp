@@ -13,6 +13,7 @@ const std::vector<RejectionKindInfo>& rejection_kinds() {
         {RejectionKind::refused, "refused", "refused by explain's rules"},
         {RejectionKind::indivisible, "indivisible", "does not divide"},
         {RejectionKind::topology, "topology", "does not map onto the cluster or the model"},
+        {RejectionKind::unsampled, "unsampled", "outside what the planner's samples express (not simulated)"},
     };
     return kinds;
 }

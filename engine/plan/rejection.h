@@ -14,6 +14,7 @@ enum class RejectionKind {
     memory,          // simulated and over the GPU's memory
     memory_implied,  // not simulated: a variant that holds less was over the GPU's memory
     slower,          // not simulated: at least as slow as the fastest plans already kept
+    unsampled,       // not simulated: outside what the planner's samples express (a V past 4 pp ranks)
 };
 
 struct RejectionKindInfo {

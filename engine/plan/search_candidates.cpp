@@ -167,7 +167,7 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
                      fmt::format("the V placement is searched up to {} pp ranks (its samples "
                                  "are not widened)",
                                  kMostVRanks),
-                     RejectionKind::refused});
+                     RejectionKind::unsampled});
                 continue;
             }
             const int64_t per_round = rows_ / dp / std::max<int64_t>(1, full_.gradient_accumulation);
