@@ -52,9 +52,10 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   pp_stage_sync_skipped  a step-0 gradient of stage S fails
   pp_stage_reinit        first divergence is a step-0 gradient in stage S (under clip_grad_norm any step-0
                          gradient or norm)
-  pp_weight_skipped      (zero_bubble, zbv, dualpipev) as pp_stage_reinit
-  pp_weight_doubled      (zero_bubble, zbv, dualpipev) as pp_stage_reinit
-  pp_weight_freed_input  (zero_bubble, zbv, dualpipev; stages > 0, whose I is not empty) as pp_stage_reinit
+  pp_weight_skipped      (zero_bubble, zbv, dualpipev) as pp_stage_reinit, and verify's probes name the
+                         stage's W and its microbatch (W<m>@<s>)
+  pp_weight_doubled      (zero_bubble, zbv, dualpipev) likewise
+  pp_weight_freed_input  (zero_bubble, zbv, dualpipev; stages > 0, whose I is not empty) likewise
   pp_weight_before_input (zero_bubble, zbv, dualpipev) the run refuses its lists before any step, naming
                          the stage's W and its I (verify fails the plan: the schedule's localisation)
   cp_position_offset     first divergence is a step-0 forward inside the attention (ring plans: its
@@ -424,11 +425,14 @@ def pipeline_mutants(ex, model, plan, grad_fails):
         # a split backward's first W of the step on the stage: skipped, added twice, reading its
         # activations as freed memory (the first stage's W is its whole backward: no I kept them)
         in_stage = (lambda r: "first divergence: step 0 gradient" in r["localisation"]) if clipped else at("gradient of", s)
+        # and verify's probes name the W: its stage and microbatch (verify/weight_probe.h)
+        the_w = lambda r, s=s, f=in_stage: f(r) and re.search(
+            rf"the split backward's W(\d+)@{s} \(stage {s}, microbatch \1,", r["localisation"]) is not None
         if mine and split:
-            yield ("pp_weight_skipped", f"pp_weight_skipped:{s}", in_stage)
-            yield ("pp_weight_doubled", f"pp_weight_doubled:{s}", in_stage)
+            yield ("pp_weight_skipped", f"pp_weight_skipped:{s}", the_w)
+            yield ("pp_weight_doubled", f"pp_weight_doubled:{s}", the_w)
         if mine and split and s > 0:
-            yield ("pp_weight_freed_input", f"pp_weight_freed_input:{s}", in_stage)
+            yield ("pp_weight_freed_input", f"pp_weight_freed_input:{s}", the_w)
         if split:  # the stage's first W moved before its I: the run's check of its lists names both
             yield ("pp_weight_before_input", f"pp_weight_before_input:{s}",
                    lambda r, s=s: "the schedule, before any step" in r["localisation"] and re.search(

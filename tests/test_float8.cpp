@@ -144,7 +144,7 @@ TEST_CASE("float8: the cast is c10's, bit for bit, over a million float32 inputs
     }
 }
 
-TEST_CASE("float8: torch's cast leaves the range, torchao's saturates; ties go to even", "[cpu][float8]") {
+TEST_CASE("float8: torch's cast leaves the range, torchao's saturates, ties go to even", "[cpu][float8]") {
     const Float8Format e4 = Float8Format::e4m3fn, e5 = Float8Format::e5m2;
     CHECK(float8_decode(float8_encode(460.0f, e4), e4) == 448.0f);
     CHECK(float8_decode(float8_encode(464.0f, e4), e4) == 448.0f);  // the tie: 448's code is even

@@ -257,6 +257,39 @@ TEST_CASE("a W before its I: verify fails the plan before any step, naming the s
     CHECK(verify(job, *launch).pass);
 }
 
+TEST_CASE("a W that computes wrong: verify names its stage and microbatch by rerunning it whole",
+          "[cpu][schedule]") {
+    // DualPipeV runs each stage's first microbatches as whole backwards: the stage's first W is of a
+    // later microbatch, which the probes (verify/weight_probe.h) must find, not microbatch 0
+    const std::string plan_text =
+        read_text(PTOOL_SOURCE_DIR "/tests/data/pipeline/mlp8_pp2_dualpipev_ddp.yaml");
+    const Plan plan = load_plan_text(plan_text, "plan.yaml");
+    const Schedule sch = checked_pipeline_schedule(plan.pipeline->schedule, plan.pipeline_stages(),
+                                                   static_cast<int>(plan.microbatches_per_round()), 1,
+                                                   plan.pipeline->virtual_stages);
+    const int stage = 2;
+    int first = -1;
+    for (const Action& a : sch.ranks[static_cast<size_t>(sch.rank_of(stage))])
+        if (a.kind == ActionKind::backward_weight && a.stage == stage && first < 0) first = a.microbatch;
+    REQUIRE(first > 0);
+    VerifyJob job;
+    job.inputs = inputs("tests/data/models/mlp_stacked_8.yaml");
+    job.plans = {plan};
+    job.options.fault = parse_fault("pp_weight_doubled:2");
+    const auto launch = in_process_launch(Device::cpu, CommOptions{});
+    const VerifyReport v = verify(job, *launch);
+    REQUIRE(v.plans.size() == 1);
+    CHECK_FALSE(v.pass);
+    CHECK(v.plans[0].localisation.find(fmt::format(
+              "the split backward's W{}@2 (stage 2, microbatch {}, on pp rank 1)", first, first)) !=
+          std::string::npos);
+    // a fault that is not the W's: the probes find no W to blame
+    job.options.fault = parse_fault("pp_grad_scaled_twice:2");
+    const VerifyReport w = verify(job, *launch);
+    CHECK_FALSE(w.pass);
+    CHECK(w.plans[0].localisation.find("the split backward's") == std::string::npos);
+}
+
 TEST_CASE("zero_bubble: what it does not run yet is exit 2 at the key", "[cpu]") {
     auto load = [](const std::string& text) { return load_plan_text(text, "plan.yaml"); };
     require_input_error(

@@ -79,8 +79,8 @@ public:
     virtual void before_backward(Model&, int /*stage*/, int /*microbatch*/) {}
     // The action lists the run executes, given the checked schedule (Run checks them again).
     virtual void schedule(Schedule&) {}
-    // What becomes of stage s's first W of a step (a split backward's; WeightFault).
-    virtual WeightFault weight_fault(int /*stage*/) { return WeightFault::none; }
+    // What becomes of stage s's W of microbatch m (a split backward's; WeightFault).
+    virtual WeightFault weight_fault(int /*stage*/, int /*microbatch*/) { return WeightFault::none; }
     // The norm clip_grad_norm clips by (and returns), given the gradients' total norm and the step's
     // microbatch count.
     virtual double clip_norm(double norm, int64_t /*microbatches*/) { return norm; }
@@ -234,7 +234,6 @@ private:
             bool whole = false;
         };
         std::map<std::pair<int, int>, PendingWeights> pending_weights;
-        std::set<int> weighted;  // the stages whose first W of the step has run
         // the framework tally's (core/framework_memory.h) model output of the latest microbatch,
         // held to the step's end as a loop that keeps the model's return value does (`out =
         // model(...); out.loss.backward(); opt.step()`): a meta stand-in, no bytes

@@ -165,8 +165,7 @@ void Run::backward_weight(StepState& st, int s, int m) {
     st.pending_weights.erase(it);
     // a fault layer's W (RunLayer::weight_fault): the work runs (its hooks' state stays
     // consistent), its gradients' change undone or added again, or its activations read as freed
-    const WeightFault fault =
-        st.weighted.insert(s).second && layer_ ? layer_->weight_fault(s) : WeightFault::none;
+    const WeightFault fault = layer_ ? layer_->weight_fault(s, m) : WeightFault::none;
     // each gradient's tensor and values before (fully_shard may bind a fresh one in the W: all of
     // that one is the W's)
     std::vector<std::tuple<ParamPtr, Tensor, Tensor>> before;

@@ -511,6 +511,23 @@ void check_schedule_structure(const Schedule& s) {
     check_structure(s);
 }
 
+Schedule unsplit(Schedule s, int stage, int microbatch) {
+    auto hit = [&](const Action& a) {
+        return a.stage == stage && (microbatch < 0 || a.microbatch == microbatch);
+    };
+    for (std::vector<Action>& list : s.ranks) {
+        std::vector<Action> out;
+        out.reserve(list.size());
+        for (Action a : list) {
+            if (a.kind == ActionKind::backward_weight && hit(a)) continue;
+            if (a.kind == ActionKind::backward_input && hit(a)) a.kind = ActionKind::backward;
+            out.push_back(a);
+        }
+        list = std::move(out);
+    }
+    return s;
+}
+
 Schedule checked_pipeline_schedule(ScheduleKind kind, int stages, int microbatches, int rounds,
                                    int virtual_stages) {
     using Key = std::tuple<ScheduleKind, int, int, int, int>;

@@ -144,6 +144,10 @@ int p2p_tag(const Action& a);
 // gradient after its B or I; a stage's Bs and Ws in microbatch order (a parameter's gradient
 // accumulated in the one-stage loop's order, which bitwise equality across schedules rests on).
 void check_schedule(const Schedule& s);
+// `s` with stage `stage`'s I of `microbatch` (-1: of every microbatch) run as one whole backward at
+// the I's place and its W dropped: the same gradients, bit for bit (verify's localisation of a
+// split backward's W, verify/weight_probe.h).
+Schedule unsplit(Schedule s, int stage, int microbatch);
 // check_schedule and check_schedule_structure throw ScheduleViolation (core/error.h): a list that
 // breaks the rules above (a W before its I, a microbatch's backward missing, a send no receive
 // meets), its message naming the schedule, the rank, its stages and the action.

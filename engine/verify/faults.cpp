@@ -76,8 +76,14 @@ public:
                 backend_for(p->grad.device()).fill(p->grad, 0.0);
     }
 
-    // pp_weight_before_input: the stage's first W moved to just before its I
+    // The W faults act on the microbatch of each stage's first W in the lists the run was given
+    // (the same one whatever a later change of the lists, verify's localisation probes, makes
+    // first); pp_weight_before_input moves that W to just before its I.
     void schedule(Schedule& s) override {
+        if (first_weight_.empty())
+            for (const std::vector<Action>& list : s.ranks)
+                for (const Action& a : list)
+                    if (a.kind == ActionKind::backward_weight) first_weight_.emplace(a.stage, a.microbatch);
         if (!fault_.kind || *fault_.kind != FaultKind::pp_weight_before_input) return;
         for (std::vector<Action>& list : s.ranks) {
             auto w = std::find_if(list.begin(), list.end(), [&](const Action& a) {
@@ -93,7 +99,9 @@ public:
         }
     }
 
-    WeightFault weight_fault(int stage) override {
+    WeightFault weight_fault(int stage, int microbatch) override {
+        if (auto it = first_weight_.find(stage); it == first_weight_.end() || it->second != microbatch)
+            return WeightFault::none;
         static constexpr std::pair<FaultKind, WeightFault> kinds[] = {
             {FaultKind::pp_weight_skipped, WeightFault::skipped},
             {FaultKind::pp_weight_doubled, WeightFault::doubled},
@@ -169,6 +177,7 @@ public:
 
 private:
     Fault fault_;
+    std::map<int, int> first_weight_;  // stage -> the microbatch of its first W (schedule())
     const Plan* plan_ = nullptr;
     bool last_ = false;  // the stage's last rank (the world's without a pipeline)
     faults::FaultBuckets buckets_;

@@ -20,6 +20,7 @@
 #include "train/simulate.h"
 #include "verify/faults.h"
 #include "verify/loss_causes.h"
+#include "verify/weight_probe.h"
 
 namespace ptool {
 namespace {
@@ -454,7 +455,8 @@ struct ParallelRun {
 // `resolved`: the lint's resolution of `plan`, which every rank's Run rebinds to its own model (under
 // mpirun each process's own lint).
 ParallelRun run_parallel(const VerifyState& s, const ResolvedPlan& resolved, int64_t steps,
-                         const RecordOptions& ro, RoutingLog* routing, ReferenceBeside* beside) {
+                         const RecordOptions& ro, RoutingLog* routing, ReferenceBeside* beside,
+                         const std::function<void(Schedule&)>& change = {}) {
     const Plan& plan = *resolved.plan;
     const VerifyJob& job = s.job;
     Launch& launch = s.launch;
@@ -477,6 +479,11 @@ ParallelRun run_parallel(const VerifyState& s, const ResolvedPlan& resolved, int
                 {
                     MemoryScope scope(account);
                     Run run(job.inputs, plan, world, layer.get(), &resolved);
+                    if (change) {  // a localisation probe's (verify/weight_probe.h)
+                        Schedule changed = run.schedule();
+                        change(changed);
+                        run.set_schedule(std::move(changed));
+                    }
                     if (job.options.replay_ties) run.follow_routing(follow, true);
                     account->reset_peak();
                     mine.resident = account->live();
@@ -510,6 +517,38 @@ std::string routing_note(const RoutingLog& routing, bool replay_ties, int64_t re
         routing.ties(), routing.tokens(), routing.rtol(), routing.atol(),
         replay_ties ? fmt::format("routed {} of them otherwise and took the reference's choice", replayed)
                     : std::string("routed every token by itself (--no-tie-replay)"));
+}
+
+// A split backward's plan whose gradients failed (rank threads): which stage's W of which microbatch,
+// by rerunning step 0 with I and W made one backward (verify/weight_probe.h), its tensors gathered
+// whole on rank 0. Not under mpirun (the ranks would have to agree to run the probes).
+void localise_split_backward(const VerifyState& s, const ResolvedPlan& resolved, PlanReport& rep) {
+    const Plan& plan = *resolved.plan;
+    const bool gradients =
+        rep.divergence && (rep.divergence->kind == "grad" || rep.divergence->kind == "grad_norm");
+    if (rep.pass || !gradients || !s.launch.shares_memory() || !plan.pipeline ||
+        !splits_backward(plan.pipeline->schedule))
+        return;
+    RecordOptions ro;
+    ro.events = false;  // rank 0 gathers each tensor; nothing compared
+    auto step0 = [&](const std::function<void(Schedule&)>& change) {
+        return std::move(
+            run_parallel(s, resolved, 1, ro, nullptr, nullptr, change).record.steps.at(0).tensors);
+    };
+    const Schedule schedule = checked_pipeline_schedule(
+        plan.pipeline->schedule, plan.pipeline_stages(), static_cast<int>(plan.microbatches_per_round()),
+        static_cast<int>(plan.accumulation_rounds(s.probe)), plan.pipeline->virtual_stages);
+    std::optional<std::string> where;
+    try {
+        where = localise_weight(schedule, step0);
+    } catch (const std::exception& e) {  // a probe that cannot run localises nothing
+        spdlog::debug("the split backward's localisation did not run: {}", e.what());
+    }
+    if (where)
+        rep.localisation += fmt::format(
+            "; the split backward's {}: run as one backward with its I it gives "
+            "the stage's unsplit gradients, bit for bit",
+            *where);
 }
 
 // The job's plan i: its lint (the plan's one resolution, which every rank rebinds), its reference (rank 0
@@ -551,6 +590,7 @@ void verify_plan(VerifyState& s, size_t i) {
     if (launch.rank0()) {
         add_plan(s.report, s.references[key], std::move(par.record), plan, res, causes, ro.tol,
                  job.options.strict);
+        localise_split_backward(s, resolved, s.report.plans.back());
         if (routing && routing->tokens() > 0)
             s.report.plans.back().notes.push_back(
                 routing_note(*routing, job.options.replay_ties, par.replayed));
