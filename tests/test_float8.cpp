@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/float8.h"
+#include "model/float8_gemm.h"
 #include "test_helpers.h"
 
 using namespace ptool;
@@ -168,6 +169,57 @@ TEST_CASE("float8: torchao's tensorwise scale", "[cpu][float8]") {
     // the largest magnitude lands on the format's largest value
     const float amax = 3.7f, s = float8_tensorwise_scale(amax, Float8Format::e4m3fn);
     CHECK(float8_round(amax * s, Float8Format::e4m3fn) == 448.0f);
+}
+
+TEST_CASE("float8: torchao's tensorwise GEMM, emulated", "[cpu][float8]") {
+    Backend& be = backend_for(Device::cpu);
+    const int64_t m = 5, k = 7, n = 3;
+    Tensor x({m, k}, DType::float32), w({n, k}, DType::float32);
+    for (int64_t i = 0; i < x.numel(); ++i)
+        x.data<float>()[i] = std::sin(0.7f * static_cast<float>(i)) * 3.1f;
+    for (int64_t i = 0; i < w.numel(); ++i)
+        w.data<float>()[i] = std::cos(1.3f * static_cast<float>(i)) * 0.02f;
+    const Float8Operand a = float8_tensorwise(x, Float8Format::e4m3fn, float8_amax(x)),
+                        b = float8_tensorwise(w, Float8Format::e4m3fn, float8_amax(w));
+    CHECK(a.scale == float8_tensorwise_scale(float8_amax(x), Float8Format::e4m3fn));
+    float most = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+        const float v = a.values.data<float>()[i];
+        CHECK(float8_round(v, Float8Format::e4m3fn) == v);  // a float8 value, exactly
+        CHECK(v == float8_round(x.data<float>()[i] * a.scale, Float8Format::e4m3fn));
+        most = std::max(most, std::fabs(v));
+    }
+    CHECK(most == 448.0f);  // the largest magnitude lands on the format's largest value
+    // y = x w^T as a linear computes it: each element the float8 values' dot product (exact
+    // products, summed in double here: within float32's rounding of the GEMM's) over both scales
+    Tensor y({m, n}, DType::float32);
+    float8_gemm(be, a, false, b, true, y);
+    const float alpha = (1.0f / a.scale) * (1.0f / b.scale);
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            double dot = 0, size = 0;
+            for (int64_t t = 0; t < k; ++t) {
+                const double p = static_cast<double>(a.values.data<float>()[i * k + t]) *
+                                 b.values.data<float>()[j * k + t];
+                dot += p, size += std::fabs(p);
+            }
+            CHECK(std::fabs(y.data<float>()[i * n + j] - dot * alpha) <= 1e-6 * size * alpha + 1e-30);
+            // and the float8 GEMM stays within the formats' rounding of the float32 one: each
+            // operand's elements within 2^-4 relative (e4m3fn's unit roundoff) of x * scale
+            double exact = 0, bound = 0;
+            for (int64_t t = 0; t < k; ++t) {
+                const double p = static_cast<double>(x.data<float>()[i * k + t]) * w.data<float>()[j * k + t];
+                exact += p, bound += std::fabs(p) * (2 * 0x1p-4 + 0x1p-8);
+            }
+            CHECK(std::fabs(y.data<float>()[i * n + j] - exact) <= bound + 1e-12);
+        }
+    // the output in bfloat16, as a linear's under mixed precision
+    Tensor y16({m, n}, DType::bfloat16);
+    float8_gemm(be, a, false, b, true, y16);
+    const Tensor got = to_dtype(be, y16, DType::float32),
+                 want = to_dtype(be, to_dtype(be, y, DType::bfloat16), DType::float32);
+    for (int64_t i = 0; i < got.numel(); ++i) CHECK(got.data<float>()[i] == want.data<float>()[i]);
+    CHECK(std::isnan(float8_amax(Tensor::scalar(std::nan(""), DType::float32))));
 }
 
 }  // namespace test_float8

@@ -1,0 +1,51 @@
+#include "model/float8_gemm.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/device_memory.h"
+#include "core/error.h"
+
+namespace ptool {
+namespace {
+
+Tensor as_float32(const Tensor& x) {
+    PTOOL_REQUIRE(x.device() == Device::cpu, "a float8 cast of a tensor on {}", device_name(x.device()));
+    return x.dtype() == DType::float32 ? x : to_dtype(backend_for(Device::cpu), x, DType::float32);
+}
+
+}  // namespace
+
+double float8_amax(const Tensor& x) {
+    const Tensor f = as_float32(x);
+    const float* p = f.data<float>();
+    double amax = 0;
+    for (int64_t i = 0; i < f.numel(); ++i) {
+        if (std::isnan(p[i])) return std::numeric_limits<double>::quiet_NaN();
+        amax = std::max(amax, static_cast<double>(std::fabs(p[i])));
+    }
+    return amax;
+}
+
+Float8Operand float8_tensorwise(const Tensor& x, Float8Format f, double amax) {
+    Float8Operand out;
+    out.format = f, out.scale = float8_tensorwise_scale(amax, f);
+    const Tensor in = as_float32(x);
+    out.values = Tensor::empty(in.shape(), DType::float32, Device::cpu);
+    const float* p = in.data<float>();
+    float* q = out.values.data<float>();
+    for (int64_t i = 0; i < in.numel(); ++i) q[i] = float8_round(p[i] * out.scale, f);  // float32 product
+    return out;
+}
+
+void float8_gemm(Backend& be, const Float8Operand& a, bool trans_a, const Float8Operand& b, bool trans_b,
+                 Tensor& out) {
+    Tensor acc = Tensor::empty(out.shape(), DType::float32, out.device());
+    be.gemm(a.values, trans_a, b.values, trans_b, acc);
+    const float alpha = (1.0f / a.scale) * (1.0f / b.scale);
+    Tensor scaled = Tensor(out.shape(), DType::float32, out.device());
+    be.axpy(alpha, acc, scaled);
+    be.copy(scaled, out);  // to out's dtype
+}
+
+}  // namespace ptool

@@ -1,0 +1,30 @@
+// torchao's Float8Linear GEMM with tensorwise scales, emulated on any backend (issue 48; not yet
+// used by a module: docs/float8.md). An operand goes to float8 as torchao casts it: its scale from
+// the amax of the whole tensor (float8_tensorwise_scale: the caller all-reduces the amax over the
+// shards of a sharded tensor), each element x * scale in float32 cast saturated (core/float8.h);
+// kept as the exact float8 values in float32. The product is the float32 GEMM of those values
+// (float8 products are exact in float32 and the accumulation is float32, as cuBLASLt's) times
+// (1/scale_a)(1/scale_b) in float32 (torch._scaled_mm's alpha), written in the output's dtype.
+#pragma once
+
+#include "backend/backend.h"
+#include "core/float8.h"
+
+namespace ptool {
+
+struct Float8Operand {
+    Tensor values;      // float32: each element a float8 value of `format`
+    float scale = 1.f;  // what the tensor was multiplied by before the cast
+    Float8Format format = Float8Format::e4m3fn;
+};
+
+// The largest magnitude of a host tensor (NaN when it holds one, as torch.max(abs(x))).
+double float8_amax(const Tensor& x);
+// x (a host tensor) cast as torchao does with the scale of `amax` (float8_amax(x), or its max over
+// the shards of the tensor x is one of).
+Float8Operand float8_tensorwise(const Tensor& x, Float8Format f, double amax);
+// out = op(a) op(b) / (scale_a scale_b), out's dtype.
+void float8_gemm(Backend& be, const Float8Operand& a, bool trans_a, const Float8Operand& b, bool trans_b,
+                 Tensor& out);
+
+}  // namespace ptool
