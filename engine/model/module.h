@@ -51,7 +51,6 @@ class Module;
 class ModuleType;     // model/module_type.h
 struct ContextShard;  // model/context_shard.h
 
-// Per-step state shared by every module during one forward/backward.
 // A split backward's deferred parameter-gradient work (RunContext::weight_work): what computes each
 // parameter gradient and each hook's post_backward, in the order one backward runs them, and the
 // activations that work reads (a linear's input, a norm's input and statistics): what a pending W
@@ -62,6 +61,7 @@ struct WeightWork {
     bool empty() const { return work.empty(); }
 };
 
+// Per-step state shared by every module during one forward/backward.
 struct RunContext {
     Backend* backend = nullptr;
     uint64_t seed = 0;

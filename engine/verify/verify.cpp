@@ -519,36 +519,18 @@ std::string routing_note(const RoutingLog& routing, bool replay_ties, int64_t re
                     : std::string("routed every token by itself (--no-tie-replay)"));
 }
 
-// A split backward's plan whose gradients failed (rank threads): which stage's W of which microbatch,
-// by rerunning step 0 with I and W made one backward (verify/weight_probe.h), its tensors gathered
-// whole on rank 0. Not under mpirun (the ranks would have to agree to run the probes).
+// A split backward's plan whose gradients failed: which stage's W of which microbatch
+// (verify/weight_probe.h), each probe's step 0 gathered whole on rank 0, nothing compared. On rank
+// threads only: under mpirun the ranks would have to agree to run the probes.
 void localise_split_backward(const VerifyState& s, const ResolvedPlan& resolved, PlanReport& rep) {
-    const Plan& plan = *resolved.plan;
-    const bool gradients =
-        rep.divergence && (rep.divergence->kind == "grad" || rep.divergence->kind == "grad_norm");
-    if (rep.pass || !gradients || !s.launch.shares_memory() || !plan.pipeline ||
-        !splits_backward(plan.pipeline->schedule))
-        return;
+    if (!s.launch.shares_memory()) return;
     RecordOptions ro;
-    ro.events = false;  // rank 0 gathers each tensor; nothing compared
-    auto step0 = [&](const std::function<void(Schedule&)>& change) {
-        return std::move(
-            run_parallel(s, resolved, 1, ro, nullptr, nullptr, change).record.steps.at(0).tensors);
-    };
-    const Schedule schedule = checked_pipeline_schedule(
-        plan.pipeline->schedule, plan.pipeline_stages(), static_cast<int>(plan.microbatches_per_round()),
-        static_cast<int>(plan.accumulation_rounds(s.probe)), plan.pipeline->virtual_stages);
-    std::optional<std::string> where;
-    try {
-        where = localise_weight(schedule, step0);
-    } catch (const std::exception& e) {  // a probe that cannot run localises nothing
-        spdlog::debug("the split backward's localisation did not run: {}", e.what());
-    }
-    if (where)
-        rep.localisation += fmt::format(
-            "; the split backward's {}: run as one backward with its I it gives "
-            "the stage's unsplit gradients, bit for bit",
-            *where);
+    ro.events = false;
+    rep.localisation +=
+        split_backward_localisation(rep, *resolved.plan, s.probe, [&](const ScheduleChange& change) {
+            return std::move(
+                run_parallel(s, resolved, 1, ro, nullptr, nullptr, change).record.steps.at(0).tensors);
+        });
 }
 
 // The job's plan i: its lint (the plan's one resolution, which every rank rebinds), its reference (rank 0

@@ -1,6 +1,7 @@
 #include "verify/weight_probe.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <cstring>
 
@@ -20,9 +21,7 @@ bool same_bits(const StepTensors& a, const StepTensors& b) {
 
 }  // namespace
 
-std::optional<std::string> localise_weight(
-    const Schedule& schedule,
-    const std::function<StepTensors(const std::function<void(Schedule&)>&)>& step0) {
+std::optional<std::string> localise_weight(const Schedule& schedule, const StepZero& step0) {
     const StepTensors as_run = step0({});
     for (int stage = 0; stage < schedule.stages; ++stage) {
         std::vector<int> weights;  // the stage's W microbatches, in its list's order
@@ -38,6 +37,27 @@ std::optional<std::string> localise_weight(
         return fmt::format("stage {}'s Ws", stage);
     }
     return std::nullopt;
+}
+
+std::string split_backward_localisation(const PlanReport& rep, const Plan& plan, const Model& model,
+                                        const StepZero& step0) {
+    const bool gradients =
+        rep.divergence && (rep.divergence->kind == "grad" || rep.divergence->kind == "grad_norm");
+    if (rep.pass || !gradients || !plan.pipeline || !splits_backward(plan.pipeline->schedule)) return "";
+    const Schedule schedule = checked_pipeline_schedule(
+        plan.pipeline->schedule, plan.pipeline_stages(), static_cast<int>(plan.microbatches_per_round()),
+        static_cast<int>(plan.accumulation_rounds(model)), plan.pipeline->virtual_stages);
+    std::optional<std::string> where;
+    try {
+        where = localise_weight(schedule, step0);
+    } catch (const std::exception& e) {  // a probe that cannot run localises nothing
+        spdlog::debug("the split backward's localisation did not run: {}", e.what());
+    }
+    if (!where) return "";
+    return fmt::format(
+        "; the split backward's {}: run as one backward with its I it gives the stage's "
+        "unsplit gradients, bit for bit",
+        *where);
 }
 
 }  // namespace ptool
