@@ -1,5 +1,5 @@
-// Float8 numbers as PyTorch and torchao compute them (issue 48's first piece: the formats, the casts
-// and torchao's tensorwise scale; not yet a module, a plan key or a GEMM).
+// Float8 numbers as PyTorch and torchao compute them (issue 48: the formats, the casts and
+// torchao's tensorwise scale; model/float8_gemm.h their GEMM; not yet a module or a plan key).
 //
 //   e4m3fn  1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinity, NaN = S.1111.111; largest
 //           finite 448 (S.1111.110), smallest normal 2^-6, smallest subnormal 2^-9. The forward's
