@@ -30,8 +30,8 @@ void add_calls(json& j, const Model& model, const Resolution& res) {
             {"params", own},      {"checkpointed", res.checkpointing.checkpointed.count(c.module) > 0}};
         if (const std::string mode = res.checkpointing.mode_of(c.module); !mode.empty())
             call["recompute"] = mode;
-        if (const auto* d = dynamic_cast<const Dropout*>(c.module)) call["p"] = d->p();
-        if (const auto* a = dynamic_cast<const Attention*>(c.module)) call["causal"] = a->causal();
+        if (const auto p = c.module->drop_probability()) call["p"] = *p;
+        if (const AttentionCore* a = c.module->attention_core()) call["causal"] = a->causal();
         j["calls"].push_back(call);
     }
     j["tied"] = json::array();

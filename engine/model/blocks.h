@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "model/attention_core.h"
 #include "model/context_shard.h"
 #include "model/layers.h"
 #include "model/rope.h"
@@ -15,7 +16,7 @@ namespace ptool {
 // grouped-query attention (each kv head serves heads/kv_heads query heads). softmax(q k^T / sqrt(hd)).
 // q/k/v and o_proj have biases as qkv_bias and o_bias say (Qwen2: q/k/v only); rope, when set,
 // rotates q and k (model/rope.h).
-class Attention : public Module {
+class Attention : public Module, public AttentionCore {
 public:
     struct Options {
         int64_t dim = 0, heads = 1, kv_heads = 1;
@@ -42,15 +43,16 @@ public:
     int64_t heads() const { return heads_; }
     int64_t head_dim() const { return hd_; }
     int64_t kv_heads() const { return kv_heads_; }
-    bool flash() const { return flash_; }
-    bool causal() const { return causal_; }
+    bool flash() const override { return flash_; }
+    bool causal() const override { return causal_; }
     // The mask, switched for a call (fault injection's cp_balance_noncausal: a non-causal attention
     // masked as a causal one).
-    void set_causal(bool on) { causal_ = on; }
+    void set_causal(bool on) override { causal_ = on; }
     // Megatron's selective recompute (--recompute-granularity selective, core_attn): eager attention
     // keeps q, k and v but not the probabilities, and recomputes them in backward (as flash does).
-    void set_recompute_core(bool on) { recompute_core_ = on; }
+    void set_recompute_core(bool on) override { recompute_core_ = on; }
     KeptOutputs* kept_outputs() override { return &kept_; }
+    AttentionCore* attention_core() override { return this; }
 
 protected:
     Placed forward_placed(RunContext& ctx, const Placed& x) override;
@@ -150,6 +152,7 @@ public:
     Shape output_shape(const Shape& in) const override;
     Layout layout(LayoutVisitor& v, const Layout& in) const override;
     bool takes_ids() const override;
+    Chaining chaining() const override { return Chaining::sequence; }
 
 protected:
     Sequential(const ModuleType& type, std::string name, SourceLocation where)  // residual, repeat
@@ -163,12 +166,14 @@ protected:
 class Repeat : public Sequential {
 public:
     Repeat(std::string name, SourceLocation where);
+    Chaining chaining() const override { return Chaining::repeat; }
 };
 
 // y = x + body(x), body a sequential of the listed modules.
 class Residual : public Sequential {
 public:
     Residual(std::string name, SourceLocation where);
+    Chaining chaining() const override { return Chaining::residual; }
     Shape output_shape(const Shape& in) const override;
     Layout layout(LayoutVisitor& v, const Layout& in) const override;  // the body keeps the input's layout
 

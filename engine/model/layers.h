@@ -4,6 +4,7 @@
 
 #include "comm/communicator.h"
 #include "core/rng.h"
+#include "model/batch_statistics.h"
 #include "model/module.h"
 
 namespace ptool {
@@ -92,7 +93,7 @@ private:
 
 // nn.BatchNorm1d on [N, C], training mode: batch statistics normalise, running stats
 // (momentum 0.1, unbiased variance) are buffers, as is num_batches_tracked.
-class BatchNorm : public Module {
+class BatchNorm : public Module, public BatchStatistics {
 public:
     BatchNorm(std::string name, SourceLocation where, int64_t features, double eps, double momentum,
               DType dtype);
@@ -103,8 +104,9 @@ public:
     // all_gathers each rank's per-channel mean and variance, backward all_reduces sum(dy) and
     // sum(dy * xhat), as torch.nn.SyncBatchNorm. The parameters' own gradients stay local (DDP
     // averages them). nullptr: local statistics.
-    void set_sync_group(Communicator* group) { sync_ = group; }
-    bool synced() const { return sync_ != nullptr; }
+    void set_sync_group(Communicator* group) override { sync_ = group; }
+    bool synced() const override { return sync_ != nullptr; }
+    BatchStatistics* batch_statistics() override { return this; }
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -125,6 +127,7 @@ public:
     bool takes_ids() const override { return true; }
     void init_params(uint64_t seed) override;
     int64_t vocab() const { return num_; }
+    int64_t id_rows() const override { return num_; }
     int64_t dim() const { return dim_; }
     // Vocab-parallel (rowwise): this rank holds rows [offset, offset + weight rows); other ids
     // look up zeros here and the ranks' outputs are summed.
@@ -174,6 +177,7 @@ class Dropout : public Module {
 public:
     Dropout(std::string name, SourceLocation where, double p);
     double p() const { return p_; }
+    std::optional<double> drop_probability() const override { return p_; }
     // The scaled keep mask (0 or 1/(1-p)) of this rank's piece of the activation x.
     Tensor mask(const RunContext& ctx, const Placed& x) const;
 

@@ -430,11 +430,11 @@ Model load_model_text(const std::string& text, const std::string& path, const st
     if (model.input.ids) {  // the ids drawn must be rows of the embedding that looks them up
         const Module* first = model.root.get();
         while (!first->children().empty()) first = first->children()[0].second.get();
-        if (const auto* e = dynamic_cast<const Embedding*>(first); e && model.input.range > e->vocab())
+        if (const int64_t rows = first->id_rows(); rows > 0 && model.input.range > rows)
             batch.at("input").fail(
                 fmt::format("batch.input draws ids from [0, {}) but embedding '{}' has {} rows: its vocab "
                             "must be at most {}",
-                            model.input.range, e->fqn(), e->vocab(), e->vocab()));
+                            model.input.range, first->fqn(), rows, rows));
     }
     const Shape& out = model.output_shape;
     if (model.loss == LossKind::cross_entropy) {

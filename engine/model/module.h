@@ -28,6 +28,8 @@ namespace ptool {
 
 class RoutingLog;
 class RoutedExperts;
+class AttentionCore;
+class BatchStatistics;
 
 struct Parameter {
     Tensor value;
@@ -164,6 +166,12 @@ public:
     using InputError::InputError;
 };
 
+// How a container's forward uses its children: in order, each's output the next's input
+// (sequence: nn.Sequential, the root), the same plus its input (residual), or in order as copies of
+// one block (repeat: nn.ModuleList, what fully_shard, checkpointing, the stages and the planner take
+// block by block). none: a leaf, or a block whose forward is its own (attention, gated_mlp).
+enum class Chaining : uint8_t { none, sequence, residual, repeat };
+
 class Module {
 public:
     Module(const ModuleType& type, std::string name, SourceLocation where)
@@ -237,6 +245,20 @@ public:
     // for the rest).
     virtual RoutedExperts* routed_experts() { return nullptr; }
     const RoutedExperts* routed_experts() const { return const_cast<Module*>(this)->routed_experts(); }
+    // What the rest of ptool asks a module for instead of casting it to a concrete type (as
+    // routed_experts): a new module type that offers one of these is treated as the ones that do.
+    // Its scaled-dot-product core, where it attends over the sequence (model/attention_core.h).
+    virtual AttentionCore* attention_core() { return nullptr; }
+    const AttentionCore* attention_core() const { return const_cast<Module*>(this)->attention_core(); }
+    // Its running batch statistics, where it normalises over the batch (model/batch_statistics.h).
+    virtual BatchStatistics* batch_statistics() { return nullptr; }
+    const BatchStatistics* batch_statistics() const { return const_cast<Module*>(this)->batch_statistics(); }
+    // How a container runs its children (Chaining); none for a leaf or a block with its own forward.
+    virtual Chaining chaining() const { return Chaining::none; }
+    // The rows the ids it looks up index (an embedding's vocabulary); 0 where it takes no ids.
+    virtual int64_t id_rows() const { return 0; }
+    // Where it zeroes activations at random (dropout): the probability; nullopt elsewhere.
+    virtual std::optional<double> drop_probability() const { return std::nullopt; }
     void register_param(const std::string& name, ParamPtr p) { params_.push_back({name, std::move(p)}); }
     void register_buffer(const std::string& name, ParamPtr b) { buffers_.push_back({name, std::move(b)}); }
     void add_child(const std::string& name, std::shared_ptr<Module> m) {

@@ -1,6 +1,6 @@
 #include "parallel/activation_checkpointing.h"
 
-#include "model/blocks.h"
+#include "model/attention_core.h"
 #include "model/model.h"
 #include "parallel/plan.h"
 
@@ -28,8 +28,8 @@ std::vector<std::string> patterns(const YamlNode& node, const char* what) {
 }
 
 // Every attention at or under m, in registration order.
-void attentions_under(Module& m, std::vector<Attention*>& out) {
-    if (auto* a = dynamic_cast<Attention*>(&m)) out.push_back(a);
+void attentions_under(Module& m, std::vector<std::pair<Module*, AttentionCore*>>& out) {
+    if (AttentionCore* a = m.attention_core()) out.emplace_back(&m, a);
     for (const auto& [name, child] : m.children()) attentions_under(*child, out);
 }
 
@@ -94,7 +94,7 @@ ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
             if (spec.mode == RecomputeMode::op) out.selective.insert(m);
             continue;
         }
-        std::vector<Attention*> attention;
+        std::vector<std::pair<Module*, AttentionCore*>> attention;
         attentions_under(*m, attention);
         if (attention.empty())
             warnings.push_back({spec.where,
@@ -102,16 +102,16 @@ ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
                                             "no attention under it, nothing is recomputed",
                                             fqn),
                                 DiagnosticKind::no_effect});
-        for (Attention* a : attention) {
+        for (const auto& [module, a] : attention) {
             if (a->flash())
                 warnings.push_back({spec.where,
                                     fmt::format("activation_checkpointing mode core_attn: "
                                                 "attention '{}' is flash, which recomputes its "
                                                 "probabilities in backward already",
-                                                a->fqn()),
+                                                module->fqn()),
                                     DiagnosticKind::no_effect});
             else
-                out.recompute_core.insert(a);
+                out.recompute_core.insert(module);
         }
     }
     for (size_t i = 0; i < spec.modules.size(); ++i)

@@ -201,7 +201,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
     std::vector<std::string> module_names;
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         module_names.push_back(fqn);
-        if (dynamic_cast<const BatchNorm*>(&m)) res.batch_norms.push_back(fqn);
+        if (m.batch_statistics()) res.batch_norms.push_back(fqn);
     });
     check_batch_split(model, plan, spec, res.size);
     if (plan.mixed_precision && spec.gradient_as_bucket_view &&
@@ -264,7 +264,7 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
 
     if (spec.sync_batch_norm)
         for_each_module(*model.root, [&](const std::string&, Module& m) {
-            if (auto* bn = dynamic_cast<BatchNorm*>(&m)) bn->set_sync_group(&batch);
+            if (BatchStatistics* bn = m.batch_statistics()) bn->set_sync_group(&batch);
         });
 
     // DDP's construction: dp rank 0's parameters and buffers to every rank. The other ranks start

@@ -125,7 +125,7 @@ private:
                                               const Placement& declared) {
         const Module* parent = stack_.size() >= 2 ? stack_[stack_.size() - 2] : nullptr;
         const bool direct =
-            parent && !dynamic_cast<const Sequential*>(parent);  // attention/gated_mlp pass their input on
+            parent && parent->chaining() == Chaining::none;  // attention/gated_mlp pass their input on
         const std::string holder = direct ? parent->fqn() : m.fqn();
         auto lower = [](std::string s) {
             for (char& c : s) c = static_cast<char>(std::tolower(c));

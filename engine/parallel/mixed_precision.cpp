@@ -43,7 +43,7 @@ void check_mixed_precision(const Model& model, const Plan& plan,
                         "{} activations, which PyTorch refuses. Manage it, or drop mixed_precision",
                         unmanaged_params[0], dtype_name(model.dtype), dtype_name(mp.param_dtype)));
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        if (dynamic_cast<const BatchNorm*>(&m))
+        if (m.batch_statistics())
             throw InputError(mp.where,
                              fmt::format("mixed_precision with batch_norm '{}': its running statistics are "
                                          "buffers in {} that no policy here casts; ptool does not run it",

@@ -4,7 +4,6 @@
 #include <atomic>
 
 #include "core/tensor_ops.h"
-#include "model/blocks.h"
 #include "model/routed_experts.h"
 #include "parallel/context_parallel.h"
 

@@ -1,4 +1,4 @@
-#include "model/blocks.h"
+#include "model/attention_core.h"
 #include "plan/explain.h"
 
 namespace ptool {
@@ -37,7 +37,7 @@ void explain_context_parallel(const Model& model, const Plan& plan, Explanation&
     std::vector<CommCost> forward, backward;
     const std::vector<CallLayout>& calls = res.layouts.calls;
     for (size_t i = 0; i < calls.size(); ++i) {
-        if (!dynamic_cast<const Attention*>(calls[i].module)) continue;
+        if (!calls[i].module->attention_core()) continue;
         const std::string& fqn = calls[i].fqn;
         const CallLayout* k = nullptr;  // its k_proj's call: the keys' layout on tp
         for (size_t j = i + 1; j < calls.size() && !k; ++j)

@@ -151,7 +151,7 @@ void find_last(const Module& m, const Module*& last) {
 }
 
 bool has_batch_norm(const Module& m) {
-    if (dynamic_cast<const BatchNorm*>(&m)) return true;
+    if (m.batch_statistics()) return true;
     for (const auto& [name, child] : m.children())
         if (has_batch_norm(*child)) return true;
     return false;
@@ -181,7 +181,7 @@ TensorParallelTemplate tensor_parallel_template(const Model& model) {
 std::vector<std::string> repeated_blocks(const Model& model) {
     std::vector<std::string> out;
     std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& p) {
-        if (dynamic_cast<const Repeat*>(&m)) {
+        if (m.chaining() == Chaining::repeat) {
             out.push_back(p.empty() ? "*" : p + ".*");
             return;
         }

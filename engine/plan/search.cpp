@@ -29,7 +29,7 @@ Search::Search(const std::string& model_text, const std::string& name, const Clu
     int long_repeats = 0;
     int64_t block_params = 0;  // the largest repeat element's parameter elements
     for_each_module(*full_.root, [&](const std::string& fqn, Module& m) {
-        if (!dynamic_cast<const Repeat*>(&m) || m.children().empty()) return;
+        if (m.chaining() != Chaining::repeat || m.children().empty()) return;
         int64_t n = 0;
         for_each_param(*m.children().front().second,
                        [&](const std::string&, const ParamPtr& p) { n += p->value.numel(); });

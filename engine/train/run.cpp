@@ -6,7 +6,7 @@
 
 #include "core/framework_memory.h"
 #include "core/tensor_ops.h"
-#include "model/blocks.h"
+#include "model/attention_core.h"
 #include "model/loss.h"
 #include "model/routed_experts.h"
 #include "parallel/context_parallel.h"
@@ -183,7 +183,7 @@ void Run::apply_checkpointing() {
     for (const Module* m : res_.checkpointing.checkpointed) const_cast<Module*>(m)->set_checkpointed(true);
     for (const Module* m : res_.checkpointing.selective) const_cast<Module*>(m)->set_selective(true);
     for (const Module* m : res_.checkpointing.recompute_core)
-        static_cast<Attention*>(const_cast<Module*>(m))->set_recompute_core(true);
+        const_cast<Module*>(m)->attention_core()->set_recompute_core(true);
 }
 
 // The initial values this rank draws itself (not --init's, not on meta).

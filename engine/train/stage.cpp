@@ -13,8 +13,8 @@ namespace {
 // Whether a container only chains its children (its forward is theirs in order): a sequential or
 // a repeat, but not a residual, nor a repeat's block (the unit a split point names).
 bool opened(const Module& m, const Module& parent) {
-    if (!dynamic_cast<const Sequential*>(&m) || dynamic_cast<const Residual*>(&m)) return false;
-    return !dynamic_cast<const Repeat*>(&parent);
+    if (m.chaining() != Chaining::sequence && m.chaining() != Chaining::repeat) return false;
+    return parent.chaining() != Chaining::repeat;
 }
 
 // The spine under m (named as m's children list them: a `shared` use by its own name); `blocks`
@@ -28,7 +28,7 @@ void walk(Module& m, const std::string& prefix, std::vector<Module*>& out, std::
         } else {
             out.push_back(child.get());
             if (names) names->push_back(fqn);
-            if (blocks && dynamic_cast<const Repeat*>(&m)) blocks->insert(child.get());
+            if (blocks && m.chaining() == Chaining::repeat) blocks->insert(child.get());
         }
     }
 }

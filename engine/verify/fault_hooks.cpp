@@ -5,7 +5,7 @@
 
 #include "backend/forwarding_backend.h"
 #include "core/tensor_ops.h"
-#include "model/blocks.h"
+#include "model/attention_core.h"
 #include "model/context_shard.h"
 #include "model/moe.h"
 
@@ -98,7 +98,7 @@ public:
     // cp_balance_noncausal: a non-causal attention under load-balanced context parallelism computes
     // with the causal mask for the time of its call (forward and backward)
     void causal_mask(RunContext& c, Module& m, bool on) {
-        auto* a = dynamic_cast<Attention*>(&m);
+        AttentionCore* a = m.attention_core();
         if (!a || !c.context || c.context->parts == 1 || !c.context->load_balance) return;
         if (on && !a->causal())
             a->set_causal(true), switched_ = true;

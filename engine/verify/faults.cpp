@@ -5,7 +5,7 @@
 #include <set>
 
 #include "core/tensor_ops.h"
-#include "model/blocks.h"
+#include "model/attention_core.h"
 #include "model/routed_experts.h"
 #include "verify/fault_comm.h"
 #include "verify/fault_hooks.h"
@@ -214,18 +214,18 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
             if (dp_rank != 0 && res.dp.synced_buffers.count(name)) poison_replica(b->value, dp_rank);
     }
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        const bool dropout = dynamic_cast<const Dropout*>(&m) != nullptr;
+        const bool dropout = m.drop_probability().has_value();
         if (fault_.hits(FaultKind::tied_grad, fqn) ||
-            (dynamic_cast<const Attention*>(&m) && fault_.hits(FaultKind::cp_balance_noncausal, fqn)) ||
+            (m.attention_core() && fault_.hits(FaultKind::cp_balance_noncausal, fqn)) ||
             (dropout &&
              (fault_.hits(FaultKind::dropout_same_mask, fqn) || fault_.hits(FaultKind::recompute_mask, fqn))))
             m.add_outer_hooks(faults::module_fault_hooks(*fault_.kind));
     });
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        if (dynamic_cast<const Attention*>(&m) && (fault_.hits(FaultKind::cp_position_offset, fqn) ||
-                                                   fault_.hits(FaultKind::cp_permutation_kept, fqn) ||
-                                                   fault_.hits(FaultKind::cp_mask_unshifted, fqn) ||
-                                                   fault_.hits(FaultKind::cp_merge_unscaled, fqn)))
+        if (m.attention_core() && (fault_.hits(FaultKind::cp_position_offset, fqn) ||
+                                   fault_.hits(FaultKind::cp_permutation_kept, fqn) ||
+                                   fault_.hits(FaultKind::cp_mask_unshifted, fqn) ||
+                                   fault_.hits(FaultKind::cp_merge_unscaled, fqn)))
             m.add_outer_hooks(faults::context_fault_hooks(*fault_.kind));
     });
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
