@@ -20,3 +20,9 @@ for plan in tests/data/pipeline/*.yaml; do
     model=$(grep -o -m1 '\(tests/data/\)\?models/[a-z_0-9]*\.yaml' "$plan") || { echo "$plan names no model" >&2; exit 2; }
     "$ptool" golden record "$model" "$plan" -o "golden/pipeline_$name.safetensors" --force
 done
+# the float8 plans (tests/data/float8): golden/float8_NAME
+for plan in tests/data/float8/*.yaml; do
+    name=$(basename "$plan" .yaml)
+    model=$(grep -o -m1 '\(tests/data/\)\?models/[a-z_0-9]*\.yaml' "$plan") || { echo "$plan names no model" >&2; exit 2; }
+    "$ptool" golden record "$model" "$plan" -o "golden/float8_$name.safetensors" --force
+done

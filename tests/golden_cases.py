@@ -70,6 +70,7 @@ with tempfile.TemporaryDirectory() as tmp:
     # and for every pipeline plan of tests/data/pipeline, as pipeline_NAME (scripts/record_goldens.sh)
     plans = {os.path.basename(p)[:-5] for p in glob.glob("plans/*.yaml")}
     plans |= {"pipeline_" + os.path.basename(p)[:-5] for p in glob.glob("tests/data/pipeline/*.yaml")}
+    plans |= {"float8_" + os.path.basename(p)[:-5] for p in glob.glob("tests/data/float8/*.yaml")}
     cases = {os.path.basename(p)[:-12] for p in glob.glob("golden/*.safetensors")}
     check(cases == plans - set(without), f"golden/ and plans/ differ: plans without a case {sorted(plans - cases - set(without))}, "
           f"cases without a plan {sorted(cases - plans)}, exceptions that have a case {sorted(cases & set(without))}")

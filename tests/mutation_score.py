@@ -83,6 +83,9 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   moe_tp_grad_unreduced  (tensor parallel experts) first divergence is an expert's step-0 input gradient
   ep_grad_norm_local     (expert parallel plans under clip_grad_norm) first divergence is a step-0 gradient
                          or the step-0 gradient norm
+  float8_local_amax      (a float8 linear whose scales cover pieces on other ranks: a tensor-parallel
+                         style's, or any under cp) first divergence is the linear's step-0 output
+  float8_e4m3_grad       (a float8 linear) first divergence is the linear's step-0 input gradient
 """
 import glob
 import json
@@ -103,8 +106,8 @@ def cases():
             continue  # benchmark-sized; fails by design
         model = re.search(r"models/[a-z_0-9]*\.yaml", open(plan).read()).group(0)
         yield f"{ROOT}/{model}", plan
-    for plan in sorted(glob.glob(f"{ROOT}/tests/data/pipeline/*.yaml")):  # each names its model in its header
-        model = re.search(r"(tests/data/)?models/[a-z_0-9]*\.yaml", open(plan).read()).group(0)
+    for plan in sorted(glob.glob(f"{ROOT}/tests/data/pipeline/*.yaml") + glob.glob(f"{ROOT}/tests/data/float8/*.yaml")):
+        model = re.search(r"(tests/data/)?models/[a-z_0-9]*\.yaml", open(plan).read()).group(0)  # named in its header
         yield f"{ROOT}/{model}", plan
 
 
@@ -198,6 +201,22 @@ def mutants(ex, model, plan):
     yield from pipeline_mutants(ex, model, plan, grad_fails)
     yield from context_mutants(ex, first_div)
     yield from expert_mutants(ex, first_div, model)
+    yield from float8_mutants(ex, first_div)
+
+
+def float8_mutants(ex, first_div):
+    """The float8 classes, on every linear the plan's float8 section converts (explain --json's
+    float8.linears): a piece scaled by its own amax where the linear's scales cover pieces on other
+    ranks (a tensor-parallel style's, or every linear under cp) shows first in the linear's forward
+    output; the output gradient cast to e4m3fn in its input gradient."""
+    if not ex.get("float8"):
+        return
+    styled = {m["fqn"] for m in ex["modules"] if m["style"] in ("colwise", "rowwise")} if ex["tp"] > 1 else set()
+    cp = (ex.get("context_parallel") or {}).get("cp") or 1
+    for fqn in ex["float8"]["linears"]:
+        if fqn in styled or cp > 1:
+            yield ("float8_local_amax", f"float8_local_amax:{fqn}", first_div(f"step 0 forward `{fqn}` output"))
+        yield ("float8_e4m3_grad", f"float8_e4m3_grad:{fqn}", first_div(f"step 0 backward `{fqn}` input gradient"))
 
 
 def expert_mutants(ex, first_div, model):

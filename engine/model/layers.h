@@ -5,6 +5,7 @@
 #include "comm/communicator.h"
 #include "core/rng.h"
 #include "model/batch_statistics.h"
+#include "model/float8_linear.h"
 #include "model/module.h"
 
 namespace ptool {
@@ -27,6 +28,9 @@ public:
                     int64_t offset) const override;
     bool set_normal_init(double std) override { return normal_std_ = std, true; }
     KeptOutputs* kept_outputs() override { return &kept_; }
+    std::optional<std::pair<int64_t, int64_t>> linear_features() const override { return std::make_pair(in_, out_); }
+    void set_float8(const Float8Gemms& f) override { float8_ = f; }
+    const Float8Gemms* float8() const override { return float8_ ? &*float8_ : nullptr; }
 
 protected:
     Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -35,6 +39,7 @@ protected:
 private:
     int64_t in_, out_;
     bool tied_;
+    std::optional<Float8Gemms> float8_;
     bool defer_bias_ = false;
     std::optional<double> normal_std_;  // set_normal_init's: weight ~ N(0, std), bias 0
     KeptOutputs kept_;  // selective checkpointing's kept outputs (model/selective_recompute.h)

@@ -29,6 +29,7 @@ namespace ptool {
 class RoutingLog;
 class RoutedExperts;
 class AttentionCore;
+struct Float8Gemms;
 class BatchStatistics;
 
 struct Parameter {
@@ -119,6 +120,9 @@ struct RunContext {
     // Context parallelism: this rank's positions of the sequence and the cp group
     // (model/context_shard.h); null when the whole sequence is here.
     const ContextShard* context = nullptr;
+    // Float8 linears (model/float8_linear.h): how many data ranks' rows this forward holds, each
+    // scaled apart (verify's reference on one device: the plan's data ranks; a rank: 1).
+    int float8_row_groups = 1;
     // The framework tally's (core/framework_memory.h): what PyTorch's loss keeps for its backward
     // (train/framework_loss.h), and what it frees once the first module's backward has run (the
     // loss's gradient of the logits, which the output layer's backward consumes).
@@ -259,6 +263,13 @@ public:
     virtual int64_t id_rows() const { return 0; }
     // Where it zeroes activations at random (dropout): the probability; nullopt elsewhere.
     virtual std::optional<double> drop_probability() const { return std::nullopt; }
+    // A linear's GEMM: its in and out features (nullopt for the rest); what float8 conversion
+    // selects by (parallel/float8_training.h).
+    virtual std::optional<std::pair<int64_t, int64_t>> linear_features() const { return std::nullopt; }
+    // torchao's Float8Linear (model/float8_linear.h): a module with linear_features runs its GEMMs
+    // so from now on; float8(): what it runs now (null: its own dtype).
+    virtual void set_float8(const Float8Gemms&) { PTOOL_REQUIRE(false, "float8 on '{}', not a linear", fqn_); }
+    virtual const Float8Gemms* float8() const { return nullptr; }
     void register_param(const std::string& name, ParamPtr p) { params_.push_back({name, std::move(p)}); }
     void register_buffer(const std::string& name, ParamPtr b) { buffers_.push_back({name, std::move(b)}); }
     void add_child(const std::string& name, std::shared_ptr<Module> m) {

@@ -199,6 +199,7 @@ ExplainReport explain_report(const ExplainInputs& in) {
     // resolved once: the explanation works on a copy, every rank class's simulation rebinds it
     const Resolution resolution = resolve_plan(r.model, r.plan);
     r.ex = explain_plan(r.model, r.plan, &resolution);
+    if (r.plan.float8) r.float8_linears = apply_float8(r.model, *r.plan.float8, resolution);
     r.steps = r.plan.verify.steps > 0 ? r.plan.verify.steps : r.model.steps;
     // the steady state (kSteadyStateSteps: the allocator's segments too), at most 4
     r.simulated_steps = std::clamp<int64_t>(r.steps, kSteadyStateSteps, 4);
@@ -232,6 +233,10 @@ ExplainReport explain_report(const ExplainInputs& in) {
     for (const auto& m : r.plan.mesh()) mesh.push_back(fmt::format("{}={}", m.name, m.size));
     r.summary.push_back(fmt::format("mesh {}", fmt::join(mesh, " x ")));
     for (std::string& line : describe_dims(r.plan)) r.summary.push_back(std::move(line));
+    if (!r.float8_linears.empty())  // torchao's Float8Linear; priced as the compute dtype's GEMMs so far
+        r.summary.push_back(fmt::format("float8 tensorwise on {} linears (e4m3fn inputs and weights, e5m2 output "
+                                        "gradients; time and memory as {} GEMMs: docs/float8.md)",
+                                        r.float8_linears.size(), dtype_name(r.plan.compute_dtype(r.model.dtype))));
     if (r.plan.gradient_accumulation > 0)  // the training layout the plan carries, over the model's
         r.summary.push_back(fmt::format("gradient_accumulation {} (the plan's; the model says {})",
                                         r.plan.gradient_accumulation, r.model.gradient_accumulation));

@@ -261,6 +261,7 @@ private:
     void resolve(const ResolvedPlan* resolved);
     void keep_own_stage();
     void apply_checkpointing();
+    void apply_float8();
     void init_params(const RunInputs& in);
     void apply_tensor_parallel(const RunInputs& in);
     void apply_expert_parallel();

@@ -45,6 +45,7 @@ void Run::forward(StepState& st, int s, int m) {
     f.ctx.aux_loss = &f.aux, f.ctx.loss_scale = scale, f.ctx.tokens = tokens_;
     f.ctx.grads_summed = normalization_ == LossNormalization::global_tokens;
     if (context_) f.ctx.context = &*context_;
+    if (plan_.float8) f.ctx.float8_row_groups = plan_.float8->row_groups;
     if (ring_probe_) f.ctx.ring_probe = &*ring_probe_;
     MemoryUseScope use(MemoryUse::activations);
     const DType compute = mixed_precision_ ? mixed_precision_->compute_dtype() : model_.dtype;

@@ -213,6 +213,14 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
         for (const auto& [name, b] : model.named_buffers())
             if (dp_rank != 0 && res.dp.synced_buffers.count(name)) poison_replica(b->value, dp_rank);
     }
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {  // the float8 recipe's seams
+        const Float8Gemms* f = m.float8();
+        if (!f) return;
+        Float8Gemms g = *f;
+        if (fault_.hits(FaultKind::float8_local_amax, fqn)) g.recipe.reduce_amax = false;
+        if (fault_.hits(FaultKind::float8_e4m3_grad, fqn)) g.recipe.grad_output = Float8Format::e4m3fn;
+        m.set_float8(g);
+    });
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         const bool dropout = m.drop_probability().has_value();
         if (fault_.hits(FaultKind::tied_grad, fqn) ||

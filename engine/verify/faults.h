@@ -47,6 +47,9 @@ enum class FaultKind {
     grad_norm_per_microbatch,
     // mixed precision
     masters_rounded,
+    // float8 (MODULE: a linear the plan's float8 section converts)
+    float8_local_amax,
+    float8_e4m3_grad,
     // pipeline parallel (STAGE: a pipeline stage's index, as reports number them: under
     // interleaved_1f1b pp x virtual_stages stages, stage s on pp rank s mod pp, and a fault acts on
     // the stage wherever it runs, not on the rest of its rank)
@@ -163,6 +166,11 @@ inline constexpr FaultClass kFaultClasses[] = {
      "(verl #5867, AReaL #1273)"},
     {FaultKind::masters_rounded, "masters_rounded", FaultSection::mixed_precision, "*",
      "the optimizer steps parameters rounded to param_dtype (no fp32 masters)"},
+    {FaultKind::float8_local_amax, "float8_local_amax", FaultSection::mixed_precision, "MODULE",
+     "a float8 linear scales each rank's piece of a sharded tensor (its weight under tp, a rowwise input, a "
+     "colwise output gradient, the activations under cp) by the piece's own amax, not the whole tensor's"},
+    {FaultKind::float8_e4m3_grad, "float8_e4m3_grad", FaultSection::mixed_precision, "MODULE",
+     "a float8 linear casts its output gradient to e4m3fn, the forward's format, instead of e5m2"},
     {FaultKind::pp_loss_unscaled, "pp_loss_unscaled", FaultSection::pipeline, "*",
      "the last stage's microbatch losses are not divided by the step's microbatch count (under "
      "global_tokens, whose sum is divided by the step's count: divided by it again, torch's scale_grads "

@@ -115,7 +115,10 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
     out_shape.back() = out;
     Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
     Tensor y2 = y.reshape({x2.size(0), out});
-    ctx.backend->gemm(x2, false, param("weight")->value, true, y2);
+    if (float8_)
+        float8_forward(ctx, *float8_, x2, param("weight")->value, y2);
+    else
+        ctx.backend->gemm(x2, false, param("weight")->value, true, y2);
     if (addmm) ctx.backend->add_bias(y2, param("bias")->value);
     save({x2});
     if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, y);
@@ -126,9 +129,15 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
     const Tensor x2 = restore()[0];
     const Tensor dy2 = dy.reshape({x2.size(0), dy.size(-1)});
     ParamPtr w = param("weight");
+    // float8: the scales once, for both GEMMs (a split backward's W keeps them)
+    std::optional<Float8BackwardAmax> amax;
+    if (float8_) amax = float8_backward_amax(ctx, *float8_, dy2, x2, w->value);
     defer_weights(ctx,
-                  [this, x2, dy2, w](RunContext& c) {
-                      c.backend->gemm(dy2, true, x2, false, w->grad, 1.0, 1.0);
+                  [this, x2, dy2, w, amax](RunContext& c) {
+                      if (amax)
+                          float8_weight_grad(c, *float8_, *amax, dy2, x2, w->grad);
+                      else
+                          c.backend->gemm(dy2, true, x2, false, w->grad, 1.0, 1.0);
                       if (auto b = param("bias"); b && !defer_bias_) c.backend->sum_rows(dy2, b->grad, true);
                   },
                   {x2});
@@ -136,7 +145,10 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
     in_shape.back() = x2.size(1);
     Tensor dx = Tensor::empty(in_shape, dy.dtype(), dy.device());
     Tensor dx2 = dx.reshape({x2.size(0), x2.size(1)});
-    ctx.backend->gemm(dy2, false, w->value, false, dx2);
+    if (amax)
+        float8_input_grad(ctx, *float8_, *amax, dy2, w->value, dx2);
+    else
+        ctx.backend->gemm(dy2, false, w->value, false, dx2);
     return dx;
 }
 

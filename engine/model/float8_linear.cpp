@@ -1,0 +1,102 @@
+#include "model/float8_linear.h"
+
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "model/context_shard.h"
+#include "model/float8_gemm.h"
+#include "model/module.h"
+
+namespace ptool {
+namespace {
+
+// The ranks holding pieces of an activation-shaped tensor (a linear's input or its output's
+// gradient): tp where the style cut its features, cp where each rank holds some positions.
+std::vector<Communicator*> activation_shards(const RunContext& ctx, bool tp_cut) {
+    std::vector<Communicator*> out;
+    if (tp_cut && ctx.tp && ctx.tp->size() > 1) out.push_back(ctx.tp);
+    if (ctx.context && ctx.context->parts > 1 && ctx.context->comm) out.push_back(ctx.context->comm);
+    return out;
+}
+
+// The amax of each of `groups` equal blocks of t's rows, reduced (max) over `over` (NaN stays in
+// the values themselves: a NaN element casts to NaN whatever its scale). Meta tensors read nothing
+// and reduce the same shapes, so a simulation counts the collectives a run makes.
+std::vector<double> amax_of(const Tensor& t, int groups, const std::vector<Communicator*>& over, bool reduce) {
+    const int64_t rows = t.size(0);
+    PTOOL_REQUIRE(groups >= 1 && rows % groups == 0, "float8: {} rows do not split into the {} data ranks' rows",
+                  rows, groups);
+    Tensor a(Shape{groups}, DType::float32, t.device());
+    if (t.device() != Device::meta)
+        for (int g = 0; g < groups; ++g) a.set(g, float8_amax(t.narrow(0, g * (rows / groups), rows / groups)));
+    if (reduce)
+        for (Communicator* c : over) c->all_reduce(a, ReduceOp::max);
+    return t.device() == Device::meta ? std::vector<double>(groups, 0.0) : a.to_doubles();
+}
+
+int row_groups(const RunContext& ctx) {
+    return std::max(1, ctx.float8_row_groups);
+}
+
+std::vector<double> activation_amax(const RunContext& ctx, const Float8Gemms& f, const Tensor& t2, bool tp_cut) {
+    return amax_of(t2, row_groups(ctx), activation_shards(ctx, tp_cut), f.recipe.reduce_amax);
+}
+
+double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Tensor& w) {
+    std::vector<Communicator*> over;
+    if (f.split != Float8TpSplit::none && ctx.tp && ctx.tp->size() > 1) over.push_back(ctx.tp);
+    return amax_of(w.reshape({1, w.numel()}), 1, over, f.recipe.reduce_amax)[0];
+}
+
+// out's row blocks = op(a's row block) op(b) in float8, a's blocks each scaled by its own amax.
+void by_row_groups(RunContext& ctx, const Tensor& a2, Float8Format fa, const std::vector<double>& a_amax,
+                   const Float8Operand& b, bool trans_b, Tensor& out) {
+    const int64_t groups = static_cast<int64_t>(a_amax.size()), rows = a2.size(0) / groups;
+    for (int64_t g = 0; g < groups; ++g) {
+        const Float8Operand a = float8_tensorwise(a2.narrow(0, g * rows, rows), fa, a_amax[g]);
+        Tensor block = out.narrow(0, g * rows, rows);
+        float8_gemm(*ctx.backend, a, false, b, trans_b, block);
+    }
+}
+
+}  // namespace
+
+void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Tensor& w, Tensor& y2) {
+    const std::vector<double> ax = activation_amax(ctx, f, x2, f.split == Float8TpSplit::cols);
+    const double aw = weight_amax(ctx, f, w);
+    if (x2.device() == Device::meta) return ctx.backend->gemm(x2, false, w, true, y2);  // its shape's work
+    by_row_groups(ctx, x2, f.recipe.input, ax, float8_tensorwise(w, f.recipe.weight, aw), true, y2);
+}
+
+Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2, const Tensor& x2,
+                                        const Tensor& w) {
+    Float8BackwardAmax a;
+    a.grad_output = activation_amax(ctx, f, dy2, f.split == Float8TpSplit::rows);
+    a.input = activation_amax(ctx, f, x2, f.split == Float8TpSplit::cols);
+    a.weight = weight_amax(ctx, f, w);
+    return a;
+}
+
+void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
+                       const Tensor& w, Tensor& dx2) {
+    if (dy2.device() == Device::meta) return ctx.backend->gemm(dy2, false, w, false, dx2);
+    by_row_groups(ctx, dy2, f.recipe.grad_output, a.grad_output, float8_tensorwise(w, f.recipe.weight, a.weight),
+                  false, dx2);
+}
+
+void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
+                        const Tensor& x2, Tensor& dw) {
+    if (dy2.device() == Device::meta) return ctx.backend->gemm(dy2, true, x2, false, dw, 1.0, 1.0);
+    const int64_t groups = static_cast<int64_t>(a.grad_output.size()), rows = dy2.size(0) / groups;
+    for (int64_t g = 0; g < groups; ++g) {  // each data rank's own GEMM, added to the gradient in rank order
+        const Float8Operand d = float8_tensorwise(dy2.narrow(0, g * rows, rows), f.recipe.grad_output,
+                                                  a.grad_output[g]);
+        const Float8Operand x = float8_tensorwise(x2.narrow(0, g * rows, rows), f.recipe.input, a.input[g]);
+        Tensor part = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
+        float8_gemm(*ctx.backend, d, true, x, false, part);
+        ctx.backend->axpy(1.0, part, dw);
+    }
+}
+
+}  // namespace ptool

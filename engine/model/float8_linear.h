@@ -1,0 +1,68 @@
+// A linear's three GEMMs in float8, as torchao's Float8Linear runs them (issue 48; docs/float8.md).
+// Recipe tensorwise: one dynamic scale per tensor from its amax (float8_tensorwise_scale), the
+// input and the weight in e4m3fn, the output's gradient in e5m2; each GEMM on the exact float8
+// values accumulating in float32, times (1/scale_a)(1/scale_b), written in the compute dtype
+// (model/float8_gemm.h). The bias stays in the compute dtype, outside the GEMM, as torchao adds it.
+//
+// A scale covers the whole tensor it scales, wherever its pieces are:
+//   - a tensor-parallel shard's amax is reduced (max) over tp: the weight of a colwise or rowwise
+//     linear, the input of a rowwise one (Shard(-1)), the output's gradient of a colwise one;
+//   - under context parallelism the activations and their gradients over cp (each rank holds
+//     some of the sequence's positions);
+//   - fully_shard gathers the weight before the forward: its amax is the whole weight's already.
+// Data parallel ranks hold different batches, and each scales its own (as torchao under DDP and
+// FSDP2: an activation is the rank's local tensor). verify's reference on one device runs every
+// data rank's rows at once, so it scales each data rank's rows apart (RunContext's
+// float8_row_groups: the plan's data ranks), which is what the ranks compute.
+//
+// The backward casts the input and the weight again from the tensors its forward kept, as torchao
+// does (the same amax, so the same float8 values); the output's gradient gets its own scale.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/float8.h"
+
+namespace ptool {
+
+class Tensor;
+struct RunContext;
+
+// torchao's Float8LinearConfig for the recipe, and the fault layer's seam (verify/faults.h): a
+// recipe with reduce_amax false scales a shard by its own amax; one with grad_output e4m3fn casts
+// the gradients in the forward's format.
+struct Float8Recipe {
+    Float8Format input = Float8Format::e4m3fn, weight = Float8Format::e4m3fn,
+                 grad_output = Float8Format::e5m2;
+    bool reduce_amax = true;  // over the ranks holding pieces of the tensor a scale covers
+};
+
+// Which dim of the linear's weight tensor parallelism cuts: its rows (colwise: the output's
+// features) or its columns (rowwise: the input's).
+enum class Float8TpSplit : uint8_t { none, rows, cols };
+
+struct Float8Gemms {
+    Float8Recipe recipe;
+    Float8TpSplit split = Float8TpSplit::none;
+};
+
+// y2 = x2 w^T ([rows, in] x [out, in] -> [rows, out]).
+void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Tensor& w, Tensor& y2);
+
+// The backward's scales: the output's gradient's and the input's (one per data rank's rows), the
+// weight's; taken once at the backward and kept by a split backward's W.
+struct Float8BackwardAmax {
+    std::vector<double> grad_output, input;
+    double weight = 0;
+};
+Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2, const Tensor& x2,
+                                        const Tensor& w);
+// dx2 = dy2 w ([rows, out] x [out, in] -> [rows, in]).
+void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
+                       const Tensor& w, Tensor& dx2);
+// dw += dy2^T x2 ([out, rows] x [rows, in]): each data rank's rows one GEMM, added in rank order.
+void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
+                        const Tensor& x2, Tensor& dw);
+
+}  // namespace ptool

@@ -1,0 +1,45 @@
+// Float8 training as torchtitan's float8 converter configures it (issue 48; docs/float8.md): the
+// plan's `float8` section swaps the model's linears for torchao's Float8Linear before anything is
+// parallelised (model/float8_linear.h runs their GEMMs).
+//
+//   float8:
+//     recipe: tensorwise        # torchao's recipe (rowwise: not built yet)
+//     filter_fqns: [output]     # linears whose name contains one of these keep their dtype
+//
+// Converted: every linear whose fqn contains none of filter_fqns (torchtitan's substring test)
+// and whose in and out features are multiples of 16 (module_filter_fn: float8 tensor cores), but
+// a moe layer's routed experts (torchao converts them as grouped GEMMs, which ptool has not built).
+// Without filter_fqns the model's output head, its last linear, keeps its dtype (torchtitan's
+// Llama configs say filter_fqns = ["output"]; ptool's models name their heads otherwise too).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/yaml_reader.h"
+#include "model/float8_linear.h"
+
+namespace ptool {
+
+class Model;
+struct Resolution;
+
+struct Float8Spec {
+    SourceLocation where;
+    Float8Recipe recipe;
+    std::optional<std::vector<std::string>> filter_fqns;  // nullopt: the output head
+    // How many data ranks' rows a forward holds, each scaled apart: 1 on a rank; verify's reference
+    // on one device takes the plan's data ranks (reference_plan).
+    int row_groups = 1;
+};
+
+Float8Spec parse_float8(const YamlNode& node);
+
+// Swaps the selected linears (see above), each told which of its weight's dims the plan's
+// tensor parallelism cuts (from its style's placement of "weight"); returns their fqns in module
+// order. An empty selection is exit 2 at the section: the plan would not run in float8.
+std::vector<std::string> apply_float8(Model& model, const Float8Spec& spec, const Resolution& res);
+
+}  // namespace ptool
