@@ -29,6 +29,31 @@ double best_seconds(int repeats, F&& f) {
     return best;
 }
 
+// One GEMM c [m, n] = op(a) op(b) reducing over k, best of `repeats`: OpenBLAS sgemm on the CPU,
+// the backend's GEMM (cuBLAS) on device tensors of `dtype` for another device, synchronised.
+inline double gemm_seconds(int64_t m, int64_t n, int64_t k, bool ta, bool tb, int repeats,
+                           Device device = Device::cpu, DType dtype = DType::float32) {
+    if (device != Device::cpu) {
+        Backend& be = backend_for(device);
+        Tensor a(ta ? Shape{k, m} : Shape{m, k}, dtype, device),
+            b(tb ? Shape{n, k} : Shape{k, n}, dtype, device);
+        Tensor c({m, n}, dtype, device);
+        be.gemm(a, ta, b, tb, c);  // warm-up (cuBLAS picks its kernel)
+        be.synchronize();
+        return best_seconds(repeats, [&] {
+            be.gemm(a, ta, b, tb, c);
+            be.synchronize();
+        });
+    }
+    std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f),
+        c(static_cast<size_t>(m * n));
+    const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);  // cblas' ints
+    return best_seconds(repeats, [&] {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, im, in, ik,
+                    1.0f, a.data(), ta ? im : ik, b.data(), tb ? ik : in, 0.0f, c.data(), in);
+    });
+}
+
 struct GemmLimit {
     int gemms = 0;
     double flops = 0;    // one training step
@@ -62,28 +87,8 @@ inline GemmLimit measure_gemm_limit(const Model& model, int repeats, Device devi
             lim.flops += tp * 3.0 * 2.0 * static_cast<double>(rows) * in * out;
         }
     });
-    for (const Gemm& g : gemms) {
-        if (device != Device::cpu) {
-            Backend& be = backend_for(device);
-            Tensor a(g.ta ? Shape{g.k, g.m} : Shape{g.m, g.k}, model.dtype, device);
-            Tensor b(g.tb ? Shape{g.n, g.k} : Shape{g.k, g.n}, model.dtype, device);
-            Tensor c({g.m, g.n}, model.dtype, device);
-            be.gemm(a, g.ta, b, g.tb, c);  // warm-up (cuBLAS picks its kernel)
-            be.synchronize();
-            lim.seconds += g.copies * best_seconds(repeats, [&] {
-                               be.gemm(a, g.ta, b, g.tb, c);
-                               be.synchronize();
-                           });
-            continue;
-        }
-        std::vector<float> a(static_cast<size_t>(g.m) * g.k, 0.5f), b(static_cast<size_t>(g.k) * g.n, 0.25f),
-            c(static_cast<size_t>(g.m) * g.n);
-        lim.seconds += g.copies * best_seconds(repeats, [&] {
-                           cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans,
-                                       g.tb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, 1.0f, a.data(),
-                                       g.ta ? g.m : g.k, b.data(), g.tb ? g.k : g.n, 0.0f, c.data(), g.n);
-                       });
-    }
+    for (const Gemm& g : gemms)
+        lim.seconds += g.copies * gemm_seconds(g.m, g.n, g.k, g.ta, g.tb, repeats, device, model.dtype);
     for (const Gemm& g : gemms) lim.gemms += g.copies;
     return lim;
 }
