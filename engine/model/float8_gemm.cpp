@@ -9,15 +9,20 @@
 namespace ptool {
 namespace {
 
+// x in float32 (a copy unless it is): on meta the same allocation, no values, so a simulation
+// holds what a run holds.
 Tensor as_float32(const Tensor& x) {
+    if (x.dtype() == DType::float32) return x;
+    if (x.device() == Device::meta) return Tensor::empty(x.shape(), DType::float32, Device::meta);
     PTOOL_REQUIRE(x.device() == Device::cpu, "a float8 cast of a tensor on {}", device_name(x.device()));
-    return x.dtype() == DType::float32 ? x : to_dtype(backend_for(Device::cpu), x, DType::float32);
+    return to_dtype(backend_for(Device::cpu), x, DType::float32);
 }
 
 }  // namespace
 
 double float8_amax(const Tensor& x) {
     const Tensor f = as_float32(x);
+    if (f.device() == Device::meta) return 0;
     const float* p = f.data<float>();
     double amax = 0;
     for (int64_t i = 0; i < f.numel(); ++i) {
@@ -31,7 +36,8 @@ Float8Operand float8_tensorwise(const Tensor& x, Float8Format f, double amax) {
     Float8Operand out;
     out.format = f, out.scale = float8_tensorwise_scale(amax, f);
     const Tensor in = as_float32(x);
-    out.values = Tensor::empty(in.shape(), DType::float32, Device::cpu);
+    out.values = Tensor::empty(in.shape(), DType::float32, in.device());
+    if (in.device() == Device::meta) return out;
     const float* p = in.data<float>();
     float* q = out.values.data<float>();
     for (int64_t i = 0; i < in.numel(); ++i) q[i] = float8_round(p[i] * out.scale, f);  // float32 product

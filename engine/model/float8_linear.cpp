@@ -1,7 +1,9 @@
 #include "model/float8_linear.h"
 
+#include <optional>
 #include <vector>
 
+#include "backend/meta/meta_backend.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "model/context_shard.h"
@@ -22,24 +24,37 @@ std::vector<Communicator*> activation_shards(const RunContext& ctx, bool tp_cut)
 
 // The amax of each of `groups` equal blocks of t's rows, reduced (max) over `over` (NaN stays in
 // the values themselves: a NaN element casts to NaN whatever its scale). Meta tensors read nothing
-// and reduce the same shapes, so a simulation counts the collectives a run makes.
-std::vector<double> amax_of(const Tensor& t, int groups, const std::vector<Communicator*>& over, bool reduce) {
+// and allocate and reduce the same, so a simulation holds and counts what a run does.
+std::vector<double> amax_of(const Tensor& t, int groups, const std::vector<Communicator*>& over,
+                            bool reduce) {
     const int64_t rows = t.size(0);
-    PTOOL_REQUIRE(groups >= 1 && rows % groups == 0, "float8: {} rows do not split into the {} data ranks' rows",
-                  rows, groups);
+    PTOOL_REQUIRE(groups >= 1 && rows % groups == 0,
+                  "float8: {} rows do not split into the {} data ranks' rows", rows, groups);
     Tensor a(Shape{groups}, DType::float32, t.device());
-    if (t.device() != Device::meta)
-        for (int g = 0; g < groups; ++g) a.set(g, float8_amax(t.narrow(0, g * (rows / groups), rows / groups)));
+    for (int g = 0; g < groups; ++g) a.set(g, float8_amax(t.narrow(0, g * (rows / groups), rows / groups)));
     if (reduce)
         for (Communicator* c : over) c->all_reduce(a, ReduceOp::max);
     return t.device() == Device::meta ? std::vector<double>(groups, 0.0) : a.to_doubles();
 }
 
+// On meta tensors the emulation's GEMMs (on float32 values) are priced at the operands' own dtype,
+// the compute dtype's GEMM rate (float8's own rate: docs/float8.md's next step).
+class PricedAs {
+public:
+    explicit PricedAs(const Tensor& operand) {
+        if (operand.device() == Device::meta) scope_.emplace(MetaKernelMode{.gemm_dtype = operand.dtype()});
+    }
+
+private:
+    std::optional<MetaKernelScope> scope_;
+};
+
 int row_groups(const RunContext& ctx) {
     return std::max(1, ctx.float8_row_groups);
 }
 
-std::vector<double> activation_amax(const RunContext& ctx, const Float8Gemms& f, const Tensor& t2, bool tp_cut) {
+std::vector<double> activation_amax(const RunContext& ctx, const Float8Gemms& f, const Tensor& t2,
+                                    bool tp_cut) {
     return amax_of(t2, row_groups(ctx), activation_shards(ctx, tp_cut), f.recipe.reduce_amax);
 }
 
@@ -65,12 +80,12 @@ void by_row_groups(RunContext& ctx, const Tensor& a2, Float8Format fa, const std
 void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Tensor& w, Tensor& y2) {
     const std::vector<double> ax = activation_amax(ctx, f, x2, f.split == Float8TpSplit::cols);
     const double aw = weight_amax(ctx, f, w);
-    if (x2.device() == Device::meta) return ctx.backend->gemm(x2, false, w, true, y2);  // its shape's work
+    const PricedAs priced(x2);
     by_row_groups(ctx, x2, f.recipe.input, ax, float8_tensorwise(w, f.recipe.weight, aw), true, y2);
 }
 
-Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2, const Tensor& x2,
-                                        const Tensor& w) {
+Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2,
+                                        const Tensor& x2, const Tensor& w) {
     Float8BackwardAmax a;
     a.grad_output = activation_amax(ctx, f, dy2, f.split == Float8TpSplit::rows);
     a.input = activation_amax(ctx, f, x2, f.split == Float8TpSplit::cols);
@@ -80,18 +95,18 @@ Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, c
 
 void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                        const Tensor& w, Tensor& dx2) {
-    if (dy2.device() == Device::meta) return ctx.backend->gemm(dy2, false, w, false, dx2);
-    by_row_groups(ctx, dy2, f.recipe.grad_output, a.grad_output, float8_tensorwise(w, f.recipe.weight, a.weight),
-                  false, dx2);
+    const PricedAs priced(dy2);
+    by_row_groups(ctx, dy2, f.recipe.grad_output, a.grad_output,
+                  float8_tensorwise(w, f.recipe.weight, a.weight), false, dx2);
 }
 
 void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                         const Tensor& x2, Tensor& dw) {
-    if (dy2.device() == Device::meta) return ctx.backend->gemm(dy2, true, x2, false, dw, 1.0, 1.0);
+    const PricedAs priced(dy2);
     const int64_t groups = static_cast<int64_t>(a.grad_output.size()), rows = dy2.size(0) / groups;
     for (int64_t g = 0; g < groups; ++g) {  // each data rank's own GEMM, added to the gradient in rank order
-        const Float8Operand d = float8_tensorwise(dy2.narrow(0, g * rows, rows), f.recipe.grad_output,
-                                                  a.grad_output[g]);
+        const Float8Operand d =
+            float8_tensorwise(dy2.narrow(0, g * rows, rows), f.recipe.grad_output, a.grad_output[g]);
         const Float8Operand x = float8_tensorwise(x2.narrow(0, g * rows, rows), f.recipe.input, a.input[g]);
         Tensor part = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
         float8_gemm(*ctx.backend, d, true, x, false, part);

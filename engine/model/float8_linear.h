@@ -56,8 +56,8 @@ struct Float8BackwardAmax {
     std::vector<double> grad_output, input;
     double weight = 0;
 };
-Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2, const Tensor& x2,
-                                        const Tensor& w);
+Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2,
+                                        const Tensor& x2, const Tensor& w);
 // dx2 = dy2 w ([rows, out] x [out, in] -> [rows, in]).
 void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                        const Tensor& w, Tensor& dx2);

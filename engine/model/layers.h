@@ -28,7 +28,9 @@ public:
                     int64_t offset) const override;
     bool set_normal_init(double std) override { return normal_std_ = std, true; }
     KeptOutputs* kept_outputs() override { return &kept_; }
-    std::optional<std::pair<int64_t, int64_t>> linear_features() const override { return std::make_pair(in_, out_); }
+    std::optional<std::pair<int64_t, int64_t>> linear_features() const override {
+        return std::make_pair(in_, out_);
+    }
     void set_float8(const Float8Gemms& f) override { float8_ = f; }
     const Float8Gemms* float8() const override { return float8_ ? &*float8_ : nullptr; }
 

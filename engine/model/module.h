@@ -268,7 +268,9 @@ public:
     virtual std::optional<std::pair<int64_t, int64_t>> linear_features() const { return std::nullopt; }
     // torchao's Float8Linear (model/float8_linear.h): a module with linear_features runs its GEMMs
     // so from now on; float8(): what it runs now (null: its own dtype).
-    virtual void set_float8(const Float8Gemms&) { PTOOL_REQUIRE(false, "float8 on '{}', not a linear", fqn_); }
+    virtual void set_float8(const Float8Gemms&) {
+        PTOOL_REQUIRE(false, "float8 on '{}', not a linear", fqn_);
+    }
     virtual const Float8Gemms* float8() const { return nullptr; }
     void register_param(const std::string& name, ParamPtr p) { params_.push_back({name, std::move(p)}); }
     void register_buffer(const std::string& name, ParamPtr b) { buffers_.push_back({name, std::move(b)}); }

@@ -45,16 +45,19 @@ Float8Spec parse_float8(const YamlNode& node) {
     if (name != "tensorwise") {
         bool known = false;
         for (const std::string& n : names) known |= n == name;
-        recipe.fail(known ? fmt::format("float8 recipe '{}': ptool runs tensorwise only so far (docs/float8.md)", name)
-                          : fmt::format("unknown float8 recipe '{}'{} (torchao's: tensorwise, rowwise, "
-                                        "rowwise_with_gw_hp)",
-                                        name, did_you_mean(name, names)));
+        recipe.fail(
+            known
+                ? fmt::format("float8 recipe '{}': ptool runs tensorwise only so far (docs/float8.md)", name)
+                : fmt::format("unknown float8 recipe '{}'{} (torchao's: tensorwise, rowwise, "
+                              "rowwise_with_gw_hp)",
+                              name, did_you_mean(name, names)));
     }
     if (auto f = m.get("filter_fqns")) {
         std::vector<std::string> fqns;
         for (const YamlNode& item : f->items("'filter_fqns'")) {
             fqns.push_back(item.as_string("an entry of 'filter_fqns'"));
-            if (fqns.back().empty()) item.fail("an empty filter_fqns entry would keep every linear out of float8");
+            if (fqns.back().empty())
+                item.fail("an empty filter_fqns entry would keep every linear out of float8");
         }
         s.filter_fqns = std::move(fqns);
     }
@@ -82,8 +85,9 @@ std::vector<std::string> apply_float8(Model& model, const Float8Spec& spec, cons
         out.push_back(fqn);
     }
     if (out.empty())
-        throw InputError(spec.where, "float8: no linear of the model is converted (each needs in and out features "
-                                     "that are multiples of 16, outside filter_fqns and the routed experts)");
+        throw InputError(spec.where,
+                         "float8: no linear of the model is converted (each needs in and out features "
+                         "that are multiples of 16, outside filter_fqns and the routed experts)");
     return out;
 }
 

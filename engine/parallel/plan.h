@@ -179,7 +179,7 @@ struct Plan {
     std::optional<PipelineSpec> pipeline;                 // its dim is the pp role's
     std::optional<ContextParallelSpec> context_parallel;  // its dim is the cp role's
     std::optional<ExpertParallelSpec> expert_parallel;    // its dim is a data dim, borrowed (dims' ep)
-    std::optional<Float8Spec> float8;                     // torchao's float8 linears (parallel/float8_training.h)
+    std::optional<Float8Spec> float8;  // torchao's float8 linears (parallel/float8_training.h)
     // Microbatches per round of gradient accumulation when there is no pipeline (the reference of a
     // pipeline plan computes its microbatches: reference_plan)
     int round_microbatches = 1;

@@ -234,9 +234,10 @@ ExplainReport explain_report(const ExplainInputs& in) {
     r.summary.push_back(fmt::format("mesh {}", fmt::join(mesh, " x ")));
     for (std::string& line : describe_dims(r.plan)) r.summary.push_back(std::move(line));
     if (!r.float8_linears.empty())  // torchao's Float8Linear; priced as the compute dtype's GEMMs so far
-        r.summary.push_back(fmt::format("float8 tensorwise on {} linears (e4m3fn inputs and weights, e5m2 output "
-                                        "gradients; time and memory as {} GEMMs: docs/float8.md)",
-                                        r.float8_linears.size(), dtype_name(r.plan.compute_dtype(r.model.dtype))));
+        r.summary.push_back(
+            fmt::format("float8 tensorwise on {} linears (e4m3fn inputs and weights, e5m2 output "
+                        "gradients; time and memory as {} GEMMs: docs/float8.md)",
+                        r.float8_linears.size(), dtype_name(r.plan.compute_dtype(r.model.dtype))));
     if (r.plan.gradient_accumulation > 0)  // the training layout the plan carries, over the model's
         r.summary.push_back(fmt::format("gradient_accumulation {} (the plan's; the model says {})",
                                         r.plan.gradient_accumulation, r.model.gradient_accumulation));

@@ -67,7 +67,8 @@ struct ExplainReport {
     double bubble_closed_form = 0;      // a pipeline's (p - 1) / (v m): the bubble at uniform stages
     std::vector<MemoryAssumption> assumptions;  // where the framework tally errs high, per rank
     std::string kernel_source;                  // with a cluster: how its kernel times are known
-    std::vector<std::string> float8_linears;    // the plan's float8 section converts (parallel/float8_training.h)
+    std::vector<std::string>
+        float8_linears;  // the plan's float8 section converts (parallel/float8_training.h)
 };
 
 ExplainReport explain_report(const ExplainInputs& in);

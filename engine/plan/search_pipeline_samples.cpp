@@ -91,7 +91,8 @@ private:
                 "pp rank {} needs more than {} > {} per GPU with {} blocks a stage ({} microbatches a "
                 "round)",
                 pp_rank == P - 1 ? base_.pp - 1 : pp_rank,
-                gib(static_cast<double>(sim.memory.peak) + workspace_), gib(s_.cap(plan)), kStageSampled, m_)};
+                gib(static_cast<double>(sim.memory.peak) + workspace_), gib(s_.cap(plan)), kStageSampled,
+                m_)};
         // the rank that holds the last stage (the V's: rank 0)
         const bool last = stage_placement(base_.schedule, P, P * v_).back() == pp_rank;
         if (last && m_ > sampled_ && !(widened_ && v_ == 1))  // (widened 1F1B: widen_pipeline)

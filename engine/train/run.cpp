@@ -194,19 +194,21 @@ void Run::apply_checkpointing() {
 void Run::apply_float8() {
     if (!plan_.float8) return;
     if (device_ == Device::cuda)
-        throw InputError(plan_.float8->where,
-                         "float8 runs on the CPU backend so far (cuBLASLt's float8 GEMMs are docs/float8.md's next step)");
+        throw InputError(
+            plan_.float8->where,
+            "float8 runs on the CPU backend so far (cuBLASLt's float8 GEMMs are docs/float8.md's next step)");
     // A run in bfloat16 differs from its reference by bfloat16's rounding before each cast, and
     // a float8 cast turns some of those into a whole float8 step: judged at bf16's tolerance a
     // correct plan would fail. Until the verdict's float8 bounds are derived (docs/float8.md), a
     // real run computes in float32; explain and plan (meta) take any dtype.
     if (const DType compute = plan_.compute_dtype(model_.dtype);
         device_ != Device::meta && compute != DType::float32 && compute != DType::float64)
-        throw InputError(plan_.float8->where,
-                         fmt::format("float8 with {} compute: verify judges float8 runs that compute in float32 "
-                                     "so far (its bounds for float8 under {} are not derived yet: docs/float8.md); "
-                                     "drop mixed_precision's param_dtype, or explain the plan",
-                                     dtype_name(compute), dtype_name(compute)));
+        throw InputError(
+            plan_.float8->where,
+            fmt::format("float8 with {} compute: verify judges float8 runs that compute in float32 "
+                        "so far (its bounds for float8 under {} are not derived yet: docs/float8.md); "
+                        "drop mixed_precision's param_dtype, or explain the plan",
+                        dtype_name(compute), dtype_name(compute)));
     ptool::apply_float8(model_, *plan_.float8, res_);
 }
 

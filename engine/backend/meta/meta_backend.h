@@ -9,6 +9,7 @@
 #include <compare>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "backend/backend.h"
 
@@ -79,13 +80,15 @@ struct OpCount {  // a framework op's elements and the kernels its sequence laun
 // in on-chip memory: no bytes, no launches of its own). With `attention` set, the fused kernel's
 // FLOPs are counted under that key (priced by the attention table), not as GEMMs. A composite op
 // counted by its own OpClass (meta_count_op) runs ptool's kernels `on_chip`: their bytes are not
-// counted again.
+// counted again. `gemm_dtype` prices a GEMM at another dtype's rate than its operands' (a float8
+// GEMM emulated on float32 values: model/float8_gemm.h).
 struct MetaKernelMode {
     bool gemm_as_elementwise = false;
     double gemm_share = 1;
     bool on_chip = false;
     bool attention = false;
     AttentionKey attention_key{};
+    std::optional<DType> gemm_dtype{};
 };
 
 // What the ops the calling thread ran on the meta backend would cost, since the last reset.
