@@ -156,6 +156,7 @@ nlohmann::json compute_terms_json(const ComputeTerms& t) {
     for (const ComputeTerms::Shape& s : t.gemms)
         gemms.push_back({{"op", gemm_op_name(s.gemm.op)},
                          {"dtype", dtype_name(s.gemm.dtype)},
+                         {"float8", s.gemm.float8},
                          {"m", s.gemm.m},
                          {"n", s.gemm.n},
                          {"k", s.gemm.k},

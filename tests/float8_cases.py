@@ -6,7 +6,8 @@
 Every plan under tests/data/float8/ (torchao's tensorwise Float8Linear under FSDP x TP+SP and
 CP x TP) passes against the one-device reference in rank threads and under mpirun, with the same
 per-tensor verdicts; explain --json lists the linears it converts (every one with dims of 16 but the
-output head) and its text says so; explain's predicted peak of every rank is verify's measured one
+output head) and its text says so; a zero-bubble pipeline of FSDP x TP stages passes (the selection
+is the whole model's, not a stage's); explain's predicted peak of every rank is verify's measured one
 to the byte; without the amax reductions (float8_local_amax on every
 converted linear at once) the same plans fail; a bfloat16-compute float8 plan is refused by verify
 (exit 2 at the float8 key: its verdict bounds are not derived) and explained; a bad section is exit
@@ -71,6 +72,16 @@ for plan in PLANS:
     rc, out, _ = verify(plan, env={"PTOOL_FAULT": "float8_local_amax:*"})
     check(rc == 1 and "first divergence: step 0 forward" in out, f"{name}: local amax on every linear: exit {rc}\n{out[-1500:]}")
 
+# a pipeline's stages: the selection is the whole model's (stage 0 holds no head, yet its last
+# linear stays float8), under zero-bubble's split backward (a W keeps its I's scales) and FSDP x TP
+with tempfile.TemporaryDirectory() as tmp:
+    piped = os.path.join(tmp, "pp.yaml")
+    text = open(f"{ROOT}/tests/data/pipeline/llama_rope_pp2_dp2_tp2_fsdp_zb.yaml").read()
+    open(piped, "w").write("".join(l for l in text.splitlines(True) if "mixed_precision" not in l)
+                           + "float8: {recipe: tensorwise}\n")
+    rc, out, verdicts = verify(piped)
+    check(rc == 0 and len(verdicts) > 100 and all(verdicts.values()), f"pipeline float8: exit {rc}\n{out[-2000:]}")
+
 with tempfile.TemporaryDirectory() as tmp:
     bf16 = os.path.join(tmp, "bf16.yaml")
     text = open(f"{ROOT}/tests/data/float8/llama_rope_fsdp_tp_float8.yaml").read().replace("  mode: fully_shard\n",
@@ -79,11 +90,43 @@ with tempfile.TemporaryDirectory() as tmp:
     line = text.splitlines().index("float8: {recipe: tensorwise}") + 1
     rc, out = run("verify", MODEL, bf16)
     check(rc == 2 and f"bf16.yaml:{line}:9: float8 with bfloat16 compute" in out, f"bf16 float8 verify: exit {rc}\n{out[-800:]}")
+    rc, out = run("verify", MODEL, PLANS[0], "--dtype", "float64")  # the emulation accumulates in float32
+    check(rc == 2 and "float8 with float64 compute" in out and "--dtype float32" in out, f"float64 float8 verify: exit {rc}\n{out[-800:]}")
     rc, out = run("explain", MODEL, bf16)
-    check(rc == 0 and "as bfloat16 GEMMs" in out, f"bf16 float8 explain: exit {rc}\n{out[-800:]}")
+    check(rc == 0 and "float8 tensorwise on 14 linears" in out, f"bf16 float8 explain: exit {rc}\n{out[-800:]}")
     bad = os.path.join(tmp, "bad.yaml")
     open(bad, "w").write("mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp}\nfloat8: {recipe: tensorwise, filter_fqns: [proj, output]}\n")
     rc, out = run("verify", MODEL, bad)
     check(rc == 2 and "bad.yaml:3:9: float8: no linear of the model is converted" in out, f"float8 converting nothing: exit {rc}\n{out}")
+
+# explain prices float8 GEMMs at the kernel table's float8 rows (the H200's, measured), else as
+# the compute dtype's (the H100's table has none): Llama-3-8B under FSDP2 on 8 GPUs in bf16
+with tempfile.TemporaryDirectory() as tmp:
+    bf16_plan, f8_plan = os.path.join(tmp, "bf16.yaml"), os.path.join(tmp, "f8.yaml")
+    base = ("mesh: {dp: 8}\ndata_parallel:\n  mesh_dim: dp\n  mode: fully_shard\n  fully_shard: [\"layers.*\"]\n"
+            "  mixed_precision: {param_dtype: bfloat16, reduce_dtype: float32}\nactivation_checkpointing: [\"layers.*\"]\n")
+    open(bf16_plan, "w").write(base)
+    open(f8_plan, "w").write(base + "float8: {recipe: tensorwise}\n")
+    gemm = {}
+    for gpu in ("h200", "h100"):
+        for name, plan in (("bf16", bf16_plan), ("f8", f8_plan)):
+            ej = os.path.join(tmp, f"{gpu}_{name}.json")
+            rc, out = run("explain", f"{ROOT}/models/scale/llama3_8b.yaml", plan, "--cluster", f"{ROOT}/clusters/{gpu}_8x8.yaml",
+                          "--json", ej)
+            if not check(rc == 0, f"explain llama3_8b {name} on {gpu}: exit {rc}\n{out[-1500:]}"):
+                continue
+            t = json.load(open(ej))["time"][0]["compute_terms"]
+            gemm[gpu, name] = (sum(t[f"gemm_{op}_seconds"] for op in ("fwd", "dgrad", "wgrad")),
+                               sum(g["calls"] for g in t["gemms"] if g.get("float8")), out)
+    if len(gemm) == 4:
+        (h200_bf16, n0, _), (h200_f8, n8, text200) = gemm["h200", "bf16"], gemm["h200", "f8"]
+        (h100_bf16, _, _), (h100_f8, _, text100) = gemm["h100", "bf16"], gemm["h100", "f8"]
+        check(n0 == 0 and n8 > 0 and h200_f8 < 0.8 * h200_bf16,
+              f"H200: float8 GEMMs {n8} calls, {h200_f8:.3f} s against bf16's {h200_bf16:.3f} s")
+        check(abs(h100_f8 - h100_bf16) <= 1e-9 * h100_bf16 and "priced as bfloat16" in text100
+              and "the kernel table's float8 rows" in text200,
+              f"H100 (no float8 rows): {h100_f8} s against bf16's {h100_bf16} s")
+        print(f"Llama-3-8B FSDP2 x 8 GEMM seconds a step: H200 bf16 {h200_bf16:.3f}, float8 {h200_f8:.3f} "
+              f"({h200_bf16 / h200_f8:.2f}x); H100 {h100_bf16:.3f} both")
 
 check.finish()

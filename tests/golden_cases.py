@@ -230,6 +230,9 @@ with tempfile.TemporaryDirectory() as tmp:
     pipelines = sorted(glob.glob("tests/data/pipeline/*.yaml"))
     check(len(pipelines) >= 4, f"tests/data/pipeline has {len(pipelines)} plans")
     cases += [(re.search(r"(tests/data/)?models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p) for p in pipelines]
+    # the float8 plans against tools/torch_float8.py's Float8Linear (the formats' rounding written out)
+    cases += [(re.search(r"models/[a-z_0-9]+\.yaml", open(p).read()).group(0), p)
+              for p in sorted(glob.glob("tests/data/float8/*.yaml"))]
     if os.environ.get("PTOOL_SANITIZER"):  # numerics against PyTorch are the plain build's job; under a
         cases = cases[:3]                  # sanitizer a few cases cover --golden's code (CI time)
     for model, plan in cases:

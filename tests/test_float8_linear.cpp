@@ -4,12 +4,15 @@
 // filter_fqns by substring, the head left out by default); bad sections are exit 2 at their key.
 #include <cmath>
 
+#include "backend/meta/meta_backend.h"
+#include "core/device_memory.h"
 #include "core/rng.h"
 #include "model/float8_gemm.h"
 #include "model/float8_linear.h"
 #include "model/model.h"
 #include "parallel/parallelize.h"
 #include "parallel/plan.h"
+#include "plan/kernel_table.h"
 #include "test_helpers.h"
 #include "train/run.h"
 
@@ -141,6 +144,93 @@ TEST_CASE("a bad float8 section is exit 2 at its key", "[cpu]") {
         "mesh: {dp: 2, tp: 2}\ndata_parallel: {mesh_dim: dp}\nfloat8: {recipe: tensorwise}\n", "p.yaml");
     CHECK(p.float8->row_groups == 1);
     CHECK(reference_plan(p).float8->row_groups == 2);
+}
+
+}  // namespace test_float8_linear
+
+namespace test_float8_linear {
+
+TEST_CASE("a float8 GEMM is priced at the kernel table's float8 rows where it has them", "[cpu]") {
+    const KernelTable h200 = load_kernel_table(PTOOL_SOURCE_DIR "/clusters/kernels/h200_sxm_141gb.json");
+    const KernelTable h100 = load_kernel_table(PTOOL_SOURCE_DIR "/clusters/kernels/h100_sxm5_80gb.json");
+    REQUIRE(h200.has_float8_gemm(DType::bfloat16));
+    CHECK_FALSE(h100.has_float8_gemm(DType::bfloat16));
+    CHECK(h200.has_gemm(DType::bfloat16));
+    // a measured shape (bench/validation/h200/h200_float8.jsonl: m 1024, n 2048, k 8192) is its row
+    GemmKey q{GemmOp::fwd, DType::bfloat16, 1024, 2048, 8192};
+    q.float8 = true;
+    CHECK(h200.gemm_seconds(q) == Approx(2.696000039577484e-05).epsilon(1e-9));
+    GemmKey plain = q;
+    plain.float8 = false;
+    CHECK(h200.gemm_seconds(plain) > 1.5 * h200.gemm_seconds(q));  // bf16: 4.57e-5 s measured beside it
+    // a table without float8 rows prices it as its output dtype's GEMM
+    CHECK(h100.gemm_seconds(q) == h100.gemm_seconds(plain));
+    // a float8 linear's GEMMs counted on meta tensors as float8 GEMMs writing the compute dtype
+    MetaAllocation meta;
+    meta_work() = MetaWork{};
+    RunContext ctx;
+    ctx.backend = &backend_for(Device::meta);
+    const Tensor x = Tensor::empty({64, 32}, DType::bfloat16, Device::meta),
+                 w = Tensor::empty({16, 32}, DType::bfloat16, Device::meta);
+    Tensor y = Tensor::empty({64, 16}, DType::bfloat16, Device::meta);
+    float8_forward(ctx, Float8Gemms{}, x, w, y);
+    REQUIRE(meta_work().gemms.size() == 1);
+    const GemmKey counted = meta_work().gemms.begin()->first;
+    CHECK((counted.float8 && counted.dtype == DType::bfloat16 && counted.op == GemmOp::fwd &&
+           counted.m == 64 && counted.n == 16 && counted.k == 32));
+}
+
+TEST_CASE("a kernel table's float8 rows say their recipe, tensorwise", "[cpu]") {
+    const std::string table =
+        R"({"format": "ptool kernel table 1", "gpu": "g", "peak": {"tflops": {"bfloat16": 1}, "memory_bandwidth_gb_s": 1},
+  "gemm": [{"dtype": "bfloat16", "op": "fwd", "m": 1, "n": 1, "k": 1, "seconds": 1},
+           {"dtype": "bfloat16", "float8": "rowwise", "op": "fwd", "m": 1, "n": 1, "k": 1, "seconds": 1}],
+  "memory": [{"op": "copy", "dtype": "bfloat16", "elements": 1, "bytes": 4, "seconds": 1}]})";
+    require_input_error([&] { load_kernel_table_text(table, "k.json"); },
+                        {"k.json:3:", "'float8' of a 'gemm' row must be tensorwise, got 'rowwise'"});
+}
+
+}  // namespace test_float8_linear
+
+namespace test_float8_linear {
+
+TEST_CASE("a float8 linear reduces over tp the pieces its own GEMMs see", "[cpu]") {
+    Model m =
+        load_model_text(read_text(PTOOL_SOURCE_DIR "/models/llama_rope.yaml"), "models/llama_rope.yaml");
+    const Plan p = load_plan(PTOOL_SOURCE_DIR "/tests/data/float8/llama_rope_fsdp_tp_float8.yaml");
+    apply_float8(m, *p.float8, resolve_plan(m, p));
+    auto pieces = [&](const std::string& fqn) {
+        for (const auto& [name, mod] : named_modules(*m.root))
+            if (name == fqn) return mod->float8()->tp;
+        FAIL("no module " << fqn);
+        return Float8TpPieces{};
+    };
+    // colwise (its input gathered from the sequence shards first): the weight's rows, the output
+    // gradient's Shard(-1); rowwise: the weight's columns and its Shard(-1) input, a Partial output
+    // whose gradient is whole
+    for (const char* col :
+         {"layers.0.attn_block.attention.q_proj", "layers.1.ffn_block.feed_forward.up_proj"}) {
+        const Float8TpPieces c = pieces(col);
+        CHECK((c.weight && !c.input && c.grad_output));
+    }
+    for (const char* row :
+         {"layers.0.attn_block.attention.o_proj", "layers.1.ffn_block.feed_forward.down_proj"}) {
+        const Float8TpPieces r = pieces(row);
+        CHECK((r.weight && r.input && !r.grad_output));
+    }
+    // an unstyled linear on sequence-parallel Shard(1) activations: its input and output gradient
+    const std::string seq =
+        "name: s\nbatch: {input: [2, 8, 16], target: [2, 8, 16]}\nmodules:\n"
+        "  - {name: norm, type: rms_norm, dim: 16}\n"
+        "  - {name: head, type: linear, in: 16, out: 16}\nloss: mse\n";
+    Model s = load_model_text(seq, "s.yaml");
+    const Plan sp = load_plan_text(
+        "mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan: {norm: sequence_parallel}\n"
+        "float8: {recipe: tensorwise, filter_fqns: []}\n",
+        "p.yaml");
+    apply_float8(s, *sp.float8, resolve_plan(s, sp));
+    const Float8TpPieces h = s.root->children().back().second->float8()->tp;
+    CHECK((!h.weight && h.input && h.grad_output));
 }
 
 }  // namespace test_float8_linear

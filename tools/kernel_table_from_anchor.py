@@ -2,12 +2,15 @@
 """A kernel table (docs/kernel_table.md) from the rows PyTorch measured on a GPU (anchor.py's jsonl).
 
     tools/kernel_table_from_anchor.py ANCHOR.jsonl OUT.json --gpu NAME --date DATE --software TEXT
-        [--peak-bf16 TFLOPS] [--peak-fp32 TFLOPS] [--bandwidth GB_S] [--source TEXT]
+        [--peak-bf16 TFLOPS] [--peak-fp32 TFLOPS] [--bandwidth GB_S] [--source TEXT] [--float8 FLOAT8.jsonl]
 
 Reads the `device`, `gemm`, `sdpa`, `bw` and `floor` rows of ANCHOR.jsonl and writes the table ptool's
 cluster files name (`kernels:`), one row a line, with where every number came from:
 
-  gemm       every bf16 and fp32 (TF32 off) row: dtype, op (fwd/dgrad/wgrad), m, n, k, seconds
+  gemm       every bf16 and fp32 (TF32 off) row: dtype, op (fwd/dgrad/wgrad), m, n, k, seconds;
+             with --float8, every float8 tensorwise row of bench/validation/gpu/float8.py's jsonl
+             (torch._scaled_mm, e4m3fn x e4m3fn forward, e5m2 x e4m3fn gradients, bf16 out): dtype
+             bfloat16 (the output's), float8 "tensorwise", op, m, n, k, seconds
   attention  every sdpa row: causal flash attention, bf16, batch, heads, kv_heads, seq, head_dim,
              forward seconds and forward+backward seconds
   memory     copy (the streaming bandwidth the derived ops are priced at), add, the eager RMSNorm's
@@ -34,6 +37,7 @@ def main():
     ap.add_argument("--peak-bf16", type=float, default=989)
     ap.add_argument("--peak-fp32", type=float, default=67)
     ap.add_argument("--bandwidth", type=float, default=3350)
+    ap.add_argument("--float8", default="")
     a = ap.parse_args()
     rows = [json.loads(line) for line in open(a.anchor) if line.strip()]
     device = next(r for r in rows if r["part"] == "device")
@@ -100,12 +104,19 @@ def main():
                  "by": "PyTorch: torch.matmul (cuBLAS) per GEMM layout, scaled_dot_product_attention (flash, "
                        "causal, enable_gqa), eager memory-bound ops; CUDA events after warm-up",
                  "source": a.source,
+                 **({"float8": f"{a.float8} (bench/validation/gpu/float8.py: torch._scaled_mm, tensorwise)"}
+                    if a.float8 else {}),
                  "converted_by": "tools/kernel_table_from_anchor.py"}) + ',']
     if overhead:
         lines.append('  "kernel_overhead": ' + json.dumps(overhead) + ',')
     lines += ['  "gemm": [']
     g = [json.dumps({"dtype": r["dtype"], "op": r["op"], "m": r["m"], "n": r["n"], "k": r["k"],
                      "seconds": r["seconds"]}) for r in gemm]
+    float8 = [json.loads(line) for line in open(a.float8) if line.strip()] if a.float8 else []
+    for r in (r for r in float8 if r["part"] == "gemm"):
+        for op in ("fwd", "dgrad", "wgrad"):
+            g.append(json.dumps({"dtype": "bfloat16", "float8": "tensorwise", "op": op, "m": r["m"], "n": r["n"],
+                                 "k": r["k"], "seconds": r[f"fp8_tensorwise_{op}_s"]}))
     lines += ["    " + x + ("," if i + 1 < len(g) else "") for i, x in enumerate(g)]
     lines.append('  ],')
     lines.append('  "attention": [')
@@ -121,7 +132,7 @@ def main():
     lines.append('}')
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
-    print(f"wrote {a.out}: {len(gemm)} GEMMs, {len(sdpa)} attention rows, {len(memory)} memory ops")
+    print(f"wrote {a.out}: {len(g)} GEMMs ({len(g) - len(gemm)} float8), {len(sdpa)} attention rows, {len(memory)} memory ops")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ The step accumulates gradient_accumulation G rounds: the plan's key where it has
 the model's, docs/plan_format.md), else the model's. A plan with pipeline_parallel is its reference:
 G rounds of the plan's microbatches per round, G x microbatches microbatches of consecutive rows,
 each microbatch's loss divided by that count, one optimizer step (Debian's torch 1.13 has no
-torch.distributed.pipelining; its tests hold a pipeline to this same loop). Needs Debian's
-python3-torch and python3-yaml only.
+torch.distributed.pipelining; its tests hold a pipeline to this same loop). A plan's float8 section
+swaps the linears it selects for torchao's Float8Linear, tensorwise, written out in
+tools/torch_float8.py (torch 1.13 has no float8 dtype), each data rank's rows scaled apart. Needs
+Debian's python3-torch and python3-yaml only.
 """
 import argparse
 import copy
@@ -28,6 +30,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import yaml  # noqa: E402
+from torch_float8 import convert as convert_float8  # noqa: E402
 from torch_model import (MODEL_DTYPES, apply_target_mask, build_model, make_optimizer, ptool_hash,  # noqa: E402
                          train_step, write_safetensors)
 
@@ -83,6 +86,7 @@ def main():
         out_shape = model(inp).shape
     torch.manual_seed(cfg.get("seed", 0))  # the probe above changed nothing but BatchNorm's running stats
     model, dtype = build_model(cfg)
+    convert_float8(model, plan)  # the plan's float8 linears (tools/torch_float8.py)
     target_spec = cfg["batch"].get("target")
     if loss_kind == "cross_entropy":
         target = batch_tensor(target_spec or list(out_shape[:-1]), dtype, classes=out_shape[-1])

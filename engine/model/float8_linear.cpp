@@ -1,5 +1,7 @@
 #include "model/float8_linear.h"
 
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -14,10 +16,10 @@ namespace ptool {
 namespace {
 
 // The ranks holding pieces of an activation-shaped tensor (a linear's input or its output's
-// gradient): tp where the style cut its features, cp where each rank holds some positions.
-std::vector<Communicator*> activation_shards(const RunContext& ctx, bool tp_cut) {
+// gradient): tp where its placement shards it, cp where each rank holds some positions.
+std::vector<Communicator*> activation_shards(const RunContext& ctx, bool tp_sharded) {
     std::vector<Communicator*> out;
-    if (tp_cut && ctx.tp && ctx.tp->size() > 1) out.push_back(ctx.tp);
+    if (tp_sharded && ctx.tp && ctx.tp->size() > 1) out.push_back(ctx.tp);
     if (ctx.context && ctx.context->parts > 1 && ctx.context->comm) out.push_back(ctx.context->comm);
     return out;
 }
@@ -30,19 +32,30 @@ std::vector<double> amax_of(const Tensor& t, int groups, const std::vector<Commu
     const int64_t rows = t.size(0);
     PTOOL_REQUIRE(groups >= 1 && rows % groups == 0,
                   "float8: {} rows do not split into the {} data ranks' rows", rows, groups);
-    Tensor a(Shape{groups}, DType::float32, t.device());
-    for (int g = 0; g < groups; ++g) a.set(g, float8_amax(t.narrow(0, g * (rows / groups), rows / groups)));
+    // each group's amax and, beside it, whether the group holds a NaN (1): a max keeps the flag
+    // wherever it came from, where a max over NaN itself would keep it or not by the ranks' order
+    Tensor a(Shape{2 * groups}, DType::float32, t.device());
+    for (int g = 0; g < groups; ++g) {
+        const double amax = float8_amax(t.narrow(0, g * (rows / groups), rows / groups));
+        a.set(g, std::isnan(amax) ? 0.0 : amax), a.set(groups + g, std::isnan(amax) ? 1.0 : 0.0);
+    }
     if (reduce)
         for (Communicator* c : over) c->all_reduce(a, ReduceOp::max);
-    return t.device() == Device::meta ? std::vector<double>(groups, 0.0) : a.to_doubles();
+    if (t.device() == Device::meta) return std::vector<double>(groups, 0.0);
+    const std::vector<double> v = a.to_doubles();
+    std::vector<double> out(groups);
+    for (int g = 0; g < groups; ++g)
+        out[g] = v[groups + g] > 0 ? std::numeric_limits<double>::quiet_NaN() : v[g];
+    return out;
 }
 
-// On meta tensors the emulation's GEMMs (on float32 values) are priced at the operands' own dtype,
-// the compute dtype's GEMM rate (float8's own rate: docs/float8.md's next step).
+// On meta tensors the emulation's GEMMs (on float32 values) are counted as what they stand for:
+// float8 GEMMs writing the compute dtype (the kernel table's float8 rows price them).
 class PricedAs {
 public:
     explicit PricedAs(const Tensor& operand) {
-        if (operand.device() == Device::meta) scope_.emplace(MetaKernelMode{.gemm_dtype = operand.dtype()});
+        if (operand.device() == Device::meta)
+            scope_.emplace(MetaKernelMode{.gemm_dtype = operand.dtype(), .gemm_float8 = true});
     }
 
 private:
@@ -60,7 +73,7 @@ std::vector<double> activation_amax(const RunContext& ctx, const Float8Gemms& f,
 
 double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Tensor& w) {
     std::vector<Communicator*> over;
-    if (f.split != Float8TpSplit::none && ctx.tp && ctx.tp->size() > 1) over.push_back(ctx.tp);
+    if (f.tp.weight && ctx.tp && ctx.tp->size() > 1) over.push_back(ctx.tp);
     return amax_of(w.reshape({1, w.numel()}), 1, over, f.recipe.reduce_amax)[0];
 }
 
@@ -78,7 +91,7 @@ void by_row_groups(RunContext& ctx, const Tensor& a2, Float8Format fa, const std
 }  // namespace
 
 void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Tensor& w, Tensor& y2) {
-    const std::vector<double> ax = activation_amax(ctx, f, x2, f.split == Float8TpSplit::cols);
+    const std::vector<double> ax = activation_amax(ctx, f, x2, f.tp.input);
     const double aw = weight_amax(ctx, f, w);
     const PricedAs priced(x2);
     by_row_groups(ctx, x2, f.recipe.input, ax, float8_tensorwise(w, f.recipe.weight, aw), true, y2);
@@ -87,8 +100,8 @@ void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, con
 Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2,
                                         const Tensor& x2, const Tensor& w) {
     Float8BackwardAmax a;
-    a.grad_output = activation_amax(ctx, f, dy2, f.split == Float8TpSplit::rows);
-    a.input = activation_amax(ctx, f, x2, f.split == Float8TpSplit::cols);
+    a.grad_output = activation_amax(ctx, f, dy2, f.tp.grad_output);
+    a.input = activation_amax(ctx, f, x2, f.tp.input);
     a.weight = weight_amax(ctx, f, w);
     return a;
 }

@@ -5,8 +5,9 @@
 // (model/float8_gemm.h). The bias stays in the compute dtype, outside the GEMM, as torchao adds it.
 //
 // A scale covers the whole tensor it scales, wherever its pieces are:
-//   - a tensor-parallel shard's amax is reduced (max) over tp: the weight of a colwise or rowwise
-//     linear, the input of a rowwise one (Shard(-1)), the output's gradient of a colwise one;
+//   - a tensor-parallel shard's amax is reduced (max) over tp (Float8TpPieces): the weight of a
+//     colwise or rowwise linear, an input or output gradient whose layout is a Shard (a rowwise
+//     input's Shard(-1), a colwise output gradient's, a sequence-parallel Shard(1));
 //   - under context parallelism the activations and their gradients over cp (each rank holds
 //     some of the sequence's positions);
 //   - fully_shard gathers the weight before the forward: its amax is the whole weight's already.
@@ -38,13 +39,15 @@ struct Float8Recipe {
     bool reduce_amax = true;  // over the ranks holding pieces of the tensor a scale covers
 };
 
-// Which dim of the linear's weight tensor parallelism cuts: its rows (colwise: the output's
-// features) or its columns (rowwise: the input's).
-enum class Float8TpSplit : uint8_t { none, rows, cols };
+// Which of a linear's tensors tensor parallelism cuts into pieces over tp (its style's placements
+// and the layout pass's: parallel/float8_training.h resolves them once).
+struct Float8TpPieces {
+    bool weight = false, input = false, grad_output = false;
+};
 
 struct Float8Gemms {
     Float8Recipe recipe;
-    Float8TpSplit split = Float8TpSplit::none;
+    Float8TpPieces tp;
 };
 
 // y2 = x2 w^T ([rows, in] x [out, in] -> [rows, out]).

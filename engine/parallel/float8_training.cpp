@@ -1,5 +1,6 @@
 #include "parallel/float8_training.h"
 
+#include <map>
 #include <set>
 
 #include "model/model.h"
@@ -13,14 +14,28 @@ namespace {
 // The recipes torchao names; only tensorwise runs here.
 constexpr const char* kRecipes[] = {"tensorwise", "rowwise", "rowwise_with_gw_hp"};
 
-// The dim of the weight a module's tensor-parallel style cuts.
-Float8TpSplit split_of(const Module& m, const Resolution& res) {
-    const ResolvedStyle* rs = res.style_of(m);
-    if (!rs || !rs->entry || !rs->entry->style.style) return Float8TpSplit::none;
-    for (const ParamPlacement& p : rs->entry->style.style->params(m))
-        if (p.param == "weight" && p.placement.is_shard())
-            return p.placement.dim == 0 ? Float8TpSplit::rows : Float8TpSplit::cols;
-    return Float8TpSplit::none;
+// Which of each module's tensors tp cuts, as the module itself computes on them in each of its
+// calls: its weight by its style's placement of "weight"; its input as the style's rule hands it
+// to the module (a rowwise linear's Shard(-1)) or, unstyled, as the layout pass places it (a
+// sequence-parallel Shard(1)); its output gradient as its computed output (a colwise Shard(-1); a
+// rowwise Partial's gradient is whole).
+std::map<const Module*, Float8TpPieces> tp_pieces(const Resolution& res) {
+    std::map<const Module*, Float8TpPieces> out;
+    for (const CallLayout& c : res.layouts.calls) {
+        Float8TpPieces& p = out[c.module];
+        const ResolvedStyle* rs = c.style;
+        const Style* style = rs && rs->entry ? rs->entry->style.style : nullptr;
+        if (!style) {
+            p.input |= c.in.p.is_shard(), p.grad_output |= c.out.p.is_shard();
+            continue;
+        }
+        const StyleRule r = style->rule(*c.module, rs->entry->style);
+        p.input |= (r.pre ? r.pre->to : c.in.p).is_shard();
+        p.grad_output |= (r.post ? r.post->from : r.compute_out.value_or(c.out.p)).is_shard();
+        for (const ParamPlacement& w : style->params(*c.module))
+            p.weight |= w.param == "weight" && w.placement.is_shard();
+    }
+    return out;
 }
 
 // Every module under a moe layer's routed experts.
@@ -72,6 +87,7 @@ std::vector<std::string> apply_float8(Model& model, const Float8Spec& spec, cons
     const Module* head = nullptr;  // without filter_fqns: the output head, the last linear
     for (auto it = modules.rbegin(); !spec.filter_fqns && it != modules.rend() && !head; ++it)
         if (it->second->linear_features()) head = it->second;
+    const auto pieces = tp_pieces(res);
     std::vector<std::string> out;
     for (const auto& [fqn, m] : modules) {
         if (experts.count(m) || m == head) continue;
@@ -81,7 +97,10 @@ std::vector<std::string> apply_float8(Model& model, const Float8Spec& spec, cons
         const auto features = m->linear_features();
         // float8 tensor cores take GEMM dims in multiples of 16 (torchtitan's module_filter_fn)
         if (!features || features->first % 16 != 0 || features->second % 16 != 0) continue;
-        m->set_float8(Float8Gemms{spec.recipe, split_of(*m, res)});
+        auto it =
+            pieces.find(m);  // a linear the layout pass never saw: every piece reduced (a no-op when whole)
+        m->set_float8(
+            Float8Gemms{spec.recipe, it != pieces.end() ? it->second : Float8TpPieces{true, true, true}});
         out.push_back(fqn);
     }
     if (out.empty())

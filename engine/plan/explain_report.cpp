@@ -5,6 +5,7 @@
 
 #include "core/device_memory.h"
 #include "parallel/device_mesh.h"
+#include "plan/kernel_table.h"
 #include "plan/pipeline_search.h"
 #include "plan/pipeline_time.h"
 #include "train/stage.h"
@@ -233,11 +234,23 @@ ExplainReport explain_report(const ExplainInputs& in) {
     for (const auto& m : r.plan.mesh()) mesh.push_back(fmt::format("{}={}", m.name, m.size));
     r.summary.push_back(fmt::format("mesh {}", fmt::join(mesh, " x ")));
     for (std::string& line : describe_dims(r.plan)) r.summary.push_back(std::move(line));
-    if (!r.float8_linears.empty())  // torchao's Float8Linear; priced as the compute dtype's GEMMs so far
+    if (!r.float8_linears.empty()) {  // torchao's Float8Linear
+        const DType compute = r.plan.compute_dtype(r.model.dtype);
+        const KernelTable* k = r.cluster ? r.cluster->kernels.get() : nullptr;
+        const DType rows =
+            k ? k->gemm_dtype_for(compute) : compute;  // the rows that price it (kernel_model.cpp)
+        const std::string priced =
+            !r.cluster ? ""
+            : !k       ? "; their GEMMs at the roofline's rate (the cluster has no kernel table)"
+            : k->has_float8_gemm(rows)
+                ? fmt::format("; their GEMMs at the kernel table's float8 rows writing {}", dtype_name(rows))
+                : fmt::format("; their GEMMs priced as {} (the kernel table has no float8 rows writing it)",
+                              dtype_name(rows));
         r.summary.push_back(
             fmt::format("float8 tensorwise on {} linears (e4m3fn inputs and weights, e5m2 output "
-                        "gradients; time and memory as {} GEMMs: docs/float8.md)",
-                        r.float8_linears.size(), dtype_name(r.plan.compute_dtype(r.model.dtype))));
+                        "gradients{}: docs/float8.md)",
+                        r.float8_linears.size(), priced));
+    }
     if (r.plan.gradient_accumulation > 0)  // the training layout the plan carries, over the model's
         r.summary.push_back(fmt::format("gradient_accumulation {} (the plan's; the model says {})",
                                         r.plan.gradient_accumulation, r.model.gradient_accumulation));

@@ -79,11 +79,18 @@ void load_rows(const JsonNode& root, KernelTable& t) {
     std::set<GemmKey> seen;
     for (const JsonNode& r : gemm) {
         const std::string what = "a 'gemm' row";
-        only_keys(r, what, {"dtype", "op", "m", "n", "k", "seconds"});
+        only_keys(r, what, {"dtype", "float8", "op", "m", "n", "k", "seconds"});
         KernelTable::Gemm g{
             {gemm_op(r, what), dtype_of(r, what), size(r, "m", what), size(r, "n", what), size(r, "k", what)},
             positive(r, "seconds", what)};
-        if (!seen.insert(g.key).second) r.fail("a second 'gemm' row of the same dtype, op, m, n and k");
+        if (auto f = r.get("float8")) {  // torch._scaled_mm's, `dtype` its output's
+            const std::string recipe = f->as_string("'float8' of " + what);
+            if (recipe != "tensorwise")
+                f->fail(fmt::format("'float8' of {} must be tensorwise, got '{}'", what, recipe));
+            g.key.float8 = true;
+        }
+        if (!seen.insert(g.key).second)
+            r.fail("a second 'gemm' row of the same dtype, float8, op, m, n and k");
         t.gemm.push_back(g);
     }
     for (const KernelTable::Gemm& g : t.gemm)  // every measured dtype's rows scale by its peak
@@ -178,18 +185,26 @@ DType KernelTable::gemm_dtype_for(DType dt) const {
 }
 
 bool KernelTable::has_gemm(DType dt) const {
-    return std::any_of(gemm.begin(), gemm.end(), [&](const Gemm& g) { return g.key.dtype == dt; });
+    return std::any_of(gemm.begin(), gemm.end(),
+                       [&](const Gemm& g) { return g.key.dtype == dt && !g.key.float8; });
+}
+
+bool KernelTable::has_float8_gemm(DType dt) const {
+    return std::any_of(gemm.begin(), gemm.end(),
+                       [&](const Gemm& g) { return g.key.dtype == dt && g.key.float8; });
 }
 
 double KernelTable::gemm_seconds(const GemmKey& q) const {
     std::vector<const Gemm*> rows;
     std::vector<int64_t> ms, ns, ks;
+    // a float8 GEMM at the float8 rows where the table has them, else at its output dtype's
+    const bool float8 = q.float8 && has_float8_gemm(q.dtype);
     for (const Gemm& g : gemm)
-        if (g.key.dtype == q.dtype && g.key.op == q.op)
+        if (g.key.dtype == q.dtype && g.key.float8 == float8 && g.key.op == q.op)
             rows.push_back(&g), ms.push_back(g.key.m), ns.push_back(g.key.n), ks.push_back(g.key.k);
     if (rows.empty())  // the op unmeasured for this dtype: the dtype's other layouts
         for (const Gemm& g : gemm)
-            if (g.key.dtype == q.dtype)
+            if (g.key.dtype == q.dtype && g.key.float8 == float8)
                 rows.push_back(&g), ms.push_back(g.key.m), ns.push_back(g.key.n), ks.push_back(g.key.k);
     PTOOL_REQUIRE(!rows.empty(), "no GEMM rows of {} in {}", dtype_name(q.dtype), path);
     ms = distinct(ms), ns = distinct(ns), ks = distinct(ks);

@@ -2,7 +2,8 @@
 // A cluster file names one (`kernels:`); clusters/kernels/h100_sxm5_80gb.json is PyTorch's on an
 // H100 (tools/kernel_table_from_anchor.py), `ptool calibrate` writes one for the GPU at hand.
 //
-//   gemm       seconds per cuBLAS GEMM by (dtype, op: fwd/dgrad/wgrad, m, n, k) in a linear's terms
+//   gemm       seconds per cuBLAS GEMM by (dtype, op: fwd/dgrad/wgrad, m, n, k) in a linear's terms;
+//              `float8` rows: torch._scaled_mm's (cuBLASLt) float8 GEMMs writing `dtype`
 //   attention  a fused causal attention's forward and forward+backward seconds by (batch, heads,
 //              kv heads, sequence, head size)
 //   memory     memory-bound kernels: `copy` (the streaming bandwidth, required) and whole framework
@@ -54,6 +55,8 @@ struct KernelTable {
     std::vector<MemoryOp> memory;
 
     bool has_gemm(DType dt) const;
+    // Whether it measured float8 GEMMs writing `dt` (torch._scaled_mm's `float8` rows).
+    bool has_float8_gemm(DType dt) const;
     // The dtype whose rows price `dt`'s GEMMs: its own, else bfloat16's, else the first measured
     // (scaled by the peaks).
     DType gemm_dtype_for(DType dt) const;

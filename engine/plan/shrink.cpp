@@ -101,7 +101,9 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
             dims.has(DimRole::dp_shard) ? dims.index(DimRole::dp_shard) : dims.index(DimRole::dp_replicate);
         cp_shards = static_cast<int64_t>(dims.mesh()[shard_dim].size) * dims.size(DimRole::cp);
     }
-    const int64_t unit = std::lcm<int64_t>(tp * cp_shards, 8);
+    // (16 under float8: a linear takes float8 where its features are multiples of 16, so the proxy
+    // converts the linears the model does)
+    const int64_t unit = std::lcm<int64_t>(tp * cp_shards, plan.float8 ? 16 : 8);
 
     // attention dims first: they must be a multiple of the new head count
     std::map<int64_t, int64_t> dim_heads;  // old dim -> lcm of its attentions' new head counts

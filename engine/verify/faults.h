@@ -168,7 +168,8 @@ inline constexpr FaultClass kFaultClasses[] = {
      "the optimizer steps parameters rounded to param_dtype (no fp32 masters)"},
     {FaultKind::float8_local_amax, "float8_local_amax", FaultSection::mixed_precision, "MODULE",
      "a float8 linear scales each rank's piece of a sharded tensor (its weight under tp, a rowwise input, a "
-     "colwise output gradient, the activations under cp) by the piece's own amax, not the whole tensor's"},
+     "colwise output gradient, a sequence-parallel activation, the activations under cp) by the piece's own "
+     "amax, not the whole tensor's"},
     {FaultKind::float8_e4m3_grad, "float8_e4m3_grad", FaultSection::mixed_precision, "MODULE",
      "a float8 linear casts its output gradient to e4m3fn, the forward's format, instead of e5m2"},
     {FaultKind::pp_loss_unscaled, "pp_loss_unscaled", FaultSection::pipeline, "*",

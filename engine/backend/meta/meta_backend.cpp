@@ -45,7 +45,9 @@ public:
             t_work.attention[t_work.mode.attention_key] += flops;
             return;
         }
-        t_work.gemms[gemm_key(t_work.mode.gemm_dtype.value_or(a.dtype()), trans_a, trans_b, c, k)] += 1;
+        GemmKey key = gemm_key(t_work.mode.gemm_dtype.value_or(a.dtype()), trans_a, trans_b, c, k);
+        key.float8 = t_work.mode.gemm_float8;
+        t_work.gemms[key] += 1;
     }
     void activation(Activation, const Tensor& x, Tensor& y) override { touch({&x, &y}); }
     void activation_backward(Activation, const Tensor& x, const Tensor& dy, Tensor& dx) override {

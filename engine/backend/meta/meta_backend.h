@@ -29,6 +29,9 @@ struct GemmKey {
     GemmOp op = GemmOp::fwd;
     DType dtype = DType::float32;
     int64_t m = 0, n = 0, k = 0;
+    // a float8 GEMM (torchao's tensorwise: float8 operands, `dtype` its output's): priced at the
+    // kernel table's float8 rows where it has them
+    bool float8 = false;
     auto operator<=>(const GemmKey&) const = default;
 };
 
@@ -80,8 +83,8 @@ struct OpCount {  // a framework op's elements and the kernels its sequence laun
 // in on-chip memory: no bytes, no launches of its own). With `attention` set, the fused kernel's
 // FLOPs are counted under that key (priced by the attention table), not as GEMMs. A composite op
 // counted by its own OpClass (meta_count_op) runs ptool's kernels `on_chip`: their bytes are not
-// counted again. `gemm_dtype` prices a GEMM at another dtype's rate than its operands' (a float8
-// GEMM emulated on float32 values: model/float8_gemm.h).
+// counted again. `gemm_dtype` and `gemm_float8` count a GEMM as another dtype's than its operands'
+// (a float8 GEMM emulated on float32 values, model/float8_gemm.h: float8, its output's dtype).
 struct MetaKernelMode {
     bool gemm_as_elementwise = false;
     double gemm_share = 1;
@@ -89,6 +92,7 @@ struct MetaKernelMode {
     bool attention = false;
     AttentionKey attention_key{};
     std::optional<DType> gemm_dtype{};
+    bool gemm_float8 = false;
 };
 
 // What the ops the calling thread ran on the meta backend would cost, since the last reset.
