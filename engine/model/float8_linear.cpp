@@ -24,9 +24,9 @@ std::vector<Communicator*> activation_shards(const RunContext& ctx, bool tp_shar
     return out;
 }
 
-// The amax of each of `groups` equal blocks of t's rows, reduced (max) over `over` (NaN stays in
-// the values themselves: a NaN element casts to NaN whatever its scale). Meta tensors read nothing
-// and allocate and reduce the same, so a simulation holds and counts what a run does.
+// The amax of each of `groups` equal blocks of t's rows, reduced (max) over `over`; NaN where any
+// piece of the block holds one. Meta tensors read nothing and allocate and reduce the same, so a
+// simulation holds and counts what a run does.
 std::vector<double> amax_of(const Tensor& t, int groups, const std::vector<Communicator*>& over,
                             bool reduce) {
     const int64_t rows = t.size(0);

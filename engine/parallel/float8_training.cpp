@@ -1,5 +1,6 @@
 #include "parallel/float8_training.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -58,10 +59,8 @@ Float8Spec parse_float8(const YamlNode& node) {
     const std::string name = recipe.as_string("'recipe'");
     const std::vector<std::string> names(std::begin(kRecipes), std::end(kRecipes));
     if (name != "tensorwise") {
-        bool known = false;
-        for (const std::string& n : names) known |= n == name;
         recipe.fail(
-            known
+            std::find(names.begin(), names.end(), name) != names.end()
                 ? fmt::format("float8 recipe '{}': ptool runs tensorwise only so far (docs/float8.md)", name)
                 : fmt::format("unknown float8 recipe '{}'{} (torchao's: tensorwise, rowwise, "
                               "rowwise_with_gw_hp)",

@@ -215,10 +215,12 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
     }
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {  // the float8 recipe's seams
         const Float8Gemms* f = m.float8();
-        if (!f) return;
+        const bool local = fault_.hits(FaultKind::float8_local_amax, fqn),
+                   e4m3 = fault_.hits(FaultKind::float8_e4m3_grad, fqn);
+        if (!f || !(local || e4m3)) return;
         Float8Gemms g = *f;
-        if (fault_.hits(FaultKind::float8_local_amax, fqn)) g.recipe.reduce_amax = false;
-        if (fault_.hits(FaultKind::float8_e4m3_grad, fqn)) g.recipe.grad_output = Float8Format::e4m3fn;
+        if (local) g.recipe.reduce_amax = false;
+        if (e4m3) g.recipe.grad_output = Float8Format::e4m3fn;
         m.set_float8(g);
     });
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
