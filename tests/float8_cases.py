@@ -99,8 +99,10 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out = run("verify", MODEL, bad)
     check(rc == 2 and "bad.yaml:3:9: float8: no linear of the model is converted" in out, f"float8 converting nothing: exit {rc}\n{out}")
 
-# explain prices float8 GEMMs at the kernel table's float8 rows (the H200's, measured), else as
-# the compute dtype's (the H100's table has none): Llama-3-8B under FSDP2 on 8 GPUs in bf16
+# explain prices float8 GEMMs at the kernel table's float8 rows (the H200's measured, the H100's
+# derived from the H200's ratios: docs/kernel_table.md), else as the compute dtype's (a table
+# without them, the A100's derived from the H100's by peaks: the ratio of float8 to bf16 GEMM seconds
+# is the H100's, and explain says which): Llama-3-8B under FSDP2 on 8 GPUs in bf16
 with tempfile.TemporaryDirectory() as tmp:
     bf16_plan, f8_plan = os.path.join(tmp, "bf16.yaml"), os.path.join(tmp, "f8.yaml")
     base = ("mesh: {dp: 8}\ndata_parallel:\n  mesh_dim: dp\n  mode: fully_shard\n  fully_shard: [\"layers.*\"]\n"
@@ -123,10 +125,12 @@ with tempfile.TemporaryDirectory() as tmp:
         (h100_bf16, _, _), (h100_f8, _, text100) = gemm["h100", "bf16"], gemm["h100", "f8"]
         check(n0 == 0 and n8 > 0 and h200_f8 < 0.8 * h200_bf16,
               f"H200: float8 GEMMs {n8} calls, {h200_f8:.3f} s against bf16's {h200_bf16:.3f} s")
-        check(abs(h100_f8 - h100_bf16) <= 1e-9 * h100_bf16 and "priced as bfloat16" in text100
-              and "the kernel table's float8 rows" in text200,
-              f"H100 (no float8 rows): {h100_f8} s against bf16's {h100_bf16} s")
+        # the H100's derived rows: its bf16 x the H200's float8/bf16 per shape and op, so the same
+        # speed-up give or take how the two GPUs' bf16 differ shape by shape (0.89-1.08 on the rows)
+        check(h100_f8 < 0.8 * h100_bf16 and abs((h100_bf16 / h100_f8) / (h200_bf16 / h200_f8) - 1) < 0.1
+              and "the kernel table's float8 rows" in text100 and "the kernel table's float8 rows" in text200,
+              f"H100 (derived float8 rows): {h100_f8} s against bf16's {h100_bf16} s; H200 {h200_f8} against {h200_bf16}")
         print(f"Llama-3-8B FSDP2 x 8 GEMM seconds a step: H200 bf16 {h200_bf16:.3f}, float8 {h200_f8:.3f} "
-              f"({h200_bf16 / h200_f8:.2f}x); H100 {h100_bf16:.3f} both")
+              f"({h200_bf16 / h200_f8:.2f}x); H100 bf16 {h100_bf16:.3f}, float8 {h100_f8:.3f} ({h100_bf16 / h100_f8:.2f}x)")
 
 check.finish()

@@ -3,6 +3,7 @@
 
     tools/kernel_table_from_anchor.py ANCHOR.jsonl OUT.json --gpu NAME --date DATE --software TEXT
         [--peak-bf16 TFLOPS] [--peak-fp32 TFLOPS] [--bandwidth GB_S] [--source TEXT] [--float8 FLOAT8.jsonl]
+        [--float8-ratio-from FLOAT8.jsonl --float8-ratio-bf16 TABLE.json]
 
 Reads the `device`, `gemm`, `sdpa`, `bw` and `floor` rows of ANCHOR.jsonl and writes the table ptool's
 cluster files name (`kernels:`), one row a line, with where every number came from:
@@ -10,7 +11,14 @@ cluster files name (`kernels:`), one row a line, with where every number came fr
   gemm       every bf16 and fp32 (TF32 off) row: dtype, op (fwd/dgrad/wgrad), m, n, k, seconds;
              with --float8, every float8 tensorwise row of bench/validation/gpu/float8.py's jsonl
              (torch._scaled_mm, e4m3fn x e4m3fn forward, e5m2 x e4m3fn gradients, bf16 out): dtype
-             bfloat16 (the output's), float8 "tensorwise", op, m, n, k, seconds
+             bfloat16 (the output's), float8 "tensorwise", op, m, n, k, seconds;
+             with --float8-ratio-from, float8 rows DERIVED, not measured, for a GPU of the same compute
+             die as the one that measured FLOAT8.jsonl (H100 SXM from the H200's: GH100, 132 SMs, the
+             same clocks and tensor-core peaks; only the memory differs): per shape and op, this GPU's
+             bf16 row x (the other GPU's float8 seconds / its bf16 seconds of the same shape and op,
+             the bf16 from TABLE.json, that GPU's kernel table measured by the same anchor.py as
+             ANCHOR.jsonl: float8.py times bf16 forward only). Only shapes ANCHOR.jsonl measured
+             (no interpolation); the provenance says the rows are derived and what is assumed
   attention  every sdpa row: causal flash attention, bf16, batch, heads, kv_heads, seq, head_dim,
              forward seconds and forward+backward seconds
   memory     copy (the streaming bandwidth the derived ops are priced at), add, the eager RMSNorm's
@@ -38,7 +46,11 @@ def main():
     ap.add_argument("--peak-fp32", type=float, default=67)
     ap.add_argument("--bandwidth", type=float, default=3350)
     ap.add_argument("--float8", default="")
+    ap.add_argument("--float8-ratio-from", default="")
+    ap.add_argument("--float8-ratio-bf16", default="")
     a = ap.parse_args()
+    if bool(a.float8_ratio_from) != bool(a.float8_ratio_bf16) or (a.float8 and a.float8_ratio_from):
+        ap.error("--float8-ratio-from takes --float8-ratio-bf16, and neither goes with --float8")
     rows = [json.loads(line) for line in open(a.anchor) if line.strip()]
     device = next(r for r in rows if r["part"] == "device")
     gemm = [r for r in rows if r["part"] == "gemm" and not r.get("tf32")]
@@ -106,6 +118,15 @@ def main():
                  "source": a.source,
                  **({"float8": f"{a.float8} (bench/validation/gpu/float8.py: torch._scaled_mm, tensorwise)"}
                     if a.float8 else {}),
+                 **({"float8": "DERIVED, not measured on this GPU: per shape and op, this table's bf16 row x "
+                               f"(float8 seconds / bf16 seconds) of another GPU's, the float8 from {a.float8_ratio_from} "
+                               "(bench/validation/gpu/float8.py: torch._scaled_mm, tensorwise), the bf16 from "
+                               f"{a.float8_ratio_bf16} (anchor.py, as this table's); assumed: the same compute die "
+                               "and clocks (H100 SXM and H200: GH100, 132 SMs, 989 bf16 / 1979 float8 dense TFLOP/s; "
+                               "only the memory differs), so float8's speed-up over bf16 of a GEMM carries over; "
+                               "only the shapes measured there, no interpolation (tools/kernel_table_from_anchor.py "
+                               "--float8-ratio-from)"}
+                    if a.float8_ratio_from else {}),
                  "converted_by": "tools/kernel_table_from_anchor.py"}) + ',']
     if overhead:
         lines.append('  "kernel_overhead": ' + json.dumps(overhead) + ',')
@@ -117,6 +138,20 @@ def main():
         for op in ("fwd", "dgrad", "wgrad"):
             g.append(json.dumps({"dtype": "bfloat16", "float8": "tensorwise", "op": op, "m": r["m"], "n": r["n"],
                                  "k": r["k"], "seconds": r[f"fp8_tensorwise_{op}_s"]}))
+    if a.float8_ratio_from:
+        here = {(r["dtype"], r["op"], r["m"], r["n"], r["k"]): r["seconds"] for r in gemm}
+        there = {(r["dtype"], r["op"], r["m"], r["n"], r["k"]): r["seconds"]
+                 for r in json.load(open(a.float8_ratio_bf16))["gemm"] if "float8" not in r}
+        for r in (json.loads(line) for line in open(a.float8_ratio_from) if line.strip()):
+            if r["part"] != "gemm":
+                continue
+            for op in ("fwd", "dgrad", "wgrad"):
+                key = ("bfloat16", op, r["m"], r["n"], r["k"])
+                if f"fp8_tensorwise_{op}_s" not in r or key not in here or key not in there:
+                    continue  # a shape not measured on both GPUs is left out, not interpolated
+                g.append(json.dumps({"dtype": "bfloat16", "float8": "tensorwise", "op": op, "m": r["m"],
+                                     "n": r["n"], "k": r["k"],
+                                     "seconds": here[key] * r[f"fp8_tensorwise_{op}_s"] / there[key]}))
     lines += ["    " + x + ("," if i + 1 < len(g) else "") for i, x in enumerate(g)]
     lines.append('  ],')
     lines.append('  "attention": [')
