@@ -82,7 +82,12 @@ void add_parallel(json& j, const ExplainReport& r) {
                    {"rotate_method",
                     plan.context_parallel->rotate == RotateMethod::alltoall ? "alltoall" : "allgather"}}
             : json(nullptr);
-    j["float8"] = plan.float8 ? json{{"recipe", "tensorwise"}, {"linears", r.float8_linears}} : json(nullptr);
+    j["float8"] = plan.float8
+                      ? json{{"recipe", "tensorwise"},
+                             {"linears", r.float8_linears},
+                             {"fsdp_float8_all_gather", r.float8_all_gather},
+                             {"precompute_scale", r.float8_all_gather && plan.float8->precompute_scale}}
+                      : json(nullptr);
     const ExpertParallelResolution& ep = res.ep;
     j["expert_parallel"] =
         ep.active ? json{{"ep", ep.size}, {"mesh_dim", plan.dims.name(DimRole::ep)}, {"layers", ep.layers}}

@@ -86,6 +86,9 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   float8_local_amax      (a float8 linear whose scales cover pieces on other ranks: a tensor-parallel
                          style's, or any under cp) first divergence is the linear's step-0 output
   float8_e4m3_grad       (a float8 linear) first divergence is the linear's step-0 input gradient
+  float8_master          (a float8 linear) first divergence is the step-0 update of its weight
+  float8_stale_scale     (a float8 linear under FSDP2's float8 all-gather with precomputed scales, two
+                         steps or more) first divergence is the linear's step-1 output
 """
 import glob
 import json
@@ -217,6 +220,9 @@ def float8_mutants(ex, first_div):
         if fqn in styled or cp > 1:
             yield ("float8_local_amax", f"float8_local_amax:{fqn}", first_div(f"step 0 forward `{fqn}` output"))
         yield ("float8_e4m3_grad", f"float8_e4m3_grad:{fqn}", first_div(f"step 0 backward `{fqn}` input gradient"))
+        yield ("float8_master", f"float8_master:{fqn}", first_div(f"step 0 update of `{fqn}.weight`"))
+        if ex["float8"].get("precompute_scale"):  # FSDP2's float8 all-gather, its scales precomputed
+            yield ("float8_stale_scale", f"float8_stale_scale:{fqn}", first_div(f"step 1 forward `{fqn}` output"))
 
 
 def expert_mutants(ex, first_div, model):

@@ -50,14 +50,15 @@ Tensor emulated(const Tensor& a, Float8Format fa, bool ta, const Tensor& b, Floa
 TEST_CASE("a float8 linear's three GEMMs are torchao's tensorwise casts and scaled products", "[cpu]") {
     const Tensor x = random({12, 32}, 1, 3.0), w = random({16, 32}, 2, 0.2), dy = random({12, 16}, 3, 1e-3);
     const Float8Gemms f;
+    const Parameter wp{w, {}};
     RunContext ctx = cpu_context(1);
     Tensor y({12, 16}, DType::float32);
-    float8_forward(ctx, f, x, w, y);
+    float8_forward(ctx, f, x, wp, y);
     CHECK(same_bits(y, emulated(x, Float8Format::e4m3fn, false, w, Float8Format::e4m3fn, true, {12, 16})));
-    const Float8BackwardAmax a = float8_backward_amax(ctx, f, dy, x, w);
+    const Float8BackwardAmax a = float8_backward_amax(ctx, f, dy, x, wp);
     CHECK(a.grad_output == std::vector<double>{float8_amax(dy)});
     Tensor dx({12, 32}, DType::float32), dw({16, 32}, DType::float32);
-    float8_input_grad(ctx, f, a, dy, w, dx);
+    float8_input_grad(ctx, f, a, dy, wp, dx);
     CHECK(same_bits(dx, emulated(dy, Float8Format::e5m2, false, w, Float8Format::e4m3fn, false, {12, 32})));
     float8_weight_grad(ctx, f, a, dy, x, dw);
     CHECK(same_bits(dw, emulated(dy, Float8Format::e5m2, true, x, Float8Format::e4m3fn, false, {16, 32})));
@@ -65,7 +66,7 @@ TEST_CASE("a float8 linear's three GEMMs are torchao's tensorwise casts and scal
     Float8Gemms e4 = f;
     e4.recipe.grad_output = Float8Format::e4m3fn;
     Tensor dx4({12, 32}, DType::float32);
-    float8_input_grad(ctx, e4, a, dy, w, dx4);
+    float8_input_grad(ctx, e4, a, dy, wp, dx4);
     CHECK_FALSE(same_bits(dx4, dx));
     // the product differs from the float32 GEMM by the casts, within their unit roundoffs
     Tensor exact({12, 16}, DType::float32);
@@ -77,7 +78,7 @@ TEST_CASE("the reference's row groups compute what each data rank computes with 
     // two data ranks' rows, one a hundred times the other's scale: one scale for both would lose
     // the small rank's precision
     Tensor x = random({8, 32}, 4, 1.0), dy = random({8, 16}, 5, 1.0);
-    const Tensor w = random({16, 32}, 6, 0.2);
+    const Parameter w{random({16, 32}, 6, 0.2), {}};
     for (int64_t i = 4 * 32; i < 8 * 32; ++i) x.set(i, x.item(i) * 100);
     for (int64_t i = 4 * 16; i < 8 * 16; ++i) dy.set(i, dy.item(i) * 100);
     const Float8Gemms f;
@@ -182,7 +183,8 @@ TEST_CASE("a float8 GEMM is priced at the kernel table's float8 rows where it ha
     const Tensor x = Tensor::empty({64, 32}, DType::bfloat16, Device::meta),
                  w = Tensor::empty({16, 32}, DType::bfloat16, Device::meta);
     Tensor y = Tensor::empty({64, 16}, DType::bfloat16, Device::meta);
-    float8_forward(ctx, Float8Gemms{}, x, w, y);
+    const Parameter wp{w, {}};
+    float8_forward(ctx, Float8Gemms{}, x, wp, y);
     REQUIRE(meta_work().gemms.size() == 1);
     const GemmKey counted = meta_work().gemms.begin()->first;
     CHECK((counted.float8 && counted.dtype == DType::bfloat16 && counted.op == GemmOp::fwd &&
@@ -240,6 +242,39 @@ TEST_CASE("a float8 linear reduces over tp the pieces its own GEMMs see", "[cpu]
     apply_float8(s, *sp.float8, resolve_plan(s, sp));
     const Float8TpPieces h = s.root->children().back().second->float8()->tp;
     CHECK((!h.weight && h.input && h.grad_output));
+}
+
+TEST_CASE("a weight gathered as float8 codes computes what its cast computes", "[cpu]") {
+    // FSDP2's float8 all-gather hands the linear the codes and the scale the shards were cast with
+    const Tensor x = random({12, 32}, 11, 2.0), w = random({16, 32}, 12, 0.3), dy = random({12, 16}, 13, 1.0);
+    const Parameter high{w, {}};
+    const float scale = float8_tensorwise_scale(float8_amax(w), Float8Format::e4m3fn);
+    Tensor codes({16, 32}, DType::uint8);
+    float8_cast_codes(w, Float8Format::e4m3fn, scale, codes);
+    const Parameter cast{codes, {}, scale};
+    const Float8Gemms f;
+    RunContext ctx = cpu_context(1);
+    Tensor y_high({12, 16}, DType::float32), y_cast({12, 16}, DType::float32);
+    float8_forward(ctx, f, x, high, y_high);
+    float8_forward(ctx, f, x, cast, y_cast);
+    CHECK(same_bits(y_high, y_cast));
+    Tensor dx_high({12, 32}, DType::float32), dx_cast({12, 32}, DType::float32);
+    float8_input_grad(ctx, f, float8_backward_amax(ctx, f, dy, x, high), dy, high, dx_high);
+    float8_input_grad(ctx, f, float8_backward_amax(ctx, f, dy, x, cast), dy, cast, dx_cast);
+    CHECK(same_bits(dx_high, dx_cast));
+    // another scale is other codes: the scale travels with them
+    const Parameter halved{codes, {}, scale / 2};
+    float8_forward(ctx, f, x, halved, y_cast);
+    CHECK_FALSE(same_bits(y_high, y_cast));
+}
+
+TEST_CASE("Tensor::view reads the same bytes as another dtype", "[cpu]") {
+    const Tensor t = Tensor::from_doubles({4}, DType::float32, {1.0, -2.0, 0.5, 3.0});
+    const Tensor bytes = t.view(DType::uint8);
+    CHECK((bytes.shape() == Shape{16} && bytes.shares_storage(t)));
+    CHECK(bytes.item(3) == 0x3f);  // 1.0f little-endian: 00 00 80 3f
+    CHECK(bytes.narrow(0, 8, 4).view(DType::float32).item(0) == 0.5);
+    CHECK_THROWS(bytes.narrow(0, 2, 4).view(DType::float32));  // not on an element boundary
 }
 
 }  // namespace test_float8_linear

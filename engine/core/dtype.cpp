@@ -18,6 +18,8 @@ size_t dtype_size(DType dt) {
             return 8;
         case DType::int32:
             return 4;
+        case DType::uint8:
+            return 1;
     }
     return 0;
 }
@@ -36,6 +38,8 @@ const char* dtype_name(DType dt) {
             return "int64";
         case DType::int32:
             return "int32";
+        case DType::uint8:
+            return "uint8";
     }
     return "?";
 }
@@ -54,6 +58,8 @@ const char* dtype_safetensors_name(DType dt) {
             return "I64";
         case DType::int32:
             return "I32";
+        case DType::uint8:
+            return "U8";
     }
     return "?";
 }
@@ -72,7 +78,7 @@ double dtype_eps(DType dt) {
 }
 
 bool dtype_is_float(DType dt) {
-    return dt != DType::int64 && dt != DType::int32;
+    return dt != DType::int64 && dt != DType::int32 && dt != DType::uint8;
 }
 
 DType parse_dtype(const std::string& name) {

@@ -2,7 +2,8 @@
 //
 // bfloat16 and float16 are storage formats: kernels load them as float, compute and accumulate
 // in float, and round once on store (round-to-nearest-even), as PyTorch's CPU kernels do.
-// float64 computes in double. Integer types hold token and class ids only.
+// float64 computes in double. Integer types hold token and class ids only; uint8 holds raw bytes
+// (float8 codes: FSDP2's float8 all-gather moves a float8 weight as uint8, parallel/fully_shard.h).
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,7 @@
 
 namespace ptool {
 
-enum class DType { float32, float64, bfloat16, float16, int64, int32 };
+enum class DType { float32, float64, bfloat16, float16, int64, int32, uint8 };
 
 size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);              // "float32", as the model YAML spells it
@@ -73,6 +74,7 @@ constexpr DType dtype_of() {
     if constexpr (std::is_same_v<T, f16_t>) return DType::float16;
     if constexpr (std::is_same_v<T, int64_t>) return DType::int64;
     if constexpr (std::is_same_v<T, int32_t>) return DType::int32;
+    if constexpr (std::is_same_v<T, uint8_t>) return DType::uint8;
 }
 
 // Calls f(T{}) with T the C++ storage type of a floating dtype.

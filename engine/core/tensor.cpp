@@ -108,6 +108,17 @@ Tensor Tensor::reshape(Shape shape) const {
     return t;
 }
 
+Tensor Tensor::view(DType dtype) const {
+    const int64_t from = static_cast<int64_t>(dtype_size(dtype_)),
+                  to = static_cast<int64_t>(dtype_size(dtype));
+    const int64_t bytes = numel() * from, start = offset_ * from;
+    PTOOL_REQUIRE(bytes % to == 0 && start % to == 0, "view of {} {} bytes at byte {} as {}",
+                  shape_str(shape_), dtype_name(dtype_), start, dtype_name(dtype));
+    Tensor t = *this;
+    t.dtype_ = dtype, t.offset_ = start / to, t.shape_ = {bytes / to};
+    return t;
+}
+
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
     if (d < 0) d += dim();
     PTOOL_REQUIRE(d >= 0 && d < dim() && start >= 0 && length >= 0 && start + length <= shape_[d],
@@ -159,6 +170,8 @@ double Tensor::item(int64_t i) const {
             return static_cast<double>(data<int64_t>()[i]);
         case DType::int32:
             return static_cast<double>(data<int32_t>()[i]);
+        case DType::uint8:
+            return static_cast<double>(data<uint8_t>()[i]);
         default:
             return dispatch_float(dtype_, [&](auto tag) -> double {
                 using T = decltype(tag);
@@ -183,6 +196,9 @@ void Tensor::set(int64_t i, double v) {
             return;
         case DType::int32:
             data<int32_t>()[i] = static_cast<int32_t>(v);
+            return;
+        case DType::uint8:
+            data<uint8_t>()[i] = static_cast<uint8_t>(v);
             return;
         default:
             dispatch_float(dtype_, [&](auto tag) {

@@ -89,7 +89,10 @@ public:
         return static_cast<T*>(raw());
     }
 
-    Tensor reshape(Shape shape) const;                                // view; numel must match
+    Tensor reshape(Shape shape) const;  // view; numel must match
+    // The same bytes as another dtype (torch's Tensor.view(dtype)), a 1-d view: this tensor's bytes
+    // and its offset must be whole elements of `dtype`.
+    Tensor view(DType dtype) const;
     Tensor narrow(int64_t dim, int64_t start, int64_t length) const;  // view for dim 0, else copy
     Tensor clone() const;
     Tensor to(DType dtype) const;           // converted copy (a clone when the dtype is the same)

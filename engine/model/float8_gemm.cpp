@@ -44,6 +44,31 @@ Float8Operand float8_tensorwise(const Tensor& x, Float8Format f, double amax) {
     return out;
 }
 
+Float8Operand float8_from_codes(const Tensor& codes, Float8Format f, float scale) {
+    PTOOL_REQUIRE(codes.dtype() == DType::uint8, "float8 codes held as {}", dtype_name(codes.dtype()));
+    Float8Operand out;
+    out.format = f, out.scale = scale;
+    out.values = Tensor::empty(codes.shape(), DType::float32, codes.device());
+    if (codes.device() == Device::meta) return out;
+    PTOOL_REQUIRE(codes.device() == Device::cpu, "float8 codes on {}", device_name(codes.device()));
+    const uint8_t* p = codes.data<uint8_t>();
+    float* q = out.values.data<float>();
+    for (int64_t i = 0; i < codes.numel(); ++i) q[i] = float8_decode(p[i], f);
+    return out;
+}
+
+void float8_cast_codes(const Tensor& x, Float8Format f, float scale, Tensor& codes) {
+    PTOOL_REQUIRE(codes.dtype() == DType::uint8 && codes.numel() == x.numel(),
+                  "float8 codes of {} into {} {}", shape_str(x.shape()), dtype_name(codes.dtype()),
+                  shape_str(codes.shape()));
+    const Tensor in = as_float32(x);
+    if (in.device() == Device::meta) return;
+    const float* p = in.data<float>();
+    uint8_t* q = codes.data<uint8_t>();
+    for (int64_t i = 0; i < in.numel(); ++i)
+        q[i] = float8_encode_saturated(p[i] * scale, f);  // float32 product
+}
+
 void float8_gemm(Backend& be, const Float8Operand& a, bool trans_a, const Float8Operand& b, bool trans_b,
                  Tensor& out) {
     Tensor acc = Tensor::empty(out.shape(), DType::float32, out.device());

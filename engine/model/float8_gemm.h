@@ -23,6 +23,11 @@ double float8_amax(const Tensor& x);
 // x (a host tensor) cast as torchao does with the scale of `amax` (float8_amax(x), or its max over
 // the shards of the tensor x is one of).
 Float8Operand float8_tensorwise(const Tensor& x, Float8Format f, double amax);
+// A tensor already cast: its float8 codes (uint8) of format f, cast with `scale` (FSDP2's float8
+// all-gather hands a weight over so).
+Float8Operand float8_from_codes(const Tensor& codes, Float8Format f, float scale);
+// codes = x cast as float8_tensorwise casts it, with `scale` given: the codes themselves (uint8).
+void float8_cast_codes(const Tensor& x, Float8Format f, float scale, Tensor& codes);
 // out = op(a) op(b) / (scale_a scale_b), out's dtype.
 void float8_gemm(Backend& be, const Float8Operand& a, bool trans_a, const Float8Operand& b, bool trans_b,
                  Tensor& out);

@@ -10,7 +10,9 @@
 //     input's Shard(-1), a colwise output gradient's, a sequence-parallel Shard(1));
 //   - under context parallelism the activations and their gradients over cp (each rank holds
 //     some of the sequence's positions);
-//   - fully_shard gathers the weight before the forward: its amax is the whole weight's already.
+//   - fully_shard gathers the weight before the forward: its amax is the whole weight's already;
+//     with FSDP2's float8 all-gather the weight arrives cast (Parameter::float8_scale: the codes
+//     and the scale fully_shard took over the shards, parallel/fully_shard.h) and is used so.
 // Data parallel ranks hold different batches, and each scales its own (as torchao under DDP and
 // FSDP2: an activation is the rank's local tensor). verify's reference on one device runs every
 // data rank's rows at once, so it scales each data rank's rows apart (RunContext's
@@ -27,7 +29,9 @@
 
 namespace ptool {
 
+class Communicator;
 class Tensor;
+struct Parameter;
 struct RunContext;
 
 // torchao's Float8LinearConfig for the recipe, and the fault layer's seam (verify/faults.h): a
@@ -50,20 +54,27 @@ struct Float8Gemms {
     Float8TpPieces tp;
 };
 
+// Each piece's amax (NaN where it holds one) reduced (max) over `over` (unless !reduce), the
+// pieces' amaxes stacked in one all_reduce per group: the amax of the whole tensor each is a
+// piece of. Meta pieces read nothing and reduce the same (a simulation counts what a run does).
+std::vector<double> float8_amax_over(const std::vector<Tensor>& pieces,
+                                     const std::vector<Communicator*>& over, bool reduce = true);
+
 // y2 = x2 w^T ([rows, in] x [out, in] -> [rows, out]).
-void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Tensor& w, Tensor& y2);
+void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Parameter& w, Tensor& y2);
 
 // The backward's scales: the output's gradient's and the input's (one per data rank's rows), the
-// weight's; taken once at the backward and kept by a split backward's W.
+// weight's (none for a weight gathered in float8: its scale came with it); taken once at the
+// backward and kept by a split backward's W.
 struct Float8BackwardAmax {
     std::vector<double> grad_output, input;
     double weight = 0;
 };
 Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2,
-                                        const Tensor& x2, const Tensor& w);
+                                        const Tensor& x2, const Parameter& w);
 // dx2 = dy2 w ([rows, out] x [out, in] -> [rows, in]).
 void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
-                       const Tensor& w, Tensor& dx2);
+                       const Parameter& w, Tensor& dx2);
 // dw += dy2^T x2 ([out, rows] x [rows, in]): each data rank's rows one GEMM, added in rank order.
 void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                         const Tensor& x2, Tensor& dw);

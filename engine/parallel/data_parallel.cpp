@@ -1,6 +1,7 @@
 #include "parallel/data_parallel.h"
 
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/rng.h"
@@ -324,9 +325,15 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
         // the flattened group's chunk (Run::placements nests them so)
         Communicator* shard =
             dims.cp_shards_params() ? mesh.group(dims.group(GroupName::dp_shard_cp)) : comm_;
+        // FSDP2's float8 all-gather of the float8 linears' weights (the plan's float8 section)
+        std::optional<FsdpFloat8> float8;
+        if (plan.float8 && plan.float8->fsdp_float8_all_gather)
+            float8 = FsdpFloat8{dims.has(DimRole::tp) ? &mesh.comm(dims.index(DimRole::tp)) : nullptr,
+                                res.float8_stale_scales};
         fsdp_ = std::make_unique<FullyShard>(
             model, res.units, *shard, replicas, be, plan.mixed_precision ? &*plan.mixed_precision : nullptr,
-            res.grad_reduce, plan.pipeline && splits_backward(plan.pipeline->schedule));
+            res.grad_reduce, plan.pipeline && splits_backward(plan.pipeline->schedule),
+            float8 ? &*float8 : nullptr);
     }
 }
 

@@ -67,6 +67,9 @@ struct DataParallelResolution {
     ReduceOp grad_reduce = ReduceOp::avg;
     // ZeRO: dp rank r updates the shard of rank (r + zero_rotation) mod dp; 0 but under fault injection
     int zero_rotation = 0;
+    // FSDP2's float8 all-gather: weights whose precomputed scale is their last gather's (FsdpFloat8);
+    // empty but under fault injection
+    std::set<std::string> float8_stale_scales;
 };
 
 // What DDP's construction broadcasts from dp rank 0, in its order: every replica's bucket
@@ -107,6 +110,10 @@ public:
     // Bytes copied into and out of the buckets per step (0 with gradient_as_bucket_view).
     int64_t bucket_copy_bytes() const { return copy_bytes_; }
     int64_t bucket_allreduce_bytes() const { return allreduce_bytes_; }  // per step
+    // torchao's precompute_float8_dynamic_scale_for_fsdp after the optimizer step (FullyShard's).
+    void precompute_float8_scales() {
+        if (fsdp_) fsdp_->precompute_float8_scales();
+    }
     // ZeRO (zero_stage 1 or 2): the sharded optimizer step over the buckets; null for plain DDP
     ZeroOptimizer* zero() const { return zero_.get(); }
 

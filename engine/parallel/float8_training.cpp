@@ -7,6 +7,7 @@
 #include "model/model.h"
 #include "model/routed_experts.h"
 #include "parallel/parallelize.h"
+#include "parallel/plan.h"
 #include "parallel/style.h"
 
 namespace ptool {
@@ -75,8 +76,26 @@ Float8Spec parse_float8(const YamlNode& node) {
         }
         s.filter_fqns = std::move(fqns);
     }
+    if (auto g = m.get("enable_fsdp_float8_all_gather"))
+        s.fsdp_float8_all_gather = g->as_bool("'enable_fsdp_float8_all_gather'");
+    if (auto p = m.get("precompute_float8_dynamic_scale_for_fsdp")) {
+        s.precompute_scale = p->as_bool("'precompute_float8_dynamic_scale_for_fsdp'");
+        if (s.precompute_scale && !s.fsdp_float8_all_gather)
+            p->fail(
+                "precompute_float8_dynamic_scale_for_fsdp precomputes the scales of FSDP2's float8 "
+                "all-gather: it needs enable_fsdp_float8_all_gather: true");
+    }
     m.finish();
     return s;
+}
+
+bool float8_all_gathers(const Plan& plan, const Resolution& res) {
+    if (!plan.float8 || !plan.float8->fsdp_float8_all_gather || res.dp.units.empty()) return false;
+    const ParallelDims& d = plan.dims;
+    const int dim = d.shard_dim();
+    const int shards =
+        (dim < 0 ? 1 : d.size(*d.role(dim))) * (d.cp_shards_params() ? d.size(DimRole::cp) : 1);
+    return shards > 1;
 }
 
 std::vector<std::string> apply_float8(Model& model, const Float8Spec& spec, const Resolution& res) {

@@ -5,6 +5,8 @@
 //   float8:
 //     recipe: tensorwise        # torchao's recipe (rowwise: not built yet)
 //     filter_fqns: [output]     # linears whose name contains one of these keep their dtype
+//     enable_fsdp_float8_all_gather: true               # fully_shard gathers the weights in float8
+//     precompute_float8_dynamic_scale_for_fsdp: true    # their scales after the optimizer step
 //
 // Converted: every linear whose fqn contains none of filter_fqns (torchtitan's substring test)
 // and whose in and out features are multiples of 16 (module_filter_fn: float8 tensor cores), but
@@ -24,18 +26,32 @@
 namespace ptool {
 
 class Model;
+struct Plan;
 struct Resolution;
 
 struct Float8Spec {
     SourceLocation where;
     Float8Recipe recipe;
     std::optional<std::vector<std::string>> filter_fqns;  // nullopt: the output head
+    // FSDP2's float8 all-gather (torchao's WeightWithDynamicFloat8CastTensor): fully_shard casts a
+    // float8 linear's weight shard with the whole weight's scale and gathers the codes, one byte an
+    // element (parallel/fully_shard.h); the linear's GEMMs take them as gathered. Nothing without
+    // fully_shard, as torchtitan turns it off where dp_shard is 1.
+    bool fsdp_float8_all_gather = false;
+    // torchao's precompute_float8_dynamic_scale_for_fsdp, run after each optimizer step (torchtitan's
+    // post-optimizer hook): the next step's all-gather scales from the updated shards, every weight's
+    // amax in one all_reduce, where each gather would otherwise all_reduce its own.
+    bool precompute_scale = false;
     // How many data ranks' rows a forward holds, each scaled apart: 1 on a rank; verify's reference
     // on one device takes the plan's data ranks (reference_plan).
     int row_groups = 1;
 };
 
 Float8Spec parse_float8(const YamlNode& node);
+
+// Whether fully_shard gathers the float8 weights in float8 under `plan`: the section asks for it
+// and fully_shard shards over more than one rank (FSDP2 gathers nothing at one).
+bool float8_all_gathers(const Plan& plan, const Resolution& res);
 
 // Swaps the selected linears (see above), each told which of its weight's dims the plan's
 // tensor parallelism cuts (from its style's placement of "weight"); returns their fqns in module

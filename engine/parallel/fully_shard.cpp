@@ -5,6 +5,8 @@
 
 #include "core/framework_memory.h"
 #include "core/tensor_ops.h"
+#include "model/float8_gemm.h"
+#include "model/float8_linear.h"
 #include "parallel/plan.h"
 
 namespace ptool {
@@ -41,12 +43,23 @@ struct FullyShard::State : ModuleHooks {
         // accumulate: the step's unsharded gradient, summed over its backwards in reduce_dtype
         // (full_grad itself where the dtypes agree); reduce_scatter once, by finish_backward
         Tensor accumulated;
+        // the float8 all-gather (FsdpFloat8): the float8 linear this is the weight of, else null
+        Module* float8 = nullptr;
+        DType gathered = DType::float32;  // what the all-gather moves of it: the compute dtype, or codes
+        int64_t gather_offset = 0;        // in a rank's region of the all-gather buffer, its elements
+        float scale = 0;                  // float8: the scale of its last gather
+        float precomputed = 0;            // float8: precompute's, for the next gathers (0: none yet)
     };
     std::string fqn;
     bool root = false;
     bool gathered = false;  // the full parameters are unsharded now
     std::vector<Managed> params;
-    int64_t region = 0;
+    int64_t region = 0;  // a rank's elements of the reduce-scatter's flat buffer
+    // the all-gather's flat buffer: in the compute dtype, or bytes where float8 codes join other
+    // parameters (FSDP2's uint8 buffer for mixed dtypes); a rank's elements of it
+    DType gather_dtype = DType::float32;
+    int64_t gather_region = 0;
+    std::shared_ptr<const FsdpFloat8> float8;
     Communicator* comm = nullptr;
     Communicator* replicas = nullptr;  // HSDP: the shards' replicas, averaged after the reduce_scatter
     Backend* be = nullptr;
@@ -75,9 +88,48 @@ struct FullyShard::State : ModuleHooks {
         }
     }
 
+    void lay_out_gather() {
+        gather_dtype = params[0].gathered;
+        for (const Managed& m : params)
+            if (m.gathered != gather_dtype) gather_dtype = DType::uint8;
+        gather_region = 0;
+        for (Managed& m : params)
+            m.gather_offset = gather_region, gather_region += gather_elements(m.padded * m.row, m);
+    }
+    // n of m's elements in the all-gather buffer's elements
+    int64_t gather_elements(int64_t n, const Managed& m) const {
+        return n * static_cast<int64_t>(dtype_size(m.gathered) / dtype_size(gather_dtype));
+    }
+    // n of m's elements at `start` of the all-gather buffer, as m's dtype
+    Tensor segment(const Tensor& buf, int64_t start, const Managed& m, int64_t n) const {
+        return buf.narrow(0, start, gather_elements(n, m)).view(m.gathered);
+    }
+
+    std::vector<Communicator*> float8_group(const Float8Gemms& f) const {
+        std::vector<Communicator*> out{comm};
+        if (f.tp.weight && float8->tp && float8->tp->size() > 1) out.push_back(float8->tp);
+        return out;
+    }
+    // Each float8 weight's scale for this gather: precompute's, or its amax over its shards now
+    // (torchao's fsdp_pre_all_gather: one all_reduce a weight)
+    void float8_scales() {
+        CommScope scope(comm->counter().get(), fqn, CommSiteKind::unshard);
+        for (Managed& m : params) {
+            if (!m.float8) continue;
+            const Float8Gemms& f = *m.float8->float8();
+            if (m.precomputed > 0) {
+                m.scale = m.precomputed;
+                continue;
+            }
+            const double amax = float8_amax_over({m.shard}, float8_group(f), f.recipe.reduce_amax)[0];
+            m.scale = float8_tensorwise_scale(amax, f.recipe.weight);
+        }
+    }
+
     void unshard(bool for_backward) {
         MemoryUseScope use(MemoryUse::communication);  // the flat buffers; the unit's parameters below
         const int n = comm->size();
+        float8_scales();
         // FSDP2 casts and copies in on its all-gather stream; at one rank it casts each parameter on
         // the compute stream and gathers nothing
         std::optional<TorchAllocScope> stream;
@@ -85,20 +137,27 @@ struct FullyShard::State : ModuleHooks {
         auto fetched = ctx->prefetched.find(this);
         Tensor prefetched = fetched == ctx->prefetched.end() ? Tensor() : fetched->second;
         if (fetched != ctx->prefetched.end()) ctx->prefetched.erase(fetched);
-        Tensor local = Tensor({region}, compute, params[0].shard.device());  // the copies convert to compute
+        // the copies convert to compute, the float8 weights' casts to their codes
+        Tensor local = Tensor({gather_region}, gather_dtype, params[0].shard.device());
         for (Managed& m : params) {
             if (m.shard.numel() == 0) continue;
-            Tensor dst = local.narrow(0, m.offset, m.shard.numel()).reshape(m.shard.shape());
-            be->copy(m.shard, dst);
+            Tensor dst = segment(local, m.gather_offset, m, m.shard.numel());
+            if (m.float8) {
+                float8_cast_codes(m.shard, m.float8->float8()->recipe.weight, m.scale, dst);
+                continue;
+            }
+            Tensor typed = dst.reshape(m.shard.shape());
+            be->copy(m.shard, typed);
         }
         Tensor all, kept;  // the forward's output is kept past the copy-out (FsdpCommContext)
         {
             std::optional<TorchAllocScope> own;
             if (n == 1 || !for_backward || prefetched.defined()) own.emplace(TorchAlloc::ptool_only);
-            all = Tensor::empty({n * region}, local.dtype(), local.device());
+            all = Tensor::empty({n * gather_region}, local.dtype(), local.device());
         }
         if (n > 1 && !for_backward)
-            kept = torch_only({n * region}, local.dtype(), MemoryUse::communication, AllocStream::all_gather);
+            kept = torch_only({n * gather_region}, local.dtype(), MemoryUse::communication,
+                              AllocStream::all_gather);
         {
             CommScope scope(comm->counter().get(), fqn, CommSiteKind::unshard);
             comm->all_gather(local, all);
@@ -106,16 +165,16 @@ struct FullyShard::State : ModuleHooks {
         stream.reset();
         MemoryUseScope unsharded(MemoryUse::fsdp_unsharded);
         for (Managed& m : params) {
-            m.full = Tensor::empty(m.full_shape, compute, m.shard.device());
+            m.full = Tensor::empty(m.full_shape, m.gathered, m.shard.device());
             if (m.full.device() == Device::meta) {  // no values: one copy of the same bytes
                 Tensor flat = m.full.reshape({m.full.numel()});
-                be->copy(all.narrow(0, 0, m.full.numel()), flat);
+                be->copy(segment(all, 0, m, m.full.numel()), flat);
                 continue;
             }
             for (int r = 0; r < n; ++r) {
                 const Chunk c = chunk_of(m.full_shape[0], n, r);
                 if (c.length == 0) continue;
-                Tensor src = all.narrow(0, r * region + m.offset, c.length * m.row);
+                Tensor src = segment(all, r * gather_region + m.gather_offset, m, c.length * m.row);
                 Tensor dst = m.full.narrow(0, c.offset, c.length);
                 Tensor dst_flat = dst.reshape({c.length * m.row});
                 be->copy(src, dst_flat);
@@ -125,7 +184,7 @@ struct FullyShard::State : ModuleHooks {
         if (kept.defined())
             ctx->all_gather_state = kept;  // the previous unit's output freed after this copy-out
         prefetched = Tensor();
-        for (Managed& m : params) m.p->value = m.full;
+        for (Managed& m : params) m.p->value = m.full, m.p->float8_scale = m.float8 ? m.scale : 0;
         if (for_backward) bind_grads();
     }
 
@@ -134,7 +193,7 @@ struct FullyShard::State : ModuleHooks {
     void reshard() {
         gathered = false;
         for (Managed& m : params) {
-            m.p->value = m.shard;
+            m.p->value = m.shard, m.p->float8_scale = 0;
             m.full = Tensor();
             if (!m.accumulated.defined()) m.full_grad = Tensor();
             m.p->grad = m.accumulated.defined() ? m.full_grad : m.shard_grad;
@@ -220,7 +279,7 @@ struct FullyShard::State : ModuleHooks {
             return;  // at one rank FSDP2 gathers nothing
         const auto* target = static_cast<const State*>(ctx->post_forward[index - 1]);
         if (target->gathered || ctx->prefetched.count(target)) return;
-        ctx->prefetched[target] = torch_only({comm->size() * target->region}, target->compute,
+        ctx->prefetched[target] = torch_only({comm->size() * target->gather_region}, target->gather_dtype,
                                              MemoryUse::communication, AllocStream::all_gather);
     }
     Placed post_forward_backward(RunContext&, Module&, const Placed& dy) override {
@@ -259,13 +318,15 @@ struct FullyShard::State : ModuleHooks {
 
 FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp,
                        Communicator* replicas, Backend& be, const MixedPrecisionSpec* mp,
-                       ReduceOp grad_reduce, bool accumulate) {
+                       ReduceOp grad_reduce, bool accumulate, const FsdpFloat8* float8) {
     const auto named = model.named_parameters();
     std::map<std::string, ParamPtr> by_name(named.begin(), named.end());
     std::map<std::string, Module*> modules;
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) { modules[fqn] = &m; });
     const int n = dp.size(), r = dp.rank();
     auto ctx = std::make_shared<FsdpCommContext>();
+    // the float8 all-gather: only where the unit gathers (FSDP2 gathers nothing at one rank)
+    auto f8 = float8 && n > 1 ? std::make_shared<const FsdpFloat8>(*float8) : nullptr;
     for (const FsdpUnitSpec& u : units) {
         if (u.params.empty()) continue;  // nothing of its own to shard: FSDP2 makes no group either
         auto st = std::make_shared<State>();
@@ -280,6 +341,7 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
         st->reduce = mp ? mp->reduce_dtype : model.dtype;
         st->grad_reduce = grad_reduce;
         st->accumulate = accumulate;
+        st->float8 = f8;
         for (const std::string& name : u.params) {
             State::Managed m;
             m.name = name;
@@ -299,11 +361,49 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
             m.shard_grad = Tensor(m.shard.shape(), m.shard.dtype(), m.shard.device());
             m.p->value = m.shard;
             m.p->grad = m.shard_grad;
+            m.gathered = st->compute;
+            const size_t dot = name.rfind('.');
+            if (f8 && dot != std::string::npos && name.substr(dot + 1) == "weight") {
+                auto owner = modules.find(name.substr(0, dot));
+                if (owner != modules.end() && owner->second->float8())
+                    m.float8 = owner->second, m.gathered = DType::uint8;
+            }
             st->params.push_back(std::move(m));
         }
+        st->lay_out_gather();
         // a moe layer's experts: hooked on the layer, which calls each of them
         modules.at(u.hooked_on())->add_outer_hooks(st);
         units_.push_back(st);
+    }
+}
+
+void FullyShard::precompute_float8_scales() {
+    std::vector<State::Managed*> weights;
+    std::vector<Tensor> shards;
+    bool tp_cut = false;
+    for (const auto& u : units_)
+        for (State::Managed& m : u->params)
+            if (m.float8)
+                weights.push_back(&m), shards.push_back(m.shard), tp_cut |= m.float8->float8()->tp.weight;
+    if (weights.empty()) return;
+    const State& first = *units_.front();
+    std::vector<Communicator*> over{first.comm};
+    if (tp_cut && first.float8->tp && first.float8->tp->size() > 1) over.push_back(first.float8->tp);
+    std::vector<double> amax;
+    {
+        CommScope scope(first.comm->counter().get(), first.fqn, CommSiteKind::unshard);
+        amax = float8_amax_over(shards, over);
+    }
+    for (size_t i = 0; i < weights.size(); ++i) {
+        State::Managed& m = *weights[i];
+        const Float8Gemms& f = *m.float8->float8();
+        if (first.float8->stale_scales.count(m.name)) {
+            m.precomputed = m.scale;  // taken before the step: the last gather's
+            continue;
+        }
+        // a recipe that does not reduce (the fault layer's) takes its shard's own
+        const double a = f.recipe.reduce_amax ? amax[i] : float8_amax(m.shard);
+        m.precomputed = float8_tensorwise_scale(a, f.recipe.weight);
     }
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,21 @@ struct FsdpUnitSpec {
     std::string hooked_on() const { return experts ? fqn.substr(0, fqn.rfind('.')) : fqn; }
 };
 
+// FSDP2's float8 all-gather (the plan's float8 section, enable_fsdp_float8_all_gather; torchao's
+// WeightWithDynamicFloat8CastTensor): each float8 linear's weight shard is cast to float8 with the
+// whole weight's scale before the all-gather (its amax: the shards' max over the shard group, and
+// over tp where tp cuts the weight; or precompute_float8_scales's), so the gather moves one byte
+// an element (a unit whose other parameters are not float8 gathers them in one uint8 buffer, as
+// FSDP2 does for mixed dtypes) and the unsharded weight is the codes with their scale
+// (Parameter::float8_scale), which the linear's GEMMs take as they are. Numerically the cast of the
+// gathered whole with its own amax: the same numbers as gathering first.
+struct FsdpFloat8 {
+    Communicator* tp = nullptr;  // tensor parallel's group, where it cuts a weight
+    // Weights whose precomputed scale is the one their last gather used (precompute run before the
+    // optimizer step): empty but under fault injection (verify/faults.h, float8_stale_scale).
+    std::set<std::string> stale_scales;
+};
+
 class FullyShard {
 public:
     // Shards every unit's parameters on this rank (no communication) and installs the hooks.
@@ -44,8 +60,14 @@ public:
     // the reduce_scatter and HSDP's all_reduce (avg, or sum: gradient_divide_factor 1).
     FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Communicator& dp, Communicator* replicas,
                Backend& be, const struct MixedPrecisionSpec* mp = nullptr,
-               ReduceOp grad_reduce = ReduceOp::avg, bool accumulate = false);
+               ReduceOp grad_reduce = ReduceOp::avg, bool accumulate = false,
+               const FsdpFloat8* float8 = nullptr);
     bool manages(const Parameter* p) const;
+    // torchao's precompute_float8_dynamic_scale_for_fsdp (after the optimizer step): every float8
+    // weight's scale for the next gathers from its shards as they are now, the amaxes stacked in
+    // one all_reduce over the shard group (and one over tp where tp cuts some). Nothing without
+    // the float8 all-gather.
+    void precompute_float8_scales();
     // accumulate (torch.distributed.pipelining's FSDP2 under a split backward): each unit's
     // backwards sum into one unsharded gradient (in reduce_dtype), which this reduce_scatters into
     // the shards and frees, in the units' order (the stage's last backward's run_post_backward).

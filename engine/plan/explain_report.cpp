@@ -201,6 +201,7 @@ ExplainReport explain_report(const ExplainInputs& in) {
     const Resolution resolution = resolve_plan(r.model, r.plan);
     r.ex = explain_plan(r.model, r.plan, &resolution);
     if (r.plan.float8) r.float8_linears = apply_float8(r.model, *r.plan.float8, resolution);
+    r.float8_all_gather = float8_all_gathers(r.plan, resolution);
     r.steps = r.plan.verify.steps > 0 ? r.plan.verify.steps : r.model.steps;
     // the steady state (kSteadyStateSteps: the allocator's segments too), at most 4
     r.simulated_steps = std::clamp<int64_t>(r.steps, kSteadyStateSteps, 4);
@@ -246,10 +247,18 @@ ExplainReport explain_report(const ExplainInputs& in) {
                 ? fmt::format("; their GEMMs at the kernel table's float8 rows writing {}", dtype_name(rows))
                 : fmt::format("; their GEMMs priced as {} (the kernel table has no float8 rows writing it)",
                               dtype_name(rows));
+        const Float8Spec& f = *r.plan.float8;
+        const std::string gather =
+            r.float8_all_gather
+                ? fmt::format("; fully_shard gathers their weights in float8, one byte an element{}",
+                              f.precompute_scale ? ", scales precomputed after the optimizer step" : "")
+            : f.fsdp_float8_all_gather
+                ? "; enable_fsdp_float8_all_gather: no fully_shard over several ranks here"
+                : "";
         r.summary.push_back(
             fmt::format("float8 tensorwise on {} linears (e4m3fn inputs and weights, e5m2 output "
-                        "gradients{}: docs/float8.md)",
-                        r.float8_linears.size(), priced));
+                        "gradients{}{}: docs/float8.md)",
+                        r.float8_linears.size(), priced, gather));
     }
     if (r.plan.gradient_accumulation > 0)  // the training layout the plan carries, over the model's
         r.summary.push_back(fmt::format("gradient_accumulation {} (the plan's; the model says {})",

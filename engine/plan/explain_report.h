@@ -68,7 +68,8 @@ struct ExplainReport {
     std::vector<MemoryAssumption> assumptions;  // where the framework tally errs high, per rank
     std::string kernel_source;                  // with a cluster: how its kernel times are known
     std::vector<std::string>
-        float8_linears;  // the plan's float8 section converts (parallel/float8_training.h)
+        float8_linears;              // the plan's float8 section converts (parallel/float8_training.h)
+    bool float8_all_gather = false;  // fully_shard gathers them in float8 (float8_all_gathers)
 };
 
 ExplainReport explain_report(const ExplainInputs& in);

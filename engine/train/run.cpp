@@ -467,6 +467,10 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
                 } else {
                     optimizer_->step(params);
                 }
+                // torchtitan's post-optimizer hook: the next step's float8 all-gather scales
+                if (data_parallel_ && plan_.float8 && plan_.float8->precompute_scale)
+                    data_parallel_->precompute_float8_scales();
+                if (layer_) layer_->after_optimizer_step(model_);
                 break;
             default:
                 PTOOL_REQUIRE(false, "{} is not run here", a.str());

@@ -68,6 +68,8 @@ public:
     virtual ExpertParallelResolution expert_parallel(const ExpertParallelResolution& r) { return r; }
     // After a step's backward, before the gradients are synchronised across dp ranks.
     virtual void before_gradient_sync(Model&, Communicator& /*world*/) {}
+    // After the optimizer step (and torchtitan's post-optimizer hooks), the parameters as it left them.
+    virtual void after_optimizer_step(Model&) {}
     // What a microbatch's loss is multiplied by, given the run's factor (1 / the step's microbatches;
     // under global_tokens 1 for the summed loss, whose divisor is the step's count) and the step's
     // microbatches.

@@ -6,6 +6,7 @@
 
 #include "core/tensor_ops.h"
 #include "model/attention_core.h"
+#include "model/float8_gemm.h"
 #include "model/routed_experts.h"
 #include "verify/fault_comm.h"
 #include "verify/fault_hooks.h"
@@ -159,6 +160,21 @@ public:
         return out;
     }
 
+    // float8_master: a float8 linear's weight, as this rank holds it, rounded to e4m3fn after each step
+    void after_optimizer_step(Model& model) override {
+        if (!fault_.is(FaultKind::float8_master)) return;
+        for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+            const ParamPtr w = m.float8() ? m.param("weight") : nullptr;
+            if (!w || !fault_.hits(FaultKind::float8_master, fqn) || w->value.device() != Device::cpu) return;
+            const Float8Operand kept =
+                float8_tensorwise(w->value, Float8Format::e4m3fn, float8_amax(w->value));
+            Backend& be = backend_for(Device::cpu);
+            Tensor back(kept.values.shape(), DType::float32);
+            be.axpy(1.0 / kept.scale, kept.values, back);
+            be.copy(back, w->value);
+        });
+    }
+
     void before_gradient_sync(Model& model, Communicator&) override {
         // torch's schedule.step(scale_grads) divides the stage's gradients by its microbatches: again
         const bool twice = fault_.is(FaultKind::pp_grad_scaled_twice);  // stage_params_: the stage's, if held
@@ -290,6 +306,11 @@ DataParallelResolution FaultLayer::data_parallel(const DataParallelResolution& r
     if (fault_.is(FaultKind::loss_per_call)) out.grad_reduce = ReduceOp::avg;  // DDP's average of the means
     if (fault_.is(FaultKind::skip_buffer_broadcast)) out.synced_buffers.clear();
     if (fault_.is(FaultKind::zero_wrong_offset) && out.zero_stage > 0) out.zero_rotation = 1;
+    for (const FsdpUnitSpec& u : out.units)  // a weight's precomputed float8 scale taken before the step
+        for (const std::string& name : u.params)
+            if (name.size() > 7 && name.ends_with(".weight") &&
+                fault_.hits(FaultKind::float8_stale_scale, name.substr(0, name.size() - 7)))
+                out.float8_stale_scales.insert(name);
     if (fault_.is(FaultKind::ep_shared_unsynced)) {  // the shared expert's parameters synchronised by no one
         auto shared = [&](const std::string& name) {
             return fault_.fqn == "*" ? name.find(".shared_expert.") != std::string::npos

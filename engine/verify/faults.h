@@ -50,6 +50,8 @@ enum class FaultKind {
     // float8 (MODULE: a linear the plan's float8 section converts)
     float8_local_amax,
     float8_e4m3_grad,
+    float8_stale_scale,
+    float8_master,
     // pipeline parallel (STAGE: a pipeline stage's index, as reports number them: under
     // interleaved_1f1b pp x virtual_stages stages, stage s on pp rank s mod pp, and a fault acts on
     // the stage wherever it runs, not on the rest of its rank)
@@ -172,6 +174,13 @@ inline constexpr FaultClass kFaultClasses[] = {
      "amax, not the whole tensor's"},
     {FaultKind::float8_e4m3_grad, "float8_e4m3_grad", FaultSection::mixed_precision, "MODULE",
      "a float8 linear casts its output gradient to e4m3fn, the forward's format, instead of e5m2"},
+    {FaultKind::float8_stale_scale, "float8_stale_scale", FaultSection::mixed_precision, "MODULE",
+     "FSDP2's float8 all-gather with precomputed scales: the linear's weight scale is precomputed before "
+     "the optimizer step (the step's old weights'), so the next step's gather casts the updated shards "
+     "with it (plans with precompute_float8_dynamic_scale_for_fsdp)"},
+    {FaultKind::float8_master, "float8_master", FaultSection::mixed_precision, "MODULE",
+     "a float8 linear's master weight is kept in float8: after each optimizer step the rank's weight is "
+     "rounded to e4m3fn with its own scale"},
     {FaultKind::pp_loss_unscaled, "pp_loss_unscaled", FaultSection::pipeline, "*",
      "the last stage's microbatch losses are not divided by the step's microbatch count (under "
      "global_tokens, whose sum is divided by the step's count: divided by it again, torch's scale_grads "

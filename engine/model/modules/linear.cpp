@@ -116,7 +116,7 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
     Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
     Tensor y2 = y.reshape({x2.size(0), out});
     if (float8_)
-        float8_forward(ctx, *float8_, x2, param("weight")->value, y2);
+        float8_forward(ctx, *float8_, x2, *param("weight"), y2);
     else
         ctx.backend->gemm(x2, false, param("weight")->value, true, y2);
     if (addmm) ctx.backend->add_bias(y2, param("bias")->value);
@@ -131,7 +131,7 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
     ParamPtr w = param("weight");
     // float8: the scales once, for both GEMMs (a split backward's W keeps them)
     std::optional<Float8BackwardAmax> amax;
-    if (float8_) amax = float8_backward_amax(ctx, *float8_, dy2, x2, w->value);
+    if (float8_) amax = float8_backward_amax(ctx, *float8_, dy2, x2, *w);
     defer_weights(ctx,
                   [this, x2, dy2, w, amax](RunContext& c) {
                       if (amax)
@@ -146,7 +146,7 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
     Tensor dx = Tensor::empty(in_shape, dy.dtype(), dy.device());
     Tensor dx2 = dx.reshape({x2.size(0), x2.size(1)});
     if (amax)
-        float8_input_grad(ctx, *float8_, *amax, dy2, w->value, dx2);
+        float8_input_grad(ctx, *float8_, *amax, dy2, *w, dx2);
     else
         ctx.backend->gemm(dy2, false, w->value, false, dx2);
     return dx;
