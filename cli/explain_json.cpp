@@ -83,7 +83,7 @@ void add_parallel(json& j, const ExplainReport& r) {
                     plan.context_parallel->rotate == RotateMethod::alltoall ? "alltoall" : "allgather"}}
             : json(nullptr);
     j["float8"] = plan.float8
-                      ? json{{"recipe", "tensorwise"},
+                      ? json{{"recipe", float8_recipe_name(plan.float8->recipe)},
                              {"linears", r.float8_linears},
                              {"fsdp_float8_all_gather", r.float8_all_gather},
                              {"precompute_scale", r.float8_all_gather && plan.float8->precompute_scale}}

@@ -3,8 +3,8 @@
 
     float8_cases.py PTOOL ROOT
 
-Every plan under tests/data/float8/ (torchao's tensorwise Float8Linear under FSDP x TP+SP and
-CP x TP) passes against the one-device reference in rank threads and under mpirun, with the same
+Every plan under tests/data/float8/ (torchao's Float8Linear: tensorwise under FSDP x TP+SP, with
+FSDP2's float8 all-gather, and under CP x TP; rowwise under DDP) passes against the one-device reference in rank threads and under mpirun, with the same
 per-tensor verdicts; explain --json lists the linears it converts (every one with dims of 16 but the
 output head) and its text says so; a zero-bubble pipeline of FSDP x TP stages passes (the selection
 is the whole model's, not a stage's); explain's predicted peak of every rank is verify's measured one
@@ -18,6 +18,7 @@ score's (tests/mutation_score.py).
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -56,7 +57,10 @@ for plan in PLANS:
     rc, out, threads = verify(plan, peaks=measured)
     check(rc == 0 and len(threads) > 100 and all(threads.values()), f"{name}: threads exit {rc}\n{out[-2000:]}")
     if has_mpi:
-        rc, out, procs = verify(plan, mpi=4)
+        world = 1
+        for size in re.search(r"^mesh: \{(.*)\}", open(plan).read(), re.M).group(1).split(","):
+            world *= int(size.split(":")[1])
+        rc, out, procs = verify(plan, mpi=world)
         check(rc == 0 and procs == threads, f"{name}: mpirun exit {rc}, verdicts as the threads' {procs == threads}\n{out[-2000:]}")
     with tempfile.TemporaryDirectory() as tmp:
         ej = os.path.join(tmp, "e.json")
@@ -68,10 +72,11 @@ for plan in PLANS:
     check(predicted == measured and measured, f"{name}: explain predicts {predicted}, verify measured {measured}")
     check(len(linears) == 14 and "output" not in linears and all(l.endswith("_proj") for l in linears),
           f"{name}: explain's float8 linears {linears}")
-    check("float8 tensorwise on 14 linears" in out, f"{name}: explain's text does not say float8\n{out[:800]}")
-    # every scale from its own piece: the plan fails (the classes one linear at a time: mutation score)
-    rc, out, _ = verify(plan, env={"PTOOL_FAULT": "float8_local_amax:*"})
-    check(rc == 1 and "first divergence: step 0 forward" in out, f"{name}: local amax on every linear: exit {rc}\n{out[-1500:]}")
+    recipe = "rowwise" if "rowwise" in name else "tensorwise"
+    check(f"float8 {recipe} on 14 linears" in out, f"{name}: explain's text does not say float8 {recipe}\n{out[:800]}")
+    if "tp" in name:  # every scale from its own piece: the plan fails (one linear at a time: mutation score)
+        rc, out, _ = verify(plan, env={"PTOOL_FAULT": "float8_local_amax:*"})
+        check(rc == 1 and "first divergence: step 0 forward" in out, f"{name}: local amax on every linear: exit {rc}\n{out[-1500:]}")
 
 # FSDP2's float8 all-gather: the same numbers as the plain plan's (each shard cast with the whole
 # weight's scale is the cast of the gathered weight), every tensor's error the same to the bit, with
@@ -115,6 +120,24 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, log, verdicts = verify(ddp)
     check(rc == 0 and verdicts and all(verdicts.values()), f"float8 all-gather under DDP: verify exit {rc}\n{log[-800:]}")
 
+# the rowwise recipe (per-row and per-column power-of-2 scales, e4m3fn throughout): under FSDP x
+# load-balanced CP each rank's weight-gradient scales cover its own rows and positions, which the
+# reference scales apart; under tensor parallelism it is not built (exit 2 at the section), nor with
+# the float8 all-gather (torchao's takes tensorwise only)
+with tempfile.TemporaryDirectory() as tmp:
+    fsdp_cp = os.path.join(tmp, "fsdp_cp_rowwise.yaml")
+    open(fsdp_cp, "w").write(open(f"{ROOT}/plans/llama_rope_fsdp_cp.yaml").read() + "float8: {recipe: rowwise}\n")
+    rc, log, verdicts = verify(fsdp_cp)
+    check(rc == 0 and len(verdicts) > 100 and all(verdicts.values()), f"rowwise FSDP x CP: exit {rc}\n{log[-1500:]}")
+    tp = os.path.join(tmp, "tp_rowwise.yaml")
+    text = open(f"{ROOT}/tests/data/float8/llama_rope_fsdp_tp_float8.yaml").read().replace(
+        "float8: {recipe: tensorwise}", "float8: {recipe: rowwise}")
+    open(tp, "w").write(text)
+    line = text.splitlines().index("float8: {recipe: rowwise}") + 1
+    rc, log = run("verify", MODEL, tp)
+    check(rc == 2 and f"tp_rowwise.yaml:{line}:9: float8 recipe rowwise under tensor parallelism" in log,
+          f"rowwise under tp: exit {rc}\n{log[-800:]}")
+
 # a pipeline's stages: the selection is the whole model's (stage 0 holds no head, yet its last
 # linear stays float8), under zero-bubble's split backward (a W keeps its I's scales) and FSDP x TP
 with tempfile.TemporaryDirectory() as tmp:
@@ -133,7 +156,7 @@ with tempfile.TemporaryDirectory() as tmp:
     line = text.splitlines().index("float8: {recipe: tensorwise}") + 1
     rc, out = run("verify", MODEL, bf16)
     check(rc == 2 and f"bf16.yaml:{line}:9: float8 with bfloat16 compute" in out, f"bf16 float8 verify: exit {rc}\n{out[-800:]}")
-    rc, out = run("verify", MODEL, PLANS[0], "--dtype", "float64")  # the emulation accumulates in float32
+    rc, out = run("verify", MODEL, f"{ROOT}/tests/data/float8/llama_rope_fsdp_tp_float8.yaml", "--dtype", "float64")  # the emulation accumulates in float32
     check(rc == 2 and "float8 with float64 compute" in out and "--dtype float32" in out, f"float64 float8 verify: exit {rc}\n{out[-800:]}")
     rc, out = run("explain", MODEL, bf16)
     check(rc == 0 and "float8 tensorwise on 14 linears" in out, f"bf16 float8 explain: exit {rc}\n{out[-800:]}")

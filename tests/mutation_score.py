@@ -84,8 +84,8 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   ep_grad_norm_local     (expert parallel plans under clip_grad_norm) first divergence is a step-0 gradient
                          or the step-0 gradient norm
   float8_local_amax      (a float8 linear whose scales cover pieces on other ranks: a tensor-parallel
-                         style's, or any under cp) first divergence is the linear's step-0 output
-  float8_e4m3_grad       (a float8 linear) first divergence is the linear's step-0 input gradient
+                         style's) first divergence is the linear's step-0 output
+  float8_e4m3_grad       (a tensorwise float8 linear) first divergence is the linear's step-0 input gradient
   float8_master          (a float8 linear) first divergence is the step-0 update of its weight
   float8_stale_scale     (a float8 linear under FSDP2's float8 all-gather with precomputed scales, two
                          steps or more) first divergence is the linear's step-1 output
@@ -210,16 +210,16 @@ def mutants(ex, model, plan):
 def float8_mutants(ex, first_div):
     """The float8 classes, on every linear the plan's float8 section converts (explain --json's
     float8.linears): a piece scaled by its own amax where the linear's scales cover pieces on other
-    ranks (a tensor-parallel style's, or every linear under cp) shows first in the linear's forward
+    ranks (a tensor-parallel style's) shows first in the linear's forward
     output; the output gradient cast to e4m3fn in its input gradient."""
     if not ex.get("float8"):
         return
     styled = {m["fqn"] for m in ex["modules"] if m["style"] in ("colwise", "rowwise")} if ex["tp"] > 1 else set()
-    cp = (ex.get("context_parallel") or {}).get("cp") or 1
     for fqn in ex["float8"]["linears"]:
-        if fqn in styled or cp > 1:
+        if fqn in styled:
             yield ("float8_local_amax", f"float8_local_amax:{fqn}", first_div(f"step 0 forward `{fqn}` output"))
-        yield ("float8_e4m3_grad", f"float8_e4m3_grad:{fqn}", first_div(f"step 0 backward `{fqn}` input gradient"))
+        if ex["float8"]["recipe"] == "tensorwise":  # rowwise casts every operand to e4m3fn anyway
+            yield ("float8_e4m3_grad", f"float8_e4m3_grad:{fqn}", first_div(f"step 0 backward `{fqn}` input gradient"))
         yield ("float8_master", f"float8_master:{fqn}", first_div(f"step 0 update of `{fqn}.weight`"))
         if ex["float8"].get("precompute_scale"):  # FSDP2's float8 all-gather, its scales precomputed
             yield ("float8_stale_scale", f"float8_stale_scale:{fqn}", first_div(f"step 1 forward `{fqn}` output"))

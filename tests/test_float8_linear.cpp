@@ -32,7 +32,7 @@ Tensor random(const Shape& s, uint64_t seed, double scale) {
 RunContext cpu_context(int row_groups) {
     RunContext ctx;
     ctx.backend = &backend_for(Device::cpu);
-    ctx.float8_row_groups = row_groups;
+    ctx.float8_row_groups.data = row_groups;
     return ctx;
 }
 
@@ -133,8 +133,15 @@ TEST_CASE("a bad float8 section is exit 2 at its key", "[cpu]") {
     CHECK_THAT(
         plan_error("mesh: {dp: 1}\nfloat8: {recipe: tensorwize}\n"),
         Catch::Contains("p.yaml:2:18: unknown float8 recipe 'tensorwize' (did you mean 'tensorwise'?)"));
-    CHECK_THAT(plan_error("mesh: {dp: 1}\nfloat8: {recipe: rowwise}\n"),
-               Catch::Contains("p.yaml:2:18: float8 recipe 'rowwise': ptool runs tensorwise only so far"));
+    CHECK_THAT(plan_error("mesh: {dp: 1}\nfloat8: {recipe: rowwise_with_gw_hp}\n"),
+               Catch::Contains("p.yaml:2:18: float8 recipe 'rowwise_with_gw_hp': ptool runs tensorwise and "
+                               "rowwise so far"));
+    CHECK_THAT(plan_error("mesh: {dp: 1}\nfloat8: {recipe: rowwise, enable_fsdp_float8_all_gather: true}\n"),
+               Catch::Contains("p.yaml:2:58: enable_fsdp_float8_all_gather casts a weight with one scale"));
+    CHECK_THAT(
+        plan_error("mesh: {dp: 1}\nfloat8: {recipe: tensorwise, precompute_float8_dynamic_scale_for_fsdp: "
+                   "true}\n"),
+        Catch::Contains("p.yaml:2:72: precompute_float8_dynamic_scale_for_fsdp precomputes"));
     CHECK_THAT(plan_error("mesh: {dp: 1}\nfloat8: {recipe: tensorwise, filter_fqns: ['']}\n"),
                Catch::Contains("an empty filter_fqns entry"));
     CHECK_THAT(plan_error("mesh: {dp: 1}\nfloat8: {}\n"), Catch::Contains("p.yaml:2:9"));
@@ -143,8 +150,32 @@ TEST_CASE("a bad float8 section is exit 2 at its key", "[cpu]") {
     // the reference scales each data rank's rows apart
     const Plan p = load_plan_text(
         "mesh: {dp: 2, tp: 2}\ndata_parallel: {mesh_dim: dp}\nfloat8: {recipe: tensorwise}\n", "p.yaml");
-    CHECK(p.float8->row_groups == 1);
-    CHECK(reference_plan(p).float8->row_groups == 2);
+    CHECK(p.float8->row_groups.groups() == 1);
+    CHECK(reference_plan(p).float8->row_groups.groups() == 2);
+    // and under context parallelism each cp rank's positions
+    const Plan cp = load_plan_text(
+        "mesh: {dp: 2, cp: 2}\ndata_parallel: {mesh_dim: dp}\ncontext_parallel: "
+        "{mesh_dim: cp}\nfloat8: {recipe: tensorwise}\n",
+        "p.yaml");
+    const Float8RowGroups g = reference_plan(cp).float8->row_groups;
+    CHECK((g.data == 2 && g.cp == 2 && g.load_balance && g.groups() == 4));
+    // rowwise under tensor parallelism: not built, exit 2 at the section
+    Model m = load_model_text(
+        "name: s\nbatch: {input: [2, 8, 16], target: [2, 8, 16]}\nmodules:\n"
+        "  - {name: a, type: linear, in: 16, out: 32}\n"
+        "  - {name: b, type: linear, in: 32, out: 16}\nloss: mse\n",
+        "s.yaml");
+    const Plan tp = load_plan_text(
+        "mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan: {a: colwise, b: rowwise}\n"
+        "float8: {recipe: rowwise, filter_fqns: []}\n",
+        "p.yaml");
+    try {
+        apply_float8(m, *tp.float8, resolve_plan(m, tp));
+        FAIL("rowwise under tp converted");
+    } catch (const InputError& e) {
+        CHECK_THAT(std::string(e.what()),
+                   Catch::Contains("p.yaml:5:9: float8 recipe rowwise under tensor parallelism"));
+    }
 }
 
 }  // namespace test_float8_linear
@@ -275,6 +306,109 @@ TEST_CASE("Tensor::view reads the same bytes as another dtype", "[cpu]") {
     CHECK(bytes.item(3) == 0x3f);  // 1.0f little-endian: 00 00 80 3f
     CHECK(bytes.narrow(0, 8, 4).view(DType::float32).item(0) == 0.5);
     CHECK_THROWS(bytes.narrow(0, 2, 4).view(DType::float32));  // not on an element boundary
+}
+
+TEST_CASE("the reference scales each cp rank's positions apart, as the ranks scale their local tensors",
+          "[cpu]") {
+    // two sequences of 8 positions on cp 2, load-balanced: rank 0 holds positions 0-1 and 6-7,
+    // rank 1 positions 2-5; each rank's positions a different magnitude
+    Tensor x = random({16, 32}, 21, 1.0), dy = random({16, 16}, 22, 1.0);
+    for (int64_t row = 0; row < 16; ++row)
+        if (const int64_t pos = row % 8; pos >= 2 && pos < 6)
+            for (int64_t k = 0; k < 32; ++k) x.set(row * 32 + k, 50 * x.item(row * 32 + k));
+    const Parameter w{random({16, 32}, 23, 0.2), {}};
+    const Float8Gemms f;
+    RunContext ref = cpu_context(1), rank = cpu_context(1);
+    ref.float8_row_groups = {1, 2, true};
+    Tensor y({16, 16}, DType::float32), dw({16, 32}, DType::float32);
+    float8_forward(ref, f, x, w, y, 8);
+    const Float8BackwardAmax a = float8_backward_amax(ref, f, dy, x, w, 8);
+    float8_weight_grad(ref, f, a, dy, x, dw);
+    const std::vector<std::vector<int64_t>> positions = {{0, 1, 6, 7}, {2, 3, 4, 5}};
+    Tensor dw_ranks({16, 32}, DType::float32), y_whole({16, 16}, DType::float32);
+    for (const auto& mine : positions) {  // each rank alone on its local tensor, as torchtitan's cp runs it
+        std::vector<int64_t> rows;
+        for (int64_t seq = 0; seq < 2; ++seq)
+            for (int64_t p : mine) rows.push_back(seq * 8 + p);
+        Tensor xr({8, 32}, DType::float32), dyr({8, 16}, DType::float32), yr({8, 16}, DType::float32);
+        for (size_t i = 0; i < rows.size(); ++i) {
+            for (int64_t k = 0; k < 32; ++k)
+                xr.set(static_cast<int64_t>(i) * 32 + k, x.item(rows[i] * 32 + k));
+            for (int64_t k = 0; k < 16; ++k)
+                dyr.set(static_cast<int64_t>(i) * 16 + k, dy.item(rows[i] * 16 + k));
+        }
+        float8_forward(rank, f, xr, w, yr, 4);
+        for (size_t i = 0; i < rows.size(); ++i)
+            for (int64_t k = 0; k < 16; ++k)
+                CHECK(yr.item(static_cast<int64_t>(i) * 16 + k) == y.item(rows[i] * 16 + k));
+        float8_weight_grad(rank, f, float8_backward_amax(rank, f, dyr, xr, w, 4), dyr, xr, dw_ranks);
+    }
+    CHECK(same_bits(dw, dw_ranks));
+    float8_forward(rank, f, x, w, y_whole, 8);  // one scale over both ranks' positions: other numbers
+    CHECK_FALSE(same_bits(y, y_whole));
+}
+
+TEST_CASE("the rowwise recipe scales each row or column along its GEMM's reduction dim by a power of 2",
+          "[cpu]") {
+    CHECK(float8_power_of_2(448.0f / 3.0f) == 128.0f);
+    CHECK(float8_power_of_2(256.0f) == 256.0f);
+    CHECK(float8_power_of_2(0.75f) == 0.5f);
+    Float8Recipe r;
+    REQUIRE(float8_recipe_named("rowwise", &r));
+    CHECK((r.scaling == Float8Scaling::rowwise && r.grad_output == Float8Format::e4m3fn));
+    CHECK_FALSE(float8_recipe_named("rowwise_with_gw_hp", &r));
+    // rows of very different magnitudes: each keeps its own precision
+    Tensor x = random({8, 32}, 31, 1.0), dy = random({8, 16}, 32, 1.0);
+    for (int64_t i = 0; i < 8 * 32; ++i) x.set(i, x.item(i) * std::pow(4.0, static_cast<double>(i / 32)));
+    const Parameter w{random({16, 32}, 33, 0.2), {}};
+    Float8Gemms f;
+    f.recipe = r;
+    RunContext ctx = cpu_context(1);
+    Tensor y({8, 16}, DType::float32), dx({8, 32}, DType::float32), dw({16, 32}, DType::float32);
+    float8_forward(ctx, f, x, w, y);
+    const Float8BackwardAmax a = float8_backward_amax(ctx, f, dy, x, w);
+    float8_input_grad(ctx, f, a, dy, w, dx);
+    float8_weight_grad(ctx, f, a, dy, x, dw);
+    // each product is the float32 GEMM of the operands' float8 values over their power-of-2 scales
+    // (exact), up to the accumulation's rounding: a scale on the wrong axis is far off
+    auto dequantised = [](const Tensor& t, int axis) {
+        const Float8Operand o =
+            float8_axiswise(t, Float8Format::e4m3fn, float8_amax_axis(t, axis), axis, true);
+        Tensor out(t.shape(), DType::float32);
+        for (int64_t i = 0; i < t.numel(); ++i)
+            out.set(i, o.values.item(i) / o.scales[axis == 0 ? i / t.size(1) : i % t.size(1)]);
+        return out;
+    };
+    auto near = [](const Tensor& got, const Tensor& want) {  // row by row, each against its own magnitude
+        const int64_t cols = got.size(1);
+        for (int64_t r = 0; r < got.size(0); ++r) {
+            double worst = 0, scale = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+                const int64_t i = r * cols + c;
+                worst = std::max(worst, std::fabs(got.item(i) - want.item(i)));
+                scale = std::max(scale, std::fabs(want.item(i)));
+            }
+            if (worst > 1e-6 * scale) return false;
+        }
+        return true;
+    };
+    Backend& be = backend_for(Device::cpu);
+    Tensor want_y({8, 16}, DType::float32), want_dx({8, 32}, DType::float32),
+        want_dw({16, 32}, DType::float32);
+    be.gemm(dequantised(x, 0), false, dequantised(w.value, 0), true, want_y);
+    be.gemm(dequantised(dy, 0), false, dequantised(w.value, 1), false, want_dx);
+    be.gemm(dequantised(dy, 1), true, dequantised(x, 1), false, want_dw);
+    CHECK(near(y, want_y));
+    CHECK(near(dx, want_dx));
+    CHECK(near(dw, want_dw));
+    // a row's output needs no other row: the first half alone gives its rows bitwise
+    Tensor half({4, 16}, DType::float32);
+    float8_forward(ctx, f, x.narrow(0, 0, 4).clone(), w, half);
+    CHECK(same_bits(half, y.narrow(0, 0, 4).clone()));
+    // the tensorwise recipe loses the small rows' precision
+    Tensor tensorwise({8, 16}, DType::float32);
+    float8_forward(ctx, Float8Gemms{}, x, w, tensorwise);
+    CHECK_FALSE(near(tensorwise, want_y));
 }
 
 }  // namespace test_float8_linear

@@ -1,4 +1,4 @@
-"""torchao's Float8Linear (recipe tensorwise) in PyTorch 1.13, which has no float8 dtype: the
+"""torchao's Float8Linear (recipes tensorwise and rowwise) in PyTorch 1.13, which has no float8 dtype: the
 oracle of ptool's float8 linears (docs/float8.md) for tools/torch_golden.py.
 
 The formats' rounding is written out: a float32 value x goes to e4m3fn (3 mantissa bits, normals
@@ -7,11 +7,17 @@ from 2^-6, subnormals in steps of 2^-9, largest 448) or e5m2 (2 bits, normals fr
 torchao's to_fp8_saturated clamp to +-max. A scale is torchao's amax_to_scale: max / max(amax,
 1e-12) in float64, then float32; an operand is cast(x.float() * scale); a GEMM is the float32
 product of the float8 values times (1/scale_a)(1/scale_b) (torch._scaled_mm's), in the output's dtype.
+Recipe rowwise (torchao's ROWWISE): every operand e4m3fn, one scale per row or column along each
+GEMM's reduction dim (amax_to_scale of that slice's amax, then round_scales_to_power_of_2:
+exp2(floor(log2(scale))) in float32): forward x and W per row; grad input dy per row, W per column;
+grad weight dy and x per column; the product times (1/scale_a[m]) (1/scale_b[n]).
 
 Which linears: torchtitan's module_filter_fn (in and out features multiples of 16, no filter_fqns
 substring in the name), the routed experts left out, without filter_fqns the model's last linear
-(its head). Data parallel ranks each scale their own rows (torchao under DDP and FSDP2): the
-one-device step here splits each microbatch's rows into the plan's data ranks' and scales each
+(its head). Data parallel ranks each scale their own rows (torchao under DDP and FSDP2), and
+context parallel ranks their own positions (torchtitan's context_parallel shards the sequence in
+place: the linears see plain local tensors, load-balanced cp rank r chunks r and 2cp-1-r of 2cp):
+the one-device step here splits each microbatch's rows into the plan's ranks' and scales each
 group apart, the weight's gradient the groups' products added in rank order (then added to the
 gradient by autograd, where ptool adds each product to it: equal but for float32 rounding under
 gradient accumulation).
@@ -49,44 +55,119 @@ def scaled_mm(a, sa, b, sb, dtype):
     return (torch.matmul(a, b) * alpha).to(dtype)
 
 
-class _Float8Matmul(torch.autograd.Function):
-    """y2 = x2 w^T of a float8 linear, each of `groups` row blocks of x2 scaled apart."""
+def cast_axis(x, dim):
+    """(e4m3fn values in float32, scales) of x with one power-of-2 scale per slice reduced along dim."""
+    scale = tensorwise_scale(x.detach().abs().amax(dim=dim, keepdim=True).float(), "e4m3fn")
+    scale = torch.exp2(torch.floor(torch.log2(scale)))
+    return round_float8(x.float() * scale, "e4m3fn"), scale
+
+
+def rowwise_mm(a, sa, b, sb, dtype):
+    """a [m, k] @ b [k, n] times 1/sa[m] and 1/sb[n] (sa [m, 1], sb [1, n]), as _scaled_mm's rowwise."""
+    return (torch.matmul(a, b) * (1.0 / sa) * (1.0 / sb)).to(dtype)
+
+
+class Tensorwise:
+    @staticmethod
+    def forward(x, w):
+        x8, sx = cast(x, "e4m3fn")
+        w8, sw = cast(w, "e4m3fn")
+        return scaled_mm(x8, sx, w8.t(), sw, x.dtype)
 
     @staticmethod
-    def forward(ctx, x2, w, groups):
-        assert x2.shape[0] % groups == 0, f"{x2.shape[0]} rows do not split into {groups} data ranks"
-        ctx.save_for_backward(x2, w)
-        ctx.groups = groups
+    def grad_input(dy, w):
+        d8, sd = cast(dy, "e5m2")
         w8, sw = cast(w, "e4m3fn")
-        outs = []
-        for xg in x2.chunk(groups, 0):
-            x8, sx = cast(xg, "e4m3fn")
-            outs.append(scaled_mm(x8, sx, w8.t(), sw, x2.dtype))
-        return torch.cat(outs, 0)
+        return scaled_mm(d8, sd, w8, sw, dy.dtype)
+
+    @staticmethod
+    def grad_weight(dy, x, dtype):
+        d8, sd = cast(dy, "e5m2")
+        x8, sx = cast(x, "e4m3fn")
+        return scaled_mm(d8.t(), sd, x8, sx, dtype)
+
+
+class Rowwise:
+    @staticmethod
+    def forward(x, w):
+        x8, sx = cast_axis(x, 1)
+        w8, sw = cast_axis(w, 1)
+        return rowwise_mm(x8, sx, w8.t(), sw.t(), x.dtype)
+
+    @staticmethod
+    def grad_input(dy, w):
+        d8, sd = cast_axis(dy, 1)
+        w8, sw = cast_axis(w, 0)
+        return rowwise_mm(d8, sd, w8, sw, dy.dtype)
+
+    @staticmethod
+    def grad_weight(dy, x, dtype):
+        d8, sd = cast_axis(dy, 0)
+        x8, sx = cast_axis(x, 0)
+        return rowwise_mm(d8.t(), sd.t(), x8, sx, dtype)
+
+
+RECIPES = {"tensorwise": Tensorwise, "rowwise": Rowwise}
+
+
+class RowGroups:
+    """Each rank's rows of a [rows, features] activation of sequences of `seq` positions: the data
+    ranks' equal blocks, each cut into the cp ranks' positions of every sequence."""
+
+    def __init__(self, data, cp, balanced):
+        self.data, self.cp, self.balanced = data, cp, balanced
+
+    def indices(self, rows, seq):
+        assert rows % self.data == 0, f"{rows} rows do not split into {self.data} data ranks"
+        block, pieces = rows // self.data, 2 * self.cp if self.balanced else self.cp
+        assert self.cp == 1 or (block % seq == 0 and seq % pieces == 0), f"{seq} positions over {self.cp} cp ranks"
+        out = []
+        for d in range(self.data):
+            for r in range(self.cp):
+                if self.cp == 1:
+                    out.append(torch.arange(d * block, (d + 1) * block))
+                    continue
+                n = seq // pieces
+                chunks = [r, 2 * self.cp - 1 - r] if self.balanced else [r]
+                pos = torch.cat([torch.arange(c * n, (c + 1) * n) for c in chunks])
+                out.append(torch.cat([first + pos for first in range(d * block, (d + 1) * block, seq)]))
+        return out
+
+
+class _Float8Matmul(torch.autograd.Function):
+    """y2 = x2 w^T of a float8 linear, each rank's rows of x2 (index tensors) scaled apart."""
+
+    @staticmethod
+    def forward(ctx, x2, w, groups, recipe):
+        ctx.save_for_backward(x2, w)
+        ctx.groups, ctx.recipe = groups, recipe
+        out = torch.empty(x2.shape[0], w.shape[0], dtype=x2.dtype)
+        for idx in groups:
+            out[idx] = recipe.forward(x2[idx], w)
+        return out
 
     @staticmethod
     def backward(ctx, dy2):
         x2, w = ctx.saved_tensors
-        w8, sw = cast(w, "e4m3fn")
-        dxs, dw = [], None
-        for xg, dg in zip(x2.chunk(ctx.groups, 0), dy2.chunk(ctx.groups, 0)):
-            d8, sd = cast(dg, "e5m2")
-            x8, sx = cast(xg, "e4m3fn")
-            dxs.append(scaled_mm(d8, sd, w8, sw, dy2.dtype))
-            part = scaled_mm(d8.t(), sd, x8, sx, w.dtype)
+        dx, dw = torch.empty_like(x2), None
+        for idx in ctx.groups:
+            dx[idx] = ctx.recipe.grad_input(dy2[idx], w)
+            part = ctx.recipe.grad_weight(dy2[idx], x2[idx], w.dtype)
             dw = part if dw is None else dw + part
-        return torch.cat(dxs, 0), dw, None
+        return dx, dw, None, None
 
 
 class Float8Forward:
     """A linear's forward through _Float8Matmul, the bias added after in the compute dtype."""
 
-    def __init__(self, linear, groups):
-        self.linear, self.groups = linear, groups
+    def __init__(self, linear, groups, recipe):
+        self.linear, self.groups, self.recipe = linear, groups, recipe
 
     def __call__(self, x):
         lin = self.linear
-        y = _Float8Matmul.apply(x.reshape(-1, x.shape[-1]), lin.weight, self.groups)
+        seq = x.shape[1] if x.dim() == 3 else 1
+        x2 = x.reshape(-1, x.shape[-1])
+        y = _Float8Matmul.apply(x2, lin.weight, self.groups.indices(x2.shape[0], seq), self.recipe)
         y = y.reshape(*x.shape[:-1], lin.weight.shape[0])
         return y + lin.bias if lin.bias is not None else y
 
@@ -109,18 +190,23 @@ def convert(model, plan):
     spec = plan.get("float8")
     if not spec:
         return []
-    if spec.get("recipe") != "tensorwise":
-        raise SystemExit(f"float8 recipe {spec.get('recipe')!r}: the oracle has tensorwise only")
+    if spec.get("recipe") not in RECIPES:
+        raise SystemExit(f"float8 recipe {spec.get('recipe')!r}: the oracle has {', '.join(RECIPES)}")
+    recipe = RECIPES[spec["recipe"]]
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     experts = {id(m) for n, mod in model.named_modules() if hasattr(mod, "experts") for m in mod.experts.modules()}
     filters = spec.get("filter_fqns")
     head = None if filters is not None else (linears[-1][1] if linears else None)
-    groups, out = data_ranks(plan), []
+    cp = plan.get("context_parallel")
+    mesh = plan.get("mesh") or {}
+    groups = RowGroups(data_ranks(plan), int(mesh.get(cp["mesh_dim"], 1)) if cp else 1,
+                       bool(cp.get("load_balance", True)) if cp else False)
+    out = []
     for name, m in linears:
         if m is head or id(m) in experts or any(f in name for f in (filters or [])):
             continue
         if m.in_features % 16 or m.out_features % 16:
             continue
-        m.forward = Float8Forward(m, groups)
+        m.forward = Float8Forward(m, groups, recipe)
         out.append(name)
     return out

@@ -90,4 +90,8 @@ float float8_tensorwise_scale(double amax, Float8Format f) {
     return static_cast<float>(float8_info(f).max / std::max(amax, 1e-12));
 }
 
+float float8_power_of_2(float scale) {
+    return std::exp2(std::floor(std::log2(scale)));  // the float overloads, as torch's float32 ops
+}
+
 }  // namespace ptool

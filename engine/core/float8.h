@@ -41,5 +41,7 @@ uint8_t float8_encode_saturated(float x, Float8Format f);  // torchao's to_fp8_s
 float float8_round(float x, Float8Format f);
 // torchao's amax_to_scale for a tensor whose largest magnitude is `amax`.
 float float8_tensorwise_scale(double amax, Float8Format f);
+// torchao's round_scales_to_power_of_2 (its rowwise recipe's): exp2(floor(log2(scale))) in float32.
+float float8_power_of_2(float scale);
 
 }  // namespace ptool

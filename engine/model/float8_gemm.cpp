@@ -69,13 +69,77 @@ void float8_cast_codes(const Tensor& x, Float8Format f, float scale, Tensor& cod
         q[i] = float8_encode_saturated(p[i] * scale, f);  // float32 product
 }
 
+std::vector<double> float8_amax_axis(const Tensor& x, int axis) {
+    PTOOL_REQUIRE(x.dim() == 2 && (axis == 0 || axis == 1), "float8 axiswise amax of {} along {}",
+                  shape_str(x.shape()), axis);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    std::vector<double> out(axis == 0 ? rows : cols, 0.0);
+    const Tensor f = as_float32(x);
+    if (f.device() == Device::meta) return out;
+    const float* p = f.data<float>();
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+            double& m = out[axis == 0 ? i : j];
+            const float v = p[i * cols + j];
+            m = std::isnan(v) || std::isnan(m) ? std::numeric_limits<double>::quiet_NaN()
+                                               : std::max(m, static_cast<double>(std::fabs(v)));
+        }
+    return out;
+}
+
+Float8Operand float8_axiswise(const Tensor& x, Float8Format f, const std::vector<double>& amax, int axis,
+                              bool power_of_2) {
+    Float8Operand out;
+    out.format = f, out.axis = axis;
+    for (double a : amax) {
+        const float s = float8_tensorwise_scale(a, f);
+        out.scales.push_back(power_of_2 ? float8_power_of_2(s) : s);
+    }
+    const Tensor in = as_float32(x);
+    out.values = Tensor::empty(in.shape(), DType::float32, in.device());
+    if (in.device() == Device::meta) return out;
+    const int64_t cols = in.size(1);
+    const float* p = in.data<float>();
+    float* q = out.values.data<float>();
+    for (int64_t i = 0; i < in.numel(); ++i)
+        q[i] = float8_round(p[i] * out.scales[axis == 0 ? i / cols : i % cols], f);  // float32 product
+    return out;
+}
+
+namespace {
+
+// 1 / the scale of each of op(x)'s rows (along_rows) or columns: x's axiswise scales where they lie
+// along it, else its tensorwise scale for all n
+std::vector<float> inverse_scales(const Float8Operand& x, int64_t n, int axis) {
+    if (x.scales.empty()) return std::vector<float>(n, 1.0f / x.scale);
+    PTOOL_REQUIRE(x.axis == axis && static_cast<int64_t>(x.scales.size()) == n,
+                  "float8 GEMM: {} scales along axis {} where {} along axis {} are needed", x.scales.size(),
+                  x.axis, n, axis);
+    std::vector<float> out;
+    for (float s : x.scales) out.push_back(1.0f / s);
+    return out;
+}
+
+}  // namespace
+
 void float8_gemm(Backend& be, const Float8Operand& a, bool trans_a, const Float8Operand& b, bool trans_b,
                  Tensor& out) {
     Tensor acc = Tensor::empty(out.shape(), DType::float32, out.device());
     be.gemm(a.values, trans_a, b.values, trans_b, acc);
-    const float alpha = (1.0f / a.scale) * (1.0f / b.scale);
     Tensor scaled = Tensor(out.shape(), DType::float32, out.device());
-    be.axpy(alpha, acc, scaled);
+    if (a.scales.empty() && b.scales.empty()) {
+        const float alpha = (1.0f / a.scale) * (1.0f / b.scale);
+        be.axpy(alpha, acc, scaled);
+    } else if (out.device() != Device::meta) {  // rowwise: acc * (1/sa[m]) * (1/sb[n]), in float32
+        const int64_t m = out.size(0), n = out.size(1);
+        const std::vector<float> ia = inverse_scales(a, m, trans_a ? 1 : 0),
+                                 ib = inverse_scales(b, n, trans_b ? 0 : 1);
+        PTOOL_REQUIRE(out.device() == Device::cpu, "a rowwise float8 GEMM on {}", device_name(out.device()));
+        const float* p = acc.data<float>();
+        float* q = scaled.data<float>();
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) q[i * n + j] = p[i * n + j] * ia[i] * ib[j];
+    }
     be.copy(scaled, out);  // to out's dtype
 }
 

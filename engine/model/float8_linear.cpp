@@ -1,12 +1,14 @@
 #include "model/float8_linear.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <vector>
 
 #include "backend/meta/meta_backend.h"
 #include "comm/communicator.h"
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "model/context_shard.h"
 #include "model/float8_gemm.h"
@@ -16,23 +18,74 @@ namespace ptool {
 namespace {
 
 // The ranks holding pieces of an activation-shaped tensor (a linear's input or its output's
-// gradient): tp where its placement shards it, cp where each rank holds some positions.
+// gradient) that one scale covers: tp where its placement shards it (a DTensor's amax reduces over
+// its mesh). Not cp: torchtitan's context_parallel hands the linears plain local tensors, so each
+// cp rank scales its own positions (and verify's reference scales them apart: row_groups).
 std::vector<Communicator*> activation_shards(const RunContext& ctx, bool tp_sharded) {
     std::vector<Communicator*> out;
     if (tp_sharded && ctx.tp && ctx.tp->size() > 1) out.push_back(ctx.tp);
-    if (ctx.context && ctx.context->parts > 1 && ctx.context->comm) out.push_back(ctx.context->comm);
     return out;
 }
 
-// The amax of each of `groups` equal blocks of t's rows, reduced (max) over `over`.
-std::vector<double> amax_of(const Tensor& t, int groups, const std::vector<Communicator*>& over,
-                            bool reduce) {
-    const int64_t rows = t.size(0);
-    PTOOL_REQUIRE(groups >= 1 && rows % groups == 0,
-                  "float8: {} rows do not split into the {} data ranks' rows", rows, groups);
-    std::vector<Tensor> blocks;
-    for (int g = 0; g < groups; ++g) blocks.push_back(t.narrow(0, g * (rows / groups), rows / groups));
-    return float8_amax_over(blocks, over, reduce);
+// Each rank's rows of a [rows, features] activation of sequences of `seq` positions
+// (RunContext's float8_row_groups): the data ranks' equal blocks, each cut by cp into its ranks'
+// positions of every sequence; on a rank one group of every row.
+std::vector<Float8Rows> row_groups(const RunContext& ctx, int64_t rows, int64_t seq) {
+    const Float8RowGroups& g = ctx.float8_row_groups;
+    PTOOL_REQUIRE(g.data >= 1 && rows % g.data == 0,
+                  "float8: {} rows do not split into the {} data ranks' rows", rows, g.data);
+    const int64_t block = rows / g.data;
+    PTOOL_REQUIRE(
+        g.cp == 1 || (seq > 0 && block % seq == 0 && seq % ContextShard::pieces(g.cp, g.load_balance) == 0),
+        "float8: {} rows of sequences of {} positions do not split into {} cp ranks' positions", block, seq,
+        g.cp);
+    std::vector<Float8Rows> out;
+    for (int d = 0; d < g.data; ++d)
+        for (int r = 0; r < g.cp; ++r) {
+            Float8Rows ranges;
+            if (g.cp == 1) ranges.push_back({d * block, block});
+            for (int64_t first = d * block; g.cp > 1 && first < (d + 1) * block; first += seq)
+                for (const Chunk& c : ContextShard::chunks_of(seq, g.cp, r, g.load_balance))
+                    ranges.push_back({first + c.offset, c.length});
+            out.push_back(std::move(ranges));
+        }
+    return out;
+}
+
+// t2's rows in `ranges`, in order: a view where they are one range, else a copy.
+Tensor rows_of(const Tensor& t2, const Float8Rows& ranges) {
+    if (ranges.size() == 1) return t2.narrow(0, ranges[0].offset, ranges[0].length);
+    int64_t n = 0;
+    for (const Chunk& c : ranges) n += c.length;
+    Tensor out = Tensor::empty({n, t2.size(1)}, t2.dtype(), t2.device());
+    int64_t at = 0;
+    for (const Chunk& c : ranges) {
+        Tensor dst = out.narrow(0, at, c.length);
+        backend_for(t2.device()).copy(t2.narrow(0, c.offset, c.length), dst);
+        at += c.length;
+    }
+    return out;
+}
+
+// rows_of's inverse: src's rows into t2's `ranges`.
+void put_rows(const Tensor& src, const Float8Rows& ranges, Tensor& t2) {
+    int64_t at = 0;
+    for (const Chunk& c : ranges) {
+        Tensor dst = t2.narrow(0, c.offset, c.length);
+        backend_for(t2.device()).copy(src.narrow(0, at, c.length), dst);
+        at += c.length;
+    }
+}
+
+bool rowwise(const Float8Gemms& f) {
+    return f.recipe.scaling == Float8Scaling::rowwise;
+}
+
+// An operand as the recipe casts it: tensorwise with the amax given, or rowwise along `axis` (the
+// GEMM's reduction dim: a scale per row for axis 0, per column for 1) with its own amaxes.
+Float8Operand cast(const Float8Gemms& f, const Tensor& t, Float8Format format, double amax, int axis) {
+    if (rowwise(f)) return float8_axiswise(t, format, float8_amax_axis(t, axis), axis, true);
+    return float8_tensorwise(t, format, amax);
 }
 
 // On meta tensors the emulation's GEMMs (on float32 values) are counted as what they stand for:
@@ -48,39 +101,61 @@ private:
     std::optional<MetaKernelScope> scope_;
 };
 
-int row_groups(const RunContext& ctx) {
-    return std::max(1, ctx.float8_row_groups);
-}
-
+// Each group's tensorwise amax (the rowwise recipe takes its own per row or column at the cast).
 std::vector<double> activation_amax(const RunContext& ctx, const Float8Gemms& f, const Tensor& t2,
-                                    bool tp_cut) {
-    return amax_of(t2, row_groups(ctx), activation_shards(ctx, tp_cut), f.recipe.reduce_amax);
+                                    const std::vector<Float8Rows>& groups, bool tp_cut) {
+    if (f.recipe.scaling == Float8Scaling::rowwise) return std::vector<double>(groups.size(), 0.0);
+    std::vector<Tensor> pieces;
+    for (const Float8Rows& g : groups) pieces.push_back(rows_of(t2, g));
+    return float8_amax_over(pieces, activation_shards(ctx, tp_cut), f.recipe.reduce_amax);
 }
 
 double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Parameter& w) {
-    if (w.float8_scale > 0) return 0;  // gathered in float8: its scale came with it
+    if (w.float8_scale > 0 || f.recipe.scaling == Float8Scaling::rowwise)
+        return 0;  // its scale came with it;
+                   // rowwise: at the cast
     std::vector<Communicator*> over;
     if (f.tp.weight && ctx.tp && ctx.tp->size() > 1) over.push_back(ctx.tp);
-    return amax_of(w.value.reshape({1, w.value.numel()}), 1, over, f.recipe.reduce_amax)[0];
+    return float8_amax_over({w.value}, over, f.recipe.reduce_amax)[0];
 }
 
-Float8Operand weight_operand(const Float8Gemms& f, const Parameter& w, double amax) {
+// The weight as a GEMM operand: as gathered in float8, or cast (rowwise along `axis`: per row of W
+// for the forward, per column for the input gradient).
+Float8Operand weight_operand(const Float8Gemms& f, const Parameter& w, double amax, int axis) {
     if (w.float8_scale > 0) return float8_from_codes(w.value, f.recipe.weight, w.float8_scale);
-    return float8_tensorwise(w.value, f.recipe.weight, amax);
+    return cast(f, w.value, f.recipe.weight, amax, axis);
 }
 
-// out's row blocks = op(a's row block) op(b) in float8, a's blocks each scaled by its own amax.
-void by_row_groups(RunContext& ctx, const Tensor& a2, Float8Format fa, const std::vector<double>& a_amax,
-                   const Float8Operand& b, bool trans_b, Tensor& out) {
-    const int64_t groups = static_cast<int64_t>(a_amax.size()), rows = a2.size(0) / groups;
-    for (int64_t g = 0; g < groups; ++g) {
-        const Float8Operand a = float8_tensorwise(a2.narrow(0, g * rows, rows), fa, a_amax[g]);
-        Tensor block = out.narrow(0, g * rows, rows);
+// out's rows of each group = op(cast_a(a's rows of the group, the group)) op(b) in float8.
+void by_row_groups(RunContext& ctx, const Tensor& a2, const std::vector<Float8Rows>& groups,
+                   const std::function<Float8Operand(const Tensor&, size_t)>& cast_a, const Float8Operand& b,
+                   bool trans_b, Tensor& out) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+        const Float8Operand a = cast_a(rows_of(a2, groups[g]), g);
+        if (groups[g].size() == 1) {
+            Tensor block = out.narrow(0, groups[g][0].offset, groups[g][0].length);
+            float8_gemm(*ctx.backend, a, false, b, trans_b, block);
+            continue;
+        }
+        Tensor block = Tensor::empty({a.values.size(0), out.size(1)}, out.dtype(), out.device());
         float8_gemm(*ctx.backend, a, false, b, trans_b, block);
+        put_rows(block, groups[g], out);
     }
 }
 
 }  // namespace
+
+bool float8_recipe_named(const std::string& name, Float8Recipe* out) {
+    if (name == "tensorwise") return *out = Float8Recipe{}, true;
+    if (name != "rowwise") return false;
+    *out = Float8Recipe{};
+    out->scaling = Float8Scaling::rowwise, out->grad_output = Float8Format::e4m3fn;
+    return true;
+}
+
+const char* float8_recipe_name(const Float8Recipe& r) {
+    return r.scaling == Float8Scaling::rowwise ? "rowwise" : "tensorwise";
+}
 
 std::vector<double> float8_amax_over(const std::vector<Tensor>& pieces,
                                      const std::vector<Communicator*>& over, bool reduce) {
@@ -102,18 +177,23 @@ std::vector<double> float8_amax_over(const std::vector<Tensor>& pieces,
     return out;
 }
 
-void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Parameter& w, Tensor& y2) {
-    const std::vector<double> ax = activation_amax(ctx, f, x2, f.tp.input);
+void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Parameter& w, Tensor& y2,
+                    int64_t seq) {
+    const std::vector<Float8Rows> groups = row_groups(ctx, x2.size(0), seq);
+    const std::vector<double> ax = activation_amax(ctx, f, x2, groups, f.tp.input);
     const double aw = weight_amax(ctx, f, w);
     const PricedAs priced(x2);
-    by_row_groups(ctx, x2, f.recipe.input, ax, weight_operand(f, w, aw), true, y2);
+    by_row_groups(
+        ctx, x2, groups, [&](const Tensor& t, size_t g) { return cast(f, t, f.recipe.input, ax[g], 0); },
+        weight_operand(f, w, aw, 0), true, y2);
 }
 
 Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2,
-                                        const Tensor& x2, const Parameter& w) {
+                                        const Tensor& x2, const Parameter& w, int64_t seq) {
     Float8BackwardAmax a;
-    a.grad_output = activation_amax(ctx, f, dy2, f.tp.grad_output);
-    a.input = activation_amax(ctx, f, x2, f.tp.input);
+    a.rows = row_groups(ctx, dy2.size(0), seq);
+    a.grad_output = activation_amax(ctx, f, dy2, a.rows, f.tp.grad_output);
+    a.input = activation_amax(ctx, f, x2, a.rows, f.tp.input);
     a.weight = weight_amax(ctx, f, w);
     return a;
 }
@@ -121,17 +201,18 @@ Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, c
 void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                        const Parameter& w, Tensor& dx2) {
     const PricedAs priced(dy2);
-    by_row_groups(ctx, dy2, f.recipe.grad_output, a.grad_output, weight_operand(f, w, a.weight), false, dx2);
+    by_row_groups(
+        ctx, dy2, a.rows,
+        [&](const Tensor& t, size_t g) { return cast(f, t, f.recipe.grad_output, a.grad_output[g], 0); },
+        weight_operand(f, w, a.weight, 1), false, dx2);
 }
 
 void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                         const Tensor& x2, Tensor& dw) {
     const PricedAs priced(dy2);
-    const int64_t groups = static_cast<int64_t>(a.grad_output.size()), rows = dy2.size(0) / groups;
-    for (int64_t g = 0; g < groups; ++g) {  // each data rank's own GEMM, added to the gradient in rank order
-        const Float8Operand d =
-            float8_tensorwise(dy2.narrow(0, g * rows, rows), f.recipe.grad_output, a.grad_output[g]);
-        const Float8Operand x = float8_tensorwise(x2.narrow(0, g * rows, rows), f.recipe.input, a.input[g]);
+    for (size_t g = 0; g < a.rows.size(); ++g) {  // each rank's own GEMM, added to the gradient in rank order
+        const Float8Operand d = cast(f, rows_of(dy2, a.rows[g]), f.recipe.grad_output, a.grad_output[g], 1);
+        const Float8Operand x = cast(f, rows_of(x2, a.rows[g]), f.recipe.input, a.input[g], 1);
         Tensor part = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
         float8_gemm(*ctx.backend, d, true, x, false, part);
         ctx.backend->axpy(1.0, part, dw);

@@ -3,29 +3,34 @@
 // input and the weight in e4m3fn, the output's gradient in e5m2; each GEMM on the exact float8
 // values accumulating in float32, times (1/scale_a)(1/scale_b), written in the compute dtype
 // (model/float8_gemm.h). The bias stays in the compute dtype, outside the GEMM, as torchao adds it.
+// Recipe rowwise (torchao's ROWWISE): every operand e4m3fn, one scale per row or column along each
+// GEMM's reduction dim (forward: x per row, W per row; grad input: dy per row, W per column; grad
+// weight: dy and x per column, over each rank's rows), each rounded down to a power of 2.
 //
-// A scale covers the whole tensor it scales, wherever its pieces are:
+// A scale covers the whole tensor it scales as torchao sees it, a DTensor's pieces included:
 //   - a tensor-parallel shard's amax is reduced (max) over tp (Float8TpPieces): the weight of a
 //     colwise or rowwise linear, an input or output gradient whose layout is a Shard (a rowwise
 //     input's Shard(-1), a colwise output gradient's, a sequence-parallel Shard(1));
-//   - under context parallelism the activations and their gradients over cp (each rank holds
-//     some of the sequence's positions);
 //   - fully_shard gathers the weight before the forward: its amax is the whole weight's already;
 //     with FSDP2's float8 all-gather the weight arrives cast (Parameter::float8_scale: the codes
 //     and the scale fully_shard took over the shards, parallel/fully_shard.h) and is used so.
-// Data parallel ranks hold different batches, and each scales its own (as torchao under DDP and
-// FSDP2: an activation is the rank's local tensor). verify's reference on one device runs every
-// data rank's rows at once, so it scales each data rank's rows apart (RunContext's
-// float8_row_groups: the plan's data ranks), which is what the ranks compute.
+// Data parallel ranks hold different batches and context parallel ranks different positions of
+// each sequence, and each scales its own (as torchao under DDP and FSDP2, and under torchtitan's
+// context_parallel, which shards the sequence in place: an activation is the rank's plain local
+// tensor). verify's reference on one device runs every rank's rows at once, so it scales each
+// rank's rows apart (RunContext's float8_row_groups: the plan's data and cp ranks, a cp rank's
+// rows its chunks of positions of every sequence), which is what the ranks compute.
 //
 // The backward casts the input and the weight again from the tensors its forward kept, as torchao
 // does (the same amax, so the same float8 values); the output's gradient gets its own scale.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/float8.h"
+#include "core/tensor_ops.h"
 
 namespace ptool {
 
@@ -34,14 +39,23 @@ class Tensor;
 struct Parameter;
 struct RunContext;
 
+// torchao's scaling granularity: one scale per tensor, or (its rowwise recipe) one per row or
+// column along each GEMM's reduction dim, rounded down to a power of 2.
+enum class Float8Scaling { tensorwise, rowwise };
+
 // torchao's Float8LinearConfig for the recipe, and the fault layer's seam (verify/faults.h): a
 // recipe with reduce_amax false scales a shard by its own amax; one with grad_output e4m3fn casts
 // the gradients in the forward's format.
 struct Float8Recipe {
+    Float8Scaling scaling = Float8Scaling::tensorwise;
     Float8Format input = Float8Format::e4m3fn, weight = Float8Format::e4m3fn,
                  grad_output = Float8Format::e5m2;
     bool reduce_amax = true;  // over the ranks holding pieces of the tensor a scale covers
 };
+// torchao's recipes by name: tensorwise (the default above) and rowwise (every operand e4m3fn,
+// axiswise scales, round_scales_to_power_of_2); false for another name.
+bool float8_recipe_named(const std::string& name, Float8Recipe* out);
+const char* float8_recipe_name(const Float8Recipe& r);  // "tensorwise", "rowwise"
 
 // Which of a linear's tensors tensor parallelism cuts into pieces over tp (its style's placements
 // and the layout pass's: parallel/float8_training.h resolves them once).
@@ -60,18 +74,25 @@ struct Float8Gemms {
 std::vector<double> float8_amax_over(const std::vector<Tensor>& pieces,
                                      const std::vector<Communicator*>& over, bool reduce = true);
 
-// y2 = x2 w^T ([rows, in] x [out, in] -> [rows, out]).
-void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Parameter& w, Tensor& y2);
+// The row ranges of one rank's local tensor within an activation's rows (RunContext's
+// float8_row_groups): one range on a rank.
+using Float8Rows = std::vector<Chunk>;
+
+// y2 = x2 w^T ([rows, in] x [out, in] -> [rows, out]); x2's rows are sequences of `seq` positions
+// (where cp cuts them).
+void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Parameter& w, Tensor& y2,
+                    int64_t seq = 1);
 
 // The backward's scales: the output's gradient's and the input's (one per data rank's rows), the
 // weight's (none for a weight gathered in float8: its scale came with it); taken once at the
 // backward and kept by a split backward's W.
 struct Float8BackwardAmax {
+    std::vector<Float8Rows> rows;  // each rank's rows (row_groups)
     std::vector<double> grad_output, input;
     double weight = 0;
 };
 Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2,
-                                        const Tensor& x2, const Parameter& w);
+                                        const Tensor& x2, const Parameter& w, int64_t seq = 1);
 // dx2 = dy2 w ([rows, out] x [out, in] -> [rows, in]).
 void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                        const Parameter& w, Tensor& dx2);

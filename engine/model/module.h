@@ -30,6 +30,16 @@ class RoutingLog;
 class RoutedExperts;
 class AttentionCore;
 struct Float8Gemms;
+
+// How verify's reference splits an activation's rows into the ranks' local tensors, each of which
+// torchao scales apart (model/float8_linear.h): the data ranks' equal blocks of the batch's rows,
+// and under context parallelism each cp rank's positions of every sequence (torchtitan's
+// context_parallel shards the sequence in place: a linear sees its rank's plain local tensor).
+struct Float8RowGroups {
+    int data = 1, cp = 1;
+    bool load_balance = false;  // cp's head-tail chunks (model/context_shard.h)
+    int groups() const { return data * cp; }
+};
 class BatchStatistics;
 
 struct Parameter {
@@ -123,9 +133,9 @@ struct RunContext {
     // Context parallelism: this rank's positions of the sequence and the cp group
     // (model/context_shard.h); null when the whole sequence is here.
     const ContextShard* context = nullptr;
-    // Float8 linears (model/float8_linear.h): how many data ranks' rows this forward holds, each
-    // scaled apart (verify's reference on one device: the plan's data ranks; a rank: 1).
-    int float8_row_groups = 1;
+    // Float8 linears (model/float8_linear.h): the ranks whose rows this forward holds, each scaling
+    // its own (verify's reference on one device: the plan's data ranks and cp ranks; a rank: its own).
+    Float8RowGroups float8_row_groups;
     // The framework tally's (core/framework_memory.h): what PyTorch's loss keeps for its backward
     // (train/framework_loss.h), and what it frees once the first module's backward has run (the
     // loss's gradient of the logits, which the output layer's backward consumes).

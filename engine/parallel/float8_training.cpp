@@ -13,7 +13,7 @@
 namespace ptool {
 namespace {
 
-// The recipes torchao names; only tensorwise runs here.
+// The recipes torchao names; tensorwise and rowwise run here.
 constexpr const char* kRecipes[] = {"tensorwise", "rowwise", "rowwise_with_gw_hp"};
 
 // Which of each module's tensors tp cuts, as the module itself computes on them in each of its
@@ -59,10 +59,11 @@ Float8Spec parse_float8(const YamlNode& node) {
     const YamlNode recipe = m.at("recipe");
     const std::string name = recipe.as_string("'recipe'");
     const std::vector<std::string> names(std::begin(kRecipes), std::end(kRecipes));
-    if (name != "tensorwise") {
+    if (!float8_recipe_named(name, &s.recipe)) {
         recipe.fail(
             std::find(names.begin(), names.end(), name) != names.end()
-                ? fmt::format("float8 recipe '{}': ptool runs tensorwise only so far (docs/float8.md)", name)
+                ? fmt::format("float8 recipe '{}': ptool runs tensorwise and rowwise so far (docs/float8.md)",
+                              name)
                 : fmt::format("unknown float8 recipe '{}'{} (torchao's: tensorwise, rowwise, "
                               "rowwise_with_gw_hp)",
                               name, did_you_mean(name, names)));
@@ -76,8 +77,14 @@ Float8Spec parse_float8(const YamlNode& node) {
         }
         s.filter_fqns = std::move(fqns);
     }
-    if (auto g = m.get("enable_fsdp_float8_all_gather"))
+    if (auto g = m.get("enable_fsdp_float8_all_gather")) {
         s.fsdp_float8_all_gather = g->as_bool("'enable_fsdp_float8_all_gather'");
+        if (s.fsdp_float8_all_gather && s.recipe.scaling != Float8Scaling::tensorwise)
+            g->fail(
+                fmt::format("enable_fsdp_float8_all_gather casts a weight with one scale: torchao's "
+                            "float8 all-gather takes recipe tensorwise, not {}",
+                            name));
+    }
     if (auto p = m.get("precompute_float8_dynamic_scale_for_fsdp")) {
         s.precompute_scale = p->as_bool("'precompute_float8_dynamic_scale_for_fsdp'");
         if (s.precompute_scale && !s.fsdp_float8_all_gather)
@@ -105,6 +112,10 @@ std::vector<std::string> apply_float8(Model& model, const Float8Spec& spec, cons
     const Module* head = nullptr;  // without filter_fqns: the output head, the last linear
     for (auto it = modules.rbegin(); !spec.filter_fqns && it != modules.rend() && !head; ++it)
         if (it->second->linear_features()) head = it->second;
+    if (spec.recipe.scaling == Float8Scaling::rowwise && res.tp > 1)
+        throw InputError(spec.where,
+                         "float8 recipe rowwise under tensor parallelism is not built yet (its "
+                         "scales along a cut reduction dim: docs/float8.md); tensorwise is");
     const auto pieces = tp_pieces(res);
     std::vector<std::string> out;
     for (const auto& [fqn, m] : modules) {

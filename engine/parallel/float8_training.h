@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/yaml_reader.h"
 #include "model/float8_linear.h"
+#include "model/module.h"
 
 namespace ptool {
 
@@ -42,9 +43,9 @@ struct Float8Spec {
     // post-optimizer hook): the next step's all-gather scales from the updated shards, every weight's
     // amax in one all_reduce, where each gather would otherwise all_reduce its own.
     bool precompute_scale = false;
-    // How many data ranks' rows a forward holds, each scaled apart: 1 on a rank; verify's reference
-    // on one device takes the plan's data ranks (reference_plan).
-    int row_groups = 1;
+    // The ranks whose rows a forward holds, each scaled apart: its own on a rank; verify's reference
+    // on one device takes the plan's data ranks and cp ranks (reference_plan).
+    Float8RowGroups row_groups;
 };
 
 Float8Spec parse_float8(const YamlNode& node);

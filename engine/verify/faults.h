@@ -169,9 +169,9 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::masters_rounded, "masters_rounded", FaultSection::mixed_precision, "*",
      "the optimizer steps parameters rounded to param_dtype (no fp32 masters)"},
     {FaultKind::float8_local_amax, "float8_local_amax", FaultSection::mixed_precision, "MODULE",
-     "a float8 linear scales each rank's piece of a sharded tensor (its weight under tp, a rowwise input, a "
-     "colwise output gradient, a sequence-parallel activation, the activations under cp) by the piece's own "
-     "amax, not the whole tensor's"},
+     "a float8 linear scales each rank's piece of a sharded tensor (its weight under tp or under FSDP2's "
+     "float8 all-gather, a rowwise input, a colwise output gradient, a sequence-parallel activation) by the "
+     "piece's own amax, not the whole tensor's"},
     {FaultKind::float8_e4m3_grad, "float8_e4m3_grad", FaultSection::mixed_precision, "MODULE",
      "a float8 linear casts its output gradient to e4m3fn, the forward's format, instead of e5m2"},
     {FaultKind::float8_stale_scale, "float8_stale_scale", FaultSection::mixed_precision, "MODULE",

@@ -115,8 +115,8 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
     out_shape.back() = out;
     Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
     Tensor y2 = y.reshape({x2.size(0), out});
-    if (float8_)
-        float8_forward(ctx, *float8_, x2, *param("weight"), y2);
+    if (float8_)  // rows of sequences: where cp cuts them, verify's reference scales each rank's apart
+        float8_forward(ctx, *float8_, x2, *param("weight"), y2, x.dim() == 3 ? x.size(1) : 1);
     else
         ctx.backend->gemm(x2, false, param("weight")->value, true, y2);
     if (addmm) ctx.backend->add_bias(y2, param("bias")->value);
@@ -131,7 +131,7 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
     ParamPtr w = param("weight");
     // float8: the scales once, for both GEMMs (a split backward's W keeps them)
     std::optional<Float8BackwardAmax> amax;
-    if (float8_) amax = float8_backward_amax(ctx, *float8_, dy2, x2, *w);
+    if (float8_) amax = float8_backward_amax(ctx, *float8_, dy2, x2, *w, dy.dim() == 3 ? dy.size(1) : 1);
     defer_weights(ctx,
                   [this, x2, dy2, w, amax](RunContext& c) {
                       if (amax)
