@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "model/context_shard.h"
+#include "model/float8_cost.h"
 #include "model/float8_gemm.h"
 #include "model/module.h"
 
@@ -134,6 +135,7 @@ void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8Backw
         const Float8Operand x = float8_tensorwise(x2.narrow(0, g * rows, rows), f.recipe.input, a.input[g]);
         Tensor part = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
         float8_gemm(*ctx.backend, d, true, x, false, part);
+        const Float8EmulationOnly handed_over;  // torchao's GEMM writes the gradient itself
         ctx.backend->axpy(1.0, part, dw);
     }
 }
