@@ -412,3 +412,81 @@ TEST_CASE("the rowwise recipe scales each row or column along its GEMM's reducti
 }
 
 }  // namespace test_float8_linear
+
+namespace test_float8_linear {
+
+namespace {
+
+// One float8 linear's forward and backward (x [64, 32], w [16, 32], bfloat16) counted on meta
+// tensors from a fresh count.
+MetaWork count_linear_step(const Parameter& w) {
+    meta_work() = MetaWork{};
+    RunContext ctx;
+    ctx.backend = &backend_for(Device::meta);
+    const Tensor x = Tensor::empty({64, 32}, DType::bfloat16, Device::meta),
+                 dy = Tensor::empty({64, 16}, DType::bfloat16, Device::meta);
+    Tensor y = Tensor::empty({64, 16}, DType::bfloat16, Device::meta),
+           dx = Tensor::empty({64, 32}, DType::bfloat16, Device::meta),
+           dw = Tensor::empty({16, 32}, DType::bfloat16, Device::meta);
+    const Float8Gemms f;
+    float8_forward(ctx, f, x, w, y);
+    const Float8BackwardAmax a = float8_backward_amax(ctx, f, dy, x, w);
+    float8_input_grad(ctx, f, a, dy, w, dx);
+    float8_weight_grad(ctx, f, a, dy, x, dw);
+    return meta_work();
+}
+
+OpCount op(const MetaWork& w, OpClass c, DType dt) {
+    auto it = w.ops.find({c, dt});
+    return it == w.ops.end() ? OpCount{} : it->second;
+}
+
+}  // namespace
+
+TEST_CASE("a float8 linear counts torchao's casts and layout copies, not the emulation's epilogue", "[cpu]") {
+    MetaAllocation meta;
+    const double x = 64 * 32, w = 16 * 32, dy = 64 * 16;
+    const MetaWork step =
+        count_linear_step(Parameter{Tensor::empty({16, 32}, DType::bfloat16, Device::meta), {}});
+    // the three GEMMs as float8 GEMMs writing bfloat16
+    REQUIRE(step.gemms.size() == 3);
+    for (const auto& [key, calls] : step.gemms)
+        CHECK((key.float8 && key.dtype == DType::bfloat16 && calls == 1));
+    // torchao's six dynamic casts: the input and the weight (forward), the output gradient and the
+    // weight (dgrad), the output gradient and the input again (wgrad)
+    const double cast = 2 * x + 2 * w + 2 * dy;
+    const OpCount amax = op(step, OpClass::float8_amax_tensorwise, DType::bfloat16),
+                  scaled = op(step, OpClass::float8_cast_tensorwise, DType::bfloat16);
+    CHECK((amax.elements == cast && amax.kernels == 6 * 6));
+    CHECK((scaled.elements == cast && scaled.kernels == 6 * 4));
+    CHECK(step.ops.size() == 2);
+    CHECK(framework_bytes(OpClass::float8_amax_tensorwise, DType::bfloat16) == 6);
+    CHECK(framework_bytes(OpClass::float8_cast_tensorwise, DType::bfloat16) == 27);  // 6 + 8 + 8 + 5
+    // the other bytes are _scaled_mm's layout copies of float8 operands (dgrad's weight, wgrad's
+    // output gradient and input), one kernel each: no epilogue, no gradient accumulation
+    CHECK(step.memory_bytes == 2 * (w + dy + x));
+    CHECK(step.kernels == 3);
+}
+
+TEST_CASE("a weight gathered in float8 is not cast by its linear, its shard is by the gather", "[cpu]") {
+    MetaAllocation meta;
+    const double x = 64 * 32, w = 16 * 32, dy = 64 * 16;
+    const MetaWork step =
+        count_linear_step(Parameter{Tensor::empty({16, 32}, DType::uint8, Device::meta), {}, 0.5f});
+    REQUIRE(step.gemms.size() == 3);
+    const OpCount amax = op(step, OpClass::float8_amax_tensorwise, DType::bfloat16),
+                  scaled = op(step, OpClass::float8_cast_tensorwise, DType::bfloat16);
+    CHECK((amax.elements == 2 * x + 2 * dy && amax.kernels == 4 * 6));
+    CHECK((scaled.elements == 2 * x + 2 * dy && scaled.kernels == 4 * 4));
+    CHECK(step.memory_bytes == 2 * (w + dy + x));  // dgrad still copies the float8 weight's layout
+    // fully_shard's pre-all-gather cast of a float32 shard: the scaled cast without the upcast
+    meta_work() = MetaWork{};
+    const Tensor shard = Tensor::empty({8, 32}, DType::float32, Device::meta);
+    Tensor codes = Tensor::empty({8, 32}, DType::uint8, Device::meta);
+    float8_cast_codes(shard, Float8Format::e4m3fn, 1.f, codes);
+    const OpCount pre = op(meta_work(), OpClass::float8_cast_tensorwise, DType::float32);
+    CHECK((pre.elements == 256 && pre.kernels == 3));
+    CHECK(framework_bytes(OpClass::float8_cast_tensorwise, DType::float32) == 21);
+}
+
+}  // namespace test_float8_linear

@@ -5,6 +5,7 @@
 
 #include "core/device_memory.h"
 #include "core/error.h"
+#include "model/float8_cost.h"
 
 namespace ptool {
 namespace {
@@ -33,6 +34,7 @@ double float8_amax(const Tensor& x) {
 }
 
 Float8Operand float8_tensorwise(const Tensor& x, Float8Format f, double amax) {
+    float8_count_cast(x);
     Float8Operand out;
     out.format = f, out.scale = float8_tensorwise_scale(amax, f);
     const Tensor in = as_float32(x);
@@ -61,6 +63,7 @@ void float8_cast_codes(const Tensor& x, Float8Format f, float scale, Tensor& cod
     PTOOL_REQUIRE(codes.dtype() == DType::uint8 && codes.numel() == x.numel(),
                   "float8 codes of {} into {} {}", shape_str(x.shape()), dtype_name(codes.dtype()),
                   shape_str(codes.shape()));
+    float8_count_scaled_cast(x);
     const Tensor in = as_float32(x);
     if (in.device() == Device::meta) return;
     const float* p = in.data<float>();
@@ -89,6 +92,7 @@ std::vector<double> float8_amax_axis(const Tensor& x, int axis) {
 
 Float8Operand float8_axiswise(const Tensor& x, Float8Format f, const std::vector<double>& amax, int axis,
                               bool power_of_2) {
+    float8_count_cast(x);  // torchao's axiswise cast: abs, amax along a dim, the scales, the scaled cast
     Float8Operand out;
     out.format = f, out.axis = axis;
     for (double a : amax) {
@@ -124,8 +128,10 @@ std::vector<float> inverse_scales(const Float8Operand& x, int64_t n, int axis) {
 
 void float8_gemm(Backend& be, const Float8Operand& a, bool trans_a, const Float8Operand& b, bool trans_b,
                  Tensor& out) {
+    float8_count_layouts(a.values, trans_a, b.values, trans_b);
     Tensor acc = Tensor::empty(out.shape(), DType::float32, out.device());
     be.gemm(a.values, trans_a, b.values, trans_b, acc);
+    const Float8EmulationOnly epilogue;  // torch._scaled_mm's, on chip
     Tensor scaled = Tensor(out.shape(), DType::float32, out.device());
     if (a.scales.empty() && b.scales.empty()) {
         const float alpha = (1.0f / a.scale) * (1.0f / b.scale);

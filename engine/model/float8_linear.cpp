@@ -11,6 +11,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "model/context_shard.h"
+#include "model/float8_cost.h"
 #include "model/float8_gemm.h"
 #include "model/module.h"
 
@@ -215,6 +216,7 @@ void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8Backw
         const Float8Operand x = cast(f, rows_of(x2, a.rows[g]), f.recipe.input, a.input[g], 1);
         Tensor part = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
         float8_gemm(*ctx.backend, d, true, x, false, part);
+        const Float8EmulationOnly handed_over;  // torchao's GEMM writes the gradient itself
         ctx.backend->axpy(1.0, part, dw);
     }
 }

@@ -48,7 +48,8 @@ void Optimizer::step(const std::vector<Piece>& pieces) {
         }
         if (!pieces.empty())  // one launch per op per group of tensors (multi_tensor_apply)
             meta_count_op(foreach ? OpClass::adamw_foreach : OpClass::adamw_fused, pieces[0].value.dtype(), 0,
-                          framework_kernels(foreach ? OpClass::adamw_foreach : OpClass::adamw_fused));
+                          framework_kernels(foreach ? OpClass::adamw_foreach : OpClass::adamw_fused,
+                                            pieces[0].value.dtype()));
         in_kernels.emplace(MetaKernelMode{.on_chip = true});
     }
     for (size_t i = 0; i < pieces.size(); ++i) {

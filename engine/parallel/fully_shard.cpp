@@ -5,6 +5,7 @@
 
 #include "core/framework_memory.h"
 #include "core/tensor_ops.h"
+#include "model/float8_cost.h"
 #include "model/float8_gemm.h"
 #include "model/float8_linear.h"
 #include "parallel/plan.h"
@@ -121,6 +122,7 @@ struct FullyShard::State : ModuleHooks {
                 m.scale = m.precomputed;
                 continue;
             }
+            float8_count_amax(m.shard);
             const double amax = float8_amax_over({m.shard}, float8_group(f), f.recipe.reduce_amax)[0];
             m.scale = float8_tensorwise_scale(amax, f.recipe.weight);
         }
@@ -389,6 +391,7 @@ void FullyShard::precompute_float8_scales() {
     const State& first = *units_.front();
     std::vector<Communicator*> over{first.comm};
     if (tp_cut && first.float8->tp && first.float8->tp->size() > 1) over.push_back(first.float8->tp);
+    float8_count_precompute(shards);
     std::vector<double> amax;
     {
         CommScope scope(first.comm->counter().get(), first.fqn, CommSiteKind::unshard);

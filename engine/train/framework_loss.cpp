@@ -12,7 +12,7 @@ FrameworkLoss::FrameworkLoss(RunContext& ctx, LossKind kind, const Tensor& logit
     own_.emplace(TorchAlloc::ptool_only);
     kernels_.emplace(MetaKernelMode{.on_chip = true});
     meta_count_op(OpClass::cross_entropy, dtype_, static_cast<double>(logits.numel()),
-                  framework_kernels(OpClass::cross_entropy));
+                  framework_kernels(OpClass::cross_entropy, dtype_));
 }
 
 FrameworkLoss::~FrameworkLoss() {

@@ -153,8 +153,9 @@ const char* gemm_op_name(GemmOp op) {
 }
 
 const char* op_class_name(OpClass c) {
-    static const char* names[] = {"rms_norm_eager_fwd", "rms_norm_eager_bwd", "cross_entropy",
-                                  "adamw_foreach", "adamw_fused"};
+    static const char* names[] = {"rms_norm_eager_fwd",    "rms_norm_eager_bwd", "cross_entropy",
+                                  "adamw_foreach",         "adamw_fused",        "float8_amax_tensorwise",
+                                  "float8_cast_tensorwise"};
     static_assert(sizeof(names) / sizeof(names[0]) == kOpClasses);
     return names[static_cast<int>(c)];
 }
@@ -194,9 +195,15 @@ MetaWork work_extrapolated(const MetaWork& a, const MetaWork& b, double k) {
 //   adamw_foreach       (float32 state) p *= 1 - lr wd 8, lerp_(m, g) 12, v *= b2 8, addcmul_ 12,
 //                       sqrt 8, div_ 8, add_ 8, addcdiv_(p, m, denom) 16; scaled by s / 4
 //   adamw_fused         p, g, m, v read, p, m, v written: 7s
+//   float8_amax_tensorwise  torchao's tensor_to_amax, torch.max(torch.abs(x)): abs 2s, max s; then
+//                       amax_to_scale's four kernels on the scalar (to float64, clamp, max / amax,
+//                       to float32): no bytes per element
+//   float8_cast_tensorwise  torchao's hp_tensor_and_scale_to_float8: x.to(float32) s+4 (none for
+//                       float32: no kernel either), * scale 8, clamp 8 (to_fp8_saturated), .to(float8)
+//                       4+1
 double framework_bytes(OpClass op, DType dt) {
     const double s = static_cast<double>(dtype_size(dt));
-    const double cast = dt == DType::float32 ? 0 : s + 4;  // to and from float32
+    const double cast = dt == DType::float32 ? 0 : s + 4;  // to or from float32
     switch (op) {
         case OpClass::rms_norm_eager_fwd:
             return cast + 8 + 4 + 8 + cast + 2 * s;
@@ -208,19 +215,29 @@ double framework_bytes(OpClass op, DType dt) {
             return 80 * s / 4;
         case OpClass::adamw_fused:
             return 7 * s;
+        case OpClass::float8_amax_tensorwise:
+            return 3 * s;
+        case OpClass::float8_cast_tensorwise:
+            return cast + 8 + 8 + 4 + 1;
         default:
             return 0;
     }
 }
 
-int framework_kernels(OpClass op) {
-    static const int kernels[] = {8, 14, 6, 8, 1};
+int framework_kernels(OpClass op, DType dt) {
+    static const int kernels[] = {8, 14, 6, 8, 1, 6, 4};
     static_assert(sizeof(kernels) / sizeof(kernels[0]) == kOpClasses);
-    return kernels[static_cast<int>(op)];
+    const bool no_upcast = op == OpClass::float8_cast_tensorwise && dt == DType::float32;
+    return kernels[static_cast<int>(op)] - (no_upcast ? 1 : 0);
 }
 
 void meta_count_op(OpClass op, DType dtype, double elements, int kernels) {
     t_work.ops[{op, dtype}] += OpCount{elements, static_cast<double>(kernels)};
+}
+
+void meta_count_memory(double bytes, int kernels) {
+    t_work.memory_bytes += bytes;
+    t_work.kernels += kernels;
 }
 
 void meta_repeat(int64_t n, const std::function<void()>& slice) {

@@ -56,6 +56,9 @@ enum class OpClass : uint8_t {
                     // logits)
     adamw_foreach,  // torch.optim.AdamW(foreach=True)'s update (parameter elements)
     adamw_fused,    // torch.optim.AdamW(fused=True)'s: one kernel reading p, g, m, v and writing p, m, v
+    // torchao's tensorwise float8 cast of a tensor (model/float8_cost.h; elements of the tensor cast):
+    float8_amax_tensorwise,  // its scale: torch.max(torch.abs(x)) and amax_to_scale's scalar kernels
+    float8_cast_tensorwise,  // the scaled cast: x.to(float32) * scale, clamp, .to(float8)
     count_
 };
 constexpr int kOpClasses = static_cast<int>(OpClass::count_);
@@ -83,8 +86,10 @@ struct OpCount {  // a framework op's elements and the kernels its sequence laun
 // in on-chip memory: no bytes, no launches of its own). With `attention` set, the fused kernel's
 // FLOPs are counted under that key (priced by the attention table), not as GEMMs. A composite op
 // counted by its own OpClass (meta_count_op) runs ptool's kernels `on_chip`: their bytes are not
-// counted again. `gemm_dtype` and `gemm_float8` count a GEMM as another dtype's than its operands'
-// (a float8 GEMM emulated on float32 values, model/float8_gemm.h: float8, its output's dtype).
+// counted again; so do an emulated float8 GEMM's epilogue and its other emulation-only kernels
+// (model/float8_cost.h: torch._scaled_mm scales and casts its output on chip). `gemm_dtype` and
+// `gemm_float8` count a GEMM as another dtype's than its operands' (a float8 GEMM emulated on
+// float32 values, model/float8_gemm.h: float8, its output's dtype).
 struct MetaKernelMode {
     bool gemm_as_elementwise = false;
     double gemm_share = 1;
@@ -117,13 +122,16 @@ void add_work(MetaWork& a, const MetaWork& b, double k = 1);
 
 // Bytes per element a framework's kernel sequence for `op` moves (PyTorch's eager kernels: every
 // read and write of each kernel; meta_backend.cpp lists the sequences), for inputs of `dt`; and the
-// kernels that sequence launches per call.
+// kernels that sequence launches per call (a float8 cast of a float32 tensor skips its upcast).
 double framework_bytes(OpClass op, DType dt);
-int framework_kernels(OpClass op);
+int framework_kernels(OpClass op, DType dt);
 
 // Counts `elements` of a framework op (OpClass) on the calling thread, with one launch per kernel
 // of its sequence (`kernels`).
 void meta_count_op(OpClass op, DType dtype, double elements, int kernels);
+// Counts memory-bound kernels no meta op stands for (torch._scaled_mm's layout copies,
+// model/float8_cost.h): `bytes` read and written, `kernels` launches.
+void meta_count_memory(double bytes, int kernels);
 
 // Runs `slice` once and counts its work `n` times: n slices of one computation that allocate and free
 // alike (flash attention's heads), so one of them gives the memory peak and n of them the work.

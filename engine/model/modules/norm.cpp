@@ -134,7 +134,7 @@ Tensor Norm::forward_impl(RunContext& ctx, const Tensor& x) {
     const Tensor h = w ? torch_only(x.shape(), x.dtype(), MemoryUse::activations) : Tensor();
     save({x32, mean, rstd, h});
     meta_count_op(OpClass::rms_norm_eager_fwd, x.dtype(), static_cast<double>(x.numel()),
-                  framework_kernels(OpClass::rms_norm_eager_fwd));
+                  framework_kernels(OpClass::rms_norm_eager_fwd, x.dtype()));
     return y;
 }
 
@@ -146,7 +146,7 @@ Tensor Norm::backward_impl(RunContext& ctx, const Tensor& dy) {
         TorchAllocScope own(TorchAlloc::ptool_only);  // ptool's stand-in: PyTorch computes from the upcast
         s[0] = to_dtype(*ctx.backend, s[0], dy.dtype());
         meta_count_op(OpClass::rms_norm_eager_bwd, dy.dtype(), static_cast<double>(dy.numel()),
-                      framework_kernels(OpClass::rms_norm_eager_bwd));
+                      framework_kernels(OpClass::rms_norm_eager_bwd, dy.dtype()));
     }
     Tensor dx = empty_like(dy);
     ParamPtr w = param("weight"), b = param("bias");
