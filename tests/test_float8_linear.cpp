@@ -7,6 +7,7 @@
 #include "backend/meta/meta_backend.h"
 #include "core/device_memory.h"
 #include "core/rng.h"
+#include "model/float8_cost.h"
 #include "model/float8_gemm.h"
 #include "model/float8_linear.h"
 #include "model/model.h"
@@ -466,6 +467,17 @@ TEST_CASE("a float8 linear counts torchao's casts and layout copies, not the emu
     // output gradient and input), one kernel each: no epilogue, no gradient accumulation
     CHECK(step.memory_bytes == 2 * (w + dy + x));
     CHECK(step.kernels == 3);
+    // under torch.compile (the plan's compile): each cast an amax reduction and one fused cast
+    // writing the layout the GEMM takes, no copies
+    const Float8Compiled compiled(true);
+    const MetaWork fused =
+        count_linear_step(Parameter{Tensor::empty({16, 32}, DType::bfloat16, Device::meta), {}});
+    const OpCount famax = op(fused, OpClass::float8_amax_compiled, DType::bfloat16),
+                  fcast = op(fused, OpClass::float8_cast_compiled, DType::bfloat16);
+    CHECK((famax.elements == cast && famax.kernels == 6 * 2 && fcast.elements == cast && fcast.kernels == 6));
+    CHECK((fused.ops.size() == 2 && fused.memory_bytes == 0 && fused.kernels == 0));
+    CHECK((framework_bytes(OpClass::float8_amax_compiled, DType::bfloat16) == 2 &&
+           framework_bytes(OpClass::float8_cast_compiled, DType::bfloat16) == 3));
 }
 
 TEST_CASE("a weight gathered in float8 is not cast by its linear, its shard is by the gather", "[cpu]") {

@@ -3,6 +3,8 @@
 namespace ptool {
 namespace {
 
+thread_local bool t_compiled = false;
+
 void count(OpClass op, const Tensor& x) {
     if (x.device() != Device::meta) return;
     meta_count_op(op, x.dtype(), static_cast<double>(x.numel()), framework_kernels(op, x.dtype()));
@@ -10,12 +12,20 @@ void count(OpClass op, const Tensor& x) {
 
 }  // namespace
 
+Float8Compiled::Float8Compiled(bool on) : before_(t_compiled) {
+    t_compiled = on;
+}
+
+Float8Compiled::~Float8Compiled() {
+    t_compiled = before_;
+}
+
 void float8_count_amax(const Tensor& x) {
-    count(OpClass::float8_amax_tensorwise, x);
+    count(t_compiled ? OpClass::float8_amax_compiled : OpClass::float8_amax_tensorwise, x);
 }
 
 void float8_count_scaled_cast(const Tensor& x) {
-    count(OpClass::float8_cast_tensorwise, x);
+    count(t_compiled ? OpClass::float8_cast_compiled : OpClass::float8_cast_tensorwise, x);
 }
 
 void float8_count_cast(const Tensor& x) {
@@ -31,7 +41,7 @@ void float8_count_precompute(const std::vector<Tensor>& shards) {
 }
 
 void float8_count_layouts(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {
-    if (a.device() != Device::meta) return;
+    if (a.device() != Device::meta || t_compiled) return;  // compiled: the casts write the layout
     // a float8 operand's copy: 1 byte read, 1 written an element
     if (trans_a) meta_count_memory(2.0 * static_cast<double>(a.numel()), 1);   // a.contiguous()
     if (!trans_b) meta_count_memory(2.0 * static_cast<double>(b.numel()), 1);  // b.t().contiguous().t()

@@ -43,6 +43,21 @@ void float8_count_precompute(const std::vector<Tensor>& shards);
 // torch._scaled_mm's layout copies for op(a) op(b), a and b the float8 operands' values.
 void float8_count_layouts(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b);
 
+// torch.compile (the plan's `compile`), while in scope on the calling thread: inductor fuses each
+// cast into an amax reduction and one pointwise kernel writing the float8 layout the GEMM takes
+// (OpClass float8_amax_compiled, float8_cast_compiled; no layout copies). The rest of the step is
+// priced eager either way (compile would fuse more: the time errs slow).
+class Float8Compiled {
+public:
+    explicit Float8Compiled(bool on);
+    ~Float8Compiled();
+    Float8Compiled(const Float8Compiled&) = delete;
+    Float8Compiled& operator=(const Float8Compiled&) = delete;
+
+private:
+    bool before_;
+};
+
 // The emulation's own kernels, run while in scope: their tensors allocated, their work not counted.
 class Float8EmulationOnly {
 private:

@@ -180,6 +180,9 @@ struct Plan {
     std::optional<ContextParallelSpec> context_parallel;  // its dim is the cp role's
     std::optional<ExpertParallelSpec> expert_parallel;    // its dim is a data dim, borrowed (dims' ep)
     std::optional<Float8Spec> float8;  // torchao's float8 linears (parallel/float8_training.h)
+    // torch.compile on the model (torchtitan's compile.enable): what explain prices of it is its
+    // fusion of torchao's float8 casts (model/float8_cost.h); verify runs the same numbers.
+    bool compile = false;
     // Microbatches per round of gradient accumulation when there is no pipeline (the reference of a
     // pipeline plan computes its microbatches: reference_plan)
     int round_microbatches = 1;

@@ -517,6 +517,7 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
         plan.loss_normalization_where = n->where();
     }
     if (auto f = m.get("float8")) plan.float8 = parse_float8(*f);
+    if (auto c = m.get("compile")) plan.compile = c->as_bool("'compile'");
     if (auto v = m.get("verify")) parse_verify(*v, plan);
     m.finish();
     return plan;

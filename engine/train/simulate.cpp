@@ -6,6 +6,7 @@
 #include "comm/comm_simulated.h"
 #include "core/parallel_for.h"
 #include "core/tensor_ops.h"
+#include "model/float8_cost.h"
 #include "parallel/device_mesh.h"
 
 namespace ptool {
@@ -39,6 +40,7 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
             sim.actions.push_back({actions, work_since(work_before, meta_work()),
                                    comm_since(comm_before, by_op_dim(run.counter()))});
         });
+    const Float8Compiled compiled(plan.compile);  // what explain prices of torch.compile
     for (int64_t k = 0; k < std::max<int64_t>(1, steps); ++k) {
         // the last step from the third on is the one before it again (the optimizer's state exists
         // from the second): its allocations replayed, not simulated, where they hand their

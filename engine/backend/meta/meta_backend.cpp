@@ -155,7 +155,7 @@ const char* gemm_op_name(GemmOp op) {
 const char* op_class_name(OpClass c) {
     static const char* names[] = {"rms_norm_eager_fwd",    "rms_norm_eager_bwd", "cross_entropy",
                                   "adamw_foreach",         "adamw_fused",        "float8_amax_tensorwise",
-                                  "float8_cast_tensorwise"};
+                                  "float8_cast_tensorwise", "float8_amax_compiled", "float8_cast_compiled"};
     static_assert(sizeof(names) / sizeof(names[0]) == kOpClasses);
     return names[static_cast<int>(c)];
 }
@@ -201,6 +201,11 @@ MetaWork work_extrapolated(const MetaWork& a, const MetaWork& b, double k) {
 //   float8_cast_tensorwise  torchao's hp_tensor_and_scale_to_float8: x.to(float32) s+4 (none for
 //                       float32: no kernel either), * scale 8, clamp 8 (to_fp8_saturated), .to(float8)
 //                       4+1
+//   float8_amax_compiled    the same under torch.compile (inductor fuses abs and max into one
+//                           reduction, the scale into a second small kernel): s, 2 kernels
+//                           (assumed from inductor's fusion rules, not measured)
+//   float8_cast_compiled    the scaled cast fused, writing the layout torch._scaled_mm takes (no
+//                           layout copies): s + 1, 1 kernel (assumed likewise)
 double framework_bytes(OpClass op, DType dt) {
     const double s = static_cast<double>(dtype_size(dt));
     const double cast = dt == DType::float32 ? 0 : s + 4;  // to or from float32
@@ -219,13 +224,17 @@ double framework_bytes(OpClass op, DType dt) {
             return 3 * s;
         case OpClass::float8_cast_tensorwise:
             return cast + 8 + 8 + 4 + 1;
+        case OpClass::float8_amax_compiled:
+            return s;
+        case OpClass::float8_cast_compiled:
+            return s + 1;
         default:
             return 0;
     }
 }
 
 int framework_kernels(OpClass op, DType dt) {
-    static const int kernels[] = {8, 14, 6, 8, 1, 6, 4};
+    static const int kernels[] = {8, 14, 6, 8, 1, 6, 4, 2, 1};
     static_assert(sizeof(kernels) / sizeof(kernels[0]) == kOpClasses);
     const bool no_upcast = op == OpClass::float8_cast_tensorwise && dt == DType::float32;
     return kernels[static_cast<int>(op)] - (no_upcast ? 1 : 0);

@@ -59,6 +59,9 @@ enum class OpClass : uint8_t {
     // torchao's tensorwise float8 cast of a tensor (model/float8_cost.h; elements of the tensor cast):
     float8_amax_tensorwise,  // its scale: torch.max(torch.abs(x)) and amax_to_scale's scalar kernels
     float8_cast_tensorwise,  // the scaled cast: x.to(float32) * scale, clamp, .to(float8)
+    // the same under torch.compile (the plan's `compile`): inductor's fused kernels
+    float8_amax_compiled,  // one reduction of abs(x), its scale computed in the epilogue's kernel
+    float8_cast_compiled,  // one pointwise kernel: x * scale, clamp, cast, in the layout the GEMM takes
     count_
 };
 constexpr int kOpClasses = static_cast<int>(OpClass::count_);
