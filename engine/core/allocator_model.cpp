@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <unordered_map>
 #include <vector>
 
 namespace ptool {
@@ -37,35 +36,38 @@ private:
 AllocatorModel::AllocatorModel(size_t capacity)
     : capacity_(capacity),
       driver_(std::make_unique<Driver>(capacity)),
-      allocator_(std::make_unique<CachingAllocator>(*driver_, "modelled CUDA", SegmentPolicy::pytorch)) {}
+      allocator_(
+          std::make_unique<CachingAllocator>(*driver_, "modelled CUDA", SegmentPolicy::pytorch, false)) {}
 
 AllocatorModel::~AllocatorModel() {
-    for (auto& [key, live] : blocks_) allocator_->release(live.block);
+    blocks_.for_each([&](const void*, const Live& live) { allocator_->release(live.block); });
 }
 
 void AllocatorModel::allocate(const void* key, size_t bytes, uintptr_t stream) {
     if (bytes == 0) return;  // PyTorch allocates nothing for an empty tensor
     if (recording_) events_.push_back({key, bytes, stream, next_order_, false});
-    blocks_[key] = {next_order_++, bytes, allocator_->allocate(bytes, stream), stream};
+    blocks_.insert_or_assign(key, {next_order_++, bytes, allocator_->allocate(bytes, stream), stream});
 }
 
 void AllocatorModel::restart() {
-    std::vector<std::pair<const void*, Live>> live(blocks_.begin(), blocks_.end());
+    std::vector<std::pair<const void*, Live>> live;
+    live.reserve(blocks_.size());
+    blocks_.for_each([&](const void* key, const Live& l) { live.emplace_back(key, l); });
     std::sort(live.begin(), live.end(),
               [](const auto& a, const auto& b) { return a.second.order < b.second.order; });
     blocks_.clear();
     allocator_.reset();  // before its driver
     driver_ = std::make_unique<Driver>(capacity_);
-    allocator_ = std::make_unique<CachingAllocator>(*driver_, "modelled CUDA", SegmentPolicy::pytorch);
+    allocator_ = std::make_unique<CachingAllocator>(*driver_, "modelled CUDA", SegmentPolicy::pytorch, false);
     for (const auto& [key, l] : live) allocate(key, l.bytes, l.stream);
 }
 
 void AllocatorModel::release(const void* key) {
-    auto it = blocks_.find(key);
-    if (it == blocks_.end()) return;
-    if (recording_) events_.push_back({key, it->second.bytes, it->second.stream, it->second.order, true});
-    allocator_->release(it->second.block);
-    blocks_.erase(it);
+    const Live* l = blocks_.find(key);
+    if (!l) return;
+    if (recording_) events_.push_back({key, l->bytes, l->stream, l->order, true});
+    allocator_->release(l->block);
+    blocks_.erase(key);
 }
 
 void AllocatorModel::record_step() {
@@ -80,14 +82,14 @@ bool AllocatorModel::replay_step() {
     using Kind = std::pair<size_t, uintptr_t>;       // bytes, stream
     std::vector<int64_t> object(events.size(), -1);  // a release's allocation in the step (-1: older)
     std::vector<bool> freed(events.size(), false);
-    std::unordered_map<const void*, size_t> open;                   // key -> its allocation, while live
+    PointerMap<size_t> open;                                        // key -> its allocation, while live
     std::map<Kind, std::vector<std::pair<int64_t, size_t>>> older;  // earlier steps' freed: (order, event)
     for (size_t i = 0; i < events.size(); ++i) {
         const Event& e = events[i];
         if (!e.release) {
-            open[e.key] = i;
-        } else if (auto it = open.find(e.key); it != open.end()) {
-            object[i] = static_cast<int64_t>(it->second), freed[it->second] = true, open.erase(it);
+            open.insert_or_assign(e.key, i);
+        } else if (const size_t* a = open.find(e.key)) {
+            object[i] = static_cast<int64_t>(*a), freed[*a] = true, open.erase(e.key);
         } else {
             older[{e.bytes, e.stream}].push_back({e.order, i});
         }
@@ -98,7 +100,8 @@ bool AllocatorModel::replay_step() {
     for (size_t i = 0; i < events.size(); ++i)
         if (!events[i].release && !freed[i]) handed_on[{events[i].bytes, events[i].stream}].push_back(i);
     if (handed_on.size() != older.size()) return false;
-    std::unordered_map<size_t, const void*> release_of;  // an older object's release -> the key freed next
+    // an older object's release -> the key freed next
+    std::vector<const void*> release_of(events.size(), nullptr);
     for (auto& [kind, list] : older) {
         auto it = handed_on.find(kind);
         if (it == handed_on.end() || it->second.size() != list.size()) return false;
@@ -114,7 +117,7 @@ bool AllocatorModel::replay_step() {
         if (!e.release)
             allocate(keys + i, e.bytes, e.stream);
         else
-            release(object[i] >= 0 ? static_cast<const void*>(keys + object[i]) : release_of.at(i));
+            release(object[i] >= 0 ? static_cast<const void*>(keys + object[i]) : release_of[i]);
     }
     return true;
 }

@@ -17,9 +17,11 @@
 #include <vector>
 
 #include "core/caching_allocator.h"
+#include "core/pointer_map.h"
 
 namespace ptool {
 
+// Not thread-safe: its owner serialises every call (MemoryAccount holds its lock around them).
 class AllocatorModel {
 public:
     explicit AllocatorModel(size_t capacity = 0);  // 0: no capacity
@@ -73,7 +75,7 @@ private:
     size_t capacity_;
     std::unique_ptr<Driver> driver_;
     std::unique_ptr<CachingAllocator> allocator_;
-    std::unordered_map<const void*, Live> blocks_;
+    PointerMap<Live> blocks_;
     int64_t next_order_ = 0;
 };
 

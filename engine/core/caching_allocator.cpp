@@ -8,11 +8,11 @@
 
 namespace ptool {
 
-bool CachingAllocator::BySize::operator()(const Block* a, const Block* b) const {
-    if (a->stream != b->stream) return a->stream < b->stream;
-    if (a->small != b->small) return a->small < b->small;
-    if (a->size != b->size) return a->size < b->size;
-    return a->ptr < b->ptr;
+bool CachingAllocator::FreeKey::operator<(const FreeKey& o) const {
+    if (stream != o.stream) return stream < o.stream;
+    if (small != o.small) return small < o.small;
+    if (size != o.size) return size < o.size;
+    return ptr < o.ptr;
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -20,11 +20,11 @@ CachingAllocator::~CachingAllocator() {
     free_cached_locked();
     // tensors outliving the backend: give their segments back anyway, each once (from its first block)
     std::vector<Block*> heads;
-    for (auto& [p, b] : live_) {
+    live_.for_each([&](const void*, Block* b) {
         Block* h = b;
         while (h->prev) h = h->prev;
         heads.push_back(h);
-    }
+    });
     std::sort(heads.begin(), heads.end());
     heads.erase(std::unique(heads.begin(), heads.end()), heads.end());
     for (Block* h : heads) {
@@ -45,10 +45,9 @@ size_t CachingAllocator::segment_size(size_t size) const {
 // The smallest free block of `stream` that serves `size` (see the header's rules), out of the free set.
 CachingAllocator::Block* CachingAllocator::take_cached(size_t size, uintptr_t stream) {
     const bool small = policy_ == SegmentPolicy::pytorch && size <= kSmall;
-    Block key{nullptr, size, stream, small};
-    auto it = free_.lower_bound(&key);
-    if (it == free_.end() || (*it)->stream != stream || (*it)->small != small) return nullptr;
-    Block* b = *it;
+    auto it = std::lower_bound(free_.begin(), free_.end(), FreeKey{stream, small, size, nullptr, nullptr});
+    if (it == free_.end() || it->stream != stream || it->small != small) return nullptr;
+    Block* b = it->block;
     if (policy_ == SegmentPolicy::exact && size <= kSmall && b->size - size > std::max(kSmall, size))
         return nullptr;  // small: whole blocks, bounded waste
     free_.erase(it);
@@ -68,7 +67,18 @@ void CachingAllocator::split(Block* b, size_t size) {
     if (b->next) b->next->prev = rest;
     b->next = rest;
     b->size = size;
-    free_.insert(rest);
+    free_insert(rest);
+}
+
+void CachingAllocator::free_insert(Block* b) {
+    const FreeKey k = free_key(b);
+    free_.insert(std::lower_bound(free_.begin(), free_.end(), k), k);
+}
+
+void CachingAllocator::free_erase(Block* b) {
+    const FreeKey k = free_key(b);
+    auto it = std::lower_bound(free_.begin(), free_.end(), k);
+    if (it != free_.end() && it->block == b) free_.erase(it);
 }
 
 // a absorbs the block after it in its segment (both free, neither in the free set).
@@ -82,7 +92,7 @@ void CachingAllocator::absorb_next(Block* a) {
 
 void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
     const size_t size = round_size(bytes);
-    std::lock_guard lock(mutex_);
+    const auto lock = guard();
     ++stats_.allocations;
     Block* b = take_cached(size, stream);
     if (b) {
@@ -110,7 +120,7 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
     }
     split(b, size);
     b->allocated = true;
-    live_.emplace(b->ptr, b);
+    live_.insert_or_assign(b->ptr, b);
     stats_.in_use += b->size;
     stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
     return b->ptr;
@@ -118,17 +128,17 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
 
 void CachingAllocator::release(void* p) {
     if (!p) return;
-    std::lock_guard lock(mutex_);
-    auto it = live_.find(p);
-    PTOOL_REQUIRE(it != live_.end(), "caching allocator: release of a pointer it did not allocate");
-    Block* b = it->second;
-    live_.erase(it);
+    const auto lock = guard();
+    Block** found = live_.find(p);
+    PTOOL_REQUIRE(found != nullptr, "caching allocator: release of a pointer it did not allocate");
+    Block* b = *found;
+    live_.erase(p);
     stats_.in_use -= b->size;
     b->allocated = false;
     // merge with the free neighbours: b absorbs the next one, the previous one absorbs b
-    if (Block* n = b->next; n && !n->allocated) free_.erase(n), absorb_next(b);
-    if (Block* q = b->prev; q && !q->allocated) free_.erase(q), absorb_next(q), b = q;
-    free_.insert(b);
+    if (Block* n = b->next; n && !n->allocated) free_erase(n), absorb_next(b);
+    if (Block* q = b->prev; q && !q->allocated) free_erase(q), absorb_next(q), b = q;
+    free_insert(b);
 }
 
 void CachingAllocator::empty_cache() {
@@ -139,7 +149,7 @@ void CachingAllocator::empty_cache() {
 // Every free block that is a whole segment goes back to the driver.
 void CachingAllocator::free_cached_locked() {
     for (auto it = free_.begin(); it != free_.end();) {
-        Block* b = *it;
+        Block* b = it->block;
         if (b->prev || b->next) {
             ++it;
             continue;

@@ -37,6 +37,9 @@
 #include <mutex>
 #include <set>
 #include <unordered_map>
+#include <vector>
+
+#include "core/pointer_map.h"
 
 namespace ptool {
 
@@ -71,10 +74,12 @@ public:
     static constexpr size_t kMinLargeAlloc = size_t{10} << 20;
     static constexpr size_t kRoundLarge = size_t{2} << 20;
 
-    // what: the memory's name in the out-of-memory message ("CUDA", "host")
+    // what: the memory's name in the out-of-memory message ("CUDA", "host"). thread_safe false: its
+    // owner serialises every call (the allocator model, under its account's lock), so allocate and
+    // release take no lock of their own.
     explicit CachingAllocator(RawAllocator& raw, const char* what = "CUDA",
-                              SegmentPolicy policy = SegmentPolicy::exact)
-        : raw_(raw), what_(what), policy_(policy) {}
+                              SegmentPolicy policy = SegmentPolicy::exact, bool thread_safe = true)
+        : raw_(raw), what_(what), policy_(policy), thread_safe_(thread_safe) {}
     ~CachingAllocator();
     CachingAllocator(const CachingAllocator&) = delete;
     CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -102,9 +107,19 @@ private:
         Block* prev = nullptr;
         Block* next = nullptr;
     };
-    struct BySize {  // the free blocks by (stream, size, address): best fit is a lower_bound
-        bool operator()(const Block* a, const Block* b) const;
+    // A free block's place in the free set, by (stream, pool, size, address): best fit is a
+    // lower_bound. The fields are copied in so that the set's comparisons read no Block.
+    struct FreeKey {
+        uintptr_t stream;
+        bool small;
+        size_t size;
+        char* ptr;
+        Block* block;
+        bool operator<(const FreeKey& o) const;
     };
+    static FreeKey free_key(Block* b) { return {b->stream, b->small, b->size, b->ptr, b}; }
+    void free_insert(Block* b);
+    void free_erase(Block* b);  // (no-op where b is not in the free set)
     Block* take_cached(size_t size, uintptr_t stream);
     void split(Block* b, size_t size);
     void absorb_next(Block* a);
@@ -113,9 +128,16 @@ private:
     RawAllocator& raw_;
     const char* what_;
     SegmentPolicy policy_;
+    bool thread_safe_;
     mutable std::mutex mutex_;
-    std::unordered_map<void*, Block*> live_;
-    std::set<Block*, BySize> free_;
+    std::unique_lock<std::mutex> guard() {
+        return thread_safe_ ? std::unique_lock<std::mutex>(mutex_) : std::unique_lock<std::mutex>();
+    }
+    PointerMap<Block*> live_;
+    // The free blocks, sorted (FreeKey::operator<). A vector: a simulated step's free set holds a
+    // few dozen blocks (57 on average, at most 602 over `ptool plan` of the 405B on 512 GPUs), where
+    // a binary search and a short shift cost less than a tree's nodes (a malloc each, pointer chasing).
+    std::vector<FreeKey> free_;
     AllocatorStats stats_;
 };
 

@@ -73,7 +73,7 @@ const char* memory_use_name(MemoryUse u) {
 
 void MemoryAccount::torch_charge(const void* key, int64_t bytes, MemoryUse use) {
     if (allocator_) allocator_->allocate(key, static_cast<size_t>(bytes), static_cast<uintptr_t>(t_stream));
-    torch_[key] = {bytes, use};
+    torch_.insert_or_assign(key, {bytes, use});
     torch_live_ += bytes;
     torch_live_by_[static_cast<int>(use)] += bytes;
     if (torch_live_ > torch_peak_logical_) torch_peak_logical_ = torch_live_, torch_at_peak_ = torch_live_by_;
@@ -85,19 +85,23 @@ void MemoryAccount::torch_charge(const void* key, int64_t bytes, MemoryUse use) 
 
 void MemoryAccount::torch_release(const void* key) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = torch_.find(key);
-    if (it == torch_.end()) return;
+    torch_release_locked(key);
+}
+
+void MemoryAccount::torch_release_locked(const void* key) {
+    const TorchEntry* e = torch_.find(key);
+    if (!e) return;
     if (allocator_) allocator_->release(key);
-    torch_live_ -= it->second.bytes;
-    torch_live_by_[static_cast<int>(it->second.use)] -= it->second.bytes;
-    torch_.erase(it);
+    torch_live_ -= e->bytes;
+    torch_live_by_[static_cast<int>(e->use)] -= e->bytes;
+    torch_.erase(key);
 }
 
 void MemoryAccount::charge(const void* key, int64_t bytes, MemoryUse use) {
     std::lock_guard<std::mutex> lock(mu_);
     if (t_torch != TorchAlloc::ptool_only) torch_charge(key, bytes, use);
     if (t_torch == TorchAlloc::torch_only) {
-        torch_only_keys_.insert(key);
+        torch_only_keys_.insert_or_assign(key, 1);
         return;
     }
     live_ += bytes;
@@ -119,12 +123,10 @@ int64_t& MemoryAccount::phase_entry() {
 }
 
 void MemoryAccount::credit(const void* key, int64_t bytes, MemoryUse use) {
-    std::unique_lock<std::mutex> lock(mu_);
-    const bool ptool = !torch_only_keys_.erase(key);
-    lock.unlock();
-    torch_release(key);
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool ptool = torch_only_keys_.empty() || !torch_only_keys_.erase(key);
+    torch_release_locked(key);
     if (!ptool) return;
-    lock.lock();
     live_ -= bytes;
     live_by_[static_cast<int>(use)] -= bytes;
 }

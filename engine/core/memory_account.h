@@ -32,6 +32,7 @@
 #include <unordered_set>
 
 #include "core/allocator_model.h"
+#include "core/pointer_map.h"
 
 namespace ptool {
 
@@ -105,11 +106,12 @@ private:
         int64_t bytes;
         MemoryUse use;
     };
-    std::unordered_map<const void*, TorchEntry> torch_;  // the framework tally's live keys
-    std::unordered_set<const void*> torch_only_keys_;    // in the framework tally alone
+    PointerMap<TorchEntry> torch_;      // the framework tally's live keys
+    PointerMap<char> torch_only_keys_;  // in the framework tally alone
     int64_t torch_live_ = 0, torch_peak_logical_ = 0;
     std::array<int64_t, kMemoryUses> torch_live_by_{}, torch_at_peak_{};
     void torch_charge(const void* key, int64_t bytes, MemoryUse use);
+    void torch_release_locked(const void* key);
     // the last charged phase's entry: a pass charges many times, and its key is built once
     const std::string* phase_fqn_ = nullptr;
     std::string phase_fqn_text_;

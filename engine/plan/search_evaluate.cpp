@@ -201,11 +201,10 @@ void Search::pipeline_candidate(const PlanChoice& base, int m, const PipelineCos
     double flops = 0;  // the model FLOPs of a rank, averaged over the pp ranks
     for (int s = 0; s < stages; ++s) flops += (costs.forward_flops[s] + costs.backward_flops[s]) * m * rounds;
     cand.time.model_flops = cand.time.gemm_flops = flops / c.pp;
-    const Plan plan = load_plan_text(cand.plan_text, "generated.yaml");
     CommByOpDim comm = costs.tail_comm;  // pp rank 0's; its forwards' and backwards' m / sampled as often
     for (const auto& [key, t] : costs.fb_comm)
         comm[key].calls += t.calls * m / sampled, comm[key].bytes += t.bytes * m / sampled;
-    add_comm_time(cand.time, comm, plan, cluster_);  // by_dim (the step is the critical path's)
+    add_comm_time(cand.time, comm, written, cluster_);  // by_dim (the step is the critical path's)
     double exposed = 0;
     for (int r = 0; r < c.pp; ++r)
         exposed = std::max(exposed, costs.exposed(r, static_cast<double>(m) / sampled));

@@ -31,8 +31,13 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     sim.memory.resident = account->live();
     MetaWork work_before;
     CommByOpDim comm_before;
+    // only the last step's actions are kept, which is one of the last two (the one before the last
+    // where the last is replayed): the steps before them are not observed (their actions were
+    // measured and cleared)
+    bool observed = false;
     if (plan.pipeline)  // a pipeline's step is its actions' critical path; no other plan reads them
         run.set_action_observer([&](const std::vector<Action>& actions, bool done) {
+            if (!observed) return;
             if (!done) {
                 work_before = meta_work(), comm_before = by_op_dim(run.counter());
                 return;
@@ -50,6 +55,7 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
         run.counter().reset();
         meta_work() = MetaWork{};
         sim.actions.clear();  // the last step's
+        observed = k + 2 >= std::max<int64_t>(1, steps);
         run.step(k);
         if (k == 0)
             sim.memory.first_step_peak = account->peak(),

@@ -183,27 +183,29 @@ Tensor merge_heads(Backend& be, const Tensor& x, int64_t b, int64_t n) {
     return y.reshape({b, t, n * hd});
 }
 
-// [B*KV, T, hd] -> [B*H, T, hd]: query head h reads kv head h / group.
+// [B*KV, T, hd] -> [B*H, T, hd]: query head h reads kv head h / group. (each_head: on meta one
+// head's copy, counted for all; every head's slice has the same shape)
 Tensor expand_kv(Backend& be, const Tensor& kv, int64_t b, int64_t heads, int64_t kv_heads) {
     if (heads == kv_heads) return kv;
     const int64_t group = heads / kv_heads;
     Tensor out({b * heads, kv.size(1), kv.size(2)}, kv.dtype(), kv.device());
-    for (int64_t i = 0; i < b * heads; ++i) {
+    each_head(b * heads, kv, [&](int64_t i) {
         Tensor dst = out.narrow(0, i, 1);
         be.copy(kv.narrow(0, (i / heads) * kv_heads + (i % heads) / group, 1), dst);
-    }
+    });
     return out;
 }
 
-// The adjoint of expand_kv: sums the gradients of the query heads that share a kv head.
+// The adjoint of expand_kv: sums the gradients of the query heads that share a kv head (in head
+// order; on meta one head's sum, counted for all).
 Tensor reduce_kv(Backend& be, const Tensor& d, int64_t b, int64_t heads, int64_t kv_heads) {
     if (heads == kv_heads) return d;
     const int64_t group = heads / kv_heads;
     Tensor out({b * kv_heads, d.size(1), d.size(2)}, d.dtype(), d.device());
-    for (int64_t i = 0; i < b * heads; ++i) {
+    each_head(b * heads, d, [&](int64_t i) {
         Tensor dst = out.narrow(0, (i / heads) * kv_heads + (i % heads) / group, 1);
         be.axpy(1.0, d.narrow(0, i, 1), dst);
-    }
+    });
     return out;
 }
 
