@@ -37,6 +37,13 @@ RunContext cpu_context(int row_groups) {
     return ctx;
 }
 
+// The plan's float8 linears swapped into m, as Run::Run does: their fqns.
+std::vector<std::string> convert(Model& m, const Plan& p) {
+    const Resolution r = resolve_plan(m, p);
+    apply_float8(m, r);
+    return float8_linears(r);
+}
+
 // torchao's tensorwise GEMM of two whole host tensors, from model/float8_gemm.h's pieces
 Tensor emulated(const Tensor& a, Float8Format fa, bool ta, const Tensor& b, Float8Format fb, bool tb,
                 Shape out) {
@@ -106,7 +113,7 @@ TEST_CASE("float8 converts torchtitan's linears: dims of 16, filter_fqns by subs
         Model copy =
             load_model_text(read_text(PTOOL_SOURCE_DIR "/models/llama_rope.yaml"), "models/llama_rope.yaml");
         const Plan p = load_plan_text("mesh: {dp: 1}\n" + section, "p.yaml");
-        return apply_float8(copy, *p.float8, resolve_plan(copy, p));
+        return convert(copy, p);
     };
     const auto all = converted("float8: {recipe: tensorwise}\n");
     CHECK(all.size() == 14);  // 2 blocks x (q, k, v, o, gate, up, down); the output head left out
@@ -127,7 +134,7 @@ TEST_CASE("float8 converts torchtitan's linears: dims of 16, filter_fqns by subs
         "  - {name: c, type: linear, in: 32, out: 32}\nloss: mean\n";
     Model s = load_model_text(small, "s.yaml");
     const Plan p = load_plan_text("mesh: {dp: 1}\nfloat8: {recipe: tensorwise, filter_fqns: []}\n", "p.yaml");
-    CHECK(apply_float8(s, *p.float8, resolve_plan(s, p)) == std::vector<std::string>{"c"});
+    CHECK(convert(s, p) == std::vector<std::string>{"c"});
 }
 
 TEST_CASE("a bad float8 section is exit 2 at its key", "[cpu]") {
@@ -171,7 +178,7 @@ TEST_CASE("a bad float8 section is exit 2 at its key", "[cpu]") {
         "float8: {recipe: rowwise, filter_fqns: []}\n",
         "p.yaml");
     try {
-        apply_float8(m, *tp.float8, resolve_plan(m, tp));
+        convert(m, tp);
         FAIL("rowwise under tp converted");
     } catch (const InputError& e) {
         CHECK_THAT(std::string(e.what()),
@@ -241,7 +248,7 @@ TEST_CASE("a float8 linear reduces over tp the pieces its own GEMMs see", "[cpu]
     Model m =
         load_model_text(read_text(PTOOL_SOURCE_DIR "/models/llama_rope.yaml"), "models/llama_rope.yaml");
     const Plan p = load_plan(PTOOL_SOURCE_DIR "/tests/data/float8/llama_rope_fsdp_tp_float8.yaml");
-    apply_float8(m, *p.float8, resolve_plan(m, p));
+    convert(m, p);
     auto pieces = [&](const std::string& fqn) {
         for (const auto& [name, mod] : named_modules(*m.root))
             if (name == fqn) return mod->float8()->tp;
@@ -271,7 +278,7 @@ TEST_CASE("a float8 linear reduces over tp the pieces its own GEMMs see", "[cpu]
         "mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan: {norm: sequence_parallel}\n"
         "float8: {recipe: tensorwise, filter_fqns: []}\n",
         "p.yaml");
-    apply_float8(s, *sp.float8, resolve_plan(s, sp));
+    convert(s, sp);
     const Float8TpPieces h = s.root->children().back().second->float8()->tp;
     CHECK((!h.weight && h.input && h.grad_output));
 }

@@ -105,7 +105,8 @@ bool float8_all_gathers(const Plan& plan, const Resolution& res) {
     return shards > 1;
 }
 
-std::vector<std::string> apply_float8(Model& model, const Float8Spec& spec, const Resolution& res) {
+std::vector<std::pair<const Module*, Float8Gemms>> resolve_float8(const Model& model, const Float8Spec& spec,
+                                                                  const Resolution& res) {
     const auto modules = named_modules(*model.root);
     const std::set<const Module*> experts = routed_expert_modules(model);
     const std::vector<std::string> filters = spec.filter_fqns.value_or(std::vector<std::string>{});
@@ -117,7 +118,7 @@ std::vector<std::string> apply_float8(Model& model, const Float8Spec& spec, cons
                          "float8 recipe rowwise under tensor parallelism is not built yet (its "
                          "scales along a cut reduction dim: docs/float8.md); tensorwise is");
     const auto pieces = tp_pieces(res);
-    std::vector<std::string> out;
+    std::vector<std::pair<const Module*, Float8Gemms>> out;
     for (const auto& [fqn, m] : modules) {
         if (experts.count(m) || m == head) continue;
         bool filtered = false;
@@ -128,14 +129,27 @@ std::vector<std::string> apply_float8(Model& model, const Float8Spec& spec, cons
         if (!features || features->first % 16 != 0 || features->second % 16 != 0) continue;
         auto it =
             pieces.find(m);  // a linear the layout pass never saw: every piece reduced (a no-op when whole)
-        m->set_float8(
-            Float8Gemms{spec.recipe, it != pieces.end() ? it->second : Float8TpPieces{true, true, true}});
-        out.push_back(fqn);
+        out.push_back({m, Float8Gemms{spec.recipe,
+                                      it != pieces.end() ? it->second : Float8TpPieces{true, true, true}}});
     }
     if (out.empty())
         throw InputError(spec.where,
                          "float8: no linear of the model is converted (each needs in and out features "
                          "that are multiples of 16, outside filter_fqns and the routed experts)");
+    return out;
+}
+
+void apply_float8(Model& model, const Resolution& res) {
+    std::map<const Module*, const Float8Gemms*> chosen;
+    for (const auto& [m, gemms] : res.float8) chosen[m] = &gemms;
+    for_each_module(*model.root, [&](const std::string&, Module& m) {
+        if (const auto it = chosen.find(&m); it != chosen.end()) m.set_float8(*it->second);
+    });
+}
+
+std::vector<std::string> float8_linears(const Resolution& res) {
+    std::vector<std::string> out;
+    for (const auto& [m, gemms] : res.float8) out.push_back(m->fqn());
     return out;
 }
 

@@ -54,9 +54,16 @@ Float8Spec parse_float8(const YamlNode& node);
 // and fully_shard shards over more than one rank (FSDP2 gathers nothing at one).
 bool float8_all_gathers(const Plan& plan, const Resolution& res);
 
-// Swaps the selected linears (see above), each told which of its weight's dims the plan's
-// tensor parallelism cuts (from its style's placement of "weight"); returns their fqns in module
-// order. An empty selection is exit 2 at the section: the plan would not run in float8.
-std::vector<std::string> apply_float8(Model& model, const Float8Spec& spec, const Resolution& res);
+// The selected linears (see above) in module order, each with the recipe and the pieces tensor
+// parallelism cuts of what its GEMMs see (from its style's rule and the layout pass's calls):
+// resolve_plan's `float8`, made once. An empty selection is exit 2 at the section (the plan would
+// not run in float8), as rowwise under tensor parallelism (not built).
+std::vector<std::pair<const Module*, Float8Gemms>> resolve_float8(const Model& model, const Float8Spec& spec,
+                                                                  const Resolution& res);
+// Swaps the resolution's float8 linears in: `model` is the one the resolution was made or rebound
+// against.
+void apply_float8(Model& model, const Resolution& res);
+// Their fqns, in module order.
+std::vector<std::string> float8_linears(const Resolution& res);
 
 }  // namespace ptool

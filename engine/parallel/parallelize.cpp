@@ -6,6 +6,7 @@
 #include "core/tensor_ops.h"
 #include "model/routed_experts.h"
 #include "parallel/context_parallel.h"
+#include "parallel/float8_training.h"
 
 namespace ptool {
 namespace {
@@ -205,6 +206,7 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
                     loss_name(model.loss), out.str()));
     }
     res.warnings.insert(res.warnings.end(), res.layouts.warnings.begin(), res.layouts.warnings.end());
+    if (plan.float8) res.float8 = resolve_float8(model, *plan.float8, res);  // from the layouts' calls
     return res;
 }
 

@@ -6,6 +6,7 @@
 
 #include <set>
 
+#include "model/float8_linear.h"
 #include "parallel/activation_checkpointing.h"
 #include "parallel/data_parallel.h"
 #include "parallel/expert_parallel.h"
@@ -22,6 +23,9 @@ struct Resolution {
     DataParallelResolution dp;              // the data_parallel section, resolved
     ExpertParallelResolution ep;            // the expert_parallel section, resolved
     ActivationCheckpointing checkpointing;  // activation_checkpointing's modules
+    // The float8 section's linears (parallel/float8_training.h), in module order, each with its
+    // recipe and the tp pieces its scales cover; Run::Run swaps them in (apply_float8).
+    std::vector<std::pair<const Module*, Float8Gemms>> float8;
     // Findings that make a mismatch with the reference expected, shown with a failing verdict as
     // its cause ("loss: sum under data parallel ...", BatchNorm with local statistics).
     std::vector<Diagnostic> causes;

@@ -76,6 +76,7 @@ Resolution Resolution::rebound(const Model& from, const Model& to) const {
     r.checkpointing.checkpointed = mapped(map, checkpointing.checkpointed);
     r.checkpointing.selective = mapped(map, checkpointing.selective);
     r.checkpointing.recompute_core = mapped(map, checkpointing.recompute_core);
+    for (auto& [m, gemms] : r.float8) m = mapped(map, m);
     return r;
 }
 

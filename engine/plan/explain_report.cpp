@@ -200,7 +200,7 @@ ExplainReport explain_report(const ExplainInputs& in) {
     // resolved once: the explanation works on a copy, every rank class's simulation rebinds it
     const Resolution resolution = resolve_plan(r.model, r.plan);
     r.ex = explain_plan(r.model, r.plan, &resolution);
-    if (r.plan.float8) r.float8_linears = apply_float8(r.model, *r.plan.float8, resolution);
+    r.float8_linears = float8_linears(resolution);
     r.float8_all_gather = float8_all_gathers(r.plan, resolution);
     r.steps = r.plan.verify.steps > 0 ? r.plan.verify.steps : r.model.steps;
     // the steady state (kSteadyStateSteps: the allocator's segments too), at most 4

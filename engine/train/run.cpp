@@ -217,7 +217,7 @@ void Run::apply_float8() {
                         dtype_name(compute), dtype_name(compute),
                         plan_.mixed_precision ? "drop mixed_precision's param_dtype"
                                               : "the model's dtype, or --dtype float32"));
-    ptool::apply_float8(model_, *plan_.float8, res_);
+    ptool::apply_float8(model_, res_);  // resolved once (Resolution::float8), rebound to this model
 }
 
 // The initial values this rank draws itself (not --init's, not on meta).

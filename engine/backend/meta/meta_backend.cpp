@@ -153,8 +153,8 @@ const char* gemm_op_name(GemmOp op) {
 }
 
 const char* op_class_name(OpClass c) {
-    static const char* names[] = {"rms_norm_eager_fwd",    "rms_norm_eager_bwd", "cross_entropy",
-                                  "adamw_foreach",         "adamw_fused",        "float8_amax_tensorwise",
+    static const char* names[] = {"rms_norm_eager_fwd",     "rms_norm_eager_bwd",   "cross_entropy",
+                                  "adamw_foreach",          "adamw_fused",          "float8_amax_tensorwise",
                                   "float8_cast_tensorwise", "float8_amax_compiled", "float8_cast_compiled"};
     static_assert(sizeof(names) / sizeof(names[0]) == kOpClasses);
     return names[static_cast<int>(c)];
