@@ -105,16 +105,14 @@ private:
 // Each group's tensorwise amax (the rowwise recipe takes its own per row or column at the cast).
 std::vector<double> activation_amax(const RunContext& ctx, const Float8Gemms& f, const Tensor& t2,
                                     const std::vector<Float8Rows>& groups, bool tp_cut) {
-    if (f.recipe.scaling == Float8Scaling::rowwise) return std::vector<double>(groups.size(), 0.0);
+    if (rowwise(f)) return std::vector<double>(groups.size(), 0.0);
     std::vector<Tensor> pieces;
     for (const Float8Rows& g : groups) pieces.push_back(rows_of(t2, g));
     return float8_amax_over(pieces, activation_shards(ctx, tp_cut), f.recipe.reduce_amax);
 }
 
 double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Parameter& w) {
-    if (w.float8_scale > 0 || f.recipe.scaling == Float8Scaling::rowwise)
-        return 0;  // its scale came with it;
-                   // rowwise: at the cast
+    if (w.float8_scale > 0 || rowwise(f)) return 0;  // its scale came with it; rowwise: at the cast
     std::vector<Communicator*> over;
     if (f.tp.weight && ctx.tp && ctx.tp->size() > 1) over.push_back(ctx.tp);
     return float8_amax_over({w.value}, over, f.recipe.reduce_amax)[0];

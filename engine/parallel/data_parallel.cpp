@@ -327,7 +327,7 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
             dims.cp_shards_params() ? mesh.group(dims.group(GroupName::dp_shard_cp)) : comm_;
         // FSDP2's float8 all-gather of the float8 linears' weights (the plan's float8 section)
         std::optional<FsdpFloat8> float8;
-        if (plan.float8 && plan.float8->fsdp_float8_all_gather)
+        if (float8_all_gathers(plan, res))
             float8 = FsdpFloat8{dims.has(DimRole::tp) ? &mesh.comm(dims.index(DimRole::tp)) : nullptr,
                                 res.float8_stale_scales};
         fsdp_ = std::make_unique<FullyShard>(

@@ -96,8 +96,8 @@ Float8Spec parse_float8(const YamlNode& node) {
     return s;
 }
 
-bool float8_all_gathers(const Plan& plan, const Resolution& res) {
-    if (!plan.float8 || !plan.float8->fsdp_float8_all_gather || res.dp.units.empty()) return false;
+bool float8_all_gathers(const Plan& plan, const DataParallelResolution& dp) {
+    if (!plan.float8 || !plan.float8->fsdp_float8_all_gather || dp.units.empty()) return false;
     const ParallelDims& d = plan.dims;
     const int dim = d.shard_dim();
     const int shards =

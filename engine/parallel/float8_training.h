@@ -27,6 +27,7 @@
 namespace ptool {
 
 class Model;
+struct DataParallelResolution;
 struct Plan;
 struct Resolution;
 
@@ -52,7 +53,8 @@ Float8Spec parse_float8(const YamlNode& node);
 
 // Whether fully_shard gathers the float8 weights in float8 under `plan`: the section asks for it
 // and fully_shard shards over more than one rank (FSDP2 gathers nothing at one).
-bool float8_all_gathers(const Plan& plan, const Resolution& res);
+// DataParallel gives fully_shard the float8 all-gather by it, and explain says so by it.
+bool float8_all_gathers(const Plan& plan, const DataParallelResolution& dp);
 
 // The selected linears (see above) in module order, each with the recipe and the pieces tensor
 // parallelism cuts of what its GEMMs see (from its style's rule and the layout pass's calls):

@@ -327,8 +327,8 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) { modules[fqn] = &m; });
     const int n = dp.size(), r = dp.rank();
     auto ctx = std::make_shared<FsdpCommContext>();
-    // the float8 all-gather: only where the unit gathers (FSDP2 gathers nothing at one rank)
-    auto f8 = float8 && n > 1 ? std::make_shared<const FsdpFloat8>(*float8) : nullptr;
+    // the float8 all-gather (the caller asks for it where the units gather: float8_all_gathers)
+    auto f8 = float8 ? std::make_shared<const FsdpFloat8>(*float8) : nullptr;
     for (const FsdpUnitSpec& u : units) {
         if (u.params.empty()) continue;  // nothing of its own to shard: FSDP2 makes no group either
         auto st = std::make_shared<State>();

@@ -201,7 +201,7 @@ ExplainReport explain_report(const ExplainInputs& in) {
     const Resolution resolution = resolve_plan(r.model, r.plan);
     r.ex = explain_plan(r.model, r.plan, &resolution);
     r.float8_linears = float8_linears(resolution);
-    r.float8_all_gather = float8_all_gathers(r.plan, resolution);
+    r.float8_all_gather = float8_all_gathers(r.plan, resolution.dp);
     r.steps = r.plan.verify.steps > 0 ? r.plan.verify.steps : r.model.steps;
     // the steady state (kSteadyStateSteps: the allocator's segments too), at most 4
     r.simulated_steps = std::clamp<int64_t>(r.steps, kSteadyStateSteps, 4);

@@ -96,11 +96,10 @@ Plan reference_plan(const Plan& plan) {
     p.loss_normalization = plan.loss_normalization;  // the one-device meaning of the same choice
     p.loss_normalization_where = plan.loss_normalization_where;
     p.float8 = plan.float8;  // each rank's rows scaled apart, as the ranks scale their own
-    if (p.float8 && plan.context_parallel)
-        p.float8->row_groups = {plan.dims.data_size(), plan.dims.size(DimRole::cp),
-                                plan.context_parallel->load_balance};
-    else if (p.float8)
-        p.float8->row_groups = {plan.dims.data_size(), 1, false};
+    if (p.float8)
+        p.float8->row_groups = {plan.dims.data_size(),
+                                plan.context_parallel ? plan.dims.size(DimRole::cp) : 1,
+                                plan.context_parallel && plan.context_parallel->load_balance};
     return p;
 }
 
