@@ -210,13 +210,14 @@ def mutants(ex, model, plan):
 def float8_mutants(ex, first_div):
     """The float8 classes, on every linear the plan's float8 section converts (explain --json's
     float8.linears): a piece scaled by its own amax where the linear's scales cover pieces on other
-    ranks (a tensor-parallel style's) shows first in the linear's forward
-    output; the output gradient cast to e4m3fn in its input gradient."""
+    ranks (a tensor-parallel style's) shows first in the linear's forward output (tensorwise: rowwise
+    scales are powers of 2, so a piece's own amax moves no value out of e4m3fn's normal range, an
+    equivalent mutant on ordinary data); the output gradient cast to e4m3fn in its input gradient."""
     if not ex.get("float8"):
         return
     styled = {m["fqn"] for m in ex["modules"] if m["style"] in ("colwise", "rowwise")} if ex["tp"] > 1 else set()
     for fqn in ex["float8"]["linears"]:
-        if fqn in styled:
+        if fqn in styled and ex["float8"]["recipe"] == "tensorwise":
             yield ("float8_local_amax", f"float8_local_amax:{fqn}", first_div(f"step 0 forward `{fqn}` output"))
         if ex["float8"]["recipe"] == "tensorwise":  # rowwise casts every operand to e4m3fn anyway
             yield ("float8_e4m3_grad", f"float8_e4m3_grad:{fqn}", first_div(f"step 0 backward `{fqn}` input gradient"))

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backend/meta/meta_backend.h"
+#include "comm/comm_threads.h"
 #include "core/device_memory.h"
 #include "core/rng.h"
 #include "model/float8_cost.h"
@@ -42,6 +43,11 @@ std::vector<std::string> convert(Model& m, const Plan& p) {
     const Resolution r = resolve_plan(m, p);
     apply_float8(m, r);
     return float8_linears(r);
+}
+
+// sum += part, on the host
+void be_sum(Tensor& sum, const Tensor& part) {
+    backend_for(Device::cpu).axpy(1.0, part, sum);
 }
 
 // torchao's tensorwise GEMM of two whole host tensors, from model/float8_gemm.h's pieces
@@ -167,7 +173,7 @@ TEST_CASE("a bad float8 section is exit 2 at its key", "[cpu]") {
         "p.yaml");
     const Float8RowGroups g = reference_plan(cp).float8->row_groups;
     CHECK((g.data == 2 && g.cp == 2 && g.load_balance && g.groups() == 4));
-    // rowwise under tensor parallelism: not built, exit 2 at the section
+    // rowwise under tensor parallelism converts both, each knowing which of its dims tp cuts
     Model m = load_model_text(
         "name: s\nbatch: {input: [2, 8, 16], target: [2, 8, 16]}\nmodules:\n"
         "  - {name: a, type: linear, in: 16, out: 32}\n"
@@ -177,13 +183,11 @@ TEST_CASE("a bad float8 section is exit 2 at its key", "[cpu]") {
         "mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n  plan: {a: colwise, b: rowwise}\n"
         "float8: {recipe: rowwise, filter_fqns: []}\n",
         "p.yaml");
-    try {
-        convert(m, tp);
-        FAIL("rowwise under tp converted");
-    } catch (const InputError& e) {
-        CHECK_THAT(std::string(e.what()),
-                   Catch::Contains("p.yaml:5:9: float8 recipe rowwise under tensor parallelism"));
-    }
+    CHECK(convert(m, tp) == std::vector<std::string>{"a", "b"});
+    const Float8TpPieces a = m.root->children()[0].second->float8()->tp,
+                         b = m.root->children()[1].second->float8()->tp;
+    CHECK((a.weight.rows && !a.weight.cols && !a.input.any() && a.grad_output.cols && !a.grad_output.rows));
+    CHECK((b.weight.cols && !b.weight.rows && b.input.cols && !b.input.rows && !b.grad_output.any()));
 }
 
 }  // namespace test_float8_linear
@@ -261,12 +265,13 @@ TEST_CASE("a float8 linear reduces over tp the pieces its own GEMMs see", "[cpu]
     for (const char* col :
          {"layers.0.attn_block.attention.q_proj", "layers.1.ffn_block.feed_forward.up_proj"}) {
         const Float8TpPieces c = pieces(col);
-        CHECK((c.weight && !c.input && c.grad_output));
+        CHECK((c.weight.rows && !c.weight.cols && !c.input.any()));
+        CHECK((!c.grad_output.rows && c.grad_output.cols));
     }
     for (const char* row :
          {"layers.0.attn_block.attention.o_proj", "layers.1.ffn_block.feed_forward.down_proj"}) {
         const Float8TpPieces r = pieces(row);
-        CHECK((r.weight && r.input && !r.grad_output));
+        CHECK((!r.weight.rows && r.weight.cols && !r.input.rows && r.input.cols && !r.grad_output.any()));
     }
     // an unstyled linear on sequence-parallel Shard(1) activations: its input and output gradient
     const std::string seq =
@@ -280,7 +285,7 @@ TEST_CASE("a float8 linear reduces over tp the pieces its own GEMMs see", "[cpu]
         "p.yaml");
     convert(s, sp);
     const Float8TpPieces h = s.root->children().back().second->float8()->tp;
-    CHECK((!h.weight && h.input && h.grad_output));
+    CHECK((!h.weight.any() && h.input.rows && !h.input.cols && h.grad_output.rows && !h.grad_output.cols));
 }
 
 TEST_CASE("a weight gathered as float8 codes computes what its cast computes", "[cpu]") {
@@ -417,6 +422,69 @@ TEST_CASE("the rowwise recipe scales each row or column along its GEMM's reducti
     Tensor tensorwise({8, 16}, DType::float32);
     float8_forward(ctx, Float8Gemms{}, x, w, tensorwise);
     CHECK_FALSE(near(tensorwise, want_y));
+}
+
+TEST_CASE("a rowwise scale along a reduction dim tp cuts covers the whole row, its amax reduced over tp",
+          "[cpu]") {
+    // x [4, 32] and w [16, 32] of a rowwise-parallel linear (their columns cut over tp 2) and dy
+    // [4, 16] and w of a colwise one (dy's columns, w's rows): rows 0 and 1 of x and dy hold 2e-5
+    // times the rest in tp rank 1's half, w's rows 1e5 times the rest there. Scaled over the whole
+    // row, the small halves fall among e4m3fn's subnormals; scaled by a half alone they keep their
+    // precision: the ranks' GEMMs summed must be the one-device GEMM's, row by row.
+    Tensor x = random({4, 32}, 41, 1.0), w = random({16, 32}, 42, 0.2), dy = random({4, 16}, 43, 1.0);
+    for (int64_t r = 0; r < 4; ++r)
+        for (int64_t c = 16; c < 32; ++c) x.set(r * 32 + c, x.item(r * 32 + c) * (r < 2 ? 2e-5 : 1.0));
+    for (int64_t i = 0; i < 16 * 32; ++i)
+        if (i % 32 >= 16) w.set(i, w.item(i) * 1e5);
+    for (int64_t r = 0; r < 2; ++r)
+        for (int64_t c = 8; c < 16; ++c) dy.set(r * 16 + c, dy.item(r * 16 + c) * 2e-5);
+    Float8Gemms f;
+    REQUIRE(float8_recipe_named("rowwise", &f.recipe));
+    RunContext one = cpu_context(1);
+    Tensor want_y({4, 16}, DType::float32), want_dx({4, 32}, DType::float32);
+    float8_forward(one, f, x, Parameter{w, {}}, want_y);
+    float8_input_grad(one, f, float8_backward_amax(one, f, dy, x, Parameter{w, {}}), dy, Parameter{w, {}},
+                      want_dx);
+    auto on_tp2 = [&](bool reduce) {  // {y, dx}: the ranks' partial products summed in rank order
+        Float8Gemms g = f;
+        g.recipe.reduce_amax = reduce;
+        std::vector<Tensor> ys(2), dxs(2);
+        run_rank_threads(2, CommOptions{}, [&](Communicator& tp) {
+            const int r = tp.rank();
+            RunContext ctx = cpu_context(1);
+            ctx.tp = &tp;
+            Float8Gemms row = g, col = g;
+            row.tp.input.cols = row.tp.weight.cols = true;
+            col.tp.grad_output.cols = col.tp.weight.rows = true;
+            const Tensor xr = x.narrow(1, 16 * r, 16).clone(), wr = w.narrow(1, 16 * r, 16).clone();
+            Tensor y({4, 16}, DType::float32);
+            float8_forward(ctx, row, xr, Parameter{wr, {}}, y);
+            const Tensor dyr = dy.narrow(1, 8 * r, 8).clone(), wc = w.narrow(0, 8 * r, 8).clone();
+            Tensor dx({4, 32}, DType::float32);
+            float8_input_grad(ctx, col, float8_backward_amax(ctx, col, dyr, x, Parameter{wc, {}}), dyr,
+                              Parameter{wc, {}}, dx);
+            ys[r] = y, dxs[r] = dx;
+        });
+        be_sum(ys[0], ys[1]), be_sum(dxs[0], dxs[1]);
+        return std::pair{ys[0], dxs[0]};
+    };
+    auto close = [](const Tensor& got, const Tensor& want) {  // each row against its own magnitude
+        const int64_t cols = want.size(1);
+        for (int64_t r = 0; r < want.size(0); ++r) {
+            double worst = 0, scale = 0;
+            for (int64_t i = r * cols; i < (r + 1) * cols; ++i)
+                worst = std::max(worst, std::fabs(got.item(i) - want.item(i))),
+                scale = std::max(scale, std::fabs(want.item(i)));
+            if (scale == 0 || worst > 1e-6 * scale) return false;
+        }
+        return true;
+    };
+    const auto [y, dx] = on_tp2(true);
+    CHECK(close(y, want_y));
+    CHECK(close(dx, want_dx));
+    const auto [y_local, dx_local] = on_tp2(false);  // each half scaled by its own amax
+    CHECK_FALSE(close(y_local, want_y));
+    CHECK_FALSE(close(dx_local, want_dx));
 }
 
 }  // namespace test_float8_linear

@@ -18,13 +18,13 @@
 namespace ptool {
 namespace {
 
-// The ranks holding pieces of an activation-shaped tensor (a linear's input or its output's
-// gradient) that one scale covers: tp where its placement shards it (a DTensor's amax reduces over
-// its mesh). Not cp: torchtitan's context_parallel hands the linears plain local tensors, so each
-// cp rank scales its own positions (and verify's reference scales them apart: row_groups).
-std::vector<Communicator*> activation_shards(const RunContext& ctx, bool tp_sharded) {
+// The ranks holding pieces of what one scale covers: tp where its placement cuts it (a DTensor's
+// amax reduces over its mesh). Not cp: torchtitan's context_parallel hands the linears plain local
+// tensors, so each cp rank scales its own positions (and verify's reference scales them apart:
+// row_groups). Not the data ranks either: each scales its own rows.
+std::vector<Communicator*> tp_shards(const RunContext& ctx, bool cut) {
     std::vector<Communicator*> out;
-    if (tp_sharded && ctx.tp && ctx.tp->size() > 1) out.push_back(ctx.tp);
+    if (cut && ctx.tp && ctx.tp->size() > 1) out.push_back(ctx.tp);
     return out;
 }
 
@@ -82,11 +82,16 @@ bool rowwise(const Float8Gemms& f) {
     return f.recipe.scaling == Float8Scaling::rowwise;
 }
 
-// An operand as the recipe casts it: tensorwise with the amax given, or rowwise along `axis` (the
-// GEMM's reduction dim: a scale per row for axis 0, per column for 1) with its own amaxes.
-Float8Operand cast(const Float8Gemms& f, const Tensor& t, Float8Format format, double amax, int axis) {
-    if (rowwise(f)) return float8_axiswise(t, format, float8_amax_axis(t, axis), axis, true);
-    return float8_tensorwise(t, format, amax);
+// An operand as the recipe casts it: tensorwise with the amax given, or rowwise with a scale per
+// row (axis 0) or per column (axis 1) along the GEMM's reduction dim, each from the amax along
+// that dim, reduced over tp where tp cuts it (`cut`: which of t's dims tp cuts).
+Float8Operand cast(const RunContext& ctx, const Float8Gemms& f, const Tensor& t, Float8Format format,
+                   double amax, int axis, Float8Cut cut) {
+    if (!rowwise(f)) return float8_tensorwise(t, format, amax);
+    const bool along_cut = axis == 0 ? cut.cols : cut.rows;
+    const std::vector<double> amaxes = float8_max_over(float8_amax_axis(t, axis), t.device(),
+                                                       tp_shards(ctx, along_cut), f.recipe.reduce_amax);
+    return float8_axiswise(t, format, amaxes, axis, true);
 }
 
 // On meta tensors the emulation's GEMMs (on float32 values) are counted as what they stand for:
@@ -108,21 +113,20 @@ std::vector<double> activation_amax(const RunContext& ctx, const Float8Gemms& f,
     if (rowwise(f)) return std::vector<double>(groups.size(), 0.0);
     std::vector<Tensor> pieces;
     for (const Float8Rows& g : groups) pieces.push_back(rows_of(t2, g));
-    return float8_amax_over(pieces, activation_shards(ctx, tp_cut), f.recipe.reduce_amax);
+    return float8_amax_over(pieces, tp_shards(ctx, tp_cut), f.recipe.reduce_amax);
 }
 
 double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Parameter& w) {
     if (w.float8_scale > 0 || rowwise(f)) return 0;  // its scale came with it; rowwise: at the cast
-    std::vector<Communicator*> over;
-    if (f.tp.weight && ctx.tp && ctx.tp->size() > 1) over.push_back(ctx.tp);
-    return float8_amax_over({w.value}, over, f.recipe.reduce_amax)[0];
+    return float8_amax_over({w.value}, tp_shards(ctx, f.tp.weight.any()), f.recipe.reduce_amax)[0];
 }
 
 // The weight as a GEMM operand: as gathered in float8, or cast (rowwise along `axis`: per row of W
 // for the forward, per column for the input gradient).
-Float8Operand weight_operand(const Float8Gemms& f, const Parameter& w, double amax, int axis) {
+Float8Operand weight_operand(const RunContext& ctx, const Float8Gemms& f, const Parameter& w, double amax,
+                             int axis) {
     if (w.float8_scale > 0) return float8_from_codes(w.value, f.recipe.weight, w.float8_scale);
-    return cast(f, w.value, f.recipe.weight, amax, axis);
+    return cast(ctx, f, w.value, f.recipe.weight, amax, axis, f.tp.weight);
 }
 
 // out's rows of each group = op(cast_a(a's rows of the group, the group)) op(b) in float8.
@@ -158,15 +162,21 @@ const char* float8_recipe_name(const Float8Recipe& r) {
 
 std::vector<double> float8_amax_over(const std::vector<Tensor>& pieces,
                                      const std::vector<Communicator*>& over, bool reduce) {
-    const int64_t n = static_cast<int64_t>(pieces.size());
+    if (pieces.empty()) return {};
+    std::vector<double> amax;
+    for (const Tensor& p : pieces) amax.push_back(float8_amax(p));
+    return float8_max_over(amax, pieces[0].device(), over, reduce);
+}
+
+std::vector<double> float8_max_over(const std::vector<double>& amax, Device device,
+                                    const std::vector<Communicator*>& over, bool reduce) {
+    const int64_t n = static_cast<int64_t>(amax.size());
     if (n == 0) return {};
-    // each piece's amax and, beside it, whether it holds a NaN (1): a max keeps the flag wherever
-    // it came from, where a max over NaN itself would keep it or not by the ranks' order
-    Tensor a(Shape{2 * n}, DType::float32, pieces[0].device());
-    for (int64_t g = 0; g < n; ++g) {
-        const double amax = float8_amax(pieces[g]);
-        a.set(g, std::isnan(amax) ? 0.0 : amax), a.set(n + g, std::isnan(amax) ? 1.0 : 0.0);
-    }
+    // each amax and, beside it, whether it is NaN (1): a max keeps the flag wherever it came from,
+    // where a max over NaN itself would keep it or not by the ranks' order
+    Tensor a(Shape{2 * n}, DType::float32, device);
+    for (int64_t g = 0; g < n; ++g)
+        a.set(g, std::isnan(amax[g]) ? 0.0 : amax[g]), a.set(n + g, std::isnan(amax[g]) ? 1.0 : 0.0);
     if (reduce)
         for (Communicator* c : over) c->all_reduce(a, ReduceOp::max);
     if (a.device() == Device::meta) return std::vector<double>(n, 0.0);
@@ -179,20 +189,21 @@ std::vector<double> float8_amax_over(const std::vector<Tensor>& pieces,
 void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Parameter& w, Tensor& y2,
                     int64_t seq) {
     const std::vector<Float8Rows> groups = row_groups(ctx, x2.size(0), seq);
-    const std::vector<double> ax = activation_amax(ctx, f, x2, groups, f.tp.input);
+    const std::vector<double> ax = activation_amax(ctx, f, x2, groups, f.tp.input.any());
     const double aw = weight_amax(ctx, f, w);
     const PricedAs priced(x2);
     by_row_groups(
-        ctx, x2, groups, [&](const Tensor& t, size_t g) { return cast(f, t, f.recipe.input, ax[g], 0); },
-        weight_operand(f, w, aw, 0), true, y2);
+        ctx, x2, groups,
+        [&](const Tensor& t, size_t g) { return cast(ctx, f, t, f.recipe.input, ax[g], 0, f.tp.input); },
+        weight_operand(ctx, f, w, aw, 0), true, y2);
 }
 
 Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2,
                                         const Tensor& x2, const Parameter& w, int64_t seq) {
     Float8BackwardAmax a;
     a.rows = row_groups(ctx, dy2.size(0), seq);
-    a.grad_output = activation_amax(ctx, f, dy2, a.rows, f.tp.grad_output);
-    a.input = activation_amax(ctx, f, x2, a.rows, f.tp.input);
+    a.grad_output = activation_amax(ctx, f, dy2, a.rows, f.tp.grad_output.any());
+    a.input = activation_amax(ctx, f, x2, a.rows, f.tp.input.any());
     a.weight = weight_amax(ctx, f, w);
     return a;
 }
@@ -202,16 +213,20 @@ void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8Backwa
     const PricedAs priced(dy2);
     by_row_groups(
         ctx, dy2, a.rows,
-        [&](const Tensor& t, size_t g) { return cast(f, t, f.recipe.grad_output, a.grad_output[g], 0); },
-        weight_operand(f, w, a.weight, 1), false, dx2);
+        [&](const Tensor& t, size_t g) {
+            return cast(ctx, f, t, f.recipe.grad_output, a.grad_output[g], 0, f.tp.grad_output);
+        },
+        weight_operand(ctx, f, w, a.weight, 1), false, dx2);
 }
 
 void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                         const Tensor& x2, Tensor& dw) {
     const PricedAs priced(dy2);
     for (size_t g = 0; g < a.rows.size(); ++g) {  // each rank's own GEMM, added to the gradient in rank order
-        const Float8Operand d = cast(f, rows_of(dy2, a.rows[g]), f.recipe.grad_output, a.grad_output[g], 1);
-        const Float8Operand x = cast(f, rows_of(x2, a.rows[g]), f.recipe.input, a.input[g], 1);
+        const Float8Operand d = cast(ctx, f, rows_of(dy2, a.rows[g]), f.recipe.grad_output, a.grad_output[g],
+                                     1, f.tp.grad_output);
+        const Float8Operand x =
+            cast(ctx, f, rows_of(x2, a.rows[g]), f.recipe.input, a.input[g], 1, f.tp.input);
         Tensor part = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
         float8_gemm(*ctx.backend, d, true, x, false, part);
         const Float8EmulationOnly handed_over;  // torchao's GEMM writes the gradient itself

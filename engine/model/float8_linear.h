@@ -10,7 +10,11 @@
 // A scale covers the whole tensor it scales as torchao sees it, a DTensor's pieces included:
 //   - a tensor-parallel shard's amax is reduced (max) over tp (Float8TpPieces): the weight of a
 //     colwise or rowwise linear, an input or output gradient whose layout is a Shard (a rowwise
-//     input's Shard(-1), a colwise output gradient's, a sequence-parallel Shard(1));
+//     input's Shard(-1), a colwise output gradient's, a sequence-parallel Shard(1)); under the
+//     rowwise recipe only where tp cuts the dim a row's or column's amax runs along (a DTensor's
+//     max along a sharded dim), which is the GEMM's reduction dim: the forward's under a rowwise
+//     style, the input gradient's under a colwise one, the weight gradient's (tokens) under
+//     sequence parallelism;
 //   - fully_shard gathers the weight before the forward: its amax is the whole weight's already;
 //     with FSDP2's float8 all-gather the weight arrives cast (Parameter::float8_scale: the codes
 //     and the scale fully_shard took over the shards, parallel/fully_shard.h) and is used so.
@@ -57,10 +61,19 @@ struct Float8Recipe {
 bool float8_recipe_named(const std::string& name, Float8Recipe* out);
 const char* float8_recipe_name(const Float8Recipe& r);  // "tensorwise", "rowwise"
 
+// Which dims of a linear's operand, seen as a matrix, tensor parallelism cuts over tp: its rows
+// (an activation's tokens, a weight's out features) or its columns (an activation's features, a
+// weight's in features). A tensorwise scale is reduced over tp where either is cut; a rowwise
+// scale (one per row or column) where the dim its amax runs along is.
+struct Float8Cut {
+    bool rows = false, cols = false;
+    bool any() const { return rows || cols; }
+};
+
 // Which of a linear's tensors tensor parallelism cuts into pieces over tp (its style's placements
 // and the layout pass's: parallel/float8_training.h resolves them once).
 struct Float8TpPieces {
-    bool weight = false, input = false, grad_output = false;
+    Float8Cut weight, input, grad_output;
 };
 
 struct Float8Gemms {
@@ -73,6 +86,9 @@ struct Float8Gemms {
 // piece of. Meta pieces read nothing and reduce the same (a simulation counts what a run does).
 std::vector<double> float8_amax_over(const std::vector<Tensor>& pieces,
                                      const std::vector<Communicator*>& over, bool reduce = true);
+// Amaxes taken already (NaN where a piece holds one) reduced so, in one all_reduce per group.
+std::vector<double> float8_max_over(const std::vector<double>& amax, Device device,
+                                    const std::vector<Communicator*>& over, bool reduce = true);
 
 // The row ranges of one rank's local tensor within an activation's rows (RunContext's
 // float8_row_groups): one range on a rank.

@@ -16,6 +16,18 @@ namespace {
 // The recipes torchao names; tensorwise and rowwise run here.
 constexpr const char* kRecipes[] = {"tensorwise", "rowwise", "rowwise_with_gw_hp"};
 
+// Which dims of a tensor of `ndim` dims, seen as a linear's matrix operand ([tokens, features],
+// a weight [out, in]), placement p cuts: its last dim the columns, any other the rows.
+Float8Cut cut_of(const Placement& p, size_t ndim) {
+    if (!p.is_shard()) return {};
+    const bool cols = p.normalized(static_cast<int64_t>(ndim)).dim == static_cast<int64_t>(ndim) - 1;
+    return {!cols, cols};
+}
+
+void add(Float8Cut& to, Float8Cut cut) {
+    to.rows |= cut.rows, to.cols |= cut.cols;
+}
+
 // Which of each module's tensors tp cuts, as the module itself computes on them in each of its
 // calls: its weight by its style's placement of "weight"; its input as the style's rule hands it
 // to the module (a rowwise linear's Shard(-1)) or, unstyled, as the layout pass places it (a
@@ -27,15 +39,16 @@ std::map<const Module*, Float8TpPieces> tp_pieces(const Resolution& res) {
         Float8TpPieces& p = out[c.module];
         const ResolvedStyle* rs = c.style;
         const Style* style = rs && rs->entry ? rs->entry->style.style : nullptr;
+        const size_t in_dims = c.in.global.size(), out_dims = c.out.global.size();
         if (!style) {
-            p.input |= c.in.p.is_shard(), p.grad_output |= c.out.p.is_shard();
+            add(p.input, cut_of(c.in.p, in_dims)), add(p.grad_output, cut_of(c.out.p, out_dims));
             continue;
         }
         const StyleRule r = style->rule(*c.module, rs->entry->style);
-        p.input |= (r.pre ? r.pre->to : c.in.p).is_shard();
-        p.grad_output |= (r.post ? r.post->from : r.compute_out.value_or(c.out.p)).is_shard();
+        add(p.input, cut_of(r.pre ? r.pre->to : c.in.p, in_dims));
+        add(p.grad_output, cut_of(r.post ? r.post->from : r.compute_out.value_or(c.out.p), out_dims));
         for (const ParamPlacement& w : style->params(*c.module))
-            p.weight |= w.param == "weight" && w.placement.is_shard();
+            if (w.param == "weight") add(p.weight, cut_of(w.placement, 2));
     }
     return out;
 }
@@ -113,10 +126,6 @@ std::vector<std::pair<const Module*, Float8Gemms>> resolve_float8(const Model& m
     const Module* head = nullptr;  // without filter_fqns: the output head, the last linear
     for (auto it = modules.rbegin(); !spec.filter_fqns && it != modules.rend() && !head; ++it)
         if (it->second->linear_features()) head = it->second;
-    if (spec.recipe.scaling == Float8Scaling::rowwise && res.tp > 1)
-        throw InputError(spec.where,
-                         "float8 recipe rowwise under tensor parallelism is not built yet (its "
-                         "scales along a cut reduction dim: docs/float8.md); tensorwise is");
     const auto pieces = tp_pieces(res);
     std::vector<std::pair<const Module*, Float8Gemms>> out;
     for (const auto& [fqn, m] : modules) {
@@ -127,10 +136,11 @@ std::vector<std::pair<const Module*, Float8Gemms>> resolve_float8(const Model& m
         const auto features = m->linear_features();
         // float8 tensor cores take GEMM dims in multiples of 16 (torchtitan's module_filter_fn)
         if (!features || features->first % 16 != 0 || features->second % 16 != 0) continue;
-        auto it =
-            pieces.find(m);  // a linear the layout pass never saw: every piece reduced (a no-op when whole)
-        out.push_back({m, Float8Gemms{spec.recipe,
-                                      it != pieces.end() ? it->second : Float8TpPieces{true, true, true}}});
+        // a linear the layout pass never saw: every piece reduced (a no-op when whole)
+        const Float8Cut all{true, true};
+        auto it = pieces.find(m);
+        out.push_back(
+            {m, Float8Gemms{spec.recipe, it != pieces.end() ? it->second : Float8TpPieces{all, all, all}}});
     }
     if (out.empty())
         throw InputError(spec.where,

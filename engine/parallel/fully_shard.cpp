@@ -108,7 +108,7 @@ struct FullyShard::State : ModuleHooks {
 
     std::vector<Communicator*> float8_group(const Float8Gemms& f) const {
         std::vector<Communicator*> out{comm};
-        if (f.tp.weight && float8->tp && float8->tp->size() > 1) out.push_back(float8->tp);
+        if (f.tp.weight.any() && float8->tp && float8->tp->size() > 1) out.push_back(float8->tp);
         return out;
     }
     // Each float8 weight's scale for this gather: precompute's, or its amax over its shards now
@@ -386,7 +386,8 @@ void FullyShard::precompute_float8_scales() {
     for (const auto& u : units_)
         for (State::Managed& m : u->params)
             if (m.float8)
-                weights.push_back(&m), shards.push_back(m.shard), tp_cut |= m.float8->float8()->tp.weight;
+                weights.push_back(&m), shards.push_back(m.shard),
+                    tp_cut |= m.float8->float8()->tp.weight.any();
     if (weights.empty()) return;
     const State& first = *units_.front();
     std::vector<Communicator*> over{first.comm};
