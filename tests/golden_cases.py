@@ -64,7 +64,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(err is None, f"golden/ replay --json: {err}")
     x = subprocess.run(["xmllint", "--noout", "--schema", "tests/data/junit.xsd", junit], capture_output=True, text=True)
     check(x.returncode == 0, f"JUnit does not validate: {x.stderr}")
-    # golden/ holds a case for every shipped plan but these (README, Golden files)
+    # golden/ holds a case for every shipped plan but these (docs/tour.md, Golden files)
     without = {"gemm_mlp_ddp": "benchmark-sized", "gemm_mlp_tp": "benchmark-sized",
                "mpy_bn_local": "fails by design (BatchNorm's local statistics under DDP): nothing to record"}
     # and for every pipeline plan of tests/data/pipeline, as pipeline_NAME (scripts/record_goldens.sh)
@@ -74,9 +74,9 @@ with tempfile.TemporaryDirectory() as tmp:
     cases = {os.path.basename(p)[:-12] for p in glob.glob("golden/*.safetensors")}
     check(cases == plans - set(without), f"golden/ and plans/ differ: plans without a case {sorted(plans - cases - set(without))}, "
           f"cases without a plan {sorted(cases - plans)}, exceptions that have a case {sorted(cases & set(without))}")
-    readme = open("README.md").read()
+    readme = open("docs/tour.md").read()
     check(all(f"`{name}`" in readme[readme.index("`golden/` holds a case"):][:600] for name in without),
-          "README's golden/ sentence does not name every plan without a case")
+          "docs/tour.md's golden/ sentence does not name every plan without a case")
 
     # drift: one tensor just past tolerance (2x the allowed error of its first element)
     case = os.path.join(tmp, "drift")

@@ -11,13 +11,13 @@ measurement equals its class's prediction to the byte (the same quantity by cons
 docs/architecture.md). explain simulates at least three steps: its headline peak
 (predicted_peak_bytes) is the steady state, the optimizer's state held throughout, and
 first_step_peak_bytes the first step's; a verify of one step is held to the latter, of more to the
-former. --table prints the README's table.
+former. --table prints docs/tour.md's table.
 
 A mixture of experts' plans are the exception: explain routes on meta tensors, which have no values,
 so it assumes balanced routing (each expert tokens x top_k / experts rows, model/moe_routing.h) while
 verify routes its batch. The experts' rows sum to tokens x top_k either way, so what differs is the
 transient of the largest expert's rows and the allocator's rounding: held within 1% here, and the
-README's table shows the error. Under expert parallelism a rank computes the rows every rank sends
+docs/tour.md's table shows the error. Under expert parallelism a rank computes the rows every rank sends
 its experts, which real routing makes more or fewer than its own tokens x top_k: held within 2%.
 """
 import glob
@@ -169,16 +169,16 @@ with tempfile.TemporaryDirectory() as tmp:
         print(f"tiny Llama 3.1 (steps: 1, AdamW) under {name}: first step {max(first.values()):,} B, "
               f"steady state {peak:,} B (+{states:,} B of AdamW state)")
 
-# The README's table and docs/planning.md's count are these measurements (--table prints the rows)
+# docs/tour.md's table and docs/planning.md's count are these measurements (--table prints the rows)
 table = [f"| {name} | {n} | {pred:,} | {meas:,} | {100 * err:.2f}% |" for name, n, pred, meas, err in rows]
 if TABLE:
     print("| plan | ranks | predicted peak (B) | measured peak (B) | worst rank error |\n|---|---|---|---|---|")
     print("\n".join(table))
-readme = open(f"{ROOT}/README.md").read()
+readme = open(f"{ROOT}/docs/tour.md").read()
 start = readme.index("| plan | ranks | predicted peak (B) |")
 shown = [line for line in readme[start:].split("\n\n")[0].splitlines()[2:]]
-check(shown == table, "README.md's memory table is not what this run measured (tests/memory_model.py PTOOL . --table prints it):\n"
-      + "\n".join(f"  README {a!r}\n  run    {b!r}" for a, b in zip(shown + [""] * len(table), table + [""] * len(shown)) if a != b))
+check(shown == table, "docs/tour.md's memory table is not what this run measured (tests/memory_model.py PTOOL . --table prints it):\n"
+      + "\n".join(f"  docs   {a!r}\n  run    {b!r}" for a, b in zip(shown + [""] * len(table), table + [""] * len(shown)) if a != b))
 claim = re.search(r"all (\d+) plans, (\d+) ranks", open(f"{ROOT}/docs/planning.md").read())
 check(claim and (int(claim.group(1)), int(claim.group(2))) == (len(rows), sum(r[1] for r in rows)),
       f"docs/planning.md says '{claim and claim.group(0)}'; measured {len(rows)} plans, {sum(r[1] for r in rows)} ranks")

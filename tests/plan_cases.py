@@ -6,7 +6,7 @@
 1. Every plan it finds for every shipped model (on clusters/cpu_local.yaml, 2 and 4 ranks), in
    float32 and with its default bfloat16 mixed precision, is a plan ptool reads without a warning
    and verifies: PASS against the single-device reference. The number verified is the one the
-   README, docs/testing.md and docs/planning.md state.
+   docs/tour.md, docs/testing.md and docs/planning.md state.
    On two nodes of 2 (tests/data/cpu_2x2.yaml) every HSDP plan it finds verifies too.
 2. Its numbers are explain's: for Llama-3-8B shapes on 16 H100s, each listed plan's memory (PyTorch's
    allocated peak) and step time equal those of explain simulating the whole model (the planner
@@ -93,8 +93,8 @@ with tempfile.TemporaryDirectory() as tmp:
     print(f"verified {verified} plans that ptool plan wrote ({by_precision}); {own_microbatches} of them carry other "
           f"microbatches than their model's (gradient_accumulation)")
     check(all(by_precision.get(p, 0) >= 40 for p in ("float32", "bf16")), f"too few planned plans verified: {by_precision}")
-    # the docs state this count (README, docs/testing.md, docs/planning.md): it must be this run's
-    for doc, pattern in (("README.md", r"`tests/plan_cases.py`, (\d+) plans"), ("docs/testing.md", r"verifies PASS \((\d+) plans"),
+    # the docs state this count (docs/tour.md, docs/testing.md, docs/planning.md): it must be this run's
+    for doc, pattern in (("docs/tour.md", r"`tests/plan_cases.py`, (\d+) plans"), ("docs/testing.md", r"verifies PASS \((\d+) plans"),
                          ("docs/planning.md", r"on 2 and\s+4 ranks \((\d+) plans")):
         m = re.search(pattern, open(f"{ROOT}/{doc}").read())
         check(m and int(m.group(1)) == verified, f"{doc} says {m and m.group(0)!r}; this run verified {verified} planned plans")
