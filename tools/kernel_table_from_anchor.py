@@ -2,7 +2,8 @@
 """A kernel table (docs/kernel_table.md) from the rows PyTorch measured on a GPU (anchor.py's jsonl).
 
     tools/kernel_table_from_anchor.py ANCHOR.jsonl OUT.json --gpu NAME --date DATE --software TEXT
-        [--peak-bf16 TFLOPS] [--peak-fp32 TFLOPS] [--bandwidth GB_S] [--source TEXT] [--float8 FLOAT8.jsonl]
+        [--peak-bf16 TFLOPS] [--peak-fp32 TFLOPS] [--peak-float8 TFLOPS] [--bandwidth GB_S] [--source TEXT]
+        [--float8 FLOAT8.jsonl]
         [--float8-ratio-from FLOAT8.jsonl --float8-ratio-bf16 TABLE.json]
 
 Reads the `device`, `gemm`, `sdpa`, `bw` and `floor` rows of ANCHOR.jsonl and writes the table ptool's
@@ -27,7 +28,9 @@ cluster files name (`kernels:`), one row a line, with where every number came fr
   kernel_overhead  the median launch-bound eager call (`floor` rows, bench/validation/gpu/overhead.py)
              where measured, else derived from the eager RMSNorm's excess over its bytes
 
-The peak rates are the vendor's (dense), the scale a cluster of another GPU is derived by.
+The peak rates are the vendor's (dense), the scale a cluster of another GPU is derived by; the float8
+peak (--peak-float8, default the H100 SXM's and H200's 1979) is written where the table has float8 rows
+(their scale, as the bf16 peak is the bf16 rows').
 """
 import argparse
 import json
@@ -44,6 +47,7 @@ def main():
     ap.add_argument("--source", default="")
     ap.add_argument("--peak-bf16", type=float, default=989)
     ap.add_argument("--peak-fp32", type=float, default=67)
+    ap.add_argument("--peak-float8", type=float, default=1979)
     ap.add_argument("--bandwidth", type=float, default=3350)
     ap.add_argument("--float8", default="")
     ap.add_argument("--float8-ratio-from", default="")
@@ -106,7 +110,9 @@ def main():
              '  "format": "ptool kernel table 1",',
              f'  "gpu": {json.dumps(a.gpu)},',
              '  "peak": ' + json.dumps({"tflops": {"bfloat16": a.peak_bf16, "float16": a.peak_bf16,
-                                                  "float32": a.peak_fp32},
+                                                  "float32": a.peak_fp32,
+                                                  **({"float8": a.peak_float8}
+                                                     if a.float8 or a.float8_ratio_from else {})},
                                        "memory_bandwidth_gb_s": a.bandwidth}) + ',',
              '  "device": ' + json.dumps({"name": device["name"], "sms": device["sms"],
                                          "memory_bytes": device["total_bytes"],

@@ -61,6 +61,15 @@ double Cluster::peak_flops(DType dt) const {
     return it == flops.end() ? 0 : it->second;
 }
 
+std::string Cluster::no_float8() const {
+    if (has_float8()) return "";
+    return fmt::format(
+        "the cluster '{}' ({}) has no float8 tensor cores: its 'tflops' has no float8 entry "
+        "(torch._scaled_mm "
+        "needs sm_89 or later: H100, H200, L40S; an A100 is sm_80)",
+        name, path);
+}
+
 Cluster load_cluster_text(const std::string& text, const std::string& name) {
     YamlMap m(load_yaml_text(text, name), "the cluster");
     Cluster c;
@@ -84,12 +93,17 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
     YamlMap fm(f, "'tflops'");
     for (const auto& kv : f.raw()) {
         const std::string key = kv.first.Scalar();
+        if (key == "float8") {  // torch._scaled_mm's float8 tensor cores: the capability (sm_89+)
+            c.float8_flops = positive(fm, key, "'tflops'", kMaxTflops) * 1e12;
+            continue;
+        }
         DType dt;
         try {
             dt = parse_dtype(key);
         } catch (const std::exception&) {
             YamlNode(kv.first, std::make_shared<std::string>(name))
-                .fail(fmt::format("'{}' is not a dtype (float32, bfloat16, float16, float64)", key));
+                .fail(
+                    fmt::format("'{}' is not a dtype (float32, bfloat16, float16, float64) nor float8", key));
         }
         c.flops[dt] = positive(fm, key, "'tflops'", kMaxTflops) * 1e12;
     }

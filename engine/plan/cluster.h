@@ -42,13 +42,19 @@ struct Cluster {
     double reserved_bytes = 0;  // per GPU, held back besides `runtime` (a margin; 0 by default)
     RuntimeMemory runtime;
     std::map<DType, double> flops;  // peak dense FLOP/s per compute dtype
-    double gemm_efficiency = 1;     // the roofline's share of peak (a cluster without a kernel table)
+    // peak dense float8 FLOP/s (torch._scaled_mm's tensor cores, sm_89+); 0: the GPU has none and
+    // cannot run float8 linears (`tflops` names no `float8`)
+    double float8_flops = 0;
+    double gemm_efficiency = 1;  // the roofline's share of peak (a cluster without a kernel table)
     // the kernel table its GPU's kernels are priced by (plan/kernel_model.h); null: the roofline
     std::shared_ptr<const KernelTable> kernels;
     double memory_bandwidth = 0;  // bytes/s: what the other ops are bound by
     Link intra, inter;
     int world_size() const { return nodes * gpus_per_node; }
     double peak_flops(DType dt) const;  // InputError-free: 0 when the file names no rate for dt
+    bool has_float8() const { return float8_flops > 0; }
+    // Why the cluster cannot run float8 linears, one clause naming it ("" when it can).
+    std::string no_float8() const;
 };
 
 Cluster load_cluster(const std::string& path);

@@ -197,6 +197,10 @@ ExplainReport explain_report(const ExplainInputs& in) {
     r.plan = load_plan(in.plan_path);
     apply_mesh_flags(r.plan, in.mesh);
     if (!in.cluster_path.empty()) r.cluster = load_cluster(in.cluster_path);
+    if (r.cluster && r.plan.float8 && !r.cluster->has_float8())  // the plan's section, the cluster's why
+        throw InputError(
+            r.plan.float8->where,
+            fmt::format("float8: {}: its linears cannot run in float8 there", r.cluster->no_float8()));
     // resolved once: the explanation works on a copy, every rank class's simulation rebinds it
     const Resolution resolution = resolve_plan(r.model, r.plan);
     r.ex = explain_plan(r.model, r.plan, &resolution);

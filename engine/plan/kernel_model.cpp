@@ -45,6 +45,14 @@ void require_rate(const Cluster& c, DType dt) {
             fmt::format("the cluster names no 'tflops' for {}, the plan's compute dtype", dtype_name(dt)));
 }
 
+// A float8 GEMM on a GPU without float8 tensor cores (explain refuses the plan's section before
+// this; a caller that priced float8 work on such a cluster anyway gets the cluster's reason).
+void require_float8(const Cluster& c, const MetaWork& w) {
+    if (c.has_float8()) return;
+    for (const auto& [key, calls] : w.gemms)
+        if (key.float8) throw InputError(SourceLocation{c.path, 1, 1}, c.no_float8());
+}
+
 }  // namespace
 
 double ComputeTerms::total() const {
@@ -57,18 +65,21 @@ double ComputeTerms::total() const {
 
 ComputeTerms compute_terms(const MetaWork& w, const Cluster& c, DType compute) {
     require_rate(c, compute);
+    require_float8(c, w);
     ComputeTerms t;
     t.memory_bytes = w.memory_bytes, t.kernels = w.kernels;
     const KernelTable* k = c.kernels.get();
     if (!k) {  // the roofline: FLOPs at gemm_efficiency of peak, bytes at the memory bandwidth
-        auto rate = [&](DType dt) {
-            const double p = c.peak_flops(dt) > 0 ? c.peak_flops(dt) : c.peak_flops(compute);
+        auto rate = [&](DType dt, bool float8 = false) {
+            const double p = float8                 ? c.float8_flops
+                             : c.peak_flops(dt) > 0 ? c.peak_flops(dt)
+                                                    : c.peak_flops(compute);
             return p * c.gemm_efficiency;
         };
-        for (const auto& [key, calls] : w.gemms)
+        for (const auto& [key, calls] : w.gemms)  // a float8 GEMM at the float8 peak
             t.gemm[static_cast<int>(key.op)] += calls * 2.0 * static_cast<double>(key.m) *
                                                 static_cast<double>(key.n) * static_cast<double>(key.k) /
-                                                rate(key.dtype);
+                                                rate(key.dtype, key.float8);
         for (const auto& [key, flops] : w.attention) t.attention[key.backward] += flops / rate(key.dtype);
         t.memory = w.memory_bytes / c.memory_bandwidth;
         for (const auto& [key, n] : w.ops)
@@ -84,7 +95,11 @@ ComputeTerms compute_terms(const MetaWork& w, const Cluster& c, DType compute) {
     for (const auto& [key, calls] : w.gemms) {
         GemmKey q = key;
         q.dtype = table_dtype(*k, key.dtype, false);
-        const double s = calls * gemm_seconds_of(c.kernels, q) * compute_scale(q.dtype, key.dtype);
+        // the table's float8 rows scale by the float8 peaks, as its other rows by their dtype's; a
+        // table without float8 rows prices them as the output dtype's (kernel_table.h)
+        const double scale = key.float8 && k->has_float8_gemm(q.dtype) ? k->float8_peak_flops / c.float8_flops
+                                                                       : compute_scale(q.dtype, key.dtype);
+        const double s = calls * gemm_seconds_of(c.kernels, q) * scale;
         t.gemm[static_cast<int>(key.op)] += s;
         t.gemms.push_back({key, {}, calls, s});
     }
@@ -129,6 +144,9 @@ std::string kernel_model_source(const Cluster& c) {
     for (const auto& [dt, peak] : k->peak_flops)
         if (c.peak_flops(dt) > 0 && std::abs(c.peak_flops(dt) / peak - 1) > 1e-9)
             scales.push_back(fmt::format("{} x{:.3f}", dtype_name(dt), c.peak_flops(dt) / peak));
+    if (k->float8_peak_flops > 0 && c.has_float8() &&
+        std::abs(c.float8_flops / k->float8_peak_flops - 1) > 1e-9)
+        scales.push_back(fmt::format("float8 x{:.3f}", c.float8_flops / k->float8_peak_flops));
     if (std::abs(c.memory_bandwidth / k->peak_bandwidth - 1) > 1e-9)
         scales.push_back(fmt::format("memory x{:.3f}", c.memory_bandwidth / k->peak_bandwidth));
     if (scales.empty()) return fmt::format("measured: {} ({})", k->path, k->gpu);

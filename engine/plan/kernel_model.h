@@ -12,9 +12,11 @@
 //                    framework's kernel sequence moves (framework_bytes) over the streaming bandwidth
 //
 // A cluster whose GPU the table was not measured on takes the table's times scaled by the peaks
-// (compute by the dtype's dense FLOP/s, memory-bound by the memory bandwidth): derived. A cluster
-// without a table takes the roofline (GEMM and attention FLOPs at gemm_efficiency of peak, bytes
-// at the memory bandwidth): assumed.
+// (compute by the dtype's dense FLOP/s, a float8 GEMM's by the float8 peaks, memory-bound by the
+// memory bandwidth): derived. A cluster without a table takes the roofline (GEMM and attention FLOPs
+// at gemm_efficiency of peak, a float8 GEMM's of the float8 peak, bytes at the memory bandwidth):
+// assumed. A float8 GEMM on a cluster whose `tflops` has no float8 (no float8 tensor cores) is
+// InputError naming the cluster.
 #pragma once
 
 #include <array>

@@ -58,17 +58,20 @@ void load_peak(const JsonNode& p, KernelTable& t) {
     only_keys(p, "'peak'", {"tflops", "memory_bandwidth_gb_s"});
     const JsonNode f = p.at("tflops");
     for (const auto& [key, value] : f.members("'tflops' of 'peak'")) {
-        DType dt;
-        try {
-            dt = parse_dtype(key);
-        } catch (const std::exception&) {
-            throw InputError(value.key_where(),
-                             fmt::format("'{}' is not a dtype (bfloat16, float16, float32, float64)", key));
+        DType dt = DType::float32;
+        if (key != "float8") {  // float8: the float8 rows' (torch._scaled_mm's tensor cores)
+            try {
+                dt = parse_dtype(key);
+            } catch (const std::exception&) {
+                throw InputError(
+                    value.key_where(),
+                    fmt::format("'{}' is not a dtype (bfloat16, float16, float32, float64) nor float8", key));
+            }
         }
         const double x = value.as_number(fmt::format("'tflops' of {}", key));
         if (!(x > 0) || x > 1e6)
             value.fail(fmt::format("'tflops' of {} must be in (0, 1e6], got {:g}", key, x));
-        t.peak_flops[dt] = x * 1e12;
+        (key == "float8" ? t.float8_peak_flops : t.peak_flops[dt]) = x * 1e12;
     }
     t.peak_bandwidth = positive(p, "memory_bandwidth_gb_s", "'peak'") * 1e9;
 }
@@ -94,7 +97,10 @@ void load_rows(const JsonNode& root, KernelTable& t) {
         t.gemm.push_back(g);
     }
     for (const KernelTable::Gemm& g : t.gemm)  // every measured dtype's rows scale by its peak
-        if (!t.peak_flops.count(g.key.dtype))
+        if (g.key.float8 && t.float8_peak_flops <= 0)
+            root.at("peak").fail(
+                "'peak' gives no 'tflops' for float8, which the 'gemm' rows marked float8 measure");
+        else if (!t.peak_flops.count(g.key.dtype))
             root.at("peak").fail(fmt::format("'peak' gives no 'tflops' for {}, which 'gemm' measures",
                                              dtype_name(g.key.dtype)));
     if (auto a = root.get("attention"))

@@ -27,6 +27,7 @@ struct KernelTable {
     std::string path, gpu;
     std::string provenance;              // one line: when, with what, by whom
     std::map<DType, double> peak_flops;  // FLOP/s per dtype
+    double float8_peak_flops = 0;        // float8 FLOP/s (`peak`'s `float8`): the float8 rows' scale
     double peak_bandwidth = 0;           // bytes/s
     double device_memory = 0, context_bytes = 0;
 

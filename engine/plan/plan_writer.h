@@ -1,8 +1,8 @@
 // Writing a plan for a model from its module tree, as torchtitan writes Llama's by hand: the
 // tensor-parallel plan with sequence parallelism where the model has a sequence (token input), the
 // data-parallel section (one dp dim, or HSDP's [dp_replicate, dp_shard]), activation
-// checkpointing, and the gradient accumulation it was chosen with where that is not the model's;
-// as plan YAML text that load_plan_text reads.
+// checkpointing, the gradient accumulation it was chosen with where that is not the model's, and
+// torchao's float8 with torch.compile where chosen; as plan YAML text that load_plan_text reads.
 //
 // The tensor-parallel rules follow the activation's layout through the modules in forward order
 // (Replicate, Shard(1) = sequence shards, Shard(-1) = a colwise linear's feature shards). Each
@@ -83,6 +83,10 @@ struct PlanChoice {
     // with ep_replicate: the mesh puts dp_replicate inner (ep's blocking all_to_all inside a node, as
     // torchtitan's dp_shard_in_ep; fully_shard's collectives across nodes), else outer (HSDP's order)
     bool ep_inner = false;
+    // torchao's float8 training (docs/float8.md): "" none, else the recipe ("tensorwise", "rowwise")
+    // of a `float8` section as torchtitan's converter writes it (no filter_fqns: the output head left
+    // out), with `compile: true`
+    std::string float8;
 
     bool hybrid() const { return dp_shard > 1 && dp_shard < dp; }
     // "full", "op" (activation_checkpointing's modes) or "" (none)
@@ -91,6 +95,16 @@ struct PlanChoice {
         return checkpoint == o.checkpoint && selective == o.selective;
     }
     int dp_replicate() const { return hybrid() ? dp / dp_shard : 1; }
+    // the float8 section's FSDP2 all-gather (and its precomputed scales), as torchtitan's published
+    // float8 runs: tensorwise under fully_shard over more than one rank of the dp shard dim
+    // (torchtitan turns it off where dp_shard is 1)
+    bool float8_all_gather() const {
+        return float8 == "tensorwise" && dp_mode == DataParallelMode::fully_shard &&
+               (hybrid() ? dp_shard : dp) > 1;
+    }
+    std::string float8_text() const {  // "" or " float8 tensorwise": the search's shapes name it
+        return float8.empty() ? "" : " float8 " + float8;
+    }
     // the data dim expert_parallel borrows (ep > 1): "dp", HSDP's "dp_shard" or "dp_replicate"
     const char* ep_mesh_dim() const { return !hybrid() ? "dp" : ep_replicate ? "dp_replicate" : "dp_shard"; }
     std::string mode_name() const {

@@ -18,6 +18,11 @@ Search::Search(const std::string& model_text, const std::string& name, const Clu
     r_.world_size = o.world_size > 0 ? o.world_size : cluster.world_size();
     r_.memory_cap = o.memory_cap > 0 ? o.memory_cap : cluster.memory_bytes - cluster.reserved_bytes;
     r_.compute = o.param_dtype ? parse_dtype(*o.param_dtype) : full_.dtype;
+    r_.float8 = o.float8;
+    if (o.float8 != "never" && o.float8 != "tensorwise" && o.float8 != "rowwise" && o.float8 != "offer")
+        throw InputError(fmt::format("--float8 {}: not never, tensorwise, rowwise or offer", o.float8));
+    if (o.float8 != "never" && !cluster.has_float8())
+        throw InputError(fmt::format("--float8 {}: {}", o.float8, cluster.no_float8()));
     if (r_.world_size > cluster.world_size())
         throw InputError(fmt::format("--world-size {} is more than {}'s {} GPUs", r_.world_size, cluster.name,
                                      cluster.world_size()));
@@ -71,7 +76,8 @@ SearchResult Search::run() {
         double compute = 0;  // the fastest compute of a fitting dp x tp plan over the same ranks
         for (const Candidate& f : r_.fitting)
             if (f.choice.pp == 1 && f.choice.cp == 1 && f.choice.tp == c.tp && f.choice.dp == c.dp * c.pp &&
-                f.choice.same_checkpointing(c) && (compute == 0 || f.time.compute < compute))
+                f.choice.same_checkpointing(c) && f.choice.float8 == c.float8 &&
+                (compute == 0 || f.time.compute < compute))
                 compute = f.time.compute;
         const int m = pipeline_microbatches(c);
         // (a split backward fills its bubble with Ws: its compute alone bounds it)
@@ -172,7 +178,7 @@ void Search::evaluate_flat(std::vector<PlanChoice> groups) {
         return c.dp_mode == DataParallelMode::fully_shard && !c.hybrid();
     };
     auto sibling = [&](const PlanChoice& c) {
-        return fmt::format("dp={} x tp={}{}", c.dp, c.tp, checkpointed(c));
+        return fmt::format("dp={} x tp={}{}{}", c.dp, c.tp, checkpointed(c), c.float8_text());
     };
     if (!extrapolate_) return evaluate_all(groups);
     std::vector<PlanChoice> first, rest;
@@ -186,11 +192,12 @@ void Search::evaluate_flat(std::vector<PlanChoice> groups) {
             worth.push_back(std::move(c));
             continue;
         }
-        r_.rejected.push_back({fmt::format("dp={} x tp={} {}{}", c.dp, c.tp, c.mode_name(), checkpointed(c)),
-                               fmt::format("does not fit where dp={} x tp={} fully_shard{} does not: not "
-                                           "simulated",
-                                           c.dp, c.tp, checkpointed(c)),
-                               RejectionKind::memory_implied});
+        r_.rejected.push_back(
+            {fmt::format("dp={} x tp={} {}{}{}", c.dp, c.tp, c.mode_name(), checkpointed(c), c.float8_text()),
+             fmt::format("does not fit where dp={} x tp={} fully_shard{}{} does not: not "
+                         "simulated",
+                         c.dp, c.tp, checkpointed(c), c.float8_text()),
+             RejectionKind::memory_implied});
     }
     evaluate_all(worth);
 }

@@ -1,7 +1,8 @@
 // ptool plan: the search over how to run a model on a cluster. Candidates are dp x tp meshes
 // (tp within a node), fully_shard or replicate over dp or, where dp spans nodes, HSDP (fully_shard
 // over a node's dp ranks, replicated across nodes), activation checkpointing of the repeated
-// blocks or not, and the model's gradient_accumulation doubled until the batch fits (microbatches); plans are
+// blocks or not, and the model's gradient_accumulation doubled until the batch fits (microbatches), torchao's
+// float8 where asked (SearchOptions::float8: with or without it, or both); plans are
 // written by plan/plan_writer.h. Each is linted (explain's rules: heads, kv heads, features, vocab and
 // sequence must divide by tp, rows by dp x microbatches; a mesh under which explain expects a mismatch, such
 // as loss: sum averaged by DDP, is refused with that cause) and simulated on meta tensors (train/simulate.h)
@@ -44,6 +45,11 @@ struct SearchOptions {
     // reaches for pp once tp fills a node); always; never
     std::string pipelines = "auto";
     unsigned threads = 0;  // 0: one per core
+    // torchao's float8 linears (docs/float8.md), each candidate with torch.compile: "never" (none);
+    // "tensorwise" or "rowwise" (every candidate carries the recipe; rowwise under tensor parallelism
+    // is not built: those meshes are rejected); "offer" (each candidate without and with tensorwise,
+    // both ranked). Other than never on a cluster without float8 tensor cores: InputError.
+    std::string float8 = "never";
 };
 
 struct Candidate {
@@ -71,6 +77,7 @@ struct SearchResult {
     double memory_cap = 0;
     int world_size = 0;
     DType compute = DType::float32;
+    std::string float8 = "never";  // SearchOptions::float8
 };
 
 // model_text: the model file's text (already loadable); name for messages.

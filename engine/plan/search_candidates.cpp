@@ -58,6 +58,13 @@ std::vector<PlanChoice> Search::meshes() {
                  RejectionKind::topology});
             continue;
         }
+        if (tp > 1 && o_.float8 == "rowwise") {  // exit 2 from the plan's loader (docs/float8.md)
+            r_.rejected.push_back({fmt::format("tp={}", tp),
+                                   "float8 rowwise is not built under tensor parallelism (a row's amax over "
+                                   "the reduction dim tp cuts)",
+                                   RejectionKind::float8_recipe});
+            continue;
+        }
         PlanChoice tp_only;
         tp_only.tp = tp, tp_only.param_dtype = o_.param_dtype;
         add_pipelines(tp_only, groups);
@@ -109,7 +116,21 @@ std::vector<PlanChoice> Search::meshes() {
             }
         }
     }
-    return groups;
+    return with_float8(std::move(groups));
+}
+
+// The groups as SearchOptions::float8 asks: each with the recipe, or (offer) each without and then
+// with tensorwise, simulated apart (the casts, the float8 all-gather and its unsharded weights change
+// both the time and the memory).
+std::vector<PlanChoice> Search::with_float8(std::vector<PlanChoice> groups) const {
+    if (o_.float8 == "never") return groups;
+    std::vector<PlanChoice> out;
+    for (PlanChoice& c : groups) {
+        if (o_.float8 == "offer") out.push_back(c);
+        out.push_back(std::move(c));
+        out.back().float8 = o_.float8 == "offer" ? "tensorwise" : o_.float8;
+    }
+    return out;
 }
 
 // Context parallel over the tp of `base` (its tp accepted): cp a power of two with cp x tp

@@ -76,8 +76,8 @@ void Search::evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::o
     const std::string dp =
         c.hybrid() ? fmt::format("{}x{}", c.dp_replicate(), c.dp_shard) : std::to_string(c.dp);
     const std::string shape =
-        fmt::format("dp={}{} x tp={} {}{}", dp, c.cp > 1 ? fmt::format(" x cp={}", c.cp) : "", c.tp,
-                    c.mode_name(), checkpointed(c));
+        fmt::format("dp={}{} x tp={} {}{}{}", dp, c.cp > 1 ? fmt::format(" x cp={}", c.cp) : "", c.tp,
+                    c.mode_name(), checkpointed(c), c.float8_text());
     const std::string plan_text = write_plan(full_, tpl_, c);
     const Plan plan = load_plan_text(plan_text, "generated.yaml");
     const int64_t first = full_.gradient_accumulation, last = std::max<int64_t>(o_.max_microbatches, first);

@@ -95,10 +95,10 @@ private:
     }
 
     static std::string pipeline_shape(const PlanChoice& c) {
-        return fmt::format("pp={} x dp={} x tp={} {} {}{}{}", c.pp, c.dp, c.tp, c.mode_name(),
+        return fmt::format("pp={} x dp={} x tp={} {} {}{}{}{}", c.pp, c.dp, c.tp, c.mode_name(),
                            schedule_kind_name(c.schedule),
-                           c.virtual_stages > 1 ? fmt::format(" v{}", c.virtual_stages) : "",
-                           checkpointed(c));
+                           c.virtual_stages > 1 ? fmt::format(" v{}", c.virtual_stages) : "", checkpointed(c),
+                           c.float8_text());
     }
 
     bool rows_split(int dp, const std::string& shape);
@@ -109,6 +109,7 @@ private:
     }
 
     std::vector<PlanChoice> meshes();
+    std::vector<PlanChoice> with_float8(std::vector<PlanChoice> groups) const;  // SearchOptions::float8
     void add_context_parallel(const PlanChoice& base, std::vector<PlanChoice>& groups);
     void add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& groups);
     std::string lint(PlanChoice c) const;
