@@ -11,7 +11,6 @@ const std::vector<RejectionKindInfo>& rejection_kinds() {
          "over the GPU's memory where a variant holding less is (not simulated)"},
         {RejectionKind::slower, "slower", "slower than the plans kept at best (not simulated)"},
         {RejectionKind::refused, "refused", "refused by explain's rules"},
-        {RejectionKind::float8_recipe, "float8_recipe", "the float8 recipe is not built on the mesh"},
         {RejectionKind::indivisible, "indivisible", "does not divide"},
         {RejectionKind::topology, "topology", "does not map onto the cluster or the model"},
         {RejectionKind::unsampled, "unsampled", "outside what the planner's samples express (not simulated)"},

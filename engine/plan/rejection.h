@@ -15,7 +15,6 @@ enum class RejectionKind {
     memory_implied,  // not simulated: a variant that holds less was over the GPU's memory
     slower,          // not simulated: at least as slow as the fastest plans already kept
     unsampled,       // not simulated: outside what the planner's samples express (a V past 4 pp ranks)
-    float8_recipe,  // the float8 recipe asked for is not built on the mesh (rowwise under tensor parallelism)
 };
 
 struct RejectionKindInfo {

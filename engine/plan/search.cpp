@@ -55,7 +55,7 @@ Search::Search(const std::string& model_text, const std::string& name, const Clu
 SearchResult Search::run() {
     std::vector<PlanChoice> flat, piped;
     for (PlanChoice& c : meshes()) (c.pp > 1 ? piped : flat).push_back(std::move(c));
-    check_cost(flat, piped);
+    check_cost(flat, o_.pipelines == "never" ? std::vector<PlanChoice>{} : piped);  // never: none simulated
     evaluate_flat(flat);
     std::vector<double> steps;
     for (const Candidate& c : r_.fitting) steps.push_back(c.time.step);
@@ -163,8 +163,10 @@ void Search::check_cost(const std::vector<PlanChoice>& flat, const std::vector<P
         "plan would simulate {} candidate meshes of a model of {:.0f} modules ({:.0f} a block of "
         "'{}'): about {:.3g} units of work (a module built counts {}, its forward and backward of "
         "one microbatch 1), over ptool's bound of {}: plan a proxy of the model with fewer experts "
-        "or smaller blocks (ptool shrink), fewer GPUs (--world-size), or --pipeline never",
-        flat.size() + piped.size(), total, block, repeat_, work, kBuildWeight, kPlanWork));
+        "or smaller blocks (ptool shrink), fewer GPUs (--world-size), or --pipeline never{}",
+        flat.size() + piped.size(), total, block, repeat_, work, kBuildWeight, kPlanWork,
+        o_.float8 == "offer" ? " (--float8 offer simulates each candidate twice: --float8 tensorwise once)"
+                             : ""));
 }
 
 // The dp x tp groups, fully_shard's first: a group that holds whole parameters (replicate,

@@ -46,9 +46,9 @@ struct SearchOptions {
     std::string pipelines = "auto";
     unsigned threads = 0;  // 0: one per core
     // torchao's float8 linears (docs/float8.md), each candidate with torch.compile: "never" (none);
-    // "tensorwise" or "rowwise" (every candidate carries the recipe; rowwise under tensor parallelism
-    // is not built: those meshes are rejected); "offer" (each candidate without and with tensorwise,
-    // both ranked). Other than never on a cluster without float8 tensor cores: InputError.
+    // "tensorwise" or "rowwise" (every candidate carries the recipe); "offer" (each candidate without
+    // and with tensorwise, both ranked). Other than never on a cluster without float8 tensor cores:
+    // InputError.
     std::string float8 = "never";
 };
 

@@ -58,13 +58,6 @@ std::vector<PlanChoice> Search::meshes() {
                  RejectionKind::topology});
             continue;
         }
-        if (tp > 1 && o_.float8 == "rowwise") {  // exit 2 from the plan's loader (docs/float8.md)
-            r_.rejected.push_back({fmt::format("tp={}", tp),
-                                   "float8 rowwise is not built under tensor parallelism (a row's amax over "
-                                   "the reduction dim tp cuts)",
-                                   RejectionKind::float8_recipe});
-            continue;
-        }
         PlanChoice tp_only;
         tp_only.tp = tp, tp_only.param_dtype = o_.param_dtype;
         add_pipelines(tp_only, groups);
