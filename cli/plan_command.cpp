@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -61,12 +62,12 @@ std::string header(const PlanArgs& a, const Cluster& cl, const SearchResult& r, 
             "critical path {:.0f} ms, bubble {:.1f}%.\n",
             c.choice.pp * c.choice.virtual_stages, fmt::join(c.choice.stage_blocks, ", "),
             c.choice.pp_microbatches, c.time.pipeline * 1e3, 100 * c.time.bubble);
-    if (!c.choice.float8.empty())
+    if (c.choice.float8)
         s += fmt::format(
             "# float8 {} (torchao's Float8Linear as torchtitan converts: every linear but the output "
             "head){}, "
             "with torch.compile:\n# its casts priced fused (docs/float8.md).\n",
-            c.choice.float8,
+            float8_scaling_name(*c.choice.float8),
             c.choice.float8_all_gather() ? "; fully_shard gathers the weights in float8, scales precomputed"
                                          : "");
     s += "# Check it before the cluster: `ptool explain MODEL THIS_PLAN` (lint, memory per rank).\n";
@@ -113,7 +114,7 @@ int verify_on_proxy(const PlanArgs& a, const Candidate& best, const Common& comm
 void print_float8_gain(const SearchResult& r) {
     const Candidate *with = nullptr, *without = nullptr;  // the fastest of each (r.fitting: fastest first)
     for (const Candidate& c : r.fitting) {
-        const Candidate*& best = c.choice.float8.empty() ? without : with;
+        const Candidate*& best = c.choice.float8 ? with : without;
         if (!best) best = &c;
     }
     if (!with || !without) {
@@ -126,7 +127,7 @@ void print_float8_gain(const SearchResult& r) {
     };
     const Candidate* same = nullptr;
     for (const Candidate& c : r.fitting)
-        if (!same && c.choice.float8.empty() && shape(c.choice) == shape(with->choice)) same = &c;
+        if (!same && !c.choice.float8 && shape(c.choice) == shape(with->choice)) same = &c;
     fmt::print(
         "\n  float8 tensorwise (compiled): the fastest plan with it {} a step, without it {} (speed-up "
         "x{:.2f})",
@@ -147,7 +148,7 @@ void print_candidates(const SearchResult& r, int top) {
     for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < top; ++i)
         experts |= r.fitting[i].choice.ep > 1;
     if (experts) rows[0].insert(rows[0].end() - 2, collective_name(Collective::all_to_all));
-    const bool float8 = r.float8 != "never";  // a column only where the search offered float8
+    const bool float8 = r.float8 != Float8Search::never;  // a column only where the search offered float8
     if (float8) rows[0].insert(rows[0].begin() + 5, "float8");
     for (size_t i = 0; i < r.fitting.size() && static_cast<int>(i) < top; ++i) {
         const Candidate& c = r.fitting[i];
@@ -170,14 +171,15 @@ void print_candidates(const SearchResult& r, int top) {
         if (experts)
             rows.back().insert(rows.back().end() - 2, c.choice.ep > 1 ? seconds_str(c.time.all_to_all) : "-");
         if (float8)
-            rows.back().insert(rows.back().begin() + 5, c.choice.float8.empty() ? "-" : c.choice.float8);
+            rows.back().insert(rows.back().begin() + 5,
+                               c.choice.float8 ? float8_scaling_name(*c.choice.float8) : "-");
     }
     fmt::print("\n");
     if (r.fitting.empty())
         fmt::print("  no candidate fits\n");
     else
         print_columns(rows, "  ");
-    if (r.float8 == "offer") print_float8_gain(r);
+    if (r.float8 == Float8Search::offer) print_float8_gain(r);
 }
 
 // The rejected candidates by kind: a count and the first of each; every one under -v.
@@ -219,8 +221,8 @@ nlohmann::json candidate_json(const Candidate& c) {
     if (c.choice.ep > 1)
         e["ep"] = c.choice.ep, e["ep_mesh_dim"] = c.choice.ep_mesh_dim(),
         e["all_to_all_seconds"] = c.time.all_to_all;
-    if (!c.choice.float8.empty())
-        e["float8"] = {{"recipe", c.choice.float8},
+    if (c.choice.float8)
+        e["float8"] = {{"recipe", float8_scaling_name(*c.choice.float8)},
                        {"enable_fsdp_float8_all_gather", c.choice.float8_all_gather()},
                        {"compile", true}};
     if (c.choice.pp > 1)
@@ -238,7 +240,7 @@ nlohmann::json plan_json(const PlanArgs& a, const Cluster& cluster, const Search
     nlohmann::json j = json_document("plan");
     j["model"] = a.model, j["cluster"] = cluster.name, j["world_size"] = r.world_size;
     j["memory_cap_bytes"] = r.memory_cap, j["evaluated"] = r.evaluated, j["seconds"] = seconds;
-    if (r.float8 != "never") j["float8"] = r.float8;  // --float8
+    if (r.float8 != Float8Search::never) j["float8"] = float8_search_name(r.float8);  // --float8
     j["candidates"] = nlohmann::json::array();
     for (const Candidate& c : r.fitting) j["candidates"].push_back(candidate_json(c));
     j["rejected"] = nlohmann::json::array();
@@ -262,7 +264,8 @@ int plan(const PlanArgs& a, const Common& common) {
     o.world_size = a.world_size;
     o.keep = a.top;
     o.pipelines = a.pipelines;
-    o.float8 = a.float8;
+    const std::vector<std::string> names = float8_search_names();
+    o.float8 = static_cast<Float8Search>(std::find(names.begin(), names.end(), a.float8) - names.begin());
     o.memory_cap = a.memory_cap_gib * (1ull << 30);
     if (a.mixed_precision != "none")
         o.param_dtype = dtype_name(parse_dtype(a.mixed_precision));
@@ -328,7 +331,7 @@ void add_plan_command(CLI::App& app, Common& common, int& exit_code) {
     cmd->add_option("--float8", a->float8,
                     "torchao's float8 linears, with torch.compile: never (default), tensorwise or rowwise "
                     "(every candidate), or offer (each without and with tensorwise)")
-        ->check(CLI::IsMember({"never", "tensorwise", "rowwise", "offer"}));
+        ->check(CLI::IsMember(float8_search_names()));
     cmd->add_option("--mixed-precision", a->mixed_precision,
                     "compute dtype (param_dtype) or none (default bfloat16)");
     cmd->add_option("-o,--output", a->output, "write the best plan as YAML")->check(output_path());

@@ -87,7 +87,7 @@ TEST_CASE("a kernel table with float8 rows names its float8 peak", "[cpu]") {
     CHECK(t.peak_flops.count(DType::bfloat16));
 }
 
-SearchResult search(const std::string& float8, const std::string& cluster = "h100_8x8", int world = 4) {
+SearchResult search(Float8Search float8, const std::string& cluster = "h100_8x8", int world = 4) {
     const std::string path = kSource + "/models/llama_rope.yaml";
     SearchOptions o;
     o.world_size = world;
@@ -107,19 +107,19 @@ std::string shape(const Candidate& c) {
 }
 
 TEST_CASE("plan --float8 never proposes no float8, tensorwise proposes it on every candidate", "[cpu]") {
-    const SearchResult never = search("never");
+    const SearchResult never = search(Float8Search::never);
     REQUIRE(never.fitting.size() >= 4);
     for (const Candidate& c : never.fitting) {
-        CHECK(c.choice.float8.empty());
+        CHECK_FALSE(c.choice.float8);
         CHECK_FALSE(has(c.plan_text, "float8"));
         CHECK_FALSE(has(c.plan_text, "compile"));
     }
-    const SearchResult tw = search("tensorwise");
+    const SearchResult tw = search(Float8Search::tensorwise);
     REQUIRE(tw.fitting.size() == never.fitting.size());  // the same shapes fit (the model is tiny)
     int gathered = 0, plain = 0;
     for (const Candidate& c : tw.fitting) {
         INFO(c.plan_text);
-        CHECK(c.choice.float8 == "tensorwise");
+        CHECK(c.choice.float8 == Float8Scaling::tensorwise);
         CHECK(has(c.plan_text, "float8:\n  recipe: tensorwise\n"));
         CHECK(has(c.plan_text, "compile: true\n"));
         CHECK_FALSE(has(c.plan_text, "filter_fqns"));  // torchtitan's default: the output head left out
@@ -137,11 +137,11 @@ TEST_CASE("plan --float8 never proposes no float8, tensorwise proposes it on eve
 }
 
 TEST_CASE("plan --float8 offer ranks each candidate with and without float8", "[cpu]") {
-    const SearchResult never = search("never");
-    const SearchResult offer = search("offer");
+    const SearchResult never = search(Float8Search::never);
+    const SearchResult offer = search(Float8Search::offer);
     REQUIRE(offer.fitting.size() == 2 * never.fitting.size());
     std::multiset<std::string> with, without;
-    for (const Candidate& c : offer.fitting) (c.choice.float8.empty() ? without : with).insert(shape(c));
+    for (const Candidate& c : offer.fitting) (c.choice.float8 ? with : without).insert(shape(c));
     CHECK(with == without);  // each shape both ways
     std::multiset<std::string> before;
     for (const Candidate& c : never.fitting) before.insert(shape(c));
@@ -152,7 +152,7 @@ TEST_CASE("plan --float8 offer ranks each candidate with and without float8", "[
     for (const Candidate& n : never.fitting) {
         bool found = false;
         for (const Candidate& c : offer.fitting)
-            if (c.choice.float8.empty() && c.plan_text == n.plan_text) {
+            if (!c.choice.float8 && c.plan_text == n.plan_text) {
                 found = true;
                 CHECK(c.time.step == n.time.step);
                 CHECK(c.peak == n.peak);
@@ -161,14 +161,14 @@ TEST_CASE("plan --float8 offer ranks each candidate with and without float8", "[
     }
     // and the float8 twin is priced apart: its casts and float8 GEMMs change the step
     for (const Candidate& c : offer.fitting)
-        if (!c.choice.float8.empty())
+        if (c.choice.float8)
             for (const Candidate& n : never.fitting)
                 if (shape(n) == shape(c)) CHECK(c.time.step != n.time.step);
 }
 
 TEST_CASE("plan --float8 rowwise on every mesh, and no float8 on a cluster without it", "[cpu]") {
-    const SearchResult rw = search("rowwise");
-    const SearchResult never = search("never");
+    const SearchResult rw = search(Float8Search::rowwise);
+    const SearchResult never = search(Float8Search::never);
     REQUIRE(rw.fitting.size() == never.fitting.size());  // rowwise is built under tp too
     bool tp2 = false;
     for (const Candidate& c : rw.fitting) {
@@ -181,10 +181,10 @@ TEST_CASE("plan --float8 rowwise on every mesh, and no float8 on a cluster witho
         CHECK(p.float8->recipe.scaling == Float8Scaling::rowwise);
     }
     CHECK(tp2);
-    require_input_error([] { search("tensorwise", "a100_8x8"); },
+    require_input_error([] { search(Float8Search::tensorwise, "a100_8x8"); },
                         {"--float8 tensorwise", "'a100_8x8'", "no float8 tensor cores"});
-    require_input_error([] { search("offer", "cpu_local"); }, {"'cpu_local'", "no float8 entry"});
-    CHECK_FALSE(search("never", "a100_8x8").fitting.empty());
+    require_input_error([] { search(Float8Search::offer, "cpu_local"); }, {"'cpu_local'", "no float8 entry"});
+    CHECK_FALSE(search(Float8Search::never, "a100_8x8").fitting.empty());
 }
 
 }  // namespace test_plan_float8

@@ -157,7 +157,11 @@ bool float8_recipe_named(const std::string& name, Float8Recipe* out) {
 }
 
 const char* float8_recipe_name(const Float8Recipe& r) {
-    return r.scaling == Float8Scaling::rowwise ? "rowwise" : "tensorwise";
+    return float8_scaling_name(r.scaling);
+}
+
+const char* float8_scaling_name(Float8Scaling s) {
+    return s == Float8Scaling::rowwise ? "rowwise" : "tensorwise";
 }
 
 std::vector<double> float8_amax_over(const std::vector<Tensor>& pieces,

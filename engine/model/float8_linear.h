@@ -60,6 +60,7 @@ struct Float8Recipe {
 // axiswise scales, round_scales_to_power_of_2); false for another name.
 bool float8_recipe_named(const std::string& name, Float8Recipe* out);
 const char* float8_recipe_name(const Float8Recipe& r);  // "tensorwise", "rowwise"
+const char* float8_scaling_name(Float8Scaling s);       // the recipe of that scaling's name
 
 // Which dims of a linear's operand, seen as a matrix, tensor parallelism cuts over tp: its rows
 // (an activation's tokens, a weight's out features) or its columns (an activation's features, a

@@ -258,8 +258,8 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
             s += fmt::format("  split_points: {}\n", list(splits));
         }
     }
-    if (!c.float8.empty()) {  // torchtitan's float8 converter: no filter_fqns, the head left out
-        s += fmt::format("float8:\n  recipe: {}\n", c.float8);
+    if (c.float8) {  // torchtitan's float8 converter: no filter_fqns, the head left out
+        s += fmt::format("float8:\n  recipe: {}\n", float8_scaling_name(*c.float8));
         if (c.float8_all_gather())
             s += "  enable_fsdp_float8_all_gather: true\n  precompute_float8_dynamic_scale_for_fsdp: true\n";
         s += "compile: true\n";  // torchtitan's float8 pays under torch.compile (the casts fused)

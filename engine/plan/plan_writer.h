@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "model/float8_linear.h"
 #include "model/model.h"
 #include "parallel/plan.h"
 
@@ -83,10 +84,9 @@ struct PlanChoice {
     // with ep_replicate: the mesh puts dp_replicate inner (ep's blocking all_to_all inside a node, as
     // torchtitan's dp_shard_in_ep; fully_shard's collectives across nodes), else outer (HSDP's order)
     bool ep_inner = false;
-    // torchao's float8 training (docs/float8.md): "" none, else the recipe ("tensorwise", "rowwise")
-    // of a `float8` section as torchtitan's converter writes it (no filter_fqns: the output head left
-    // out), with `compile: true`
-    std::string float8;
+    // torchao's float8 training (docs/float8.md): none, else the recipe of a `float8` section as
+    // torchtitan's converter writes it (no filter_fqns: the output head left out), with `compile: true`
+    std::optional<Float8Scaling> float8;
 
     bool hybrid() const { return dp_shard > 1 && dp_shard < dp; }
     // "full", "op" (activation_checkpointing's modes) or "" (none)
@@ -99,11 +99,11 @@ struct PlanChoice {
     // float8 runs: tensorwise under fully_shard over more than one rank of the dp shard dim
     // (torchtitan turns it off where dp_shard is 1)
     bool float8_all_gather() const {
-        return float8 == "tensorwise" && dp_mode == DataParallelMode::fully_shard &&
+        return float8 == Float8Scaling::tensorwise && dp_mode == DataParallelMode::fully_shard &&
                (hybrid() ? dp_shard : dp) > 1;
     }
     std::string float8_text() const {  // "" or " float8 tensorwise": the search's shapes name it
-        return float8.empty() ? "" : " float8 " + float8;
+        return float8 ? std::string(" float8 ") + float8_scaling_name(*float8) : "";
     }
     // the data dim expert_parallel borrows (ep > 1): "dp", HSDP's "dp_shard" or "dp_replicate"
     const char* ep_mesh_dim() const { return !hybrid() ? "dp" : ep_replicate ? "dp_replicate" : "dp_shard"; }

@@ -19,10 +19,8 @@ Search::Search(const std::string& model_text, const std::string& name, const Clu
     r_.memory_cap = o.memory_cap > 0 ? o.memory_cap : cluster.memory_bytes - cluster.reserved_bytes;
     r_.compute = o.param_dtype ? parse_dtype(*o.param_dtype) : full_.dtype;
     r_.float8 = o.float8;
-    if (o.float8 != "never" && o.float8 != "tensorwise" && o.float8 != "rowwise" && o.float8 != "offer")
-        throw InputError(fmt::format("--float8 {}: not never, tensorwise, rowwise or offer", o.float8));
-    if (o.float8 != "never" && !cluster.has_float8())
-        throw InputError(fmt::format("--float8 {}: {}", o.float8, cluster.no_float8()));
+    if (o.float8 != Float8Search::never && !cluster.has_float8())
+        throw InputError(fmt::format("--float8 {}: {}", float8_search_name(o.float8), cluster.no_float8()));
     if (r_.world_size > cluster.world_size())
         throw InputError(fmt::format("--world-size {} is more than {}'s {} GPUs", r_.world_size, cluster.name,
                                      cluster.world_size()));
@@ -165,8 +163,9 @@ void Search::check_cost(const std::vector<PlanChoice>& flat, const std::vector<P
         "one microbatch 1), over ptool's bound of {}: plan a proxy of the model with fewer experts "
         "or smaller blocks (ptool shrink), fewer GPUs (--world-size), or --pipeline never{}",
         flat.size() + piped.size(), total, block, repeat_, work, kBuildWeight, kPlanWork,
-        o_.float8 == "offer" ? " (--float8 offer simulates each candidate twice: --float8 tensorwise once)"
-                             : ""));
+        o_.float8 == Float8Search::offer
+            ? " (--float8 offer simulates each candidate twice: --float8 tensorwise once)"
+            : ""));
 }
 
 // The dp x tp groups, fully_shard's first: a group that holds whole parameters (replicate,
@@ -250,6 +249,17 @@ std::vector<PlanChoice> Search::lighter_variants(const PlanChoice& c) const {
 }  // namespace ptool::searching
 
 namespace ptool {
+
+// --float8's names, in Float8Search's order
+constexpr const char* kFloat8SearchNames[] = {"never", "tensorwise", "rowwise", "offer"};
+
+const char* float8_search_name(Float8Search s) {
+    return kFloat8SearchNames[static_cast<int>(s)];
+}
+
+std::vector<std::string> float8_search_names() {
+    return {std::begin(kFloat8SearchNames), std::end(kFloat8SearchNames)};
+}
 
 SearchResult search_plans(const std::string& model_text, const std::string& name, const Cluster& cluster,
                           const SearchOptions& o) {

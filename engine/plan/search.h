@@ -22,12 +22,19 @@
 #include <string>
 #include <vector>
 
+#include "model/float8_linear.h"
 #include "plan/cluster.h"
 #include "plan/plan_writer.h"
 #include "plan/rejection.h"
 #include "plan/time_model.h"
 
 namespace ptool {
+
+// What the search does with torchao's float8 linears (ptool plan --float8): none; every candidate
+// with the recipe; each candidate without and with tensorwise, both ranked.
+enum class Float8Search { never, tensorwise, rowwise, offer };
+const char* float8_search_name(Float8Search s);  // "never", "tensorwise", "rowwise", "offer"
+std::vector<std::string> float8_search_names();  // every one, in the enum's order
 
 struct SearchOptions {
     int world_size = 0;  // 0: the cluster's
@@ -45,11 +52,9 @@ struct SearchOptions {
     // reaches for pp once tp fills a node); always; never
     std::string pipelines = "auto";
     unsigned threads = 0;  // 0: one per core
-    // torchao's float8 linears (docs/float8.md), each candidate with torch.compile: "never" (none);
-    // "tensorwise" or "rowwise" (every candidate carries the recipe); "offer" (each candidate without
-    // and with tensorwise, both ranked). Other than never on a cluster without float8 tensor cores:
-    // InputError.
-    std::string float8 = "never";
+    // torchao's float8 linears (docs/float8.md), each float8 candidate with torch.compile. Other than
+    // never on a cluster without float8 tensor cores: InputError.
+    Float8Search float8 = Float8Search::never;
 };
 
 struct Candidate {
@@ -77,7 +82,7 @@ struct SearchResult {
     double memory_cap = 0;
     int world_size = 0;
     DType compute = DType::float32;
-    std::string float8 = "never";  // SearchOptions::float8
+    Float8Search float8 = Float8Search::never;  // SearchOptions::float8
 };
 
 // model_text: the model file's text (already loadable); name for messages.

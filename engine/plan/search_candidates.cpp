@@ -116,12 +116,14 @@ std::vector<PlanChoice> Search::meshes() {
 // with tensorwise, simulated apart (the casts, the float8 all-gather and its unsharded weights change
 // both the time and the memory).
 std::vector<PlanChoice> Search::with_float8(std::vector<PlanChoice> groups) const {
-    if (o_.float8 == "never") return groups;
+    if (o_.float8 == Float8Search::never) return groups;
+    const bool offer = o_.float8 == Float8Search::offer;
     std::vector<PlanChoice> out;
     for (PlanChoice& c : groups) {
-        if (o_.float8 == "offer") out.push_back(c);
+        if (offer) out.push_back(c);
         out.push_back(std::move(c));
-        out.back().float8 = o_.float8 == "offer" ? "tensorwise" : o_.float8;
+        out.back().float8 =
+            o_.float8 == Float8Search::rowwise ? Float8Scaling::rowwise : Float8Scaling::tensorwise;
     }
     return out;
 }
