@@ -115,14 +115,25 @@ private:
         size_t size;
         char* ptr;
         Block* block;
-        bool operator<(const FreeKey& o) const;
+        bool operator<(const FreeKey& o) const {
+            if (stream != o.stream) return stream < o.stream;
+            if (small != o.small) return small < o.small;
+            if (size != o.size) return size < o.size;
+            return ptr < o.ptr;
+        }
     };
     static FreeKey free_key(Block* b) { return {b->stream, b->small, b->size, b->ptr, b}; }
+    using FreeIt = std::vector<FreeKey>::iterator;
     void free_insert(Block* b);
-    void free_erase(Block* b);  // (no-op where b is not in the free set)
-    Block* take_cached(size_t size, uintptr_t stream);
-    void split(Block* b, size_t size);
+    FreeIt free_find(Block* b);  // free_.end() where b is not in the free set
+    // The free set's entry `at` becomes b's (whose key changed: a block cut or merged), moving only
+    // the entries between its old and new places.
+    void free_replace(FreeIt at, Block* b);
+    FreeIt take_cached(size_t size, uintptr_t stream);  // free_.end(): none
+    Block* split(Block* b, size_t size);                // the rest, free, or null (not cut)
     void absorb_next(Block* a);
+    Block* new_block(const Block& b);
+    void delete_block(Block* b);
     void free_cached_locked();
 
     RawAllocator& raw_;
@@ -138,6 +149,7 @@ private:
     // few dozen blocks (57 on average, at most 602 over `ptool plan` of the 405B on 512 GPUs), where
     // a binary search and a short shift cost less than a tree's nodes (a malloc each, pointer chasing).
     std::vector<FreeKey> free_;
+    std::vector<Block*> spare_;  // blocks merged away, for the next split to reuse (no malloc each)
     AllocatorStats stats_;
 };
 
