@@ -108,8 +108,19 @@ void CachingAllocator::absorb_next(Block* a) {
 }
 
 void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
-    const size_t size = round_size(bytes);
     const auto lock = guard();
+    Block* b = allocate_locked(bytes, stream);
+    live_.insert_or_assign(b->ptr, b);
+    return b->ptr;
+}
+
+CachingAllocator::Block* CachingAllocator::allocate_block(size_t bytes, uintptr_t stream) {
+    const auto lock = guard();
+    return allocate_locked(bytes, stream);
+}
+
+CachingAllocator::Block* CachingAllocator::allocate_locked(size_t bytes, uintptr_t stream) {
+    const size_t size = round_size(bytes);
     ++stats_.allocations;
     Block* b = nullptr;
     if (FreeIt it = take_cached(size, stream); it != free_.end()) {
@@ -143,10 +154,9 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
         if (Block* rest = split(b, size)) free_insert(rest);
     }
     b->allocated = true;
-    live_.insert_or_assign(b->ptr, b);
     stats_.in_use += b->size;
     stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
-    return b->ptr;
+    return b;
 }
 
 void CachingAllocator::release(void* p) {
@@ -156,6 +166,16 @@ void CachingAllocator::release(void* p) {
     PTOOL_REQUIRE(found != nullptr, "caching allocator: release of a pointer it did not allocate");
     Block* b = *found;
     live_.erase(p);
+    release_locked(b);
+}
+
+void CachingAllocator::release_block(Block* b) {
+    if (!b) return;
+    const auto lock = guard();
+    release_locked(b);
+}
+
+void CachingAllocator::release_locked(Block* b) {
     stats_.in_use -= b->size;
     b->allocated = false;
     // merge with the free neighbours: b absorbs the next one, the previous one absorbs b; the

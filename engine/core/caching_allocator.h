@@ -92,11 +92,9 @@ public:
 
     void* allocate(size_t bytes, uintptr_t stream = 0);
     void release(void* p);  // p from allocate; nullptr is ignored
-    void empty_cache();     // returns every cached block to the driver
-    AllocatorStats stats() const;
-    void reset_peaks();
-
-private:
+    // The same for an owner that keeps the block allocate_block returns and hands it back to
+    // release_block (the allocator model: core/allocator_model.h), with no lookup of its address.
+    // Such a block is not among those the destructor gives back: its owner releases every one first.
     // A piece of a segment; prev/next are its neighbours in the segment (nullptr at its ends).
     struct Block {
         char* ptr;
@@ -107,6 +105,15 @@ private:
         Block* prev = nullptr;
         Block* next = nullptr;
     };
+    Block* allocate_block(size_t bytes, uintptr_t stream = 0);
+    void release_block(Block* b);  // nullptr is ignored
+    void empty_cache();            // returns every cached block to the driver
+    AllocatorStats stats() const;
+    void reset_peaks();
+
+private:
+    Block* allocate_locked(size_t bytes, uintptr_t stream);
+    void release_locked(Block* b);
     // A free block's place in the free set, by (stream, pool, size, address): best fit is a
     // lower_bound. The fields are copied in so that the set's comparisons read no Block.
     struct FreeKey {
