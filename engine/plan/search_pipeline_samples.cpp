@@ -56,57 +56,27 @@ private:
     // P ranks run microbatches in the same ratio to their ranks as the plan's samples: 1 or 2
     int sampled_at(int P) const { return P * (sampled_ / base_.pp) + sampled_ % base_.pp; }
 
-    // A sample's plan and model text (P ranks, k blocks a stage, its microbatches), and the plan
-    // resolved once against a meta model of that text, which each rank's Run rebinds to its own
-    // model (Resolution::rebound) instead of resolving it again: the same resolution, as every
-    // rank of the sample runs the same plan on a model of the same text.
-    struct Variant {
-        Plan plan;
-        std::string text;
-        std::optional<Model> model;  // built with the resolution, at the variant's first simulation
-        std::optional<Resolution> resolution;
-        ResolvedPlan
-            resolved;  // null fields where resolve_plan refused: each Run resolves (and throws) itself
-    };
-
-    Variant& variant(int P, int k, int microbatches) {
+    const std::pair<Plan, std::string>& variant(int P, int k, int microbatches) {
         if (auto it = variants_.find({P, k, microbatches}); it != variants_.end()) return it->second;
         PlanChoice c = base_;
         c.pp = P, c.pp_microbatches = microbatches, c.stage_blocks.assign(P * v_, k);
         return variants_
-            .emplace(std::make_tuple(P, k, microbatches),
-                     Variant{load_plan_text(write_plan(s_.full_, s_.tpl_, c), "generated.yaml"),
-                             model_variant(s_.text_, static_cast<int64_t>(k) * P * v_,
-                                           s_.full_.gradient_accumulation, s_.rows_ / m_ * microbatches),
-                             std::nullopt, std::nullopt, ResolvedPlan{}})
+            .emplace(
+                std::make_tuple(P, k, microbatches),
+                std::make_pair(load_plan_text(write_plan(s_.full_, s_.tpl_, c), "generated.yaml"),
+                               model_variant(s_.text_, static_cast<int64_t>(k) * P * v_,
+                                             s_.full_.gradient_accumulation, s_.rows_ / m_ * microbatches)))
             .first->second;
-    }
-
-    // Simulates `rank` of variant v, resolving its plan first where no rank has yet.
-    RankSimulation simulate_variant(Variant& v, int rank) {
-        if (!v.model) {
-            MemoryScope uncounted(nullptr);
-            MetaAllocation meta;
-            v.model.emplace(load_model_text(v.text, s_.name_, "", false));
-            try {
-                v.resolution.emplace(resolve_plan(*v.model, v.plan));
-                v.resolved = {&v.plan, &*v.model, &*v.resolution};
-            } catch (const InputError&) {  // the Run's own resolution throws it where the Run would
-            }
-        }
-        RunInputs in;
-        in.model_path = s_.name_, in.model_text = v.text;
-        ++count_;
-        return simulate_rank(in, v.plan, rank, kSteadyStateSteps, true, 0,
-                             v.resolution ? &v.resolved : nullptr);
     }
 
     RankSimulation simulate_at(int P, int k, int rank) {
         if (auto it = simulated_.find({P, k, rank}); it != simulated_.end()) return std::move(it->second);
         const int own = sampled_at(P);
-        Variant& v = variant(P, k, own);
-        const Plan& plan = v.plan;
-        RankSimulation sim = simulate_variant(v, rank);
+        const auto& [plan, text] = variant(P, k, own);
+        RunInputs in;
+        in.model_path = s_.name_, in.model_text = text;
+        ++count_;
+        RankSimulation sim = simulate_rank(in, plan, rank, kSteadyStateSteps, true);
         sim.memory.peak = sim.memory.torch_peak;  // PyTorch's allocated peak
         // the caching allocator's excess over the tensors' peak (as extrapolate's)
         out_.fragmentation =
@@ -126,16 +96,20 @@ private:
         // the rank that holds the last stage (the V's: rank 0)
         const bool last = stage_placement(base_.schedule, P, P * v_).back() == pp_rank;
         if (last && m_ > sampled_ && !(widened_ && v_ == 1))  // (widened 1F1B: widen_pipeline)
-            grow_last_stage(sim, P, k, rank);
+            grow_last_stage(sim, in, P, k, rank);
         return sim;
     }
 
     // The last stage keeps every microbatch's output for the step (StepOutput): its peak grows with
     // the count, linearly from the sample at twice as many, by the m - sampled microbatches the plan
     // runs beyond its samples.
-    void grow_last_stage(RankSimulation& sim, int P, int k, int rank) {
+    void grow_last_stage(RankSimulation& sim, const RunInputs& in, int P, int k, int rank) {
         const int own = sampled_at(P);
-        RankSimulation twice = simulate_variant(variant(P, k, 2 * own), rank);
+        const auto& [plan2, text2] = variant(P, k, 2 * own);
+        RunInputs in2 = in;
+        in2.model_text = text2;
+        ++count_;
+        RankSimulation twice = simulate_rank(in2, plan2, rank, kSteadyStateSteps, true);
         twice.memory.peak = twice.memory.torch_peak;
         const double f = static_cast<double>(m_ - sampled_) / own;
         auto lin = [f](int64_t x, int64_t y) { return static_cast<int64_t>(x + (y - x) * f); };
@@ -147,7 +121,7 @@ private:
 
     PipelineSample sample_at(int P, int k) {
         return sample_pipeline(
-            variant(P, k, sampled_at(P)).plan, s_.cluster_, s_.r_.compute, s_.repeat_, k,
+            variant(P, k, sampled_at(P)).first, s_.cluster_, s_.r_.compute, s_.repeat_, k,
             [&](int rank) { return simulate_at(P, k, rank); }, timing_ ? &*timing_ : nullptr);
     }
 
@@ -171,7 +145,7 @@ private:
         const double least =
             at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - kStageSampled) + workspace_;
         const int P = widened_ ? 4 : base_.pp;  // a middle rank's communicators are the plan's
-        if (const double c = s_.cap(variant(P, kStageSampled, sampled_at(P)).plan); least > c)
+        if (const double c = s_.cap(variant(P, kStageSampled, sampled_at(P)).first); least > c)
             throw OverCap{fmt::format(
                 "pp rank 1 needs more than {} > {} per GPU with {} blocks a stage, as every middle rank ({} "
                 "microbatches a round)",
@@ -185,7 +159,7 @@ private:
     const int v_, stages_, sampled_, per_pp_rank_;
     const double workspace_;  // PyTorch's cuBLAS workspaces, in its allocator
     const bool widened_;
-    std::map<Key, Variant> variants_;
+    std::map<Key, std::pair<Plan, std::string>> variants_;
     std::map<Key, RankSimulation> simulated_;
     std::optional<Plan> timing_;
     PipelineCosts out_;
