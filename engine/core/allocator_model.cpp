@@ -40,13 +40,13 @@ AllocatorModel::AllocatorModel(size_t capacity)
           std::make_unique<CachingAllocator>(*driver_, "modelled CUDA", SegmentPolicy::pytorch, false)) {}
 
 AllocatorModel::~AllocatorModel() {
-    blocks_.for_each([&](const void*, const Live& live) { allocator_->release(live.block); });
+    blocks_.for_each([&](const void*, const Live& live) { allocator_->release_block(live.block); });
 }
 
 void AllocatorModel::allocate(const void* key, size_t bytes, uintptr_t stream) {
     if (bytes == 0) return;  // PyTorch allocates nothing for an empty tensor
     if (recording_) events_.push_back({key, bytes, stream, next_order_, false});
-    blocks_.insert_or_assign(key, {next_order_++, bytes, allocator_->allocate(bytes, stream), stream});
+    blocks_.insert_or_assign(key, {next_order_++, bytes, allocator_->allocate_block(bytes, stream), stream});
 }
 
 void AllocatorModel::restart() {
@@ -66,7 +66,7 @@ void AllocatorModel::release(const void* key) {
     const Live* l = blocks_.find(key);
     if (!l) return;
     if (recording_) events_.push_back({key, l->bytes, l->stream, l->order, true});
-    allocator_->release(l->block);
+    allocator_->release_block(l->block);
     blocks_.erase(key);
 }
 

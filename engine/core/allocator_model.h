@@ -69,7 +69,7 @@ private:
     struct Live {
         int64_t order;  // allocation order
         size_t bytes;
-        void* block;
+        CachingAllocator::Block* block;
         uintptr_t stream;
     };
     size_t capacity_;

@@ -8,13 +8,6 @@
 
 namespace ptool {
 
-bool CachingAllocator::FreeKey::operator<(const FreeKey& o) const {
-    if (stream != o.stream) return stream < o.stream;
-    if (small != o.small) return small < o.small;
-    if (size != o.size) return size < o.size;
-    return ptr < o.ptr;
-}
-
 CachingAllocator::~CachingAllocator() {
     std::lock_guard lock(mutex_);
     free_cached_locked();
@@ -33,6 +26,7 @@ CachingAllocator::~CachingAllocator() {
         raw_.free(h->ptr, size);
         for (Block* b = h; b;) delete std::exchange(b, b->next);
     }
+    for (Block* b : spare_) delete b;
 }
 
 size_t CachingAllocator::segment_size(size_t size) const {
@@ -42,32 +36,43 @@ size_t CachingAllocator::segment_size(size_t size) const {
     return (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
 }
 
-// The smallest free block of `stream` that serves `size` (see the header's rules), out of the free set.
-CachingAllocator::Block* CachingAllocator::take_cached(size_t size, uintptr_t stream) {
+// The smallest free block of `stream` that serves `size` (see the header's rules): its entry in the
+// free set, left there.
+CachingAllocator::FreeIt CachingAllocator::take_cached(size_t size, uintptr_t stream) {
     const bool small = policy_ == SegmentPolicy::pytorch && size <= kSmall;
     auto it = std::lower_bound(free_.begin(), free_.end(), FreeKey{stream, small, size, nullptr, nullptr});
-    if (it == free_.end() || it->stream != stream || it->small != small) return nullptr;
-    Block* b = it->block;
-    if (policy_ == SegmentPolicy::exact && size <= kSmall && b->size - size > std::max(kSmall, size))
-        return nullptr;  // small: whole blocks, bounded waste
-    free_.erase(it);
-    return b;
+    if (it == free_.end() || it->stream != stream || it->small != small) return free_.end();
+    if (policy_ == SegmentPolicy::exact && size <= kSmall && it->size - size > std::max(kSmall, size))
+        return free_.end();  // small: whole blocks, bounded waste
+    return it;
 }
 
-// Cuts b (free, out of the free set) to `size` when the rest is worth keeping (exact: a large
-// request leaving more than kSmall; pytorch: the rest is at least kRound in the small pool, more
-// than kSmall in the large); the rest becomes a free block after it.
-void CachingAllocator::split(Block* b, size_t size) {
+// Cuts b (free) to `size` when the rest is worth keeping (exact: a large request leaving more than
+// kSmall; pytorch: the rest is at least kRound in the small pool, more than kSmall in the large);
+// the rest becomes a free block after it, returned (not yet in the free set).
+CachingAllocator::Block* CachingAllocator::split(Block* b, size_t size) {
     const size_t rest_size = b->size - size;
     if (policy_ == SegmentPolicy::exact ? size <= kSmall || rest_size <= kSmall
         : b->small                      ? rest_size < kRound
                                         : rest_size <= kSmall)
-        return;
-    auto* rest = new Block{b->ptr + size, rest_size, b->stream, b->small, false, b, b->next};
+        return nullptr;
+    Block* rest = new_block({b->ptr + size, rest_size, b->stream, b->small, false, b, b->next});
     if (b->next) b->next->prev = rest;
     b->next = rest;
     b->size = size;
-    free_insert(rest);
+    return rest;
+}
+
+CachingAllocator::Block* CachingAllocator::new_block(const Block& b) {
+    if (spare_.empty()) return new Block(b);
+    Block* out = spare_.back();
+    spare_.pop_back();
+    *out = b;
+    return out;
+}
+
+void CachingAllocator::delete_block(Block* b) {
+    spare_.push_back(b);
 }
 
 void CachingAllocator::free_insert(Block* b) {
@@ -75,10 +80,22 @@ void CachingAllocator::free_insert(Block* b) {
     free_.insert(std::lower_bound(free_.begin(), free_.end(), k), k);
 }
 
-void CachingAllocator::free_erase(Block* b) {
+CachingAllocator::FreeIt CachingAllocator::free_find(Block* b) {
     const FreeKey k = free_key(b);
     auto it = std::lower_bound(free_.begin(), free_.end(), k);
-    if (it != free_.end() && it->block == b) free_.erase(it);
+    return it != free_.end() && it->block == b ? it : free_.end();
+}
+
+void CachingAllocator::free_replace(FreeIt at, Block* b) {
+    const FreeKey k = free_key(b);
+    auto to = std::lower_bound(free_.begin(), free_.end(), k);
+    if (to <= at) {  // earlier: the entries from its new place on move up one, over its old one
+        std::move_backward(to, at, at + 1);
+        *to = k;
+    } else {  // later: the entries after its old place and before its new one move down one
+        std::move(at + 1, to, at);
+        *(to - 1) = k;
+    }
 }
 
 // a absorbs the block after it in its segment (both free, neither in the free set).
@@ -87,16 +104,33 @@ void CachingAllocator::absorb_next(Block* a) {
     a->size += n->size;
     a->next = n->next;
     if (n->next) n->next->prev = a;
-    delete n;
+    delete_block(n);
 }
 
 void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
-    const size_t size = round_size(bytes);
     const auto lock = guard();
+    Block* b = allocate_locked(bytes, stream);
+    live_.insert_or_assign(b->ptr, b);
+    return b->ptr;
+}
+
+CachingAllocator::Block* CachingAllocator::allocate_block(size_t bytes, uintptr_t stream) {
+    const auto lock = guard();
+    return allocate_locked(bytes, stream);
+}
+
+CachingAllocator::Block* CachingAllocator::allocate_locked(size_t bytes, uintptr_t stream) {
+    const size_t size = round_size(bytes);
     ++stats_.allocations;
-    Block* b = take_cached(size, stream);
-    if (b) {
+    Block* b = nullptr;
+    if (FreeIt it = take_cached(size, stream); it != free_.end()) {
         ++stats_.cache_hits;
+        b = it->block;
+        // its entry becomes the rest's where it is cut, else leaves the free set
+        if (Block* rest = split(b, size))
+            free_replace(it, rest);
+        else
+            free_.erase(it);
     } else {
         const size_t segment = segment_size(size);
         void* p = raw_.malloc(segment);
@@ -115,15 +149,14 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
         if (stats_.reserved > stats_.peak_reserved)
             stats_.peak_reserved = stats_.reserved,
             stats_.reserved_by_stream_at_peak = stats_.reserved_by_stream;
-        b = new Block{static_cast<char*>(p), segment, stream,
-                      policy_ == SegmentPolicy::pytorch && size <= kSmall};
+        b = new_block(
+            {static_cast<char*>(p), segment, stream, policy_ == SegmentPolicy::pytorch && size <= kSmall});
+        if (Block* rest = split(b, size)) free_insert(rest);
     }
-    split(b, size);
     b->allocated = true;
-    live_.insert_or_assign(b->ptr, b);
     stats_.in_use += b->size;
     stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
-    return b->ptr;
+    return b;
 }
 
 void CachingAllocator::release(void* p) {
@@ -133,12 +166,35 @@ void CachingAllocator::release(void* p) {
     PTOOL_REQUIRE(found != nullptr, "caching allocator: release of a pointer it did not allocate");
     Block* b = *found;
     live_.erase(p);
+    release_locked(b);
+}
+
+void CachingAllocator::release_block(Block* b) {
+    if (!b) return;
+    const auto lock = guard();
+    release_locked(b);
+}
+
+void CachingAllocator::release_locked(Block* b) {
     stats_.in_use -= b->size;
     b->allocated = false;
-    // merge with the free neighbours: b absorbs the next one, the previous one absorbs b
-    if (Block* n = b->next; n && !n->allocated) free_erase(n), absorb_next(b);
-    if (Block* q = b->prev; q && !q->allocated) free_erase(q), absorb_next(q), b = q;
-    free_insert(b);
+    // merge with the free neighbours: b absorbs the next one, the previous one absorbs b; the
+    // merged block takes a neighbour's entry in the free set (the previous one's where both are free)
+    FreeIt at = free_.end();
+    if (Block* n = b->next; n && !n->allocated) {
+        at = free_find(n);
+        absorb_next(b);
+    }
+    if (Block* q = b->prev; q && !q->allocated) {
+        if (at != free_.end()) free_.erase(at);
+        at = free_find(q);
+        absorb_next(q);
+        b = q;
+    }
+    if (at != free_.end())
+        free_replace(at, b);
+    else
+        free_insert(b);
 }
 
 void CachingAllocator::empty_cache() {
@@ -148,19 +204,20 @@ void CachingAllocator::empty_cache() {
 
 // Every free block that is a whole segment goes back to the driver.
 void CachingAllocator::free_cached_locked() {
-    for (auto it = free_.begin(); it != free_.end();) {
-        Block* b = it->block;
+    auto kept = free_.begin();  // the free set compacted in one pass, in order
+    for (const FreeKey& k : free_) {
+        Block* b = k.block;
         if (b->prev || b->next) {
-            ++it;
+            *kept++ = k;
             continue;
         }
         raw_.free(b->ptr, b->size);
         stats_.reserved -= b->size;
         stats_.reserved_by_stream[b->stream] -= b->size;
         ++stats_.driver_frees;
-        it = free_.erase(it);
-        delete b;
+        delete_block(b);
     }
+    free_.erase(kept, free_.end());
 }
 
 AllocatorStats CachingAllocator::stats() const {

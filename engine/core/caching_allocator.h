@@ -92,11 +92,9 @@ public:
 
     void* allocate(size_t bytes, uintptr_t stream = 0);
     void release(void* p);  // p from allocate; nullptr is ignored
-    void empty_cache();     // returns every cached block to the driver
-    AllocatorStats stats() const;
-    void reset_peaks();
-
-private:
+    // The same for an owner that keeps the block allocate_block returns and hands it back to
+    // release_block (the allocator model: core/allocator_model.h), with no lookup of its address.
+    // Such a block is not among those the destructor gives back: its owner releases every one first.
     // A piece of a segment; prev/next are its neighbours in the segment (nullptr at its ends).
     struct Block {
         char* ptr;
@@ -107,6 +105,15 @@ private:
         Block* prev = nullptr;
         Block* next = nullptr;
     };
+    Block* allocate_block(size_t bytes, uintptr_t stream = 0);
+    void release_block(Block* b);  // nullptr is ignored
+    void empty_cache();            // returns every cached block to the driver
+    AllocatorStats stats() const;
+    void reset_peaks();
+
+private:
+    Block* allocate_locked(size_t bytes, uintptr_t stream);
+    void release_locked(Block* b);
     // A free block's place in the free set, by (stream, pool, size, address): best fit is a
     // lower_bound. The fields are copied in so that the set's comparisons read no Block.
     struct FreeKey {
@@ -115,14 +122,25 @@ private:
         size_t size;
         char* ptr;
         Block* block;
-        bool operator<(const FreeKey& o) const;
+        bool operator<(const FreeKey& o) const {
+            if (stream != o.stream) return stream < o.stream;
+            if (small != o.small) return small < o.small;
+            if (size != o.size) return size < o.size;
+            return ptr < o.ptr;
+        }
     };
     static FreeKey free_key(Block* b) { return {b->stream, b->small, b->size, b->ptr, b}; }
+    using FreeIt = std::vector<FreeKey>::iterator;
     void free_insert(Block* b);
-    void free_erase(Block* b);  // (no-op where b is not in the free set)
-    Block* take_cached(size_t size, uintptr_t stream);
-    void split(Block* b, size_t size);
+    FreeIt free_find(Block* b);  // free_.end() where b is not in the free set
+    // The free set's entry `at` becomes b's (whose key changed: a block cut or merged), moving only
+    // the entries between its old and new places.
+    void free_replace(FreeIt at, Block* b);
+    FreeIt take_cached(size_t size, uintptr_t stream);  // free_.end(): none
+    Block* split(Block* b, size_t size);                // the rest, free, or null (not cut)
     void absorb_next(Block* a);
+    Block* new_block(const Block& b);
+    void delete_block(Block* b);
     void free_cached_locked();
 
     RawAllocator& raw_;
@@ -138,6 +156,7 @@ private:
     // few dozen blocks (57 on average, at most 602 over `ptool plan` of the 405B on 512 GPUs), where
     // a binary search and a short shift cost less than a tree's nodes (a malloc each, pointer chasing).
     std::vector<FreeKey> free_;
+    std::vector<Block*> spare_;  // blocks merged away, for the next split to reuse (no malloc each)
     AllocatorStats stats_;
 };
 

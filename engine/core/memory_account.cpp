@@ -39,7 +39,7 @@ void MemoryAccount::track_phases() {
 
 std::map<std::string, int64_t> MemoryAccount::phase_peaks() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return phase_peaks_;
+    return {phase_peaks_.begin(), phase_peaks_.end()};
 }
 
 const char* memory_use_name(MemoryUse u) {
@@ -115,10 +115,15 @@ int64_t& MemoryAccount::phase_entry() {
     if (phase_peak_ && phase_fqn_ == t_phase_fqn && phase_pass_ == t_phase_pass &&
         (!t_phase_fqn || *t_phase_fqn == phase_fqn_text_))
         return *phase_peak_;
-    std::string key = t_phase_fqn ? *t_phase_fqn : std::string();
-    phase_fqn_ = t_phase_fqn, phase_pass_ = t_phase_pass, phase_fqn_text_ = key;
-    if (t_phase_pass) key += '/', key += t_phase_pass;
-    phase_peak_ = &phase_peaks_[key];  // std::map: the entry stays where it is
+    if (t_phase_fqn)
+        phase_key_.assign(*t_phase_fqn);
+    else
+        phase_key_.clear();
+    phase_fqn_ = t_phase_fqn, phase_pass_ = t_phase_pass, phase_fqn_text_.assign(phase_key_);
+    if (t_phase_pass) phase_key_ += '/', phase_key_ += t_phase_pass;
+    auto it = phase_peaks_.find(phase_key_);
+    if (it == phase_peaks_.end()) it = phase_peaks_.emplace(phase_key_, 0).first;
+    phase_peak_ = &it->second;  // a node's: the entry stays where it is
     return *phase_peak_;
 }
 

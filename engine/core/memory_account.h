@@ -100,7 +100,8 @@ private:
     int64_t live_ = 0, peak_ = 0;
     std::array<int64_t, kMemoryUses> live_by_{}, at_peak_{};
     bool track_phases_ = false;
-    std::map<std::string, int64_t> phase_peaks_;
+    // by "fqn/pass": hashed, as a step charges a new pass every few allocations (phase_peaks sorts)
+    std::unordered_map<std::string, int64_t> phase_peaks_;
     std::unique_ptr<AllocatorModel> allocator_;
     struct TorchEntry {
         int64_t bytes;
@@ -114,7 +115,7 @@ private:
     void torch_release_locked(const void* key);
     // the last charged phase's entry: a pass charges many times, and its key is built once
     const std::string* phase_fqn_ = nullptr;
-    std::string phase_fqn_text_;
+    std::string phase_fqn_text_, phase_key_;  // (phase_key_: the lookup's, its buffer reused)
     char phase_pass_ = 0;
     int64_t* phase_peak_ = nullptr;
     int64_t& phase_entry();

@@ -101,11 +101,16 @@ void* Tensor::raw() const {
     return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(dtype_size(dtype_));
 }
 
+Tensor Tensor::aliased(Shape shape, int64_t offset) const {
+    Tensor t;
+    t.storage_ = storage_, t.offset_ = offset, t.shape_ = std::move(shape);
+    t.dtype_ = dtype_, t.device_ = device_;
+    return t;
+}
+
 Tensor Tensor::reshape(Shape shape) const {
     PTOOL_REQUIRE(numel_of(shape) == numel(), "cannot reshape {} to {}", shape_str(shape_), shape_str(shape));
-    Tensor t = *this;
-    t.shape_ = std::move(shape);
-    return t;
+    return aliased(std::move(shape), offset_);
 }
 
 Tensor Tensor::view(DType dtype) const {
@@ -114,8 +119,8 @@ Tensor Tensor::view(DType dtype) const {
     const int64_t bytes = numel() * from, start = offset_ * from;
     PTOOL_REQUIRE(bytes % to == 0 && start % to == 0, "view of {} {} bytes at byte {} as {}",
                   shape_str(shape_), dtype_name(dtype_), start, dtype_name(dtype));
-    Tensor t = *this;
-    t.dtype_ = dtype, t.offset_ = start / to, t.shape_ = {bytes / to};
+    Tensor t = aliased({bytes / to}, start / to);
+    t.dtype_ = dtype;
     return t;
 }
 
@@ -128,12 +133,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
     for (int64_t i = d + 1; i < dim(); ++i) inner *= shape_[i];
     Shape out_shape = shape_;
     out_shape[d] = length;
-    if (outer == 1) {  // contiguous slab: a view
-        Tensor t = *this;
-        t.offset_ += start * inner;
-        t.shape_ = out_shape;
-        return t;
-    }
+    if (outer == 1) return aliased(std::move(out_shape), offset_ + start * inner);  // contiguous slab: a view
     Tensor t = empty(out_shape, dtype_, device_);
     const size_t es = dtype_size(dtype_);
     if (t.numel() == 0 || device_ == Device::meta) return t;
@@ -209,10 +209,7 @@ void Tensor::set(int64_t i, double v) {
 }
 
 Tensor Tensor::narrow_element(int64_t i) const {
-    Tensor t = reshape({numel()});
-    t.offset_ += i;
-    t.shape_ = {};
-    return t;
+    return aliased({}, offset_ + i);
 }
 
 std::vector<double> Tensor::to_doubles() const {

@@ -109,6 +109,8 @@ public:
 
 private:
     Tensor narrow_element(int64_t flat_index) const;  // a 0-d view of one element
+    // A view of this tensor's storage as `shape` from element `offset` (its own shape not copied).
+    Tensor aliased(Shape shape, int64_t offset) const;
 
     std::shared_ptr<Storage> storage_;
     int64_t offset_ = 0;  // in elements

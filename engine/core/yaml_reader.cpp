@@ -3,7 +3,9 @@
 #include <yaml-cpp/eventhandler.h>
 
 #include <algorithm>
+#include <deque>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
 #include "core/numbers.h"
@@ -240,32 +242,49 @@ std::string YamlNode::text() const {
 
 YamlMap::YamlMap(const YamlNode& node, std::string what) : node_(node), what_(std::move(what)) {
     if (!node.is_map()) node.fail(fmt::format("{} must be a map of keys", what_));
-    std::set<std::string> seen;
-    for (const auto& kv : node.raw()) {
-        YamlNode key(kv.first, std::make_shared<std::string>(node.file()));
-        std::string k = key.as_string("a key");
-        if (!seen.insert(k).second) key.fail(fmt::format("duplicate key '{}' in {}", k, what_));
-    }
+    for (const auto& kv : node.raw())
+        entries_.push_back({YamlNode(kv.first, node.file_).as_string("a key"), kv.first, kv.second});
+    // the first key in document order that repeats an earlier one: sorted by key (then place), the
+    // least place that follows an equal key
+    std::vector<size_t> order(entries_.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return entries_[a].key < entries_[b].key; });
+    size_t repeat = entries_.size();
+    for (size_t i = 1; i < order.size(); ++i)
+        if (entries_[order[i]].key == entries_[order[i - 1]].key) repeat = std::min(repeat, order[i]);
+    if (repeat < entries_.size())
+        YamlNode(entries_[repeat].node, node.file_)
+            .fail(fmt::format("duplicate key '{}' in {}", entries_[repeat].key, what_));
+}
+
+const YamlMap::Entry* YamlMap::find(const std::string& key) {
+    if (std::find(queried_.begin(), queried_.end(), key) == queried_.end()) queried_.push_back(key);
+    for (Entry& e : entries_)
+        if (e.key == key) {
+            e.asked = true;
+            return &e;
+        }
+    return nullptr;
 }
 
 bool YamlMap::has(const std::string& key) {
-    queried_.insert(key);
-    return static_cast<bool>(node_.raw()[key]);
+    return find(key) != nullptr;
 }
 
 std::optional<YamlNode> YamlMap::get(const std::string& key) {
-    if (!has(key)) return std::nullopt;
-    return YamlNode(node_.raw()[key], std::make_shared<std::string>(node_.file()));
+    const Entry* e = find(key);
+    if (!e) return std::nullopt;
+    return YamlNode(e->value, node_.file_);
 }
 
 YamlNode YamlMap::at(const std::string& key) {
     auto v = get(key);
     if (v) return *v;
-    for (const auto& kv : node_.raw()) {  // a near miss among the keys nobody asked for is a typo of this one
-        const std::string k = kv.first.Scalar();
-        if (queried_.count(k) || closest_match(k, {key}).empty()) continue;
-        YamlNode(kv.first, std::make_shared<std::string>(node_.file()))
-            .fail(fmt::format("unknown key '{}' in {} (did you mean '{}'?)", k, what_, key));
+    for (const Entry& e : entries_) {  // a near miss among the keys nobody asked for is a typo of this one
+        if (e.asked || closest_match(e.key, {key}).empty()) continue;
+        YamlNode(e.node, node_.file_)
+            .fail(fmt::format("unknown key '{}' in {} (did you mean '{}'?)", e.key, what_, key));
     }
     node_.fail(fmt::format("{} is missing the key '{}'", what_, key));
 }
@@ -292,15 +311,18 @@ bool YamlMap::bool_or(const std::string& key, bool fallback) {
 
 void YamlMap::finish() const {
     std::vector<std::string> known(queried_.begin(), queried_.end());
-    for (const auto& kv : node_.raw()) {
-        std::string k = kv.first.Scalar();
-        if (queried_.count(k)) continue;
-        YamlNode key(kv.first, std::make_shared<std::string>(node_.file()));
-        key.fail(fmt::format("unknown key '{}' in {}{}", k, what_, did_you_mean(k, known)));
+    std::sort(known.begin(), known.end());
+    for (const Entry& e : entries_) {
+        if (e.asked) continue;
+        YamlNode(e.node, node_.file_)
+            .fail(fmt::format("unknown key '{}' in {}{}", e.key, what_, did_you_mean(e.key, known)));
     }
 }
 
-YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits) {
+namespace {
+
+// One document, parsed and checked.
+YamlNode parse_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits) {
     prescan(text, name, limits);
     check_documents(text, name);
     auto file = std::make_shared<const std::string>(name);
@@ -316,6 +338,34 @@ YamlNode load_yaml_text(const std::string& text, const std::string& name, const 
         out.fail("the top level must be a map of keys");
     }
     TreeCheck{file, limits, 0, {}}.check(root);
+    return out;
+}
+
+// The last documents parsed on this thread, by their text, name and limits: the planner builds each
+// sampled model's text once per simulated rank (plan/search_pipeline_samples.cpp), and parsing was
+// a third of a build. Safe to share: the same text, name and limits parse to the same tree and pass
+// or fail the same checks (only successes are kept), and no YamlNode writes to its tree (raw() is
+// const, every reader iterates or looks up). Per thread: no tree is read by two threads at once.
+// Small documents only (a sampled model is a few KiB): a large one is parsed each time, not held.
+struct ParsedYaml {
+    std::string text, name;
+    YamlLimits limits;
+    YamlNode root;
+};
+thread_local std::deque<ParsedYaml> t_parsed;
+constexpr size_t kParsedKept = 4, kParsedMaxBytes = 64 << 10;
+
+}  // namespace
+
+YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits) {
+    for (const ParsedYaml& p : t_parsed)
+        if (p.text == text && p.name == name && p.limits.max_bytes == limits.max_bytes &&
+            p.limits.max_depth == limits.max_depth && p.limits.max_nodes == limits.max_nodes)
+            return p.root;
+    YamlNode out = parse_yaml_text(text, name, limits);
+    if (text.size() > kParsedMaxBytes) return out;
+    if (t_parsed.size() == kParsedKept) t_parsed.pop_front();
+    t_parsed.push_back({text, name, limits, out});
     return out;
 }
 

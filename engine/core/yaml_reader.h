@@ -56,6 +56,7 @@ public:
     std::string text() const;                                    // the node as YAML text
 
 private:
+    friend class YamlMap;  // its nodes share the map's file name
     YAML::Node node_;
     std::shared_ptr<const std::string> file_;
 };
@@ -75,9 +76,18 @@ public:
     void finish() const;  // unknown keys are errors
 
 private:
+    // The map's keys in document order, each with its key and value nodes and whether a query
+    // named it: a few keys a map, read by a scan (yaml-cpp's lookup converts every key it passes).
+    struct Entry {
+        std::string key;
+        YAML::Node node, value;
+        bool asked = false;
+    };
+    const Entry* find(const std::string& key);  // records the query
     YamlNode node_;
     std::string what_;
-    std::set<std::string> queried_;
+    std::vector<Entry> entries_;
+    std::vector<std::string> queried_;  // every key asked about, present or not (once each)
 };
 
 YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits = {});
