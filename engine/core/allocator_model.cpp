@@ -55,6 +55,7 @@ void AllocatorModel::restart() {
     blocks_.for_each([&](const void* key, const Live& l) { live.emplace_back(key, l); });
     std::sort(live.begin(), live.end(),
               [](const auto& a, const auto& b) { return a.second.order < b.second.order; });
+    for (const auto& [key, l] : live) allocator_->release_block(l.block);  // the old allocator's own
     blocks_.clear();
     allocator_.reset();  // before its driver
     driver_ = std::make_unique<Driver>(capacity_);
