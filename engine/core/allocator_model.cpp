@@ -41,11 +41,13 @@ AllocatorModel::AllocatorModel(size_t capacity)
 
 AllocatorModel::~AllocatorModel() {
     blocks_.for_each([&](const void*, const Live& live) { allocator_->release_block(live.block); });
+    for (CachingAllocator::Block* b : orphans_) allocator_->release_block(b);
 }
 
 void AllocatorModel::allocate(const void* key, size_t bytes, uintptr_t stream) {
     if (bytes == 0) return;  // PyTorch allocates nothing for an empty tensor
     if (recording_) events_.push_back({key, bytes, stream, next_order_, false});
+    if (const Live* old = blocks_.find(key)) orphans_.push_back(old->block);
     blocks_.insert_or_assign(key, {next_order_++, bytes, allocator_->allocate_block(bytes, stream), stream});
 }
 
@@ -56,6 +58,8 @@ void AllocatorModel::restart() {
     std::sort(live.begin(), live.end(),
               [](const auto& a, const auto& b) { return a.second.order < b.second.order; });
     for (const auto& [key, l] : live) allocator_->release_block(l.block);  // the old allocator's own
+    for (CachingAllocator::Block* b : orphans_) allocator_->release_block(b);
+    orphans_.clear();
     blocks_.clear();
     allocator_.reset();  // before its driver
     driver_ = std::make_unique<Driver>(capacity_);

@@ -76,6 +76,9 @@ private:
     std::unique_ptr<Driver> driver_;
     std::unique_ptr<CachingAllocator> allocator_;
     PointerMap<Live> blocks_;
+    // blocks whose key was allocated again before its release: held, as the allocator held them
+    // when it tracked addresses, and given back with the allocator
+    std::vector<CachingAllocator::Block*> orphans_;
     int64_t next_order_ = 0;
 };
 
