@@ -118,13 +118,23 @@ void P2PBoard::exchange(int rank, const std::vector<P2POp>& ops, const P2PWait& 
         }
         waiting_[rank] = p2p_op_str(pending->kind, world(pending->peer), pending->desc);
         if (how.timeout_seconds > 0 && std::chrono::steady_clock::now() >= deadline) {
+            // The peer's p2p wait is read, and the failure claimed, while this rank holds the board:
+            // a peer whose deadline passes in the same instant then stops as aborted above, instead
+            // of racing this message with one that finds this rank already gone.
+            const std::string peer_waits = waiting_[pending->peer];
+            const auto fail = [&](const std::string& context) {
+                return p2p_timeout(world(rank), pending->kind, world(pending->peer), pending->desc,
+                                   how.timeout_seconds, context);
+            };
+            if (!peer_waits.empty()) {
+                RuntimeError e = fail(fmt::format("rank {} waits in {}", world(pending->peer), peer_waits));
+                how.abort->abort(e.what(), e.kind());
+                abandon(lk, rank, mine);
+                throw e;
+            }
             abandon(lk, rank, mine);
             lk.unlock();
-            std::string context = waiting(pending->peer);
-            context = context.empty() ? how.peer_context(pending->peer)
-                                      : fmt::format("rank {} waits in {}", world(pending->peer), context);
-            RuntimeError e = p2p_timeout(world(rank), pending->kind, world(pending->peer), pending->desc,
-                                         how.timeout_seconds, context);
+            RuntimeError e = fail(how.peer_context(pending->peer));  // the group's lock, the board unlocked
             how.abort->abort(e.what(), e.kind());
             throw e;
         }
