@@ -264,8 +264,7 @@ int plan(const PlanArgs& a, const Common& common) {
     o.world_size = a.world_size;
     o.keep = a.top;
     o.pipelines = a.pipelines;
-    const std::vector<std::string> names = float8_search_names();
-    o.float8 = static_cast<Float8Search>(std::find(names.begin(), names.end(), a.float8) - names.begin());
+    o.float8 = float8_search_named(a.float8).value();  // CLI11 checked it against the names
     o.memory_cap = a.memory_cap_gib * (1ull << 30);
     if (a.mixed_precision != "none")
         o.param_dtype = dtype_name(parse_dtype(a.mixed_precision));

@@ -40,8 +40,15 @@ AllocatorModel::AllocatorModel(size_t capacity)
           std::make_unique<CachingAllocator>(*driver_, "modelled CUDA", SegmentPolicy::pytorch, false)) {}
 
 AllocatorModel::~AllocatorModel() {
+    release_blocks();
+}
+
+// Every block the model holds (live and orphaned) back to its allocator, before the allocator goes.
+void AllocatorModel::release_blocks() {
     blocks_.for_each([&](const void*, const Live& live) { allocator_->release_block(live.block); });
     for (CachingAllocator::Block* b : orphans_) allocator_->release_block(b);
+    orphans_.clear();
+    blocks_.clear();
 }
 
 void AllocatorModel::allocate(const void* key, size_t bytes, uintptr_t stream) {
@@ -57,10 +64,7 @@ void AllocatorModel::restart() {
     blocks_.for_each([&](const void* key, const Live& l) { live.emplace_back(key, l); });
     std::sort(live.begin(), live.end(),
               [](const auto& a, const auto& b) { return a.second.order < b.second.order; });
-    for (const auto& [key, l] : live) allocator_->release_block(l.block);  // the old allocator's own
-    for (CachingAllocator::Block* b : orphans_) allocator_->release_block(b);
-    orphans_.clear();
-    blocks_.clear();
+    release_blocks();    // the old allocator's own
     allocator_.reset();  // before its driver
     driver_ = std::make_unique<Driver>(capacity_);
     allocator_ = std::make_unique<CachingAllocator>(*driver_, "modelled CUDA", SegmentPolicy::pytorch, false);

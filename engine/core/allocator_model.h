@@ -55,6 +55,7 @@ public:
     bool replay_step();
 
 private:
+    void release_blocks();
     struct Event {
         const void* key;
         size_t bytes;

@@ -69,6 +69,7 @@ const char* float8_scaling_name(Float8Scaling s);       // the recipe of that sc
 struct Float8Cut {
     bool rows = false, cols = false;
     bool any() const { return rows || cols; }
+    Float8Cut& operator|=(Float8Cut o) { return rows |= o.rows, cols |= o.cols, *this; }
 };
 
 // Which of a linear's tensors tensor parallelism cuts into pieces over tp (its style's placements

@@ -24,10 +24,6 @@ Float8Cut cut_of(const Placement& p, size_t ndim) {
     return {!cols, cols};
 }
 
-void add(Float8Cut& to, Float8Cut cut) {
-    to.rows |= cut.rows, to.cols |= cut.cols;
-}
-
 // Which of each module's tensors tp cuts, as the module itself computes on them in each of its
 // calls: its weight by its style's placement of "weight"; its input as the style's rule hands it
 // to the module (a rowwise linear's Shard(-1)) or, unstyled, as the layout pass places it (a
@@ -41,14 +37,14 @@ std::map<const Module*, Float8TpPieces> tp_pieces(const Resolution& res) {
         const Style* style = rs && rs->entry ? rs->entry->style.style : nullptr;
         const size_t in_dims = c.in.global.size(), out_dims = c.out.global.size();
         if (!style) {
-            add(p.input, cut_of(c.in.p, in_dims)), add(p.grad_output, cut_of(c.out.p, out_dims));
+            p.input |= cut_of(c.in.p, in_dims), p.grad_output |= cut_of(c.out.p, out_dims);
             continue;
         }
         const StyleRule r = style->rule(*c.module, rs->entry->style);
-        add(p.input, cut_of(r.pre ? r.pre->to : c.in.p, in_dims));
-        add(p.grad_output, cut_of(r.post ? r.post->from : r.compute_out.value_or(c.out.p), out_dims));
+        p.input |= cut_of(r.pre ? r.pre->to : c.in.p, in_dims);
+        p.grad_output |= cut_of(r.post ? r.post->from : r.compute_out.value_or(c.out.p), out_dims);
         for (const ParamPlacement& w : style->params(*c.module))
-            if (w.param == "weight") add(p.weight, cut_of(w.placement, 2));
+            if (w.param == "weight") p.weight |= cut_of(w.placement, 2);
     }
     return out;
 }

@@ -261,6 +261,12 @@ std::vector<std::string> float8_search_names() {
     return {std::begin(kFloat8SearchNames), std::end(kFloat8SearchNames)};
 }
 
+std::optional<Float8Search> float8_search_named(const std::string& name) {
+    for (size_t i = 0; i < std::size(kFloat8SearchNames); ++i)
+        if (name == kFloat8SearchNames[i]) return static_cast<Float8Search>(i);
+    return std::nullopt;
+}
+
 SearchResult search_plans(const std::string& model_text, const std::string& name, const Cluster& cluster,
                           const SearchOptions& o) {
     return searching::Search(model_text, name, cluster, o).run();

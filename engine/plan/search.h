@@ -35,6 +35,7 @@ namespace ptool {
 enum class Float8Search { never, tensorwise, rowwise, offer };
 const char* float8_search_name(Float8Search s);  // "never", "tensorwise", "rowwise", "offer"
 std::vector<std::string> float8_search_names();  // every one, in the enum's order
+std::optional<Float8Search> float8_search_named(const std::string& name);  // none: not a name of one
 
 struct SearchOptions {
     int world_size = 0;  // 0: the cluster's
