@@ -86,6 +86,7 @@ a weight whose stages are all on one rank (they share its one parameter: there i
   float8_local_amax      (a float8 linear whose scales cover pieces on other ranks: a tensor-parallel
                          style's) first divergence is the linear's step-0 output
   float8_e4m3_grad       (a tensorwise float8 linear) first divergence is the linear's step-0 input gradient
+  float8_scale_unrounded (a rowwise float8 linear) first divergence is the linear's step-0 output
   float8_master          (a float8 linear) first divergence is the step-0 update of its weight
   float8_stale_scale     (a float8 linear under FSDP2's float8 all-gather with precomputed scales, two
                          steps or more) first divergence is the linear's step-1 output
@@ -212,7 +213,8 @@ def float8_mutants(ex, first_div):
     float8.linears): a piece scaled by its own amax where the linear's scales cover pieces on other
     ranks (a tensor-parallel style's) shows first in the linear's forward output (tensorwise: rowwise
     scales are powers of 2, so a piece's own amax moves no value out of e4m3fn's normal range, an
-    equivalent mutant on ordinary data); the output gradient cast to e4m3fn in its input gradient."""
+    equivalent mutant on ordinary data); the output gradient cast to e4m3fn in its input gradient;
+    rowwise scales left unrounded in the linear's forward output."""
     if not ex.get("float8"):
         return
     styled = {m["fqn"] for m in ex["modules"] if m["style"] in ("colwise", "rowwise")} if ex["tp"] > 1 else set()
@@ -221,6 +223,9 @@ def float8_mutants(ex, first_div):
             yield ("float8_local_amax", f"float8_local_amax:{fqn}", first_div(f"step 0 forward `{fqn}` output"))
         if ex["float8"]["recipe"] == "tensorwise":  # rowwise casts every operand to e4m3fn anyway
             yield ("float8_e4m3_grad", f"float8_e4m3_grad:{fqn}", first_div(f"step 0 backward `{fqn}` input gradient"))
+        else:  # scales as the amaxes give them, not rounded down to powers of 2
+            yield ("float8_scale_unrounded", f"float8_scale_unrounded:{fqn}",
+                   first_div(f"step 0 forward `{fqn}` output"))
         yield ("float8_master", f"float8_master:{fqn}", first_div(f"step 0 update of `{fqn}.weight`"))
         if ex["float8"].get("precompute_scale"):  # FSDP2's float8 all-gather, its scales precomputed
             yield ("float8_stale_scale", f"float8_stale_scale:{fqn}", first_div(f"step 1 forward `{fqn}` output"))

@@ -91,7 +91,7 @@ Float8Operand cast(const RunContext& ctx, const Float8Gemms& f, const Tensor& t,
     const bool along_cut = axis == 0 ? cut.cols : cut.rows;
     const std::vector<double> amaxes = float8_max_over(float8_amax_axis(t, axis), t.device(),
                                                        tp_shards(ctx, along_cut), f.recipe.reduce_amax);
-    return float8_axiswise(t, format, amaxes, axis, true);
+    return float8_axiswise(t, format, amaxes, axis, f.recipe.power_of_2_scales);
 }
 
 // On meta tensors the emulation's GEMMs (on float32 values) are counted as what they stand for:
@@ -153,6 +153,7 @@ bool float8_recipe_named(const std::string& name, Float8Recipe* out) {
     if (name != "rowwise") return false;
     *out = Float8Recipe{};
     out->scaling = Float8Scaling::rowwise, out->grad_output = Float8Format::e4m3fn;
+    out->power_of_2_scales = true;
     return true;
 }
 

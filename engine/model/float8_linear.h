@@ -49,12 +49,14 @@ enum class Float8Scaling { tensorwise, rowwise };
 
 // torchao's Float8LinearConfig for the recipe, and the fault layer's seam (verify/faults.h): a
 // recipe with reduce_amax false scales a shard by its own amax; one with grad_output e4m3fn casts
-// the gradients in the forward's format.
+// the gradients in the forward's format; a rowwise one without power_of_2_scales keeps its scales
+// as the amaxes give them.
 struct Float8Recipe {
     Float8Scaling scaling = Float8Scaling::tensorwise;
     Float8Format input = Float8Format::e4m3fn, weight = Float8Format::e4m3fn,
                  grad_output = Float8Format::e5m2;
-    bool reduce_amax = true;  // over the ranks holding pieces of the tensor a scale covers
+    bool reduce_amax = true;         // over the ranks holding pieces of the tensor a scale covers
+    bool power_of_2_scales = false;  // round_scales_to_power_of_2 (the rowwise recipe's; axiswise only)
 };
 // torchao's recipes by name: tensorwise (the default above) and rowwise (every operand e4m3fn,
 // axiswise scales, round_scales_to_power_of_2); false for another name.

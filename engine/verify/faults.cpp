@@ -232,11 +232,13 @@ void FaultLayer::after_parallelize(Model& model, const Plan& plan, const Resolut
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {  // the float8 recipe's seams
         const Float8Gemms* f = m.float8();
         const bool local = fault_.hits(FaultKind::float8_local_amax, fqn),
-                   e4m3 = fault_.hits(FaultKind::float8_e4m3_grad, fqn);
-        if (!f || !(local || e4m3)) return;
+                   e4m3 = fault_.hits(FaultKind::float8_e4m3_grad, fqn),
+                   unrounded = fault_.hits(FaultKind::float8_scale_unrounded, fqn);
+        if (!f || !(local || e4m3 || unrounded)) return;
         Float8Gemms g = *f;
         if (local) g.recipe.reduce_amax = false;
         if (e4m3) g.recipe.grad_output = Float8Format::e4m3fn;
+        if (unrounded) g.recipe.power_of_2_scales = false;
         m.set_float8(g);
     });
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {

@@ -50,6 +50,7 @@ enum class FaultKind {
     // float8 (MODULE: a linear the plan's float8 section converts)
     float8_local_amax,
     float8_e4m3_grad,
+    float8_scale_unrounded,
     float8_stale_scale,
     float8_master,
     // pipeline parallel (STAGE: a pipeline stage's index, as reports number them: under
@@ -174,6 +175,9 @@ inline constexpr FaultClass kFaultClasses[] = {
      "piece's own amax, not the whole tensor's"},
     {FaultKind::float8_e4m3_grad, "float8_e4m3_grad", FaultSection::mixed_precision, "MODULE",
      "a float8 linear casts its output gradient to e4m3fn, the forward's format, instead of e5m2"},
+    {FaultKind::float8_scale_unrounded, "float8_scale_unrounded", FaultSection::mixed_precision, "MODULE",
+     "a rowwise float8 linear keeps its per-row and per-column scales as the amaxes give them, not rounded "
+     "down to a power of 2 (torchao's rowwise recipe sets round_scales_to_power_of_2)"},
     {FaultKind::float8_stale_scale, "float8_stale_scale", FaultSection::mixed_precision, "MODULE",
      "FSDP2's float8 all-gather with precomputed scales: the linear's weight scale is precomputed before "
      "the optimizer step (the step's old weights'), so the next step's gather casts the updated shards "
