@@ -118,24 +118,22 @@ void P2PBoard::exchange(int rank, const std::vector<P2POp>& ops, const P2PWait& 
         }
         waiting_[rank] = p2p_op_str(pending->kind, world(pending->peer), pending->desc);
         if (how.timeout_seconds > 0 && std::chrono::steady_clock::now() >= deadline) {
-            // The peer's p2p wait is read, and the failure claimed, while this rank holds the board:
-            // a peer whose deadline passes in the same instant then stops as aborted above, instead
-            // of racing this message with one that finds this rank already gone.
-            const std::string peer_waits = waiting_[pending->peer];
-            const auto fail = [&](const std::string& context) {
-                return p2p_timeout(world(rank), pending->kind, world(pending->peer), pending->desc,
-                                   how.timeout_seconds, context);
-            };
-            if (!peer_waits.empty()) {
-                RuntimeError e = fail(fmt::format("rank {} waits in {}", world(pending->peer), peer_waits));
-                how.abort->abort(e.what(), e.kind());
-                abandon(lk, rank, mine);
-                throw e;
+            // The failure is claimed before this rank leaves the board: a peer whose own deadline
+            // passes in the same instant (in a p2p op or a collective) then finds this rank still
+            // waiting here, or stops as aborted, instead of racing this message with one that
+            // finds this rank already gone.
+            std::string context = waiting_[pending->peer];
+            if (!context.empty()) {
+                context = fmt::format("rank {} waits in {}", world(pending->peer), context);
+            } else {  // the group's lock before the board's (lock order); this rank shows as waiting
+                lk.unlock();
+                context = how.peer_context(pending->peer);
+                lk.lock();
             }
-            abandon(lk, rank, mine);
-            lk.unlock();
-            RuntimeError e = fail(how.peer_context(pending->peer));  // the group's lock, the board unlocked
+            RuntimeError e = p2p_timeout(world(rank), pending->kind, world(pending->peer), pending->desc,
+                                         how.timeout_seconds, context);
             how.abort->abort(e.what(), e.kind());
+            abandon(lk, rank, mine);
             throw e;
         }
         if (!yielded && how.cores) {  // its core to a rank that computes while this one waits
