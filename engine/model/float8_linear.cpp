@@ -13,6 +13,7 @@
 #include "model/context_shard.h"
 #include "model/float8_cost.h"
 #include "model/float8_gemm.h"
+#include "model/float8_log.h"
 #include "model/module.h"
 
 namespace ptool {
@@ -78,6 +79,85 @@ void put_rows(const Tensor& src, const Float8Rows& ranges, Tensor& t2) {
     }
 }
 
+// Where each row of one rank's operand t2 ([n, cols]) lies in the reference's (model/float8_log.h),
+// as the reference's row index (-1: none): a weight's rows by the tp chunk where tp cuts them; an
+// activation's tokens (rows of `seq` positions) by the data rank's first row, the cp rank's
+// positions and the tp chunk of them where tp cuts the tokens (sequence parallel's Shard(1)). Empty
+// where the shapes do not line up (then nothing is followed).
+std::vector<int64_t> reference_rows(const RunContext& ctx, const Float8Logged& ref, Float8Role role,
+                                    int64_t n, int64_t seq, bool rows_cut) {
+    std::vector<int64_t> at(static_cast<size_t>(n), -1);
+    if (role == Float8Role::weight) {
+        const Chunk c = rows_cut ? chunk_of(ref.rows, ctx.tp_parts, ctx.tp_rank) : Chunk{0, ref.rows};
+        if (c.length != n) return {};
+        for (int64_t i = 0; i < n; ++i) at[static_cast<size_t>(i)] = c.offset + i;
+        return at;
+    }
+    if (seq <= 0 || n % seq != 0 || (rows_cut && seq == 1)) return {};  // a 2-D activation cut by tp: not
+    const int64_t positions =  // the sequence's positions here before tp cuts them
+        ctx.context ? static_cast<int64_t>(ctx.context->positions.size()) : ref.seq;
+    const Chunk c = rows_cut ? chunk_of(positions, ctx.tp_parts, ctx.tp_rank) : Chunk{0, positions};
+    if (c.length != seq) return {};
+    for (int64_t i = 0; i < n / seq; ++i)
+        for (int64_t j = 0; j < seq; ++j) {
+            const int64_t here = c.offset + j;
+            const int64_t pos = ctx.context ? ctx.context->positions[static_cast<size_t>(here)] : here;
+            const int64_t g = (ctx.row_offset + i - ref.first_row) * ref.seq + pos;
+            if (g >= 0 && g < ref.rows * ref.seq && pos < ref.seq) at[static_cast<size_t>(i * seq + j)] = g;
+        }
+    return at;
+}
+
+// t2 as this rank casts it under verify (model/float8_log.h): the reference logs its operand; a
+// parallel run takes the reference's value for each element its own agrees with within the
+// tolerance, so that a near-tie rounds as the reference's did (in t2's dtype: the reference's
+// values are its dtype's). Anything else: t2 itself.
+Tensor follow_reference(const RunContext& ctx, const Float8Gemms& f, Float8Role role, const Tensor& t2,
+                        int64_t seq, Float8Cut cut) {
+    Float8Log* log = ctx.float8_log;
+    if (!log || f.fqn.empty() || t2.device() != Device::cpu || t2.dim() != 2) return t2;
+    const MemoryScope unaccounted(nullptr);  // verification's own copies: the run's memory is the run's
+    const Tensor f32 = t2.dtype() == DType::float32 ? t2 : to_dtype(*ctx.backend, t2, DType::float32);
+    const float* own = f32.data<float>();
+    const Float8Logged* ref = log->find(ctx.step, ctx.microbatch, f.fqn, role);
+    if (!ctx.float8_replays) {  // the reference: each operand once (a backward's input is its forward's)
+        if (ref) return t2;
+        Float8Logged v;
+        const bool weight = role == Float8Role::weight;
+        v.first_row = weight ? 0 : ctx.row_offset, v.seq = weight ? 1 : std::max<int64_t>(seq, 1);
+        v.cols = t2.size(1), v.rows = t2.size(0) / v.seq;
+        v.values.assign(own, own + f32.numel());
+        for (float x : v.values)
+            v.amax = std::isnan(x) || std::isnan(v.amax)
+                         ? std::numeric_limits<double>::quiet_NaN()
+                         : std::max(v.amax, static_cast<double>(std::fabs(x)));
+        log->record(ctx.step, ctx.microbatch, f.fqn, role, std::move(v));
+        return t2;
+    }
+    if (!ref) return t2;
+    const int64_t n = t2.size(0), cols = t2.size(1);
+    // an output gradient at this rank's scale (Run::activation_grad_scale)
+    const double to_own = role == Float8Role::grad_output ? 1.0 / ctx.reference_grad_scale : 1.0;
+    const Chunk c = cut.cols ? chunk_of(ref->cols, ctx.tp_parts, ctx.tp_rank) : Chunk{0, ref->cols};
+    const std::vector<int64_t> at = reference_rows(ctx, *ref, role, n, seq, cut.rows);
+    if (c.length != cols || at.empty()) return t2;
+    const double slack = log->atol() * ref->amax * to_own;  // NaN where the reference held one: nothing
+    Tensor out = f32.clone();
+    float* took = out.data<float>();
+    int64_t taken = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (at[static_cast<size_t>(i)] < 0) continue;
+        const float* want = ref->values.data() + at[static_cast<size_t>(i)] * ref->cols + c.offset;
+        for (int64_t j = 0; j < cols; ++j) {
+            const double v = own[i * cols + j], r = static_cast<float>(want[j] * to_own);
+            if (v == r || !(std::fabs(v - r) <= log->rtol() * std::fabs(r) + slack)) continue;
+            took[i * cols + j] = static_cast<float>(r), ++taken;
+        }
+    }
+    log->count_taken(taken);
+    return out.dtype() == t2.dtype() ? out : to_dtype(*ctx.backend, out, t2.dtype());
+}
+
 bool rowwise(const Float8Gemms& f) {
     return f.recipe.scaling == Float8Scaling::rowwise;
 }
@@ -126,7 +206,8 @@ double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Parameter&
 Float8Operand weight_operand(const RunContext& ctx, const Float8Gemms& f, const Parameter& w, double amax,
                              int axis) {
     if (w.float8_scale > 0) return float8_from_codes(w.value, f.recipe.weight, w.float8_scale);
-    return cast(ctx, f, w.value, f.recipe.weight, amax, axis, f.tp.weight);
+    const Tensor value = follow_reference(ctx, f, Float8Role::weight, w.value, 1, f.tp.weight);
+    return cast(ctx, f, value, f.recipe.weight, amax, axis, f.tp.weight);
 }
 
 // out's rows of each group = op(cast_a(a's rows of the group, the group)) op(b) in float8.
@@ -198,7 +279,7 @@ void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, con
     const double aw = weight_amax(ctx, f, w);
     const PricedAs priced(x2);
     by_row_groups(
-        ctx, x2, groups,
+        ctx, follow_reference(ctx, f, Float8Role::input, x2, seq, f.tp.input), groups,
         [&](const Tensor& t, size_t g) { return cast(ctx, f, t, f.recipe.input, ax[g], 0, f.tp.input); },
         weight_operand(ctx, f, w, aw, 0), true, y2);
 }
@@ -206,7 +287,7 @@ void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, con
 Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2,
                                         const Tensor& x2, const Parameter& w, int64_t seq) {
     Float8BackwardAmax a;
-    a.rows = row_groups(ctx, dy2.size(0), seq);
+    a.rows = row_groups(ctx, dy2.size(0), seq), a.seq = seq;
     a.grad_output = activation_amax(ctx, f, dy2, a.rows, f.tp.grad_output.any());
     a.input = activation_amax(ctx, f, x2, a.rows, f.tp.input.any());
     a.weight = weight_amax(ctx, f, w);
@@ -217,7 +298,7 @@ void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8Backwa
                        const Parameter& w, Tensor& dx2) {
     const PricedAs priced(dy2);
     by_row_groups(
-        ctx, dy2, a.rows,
+        ctx, follow_reference(ctx, f, Float8Role::grad_output, dy2, a.seq, f.tp.grad_output), a.rows,
         [&](const Tensor& t, size_t g) {
             return cast(ctx, f, t, f.recipe.grad_output, a.grad_output[g], 0, f.tp.grad_output);
         },
@@ -227,11 +308,13 @@ void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8Backwa
 void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                         const Tensor& x2, Tensor& dw) {
     const PricedAs priced(dy2);
+    const Tensor dys = follow_reference(ctx, f, Float8Role::grad_output, dy2, a.seq, f.tp.grad_output),
+                 xs = follow_reference(ctx, f, Float8Role::input, x2, a.seq, f.tp.input);
     for (size_t g = 0; g < a.rows.size(); ++g) {  // each rank's own GEMM, added to the gradient in rank order
-        const Float8Operand d = cast(ctx, f, rows_of(dy2, a.rows[g]), f.recipe.grad_output, a.grad_output[g],
+        const Float8Operand d = cast(ctx, f, rows_of(dys, a.rows[g]), f.recipe.grad_output, a.grad_output[g],
                                      1, f.tp.grad_output);
         const Float8Operand x =
-            cast(ctx, f, rows_of(x2, a.rows[g]), f.recipe.input, a.input[g], 1, f.tp.input);
+            cast(ctx, f, rows_of(xs, a.rows[g]), f.recipe.input, a.input[g], 1, f.tp.input);
         Tensor part = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
         float8_gemm(*ctx.backend, d, true, x, false, part);
         const Float8EmulationOnly handed_over;  // torchao's GEMM writes the gradient itself

@@ -83,6 +83,7 @@ struct Float8TpPieces {
 struct Float8Gemms {
     Float8Recipe recipe;
     Float8TpPieces tp;
+    std::string fqn;  // the linear's (verify's float8 log keys on it: model/float8_log.h); empty: not logged
 };
 
 // Each piece's amax (NaN where it holds one) reduced (max) over `over` (unless !reduce), the
@@ -108,6 +109,7 @@ void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, con
 // backward and kept by a split backward's W.
 struct Float8BackwardAmax {
     std::vector<Float8Rows> rows;  // each rank's rows (row_groups)
+    int64_t seq = 1;               // the rows' positions each
     std::vector<double> grad_output, input;
     double weight = 0;
 };

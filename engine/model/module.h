@@ -27,6 +27,14 @@
 namespace ptool {
 
 class RoutingLog;
+class Float8Log;
+
+// What verify's reference logs for the parallel runs to follow at their near-ties: each moe call's
+// routing (model/routing_log.h), each float8 linear's operands (model/float8_log.h); null: not logged.
+struct ReferenceLogs {
+    RoutingLog* routing = nullptr;
+    Float8Log* float8 = nullptr;
+};
 class RoutedExperts;
 class AttentionCore;
 struct Float8Gemms;
@@ -105,6 +113,12 @@ struct RunContext {
     // outside verify.
     RoutingLog* routing = nullptr;
     bool routing_replays = false;
+    // Near-tie-aware float8 verdicts (model/float8_log.h): the reference logs each float8 linear's
+    // operands before their casts into it, a parallel run (float8_replays) casts the reference's
+    // value where its own agrees within tolerance. Null outside verify.
+    Float8Log* float8_log = nullptr;
+    bool float8_replays = false;
+    double reference_grad_scale = 1.0;  // a parallel rank's activation gradients times it: the reference's
     // Losses a module adds to the microbatch's (a moe layer's load-balancing loss), summed here
     // unscaled; what the microbatch's loss is multiplied by (1 / the step's microbatches); the group
     // of ranks whose tokens differ (the data dims and cp flattened; null: one), over which such a

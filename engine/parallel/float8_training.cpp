@@ -135,8 +135,8 @@ std::vector<std::pair<const Module*, Float8Gemms>> resolve_float8(const Model& m
         // a linear the layout pass never saw: every piece reduced (a no-op when whole)
         const Float8Cut all{true, true};
         auto it = pieces.find(m);
-        out.push_back(
-            {m, Float8Gemms{spec.recipe, it != pieces.end() ? it->second : Float8TpPieces{all, all, all}}});
+        out.push_back({m, Float8Gemms{spec.recipe,
+                                      it != pieces.end() ? it->second : Float8TpPieces{all, all, all}, fqn}});
     }
     if (out.empty())
         throw InputError(spec.where,

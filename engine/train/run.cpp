@@ -323,6 +323,13 @@ Communicator& Run::comm(DimRole role) const {
     return plan_.dims.has(role) ? mesh_->comm(plan_.dims.index(role)) : *solo_;
 }
 
+double Run::activation_grad_scale() const {
+    const int ranks = data_comm().size() * comm(DimRole::cp).size();
+    const bool per_rank_mean =
+        model_.loss != LossKind::sum && plan_.normalization(model_) != LossNormalization::global_tokens;
+    return ranks > 1 && per_rank_mean ? 1.0 / ranks : 1.0;
+}
+
 Placements Run::placements(const Parameter* p) const {
     Placements out;
     if (auto it = tp_params_.find(p); it != tp_params_.end())

@@ -148,14 +148,19 @@ public:
     Communicator& comm(DimRole role) const;
     // The group the batch's rows are split over: the data dims flattened (one rank without them).
     Communicator& data_comm() const { return *batch_; }
+    // What brings this rank's activation gradients to the reference's (verification's): under data
+    // (and context) parallel a mean loss over each rank's rows (positions) makes them data x cp
+    // times the reference's (DDP's average puts the parameter gradients right); under global_tokens
+    // every rank divides by the step's count as the reference does, and a summed loss is a sum.
+    double activation_grad_scale() const;
     // Context parallel: this rank's positions of the current step's sequence (null without cp).
     const ContextShard* context() const { return context_ ? &*context_ : nullptr; }
     // Verification's reference beside a plan whose cp dim of `parts` ranks runs the ring: each step
     // the plan's cp layout of the sequence reaches attention as RunContext::ring_probe.
     void probe_ring(int parts, bool load_balance) { probe_parts_ = parts, probe_balance_ = load_balance; }
-    // Verification of a model with experts (model/routing_log.h): the reference logs its routing into
-    // `log`, a parallel run (replay) takes the reference's choice for the near-ties.
-    void follow_routing(RoutingLog* log, bool replay) { routing_ = log, routing_replays_ = replay; }
+    // Verification at near-ties: the reference logs its moe routing (model/routing_log.h) and its
+    // float8 operands (model/float8_log.h) into `logs`, a parallel run (replay) follows them there.
+    void follow_reference(const ReferenceLogs& logs, bool replay) { logs_ = logs, replays_ = replay; }
     // Every rank of this rank's pipeline stage (the mesh's dims but pp, flattened in mesh order):
     // the world without pp. Uncounted use only (verification's).
     Communicator& stage_comm() const { return *stage_comm_; }
@@ -295,11 +300,11 @@ private:
     DataParallelResolution executed_dp_;  // what the layer let run (res_.dp: what the plan says)
     std::unique_ptr<DataParallel> data_parallel_;
     std::unique_ptr<ExpertParallel> expert_parallel_;
-    RoutingLog* routing_ = nullptr;
+    ReferenceLogs logs_;
     // the ranks whose tokens differ (data dims and cp): a moe layer's balancing loss sums over them,
     // and global_tokens counts the step's items over them
     Communicator* tokens_ = nullptr;
-    bool routing_replays_ = false;
+    bool replays_ = false;
     std::unique_ptr<Communicator> solo_;  // the one-rank group of a role the plan does not have
     Communicator* tp_ = nullptr;          // comm(DimRole::tp): the activations' layouts are on it
     Communicator* batch_ = nullptr;

@@ -39,7 +39,9 @@ void Run::forward(StepState& st, int s, int m) {
     f.ctx.microbatch = m;
     f.ctx.tp = tp_;
     if (expert_parallel_) f.ctx.ep = &comm(DimRole::ep);
-    f.ctx.routing = routing_, f.ctx.routing_replays = routing_replays_;
+    f.ctx.routing = logs_.routing, f.ctx.routing_replays = replays_;
+    f.ctx.float8_log = logs_.float8, f.ctx.float8_replays = replays_;
+    if (logs_.float8 && replays_) f.ctx.reference_grad_scale = activation_grad_scale();
     double scale = 1.0 / static_cast<double>(st.microbatches);       // each microbatch's loss is divided by
     if (layer_) scale = layer_->loss_scale(scale, st.microbatches);  // their count (a fault's: its own)
     f.ctx.aux_loss = &f.aux, f.ctx.loss_scale = scale, f.ctx.tokens = tokens_;

@@ -36,9 +36,9 @@ struct RecordOptions {
     // tensors in place; only the metrics are gathered (verify/compare.h: exact sums, so the numbers
     // are what comparing whole tensors gives). Off: rank 0 gathers each tensor (mpirun).
     bool rank_local = false;
-    // record_reference: the reference logs each moe call's routing and near-ties into it
-    // (model/routing_log.h), which the parallel runs then follow.
-    RoutingLog* routing = nullptr;
+    // record_reference: the reference logs each moe call's routing and near-ties and each float8
+    // linear's operands into them (verify/reference_logs.h), which the parallel runs then follow.
+    ReferenceLogs logs;
     // Called after each step on rank 0 with the step's number, loss and seconds (`ptool run`'s lines).
     std::function<void(int64_t, double, double)> on_step;
     // A reference recorded beside its parallel run (verify, rank threads of one process). The

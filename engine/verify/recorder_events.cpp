@@ -7,13 +7,8 @@ namespace ptool::recording {
 
 StepObserver Recorder::observer(StepRecord& sr) {
     if (!opt_.events) return nullptr;
-    // under data parallel a mean loss over each rank's rows makes activation gradients dp times
-    // the reference's (DDP's average puts the parameter gradients right): scaled for comparison
-    // (and under context parallel a mean over each rank's positions: cp times); under
-    // global_tokens every rank divides by the step's count, as the reference does
-    const int ranks = data_.size() * run_.comm(DimRole::cp).size();
-    const bool per_rank_mean = run_.model().loss != LossKind::sum && !summed_loss();
-    const double scale = ranks > 1 && per_rank_mean ? 1.0 / ranks : 1.0;
+    // activation gradients at the reference's scale for comparison
+    const double scale = run_.activation_grad_scale();
     auto calls =
         std::make_shared<std::map<std::string, int>>();  // this step's events so far, by key less call
     event_index_.clear();

@@ -16,10 +16,10 @@
 #include "core/host_memory.h"
 #include "core/progress.h"
 #include "model/routed_experts.h"
-#include "model/routing_log.h"
 #include "train/simulate.h"
 #include "verify/faults.h"
 #include "verify/loss_causes.h"
+#include "verify/reference_logs.h"
 #include "verify/weight_probe.h"
 
 namespace ptool {
@@ -169,6 +169,14 @@ std::string numerics_key(const Plan& plan, const Model& model) {
     if (plan.normalization(model) == LossNormalization::global_tokens) m += "g";
     if (const int parts = ring_parts(plan); parts > 1)
         m += fmt::format("ring{}{}", parts, plan.context_parallel->load_balance ? "b" : "");
+    if (plan.float8) {  // its recipe, the linears it converts and the rows each scale covers
+        const Plan reference = reference_plan(plan);
+        const Float8Spec& f8 = *reference.float8;
+        const Float8RowGroups& g = f8.row_groups;
+        m += fmt::format("f8{}:{}x{}{}", float8_recipe_name(f8.recipe), g.data, g.cp,
+                         g.load_balance ? "b" : "");
+        if (f8.filter_fqns) m += fmt::format("[{}]", fmt::join(*f8.filter_fqns, ","));
+    }
     if (!plan.mixed_precision) return m;
     const MixedPrecisionSpec& mp = *plan.mixed_precision;
     return fmt::format("{}{}/{}/{}", m, dtype_name(mp.param_dtype), dtype_name(mp.reduce_dtype),
@@ -255,32 +263,6 @@ struct ReferenceBeside {
     }
 };
 
-// The reference's routing log on every rank of an mpirun job: rank 0's words broadcast (uncounted:
-// verification's own), read into `into` on the others.
-RoutingLog* received_routing(RoutingLog* log, Communicator& world, std::unique_ptr<RoutingLog>& into) {
-    std::vector<int64_t> words = world.rank() == 0 && log ? log->words() : std::vector<int64_t>{};
-    Tensor n = Tensor::scalar(static_cast<double>(words.size()), DType::int64).reshape({1});
-    world.broadcast(n, 0);
-    Tensor w({static_cast<int64_t>(n.item(0))}, DType::int64);
-    for (size_t i = 0; i < words.size(); ++i) w.set(static_cast<int64_t>(i), static_cast<double>(words[i]));
-    world.broadcast(w, 0);
-    if (world.rank() == 0) return log;
-    into = std::make_unique<RoutingLog>(0, 0);
-    words.resize(static_cast<size_t>(w.numel()));
-    for (int64_t i = 0; i < w.numel(); ++i) words[static_cast<size_t>(i)] = static_cast<int64_t>(w.item(i));
-    into->read_words(words);
-    return into.get();
-}
-
-// The near-ties the parallel run's ranks took from the reference: one shared count among rank
-// threads, each process's own summed over an mpirun job.
-int64_t total_replayed(RoutingLog* log, Communicator& world, bool shared) {
-    if (shared) return log ? log->replayed() : 0;
-    Tensor n = Tensor::scalar(log ? static_cast<double>(log->replayed()) : 0.0, DType::float64).reshape({1});
-    world.all_reduce(n, ReduceOp::sum);
-    return static_cast<int64_t>(n.item(0));
-}
-
 }  // namespace
 
 std::unique_ptr<Launch> in_process_launch(Device device, const CommOptions& comm) {
@@ -316,7 +298,7 @@ RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps,
         1, CommOptions{},
         [&](Communicator& world) {
             Run run(in, single, world, nullptr, reference);
-            run.follow_routing(opt.routing, false);
+            run.follow_reference(opt.logs, false);
             if (const int parts = ring_parts(plan); parts > 1 && opt.events)
                 run.probe_ring(parts, plan.context_parallel->load_balance);
             rec = record_run(run, steps, opt);
@@ -331,19 +313,20 @@ namespace {
 // rank 0, by step count and numerics: one reference serves every plan that computes alike
 using ReferenceKey = std::pair<int64_t, std::string>;
 
-// What verify holds across the job's plans: the model as read, the references recorded so far and,
-// for a model with experts, their routing logs.
+// What verify holds across the job's plans: the model as read, the references recorded so far and
+// their logs (a model with experts: its routing; a plan with float8: its operands).
 struct VerifyState {
     const VerifyJob& job;
     Launch& launch;
     const std::shared_ptr<const Model> model;  // the job's, else parsed here
     const Model& probe;  // every plan's lint is resolved against it, and rebound to every rank's model
     // a model with experts: each reference logs its routing, which the parallel runs follow
-    // (model/routing_log.h); the reference then runs first, whole, so that every step's routing is
-    // there before a rank's step reaches it
+    // (model/routing_log.h); a plan with float8 its float8 operands (model/float8_log.h). The
+    // reference then runs first, whole, so that every step's log is there before a rank's step
+    // reaches it.
     bool experts = false;
     std::map<ReferenceKey, RunRecord> references;
-    std::map<ReferenceKey, std::unique_ptr<RoutingLog>> routing_logs;
+    std::map<ReferenceKey, OwnedLogs> logs;
     VerifyReport report;
 
     VerifyState(const VerifyJob& j, Launch& l)
@@ -402,13 +385,13 @@ std::unique_ptr<ReferenceBeside> start_reference(VerifyState& s, const Plan& pla
                                                  const RecordOptions& ro, const ReferenceKey& key,
                                                  bool drop) {
     RecordOptions ref = ro;
-    ref.shadow_optimizer = false;  // with a golden, the reference continues from its parameters
-    if (s.experts) {               // the elementwise rule verify holds the router's logits to
-        s.routing_logs[key] = std::make_unique<RoutingLog>(ro.tol.rtol, ro.tol.atol);
-        ref.routing = s.routing_logs[key].get();
-    }
+    ref.shadow_optimizer = false;   // with a golden, the reference continues from its parameters
+    OwnedLogs& logs = s.logs[key];  // each at the elementwise rule verify holds its tensors to
+    if (s.experts) logs.routing = std::make_unique<RoutingLog>(ro.tol.rtol, ro.tol.atol);
+    if (plan.float8) logs.float8 = std::make_unique<Float8Log>(ro.tol.rtol, ro.tol.atol);
+    ref.logs = logs.view();
     auto reference = std::make_unique<const ResolvedReference>(plan, s.probe);
-    if (s.job.options.reference_beside && s.launch.shares_memory() && !s.experts &&
+    if (s.job.options.reference_beside && s.launch.shares_memory() && !s.experts && !plan.float8 &&
         room_beside(s.job.inputs, *reference, steps)) {
         Progress::get().phase(fmt::format("reference + parallel {}", plan.path),
                               fmt::format("{} step{}, the reference on one device beside {} ranks, "
@@ -445,17 +428,17 @@ void compare_as_recorded(RecordOptions& ro, RunRecord* reference, ReferenceBesid
     ro.on_step = [steps](int64_t k, double, double) { Progress::get().step("parallel", k, steps); };
 }
 
-// The parallel run as rank 0 gathered it: its record with every rank's memory, and the near-ties
-// its ranks took from the reference's routing.
+// The parallel run as rank 0 gathered it: its record with every rank's memory, and what its ranks
+// took from the reference's logs at near-ties.
 struct ParallelRun {
     RunRecord record;
-    int64_t replayed = 0;
+    TakenFromLogs taken;
 };
 
 // `resolved`: the lint's resolution of `plan`, which every rank's Run rebinds to its own model (under
 // mpirun each process's own lint).
 ParallelRun run_parallel(const VerifyState& s, const ResolvedPlan& resolved, int64_t steps,
-                         const RecordOptions& ro, RoutingLog* routing, ReferenceBeside* beside,
+                         const RecordOptions& ro, const ReferenceLogs& logs, ReferenceBeside* beside,
                          const std::function<void(Schedule&)>& change = {}) {
     const Plan& plan = *resolved.plan;
     const VerifyJob& job = s.job;
@@ -466,10 +449,12 @@ ParallelRun run_parallel(const VerifyState& s, const ResolvedPlan& resolved, int
         launch.run(
             plan.world_size(), plan.mesh_where,
             [&](Communicator& world) {
-                // rank threads read rank 0's log; the ranks of an mpirun job receive it
-                std::unique_ptr<RoutingLog> received;
-                RoutingLog* follow = routing;
-                if (experts && !launch.shares_memory()) follow = received_routing(routing, world, received);
+                // rank threads read rank 0's logs; the ranks of an mpirun job receive them
+                OwnedLogs received;
+                const ReferenceLogs follow =
+                    launch.shares_memory()
+                        ? logs
+                        : received_logs(logs, world, received, experts, plan.float8.has_value());
                 const std::unique_ptr<RunLayer> layer = fault_layer(job.options.fault);
                 // each rank's tensors are charged to its account (verification's own are not: the
                 // recorder's work runs unaccounted), the measured side of explain's prediction
@@ -484,7 +469,7 @@ ParallelRun run_parallel(const VerifyState& s, const ResolvedPlan& resolved, int
                         change(changed);
                         run.set_schedule(std::move(changed));
                     }
-                    if (job.options.replay_ties) run.follow_routing(follow, true);
+                    if (job.options.replay_ties) run.follow_reference(follow, true);
                     account->reset_peak();
                     mine.resident = account->live();
                     r = record_run(run, steps, ro);
@@ -493,12 +478,11 @@ ParallelRun run_parallel(const VerifyState& s, const ResolvedPlan& resolved, int
                         mine.at_peak[u] = account->at_peak(static_cast<MemoryUse>(u));
                 }
                 std::vector<RankMemory> all = gather_memory(mine, world);
-                const int64_t mine_replayed =
-                    experts ? total_replayed(follow, world, launch.shares_memory()) : 0;
+                const TakenFromLogs taken = total_taken(follow, world, launch.shares_memory());
                 if (world.rank() == 0) {
                     par.record = std::move(r);
                     par.record.memory = std::move(all);
-                    par.replayed = mine_replayed;
+                    par.taken = taken;
                 }
             },
             beside ? beside->cores : nullptr);
@@ -507,16 +491,6 @@ ParallelRun run_parallel(const VerifyState& s, const ResolvedPlan& resolved, int
         throw;
     }
     return par;
-}
-
-std::string routing_note(const RoutingLog& routing, bool replay_ties, int64_t replayed) {
-    return fmt::format(
-        "routing: {} of the reference's {} token routings are near-ties (their chosen experts "
-        "could change with each router logit within rtol {:.2g}, atol {:.2g}); the parallel run "
-        "{}",
-        routing.ties(), routing.tokens(), routing.rtol(), routing.atol(),
-        replay_ties ? fmt::format("routed {} of them otherwise and took the reference's choice", replayed)
-                    : std::string("routed every token by itself (--no-tie-replay)"));
 }
 
 // A split backward's plan whose gradients failed: which stage's W of which microbatch
@@ -529,7 +503,7 @@ void localise_split_backward(const VerifyState& s, const ResolvedPlan& resolved,
     rep.localisation +=
         split_backward_localisation(rep, *resolved.plan, s.probe, [&](const ScheduleChange& change) {
             return std::move(
-                run_parallel(s, resolved, 1, ro, nullptr, nullptr, change).record.steps.at(0).tensors);
+                run_parallel(s, resolved, 1, ro, {}, nullptr, change).record.steps.at(0).tensors);
         });
 }
 
@@ -554,13 +528,14 @@ void verify_plan(VerifyState& s, size_t i) {
     if (launch.rank0())
         compare_as_recorded(ro, beside ? &beside->stream.record : &s.references[key], beside.get(), drop,
                             plan, steps);
-    RoutingLog* const routing = launch.rank0() && s.experts ? s.routing_logs[key].get() : nullptr;
-    if (routing) routing->reset_replayed();  // this plan's own count
+    const ReferenceLogs logs = launch.rank0() ? s.logs[key].view() : ReferenceLogs{};
+    if (logs.routing) logs.routing->reset_replayed();  // this plan's own counts
+    if (logs.float8) logs.float8->reset_taken();
     // the lint's resolution: every rank's, rebound to its own model
     const ResolvedPlan resolved{&plan, &s.probe, &res};
     ParallelRun par;
     try {
-        par = run_parallel(s, resolved, steps, ro, routing, beside.get());
+        par = run_parallel(s, resolved, steps, ro, logs, beside.get());
     } catch (const ScheduleViolation& e) {  // every rank's Run refused the same lists before running
         if (launch.rank0()) add_unrunnable(s.report, plan, e.what(), ro.tol);
         return;
@@ -573,9 +548,11 @@ void verify_plan(VerifyState& s, size_t i) {
         add_plan(s.report, s.references[key], std::move(par.record), plan, res, causes, ro.tol,
                  job.options.strict);
         localise_split_backward(s, resolved, s.report.plans.back());
-        if (routing && routing->tokens() > 0)
-            s.report.plans.back().notes.push_back(
-                routing_note(*routing, job.options.replay_ties, par.replayed));
+        std::vector<std::string>& notes = s.report.plans.back().notes;
+        if (logs.routing && logs.routing->tokens() > 0)
+            notes.push_back(routing_note(*logs.routing, job.options.replay_ties, par.taken.routings));
+        if (logs.float8 && logs.float8->operands() > 0)
+            notes.push_back(float8_note(*logs.float8, job.options.replay_ties, par.taken.float8_values));
     }
 }
 

@@ -1,0 +1,75 @@
+#include "model/float8_log.h"
+
+#include <bit>
+
+#include "core/error.h"
+
+namespace ptool {
+
+void Float8Log::record(int64_t step, int microbatch, const std::string& fqn, Float8Role role,
+                       Float8Logged v) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    operands_[{step, microbatch, fqn, static_cast<int>(role)}] = std::move(v);
+}
+
+const Float8Logged* Float8Log::find(int64_t step, int microbatch, const std::string& fqn,
+                                    Float8Role role) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = operands_.find({step, microbatch, fqn, static_cast<int>(role)});
+    return it == operands_.end() ? nullptr : &it->second;
+}
+
+int64_t Float8Log::operands() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int64_t>(operands_.size());
+}
+
+// The tolerance's doubles and each value's float32 bits, as int64 words.
+std::vector<int64_t> Float8Log::words() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<int64_t> w;
+    for (double d : {rtol_, atol_}) {  // each in two halves: a word stays under 2^53 (a broadcast's doubles)
+        const auto bits = std::bit_cast<uint64_t>(d);
+        w.insert(w.end(), {static_cast<int64_t>(bits >> 32), static_cast<int64_t>(bits & 0xffffffffu)});
+    }
+    w.push_back(static_cast<int64_t>(operands_.size()));
+    for (const auto& [key, v] : operands_) {
+        const auto& [step, mb, fqn, role] = key;
+        w.insert(w.end(), {step, mb, role, static_cast<int64_t>(fqn.size())});
+        for (char ch : fqn) w.push_back(static_cast<unsigned char>(ch));
+        w.insert(w.end(), {v.first_row, v.seq, v.rows, v.cols,
+                           static_cast<int64_t>(std::bit_cast<uint32_t>(static_cast<float>(v.amax))),
+                           static_cast<int64_t>(v.values.size())});
+        for (float f : v.values) w.push_back(std::bit_cast<uint32_t>(f));
+    }
+    return w;
+}
+
+void Float8Log::read_words(const std::vector<int64_t>& w) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    operands_.clear();
+    size_t at = 0;
+    auto next = [&] {
+        PTOOL_REQUIRE(at < w.size(), "float8 log words end early");
+        return w[at++];
+    };
+    auto real = [&] {
+        const auto high = static_cast<uint64_t>(next());
+        return std::bit_cast<double>(high << 32 | static_cast<uint64_t>(next()));
+    };
+    rtol_ = real(), atol_ = real();
+    for (int64_t n = next(); n > 0; --n) {
+        const int64_t step = next();
+        const int mb = static_cast<int>(next()), role = static_cast<int>(next());
+        std::string fqn(static_cast<size_t>(next()), ' ');
+        for (char& ch : fqn) ch = static_cast<char>(next());
+        Float8Logged v;
+        v.first_row = next(), v.seq = next(), v.rows = next(), v.cols = next();
+        v.amax = std::bit_cast<float>(static_cast<uint32_t>(next()));
+        v.values.resize(static_cast<size_t>(next()));
+        for (float& f : v.values) f = std::bit_cast<float>(static_cast<uint32_t>(next()));
+        operands_[{step, mb, fqn, role}] = std::move(v);
+    }
+}
+
+}  // namespace ptool
