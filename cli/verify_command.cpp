@@ -179,9 +179,12 @@ void add_verify_command(CLI::App& app, Common& common, int& exit_code) {
     cmd->add_flag(
         "--reference-first", a->reference_first,
         "run the single-device reference before the ranks, not beside them (one model in memory at a time)");
-    cmd->add_flag("--no-tie-replay", a->no_tie_replay,
-                  "mixtures of experts: route every token by the parallel run's own logits, near-ties too "
-                  "(default: a near-tie routed otherwise takes the reference's experts)");
+    cmd->add_flag(
+        "--no-tie-replay", a->no_tie_replay,
+        "at near-ties the parallel run follows nothing of the reference's: mixtures of experts route "
+        "every token by its own logits, float8 linears cast every value of their own (default: a "
+        "near-tie routed otherwise takes the reference's experts, a float8 cast the reference's "
+        "value where its own agrees within tolerance)");
     cmd->callback([a, &common, &exit_code] { exit_code = verify(*a, common); });
 }
 

@@ -147,11 +147,35 @@ with tempfile.TemporaryDirectory() as tmp:
     text = open(f"{ROOT}/tests/data/float8/llama_rope_fsdp_tp_float8.yaml").read().replace("  mode: fully_shard\n",
                                          "  mode: fully_shard\n  mixed_precision: {param_dtype: bfloat16, reduce_dtype: float32}\n")
     open(bf16, "w").write(text)
-    line = text.splitlines().index("float8: {recipe: tensorwise}") + 1
+    # bf16 compute (torchtitan's float8 runs): the parallel run follows the reference's casts at
+    # near-ties (model/float8_log.h) and passes; casting every value of its own it fails (bf16's
+    # rounding before a cast becomes a whole float8 step at a rounding boundary); a real float8
+    # fault still fails
+    rc, out, verdicts = verify(bf16)
+    check(rc == 0 and len(verdicts) > 100 and all(verdicts.values()), f"bf16 float8 verify: exit {rc}\n{out[-1500:]}")
     rc, out = run("verify", MODEL, bf16)
-    check(rc == 2 and f"bf16.yaml:{line}:9: float8 with bfloat16 compute" in out, f"bf16 float8 verify: exit {rc}\n{out[-800:]}")
+    taken = re.search(r"float8: the reference logged its (\d+) float8 operands .* value for (\d+) elements", out)
+    check(rc == 0 and taken and int(taken.group(1)) > 0 and int(taken.group(2)) > 0, f"bf16 float8 note:\n{out[-1500:]}")
+    rc, out = run("verify", MODEL, bf16, "--no-tie-replay")
+    check(rc == 1 and "cast every value of its own" in out, f"bf16 float8 without the follow: exit {rc}\n{out[-800:]}")
+    rc, out = run("verify", MODEL, bf16, env={"PTOOL_FAULT": "float8_e4m3_grad:*"})
+    check(rc == 1, f"bf16 float8 with float8_e4m3_grad: exit {rc}\n{out[-800:]}")
+    rowwise_bf16 = os.path.join(tmp, "bf16_rowwise.yaml")
+    open(rowwise_bf16, "w").write(text.replace("float8: {recipe: tensorwise}", "float8: {recipe: rowwise}"))
+    rc, out, verdicts = verify(rowwise_bf16)
+    check(rc == 0 and len(verdicts) > 100 and all(verdicts.values()), f"bf16 rowwise float8 verify: exit {rc}\n{out[-1500:]}")
     rc, out = run("verify", MODEL, f"{ROOT}/tests/data/float8/llama_rope_fsdp_tp_float8.yaml", "--dtype", "float64")  # the emulation accumulates in float32
-    check(rc == 2 and "float8 with float64 compute" in out and "--dtype float32" in out, f"float64 float8 verify: exit {rc}\n{out[-800:]}")
+    check(rc == 2 and "float8 with float64 compute" in out and "float32 or bfloat16" in out, f"float64 float8 verify: exit {rc}\n{out[-800:]}")
+    # float32 meets near-ties too: the long ring-CP plan under rowwise flips one e4m3fn tie of
+    # o_proj's input (after the ring's log-sum-exp merges) without the follow
+    ring = os.path.join(tmp, "ring_rowwise.yaml")
+    open(ring, "w").write(open(f"{ROOT}/plans/llama_rope_long_ring_fsdp_cp.yaml").read() + "float8: {recipe: rowwise}\n")
+    long_model = f"{ROOT}/models/llama_rope_long.yaml"
+    rc, out = run("verify", long_model, ring, "--steps", "1")
+    check(rc == 0 and "PASS" in out, f"ring-CP rowwise float8: exit {rc}\n{out[-1500:]}")
+    rc, out = run("verify", long_model, ring, "--steps", "1", "--no-tie-replay")
+    check(rc == 1 and "first divergence: step 0 forward `layers.1.attn_block.attention.o_proj` output" in out,
+          f"ring-CP rowwise float8 without the follow: exit {rc}\n{out[-1500:]}")
     rc, out = run("explain", MODEL, bf16)
     check(rc == 0 and "float8 tensorwise on 14 linears" in out, f"bf16 float8 explain: exit {rc}\n{out[-800:]}")
     bad = os.path.join(tmp, "bad.yaml")

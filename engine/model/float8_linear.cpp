@@ -196,18 +196,24 @@ std::vector<double> activation_amax(const RunContext& ctx, const Float8Gemms& f,
     return float8_amax_over(pieces, tp_shards(ctx, tp_cut), f.recipe.reduce_amax);
 }
 
-double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Parameter& w) {
-    if (w.float8_scale > 0 || rowwise(f)) return 0;  // its scale came with it; rowwise: at the cast
-    return float8_amax_over({w.value}, tp_shards(ctx, f.tp.weight.any()), f.recipe.reduce_amax)[0];
+// The weight's values as its casts take them: under verify, followed (follow_reference); its float8
+// codes where FSDP2 gathered it in float8.
+Tensor weight_values(const RunContext& ctx, const Float8Gemms& f, const Parameter& w) {
+    return w.float8_scale > 0 ? w.value
+                              : follow_reference(ctx, f, Float8Role::weight, w.value, 1, f.tp.weight);
 }
 
-// The weight as a GEMM operand: as gathered in float8, or cast (rowwise along `axis`: per row of W
-// for the forward, per column for the input gradient).
-Float8Operand weight_operand(const RunContext& ctx, const Float8Gemms& f, const Parameter& w, double amax,
-                             int axis) {
+double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Parameter& w, const Tensor& values) {
+    if (w.float8_scale > 0 || rowwise(f)) return 0;  // its scale came with it; rowwise: at the cast
+    return float8_amax_over({values}, tp_shards(ctx, f.tp.weight.any()), f.recipe.reduce_amax)[0];
+}
+
+// The weight as a GEMM operand: as gathered in float8, or its values cast (rowwise along `axis`:
+// per row of W for the forward, per column for the input gradient).
+Float8Operand weight_operand(const RunContext& ctx, const Float8Gemms& f, const Parameter& w,
+                             const Tensor& values, double amax, int axis) {
     if (w.float8_scale > 0) return float8_from_codes(w.value, f.recipe.weight, w.float8_scale);
-    const Tensor value = follow_reference(ctx, f, Float8Role::weight, w.value, 1, f.tp.weight);
-    return cast(ctx, f, value, f.recipe.weight, amax, axis, f.tp.weight);
+    return cast(ctx, f, values, f.recipe.weight, amax, axis, f.tp.weight);
 }
 
 // out's rows of each group = op(cast_a(a's rows of the group, the group)) op(b) in float8.
@@ -275,22 +281,28 @@ std::vector<double> float8_max_over(const std::vector<double>& amax, Device devi
 void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, const Parameter& w, Tensor& y2,
                     int64_t seq) {
     const std::vector<Float8Rows> groups = row_groups(ctx, x2.size(0), seq);
-    const std::vector<double> ax = activation_amax(ctx, f, x2, groups, f.tp.input.any());
-    const double aw = weight_amax(ctx, f, w);
+    // the operands as cast, and their amaxes (so a scale follows the reference's where they agree)
+    const Tensor xs = follow_reference(ctx, f, Float8Role::input, x2, seq, f.tp.input),
+                 ws = weight_values(ctx, f, w);
+    const std::vector<double> ax = activation_amax(ctx, f, xs, groups, f.tp.input.any());
+    const double aw = weight_amax(ctx, f, w, ws);
     const PricedAs priced(x2);
     by_row_groups(
-        ctx, follow_reference(ctx, f, Float8Role::input, x2, seq, f.tp.input), groups,
+        ctx, xs, groups,
         [&](const Tensor& t, size_t g) { return cast(ctx, f, t, f.recipe.input, ax[g], 0, f.tp.input); },
-        weight_operand(ctx, f, w, aw, 0), true, y2);
+        weight_operand(ctx, f, w, ws, aw, 0), true, y2);
 }
 
 Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2,
                                         const Tensor& x2, const Parameter& w, int64_t seq) {
     Float8BackwardAmax a;
-    a.rows = row_groups(ctx, dy2.size(0), seq), a.seq = seq;
-    a.grad_output = activation_amax(ctx, f, dy2, a.rows, f.tp.grad_output.any());
-    a.input = activation_amax(ctx, f, x2, a.rows, f.tp.input.any());
-    a.weight = weight_amax(ctx, f, w);
+    a.rows = row_groups(ctx, dy2.size(0), seq);
+    a.grad_output_values = follow_reference(ctx, f, Float8Role::grad_output, dy2, seq, f.tp.grad_output);
+    a.input_values = follow_reference(ctx, f, Float8Role::input, x2, seq, f.tp.input);
+    a.weight_values = weight_values(ctx, f, w);
+    a.grad_output = activation_amax(ctx, f, a.grad_output_values, a.rows, f.tp.grad_output.any());
+    a.input = activation_amax(ctx, f, a.input_values, a.rows, f.tp.input.any());
+    a.weight = weight_amax(ctx, f, w, a.weight_values);
     return a;
 }
 
@@ -298,23 +310,22 @@ void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8Backwa
                        const Parameter& w, Tensor& dx2) {
     const PricedAs priced(dy2);
     by_row_groups(
-        ctx, follow_reference(ctx, f, Float8Role::grad_output, dy2, a.seq, f.tp.grad_output), a.rows,
+        ctx, a.grad_output_values, a.rows,
         [&](const Tensor& t, size_t g) {
             return cast(ctx, f, t, f.recipe.grad_output, a.grad_output[g], 0, f.tp.grad_output);
         },
-        weight_operand(ctx, f, w, a.weight, 1), false, dx2);
+        weight_operand(ctx, f, w, a.weight_values, a.weight, 1), false, dx2);
 }
 
 void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                         const Tensor& x2, Tensor& dw) {
     const PricedAs priced(dy2);
-    const Tensor dys = follow_reference(ctx, f, Float8Role::grad_output, dy2, a.seq, f.tp.grad_output),
-                 xs = follow_reference(ctx, f, Float8Role::input, x2, a.seq, f.tp.input);
+    PTOOL_REQUIRE(x2.numel() == a.input_values.numel(), "float8: a weight gradient of another input");
     for (size_t g = 0; g < a.rows.size(); ++g) {  // each rank's own GEMM, added to the gradient in rank order
-        const Float8Operand d = cast(ctx, f, rows_of(dys, a.rows[g]), f.recipe.grad_output, a.grad_output[g],
-                                     1, f.tp.grad_output);
+        const Float8Operand d = cast(ctx, f, rows_of(a.grad_output_values, a.rows[g]), f.recipe.grad_output,
+                                     a.grad_output[g], 1, f.tp.grad_output);
         const Float8Operand x =
-            cast(ctx, f, rows_of(xs, a.rows[g]), f.recipe.input, a.input[g], 1, f.tp.input);
+            cast(ctx, f, rows_of(a.input_values, a.rows[g]), f.recipe.input, a.input[g], 1, f.tp.input);
         Tensor part = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
         float8_gemm(*ctx.backend, d, true, x, false, part);
         const Float8EmulationOnly handed_over;  // torchao's GEMM writes the gradient itself

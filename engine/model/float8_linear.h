@@ -109,9 +109,11 @@ void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, con
 // backward and kept by a split backward's W.
 struct Float8BackwardAmax {
     std::vector<Float8Rows> rows;  // each rank's rows (row_groups)
-    int64_t seq = 1;               // the rows' positions each
     std::vector<double> grad_output, input;
     double weight = 0;
+    // The operands the backward's casts take: the backward's own, or under verify the copies that
+    // follow the reference's at near-ties (model/float8_log.h); the amaxes are theirs.
+    Tensor grad_output_values, input_values, weight_values;
 };
 Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2,
                                         const Tensor& x2, const Parameter& w, int64_t seq = 1);

@@ -200,22 +200,16 @@ void Run::apply_float8() {
         throw InputError(
             plan_.float8->where,
             "float8 runs on the CPU backend so far (cuBLASLt's float8 GEMMs are docs/float8.md's next step)");
-    // A run in bfloat16 differs from its reference by bfloat16's rounding before each cast, and
-    // a float8 cast turns some of those into a whole float8 step: judged at bf16's tolerance a
-    // correct plan would fail. Until the verdict's float8 bounds are derived (docs/float8.md), a
-    // real run computes in float32; explain and plan (meta) take any dtype.
-    // (float64 too: the emulation accumulates in float32, as the float8 GEMM does, below float64's
-    // tolerance)
+    // A run computes in float32 or bfloat16 (torchtitan's float8 runs: bf16 mixed precision), where
+    // verify follows the reference's casts at near-ties (model/float8_log.h); explain and plan (meta)
+    // take any dtype. Not float64 (the emulation accumulates in float32, as the float8 GEMM does,
+    // below float64's tolerance), nor float16 (no published float8 run computes in it).
     if (const DType compute = plan_.compute_dtype(model_.dtype);
-        device_ != Device::meta && compute != DType::float32)
-        throw InputError(
-            plan_.float8->where,
-            fmt::format("float8 with {} compute: verify judges float8 runs that compute in float32 "
-                        "so far (its bounds for float8 under {} are not derived yet: docs/float8.md); "
-                        "compute in float32 ({}), or explain the plan",
-                        dtype_name(compute), dtype_name(compute),
-                        plan_.mixed_precision ? "drop mixed_precision's param_dtype"
-                                              : "the model's dtype, or --dtype float32"));
+        device_ != Device::meta && compute != DType::float32 && compute != DType::bfloat16)
+        throw InputError(plan_.float8->where,
+                         fmt::format("float8 with {} compute: a run computes float8 linears in float32 or "
+                                     "bfloat16 (docs/float8.md); compute in one of them, or explain the plan",
+                                     dtype_name(compute)));
     ptool::apply_float8(model_, res_);  // resolved once (Resolution::float8), rebound to this model
 }
 

@@ -23,8 +23,9 @@ struct VerifyOptions {
     // the host has the memory for both; off: the reference first, then the parallel run.
     bool reference_beside = true;
     // A model with experts: a parallel run takes the reference's routing for the near-ties it routed
-    // otherwise (model/routing_log.h). Off (--no-tie-replay): every token routes by itself, and a
-    // near-tie routed otherwise fails as any difference does; the near-ties are still counted.
+    // otherwise (model/routing_log.h); a plan with float8 casts the reference's value where its own
+    // agrees within tolerance (model/float8_log.h). Off (--no-tie-replay): every token routes and
+    // every value casts by itself, and a near-tie that goes otherwise fails as any difference does.
     bool replay_ties = true;
     // A bug injected into every parallel run on purpose (verify/faults.h); the CLI parses it from
     // PTOOL_FAULT. Empty: none.
