@@ -3,6 +3,7 @@
 // tolerance, so that a value one rounding off at a float8 rounding boundary rounds as the
 // reference's did, while a value further off, or a piece looked up at the wrong place, is its own.
 #include <cmath>
+#include <limits>
 
 #include "model/float8_gemm.h"
 #include "model/float8_linear.h"
@@ -56,7 +57,9 @@ TEST_CASE(
     const Float8Logged* logged = log.find(0, 0, "proj", Float8Role::input);
     REQUIRE(logged);
     CHECK(logged->values[11] == 1.0625f);
-    CHECK(logged->amax == 448.0);
+    CHECK(logged->row_amax[0] == 448.0f);  // the scale its atol is taken at: row 0 and column 0's
+    CHECK(logged->col_amax[0] == 448.0f);
+    CHECK(logged->row_amax[1] == 1.0625f);
 
     // one float32 ulp above the tie: e4m3fn's 1.125 on its own, the reference's 1 when followed
     Tensor nudged = x.clone();
@@ -74,6 +77,18 @@ TEST_CASE(
     log.reset_taken();
     CHECK_FALSE(same_bits(forward(par, f, far, w), want));
     CHECK(log.taken() == 0);
+
+    // infinities in the reference's row and column of the tie: no bound, nothing agreed there
+    Tensor with_inf = x.clone();
+    with_inf.set(1 * 8 + 0, std::numeric_limits<double>::infinity());
+    with_inf.set(2 * 8 + 3, -std::numeric_limits<double>::infinity());
+    Float8Log inf_log(1e-6, 1e-9);
+    RunContext inf_ref = context(inf_log, false), inf_par = context(inf_log, true);
+    forward(inf_ref, f, with_inf, w);
+    Tensor near = with_inf.clone();
+    near.set(11, std::nextafter(1.0625f, 2.0f));
+    forward(inf_par, f, near, w);
+    CHECK(inf_log.taken() == 0);
 }
 
 TEST_CASE("a tensor-parallel piece of a float8 operand is looked up at its own columns", "[cpu]") {
@@ -115,7 +130,7 @@ TEST_CASE("a float8 log travels as words with its tolerance, values and amaxes b
     Float8Logged v;
     v.first_row = 4, v.seq = 2, v.rows = 1, v.cols = 2;
     v.values = {1.0625f, -0.0f, std::nextafter(3.0f, 4.0f), 1e-30f};
-    v.amax = 3.0000002;
+    v.measure();
     log.record(1, 2, "layers.0.q_proj", Float8Role::grad_output, v);
     Float8Log back(0, 0);
     back.read_words(log.words());
@@ -127,7 +142,8 @@ TEST_CASE("a float8 log travels as words with its tolerance, values and amaxes b
     REQUIRE(got->values.size() == 4);
     for (size_t i = 0; i < 4; ++i) CHECK(std::signbit(got->values[i]) == std::signbit(v.values[i]));
     CHECK(got->values == v.values);
-    CHECK(got->amax == static_cast<float>(v.amax));
+    CHECK(got->row_amax == std::vector<float>{1.0625f, std::nextafter(3.0f, 4.0f)});
+    CHECK(got->col_amax == std::vector<float>{std::nextafter(3.0f, 4.0f), 1e-30f});
     CHECK_FALSE(back.find(1, 2, "layers.0.q_proj", Float8Role::input));
 }
 

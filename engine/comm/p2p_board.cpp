@@ -122,19 +122,26 @@ void P2PBoard::exchange(int rank, const std::vector<P2POp>& ops, const P2PWait& 
             // passes in the same instant (in a p2p op or a collective) then finds this rank still
             // waiting here, or stops as aborted, instead of racing this message with one that
             // finds this rank already gone.
-            std::string context = waiting_[pending->peer];
-            if (!context.empty()) {
-                context = fmt::format("rank {} waits in {}", world(pending->peer), context);
-            } else {  // the group's lock before the board's (lock order); this rank shows as waiting
-                lk.unlock();
-                context = how.peer_context(pending->peer);
-                lk.lock();
+            std::optional<RuntimeError> e;
+            try {
+                std::string context = waiting_[pending->peer];
+                if (!context.empty()) {
+                    context = fmt::format("rank {} waits in {}", world(pending->peer), context);
+                } else {  // the group's lock before the board's (lock order); this rank shows as waiting
+                    lk.unlock();
+                    context = how.peer_context(pending->peer);
+                    lk.lock();
+                }
+                e.emplace(p2p_timeout(world(rank), pending->kind, world(pending->peer), pending->desc,
+                                      how.timeout_seconds, context));
+                how.abort->abort(e->what(), e->kind());
+            } catch (...) {  // my posts come off the board whatever happens: a peer must not find them
+                if (!lk.owns_lock()) lk.lock();
+                abandon(lk, rank, mine);
+                throw;
             }
-            RuntimeError e = p2p_timeout(world(rank), pending->kind, world(pending->peer), pending->desc,
-                                         how.timeout_seconds, context);
-            how.abort->abort(e.what(), e.kind());
             abandon(lk, rank, mine);
-            throw e;
+            throw *e;
         }
         if (!yielded && how.cores) {  // its core to a rank that computes while this one waits
             lk.unlock();

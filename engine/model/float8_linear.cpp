@@ -119,7 +119,8 @@ Tensor follow_reference(const RunContext& ctx, const Float8Gemms& f, Float8Role 
     const MemoryScope unaccounted(nullptr);  // verification's own copies: the run's memory is the run's
     const Tensor f32 = t2.dtype() == DType::float32 ? t2 : to_dtype(*ctx.backend, t2, DType::float32);
     const float* own = f32.data<float>();
-    const Float8Logged* ref = log->find(ctx.step, ctx.microbatch, f.fqn, role);
+    const int mb = role == Float8Role::weight ? 0 : ctx.microbatch;  // a weight is the step's: once
+    const Float8Logged* ref = log->find(ctx.step, mb, f.fqn, role);
     if (!ctx.float8_replays) {  // the reference: each operand once (a backward's input is its forward's)
         if (ref) return t2;
         Float8Logged v;
@@ -127,11 +128,8 @@ Tensor follow_reference(const RunContext& ctx, const Float8Gemms& f, Float8Role 
         v.first_row = weight ? 0 : ctx.row_offset, v.seq = weight ? 1 : std::max<int64_t>(seq, 1);
         v.cols = t2.size(1), v.rows = t2.size(0) / v.seq;
         v.values.assign(own, own + f32.numel());
-        for (float x : v.values)
-            v.amax = std::isnan(x) || std::isnan(v.amax)
-                         ? std::numeric_limits<double>::quiet_NaN()
-                         : std::max(v.amax, static_cast<double>(std::fabs(x)));
-        log->record(ctx.step, ctx.microbatch, f.fqn, role, std::move(v));
+        v.measure();
+        log->record(ctx.step, mb, f.fqn, role, std::move(v));
         return t2;
     }
     if (!ref) return t2;
@@ -141,16 +139,23 @@ Tensor follow_reference(const RunContext& ctx, const Float8Gemms& f, Float8Role 
     const Chunk c = cut.cols ? chunk_of(ref->cols, ctx.tp_parts, ctx.tp_rank) : Chunk{0, ref->cols};
     const std::vector<int64_t> at = reference_rows(ctx, *ref, role, n, seq, cut.rows);
     if (c.length != cols || at.empty()) return t2;
-    const double slack = log->atol() * ref->amax * to_own;  // NaN where the reference held one: nothing
     Tensor out = f32.clone();
     float* took = out.data<float>();
     int64_t taken = 0;
     for (int64_t i = 0; i < n; ++i) {
         if (at[static_cast<size_t>(i)] < 0) continue;
-        const float* want = ref->values.data() + at[static_cast<size_t>(i)] * ref->cols + c.offset;
+        const int64_t g = at[static_cast<size_t>(i)];
+        const float* want = ref->values.data() + g * ref->cols + c.offset;
         for (int64_t j = 0; j < cols; ++j) {
             const double v = own[i * cols + j], r = static_cast<float>(want[j] * to_own);
-            if (v == r || !(std::fabs(v - r) <= log->rtol() * std::fabs(r) + slack)) continue;
+            const double ra = ref->row_amax[static_cast<size_t>(g)],
+                         ca = ref->col_amax[static_cast<size_t>(c.offset + j)];
+            const double scale = std::isnan(ra) || std::isnan(ca) ? ra + ca : std::min(ra, ca),
+                         bound = log->rtol() * std::fabs(r) + log->atol() * scale * to_own;
+            // a NaN or an infinity on either side, or in r's row or column, is never agreed
+            if (v == r || !std::isfinite(v) || !std::isfinite(r) || !std::isfinite(bound) ||
+                !(std::fabs(v - r) <= bound))
+                continue;
             took[i * cols + j] = static_cast<float>(r), ++taken;
         }
     }
@@ -299,10 +304,9 @@ Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, c
     a.rows = row_groups(ctx, dy2.size(0), seq);
     a.grad_output_values = follow_reference(ctx, f, Float8Role::grad_output, dy2, seq, f.tp.grad_output);
     a.input_values = follow_reference(ctx, f, Float8Role::input, x2, seq, f.tp.input);
-    a.weight_values = weight_values(ctx, f, w);
     a.grad_output = activation_amax(ctx, f, a.grad_output_values, a.rows, f.tp.grad_output.any());
     a.input = activation_amax(ctx, f, a.input_values, a.rows, f.tp.input.any());
-    a.weight = weight_amax(ctx, f, w, a.weight_values);
+    a.weight = weight_amax(ctx, f, w, weight_values(ctx, f, w));
     return a;
 }
 
@@ -314,7 +318,7 @@ void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8Backwa
         [&](const Tensor& t, size_t g) {
             return cast(ctx, f, t, f.recipe.grad_output, a.grad_output[g], 0, f.tp.grad_output);
         },
-        weight_operand(ctx, f, w, a.weight_values, a.weight, 1), false, dx2);
+        weight_operand(ctx, f, w, weight_values(ctx, f, w), a.weight, 1), false, dx2);
 }
 
 void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,

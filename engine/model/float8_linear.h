@@ -111,9 +111,11 @@ struct Float8BackwardAmax {
     std::vector<Float8Rows> rows;  // each rank's rows (row_groups)
     std::vector<double> grad_output, input;
     double weight = 0;
-    // The operands the backward's casts take: the backward's own, or under verify the copies that
-    // follow the reference's at near-ties (model/float8_log.h); the amaxes are theirs.
-    Tensor grad_output_values, input_values, weight_values;
+    // The activations the backward's casts take: the backward's own, or under verify the copies that
+    // follow the reference's at near-ties (model/float8_log.h); the amaxes are theirs. (Not the
+    // weight, whose full tensor a split backward's W must not keep past fully_shard's reshard: the
+    // input gradient takes it again.)
+    Tensor grad_output_values, input_values;
 };
 Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, const Tensor& dy2,
                                         const Tensor& x2, const Parameter& w, int64_t seq = 1);

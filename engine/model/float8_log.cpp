@@ -1,10 +1,25 @@
 #include "model/float8_log.h"
 
 #include <bit>
+#include <cmath>
+#include <limits>
 
 #include "core/error.h"
 
 namespace ptool {
+
+void Float8Logged::measure() {
+    const auto nan = std::numeric_limits<float>::quiet_NaN();
+    row_amax.assign(static_cast<size_t>(rows * seq), 0.0f), col_amax.assign(static_cast<size_t>(cols), 0.0f);
+    auto keep = [&](float& m, float x) {
+        m = std::isnan(x) || std::isnan(m) ? nan : std::max(m, std::fabs(x));
+    };
+    for (int64_t i = 0; i < rows * seq; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+            const float x = values[static_cast<size_t>(i * cols + j)];
+            keep(row_amax[static_cast<size_t>(i)], x), keep(col_amax[static_cast<size_t>(j)], x);
+        }
+}
 
 void Float8Log::record(int64_t step, int microbatch, const std::string& fqn, Float8Role role,
                        Float8Logged v) {
@@ -37,9 +52,7 @@ std::vector<int64_t> Float8Log::words() const {
         const auto& [step, mb, fqn, role] = key;
         w.insert(w.end(), {step, mb, role, static_cast<int64_t>(fqn.size())});
         for (char ch : fqn) w.push_back(static_cast<unsigned char>(ch));
-        w.insert(w.end(), {v.first_row, v.seq, v.rows, v.cols,
-                           static_cast<int64_t>(std::bit_cast<uint32_t>(static_cast<float>(v.amax))),
-                           static_cast<int64_t>(v.values.size())});
+        w.insert(w.end(), {v.first_row, v.seq, v.rows, v.cols, static_cast<int64_t>(v.values.size())});
         for (float f : v.values) w.push_back(std::bit_cast<uint32_t>(f));
     }
     return w;
@@ -65,9 +78,12 @@ void Float8Log::read_words(const std::vector<int64_t>& w) {
         for (char& ch : fqn) ch = static_cast<char>(next());
         Float8Logged v;
         v.first_row = next(), v.seq = next(), v.rows = next(), v.cols = next();
-        v.amax = std::bit_cast<float>(static_cast<uint32_t>(next()));
         v.values.resize(static_cast<size_t>(next()));
+        PTOOL_REQUIRE(static_cast<int64_t>(v.values.size()) == v.rows * v.seq * v.cols,
+                      "float8 log words: {} values for [{} x {}, {}]", v.values.size(), v.rows, v.seq,
+                      v.cols);
         for (float& f : v.values) f = std::bit_cast<float>(static_cast<uint32_t>(next()));
+        v.measure();
         operands_[{step, mb, fqn, role}] = std::move(v);
     }
 }

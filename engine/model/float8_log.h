@@ -5,13 +5,16 @@
 // wherever the value sat at a rounding boundary, and a verdict at the compute dtype's rule fails it.
 //
 // The reference logs each float8 linear's operands as they reach their casts, before rounding
-// (its input, its weight, its output's gradient; per step, microbatch and linear). The parallel run
+// (its input and its output's gradient per step, microbatch and linear; its weight per step and
+// linear). They stay until verify is done with the reference: float32 copies of every float8
+// operand of every step, verification's memory, not the run's. The parallel run
 // looks each element of its own operand up (its global token: the data rank's rows, the cp rank's
 // positions, the tp rank's chunk where tp cuts the tokens; its feature or weight row by the tp
 // chunk) and casts the reference's value r instead of its own v where the two agree within verify's
-// elementwise tolerance of the compute dtype, its atol taken relative to the operand's largest
-// magnitude A (a cast's grid is relative to its scale, and gradients are small):
-// |v - r| <= rtol |r| + atol A. Its own amax and scale stay, so a wrong scale, format or amax group
+// elementwise tolerance of the compute dtype, its atol taken relative to A, the smaller of the
+// largest magnitudes of r's row and of its column (a cast's grid is relative to its row's, its
+// column's or its group's scale, and gradients are small): |v - r| <= rtol |r| + atol A, both
+// finite. Its own amax and scale stay, so a wrong scale, format or amax group
 // changes the cast as before; a value further off is its own, so a real difference shows where it
 // arises. An output gradient is compared at the rank's scale (Run::activation_grad_scale).
 #pragma once
@@ -35,7 +38,10 @@ enum class Float8Role { input, weight, grad_output };
 struct Float8Logged {
     int64_t first_row = 0, seq = 1, rows = 0, cols = 0;
     std::vector<float> values;
-    double amax = 0;  // its largest magnitude (NaN where it holds one)
+    // each row's and each column's largest magnitude (NaN where one holds a NaN): the scale a
+    // follow's atol is taken at, the smaller of its element's two (model/float8_log.h)
+    std::vector<float> row_amax, col_amax;
+    void measure();  // row_amax and col_amax from values
 };
 
 class Float8Log {
@@ -43,6 +49,8 @@ public:
     Float8Log(double rtol, double atol) : rtol_(rtol), atol_(atol) {}
     double rtol() const { return rtol_; }
     double atol() const { return atol_; }
+    // The plan's that follows it (one reference can serve plans whose verify tolerances differ).
+    void set_tolerance(double rtol, double atol) { rtol_ = rtol, atol_ = atol; }
     // The reference's (a recompute's call is the same as the call it recomputes: not logged again).
     void record(int64_t step, int microbatch, const std::string& fqn, Float8Role role, Float8Logged v);
     // The parallel run's: the reference's operand, or null.

@@ -343,13 +343,15 @@ struct VerifyState {
     ReferenceKey reference_key(const Plan& p) const {
         return ReferenceKey{steps_for(p, job.options, probe.steps), numerics_key(p, probe)};
     }
+    // whether a plan after plan i reads this reference
+    bool read_later(size_t i, const ReferenceKey& key) const {
+        return std::any_of(job.plans.begin() + static_cast<std::ptrdiff_t>(i) + 1, job.plans.end(),
+                           [&](const Plan& p) { return reference_key(p) == key; });
+    }
     // the last plan that reads this reference, rank-locally, and no one reads it whole after
     // (VerifyJob::keep_reference): each step's tensors go once compared
     bool drops_reference(size_t i, const ReferenceKey& key) const {
-        const bool later =
-            std::any_of(job.plans.begin() + static_cast<std::ptrdiff_t>(i) + 1, job.plans.end(),
-                        [&](const Plan& p) { return reference_key(p) == key; });
-        return launch.shares_memory() && !job.keep_reference && !later;
+        return launch.shares_memory() && !job.keep_reference && !read_later(i, key);
     }
 };
 
@@ -530,7 +532,7 @@ void verify_plan(VerifyState& s, size_t i) {
                             plan, steps);
     const ReferenceLogs logs = launch.rank0() ? s.logs[key].view() : ReferenceLogs{};
     if (logs.routing) logs.routing->reset_replayed();  // this plan's own counts
-    if (logs.float8) logs.float8->reset_taken();
+    if (logs.float8) logs.float8->reset_taken(), logs.float8->set_tolerance(ro.tol.rtol, ro.tol.atol);
     // the lint's resolution: every rank's, rebound to its own model
     const ResolvedPlan resolved{&plan, &s.probe, &res};
     ParallelRun par;
@@ -554,6 +556,7 @@ void verify_plan(VerifyState& s, size_t i) {
         if (logs.float8 && logs.float8->operands() > 0)
             notes.push_back(float8_note(*logs.float8, job.options.replay_ties, par.taken.float8_values));
     }
+    if (!s.read_later(i, key)) s.logs.erase(key);  // no plan follows them again
 }
 
 }  // namespace
