@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "model/log_words.h"
 
 namespace ptool {
 
@@ -43,15 +44,12 @@ int64_t Float8Log::operands() const {
 std::vector<int64_t> Float8Log::words() const {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<int64_t> w;
-    for (double d : {rtol_, atol_}) {  // each in two halves: a word stays under 2^53 (a broadcast's doubles)
-        const auto bits = std::bit_cast<uint64_t>(d);
-        w.insert(w.end(), {static_cast<int64_t>(bits >> 32), static_cast<int64_t>(bits & 0xffffffffu)});
-    }
+    put_real(w, rtol_), put_real(w, atol_);
     w.push_back(static_cast<int64_t>(operands_.size()));
     for (const auto& [key, v] : operands_) {
         const auto& [step, mb, fqn, role] = key;
-        w.insert(w.end(), {step, mb, role, static_cast<int64_t>(fqn.size())});
-        for (char ch : fqn) w.push_back(static_cast<unsigned char>(ch));
+        w.insert(w.end(), {step, mb, role});
+        put_text(w, fqn);
         w.insert(w.end(), {v.first_row, v.seq, v.rows, v.cols, static_cast<int64_t>(v.values.size())});
         for (float f : v.values) w.push_back(std::bit_cast<uint32_t>(f));
     }
@@ -61,21 +59,13 @@ std::vector<int64_t> Float8Log::words() const {
 void Float8Log::read_words(const std::vector<int64_t>& w) {
     std::lock_guard<std::mutex> lock(mutex_);
     operands_.clear();
-    size_t at = 0;
-    auto next = [&] {
-        PTOOL_REQUIRE(at < w.size(), "float8 log words end early");
-        return w[at++];
-    };
-    auto real = [&] {
-        const auto high = static_cast<uint64_t>(next());
-        return std::bit_cast<double>(high << 32 | static_cast<uint64_t>(next()));
-    };
-    rtol_ = real(), atol_ = real();
+    WordReader in(w, "float8 log");
+    auto next = [&] { return in.next(); };
+    rtol_ = in.real(), atol_ = in.real();
     for (int64_t n = next(); n > 0; --n) {
         const int64_t step = next();
         const int mb = static_cast<int>(next()), role = static_cast<int>(next());
-        std::string fqn(static_cast<size_t>(next()), ' ');
-        for (char& ch : fqn) ch = static_cast<char>(next());
+        const std::string fqn = in.text();
         Float8Logged v;
         v.first_row = next(), v.seq = next(), v.rows = next(), v.cols = next();
         v.values.resize(static_cast<size_t>(next()));

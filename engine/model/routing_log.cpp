@@ -1,6 +1,7 @@
 #include "model/routing_log.h"
 
 #include "core/error.h"
+#include "model/log_words.h"
 
 namespace ptool {
 
@@ -35,8 +36,8 @@ std::vector<int64_t> RoutingLog::words() const {
     std::vector<int64_t> w{static_cast<int64_t>(calls_.size())};
     for (const auto& [key, c] : calls_) {
         const auto& [step, mb, fqn] = key;
-        w.insert(w.end(), {step, mb, static_cast<int64_t>(fqn.size())});
-        for (char ch : fqn) w.push_back(static_cast<unsigned char>(ch));
+        w.insert(w.end(), {step, mb});
+        put_text(w, fqn);
         w.insert(w.end(), {c.first_row, c.seq, c.k, static_cast<int64_t>(c.tie.size())});
         w.insert(w.end(), c.chosen.begin(), c.chosen.end());
         w.insert(w.end(), c.tie.begin(), c.tie.end());
@@ -47,16 +48,12 @@ std::vector<int64_t> RoutingLog::words() const {
 void RoutingLog::read_words(const std::vector<int64_t>& w) {
     std::lock_guard<std::mutex> lock(mutex_);
     calls_.clear();
-    size_t at = 0;
-    auto next = [&] {
-        PTOOL_REQUIRE(at < w.size(), "routing log words end early");
-        return w[at++];
-    };
+    WordReader in(w, "routing log");
+    auto next = [&] { return in.next(); };
     for (int64_t n = next(); n > 0; --n) {
         const int64_t step = next();
         const int mb = static_cast<int>(next());
-        std::string fqn(static_cast<size_t>(next()), ' ');
-        for (char& ch : fqn) ch = static_cast<char>(next());
+        const std::string fqn = in.text();
         RoutedCall c;
         c.first_row = next(), c.seq = next(), c.k = next();
         const int64_t tokens = next();
