@@ -27,12 +27,12 @@ ReferenceLogs received_logs(const ReferenceLogs& logs, Communicator& world, Owne
     if (routing) {
         std::vector<int64_t> w =
             broadcast_words(root && logs.routing ? logs.routing->words() : std::vector<int64_t>{}, world);
-        if (!root) (into.routing = std::make_unique<RoutingLog>(0, 0))->read_words(w);
+        if (!root && !w.empty()) (into.routing = std::make_unique<RoutingLog>(0, 0))->read_words(w);
     }
     if (float8) {
         std::vector<int64_t> w =
             broadcast_words(root && logs.float8 ? logs.float8->words() : std::vector<int64_t>{}, world);
-        if (!root) (into.float8 = std::make_unique<Float8Log>(0, 0))->read_words(w);
+        if (!root && !w.empty()) (into.float8 = std::make_unique<Float8Log>(0, 0))->read_words(w);
     }
     return root ? logs : into.view();
 }

@@ -24,7 +24,8 @@ struct OwnedLogs {
 
 // On rank 0 `logs` itself; on the other ranks of an mpirun job rank 0's, broadcast (uncounted:
 // verification's own) and read into `into`. `routing` and `float8` say which logs the job keeps
-// (every rank knows: the model's experts, the plan's float8 section).
+// (every rank knows: the model's experts, the plan's float8 section); one rank 0 does not hold (a
+// golden replay's: no reference ran) arrives as none.
 ReferenceLogs received_logs(const ReferenceLogs& logs, Communicator& world, OwnedLogs& into, bool routing,
                             bool float8);
 
