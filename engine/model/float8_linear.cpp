@@ -116,13 +116,15 @@ Tensor follow_reference(const RunContext& ctx, const Float8Gemms& f, Float8Role 
                         int64_t seq, Float8Cut cut) {
     Float8Log* log = ctx.float8_log;
     if (!log || f.fqn.empty() || t2.device() != Device::cpu || t2.dim() != 2) return t2;
+    const int mb = role == Float8Role::weight ? 0 : ctx.microbatch;  // a weight is the step's: once
+    const Float8Logged* ref = log->find(ctx.step, mb, f.fqn, role);
+    // the reference logs each operand once (a backward's input is its forward's); a parallel run
+    // follows what the reference logged
+    if (ctx.float8_replays != (ref != nullptr)) return t2;
     const MemoryScope unaccounted(nullptr);  // verification's own copies: the run's memory is the run's
     const Tensor f32 = t2.dtype() == DType::float32 ? t2 : to_dtype(*ctx.backend, t2, DType::float32);
     const float* own = f32.data<float>();
-    const int mb = role == Float8Role::weight ? 0 : ctx.microbatch;  // a weight is the step's: once
-    const Float8Logged* ref = log->find(ctx.step, mb, f.fqn, role);
-    if (!ctx.float8_replays) {  // the reference: each operand once (a backward's input is its forward's)
-        if (ref) return t2;
+    if (!ref) {
         Float8Logged v;
         const bool weight = role == Float8Role::weight;
         v.first_row = weight ? 0 : ctx.row_offset, v.seq = weight ? 1 : std::max<int64_t>(seq, 1);
@@ -132,7 +134,6 @@ Tensor follow_reference(const RunContext& ctx, const Float8Gemms& f, Float8Role 
         log->record(ctx.step, mb, f.fqn, role, std::move(v));
         return t2;
     }
-    if (!ref) return t2;
     const int64_t n = t2.size(0), cols = t2.size(1);
     // an output gradient at this rank's scale (Run::activation_grad_scale)
     const double to_own = role == Float8Role::grad_output ? 1.0 / ctx.reference_grad_scale : 1.0;
