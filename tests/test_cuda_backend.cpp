@@ -5,6 +5,7 @@
 // counters, the device communicators (cuda_local, nccl) and redistribution on the device. Needs a
 // GPU: without one the binary prints why and exits 4, which ctest reports as skipped.
 #define CATCH_CONFIG_RUNNER
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include "comm_conformance.h"
 #include "core/rng.h"
 #include "core/tensor_ops.h"
+#include "model/float8_gemm.h"
 #include "op_cases.h"
 #include "parallel/redistribute.h"
 
@@ -124,6 +126,61 @@ TEST_CASE("cuda draw_init is bitwise the cpu's draw", "[cuda]") {
                 INFO(dtype_name(dt) << " " << shape_str(sh.local) << (normal ? " normal" : " uniform"));
                 CHECK(std::memcmp(back.raw(), host.raw(), host.nbytes()) == 0);
             }
+}
+
+// torchao's float8 casts emulated on a GPU's tensors (model/float8_gemm.h: staged through the host,
+// the CUDA backend has no float8 kernels yet) bitwise the host's, in the input's dtype; the GEMM of
+// the float8 values (cuBLAS's float32 GEMM, the host's OpenBLAS) within float32 rounding of a sum of
+// K products; the codes FSDP2's float8 all-gather writes, and their decode, bitwise.
+TEST_CASE("cuda float8 casts are bitwise the host's, their GEMM within float32 rounding", "[cuda]") {
+    auto host_of = [](const Tensor& t) { return t.to_device(Device::cpu); };
+    auto same = [](const Tensor& a, const Tensor& b) {
+        return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+    };
+    for (DType dt : {DType::float32, DType::bfloat16}) {
+        INFO(dtype_name(dt));
+        const Tensor x = uniform_tensor({37, 64}, dt, 31, -3.0, 3.0), w = uniform_tensor({48, 64}, dt, 32);
+        const Tensor xd = on_gpu(x), wd = on_gpu(w);
+        CHECK(float8_amax(xd) == float8_amax(x));
+        CHECK(float8_amax_axis(xd, 1) == float8_amax_axis(x, 1));
+        const Float8Operand a = float8_tensorwise(x, Float8Format::e4m3fn, float8_amax(x)),
+                            ad = float8_tensorwise(xd, Float8Format::e4m3fn, float8_amax(xd));
+        CHECK(ad.values.device() == Device::cuda);
+        CHECK(ad.scale == a.scale);
+        CHECK(same(host_of(ad.values), a.values));
+        const Float8Operand b = float8_axiswise(w, Float8Format::e4m3fn, float8_amax_axis(w, 0), 0, true),
+                            bd = float8_axiswise(wd, Float8Format::e4m3fn, float8_amax_axis(wd, 0), 0, true);
+        CHECK(bd.scales == b.scales);
+        CHECK(same(host_of(bd.values), b.values));
+        const Float8Operand ar = float8_axiswise(x, Float8Format::e4m3fn, float8_amax_axis(x, 0), 0, true),
+                            ard = float8_axiswise(xd, Float8Format::e4m3fn, float8_amax_axis(xd, 0), 0, true);
+        // y = x w^T: tensorwise x with rowwise-by-output w is not a recipe; each recipe's own pairing
+        for (bool rowwise : {false, true}) {
+            const Float8Operand& l = rowwise ? ar : a;
+            const Float8Operand& ld = rowwise ? ard : ad;
+            const Float8Operand r = rowwise ? b : float8_tensorwise(w, Float8Format::e4m3fn, float8_amax(w));
+            const Float8Operand rd =
+                rowwise ? bd : float8_tensorwise(wd, Float8Format::e4m3fn, float8_amax(wd));
+            Tensor y({37, 48}, DType::float32), yd({37, 48}, DType::float32, Device::cuda);
+            float8_gemm(cpu(), l, false, r, true, y);
+            float8_gemm(gpu(), ld, false, rd, true, yd);
+            const std::vector<double> want = y.to_doubles(), got = yd.to_doubles();
+            // each order's sum of K products within (K - 1) u sum |products| of the exact one, each
+            // product at most 448^2 before the scales (u = 2^-24): the two within 2 K^2 u 448^2 / (sa sb)
+            double worst = 0;
+            for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(want[i] - got[i]));
+            const double sa = rowwise ? *std::min_element(ar.scales.begin(), ar.scales.end()) : a.scale,
+                         sb = rowwise ? *std::min_element(b.scales.begin(), b.scales.end()) : r.scale;
+            INFO("rowwise " << rowwise << " worst " << worst);
+            CHECK(worst <= 2.0 * 64 * 64 * std::ldexp(1.0, -24) * 448.0 * 448.0 / (sa * sb));
+        }
+        Tensor codes(Shape{48, 64}, DType::uint8), codes_d(Shape{48, 64}, DType::uint8, Device::cuda);
+        float8_cast_codes(w, Float8Format::e4m3fn, 64.0f, codes);
+        float8_cast_codes(wd, Float8Format::e4m3fn, 64.0f, codes_d);
+        CHECK(same(host_of(codes_d), codes));
+        CHECK(same(host_of(float8_from_codes(codes_d, Float8Format::e4m3fn, 64.0f).values),
+                   float8_from_codes(codes, Float8Format::e4m3fn, 64.0f).values));
+    }
 }
 
 TEST_CASE("cuda fused attention is bitwise the same run to run", "[cuda]") {

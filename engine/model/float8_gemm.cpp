@@ -10,19 +10,40 @@
 namespace ptool {
 namespace {
 
-// x in float32 (a copy unless it is): on meta the same allocation, no values, so a simulation
-// holds what a run holds.
+// x in float32 (a copy unless it is), where it lives: on meta the same allocation, no values, so a
+// simulation holds what a run holds; on a GPU converted there, as on the host.
 Tensor as_float32(const Tensor& x) {
     if (x.dtype() == DType::float32) return x;
     if (x.device() == Device::meta) return Tensor::empty(x.shape(), DType::float32, Device::meta);
-    PTOOL_REQUIRE(x.device() == Device::cpu, "a float8 cast of a tensor on {}", device_name(x.device()));
-    return to_dtype(backend_for(Device::cpu), x, DType::float32);
+    return to_dtype(backend_for(x.device()), x, DType::float32);
+}
+
+// The emulation's per-element work runs on the host (the CUDA backend has no float8 kernels:
+// docs/float8.md): a tensor on a GPU is staged through host copies that no memory account counts,
+// so that a run holds on either device what the simulation holds.
+Tensor on_host(const Tensor& x) {
+    if (x.device() == Device::cpu || x.device() == Device::meta) return x;
+    const MemoryScope unaccounted(nullptr);
+    return x.to_device(Device::cpu);
+}
+
+// out = fn(in's values) element by element on the host, written where out lives (nothing on meta).
+// fn(const In* in, Out* out).
+template <class In, class Out, class Fn>
+void map_on_host(const Tensor& in, Tensor& out, Fn fn) {
+    if (in.device() == Device::meta || out.device() == Device::meta) return;
+    const Tensor h = on_host(in);
+    if (out.device() == Device::cpu) return fn(h.data<In>(), out.data<Out>());
+    const MemoryScope unaccounted(nullptr);
+    Tensor staged = Tensor::empty(out.shape(), out.dtype(), Device::cpu);
+    fn(h.data<In>(), staged.data<Out>());
+    copy_bytes(out.raw(), out.device(), staged.raw(), Device::cpu, out.nbytes());
 }
 
 }  // namespace
 
 double float8_amax(const Tensor& x) {
-    const Tensor f = as_float32(x);
+    const Tensor f = on_host(as_float32(x));
     if (f.device() == Device::meta) return 0;
     const float* p = f.data<float>();
     double amax = 0;
@@ -39,10 +60,10 @@ Float8Operand float8_tensorwise(const Tensor& x, Float8Format f, double amax) {
     out.format = f, out.scale = float8_tensorwise_scale(amax, f);
     const Tensor in = as_float32(x);
     out.values = Tensor::empty(in.shape(), DType::float32, in.device());
-    if (in.device() == Device::meta) return out;
-    const float* p = in.data<float>();
-    float* q = out.values.data<float>();
-    for (int64_t i = 0; i < in.numel(); ++i) q[i] = float8_round(p[i] * out.scale, f);  // float32 product
+    const float scale = out.scale;
+    map_on_host<float, float>(in, out.values, [&](const float* p, float* q) {
+        for (int64_t i = 0; i < in.numel(); ++i) q[i] = float8_round(p[i] * scale, f);  // float32 product
+    });
     return out;
 }
 
@@ -51,11 +72,9 @@ Float8Operand float8_from_codes(const Tensor& codes, Float8Format f, float scale
     Float8Operand out;
     out.format = f, out.scale = scale;
     out.values = Tensor::empty(codes.shape(), DType::float32, codes.device());
-    if (codes.device() == Device::meta) return out;
-    PTOOL_REQUIRE(codes.device() == Device::cpu, "float8 codes on {}", device_name(codes.device()));
-    const uint8_t* p = codes.data<uint8_t>();
-    float* q = out.values.data<float>();
-    for (int64_t i = 0; i < codes.numel(); ++i) q[i] = float8_decode(p[i], f);
+    map_on_host<uint8_t, float>(codes, out.values, [&](const uint8_t* p, float* q) {
+        for (int64_t i = 0; i < codes.numel(); ++i) q[i] = float8_decode(p[i], f);
+    });
     return out;
 }
 
@@ -65,11 +84,10 @@ void float8_cast_codes(const Tensor& x, Float8Format f, float scale, Tensor& cod
                   shape_str(codes.shape()));
     float8_count_scaled_cast(x);
     const Tensor in = as_float32(x);
-    if (in.device() == Device::meta) return;
-    const float* p = in.data<float>();
-    uint8_t* q = codes.data<uint8_t>();
-    for (int64_t i = 0; i < in.numel(); ++i)
-        q[i] = float8_encode_saturated(p[i] * scale, f);  // float32 product
+    map_on_host<float, uint8_t>(in, codes, [&](const float* p, uint8_t* q) {
+        for (int64_t i = 0; i < in.numel(); ++i)
+            q[i] = float8_encode_saturated(p[i] * scale, f);  // float32 product
+    });
 }
 
 std::vector<double> float8_amax_axis(const Tensor& x, int axis) {
@@ -77,7 +95,7 @@ std::vector<double> float8_amax_axis(const Tensor& x, int axis) {
                   shape_str(x.shape()), axis);
     const int64_t rows = x.size(0), cols = x.size(1);
     std::vector<double> out(axis == 0 ? rows : cols, 0.0);
-    const Tensor f = as_float32(x);
+    const Tensor f = on_host(as_float32(x));
     if (f.device() == Device::meta) return out;
     const float* p = f.data<float>();
     for (int64_t i = 0; i < rows; ++i)
@@ -101,12 +119,11 @@ Float8Operand float8_axiswise(const Tensor& x, Float8Format f, const std::vector
     }
     const Tensor in = as_float32(x);
     out.values = Tensor::empty(in.shape(), DType::float32, in.device());
-    if (in.device() == Device::meta) return out;
     const int64_t cols = in.size(1);
-    const float* p = in.data<float>();
-    float* q = out.values.data<float>();
-    for (int64_t i = 0; i < in.numel(); ++i)
-        q[i] = float8_round(p[i] * out.scales[axis == 0 ? i / cols : i % cols], f);  // float32 product
+    map_on_host<float, float>(in, out.values, [&](const float* p, float* q) {
+        for (int64_t i = 0; i < in.numel(); ++i)
+            q[i] = float8_round(p[i] * out.scales[axis == 0 ? i / cols : i % cols], f);  // float32 product
+    });
     return out;
 }
 
@@ -140,11 +157,10 @@ void float8_gemm(Backend& be, const Float8Operand& a, bool trans_a, const Float8
         const int64_t m = out.size(0), n = out.size(1);
         const std::vector<float> ia = inverse_scales(a, m, trans_a ? 1 : 0),
                                  ib = inverse_scales(b, n, trans_b ? 0 : 1);
-        PTOOL_REQUIRE(out.device() == Device::cpu, "a rowwise float8 GEMM on {}", device_name(out.device()));
-        const float* p = acc.data<float>();
-        float* q = scaled.data<float>();
-        for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) q[i * n + j] = p[i * n + j] * ia[i] * ib[j];
+        map_on_host<float, float>(acc, scaled, [&](const float* p, float* q) {
+            for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) q[i * n + j] = p[i * n + j] * ia[i] * ib[j];
+        });
     }
     be.copy(scaled, out);  // to out's dtype
 }

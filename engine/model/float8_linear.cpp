@@ -115,14 +115,16 @@ std::vector<int64_t> reference_rows(const RunContext& ctx, const Float8Logged& r
 Tensor follow_reference(const RunContext& ctx, const Float8Gemms& f, Float8Role role, const Tensor& t2,
                         int64_t seq, Float8Cut cut) {
     Float8Log* log = ctx.float8_log;
-    if (!log || f.fqn.empty() || t2.device() != Device::cpu || t2.dim() != 2) return t2;
+    if (!log || f.fqn.empty() || t2.device() == Device::meta || t2.dim() != 2) return t2;
     const int mb = role == Float8Role::weight ? 0 : ctx.microbatch;  // a weight is the step's: once
     const Float8Logged* ref = log->find(ctx.step, mb, f.fqn, role);
     // the reference logs each operand once (a backward's input is its forward's); a parallel run
     // follows what the reference logged
     if (ctx.float8_replays != (ref != nullptr)) return t2;
     const MemoryScope unaccounted(nullptr);  // verification's own copies: the run's memory is the run's
-    const Tensor f32 = t2.dtype() == DType::float32 ? t2 : to_dtype(*ctx.backend, t2, DType::float32);
+    // on the host (a GPU's operand copied: the log and the rule are host work)
+    Tensor f32 = t2.dtype() == DType::float32 ? t2 : to_dtype(*ctx.backend, t2, DType::float32);
+    if (f32.device() != Device::cpu) f32 = f32.to_device(Device::cpu);
     const float* own = f32.data<float>();
     if (!ref) {
         Float8Logged v;
@@ -161,6 +163,7 @@ Tensor follow_reference(const RunContext& ctx, const Float8Gemms& f, Float8Role 
         }
     }
     log->count_taken(taken);
+    if (t2.device() != Device::cpu) out = out.to_device(t2.device());
     return out.dtype() == t2.dtype() ? out : to_dtype(*ctx.backend, out, t2.dtype());
 }
 

@@ -165,11 +165,12 @@ public:
         if (!fault_.is(FaultKind::float8_master)) return;
         for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
             const ParamPtr w = m.float8() ? m.param("weight") : nullptr;
-            if (!w || !fault_.hits(FaultKind::float8_master, fqn) || w->value.device() != Device::cpu) return;
+            if (!w || !fault_.hits(FaultKind::float8_master, fqn) || w->value.device() == Device::meta)
+                return;
             const Float8Operand kept =
                 float8_tensorwise(w->value, Float8Format::e4m3fn, float8_amax(w->value));
-            Backend& be = backend_for(Device::cpu);
-            Tensor back(kept.values.shape(), DType::float32);
+            Backend& be = backend_for(w->value.device());
+            Tensor back(kept.values.shape(), DType::float32, w->value.device());
             be.axpy(1.0 / kept.scale, kept.values, back);
             be.copy(back, w->value);
         });

@@ -65,8 +65,8 @@ std::string float8_note(const Float8Log& log, bool replay_ties, int64_t taken) {
         replay_ties
             ? fmt::format(
                   "cast the reference's value for {} elements (summed over ranks and calls) whose own "
-                  "differed from it within rtol {:.2g} and atol {:.2g} of the operand's largest "
-                  "magnitude, so that a near-tie rounds as the reference's did",
+                  "differed from it within rtol {:.2g} and atol {:.2g} of the smaller of its row's and "
+                  "its column's largest magnitude, so that a near-tie rounds as the reference's did",
                   taken, log.rtol(), log.atol())
             : std::string("cast every value of its own (--no-tie-replay)"));
 }
