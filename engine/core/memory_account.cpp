@@ -1,6 +1,7 @@
 #include "core/memory_account.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace ptool {
 namespace {
@@ -8,6 +9,10 @@ thread_local std::shared_ptr<MemoryAccount> t_account;
 thread_local MemoryUse t_use = MemoryUse::other;
 thread_local const std::string* t_phase_fqn = nullptr;
 thread_local char t_phase_pass = 0;
+// Which phase scope the thread is in: a value no other scope, on any thread, had (0: none), so that
+// an account knows its last phase's entry still holds without comparing names.
+std::atomic<uint64_t> phase_scopes{1};
+thread_local uint64_t t_phase_scope = 0;
 thread_local TorchAlloc t_torch = TorchAlloc::both;
 thread_local AllocStream t_stream = AllocStream::compute;
 }  // namespace
@@ -24,10 +29,12 @@ TorchAllocScope::~TorchAllocScope() {
 MemoryPhaseScope::MemoryPhaseScope(const std::string& fqn, char pass)
     : saved_fqn_(t_phase_fqn), saved_pass_(t_phase_pass) {
     t_phase_fqn = &fqn, t_phase_pass = pass;
+    t_phase_scope = phase_scopes.fetch_add(1, std::memory_order_relaxed);
 }
 
 MemoryPhaseScope::~MemoryPhaseScope() {
     t_phase_fqn = saved_fqn_, t_phase_pass = saved_pass_;
+    t_phase_scope = phase_scopes.fetch_add(1, std::memory_order_relaxed);
 }
 
 void MemoryAccount::track_phases() {
@@ -110,16 +117,13 @@ void MemoryAccount::charge(const void* key, int64_t bytes, MemoryUse use) {
 }
 
 int64_t& MemoryAccount::phase_entry() {
-    // the same pass as the last charge: the same module's name (compared by value too, in case a
-    // module was freed and another took its address) and the same pass letter
-    if (phase_peak_ && phase_fqn_ == t_phase_fqn && phase_pass_ == t_phase_pass &&
-        (!t_phase_fqn || *t_phase_fqn == phase_fqn_text_))
-        return *phase_peak_;
+    // the same scope as the last charge (a module's pass charges many times): its entry
+    if (phase_peak_ && phase_scope_ == t_phase_scope) return *phase_peak_;
     if (t_phase_fqn)
         phase_key_.assign(*t_phase_fqn);
     else
         phase_key_.clear();
-    phase_fqn_ = t_phase_fqn, phase_pass_ = t_phase_pass, phase_fqn_text_.assign(phase_key_);
+    phase_scope_ = t_phase_scope;
     if (t_phase_pass) phase_key_ += '/', phase_key_ += t_phase_pass;
     auto it = phase_peaks_.find(phase_key_);
     if (it == phase_peaks_.end()) it = phase_peaks_.emplace(phase_key_, 0).first;

@@ -113,10 +113,10 @@ private:
     std::array<int64_t, kMemoryUses> torch_live_by_{}, torch_at_peak_{};
     void torch_charge(const void* key, int64_t bytes, MemoryUse use);
     void torch_release_locked(const void* key);
-    // the last charged phase's entry: a pass charges many times, and its key is built once
-    const std::string* phase_fqn_ = nullptr;
-    std::string phase_fqn_text_, phase_key_;  // (phase_key_: the lookup's, its buffer reused)
-    char phase_pass_ = 0;
+    // the last charged phase scope's entry (MemoryPhaseScope): a pass charges many times, and its
+    // key is built once
+    uint64_t phase_scope_ = 0;
+    std::string phase_key_;  // the lookup's, its buffer reused
     int64_t* phase_peak_ = nullptr;
     int64_t& phase_entry();
 };

@@ -106,7 +106,13 @@ Float8Spec parse_float8(const YamlNode& node) {
 }
 
 bool float8_all_gathers(const Plan& plan, const DataParallelResolution& dp) {
-    if (!plan.float8 || !plan.float8->fsdp_float8_all_gather || dp.units.empty()) return false;
+    return !dp.units.empty() && float8_all_gathers(plan);
+}
+
+bool float8_all_gathers(const Plan& plan) {
+    if (!plan.float8 || !plan.float8->fsdp_float8_all_gather || !plan.data_parallel ||
+        plan.data_parallel->mode != DataParallelMode::fully_shard)
+        return false;
     const ParallelDims& d = plan.dims;
     const int dim = d.shard_dim();
     const int shards =

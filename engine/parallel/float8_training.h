@@ -47,6 +47,11 @@ struct Float8Spec {
     // The ranks whose rows a forward holds, each scaled apart: its own on a rank; verify's reference
     // on one device takes the plan's data ranks and cp ranks (reference_plan).
     Float8RowGroups row_groups;
+    // The reference of a plan whose fully_shard gathers its weights in float8 (float8_all_gathers):
+    // each float8 weight's compute copy is its float8 codes cast from the master, as torchao's
+    // pre-all-gather casts the sharded master, not its param_dtype copy (MixedPrecision). Set by
+    // reference_plan; a plan's own run gathers them so.
+    bool weights_from_masters = false;
 };
 
 Float8Spec parse_float8(const YamlNode& node);
@@ -55,6 +60,8 @@ Float8Spec parse_float8(const YamlNode& node);
 // and fully_shard shards over more than one rank (FSDP2 gathers nothing at one).
 // DataParallel gives fully_shard the float8 all-gather by it, and explain says so by it.
 bool float8_all_gathers(const Plan& plan, const DataParallelResolution& dp);
+// The same from the plan alone: its data_parallel is fully_shard (whose units always hold the root).
+bool float8_all_gathers(const Plan& plan);
 
 // The selected linears (see above) in module order, each with the recipe and the pieces tensor
 // parallelism cuts of what its GEMMs see (from its style's rule and the layout pass's calls):

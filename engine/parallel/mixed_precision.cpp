@@ -1,20 +1,46 @@
 #include "parallel/mixed_precision.h"
 
+#include <map>
+
+#include "model/float8_gemm.h"
+#include "model/float8_linear.h"
+
 namespace ptool {
 
 MixedPrecision::MixedPrecision(Model& model, const MixedPrecisionSpec& spec, Backend& be,
-                               const std::function<bool(const Parameter*)>& managed_elsewhere)
+                               const std::function<bool(const Parameter*)>& managed_elsewhere,
+                               bool float8_from_masters)
     : spec_(spec), be_(be) {
     if (spec.param_dtype == model.dtype) return;
+    std::map<const Parameter*, const Float8Gemms*> float8;  // the float8 linears' weights
+    if (float8_from_masters)
+        for_each_module(*model.root, [&](const std::string&, Module& m) {
+            if (m.float8())
+                if (const ParamPtr w = m.param("weight")) float8[w.get()] = m.float8();
+        });
     for (const auto& [name, p] : model.named_parameters())
-        if (!managed_elsewhere(p.get())) entries_.push_back({p, {}, {}, {}, {}});
+        if (!managed_elsewhere(p.get())) {
+            auto f = float8.find(p.get());
+            entries_.push_back({p, {}, {}, {}, {}, f == float8.end() ? nullptr : f->second});
+        }
+}
+
+// The weight's float8 codes, cast from the master with the master's own scale (torchao's
+// pre-all-gather cast of the sharded master, here whole).
+Tensor MixedPrecision::float8_copy(Entry& e) const {
+    const Float8Format f = e.float8->recipe.weight;
+    const float scale = float8_tensorwise_scale(float8_amax(e.master), f);
+    Tensor codes = Tensor::empty(e.master.shape(), DType::uint8, e.master.device());
+    float8_cast_codes(e.master, f, scale, codes);
+    e.p->float8_scale = scale;
+    return codes;
 }
 
 void MixedPrecision::to_compute() {
     MemoryUseScope use(MemoryUse::mixed_precision);
     for (Entry& e : entries_) {
         e.master = e.p->value, e.master_grad = e.p->grad;  // the grad may be a DDP bucket's view: kept
-        e.value = to_dtype(be_, e.master, spec_.param_dtype);
+        e.value = e.float8 ? float8_copy(e) : to_dtype(be_, e.master, spec_.param_dtype);
         if (!e.grad.defined()) e.grad = Tensor::empty(e.master.shape(), spec_.param_dtype, e.master.device());
         be_.fill(e.grad, 0.0);
         e.p->value = e.value, e.p->grad = e.grad;
@@ -24,7 +50,7 @@ void MixedPrecision::to_compute() {
 void MixedPrecision::to_masters() {
     for (Entry& e : entries_) {
         be_.copy(e.grad, e.master_grad);  // param_dtype -> the master's
-        e.p->value = e.master, e.p->grad = e.master_grad;
+        e.p->value = e.master, e.p->grad = e.master_grad, e.p->float8_scale = 0;
         e.value = Tensor();                   // the copy lives for one step, as FSDP's unsharded parameters
         e.master = e.master_grad = Tensor();  // the parameter holds them (ZeRO-2 then frees the gradient)
     }

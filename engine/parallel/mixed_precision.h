@@ -24,9 +24,12 @@ namespace ptool {
 class MixedPrecision {
 public:
     // The parameters `managed_elsewhere` rejects (fully_shard's) are left to it. Nothing to do when
-    // param_dtype is the model's dtype.
+    // param_dtype is the model's dtype. float8_from_masters: each float8 linear's weight's compute
+    // copy is its float8 codes, cast from the master with the master's scale (Parameter::float8_scale),
+    // as FSDP2's float8 all-gather casts the master shards (Float8Spec::weights_from_masters).
     MixedPrecision(Model& model, const MixedPrecisionSpec& spec, Backend& be,
-                   const std::function<bool(const Parameter*)>& managed_elsewhere);
+                   const std::function<bool(const Parameter*)>& managed_elsewhere,
+                   bool float8_from_masters = false);
 
     DType compute_dtype() const { return spec_.param_dtype; }
     const MixedPrecisionSpec& spec() const { return spec_; }
@@ -42,7 +45,9 @@ private:
     struct Entry {
         ParamPtr p;
         Tensor master, master_grad, value, grad;
+        const Float8Gemms* float8 = nullptr;  // float8_from_masters: the linear it is the weight of
     };
+    Tensor float8_copy(Entry& e) const;
     MixedPrecisionSpec spec_;
     Backend& be_;
     std::vector<Entry> entries_;

@@ -96,10 +96,12 @@ Plan reference_plan(const Plan& plan) {
     p.loss_normalization = plan.loss_normalization;  // the one-device meaning of the same choice
     p.loss_normalization_where = plan.loss_normalization_where;
     p.float8 = plan.float8;  // each rank's rows scaled apart, as the ranks scale their own
-    if (p.float8)
+    if (p.float8) {
         p.float8->row_groups = {plan.dims.data_size(),
                                 plan.context_parallel ? plan.dims.size(DimRole::cp) : 1,
                                 plan.context_parallel && plan.context_parallel->load_balance};
+        p.float8->weights_from_masters = float8_all_gathers(plan);  // cast as the plan's gathers cast
+    }
     return p;
 }
 
@@ -267,10 +269,12 @@ void Run::apply_mixed_precision() {
     if (!plan_.mixed_precision || plan_.mixed_precision->param_dtype == model_.dtype) return;
     if (!plan_.data_parallel)
         check_mixed_precision(model_, plan_, {});  // the reference's (the plan's checked them all)
-    mixed_precision_ =
-        std::make_unique<MixedPrecision>(model_, *plan_.mixed_precision, be_, [&](const Parameter* p) {
+    mixed_precision_ = std::make_unique<MixedPrecision>(
+        model_, *plan_.mixed_precision, be_,
+        [&](const Parameter* p) {
             return data_parallel_ && data_parallel_->placement(p).is_shard();  // fully_shard casts its own
-        });
+        },
+        plan_.float8 && plan_.float8->weights_from_masters);
 }
 
 // The schedule of a step's actions: gradient_accumulation's rounds (the plan's, else the model's),

@@ -159,8 +159,8 @@ int ring_parts(const Plan& plan) {
     return ring ? plan.dims.size(DimRole::cp) : 1;
 }
 
-// What makes two plans' references differ: their microbatches, their mixed precision, and the
-// ring layout their events follow.
+// What makes two plans' references differ: their microbatches, their mixed precision, the ring
+// layout their events follow, and their float8 casts.
 std::string numerics_key(const Plan& plan, const Model& model) {
     // the microbatches a step cuts the batch into (the rounds of gradient_accumulation, the plan's or
     // the model's, each of a pipeline's microbatches), and the mixed precision policy
@@ -176,6 +176,7 @@ std::string numerics_key(const Plan& plan, const Model& model) {
         m += fmt::format("f8{}:{}x{}{}", float8_recipe_name(f8.recipe), g.data, g.cp,
                          g.load_balance ? "b" : "");
         if (f8.filter_fqns) m += fmt::format("[{}]", fmt::join(*f8.filter_fqns, ","));
+        if (f8.weights_from_masters) m += "w";  // its weights cast from the masters (bf16: not the copies')
     }
     if (!plan.mixed_precision) return m;
     const MixedPrecisionSpec& mp = *plan.mixed_precision;

@@ -251,12 +251,12 @@ void meta_count_memory(double bytes, int kernels) {
 
 void meta_repeat(int64_t n, const std::function<void()>& slice) {
     if (n <= 0) return;
-    const MetaWork before = t_work;
-    t_work = MetaWork{};  // the counts start at 0; the modes stay
+    MetaWork before = std::move(t_work);  // moved, not copied: the step's counts so far
+    t_work = MetaWork{};                  // the counts start at 0; the modes stay
     t_work.recomputing = before.recomputing, t_work.mode = before.mode;
     slice();
-    const MetaWork one = t_work;
-    t_work = before;
+    const MetaWork one = std::move(t_work);
+    t_work = std::move(before);
     add_work(t_work, one, static_cast<double>(n));
 }
 
