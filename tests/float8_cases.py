@@ -180,6 +180,24 @@ with tempfile.TemporaryDirectory() as tmp:
     # beside the plain bf16 float8 plan in one job: each its own reference (bf16 copies cast there)
     rc, out = run("verify", MODEL, bf16, gathered_bf16, "--steps", "2")
     check(rc == 0 and out.count("PASS") >= 2 and "FAIL" not in out, f"bf16 float8 plain and all-gather in one job: exit {rc}\n{out[-1500:]}")
+    # the reference picks the weights as fully_shard does, by name: a tied head's weight is the
+    # embedding's (gathered in bf16; the reference's copy was uint8 codes read as a table: exit 3),
+    # and under replicate() with fully_shard units only those units' float8 weights
+    tied = os.path.join(tmp, "tied.yaml")
+    open(tied, "w").write("mesh: {dp: 2}\ndata_parallel:\n  mesh_dim: dp\n  mode: fully_shard\n"
+                          "  mixed_precision: {param_dtype: bfloat16, reduce_dtype: float32}\n"
+                          "float8: {recipe: tensorwise, filter_fqns: [zzz], enable_fsdp_float8_all_gather: true}\n")
+    rc, out = run("verify", f"{ROOT}/models/gpt2_tied.yaml", tied)
+    check(rc == 0 and "PASS" in out, f"bf16 float8 all-gather of a tied head: exit {rc}\n{out[-1500:]}")
+    units = os.path.join(tmp, "units.yaml")
+    open(units, "w").write(open(gathered_bf16).read().replace("  mode: fully_shard\n", "  mode: replicate\n")
+                           .replace('fully_shard: ["layers.*"]', 'fully_shard: ["layers.0"]'))
+    rc, out = run("verify", MODEL, units)
+    check(rc == 0 and "PASS" in out, f"bf16 float8 all-gather of replicate()'s fully_shard units: exit {rc}\n{out[-1500:]}")
+    ej = os.path.join(tmp, "units.json")
+    rc, out = run("explain", MODEL, units, "--json", ej)
+    f8 = json.load(open(ej))["float8"] if rc == 0 else {}
+    check(f8.get("fsdp_float8_all_gather") is True, f"replicate()'s fully_shard units gather in float8: exit {rc}, {f8}")
     rc, out = run("verify", MODEL, gathered_bf16, env={"PTOOL_FAULT": "float8_stale_scale:*"})
     check(rc == 1 and "first divergence: step 1" in out, f"bf16 float8 all-gather with float8_stale_scale: exit {rc}\n{out[-800:]}")
     rc, out = run("verify", MODEL, f"{ROOT}/tests/data/float8/llama_rope_fsdp_tp_float8.yaml", "--dtype", "float64")  # the emulation accumulates in float32

@@ -205,15 +205,21 @@ std::vector<double> activation_amax(const RunContext& ctx, const Float8Gemms& f,
     return float8_amax_over(pieces, tp_shards(ctx, tp_cut), f.recipe.reduce_amax);
 }
 
+// Whether the weight holds float8 codes (FSDP2's float8 all-gather, or the reference's copy of it):
+// by its dtype, not its scale (an amax of NaN or infinity gives a scale that is no flag).
+bool gathered_codes(const Parameter& w) {
+    return w.value.dtype() == DType::uint8;
+}
+
 // The weight's values as its casts take them: under verify, followed (follow_reference); its float8
 // codes where FSDP2 gathered it in float8.
 Tensor weight_values(const RunContext& ctx, const Float8Gemms& f, const Parameter& w) {
-    return w.float8_scale > 0 ? w.value
-                              : follow_reference(ctx, f, Float8Role::weight, w.value, 1, f.tp.weight);
+    return gathered_codes(w) ? w.value
+                             : follow_reference(ctx, f, Float8Role::weight, w.value, 1, f.tp.weight);
 }
 
 double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Parameter& w, const Tensor& values) {
-    if (w.float8_scale > 0 || rowwise(f)) return 0;  // its scale came with it; rowwise: at the cast
+    if (gathered_codes(w) || rowwise(f)) return 0;  // its scale came with it; rowwise: at the cast
     return float8_amax_over({values}, tp_shards(ctx, f.tp.weight.any()), f.recipe.reduce_amax)[0];
 }
 
@@ -221,7 +227,7 @@ double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Parameter&
 // per row of W for the forward, per column for the input gradient).
 Float8Operand weight_operand(const RunContext& ctx, const Float8Gemms& f, const Parameter& w,
                              const Tensor& values, double amax, int axis) {
-    if (w.float8_scale > 0) return float8_from_codes(w.value, f.recipe.weight, w.float8_scale);
+    if (gathered_codes(w)) return float8_from_codes(w.value, f.recipe.weight, w.float8_scale);
     return cast(ctx, f, values, f.recipe.weight, amax, axis, f.tp.weight);
 }
 

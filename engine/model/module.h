@@ -53,8 +53,9 @@ class BatchStatistics;
 struct Parameter {
     Tensor value;
     Tensor grad;  // same shape and dtype (a float8 value's: the compute dtype); zeroed by zero_grad()
-    // Non-zero while value holds float8 codes (uint8) cast with this scale: a float8 linear's weight
-    // FSDP2 gathered in float8 (parallel/fully_shard.h), used by the GEMMs as gathered.
+    // While value holds float8 codes (uint8), the scale they were cast with: a float8 linear's weight
+    // FSDP2 gathered in float8 (parallel/fully_shard.h), or the reference's copy of such a weight
+    // (parallel/mixed_precision.h), used by the GEMMs as it is.
     float float8_scale = 0;
 };
 using ParamPtr = std::shared_ptr<Parameter>;

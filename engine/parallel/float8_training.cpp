@@ -111,7 +111,8 @@ bool float8_all_gathers(const Plan& plan, const DataParallelResolution& dp) {
 
 bool float8_all_gathers(const Plan& plan) {
     if (!plan.float8 || !plan.float8->fsdp_float8_all_gather || !plan.data_parallel ||
-        plan.data_parallel->mode != DataParallelMode::fully_shard)
+        (plan.data_parallel->mode != DataParallelMode::fully_shard &&
+         plan.data_parallel->fully_shard.empty()))
         return false;
     const ParallelDims& d = plan.dims;
     const int dim = d.shard_dim();

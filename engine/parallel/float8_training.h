@@ -47,11 +47,12 @@ struct Float8Spec {
     // The ranks whose rows a forward holds, each scaled apart: its own on a rank; verify's reference
     // on one device takes the plan's data ranks and cp ranks (reference_plan).
     Float8RowGroups row_groups;
-    // The reference of a plan whose fully_shard gathers its weights in float8 (float8_all_gathers):
-    // each float8 weight's compute copy is its float8 codes cast from the master, as torchao's
-    // pre-all-gather casts the sharded master, not its param_dtype copy (MixedPrecision). Set by
-    // reference_plan; a plan's own run gathers them so.
-    bool weights_from_masters = false;
+    // The reference of a plan whose fully_shard gathers its float8 weights in float8
+    // (float8_all_gathers): that plan's fully_shard units, as their FQN patterns ("" the root), whose
+    // float8 weights' compute copies are their masters' float8 codes (MixedPrecision), as torchao's
+    // pre-all-gather casts the master shards, not their param_dtype copies. Set by reference_plan
+    // (a plan's own run gathers them so); empty: none.
+    std::vector<std::string> weights_from_masters;
 };
 
 Float8Spec parse_float8(const YamlNode& node);
@@ -60,7 +61,7 @@ Float8Spec parse_float8(const YamlNode& node);
 // and fully_shard shards over more than one rank (FSDP2 gathers nothing at one).
 // DataParallel gives fully_shard the float8 all-gather by it, and explain says so by it.
 bool float8_all_gathers(const Plan& plan, const DataParallelResolution& dp);
-// The same from the plan alone: its data_parallel is fully_shard (whose units always hold the root).
+// The same from the plan alone: it names fully_shard units (mode fully_shard's root, or patterns).
 bool float8_all_gathers(const Plan& plan);
 
 // The selected linears (see above) in module order, each with the recipe and the pieces tensor

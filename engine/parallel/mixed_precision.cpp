@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "core/fqn_pattern.h"
 #include "model/float8_gemm.h"
 #include "model/float8_linear.h"
 
@@ -9,20 +10,33 @@ namespace ptool {
 
 MixedPrecision::MixedPrecision(Model& model, const MixedPrecisionSpec& spec, Backend& be,
                                const std::function<bool(const Parameter*)>& managed_elsewhere,
-                               bool float8_from_masters)
+                               const std::vector<std::string>& float8_units)
     : spec_(spec), be_(be) {
     if (spec.param_dtype == model.dtype) return;
-    std::map<const Parameter*, const Float8Gemms*> float8;  // the float8 linears' weights
-    if (float8_from_masters)
-        for_each_module(*model.root, [&](const std::string&, Module& m) {
-            if (m.float8())
-                if (const ParamPtr w = m.param("weight")) float8[w.get()] = m.float8();
-        });
+    const auto modules = named_modules(*model.root);
+    std::vector<std::string> names;
+    std::map<std::string, const Module*> by_name;
+    for (const auto& [name, m] : modules) names.push_back(name), by_name.emplace(name, m);
+    const NameIndex index(names);
+    std::vector<std::string> units;  // the units' FQNs
+    for (const std::string& pattern : float8_units)
+        if (pattern.empty())
+            units.push_back("");
+        else
+            for (size_t i : index.matches(pattern)) units.push_back(names[i]);
+    // a `.weight` whose module is a float8 linear, under a unit (fully_shard's rule, by name)
+    auto float8_of = [&](const std::string& param) -> const Float8Gemms* {
+        const size_t dot = param.rfind('.');
+        if (dot == std::string::npos || param.substr(dot + 1) != "weight") return nullptr;
+        const std::string owner = param.substr(0, dot);
+        const auto m = by_name.find(owner);
+        if (m == by_name.end() || !m->second->float8()) return nullptr;
+        for (const std::string& u : units)
+            if (u.empty() || owner == u || owner.rfind(u + ".", 0) == 0) return m->second->float8();
+        return nullptr;
+    };
     for (const auto& [name, p] : model.named_parameters())
-        if (!managed_elsewhere(p.get())) {
-            auto f = float8.find(p.get());
-            entries_.push_back({p, {}, {}, {}, {}, f == float8.end() ? nullptr : f->second});
-        }
+        if (!managed_elsewhere(p.get())) entries_.push_back({p, {}, {}, {}, {}, float8_of(name)});
 }
 
 // The weight's float8 codes, cast from the master with the master's own scale (torchao's

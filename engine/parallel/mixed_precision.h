@@ -24,12 +24,14 @@ namespace ptool {
 class MixedPrecision {
 public:
     // The parameters `managed_elsewhere` rejects (fully_shard's) are left to it. Nothing to do when
-    // param_dtype is the model's dtype. float8_from_masters: each float8 linear's weight's compute
-    // copy is its float8 codes, cast from the master with the master's scale (Parameter::float8_scale),
-    // as FSDP2's float8 all-gather casts the master shards (Float8Spec::weights_from_masters).
+    // param_dtype is the model's dtype. float8_units (FQN patterns, "" the root): the weight of a
+    // float8 linear under one of them has as its compute copy its float8 codes, cast from the master
+    // with the master's scale (Parameter::float8_scale), as FSDP2's float8 all-gather casts the
+    // master shards of those units (Float8Spec::weights_from_masters); picked by name as fully_shard
+    // picks them (a `.weight` whose module is a float8 linear: a tied weight goes by its first name).
     MixedPrecision(Model& model, const MixedPrecisionSpec& spec, Backend& be,
                    const std::function<bool(const Parameter*)>& managed_elsewhere,
-                   bool float8_from_masters = false);
+                   const std::vector<std::string>& float8_units = {});
 
     DType compute_dtype() const { return spec_.param_dtype; }
     const MixedPrecisionSpec& spec() const { return spec_; }

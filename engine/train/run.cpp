@@ -100,7 +100,11 @@ Plan reference_plan(const Plan& plan) {
         p.float8->row_groups = {plan.dims.data_size(),
                                 plan.context_parallel ? plan.dims.size(DimRole::cp) : 1,
                                 plan.context_parallel && plan.context_parallel->load_balance};
-        p.float8->weights_from_masters = float8_all_gathers(plan);  // cast as the plan's gathers cast
+        if (float8_all_gathers(plan)) {  // its weights cast as the plan's gathers cast them
+            const DataParallelSpec& dp = *plan.data_parallel;
+            if (dp.mode == DataParallelMode::fully_shard) p.float8->weights_from_masters.push_back("");
+            for (const std::string& u : dp.fully_shard) p.float8->weights_from_masters.push_back(u);
+        }
     }
     return p;
 }
@@ -274,7 +278,7 @@ void Run::apply_mixed_precision() {
         [&](const Parameter* p) {
             return data_parallel_ && data_parallel_->placement(p).is_shard();  // fully_shard casts its own
         },
-        plan_.float8 && plan_.float8->weights_from_masters);
+        plan_.float8 ? plan_.float8->weights_from_masters : std::vector<std::string>{});
 }
 
 // The schedule of a step's actions: gradient_accumulation's rounds (the plan's, else the model's),

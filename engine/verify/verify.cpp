@@ -176,7 +176,10 @@ std::string numerics_key(const Plan& plan, const Model& model) {
         m += fmt::format("f8{}:{}x{}{}", float8_recipe_name(f8.recipe), g.data, g.cp,
                          g.load_balance ? "b" : "");
         if (f8.filter_fqns) m += fmt::format("[{}]", fmt::join(*f8.filter_fqns, ","));
-        if (f8.weights_from_masters) m += "w";  // its weights cast from the masters (bf16: not the copies')
+        // its weights cast from the masters, which differs from a cast of their copies in param_dtype
+        if (!f8.weights_from_masters.empty() && plan.mixed_precision &&
+            plan.mixed_precision->param_dtype != model.dtype)
+            m += fmt::format("w[{}]", fmt::join(f8.weights_from_masters, ","));
     }
     if (!plan.mixed_precision) return m;
     const MixedPrecisionSpec& mp = *plan.mixed_precision;
