@@ -1,7 +1,5 @@
 #include "parallel/mixed_precision.h"
 
-#include <map>
-
 #include "core/fqn_pattern.h"
 #include "model/float8_gemm.h"
 #include "model/float8_linear.h"
@@ -13,6 +11,20 @@ MixedPrecision::MixedPrecision(Model& model, const MixedPrecisionSpec& spec, Bac
                                const std::vector<std::string>& float8_units)
     : spec_(spec), be_(be) {
     if (spec.param_dtype == model.dtype) return;
+    const auto float8 = float8_weights(model, float8_units);
+    for (const auto& [name, p] : model.named_parameters())
+        if (!managed_elsewhere(p.get())) {
+            const auto f = float8.find(p.get());
+            entries_.push_back({p, {}, {}, {}, {}, f == float8.end() ? nullptr : f->second});
+        }
+}
+
+// The float8 linears' weights under the units (fully_shard's rule, by name: a `.weight` whose module
+// is a float8 linear, the name the parameter goes by in named_parameters).
+std::map<const Parameter*, const Float8Gemms*> MixedPrecision::float8_weights(
+    const Model& model, const std::vector<std::string>& float8_units) {
+    std::map<const Parameter*, const Float8Gemms*> out;
+    if (float8_units.empty()) return out;
     const auto modules = named_modules(*model.root);
     std::vector<std::string> names;
     std::map<std::string, const Module*> by_name;
@@ -24,19 +36,19 @@ MixedPrecision::MixedPrecision(Model& model, const MixedPrecisionSpec& spec, Bac
             units.push_back("");
         else
             for (size_t i : index.matches(pattern)) units.push_back(names[i]);
-    // a `.weight` whose module is a float8 linear, under a unit (fully_shard's rule, by name)
-    auto float8_of = [&](const std::string& param) -> const Float8Gemms* {
-        const size_t dot = param.rfind('.');
-        if (dot == std::string::npos || param.substr(dot + 1) != "weight") return nullptr;
-        const std::string owner = param.substr(0, dot);
+    for (const auto& [name, p] : model.named_parameters()) {
+        const size_t dot = name.rfind('.');
+        if (dot == std::string::npos || name.substr(dot + 1) != "weight") continue;
+        const std::string owner = name.substr(0, dot);
         const auto m = by_name.find(owner);
-        if (m == by_name.end() || !m->second->float8()) return nullptr;
+        if (m == by_name.end() || !m->second->float8()) continue;
         for (const std::string& u : units)
-            if (u.empty() || owner == u || owner.rfind(u + ".", 0) == 0) return m->second->float8();
-        return nullptr;
-    };
-    for (const auto& [name, p] : model.named_parameters())
-        if (!managed_elsewhere(p.get())) entries_.push_back({p, {}, {}, {}, {}, float8_of(name)});
+            if (u.empty() || owner == u || owner.rfind(u + ".", 0) == 0) {
+                out.emplace(p.get(), m->second->float8());
+                break;
+            }
+    }
+    return out;
 }
 
 // The weight's float8 codes, cast from the master with the master's own scale (torchao's

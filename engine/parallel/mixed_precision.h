@@ -15,6 +15,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 
 #include "model/model.h"
 #include "parallel/plan.h"
@@ -47,8 +48,10 @@ private:
     struct Entry {
         ParamPtr p;
         Tensor master, master_grad, value, grad;
-        const Float8Gemms* float8 = nullptr;  // float8_from_masters: the linear it is the weight of
+        const Float8Gemms* float8 = nullptr;  // under float8_units: the float8 linear it is the weight of
     };
+    static std::map<const Parameter*, const Float8Gemms*> float8_weights(
+        const Model& model, const std::vector<std::string>& float8_units);
     Tensor float8_copy(Entry& e) const;
     MixedPrecisionSpec spec_;
     Backend& be_;
