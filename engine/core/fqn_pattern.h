@@ -10,6 +10,11 @@ namespace ptool {
 
 bool fqn_matches(const std::string& pattern, const std::string& fqn);
 
+// Whether `name` (a module's or a parameter's) is `module` or under it; everything is under "" (the root).
+inline bool fqn_under(const std::string& name, const std::string& module) {
+    return module.empty() || name == module || name.rfind(module + ".", 0) == 0;
+}
+
 // Module names (in their order) matched against a plan's patterns: a pattern with no wildcard
 // (`*`, `?`, `[`, `\`) is one hash lookup, one with wildcards a scan with fqn_matches; so a plan
 // that names each of n modules (ptool plan's, for a model without repeats) resolves in O(n), not n^2.

@@ -4,6 +4,7 @@
 #include <optional>
 #include <set>
 
+#include "core/fqn_pattern.h"
 #include "core/rng.h"
 #include "core/tensor_ops.h"
 #include "core/yaml_reader.h"
@@ -11,13 +12,6 @@
 #include "parallel/mixed_precision.h"
 
 namespace ptool {
-namespace {
-
-bool under(const std::string& name, const std::string& module) {
-    return module.empty() || name == module || name.rfind(module + ".", 0) == 0;
-}
-
-}  // namespace
 
 std::vector<BucketSpec> assign_buckets(const std::vector<std::pair<std::string, int64_t>>& params_and_bytes,
                                        int64_t cap_bytes) {
@@ -91,7 +85,7 @@ void check_roots(const DataParallelSpec& spec, const std::vector<std::string>& m
     for (size_t i = 0; i < spec.modules.size(); ++i) {
         check_module(spec.modules[i], spec.modules_where, "replicate() module");
         for (size_t j = 0; j < spec.modules.size(); ++j)
-            if (i != j && under(spec.modules[j], spec.modules[i]))
+            if (i != j && fqn_under(spec.modules[j], spec.modules[i]))
                 throw InputError(spec.modules_where,
                                  fmt::format("replicate() on '{}' and on '{}' inside it: a "
                                              "parameter belongs to one replicate() root",
@@ -108,7 +102,7 @@ std::vector<std::string> assign_parameters(const Model& model, const DataParalle
     for (const auto& [name, p] : model.named_parameters()) {
         if (res.expert_params.count(name)) continue;  // expert parallel's
         bool ignored = false;
-        for (const std::string& m : spec.ignored_modules) ignored = ignored || under(name, m);
+        for (const std::string& m : spec.ignored_modules) ignored = ignored || fqn_under(name, m);
         if (ignored) {
             res.ignored_params.insert(name);
             unmanaged.push_back(name);
@@ -116,14 +110,14 @@ std::vector<std::string> assign_parameters(const Model& model, const DataParalle
         }
         FsdpUnitSpec* unit = nullptr;
         for (FsdpUnitSpec& u : res.units)  // outermost first: the last match is the innermost
-            if (under(name, u.fqn)) unit = &u;
+            if (fqn_under(name, u.fqn)) unit = &u;
         if (unit) {
             unit->params.push_back(name);
             continue;
         }
         bool replicated = false;
         for (const std::string& root : spec.modules)
-            if (spec.mode == DataParallelMode::replicate && under(name, root)) {
+            if (spec.mode == DataParallelMode::replicate && fqn_under(name, root)) {
                 per_root[root].push_back({name, static_cast<int64_t>(p->value.nbytes())});
                 replicated = true;
             }
@@ -136,8 +130,8 @@ std::vector<std::string> assign_parameters(const Model& model, const DataParalle
     if (spec.mode == DataParallelMode::replicate && spec.broadcast_buffers)
         for (const auto& [name, b] : model.named_buffers()) {
             bool synced = false, ignored = false;
-            for (const std::string& root : spec.modules) synced = synced || under(name, root);
-            for (const std::string& m : spec.ignored_modules) ignored = ignored || under(name, m);
+            for (const std::string& root : spec.modules) synced = synced || fqn_under(name, root);
+            for (const std::string& m : spec.ignored_modules) ignored = ignored || fqn_under(name, m);
             if (synced && !ignored) res.synced_buffers.insert(name);
         }
     return unmanaged;
@@ -157,7 +151,7 @@ void add_expert_units(const Model& model, const Plan& plan, const ExpertParallel
     for (const std::string& layer : ep.layers) {
         FsdpUnitSpec u{layer + ".experts", {}, true};
         for (const auto& [name, p] : model.named_parameters())  // in registration order
-            if (ep.owner.count(name) && under(name, u.fqn)) u.params.push_back(name);
+            if (ep.owner.count(name) && fqn_under(name, u.fqn)) u.params.push_back(name);
         res.units.push_back(std::move(u));
     }
 }

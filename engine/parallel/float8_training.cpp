@@ -109,6 +109,13 @@ bool float8_all_gathers(const Plan& plan, const DataParallelResolution& dp) {
     return !dp.units.empty() && float8_all_gathers(plan);
 }
 
+Module* float8_linear_of(const std::string& param, const std::map<std::string, Module*>& modules) {
+    const size_t dot = param.rfind('.');
+    if (dot == std::string::npos || param.substr(dot + 1) != "weight") return nullptr;
+    const auto owner = modules.find(param.substr(0, dot));
+    return owner != modules.end() && owner->second->float8() ? owner->second : nullptr;
+}
+
 bool float8_all_gathers(const Plan& plan) {
     if (!plan.float8 || !plan.float8->fsdp_float8_all_gather || !plan.data_parallel ||
         (plan.data_parallel->mode != DataParallelMode::fully_shard &&

@@ -15,6 +15,7 @@
 // Llama configs say filter_fqns = ["output"]; ptool's models name their heads otherwise too).
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,6 +64,10 @@ Float8Spec parse_float8(const YamlNode& node);
 bool float8_all_gathers(const Plan& plan, const DataParallelResolution& dp);
 // The same from the plan alone: it names fully_shard units (mode fully_shard's root, or patterns).
 bool float8_all_gathers(const Plan& plan);
+// The float8 linear whose weight the parameter named `param` is, by name (`OWNER.weight`, OWNER a
+// float8 linear of `modules`, by FQN), else null: how fully_shard picks the weights it gathers in
+// float8, and the reference of such a plan the weights it casts from their masters.
+Module* float8_linear_of(const std::string& param, const std::map<std::string, Module*>& modules);
 
 // The selected linears (see above) in module order, each with the recipe and the pieces tensor
 // parallelism cuts of what its GEMMs see (from its style's rule and the layout pass's calls):

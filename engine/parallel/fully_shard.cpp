@@ -8,6 +8,7 @@
 #include "model/float8_cost.h"
 #include "model/float8_gemm.h"
 #include "model/float8_linear.h"
+#include "parallel/float8_training.h"
 #include "parallel/plan.h"
 
 namespace ptool {
@@ -364,12 +365,9 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
             m.p->value = m.shard;
             m.p->grad = m.shard_grad;
             m.gathered = st->compute;
-            const size_t dot = name.rfind('.');
-            if (f8 && dot != std::string::npos && name.substr(dot + 1) == "weight") {
-                auto owner = modules.find(name.substr(0, dot));
-                if (owner != modules.end() && owner->second->float8())
-                    m.float8 = owner->second, m.gathered = DType::uint8;
-            }
+            if (f8)
+                if (Module* linear = float8_linear_of(name, modules))
+                    m.float8 = linear, m.gathered = DType::uint8;
             st->params.push_back(std::move(m));
         }
         st->lay_out_gather();

@@ -1,8 +1,11 @@
 #include "parallel/mixed_precision.h"
 
+#include <algorithm>
+
 #include "core/fqn_pattern.h"
 #include "model/float8_gemm.h"
 #include "model/float8_linear.h"
+#include "parallel/float8_training.h"
 
 namespace ptool {
 
@@ -25,10 +28,10 @@ std::map<const Parameter*, const Float8Gemms*> MixedPrecision::float8_weights(
     const Model& model, const std::vector<std::string>& float8_units) {
     std::map<const Parameter*, const Float8Gemms*> out;
     if (float8_units.empty()) return out;
-    const auto modules = named_modules(*model.root);
+    std::map<std::string, Module*> modules;
     std::vector<std::string> names;
-    std::map<std::string, const Module*> by_name;
-    for (const auto& [name, m] : modules) names.push_back(name), by_name.emplace(name, m);
+    for_each_module(*model.root,
+                    [&](const std::string& fqn, Module& m) { modules[fqn] = &m, names.push_back(fqn); });
     const NameIndex index(names);
     std::vector<std::string> units;  // the units' FQNs
     for (const std::string& pattern : float8_units)
@@ -36,18 +39,11 @@ std::map<const Parameter*, const Float8Gemms*> MixedPrecision::float8_weights(
             units.push_back("");
         else
             for (size_t i : index.matches(pattern)) units.push_back(names[i]);
-    for (const auto& [name, p] : model.named_parameters()) {
-        const size_t dot = name.rfind('.');
-        if (dot == std::string::npos || name.substr(dot + 1) != "weight") continue;
-        const std::string owner = name.substr(0, dot);
-        const auto m = by_name.find(owner);
-        if (m == by_name.end() || !m->second->float8()) continue;
-        for (const std::string& u : units)
-            if (u.empty() || owner == u || owner.rfind(u + ".", 0) == 0) {
-                out.emplace(p.get(), m->second->float8());
-                break;
-            }
-    }
+    for (const auto& [name, p] : model.named_parameters())
+        if (Module* linear = float8_linear_of(name, modules))
+            if (std::any_of(units.begin(), units.end(),
+                            [&](const std::string& u) { return fqn_under(name, u); }))
+                out.emplace(p.get(), linear->float8());
     return out;
 }
 
