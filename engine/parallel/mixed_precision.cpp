@@ -1,7 +1,5 @@
 #include "parallel/mixed_precision.h"
 
-#include <algorithm>
-
 #include "core/fqn_pattern.h"
 #include "model/float8_gemm.h"
 #include "model/float8_linear.h"
@@ -39,11 +37,14 @@ std::map<const Parameter*, const Float8Gemms*> MixedPrecision::float8_weights(
             units.push_back("");
         else
             for (size_t i : index.matches(pattern)) units.push_back(names[i]);
-    for (const auto& [name, p] : model.named_parameters())
-        if (Module* linear = float8_linear_of(name, modules))
-            if (std::any_of(units.begin(), units.end(),
-                            [&](const std::string& u) { return fqn_under(name, u); }))
+    for (const auto& [name, p] : model.named_parameters()) {
+        Module* linear = float8_linear_of(name, modules);
+        for (size_t u = 0; linear && u < units.size(); ++u)
+            if (fqn_under(name, units[u])) {
                 out.emplace(p.get(), linear->float8());
+                break;
+            }
+    }
     return out;
 }
 
