@@ -91,7 +91,7 @@ void MemoryAccount::torch_charge(const void* key, int64_t bytes, MemoryUse use) 
 }
 
 void MemoryAccount::torch_release(const void* key) {
-    std::lock_guard<std::mutex> lock(mu_);
+    const auto lock = guard();
     torch_release_locked(key);
 }
 
@@ -105,7 +105,7 @@ void MemoryAccount::torch_release_locked(const void* key) {
 }
 
 void MemoryAccount::charge(const void* key, int64_t bytes, MemoryUse use) {
-    std::lock_guard<std::mutex> lock(mu_);
+    const auto lock = guard();
     if (t_torch != TorchAlloc::ptool_only) torch_charge(key, bytes, use);
     if (t_torch == TorchAlloc::torch_only) {
         torch_only_keys_.insert_or_assign(key, 1);
@@ -132,12 +132,17 @@ int64_t& MemoryAccount::phase_entry() {
 }
 
 void MemoryAccount::credit(const void* key, int64_t bytes, MemoryUse use) {
-    std::lock_guard<std::mutex> lock(mu_);
+    const auto lock = guard();
     const bool ptool = torch_only_keys_.empty() || !torch_only_keys_.erase(key);
     torch_release_locked(key);
     if (!ptool) return;
     live_ -= bytes;
     live_by_[static_cast<int>(use)] -= bytes;
+}
+
+void MemoryAccount::set_single_thread() {
+    std::lock_guard<std::mutex> lock(mu_);
+    single_thread_ = true;
 }
 
 void MemoryAccount::model_allocator(size_t capacity) {

@@ -94,9 +94,19 @@ public:
     // from now.
     void track_phases();
     std::map<std::string, int64_t> phase_peaks() const;
+    // Only the calling thread allocates, frees and reads under this account from now on (a
+    // simulated rank's: train/simulate.h), so charge and credit take no lock: a simulated step
+    // charges and credits millions of times, and the lock's atomics were a twentieth of the
+    // planner's time. A real run's account stays locked (a rank thread's tensors may be freed
+    // elsewhere).
+    void set_single_thread();
 
 private:
     mutable std::mutex mu_;
+    bool single_thread_ = false;
+    std::unique_lock<std::mutex> guard() const {
+        return single_thread_ ? std::unique_lock<std::mutex>() : std::unique_lock<std::mutex>(mu_);
+    }
     int64_t live_ = 0, peak_ = 0;
     std::array<int64_t, kMemoryUses> live_by_{}, at_peak_{};
     bool track_phases_ = false;

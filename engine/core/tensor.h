@@ -13,10 +13,9 @@
 #include "core/device_memory.h"
 #include "core/dtype.h"
 #include "core/memory_account.h"
+#include "core/shape.h"
 
 namespace ptool {
-
-using Shape = std::vector<int64_t>;
 
 int64_t numel_of(const Shape& s);
 int64_t leading_numel(

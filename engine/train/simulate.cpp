@@ -21,6 +21,7 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
         nullptr;  // nor meta batches: a data file's tensors have the model's batch shapes (DataSource checks)
     SimulatedCommunicator world(rank, plan.world_size());
     auto account = std::make_shared<MemoryAccount>();
+    account->set_single_thread();  // the simulation runs on this thread alone
     account->model_allocator(allocator_capacity);
     MemoryScope scope(account);
     Run run(in, plan, world, nullptr, resolved);
