@@ -1,5 +1,5 @@
 // core/pointer_map.h against std::unordered_map: the memory accounts' per-storage bookkeeping
-// (insert, find, erase by backward shift, growth, iteration) holds exactly the same entries.
+// (insert, find, erase and take by backward shift, growth, iteration) holds exactly the same entries.
 
 #include <map>
 #include <random>
@@ -23,7 +23,7 @@ TEST_CASE("PointerMap holds what std::unordered_map holds through inserts, erase
     for (int op = 0; op < 200000; ++op) {
         const void* key = &buffer[16 * (rng() % (buffer.size() / 16))];
         const int64_t value = static_cast<int64_t>(rng() % 1000);
-        switch (rng() % 4) {
+        switch (rng() % 5) {
             case 0:
             case 1:
                 m.insert_or_assign(key, value);
@@ -32,6 +32,18 @@ TEST_CASE("PointerMap holds what std::unordered_map holds through inserts, erase
             case 2:
                 CHECK(m.erase(key) == (ref.erase(key) == 1));
                 break;
+            case 3: {  // take: the value out and the key gone, in one probe
+                int64_t out = -1;
+                auto it = ref.find(key);
+                REQUIRE(m.take(key, &out) == (it != ref.end()));
+                if (it != ref.end()) {
+                    CHECK(out == it->second);
+                    ref.erase(it);
+                } else {
+                    CHECK(out == -1);
+                }
+                break;
+            }
             default: {
                 const int64_t* v = m.find(key);
                 auto it = ref.find(key);

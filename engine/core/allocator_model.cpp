@@ -72,11 +72,10 @@ void AllocatorModel::restart() {
 }
 
 void AllocatorModel::release(const void* key) {
-    const Live* l = blocks_.find(key);
-    if (!l) return;
-    if (recording_) events_.push_back({key, l->bytes, l->stream, l->order, true});
-    allocator_->release_block(l->block);
-    blocks_.erase(key);
+    Live l{};
+    if (!blocks_.take(key, &l)) return;
+    if (recording_) events_.push_back({key, l.bytes, l.stream, l.order, true});
+    allocator_->release_block(l.block);
 }
 
 void AllocatorModel::record_step() {

@@ -39,10 +39,11 @@ size_t CachingAllocator::segment_size(size_t size) const {
 // The smallest free block of `stream` that serves `size` (see the header's rules): its entry in the
 // free set, left there.
 CachingAllocator::FreeIt CachingAllocator::take_cached(size_t size, uintptr_t stream) {
-    const bool small = policy_ == SegmentPolicy::pytorch && size <= kSmall;
-    auto it = std::lower_bound(free_.begin(), free_.end(), FreeKey{stream, small, size, nullptr, nullptr});
-    if (it == free_.end() || it->stream != stream || it->small != small) return free_.end();
-    if (policy_ == SegmentPolicy::exact && size <= kSmall && it->size - size > std::max(kSmall, size))
+    const uint64_t pool = pool_of(stream, policy_ == SegmentPolicy::pytorch && size <= kSmall);
+    auto it = std::lower_bound(free_.begin(), free_.end(), FreeKey{pool_size(pool, size), nullptr, nullptr});
+    if (it == free_.end() || it->pool_size >> kPoolShift != pool) return free_.end();
+    const size_t found = (it->pool_size & ((uint64_t{1} << kPoolShift) - 1)) * kRound;
+    if (policy_ == SegmentPolicy::exact && size <= kSmall && found - size > std::max(kSmall, size))
         return free_.end();  // small: whole blocks, bounded waste
     return it;
 }
@@ -56,11 +57,18 @@ CachingAllocator::Block* CachingAllocator::split(Block* b, size_t size) {
         : b->small                      ? rest_size < kRound
                                         : rest_size <= kSmall)
         return nullptr;
-    Block* rest = new_block({b->ptr + size, rest_size, b->stream, b->small, false, b, b->next});
+    Block* rest = new_block({b->ptr + size, rest_size, b->stream, b->small, false, b, b->next, b->pool});
     if (b->next) b->next->prev = rest;
     b->next = rest;
     b->size = size;
     return rest;
+}
+
+uint64_t CachingAllocator::pool_of(uintptr_t stream, bool small) {
+    size_t i = 0;
+    while (i < streams_.size() && streams_[i] != stream) ++i;
+    if (i == streams_.size()) streams_.push_back(stream);
+    return 2 * i + small;
 }
 
 CachingAllocator::Block* CachingAllocator::new_block(const Block& b) {
@@ -149,8 +157,9 @@ CachingAllocator::Block* CachingAllocator::allocate_locked(size_t bytes, uintptr
         if (stats_.reserved > stats_.peak_reserved)
             stats_.peak_reserved = stats_.reserved,
             stats_.reserved_by_stream_at_peak = stats_.reserved_by_stream;
+        const bool small = policy_ == SegmentPolicy::pytorch && size <= kSmall;
         b = new_block(
-            {static_cast<char*>(p), segment, stream, policy_ == SegmentPolicy::pytorch && size <= kSmall});
+            {static_cast<char*>(p), segment, stream, small, false, nullptr, nullptr, pool_of(stream, small)});
         if (Block* rest = split(b, size)) free_insert(rest);
     }
     b->allocated = true;

@@ -104,6 +104,7 @@ public:
         bool allocated = false;
         Block* prev = nullptr;
         Block* next = nullptr;
+        uint64_t pool = 0;  // its pool's index (stream and small: pool_of), the free set's first key
     };
     Block* allocate_block(size_t bytes, uintptr_t stream = 0);
     void release_block(Block* b);  // nullptr is ignored
@@ -114,22 +115,23 @@ public:
 private:
     Block* allocate_locked(size_t bytes, uintptr_t stream);
     void release_locked(Block* b);
-    // A free block's place in the free set, by (stream, pool, size, address): best fit is a
-    // lower_bound. The fields are copied in so that the set's comparisons read no Block.
+    // A free block's place in the free set, by (pool, size, address): best fit is a lower_bound. The
+    // pool (a stream and small or large) and the size are one word, the pool's index above the size
+    // in units of kRound, so that a comparison is two and reads no Block.
     struct FreeKey {
-        uintptr_t stream;
-        bool small;
-        size_t size;
+        uint64_t pool_size;
         char* ptr;
         Block* block;
         bool operator<(const FreeKey& o) const {
-            if (stream != o.stream) return stream < o.stream;
-            if (small != o.small) return small < o.small;
-            if (size != o.size) return size < o.size;
-            return ptr < o.ptr;
+            return pool_size != o.pool_size ? pool_size < o.pool_size : ptr < o.ptr;
         }
     };
-    static FreeKey free_key(Block* b) { return {b->stream, b->small, b->size, b->ptr, b}; }
+    static constexpr int kPoolShift = 48;  // sizes below 2^48 kRound: 128 PiB
+    static uint64_t pool_size(uint64_t pool, size_t size) { return pool << kPoolShift | size / kRound; }
+    static FreeKey free_key(Block* b) { return {pool_size(b->pool, b->size), b->ptr, b}; }
+    // The index of the pool of `stream`'s small or large blocks, numbered as first seen.
+    uint64_t pool_of(uintptr_t stream, bool small);
+    std::vector<uintptr_t> streams_;  // pool_of's: a stream's index, times 2, plus small
     using FreeIt = std::vector<FreeKey>::iterator;
     void free_insert(Block* b);
     FreeIt free_find(Block* b);  // free_.end() where b is not in the free set

@@ -96,12 +96,11 @@ void MemoryAccount::torch_release(const void* key) {
 }
 
 void MemoryAccount::torch_release_locked(const void* key) {
-    const TorchEntry* e = torch_.find(key);
-    if (!e) return;
+    TorchEntry e{};
+    if (!torch_.take(key, &e)) return;
     if (allocator_) allocator_->release(key);
-    torch_live_ -= e->bytes;
-    torch_live_by_[static_cast<int>(e->use)] -= e->bytes;
-    torch_.erase(key);
+    torch_live_ -= e.bytes;
+    torch_live_by_[static_cast<int>(e.use)] -= e.bytes;
 }
 
 void MemoryAccount::charge(const void* key, int64_t bytes, MemoryUse use) {

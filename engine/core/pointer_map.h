@@ -44,12 +44,17 @@ public:
     }
 
     // Removes the key; false where it is absent.
-    bool erase(const void* key) {
+    bool erase(const void* key) { return take(key, nullptr); }
+
+    // Removes the key, its value moved to *out first (out may be null); false where it is absent:
+    // find and erase in one probe.
+    bool take(const void* key, V* out) {
         size_t i = home(key);
         for (;; i = next(i)) {
             if (!slots_[i].key) return false;
             if (slots_[i].key == key) break;
         }
+        if (out) *out = std::move(slots_[i].value);
         // backward shift: each later entry of the run moves into the hole when its home allows it
         for (size_t j = next(i);; j = next(j)) {
             Slot& s = slots_[j];

@@ -28,22 +28,25 @@ struct RankCosts {
     std::map<std::string, double> phases;
 };
 
-// "layers.9.attn_block/b" on a rank whose stages hold k blocks each (stage s blocks s*k ..) ->
-// "layers.stage1.last.attn_block/b" (its second stage's last block); a block between the first
-// and the last -> "" (its peaks are below the last's); any other pass as it is.
-std::string stage_phase(const std::string& label, const std::string& repeat, int k,
+// "layers.9.attn_block/b" on a rank whose stages hold blocks[s] blocks each -> "layers.stage1.last.
+// attn_block/b" (its second stage's last block); a block between the first and the last -> "" (its
+// peaks are below the last's); any other pass as it is.
+std::string stage_phase(const std::string& label, const std::string& repeat, const std::vector<int>& blocks,
                         const std::vector<int>& stage_rank) {
     if (repeat.empty() || label.rfind(repeat + ".", 0) != 0) return label;
     const size_t start = repeat.size() + 1, end = label.find_first_of("./", start);
     const std::string index = label.substr(start, end - start);
     if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos) return label;
-    const int i = std::stoi(index), stage = i / k;
-    if (stage >= static_cast<int>(stage_rank.size())) return label;
+    const int i = std::stoi(index);
+    int stage = 0, first = 0;  // the block's stage and that stage's first block
+    while (stage < static_cast<int>(blocks.size()) && i >= first + blocks[stage]) first += blocks[stage++];
+    if (stage >= static_cast<int>(blocks.size()) || stage >= static_cast<int>(stage_rank.size()))
+        return label;
     int local = 0;  // the stage's place among its rank's
     for (int s = 0; s < stage; ++s) local += stage_rank[s] == stage_rank[stage];
     const std::string rest = end == std::string::npos ? "" : label.substr(end);
-    if (i % k == 0) return fmt::format("{}.stage{}.first{}", repeat, local, rest);
-    if (i % k == k - 1) return fmt::format("{}.stage{}.last{}", repeat, local, rest);
+    if (i == first) return fmt::format("{}.stage{}.first{}", repeat, local, rest);
+    if (i == first + blocks[stage] - 1) return fmt::format("{}.stage{}.last{}", repeat, local, rest);
     return "";
 }
 
@@ -85,7 +88,8 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timi
         stage_placement(plan.pipeline->schedule, plan.dims.size(DimRole::pp), plan.pipeline_stages());
     RankCosts out;
     for (const auto& [label, peak] : sim.phase_peaks)
-        if (std::string key = stage_phase(label, repeat, k, placed); !key.empty())
+        if (std::string key = stage_phase(label, repeat, sampled_stage_blocks(placed, rank, k), placed);
+            !key.empty())
             out.phases[key] = std::max(out.phases[key], static_cast<double>(peak));
     // stage -> f s, b s, f flops, b flops, f count, b count (a B or an I: a microbatch's), I s, I count
     // (DualPipeV runs some microbatches' backwards whole, some split: an I's seconds are the Is')
@@ -132,6 +136,12 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timi
 }
 
 }  // namespace
+
+std::vector<int> sampled_stage_blocks(const std::vector<int>& stage_rank, int holder, int k) {
+    std::vector<int> blocks;
+    for (int r : stage_rank) blocks.push_back(r == holder ? k : 1);
+    return blocks;
+}
 
 PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute, const std::string& repeat,
                                int k, const std::function<RankSimulation(int rank)>& simulate,

@@ -74,6 +74,15 @@ PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute
                                int k, const std::function<RankSimulation(int rank)>& simulate,
                                const Plan* timing = nullptr);
 
+// The blocks each stage holds in the model and plan that pp rank `holder` is simulated with for a
+// sample at k blocks a stage: k in each of its own stages, one in every other stage. A rank runs,
+// holds and sends only its own stages' blocks (the others' go before anything is initialised:
+// Run::keep_own_stage), and its stages' boundaries are between blocks alike, so its simulation is
+// the one of the model with k blocks in every stage, but for the blocks' indices; the other stages'
+// blocks would only cost their build and resolution (a fifth of the planner's time, when every
+// stage held k). `stage_rank`: each stage's pp rank (stage_placement).
+std::vector<int> sampled_stage_blocks(const std::vector<int>& stage_rank, int holder, int k);
+
 // How many blocks beyond the first sample's (kStageSampled a stage) pp rank r's stages hold,
 // in units of the second sample's growth (one block more on each of its stages): each stage's block
 // weighed by its share of the static bytes (alike per stage) and of the activations (by the

@@ -56,23 +56,29 @@ private:
     // P ranks run microbatches in the same ratio to their ranks as the plan's samples: 1 or 2
     int sampled_at(int P) const { return P * (sampled_ / base_.pp) + sampled_ % base_.pp; }
 
-    const std::pair<Plan, std::string>& variant(int P, int k, int microbatches) {
-        if (auto it = variants_.find({P, k, microbatches}); it != variants_.end()) return it->second;
+    // The plan and model that pp rank `holder` of P is simulated with at k blocks a stage: its stages
+    // k blocks each, the others one (sampled_stage_blocks). Its mesh, schedule, stages and
+    // microbatches are every holder's: the plan of holder 0 serves where only they are read (the
+    // samples' placement and timing, the memory cap).
+    const std::pair<Plan, std::string>& variant(int P, int k, int microbatches, int holder) {
+        const auto key = std::make_tuple(P, k, microbatches, holder);
+        if (auto it = variants_.find(key); it != variants_.end()) return it->second;
         PlanChoice c = base_;
-        c.pp = P, c.pp_microbatches = microbatches, c.stage_blocks.assign(P * v_, k);
+        c.pp = P, c.pp_microbatches = microbatches;
+        c.stage_blocks = sampled_stage_blocks(stage_placement(base_.schedule, P, P * v_), holder, k);
+        int64_t blocks = 0;
+        for (int b : c.stage_blocks) blocks += b;
         return variants_
-            .emplace(
-                std::make_tuple(P, k, microbatches),
-                std::make_pair(load_plan_text(write_plan(s_.full_, s_.tpl_, c), "generated.yaml"),
-                               model_variant(s_.text_, static_cast<int64_t>(k) * P * v_,
-                                             s_.full_.gradient_accumulation, s_.rows_ / m_ * microbatches)))
+            .emplace(key, std::make_pair(load_plan_text(write_plan(s_.full_, s_.tpl_, c), "generated.yaml"),
+                                         model_variant(s_.text_, blocks, s_.full_.gradient_accumulation,
+                                                       s_.rows_ / m_ * microbatches)))
             .first->second;
     }
 
     RankSimulation simulate_at(int P, int k, int rank) {
         if (auto it = simulated_.find({P, k, rank}); it != simulated_.end()) return std::move(it->second);
         const int own = sampled_at(P);
-        const auto& [plan, text] = variant(P, k, own);
+        const auto& [plan, text] = variant(P, k, own, rank / per_pp_rank_);
         RunInputs in;
         in.model_path = s_.name_, in.model_text = text;
         ++count_;
@@ -105,7 +111,7 @@ private:
     // runs beyond its samples.
     void grow_last_stage(RankSimulation& sim, const RunInputs& in, int P, int k, int rank) {
         const int own = sampled_at(P);
-        const auto& [plan2, text2] = variant(P, k, 2 * own);
+        const auto& [plan2, text2] = variant(P, k, 2 * own, rank / per_pp_rank_);
         RunInputs in2 = in;
         in2.model_text = text2;
         ++count_;
@@ -121,7 +127,7 @@ private:
 
     PipelineSample sample_at(int P, int k) {
         return sample_pipeline(
-            variant(P, k, sampled_at(P)).first, s_.cluster_, s_.r_.compute, s_.repeat_, k,
+            variant(P, k, sampled_at(P), 0).first, s_.cluster_, s_.r_.compute, s_.repeat_, k,
             [&](int rank) { return simulate_at(P, k, rank); }, timing_ ? &*timing_ : nullptr);
     }
 
@@ -145,7 +151,7 @@ private:
         const double least =
             at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - kStageSampled) + workspace_;
         const int P = widened_ ? 4 : base_.pp;  // a middle rank's communicators are the plan's
-        if (const double c = s_.cap(variant(P, kStageSampled, sampled_at(P)).first); least > c)
+        if (const double c = s_.cap(variant(P, kStageSampled, sampled_at(P), 0).first); least > c)
             throw OverCap{fmt::format(
                 "pp rank 1 needs more than {} > {} per GPU with {} blocks a stage, as every middle rank ({} "
                 "microbatches a round)",
@@ -159,7 +165,7 @@ private:
     const int v_, stages_, sampled_, per_pp_rank_;
     const double workspace_;  // PyTorch's cuBLAS workspaces, in its allocator
     const bool widened_;
-    std::map<Key, std::pair<Plan, std::string>> variants_;
+    std::map<std::tuple<int, int, int, int>, std::pair<Plan, std::string>> variants_;
     std::map<Key, RankSimulation> simulated_;
     std::optional<Plan> timing_;
     PipelineCosts out_;
