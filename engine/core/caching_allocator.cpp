@@ -67,7 +67,11 @@ CachingAllocator::Block* CachingAllocator::split(Block* b, size_t size) {
 uint64_t CachingAllocator::pool_of(uintptr_t stream, bool small) {
     size_t i = 0;
     while (i < streams_.size() && streams_[i] != stream) ++i;
-    if (i == streams_.size()) streams_.push_back(stream);
+    if (i == streams_.size()) {
+        PTOOL_REQUIRE(2 * i + 1 < (uint64_t{1} << (64 - kPoolShift)), "caching allocator: over {} streams",
+                      i);
+        streams_.push_back(stream);
+    }
     return 2 * i + small;
 }
 
@@ -129,6 +133,9 @@ CachingAllocator::Block* CachingAllocator::allocate_block(size_t bytes, uintptr_
 
 CachingAllocator::Block* CachingAllocator::allocate_locked(size_t bytes, uintptr_t stream) {
     const size_t size = round_size(bytes);
+    // the free set's key holds a size in kRound units below its pool's bits
+    PTOOL_REQUIRE(size / kRound < (uint64_t{1} << kPoolShift) && bytes <= size,
+                  "caching allocator: a request of {} bytes", bytes);
     ++stats_.allocations;
     Block* b = nullptr;
     if (FreeIt it = take_cached(size, stream); it != free_.end()) {

@@ -142,6 +142,7 @@ void MemoryAccount::credit(const void* key, int64_t bytes, MemoryUse use) {
 void MemoryAccount::set_single_thread() {
     std::lock_guard<std::mutex> lock(mu_);
     single_thread_ = true;
+    owner_ = std::this_thread::get_id();
 }
 
 void MemoryAccount::model_allocator(size_t capacity) {

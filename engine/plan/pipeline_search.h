@@ -64,12 +64,13 @@ struct PipelineSample {
 };
 
 // Samples a plan whose stages hold `k` blocks of `repeat` each: `simulate(rank)` simulates one world
-// rank, tracking the peak of each module pass (RankSimulation::phase_peaks), which are kept per
-// stage's first and last block (their indices differ between the samples) and extrapolated each on
-// its own: which pass peaks can change with the blocks (the head and loss with few, a block's
-// recompute with many), as the planner's other extrapolation does. Its actions are timed on the
-// links of `timing` where given (a wider pipeline's, whose pp ranks span more of the cluster: the
-// samples widen_pipeline widens), else of `plan`.
+// rank with the model and plan of sampled_stage_blocks (below: its own stages at k blocks, the
+// others at one; the blocks' indices are read so), tracking the peak of each module pass
+// (RankSimulation::phase_peaks), which are kept per stage's first and last block (their indices differ
+// between the samples) and extrapolated each on its own: which pass peaks can change with the blocks (the
+// head and loss with few, a block's recompute with many), as the planner's other extrapolation does. Its
+// actions are timed on the links of `timing` where given (a wider pipeline's, whose pp ranks span more of the
+// cluster: the samples widen_pipeline widens), else of `plan`.
 PipelineSample sample_pipeline(const Plan& plan, const Cluster& c, DType compute, const std::string& repeat,
                                int k, const std::function<RankSimulation(int rank)>& simulate,
                                const Plan* timing = nullptr);
