@@ -14,6 +14,12 @@ bool fqn_matches(const std::string& pattern, const std::string& fqn);
 inline bool fqn_under(const std::string& name, const std::string& module) {
     return module.empty() || name == module || name.rfind(module + ".", 0) == 0;
 }
+// Whether `name` is under any of `modules` (fqn_under).
+inline bool fqn_under_any(const std::string& name, const std::vector<std::string>& modules) {
+    for (const std::string& m : modules)
+        if (fqn_under(name, m)) return true;
+    return false;
+}
 
 // Module names (in their order) matched against a plan's patterns: a pattern with no wildcard
 // (`*`, `?`, `[`, `\`) is one hash lookup, one with wildcards a scan with fqn_matches; so a plan

@@ -101,9 +101,7 @@ std::vector<std::string> assign_parameters(const Model& model, const DataParalle
     std::vector<std::string> unmanaged;
     for (const auto& [name, p] : model.named_parameters()) {
         if (res.expert_params.count(name)) continue;  // expert parallel's
-        bool ignored = false;
-        for (const std::string& m : spec.ignored_modules) ignored = ignored || fqn_under(name, m);
-        if (ignored) {
+        if (fqn_under_any(name, spec.ignored_modules)) {
             res.ignored_params.insert(name);
             unmanaged.push_back(name);
             continue;
@@ -129,10 +127,8 @@ std::vector<std::string> assign_parameters(const Model& model, const DataParalle
             res.replicas.push_back({root, assign_buckets(per_root[root], cap)});
     if (spec.mode == DataParallelMode::replicate && spec.broadcast_buffers)
         for (const auto& [name, b] : model.named_buffers()) {
-            bool synced = false, ignored = false;
-            for (const std::string& root : spec.modules) synced = synced || fqn_under(name, root);
-            for (const std::string& m : spec.ignored_modules) ignored = ignored || fqn_under(name, m);
-            if (synced && !ignored) res.synced_buffers.insert(name);
+            if (fqn_under_any(name, spec.modules) && !fqn_under_any(name, spec.ignored_modules))
+                res.synced_buffers.insert(name);
         }
     return unmanaged;
 }

@@ -38,12 +38,8 @@ std::map<const Parameter*, const Float8Gemms*> MixedPrecision::float8_weights(
         else
             for (size_t i : index.matches(pattern)) units.push_back(names[i]);
     for (const auto& [name, p] : model.named_parameters()) {
-        Module* linear = float8_linear_of(name, modules);
-        for (size_t u = 0; linear && u < units.size(); ++u)
-            if (fqn_under(name, units[u])) {
-                out.emplace(p.get(), linear->float8());
-                break;
-            }
+        if (Module* linear = float8_linear_of(name, modules); linear && fqn_under_any(name, units))
+            out.emplace(p.get(), linear->float8());
     }
     return out;
 }

@@ -86,10 +86,10 @@ RankCosts costs_of(const RankSimulation& sim, const Plan& plan, const Plan& timi
                    DType compute, const std::string& repeat, int k, int rank) {
     const std::vector<int> placed =
         stage_placement(plan.pipeline->schedule, plan.dims.size(DimRole::pp), plan.pipeline_stages());
+    const std::vector<int> blocks = sampled_stage_blocks(placed, rank, k);  // what the rank ran
     RankCosts out;
     for (const auto& [label, peak] : sim.phase_peaks)
-        if (std::string key = stage_phase(label, repeat, sampled_stage_blocks(placed, rank, k), placed);
-            !key.empty())
+        if (std::string key = stage_phase(label, repeat, blocks, placed); !key.empty())
             out.phases[key] = std::max(out.phases[key], static_cast<double>(peak));
     // stage -> f s, b s, f flops, b flops, f count, b count (a B or an I: a microbatch's), I s, I count
     // (DualPipeV runs some microbatches' backwards whole, some split: an I's seconds are the Is')

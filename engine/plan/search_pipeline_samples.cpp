@@ -77,8 +77,8 @@ private:
 
     RankSimulation simulate_at(int P, int k, int rank) {
         if (auto it = simulated_.find({P, k, rank}); it != simulated_.end()) return std::move(it->second);
-        const int own = sampled_at(P);
-        const auto& [plan, text] = variant(P, k, own, rank / per_pp_rank_);
+        const int own = sampled_at(P), pp_rank = rank / per_pp_rank_;
+        const auto& [plan, text] = variant(P, k, own, pp_rank);
         RunInputs in;
         in.model_path = s_.name_, in.model_text = text;
         ++count_;
@@ -90,7 +90,6 @@ private:
         // every stage holds 2 blocks or more when the blocks are at least twice the stages, and
         // a rank's microbatches in flight and the last rank's outputs only grow with pp and the
         // microbatches: a rank over the cap here is over it in the plan (the others not simulated)
-        const int pp_rank = rank / per_pp_rank_;
         if (k == kStageSampled && s_.layers_ >= kStageSampled * stages_ &&
             static_cast<double>(sim.memory.peak) + workspace_ > s_.cap(plan))
             throw OverCap{fmt::format(
