@@ -1,7 +1,10 @@
 // Planning units: rank classes over uneven shards, and the plan search being the same on any
 // number of threads (it simulates candidates in parallel; TSan runs this file).
+#include <tuple>
+
 #include "parallel/parallelize.h"
 #include "plan/search.h"
+#include "plan/shrink.h"
 #include "plan/time_model.h"
 #include "test_helpers.h"
 #include "train/simulate.h"
@@ -56,6 +59,45 @@ TEST_CASE("the plan search gives the same plans on one thread and on several", "
     }
     for (size_t i = 1; i < one.fitting.size(); ++i)
         CHECK(one.fitting[i - 1].time.step <= one.fitting[i].time.step);
+}
+
+TEST_CASE("a model's variants set in its one document build what a fresh document of each builds", "[cpu]") {
+    const std::string path = std::string(PTOOL_SOURCE_DIR) + "/models/scale/llama3_8b.yaml";
+    const std::string text = read_text(path);
+    MetaAllocation meta;
+    const Model file = load_model_text(text, path, "", false);
+    // what a model holds: its parameters' names and shapes, its batch and its microbatches
+    auto summary = [](const Model& m) {
+        std::vector<std::string> out;
+        for (const auto& [name, p] : m.state_dict()) out.push_back(name + shape_str(p->value.shape()));
+        out.push_back("input" + shape_str(m.input.shape));
+        out.push_back("target" + (m.target ? shape_str(m.target->shape) : std::string("-")));
+        out.push_back("microbatches " + std::to_string(m.gradient_accumulation));
+        return out;
+    };
+    auto blocks = [](const Model& m) {
+        int64_t n = 0;
+        for (const auto& [name, p] : m.state_dict())
+            if (name.rfind("layers.", 0) == 0 && name.find(".attention_norm.weight") != std::string::npos)
+                ++n;
+        return n;
+    };
+    const int64_t rows = file.input.shape[0];
+    ModelVariants reused(text, path);
+    // (blocks, microbatches, rows): 0 blocks or rows keep the file's, after variants that changed them
+    for (const auto& [count, microbatches, batch] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {5, 2, 2 * rows}, {0, 1, 0}, {4, 4, rows / 2}, {3, 1, 0}, {0, 2, 0}, {6, 1, rows}}) {
+        INFO("blocks " << count << ", microbatches " << microbatches << ", rows " << batch);
+        const Model a = load_model_document(reused.at(count, microbatches, batch), path, "", false);
+        ModelVariants fresh(text, path);
+        const Model b = load_model_document(fresh.at(count, microbatches, batch), path, "", false);
+        CHECK(summary(a) == summary(b));
+        CHECK(blocks(a) == (count > 0 ? count : blocks(file)));
+        CHECK(a.gradient_accumulation == microbatches);
+        CHECK(a.input.shape[0] == (batch > 0 ? batch : rows));
+        CHECK(a.target->shape[0] == a.input.shape[0]);
+    }
+    CHECK(blocks(file) == 32);  // the file's, which the variants above left as it was
 }
 
 TEST_CASE("a 1-D mesh needs no mesh_dim, a 2-D mesh names it", "[cpu]") {

@@ -1,5 +1,6 @@
 // core/pointer_map.h against std::unordered_map: the memory accounts' per-storage bookkeeping
-// (insert, find, erase and take by backward shift, growth, iteration) holds exactly the same entries.
+// (insert, try_emplace, find, erase and take by backward shift, growth, iteration) holds exactly the same
+// entries.
 
 #include <map>
 #include <random>
@@ -23,12 +24,20 @@ TEST_CASE("PointerMap holds what std::unordered_map holds through inserts, erase
     for (int op = 0; op < 200000; ++op) {
         const void* key = &buffer[16 * (rng() % (buffer.size() / 16))];
         const int64_t value = static_cast<int64_t>(rng() % 1000);
-        switch (rng() % 5) {
+        switch (rng() % 6) {
             case 0:
             case 1:
                 m.insert_or_assign(key, value);
                 ref[key] = value;
                 break;
+            case 5: {  // try_emplace: the present value kept, an absent key inserted as 0, one probe
+                auto [v, inserted] = m.try_emplace(key);
+                auto [it, fresh] = ref.try_emplace(key, 0);
+                REQUIRE(inserted == fresh);
+                CHECK(*v == it->second);
+                *v = value, it->second = value;
+                break;
+            }
             case 2:
                 CHECK(m.erase(key) == (ref.erase(key) == 1));
                 break;

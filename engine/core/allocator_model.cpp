@@ -54,8 +54,10 @@ void AllocatorModel::release_blocks() {
 void AllocatorModel::allocate(const void* key, size_t bytes, uintptr_t stream) {
     if (bytes == 0) return;  // PyTorch allocates nothing for an empty tensor
     if (recording_) events_.push_back({key, bytes, stream, next_order_, false});
-    if (const Live* old = blocks_.find(key)) orphans_.push_back(old->block);
-    blocks_.insert_or_assign(key, {next_order_++, bytes, allocator_->allocate_block(bytes, stream), stream});
+    CachingAllocator::Block* block = allocator_->allocate_block(bytes, stream);
+    auto [live, fresh] = blocks_.try_emplace(key);
+    if (!fresh) orphans_.push_back(live->block);
+    *live = {next_order_++, bytes, block, stream};
 }
 
 void AllocatorModel::restart() {
@@ -81,6 +83,9 @@ void AllocatorModel::release(const void* key) {
 void AllocatorModel::record_step() {
     recording_ = true;
     events_.clear();
+    // a step allocates and frees about as many objects as the model has allocated since its start
+    // (what it holds and the step before): room for them, not grown from nothing
+    events_.reserve(2 * static_cast<size_t>(next_order_));
 }
 
 bool AllocatorModel::replay_step() {

@@ -10,9 +10,15 @@ thread_local MemoryUse t_use = MemoryUse::other;
 thread_local const std::string* t_phase_fqn = nullptr;
 thread_local char t_phase_pass = 0;
 // Which phase scope the thread is in: a value no other scope, on any thread, had (0: none), so that
-// an account knows its last phase's entry still holds without comparing names.
-std::atomic<uint64_t> phase_scopes{1};
+// an account knows its last phase's entry still holds without comparing names. The thread's index
+// above its own count: no atomic per scope, which the threads of a search contended for.
+std::atomic<uint64_t> phase_threads{0};
 thread_local uint64_t t_phase_scope = 0;
+uint64_t next_phase_scope() {
+    thread_local const uint64_t thread = phase_threads.fetch_add(1, std::memory_order_relaxed) << 40;
+    thread_local uint64_t count = 0;
+    return thread | ++count;
+}
 thread_local TorchAlloc t_torch = TorchAlloc::both;
 thread_local AllocStream t_stream = AllocStream::compute;
 }  // namespace
@@ -29,18 +35,19 @@ TorchAllocScope::~TorchAllocScope() {
 MemoryPhaseScope::MemoryPhaseScope(const std::string& fqn, char pass)
     : saved_fqn_(t_phase_fqn), saved_pass_(t_phase_pass) {
     t_phase_fqn = &fqn, t_phase_pass = pass;
-    t_phase_scope = phase_scopes.fetch_add(1, std::memory_order_relaxed);
+    t_phase_scope = next_phase_scope();
 }
 
 MemoryPhaseScope::~MemoryPhaseScope() {
     t_phase_fqn = saved_fqn_, t_phase_pass = saved_pass_;
-    t_phase_scope = phase_scopes.fetch_add(1, std::memory_order_relaxed);
+    t_phase_scope = next_phase_scope();
 }
 
 void MemoryAccount::track_phases() {
     std::lock_guard<std::mutex> lock(mu_);
     track_phases_ = true;
     phase_peaks_.clear();
+    phase_by_fqn_.clear();
     phase_peak_ = nullptr;
 }
 
@@ -118,15 +125,25 @@ void MemoryAccount::charge(const void* key, int64_t bytes, MemoryUse use) {
 int64_t& MemoryAccount::phase_entry() {
     // the same scope as the last charge (a module's pass charges many times): its entry
     if (phase_peak_ && phase_scope_ == t_phase_scope) return *phase_peak_;
+    phase_scope_ = t_phase_scope;
+    const int pass = t_phase_pass == 'f' ? 0 : t_phase_pass == 'b' ? 1 : t_phase_pass == 'r' ? 2 : -1;
+    PhaseSlot* slot = nullptr;
+    if (t_phase_fqn && pass >= 0) {  // the module's pass, where its name still keys it: "fqn/pass"
+        slot = &(*phase_by_fqn_.try_emplace(t_phase_fqn).first)[pass];
+        const std::string& fqn = *t_phase_fqn;
+        if (slot->key && slot->key->size() == fqn.size() + 2 && slot->key->compare(0, fqn.size(), fqn) == 0 &&
+            slot->key->back() == t_phase_pass)
+            return *(phase_peak_ = slot->peak);
+    }
     if (t_phase_fqn)
         phase_key_.assign(*t_phase_fqn);
     else
         phase_key_.clear();
-    phase_scope_ = t_phase_scope;
     if (t_phase_pass) phase_key_ += '/', phase_key_ += t_phase_pass;
     auto it = phase_peaks_.find(phase_key_);
     if (it == phase_peaks_.end()) it = phase_peaks_.emplace(phase_key_, 0).first;
-    phase_peak_ = &it->second;  // a node's: the entry stays where it is
+    phase_peak_ = &it->second;  // a node's: the entry and its key stay where they are
+    if (slot) *slot = {&it->first, phase_peak_};
     return *phase_peak_;
 }
 

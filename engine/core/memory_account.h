@@ -133,6 +133,14 @@ private:
     std::string phase_key_;  // the lookup's, its buffer reused
     int64_t* phase_peak_ = nullptr;
     int64_t& phase_entry();
+    // each module's pass entries ('f', 'b', 'r') by the address of its name (a scope's fqn, which
+    // outlives it): a step enters a new pass every few allocations, and hashing its key was 2% of the
+    // planner; each entry's key is compared with the name before it is taken
+    struct PhaseSlot {
+        const std::string* key = nullptr;  // phase_peaks_'s
+        int64_t* peak = nullptr;
+    };
+    PointerMap<std::array<PhaseSlot, 3>> phase_by_fqn_;
 };
 
 // The calling thread's account while in scope (null: nothing counted, e.g. verification's own

@@ -37,10 +37,25 @@ public:
 
     // The key's value, replaced where the key is present (key: not null).
     V& insert_or_assign(const void* key, V value) {
-        if (V* v = find(key)) return *v = std::move(value);
-        if (2 * (size_ + 1) > slots_.size()) grow();  // at most half full: short probes
+        auto [v, inserted] = try_emplace(key);
+        (void)inserted;
+        return *v = std::move(value);
+    }
+
+    // The key's value, and whether it was absent (then inserted, value-initialised): one probe.
+    std::pair<V*, bool> try_emplace(const void* key) {
+        size_t i = home(key);
+        for (;; i = next(i)) {
+            if (slots_[i].key == key) return {&slots_[i].value, false};
+            if (!slots_[i].key) break;
+        }
         ++size_;
-        return place(key, std::move(value));
+        if (2 * size_ > slots_.size()) {  // at most half full: short probes
+            grow();
+            return {&place(key, V{}), true};
+        }
+        slots_[i].key = key, slots_[i].value = V{};
+        return {&slots_[i].value, true};
     }
 
     // Removes the key; false where it is absent.

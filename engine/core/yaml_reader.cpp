@@ -3,7 +3,6 @@
 #include <yaml-cpp/eventhandler.h>
 
 #include <algorithm>
-#include <deque>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -319,10 +318,8 @@ void YamlMap::finish() const {
     }
 }
 
-namespace {
-
 // One document, parsed and checked.
-YamlNode parse_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits) {
+YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits) {
     prescan(text, name, limits);
     check_documents(text, name);
     auto file = std::make_shared<const std::string>(name);
@@ -338,34 +335,6 @@ YamlNode parse_yaml_text(const std::string& text, const std::string& name, const
         out.fail("the top level must be a map of keys");
     }
     TreeCheck{file, limits, 0, {}}.check(root);
-    return out;
-}
-
-// The last documents parsed on this thread, by their text, name and limits: the planner builds each
-// sampled model's text once per simulated rank (plan/search_pipeline_samples.cpp), and parsing was
-// a third of a build. Safe to share: the same text, name and limits parse to the same tree and pass
-// or fail the same checks (only successes are kept), and no YamlNode writes to its tree (raw() is
-// const, every reader iterates or looks up). Per thread: no tree is read by two threads at once.
-// Small documents only (a sampled model is a few KiB): a large one is parsed each time, not held.
-struct ParsedYaml {
-    std::string text, name;
-    YamlLimits limits;
-    YamlNode root;
-};
-thread_local std::deque<ParsedYaml> t_parsed;
-constexpr size_t kParsedKept = 4, kParsedMaxBytes = 64 << 10;
-
-}  // namespace
-
-YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits) {
-    for (const ParsedYaml& p : t_parsed)
-        if (p.text == text && p.name == name && p.limits.max_bytes == limits.max_bytes &&
-            p.limits.max_depth == limits.max_depth && p.limits.max_nodes == limits.max_nodes)
-            return p.root;
-    YamlNode out = parse_yaml_text(text, name, limits);
-    if (text.size() > kParsedMaxBytes) return out;
-    if (t_parsed.size() == kParsedKept) t_parsed.pop_front();
-    t_parsed.push_back({text, name, limits, out});
     return out;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/yaml_reader.h"
 #include "model/blocks.h"
 
 namespace ptool {
@@ -85,7 +86,6 @@ struct OptimizerSpec {
 struct Model {
     std::string name;
     std::string path;
-    std::string yaml_text;  // the file as read
     DType dtype = DType::float32;
     uint64_t seed = 0;
     int64_t steps = 1;
@@ -138,6 +138,10 @@ struct Model {
 Model load_model(const std::string& path, const std::string& dtype_override = "");
 Model load_model_text(const std::string& text, const std::string& name,
                       const std::string& dtype_override = "", bool init = true);
+// The same from the file's document, parsed (load_yaml_text; the planner's variants of a model:
+// plan/shrink.h ModelVariants).
+Model load_model_document(const YamlNode& root, const std::string& name,
+                          const std::string& dtype_override = "", bool init = true);
 
 // Refuses models whose parameters and batch would exceed this many bytes (InputError at the key
 // that crosses it), checked from the YAML before anything is allocated; every product of sizes is

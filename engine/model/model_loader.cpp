@@ -351,11 +351,14 @@ const char* loss_name(LossKind k) {
 
 Model load_model_text(const std::string& text, const std::string& path, const std::string& dtype_override,
                       bool init) {
-    YamlNode root = load_yaml_text(text, path);
+    return load_model_document(load_yaml_text(text, path), path, dtype_override, init);
+}
+
+Model load_model_document(const YamlNode& root, const std::string& path, const std::string& dtype_override,
+                          bool init) {
     YamlMap m(root, "the model");
     Model model;
     model.path = path;
-    model.yaml_text = text;
     model.name = m.string_or("name", std::filesystem::path(path).stem().string());
     if (auto d = m.get("dtype")) {
         try {

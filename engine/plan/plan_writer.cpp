@@ -191,7 +191,13 @@ std::vector<std::string> repeated_blocks(const Model& model) {
     return out;
 }
 
-std::string write_plan(const Model& model, const TensorParallelTemplate& tp, const PlanChoice& c) {
+PlanTemplate plan_template(const Model& model) {
+    return {tensor_parallel_template(model), repeated_blocks(model), has_batch_norm(*model.root),
+            model.dtype};
+}
+
+std::string write_plan(const PlanTemplate& model, const PlanChoice& c) {
+    const TensorParallelTemplate& tp = model.tp;
     std::string s;
     std::vector<std::string> dims;
     if (c.pp > 1) dims.push_back(fmt::format("pp: {}", c.pp));      // outermost: the dim that crosses nodes
@@ -222,14 +228,14 @@ std::string write_plan(const Model& model, const TensorParallelTemplate& tp, con
         for (const auto& [pattern, style] : tp.entries)
             s += fmt::format("    {}: {}\n", yaml_quoted(pattern), style);
     }
-    const std::vector<std::string> blocks = repeated_blocks(model);
+    const std::vector<std::string>& blocks = model.blocks;
     if (dp_section) {
         s += fmt::format("data_parallel:\n  mesh_dim: {}\n  mode: {}\n",
                          c.hybrid() ? "[dp_replicate, dp_shard]" : "dp", data_parallel_mode_name(c.dp_mode));
         if (c.dp_mode == DataParallelMode::fully_shard) s += fmt::format("  fully_shard: {}\n", list(blocks));
         if (c.dp_mode == DataParallelMode::replicate && c.zero_stage > 0)
             s += fmt::format("  zero_stage: {}\n", c.zero_stage);
-        if (has_batch_norm(*model.root)) s += "  sync_batch_norm: true\n";  // the reference's statistics
+        if (model.batch_norm) s += "  sync_batch_norm: true\n";  // the reference's statistics
         if (c.param_dtype)
             s += fmt::format("  mixed_precision: {{param_dtype: {}, reduce_dtype: {}}}\n", *c.param_dtype,
                              dtype_name(model.dtype));

@@ -47,6 +47,16 @@ TensorParallelTemplate tensor_parallel_template(const Model& model);
 // Patterns of each repeat's elements ("layers.*"): fully_shard units and checkpointed modules.
 std::vector<std::string> repeated_blocks(const Model& model);
 
+// What every plan written for a model takes from its module tree, read once (a planner writes
+// hundreds of plans for one model, and walking its tree for each was a fortieth of its time).
+struct PlanTemplate {
+    TensorParallelTemplate tp;
+    std::vector<std::string> blocks;  // repeated_blocks
+    bool batch_norm = false;          // a module keeps batch statistics: sync_batch_norm
+    DType dtype = DType::float32;     // the model's: mixed precision's reduce_dtype
+};
+PlanTemplate plan_template(const Model& model);
+
 struct PlanChoice {
     int dp = 1, tp = 1;
     // Context parallel (cp > 1): the sequence over cp ranks between dp and tp on the mesh
@@ -131,6 +141,6 @@ struct PlanChoice {
     }
 };
 // The plan's YAML text (without comments).
-std::string write_plan(const Model& model, const TensorParallelTemplate& tp, const PlanChoice& c);
+std::string write_plan(const PlanTemplate& model, const PlanChoice& c);
 
 }  // namespace ptool

@@ -24,9 +24,8 @@ Search::Search(const std::string& model_text, const std::string& name, const Clu
     if (r_.world_size > cluster.world_size())
         throw InputError(fmt::format("--world-size {} is more than {}'s {} GPUs", r_.world_size, cluster.name,
                                      cluster.world_size()));
-    tpl_ = tensor_parallel_template(full_);
-    r_.tp_unsupported = tpl_.unsupported;
-    blocks_ = repeated_blocks(full_);
+    tpl_ = plan_template(full_);
+    r_.tp_unsupported = tpl_.tp.unsupported;
     for (const auto& [fqn, m] : named_modules(*full_.root))
         if (const RoutedExperts* moe = m->routed_experts()) experts_.emplace_back(fqn, moe->experts());
     int long_repeats = 0;
@@ -238,7 +237,7 @@ std::vector<PlanChoice> Search::lighter_variants(const PlanChoice& c) const {
     std::vector<PlanChoice> out;
     if (c.dp_mode == DataParallelMode::replicate)
         out.push_back(c), out.back().dp_mode = DataParallelMode::fully_shard;
-    if (!c.checkpoint && !blocks_.empty())  // the op policy keeps less than no checkpointing
+    if (!c.checkpoint && !tpl_.blocks.empty())  // the op policy keeps less than no checkpointing
         out.push_back(c), out.back().checkpoint = true, out.back().selective = true;
     if (c.selective) out.push_back(c), out.back().selective = false;  // and full less than the op policy
     if (c.virtual_stages > 1 || splits_backward(c.schedule))          // (zero_bubble: its Ws hold more)

@@ -44,8 +44,9 @@ std::vector<PlanChoice> Search::meshes() {
         if (r_.world_size % tp) continue;
         const int dp = r_.world_size / tp;
         const std::string mesh = fmt::format("dp={} x tp={}", dp, tp);
-        if (tp > 1 && !tpl_.unsupported.empty()) {
-            r_.rejected.push_back({fmt::format("tp={}", tp), "no tensor-parallel plan: " + tpl_.unsupported,
+        if (tp > 1 && !tpl_.tp.unsupported.empty()) {
+            r_.rejected.push_back({fmt::format("tp={}", tp),
+                                   "no tensor-parallel plan: " + tpl_.tp.unsupported,
                                    RejectionKind::topology});
             continue;
         }
@@ -78,7 +79,7 @@ std::vector<PlanChoice> Search::meshes() {
             if (dp == 1 && mode == DataParallelMode::replicate) continue;  // one rank: nothing to choose
             if (over_nodes && !hsdp) continue;
             for (const auto& [ckpt, op] : kCheckpointing) {
-                if (ckpt && blocks_.empty()) continue;
+                if (ckpt && tpl_.blocks.empty()) continue;
                 PlanChoice c = base;
                 c.dp_mode = mode, c.checkpoint = ckpt, c.selective = op;
                 if (over_nodes) c.dp_shard = node_shard;
@@ -152,7 +153,7 @@ void Search::add_context_parallel(const PlanChoice& base, std::vector<PlanChoice
             continue;
         }
         for (const auto& [ckpt, op] : kCheckpointing) {
-            if (ckpt && blocks_.empty()) continue;
+            if (ckpt && tpl_.blocks.empty()) continue;
             c.dp_mode = DataParallelMode::fully_shard, c.checkpoint = ckpt, c.selective = op;
             groups.push_back(c);
         }
@@ -199,7 +200,7 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
             for (const DataParallelMode mode : {DataParallelMode::fully_shard, DataParallelMode::replicate}) {
                 if (dp == 1 && mode == DataParallelMode::replicate) continue;
                 for (const auto& [ckpt, op] : kCheckpointing) {
-                    if (ckpt && blocks_.empty()) continue;
+                    if (ckpt && tpl_.blocks.empty()) continue;
                     PlanChoice c = base;
                     c.dp = dp, c.pp = pp, c.schedule = schedule, c.virtual_stages = v, c.repeat = repeat_;
                     c.dp_mode = mode, c.checkpoint = ckpt, c.selective = op;
@@ -215,8 +216,7 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
 std::string Search::lint(PlanChoice c) const {
     c.dp_mode = DataParallelMode::fully_shard;
     try {
-        const Explanation ex =
-            explain_plan(full_, load_plan_text(write_plan(full_, tpl_, c), "generated.yaml"));
+        const Explanation ex = explain_plan(full_, load_plan_text(write_plan(tpl_, c), "generated.yaml"));
         for (const Diagnostic& w : ex.resolution.warnings)
             if (w.kind == DiagnosticKind::uneven_shard) return w.message;
         if (!ex.resolution.causes.empty()) return ex.resolution.causes.front().message;

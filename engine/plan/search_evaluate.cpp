@@ -25,11 +25,11 @@ std::string block_phase(const std::string& label, const std::string& repeat, int
     return "";
 }
 
-Simulated simulate(const std::string& model_text, const std::string& name, const Plan& plan,
+Simulated simulate(const YamlNode& model, const std::string& name, const Plan& plan,
                    const std::string& repeat, int64_t count) {
     RunInputs in;
     in.model_path = name;
-    in.model_text = model_text;
+    in.model_document = &model;
     RankSimulation s = simulate_rank(in, plan, 0, kSteadyStateSteps, !repeat.empty());
     s.memory.peak =
         s.memory.torch_peak;  // the planner fits PyTorch's allocated peak (core/framework_memory.h)
@@ -62,10 +62,10 @@ Simulated extrapolate(const Simulated& a, const Simulated& b, double k) {
     return o;
 }
 
-Simulated Search::simulate_with(int64_t mb, const Plan& plan) const {
-    if (!extrapolate_) return simulate(model_variant(text_, 0, mb), name_, plan);
-    const Simulated a = simulate(model_variant(text_, kSampled, mb), name_, plan, repeat_, kSampled);
-    const Simulated b = simulate(model_variant(text_, kSampled + 1, mb), name_, plan, repeat_, kSampled + 1);
+Simulated Search::simulate_with(int64_t mb, const Plan& plan, ModelVariants& models) const {
+    if (!extrapolate_) return simulate(models.at(0, mb), name_, plan);
+    const Simulated a = simulate(models.at(kSampled, mb), name_, plan, repeat_, kSampled);
+    const Simulated b = simulate(models.at(kSampled + 1, mb), name_, plan, repeat_, kSampled + 1);
     return extrapolate(a, b, static_cast<double>(layers_ - kSampled));
 }
 
@@ -78,15 +78,16 @@ void Search::evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::o
     const std::string shape =
         fmt::format("dp={}{} x tp={} {}{}{}", dp, c.cp > 1 ? fmt::format(" x cp={}", c.cp) : "", c.tp,
                     c.mode_name(), checkpointed(c), c.float8_text());
-    const std::string plan_text = write_plan(full_, tpl_, c);
+    const std::string plan_text = write_plan(tpl_, c);
     const Plan plan = load_plan_text(plan_text, "generated.yaml");
     const int64_t first = full_.gradient_accumulation, last = std::max<int64_t>(o_.max_microbatches, first);
     double least = 0;
     int64_t least_mb = 0;
+    ModelVariants models(text_, name_);
     for (int64_t mb = first; mb <= last && rows_ % (static_cast<int64_t>(c.dp) * mb) == 0; mb *= 2) {
         Simulated s;
         try {
-            s = simulate_with(mb, plan);
+            s = simulate_with(mb, plan, models);
         } catch (const InputError& e) {
             refusal = Rejection{shape, e.message(), RejectionKind::refused};
             return;
@@ -97,7 +98,7 @@ void Search::evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::o
         cand.model_microbatches = static_cast<int>(first);
         // the plan carries the microbatches it was chosen with where they are not the model's
         if (mb != first) cand.choice.gradient_accumulation = static_cast<int>(mb);
-        cand.plan_text = mb == first ? plan_text : write_plan(full_, tpl_, cand.choice);
+        cand.plan_text = mb == first ? plan_text : write_plan(tpl_, cand.choice);
         cand.extrapolated = extrapolate_;
         // PyTorch's allocated and reserved peaks (FSDP2's prefetch is simulated), with its cuBLAS
         // workspaces, which its caching allocator holds
@@ -183,7 +184,7 @@ void Search::pipeline_candidate(const PlanChoice& base, int m, const PipelineCos
     Candidate cand;
     cand.choice = c, cand.microbatches = static_cast<int>(rounds),
     cand.model_microbatches = static_cast<int>(rounds);
-    cand.plan_text = write_plan(full_, tpl_, c), cand.extrapolated = true;
+    cand.plan_text = write_plan(tpl_, c), cand.extrapolated = true;
     const auto worst = std::max_element(costs.peak.begin(), costs.peak.end());
     cand.peak = *worst + workspace;  // with PyTorch's cuBLAS workspaces
     cand.reserved = *worst + fragmentation + workspace;

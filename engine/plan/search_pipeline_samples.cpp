@@ -31,13 +31,14 @@ public:
           // Past 4 pp ranks the samples are pipelines of 3 and 4 ranks (the same dp, tp and stages of
           // k blocks) widened to pp (widen_pipeline): a rank's microbatches in flight grow linearly
           // with pp, and the simulations no longer do.
-          widened_(base.pp > 4) {
+          widened_(base.pp > 4),
+          models_(s.text_, s.name_) {
         // widened samples are timed on the links of the plan itself: its pp ranks may span nodes
         // where P ranks do not
         if (widened_) {
             PlanChoice real = base;
             real.pp_microbatches = sampled_, real.stage_blocks.assign(stages_, kStageSampled);
-            timing_ = load_plan_text(write_plan(s.full_, s.tpl_, real), "generated.yaml");
+            timing_ = load_plan_text(write_plan(s.tpl_, real), "generated.yaml");
         }
     }
 
@@ -60,7 +61,14 @@ private:
     // k blocks each, the others one (sampled_stage_blocks). Its mesh, schedule, stages and
     // microbatches are every holder's: the plan of holder 0 serves where only they are read (the
     // samples' placement and timing, the memory cap).
-    const std::pair<Plan, std::string>& variant(int P, int k, int microbatches, int holder) {
+    struct Variant {
+        Plan plan;
+        int64_t blocks, rows;  // the model's (ModelVariants::at)
+        const YamlNode& model(ModelVariants& models, int64_t microbatches) const {
+            return models.at(blocks, microbatches, rows);
+        }
+    };
+    const Variant& variant(int P, int k, int microbatches, int holder) {
         const auto key = std::make_tuple(P, k, microbatches, holder);
         if (auto it = variants_.find(key); it != variants_.end()) return it->second;
         PlanChoice c = base_;
@@ -69,18 +77,18 @@ private:
         int64_t blocks = 0;
         for (int b : c.stage_blocks) blocks += b;
         return variants_
-            .emplace(key, std::make_pair(load_plan_text(write_plan(s_.full_, s_.tpl_, c), "generated.yaml"),
-                                         model_variant(s_.text_, blocks, s_.full_.gradient_accumulation,
-                                                       s_.rows_ / m_ * microbatches)))
+            .emplace(key, Variant{load_plan_text(write_plan(s_.tpl_, c), "generated.yaml"), blocks,
+                                  s_.rows_ / m_ * microbatches})
             .first->second;
     }
 
     RankSimulation simulate_at(int P, int k, int rank) {
         if (auto it = simulated_.find({P, k, rank}); it != simulated_.end()) return std::move(it->second);
         const int own = sampled_at(P), pp_rank = rank / per_pp_rank_;
-        const auto& [plan, text] = variant(P, k, own, pp_rank);
+        const Variant& v = variant(P, k, own, pp_rank);
+        const Plan& plan = v.plan;
         RunInputs in;
-        in.model_path = s_.name_, in.model_text = text;
+        in.model_path = s_.name_, in.model_document = &v.model(models_, s_.full_.gradient_accumulation);
         ++count_;
         RankSimulation sim = simulate_rank(in, plan, rank, kSteadyStateSteps, true);
         sim.memory.peak = sim.memory.torch_peak;  // PyTorch's allocated peak
@@ -110,11 +118,11 @@ private:
     // runs beyond its samples.
     void grow_last_stage(RankSimulation& sim, const RunInputs& in, int P, int k, int rank) {
         const int own = sampled_at(P);
-        const auto& [plan2, text2] = variant(P, k, 2 * own, rank / per_pp_rank_);
+        const Variant& v = variant(P, k, 2 * own, rank / per_pp_rank_);
         RunInputs in2 = in;
-        in2.model_text = text2;
+        in2.model_document = &v.model(models_, s_.full_.gradient_accumulation);
         ++count_;
-        RankSimulation twice = simulate_rank(in2, plan2, rank, kSteadyStateSteps, true);
+        RankSimulation twice = simulate_rank(in2, v.plan, rank, kSteadyStateSteps, true);
         twice.memory.peak = twice.memory.torch_peak;
         const double f = static_cast<double>(m_ - sampled_) / own;
         auto lin = [f](int64_t x, int64_t y) { return static_cast<int64_t>(x + (y - x) * f); };
@@ -126,7 +134,7 @@ private:
 
     PipelineSample sample_at(int P, int k) {
         return sample_pipeline(
-            variant(P, k, sampled_at(P), 0).first, s_.cluster_, s_.r_.compute, s_.repeat_, k,
+            variant(P, k, sampled_at(P), 0).plan, s_.cluster_, s_.r_.compute, s_.repeat_, k,
             [&](int rank) { return simulate_at(P, k, rank); }, timing_ ? &*timing_ : nullptr);
     }
 
@@ -150,7 +158,7 @@ private:
         const double least =
             at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - kStageSampled) + workspace_;
         const int P = widened_ ? 4 : base_.pp;  // a middle rank's communicators are the plan's
-        if (const double c = s_.cap(variant(P, kStageSampled, sampled_at(P), 0).first); least > c)
+        if (const double c = s_.cap(variant(P, kStageSampled, sampled_at(P), 0).plan); least > c)
             throw OverCap{fmt::format(
                 "pp rank 1 needs more than {} > {} per GPU with {} blocks a stage, as every middle rank ({} "
                 "microbatches a round)",
@@ -164,7 +172,8 @@ private:
     const int v_, stages_, sampled_, per_pp_rank_;
     const double workspace_;  // PyTorch's cuBLAS workspaces, in its allocator
     const bool widened_;
-    std::map<std::tuple<int, int, int, int>, std::pair<Plan, std::string>> variants_;
+    std::map<std::tuple<int, int, int, int>, Variant> variants_;
+    ModelVariants models_;  // the model's document, each simulation's variant set in it
     std::map<Key, RankSimulation> simulated_;
     std::optional<Plan> timing_;
     PipelineCosts out_;

@@ -17,6 +17,7 @@
 #include "plan/pipeline_search.h"
 #include "plan/plan_writer.h"
 #include "plan/search.h"
+#include "plan/shrink.h"
 #include "train/simulate.h"
 
 namespace ptool::searching {
@@ -42,7 +43,7 @@ struct Simulated {
 
 // One rank's kSteadyStateSteps steps on meta tensors (rank 0), its peaks per module pass keyed as block_phase
 // says.
-Simulated simulate(const std::string& model_text, const std::string& name, const Plan& plan,
+Simulated simulate(const YamlNode& model, const std::string& name, const Plan& plan,
                    const std::string& repeat = "", int64_t count = 0);
 // a + (b - a) * k, field by field (search_evaluate.cpp).
 Simulated extrapolate(const Simulated& a, const Simulated& b, double k);
@@ -113,7 +114,7 @@ private:
     void add_context_parallel(const PlanChoice& base, std::vector<PlanChoice>& groups);
     void add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& groups);
     std::string lint(PlanChoice c) const;
-    Simulated simulate_with(int64_t mb, const Plan& plan) const;
+    Simulated simulate_with(int64_t mb, const Plan& plan, ModelVariants& models) const;
     void evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::optional<Rejection>& refusal,
                   int& count) const;
 
@@ -156,8 +157,7 @@ private:
     const SearchOptions& o_;
     const Model full_;
     SearchResult r_;
-    TensorParallelTemplate tpl_;
-    std::vector<std::string> blocks_;
+    PlanTemplate tpl_;                                      // what its plans take from the model
     std::vector<std::pair<std::string, int64_t>> experts_;  // each moe layer and its experts
     int64_t layers_ = 0, rows_ = 0;
     std::string repeat_;  // the repeat extrapolated over

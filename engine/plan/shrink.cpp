@@ -35,23 +35,28 @@ int64_t as_int(const YAML::Node& n) {
 
 }  // namespace
 
-std::string model_variant(const std::string& text, int64_t count, int64_t microbatches, int64_t rows) {
-    YAML::Node doc = YAML::Load(text);  // the loader accepted it already
-    if (count > 0)
-        for_each_module(doc["modules"], [&](YAML::Node m) {
-            const ShrinkKeys k = keys_of(m);
-            if (!k.count.empty() && m[k.count] && as_int(m[k.count]) >= 4) m[k.count] = count;
-        });
+ModelVariants::ModelVariants(const std::string& text, const std::string& name)
+    // the loader accepted the text already; its marks are the file's lines
+    : doc_(YAML::Load(text), std::make_shared<const std::string>(name)) {
+    YAML::Node doc = doc_.raw();
+    for_each_module(doc["modules"], [&](YAML::Node m) {
+        const ShrinkKeys k = keys_of(m);
+        if (!k.count.empty() && m[k.count] && as_int(m[k.count]) >= 4)
+            repeats_.push_back({m[k.count], as_int(m[k.count])});
+    });
+    YAML::Node batch = doc["batch"];
+    YAML::Node input = batch["input"];
+    for (YAML::Node shape : {input.IsMap() ? input["tokens"] : input, batch["target"]})
+        if (shape && shape.IsSequence() && shape.size() > 0) rows_.push_back({shape[0], as_int(shape[0])});
+}
+
+const YamlNode& ModelVariants::at(int64_t count, int64_t microbatches, int64_t rows) {
+    // YAML::Node's assignment writes the value into the node it refers to: the document's own
+    for (auto& [node, written] : repeats_) node = count > 0 ? count : written;
+    for (auto& [node, written] : rows_) node = rows > 0 ? rows : written;
+    YAML::Node doc = doc_.raw();
     doc["gradient_accumulation"] = microbatches;
-    if (rows > 0) {  // the batch's first dim: the input's (its tokens') and the target's
-        YAML::Node batch = doc["batch"];
-        YAML::Node input = batch["input"];
-        for (YAML::Node shape : {input.IsMap() ? input["tokens"] : input, batch["target"]})
-            if (shape && shape.IsSequence() && shape.size() > 0) shape[0] = rows;
-    }
-    YAML::Emitter e;
-    e << doc;
-    return e.c_str();
+    return doc_;
 }
 
 // A proxy's masked targets: the prompt and padding lengths scaled with the sequence (old_seq ->

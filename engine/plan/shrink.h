@@ -20,15 +20,31 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "core/yaml_reader.h"
 #include "parallel/plan.h"
 
 namespace ptool {
 
-// The model's text (YAML, comments dropped) with every repeat of 4 or more blocks at `count` blocks
-// (0: as written), gradient_accumulation `microbatches` and, given rows > 0, a batch of `rows` rows:
-// the planner's variants of a model.
-std::string model_variant(const std::string& text, int64_t count, int64_t microbatches, int64_t rows = 0);
+// The planner's variants of a model: its document, parsed once, with every repeat of 4 or more
+// blocks at `count` blocks (0: as written), gradient_accumulation `microbatches` and, given rows > 0,
+// a batch of `rows` rows (the input's, or its tokens', first dim and the target's), each set in place
+// for the model loader to build (load_model_document). A planner builds hundreds of variants of one
+// model: their text emitted and parsed again each was a tenth of its time.
+class ModelVariants {
+public:
+    ModelVariants(const std::string& text, const std::string& name);  // text: a model the loader accepted
+    ModelVariants(const ModelVariants&) = delete;
+    ModelVariants& operator=(const ModelVariants&) = delete;
+    // The document as this variant: the one document, valid as such until the next call.
+    const YamlNode& at(int64_t count, int64_t microbatches, int64_t rows = 0);
+
+private:
+    YamlNode doc_;
+    std::vector<std::pair<YAML::Node, int64_t>> repeats_, rows_;  // the nodes set, and as written
+};
 
 // The proxy's YAML text. `model_text` must load (the model loader's errors are the caller's).
 std::string shrink_model(const std::string& model_text, const std::string& name, const Plan& plan);

@@ -29,11 +29,16 @@ bool builds_on_device(const RunInputs& in, const Plan& plan, const RunLayer* lay
 
 // The model's structure; its values from --init, else drawn by the Run once the mesh exists.
 Model build_model(const RunInputs& in, bool on_device) {
+    auto load = [&] {
+        return in.model_document
+                   ? load_model_document(*in.model_document, in.model_path, in.dtype_override, false)
+                   : load_model_text(in.model_text, in.model_path, in.dtype_override, false);
+    };
     if (in.device == Device::meta) {  // shapes only: nothing initialised, nothing allocated
         MetaAllocation meta;
-        return load_model_text(in.model_text, in.model_path, in.dtype_override, false);
+        return load();
     }
-    Model m = load_model_text(in.model_text, in.model_path, in.dtype_override, false);
+    Model m = load();
     if (on_device) m.allocate_on(in.device);
     if (in.init) load_state_dict(m, *in.init, in.init_path);
     return m;

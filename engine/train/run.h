@@ -23,6 +23,9 @@ namespace ptool {
 
 struct RunInputs {
     std::string model_path, model_text, dtype_override;
+    // model_text's document, parsed, where the caller holds it (the planner's variants of a model:
+    // plan/shrink.h ModelVariants): built from, model_text not read
+    const YamlNode* model_document = nullptr;
     const TensorFile* init = nullptr;  // --init: a state_dict
     std::string init_path;
     const TensorFile* data = nullptr;  // --data
