@@ -1,8 +1,14 @@
 // The CUDA backend's host-side logic, which runs on every machine: the caching allocator's
 // accounting (over a host fake of cudaMalloc), the kernels' launch sizes, and the lazy loading
 // of libraries (cuBLAS and NCCL are dlopened on first use), here over libm.
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
+#include <map>
+#include <random>
 #include <set>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/dl_library.h"
@@ -170,6 +176,232 @@ TEST_CASE("caching allocator frees its cache and retries when the driver is out 
     CHECK(a.stats().in_use == size_t{5} << 19);  // the failed request changed nothing
     a.release(q);
     CHECK_THROWS_WITH(a.release(reinterpret_cast<void*>(0x1000)), Catch::Contains("did not allocate"));
+}
+
+namespace {
+constexpr size_t kMiB = size_t{1} << 20;
+
+// A driver that never refuses and touches no memory, for the differential test below: addresses
+// from a bump pointer, each segment 2 MiB aligned with a 2 MiB gap after it, so that no two
+// segments touch. The real allocator and the reference model each get one; for the same sequence
+// of calls they hand out the same addresses.
+struct BumpDriver final : RawAllocator {
+    uintptr_t next = uintptr_t{1} << 40;
+    std::map<uintptr_t, size_t> live;  // address -> bytes
+    void* malloc(size_t bytes) override {
+        const uintptr_t p = next;
+        next += (bytes + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB) + 2 * kMiB;
+        live.emplace(p, bytes);
+        return reinterpret_cast<void*>(p);
+    }
+    void free(void* p, size_t bytes) override {
+        const auto it = live.find(reinterpret_cast<uintptr_t>(p));
+        REQUIRE(it != live.end());
+        REQUIRE(it->second == bytes);
+        live.erase(it);
+    }
+};
+
+// A deliberately naive model of SegmentPolicy::pytorch, written from the rules in
+// core/caching_allocator.h's comment and nothing else: each segment keeps its blocks in a list in
+// address order, the free blocks of every pool are one ordered set, and everything is found by the
+// plainest search.
+struct PytorchModel {
+    struct Block {
+        uintptr_t addr;
+        size_t size;
+        bool used;
+    };
+    struct Segment {
+        uintptr_t stream;
+        bool small;
+        std::vector<Block> blocks;  // in address order, covering the segment
+    };
+    // (stream, small, size, address): a pool's free blocks by size, then address, so that the best
+    // fit (the smallest that fits, the lowest address among equals) is a lower_bound
+    using FreeEntry = std::tuple<uintptr_t, bool, size_t, uintptr_t>;
+
+    BumpDriver& driver;
+    std::map<uintptr_t, Segment> segments;  // by base address
+    std::set<FreeEntry> free_blocks;
+    size_t in_use = 0, peak_in_use = 0, reserved = 0, peak_reserved = 0;
+
+    static size_t round(size_t bytes) { return bytes == 0 ? 512 : (bytes + 511) / 512 * 512; }
+    static size_t segment_size(size_t size) {
+        if (size <= kMiB) return 2 * kMiB;
+        if (size < 10 * kMiB) return 20 * kMiB;
+        return (size + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB);
+    }
+    static FreeEntry entry(const Segment& s, const Block& b) { return {s.stream, s.small, b.size, b.addr}; }
+    void erase_free(const Segment& s, const Block& b) {
+        if (free_blocks.erase(entry(s, b)) != 1) FAIL("model: a free block missing from the free set");
+    }
+    // The segment holding addr, and the index in it of the block that starts at addr.
+    std::pair<Segment*, size_t> find(uintptr_t addr) {
+        auto it = segments.upper_bound(addr);
+        if (it == segments.begin()) FAIL("model: no segment holds " << addr);
+        Segment& s = std::prev(it)->second;
+        for (size_t i = 0; i < s.blocks.size(); ++i)
+            if (s.blocks[i].addr == addr) return {&s, i};
+        FAIL("model: no block starts at " << addr);
+        return {nullptr, 0};
+    }
+
+    uintptr_t allocate(size_t bytes, uintptr_t stream) {
+        const size_t size = round(bytes);
+        const bool small = size <= kMiB;
+        Segment* seg = nullptr;
+        size_t i = 0;
+        const auto fit = free_blocks.lower_bound({stream, small, size, 0});
+        if (fit != free_blocks.end() && std::get<0>(*fit) == stream && std::get<1>(*fit) == small) {
+            std::tie(seg, i) = find(std::get<3>(*fit));
+            free_blocks.erase(fit);
+        } else {  // nothing cached fits: a new segment, one free block
+            const size_t seg_size = segment_size(size);
+            const auto base = reinterpret_cast<uintptr_t>(driver.malloc(seg_size));
+            reserved += seg_size;
+            peak_reserved = std::max(peak_reserved, reserved);
+            seg = &(segments[base] = Segment{stream, small, {Block{base, seg_size, false}}});
+        }
+        const size_t rest = seg->blocks[i].size - size;
+        if (small ? rest >= 512 : rest > kMiB) {  // split: the rest stays free right after it
+            seg->blocks[i].size = size;
+            const Block r{seg->blocks[i].addr + size, rest, false};
+            seg->blocks.insert(seg->blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1, r);
+            free_blocks.insert(entry(*seg, r));
+        }
+        Block& b = seg->blocks[i];
+        b.used = true;
+        in_use += b.size;
+        peak_in_use = std::max(peak_in_use, in_use);
+        return b.addr;
+    }
+
+    void release(uintptr_t addr) {
+        auto [seg, i] = find(addr);
+        std::vector<Block>& bl = seg->blocks;
+        if (!bl[i].used) FAIL("model: release of a free block");
+        bl[i].used = false;
+        in_use -= bl[i].size;
+        if (i + 1 < bl.size() && !bl[i + 1].used) {  // absorbs the free block after it
+            erase_free(*seg, bl[i + 1]);
+            bl[i].size += bl[i + 1].size;
+            bl.erase(bl.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+        }
+        if (i > 0 && !bl[i - 1].used) {  // absorbed by the free block before it
+            erase_free(*seg, bl[i - 1]);
+            bl[i - 1].size += bl[i].size;
+            bl.erase(bl.begin() + static_cast<std::ptrdiff_t>(i));
+            --i;
+        }
+        free_blocks.insert(entry(*seg, bl[i]));
+    }
+
+    // Every segment that is one free block goes back to the driver.
+    void empty_cache() {
+        for (auto it = segments.begin(); it != segments.end();) {
+            const Segment& s = it->second;
+            if (s.blocks.size() == 1 && !s.blocks[0].used) {
+                erase_free(s, s.blocks[0]);
+                driver.free(reinterpret_cast<void*>(it->first), s.blocks[0].size);
+                reserved -= s.blocks[0].size;
+                it = segments.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+};
+}  // namespace
+
+TEST_CASE(
+    "caching allocator under the pytorch policy agrees with a naive model over 200000 random requests and "
+    "releases on 3 streams",
+    "[cpu]") {
+    BumpDriver real_driver, model_driver;
+    CachingAllocator a(real_driver, "CUDA", SegmentPolicy::pytorch);
+    PytorchModel model{model_driver};
+    std::mt19937_64 rng(0x5eed2024);
+    auto below = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+    // sizes: small ones (at most 1 MiB) and large ones up to 64 MiB, each half the time one of a few
+    // repeated values (equal free blocks: address tie-breaks; exact fits; rests at the split limits).
+    // Stream 2's large requests are at most 12 MiB, so that its pool runs out of blocks that fit them
+    // and new segments are made for requests on both sides of 10 MiB.
+    static constexpr size_t small_sizes[] = {0,     1,      512,        4096, 4096, 65536,
+                                             65536, 200000, kMiB - 512, kMiB, kMiB};
+    static constexpr size_t large_sizes[] = {kMiB + 1,        2 * kMiB,  3 * kMiB,        8 * kMiB,
+                                             10 * kMiB - 512, 10 * kMiB, 10 * kMiB + 512, 16 * kMiB,
+                                             19 * kMiB,       20 * kMiB, 64 * kMiB};
+    auto draw_size = [&](uintptr_t stream) -> size_t {
+        const size_t kind = below(100);
+        if (kind < 30) return small_sizes[below(std::size(small_sizes))];
+        if (kind < 45) return 1 + below(8192);  // tiny: rounded to a few 512-byte multiples
+        if (kind < 65) return 1 + below(kMiB);
+        if (stream == 2) return kind < 82 ? large_sizes[below(7)] : kMiB + 1 + below(11 * kMiB);
+        if (kind < 82) return large_sizes[below(std::size(large_sizes))];
+        return kMiB + 1 + below(63 * kMiB);
+    };
+    auto compare = [&] {
+        const AllocatorStats s = a.stats();
+        REQUIRE(s.in_use == model.in_use);
+        REQUIRE(s.peak_in_use == model.peak_in_use);
+        REQUIRE(s.reserved == model.reserved);
+        REQUIRE(s.peak_reserved == model.peak_reserved);
+    };
+    struct Live {
+        void* p;
+        size_t bytes;
+        uintptr_t stream;
+    };
+    std::vector<Live> live;
+    constexpr int kOps = 200000;
+    for (int op = 0; op < kOps; ++op) {
+        if (op == kOps / 2) {
+            INFO("empty_cache before op " << op);
+            a.empty_cache();
+            model.empty_cache();
+            compare();
+            REQUIRE(real_driver.live == model_driver.live);
+        }
+        // the live allocations aimed at: phases of 2,500 operations, few and more by turns, the more
+        // rising over the run (16 to 640), so that new segments are made all along
+        const size_t phase = op / 2500;
+        const size_t target = phase % 2 ? 8 : 16 + 16 * (phase / 2);
+        if (live.empty() || below(100) < (live.size() < target ? 60 : 40)) {
+            const auto stream = static_cast<uintptr_t>(below(3));
+            const size_t bytes = draw_size(stream);
+            INFO("op " << op << ": allocate " << bytes << " bytes on stream " << stream);
+            void* p = a.allocate(bytes, stream);
+            REQUIRE(reinterpret_cast<uintptr_t>(p) == model.allocate(bytes, stream));
+            compare();
+            live.push_back({p, bytes, stream});
+        } else {
+            const size_t k = below(live.size());
+            const Live l = live[k];
+            live[k] = live.back();
+            live.pop_back();
+            INFO("op " << op << ": release " << l.p << " (" << l.bytes << " bytes on stream " << l.stream
+                       << ")");
+            a.release(l.p);
+            model.release(reinterpret_cast<uintptr_t>(l.p));
+            compare();
+        }
+    }
+    for (const Live& l : live) {
+        a.release(l.p);
+        model.release(reinterpret_cast<uintptr_t>(l.p));
+    }
+    AllocatorStats s = a.stats();
+    CHECK(s.in_use == 0);
+    CHECK(model.in_use == 0);
+    CHECK(s.reserved == model.reserved);
+    CHECK(s.peak_reserved == model.peak_reserved);
+    a.empty_cache();
+    model.empty_cache();
+    CHECK(a.stats().reserved == 0);
+    CHECK(model.reserved == 0);
+    CHECK(real_driver.live.empty());
+    CHECK(model_driver.live.empty());
 }
 
 TEST_CASE("launch sizes: grid-stride elementwise and one block per row", "[cpu]") {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 #include <vector>
 
 namespace ptool {
@@ -121,17 +122,22 @@ bool AllocatorModel::replay_step() {
         std::sort(list.begin(), list.end());
         for (size_t j = 0; j < list.size(); ++j) release_of[list[j].second] = events[it->second[j]].key;
     }
-    // the next step under keys of its own: addresses of a buffer kept while the model lives, which no
-    // storage can have
-    replay_keys_.push_back(std::make_unique<char[]>(std::max<size_t>(1, events.size())));
-    char* keys = replay_keys_.back().get();
+    // the next step's own objects held by their event, not under a key (no lookups): those it
+    // leaves live are the model's until it goes (kept with the orphans), as no storage frees them
+    std::vector<CachingAllocator::Block*> own(events.size(), nullptr);
     for (size_t i = 0; i < events.size(); ++i) {
         const Event& e = events[i];
-        if (!e.release)
-            allocate(keys + i, e.bytes, e.stream);
-        else
-            release(object[i] >= 0 ? static_cast<const void*>(keys + object[i]) : release_of[i]);
+        if (!e.release) {
+            own[i] = allocator_->allocate_block(e.bytes, e.stream);
+            ++next_order_;
+        } else if (object[i] >= 0) {
+            allocator_->release_block(std::exchange(own[static_cast<size_t>(object[i])], nullptr));
+        } else {
+            release(release_of[i]);
+        }
     }
+    for (CachingAllocator::Block* b : own)
+        if (b) orphans_.push_back(b);
     return true;
 }
 

@@ -45,8 +45,9 @@ public:
     int64_t over_capacity() const;  // segments granted beyond the capacity
 
     // A step's allocations and frees, recorded from record_step() until replay_step(), played once
-    // more as the next step's: every object the step allocated allocated again under a key of its
-    // own, freed where it was; an object the step freed that an earlier step had allocated is, in
+    // more as the next step's: every object the step allocated allocated again (under no key: those
+    // the replay leaves live are held to the model's end, and a restart() drops them as transients),
+    // freed where it was; an object the step freed that an earlier step had allocated is, in
     // the next step, the one of the same bytes and stream that this step allocated and left live
     // (the held model output, the gradients set_to_none frees: a steady state hands its objects on
     // one step to the next), paired in their allocation order. Returns false, replaying nothing,
@@ -65,7 +66,6 @@ private:
     };
     bool recording_ = false;
     std::vector<Event> events_;
-    std::vector<std::unique_ptr<char[]>> replay_keys_;  // the replayed objects' keys, kept unique
     class Driver;
     struct Live {
         int64_t order;  // allocation order
@@ -77,8 +77,8 @@ private:
     std::unique_ptr<Driver> driver_;
     std::unique_ptr<CachingAllocator> allocator_;
     PointerMap<Live> blocks_;
-    // blocks whose key was allocated again before its release: held, as the allocator held them
-    // when it tracked addresses, and given back with the allocator
+    // blocks whose key was allocated again before its release, and a replayed step's objects left
+    // live: held, as the allocator held them when it tracked addresses, and given back with it
     std::vector<CachingAllocator::Block*> orphans_;
     int64_t next_order_ = 0;
 };

@@ -7,6 +7,27 @@
 #include "core/error.h"
 
 namespace ptool {
+namespace {
+
+// The first free-set entry not below k (std::lower_bound's), its comparisons as one 128-bit
+// compare and its steps without branches: a simulated step searches its free set millions of
+// times, and a branch on each comparison is a coin flip.
+template <class Key>
+Key* lower_bound_of(Key* first, size_t n, const Key& k) {
+    auto word = [](const Key& e) {
+        return static_cast<unsigned __int128>(e.pool_size) << 64 | reinterpret_cast<uintptr_t>(e.ptr);
+    };
+    if (n == 0) return first;
+    const unsigned __int128 key = word(k);
+    while (n > 1) {
+        const size_t half = n / 2;
+        first = word(first[half]) < key ? first + half : first;
+        n -= half;
+    }
+    return first + (word(*first) < key);
+}
+
+}  // namespace
 
 CachingAllocator::~CachingAllocator() {
     std::lock_guard lock(mutex_);
@@ -38,13 +59,14 @@ size_t CachingAllocator::segment_size(size_t size) const {
 
 // The smallest free block of `stream` that serves `size` (see the header's rules): its entry in the
 // free set, left there.
-CachingAllocator::FreeIt CachingAllocator::take_cached(size_t size, uintptr_t stream) {
+CachingAllocator::FreeKey* CachingAllocator::take_cached(size_t size, uintptr_t stream) {
     const uint64_t pool = pool_of(stream, policy_ == SegmentPolicy::pytorch && size <= kSmall);
-    auto it = std::lower_bound(free_.begin(), free_.end(), FreeKey{pool_size(pool, size), nullptr, nullptr});
-    if (it == free_.end() || it->pool_size >> kPoolShift != pool) return free_.end();
+    std::vector<FreeKey>& set = free_set(pool);
+    FreeKey* it = lower_bound_of(set.data(), set.size(), FreeKey{pool_size(pool, size), nullptr, nullptr});
+    if (it == set.data() + set.size()) return nullptr;
     const size_t found = (it->pool_size & ((uint64_t{1} << kPoolShift) - 1)) * kRound;
     if (policy_ == SegmentPolicy::exact && size <= kSmall && found - size > std::max(kSmall, size))
-        return free_.end();  // small: whole blocks, bounded waste
+        return nullptr;  // small: whole blocks, bounded waste
     return it;
 }
 
@@ -87,20 +109,32 @@ void CachingAllocator::delete_block(Block* b) {
     spare_.push_back(b);
 }
 
+std::vector<CachingAllocator::FreeKey>& CachingAllocator::free_set(uint64_t pool) {
+    if (pool >= free_.size()) free_.resize(pool + 1);
+    return free_[pool];
+}
+
 void CachingAllocator::free_insert(Block* b) {
     const FreeKey k = free_key(b);
-    free_.insert(std::lower_bound(free_.begin(), free_.end(), k), k);
+    std::vector<FreeKey>& set = free_[b->pool];
+    set.insert(set.begin() + (lower_bound_of(set.data(), set.size(), k) - set.data()), k);
 }
 
-CachingAllocator::FreeIt CachingAllocator::free_find(Block* b) {
+CachingAllocator::FreeKey* CachingAllocator::free_find(Block* b) {
     const FreeKey k = free_key(b);
-    auto it = std::lower_bound(free_.begin(), free_.end(), k);
-    return it != free_.end() && it->block == b ? it : free_.end();
+    std::vector<FreeKey>& set = free_[b->pool];
+    FreeKey* it = lower_bound_of(set.data(), set.size(), k);
+    return it != set.data() + set.size() && it->block == b ? it : nullptr;
 }
 
-void CachingAllocator::free_replace(FreeIt at, Block* b) {
+void CachingAllocator::free_erase(FreeKey* at) {
+    std::vector<FreeKey>& set = free_[at->block->pool];
+    set.erase(set.begin() + (at - set.data()));
+}
+
+void CachingAllocator::free_replace(FreeKey* at, Block* b) {
     const FreeKey k = free_key(b);
-    auto to = std::lower_bound(free_.begin(), free_.end(), k);
+    FreeKey* to = lower_bound_of(free_[b->pool].data(), free_[b->pool].size(), k);
     if (to <= at) {  // earlier: the entries from its new place on move up one, over its old one
         std::move_backward(to, at, at + 1);
         *to = k;
@@ -138,14 +172,14 @@ CachingAllocator::Block* CachingAllocator::allocate_locked(size_t bytes, uintptr
                   "caching allocator: a request of {} bytes", bytes);
     ++stats_.allocations;
     Block* b = nullptr;
-    if (FreeIt it = take_cached(size, stream); it != free_.end()) {
+    if (FreeKey* it = take_cached(size, stream)) {
         ++stats_.cache_hits;
         b = it->block;
         // its entry becomes the rest's where it is cut, else leaves the free set
         if (Block* rest = split(b, size))
             free_replace(it, rest);
         else
-            free_.erase(it);
+            free_erase(it);
     } else {
         const size_t segment = segment_size(size);
         void* p = raw_.malloc(segment);
@@ -196,18 +230,18 @@ void CachingAllocator::release_locked(Block* b) {
     b->allocated = false;
     // merge with the free neighbours: b absorbs the next one, the previous one absorbs b; the
     // merged block takes a neighbour's entry in the free set (the previous one's where both are free)
-    FreeIt at = free_.end();
+    FreeKey* at = nullptr;
     if (Block* n = b->next; n && !n->allocated) {
         at = free_find(n);
         absorb_next(b);
     }
     if (Block* q = b->prev; q && !q->allocated) {
-        if (at != free_.end()) free_.erase(at);
+        if (at) free_erase(at);
         at = free_find(q);
         absorb_next(q);
         b = q;
     }
-    if (at != free_.end())
+    if (at)
         free_replace(at, b);
     else
         free_insert(b);
@@ -220,20 +254,22 @@ void CachingAllocator::empty_cache() {
 
 // Every free block that is a whole segment goes back to the driver.
 void CachingAllocator::free_cached_locked() {
-    auto kept = free_.begin();  // the free set compacted in one pass, in order
-    for (const FreeKey& k : free_) {
-        Block* b = k.block;
-        if (b->prev || b->next) {
-            *kept++ = k;
-            continue;
+    for (std::vector<FreeKey>& set : free_) {
+        auto kept = set.begin();  // each pool's free set compacted in one pass, in order
+        for (const FreeKey& k : set) {
+            Block* b = k.block;
+            if (b->prev || b->next) {
+                *kept++ = k;
+                continue;
+            }
+            raw_.free(b->ptr, b->size);
+            stats_.reserved -= b->size;
+            stats_.reserved_by_stream[b->stream] -= b->size;
+            ++stats_.driver_frees;
+            delete_block(b);
         }
-        raw_.free(b->ptr, b->size);
-        stats_.reserved -= b->size;
-        stats_.reserved_by_stream[b->stream] -= b->size;
-        ++stats_.driver_frees;
-        delete_block(b);
+        set.erase(kept, set.end());
     }
-    free_.erase(kept, free_.end());
 }
 
 AllocatorStats CachingAllocator::stats() const {

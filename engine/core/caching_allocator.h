@@ -132,14 +132,16 @@ private:
     // The index of the pool of `stream`'s small or large blocks, numbered as first seen.
     uint64_t pool_of(uintptr_t stream, bool small);
     std::vector<uintptr_t> streams_;  // pool_of's: a stream's index, times 2, plus small
-    using FreeIt = std::vector<FreeKey>::iterator;
+    // The free set of one pool (pool_of), grown to hold it.
+    std::vector<FreeKey>& free_set(uint64_t pool);
     void free_insert(Block* b);
-    FreeIt free_find(Block* b);  // free_.end() where b is not in the free set
-    // The free set's entry `at` becomes b's (whose key changed: a block cut or merged), moving only
-    // the entries between its old and new places.
-    void free_replace(FreeIt at, Block* b);
-    FreeIt take_cached(size_t size, uintptr_t stream);  // free_.end(): none
-    Block* split(Block* b, size_t size);                // the rest, free, or null (not cut)
+    FreeKey* free_find(Block* b);  // b's entry; null where b is not in the free set
+    void free_erase(FreeKey* at);
+    // The free set's entry `at` becomes b's (whose key changed: a block cut or merged, in its pool),
+    // moving only the entries between its old and new places.
+    void free_replace(FreeKey* at, Block* b);
+    FreeKey* take_cached(size_t size, uintptr_t stream);  // the entry of the block that serves it, or null
+    Block* split(Block* b, size_t size);                  // the rest, free, or null (not cut)
     void absorb_next(Block* a);
     Block* new_block(const Block& b);
     void delete_block(Block* b);
@@ -154,10 +156,12 @@ private:
         return thread_safe_ ? std::unique_lock<std::mutex>(mutex_) : std::unique_lock<std::mutex>();
     }
     PointerMap<Block*> live_;
-    // The free blocks, sorted (FreeKey::operator<). A vector: a simulated step's free set holds a
-    // few dozen blocks (57 on average, at most 602 over `ptool plan` of the 405B on 512 GPUs), where
-    // a binary search and a short shift cost less than a tree's nodes (a malloc each, pointer chasing).
-    std::vector<FreeKey> free_;
+    // The free blocks of each pool (indexed by pool_of's index), sorted (FreeKey::operator<). Vectors:
+    // a simulated step's free set holds a few dozen blocks (57 on average over every pool, at most 602
+    // over `ptool plan` of the 405B on 512 GPUs), where a binary search and a short shift cost less
+    // than a tree's nodes (a malloc each, pointer chasing); one per pool, as PyTorch keeps its pools
+    // apart, so that a request searches and shifts only its own.
+    std::vector<std::vector<FreeKey>> free_;
     std::vector<Block*> spare_;  // blocks merged away, for the next split to reuse (no malloc each)
     AllocatorStats stats_;
 };

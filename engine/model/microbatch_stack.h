@@ -27,8 +27,7 @@ public:
         PTOOL_REQUIRE(it != stacks_.end() && !it->second.empty(), "nothing saved for microbatch {}",
                       microbatch);
         T value = std::move(it->second.back());
-        it->second.pop_back();
-        if (it->second.empty()) stacks_.erase(it);
+        it->second.pop_back();  // an emptied microbatch's stack stays, for its next push (no allocation)
         return value;
     }
     T& top(int microbatch) {
