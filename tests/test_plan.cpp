@@ -100,6 +100,40 @@ TEST_CASE("a model's variants set in its one document build what a fresh documen
     CHECK(blocks(file) == 32);  // the file's, which the variants above left as it was
 }
 
+TEST_CASE("a model's variants keep the file's own text where they set nothing (012 is twelve)", "[cpu]") {
+    // a repeat's count and the batch's rows written with leading zeros, which the loader reads as
+    // decimal (yaml-cpp's own conversion would read 012 as octal and refuse 08)
+    std::string text = read_text(std::string(PTOOL_SOURCE_DIR) + "/models/llama_rope.yaml");
+    auto edit = [&](const std::string& from, const std::string& to) {
+        const size_t at = text.find(from);
+        REQUIRE(at != std::string::npos);
+        text.replace(at, from.size(), to);
+    };
+    edit("count: 2", "count: 08");
+    edit("tokens: [4, 8]", "tokens: [08, 8]");
+    MetaAllocation meta;
+    const Model file = load_model_text(text, "lead.yaml", "", false);
+    REQUIRE(file.input.shape[0] == 8);
+    auto blocks = [](const Model& m) {
+        int64_t n = 0;
+        for (const auto& [name, p] : m.state_dict())
+            if (name.rfind("layers.", 0) == 0 && name.find(".attention_norm.weight") != std::string::npos)
+                ++n;
+        return n;
+    };
+    REQUIRE(blocks(file) == 8);
+    ModelVariants v(text, "lead.yaml");
+    for (const auto& [count, rows, want_blocks, want_rows] :
+         std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
+             {0, 0, 8, 8}, {5, 16, 5, 16}, {0, 0, 8, 8}, {6, 0, 6, 8}, {0, 4, 8, 4}}) {
+        INFO("count " << count << ", rows " << rows);
+        const Model m = load_model_document(v.at(count, 2, rows), "lead.yaml", "", false);
+        CHECK(blocks(m) == want_blocks);
+        CHECK(m.input.shape[0] == want_rows);
+        CHECK(m.gradient_accumulation == 2);
+    }
+}
+
 TEST_CASE("a 1-D mesh needs no mesh_dim, a 2-D mesh names it", "[cpu]") {
     const Plan tp = load_plan_text("mesh: {tp: 2}\ntensor_parallel:\n  plan: {net1: colwise}\n", "p.yaml");
     CHECK(tp.dims.name(DimRole::tp) == "tp");

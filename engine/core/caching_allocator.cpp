@@ -128,7 +128,8 @@ CachingAllocator::FreeKey* CachingAllocator::free_find(Block* b) {
 }
 
 void CachingAllocator::free_erase(FreeKey* at) {
-    std::vector<FreeKey>& set = free_[at->block->pool];
+    // the pool from the key (its block may be merged away by now: release_locked)
+    std::vector<FreeKey>& set = free_[at->pool_size >> kPoolShift];
     set.erase(set.begin() + (at - set.data()));
 }
 

@@ -38,24 +38,33 @@ int64_t as_int(const YAML::Node& n) {
 ModelVariants::ModelVariants(const std::string& text, const std::string& name)
     // the loader accepted the text already; its marks are the file's lines
     : doc_(YAML::Load(text), std::make_shared<const std::string>(name)) {
+    // every scalar a variant may set, with its text as written (read by the loader, as the file's)
     YAML::Node doc = doc_.raw();
     for_each_module(doc["modules"], [&](YAML::Node m) {
         const ShrinkKeys k = keys_of(m);
-        if (!k.count.empty() && m[k.count] && as_int(m[k.count]) >= 4)
-            repeats_.push_back({m[k.count], as_int(m[k.count])});
+        if (!k.count.empty() && m[k.count] && m[k.count].IsScalar())
+            counts_.push_back({m[k.count], m[k.count].Scalar()});
     });
     YAML::Node batch = doc["batch"];
     YAML::Node input = batch["input"];
     for (YAML::Node shape : {input.IsMap() ? input["tokens"] : input, batch["target"]})
-        if (shape && shape.IsSequence() && shape.size() > 0) rows_.push_back({shape[0], as_int(shape[0])});
+        if (shape && shape.IsSequence() && shape.size() > 0 && shape[0].IsScalar())
+            rows_.push_back({shape[0], shape[0].Scalar()});
 }
 
 const YamlNode& ModelVariants::at(int64_t count, int64_t microbatches, int64_t rows) {
-    // YAML::Node's assignment writes the value into the node it refers to: the document's own
-    for (auto& [node, written] : repeats_) node = count > 0 ? count : written;
-    for (auto& [node, written] : rows_) node = rows > 0 ? rows : written;
+    // the file's text back in every node first (YAML::Node's assignment writes into the document's
+    // own node, which an alias shares), then this variant's edits in the order a fresh document
+    // took them: each repeat of 4 or more blocks, the microbatches, the rows
+    for (auto& [node, text] : counts_) node = text;
+    for (auto& [node, text] : rows_) node = text;
+    if (count > 0)  // read as the loader reads it (012 is 12)
+        for (auto& [node, text] : counts_)
+            if (YamlNode(node, nullptr).as_int("a repeat's count") >= 4) node = count;
     YAML::Node doc = doc_.raw();
     doc["gradient_accumulation"] = microbatches;
+    if (rows > 0)
+        for (auto& [node, text] : rows_) node = rows;
     return doc_;
 }
 

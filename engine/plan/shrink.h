@@ -43,7 +43,8 @@ public:
 
 private:
     YamlNode doc_;
-    std::vector<std::pair<YAML::Node, int64_t>> repeats_, rows_;  // the nodes set, and as written
+    // the repeats' counts and the batch's first dims, each with its text as written
+    std::vector<std::pair<YAML::Node, std::string>> counts_, rows_;
 };
 
 // The proxy's YAML text. `model_text` must load (the model loader's errors are the caller's).
