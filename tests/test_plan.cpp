@@ -13,6 +13,14 @@ using namespace ptool;
 
 namespace test_plan {
 
+// The blocks of a Llama-shaped model's `layers` repeat (one attention_norm each).
+int64_t blocks(const Model& m) {
+    int64_t n = 0;
+    for (const auto& [name, p] : m.state_dict())
+        if (name.rfind("layers.", 0) == 0 && name.find(".attention_norm.weight") != std::string::npos) ++n;
+    return n;
+}
+
 TEST_CASE("rank classes follow torch.chunk's piece sizes", "[cpu]") {
     const std::string text =
         "batch: {input: [5, 8]}\nmodules:\n  - {name: fc, type: linear, in: 8, out: 8}\nloss: mean\n";
@@ -75,13 +83,6 @@ TEST_CASE("a model's variants set in its one document build what a fresh documen
         out.push_back("microbatches " + std::to_string(m.gradient_accumulation));
         return out;
     };
-    auto blocks = [](const Model& m) {
-        int64_t n = 0;
-        for (const auto& [name, p] : m.state_dict())
-            if (name.rfind("layers.", 0) == 0 && name.find(".attention_norm.weight") != std::string::npos)
-                ++n;
-        return n;
-    };
     const int64_t rows = file.input.shape[0];
     ModelVariants reused(text, path);
     // (blocks, microbatches, rows): 0 blocks or rows keep the file's, after variants that changed them
@@ -114,13 +115,6 @@ TEST_CASE("a model's variants keep the file's own text where they set nothing (0
     MetaAllocation meta;
     const Model file = load_model_text(text, "lead.yaml", "", false);
     REQUIRE(file.input.shape[0] == 8);
-    auto blocks = [](const Model& m) {
-        int64_t n = 0;
-        for (const auto& [name, p] : m.state_dict())
-            if (name.rfind("layers.", 0) == 0 && name.find(".attention_norm.weight") != std::string::npos)
-                ++n;
-        return n;
-    };
     REQUIRE(blocks(file) == 8);
     ModelVariants v(text, "lead.yaml");
     for (const auto& [count, rows, want_blocks, want_rows] :
