@@ -13,7 +13,9 @@ namespace {
 // compare and its steps without branches: a simulated step searches its free set millions of
 // times, and a branch on each comparison is a coin flip.
 template <class Key>
-Key* lower_bound_of(Key* first, size_t n, const Key& k) {
+Key* lower_bound_of(std::vector<Key>& set, const Key& k) {
+    Key* first = set.data();
+    size_t n = set.size();
     auto word = [](const Key& e) {
         return static_cast<unsigned __int128>(e.pool_size) << 64 | reinterpret_cast<uintptr_t>(e.ptr);
     };
@@ -62,7 +64,7 @@ size_t CachingAllocator::segment_size(size_t size) const {
 CachingAllocator::FreeKey* CachingAllocator::take_cached(size_t size, uintptr_t stream) {
     const uint64_t pool = pool_of(stream, policy_ == SegmentPolicy::pytorch && size <= kSmall);
     std::vector<FreeKey>& set = free_set(pool);
-    FreeKey* it = lower_bound_of(set.data(), set.size(), FreeKey{pool_size(pool, size), nullptr, nullptr});
+    FreeKey* it = lower_bound_of(set, FreeKey{pool_size(pool, size), nullptr, nullptr});
     if (it == set.data() + set.size()) return nullptr;
     const size_t found = (it->pool_size & ((uint64_t{1} << kPoolShift) - 1)) * kRound;
     if (policy_ == SegmentPolicy::exact && size <= kSmall && found - size > std::max(kSmall, size))
@@ -117,13 +119,13 @@ std::vector<CachingAllocator::FreeKey>& CachingAllocator::free_set(uint64_t pool
 void CachingAllocator::free_insert(Block* b) {
     const FreeKey k = free_key(b);
     std::vector<FreeKey>& set = free_[b->pool];
-    set.insert(set.begin() + (lower_bound_of(set.data(), set.size(), k) - set.data()), k);
+    set.insert(set.begin() + (lower_bound_of(set, k) - set.data()), k);
 }
 
 CachingAllocator::FreeKey* CachingAllocator::free_find(Block* b) {
     const FreeKey k = free_key(b);
     std::vector<FreeKey>& set = free_[b->pool];
-    FreeKey* it = lower_bound_of(set.data(), set.size(), k);
+    FreeKey* it = lower_bound_of(set, k);
     return it != set.data() + set.size() && it->block == b ? it : nullptr;
 }
 
@@ -135,7 +137,7 @@ void CachingAllocator::free_erase(FreeKey* at) {
 
 void CachingAllocator::free_replace(FreeKey* at, Block* b) {
     const FreeKey k = free_key(b);
-    FreeKey* to = lower_bound_of(free_[b->pool].data(), free_[b->pool].size(), k);
+    FreeKey* to = lower_bound_of(free_[b->pool], k);
     if (to <= at) {  // earlier: the entries from its new place on move up one, over its old one
         std::move_backward(to, at, at + 1);
         *to = k;

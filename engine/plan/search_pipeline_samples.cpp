@@ -63,11 +63,12 @@ private:
     // samples' placement and timing, the memory cap).
     struct Variant {
         Plan plan;
-        int64_t blocks, rows;  // the model's (ModelVariants::at)
-        const YamlNode& model(ModelVariants& models, int64_t microbatches) const {
-            return models.at(blocks, microbatches, rows);
-        }
+        int64_t blocks, rows;  // the model's (model_of)
     };
+    // The variant's model: the document with its blocks and rows, at the model's microbatches.
+    const YamlNode& model_of(const Variant& v) {
+        return models_.at(v.blocks, s_.full_.gradient_accumulation, v.rows);
+    }
     const Variant& variant(int P, int k, int microbatches, int holder) {
         const auto key = std::make_tuple(P, k, microbatches, holder);
         if (auto it = variants_.find(key); it != variants_.end()) return it->second;
@@ -88,7 +89,7 @@ private:
         const Variant& v = variant(P, k, own, pp_rank);
         const Plan& plan = v.plan;
         RunInputs in;
-        in.model_path = s_.name_, in.model_document = &v.model(models_, s_.full_.gradient_accumulation);
+        in.model_path = s_.name_, in.model_document = &model_of(v);
         ++count_;
         RankSimulation sim = simulate_rank(in, plan, rank, kSteadyStateSteps, true);
         sim.memory.peak = sim.memory.torch_peak;  // PyTorch's allocated peak
@@ -120,7 +121,7 @@ private:
         const int own = sampled_at(P);
         const Variant& v = variant(P, k, 2 * own, rank / per_pp_rank_);
         RunInputs in2 = in;
-        in2.model_document = &v.model(models_, s_.full_.gradient_accumulation);
+        in2.model_document = &model_of(v);
         ++count_;
         RankSimulation twice = simulate_rank(in2, v.plan, rank, kSteadyStateSteps, true);
         twice.memory.peak = twice.memory.torch_peak;
