@@ -289,4 +289,61 @@ TEST_CASE("the lint's findings carry a kind the planner reads, not their words",
     CHECK(kinds[DiagnosticKind::other] == 0);
 }
 
+TEST_CASE("a plan the planner wrote reads back the same without the hostile-file checks", "[cpu]") {
+    const std::string path = std::string(PTOOL_SOURCE_DIR) + "/models/scale/llama3_8b.yaml";
+    MetaAllocation meta;
+    const Model model = load_model_text(read_text(path), path, "", false);
+    const PlanTemplate tpl = plan_template(model);
+    std::vector<PlanChoice> choices(5);
+    choices[0].dp = 8, choices[0].tp = 2, choices[0].checkpoint = true, choices[0].selective = true;
+    choices[1].dp = 16, choices[1].dp_shard = 8;  // HSDP
+    choices[2].dp = 4, choices[2].dp_mode = DataParallelMode::replicate, choices[2].zero_stage = 2;
+    choices[3].pp = 4, choices[3].dp = 2, choices[3].tp = 2,
+    choices[3].schedule = ScheduleKind::interleaved_one_f_one_b, choices[3].virtual_stages = 2,
+    choices[3].pp_microbatches = 8, choices[3].repeat = "layers",
+    choices[3].stage_blocks = {3, 5, 4, 4, 4, 4, 4, 4}, choices[3].gradient_accumulation = 2;
+    choices[4].dp = 8, choices[4].cp = 2, choices[4].float8 = Float8Scaling::tensorwise;
+    for (const PlanChoice& c : choices) {
+        const std::string text = write_plan(tpl, c);
+        INFO(text);
+        const Plan a = load_plan_text(text, "generated.yaml"), b = load_emitted_plan(text, "generated.yaml");
+        CHECK(b.yaml_text == a.yaml_text);
+        CHECK(b.name == a.name);
+        REQUIRE(b.mesh().size() == a.mesh().size());
+        for (size_t d = 0; d < a.mesh().size(); ++d) {
+            CHECK(b.mesh()[d].name == a.mesh()[d].name);
+            CHECK(b.mesh()[d].size == a.mesh()[d].size);
+        }
+        for (DimRole role : {DimRole::dp_replicate, DimRole::dp_shard, DimRole::tp, DimRole::cp, DimRole::pp})
+            CHECK(b.dims.index(role) == a.dims.index(role));
+        REQUIRE(b.tp_plan.size() == a.tp_plan.size());
+        for (size_t i = 0; i < a.tp_plan.size(); ++i) CHECK(b.tp_plan[i].pattern == a.tp_plan[i].pattern);
+        CHECK(b.loss_parallel == a.loss_parallel);
+        REQUIRE(b.data_parallel.has_value() == a.data_parallel.has_value());
+        if (a.data_parallel) {
+            CHECK(b.data_parallel->mode == a.data_parallel->mode);
+            CHECK(b.data_parallel->mesh_dims == a.data_parallel->mesh_dims);
+            CHECK(b.data_parallel->fully_shard == a.data_parallel->fully_shard);
+            CHECK(b.data_parallel->zero_stage == a.data_parallel->zero_stage);
+        }
+        REQUIRE(b.pipeline.has_value() == a.pipeline.has_value());
+        if (a.pipeline) {
+            CHECK(b.pipeline_stages() == a.pipeline_stages());
+            CHECK(b.microbatches_per_round() == a.microbatches_per_round());
+            CHECK(b.pipeline->schedule == a.pipeline->schedule);
+            CHECK(b.pipeline->split_points == a.pipeline->split_points);
+        }
+        CHECK(b.context_parallel.has_value() == a.context_parallel.has_value());
+        CHECK(b.float8.has_value() == a.float8.has_value());
+        CHECK(b.compile == a.compile);
+        CHECK(b.gradient_accumulation == a.gradient_accumulation);
+        CHECK(b.activation_checkpointing.modules == a.activation_checkpointing.modules);
+        CHECK(b.activation_checkpointing.mode == a.activation_checkpointing.mode);
+    }
+    // the plan's own rules still hold (only the file's checks are skipped): an unknown key is refused
+    // where it stands
+    CHECK_THROWS_WITH(load_emitted_plan("mesh: {dp: 2}\nmesh_dims: 1\n", "generated.yaml"),
+                      Catch::Contains("generated.yaml:2:1") && Catch::Contains("unknown key 'mesh_dims'"));
+}
+
 }  // namespace test_plan

@@ -318,24 +318,38 @@ void YamlMap::finish() const {
     }
 }
 
+namespace {
+
+// yaml-cpp's parse of one document (the caller ensured there is no second), its top level a map.
+YamlNode parse_document(const std::string& text, const std::shared_ptr<const std::string>& file) {
+    YAML::Node root;
+    try {
+        root = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+        throw InputError(SourceLocation{*file, e.mark.line + 1, e.mark.column + 1}, e.msg);
+    }
+    YamlNode out(root, file);
+    if (!root.IsMap()) {
+        if (root.IsNull()) throw InputError(SourceLocation{*file, 1, 1}, "file is empty");
+        out.fail("the top level must be a map of keys");
+    }
+    return out;
+}
+
+}  // namespace
+
 // One document, parsed and checked.
 YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits) {
     prescan(text, name, limits);
     check_documents(text, name);
     auto file = std::make_shared<const std::string>(name);
-    YAML::Node root;
-    try {
-        root = YAML::Load(text);  // one document: check_documents refused a second
-    } catch (const YAML::Exception& e) {
-        throw InputError(SourceLocation{name, e.mark.line + 1, e.mark.column + 1}, e.msg);
-    }
-    YamlNode out(root, std::const_pointer_cast<std::string>(file));
-    if (!root.IsMap()) {
-        if (root.IsNull()) throw InputError(SourceLocation{name, 1, 1}, "file is empty");
-        out.fail("the top level must be a map of keys");
-    }
-    TreeCheck{file, limits, 0, {}}.check(root);
+    YamlNode out = parse_document(text, file);  // one document: check_documents refused a second
+    TreeCheck{file, limits, 0, {}}.check(out.raw());
     return out;
+}
+
+YamlNode load_emitted_yaml(const std::string& text, const std::string& name) {
+    return parse_document(text, std::make_shared<const std::string>(name));
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {

@@ -243,6 +243,9 @@ Plan load_plan(const std::string& path);
 // the flag when it does not read NAME=SIZE with 1 <= SIZE <= 4096, or the plan refuses it.
 void apply_mesh_flags(Plan& plan, const std::vector<std::string>& flags);
 Plan load_plan_text(const std::string& text, const std::string& path);
+// A plan ptool wrote itself (plan/plan_writer.h's write_plan, read back by the planner): the same
+// reading, without the checks that guard against a hostile file (core/yaml_reader.h load_emitted_yaml).
+Plan load_emitted_plan(const std::string& text, const std::string& path);
 
 // InputError unless the pipeline's split points make plan.pipeline_stages() stages and its
 // microbatches fit its schedule (checked on load, after --mesh, and by a Run given a built plan).

@@ -478,10 +478,8 @@ void parse_expert_parallel(const YamlNode& node, Plan& plan) {
         if (plan.mesh()[d].name == dim) plan.dims.set_expert_dim(d);
 }
 
-}  // namespace
-
-Plan load_plan_text(const std::string& text, const std::string& path) {
-    YamlNode root = load_yaml_text(text, path);
+// The plan of a parsed document (`text` its source).
+Plan plan_of_document(const YamlNode& root, const std::string& text, const std::string& path) {
     YamlMap m(root, "the plan");
     Plan plan;
     plan.path = path;
@@ -521,6 +519,16 @@ Plan load_plan_text(const std::string& text, const std::string& path) {
     if (auto v = m.get("verify")) parse_verify(*v, plan);
     m.finish();
     return plan;
+}
+
+}  // namespace
+
+Plan load_plan_text(const std::string& text, const std::string& path) {
+    return plan_of_document(load_yaml_text(text, path), text, path);
+}
+
+Plan load_emitted_plan(const std::string& text, const std::string& path) {
+    return plan_of_document(load_emitted_yaml(text, path), text, path);
 }
 
 Plan load_plan(const std::string& path) {

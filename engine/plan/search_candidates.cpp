@@ -216,7 +216,7 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
 std::string Search::lint(PlanChoice c) const {
     c.dp_mode = DataParallelMode::fully_shard;
     try {
-        const Explanation ex = explain_plan(full_, load_plan_text(write_plan(tpl_, c), "generated.yaml"));
+        const Explanation ex = explain_plan(full_, load_emitted_plan(write_plan(tpl_, c), "generated.yaml"));
         for (const Diagnostic& w : ex.resolution.warnings)
             if (w.kind == DiagnosticKind::uneven_shard) return w.message;
         if (!ex.resolution.causes.empty()) return ex.resolution.causes.front().message;

@@ -79,7 +79,7 @@ void Search::evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::o
         fmt::format("dp={}{} x tp={} {}{}{}", dp, c.cp > 1 ? fmt::format(" x cp={}", c.cp) : "", c.tp,
                     c.mode_name(), checkpointed(c), c.float8_text());
     const std::string plan_text = write_plan(tpl_, c);
-    const Plan plan = load_plan_text(plan_text, "generated.yaml");
+    const Plan plan = load_emitted_plan(plan_text, "generated.yaml");
     const int64_t first = full_.gradient_accumulation, last = std::max<int64_t>(o_.max_microbatches, first);
     double least = 0;
     int64_t least_mb = 0;
@@ -188,7 +188,7 @@ void Search::pipeline_candidate(const PlanChoice& base, int m, const PipelineCos
     const auto worst = std::max_element(costs.peak.begin(), costs.peak.end());
     cand.peak = *worst + workspace;  // with PyTorch's cuBLAS workspaces
     cand.reserved = *worst + fragmentation + workspace;
-    const Plan written = load_plan_text(cand.plan_text, "generated.yaml");
+    const Plan written = load_emitted_plan(cand.plan_text, "generated.yaml");
     if (const double c = cap(written); cand.reserved > c) {
         refusal = Rejection{shape,
                             fmt::format("pp rank {} needs {} > {} per GPU ({} microbatches a round)",

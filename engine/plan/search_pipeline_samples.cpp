@@ -38,7 +38,7 @@ public:
         if (widened_) {
             PlanChoice real = base;
             real.pp_microbatches = sampled_, real.stage_blocks.assign(stages_, kStageSampled);
-            timing_ = load_plan_text(write_plan(s.tpl_, real), "generated.yaml");
+            timing_ = load_emitted_plan(write_plan(s.tpl_, real), "generated.yaml");
         }
     }
 
@@ -78,7 +78,7 @@ private:
         int64_t blocks = 0;
         for (int b : c.stage_blocks) blocks += b;
         return variants_
-            .emplace(key, Variant{load_plan_text(write_plan(s_.tpl_, c), "generated.yaml"), blocks,
+            .emplace(key, Variant{load_emitted_plan(write_plan(s_.tpl_, c), "generated.yaml"), blocks,
                                   s_.rows_ / m_ * microbatches})
             .first->second;
     }
