@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/parallel_for.h"
 #include "plan/explain.h"
 #include "plan/search_state.h"
 
@@ -39,6 +40,7 @@ std::string Search::expert_split(int ep) const {
 
 // The dp x tp meshes the lint accepts, each with its modes and checkpointing; the rest rejected.
 std::vector<PlanChoice> Search::meshes() {
+    lint_ahead();
     std::vector<PlanChoice> groups;
     for (int tp = 1; tp <= r_.world_size; ++tp) {
         if (r_.world_size % tp) continue;
@@ -211,9 +213,33 @@ void Search::add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& grou
     }
 }
 
+// The meshes meshes() and add_context_parallel lint: each tp within a node (and a tp plan where tp
+// > 1) with its dp, and its context-parallel meshes, where the batch's rows (and the sequence) split.
+void Search::lint_ahead() {
+    std::vector<PlanChoice> meshes;
+    const Shape& in = full_.input.shape;
+    const bool sequence = in.size() >= (full_.input.ids ? 2u : 3u);
+    for (int tp = 1; tp <= r_.world_size && tp <= cluster_.gpus_per_node; ++tp) {
+        if (r_.world_size % tp || cluster_.gpus_per_node % tp || (tp > 1 && !tpl_.tp.unsupported.empty()))
+            continue;
+        for (int cp = 1; cp == 1 || (sequence && cp * tp <= cluster_.gpus_per_node &&
+                                     r_.world_size % (cp * tp) == 0 && in[1] % (2 * cp) == 0);
+             cp *= 2) {
+            PlanChoice c;
+            c.dp = r_.world_size / tp / cp, c.cp = cp, c.tp = tp, c.param_dtype = o_.param_dtype;
+            if (rows_ % c.dp == 0) meshes.push_back(c);
+        }
+    }
+    std::vector<std::string> why(meshes.size());
+    parallel_for(meshes.size(), o_.threads, [&](size_t i) { why[i] = lint(meshes[i]); });
+    for (size_t i = 0; i < meshes.size(); ++i)
+        linted_[{meshes[i].dp, meshes[i].cp, meshes[i].tp}] = std::move(why[i]);
+}
+
 // Why explain's rules refuse the mesh ("" if they do not): uneven shards (heads, features,
 // vocab, sequence), a conflict, or a plan that changes what is computed.
 std::string Search::lint(PlanChoice c) const {
+    if (auto it = linted_.find({c.dp, c.cp, c.tp}); it != linted_.end()) return it->second;
     c.dp_mode = DataParallelMode::fully_shard;
     try {
         const Explanation ex = explain_plan(full_, load_emitted_plan(write_plan(tpl_, c), "generated.yaml"));

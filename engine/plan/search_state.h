@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -114,6 +115,11 @@ private:
     void add_context_parallel(const PlanChoice& base, std::vector<PlanChoice>& groups);
     void add_pipelines(const PlanChoice& base, std::vector<PlanChoice>& groups);
     std::string lint(PlanChoice c) const;
+    // The lints meshes() asks for, run beforehand on every core (each is explain's resolution of the
+    // whole model: for a 405B on 512 GPUs they were the search's serial start), by (dp, cp, tp); a
+    // lint not among them runs when asked.
+    void lint_ahead();
+    std::map<std::tuple<int, int, int>, std::string> linted_;
     Simulated simulate_with(int64_t mb, const Plan& plan, ModelVariants& models) const;
     void evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::optional<Rejection>& refusal,
                   int& count) const;
