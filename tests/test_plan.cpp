@@ -340,6 +340,10 @@ TEST_CASE("a plan the planner wrote reads back the same without the hostile-file
         CHECK(b.activation_checkpointing.modules == a.activation_checkpointing.modules);
         CHECK(b.activation_checkpointing.mode == a.activation_checkpointing.mode);
     }
+    // the size limit still holds (a plan written for a model of many long names can outgrow a plan
+    // file's: it would not load back from the file `ptool plan` writes)
+    CHECK_THROWS_WITH(load_emitted_plan("mesh: {dp: 2}\n" + std::string(5 << 20, '#'), "generated.yaml"),
+                      Catch::Contains("over the limit"));
     // the plan's own rules still hold (only the file's checks are skipped): an unknown key is refused
     // where it stands
     CHECK_THROWS_WITH(load_emitted_plan("mesh: {dp: 2}\nmesh_dims: 1\n", "generated.yaml"),

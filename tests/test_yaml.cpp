@@ -30,6 +30,18 @@ TEST_CASE("syntax errors, deep nesting and huge documents are rejected before ya
     require_input_error([] { load_yaml_text("- 1\n- 2\n", "f.yaml"); }, {"top level must be a map"});
 }
 
+TEST_CASE("a double-quoted scalar's escaped quote keeps the brackets after it quoted", "[cpu]") {
+    // a module named x"[[[... (a name may hold a quote; ptool writes it \" in the plans it emits)
+    const std::string brackets(100, '[');
+    YamlNode root = load_yaml_text("a: \"x\\\" " + brackets + "\"\nb: 'y'' " + brackets + "'\n", "f.yaml");
+    YamlMap m(root, "x");
+    CHECK(m.at("a").as_string("'a'") == "x\" " + brackets);
+    CHECK(m.at("b").as_string("'b'") == "y' " + brackets);
+    // outside quotes the brackets still count
+    require_input_error([&] { load_yaml_text("a: \"x\\\\\" " + brackets + "\n", "f.yaml"); },
+                        {"nesting deeper"});
+}
+
 TEST_CASE("typed reads name the key and the expected type", "[cpu]") {
     YamlNode root = load_yaml_text("n: abc\nshape: [2, 0]\nf: 1.5x\nb: maybe\n", "f.yaml");
     YamlMap m(root, "x");

@@ -57,13 +57,17 @@ void check_documents(const std::string& text, const std::string& name) {
     }
 }
 
-// Rejects documents whose nesting would make yaml-cpp recurse deeply, before it parses them.
-void prescan(const std::string& text, const std::string& name, const YamlLimits& limits) {
+void check_size(const std::string& text, const std::string& name, const YamlLimits& limits) {
     if (text.size() > limits.max_bytes)
         throw InputError(SourceLocation{name, 1, 1}, fmt::format("file is {} bytes, over the limit of {}",
                                                                  text.size(), limits.max_bytes));
+}
+
+// Rejects documents whose nesting would make yaml-cpp recurse deeply, before it parses them.
+void prescan(const std::string& text, const std::string& name, const YamlLimits& limits) {
+    check_size(text, name, limits);
     int line = 1, col = 0, flow = 0, dashes = 0;
-    bool in_comment = false, line_start = true;
+    bool in_comment = false, line_start = true, escaped = false;
     char quote = 0;
     for (char c : text) {
         ++col;
@@ -72,8 +76,14 @@ void prescan(const std::string& text, const std::string& name, const YamlLimits&
             continue;
         }
         if (in_comment) continue;
-        if (quote) {
-            if (c == quote) quote = 0;
+        if (quote) {  // a double-quoted scalar's \" does not end it (a single-quoted one's '' ends and
+                      // reopens it)
+            if (escaped)
+                escaped = false;
+            else if (quote == '"' && c == '\\')
+                escaped = true;
+            else if (c == quote)
+                quote = 0;
             continue;
         }
         if (line_start && c != ' ' && c != '-') line_start = false;
@@ -349,6 +359,9 @@ YamlNode load_yaml_text(const std::string& text, const std::string& name, const 
 }
 
 YamlNode load_emitted_yaml(const std::string& text, const std::string& name) {
+    // the size limit still holds: a plan written for a model's many long names can outgrow what a
+    // plan file may be, and one the planner accepted would not load back from its file
+    check_size(text, name, YamlLimits{});
     return parse_document(text, std::make_shared<const std::string>(name));
 }
 

@@ -93,8 +93,9 @@ private:
 YamlNode load_yaml_text(const std::string& text, const std::string& name, const YamlLimits& limits = {});
 // Text ptool emitted itself (a plan the planner wrote and reads back, hundreds a search): one
 // document of plain maps, sequences and scalars by construction, so the passes that guard against a
-// hostile file (the size and nesting prescan, the documents' event pass, the tree check) are skipped
-// and only yaml-cpp's parse runs (they were a third of the planner's plan loading). Not for a file.
+// hostile file (the nesting prescan, the documents' event pass, the tree check) are skipped and
+// only the size limit and yaml-cpp's parse run (they were a third of the planner's plan loading).
+// Not for a file.
 YamlNode load_emitted_yaml(const std::string& text, const std::string& name);
 
 // The closest candidate by edit distance, or "" when none is close.
