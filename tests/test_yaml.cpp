@@ -30,7 +30,7 @@ TEST_CASE("syntax errors, deep nesting and huge documents are rejected before ya
     require_input_error([] { load_yaml_text("- 1\n- 2\n", "f.yaml"); }, {"top level must be a map"});
 }
 
-TEST_CASE("a double-quoted scalar's escaped quote keeps the brackets after it quoted", "[cpu]") {
+TEST_CASE("the nesting prescan takes quotes and comments where YAML does", "[cpu]") {
     // a module named x"[[[... (a name may hold a quote; ptool writes it \" in the plans it emits)
     const std::string brackets(100, '[');
     YamlNode root = load_yaml_text("a: \"x\\\" " + brackets + "\"\nb: 'y'' " + brackets + "'\n", "f.yaml");
@@ -40,6 +40,18 @@ TEST_CASE("a double-quoted scalar's escaped quote keeps the brackets after it qu
     // outside quotes the brackets still count
     require_input_error([&] { load_yaml_text("a: \"x\\\\\" " + brackets + "\n", "f.yaml"); },
                         {"nesting deeper"});
+    // a quote or '#' inside a plain scalar is text: the brackets after it count (where they were taken
+    // for a quoted scalar's or a comment's, yaml-cpp met them and its own depth guard said "bad file")
+    const std::string deep = std::string(100, '[') + std::string(100, ']');
+    require_input_error([&] { load_yaml_text("n: x\" y\\\"\nm: " + deep + "\n", "f.yaml"); },
+                        {"f.yaml:2:68", "nesting deeper"});
+    require_input_error([&] { load_yaml_text("n: it's\nm: " + deep + "\n", "f.yaml"); },
+                        {"f.yaml:2:68", "nesting deeper"});
+    require_input_error([&] { load_yaml_text("m: {b: x#" + deep + "}\n", "f.yaml"); },
+                        {"f.yaml:1:", "nesting deeper"});
+    // a comment after a space and a quoted key at a line's start are what they are
+    YamlNode c = load_yaml_text("\"k\": 1 # [[[[\n", "f.yaml");
+    CHECK(YamlMap(c, "c").at("k").as_int("'k'") == 1);
 }
 
 TEST_CASE("typed reads name the key and the expected type", "[cpu]") {

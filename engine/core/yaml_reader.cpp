@@ -6,6 +6,8 @@
 #include <fstream>
 #include <numeric>
 #include <sstream>
+#include <string_view>
+#include <utility>
 
 #include "core/numbers.h"
 
@@ -63,27 +65,35 @@ void check_size(const std::string& text, const std::string& name, const YamlLimi
                                                                  text.size(), limits.max_bytes));
 }
 
-// Rejects documents whose nesting would make yaml-cpp recurse deeply, before it parses them.
+// Rejects documents whose nesting would make yaml-cpp recurse deeply, before it parses them. Its
+// brackets are counted outside quoted scalars and comments as YAML reads them: a quote opens a
+// scalar only where one starts (a line's first, or after ':', '-', '?', ',', '[' or '{'), a double-
+// quoted one's \" does not close it (a single-quoted one's '' closes and reopens it), and '#' opens a
+// comment only after a space or at a line's start: a quote or '#' inside a plain scalar (x"y, a#b)
+// is text, and taking it for more would leave the brackets after it uncounted.
 void prescan(const std::string& text, const std::string& name, const YamlLimits& limits) {
     check_size(text, name, limits);
     int line = 1, col = 0, flow = 0, dashes = 0;
-    bool in_comment = false, line_start = true, escaped = false;
-    char quote = 0;
+    bool in_comment = false, line_start = true, escaped = false, closed_single = false;
+    char quote = 0, prev = '\n', prev_mark = '\n';  // the line's last character, and last but spaces
     for (char c : text) {
         ++col;
         if (c == '\n') {
-            ++line, col = 0, in_comment = false, line_start = true, dashes = 0;
+            ++line, col = 0, in_comment = false, line_start = true, dashes = 0, prev = prev_mark = '\n';
             continue;
         }
         if (in_comment) continue;
-        if (quote) {  // a double-quoted scalar's \" does not end it (a single-quoted one's '' ends and
-                      // reopens it)
+        if (quote) {
             if (escaped)
                 escaped = false;
             else if (quote == '"' && c == '\\')
                 escaped = true;
             else if (c == quote)
-                quote = 0;
+                closed_single = quote == '\'', quote = 0, prev = prev_mark = c;
+            continue;
+        }
+        if (std::exchange(closed_single, false) && c == '\'') {  // '' inside a single-quoted scalar
+            quote = c;
             continue;
         }
         if (line_start && c != ' ' && c != '-') line_start = false;
@@ -91,9 +101,11 @@ void prescan(const std::string& text, const std::string& name, const YamlLimits&
             throw InputError(SourceLocation{name, line, col}, "indentation is deeper than the nesting limit");
         if (c == '-' && line_start && ++dashes > limits.max_depth)
             throw InputError(SourceLocation{name, line, col}, "block sequences nest deeper than the limit");
-        if (c == '#')
+        const bool spaced = prev == ' ' || prev == '\t' || prev == '\n';
+        if (c == '#' && spaced)
             in_comment = true;
-        else if (c == '"' || c == '\'')
+        else if ((c == '"' || c == '\'') &&
+                 std::string_view("\n:-?,[{").find(prev_mark) != std::string_view::npos)
             quote = c;
         else if (c == '[' || c == '{') {
             if (++flow > limits.max_depth)
@@ -101,6 +113,8 @@ void prescan(const std::string& text, const std::string& name, const YamlLimits&
                                  fmt::format("nesting deeper than {} levels", limits.max_depth));
         } else if (c == ']' || c == '}')
             flow = std::max(0, flow - 1);
+        prev = c;
+        if (c != ' ' && c != '\t') prev_mark = c;
     }
 }
 
