@@ -40,10 +40,12 @@ ModelVariants::ModelVariants(const std::string& text, const std::string& name)
     : doc_(YAML::Load(text), std::make_shared<const std::string>(name)) {
     // every scalar a variant may set, with its text as written (read by the loader, as the file's)
     YAML::Node doc = doc_.raw();
+    const auto file = std::make_shared<const std::string>(name);
     for_each_module(doc["modules"], [&](YAML::Node m) {
         const ShrinkKeys k = keys_of(m);
-        if (!k.count.empty() && m[k.count] && m[k.count].IsScalar())
-            counts_.push_back({m[k.count], m[k.count].Scalar()});
+        if (k.count.empty() || !m[k.count] || !m[k.count].IsScalar()) return;
+        const int64_t blocks = YamlNode(m[k.count], file).as_int("a repeat's count");
+        counts_.push_back({m[k.count], m[k.count].Scalar(), blocks >= 4});
     });
     YAML::Node batch = doc["batch"];
     YAML::Node input = batch["input"];
@@ -56,11 +58,11 @@ const YamlNode& ModelVariants::at(int64_t count, int64_t microbatches, int64_t r
     // the file's text back in every node first (YAML::Node's assignment writes into the document's
     // own node, which an alias shares), then this variant's edits in the order a fresh document
     // took them: each repeat of 4 or more blocks, the microbatches, the rows
-    for (auto& [node, text] : counts_) node = text;
+    for (Count& c : counts_) c.node = c.text;
     for (auto& [node, text] : rows_) node = text;
-    if (count > 0)  // read as the loader reads it (012 is 12)
-        for (auto& [node, text] : counts_)
-            if (YamlNode(node, nullptr).as_int("a repeat's count") >= 4) node = count;
+    if (count > 0)
+        for (Count& c : counts_)
+            if (c.long_repeat) c.node = count;
     YAML::Node doc = doc_.raw();
     doc["gradient_accumulation"] = microbatches;
     if (rows > 0)

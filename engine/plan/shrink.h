@@ -43,8 +43,15 @@ public:
 
 private:
     YamlNode doc_;
-    // the repeats' counts and the batch's first dims, each with its text as written
-    std::vector<std::pair<YAML::Node, std::string>> counts_, rows_;
+    // the repeats' counts and the batch's first dims, each with its text as written; a count's
+    // value as the loader reads it (012 is 12) says whether a variant sets it (4 or more blocks)
+    struct Count {
+        YAML::Node node;
+        std::string text;
+        bool long_repeat;
+    };
+    std::vector<Count> counts_;
+    std::vector<std::pair<YAML::Node, std::string>> rows_;
 };
 
 // The proxy's YAML text. `model_text` must load (the model loader's errors are the caller's).
