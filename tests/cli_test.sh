@@ -37,6 +37,14 @@ expect 2 "" -- "$ptool" frobnicate
 head -c 20 /dev/urandom >"$tmp/junk.safetensors"
 expect 2 "junk.safetensors" -- "$ptool" run "$root/models/mlp.yaml" --init "$tmp/junk.safetensors"
 expect 0 "wrote" -- "$ptool" run "$root/models/mlp.yaml" --dump "$tmp/d.safetensors"
+# loss: mean of signed outputs near 0 in bf16: the loss is allowed what its outputs are (it failed
+# at 30 ULPs of a 0.003 mean whose every output agreed); under mpirun's rank-local comparison too
+expect 0 "PASS 132/132" -- "$ptool" verify "$root/tests/data/models/mlp_stacked_8.yaml" \
+    "$root/tests/data/pipeline/mlp8_pp2_v2_dp2_tp2_fsdp.yaml" --dtype bfloat16
+# a golden recorded in bf16 replays in bf16 (it replayed in the model's float32 and failed)
+expect 0 "wrote" -- "$ptool" golden record "$root/tests/data/models/mlp_stacked_8.yaml" \
+    "$root/tests/data/pipeline/mlp8_pp2_v2_dp2_tp2_fsdp.yaml" --dtype bfloat16 -o "$tmp/bf16.safetensors"
+expect 0 "1 passed, 0 failed" -- "$ptool" verify "$tmp/bf16.safetensors"
 # the dump is a safetensors file with golden keys: its init params load back as --init
 python3 - "$tmp/d.safetensors" "$tmp/init.safetensors" <<'PY'
 import json, struct, sys

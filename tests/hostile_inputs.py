@@ -179,6 +179,9 @@ with tempfile.TemporaryDirectory() as tmp:
     huge = T("huge_steps.safetensors")
     rewrite_st(f"{G}/mlp_root_module.safetensors", huge, meta={"steps": "1000000000"})
     expect(2, ["huge_steps.safetensors", "'steps'"], "verify", huge)
+    bad_dtype = T("bad_dtype.safetensors")  # a replay runs in the golden's dtype: a name it knows
+    rewrite_st(f"{G}/mlp_root_module.safetensors", bad_dtype, meta={"dtype": "float8"})
+    expect(2, ["bad_dtype.safetensors", "__metadata__ 'dtype'", "float8"], "verify", bad_dtype)
 
     # 8. a stripped golden does not pass: every tensor its model and plan imply must be there
     stripped = T("stripped.safetensors")

@@ -509,4 +509,20 @@ Tolerance rule_for(const Tolerance& tol, const std::string& key) {
     return k && k->kind() == "param" ? tol.for_masters() : tol;
 }
 
+Tolerance rule_for(const Tolerance& tol, const std::string& key, const Tensor& expected,
+                   const ExpectedTensors& find) {
+    Tolerance rule = rule_for(tol, key);
+    if (tol.loss_of_outputs == Tolerance::OutputSum::none || expected.numel() != 1) return rule;
+    const auto k = parse_step_key(key);
+    if (!k || k->kind() != "loss") return rule;
+    const Tensor* output = find(fmt::format("step{}.output", k->step));
+    if (!output || output->numel() == 0) return rule;
+    double m = 0;
+    for (double v : output->to_doubles()) m += std::abs(v);
+    if (tol.loss_of_outputs == Tolerance::OutputSum::mean) m /= static_cast<double>(output->numel());
+    const double e = std::abs(expected.to_doubles()[0]);
+    if (std::isfinite(m) && std::isfinite(e) && m > e) rule.atol += rule.rtol * (m - e);
+    return rule;
+}
+
 }  // namespace ptool

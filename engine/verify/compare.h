@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -136,5 +138,12 @@ DiffPiece unpack_piece(const int64_t* in);
 
 // The rule for a recorded tensor: the masters' (Tolerance::masters) for step{k}.param.*, else tol.
 Tolerance rule_for(const Tolerance& tol, const std::string& key);
+// The same, where the expected side's other tensors can be looked up by name: step{k}.loss of a
+// loss that sums or averages its outputs (Tolerance::loss_of_outputs) is allowed what its expected
+// step{k}.output is (atol raised by rtol (m - |e|), m = sum or mean |output|, where m > |e|); judged
+// as any tensor where that output is not at hand.
+using ExpectedTensors = std::function<const Tensor*(const std::string&)>;
+Tolerance rule_for(const Tolerance& tol, const std::string& key, const Tensor& expected,
+                   const ExpectedTensors& find);
 
 }  // namespace ptool

@@ -165,6 +165,15 @@ GoldenCase load_golden(const std::string& path) {
         c.tolerance.master_rtol = metadata_tolerance(path, "master_rtol", md.at("master_rtol"));
     if (md.count("master_atol"))
         c.tolerance.master_atol = metadata_tolerance(path, "master_atol", md.at("master_atol"));
+    if (md.count("dtype")) {
+        c.dtype = md.at("dtype");
+        try {
+            parse_dtype(c.dtype);
+        } catch (const InputError& e) {
+            throw InputError(SourceLocation{path, 0, 0},
+                             fmt::format("__metadata__ 'dtype': {}", e.message()));
+        }
+    }
     if (md.count("compact_sample"))
         c.compact_sample =
             metadata_count(path, "compact_sample", md.at("compact_sample"), 9999999, "a count");
@@ -172,7 +181,7 @@ GoldenCase load_golden(const std::string& path) {
         if (name.rfind("step", 0) == 0 && !parse_step_key(name))
             throw InputError(SourceLocation{path, 0, 0},
                              fmt::format("tensor '{}': a step key must read step{{k}}.NAME", name));
-    load_model_text(c.model_yaml, path + "[model_yaml]", "",
+    load_model_text(c.model_yaml, path + "[model_yaml]", c.dtype,
                     false);  // a case whose texts do not parse: exit 2
     load_plan_text(c.plan_yaml, path + "[plan_yaml]");
     for (const auto& [file, text] :
@@ -287,7 +296,10 @@ PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, c
             auto it = sr.replicas.find(name);
             if (it != sr.replicas.end()) tr.replicas = it->second;
             if (const Tensor* actual = find_tensor(sr, name))
-                tr.diff = compare_tensors(*actual, expected.to(actual->dtype()), rule_for(tol, name));
+                tr.diff = compare_tensors(*actual, expected.to(actual->dtype()),
+                                          rule_for(tol, name, expected, [&golden](const std::string& n) {
+                                              return golden.find(n);
+                                          }));
             else if (auto d = sr.vs_golden.find(name); d != sr.vs_golden.end())
                 tr.diff = d->second;  // compared as recorded
         }

@@ -35,6 +35,9 @@ struct GoldenCase {
     int64_t steps = 0;  // as recorded (0: not recorded)
     Tolerance::Override tolerance;
     int64_t compact_sample = 0;  // a compact golden's sample size (verify/golden_compact.h); 0: full
+    // the dtype it was recorded in (`golden record --dtype`; "" where the file names none): a
+    // replay runs in it unless told otherwise (a bf16 golden replayed in the model's float32 failed)
+    std::string dtype;
 };
 
 // Reads and validates a golden file (exit 2 on a damaged one: missing metadata, metadata that is

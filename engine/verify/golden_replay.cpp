@@ -128,9 +128,10 @@ std::vector<CaseResult> replay_golden_files(const std::vector<std::string>& args
         RunInputs in;
         in.model_path = c.path + "[model_yaml]";
         in.model_text = c.model_yaml;
-        in.dtype_override = dtype;
+        in.dtype_override = dtype.empty() ? c.dtype : dtype;  // the golden's own, unless told otherwise
         in.device = device;
-        load_model_text(in.model_text, in.model_path, dtype, false);  // a model that no longer parses: exit 2
+        load_model_text(in.model_text, in.model_path, in.dtype_override,
+                        false);  // a model that no longer parses: exit 2
         const Plan plan = load_plan_text(c.plan_yaml, c.path + "[plan_yaml]");
         results.push_back(replay_case(c, in, plan, opt, *launch));
         if (on_case) on_case(results.back());

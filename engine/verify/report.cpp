@@ -306,7 +306,9 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
             TensorReport tr;
             tr.name = name;
             if (const Tensor* actual = find_tensor(p, name))
-                tr.diff = compare_tensors(*actual, expected, rule_for(tol, name));
+                tr.diff = compare_tensors(
+                    *actual, expected,
+                    rule_for(tol, name, expected, [&r](const std::string& n) { return find_tensor(r, n); }));
             else if (auto d = p.vs_reference.find(name); d != p.vs_reference.end())
                 tr.diff = d->second;  // compared as recorded
             else

@@ -289,7 +289,13 @@ Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model&
     for_each_module(*model.root, [&](const std::string&, Module& m) { depth += m.children().empty(); });
     // mixed precision: the compute dtype's rule, the masters' for the parameters
     const DType compute = plan.compute_dtype(model.dtype);
-    return Tolerance::for_policy(model.dtype, compute, depth).with(plan.verify.tolerance).with(opt.tolerance);
+    Tolerance tol =
+        Tolerance::for_policy(model.dtype, compute, depth).with(plan.verify.tolerance).with(opt.tolerance);
+    // a loss of the outputs themselves is allowed what they are (Tolerance::loss_of_outputs)
+    tol.loss_of_outputs = model.loss == LossKind::sum    ? Tolerance::OutputSum::sum
+                          : model.loss == LossKind::mean ? Tolerance::OutputSum::mean
+                                                         : Tolerance::OutputSum::none;
+    return tol;
 }
 
 RunRecord record_reference(const RunInputs& in, const Plan& plan, int64_t steps, const RecordOptions& opt,
