@@ -41,6 +41,11 @@ expect 0 "wrote" -- "$ptool" run "$root/models/mlp.yaml" --dump "$tmp/d.safetens
 # at 30 ULPs of a 0.003 mean whose every output agreed); under mpirun's rank-local comparison too
 expect 0 "PASS 132/132" -- "$ptool" verify "$root/tests/data/models/mlp_stacked_8.yaml" \
     "$root/tests/data/pipeline/mlp8_pp2_v2_dp2_tp2_fsdp.yaml" --dtype bfloat16
+# an uneven shard's pieces: each rank's up to 16 ranks, runs of equal pieces past them
+expect 0 "16 output features over 3 ranks are uneven (6, 6, 4)" -- "$ptool" explain "$root/models/mlp.yaml" \
+    "$root/plans/mlp_root_module.yaml" --mesh tp=3
+expect 0 "16 output features over 32 ranks are uneven (1 x 16, 0 x 16)" -- "$ptool" explain \
+    "$root/models/mlp.yaml" "$root/plans/mlp_root_module.yaml" --mesh tp=32
 # a golden recorded in bf16 replays in bf16 (it replayed in the model's float32 and failed)
 expect 0 "wrote" -- "$ptool" golden record "$root/tests/data/models/mlp_stacked_8.yaml" \
     "$root/tests/data/pipeline/mlp8_pp2_v2_dp2_tp2_fsdp.yaml" --dtype bfloat16 -o "$tmp/bf16.safetensors"

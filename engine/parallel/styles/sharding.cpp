@@ -20,13 +20,31 @@ void ShardingStyle::parse(YamlMap& m, const YamlNode&, StyleSpec& s) const {
     s.use_local_output = m.bool_or("use_local_output", true);
 }
 
+namespace {
+
+// Each rank's piece, in rank order; past 16 ranks as runs of equal pieces ("1 x 16, 0 x 984"):
+// torch.chunk's pieces fall in at most three runs, and a thousand ranks' list filled the terminal.
+std::string piece_list(int64_t size, int parts) {
+    std::vector<int64_t> sizes;
+    for (int r = 0; r < parts; ++r) sizes.push_back(chunk_of(size, parts, r).length);
+    if (parts <= 16) return fmt::format("{}", fmt::join(sizes, ", "));
+    std::vector<std::string> runs;
+    for (size_t i = 0; i < sizes.size();) {
+        size_t j = i;
+        while (j < sizes.size() && sizes[j] == sizes[i]) ++j;
+        runs.push_back(fmt::format("{} x {}", sizes[i], j - i));
+        i = j;
+    }
+    return fmt::format("{}", fmt::join(runs, ", "));
+}
+
+}  // namespace
+
 void check_sharded_weight(const StyleCheck& c, std::string_view style, int64_t size, const char* what) {
     if (size % c.parts == 0) return;
-    std::vector<int64_t> sizes;
-    for (int r = 0; r < c.parts; ++r) sizes.push_back(chunk_of(size, c.parts, r).length);
     c.warnings.push_back({c.where,
                           fmt::format("'{}' {}: {} {} over {} ranks are uneven ({})", c.module.fqn(), style,
-                                      size, what, c.parts, fmt::join(sizes, ", ")),
+                                      size, what, c.parts, piece_list(size, c.parts)),
                           DiagnosticKind::uneven_shard});
 }
 
