@@ -41,6 +41,11 @@ expect 0 "wrote" -- "$ptool" run "$root/models/mlp.yaml" --dump "$tmp/d.safetens
 # at 30 ULPs of a 0.003 mean whose every output agreed); under mpirun's rank-local comparison too
 expect 0 "PASS 132/132" -- "$ptool" verify "$root/tests/data/models/mlp_stacked_8.yaml" \
     "$root/tests/data/pipeline/mlp8_pp2_v2_dp2_tp2_fsdp.yaml" --dtype bfloat16
+# a float32 golden replayed in bf16 is judged by bf16's rule (it was judged by the golden's
+# recorded float32 rtol and failed), in float32 by its own
+expect 0 "1 passed, 0 failed" -- "$ptool" verify "$root/golden/gpt_block_tp.safetensors" --dtype bfloat16
+expect 1 "0 passed, 1 failed" -- "$ptool" verify "$root/golden/gpt_block_tp.safetensors" --dtype bfloat16 \
+    --rtol 1.3e-6
 # an uneven shard's pieces: each rank's up to 16 ranks, runs of equal pieces past them
 expect 0 "16 output features over 3 ranks are uneven (6, 6, 4)" -- "$ptool" explain "$root/models/mlp.yaml" \
     "$root/plans/mlp_root_module.yaml" --mesh tp=3

@@ -24,12 +24,15 @@ std::string worst(const PlanReport& r, size_t n) {
     return fmt::format("{}", fmt::join(parts, "; "));
 }
 
-// The golden's recorded steps and tolerance, unless the command line says otherwise.
-VerifyOptions case_options(const GoldenCase& c, VerifyOptions vo) {
+// The golden's recorded steps and tolerance, unless the command line says otherwise. The recorded
+// rule is its dtype's: a replay in another dtype (verify --dtype) takes that dtype's defaults (a
+// float32 golden replayed in bf16 was judged by float32's rtol and failed every case).
+VerifyOptions case_options(const GoldenCase& c, VerifyOptions vo, const std::string& dtype) {
     if (!vo.steps) vo.steps = c.steps;
     // the golden's recorded rule, where the command line's --rtol/--atol do not replace it (those
     // rule every tensor, masters too, elementwise)
-    Tolerance::Override o = c.tolerance;
+    const bool own_dtype = dtype.empty() || c.dtype.empty() || parse_dtype(dtype) == parse_dtype(c.dtype);
+    Tolerance::Override o = own_dtype ? c.tolerance : Tolerance::Override{};
     if (vo.tolerance.rtol) o.rtol = vo.tolerance.rtol, o.master_rtol.reset(), o.rel_fro.reset();
     if (vo.tolerance.atol) o.atol = vo.tolerance.atol, o.master_atol.reset(), o.rel_fro.reset();
     vo.tolerance = o;
@@ -48,7 +51,7 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
         res.verdict = Verdict::stale, res.detail = c.stale;
         return res;
     }
-    const VerifyOptions options = case_options(c, opt.verify);
+    const VerifyOptions options = case_options(c, opt.verify, base.dtype_override);
     // parsed once: the case's checks here and verify's lint (VerifyJob::model)
     const auto probe = std::make_shared<const Model>(
         load_model_text(base.model_text, base.model_path, base.dtype_override, false));
