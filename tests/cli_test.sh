@@ -38,14 +38,12 @@ head -c 20 /dev/urandom >"$tmp/junk.safetensors"
 expect 2 "junk.safetensors" -- "$ptool" run "$root/models/mlp.yaml" --init "$tmp/junk.safetensors"
 expect 0 "wrote" -- "$ptool" run "$root/models/mlp.yaml" --dump "$tmp/d.safetensors"
 # loss: mean of signed outputs near 0 in bf16: the loss is allowed what its outputs are (it failed
-# at 30 ULPs of a 0.003 mean whose every output agreed); under mpirun's rank-local comparison too
+# at 30 ULPs of a 0.003 mean whose every output agreed); threads: the rank-local comparison
 expect 0 "PASS 132/132" -- "$ptool" verify "$root/tests/data/models/mlp_stacked_8.yaml" \
     "$root/tests/data/pipeline/mlp8_pp2_v2_dp2_tp2_fsdp.yaml" --dtype bfloat16
 # a float32 golden replayed in bf16 is judged by bf16's rule (it was judged by the golden's
-# recorded float32 rtol and failed), in float32 by its own
+# recorded float32 rtol and failed)
 expect 0 "1 passed, 0 failed" -- "$ptool" verify "$root/golden/gpt_block_tp.safetensors" --dtype bfloat16
-expect 1 "0 passed, 1 failed" -- "$ptool" verify "$root/golden/gpt_block_tp.safetensors" --dtype bfloat16 \
-    --rtol 1.3e-6
 # an uneven shard's pieces: each rank's up to 16 ranks, runs of equal pieces past them
 expect 0 "16 output features over 3 ranks are uneven (6, 6, 4)" -- "$ptool" explain "$root/models/mlp.yaml" \
     "$root/plans/mlp_root_module.yaml" --mesh tp=3
@@ -54,6 +52,17 @@ expect 0 "16 output features over 32 ranks are uneven (1 x 16, 0 x 16)" -- "$pto
 # a golden recorded in bf16 replays in bf16 (it replayed in the model's float32 and failed)
 expect 0 "wrote" -- "$ptool" golden record "$root/tests/data/models/mlp_stacked_8.yaml" \
     "$root/tests/data/pipeline/mlp8_pp2_v2_dp2_tp2_fsdp.yaml" --dtype bfloat16 -o "$tmp/bf16.safetensors"
+expect 0 "1 passed, 0 failed" -- "$ptool" verify "$tmp/bf16.safetensors"
+# ... and `verify MODEL PLAN --golden` runs in it too (it ran in float32, judged by bf16's rule)
+expect 0 "parallel vs golden: PASS" -- "$ptool" verify "$root/tests/data/models/mlp_stacked_8.yaml" \
+    "$root/tests/data/pipeline/mlp8_pp2_v2_dp2_tp2_fsdp.yaml" --golden "$tmp/bf16.safetensors" --json "$tmp/g.json"
+expect 0 "ran in bf16" -- python3 -c "import json; d = json.load(open('$tmp/g.json'))
+loss = [t for t in d['plans'][0]['tensors'] if t['name'] == 'step0.loss'][0]
+print('ran in bf16' if loss['max_abs'] > 1e-5 else 'ran in float32: step0.loss parts by %g' % loss['max_abs'])"
+expect 1 "reference vs golden: FAIL" -- "$ptool" verify "$root/tests/data/models/mlp_stacked_8.yaml" \
+    "$root/tests/data/pipeline/mlp8_pp2_v2_dp2_tp2_fsdp.yaml" --golden "$tmp/bf16.safetensors" --dtype float32
+# --update in another dtype writes that dtype and its rule (it kept bf16's: the next replay failed)
+expect 0 "1 updated" -- "$ptool" verify "$tmp/bf16.safetensors" --dtype float32 --update
 expect 0 "1 passed, 0 failed" -- "$ptool" verify "$tmp/bf16.safetensors"
 # the dump is a safetensors file with golden keys: its init params load back as --init
 python3 - "$tmp/d.safetensors" "$tmp/init.safetensors" <<'PY'

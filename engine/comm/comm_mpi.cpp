@@ -35,18 +35,18 @@ struct MpiP2P {
     P2PDesc desc, theirs;  // this rank's; the sender's (recv)
     MPI_Request header = MPI_REQUEST_NULL, payload = MPI_REQUEST_NULL;
     std::vector<char> scratch;  // a mismatched message's bytes, drained so its sender completes
-    bool draining = false;      // payload is that drain: left posted when the batch is given up
     Stage stage = Stage::header;
 };
 
 namespace {
 
-// Ops given up (a timeout, a mismatch): receives are cancelled, sends cannot be, and MPI may
-// still complete either after the batch has thrown. A mismatched message's drain is not cancelled:
-// its sender's synchronous send completes only when it is received (cancelled before the bytes
-// arrived, the sender waited out its whole timeout: mpi_conformance_np3 under load, 2026-11-30). Their
-// buffers (descriptors, tensors, scratch) stay reachable here until the process ends; failures end it soon
-// anyway.
+// Ops given up (a timeout, a mismatch): a receive still waiting for its descriptor is cancelled;
+// sends cannot be, and a receive whose descriptor matched (its bytes posted, or a mismatched
+// message's drain) is left to complete: its sender's synchronous send completes only when it is
+// received (cancelled before the bytes arrived, the sender waited out its whole timeout:
+// mpi_conformance_np3's 'dtype mismatch' under load, 2026-11-30). MPI may complete any of them
+// after the batch has thrown: their buffers (descriptors, tensors, scratch) stay reachable here
+// until the process ends; failures end it soon anyway.
 void keep_until_exit(std::shared_ptr<std::vector<MpiP2P>> batch) {
     static std::mutex mu;
     static auto* kept =
@@ -59,7 +59,7 @@ void give_up(const std::shared_ptr<std::vector<MpiP2P>>& batch) {
     for (MpiP2P& m : *batch)
         for (MPI_Request* req : {&m.header, &m.payload}) {
             if (*req == MPI_REQUEST_NULL) continue;
-            if (m.kind == P2POp::Kind::recv && !(m.draining && req == &m.payload)) MPI_Cancel(req);
+            if (m.kind == P2POp::Kind::recv && req == &m.header) MPI_Cancel(req);
             MPI_Request_free(req);
         }
     keep_until_exit(batch);
@@ -389,7 +389,6 @@ void MpiCommunicator::post_and_complete(std::vector<MpiP2P>& batch, const std::v
                     PTOOL_CHECK_MPI(MPI_Irecv(m.scratch.data(),
                                               as_int(m.scratch.size(), collective_name(Collective::recv)),
                                               MPI_BYTE, m.peer, tag, comm_, &m.payload));
-                    m.draining = true;
                     throw p2p_mismatch(world(rank_), world(m.peer), m.desc, m.theirs);
                 }
                 PTOOL_CHECK_MPI(MPI_Irecv(m.tensor.raw(),

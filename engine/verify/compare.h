@@ -145,5 +145,8 @@ Tolerance rule_for(const Tolerance& tol, const std::string& key);
 using ExpectedTensors = std::function<const Tensor*(const std::string&)>;
 Tolerance rule_for(const Tolerance& tol, const std::string& key, const Tensor& expected,
                    const ExpectedTensors& find);
+// That loss rule where the outputs' magnitude m (their sum or mean of |e|, as loss_of_outputs
+// says) is known another way (a compact golden: bounded from above by its norm).
+Tolerance loss_rule(const Tolerance& tol, double expected_loss, double m);
 
 }  // namespace ptool

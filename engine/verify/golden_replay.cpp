@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "core/files.h"
 #include "model/batch.h"
@@ -27,11 +28,11 @@ std::string worst(const PlanReport& r, size_t n) {
 // The golden's recorded steps and tolerance, unless the command line says otherwise. The recorded
 // rule is its dtype's: a replay in another dtype (verify --dtype) takes that dtype's defaults (a
 // float32 golden replayed in bf16 was judged by float32's rtol and failed every case).
-VerifyOptions case_options(const GoldenCase& c, VerifyOptions vo, const std::string& dtype) {
+VerifyOptions case_options(const GoldenCase& c, VerifyOptions vo, DType run) {
     if (!vo.steps) vo.steps = c.steps;
     // the golden's recorded rule, where the command line's --rtol/--atol do not replace it (those
     // rule every tensor, masters too, elementwise)
-    const bool own_dtype = dtype.empty() || c.dtype.empty() || parse_dtype(dtype) == parse_dtype(c.dtype);
+    const bool own_dtype = c.dtype.empty() || parse_dtype(c.dtype) == run;
     Tolerance::Override o = own_dtype ? c.tolerance : Tolerance::Override{};
     if (vo.tolerance.rtol) o.rtol = vo.tolerance.rtol, o.master_rtol.reset(), o.rel_fro.reset();
     if (vo.tolerance.atol) o.atol = vo.tolerance.atol, o.master_atol.reset(), o.rel_fro.reset();
@@ -51,10 +52,10 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
         res.verdict = Verdict::stale, res.detail = c.stale;
         return res;
     }
-    const VerifyOptions options = case_options(c, opt.verify, base.dtype_override);
     // parsed once: the case's checks here and verify's lint (VerifyJob::model)
     const auto probe = std::make_shared<const Model>(
         load_model_text(base.model_text, base.model_path, base.dtype_override, false));
+    const VerifyOptions options = case_options(c, opt.verify, probe->dtype);
     require_golden_tensors(c, *probe, steps_for(plan, options, probe->steps));
     TensorFile init, data;
     golden_inputs(c.file, init, data);
@@ -106,7 +107,14 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
         !res.directions[1].pass) {  // the numbers moved: re-record, loudly
         TensorFile fresh = record_golden(job.inputs, plan, job.options);
         if (c.compact_sample) fresh = compact_golden(fresh, c.compact_sample);
+        // the case's texts and provenance kept, the dtype and rule this record was made with its own
+        std::map<std::string, std::string> own = std::move(fresh.metadata);
         fresh.metadata = c.file.metadata;
+        for (const char* key : {"dtype", "rtol", "atol", "rel_fro", "master_rtol", "master_atol"})
+            if (auto it = own.find(key); it != own.end())
+                fresh.metadata[key] = it->second;
+            else
+                fresh.metadata.erase(key);
         release_input(c.path);  // replayed from it, rewritten on purpose
         write_safetensors(c.path, fresh, true);
         res.detail = fmt::format("updated: moved: {}", worst(res.directions[1], 5));

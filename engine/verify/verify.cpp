@@ -291,10 +291,12 @@ Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model&
     const DType compute = plan.compute_dtype(model.dtype);
     Tolerance tol =
         Tolerance::for_policy(model.dtype, compute, depth).with(plan.verify.tolerance).with(opt.tolerance);
-    // a loss of the outputs themselves is allowed what they are (Tolerance::loss_of_outputs)
-    tol.loss_of_outputs = model.loss == LossKind::sum    ? Tolerance::OutputSum::sum
-                          : model.loss == LossKind::mean ? Tolerance::OutputSum::mean
-                                                         : Tolerance::OutputSum::none;
+    // a loss of the outputs themselves is allowed what they are (Tolerance::loss_of_outputs), where
+    // they are judged too
+    if (plan.compares("output"))
+        tol.loss_of_outputs = model.loss == LossKind::sum    ? Tolerance::OutputSum::sum
+                              : model.loss == LossKind::mean ? Tolerance::OutputSum::mean
+                                                             : Tolerance::OutputSum::none;
     return tol;
 }
 

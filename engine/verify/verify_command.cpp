@@ -22,13 +22,19 @@ struct LoadedCommand {
 
 LoadedCommand load_command(const VerifyCommand& cmd) {
     LoadedCommand l;
+    if (!cmd.golden.empty()) {
+        if (cmd.plans.size() != 1) throw InputError("--golden compares one plan");
+        l.golden = std::make_unique<GoldenCase>(load_golden(cmd.golden));
+    }
     RunInputs& in = l.job.inputs;
     in.model_path = cmd.model;
     in.model_text = read_file(cmd.model, YamlLimits{}.max_bytes);
-    in.dtype_override = cmd.dtype;
+    // against a golden, in the dtype it was recorded in unless told otherwise (golden_replay.h)
+    in.dtype_override = cmd.dtype.empty() && l.golden ? l.golden->dtype : cmd.dtype;
     in.device = cmd.device;
     // a bad model: exit 2 before any rank starts; parsed once, for every check here and verify's lint
-    l.job.model = std::make_shared<const Model>(load_model_text(in.model_text, cmd.model, cmd.dtype, false));
+    l.job.model =
+        std::make_shared<const Model>(load_model_text(in.model_text, cmd.model, in.dtype_override, false));
     if (!cmd.init.empty())
         l.init = std::make_unique<TensorFile>(read_checkpoint(cmd.init)), in.init = l.init.get(),
         in.init_path = cmd.init;
@@ -43,10 +49,6 @@ LoadedCommand load_command(const VerifyCommand& cmd) {
         for (const Plan& p : l.job.plans)
             steps = std::max(steps, steps_for(p, cmd.options, l.job.model->steps));
         check_data_steps(*l.data, cmd.data, steps);
-    }
-    if (!cmd.golden.empty()) {
-        if (l.job.plans.size() != 1) throw InputError("--golden compares one plan");
-        l.golden = std::make_unique<GoldenCase>(load_golden(cmd.golden));
     }
     return l;
 }
