@@ -32,13 +32,15 @@ struct Tolerance {
         double rtol, atol;
     };
     std::optional<Pair> masters;
-    // A loss that sums or averages the model's outputs (loss: sum, mean) is allowed what those
-    // outputs are: where each passes |a - e| <= atol + rtol |e|, their mean passes within atol +
-    // rtol mean|e| (their sum, within n atol + rtol sum|e|; atol is taken once). Judged by |e| alone,
-    // such a loss near zero (signed outputs that cancel) failed a correct bf16 plan whose every
-    // output agreed (verify/compare.h: rule_for). none: the loss is judged as any tensor (its terms
-    // are not negative: cross-entropy, mse).
+    // A loss that sums or averages the model's outputs (loss: sum, mean) is judged with them: it
+    // passes where it parts from the expected one by no more than atol + rtol |e| plus what its
+    // outputs' difference makes of it (|sum(a - e)|, or over their count: verify/report.h,
+    // judge_loss_by_outputs). Judged by |e| alone, such a loss near zero (signed outputs that
+    // cancel) failed a correct bf16 plan whose every output agreed. none: the loss is judged as any
+    // tensor (its terms are not negative: cross-entropy, mse).
     enum class OutputSum { none, sum, mean } loss_of_outputs = OutputSum::none;
+    double output_eps = 0;    // the eps of the dtype the outputs and the loss's partials are computed in
+    bool signed_sum = false;  // also sum a - e exactly (TensorDiff::signed_err): the outputs' rule
 
     // torch.testing's rtol/atol for the dtype; for bfloat16/float16 also the Frobenius bound at `depth`.
     static Tolerance for_dtype(DType dt, int depth = 1);

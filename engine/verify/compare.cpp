@@ -358,6 +358,25 @@ int compare_threads() {
     return static_cast<int>(std::clamp(usable_cores(), 1, 8));
 }
 
+namespace {
+
+// Tolerance::signed_sum: the exact sums of a - e over the piece's elements, its positive and its
+// negative differences apart (a model's outputs: small beside its parameters, one pass each)
+void add_signed(const Tensor& actual, const Tensor& expected, const std::vector<Span>& spans, DiffPiece& p) {
+    for (const Span& s : spans)
+        for (int64_t i = 0; i < s.n; ++i) {
+            const double e = expected.item(s.e + i), d = actual.item(s.a + i) - e;
+            if (d > 0) p.over.add(d);
+            if (d < 0) p.under.add(-d);  // NaN: neither (the piece fails on it already)
+            if (std::isfinite(e)) p.magnitude.add(std::abs(e));
+        }
+}
+
+DiffPiece compare_spans_of(const Tensor& actual, const Tensor& expected, const std::vector<Span>& spans,
+                           const Tolerance& tol, int threads);
+
+}  // namespace
+
 DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset,
                         const Tolerance& tol, int threads) {
     DiffPiece piece;
@@ -372,6 +391,18 @@ DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std:
         return piece;
     }
     const std::vector<Span> spans = spans_of(local, global, offset);
+    piece = compare_spans_of(actual, expected, spans, tol, threads);
+    piece.d.elements = actual.numel();
+    if (tol.signed_sum) add_signed(actual, expected, spans, piece);
+    return piece;
+}
+
+namespace {
+
+DiffPiece compare_spans_of(const Tensor& actual, const Tensor& expected, const std::vector<Span>& spans,
+                           const Tolerance& tol, int threads) {
+    DiffPiece piece;
+    piece.counted = true;
     const int64_t n = actual.numel();
     if (actual.dtype() != expected.dtype() || !dtype_is_float(actual.dtype())) {
         // mixed dtypes or integers: through doubles, no ULP distance across dtypes
@@ -419,10 +450,13 @@ DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std:
     return piece;
 }
 
+}  // namespace
+
 void merge_piece(DiffPiece& into, const DiffPiece& p) {
     if (!p.counted) return;
     into.counted = true;
     into.err2.add(p.err2), into.ref2.add(p.ref2);
+    into.over.add(p.over), into.under.add(p.under), into.magnitude.add(p.magnitude);
     into.all_equal = into.all_equal && p.all_equal;
     TensorDiff& a = into.d;
     const TensorDiff& b = p.d;
@@ -430,6 +464,7 @@ void merge_piece(DiffPiece& into, const DiffPiece& p) {
     a.max_rel = worst(a.max_rel, b.max_rel);
     a.headroom = worst(a.headroom, b.headroom);
     a.max_ulp = std::max(a.max_ulp, b.max_ulp);
+    a.elements += b.elements;
     a.nonfinite += b.nonfinite;
     a.nonfinite_actual += b.nonfinite_actual, a.nonfinite_expected += b.nonfinite_expected;
     a.pass = a.pass && b.pass;
@@ -450,6 +485,8 @@ TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol) {
     d.ref_norm = all.all_equal && !frobenius ? 0.0 : std::sqrt(all.ref2.value());
     d.rel_fro = d.ref_norm > 0 ? d.err_norm / d.ref_norm
                                : (d.err_norm > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+    d.signed_err = all.over.value() - all.under.value();
+    d.expected_l1 = all.magnitude.value();
     const bool elementwise = d.pass && d.headroom <= 1.0;
     d.by_frobenius = !elementwise && d.pass && tol.rel_fro > 0 && d.rel_fro <= tol.rel_fro;
     d.pass = elementwise || d.by_frobenius;
@@ -458,7 +495,7 @@ TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol) {
 
 void pack_piece(const DiffPiece& piece, int64_t* out) {
     DiffPiece p = piece;
-    p.err2.normalize(), p.ref2.normalize();
+    p.err2.normalize(), p.ref2.normalize(), p.over.normalize(), p.under.normalize(), p.magnitude.normalize();
     auto bits = [](double v) {
         int64_t b;
         std::memcpy(&b, &v, 8);
@@ -467,10 +504,13 @@ void pack_piece(const DiffPiece& piece, int64_t* out) {
     out[0] = p.counted, out[1] = p.all_equal, out[2] = p.d.shape_ok, out[3] = p.d.pass,
     out[4] = p.d.nonfinite;
     out[5] = p.d.max_ulp, out[6] = bits(p.d.max_abs), out[7] = bits(p.d.max_rel), out[8] = bits(p.d.headroom);
-    out[9] = p.d.nonfinite_actual, out[10] = p.d.nonfinite_expected;
+    out[9] = p.d.nonfinite_actual, out[10] = p.d.nonfinite_expected, out[11] = p.d.elements;
     for (int i = 0; i < ExactSum::kWords; ++i) {
-        out[11 + i] = static_cast<int64_t>(p.err2.w[i]);
-        out[11 + ExactSum::kWords + i] = static_cast<int64_t>(p.ref2.w[i]);
+        out[12 + i] = static_cast<int64_t>(p.err2.w[i]);
+        out[12 + ExactSum::kWords + i] = static_cast<int64_t>(p.ref2.w[i]);
+        out[12 + 2 * ExactSum::kWords + i] = static_cast<int64_t>(p.over.w[i]);
+        out[12 + 3 * ExactSum::kWords + i] = static_cast<int64_t>(p.under.w[i]);
+        out[12 + 4 * ExactSum::kWords + i] = static_cast<int64_t>(p.magnitude.w[i]);
     }
 }
 
@@ -483,10 +523,13 @@ DiffPiece unpack_piece(const int64_t* in) {
     DiffPiece p;
     p.counted = in[0], p.all_equal = in[1], p.d.shape_ok = in[2], p.d.pass = in[3], p.d.nonfinite = in[4];
     p.d.max_ulp = in[5], p.d.max_abs = value(in[6]), p.d.max_rel = value(in[7]), p.d.headroom = value(in[8]);
-    p.d.nonfinite_actual = in[9], p.d.nonfinite_expected = in[10];
+    p.d.nonfinite_actual = in[9], p.d.nonfinite_expected = in[10], p.d.elements = in[11];
     for (int i = 0; i < ExactSum::kWords; ++i) {
-        p.err2.w[i] = static_cast<uint64_t>(in[11 + i]);
-        p.ref2.w[i] = static_cast<uint64_t>(in[11 + ExactSum::kWords + i]);
+        p.err2.w[i] = static_cast<uint64_t>(in[12 + i]);
+        p.ref2.w[i] = static_cast<uint64_t>(in[12 + ExactSum::kWords + i]);
+        p.over.w[i] = static_cast<uint64_t>(in[12 + 2 * ExactSum::kWords + i]);
+        p.under.w[i] = static_cast<uint64_t>(in[12 + 3 * ExactSum::kWords + i]);
+        p.magnitude.w[i] = static_cast<uint64_t>(in[12 + 4 * ExactSum::kWords + i]);
     }
     return p;
 }
@@ -504,30 +547,14 @@ TensorDiff compare_tensors(const Tensor& actual, const Tensor& expected, const T
 }
 
 Tolerance rule_for(const Tolerance& tol, const std::string& key) {
+    const auto k = parse_step_key(key);
+    if (tol.loss_of_outputs != Tolerance::OutputSum::none && k && k->kind() == "output") {
+        Tolerance t = tol;
+        t.signed_sum = true;
+        return t;
+    }
     if (!tol.masters) return tol;
-    const auto k = parse_step_key(key);
     return k && k->kind() == "param" ? tol.for_masters() : tol;
-}
-
-Tolerance rule_for(const Tolerance& tol, const std::string& key, const Tensor& expected,
-                   const ExpectedTensors& find) {
-    Tolerance rule = rule_for(tol, key);
-    if (tol.loss_of_outputs == Tolerance::OutputSum::none || expected.numel() != 1) return rule;
-    const auto k = parse_step_key(key);
-    if (!k || k->kind() != "loss") return rule;
-    const Tensor* output = find(fmt::format("step{}.output", k->step));
-    if (!output || output->numel() == 0) return rule;
-    double m = 0;
-    for (double v : output->to_doubles()) m += std::abs(v);
-    if (tol.loss_of_outputs == Tolerance::OutputSum::mean) m /= static_cast<double>(output->numel());
-    return loss_rule(rule, expected.item(0), m);
-}
-
-Tolerance loss_rule(const Tolerance& tol, double expected_loss, double m) {
-    Tolerance rule = tol;
-    const double e = std::abs(expected_loss);
-    if (std::isfinite(m) && std::isfinite(e) && m > e) rule.atol += rule.rtol * (m - e);
-    return rule;
 }
 
 }  // namespace ptool

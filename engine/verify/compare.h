@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +32,9 @@ struct TensorDiff {
     bool by_gradients = false;  // a parameter that failed the elementwise rule while its gradients agreed and
                                 // its update is the optimizer's on them (verify/report.h, update rule)
     int64_t max_ulp = 0;
+    double signed_err = 0;   // sum of a - e, exact (Tolerance::signed_sum; 0 otherwise)
+    double expected_l1 = 0;  // sum of |e|, exact (the same)
+    int64_t elements = 0;    // compared (over every piece: each element once)
     bool pass = true;
 };
 
@@ -120,6 +122,8 @@ struct BinnedSum {
 struct DiffPiece {
     TensorDiff d;
     ExactSum err2, ref2;
+    // Tolerance::signed_sum: the sums of a - e where positive, of e - a where positive, and of |e|
+    ExactSum over, under, magnitude;
     bool counted = false;   // this piece holds elements (a replica that does not count holds none)
     bool all_equal = true;  // every element bitwise equal to its expected one
 };
@@ -132,21 +136,13 @@ int compare_threads();  // the most a comparison takes: one per core, at most 8
 void merge_piece(DiffPiece& into, const DiffPiece& piece);  // the maxima, counts and sums of both
 TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol);
 // A piece as int64 words (for a collective) and back.
-constexpr int kPieceWords = 11 + 2 * ExactSum::kWords;  // sums packed normalized
+constexpr int kPieceWords = 12 + 5 * ExactSum::kWords;  // sums packed normalized
 void pack_piece(const DiffPiece& p, int64_t* out);
 DiffPiece unpack_piece(const int64_t* in);
 
-// The rule for a recorded tensor: the masters' (Tolerance::masters) for step{k}.param.*, else tol.
+// The rule for a recorded tensor: the masters' (Tolerance::masters) for step{k}.param.*; a model
+// output's with signed_sum where the loss is of the outputs themselves (Tolerance::loss_of_outputs);
+// else tol.
 Tolerance rule_for(const Tolerance& tol, const std::string& key);
-// The same, where the expected side's other tensors can be looked up by name: step{k}.loss of a
-// loss that sums or averages its outputs (Tolerance::loss_of_outputs) is allowed what its expected
-// step{k}.output is (atol raised by rtol (m - |e|), m = sum or mean |output|, where m > |e|); judged
-// as any tensor where that output is not at hand.
-using ExpectedTensors = std::function<const Tensor*(const std::string&)>;
-Tolerance rule_for(const Tolerance& tol, const std::string& key, const Tensor& expected,
-                   const ExpectedTensors& find);
-// That loss rule where the outputs' magnitude m (their sum or mean of |e|, as loss_of_outputs
-// says) is known another way (a compact golden: bounded from above by its norm).
-Tolerance loss_rule(const Tolerance& tol, double expected_loss, double m);
 
 }  // namespace ptool

@@ -296,10 +296,7 @@ PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, c
             auto it = sr.replicas.find(name);
             if (it != sr.replicas.end()) tr.replicas = it->second;
             if (const Tensor* actual = find_tensor(sr, name))
-                tr.diff = compare_tensors(*actual, expected.to(actual->dtype()),
-                                          rule_for(tol, name, expected, [&golden](const std::string& n) {
-                                              return golden.find(n);
-                                          }));
+                tr.diff = compare_tensors(*actual, expected.to(actual->dtype()), rule_for(tol, name));
             else if (auto d = sr.vs_golden.find(name); d != sr.vs_golden.end())
                 tr.diff = d->second;  // compared as recorded
         }
@@ -314,6 +311,7 @@ PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, c
     Tolerance module_tol = tol;
     module_tol.systematic = 0;
     judge_by_module(rep, module_tol);
+    judge_loss_by_outputs(rep, tol, [&golden](const std::string& n) { return golden.find(n); });
     const std::set<std::string> golden_ok = consistent_updates(golden, optimizer, tol);
     apply_update_rule(rep, [&](const std::string& name) {
         if (!golden_ok.count(name)) return false;

@@ -6,8 +6,8 @@
 // it cannot be recorded from --init or --data. metadata "compact_sample" = N.
 //
 // Replayed, the reference's tensors are compared with them: the loss by the elementwise rule (a
-// loss of the outputs themselves by its outputs' magnitude, verify/compare.h, bounded from above
-// by their norm); a
+// loss of the outputs themselves also allowed what outputs that pass elementwise can make of it,
+// bounded from their norm: golden_compact.cpp); a
 // norm passes when |‖a‖ - ‖e‖| <= atol * sqrt(numel) + rtol * ‖e‖ (what the elementwise rule
 // implies, so no run that passes a full golden fails its compact one); the sample elementwise.
 // What it cannot catch: a change confined to elements outside the sample that moves no norm

@@ -10,18 +10,6 @@
 #include "verify/recorder_state.h"
 
 namespace ptool::recording {
-namespace {
-
-// An expected side's tensors by name (rule_for reads a loss's outputs there)
-ExpectedTensors in(const std::unordered_map<std::string, const Tensor*>& side) {
-    return [&side](const std::string& n) -> const Tensor* {
-        auto it = side.find(n);
-        return it == side.end() ? nullptr : it->second;
-    };
-}
-
-}  // namespace
-
 Recorder::Recorder(Run& run, const RecordOptions& opt)
     : run_(run),
       opt_(opt),
@@ -275,13 +263,11 @@ Tensor Recorder::keep(StepRecord& sr, const std::string& name, const Tensor& loc
     sr.replicas[name] = state;
     if (opt_.compare_with || opt_.golden) {  // compared now; a parallel run keeps the diffs only
         const Tensor host = on_host(full);
-        // each expected side's rule (a loss: by that side's outputs, rule_for)
+        const Tolerance tol = rule_for(opt_.tol, name);
         if (auto it = reference_.find(name); it != reference_.end())
-            sr.vs_reference[name] =
-                compare_tensors(host, *it->second, rule_for(opt_.tol, name, *it->second, in(reference_)));
+            sr.vs_reference[name] = compare_tensors(host, *it->second, tol);
         if (auto it = golden_.find(name); it != golden_.end())
-            sr.vs_golden[name] = compare_tensors(host, it->second->to(host.dtype()),
-                                                 rule_for(opt_.tol, name, *it->second, in(golden_)));
+            sr.vs_golden[name] = compare_tensors(host, it->second->to(host.dtype()), tol);
         if (opt_.compare_with) return host;
     }
     // the last step's tensors are not written again: recorded in place, not copied
@@ -294,14 +280,13 @@ Tensor Recorder::keep(StepRecord& sr, const std::string& name, const Tensor& loc
 void Recorder::keep_local(StepRecord& sr, const std::string& name, const Tensor& local, const Placements& pl,
                           ReplicaState state) {
     const Tensor mine = on_host(local);
+    const Tolerance tol = rule_for(opt_.tol, name);
     if (auto it = reference_.find(name); it != reference_.end())
         queue_diff(Target::reference, name,
-                   piece(mine, *it->second, shared_box(it->second->shape(), pl, state),
-                         rule_for(opt_.tol, name, *it->second, in(reference_))));
+                   piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol));
     if (auto it = golden_.find(name); it != golden_.end())
         queue_diff(Target::golden, name,
-                   piece(mine, *it->second, shared_box(it->second->shape(), pl, state),
-                         rule_for(opt_.tol, name, *it->second, in(golden_))));
+                   piece(mine, *it->second, shared_box(it->second->shape(), pl, state), tol));
     note_state(sr, name, state);
 }
 

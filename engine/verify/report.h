@@ -91,6 +91,19 @@ std::vector<ErrorCell> error_cells(const PlanReport& rep);
 
 void apply_update_rule(PlanReport& rep, const std::function<bool(const std::string& param_key)>& consistent);
 
+// The loss of the outputs themselves (Tolerance::loss_of_outputs): a step's loss that failed its
+// own rule passes where |a - e| <= atol + rtol |e| + |d| + eps m: d its step's outputs' difference
+// made into the loss (the output row's TensorDiff::signed_err, over its elements for a mean), m
+// their expected magnitude made so (expected_l1), eps the compute dtype's (Tolerance::output_eps):
+// each side rounds its microbatches' losses in it (a partial of magnitude up to m, half an eps each). A mean
+// of signed outputs that cancel parts from the expected one by the outputs' difference and those
+// roundings, which |e| alone did not allow; a loss its outputs do not account for by more than
+// eps m (combined wrong over ranks or microbatches) still fails. Only where the step's output row
+// was compared and passed (wrong outputs do not excuse the loss they make); `expected` finds the
+// expected side's loss by name.
+void judge_loss_by_outputs(PlanReport& rep, const Tolerance& tol,
+                           const std::function<const Tensor*(const std::string&)>& expected);
+
 // A verify's comparison is of finite runs: a tensor with a NaN or an infinity on either side fails,
 // whatever the other side holds (a NaN from the first step on both sides is not an agreement, and
 // would pass every injected bug too), and a note names the first such tensor and the side(s) that

@@ -291,12 +291,11 @@ Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model&
     const DType compute = plan.compute_dtype(model.dtype);
     Tolerance tol =
         Tolerance::for_policy(model.dtype, compute, depth).with(plan.verify.tolerance).with(opt.tolerance);
-    // a loss of the outputs themselves is allowed what they are (Tolerance::loss_of_outputs), where
-    // they are judged too
-    if (plan.compares("output"))
-        tol.loss_of_outputs = model.loss == LossKind::sum    ? Tolerance::OutputSum::sum
-                              : model.loss == LossKind::mean ? Tolerance::OutputSum::mean
-                                                             : Tolerance::OutputSum::none;
+    // a loss of the outputs themselves is judged with them (Tolerance::loss_of_outputs)
+    tol.loss_of_outputs = model.loss == LossKind::sum    ? Tolerance::OutputSum::sum
+                          : model.loss == LossKind::mean ? Tolerance::OutputSum::mean
+                                                         : Tolerance::OutputSum::none;
+    tol.output_eps = dtype_eps(compute);
     return tol;
 }
 
