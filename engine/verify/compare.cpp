@@ -369,37 +369,11 @@ void add_signed(const Tensor& actual, const Tensor& expected, const std::vector<
             if (!std::isfinite(d)) continue;  // the piece fails on it already (ExactSum takes finite terms)
             if (d > 0) p.over.add(d);
             if (d < 0) p.under.add(-d);
-            if (std::isfinite(e)) p.magnitude.add(std::abs(e));
+            p.magnitude.add(std::abs(e));  // finite where d is
         }
 }
 
-DiffPiece compare_spans_of(const Tensor& actual, const Tensor& expected, const std::vector<Span>& spans,
-                           const Tolerance& tol, int threads);
-
-}  // namespace
-
-DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset,
-                        const Tolerance& tol, int threads) {
-    DiffPiece piece;
-    piece.counted = true;
-    const Shape &local = actual.shape(), &global = expected.shape();
-    bool fits = local.size() == global.size() && offset.size() == local.size();
-    for (size_t d = 0; fits && d < local.size(); ++d)
-        fits = offset[d] >= 0 && offset[d] + local[d] <= global[d];
-    if (!fits) {
-        piece.d.shape_ok = piece.d.pass = false;
-        piece.d.headroom = std::numeric_limits<double>::infinity();
-        return piece;
-    }
-    const std::vector<Span> spans = spans_of(local, global, offset);
-    piece = compare_spans_of(actual, expected, spans, tol, threads);
-    piece.d.elements = actual.numel();
-    if (tol.signed_sum) add_signed(actual, expected, spans, piece);
-    return piece;
-}
-
-namespace {
-
+// The spans' elements compared (compare_piece's maxima, counts and Frobenius sums)
 DiffPiece compare_spans_of(const Tensor& actual, const Tensor& expected, const std::vector<Span>& spans,
                            const Tolerance& tol, int threads) {
     DiffPiece piece;
@@ -452,6 +426,26 @@ DiffPiece compare_spans_of(const Tensor& actual, const Tensor& expected, const s
 }
 
 }  // namespace
+
+DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std::vector<int64_t>& offset,
+                        const Tolerance& tol, int threads) {
+    DiffPiece piece;
+    piece.counted = true;
+    const Shape &local = actual.shape(), &global = expected.shape();
+    bool fits = local.size() == global.size() && offset.size() == local.size();
+    for (size_t d = 0; fits && d < local.size(); ++d)
+        fits = offset[d] >= 0 && offset[d] + local[d] <= global[d];
+    if (!fits) {
+        piece.d.shape_ok = piece.d.pass = false;
+        piece.d.headroom = std::numeric_limits<double>::infinity();
+        return piece;
+    }
+    const std::vector<Span> spans = spans_of(local, global, offset);
+    piece = compare_spans_of(actual, expected, spans, tol, threads);
+    piece.d.elements = actual.numel();
+    if (tol.signed_sum) add_signed(actual, expected, spans, piece);
+    return piece;
+}
 
 void merge_piece(DiffPiece& into, const DiffPiece& p) {
     if (!p.counted) return;

@@ -10,6 +10,7 @@
 #include "verify/recorder_state.h"
 
 namespace ptool::recording {
+
 Recorder::Recorder(Run& run, const RecordOptions& opt)
     : run_(run),
       opt_(opt),
