@@ -18,7 +18,11 @@ std::string xml_escape(const std::string& s) {
 }
 
 bool failed(const CaseResult& c) {
-    return c.verdict == Verdict::fail || c.verdict == Verdict::stale;
+    return c.verdict == Verdict::fail || c.verdict == Verdict::stale || c.verdict == Verdict::refused;
+}
+
+const char* failure_type(Verdict v) {
+    return v == Verdict::stale ? "stale" : v == Verdict::refused ? "refused" : "mismatch";
 }
 
 std::string testcase(const std::string& classname, const std::string& name, double seconds,
@@ -65,8 +69,7 @@ void write_junit(const std::vector<CaseResult>& cases, const std::string& path) 
     for (const auto& c : cases) {
         failures += failed(c), total += c.seconds;
         body +=
-            testcase("ptool.golden", c.path, c.seconds,
-                     failed(c) ? (c.verdict == Verdict::stale ? "stale" : "mismatch") : "",
+            testcase("ptool.golden", c.path, c.seconds, failed(c) ? failure_type(c.verdict) : "",
                      whole_phrases(std::string(verdict_name(c.verdict)) + ": " + c.detail, 300), c.detail);
     }
     const int n = static_cast<int>(cases.size());

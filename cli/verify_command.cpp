@@ -2,6 +2,8 @@
 // it, in-process or under mpirun alike.
 #include "verify/verify_command.h"
 
+#include <spdlog/spdlog.h>
+
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -23,6 +25,11 @@ struct VerifyArgs {
 };
 
 void print_case(const CaseResult& r, bool three_way, int verbosity) {
+    if (r.verdict == Verdict::refused) {  // the error as any input error's, then the case's line
+        spdlog::error("{}", r.detail);
+        fmt::print("{}: {}\n", r.path, verdict_name(r.verdict));
+        return;
+    }
     if (!three_way) {
         fmt::print("{}: {} ({} ranks, {:.0f} ms){}{}\n", r.path, verdict_name(r.verdict), r.world_size,
                    r.seconds * 1e3, r.detail.empty() ? "" : " · ", r.detail);
@@ -112,15 +119,13 @@ int verify(VerifyArgs& a, const Common& c) {
             cases.push_back(r);
         });
     if (replay && !cases.empty()) {  // rank 0 of the job
-        int passed = 0, failed = 0, stale = 0, updated = 0;
-        for (const auto& r : cases) {
-            passed += r.verdict == Verdict::pass;
-            failed += r.verdict == Verdict::fail;
-            stale += r.verdict == Verdict::stale;
-            updated += r.verdict == Verdict::updated;
-        }
-        fmt::print("golden: {} cases: {} passed, {} failed, {} stale, {} updated\n", cases.size(), passed,
-                   failed, stale, updated);
+        int count[5] = {};           // by Verdict
+        for (const auto& r : cases) ++count[static_cast<int>(r.verdict)];
+        const int refused = count[static_cast<int>(Verdict::refused)];
+        fmt::print("golden: {} cases: {} passed, {} failed, {} stale, {} updated{}\n", cases.size(),
+                   count[static_cast<int>(Verdict::pass)], count[static_cast<int>(Verdict::fail)],
+                   count[static_cast<int>(Verdict::stale)], count[static_cast<int>(Verdict::updated)],
+                   refused ? fmt::format(", {} refused", refused) : "");
         if (!a.junit.empty()) write_junit(cases, a.junit);
         if (!a.json.empty()) write_cases_json(cases, a.json);
     }

@@ -64,6 +64,14 @@ expect 1 "reference vs golden: FAIL" -- "$ptool" verify "$root/tests/data/models
 # --update in another dtype writes that dtype and its rule (it kept bf16's: the next replay failed)
 expect 0 "1 updated" -- "$ptool" verify "$tmp/bf16.safetensors" --dtype float32 --update
 expect 0 "1 passed, 0 failed" -- "$ptool" verify "$tmp/bf16.safetensors"
+# a case that cannot run as asked (float8 in float16) is REFUSED with its error, the others still
+# run, and the command exits 2 once all have (it stopped at the refused case, the rest unrun)
+expect 2 "float8 with float16 compute" -- "$ptool" verify "$root/golden/float8_llama_rope_ddp_float8_rowwise.safetensors" \
+    "$root/golden/gpt_block_tp.safetensors" --dtype float16 --junit "$tmp/refused.xml"
+cp "$tmp/out" "$tmp/refused.out"
+expect 0 "1 passed, 0 failed, 0 stale, 0 updated, 1 refused" -- cat "$tmp/refused.out"
+expect 0 "float8_llama_rope_ddp_float8_rowwise.safetensors: REFUSED" -- cat "$tmp/refused.out"
+expect 0 'type="refused"' -- cat "$tmp/refused.xml"
 # the dump is a safetensors file with golden keys: its init params load back as --init
 python3 - "$tmp/d.safetensors" "$tmp/init.safetensors" <<'PY'
 import json, struct, sys

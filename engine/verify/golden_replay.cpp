@@ -124,27 +124,36 @@ CaseResult replay_case(const GoldenCase& c, const RunInputs& base, const Plan& p
     return res;
 }
 
+namespace {
+
+// One golden file replayed (InputError: the file, its model or plan, or the run as asked refused).
+CaseResult replay_file(const std::string& path, const ReplayOptions& opt, Device device,
+                       const std::string& dtype, Launch& launch) {
+    const GoldenCase c = load_golden(path);
+    if (!c.stale.empty()) return {path, Verdict::stale, c.stale, {}, {}, 1, 0.0};  // reported, not built from
+    RunInputs in;
+    in.model_path = c.path + "[model_yaml]";
+    in.model_text = c.model_yaml;
+    in.dtype_override = dtype.empty() ? c.dtype : dtype;  // the golden's own, unless told otherwise
+    in.device = device;
+    load_model_text(in.model_text, in.model_path, in.dtype_override, false);  // a model that no longer parses
+    const Plan plan = load_plan_text(c.plan_yaml, c.path + "[plan_yaml]");
+    return replay_case(c, in, plan, opt, launch);
+}
+
+}  // namespace
+
 std::vector<CaseResult> replay_golden_files(const std::vector<std::string>& args, const ReplayOptions& opt,
                                             Device device, const std::string& dtype,
                                             const std::function<void(const CaseResult&)>& on_case) {
     std::vector<CaseResult> results;
     const auto launch = in_process_launch(device, opt.verify.comm);
     for (const std::string& path : golden_paths(args)) {
-        const GoldenCase c = load_golden(path);
-        if (!c.stale.empty()) {  // reported, not built from
-            results.push_back({path, Verdict::stale, c.stale, {}, {}, 1, 0.0});
-            if (on_case) on_case(results.back());
-            continue;
+        try {
+            results.push_back(replay_file(path, opt, device, dtype, *launch));
+        } catch (const InputError& e) {  // this case refused; the others still run (the command: exit 2)
+            results.push_back({path, Verdict::refused, e.what(), {}, {}, 1, 0.0});
         }
-        RunInputs in;
-        in.model_path = c.path + "[model_yaml]";
-        in.model_text = c.model_yaml;
-        in.dtype_override = dtype.empty() ? c.dtype : dtype;  // the golden's own, unless told otherwise
-        in.device = device;
-        load_model_text(in.model_text, in.model_path, in.dtype_override,
-                        false);  // a model that no longer parses: exit 2
-        const Plan plan = load_plan_text(c.plan_yaml, c.path + "[plan_yaml]");
-        results.push_back(replay_case(c, in, plan, opt, *launch));
         if (on_case) on_case(results.back());
     }
     return results;

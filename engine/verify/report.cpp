@@ -170,6 +170,8 @@ const char* verdict_name(Verdict v) {
             return "STALE";
         case Verdict::updated:
             return "UPDATED";
+        case Verdict::refused:
+            return "REFUSED";
     }
     return "?";
 }

@@ -53,9 +53,11 @@ struct VerifyReport {
     bool pass = true;
 };
 
-// A golden case's verdict.
-enum class Verdict { pass, fail, stale, updated };
-const char* verdict_name(Verdict v);  // "PASS", "FAIL", "STALE", "UPDATED"
+// A golden case's verdict. refused: the case could not be run as asked (its file, model or plan
+// bad, or the command's options not for it: float8 in float16); the replay goes on to the next case
+// and the command exits 2 once every case has run.
+enum class Verdict { pass, fail, stale, updated, refused };
+const char* verdict_name(Verdict v);  // "PASS", "FAIL", "STALE", "UPDATED", "REFUSED"
 
 // Compares a parallel run with the reference, tensor by tensor (rank 0 side): the tolerance, the
 // low-precision module rule, replica states, the state after construction, and where a failure

@@ -70,10 +70,12 @@ int run_verify_command(const VerifyCommand& cmd, const std::function<void(const 
         const auto launch = make_launch(cmd.device, cmd.options.comm);
         return launch->exit_code([&] {
             if (!launch->rank0()) return 0;  // the other ranks of an mpirun job wait for rank 0's verdict
-            int bad = 0;
-            for (const CaseResult& r : replay_golden_files(args, replay, cmd.device, cmd.dtype, on_case))
+            int bad = 0, refused = 0;
+            for (const CaseResult& r : replay_golden_files(args, replay, cmd.device, cmd.dtype, on_case)) {
                 bad += r.verdict == Verdict::fail || r.verdict == Verdict::stale;
-            return bad ? 1 : 0;
+                refused += r.verdict == Verdict::refused;
+            }
+            return refused ? 2 : bad ? 1 : 0;  // a refused case is bad input, whatever the others did
         });
     }
     if (cmd.plans.empty()) throw InputError("verify needs MODEL PLAN... (or golden files / folders)");
