@@ -370,32 +370,6 @@ TEST_CASE("in-process verify compares as it records: the report of comparing sto
     }
 }
 
-TEST_CASE("parse_fault: every kind of the table by its name, the message for a bad one lists them all",
-          "[cpu]") {
-    for (const FaultClass& c : kFaultClasses) {
-        INFO(c.name);
-        const Fault f = parse_fault((std::string(c.name) + ":layers.0").c_str());
-        CHECK(f.is(c.kind));
-        CHECK(f.fqn == "layers.0");
-        CHECK(std::string(fault_class(c.kind).name) == c.name);
-        CHECK_FALSE(f.hits(c.kind, "layers.1"));
-        CHECK(parse_fault((std::string(c.name) + ":*").c_str()).hits(c.kind, "anything"));
-    }
-    CHECK(parse_fault("").empty());
-    CHECK(parse_fault(nullptr).empty());
-    for (const char* bad : {"no_such:x", "skip_bucket", "skip_bucket:", ":x"}) {
-        INFO(bad);
-        try {
-            parse_fault(bad);
-            FAIL("accepted");
-        } catch (const InputError& e) {
-            const std::string m = e.what();
-            CHECK(m.find(fmt::format("PTOOL_FAULT='{}'", bad)) != std::string::npos);
-            for (const FaultClass& c : kFaultClasses) CHECK(m.find(c.name) != std::string::npos);
-        }
-    }
-}
-
 TEST_CASE("zero-size tensors flow through every op and the comparison", "[cpu]") {
     Backend& be = backend_for(Device::cpu);
     const Tensor x({0, 4}, DType::float32), w({3, 4}, DType::float32), w0({3, 0}, DType::float32);
@@ -577,19 +551,6 @@ TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every eleme
                 CHECK(d.ref_norm == std::sqrt(ref2.value()));
                 CHECK(d.max_ulp == max_ulp);
             }
-}
-
-TEST_CASE("the world's step runs from the first rank's start to the last rank's end, on every rank",
-          "[cpu]") {
-    std::vector<double> seen(3);
-    run_ranks(
-        3, CommOptions{},
-        [&](Communicator& c) {  // starts 10, 12, 14; ends 11, 17, 15
-            const double started = 10 + 2 * c.rank(), seconds = c.rank() == 1 ? 5 : 1;
-            seen[c.rank()] = world_step_seconds(c, started, seconds);
-        },
-        Device::cpu);
-    for (double s : seen) CHECK(s == 7.0);
 }
 
 TEST_CASE("the systematic rule judges a gradient at its block's rounding level against the block's",
