@@ -599,4 +599,16 @@ with tempfile.TemporaryDirectory() as tmp:
         expect(2, [f"{name}.yaml:"], "shrink", llama, write(T(f"{name}.yaml"), text), "-o", out_path)
         check(not os.path.exists(out_path), f"shrink of a {name} plan the real model refuses wrote a proxy")
 
+    # 27. --data ids are checked exactly (through a double, 2^53 + 1 read as 2^53): the id named as it
+    # is, and an ignore_index of 2^53 does not excuse 2^53 + 1 (it reached the kernel unnamed)
+    sft_text = open(llama).read()
+    big = 2 ** 53
+    ids = [big + 1] + [1] * (8 * 16 - 1)
+    big_data = tensors_file(T("big_ids.safetensors"), {"target": ("I64", [8, 16], ids)})
+    expect(2, ["big_ids.safetensors", f"element 0 is {big + 1}, outside [0, 64)"], "verify", llama,
+           f"{P}/llama_sft_ddp.yaml", "--data", big_data, "-q")
+    big_ignore = write(T("big_ignore.yaml"), sft_text.replace("loss: cross_entropy", f"loss: cross_entropy\nignore_index: {big}"))
+    expect(2, ["big_ids.safetensors", f"element 0 is {big + 1}"], "verify", big_ignore,
+           f"{P}/llama_sft_ddp.yaml", "--data", big_data, "-q")
+
 check.finish()

@@ -34,6 +34,18 @@ std::vector<OpCase> cross_entropy_cases(DType dt) {
                              return std::vector<OpOutput>{returned("loss", *loss, dt), {"dlogits", dl, {}}};
                          }};
         }));
+    // every row ignored and nothing to divide by (a call with no valid target under mean_per_call):
+    // the loss is 0 / 0 = NaN and not compared; the gradients are PyTorch's zeros, not 0 / 0
+    cases.push_back(op_case("[5, 300], every row ignored, / 0", [=](Backend& be) {
+        Tensor target = id_tensor({5}, 300, 27);
+        for (int64_t i = 0; i < 5; ++i) target.data<int64_t>()[i] = -100;
+        const Tensor logits = place(be, uniform_tensor({5, 300}, dt, 28)), t = place(be, target);
+        Tensor dl = place(be, Tensor::full({5, 300}, dt, 1.0));
+        return OpRun{[=, &be]() mutable { be.cross_entropy(logits, t, -100, 0.0, dl); },
+                     [=] {
+                         return std::vector<OpOutput>{{"dlogits", dl, {}}};
+                     }};
+    }));
     return cases;
 }
 

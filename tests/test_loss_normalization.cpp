@@ -3,8 +3,10 @@
 // verify names, and the runs that agree with one device or do not.
 #include <cmath>
 
+#include "comm/comm_choice.h"
 #include "model/loss.h"
 #include "model/target_mask.h"
+#include "parallel/loss_parallel.h"
 #include "plan/explain_report.h"
 #include "same_runs.h"
 #include "test_helpers.h"
@@ -86,11 +88,41 @@ TEST_CASE("a loss divides its sum by the call's items or by the step's", "[cpu]"
     for (int64_t j = 0; j < 5; ++j) CHECK(seven.grad.data<double>()[15 + j] == 0.0);
     CHECK_THROWS_AS(compute_loss(be, LossKind::cross_entropy, logits, target, LossDivisor{7, std::nullopt}),
                     InputError);
-    // a mean over nothing: PyTorch's 0 / 0
+    // a mean over nothing: PyTorch's 0 / 0 for the loss, and zero gradients (nll_loss's backward skips
+    // every ignored row; they were 0 / 0 = NaN and spread through the whole step)
     const LossResult none = compute_loss(be, LossKind::cross_entropy, logits, ids({-100, -100, -100, -100}));
     CHECK(std::isnan(none.value));
+    for (int64_t i = 0; i < 20; ++i) CHECK(none.grad.data<double>()[i] == 0.0);
     CHECK(loss_items(LossKind::mse, {4, 5}, Tensor(), -100) == 20);
     CHECK(loss_items(LossKind::cross_entropy, {4, 5}, ids({1, -100, 3, 0}), -100) == 3);
+}
+
+TEST_CASE("loss_parallel: a call with no valid target has PyTorch's NaN loss and zero gradients", "[cpu]") {
+    // [4, 6] logits over 2 tp ranks (3 classes each); every target ignored, then one row valid
+    for (const bool one_valid : {false, true}) {
+        INFO("one valid row: " << one_valid);
+        const Tensor target = ids({-100, one_valid ? 4 : -100, -100, -100});
+        std::vector<LossResult> out(2);
+        run_ranks(
+            2, CommOptions{},
+            [&](Communicator& c) {
+                Tensor local({4, 3}, DType::float64);
+                for (int64_t i = 0; i < 12; ++i)
+                    local.data<double>()[i] = std::cos(0.3 * static_cast<double>(i + 12 * c.rank()));
+                const Placed logits(local, Placement::shard(-1), {4, 6});
+                out[c.rank()] =
+                    vocab_parallel_cross_entropy(logits, target, LossDivisor{-100, std::nullopt}, c);
+            },
+            Device::cpu);
+        for (int r = 0; r < 2; ++r) {
+            CHECK(std::isnan(out[r].value) != one_valid);
+            for (int64_t i = 0; i < 12; ++i) {
+                const bool valid_row = one_valid && i / 3 == 1;
+                if (!valid_row) CHECK(out[r].grad.data<double>()[i] == 0.0);
+                CHECK(std::isfinite(out[r].grad.data<double>()[i]));
+            }
+        }
+    }
 }
 
 TEST_CASE("valid targets per microbatch, data rank and cp rank", "[cpu]") {
@@ -130,6 +162,25 @@ TEST_CASE("verify names the per-call normalisation of unevenly masked targets as
     const Model accumulated = sft("gradient_accumulation: 4");
     CHECK(
         loss_normalization_causes(accumulated, single_device_plan(), DataSource(accumulated), 1, {}).empty());
+    // a microbatch with none: under mean_per_call its loss is NaN in both runs (PyTorch's 0 / 0), so
+    // verify refuses it naming the microbatch (exit 2); global_tokens adds nothing for it and runs
+    TensorFile file;
+    Tensor target({8, 16}, DType::int64);
+    for (int64_t i = 0; i < 8 * 16; ++i) target.data<int64_t>()[i] = i < 4 * 16 ? i % 64 : -100;
+    file.add("target", target);
+    for (const bool global_tokens : {false, true}) {
+        const Model two = sft(std::string("gradient_accumulation: 2") +
+                              (global_tokens ? "\nloss_normalization: global_tokens" : ""));
+        const DataSource from_file(two, &file, "d.safetensors");
+        if (global_tokens)
+            CHECK(loss_normalization_causes(two, ddp, from_file, 1, {}).empty());
+        else
+            require_input_error(
+                [&] {
+                    loss_normalization_causes(two, ddp, from_file, 1, {"d.safetensors", 0, 0});
+                },
+                {"d.safetensors", "microbatch 1 has no valid target", "global_tokens"});
+    }
     // no valid target at all: nothing to train on (exit 2)
     const Model empty = sft("", "{prompt: 16}");
     require_input_error(

@@ -113,9 +113,9 @@ Tensor DataSource::pick(const std::string& key, int64_t step, const TensorSpec& 
                              fmt::format("tensor '{}' holds ids and must be int64 or int32, got {}", name,
                                          dtype_name(t->dtype())));
         for (int64_t i = 0; i < t->numel(); ++i) {
-            const double id = t->item(i);
-            if (id < 0 || id >= static_cast<double>(spec.range))
-                if (!(key == "target" && id == static_cast<double>(model_.ignore_index)))
+            const int64_t id = id_at(*t, i);  // exactly (through a double, 2^53 + 1 read as 2^53)
+            if (id < 0 || id >= spec.range)
+                if (!(key == "target" && id == model_.ignore_index))
                     throw InputError(
                         SourceLocation{path_, 0, 0},
                         fmt::format(

@@ -67,11 +67,11 @@ LossResult vocab_parallel_cross_entropy(const Placed& logits, const Tensor& targ
             const int64_t t = id_at(ids, i);
             const A lse = A(mx.data<T>()[i]) + std::log(A(sum.data<T>()[i]));
             if (t != ignore) loss += static_cast<double>(lse - A(picked.data<T>()[i]));
-            for (int64_t j = 0; j < local; ++j) {
-                const A g =
-                    t == ignore ? A(0) : std::exp(A(px[i * local + j]) - lse) - A(j + first == t ? 1 : 0);
-                pg[i * local + j] = T(g / A(n));
-            }
+            for (int64_t j = 0; j < local; ++j)  // an ignored row's gradient 0, also where n is (PyTorch's)
+                pg[i * local + j] =
+                    t == ignore
+                        ? T(0)
+                        : T((std::exp(A(px[i * local + j]) - lse) - A(j + first == t ? 1 : 0)) / A(n));
         }
         r.value = static_cast<double>(static_cast<A>(loss / n));
     });

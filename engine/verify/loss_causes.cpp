@@ -73,7 +73,23 @@ std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan
                                          "{}): its loss is a mean over nothing (NaN in PyTorch), so there is "
                                          "nothing to train on or compare",
                                          k, model.ignore_index));
-        if (!per_call || pieces == 1 || !causes.empty()) continue;
+        if (!per_call) continue;
+        for (size_t m = 0; m < counts.size(); ++m) {
+            int64_t in_microbatch = 0;
+            for (int64_t c : counts[m]) in_microbatch += c;
+            if (in_microbatch == 0)
+                throw InputError(
+                    data_where,
+                    fmt::format(
+                        "step {}'s microbatch {} has no valid target (every one is the ignore_index {}): "
+                        "under loss_normalization: mean_per_call its cross_entropy is 0 / 0 = NaN, as "
+                        "PyTorch's (whose gradients are then zero), so the step's loss is NaN and "
+                        "neither run's can be compared (fix: loss_normalization: global_tokens, which "
+                        "adds nothing for it as torchtitan's global_valid_tokens does, or a batch "
+                        "whose every microbatch holds a valid target)",
+                        k, m, model.ignore_index));
+        }
+        if (pieces == 1 || !causes.empty()) continue;
         for (size_t m = 0; m < counts.size(); ++m) {
             const auto& c = counts[m];
             if (std::all_of(c.begin(), c.end(), [&](int64_t n) { return n == c[0]; })) continue;
@@ -91,7 +107,10 @@ std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan
                      "the valid targets of every rank divided by their count, as torchtitan's "
                      "global_valid_tokens and transformers' num_items_in_batch)",
                      k, m, counts_text(c), holders(plan), sum, sum,
-                     empty ? "; a rank with none computes 0 / 0 = NaN, PyTorch's mean over nothing" : "")});
+                     empty
+                         ? "; a rank with none has a NaN loss (0 / 0, PyTorch's mean over nothing) and zero "
+                           "gradients"
+                         : "")});
             break;
         }
     }

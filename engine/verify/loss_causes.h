@@ -23,7 +23,9 @@ std::vector<std::vector<int64_t>> valid_target_counts(const Model& model, const 
 
 // The causes for `steps` steps of `data` (its first step only when it does not vary per step).
 // InputError (exit 2) when a step's batch has no valid target at all: its loss would be a mean over
-// nothing (PyTorch's NaN) under either normalisation, and nothing of it could be compared.
+// nothing (PyTorch's NaN) under either normalisation, and nothing of it could be compared; and under
+// mean_per_call when one of its microbatches has none (that call's loss is 0 / 0 = NaN, its
+// gradients zero, as PyTorch's: the step's loss is NaN in both runs).
 std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan& plan,
                                                   const DataSource& data, int64_t steps,
                                                   const SourceLocation& data_where);

@@ -183,7 +183,8 @@ void CpuBackend::softmax_backward_rows(const Tensor& y, const Tensor& dy, const 
 }
 
 // torch.nn.functional.cross_entropy's sum over the rows whose target is not ignore_index, divided by
-// `divisor` (reduction='mean': their count). logits: [N, V], target: [N].
+// `divisor` (reduction='mean': their count; with none, 0 / 0 = NaN, the gradients 0). logits: [N, V],
+// target: [N].
 double CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                  double divisor, Tensor& dlogits) {
     const int64_t v = logits.size(-1), n = v == 0 ? 0 : logits.numel() / v;
@@ -210,10 +211,14 @@ double CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int
                 const A lse = mx + std::log(sum);
                 if (t != ignore_index)
                     row_loss[static_cast<size_t>(i)] = static_cast<double>(lse - A(pl[i * v + t]));
-                for (int64_t j = 0; j < v; ++j) {
-                    A g = t == ignore_index ? A(0) : std::exp(A(pl[i * v + j]) - lse) - A(j == t ? 1 : 0);
-                    pd[i * v + j] = T(g / A(divisor));
-                }
+                // an ignored row's gradient is 0, also where no row counts (divisor 0): PyTorch's
+                // nll_loss backward skips it, so a call with no valid target has a NaN loss (0 / 0)
+                // and zero gradients, not NaN ones
+                for (int64_t j = 0; j < v; ++j)
+                    pd[i * v + j] =
+                        t == ignore_index
+                            ? T(0)
+                            : T((std::exp(A(pl[i * v + j]) - lse) - A(j == t ? 1 : 0)) / A(divisor));
             }
         });
         double loss = 0.0;

@@ -154,7 +154,8 @@ __global__ void softmax_backward_rows_kernel(const D* y, const D* dy, const D* o
     }
 }
 
-// Per row: loss_r = lse - x[t] (0 for ignored rows), dlogits = (softmax - onehot) / divisor.
+// Per row: loss_r = lse - x[t] (0 for ignored rows), dlogits = (softmax - onehot) / divisor (0 for
+// ignored rows, also where the divisor is 0: PyTorch's nll_loss backward skips them).
 template <class D>
 __global__ void cross_entropy_kernel(const D* logits, const int64_t* target, D* dlogits, double* row_loss,
                                      int64_t rows, int64_t v, int64_t ignore_index, double divisor) {
@@ -171,10 +172,10 @@ __global__ void cross_entropy_kernel(const D* logits, const int64_t* target, D* 
         sum = block_sum(sum, scratch);
         const A lse = mx + log(sum);
         if (threadIdx.x == 0) row_loss[r] = t == ignore_index ? 0.0 : static_cast<double>(lse - to_acc(x[t]));
-        for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-            const A g = t == ignore_index ? A(0) : exp(to_acc(x[j]) - lse) - A(j == t ? 1 : 0);
-            dlogits[r * v + j] = from_acc<D>(g / A(divisor));
-        }
+        for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
+            dlogits[r * v + j] =
+                t == ignore_index ? from_acc<D>(A(0))
+                                  : from_acc<D>((exp(to_acc(x[j]) - lse) - A(j == t ? 1 : 0)) / A(divisor));
     }
 }
 
