@@ -208,6 +208,14 @@ with tempfile.TemporaryDirectory() as tmp:
     both = tensors_file(T("both.safetensors"), {"step01.input": ("F32", [12, 10], [0.5] * 120),
                                                "step1.input": ("F32", [12, 10], [0.5] * 120)})
     expect(2, ["step01.input"], "verify", mlp, root, "--data", both)
+    # per-step keys that stop short of the run's steps: the rest would train on generated data
+    short = tensors_file(T("short.safetensors"), {f"step{k}.input": ("F32", [12, 10], [0.5] * 120) for k in (0, 1)})
+    expect(2, ["short.safetensors", "'step2.input' is missing", "for 2 of the run's 3 steps"], "verify", mlp, root,
+           "--data", short, "--steps", "3", "-q")
+    expect(0, ["PASS"], "verify", mlp, root, "--data", short, "--steps", "2", "-q")
+    defaulted = tensors_file(T("defaulted.safetensors"), {"input": ("F32", [12, 10], [0.25] * 120),
+                                                         "step1.input": ("F32", [12, 10], [0.5] * 120)})
+    expect(0, ["PASS"], "verify", mlp, root, "--data", defaulted, "--steps", "3", "-q")
 
     # 11. YAML: tags, extra documents, merge keys, self-containing anchors
     for text, frag in (("mesh: !!python/object:os.system {tp: 2}\n", ":1:7: YAML tags are not supported"),

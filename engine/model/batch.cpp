@@ -1,5 +1,6 @@
 #include "model/batch.h"
 
+#include <algorithm>
 #include <set>
 
 #include "core/memory_account.h"
@@ -32,6 +33,29 @@ void check_data_steps(const TensorFile& data, const std::string& path, int64_t s
             throw InputError(SourceLocation{path, 0, 0},
                              fmt::format("'{}' is for step {}, but the run has {} step{} (0..{})", name,
                                          key->step, steps, steps == 1 ? "" : "s", steps - 1));
+    // per-step keys of a tensor without its plain key cover every step: a step without one would
+    // train on generated data, silently (a data loader would have run out there); a file with a key
+    // of another form is the DataSource's to refuse, naming it
+    for (const auto& [name, t] : data.tensors) {
+        const auto key = parse_step_key(name);
+        if (name != "input" && name != "target" && !(key && (key->rest == "input" || key->rest == "target")))
+            return;
+    }
+    for (const char* what : {"input", "target"}) {
+        if (data.find(what)) continue;
+        std::vector<int64_t> given;
+        for (int64_t k = 0; k < steps; ++k)
+            if (data.find(fmt::format("step{}.{}", k, what))) given.push_back(k);
+        if (given.empty() || static_cast<int64_t>(given.size()) == steps) continue;
+        int64_t missing = 0;
+        while (std::binary_search(given.begin(), given.end(), missing)) ++missing;
+        throw InputError(
+            SourceLocation{path, 0, 0},
+            fmt::format("'step{}.{}' is missing: the file holds step{{k}}.{} for {} of the run's {} "
+                        "steps (step{}.{} ...) and no plain '{}' serves the others, which "
+                        "would train on generated data",
+                        missing, what, what, given.size(), steps, given.front(), what, what));
+    }
 }
 
 namespace {
