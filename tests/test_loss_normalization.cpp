@@ -209,6 +209,15 @@ TEST_CASE("the model's and the plan's loss keys are checked where they are writt
                 "m.yaml");
         },
         {"m.yaml:3:19", "only cross_entropy"});
+    // ignore_index means nothing to mse (PyTorch's mse_loss has none): refused at the key, not ignored
+    require_input_error(
+        [] {
+            load_model_text(
+                "batch:\n  input: [4, 3]\nmodules:\n  - {name: l, type: linear, in: 3, out: 2}\n"
+                "loss: mse\nignore_index: 0\n",
+                "m.yaml");
+        },
+        {"m.yaml:6:15", "ignore_index is cross_entropy's (the loss is mse)"});
     require_input_error([] { sft("", "{prompt: [5, 2]}"); }, {"'prompt' [5, 2] needs 0 <= lo <= hi"});
     require_input_error([] { sft("init: {std: 0.02, std_by_param: {'nothing.*': 0.1}}"); },
                         {"std_by_param 'nothing.*' matches no"});

@@ -380,7 +380,11 @@ Model load_model_document(const YamlNode& root, const std::string& path, const s
         model.target_mask = parse_target_mask(*mask_node), model.target_mask_where = mask_node->where();
     batch.finish();
     if (auto l = m.get("loss")) model.loss = parse_loss(*l);
-    if (auto i = m.get("ignore_index")) model.ignore_index = i->as_int("'ignore_index'");
+    if (auto i = m.get("ignore_index")) {
+        model.ignore_index = i->as_int("'ignore_index'");
+        if (model.loss != LossKind::cross_entropy)  // PyTorch's mse_loss has none: it would mean nothing
+            i->fail(fmt::format("ignore_index is cross_entropy's (the loss is {})", loss_name(model.loss)));
+    }
     model.loss_normalization_where = root.where();
     if (auto n = m.get("loss_normalization")) {
         model.loss_normalization = parse_loss_normalization(n->as_string("'loss_normalization'"), n->where());
