@@ -1,4 +1,6 @@
 // ptool run MODEL: single-device training steps; prints loss and time per step.
+#include <cmath>
+
 #include "cli/commands.h"
 #include "comm/comm_threads.h"
 #include "core/file_roles.h"
@@ -47,7 +49,9 @@ void run(const RunArgs& a, const Common& c) {
     double total = 0;
     ro.on_step = [&](int64_t k, double loss, double seconds) {
         total += seconds;
-        if (c.verbosity >= 0) fmt::print("step {:>3}  loss {:.8g}  {:.3f} ms\n", k, loss, seconds * 1e3);
+        if (c.verbosity >= 0)  // a NaN as PyTorch prints it ("nan"; a sign bit printed "-nan")
+            fmt::print("step {:>3}  loss {:.8g}  {:.3f} ms\n", k, std::isnan(loss) ? std::fabs(loss) : loss,
+                       seconds * 1e3);
     };
     const RunRecord rec = record_reference(in, single_device_plan(), steps, ro);
     if (c.verbosity >= 0) fmt::print("total {:.3f} ms\n", total * 1e3);
