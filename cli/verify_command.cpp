@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -119,12 +120,11 @@ int verify(VerifyArgs& a, const Common& c) {
             cases.push_back(r);
         });
     if (replay && !cases.empty()) {  // rank 0 of the job
-        int count[5] = {};           // by Verdict
-        for (const auto& r : cases) ++count[static_cast<int>(r.verdict)];
-        const int refused = count[static_cast<int>(Verdict::refused)];
+        std::map<Verdict, int> count;
+        for (const auto& r : cases) ++count[r.verdict];
+        const int refused = count[Verdict::refused];
         fmt::print("golden: {} cases: {} passed, {} failed, {} stale, {} updated{}\n", cases.size(),
-                   count[static_cast<int>(Verdict::pass)], count[static_cast<int>(Verdict::fail)],
-                   count[static_cast<int>(Verdict::stale)], count[static_cast<int>(Verdict::updated)],
+                   count[Verdict::pass], count[Verdict::fail], count[Verdict::stale], count[Verdict::updated],
                    refused ? fmt::format(", {} refused", refused) : "");
         if (!a.junit.empty()) write_junit(cases, a.junit);
         if (!a.json.empty()) write_cases_json(cases, a.json);
