@@ -76,6 +76,16 @@ if __name__ == "__main__":
             doc = json.load(open(out))
             check(validate(doc, "verify") is None, f"verify --golden: {validate(doc, 'verify')}")
             check(len(doc["plans"]) == 3, f"verify --golden: {len(doc['plans'])} plans")
+        # a golden replay with a refused case (float8 under float16): its document lists it, REFUSED
+        out = os.path.join(tmp, "refused.json")
+        p = subprocess.run([PTOOL, "verify", f"{ROOT}/golden/float8_llama_rope_ddp_float8_rowwise.safetensors",
+                            f"{ROOT}/golden/mlp_root_module.safetensors", "--dtype", "float16", "-q", "--json", out],
+                           capture_output=True, text=True, timeout=300)
+        if check(p.returncode == 2 and os.path.exists(out), f"a refused golden case: exit {p.returncode}\n{p.stdout}{p.stderr}"):
+            doc = json.load(open(out))
+            check(validate(doc, "golden_cases") is None, f"a refused golden case: {validate(doc, 'golden_cases')}")
+            check([c["verdict"] for c in doc["cases"]][0] == "REFUSED" and "float16" in doc["cases"][0]["detail"],
+                  f"a refused golden case: {doc['cases'][:1]}")
         # the validator refuses what it should
         if "verify" in docs:
             for what, mutate in [
