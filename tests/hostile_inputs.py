@@ -619,4 +619,13 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(2, ["big_ids.safetensors", f"element 0 is {big + 1}"], "verify", big_ignore,
            f"{P}/llama_sft_ddp.yaml", "--data", big_data, "-q")
 
+    # 28. a fault whose FQN names nothing of its kind would break nothing and pass: exit 2 naming it
+    expect(2, ["PTOOL_FAULT='skip_all_reduce:nonexistent.module'", "is no module of the model", "net1"], "verify", mlp,
+           f"{P}/mlp_colwise_replicate.yaml", "-q", env={"PTOOL_FAULT": "skip_all_reduce:nonexistent.module"})
+    expect(2, ["'net1.weigth' is no parameter", "did you mean 'net1.weight'"], "verify", mlp,
+           f"{P}/mlp_colwise_replicate.yaml", "-q", env={"PTOOL_FAULT": "skip_bucket:net1.weigth"})
+    expect(2, ["'0' is no stage: the plan has no pipeline"], "verify", mlp, f"{P}/mlp_colwise_replicate.yaml", "-q",
+           env={"PTOOL_FAULT": "pp_stale_activation:0"})
+    expect(1, ["FAIL"], "verify", mlp, root, "-q", env={"PTOOL_FAULT": "wrong_shard_offset:net1"})
+
 check.finish()

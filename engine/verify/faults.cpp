@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/tensor_ops.h"
+#include "core/yaml_reader.h"
 #include "model/attention_core.h"
 #include "model/float8_gemm.h"
 #include "model/routed_experts.h"
@@ -389,6 +390,31 @@ Fault parse_fault(const char* text) {
             fmt::format("PTOOL_FAULT='{}': expected KIND:FQN (or KIND:* for every place) with KIND one of {}",
                         s, fmt::join(names, ", ")));
     return f;
+}
+
+void check_fault_target(const Fault& f, const Model& model, const Plan& plan) {
+    if (f.empty() || f.fqn == "*") return;
+    const std::string target = fault_class(*f.kind).target;
+    if (target == "*") return;       // a kind that breaks the whole run: its FQN is not read
+    std::vector<std::string> names;  // the places of its kind in this model and plan
+    std::string what = "module of the model";
+    if (target == "STAGE") {
+        for (int s = 0; plan.pipeline && s < plan.pipeline_stages(); ++s) names.push_back(std::to_string(s));
+        what = plan.pipeline ? fmt::format("stage of the plan's {} (0..{})", names.size(), names.size() - 1)
+                             : "stage: the plan has no pipeline";
+    } else if (target == "PARAM") {
+        for (const auto& [name, p] : model.state_dict()) names.push_back(name);
+        what = "parameter of the model";
+    } else {
+        for (const auto& [fqn, m] : named_modules(*model.root))
+            if (!fqn.empty()) names.push_back(fqn);
+    }
+    if (std::find(names.begin(), names.end(), f.fqn) != names.end()) return;
+    throw InputError(fmt::format(
+        "PTOOL_FAULT='{}:{}': '{}' is no {}, so the fault would break nothing and the run pass untouched "
+        "({} names a {}; * for every place){}",
+        fault_class(*f.kind).name, f.fqn, f.fqn, what, fault_class(*f.kind).name, target,
+        did_you_mean(f.fqn, names)));
 }
 
 std::unique_ptr<RunLayer> fault_layer(const Fault& fault) {

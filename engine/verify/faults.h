@@ -303,6 +303,12 @@ struct Fault {
 // "" or null: no fault; anything but KIND:FQN with a known KIND is an InputError listing the kinds.
 Fault parse_fault(const char* text);
 
+// InputError where the fault's FQN names no place of its kind (kFaultClasses' target: a module, a
+// parameter, a stage of the plan's pipeline) in `model` and `plan`: a typo would break nothing and
+// the run would pass as if verify had missed the fault. `*`, a kind whose target is `*` (its FQN
+// unread) and no fault pass.
+void check_fault_target(const Fault& f, const Model& model, const Plan& plan);
+
 // The layer that injects `fault` into a run (null for no fault).
 std::unique_ptr<RunLayer> fault_layer(const Fault& fault);
 

@@ -529,6 +529,7 @@ void verify_plan(VerifyState& s, size_t i) {
     const Plan& plan = job.plans[i];
     const int64_t steps = steps_for(plan, job.options, s.probe.steps);
     const Resolution res = resolve_plan(s.probe, plan);  // the lint, before anything runs
+    check_fault_target(job.options.fault, s.probe, plan);
     const std::vector<Diagnostic> causes = plan_causes(s, plan, res, steps);
     if (launch.rank0())
         for (const auto& w : res.warnings) spdlog::warn("{}", w.str());
