@@ -628,4 +628,25 @@ with tempfile.TemporaryDirectory() as tmp:
            env={"PTOOL_FAULT": "pp_stale_activation:0"})
     expect(1, ["FAIL"], "verify", mlp, root, "-q", env={"PTOOL_FAULT": "wrong_shard_offset:net1"})
 
+    # 29. YAML aliases and leading zeros, as the loader reads them, in what edits a model: plan's variants
+    # and shrink's proxy wrote through an alias into every place that names it (a repeat's `count: *r`
+    # set the batch's `&r 64` rows: another plan, exit 0), and shrink read `010` as octal eight
+    aliased = write(T("aliased.yaml"), "name: ar\nbatch:\n  input: [&r 64, 256]\nmodules:\n  - name: layers\n"
+                    "    type: repeat\n    count: *r\n    modules:\n      - {name: l, type: linear, in: 256, out: 256}\n"
+                    "loss: mean\noptimizer: {type: adamw}\n")
+    plain = write(T("plain.yaml"), open(aliased).read().replace("&r 64", "64").replace("*r", "64"))
+    plans = []
+    for m in (aliased, plain):
+        out = T(os.path.basename(m) + ".json")
+        expect(0, [], "plan", m, "--cluster", f"{ROOT}/clusters/h100_8x8.yaml", "--pipeline", "always", "--json", out)
+        doc = json.load(open(out)) if os.path.exists(out) else {}
+        plans.append([c.get("plan") for c in doc.get("candidates", [])])
+    check(plans[0] == plans[1] and plans[0], f"an aliased model planned as another: {plans[0][:1]} against {plans[1][:1]}")
+    shared = write(T("shared.yaml"), "batch: {input: [4, 4]}\nmodules:\n  - &m0 {name: l, type: linear, in: 4, out: 4}\n"
+                   "  - {name: r, type: repeat, count: 2, modules: [*m0]}\n")
+    expect(0, ["wrote"], "shrink", shared, f"{P}/empty_plan.yaml", "-o", T("shared_proxy.yaml"))
+    zero = write(T("zero.yaml"), open(mlp).read().replace("in: 10,", "in: 010,"))
+    expect(0, ["wrote"], "shrink", zero, root, "-o", T("zero_proxy.yaml"))
+    expect(0, ["PASS"], "verify", T("zero_proxy.yaml"), root, "-q")
+
 check.finish()

@@ -1,3 +1,5 @@
+#include <filesystem>
+
 #include "core/yaml_reader.h"
 #include "test_helpers.h"
 
@@ -85,6 +87,34 @@ TEST_CASE("an input error carries its location and its bare message as data", "[
     const InputError file_only(SourceLocation{"plan.yaml", 0, 0}, "unreadable");
     CHECK(file_only.message() == "unreadable");
     CHECK(std::string(file_only.what()) == "plan.yaml: unreadable");
+}
+
+TEST_CASE("yaml_unaliased: an alias becomes a copy of its own, a document without one stays itself",
+          "[cpu]") {
+    YAML::Node doc = YAML::Load("rows: [&r 64, 8]\ncount: *r\nname: \"010\"\nshape: {a: &m [1, 2], b: *m}\n");
+    YAML::Node apart = yaml_unaliased(doc);
+    apart["count"] = 4;  // an edit through one name: through the alias it was the rows' too
+    apart["shape"]["b"][0] = 9;
+    CHECK(apart["rows"][0].Scalar() == "64");
+    CHECK(apart["count"].Scalar() == "4");
+    CHECK(apart["shape"]["a"][0].Scalar() == "1");
+    CHECK(apart["name"].Scalar() == "010");
+    CHECK(apart["name"].Tag() == doc["name"].Tag());  // quoted: a string still
+    CHECK(apart["rows"].Style() == YAML::EmitterStyle::Flow);
+    doc["count"] = 5;  // (the document as parsed shares the node)
+    CHECK(doc["rows"][0].Scalar() == "5");
+    YAML::Node plain = YAML::Load("a: 1\nb: [2, 3]\n");
+    YAML::Node same = yaml_unaliased(plain);
+    CHECK(same.is(plain));
+    CHECK(same["b"].Mark().line == 1);  // its marks kept
+    // no shipped model has an alias, so none is copied (a false alias would only cost its marks)
+    for (const char* dir : {PTOOL_SOURCE_DIR "/models", PTOOL_SOURCE_DIR "/models/scale"})
+        for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+            if (entry.path().extension() != ".yaml") continue;
+            INFO(entry.path().string());
+            const YAML::Node model = YAML::Load(read_text(entry.path().string()));
+            CHECK(yaml_unaliased(model).is(model));
+        }
 }
 
 }  // namespace test_yaml

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <fstream>
 #include <numeric>
+#include <set>
 #include <sstream>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "core/numbers.h"
@@ -387,6 +389,47 @@ std::string closest_match(const std::string& word, const std::vector<std::string
         if (d < best_d) best_d = d, best = c;
     }
     return best;
+}
+
+namespace {
+
+// Whether a node of `n` is reached twice (an alias): a parsed node's mark is where it starts in the
+// text, which with its type is one node's (a block map starts where its first key does), so a place
+// and type seen again are the same node named again.
+bool has_alias(const YAML::Node& n, std::set<std::tuple<int, int, int>>& seen) {
+    if (!n || !n.IsDefined()) return false;
+    const YAML::Mark m = n.Mark();
+    if (!m.is_null() && !seen.emplace(m.line, m.column, static_cast<int>(n.Type())).second) return true;
+    if (n.IsSequence())
+        for (const YAML::Node& c : n)
+            if (has_alias(c, seen)) return true;
+    if (n.IsMap())
+        for (const auto& kv : n)
+            if (has_alias(kv.first, seen) || has_alias(kv.second, seen)) return true;
+    return false;
+}
+
+YAML::Node copied(const YAML::Node& n) {
+    if (n.IsSequence() || n.IsMap()) {
+        YAML::Node out(n.IsSequence() ? YAML::NodeType::Sequence : YAML::NodeType::Map);
+        out.SetStyle(n.Style());
+        if (n.IsSequence())
+            for (const YAML::Node& c : n) out.push_back(copied(c));
+        else
+            for (const auto& kv : n) out.force_insert(copied(kv.first), copied(kv.second));
+        return out;
+    }
+    if (!n.IsScalar()) return YAML::Node(n.Type());
+    YAML::Node out(n.Scalar());
+    out.SetTag(n.Tag());
+    return out;
+}
+
+}  // namespace
+
+YAML::Node yaml_unaliased(const YAML::Node& doc) {
+    std::set<std::tuple<int, int, int>> seen;
+    return has_alias(doc, seen) ? copied(doc) : doc;
 }
 
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {

@@ -102,4 +102,11 @@ YamlNode load_emitted_yaml(const std::string& text, const std::string& name);
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
 
+// `doc` with every alias (`*name`) a copy of its own, where it has one (else `doc` itself, marks
+// and all): a YAML::Node's assignment writes into the node an alias shares, so a document that is
+// edited in place (ptool plan's model variants, shrink's proxy) would change every place that
+// names it (a repeat's `count: *r` and the batch's `&r 64` rows). The copies keep each scalar's
+// text, tag and each collection's style; their marks are gone.
+YAML::Node yaml_unaliased(const YAML::Node& doc);
+
 }  // namespace ptool

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <set>
 
+#include "core/yaml_reader.h"
 #include "core/yaml_writer.h"
 #include "model/module_type.h"
 
@@ -29,15 +30,16 @@ void for_each_module(YAML::Node mods, const std::function<void(YAML::Node)>& fn)
     }
 }
 
+// A size as the model loader reads it (`010` is ten, where yaml-cpp's conversion reads octal eight).
 int64_t as_int(const YAML::Node& n) {
-    return n.as<int64_t>();
+    return YamlNode(n, std::make_shared<const std::string>("model")).as_int("a size");
 }
 
 }  // namespace
 
 ModelVariants::ModelVariants(const std::string& text, const std::string& name)
     // the loader accepted the text already; its marks are the file's lines
-    : doc_(YAML::Load(text), std::make_shared<const std::string>(name)) {
+    : doc_(yaml_unaliased(YAML::Load(text)), std::make_shared<const std::string>(name)) {
     // every scalar a variant may set, with its text as written (read by the loader, as the file's)
     YAML::Node doc = doc_.raw();
     const auto file = std::make_shared<const std::string>(name);
@@ -94,7 +96,7 @@ static void shrink_target_mask(YAML::Node mask, int64_t old_seq, int64_t seq) {
 }
 
 std::string shrink_model(const std::string& model_text, const std::string& name, const Plan& plan) {
-    YAML::Node doc = YAML::Load(model_text);
+    YAML::Node doc = yaml_unaliased(YAML::Load(model_text));  // each place edited apart
     const int64_t tp = plan.dims.size(DimRole::tp);
     const int64_t dp = plan.dims.data_size();  // the batch's rows split over every data rank
     // context parallel cuts the sequence into cp chunks (2 x cp load-balanced), each split again by tp
