@@ -38,6 +38,9 @@ const CLI::Validator& finite_non_negative();          // --rtol, --atol: NaN and
 CLI::Validator whole_number(int64_t lo, int64_t hi);  // --steps, --world-size, --batch ...
 CLI::Validator finite_number(double lo, double hi, bool lo_open);  // --timeout, --memory-cap
 const CLI::Validator& output_path();                               // --json, -o ...: not ""
+// Every option of `app` and its subcommands that takes a value refuses "" (exit 2 naming it): an
+// unset variable in `--golden "$G"` compared with nothing and passed.
+void refuse_empty_values(CLI::App& app);
 ptool::Device select_device(const Common& common);  // configures the backends, returns the device
 ptool::Fault fault_from_environment();              // cli/fault_env.cpp: PTOOL_FAULT, parsed (exit 2 if bad)
 

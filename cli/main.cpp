@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
     ptool::cli::add_import_command(app);
     ptool::cli::add_golden_command(app, common, exit_code);
     ptool::cli::add_calibrate_command(app, common);
+    ptool::cli::refuse_empty_values(app);
 
     try {
         app.parse(argc, argv);

@@ -2,7 +2,8 @@
 // "010" as octal 8, "0x10" as 16 and "nan" or "1e300" as numbers that pass PositiveNumber; every
 // numeric flag is instead the whole text, a whole number or a finite real in its range (core/
 // numbers.h), normalised to plain decimal before CLI11 converts it. An output flag given "" (e.g.
-// `--csv ""` from an unset shell variable) is refused rather than silently writing nothing.
+// `--csv ""` from an unset shell variable) is refused rather than silently writing nothing, and so
+// is every other option given "" (`--golden ""` compared with nothing and passed).
 #include <cmath>
 
 #include "cli/commands.h"
@@ -33,6 +34,20 @@ CLI::Validator finite_number(double lo, double hi, bool lo_open) {
 const CLI::Validator& finite_non_negative() {
     static const CLI::Validator v = finite_number(0, 1e300, false);
     return v;
+}
+
+void refuse_empty_values(CLI::App& app) {
+    static const CLI::Validator non_empty(
+        [](std::string& text) -> std::string {
+            return text.empty() ? std::string(
+                                      "an empty value (an unset shell variable?): give one, or leave "
+                                      "the option out")
+                                : "";
+        },
+        "");
+    for (CLI::Option* o : app.get_options([](CLI::Option* o) { return o->get_type_size() != 0; }))
+        o->check(non_empty);
+    for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_empty_values(*sub);
 }
 
 const CLI::Validator& output_path() {

@@ -72,6 +72,11 @@ cp "$tmp/out" "$tmp/refused.out"
 expect 0 "1 passed, 0 failed, 0 stale, 0 updated, 1 refused" -- cat "$tmp/refused.out"
 expect 0 "float8_llama_rope_ddp_float8_rowwise.safetensors: REFUSED" -- cat "$tmp/refused.out"
 expect 0 'type="refused"' -- cat "$tmp/refused.xml"
+# an option given "" (an unset shell variable) is refused naming it: --golden "" compared with nothing
+# and passed, --init/--data/--dtype/--cluster "" were ignored
+expect 2 "--golden: an empty value" -- "$ptool" verify "$root/models/mlp.yaml" "$root/plans/mlp_root_module.yaml" --golden ""
+expect 2 "--cluster: an empty value" -- "$ptool" explain "$root/models/mlp.yaml" "$root/plans/mlp_root_module.yaml" --cluster ""
+expect 2 "MODEL: an empty value" -- "$ptool" run ""
 # the dump is a safetensors file with golden keys: its init params load back as --init
 python3 - "$tmp/d.safetensors" "$tmp/init.safetensors" <<'PY'
 import json, struct, sys
