@@ -97,10 +97,11 @@ int diff(const GoldenArgs& a) {
                    std::isinf(d.headroom) ? 1e9 : d.headroom,
                    d.pass ? "ok" : (d.shape_ok ? "DIFFERS" : "SHAPE"));
     }
+    size_t only_b = 0;  // the count is of both files' names ("31 of 25" counted one file's)
     for (const auto& [name, t] : y.tensors)
-        if (!x.find(name)) fmt::print("  {:<48} only in {}\n", name, a.b), ++differ;
+        if (!x.find(name)) fmt::print("  {:<48} only in {}\n", name, a.b), ++differ, ++only_b;
     fmt::print("{} vs {}: {} of {} tensors differ (rtol {:g}, atol {:g})\n", a.a, a.b, differ,
-               x.tensors.size(), tol.rtol, tol.atol);
+               x.tensors.size() + only_b, tol.rtol, tol.atol);
     return differ ? 1 : 0;
 }
 

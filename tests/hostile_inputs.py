@@ -10,6 +10,7 @@ fails the class. docs/testing.md (Reliability) lists the classes; 13-21 are issu
 """
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -344,14 +345,17 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(0, ["wrote"], "shrink", model_inj, T("plan_clean.yaml"), "-o", T("proxy_inj.yaml"))
     expect(0, ["wrote"], "shrink", stacked, T("plan_clean.yaml"), "-o", T("proxy_clean.yaml"))
     check(yaml.safe_load(open(T("proxy_inj.yaml"))) == yaml.safe_load(open(T("proxy_clean.yaml"))), "shrink -o: a file name changed the proxy")
-    # a module name with a quote and a newline: the plan's patterns are the model's names
-    odd = write(T("odd_names.yaml"), open(stacked).read().replace("name: layers", 'name: "la\\"y\\ners"'))
+    # a module name with a quote and a backslash: the plan's patterns are the model's names (a newline
+    # or another control byte in a name is refused at the name since 2026-11-30: 30. below)
+    odd = write(T("odd_names.yaml"), open(stacked).read().replace("name: layers", 'name: "la\\"y\\\\ers"'))
     if check("la" in open(odd).read(), "odd_names.yaml"):
         rc, out = run("plan", odd, "--cluster", cpu, "-o", T("odd_plan.yaml"))
         if check(rc == 0, f"plan of a model with a quoted name: exit {rc}\n{out[-600:]}"):
             written = yaml.safe_load(open(T("odd_plan.yaml")))
             names = json.dumps(written)
-            check("la\\\"y\\ners" in names and "verify" not in written, f"plan -o: module names not read back as written\n{names}")
+            check('la\\"y\\\\ers' in names and "verify" not in written, f"plan -o: module names not read back as written\n{names}")
+    newline = write(T("newline_name.yaml"), open(stacked).read().replace("name: layers", 'name: "la\\ners"'))
+    expect(2, ["newline_name.yaml:", "control byte 0x0a"], "plan", newline, "--cluster", cpu)
 
     # 15. NaN verdicts: a run that is not finite agrees with nothing, reference and parallel alike
     nan_model = write(T("nan_model.yaml"), "batch: {input: [4, 8]}\nmodules:\n  - {name: norm, type: layer_norm, dim: 8, eps: -1}\n"
@@ -648,5 +652,17 @@ with tempfile.TemporaryDirectory() as tmp:
     zero = write(T("zero.yaml"), open(mlp).read().replace("in: 10,", "in: 010,"))
     expect(0, ["wrote"], "shrink", zero, root, "-o", T("zero_proxy.yaml"))
     expect(0, ["PASS"], "verify", T("zero_proxy.yaml"), root, "-q")
+
+    # 30. found by the fourth round's hunt: a cluster's node count past an int (2^31 nodes wrapped to 0
+    # GPUs, 2^32 + 1 to one, exit 0); a module name with control bytes (echoed raw into reports and the
+    # terminal); golden diff's count of both files' tensors ("31 of 25")
+    cluster = open(f"{ROOT}/clusters/cpu_local.yaml").read()
+    for n in (2 ** 31, 2 ** 32 + 1):
+        wide = write(T(f"nodes{n}.yaml"), re.sub(r"(?m)^nodes: .*$", f"nodes: {n}", cluster))
+        expect(2, [f"nodes{n}.yaml:", "more than 2^20 GPUs"], "explain", mlp, root, "--cluster", wide)
+    ctl = write(T("ctl.yaml"), 'batch: {input: [4, 4]}\nmodules:\n  - {name: "a\\x1b[31mb", type: linear, in: 4, out: 4}\n')
+    expect(2, ["ctl.yaml:3:", "control byte 0x1b"], "run", ctl)
+    expect(1, ["31 of 31 tensors differ"], "golden", "diff", f"{G}/mlp_root_module.safetensors",
+           f"{G}/linear_colwise.safetensors")
 
 check.finish()

@@ -1,5 +1,6 @@
 // Model YAML -> module tree. Every key is checked: the model's here, each module's by its type's
 // parse rule (model/module_type.h, model/modules/*.cpp); defaults and names follow torch.nn.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <filesystem>
@@ -116,6 +117,13 @@ private:
         if (!transparent && (name.empty() || name.find_first_of(". \t") != std::string::npos))
             m.at("name").fail(
                 fmt::format("module name '{}' must be non-empty, without dots or spaces", name));
+        // nor control bytes (NUL, an escape sequence): a name goes into reports, CSV and the terminal
+        if (const auto bad =
+                std::find_if(name.begin(), name.end(),
+                             [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+            bad != name.end())
+            m.at("name").fail(fmt::format("module name holds the control byte 0x{:02x} at {}",
+                                          static_cast<unsigned char>(*bad), bad - name.begin()));
         const std::string fqn = join_name(prefix, name);
         YamlNode type_node = m.at("type");
         const std::string type = type_node.as_string("'type'");

@@ -75,9 +75,13 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
     Cluster c;
     c.path = name;
     c.name = m.string_or("name", name);
-    c.nodes = static_cast<int>(m.at("nodes").as_positive_int("'nodes'"));
-    c.gpus_per_node = static_cast<int>(m.at("gpus_per_node").as_positive_int("'gpus_per_node'"));
-    if (static_cast<int64_t>(c.nodes) * c.gpus_per_node > 1 << 20) m.at("nodes").fail("more than 2^20 GPUs");
+    // each read whole and bounded before it is an int (2^31 nodes wrapped to 0 GPUs, 2^32 + 1 to one)
+    constexpr int64_t kMaxGpus = int64_t{1} << 20;
+    const int64_t nodes = m.at("nodes").as_positive_int("'nodes'"),
+                  per_node = m.at("gpus_per_node").as_positive_int("'gpus_per_node'");
+    if (per_node > kMaxGpus) m.at("gpus_per_node").fail("more than 2^20 GPUs");
+    if (nodes > kMaxGpus / per_node) m.at("nodes").fail("more than 2^20 GPUs");
+    c.nodes = static_cast<int>(nodes), c.gpus_per_node = static_cast<int>(per_node);
     c.memory_bytes = positive(m, "memory_gib", "the cluster", kMaxGib) * (1ull << 30);
     c.reserved_bytes = m.double_or("reserved_gib", 0) * (1ull << 30);
     if (!(c.reserved_bytes >= 0) || c.reserved_bytes >= c.memory_bytes)
