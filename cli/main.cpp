@@ -54,7 +54,12 @@ int main(int argc, char** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-        int code = app.exit(e);
+        const int code = app.exit(e);  // --help and --version print here: they must arrive too
+        std::cout.flush();
+        if (code == 0 && (std::cout.fail() || std::fflush(stdout) != 0 || std::ferror(stdout))) {
+            spdlog::error("cannot write to standard output: {}", std::strerror(errno));
+            return 3;
+        }
         return code == 0 ? 0 : 2;
     } catch (const ptool::InputError& e) {
         spdlog::error("{}", e.what());

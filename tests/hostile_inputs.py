@@ -100,6 +100,8 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(2, ["big_lin.yaml:3:", "over the limit of 8589934592", "PTOOL_MODEL_BYTE_LIMIT"], "run", big_lin)
     expect(2, ["over the limit of 1024"], "run", mlp, env={"PTOOL_MODEL_BYTE_LIMIT": "1K"})
     expect(0, ["loss"], "run", mlp, env={"PTOOL_MODEL_BYTE_LIMIT": "1M"})
+    for text in ("0x10", "1e3", " 8G", "1."):  # strtod's readings (16, 1000, 8G) were taken
+        expect(2, [f"PTOOL_MODEL_BYTE_LIMIT='{text}'"], "run", mlp, env={"PTOOL_MODEL_BYTE_LIMIT": text})
     expect(2, ["PTOOL_MODEL_BYTE_LIMIT"], "run", mlp, env={"PTOOL_MODEL_BYTE_LIMIT": "lots"})
 
     # 2. empty shards (torch.chunk's): 16 features over 5 ranks is 4, 4, 4, 4, 0
@@ -127,6 +129,8 @@ with tempfile.TemporaryDirectory() as tmp:
         check(stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev, f"{dev} is no longer the device")
     expect(3, ["/dev/full", "No space left"], "verify", mlp, root, "--json", "/dev/full", "-q")
     expect(3, ["standard output"], "run", mlp, stdout=open("/dev/full", "w"))
+    for flag in ("--version", "--help"):  # printed by the option parser: it must arrive too (was exit 0)
+        expect(3, ["standard output"], flag, stdout=open("/dev/full", "w"))
     target, link = T("target.json"), T("link.json")
     write(target, "old")
     os.symlink(target, link)
@@ -243,16 +247,18 @@ with tempfile.TemporaryDirectory() as tmp:
     tokens = write(T("tokens.yaml"), "batch: {input: {tokens: [2, 4], vocab: 100}}\nmodules:\n"
                    "  - {name: e, type: embedding, vocab: 64, dim: 4}\n")
     expect(2, ["tokens.yaml:1:", "draws ids from [0, 100)", "64 rows"], "run", tokens)
-    hup = T("hup.safetensors")
-    p = subprocess.Popen([PTOOL, "golden", "record", f"{M}/gemm_mlp.yaml", f"{P}/gemm_mlp_tp.yaml", "-o", hup],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):  # until the write has begun
-        if any(f.startswith(".hup.safetensors.tmp-") for f in os.listdir(tmp)) or p.poll() is not None:
-            break
-        time.sleep(0.02)
-    p.send_signal(signal.SIGHUP)
-    p.wait(timeout=60)
-    check(not any(f.startswith(".hup.safetensors.tmp-") for f in os.listdir(tmp)), "SIGHUP left a temp file")
+    # (SIGQUIT, SIGUSR1 and SIGPIPE end a process too: they left theirs behind before 2026-11-30)
+    for sig in (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGPIPE):
+        hup = T("hup.safetensors")
+        p = subprocess.Popen([PTOOL, "golden", "record", f"{M}/gemm_mlp.yaml", f"{P}/gemm_mlp_tp.yaml", "-o", hup,
+                              "--force"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(200):  # until the write has begun
+            if any(f.startswith(".hup.safetensors.tmp-") for f in os.listdir(tmp)) or p.poll() is not None:
+                break
+            time.sleep(0.02)
+        p.send_signal(sig)
+        p.wait(timeout=60)
+        check(not any(f.startswith(".hup.safetensors.tmp-") for f in os.listdir(tmp)), f"{sig.name} left a temp file")
 
     # ---- third round (issue 34): the newer commands as hardened as verify ----
     HF = f"{ROOT}/tests/data/hf"
@@ -664,5 +670,10 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(2, ["ctl.yaml:3:", "control byte 0x1b"], "run", ctl)
     expect(1, ["31 of 31 tensors differ"], "golden", "diff", f"{G}/mlp_root_module.safetensors",
            f"{G}/linear_colwise.safetensors")
+    # an output whose temporary file's name would pass NAME_MAX: refused before the run (it failed
+    # after the work, exit 3)
+    long_out = T("c" * 250 + ".st")
+    expect(2, ["its temporary file's name would be", "over 255"], "golden", "record", mlp, root, "-o", long_out)
+    check(not os.path.exists(long_out), "a refused long output was written")
 
 check.finish()

@@ -178,6 +178,18 @@ std::string read_file(const std::string& path, size_t max_bytes, size_t max_stre
 void check_output(const std::string& path, bool overwrite) {
     refuse_nul(path);
     if (path.empty()) throw InputError("an empty file name: name a file to write");
+    const fs::path target(path);
+    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    // its temporary file ".NAME.tmp-PID-N" beside it must be a path the signal handler can hold (a
+    // path near PATH_MAX was refused after the run's work, exit 3)
+    const std::string tmp_name = "." + target.filename().string() + ".tmp-4194304-ffffff";
+    const size_t tmp_size = (dir / tmp_name).string().size();
+    if (tmp_size > kTempPathMax)
+        refuse(path,
+               fmt::format("its temporary file's path would be {} bytes, over {}", tmp_size, kTempPathMax));
+    if (tmp_name.size() > NAME_MAX)
+        refuse(path, fmt::format("its temporary file's name would be {} bytes, over {} (the name is {})",
+                                 tmp_name.size(), NAME_MAX, target.filename().string().size()));
     struct stat st {};
     if (::stat(path.c_str(), &st) == 0) {  // follows a symlink to what would be written
         if (S_ISDIR(st.st_mode)) refuse(path, "is a directory: name a file to write");
@@ -186,8 +198,6 @@ void check_output(const std::string& path, bool overwrite) {
             refuse(path, "the file is not writable");
         return;
     }
-    const fs::path target(path);
-    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) refuse(path, fmt::format("the folder '{}' does not exist", dir.string()));
     if (::access(dir.c_str(), W_OK) != 0)

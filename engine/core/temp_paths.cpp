@@ -18,7 +18,7 @@ namespace ptool {
 namespace {
 
 constexpr int kSlots = 32;
-constexpr size_t kPathMax = 4096;
+constexpr size_t kPathMax = kTempPathMax + 1;
 char g_paths[kSlots][kPathMax];
 std::atomic<int> g_used[kSlots];  // 1: g_paths[i] holds a registered path (lock-free: read in the handler)
 std::mutex g_mutex;               // registration only; the handler takes no lock
@@ -82,7 +82,11 @@ void remove_all_and_reraise(int sig) {
 
 int track_temp(const std::string& path) {
     static const bool installed = [] {
-        for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+        for (int sig :
+             {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU, SIGXFSZ}) {
+            struct sigaction old {};
+            if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL)
+                continue;  // set by another
             struct sigaction sa {};
             sa.sa_handler = remove_all_and_reraise;
             ::sigaction(sig, &sa, nullptr);

@@ -1,6 +1,7 @@
 // Temporary files and folders that a signal must not leave behind.
 //
-// A destructor does not run when SIGINT, SIGTERM or SIGHUP ends the process, so every temporary
+// A destructor does not run when a signal ends the process (SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+// SIGPIPE, SIGUSR1/2, SIGALRM, SIGXCPU, SIGXFSZ: those whose default is to end it), so every temporary
 // ptool makes (an atomic write's `.NAME.tmp-PID-N`, `plan --verify`'s `$TMPDIR/ptool-plan-*/`)
 // is registered here while it exists: on one of those signals the handler removes every registered
 // path (a folder with what it holds), with async-signal-safe calls only, and re-raises the signal
@@ -12,8 +13,12 @@
 
 namespace ptool {
 
+// The longest path track_temp takes, in bytes (a longer one: RuntimeError).
+inline constexpr size_t kTempPathMax = 4095;
+
 // Registers `path` for removal on a signal; returns its slot for untrack_temp. At most 32 at once
-// (more: RuntimeError, exit 3). The handlers are installed on the first call.
+// (more: RuntimeError, exit 3). The handlers are installed on the first call, for each signal whose
+// default ends the process and that nothing set otherwise (an ignored SIGPIPE stays ignored).
 int track_temp(const std::string& path);
 void untrack_temp(int slot);  // the path is gone or kept: no longer the handler's
 

@@ -1,6 +1,7 @@
 // Model YAML -> module tree. Every key is checked: the model's here, each module's by its type's
 // parse rule (model/module_type.h, model/modules/*.cpp); defaults and names follow torch.nn.
 #include <algorithm>
+#include <cctype>
 #include <cfloat>
 #include <cmath>
 #include <filesystem>
@@ -32,9 +33,15 @@ int64_t numel_checked(const YamlNode& where, const Shape& s) {
 int64_t parse_byte_count(const char* text) {  // "8589934592", "8G", "512M", "none"
     if (!text || !*text) return -1;
     if (std::string(text) == "none" || std::string(text) == "0") return 0;
-    char* end = nullptr;
-    const double v = std::strtod(text, &end);
-    const std::string unit = end ? end : "";
+    // digits with at most one decimal point, then a unit or nothing: strtod alone took " 8G", "0x10"
+    // and "1e3"
+    const std::string all(text);
+    const size_t digits = all.find_first_not_of("0123456789.");
+    const std::string number = all.substr(0, digits),
+                      unit = digits == std::string::npos ? "" : all.substr(digits);
+    const bool well_formed = !number.empty() && std::isdigit(static_cast<unsigned char>(number[0])) &&
+                             std::count(number.begin(), number.end(), '.') <= 1 && number.back() != '.';
+    const double v = well_formed ? std::strtod(number.c_str(), nullptr) : -1.0;
     const double scale = unit.empty()  ? 1
                          : unit == "K" ? 1024.0
                          : unit == "M" ? 1048576.0
