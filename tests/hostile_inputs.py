@@ -670,6 +670,9 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(2, ["ctl.yaml:3:", "control byte 0x1b"], "run", ctl)
     expect(1, ["31 of 31 tensors differ"], "golden", "diff", f"{G}/mlp_root_module.safetensors",
            f"{G}/linear_colwise.safetensors")
+    # a rate a time is divided by, at a denormal: every step priced at infinity (exit 0)
+    slow = write(T("slow.yaml"), cluster.replace("{bandwidth_gb_s: 3.0,", "{bandwidth_gb_s: 1e-320,"))
+    expect(2, ["slow.yaml:", "'bandwidth_gb_s'", "must be in [1e-06"], "explain", mlp, root, "--cluster", slow)
     # an output whose temporary file's name would pass NAME_MAX: refused before the run (it failed
     # after the work, exit 3)
     long_out = T("c" * 250 + ".st")

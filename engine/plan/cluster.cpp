@@ -11,11 +11,13 @@ namespace {
 // A rate, size or time in (0, max]: finite, and far beyond any machine's, so that the time model's
 // products and the printed bytes and times stay finite numbers (1e300 GiB printed as a negative
 // byte count, a latency of 1e308 us as 300-digit times).
+// A rate or size in (0, max], and at least max / 1e12 (a rate a time is divided by: 1e-320 GB/s
+// priced every step at infinity, exit 0): the model's bytes and FLOPs over it stay finite.
 double positive(YamlMap& m, const std::string& key, const std::string& what, double max) {
     YamlNode n = m.at(key);
-    const double v = n.as_double(fmt::format("'{}' of {}", key, what));
-    if (!(v > 0) || v > max)
-        n.fail(fmt::format("'{}' of {} must be in (0, {:g}], got {:g}", key, what, max, v));
+    const double v = n.as_double(fmt::format("'{}' of {}", key, what)), min = max * 1e-12;
+    if (!(v >= min) || v > max)
+        n.fail(fmt::format("'{}' of {} must be in [{:g}, {:g}], got {:g}", key, what, min, max, v));
     return v;
 }
 
@@ -113,8 +115,8 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
     }
     fm.finish();
     c.gemm_efficiency = m.double_or("gemm_efficiency", 1.0);
-    if (!(c.gemm_efficiency > 0 && c.gemm_efficiency <= 1))
-        m.at("gemm_efficiency").fail("'gemm_efficiency' must be in (0, 1]");
+    if (!(c.gemm_efficiency >= 1e-6 && c.gemm_efficiency <= 1))  // (a GEMM's time is divided by it)
+        m.at("gemm_efficiency").fail("'gemm_efficiency' must be in [1e-6, 1]");
     c.memory_bandwidth = positive(m, "memory_bandwidth_gb_s", "the cluster", kMaxGbPerSecond) * 1e9;
     if (m.has("kernels")) {  // relative to the cluster file
         YamlNode k = m.at("kernels");
