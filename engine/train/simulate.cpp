@@ -6,6 +6,7 @@
 #include "comm/comm_simulated.h"
 #include "core/parallel_for.h"
 #include "core/tensor_ops.h"
+#include "model/context_shard.h"
 #include "model/float8_cost.h"
 #include "parallel/device_mesh.h"
 
@@ -102,6 +103,9 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
         pd.has(DimRole::dp_shard) ? pd.index(DimRole::dp_shard) : pd.index(DimRole::dp_replicate);
     const int tp = pd.size(DimRole::tp), shard = shard_dim >= 0 ? plan.mesh()[shard_dim].size : 1,
               batch = pd.data_size();
+    const int cp = plan.context_parallel ? pd.size(DimRole::cp) : 1;
+    const int64_t pieces =
+        plan.context_parallel ? ContextShard::pieces(cp, plan.context_parallel->load_balance) : 1;
     std::map<std::vector<int64_t>, size_t> index;
     std::vector<RankClass> out;
     for (int r = 0; r < plan.world_size(); ++r) {
@@ -114,7 +118,13 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
         std::vector<int64_t> key{pd.has(DimRole::pp) ? coords[pd.index(DimRole::pp)] : 0};
         for (int64_t v : dims) {
             const int64_t a = chunk_of(v, tp, t).length;
-            key.insert(key.end(), {a, chunk_of(a, shard, s).length, chunk_of(v, batch, b).length});
+            key.insert(key.end(), {a, chunk_of(a, shard, s).length, chunk_of(v, batch, b).length,
+                                   // a dim tp does not cut, fully_shard-ed over the shard dim alone
+                                   // (HSDP x TP: a rowwise bias's rows, 5 over dp_shard 3 as 2, 2, 1)
+                                   chunk_of(v, shard, s).length,
+                                   // a cp rank's positions cut again over tp by sequence parallelism
+                                   // (6 over tp 4 as 2, 2, 2, 0)
+                                   cp > 1 && v % pieces == 0 ? chunk_of(v / cp, tp, t).length : 0});
         }
         auto [it, fresh] = index.emplace(key, out.size());
         if (fresh) out.push_back({});
