@@ -76,13 +76,25 @@ void write_through(const std::string& path, const std::string& bytes) {
         throw RuntimeError(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
 }
 
+// The folder a file is written in, and its temporary's name beside it: ".NAME.tmp-PID-N", N six
+// hex digits of a counter (temp_prefix: what comes before the PID).
+fs::path folder_of(const fs::path& target) {
+    return target.has_parent_path() ? target.parent_path() : fs::path(".");
+}
+std::string temp_prefix(const fs::path& target) {
+    return "." + target.filename().string() + ".tmp-";
+}
+std::string temp_name(const fs::path& target, long pid, uint64_t n) {
+    return fmt::format("{}{}-{:06x}", temp_prefix(target), pid, n & 0xffffff);
+}
+
 // A regular file, or a path that does not exist yet: temp file, fsync, rename.
 void write_atomic(const std::string& path, const std::string& bytes) {
     std::error_code ec;
     const fs::path target(path);
-    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    const fs::path dir = folder_of(target);
     // leftovers of killed writers: ".NAME.tmp-PID-N" whose PID is gone
-    const std::string prefix = "." + target.filename().string() + ".tmp-";
+    const std::string prefix = temp_prefix(target);
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
         const std::string name = entry.path().filename().string();
         if (name.rfind(prefix, 0) != 0) continue;
@@ -97,7 +109,7 @@ void write_atomic(const std::string& path, const std::string& bytes) {
     std::string tmp;
     int fd = -1, slot = -1;
     for (int attempt = 0; fd < 0; ++attempt) {
-        tmp = (dir / fmt::format("{}{}-{:06x}", prefix, ::getpid(), next++ & 0xffffff)).string();
+        tmp = (dir / temp_name(target, ::getpid(), next++)).string();
         slot = track_temp(tmp);
         fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd >= 0) break;
@@ -179,10 +191,10 @@ void check_output(const std::string& path, bool overwrite) {
     refuse_nul(path);
     if (path.empty()) throw InputError("an empty file name: name a file to write");
     const fs::path target(path);
-    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-    // its temporary file ".NAME.tmp-PID-N" beside it must be a path the signal handler can hold (a
-    // path near PATH_MAX was refused after the run's work, exit 3)
-    const std::string tmp_name = "." + target.filename().string() + ".tmp-4194304-ffffff";
+    const fs::path dir = folder_of(target);
+    // its temporary file beside it, at its longest (the largest PID Linux gives, 2^22), must be a
+    // path the signal handler can hold (one near PATH_MAX was refused after the run's work, exit 3)
+    const std::string tmp_name = temp_name(target, 1L << 22, 0xffffff);
     const size_t tmp_size = (dir / tmp_name).string().size();
     if (tmp_size > kTempPathMax)
         refuse(path,

@@ -23,6 +23,17 @@ std::optional<StepKey> parse_step_key(const std::string& name) {
     return StepKey{std::stoll(name.substr(4, dot - 4)), name.substr(dot + 1)};
 }
 
+namespace {
+
+// A data file's key: input, target, step{k}.input or step{k}.target.
+bool data_key(const std::string& name) {
+    if (name == "input" || name == "target") return true;
+    const auto key = parse_step_key(name);
+    return key && (key->rest == "input" || key->rest == "target");
+}
+
+}  // namespace
+
 void check_data_steps(const TensorFile& data, const std::string& path, int64_t steps) {
     if (data.tensors.empty())
         throw InputError(
@@ -36,25 +47,23 @@ void check_data_steps(const TensorFile& data, const std::string& path, int64_t s
     // per-step keys of a tensor without its plain key cover every step: a step without one would
     // train on generated data, silently (a data loader would have run out there); a file with a key
     // of another form is the DataSource's to refuse, naming it
-    for (const auto& [name, t] : data.tensors) {
-        const auto key = parse_step_key(name);
-        if (name != "input" && name != "target" && !(key && (key->rest == "input" || key->rest == "target")))
-            return;
-    }
+    for (const auto& [name, t] : data.tensors)
+        if (!data_key(name)) return;
     for (const char* what : {"input", "target"}) {
         if (data.find(what)) continue;
-        std::vector<int64_t> given;
+        int64_t given = 0, first = -1, missing = -1;  // steps with a key, the first with and without one
         for (int64_t k = 0; k < steps; ++k)
-            if (data.find(fmt::format("step{}.{}", k, what))) given.push_back(k);
-        if (given.empty() || static_cast<int64_t>(given.size()) == steps) continue;
-        int64_t missing = 0;
-        while (std::binary_search(given.begin(), given.end(), missing)) ++missing;
+            if (data.find(fmt::format("step{}.{}", k, what)))
+                ++given, first = first < 0 ? k : first;
+            else if (missing < 0)
+                missing = k;
+        if (given == 0 || given == steps) continue;
         throw InputError(
             SourceLocation{path, 0, 0},
             fmt::format("'step{}.{}' is missing: the file holds step{{k}}.{} for {} of the run's {} "
                         "steps (step{}.{} ...) and no plain '{}' serves the others, which "
                         "would train on generated data",
-                        missing, what, what, given.size(), steps, given.front(), what, what));
+                        missing, what, what, given, steps, first, what, what));
     }
 }
 
@@ -97,17 +106,13 @@ DataSource::DataSource(const Model& model, const TensorFile* data_file, std::str
     std::vector<std::string> known = {"input", "target"};
     int64_t last_step = model.steps - 1;
     for (const auto& [name, t] : file_->tensors) {
-        bool ok = name == "input" || name == "target";
-        if (auto key = parse_step_key(name); key && (key->rest == "input" || key->rest == "target")) {
-            ok = true;
-            last_step = std::max(last_step, key->step);
-        }
-        if (!ok)
+        if (!data_key(name))
             throw InputError(
                 SourceLocation{path_, 0, 0},
                 fmt::format("unexpected tensor '{}' in a data file (keys: input, target, step{{k}}.input, "
                             "step{{k}}.target){}",
                             name, did_you_mean(name, known)));
+        if (auto key = parse_step_key(name)) last_step = std::max(last_step, key->step);
     }
     for (int64_t s = 0; s <= last_step; ++s) batch(s);  // validate every key's shape up front
 }

@@ -8,11 +8,10 @@
 namespace ptool {
 namespace {
 
-// A rate, size or time in (0, max]: finite, and far beyond any machine's, so that the time model's
-// products and the printed bytes and times stay finite numbers (1e300 GiB printed as a negative
-// byte count, a latency of 1e308 us as 300-digit times).
-// A rate or size in (0, max], and at least max / 1e12 (a rate a time is divided by: 1e-320 GB/s
-// priced every step at infinity, exit 0): the model's bytes and FLOPs over it stay finite.
+// A rate, size or time in [max / 1e12, max]: finite, far beyond any machine's and far from 0, so that
+// the time model's products and quotients and the printed bytes and times stay finite numbers (1e300
+// GiB printed as a negative byte count, a latency of 1e308 us as 300-digit times, a bandwidth of
+// 1e-320 GB/s priced every step at infinity).
 double positive(YamlMap& m, const std::string& key, const std::string& what, double max) {
     YamlNode n = m.at(key);
     const double v = n.as_double(fmt::format("'{}' of {}", key, what)), min = max * 1e-12;

@@ -31,8 +31,10 @@ void for_each_module(YAML::Node mods, const std::function<void(YAML::Node)>& fn)
 }
 
 // A size as the model loader reads it (`010` is ten, where yaml-cpp's conversion reads octal eight).
+// The loader accepted the text already, so the reading never fails and names no file.
 int64_t as_int(const YAML::Node& n) {
-    return YamlNode(n, std::make_shared<const std::string>("model")).as_int("a size");
+    static const auto accepted = std::make_shared<const std::string>("the model");
+    return YamlNode(n, accepted).as_int("a size");
 }
 
 }  // namespace

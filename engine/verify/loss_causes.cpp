@@ -1,6 +1,7 @@
 #include "verify/loss_causes.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "model/target_mask.h"
 
@@ -64,9 +65,9 @@ std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan
     for (int64_t k = 0; k < checked; ++k) {
         const Batch b = data.batch(k);
         const auto counts = valid_target_counts(model, plan, b);
-        int64_t total = 0;
-        for (const auto& m : counts)
-            for (int64_t c : m) total += c;
+        std::vector<int64_t> in_microbatch;  // each microbatch's valid targets over its pieces
+        for (const auto& m : counts) in_microbatch.push_back(std::accumulate(m.begin(), m.end(), int64_t{0}));
+        const int64_t total = std::accumulate(in_microbatch.begin(), in_microbatch.end(), int64_t{0});
         if (total == 0)
             throw InputError(data_where,
                              fmt::format("step {}'s batch has no valid target (every one is the ignore_index "
@@ -74,10 +75,8 @@ std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan
                                          "nothing to train on or compare",
                                          k, model.ignore_index));
         if (!per_call) continue;
-        for (size_t m = 0; m < counts.size(); ++m) {
-            int64_t in_microbatch = 0;
-            for (int64_t c : counts[m]) in_microbatch += c;
-            if (in_microbatch == 0)
+        for (size_t m = 0; m < in_microbatch.size(); ++m)
+            if (in_microbatch[m] == 0)
                 throw InputError(
                     data_where,
                     fmt::format(
@@ -88,13 +87,11 @@ std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan
                         "adds nothing for it as torchtitan's global_valid_tokens does, or a batch "
                         "whose every microbatch holds a valid target)",
                         k, m, model.ignore_index));
-        }
         if (pieces == 1 || !causes.empty()) continue;
         for (size_t m = 0; m < counts.size(); ++m) {
             const auto& c = counts[m];
             if (std::all_of(c.begin(), c.end(), [&](int64_t n) { return n == c[0]; })) continue;
-            int64_t sum = 0;
-            for (int64_t n : c) sum += n;
+            const int64_t sum = in_microbatch[m];
             const bool empty = std::find(c.begin(), c.end(), 0) != c.end();
             causes.push_back(
                 {plan.normalization_where(model),
