@@ -19,6 +19,9 @@
    nothing are warnings.
 7. The planner lists op-policy candidates and writes `mode: op`; the written plans explain to the
    planned peak.
+8. A module checkpointed at two call sites (`shared`) under the op policy: each call's kept outputs
+   are its own (the backward recomputes the second call first), so verify PASSes at dp 1 and 2;
+   op-mode regions nested in one another are exit 2 at the plan.
 """
 import json
 import os
@@ -173,6 +176,41 @@ steps: 2
         rc, out = run("verify", rope, piped, env={"PTOOL_FAULT": f"sac_stale_output:{region}"})
         check(rc == 1 and f"first divergence: step 0 backward `{region}." in out,
               f"sac_stale_output:{region}: exit {rc}\n{out[-2500:]}")
+
+    # 8. a shared module checkpointed at both its call sites; nested op-policy regions refused
+    shared = write(os.path.join(tmp, "shared.yaml"), """seed: 8
+batch:
+  input: [4, 6]
+modules:
+  - name: blk
+    type: sequential
+    modules:
+      - {name: up, type: linear, in: 6, out: 6, bias: false}
+      - {name: t, type: tanh}
+      - name: inner
+        type: sequential
+        modules:
+          - {name: a, type: linear, in: 6, out: 6, bias: false}
+          - {name: t2, type: tanh}
+  - {name: blk2, type: shared, module: blk}
+loss: mean
+steps: 2
+""")
+    for dp in (1, 2):
+        plan = write(os.path.join(tmp, f"shared_op_{dp}.yaml"),
+                     f'mesh: {{dp: {dp}}}\ndata_parallel: {{mode: replicate}}\n'
+                     'activation_checkpointing: {modules: ["blk"], mode: op}\n')
+        rc, out = run("verify", shared, plan)
+        check(rc == 0 and "PASS" in out, f"shared module under the op policy, dp {dp}: exit {rc}\n{out[-1500:]}")
+    plan = write(os.path.join(tmp, "nested_op.yaml"), 'mesh: {dp: 1}\n'
+                 'activation_checkpointing: {modules: ["blk", "blk.inner"], mode: op}\n')
+    rc, out = run("verify", shared, plan)
+    check(rc == 2 and f"{plan}:2:" in out and "'blk.inner' inside 'blk'" in out,
+          f"nested op-policy regions: exit {rc}, expected 2 at the plan\n{out[-800:]}")
+    plan = write(os.path.join(tmp, "nested_full.yaml"), 'mesh: {dp: 1}\n'
+                 'activation_checkpointing: {modules: ["blk", "blk.inner"], mode: full}\n')
+    rc, out = run("verify", shared, plan)
+    check(rc == 0 and "PASS" in out, f"nested full checkpointing: exit {rc}\n{out[-1500:]}")
 
     # 6. bad values, warnings
     bad = {

@@ -176,6 +176,24 @@ TEST_CASE(
                          "shared)"});
 }
 
+TEST_CASE(
+    "module types: a rope base whose float32 frequencies overflow is exit 2 at the attention, "
+    "one under 1 that does not is accepted",
+    "[cpu]") {
+    const std::string head = "batch: {input: [2, 4, 8]}\nmodules:\n";
+    auto attention = [&](const std::string& theta) {
+        return head + "  - {name: a, type: attention, dim: 8, heads: 2, rope_theta: " + theta + "}\n";
+    };
+    require_input_error([&] { load_model_text(attention("1e-308"), "bad.yaml"); },
+                        {"bad.yaml:3:5: rope_theta 1e-308 gives a rotary frequency of inf"});
+    // 1e-70: a frequency of 1e35, finite in float32, whose angles overflow past 2^24 positions
+    require_input_error([&] { load_model_text(attention("1e-70"), "bad.yaml"); },
+                        {"rope_theta 1e-70 gives a rotary frequency of 1e+35"});
+    CHECK_NOTHROW(load_model_text(attention("1e-20"), "ok.yaml"));  // 1e10
+    CHECK_NOTHROW(load_model_text(attention("0.5"), "ok.yaml"));
+    CHECK_NOTHROW(load_model_text(attention("500000"), "ok.yaml"));
+}
+
 TEST_CASE("module types: a module points at its registered type, whose rules the plan writer and shrink read",
           "[cpu]") {
     const Model m = load_model(PTOOL_SOURCE_DIR "/models/llama_rope.yaml");

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace ptool {
 namespace {
@@ -34,8 +35,7 @@ std::optional<FileIdentity> identity(const std::string& path) {
         if (ec) return std::nullopt;
         at = to.is_absolute() ? to : at.parent_path() / to;
     }
-    const fs::path dir = at.has_parent_path() ? at.parent_path() : fs::path(".");
-    if (::stat(dir.c_str(), &st) != 0) return std::nullopt;
+    if (::stat(folder_of(at).c_str(), &st) != 0) return std::nullopt;
     return FileIdentity{st.st_dev, st.st_ino, at.filename().string(), false};
 }
 

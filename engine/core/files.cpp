@@ -76,11 +76,8 @@ void write_through(const std::string& path, const std::string& bytes) {
         throw RuntimeError(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
 }
 
-// The folder a file is written in, and its temporary's name beside it: ".NAME.tmp-PID-N", N six
-// hex digits of a counter (temp_prefix: what comes before the PID).
-fs::path folder_of(const fs::path& target) {
-    return target.has_parent_path() ? target.parent_path() : fs::path(".");
-}
+// A temporary's name beside its target: ".NAME.tmp-PID-N", N six hex digits of a counter
+// (temp_prefix: what comes before the PID).
 std::string temp_prefix(const fs::path& target) {
     return "." + target.filename().string() + ".tmp-";
 }
@@ -248,6 +245,10 @@ void write_file(const std::string& path, const std::string& bytes, bool overwrit
             refuse(path, "this command read it as an input: writing would replace it (name another file)");
     }
     write_atomic(path, bytes);
+}
+
+fs::path folder_of(const fs::path& target) {
+    return target.has_parent_path() ? target.parent_path() : fs::path(".");
 }
 
 }  // namespace ptool

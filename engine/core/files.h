@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 
 namespace ptool {
@@ -35,5 +36,8 @@ void write_file(const std::string& path, const std::string& bytes, bool overwrit
 // Lets write_file replace `path` although it was read: a file meant to be rewritten (`verify
 // GOLDEN --update` re-records the golden it replayed).
 void release_input(const std::string& path);
+
+// The folder a file is written in ("." for a bare name).
+std::filesystem::path folder_of(const std::filesystem::path& target);
 
 }  // namespace ptool

@@ -20,8 +20,9 @@ const std::string& Module::type() const {
 
 Placed Module::forward(RunContext& ctx, const Placed& x) {
     if (checkpointed_ && ctx.recording) {  // keep the input only: nothing below saves for backward
-        checkpoint_inputs_.push(ctx.microbatch, x);
-        SelectiveRegion region;  // the op policy's count for this pass (its outputs kept, not saved)
+        SelectiveRegion region{0,
+                               next_selective_call()};  // the op policy's pass: its outputs kept, not saved
+        checkpoint_inputs_.push(ctx.microbatch, {x, region.call});
         SelectiveRegion* const outer = ctx.selective;
         ctx.recording = false, ctx.selective = selective_ ? &region : nullptr;
         Placed y = forward_hooked(ctx, x);
@@ -50,10 +51,12 @@ Placed Module::backward(RunContext& ctx, const Placed& dy) {
     if (checkpointed_) {  // recompute the forward, recording, unobserved, then run the backward it saved for
         PTOOL_REQUIRE(!checkpoint_inputs_.empty(ctx.microbatch),
                       "backward of checkpointed '{}' without a forward", fqn_);
-        const Placed x = checkpoint_inputs_.pop(ctx.microbatch);
+        const CheckpointedCall call = checkpoint_inputs_.pop(ctx.microbatch);
+        const Placed& x = call.input;
         auto observer = std::move(ctx.observer);
         const bool was = ctx.recomputing;
-        SelectiveRegion region;  // the op policy's count restarts: the forward's decisions, in order
+        // the op policy's count restarts: the forward's decisions, in order, taking what it kept
+        SelectiveRegion region{0, call.selective_call};
         SelectiveRegion* const outer = ctx.selective;
         ctx.observer = nullptr, ctx.recomputing = true, ctx.selective = selective_ ? &region : nullptr;
         const bool meta_was = meta_work().recomputing;  // the meta backend counts the recompute's FLOPs apart

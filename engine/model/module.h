@@ -345,7 +345,11 @@ private:
     MicrobatchStack<Layout> inputs_;  // per call: the input layout (after the pre-forward hook)
     bool checkpointed_ = false, selective_ = false, saving_ = true, transparent_ = false;
     int microbatch_ = 0;  // of the forward or backward running now (save and restore key on it)
-    MicrobatchStack<Placed> checkpoint_inputs_;               // per checkpointed call: its input
+    struct CheckpointedCall {
+        Placed input;
+        uint64_t selective_call;  // its op-policy region's (SelectiveRegion::call)
+    };
+    MicrobatchStack<CheckpointedCall> checkpoint_inputs_;     // per checkpointed call
     Placed forward_hooked(RunContext& ctx, const Placed& x);  // hooks + the module, no checkpointing
     std::shared_ptr<ModuleHooks> hooks_;
 };

@@ -15,8 +15,10 @@
 // the same ops on the same inputs (dropout's masks are drawn by index: core/rng.h).
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <map>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -24,10 +26,17 @@ namespace ptool {
 
 struct RunContext;  // model/module.h
 
-// One pass (forward or recompute) of an op-policy region: its matmuls so far.
+// One pass (forward or recompute) of an op-policy region: its matmuls so far, and which call of
+// the region it is (the forward's number, handed to its recompute: a module checkpointed at two
+// call sites, `shared`, keeps each call's outputs apart, and the backward recomputes the last
+// call first).
 struct SelectiveRegion {
     int matmuls = 0;
+    uint64_t call = 0;
 };
+
+// A number for a region's forward, unique in the process.
+uint64_t next_selective_call();
 
 enum class SelectiveOp { mm, addmm, attention };
 
@@ -38,21 +47,21 @@ enum class KeptOutput { none, keep, take };
 // The decision for one op call; counts matmuls. Called once per op call in both passes.
 KeptOutput kept_output(RunContext& ctx, SelectiveOp op);
 
-// An op's kept outputs, first in first out per microbatch: the recompute takes them in the order
-// the forward kept them (a module called twice in one region takes its first output first).
+// An op's kept outputs, per microbatch and region call (ctx.selective's), first in first out: the
+// recompute takes them in the order the forward kept them (a module called twice in one region
+// takes its first output first).
 class KeptOutputs {
 public:
-    void keep(int microbatch, const Tensor& y) { kept_[microbatch].push_back(y); }
-    Tensor take(int microbatch);
+    void keep(const RunContext& ctx, const Tensor& y);
+    Tensor take(const RunContext& ctx);
     // The output kept last for `microbatch` (null: none waits): fault injection's seam
     // (verify/faults.h sac_stale_output replaces it).
-    Tensor* last(int microbatch) {
-        auto it = kept_.find(microbatch);
-        return it == kept_.end() || it->second.empty() ? nullptr : &it->second.back();
-    }
+    Tensor* last(int microbatch);
 
 private:
-    std::map<int, std::deque<Tensor>> kept_;
+    using Key = std::pair<int, uint64_t>;  // microbatch, region call
+    std::map<Key, std::deque<Tensor>> kept_;
+    std::map<int, Key> last_;  // per microbatch: where it kept last
 };
 
 }  // namespace ptool

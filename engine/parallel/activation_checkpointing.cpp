@@ -114,6 +114,22 @@ ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
                 out.recompute_core.insert(module);
         }
     }
+    // op mode: a region's kept outputs are its own forward's; one checkpointed inside another would
+    // recompute the inner within the outer's recompute, with the policy's count restarted
+    if (spec.mode == RecomputeMode::op) {
+        std::string outer;  // the last selected module whose subtree we are in (registration order)
+        for (size_t k = 0; k < modules.size(); ++k) {
+            const auto& [fqn, m] = modules[k];
+            if (!out.selective.count(m)) continue;
+            if (!outer.empty() && fqn.rfind(outer + ".", 0) == 0)
+                throw InputError(
+                    spec.where, fmt::format("activation_checkpointing mode op checkpoints '{}' inside '{}': "
+                                            "nested regions under the op policy are not modelled (torchtitan "
+                                            "checkpoints each block once); name one of them",
+                                            fqn, outer));
+            outer = fqn;
+        }
+    }
     for (size_t i = 0; i < spec.modules.size(); ++i)
         if (!found[i])
             warnings.push_back(

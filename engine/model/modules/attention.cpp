@@ -4,6 +4,7 @@
 //   o = p @ v  [B*H, T, hd] -> [B, T, dim];  y = o_proj(o)
 // backward: dp = do @ v^T, dv = p^T @ do, ds = softmax'(p, dp) / sqrt(hd), dq = ds @ k, dk = ds^T @ q.
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "backend/meta/meta_backend.h"
@@ -134,6 +135,16 @@ Attention::Attention(std::string name, SourceLocation where, const Options& o, D
     if (o.rope_theta) {
         if (hd % 2 != 0) this->fail(fmt::format("rope needs an even head dim, got {}", hd));
         rope_.emplace(*o.rope_theta, hd, o.rope_scaling);
+        // every frequency finite and above 0 in float32 (as transformers keeps inv_freq), and its
+        // angle at every position float32 counts exactly (below 2^24): a base far under 1 (or a
+        // tiny linear factor) overflows them, and the run would be NaN from the first forward
+        for (int64_t i = 0; i < hd / 2; ++i)
+            if (const float f = rope_->inv_freq(i);
+                !(f > 0) || !(f <= std::numeric_limits<float>::max() / 0x1p24f))
+                this->fail(
+                    fmt::format("rope_theta {} gives a rotary frequency of {} (float32, index {} of {}): "
+                                "its angles overflow; RoPE's base is normally 10000 or more",
+                                *o.rope_theta, f, i, hd / 2));
     }
     add_child("q_proj", std::make_shared<Linear>("q_proj", this->where(), dim_, q_dim, o.qkv_bias, dtype));
     add_child("k_proj", std::make_shared<Linear>("k_proj", this->where(), dim_, kv_dim, o.qkv_bias, dtype));
@@ -414,11 +425,10 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
     if (ring) {  // keys and values come round the ring (attention_ring.cpp): nothing gathered
         Tensor o, m, l;
         if (kept == KeptOutput::take) {
-            o = kept_.take(ctx.microbatch), m = kept_.take(ctx.microbatch), l = kept_.take(ctx.microbatch);
+            o = kept_.take(ctx), m = kept_.take(ctx), l = kept_.take(ctx);
         } else {
             o = ring_forward(ctx, q, k_heads, v_heads, {b, heads, kv_heads}, {o_global, q_flat.p}, m, l);
-            if (kept == KeptOutput::keep)
-                kept_.keep(ctx.microbatch, o), kept_.keep(ctx.microbatch, m), kept_.keep(ctx.microbatch, l);
+            if (kept == KeptOutput::keep) kept_.keep(ctx, o), kept_.keep(ctx, m), kept_.keep(ctx, l);
         }
         save({q, k_heads, v_heads, o, heads_kept, kv_heads_kept, m, l});
         return proj(3).forward(ctx, {merge_heads(be, o, b, heads), q_flat.p, o_global});
@@ -449,7 +459,7 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
                                      : Tensor();
     Tensor o;
     if (kept == KeptOutput::take) {
-        o = kept_.take(ctx.microbatch);
+        o = kept_.take(ctx);
         save({q, k, v, Tensor(), heads_kept, kv_heads_kept, lse, k_kept, v_kept});
     } else if (!flash_) {
         o = Tensor::empty({b * heads, t, hd}, q.dtype(), q.device());
@@ -469,7 +479,7 @@ Placed Attention::forward_placed(RunContext& ctx, const Placed& x) {
             });
         });
         save({q, k, v, Tensor(), heads_kept, kv_heads_kept, lse, k_kept, v_kept});
-        if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, o);
+        if (kept == KeptOutput::keep) kept_.keep(ctx, o);
     }
     if (ctx.observer && ctx.ring_probe && !cp)  // the reference beside a ring plan: its steps' outputs
         probe_ring_forward(ctx, q, k, v, {b, heads, kv_heads}, {o_global, q_flat.p});

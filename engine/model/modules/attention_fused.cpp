@@ -55,15 +55,14 @@ Placed Attention::fused_forward(RunContext& ctx, const Placed& q_flat, const Ten
     const Shape o_global{q_flat.global[0], q_flat.global[1], q_flat.global[2]};
     Tensor o, m, l;
     if (kept == KeptOutput::take) {  // in the order kept: o last, where a stale-output fault finds it
-        m = kept_.take(ctx.microbatch), l = kept_.take(ctx.microbatch), o = kept_.take(ctx.microbatch);
+        m = kept_.take(ctx), l = kept_.take(ctx), o = kept_.take(ctx);
     } else {
         o = Tensor::empty({h.b, t, h.heads * hd_}, q.dtype(), q.device());
         m = Tensor::empty({h.b * h.heads, t}, acc_dtype(q.dtype()), q.device());
         l = Tensor::empty({h.b * h.heads, t}, acc_dtype(q.dtype()), q.device());
         be.attention_forward(fused_args(h, q, cp ? &cp->positions : nullptr, nullptr, true), q, k_heads,
                              v_heads, o, m, l);
-        if (kept == KeptOutput::keep)
-            kept_.keep(ctx.microbatch, m), kept_.keep(ctx.microbatch, l), kept_.keep(ctx.microbatch, o);
+        if (kept == KeptOutput::keep) kept_.keep(ctx, m), kept_.keep(ctx, l), kept_.keep(ctx, o);
     }
     save({q, k_heads, v_heads, o, Tensor::scalar(static_cast<double>(h.heads), DType::float64),
           Tensor::scalar(static_cast<double>(h.kv_heads), DType::float64), m, l});

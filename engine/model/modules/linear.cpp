@@ -108,7 +108,7 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
     const KeptOutput kept = kept_output(ctx, addmm ? SelectiveOp::addmm : SelectiveOp::mm);
     if (kept == KeptOutput::take) {  // the recompute: the forward's output, this input saved for backward
         save({x2});
-        return kept_.take(ctx.microbatch);
+        return kept_.take(ctx);
     }
     const int64_t out = param("weight")->value.size(0);  // out_, or its shard under colwise
     Shape out_shape = x.shape();
@@ -121,7 +121,7 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
         ctx.backend->gemm(x2, false, param("weight")->value, true, y2);
     if (addmm) ctx.backend->add_bias(y2, param("bias")->value);
     save({x2});
-    if (kept == KeptOutput::keep) kept_.keep(ctx.microbatch, y);
+    if (kept == KeptOutput::keep) kept_.keep(ctx, y);
     return y;
 }
 
