@@ -15,6 +15,9 @@ For every plan under tests/data/pipeline/ (each names its model in its header):
   class), at least the class's own compute, with a bubble above 0 where there are two pp ranks or
   more;
 - the documents match docs/schema/.
+- the last stage holds every microbatch's output to the step's end, as torch.distributed.pipelining's
+  stage does (`output_chunks`): in the compute dtype under mixed precision too, where ptool's own
+  kept copy is in the model's (its growth from 2 to 8 microbatches was 0).
 """
 import glob
 import json
@@ -119,5 +122,38 @@ with tempfile.TemporaryDirectory() as tmp:
                   and t["step_seconds"] >= t["pipeline_seconds"],
                   f"{name} ranks {t['ranks']}: pipeline {t['pipeline_seconds']} s, compute {t['compute_seconds']} s, "
                   f"step {t['step_seconds']} s, bubble {t['bubble']}")
+
+    # the last stage's kept outputs under mixed precision: 6 more microbatches hold 6 more bf16
+    # outputs ([1, 64, 4096] each) on the last pp rank, as the same plan in a bf16 model does
+    model = open(f"{ROOT}/models/llama_rope.yaml").read().replace("vocab: 64", "vocab: 4096")
+    model = model.replace("out: 64,", "out: 4096,").replace("tokens: [4, 8]", "tokens: [{rows}, 64]")
+    grown = {}
+    for mp in (True, False):
+        for m in (2, 8):
+            mpath = os.path.join(tmp, f"kept_{m}.yaml")
+            with open(mpath, "w") as f:
+                f.write(re.sub(r"gradient_accumulation: \d+", "gradient_accumulation: 1", model.replace("{rows}", str(2 * m))))
+            ppath = os.path.join(tmp, f"kept_plan_{m}_{mp}.yaml")
+            with open(ppath, "w") as f:
+                f.write("mesh: {pp: 2, dp: 2}\ndata_parallel:\n  mesh_dim: dp\n  mode: fully_shard\n"
+                        "  fully_shard: [layers.*]\n"
+                        + ("  mixed_precision: {param_dtype: bfloat16, reduce_dtype: float32}\n" if mp else "")
+                        + f"pipeline_parallel: {{mesh_dim: pp, schedule: 1f1b, microbatches: {m}, "
+                          "split_points: [layers.1]}\n")
+            out = os.path.join(tmp, f"kept_{m}_{mp}.json")
+            extra = [] if mp else ["--dtype", "bfloat16"]
+            p = subprocess.run([PTOOL, "explain", mpath, ppath, "--json", out, *extra], capture_output=True,
+                               text=True, timeout=300)
+            if not check(p.returncode == 0, f"kept outputs m={m} mp={mp}: exit {p.returncode}\n{p.stderr[-800:]}"):
+                continue
+            last = [c for c in json.load(open(out))["memory"] if 3 in c["ranks"]]
+            if check(len(last) == 1, f"kept outputs m={m}: no class holds rank 3"):
+                grown[(mp, m)] = last[0]["allocated_peak_bytes"]
+    if len(grown) == 4:
+        want = 6 * 64 * 4096 * 2  # six more bf16 outputs
+        for mp in (True, False):
+            got = grown[(mp, 8)] - grown[(mp, 2)]
+            check(got >= want, f"last stage, mixed precision {mp}: 2 -> 8 microbatches grows {got} B, "
+                               f"under the {want} B of six more kept outputs")
 
 check.finish()

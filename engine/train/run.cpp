@@ -493,6 +493,8 @@ StepOutput Run::step(int64_t k, const StepObserver& observer) {
         if (action_observer_) action_observer_({a}, true);
     }
     drop_torch_output(st);
+    for (Tensor& t : st.torch_stage_outputs) torch_release(t);  // (pipelining clears them at the next step)
+    st.torch_stage_outputs.clear();
     for (auto& [m, done] : st.done) {  // in microbatch order, as the reference's rows are
         out.outputs.push_back(std::move(done.output));
         out.loss += done.loss;

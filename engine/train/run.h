@@ -248,6 +248,11 @@ private:
         // held to the step's end as a loop that keeps the model's return value does (`out =
         // model(...); out.loss.backward(); opt.step()`): a meta stand-in, no bytes
         Tensor torch_output;
+        // the pipeline's: the last stage's output of every microbatch, as torch.distributed.pipelining's
+        // stage keeps them (`output_chunks`) to the next step, in the compute dtype; stand-ins where
+        // ptool's own kept outputs are copies in the model's dtype (mixed precision), which the tally
+        // does not count
+        std::vector<Tensor> torch_stage_outputs;
     };
     struct Held;
     const Held& held(int stage) const;

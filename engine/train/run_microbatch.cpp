@@ -144,16 +144,19 @@ void Run::backward(StepState& st, int s, int m, bool input_only) {
     }
     if (s + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value, f.aux_scaled};
     // PyTorch's loop holds the microbatch's output (its `out`) past its backward, to the step's end
-    // or the next microbatch's forward: a stand-in where ptool's own kept output is its copy in the
-    // model's dtype, which the framework tally does not count (Run::forward); where it is the
-    // compute-dtype output itself, the tally holds it already. One stage only: a pipeline schedule
-    // keeps its outputs its own way; loss_parallel's kept copy is counted (erring high).
+    // or the next microbatch's forward, and a pipeline's last stage holds every microbatch's
+    // (torch_stage_outputs): a stand-in where ptool's own kept output is its copy in the model's
+    // dtype, which the framework tally does not count (Run::forward); where it is the compute-dtype
+    // output itself, the tally holds it already; loss_parallel's kept copy is counted (erring high).
     std::optional<std::pair<Shape, DType>> stand_in;
-    if (stages_ == 1 && !plan_.loss_parallel && f.y.t.defined())
+    if (s + 1 == stages_ && !plan_.loss_parallel && f.y.t.defined())
         if (const Tensor& kept = st.done[m].output.t; kept.defined() && !kept.shares_storage(f.y.t))
             stand_in = {kept.shape(), f.y.t.dtype()};
     st.inflight.erase(it);
-    if (stand_in) {
+    if (stand_in && stages_ > 1) {
+        st.torch_stage_outputs.push_back(
+            torch_only(stand_in->first, stand_in->second, MemoryUse::activations));
+    } else if (stand_in) {
         drop_torch_output(st);
         st.torch_output = torch_only(stand_in->first, stand_in->second, MemoryUse::activations);
     }
