@@ -211,6 +211,7 @@ nlohmann::json candidate_json(const Candidate& c) {
                         {"peak_bytes", c.peak},
                         {"reserved_bytes", c.reserved},
                         {"runtime_bytes", c.runtime},
+                        {"memory_simulated_whole", c.whole},
                         {"step_seconds", c.time.step},
                         {"compute_seconds", c.time.compute},
                         {"blocking_seconds", c.time.blocking},
@@ -285,12 +286,13 @@ int plan(const PlanArgs& a, const Common& common) {
     print_candidates(r, a.top);
     print_rejections(r, common.verbosity);
     fmt::print(
-        "\n  (memory: rank 0 simulated for {} steps on meta tensors{}; time: the cluster's rates, "
-        "data-parallel\n"
-        "   collectives overlapped with the compute; a pipeline: pp ranks 0, 1 and the last at 4 and 5 "
-        "blocks a "
-        "stage,\n"
-        "   its step the schedule's critical path; docs/planning.md)\n",
+        "\n  (memory: rank 0 simulated for {} steps on meta tensors{}, and the listed plans simulated whole "
+        "as "
+        "explain does;\n"
+        "   time: the cluster's rates, data-parallel collectives overlapped with the compute; a pipeline: pp "
+        "ranks 0, 1\n"
+        "   and the last at 4 and 5 blocks a stage, its step the schedule's critical path; "
+        "docs/planning.md)\n",
         kSteadyStateSteps,
         !r.fitting.empty() && r.fitting[0].extrapolated ? ", the repeated blocks extrapolated from 4 and 5"
                                                         : "");

@@ -127,6 +127,7 @@ SearchResult Search::run() {
         if (a.time.step != b.time.step) return a.time.step < b.time.step;
         return a.peak < b.peak;
     });
+    confirm_listed();
     return std::move(r_);
 }
 

@@ -72,6 +72,9 @@ struct Candidate {
     StepTime time;
     double mfu = 0;
     bool extrapolated = false;
+    // its memory from the whole model, as explain simulates it (the listed candidates: the others
+    // keep the samples')
+    bool whole = false;
 };
 
 struct SearchResult {

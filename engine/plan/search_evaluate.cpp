@@ -73,11 +73,7 @@ Simulated Search::simulate_with(int64_t mb, const Plan& plan, ModelVariants& mod
 void Search::evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::optional<Rejection>& refusal,
                       int& count) const {
     if (c.pp > 1) return evaluate_pipeline(c, fit, refusal, count);
-    const std::string dp =
-        c.hybrid() ? fmt::format("{}x{}", c.dp_replicate(), c.dp_shard) : std::to_string(c.dp);
-    const std::string shape =
-        fmt::format("dp={}{} x tp={} {}{}{}", dp, c.cp > 1 ? fmt::format(" x cp={}", c.cp) : "", c.tp,
-                    c.mode_name(), checkpointed(c), c.float8_text());
+    const std::string shape = flat_shape(c);
     const std::string plan_text = write_plan(tpl_, c);
     const Plan plan = load_emitted_plan(plan_text, "generated.yaml");
     const int64_t first = full_.gradient_accumulation, last = std::max<int64_t>(o_.max_microbatches, first);

@@ -2,6 +2,7 @@
 //   search.cpp             the search's order: the candidates, its cost bound, their evaluation
 //   search_candidates.cpp  the candidates: meshes, context parallel, pipelines, the lint
 //   search_evaluate.cpp    a candidate's simulation (extrapolated over the repeat), flat or a pipeline
+//   search_confirm.cpp     the listed candidates simulated whole, as explain does
 //   search_pipeline_samples.cpp  a pipeline's costs sampled at 4 and 5 blocks a stage
 // Internal to those files.
 #pragma once
@@ -96,6 +97,12 @@ private:
         return !c.checkpoint ? "" : c.selective ? " checkpointed (op)" : " checkpointed";
     }
 
+    static std::string flat_shape(const PlanChoice& c) {
+        const std::string dp =
+            c.hybrid() ? fmt::format("{}x{}", c.dp_replicate(), c.dp_shard) : std::to_string(c.dp);
+        return fmt::format("dp={}{} x tp={} {}{}{}", dp, c.cp > 1 ? fmt::format(" x cp={}", c.cp) : "", c.tp,
+                           c.mode_name(), checkpointed(c), c.float8_text());
+    }
     static std::string pipeline_shape(const PlanChoice& c) {
         return fmt::format("pp={} x dp={} x tp={} {} {}{}{}{}", c.pp, c.dp, c.tp, c.mode_name(),
                            schedule_kind_name(c.schedule),
@@ -141,6 +148,10 @@ private:
         return std::min(
             m, base.virtual_stages > 1 || splits_backward(base.schedule) ? 2 * base.pp : base.pp + 1);
     }
+
+    // The listed candidates simulated whole, as explain simulates a plan (search_confirm.cpp).
+    void confirm_listed();
+    std::optional<Rejection> simulate_whole(Candidate& c) const;
 
     void evaluate_pipeline(const PlanChoice& base, std::optional<Candidate>& fit,
                            std::optional<Rejection>& refusal, int& count) const;
