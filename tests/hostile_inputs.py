@@ -679,4 +679,18 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(2, ["its temporary file's name would be", "over 255"], "golden", "record", mlp, root, "-o", long_out)
     check(not os.path.exists(long_out), "a refused long output was written")
 
+    # 31. found by the fifth round's hunt: an output named by a link to one of the process's own
+    # descriptors (/dev/stdout, /dev/fd/N) is written through that descriptor: with stdout appended
+    # to a log (`>> log`) the log was replaced by the JSON, and with stdout a pipe it was exit 2
+    # ('pipe:[N]: no such file', after the run); one not open for writing is exit 2 before the run
+    log = write(T("log.txt"), "IMPORTANT\n")
+    with open(log, "a") as f:
+        rc, _ = run("verify", mlp, root, "-q", "--json", "/dev/stdout", stdout=f)
+    text = open(log).read()
+    check(rc == 0 and text.startswith("IMPORTANT\n") and '"kind": "verify"' in text,
+          f"--json /dev/stdout >> log: exit {rc}, the log now starts {text[:40]!r}")
+    rc, out = run("shrink", mlp, root, "-o", "/dev/stdout")
+    check(rc == 0 and "name: " in out, f"shrink -o /dev/stdout into a pipe: exit {rc}\n{out[-800:]}")
+    expect(2, ["/dev/fd/9: descriptor 9 is not open"], "verify", mlp, root, "--json", "/dev/fd/9", "-q")
+
 check.finish()

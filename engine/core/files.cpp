@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -56,6 +57,34 @@ void write_all(int fd, const std::string& bytes, const std::string& path) {
                 fmt::format("{}: write failed: {}", path, std::strerror(n < 0 ? errno : ENOSPC)));
         done += static_cast<size_t>(n);
     }
+}
+
+// The descriptor a path names through the kernel's links to this process's own descriptors
+// (/dev/stdout, /dev/stderr, /dev/stdin, /dev/fd/N, /proc/self/fd/N, /proc/PID/fd/N): written
+// through that descriptor, whatever it is open on. Followed as a symlink it reads "pipe:[N]" (no
+// path), or the file the shell redirected to, which would then be replaced: `--json /dev/stdout
+// >> log` destroyed the log.
+std::optional<int> descriptor_of(const std::string& path) {
+    if (path == "/dev/stdin") return 0;
+    if (path == "/dev/stdout") return 1;
+    if (path == "/dev/stderr") return 2;
+    for (const std::string& prefix :
+         {std::string("/dev/fd/"), std::string("/proc/self/fd/"), fmt::format("/proc/{}/fd/", ::getpid())}) {
+        if (path.rfind(prefix, 0) != 0) continue;
+        const std::string n = path.substr(prefix.size());
+        if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
+            return std::nullopt;
+        return std::stoi(n);
+    }
+    return std::nullopt;
+}
+
+// Refused unless descriptor fd is open for writing.
+void check_descriptor(const std::string& path, int fd) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0) refuse(path, fmt::format("descriptor {} is not open", fd));
+    if ((flags & O_ACCMODE) == O_RDONLY)
+        refuse(path, fmt::format("descriptor {} is not open for writing", fd));
 }
 
 // Devices, FIFOs and sockets are written through, never replaced.
@@ -187,6 +216,7 @@ std::string read_file(const std::string& path, size_t max_bytes, size_t max_stre
 void check_output(const std::string& path, bool overwrite) {
     refuse_nul(path);
     if (path.empty()) throw InputError("an empty file name: name a file to write");
+    if (const std::optional<int> fd = descriptor_of(path)) return check_descriptor(path, *fd);
     const fs::path target(path);
     const fs::path dir = folder_of(target);
     // its temporary file beside it, at its longest (the largest PID Linux gives, 2^22), must be a
@@ -222,9 +252,13 @@ void release_input(const std::string& path) {
 
 void write_file(const std::string& path, const std::string& bytes, bool overwrite) {
     refuse_nul(path);
+    if (const std::optional<int> fd = descriptor_of(path)) {  // its file description: a shell's >> appends
+        check_descriptor(path, *fd);
+        return write_all(*fd, bytes, path);
+    }
     std::string at = path;
     struct stat st {};
-    for (int hops = 0; ::lstat(at.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+    for (int hops = 0; !descriptor_of(at) && ::lstat(at.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
          ++hops) {  // write the target, keep the link
         std::error_code ec;
         const fs::path link(at), to = fs::read_symlink(link, ec);
