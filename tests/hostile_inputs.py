@@ -692,5 +692,18 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out = run("shrink", mlp, root, "-o", "/dev/stdout")
     check(rc == 0 and "name: " in out, f"shrink -o /dev/stdout into a pipe: exit {rc}\n{out[-800:]}")
     expect(2, ["/dev/fd/9: descriptor 9 is not open"], "verify", mlp, root, "--json", "/dev/fd/9", "-q")
+    # a weight tied between two fully_shard units (an internal error, exit 3, or a class id "out of
+    # range" exit 2 with no place): exit 2 at the plan's fully_shard, naming both modules
+    tied = write(T("tied.yaml"), "seed: 1\nbatch:\n  input: {tokens: [2, 3], vocab: 5}\nmodules:\n"
+                 "  - {name: emb, type: embedding, vocab: 5, dim: 4}\n"
+                 "  - {name: head, type: linear, in: 4, out: 5, bias: false, tie: emb}\nloss: cross_entropy\n")
+    for units in ('["emb"]', '["head"]', '["emb", "head"]'):
+        split = write(T("tied_fsdp.yaml"), "mesh: {dp: 2}\n"
+                      f"data_parallel: {{mesh_dim: dp, mode: fully_shard, fully_shard: {units}}}\n")
+        for cmd in ("verify", "explain"):
+            expect(2, ["tied_fsdp.yaml:2:", "'emb' and 'head' share one weight (tie) in two fully_shard units"],
+                   cmd, tied, split)
+    together = write(T("tied_root.yaml"), "mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard}\n")
+    expect(0, ["PASS"], "verify", tied, together)
 
 check.finish()

@@ -93,6 +93,45 @@ void check_roots(const DataParallelSpec& spec, const std::vector<std::string>& m
     }
 }
 
+// A weight tied between two modules (`tie:`) in two fully_shard units: FSDP2 shards a parameter
+// with the first unit that claims it, and the other unit's module would compute on its shard (the
+// run computed a [2, 3] output of a [6, 6] weight). A module used twice (`shared`) is one module,
+// its unit's hooks gathering it at each call: allowed. Not under a pipeline, where a weight tied
+// across stages is each stage's own copy (train/stage.h) and the stages are not known here.
+void check_tied_units(const Model& model, const Plan& plan, const DataParallelResolution& res) {
+    if (res.units.empty() || plan.pipeline) return;
+    const DataParallelSpec& spec = *plan.data_parallel;
+    auto unit_of = [&](const std::string& fqn) {
+        const FsdpUnitSpec* unit = nullptr;
+        for (const FsdpUnitSpec& u : res.units)  // outermost first: the last match is the innermost
+            if (fqn_under(fqn, u.fqn)) unit = &u;
+        return unit ? unit->fqn : std::string("(none)");
+    };
+    struct Holder {
+        const Module* module;
+        std::string fqn, unit;
+    };
+    std::map<const Parameter*, Holder> first;
+    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
+        for (const Module::Entry& e : m.params()) {
+            const std::string name = fqn.empty() ? e.name : fqn + "." + e.name;
+            if (res.expert_params.count(name) || fqn_under_any(name, spec.ignored_modules)) continue;
+            auto [it, fresh] = first.try_emplace(e.param.get(), Holder{&m, fqn, unit_of(fqn)});
+            if (fresh || it->second.module == &m || it->second.unit == unit_of(fqn)) continue;
+            auto unit_name = [](const std::string& u) {
+                return u.empty() ? std::string("the root's") : "'" + u + "'";
+            };
+            throw InputError(
+                spec.fully_shard_where,
+                fmt::format("'{}' and '{}' share one weight (tie) in two fully_shard units ({} and "
+                            "{}): FSDP2 shards it with the unit that claims it first and the "
+                            "other would compute on its shard; put both in one unit (torchtitan "
+                            "leaves tied embeddings to the root's)",
+                            it->second.fqn, fqn, unit_name(it->second.unit), unit_name(unit_of(fqn))));
+        }
+    });
+}
+
 // Each parameter: ignored, managed by its innermost unit, or in the bucket of its replicate()
 // root; returns the unmanaged ones (ignored, or under no unit and no root).
 std::vector<std::string> assign_parameters(const Model& model, const DataParallelSpec& spec,
@@ -207,6 +246,7 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
     // (the model may be a pipeline stage's part: resolve_plan refused a whole model without experts)
     const ExpertParallelResolution ep = resolve_expert_parallel(model, plan, false);
     for (const auto& [name, owner] : ep.owner) res.expert_params.insert(name);
+    check_tied_units(model, plan, res);
     check_mixed_precision(model, plan, assign_parameters(model, spec, res));
     add_expert_units(model, plan, ep, res);
     res.zero_stage = spec.zero_stage;
