@@ -14,12 +14,14 @@ namespace {
 
 struct GoldenArgs {
     std::string model, plan, out, init, data, a, b;
-    int64_t steps = 0, sample = 64;
+    int64_t steps = 0, sample = 0;  // sample: --compact's (0: not given, 64)
     bool force = false, compact = false;
     double rtol = -1, atol = -1;
 };
 
 void record(const GoldenArgs& a, const Common& c) {
+    if (!a.compact && a.sample > 0)  // (it was ignored: a full golden written)
+        throw InputError("--sample applies to --compact goldens: add --compact or drop --sample");
     if (a.compact && (!a.init.empty() || !a.data.empty()))
         throw InputError(
             "--compact records no init or data (a compact case replays ptool's seeded init and batch): drop "
@@ -48,7 +50,7 @@ void record(const GoldenArgs& a, const Common& c) {
     const Model probe = load_model_text(in.model_text, a.model, c.dtype, false);
     if (in.data) check_data_steps(*in.data, a.data, steps_for(plan, opt, probe.steps));
     TensorFile file = record_golden(in, plan, opt);
-    if (a.compact) file = compact_golden(file, a.sample);
+    if (a.compact) file = compact_golden(file, a.sample > 0 ? a.sample : 64);
     write_safetensors(a.out, file, a.force);
     fmt::print("wrote {}: {} tensors, {} steps of {} x {}\n", a.out, file.tensors.size(),
                file.metadata["steps"], a.model, a.plan);
@@ -140,7 +142,7 @@ void add_golden_command(CLI::App& app, Common& common, int& exit_code) {
     rec->add_flag("--compact", a->compact,
                   "record losses, per-tensor norms and a sample of elements, not whole tensors "
                   "(docs/file_formats.md: what it can and cannot catch)");
-    rec->add_option("--sample", a->sample, "elements per tensor in a compact golden (default 64)")
+    rec->add_option("--sample", a->sample, "elements per tensor in a --compact golden (default 64)")
         ->transform(whole_number(1, 9999999));
     rec->add_option("--rtol", a->rtol, "tolerance recorded with the case")->check(finite_non_negative());
     rec->add_option("--atol", a->atol, "tolerance recorded with the case")->check(finite_non_negative());

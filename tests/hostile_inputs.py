@@ -705,5 +705,43 @@ with tempfile.TemporaryDirectory() as tmp:
                    cmd, tied, split)
     together = write(T("tied_root.yaml"), "mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard}\n")
     expect(0, ["PASS"], "verify", tied, together)
+    # options that were silently ignored: --init/--data beside --golden (the golden's own replayed:
+    # PASS), --sample without --compact (a full golden written)
+    golden = f"{G}/mlp_root_module.safetensors"
+    data = tensors_file(T("d.safetensors"), {"input": ("F32", [12, 10], [0.25 * (i % 7) for i in range(120)])})
+    expect(2, ["--golden replays the golden's own init and data"], "verify", mlp, root, "--golden", golden,
+           "--data", data)
+    expect(2, ["--sample applies to --compact"], "golden", "record", mlp, root, "--sample", "5", "-o",
+           T("s.safetensors"))
+    check(not os.path.exists(T("s.safetensors")), "golden record --sample without --compact wrote a golden")
+    # a target for a model that takes none (ignored: PASS)
+    with_target = tensors_file(T("t.safetensors"), {"input": ("F32", [12, 10], [0.5] * 120),
+                                                    "target": ("I64", [1], [7])})
+    expect(2, ["t.safetensors", "'target': the model takes no target"], "run", mlp, "--data", with_target)
+    # a safetensors header naming a tensor twice (the last one read), or a name with a control byte
+    entry = b'{"dtype":"F32","shape":[12,10],"data_offsets":[0,480]}'
+    dup = T("dup.safetensors")
+    h = b'{"input":' + entry + b',"input":' + entry + b'}'
+    open(dup, "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<120f", *([0.5] * 120)))
+    expect(2, ["dup.safetensors", 'the header holds "input" twice'], "run", mlp, "--data", dup)
+    esc = tensors_file(T("esc.safetensors"), {"inp\x1b[31mRED\nfake: line": ("F32", [1], [0.5])})
+    expect(2, ["esc.safetensors", "a tensor name holds the control byte 0x1b"], "run", mlp, "--data", esc)
+    # plan --float8 with a compute it cannot run (the written plan was verify's exit 2)
+    expect(2, ["--float8 tensorwise with float64 compute"], "plan", f"{M}/llama_rope.yaml", "--cluster",
+           f"{ROOT}/clusters/h100_8x8.yaml", "--world-size", "4", "--float8", "tensorwise",
+           "--mixed-precision", "float64")
+    # a kernel table's time that implies a rate over the device's peak (5e-324 s: GEMMs priced at 0)
+    table = json.load(open(f"{ROOT}/clusters/kernels/h100_sxm5_80gb.json"))
+    table["gemm"][0]["seconds"] = 5e-324
+    write(T("fast.json"), json.dumps(table))
+    fast = write(T("fast_cluster.yaml"), re.sub(r"kernels: \S+", f"kernels: {T('fast.json')}",
+                                                open(f"{ROOT}/clusters/h100_8x8.yaml").read()))
+    expect(2, ["fast.json:", "over twice the table's peak"], "explain", mlp, root, "--cluster", fast)
+    # a config.json field set to null that transformers cannot build with (imported with a default)
+    hf = json.load(open(f"{ROOT}/tests/data/hf/tiny-llama31.json"))
+    expect(2, ["'hidden_size' is null"], "import", "hf", write(T("null.json"), json.dumps(dict(hf, hidden_size=None))),
+           "-o", T("null.yaml"))
+    expect(0, ["wrote"], "import", "hf", write(T("null_kv.json"), json.dumps(dict(hf, num_key_value_heads=None))),
+           "-o", T("null_kv.yaml"))
 
 check.finish()

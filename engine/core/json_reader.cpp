@@ -354,4 +354,8 @@ JsonNode load_json(const std::string& path, const JsonLimits& limits) {
     return load_json_text(read_file(path, limits.max_bytes), path, limits);
 }
 
+std::optional<std::pair<size_t, std::string>> json_duplicate_key(const std::string& text) {
+    return first_duplicate_key(text);
+}
+
 }  // namespace ptool

@@ -61,6 +61,9 @@ private:
 
 // `text` as strict JSON; InputError at name:line:column for anything that is not.
 JsonNode load_json_text(const std::string& text, const std::string& name, const JsonLimits& limits = {});
+// The first key that repeats in its object in valid JSON `text` (nlohmann keeps the last silently):
+// its offset in the text and the key; nullopt where none does.
+std::optional<std::pair<size_t, std::string>> json_duplicate_key(const std::string& text);
 JsonNode load_json(const std::string& path, const JsonLimits& limits = {});  // read through core/files.h
 
 }  // namespace ptool

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/files.h"
+#include "core/json_reader.h"
 
 namespace ptool {
 namespace {
@@ -55,6 +56,28 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
         bad(name, fmt::format("header is not valid JSON: {}", e.what()));
     }
     if (!header.is_object()) bad(name, "header is not a JSON object");
+    if (const auto dup = json_duplicate_key(bytes.substr(8, hlen)))  // nlohmann kept the last one
+        bad(name, fmt::format("the header holds {} twice (which one counts is undefined)",
+                              nlohmann::json(dup->second).dump()));
+    // a name or metadata with a control byte would reach messages and terminals raw (an escape
+    // sequence, a forged line): exit 2. Metadata values may hold tabs and line ends (a golden's
+    // model and plan YAML), which YAML allows.
+    auto control_byte = [](const std::string& s, bool text) -> int {
+        for (const unsigned char c : s)
+            if ((c < 0x20 && !(text && (c == '\n' || c == '\t' || c == '\r'))) || c == 0x7f) return c;
+        return -1;
+    };
+    for (auto it = header.begin(); it != header.end(); ++it) {
+        if (const int c = control_byte(it.key(), false); c >= 0)
+            bad(name, fmt::format("a tensor name holds the control byte 0x{:02x}", c));
+        if (it.key() == "__metadata__" && it.value().is_object())
+            for (auto m = it.value().begin(); m != it.value().end(); ++m)
+                if (const int c = std::max(
+                        control_byte(m.key(), false),
+                        m.value().is_string() ? control_byte(m.value().get<std::string>(), true) : -1);
+                    c >= 0)
+                    bad(name, fmt::format("__metadata__ holds the control byte 0x{:02x}", c));
+    }
 
     TensorFile out;
     struct Range {

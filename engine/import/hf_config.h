@@ -25,17 +25,29 @@ public:
     }
     bool present(const std::string& key) const { return root_.get(key).has_value(); }
     JsonNode at(const std::string& key) const { return root_.at(key); }
+    // A typed field, or `fallback` where it is absent (or null where transformers reads None as
+    // "unset": nullable()); a null elsewhere is exit 2 at it (transformers keeps the None, and the
+    // model cannot be built: hidden_size null was imported with Llama's 4096).
     int64_t pos(const std::string& key, int64_t fallback) const {
-        return set(key) ? at(key).as_positive_int(fmt::format("'{}'", key)) : fallback;
+        return given(key) ? at(key).as_positive_int(fmt::format("'{}'", key)) : fallback;
     }
     double num(const std::string& key, double fallback) const {
-        return set(key) ? at(key).as_number(fmt::format("'{}'", key)) : fallback;
+        return given(key) ? at(key).as_number(fmt::format("'{}'", key)) : fallback;
     }
     bool flag(const std::string& key, bool fallback) const {
-        return set(key) ? at(key).as_bool(fmt::format("'{}'", key)) : fallback;
+        return given(key) ? at(key).as_bool(fmt::format("'{}'", key)) : fallback;
     }
     std::string str(const std::string& key, const std::string& fallback) const {
-        return set(key) ? at(key).as_string(fmt::format("'{}'", key)) : fallback;
+        return given(key) ? at(key).as_string(fmt::format("'{}'", key)) : fallback;
+    }
+    // the fields transformers' config classes resolve when None: num_key_value_heads (the heads),
+    // head_dim (hidden / heads), sliding_window and rope_scaling (none), the token ids, the dtype
+    static bool nullable(const std::string& key) {
+        for (const char* k :
+             {"num_key_value_heads", "head_dim", "sliding_window", "rope_scaling", "max_window_layers",
+              "pad_token_id", "bos_token_id", "eos_token_id", "torch_dtype", "dtype"})
+            if (key == k) return true;
+        return false;
     }
     // Fails at the key's value, or at the object when the key is absent (its default is what fails).
     [[noreturn]] void fail_at(const std::string& key, const std::string& message) const {
@@ -53,6 +65,15 @@ public:
     }
 
 private:
+    bool given(const std::string& key) const {
+        auto n = root_.get(key);
+        if (n && n->is_null() && !nullable(key))
+            n->fail(
+                fmt::format("'{}' is null: transformers keeps None there and cannot build the model; give "
+                            "a value, or drop the key for the config class's default",
+                            key));
+        return n && !n->is_null();
+    }
     JsonNode root_;
 };
 

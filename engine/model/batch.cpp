@@ -113,6 +113,12 @@ DataSource::DataSource(const Model& model, const TensorFile* data_file, std::str
                             "step{{k}}.target){}",
                             name, did_you_mean(name, known)));
         if (auto key = parse_step_key(name)) last_step = std::max(last_step, key->step);
+        // a model without a target (loss sum/mean of its output) reads none: given, it was ignored
+        const auto key = parse_step_key(name);
+        if (!model.target && (name == "target" || (key && key->rest == "target")))
+            throw InputError(SourceLocation{path_, 0, 0},
+                             fmt::format("'{}': the model takes no target (its loss is {} of its output)",
+                                         name, loss_name(model.loss)));
     }
     for (int64_t s = 0; s <= last_step; ++s) batch(s);  // validate every key's shape up front
 }

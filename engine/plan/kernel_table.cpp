@@ -25,6 +25,17 @@ void only_keys(const JsonNode& n, const std::string& what, std::initializer_list
     }
 }
 
+// A measured row's rate against the table's peak: not over twice it (no kernel beats its device's
+// peak: a time of 5e-324 s priced the GEMMs at 0), nor under a ten-millionth of it (a copy of 1
+// byte in 1000 s priced a step at 1.5e9 s). `key` names the row's time.
+void check_rate(const JsonNode& row, const std::string& key, const std::string& what, double rate,
+                double peak, const char* unit, double scale) {
+    if (peak <= 0 || (rate <= 2 * peak && rate >= peak * 1e-7)) return;
+    row.at(key).fail(fmt::format("{} of {} implies {:.4g} {}, {} the table's peak of {:.4g}", key, what,
+                                 rate / scale, unit,
+                                 rate > 2 * peak ? "over twice" : "under a ten-millionth of", peak / scale));
+}
+
 double positive(const JsonNode& n, const std::string& key, const std::string& what) {
     const JsonNode v = n.at(key);
     const double x = v.as_number(fmt::format("'{}' of {}", key, what));
@@ -94,6 +105,13 @@ void load_rows(const JsonNode& root, KernelTable& t) {
         }
         if (!seen.insert(g.key).second)
             r.fail("a second 'gemm' row of the same dtype, float8, op, m, n and k");
+        const double peak = g.key.float8                      ? t.float8_peak_flops
+                            : t.peak_flops.count(g.key.dtype) ? t.peak_flops.at(g.key.dtype)
+                                                              : 0;  // (no peak: refused below)
+        check_rate(r, "seconds", what,
+                   2.0 * static_cast<double>(g.key.m) * static_cast<double>(g.key.n) *
+                       static_cast<double>(g.key.k) / g.seconds,
+                   peak, "TFLOP/s", 1e12);
         t.gemm.push_back(g);
     }
     for (const KernelTable::Gemm& g : t.gemm)  // every measured dtype's rows scale by its peak
@@ -123,6 +141,8 @@ void load_rows(const JsonNode& root, KernelTable& t) {
                                                dtype_name(x.dtype)));
             if (x.fwd_bwd_seconds <= x.fwd_seconds)
                 r.at("fwd_bwd_seconds").fail("'fwd_bwd_seconds' must be more than 'fwd_seconds'");
+            check_rate(r, "fwd_seconds", what, x.fwd_flops() / x.fwd_seconds, t.peak_flops.at(x.dtype),
+                       "TFLOP/s", 1e12);
             t.attention.push_back(x);
         }
     for (const JsonNode& r : root.at("memory").items("'memory'")) {
@@ -134,6 +154,7 @@ void load_rows(const JsonNode& root, KernelTable& t) {
         m.elements = positive(r, "elements", what);
         m.bytes = positive(r, "bytes", what);
         m.seconds = positive(r, "seconds", what);
+        check_rate(r, "seconds", what, m.bytes / m.seconds, t.peak_bandwidth, "GB/s", 1e9);
         if (t.memory_op(m.op, m.dtype))
             r.fail(fmt::format("a second 'memory' row of op '{}' in {}", m.op, dtype_name(m.dtype)));
         t.memory.push_back(m);

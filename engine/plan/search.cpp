@@ -21,6 +21,12 @@ Search::Search(const std::string& model_text, const std::string& name, const Clu
     r_.float8 = o.float8;
     if (o.float8 != Float8Search::never && !cluster.has_float8())
         throw InputError(fmt::format("--float8 {}: {}", float8_search_name(o.float8), cluster.no_float8()));
+    // the plans it writes must run (train/run.cpp apply_float8): verify refused them after the search
+    if (o.float8 != Float8Search::never && r_.compute != DType::float32 && r_.compute != DType::bfloat16)
+        throw InputError(
+            fmt::format("--float8 {} with {} compute: float8 linears compute in float32 or "
+                        "bfloat16 (docs/float8.md); --mixed-precision bfloat16, or no --float8",
+                        float8_search_name(o.float8), dtype_name(r_.compute)));
     if (r_.world_size > cluster.world_size())
         throw InputError(fmt::format("--world-size {} is more than {}'s {} GPUs", r_.world_size, cluster.name,
                                      cluster.world_size()));

@@ -79,6 +79,11 @@ int run_verify_command(const VerifyCommand& cmd, const std::function<void(const 
         });
     }
     if (cmd.plans.empty()) throw InputError("verify needs MODEL PLAN... (or golden files / folders)");
+    if (!cmd.golden.empty() && (!cmd.init.empty() || !cmd.data.empty()))  // (they were ignored: a PASS)
+        throw InputError(
+            "--golden replays the golden's own init and data (a compact one ptool's seeded ones): drop "
+            "--init "
+            "and --data, or record a golden with them");
     if (cmd.update) throw InputError("--update applies to `ptool verify GOLDEN...`");
     const LoadedCommand l = load_command(cmd);
     const auto launch = make_launch(cmd.device, cmd.options.comm);
