@@ -70,7 +70,8 @@ def read_st(path):
     return json.loads(data[8:8 + n]), data[8 + n:]
 
 
-def rewrite_st(src, dst, drop=(), meta=None):
+def rewrite_st(src, dst, drop=(), meta=None, add=None, shapes=None):
+    """add: {name: float32 values ([n])}; shapes: {name: a new shape of the same elements}"""
     header, blob = read_st(src)
     out, new_blob = {}, b""
     for name, e in header.items():
@@ -81,7 +82,13 @@ def rewrite_st(src, dst, drop=(), meta=None):
             continue
         b, end = e["data_offsets"]
         out[name] = dict(e, data_offsets=[len(new_blob), len(new_blob) + end - b])
+        if shapes and name in shapes:
+            out[name]["shape"] = shapes[name]
         new_blob += blob[b:end]
+    for name, values in (add or {}).items():
+        data = struct.pack(f"<{len(values)}f", *values)
+        out[name] = {"dtype": "F32", "shape": [len(values)], "data_offsets": [len(new_blob), len(new_blob) + len(data)]}
+        new_blob += data
     h = json.dumps(out).encode()
     open(dst, "wb").write(struct.pack("<Q", len(h)) + h + new_blob)
 
@@ -743,5 +750,18 @@ with tempfile.TemporaryDirectory() as tmp:
            "-o", T("null.yaml"))
     expect(0, ["wrote"], "import", "hf", write(T("null_kv.json"), json.dumps(dict(hf, num_key_value_heads=None))),
            "-o", T("null_kv.yaml"))
+    # a golden holding what its model does not imply (read by nothing: PASS) or in another shape
+    # (FAIL, exit 1, "missing or shape differs"), or asked for more steps than it recorded
+    src = f"{G}/mlp_colwise_replicate.safetensors"
+    for name, kw, says in (("junk", {"add": {"junk": [1.0]}}, "holds 'junk', which its model does not imply"),
+                           ("target", {"add": {"data.target": [7.0]}}, "holds 'data.target'"),
+                           ("step5", {"add": {"step5.loss": [1.0]}}, "holds 'step5.loss'"),
+                           ("steps1", {"meta": {"steps": "1"}}, "holds 'step1."),
+                           ("loss1", {"shapes": {"step0.loss": [1]}}, "'step0.loss' is [1], its model implies []"),
+                           ("out", {"shapes": {"step0.grad.net1.weight": [160]}}, "'step0.grad.net1.weight' is [160]")):
+        damaged = T(f"damaged_{name}.safetensors")
+        rewrite_st(src, damaged, **kw)
+        expect(2, [damaged, says], "verify", damaged)
+    expect(2, ["the golden recorded 2 steps; 5 asked for"], "verify", src, "--steps", "5")
 
 check.finish()

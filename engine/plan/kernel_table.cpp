@@ -26,14 +26,13 @@ void only_keys(const JsonNode& n, const std::string& what, std::initializer_list
 }
 
 // A measured row's rate against the table's peak: not over twice it (no kernel beats its device's
-// peak: a time of 5e-324 s priced the GEMMs at 0), nor under a ten-millionth of it (a copy of 1
-// byte in 1000 s priced a step at 1.5e9 s). `key` names the row's time.
+// peak: a time of 5e-324 s priced the GEMMs at 0). No floor: a tiny kernel's launch dominates its
+// time (a 1 x 1 x 1 GEMM runs at a billionth of the peak). `key` names the row's time.
 void check_rate(const JsonNode& row, const std::string& key, const std::string& what, double rate,
                 double peak, const char* unit, double scale) {
-    if (peak <= 0 || (rate <= 2 * peak && rate >= peak * 1e-7)) return;
-    row.at(key).fail(fmt::format("{} of {} implies {:.4g} {}, {} the table's peak of {:.4g}", key, what,
-                                 rate / scale, unit,
-                                 rate > 2 * peak ? "over twice" : "under a ten-millionth of", peak / scale));
+    if (peak <= 0 || rate <= 2 * peak) return;
+    row.at(key).fail(fmt::format("{} of {} implies {:.4g} {}, over twice the table's peak of {:.4g}", key,
+                                 what, rate / scale, unit, peak / scale));
 }
 
 double positive(const JsonNode& n, const std::string& key, const std::string& what) {

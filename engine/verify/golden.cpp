@@ -7,6 +7,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -206,7 +208,75 @@ GoldenCase load_golden(const std::string& path) {
     return c;
 }
 
+namespace {
+
+// Every tensor a golden may hold for its model over `steps` steps, with the shape the model fixes
+// (nullopt: any, the output's).
+std::map<std::string, std::optional<Shape>> implied_tensors(const GoldenCase& c, const Model& model,
+                                                            int64_t steps) {
+    std::map<std::string, std::optional<Shape>> out;
+    const auto params = model.named_parameters(), buffers = model.named_buffers();
+    const std::optional<Shape> scalar = Shape{};
+    auto numel = [](const Shape& s) {
+        int64_t n = 1;
+        for (int64_t d : s) n *= d;
+        return n;
+    };
+    auto add = [&](const std::string& name, const std::optional<Shape>& shape) {
+        if (!c.compact_sample) {
+            out[name] = shape;
+            return;
+        }
+        out[name + ".norm"] = Shape{1};
+        out[name + ".sample"] =
+            shape ? std::optional<Shape>(Shape{std::min(numel(*shape), c.compact_sample)}) : std::nullopt;
+    };
+    if (!c.compact_sample) {
+        for (const auto& [name, p] : params) out["init.param." + name] = p->value.shape();
+        for (const auto& [name, b] : buffers) out["init.buffer." + name] = b->value.shape();
+        out["data.input"] = model.input.shape;
+        if (model.target) out["data.target"] = model.target->shape;
+    }
+    for (int64_t k = 0; k < steps; ++k) {
+        const std::string s = fmt::format("step{}.", k);
+        if (!c.compact_sample) {
+            out[s + "input"] = model.input.shape;
+            if (model.target) out[s + "target"] = model.target->shape;
+        }
+        out[s + "loss"] = scalar;
+        if (model.clip_grad_norm > 0) out[s + "grad_norm"] = scalar;
+        add(s + "output", std::nullopt);
+        for (const auto& [name, p] : params)
+            add(s + "grad." + name, p->value.shape()), add(s + "param." + name, p->value.shape());
+        for (const auto& [name, b] : buffers) add(s + "buffer." + name, b->value.shape());
+    }
+    return out;
+}
+
+}  // namespace
+
 void require_golden_tensors(const GoldenCase& c, const Model& model, int64_t steps) {
+    if (c.steps > 0 && steps > c.steps)
+        throw InputError(SourceLocation{c.path, 0, 0},
+                         fmt::format("the golden recorded {} step{}; {} asked for (--steps, or the plan's "
+                                     "verify.steps)",
+                                     c.steps, c.steps == 1 ? "" : "s", steps));
+    // what it holds is what its model implies over its recorded steps, in the shapes the model fixes:
+    // a tensor nothing reads (an added one, a target for a model without one, a step past the
+    // recorded ones) was ignored, one of another shape failed as "missing or shape differs"
+    const auto implied = implied_tensors(c, model, std::max(steps, c.steps));
+    for (const auto& [name, t] : c.file.tensors) {
+        auto it = implied.find(name);
+        if (it == implied.end())
+            throw InputError(SourceLocation{c.path, 0, 0},
+                             fmt::format("the golden holds '{}', which its model does not imply over its {} "
+                                         "recorded step{} (a damaged or edited file?)",
+                                         name, c.steps, c.steps == 1 ? "" : "s"));
+        if (it->second && t.shape() != *it->second)
+            throw InputError(SourceLocation{c.path, 0, 0},
+                             fmt::format("the golden's '{}' is {}, its model implies {} (a damaged file?)",
+                                         name, shape_str(t.shape()), shape_str(*it->second)));
+    }
     std::set<std::string> held;
     for (const auto& [name, t] : c.file.tensors) held.insert(name);
     auto need = [&](const std::string& name) {
