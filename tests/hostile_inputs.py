@@ -763,5 +763,12 @@ with tempfile.TemporaryDirectory() as tmp:
         rewrite_st(src, damaged, **kw)
         expect(2, [damaged, says], "verify", damaged)
     expect(2, ["the golden recorded 2 steps; 5 asked for"], "verify", src, "--steps", "5")
+    # a batch whose every target is ignored: golden record wrote a NaN loss its own replay refuses
+    gpt2 = f"{M}/gpt2_tied.yaml"
+    masked = tensors_file(T("masked.safetensors"), {"input": ("I64", [4, 16], [i % 64 for i in range(64)]),
+                                                    "target": ("I64", [4, 16], [-100] * 64)})
+    expect(2, ["masked.safetensors", "no valid target"], "golden", "record", gpt2, f"{P}/gpt2_tied_ddp_ac.yaml",
+           "--data", masked, "-o", T("masked_golden.safetensors"))
+    check(not os.path.exists(T("masked_golden.safetensors")), "golden record of an all-masked batch wrote a golden")
 
 check.finish()

@@ -18,6 +18,7 @@
 #include "core/yaml_reader.h"
 #include "model/batch.h"
 #include "model/optimizer.h"
+#include "verify/loss_causes.h"
 
 namespace ptool {
 namespace fs = std::filesystem;
@@ -55,6 +56,14 @@ TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOpti
     // data ranks' split too), or the golden would record a step no parallel run of the plan takes
     check_microbatches(plan, model);
     const int64_t steps = steps_for(plan, opt, model.steps);
+    {  // a batch (or, under mean_per_call, a microbatch) with no valid target: a NaN loss its own
+       // replay refuses (verify/loss_causes.h)
+        const DataSource data(model, in.data, in.data_path);
+        loss_normalization_causes(model, plan, data, steps,
+                                  in.data             ? SourceLocation{in.data_path, 0, 0}
+                                  : model.target_mask ? model.target_mask_where
+                                                      : SourceLocation{model.path, 0, 0});
+    }
     RecordOptions ro;
     ro.events = false;
     ro.init_tensors = true;
