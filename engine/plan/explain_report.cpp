@@ -165,23 +165,30 @@ std::string describe_loss(const Model& model, const Plan& plan) {
         ce ? fmt::format("cross_entropy (ignore_index {})", model.ignore_index) : loss_name(model.loss);
     const std::string items = ce ? "valid targets" : "elements";
     const std::string said = plan.loss_normalization ? "the plan's" : "the model's";
+    // who reduces the gradients over those ranks: a cp-only plan has no data parallel
+    const bool cp = plan.context_parallel && plan.dims.size(DimRole::cp) > 1, dp = plan.dims.data_size() > 1;
+    const std::string reducer = cp && dp ? "data and context parallel"
+                                : cp     ? "context parallel"
+                                         : "data parallel";
+    const std::string averages = reducer + (cp && dp ? " average" : " averages"),
+                      sums = reducer + (cp && dp ? " sum" : " sums");
     if (model.loss == LossKind::sum)
         return fmt::format("{}: each call's sum{}", kind,
-                           ranks > 1 ? "; data parallel averages the ranks' gradients" : "");
+                           ranks > 1 ? fmt::format("; {} the ranks' gradients", averages) : "");
     if (plan.normalization(model) == LossNormalization::global_tokens)
         return fmt::format(
             "{}, loss_normalization global_tokens ({}): each call's sum over its {} divided by "
             "the step's count over {} rank{} x {} microbatch{} (one all_reduce{}){}",
             kind, said, items, ranks, ranks == 1 ? "" : "s", microbatches, microbatches == 1 ? "" : "es",
             ranks > 1 ? "" : ", none here: one rank",
-            ranks > 1 ? "; data parallel sums the ranks' gradients (no division)" : "");
-    return fmt::format(
-        "{}, loss_normalization mean_per_call ({}): each call's mean over its own {}{}{}", kind, said, items,
-        microbatches > 1 ? fmt::format(", / {} microbatches", microbatches) : "",
-        ranks > 1 ? fmt::format("; data parallel averages the {} ranks' gradients (with targets "
-                                "masked unevenly not the one-device mean: global_tokens is)",
-                                ranks)
-                  : "");
+            ranks > 1 ? fmt::format("; {} the ranks' gradients (no division)", sums) : "");
+    return fmt::format("{}, loss_normalization mean_per_call ({}): each call's mean over its own {}{}{}",
+                       kind, said, items,
+                       microbatches > 1 ? fmt::format(", / {} microbatches", microbatches) : "",
+                       ranks > 1 ? fmt::format("; {} the {} ranks' gradients (with targets "
+                                               "masked unevenly not the one-device mean: global_tokens is)",
+                                               averages, ranks)
+                                 : "");
 }
 
 ExplainReport explain_report(const ExplainInputs& in) {
