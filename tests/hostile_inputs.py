@@ -696,6 +696,11 @@ with tempfile.TemporaryDirectory() as tmp:
     text = open(log).read()
     check(rc == 0 and text.startswith("IMPORTANT\n") and '"kind": "verify"' in text,
           f"--json /dev/stdout >> log: exit {rc}, the log now starts {text[:40]!r}")
+    with open(T("both.txt"), "w") as f:  # the report printed before the JSON arrives before it
+        rc, _ = run("verify", mlp, root, "-v", "--json", "/dev/stdout", stdout=f)
+    both = open(T("both.txt")).read()
+    check(rc == 0 and both.find("PASS") < both.find('"kind": "verify"') and both.rstrip().endswith("}"),
+          f"verify -v --json /dev/stdout > file: exit {rc}, the report and the JSON interleaved:\n{both[:600]}")
     rc, out = run("shrink", mlp, root, "-o", "/dev/stdout")
     check(rc == 0 and "name: " in out, f"shrink -o /dev/stdout into a pipe: exit {rc}\n{out[-800:]}")
     expect(2, ["/dev/fd/9: descriptor 9 is not open"], "verify", mlp, root, "--json", "/dev/fd/9", "-q")
@@ -710,6 +715,16 @@ with tempfile.TemporaryDirectory() as tmp:
         for cmd in ("verify", "explain"):
             expect(2, ["tied_fsdp.yaml:2:", "'emb' and 'head' share one weight (tie) in two fully_shard units"],
                    cmd, tied, split)
+    # the same tie on one pipeline stage (a recv of the wrong shape, exit 3): each rank's stages checked
+    tied_pp = write(T("tied_pp.yaml"), "seed: 1\nbatch:\n  input: {tokens: [4, 3], vocab: 5}\nmodules:\n"
+                    "  - {name: emb, type: embedding, vocab: 5, dim: 4}\n"
+                    "  - {name: head, type: linear, in: 4, out: 5, bias: false, tie: emb}\n"
+                    "  - {name: l2, type: linear, in: 5, out: 5}\nloss: mean\n")
+    split_pp = write(T("tied_pp_plan.yaml"), "mesh: {pp: 2, dp: 2}\n"
+                     'data_parallel: {mesh_dim: dp, mode: fully_shard, fully_shard: ["emb"]}\n'
+                     "pipeline_parallel: {mesh_dim: pp, schedule: 1f1b, microbatches: 2, split_points: [l2]}\n")
+    for cmd in ("verify", "explain"):
+        expect(2, ["tied_pp_plan.yaml:2:", "'emb' and 'head' share one weight"], cmd, tied_pp, split_pp)
     together = write(T("tied_root.yaml"), "mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard}\n")
     expect(0, ["PASS"], "verify", tied, together)
     # options that were silently ignored: --init/--data beside --golden (the golden's own replayed:

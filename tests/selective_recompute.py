@@ -207,6 +207,25 @@ steps: 2
     rc, out = run("verify", shared, plan)
     check(rc == 2 and f"{plan}:2:" in out and "'blk.inner' inside 'blk'" in out,
           f"nested op-policy regions: exit {rc}, expected 2 at the plan\n{out[-800:]}")
+    # nested through a `shared` alias (blk called inside outer), and the root selected: refused too
+    aliased = write(os.path.join(tmp, "aliased.yaml"), """batch: {input: [4, 6]}
+modules:
+  - name: blk
+    type: sequential
+    modules:
+      - {name: up, type: linear, in: 6, out: 6, bias: false}
+  - name: outer
+    type: sequential
+    modules:
+      - {name: a, type: linear, in: 6, out: 6, bias: false}
+      - {name: again, type: shared, module: blk}
+loss: mean
+""")
+    for mods, says in (('["blk", "outer"]', "'outer.again' inside 'outer'"), ('["", "blk"]', "'blk' inside '(root)'")):
+        plan = write(os.path.join(tmp, "nested_alias.yaml"),
+                     f'mesh: {{dp: 1}}\nactivation_checkpointing: {{modules: {mods}, mode: op}}\n')
+        rc, out = run("verify", aliased, plan)
+        check(rc == 2 and says in out, f"nested op regions {mods}: exit {rc}, expected 2 saying {says!r}\n{out[-800:]}")
     plan = write(os.path.join(tmp, "nested_full.yaml"), 'mesh: {dp: 1}\n'
                  'activation_checkpointing: {modules: ["blk", "blk.inner"], mode: full}\n')
     rc, out = run("verify", shared, plan)

@@ -192,6 +192,7 @@ TEST_CASE(
     CHECK_NOTHROW(load_model_text(attention("1e-20"), "ok.yaml"));  // 1e10
     CHECK_NOTHROW(load_model_text(attention("0.5"), "ok.yaml"));
     CHECK_NOTHROW(load_model_text(attention("500000"), "ok.yaml"));
+    CHECK_NOTHROW(load_model_text(attention("1e300"), "ok.yaml"));  // frequencies of 0: angles of 0
 }
 
 TEST_CASE("module types: a module points at its registered type, whose rules the plan writer and shrink read",

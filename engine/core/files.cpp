@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -254,6 +255,7 @@ void write_file(const std::string& path, const std::string& bytes, bool overwrit
     refuse_nul(path);
     if (const std::optional<int> fd = descriptor_of(path)) {  // its file description: a shell's >> appends
         check_descriptor(path, *fd);
+        std::fflush(nullptr);  // what was printed before it arrives first (stdio buffers stdout to a file)
         return write_all(*fd, bytes, path);
     }
     std::string at = path;

@@ -70,6 +70,11 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
     for (auto it = header.begin(); it != header.end(); ++it) {
         if (const int c = control_byte(it.key(), false); c >= 0)
             bad(name, fmt::format("a tensor name holds the control byte 0x{:02x}", c));
+        if (it.value().is_object() && it.key() != "__metadata__")  // an entry's strings (its dtype)
+            for (const auto& field : it.value())
+                if (field.is_string())
+                    if (const int c = control_byte(field.get<std::string>(), false); c >= 0)
+                        bad(name, fmt::format("a tensor entry holds the control byte 0x{:02x}", c));
         if (it.key() == "__metadata__" && it.value().is_object())
             for (auto m = it.value().begin(); m != it.value().end(); ++m)
                 if (const int c = std::max(

@@ -34,18 +34,22 @@ public:
     double num(const std::string& key, double fallback) const {
         return given(key) ? at(key).as_number(fmt::format("'{}'", key)) : fallback;
     }
+    // a null flag is Python's None, which reads as false where transformers tests it
+    // (`if config.tie_word_embeddings:`, `bias=config.attention_bias`)
     bool flag(const std::string& key, bool fallback) const {
+        if (auto n = root_.get(key); n && n->is_null()) return false;
         return given(key) ? at(key).as_bool(fmt::format("'{}'", key)) : fallback;
     }
     std::string str(const std::string& key, const std::string& fallback) const {
         return given(key) ? at(key).as_string(fmt::format("'{}'", key)) : fallback;
     }
     // the fields transformers' config classes resolve when None: num_key_value_heads (the heads),
-    // head_dim (hidden / heads), sliding_window and rope_scaling (none), the token ids, the dtype
+    // head_dim (hidden / heads), sliding_window and rope_scaling (none), the token ids, the dtype,
+    // the name, a router's jitter (none)
     static bool nullable(const std::string& key) {
-        for (const char* k :
-             {"num_key_value_heads", "head_dim", "sliding_window", "rope_scaling", "max_window_layers",
-              "pad_token_id", "bos_token_id", "eos_token_id", "torch_dtype", "dtype"})
+        for (const char* k : {"num_key_value_heads", "head_dim", "sliding_window", "rope_scaling",
+                              "max_window_layers", "pad_token_id", "bos_token_id", "eos_token_id",
+                              "torch_dtype", "dtype", "_name_or_path", "router_jitter_noise"})
             if (key == k) return true;
         return false;
     }

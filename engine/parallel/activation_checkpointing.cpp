@@ -1,5 +1,7 @@
 #include "parallel/activation_checkpointing.h"
 
+#include <functional>
+
 #include "model/attention_core.h"
 #include "model/model.h"
 #include "parallel/plan.h"
@@ -115,20 +117,25 @@ ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
         }
     }
     // op mode: a region's kept outputs are its own forward's; one checkpointed inside another would
-    // recompute the inner within the outer's recompute, with the policy's count restarted
+    // recompute the inner within the outer's recompute, with the policy's count restarted. Walked
+    // through every call site (a `shared` alias calls its module where the alias sits; the root
+    // holds everything).
     if (spec.mode == RecomputeMode::op) {
-        std::string outer;  // the last selected module whose subtree we are in (registration order)
-        for (size_t k = 0; k < modules.size(); ++k) {
-            const auto& [fqn, m] = modules[k];
-            if (!out.selective.count(m)) continue;
-            if (!outer.empty() && fqn.rfind(outer + ".", 0) == 0)
-                throw InputError(
-                    spec.where, fmt::format("activation_checkpointing mode op checkpoints '{}' inside '{}': "
-                                            "nested regions under the op policy are not modelled (torchtitan "
-                                            "checkpoints each block once); name one of them",
-                                            fqn, outer));
-            outer = fqn;
-        }
+        std::function<void(const Module&, const std::string&, const std::string*, int)> walk =
+            [&](const Module& m, const std::string& fqn, const std::string* outer, int depth) {
+                const bool selected = out.selective.count(&m) > 0;
+                if (selected && outer)
+                    throw InputError(
+                        spec.where,
+                        fmt::format("activation_checkpointing mode op checkpoints '{}' inside '{}': nested "
+                                    "regions under the op policy are not modelled (torchtitan checkpoints "
+                                    "each block once); name one of them",
+                                    fqn.empty() ? "(root)" : fqn, outer->empty() ? "(root)" : *outer));
+                if (depth > 4096) return;  // (the loader refuses a module that holds itself)
+                for (const auto& [name, child] : m.children())
+                    walk(*child, fqn.empty() ? name : fqn + "." + name, selected ? &fqn : outer, depth + 1);
+            };
+        walk(*model.root, "", nullptr, 0);
     }
     for (size_t i = 0; i < spec.modules.size(); ++i)
         if (!found[i])

@@ -93,13 +93,11 @@ void check_roots(const DataParallelSpec& spec, const std::vector<std::string>& m
     }
 }
 
-// A weight tied between two modules (`tie:`) in two fully_shard units: FSDP2 shards a parameter
-// with the first unit that claims it, and the other unit's module would compute on its shard (the
-// run computed a [2, 3] output of a [6, 6] weight). A module used twice (`shared`) is one module,
-// its unit's hooks gathering it at each call: allowed. Not under a pipeline, where a weight tied
-// across stages is each stage's own copy (train/stage.h) and the stages are not known here.
-void check_tied_units(const Model& model, const Plan& plan, const DataParallelResolution& res) {
-    if (res.units.empty() || plan.pipeline) return;
+}  // namespace
+
+void check_tied_units(const Model& model, const Plan& plan, const DataParallelResolution& res,
+                      bool stage_model) {
+    if (res.units.empty() || (plan.pipeline && !stage_model)) return;
     const DataParallelSpec& spec = *plan.data_parallel;
     auto unit_of = [&](const std::string& fqn) {
         const FsdpUnitSpec* unit = nullptr;
@@ -131,6 +129,8 @@ void check_tied_units(const Model& model, const Plan& plan, const DataParallelRe
         }
     });
 }
+
+namespace {
 
 // Each parameter: ignored, managed by its innermost unit, or in the bucket of its replicate()
 // root; returns the unmanaged ones (ignored, or under no unit and no root).

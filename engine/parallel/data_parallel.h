@@ -88,6 +88,14 @@ DataParallelResolution resolve_data_parallel(const Model& model, const Plan& pla
                                              std::vector<Diagnostic>& warnings,
                                              std::vector<Diagnostic>& causes);
 
+// A weight tied between two modules (`tie:`) in two fully_shard units is an InputError at the plan's
+// fully_shard: FSDP2 shards a parameter with the first unit that claims it, and the other unit's
+// module would compute on its shard. A `shared` module is one module (its unit gathers it at each
+// call). Under a pipeline only `stage_model` is checked (a rank's stages, Run: a weight tied to
+// another rank's stage is that rank's own copy); resolve_data_parallel checks the rest.
+void check_tied_units(const Model& model, const Plan& plan, const DataParallelResolution& res,
+                      bool stage_model = false);
+
 // One rank's data-parallel state, built after tensor parallelism (it shards or replicates the
 // TP-local tensors). Its collectives run under the counter's scope: the replicate() root or the
 // fully_shard unit as module, and "bucket K" as the site of bucket K's all_reduce (the K-th of its

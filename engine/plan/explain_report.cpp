@@ -80,6 +80,8 @@ void explain_stages(ExplainReport& r) {
         uniform_bubble(spec.schedule, plan.pipeline_stages(), static_cast<int>(m), spec.virtual_stages);
 }
 
+}  // namespace
+
 // explain's simulation, bounded before it starts (docs/planning.md, "What explain costs"): each
 // rank class builds the model and runs its step on meta tensors, its modules (a pp rank's share
 // of them) forward and backward once per microbatch and simulated step. A module built costs about
@@ -112,8 +114,6 @@ void check_explain_work(const Model& model, const Plan& plan, int64_t simulated_
                         simulated_steps, work, kBuildWeight, kExplainWork,
                         pp > 1 ? "microbatches or pp ranks" : "microbatches, rank classes or layers"));
 }
-
-}  // namespace
 
 namespace {
 

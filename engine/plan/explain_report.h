@@ -74,6 +74,10 @@ struct ExplainReport {
 
 ExplainReport explain_report(const ExplainInputs& in);
 
+// InputError at the plan where simulating its rank classes whole for `simulated_steps` would pass
+// explain's bound on work (the product named, with the fix).
+void check_explain_work(const Model& model, const Plan& plan, int64_t simulated_steps);
+
 // One line per role of the plan's mesh ("tensor parallel over 'tp' (2 ranks)"), in the order the
 // roles cut the model.
 std::vector<std::string> describe_dims(const Plan& plan);

@@ -55,11 +55,24 @@ Search::Search(const std::string& model_text, const std::string& name, const Clu
 // pp data ranks computes (the same FLOPs over the same ranks), stretched by the bubble of
 // uniform stages, (p - 1) / (v m); one whose bound is slower than the keep-th fastest plan is
 // not simulated (a rejection says so). With fewer fitting plans than that, every pipeline is.
+namespace {
+
+bool faster(const Candidate& a, const Candidate& b) {
+    if (a.time.step != b.time.step) return a.time.step < b.time.step;
+    return a.peak < b.peak;
+}
+
+}  // namespace
+
 SearchResult Search::run() {
     std::vector<PlanChoice> flat, piped;
     for (PlanChoice& c : meshes()) (c.pp > 1 ? piped : flat).push_back(std::move(c));
     check_cost(flat, o_.pipelines == "never" ? std::vector<PlanChoice>{} : piped);  // never: none simulated
     evaluate_flat(flat);
+    // the dp x tp plans listed confirmed whole before the pipelines are weighed against them: one
+    // that does not fit whole must not keep the pipelines out
+    std::stable_sort(r_.fitting.begin(), r_.fitting.end(), faster);
+    confirm_listed();
     std::vector<double> steps;
     for (const Candidate& c : r_.fitting) steps.push_back(c.time.step);
     std::sort(steps.begin(), steps.end());
@@ -129,10 +142,7 @@ SearchResult Search::run() {
         for (size_t i = before; i < r_.fitting.size(); ++i) fits[pipeline_shape(r_.fitting[i].choice)] = true;
         worth = std::move(later);
     }
-    std::stable_sort(r_.fitting.begin(), r_.fitting.end(), [](const Candidate& a, const Candidate& b) {
-        if (a.time.step != b.time.step) return a.time.step < b.time.step;
-        return a.peak < b.peak;
-    });
+    std::stable_sort(r_.fitting.begin(), r_.fitting.end(), faster);
     confirm_listed();
     return std::move(r_);
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/parallel_for.h"
+#include "plan/explain_report.h"
 #include "plan/search_state.h"
 #include "train/simulate.h"
 
@@ -21,15 +22,24 @@ std::optional<Rejection> Search::simulate_whole(Candidate& c) const {
     const double ws = workspaces(), cap_bytes = cap(plan);
     const auto capacity = static_cast<size_t>(std::max(1.0, cap_bytes - ws));  // explain's
     const int64_t steps = std::clamp<int64_t>(full_.steps, kSteadyStateSteps, 4);
+    const std::string shape = c.choice.pp > 1 ? pipeline_shape(c.choice) : flat_shape(c.choice);
+    try {
+        check_explain_work(full_, plan, steps);
+    } catch (const InputError&) {
+        return std::nullopt;  // past explain's bound too: the samples' memory stands (whole stays false)
+    }
     double peak = 0, reserved = 0;
     int64_t over = 0;
-    for (const PredictedRank& r : predict_ranks(in, full_, plan, steps, 1, capacity)) {
-        const auto& m = r.sim.memory;
-        peak = std::max(peak, static_cast<double>(m.torch_peak) + ws);
-        reserved = std::max(reserved, static_cast<double>(std::max(m.torch_peak, m.reserved_peak)) + ws);
-        over = std::max(over, m.over_capacity);
+    try {
+        for (const PredictedRank& r : predict_ranks(in, full_, plan, steps, 1, capacity)) {
+            const auto& m = r.sim.memory;
+            peak = std::max(peak, static_cast<double>(m.torch_peak) + ws);
+            reserved = std::max(reserved, static_cast<double>(std::max(m.torch_peak, m.reserved_peak)) + ws);
+            over = std::max(over, m.over_capacity);
+        }
+    } catch (const InputError& e) {  // a rank the samples did not build refuses the plan
+        return Rejection{shape, e.message(), RejectionKind::refused};
     }
-    const std::string shape = c.choice.pp > 1 ? pipeline_shape(c.choice) : flat_shape(c.choice);
     if (over > 0 || reserved > cap_bytes)
         return Rejection{
             shape,
@@ -52,7 +62,9 @@ void Search::confirm_listed() {
     while (listed.size() < keep && next < r_.fitting.size()) {
         const size_t n = std::min(keep - listed.size(), r_.fitting.size() - next);
         std::vector<std::optional<Rejection>> refused(n);
-        parallel_for(n, o_.threads, [&](size_t i) { refused[i] = simulate_whole(r_.fitting[next + i]); });
+        parallel_for(n, o_.threads, [&](size_t i) {  // (the dp x tp plans confirmed before the pipelines)
+            if (!r_.fitting[next + i].whole) refused[i] = simulate_whole(r_.fitting[next + i]);
+        });
         for (size_t i = 0; i < n; ++i) {  // in the search's order: the same output on any thread count
             if (refused[i])
                 r_.rejected.push_back(*refused[i]);

@@ -263,6 +263,7 @@ void Run::apply_data_parallel() {
     // DDP fills its buckets with the tensors it sees: the TP-local ones, so resolved again here
     std::vector<Diagnostic> unused;
     res_.dp = resolve_data_parallel(model_, plan_, unused, unused);
+    if (plan_.pipeline) check_tied_units(model_, plan_, res_.dp, true);  // this rank's stages
     executed_dp_ = layer_ ? layer_->data_parallel(res_.dp) : res_.dp;
     for (FsdpUnitSpec& u : executed_dp_.units)  // each rank shards the experts it owns
         if (u.experts)

@@ -145,12 +145,15 @@ void Run::backward(StepState& st, int s, int m, bool input_only) {
     if (s + 1 == stages_) st.done[m] = {std::move(f.output), f.loss_value, f.aux_scaled};
     // PyTorch's loop holds the microbatch's output (its `out`) past its backward, to the step's end
     // or the next microbatch's forward, and a pipeline's last stage holds every microbatch's
-    // (torch_stage_outputs): a stand-in where ptool's own kept output is its copy in the model's
-    // dtype, which the framework tally does not count (Run::forward); where it is the compute-dtype
-    // output itself, the tally holds it already; loss_parallel's kept copy is counted (erring high).
+    // (torch_stage_outputs), in the compute dtype. A stand-in where ptool's own kept output is a
+    // copy in the model's dtype made outside the framework tally (cross_entropy's cast, in
+    // train/framework_loss.h's scope); where no cast was made, the tally holds the output (tp's
+    // gathered one included); another loss's cast and loss_parallel's are counted (erring high by
+    // the copy's dtype over the output's).
     std::optional<std::pair<Shape, DType>> stand_in;
-    if (s + 1 == stages_ && !plan_.loss_parallel && f.y.t.defined())
-        if (const Tensor& kept = st.done[m].output.t; kept.defined() && !kept.shares_storage(f.y.t))
+    if (s + 1 == stages_ && !plan_.loss_parallel && model_.loss == LossKind::cross_entropy &&
+        f.y.t.defined() && f.y.t.dtype() != model_.dtype)
+        if (const Tensor& kept = st.done[m].output.t; kept.defined())
             stand_in = {kept.shape(), f.y.t.dtype()};
     st.inflight.erase(it);
     if (stand_in && stages_ > 1) {

@@ -135,12 +135,12 @@ Attention::Attention(std::string name, SourceLocation where, const Options& o, D
     if (o.rope_theta) {
         if (hd % 2 != 0) this->fail(fmt::format("rope needs an even head dim, got {}", hd));
         rope_.emplace(*o.rope_theta, hd, o.rope_scaling);
-        // every frequency finite and above 0 in float32 (as transformers keeps inv_freq), and its
-        // angle at every position float32 counts exactly (below 2^24): a base far under 1 (or a
-        // tiny linear factor) overflows them, and the run would be NaN from the first forward
+        // every frequency finite in float32 (as transformers keeps inv_freq), and its angle at
+        // every position float32 counts exactly (below 2^24): a base far under 1 (or a tiny linear
+        // factor) overflows them, and the run would be NaN from the first forward. (A huge base's
+        // frequencies underflow to 0: angles of 0, finite, as transformers computes them.)
         for (int64_t i = 0; i < hd / 2; ++i)
-            if (const float f = rope_->inv_freq(i);
-                !(f > 0) || !(f <= std::numeric_limits<float>::max() / 0x1p24f))
+            if (const float f = rope_->inv_freq(i); !(f <= std::numeric_limits<float>::max() / 0x1p24f))
                 this->fail(
                     fmt::format("rope_theta {} gives a rotary frequency of {} (float32, index {} of {}): "
                                 "its angles overflow; RoPE's base is normally 10000 or more",
