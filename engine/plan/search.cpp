@@ -50,13 +50,9 @@ Search::Search(const std::string& model_text, const std::string& name, const Clu
     rows_ = full_.input.shape.at(0);
 }
 
-// The dp x tp groups first, then the pipelines that could still rank among the o_.keep fastest:
-// a pipeline rank computes at least what the dp x tp rank of its tp and checkpointing with dp x
-// pp data ranks computes (the same FLOPs over the same ranks), stretched by the bubble of
-// uniform stages, (p - 1) / (v m); one whose bound is slower than the keep-th fastest plan is
-// not simulated (a rejection says so). With fewer fitting plans than that, every pipeline is.
 namespace {
 
+// the search's order: the faster step first, then the smaller peak
 bool faster(const Candidate& a, const Candidate& b) {
     if (a.time.step != b.time.step) return a.time.step < b.time.step;
     return a.peak < b.peak;
@@ -64,6 +60,13 @@ bool faster(const Candidate& a, const Candidate& b) {
 
 }  // namespace
 
+// The dp x tp groups first, then the pipelines that could still rank among the o_.keep fastest:
+// a pipeline rank computes at least what the dp x tp rank of its tp and checkpointing with dp x
+// pp data ranks computes (the same FLOPs over the same ranks), stretched by the bubble of
+// uniform stages, (p - 1) / (v m); one whose bound is slower than the keep-th fastest plan is
+// not simulated (a rejection says so). With fewer fitting plans than that, every pipeline is.
+// The listed plans are simulated whole (confirm_listed, search_confirm.cpp): the dp x tp ones
+// before the pipelines are weighed against them, the rest at the end.
 SearchResult Search::run() {
     std::vector<PlanChoice> flat, piped;
     for (PlanChoice& c : meshes()) (c.pp > 1 ? piped : flat).push_back(std::move(c));
