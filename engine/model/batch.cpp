@@ -112,9 +112,9 @@ DataSource::DataSource(const Model& model, const TensorFile* data_file, std::str
                 fmt::format("unexpected tensor '{}' in a data file (keys: input, target, step{{k}}.input, "
                             "step{{k}}.target){}",
                             name, did_you_mean(name, known)));
-        if (auto key = parse_step_key(name)) last_step = std::max(last_step, key->step);
-        // a model without a target (loss sum/mean of its output) reads none: given, it was ignored
         const auto key = parse_step_key(name);
+        if (key) last_step = std::max(last_step, key->step);
+        // a model without a target (loss sum/mean of its output) reads none: given, it was ignored
         if (!model.target && (name == "target" || (key && key->rest == "target")))
             throw InputError(SourceLocation{path_, 0, 0},
                              fmt::format("'{}': the model takes no target (its loss is {} of its output)",
