@@ -778,6 +778,16 @@ with tempfile.TemporaryDirectory() as tmp:
         rewrite_st(src, damaged, **kw)
         expect(2, [damaged, says], "verify", damaged)
     expect(2, ["the golden recorded 2 steps; 5 asked for"], "verify", src, "--steps", "5")
+    # shared modules nested in shared ones, 40 levels of two aliases each: 2^40 module calls, which
+    # hung the loader (every path walked); exit 2 at the model's modules within seconds
+    lines = ["batch: {input: [2, 4]}", "modules:", "  - {name: l0, type: linear, in: 4, out: 4}"]
+    for i in range(1, 41):
+        prev = "l0" if i == 1 else f"s{i - 1}"
+        lines.append(f"  - name: s{i}\n    type: sequential\n    modules:\n"
+                     f"      - {{name: a, type: shared, module: {prev}}}\n      - {{name: b, type: shared, module: {prev}}}")
+    deep = write(T("deep_shared.yaml"), "\n".join(lines) + "\nloss: mean\n")
+    expect(2, ["deep_shared.yaml:3:", "calls 4398046511062 modules", "over ptool's limit"], "explain", deep, root,
+           timeout=60)  # (a hang is "hang": the walk was exponential)
     # a batch whose every target is ignored: golden record wrote a NaN loss its own replay refuses
     gpt2 = f"{M}/gpt2_tied.yaml"
     masked = tensors_file(T("masked.safetensors"), {"input": ("I64", [4, 16], [i % 64 for i in range(64)]),

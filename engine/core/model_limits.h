@@ -14,4 +14,9 @@ namespace ptool {
 // experts are 63k modules; explain of 66k took 5.6 s on the 2-core machine, 2026-11-28).
 constexpr int64_t kMaxModules = int64_t{1} << 17;
 
+// The most module calls one forward may make, each call site of a `shared` module counted: aliases
+// nested in aliases multiply them (40 levels of two aliases each: 2^40 calls, which hung at the
+// model's shape inference); exit 2 at the model's modules.
+constexpr int64_t kMaxModuleCalls = int64_t{1} << 20;
+
 }  // namespace ptool

@@ -441,6 +441,12 @@ Model load_model_document(const YamlNode& root, const std::string& path, const s
     const std::optional<YamlNode> init_node = m.get("init");
     m.finish();
     for_each_module(*model.root, [](const std::string& fqn, Module& mod) { mod.set_fqn(fqn); });
+    if (const int64_t calls = modules_under(*model.root); calls > kMaxModuleCalls)
+        m.at("modules").fail(
+            fmt::format("a forward of the model calls {} modules (each call site of "
+                        "a shared module counted: shared modules nested in shared ones "
+                        "multiply their calls), over ptool's limit of {}",
+                        calls, kMaxModuleCalls));
     if (init_node) model.init = apply_init_scheme(*init_node, *model.root);
 
     // Shape inference over the whole tree: every size error is found before any compute.

@@ -1,6 +1,8 @@
 #include "model/module.h"
 
+#include <algorithm>
 #include <set>
+#include <unordered_map>
 
 #include "backend/meta/meta_backend.h"
 #include "core/framework_memory.h"
@@ -241,10 +243,23 @@ void for_each_module(const Module& root, const std::function<void(const std::str
     walk_modules(const_cast<Module&>(root), "", seen, fn);
 }
 
-int64_t modules_under(const Module& root) {
+namespace {
+
+// (each module's count once: a shared module's call sites nested in shared ones multiply, and a
+// walk of every path took 2^40 steps for 40 levels of two aliases; saturated at 2^62)
+int64_t modules_under(const Module& m, std::unordered_map<const Module*, int64_t>& memo) {
+    if (auto it = memo.find(&m); it != memo.end()) return it->second;
     int64_t n = 1;
-    for (const auto& [name, child] : root.children()) n += modules_under(*child);
-    return n;
+    for (const auto& [name, child] : m.children())
+        n = std::min(n + modules_under(*child, memo), int64_t{1} << 62);
+    return memo[&m] = n;
+}
+
+}  // namespace
+
+int64_t modules_under(const Module& root) {
+    std::unordered_map<const Module*, int64_t> memo;
+    return modules_under(root, memo);
 }
 
 std::vector<std::pair<std::string, Module*>> named_modules(const Module& root) {

@@ -1,6 +1,8 @@
 #include "parallel/activation_checkpointing.h"
 
 #include <functional>
+#include <set>
+#include <utility>
 
 #include "model/attention_core.h"
 #include "model/model.h"
@@ -121,8 +123,12 @@ ActivationCheckpointing resolve_activation_checkpointing(const Model& model,
     // through every call site (a `shared` alias calls its module where the alias sits; the root
     // holds everything).
     if (spec.mode == RecomputeMode::op) {
+        // each module's subtree once inside a region and once outside (aliases nested in aliases
+        // would otherwise be walked once per path: exponentially many)
+        std::set<std::pair<const Module*, bool>> walked;
         std::function<void(const Module&, const std::string&, const std::string*, int)> walk =
             [&](const Module& m, const std::string& fqn, const std::string* outer, int depth) {
+                if (!walked.insert({&m, outer != nullptr}).second) return;
                 const bool selected = out.selective.count(&m) > 0;
                 if (selected && outer)
                     throw InputError(
