@@ -64,8 +64,9 @@ struct Candidate {
     int model_microbatches = 1;  // the model file's
     std::string plan_text;
     double peak = 0;  // bytes per rank: PyTorch's allocated peak (its cuBLAS workspaces included)
-    // what PyTorch's caching allocator reserves for them (core/allocator_model.h): the peak plus the
-    // largest excess of reserved over peak in the simulated samples; what must fit
+    // what PyTorch's caching allocator reserves for them (core/allocator_model.h); what must fit. A
+    // listed candidate's (whole): explain's, from the whole model; the others': the peak plus the
+    // largest excess of reserved over peak in the simulated samples
     double reserved = 0;
     double runtime =
         0;  // the runtime's memory outside the allocator on its neediest rank (0 under --memory-cap)
