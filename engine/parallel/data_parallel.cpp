@@ -93,6 +93,15 @@ void check_roots(const DataParallelSpec& spec, const std::vector<std::string>& m
     }
 }
 
+// The innermost fully_shard unit over `fqn` (units are outermost first: the last match), or null.
+template <class Units>
+auto innermost_unit(Units& units, const std::string& fqn) -> decltype(&units.front()) {
+    decltype(&units.front()) unit = nullptr;
+    for (auto& u : units)
+        if (fqn_under(fqn, u.fqn)) unit = &u;
+    return unit;
+}
+
 }  // namespace
 
 void check_tied_units(const Model& model, const Plan& plan, const DataParallelResolution& res,
@@ -100,9 +109,7 @@ void check_tied_units(const Model& model, const Plan& plan, const DataParallelRe
     if (res.units.empty() || (plan.pipeline && !stage_model)) return;
     const DataParallelSpec& spec = *plan.data_parallel;
     auto unit_of = [&](const std::string& fqn) {
-        const FsdpUnitSpec* unit = nullptr;
-        for (const FsdpUnitSpec& u : res.units)  // outermost first: the last match is the innermost
-            if (fqn_under(fqn, u.fqn)) unit = &u;
+        const FsdpUnitSpec* unit = innermost_unit(res.units, fqn);
         return unit ? unit->fqn : std::string("(none)");
     };
     struct Holder {
@@ -145,10 +152,7 @@ std::vector<std::string> assign_parameters(const Model& model, const DataParalle
             unmanaged.push_back(name);
             continue;
         }
-        FsdpUnitSpec* unit = nullptr;
-        for (FsdpUnitSpec& u : res.units)  // outermost first: the last match is the innermost
-            if (fqn_under(name, u.fqn)) unit = &u;
-        if (unit) {
+        if (FsdpUnitSpec* unit = innermost_unit(res.units, name)) {
             unit->params.push_back(name);
             continue;
         }
