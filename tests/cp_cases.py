@@ -13,7 +13,9 @@
   cp load-balanced), a model without a sequence dim, fully_shard rows that do not cut over dp x cp,
   a rotate_method torch does not have;
 - the ring (rotate_method alltoall) and allgather both pass on the same mesh, comparing the same
-  tensors.
+  tensors;
+- a gradient out of step on one cp rank under a clip that acts is localised to it (its copies
+  differ before clip_grad_norm), not to the first gradient the clip scaled.
 """
 import glob
 import json
@@ -134,5 +136,22 @@ with tempfile.TemporaryDirectory() as tmp:
                          .replace("hidden: 64", "hidden: 30").replace("in: 32", "in: 20"))
     refused(odd, "mesh: {dp: 2, cp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard}\ncontext_parallel: {mesh_dim: cp}\n",
             want=r"fully_shard over 'dp' x 'cp' \(4 ranks, as torchtitan's dp_shard_cp\): parameter '.*' has 30 rows")
+
+    # a gradient out of step on one cp rank under a clip that acts (norm above clip_grad_norm): each
+    # group of copies clips by its own norm, so every gradient after the clip differs; localisation
+    # names the one whose copies differed before it (was: the first gradient in registration order)
+    clipped = os.path.join(tmp, "llama_clip.yaml")
+    open(clipped, "w").write(open(f"{ROOT}/models/llama_rope.yaml").read().replace(
+        "clip_grad_norm: 1.0", "clip_grad_norm: 0.01"))
+    mlp = "layers.1.ffn_block.feed_forward.down_proj.weight"
+    before_clip = ": its copies differ across replicas before clip_grad_norm"
+    # (fully_shard over dp x cp: the copies are one, synced after the fault; named by its error)
+    for plan, broken, how in (("plans/llama_rope_cp2.yaml", mlp, before_clip),
+                              ("plans/llama_rope_cp2.yaml", "layers.0.attn_block.attention_norm.weight", before_clip),
+                              ("plans/llama_rope_fsdp_cp.yaml", mlp, ", error")):
+        p = subprocess.run([PTOOL, "verify", clipped, plan], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                           env=dict(os.environ, PTOOL_FAULT=f"grad_scale:{broken}"))
+        check(p.returncode == 1 and f"first divergence: step 0 gradient of `{broken}`{how}" in p.stdout,
+              f"{plan} {broken}: exit {p.returncode}\n{p.stdout[-800:]}")
 
 check.finish()

@@ -170,6 +170,14 @@ refusals = [
     ("unknown model_type", dict(base, model_type="gemma"), "model_type", "gemma"),
     ("sliding window shorter than the sequence", dict(base, model_type="mistral", sliding_window=4), "sliding_window", "sliding-window"),
     ("qwen2 sliding window on", dict(base, use_sliding_window=True, sliding_window=4, max_window_layers=0), "sliding_window", "sliding-window"),
+    ("qwen2 sliding window on its last layer",
+     dict(base, use_sliding_window=True, sliding_window=4, max_window_layers=base["num_hidden_layers"] - 1),
+     "sliding_window", "sliding-window"),
+    ("layer_types with a sliding layer", dict(base, model_type="mistral", sliding_window=4,
+                                              layer_types=["full_attention"] * (base["num_hidden_layers"] - 1) + ["sliding_attention"]),
+     "sliding_window", "sliding-window"),
+    ("layer_types of another length", dict(base, model_type="mistral", sliding_window=4, layer_types=["full_attention"]),
+     "layer_types", "lists 1 layers"),
     ("rope_scaling yarn", dict(base, rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling", "'yarn' is not modelled"),
     ("rope_scaling without factor", dict(base, rope_scaling={"rope_type": "linear"}), "rope_scaling", "factor"),
     ("MoE", dict(base, num_local_experts=8), "num_local_experts", "experts"),
@@ -191,6 +199,14 @@ check(rc == 0 and "rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.
       "original_max_position_embeddings: 8192.0}" in text, f"Llama 3.1's rope_scaling carried over: {text[-600:]}")
 rc, text = run("import", "hf", write_config("window_ok", dict(base, model_type="mistral", sliding_window=8)), "--seq", "8")
 check(rc == 0, f"a sliding window as long as the sequence is causal attention: {text}")
+# a window on no layer: Qwen's from max_window_layers on (none when it is the layer count), a
+# config's layer_types all full attention (transformers' layer_types rule)
+for what, cfg in (("qwen2 max_window_layers = layers", dict(base, use_sliding_window=True, sliding_window=4,
+                                                             max_window_layers=base["num_hidden_layers"])),
+                  ("layer_types all full", dict(base, model_type="mistral", sliding_window=4,
+                                                layer_types=["full_attention"] * base["num_hidden_layers"]))):
+    rc, text = run("import", "hf", write_config(what.replace(" ", "_").replace("=", ""), cfg), "--seq", "8")
+    check(rc == 0, f"{what}: no layer slides, accepted: {text}")
 
 # 3b. Attention: transformers' default, sdpa, keeps no [B*H, T, T] scores, which the model format's
 # `flash` models; --attn wins over the config's attn_implementation (or _attn_implementation), the

@@ -91,6 +91,10 @@ TEST_CASE("gradcheck: embedding with a tied head and cross_entropy", "[cpu][grad
 
 TEST_CASE("gradcheck: dropout uses one mask per step", "[cpu][gradcheck]") {
     gradcheck("  - {name: a, type: linear, in: 4, out: 4}\n  - {name: d, type: dropout, p: 0.3}\n");
+    // p 1 (nn.Dropout allows it): every element dropped, the gradient through it zero, nothing non-finite
+    gradcheck(
+        "  - {name: a, type: linear, in: 4, out: 4}\n  - {name: d, type: dropout, p: 1.0}\n"
+        "  - {name: b, type: linear, in: 4, out: 4}\n");
 }
 
 TEST_CASE("gradcheck: attention, causal, grouped-query", "[cpu][gradcheck]") {

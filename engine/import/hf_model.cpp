@@ -136,14 +136,33 @@ DecoderSizes decoder_sizes(const HfConfig& c, const DecoderFamily& f, const HfIm
     return {vocab, d, inter, layers, heads, kv, max_pos, eps, theta, hd, batch_shape(opt, max_pos)};
 }
 
-// Qwen's families switch the window on with use_sliding_window; Llama's and Mistral's have it on;
-// a window shorter than the sequence is refused (not modelled)
-void check_sliding_window(const HfConfig& c, const std::string& type, const DecoderFamily& f, int64_t seq) {
-    const bool sliding = type.rfind("qwen", 0) == 0 ? c.flag("use_sliding_window", false) : true;
+// Whether some layer's attention slides: `layer_types` where the config lists them (a
+// "sliding_attention" among them); else Qwen's families slide with use_sliding_window, on layers
+// max_window_layers (28, their classes' default) and after, as transformers' config classes derive
+// layer_types; Llama's and Mistral's on every layer.
+bool some_layer_slides(const HfConfig& c, const std::string& type, int64_t layers) {
+    if (c.set("layer_types")) {
+        const std::vector<JsonNode> kinds = c.at("layer_types").items("'layer_types'");
+        if (static_cast<int64_t>(kinds.size()) != layers)
+            c.fail_at("layer_types",
+                      fmt::format("'layer_types' lists {} layers, the model has {}", kinds.size(), layers));
+        for (const JsonNode& k : kinds)
+            if (k.as_string("a layer type") == "sliding_attention") return true;
+        return false;
+    }
+    if (type.rfind("qwen", 0) != 0) return true;
+    return c.flag("use_sliding_window", false) &&
+           c.num("max_window_layers", 28) < static_cast<double>(layers);  // (0: every layer)
+}
+
+// A sliding window shorter than the sequence on some layer is refused (not modelled).
+void check_sliding_window(const HfConfig& c, const std::string& type, const DecoderFamily& f,
+                          const DecoderSizes& s) {
+    const int64_t seq = s.b.seq;
     // absent: the config class's default; null: none
     const int64_t window =
         c.present("sliding_window") ? c.pos("sliding_window", 0) : f.sliding_window_default;
-    if (sliding && window > 0 && window < seq) {
+    if (window > 0 && window < seq && some_layer_slides(c, type, s.layers)) {
         const std::string key = c.set("sliding_window") ? "sliding_window" : "model_type";
         c.fail_at(
             key, fmt::format(
@@ -184,7 +203,7 @@ DecoderChoices decoder_choices(const HfConfig& c, const std::string& type, const
     }
     if (c.pos("pretraining_tp", 1) != 1)
         c.fail_at("pretraining_tp", "'pretraining_tp' > 1 (sliced projections) is not modelled");
-    check_sliding_window(c, type, f, s.b.seq);
+    check_sliding_window(c, type, f, s);
     if (const double p = dropout_field(c, "attention_dropout", 0.0); p > 0)
         out.warnings.push_back(fmt::format(
             "attention_dropout {} is not modelled (the attention probabilities are not dropped)", p));

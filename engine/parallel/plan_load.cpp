@@ -67,16 +67,16 @@ MixedPrecisionSpec parse_mixed_precision(const YamlNode& node) {
 class RoleClaims {
 public:
     explicit RoleClaims(const std::vector<MeshDim>& mesh) : mesh_(mesh), roles_(mesh.size()) {}
-    std::set<std::string> names() const {
-        std::set<std::string> out;
-        for (const MeshDim& d : mesh_) out.insert(d.name);
+    std::vector<std::string> names() const {  // in the mesh's order, as messages list them
+        std::vector<std::string> out;
+        for (const MeshDim& d : mesh_) out.push_back(d.name);
         return out;
     }
     // `section`'s mesh_dim: the node naming it (or the section, for a 1-D mesh's implicit dim)
     void claim(const std::string& dim, DimRole role, const YamlNode& where, const char* section) {
         const int d = index(dim);
         if (d < 0) {
-            const std::set<std::string> all = names();
+            const std::vector<std::string> all = names();
             where.fail(fmt::format("mesh_dim '{}' is not a dim of the mesh{}", dim,
                                    did_you_mean(dim, std::vector<std::string>(all.begin(), all.end()))));
         }
@@ -94,7 +94,7 @@ public:
     // A section's mesh_dim key claimed for `role`, or on a 1-D mesh without the key its one dim (as
     // PyTorch's 1-D DeviceMesh); a mesh of more dims needs the key.
     void claim_section_dim(YamlMap& section_map, const YamlNode& node, DimRole role, const char* section) {
-        const std::set<std::string> all = names();
+        const std::vector<std::string> all = names();
         if (auto dim = section_map.get("mesh_dim"))
             claim(dim->as_string("'mesh_dim'"), role, *dim, section);
         else if (all.size() == 1)
@@ -129,7 +129,7 @@ private:
 std::vector<std::pair<std::string, YamlNode>> data_parallel_dims(const YamlNode& node,
                                                                  const std::optional<YamlNode>& dim,
                                                                  const RoleClaims& claims) {
-    const std::set<std::string> names = claims.names();
+    const std::vector<std::string> names = claims.names();
     if (!dim && names.size() == 1)
         return {{*names.begin(), node}};  // a 1-D mesh: its one dim, as PyTorch's 1-D DeviceMesh
     if (!dim)

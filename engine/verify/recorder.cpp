@@ -313,7 +313,13 @@ RunRecord record_run(Run& run, int64_t steps, const RecordOptions& opt) {
             opt.publish->wait_for_room(k);  // at most two steps ahead of the ranks; throws once cancelled
         StepRecord sr;
         sr.step = k;
+        if (run.model().clip_grad_norm > 0)  // the gradients' copies, before the clip scales them
+            run.set_action_observer([&](const std::vector<Action>& actions, bool done) {
+                if (!done && actions.size() == 1 && actions[0].kind == ActionKind::clip)
+                    recorder.before_clip(sr);
+            });
         StepOutput out = run.step(k, recorder.observer(sr));
+        run.set_action_observer(nullptr);
         if (opt.rank_local && run.world().size() > 1) {
             Unaccounted pause(&run.counter());
             out.seconds = world_step_seconds(run.world(), out.started, out.seconds);

@@ -58,4 +58,22 @@ ReplicaState Recorder::replica_state(const Tensor& local, const Placements& pl, 
     return state;
 }
 
+// Before clip_grad_norm scales them, whether each gradient's copies agree (collective over the
+// stage, as replica_state): a copy out of step changes the norm its group clips by, so after the
+// clip every gradient of that group differs, each by the norms' ratio, and only this check still
+// names the one that did first (localise: verify/report.cpp). Noted, where they differ, as
+// step{k}.grad_before_clip.{name} (no tensor of that name is recorded). ZeRO-2's gradients are
+// its shards until the step's recording gathers them: not checked here.
+void Recorder::before_clip(StepRecord& sr) {
+    if (!opt_.tensors) return;
+    Unaccounted pause(&run_.counter());
+    const ZeroOptimizer* z = run_.zero();
+    for (const auto& [name, p] : run_.model().named_parameters()) {
+        if (!p->grad.defined() || run_.shared_copy(p.get()) || (z && z->stage() == 2 && z->manages(p.get())))
+            continue;
+        if (replica_state(p->grad, run_.placements(p.get()), run_.ignored(name)) == ReplicaState::differ)
+            note_state(sr, fmt::format("step{}.{}{}", sr.step, kGradBeforeClip, name), ReplicaState::differ);
+    }
+}
+
 }  // namespace ptool::recording

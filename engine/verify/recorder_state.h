@@ -73,6 +73,8 @@ public:
     void start_shadow();
     // recorder_events.cpp
     StepObserver observer(StepRecord& sr);
+    // recorder_replicas.cpp: which gradients' copies differ before clip_grad_norm scales them
+    void before_clip(StepRecord& sr);
 
 private:
     // recorder.cpp: a tensor recorded (gathered, or compared where it lies) and kept on rank 0

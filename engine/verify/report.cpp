@@ -204,7 +204,13 @@ const Tensor* find_tensor(const StepRecord& step, const std::string& name) {
 
 std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, const Tolerance& tol,
                                    const PlanReport& rep) {
-    double prev_rel = 0;
+    double prev_rel = 0, prev_abs = 0;
+    // how close what agreed before was: its max rel, or its max abs where the rel is not finite (a
+    // reference of zeros the other side met within the absolute tolerance)
+    auto agreed = [&] {
+        return std::isfinite(prev_rel) ? fmt::format("max rel {:.2g}", prev_rel)
+                                       : fmt::format("max abs {:.2g}", prev_abs);
+    };
     std::string prev = "the step's input";
     auto diverged = [&](int64_t step, const std::string& kind, const std::string& fqn,
                         const std::string& what, const TensorDiff& d) {
@@ -227,9 +233,8 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
             fqn,
             d,
             prev,
-            fmt::format(
-                "first divergence: step {} {}, {} (max abs {:.3g}); before it, {} agreed (max rel {:.2g})",
-                step, what, how, d.max_abs, prev, prev_rel)};
+            fmt::format("first divergence: step {} {}, {} (max abs {:.3g}); before it, {} agreed ({})", step,
+                        what, how, d.max_abs, prev, agreed())};
     };
     for (size_t s = 0; s < ref.steps.size() && s < par.steps.size(); ++s) {
         // the reference's events in the order it computed them, each met by key in the parallel
@@ -245,11 +250,26 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
             const TensorDiff d = pe.diff ? *pe.diff : compare_tensors(pe.full, re.full, tol);
             if (!d.pass || d.nonfinite)
                 return diverged(static_cast<int64_t>(s), phase_name(re.phase), re.fqn, event_label(re), d);
-            prev_rel = d.max_rel;
+            prev_rel = d.max_rel, prev_abs = d.max_abs;
             prev = event_label(re);
         }
         // after the backward: the parameters' gradients, their norm (clip_grad_norm), then the
-        // optimizer's updates
+        // optimizer's updates. A gradient whose copies differed before the clip comes first: the
+        // clip scales each group of copies by its own norm, so every gradient after it differs.
+        const auto& states = par.steps[s].replicas;
+        for (const TensorReport& t : rep.tensors) {
+            const auto k = parse_step_key(t.name);
+            if (!k || k->step != static_cast<int64_t>(s) || k->kind() != "grad") continue;
+            const std::string fqn = k->rest.substr(5);
+            if (!states.count(fmt::format("step{}.{}{}", s, kGradBeforeClip, fqn))) continue;
+            Divergence d = diverged(static_cast<int64_t>(s), "grad", fqn, "", t.diff);
+            d.text = fmt::format(
+                "first divergence: step {} gradient of `{}`: its copies differ across replicas before "
+                "clip_grad_norm (which scales each group of copies by its own norm, so that every gradient "
+                "differs after it); before it, {} agreed ({})",
+                s, fqn, prev, agreed());
+            return d;
+        }
         for (const std::string kind : {"grad", "grad_norm", "param"})
             for (const TensorReport& t : rep.tensors) {
                 const auto k = parse_step_key(t.name);
@@ -260,7 +280,7 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
                         ? std::string("gradient norm (clip_grad_norm's, before clipping)")
                         : fmt::format("{} of `{}`", kind == "grad" ? "gradient" : "update", fqn);
                 if (!t.pass) return diverged(static_cast<int64_t>(s), kind, fqn, what, t.diff);
-                prev_rel = t.diff.max_rel;
+                prev_rel = t.diff.max_rel, prev_abs = t.diff.max_abs;
                 prev = what;
             }
     }

@@ -44,6 +44,10 @@ struct ModuleEvent {
 
 std::string event_key(const ModuleEvent& e);  // "MICROBATCH:PHASE:CALL:FQN"
 
+// A StepRecord::replicas key, step{k}.grad_before_clip.{name}: that gradient's copies differed
+// before clip_grad_norm scaled them (Recorder::before_clip; no tensor of the name is recorded).
+inline constexpr const char* kGradBeforeClip = "grad_before_clip.";
+
 struct StepRecord {
     int64_t step = 0;
     double seconds = 0;  // this step's forward + backward + optimizer (synchronised), not its recording

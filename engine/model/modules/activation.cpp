@@ -50,14 +50,14 @@ public:
     }
 };
 
-// dropout: p (0.5), in [0, 1).
+// dropout: p (0.5), in [0, 1] as nn.Dropout's (p 1: every element dropped, the output input * 0).
 class DropoutType final : public ElementwiseType {
 public:
     DropoutType() : ElementwiseType("dropout", 120) {}
     std::shared_ptr<Module> build(ModuleBuilder&, ModuleEntry& e) const override {
         const double p = e.keys.double_or("p", 0.5);
-        if (!(p >= 0.0 && p < 1.0))
-            e.keys.at("p").fail(fmt::format("dropout p must be in [0, 1), got {}", p));
+        if (!(p >= 0.0 && p <= 1.0))
+            e.keys.at("p").fail(fmt::format("dropout p must be in [0, 1], got {}", p));
         return std::make_shared<Dropout>(e.name, e.where, p);
     }
 };
@@ -126,7 +126,8 @@ Tensor Dropout::mask(const RunContext& ctx, const Placed& x) const {
     if (positions) whole[1] = ctx.context->seq;
     for (int64_t d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * whole[d + 1];
     Tensor m(local, x.t.dtype());  // drawn on the host (the counter RNG is host code), then moved
-    const double keep_scale = 1.0 / (1.0 - p_);
+    const double keep_scale =
+        p_ < 1.0 ? 1.0 / (1.0 - p_) : 0.0;  // (p 1 keeps nothing: every draw is below it)
     std::vector<int64_t> idx(local.size(), 0);
     for (int64_t i = 0, n = m.numel(); i < n; ++i) {
         int64_t global = 0;
