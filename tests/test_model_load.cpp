@@ -109,6 +109,14 @@ TEST_CASE("bad model files exit as input errors at file:line:column", "[cpu]") {
     bad("batch: {input: [131072, 2]}\nmodules:\n  - {name: a, type: relu}\ngradient_accumulation: 131072\n",
         {"bad.yaml:4:24", "gradient_accumulation 131072 is over the limit of 65536"});
     bad("modules:\n  - {name: a, type: relu}\n", {"missing the key 'batch'"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nclip_grad_norm: -1\n",
+        {"bad.yaml:4:17", "clip_grad_norm must be a finite number >= 0 (0: no clipping), got -1"});
+    bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nclip_grad_norm: .nan\n",
+        {"bad.yaml:4:17", "clip_grad_norm must be a finite number"});
+    // 0 is the documented default: no clipping (docs/model_format.md's example writes it)
+    CHECK(load_model_text("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nclip_grad_norm: 0\n",
+                          "m.yaml")
+              .clip_grad_norm == 0);
     bad("batch: {input: [4, 2]}\nmodules:\n  - {name: e, type: embedding, vocab: 4, dim: 2}\n",
         {"must be {tokens, vocab}"});
 }

@@ -1,6 +1,7 @@
 #include "core/caching_allocator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -171,8 +172,12 @@ CachingAllocator::Block* CachingAllocator::allocate_block(size_t bytes, uintptr_
 CachingAllocator::Block* CachingAllocator::allocate_locked(size_t bytes, uintptr_t stream) {
     const size_t size = round_size(bytes);
     // the free set's key holds a size in kRound units below its pool's bits
-    PTOOL_REQUIRE(size / kRound < (uint64_t{1} << kPoolShift) && bytes <= size,
-                  "caching allocator: a request of {} bytes", bytes);
+    // (a model's tensor can ask for more: explain of 2^40 tokens' logits, 512 PiB; no device holds it)
+    if (!(size / kRound < (uint64_t{1} << kPoolShift) && bytes <= size))
+        throw RuntimeError(
+            fmt::format("{}: a tensor of {} bytes ({:.3g} PiB), beyond any device's memory "
+                        "(the caching allocator addresses less than 128 PiB)",
+                        what_, bytes, static_cast<double>(bytes) / std::pow(2.0, 50)));
     ++stats_.allocations;
     Block* b = nullptr;
     if (FreeKey* it = take_cached(size, stream)) {

@@ -37,4 +37,14 @@ bool fqn_matches(const std::string& pattern, const std::string& fqn) {
     return true;
 }
 
+std::string fqn_escape(const std::string& name) {
+    std::string out;
+    out.reserve(name.size());
+    for (const char c : name) {
+        if (c == '*' || c == '?' || c == '[' || c == '\\') out += '\\';
+        out += c;
+    }
+    return out;
+}
+
 }  // namespace ptool

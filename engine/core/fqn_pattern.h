@@ -9,10 +9,16 @@
 namespace ptool {
 
 bool fqn_matches(const std::string& pattern, const std::string& fqn);
+// A module's name as a pattern matching only itself: `*`, `?`, `[` and `\` escaped (fnmatch's
+// backslash), for the plans ptool writes (a model may name a module `net[1]`).
+std::string fqn_escape(const std::string& name);
 
 // Whether `name` (a module's or a parameter's) is `module` or under it; everything is under "" (the root).
+// (no string built: the resolvers ask it of every parameter and unit)
 inline bool fqn_under(const std::string& name, const std::string& module) {
-    return module.empty() || name == module || name.rfind(module + ".", 0) == 0;
+    const size_t n = module.size();
+    return n == 0 ||
+           (name.size() >= n && name.compare(0, n, module) == 0 && (name.size() == n || name[n] == '.'));
 }
 // Whether `name` is under any of `modules` (fqn_under).
 inline bool fqn_under_any(const std::string& name, const std::vector<std::string>& modules) {

@@ -43,31 +43,6 @@ JsonDocument::Pos position_of(const std::string& text, size_t at) {
     return p;
 }
 
-// Nesting beyond the limit, found before anything recurses on it (strings skipped, escapes too).
-void check_depth(const std::string& text, const std::string& name, int max_depth) {
-    int depth = 0;
-    bool in_string = false;
-    for (size_t i = 0; i < text.size(); ++i) {
-        const char c = text[i];
-        if (in_string) {
-            if (c == '\\')
-                ++i;
-            else if (c == '"')
-                in_string = false;
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '[' || c == '{') {
-            if (++depth > max_depth) {
-                const auto p = position_of(text, i);
-                throw InputError(SourceLocation{name, p.line, p.column},
-                                 fmt::format("nesting deeper than {} levels", max_depth));
-            }
-        } else if (c == ']' || c == '}') {
-            depth = std::max(0, depth - 1);
-        }
-    }
-}
-
 // Where the error is: `byte` is one past the last character nlohmann read, which is the culprit of
 // an invalid literal ("'x'", "NaN", "//"); a whole token in the wrong place (a number after a
 // leading zero, an unexpected string) is pointed at from its start.
@@ -194,6 +169,30 @@ std::string shown(const Json& v) {
 }
 
 }  // namespace
+
+void check_depth(const std::string& text, const std::string& name, int max_depth) {
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\')
+                ++i;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > max_depth) {
+                const auto p = position_of(text, i);
+                throw InputError(SourceLocation{name, p.line, p.column},
+                                 fmt::format("nesting deeper than {} levels", max_depth));
+            }
+        } else if (c == ']' || c == '}') {
+            depth = std::max(0, depth - 1);
+        }
+    }
+}
 
 const std::string& JsonNode::file() const {
     return doc_->file;

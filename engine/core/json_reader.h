@@ -61,6 +61,9 @@ private:
 
 // `text` as strict JSON; InputError at name:line:column for anything that is not.
 JsonNode load_json_text(const std::string& text, const std::string& name, const JsonLimits& limits = {});
+// Exit 2 at the first bracket nested deeper than max_depth (strings skipped, escapes too), found
+// before a parser recurses on it (load_json_text's; a safetensors header's).
+void check_depth(const std::string& text, const std::string& name, int max_depth);
 // The first key that repeats in its object in valid JSON `text` (nlohmann keeps the last silently):
 // its offset in the text and the key; nullopt where none does.
 std::optional<std::pair<size_t, std::string>> json_duplicate_key(const std::string& text);

@@ -20,6 +20,7 @@ namespace ptool {
 namespace {
 
 constexpr uint64_t kMaxHeader = 100u << 20;  // as the reference implementation
+constexpr int kMaxHeaderDepth = 8;
 constexpr uint64_t kMaxFileBytes = uint64_t{1}
                                    << 40;  // 1 TiB: a regular file's size is checked before it is read
 // A pipe has no size to check: it is refused once it sends more than this (save a larger one to a file)
@@ -49,6 +50,9 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
         bad(name,
             fmt::format("header length {} runs past the end of the file ({} bytes)", hlen, bytes.size()));
     const uint64_t data_size = bytes.size() - 8 - hlen;
+    // a header nests 3 deep (its entries' shapes): deeper is refused before the parser recurses on
+    // it (100 MB of '[' took 7 GB of memory)
+    check_depth(bytes.substr(8, hlen), name, kMaxHeaderDepth);
     nlohmann::json header;
     try {
         header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(hlen));
@@ -117,7 +121,9 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
         for (const auto& d : v["shape"]) {
             if (!d.is_number_unsigned()) tbad("shape entries must be non-negative integers");
             const uint64_t n = d.get<uint64_t>();
-            if (n != 0 && numel > (uint64_t{1} << 50) / n) tbad("shape is too large");
+            // each dim on its own too: beside a 0 dim the product stays 0, and a dim past int64 read negative
+            if (n > (uint64_t{1} << 50) || (n != 0 && numel > (uint64_t{1} << 50) / n))
+                tbad("shape is too large");
             numel *= n;
             shape.push_back(static_cast<int64_t>(n));
         }

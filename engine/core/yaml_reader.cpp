@@ -203,9 +203,22 @@ void YamlNode::fail(const std::string& message) const {
     throw InputError(where(), message);
 }
 
+// Every string a YAML file gives (a key, a name, a pattern, a cluster's name) reaches messages,
+// reports and the terminal: a control character in it (an escape sequence, a carriage return that
+// rewrites the line, a line end that forges one) is refused, tabs excepted, and the C1 controls'
+// UTF-8 too. (No input of ptool's holds a multi-line string.)
 std::string YamlNode::as_string(const std::string& what) const {
     if (!node_.IsScalar()) fail(fmt::format("{} must be a string", what));
-    return node_.Scalar();
+    const std::string& s = node_.Scalar();
+    for (size_t i = 0; i < s.size(); ++i) {
+        const auto c = static_cast<unsigned char>(s[i]);
+        const bool c1 = c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+                        static_cast<unsigned char>(s[i + 1]) <= 0x9f;
+        if ((c < 0x20 && c != '\t') || c == 0x7f || c1)
+            fail(fmt::format("{} holds the control character U+{:04X} (byte {} of the string)", what,
+                             c1 ? static_cast<unsigned char>(s[i + 1]) : c, i));
+    }
+    return s;
 }
 
 int64_t YamlNode::as_int(const std::string& what) const {

@@ -1,12 +1,12 @@
 #include "model/model.h"
 
-#include <set>
+#include <unordered_set>
 
 namespace ptool {
 
 static std::vector<std::pair<std::string, ParamPtr>> unique_entries(const Module& root, bool buffers) {
     std::vector<std::pair<std::string, ParamPtr>> out;
-    std::set<const Parameter*> seen;
+    std::unordered_set<const Parameter*> seen;
     for_each_param(
         root,
         [&](const std::string& name, const ParamPtr& p) {

@@ -48,7 +48,7 @@ int64_t parse_byte_count(const char* text) {  // "8589934592", "8G", "512M", "no
                          : unit == "G" ? 1073741824.0
                          : unit == "T" ? 1099511627776.0
                                        : -1;
-    if (!(v > 0) || scale < 0 || v * scale > 9e18)
+    if (!(v * scale >= 1) || scale < 0 || v * scale > 9e18)  // (0.5 bytes truncated to 0, which is none)
         throw InputError(fmt::format(
             "PTOOL_MODEL_BYTE_LIMIT='{}': expected bytes, e.g. 8589934592, 8G or 512M, or none", text));
     return static_cast<int64_t>(v * scale);
@@ -419,9 +419,12 @@ Model load_model_document(const YamlNode& root, const std::string& path, const s
                 model.gradient_accumulation, rows));
     }
     if (auto c = m.get("clip_grad_norm")) {
+        // 0 clips nothing (the default; transformers' max_grad_norm 0 turns clipping off as well)
         model.clip_grad_norm = c->as_double("'clip_grad_norm'");
-        if (!(model.clip_grad_norm > 0) || !std::isfinite(model.clip_grad_norm))
-            c->fail(fmt::format("clip_grad_norm must be a finite number > 0, got {}", model.clip_grad_norm));
+        if (!(model.clip_grad_norm >= 0) || !std::isfinite(model.clip_grad_norm))
+            c->fail(fmt::format("clip_grad_norm must be a finite number >= 0 (0: no clipping), got {}",
+                                model.clip_grad_norm));
+        model.clip_grad_norm = std::max(model.clip_grad_norm, 0.0);  // -0 as 0
     }
 
     if (auto f = m.get("checkpoint_format")) {

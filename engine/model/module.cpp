@@ -217,7 +217,9 @@ ParamPtr Module::param(const std::string& name) const {
 std::string join_name(const std::string& prefix, const std::string& name) {
     if (prefix.empty()) return name;
     if (name.empty()) return prefix;
-    return prefix + "." + name;
+    std::string out;
+    out.reserve(prefix.size() + 1 + name.size());
+    return out.append(prefix).append(1, '.').append(name);
 }
 
 static void walk_params(const Module& m, const std::string& prefix,

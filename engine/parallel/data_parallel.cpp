@@ -114,15 +114,16 @@ void check_tied_units(const Model& model, const Plan& plan, const DataParallelRe
     };
     struct Holder {
         const Module* module;
-        std::string fqn, unit;
+        std::string fqn;
     };
     std::map<const Parameter*, Holder> first;
     for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
         for (const Module::Entry& e : m.params()) {
             const std::string name = fqn.empty() ? e.name : fqn + "." + e.name;
             if (res.expert_params.count(name) || fqn_under_any(name, spec.ignored_modules)) continue;
-            auto [it, fresh] = first.try_emplace(e.param.get(), Holder{&m, fqn, unit_of(fqn)});
-            if (fresh || it->second.module == &m || it->second.unit == unit_of(fqn)) continue;
+            // (the units looked up for a weight seen twice only: the others are every parameter)
+            auto [it, fresh] = first.try_emplace(e.param.get(), Holder{&m, fqn});
+            if (fresh || it->second.module == &m || unit_of(it->second.fqn) == unit_of(fqn)) continue;
             auto unit_name = [](const std::string& u) {
                 return u.empty() ? std::string("the root's") : "'" + u + "'";
             };
@@ -132,7 +133,8 @@ void check_tied_units(const Model& model, const Plan& plan, const DataParallelRe
                             "{}): FSDP2 shards it with the unit that claims it first and the "
                             "other would compute on its shard; put both in one unit (torchtitan "
                             "leaves tied embeddings to the root's)",
-                            it->second.fqn, fqn, unit_name(it->second.unit), unit_name(unit_of(fqn))));
+                            it->second.fqn, fqn, unit_name(unit_of(it->second.fqn)),
+                            unit_name(unit_of(fqn))));
         }
     });
 }

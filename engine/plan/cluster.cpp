@@ -89,10 +89,11 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
         m.at("reserved_gib").fail("'reserved_gib' must be >= 0 and below 'memory_gib'");
     if (m.has("runtime")) {
         c.runtime = load_runtime(m.at("runtime"));
-        if (c.runtime.cuda_context + c.runtime.cublas_workspace + c.reserved_bytes >= c.memory_bytes)
+        if (c.runtime.cuda_context + c.runtime.cublas_workspace + c.runtime.step_runtime + c.reserved_bytes >=
+            c.memory_bytes)
             m.at("runtime").fail(
-                "the runtime's CUDA context and cuBLAS workspace (and 'reserved_gib') leave no memory "
-                "for tensors: they must be below 'memory_gib'");
+                "the runtime's CUDA context, cuBLAS workspace and step runtime (and 'reserved_gib') leave no "
+                "memory for tensors: they must be below 'memory_gib'");
     }
     YamlNode f = m.at("tflops");
     YamlMap fm(f, "'tflops'");

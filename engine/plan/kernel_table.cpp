@@ -113,6 +113,12 @@ void load_rows(const JsonNode& root, KernelTable& t) {
                    peak, "TFLOP/s", 1e12);
         t.gemm.push_back(g);
     }
+    // float8 rows price only float8 GEMMs: every other GEMM (the output head's, the attention's, the
+    // backward's of a plan without float8) needs rows of a compute dtype (gemm_dtype_for)
+    if (std::all_of(t.gemm.begin(), t.gemm.end(), [](const KernelTable::Gemm& g) { return g.key.float8; }))
+        root.at("gemm").fail(
+            "'gemm' has float8 rows only: a kernel table measures GEMMs of a compute dtype too (bfloat16, "
+            "float16, float32 or float64), which price every GEMM that is not float8");
     for (const KernelTable::Gemm& g : t.gemm)  // every measured dtype's rows scale by its peak
         if (g.key.float8 && t.float8_peak_flops <= 0)
             root.at("peak").fail(

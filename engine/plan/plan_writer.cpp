@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "core/fqn_pattern.h"
 #include "core/yaml_writer.h"
 #include "model/module_type.h"
 #include "parallel/style_names.h"
@@ -55,7 +56,7 @@ struct Writer {
                     if (repeat && !first) break;  // every element is the first's copy
                     first = false;
                     const std::string p =
-                        join_name(pattern, repeat ? std::string("*") : name);  // transparent: ""
+                        join_name(pattern, repeat ? std::string("*") : fqn_escape(name));  // transparent: ""
                     const Act before = cur;
                     cur = visit(*child, p, cur);
                     if (repeat && cur != before) fail(m, "an element ends in another layout than it starts");
@@ -185,7 +186,7 @@ std::vector<std::string> repeated_blocks(const Model& model) {
             out.push_back(p.empty() ? "*" : p + ".*");
             return;
         }
-        for (const auto& [name, child] : m.children()) walk(*child, join_name(p, name));
+        for (const auto& [name, child] : m.children()) walk(*child, join_name(p, fqn_escape(name)));
     };
     walk(*model.root, "");
     return out;

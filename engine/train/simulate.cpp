@@ -4,6 +4,7 @@
 #include <set>
 
 #include "comm/comm_simulated.h"
+#include "core/host_memory.h"
 #include "core/parallel_for.h"
 #include "core/tensor_ops.h"
 #include "model/context_shard.h"
@@ -79,6 +80,28 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     sim.step_work = meta_work();
     if (track_phases) sim.phase_peaks = account->phase_peaks();
     return sim;
+}
+
+void require_host_memory(const RunInputs& in, const Plan& plan, int64_t steps) {
+    if (in.device != Device::cpu) return;
+    const int64_t available = available_host_memory();
+    if (available <= 0) return;
+    int64_t need = 0;
+    try {
+        const RankSimulation sim = simulate_rank(in, plan, 0, std::min<int64_t>(steps, kSteadyStateSteps));
+        need = std::max(sim.memory.peak, sim.memory.resident);
+    } catch (const InputError&) {
+        throw;
+    } catch (const RuntimeError&) {  // a tensor beyond any device's memory (the caching allocator's)
+        throw;
+    } catch (const std::exception&) {
+        return;
+    }
+    if (need > available)
+        throw RuntimeError(fmt::format(
+            "the run needs about {:.2f} GiB of host memory (its peak, predicted on meta tensors), and "
+            "{:.2f} GiB is available (MemAvailable): out of memory before it starts",
+            static_cast<double>(need) / (1 << 30), static_cast<double>(available) / (1 << 30)));
 }
 
 void check_run(const RunInputs& base, const Plan& plan, int rank) {

@@ -60,6 +60,13 @@ RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, in
                              bool track_phases = false, size_t allocator_capacity = 0,
                              const ResolvedPlan* resolved = nullptr, bool replay_last = true);
 
+// Before a single-device run on the host (ptool run, golden record): its peak predicted on meta
+// tensors (simulate_rank, rank 0, `steps` steps) against the host's available memory, so that a
+// model too large for it is exit 3 naming both (RuntimeError) rather than the kernel's OOM kill.
+// Nothing where the device is not the CPU or the available memory is unknown; a prediction that
+// fails for another reason is left to the run.
+void require_host_memory(const RunInputs& in, const Plan& plan, int64_t steps);
+
 // Builds world rank `rank`'s Run of `plan` on meta tensors and runs nothing: every check a run makes
 // before its first step (its pipeline stages, expert and fully_shard divisibility, ...), at the cost
 // of building the model once (`ptool shrink` holds a plan to the real model so).

@@ -18,6 +18,7 @@
 #include "core/yaml_reader.h"
 #include "model/batch.h"
 #include "model/optimizer.h"
+#include "train/simulate.h"
 #include "verify/loss_causes.h"
 
 namespace ptool {
@@ -67,6 +68,7 @@ TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOpti
     RecordOptions ro;
     ro.events = false;
     ro.init_tensors = true;
+    require_host_memory(in, plan, steps);  // exit 3 rather than the OOM killer
     TensorFile file = golden_tensors(record_reference(in, plan, steps, ro), in, steps);
     const Tolerance tol = tolerance_for(plan, opt, model);
     char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
@@ -362,10 +364,16 @@ PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, c
     PlanReport rep;
     rep.plan_path = label;
     rep.tol = tol;
+    // the run's steps (every step it was asked for: a failed rank ends it with an error): a golden of
+    // more steps is compared over the first ones (--steps fewer than recorded), as a prefix of it
+    const int64_t ran = static_cast<int64_t>(run.steps.size());
+    int64_t recorded = 0;
     for (const auto& [name, expected] : golden.tensors) {
         const auto key = parse_step_key(name);  // validated by load_golden
         if (!key || key->kind() == "input" || key->kind() == "target") continue;
         const int64_t step = key->step;
+        recorded = std::max(recorded, step + 1);
+        if (step >= ran) continue;
         TensorReport tr;
         tr.name = name;
         tr.replicas = ReplicaState::sharded;
@@ -385,6 +393,9 @@ PlanReport compare_with_golden(const RunRecord& run, const TensorFile& golden, c
         (tr.pass ? rep.passed : rep.failed) += 1;
         rep.tensors.push_back(std::move(tr));
     }
+    if (recorded > ran)
+        rep.notes.push_back(fmt::format("the golden recorded {} steps; its first {} compared (the steps run)",
+                                        recorded, ran));
     // the module rules, but not the systematic one: a golden may come from other kernels (PyTorch's,
     // a GPU's), whose softmax and reductions part from ptool's by more than the order of a sum
     Tolerance module_tol = tol;
