@@ -112,7 +112,7 @@ TEST_CASE("bad model files exit as input errors at file:line:column", "[cpu]") {
     bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nclip_grad_norm: -1\n",
         {"bad.yaml:4:17", "clip_grad_norm must be a finite number >= 0 (0: no clipping), got -1"});
     bad("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nclip_grad_norm: .nan\n",
-        {"bad.yaml:4:17", "clip_grad_norm must be a finite number"});
+        {"bad.yaml:4:17", "'clip_grad_norm' must be a finite number"});
     // 0 is the documented default: no clipping (docs/model_format.md's example writes it)
     CHECK(load_model_text("batch: {input: [4, 2]}\nmodules:\n  - {name: a, type: relu}\nclip_grad_norm: 0\n",
                           "m.yaml")
