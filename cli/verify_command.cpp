@@ -73,7 +73,15 @@ void check_roles(const VerifyArgs& a, bool replay) {
     if (replay) {
         std::vector<std::string> args = {cmd.model};
         args.insert(args.end(), cmd.plans.begin(), cmd.plans.end());
-        for (const std::string& g : golden_paths(args)) roles.input("the golden file", g);
+        for (const std::string& g : golden_paths(args)) {
+            roles.input("the golden file", g);
+            // the files its metadata names, compared with the recorded texts (read when they are
+            // the same size): `verify G --json <G's model_path>` replaced the model
+            const std::map<std::string, std::string> md = peek_safetensors_metadata(g);
+            for (const char* key : {"model_path", "plan_path"})
+                if (auto it = md.find(key); it != md.end() && it->second.find('\0') == std::string::npos)
+                    roles.input(fmt::format("{}'s {}", g, key), it->second);
+        }
     } else {
         roles.input("MODEL", cmd.model);
         for (const std::string& p : cmd.plans) roles.input("PLAN", p);
