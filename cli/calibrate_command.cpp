@@ -29,13 +29,19 @@ void add_calibrate_command(CLI::App& app, Common& common) {
         "for a known GPU, else the best measured rates)");
     cmd->add_flag("--quick", a->quick, "a smaller grid (a check of the path, seconds)");
     cmd->callback([a, &common] {
-        FileRoles().input("--cluster", a->cluster).output("-o", a->out).check();
+        // the cluster first: the kernel table it names is an input (`-o` naming it was refused only
+        // after the measurements)
+        const Cluster c = a->cluster.empty() ? Cluster{} : load_cluster(a->cluster);
+        FileRoles()
+            .input("--cluster", a->cluster)
+            .input("--cluster's kernels", c.kernels_path)
+            .output("-o", a->out)
+            .check();
         check_output(a->out, true);
         CalibrateOptions o;
         o.device = select_device(common);  // cuda without a GPU: exit 3 naming why
         o.quick = a->quick || o.device == Device::cpu;
         if (!a->cluster.empty()) {
-            const Cluster c = load_cluster(a->cluster);
             o.peak_flops = c.flops, o.peak_bandwidth = c.memory_bandwidth;
             o.peak_source = fmt::format("{}'s tflops and memory_bandwidth_gb_s", a->cluster);
         }

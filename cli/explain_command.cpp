@@ -3,6 +3,7 @@
 #include "cli/explain_output.h"
 #include "core/file_roles.h"
 #include "core/yaml_reader.h"
+#include "plan/cluster.h"
 
 namespace ptool::cli {
 namespace {
@@ -13,10 +14,13 @@ struct ExplainArgs {
 };
 
 void explain(const ExplainArgs& a, const Common& c) {
+    // the kernel table the cluster names is an input too (explain_report loads the cluster again)
+    const std::string kernels = a.cluster.empty() ? "" : load_cluster(a.cluster).kernels_path;
     FileRoles()
         .input("MODEL", a.model)
         .input("PLAN", a.plan)
         .input("--cluster", a.cluster)
+        .input("--cluster's kernels", kernels)
         .output("--json", a.json)
         .check();
     if (!a.json.empty()) check_output(a.json, true);

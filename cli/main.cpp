@@ -1,6 +1,7 @@
 // ptool: plans and verifies parallel training.
 //   ptool --help; ptool run models/mlp.yaml --steps 2
 // Exit codes: 0 agrees, 1 mismatch, 2 bad input, 3 runtime failure (docs/architecture.md).
+#include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -14,6 +15,10 @@
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+    // A write past a file-size limit (`ulimit -f`) is EFBIG, which the write reports as exit 3
+    // naming the file, its temporary removed; SIGXFSZ's default ended the process (exit 153) and
+    // left the temporary behind.
+    ::signal(SIGXFSZ, SIG_IGN);
     if (std::optional<int> code = ptool::supervise_rank())
         return *code;  // under mpirun: this process only waits
     auto logger = spdlog::stderr_color_mt("ptool");

@@ -252,15 +252,16 @@ nlohmann::json plan_json(const PlanArgs& a, const Cluster& cluster, const Search
 }
 
 int plan(const PlanArgs& a, const Common& common) {
+    const Cluster cluster = load_cluster(a.cluster);  // first: the kernel table it names is an input
     FileRoles()
         .input("MODEL", a.model)
         .input("--cluster", a.cluster)
+        .input("--cluster's kernels", cluster.kernels_path)
         .output("-o", a.output)
         .output("--json", a.json)
         .check();
     if (!a.output.empty()) check_output(a.output, true);
     if (!a.json.empty()) check_output(a.json, true);
-    const Cluster cluster = load_cluster(a.cluster);
     SearchOptions o;
     o.world_size = a.world_size;
     o.keep = a.top;

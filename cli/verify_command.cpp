@@ -58,11 +58,14 @@ VerifyReport case_report(const CaseResult& r) {
     return report;
 }
 
+// All or none (core/files.h's OutputGroup): one that fails leaves none of the others written.
 void write_outputs(const VerifyArgs& a, const VerifyReport& report, const std::string& model_path) {
+    OutputGroup group;
     if (!a.json.empty()) write_json_report(report, model_path, a.json);
     if (!a.junit.empty()) write_junit_report(report, model_path, a.junit);
     if (!a.csv.empty()) write_csv_report(report, a.csv);
     if (!a.html.empty()) write_html_report(report, model_path, a.html);
+    group.commit();
 }
 
 // Every file the command reads and writes, by role: an output naming an input or another output
@@ -73,7 +76,15 @@ void check_roles(const VerifyArgs& a, bool replay) {
     if (replay) {
         std::vector<std::string> args = {cmd.model};
         args.insert(args.end(), cmd.plans.begin(), cmd.plans.end());
-        for (const std::string& g : golden_paths(args)) roles.input("the golden file", g);
+        for (const std::string& g : golden_paths(args)) {
+            roles.input("the golden file", g);
+            // the files its metadata names, compared with the recorded texts (read when they are
+            // the same size): `verify G --json <G's model_path>` replaced the model
+            const std::map<std::string, std::string> md = peek_safetensors_metadata(g);
+            for (const char* key : {"model_path", "plan_path"})
+                if (auto it = md.find(key); it != md.end() && it->second.find('\0') == std::string::npos)
+                    roles.input(fmt::format("{}'s {}", g, key), it->second);
+        }
     } else {
         roles.input("MODEL", cmd.model);
         for (const std::string& p : cmd.plans) roles.input("PLAN", p);
@@ -126,8 +137,10 @@ int verify(VerifyArgs& a, const Common& c) {
         fmt::print("golden: {} cases: {} passed, {} failed, {} stale, {} updated{}\n", cases.size(),
                    count[Verdict::pass], count[Verdict::fail], count[Verdict::stale], count[Verdict::updated],
                    refused ? fmt::format(", {} refused", refused) : "");
+        OutputGroup group;  // all or none
         if (!a.junit.empty()) write_junit(cases, a.junit);
         if (!a.json.empty()) write_cases_json(cases, a.json);
+        group.commit();
     }
     if (!replay && !cases.empty())
         write_outputs(a, case_report(cases.front()), model_path);  // --golden: rank 0

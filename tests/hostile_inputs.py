@@ -707,10 +707,10 @@ with tempfile.TemporaryDirectory() as tmp:
     text = open(log).read()
     check(rc == 0 and text.startswith("IMPORTANT\n") and '"kind": "verify"' in text,
           f"--json /dev/stdout >> log: exit {rc}, the log now starts {text[:40]!r}")
-    with open(T("both.txt"), "w") as f:  # the report printed before the JSON arrives before it
-        rc, _ = run("verify", mlp, root, "-v", "--json", "/dev/stdout", stdout=f)
+    with open(T("both.txt"), "w") as f:  # the report goes to stderr then (32): the file is the JSON alone
+        rc, err = run("verify", mlp, root, "-v", "--json", "/dev/stdout", stdout=f)
     both = open(T("both.txt")).read()
-    check(rc == 0 and both.find("PASS") < both.find('"kind": "verify"') and both.rstrip().endswith("}"),
+    check(rc == 0 and "PASS" in err and both.startswith("{") and both.rstrip().endswith("}"),
           f"verify -v --json /dev/stdout > file: exit {rc}, the report and the JSON interleaved:\n{both[:600]}")
     rc, out = run("shrink", mlp, root, "-o", "/dev/stdout")
     check(rc == 0 and "name: " in out, f"shrink -o /dev/stdout into a pipe: exit {rc}\n{out[-800:]}")
@@ -806,6 +806,128 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(2, ["masked.safetensors", "no valid target"], "golden", "record", gpt2, f"{P}/gpt2_tied_ddp_ac.yaml",
            "--data", masked, "-o", T("masked_golden.safetensors"))
     check(not os.path.exists(T("masked_golden.safetensors")), "golden record of an all-masked batch wrote a golden")
+
+    # 32. found by the sixth round's hunt: outputs and the files they may replace
+    # - a non-canonical spelling of the process's own stdout (matched as a string prefix) was followed
+    #   as a symlink: `>> log` replaced the log, into a pipe it was exit 2 after the run
+    for spelling in ("/proc/thread-self/fd/1", "/dev/fd//1", "/dev/fd/./1", "/proc/self/./fd/1",
+                     "/dev/../proc/self/fd/1"):
+        log = write(T("log6.txt"), "IMPORTANT\n")
+        with open(log, "a") as f:
+            rc, _ = run("verify", mlp, root, "-q", "--json", spelling, stdout=f)
+        text = open(log).read()
+        check(rc == 0 and text.startswith("IMPORTANT\n") and '"kind": "verify"' in text,
+              f"--json {spelling} >> log: exit {rc}, the log now starts {text[:40]!r}")
+        expect(0, ['"kind": "verify"'], "verify", mlp, root, "-q", "--json", spelling)
+    # - the sweep of killed writers' temporaries removed any `.NAME.tmp-<number>...` whose number
+    #   was no live PID, the run's own model included; only `.NAME.tmp-PID-XXXXXX` is one
+    sweep = T("sweep")
+    os.makedirs(sweep)
+    own_model = shutil.copy(mlp, os.path.join(sweep, ".out.json.tmp-4000000-notes.yaml"))
+    other = write(os.path.join(sweep, ".out.json.tmp-99999999"), "precious\n")
+    leftover = write(os.path.join(sweep, ".out.json.tmp-4000000-00002a"), "a killed writer's\n")
+    expect(0, [], "verify", own_model, root, "-q", "--json", os.path.join(sweep, "out.json"))
+    check(os.path.exists(own_model) and os.path.exists(other) and not os.path.exists(leftover),
+          f"the temporaries' sweep: left {sorted(os.listdir(sweep))}")
+    # - a golden's recorded model_path and plan_path are the replay's inputs: `--json` naming one
+    #   replaced it (the model had been edited since: the stale check read nothing)
+    for key in ("model_path", "plan_path"):
+        victim = write(T(f"victim_{key}.yaml"), open(mlp).read() + "# edited since the record\n")
+        g = T(f"g_{key}.safetensors")
+        rewrite_st(f"{G}/mlp_root_module.safetensors", g, meta={key: victim})
+        expect(2, [victim, f"the same file as the input {g}'s {key}"], "verify", g, "--json", victim)
+        check(open(victim).read().endswith("# edited since the record\n"), f"verify GOLDEN --json <its {key}> replaced it")
+    # - `--json /dev/fd/N`, N open on a file the run reads (a shard of --init's index): written in place
+    header, blob = read_st(f"{G}/mlp_root_module.safetensors")
+    shard_header, shard_blob = {}, b""
+    for k, e in header.items():
+        if k.startswith("init.param."):
+            b, end = e["data_offsets"]
+            shard_header[k[len("init.param."):]] = dict(e, data_offsets=[len(shard_blob), len(shard_blob) + end - b])
+            shard_blob += blob[b:end]
+    h = json.dumps(shard_header).encode()
+    shard = T("one.safetensors")
+    open(shard, "wb").write(struct.pack("<Q", len(h)) + h + shard_blob)
+    index = write(T("shards.index.json"), json.dumps({"weight_map": {k: "one.safetensors" for k in shard_header}}))
+    before = open(shard, "rb").read()
+    fd = os.open(shard, os.O_RDWR)
+    try:
+        p = subprocess.run([PTOOL, "verify", mlp, root, "-q", "--init", index, "--json", f"/dev/fd/{fd}"],
+                           pass_fds=(fd,), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(fd)
+    check(p.returncode == 2 and "read it as an input" in p.stderr and open(shard, "rb").read() == before,
+          f"--json /dev/fd/N open on a shard read: exit {p.returncode}\n{p.stderr[-800:]}")
+    # - a file-size limit (`ulimit -f`): SIGXFSZ ended the process (exit 153), its temporary left
+    limited = T("limited")
+    os.makedirs(limited)
+    import resource
+    p = subprocess.run([PTOOL, "golden", "record", mlp, root, "-o", os.path.join(limited, "g.safetensors")],
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192)),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60)
+    check(p.returncode == 3 and "g.safetensors" in p.stderr and "File too large" in p.stderr
+          and not os.listdir(limited), f"golden record under ulimit -f: exit {p.returncode}, left "
+          f"{os.listdir(limited)}\n{p.stderr[-800:]}")
+    # - every signal whose default ends the process removes the temporaries (these left them): as in
+    #   20, plan --verify's folder, which lives the whole verify
+    for sig in (signal.SIGVTALRM, signal.SIGPROF, signal.SIGIO, signal.SIGPWR, signal.SIGSTKFLT,
+                signal.SIGRTMIN + 3, signal.SIGRTMAX):
+        tdir = T(f"tmpdir32_{int(sig)}")
+        os.makedirs(tdir)
+        made = False
+        for attempt in range(50):
+            proc = subprocess.Popen([PTOOL, "plan", stacked, "--cluster", cpu, "--verify"], env=dict(os.environ, TMPDIR=tdir),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            while not os.listdir(tdir) and proc.poll() is None:
+                time.sleep(0.001)
+            made = bool(os.listdir(tdir))
+            proc.send_signal(sig)
+            proc.wait(timeout=60)
+            check(not os.listdir(tdir), f"signal {int(sig)} during plan --verify left {os.listdir(tdir)}")
+            if made:
+                break
+        check(made, f"signal {int(sig)}: plan --verify ended before its folder was seen, 50 times")
+    # - an output that is a dangling symlink into a missing folder: refused before the run, naming
+    #   the link (after the run the message named its target)
+    dangling = T("dangling.json")
+    os.symlink(T("missing/dir/out.json"), dangling)
+    expect(2, [f"{dangling}: the folder '{T('missing/dir')}' does not exist"], "verify", mlp, root, "-q",
+           "--json", dangling)
+    # - `-o /dev/stdout > FILE`: the command's own messages ("wrote /dev/stdout: ...") went into FILE
+    hf = f"{ROOT}/tests/data/hf/tiny-qwen2.json"
+    for name, args, reader in (
+            ("gs.st", ["golden", "record", mlp, root, "-o", "/dev/stdout"], ["golden", "show"]),
+            ("ds.st", ["run", mlp, "--dump", "/dev/stdout"], ["golden", "show"]),
+            ("sp.yaml", ["shrink", mlp, root, "-o", "/dev/stdout"], ["run"]),
+            ("hm.yaml", ["import", "hf", hf, "-o", "/dev/stdout"], ["run", None, "--steps", "1"]),
+            ("pp.yaml", ["plan", stacked, "--cluster", cpu, "-o", "/dev/stdout"], ["explain", stacked, None])):
+        with open(T(name), "w") as f:
+            rc, err = run(*args, stdout=f)
+        check(rc == 0 and "wrote" in err, f"{' '.join(args)} > {name}: exit {rc}\n{err[-800:]}")
+        read_args = [T(name) if a is None else a for a in reader] + ([] if None in reader else [T(name)])
+        expect(0, [], *read_args)
+    with open(T("kc.json"), "w") as f:
+        rc, err = run("calibrate", "--quick", "-o", "/dev/stdout", stdout=f, timeout=300)
+    try:
+        table = json.load(open(T("kc.json")))
+    except ValueError:
+        table = None
+    check(rc == 0 and "wrote" in err and isinstance(table, dict), f"calibrate -o /dev/stdout > kc.json: exit {rc}, "
+          f"the file starts {open(T('kc.json')).read()[:200]!r}\n{err[-800:]}")
+    # - one output failing (`--junit /dev/full`) left the others written: none is
+    expect(3, ["/dev/full"], "verify", mlp, root, "-q", "--json", T("alone.json"), "--junit", "/dev/full")
+    check(not os.path.exists(T("alone.json")) and not [n for n in os.listdir(tmp) if ".alone.json.tmp-" in n],
+          "--json beside a failing --junit: the JSON (or its temporary) was left")
+    # - `plan -o`, `calibrate -o`, `explain --json` naming the cluster's kernel table: refused before the work
+    table_text = open(f"{ROOT}/clusters/kernels/h100_sxm5_80gb.json").read()
+    kernels = write(T("k.json"), table_text)
+    kcluster = write(T("k_cluster.yaml"), re.sub(r"kernels: \S+", "kernels: k.json",
+                                                 open(f"{ROOT}/clusters/h100_8x8.yaml").read()))
+    for args in (["plan", stacked, "--cluster", kcluster, "-o", kernels],
+                 ["calibrate", "--quick", "--cluster", kcluster, "-o", kernels],
+                 ["explain", mlp, root, "--cluster", kcluster, "--json", kernels]):
+        expect(2, ["names the same file as the input --cluster's kernels"], *args)
+        check(open(kernels).read() == table_text, f"{' '.join(args[:1])} replaced the cluster's kernel table")
 
     # 33. found by the sixth round's hunt (model, table and golden side)
     # a kernel table of float8 GEMM rows only: an internal error pricing the first bf16 GEMM

@@ -60,32 +60,106 @@ void write_all(int fd, const std::string& bytes, const std::string& path) {
     }
 }
 
+// The real path of a folder ("" when it has none): what its spelling names, however written.
+std::string real_folder(const std::string& dir) {
+    char buf[PATH_MAX];
+    return ::realpath(dir.c_str(), buf) ? std::string(buf) : std::string();
+}
+
+bool all_digits(const std::string& s) {
+    return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// This process's descriptor folder, resolved: /proc/PID/fd (what /dev/fd and /proc/self/fd name)
+// or a thread's /proc/PID/task/TID/fd (/proc/thread-self/fd; the threads share one table). PID as
+// /proc/self names it, which is the process's PID in the namespace /proc was mounted for.
+bool own_descriptor_folder(const std::string& real) {
+    const std::string own = real_folder("/proc/self/fd");
+    if (own.empty() || real == own) return !own.empty();
+    const std::string proc = own.substr(0, own.size() - 2);  // "/proc/PID/"
+    if (real.rfind(proc, 0) != 0) return false;
+    const std::string rest = real.substr(proc.size());
+    const std::string task = "task/", fd = "/fd";
+    return rest.size() > task.size() + fd.size() && rest.rfind(task, 0) == 0 &&
+           rest.compare(rest.size() - fd.size(), fd.size(), fd) == 0 &&
+           all_digits(rest.substr(task.size(), rest.size() - task.size() - fd.size()));
+}
+
+// The names in /dev for the standard descriptors (each a link to /proc/self/fd/N).
+struct StandardName {
+    const char* name;
+    int fd;
+};
+constexpr StandardName kStandardNames[] = {{"stdin", 0}, {"stdout", 1}, {"stderr", 2}};
+
 // The descriptor a path names through the kernel's links to this process's own descriptors
-// (/dev/stdout, /dev/stderr, /dev/stdin, /dev/fd/N, /proc/self/fd/N, /proc/PID/fd/N): written
-// through that descriptor, whatever it is open on. Followed as a symlink it reads "pipe:[N]" (no
-// path), or the file the shell redirected to, which would then be replaced: `--json /dev/stdout
-// >> log` destroyed the log.
+// (/dev/stdout, /dev/stderr, /dev/stdin, /dev/fd/N, /proc/self/fd/N, /proc/PID/fd/N,
+// /proc/thread-self/fd/N): written through that descriptor, whatever it is open on. Followed as a
+// symlink it reads "pipe:[N]" (no path), or the file the shell redirected to, which would then be
+// replaced: `--json /dev/stdout >> log` destroyed the log. The folder is compared by its real
+// path, not its spelling: /dev/fd//1, /proc/self/./fd/1 and /dev/../proc/self/fd/1 replaced the
+// log as well.
 std::optional<int> descriptor_of(const std::string& path) {
-    if (path == "/dev/stdin") return 0;
-    if (path == "/dev/stdout") return 1;
-    if (path == "/dev/stderr") return 2;
-    for (const std::string& prefix :
-         {std::string("/dev/fd/"), std::string("/proc/self/fd/"), fmt::format("/proc/{}/fd/", ::getpid())}) {
-        if (path.rfind(prefix, 0) != 0) continue;
-        const std::string n = path.substr(prefix.size());
-        if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
-            return std::nullopt;
-        return std::stoi(n);
+    const fs::path p(path);
+    const std::string name = p.filename().string();
+    if (name.empty() || name == "." || name == "..") return std::nullopt;
+    const std::string dir = real_folder(folder_of(p).string());
+    if (dir.empty()) return std::nullopt;
+    if (dir == real_folder("/dev"))
+        for (const StandardName& s : kStandardNames)
+            if (name == s.name) return s.fd;
+    if (name.size() > 9 || !all_digits(name) || !own_descriptor_folder(dir)) return std::nullopt;
+    return std::stoi(name);
+}
+
+// The descriptor the output to fd writes: stdout's own once messages_to_stderr moved it (fd 1
+// then holds stderr, so that what the command prints does not mix with the output).
+std::atomic<int> g_stdout{1};
+int output_descriptor(int fd) {
+    return fd == 1 ? g_stdout.load() : fd;
+}
+
+// An output that is the process's stdout: from here on fd 1 is stderr (everything the command
+// prints, "wrote ..." included, goes there) and the output alone the original stdout, kept
+// aside. `golden record -o /dev/stdout > g.st` wrote the messages into the golden.
+void messages_to_stderr() {
+    if (g_stdout.load() != 1) return;
+    std::fflush(stdout);  // printed before: still to the old stdout
+    const int saved = ::fcntl(1, F_DUPFD_CLOEXEC, 3);
+    if (saved < 0) open_failed("/dev/stdout", errno, "(to keep it aside)");
+    if (::dup2(2, 1) < 0) {  // no stderr: the messages are dropped rather than mixed in
+        const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+        if (null < 0 || ::dup2(null, 1) < 0) {
+            ::close(saved);
+            open_failed("/dev/null", errno, "for the messages");
+        }
+        ::close(null);
     }
-    return std::nullopt;
+    g_stdout = saved;
 }
 
 // Refused unless descriptor fd is open for writing.
 void check_descriptor(const std::string& path, int fd) {
-    const int flags = ::fcntl(fd, F_GETFL);
+    const int flags = ::fcntl(output_descriptor(fd), F_GETFL);
     if (flags < 0) refuse(path, fmt::format("descriptor {} is not open", fd));
     if ((flags & O_ACCMODE) == O_RDONLY)
         refuse(path, fmt::format("descriptor {} is not open for writing", fd));
+}
+
+// What writing `path` writes: its symlinks followed to the first name that is not one (or that
+// names one of the process's own descriptors); `path` itself when it is no symlink.
+std::string link_target(const std::string& path) {
+    std::string at = path;
+    struct stat st {};
+    for (int hops = 0; !descriptor_of(at) && ::lstat(at.c_str(), &st) == 0 && S_ISLNK(st.st_mode); ++hops) {
+        std::error_code ec;
+        const fs::path link(at), to = fs::read_symlink(link, ec);
+        if (ec || hops == 40)
+            refuse(path, ec ? fmt::format("cannot read the symlink: {}", ec.message())
+                            : std::string("a loop of symlinks"));
+        at = (to.is_absolute() ? to : link.parent_path() / to).string();
+    }
+    return at;
 }
 
 // Devices, FIFOs and sockets are written through, never replaced.
@@ -115,20 +189,75 @@ std::string temp_name(const fs::path& target, long pid, uint64_t n) {
     return fmt::format("{}{}-{:06x}", temp_prefix(target), pid, n & 0xffffff);
 }
 
-// A regular file, or a path that does not exist yet: temp file, fsync, rename.
-void write_atomic(const std::string& path, const std::string& bytes) {
+// The writer's PID when `name` is exactly a temporary's name as temp_name makes it (a PID of at
+// most 7 digits, Linux's largest being 2^22, then six lowercase hex digits); nullopt for any other
+// name. A looser match took `.out.json.tmp-4000000-notes.yaml`, the run's own model, for a leftover.
+std::optional<long> temp_writer(const std::string& name, const std::string& prefix) {
+    if (name.rfind(prefix, 0) != 0) return std::nullopt;
+    const std::string rest = name.substr(prefix.size());
+    const size_t dash = rest.find('-');
+    if (dash == std::string::npos || dash > 7 || rest[0] == '0' || !all_digits(rest.substr(0, dash)))
+        return std::nullopt;
+    const std::string n = rest.substr(dash + 1);
+    if (n.size() != 6 || n.find_first_not_of("0123456789abcdef") != std::string::npos) return std::nullopt;
+    return std::stol(rest.substr(0, dash));
+}
+
+bool was_read(const struct stat& st) {
+    std::lock_guard lock(g_read_mutex);
+    return S_ISREG(st.st_mode) && g_read.count({st.st_dev, st.st_ino});
+}
+
+// The backstop: a regular file this command has read is not written (however it is named).
+void refuse_if_read(const std::string& path, const struct stat& st) {
+    if (was_read(st))
+        refuse(path, "this command read it as an input: writing would replace it (name another file)");
+}
+
+// Leftovers of killed writers beside target: regular files named as its temporaries whose writer
+// is gone. Never a file this command has read.
+void remove_leftovers(const fs::path& target) {
     std::error_code ec;
+    const std::string prefix = temp_prefix(target);
+    for (const auto& entry : fs::directory_iterator(folder_of(target), ec)) {
+        const std::optional<long> pid = temp_writer(entry.path().filename().string(), prefix);
+        struct stat st {};
+        if (!pid || ::lstat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || was_read(st)) continue;
+        if (::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH) fs::remove(entry.path(), ec);
+    }
+}
+
+// A written temporary file and the path it is renamed over.
+struct Staged {
+    std::string tmp, path;
+    int slot;  // track_temp's
+};
+
+// The OutputGroups open on this thread and the files written in them, not yet renamed.
+thread_local int g_groups = 0;
+thread_local std::vector<Staged> g_staged;
+
+void put_in_place(const Staged& s) {
+    if (std::rename(s.tmp.c_str(), s.path.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(s.tmp.c_str());
+        untrack_temp(s.slot);
+        throw RuntimeError(fmt::format("{}: rename failed: {}", s.path, std::strerror(err)));
+    }
+    untrack_temp(s.slot);
+}
+
+void discard(const Staged& s) {
+    ::unlink(s.tmp.c_str());
+    untrack_temp(s.slot);
+}
+
+// A regular file, or a path that does not exist yet: temp file, fsync, rename (in an OutputGroup:
+// at its commit).
+void write_atomic(const std::string& path, const std::string& bytes) {
     const fs::path target(path);
     const fs::path dir = folder_of(target);
-    // leftovers of killed writers: ".NAME.tmp-PID-N" whose PID is gone
-    const std::string prefix = temp_prefix(target);
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-        const std::string name = entry.path().filename().string();
-        if (name.rfind(prefix, 0) != 0) continue;
-        const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-        if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
-            fs::remove(entry.path(), ec);
-    }
+    remove_leftovers(target);
     // The name is registered before the file exists (removed if a signal ends the process before
     // the rename): created first, a signal between the two left it behind. Unique in the process by
     // a counter, against leftovers by O_EXCL.
@@ -158,9 +287,8 @@ void write_atomic(const std::string& path, const std::string& bytes) {
     if (::fsync(fd) != 0 || ::close(fd) != 0)
         fail(fmt::format("{}: flush failed: {}", path, std::strerror(errno)));
     ::chmod(tmp.c_str(), 0644);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-        fail(fmt::format("{}: rename failed: {}", path, std::strerror(errno)));
-    untrack_temp(slot);
+    if (g_groups > 0) return g_staged.push_back({tmp, path, slot});  // renamed by the group's commit
+    put_in_place({tmp, path, slot});
 }
 
 }  // namespace
@@ -217,8 +345,15 @@ std::string read_file(const std::string& path, size_t max_bytes, size_t max_stre
 void check_output(const std::string& path, bool overwrite) {
     refuse_nul(path);
     if (path.empty()) throw InputError("an empty file name: name a file to write");
-    if (const std::optional<int> fd = descriptor_of(path)) return check_descriptor(path, *fd);
-    const fs::path target(path);
+    if (const std::optional<int> fd = descriptor_of(path)) {
+        check_descriptor(path, *fd);
+        if (*fd == 1) messages_to_stderr();
+        return;
+    }
+    // what write_file writes: a symlink's target, beside which its temporary file is made (a
+    // dangling link into a missing folder was refused only after the run)
+    const fs::path target(link_target(path));
+    if (descriptor_of(target.string())) return check_output(target.string(), overwrite);
     const fs::path dir = folder_of(target);
     // its temporary file beside it, at its longest (the largest PID Linux gives, 2^22), must be a
     // path the signal handler can hold (one near PATH_MAX was refused after the run's work, exit 3)
@@ -253,34 +388,48 @@ void release_input(const std::string& path) {
 
 void write_file(const std::string& path, const std::string& bytes, bool overwrite) {
     refuse_nul(path);
+    struct stat st {};
     if (const std::optional<int> fd = descriptor_of(path)) {  // its file description: a shell's >> appends
         check_descriptor(path, *fd);
+        const int out = output_descriptor(*fd);
+        // `--json /dev/fd/3 3<>INPUT`: the descriptor's file is an input as any other spelling is
+        if (::fstat(out, &st) == 0) refuse_if_read(path, st);
         std::fflush(nullptr);  // what was printed before it arrives first (stdio buffers stdout to a file)
-        return write_all(*fd, bytes, path);
+        return write_all(out, bytes, path);
     }
-    std::string at = path;
-    struct stat st {};
-    for (int hops = 0; !descriptor_of(at) && ::lstat(at.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
-         ++hops) {  // write the target, keep the link
-        std::error_code ec;
-        const fs::path link(at), to = fs::read_symlink(link, ec);
-        if (ec || hops == 40)
-            refuse(path, ec ? fmt::format("cannot read the symlink: {}", ec.message())
-                            : std::string("a loop of symlinks"));
-        at = (to.is_absolute() ? to : link.parent_path() / to).string();
-    }
+    const std::string at = link_target(path);  // write the target, keep the link
     if (at != path) return write_file(at, bytes, overwrite);
     if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
         if (S_ISDIR(st.st_mode)) refuse(path, "is a directory: name a file to write");
         return write_through(path, bytes);
     }
     check_output(path, overwrite);
-    if (::stat(path.c_str(), &st) == 0) {
-        std::lock_guard lock(g_read_mutex);
-        if (g_read.count({st.st_dev, st.st_ino}))
-            refuse(path, "this command read it as an input: writing would replace it (name another file)");
-    }
+    if (::stat(path.c_str(), &st) == 0) refuse_if_read(path, st);
     write_atomic(path, bytes);
+}
+
+OutputGroup::OutputGroup() {
+    ++g_groups;
+}
+
+void OutputGroup::commit() {
+    if (g_groups != 1) return;  // an inner group's files are the outer's
+    std::vector<Staged> staged;
+    staged.swap(g_staged);
+    for (size_t i = 0; i < staged.size(); ++i) {
+        try {
+            put_in_place(staged[i]);
+        } catch (...) {
+            for (size_t j = i + 1; j < staged.size(); ++j) discard(staged[j]);
+            throw;
+        }
+    }
+}
+
+OutputGroup::~OutputGroup() {
+    if (--g_groups > 0) return;
+    for (const Staged& s : g_staged) discard(s);  // not committed: an output failed
+    g_staged.clear();
 }
 
 fs::path folder_of(const fs::path& target) {

@@ -155,6 +155,29 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
     return out;
 }
 
+std::map<std::string, std::string> peek_safetensors_metadata(const std::string& path) {
+    std::map<std::string, std::string> out;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return out;
+    struct stat st {};
+    unsigned char len[8];
+    std::string header;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::pread(fd, len, 8, 0) == 8) {
+        uint64_t n = 0;
+        for (int i = 7; i >= 0; --i) n = n << 8 | len[i];
+        if (n <= kMaxHeader && n <= static_cast<uint64_t>(st.st_size) - 8) {
+            header.resize(n);
+            if (::pread(fd, header.data(), n, 8) != static_cast<ssize_t>(n)) header.clear();
+        }
+    }
+    ::close(fd);
+    const nlohmann::json h = nlohmann::json::parse(header, nullptr, false);
+    if (!h.is_object() || !h.contains("__metadata__") || !h["__metadata__"].is_object()) return out;
+    for (const auto& [key, value] : h["__metadata__"].items())
+        if (value.is_string()) out[key] = value.get<std::string>();
+    return out;
+}
+
 TensorFile read_safetensors(const std::string& path) {
     return parse_safetensors(read_file(path, kMaxFileBytes, kMaxStreamBytes), path);
 }

@@ -29,6 +29,10 @@ struct TensorFile {
 
 TensorFile read_safetensors(const std::string& path);
 TensorFile parse_safetensors(const std::string& bytes, const std::string& name);  // for tests and fuzzing
+// The __metadata__ of a regular safetensors file, from its header alone: {} when it is no regular
+// file or its header does not parse (the full read says why). For checks made before a run reads
+// the file (a golden's model_path and plan_path, inputs of its replay).
+std::map<std::string, std::string> peek_safetensors_metadata(const std::string& path);
 
 // Writes path as core/files.h's write_file does (atomically; never replacing a non-regular file).
 // Refuses to replace an existing file unless overwrite is set.

@@ -1,7 +1,9 @@
 // Temporary files and folders that a signal must not leave behind.
 //
-// A destructor does not run when a signal ends the process (SIGINT, SIGTERM, SIGHUP, SIGQUIT,
-// SIGPIPE, SIGUSR1/2, SIGALRM, SIGXCPU, SIGXFSZ: those whose default is to end it), so every temporary
+// A destructor does not run when a signal ends the process (every signal whose default is to end
+// it: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1/2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO,
+// SIGPWR, SIGXCPU, the real-time signals, the faults; ptool ignores SIGXFSZ: a write past `ulimit
+// -f` is exit 3 naming the file), so every temporary
 // ptool makes (an atomic write's `.NAME.tmp-PID-N`, `plan --verify`'s `$TMPDIR/ptool-plan-*/`)
 // is registered here while it exists: on one of those signals the handler removes every registered
 // path (a folder with what it holds), with async-signal-safe calls only, and re-raises the signal

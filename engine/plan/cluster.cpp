@@ -129,6 +129,7 @@ Cluster load_cluster_text(const std::string& text, const std::string& name) {
             k.fail(fmt::format("'kernels': no kernel table at '{}' (a path relative to the cluster file)",
                                file.string()));
         c.kernels = std::make_shared<const KernelTable>(load_kernel_table(file.string()));
+        c.kernels_path = file.string();
     }
     c.intra = load_link(m.at("intra_node"), "'intra_node'");
     c.inter = c.nodes > 1 || m.has("inter_node") ? load_link(m.at("inter_node"), "'inter_node'") : c.intra;

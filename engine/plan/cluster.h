@@ -48,6 +48,7 @@ struct Cluster {
     double gemm_efficiency = 1;  // the roofline's share of peak (a cluster without a kernel table)
     // the kernel table its GPU's kernels are priced by (plan/kernel_model.h); null: the roofline
     std::shared_ptr<const KernelTable> kernels;
+    std::string kernels_path;     // the file it was read from ("" without one): an input of the command
     double memory_bandwidth = 0;  // bytes/s: what the other ops are bound by
     Link intra, inter;
     int world_size() const { return nodes * gpus_per_node; }
