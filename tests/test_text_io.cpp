@@ -90,10 +90,12 @@ TEST_CASE("strings written into YAML read back as themselves", "[cpu]") {
             // the scalar is the string; a string with a control character (tab excepted) is refused
             // where ptool reads it (YamlNode::as_string: it would reach the terminal raw)
             CHECK(m.at("k").raw().Scalar() == s_full);
-            const bool control = std::any_of(s_full.begin(), s_full.end(), [](char c) {
-                const auto u = static_cast<unsigned char>(c);
-                return (u < 0x20 && u != '\t') || u == 0x7f;
-            }) || s_full.find("\xc2\x85") != std::string::npos;
+            const bool control = std::any_of(s_full.begin(), s_full.end(),
+                                             [](char c) {
+                                                 const auto u = static_cast<unsigned char>(c);
+                                                 return (u < 0x20 && u != '\t') || u == 0x7f;
+                                             }) ||
+                                 s_full.find("\xc2\x85") != std::string::npos;
             if (control)
                 require_input_error([&] { m.at("k").as_string("k"); }, {"w.yaml:1:", "control character"});
             else
