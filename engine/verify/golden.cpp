@@ -68,7 +68,8 @@ TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOpti
     RecordOptions ro;
     ro.events = false;
     ro.init_tensors = true;
-    require_host_memory(in, plan, steps);  // exit 3 rather than the OOM killer
+    // the one-device run it records, against the host's memory: exit 3, not the OOM killer
+    require_host_memory(in, reference_plan(plan), steps);
     TensorFile file = golden_tensors(record_reference(in, plan, steps, ro), in, steps);
     const Tolerance tol = tolerance_for(plan, opt, model);
     char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
