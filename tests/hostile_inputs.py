@@ -954,6 +954,10 @@ with tempfile.TemporaryDirectory() as tmp:
     if check(rc == 0, f"import of 2^30 tokens: exit {rc}"):
         expect(3, ["of host memory (its peak, predicted on meta tensors)", "available"], "run", T("seq30.yaml"),
                timeout=120)
+        expect(3, ["of host memory"], "golden", "record", T("seq30.yaml"), f"{P}/empty_plan.yaml",
+               "-o", T("seq30.safetensors"), timeout=120)
+        check(not os.path.exists(T("seq30.safetensors")), "golden record past the host's memory wrote a file")
+        expect(3, ["of host memory"], "verify", T("seq30.yaml"), f"{P}/empty_plan.yaml", timeout=120)
     # golden diff cast one file's dtype to the other's: F32 1.9 agreed with I64 1, inf with 1e300
     f32 = tensors_file(T("f32.safetensors"), {"x": ("F32", [2], [1.9, -2.7])})
     i64 = tensors_file(T("i64.safetensors"), {"x": ("I64", [2], [1, -2])})

@@ -57,6 +57,9 @@ TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOpti
     // data ranks' split too), or the golden would record a step no parallel run of the plan takes
     check_microbatches(plan, model);
     const int64_t steps = steps_for(plan, opt, model.steps);
+    // the one-device run it records, against the host's memory (before its batch is drawn): exit 3,
+    // not the OOM killer
+    require_host_memory(in, reference_plan(plan), steps);
     {  // a batch (or, under mean_per_call, a microbatch) with no valid target: a NaN loss its own
        // replay refuses (verify/loss_causes.h)
         const DataSource data(model, in.data, in.data_path);
@@ -68,8 +71,6 @@ TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOpti
     RecordOptions ro;
     ro.events = false;
     ro.init_tensors = true;
-    // the one-device run it records, against the host's memory: exit 3, not the OOM killer
-    require_host_memory(in, reference_plan(plan), steps);
     TensorFile file = golden_tensors(record_reference(in, plan, steps, ro), in, steps);
     const Tolerance tol = tolerance_for(plan, opt, model);
     char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING] = {};

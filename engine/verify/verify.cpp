@@ -530,6 +530,8 @@ void verify_plan(VerifyState& s, size_t i) {
     const int64_t steps = steps_for(plan, job.options, s.probe.steps);
     const Resolution res = resolve_plan(s.probe, plan);  // the lint, before anything runs
     check_fault_target(job.options.fault, s.probe, plan);
+    // a reference the host cannot hold: exit 3 before the batch is drawn, not the OOM killer
+    if (launch.rank0()) require_host_memory(job.inputs, reference_plan(plan), steps);
     const std::vector<Diagnostic> causes = plan_causes(s, plan, res, steps);
     if (launch.rank0())
         for (const auto& w : res.warnings) spdlog::warn("{}", w.str());
