@@ -90,11 +90,9 @@ void require_host_memory(const RunInputs& in, const Plan& plan, int64_t steps) {
     try {
         const RankSimulation sim = simulate_rank(in, plan, 0, std::min<int64_t>(steps, kSteadyStateSteps));
         need = std::max(sim.memory.peak, sim.memory.resident);
-    } catch (const InputError&) {
-        throw;
     } catch (const RuntimeError&) {  // a tensor beyond any device's memory (the caching allocator's)
         throw;
-    } catch (const std::exception&) {
+    } catch (const std::exception&) {  // (an input the run itself refuses, with its own message)
         return;
     }
     if (need > available)

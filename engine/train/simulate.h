@@ -64,7 +64,7 @@ RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, in
 // tensors (simulate_rank, rank 0, `steps` steps) against the host's available memory, so that a
 // model too large for it is exit 3 naming both (RuntimeError) rather than the kernel's OOM kill.
 // Nothing where the device is not the CPU or the available memory is unknown; a prediction that
-// fails for another reason is left to the run.
+// fails for another reason (an input error included) is left to the run, which says it.
 void require_host_memory(const RunInputs& in, const Plan& plan, int64_t steps);
 
 // Builds world rank `rank`'s Run of `plan` on meta tensors and runs nothing: every check a run makes
