@@ -262,7 +262,9 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
             if (!k || k->step != static_cast<int64_t>(s) || k->kind() != "grad") continue;
             const std::string fqn = k->rest.substr(5);
             if (!states.count(fmt::format("step{}.{}{}", s, kGradBeforeClip, fqn))) continue;
-            Divergence d = diverged(static_cast<int64_t>(s), "grad", fqn, "", t.diff);
+            Divergence d =
+                diverged(static_cast<int64_t>(s), "grad", fqn, fmt::format("gradient of `{}`", fqn), t.diff);
+            if (t.diff.nonfinite) return d;  // a NaN or inf says more than the copies do
             d.text = fmt::format(
                 "first divergence: step {} gradient of `{}`: its copies differ across replicas before "
                 "clip_grad_norm (which scales each group of copies by its own norm, so that every gradient "
