@@ -82,13 +82,14 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
     return sim;
 }
 
-void require_host_memory(const RunInputs& in, const Plan& plan, int64_t steps) {
+void require_host_memory(const RunInputs& in, const Plan& plan, int64_t steps, const ResolvedPlan* resolved) {
     if (in.device != Device::cpu) return;
     const int64_t available = available_host_memory();
     if (available <= 0) return;
     int64_t need = 0;
     try {
-        const RankSimulation sim = simulate_rank(in, plan, 0, std::min<int64_t>(steps, kSteadyStateSteps));
+        const RankSimulation sim =
+            simulate_rank(in, plan, 0, std::min<int64_t>(steps, kSteadyStateSteps), false, 0, resolved);
         need = std::max(sim.memory.peak, sim.memory.resident);
     } catch (const RuntimeError&) {  // a tensor beyond any device's memory (the caching allocator's)
         throw;

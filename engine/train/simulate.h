@@ -65,7 +65,8 @@ RankSimulation simulate_rank(const RunInputs& in, const Plan& plan, int rank, in
 // model too large for it is exit 3 naming both (RuntimeError) rather than the kernel's OOM kill.
 // Nothing where the device is not the CPU or the available memory is unknown; a prediction that
 // fails for another reason (an input error included) is left to the run, which says it.
-void require_host_memory(const RunInputs& in, const Plan& plan, int64_t steps);
+void require_host_memory(const RunInputs& in, const Plan& plan, int64_t steps,
+                         const ResolvedPlan* resolved = nullptr);
 
 // Builds world rank `rank`'s Run of `plan` on meta tensors and runs nothing: every check a run makes
 // before its first step (its pipeline stages, expert and fully_shard divisibility, ...), at the cost

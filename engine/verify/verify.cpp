@@ -395,15 +395,14 @@ RecordOptions parallel_record_options(const VerifyState& s, const Plan& plan) {
 // Rank 0's reference for `key`, not yet recorded: beside the ranks when the host has room (returned),
 // else recorded first, whole, into s.references (null returned).
 std::unique_ptr<ReferenceBeside> start_reference(VerifyState& s, const Plan& plan, int64_t steps,
-                                                 const RecordOptions& ro, const ReferenceKey& key,
-                                                 bool drop) {
+                                                 const RecordOptions& ro, const ReferenceKey& key, bool drop,
+                                                 std::unique_ptr<const ResolvedReference> reference) {
     RecordOptions ref = ro;
     ref.shadow_optimizer = false;   // with a golden, the reference continues from its parameters
     OwnedLogs& logs = s.logs[key];  // each at the elementwise rule verify holds its tensors to
     if (s.experts) logs.routing = std::make_unique<RoutingLog>(ro.tol.rtol, ro.tol.atol);
     if (plan.float8) logs.float8 = std::make_unique<Float8Log>(ro.tol.rtol, ro.tol.atol);
     ref.logs = logs.view();
-    auto reference = std::make_unique<const ResolvedReference>(plan, s.probe);
     if (s.job.options.reference_beside && s.launch.shares_memory() && !s.experts && !plan.float8 &&
         room_beside(s.job.inputs, *reference, steps)) {
         Progress::get().phase(fmt::format("reference + parallel {}", plan.path),
@@ -530,16 +529,21 @@ void verify_plan(VerifyState& s, size_t i) {
     const int64_t steps = steps_for(plan, job.options, s.probe.steps);
     const Resolution res = resolve_plan(s.probe, plan);  // the lint, before anything runs
     check_fault_target(job.options.fault, s.probe, plan);
-    // a reference the host cannot hold: exit 3 before the batch is drawn, not the OOM killer
-    if (launch.rank0()) require_host_memory(job.inputs, reference_plan(plan), steps);
+    const ReferenceKey key = s.reference_key(plan);
+    // the reference rank 0 records, resolved once; one the host cannot hold is exit 3 before the
+    // lint draws its batch, not the OOM killer
+    std::unique_ptr<const ResolvedReference> reference;
+    if (launch.rank0() && !s.references.count(key)) {
+        reference = std::make_unique<const ResolvedReference>(plan, s.probe);
+        require_host_memory(job.inputs, reference->plan, steps, &reference->resolved);
+    }
     const std::vector<Diagnostic> causes = plan_causes(s, plan, res, steps);
     if (launch.rank0())
         for (const auto& w : res.warnings) spdlog::warn("{}", w.str());
     RecordOptions ro = parallel_record_options(s, plan);
-    const ReferenceKey key = s.reference_key(plan);
     const bool drop = s.drops_reference(i, key);
     std::unique_ptr<ReferenceBeside> beside;
-    if (launch.rank0() && !s.references.count(key)) beside = start_reference(s, plan, steps, ro, key, drop);
+    if (reference) beside = start_reference(s, plan, steps, ro, key, drop, std::move(reference));
     launch.wait_for_rank0();
     if (launch.rank0())
         compare_as_recorded(ro, beside ? &beside->stream.record : &s.references[key], beside.get(), drop,
