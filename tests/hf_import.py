@@ -208,13 +208,132 @@ for what, cfg in (("qwen2 max_window_layers = layers", dict(base, use_sliding_wi
     rc, text = run("import", "hf", write_config(what.replace(" ", "_").replace("=", ""), cfg), "--seq", "8")
     check(rc == 0, f"{what}: no layer slides, accepted: {text}")
 
-# 3b. Attention: transformers' default, sdpa, keeps no [B*H, T, T] scores, which the model format's
-# `flash` models; --attn wins over the config's attn_implementation (or _attn_implementation), the
-# config over the default; the header says which and why.
+# 3a. transformers 5's rope_parameters (LlamaConfig and the others have no rope_theta/rope_scaling
+# field there: a saved config carries {"rope_theta": ..., "rope_type": ..., and the type's keys}):
+# read as the top-level rope_theta and rope_scaling are, the same model as the transformers 4 form;
+# forms that disagree and RoPE per layer type are exit 2 at the field.
+def attention_of(path, *args):
+    rc, text = run("import", "hf", path, "--seq", "8", *args)
+    lines = attn_lines(text) if rc == 0 else []
+    return rc, (lines[0] if lines else text)
+
+
 def attn_lines(text):
     return re.findall(r"type: attention, .*", text)
 
 
+tiny = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 96, "max_position_embeddings": 64}
+llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
+want3 = ("rope_theta: 500000.0, rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, "
+         "original_max_position_embeddings: 16.0}")
+rc, v5 = attention_of(write_config("rope_v5", dict(tiny, rope_parameters=dict(llama3, rope_theta=500000.0))))
+check(rc == 0 and want3 in v5, f"rope_parameters llama3 (transformers 5): '{want3}' expected, got rc {rc}: {v5}")
+rc, v4 = attention_of(write_config("rope_v4", dict(tiny, rope_theta=500000.0, rope_scaling=llama3)))
+check(rc == 0 and v4 == v5, f"the transformers 4 form of the same RoPE writes the same attention: {v4} vs {v5}")
+for what, cfg, want in [
+        ("rope_parameters default", dict(tiny, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+         "rope_theta: 500000.0, qkv_bias"),
+        ("rope_parameters without rope_type", dict(tiny, rope_parameters={"rope_theta": 250000.0}), "rope_theta: 250000.0, qkv_bias"),
+        ("rope_parameters without rope_theta: the class's", dict(tiny, model_type="mixtral", rope_parameters={"rope_type": "default"}),
+         "rope_theta: 1000000.0, qkv_bias"),
+        ("rope_parameters' theta with the same top-level one", dict(tiny, rope_theta=5e5, rope_parameters={"rope_theta": 5e5}),
+         "rope_theta: 500000.0, qkv_bias"),
+        ("rope_parameters' 'type' (transformers' alias), linear", dict(tiny, rope_parameters={"type": "linear", "factor": 2.0}),
+         "rope_theta: 10000.0, rope_scaling: {type: linear, factor: 2.0}"),
+        ("rope_parameters llama3 without original_max_position_embeddings: max_position_embeddings",
+         dict(tiny, rope_parameters={k: v for k, v in llama3.items() if k != "original_max_position_embeddings"}),
+         "original_max_position_embeddings: 64.0}"),
+        ("both forms agreeing", dict(tiny, rope_theta=5e5, rope_scaling=llama3, rope_parameters=dict(llama3, rope_theta=5e5)), want3),
+        ("rope_parameters null", dict(tiny, rope_parameters=None), "rope_theta: 10000.0, qkv_bias")]:
+    rc, line = attention_of(write_config("rope_ok", cfg))
+    check(rc == 0 and want in line, f"{what}: '{want}' expected, got rc {rc}: {line}")
+
+
+def nested_line(path, outer, key):  # 1-based line of "key": after the line of "outer":
+    lines = open(path).read().split("\n")
+    start = line_of(path, outer)
+    return next(i for i in range(start, len(lines) + 1) if f'"{key}"' in lines[i - 1])
+
+
+for what, cfg, outer, key, fragment in [
+        ("theta in both forms, differing", dict(tiny, rope_parameters={"rope_theta": 500000.0}, rope_theta=10000.0),
+         "rope_parameters", "rope_theta", "disagrees with 'rope_theta' 10000.0"),
+        ("scaling in both forms, differing", dict(tiny, rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_parameters=llama3),
+         None, "rope_parameters", "disagrees with 'rope_scaling'"),
+        ("rope_parameters per layer type", dict(tiny, rope_parameters={"full_attention": dict(llama3, rope_theta=5e5),
+                                                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+         None, "full_attention", "per layer type"),
+        ("rope_parameters yarn", dict(tiny, rope_parameters={"rope_type": "yarn", "factor": 4.0}), None, "rope_parameters",
+         "'yarn' is not modelled"),
+        ("rope_parameters partial rotary", dict(tiny, rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.5}),
+         "rope_parameters", "partial_rotary_factor", "not modelled"),
+        ("rope_parameters llama3 without factor", dict(tiny, rope_parameters={"rope_type": "llama3"}), None, "rope_parameters", "factor"),
+        ("rope_parameters not an object", dict(tiny, rope_parameters=5e5), None, "rope_parameters", "must be an object")]:
+    path = write_config("rope_bad", cfg)
+    rc, text = run("import", "hf", path, "--seq", "8")
+    at = f"{path}:{nested_line(path, outer, key) if outer else line_of(path, key)}:"
+    check(rc == 2 and at in text and fragment in text, f"{what}: exit 2 at {at} naming '{fragment}' expected, got {rc}: {text}")
+
+# 3a'. A null where the config class resolves None is its resolution, not a refusal: GPT-2's n_inner
+# (save_pretrained writes it: 4 x n_embd, GPT2Block), num_key_value_heads (the heads, where the class
+# says so: not Mistral's default 8), head_dim (hidden / heads in Llama, Mistral, Mixtral). A null the
+# class keeps, and cannot build with, stays exit 2 at it: Qwen3's head_dim (typed int; Qwen3Attention
+# reads None), Qwen2's and OLMo2's (no field: getattr reads None), Qwen3-MoE's num_key_value_heads
+# (typed int, never resolved).
+gpt2_null = write_config("gpt2_n_inner_null", dict(json.load(open(f"{HF}/gpt2.json")), n_inner=None))
+rc, text = run("import", "hf", gpt2_null, "-o", f"{tmp}/gpt2_null.yaml")
+check(rc == 0 and ": 124439808 parameters" in text and "c_fc, type: linear, in: 768, out: 3072" in open(f"{tmp}/gpt2_null.yaml").read(),
+      f"GPT-2 with n_inner null (as saved): 124439808 parameters, c_fc 768 -> 3072 expected, got rc {rc}: {text}")
+for what, cfg, want in [
+        ("mistral num_key_value_heads null", dict(tiny, model_type="mistral", num_key_value_heads=None), "heads: 4, kv_heads: 4,"),
+        ("olmo2 num_key_value_heads null", dict(tiny, model_type="olmo2", num_key_value_heads=None), "heads: 4, kv_heads: 4,"),
+        ("llama head_dim null", dict(tiny, head_dim=None), "heads: 4, kv_heads: 2,"),
+        ("mixtral head_dim null", dict(tiny, model_type="mixtral", head_dim=None, num_local_experts=2), "heads: 4, kv_heads: 2,")]:
+    rc, line = attention_of(write_config("null_ok", cfg))
+    check(rc == 0 and want in line, f"{what}: '{want}' expected, got rc {rc}: {line}")
+for what, cfg, key in [("qwen3 head_dim null", dict(tiny, model_type="qwen3", head_dim=None), "head_dim"),
+                       ("qwen2 head_dim null", dict(tiny, model_type="qwen2", head_dim=None), "head_dim"),
+                       ("olmo2 head_dim null", dict(tiny, model_type="olmo2", head_dim=None), "head_dim"),
+                       ("qwen3_moe num_key_value_heads null", dict(tiny, model_type="qwen3_moe", num_key_value_heads=None,
+                                                                   num_experts=2, num_experts_per_tok=1), "num_key_value_heads")]:
+    path = write_config("null_bad", cfg)
+    rc, text = run("import", "hf", path, "--seq", "8")
+    at = f"{path}:{line_of(path, key)}:"
+    check(rc == 2 and at in text and "is null" in text, f"{what}: exit 2 at {at} expected, got {rc}: {text}")
+
+# 3a''. Each family's config class's defaults for the fields a config omits (transformers main:
+# configuration_<family>.py; docs/hf_import.md's table): rms_norm_eps, rope_theta,
+# num_key_value_heads, tie_word_embeddings. A config of sizes only shows each.
+bare = {k: v for k, v in tiny.items() if k != "num_key_value_heads"}
+families = {  # model_type: (eps, theta, kv_heads of 4 heads, tied)
+    "llama": ("1e-06", "10000.0", 4, False), "mistral": ("1e-06", "10000.0", 8, False),
+    "qwen2": ("1e-06", "10000.0", 32, False), "qwen3": ("1e-06", "10000.0", 32, False),
+    "olmo2": ("1e-05", "10000.0", 4, False), "mixtral": ("1e-05", "1000000.0", 8, False),
+    "qwen2_moe": ("1e-06", "10000.0", 16, False), "qwen3_moe": ("1e-06", "10000.0", 4, False)}
+for fam, (eps, theta, kv, tied) in families.items():
+    cfg = dict(bare, model_type=fam, num_attention_heads=4 if kv <= 4 else kv, hidden_size=32 if kv <= 4 else 8 * kv)
+    if fam == "qwen3":
+        cfg["head_dim"] = 8
+    if fam in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        cfg.update({"num_local_experts" if fam == "mixtral" else "num_experts": 2, "num_experts_per_tok": 1})
+    out = f"{tmp}/defaults_{fam}.yaml"
+    rc, text = run("import", "hf", write_config(f"defaults_{fam}", cfg), "--seq", "8", "-o", out)
+    if not check(rc == 0, f"{fam} of sizes only: rc {rc}: {text}"):
+        continue
+    y = open(out).read()
+    got = (re.search(r" eps: ([0-9e.+-]+)", y).group(1), re.search(r"rope_theta: ([0-9.e+]+)", y).group(1),
+           int(re.search(r"kv_heads: (\d+)", y).group(1)), "tie: model.embed_tokens" in y)
+    check(got == (eps, theta, kv, tied), f"{fam}'s class defaults (eps, theta, kv_heads, tied): {(eps, theta, kv, tied)} expected, got {got}")
+rc, text = run("import", "hf", write_config("gpt2_bare", {"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 2,
+                                                          "vocab_size": 96, "n_positions": 64}), "--seq", "8")
+check(rc == 0 and "type: layer_norm, dim: 32, eps: 1e-05}" in text and "tie: transformer.wte" in text
+      and "c_fc, type: linear, in: 32, out: 128}" in text, f"GPT2Config's defaults (eps 1e-5, tied, n_inner 4 x n_embd): rc {rc}: {text[-1500:]}")
+
+# 3b. Attention: transformers' default, sdpa, keeps no [B*H, T, T] scores, which the model format's
+# `flash` models; --attn wins over the config's attn_implementation (or _attn_implementation), the
+# config over the default; the header says which and why (attn_lines: above, 3a).
 def imported(*args):
     p = subprocess.run([PTOOL, "import", "hf", *args], capture_output=True, text=True, timeout=600)
     return p.returncode, p.stdout, p.stderr

@@ -43,11 +43,16 @@ public:
     std::string str(const std::string& key, const std::string& fallback) const {
         return given(key) ? at(key).as_string(fmt::format("'{}'", key)) : fallback;
     }
-    // the fields transformers' config classes resolve when None: num_key_value_heads (the heads),
-    // head_dim (hidden / heads), sliding_window and rope_scaling (none), the token ids, the dtype,
-    // the name, a router's jitter (none)
+    bool null(const std::string& key) const {  // present and null
+        auto n = root_.get(key);
+        return n && n->is_null();
+    }
+    // the fields every config class that has them resolves when None: sliding_window, rope_scaling
+    // and rope_parameters (none), GPT-2's n_inner (4 x n_embd: GPT2MLP), the token ids, the dtype,
+    // the name, a router's jitter (none). num_key_value_heads and head_dim are resolved by some
+    // classes only: the family's table says (import/hf_model.cpp).
     static bool nullable(const std::string& key) {
-        for (const char* k : {"num_key_value_heads", "head_dim", "sliding_window", "rope_scaling",
+        for (const char* k : {"sliding_window", "rope_scaling", "rope_parameters", "n_inner",
                               "max_window_layers", "pad_token_id", "bos_token_id", "eos_token_id",
                               "torch_dtype", "dtype", "_name_or_path", "router_jitter_noise"})
             if (key == k) return true;
@@ -83,8 +88,8 @@ private:
 
 // The config's model_type when ptool imports it; else exit 2 at the field.
 std::string hf_model_type(const HfConfig& c);
-// tie_word_embeddings, with the config class's default (PretrainedConfig's true for GPT-2; Llama,
-// Mistral and Qwen2's own classes say false).
+// tie_word_embeddings, with the config class's default (the family table's in hf_model.cpp:
+// PretrainedConfig's true for GPT-2, false in every decoder family's own class).
 bool hf_tied_head(const HfConfig& c, const std::string& type);
 
 }  // namespace ptool

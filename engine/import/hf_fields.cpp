@@ -73,35 +73,102 @@ Act activation(const HfConfig& c, const std::string& key, const std::string& fal
     return it->second;
 }
 
-std::string rope_scaling(const HfConfig& c) {
-    if (!c.set("rope_scaling")) return "";
-    const JsonNode node = c.at("rope_scaling");
-    if (!node.is_object())
-        node.fail(fmt::format("'rope_scaling' must be an object, got {}", node.type_name()));
+namespace {
+
+// One RoPE dict (transformers 4's rope_scaling, 5's rope_parameters) as the attention's
+// ", rope_scaling: {...}", "" for none. `what` names it; `type_default` is its type when it names
+// none (rope_parameters: "default", as standardize_rope_params sets it; rope_scaling: none,
+// required); `original_max` llama3's original_max_position_embeddings when absent (0: required,
+// as transformers 4 requires it in rope_scaling; 5 sets max_position_embeddings).
+std::string scaling_of(const JsonNode& node, const std::string& what, const char* type_default,
+                       double original_max) {
+    if (!node.is_object()) node.fail(fmt::format("'{}' must be an object, got {}", what, node.type_name()));
     const auto type_node = node.get("rope_type") ? node.get("rope_type") : node.get("type");
-    if (!type_node) node.fail("'rope_scaling' has no 'rope_type' (or 'type')");
-    const std::string type = type_node->as_string("rope_scaling's 'rope_type'");
+    if (!type_node && !type_default) node.fail(fmt::format("'{}' has no 'rope_type' (or 'type')", what));
+    const std::string type =
+        type_node ? type_node->as_string(fmt::format("{}'s 'rope_type'", what)) : type_default;
+    if (auto p = node.get("partial_rotary_factor");
+        p && !p->is_null() && p->as_number(fmt::format("{} 'partial_rotary_factor'", what)) != 1)
+        p->fail(fmt::format("{} 'partial_rotary_factor' (RoPE on part of each head) is not modelled", what));
     if (type == "default") return "";
     if (type != "linear" && type != "llama3")
-        node.fail(
-            fmt::format("rope_scaling type '{}' is not modelled (ptool computes linear and llama3)", type));
-    auto num = [&](const char* key) {
+        node.fail(fmt::format("{} type '{}' is not modelled (ptool computes linear and llama3)", what, type));
+    auto num = [&](const char* key, double fallback) {
+        if (fallback > 0 && !node.get(key)) return fallback;
         const JsonNode n = node.at(key);
-        const double v = n.as_number(fmt::format("rope_scaling '{}'", key));
-        if (!(v > 0) || v > 1e12) n.fail(fmt::format("rope_scaling '{}' must be a number in (0, 1e12]", key));
+        const double v = n.as_number(fmt::format("{} '{}'", what, key));
+        if (!(v > 0) || v > 1e12) n.fail(fmt::format("{} '{}' must be a number in (0, 1e12]", what, key));
         return v;
     };
-    std::string out = fmt::format(", rope_scaling: {{type: {}, factor: {}", type, yaml_number(num("factor")));
+    std::string out =
+        fmt::format(", rope_scaling: {{type: {}, factor: {}", type, yaml_number(num("factor", 0)));
     if (type == "llama3") {
-        const double low = num("low_freq_factor"), high = num("high_freq_factor");
+        const double low = num("low_freq_factor", 0), high = num("high_freq_factor", 0);
         if (!(high > low))
             node.at("high_freq_factor")
-                .fail("rope_scaling 'high_freq_factor' must be above 'low_freq_factor'");
-        out += fmt::format(
-            ", low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}",
-            yaml_number(low), yaml_number(high), yaml_number(num("original_max_position_embeddings")));
+                .fail(fmt::format("{} 'high_freq_factor' must be above 'low_freq_factor'", what));
+        out +=
+            fmt::format(", low_freq_factor: {}, high_freq_factor: {}, original_max_position_embeddings: {}",
+                        yaml_number(low), yaml_number(high),
+                        yaml_number(num("original_max_position_embeddings", original_max)));
     }
     return out + "}";
+}
+
+std::string scaling_words(const std::string& scaling) {  // for the messages
+    return scaling.empty() ? "no scaling" : scaling.substr(2);
+}
+
+}  // namespace
+
+Rope rope(const HfConfig& c, double theta_default, int64_t max_positions) {
+    const std::optional<JsonNode> legacy = c.set("rope_scaling") ? std::optional(c.at("rope_scaling"))
+                                                                 : std::nullopt,
+                                  params = c.set("rope_parameters") ? std::optional(c.at("rope_parameters"))
+                                                                    : std::nullopt;
+    // theta: the top-level rope_theta (transformers 4), rope_parameters' (5; rope_scaling's, which 5
+    // reads as rope_parameters): those given must agree, a config read the same by both
+    std::optional<std::pair<double, std::string>> theta;
+    auto take_theta = [&](const JsonNode& n, const std::string& what) {
+        const double v = n.as_number(what);
+        if (!(v > 0) || v > 1e30) n.fail(fmt::format("{} must be a number in (0, 1e30], got {}", what, v));
+        if (theta && theta->first != v)
+            n.fail(
+                fmt::format("{} {} disagrees with {} {}: transformers 4 reads the top-level 'rope_theta', 5 "
+                            "the one in 'rope_parameters' (or 'rope_scaling'); give one, or the same value",
+                            what, yaml_number(v), theta->second, yaml_number(theta->first)));
+        if (!theta) theta = {v, what};
+    };
+    if (c.present("rope_theta")) {
+        c.num("rope_theta", 0);  // null: refused (the class keeps None)
+        take_theta(c.at("rope_theta"), "'rope_theta'");
+    }
+    std::string scaling;
+    if (legacy) {
+        scaling = scaling_of(*legacy, "rope_scaling", nullptr, 0);
+        if (auto t = legacy->get("rope_theta"); t && !t->is_null())
+            take_theta(*t, "rope_scaling's 'rope_theta'");
+    }
+    if (params) {
+        if (params->is_object())
+            for (const auto& [key, v] : params->members("'rope_parameters'"))
+                if (v.is_object())  // {"full_attention": {...}, "sliding_attention": {...}}
+                    v.fail(
+                        fmt::format("'rope_parameters' gives RoPE per layer type ('{}'): not modelled, "
+                                    "every layer of the imported model has the same RoPE",
+                                    key));
+        const std::string p =
+            scaling_of(*params, "rope_parameters", "default", static_cast<double>(max_positions));
+        if (legacy && p != scaling)
+            params->fail(
+                fmt::format("'rope_parameters' ({}) disagrees with 'rope_scaling' ({}): transformers takes "
+                            "'rope_scaling' where both are given; give one form, or the same RoPE in both",
+                            scaling_words(p), scaling_words(scaling)));
+        if (!legacy) scaling = p;
+        if (auto t = params->get("rope_theta"); t && !t->is_null())
+            take_theta(*t, "rope_parameters' 'rope_theta'");
+    }
+    return {theta ? theta->first : theta_default, scaling};
 }
 
 int64_t size_field(const HfConfig& c, const std::string& key, int64_t fallback, int64_t max) {

@@ -1,15 +1,16 @@
 // Hugging Face configs into ptool's files (docs/hf_import.md).
 //
-// import_hf_model: a `config.json` of the llama, mistral, qwen2, qwen3, gpt2 families or the mixtures
-// of experts mixtral, qwen2_moe and qwen3_moe becomes a model
+// import_hf_model: a `config.json` of the llama, mistral, qwen2, qwen3, olmo2, gpt2 families or the
+// mixtures of experts mixtral, qwen2_moe and qwen3_moe becomes a model
 // YAML whose parameters carry HF's FQNs (model.layers.0.self_attn.q_proj.weight, lm_head.weight;
 // transformer.h.0.ln_1.weight for GPT-2), so `--init` takes the model's safetensors checkpoint and
 // the parameter count is HF's. The attention is `attn_implementation: flash` (no [B*H, T, T] scores
 // kept), as transformers' default, SDPA, keeps it, unless --attn or the config's attn_implementation
 // says eager (the flag wins over the config, the config over the default). Fields that change the
 // computation and that ptool does not model (sliding windows, dense layers among MoE ones, a
-// rope_scaling other than linear and llama3, a head_dim other than hidden/heads but Qwen3's) are
-// exit 2 at the field.
+// rope_scaling or rope_parameters other than linear and llama3, RoPE per layer type, a head_dim
+// other than hidden/heads but Qwen3's) are exit 2 at the field; an absent field is the config
+// class's default (hf_model.cpp's decoder_families()).
 // The config is strict JSON with typed fields (import/hf_config.h); what it says reaches the YAML
 // only as numbers, table entries or emitter-quoted strings (core/yaml_writer.h).
 //

@@ -1,4 +1,4 @@
-// `ptool import hf CONFIG.json`: a Hugging Face config of the llama, mistral, qwen2 or gpt2 family
+// `ptool import hf CONFIG.json`: a Hugging Face config of a family in decoder_families() or gpt2
 // as a model YAML with HF's module names. The config is read as strict JSON with typed fields
 // (import/hf_config.h), so every refusal points at its field: config.json:line:column. What the
 // config says goes into the YAML as numbers ptool formats, names from fixed tables, or strings
@@ -37,24 +37,93 @@ struct MoeFamily {
     int64_t shared_hidden;    // shared_expert_intermediate_size's default (Qwen2-MoE); 0: none
 };
 
-// RoPE decoder families: what differs between llama, mistral, qwen2, qwen3 and their mixtures of
-// experts (their config classes' defaults, the attention's biases and norms, the MLP).
-struct DecoderFamily {
-    std::string config_class;
-    int64_t vocab, hidden, intermediate, layers, heads, kv_heads /* 0: heads */, max_positions;
-    double rope_theta;
-    bool qkv_bias_fixed /* Qwen2: q/k/v always biased, o never */;
-    int64_t sliding_window_default;  // 0: none
-    bool qk_norm = false;            // Qwen3: q_norm and k_norm per head, and head_dim a field of its own
-    int64_t head_dim_default = 0;    // 0: hidden / heads
-    std::optional<MoeFamily> moe;    // every layer's MLP a mixture of experts
+// A config class's defaults for the fields a config may omit, as transformers declares them (main,
+// 2026: configuration_<family>.py; docs/hf_import.md has the same table).
+struct ClassDefaults {
+    int64_t vocab, hidden, intermediate, layers, heads;
+    int64_t kv_heads;  // num_key_value_heads; 0: None, which the class resolves to the heads
+    int64_t max_positions;
+    double rope_theta;  // transformers 5: the class's default_theta
+    double rms_norm_eps;
+    bool tie_word_embeddings;
+    // a null the class resolves: num_key_value_heads -> the heads, head_dim -> hidden / heads; where
+    // it does not (a field typed int, or no field: the attention's getattr reads None and cannot
+    // build its projections), the null is exit 2 at it
+    bool kv_null_is_heads, head_dim_null_ok;
+    int64_t sliding_window;  // 0: none
+    int64_t head_dim;        // Qwen3's field of its own; 0: hidden / heads
+};
+
+// What the family's layers are beyond Llama's.
+struct DecoderTraits {
+    bool qkv_bias_fixed = false;  // Qwen2: q/k/v always biased, o never
+    bool qk_norm = false;         // Qwen3: q_norm and k_norm per head, and head_dim a field of its own
     // OLMo2: norms after each sub-block (x + post_attention_layernorm(self_attn(x)), x +
     // post_feedforward_layernorm(mlp(x))), none before; q_norm and k_norm over all heads' features
     bool post_norms = false;
+    std::optional<MoeFamily> moe = std::nullopt;  // every layer's MLP a mixture of experts
+};
 
+// RoPE decoder families: what differs between llama, mistral, qwen2, qwen3, olmo2 and the mixtures
+// of experts. One row per family in decoder_families(), below.
+struct DecoderFamily : ClassDefaults, DecoderTraits {
+    std::string config_class;
+
+    DecoderFamily(std::string cls, ClassDefaults d, DecoderTraits t)
+        : ClassDefaults(d), DecoderTraits(std::move(t)), config_class(std::move(cls)) {}
     // Mixtral's experts, named w1, w3, w2 in its checkpoints (checkpoint_format: hf_mixtral)
     bool mixtral() const { return moe && moe->block == "block_sparse_moe"; }
 };
+
+const std::map<std::string, DecoderFamily>& decoder_families() {
+    // vocab, hidden, intermediate, layers, heads, kv_heads (0: the heads), max_position_embeddings,
+    // rope_theta, rms_norm_eps, tie_word_embeddings, null kv is the heads, null head_dim is
+    // hidden/heads, sliding_window (0: none), head_dim (0: hidden/heads)
+    static const std::map<std::string, DecoderFamily> m = {
+        {"llama",
+         {"LlamaConfig", {32000, 4096, 11008, 32, 32, 0, 2048, 1e4, 1e-6, false, true, true, 0, 0}, {}}},
+        {"mistral",
+         {"MistralConfig",
+          {32000, 4096, 14336, 32, 32, 8, 131072, 1e4, 1e-6, false, true, true, 4096, 0},
+          {}}},
+        {"qwen2",
+         {"Qwen2Config",
+          {151936, 4096, 22016, 32, 32, 32, 32768, 1e4, 1e-6, false, true, false, 4096, 0},
+          {.qkv_bias_fixed = true}}},
+        {"qwen3",
+         {"Qwen3Config",
+          {151936, 4096, 22016, 32, 32, 32, 32768, 1e4, 1e-6, false, true, false, 4096, 128},
+          {.qk_norm = true}}},
+        {"olmo2",
+         {"Olmo2Config",
+          {50304, 4096, 11008, 32, 32, 0, 2048, 1e4, 1e-5, false, true, false, 0, 0},
+          {.post_norms = true}}},
+        {"mixtral",
+         {"MixtralConfig",
+          {32000, 4096, 14336, 32, 32, 8, 131072, 1e6, 1e-5, false, true, true, 0, 0},
+          {.moe = MoeFamily{"block_sparse_moe", "num_local_experts", 8, 2, "intermediate_size", 14336, true,
+                            false, 0}}}},
+        {"qwen2_moe",
+         {"Qwen2MoeConfig",
+          {151936, 2048, 5632, 24, 16, 16, 32768, 1e4, 1e-6, false, false, false, 4096, 0},
+          {.qkv_bias_fixed = true,
+           .moe = MoeFamily{"mlp", "num_experts", 60, 4, "moe_intermediate_size", 1408, false, true, 5632}}}},
+        {"qwen3_moe",
+         {"Qwen3MoeConfig",
+          {151936, 2048, 6144, 24, 32, 4, 32768, 1e4, 1e-6, false, false, false, 4096, 0},
+          {.qk_norm = true,
+           .moe = MoeFamily{"mlp", "num_experts", 128, 8, "moe_intermediate_size", 768, false, true, 0}}}},
+    };
+    return m;
+}
+
+// GPT2Config's defaults (configuration_gpt2.py; tie_word_embeddings: PretrainedConfig's true)
+struct Gpt2Defaults {
+    int64_t vocab = 50257, positions = 1024, embd = 768, layers = 12, heads = 12;  // n_inner: 4 x n_embd
+    double layer_norm_epsilon = 1e-5, pdrop = 0.1;
+    bool tie_word_embeddings = true;
+};
+constexpr Gpt2Defaults kGpt2;
 
 // The mixture of experts' YAML entry (", ..." after the common keys), from the family and config.
 std::string moe_entry(const HfConfig& c, const MoeFamily& m, int64_t d, int64_t layers) {
@@ -94,7 +163,8 @@ std::string moe_entry(const HfConfig& c, const MoeFamily& m, int64_t d, int64_t 
 // A decoder config's sizes, read and checked at their fields.
 struct DecoderSizes {
     int64_t vocab, d, inter, layers, heads, kv, max_pos;
-    double eps, theta;
+    double eps;
+    Rope rope;   // theta and scaling
     int64_t hd;  // the attention's head dim
     Shape2 b;
 };
@@ -105,13 +175,15 @@ DecoderSizes decoder_sizes(const HfConfig& c, const DecoderFamily& f, const HfIm
                   inter = size_field(c, "intermediate_size", f.intermediate, kMaxIntermediate),
                   layers = c.pos("num_hidden_layers", f.layers),
                   heads = c.pos("num_attention_heads", f.heads),
-                  kv = c.pos("num_key_value_heads", f.kv_heads ? f.kv_heads : heads),
+                  kv = f.kv_null_is_heads && c.null("num_key_value_heads")
+                           ? heads
+                           : c.pos("num_key_value_heads", f.kv_heads ? f.kv_heads : heads),
                   max_pos = size_field(c, "max_position_embeddings", f.max_positions, kMaxPositions);
     if (layers > 4096)
         c.fail_at("num_hidden_layers",
                   fmt::format("num_hidden_layers {} is over ptool's 4096 (repeat)", layers));
-    const double eps = positive_field(c, "rms_norm_eps", 1e-6),
-                 theta = positive_field(c, "rope_theta", f.rope_theta);
+    const double eps = positive_field(c, "rms_norm_eps", f.rms_norm_eps);
+    const Rope r = rope(c, f.rope_theta, max_pos);
     if (d % heads)
         c.fail_at("num_attention_heads",
                   fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", d, heads));
@@ -120,20 +192,20 @@ DecoderSizes decoder_sizes(const HfConfig& c, const DecoderFamily& f, const HfIm
             "num_key_value_heads",
             fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}", heads, kv));
     // Qwen3's head_dim is a field of its own (q_proj is hidden -> heads x head_dim); the others' heads
-    // are hidden / heads
-    const int64_t hd =
-        f.qk_norm ? size_field(c, "head_dim", f.head_dim_default ? f.head_dim_default : d / heads, kMaxHidden)
-                  : d / heads;
+    // are hidden / heads. given: 0 where absent, or null in a class that resolves None
+    const int64_t given =
+        f.head_dim_null_ok && c.null("head_dim") ? 0 : size_field(c, "head_dim", 0, kMaxHidden);
+    const int64_t hd = f.qk_norm ? (given ? given : f.head_dim ? f.head_dim : d / heads) : d / heads;
     if (hd % 2)  // found by fuzz_hf_config: the written model did not load
-        c.fail_at(f.qk_norm && c.set("head_dim") ? "head_dim" : "num_attention_heads",
+        c.fail_at(f.qk_norm && given ? "head_dim" : "num_attention_heads",
                   fmt::format("the head dim {} is odd: RoPE rotates pairs", hd));
-    if (!f.qk_norm && c.set("head_dim") && c.pos("head_dim", 0) != d / heads)
+    if (!f.qk_norm && given && given != d / heads)
         c.fail_at(
             "head_dim",
             fmt::format("head_dim {} differs from hidden_size / num_attention_heads = {}: ptool's attention "
                         "has heads of hidden/heads",
-                        c.pos("head_dim", 0), d / heads));
-    return {vocab, d, inter, layers, heads, kv, max_pos, eps, theta, hd, batch_shape(opt, max_pos)};
+                        given, d / heads));
+    return {vocab, d, inter, layers, heads, kv, max_pos, eps, r, hd, batch_shape(opt, max_pos)};
 }
 
 // Whether some layer's attention slides: `layer_types` where the config lists them (a
@@ -160,8 +232,7 @@ void check_sliding_window(const HfConfig& c, const std::string& type, const Deco
                           const DecoderSizes& s) {
     const int64_t seq = s.b.seq;
     // absent: the config class's default; null: none
-    const int64_t window =
-        c.present("sliding_window") ? c.pos("sliding_window", 0) : f.sliding_window_default;
+    const int64_t window = c.present("sliding_window") ? c.pos("sliding_window", 0) : f.sliding_window;
     if (window > 0 && window < seq && some_layer_slides(c, type, s.layers)) {
         const std::string key = c.set("sliding_window") ? "sliding_window" : "model_type";
         c.fail_at(
@@ -175,7 +246,7 @@ void check_sliding_window(const HfConfig& c, const std::string& type, const Deco
 // What the config changes in the computation: refused at the field where ptool does not model it,
 // warned about (out.warnings) where it only differs in training noise.
 struct DecoderChoices {
-    std::string scaling, moe;  // the attention's rope_scaling and the moe's entry (", ..."), or ""
+    std::string moe;  // the moe's entry (", ..."), or ""
     Act act;
     bool qkv_bias, o_bias, mlp_bias, tied;
     AttnChoice attn;
@@ -184,7 +255,6 @@ struct DecoderChoices {
 DecoderChoices decoder_choices(const HfConfig& c, const std::string& type, const DecoderFamily& f,
                                const DecoderSizes& s, const HfImportOptions& opt, HfImport& out) {
     DecoderChoices ch;
-    ch.scaling = rope_scaling(c);
     if (!f.moe)
         for (const char* moe : {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
                                 "moe_intermediate_size"})
@@ -213,7 +283,7 @@ DecoderChoices decoder_choices(const HfConfig& c, const std::string& type, const
     ch.mlp_bias = c.flag("mlp_bias", false);
     ch.qkv_bias = f.qkv_bias_fixed || bias;
     ch.o_bias = !f.qkv_bias_fixed && bias;
-    ch.tied = hf_tied_head(c, type);
+    ch.tied = c.flag("tie_word_embeddings", f.tie_word_embeddings);
     ch.attn = attention_choice(c, opt);
     return ch;
 }
@@ -276,7 +346,8 @@ void write_decoder_model(std::string& y, const HfConfig& c, const std::string& t
         "              - {{name: self_attn, type: attention, dim: {}, heads: {}, kv_heads: {}{}, causal: "
         "true, "
         "attn_implementation: {}, rope_theta: {}{}, qkv_bias: {}, o_bias: {}}}\n",
-        d, s.heads, s.kv, qk, ch.attn.impl, yaml_number(s.theta), ch.scaling, ch.qkv_bias, ch.o_bias);
+        d, s.heads, s.kv, qk, ch.attn.impl, yaml_number(s.rope.theta), s.rope.scaling, ch.qkv_bias,
+        ch.o_bias);
     const std::string post_attention = fmt::format(
         "              - {{name: post_attention_layernorm, type: rms_norm, dim: {}, eps: {}, implementation: "
         "eager}}\n",
@@ -320,14 +391,17 @@ HfImport decoder(const HfConfig& c, const std::string& type, const DecoderFamily
 
 HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
     HfImport out;
-    const int64_t vocab = size_field(c, "vocab_size", 50257, kMaxVocab),
-                  positions = size_field(c, "n_positions", 1024, kMaxPositions),
-                  d = size_field(c, "n_embd", 768, kMaxHidden), layers = c.pos("n_layer", 12),
-                  heads = c.pos("n_head", 12), inner = size_field(c, "n_inner", 4 * d, kMaxIntermediate);
+    // n_inner absent or null (save_pretrained writes None): 4 x n_embd, as GPT2Block resolves it
+    const int64_t vocab = size_field(c, "vocab_size", kGpt2.vocab, kMaxVocab),
+                  positions = size_field(c, "n_positions", kGpt2.positions, kMaxPositions),
+                  d = size_field(c, "n_embd", kGpt2.embd, kMaxHidden),
+                  layers = c.pos("n_layer", kGpt2.layers), heads = c.pos("n_head", kGpt2.heads),
+                  inner = size_field(c, "n_inner", 4 * d, kMaxIntermediate);
     if (layers > 4096) c.fail_at("n_layer", fmt::format("n_layer {} is over ptool's 4096 (repeat)", layers));
     if (d % heads) c.fail_at("n_head", fmt::format("n_embd {} is not a multiple of n_head {}", d, heads));
-    const double eps = positive_field(c, "layer_norm_epsilon", 1e-5),
-                 embd = dropout_field(c, "embd_pdrop", 0.1), resid = dropout_field(c, "resid_pdrop", 0.1);
+    const double eps = positive_field(c, "layer_norm_epsilon", kGpt2.layer_norm_epsilon),
+                 embd = dropout_field(c, "embd_pdrop", kGpt2.pdrop),
+                 resid = dropout_field(c, "resid_pdrop", kGpt2.pdrop);
     const Shape2 b = batch_shape(opt, positions);
     if (b.seq > positions)
         throw InputError(fmt::format("--seq {} is longer than n_positions {}", b.seq, positions));
@@ -335,11 +409,11 @@ HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
         c.fail_at("scale_attn_weights", "unscaled attention scores are not modelled");
     c.refuse_if_set("scale_attn_by_inverse_layer_idx", "per-layer score scaling is not modelled");
     c.refuse_if_set("add_cross_attention", "cross-attention is not modelled");
-    if (const double p = dropout_field(c, "attn_pdrop", 0.1); p > 0)
+    if (const double p = dropout_field(c, "attn_pdrop", kGpt2.pdrop); p > 0)
         out.warnings.push_back(
             fmt::format("attn_pdrop {} is not modelled (the attention probabilities are not dropped)", p));
     const Act act = activation(c, "activation_function", "gelu_new");
-    const bool tied = hf_tied_head(c, "gpt2");
+    const bool tied = c.flag("tie_word_embeddings", kGpt2.tie_word_embeddings);
     const AttnChoice attn = attention_choice(c, opt);
 
     std::string& y = out.yaml;
@@ -400,67 +474,15 @@ HfImport gpt2(const HfConfig& c, const HfImportOptions& opt) {
 using Importer = std::function<HfImport(const HfConfig&, const HfImportOptions&)>;
 
 const std::map<std::string, Importer>& importers() {
-    static const std::map<std::string, Importer> m = {
-        {"llama",
-         [](const HfConfig& c, const HfImportOptions& o) {
-             return decoder(c, "llama",
-                            {"LlamaConfig", 32000, 4096, 11008, 32, 32, 0, 2048, 10000.0, false, 0, false, 0,
-                             std::nullopt},
-                            o);
-         }},
-        {"mistral",
-         [](const HfConfig& c, const HfImportOptions& o) {
-             return decoder(c, "mistral",
-                            {"MistralConfig", 32000, 4096, 14336, 32, 32, 8, 131072, 10000.0, false, 4096,
-                             false, 0, std::nullopt},
-                            o);
-         }},
-        {"qwen2",
-         [](const HfConfig& c, const HfImportOptions& o) {
-             return decoder(c, "qwen2",
-                            {"Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, 10000.0, true, 4096,
-                             false, 0, std::nullopt},
-                            o);
-         }},
-        {"olmo2",
-         [](const HfConfig& c, const HfImportOptions& o) {
-             DecoderFamily f{"Olmo2Config", 50304,   4096,  11008, 32,    32, 32,
-                             2048,          10000.0, false, 0,     false, 0,  std::nullopt};
-             f.post_norms = true;
-             return decoder(c, "olmo2", f, o);
-         }},
-        {"qwen3",
-         [](const HfConfig& c, const HfImportOptions& o) {
-             DecoderFamily f{"Qwen3Config", 151936,  4096,  22016, 32,    32, 32,
-                             32768,         10000.0, false, 4096,  false, 0,  std::nullopt};
-             f.qk_norm = true, f.head_dim_default = 128;
-             return decoder(c, "qwen3", f, o);
-         }},
-        {"mixtral",
-         [](const HfConfig& c, const HfImportOptions& o) {
-             DecoderFamily f{"MixtralConfig", 32000, 4096,  14336, 32,    32, 8,
-                             131072,          1e6,   false, 0,     false, 0,  std::nullopt};
-             f.moe = MoeFamily{
-                 "block_sparse_moe", "num_local_experts", 8, 2, "intermediate_size", 14336, true, false, 0};
-             return decoder(c, "mixtral", f, o);
-         }},
-        {"qwen2_moe",
-         [](const HfConfig& c, const HfImportOptions& o) {
-             DecoderFamily f{"Qwen2MoeConfig", 151936, 2048, 5632,  24, 16,          16, 32768,
-                             10000.0,          true,   4096, false, 0,  std::nullopt};
-             f.moe = MoeFamily{"mlp", "num_experts", 60, 4, "moe_intermediate_size", 1408, false, true, 5632};
-             return decoder(c, "qwen2_moe", f, o);
-         }},
-        {"qwen3_moe",
-         [](const HfConfig& c, const HfImportOptions& o) {
-             DecoderFamily f{"Qwen3MoeConfig", 151936, 2048, 6144,  24, 32,          4, 32768,
-                             10000.0,          false,  4096, false, 0,  std::nullopt};
-             f.qk_norm = true;
-             f.moe = MoeFamily{"mlp", "num_experts", 128, 8, "moe_intermediate_size", 768, false, true, 0};
-             return decoder(c, "qwen3_moe", f, o);
-         }},
-        {"gpt2", [](const HfConfig& c, const HfImportOptions& o) { return gpt2(c, o); }},
-    };
+    static const std::map<std::string, Importer> m = [] {
+        std::map<std::string, Importer> m;
+        for (const auto& [type, f] : decoder_families())
+            m.emplace(type, [type, &f](const HfConfig& c, const HfImportOptions& o) {
+                return decoder(c, type, f, o);
+            });
+        m.emplace("gpt2", [](const HfConfig& c, const HfImportOptions& o) { return gpt2(c, o); });
+        return m;
+    }();
     return m;
 }
 
@@ -477,7 +499,10 @@ std::string hf_model_type(const HfConfig& c) {
 }
 
 bool hf_tied_head(const HfConfig& c, const std::string& type) {
-    return c.flag("tie_word_embeddings", type == "gpt2");
+    const auto& families = decoder_families();
+    const auto f = families.find(type);
+    return c.flag("tie_word_embeddings",
+                  f != families.end() ? f->second.tie_word_embeddings : kGpt2.tie_word_embeddings);
 }
 
 HfImport import_hf_model_text(const std::string& text, const std::string& name, const HfImportOptions& opt) {
