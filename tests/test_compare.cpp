@@ -581,4 +581,36 @@ TEST_CASE("the systematic rule judges a gradient at its block's rounding level a
     CHECK_FALSE(report(2.4e-10, 1e-7).pass);
 }
 
+TEST_CASE("the systematic rule judges a gradient small beside its module's against its own norm", "[cpu]") {
+    const Tolerance tol = Tolerance::for_dtype(DType::float32);  // systematic 1024 eps
+    REQUIRE(tol.systematic > 0);
+    auto report = [&](double bias_ref, double bias_err) {
+        PlanReport rep;
+        auto add = [&](const std::string& name, double ref, double err) {
+            TensorReport t;
+            t.name = name, t.diff.ref_norm = ref, t.diff.err_norm = err, t.replicas = ReplicaState::equal;
+            rep.tensors.push_back(t), rep.passed += 1;
+        };
+        add("step0.grad.b0.k_proj.bias", bias_ref, bias_err);  // every element within atol
+        add("step0.grad.b0.k_proj.weight", 3.2e-2, 1e-9);
+        add("step0.grad.head.weight", 1e-1, 1e-9);
+        judge_by_module(rep, tol);
+        return rep.tensors[0];
+    };
+    // a real bias gradient (RoPE's keys: 2.8e-3 beside its weight's 3.2e-2) one rank's 0.1% off:
+    // 4.8e-4 of its own norm (llama_sft_ddp, grad_scale), under 1024 eps of its module's
+    const TensorReport scaled = report(2.8e-3, 1.35e-6);
+    CHECK_FALSE(scaled.pass);
+    CHECK(scaled.diff.systematic);
+    CHECK(scaled.diff.systematic_own);
+    CHECK(std::abs(scaled.diff.rel_fro - 1.35e-6 / 2.8e-3) <= 1e-12);
+    // two summation orders of it part by 8e-7 of its norm (measured): that passes
+    CHECK(report(2.8e-3, 2.3e-9).pass);
+    // a bias whose true gradient vanishes (a key bias without RoPE: softmax ignores it) is the
+    // module's rounding residue, 1.6e-8 of its norm, and two runs' residues part by all of it:
+    // judged against the module's norm, as before
+    CHECK(report(5.3e-10, 1e-9).pass);
+    CHECK_FALSE(report(5.3e-10, 1e-5).pass);
+}
+
 }  // namespace test_compare

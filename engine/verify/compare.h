@@ -26,9 +26,11 @@ struct TensorDiff {
     double rel_fro = 0;  // ||a - e||_F / ||e||_F (inf when e is zero and a is not)
     double err_norm = 0,
            ref_norm = 0;  // ||a - e||_F and ||e||_F (ref_norm 0 for bitwise-equal tensors without rel_fro)
-    bool by_frobenius = false;  // failed the elementwise rule, passed by the Frobenius bound
-    bool systematic = false;    // a gradient whose every element passed but whose error is beyond rounding
-                                // (Tolerance::systematic, judged against its module's in verify/report.cpp)
+    bool by_frobenius = false;    // failed the elementwise rule, passed by the Frobenius bound
+    bool systematic = false;      // a gradient whose every element passed but whose error is beyond rounding
+                                  // (Tolerance::systematic, judged against its module's in verify/report.cpp)
+    bool systematic_own = false;  // ... against its own norm (a gradient small beside its module's): rel_fro
+                                  // is of its own norm, not its module's
     bool by_gradients = false;  // a parameter that failed the elementwise rule while its gradients agreed and
                                 // its update is the optimizer's on them (verify/report.h, update rule)
     int64_t max_ulp = 0;

@@ -96,16 +96,23 @@ void judge_by_module(PlanReport& rep, const Tolerance& tol) {
         // norm: the true gradient vanishes, as q/k's where every key is alike, and what was computed
         // is the block's rounding residue) has no digits two summation orders share: its error is
         // judged against that floor, so an error of the block's scale still fails.
-        const double floor = tol.systematic * std::sqrt(parent2[parent_of(g)]),
-                     scale = std::max(module_norm, floor);
+        // A gradient above its module's rounding level (its norm over `systematic` of the module's:
+        // a true gradient, however small beside the module's other tensors, as a bias's beside its
+        // weight's) is judged against its own norm too: its rounding scales with it (measured,
+        // docs/architecture.md), and a 0.1% error in it is far below its module's scale.
+        const double floor = tol.systematic * std::sqrt(parent2[parent_of(g)]), own = t.diff.ref_norm,
+                     scale = module_norm >= floor && own > tol.systematic * module_norm
+                                 ? own
+                                 : std::max(module_norm, floor);
         if (!t.pass && tol.rel_fro > 0 && module_norm > 0 && t.diff.err_norm <= tol.rel_fro * module_norm) {
             t.diff.rel_fro = t.diff.err_norm / module_norm;
             t.diff.by_frobenius = t.diff.pass = t.pass = true;
             rep.failed -= 1, rep.passed += 1;
         } else if (t.pass && tol.systematic > 0 && parse_step_key(t.name)->kind() == "grad" &&
                    t.diff.err_norm > tol.systematic * scale && t.replicas != ReplicaState::ignored) {
-            t.diff.rel_fro =
-                module_norm > 0 ? t.diff.err_norm / module_norm : std::numeric_limits<double>::infinity();
+            t.diff.systematic_own = scale == own && own < module_norm;
+            const double of = t.diff.systematic_own ? own : module_norm;
+            t.diff.rel_fro = of > 0 ? t.diff.err_norm / of : std::numeric_limits<double>::infinity();
             t.diff.systematic = true, t.diff.pass = t.pass = false;
             rep.failed += 1, rep.passed -= 1;
         }
@@ -224,9 +231,9 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
                 fmt::format("first non-finite value: step {} {} holds NaN or inf in {}; before it, {} agreed "
                             "and was finite",
                             step, what, nonfinite_sides(d, "the parallel run", "the reference"), prev)};
-        const std::string how =
-            d.systematic ? fmt::format("error {:.2g} of its module's norm, beyond rounding", d.rel_fro)
-                         : fmt::format("max rel {:.2g}", d.max_rel);
+        const std::string how = d.systematic ? fmt::format("error {:.2g} of its {}norm, beyond rounding",
+                                                           d.rel_fro, d.systematic_own ? "" : "module's ")
+                                             : fmt::format("max rel {:.2g}", d.max_rel);
         return Divergence{
             step,
             kind,
