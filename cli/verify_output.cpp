@@ -62,7 +62,8 @@ void print_table(const PlanReport& p, int verbosity) {
             : t.replicas == ReplicaState::ignored ? "ignored"
             : !t.pass && t.diff.nonfinite ? fmt::format("NON-FINITE ({} NaN or inf)", t.diff.nonfinite)
             : !t.pass && t.diff.systematic
-                ? fmt::format("MISMATCH (error {:.1e} of its module's norm: beyond rounding)", t.diff.rel_fro)
+                ? fmt::format("MISMATCH (error {:.1e} of its {}norm: beyond rounding)", t.diff.rel_fro,
+                              t.diff.systematic_own ? "" : "module's ")
             : !t.pass             ? "MISMATCH"
             : t.diff.by_frobenius ? fmt::format("ok (rel Frobenius {:.1e})", t.diff.rel_fro)
             : t.diff.by_gradients

@@ -15,7 +15,9 @@
 - the ring (rotate_method alltoall) and allgather both pass on the same mesh, comparing the same
   tensors;
 - a gradient out of step on one cp rank under a clip that acts is localised to it (its copies
-  differ before clip_grad_norm), not to the first gradient the clip scaled.
+  differ before clip_grad_norm), not to the first gradient the clip scaled; a fully_shard unit's
+  gradients (or one gradient 0.1% off) under a clip that acts, to the unit's first gradient past
+  the factor the clip gives every gradient.
 """
 import glob
 import json
@@ -153,5 +155,29 @@ with tempfile.TemporaryDirectory() as tmp:
                            env=dict(os.environ, PTOOL_FAULT=f"grad_scale:{broken}"))
         check(p.returncode == 1 and f"first divergence: step 0 gradient of `{broken}`{how}" in p.stdout,
               f"{plan} {broken}: exit {p.returncode}\n{p.stdout[-800:]}")
+
+    # a fully_shard unit's gradients wrong (its reduce_scatter skipped) or one gradient 0.1% off under
+    # a clip that acts (llama_sft's norm 0.92 over 0.05): the norms part, so each run scales every
+    # gradient by another factor and every gradient differs; localisation names the first gradient
+    # that parts by more than rounding past the factor they share (was: tok_embeddings, the first)
+    sft_clip = os.path.join(tmp, "llama_sft_clip.yaml")
+    open(sft_clip, "w").write(open(f"{ROOT}/models/llama_sft.yaml").read().replace(
+        "clip_grad_norm: 1.0", "clip_grad_norm: 0.05"))
+    hsdp = os.path.join(tmp, "sft_hsdp.yaml")
+    open(hsdp, "w").write("mesh: {dp_replicate: 2, dp_shard: 2}\ndata_parallel: {mesh_dim: [dp_replicate, dp_shard], "
+                          "mode: fully_shard, fully_shard: [\"layers.*\"]}\n")
+    past = "`: past the factor"
+    for plan, fault, named in (("plans/llama_sft_fsdp_cp.yaml", "skip_reduce_scatter:layers.1", "layers.1."),
+                               ("plans/llama_sft_fsdp_cp.yaml", "skip_reduce_scatter:layers.0", "layers.0."),
+                               (hsdp, "skip_reduce_scatter:layers.1", "layers.1."),
+                               ("plans/llama_sft_fsdp_cp.yaml", "grad_scale:output.weight", "output.weight")):
+        p = subprocess.run([PTOOL, "verify", sft_clip, plan], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                           env=dict(os.environ, PTOOL_FAULT=fault))
+        line = next((l for l in p.stdout.splitlines() if "first divergence" in l), "")
+        check(p.returncode == 1 and f"first divergence: step 0 gradient of `{named}" in line and past in line,
+              f"{plan} {fault} under an acting clip: exit {p.returncode}\n{line}\n{p.stdout[-600:]}")
+    p = subprocess.run([PTOOL, "verify", sft_clip, "plans/llama_sft_fsdp_cp.yaml", "-q"], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    check(p.returncode == 0, f"llama_sft under an acting clip, fsdp x cp: exit {p.returncode}\n{p.stdout[-600:]}")
 
 check.finish()

@@ -324,7 +324,7 @@ def training_mutants(ex, first_div, grad_fails):
     world = ex["tp"] * ex["dp"] * ((ex.get("context_parallel") or {}).get("cp") or 1)
     calls = ex.get("calls", [])
     ignored = set(ex["ignored_params"])
-    # one rank's gradient 0.1% off: the head's weight and a weight in the middle of the model. Not
+    # one rank's gradient 0.1% off: the head's weight, a weight in the middle of the model and the last bias. Not
     # under bf16 mixed precision, whose compute rounds at 0.4% (below its resolution, docs/testing.md)
     # (an expert's under expert parallelism lives on its owner alone, not on the rank the class scales:
     # ep_grads_wrong_group is its class)
@@ -332,8 +332,11 @@ def training_mutants(ex, first_div, grad_fails):
     experts = re.compile(r"\.experts\.\d+\.") if ep and ep["ep"] > 1 else None
     weights = [p for p in ex["params"] if p.endswith(".weight") and p not in ignored
                and not (experts and experts.search(p))]
+    # and the last bias: a gradient small beside its module's weight's, judged against its own norm
+    biases = [p for p in ex["params"] if p.endswith(".bias") and p not in ignored
+              and not (experts and experts.search(p))]
     if world > 1 and weights and not ex.get("mixed_precision"):
-        for p in sorted({weights[-1], weights[len(weights) // 2]}):
+        for p in sorted({weights[-1], weights[len(weights) // 2]} | set(biases[-1:])):
             yield ("grad_scale", f"grad_scale:{p}",
                    lambda r, p=p: grad_fails(p)(r) or f"gradient of `{p}`" in r["localisation"])
     # clipping by each rank's own norm: only where some gradient is sharded (tp, or fully_shard)

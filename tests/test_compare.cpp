@@ -1,5 +1,6 @@
 // verify's tensor comparison and digests: the in-place, per-dtype loop gives the numbers of the
 // plain rule (|a - e| <= atol + rtol |e|, ULPs in the dtype), and digests tell tensors apart.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -146,7 +147,8 @@ TEST_CASE("compare_piece: a tensor compared in pieces on ranks reads exactly the
         a.data<float>()[i] = e.data<float>()[i] + static_cast<float>(1e-6 * ((i % 5) - 2));
     }
     a.data<float>()[33] = e.data<float>()[33] * 1.01f;  // the worst element
-    const Tolerance tol{1.3e-6, 1e-5, 0, 1e-4};
+    Tolerance tol{1.3e-6, 1e-5, 0, 1e-4};
+    tol.projected = true;  // a clipped model's gradient: <a - e, e> summed too
     const TensorDiff whole = compare_tensors(a, e, tol);
     auto by_pieces = [&](int row_parts, int col_parts) {
         DiffPiece all;
@@ -169,9 +171,19 @@ TEST_CASE("compare_piece: a tensor compared in pieces on ranks reads exactly the
         CHECK(d.max_ulp == whole.max_ulp);
         CHECK(d.err_norm == whole.err_norm);  // exact sums: bitwise, not approximately
         CHECK(d.ref_norm == whole.ref_norm);
+        CHECK(d.projection == whole.projection);
         CHECK(d.pass == whole.pass);
     }
     CHECK_FALSE(whole.pass);
+    CHECK(whole.projected);
+    {  // the projection, in doubles: <a - e, e> / ||e||^2
+        double ae = 0, ee = 0;
+        for (int64_t i = 0; i < 70; ++i) {
+            const double x = e.data<float>()[i], y = a.data<float>()[i];
+            ae += (y - x) * x, ee += x * x;
+        }
+        CHECK(std::abs(whole.projection - ae / ee) <= 1e-12 * std::abs(ae / ee));
+    }
     // a piece that does not fit its box fails
     CHECK_FALSE(compare_piece(chunk(a, 3, 0, 0), e, {5, 0}, tol, 1).d.shape_ok);
 }
@@ -579,6 +591,57 @@ TEST_CASE("the systematic rule judges a gradient at its block's rounding level a
     CHECK(real.diff.systematic);
     // and an error of the block's scale in the vanishing gradient still fails
     CHECK_FALSE(report(2.4e-10, 1e-7).pass);
+}
+
+TEST_CASE("projection: a tensor scaled by a common factor projects to it, exactly", "[cpu]") {
+    Tensor e({64}, DType::float32), a({64}, DType::float32);
+    for (int64_t i = 0; i < 64; ++i) {
+        e.data<float>()[i] = static_cast<float>(std::cos(0.91 * i) * 1e-3);
+        a.data<float>()[i] = e.data<float>()[i] * 1.03f;  // clip_grad_norm's coefficient 3% apart
+    }
+    Tolerance tol = Tolerance::for_dtype(DType::float32);
+    tol.projected = true;
+    const TensorDiff d = compare_tensors(a, e, tol);
+    CHECK(d.projected);
+    CHECK(std::abs(d.projection - 0.03) < 1e-6);
+    // what is left past it is rounding: ||a - (1 + s) e|| against ||a - e||
+    const double left2 = d.err_norm * d.err_norm - 2 * d.projection * d.projection * d.ref_norm * d.ref_norm +
+                         d.projection * d.projection * d.ref_norm * d.ref_norm;
+    CHECK(std::sqrt(std::max(0.0, left2)) < 1e-6 * d.ref_norm);  // float32 rounding of 1.03 e
+    tol.projected = false;                                       // not asked for: not summed
+    CHECK_FALSE(compare_tensors(a, e, tol).projected);
+}
+
+TEST_CASE("the systematic rule judges a gradient small beside its module's against its own norm", "[cpu]") {
+    const Tolerance tol = Tolerance::for_dtype(DType::float32);  // systematic 1024 eps
+    REQUIRE(tol.systematic > 0);
+    auto report = [&](double bias_ref, double bias_err) {
+        PlanReport rep;
+        auto add = [&](const std::string& name, double ref, double err) {
+            TensorReport t;
+            t.name = name, t.diff.ref_norm = ref, t.diff.err_norm = err, t.replicas = ReplicaState::equal;
+            rep.tensors.push_back(t), rep.passed += 1;
+        };
+        add("step0.grad.b0.k_proj.bias", bias_ref, bias_err);  // every element within atol
+        add("step0.grad.b0.k_proj.weight", 3.2e-2, 1e-9);
+        add("step0.grad.head.weight", 1e-1, 1e-9);
+        judge_by_module(rep, tol);
+        return rep.tensors[0];
+    };
+    // a real bias gradient (RoPE's keys: 2.8e-3 beside its weight's 3.2e-2) one rank's 0.1% off:
+    // 4.8e-4 of its own norm (llama_sft_ddp, grad_scale), under 1024 eps of its module's
+    const TensorReport scaled = report(2.8e-3, 1.35e-6);
+    CHECK_FALSE(scaled.pass);
+    CHECK(scaled.diff.systematic);
+    CHECK(scaled.diff.systematic_own);
+    CHECK(std::abs(scaled.diff.rel_fro - 1.35e-6 / 2.8e-3) <= 1e-12);
+    // two summation orders of it part by 8e-7 of its norm (measured): that passes
+    CHECK(report(2.8e-3, 2.3e-9).pass);
+    // a bias whose true gradient vanishes (a key bias without RoPE: softmax ignores it) is the
+    // module's rounding residue, 1.6e-8 of its norm, and two runs' residues part by all of it:
+    // judged against the module's norm, as before
+    CHECK(report(5.3e-10, 1e-9).pass);
+    CHECK_FALSE(report(5.3e-10, 1e-5).pass);
 }
 
 }  // namespace test_compare

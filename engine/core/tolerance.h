@@ -41,6 +41,12 @@ struct Tolerance {
     enum class OutputSum { none, sum, mean } loss_of_outputs = OutputSum::none;
     double output_eps = 0;    // the eps of the dtype the outputs and the loss's partials are computed in
     bool signed_sum = false;  // also sum a - e exactly (TensorDiff::signed_err): the outputs' rule
+    // The model clips its gradients (clip_grad_norm): each run scales every gradient by its own
+    // norm's coefficient, so where the norms part every gradient parts by the same factor. A
+    // gradient's comparison then also sums e (a - e) (TensorDiff::projection: `projected`, set by
+    // verify/compare.h's rule_for), so that localisation tells that common factor from an error of
+    // the gradient's own (verify/report.cpp, localise).
+    bool clipped = false, projected = false;
 
     // torch.testing's rtol/atol for the dtype; for bfloat16/float16 also the Frobenius bound at `depth`.
     static Tolerance for_dtype(DType dt, int depth = 1);

@@ -26,15 +26,22 @@ struct TensorDiff {
     double rel_fro = 0;  // ||a - e||_F / ||e||_F (inf when e is zero and a is not)
     double err_norm = 0,
            ref_norm = 0;  // ||a - e||_F and ||e||_F (ref_norm 0 for bitwise-equal tensors without rel_fro)
-    bool by_frobenius = false;  // failed the elementwise rule, passed by the Frobenius bound
-    bool systematic = false;    // a gradient whose every element passed but whose error is beyond rounding
-                                // (Tolerance::systematic, judged against its module's in verify/report.cpp)
+    bool by_frobenius = false;    // failed the elementwise rule, passed by the Frobenius bound
+    bool systematic = false;      // a gradient whose every element passed but whose error is beyond rounding
+                                  // (Tolerance::systematic, judged against its module's in verify/report.cpp)
+    bool systematic_own = false;  // ... against its own norm (a gradient small beside its module's): rel_fro
+                                  // is of its own norm, not its module's
     bool by_gradients = false;  // a parameter that failed the elementwise rule while its gradients agreed and
                                 // its update is the optimizer's on them (verify/report.h, update rule)
     int64_t max_ulp = 0;
     double signed_err = 0;   // sum of a - e, exact (Tolerance::signed_sum; 0 otherwise)
     double expected_l1 = 0;  // sum of |e|, exact (the same)
-    int64_t elements = 0;    // compared (over every piece: each element once)
+    // Tolerance::projected: <a - e, e> / ||e||^2, the scale s that makes a closest to (1 + s) e (a
+    // gradient clip_grad_norm scaled by another factor than the reference's: s is that factor less
+    // 1, and ||a - (1 + s) e|| what is left); 0 otherwise
+    double projection = 0;
+    bool projected = false;
+    int64_t elements = 0;  // compared (over every piece: each element once)
     bool pass = true;
 };
 
@@ -124,6 +131,9 @@ struct DiffPiece {
     ExactSum err2, ref2;
     // Tolerance::signed_sum: the sums of a - e where positive, of e - a where positive, and of |e|
     ExactSum over, under, magnitude;
+    // Tolerance::projected: the sums of e (a - e) where positive and of -e (a - e) where positive
+    ExactSum along, against;
+    bool projected = false;
     bool counted = false;   // this piece holds elements (a replica that does not count holds none)
     bool all_equal = true;  // every element bitwise equal to its expected one
 };
@@ -136,13 +146,13 @@ int compare_threads();  // the most a comparison takes: one per core, at most 8
 void merge_piece(DiffPiece& into, const DiffPiece& piece);  // the maxima, counts and sums of both
 TensorDiff finish_diff(const DiffPiece& all, const Tolerance& tol);
 // A piece as int64 words (for a collective) and back.
-constexpr int kPieceWords = 12 + 5 * ExactSum::kWords;  // sums packed normalized
+constexpr int kPieceWords = 13 + 7 * ExactSum::kWords;  // sums packed normalized
 void pack_piece(const DiffPiece& p, int64_t* out);
 DiffPiece unpack_piece(const int64_t* in);
 
 // The rule for a recorded tensor: the masters' (Tolerance::masters) for step{k}.param.*; a model
 // output's with signed_sum where the loss is of the outputs themselves (Tolerance::loss_of_outputs);
-// else tol.
+// a gradient's `projected` where the model clips (Tolerance::clipped); else tol.
 Tolerance rule_for(const Tolerance& tol, const std::string& key);
 
 }  // namespace ptool

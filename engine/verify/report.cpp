@@ -1,8 +1,11 @@
 #include "verify/report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
+#include <vector>
 
 #include "model/batch.h"
 #include "parallel/plan.h"
@@ -64,18 +67,20 @@ void check_init_state(const RunRecord& ref, const RunRecord& par, PlanReport& re
                         par.unique_params, ref.unique_params));
 }
 
-}  // namespace
+// The norms a module rule judges a gradient or parameter against: its module's gradients' (the
+// tensors whose names differ only in their last atom) and its block's rounding floor (`systematic`
+// of the enclosing block's norm; the step's whole gradient for a top-level module).
+struct ModuleScale {
+    double module = 0, floor = 0;
+};
 
-void judge_by_module(PlanReport& rep, const Tolerance& tol) {
-    if (tol.rel_fro <= 0 && tol.systematic <= 0) return;
+std::map<std::string, ModuleScale> module_scales(const PlanReport& rep, const Tolerance& tol) {
     auto group_of = [&](const std::string& name) {
         const auto k = parse_step_key(name);
         // mixed precision's masters are full precision: their rule is elementwise (and the update rule)
         if (!k || (k->kind() != "grad" && (k->kind() != "param" || tol.masters))) return std::string();
         return name.substr(0, name.rfind('.'));
     };
-    // the module's gradients' squared norm, and its parent's (the block it sits in; the step's
-    // whole gradient for a top-level module)
     auto parent_of = [](const std::string& g) { return g.substr(0, g.rfind('.')); };
     std::map<std::string, double> ref2, parent2;
     for (const TensorReport& t : rep.tensors)
@@ -87,25 +92,92 @@ void judge_by_module(PlanReport& rep, const Tolerance& tol) {
                 if (p.find('.') == p.rfind('.')) break;  // "step0.grad": the step's whole gradient
             }
         }
+    std::map<std::string, ModuleScale> out;
+    for (const TensorReport& t : rep.tensors)
+        if (const std::string g = group_of(t.name); !g.empty())
+            out[t.name] = {std::sqrt(ref2[g]), tol.systematic * std::sqrt(parent2[parent_of(g)])};
+    return out;
+}
+
+// The norm the systematic rule judges a gradient's error against. A module's gradient at its
+// block's rounding level (under `systematic` of the block's norm: the true gradient vanishes, as
+// q/k's where every key is alike, and what was computed is the block's rounding residue) has no
+// digits two summation orders share: its error is judged against that floor, so an error of the
+// block's scale still fails. A gradient above its module's rounding level (its norm over
+// `systematic` of the module's: a true gradient, however small beside the module's other tensors,
+// as a bias's beside its weight's) is judged against its own norm: its rounding scales with it
+// (measured, docs/architecture.md), and a 0.1% error in it is far below its module's scale.
+double judged_norm(double own, const ModuleScale& s, double systematic) {
+    return s.module >= s.floor && own > systematic * s.module ? own : std::max(s.module, s.floor);
+}
+
+// Under clip_grad_norm, where the two runs' norms part, each run scales every gradient by its own
+// norm's coefficient, so that every gradient parts from the reference's by the same factor
+// (Tolerance::clipped): the step's first gradient that parts by more than rounding past the factor
+// the gradients share (the median of their projections, TensorDiff::projection), or none.
+struct PastFactor {
+    const TensorReport* t;
+    double factor, left;  // the shared factor less 1; what is left of its error, of its norm
+};
+std::optional<PastFactor> past_clip_factor(const PlanReport& rep, const Tolerance& tol, int64_t step) {
+    const double bound = tol.systematic > 0 ? tol.systematic : tol.rel_fro;  // rounding's reach
+    if (!tol.clipped || bound <= 0) return std::nullopt;
+    const TensorReport* norm = nullptr;
+    std::vector<const TensorReport*> grads;
+    for (const TensorReport& t : rep.tensors)
+        if (const auto k = parse_step_key(t.name); k && k->step == step) {
+            if (k->kind() == "grad_norm") norm = &t;
+            if (k->kind() == "grad") grads.push_back(&t);
+        }
+    if (!norm || norm->pass || norm->diff.nonfinite) return std::nullopt;  // one factor: the norms agree
+    const std::map<std::string, ModuleScale> scales = module_scales(rep, tol);
+    std::vector<double> shared;  // of the gradients above their modules' rounding level
+    for (const TensorReport* t : grads) {
+        if (!t->diff.projected || !t->diff.shape_ok || t->diff.nonfinite) return std::nullopt;
+        const auto it = scales.find(t->name);
+        if (it != scales.end() && t->diff.ref_norm > bound * it->second.module)
+            shared.push_back(t->diff.projection);
+    }
+    if (shared.empty()) return std::nullopt;
+    std::nth_element(shared.begin(), shared.begin() + static_cast<std::ptrdiff_t>(shared.size() / 2),
+                     shared.end());
+    const double m = shared[shared.size() / 2];
+    for (const TensorReport* t : grads) {
+        const auto it = scales.find(t->name);
+        if (t->pass || it == scales.end()) continue;
+        // ||a - (1 + m) e||^2 = ||a - e||^2 - 2 m <a - e, e> + m^2 ||e||^2
+        const double e2 = t->diff.ref_norm * t->diff.ref_norm,
+                     left = std::sqrt(std::max(0.0, t->diff.err_norm * t->diff.err_norm -
+                                                        2 * m * t->diff.projection * e2 + m * m * e2));
+        if (left > bound * judged_norm(t->diff.ref_norm, it->second, bound))
+            return PastFactor{
+                t, m,
+                t->diff.ref_norm > 0 ? left / t->diff.ref_norm : std::numeric_limits<double>::infinity()};
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
+void judge_by_module(PlanReport& rep, const Tolerance& tol) {
+    if (tol.rel_fro <= 0 && tol.systematic <= 0) return;
+    const std::map<std::string, ModuleScale> scales = module_scales(rep, tol);
     for (TensorReport& t : rep.tensors) {
-        const std::string g = group_of(t.name);
-        if (g.empty() || !t.diff.shape_ok || std::isinf(t.diff.err_norm) || replica_failure(t.replicas))
+        const auto it = scales.find(t.name);
+        if (it == scales.end() || !t.diff.shape_ok || std::isinf(t.diff.err_norm) ||
+            replica_failure(t.replicas))
             continue;
-        const double module_norm = std::sqrt(ref2[g]);
-        // A module's gradient at its block's rounding level (under `systematic` of the block's
-        // norm: the true gradient vanishes, as q/k's where every key is alike, and what was computed
-        // is the block's rounding residue) has no digits two summation orders share: its error is
-        // judged against that floor, so an error of the block's scale still fails.
-        const double floor = tol.systematic * std::sqrt(parent2[parent_of(g)]),
-                     scale = std::max(module_norm, floor);
+        const double module_norm = it->second.module, own = t.diff.ref_norm,
+                     scale = judged_norm(own, it->second, tol.systematic);
         if (!t.pass && tol.rel_fro > 0 && module_norm > 0 && t.diff.err_norm <= tol.rel_fro * module_norm) {
             t.diff.rel_fro = t.diff.err_norm / module_norm;
             t.diff.by_frobenius = t.diff.pass = t.pass = true;
             rep.failed -= 1, rep.passed += 1;
         } else if (t.pass && tol.systematic > 0 && parse_step_key(t.name)->kind() == "grad" &&
                    t.diff.err_norm > tol.systematic * scale && t.replicas != ReplicaState::ignored) {
-            t.diff.rel_fro =
-                module_norm > 0 ? t.diff.err_norm / module_norm : std::numeric_limits<double>::infinity();
+            t.diff.systematic_own = scale == own && own < module_norm;
+            const double of = t.diff.systematic_own ? own : module_norm;
+            t.diff.rel_fro = of > 0 ? t.diff.err_norm / of : std::numeric_limits<double>::infinity();
             t.diff.systematic = true, t.diff.pass = t.pass = false;
             rep.failed += 1, rep.passed -= 1;
         }
@@ -224,9 +296,9 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
                 fmt::format("first non-finite value: step {} {} holds NaN or inf in {}; before it, {} agreed "
                             "and was finite",
                             step, what, nonfinite_sides(d, "the parallel run", "the reference"), prev)};
-        const std::string how =
-            d.systematic ? fmt::format("error {:.2g} of its module's norm, beyond rounding", d.rel_fro)
-                         : fmt::format("max rel {:.2g}", d.max_rel);
+        const std::string how = d.systematic ? fmt::format("error {:.2g} of its {}norm, beyond rounding",
+                                                           d.rel_fro, d.systematic_own ? "" : "module's ")
+                                             : fmt::format("max rel {:.2g}", d.max_rel);
         return Divergence{
             step,
             kind,
@@ -270,6 +342,17 @@ std::optional<Divergence> localise(const RunRecord& ref, const RunRecord& par, c
                 "clip_grad_norm (which scales each group of copies by its own norm, so that every gradient "
                 "differs after it); before it, {} agreed ({})",
                 s, fqn, prev, agreed());
+            return d;
+        }
+        if (const auto past = past_clip_factor(rep, tol, static_cast<int64_t>(s))) {
+            const std::string fqn = parse_step_key(past->t->name)->rest.substr(5);
+            Divergence d = diverged(static_cast<int64_t>(s), "grad", fqn,
+                                    fmt::format("gradient of `{}`", fqn), past->t->diff);
+            d.text = fmt::format(
+                "first divergence: step {} gradient of `{}`: past the factor {:.6g} by which clip_grad_norm "
+                "scales every gradient apart from the reference's (their norms part), it parts by {:.2g} of "
+                "its norm (max abs {:.3g}); before it, {} agreed ({})",
+                s, fqn, 1 + past->factor, past->left, past->t->diff.max_abs, prev, agreed());
             return d;
         }
         for (const std::string kind : {"grad", "grad_norm", "param"})

@@ -75,7 +75,8 @@ PlanReport compare_runs(const RunRecord& reference, const RunRecord& parallel, c
 // The module rules, over a report's step{k}.grad.* (and, without mixed precision, param.*) tensors
 // grouped by module (the names that differ only in their last atom): in low precision a tensor that
 // fails alone passes when its error is within Tolerance::rel_fro of its module's norm; in float32/64
-// a gradient that passes elementwise fails when its error exceeds Tolerance::systematic of it.
+// a gradient that passes elementwise fails when its error exceeds Tolerance::systematic of it (or of
+// its own norm, where that is above the module's rounding level: a bias beside its weight).
 void judge_by_module(PlanReport& rep, const Tolerance& tol);
 
 // The numbers a report's heat map draws (`verify --csv`, `--report`): per step, each module's
