@@ -114,7 +114,8 @@ double judged_norm(double own, const ModuleScale& s, double systematic) {
 // Under clip_grad_norm, where the two runs' norms part, each run scales every gradient by its own
 // norm's coefficient, so that every gradient parts from the reference's by the same factor
 // (Tolerance::clipped): the step's first gradient that parts by more than rounding past the factor
-// the gradients share (the median of their projections, TensorDiff::projection), or none.
+// the gradients share (the median of their projections, TensorDiff::projection), or none where
+// that is the first gradient that fails (the order's own answer: localise names it as any other).
 struct PastFactor {
     const TensorReport* t;
     double factor, left;  // the shared factor less 1; what is left of its error, of its norm
@@ -142,6 +143,7 @@ std::optional<PastFactor> past_clip_factor(const PlanReport& rep, const Toleranc
     std::nth_element(shared.begin(), shared.begin() + static_cast<std::ptrdiff_t>(shared.size() / 2),
                      shared.end());
     const double m = shared[shared.size() / 2];
+    bool first = true;  // the first gradient that fails
     for (const TensorReport* t : grads) {
         const auto it = scales.find(t->name);
         if (t->pass || it == scales.end()) continue;
@@ -149,10 +151,13 @@ std::optional<PastFactor> past_clip_factor(const PlanReport& rep, const Toleranc
         const double e2 = t->diff.ref_norm * t->diff.ref_norm,
                      left = std::sqrt(std::max(0.0, t->diff.err_norm * t->diff.err_norm -
                                                         2 * m * t->diff.projection * e2 + m * m * e2));
-        if (left > bound * judged_norm(t->diff.ref_norm, it->second, bound))
+        if (left > bound * judged_norm(t->diff.ref_norm, it->second, bound)) {
+            if (first) return std::nullopt;
             return PastFactor{
                 t, m,
                 t->diff.ref_norm > 0 ? left / t->diff.ref_norm : std::numeric_limits<double>::infinity()};
+        }
+        first = false;
     }
     return std::nullopt;
 }
