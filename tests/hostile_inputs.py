@@ -996,4 +996,19 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(2, ["ctx_cluster.yaml:", "leave no memory for tensors"], "plan", f"{M}/llama_rope.yaml", "--cluster",
            T("ctx_cluster.yaml"), "--world-size", "8")
 
+    # 34. found by the seventh round's hunt
+    # an eager attention's scores [B*H, T, T] at T = 2^28 (2^64 bytes) wrapped to 0: explain said
+    # 916 GiB, exit 0; at 2^30 the element count wrapped. Sized where a shape becomes a size: exit 3
+    for t in (2**28, 2**30):
+        att = write(T(f"att_{t}.yaml"), f"batch: {{input: {{tokens: [1, {t}], vocab: 16}}}}\nmodules:\n"
+                    "  - {name: e, type: embedding, vocab: 16, dim: 64}\n"
+                    "  - {name: a, type: attention, dim: 64, heads: 64, attn_implementation: eager}\n"
+                    "  - {name: h, type: linear, in: 64, out: 16}\nloss: cross_entropy\n")
+        expect(3, ["a tensor of shape [64, ", "beyond any device's memory"], "explain", att, f"{P}/empty_plan.yaml",
+               timeout=120)
+    att = T(f"att_{2**28}.yaml")
+    for args in (["run", att], ["verify", att, f"{P}/empty_plan.yaml"],
+                 ["plan", att, "--cluster", f"{ROOT}/clusters/h100_8x8.yaml", "--world-size", "8"]):
+        expect(3, ["beyond any device's memory"], *args, timeout=120)
+
 check.finish()
