@@ -1010,5 +1010,26 @@ with tempfile.TemporaryDirectory() as tmp:
     for args in (["run", att], ["verify", att, f"{P}/empty_plan.yaml"],
                  ["plan", att, "--cluster", f"{ROOT}/clusters/h100_8x8.yaml", "--world-size", "8"]):
         expect(3, ["beyond any device's memory"], *args, timeout=120)
+    # a batch with no valid target: verify refused it, run trained "loss nan" (exit 0), shrink wrote a
+    # proxy of fraction 0.5 that passed, plan --verify passed
+    lm = "  - {name: e, type: embedding, vocab: 16, dim: 8}\n  - {name: h, type: linear, in: 8, out: 16}\n" \
+         "loss: cross_entropy\n"
+    dp2 = write(T("dp2.yaml"), "mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n")
+    for name, mask in (("all", "{fraction: 1}"), ("prompt", "{prompt: [8, 8]}")):
+        masked = write(T(f"mask_{name}.yaml"), f"batch: {{input: {{tokens: [4, 8], vocab: 16}}, masked_targets: "
+                       f"{mask}}}\nmodules:\n{lm}loss_normalization: global_tokens\n")
+        for args in (["run", masked], ["verify", masked, dp2],
+                     ["golden", "record", masked, dp2, "-o", T("mask.safetensors")],
+                     ["shrink", masked, dp2, "-o", T("mask_proxy.yaml")],
+                     ["plan", masked, "--cluster", f"{ROOT}/clusters/cpu_local.yaml", "--world-size", "2",
+                      "--verify"]):
+            expect(2, [f"mask_{name}.yaml:1:", "step 0's batch has no valid target"], *args)
+        check(not os.path.exists(T("mask_proxy.yaml")) and not os.path.exists(T("mask.safetensors")),
+              "a batch with no valid target: a proxy or golden was written")
+    plain = write(T("plain_lm.yaml"), f"batch: {{input: {{tokens: [2, 4], vocab: 16}}}}\nmodules:\n{lm}")
+    ignored = tensors_file(T("ignored1.safetensors"), {"step0.target": ("I64", [2, 4], [1] * 8),
+                                                        "step1.target": ("I64", [2, 4], [-100] * 8)})
+    expect(2, ["ignored1.safetensors", "step 1's batch has no valid target"], "run", plain, "--data", ignored,
+           "--steps", "2")
 
 check.finish()
