@@ -1031,5 +1031,12 @@ with tempfile.TemporaryDirectory() as tmp:
                                                         "step1.target": ("I64", [2, 4], [-100] * 8)})
     expect(2, ["ignored1.safetensors", "step 1's batch has no valid target"], "run", plain, "--data", ignored,
            "--steps", "2")
+    # cross_entropy on a 1-D output [8]: an internal error (narrow(0, 0, 8) out of range for []); exit 2 at the key
+    ce1d = write(T("ce1d.yaml"), "batch: {input: [8]}\nmodules:\n  - {name: l, type: linear, in: 8, out: 8}\n"
+                 "loss: cross_entropy\n")
+    for args in (["run", ce1d], ["verify", ce1d, f"{P}/empty_plan.yaml"], ["explain", ce1d, f"{P}/empty_plan.yaml"],
+                 ["plan", ce1d, "--cluster", f"{ROOT}/clusters/cpu_local.yaml"],
+                 ["golden", "record", ce1d, f"{P}/empty_plan.yaml", "-o", T("ce1d.safetensors")]):
+        expect(2, ["ce1d.yaml:4:", "cross_entropy", "at least 2 dims"], *args)
 
 check.finish()
