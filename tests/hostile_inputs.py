@@ -1038,5 +1038,16 @@ with tempfile.TemporaryDirectory() as tmp:
                  ["plan", ce1d, "--cluster", f"{ROOT}/clusters/cpu_local.yaml"],
                  ["golden", "record", ce1d, f"{P}/empty_plan.yaml", "-o", T("ce1d.safetensors")]):
         expect(2, ["ce1d.yaml:4:", "cross_entropy", "at least 2 dims"], *args)
+    # shrink of a 1-D batch cut its one dim as rows ([8] -> [2]): an error at a proxy the user never sees
+    ln1d = write(T("ln1d.yaml"), "batch: {input: [8]}\nmodules:\n  - {name: n, type: layer_norm, dim: 8}\n"
+                 "  - {name: l, type: linear, in: 8, out: 8}\nloss: mean\n")
+    tp2 = write(T("ln1d_tp.yaml"), "mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n"
+                "  plan:\n    l: {style: colwise, output_layouts: replicate}\n")
+    expect(0, ["wrote"], "shrink", ln1d, tp2, "-o", T("ln1d_proxy.yaml"))
+    if os.path.exists(T("ln1d_proxy.yaml")):
+        check(yaml.safe_load(open(T("ln1d_proxy.yaml")))["batch"]["input"] == [8], "the 1-D batch was cut")
+        expect(0, ["PASS"], "verify", T("ln1d_proxy.yaml"), tp2)
+    expect(0, ["PASS"], "plan", ln1d, "--cluster", f"{ROOT}/clusters/cpu_local.yaml", "--world-size", "2",
+           "--verify")
 
 check.finish()
