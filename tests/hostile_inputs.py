@@ -1049,5 +1049,15 @@ with tempfile.TemporaryDirectory() as tmp:
         expect(0, ["PASS"], "verify", T("ln1d_proxy.yaml"), tp2)
     expect(0, ["PASS"], "plan", ln1d, "--cluster", f"{ROOT}/clusters/cpu_local.yaml", "--world-size", "2",
            "--verify")
+    # a NUL byte in YAML: in a comment accepted, elsewhere "unknown escape character"; named at its place
+    mlp_text, root_text = open(mlp).read(), open(root).read()
+    nul_comment = write(T("nul_comment.yaml"), mlp_text.replace("\n", "\n# a\0b\n", 1))
+    expect(2, ["nul_comment.yaml:2:4:", "a NUL byte"], "run", nul_comment)
+    nul_key = write(T("nul_key.yaml"), mlp_text + "\0steps: 2\n")
+    expect(2, [f"nul_key.yaml:{mlp_text.count(chr(10)) + 1}:1:", "a NUL byte"], "run", nul_key)
+    nul_plan = write(T("nul_plan.yaml"), root_text + "# \0\n")
+    expect(2, [f"nul_plan.yaml:{root_text.count(chr(10)) + 1}:3:", "a NUL byte"], "verify", mlp, nul_plan)
+    nul_cluster = write(T("nul_cluster.yaml"), open(f"{ROOT}/clusters/cpu_local.yaml").read() + "\0")
+    expect(2, ["nul_cluster.yaml:", "a NUL byte"], "plan", mlp, "--cluster", nul_cluster)
 
 check.finish()
