@@ -1038,6 +1038,24 @@ with tempfile.TemporaryDirectory() as tmp:
                  ["plan", ce1d, "--cluster", f"{ROOT}/clusters/cpu_local.yaml"],
                  ["golden", "record", ce1d, f"{P}/empty_plan.yaml", "-o", T("ce1d.safetensors")]):
         expect(2, ["ce1d.yaml:4:", "cross_entropy", "at least 2 dims"], *args)
+    # golden record without --force replaced a file made while it ran (two records of one path: both
+    # exit 0): put in place without replacing, exactly one wins, the other exits 2 naming the file
+    gm, gp = f"{M}/gemm_mlp.yaml", f"{P}/gemm_mlp_tp.yaml"
+    keep = write(T("keep.safetensors"), "precious")
+    expect(2, ["keep.safetensors", "file exists"], "golden", "record", gm, gp, "-o", keep)
+    check(open(keep).read() == "precious", "golden record without --force replaced a file")
+    race = T("race.safetensors")
+    for attempt in range(3):
+        if os.path.exists(race):
+            os.unlink(race)
+        procs = [subprocess.Popen([PTOOL, "golden", "record", gm, gp, "-o", race, "--steps", "3"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        outs = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+        codes = sorted(rc for rc, _ in outs)
+        check(codes == [0, 2] and any("file exists" in err for _, err in outs),
+              f"two golden records of one path without --force: exits {codes}\n{outs}")
+        check(run("golden", "show", race)[0] == 0, "the record that won left no valid golden")
+        check(not [n for n in os.listdir(tmp) if ".race.safetensors.tmp-" in n], "the loser left its temporary")
     # shrink of a 1-D batch cut its one dim as rows ([8] -> [2]): an error at a proxy the user never sees
     ln1d = write(T("ln1d.yaml"), "batch: {input: [8]}\nmodules:\n  - {name: n, type: layer_norm, dim: 8}\n"
                  "  - {name: l, type: linear, in: 8, out: 8}\nloss: mean\n")
