@@ -9,6 +9,7 @@
 #include "model/checkpoint.h"
 #include "train/simulate.h"
 #include "verify/golden.h"
+#include "verify/loss_causes.h"
 
 namespace ptool::cli {
 namespace {
@@ -54,7 +55,8 @@ void run(const RunArgs& a, const Common& c) {
             fmt::print("step {:>3}  loss {:.8g}  {:.3f} ms\n", k, std::isnan(loss) ? std::fabs(loss) : loss,
                        seconds * 1e3);
     };
-    require_host_memory(in, single_device_plan(), steps);  // exit 3 rather than the OOM killer
+    require_host_memory(in, single_device_plan(), steps);           // exit 3 rather than the OOM killer
+    require_valid_targets(model, single_device_plan(), in, steps);  // no loss nan over no target
     const RunRecord rec = record_reference(in, single_device_plan(), steps, ro);
     if (c.verbosity >= 0) fmt::print("total {:.3f} ms\n", total * 1e3);
     if (a.dump.empty()) return;

@@ -9,6 +9,7 @@
 #include "plan/explain.h"
 #include "plan/shrink.h"
 #include "train/simulate.h"
+#include "verify/loss_causes.h"
 
 namespace ptool::cli {
 
@@ -16,18 +17,22 @@ std::string shrunk_model_checked(const std::string& model_path, const std::strin
     const std::string text = read_file(model_path, YamlLimits{}.max_bytes);
     Plan plan;
     {
-        MetaAllocation meta;  // the loader's errors, with positions in the real file
+        // the loader's errors, with positions in the real file
+        auto meta = std::make_unique<MetaAllocation>();
         const Model real = load_model_text(text, model_path, "", false);
         plan = load_plan(plan_path);
         // the plan against the real model first, as verify of it would hold it (the proxy's sizes are
         // made to split, so a plan that does not fit the real batch, sequence or blocks would pass
         // on it): the microbatches, the resolution and lint (data ranks over the batch's rows, cp
-        // over the sequence, the layout pass), and what a run checks as it is built (its stages)
+        // over the sequence, the layout pass), what a run checks as it is built (its stages), and
+        // the real batch's targets (the proxy's fewer, masked at most half, would have valid ones)
         check_microbatches(plan, real);
         explain_plan(real, plan);
         RunInputs in;
         in.model_path = model_path, in.model_text = text;
         check_run(in, plan, 0);
+        meta.reset();  // the targets are counted on the host (a meta tensor reads zeros)
+        require_valid_targets(real, plan, in, real.steps);
     }
     const std::string proxy = shrink_model(text, model_path, plan);
     const Model m = load_model_text(proxy, model_path + " (proxy)", "", false);

@@ -996,4 +996,86 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(2, ["ctx_cluster.yaml:", "leave no memory for tensors"], "plan", f"{M}/llama_rope.yaml", "--cluster",
            T("ctx_cluster.yaml"), "--world-size", "8")
 
+    # 34. found by the seventh round's hunt
+    # an eager attention's scores [B*H, T, T] at T = 2^28 (2^64 bytes) wrapped to 0: explain said
+    # 916 GiB, exit 0; at 2^30 the element count wrapped. Sized where a shape becomes a size: exit 3
+    for t in (2**28, 2**30):
+        att = write(T(f"att_{t}.yaml"), f"batch: {{input: {{tokens: [1, {t}], vocab: 16}}}}\nmodules:\n"
+                    "  - {name: e, type: embedding, vocab: 16, dim: 64}\n"
+                    "  - {name: a, type: attention, dim: 64, heads: 64, attn_implementation: eager}\n"
+                    "  - {name: h, type: linear, in: 64, out: 16}\nloss: cross_entropy\n")
+        expect(3, ["a tensor of shape [64, ", "beyond any device's memory"], "explain", att, f"{P}/empty_plan.yaml",
+               timeout=120)
+    att = T(f"att_{2**28}.yaml")
+    for args in (["run", att], ["verify", att, f"{P}/empty_plan.yaml"],
+                 ["plan", att, "--cluster", f"{ROOT}/clusters/h100_8x8.yaml", "--world-size", "8"]):
+        expect(3, ["beyond any device's memory"], *args, timeout=120)
+    # a batch with no valid target: verify refused it, run trained "loss nan" (exit 0), shrink wrote a
+    # proxy of fraction 0.5 that passed, plan --verify passed
+    lm = "  - {name: e, type: embedding, vocab: 16, dim: 8}\n  - {name: h, type: linear, in: 8, out: 16}\n" \
+         "loss: cross_entropy\n"
+    dp2 = write(T("dp2.yaml"), "mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: replicate}\n")
+    for name, mask in (("all", "{fraction: 1}"), ("prompt", "{prompt: [8, 8]}")):
+        masked = write(T(f"mask_{name}.yaml"), f"batch: {{input: {{tokens: [4, 8], vocab: 16}}, masked_targets: "
+                       f"{mask}}}\nmodules:\n{lm}loss_normalization: global_tokens\n")
+        for args in (["run", masked], ["verify", masked, dp2],
+                     ["golden", "record", masked, dp2, "-o", T("mask.safetensors")],
+                     ["shrink", masked, dp2, "-o", T("mask_proxy.yaml")],
+                     ["plan", masked, "--cluster", f"{ROOT}/clusters/cpu_local.yaml", "--world-size", "2",
+                      "--verify"]):
+            expect(2, [f"mask_{name}.yaml:1:", "step 0's batch has no valid target"], *args)
+        check(not os.path.exists(T("mask_proxy.yaml")) and not os.path.exists(T("mask.safetensors")),
+              "a batch with no valid target: a proxy or golden was written")
+    plain = write(T("plain_lm.yaml"), f"batch: {{input: {{tokens: [2, 4], vocab: 16}}}}\nmodules:\n{lm}")
+    ignored = tensors_file(T("ignored1.safetensors"), {"step0.target": ("I64", [2, 4], [1] * 8),
+                                                        "step1.target": ("I64", [2, 4], [-100] * 8)})
+    expect(2, ["ignored1.safetensors", "step 1's batch has no valid target"], "run", plain, "--data", ignored,
+           "--steps", "2")
+    # cross_entropy on a 1-D output [8]: an internal error (narrow(0, 0, 8) out of range for []); exit 2 at the key
+    ce1d = write(T("ce1d.yaml"), "batch: {input: [8]}\nmodules:\n  - {name: l, type: linear, in: 8, out: 8}\n"
+                 "loss: cross_entropy\n")
+    for args in (["run", ce1d], ["verify", ce1d, f"{P}/empty_plan.yaml"], ["explain", ce1d, f"{P}/empty_plan.yaml"],
+                 ["plan", ce1d, "--cluster", f"{ROOT}/clusters/cpu_local.yaml"],
+                 ["golden", "record", ce1d, f"{P}/empty_plan.yaml", "-o", T("ce1d.safetensors")]):
+        expect(2, ["ce1d.yaml:4:", "cross_entropy", "at least 2 dims"], *args)
+    # golden record without --force replaced a file made while it ran (two records of one path: both
+    # exit 0): put in place without replacing, exactly one wins, the other exits 2 naming the file
+    gm, gp = f"{M}/gemm_mlp.yaml", f"{P}/gemm_mlp_tp.yaml"
+    keep = write(T("keep.safetensors"), "precious")
+    expect(2, ["keep.safetensors", "file exists"], "golden", "record", gm, gp, "-o", keep)
+    check(open(keep).read() == "precious", "golden record without --force replaced a file")
+    race = T("race.safetensors")
+    for attempt in range(3):
+        if os.path.exists(race):
+            os.unlink(race)
+        procs = [subprocess.Popen([PTOOL, "golden", "record", gm, gp, "-o", race, "--steps", "3"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        outs = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+        codes = sorted(rc for rc, _ in outs)
+        check(codes == [0, 2] and any("file exists" in err for _, err in outs),
+              f"two golden records of one path without --force: exits {codes}\n{outs}")
+        check(run("golden", "show", race)[0] == 0, "the record that won left no valid golden")
+        check(not [n for n in os.listdir(tmp) if ".race.safetensors.tmp-" in n], "the loser left its temporary")
+    # shrink of a 1-D batch cut its one dim as rows ([8] -> [2]): an error at a proxy the user never sees
+    ln1d = write(T("ln1d.yaml"), "batch: {input: [8]}\nmodules:\n  - {name: n, type: layer_norm, dim: 8}\n"
+                 "  - {name: l, type: linear, in: 8, out: 8}\nloss: mean\n")
+    tp2 = write(T("ln1d_tp.yaml"), "mesh: {tp: 2}\ntensor_parallel:\n  mesh_dim: tp\n"
+                "  plan:\n    l: {style: colwise, output_layouts: replicate}\n")
+    expect(0, ["wrote"], "shrink", ln1d, tp2, "-o", T("ln1d_proxy.yaml"))
+    if os.path.exists(T("ln1d_proxy.yaml")):
+        check(yaml.safe_load(open(T("ln1d_proxy.yaml")))["batch"]["input"] == [8], "the 1-D batch was cut")
+        expect(0, ["PASS"], "verify", T("ln1d_proxy.yaml"), tp2)
+    expect(0, ["PASS"], "plan", ln1d, "--cluster", f"{ROOT}/clusters/cpu_local.yaml", "--world-size", "2",
+           "--verify")
+    # a NUL byte in YAML: in a comment accepted, elsewhere "unknown escape character"; named at its place
+    mlp_text, root_text = open(mlp).read(), open(root).read()
+    nul_comment = write(T("nul_comment.yaml"), mlp_text.replace("\n", "\n# a\0b\n", 1))
+    expect(2, ["nul_comment.yaml:2:4:", "a NUL byte"], "run", nul_comment)
+    nul_key = write(T("nul_key.yaml"), mlp_text + "\0steps: 2\n")
+    expect(2, [f"nul_key.yaml:{mlp_text.count(chr(10)) + 1}:1:", "a NUL byte"], "run", nul_key)
+    nul_plan = write(T("nul_plan.yaml"), root_text + "# \0\n")
+    expect(2, [f"nul_plan.yaml:{root_text.count(chr(10)) + 1}:3:", "a NUL byte"], "verify", mlp, nul_plan)
+    nul_cluster = write(T("nul_cluster.yaml"), open(f"{ROOT}/clusters/cpu_local.yaml").read() + "\0")
+    expect(2, ["nul_cluster.yaml:", "a NUL byte"], "plan", mlp, "--cluster", nul_cluster)
+
 check.finish()

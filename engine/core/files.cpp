@@ -231,17 +231,34 @@ void remove_leftovers(const fs::path& target) {
 struct Staged {
     std::string tmp, path;
     int slot;  // track_temp's
+    bool overwrite;
 };
 
 // The OutputGroups open on this thread and the files written in them, not yet renamed.
 thread_local int g_groups = 0;
 thread_local std::vector<Staged> g_staged;
 
+// Without overwrite the rename never replaces a file: check_output's look before the work leaves a
+// window (a file made while the output was written, another ptool's record of the same path), so
+// the file is put in place by renameat2's RENAME_NOREPLACE, or by link() where the file system has
+// no renameat2 (EINVAL, ENOSYS), and one found there is the same refusal as check_output's. A file
+// system with neither (no hard links: EPERM, EOPNOTSUPP) gets a look and a rename, the window back.
+int rename_noreplace(const Staged& s) {
+    if (::renameat2(AT_FDCWD, s.tmp.c_str(), AT_FDCWD, s.path.c_str(), RENAME_NOREPLACE) == 0) return 0;
+    if (errno != EINVAL && errno != ENOSYS) return -1;
+    if (::link(s.tmp.c_str(), s.path.c_str()) == 0) return ::unlink(s.tmp.c_str()), 0;
+    if (errno != EPERM && errno != EOPNOTSUPP) return -1;
+    struct stat st {};
+    if (::lstat(s.path.c_str(), &st) == 0) return errno = EEXIST, -1;
+    return std::rename(s.tmp.c_str(), s.path.c_str());
+}
+
 void put_in_place(const Staged& s) {
-    if (std::rename(s.tmp.c_str(), s.path.c_str()) != 0) {
+    if ((s.overwrite ? std::rename(s.tmp.c_str(), s.path.c_str()) : rename_noreplace(s)) != 0) {
         const int err = errno;
         ::unlink(s.tmp.c_str());
         untrack_temp(s.slot);
+        if (err == EEXIST) refuse(s.path, "file exists (use --force to replace it)");
         throw RuntimeError(fmt::format("{}: rename failed: {}", s.path, std::strerror(err)));
     }
     untrack_temp(s.slot);
@@ -254,7 +271,7 @@ void discard(const Staged& s) {
 
 // A regular file, or a path that does not exist yet: temp file, fsync, rename (in an OutputGroup:
 // at its commit).
-void write_atomic(const std::string& path, const std::string& bytes) {
+void write_atomic(const std::string& path, const std::string& bytes, bool overwrite) {
     const fs::path target(path);
     const fs::path dir = folder_of(target);
     remove_leftovers(target);
@@ -287,8 +304,9 @@ void write_atomic(const std::string& path, const std::string& bytes) {
     if (::fsync(fd) != 0 || ::close(fd) != 0)
         fail(fmt::format("{}: flush failed: {}", path, std::strerror(errno)));
     ::chmod(tmp.c_str(), 0644);
-    if (g_groups > 0) return g_staged.push_back({tmp, path, slot});  // renamed by the group's commit
-    put_in_place({tmp, path, slot});
+    if (g_groups > 0)
+        return g_staged.push_back({tmp, path, slot, overwrite});  // renamed by the group's commit
+    put_in_place({tmp, path, slot, overwrite});
 }
 
 }  // namespace
@@ -405,7 +423,7 @@ void write_file(const std::string& path, const std::string& bytes, bool overwrit
     }
     check_output(path, overwrite);
     if (::stat(path.c_str(), &st) == 0) refuse_if_read(path, st);
-    write_atomic(path, bytes);
+    write_atomic(path, bytes, overwrite);
 }
 
 OutputGroup::OutputGroup() {

@@ -11,14 +11,16 @@
 // outputs by role before a command runs, this is the backstop for files found later, such as an
 // index's shards). A regular file (or a path that does not exist) is written atomically: a temporary
 // file `.NAME.tmp-PID-N` in the same folder (N six hex digits), written, fsync'ed, renamed over
-// NAME; on a signal that ends the process the temporary file is removed (core/temp_paths.h; SIGKILL
-// cannot be caught: the next write to the same path removes regular files named exactly so whose
-// writer is gone, never one the command read). A symlink is followed and its target written that
-// way; a device, FIFO or socket is written through (/dev/null). A name for one of the process's own
-// descriptors (/dev/stdout, /dev/fd/N, /proc/self/fd/N, however spelled: its folder is compared by
-// real path) is written through that descriptor, unless it is open on a file the command read. A
-// write that fails (disk full, EIO, EFBIG past `ulimit -f`) is a RuntimeError naming the file (exit
-// 3); the target is never partial.
+// NAME (without overwrite, never over a file: one made there since check_output looked is kept,
+// the same InputError as check_output's, the temporary removed); on a signal that ends the process
+// the temporary file is removed (core/temp_paths.h; SIGKILL cannot be caught: the next write to the
+// same path removes regular files named exactly so whose writer is gone, never one the command
+// read). A symlink is followed and its target written that way; a device, FIFO or socket is
+// written through (/dev/null). A name for one of the process's own descriptors (/dev/stdout,
+// /dev/fd/N, /proc/self/fd/N, however spelled: its folder is compared by real path) is written
+// through that descriptor, unless it is open on a file the command read. A write that fails (disk
+// full, EIO, EFBIG past `ulimit -f`) is a RuntimeError naming the file (exit 3); the target is
+// never partial.
 #pragma once
 
 #include <cstdint>

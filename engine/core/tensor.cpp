@@ -1,19 +1,58 @@
 #include "core/tensor.h"
 
+#include <cmath>
+
 #include "core/host_memory.h"
 
 namespace ptool {
 
-int64_t numel_of(const Shape& s) {
+namespace {
+
+// The shape's size as a double (it cannot overflow), for the message.
+[[noreturn]] [[gnu::cold]] void too_large(const Shape& s, size_t element_size) {
+    double n = 1;
+    for (int64_t d : s) n *= static_cast<double>(d);
+    if (element_size == 0)
+        throw RuntimeError(
+            fmt::format("a tensor of shape {} ({:.3g} elements, past 2^63), beyond any device's memory",
+                        shape_str(s), n));
+    const double bytes = n * static_cast<double>(element_size);
+    throw RuntimeError(
+        fmt::format("a tensor of shape {} ({:.3g} bytes, {:.3g} PiB), beyond any device's memory "
+                    "(at most {} PiB)",
+                    shape_str(s), bytes, bytes / std::pow(2.0, 50), kMaxTensorBytes >> 50));
+}
+
+// The product of s[0, end): a dim of 0 makes it 0 whatever the others are.
+int64_t product(const Shape& s, size_t end, size_t element_size) {
     int64_t n = 1;
-    for (int64_t d : s) n *= d;
+    bool over = false;
+    for (size_t i = 0; i < end; ++i) over |= __builtin_mul_overflow(n, s[i], &n);
+    if (over) [[unlikely]] {
+        for (size_t i = 0; i < end; ++i)
+            if (s[i] == 0) return 0;
+        too_large(s, element_size);
+    }
     return n;
 }
 
+}  // namespace
+
+int64_t numel_of(const Shape& s) {
+    return product(s, s.size(), 0);
+}
+
 int64_t leading_numel(const Shape& s) {
-    int64_t n = 1;
-    for (size_t i = 0; i + 1 < s.size(); ++i) n *= s[i];
-    return n;
+    return s.empty() ? 1 : product(s, s.size() - 1, 0);
+}
+
+int64_t bytes_of(const Shape& s, size_t element_size) {
+    const int64_t n = product(s, s.size(), element_size);
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(n, static_cast<int64_t>(element_size), &bytes) || bytes > kMaxTensorBytes)
+        [[unlikely]]
+        too_large(s, element_size);
+    return bytes;
 }
 
 std::string shape_str(const Shape& s) {

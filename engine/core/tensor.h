@@ -17,9 +17,15 @@
 
 namespace ptool {
 
+// Shapes become sizes here only, every product checked: a count past int64, or bytes past what any
+// device holds (kMaxTensorBytes, the caching allocator's bound), is a RuntimeError (exit 3) naming
+// the tensor's shape and size, never a wrapped number (2^64 bytes was 0: explain reported 916 GiB).
+inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 57;  // 128 PiB
 int64_t numel_of(const Shape& s);
 int64_t leading_numel(
     const Shape& s);  // the product of every dim but the last (the rows of a [.., n] tensor)
+// numel_of(s) * element_size, at most kMaxTensorBytes (Tensor::nbytes, and a layout's bytes)
+int64_t bytes_of(const Shape& s, size_t element_size);
 std::string shape_str(const Shape& s);  // "[12, 10]"
 
 // Raw bytes on one device. CPU storage is 64-byte aligned host memory; cuda storage comes from
@@ -78,7 +84,7 @@ public:
     int64_t numel() const { return numel_of(shape_); }
     DType dtype() const { return dtype_; }
     Device device() const { return device_; }
-    size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+    size_t nbytes() const { return static_cast<size_t>(bytes_of(shape_, dtype_size(dtype_))); }
 
     void* raw() const;
     template <class T>

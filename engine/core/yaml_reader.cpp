@@ -80,6 +80,11 @@ void prescan(const std::string& text, const std::string& name, const YamlLimits&
     char quote = 0, prev = '\n', prev_mark = '\n';  // the line's last character, and last but spaces
     for (char c : text) {
         ++col;
+        // yaml-cpp skips one in a comment and misreads one elsewhere ("unknown escape character"):
+        // YAML text holds no raw NUL, in a comment, a string or outside
+        if (c == '\0')
+            throw InputError(SourceLocation{name, line, col},
+                             "a NUL byte: YAML text holds none (inside a double-quoted string, write \\0)");
         if (c == '\n') {
             ++line, col = 0, in_comment = false, line_start = true, dashes = 0, prev = prev_mark = '\n';
             continue;

@@ -469,6 +469,12 @@ Model load_model_document(const YamlNode& root, const std::string& path, const s
     }
     const Shape& out = model.output_shape;
     if (model.loss == LossKind::cross_entropy) {
+        if (out.size() < 2)  // PyTorch's unbatched [C] has no row to split across ranks or microbatches
+            m.at("loss").fail(
+                fmt::format("cross_entropy reads class scores along the output's last dim, one "
+                            "target id for each row before it ([N, C] or [.., C]), but the output "
+                            "is {}: it needs at least 2 dims",
+                            shape_str(out)));
         Shape want(out.begin(), out.end() - 1);
         if (!model.target) model.target = TensorSpec{want, true, out.back()};
         if (model.target->shape != want)

@@ -45,7 +45,7 @@ std::vector<RedistStep> redistribution_steps(const Placement& from_in, const Pla
 std::vector<CommCost> redistribute_cost(const Placement& from, const Placement& to, const Shape& global,
                                         int parts, size_t element_size) {
     std::vector<CommCost> out;
-    const int64_t bytes = numel_of(global) * static_cast<int64_t>(element_size);
+    const int64_t bytes = bytes_of(global, element_size);
     for (const RedistStep& s : redistribution_steps(from, to, static_cast<int64_t>(global.size()), parts))
         if (const std::optional<Collective> c = collective_of(s.op))
             out.push_back({*c, bytes, "", Phase::forward});

@@ -70,10 +70,9 @@ void explain_context_parallel(const Model& model, const Plan& plan, Explanation&
     for (const auto& [name, p] : model.named_parameters()) {
         if (sharded.count(name)) continue;
         const size_t dot = name.rfind('.');
-        ex.step_comm.push_back(
-            {Collective::all_reduce,
-             numel_of(tp_local(p.get(), 0)) * static_cast<int64_t>(dtype_size(p->value.dtype())),
-             dot == std::string::npos ? "" : name.substr(0, dot), Phase::backward});
+        ex.step_comm.push_back({Collective::all_reduce,
+                                bytes_of(tp_local(p.get(), 0), dtype_size(p->value.dtype())),
+                                dot == std::string::npos ? "" : name.substr(0, dot), Phase::backward});
     }
 }
 

@@ -35,8 +35,7 @@ struct DpCosts {
     Shape local(const std::string& name) const { return tp_local(by_name.at(name), 0); }
     int64_t local_bytes(const std::string& name) const {  // on tp rank 0, as DDP sees it
         const Parameter* p = by_name.at(name);
-        return numel_of(tp_local(p, 0)) *
-               static_cast<int64_t>(dtype_size(plan.mixed_precision ? reduced : p->value.dtype()));
+        return bytes_of(tp_local(p, 0), dtype_size(plan.mixed_precision ? reduced : p->value.dtype()));
     }
     // a module under activation checkpointing runs its forward again in backward: its unit's
     // all_gather and SyncBatchNorm's too
@@ -56,8 +55,7 @@ void rebucket_tp_local(DpCosts& c, DataParallelResolution& dp, const DataParalle
         for (auto b = replica.buckets.rbegin(); b != replica.buckets.rend(); ++b)
             for (auto q = b->params.rbegin(); q != b->params.rend(); ++q) {
                 const Parameter* p = c.by_name.at(*q);
-                order.push_back(
-                    {*q, numel_of(c.tp_local(p, 0)) * static_cast<int64_t>(dtype_size(p->value.dtype()))});
+                order.push_back({*q, bytes_of(c.tp_local(p, 0), dtype_size(p->value.dtype()))});
             }
         replica.buckets = assign_buckets(order, cap);
     }

@@ -62,10 +62,9 @@ void explain_expert_parallel(const Model& model, const Plan& plan, Explanation& 
         for (const auto& [name, p] : model.named_parameters())
             if (ep.owner.count(name) && ep.owner.at(name) == 0) {
                 const size_t dot = name.rfind('.');
-                ex.step_comm.push_back(
-                    {Collective::all_reduce,
-                     numel_of(tp_local(p.get(), 0)) * static_cast<int64_t>(dtype_size(p->value.dtype())),
-                     name.substr(0, dot), Phase::backward});
+                ex.step_comm.push_back({Collective::all_reduce,
+                                        bytes_of(tp_local(p.get(), 0), dtype_size(p->value.dtype())),
+                                        name.substr(0, dot), Phase::backward});
             }
     if (sharded)
         ex.expert_parallel.push_back(fmt::format(

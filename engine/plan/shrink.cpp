@@ -180,7 +180,10 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
     shrunk.SetStyle(YAML::EmitterStyle::Flow);
     for (size_t i = 0; i < shape.size(); ++i) {
         const int64_t v = as_int(shape[i]);
-        if (i == 0)
+        // a 1-D batch has no rows to cut: its one dim stays whole (features sized as the modules' are)
+        if (shape.size() == 1)
+            shrunk.push_back(!tokens && size.count(v) ? size.at(v) : v);
+        else if (i == 0)
             shrunk.push_back(rows);
         else if (!tokens && i + 1 == shape.size())
             shrunk.push_back(size.count(v) ? size.at(v) : v);

@@ -60,14 +60,9 @@ TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOpti
     // the one-device run it records, against the host's memory (before its batch is drawn): exit 3,
     // not the OOM killer
     require_host_memory(in, reference_plan(plan), steps);
-    {  // a batch (or, under mean_per_call, a microbatch) with no valid target: a NaN loss its own
-       // replay refuses (verify/loss_causes.h)
-        const DataSource data(model, in.data, in.data_path);
-        loss_normalization_causes(model, plan, data, steps,
-                                  in.data             ? SourceLocation{in.data_path, 0, 0}
-                                  : model.target_mask ? model.target_mask_where
-                                                      : SourceLocation{model.path, 0, 0});
-    }
+    // a batch (or, under mean_per_call, a microbatch) with no valid target: a NaN loss its own replay
+    // refuses (verify/loss_causes.h)
+    require_valid_targets(model, plan, in, steps);
     RecordOptions ro;
     ro.events = false;
     ro.init_tensors = true;

@@ -114,4 +114,19 @@ std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan
     return causes;
 }
 
+SourceLocation targets_where(const Model& model, const RunInputs& in) {
+    return in.data             ? SourceLocation{in.data_path, 0, 0}
+           : model.target_mask ? model.target_mask_where
+                               : SourceLocation{model.path, 0, 0};
+}
+
+void require_valid_targets(const Model& model, const Plan& plan, const RunInputs& in, int64_t steps) {
+    if (model.loss != LossKind::cross_entropy || !model.target) return;
+    const bool drawn_valid = !in.data && !model.target_mask &&
+                             !(model.ignore_index >= 0 && model.ignore_index < model.target->range);
+    if (drawn_valid) return;  // generated ids in [0, range), none masked: every target is valid
+    const DataSource data(model, in.data, in.data_path);
+    loss_normalization_causes(model, plan, data, steps, targets_where(model, in));
+}
+
 }  // namespace ptool

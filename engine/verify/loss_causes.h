@@ -13,6 +13,7 @@
 #include "core/diagnostic.h"
 #include "model/batch.h"
 #include "parallel/plan.h"
+#include "train/run.h"
 
 namespace ptool {
 
@@ -29,5 +30,15 @@ std::vector<std::vector<int64_t>> valid_target_counts(const Model& model, const 
 std::vector<Diagnostic> loss_normalization_causes(const Model& model, const Plan& plan,
                                                   const DataSource& data, int64_t steps,
                                                   const SourceLocation& data_where);
+
+// Where a step's targets come from, for those refusals: the --data file, else the model's
+// masked_targets, else the model.
+SourceLocation targets_where(const Model& model, const RunInputs& in);
+
+// The refusal of every command that trains or records the model's steps (run, golden record, shrink
+// and plan --verify for the real model before any proxy is written; verify takes it with its causes):
+// loss_normalization_causes's InputError, the causes dropped. Draws nothing where no target can be
+// ignore_index (no --data, no masked_targets, an ignore_index outside the drawn class ids).
+void require_valid_targets(const Model& model, const Plan& plan, const RunInputs& in, int64_t steps);
 
 }  // namespace ptool

@@ -374,10 +374,7 @@ std::vector<Diagnostic> plan_causes(const VerifyState& s, const Plan& plan, cons
     const Model& probe = s.probe;
     std::vector<Diagnostic> causes = res.causes;
     const DataSource data(probe, in.data, in.data_path);
-    const SourceLocation data_where = in.data             ? SourceLocation{in.data_path, 0, 0}
-                                      : probe.target_mask ? probe.target_mask_where
-                                                          : SourceLocation{probe.path, 0, 0};
-    const auto found = loss_normalization_causes(probe, plan, data, steps, data_where);
+    const auto found = loss_normalization_causes(probe, plan, data, steps, targets_where(probe, in));
     causes.insert(causes.end(), found.begin(), found.end());
     return causes;
 }
