@@ -10,8 +10,11 @@
 - under `mpirun -np WORLD` every shipped cp plan, DDP x the ring and pp x cp (ring and allgather) pass
   and give bitwise the same numbers as rank threads;
 - what cannot split exits 2 at the plan's position: a sequence that does not cut into cp chunks (2 x
-  cp load-balanced), a model without a sequence dim, fully_shard rows that do not cut over dp x cp,
-  a rotate_method torch does not have;
+  cp load-balanced), a model without a sequence dim, a rotate_method torch does not have;
+- fully_shard over dp x cp of rows that do not cut evenly (tests/data/models/qwen_vocab97.yaml: 97
+  rows over 4) passes as FSDP2 over the flattened dp_shard_cp group chunks them (threads and mpirun
+  alike, the tensors fully_shard over dp 4 compares), explain prices each rank's shards as dp 4's,
+  and faults on it fail localised where they are under dp 4;
 - the ring (rotate_method alltoall) and allgather both pass on the same mesh, comparing the same
   tensors;
 - a gradient out of step on one cp rank under a clip that acts is localised to it (its copies
@@ -131,13 +134,57 @@ with tempfile.TemporaryDirectory() as tmp:
             want=r"context_parallel splits the sequence \(dim 1\)")
     refused("models/llama_rope.yaml", "mesh: {cp: 2}\ncontext_parallel: {rotate_method: ring}\n",
             want=r"rotate_method 'ring'")
-    # a hidden size of 30: the MLP's rows do not cut over dp 2 x cp 2
-    odd = os.path.join(tmp, "llama_odd.yaml")
-    text = open(f"{ROOT}/models/llama_rope.yaml").read()
-    open(odd, "w").write(text.replace("dim: 32", "dim: 20").replace("heads: 4, kv_heads: 2", "heads: 2, kv_heads: 2")
-                         .replace("hidden: 64", "hidden: 30").replace("in: 32", "in: 20"))
-    refused(odd, "mesh: {dp: 2, cp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard}\ncontext_parallel: {mesh_dim: cp}\n",
-            want=r"fully_shard over 'dp' x 'cp' \(4 ranks, as torchtitan's dp_shard_cp\): parameter '.*' has 30 rows")
+    # fully_shard over dp 2 x cp 2 of rows that do not cut evenly (was exit 2): FSDP2 chunks them over
+    # the flattened dp_shard_cp group as over a 1-D mesh of 4 (97 rows: 25, 25, 25, 22). The plan
+    # passes, under threads and mpirun alike; every parameter and gradient is compared with the
+    # reference as under fully_shard over dp 4; explain prices each rank's shards as dp 4's; each fault
+    # fails and is localised to the tensor it is under dp 4.
+    uneven = f"{ROOT}/tests/data/models/qwen_vocab97.yaml"
+    fsdp4, fsdp_cp = os.path.join(tmp, "fsdp4.yaml"), os.path.join(tmp, "fsdp_cp.yaml")
+    open(fsdp4, "w").write("mesh: {dp: 4}\ndata_parallel: {mesh_dim: dp, mode: fully_shard, fully_shard: [\"model.layers.*\"]}\n")
+    open(fsdp_cp, "w").write("mesh: {dp: 2, cp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard, "
+                             "fully_shard: [\"model.layers.*\"]}\ncontext_parallel: {mesh_dim: cp}\n")
+    compared = {}
+    for plan, mpi in ((fsdp4, 0), (fsdp_cp, 0), (fsdp_cp, 4)):
+        out = os.path.join(tmp, f"uneven_{os.path.basename(plan)}_{mpi}.json")
+        rc, text = run("verify", uneven, plan, "--json", out, "-q", mpi=mpi)
+        if check(rc == 0 and os.path.exists(out), f"uneven {os.path.basename(plan)} (mpi {mpi}): exit {rc}\n{text[-800:]}"):
+            compared[(plan, mpi)] = {t["name"]: (t["max_abs"], t["replicas"]) for t in json.load(open(out))["plans"][0]["tensors"]}
+    if len(compared) == 3:
+        names = {p: set(t) for p, t in compared.items()}
+        check(names[(fsdp4, 0)] == names[(fsdp_cp, 0)] and len(names[(fsdp4, 0)]) > 100
+              and "step1.param.model.embed_tokens.weight" in names[(fsdp_cp, 0)],
+              f"uneven: fsdp over dp x cp compares {len(names[(fsdp_cp, 0)])} tensors, over dp 4 {len(names[(fsdp4, 0)])}")
+        check(compared[(fsdp_cp, 0)] == compared[(fsdp_cp, 4)], "uneven fsdp over dp x cp: threads and mpi differ")
+    # explain: exit 0, and each rank's parameters are its shards, as under dp 4 (rank 3: 22 of the
+    # embedding's 97 rows, 3 x 48 x 4 B fewer than ranks 0 to 2)
+    params = {}
+    for plan in (fsdp4, fsdp_cp):
+        ej = os.path.join(tmp, f"uneven_{os.path.basename(plan)}_e.json")
+        rc, text = run("explain", uneven, plan, "--json", ej)
+        if check(rc == 0, f"explain uneven {os.path.basename(plan)}: exit {rc}\n{text[-600:]}"):
+            params[plan] = {r: c["allocated_at_peak"]["parameters"] for c in json.load(open(ej))["memory"] for r in c["ranks"]}
+    if len(params) == 2:
+        p = params[fsdp_cp]
+        check(p == params[fsdp4] and sorted(p) == [0, 1, 2, 3] and p[0] == p[1] == p[2] == p[3] + 3 * 48 * 4,
+              f"explain's parameters per rank: over dp x cp {p}, over dp 4 {params[fsdp4]}")
+    # faults on the uneven plan: each fails, localised where it is under fully_shard over dp 4 (no clip
+    # acting here: a clip scales every gradient after the first that differs)
+    noclip = os.path.join(tmp, "qwen_noclip.yaml")
+    open(noclip, "w").write(open(uneven).read().replace("clip_grad_norm: 0.5", "clip_grad_norm: 100.0"))
+    for fault, want in (("grad_scale:model.embed_tokens.weight", "step 0 gradient of `model.embed_tokens.weight`"),
+                        ("grad_scale:model.layers.1.mlp.down_proj.weight", "step 0 gradient of `model.layers.1.mlp.down_proj.weight`"),
+                        ("skip_reduce_scatter:model.layers.0", "step 0 gradient of `model.layers.0."),
+                        ("stale_param:model.layers.1", "step 1 forward `model.layers.1.")):
+        firsts = {}
+        for plan in (fsdp4, fsdp_cp):
+            p = subprocess.run([PTOOL, "verify", noclip, plan], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                               env=dict(os.environ, PTOOL_FAULT=fault))
+            first = re.search(r"first divergence: (.*?),", p.stdout)
+            firsts[plan] = first.group(1) if first else None
+            check(p.returncode == 1 and firsts[plan] and firsts[plan].startswith(want),
+                  f"{fault} on {os.path.basename(plan)}: exit {p.returncode}, first divergence {firsts[plan]}\n{p.stdout[-600:]}")
+        check(firsts[fsdp4] == firsts[fsdp_cp], f"{fault}: over dp 4 {firsts[fsdp4]}, over dp x cp {firsts[fsdp_cp]}")
 
     # a gradient out of step on one cp rank under a clip that acts (norm above clip_grad_norm): each
     # group of copies clips by its own norm, so every gradient after the clip differs; localisation

@@ -96,12 +96,18 @@ with tempfile.TemporaryDirectory() as tmp:
 
 # ranks whose pieces differ only where explain's rank classes once merged them (found 2026-11-30): a
 # dim tp does not cut, sharded over HSDP's dp_shard (two ranks were predicted 80 B low); a cp rank's
-# positions cut over tp by sequence parallelism (tp rank 3, holding none, predicted 4.5% high)
+# positions cut over tp by sequence parallelism (tp rank 3, holding none, predicted 4.5% high); rows
+# fully_shard chunks unevenly over dp x cp flattened (97 over 2 x 2: rank 3 holds 22, ranks 0 to 2 25)
 with tempfile.TemporaryDirectory() as tmp:
+    fsdp_cp = os.path.join(tmp, "fsdp_cp.yaml")
+    open(fsdp_cp, "w").write("mesh: {dp: 2, cp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard, "
+                             "fully_shard: [\"model.layers.*\"]}\ncontext_parallel: {mesh_dim: cp}\n")
     for model, plan, extra in (("mlp_hsdp_uneven", "mlp_stacked_hsdp_tp", ["--mesh", "dp_replicate=3", "--mesh", "dp_shard=3"]),
-                               ("llama_cp_tp_uneven", "llama_rope_cp_tp", ["--mesh", "tp=4"])):
+                               ("llama_cp_tp_uneven", "llama_rope_cp_tp", ["--mesh", "tp=4"]),
+                               ("qwen_vocab97", fsdp_cp, [])):
         ej, vj = os.path.join(tmp, "e.json"), os.path.join(tmp, "v.json")
-        args = [f"{ROOT}/tests/data/models/{model}.yaml", f"{ROOT}/plans/{plan}.yaml", *extra]
+        args = [f"{ROOT}/tests/data/models/{model}.yaml",
+                plan if os.path.isabs(plan) else f"{ROOT}/plans/{plan}.yaml", *extra]
         p = subprocess.run([PTOOL, "explain", *args, "--json", ej], capture_output=True, text=True, timeout=120)
         q = subprocess.run([PTOOL, "verify", *args, "--json", vj, "-q"], capture_output=True, text=True, timeout=300)
         if not check(p.returncode == 0 and q.returncode == 0 and os.path.exists(vj),

@@ -51,11 +51,17 @@ Shape local_shape(const Shape& global, const Placement& p, int parts, int index)
 // under fully_shard x tensor parallel is {tp: Shard(0), dp: Shard(0)}: the tp rank's rows, then
 // the dp rank's rows of those (DTensor's _StridedShard); an activation under dp x tp is {dp:
 // Shard(0), tp: its layout}: the dp rank's batch rows, then the tp piece of those. Cutting walks
-// `nested` front to back, gathering back to front.
+// `nested` front to back, gathering back to front. A dim `joined` to the one before it cuts with it
+// as one: a Shard over their group flattened (`cuts`).
 struct Placements {
     struct On {
         int mesh_dim = 0;
         Placement p;
+        // Cuts together with the dim before it: one Shard (torch.chunk) over the two dims' ranks
+        // flattened, the earlier dim's coordinate major (DeviceMesh._flatten), not each dim a chunk
+        // of the other's. FSDP2's fully_shard over torchtitan's dp_shard_cp: 97 rows over dp_shard 2
+        // x cp 2 are 25, 25, 25, 22 (nested chunks would be 25, 24, 24, 24; the same where even).
+        bool joined = false;
     };
     std::vector<On> nested;
 
@@ -63,6 +69,26 @@ struct Placements {
     Placements& then(int d, const Placement& p) {
         if (!p.is_replicate()) nested.push_back({d, p});
         return *this;
+    }
+    // Adds mesh dim `d` to the cut of the dim listed last, with its placement (nothing when none is).
+    Placements& join(int d) {
+        if (!nested.empty()) nested.push_back({d, nested.back().p, true});
+        return *this;
+    }
+    // One cut: the mesh dims that make it (one, or several flattened in this order) and its placement.
+    struct Cut {
+        std::vector<int> mesh_dims;
+        Placement p;
+    };
+    // `nested` with joined dims merged, outermost first.
+    std::vector<Cut> cuts() const {
+        std::vector<Cut> out;
+        for (const On& o : nested)
+            if (o.joined && !out.empty())
+                out.back().mesh_dims.push_back(o.mesh_dim);
+            else
+                out.push_back({{o.mesh_dim}, o.p});
+        return out;
     }
     Placement on(int mesh_dim) const {
         for (const On& o : nested)

@@ -1,7 +1,5 @@
 #include "parallel/context_parallel.h"
 
-#include <map>
-
 #include "comm/comm_stats.h"
 #include "parallel/parallelize.h"
 
@@ -24,38 +22,6 @@ void check_context_parallel(const Model& model, const Plan& plan) {
         throw InputError(
             s.where, fmt::format("the sequence of {} tokens does not cut into {} equal chunks ({}cp = {})",
                                  in[1], pieces, s.load_balance ? "load_balance: 2 x " : "", cp));
-}
-
-void check_fsdp_over_cp(const Model& model, const Plan& plan, const Resolution& res) {
-    if (!plan.context_parallel || !plan.dims.cp_shards_params()) return;
-    const ParallelDims& dims = plan.dims;
-    const int shard_dim =
-        dims.has(DimRole::dp_shard) ? dims.index(DimRole::dp_shard) : dims.index(DimRole::dp_replicate);
-    const int n = dims.mesh()[shard_dim].size * dims.size(DimRole::cp);
-    std::map<const Parameter*, Placement> tp;  // each styled parameter's placement on tp
-    for (const ResolvedStyle& rs : res.styles)
-        for (const ParamPlacement& pp : rs.entry->style.style->params(*rs.module))
-            if (ParamPtr p = rs.module->param(pp.param)) tp.emplace(p.get(), pp.placement);
-    std::map<std::string, const Parameter*> by_name;
-    for (const auto& [name, p] : model.named_parameters()) by_name[name] = p.get();
-    for (const FsdpUnitSpec& u : res.dp.units)
-        for (const std::string& name : u.params) {
-            const Parameter* p = by_name.at(name);
-            const Shape& global = p->value.shape();
-            if (global.empty()) continue;
-            const auto it = tp.find(p);
-            for (int r = 0; r < res.tp; ++r) {
-                const int64_t rows =
-                    it == tp.end() ? global[0] : local_shape(global, it->second, res.tp, r)[0];
-                if (rows % n != 0)
-                    throw InputError(
-                        plan.context_parallel->where,
-                        fmt::format("fully_shard over '{}' x '{}' ({} ranks, as torchtitan's dp_shard_cp): "
-                                    "parameter '{}' has {} rows{}, which do not cut evenly",
-                                    dims.mesh()[shard_dim].name, dims.name(DimRole::cp), n, name, rows,
-                                    res.tp > 1 ? fmt::format(" on tp rank {}", r) : ""));
-            }
-        }
 }
 
 ContextShard context_shard(const Plan& plan, int64_t seq, Communicator& cp) {

@@ -18,17 +18,9 @@
 
 namespace ptool {
 
-struct Resolution;  // parallel/parallelize.h
-
 // InputError at the plan's context_parallel unless the model's batch has a sequence dim (dim 1 of
 // its input and its output) that cuts into cp chunks (2 x cp with load_balance). Nothing without cp.
 void check_context_parallel(const Model& model, const Plan& plan);
-
-// InputError at the plan's context_parallel unless every fully_shard parameter's rows (on each tp
-// rank) cut evenly over dp_shard x cp, the group fully_shard runs on under cp: then the dp_shard
-// chunk cut over cp is the flattened group's chunk (Run::placements nests them so). `res`: the
-// plan's tensor and data parallel resolution (parallel/parallelize.h).
-void check_fsdp_over_cp(const Model& model, const Plan& plan, const Resolution& res);
 
 // This rank's positions of a sequence of `seq` tokens on the cp group `cp` (one rank: all of them).
 ContextShard context_shard(const Plan& plan, int64_t seq, Communicator& cp);

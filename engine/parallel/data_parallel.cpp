@@ -356,9 +356,9 @@ DataParallel::DataParallel(Model& model, const Plan& plan, const DataParallelRes
     }
     if (!res.units.empty()) {
         Communicator* replicas = spec.hybrid() ? &mesh.comm(dims.index(DimRole::dp_replicate)) : nullptr;
-        // under context parallel the cp ranks join the shard group (torchtitan's dp_shard_cp); each
-        // parameter's rows cut evenly (check_fsdp_over_cp), so that dp_shard's chunk cut over cp is
-        // the flattened group's chunk (Run::placements nests them so)
+        // under context parallel the cp ranks join the shard group (torchtitan's dp_shard_cp): each
+        // parameter's rows chunk over the flattened group, unevenly where they do not cut (97 rows over
+        // 2 x 2: 25, 25, 25, 22), as FSDP2's (Run::placements joins cp to the shard dim so)
         Communicator* shard =
             dims.cp_shards_params() ? mesh.group(dims.group(GroupName::dp_shard_cp)) : comm_;
         // FSDP2's float8 all-gather of the float8 linears' weights (the plan's float8 section)

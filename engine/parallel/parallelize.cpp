@@ -184,7 +184,6 @@ Resolution resolve_plan(const Model& model, const Plan& plan) {
     Shape rows = model.input.shape;  // one dp rank's rows (the batch splits evenly: checked above)
     if (!rows.empty()) rows[0] /= res.dp.size * microbatches;  // and one microbatch's
     check_context_parallel(model, plan);
-    check_fsdp_over_cp(model, plan, res);
     if (plan.context_parallel) rows[1] /= plan.dims.size(DimRole::cp);  // and one cp rank's positions
     LayoutPassOptions options;
     options.loss_parallel = plan.loss_parallel;

@@ -112,8 +112,8 @@ std::string shrink_model(const std::string& model_text, const std::string& name,
                        : doc["gradient_accumulation"] ? as_int(doc["gradient_accumulation"])
                                                       : 1;
     if (plan.gradient_accumulation > 0) doc["gradient_accumulation"] = plan.gradient_accumulation;
-    // fully_shard over dp x cp (torchtitan's dp_shard_cp) cuts each parameter's rows on a tp rank
-    // into dp_shard x cp even shards (parallel/context_parallel.cpp): every size a multiple of tp x that
+    // fully_shard over dp x cp (torchtitan's dp_shard_cp) chunks each parameter's rows on a tp rank
+    // over dp_shard x cp flattened: every size a multiple of tp x that keeps the proxy's shards even
     int64_t cp_shards = 1;
     if (plan.context_parallel && plan.dims.cp_shards_params()) {
         const ParallelDims& dims = plan.dims;

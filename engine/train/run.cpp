@@ -349,9 +349,18 @@ Placements Run::placements(const Parameter* p) const {
     if (data_parallel_) {
         const Placement dp = expert ? Placement::shard(0) : data_parallel_->placement(p);
         out.then(data_parallel_->shard_dim(), dp);
-        if (plan_.dims.cp_shards_params()) out.then(plan_.dims.index(DimRole::cp), dp);  // dp_shard x cp
+        // dp_shard x cp flattened (torchtitan's dp_shard_cp): one chunk of the rows over both
+        if (plan_.dims.cp_shards_params() && !dp.is_replicate()) out.join(plan_.dims.index(DimRole::cp));
     }
     return out;
+}
+
+Communicator& Run::comm(const std::vector<int>& mesh_dims) const {
+    if (mesh_dims.size() == 1) return comm(mesh_dims[0]);
+    const MeshGroup g = plan_.dims.group(GroupName::dp_shard_cp);
+    PTOOL_REQUIRE(g.dims == mesh_dims, "no combined group over {} mesh dims but dp_shard_cp's",
+                  mesh_dims.size());
+    return *mesh_->group(g);
 }
 
 double Run::global_items(const StepState& st) {

@@ -149,6 +149,9 @@ public:
     Communicator& comm(int mesh_dim) const { return mesh_->comm(mesh_dim); }
     // The group of a role's dim; a one-rank group when the plan has no such dim.
     Communicator& comm(DimRole role) const;
+    // The group a placement's cut runs over (Placements::Cut): one mesh dim's, or the combined
+    // group over several flattened (fully_shard's dp_shard_cp: its dims in that order).
+    Communicator& comm(const std::vector<int>& mesh_dims) const;
     // The group the batch's rows are split over: the data dims flattened (one rank without them).
     Communicator& data_comm() const { return *batch_; }
     // What brings this rank's activation gradients to the reference's (verification's): under data
@@ -176,7 +179,8 @@ public:
     // back into every parameter's full gradient, so that it can be recorded (collective over the dp
     // ranks; nothing otherwise).
     void gather_sharded_gradients();
-    // A parameter's placement on every mesh dim (the tp style's, then fully_shard's of its tp piece).
+    // A parameter's placement on every mesh dim (the tp style's, then fully_shard's of its tp piece;
+    // under fully_shard over dp_shard x cp, cp joined to the shard dim: one cut over the two flattened).
     Placements placements(const Parameter* p) const;
     // A weight tied across pipeline stages held by a later stage than the first that holds it (the
     // lm_head of an embedding tied to it): a copy, kept equal to the first's, that verification

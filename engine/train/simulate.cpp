@@ -118,6 +118,9 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
     for (int64_t d : model.input.shape) dims.insert(d);
     if (model.target)
         for (int64_t d : model.target->shape) dims.insert(d);
+    std::set<int64_t> rows;  // the parameters' rows, which fully_shard cuts
+    for (const auto& [name, p] : model.named_parameters())
+        if (!p->value.shape().empty()) rows.insert(p->value.shape()[0]);
     // tp: the tp dim; shard: the dim fully_shard cuts the tp piece's rows over; batch: the data
     // dims flattened, over which the batch's rows split
     const ParallelDims& pd = plan.dims;
@@ -136,6 +139,9 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
                   s = shard_dim >= 0 ? coords[shard_dim] : 0;
         int b = 0;
         for (int d : pd.data_dims()) b = b * plan.mesh()[d].size + coords[d];
+        // fully_shard over dp_shard x cp: the flattened group's coordinate (the shard dim's major)
+        const int c = pd.cp_shards_params() ? coords[pd.index(DimRole::cp)] : 0,
+                  cps = pd.cp_shards_params() ? pd.size(DimRole::cp) : 1;
         // a pipeline rank holds its own stages' layers: every pp coordinate is its own class
         std::vector<int64_t> key{pd.has(DimRole::pp) ? coords[pd.index(DimRole::pp)] : 0};
         for (int64_t v : dims) {
@@ -148,6 +154,14 @@ std::vector<RankClass> rank_classes(const Model& model, const Plan& plan) {
                                    // (6 over tp 4 as 2, 2, 2, 0)
                                    cp > 1 && v % pieces == 0 ? chunk_of(v / cp, tp, t).length : 0});
         }
+        // fully_shard over dp_shard x cp: a parameter's rows (its tp piece's, or whole where tp does
+        // not cut them) over the two flattened (97 over 2 x 2 as 25, 25, 25, 22)
+        if (pd.cp_shards_params())
+            for (int64_t v : rows) {
+                const int64_t a = chunk_of(v, tp, t).length;
+                key.insert(key.end(), {chunk_of(a, shard * cps, s * cps + c).length,
+                                       chunk_of(v, shard * cps, s * cps + c).length});
+            }
         auto [it, fresh] = index.emplace(key, out.size());
         if (fresh) out.push_back({});
         out[it->second].ranks.push_back(r);

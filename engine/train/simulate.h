@@ -76,8 +76,10 @@ void check_run(const RunInputs& in, const Plan& plan, int rank);
 // Ranks that hold tensors of the same sizes: `ranks` (world ranks, ascending), represented by the
 // first. Two ranks are in one class when torch.chunk gives them pieces of the same length of every
 // dimension a plan can split (each parameter dimension and the batch's, over tp, over dp, the tp
-// piece over fully_shard's dim, the whole dim over it (HSDP x TP: a dim tp does not cut), and a cp
-// rank's positions over tp (sequence parallelism)): what differs between them is values, not sizes.
+// piece over fully_shard's dim, the whole dim over it (HSDP x TP: a dim tp does not cut), a
+// parameter's rows (tp piece and whole) over fully_shard's dim x cp flattened where it shards over
+// dp_shard x cp, and a cp rank's positions over tp (sequence parallelism)): what differs between
+// them is values, not sizes.
 // Not in the key: ZeRO's flat bucket shards (the last dp rank's may be shorter), which the first
 // rank's simulation then prices high, never low.
 // Ranks of different pipeline stages (pp coordinates) hold different layers: never one class.

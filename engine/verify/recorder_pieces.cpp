@@ -41,11 +41,13 @@ uint64_t state_digest(const Tensor& full) {
 }
 
 // A parameter's full tensor from this rank's piece: the innermost cut first (fully_shard's
-// rows of the tp piece, then the tp piece).
+// rows of the tp piece, then the tp piece); a cut over dims joined, over their flattened group
+// (fully_shard over dp_shard x cp: one uneven all_gather, as FSDP2's).
 Tensor Recorder::gather(const Tensor& local, const Placements& pl) {
     Tensor t = local;
-    for (auto it = pl.nested.rbegin(); it != pl.nested.rend(); ++it) {
-        Communicator& c = run_.comm(it->mesh_dim);
+    const std::vector<Placements::Cut> cuts = pl.cuts();
+    for (auto it = cuts.rbegin(); it != cuts.rend(); ++it) {
+        Communicator& c = run_.comm(it->mesh_dims);
         const Shape whole = global_shape(t.shape(), it->p, c);
         if (it->p.is_owned()) {  // the owner's, to every rank of the dim
             Tensor w = c.rank() == it->p.dim ? t.clone() : Tensor(whole, t.dtype(), t.device());
@@ -75,21 +77,32 @@ Tensor Recorder::gather(const Placed& x) {
 // The whole tensor's shape from this rank's piece's (uncounted metadata on each cutting dim).
 Shape Recorder::whole_shape(const Shape& local, const Placements& pl) const {
     Shape s = local;
-    for (auto it = pl.nested.rbegin(); it != pl.nested.rend(); ++it)
-        s = global_shape(s, it->p, run_.comm(it->mesh_dim));
+    const std::vector<Placements::Cut> cuts = pl.cuts();
+    for (auto it = cuts.rbegin(); it != cuts.rend(); ++it)
+        s = global_shape(s, it->p, run_.comm(it->mesh_dims));
     return s;
 }
 
-// Where this rank's piece of a tensor of `whole` shape placed as `pl` sits: each cutting dim's
-// chunk of what the dims outside it left (the tp piece, then fully_shard's rows of it).
+// This rank's coordinate in a cut's group and the group's size (its dims flattened, the first major).
+static std::pair<int, int> cut_rank(const Run& run, const Placements::Cut& cut) {
+    int index = 0, parts = 1;
+    for (int d : cut.mesh_dims) {
+        const Communicator& c = run.comm(d);
+        index = index * c.size() + c.rank(), parts *= c.size();
+    }
+    return {index, parts};
+}
+
+// Where this rank's piece of a tensor of `whole` shape placed as `pl` sits: each cut's chunk of
+// what the cuts outside it left (the tp piece, then fully_shard's rows of it).
 Box Recorder::box_of(const Shape& whole, const Placements& pl) const {
     Box b{std::vector<int64_t>(whole.size(), 0), whole, owns(pl), threads(pl)};
-    for (const Placements::On& o : pl.nested) {
-        const Communicator& c = run_.comm(o.mesh_dim);
-        if (o.p.is_owned() && c.rank() != o.p.dim && !b.shape.empty()) b.shape[0] = 0;
-        if (!o.p.is_shard()) continue;
-        const int64_t d = o.p.normalized(static_cast<int64_t>(whole.size())).dim;
-        const Chunk ch = chunk_of(b.shape[d], c.size(), c.rank());
+    for (const Placements::Cut& cut : pl.cuts()) {
+        const auto [index, parts] = cut_rank(run_, cut);
+        if (cut.p.is_owned() && index != cut.p.dim && !b.shape.empty()) b.shape[0] = 0;
+        if (!cut.p.is_shard()) continue;
+        const int64_t d = cut.p.normalized(static_cast<int64_t>(whole.size())).dim;
+        const Chunk ch = chunk_of(b.shape[d], parts, index);
         b.offset[d] += ch.offset, b.shape[d] = ch.length;
     }
     return b;
@@ -134,11 +147,11 @@ Box Recorder::shared_box(const Shape& whole, const Placements& pl, ReplicaState 
 // This rank's piece of a whole tensor, as box_of describes it.
 Tensor Recorder::piece_of(const Tensor& whole, const Placements& pl) const {
     Tensor piece = whole;
-    for (const Placements::On& o : pl.nested) {
-        const Communicator& c = run_.comm(o.mesh_dim);
-        if (o.p.is_owned() && c.rank() != o.p.dim) piece = piece.narrow(0, 0, 0);
-        if (!o.p.is_shard()) continue;
-        piece = chunk(piece, c.size(), c.rank(), o.p.normalized(piece.dim()).dim);
+    for (const Placements::Cut& cut : pl.cuts()) {
+        const auto [index, parts] = cut_rank(run_, cut);
+        if (cut.p.is_owned() && index != cut.p.dim) piece = piece.narrow(0, 0, 0);
+        if (!cut.p.is_shard()) continue;
+        piece = chunk(piece, parts, index, cut.p.normalized(piece.dim()).dim);
     }
     return piece;
 }
