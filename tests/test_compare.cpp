@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "comm/comm_choice.h"
@@ -565,22 +566,29 @@ TEST_CASE("compare_tensors: the maxima are bitwise those of dividing every eleme
             }
 }
 
+// The first of `tensors` (name, ||e||, ||a - e||; every element within atol) as the module rules
+// leave it.
+TensorReport judged_first(const std::vector<std::tuple<std::string, double, double>>& tensors,
+                          const Tolerance& tol) {
+    PlanReport rep;
+    for (const auto& [name, ref, err] : tensors) {
+        TensorReport t;
+        t.name = name, t.diff.ref_norm = ref, t.diff.err_norm = err, t.replicas = ReplicaState::equal;
+        rep.tensors.push_back(t), rep.passed += 1;
+    }
+    judge_by_module(rep, tol);
+    return rep.tensors[0];
+}
+
 TEST_CASE("the systematic rule judges a gradient at its block's rounding level against the block's",
           "[cpu]") {
     const Tolerance tol = Tolerance::for_dtype(DType::float32);  // systematic 1024 eps
     REQUIRE(tol.systematic > 0);
     auto report = [&](double q_ref, double q_err) {
-        PlanReport rep;
-        auto add = [&](const std::string& name, double ref, double err) {
-            TensorReport t;
-            t.name = name, t.diff.ref_norm = ref, t.diff.err_norm = err, t.replicas = ReplicaState::equal;
-            rep.tensors.push_back(t), rep.passed += 1;
-        };
-        add("step0.grad.b3.q_proj.weight", q_ref, q_err);  // every element within atol
-        add("step0.grad.b3.o_proj.weight", 1e-2, 1e-10);
-        add("step0.grad.head.weight", 1e-1, 1e-9);
-        judge_by_module(rep, tol);
-        return rep.tensors[0];
+        return judged_first({{"step0.grad.b3.q_proj.weight", q_ref, q_err},
+                             {"step0.grad.b3.o_proj.weight", 1e-2, 1e-10},
+                             {"step0.grad.head.weight", 1e-1, 1e-9}},
+                            tol);
     };
     // q's true gradient vanishes (every key alike): what both runs computed is rounding residue of
     // the block's backward, 1e-8 of its norm; two summation orders part by 5% of it
@@ -616,17 +624,10 @@ TEST_CASE("the systematic rule judges a gradient small beside its module's again
     const Tolerance tol = Tolerance::for_dtype(DType::float32);  // systematic 1024 eps
     REQUIRE(tol.systematic > 0);
     auto report = [&](double bias_ref, double bias_err) {
-        PlanReport rep;
-        auto add = [&](const std::string& name, double ref, double err) {
-            TensorReport t;
-            t.name = name, t.diff.ref_norm = ref, t.diff.err_norm = err, t.replicas = ReplicaState::equal;
-            rep.tensors.push_back(t), rep.passed += 1;
-        };
-        add("step0.grad.b0.k_proj.bias", bias_ref, bias_err);  // every element within atol
-        add("step0.grad.b0.k_proj.weight", 3.2e-2, 1e-9);
-        add("step0.grad.head.weight", 1e-1, 1e-9);
-        judge_by_module(rep, tol);
-        return rep.tensors[0];
+        return judged_first({{"step0.grad.b0.k_proj.bias", bias_ref, bias_err},
+                             {"step0.grad.b0.k_proj.weight", 3.2e-2, 1e-9},
+                             {"step0.grad.head.weight", 1e-1, 1e-9}},
+                            tol);
     };
     // a real bias gradient (RoPE's keys: 2.8e-3 beside its weight's 3.2e-2) one rank's 0.1% off:
     // 4.8e-4 of its own norm (llama_sft_ddp, grad_scale), under 1024 eps of its module's
