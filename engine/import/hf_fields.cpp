@@ -121,7 +121,7 @@ std::string scaling_words(const std::string& scaling) {  // for the messages
 
 }  // namespace
 
-Rope rope(const HfConfig& c, double theta_default, int64_t max_positions) {
+RopeFields rope(const HfConfig& c, double theta_default, int64_t max_positions) {
     const std::optional<JsonNode> legacy = c.set("rope_scaling") ? std::optional(c.at("rope_scaling"))
                                                                  : std::nullopt,
                                   params = c.set("rope_parameters") ? std::optional(c.at("rope_parameters"))

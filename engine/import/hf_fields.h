@@ -27,11 +27,11 @@ Act activation(const HfConfig& c, const std::string& key, const std::string& fal
 // both); the types ptool does not compute, RoPE per layer type and forms that disagree are refused
 // at the field. `theta_default` is the class's; `max_positions` the config's max_position_embeddings
 // (transformers 5's default of llama3's original_max_position_embeddings in rope_parameters).
-struct Rope {
+struct RopeFields {
     double theta;
     std::string scaling;
 };
-Rope rope(const HfConfig& c, double theta_default, int64_t max_positions);
+RopeFields rope(const HfConfig& c, double theta_default, int64_t max_positions);
 
 // A positive size, at most `max` (what any published model stays well under): the products the
 // model's YAML implies then fit, and a size that would not is refused here, at its field.

@@ -164,8 +164,8 @@ std::string moe_entry(const HfConfig& c, const MoeFamily& m, int64_t d, int64_t 
 struct DecoderSizes {
     int64_t vocab, d, inter, layers, heads, kv, max_pos;
     double eps;
-    Rope rope;   // theta and scaling
-    int64_t hd;  // the attention's head dim
+    RopeFields rope;  // theta and scaling
+    int64_t hd;       // the attention's head dim
     Shape2 b;
 };
 
@@ -183,7 +183,7 @@ DecoderSizes decoder_sizes(const HfConfig& c, const DecoderFamily& f, const HfIm
         c.fail_at("num_hidden_layers",
                   fmt::format("num_hidden_layers {} is over ptool's 4096 (repeat)", layers));
     const double eps = positive_field(c, "rms_norm_eps", f.rms_norm_eps);
-    const Rope r = rope(c, f.rope_theta, max_pos);
+    const RopeFields r = rope(c, f.rope_theta, max_pos);
     if (d % heads)
         c.fail_at("num_attention_heads",
                   fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", d, heads));
