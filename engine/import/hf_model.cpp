@@ -476,10 +476,11 @@ using Importer = std::function<HfImport(const HfConfig&, const HfImportOptions&)
 const std::map<std::string, Importer>& importers() {
     static const std::map<std::string, Importer> m = [] {
         std::map<std::string, Importer> m;
-        for (const auto& [type, f] : decoder_families())
-            m.emplace(type, [type, &f](const HfConfig& c, const HfImportOptions& o) {
-                return decoder(c, type, f, o);
-            });
+        for (const auto& entry : decoder_families())  // (clang before 16 captures no structured binding)
+            m.emplace(entry.first,
+                      [type = entry.first, f = &entry.second](const HfConfig& c, const HfImportOptions& o) {
+                          return decoder(c, type, *f, o);
+                      });
         m.emplace("gpt2", [](const HfConfig& c, const HfImportOptions& o) { return gpt2(c, o); });
         return m;
     }();
