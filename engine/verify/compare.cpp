@@ -14,6 +14,7 @@
 
 #include "core/cores.h"
 #include "model/batch.h"
+#include "verify/signed_sums.h"
 #include "verify/spans.h"
 
 namespace ptool {
@@ -360,47 +361,6 @@ int compare_threads() {
 
 namespace {
 
-// Tolerance::signed_sum: the exact sums of a - e over the piece's elements, its positive and its
-// negative differences apart (a model's outputs: small beside its parameters, one pass each)
-void add_signed(const Tensor& actual, const Tensor& expected, const std::vector<Span>& spans, DiffPiece& p) {
-    for (const Span& s : spans)
-        for (int64_t i = 0; i < s.n; ++i) {
-            const double e = expected.item(s.e + i), d = actual.item(s.a + i) - e;
-            if (!std::isfinite(d)) continue;  // the piece fails on it already (ExactSum takes finite terms)
-            if (d > 0) p.over.add(d);
-            if (d < 0) p.under.add(-d);
-            p.magnitude.add(std::abs(e));  // finite where d is
-        }
-}
-
-// Tolerance::projected: the exact sums of e (a - e) over the piece's elements, its positive and its
-// negative terms apart (a clipped model's gradients: one more pass over each)
-void add_projected(const Tensor& actual, const Tensor& expected, const std::vector<Span>& spans,
-                   DiffPiece& p) {
-    p.projected = true;
-    BinnedSum along, against;
-    auto add = [&](double e, double a) {
-        const double x = e * (a - e);
-        if (!std::isfinite(x)) return;  // the piece fails on it already (the sums take finite terms)
-        if (x > 0) along.add(x);
-        if (x < 0) against.add(-x);
-    };
-    if (actual.dtype() == expected.dtype() && dtype_is_float(actual.dtype()) &&
-        actual.device() == Device::cpu && expected.device() == Device::cpu) {
-        dispatch_float(actual.dtype(), [&](auto tag) {  // the tensors as they are (a gradient: millions)
-            using T = decltype(tag);
-            const T *pa = actual.data<T>(), *pe = expected.data<T>();
-            for (const Span& s : spans)
-                for (int64_t i = 0; i < s.n; ++i)
-                    add(static_cast<acc_t<T>>(pe[s.e + i]), static_cast<acc_t<T>>(pa[s.a + i]));
-        });
-    } else {
-        for (const Span& s : spans)
-            for (int64_t i = 0; i < s.n; ++i) add(expected.item(s.e + i), actual.item(s.a + i));
-    }
-    p.along.add(along.sum()), p.against.add(against.sum());
-}
-
 // The spans' elements compared (compare_piece's maxima, counts and Frobenius sums)
 DiffPiece compare_spans_of(const Tensor& actual, const Tensor& expected, const std::vector<Span>& spans,
                            const Tolerance& tol, int threads) {
@@ -471,8 +431,7 @@ DiffPiece compare_piece(const Tensor& actual, const Tensor& expected, const std:
     const std::vector<Span> spans = spans_of(local, global, offset);
     piece = compare_spans_of(actual, expected, spans, tol, threads);
     piece.d.elements = actual.numel();
-    if (tol.signed_sum) add_signed(actual, expected, spans, piece);
-    if (tol.projected) add_projected(actual, expected, spans, piece);
+    add_signed_sums(actual, expected, spans, tol, piece);
     return piece;
 }
 
