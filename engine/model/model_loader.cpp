@@ -369,31 +369,11 @@ Model load_model_text(const std::string& text, const std::string& path, const st
     return load_model_document(load_yaml_text(text, path), path, dtype_override, init);
 }
 
-Model load_model_document(const YamlNode& root, const std::string& path, const std::string& dtype_override,
-                          bool init) {
-    YamlMap m(root, "the model");
-    Model model;
-    model.path = path;
-    model.name = m.string_or("name", std::filesystem::path(path).stem().string());
-    if (auto d = m.get("dtype")) {
-        try {
-            model.dtype = parse_dtype(d->as_string("'dtype'"));
-        } catch (const InputError& e) {
-            d->fail(e.message());
-        }
-    }
-    if (!dtype_override.empty()) model.dtype = parse_dtype(dtype_override);
-    model.seed = static_cast<uint64_t>(m.int_or("seed", 0));
-    model.steps = m.has("steps") ? m.at("steps").as_positive_int("'steps'") : 1;
-    if (model.steps > kMaxSteps)
-        m.at("steps").fail(fmt::format("steps {} is over the limit of {}", model.steps, kMaxSteps));
-    YamlMap batch(m.at("batch"), "'batch'");
-    model.input = parse_tensor_spec(batch.at("input"), "'batch.input'");
-    if (auto t = batch.get("target")) model.target = parse_tensor_spec(*t, "'batch.target'");
-    std::optional<YamlNode> mask_node = batch.get("masked_targets");
-    if (mask_node)
-        model.target_mask = parse_target_mask(*mask_node), model.target_mask_where = mask_node->where();
-    batch.finish();
+namespace {
+
+// The training settings beside the batch and the modules: the loss and its options, the optimizer,
+// gradient accumulation, clipping, the checkpoint format.
+void read_training(YamlMap& m, const YamlNode& root, Model& model) {
     if (auto l = m.get("loss")) model.loss = parse_loss(*l);
     if (auto i = m.get("ignore_index")) {
         model.ignore_index = i->as_int("'ignore_index'");
@@ -434,39 +414,12 @@ Model load_model_document(const YamlNode& root, const std::string& path, const s
             f->fail(fmt::format("unknown checkpoint_format '{}'{}", model.checkpoint_format,
                                 did_you_mean(model.checkpoint_format, known)));
     }
+}
 
-    Builder b(model.dtype);
-    b.account(batch.node(),
-              size_add(batch.node(), numel_checked(batch.at("input"), model.input.shape),
-                       model.target ? numel_checked(batch.at("target"), model.target->shape) : 0));
-    model.root = std::make_shared<Sequential>("", root.where());
-    b.children(m, *model.root, "");
-    const std::optional<YamlNode> init_node = m.get("init");
-    m.finish();
-    for_each_module(*model.root, [](const std::string& fqn, Module& mod) { mod.set_fqn(fqn); });
-    if (const int64_t calls = modules_under(*model.root); calls > kMaxModuleCalls)
-        m.at("modules").fail(
-            fmt::format("a forward of the model calls {} modules (each call site of "
-                        "a shared module counted: shared modules nested in shared ones "
-                        "multiply their calls), over ptool's limit of {}",
-                        calls, kMaxModuleCalls));
-    if (init_node) model.init = apply_init_scheme(*init_node, *model.root);
-
-    // Shape inference over the whole tree: every size error is found before any compute.
-    if (model.input.ids != model.root->takes_ids())
-        m.at("batch").fail(model.input.ids
-                               ? "batch.input is tokens, but the first module is not an embedding"
-                               : "the first module is an embedding: batch.input must be {tokens, vocab}");
-    model.output_shape = model.root->output_shape(model.input.shape);
-    if (model.input.ids) {  // the ids drawn must be rows of the embedding that looks them up
-        const Module* first = model.root.get();
-        while (!first->children().empty()) first = first->children()[0].second.get();
-        if (const int64_t rows = first->id_rows(); rows > 0 && model.input.range > rows)
-            batch.at("input").fail(
-                fmt::format("batch.input draws ids from [0, {}) but embedding '{}' has {} rows: its vocab "
-                            "must be at most {}",
-                            model.input.range, first->fqn(), rows, rows));
-    }
+// The loss's target against the model's output: cross_entropy's class ids along the output's last
+// dim (drawn where the batch does not give them), mse's float target of the output's shape, and a
+// target mask only where cross_entropy reads it.
+void check_loss_target(Model& model, YamlMap& m, YamlMap& batch, const std::optional<YamlNode>& mask_node) {
     const Shape& out = model.output_shape;
     if (model.loss == LossKind::cross_entropy) {
         if (out.size() < 2)  // PyTorch's unbatched [C] has no row to split across ranks or microbatches
@@ -500,6 +453,70 @@ Model load_model_document(const YamlNode& root, const std::string& path, const s
             fmt::format("masked_targets sets class ids to ignore_index, which only cross_entropy "
                         "reads (the loss is {})",
                         loss_name(model.loss)));
+}
+
+}  // namespace
+
+Model load_model_document(const YamlNode& root, const std::string& path, const std::string& dtype_override,
+                          bool init) {
+    YamlMap m(root, "the model");
+    Model model;
+    model.path = path;
+    model.name = m.string_or("name", std::filesystem::path(path).stem().string());
+    if (auto d = m.get("dtype")) {
+        try {
+            model.dtype = parse_dtype(d->as_string("'dtype'"));
+        } catch (const InputError& e) {
+            d->fail(e.message());
+        }
+    }
+    if (!dtype_override.empty()) model.dtype = parse_dtype(dtype_override);
+    model.seed = static_cast<uint64_t>(m.int_or("seed", 0));
+    model.steps = m.has("steps") ? m.at("steps").as_positive_int("'steps'") : 1;
+    if (model.steps > kMaxSteps)
+        m.at("steps").fail(fmt::format("steps {} is over the limit of {}", model.steps, kMaxSteps));
+    YamlMap batch(m.at("batch"), "'batch'");
+    model.input = parse_tensor_spec(batch.at("input"), "'batch.input'");
+    if (auto t = batch.get("target")) model.target = parse_tensor_spec(*t, "'batch.target'");
+    std::optional<YamlNode> mask_node = batch.get("masked_targets");
+    if (mask_node)
+        model.target_mask = parse_target_mask(*mask_node), model.target_mask_where = mask_node->where();
+    batch.finish();
+    read_training(m, root, model);
+
+    Builder b(model.dtype);
+    b.account(batch.node(),
+              size_add(batch.node(), numel_checked(batch.at("input"), model.input.shape),
+                       model.target ? numel_checked(batch.at("target"), model.target->shape) : 0));
+    model.root = std::make_shared<Sequential>("", root.where());
+    b.children(m, *model.root, "");
+    const std::optional<YamlNode> init_node = m.get("init");
+    m.finish();
+    for_each_module(*model.root, [](const std::string& fqn, Module& mod) { mod.set_fqn(fqn); });
+    if (const int64_t calls = modules_under(*model.root); calls > kMaxModuleCalls)
+        m.at("modules").fail(
+            fmt::format("a forward of the model calls {} modules (each call site of "
+                        "a shared module counted: shared modules nested in shared ones "
+                        "multiply their calls), over ptool's limit of {}",
+                        calls, kMaxModuleCalls));
+    if (init_node) model.init = apply_init_scheme(*init_node, *model.root);
+
+    // Shape inference over the whole tree: every size error is found before any compute.
+    if (model.input.ids != model.root->takes_ids())
+        m.at("batch").fail(model.input.ids
+                               ? "batch.input is tokens, but the first module is not an embedding"
+                               : "the first module is an embedding: batch.input must be {tokens, vocab}");
+    model.output_shape = model.root->output_shape(model.input.shape);
+    if (model.input.ids) {  // the ids drawn must be rows of the embedding that looks them up
+        const Module* first = model.root.get();
+        while (!first->children().empty()) first = first->children()[0].second.get();
+        if (const int64_t rows = first->id_rows(); rows > 0 && model.input.range > rows)
+            batch.at("input").fail(
+                fmt::format("batch.input draws ids from [0, {}) but embedding '{}' has {} rows: its vocab "
+                            "must be at most {}",
+                            model.input.range, first->fqn(), rows, rows));
+    }
+    check_loss_target(model, m, batch, mask_node);
     if (init) model.init_params();
     return model;
 }
