@@ -68,7 +68,8 @@ void run_ranks(int n, const CommOptions& options, const std::function<void(Commu
     const int gpus = device == Device::cpu ? 0 : static_cast<int>(query_gpus().devices.size());
     if (in_process_comm(device, n, gpus) == CommKind::nccl) return run_nccl_threads(n, options, fn);
     if (cores) return run_rank_threads(n, options, fn, device, std::move(cores));
-    const GemmThreadShare share(device == Device::cpu ? n : 1);  // the rank threads share the cores
+    const GemmThreadShare share(device == Device::cpu ? n : 1,
+                                device == Device::cpu ? n : 1);  // the rank threads share the cores
     run_rank_threads(n, options, fn, device);
 }
 

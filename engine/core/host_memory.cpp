@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -110,6 +111,21 @@ int64_t available_host_memory() {
         if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
     std::fclose(f);
     return static_cast<int64_t>(kib) * 1024;
+}
+
+int64_t address_space_left() {
+    rlimit limit{};
+    if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return -1;
+    std::FILE* f = std::fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long long kib = -1;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "VmSize: %lld kB", &kib) == 1) break;
+    std::fclose(f);
+    if (kib < 0) return -1;
+    const auto cap = static_cast<int64_t>(std::min<rlim_t>(limit.rlim_cur, rlim_t{INT64_MAX}));
+    return std::max<int64_t>(0, cap - static_cast<int64_t>(kib) * 1024);
 }
 
 bool host_blocks_from_heap() {

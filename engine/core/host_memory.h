@@ -27,5 +27,8 @@ void* host_allocate(size_t bytes, bool zero);
 void host_release(void* p, size_t bytes);
 AllocatorStats host_block_stats();  // the large blocks' counters
 int64_t available_host_memory();    // /proc/meminfo's MemAvailable in bytes; 0 when unknown
+// The address space this process may still map under its limit (RLIMIT_AS, `ulimit -v`): the limit
+// less /proc/self/status's VmSize, in bytes; -1 where there is no limit (or it cannot be read).
+int64_t address_space_left();
 
 }  // namespace ptool

@@ -84,8 +84,10 @@ RankSimulation simulate_rank(const RunInputs& base, const Plan& plan, int rank, 
 
 void require_host_memory(const RunInputs& in, const Plan& plan, int64_t steps, const ResolvedPlan* resolved) {
     if (in.device != Device::cpu) return;
-    const int64_t available = available_host_memory();
-    if (available <= 0) return;
+    const int64_t memory = available_host_memory(), space = address_space_left();
+    // the memory the host has, or the address space the limit leaves (`ulimit -v`) where less
+    const int64_t available = space >= 0 && (memory <= 0 || space < memory) ? space : memory;
+    if (available <= 0 && space != 0) return;
     int64_t need = 0;
     try {
         const RankSimulation sim =
@@ -99,8 +101,10 @@ void require_host_memory(const RunInputs& in, const Plan& plan, int64_t steps, c
     if (need > available)
         throw RuntimeError(fmt::format(
             "the run needs about {:.2f} GiB of host memory (its peak, predicted on meta tensors), and "
-            "{:.2f} GiB is available (MemAvailable): out of memory before it starts",
-            static_cast<double>(need) / (1 << 30), static_cast<double>(available) / (1 << 30)));
+            "{:.2f} GiB is available ({}): out of memory before it starts",
+            static_cast<double>(need) / (1 << 30), static_cast<double>(available) / (1 << 30),
+            available == space ? "the address space left under this process's limit, ulimit -v"
+                               : "MemAvailable"));
 }
 
 void check_run(const RunInputs& base, const Plan& plan, int rank) {

@@ -49,7 +49,7 @@ public:
     // default in each process is every core its affinity allows, which depends on how the launcher
     // binds it, and a GEMM's last bits depend on the thread count (an mpirun run differed from the
     // same plan on rank threads in its last bits where mpirun left each process both cores).
-    UnderMpi(Device d, CommOptions c) : share_(std::max(1, launcher_local_rank().size)) {
+    UnderMpi(Device d, CommOptions c) : share_(std::max(1, launcher_local_rank().size), 1) {
         mpi_init_once();
         world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, c);
         CommOptions patient = c;
@@ -237,7 +237,7 @@ struct ReferenceBeside {
           own_core(std::make_shared<CoreSlots>(1)),
           reference(std::move(ref)),
           stream(cores, throttled),
-          share(plan.world_size() + 1) {
+          share(plan.world_size() + 1, plan.world_size() + 1) {
         opt.publish = &stream;
         thread = std::thread([this, &in, plan, steps, opt] {
             try {

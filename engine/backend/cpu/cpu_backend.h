@@ -16,9 +16,12 @@ namespace ptool {
 // can depend on the thread count (`ptool run models/gemm_mlp.yaml --dump` differs between
 // OPENBLAS_NUM_THREADS=1 and 2): runs are reproducible on one machine in one mode, and compared
 // with tolerances across them.
+// `rank_threads` of them are threads of this process (the others other processes of the node): a
+// limit on the address space must leave room for OpenBLAS's buffers of those that may compute at
+// once, else exit 3 (require_blas_address_space in cpu_gemm.cpp).
 class GemmThreadShare {
 public:
-    explicit GemmThreadShare(int ranks);
+    GemmThreadShare(int ranks, int rank_threads);
     ~GemmThreadShare();
     GemmThreadShare(const GemmThreadShare&) = delete;
     GemmThreadShare& operator=(const GemmThreadShare&) = delete;

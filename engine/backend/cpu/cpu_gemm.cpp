@@ -3,10 +3,14 @@
 #include <cblas.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/cores.h"
+#include "core/error.h"
+#include "core/host_memory.h"
 
 namespace ptool {
 namespace {
@@ -88,9 +92,40 @@ const bool kBlasWorkersQuiet = quiet_blas_workers();  // at start-up, before any
 
 }  // namespace
 
-GemmThreadShare::GemmThreadShare(int ranks) : saved_(openblas_get_num_threads()) {
+namespace {
+
+// OpenBLAS maps a buffer of 128 MiB (its BUFFER_SIZE on x86-64) for each thread in a GEMM at once,
+// the callers' (rank threads: one a core at most, as they compute holding one) and its own
+// workers', and keeps it for the next caller; where the map fails it
+// retries without end (0.3.21's blas_memory_alloc). Measured (2026-11-30, Debian's 0.3.21 pthread:
+// a second thread's first sgemm grew VmSize by 136 MiB, its stack with it). Only a limit on the
+// address space (`ulimit -v`) makes the map fail before the memory is used: there, the buffers of
+// every thread that may call it must fit in what is left, or the run is refused before its threads
+// start, where it would hang (exit 3 naming the limit).
+void require_blas_address_space(int callers, int workers) {
+    constexpr int64_t kPerThread = int64_t{136} << 20;
+    const int64_t left = address_space_left();
+    const int64_t need = kPerThread * (callers + workers);
+    if (left < 0 || left >= need) return;
+    throw RuntimeError(fmt::format(
+        "the address space left under this process's limit (ulimit -v) is {} MiB, and OpenBLAS maps "
+        "a 128 MiB buffer (with a thread's stack, 136 MiB) for each of the {} threads that may be in a "
+        "GEMM at once ({} of ptool's rank thread{} and {} of its own), retrying without end where a map "
+        "fails: out of "
+        "address space before the run starts (raise the limit to at least {} MiB more, or run fewer "
+        "ranks a process)",
+        left >> 20, callers + workers, callers, callers == 1 ? "" : "s", workers,
+        (need - left + (1 << 20) - 1) >> 20));
+}
+
+}  // namespace
+
+GemmThreadShare::GemmThreadShare(int ranks, int rank_threads) : saved_(openblas_get_num_threads()) {
     (void)kBlasWorkersQuiet;
-    openblas_set_num_threads(threads_for(saved_, ranks));
+    const int threads = threads_for(saved_, ranks);
+    // a rank thread computes while it holds a core (CoreSlots): at most one a core is in a GEMM
+    require_blas_address_space(std::clamp(usable_cores(), 1, std::max(1, rank_threads)), threads - 1);
+    openblas_set_num_threads(threads);
 }
 
 GemmThreadShare::~GemmThreadShare() {
