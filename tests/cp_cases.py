@@ -227,4 +227,16 @@ with tempfile.TemporaryDirectory() as tmp:
                        timeout=300, cwd=ROOT)
     check(p.returncode == 0, f"llama_sft under an acting clip, fsdp x cp: exit {p.returncode}\n{p.stdout[-600:]}")
 
+    # most gradients wrong: a pipeline whose stage 0 (25 of the 27 gradients) scales its gradients
+    # twice. The factor clip_grad_norm puts between the runs is the ratio of their coefficients, from
+    # the two recorded norms; a median of the gradients' own factors was the faulty stage's (0.27),
+    # and the right stage's norm.weight was named past it
+    pp_norm = os.path.join(tmp, "sft_pp2_norm.yaml")
+    open(pp_norm, "w").write("mesh: {pp: 2}\npipeline_parallel: {mesh_dim: pp, split_points: [norm], microbatches: 2}\n")
+    p = subprocess.run([PTOOL, "verify", sft_clip, pp_norm], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env=dict(os.environ, PTOOL_FAULT="pp_grad_scaled_twice:0"))
+    line = next((l for l in p.stdout.splitlines() if "first divergence" in l), "")
+    check(p.returncode == 1 and "first divergence: step 0 gradient of `tok_embeddings.weight`" in line,
+          f"stage 0's gradients scaled twice under an acting clip: exit {p.returncode}\n{line}\n{p.stdout[-600:]}")
+
 check.finish()

@@ -45,8 +45,11 @@ struct Tolerance {
     // norm's coefficient, so where the norms part every gradient parts by the same factor. A
     // gradient's comparison then also sums e (a - e) (TensorDiff::projection: `projected`, set by
     // verify/compare.h's rule_for), so that localisation tells that common factor from an error of
-    // the gradient's own (verify/report.cpp, localise).
-    bool clipped = false, projected = false;
+    // the gradient's own (verify/report.cpp, localise). clip_max_norm is the model's max_norm (0:
+    // it does not clip); with it each step's grad_norm is also compared with signed_sum, so that
+    // both runs' norms, and so the factor between their clip coefficients, are known exactly.
+    double clip_max_norm = 0;
+    bool projected = false;
 
     // torch.testing's rtol/atol for the dtype; for bfloat16/float16 also the Frobenius bound at `depth`.
     static Tolerance for_dtype(DType dt, int depth = 1);

@@ -550,9 +550,9 @@ Tolerance rule_for(const Tolerance& tol, const std::string& key) {
         t.signed_sum = true;
         return t;
     }
-    if (tol.clipped && k && k->kind() == "grad") {
+    if (tol.clip_max_norm > 0 && k && (k->kind() == "grad" || k->kind() == "grad_norm")) {
         Tolerance t = tol;
-        t.projected = true;
+        (k->kind() == "grad" ? t.projected : t.signed_sum) = true;
         return t;
     }
     if (!tol.masters) return tol;

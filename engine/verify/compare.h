@@ -152,7 +152,8 @@ DiffPiece unpack_piece(const int64_t* in);
 
 // The rule for a recorded tensor: the masters' (Tolerance::masters) for step{k}.param.*; a model
 // output's with signed_sum where the loss is of the outputs themselves (Tolerance::loss_of_outputs);
-// a gradient's `projected` where the model clips (Tolerance::clipped); else tol.
+// a gradient's `projected` and the grad_norm's signed_sum where the model clips
+// (Tolerance::clip_max_norm); else tol.
 Tolerance rule_for(const Tolerance& tol, const std::string& key);
 
 }  // namespace ptool

@@ -112,17 +112,20 @@ double judged_norm(double own, const ModuleScale& s, double systematic) {
 }
 
 // Under clip_grad_norm, where the two runs' norms part, each run scales every gradient by its own
-// norm's coefficient, so that every gradient parts from the reference's by the same factor
-// (Tolerance::clipped): the step's first gradient that parts by more than rounding past the factor
-// the gradients share (the median of their projections, TensorDiff::projection), or none where
-// that is the first gradient that fails (the order's own answer: localise names it as any other).
+// norm's coefficient, min(1, max_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ does, so
+// that every gradient whose own computation agreed parts from the reference's by one factor: the
+// ratio of the two coefficients, known exactly from the two recorded norms (the grad_norm is
+// compared with signed_sum: Tolerance::clip_max_norm). The step's first gradient that parts by more
+// than rounding past that factor is named, or none where that is the first gradient that fails (the
+// order's own answer: localise names it as any other). A median of the gradients' own factors
+// (TensorDiff::projection) would be the faulty gradients' factor where they are the most.
 struct PastFactor {
     const TensorReport* t;
     double factor, left;  // the shared factor less 1; what is left of its error, of its norm
 };
 std::optional<PastFactor> past_clip_factor(const PlanReport& rep, const Tolerance& tol, int64_t step) {
     const double bound = tol.systematic > 0 ? tol.systematic : tol.rel_fro;  // rounding's reach
-    if (!tol.clipped || bound <= 0) return std::nullopt;
+    if (tol.clip_max_norm <= 0 || bound <= 0) return std::nullopt;
     const TensorReport* norm = nullptr;
     std::vector<const TensorReport*> grads;
     for (const TensorReport& t : rep.tensors)
@@ -130,21 +133,16 @@ std::optional<PastFactor> past_clip_factor(const PlanReport& rep, const Toleranc
             if (k->kind() == "grad_norm") norm = &t;
             if (k->kind() == "grad") grads.push_back(&t);
         }
-    if (!norm || norm->pass || norm->diff.nonfinite) return std::nullopt;  // one factor: the norms agree
+    if (!norm || norm->pass || norm->diff.nonfinite || !norm->diff.shape_ok)
+        return std::nullopt;  // one factor: the norms agree
+    const double expected = norm->diff.ref_norm, actual = expected + norm->diff.signed_err;  // norms >= 0
+    auto coefficient = [&](double n) { return std::min(1.0, tol.clip_max_norm / (n + 1e-6)); };
+    const double m = coefficient(actual) / coefficient(expected) - 1;
+    if (!std::isfinite(m) || m == 0) return std::nullopt;
     const std::map<std::string, ModuleScale> scales = module_scales(rep, tol);
-    std::vector<double> shared;  // of the gradients above their modules' rounding level
-    for (const TensorReport* t : grads) {
-        if (!t->diff.projected || !t->diff.shape_ok || t->diff.nonfinite) return std::nullopt;
-        const auto it = scales.find(t->name);
-        if (it != scales.end() && t->diff.ref_norm > bound * it->second.module)
-            shared.push_back(t->diff.projection);
-    }
-    if (shared.empty()) return std::nullopt;
-    std::nth_element(shared.begin(), shared.begin() + static_cast<std::ptrdiff_t>(shared.size() / 2),
-                     shared.end());
-    const double m = shared[shared.size() / 2];
     bool first = true;  // the first gradient that fails
     for (const TensorReport* t : grads) {
+        if (!t->diff.projected || !t->diff.shape_ok || t->diff.nonfinite) return std::nullopt;
         const auto it = scales.find(t->name);
         if (t->pass || it == scales.end()) continue;
         // ||a - (1 + m) e||^2 = ||a - e||^2 - 2 m <a - e, e> + m^2 ||e||^2

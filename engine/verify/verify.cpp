@@ -296,7 +296,7 @@ Tolerance tolerance_for(const Plan& plan, const VerifyOptions& opt, const Model&
                           : model.loss == LossKind::mean ? Tolerance::OutputSum::mean
                                                          : Tolerance::OutputSum::none;
     tol.output_eps = dtype_eps(compute);
-    tol.clipped = model.clip_grad_norm > 0;  // localisation tells the clip's common factor apart
+    tol.clip_max_norm = model.clip_grad_norm;  // localisation tells the clip's common factor apart
     return tol;
 }
 
