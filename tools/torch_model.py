@@ -85,7 +85,9 @@ class PositionEmbedding(nn.Module):
 
     def __init__(self, positions, dim):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(positions, dim))
+        # nn.Embedding's own init, N(0, 1) (torch.empty left whatever the allocator held: a golden
+        # recorded from it started from values of 1e32 and its losses were NaN)
+        self.weight = nn.Parameter(torch.empty(positions, dim).normal_())
 
     def forward(self, x):
         return x + self.weight[: x.shape[1]]

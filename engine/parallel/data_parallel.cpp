@@ -57,7 +57,14 @@ std::vector<std::string> fsdp_unit_fqns(const DataParallelSpec& spec,
     std::set<std::string> units;  // unit_fqns', once each
     if (spec.mode == DataParallelMode::fully_shard) unit_fqns.push_back(""), units.insert("");
     const NameIndex index(module_names);
+    std::set<std::string> listed;
     for (const std::string& pattern : spec.fully_shard) {
+        if (!listed.insert(pattern).second) {  // (its modules are units already: "matched no module")
+            warnings.push_back({spec.fully_shard_where,
+                                fmt::format("fully_shard pattern '{}' is listed twice", pattern),
+                                DiagnosticKind::no_effect});
+            continue;
+        }
         int matched = 0;
         for (const size_t i : index.matches(pattern))
             if (units.insert(module_names[i]).second) unit_fqns.push_back(module_names[i]), ++matched;
@@ -112,30 +119,28 @@ void check_tied_units(const Model& model, const Plan& plan, const DataParallelRe
         const FsdpUnitSpec* unit = innermost_unit(res.units, fqn);
         return unit ? unit->fqn : std::string("(none)");
     };
-    struct Holder {
-        const Module* module;
-        std::string fqn;
-    };
-    std::map<const Parameter*, Holder> first;
-    for_each_module(*model.root, [&](const std::string& fqn, Module& m) {
-        for (const Module::Entry& e : m.params()) {
-            const std::string name = fqn.empty() ? e.name : fqn + "." + e.name;
-            if (res.expert_params.count(name) || fqn_under_any(name, spec.ignored_modules)) continue;
-            // (the units looked up for a weight seen twice only: the others are every parameter)
-            auto [it, fresh] = first.try_emplace(e.param.get(), Holder{&m, fqn});
-            if (fresh || it->second.module == &m || unit_of(it->second.fqn) == unit_of(fqn)) continue;
-            auto unit_name = [](const std::string& u) {
-                return u.empty() ? std::string("the root's") : "'" + u + "'";
-            };
-            throw InputError(
-                spec.fully_shard_where,
-                fmt::format("'{}' and '{}' share one weight (tie) in two fully_shard units ({} and "
-                            "{}): FSDP2 shards it with the unit that claims it first and the "
-                            "other would compute on its shard; put both in one unit (torchtitan "
-                            "leaves tied embeddings to the root's)",
-                            it->second.fqn, fqn, unit_name(unit_of(it->second.fqn)),
-                            unit_name(unit_of(fqn))));
-        }
+    // every name of every weight: a tie's two modules, or a `shared` module under each call site
+    // (for_each_module sees a module once, under its first name, and let a shared one called from
+    // outside its unit through: it computed on its unit's resharded shard, an internal error)
+    std::map<const Parameter*, std::string> first;  // weight -> the module that first holds it
+    for_each_param(*model.root, [&](const std::string& name, const ParamPtr& p) {
+        if (res.expert_params.count(name) || fqn_under_any(name, spec.ignored_modules)) return;
+        const size_t dot = name.rfind('.');
+        const std::string fqn = dot == std::string::npos ? std::string() : name.substr(0, dot);
+        // (the units looked up for a weight seen twice only: the others are every parameter)
+        auto [it, fresh] = first.try_emplace(p.get(), fqn);
+        if (fresh || it->second == fqn || unit_of(it->second) == unit_of(fqn)) return;
+        auto unit_name = [](const std::string& u) {
+            return u.empty() ? std::string("the root's") : "'" + u + "'";
+        };
+        throw InputError(
+            spec.fully_shard_where,
+            fmt::format("'{}' and '{}' share one weight (a tie, or a `shared` module called "
+                        "under both names) in two fully_shard units ({} and {}): FSDP2 "
+                        "shards it with the unit that claims it first and the other would "
+                        "compute on its shard; put both in one unit (torchtitan leaves tied "
+                        "embeddings to the root's)",
+                        it->second, fqn, unit_name(unit_of(it->second)), unit_name(unit_of(fqn))));
     });
 }
 

@@ -244,6 +244,7 @@ std::vector<MeshDim> parse_mesh(const YamlNode& mesh, Plan& plan) {
         YamlNode key(kv.first, std::make_shared<std::string>(mesh.file())),
             value(kv.second, std::make_shared<std::string>(mesh.file()));
         const std::string name = key.as_string("a mesh dim name");
+        if (name.empty()) key.fail("a mesh dim needs a name, e.g. {tp: 4} (sections name their dims)");
         if (!names.insert(name).second) key.fail(fmt::format("duplicate key '{}' in the mesh", name));
         const int64_t size = value.as_positive_int(fmt::format("mesh dim '{}'", name));
         if (size > 4096)
@@ -356,6 +357,10 @@ void parse_pipeline(const YamlNode& node, Plan& plan, RoleClaims& claims) {
     if (split) {
         s.split_points = string_list(*split, "split_points");
         s.split_where = split->where();
+        if (s.split_points.empty())  // (as verify's compare: [], an empty list says nothing)
+            split->fail(
+                "'split_points' is empty: name the modules that start stages 1.., or leave it out "
+                "to cut the blocks evenly");
         std::set<std::string> seen;
         for (const std::string& p : s.split_points)
             if (!seen.insert(p).second) split->fail(fmt::format("split point '{}' is named twice", p));

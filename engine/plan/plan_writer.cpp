@@ -179,16 +179,35 @@ TensorParallelTemplate tensor_parallel_template(const Model& model) {
     return w.out;
 }
 
+// A repeat's blocks, where each holds its own weights: a weight of a block also reached under a
+// name outside it (a `shared` module called elsewhere) would be sharded by the block's fully_shard
+// unit and computed on outside it (refused: parallel/data_parallel.h, check_tied_units).
 std::vector<std::string> repeated_blocks(const Model& model) {
-    std::vector<std::string> out;
-    std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& p) {
-        if (m.chaining() == Chaining::repeat) {
-            out.push_back(p.empty() ? "*" : p + ".*");
-            return;
-        }
-        for (const auto& [name, child] : m.children()) walk(*child, join_name(p, fqn_escape(name)));
+    std::map<const Parameter*, std::vector<std::string>> names;  // every name of every weight
+    for_each_param(*model.root,
+                   [&](const std::string& n, const ParamPtr& p) { names[p.get()].push_back(n); });
+    auto self_contained = [&](const std::string& repeat) {  // (its raw FQN)
+        const std::string prefix = repeat.empty() ? "" : repeat + ".";
+        for (const auto& [param, list] : names)
+            for (const std::string& a : list) {
+                if (a.rfind(prefix, 0) != 0) continue;
+                const std::string block = a.substr(0, a.find('.', prefix.size()));  // repeat.i
+                for (const std::string& b : list)
+                    if (b.rfind(block + ".", 0) != 0) return false;
+            }
+        return true;
     };
-    walk(*model.root, "");
+    std::vector<std::string> out;
+    std::function<void(const Module&, const std::string&, const std::string&)> walk =
+        [&](const Module& m, const std::string& p, const std::string& raw) {
+            if (m.chaining() == Chaining::repeat) {
+                if (self_contained(raw)) out.push_back(p.empty() ? "*" : p + ".*");
+                return;
+            }
+            for (const auto& [name, child] : m.children())
+                walk(*child, join_name(p, fqn_escape(name)), join_name(raw, name));
+        };
+    walk(*model.root, "", "");
     return out;
 }
 

@@ -56,6 +56,8 @@ TensorFile record_golden(const RunInputs& in, const Plan& plan, const VerifyOpti
     // the reference runs the plan's microbatches on one device: they must be the plan's to run (the
     // data ranks' split too), or the golden would record a step no parallel run of the plan takes
     check_microbatches(plan, model);
+    // verify's lint: a plan it refuses is not recorded (its golden's replay would be refused)
+    resolve_plan(model, plan);
     const int64_t steps = steps_for(plan, opt, model.steps);
     // the one-device run it records, against the host's memory (before its batch is drawn): exit 3,
     // not the OOM killer
@@ -284,6 +286,17 @@ void require_golden_tensors(const GoldenCase& c, const Model& model, int64_t ste
             throw InputError(SourceLocation{c.path, 0, 0},
                              fmt::format("the golden's '{}' is {}, its model implies {} (a damaged file?)",
                                          name, shape_str(t.shape()), shape_str(*it->second)));
+        // weights, gradients, outputs and losses are floats: an integer one read float bits as
+        // integers (a FAIL of 1e9 where the file is damaged)
+        const auto k = parse_step_key(name);
+        const bool real = name.rfind("init.param.", 0) == 0 ||
+                          (k && (k->kind() == "grad" || k->kind() == "param" || k->kind() == "output" ||
+                                 k->kind() == "loss" || k->kind() == "grad_norm"));
+        if (real && !dtype_is_float(t.dtype()))
+            throw InputError(SourceLocation{c.path, 0, 0},
+                             fmt::format("the golden's '{}' is {}, where its model computes a float (a "
+                                         "damaged file?)",
+                                         name, dtype_name(t.dtype())));
     }
     std::set<std::string> held;
     for (const auto& [name, t] : c.file.tensors) held.insert(name);

@@ -115,22 +115,4 @@ Tensor tensor_from_words(const int64_t* words, size_t n) {
     return t;
 }
 
-std::vector<KeyedEntry> gather_keyed(Communicator& comm, const std::vector<KeyedEntry>& mine) {
-    const std::vector<int64_t> packed = pack_all(mine);
-    const Tensor sizes = packed_sizes(comm, packed);
-    int64_t total = 0;
-    for (int r = 0; r < comm.size(); ++r) total += static_cast<int64_t>(sizes.item(r));
-    Tensor all({total}, DType::int64);
-    comm.all_gather(words_tensor(packed), all);
-    std::vector<KeyedEntry> out;
-    if (comm.rank() != 0) return out;
-    int64_t at = 0;
-    for (int r = 0; r < comm.size(); ++r) {
-        const auto n = static_cast<int64_t>(sizes.item(r));
-        unpack(all.data<int64_t>() + at, n, r, out);
-        at += n;
-    }
-    return out;
-}
-
 }  // namespace ptool

@@ -16,15 +16,12 @@ namespace ptool {
 struct KeyedEntry {
     std::string key;
     std::vector<int64_t> words;
-    int rank = 0;  // the rank that queued it (filled in by gather_keyed)
+    int rank = 0;  // the rank that queued it (filled in by gather_keyed_to_root)
 };
 
 // Collective over comm: on rank 0, every rank's entries in rank order (each rank's in its own
-// order); elsewhere, nothing.
-std::vector<KeyedEntry> gather_keyed(Communicator& comm, const std::vector<KeyedEntry>& mine);
-
-// The same to rank 0 alone: one size exchange (all_gather), then each rank with entries sends them
-// to rank 0 (p2p, received in rank order), so no other rank holds what every rank sent.
+// order); elsewhere, nothing. One size exchange (all_gather), then each rank with entries sends
+// them to rank 0 (p2p, received in rank order), so no other rank holds what every rank sent.
 std::vector<KeyedEntry> gather_keyed_to_root(Communicator& comm, const std::vector<KeyedEntry>& mine);
 
 // Collective over comm: rank 0's entries on every rank (a size broadcast, then the words).

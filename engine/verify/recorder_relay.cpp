@@ -35,9 +35,10 @@ void Recorder::note_state(StepRecord& sr, const std::string& name, ReplicaState 
 // Collective over the world: rank 0 merges every rank's queued entries by key and puts each
 // result where its key says (sr: the step's; null: construction's, into init_).
 void Recorder::flush(StepRecord* sr) {
-    // whole tensors go to rank 0 alone (p2p); pieces' sums to every rank, all at once
-    std::vector<KeyedEntry> entries =
-        staged() && !local_ ? gather_keyed_to_root(run_.world(), queue_) : gather_keyed(run_.world(), queue_);
+    // to rank 0 alone (p2p), the only rank that reads them: an all_gather gave every rank every
+    // rank's entries, a host's memory growing with the square of the ranks (tp=256 of a 346-weight
+    // MLP: 3.2 GB, 105 MB now; tp=1024 killed by the OOM killer)
+    std::vector<KeyedEntry> entries = gather_keyed_to_root(run_.world(), queue_);
     queue_.clear();
     if (!rank0_) return;
     struct Merged {

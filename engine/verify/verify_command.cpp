@@ -67,6 +67,12 @@ int run_verify_command(const VerifyCommand& cmd, const std::function<void(const 
             throw InputError(
                 "golden files replay their own init, data and plan: --init, --data, --golden and --mesh "
                 "apply to MODEL PLAN...");
+        // a golden is re-recorded whole: one updated with other steps would keep its metadata's
+        // steps over another count of recorded steps (a replay of it then refused as damaged)
+        if (cmd.update && cmd.options.steps)
+            throw InputError(
+                "--update re-records each golden with the steps it was recorded with: --steps replays "
+                "fewer or more (drop --steps to update, or replay with --steps without --update)");
         const auto launch = make_launch(cmd.device, cmd.options.comm);
         return launch->exit_code([&] {
             if (!launch->rank0()) return 0;  // the other ranks of an mpirun job wait for rank 0's verdict
