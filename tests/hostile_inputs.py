@@ -1136,6 +1136,13 @@ with tempfile.TemporaryDirectory() as tmp:
                   "fully_shard: [\"layers.*\", \"layers.*\"]}\n")
     out = expect(0, ["fully_shard pattern 'layers.*' is listed twice"], "explain", f"{M}/llama_sft.yaml", twice)
     check("matched no module" not in out, f"a fully_shard pattern listed twice said it matched no module:\n{out[-800:]}")
+    # format characters that hide or reorder text (a module `net\u200b1` shows as `net1`, U+202E
+    # reversed the rest of a warning's line): refused where a YAML string is read, as controls are
+    for ch in ("\u202e", "\u200b", "\u2066", "\ufeff"):
+        hidden = write(T("hidden.yaml"), open(mlp).read().replace("name: net1", f"name: net{ch}1", 1))
+        expect(2, ["hidden.yaml:", f"format character U+{ord(ch):04X}"], "run", hidden)
+    expect(2, ["hidden_plan.yaml:", "format character U+202E"], "verify", mlp,
+           write(T("hidden_plan.yaml"), open(root).read() + "verify: {compare: [\"net1\u202e\"]}\n"))
     # verify's records went to every rank (an all_gather) where rank 0 alone reads them: the host's
     # memory grew with the square of the ranks (tp=256 of a 346-weight MLP 3.2 GB, tp=1024 the OOM
     # killer). To rank 0 alone: 0.1 GB

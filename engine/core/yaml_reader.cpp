@@ -208,14 +208,43 @@ void YamlNode::fail(const std::string& message) const {
     throw InputError(where(), message);
 }
 
+namespace {
+
+// Unicode format characters that hide text or reorder what a terminal shows after them: zero-width
+// spaces and joiners, the bidirectional marks, embeddings, overrides and isolates, word joiners and
+// invisible operators, the byte order mark (a name `net\u200b1` shows as `net1`, and U+202E
+// reverses the rest of a warning's line)
+constexpr std::pair<char32_t, char32_t> kHiddenFormat[] = {
+    {0x200B, 0x200F}, {0x202A, 0x202E}, {0x2060, 0x2064}, {0x2066, 0x2069}, {0xFEFF, 0xFEFF}};
+
+// The code point of the 3-byte UTF-8 sequence at s[i] where it is one of kHiddenFormat, else 0.
+char32_t hidden_format_at(const std::string& s, size_t i) {
+    if (i + 2 >= s.size()) return 0;
+    const auto b0 = static_cast<unsigned char>(s[i]), b1 = static_cast<unsigned char>(s[i + 1]),
+               b2 = static_cast<unsigned char>(s[i + 2]);
+    if ((b0 & 0xf0) != 0xe0 || (b1 & 0xc0) != 0x80 || (b2 & 0xc0) != 0x80) return 0;
+    const char32_t cp = (char32_t{b0} & 0x0f) << 12 | (char32_t{b1} & 0x3f) << 6 | (char32_t{b2} & 0x3f);
+    for (const auto& [lo, hi] : kHiddenFormat)
+        if (cp >= lo && cp <= hi) return cp;
+    return 0;
+}
+
+}  // namespace
+
 // Every string a YAML file gives (a key, a name, a pattern, a cluster's name) reaches messages,
 // reports and the terminal: a control character in it (an escape sequence, a carriage return that
 // rewrites the line, a line end that forges one) is refused, tabs excepted, and the C1 controls'
-// UTF-8 too. (No input of ptool's holds a multi-line string.)
+// UTF-8 too, as are the format characters that hide or reorder text (kHiddenFormat). (No input of
+// ptool's holds a multi-line string.)
 std::string YamlNode::as_string(const std::string& what) const {
     if (!node_.IsScalar()) fail(fmt::format("{} must be a string", what));
     const std::string& s = node_.Scalar();
     for (size_t i = 0; i < s.size(); ++i) {
+        if (const char32_t cp = hidden_format_at(s, i))
+            fail(
+                fmt::format("{} holds the invisible or bidirectional format character U+{:04X} (byte {} "
+                            "of the string), which hides or reorders what a terminal shows",
+                            what, static_cast<uint32_t>(cp), i));
         const auto c = static_cast<unsigned char>(s[i]);
         const bool c1 = c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
                         static_cast<unsigned char>(s[i + 1]) <= 0x9f;
