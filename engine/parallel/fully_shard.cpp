@@ -368,6 +368,7 @@ FullyShard::FullyShard(Model& model, const std::vector<FsdpUnitSpec>& units, Com
             if (f8)
                 if (Module* linear = float8_linear_of(name, modules))
                     m.float8 = linear, m.gathered = DType::uint8;
+            managed_.insert(m.p.get());
             st->params.push_back(std::move(m));
         }
         st->lay_out_gather();
@@ -414,10 +415,7 @@ void FullyShard::finish_backward() {
 }
 
 bool FullyShard::manages(const Parameter* p) const {
-    for (const auto& u : units_)
-        for (const auto& m : u->params)
-            if (m.p.get() == p) return true;
-    return false;
+    return managed_.count(p) > 0;
 }
 
 }  // namespace ptool

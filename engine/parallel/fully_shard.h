@@ -16,6 +16,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -78,6 +79,9 @@ public:
 
 private:
     std::vector<std::shared_ptr<State>> units_;
+    // every unit's parameters: manages() was a walk of them all, asked of each parameter (quadratic
+    // in the blocks: 6% of explain's simulation of a 126-block model)
+    std::unordered_set<const Parameter*> managed_;
 };
 
 }  // namespace ptool
