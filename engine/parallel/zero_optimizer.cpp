@@ -25,6 +25,7 @@ ZeroOptimizer::ZeroOptimizer(int stage, int rotation, std::vector<Bucket> bucket
         f.root = b.root, f.index = b.index;
         for (const ParamPtr& p : b.params) {
             f.spans.push_back({p, f.numel, p->value.numel()});
+            managed_.insert(p.get());
             f.numel += p->value.numel();
         }
         f.shard = (f.numel + d - 1) / d;
@@ -38,10 +39,7 @@ ZeroOptimizer::ZeroOptimizer(int stage, int rotation, std::vector<Bucket> bucket
 }
 
 bool ZeroOptimizer::manages(const Parameter* p) const {
-    for (const Flat& f : flats_)
-        for (const Span& s : f.spans)
-            if (s.p.get() == p) return true;
-    return false;
+    return managed_.count(p) > 0;
 }
 
 std::vector<ZeroOptimizer::Piece> ZeroOptimizer::pieces(const Flat& f, int owner) const {

@@ -21,6 +21,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -85,6 +86,7 @@ private:
 
     int stage_, owner_;  // the shard this rank updates (its own dp rank but under fault injection)
     std::vector<Flat> flats_;
+    std::unordered_set<const Parameter*> managed_;  // every flat's parameters (manages: asked per parameter)
     Communicator& dp_;
     Backend& be_;
     DType reduce_;
