@@ -1143,6 +1143,17 @@ with tempfile.TemporaryDirectory() as tmp:
         expect(2, ["hidden.yaml:", f"format character U+{ord(ch):04X}"], "run", hidden)
     expect(2, ["hidden_plan.yaml:", "format character U+202E"], "verify", mlp,
            write(T("hidden_plan.yaml"), open(root).read() + "verify: {compare: [\"net1\u202e\"]}\n"))
+    # a malformed JSON header's or config's raw bytes quoted to the terminal by nlohmann's "last read"
+    # (0x9b is a C1 CSI), with its internal "[json.exception.parse_error.101]" prefix: written \xHH
+    csi_header = b'{"x": \x9b2J}'
+    csi = write(T("csi.safetensors"), struct.pack("<Q", len(csi_header)) + csi_header)
+    for args, shown in ((["golden", "show", csi], "\\x9b"),
+                        (["import", "hf", write(T("csi.json"), b'{"model_type": \xc2\x9b2J}'), "-o", T("csi.yaml")],
+                         "\\xc2")):
+        p = subprocess.run([PTOOL, *args], capture_output=True, timeout=60)
+        err = p.stderr.decode("latin-1")
+        check(p.returncode == 2 and shown in err and all(ord(c) < 0x80 for c in err) and "json.exception" not in err,
+              f"{args[:2]}: exit {p.returncode}, {err!r}")
     # verify's records went to every rank (an all_gather) where rank 0 alone reads them: the host's
     # memory grew with the square of the ranks (tp=256 of a 346-weight MLP 3.2 GB, tp=1024 the OOM
     # killer). To rank 0 alone: 0.1 GB

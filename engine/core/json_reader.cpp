@@ -61,12 +61,9 @@ size_t error_at(const std::string& text, size_t byte) {
     return p;
 }
 
-// nlohmann's message without its prefix ("[json.exception.parse_error.101] parse error at line 1,
-// column 5: "): the position is ptool's file:line:column.
+// nlohmann's message as json_error_text: the position is ptool's file:line:column.
 std::string parse_message(const std::string& what) {
-    const size_t at = what.find("column ");
-    const size_t colon = at == std::string::npos ? std::string::npos : what.find(": ", at);
-    return "not strict JSON: " + (colon == std::string::npos ? what : what.substr(colon + 2));
+    return "not strict JSON: " + json_error_text(what);
 }
 
 // The positions of every value and key of text that nlohmann accepted, walked with the parsed tree.
@@ -355,6 +352,21 @@ JsonNode load_json(const std::string& path, const JsonLimits& limits) {
 
 std::optional<std::pair<size_t, std::string>> json_duplicate_key(const std::string& text) {
     return first_duplicate_key(text);
+}
+
+std::string json_error_text(const std::string& what) {
+    const size_t at = what.find("column ");
+    const size_t colon = at == std::string::npos ? std::string::npos : what.find(": ", at);
+    const std::string text = colon == std::string::npos ? what : what.substr(colon + 2);
+    std::string out;
+    for (const char ch : text) {
+        const auto c = static_cast<unsigned char>(ch);
+        if (c >= 0x80 || c < 0x20 || c == 0x7f)
+            out += fmt::format("\\x{:02x}", c);
+        else
+            out += ch;
+    }
+    return out;
 }
 
 }  // namespace ptool

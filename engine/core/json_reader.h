@@ -67,6 +67,10 @@ void check_depth(const std::string& text, const std::string& name, int max_depth
 // The first key that repeats in its object in valid JSON `text` (nlohmann keeps the last silently):
 // its offset in the text and the key; nullopt where none does.
 std::optional<std::pair<size_t, std::string>> json_duplicate_key(const std::string& text);
+// nlohmann's parse error without its prefix ("[json.exception.parse_error.101] parse error at line
+// 1, column 5: ") and with every byte a terminal could take for a control (>= 0x80: a C1 CSI is
+// 0x9b; below 0x20) written as \xHH: its "last read" quotes the file's raw bytes.
+std::string json_error_text(const std::string& what);
 JsonNode load_json(const std::string& path, const JsonLimits& limits = {});  // read through core/files.h
 
 }  // namespace ptool

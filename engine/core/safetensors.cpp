@@ -57,7 +57,7 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& name) 
     try {
         header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(hlen));
     } catch (const nlohmann::json::exception& e) {
-        bad(name, fmt::format("header is not valid JSON: {}", e.what()));
+        bad(name, fmt::format("header is not valid JSON: {}", json_error_text(e.what())));
     }
     if (!header.is_object()) bad(name, "header is not a JSON object");
     if (const auto dup = json_duplicate_key(bytes.substr(8, hlen)))  // nlohmann kept the last one
