@@ -1118,6 +1118,15 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(2, why, "golden", "record", s4, fs, "-o", T("s4_golden.safetensors"))
     check(not os.path.exists(T("s4_golden.safetensors")), "golden record of a refused plan wrote a golden")
     expect(0, ["PASS"], "plan", s4, "--cluster", f"{ROOT}/clusters/cpu_local.yaml", "--verify")
+    # a unit's hooks are on its module: a `shared` module that is itself a unit gathers at each of
+    # its call sites (m2 = shared m1.m), one that sits inside a unit called elsewhere does not
+    unit_m = write(T("mpy_unit_m.yaml"), 'mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard, '
+                   'fully_shard: ["m1.m"]}\n')
+    unit_m1 = write(T("mpy_unit_m1.yaml"), 'mesh: {dp: 2}\ndata_parallel: {mesh_dim: dp, mode: fully_shard, '
+                    'fully_shard: ["m1"]}\n')
+    expect(0, ["fully_shard"], "explain", f"{M}/mpy_shared.yaml", unit_m)
+    expect(2, ["mpy_unit_m1.yaml:2:", "'m1.m.0' and 'm2.0' share one weight"], "explain", f"{M}/mpy_shared.yaml",
+           unit_m1)
     # a golden's gradient relabelled int32 (its 640 bytes the same): float bits read as integers, a
     # FAIL of 1e9 (exit 1) where the file is damaged: exit 2 naming the tensor and its dtype
     header, blob = read_st(f"{G}/mlp_root_module.safetensors")

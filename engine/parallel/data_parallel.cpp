@@ -1,5 +1,6 @@
 #include "parallel/data_parallel.h"
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -115,9 +116,26 @@ void check_tied_units(const Model& model, const Plan& plan, const DataParallelRe
                       bool stage_model) {
     if (res.units.empty() || (plan.pipeline && !stage_model)) return;
     const DataParallelSpec& spec = *plan.data_parallel;
-    auto unit_of = [&](const std::string& fqn) {
-        const FsdpUnitSpec* unit = innermost_unit(res.units, fqn);
-        return unit ? unit->fqn : std::string("(none)");
+    // every call-site name of every module (a `shared` module under each of its names): a unit's
+    // hooks are on its module object, so a weight's call site is in the unit whose module lies on
+    // its path, under whichever name it is called
+    std::map<std::string, const Module*> module_at;
+    std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& n) {
+        module_at.emplace(n, &m);
+        for (const auto& [name, child] : m.children()) walk(*child, join_name(n, name));
+    };
+    walk(*model.root, "");
+    std::map<const Module*, std::string> unit_named;  // a unit's module -> its FQN
+    for (const FsdpUnitSpec& u : res.units)
+        if (auto it = module_at.find(u.fqn); it != module_at.end()) unit_named[it->second] = u.fqn;
+    auto unit_of = [&](std::string fqn) {  // the innermost unit on the call site's path
+        for (;;) {
+            if (auto m = module_at.find(fqn); m != module_at.end())
+                if (auto u = unit_named.find(m->second); u != unit_named.end()) return u->second;
+            if (fqn.empty()) return std::string("(none)");
+            const size_t dot = fqn.rfind('.');
+            fqn = dot == std::string::npos ? std::string() : fqn.substr(0, dot);
+        }
     };
     // every name of every weight: a tie's two modules, or a `shared` module under each call site
     // (for_each_module sees a module once, under its first name, and let a shared one called from
