@@ -4,14 +4,15 @@
     float8_cases.py PTOOL ROOT
 
 Every plan under tests/data/float8/ (torchao's Float8Linear: tensorwise under FSDP x TP+SP, with
-FSDP2's float8 all-gather, and under CP x TP; rowwise under DDP and FSDP x TP+SP) passes against the one-device reference in rank threads and under mpirun, with the same
+FSDP2's float8 all-gather, and under CP x TP; rowwise under DDP and FSDP x TP+SP;
+rowwise_with_gw_hp under FSDP x TP+SP) passes against the one-device reference in rank threads and under mpirun, with the same
 per-tensor verdicts; explain --json lists the linears it converts (every one with dims of 16 but the
 output head) and its text says so; a zero-bubble pipeline of FSDP x TP stages passes (the selection
 is the whole model's, not a stage's); explain's predicted peak of every rank is verify's measured one
 to the byte; FSDP2's float8 all-gather computes the plain plan's numbers with a quarter of its
 gathered bytes, and its stale-scale and float8-master faults fail it; without the amax reductions (float8_local_amax on every
 converted linear at once) the same plans fail; in bfloat16 compute (following the reference's casts
-at near-ties) both recipes and FSDP2's float8 all-gather pass and faults fail; float64 compute is
+at near-ties) the three recipes and FSDP2's float8 all-gather pass and faults fail; float64 compute is
 exit 2; a bad section is exit 2 with file:line:column. The fault classes' detection and localisation per linear are the mutation
 score's (tests/mutation_score.py).
 """
@@ -72,12 +73,12 @@ for plan in PLANS:
     check(predicted == measured and measured, f"{name}: explain predicts {predicted}, verify measured {measured}")
     check(len(linears) == 14 and "output" not in linears and all(l.endswith("_proj") for l in linears),
           f"{name}: explain's float8 linears {linears}")
-    recipe = "rowwise" if "rowwise" in name else "tensorwise"
+    recipe = re.search(r"^float8:.*?recipe: (\w+)", open(plan).read(), re.M | re.S).group(1)
     check(f"float8 {recipe} on 14 linears" in out, f"{name}: explain's text does not say float8 {recipe}\n{out[:800]}")
     if "tp" in name and recipe == "tensorwise":  # every scale from its own piece: the plan fails (one linear at a time: mutation score)
         rc, out, _ = verify(plan, env={"PTOOL_FAULT": "float8_local_amax:*"})
         check(rc == 1 and "first divergence: step 0 forward" in out, f"{name}: local amax on every linear: exit {rc}\n{out[-1500:]}")
-    elif "tp" in name:  # rowwise: power-of-2 scales, so a piece's own amax moves no value out of e4m3fn's normal range
+    elif "tp" in name:  # rowwise (and rowwise_with_gw_hp's tensorwise weight): power-of-2 scales, so a piece's own amax moves no value out of e4m3fn's normal range
         rc, out, local = verify(plan, env={"PTOOL_FAULT": "float8_local_amax:*"})
         check(rc == 0 and local == threads, f"{name}: rowwise local amax on ordinary data: exit {rc}\n{out[-1500:]}")
 
@@ -164,6 +165,10 @@ with tempfile.TemporaryDirectory() as tmp:
     open(rowwise_bf16, "w").write(text.replace("float8: {recipe: tensorwise}", "float8: {recipe: rowwise}"))
     rc, out, verdicts = verify(rowwise_bf16)
     check(rc == 0 and len(verdicts) > 100 and all(verdicts.values()), f"bf16 rowwise float8 verify: exit {rc}\n{out[-1500:]}")
+    gw_hp_bf16 = os.path.join(tmp, "bf16_gw_hp.yaml")  # its weight gradient a bf16 GEMM, as a plain linear's
+    open(gw_hp_bf16, "w").write(text.replace("float8: {recipe: tensorwise}", "float8: {recipe: rowwise_with_gw_hp}"))
+    rc, out, verdicts = verify(gw_hp_bf16)
+    check(rc == 0 and len(verdicts) > 100 and all(verdicts.values()), f"bf16 rowwise_with_gw_hp verify: exit {rc}\n{out[-1500:]}")
     # torchtitan's published float8 configuration: bf16 compute with FSDP2's float8 all-gather and
     # precomputed scales. Its gathers cast the float32 master shards, so the reference casts its
     # weights from its masters too (Float8Spec::weights_from_masters; casting its bf16 copies it

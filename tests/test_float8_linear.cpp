@@ -2,7 +2,9 @@
 // the GEMMs are torchao's tensorwise casts and scaled products, bit for bit; the reference's row
 // groups compute what each data rank computes alone; the selection is torchtitan's (dims of 16,
 // filter_fqns by substring, the head left out by default); bad sections are exit 2 at their key.
+#include <array>
 #include <cmath>
+#include <string>
 
 #include "backend/meta/meta_backend.h"
 #include "comm/comm_threads.h"
@@ -147,9 +149,13 @@ TEST_CASE("a bad float8 section is exit 2 at its key", "[cpu]") {
     CHECK_THAT(
         plan_error("mesh: {dp: 1}\nfloat8: {recipe: tensorwize}\n"),
         Catch::Contains("p.yaml:2:18: unknown float8 recipe 'tensorwize' (did you mean 'tensorwise'?)"));
-    CHECK_THAT(plan_error("mesh: {dp: 1}\nfloat8: {recipe: rowwise_with_gw_hp}\n"),
-               Catch::Contains("p.yaml:2:18: float8 recipe 'rowwise_with_gw_hp': ptool runs tensorwise and "
-                               "rowwise so far"));
+    CHECK_THAT(plan_error("mesh: {dp: 1}\nfloat8: {recipe: rowwise_gw_hp}\n"),
+               Catch::Contains("p.yaml:2:18: unknown float8 recipe 'rowwise_gw_hp' (valid: tensorwise, "
+                               "rowwise, rowwise_with_gw_hp)"));
+    CHECK_THAT(
+        plan_error("mesh: {dp: 1}\nfloat8: {recipe: rowwise_with_gw_hp, enable_fsdp_float8_all_gather: "
+                   "true}\n"),
+        Catch::Contains("torchao's float8 all-gather takes recipe tensorwise, not rowwise_with_gw_hp"));
     CHECK_THAT(plan_error("mesh: {dp: 1}\nfloat8: {recipe: rowwise, enable_fsdp_float8_all_gather: true}\n"),
                Catch::Contains("p.yaml:2:58: enable_fsdp_float8_all_gather casts a weight with one scale"));
     CHECK_THAT(
@@ -369,7 +375,7 @@ TEST_CASE("the rowwise recipe scales each row or column along its GEMM's reducti
     Float8Recipe r;
     REQUIRE(float8_recipe_named("rowwise", &r));
     CHECK((r.scaling == Float8Scaling::rowwise && r.grad_output == Float8Format::e4m3fn));
-    CHECK_FALSE(float8_recipe_named("rowwise_with_gw_hp", &r));
+    CHECK_FALSE(float8_recipe_named("rowwise_gw_hp", &r));
     // rows of very different magnitudes: each keeps its own precision
     Tensor x = random({8, 32}, 31, 1.0), dy = random({8, 16}, 32, 1.0);
     for (int64_t i = 0; i < 8 * 32; ++i) x.set(i, x.item(i) * std::pow(4.0, static_cast<double>(i / 32)));
@@ -422,6 +428,92 @@ TEST_CASE("the rowwise recipe scales each row or column along its GEMM's reducti
     Tensor tensorwise({8, 16}, DType::float32);
     float8_forward(ctx, Float8Gemms{}, x, w, tensorwise);
     CHECK_FALSE(near(tensorwise, want_y));
+}
+
+TEST_CASE(
+    "rowwise_with_gw_hp: rowwise's forward, one power-of-2 weight scale in the input gradient, the "
+    "weight gradient in high precision",
+    "[cpu]") {
+    Float8Recipe r;
+    REQUIRE(float8_recipe_named("rowwise_with_gw_hp", &r));
+    CHECK(std::string(float8_recipe_name(r)) == "rowwise_with_gw_hp");
+    Float8Recipe rowwise;
+    REQUIRE(float8_recipe_named("rowwise", &rowwise));
+    // the weight's columns 1e3 apart: one scale for the whole weight loses the small columns' precision,
+    // where the rowwise recipe's per-column scales keep it
+    Tensor x = random({8, 32}, 51, 1.0), dy = random({8, 16}, 52, 1.0), wv = random({16, 32}, 53, 0.2);
+    for (int64_t i = 0; i < 16 * 32; ++i)
+        if (i % 32 < 8) wv.set(i, wv.item(i) * 1e-3);
+    const Parameter w{wv, {}};
+    RunContext ctx = cpu_context(1);
+    auto run = [&](const Float8Recipe& recipe) {  // {y, dx, dw}
+        Float8Gemms f;
+        f.recipe = recipe;
+        Tensor y({8, 16}, DType::float32), dx({8, 32}, DType::float32),
+            dw = Tensor::zeros({16, 32}, DType::float32);
+        float8_forward(ctx, f, x, w, y);
+        const Float8BackwardAmax a = float8_backward_amax(ctx, f, dy, x, w);
+        float8_input_grad(ctx, f, a, dy, w, dx);
+        float8_weight_grad(ctx, f, a, dy, x, dw);
+        return std::array<Tensor, 3>{y, dx, dw};
+    };
+    const auto [y, dx, dw] = run(r);
+    const auto [ry, rdx, rdw] = run(rowwise);
+    CHECK(same_bits(y, ry));  // the forward is rowwise's
+    Backend& be = backend_for(Device::cpu);
+    // the input gradient: dy's e4m3fn rows over their power-of-2 scales times W's e4m3fn values over
+    // one power-of-2 scale (torchao repeats it along the columns for _scaled_mm), exactly as
+    // float8_gemm computes it
+    const Float8Operand d = float8_axiswise(dy, Float8Format::e4m3fn, float8_amax_axis(dy, 0), 0, true);
+    const Float8Operand wt = float8_tensorwise(wv, Float8Format::e4m3fn, float8_amax(wv), true);
+    CHECK(wt.scale == float8_power_of_2(float8_tensorwise_scale(float8_amax(wv), Float8Format::e4m3fn)));
+    CHECK(wt.scale != float8_tensorwise_scale(float8_amax(wv), Float8Format::e4m3fn));  // (rounded down)
+    Tensor want_dx({8, 32}, DType::float32);
+    float8_gemm(be, d, false, wt, false, want_dx);
+    CHECK(same_bits(dx, want_dx));
+    CHECK_FALSE(same_bits(dx, rdx));
+    // the weight gradient: the plain linear's GEMM, bitwise
+    Tensor want_dw = Tensor::zeros({16, 32}, DType::float32);
+    be.gemm(dy, true, x, false, want_dw, 1.0, 1.0);
+    CHECK(same_bits(dw, want_dw));
+    CHECK_FALSE(same_bits(dw, rdw));
+    // under tp (a colwise linear: W's rows and dy's columns cut) W's one scale is the whole weight's,
+    // its amax reduced over tp: rank 1's rows 1e5 times rank 0's, so that the whole weight's scale
+    // puts rank 0's among e4m3fn's subnormals where their own amax would not
+    Tensor wb = wv.clone();
+    for (int64_t i = 8 * 32; i < 16 * 32; ++i) wb.set(i, wb.item(i) * 1e5);
+    Float8Gemms f;
+    f.recipe = r;
+    Tensor want_tp({8, 32}, DType::float32);
+    float8_input_grad(ctx, f, float8_backward_amax(ctx, f, dy, x, Parameter{wb, {}}), dy, Parameter{wb, {}},
+                      want_tp);
+    auto on_tp2 = [&](bool reduce) {  // the ranks' partial input gradients summed
+        Float8Gemms col = f;
+        col.recipe.reduce_amax = reduce;
+        col.tp.grad_output.cols = col.tp.weight.rows = true;
+        std::vector<Tensor> dxs(2);
+        run_rank_threads(2, CommOptions{}, [&](Communicator& tp) {
+            const int k = tp.rank();
+            RunContext c = cpu_context(1);
+            c.tp = &tp;
+            const Tensor dyr = dy.narrow(1, 8 * k, 8).clone();
+            const Parameter wr{wb.narrow(0, 8 * k, 8).clone(), {}};
+            Tensor part({8, 32}, DType::float32);
+            float8_input_grad(c, col, float8_backward_amax(c, col, dyr, x, wr), dyr, wr, part);
+            dxs[k] = part;
+        });
+        be.axpy(1.0, dxs[1], dxs[0]);
+        return dxs[0];
+    };
+    auto close = [](const Tensor& got, const Tensor& want) {  // within float32 accumulation of the whole
+        double worst = 0, scale = 0;
+        for (int64_t i = 0; i < want.numel(); ++i)
+            worst = std::max(worst, std::fabs(got.item(i) - want.item(i))),
+            scale = std::max(scale, std::fabs(want.item(i)));
+        return scale > 0 && worst <= 1e-6 * scale;
+    };
+    CHECK(close(on_tp2(true), want_tp));
+    CHECK_FALSE(close(on_tp2(false), want_tp));
 }
 
 TEST_CASE("a rowwise scale along a reduction dim tp cuts covers the whole row, its amax reduced over tp",

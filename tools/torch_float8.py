@@ -1,4 +1,4 @@
-"""torchao's Float8Linear (recipes tensorwise and rowwise) in PyTorch 1.13, which has no float8 dtype: the
+"""torchao's Float8Linear (recipes tensorwise, rowwise and rowwise_with_gw_hp) in PyTorch 1.13, which has no float8 dtype: the
 oracle of ptool's float8 linears (docs/float8.md) for tools/torch_golden.py.
 
 The formats' rounding is written out: a float32 value x goes to e4m3fn (3 mantissa bits, normals
@@ -11,6 +11,9 @@ Recipe rowwise (torchao's ROWWISE): every operand e4m3fn, one scale per row or c
 GEMM's reduction dim (amax_to_scale of that slice's amax, then round_scales_to_power_of_2:
 exp2(floor(log2(scale))) in float32): forward x and W per row; grad input dy per row, W per column;
 grad weight dy and x per column; the product times (1/scale_a[m]) (1/scale_b[n]).
+Recipe rowwise_with_gw_hp (torchao's ROWWISE_WITH_GW_HP): the forward as rowwise; grad input dy per
+row times W with one tensorwise scale rounded down to a power of 2 (torchao repeats it along the
+columns for _scaled_mm's rowwise kernel); grad weight dy^T x in the compute dtype, unscaled.
 
 Which linears: torchtitan's module_filter_fn (in and out features multiples of 16, no filter_fqns
 substring in the name), the routed experts left out, without filter_fqns the model's last linear
@@ -107,7 +110,20 @@ class Rowwise:
         return rowwise_mm(d8.t(), sd.t(), x8, sx, dtype)
 
 
-RECIPES = {"tensorwise": Tensorwise, "rowwise": Rowwise}
+class RowwiseWithGwHp:
+    forward = Rowwise.forward
+    grad_weight_hp = True  # _Float8Matmul: dy2^T x2 over every row, as autograd's mm
+
+    @staticmethod
+    def grad_input(dy, w):
+        d8, sd = cast_axis(dy, 1)
+        scale = tensorwise_scale(w.detach().abs().max().float(), "e4m3fn")
+        scale = torch.exp2(torch.floor(torch.log2(scale)))
+        w8 = round_float8(w.float() * scale, "e4m3fn")
+        return rowwise_mm(d8, sd, w8, scale.expand(1, w.shape[1]), dy.dtype)
+
+
+RECIPES = {"tensorwise": Tensorwise, "rowwise": Rowwise, "rowwise_with_gw_hp": RowwiseWithGwHp}
 
 
 class RowGroups:
@@ -150,10 +166,15 @@ class _Float8Matmul(torch.autograd.Function):
     def backward(ctx, dy2):
         x2, w = ctx.saved_tensors
         dx, dw = torch.empty_like(x2), None
+        hp = getattr(ctx.recipe, "grad_weight_hp", False)
         for idx in ctx.groups:
             dx[idx] = ctx.recipe.grad_input(dy2[idx], w)
+            if hp:
+                continue
             part = ctx.recipe.grad_weight(dy2[idx], x2[idx], w.dtype)
             dw = part if dw is None else dw + part
+        if hp:
+            dw = torch.matmul(dy2.t(), x2).to(w.dtype)
         return dx, dw, None, None
 
 

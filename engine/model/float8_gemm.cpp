@@ -54,10 +54,11 @@ double float8_amax(const Tensor& x) {
     return amax;
 }
 
-Float8Operand float8_tensorwise(const Tensor& x, Float8Format f, double amax) {
+Float8Operand float8_tensorwise(const Tensor& x, Float8Format f, double amax, bool power_of_2) {
     float8_count_cast(x);
     Float8Operand out;
     out.format = f, out.scale = float8_tensorwise_scale(amax, f);
+    if (power_of_2) out.scale = float8_power_of_2(out.scale);
     const Tensor in = as_float32(x);
     out.values = Tensor::empty(in.shape(), DType::float32, in.device());
     const float scale = out.scale;

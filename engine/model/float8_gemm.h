@@ -27,8 +27,9 @@ struct Float8Operand {
 // The largest magnitude of a host tensor (NaN when it holds one, as torch.max(abs(x))).
 double float8_amax(const Tensor& x);
 // x (a host tensor) cast as torchao does with the scale of `amax` (float8_amax(x), or its max over
-// the shards of the tensor x is one of).
-Float8Operand float8_tensorwise(const Tensor& x, Float8Format f, double amax);
+// the shards of the tensor x is one of), rounded down to a power of 2 where `power_of_2`
+// (round_scales_to_power_of_2: rowwise_with_gw_hp's tensorwise weight).
+Float8Operand float8_tensorwise(const Tensor& x, Float8Format f, double amax, bool power_of_2 = false);
 // Each row's (axis 0) or column's (axis 1) largest magnitude of a host tensor [r, c] (NaN where
 // it holds one); meta: zeros.
 std::vector<double> float8_amax_axis(const Tensor& x, int axis);

@@ -218,16 +218,27 @@ Tensor weight_values(const RunContext& ctx, const Float8Gemms& f, const Paramete
                              : follow_reference(ctx, f, Float8Role::weight, w.value, 1, f.tp.weight);
 }
 
-double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Parameter& w, const Tensor& values) {
-    if (gathered_codes(w) || rowwise(f)) return 0;  // its scale came with it; rowwise: at the cast
+// Whether the weight is cast with one scale for the forward (axis 0) or the input gradient (axis 1).
+bool weight_tensorwise(const Float8Gemms& f, int axis) {
+    return !rowwise(f) || (axis == 1 && f.recipe.weight_tensorwise_for_grad_input);
+}
+
+// The weight's amax where one scale covers it (its scale came with it where gathered in float8;
+// an axiswise cast takes its own).
+double weight_amax(const RunContext& ctx, const Float8Gemms& f, const Parameter& w, const Tensor& values,
+                   int axis) {
+    if (gathered_codes(w) || !weight_tensorwise(f, axis)) return 0;
     return float8_amax_over({values}, tp_shards(ctx, f.tp.weight.any()), f.recipe.reduce_amax)[0];
 }
 
 // The weight as a GEMM operand: as gathered in float8, or its values cast (rowwise along `axis`:
-// per row of W for the forward, per column for the input gradient).
+// per row of W for the forward, per column for the input gradient; rowwise_with_gw_hp's input
+// gradient one power-of-2 scale).
 Float8Operand weight_operand(const RunContext& ctx, const Float8Gemms& f, const Parameter& w,
                              const Tensor& values, double amax, int axis) {
     if (gathered_codes(w)) return float8_from_codes(w.value, f.recipe.weight, w.float8_scale);
+    if (rowwise(f) && weight_tensorwise(f, axis))
+        return float8_tensorwise(values, f.recipe.weight, amax, f.recipe.power_of_2_scales);
     return cast(ctx, f, values, f.recipe.weight, amax, axis, f.tp.weight);
 }
 
@@ -250,17 +261,64 @@ void by_row_groups(RunContext& ctx, const Tensor& a2, const std::vector<Float8Ro
 
 }  // namespace
 
+namespace {
+
+// torchao's Float8LinearRecipeName, each as Float8LinearConfig.from_recipe_name builds it.
+struct RecipeRow {
+    const char* name;
+    Float8Recipe recipe;
+    const char* casts;  // float8_recipe_casts'
+};
+constexpr Float8Recipe kRowwise{
+    .scaling = Float8Scaling::rowwise, .grad_output = Float8Format::e4m3fn, .power_of_2_scales = true};
+const RecipeRow kRecipeRows[] = {
+    {"tensorwise", Float8Recipe{}, "e4m3fn inputs and weights, e5m2 output gradients"},
+    {"rowwise", kRowwise, "e4m3fn throughout, a power-of-2 scale per row or column"},
+    {"rowwise_with_gw_hp",
+     [] {
+         Float8Recipe r = kRowwise;
+         r.weight_tensorwise_for_grad_input = r.grad_weight_high_precision = true;
+         return r;
+     }(),
+     "e4m3fn, a power-of-2 scale per row or column, one for the input gradient's weight; the weight "
+     "gradient in the compute dtype"},
+};
+
+const RecipeRow* row_of(const Float8Recipe& r) {
+    // by what the fault classes leave alone (they change a scale's reduction, a format, the rounding)
+    for (const RecipeRow& row : kRecipeRows)
+        if (row.recipe.scaling == r.scaling &&
+            row.recipe.weight_tensorwise_for_grad_input == r.weight_tensorwise_for_grad_input &&
+            row.recipe.grad_weight_high_precision == r.grad_weight_high_precision)
+            return &row;
+    return nullptr;
+}
+
+}  // namespace
+
 bool float8_recipe_named(const std::string& name, Float8Recipe* out) {
-    if (name == "tensorwise") return *out = Float8Recipe{}, true;
-    if (name != "rowwise") return false;
-    *out = Float8Recipe{};
-    out->scaling = Float8Scaling::rowwise, out->grad_output = Float8Format::e4m3fn;
-    out->power_of_2_scales = true;
-    return true;
+    for (const RecipeRow& row : kRecipeRows)
+        if (name == row.name) return *out = row.recipe, true;
+    return false;
+}
+
+const std::vector<std::string>& float8_recipe_names() {
+    static const std::vector<std::string> names = [] {
+        std::vector<std::string> out;
+        for (const RecipeRow& row : kRecipeRows) out.emplace_back(row.name);
+        return out;
+    }();
+    return names;
 }
 
 const char* float8_recipe_name(const Float8Recipe& r) {
-    return float8_scaling_name(r.scaling);
+    const RecipeRow* row = row_of(r);
+    return row ? row->name : float8_scaling_name(r.scaling);
+}
+
+const char* float8_recipe_casts(const Float8Recipe& r) {
+    const RecipeRow* row = row_of(r);
+    return row ? row->casts : "";
 }
 
 const char* float8_scaling_name(Float8Scaling s) {
@@ -300,7 +358,7 @@ void float8_forward(RunContext& ctx, const Float8Gemms& f, const Tensor& x2, con
     const Tensor xs = follow_reference(ctx, f, Float8Role::input, x2, seq, f.tp.input),
                  ws = weight_values(ctx, f, w);
     const std::vector<double> ax = activation_amax(ctx, f, xs, groups, f.tp.input.any());
-    const double aw = weight_amax(ctx, f, w, ws);
+    const double aw = weight_amax(ctx, f, w, ws, 0);
     const PricedAs priced(x2);
     by_row_groups(
         ctx, xs, groups,
@@ -313,10 +371,13 @@ Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, c
     Float8BackwardAmax a;
     a.rows = row_groups(ctx, dy2.size(0), seq);
     a.grad_output_values = follow_reference(ctx, f, Float8Role::grad_output, dy2, seq, f.tp.grad_output);
-    a.input_values = follow_reference(ctx, f, Float8Role::input, x2, seq, f.tp.input);
+    // (rowwise_with_gw_hp: the weight gradient's GEMM takes x as it is, uncast)
+    const bool hp = f.recipe.grad_weight_high_precision;
+    a.input_values = hp ? x2 : follow_reference(ctx, f, Float8Role::input, x2, seq, f.tp.input);
     a.grad_output = activation_amax(ctx, f, a.grad_output_values, a.rows, f.tp.grad_output.any());
-    a.input = activation_amax(ctx, f, a.input_values, a.rows, f.tp.input.any());
-    a.weight = weight_amax(ctx, f, w, weight_values(ctx, f, w));
+    a.input = hp ? std::vector<double>(a.rows.size(), 0.0)
+                 : activation_amax(ctx, f, a.input_values, a.rows, f.tp.input.any());
+    a.weight = weight_amax(ctx, f, w, weight_values(ctx, f, w), 1);
     return a;
 }
 
@@ -333,6 +394,9 @@ void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8Backwa
 
 void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                         const Tensor& x2, Tensor& dw) {
+    // rowwise_with_gw_hp: the plain linear's GEMM on the unscaled dy and x (torchao's torch.mm of
+    // the high-precision tensors), over every row at once as autograd's
+    if (f.recipe.grad_weight_high_precision) return ctx.backend->gemm(dy2, true, x2, false, dw, 1.0, 1.0);
     const PricedAs priced(dy2);
     PTOOL_REQUIRE(x2.numel() == a.input_values.numel(), "float8: a weight gradient of another input");
     for (size_t g = 0; g < a.rows.size(); ++g) {  // each rank's own GEMM, added to the gradient in rank order

@@ -6,6 +6,9 @@
 // Recipe rowwise (torchao's ROWWISE): every operand e4m3fn, one scale per row or column along each
 // GEMM's reduction dim (forward: x per row, W per row; grad input: dy per row, W per column; grad
 // weight: dy and x per column, over each rank's rows), each rounded down to a power of 2.
+// Recipe rowwise_with_gw_hp (torchao's ROWWISE_WITH_GW_HP): the forward as rowwise; the input
+// gradient dy per row times W with one tensorwise scale (the whole weight's amax), both e4m3fn,
+// power-of-2 scales; the weight gradient dy^T x in the compute dtype, as a plain linear's.
 //
 // A scale covers the whole tensor it scales as torchao sees it, a DTensor's pieces included:
 //   - a tensor-parallel shard's amax is reduced (max) over tp (Float8TpPieces): the weight of a
@@ -56,13 +59,22 @@ struct Float8Recipe {
     Float8Format input = Float8Format::e4m3fn, weight = Float8Format::e4m3fn,
                  grad_output = Float8Format::e5m2;
     bool reduce_amax = true;         // over the ranks holding pieces of the tensor a scale covers
-    bool power_of_2_scales = false;  // round_scales_to_power_of_2 (the rowwise recipe's; axiswise only)
+    bool power_of_2_scales = false;  // round_scales_to_power_of_2 (the rowwise recipes': every scale)
+    // torchao's cast_config_weight_for_grad_input TENSORWISE under axiswise scaling: the input
+    // gradient's weight one scale (rowwise_with_gw_hp's)
+    bool weight_tensorwise_for_grad_input = false;
+    // the weight gradient's casts DISABLED: dy^T x in the compute dtype (rowwise_with_gw_hp's)
+    bool grad_weight_high_precision = false;
 };
-// torchao's recipes by name: tensorwise (the default above) and rowwise (every operand e4m3fn,
-// axiswise scales, round_scales_to_power_of_2); false for another name.
+// torchao's recipes by name (Float8LinearRecipeName): tensorwise (the default above), rowwise
+// (every operand e4m3fn, axiswise scales, round_scales_to_power_of_2) and rowwise_with_gw_hp
+// (rowwise's forward, a tensorwise weight in the input gradient, a high-precision weight
+// gradient); false for another name.
 bool float8_recipe_named(const std::string& name, Float8Recipe* out);
-const char* float8_recipe_name(const Float8Recipe& r);  // "tensorwise", "rowwise"
-const char* float8_scaling_name(Float8Scaling s);       // the recipe of that scaling's name
+const std::vector<std::string>& float8_recipe_names();   // every name float8_recipe_named takes
+const char* float8_recipe_name(const Float8Recipe& r);   // its recipe's name, whatever faults changed
+const char* float8_recipe_casts(const Float8Recipe& r);  // its casts in words (explain's summary)
+const char* float8_scaling_name(Float8Scaling s);        // the recipe of that scaling's name
 
 // Which dims of a linear's operand, seen as a matrix, tensor parallelism cuts over tp: its rows
 // (an activation's tokens, a weight's out features) or its columns (an activation's features, a

@@ -13,9 +13,6 @@
 namespace ptool {
 namespace {
 
-// The recipes torchao names; tensorwise and rowwise run here.
-constexpr const char* kRecipes[] = {"tensorwise", "rowwise", "rowwise_with_gw_hp"};
-
 // Which dims of a tensor of `ndim` dims, seen as a linear's matrix operand ([tokens, features],
 // a weight [out, in]), placement p cuts: its last dim the columns, any other the rows.
 Float8Cut cut_of(const Placement& p, size_t ndim) {
@@ -67,15 +64,9 @@ Float8Spec parse_float8(const YamlNode& node) {
     YamlMap m(node, "'float8'");
     const YamlNode recipe = m.at("recipe");
     const std::string name = recipe.as_string("'recipe'");
-    const std::vector<std::string> names(std::begin(kRecipes), std::end(kRecipes));
     if (!float8_recipe_named(name, &s.recipe)) {
-        recipe.fail(
-            std::find(names.begin(), names.end(), name) != names.end()
-                ? fmt::format("float8 recipe '{}': ptool runs tensorwise and rowwise so far (docs/float8.md)",
-                              name)
-                : fmt::format("unknown float8 recipe '{}'{} (torchao's: tensorwise, rowwise, "
-                              "rowwise_with_gw_hp)",
-                              name, did_you_mean(name, names)));
+        const std::vector<std::string>& names = float8_recipe_names();
+        recipe.fail(fmt::format("unknown float8 recipe '{}'{}", name, did_you_mean(name, names)));
     }
     if (auto f = m.get("filter_fqns")) {
         std::vector<std::string> fqns;

@@ -269,10 +269,7 @@ ExplainReport explain_report(const ExplainInputs& in) {
         const std::string compiled = r.plan.compile ? "; torch.compile: their casts priced fused" : "";
         r.summary.push_back(fmt::format("float8 {} on {} linears ({}{}{}{}: docs/float8.md)",
                                         float8_recipe_name(f.recipe), r.float8_linears.size(),
-                                        f.recipe.scaling == Float8Scaling::rowwise
-                                            ? "e4m3fn throughout, a power-of-2 scale per row or column"
-                                            : "e4m3fn inputs and weights, e5m2 output gradients",
-                                        priced, gather, compiled));
+                                        float8_recipe_casts(f.recipe), priced, gather, compiled));
     }
     if (r.plan.gradient_accumulation > 0)  // the training layout the plan carries, over the model's
         r.summary.push_back(fmt::format("gradient_accumulation {} (the plan's; the model says {})",
