@@ -26,6 +26,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Checks  # noqa: E402
+from json_schema import validate_file  # noqa: E402
 
 PTOOL, ROOT = sys.argv[1], sys.argv[2]
 check = Checks()
@@ -67,6 +68,8 @@ for plan in PLANS:
         ej = os.path.join(tmp, "e.json")
         rc, out = run("explain", MODEL, plan, "--json", ej)
         doc = json.load(open(ej)) if rc == 0 else {"float8": {"linears": []}, "memory": []}
+        err = validate_file(ej, "explain") if rc == 0 else f"exit {rc}"  # the recipe's name among the schema's
+        check(err is None, f"{name}: explain --json against docs/schema: {err}")
         linears = doc["float8"]["linears"]
         # explain's simulation holds what the run holds, the emulation's float32 casts included
         predicted = {r: m["predicted_peak_bytes"] for m in doc["memory"] for r in m["ranks"]}

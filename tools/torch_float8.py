@@ -13,7 +13,8 @@ exp2(floor(log2(scale))) in float32): forward x and W per row; grad input dy per
 grad weight dy and x per column; the product times (1/scale_a[m]) (1/scale_b[n]).
 Recipe rowwise_with_gw_hp (torchao's ROWWISE_WITH_GW_HP): the forward as rowwise; grad input dy per
 row times W with one tensorwise scale rounded down to a power of 2 (torchao repeats it along the
-columns for _scaled_mm's rowwise kernel); grad weight dy^T x in the compute dtype, unscaled.
+columns; without fast accumulation it scales the product afterwards by (1/sa)(1/sb)); grad weight
+dy^T x in the compute dtype, unscaled.
 
 Which linears: torchtitan's module_filter_fn (in and out features multiples of 16, no filter_fqns
 substring in the name), the routed experts left out, without filter_fqns the model's last linear
@@ -23,7 +24,7 @@ place: the linears see plain local tensors, load-balanced cp rank r chunks r and
 the one-device step here splits each microbatch's rows into the plan's ranks' and scales each
 group apart, the weight's gradient the groups' products added in rank order (then added to the
 gradient by autograd, where ptool adds each product to it: equal but for float32 rounding under
-gradient accumulation).
+gradient accumulation; rowwise_with_gw_hp's is one matmul of every row, scaling nothing).
 """
 import torch
 import torch.nn as nn

@@ -29,7 +29,8 @@
 // rows its chunks of positions of every sequence), which is what the ranks compute.
 //
 // The backward casts the input and the weight again from the tensors its forward kept, as torchao
-// does (the same amax, so the same float8 values); the output's gradient gets its own scale.
+// does (the same amax, so the same float8 values; rowwise_with_gw_hp casts no input there and its
+// weight with one scale); the output's gradient gets its own scale.
 #pragma once
 
 #include <cstdint>
@@ -134,7 +135,8 @@ Float8BackwardAmax float8_backward_amax(RunContext& ctx, const Float8Gemms& f, c
 // dx2 = dy2 w ([rows, out] x [out, in] -> [rows, in]).
 void float8_input_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                        const Parameter& w, Tensor& dx2);
-// dw += dy2^T x2 ([out, rows] x [rows, in]): each data rank's rows one GEMM, added in rank order.
+// dw += dy2^T x2 ([out, rows] x [rows, in]): each data rank's rows one GEMM, added in rank order
+// (rowwise_with_gw_hp: one GEMM of every row in the compute dtype, a plain linear's).
 void float8_weight_grad(RunContext& ctx, const Float8Gemms& f, const Float8BackwardAmax& a, const Tensor& dy2,
                         const Tensor& x2, Tensor& dw);
 

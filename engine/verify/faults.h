@@ -176,8 +176,8 @@ inline constexpr FaultClass kFaultClasses[] = {
     {FaultKind::float8_e4m3_grad, "float8_e4m3_grad", FaultSection::mixed_precision, "MODULE",
      "a float8 linear casts its output gradient to e4m3fn, the forward's format, instead of e5m2"},
     {FaultKind::float8_scale_unrounded, "float8_scale_unrounded", FaultSection::mixed_precision, "MODULE",
-     "a rowwise float8 linear keeps its per-row and per-column scales as the amaxes give them, not rounded "
-     "down to a power of 2 (torchao's rowwise recipe sets round_scales_to_power_of_2)"},
+     "a rowwise float8 linear keeps its scales as the amaxes give them, not rounded down to a power of 2 "
+     "(torchao's rowwise recipes set round_scales_to_power_of_2)"},
     {FaultKind::float8_stale_scale, "float8_stale_scale", FaultSection::mixed_precision, "MODULE",
      "FSDP2's float8 all-gather with precomputed scales: the linear's weight scale is precomputed before "
      "the optimizer step (the step's old weights'), so the next step's gather casts the updated shards "
