@@ -44,6 +44,7 @@ public:
 
     PipelineCosts costs() {
         if (base_.pp >= 3 && s_.layers_ >= kStageSampled * stages_) check_middle_ranks();
+        if (v_ == 1) check_last_rank();
         for (int k : {kStageSampled, kStageSampled + 1})
             out_.at[k - kStageSampled] =
                 widened_ ? widen_pipeline(sample_at(3, k), sample_at(4, k), base_.pp, v_ == 1 ? m_ : base_.pp)
@@ -139,6 +140,16 @@ private:
             [&](int rank) { return simulate_at(P, k, rank); }, timing_ ? &*timing_ : nullptr);
     }
 
+    // pp rank `q` of P's peak at k blocks a stage, its simulation kept for the samples (sample_at
+    // simulates pp rank q as the global rank q x the ranks of a pp rank: pp is the outer dim)
+    double peak_kept(int P, int k, int q) {
+        const int rank = q * per_pp_rank_;
+        RankSimulation sim = simulate_at(P, k, rank);
+        const double peak = static_cast<double>(sim.memory.peak);
+        simulated_.insert_or_assign(std::make_tuple(P, k, rank), std::move(sim));
+        return peak;
+    }
+
     // A middle rank's peak at 4 and 5 blocks a stage (widened from 3 and 4 ranks where the plan has
     // more), extended to layers / stages: its peak grows with its blocks and its microbatches in
     // flight, each pass's linearly (so the largest, convexly: the line through two samples stays
@@ -148,11 +159,8 @@ private:
         double at_k[2];
         for (int k : {kStageSampled, kStageSampled + 1}) {
             std::vector<double> peaks;
-            for (int P : widened_ ? std::vector<int>{3, 4} : std::vector<int>{base_.pp}) {
-                RankSimulation sim = simulate_at(P, k, per_pp_rank_);
-                peaks.push_back(static_cast<double>(sim.memory.peak));
-                simulated_.emplace(std::make_tuple(P, k, per_pp_rank_), std::move(sim));
-            }
+            for (int P : widened_ ? std::vector<int>{3, 4} : std::vector<int>{base_.pp})
+                peaks.push_back(peak_kept(P, k, 1));
             at_k[k - kStageSampled] = widened_ ? peaks[0] + (peaks[1] - peaks[0]) * (base_.pp - 3) : peaks[0];
         }
         const int64_t x = s_.layers_ / stages_;
@@ -164,6 +172,40 @@ private:
                 "pp rank 1 needs more than {} > {} per GPU with {} blocks a stage, as every middle rank ({} "
                 "microbatches a round)",
                 gib(least), gib(c), x, m_)};
+    }
+
+    // The last rank's peak (one stage a rank: its last) before the other ranks are simulated: its
+    // samples at 4 and 5 blocks, as the samples carry them (its outputs' growth with the microbatches:
+    // grow_last_stage, or widen_pipeline's line from 3 and 4 ranks to the plan's m), make the line
+    // extrapolate_pipeline takes its peak on at the blocks balance_blocks gives its stage, from the
+    // least any stage gets to what the others' least leaves. The lower of the line's two ends is at
+    // most that peak; over the cap, the plan is too (OverCap), as its own check would find after
+    // every rank's samples. (The plan's worst rank, its peak plus the allocator's excess and the
+    // workspaces, is at least this rank's peak plus the workspaces.)
+    void check_last_rank() {
+        double at_k[2];
+        for (int k : {kStageSampled, kStageSampled + 1}) {
+            if (!widened_) {
+                at_k[k - kStageSampled] = peak_kept(base_.pp, k, base_.pp - 1);
+                continue;
+            }
+            const double p3 = peak_kept(3, k, 2), p4 = peak_kept(4, k, 3);
+            at_k[k - kStageSampled] = p3 + (p4 - p3) * (m_ - 3);  // widen_pipeline's, at last_peak_at = m
+        }
+        const int64_t least = s_.layers_ >= 2 * stages_ ? 2 : 1, most = s_.layers_ - (stages_ - 1) * least;
+        auto at = [&](int64_t blocks) {
+            return at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(blocks - kStageSampled);
+        };
+        const double lower = std::min(at(least), at(most)) + workspace_;
+        // the plan's communicators: widened, the timing plan's (the plan's mesh)
+        const Plan& plan =
+            widened_ ? *timing_ : variant(base_.pp, kStageSampled, sampled_at(base_.pp), 0).plan;
+        if (const double c = s_.cap(plan); lower > c)
+            throw OverCap{
+                fmt::format("pp rank {} needs more than {} > {} per GPU with {} to {} blocks in its stage "
+                            "({} microbatches a "
+                            "round)",
+                            base_.pp - 1, gib(lower), gib(c), least, most, m_)};
     }
 
     const Search& s_;
