@@ -203,8 +203,7 @@ private:
         if (const double c = s_.cap(plan); lower > c)
             throw OverCap{
                 fmt::format("pp rank {} needs more than {} > {} per GPU with {} to {} blocks in its stage "
-                            "({} microbatches a "
-                            "round)",
+                            "({} microbatches a round)",
                             base_.pp - 1, gib(lower), gib(c), least, most, m_)};
     }
 
