@@ -259,10 +259,6 @@ void by_row_groups(RunContext& ctx, const Tensor& a2, const std::vector<Float8Ro
     }
 }
 
-}  // namespace
-
-namespace {
-
 // torchao's Float8LinearRecipeName, each as Float8LinearConfig.from_recipe_name builds it.
 struct RecipeRow {
     const char* name;

@@ -332,7 +332,7 @@ std::vector<int> balance_blocks(int total, const std::vector<double>& extra, dou
     PTOOL_REQUIRE(stages >= 1 && total >= stages, "{} blocks over {} stages", total, stages);
     // at least the 2 blocks a stage was sampled with where the blocks allow (below them a stage's
     // costs would be extrapolated, not interpolated), else 1
-    std::vector<int> n(stages, total >= 2 * stages ? 2 : 1);
+    std::vector<int> n(stages, least_stage_blocks(total, stages));
     for (int left = total - n[0] * stages; left > 0; --left) {  // the next block to the stage it slows least
         int best = 0;
         for (int s = 1; s < stages; ++s)
@@ -340,6 +340,10 @@ std::vector<int> balance_blocks(int total, const std::vector<double>& extra, dou
         ++n[best];
     }
     return n;
+}
+
+int least_stage_blocks(int total, int stages) {
+    return total >= 2 * stages ? 2 : 1;
 }
 
 PipelineTiming time_schedule(const Schedule& schedule, const PipelineSample& costs) {

@@ -117,6 +117,8 @@ PipelineSample widen_pipeline(const PipelineSample& p3, const PipelineSample& p4
 // counts the embedding and the head as layers when it cuts Llama 3.1 405B's 126 blocks into 16
 // stages). Ties go to the earlier stages.
 std::vector<int> balance_blocks(int total, const std::vector<double>& extra, double per_block);
+// The fewest blocks balance_blocks gives a stage: 2 where `total` is at least twice `stages`, else 1.
+int least_stage_blocks(int total, int stages);
 
 // The step on `schedule` with `costs` (its stages' forward and backward per microbatch, the
 // transfer, each rank's tail).

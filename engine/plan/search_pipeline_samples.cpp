@@ -192,7 +192,8 @@ private:
             const double p3 = peak_kept(3, k, 2), p4 = peak_kept(4, k, 3);
             at_k[k - kStageSampled] = p3 + (p4 - p3) * (m_ - 3);  // widen_pipeline's, at last_peak_at = m
         }
-        const int64_t least = s_.layers_ >= 2 * stages_ ? 2 : 1, most = s_.layers_ - (stages_ - 1) * least;
+        const int64_t least = least_stage_blocks(static_cast<int>(s_.layers_), stages_),
+                      most = s_.layers_ - (stages_ - 1) * least;
         auto at = [&](int64_t blocks) {
             return at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(blocks - kStageSampled);
         };
