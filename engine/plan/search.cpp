@@ -61,8 +61,10 @@ bool faster(const Candidate& a, const Candidate& b) {
 }  // namespace
 
 // The dp x tp groups first, then the pipelines that could still rank among the o_.keep fastest:
-// a pipeline rank computes at least what the dp x tp rank of its tp and checkpointing with dp x
-// pp data ranks computes (the same FLOPs over the same ranks), stretched by the bubble of
+// a pipeline's busiest rank spends at least what the dp x tp rank of its tp and checkpointing with
+// dp x pp data ranks spends on its GEMMs, fused attention and tp collectives at the model's own
+// microbatches (Evaluated::busy: the same FLOPs and tp bytes over the same ranks, in GEMMs as large
+// or larger and calls as few or fewer), whether that plan fits or not, stretched by the bubble of
 // uniform stages, (p - 1) / (v m); one whose bound is slower than the keep-th fastest plan is
 // not simulated (a rejection says so). With fewer fitting plans than that, every pipeline is.
 // The listed plans are simulated whole (confirm_listed, search_confirm.cpp): the dp x tp ones
@@ -92,12 +94,11 @@ SearchResult Search::run() {
     }
     std::vector<PlanChoice> worth;
     for (PlanChoice& c : piped) {
-        double compute = 0;  // the fastest compute of a fitting dp x tp plan over the same ranks
-        for (const Candidate& f : r_.fitting)
-            if (f.choice.pp == 1 && f.choice.cp == 1 && f.choice.tp == c.tp && f.choice.dp == c.dp * c.pp &&
-                f.choice.same_checkpointing(c) && f.choice.float8 == c.float8 &&
-                (compute == 0 || f.time.compute < compute))
-                compute = f.time.compute;
+        double compute = 0;  // the least busy dp x tp rank over the same ranks (fitting or not)
+        for (const auto& [f, busy] : flat_busy_)
+            if (f.cp == 1 && f.tp == c.tp && f.dp == c.dp * c.pp && f.same_checkpointing(c) &&
+                f.float8 == c.float8 && (compute == 0 || busy < compute))
+                compute = busy;
         const int m = pipeline_microbatches(c);
         // (a split backward fills its bubble with Ws: its compute alone bounds it)
         const double bubble = splits_backward(c.schedule)
@@ -107,9 +108,10 @@ SearchResult Search::run() {
         if (kept > 0 && compute > 0 && m > 0 && bound > kept) {
             r_.rejected.push_back(
                 {pipeline_shape(c),
-                 fmt::format("at least {:.2f} s a step (dp={} x tp={}'s compute and a bubble "
-                             "of {} / ({} x {})) > the {} fastest plans' {:.2f} s: not simulated",
-                             bound, c.dp * c.pp, c.tp, c.pp - 1, c.virtual_stages, m, o_.keep, kept),
+                 fmt::format(
+                     "at least {:.2f} s a step (dp={} x tp={}'s compute and tp collectives, and a bubble "
+                     "of {} / ({} x {})) > the {} fastest plans' {:.2f} s: not simulated",
+                     bound, c.dp * c.pp, c.tp, c.pp - 1, c.virtual_stages, m, o_.keep, kept),
                  RejectionKind::slower});
             continue;
         }
@@ -223,9 +225,7 @@ void Search::evaluate_flat(std::vector<PlanChoice> groups) {
 }
 
 void Search::evaluate_all(const std::vector<PlanChoice>& groups) {
-    std::vector<std::optional<Candidate>> fits(groups.size());
-    std::vector<std::optional<Rejection>> refusals(groups.size());
-    std::vector<int> counts(groups.size(), 0);
+    std::vector<Evaluated> out(groups.size());
     // the longest first (a pipeline's samples run its microbatches on v stages a rank), so that
     // no thread is left with a long one at the end
     std::vector<size_t> order(groups.size());
@@ -238,12 +238,13 @@ void Search::evaluate_all(const std::vector<PlanChoice>& groups) {
                      [&](size_t a, size_t b) { return cost(groups[a]) > cost(groups[b]); });
     parallel_for(groups.size(), o_.threads, [&](size_t k) {
         const size_t i = order[k];
-        evaluate(groups[i], fits[i], refusals[i], counts[i]);
+        evaluate(groups[i], out[i]);
     });
     for (size_t i = 0; i < groups.size(); ++i) {  // in group order: the same output on any thread count
-        if (fits[i]) r_.fitting.push_back(*fits[i]);
-        if (refusals[i]) r_.rejected.push_back(*refusals[i]);
-        r_.evaluated += counts[i];
+        if (out[i].fit) r_.fitting.push_back(std::move(*out[i].fit));
+        if (out[i].refusal) r_.rejected.push_back(std::move(*out[i].refusal));
+        r_.evaluated += out[i].count;
+        if (groups[i].pp == 1 && out[i].busy > 0) flat_busy_.emplace_back(groups[i], out[i].busy);
     }
 }
 

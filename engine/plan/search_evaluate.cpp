@@ -71,9 +71,11 @@ Simulated Search::simulate_with(int64_t mb, const Plan& plan, ModelVariants& mod
 }
 
 // The model's microbatches, doubled until the group's plan fits under the cap.
-void Search::evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::optional<Rejection>& refusal,
-                      int& count) const {
-    if (c.pp > 1) return evaluate_pipeline(c, fit, refusal, count);
+void Search::evaluate(const PlanChoice& c, Evaluated& e) const {
+    if (c.pp > 1) return evaluate_pipeline(c, e);
+    std::optional<Candidate>& fit = e.fit;
+    std::optional<Rejection>& refusal = e.refusal;
+    int& count = e.count;
     const std::string shape = flat_shape(c);
     const std::string plan_text = write_plan(tpl_, c);
     const Plan plan = load_emitted_plan(plan_text, "generated.yaml");
@@ -90,6 +92,13 @@ void Search::evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::o
             return;
         }
         ++count;
+        if (mb == first) {  // the fewest microbatches: the largest GEMMs, the fewest calls
+            const StepTime t = predict_step_time(s.work, s.comm, plan, cluster_, r_.compute);
+            const auto tp = c.tp > 1 ? t.by_dim.find(plan.dims.name(DimRole::tp)) : t.by_dim.end();
+            e.busy = (tp != t.by_dim.end() ? tp->second.seconds : 0.0);
+            for (double x : t.terms.gemm) e.busy += x;
+            for (double x : t.terms.attention) e.busy += x;
+        }
         Candidate cand;
         cand.choice = c, cand.microbatches = static_cast<int>(mb),
         cand.model_microbatches = static_cast<int>(first);
@@ -123,8 +132,10 @@ void Search::evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::o
 // smallest bubble and the least held at once, microbatches of one row as torchtitan's default),
 // sampled at 4 and 5 blocks per stage, stages balanced by their predicted time, the step the
 // schedule's critical path (plan/pipeline_search.h).
-void Search::evaluate_pipeline(const PlanChoice& base, std::optional<Candidate>& fit,
-                               std::optional<Rejection>& refusal, int& count) const {
+void Search::evaluate_pipeline(const PlanChoice& base, Evaluated& e) const {
+    std::optional<Candidate>& fit = e.fit;
+    std::optional<Rejection>& refusal = e.refusal;
+    int& count = e.count;
     const std::string shape = pipeline_shape(base);
     const int64_t rounds = full_.gradient_accumulation, per_round = rows_ / base.dp / rounds;
     const int m = pipeline_microbatches(base);

@@ -43,8 +43,11 @@ public:
     }
 
     PipelineCosts costs() {
-        if (base_.pp >= 3 && s_.layers_ >= kStageSampled * stages_) check_middle_ranks();
-        if (v_ == 1) check_last_rank();
+        // a middle rank first (its stages the longest), then the last and the first: each one's line
+        // before the other ranks are simulated
+        if (base_.pp >= 3) check_rank(1);
+        check_rank(base_.pp - 1);
+        check_rank(0);
         for (int k : {kStageSampled, kStageSampled + 1})
             out_.at[k - kStageSampled] =
                 widened_ ? widen_pipeline(sample_at(3, k), sample_at(4, k), base_.pp, v_ == 1 ? m_ : base_.pp)
@@ -150,62 +153,50 @@ private:
         return peak;
     }
 
-    // A middle rank's peak at 4 and 5 blocks a stage (widened from 3 and 4 ranks where the plan has
-    // more), extended to layers / stages: its peak grows with its blocks and its microbatches in
-    // flight, each pass's linearly (so the largest, convexly: the line through two samples stays
-    // under it), and the middle stages are cut at least that long (the first and the last get
-    // fewer). Over the cap, the plan is too (OverCap).
-    void check_middle_ranks() {
-        double at_k[2];
-        for (int k : {kStageSampled, kStageSampled + 1}) {
-            std::vector<double> peaks;
-            for (int P : widened_ ? std::vector<int>{3, 4} : std::vector<int>{base_.pp})
-                peaks.push_back(peak_kept(P, k, 1));
-            at_k[k - kStageSampled] = widened_ ? peaks[0] + (peaks[1] - peaks[0]) * (base_.pp - 3) : peaks[0];
-        }
-        const int64_t x = s_.layers_ / stages_;
-        const double least =
-            at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(x - kStageSampled) + workspace_;
-        const int P = widened_ ? 4 : base_.pp;  // a middle rank's communicators are the plan's
-        if (const double c = s_.cap(variant(P, kStageSampled, sampled_at(P), 0).plan); least > c)
-            throw OverCap{fmt::format(
-                "pp rank 1 needs more than {} > {} per GPU with {} blocks a stage, as every middle rank ({} "
-                "microbatches a round)",
-                gib(least), gib(c), x, m_)};
+    // pp rank `q`'s peak (0, 1 for every middle rank, or the last) at k blocks a stage, as the samples
+    // carry it: its own sample, or widen_pipeline's line from 3 and 4 ranks to the plan's pp (the last
+    // rank's outputs, under 1F1B, to its m), its simulations kept for the samples.
+    double rank_peak(int k, int q) {
+        const int last = base_.pp - 1;
+        if (!widened_) return peak_kept(base_.pp, k, q);
+        const double at = q == last ? (v_ == 1 ? m_ : base_.pp) - 3 : base_.pp - 3;
+        const double p3 = peak_kept(3, k, q == last ? 2 : q), p4 = peak_kept(4, k, q == last ? 3 : q);
+        return p3 + (p4 - p3) * at;
     }
 
-    // The last rank's peak (one stage a rank: its last) before the other ranks are simulated: its
-    // samples at 4 and 5 blocks, as the samples carry them (its outputs' growth with the microbatches:
-    // grow_last_stage, or widen_pipeline's line from 3 and 4 ranks to the plan's m), make the line
-    // extrapolate_pipeline takes its peak on at the blocks balance_blocks gives its stage, from the
-    // least any stage gets to what the others' least leaves. The lower of the line's two ends is at
-    // most that peak; over the cap, the plan is too (OverCap), as its own check would find after
-    // every rank's samples. (The plan's worst rank, its peak plus the allocator's excess and the
-    // workspaces, is at least this rank's peak plus the workspaces.)
-    void check_last_rank() {
+    // pp rank q's peak before the other ranks are simulated: its samples at 4 and 5 blocks make the
+    // line extrapolate_pipeline takes its peak on (each module pass's peak is linear in the blocks, the
+    // rank's blocks a mean of its stages'), read at the fewest and the most blocks its stages can get:
+    // a middle rank's at least layers / stages (the first and the last stage are cut shorter), any
+    // other's the least balance_blocks gives a stage; the most, what the other stages' least leaves.
+    // The lower end is at most the peak the plan's own check takes for that rank (its peak plus the
+    // allocator's excess and the workspaces); over the cap, the plan is too (OverCap).
+    void check_rank(int q) {
+        const int last = base_.pp - 1;
+        const bool middle = q > 0 && q < last;
         double at_k[2];
-        for (int k : {kStageSampled, kStageSampled + 1}) {
-            if (!widened_) {
-                at_k[k - kStageSampled] = peak_kept(base_.pp, k, base_.pp - 1);
-                continue;
-            }
-            const double p3 = peak_kept(3, k, 2), p4 = peak_kept(4, k, 3);
-            at_k[k - kStageSampled] = p3 + (p4 - p3) * (m_ - 3);  // widen_pipeline's, at last_peak_at = m
-        }
+        for (int k : {kStageSampled, kStageSampled + 1}) at_k[k - kStageSampled] = rank_peak(k, q);
         const int64_t least = least_stage_blocks(static_cast<int>(s_.layers_), stages_),
+                      fewest = middle ? s_.layers_ / stages_ : least,
                       most = s_.layers_ - (stages_ - 1) * least;
         auto at = [&](int64_t blocks) {
             return at_k[0] + (at_k[1] - at_k[0]) * static_cast<double>(blocks - kStageSampled);
         };
-        const double lower = std::min(at(least), at(most)) + workspace_;
+        const double lower = std::min(at(fewest), at(most)) + workspace_;
         // the plan's communicators: widened, the timing plan's (the plan's mesh)
         const Plan& plan =
             widened_ ? *timing_ : variant(base_.pp, kStageSampled, sampled_at(base_.pp), 0).plan;
-        if (const double c = s_.cap(plan); lower > c)
-            throw OverCap{
-                fmt::format("pp rank {} needs more than {} > {} per GPU with {} to {} blocks in its stage "
-                            "({} microbatches a round)",
-                            base_.pp - 1, gib(lower), gib(c), least, most, m_)};
+        const double c = s_.cap(plan);
+        if (lower <= c) return;
+        if (middle)
+            throw OverCap{fmt::format(
+                "pp rank {} needs more than {} > {} per GPU with {} blocks a stage, as every middle rank ({} "
+                "microbatches a round)",
+                q, gib(lower), gib(c), fewest, m_)};
+        throw OverCap{
+            fmt::format("pp rank {} needs more than {} > {} per GPU with {} to {} blocks in its stage{} "
+                        "({} microbatches a round)",
+                        q, gib(lower), gib(c), fewest, most, v_ > 1 ? "s" : "", m_)};
     }
 
     const Search& s_;

@@ -7,6 +7,7 @@
 // Internal to those files.
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -128,8 +129,19 @@ private:
     void lint_ahead();
     std::map<std::tuple<int, int, int>, std::string> linted_;
     Simulated simulate_with(int64_t mb, const Plan& plan, ModelVariants& models) const;
-    void evaluate(const PlanChoice& c, std::optional<Candidate>& fit, std::optional<Rejection>& refusal,
-                  int& count) const;
+    // What a group's evaluation found: the candidate that fits or why none does, the simulations
+    // run, and for a dp x tp group its rank's seconds of compute and tensor-parallel collectives at
+    // the model's own microbatches (its first simulation), fitting or not: what the busiest rank of
+    // a pipeline over the same ranks spends at least (run()'s bound).
+    struct Evaluated {
+        std::optional<Candidate> fit;
+        std::optional<Rejection> refusal;
+        int count = 0;
+        double busy = 0;
+    };
+    void evaluate(const PlanChoice& c, Evaluated& e) const;
+    // every dp x tp group evaluated, with its Evaluated::busy
+    std::vector<std::pair<PlanChoice, double>> flat_busy_;
 
     // A pipeline's costs at 4 and 5 blocks a stage (plan/pipeline_search.h) and the samples' largest
     // reserved - peak (the caching allocator's excess, as extrapolate's).
@@ -151,10 +163,15 @@ private:
 
     // The listed candidates simulated whole, as explain simulates a plan (search_confirm.cpp).
     void confirm_listed();
-    std::optional<Rejection> simulate_whole(Candidate& c) const;
+    struct Whole;
+    void prepare_whole(Whole& w) const;
+    void simulate_class(Whole& w, size_t k) const;
+    std::optional<Rejection> finish_whole(Whole& w) const;
+    // explain's steps: the model's, within the steady state's and 4
+    int64_t whole_steps() const { return std::clamp<int64_t>(full_.steps, kSteadyStateSteps, 4); }
+    static std::string shape_of(const PlanChoice& c) { return c.pp > 1 ? pipeline_shape(c) : flat_shape(c); }
 
-    void evaluate_pipeline(const PlanChoice& base, std::optional<Candidate>& fit,
-                           std::optional<Rejection>& refusal, int& count) const;
+    void evaluate_pipeline(const PlanChoice& base, Evaluated& e) const;
     class PipelineSampler;  // search_pipeline_samples.cpp
     PipelineCosts sample_pipeline_costs(const PlanChoice& base, int m, int& count) const;
     void pipeline_candidate(const PlanChoice& base, int m, const PipelineCosts& pc,
