@@ -25,6 +25,11 @@ from checks import Checks  # noqa: E402
 PTOOL, ROOT, GROUP = sys.argv[1], sys.argv[2], sys.argv[3]
 check = Checks()
 SHUFFLED = f"{ROOT}/models/data/replicate_net_shuffled.safetensors"
+SHARED_UNIT = f"{ROOT}/tests/data/mpy_shared_fully_shard.yaml"
+
+
+def plan_text(plan):  # a shipped plan's name, or a path
+    return open(plan if plan.startswith("/") else f"{ROOT}/plans/{plan}.yaml").read()
 
 
 def verify(model, plan, *args, env=None, mpi=0):
@@ -66,6 +71,8 @@ CASES = [
                                         "first divergence: step 0 forward `m.1` output"]),
     ("mpy", "mpy_sync_bn", "", [], 0, []),
     ("mpy_shared", "mpy_shared_sync_bn", "", [], 0, ["6 unique parameters"]),
+    # fully_shard of the shared module itself: gathered at both calls, its gradient summed over them
+    ("mpy_shared", SHARED_UNIT, "", [], 0, ["6 unique parameters"]),
     ("mlp_stacked_mse", "mlp_stacked_dp2_tp2", "", [], 0, []),
     ("mlp_stacked_adamw", "mlp_stacked_dp2_tp2", "", [], 0, []),
     ("mlp_stacked_adamw", "mlp_stacked_dp2_tp4", "", [], 0, []),
@@ -99,7 +106,7 @@ def cases():
                     check(t["pass"], f"{what}: {t['name']} fails")
                 if t["replicas"] == "DIFFER" and want == 0:
                     check(False, f"{what}: {t['name']} replicas differ")
-                if "ignored_modules" in open(f"{ROOT}/plans/{plan}.yaml").read() and ".fc1." in t["name"]:
+                if "ignored_modules" in plan_text(plan) and ".fc1." in t["name"]:
                     check(t["replicas"] == "ignored", f"{what}: {t['name']} should differ across ranks, is {t['replicas']}")
             dpinfo = p["data_parallel"]
             steps = len({t["name"].split(".")[0] for t in p["tensors"]})
@@ -110,7 +117,7 @@ def cases():
                 if "sync_bn" not in plan:
                     check(bytes_of(p, "all_reduce", "dp") == dpinfo["gradient_bytes"] * steps,
                           f"{what}: all_reduce bytes {bytes_of(p, 'all_reduce', 'dp')} != gradient bytes {dpinfo['gradient_bytes']} x {steps}")
-            if "gradient_as_bucket_view: true" in open(f"{ROOT}/plans/{plan}.yaml").read():
+            if "gradient_as_bucket_view: true" in plan_text(plan):
                 check(dpinfo["bucket_copy_bytes"] == 0, f"{what}: bucket views still copy {dpinfo['bucket_copy_bytes']} B")
 
 
@@ -181,7 +188,8 @@ def explain():
     for model, plan in sorted(cases):
         with tempfile.TemporaryDirectory() as tmp:
             ej = os.path.join(tmp, "e.json")
-            p = subprocess.run([PTOOL, "explain", f"{ROOT}/models/{model}.yaml", f"{ROOT}/plans/{plan}.yaml", "--json", ej],
+            path = plan if plan.startswith("/") else f"{ROOT}/plans/{plan}.yaml"
+            p = subprocess.run([PTOOL, "explain", f"{ROOT}/models/{model}.yaml", path, "--json", ej],
                                capture_output=True, text=True, timeout=120)
             if p.returncode != 0:
                 check(False, f"explain {model} x {plan}: exit {p.returncode}\n{p.stderr}")

@@ -101,19 +101,27 @@ void fully_shard_units(DpCosts& c, const DataParallelResolution& dp, const DataP
         }
         const int64_t gather = n * region * static_cast<int64_t>(dtype_size(c.gathered));
         const int64_t scatter = n * region * static_cast<int64_t>(dtype_size(c.reduced));
-        c.forward.push_back({Collective::all_gather, gather, u.fqn, Phase::forward});
-        // an experts unit's hooks are its moe layer's: gathered again where the layer is recomputed
-        if (c.recomputed(u.hooked_on()))
-            backward.insert(backward.begin(), {Collective::all_gather, gather, u.fqn, Phase::backward});
-        if (!u.fqn.empty())
-            backward.insert(backward.begin(), {Collective::all_gather, gather, u.fqn, Phase::backward});
-        const auto at = backward.begin() + (u.fqn.empty() ? 0 : 1);
         const bool replicated = spec.hybrid() && !u.experts;  // the experts' dp_replicate is ep
-        if (replicated)  // HSDP: the reduced shard is averaged over its replicas
-            backward.insert(at, {Collective::all_reduce, region * static_cast<int64_t>(dtype_size(c.reduced)),
-                                 u.fqn, Phase::backward});
-        backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1),
-                        {Collective::reduce_scatter, scatter, u.fqn, Phase::backward});
+        // the unit's hooks are on its module, so a module called more than once a microbatch (a
+        // `shared` one) gathers at each call, forward and backward, and reduce-scatters after each
+        // call's backward (the partial gradients' shards sum to the whole's)
+        int calls = 0;
+        for (const CallLayout& call : c.ex.resolution.layouts.calls) calls += call.fqn == u.hooked_on();
+        for (int k = 0; k < std::max(1, calls); ++k) {
+            c.forward.push_back({Collective::all_gather, gather, u.fqn, Phase::forward});
+            // an experts unit's hooks are its moe layer's: gathered again where the layer is recomputed
+            if (c.recomputed(u.hooked_on()))
+                backward.insert(backward.begin(), {Collective::all_gather, gather, u.fqn, Phase::backward});
+            if (!u.fqn.empty())
+                backward.insert(backward.begin(), {Collective::all_gather, gather, u.fqn, Phase::backward});
+            const auto at = backward.begin() + (u.fqn.empty() ? 0 : 1);
+            if (replicated)  // HSDP: the reduced shard is averaged over its replicas
+                backward.insert(
+                    at, {Collective::all_reduce, region * static_cast<int64_t>(dtype_size(c.reduced)), u.fqn,
+                         Phase::backward});
+            backward.insert(backward.begin() + (u.fqn.empty() ? 0 : 1),
+                            {Collective::reduce_scatter, scatter, u.fqn, Phase::backward});
+        }
         region *= static_cast<int64_t>(dtype_size(c.model.dtype));
         c.ex.data_parallel.push_back(fmt::format(
             "fully_shard '{}': {} parameter{}{}, Shard(0) on '{}'{}, {} B per rank in the flat buffer",

@@ -96,8 +96,8 @@ SearchResult Search::run() {
     for (PlanChoice& c : piped) {
         double compute = 0;  // the least busy dp x tp rank over the same ranks (fitting or not)
         for (const auto& [f, busy] : flat_busy_)
-            if (f.cp == 1 && f.tp == c.tp && f.dp == c.dp * c.pp && f.same_checkpointing(c) &&
-                f.float8 == c.float8 && (compute == 0 || busy < compute))
+            if (f.cp == 1 && f.tp == c.tp && f.dp == c.dp * c.pp && f.ep == c.ep && f.same_checkpointing(c) &&
+                f.float8 == c.float8 && f.param_dtype == c.param_dtype && (compute == 0 || busy < compute))
                 compute = busy;
         const int m = pipeline_microbatches(c);
         // (a split backward fills its bubble with Ws: its compute alone bounds it)
