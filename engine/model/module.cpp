@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "backend/meta/meta_backend.h"
 #include "core/framework_memory.h"
@@ -222,27 +223,51 @@ std::string join_name(const std::string& prefix, const std::string& name) {
     return out.append(prefix).append(1, '.').append(name);
 }
 
-static void walk_params(const Module& m, const std::string& prefix,
+// `path` + "." + name in place (join_name's rule: an empty side adds no dot); returns the old length
+// to cut back to. The walks below keep one path string for the whole tree instead of a new prefix
+// per module and a new name per parameter (perf: a quarter of the planner's name building).
+static size_t push_name(std::string& path, const std::string& name) {
+    const size_t len = path.size();
+    if (!path.empty() && !name.empty()) path += '.';
+    path += name;
+    return len;
+}
+
+static void walk_params(const Module& m, std::string& path,
                         const std::function<void(const std::string&, const ParamPtr&)>& fn, bool buffers) {
-    for (const auto& e : buffers ? m.buffers() : m.params()) fn(join_name(prefix, e.name), e.param);
-    for (const auto& [name, child] : m.children()) walk_params(*child, join_name(prefix, name), fn, buffers);
+    for (const auto& e : buffers ? m.buffers() : m.params()) {
+        const size_t len = push_name(path, e.name);
+        fn(path, e.param);
+        path.resize(len);
+    }
+    for (const auto& [name, child] : m.children()) {
+        const size_t len = push_name(path, name);
+        walk_params(*child, path, fn, buffers);
+        path.resize(len);
+    }
 }
 
 void for_each_param(const Module& root, const std::function<void(const std::string&, const ParamPtr&)>& fn,
                     bool buffers) {
-    walk_params(root, "", fn, buffers);
+    std::string path;
+    walk_params(root, path, fn, buffers);
 }
 
-static void walk_modules(Module& m, const std::string& prefix, std::set<const Module*>& seen,
+static void walk_modules(Module& m, std::string& path, std::unordered_set<const Module*>& seen,
                          const std::function<void(const std::string&, Module&)>& fn) {
     if (!seen.insert(&m).second) return;
-    if (!m.transparent()) fn(prefix, m);
-    for (const auto& [name, child] : m.children()) walk_modules(*child, join_name(prefix, name), seen, fn);
+    if (!m.transparent()) fn(path, m);
+    for (const auto& [name, child] : m.children()) {
+        const size_t len = push_name(path, name);
+        walk_modules(*child, path, seen, fn);
+        path.resize(len);
+    }
 }
 
 void for_each_module(const Module& root, const std::function<void(const std::string&, Module&)>& fn) {
-    std::set<const Module*> seen;
-    walk_modules(const_cast<Module&>(root), "", seen, fn);
+    std::unordered_set<const Module*> seen;
+    std::string path;
+    walk_modules(const_cast<Module&>(root), path, seen, fn);
 }
 
 namespace {
