@@ -28,15 +28,19 @@ SHUFFLED = f"{ROOT}/models/data/replicate_net_shuffled.safetensors"
 SHARED_UNIT = f"{ROOT}/tests/data/mpy_shared_fully_shard.yaml"
 
 
-def plan_text(plan):  # a shipped plan's name, or a path
-    return open(plan if plan.startswith("/") else f"{ROOT}/plans/{plan}.yaml").read()
+def plan_path(plan):  # a shipped plan's name, or a path
+    return plan if plan.startswith("/") else f"{ROOT}/plans/{plan}.yaml"
+
+
+def plan_text(plan):
+    return open(plan_path(plan)).read()
 
 
 def verify(model, plan, *args, env=None, mpi=0):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [PTOOL, "verify", f"{ROOT}/models/{model}.yaml"]
-        cmd += [p if p.startswith("/") else f"{ROOT}/plans/{p}.yaml" for p in plan.split(",")]
+        cmd += [plan_path(p) for p in plan.split(",")]
         cmd += ["--json", out, *args]
         if mpi:
             cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(mpi)] + cmd
@@ -188,8 +192,7 @@ def explain():
     for model, plan in sorted(cases):
         with tempfile.TemporaryDirectory() as tmp:
             ej = os.path.join(tmp, "e.json")
-            path = plan if plan.startswith("/") else f"{ROOT}/plans/{plan}.yaml"
-            p = subprocess.run([PTOOL, "explain", f"{ROOT}/models/{model}.yaml", path, "--json", ej],
+            p = subprocess.run([PTOOL, "explain", f"{ROOT}/models/{model}.yaml", plan_path(plan), "--json", ej],
                                capture_output=True, text=True, timeout=120)
             if p.returncode != 0:
                 check(False, f"explain {model} x {plan}: exit {p.returncode}\n{p.stderr}")
